@@ -1,0 +1,31 @@
+# gavel — the two set-up commands: `make run` and `make test`.
+PY ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: run test lint typecheck bench chaos clean
+
+$(BIN)/python:
+	$(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+
+$(STAMP): pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install -q -e '.[test]'
+	touch $(STAMP)
+
+run: $(STAMP)
+	GAVEL_FAST_TIMERS=$${GAVEL_FAST_TIMERS:-1} $(BIN)/gavel up --demo --state $${GAVEL_STATE:-.gavel-demo}
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q
+
+lint: $(STAMP)
+	$(BIN)/ruff check shared broker worker sim tests
+	$(BIN)/mypy
+
+bench: $(STAMP)
+	$(BIN)/gavel bench
+
+clean:
+	rm -rf $(VENV) .gavel-demo .pytest_cache .mypy_cache

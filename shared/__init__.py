@@ -1,0 +1,27 @@
+"""gavel's pure core: messages, reasons, timing, the auction, the award rule and strategies.
+
+Nothing here touches asyncio, NATS, git, processes or the clock; the shells pass ``now`` in.
+"""
+
+from shared.auction import Auction, Awarded, Decision, Unschedulable, Verdict
+from shared.award import NodeBid, NodeDecline, pick, rank
+from shared.health import Health, Liveness
+from shared.reasons import Reason, summarize_declines
+from shared.timing import Timing
+
+__all__ = [
+    "Auction",
+    "Awarded",
+    "Decision",
+    "Health",
+    "Liveness",
+    "NodeBid",
+    "NodeDecline",
+    "Reason",
+    "Timing",
+    "Unschedulable",
+    "Verdict",
+    "pick",
+    "rank",
+    "summarize_declines",
+]

@@ -1,0 +1,212 @@
+"""The wire contracts: tagged msgspec Structs, msgpack-encoded.
+
+Rules: every wire message derives from `Message` (tag field ``kind``); every field added after
+the first release has a default, and wire structs never forbid unknown fields, so workers of
+two versions interoperate. User-facing input (`Spec`) does forbid unknown fields: a typo in a
+spec is an error, not a silently ignored key.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Annotated
+
+import msgspec
+
+__all__ = [
+    "Answer",
+    "ApiError",
+    "Award",
+    "Bid",
+    "BidReply",
+    "Cancel",
+    "Capacity",
+    "Decline",
+    "Event",
+    "EventType",
+    "Heartbeat",
+    "HostStats",
+    "InstanceReport",
+    "InstanceState",
+    "Message",
+    "Request",
+    "RFB",
+    "Spec",
+]
+
+NonNegFloat = Annotated[float, msgspec.Meta(ge=0.0)]
+PosFloat = Annotated[float, msgspec.Meta(gt=0.0)]
+NonNegInt = Annotated[int, msgspec.Meta(ge=0)]
+Name = Annotated[str, msgspec.Meta(min_length=1, max_length=63, pattern=r"^[a-z0-9][a-z0-9_.-]*$")]
+PortName = Annotated[str, msgspec.Meta(min_length=1, max_length=32, pattern=r"^[a-z][a-z0-9_]*$")]
+
+
+class InstanceState(StrEnum):
+    QUEUED = "queued"
+    UNSCHEDULABLE = "unschedulable"
+    SCHEDULED = "scheduled"
+    PLACED = "placed"
+    PROVISIONING = "provisioning"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    LOST = "lost"
+    CANCELLED = "cancelled"
+
+    @property
+    def terminal(self) -> bool:
+        return self in _TERMINAL
+
+
+_TERMINAL = frozenset(
+    {InstanceState.SUCCEEDED, InstanceState.FAILED, InstanceState.LOST, InstanceState.CANCELLED}
+)
+
+
+class EventType(StrEnum):
+    SCHEDULED = "scheduled"
+    PLACED = "placed"
+    UNSCHEDULABLE = "unschedulable"
+    PROVISIONING = "provisioning"
+    RUNNING = "running"
+    EXITED = "exited"
+    FAILED = "failed"
+    LOST = "lost"
+    CANCELLED = "cancelled"
+    ERROR = "error"
+
+
+class Spec(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """A workload as the operator writes it (TOML or JSON)."""
+
+    name: Name
+    command: Annotated[list[str], msgspec.Meta(min_length=1)]
+    env: dict[str, str] = {}
+    cpu: PosFloat = 0.1
+    memory_mb: Annotated[int, msgspec.Meta(ge=1)] = 64
+    ports: list[PortName] = []
+    labels: dict[str, str] = {}
+    timeout_s: PosFloat | None = None
+    attempts: Annotated[int, msgspec.Meta(ge=1, le=100)] = 3
+    secrets: list[str] = []
+
+
+class Message(msgspec.Struct, tag_field="kind", kw_only=True):
+    """Base of every message that crosses NATS."""
+
+
+class Request(msgspec.Struct, kw_only=True):
+    """What one instance needs from a node: the part of the spec a bidder sees."""
+
+    instance_id: str
+    cpu: float
+    memory_mb: int
+    ports: int = 0
+    labels: dict[str, str] = {}
+
+    @classmethod
+    def of(cls, instance_id: str, spec: Spec) -> Request:
+        return cls(
+            instance_id=instance_id,
+            cpu=spec.cpu,
+            memory_mb=spec.memory_mb,
+            ports=len(spec.ports),
+            labels=dict(spec.labels),
+        )
+
+
+class RFB(Message, tag="rfb"):
+    """Request for bids: one auction, one or many instances."""
+
+    auction_id: str
+    requests: list[Request]
+    deadline_s: float
+
+
+class Bid(Message, tag="bid"):
+    instance_id: str
+    load: float
+    strategy: str = ""
+
+
+class Decline(Message, tag="decline"):
+    instance_id: str
+    reason: str
+    detail: str = ""
+
+
+Answer = Bid | Decline
+
+
+class BidReply(Message, tag="bids"):
+    """A node's answers to one RFB: a bid or a decline per request."""
+
+    auction_id: str
+    node_id: str
+    answers: list[Bid | Decline]
+
+
+class Award(Message, tag="award"):
+    """Sent to the winner after the placement commit is durable."""
+
+    auction_id: str
+    instance_id: str
+    node_id: str
+    spec: Spec
+    ports: dict[str, int] = {}
+    attempt: int = 1
+    commit: str = ""
+    secret_env: dict[str, str] = {}
+
+
+class Cancel(Message, tag="cancel"):
+    instance_id: str
+    node_id: str
+
+
+class Capacity(msgspec.Struct, kw_only=True):
+    cpu: float = 0.0
+    memory_mb: int = 0
+    ports: int = 0
+
+
+class HostStats(msgspec.Struct, kw_only=True):
+    cpu_ratio: float = 0.0
+    memory_ratio: float = 0.0
+    cpu_count: int = 0
+    memory_total_mb: int = 0
+
+
+class InstanceReport(msgspec.Struct, kw_only=True):
+    instance_id: str
+    state: str
+    pid: int = 0
+    attempt: int = 1
+    ports: dict[str, int] = {}
+
+
+class Heartbeat(Message, tag="heartbeat"):
+    node_id: str
+    seq: int = 0
+    strategy: str = ""
+    labels: dict[str, str] = {}
+    capacity: Capacity = msgspec.field(default_factory=Capacity)
+    committed: Capacity = msgspec.field(default_factory=Capacity)
+    stats: HostStats = msgspec.field(default_factory=HostStats)
+    draining: bool = False
+    instances: list[InstanceReport] = []
+
+
+class Event(Message, tag="event"):
+    instance_id: str
+    type: str
+    node_id: str = ""
+    reason: str = ""
+    detail: str = ""
+    exit_code: int | None = None
+    attempt: int = 0
+    at: float = 0.0
+
+
+class ApiError(Message, tag="error"):
+    error: str

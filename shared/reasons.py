@@ -1,0 +1,75 @@
+"""The fixed sentences an operator reads.
+
+Rule: every reason a node, the broker or the CLI shows is a member of `Reason`; the value is
+the sentence. Details (which label, how much cpu) travel beside the reason, never inside it,
+so reasons aggregate cleanly: ``0/5 nodes bid: 3 no room for cpu, 2 draining``.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable
+from enum import StrEnum
+
+__all__ = ["Reason", "render", "summarize_declines"]
+
+
+class Reason(StrEnum):
+    # Declines a worker gives in answer to an RFB.
+    NO_ROOM_CPU = "no room for cpu"
+    NO_ROOM_MEMORY = "no room for memory"
+    NO_ROOM_PORTS = "no free ports"
+    MISSING_LABEL = "missing label"
+    DRAINING = "draining"
+    OVER_CEILING = "utilisation above ceiling"
+    # Why an instance is queued or unschedulable.
+    NO_NODES = "no nodes connected"
+    NO_BIDS = "no node answered before the bid deadline"
+    ALL_FULL = "all nodes full"
+    NEVER_FITS = "no node could ever offer the requested resources"
+    # Why an instance failed, was lost or was re-placed.
+    NOT_ACCEPTED = "node did not accept assignment"
+    TIMEOUT = "timeout"
+    NO_LEASE = "lease expired: node offline"
+    ATTEMPTS_EXHAUSTED = "attempts exhausted"
+    DRIVER_FAILED = "driver failed to start"
+    EXITED_NONZERO = "process exited with a non-zero status"
+    CANCELLED = "cancelled by operator"
+    CANCEL_UNANSWERED = "node did not confirm cancel within the grace period"
+    MIGRATED = "moved off a draining node"
+    FENCED = "instance was moved to another node while this node was offline"
+    # Errors the broker reports.
+    PINNED = "deployment is pinned: the active ref is a tag or a commit, nothing was written"
+    LEDGER_UNWRITABLE = "state repository is locked or unwritable; will retry"
+    UNKNOWN_INSTANCE = "no such instance"
+    UNKNOWN_NODE = "no such node"
+    BAD_SPEC = "the spec is invalid"
+    DUPLICATE = "an instance with that id already exists"
+
+
+_TEMPLATES = {
+    Reason.NO_ROOM_CPU: "no room for {detail} cpu",
+    Reason.NO_ROOM_MEMORY: "no room for {detail} MB memory",
+    Reason.MISSING_LABEL: "missing label {detail}",
+    Reason.OVER_CEILING: "utilisation above ceiling {detail}",
+}
+
+
+def render(reason: str, detail: str = "") -> str:
+    """The reason with its detail folded in: ``no room for 2.0 cpu``, ``missing label a=b``."""
+    if not detail:
+        return reason
+    template = _TEMPLATES.get(reason)  # type: ignore[call-overload]
+    return template.format(detail=detail) if template else f"{reason} ({detail})"
+
+
+def summarize_declines(total_nodes: int, bids: int, reasons: Iterable[str]) -> str:
+    """kube-scheduler style: ``0/5 nodes bid: 3 no room for cpu, 2 missing label region=eu``.
+
+    `reasons` holds one rendered reason per declining or silent node; equal ones are counted,
+    the most frequent first, ties in alphabetical order so the sentence is deterministic.
+    """
+    counts = Counter(reasons)
+    parts = [f"{n} {r}" for r, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))]
+    head = f"{bids}/{total_nodes} nodes bid"
+    return f"{head}: {', '.join(parts)}" if parts else head

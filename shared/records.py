@@ -1,0 +1,54 @@
+"""The files in the state repository, as Structs.
+
+Rule: ``instances/<id>.json`` is the operator's intent plus the instance's durable state;
+``nodes/<node-id>/node.json`` holds what the broker placed on that node. Secret values never
+appear here: a placement keeps the secret names only.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from shared.award import NodeBid, NodeDecline
+from shared.messages import InstanceState, Spec
+
+__all__ = ["AuctionRecord", "InstanceRecord", "NodeFile", "Placement"]
+
+
+class Placement(msgspec.Struct, kw_only=True):
+    instance_id: str
+    spec: Spec
+    auction_id: str
+    attempt: int = 1
+    ports: dict[str, int] = {}
+
+
+class NodeFile(msgspec.Struct, kw_only=True):
+    node_id: str
+    instances: dict[str, Placement] = {}
+
+
+class InstanceRecord(msgspec.Struct, kw_only=True):
+    instance_id: str
+    spec: Spec
+    state: InstanceState = InstanceState.QUEUED
+    attempt: int = 0
+    node_id: str = ""
+    reason: str = ""
+    detail: str = ""
+    excluded: list[str] = []
+
+
+class AuctionRecord(msgspec.Struct, kw_only=True):
+    """Every bid, decline and silence of one round, and why the winner won."""
+
+    auction_id: str
+    instance_id: str
+    winner: str = ""
+    load: float | None = None
+    tie_broken: bool = False
+    bids: list[NodeBid] = []
+    declines: list[NodeDecline] = []
+    silent: list[str] = []
+    reason: str = ""
+    summary: str = ""

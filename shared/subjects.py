@@ -1,0 +1,45 @@
+"""NATS subject names, in one place.
+
+Rule: every subject a node publishes on carries its own node id as a token, so per-node
+credentials can allow exactly that node's subjects (identity is a transport property), and
+the broker checks the token against the message's ``node_id``.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "API",
+    "AWARD",
+    "BIDS",
+    "BIDS_ALL",
+    "CANCEL",
+    "EVENTS",
+    "EVENTS_ALL",
+    "HEARTBEAT",
+    "HEARTBEAT_ALL",
+    "REPORT",
+    "REPORT_ALL",
+    "RFB",
+    "RFB_NODE",
+    "node_of",
+]
+
+PREFIX = "gavel"
+RFB = f"{PREFIX}.rfb"  # broadcast request for bids
+RFB_NODE = f"{PREFIX}.rfb.{{node}}"  # a sampled or directed request for bids
+BIDS = f"{PREFIX}.bids.{{node}}"  # worker -> broker: BidReply
+BIDS_ALL = f"{PREFIX}.bids.*"
+HEARTBEAT = f"{PREFIX}.hb.{{node}}"
+HEARTBEAT_ALL = f"{PREFIX}.hb.*"
+REPORT = f"{PREFIX}.report.{{node}}"  # worker -> broker: Event about its instances
+REPORT_ALL = f"{PREFIX}.report.*"
+AWARD = f"{PREFIX}.award.{{node}}"  # broker -> winner: Award
+CANCEL = f"{PREFIX}.cancel.{{node}}"  # broker -> node: Cancel
+EVENTS = f"{PREFIX}.events.{{instance}}"  # broker -> anyone: Event
+EVENTS_ALL = f"{PREFIX}.events.>"
+API = f"{PREFIX}.api.{{verb}}"  # request/reply, see broker.api
+
+
+def node_of(subject: str) -> str:
+    """The node token of a per-node subject (its last token)."""
+    return subject.rsplit(".", 1)[-1]
