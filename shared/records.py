@@ -12,7 +12,14 @@ import msgspec
 from shared.award import NodeBid, NodeDecline
 from shared.messages import InstanceState, Spec
 
-__all__ = ["AuctionRecord", "InstanceRecord", "NodeFile", "Placement"]
+__all__ = [
+    "AuctionRecord",
+    "InstanceRecord",
+    "NodeFile",
+    "Placement",
+    "auction_trailer",
+    "parse_trailers",
+]
 
 
 class Placement(msgspec.Struct, kw_only=True):
@@ -52,3 +59,21 @@ class AuctionRecord(msgspec.Struct, kw_only=True):
     silent: list[str] = []
     reason: str = ""
     summary: str = ""
+
+
+TRAILER = "Gavel-Auction: "
+_record_decoder = msgspec.json.Decoder(AuctionRecord)
+
+
+def auction_trailer(record: AuctionRecord) -> str:
+    """One commit-message line carrying the whole auction, machine-readable."""
+    return TRAILER + msgspec.json.encode(record).decode()
+
+
+def parse_trailers(message: str) -> list[AuctionRecord]:
+    """Every auction recorded in a commit message, in order; other lines are ignored."""
+    out: list[AuctionRecord] = []
+    for line in message.splitlines():
+        if line.startswith(TRAILER):
+            out.append(_record_decoder.decode(line[len(TRAILER):]))
+    return out
