@@ -195,6 +195,8 @@ class Heartbeat(Message, tag="heartbeat"):
     stats: HostStats = msgspec.field(default_factory=HostStats)
     draining: bool = False
     instances: list[InstanceReport] = []
+    #: [first, last] of the port range the broker may assign from on this node.
+    port_range: list[int] = []
 
 
 class Event(Message, tag="event"):

@@ -1,0 +1,259 @@
+"""The git ledger: the state repository is the deployment.
+
+Rules:
+1. Only pygit2, never a `git` subprocess, never a working tree: blobs and trees are written
+   straight into a bare repository, touching only the paths that changed.
+2. The branch moves by compare-and-swap: the ref is locked with git's own lock file, its
+   target compared with the commit the change was planned on, and only then moved. A moved
+   ref raises `Conflict`; the caller refreshes and re-plans (plan, then apply).
+3. If the active ref is a tag or a commit id the deployment is pinned: `apply` raises
+   `Pinned` and writes nothing.
+4. The in-memory `State` mirrors the tree at the head; it is re-read whenever the ref moved
+   under us (another writer) and updated in place after our own commits.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import msgspec
+import pygit2
+
+from shared.records import AuctionRecord, InstanceRecord, NodeFile, parse_trailers
+
+__all__ = ["Change", "Conflict", "Ledger", "LedgerError", "Pinned", "State"]
+
+_SHA = re.compile(r"^[0-9a-f]{7,40}$")
+_instance_dec = msgspec.json.Decoder(InstanceRecord)
+_node_dec = msgspec.json.Decoder(NodeFile)
+_enc = msgspec.json.Encoder()
+_SIGNATURE = ("gavel-broker", "broker@gavel.local")
+
+
+class LedgerError(Exception):
+    """The state repository could not be read or written."""
+
+
+class Conflict(LedgerError):
+    """The branch moved since the change was planned."""
+
+
+class Pinned(LedgerError):
+    """The active ref is a tag or a commit: nothing may be written."""
+
+
+def instance_path(instance_id: str) -> str:
+    return f"instances/{instance_id}.json"
+
+
+def node_path(node_id: str) -> str:
+    return f"nodes/{node_id}/node.json"
+
+
+def encode(obj: object) -> bytes:
+    """Pretty JSON with sorted keys: readable in `git show`, stable across runs."""
+    return msgspec.json.format(_enc.encode(obj), indent=2) + b"\n"
+
+
+@dataclass
+class State:
+    head: str | None = None
+    instances: dict[str, InstanceRecord] = field(default_factory=dict)
+    nodes: dict[str, NodeFile] = field(default_factory=dict)
+
+    def placement_of(self, instance_id: str) -> str | None:
+        """The node whose node.json holds the instance, if any."""
+        rec = self.instances.get(instance_id)
+        if rec is not None and rec.node_id:
+            nf = self.nodes.get(rec.node_id)
+            if nf is not None and instance_id in nf.instances:
+                return rec.node_id
+        for node_id, nf in self.nodes.items():
+            if instance_id in nf.instances:
+                return node_id
+        return None
+
+
+@dataclass
+class Change:
+    """Files to write (a record) or delete (None), keyed by id."""
+
+    instances: dict[str, InstanceRecord | None] = field(default_factory=dict)
+    nodes: dict[str, NodeFile | None] = field(default_factory=dict)
+
+    def __bool__(self) -> bool:
+        return bool(self.instances or self.nodes)
+
+    def files(self) -> dict[str, bytes | None]:
+        out: dict[str, bytes | None] = {}
+        for iid, rec in self.instances.items():
+            out[instance_path(iid)] = None if rec is None else encode(rec)
+        for nid, nf in self.nodes.items():
+            out[node_path(nid)] = None if nf is None else encode(nf)
+        return out
+
+
+class Ledger:
+    def __init__(self, path: Path, ref: str = "refs/heads/main") -> None:
+        self.path = path
+        try:
+            if (path / "HEAD").exists():
+                self.repo = pygit2.Repository(str(path))
+            else:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                self.repo = pygit2.init_repository(str(path), bare=True,
+                                                   initial_head="main")
+        except (pygit2.GitError, OSError) as exc:
+            raise LedgerError(f"cannot open state repository {path}: {exc}") from exc
+        self.ref = self._qualify(ref)
+        self._state = State()
+        self._lock = threading.Lock()
+
+    # -- the active ref ------------------------------------------------------------------
+    def _qualify(self, ref: str) -> str:
+        if ref.startswith("refs/"):
+            return ref
+        if _SHA.match(ref):
+            return ref
+        if f"refs/tags/{ref}" in self.repo.references:
+            return f"refs/tags/{ref}"
+        return f"refs/heads/{ref}"
+
+    @property
+    def pinned(self) -> bool:
+        return not self.ref.startswith("refs/heads/")
+
+    def head(self) -> str | None:
+        """The commit the active ref points at (peeled), or None for an empty branch."""
+        try:
+            if not self.ref.startswith("refs/"):
+                return str(self.repo.revparse_single(self.ref).peel(pygit2.Commit).id)
+            ref = self.repo.references.get(self.ref)
+            if ref is None:
+                return None
+            return str(ref.peel(pygit2.Commit).id)
+        except (pygit2.GitError, KeyError, ValueError) as exc:
+            raise LedgerError(f"cannot resolve {self.ref}: {exc}") from exc
+
+    # -- reading -------------------------------------------------------------------------
+    def state(self) -> State:
+        """The tree at the head, re-read only when the ref moved."""
+        with self._lock:
+            head = self.head()
+            if head != self._state.head:
+                self._state = self._read(head)
+            return self._state
+
+    def _read(self, head: str | None) -> State:
+        st = State(head=head)
+        if head is None:
+            return st
+        tree = self.repo[head].peel(pygit2.Tree)
+        if "instances" in tree:
+            for entry in self.repo[tree["instances"].id]:
+                if entry.name.endswith(".json"):
+                    rec = _instance_dec.decode(self.repo[entry.id].data)
+                    st.instances[rec.instance_id] = rec
+        if "nodes" in tree:
+            for entry in self.repo[tree["nodes"].id]:
+                sub = self.repo[entry.id]
+                if isinstance(sub, pygit2.Tree) and "node.json" in sub:
+                    nf = _node_dec.decode(self.repo[sub["node.json"].id].data)
+                    st.nodes[nf.node_id] = nf
+        return st
+
+    def history(self, limit: int | None = None) -> Iterator[pygit2.Commit]:
+        head = self.head()
+        if head is None:
+            return
+        for n, commit in enumerate(self.repo.walk(pygit2.Oid(hex=head),
+                                                  pygit2.enums.SortMode.TOPOLOGICAL)):
+            if limit is not None and n >= limit:
+                return
+            yield commit
+
+    def auctions_for(self, instance_id: str, limit: int = 10_000) -> list[AuctionRecord]:
+        """Every recorded auction for the instance, newest first."""
+        out: list[AuctionRecord] = []
+        for commit in self.history(limit):
+            if instance_id not in commit.message:
+                continue
+            out.extend(r for r in parse_trailers(commit.message)
+                       if r.instance_id == instance_id)
+        return out
+
+    # -- writing -------------------------------------------------------------------------
+    def apply(self, change: Change, message: str, planned_on: str | None) -> str:
+        """Commit `change` on top of `planned_on` and move the branch by compare-and-swap."""
+        if self.pinned:
+            raise Pinned(f"{self.ref} is pinned")
+        with self._lock:
+            try:
+                sha = self._commit(change.files(), message, planned_on)
+            except pygit2.GitError as exc:
+                raise LedgerError(str(exc)) from exc
+            except OSError as exc:
+                raise LedgerError(str(exc)) from exc
+            if self._state.head == planned_on:
+                self._state.head = sha
+                for iid, rec in change.instances.items():
+                    if rec is None:
+                        self._state.instances.pop(iid, None)
+                    else:
+                        self._state.instances[iid] = rec
+                for nid, nf in change.nodes.items():
+                    if nf is None:
+                        self._state.nodes.pop(nid, None)
+                    else:
+                        self._state.nodes[nid] = nf
+            return sha
+
+    def _commit(self, files: Mapping[str, bytes | None], message: str,
+                planned_on: str | None) -> str:
+        repo = self.repo
+        parent_tree = repo[planned_on].peel(pygit2.Tree) if planned_on else None
+        nested: dict[str, object] = {}
+        for path, data in files.items():
+            parts = path.split("/")
+            cur = nested
+            for p in parts[:-1]:
+                cur = cur.setdefault(p, {})  # type: ignore[assignment]
+            cur[parts[-1]] = data
+        tree_id = self._write_tree(parent_tree, nested)
+        sig = pygit2.Signature(*_SIGNATURE)
+        parents = [pygit2.Oid(hex=planned_on)] if planned_on else []
+        commit_id = repo.create_commit(None, sig, sig, message, tree_id, parents)
+        with repo.transaction() as txn:
+            txn.lock_ref(self.ref)
+            current = repo.references.get(self.ref)
+            current_sha = str(current.target) if current is not None else None
+            if current_sha != planned_on:
+                raise Conflict(f"{self.ref} moved to {current_sha}, planned on {planned_on}")
+            txn.set_target(self.ref, commit_id, message=message.splitlines()[0][:200])
+        return str(commit_id)
+
+    def _write_tree(self, base: pygit2.Tree | None, changes: Mapping[str, object]) -> pygit2.Oid:
+        repo = self.repo
+        tb = repo.TreeBuilder(base) if base is not None else repo.TreeBuilder()
+        for name, sub in changes.items():
+            existing = base[name] if base is not None and name in base else None
+            if isinstance(sub, dict):
+                sub_base = repo[existing.id] if existing is not None else None
+                tid = self._write_tree(sub_base if isinstance(sub_base, pygit2.Tree) else None,
+                                       sub)
+                if len(repo[tid]) == 0:
+                    if existing is not None:
+                        tb.remove(name)
+                else:
+                    tb.insert(name, tid, pygit2.enums.FileMode.TREE)
+            elif sub is None:
+                if existing is not None:
+                    tb.remove(name)
+            else:
+                assert isinstance(sub, bytes)
+                tb.insert(name, repo.create_blob(sub), pygit2.enums.FileMode.BLOB)
+        return tb.write()
