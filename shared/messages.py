@@ -14,6 +14,7 @@ from typing import Annotated
 import msgspec
 
 __all__ = [
+    "RFB",
     "Answer",
     "ApiError",
     "Award",
@@ -30,7 +31,6 @@ __all__ = [
     "InstanceState",
     "Message",
     "Request",
-    "RFB",
     "Spec",
 ]
 

@@ -47,7 +47,7 @@ class Reason(StrEnum):
     DUPLICATE = "an instance with that id already exists"
 
 
-_TEMPLATES = {
+_TEMPLATES: dict[str, str] = {
     Reason.NO_ROOM_CPU: "no room for {detail} cpu",
     Reason.NO_ROOM_MEMORY: "no room for {detail} MB memory",
     Reason.MISSING_LABEL: "missing label {detail}",
@@ -59,7 +59,7 @@ def render(reason: str, detail: str = "") -> str:
     """The reason with its detail folded in: ``no room for 2.0 cpu``, ``missing label a=b``."""
     if not detail:
         return reason
-    template = _TEMPLATES.get(reason)  # type: ignore[call-overload]
+    template = _TEMPLATES.get(reason)
     return template.format(detail=detail) if template else f"{reason} ({detail})"
 
 
