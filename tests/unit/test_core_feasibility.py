@@ -1,0 +1,92 @@
+"""Feasibility: the hard constraints checked before any strategy, in a fixed order."""
+
+from __future__ import annotations
+
+import pytest
+
+from shared.feasibility import NodeView, Refusal, check, free_of
+from shared.messages import Capacity, Request
+from shared.reasons import Reason
+
+
+def node(*, cpu: float = 4.0, memory_mb: int = 1024, ports: int = 4,
+         committed: Capacity | None = None, labels: dict[str, str] | None = None,
+         draining: bool = False) -> NodeView:
+    return NodeView(node_id="n1", capacity=Capacity(cpu=cpu, memory_mb=memory_mb, ports=ports),
+                    committed=committed or Capacity(), labels=labels or {}, draining=draining)
+
+
+def req(*, cpu: float = 1.0, memory_mb: int = 128, ports: int = 0,
+        labels: dict[str, str] | None = None) -> Request:
+    return Request(instance_id="i-1", cpu=cpu, memory_mb=memory_mb, ports=ports,
+                   labels=labels or {})
+
+
+def test_a_node_with_room_and_labels_may_bid() -> None:
+    n = node(labels={"region": "eu", "disk": "ssd"})
+    assert check(req(labels={"region": "eu"}), n) is None
+
+
+@pytest.mark.parametrize(
+    ("node_labels", "detail"),
+    [
+        ({}, "region=eu"),
+        ({"region": "us"}, "region=eu"),
+        ({"region": "eu"}, "zone=b"),
+        ({"zone": "b"}, "region=eu"),
+        ({"region": "EU", "zone": "b"}, "region=eu"),
+    ],
+)
+def test_missing_label_names_the_first_missing_pair(node_labels: dict[str, str],
+                                                    detail: str) -> None:
+    # Requested labels are checked in sorted key order, whatever the dict order.
+    request = req(labels={"zone": "b", "region": "eu"})
+    assert check(request, node(labels=node_labels)) == Refusal(Reason.MISSING_LABEL, detail)
+
+
+def test_draining_declines_everything() -> None:
+    assert check(req(cpu=0.01, memory_mb=1), node(draining=True)) == Refusal(Reason.DRAINING)
+
+
+def test_cpu_is_reserved_against_capacity_minus_committed() -> None:
+    n = node(cpu=4.0, committed=Capacity(cpu=3.0))
+    assert check(req(cpu=1.0), n) is None  # exactly full is allowed
+    assert check(req(cpu=1.5), n) == Refusal(Reason.NO_ROOM_CPU, "1.5")
+    assert check(req(cpu=2.0), n) == Refusal(Reason.NO_ROOM_CPU, "2")
+
+
+def test_cpu_rounding_does_not_refuse_an_exact_fit() -> None:
+    # 0.6 - (0.1 + 0.2) is 0.29999999999999993 in floating point.
+    n = node(cpu=0.6, committed=Capacity(cpu=0.1 + 0.2))
+    assert check(req(cpu=0.3), n) is None
+
+
+def test_memory_is_reserved_against_capacity_minus_committed() -> None:
+    n = node(memory_mb=1024, committed=Capacity(memory_mb=768))
+    assert check(req(memory_mb=256), n) is None
+    assert check(req(memory_mb=257), n) == Refusal(Reason.NO_ROOM_MEMORY, "257")
+
+
+def test_ports_are_reserved_against_capacity_minus_committed() -> None:
+    n = node(ports=3, committed=Capacity(ports=2))
+    assert check(req(ports=1), n) is None
+    assert check(req(ports=2), n) == Refusal(Reason.NO_ROOM_PORTS)
+
+
+def test_first_failing_check_wins_in_fixed_order() -> None:
+    everything_wrong = req(cpu=99.0, memory_mb=99_999, ports=99, labels={"gpu": "yes"})
+    full = Capacity(cpu=4.0, memory_mb=1024, ports=4)
+    n = node(committed=full, draining=True)
+    assert check(everything_wrong, n) == Refusal(Reason.MISSING_LABEL, "gpu=yes")
+    n = node(committed=full, draining=True, labels={"gpu": "yes"})
+    assert check(everything_wrong, n) == Refusal(Reason.DRAINING)
+    n = node(committed=full, labels={"gpu": "yes"})
+    assert check(everything_wrong, n) == Refusal(Reason.NO_ROOM_CPU, "99")
+    assert check(req(memory_mb=99_999, ports=99), node()) == Refusal(Reason.NO_ROOM_MEMORY,
+                                                                     "99999")
+
+
+def test_free_of_subtracts_every_dimension() -> None:
+    got = free_of(Capacity(cpu=4.0, memory_mb=1024, ports=4),
+                  Capacity(cpu=1.5, memory_mb=24, ports=1))
+    assert got == Capacity(cpu=2.5, memory_mb=1000, ports=3)

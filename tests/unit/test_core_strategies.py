@@ -1,0 +1,186 @@
+"""Strategies: each one's price, the registry, and `answer` (feasibility, then the price)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from shared.feasibility import NodeView, Refusal
+from shared.messages import Bid, Capacity, Decline, HostStats, Request
+from shared.reasons import Reason
+from shared.strategies import REGISTRY, answer, make_strategy, names
+from shared.strategies.headroom import Headroom
+
+CAP = Capacity(cpu=4.0, memory_mb=1000, ports=10)
+
+
+def node(*, cpu: float = 0.0, memory_mb: int = 0, cpu_ratio: float = 0.0,
+         memory_ratio: float = 0.0, node_id: str = "n1", draining: bool = False) -> NodeView:
+    return NodeView(node_id=node_id, capacity=CAP,
+                    committed=Capacity(cpu=cpu, memory_mb=memory_mb),
+                    stats=HostStats(cpu_ratio=cpu_ratio, memory_ratio=memory_ratio),
+                    draining=draining)
+
+
+REQ = Request(instance_id="i-1", cpu=1.0, memory_mb=100)
+
+
+def price(name: str, n: NodeView, r: Request = REQ, **params: float) -> float:
+    got = answer(make_strategy(name, params or None), r, n)
+    assert isinstance(got, Bid), got
+    assert got.strategy == name
+    assert got.instance_id == r.instance_id
+    return got.load
+
+
+# -- the registry -------------------------------------------------------------------------
+
+
+def test_registry_lists_the_four_strategies_sorted() -> None:
+    assert names() == ["binpack", "headroom", "least-loaded", "spread"]
+
+
+@pytest.mark.parametrize("name", sorted(REGISTRY))
+def test_make_strategy_builds_the_named_strategy(name: str) -> None:
+    assert make_strategy(name).name == name
+
+
+def test_unknown_strategy_names_the_choices() -> None:
+    with pytest.raises(ValueError) as err:
+        make_strategy("fastest")
+    assert str(err.value) == (
+        "unknown strategy 'fastest': expected one of binpack, headroom, least-loaded, spread"
+    )
+
+
+# -- least-loaded -------------------------------------------------------------------------
+
+
+def test_least_loaded_bids_max_of_measured_and_committed_averaged() -> None:
+    # cpu: max(1/4, 0.5) = 0.5; memory: max(500/1000, 0.1) = 0.5
+    assert price("least-loaded", node(cpu=1.0, memory_mb=500, cpu_ratio=0.5,
+                                      memory_ratio=0.1)) == pytest.approx(0.5)
+    assert price("least-loaded", node()) == 0.0
+
+
+def test_least_loaded_prefers_the_emptier_node() -> None:
+    assert price("least-loaded", node(cpu=1.0)) < price("least-loaded", node(cpu=2.0))
+    assert price("least-loaded", node(cpu_ratio=0.1)) < price("least-loaded", node(cpu_ratio=0.9))
+
+
+# -- binpack ------------------------------------------------------------------------------
+
+
+def test_binpack_bids_one_minus_utilisation_after_placement() -> None:
+    # after: cpu 2/4 = 0.5, memory 600/1000 = 0.6 -> 0.55 -> load 0.45
+    assert price("binpack", node(cpu=1.0, memory_mb=500)) == pytest.approx(0.45)
+
+
+def test_binpack_prefers_the_fuller_node() -> None:
+    assert price("binpack", node(cpu=3.0)) < price("binpack", node(cpu=1.0))
+
+
+def test_binpack_never_bids_below_zero() -> None:
+    assert price("binpack", node(cpu_ratio=1.5, memory_ratio=1.5)) == 0.0
+
+
+# -- spread -------------------------------------------------------------------------------
+
+
+def test_spread_counts_commitments_only() -> None:
+    # (2/4 + 250/1000) / 2
+    assert price("spread", node(cpu=2.0, memory_mb=250)) == pytest.approx(0.375)
+    # A busy host with nothing committed still looks empty to spread, not to least-loaded.
+    busy = node(cpu_ratio=0.9, memory_ratio=0.9)
+    assert price("spread", busy) == 0.0
+    assert price("least-loaded", busy) == pytest.approx(0.9)
+
+
+# -- headroom -----------------------------------------------------------------------------
+
+
+def test_headroom_bids_current_utilisation_under_the_ceiling() -> None:
+    # now: (1/4 + 0.1)/2 = 0.175; after: (2/4 + 0.2)/2 = 0.35 <= 0.8
+    assert price("headroom", node(cpu=1.0, memory_mb=100)) == pytest.approx(0.175)
+
+
+def test_headroom_declines_over_its_default_ceiling() -> None:
+    # after: (4/4 + 0.4)/2 = 0.7 fits; with 0.9 measured memory it is (1 + 0.9)/2 = 0.95.
+    n = node(cpu=3.0, memory_mb=300, memory_ratio=0.9)
+    got = answer(make_strategy("headroom"), REQ, n)
+    assert got == Decline(instance_id="i-1", reason=Reason.OVER_CEILING, detail="0.8")
+    assert Headroom().bid(REQ, n) == Refusal(Reason.OVER_CEILING, "0.8")
+
+
+def test_headroom_ceiling_param_moves_the_line() -> None:
+    n = node(cpu=1.0, memory_mb=100)  # after placement: 0.35
+    assert isinstance(answer(make_strategy("headroom", {"ceiling": 0.35}), REQ, n), Bid)
+    got = answer(make_strategy("headroom", {"ceiling": 0.3}), REQ, n)
+    assert got == Decline(instance_id="i-1", reason=Reason.OVER_CEILING, detail="0.3")
+    assert isinstance(answer(make_strategy("headroom", {"ceiling": 1.0}), REQ,
+                             node(cpu=3.0, memory_mb=900)), Bid)
+
+
+@pytest.mark.parametrize("ceiling", [0.0, -0.5, 1.01, 2.0, math.nan, math.inf])
+def test_headroom_rejects_a_bad_ceiling(ceiling: float) -> None:
+    with pytest.raises(ValueError, match=r"headroom ceiling must be in \(0, 1\], got"):
+        make_strategy("headroom", {"ceiling": ceiling})
+
+
+# -- answer: feasibility before price -----------------------------------------------------
+
+
+@pytest.mark.parametrize("name", sorted(REGISTRY))
+def test_every_strategy_declines_what_feasibility_refuses(name: str) -> None:
+    strategy = make_strategy(name)
+    assert answer(strategy, REQ, node(draining=True)) == Decline(
+        instance_id="i-1", reason=Reason.DRAINING)
+    assert answer(strategy, Request(instance_id="i-1", cpu=5.0, memory_mb=1), node()) == Decline(
+        instance_id="i-1", reason=Reason.NO_ROOM_CPU, detail="5")
+    labelled = Request(instance_id="i-1", cpu=0.1, memory_mb=1, labels={"gpu": "a100"})
+    assert answer(strategy, labelled, node()) == Decline(
+        instance_id="i-1", reason=Reason.MISSING_LABEL, detail="gpu=a100")
+
+
+nodes = st.builds(
+    node,
+    cpu=st.sampled_from([0.0, 0.5, 1.0, 2.0, 3.0]),
+    memory_mb=st.integers(0, 900),
+    cpu_ratio=st.floats(0.0, 1.0),
+    memory_ratio=st.floats(0.0, 1.0),
+)
+requests = st.builds(Request, instance_id=st.just("i-1"), cpu=st.floats(0.01, 1.0),
+                     memory_mb=st.integers(1, 100))
+
+
+@pytest.mark.parametrize("name", sorted(REGISTRY))
+@given(n=nodes, r=requests)
+def test_every_bid_is_a_finite_non_negative_load(name: str, n: NodeView, r: Request) -> None:
+    got = answer(make_strategy(name), r, n)
+    if isinstance(got, Bid):
+        assert math.isfinite(got.load) and got.load >= 0.0
+    else:
+        assert got.reason in set(Reason)
+
+
+@pytest.mark.parametrize("name", sorted(REGISTRY))
+@given(n=nodes, a=requests, b=requests)
+def test_depends_on_request_flag_is_honest(name: str, n: NodeView, a: Request,
+                                          b: Request) -> None:
+    """The simulator caches a bid when the flag is False: the load must then ignore it."""
+    strategy = make_strategy(name)
+    if not strategy.depends_on_request:
+        assert strategy.bid(a, n) == strategy.bid(b, n)
+
+
+def test_request_dependent_strategies_do_depend_on_the_request() -> None:
+    small = Request(instance_id="i-1", cpu=0.1, memory_mb=10)
+    big = Request(instance_id="i-1", cpu=3.0, memory_mb=500)
+    assert make_strategy("binpack").depends_on_request
+    assert price("binpack", node(), small) != price("binpack", node(), big)
+    assert make_strategy("headroom").depends_on_request
+    assert isinstance(answer(make_strategy("headroom", {"ceiling": 0.5}), small, node()), Bid)
+    assert isinstance(answer(make_strategy("headroom", {"ceiling": 0.5}), big, node()), Decline)
