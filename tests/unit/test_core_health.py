@@ -1,0 +1,68 @@
+"""Liveness: healthy, then unreachable at 30 s of silence, then offline at 120 s."""
+
+from __future__ import annotations
+
+import pytest
+
+from shared.health import Health, Liveness
+from shared.messages import Heartbeat
+from shared.timing import Timing
+
+
+def hb(node: str, seq: int = 0) -> Heartbeat:
+    return Heartbeat(node_id=node, seq=seq)
+
+
+@pytest.mark.parametrize(
+    ("quiet", "health"),
+    [
+        (0.0, Health.HEALTHY),
+        (10.0, Health.HEALTHY),
+        (29.999, Health.HEALTHY),
+        (30.0, Health.UNREACHABLE),
+        (119.999, Health.UNREACHABLE),
+        (120.0, Health.OFFLINE),
+        (1e6, Health.OFFLINE),
+    ],
+)
+def test_thresholds(quiet: float, health: Health) -> None:
+    live = Liveness(Timing())
+    live.record(hb("n1"), now=1000.0)
+    assert live.health("n1", 1000.0 + quiet) is health
+
+
+def test_fast_timing_moves_the_thresholds() -> None:
+    live = Liveness(Timing.from_env({"GAVEL_FAST_TIMERS": "1"}))
+    live.record(hb("n1"), now=0.0)
+    assert live.health("n1", 2.9) is Health.HEALTHY
+    assert live.health("n1", 3.0) is Health.UNREACHABLE
+    assert live.health("n1", 12.0) is Health.OFFLINE
+
+
+def test_a_node_never_heard_is_offline_and_not_known() -> None:
+    live = Liveness(Timing())
+    assert live.health("ghost", 0.0) is Health.OFFLINE
+    assert live.known() == []
+    assert live.eligible(0.0) == []
+
+
+def test_record_returns_the_health_before_the_heartbeat() -> None:
+    live = Liveness(Timing())
+    assert live.record(hb("n1", 1), 0.0) is None
+    assert live.record(hb("n1", 2), 10.0) is Health.HEALTHY
+    assert live.record(hb("n1", 3), 50.0) is Health.UNREACHABLE
+    assert live.record(hb("n1", 4), 500.0) is Health.OFFLINE
+    assert live.health("n1", 500.0) is Health.HEALTHY  # a heartbeat brings it back
+    assert live.heartbeats["n1"].seq == 4
+
+
+def test_only_healthy_nodes_are_eligible_sorted() -> None:
+    live = Liveness(Timing())
+    live.record(hb("c"), 95.0)  # healthy at 100
+    live.record(hb("a"), 80.0)  # healthy at 100
+    live.record(hb("b"), 60.0)  # unreachable at 100 (40 s quiet)
+    live.record(hb("d"), 0.0)   # unreachable at 100
+    live.record(hb("e"), -30.0)  # offline at 100 (130 s quiet)
+    assert live.eligible(100.0) == ["a", "c"]
+    assert live.known() == ["a", "b", "c", "d", "e"]
+    assert live.eligible(200.0) == []
