@@ -1,0 +1,227 @@
+"""Wire contracts: every message survives msgpack through a tagged-union decoder, wire messages
+tolerate fields they do not know, and a Spec rejects bad input naming the field."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import msgspec
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from shared import messages
+from shared.messages import (
+    RFB,
+    ApiError,
+    Award,
+    Bid,
+    BidReply,
+    Cancel,
+    Capacity,
+    Decline,
+    Event,
+    EventType,
+    Heartbeat,
+    HostStats,
+    InstanceReport,
+    InstanceState,
+    Message,
+    Request,
+    Spec,
+)
+
+SPEC = Spec(name="web-1", command=["python", "-m", "http.server"], env={"A": "b"}, cpu=0.5,
+            memory_mb=256, ports=["http", "admin"], labels={"region": "eu"}, timeout_s=30.0,
+            attempts=2, secrets=["token"])
+
+SAMPLES: list[Message] = [
+    RFB(auction_id="a-1", requests=[Request.of("i-1", SPEC), Request(instance_id="i-2", cpu=1.0,
+                                                                      memory_mb=64)],
+        deadline_s=0.2),
+    Bid(instance_id="i-1", load=0.25, strategy="binpack"),
+    Decline(instance_id="i-1", reason="draining", detail="maintenance"),
+    BidReply(auction_id="a-1", node_id="n1",
+             answers=[Bid(instance_id="i-1", load=0.0), Decline(instance_id="i-2",
+                                                                 reason="no free ports")]),
+    Award(auction_id="a-1", instance_id="i-1", node_id="n1", spec=SPEC,
+          ports={"http": 8080, "admin": 8081}, attempt=2, commit="0" * 40,
+          secret_env={"TOKEN": "s3cret"}),
+    Cancel(instance_id="i-1", node_id="n1"),
+    Heartbeat(node_id="n1", seq=7, strategy="spread", labels={"region": "eu"},
+              capacity=Capacity(cpu=4.0, memory_mb=8192, ports=20),
+              committed=Capacity(cpu=1.5, memory_mb=512, ports=2),
+              stats=HostStats(cpu_ratio=0.3, memory_ratio=0.4, cpu_count=4,
+                              memory_total_mb=8192),
+              draining=True,
+              instances=[InstanceReport(instance_id="i-1", state="running", pid=1234, attempt=1,
+                                        ports={"http": 8080})]),
+    Event(instance_id="i-1", type=EventType.EXITED, node_id="n1", reason="timeout",
+          detail="after 30 s", exit_code=137, attempt=2, at=1700000000.5),
+    ApiError(error="no such instance"),
+]
+
+WireMessage = RFB | Bid | Decline | BidReply | Award | Cancel | Heartbeat | Event | ApiError
+decoder = msgspec.msgpack.Decoder(WireMessage)
+
+
+def _wire_classes() -> set[type[Message]]:
+    found: set[type[Message]] = set()
+    todo = list(Message.__subclasses__())
+    while todo:
+        cls = todo.pop()
+        found.add(cls)
+        todo.extend(cls.__subclasses__())
+    return found
+
+
+def test_every_wire_message_has_a_sample_and_is_in_the_union() -> None:
+    # A message added later without a sample here (or outside the union) fails this test.
+    assert {type(m) for m in SAMPLES} == _wire_classes()
+    assert set(WireMessage.__args__) == _wire_classes()
+
+
+def test_tags_are_unique_and_named_kind() -> None:
+    tags = [cls.__struct_config__.tag for cls in _wire_classes()]
+    assert len(tags) == len(set(tags))
+    assert all(cls.__struct_config__.tag_field == "kind" for cls in _wire_classes())
+
+
+@pytest.mark.parametrize("msg", SAMPLES, ids=lambda m: type(m).__name__)
+def test_msgpack_round_trip_through_the_tagged_union(msg: Message) -> None:
+    raw = msgspec.msgpack.encode(msg)
+    back = decoder.decode(raw)
+    assert type(back) is type(msg)
+    assert back == msg
+    assert msgspec.msgpack.decode(raw)["kind"] == msg.__struct_config__.tag
+
+
+@pytest.mark.parametrize("msg", SAMPLES, ids=lambda m: type(m).__name__)
+def test_wire_messages_ignore_unknown_fields(msg: Message) -> None:
+    """A newer peer may send fields this version does not know: they are dropped, not fatal."""
+    assert not type(msg).__struct_config__.forbid_unknown_fields
+    newer = msgspec.to_builtins(msg) | {"added_in_v9": {"x": [1, 2]}}
+    assert decoder.decode(msgspec.msgpack.encode(newer)) == msg
+
+
+@pytest.mark.parametrize("msg", SAMPLES, ids=lambda m: type(m).__name__)
+def test_an_endpoint_decoder_rejects_other_messages(msg: Message) -> None:
+    only_bids = msgspec.msgpack.Decoder(BidReply)
+    raw = msgspec.msgpack.encode(msg)
+    if isinstance(msg, BidReply):
+        assert only_bids.decode(raw) == msg
+    else:
+        with pytest.raises(msgspec.ValidationError):
+            only_bids.decode(raw)
+
+
+def test_an_unknown_kind_and_garbage_are_rejected() -> None:
+    with pytest.raises(msgspec.ValidationError, match="Invalid value 'telepathy'"):
+        decoder.decode(msgspec.msgpack.encode({"kind": "telepathy", "node_id": "n1"}))
+    with pytest.raises(msgspec.DecodeError):
+        decoder.decode(b"\xc1\xff\x00")
+
+
+def test_an_old_minimal_heartbeat_still_decodes() -> None:
+    """Fields beyond the node id have defaults, so the smallest heartbeat is still valid."""
+    raw = msgspec.msgpack.encode({"kind": "heartbeat", "node_id": "n1"})
+    assert decoder.decode(raw) == Heartbeat(node_id="n1")
+
+
+@given(
+    load=st.floats(allow_nan=False),
+    text=st.text(),
+    node=st.text(min_size=1),
+)
+def test_bid_replies_round_trip_any_load_and_text(load: float, text: str, node: str) -> None:
+    msg = BidReply(auction_id=text, node_id=node,
+                   answers=[Bid(instance_id=text, load=load, strategy=text),
+                            Decline(instance_id=text, reason=text, detail=text)])
+    assert decoder.decode(msgspec.msgpack.encode(msg)) == msg
+
+
+def test_nan_load_survives_the_wire_so_the_auction_can_reject_it() -> None:
+    back = decoder.decode(msgspec.msgpack.encode(Bid(instance_id="i-1", load=math.nan)))
+    assert isinstance(back, Bid) and math.isnan(back.load)
+
+
+# -- Spec: user input, strictly validated --------------------------------------------------
+
+
+def _spec(**fields: Any) -> dict[str, Any]:
+    return {"name": "web-1", "command": ["sleep", "1"]} | fields
+
+
+def test_minimal_spec_gets_defaults() -> None:
+    spec = msgspec.json.decode(msgspec.json.encode(_spec()), type=Spec)
+    assert spec == Spec(name="web-1", command=["sleep", "1"])
+    assert (spec.cpu, spec.memory_mb, spec.attempts, spec.timeout_s) == (0.1, 64, 3, None)
+
+
+def test_full_spec_round_trips_through_json() -> None:
+    assert msgspec.json.decode(msgspec.json.encode(SPEC), type=Spec) == SPEC
+
+
+@pytest.mark.parametrize(
+    ("fields", "where"),
+    [
+        ({"cpu": "lots"}, "$.cpu"),
+        ({"cpu": 0}, "$.cpu"),
+        ({"cpu": -1.5}, "$.cpu"),
+        ({"memory_mb": 0}, "$.memory_mb"),
+        ({"memory_mb": 1.5}, "$.memory_mb"),
+        ({"name": "Web 1"}, "$.name"),
+        ({"name": ""}, "$.name"),
+        ({"name": "x" * 64}, "$.name"),
+        ({"command": []}, "$.command"),
+        ({"command": "sleep 1"}, "$.command"),
+        ({"ports": ["HTTP"]}, "$.ports[0]"),
+        ({"ports": "http"}, "$.ports"),
+        ({"env": {"A": 1}}, "$.env"),
+        ({"labels": ["region=eu"]}, "$.labels"),
+        ({"timeout_s": 0}, "$.timeout_s"),
+        ({"attempts": 0}, "$.attempts"),
+        ({"attempts": 101}, "$.attempts"),
+        ({"secrets": [1]}, "$.secrets[0]"),
+    ],
+)
+def test_bad_spec_values_are_rejected_naming_the_field(fields: dict[str, Any],
+                                                       where: str) -> None:
+    raw = msgspec.json.encode(_spec(**fields))
+    with pytest.raises(msgspec.ValidationError) as err:
+        msgspec.json.decode(raw, type=Spec)
+    assert f"`{where}" in str(err.value)
+    with pytest.raises(msgspec.ValidationError) as err:
+        msgspec.convert(_spec(**fields), Spec)  # from TOML: already a dict
+    assert f"`{where}" in str(err.value)
+
+
+@pytest.mark.parametrize("typo", ["cpus", "memory", "label", "Name"])
+def test_unknown_spec_fields_are_rejected_by_name(typo: str) -> None:
+    with pytest.raises(msgspec.ValidationError, match=f"unknown field `{typo}`"):
+        msgspec.convert(_spec(**{typo: 1}), Spec)
+
+
+def test_missing_required_spec_field_is_named() -> None:
+    with pytest.raises(msgspec.ValidationError, match="missing required field `command`"):
+        msgspec.convert({"name": "web-1"}, Spec)
+
+
+def test_request_of_spec_keeps_what_a_bidder_sees() -> None:
+    req = Request.of("i-9", SPEC)
+    assert req == Request(instance_id="i-9", cpu=0.5, memory_mb=256, ports=2,
+                          labels={"region": "eu"})
+    req.labels["zone"] = "b"
+    assert SPEC.labels == {"region": "eu"}  # a copy, not the spec's own dict
+
+
+def test_terminal_states() -> None:
+    terminal = {s for s in InstanceState if s.terminal}
+    assert terminal == {InstanceState.SUCCEEDED, InstanceState.FAILED, InstanceState.LOST,
+                        InstanceState.CANCELLED}
+
+
+def test_public_names_exist() -> None:
+    for name in messages.__all__:
+        assert hasattr(messages, name), name
