@@ -111,7 +111,7 @@ class Ledger:
             raise LedgerError(f"cannot open state repository {path}: {exc}") from exc
         self.ref = self._qualify(ref)
         self._state = State()
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
 
     # -- the active ref ------------------------------------------------------------------
     def _qualify(self, ref: str) -> str:
@@ -179,38 +179,49 @@ class Ledger:
     def auctions_for(self, instance_id: str, limit: int = 10_000) -> list[AuctionRecord]:
         """Every recorded auction for the instance, newest first."""
         out: list[AuctionRecord] = []
-        for commit in self.history(limit):
-            if instance_id not in commit.message:
-                continue
-            out.extend(r for r in parse_trailers(commit.message)
-                       if r.instance_id == instance_id)
+        with self._lock:
+            for commit in self.history(limit):
+                if instance_id not in commit.message:
+                    continue
+                out.extend(r for r in parse_trailers(commit.message)
+                           if r.instance_id == instance_id)
         return out
 
     # -- writing -------------------------------------------------------------------------
     def apply(self, change: Change, message: str, planned_on: str | None) -> str:
-        """Commit `change` on top of `planned_on` and move the branch by compare-and-swap."""
+        """`write`, then `adopt`: the synchronous path for callers on one thread."""
+        sha = self.write(change, message, planned_on)
+        self.adopt(change, planned_on, sha)
+        return sha
+
+    def write(self, change: Change, message: str, planned_on: str | None) -> str:
+        """Commit `change` on top of `planned_on` and move the branch by compare-and-swap.
+
+        Safe to call from a worker thread: it does not touch the cached `State`."""
         if self.pinned:
             raise Pinned(f"{self.ref} is pinned")
         with self._lock:
             try:
-                sha = self._commit(change.files(), message, planned_on)
-            except pygit2.GitError as exc:
+                return self._commit(change.files(), message, planned_on)
+            except (pygit2.GitError, OSError) as exc:
                 raise LedgerError(str(exc)) from exc
-            except OSError as exc:
-                raise LedgerError(str(exc)) from exc
-            if self._state.head == planned_on:
-                self._state.head = sha
-                for iid, rec in change.instances.items():
-                    if rec is None:
-                        self._state.instances.pop(iid, None)
-                    else:
-                        self._state.instances[iid] = rec
-                for nid, nf in change.nodes.items():
-                    if nf is None:
-                        self._state.nodes.pop(nid, None)
-                    else:
-                        self._state.nodes[nid] = nf
-            return sha
+
+    def adopt(self, change: Change, planned_on: str | None, sha: str) -> None:
+        """Fold our own landed commit into the cached state (no re-read)."""
+        st = self._state
+        if st.head != planned_on:
+            return  # the cache is stale anyway; the next `state()` re-reads
+        st.head = sha
+        for iid, rec in change.instances.items():
+            if rec is None:
+                st.instances.pop(iid, None)
+            else:
+                st.instances[iid] = rec
+        for nid, nf in change.nodes.items():
+            if nf is None:
+                st.nodes.pop(nid, None)
+            else:
+                st.nodes[nid] = nf
 
     def _commit(self, files: Mapping[str, bytes | None], message: str,
                 planned_on: str | None) -> str:

@@ -1,0 +1,190 @@
+"""The broker's request/reply API over NATS: submit, status, nodes, why, events, cancel, drain.
+
+Rule: one decoder per verb; a request that does not decode, or that cannot be honoured,
+gets `ApiError` with one sentence — the broker never leaves a client waiting on garbage.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+from nats.aio.msg import Msg
+
+from broker.committer import Item, Planned
+from broker.plan import View, submit
+from shared import subjects
+from shared.api import (
+    EventsReply,
+    EventsRequest,
+    InstanceStatus,
+    NodesReply,
+    NodesRequest,
+    NodeStatus,
+    StatusReply,
+    StatusRequest,
+    SubmitReply,
+    SubmitRequest,
+    WhyReply,
+    WhyRequest,
+)
+from shared.health import Health
+from shared.messages import ApiError, Capacity, InstanceState, Message
+from shared.reasons import Reason
+from shared.records import InstanceRecord
+
+if TYPE_CHECKING:
+    from broker.service import Broker
+
+__all__ = ["Api"]
+
+_enc = msgspec.msgpack.Encoder()
+Handler = Callable[[Any], Awaitable[Message]]
+
+
+class Api:
+    def __init__(self, broker: Broker) -> None:
+        self.b = broker
+        self.verbs: dict[str, tuple[msgspec.msgpack.Decoder[Any], Handler]] = {
+            "submit": (msgspec.msgpack.Decoder(SubmitRequest), self.submit),
+            "status": (msgspec.msgpack.Decoder(StatusRequest), self.status),
+            "nodes": (msgspec.msgpack.Decoder(NodesRequest), self.nodes),
+            "why": (msgspec.msgpack.Decoder(WhyRequest), self.why),
+            "events": (msgspec.msgpack.Decoder(EventsRequest), self.events),
+        }
+
+    async def start(self, nc: Any) -> None:
+        for verb in self.verbs:
+            await nc.subscribe(subjects.API.format(verb=verb), cb=self._handle)
+
+    async def _handle(self, msg: Msg) -> None:
+        verb = subjects.node_of(msg.subject)
+        decoder, handler = self.verbs[verb]
+        try:
+            request = decoder.decode(msg.data)
+        except msgspec.DecodeError as exc:
+            self.b.rejects.count(f"malformed {verb} request", msg.subject)
+            reply: Message = ApiError(error=f"malformed {verb} request: {exc}")
+        else:
+            try:
+                reply = await handler(request)
+            except Exception as exc:  # an API bug must not kill the broker
+                self.b.rejects.count(f"failed {verb} request", msg.subject)
+                reply = ApiError(error=f"{verb} failed: {exc}")
+        if msg.reply:
+            await msg.respond(_enc.encode(reply))
+
+    # -- verbs ---------------------------------------------------------------------------
+    async def submit(self, req: SubmitRequest) -> Message:
+        spec = req.spec
+        iid = req.instance_id or f"{spec.name}-{uuid.uuid4().hex[:6]}"
+        missing = [s for s in spec.secrets if s not in self.b.secrets]
+        if missing:
+            return ApiError(error=f"unknown secret {missing[0]!r}: it is not in the broker's "
+                                  "secrets file")
+        never = self._never_fits(spec.cpu, spec.memory_mb, len(spec.ports))
+        if never:
+            return ApiError(error=f"{Reason.NEVER_FITS}: {never}")
+        if self.b.ledger.pinned:
+            return ApiError(error=f"{Reason.PINNED} ({self.b.ledger.ref})")
+        record = InstanceRecord(instance_id=iid, spec=spec)
+        done: asyncio.Future[Message] = asyncio.get_running_loop().create_future()
+
+        def plan(view: View) -> Planned | None:
+            if not submit(view, record):
+                if not done.done():
+                    done.set_result(ApiError(error=f"{Reason.DUPLICATE}: {iid}"))
+                return None
+            return Planned(lines=[f"submit {iid}"], after=[lambda _sha: _ok()])
+
+        def _ok() -> None:
+            if not done.done():
+                done.set_result(SubmitReply(instance_id=iid))
+            self.b.wake()
+
+        def failed(reason: Reason, detail: str) -> None:
+            if not done.done():
+                done.set_result(ApiError(error=f"{reason} ({detail})"))
+
+        self.b.committer.submit(Item(plan=plan, failed=failed, retry=False))
+        return await done
+
+    def _never_fits(self, cpu: float, memory_mb: int, ports: int) -> str:
+        caps = [hb.capacity for hb in self.b.liveness.heartbeats.values()]
+        if not caps:
+            return ""
+        if all(cpu > c.cpu for c in caps):
+            return f"asks {cpu:g} cpu, the largest node has {max(c.cpu for c in caps):g}"
+        if all(memory_mb > c.memory_mb for c in caps):
+            return (f"asks {memory_mb} MB memory, the largest node has "
+                    f"{max(c.memory_mb for c in caps)} MB")
+        if all(ports > c.ports for c in caps):
+            return f"asks {ports} ports, the largest node offers {max(c.ports for c in caps)}"
+        return ""
+
+    def instance_status(self, rec: InstanceRecord) -> InstanceStatus:
+        state = self.b.ledger.state()
+        st: str = rec.state
+        node = rec.node_id
+        ports: dict[str, int] = {}
+        if rec.state is InstanceState.PLACED:
+            live = self.b.live.get(rec.instance_id)
+            if live is not None and live[1] == node:
+                st = live[0]
+            nf = state.nodes.get(node)
+            if nf is not None and rec.instance_id in nf.instances:
+                ports = dict(nf.instances[rec.instance_id].ports)
+        elif rec.state in (InstanceState.QUEUED, InstanceState.UNSCHEDULABLE) \
+                and rec.instance_id in self.b.inflight:
+            st = InstanceState.SCHEDULED if rec.state is InstanceState.QUEUED else st
+        return InstanceStatus(instance_id=rec.instance_id, name=rec.spec.name, state=st,
+                              node_id=node, attempt=rec.attempt, reason=rec.reason,
+                              detail=rec.detail, ports=ports)
+
+    async def status(self, req: StatusRequest) -> Message:
+        state = self.b.ledger.state()
+        if req.instance_id:
+            rec = state.instances.get(req.instance_id)
+            if rec is None:
+                return ApiError(error=f"{Reason.UNKNOWN_INSTANCE}: {req.instance_id}")
+            return StatusReply(instances=[self.instance_status(rec)])
+        recs = sorted(state.instances.values(), key=lambda r: r.instance_id)
+        return StatusReply(instances=[self.instance_status(r) for r in recs])
+
+    async def nodes(self, req: NodesRequest) -> Message:
+        now = self.b.now()
+        state = self.b.ledger.state()
+        out = []
+        for node_id in self.b.liveness.known():
+            hb = self.b.liveness.heartbeats[node_id]
+            nf = state.nodes.get(node_id)
+            placed = list(nf.instances.values()) if nf else []
+            committed = Capacity(cpu=sum(p.spec.cpu for p in placed),
+                                 memory_mb=sum(p.spec.memory_mb for p in placed),
+                                 ports=sum(len(p.ports) for p in placed))
+            health: Health = self.b.liveness.health(node_id, now)
+            out.append(NodeStatus(node_id=node_id, health=health, strategy=hb.strategy,
+                                  labels=hb.labels, capacity=hb.capacity, committed=committed,
+                                  draining=hb.draining, instances=len(placed),
+                                  last_seen_s=round(now - self.b.liveness.last_seen[node_id],
+                                                    3)))
+        return NodesReply(nodes=out, rejected=dict(self.b.rejects.counts))
+
+    async def why(self, req: WhyRequest) -> Message:
+        rec = self.b.ledger.state().instances.get(req.instance_id)
+        if rec is None:
+            return ApiError(error=f"{Reason.UNKNOWN_INSTANCE}: {req.instance_id}")
+        auctions = await asyncio.get_running_loop().run_in_executor(
+            None, self.b.ledger.auctions_for, req.instance_id)
+        recent = self.b.recent.get(req.instance_id)
+        if recent is not None and all(a.auction_id != recent.auction_id for a in auctions):
+            auctions.insert(0, recent)
+        return WhyReply(instance=self.instance_status(rec), auctions=auctions)
+
+    async def events(self, req: EventsRequest) -> Message:
+        evs = [e for e in self.b.events
+               if not req.instance_id or e.instance_id == req.instance_id]
+        return EventsReply(events=evs[-req.limit:] if req.limit > 0 else evs)

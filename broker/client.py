@@ -1,0 +1,52 @@
+"""The CLI's side of the API: one request, one typed reply (or `ApiError`).
+
+Rule: a broker that does not answer is a clear error naming the URL, never a traceback.
+"""
+
+from __future__ import annotations
+
+from typing import Any, TypeVar
+
+import msgspec
+import nats
+from nats.errors import NoRespondersError
+from nats.errors import TimeoutError as NatsTimeout
+
+from shared import subjects
+from shared.messages import ApiError, Message
+
+__all__ = ["ClientError", "call", "connect"]
+
+T = TypeVar("T", bound=Message)
+_enc = msgspec.msgpack.Encoder()
+
+
+class ClientError(Exception):
+    """A sentence for the operator; the CLI prints it and exits non-zero."""
+
+
+async def connect(url: str, creds: str | None = None, **options: Any) -> Any:
+    try:
+        kwargs: dict[str, Any] = {"connect_timeout": 3, "max_reconnect_attempts": 2,
+                                  "allow_reconnect": False, **options}
+        if creds:
+            kwargs["user_credentials"] = creds
+        return await nats.connect(url, **kwargs)
+    except Exception as exc:
+        raise ClientError(f"cannot connect to NATS at {url}: {exc}") from exc
+
+
+async def call(nc: Any, verb: str, request: Message, reply_type: type[T],
+               timeout: float = 10.0) -> T:
+    try:
+        msg = await nc.request(subjects.API.format(verb=verb), _enc.encode(request),
+                               timeout=timeout)
+    except NoRespondersError:
+        raise ClientError("no broker is answering: start one with `gavel broker` or "
+                          "`gavel up`") from None
+    except NatsTimeout:
+        raise ClientError(f"the broker did not answer {verb} within {timeout:g}s") from None
+    reply = msgspec.msgpack.decode(msg.data, type=reply_type | ApiError)  # type: ignore[operator]
+    if isinstance(reply, ApiError):
+        raise ClientError(reply.error)
+    return reply  # type: ignore[no-any-return]

@@ -1,0 +1,304 @@
+"""What each `gavel` verb does; the parser lives in `broker.cli`.
+
+Rule: daemons stop cleanly on SIGTERM/SIGINT; client verbs print a table, or JSON with
+``--json``, and map outcomes to exit codes (0 ok, 1 unreachable, 2 bad input, 3 refused).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import signal
+import sys
+import time
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from broker.client import ClientError, call, connect
+from broker.specfile import SpecError, load_spec
+from shared import subjects
+from shared.api import (
+    EventsReply,
+    EventsRequest,
+    NodesReply,
+    NodesRequest,
+    StatusReply,
+    StatusRequest,
+    SubmitReply,
+    SubmitRequest,
+    WhyReply,
+    WhyRequest,
+)
+from shared.messages import Event, EventType
+from shared.reasons import render
+from shared.timing import Timing
+
+__all__ = ["ClientError", "UsageError", "dispatch"]
+
+
+class UsageError(Exception):
+    """Bad input from the operator: exit code 2."""
+
+
+class Refused(Exception):
+    """The broker answered, but no: exit code 3."""
+
+
+def _print_json(obj: object) -> None:
+    print(msgspec.json.format(msgspec.json.encode(obj), indent=2).decode())
+
+
+async def _until_signal(stop: Any) -> None:
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop)
+
+
+async def dispatch(args: argparse.Namespace) -> int:
+    match args.command:
+        case "broker":
+            return await run_broker(args)
+        case "worker":
+            return await run_worker(args)
+        case "up":
+            from broker.up import up
+
+            return await up(args)
+        case "submit":
+            try:
+                return await submit(args)
+            except Refused as exc:
+                print(f"gavel submit: {exc}", file=sys.stderr)
+                return 3
+        case "status":
+            return await status(args)
+        case "nodes":
+            return await nodes(args)
+        case "why":
+            return await why(args)
+        case "events":
+            return await events(args)
+    raise UsageError(f"unknown command {args.command!r}")
+
+
+def _secrets(path: Path | None) -> dict[str, str]:
+    if path is None:
+        return {}
+    try:
+        data = tomllib.loads(path.read_text())
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise UsageError(f"cannot read secrets file {path}: {exc}") from None
+    bad = [k for k, v in data.items() if not isinstance(v, str)]
+    if bad:
+        raise UsageError(f"secrets file {path}: {bad[0]!r} must be a string")
+    return {k: str(v) for k, v in data.items()}
+
+
+async def run_broker(args: argparse.Namespace) -> int:
+    from broker.service import Broker
+
+    opts = {"user_credentials": args.creds} if args.creds else {}
+    broker = Broker(nats_url=args.nats, state_dir=args.state, ref=args.ref,
+                    timing=Timing.from_env(os.environ), secrets=_secrets(args.secrets),
+                    nats_options=opts)
+    await _until_signal(broker.stop)
+    await broker.run()
+    return 0
+
+
+def _params(items: list[str]) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        try:
+            if not sep:
+                raise ValueError
+            out[key] = float(value)
+        except ValueError:
+            raise UsageError(f"--strategy-param {item!r} is not of the form key=number") from None
+    return out
+
+
+async def run_worker(args: argparse.Namespace) -> int:
+    from shared.strategies import make_strategy
+    from worker.agent import Agent
+
+    try:
+        strategy = make_strategy(args.strategy, _params(args.strategy_param))
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    state = args.state or Path(f".gavel-worker-{args.node_id}")
+    opts = {"user_credentials": args.creds} if args.creds else {}
+    agent = Agent(nats_url=args.nats, node_id=args.node_id, strategy=strategy,
+                  labels=args.labels, state_dir=state, timing=Timing.from_env(os.environ),
+                  cpu=args.cpu, memory_mb=args.memory_mb, port_range=args.ports,
+                  nats_options=opts)
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, lambda: asyncio.ensure_future(agent.stop()))
+    await agent.run()
+    return 0
+
+
+async def submit(args: argparse.Namespace) -> int:
+    try:
+        spec = load_spec(args.spec)
+    except SpecError as exc:
+        raise UsageError(str(exc)) from None
+    nc = await connect(args.nats, args.creds)
+    try:
+        sub = None
+        if args.wait and args.id:
+            sub = await nc.subscribe(subjects.EVENTS.format(instance=args.id))
+        reply = await call(nc, "submit", SubmitRequest(spec=spec, instance_id=args.id),
+                           SubmitReply)
+        iid = reply.instance_id
+        if not args.wait:
+            _print_json({"instance_id": iid}) if args.json else print(iid)
+            return 0
+        if sub is None:
+            sub = await nc.subscribe(subjects.EVENTS.format(instance=iid))
+        return await _wait_placed(nc, sub, iid, args)
+    finally:
+        await nc.close()
+
+
+async def _wait_placed(nc: Any, sub: Any, iid: str, args: argparse.Namespace) -> int:
+    deadline = time.monotonic() + args.timeout
+    dec = msgspec.msgpack.Decoder(Event)
+    while True:
+        # The placement may already have happened before we subscribed: ask status too.
+        st = await call(nc, "status", StatusRequest(instance_id=iid), StatusReply)
+        inst = st.instances[0]
+        if inst.node_id and inst.state not in ("queued", "unschedulable"):
+            if args.json:
+                _print_json(inst)
+            else:
+                print(f"{iid} placed on {inst.node_id}")
+            return 0
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise Refused(f"{iid} not placed within {args.timeout:g}s: "
+                          f"{inst.state} {inst.detail or inst.reason}".rstrip())
+        try:
+            msg = await sub.next_msg(timeout=min(remaining, 1.0))
+        except Exception:
+            continue
+        ev = dec.decode(msg.data)
+        if ev.type == EventType.UNSCHEDULABLE:
+            raise Refused(f"{iid} is unschedulable: {ev.detail or ev.reason}")
+        if ev.type == EventType.ERROR:
+            raise Refused(f"{iid}: {ev.reason} {ev.detail}".rstrip())
+
+
+async def status(args: argparse.Namespace) -> int:
+    nc = await connect(args.nats, args.creds)
+    try:
+        reply = await call(nc, "status", StatusRequest(instance_id=args.instance), StatusReply)
+    finally:
+        await nc.close()
+    if args.json:
+        _print_json(reply.instances)
+        return 0
+    rows = [("INSTANCE", "STATE", "NODE", "ATTEMPT", "REASON")]
+    for i in reply.instances:
+        why = i.detail if i.state == "unschedulable" else (i.reason or "")
+        rows.append((i.instance_id, i.state, i.node_id or "-", str(i.attempt), why))
+    _table(rows)
+    return 0
+
+
+async def nodes(args: argparse.Namespace) -> int:
+    nc = await connect(args.nats, args.creds)
+    try:
+        reply = await call(nc, "nodes", NodesRequest(), NodesReply)
+    finally:
+        await nc.close()
+    if args.json:
+        _print_json(reply)
+        return 0
+    rows = [("NODE", "HEALTH", "STRATEGY", "CPU", "MEMORY MB", "INSTANCES", "LABELS")]
+    for n in reply.nodes:
+        labels = ",".join(f"{k}={v}" for k, v in sorted(n.labels.items()))
+        rows.append((n.node_id, n.health + (" draining" if n.draining else ""), n.strategy,
+                     f"{n.committed.cpu:g}/{n.capacity.cpu:g}",
+                     f"{n.committed.memory_mb}/{n.capacity.memory_mb}",
+                     str(n.instances), labels or "-"))
+    _table(rows)
+    return 0
+
+
+async def why(args: argparse.Namespace) -> int:
+    nc = await connect(args.nats, args.creds)
+    try:
+        reply = await call(nc, "why", WhyRequest(instance_id=args.instance), WhyReply)
+    finally:
+        await nc.close()
+    if args.json:
+        _print_json(reply)
+        return 0
+    i = reply.instance
+    print(f"{i.instance_id}: {i.state}" + (f" on {i.node_id}" if i.node_id else "")
+          + (f" — {i.detail or i.reason}" if i.state in ("unschedulable", "failed", "lost")
+             else ""))
+    for a in reply.auctions:
+        head = (f"auction {a.auction_id}: won by {a.winner} at load {a.load:.3f}"
+                + (" (tie broken on node id)" if a.tie_broken else "")
+                if a.winner else f"auction {a.auction_id}: {a.summary}")
+        print(head)
+        for b in a.bids:
+            mark = "*" if b.node_id == a.winner else " "
+            print(f"  {mark} bid     {b.node_id:<16} load {b.load:.3f}  ({b.strategy})")
+        for d in a.declines:
+            print(f"    decline {d.node_id:<16} {render(d.reason, d.detail)}")
+        for s in a.silent:
+            print(f"    silent  {s:<16} no answer before the deadline")
+    return 0
+
+
+def _fmt_event(e: Event) -> str:
+    parts = [time.strftime("%H:%M:%S", time.localtime(e.at)), e.instance_id, e.type]
+    if e.node_id:
+        parts.append(f"node={e.node_id}")
+    if e.exit_code is not None:
+        parts.append(f"exit={e.exit_code}")
+    if e.reason:
+        parts.append(f"reason={e.reason!r}")
+    if e.detail:
+        parts.append(e.detail)
+    return " ".join(parts)
+
+
+async def events(args: argparse.Namespace) -> int:
+    nc = await connect(args.nats, args.creds)
+    try:
+        reply = await call(nc, "events", EventsRequest(instance_id=args.instance), EventsReply)
+        for e in reply.events:
+            print(msgspec.json.encode(e).decode() if args.json else _fmt_event(e))
+        if not args.follow:
+            return 0
+        subject = subjects.EVENTS.format(instance=args.instance) if args.instance \
+            else subjects.EVENTS_ALL
+        dec = msgspec.msgpack.Decoder(Event)
+        done = asyncio.Event()
+        await _until_signal(done.set)
+
+        async def cb(msg: Any) -> None:
+            e = dec.decode(msg.data)
+            print(msgspec.json.encode(e).decode() if args.json else _fmt_event(e), flush=True)
+
+        await nc.subscribe(subject, cb=cb)
+        await done.wait()
+        return 0
+    finally:
+        await nc.close()
+
+
+def _table(rows: list[tuple[str, ...]]) -> None:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for r in rows:
+        print("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip())

@@ -1,0 +1,139 @@
+"""Group commit: every change ready at one moment lands in one git commit.
+
+Rules:
+1. Items queue up while a commit is being written; the next commit takes all of them.
+2. Each item plans against the freshest state (plan, then apply). If the branch moved under
+   us (`Conflict`), the whole batch is re-planned on the new head, a bounded number of times.
+3. Nothing an item promises is published before its commit is durable: `after` callbacks
+   run only once the ref has moved.
+4. Pinned or unwritable repository: nothing is written, every item hears why (`failed`), and
+   unwritable batches are retried after a back-off while the broker keeps serving.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+from broker.ledger import Conflict, Ledger, LedgerError, Pinned
+from broker.plan import View
+from shared.reasons import Reason
+
+__all__ = ["Committer", "Item", "Planned"]
+
+log = logging.getLogger("gavel.ledger")
+
+
+@dataclass
+class Planned:
+    lines: list[str]
+    trailers: list[str] = field(default_factory=list)
+    after: list[Callable[[str], None]] = field(default_factory=list)
+
+
+@dataclass
+class Item:
+    plan: Callable[[View], Planned | None]
+    failed: Callable[[Reason, str], None] = lambda reason, detail: None
+    retry: bool = True
+
+
+class Committer:
+    def __init__(self, ledger: Ledger, *, retry_s: float = 1.0, max_conflicts: int = 8) -> None:
+        self.ledger = ledger
+        self.retry_s = retry_s
+        self.max_conflicts = max_conflicts
+        self._queue: list[Item] = []
+        self._kick = asyncio.Event()
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gavel-git")
+        self.commits = 0
+        self.conflicts = 0
+        self.latencies: list[float] = []
+        self.idle = asyncio.Event()
+        self.idle.set()
+
+    def submit(self, item: Item) -> None:
+        self._queue.append(item)
+        self.idle.clear()
+        self._kick.set()
+
+    async def run(self) -> None:
+        try:
+            while True:
+                await self._kick.wait()
+                self._kick.clear()
+                items, self._queue = self._queue, []
+                if items:
+                    await self._commit(items)
+                if not self._queue:
+                    self.idle.set()
+        finally:
+            self._pool.shutdown(wait=False)
+
+    async def _commit(self, items: list[Item]) -> None:
+        loop = asyncio.get_running_loop()
+        for _ in range(self.max_conflicts):
+            state = self.ledger.state()
+            view = View(state)
+            planned = [p for p in (item.plan(view) for item in items) if p is not None]
+            if not view.change:
+                for p in planned:
+                    for cb in p.after:
+                        cb(state.head or "")
+                return
+            message = _message(planned)
+            started = time.perf_counter()
+            try:
+                sha = await loop.run_in_executor(
+                    self._pool, self.ledger.write, view.change, message, state.head)
+            except Conflict:
+                self.conflicts += 1
+                log.info("state branch moved under us; re-planning %d items", len(items))
+                continue
+            except Pinned:
+                for item in items:
+                    item.failed(Reason.PINNED, self.ledger.ref)
+                return
+            except LedgerError as exc:
+                log.warning("%s: %s", Reason.LEDGER_UNWRITABLE, exc)
+                for item in items:
+                    item.failed(Reason.LEDGER_UNWRITABLE, str(exc))
+                retry = [i for i in items if i.retry]
+                if retry:
+                    loop.call_later(self.retry_s, self._requeue, retry)
+                return
+            self.latencies.append(time.perf_counter() - started)
+            if len(self.latencies) > 10_000:
+                del self.latencies[:5_000]
+            self.ledger.adopt(view.change, state.head, sha)
+            self.commits += 1
+            for p in planned:
+                for cb in p.after:
+                    cb(sha)
+            return
+        for item in items:
+            item.failed(Reason.LEDGER_UNWRITABLE, "the branch kept moving; giving up this batch")
+        loop.call_later(self.retry_s, self._requeue, [i for i in items if i.retry])
+
+    def _requeue(self, items: list[Item]) -> None:
+        for item in items:
+            self.submit(item)
+
+
+def _message(planned: list[Planned]) -> str:
+    lines = [line for p in planned for line in p.lines]
+    trailers = [t for p in planned for t in p.trailers]
+    if len(lines) == 1:
+        subject, body = lines[0], []
+    else:
+        subject, body = f"gavel: {len(lines)} changes", lines
+    parts = [subject]
+    if body:
+        parts += ["", *body]
+    if trailers:
+        parts += ["", *trailers]
+    return "\n".join(parts) + "\n"

@@ -1,0 +1,174 @@
+"""`gavel up`: the embedded default — nats-server from the wheel, a broker, N workers.
+
+Rule: everything lives under ``--state`` (state.git, nats/, workers/, logs/); every part is a
+real child process speaking real NATS, exactly as it would on separate hosts. ``--demo``
+submits a few workloads, prints where each went and why, and exits.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from broker.client import ClientError, call, connect
+from broker.natsserver import NatsServer
+from shared.api import (
+    EventsReply,
+    EventsRequest,
+    NodesReply,
+    NodesRequest,
+    StatusReply,
+    StatusRequest,
+    SubmitReply,
+    SubmitRequest,
+    WhyReply,
+    WhyRequest,
+)
+from shared.messages import Spec
+from shared.reasons import render
+
+__all__ = ["up"]
+
+STRATEGIES = ["least-loaded", "binpack", "spread", "headroom"]
+SIZES = [(4.0, 4096), (2.0, 2048), (8.0, 8192), (4.0, 8192)]
+
+
+def _spawn(args: list[str], log: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
+    out = open(log, "ab")  # noqa: SIM115 - the child owns it
+    return subprocess.Popen([sys.executable, "-m", "broker.cli", *args], stdout=out,
+                            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+                            start_new_session=True)
+
+
+def _stop(procs: list[subprocess.Popen[bytes]]) -> None:
+    for p in procs:
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + 10
+    for p in procs:
+        try:
+            p.wait(max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+
+def demo_specs() -> list[Spec]:
+    py = sys.executable
+    return [
+        Spec(name="hello", command=[py, "-c", "print('hello from gavel')"], cpu=0.5,
+             memory_mb=128),
+        Spec(name="web", command=[py, "-c",
+                                  "import os,time; print('serving on', os.environ['PORT']); "
+                                  "time.sleep(2)"],
+             cpu=1.0, memory_mb=512, ports=["http"]),
+        Spec(name="report-eu", command=[py, "-c", "print('eu batch done')"], cpu=1.0,
+             memory_mb=256, labels={"zone": "b"}),
+        Spec(name="big", command=[py, "-c", "print('big job done')"], cpu=6.0,
+             memory_mb=4096),
+        Spec(name="needs-gpu", command=[py, "-c", "print('never runs')"], cpu=1.0,
+             labels={"gpu": "true"}),
+    ]
+
+
+async def _wait_nodes(nc: Any, n: int, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            reply = await call(nc, "nodes", NodesRequest(), NodesReply, timeout=2)
+            if sum(1 for x in reply.nodes if x.health == "healthy") >= n:
+                return
+        except ClientError:
+            pass
+        await asyncio.sleep(0.2)
+    raise ClientError(f"only some of the {n} workers came up within {timeout:g}s; "
+                      "see the logs under the state directory")
+
+
+async def _demo(nc: Any, workers: int, state: Path) -> None:
+    await _wait_nodes(nc, workers, 30)
+    nodes = await call(nc, "nodes", NodesRequest(), NodesReply)
+    print(f"\n{len(nodes.nodes)} workers bidding:")
+    for n in nodes.nodes:
+        labels = ",".join(f"{k}={v}" for k, v in sorted(n.labels.items()))
+        print(f"  {n.node_id:<8} {n.strategy:<13} {n.capacity.cpu:g} cpu "
+              f"{n.capacity.memory_mb} MB  {labels}")
+    ids = []
+    for spec in demo_specs():
+        reply = await call(nc, "submit", SubmitRequest(spec=spec), SubmitReply)
+        ids.append(reply.instance_id)
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        st = await call(nc, "status", StatusRequest(), StatusReply)
+        if all(i.state not in ("queued", "scheduled") for i in st.instances):
+            break
+        await asyncio.sleep(0.2)
+    print("\nwhere each workload went, and why:")
+    for iid in ids:
+        why = await call(nc, "why", WhyRequest(instance_id=iid), WhyReply)
+        a = why.auctions[0] if why.auctions else None
+        if a is None:
+            print(f"  {iid:<18} {why.instance.state}")
+        elif a.winner:
+            others = [f"{b.node_id} {b.load:.2f}" for b in a.bids if b.node_id != a.winner]
+            declined = [f"{d.node_id}: {render(d.reason, d.detail)}" for d in a.declines]
+            print(f"  {iid:<18} -> {a.winner} (lowest load {a.load:.2f}"
+                  + (", tie broken on node id" if a.tie_broken else "") + ")"
+                  + (f"; other bids: {', '.join(others)}" if others else "")
+                  + (f"; declined: {'; '.join(declined)}" if declined else ""))
+        else:
+            print(f"  {iid:<18} unschedulable: {a.summary}")
+    await asyncio.sleep(2.5)
+    evs = await call(nc, "events", EventsRequest(limit=0), EventsReply)
+    print("\nwhat the workers reported:")
+    for e in evs.events:
+        if e.type in ("running", "exited", "failed"):
+            extra = f" exit {e.exit_code}" if e.exit_code is not None else ""
+            print(f"  {e.instance_id:<18} {e.type:<8} on {e.node_id}{extra}")
+    print(f"\nthe deployment is in git: git --git-dir {state / 'state.git'} log --stat")
+
+
+async def up(args: argparse.Namespace) -> int:
+    state: Path = args.state.resolve()
+    (state / "logs").mkdir(parents=True, exist_ok=True)
+    server = NatsServer(port=args.nats_port, store_dir=state / "nats",
+                        log=state / "logs" / "nats.log")
+    server.start()
+    env = {**os.environ, "GAVEL_NATS_URL": server.url}
+    procs = [_spawn(["broker", "--state", str(state)], state / "logs" / "broker.log", env)]
+    for i in range(args.workers):
+        node = f"node-{i + 1}"
+        cpu, mem = SIZES[i % len(SIZES)]
+        procs.append(_spawn(
+            ["worker", "--node-id", node, "--strategy", STRATEGIES[i % len(STRATEGIES)],
+             "--labels", f"zone={'ab'[i % 2]}", "--cpu", str(cpu), "--memory-mb", str(mem),
+             "--ports", f"{21000 + 100 * i}-{21000 + 100 * i + 99}",
+             "--state", str(state / "workers" / node)],
+            state / "logs" / f"{node}.log", env))
+    print(f"gavel up: nats-server at {server.url}, broker and {args.workers} workers; "
+          f"state and logs under {state}")
+    try:
+        if args.demo:
+            nc = await connect(server.url)
+            try:
+                await _demo(nc, args.workers, state)
+            finally:
+                await nc.close()
+            return 0
+        print(f"try: GAVEL_NATS_URL={server.url} gavel nodes   (Ctrl-C stops the cluster)")
+        done = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, done.set)
+        await done.wait()
+        return 0
+    finally:
+        _stop(procs)
+        server.stop()

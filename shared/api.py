@@ -1,0 +1,119 @@
+"""The request/reply API the CLI speaks to the broker over NATS (``gavel.api.<verb>``).
+
+Rule: one request Struct and one reply Struct per verb; any verb may instead answer
+`ApiError` with a sentence. Replies are plain data so ``--json`` prints them as they are.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from shared.messages import Capacity, Event, Message, Spec
+from shared.records import AuctionRecord
+
+__all__ = [
+    "CancelReply",
+    "CancelRequest",
+    "DrainReply",
+    "DrainRequest",
+    "EventsReply",
+    "EventsRequest",
+    "InstanceStatus",
+    "NodeStatus",
+    "NodesReply",
+    "NodesRequest",
+    "StatusReply",
+    "StatusRequest",
+    "SubmitReply",
+    "SubmitRequest",
+    "WhyReply",
+    "WhyRequest",
+]
+
+
+class SubmitRequest(Message, tag="submit"):
+    spec: Spec
+    instance_id: str = ""
+
+
+class SubmitReply(Message, tag="submitted"):
+    instance_id: str
+
+
+class StatusRequest(Message, tag="status"):
+    instance_id: str = ""
+
+
+class InstanceStatus(msgspec.Struct, kw_only=True):
+    instance_id: str
+    name: str
+    state: str
+    node_id: str = ""
+    attempt: int = 0
+    reason: str = ""
+    detail: str = ""
+    ports: dict[str, int] = {}
+
+
+class StatusReply(Message, tag="statuses"):
+    instances: list[InstanceStatus]
+
+
+class NodesRequest(Message, tag="nodes"):
+    pass
+
+
+class NodeStatus(msgspec.Struct, kw_only=True):
+    node_id: str
+    health: str
+    strategy: str = ""
+    labels: dict[str, str] = {}
+    capacity: Capacity = msgspec.field(default_factory=Capacity)
+    committed: Capacity = msgspec.field(default_factory=Capacity)
+    draining: bool = False
+    instances: int = 0
+    last_seen_s: float = 0.0
+
+
+class NodesReply(Message, tag="node-list"):
+    nodes: list[NodeStatus]
+    rejected: dict[str, int] = {}
+
+
+class WhyRequest(Message, tag="why"):
+    instance_id: str
+
+
+class WhyReply(Message, tag="because"):
+    instance: InstanceStatus
+    auctions: list[AuctionRecord]
+
+
+class EventsRequest(Message, tag="events"):
+    instance_id: str = ""
+    limit: int = 100
+
+
+class EventsReply(Message, tag="event-list"):
+    events: list[Event]
+
+
+class CancelRequest(Message, tag="cancel-request"):
+    instance_id: str
+
+
+class CancelReply(Message, tag="cancel-accepted"):
+    instance_id: str
+    state: str
+
+
+class DrainRequest(Message, tag="drain"):
+    node_id: str
+    undo: bool = False
+    migrate: bool = False
+
+
+class DrainReply(Message, tag="drained"):
+    node_id: str
+    draining: bool
+    migrating: int = 0
