@@ -71,9 +71,14 @@ def auction_trailer(record: AuctionRecord) -> str:
 
 
 def parse_trailers(message: str) -> list[AuctionRecord]:
-    """Every auction recorded in a commit message, in order; other lines are ignored."""
+    """Every auction recorded in a commit message, in order; other lines are ignored.
+
+    Lines split on newlines only, as git does: `str.splitlines` would also split on U+2028,
+    U+0085 and friends, which JSON leaves unescaped inside a worker-supplied detail.
+    """
     out: list[AuctionRecord] = []
-    for line in message.splitlines():
+    for raw in message.split("\n"):
+        line = raw.removesuffix("\r")
         if line.startswith(TRAILER):
             out.append(_record_decoder.decode(line[len(TRAILER):]))
     return out
