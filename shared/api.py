@@ -77,7 +77,7 @@ class NodeStatus(msgspec.Struct, kw_only=True):
 
 class NodesReply(Message, tag="node-list"):
     nodes: list[NodeStatus]
-    rejected: dict[str, int] = {}
+    rejected: dict[str, int] = msgspec.field(default_factory=dict)
 
 
 class WhyRequest(Message, tag="why"):
