@@ -1,0 +1,144 @@
+"""Real pieces wired together for integration tests: a broker and agents in this process,
+each with its own NATS connection to the real nats-server fixture, or `gavel` child
+processes where a test needs to kill one."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import nats
+
+from broker.client import call
+from broker.ledger import Ledger
+from broker.service import Broker
+from shared.api import StatusReply, StatusRequest, SubmitReply, SubmitRequest
+from shared.messages import Message, Spec
+from shared.strategies import make_strategy
+from shared.timing import Timing
+from worker.agent import Agent
+
+T = TypeVar("T", bound=Message)
+TIMING = Timing.from_env(os.environ)
+
+
+async def wait_for(pred: Callable[[], Awaitable[bool] | bool], timeout: float = 10.0,
+                   every: float = 0.05, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        result = pred()
+        if asyncio.iscoroutine(result) or isinstance(result, Awaitable):
+            result = await result
+        if result:
+            return
+        await asyncio.sleep(every)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+class Cluster:
+    def __init__(self, nats_url: str, root: Path) -> None:
+        self.url = nats_url
+        self.root = root
+        self.state = root / "state"
+        self.broker: Broker | None = None
+        self.broker_task: asyncio.Task[None] | None = None
+        self.agents: dict[str, Agent] = {}
+        self.agent_tasks: dict[str, asyncio.Task[None]] = {}
+        self.nc: Any = None
+
+    async def start_broker(self, ref: str = "refs/heads/main",
+                           secrets: dict[str, str] | None = None) -> Broker:
+        self.broker = Broker(nats_url=self.url, state_dir=self.state, ref=ref, timing=TIMING,
+                             secrets=secrets)
+        await self.broker.start()
+        return self.broker
+
+    async def stop_broker(self) -> None:
+        if self.broker is not None:
+            await self.broker.close()
+            self.broker = None
+
+    async def start_agent(self, node_id: str, strategy: str = "least-loaded",
+                          labels: dict[str, str] | None = None, cpu: float = 4.0,
+                          memory_mb: int = 4096, **kw: Any) -> Agent:
+        agent = Agent(nats_url=self.url, node_id=node_id, strategy=make_strategy(strategy),
+                      labels=labels or {}, state_dir=self.root / "workers" / node_id,
+                      timing=TIMING, cpu=cpu, memory_mb=memory_mb, **kw)
+        self.agents[node_id] = agent
+        self.agent_tasks[node_id] = asyncio.create_task(agent.run())
+        return agent
+
+    async def stop_agent(self, node_id: str, **kw: Any) -> None:
+        agent = self.agents.pop(node_id)
+        await agent.stop(**kw)
+        task = self.agent_tasks.pop(node_id)
+        await asyncio.wait_for(task, 10)
+
+    async def client(self) -> Any:
+        if self.nc is None:
+            self.nc = await nats.connect(self.url)
+        return self.nc
+
+    async def call(self, verb: str, req: Message, reply: type[T]) -> T:
+        return await call(await self.client(), verb, req, reply)
+
+    async def submit(self, spec: Spec, instance_id: str = "") -> str:
+        r = await self.call("submit", SubmitRequest(spec=spec, instance_id=instance_id),
+                            SubmitReply)
+        return r.instance_id
+
+    async def status(self, iid: str) -> Any:
+        r = await self.call("status", StatusRequest(instance_id=iid), StatusReply)
+        return r.instances[0]
+
+    async def wait_nodes(self, n: int, timeout: float = 10.0) -> None:
+        def ready() -> bool:
+            b = self.broker
+            return b is not None and len(b.liveness.eligible(b.now())) >= n
+        await wait_for(ready, timeout, what=f"{n} healthy nodes")
+
+    def ledger(self) -> Ledger:
+        return Ledger(self.state / "state.git")
+
+    def holders(self, iid: str) -> list[str]:
+        """Every node whose node.json holds the instance, read fresh from git."""
+        st = self.ledger().state()
+        return sorted(n for n, nf in st.nodes.items() if iid in nf.instances)
+
+    async def close(self) -> None:
+        for node in list(self.agents):
+            try:
+                await self.stop_agent(node)
+            except Exception:
+                pass
+        await self.stop_broker()
+        if self.nc is not None:
+            await self.nc.close()
+
+
+def gavel_process(args: list[str], log: Path, env: dict[str, str] | None = None
+                  ) -> subprocess.Popen[bytes]:
+    return subprocess.Popen([sys.executable, "-m", "broker.cli", *args],
+                            stdout=open(log, "ab"), stderr=subprocess.STDOUT,  # noqa: SIM115
+                            stdin=subprocess.DEVNULL, env={**os.environ, **(env or {})},
+                            start_new_session=True)
+
+
+def writer_spec(name: str, out: Path, **kw: Any) -> Spec:
+    """A spec whose process writes its instance id, node and ports into `out`/<instance>."""
+    code = ("import os, json, pathlib; d = pathlib.Path(%r); d.mkdir(exist_ok=True); "
+            "(d / os.environ['GAVEL_INSTANCE_ID']).write_text(json.dumps("
+            "{k: v for k, v in os.environ.items() if k.startswith(('GAVEL_', 'PORT', 'SECRET'))}))"
+            ) % str(out)
+    return Spec(name=name, command=[sys.executable, "-c", code], **kw)
+
+
+def sleeper_spec(name: str, seconds: float = 60.0, **kw: Any) -> Spec:
+    return Spec(name=name, command=[sys.executable, "-c", f"import time; time.sleep({seconds})"],
+                **kw)
