@@ -7,9 +7,9 @@ import random
 from hypothesis import given
 from hypothesis import strategies as st
 
-from shared.auction import Auction, Awarded
+from shared.auction import Auction, Awarded, Decision
 from shared.award import NodeBid, pick, rank
-from shared.messages import Bid, BidReply, Request
+from shared.messages import Bid, BidReply, Decline, Request
 
 # A few distinct loads so ties are common; node ids unique per draw.
 loads = st.sampled_from([0.0, 0.1, 0.25, 0.5, 0.5000000001, 1.0, 7.0])
@@ -91,3 +91,31 @@ def test_auction_award_is_independent_of_reply_order(data: st.DataObject,
     assert first.winner == winner
     assert first.tie_broken is tied
     assert first.bids == rank(bids)
+
+
+@given(st.data(), st.dictionaries(node_ids, loads | st.sampled_from(["draining", "no free ports"]),
+                                  min_size=1, max_size=8))
+def test_whole_decision_is_independent_of_reply_order(data: st.DataObject,
+                                                      answers: dict[str, float | str]) -> None:
+    """Bids, declines and silences alike: the recorded decision is the same in any order."""
+    request = Request(instance_id="i-1", cpu=0.5, memory_mb=64)
+    order = data.draw(st.permutations(sorted(answers)))
+    silent = data.draw(st.lists(st.sampled_from(sorted(answers)), unique=True))
+
+    def run(sequence: list[str]) -> Decision:
+        auction = Auction("a-1", [request], sorted(answers), opened_at=0.0, deadline_s=2.0)
+        for node in sequence:
+            if node in silent:
+                continue
+            value = answers[node]
+            ans: Bid | Decline = (Decline(instance_id="i-1", reason=value)
+                                  if isinstance(value, str) else Bid(instance_id="i-1",
+                                                                     load=value))
+            auction.receive(BidReply(auction_id="a-1", node_id=node, answers=[ans]), 0.1)
+        [decision] = auction.decide(now=2.0)
+        return decision
+
+    first, second = run(sorted(answers)), run(order)
+    assert first == second
+    assert [d.node_id for d in first.declines] == sorted(d.node_id for d in first.declines)
+    assert first.silent == sorted(silent)

@@ -16,6 +16,7 @@ from shared.award import NodeBid, NodeDecline
 from shared.messages import (
     RFB,
     ApiError,
+    AssignmentRequest,
     Award,
     Bid,
     BidReply,
@@ -60,11 +61,14 @@ SAMPLES: list[Message] = [
               instances=[InstanceReport(instance_id="i-1", state="running", pid=1234, attempt=1,
                                         ports={"http": 8080})]),
     Event(instance_id="i-1", type=EventType.EXITED, node_id="n1", reason="timeout",
-          detail="after 30 s", exit_code=137, attempt=2, at=1700000000.5),
+          detail="after 30 s", exit_code=137, attempt=2, at=1700000000.5,
+          ports={"http": 8081}, taken=[8080]),
+    AssignmentRequest(instance_id="i-1", node_id="n1"),
     ApiError(error="no such instance"),
 ]
 
-WireMessage = RFB | Bid | Decline | BidReply | Award | Cancel | Heartbeat | Event | ApiError
+WireMessage = (RFB | Bid | Decline | BidReply | Award | Cancel | Heartbeat | Event
+               | AssignmentRequest | ApiError)
 decoder = msgspec.msgpack.Decoder(WireMessage)
 
 
@@ -273,3 +277,35 @@ def test_api_round_trip_through_its_tagged_union(msg: Message) -> None:
     assert back == msg
     newer = msgspec.to_builtins(msg) | {"added_in_v9": True}
     assert api_decoder.decode(msgspec.msgpack.encode(newer)) == msg
+
+
+# -- wire names are a contract with older peers -------------------------------------------
+
+#: The keys each message carried in its first release. Adding fields is fine (with a
+#: default); renaming or removing one of these breaks every peer of the older version.
+V1_KEYS: dict[type[Message], set[str]] = {
+    RFB: {"kind", "auction_id", "requests", "deadline_s"},
+    Bid: {"kind", "instance_id", "load", "strategy"},
+    Decline: {"kind", "instance_id", "reason", "detail"},
+    BidReply: {"kind", "auction_id", "node_id", "answers"},
+    Award: {"kind", "auction_id", "instance_id", "node_id", "spec", "ports", "attempt", "commit",
+            "secret_env"},
+    Cancel: {"kind", "instance_id", "node_id"},
+    Heartbeat: {"kind", "node_id", "seq", "strategy", "labels", "capacity", "committed", "stats",
+                "draining", "instances"},
+    Event: {"kind", "instance_id", "type", "node_id", "reason", "detail", "exit_code", "attempt",
+            "at"},
+    AssignmentRequest: {"kind", "instance_id", "node_id"},
+    ApiError: {"kind", "error"},
+}
+
+
+@pytest.mark.parametrize("msg", SAMPLES, ids=lambda m: type(m).__name__)
+def test_first_release_wire_keys_are_still_sent(msg: Message) -> None:
+    sent = set(msgspec.msgpack.decode(msgspec.msgpack.encode(msg)))
+    assert V1_KEYS.get(type(msg), {"kind"}) <= sent
+
+
+def test_request_keys_are_stable() -> None:
+    sent = set(msgspec.to_builtins(Request(instance_id="i", cpu=1.0, memory_mb=1)))
+    assert {"instance_id", "cpu", "memory_mb", "ports", "labels"} <= sent
