@@ -18,6 +18,10 @@ from broker.committer import Item, Planned
 from broker.plan import View, submit
 from shared import subjects
 from shared.api import (
+    CancelReply,
+    CancelRequest,
+    DrainReply,
+    DrainRequest,
     EventsReply,
     EventsRequest,
     InstanceStatus,
@@ -54,6 +58,8 @@ class Api:
             "nodes": (msgspec.msgpack.Decoder(NodesRequest), self.nodes),
             "why": (msgspec.msgpack.Decoder(WhyRequest), self.why),
             "events": (msgspec.msgpack.Decoder(EventsRequest), self.events),
+            "cancel": (msgspec.msgpack.Decoder(CancelRequest), self.cancel),
+            "drain": (msgspec.msgpack.Decoder(DrainRequest), self.drain),
         }
 
     async def start(self, nc: Any) -> None:
@@ -127,21 +133,17 @@ class Api:
 
     def instance_status(self, rec: InstanceRecord) -> InstanceStatus:
         state = self.b.ledger.state()
-        st: str = rec.state
-        node = rec.node_id
+        st: str = self.b.auctioneer.status_of(rec.instance_id, rec.state)
         ports: dict[str, int] = {}
         if rec.state is InstanceState.PLACED:
-            live = self.b.live.get(rec.instance_id)
-            if live is not None and live[1] == node:
-                st = live[0]
-            nf = state.nodes.get(node)
+            st = self.b.promises.live.get(rec.instance_id, st)
+            if rec.cancelling:
+                st = "cancelling"
+            nf = state.nodes.get(rec.node_id)
             if nf is not None and rec.instance_id in nf.instances:
                 ports = dict(nf.instances[rec.instance_id].ports)
-        elif rec.state in (InstanceState.QUEUED, InstanceState.UNSCHEDULABLE) \
-                and rec.instance_id in self.b.inflight:
-            st = InstanceState.SCHEDULED if rec.state is InstanceState.QUEUED else st
         return InstanceStatus(instance_id=rec.instance_id, name=rec.spec.name, state=st,
-                              node_id=node, attempt=rec.attempt, reason=rec.reason,
+                              node_id=rec.node_id, attempt=rec.attempt, reason=rec.reason,
                               detail=rec.detail, ports=ports)
 
     async def status(self, req: StatusRequest) -> Message:
@@ -168,7 +170,8 @@ class Api:
             health: Health = self.b.liveness.health(node_id, now)
             out.append(NodeStatus(node_id=node_id, health=health, strategy=hb.strategy,
                                   labels=hb.labels, capacity=hb.capacity, committed=committed,
-                                  draining=hb.draining, instances=len(placed),
+                                  draining=hb.draining or bool(nf and nf.draining),
+                                  instances=len(placed),
                                   last_seen_s=round(now - self.b.liveness.last_seen[node_id],
                                                     3)))
         return NodesReply(nodes=out, rejected=dict(self.b.rejects.counts))
@@ -179,7 +182,7 @@ class Api:
             return ApiError(error=f"{Reason.UNKNOWN_INSTANCE}: {req.instance_id}")
         auctions = await asyncio.get_running_loop().run_in_executor(
             None, self.b.ledger.auctions_for, req.instance_id)
-        recent = self.b.recent.get(req.instance_id)
+        recent = self.b.auctioneer.recent.get(req.instance_id)
         if recent is not None and all(a.auction_id != recent.auction_id for a in auctions):
             auctions.insert(0, recent)
         return WhyReply(instance=self.instance_status(rec), auctions=auctions)
@@ -188,3 +191,21 @@ class Api:
         evs = [e for e in self.b.events
                if not req.instance_id or e.instance_id == req.instance_id]
         return EventsReply(events=evs[-req.limit:] if req.limit > 0 else evs)
+
+    async def cancel(self, req: CancelRequest) -> Message:
+        if self.b.ledger.pinned:
+            return ApiError(error=f"{Reason.PINNED} ({self.b.ledger.ref})")
+        try:
+            state = self.b.promises.cancel(req.instance_id)
+        except KeyError:
+            return ApiError(error=f"{Reason.UNKNOWN_INSTANCE}: {req.instance_id}")
+        return CancelReply(instance_id=req.instance_id, state=state)
+
+    async def drain(self, req: DrainRequest) -> Message:
+        if self.b.ledger.pinned:
+            return ApiError(error=f"{Reason.PINNED} ({self.b.ledger.ref})")
+        known = set(self.b.liveness.known()) | set(self.b.ledger.state().nodes)
+        if req.node_id not in known:
+            return ApiError(error=f"{Reason.UNKNOWN_NODE}: {req.node_id}")
+        moving = self.b.promises.drain(req.node_id, req.undo, req.migrate)
+        return DrainReply(node_id=req.node_id, draining=not req.undo, migrating=moving)

@@ -143,6 +143,17 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("instance", nargs="?", default="")
     ev.add_argument("--follow", action="store_true", help="stream events until interrupted")
 
+    cn = sub.add_parser("cancel", help="stop an instance (SIGTERM, then SIGKILL after grace)")
+    _client(cn)
+    cn.add_argument("instance")
+
+    dr = sub.add_parser("drain", help="make a node decline all new work")
+    _client(dr)
+    dr.add_argument("node")
+    dr.add_argument("--undo", action="store_true", help="take the node back into service")
+    dr.add_argument("--migrate", action="store_true",
+                    help="also move its instances elsewhere, one by one")
+
     try:
         from sim import cli as sim_cli
     except ImportError:  # pragma: no cover - sim ships with the package

@@ -22,6 +22,10 @@ from broker.client import ClientError, call, connect
 from broker.specfile import SpecError, load_spec
 from shared import subjects
 from shared.api import (
+    CancelReply,
+    CancelRequest,
+    DrainReply,
+    DrainRequest,
     EventsReply,
     EventsRequest,
     NodesReply,
@@ -82,6 +86,10 @@ async def dispatch(args: argparse.Namespace) -> int:
             return await why(args)
         case "events":
             return await events(args)
+        case "cancel":
+            return await cancel(args)
+        case "drain":
+            return await drain(args)
     raise UsageError(f"unknown command {args.command!r}")
 
 
@@ -296,6 +304,34 @@ async def events(args: argparse.Namespace) -> int:
         return 0
     finally:
         await nc.close()
+
+
+async def cancel(args: argparse.Namespace) -> int:
+    nc = await connect(args.nats, args.creds)
+    try:
+        reply = await call(nc, "cancel", CancelRequest(instance_id=args.instance), CancelReply)
+    finally:
+        await nc.close()
+    _print_json(reply) if args.json else print(f"{reply.instance_id}: {reply.state}")
+    return 0
+
+
+async def drain(args: argparse.Namespace) -> int:
+    if args.undo and args.migrate:
+        raise UsageError("--undo and --migrate cannot be combined")
+    nc = await connect(args.nats, args.creds)
+    try:
+        reply = await call(nc, "drain", DrainRequest(node_id=args.node, undo=args.undo,
+                                                     migrate=args.migrate), DrainReply)
+    finally:
+        await nc.close()
+    if args.json:
+        _print_json(reply)
+    else:
+        what = "draining" if reply.draining else "back in service"
+        extra = f"; moving {reply.migrating} instances one by one" if reply.migrating else ""
+        print(f"{reply.node_id}: {what}{extra}")
+    return 0
 
 
 def _table(rows: list[tuple[str, ...]]) -> None:

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from broker.ledger import Conflict, Ledger, LedgerError, Pinned
+from broker.ledger import Change, Conflict, Ledger, LedgerError, Pinned
 from broker.plan import View
 from shared.reasons import Reason
 
@@ -43,8 +43,10 @@ class Item:
 
 
 class Committer:
-    def __init__(self, ledger: Ledger, *, retry_s: float = 1.0, max_conflicts: int = 8) -> None:
+    def __init__(self, ledger: Ledger, *, retry_s: float = 1.0, max_conflicts: int = 8,
+                 on_commit: Callable[[Change, str], None] | None = None) -> None:
         self.ledger = ledger
+        self.on_commit = on_commit
         self.retry_s = retry_s
         self.max_conflicts = max_conflicts
         self._queue: list[Item] = []
@@ -111,6 +113,8 @@ class Committer:
                 del self.latencies[:5_000]
             self.ledger.adopt(view.change, state.head, sha)
             self.commits += 1
+            if self.on_commit is not None:
+                self.on_commit(view.change, sha)
             for p in planned:
                 for cb in p.after:
                     cb(sha)

@@ -24,7 +24,17 @@ from shared.ports import allocate
 from shared.reasons import Reason
 from shared.records import InstanceRecord, NodeFile, Placement
 
-__all__ = ["View", "finish", "place", "requeue", "submit", "unschedulable"]
+__all__ = [
+    "View",
+    "finish",
+    "place",
+    "record_ports",
+    "requeue",
+    "set_cancelling",
+    "set_draining",
+    "submit",
+    "unschedulable",
+]
 
 
 class View:
@@ -46,7 +56,7 @@ class View:
         self.change.instances[rec.instance_id] = rec
 
     def put_node(self, nf: NodeFile) -> None:
-        self.change.nodes[nf.node_id] = nf if nf.instances else None
+        self.change.nodes[nf.node_id] = None if nf.empty else nf
 
     def placed_on(self, iid: str) -> str | None:
         rec = self.instance(iid)
@@ -73,6 +83,7 @@ def place(view: View, decision: Awarded, auction_id: str,
         return None
     nf = view.node(winner) or NodeFile(node_id=winner)
     in_use = {p for pl in nf.instances.values() for p in pl.ports.values()}
+    in_use.update(nf.blocked_ports)
     ports = allocate(rec.spec.ports, port_range, in_use)
     if ports is None:
         return None
@@ -83,7 +94,7 @@ def place(view: View, decision: Awarded, auction_id: str,
     spec = msgspec.structs.replace(rec.spec, secrets=list(rec.spec.secrets))
     placement = Placement(instance_id=iid, spec=spec, auction_id=auction_id,
                           attempt=new.attempt, ports=ports)
-    view.put_node(NodeFile(node_id=winner, instances={**nf.instances, iid: placement}))
+    view.put_node(msgspec.structs.replace(nf, instances={**nf.instances, iid: placement}))
     view.put_instance(new)
     return placement
 
@@ -108,7 +119,7 @@ def _unplace(view: View, rec: InstanceRecord, node_id: str) -> None:
     nf = view.node(node_id)
     if nf is not None and rec.instance_id in nf.instances:
         rest = {k: v for k, v in nf.instances.items() if k != rec.instance_id}
-        view.put_node(NodeFile(node_id=node_id, instances=rest))
+        view.put_node(msgspec.structs.replace(nf, instances=rest))
 
 
 def finish(view: View, iid: str, node_id: str, to: S, reason: str = "",
@@ -131,13 +142,16 @@ def finish(view: View, iid: str, node_id: str, to: S, reason: str = "",
 
 
 def requeue(view: View, iid: str, node_id: str, reason: Reason, detail: str = "",
-            exhausted: S = S.FAILED) -> InstanceRecord | None:
+            exhausted: S = S.FAILED, free: bool = False) -> InstanceRecord | None:
     """Take the instance off `node_id` and queue it again without that node, if its attempt
-    budget allows; otherwise end it in `exhausted` with the reason."""
+    budget allows; otherwise end it in `exhausted` with the reason. A `free` requeue (the
+    operator moved it) gives the attempt back."""
     rec = view.instance(iid)
     if rec is None or rec.state not in LIVE or rec.node_id != node_id:
         return None
     _unplace(view, rec, node_id)
+    if free:
+        rec = msgspec.structs.replace(rec, attempt=max(0, rec.attempt - 1))
     if rec.attempt >= rec.spec.attempts:
         new = transition(rec, LIVE, exhausted, reason=str(reason),
                          detail=f"{Reason.ATTEMPTS_EXHAUSTED} ({rec.attempt}/{rec.spec.attempts})"
@@ -148,4 +162,39 @@ def requeue(view: View, iid: str, node_id: str, reason: Reason, detail: str = ""
                          node_id="", excluded=excluded)
     if new is not None:
         view.put_instance(new)
+    return new
+
+
+def set_cancelling(view: View, iid: str) -> InstanceRecord | None:
+    rec = view.instance(iid)
+    if rec is None or rec.state not in LIVE or rec.cancelling:
+        return None
+    new = msgspec.structs.replace(rec, cancelling=True)
+    view.put_instance(new)
+    return new
+
+
+def set_draining(view: View, node_id: str, draining: bool) -> NodeFile | None:
+    nf = view.node(node_id) or NodeFile(node_id=node_id)
+    if nf.draining == draining:
+        return None
+    new = msgspec.structs.replace(nf, draining=draining)
+    view.put_node(new)
+    return new
+
+
+def record_ports(view: View, iid: str, node_id: str, ports: dict[str, int],
+                 taken: list[int]) -> Placement | None:
+    """The worker found some awarded ports taken outside gavel and gave the instance others
+    from its free set: record the real ports and block the taken ones on that node."""
+    rec, nf = view.instance(iid), view.node(node_id)
+    if rec is None or nf is None or iid not in nf.instances or rec.state not in LIVE:
+        return None
+    old = nf.instances[iid]
+    blocked = sorted({*nf.blocked_ports, *taken})
+    if old.ports == ports and blocked == nf.blocked_ports:
+        return None
+    new = msgspec.structs.replace(old, ports=dict(ports))
+    view.put_node(msgspec.structs.replace(nf, instances={**nf.instances, iid: new},
+                                          blocked_ports=blocked))
     return new

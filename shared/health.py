@@ -27,6 +27,7 @@ class Liveness:
         self.timing = timing
         self.last_seen: dict[str, float] = {}
         self.heartbeats: dict[str, Heartbeat] = {}
+        self.presumed: dict[str, float] = {}
 
     def record(self, hb: Heartbeat, now: float) -> Health | None:
         """Store a heartbeat; returns the node's health before it, None for a new node."""
@@ -35,8 +36,14 @@ class Liveness:
         self.heartbeats[hb.node_id] = hb
         return before
 
+    def presume(self, node_id: str, now: float) -> None:
+        """Count a node we hold placements for as heard at `now` (a broker that just started
+        must give every node the full thresholds before declaring it offline). A presumed
+        node is not eligible until a real heartbeat arrives."""
+        self.presumed.setdefault(node_id, now)
+
     def health(self, node_id: str, now: float) -> Health:
-        seen = self.last_seen.get(node_id)
+        seen = self.last_seen.get(node_id, self.presumed.get(node_id))
         if seen is None:
             return Health.OFFLINE
         quiet = now - seen

@@ -17,6 +17,7 @@ __all__ = [
     "RFB",
     "Answer",
     "ApiError",
+    "AssignmentRequest",
     "Award",
     "Bid",
     "BidReply",
@@ -208,6 +209,18 @@ class Event(Message, tag="event"):
     exit_code: int | None = None
     attempt: int = 0
     at: float = 0.0
+    #: The ports the instance really got (differs from the award when one was taken).
+    ports: dict[str, int] = {}
+    #: Ports of the award found taken by something outside gavel (bind check failed).
+    taken: list[int] = []
+
+
+class AssignmentRequest(Message, tag="assignment"):
+    """Worker → broker (on ``gavel.assign.<node>``): send me the award for an instance my
+    node.json lists but I do not hold (convergence after a restart or a missed award)."""
+
+    instance_id: str
+    node_id: str
 
 
 class ApiError(Message, tag="error"):

@@ -33,6 +33,14 @@ class Placement(msgspec.Struct, kw_only=True):
 class NodeFile(msgspec.Struct, kw_only=True):
     node_id: str
     instances: dict[str, Placement] = {}
+    #: The operator drained the node: it declines every RFB (durable, survives restarts).
+    draining: bool = False
+    #: Ports in the node's range found taken by something outside gavel.
+    blocked_ports: list[int] = []
+
+    @property
+    def empty(self) -> bool:
+        return not (self.instances or self.draining or self.blocked_ports)
 
 
 class InstanceRecord(msgspec.Struct, kw_only=True):
@@ -44,6 +52,8 @@ class InstanceRecord(msgspec.Struct, kw_only=True):
     reason: str = ""
     detail: str = ""
     excluded: list[str] = []
+    #: The operator asked to cancel; the node has `cancel_grace_s` to confirm.
+    cancelling: bool = False
 
 
 class AuctionRecord(msgspec.Struct, kw_only=True):

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 __all__ = [
     "API",
+    "ASSIGN",
+    "ASSIGN_ALL",
     "AWARD",
     "BIDS",
     "BIDS_ALL",
@@ -17,6 +19,7 @@ __all__ = [
     "EVENTS_ALL",
     "HEARTBEAT",
     "HEARTBEAT_ALL",
+    "NODES_BUCKET",
     "REPORT",
     "REPORT_ALL",
     "RFB",
@@ -38,6 +41,10 @@ CANCEL = f"{PREFIX}.cancel.{{node}}"  # broker -> node: Cancel
 EVENTS = f"{PREFIX}.events.{{instance}}"  # broker -> anyone: Event
 EVENTS_ALL = f"{PREFIX}.events.>"
 API = f"{PREFIX}.api.{{verb}}"  # request/reply, see broker.api
+ASSIGN = f"{PREFIX}.assign.{{node}}"  # worker -> broker request: AssignmentRequest -> Award
+ASSIGN_ALL = f"{PREFIX}.assign.*"
+#: JetStream KV bucket: key <node-id> -> that node's node.json at the active ref.
+NODES_BUCKET = "gavel-nodes"
 
 
 def node_of(subject: str) -> str:

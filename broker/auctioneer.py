@@ -1,0 +1,246 @@
+"""Running auctions: open an RFB for pending instances, collect bids, award, commit.
+
+Rules:
+1. Pending work is re-derived from git on every pass: desired instances that are queued or
+   unschedulable and not already in an auction. Nothing else is remembered.
+2. An instance re-auctioned after failing on some nodes is auctioned without them (unless
+   no other node is left, then with them).
+3. A winner's capacity is charged for undelivered awards until the commit lands, so
+   pipelined auctions never over-commit a node.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from typing import TYPE_CHECKING
+
+import msgspec
+from nats.aio.msg import Msg
+
+from broker.committer import Item, Planned
+from broker.plan import View, place, unschedulable
+from shared import subjects
+from shared.auction import Auction, Awarded, Decision, Unschedulable, Verdict
+from shared.lifecycle import PENDING
+from shared.messages import RFB, BidReply, Capacity, EventType, InstanceState, Request
+from shared.reasons import Reason, render
+from shared.records import AuctionRecord, auction_trailer
+
+if TYPE_CHECKING:
+    from broker.service import Broker
+
+__all__ = ["Auctioneer"]
+
+_bids_dec = msgspec.msgpack.Decoder(BidReply)
+
+
+class Auctioneer:
+    def __init__(self, broker: Broker) -> None:
+        self.b = broker
+        self.auctions: dict[str, Auction] = {}
+        self.inflight: set[str] = set()
+        self.reserved: dict[str, Capacity] = {}
+        self.retry_at: dict[str, float] = {}
+        self.recent: dict[str, AuctionRecord] = {}
+
+    # -- opening -------------------------------------------------------------------------
+    def reconcile(self, now: float) -> None:
+        b = self.b
+        state = b.ledger.state()
+        pending = [r for r in state.instances.values()
+                   if r.state in PENDING and r.instance_id not in self.inflight
+                   and self.retry_at.get(r.instance_id, 0.0) <= now]
+        if not pending:
+            return
+        if b.ledger.pinned:
+            for r in pending:
+                if r.instance_id not in b.pinned_reported:
+                    b.pinned_reported.add(r.instance_id)
+                    b.emit(r.instance_id, EventType.ERROR, reason=Reason.PINNED,
+                           detail=b.ledger.ref)
+            return
+        eligible = b.liveness.eligible(now)
+        groups: dict[tuple[str, ...], list[Request]] = {}
+        for r in sorted(pending, key=lambda r: r.instance_id):
+            groups.setdefault(tuple(r.excluded), []).append(Request.of(r.instance_id, r.spec))
+        for excluded, requests in groups.items():
+            candidates = [n for n in eligible if n not in excluded] or eligible
+            for i in range(0, len(requests), b.batch_max):
+                self.open(requests[i:i + b.batch_max], candidates, now)
+
+    def open(self, requests: list[Request], candidates: list[str], now: float) -> None:
+        aid = uuid.uuid4().hex[:12]
+        deadline = self.b.timing.bid_deadline_s
+        auction = Auction(aid, requests, candidates, now, deadline)
+        self.auctions[aid] = auction
+        self.inflight.update(r.instance_id for r in requests)
+        if not candidates:
+            self.close(auction)
+            return
+        self.b.publish(subjects.RFB,
+                       RFB(auction_id=aid, requests=requests, deadline_s=deadline))
+        asyncio.get_running_loop().call_later(deadline, self._deadline, aid)
+
+    def _deadline(self, aid: str) -> None:
+        auction = self.auctions.get(aid)
+        if auction is not None:
+            self.close(auction)
+
+    # -- bids ----------------------------------------------------------------------------
+    async def on_bids(self, msg: Msg) -> None:
+        b = self.b
+        try:
+            reply = _bids_dec.decode(msg.data)
+        except msgspec.DecodeError:
+            b.rejects.count("malformed bid reply", msg.subject)
+            return
+        if subjects.node_of(msg.subject) != reply.node_id:
+            b.rejects.count("bid for another node", msg.subject)
+            return
+        auction = self.auctions.get(reply.auction_id)
+        if auction is None:
+            b.rejects.count(Verdict.WRONG_AUCTION, msg.subject)
+            return
+        now = b.now()
+        verdict = auction.receive(reply, now)
+        if verdict is not Verdict.ACCEPTED:
+            b.rejects.count(verdict, msg.subject)
+        if auction.done(now):
+            self.close(auction)
+
+    def free(self) -> dict[str, Capacity]:
+        """Per node: heartbeat capacity minus what git and undelivered awards commit there."""
+        state = self.b.ledger.state()
+        out: dict[str, Capacity] = {}
+        for node_id, hb in self.b.liveness.heartbeats.items():
+            cap = hb.capacity
+            free = Capacity(cpu=cap.cpu, memory_mb=cap.memory_mb, ports=cap.ports)
+            nf = state.nodes.get(node_id)
+            for pl in (nf.instances.values() if nf else ()):
+                free.cpu -= pl.spec.cpu
+                free.memory_mb -= pl.spec.memory_mb
+                free.ports -= len(pl.spec.ports)
+            res = self.reserved.get(node_id)
+            if res is not None:
+                free.cpu -= res.cpu
+                free.memory_mb -= res.memory_mb
+                free.ports -= res.ports
+            out[node_id] = free
+        return out
+
+    # -- closing -------------------------------------------------------------------------
+    def close(self, auction: Auction) -> None:
+        del self.auctions[auction.auction_id]
+        now = self.b.now()
+        decisions = auction.decide(now, self.free())
+        self.b.round_times.append(now - auction.opened_at)
+        for d in decisions:
+            if isinstance(d, Awarded):
+                self._reserve(d.winner.node_id, d.request, +1)
+                self.b.emit(d.request.instance_id, EventType.SCHEDULED,
+                            node_id=d.winner.node_id,
+                            detail=f"load {d.winner.load:.3f} ({d.winner.strategy})")
+        self.b.committer.submit(Item(
+            plan=lambda view: self._plan(view, auction.auction_id, decisions),
+            failed=lambda reason, detail: self._failed(decisions, reason, detail),
+            retry=False))
+
+    def _reserve(self, node_id: str, req: Request, sign: int) -> None:
+        res = self.reserved.setdefault(node_id, Capacity())
+        res.cpu += sign * req.cpu
+        res.memory_mb += sign * req.memory_mb
+        res.ports += sign * req.ports
+
+    def _plan(self, view: View, aid: str, decisions: list[Decision]) -> Planned:
+        out = Planned(lines=[])
+        for d in decisions:
+            record = _record(aid, d)
+            if isinstance(d, Awarded):
+                hb = self.b.liveness.heartbeats.get(d.winner.node_id)
+                placement = place(view, d, aid, hb.port_range if hb else [])
+                if placement is None:
+                    out.after.append(lambda _sha, d=d: self._released(d, placed=False))
+                    continue
+                out.lines.append(_place_line(d))
+                out.trailers.append(auction_trailer(record))
+                out.after.append(lambda sha, d=d, p=placement.ports, a=placement.attempt,
+                                 r=record: self._placed(d, p, a, sha, r))
+            else:
+                if unschedulable(view, d):
+                    out.lines.append(f"unschedulable {d.request.instance_id}: {d.summary}")
+                    out.trailers.append(auction_trailer(record))
+                out.after.append(lambda _sha, d=d, r=record: self._unschedulable(d, r))
+        return out
+
+    def _placed(self, d: Awarded, ports: dict[str, int], attempt: int, sha: str,
+                record: AuctionRecord) -> None:
+        b = self.b
+        iid, node = d.request.instance_id, d.winner.node_id
+        self._released(d, placed=True)
+        self.recent[iid] = record
+        b.timers.forget(iid)
+        b.timers.placed_at[iid] = b.now()
+        award = b.award_for(iid, node, sha)
+        if award is not None:
+            b.publish(subjects.AWARD.format(node=node), award)
+        b.emit(iid, EventType.PLACED, node_id=node, attempt=attempt,
+               detail=f"commit {sha[:12]}; {len(d.bids)} bids, load {d.winner.load:.3f}"
+               f"{' (tie broken on node id)' if d.tie_broken else ''}")
+        b.log.info("placed %s on %s: %d bids, load %.3f, commit %s", iid, node, len(d.bids),
+                   d.winner.load, sha[:12])
+
+    def _released(self, d: Awarded, placed: bool) -> None:
+        self._reserve(d.winner.node_id, d.request, -1)
+        self.inflight.discard(d.request.instance_id)
+        if not placed:
+            self.b.wake()
+
+    def _unschedulable(self, d: Unschedulable, record: AuctionRecord) -> None:
+        iid = d.request.instance_id
+        self.inflight.discard(iid)
+        self.recent[iid] = record
+        self.retry_at[iid] = self.b.now() + self.b.timing.heartbeat_s
+        self.b.emit(iid, EventType.UNSCHEDULABLE, reason=d.reason, detail=d.summary)
+
+    def _failed(self, decisions: list[Decision], reason: Reason, detail: str) -> None:
+        for d in decisions:
+            iid = d.request.instance_id
+            if isinstance(d, Awarded):
+                self._reserve(d.winner.node_id, d.request, -1)
+            self.inflight.discard(iid)
+            self.retry_at[iid] = self.b.now() + self.b.timing.tick_s
+            self.b.emit(iid, EventType.ERROR, reason=reason, detail=detail)
+
+    def capacity_freed(self) -> None:
+        """Waiting instances may fit now: retry them on the next pass."""
+        self.retry_at.clear()
+        self.b.wake()
+
+    def status_of(self, iid: str, state: InstanceState) -> str:
+        if state in PENDING and iid in self.inflight:
+            return InstanceState.SCHEDULED if state is InstanceState.QUEUED else state
+        return state
+
+
+def _record(aid: str, d: Decision) -> AuctionRecord:
+    if isinstance(d, Awarded):
+        return AuctionRecord(auction_id=aid, instance_id=d.request.instance_id,
+                             winner=d.winner.node_id, load=d.winner.load,
+                             tie_broken=d.tie_broken, bids=d.bids, declines=d.declines,
+                             silent=d.silent)
+    return AuctionRecord(auction_id=aid, instance_id=d.request.instance_id, bids=d.bids,
+                         declines=d.declines, silent=d.silent, reason=d.reason,
+                         summary=d.summary)
+
+
+def _place_line(d: Awarded) -> str:
+    w = d.winner
+    others = len(d.bids) - 1
+    tie = ", tie broken on node id" if d.tie_broken else ""
+    declines = "; ".join(f"{x.node_id} {render(x.reason, x.detail)}" for x in d.declines)
+    return (f"place {d.request.instance_id} on {w.node_id}: load {w.load:.3f} "
+            f"({w.strategy}) beat {others} other bid{'s' if others != 1 else ''}{tie}"
+            + (f"; declined: {declines}" if declines else ""))
+
+

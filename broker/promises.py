@@ -1,0 +1,258 @@
+"""Keeping the promises a placement makes: reports from workers, the watchdog's verdicts,
+cancel, drain and migration.
+
+Rules:
+1. A worker's report counts only for an instance git places on that very node; anything
+   else is counted and dropped (a fenced or impersonating node changes nothing).
+2. Every change goes through a plan (compare-and-swap on the instance's state) and the
+   group committer: a late event racing an expiry resolves to exactly one of them.
+3. Only failures that could succeed elsewhere (driver failed to start) spend an attempt and
+   re-auction; a process that ran and failed, or timed out, fails.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import msgspec
+from nats.aio.msg import Msg
+
+from broker.committer import Item, Planned
+from broker.plan import View, finish, record_ports, requeue, set_cancelling, set_draining
+from broker.watchdog import Action, Kind, due
+from shared import subjects
+from shared.lifecycle import LIVE, PENDING
+from shared.messages import Cancel, Event, EventType, InstanceState
+from shared.reasons import Reason
+
+if TYPE_CHECKING:
+    from broker.service import Broker
+
+__all__ = ["Promises"]
+
+_event_dec = msgspec.msgpack.Decoder(Event)
+
+#: Worker-reported failures that could succeed on another node: they consume an attempt.
+RETRYABLE = frozenset({Reason.DRIVER_FAILED.value, Reason.NO_ROOM_PORTS.value})
+
+
+class Promises:
+    def __init__(self, broker: Broker) -> None:
+        self.b = broker
+        self.acting: set[tuple[Kind, str]] = set()
+        self.migrating: dict[str, list[str]] = {}
+        self.live: dict[str, str] = {}  # instance -> provisioning/running, from reports
+
+    # -- reports -------------------------------------------------------------------------
+    async def on_report(self, msg: Msg) -> None:
+        b = self.b
+        try:
+            ev = _event_dec.decode(msg.data)
+        except msgspec.DecodeError:
+            b.rejects.count("malformed event", msg.subject)
+            return
+        node = subjects.node_of(msg.subject)
+        if node != ev.node_id:
+            b.rejects.count("event for another node", msg.subject)
+            return
+        if b.ledger.state().placement_of(ev.instance_id) != node:
+            b.rejects.count("event for an instance not placed on that node", msg.subject)
+            return
+        b.record_event(ev)
+        iid = ev.instance_id
+        match ev.type:
+            case EventType.PROVISIONING | EventType.RUNNING:
+                b.timers.accepted.add(iid)
+                self.live[iid] = ev.type
+                if ev.type == EventType.RUNNING:
+                    b.timers.running_at.setdefault(iid, b.now())
+                if ev.ports or ev.taken:
+                    self._ports(ev)
+            case EventType.EXITED:
+                self._end(ev, InstanceState.SUCCEEDED if ev.exit_code in (0, None)
+                          else InstanceState.FAILED)
+            case EventType.CANCELLED:
+                self._end(ev, InstanceState.CANCELLED)
+            case EventType.FAILED if ev.reason in RETRYABLE:
+                self._submit(lambda v: self._requeue(v, iid, node, Reason(ev.reason),
+                                                     ev.detail))
+            case EventType.FAILED:
+                self._end(ev, InstanceState.FAILED)
+            case _:
+                b.rejects.count("event of an unknown type", msg.subject)
+
+    def heartbeat_lists(self, node_id: str, instances: list[tuple[str, str]]) -> None:
+        """A heartbeat listing an instance git places there confirms the node holds it."""
+        state = self.b.ledger.state()
+        for iid, st in instances:
+            if state.placement_of(iid) == node_id:
+                self.b.timers.accepted.add(iid)
+                if st == InstanceState.RUNNING:
+                    self.b.timers.running_at.setdefault(iid, self.b.now())
+                    self.live.setdefault(iid, st)
+
+    def _submit(self, plan: object) -> None:
+        self.b.committer.submit(Item(plan=plan))  # type: ignore[arg-type]
+
+    def _ports(self, ev: Event) -> None:
+        def plan(view: View) -> Planned | None:
+            new = record_ports(view, ev.instance_id, ev.node_id, ev.ports, ev.taken)
+            if new is None:
+                return None
+            taken = ", ".join(str(p) for p in ev.taken)
+            return Planned(lines=[f"ports of {ev.instance_id} on {ev.node_id}: {new.ports}"
+                                  + (f" ({Reason.PORT_TAKEN}: {taken})" if taken else "")])
+        self._submit(plan)
+
+    def _end(self, ev: Event, to: InstanceState) -> None:
+        reason = ev.reason or ("" if to is InstanceState.SUCCEEDED else
+                               Reason.EXITED_NONZERO)
+
+        def plan(view: View) -> Planned | None:
+            if finish(view, ev.instance_id, ev.node_id, to, reason, ev.detail) is None:
+                return None
+            code = "" if ev.exit_code is None else f" (exit {ev.exit_code})"
+            return Planned(lines=[f"{to} {ev.instance_id} on {ev.node_id}{code}"],
+                           after=[lambda _sha: self.ended(ev.instance_id)])
+        self._submit(plan)
+
+    def _requeue(self, view: View, iid: str, node: str, reason: Reason, detail: str = "",
+                 exhausted: InstanceState = InstanceState.FAILED,
+                 free: bool = False, stop: bool = False) -> Planned | None:
+        """Off `node` and back in the queue (or out of attempts); `stop` also tells the node
+        to stop its copy once the commit has landed."""
+        new = requeue(view, iid, node, reason, detail, exhausted, free)
+        if new is None:
+            return None
+        line = (f"requeue {iid} off {node}: {reason}" if new.state is InstanceState.QUEUED
+                else f"{new.state} {iid} on {node}: {reason}; {new.detail}")
+
+        def after(_sha: str) -> None:
+            if stop:
+                self.b.publish(subjects.CANCEL.format(node=node),
+                               Cancel(instance_id=iid, node_id=node))
+            self.ended(iid)
+            if new.state is not InstanceState.QUEUED:
+                self.b.emit(iid, EventType(new.state), node_id=node, reason=new.reason,
+                            detail=new.detail)
+        return Planned(lines=[line], after=[after])
+
+    def ended(self, iid: str) -> None:
+        self.b.timers.forget(iid)
+        self.live.pop(iid, None)
+        self.b.auctioneer.capacity_freed()
+
+    # -- the watchdog --------------------------------------------------------------------
+    def watch(self, now: float) -> None:
+        b = self.b
+        if b.ledger.pinned:
+            return
+        for action in due(b.ledger.state(), b.liveness, b.timers, b.timing, now):
+            key = (action.kind, action.instance_id)
+            if key in self.acting:
+                continue
+            self.acting.add(key)
+            b.committer.submit(Item(
+                plan=lambda v, a=action: self._act(v, a),
+                failed=lambda _r, _d, k=key: self.acting.discard(k), retry=False))
+        self._migrate_next()
+
+    def _act(self, view: View, a: Action) -> Planned | None:
+        self.acting.discard((a.kind, a.instance_id))
+        match a.kind:
+            case Kind.REVOKE:
+                return self._requeue(view, a.instance_id, a.node_id, Reason.NOT_ACCEPTED,
+                                     stop=True)
+            case Kind.EXPIRE:
+                return self._requeue(view, a.instance_id, a.node_id, Reason.NO_LEASE,
+                                     exhausted=InstanceState.LOST)
+            case Kind.TIMEOUT:
+                return self._finish(view, a, InstanceState.FAILED, Reason.TIMEOUT, stop=True)
+            case Kind.CANCEL_EXPIRED:
+                return self._finish(view, a, InstanceState.CANCELLED, Reason.CANCEL_UNANSWERED)
+        return None
+
+    def _finish(self, view: View, a: Action, to: InstanceState,
+                reason: Reason, stop: bool = False) -> Planned | None:
+        if finish(view, a.instance_id, a.node_id, to, reason) is None:
+            return None
+
+        def after(_sha: str) -> None:
+            if stop:
+                self.b.publish(subjects.CANCEL.format(node=a.node_id),
+                               Cancel(instance_id=a.instance_id, node_id=a.node_id))
+            self.ended(a.instance_id)
+            self.b.emit(a.instance_id, EventType(to), node_id=a.node_id, reason=reason)
+        return Planned(lines=[f"{to} {a.instance_id} on {a.node_id}: {reason}"],
+                       after=[after])
+
+    # -- operator verbs ------------------------------------------------------------------
+    def cancel(self, iid: str) -> str:
+        """Returns the state the instance is in after the request (or raises KeyError)."""
+        b = self.b
+        rec = b.ledger.state().instances[iid]
+        if rec.state in PENDING:
+            def plan(view: View) -> Planned | None:
+                if finish(view, iid, "", InstanceState.CANCELLED, Reason.CANCELLED) is None:
+                    return None
+                return Planned(lines=[f"cancelled {iid}: {Reason.CANCELLED}"],
+                               after=[lambda _s: b.emit(iid, EventType.CANCELLED,
+                                                        reason=Reason.CANCELLED)])
+            self._submit(plan)
+            return InstanceState.CANCELLED
+        if rec.state in LIVE:
+            node = rec.node_id
+
+            def plan_live(view: View) -> Planned | None:
+                if set_cancelling(view, iid) is None:
+                    return None
+                return Planned(lines=[f"cancel {iid} on {node}"],
+                               after=[lambda _s: self._send_cancel(iid, node)])
+            self._submit(plan_live)
+            return "cancelling"
+        return rec.state
+
+    def _send_cancel(self, iid: str, node: str) -> None:
+        self.b.timers.cancel_at[iid] = self.b.now()
+        self.b.publish(subjects.CANCEL.format(node=node), Cancel(instance_id=iid, node_id=node))
+
+    def drain(self, node: str, undo: bool, migrate: bool) -> int:
+        def plan(view: View) -> Planned | None:
+            if set_draining(view, node, not undo) is None:
+                return None
+            return Planned(lines=[f"{'undrain' if undo else 'drain'} {node}"])
+        self._submit(plan)
+        if undo:
+            self.migrating.pop(node, None)
+            return 0
+        if migrate:
+            nf = self.b.ledger.state().nodes.get(node)
+            self.migrating[node] = sorted(nf.instances) if nf else []
+            return len(self.migrating[node])
+        return 0
+
+    def _migrate_next(self) -> None:
+        """Move a draining node's instances one by one: the next leaves only when the one
+        before it has been placed elsewhere."""
+        state = self.b.ledger.state()
+        for node, queue in list(self.migrating.items()):
+            moving = [i for i in queue if state.instances.get(i) is not None
+                      and state.instances[i].state in PENDING]
+            if moving:
+                continue
+            while queue and state.placement_of(queue[0]) != node:
+                queue.pop(0)
+            if not queue:
+                del self.migrating[node]
+                continue
+            iid = queue[0]
+            key = (Kind.REVOKE, iid)
+            if key in self.acting:
+                continue
+            self.acting.add(key)
+
+            def plan(v: View, i: str = iid, n: str = node,
+                     k: tuple[Kind, str] = key) -> Planned | None:
+                self.acting.discard(k)
+                return self._requeue(v, i, n, Reason.MIGRATED, free=True, stop=True)
+            self._submit(plan)
