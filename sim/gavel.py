@@ -1,0 +1,145 @@
+"""gavel's own placement: every node bids through its strategy, the real auction awards.
+
+Rules:
+1. Broadcast asks every eligible node; sample asks d random eligible nodes. Failed nodes
+   stay eligible until liveness marks them unreachable, and say nothing meanwhile.
+2. The fast broadcast path reads the order book (`sim.book`): it walks the ranked bids from
+   the best, skipping replies the network lost (`sim.network`, rule 1), until it has the
+   winner and knows whether the next bid ties it; then it runs the real `Auction` on those
+   replies (`sim.rounds`, rule 2). The naive path (``naive=True``) calls
+   `shared.strategies.answer` for every eligible node and feeds them all to the `Auction`:
+   same winners, ties and reasons — a test holds the two paths to that.
+3. ``omniscient=True`` is the central scheduler on fresh state: only live nodes are asked,
+   nothing is lost, no time passes.
+"""
+
+from __future__ import annotations
+
+import random
+
+from shared.auction import Awarded, Decision
+from shared.strategies import Strategy, answer
+from sim.cluster import Cluster
+from sim.network import NetworkModel
+from sim.placer import Outcome, Placer
+from sim.rounds import Answer, run_round
+from sim.workload import Catalogue
+
+__all__ = ["GavelPlacer"]
+
+
+class GavelPlacer(Placer):
+    def __init__(self, name: str, cluster: Cluster, catalogue: Catalogue,
+                 strategies: list[Strategy], labels: list[str], *, network: NetworkModel,
+                 rng: random.Random, mode: str = "broadcast", d: int = 2,
+                 omniscient: bool = False, naive: bool = False) -> None:
+        super().__init__(name, cluster, catalogue, strategies, labels)
+        self.net = network
+        self.rng = rng
+        self.mode = mode
+        self.d = d
+        self.omniscient = omniscient
+        self.naive = naive
+
+    def place(self, shape: int, now: float) -> Outcome:
+        no = self.next_round()
+        if self.mode == "sample":
+            return self._sample(no, shape, now)
+        if self.naive:
+            return self._naive(no, shape, now)
+        return self._broadcast(no, shape, now)
+
+    # -- rule 2, fast ------------------------------------------------------------------------
+    def _broadcast(self, no: int, shape: int, now: float) -> Outcome:
+        book = self.books[shape]
+        net = self.net
+        lossy = net.lossy and not self.omniscient
+        winner = tie = -1
+        best = 0.0
+        walked = 0
+        lost_any = False
+        for load, idx in book.ranked:
+            if winner >= 0 and load != best:
+                break
+            walked += 1
+            if lossy and net.lost(no, idx):
+                lost_any = True
+                continue
+            if winner < 0:
+                winner, best = idx, load
+            else:
+                tie = idx
+                break
+        latency = 0.0
+        silent = False
+        if not self.omniscient:
+            answering = len(self.cluster.alive)
+            silent = (lost_any or self.cluster.silent_eligible > 0
+                      or (lossy and net.draw() >= net.p_all_answer(answering - walked)))
+            latency = net.round_s(answering, silent)
+        if winner < 0:
+            return self.unschedulable(shape, now, silent, net.deadline)._replace(
+                latency=latency)
+        ids = self.cluster.ids
+        replies: list[tuple[str, Answer]] = []
+        for idx in (winner, tie):
+            if idx >= 0:
+                ans = book.answers[idx]
+                assert ans is not None
+                replies.append((ids[idx], ans))
+        decision = run_round(f"{self.name}-{no}", book.request, replies, [], now,
+                             net.deadline, now + latency)
+        return self._outcome(decision, latency, winner)
+
+    # -- rule 2, naive -----------------------------------------------------------------------
+    def _naive(self, no: int, shape: int, now: float) -> Outcome:
+        request = self.books[shape].request
+        nodes = self.cluster.nodes
+        lossy = self.net.lossy and not self.omniscient
+        replies: list[tuple[str, Answer]] = []
+        silent: list[str] = []
+        asked = self.cluster.alive if self.omniscient else self.cluster.eligible
+        for idx in sorted(asked.items):
+            node = nodes[idx]
+            if not node.alive or (lossy and self.net.lost(no, idx)):
+                silent.append(node.node_id)
+            else:
+                replies.append((node.node_id, answer(self.strategies[idx], request, node.view())))
+        latency = 0.0 if self.omniscient else self.net.round_s(len(self.cluster.alive),
+                                                                bool(silent))
+        decision = run_round(f"{self.name}-{no}", request, replies, silent, now,
+                             self.net.deadline, now + latency)
+        return self._outcome(decision, latency, None)
+
+    # -- rule 1, sampling --------------------------------------------------------------------
+    def _sample(self, no: int, shape: int, now: float) -> Outcome:
+        book = self.books[shape]
+        asked = self.cluster.alive if self.omniscient else self.cluster.eligible
+        picks = asked.sample(self.rng, self.d)
+        nodes = self.cluster.nodes
+        lossy = self.net.lossy and not self.omniscient
+        replies: list[tuple[str, Answer]] = []
+        silent: list[str] = []
+        for idx in picks:
+            node = nodes[idx]
+            if not node.alive or (lossy and self.net.lost(no, idx)):
+                silent.append(node.node_id)
+                continue
+            if self.naive:
+                ans: Answer | None = answer(self.strategies[idx], book.request, node.view())
+            else:
+                ans = book.answers[idx]
+            assert ans is not None
+            replies.append((node.node_id, ans))
+        answering = sum(1 for idx in picks if nodes[idx].alive)
+        latency = 0.0 if self.omniscient else self.net.round_s(answering, bool(silent))
+        decision = run_round(f"{self.name}-{no}", book.request, replies, silent, now,
+                             self.net.deadline, now + latency)
+        return self._outcome(decision, latency, None)
+
+    def _outcome(self, decision: Decision, latency: float, expected: int | None) -> Outcome:
+        if isinstance(decision, Awarded):
+            idx = self.cluster.by_id[decision.winner.node_id]
+            assert expected is None or idx == expected, "the auction disagrees with the book"
+            return Outcome(idx, "", latency, decision.tie_broken)
+        return Outcome(-1, decision.reason, latency)

@@ -1,0 +1,153 @@
+"""Which policies a scenario runs, and running them: gavel mixes first, then the baselines.
+
+Rules: every policy gets a fresh cluster, the same arrival stream and the same failure
+script (same seed); its own randomness comes from streams named after it, so adding or
+removing one policy never changes another's numbers. A mix is dealt to nodes by largest
+remainder (40% of 10 nodes is exactly 4), shuffled by the policy's own stream; nodes that
+join later draw their strategy by the shares.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from typing import NamedTuple
+
+import msgspec
+
+from shared.strategies import Strategy, make_strategy
+from sim.baselines import NomadPlacer, RandomPlacer, StalePlacer
+from sim.cluster import Cluster, script
+from sim.distributions import pick_weighted
+from sim.engine import Engine, Progress
+from sim.gavel import GavelPlacer
+from sim.metrics import PolicyResult, Recorder
+from sim.network import NetworkModel
+from sim.placer import Placer
+from sim.scenario import GavelPolicy, Scenario
+from sim.workload import Catalogue, stream
+
+__all__ = ["PolicySpec", "SimResult", "assign_mix", "plan", "run_policy", "simulate"]
+
+Build = Callable[[Cluster, Catalogue], Placer]
+
+
+class PolicySpec(NamedTuple):
+    name: str
+    kind: str  # "gavel" | "baseline"
+    description: str
+    build: Build
+
+
+class SimResult(msgspec.Struct, kw_only=True):
+    scenario: str
+    description: str
+    seed: int
+    nodes: int
+    total_nodes: int
+    duration_s: float
+    shapes: list[str]
+    policies: list[PolicyResult]
+
+
+def assign_mix(policy: GavelPolicy, initial: int, total: int,
+               rng: random.Random) -> tuple[list[Strategy], list[str]]:
+    """(strategy, label) per node: exact shares over the initial nodes, drawn for joiners."""
+    made = [make_strategy(e.strategy, e.params or None) for e in policy.mix]
+    shares = [e.share for e in policy.mix]
+    whole = sum(shares)
+    exact = [s / whole * initial for s in shares]
+    counts = [int(x) for x in exact]
+    by_remainder = sorted(range(len(exact)), key=lambda i: (-(exact[i] - counts[i]), i))
+    for i in by_remainder[: initial - sum(counts)]:
+        counts[i] += 1
+    dealt = [i for i, c in enumerate(counts) for _ in range(c)]
+    rng.shuffle(dealt)
+    cumulative = [sum(shares[: i + 1]) for i in range(len(shares))]
+    dealt += [pick_weighted(rng, cumulative) for _ in range(total - initial)]
+    return [made[i] for i in dealt], [policy.mix[i].label for i in dealt]
+
+
+def _describe(policy: GavelPolicy) -> str:
+    whole = sum(e.share for e in policy.mix)
+    parts = ", ".join(f"{e.share / whole:.0%} {e.label}" for e in policy.mix)
+    how = "broadcast" if policy.mode == "broadcast" else f"sample d={policy.d}"
+    return f"gavel bidding ({parts}); {how}"
+
+
+def plan(s: Scenario, seed: int, naive: bool = False) -> list[PolicySpec]:
+    specs: list[PolicySpec] = []
+    deadline = s.deadline_s
+    for p in s.gavel:
+        name = f"gavel:{p.name}"
+
+        def gavel(cluster: Cluster, catalogue: Catalogue, p: GavelPolicy = p,
+                  name: str = name) -> Placer:
+            strategies, labels = assign_mix(p, cluster.initial, len(cluster),
+                                            random.Random(f"{seed}/mix/{name}"))
+            net = NetworkModel(s.network.latency_s, s.network.loss, deadline,
+                               random.Random(f"{seed}/network/{name}"))
+            return GavelPlacer(name, cluster, catalogue, strategies, labels, network=net,
+                               rng=random.Random(f"{seed}/placer/{name}"), mode=p.mode,
+                               d=p.d, naive=naive)
+
+        specs.append(PolicySpec(name, "gavel", _describe(p), gavel))
+    d = s.baselines.d
+
+    def fresh(name: str, mode: str) -> Build:
+        def build(cluster: Cluster, catalogue: Catalogue) -> Placer:
+            ll = make_strategy("least-loaded")
+            return GavelPlacer(name, cluster, catalogue, [ll] * len(cluster),
+                               [ll.name] * len(cluster), network=NetworkModel.perfect(),
+                               rng=random.Random(f"{seed}/placer/{name}"), mode=mode, d=d,
+                               omniscient=True, naive=naive)
+        return build
+
+    baselines: dict[str, tuple[str, Build]] = {
+        "central-fresh": ("central least-loaded on perfectly fresh state",
+                          fresh("central-fresh", "broadcast")),
+        "central-stale": (f"central least-loaded on heartbeat state "
+                          f"(up to {s.timing.heartbeat_s:g} s old)",
+                          lambda c, cat: StalePlacer("central-stale", c, cat,
+                                                     s.timing.heartbeat_s)),
+        "random": ("a random node that fits",
+                   lambda c, cat: RandomPlacer("random", c, cat,
+                                               random.Random(f"{seed}/placer/random"))),
+        "power-of-d": (f"least-loaded of {d} random nodes", fresh("power-of-d", "sample")),
+        "nomad-binpack": ("Nomad's binpack score over log2(n) random feasible nodes",
+                          lambda c, cat: NomadPlacer("nomad-binpack", c, cat,
+                                                     random.Random(f"{seed}/placer/nomad"))),
+    }
+    for key in s.baselines.run:
+        description, build = baselines[key]
+        specs.append(PolicySpec(key, "baseline", description, build))
+    return specs
+
+
+def run_policy(s: Scenario, seed: int, spec: PolicySpec,
+               progress: Progress | None = None) -> PolicyResult:
+    cluster = Cluster(s)
+    catalogue, arrivals = stream(s, seed)
+    placer = spec.build(cluster, catalogue)
+    recorder = Recorder(spec.name, spec.kind, spec.description, cluster, catalogue,
+                        placer.labels)
+    engine = Engine(s, cluster, catalogue, arrivals, script(s, seed), placer, recorder,
+                    progress)
+    return engine.run()
+
+
+def simulate(s: Scenario, seed: int, only: set[str] | None = None,
+             progress: Callable[[str], Progress | None] | None = None,
+             naive: bool = False) -> SimResult:
+    """Every policy of `s` on the same arrivals; `only` keeps the named ones."""
+    results = []
+    for spec in plan(s, seed, naive):
+        if only is not None and spec.name not in only:
+            continue
+        results.append(run_policy(s, seed, spec, progress(spec.name) if progress else None))
+    catalogue = Catalogue(s.workload.classes)
+    return SimResult(scenario=s.name, description=s.description, seed=seed,
+                     nodes=s.initial_nodes(), total_nodes=s.total_nodes(),
+                     duration_s=s.duration_s,
+                     shapes=[shape.describe() for shape in catalogue.shapes],
+                     policies=results)
