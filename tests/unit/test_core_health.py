@@ -66,3 +66,17 @@ def test_only_healthy_nodes_are_eligible_sorted() -> None:
     assert live.eligible(100.0) == ["a", "c"]
     assert live.known() == ["a", "b", "c", "d", "e"]
     assert live.eligible(200.0) == []
+
+
+def test_a_presumed_node_gets_the_full_thresholds_but_is_not_eligible() -> None:
+    """A restarted broker presumes nodes it holds placements for as heard at start."""
+    live = Liveness(Timing())
+    live.presume("n1", 100.0)
+    live.presume("n1", 500.0)  # the first presumption stands
+    assert live.health("n1", 129.0) is Health.HEALTHY
+    assert live.health("n1", 130.0) is Health.UNREACHABLE
+    assert live.health("n1", 220.0) is Health.OFFLINE
+    assert live.eligible(101.0) == []
+    live.record(hb("n1"), 300.0)  # a real heartbeat takes over
+    assert live.health("n1", 320.0) is Health.HEALTHY
+    assert live.eligible(320.0) == ["n1"]
