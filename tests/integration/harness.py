@@ -142,3 +142,74 @@ def writer_spec(name: str, out: Path, **kw: Any) -> Spec:
 def sleeper_spec(name: str, seconds: float = 60.0, **kw: Any) -> Spec:
     return Spec(name=name, command=[sys.executable, "-c", f"import time; time.sleep({seconds})"],
                 **kw)
+
+
+class FakeNode:
+    """A node speaking the wire protocol by hand: it heartbeats, bids a fixed load and does
+    only what a test tells it — to play a node that accepts nothing, goes quiet, or lies."""
+
+    def __init__(self, url: str, node_id: str, load: float = 0.0, cpu: float = 64.0) -> None:
+        import msgspec as _m
+
+        self.url, self.node_id, self.load, self.cpu = url, node_id, load, cpu
+        self.enc = _m.msgpack.Encoder()
+        self.heartbeating = True
+        self.bidding = True
+        self.confirm = False  # report provisioning+running for every award
+        self.awards: list[Any] = []
+        self.listed: list[str] = []
+        self.nc: Any = None
+        self._task: asyncio.Task[None] | None = None
+
+    async def start(self) -> FakeNode:
+        import msgspec as _m
+
+        from shared import subjects as s
+        from shared.messages import RFB, Award, Bid, BidReply, Event
+
+        self.nc = await nats.connect(self.url)
+
+        async def on_rfb(msg: Any) -> None:
+            if not self.bidding:
+                return
+            rfb = _m.msgpack.decode(msg.data, type=RFB)
+            answers: list[Any] = [Bid(instance_id=r.instance_id, load=self.load,
+                                      strategy="fake") for r in rfb.requests]
+            await self.nc.publish(s.BIDS.format(node=self.node_id), self.enc.encode(
+                BidReply(auction_id=rfb.auction_id, node_id=self.node_id, answers=answers)))
+
+        async def on_award(msg: Any) -> None:
+            award = _m.msgpack.decode(msg.data, type=Award)
+            self.awards.append(award)
+            if self.confirm:
+                self.listed.append(award.instance_id)
+                for t in ("provisioning", "running"):
+                    await self.nc.publish(s.REPORT.format(node=self.node_id), self.enc.encode(
+                        Event(instance_id=award.instance_id, type=t, node_id=self.node_id,
+                              attempt=award.attempt)))
+
+        await self.nc.subscribe(s.RFB, cb=on_rfb)
+        await self.nc.subscribe(s.AWARD.format(node=self.node_id), cb=on_award)
+        self._task = asyncio.create_task(self._beat())
+        return self
+
+    async def _beat(self) -> None:
+        from shared import subjects as s
+        from shared.messages import Capacity, Heartbeat, InstanceReport
+
+        while True:
+            if self.heartbeating:
+                hb = Heartbeat(node_id=self.node_id, strategy="fake",
+                               capacity=Capacity(cpu=self.cpu, memory_mb=65536, ports=100),
+                               port_range=[31000, 31099],
+                               instances=[InstanceReport(instance_id=i, state="running")
+                                          for i in self.listed])
+                await self.nc.publish(s.HEARTBEAT.format(node=self.node_id),
+                                      self.enc.encode(hb))
+            await asyncio.sleep(TIMING.heartbeat_s)
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+        if self.nc is not None:
+            await self.nc.close()
