@@ -10,6 +10,7 @@ import argparse
 import asyncio
 import logging
 import os
+import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -30,6 +31,17 @@ def _labels(text: str) -> dict[str, str]:
             raise argparse.ArgumentTypeError(f"label {part!r} is not of the form key=value")
         out[key] = value
     return out
+
+
+_NODE_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+
+
+def _node_id(text: str) -> str:
+    if not _NODE_ID.match(text):
+        raise argparse.ArgumentTypeError(
+            f"node id {text!r} must be 1-64 letters, digits, '-' or '_' (it becomes one NATS "
+            "subject token)")
+    return text
 
 
 def _positive_float(text: str) -> float:
@@ -103,7 +115,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     wk = sub.add_parser("worker", help="run a worker agent on this host")
     _client(wk, json_flag=False)
-    wk.add_argument("--node-id", required=True, help="this node's id")
+    wk.add_argument("--node-id", required=True, type=_node_id,
+                    help="this node's id (letters, digits, '-' and '_')")
     wk.add_argument("--strategy", default="least-loaded", choices=strategy_names(),
                     help="bidding strategy (default %(default)s)")
     wk.add_argument("--strategy-param", action="append", default=[], metavar="KEY=VALUE",

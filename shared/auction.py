@@ -21,7 +21,7 @@ import msgspec
 
 from shared.award import NodeBid, NodeDecline, pick
 from shared.messages import Bid, BidReply, Capacity, Request
-from shared.reasons import Reason, render, summarize_declines
+from shared.reasons import DECLINES, Reason, render, summarize_declines
 
 __all__ = ["Auction", "Awarded", "Decision", "Unschedulable", "Verdict"]
 
@@ -58,7 +58,7 @@ class Unschedulable(msgspec.Struct, frozen=True, kw_only=True):
 Decision = Awarded | Unschedulable
 
 _NO_ANSWER = "no answer before the deadline"
-_REASONS = frozenset(r.value for r in Reason)
+_REASONS = frozenset(r.value for r in DECLINES)
 
 
 class Auction:
@@ -76,6 +76,8 @@ class Auction:
         self.opened_at = opened_at
         self.deadline = opened_at + deadline_s
         self._index = {r.instance_id: i for i, r in enumerate(self.requests)}
+        if len(self._index) != len(self.requests):
+            raise ValueError(f"auction {auction_id} lists an instance twice")
         self._bids: list[list[NodeBid]] = [[] for _ in self.requests]
         self._declines: list[list[NodeDecline]] = [[] for _ in self.requests]
         self._answered: set[str] = set()
@@ -136,11 +138,13 @@ class Auction:
     def decide(self, now: float, free: Mapping[str, Capacity] | None = None) -> list[Decision]:
         """Close the auction and award every request (see rule 4)."""
         self.closed_at = now
-        silent = sorted(self.eligible - self._answered)
         remaining = {n: Capacity(cpu=c.cpu, memory_mb=c.memory_mb, ports=c.ports)
                      for n, c in (free or {}).items()}
         decisions: list[Decision] = []
         for i, request in enumerate(self.requests):
+            # A node that answered the RFB but skipped this request is silent for it.
+            spoke = {b.node_id for b in self._bids[i]} | {d.node_id for d in self._declines[i]}
+            silent = sorted(self.eligible - spoke)
             declines = list(self._declines[i])
             fitting: list[NodeBid] = []
             for bid in self._bids[i]:

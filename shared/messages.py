@@ -91,6 +91,12 @@ class Spec(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     attempts: Annotated[int, msgspec.Meta(ge=1, le=100)] = 3
     secrets: list[str] = []
 
+    def __post_init__(self) -> None:
+        if len(set(self.ports)) != len(self.ports):
+            raise ValueError("ports must have distinct names")
+        if len(set(self.secrets)) != len(self.secrets):
+            raise ValueError("secrets must have distinct names")
+
 
 class Message(msgspec.Struct, tag_field="kind", kw_only=True):
     """Base of every message that crosses NATS."""

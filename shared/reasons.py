@@ -11,7 +11,7 @@ from collections import Counter
 from collections.abc import Iterable
 from enum import StrEnum
 
-__all__ = ["Reason", "render", "summarize_declines"]
+__all__ = ["DECLINES", "Reason", "render", "summarize_declines"]
 
 
 class Reason(StrEnum):
@@ -47,6 +47,18 @@ class Reason(StrEnum):
     BAD_SPEC = "the spec is invalid"
     DUPLICATE = "an instance with that id already exists"
 
+
+#: The reasons a node may give when it declines an RFB; anything else on the wire is rejected.
+DECLINES = frozenset(
+    {
+        Reason.NO_ROOM_CPU,
+        Reason.NO_ROOM_MEMORY,
+        Reason.NO_ROOM_PORTS,
+        Reason.MISSING_LABEL,
+        Reason.DRAINING,
+        Reason.OVER_CEILING,
+    }
+)
 
 _TEMPLATES: dict[str, str] = {
     Reason.NO_ROOM_CPU: "no room for {detail} cpu",
