@@ -107,7 +107,7 @@ class Engine:
             else:
                 self._cluster_event(at, kind, a)
             if self.progress and at >= next_report:
-                self.progress(at / end)
+                self.progress(min(at / end, 0.999))
                 next_report = at + step
         if not self.rec.samples or self.rec.samples[-1][0] < end:
             self.rec.sample(end, self.pending)
