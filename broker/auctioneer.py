@@ -135,6 +135,15 @@ class Auctioneer:
         now = self.b.now()
         decisions = auction.decide(now, self.free())
         self.b.round_times.append(now - auction.opened_at)
+        m = self.b.metrics
+        m.round_seconds.observe(now - auction.opened_at)
+        for d in decisions:
+            m.auctions.labels(outcome="awarded" if isinstance(d, Awarded)
+                              else "unschedulable").inc()
+        for strategy, n in auction.bid_counts().items():
+            m.bids.labels(strategy=strategy).inc(n)
+        for reason, n in auction.decline_counts().items():
+            m.declines.labels(reason=reason).inc(n)
         for d in decisions:
             if isinstance(d, Awarded):
                 self._reserve(d.winner.node_id, d.request, +1)
@@ -178,6 +187,7 @@ class Auctioneer:
         b = self.b
         iid, node = d.request.instance_id, d.winner.node_id
         self._released(d, placed=True)
+        b.metrics.placements.inc()
         self.recent[iid] = record
         b.timers.forget(iid)
         b.timers.placed_at[iid] = b.now()

@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import Any
 
 from broker.ledger import Change, Conflict, Ledger, LedgerError, Pinned
 from broker.plan import View
@@ -57,6 +58,7 @@ class Committer:
         self.latencies: list[float] = []
         self.idle = asyncio.Event()
         self.idle.set()
+        self.metrics: Any = None
 
     def submit(self, item: Item) -> None:
         self._queue.append(item)
@@ -108,7 +110,11 @@ class Committer:
                 if retry:
                     loop.call_later(self.retry_s, self._requeue, retry)
                 return
-            self.latencies.append(time.perf_counter() - started)
+            elapsed = time.perf_counter() - started
+            self.latencies.append(elapsed)
+            if self.metrics is not None:
+                self.metrics.commit_seconds.observe(elapsed)
+                self.metrics.commit_items.observe(len(planned))
             if len(self.latencies) > 10_000:
                 del self.latencies[:5_000]
             self.ledger.adopt(view.change, state.head, sha)

@@ -29,6 +29,7 @@ from nats.aio.msg import Msg
 from broker.auctioneer import Auctioneer
 from broker.committer import Committer
 from broker.ledger import Change, Ledger, encode
+from broker.metrics import Metrics
 from broker.promises import Promises
 from broker.rejects import Rejects
 from broker.watchdog import Timers
@@ -70,9 +71,12 @@ class Broker:
         self.timers = Timers(started=clock())
         self.batch_max = batch_max
         self.nats_options = dict(nats_options or {})
-        self.rejects = Rejects(self.log)
+        self.metrics = Metrics()
+        self.rejects = Rejects(self.log, self.metrics.rejected)
         self.auctioneer = Auctioneer(self)
         self.promises = Promises(self)
+        self.metrics.attach(self)
+        self.committer.metrics = self.metrics
         self.pinned_reported: set[str] = set()
         self.events: deque[Event] = deque(maxlen=2000)
         self.round_times: deque[float] = deque(maxlen=10_000)

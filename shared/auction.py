@@ -134,6 +134,22 @@ class Auction:
     def answered(self) -> frozenset[str]:
         return frozenset(self._answered)
 
+    def bid_counts(self) -> dict[str, int]:
+        """Bids received per strategy (for metrics)."""
+        out: dict[str, int] = {}
+        for bids in self._bids:
+            for b in bids:
+                out[b.strategy] = out.get(b.strategy, 0) + 1
+        return out
+
+    def decline_counts(self) -> dict[str, int]:
+        """Declines received per reason (for metrics)."""
+        out: dict[str, int] = {}
+        for declines in self._declines:
+            for d in declines:
+                out[d.reason] = out.get(d.reason, 0) + 1
+        return out
+
     # -- output --------------------------------------------------------------------------
     def decide(self, now: float, free: Mapping[str, Capacity] | None = None) -> list[Decision]:
         """Close the auction and award every request (see rule 4)."""

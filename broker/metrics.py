@@ -1,0 +1,77 @@
+"""Prometheus metrics for the broker.
+
+Rule: counters and histograms are observed where things happen (one call each, no
+allocation beyond the label lookup); gauges that describe state (node health, instances by
+state) are computed at scrape time from the broker's own view, so they can never drift.
+"""
+
+from __future__ import annotations
+
+from collections import Counter as Tally
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+if TYPE_CHECKING:
+    from broker.service import Broker
+
+__all__ = ["Metrics"]
+
+_LATENCY = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.auctions = Counter("gavel_auctions_total", "Auction outcomes per request",
+                                ["outcome"], registry=r)
+        self.bids = Counter("gavel_bids_total", "Bids received, by strategy", ["strategy"],
+                            registry=r)
+        self.declines = Counter("gavel_declines_total", "Declines received, by reason",
+                                ["reason"], registry=r)
+        self.placements = Counter("gavel_placements_total", "Placements committed to git",
+                                  registry=r)
+        self.round_seconds = Histogram("gavel_bid_round_seconds",
+                                       "From RFB to the auction's close", buckets=_LATENCY,
+                                       registry=r)
+        self.commit_seconds = Histogram("gavel_commit_seconds",
+                                        "Writing one (group) commit and moving the ref",
+                                        buckets=_LATENCY, registry=r)
+        self.commit_items = Histogram("gavel_commit_batch_items",
+                                      "Changes carried by one group commit",
+                                      buckets=(1, 2, 5, 10, 20, 50, 100, 200, 500, 1000),
+                                      registry=r)
+        self.rejected = Counter("gavel_messages_rejected_total",
+                                "Messages from the wire refused, by kind", ["kind"],
+                                registry=r)
+
+    def attach(self, broker: Broker) -> None:
+        """Register the scrape-time view of `broker` (node health, instances by state)."""
+        self.registry.register(_StateCollector(broker))
+
+
+class _StateCollector(Collector):
+    def __init__(self, broker: Broker) -> None:
+        self.b = broker
+
+    def collect(self) -> Iterator[Metric]:
+        b = self.b
+        now = b.now()
+        health = GaugeMetricFamily("gavel_nodes", "Nodes by health", labels=["health"])
+        counts = Tally(str(b.liveness.health(n, now)) for n in b.liveness.known())
+        for h in ("healthy", "unreachable", "offline"):
+            health.add_metric([h], counts.get(h, 0))
+        yield health
+        states = GaugeMetricFamily("gavel_instances", "Instances by state in git",
+                                   labels=["state"])
+        by_state = Tally(str(r.state) for r in b.ledger.state().instances.values())
+        for state, n in sorted(by_state.items()):
+            states.add_metric([state], n)
+        yield states
+        inflight = GaugeMetricFamily("gavel_auctions_in_flight", "Open auctions")
+        inflight.add_metric([], len(b.auctioneer.auctions))
+        yield inflight
