@@ -6,7 +6,8 @@ Rules:
 2. The fast broadcast path reads the order book (`sim.book`): it walks the ranked bids from
    the best, skipping replies the network lost (`sim.network`, rule 1), until it has the
    winner and knows whether the next bid ties it; then it runs the real `Auction` on those
-   replies (`sim.rounds`, rule 2). The naive path (``naive=True``) calls
+   replies (`sim.rounds`, rule 2). When nothing bids, it checks which declines the network
+   lost, so the unschedulable reason is exact too (`sim.rounds`, rule 3). The naive path (``naive=True``) calls
    `shared.strategies.answer` for every eligible node and feeds them all to the `Auction`:
    same winners, ties and reasons — a test holds the two paths to that.
 3. ``omniscient=True`` is the central scheduler on fresh state: only live nodes are asked,
@@ -16,8 +17,10 @@ Rules:
 from __future__ import annotations
 
 import random
+from collections import Counter
 
 from shared.auction import Awarded, Decision
+from shared.messages import Decline
 from shared.strategies import Strategy, answer
 from sim.cluster import Cluster
 from sim.network import NetworkModel
@@ -78,7 +81,16 @@ class GavelPlacer(Placer):
                       or (lossy and net.draw() >= net.p_all_answer(answering - walked)))
             latency = net.round_s(answering, silent)
         if winner < 0:
-            return self.unschedulable(shape, now, silent, net.deadline)._replace(
+            counts = book.declines
+            if lossy:  # which declines were lost too: exact, and only when nothing bid
+                counts = Counter()
+                for idx, ans in enumerate(book.answers):
+                    if isinstance(ans, Decline):
+                        if net.lost(no, idx):
+                            silent = True
+                        else:
+                            counts[ans.reason] += 1
+            return self.unschedulable(shape, now, silent, net.deadline, counts)._replace(
                 latency=latency)
         ids = self.cluster.ids
         replies: list[tuple[str, Answer]] = []

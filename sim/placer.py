@@ -8,6 +8,7 @@ award. All of its randomness comes from the `random.Random` it is constructed wi
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import NamedTuple
 
 from shared.auction import Unschedulable
@@ -81,11 +82,12 @@ class Placer:
         self.rounds += 1
         return self.rounds
 
-    def unschedulable(self, shape: int, now: float, silent: bool,
-                      deadline_s: float = 1.0) -> Outcome:
+    def unschedulable(self, shape: int, now: float, silent: bool, deadline_s: float = 1.0,
+                      declines: Mapping[str, int] | None = None) -> Outcome:
         """Ask the real auction why nothing could be placed (see `sim.rounds`, rule 3)."""
         book = self.books[shape]
-        replies = reduced_declines(book.declines, book.request)
+        counts = book.declines if declines is None else declines
+        replies = reduced_declines(counts, book.request)
         decision = run_round(f"{self.name}-{self.rounds}", book.request, replies,
                              ["~silent"] if silent else [], now, deadline_s, now)
         assert isinstance(decision, Unschedulable), "a round with no bids cannot award"

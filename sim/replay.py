@@ -207,8 +207,7 @@ class _Rule:
 def replay(repo: pygit2.Repository, rev_range: str, rule: _Rule, switches: list[Switch],
            capacity: Capacity) -> ReplayResult:
     rounds: list[Round] = []
-    made: dict[Switch, Strategy] = {s: make_strategy(s.strategy, s.params or None)
-                                    for s in switches}
+    made = [(s.pattern, make_strategy(s.strategy, s.params or None)) for s in switches]
     seen = 0
     for commit in commits(repo, rev_range):
         seen += 1
@@ -246,7 +245,7 @@ def replay(repo: pygit2.Repository, rev_range: str, rule: _Rule, switches: list[
 
 
 def _answers(repo: pygit2.Repository, parent: pygit2.Tree | None, rec: AuctionRecord,
-             request: Request | None, made: dict[Switch, Strategy], capacity: Capacity,
+             request: Request | None, made: list[tuple[str, Strategy]], capacity: Capacity,
              earlier: dict[str, list[Request]]) -> tuple[list[tuple[str, Answer]], list[str]]:
     """The replies of one round, with switched nodes re-bidding (rule 3)."""
     recorded: dict[str, Answer] = {}
@@ -257,7 +256,7 @@ def _answers(repo: pygit2.Repository, parent: pygit2.Tree | None, rec: AuctionRe
                                       detail=d.detail)
     rebid: list[str] = []
     for node_id, old in sorted(recorded.items()):
-        switch = next((s for s in made if fnmatch.fnmatchcase(node_id, s.pattern)), None)
+        switch = next((st for pat, st in made if fnmatch.fnmatchcase(node_id, pat)), None)
         if switch is None or request is None:
             continue
         if isinstance(old, Decline) and old.reason in _HARD:
@@ -269,7 +268,7 @@ def _answers(repo: pygit2.Repository, parent: pygit2.Tree | None, rec: AuctionRe
             used.ports += r.ports
         view = NodeView(node_id=node_id, capacity=capacity, committed=used,
                         labels=dict(request.labels))
-        recorded[node_id] = answer(made[switch], request, view)
+        recorded[node_id] = answer(switch, request, view)
         rebid.append(node_id)
     return sorted(recorded.items()), rebid
 

@@ -1,0 +1,220 @@
+"""The simulator awards exactly what the broker's `Auction.decide` would, fast path or not."""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+
+import msgspec
+import pytest
+
+from shared.auction import Auction, Awarded, Unschedulable
+from shared.messages import Bid, BidReply, Decline, Request
+from shared.reasons import Reason
+from shared.strategies import answer
+from sim.book import Books
+from sim.cluster import Cluster
+from sim.metrics import PolicyResult
+from sim.policies import plan, run_policy, simulate
+from sim.rounds import reduced_declines, run_round
+from sim.scenario import Scenario, parse_scenario
+from sim.workload import Catalogue
+
+MIXED = """
+name = "equivalence"
+duration_s = {duration}
+sample_s = 20.0
+[timing]
+offline_s = 40.0
+[[nodes]]
+count = 24
+cpu = 4.0
+memory_mb = 8192
+[[nodes]]
+count = 12
+cpu = 8.0
+memory_mb = 16384
+labels = {{ zone = "b" }}
+background_cpu = 0.3
+[[gavel]]
+name = "broadcast"
+mix = [
+  {{ strategy = "least-loaded", share = 3 }},
+  {{ strategy = "binpack", share = 3 }},
+  {{ strategy = "headroom", share = 2, params = {{ ceiling = 0.7 }} }},
+  {{ strategy = "spread", share = 2 }},
+]
+[[gavel]]
+name = "sampled"
+mode = "sample"
+d = 3
+mix = [{{ strategy = "binpack", share = 1 }}, {{ strategy = "least-loaded", share = 1 }}]
+[workload]
+rate = 6.0
+[[workload.classes]]
+name = "small"
+weight = 5
+cpu = {{ values = [0.25, 0.5, 1.0] }}
+memory_mb = {{ values = [256.0, 1024.0] }}
+duration_s = {{ dist = "exponential", mean = 40.0 }}
+[[workload.classes]]
+name = "zoned"
+weight = 1
+cpu = 2.0
+memory_mb = 2048.0
+labels = {{ zone = "b" }}
+duration_s = {{ dist = "forever" }}
+[network]
+latency_s = {{ dist = "lognormal", median = 0.05, sigma = 1.0 }}
+loss = 0.02
+deadline_s = 0.5
+[[events]]
+kind = "fail"
+at_s = 150.0
+count = 3
+over_s = 30.0
+[[events]]
+kind = "drain"
+at_s = 300.0
+count = 2
+[[events]]
+kind = "join"
+at_s = 350.0
+group = {{ count = 4, cpu = 16.0, memory_mb = 32768 }}
+"""
+
+
+def scenario(duration: float = 700.0) -> Scenario:
+    return parse_scenario(MIXED.format(duration=duration).encode())
+
+
+def _comparable(p: PolicyResult) -> dict[str, object]:
+    """Everything but latency, which the two paths draw from the network differently."""
+    data = msgspec.to_builtins(p)
+    assert isinstance(data, dict)
+    return {k: v for k, v in data.items() if not k.startswith("latency")}
+
+
+def test_fast_path_equals_naive_path_over_thousands_of_placements() -> None:
+    s = scenario()
+    fast = simulate(s, 11)
+    naive = simulate(s, 11, naive=True)
+    placed = sum(p.placements for p in fast.policies)
+    assert placed > 10_000
+    assert any(p.unschedulable for p in fast.policies)
+    assert any(p.replacements for p in fast.policies)
+    for a, b in zip(fast.policies, naive.policies, strict=True):
+        assert _comparable(a) == _comparable(b), a.policy
+
+
+def test_books_hold_exactly_what_answer_returns() -> None:
+    s = scenario()
+    cluster = Cluster(s)
+    catalogue = Catalogue(s.workload.classes)
+    spec = plan(s, 3)[0]
+    placer = spec.build(cluster, catalogue)
+    placer.start()
+    rng = random.Random(5)
+    for _ in range(2000):
+        idx = rng.randrange(cluster.initial)
+        node = cluster.nodes[idx]
+        shape = catalogue.shapes[rng.randrange(len(catalogue))]
+        if node.instances and rng.random() < 0.4:
+            node.charge(shape, -1)
+            node.instances.pop()
+        elif node.used_milli + shape.cpu_milli <= node.cap_milli:
+            node.charge(shape, +1)
+            node.instances.add(rng.randrange(10**9))
+        placer.changed(idx, "commit")
+    for k, book in enumerate(placer.books.books):
+        fresh = [answer(placer.strategies[i], book.request, cluster.nodes[i].view())
+                 for i in range(cluster.initial)]
+        assert book.answers[: cluster.initial] == fresh, k
+        expected = sorted((a.load, i) for i, a in enumerate(fresh) if isinstance(a, Bid))
+        assert book.ranked == expected
+        assert book.decline_counts() == dict(Counter(a.reason for a in fresh
+                                                     if isinstance(a, Decline)))
+
+
+def _decide_all(request: Request, replies: list[tuple[str, Bid | Decline]],
+                silent: list[str]) -> Awarded | Unschedulable:
+    auction = Auction("full", [request], [n for n, _ in replies] + silent, 0.0, 1.0)
+    for node, ans in replies:
+        assert auction.receive(BidReply(auction_id="full", node_id=node, answers=[ans]),
+                               0.0).value == "accepted"
+    return auction.decide(0.5)[0]
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_same_bids_same_winner_as_auction_decide(seed: int) -> None:
+    """The book's best bid through `run_round` == `Auction.decide` over every bid."""
+    rng = random.Random(seed)
+    request = Request(instance_id="i", cpu=1.0, memory_mb=512)
+    n = rng.randrange(1, 60)
+    replies: list[tuple[str, Bid | Decline]] = []
+    for i in range(n):
+        node = f"n{i:04d}"
+        if rng.random() < 0.3:
+            reason = rng.choice([Reason.NO_ROOM_CPU, Reason.MISSING_LABEL, Reason.DRAINING])
+            replies.append((node, Decline(instance_id="i", reason=reason)))
+        else:  # coarse loads, so ties happen
+            replies.append((node, Bid(instance_id="i", load=rng.randrange(8) / 8, strategy="s")))
+    full = _decide_all(request, replies, [])
+    ranked = sorted((a.load, node) for node, a in replies if isinstance(a, Bid))
+    if ranked:
+        best = ranked[0]
+        top = [best] + [r for r in ranked[1:2] if r[0] == best[0]]
+        by_node = dict(replies)
+        fast = run_round("fast", request, [(nd, by_node[nd]) for _, nd in top], [], 0.0, 1.0,
+                         0.5)
+        assert isinstance(fast, Awarded) and isinstance(full, Awarded)
+        assert fast.winner == full.winner
+        assert fast.tie_broken == full.tie_broken
+    else:
+        counts = Counter(a.reason for _, a in replies if isinstance(a, Decline))
+        fast = run_round("fast", request, reduced_declines(counts, request), [], 0.0, 1.0, 0.5)
+        assert isinstance(fast, Unschedulable) and isinstance(full, Unschedulable)
+        assert fast.reason == full.reason
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_reduced_declines_keep_the_unschedulable_reason(seed: int) -> None:
+    rng = random.Random(seed)
+    reasons = [Reason.NO_ROOM_CPU, Reason.NO_ROOM_MEMORY, Reason.OVER_CEILING,
+               Reason.MISSING_LABEL, Reason.DRAINING, Reason.NO_ROOM_PORTS]
+    counts = {r: rng.randrange(0, 6) for r in rng.sample(reasons, rng.randrange(0, 5))}
+    request = Request(instance_id="i", cpu=1.0, memory_mb=1)
+    replies: list[tuple[str, Bid | Decline]] = [
+        (f"n{r}{k}", Decline(instance_id="i", reason=r)) for r, c in counts.items()
+        for k in range(c)]
+    silent = ["quiet"] if rng.random() < 0.3 else []
+    full = _decide_all(request, replies, silent)
+    fast = run_round("fast", request, reduced_declines(counts, request), silent, 0.0, 1.0, 0.5)
+    assert isinstance(full, Unschedulable) and isinstance(fast, Unschedulable)
+    assert fast.reason == full.reason
+
+
+def test_gavel_all_least_loaded_on_a_perfect_network_is_the_central_scheduler() -> None:
+    text = MIXED.format(duration=400.0)
+    start = text.index("[[gavel]]")
+    end = text.index("[workload]")
+    text = (text[:start] + '[[gavel]]\nname = "seed"\nmix = [{ strategy = "least-loaded", '
+            'share = 1 }]\n' + text[end:])
+    text = text.replace("loss = 0.02", "loss = 0.0").replace("deadline_s = 0.5",
+                                                            "deadline_s = 100.0")
+    s = parse_scenario(text.encode())
+    gavel, central = (run_policy(s, 2, spec) for spec in plan(s, 2)[:2])
+    assert central.policy == "central-fresh"
+    a, b = _comparable(gavel), _comparable(central)
+    for key in ("policy", "kind", "description"):
+        a.pop(key), b.pop(key)
+    # the failed nodes stay eligible (silent) for gavel until liveness notices; that only
+    # stretches rounds to the deadline, it never changes a winner
+    assert a == b
+
+
+def test_books_track_every_shape() -> None:
+    s = scenario()
+    catalogue = Catalogue(s.workload.classes)
+    books = Books(catalogue.requests, 3)
+    assert len(books.books) == len(catalogue) == 7
