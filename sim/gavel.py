@@ -7,9 +7,9 @@ Rules:
    the best, skipping replies the network lost (`sim.network`, rule 1), until it has the
    winner and knows whether the next bid ties it; then it runs the real `Auction` on those
    replies (`sim.rounds`, rule 2). When nothing bids, it checks which declines the network
-   lost, so the unschedulable reason is exact too (`sim.rounds`, rule 3). The naive path (``naive=True``) calls
-   `shared.strategies.answer` for every eligible node and feeds them all to the `Auction`:
-   same winners, ties and reasons — a test holds the two paths to that.
+   lost, so the unschedulable reason is exact too (`sim.rounds`, rule 3). The naive path
+   (``naive=True``) calls `shared.strategies.answer` for every eligible node and feeds them
+   all to the `Auction`: same winners, ties and reasons — a test holds the two to that.
 3. ``omniscient=True`` is the central scheduler on fresh state: only live nodes are asked,
    nothing is lost, no time passes.
 """
