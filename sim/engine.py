@@ -95,7 +95,7 @@ class Engine:
             elif kind == _FINISH:
                 self._finish(at, a, b)
             elif kind == _SAMPLE:
-                self.rec.sample(at, self.pending)
+                self.rec.sample(at, self.pending, self._waiting())
                 if at + self.s.interval_s <= end:
                     self._push(at + self.s.interval_s, _SAMPLE)
             elif kind == _RETRY:
@@ -110,10 +110,13 @@ class Engine:
                 self.progress(min(at / end, 0.999))
                 next_report = at + step
         if not self.rec.samples or self.rec.samples[-1][0] < end:
-            self.rec.sample(end, self.pending)
+            self.rec.sample(end, self.pending, self._waiting())
         if self.progress:
             self.progress(1.0)
         return self.rec.finish(self.pending)
+
+    def _waiting(self) -> list[int]:
+        return sorted(shape for shape, queue in self.queues.items() if queue)
 
     # -- arrivals and placement ----------------------------------------------------------------
     def _next_arrival(self) -> None:

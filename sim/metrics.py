@@ -2,9 +2,11 @@
 
 Rules: utilisation is a node's committed share (mean of cpu and memory reserved); node
 statistics are taken every ``sample_s`` over live nodes and averaged over the samples.
-Capacity is *stranded* when it is free on a live, non-draining node that no shape the
-workload can ask for fits (`shared.feasibility.check`): free, but useless — the
-bin-packing question. Every number is rounded to 6 places, so ``results.json`` is stable.
+Capacity is *stranded* when it is free on a live, non-draining node while requests wait in
+the queue and none of the waiting shapes fits that node (`shared.feasibility.check`): free,
+yet no pending request can use it — the bin-packing question. ``largest_fits`` is the
+share of nodes that could still take the workload's largest shape. Every number is rounded
+to 6 places, so ``results.json`` is stable.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import msgspec
 
 from shared.feasibility import check
 from shared.messages import Request
-from sim.cluster import Cluster, SimNode
+from sim.cluster import Cluster
 from sim.workload import Catalogue, Shape
 
 __all__ = ["PolicyResult", "Recorder", "Series", "StrategyShare", "percentile"]
@@ -31,6 +33,7 @@ class Series(msgspec.Struct, kw_only=True):
     stranded_cpu: list[float] = []
     stranded_memory: list[float] = []
     empty_nodes: list[float] = []
+    largest_fits: list[float] = []
 
 
 class StrategyShare(msgspec.Struct, kw_only=True):
@@ -72,6 +75,7 @@ class PolicyResult(msgspec.Struct, kw_only=True):
     free_cpu: float = 0.0
     free_memory: float = 0.0
     empty_nodes: float = 0.0
+    largest_fits: float = 0.0
     #: per-node time-averaged utilisation, the 0th, 5th, ... 100th percentile
     node_utilisation: list[float] = []
     strategies: dict[str, StrategyShare] = {}
@@ -89,18 +93,24 @@ def _r(x: float) -> float:
     return round(x, 6)
 
 
-def _minimal(catalogue: Catalogue) -> list[Request]:
-    """Shapes no smaller shape covers: if any shape fits a node, one of these does."""
+def _minimal(catalogue: Catalogue, wanted: list[int]) -> list[Request]:
+    """The wanted shapes no other wanted shape covers: if any fits a node, one of these does."""
     shapes = catalogue.shapes
 
     def covers(a: Shape, b: Shape) -> bool:  # a fits wherever b fits
         return (a.cpu_milli <= b.cpu_milli and a.memory_mb <= b.memory_mb
                 and a.ports <= b.ports and set(a.labels) <= set(b.labels))
 
-    keep = [i for i, s in enumerate(shapes)
-            if not any(j != i and covers(o, s) and (not covers(s, o) or j < i)
-                       for j, o in enumerate(shapes))]
+    keep = [i for i in wanted
+            if not any(j != i and covers(shapes[j], shapes[i])
+                       and (not covers(shapes[i], shapes[j]) or j < i) for j in wanted)]
     return [catalogue.requests[i] for i in keep]
+
+
+def _largest(catalogue: Catalogue) -> Request:
+    biggest = max(range(len(catalogue)),
+                  key=lambda i: (catalogue.shapes[i].cpu_milli, catalogue.shapes[i].memory_mb, i))
+    return catalogue.requests[biggest]
 
 
 class Recorder:
@@ -115,10 +125,8 @@ class Recorder:
         self.wins: Counter[str] = Counter()
         self.latencies: array[float] = array("d")
         self.series = Series()
-        self.samples: list[tuple[float, float, float, float, float, float, float, float,
-                                 float, float]] = []
-        self._minimal = _minimal(catalogue)
-        self._fits: dict[int, tuple[int, bool]] = {}
+        self.samples: list[tuple[float, ...]] = []
+        self._largest = _largest(catalogue)
         size = len(cluster)
         self._util_sum = [0.0] * size
         self._util_n = [0] * size
@@ -145,19 +153,12 @@ class Recorder:
             self.by_class[cls] += 1
 
     # -- samples ----------------------------------------------------------------------------
-    def _fits_any(self, node: SimNode) -> bool:
-        cached = self._fits.get(node.idx)
-        if cached is not None and cached[0] == node.version:
-            return cached[1]
-        view = node.view()
-        fits = any(check(r, view) is None for r in self._minimal)
-        self._fits[node.idx] = (node.version, fits)
-        return fits
-
-    def sample(self, now: float, pending: int) -> None:
+    def sample(self, now: float, pending: int, waiting: list[int]) -> None:
+        """Node statistics now; `waiting` lists the shapes with queued requests."""
         utils: list[float] = []
         cap_cpu = cap_mem = free_cpu = free_mem = lost_cpu = lost_mem = 0.0
-        empty = 0
+        empty = big = 0
+        wanted = _minimal(self.catalogue, waiting)
         nodes = self.cluster.nodes
         for idx in sorted(self.cluster.alive.items):
             node = nodes[idx]
@@ -173,7 +174,9 @@ class Recorder:
             fc, fm = node.cap_milli - node.used_milli, node.group.memory_mb - node.used_memory
             free_cpu += fc
             free_mem += fm
-            if not self._fits_any(node):
+            view = node.view()
+            big += check(self._largest, view) is None
+            if wanted and all(check(r, view) is not None for r in wanted):
                 lost_cpu += fc
                 lost_mem += fm
         utils.sort()
@@ -183,7 +186,7 @@ class Recorder:
                  percentile(utils, 0.5), percentile(utils, 0.99),
                  utils[-1] / mean if n and mean > 0 else 0.0,
                  lost_cpu / cap_cpu if cap_cpu else 0.0, lost_mem / cap_mem if cap_mem else 0.0,
-                 empty / n if n else 0.0)
+                 empty / n if n else 0.0, big / n if n else 0.0)
         self.samples.append(point)
         self._free_sum[0] += free_cpu / cap_cpu if cap_cpu else 0.0
         self._free_sum[1] += free_mem / cap_mem if cap_mem else 0.0
@@ -196,6 +199,7 @@ class Recorder:
         s.stranded_cpu.append(_r(point[7]))
         s.stranded_memory.append(_r(point[8]))
         s.empty_nodes.append(_r(point[9]))
+        s.largest_fits.append(_r(point[10]))
 
     # -- the result -------------------------------------------------------------------------
     def finish(self, pending: int) -> PolicyResult:
@@ -211,9 +215,10 @@ class Recorder:
             r.latency_max = _r(lat[-1])
         k = len(self.samples)
         if k:
-            avg = [sum(p[i] for p in self.samples) / k for i in range(10)]
+            avg = [sum(p[i] for p in self.samples) / k for i in range(11)]
             (r.util_mean, r.util_p50, r.util_p99, r.imbalance, r.stranded_cpu,
-             r.stranded_memory, r.empty_nodes) = (_r(avg[i]) for i in (3, 4, 5, 6, 7, 8, 9))
+             r.stranded_memory, r.empty_nodes, r.largest_fits) = (
+                _r(avg[i]) for i in (3, 4, 5, 6, 7, 8, 9, 10))
             r.util_max = _r(max(p[6] * p[3] for p in self.samples))
             r.free_cpu = _r(self._free_sum[0] / k)
             r.free_memory = _r(self._free_sum[1] / k)

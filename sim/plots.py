@@ -96,13 +96,14 @@ def _stranded(result: SimResult, path: Path) -> None:
     fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
     names = [p.policy for p in result.policies]
     pos = range(len(names))
-    width = 0.2
+    width = 0.16
     bars = [("stranded cpu", [p.stranded_cpu for p in result.policies]),
             ("stranded memory", [p.stranded_memory for p in result.policies]),
             ("free cpu", [p.free_cpu for p in result.policies]),
-            ("empty nodes", [p.empty_nodes for p in result.policies])]
+            ("empty nodes", [p.empty_nodes for p in result.policies]),
+            ("nodes the largest shape fits", [p.largest_fits for p in result.policies])]
     for k, (label, values) in enumerate(bars):
-        left.bar([i + (k - 1.5) * width for i in pos], values, width, label=label)
+        left.bar([i + (k - 2) * width for i in pos], values, width, label=label)
     left.set_xticks(list(pos), names, rotation=30, ha="right", fontsize=8)
     left.set_ylabel("fraction of capacity / of nodes")
     left.grid(axis="y", alpha=0.3)
@@ -112,11 +113,11 @@ def _stranded(result: SimResult, path: Path) -> None:
         style = "-" if p.kind == "gavel" else "--"
         right.plot(p.series.t, p.series.stranded_cpu, style, label=p.policy)
     right.set_xlabel("virtual time (s)")
-    right.set_ylabel("stranded cpu (fraction of capacity)")
+    right.set_ylabel("stranded cpu (share of capacity)")
     right.grid(alpha=0.3)
     right.legend(fontsize=8)
     right.set_title("Stranded cpu over time")
-    fig.suptitle(f"{result.scenario}: capacity no request can use")
+    fig.suptitle(f"{result.scenario}: free capacity no waiting request can use")
     _save(fig, path)
 
 

@@ -23,7 +23,7 @@ PLOTS = {
     "utilisation.png": "Per-node utilisation (time-averaged), sorted, per policy",
     "unschedulable.png": "Queued instances and unschedulable instances over time",
     "winshare.png": "Win share by strategy against its share of the nodes",
-    "stranded.png": "Free capacity that no requested shape can use",
+    "stranded.png": "Free capacity that no waiting request can use, and room for the largest shape",
 }
 
 _COLUMNS = [
@@ -37,6 +37,7 @@ _COLUMNS = [
     ("max/mean", "imbalance", "{:.2f}"),
     ("stranded cpu", "stranded_cpu", "{:.1%}"),
     ("empty nodes", "empty_nodes", "{:.1%}"),
+    ("big fits", "largest_fits", "{:.1%}"),
     ("lat p50 s", "latency_p50", "{:.3f}"),
     ("lat p99 s", "latency_p99", "{:.3f}"),
 ]
@@ -97,6 +98,10 @@ def findings(result: SimResult) -> list[str]:
         f"Most empty nodes (room for big requests, or to scale down): "
         f"**{_best(ps, 'empty_nodes', low=False).policy}** "
         f"({_best(ps, 'empty_nodes', low=False).empty_nodes:.1%} of nodes on average).",
+        f"Most nodes able to take the largest shape: "
+        f"**{_best(ps, 'largest_fits', low=False).policy}** "
+        f"({_best(ps, 'largest_fits', low=False).largest_fits:.1%}); fewest: "
+        f"**{_best(ps, 'largest_fits').policy}** ({_best(ps, 'largest_fits').largest_fits:.1%}).",
         f"Most even load (lowest max/mean): **{_best(ps, 'imbalance').policy}** "
         f"({_best(ps, 'imbalance').imbalance:.2f}).",
     ]
@@ -126,9 +131,11 @@ def _report_md(result: SimResult, plots: list[str]) -> str:
         "",
         markdown_table(result),
         "",
-        "Utilisation is the committed share (mean of cpu and memory); *stranded* is free cpu on "
-        "nodes where no requested shape fits; latency runs from arrival (or re-queue) to the "
-        "end of the winning round, in virtual seconds.",
+        "Utilisation is the committed share (mean of cpu and memory); *stranded cpu* is free "
+        "cpu, as a share of capacity, on nodes where none of the queued requests fits, "
+        "averaged over the run; *big fits* is the share of nodes that could still take the "
+        "largest request shape; latency runs from arrival (or re-queue) to the end of the "
+        "winning round, in virtual seconds.",
         "",
         "## Findings",
         "",

@@ -182,7 +182,8 @@ def test_reduced_declines_keep_the_unschedulable_reason(seed: int) -> None:
     rng = random.Random(seed)
     reasons = [Reason.NO_ROOM_CPU, Reason.NO_ROOM_MEMORY, Reason.OVER_CEILING,
                Reason.MISSING_LABEL, Reason.DRAINING, Reason.NO_ROOM_PORTS]
-    counts = {r: rng.randrange(0, 6) for r in rng.sample(reasons, rng.randrange(0, 5))}
+    counts: dict[str, int] = {r: rng.randrange(0, 6)
+                              for r in rng.sample(reasons, rng.randrange(0, 5))}
     request = Request(instance_id="i", cpu=1.0, memory_mb=1)
     replies: list[tuple[str, Bid | Decline]] = [
         (f"n{r}{k}", Decline(instance_id="i", reason=r)) for r, c in counts.items()

@@ -1,0 +1,151 @@
+"""`gavel sim` end to end: determinism, outputs, plots, bad scenarios."""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import hashlib
+import json
+from pathlib import Path
+
+import pytest
+
+from sim.cli import SCENARIOS, add_arguments, run
+from sim.scenario import ScenarioError, load_scenario, parse_scenario
+
+
+def _run(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="gavel sim")
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
+
+
+@pytest.fixture(scope="module")
+def smoke_out(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("smoke")
+    assert _run([str(SCENARIOS / "smoke.toml"), "--out", str(out), "--quiet"]) == 0
+    return out
+
+
+def test_same_scenario_and_seed_give_byte_identical_results(tmp_path: Path,
+                                                           smoke_out: Path) -> None:
+    again = tmp_path / "again"
+    assert _run(["smoke", "--out", str(again), "--quiet", "--no-plots"]) == 0
+    assert (again / "results.json").read_bytes() == (smoke_out / "results.json").read_bytes()
+    other = tmp_path / "other"
+    assert _run(["smoke", "--out", str(other), "--quiet", "--no-plots", "--seed", "8"]) == 0
+    assert (other / "results.json").read_bytes() != (smoke_out / "results.json").read_bytes()
+
+
+def test_results_cover_every_policy_on_the_same_arrivals(smoke_out: Path) -> None:
+    result = json.loads((smoke_out / "results.json").read_text())
+    names = [p["policy"] for p in result["policies"]]
+    assert names == ["gavel:mixed", "central-fresh", "central-stale", "random",
+                     "power-of-d", "nomad-binpack"]
+    assert len({p["arrivals"] for p in result["policies"]}) == 1
+    gavel = result["policies"][0]
+    assert set(gavel["strategies"]) == {"least-loaded", "binpack", "headroom"}
+    assert sum(s["wins"] for s in gavel["strategies"].values()) == (
+        gavel["placements"] + gavel["replacements"] + gavel["migrations"])
+    assert gavel["replacements"] + gavel["lost"] > 0  # the failed node's instances
+    assert gavel["migrations"] > 0  # the drained node's instances
+    with (smoke_out / "results.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    assert [r["policy"] for r in rows] == names
+
+
+def test_plots_exist_are_substantial_and_distinct(smoke_out: Path) -> None:
+    pngs = sorted(smoke_out.glob("*.png"))
+    assert [p.name for p in pngs] == ["stranded.png", "unschedulable.png", "utilisation.png",
+                                      "winshare.png"]
+    for png in pngs:
+        data = png.read_bytes()
+        assert data.startswith(b"\x89PNG") and len(data) > 10_000, png.name
+    assert len({hashlib.sha256(p.read_bytes()).hexdigest() for p in pngs}) == 4
+    report = (smoke_out / "report.md").read_text()
+    for png in pngs:
+        assert f"]({png.name})" in report
+
+
+def test_progress_goes_to_stderr_and_the_table_to_stdout(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert _run(["smoke", "--out", str(tmp_path), "--no-plots", "--policies",
+                 "gavel:mixed,random"]) == 0
+    captured = capsys.readouterr()
+    assert "placements/s" in captured.out and "gavel:mixed" in captured.out
+    assert "[" in captured.err and "100%" in captured.err
+    result = json.loads((tmp_path / "results.json").read_text())
+    assert [p["policy"] for p in result["policies"]] == ["gavel:mixed", "random"]
+
+
+@pytest.mark.parametrize("name", ["smoke", "binpacking", "failure-storm", "large-fleet"])
+def test_shipped_scenarios_parse(name: str) -> None:
+    assert load_scenario(SCENARIOS / f"{name}.toml").name == name
+
+
+GOOD = """
+name = "t"
+duration_s = 10.0
+[[nodes]]
+count = 2
+cpu = 4.0
+memory_mb = 4096
+[[gavel]]
+name = "g"
+mix = [{ strategy = "least-loaded", share = 1.0 }]
+[workload]
+rate = 1.0
+[[workload.classes]]
+name = "w"
+"""
+
+
+@pytest.mark.parametrize(("edit", "field", "expected"), [
+    (("count = 2", 'count = "two"'), "nodes[0].count", "expected `int`"),
+    (("cpu = 4.0", "cpus = 4.0"), "nodes[0].cpus", "not a known field"),
+    (("rate = 1.0", "rate = -1.0"), "workload.rate", ">= 0.0"),
+    (('strategy = "least-loaded"', 'strategy = "fastest"'), "gavel[0].mix[0]",
+     "unknown strategy"),
+    (('name = "w"', 'name = "w"\ncpu = { values = [1.0, 2.0], weights = [1.0] }'),
+     "workload.classes[0].cpu", "expected 2"),
+    (('name = "w"', 'name = "w"\nduration_s = { dist = "gamma", mean = 1.0 }'),
+     "workload.classes[0].duration_s.dist", "invalid value"),
+    (("duration_s = 10.0\n", ""), "duration_s", "required"),
+    (("cpu = 4.0", "cpu = [4.0"), "", "not valid TOML"),
+])
+def test_bad_scenarios_name_the_field_and_what_was_expected(
+        edit: tuple[str, str], field: str, expected: str) -> None:
+    text = GOOD.replace(*edit, 1)
+    with pytest.raises(ScenarioError) as info:
+        parse_scenario(text.encode(), "bad.toml")
+    message = str(info.value)
+    assert message.startswith("bad.toml: ")
+    assert field in message and expected in message, message
+    assert message.count("\n") == 0 and message.endswith(".")
+
+
+def test_a_bad_scenario_file_exits_2_with_one_sentence(tmp_path: Path,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    bad = tmp_path / "bad.toml"
+    bad.write_text(GOOD.replace("count = 2", "count = 0"))
+    assert _run([str(bad), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "nodes[0].count" in err and ">= 1" in err and len(err.splitlines()) == 1
+    assert not (tmp_path / "out").exists()
+    assert _run([str(tmp_path / "missing.toml")]) == 2
+    assert "cannot read" in capsys.readouterr().err
+    assert _run([]) == 2
+
+
+def test_unknown_node_in_an_event_is_a_scenario_error(tmp_path: Path,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    bad = tmp_path / "bad.toml"
+    bad.write_text(GOOD + '\n[[events]]\nkind = "fail"\nat_s = 1.0\nnodes = ["n9999"]\n')
+    assert _run([str(bad), "--out", str(tmp_path / "out"), "--quiet"]) == 2
+    assert "n9999" in capsys.readouterr().err
+
+
+def test_bench_prints_numbers(capsys: pytest.CaptureFixture[str]) -> None:
+    assert _run(["--bench", "--nodes", "40", "--placements", "500"]) == 0
+    out = capsys.readouterr().out
+    assert "placements/s" in out and "gavel:mixed" in out
