@@ -106,8 +106,9 @@ def _stranded(result: SimResult, path: Path) -> None:
         left.bar([i + (k - 2) * width for i in pos], values, width, label=label)
     left.set_xticks(list(pos), names, rotation=30, ha="right", fontsize=8)
     left.set_ylabel("fraction of capacity / of nodes")
+    left.set_ylim(0, max([0.05, *(v for _, vs in bars for v in vs)]) * 1.45)
     left.grid(axis="y", alpha=0.3)
-    left.legend(fontsize=8)
+    left.legend(fontsize=7, ncol=2, loc="upper center")
     left.set_title("Averaged over the run")
     for p in result.policies:
         style = "-" if p.kind == "gavel" else "--"
