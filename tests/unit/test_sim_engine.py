@@ -180,3 +180,18 @@ def test_binpack_fleet_leaves_empty_nodes_that_spreading_does_not() -> None:
     binpack, spread = simulate(s, 2).policies
     assert binpack.empty_nodes > spread.empty_nodes
     assert binpack.imbalance > spread.imbalance
+
+
+def test_the_binpacking_scenario_answers_the_bin_packing_question() -> None:
+    """The README's claim, held to the shipped scenario: spreading strands, binpack packs."""
+    from sim.cli import SCENARIOS
+    from sim.scenario import load_scenario
+
+    s = load_scenario(SCENARIOS / "binpacking.toml")
+    r = {p.policy: p for p in simulate(s, s.seed, only={"gavel:least-loaded",
+                                                        "gavel:binpack"}).policies}
+    spread, packed = r["gavel:least-loaded"], r["gavel:binpack"]
+    assert packed.unschedulable < spread.unschedulable
+    assert packed.stranded_cpu < spread.stranded_cpu
+    assert packed.empty_nodes > spread.empty_nodes
+    assert packed.largest_fits > spread.largest_fits
