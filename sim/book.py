@@ -6,6 +6,8 @@ enters it only through its shape (cpu, memory, ports, labels), so the answer sta
 until that node's own state changes. Then, and only then, `Books.update` asks again.
 Rule 2: ``ranked`` holds ``(load, node index)`` of every bidding node, sorted; since index
 order is id order, ``ranked[0]`` is the award rule's winner over all bids of the shape.
+``codes`` mirrors the declines as an array (the reason's index in `REASONS`, -1 for none),
+so a round can ask which declines the network lost without a Python loop over nodes.
 """
 
 from __future__ import annotations
@@ -14,11 +16,27 @@ from bisect import bisect_left, insort
 from collections import Counter
 from collections.abc import Sequence
 
+import numpy as np
+import numpy.typing as npt
+
 from shared.feasibility import NodeView
 from shared.messages import Bid, Decline, Request
+from shared.reasons import Reason
 from shared.strategies import Strategy, answer
 
-__all__ = ["BidBook", "Books"]
+__all__ = ["REASONS", "BidBook", "Books", "reason_code"]
+
+#: decline reasons by code; a reason outside `Reason` gets a new code when first seen
+REASONS: list[str] = [r.value for r in Reason]
+_CODES = {r: i for i, r in enumerate(REASONS)}
+
+
+def reason_code(reason: str) -> int:
+    code = _CODES.get(reason)
+    if code is None:
+        code = _CODES[reason] = len(REASONS)
+        REASONS.append(reason)
+    return code
 
 Answer = Bid | Decline
 
@@ -26,13 +44,14 @@ Answer = Bid | Decline
 class BidBook:
     """One request shape: each node's answer, the bidders ranked, declines counted."""
 
-    __slots__ = ("answers", "declines", "ranked", "request")
+    __slots__ = ("answers", "codes", "declines", "ranked", "request")
 
     def __init__(self, request: Request, size: int) -> None:
         self.request = request
         self.answers: list[Answer | None] = [None] * size
         self.ranked: list[tuple[float, int]] = []
         self.declines: Counter[str] = Counter()
+        self.codes: npt.NDArray[np.int16] = np.full(size, -1, dtype=np.int16)
 
     def set(self, idx: int, new: Answer | None) -> None:
         old = self.answers[idx]
@@ -42,12 +61,14 @@ class BidBook:
                 del ranked[bisect_left(ranked, (old.load, idx))]
             else:
                 self.declines[old.reason] -= 1
+                self.codes[idx] = -1
         self.answers[idx] = new
         if new is not None:
             if isinstance(new, Bid):
                 insort(self.ranked, (new.load, idx))
             else:
                 self.declines[new.reason] += 1
+                self.codes[idx] = reason_code(new.reason)
 
     def decline_counts(self) -> dict[str, int]:
         return {r: n for r, n in self.declines.items() if n > 0}

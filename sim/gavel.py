@@ -17,11 +17,13 @@ Rules:
 from __future__ import annotations
 
 import random
-from collections import Counter
+from collections.abc import Mapping
+
+import numpy as np
 
 from shared.auction import Awarded, Decision
-from shared.messages import Decline
 from shared.strategies import Strategy, answer
+from sim.book import REASONS
 from sim.cluster import Cluster
 from sim.network import NetworkModel
 from sim.placer import Outcome, Placer
@@ -81,15 +83,13 @@ class GavelPlacer(Placer):
                       or (lossy and net.draw() >= net.p_all_answer(answering - walked)))
             latency = net.round_s(answering, silent)
         if winner < 0:
-            counts = book.declines
+            counts: Mapping[str, int] = book.declines
             if lossy:  # which declines were lost too: exact, and only when nothing bid
-                counts = Counter()
-                for idx, ans in enumerate(book.answers):
-                    if isinstance(ans, Decline):
-                        if net.lost(no, idx):
-                            silent = True
-                        else:
-                            counts[ans.reason] += 1
+                decliners = np.flatnonzero(book.codes >= 0)
+                lost = net.lost_among(no, decliners)
+                silent = silent or bool(lost.any())
+                kept = np.bincount(book.codes[decliners[~lost]], minlength=len(REASONS))
+                counts = {REASONS[c]: int(n) for c, n in enumerate(kept) if n}
             return self.unschedulable(shape, now, silent, net.deadline, counts)._replace(
                 latency=latency)
         ids = self.cluster.ids

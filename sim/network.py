@@ -17,6 +17,9 @@ from __future__ import annotations
 
 import random
 
+import numpy as np
+import numpy.typing as npt
+
 from sim.distributions import LatencyDist
 
 __all__ = ["NetworkModel"]
@@ -60,6 +63,17 @@ class NetworkModel:
             return False
         key = (self._key + auction * _GOLDEN + node * 0xD1B54A32D192ED03) & _MASK
         return _mix(key) < self._threshold
+
+    def lost_among(self, auction: int, nodes: npt.NDArray[np.int64]) -> npt.NDArray[np.bool_]:
+        """`lost` for many nodes at once (the same hash, in wrapping uint64 arithmetic)."""
+        if self._threshold <= 0:
+            return np.zeros(len(nodes), dtype=np.bool_)
+        base = np.uint64((self._key + auction * _GOLDEN) & _MASK)
+        x = base + nodes.astype(np.uint64) * np.uint64(0xD1B54A32D192ED03)
+        x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        x = x ^ (x >> np.uint64(31))
+        return x < np.uint64(min(self._threshold, _MASK))
 
     def round_s(self, answering: int, any_silent: bool) -> float:
         """Rule 2: how long the round took, given `answering` replies and whether any is missing."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import random
 
+import numpy as np
 import pytest
 
 from sim.cluster import Cluster, IndexedSet, node_ids, script
@@ -152,6 +153,7 @@ def test_network_losses_are_a_function_of_round_and_node() -> None:
     again = [net.lost(5, i) for i in range(2000)]
     assert first == again
     assert 0.25 < sum(first) / len(first) < 0.35
+    assert net.lost_among(5, np.arange(2000, dtype=np.int64)).tolist() == first
     late = NetworkModel(Exponential(mean=1.0), 0.0, 1.0, random.Random(7))
     assert late.missing == pytest.approx(math.exp(-1.0))
     assert late.round_s(10, any_silent=True) == 1.0
