@@ -1,0 +1,199 @@
+"""The exec driver: an instance is a real child process, leader of its own process group.
+
+Rules: the child gets a minimal environment (PATH, HOME, LANG from the worker, then the spec's
+env, then secrets, then the GAVEL_* variables, which nothing can override), its own
+directory as cwd, and its own session, so a signal to the group reaches everything it forked.
+Stopping is SIGTERM to the group, SIGKILL after the grace period. A process adopted from an
+earlier worker is watched by polling (it is no longer our child) and is only ever signalled
+after its pid and start time are checked again, so a recycled pid is never hit.
+
+Children are `subprocess.Popen` objects watched through a pidfd, not asyncio subprocess
+transports: a transport kills its child when it is closed or garbage-collected, and an
+instance must outlive the worker that started it (``Agent.stop(kill_children=False)``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from worker.localstate import process_alive, process_start_time
+
+__all__ = ["BASE_ENV_KEYS", "Process", "instance_env", "terminate"]
+
+log = logging.getLogger("gavel.worker.driver")
+
+BASE_ENV_KEYS = ("PATH", "HOME", "LANG")
+_DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
+
+
+def instance_env(
+    *,
+    base: Mapping[str, str],
+    spec_env: Mapping[str, str],
+    secret_env: Mapping[str, str],
+    instance_id: str,
+    node_id: str,
+    attempt: int,
+    ports: Mapping[str, int],
+    port_order: Sequence[str],
+) -> dict[str, str]:
+    """The complete environment of one instance; `port_order` decides which port is PORT."""
+    env = {key: base[key] for key in BASE_ENV_KEYS if key in base}
+    env.setdefault("PATH", _DEFAULT_PATH)
+    env.update(spec_env)
+    env.update(secret_env)
+    env["GAVEL_INSTANCE_ID"] = instance_id
+    env["GAVEL_NODE_ID"] = node_id
+    env["GAVEL_ATTEMPT"] = str(attempt)
+    for name, port in ports.items():
+        env[f"GAVEL_PORT_{name.upper()}"] = str(port)
+    first = next((ports[n] for n in port_order if n in ports), None)
+    if first is None and ports:
+        first = next(iter(ports.values()))
+    if first is not None:
+        env["PORT"] = str(first)
+    return env
+
+
+class Process:
+    """One running instance: a child this worker spawned, or one it adopted after a restart.
+
+    `wait` gives the exit status of our own children and None for adopted processes, whose
+    status went to whoever reaped them.
+    """
+
+    def __init__(self, pid: int, create_time: float, *, popen: subprocess.Popen[bytes] | None,
+                 group: bool, poll_s: float) -> None:
+        self.pid = pid
+        self.create_time = create_time
+        self.group = group
+        self._popen = popen
+        self._poll_s = poll_s
+        self._exited: asyncio.Future[int | None] | None = None
+        self._pidfd: int | None = None
+        self._poller: asyncio.Task[None] | None = None
+
+    @property
+    def adopted(self) -> bool:
+        return self._popen is None
+
+    @classmethod
+    def spawn(cls, command: Sequence[str], *, env: Mapping[str, str], cwd: Path,
+              poll_s: float) -> Process:
+        """Start `command`; raises OSError (or ValueError) when it cannot be executed.
+
+        stdout and stderr are appended to ``stdout.log`` / ``stderr.log`` in `cwd`.
+        """
+        cwd.mkdir(parents=True, exist_ok=True)
+        with open(cwd / "stdout.log", "ab") as out, open(cwd / "stderr.log", "ab") as err:
+            popen = subprocess.Popen(
+                list(command), env=dict(env), cwd=cwd, stdin=subprocess.DEVNULL,
+                stdout=out, stderr=err, start_new_session=True, close_fds=True,
+            )
+        create_time = process_start_time(popen.pid)
+        return cls(popen.pid, create_time if create_time is not None else time.time(),
+                   popen=popen, group=True, poll_s=poll_s)
+
+    @classmethod
+    def adopt(cls, pid: int, create_time: float, *, poll_s: float) -> Process | None:
+        """The process `pid` if it still runs with that start time, else None."""
+        if not process_alive(pid, create_time):
+            return None
+        try:
+            group = os.getpgid(pid) == pid
+        except ProcessLookupError:
+            return None
+        return cls(pid, create_time, popen=None, group=group, poll_s=poll_s)
+
+    async def wait(self) -> int | None:
+        """The exit status once the process has ended (negative: killed by that signal)."""
+        if self._exited is None:
+            self._exited = asyncio.get_running_loop().create_future()
+            self._watch()
+        return await asyncio.shield(self._exited)
+
+    def signal(self, sig: signal.Signals) -> None:
+        """Send `sig` to the process group (or the process alone if it leads no group)."""
+        if self._popen is None and not process_alive(self.pid, self.create_time):
+            return  # an adopted process that ended: its pid may already belong to another
+        try:
+            if self.group:
+                os.killpg(self.pid, sig)
+            else:
+                os.kill(self.pid, sig)
+        except ProcessLookupError:
+            pass
+        except PermissionError as exc:
+            log.warning("cannot signal pid %d with %s: %s", self.pid, sig.name, exc)
+
+    def detach(self) -> None:
+        """Stop watching without touching the process: it keeps running on its own."""
+        self._unwatch()
+        if self._exited is not None and not self._exited.done():
+            self._exited.cancel()
+
+    # -- watching ---------------------------------------------------------------------------
+
+    def _watch(self) -> None:
+        if self._popen is not None and hasattr(os, "pidfd_open"):
+            try:
+                self._pidfd = os.pidfd_open(self.pid)
+            except OSError:  # old kernel, or the child is already reaped
+                self._pidfd = None
+            if self._pidfd is not None:
+                asyncio.get_running_loop().add_reader(self._pidfd, self._on_pidfd)
+                return
+        self._poller = asyncio.get_running_loop().create_task(self._poll())
+
+    def _on_pidfd(self) -> None:
+        assert self._popen is not None
+        code = self._popen.poll()
+        if code is not None:
+            self._settle(code)
+
+    async def _poll(self) -> None:
+        while True:
+            if self._popen is not None:
+                code = self._popen.poll()
+                if code is not None:
+                    self._settle(code)
+                    return
+            elif not process_alive(self.pid, self.create_time):
+                self._settle(None)
+                return
+            await asyncio.sleep(self._poll_s)
+
+    def _settle(self, code: int | None) -> None:
+        self._unwatch(from_poller=True)
+        if self._exited is not None and not self._exited.done():
+            self._exited.set_result(code)
+
+    def _unwatch(self, from_poller: bool = False) -> None:
+        if self._pidfd is not None:
+            asyncio.get_running_loop().remove_reader(self._pidfd)
+            os.close(self._pidfd)
+            self._pidfd = None
+        if self._poller is not None and not from_poller:
+            self._poller.cancel()
+        self._poller = None
+
+
+async def terminate(proc: Process, grace_s: float) -> int | None:
+    """SIGTERM the group, SIGKILL it if the leader is still there after `grace_s`."""
+    proc.signal(signal.SIGTERM)
+    try:
+        code = await asyncio.wait_for(proc.wait(), grace_s)
+    except TimeoutError:
+        log.info("pid %d ignored SIGTERM for %.1fs: SIGKILL", proc.pid, grace_s)
+        proc.signal(signal.SIGKILL)
+        code = await proc.wait()
+    if not proc.adopted:
+        proc.signal(signal.SIGKILL)  # whatever the leader left behind in its group
+    return code
