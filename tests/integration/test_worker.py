@@ -89,7 +89,11 @@ class FakeBroker:
             async def cb(msg: Any, decoder: Any = decoder, sink: Any = sink) -> None:
                 sink(decoder.decode(msg.data))
             await self.nc.subscribe(subject.format(node=self.node), cb=cb)
-        await self.nc.flush()
+        # A message to ourselves, not flush(): nats-py's PING overtakes SUBs still buffered.
+        inbox = self.nc.new_inbox()
+        sub = await self.nc.subscribe(inbox, max_msgs=1)
+        await self.nc.publish(inbox, b"")
+        await sub.next_msg(timeout=5)
         return self
 
     def _event(self, ev: Event) -> None:
@@ -97,14 +101,7 @@ class FakeBroker:
 
     async def event(self, iid: str, timeout: float = 5.0) -> Event:
         queue = self.events.setdefault(iid, asyncio.Queue())
-        try:
-            return await asyncio.wait_for(queue.get(), timeout)
-        except TimeoutError:
-            import logging, gc
-            from worker.agent import Agent as A
-            for a in [o for o in gc.get_objects() if isinstance(o, A)]:
-                logging.getLogger("dbg").warning("agent %s ready=%s conn=%s subs=%s ign=%s mal=%s heldd=%s url=%s", id(a), a.ready.is_set(), a._nc and a._nc.is_connected, [(x.subject, x._wait_for_msgs_task) for x in a._subs], a.ignored, a.malformed, a.instances(), a._nc and a._nc.connected_url)
-            raise
+        return await asyncio.wait_for(queue.get(), timeout)
 
     async def rfb(self, *requests: Request, subject: str = subjects.RFB) -> BidReply:
         self.n += 1
@@ -224,7 +221,8 @@ async def test_award_runs_the_command_with_its_environment(
     spec = Spec(name="web", ports=["http", "admin"], env={"MODE": "test"}, secrets=["TOKEN"],
                 command=py(f"""
                     import json, os
-                    json.dump({{"env": dict(os.environ), "cwd": os.getcwd()}}, open({str(out)!r}, "w"))
+                    seen = {{"env": dict(os.environ), "cwd": os.getcwd()}}
+                    json.dump(seen, open({str(out)!r}, "w"))
                 """))
     await broker.award("web-1", spec, ports={"http": 21003, "admin": 21004}, attempt=2,
                        secret_env={"TOKEN": SECRET})
@@ -281,7 +279,6 @@ async def test_nonzero_exit_is_failed(start: Start, broker: FakeBroker) -> None:
 
 async def test_missing_binary_is_a_driver_failure(start: Start, broker: FakeBroker) -> None:
     agent = await start()
-    import logging; logging.getLogger("dbg").warning("agent url %s broker url %s", agent._nc.connected_url, broker.nc.connected_url)
     await broker.award("nope", Spec(name="nope", command=["/no/such/binary", "--flag"]))
     assert (await broker.event("nope")).type == "provisioning"
     failed = await broker.event("nope")
@@ -293,10 +290,10 @@ async def test_missing_binary_is_a_driver_failure(start: Start, broker: FakeBrok
 async def test_timeout_sigterm_then_sigkill(
         start: Start, broker: FakeBroker, tmp_path: Path) -> None:
     await start()
-    ready = tmp_path / "ready"
-    spec = Spec(name="stubborn", timeout_s=0.3, command=py(f"""
+    ready, got_term = tmp_path / "ready", tmp_path / "got-term"
+    spec = Spec(name="stubborn", timeout_s=0.5, command=py(f"""
         import signal, time, pathlib
-        signal.signal(signal.SIGTERM, lambda *_: pathlib.Path({str(tmp_path / "got-term")!r}).touch())
+        signal.signal(signal.SIGTERM, lambda *_: pathlib.Path({str(got_term)!r}).touch())
         pathlib.Path({str(ready)!r}).touch()
         while True:
             time.sleep(0.05)
@@ -308,7 +305,7 @@ async def test_timeout_sigterm_then_sigkill(
     took = time.monotonic() - began
     assert (failed.type, failed.reason) == ("failed", Reason.TIMEOUT)
     assert failed.exit_code == -signal.SIGKILL
-    assert (tmp_path / "got-term").exists()  # it was asked nicely first
+    assert ready.exists() and got_term.exists()  # it was asked nicely first
     assert took >= TIMING.kill_grace_s  # ... and killed only after the grace period
     assert pid_gone(pid)
 

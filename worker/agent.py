@@ -1,0 +1,326 @@
+"""The node agent: answers requests for bids, takes awards and cancels, heartbeats.
+
+Rules: a bid is `shared.strategies.answer` against a cached view of this node, rebuilt when
+something changes (an instance comes or goes, host stats are sampled, draining flips), so
+the RFB path makes no system calls and creates no tasks. Everything this node sends carries
+its own node id on its own subjects; a message addressed to another node is counted and
+dropped, a malformed one is counted and logged once per kind. What the node runs is the
+`Supervisor`'s business; this module is the NATS shell around it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import nats
+import nats.errors
+from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
+
+from shared import subjects
+from shared.feasibility import NodeView
+from shared.messages import (
+    RFB,
+    Award,
+    BidReply,
+    Cancel,
+    Capacity,
+    Event,
+    Heartbeat,
+    InstanceReport,
+    Message,
+)
+from shared.strategies import Strategy, answer
+from shared.timing import Timing
+from worker.hoststats import Sampler, detect_capacity
+from worker.supervisor import Supervisor
+
+__all__ = ["Agent"]
+
+log = logging.getLogger("gavel.worker")
+
+
+class Agent:
+    """One node's agent. ``await run()`` until ``await stop()``."""
+
+    def __init__(self, *, nats_url: str, node_id: str, strategy: Strategy,
+                 labels: dict[str, str], state_dir: Path, timing: Timing,
+                 cpu: float | None = None, memory_mb: int | None = None,
+                 port_range: tuple[int, int] = (20000, 20999),
+                 nats_options: dict[str, Any] | None = None) -> None:
+        self.node_id = node_id
+        self.strategy = strategy
+        self.labels = dict(labels)
+        self.state_dir = Path(state_dir)
+        self.timing = timing
+        self.port_range = port_range
+        self.capacity = detect_capacity(cpu, memory_mb, port_range)
+        #: Undecodable messages per endpoint ("rfb", "award", "cancel").
+        self.malformed: collections.Counter[str] = collections.Counter()
+        #: Well-formed messages dropped on purpose, per reason.
+        self.ignored: collections.Counter[str] = collections.Counter()
+        #: Set while connected and subscribed.
+        self.ready = asyncio.Event()
+        self._nats_url = nats_url
+        self._nats_options = dict(nats_options or {})
+        self._sampler = Sampler()
+        self._stats = self._sampler.sample()
+        self._draining = False
+        self._supervisor = Supervisor(
+            node_id=node_id, state_dir=self.state_dir, timing=timing, port_range=port_range,
+            report=self._report, on_change=self._refresh_view)
+        self._view: NodeView
+        self._refresh_view()
+        self._seq = 0
+        self._nc: NATS | None = None
+        self._subs: list[Subscription] = []
+        self._outbox: list[tuple[str, bytes]] = []
+        self._loops: list[asyncio.Task[None]] = []
+        self._encoder = msgspec.msgpack.Encoder()
+        self._rfb_decoder = msgspec.msgpack.Decoder(RFB)
+        self._award_decoder = msgspec.msgpack.Decoder(Award)
+        self._cancel_decoder = msgspec.msgpack.Decoder(Cancel)
+        self._bids_subject = subjects.BIDS.format(node=node_id)
+        self._hb_subject = subjects.HEARTBEAT.format(node=node_id)
+        self._report_subject = subjects.REPORT.format(node=node_id)
+        self._wake = asyncio.Event()
+        self._stop_requested = asyncio.Event()
+        self._done = asyncio.Event()
+        self._kill_children = True
+        self._started = False
+
+    # -- public surface ---------------------------------------------------------------------
+
+    @property
+    def draining(self) -> bool:
+        return self._draining
+
+    def set_draining(self, draining: bool) -> None:
+        """Decline every request from now on (or accept them again); heartbeat at once."""
+        self._draining = draining
+        self._refresh_view()
+        self._wake.set()
+
+    @property
+    def committed(self) -> Capacity:
+        return self._view.committed
+
+    def instances(self) -> list[InstanceReport]:
+        """What this node holds right now, as its heartbeat reports it."""
+        return self._supervisor.reports()
+
+    def heartbeat(self) -> Heartbeat:
+        """The next heartbeat (each call takes a new sequence number)."""
+        self._seq += 1
+        view = self._view
+        return Heartbeat(
+            node_id=self.node_id, seq=self._seq, strategy=self.strategy.name,
+            labels=self.labels, capacity=view.capacity, committed=view.committed,
+            stats=view.stats, draining=view.draining, instances=self.instances(),
+            port_range=list(self.port_range),
+        )
+
+    async def run(self) -> None:
+        """Adopt survivors, connect, serve until `stop`; then stop or leave the instances."""
+        if self._started:
+            raise RuntimeError("an Agent runs once; make a new one")
+        self._started = True
+        try:
+            if self._stop_requested.is_set():
+                return
+            await self._supervisor.restore()  # events wait in the outbox until connected
+            if await self._connect():
+                await self._subscribe()
+                self._loops = [asyncio.create_task(self._heartbeats()),
+                               asyncio.create_task(self._sample_stats())]
+                self.ready.set()
+                await self._stop_requested.wait()
+        finally:
+            await self._shutdown()
+            self._done.set()
+
+    async def stop(self, *, kill_children: bool = True) -> None:
+        """End `run`. With ``kill_children=False`` the instances keep running, unwatched, and
+        the next agent on this state dir adopts them."""
+        self._kill_children = kill_children
+        self._stop_requested.set()
+        if self._started:
+            await self._done.wait()
+
+    # -- connection -------------------------------------------------------------------------
+
+    async def _connect(self) -> bool:
+        """Connect, retrying for as long as it takes; False if `stop` came first."""
+        options: dict[str, Any] = {
+            "name": f"gavel-worker-{self.node_id}", "max_reconnect_attempts": -1,
+            "reconnect_time_wait": 0.5, "error_cb": self._on_nats_error,
+            "disconnected_cb": self._on_disconnected, "reconnected_cb": self._on_reconnected,
+        }
+        options.update(self._nats_options)
+        connecting = asyncio.ensure_future(nats.connect(self._nats_url, **options))
+        stopping = asyncio.ensure_future(self._stop_requested.wait())
+        await asyncio.wait({connecting, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        stopping.cancel()
+        if not connecting.done():
+            connecting.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await connecting
+            return False
+        nc = self._nc = connecting.result()
+        outbox, self._outbox = self._outbox, []
+        for subject, data in outbox:
+            await nc.publish(subject, data)
+        return True
+
+    async def _subscribe(self) -> None:
+        assert self._nc is not None
+        node = self.node_id
+        for subject, cb in (
+            (subjects.RFB, self._on_rfb),
+            (subjects.RFB_NODE.format(node=node), self._on_rfb),
+            (subjects.AWARD.format(node=node), self._on_award),
+            (subjects.CANCEL.format(node=node), self._on_cancel),
+        ):
+            self._subs.append(await self._nc.subscribe(subject, cb=cb))
+        await self._barrier()
+
+    async def _barrier(self) -> None:
+        """Return once the server has every subscription, so no RFB or award sent after the
+        first heartbeat can pass this node by. Not `flush()`: nats-py writes its PING straight
+        to the socket, ahead of SUBs still in the pending buffer, so that PONG proves nothing;
+        a message to ourselves travels behind them."""
+        assert self._nc is not None
+        inbox = self._nc.new_inbox()
+        sub = await self._nc.subscribe(inbox, max_msgs=1)
+        try:
+            await self._nc.publish(inbox, b"")
+            await sub.next_msg(timeout=max(1.0, self.timing.heartbeat_s))
+        except (nats.errors.Error, TimeoutError) as exc:
+            log.warning("nats did not confirm the subscriptions (%s); carrying on", exc)
+            with contextlib.suppress(nats.errors.Error):
+                await sub.unsubscribe()
+
+    async def _shutdown(self) -> None:
+        self.ready.clear()
+        for sub in self._subs:
+            with contextlib.suppress(nats.errors.Error):
+                await sub.unsubscribe()
+        self._subs.clear()
+        for task in self._loops:
+            task.cancel()
+        await asyncio.gather(*self._loops, return_exceptions=True)
+        await self._supervisor.shutdown(kill=self._kill_children)
+        nc, self._nc = self._nc, None
+        if nc is not None:
+            try:  # flushes what is still buffered: the last events matter
+                await asyncio.wait_for(nc.drain(), self.timing.kill_grace_s)
+            except (nats.errors.Error, TimeoutError):
+                await nc.close()
+
+    async def _on_nats_error(self, exc: Exception) -> None:
+        log.warning("nats: %s", exc)
+
+    async def _on_disconnected(self) -> None:
+        log.warning("disconnected from nats; reconnecting")
+
+    async def _on_reconnected(self) -> None:
+        log.info("reconnected to nats")
+        self._wake.set()  # tell the broker at once that this node is back
+
+    # -- the node's view and its heartbeats -------------------------------------------------
+
+    def _refresh_view(self) -> None:
+        """Rebuild the NodeView every bid reads: after any change, never per request."""
+        self._view = NodeView(
+            node_id=self.node_id, capacity=self.capacity,
+            committed=self._supervisor.committed(), stats=self._stats,
+            labels=self.labels, draining=self._draining,
+        )
+
+    async def _heartbeats(self) -> None:
+        while True:
+            self._wake.clear()
+            await self._send(self._hb_subject, self.heartbeat())
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), self.timing.heartbeat_s)
+
+    async def _sample_stats(self) -> None:
+        while True:
+            await asyncio.sleep(self.timing.tick_s)
+            self._stats = self._sampler.sample()
+            self._refresh_view()
+
+    # -- inbound ----------------------------------------------------------------------------
+
+    def _malformed(self, kind: str, msg: Msg, exc: Exception) -> None:
+        self.malformed[kind] += 1
+        if self.malformed[kind] == 1:
+            log.warning("malformed %s on %s dropped (%s); further ones are only counted",
+                        kind, msg.subject, exc)
+
+    def _ignore(self, why: str, instance_id: str) -> None:
+        self.ignored[why] += 1
+        log.info("ignored %s: %s", why, instance_id)
+
+    async def _on_rfb(self, msg: Msg) -> None:
+        try:
+            rfb = self._rfb_decoder.decode(msg.data)
+        except msgspec.DecodeError as exc:
+            self._malformed("rfb", msg, exc)
+            return
+        view, strategy = self._view, self.strategy
+        reply = BidReply(auction_id=rfb.auction_id, node_id=self.node_id,
+                         answers=[answer(strategy, request, view) for request in rfb.requests])
+        await self._send(self._bids_subject, reply)
+
+    async def _on_award(self, msg: Msg) -> None:
+        try:
+            award = self._award_decoder.decode(msg.data)
+        except msgspec.DecodeError as exc:
+            self._malformed("award", msg, exc)
+            return
+        if award.node_id != self.node_id:
+            self._ignore("award for another node", award.instance_id)
+            return
+        ignored = await self._supervisor.award(award)
+        if ignored is not None:
+            self._ignore(ignored, award.instance_id)
+
+    async def _on_cancel(self, msg: Msg) -> None:
+        try:
+            cancel = self._cancel_decoder.decode(msg.data)
+        except msgspec.DecodeError as exc:
+            self._malformed("cancel", msg, exc)
+            return
+        if cancel.node_id != self.node_id:
+            self._ignore("cancel for another node", cancel.instance_id)
+            return
+        await self._supervisor.cancel(cancel.instance_id)
+
+    # -- outbound ---------------------------------------------------------------------------
+
+    async def _report(self, instance_id: str, attempt: int, type_: str, reason: str,
+                      detail: str, exit_code: int | None) -> None:
+        log.info("instance %s attempt %d: %s %s %s", instance_id, attempt, type_, reason, detail)
+        await self._send(self._report_subject, Event(
+            instance_id=instance_id, type=type_, node_id=self.node_id, reason=reason,
+            detail=detail, exit_code=exit_code, attempt=attempt, at=time.time()))
+
+    async def _send(self, subject: str, message: Message) -> None:
+        """Publish now, or keep it for when the connection exists; log what NATS refuses."""
+        data = self._encoder.encode(message)
+        if self._nc is None:
+            self._outbox.append((subject, data))
+            return
+        try:
+            await self._nc.publish(subject, data)
+        except nats.errors.Error as exc:
+            log.warning("dropped %s on %s: %s", type(message).__name__, subject, exc)

@@ -1,0 +1,275 @@
+"""The instances this node holds: start them, watch them, time them out, stop them.
+
+Rules: an award is recorded and persisted before ``provisioning`` is reported, and one
+instance never runs twice (it is held, or that attempt already ended here). Every instance
+ends exactly once, through `_end`, which reports how it ended and then persists (a crash in
+between repeats the report after a restart rather than losing it). Secret values go to the
+child's environment only: never into a log line, never into ``agent.json``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import os
+import re
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from shared.messages import Award, Capacity, EventType, InstanceReport, InstanceState
+from shared.ports import allocate
+from shared.reasons import Reason
+from shared.records import Placement
+from shared.timing import Timing
+from worker.driver import Process, instance_env, terminate
+from worker.localstate import FINISHED_KEPT, AgentFile, LocalInstance, load, save
+
+__all__ = ["Report", "Supervisor"]
+
+log = logging.getLogger("gavel.worker")
+
+#: ``report(instance_id, attempt, type, reason, detail, exit_code)``: one event out.
+Report = Callable[[str, int, str, str, str, int | None], Awaitable[None]]
+
+_SAFE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+#: Why the worker itself ends an instance when it stops with ``kill_children=True``.
+_SHUTDOWN = "worker shutdown"
+
+
+@dataclass(eq=False)
+class _Held:
+    local: LocalInstance
+    proc: Process | None = None
+    task: asyncio.Task[None] | None = None
+    timer: asyncio.TimerHandle | None = None
+    stopping: str | None = None  # Reason.CANCELLED, Reason.TIMEOUT or _SHUTDOWN
+
+    @property
+    def id(self) -> str:
+        return self.local.placement.instance_id
+
+    @property
+    def attempt(self) -> int:
+        return self.local.placement.attempt
+
+
+class Supervisor:
+    """Owns the held instances and ``<state_dir>/agent.json``; `on_change` runs whenever
+    what the node has committed changes."""
+
+    def __init__(self, *, node_id: str, state_dir: Path, timing: Timing,
+                 port_range: tuple[int, int], report: Report,
+                 on_change: Callable[[], None]) -> None:
+        self.node_id = node_id
+        self.state_dir = state_dir
+        self.timing = timing
+        self.port_range = port_range
+        self._report = report
+        self._on_change = on_change
+        self._path = state_dir / "agent.json"
+        self._held: dict[str, _Held] = {}
+        self._finished: collections.deque[str] = collections.deque(maxlen=FINISHED_KEPT)
+        self._stoppers: set[asyncio.Task[int | None]] = set()
+
+    # -- what the node holds ----------------------------------------------------------------
+
+    def committed(self) -> Capacity:
+        cpu, memory, ports = 0.0, 0, 0
+        for h in self._held.values():
+            cpu += h.local.placement.spec.cpu
+            memory += h.local.placement.spec.memory_mb
+            ports += len(h.local.placement.ports)
+        return Capacity(cpu=cpu, memory_mb=memory, ports=ports)
+
+    def reports(self) -> list[InstanceReport]:
+        return [
+            InstanceReport(instance_id=h.id, state=h.local.state, pid=h.local.pid,
+                           attempt=h.attempt, ports=dict(h.local.placement.ports))
+            for h in self._held.values()
+        ]
+
+    # -- restart ----------------------------------------------------------------------------
+
+    async def restore(self) -> None:
+        """Adopt the instances an earlier worker left running; report the ones that ended."""
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        saved = load(self._path)
+        if saved is not None:
+            if saved.node_id != self.node_id:
+                raise ValueError(f"{self._path} belongs to node {saved.node_id!r}, "
+                                 f"not {self.node_id!r}")
+            self._finished.extend(saved.finished)
+            for local in saved.instances.values():
+                await self._readopt(_Held(local))
+        self._persist()
+        self._on_change()
+
+    async def _readopt(self, held: _Held) -> None:
+        local = held.local
+        held.proc = Process.adopt(local.pid, local.create_time, poll_s=self.timing.tick_s)
+        if held.proc is None and local.pid:
+            await self._end(held, EventType.EXITED, "",
+                            "exit status unknown: process ended while the worker was down")
+        elif held.proc is None:
+            await self._end(held, EventType.FAILED, Reason.DRIVER_FAILED,
+                            "the worker restarted before the process started")
+        else:
+            log.info("re-adopted instance %s (pid %d)", held.id, local.pid)
+            self._held[held.id] = held
+            held.task = asyncio.get_running_loop().create_task(self._watch(held))
+            self._arm_timeout(held)
+
+    # -- awards and cancels -----------------------------------------------------------------
+
+    async def award(self, award: Award) -> str | None:
+        """Take `award` (its node id already checked); the reason it was ignored, if it was."""
+        iid = award.instance_id
+        if iid in self._held:
+            return "award for an instance already held"
+        if f"{iid}/{award.attempt}" in self._finished:
+            return "award for an attempt that already ran here"
+        if not _SAFE_ID.match(iid):
+            await self._report(iid, award.attempt, EventType.FAILED, Reason.DRIVER_FAILED,
+                               "instance id unusable as a directory name", None)
+            return None
+        ports = self._assign_ports(award)
+        if ports is None:
+            await self._report(iid, award.attempt, EventType.FAILED, Reason.NO_ROOM_PORTS,
+                               f"range {self.port_range[0]}-{self.port_range[1]}", None)
+            return None
+        placement = Placement(instance_id=iid, spec=award.spec, auction_id=award.auction_id,
+                              attempt=award.attempt, ports=ports)
+        held = _Held(LocalInstance(placement=placement, state=InstanceState.PROVISIONING))
+        self._held[iid] = held
+        self._on_change()
+        self._persist()
+        await self._report(iid, award.attempt, EventType.PROVISIONING, "",
+                           f"commit {award.commit}" if award.commit else "", None)
+        held.task = asyncio.get_running_loop().create_task(
+            self._supervise(held, award.secret_env))
+        return None
+
+    async def cancel(self, instance_id: str) -> None:
+        held = self._held.get(instance_id)
+        if held is not None:
+            self._stop(held, Reason.CANCELLED)
+        else:  # confirm at once, so the broker need not wait out its grace period
+            await self._report(instance_id, 0, EventType.CANCELLED, Reason.CANCELLED,
+                               "not running on this node", None)
+
+    def _assign_ports(self, award: Award) -> dict[str, int] | None:
+        """The broker's ports; named ports it left out get the lowest free ones here."""
+        ports = dict(award.ports)
+        missing = [name for name in award.spec.ports if name not in ports]
+        if missing:
+            used = {p for h in self._held.values() for p in h.local.placement.ports.values()}
+            extra = allocate(missing, self.port_range, used | set(ports.values()))
+            if extra is None:
+                return None
+            ports.update(extra)
+        return ports
+
+    # -- one instance's life ----------------------------------------------------------------
+
+    async def _supervise(self, held: _Held, secret_env: dict[str, str]) -> None:
+        placement = held.local.placement
+        if held.stopping is None:
+            env = instance_env(
+                base=os.environ, spec_env=placement.spec.env, secret_env=secret_env,
+                instance_id=held.id, node_id=self.node_id, attempt=held.attempt,
+                ports=placement.ports, port_order=placement.spec.ports)
+            try:
+                held.proc = Process.spawn(placement.spec.command, env=env,
+                                          cwd=self.state_dir / "instances" / held.id,
+                                          poll_s=self.timing.tick_s)
+            except (OSError, ValueError) as exc:  # missing binary, not executable, NUL byte
+                await self._end(held, EventType.FAILED, Reason.DRIVER_FAILED, str(exc))
+                return
+            local = held.local
+            local.pid, local.create_time = held.proc.pid, held.proc.create_time
+            local.started_at, local.state = time.time(), InstanceState.RUNNING
+            self._persist()
+            self._arm_timeout(held)
+            await self._report(held.id, held.attempt, EventType.RUNNING, "",
+                               f"pid {local.pid}", None)
+        await self._watch(held)
+
+    async def _watch(self, held: _Held) -> None:
+        """Wait for the process to end and report how; an unstarted one was stopped."""
+        code = await held.proc.wait() if held.proc is not None else None
+        why, spec = held.stopping, held.local.placement.spec
+        if why == Reason.CANCELLED:
+            await self._end(held, EventType.CANCELLED, Reason.CANCELLED, "", code)
+        elif why == Reason.TIMEOUT:
+            await self._end(held, EventType.FAILED, Reason.TIMEOUT,
+                            f"ran longer than {spec.timeout_s:g}s", code)
+        elif why == _SHUTDOWN:
+            await self._end(held, EventType.FAILED, "", "stopped: the worker shut down", code)
+        elif held.proc is not None and held.proc.adopted:
+            await self._end(held, EventType.EXITED, "", "exit status unknown: re-adopted process")
+        elif code == 0:
+            await self._end(held, EventType.EXITED, "", "", 0)
+        else:
+            await self._end(held, EventType.FAILED, Reason.EXITED_NONZERO, "", code)
+
+    def _arm_timeout(self, held: _Held) -> None:
+        timeout = held.local.placement.spec.timeout_s
+        if timeout is not None:
+            left = max(0.0, timeout - (time.time() - held.local.started_at))
+            held.timer = asyncio.get_running_loop().call_later(
+                left, self._stop, held, Reason.TIMEOUT)
+
+    def _stop(self, held: _Held, why: str) -> None:
+        """Begin ending `held` (SIGTERM, SIGKILL after the grace); `_watch` reports the end."""
+        if held.stopping is not None:
+            return
+        held.stopping = why
+        log.info("stopping instance %s: %s", held.id, why)
+        if held.proc is not None:
+            task = asyncio.get_running_loop().create_task(
+                terminate(held.proc, self.timing.kill_grace_s))
+            self._stoppers.add(task)
+            task.add_done_callback(self._stoppers.discard)
+
+    async def _end(self, held: _Held, type_: str, reason: str, detail: str,
+                   exit_code: int | None = None) -> None:
+        if held.timer is not None:
+            held.timer.cancel()
+        if self._held.get(held.id) is held:
+            del self._held[held.id]
+        self._finished.append(f"{held.id}/{held.attempt}")
+        self._on_change()
+        await self._report(held.id, held.attempt, type_, reason, detail, exit_code)
+        self._persist()
+
+    # -- the worker stops -------------------------------------------------------------------
+
+    async def shutdown(self, *, kill: bool) -> None:
+        """Stop every instance and report each end (`kill`), or let them run unwatched, their
+        pids and start times saved for the next worker to adopt."""
+        held = list(self._held.values())
+        for h in held:
+            if kill:
+                self._stop(h, _SHUTDOWN)
+                continue
+            if h.timer is not None:
+                h.timer.cancel()
+            if h.task is not None:
+                h.task.cancel()
+            if h.proc is not None:
+                h.proc.detach()
+        if not kill:
+            for task in self._stoppers:
+                task.cancel()
+        await asyncio.gather(*(h.task for h in held if h.task), *self._stoppers,
+                             return_exceptions=True)
+        self._persist()
+
+    def _persist(self) -> None:
+        save(self._path, AgentFile(
+            node_id=self.node_id,
+            instances={iid: h.local for iid, h in self._held.items()},
+            finished=list(self._finished)))
