@@ -36,8 +36,8 @@ _SCRIPT, _UNREACHABLE, _OFFLINE, _FINISH, _TICK, _RETRY, _ARRIVAL, _SAMPLE = ran
 
 
 class _Instance:
-    __slots__ = ("awards", "cls", "duration", "epoch", "node", "queued_at", "seq", "shape",
-                 "waited")
+    __slots__ = ("awards", "cls", "duration", "epoch", "kind", "node", "queued_at", "seq",
+                 "shape", "waited")
 
     def __init__(self, arrival: Arrival) -> None:
         self.seq = arrival.seq
@@ -49,6 +49,7 @@ class _Instance:
         self.epoch = 0
         self.awards = 0
         self.waited = False  # has been unschedulable at least once
+        self.kind = "first"  # what its next award counts as: first, replace or migrate
 
 
 class Engine:
@@ -177,8 +178,7 @@ class Engine:
                     continue
                 if not self.placer.may_fit(shape):
                     break
-                kind = "first" if inst.awards == 0 else "replace"
-                if not self._attempt(inst, now, kind):
+                if not self._attempt(inst, now, inst.kind):
                     break
                 queue.popleft()
                 self.pending -= 1
@@ -244,6 +244,7 @@ class Engine:
                 del self.active[seq]
                 continue
             inst.queued_at = now
+            inst.kind = kind
             if not self._attempt(inst, now, kind):
                 self._enqueue(inst, now)
         self.placer.changed(idx, Why.RELEASE)
