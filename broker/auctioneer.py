@@ -134,9 +134,10 @@ class Auctioneer:
         del self.auctions[auction.auction_id]
         now = self.b.now()
         decisions = auction.decide(now, self.free())
-        self.b.round_times.append(now - auction.opened_at)
+        round_s = now - auction.opened_at
+        self.b.round_times.append(round_s)
         m = self.b.metrics
-        m.round_seconds.observe(now - auction.opened_at)
+        m.round_seconds.observe(round_s)
         for d in decisions:
             m.auctions.labels(outcome="awarded" if isinstance(d, Awarded)
                               else "unschedulable").inc()
@@ -151,7 +152,7 @@ class Auctioneer:
                             node_id=d.winner.node_id,
                             detail=f"load {d.winner.load:.3f} ({d.winner.strategy})")
         self.b.committer.submit(Item(
-            plan=lambda view: self._plan(view, auction.auction_id, decisions),
+            plan=lambda view: self._plan(view, auction.auction_id, decisions, round_s),
             failed=lambda reason, detail: self._failed(decisions, reason, detail),
             retry=False))
 
@@ -161,7 +162,8 @@ class Auctioneer:
         res.memory_mb += sign * req.memory_mb
         res.ports += sign * req.ports
 
-    def _plan(self, view: View, aid: str, decisions: list[Decision]) -> Planned:
+    def _plan(self, view: View, aid: str, decisions: list[Decision],
+              round_s: float = 0.0) -> Planned:
         out = Planned(lines=[])
         for d in decisions:
             record = _record(aid, d)
@@ -174,7 +176,7 @@ class Auctioneer:
                 out.lines.append(_place_line(d))
                 out.trailers.append(auction_trailer(record))
                 out.after.append(lambda sha, d=d, p=placement.ports, a=placement.attempt,
-                                 r=record: self._placed(d, p, a, sha, r))
+                                 r=record: self._placed(d, p, a, sha, r, round_s))
             else:
                 if unschedulable(view, d):
                     out.lines.append(f"unschedulable {d.request.instance_id}: {d.summary}")
@@ -183,7 +185,7 @@ class Auctioneer:
         return out
 
     def _placed(self, d: Awarded, ports: dict[str, int], attempt: int, sha: str,
-                record: AuctionRecord) -> None:
+                record: AuctionRecord, round_s: float = 0.0) -> None:
         b = self.b
         iid, node = d.request.instance_id, d.winner.node_id
         self._released(d, placed=True)
@@ -197,8 +199,11 @@ class Auctioneer:
         b.emit(iid, EventType.PLACED, node_id=node, attempt=attempt,
                detail=f"commit {sha[:12]}; {len(d.bids)} bids, load {d.winner.load:.3f}"
                f"{' (tie broken on node id)' if d.tie_broken else ''}")
-        b.log.info("placed %s on %s: %d bids, load %.3f, commit %s", iid, node, len(d.bids),
-                   d.winner.load, sha[:12])
+        b.log.info("placed %s on %s: %d bids, load %.3f, round %.3fs, commit %s", iid, node,
+                   len(d.bids), d.winner.load, round_s, sha[:12],
+                   extra={"instance": iid, "winner": node, "bids": len(d.bids),
+                          "load": d.winner.load, "round_s": round_s, "commit": sha[:12],
+                          "auction": record.auction_id})
 
     def _released(self, d: Awarded, placed: bool) -> None:
         self._reserve(d.winner.node_id, d.request, -1)
