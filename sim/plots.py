@@ -75,6 +75,7 @@ def _unschedulable(result: SimResult, path: Path) -> None:
 
 def _winshare(result: SimResult, path: Path) -> None:
     gavel = [p for p in result.policies if p.kind == "gavel"] or result.policies[:1]
+    gavel = [p for p in gavel if len(p.strategies) > 1] or gavel  # one strategy wins all
     fig, axes = plt.subplots(1, len(gavel), figsize=(5.5 * len(gavel), 4.5), squeeze=False)
     for ax, p in zip(axes[0], gavel, strict=True):
         names = list(p.strategies)
@@ -84,6 +85,7 @@ def _winshare(result: SimResult, path: Path) -> None:
         ax.bar([i + 0.2 for i in pos], [s.win_share for s in shares], 0.4, label="share of wins")
         ax.plot(list(pos), [s.utilisation for s in shares], "ko", label="mean utilisation")
         ax.set_xticks(list(pos), names)
+        ax.set_xlim(-0.8, len(names) - 0.2)
         ax.set_ylim(0, 1.0)
         ax.grid(axis="y", alpha=0.3)
         ax.set_title(p.policy)
