@@ -8,12 +8,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import signal
 import sys
 import time
-import tomllib
-from pathlib import Path
+from collections.abc import Sequence
 from typing import Any
 
 import msgspec
@@ -38,8 +36,7 @@ from shared.api import (
     WhyRequest,
 )
 from shared.messages import Event, EventType
-from shared.reasons import render
-from shared.timing import Timing
+from shared.reasons import render as render_reason
 
 __all__ = ["ClientError", "UsageError", "dispatch"]
 
@@ -57,6 +54,7 @@ def _print_json(obj: object) -> None:
 
 
 async def _until_signal(stop: Any) -> None:
+    """Call `stop` on SIGTERM or SIGINT."""
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop)
@@ -65,8 +63,12 @@ async def _until_signal(stop: Any) -> None:
 async def dispatch(args: argparse.Namespace) -> int:
     match args.command:
         case "broker":
+            from broker.daemons import run_broker
+
             return await run_broker(args)
         case "worker":
+            from broker.daemons import run_worker
+
             return await run_worker(args)
         case "up":
             from broker.up import up
@@ -91,65 +93,6 @@ async def dispatch(args: argparse.Namespace) -> int:
         case "drain":
             return await drain(args)
     raise UsageError(f"unknown command {args.command!r}")
-
-
-def _secrets(path: Path | None) -> dict[str, str]:
-    if path is None:
-        return {}
-    try:
-        data = tomllib.loads(path.read_text())
-    except (OSError, tomllib.TOMLDecodeError) as exc:
-        raise UsageError(f"cannot read secrets file {path}: {exc}") from None
-    bad = [k for k, v in data.items() if not isinstance(v, str)]
-    if bad:
-        raise UsageError(f"secrets file {path}: {bad[0]!r} must be a string")
-    return {k: str(v) for k, v in data.items()}
-
-
-async def run_broker(args: argparse.Namespace) -> int:
-    from broker.service import Broker
-
-    opts = {"user_credentials": args.creds} if args.creds else {}
-    broker = Broker(nats_url=args.nats, state_dir=args.state, ref=args.ref,
-                    timing=Timing.from_env(os.environ), secrets=_secrets(args.secrets),
-                    nats_options=opts)
-    await _until_signal(broker.stop)
-    await broker.run()
-    return 0
-
-
-def _params(items: list[str]) -> dict[str, float]:
-    out: dict[str, float] = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        try:
-            if not sep:
-                raise ValueError
-            out[key] = float(value)
-        except ValueError:
-            raise UsageError(f"--strategy-param {item!r} is not of the form key=number") from None
-    return out
-
-
-async def run_worker(args: argparse.Namespace) -> int:
-    from shared.strategies import make_strategy
-    from worker.agent import Agent
-
-    try:
-        strategy = make_strategy(args.strategy, _params(args.strategy_param))
-    except ValueError as exc:
-        raise UsageError(str(exc)) from None
-    state = args.state or Path(f".gavel-worker-{args.node_id}")
-    opts = {"user_credentials": args.creds} if args.creds else {}
-    agent = Agent(nats_url=args.nats, node_id=args.node_id, strategy=strategy,
-                  labels=args.labels, state_dir=state, timing=Timing.from_env(os.environ),
-                  cpu=args.cpu, memory_mb=args.memory_mb, port_range=args.ports,
-                  nats_options=opts)
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, lambda: asyncio.ensure_future(agent.stop()))
-    await agent.run()
-    return 0
 
 
 async def submit(args: argparse.Namespace) -> int:
@@ -262,7 +205,7 @@ async def why(args: argparse.Namespace) -> int:
             mark = "*" if b.node_id == a.winner else " "
             print(f"  {mark} bid     {b.node_id:<16} load {b.load:.3f}  ({b.strategy})")
         for d in a.declines:
-            print(f"    decline {d.node_id:<16} {render(d.reason, d.detail)}")
+            print(f"    decline {d.node_id:<16} {render_reason(d.reason, d.detail)}")
         for s in a.silent:
             print(f"    silent  {s:<16} no answer before the deadline")
     return 0
@@ -334,7 +277,7 @@ async def drain(args: argparse.Namespace) -> int:
     return 0
 
 
-def _table(rows: list[tuple[str, ...]]) -> None:
+def _table(rows: Sequence[tuple[str, ...]]) -> None:
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for r in rows:
         print("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip())

@@ -2,7 +2,8 @@
 
 Rule: everything lives under ``--state`` (state.git, nats/, workers/, logs/); every part is a
 real child process speaking real NATS, exactly as it would on separate hosts. ``--demo``
-submits a few workloads, prints where each went and why, and exits.
+submits a few workloads, prints where each went and why, and exits. ``--metrics-port`` serves
+the broker's metrics; ``--log-format`` (or GAVEL_LOG_FORMAT) reaches every child.
 """
 
 from __future__ import annotations
@@ -142,7 +143,12 @@ async def up(args: argparse.Namespace) -> int:
                         log=state / "logs" / "nats.log")
     server.start()
     env = {**os.environ, "GAVEL_NATS_URL": server.url}
-    procs = [_spawn(["broker", "--state", str(state)], state / "logs" / "broker.log", env)]
+    if args.log_format:
+        env["GAVEL_LOG_FORMAT"] = args.log_format
+    broker = ["broker", "--state", str(state)]
+    if args.metrics_port is not None:
+        broker += ["--metrics-port", str(args.metrics_port), "--metrics-addr", args.metrics_addr]
+    procs = [_spawn(broker, state / "logs" / "broker.log", env)]
     for i in range(args.workers):
         node = f"node-{i + 1}"
         cpu, mem = SIZES[i % len(SIZES)]
@@ -154,6 +160,8 @@ async def up(args: argparse.Namespace) -> int:
             state / "logs" / f"{node}.log", env))
     print(f"gavel up: nats-server at {server.url}, broker and {args.workers} workers; "
           f"state and logs under {state}")
+    if args.metrics_port is not None:
+        print(f"broker metrics: http://{args.metrics_addr}:{args.metrics_port}/metrics")
     try:
         if args.demo:
             nc = await connect(server.url)

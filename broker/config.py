@@ -1,0 +1,408 @@
+"""Configuration of the daemons: a TOML file, then ``GAVEL_*`` environment, then flags.
+
+Rules:
+1. Precedence is file < environment < flags, field by field: a layer only sets what it names
+   (flags default to None, so an absent flag never hides the layers below it).
+2. A file is decoded strictly into `BrokerConfig` / `WorkerConfig`, which forbid unknown
+   fields; an environment value is parsed by the same function as its flag. Every mistake is
+   one `ConfigError` sentence naming where it came from, the field, and what was expected.
+3. The effective config renders back to TOML (`render`) with passwords in URLs masked.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import tomllib
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any, Literal, TypeVar
+from urllib.parse import urlsplit, urlunsplit
+
+import msgspec
+
+from shared.strategies import names as strategy_names
+from shared.timing import FAST_FACTOR, Timing
+
+__all__ = [
+    "BROKER_OPTIONS",
+    "DEFAULT_NATS",
+    "WORKER_OPTIONS",
+    "BrokerConfig",
+    "ConfigError",
+    "Option",
+    "WorkerConfig",
+    "add_options",
+    "effective_timing",
+    "flags_of",
+    "load",
+    "mask_url",
+    "render",
+]
+
+DEFAULT_NATS = "nats://127.0.0.1:4222"
+Port = Annotated[int, msgspec.Meta(ge=1, le=65535)]
+NodeId = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9_-]{1,64}$")]
+LogFormat = Literal["text", "json"]
+LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR"]
+
+
+class ConfigError(Exception):
+    """One sentence naming the source, the field and what was expected."""
+
+
+class BrokerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    nats: str = DEFAULT_NATS
+    creds: str = ""
+    state: str = ""
+    ref: str = "refs/heads/main"
+    secrets: str = ""
+    push: str = ""
+    metrics_port: Port | None = None
+    metrics_addr: str = "127.0.0.1"
+    log_format: LogFormat = "text"
+    log_level: LogLevel = "INFO"
+    timing: Timing | None = None
+
+
+class WorkerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    nats: str = DEFAULT_NATS
+    creds: str = ""
+    node_id: NodeId = ""
+    strategy: str = "least-loaded"
+    strategy_params: dict[str, float] = {}
+    labels: dict[str, str] = {}
+    cpu: Annotated[float, msgspec.Meta(gt=0)] | None = None
+    memory_mb: Annotated[int, msgspec.Meta(gt=0)] | None = None
+    ports: tuple[Port, Port] = (20000, 20999)
+    state: str = ""
+    metrics_port: Port | None = None
+    metrics_addr: str = "127.0.0.1"
+    log_format: LogFormat = "text"
+    log_level: LogLevel = "INFO"
+    timing: Timing | None = None
+
+
+C = TypeVar("C", BrokerConfig, WorkerConfig)
+
+
+# -- value parsers: shared by flags and environment variables --------------------------------
+def labels(text: str) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        key, sep, value = part.partition("=")
+        if not sep or not key:
+            raise argparse.ArgumentTypeError(f"label {part!r} is not of the form key=value")
+        out[key] = value
+    return out
+
+
+def node_id(text: str) -> str:
+    if not re.match(r"^[A-Za-z0-9_-]{1,64}$", text):
+        raise argparse.ArgumentTypeError(
+            f"node id {text!r} must be 1-64 letters, digits, '-' or '_' (it becomes one NATS "
+            "subject token)")
+    return text
+
+
+def positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be greater than 0")
+    return value
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be greater than 0")
+    return value
+
+
+def port(text: str) -> int:
+    value = positive_int(text)
+    if value > 65535:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a TCP port (1-65535)")
+    return value
+
+
+def port_range(text: str) -> tuple[int, int]:
+    lo, sep, hi = text.partition("-")
+    if not sep:
+        raise argparse.ArgumentTypeError(f"port range {text!r} is not of the form FIRST-LAST")
+    a, b = port(lo), port(hi)
+    if a > b:
+        raise argparse.ArgumentTypeError(f"port range {text!r} ends before it starts")
+    return a, b
+
+
+def strategy_param(text: str) -> tuple[str, float]:
+    key, sep, value = text.partition("=")
+    try:
+        if not sep or not key:
+            raise ValueError
+        return key, float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"strategy parameter {text!r} is not of the form key=number") from None
+
+
+def _params_env(text: str) -> dict[str, float]:
+    return dict(strategy_param(p.strip()) for p in text.split(",") if p.strip())
+
+
+def _choice(values: Sequence[str]) -> Callable[[str], str]:
+    def parse(text: str) -> str:
+        if text not in values:
+            raise argparse.ArgumentTypeError(
+                f"{text!r} is not one of {', '.join(values)}")
+        return text
+    return parse
+
+
+@dataclass(frozen=True)
+class Option:
+    """One setting: its field in the config Struct, its flag, its environment variable."""
+
+    field: str
+    flag: str
+    env: str
+    parse: Callable[[str], Any]
+    help: str
+    metavar: str | None = None
+    choices: Sequence[str] | None = None
+    #: The flag repeats (KEY=VALUE each time); the environment variable holds a comma list.
+    repeat: bool = False
+    env_parse: Callable[[str], Any] | None = None
+
+
+def _common(daemon: str) -> list[Option]:
+    return [
+        Option("nats", "--nats", "GAVEL_NATS_URL", str, "NATS URL; nats://user:password@host:"
+               "4222 for password auth, tls:// for TLS (default nats://127.0.0.1:4222)",
+               metavar="URL"),
+        Option("creds", "--creds", "GAVEL_CREDS", str, "NATS credentials file", "FILE"),
+        Option("metrics_port", "--metrics-port", "GAVEL_METRICS_PORT", port,
+               f"serve the {daemon}'s Prometheus metrics over HTTP on this port (default: off)",
+               "PORT"),
+        Option("metrics_addr", "--metrics-addr", "GAVEL_METRICS_ADDR", str,
+               "address the metrics endpoint listens on (default 127.0.0.1)", "ADDR"),
+        Option("log_format", "--log-format", "GAVEL_LOG_FORMAT", _choice(("text", "json")),
+               "log lines as text or as one JSON object per line (default text)",
+               choices=("text", "json")),
+        Option("log_level", "--log-level", "GAVEL_LOG_LEVEL",
+               _choice(("DEBUG", "INFO", "WARNING", "ERROR")), "log level (default INFO)",
+               choices=("DEBUG", "INFO", "WARNING", "ERROR")),
+    ]
+
+
+BROKER_OPTIONS: list[Option] = [
+    *_common("broker"),
+    Option("state", "--state", "GAVEL_STATE", str,
+           "state directory; holds the state repository state.git (required)", "DIR"),
+    Option("ref", "--ref", "GAVEL_REF", str, "active ref (default refs/heads/main); a tag or "
+           "commit id pins the deployment read-only", "REF"),
+    Option("secrets", "--secrets", "GAVEL_SECRETS", str,
+           "TOML file of name = \"value\" secrets resolved at award time", "FILE"),
+    Option("push", "--push", "GAVEL_PUSH", str,
+           "push the active branch to this git remote (URL, path or remote name in "
+           "state.git) after commits; merges, never forces (default: no push)", "REMOTE"),
+]
+
+WORKER_OPTIONS: list[Option] = [
+    *_common("worker"),
+    Option("node_id", "--node-id", "GAVEL_NODE_ID", node_id,
+           "this node's id: letters, digits, '-' and '_' (required)", "ID"),
+    Option("strategy", "--strategy", "GAVEL_STRATEGY", _choice(strategy_names()),
+           "bidding strategy (default least-loaded)", choices=strategy_names()),
+    Option("strategy_params", "--strategy-param", "GAVEL_STRATEGY_PARAMS", strategy_param,
+           "strategy parameter, e.g. ceiling=0.7 for headroom (repeatable; env: a comma "
+           "list)", "KEY=VALUE", repeat=True, env_parse=_params_env),
+    Option("labels", "--labels", "GAVEL_LABELS", labels, "labels as k=v,k2=v2", "LABELS"),
+    Option("cpu", "--cpu", "GAVEL_CPU", positive_float, "cpu capacity (default: detected)",
+           "N"),
+    Option("memory_mb", "--memory-mb", "GAVEL_MEMORY_MB", positive_int,
+           "memory capacity in MB (default: detected)", "MB"),
+    Option("ports", "--ports", "GAVEL_PORTS", port_range,
+           "port range to assign from (default 20000-20999)", "FIRST-LAST"),
+    Option("state", "--state", "GAVEL_STATE", str,
+           "local state directory (default ./.gavel-worker-NODE)", "DIR"),
+]
+
+
+def add_options(parser: argparse.ArgumentParser, options: Sequence[Option]) -> None:
+    """Add `--config`, `--check` and one flag per option; every default is None."""
+    parser.add_argument("--config", default=None, metavar="FILE",
+                        help="TOML config file (env GAVEL_CONFIG); environment variables "
+                        "override it, flags override both")
+    parser.add_argument("--check", action="store_true",
+                        help="validate the config file, environment and flags, print the "
+                        "effective config and exit (2 naming the bad field)")
+    for o in options:
+        help_ = f"{o.help} (env {o.env}; config key {o.field})"
+        if o.repeat:
+            parser.add_argument(o.flag, dest=o.field, type=o.parse, action="append",
+                                default=None, metavar=o.metavar, help=help_)
+        else:
+            parser.add_argument(o.flag, dest=o.field, type=o.parse, default=None,
+                                metavar=o.metavar if o.choices is None else None,
+                                choices=o.choices, help=help_)
+
+
+def flags_of(args: argparse.Namespace, options: Sequence[Option]) -> dict[str, Any]:
+    """The fields the command line set (repeatable flags folded into a dict)."""
+    out: dict[str, Any] = {}
+    for o in options:
+        value = getattr(args, o.field, None)
+        if value is None:
+            continue
+        out[o.field] = dict(value) if o.repeat else value
+    return out
+
+
+# -- loading ---------------------------------------------------------------------------------
+def load(cls: type[C], options: Sequence[Option], *, file: str | None,
+         env: Mapping[str, str], flags: Mapping[str, Any] | None = None) -> C:
+    """The effective config: `cls` defaults < `file` < `env` < `flags`."""
+    layers: dict[str, Any] = {}
+    source: dict[str, str] = {}
+    if file:
+        raw = _read(file)
+        _convert(cls, raw, f"config file {file}")
+        layers.update(raw)
+        source.update(dict.fromkeys(raw, f"config file {file}"))
+    for o in options:
+        text = env.get(o.env)
+        if text is None or text == "":
+            continue
+        try:
+            layers[o.field] = (o.env_parse or o.parse)(text)
+        except (argparse.ArgumentTypeError, ValueError) as exc:
+            raise ConfigError(f"environment variable {o.env}: {exc}.") from None
+        source[o.field] = f"environment variable {o.env}"
+    for name, value in (flags or {}).items():
+        layers[name] = value
+        source[name] = "flag"
+    cfg = _convert(cls, layers, "the merged config")
+    return _finish(cfg, source)
+
+
+def _read(file: str) -> dict[str, Any]:
+    try:
+        return tomllib.loads(Path(file).read_text())
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {file}: {exc.strerror or exc}.") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"config file {file} is not valid TOML: {exc}.") from None
+
+
+def _convert(cls: type[C], data: Mapping[str, Any], where: str) -> C:
+    try:
+        return msgspec.convert(dict(data), cls)
+    except msgspec.ValidationError as exc:
+        raise ConfigError(_explain(str(exc), where, cls)) from None
+
+
+def _explain(text: str, where: str, cls: type[msgspec.Struct]) -> str:
+    """msgspec's message as one sentence: where, which field, what was expected."""
+    m = re.match(r"^(?P<msg>.*?)(?: - at `\$\.?(?P<path>[^`]*)`)?$", text, re.S)
+    msg = m.group("msg") if m else text
+    path = (m.group("path") if m else "") or ""
+    unknown = re.match(r"Object contains unknown field `(?P<name>[^`]*)`", msg)
+    if unknown:
+        name = unknown.group("name")
+        if path:
+            return f"{where}: unknown field `{name}` in table `{path}`."
+        known = ", ".join(cls.__struct_fields__)
+        return f"{where}: unknown field `{name}`; expected one of: {known}."
+    msg = msg.replace(" | null", "")
+    msg = msg[:1].lower() + msg[1:]
+    return f"{where}: field `{path}` {msg}." if path else f"{where}: {msg}."
+
+
+def _finish(cfg: C, source: Mapping[str, str]) -> C:
+    def src(name: str) -> str:
+        return source.get(name, "the defaults")
+
+    if isinstance(cfg, BrokerConfig):
+        if not cfg.state:
+            raise ConfigError("field `state` is required: set it in the config file, "
+                              "GAVEL_STATE or --state.")
+        return cfg
+    if not cfg.node_id:
+        raise ConfigError("field `node_id` is required: set it in the config file, "
+                          "GAVEL_NODE_ID or --node-id.")
+    if cfg.strategy not in strategy_names():
+        raise ConfigError(f"{src('strategy')}: field `strategy` expected one of "
+                          f"{', '.join(strategy_names())}, got {cfg.strategy!r}.")
+    lo, hi = cfg.ports
+    if lo > hi:
+        raise ConfigError(f"{src('ports')}: field `ports` expected FIRST <= LAST, got "
+                          f"{lo}-{hi}.")
+    if not cfg.state:
+        cfg.state = f".gavel-worker-{cfg.node_id}"
+    return cfg
+
+
+def effective_timing(cfg: BrokerConfig | WorkerConfig, env: Mapping[str, str]) -> Timing:
+    """The config's `[timing]` table (or the defaults), tenfold faster under
+    GAVEL_FAST_TIMERS=1."""
+    base = cfg.timing or Timing()
+    fast = env.get("GAVEL_FAST_TIMERS", "").strip().lower() in ("1", "true", "yes", "on")
+    return base.scaled(FAST_FACTOR) if fast else base
+
+
+# -- rendering -------------------------------------------------------------------------------
+def mask_url(url: str) -> str:
+    """The URL with any password replaced by ***."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return url
+    if parts.password is None:
+        return url
+    host = parts.hostname or ""
+    if parts.port is not None:
+        host = f"{host}:{parts.port}"
+    user = parts.username or ""
+    return urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))
+
+
+def _toml(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    if isinstance(value, str):
+        return msgspec.json.encode(value).decode()
+    if isinstance(value, list | tuple):
+        return "[" + ", ".join(_toml(v) for v in value) + "]"
+    if isinstance(value, dict):
+        items = ", ".join(f"{_toml(str(k))} = {_toml(v)}" for k, v in value.items())
+        return "{ " + items + " }" if items else "{}"
+    raise TypeError(f"cannot render {type(value).__name__} as TOML")
+
+
+def render(cfg: BrokerConfig | WorkerConfig) -> str:
+    """The config as TOML that `--config` reads back (URL passwords masked)."""
+    lines: list[str] = []
+    tables: list[str] = []
+    for name in cfg.__struct_fields__:
+        value = getattr(cfg, name)
+        if value is None:
+            continue
+        if isinstance(value, msgspec.Struct):
+            tables.append(f"\n[{name}]")
+            tables.extend(f"{k} = {_toml(getattr(value, k))}" for k in value.__struct_fields__)
+            continue
+        if name in ("nats", "push"):
+            value = mask_url(value)
+        lines.append(f"{name} = {_toml(value)}")
+    return "\n".join(lines + tables) + "\n"

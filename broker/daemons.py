@@ -1,0 +1,189 @@
+"""The daemons, `gavel broker` and `gavel worker`: settings in, a running service out.
+
+Rules:
+1. Settings are resolved before anything starts (`settings`): --config FILE < GAVEL_*
+   environment < flags. `--check` and `gavel config check` stop there and print them.
+2. Logs are configured before the first line is written, with every secret value the daemon
+   knows (the secrets file, passwords in URLs, the push token) registered for redaction.
+3. The metrics endpoint and the git pusher live exactly as long as the daemon.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import tomllib
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote, urlsplit
+
+from broker import logs
+from broker.config import (
+    BROKER_OPTIONS,
+    WORKER_OPTIONS,
+    BrokerConfig,
+    ConfigError,
+    WorkerConfig,
+    effective_timing,
+    flags_of,
+    load,
+    render,
+)
+from shared.strategies import Strategy
+
+__all__ = ["check", "config_check", "run_broker", "run_worker", "settings"]
+
+log = logging.getLogger("gavel.cli")
+
+
+def _on_signal(stop: Callable[[], Any]) -> None:
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop)
+
+
+def _secrets(path: str) -> dict[str, str]:
+    if not path:
+        return {}
+    try:
+        data = tomllib.loads(Path(path).read_text())
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise ConfigError(f"cannot read secrets file {path}: {exc}.") from None
+    bad = [k for k, v in data.items() if not isinstance(v, str)]
+    if bad:
+        raise ConfigError(f"secrets file {path}: {bad[0]!r} must be a string.")
+    return {k: str(v) for k, v in data.items()}
+
+
+def settings(args: argparse.Namespace) -> BrokerConfig | WorkerConfig:
+    """The daemon's effective config: --config FILE < GAVEL_* environment < flags."""
+    file = args.config or os.environ.get("GAVEL_CONFIG") or None
+    if args.command == "broker":
+        return load(BrokerConfig, BROKER_OPTIONS, file=file, env=os.environ,
+                    flags=flags_of(args, BROKER_OPTIONS))
+    return load(WorkerConfig, WORKER_OPTIONS, file=file, env=os.environ,
+                flags=flags_of(args, WORKER_OPTIONS))
+
+
+def check(args: argparse.Namespace) -> int:
+    """`--check`: validate everything the daemon would read, print the effective config."""
+    cfg = args.settings
+    if isinstance(cfg, BrokerConfig):
+        _secrets(cfg.secrets)
+    else:
+        _strategy(cfg)
+    print(render(cfg), end="")
+    return 0
+
+
+def config_check(args: argparse.Namespace) -> int:
+    """`gavel config check FILE`: the effective config of FILE under this environment."""
+    kind = args.kind
+    if kind is None:
+        try:
+            data = tomllib.loads(Path(args.file).read_text())
+        except (OSError, tomllib.TOMLDecodeError):
+            data = {}  # `load` names the problem
+        kind = "worker" if "node_id" in data else "broker"
+    cfg: BrokerConfig | WorkerConfig
+    if kind == "broker":
+        cfg = load(BrokerConfig, BROKER_OPTIONS, file=args.file, env=os.environ)
+        _secrets(cfg.secrets)
+    else:
+        cfg = load(WorkerConfig, WORKER_OPTIONS, file=args.file, env=os.environ)
+        _strategy(cfg)
+    print(f"# effective {kind} config: {args.file}, then GAVEL_* environment")
+    print(render(cfg), end="")
+    return 0
+
+
+def _nats_options(creds: str) -> dict[str, Any]:
+    return {"user_credentials": creds} if creds else {}
+
+
+def _url_secrets(*urls: str) -> list[str]:
+    out = []
+    for url in urls:
+        with contextlib.suppress(ValueError):
+            if (pw := urlsplit(url).password) is not None:
+                out += [pw, quote(pw, safe="")]
+    return out
+
+
+async def run_broker(args: argparse.Namespace) -> int:
+    from broker.metrics_http import MetricsUnavailable, serve
+    from broker.service import Broker
+
+    cfg: BrokerConfig = args.settings
+    secrets = _secrets(cfg.secrets)
+    logs.configure(cfg.log_format, cfg.log_level,
+                   secrets=[*secrets.values(), *_url_secrets(cfg.nats, cfg.push),
+                            os.environ.get("GAVEL_PUSH_TOKEN", "")])
+    broker = Broker(nats_url=cfg.nats, state_dir=Path(cfg.state), ref=cfg.ref,
+                    timing=effective_timing(cfg, os.environ), secrets=secrets,
+                    nats_options=_nats_options(cfg.creds))
+    pusher = None
+    if cfg.push:
+        from broker.remote import Pusher
+
+        pusher = Pusher.attach(broker, cfg.push)
+    server = None
+    if cfg.metrics_port is not None:
+        try:
+            server = serve(broker.metrics.registry, cfg.metrics_port, cfg.metrics_addr)
+        except MetricsUnavailable as exc:
+            raise ConfigError(f"{exc}.") from None
+        log.info("metrics at %s", server.url)
+    _on_signal(broker.stop)
+    pushing = asyncio.ensure_future(pusher.run()) if pusher is not None else None
+    try:
+        await broker.run()
+    finally:
+        if pusher is not None and pushing is not None:
+            await pusher.close(pushing, timeout=5.0)
+        if server is not None:
+            server.close()
+    return 0
+
+
+def _strategy(cfg: WorkerConfig) -> Strategy:
+    from shared.strategies import make_strategy
+
+    try:
+        return make_strategy(cfg.strategy, cfg.strategy_params)
+    except ValueError as exc:
+        raise ConfigError(f"field `strategy_params`: {exc}.") from None
+
+
+async def run_worker(args: argparse.Namespace) -> int:
+    from broker.metrics_http import MetricsUnavailable, serve
+    from worker.metrics import ObservedAgent
+
+    cfg: WorkerConfig = args.settings
+    logs.configure(cfg.log_format, cfg.log_level, secrets=_url_secrets(cfg.nats))
+    agent = ObservedAgent(nats_url=cfg.nats, node_id=cfg.node_id, strategy=_strategy(cfg),
+                          labels=cfg.labels, state_dir=Path(cfg.state),
+                          timing=effective_timing(cfg, os.environ), cpu=cfg.cpu,
+                          memory_mb=cfg.memory_mb, port_range=cfg.ports,
+                          nats_options=_nats_options(cfg.creds))
+    loop = asyncio.get_running_loop()
+    agent.metrics.attach(agent, loop)
+    server = None
+    if cfg.metrics_port is not None:
+        try:
+            server = serve(agent.metrics.registry, cfg.metrics_port, cfg.metrics_addr)
+        except MetricsUnavailable as exc:
+            raise ConfigError(f"{exc}.") from None
+        log.info("metrics at %s", server.url)
+    _on_signal(lambda: asyncio.ensure_future(agent.stop()))
+    try:
+        await agent.run()
+    finally:
+        if server is not None:
+            server.close()
+    return 0

@@ -1,0 +1,162 @@
+"""Config files: file < environment < flags, unknown fields refused, one sentence per mistake."""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from broker import cli
+from broker.config import (
+    BROKER_OPTIONS,
+    WORKER_OPTIONS,
+    BrokerConfig,
+    ConfigError,
+    WorkerConfig,
+    effective_timing,
+    flags_of,
+    load,
+    mask_url,
+    render,
+)
+from shared.timing import Timing
+
+
+def write(tmp_path: Path, text: str, name: str = "gavel.toml") -> str:
+    path = tmp_path / name
+    path.write_text(text)
+    return str(path)
+
+
+def worker(argv: list[str], file: str | None = None, env: dict[str, str] | None = None
+           ) -> WorkerConfig:
+    args = cli.build_parser().parse_args(["worker", *argv])
+    return load(WorkerConfig, WORKER_OPTIONS, file=file, env=env or {},
+                flags=flags_of(args, WORKER_OPTIONS))
+
+
+def test_file_then_env_then_flags(tmp_path: Path) -> None:
+    file = write(tmp_path, 'node_id = "from-file"\nstrategy = "binpack"\ncpu = 2.0\n'
+                 'labels = { zone = "a" }\nmetrics_port = 9100\n')
+    cfg = worker([], file)
+    assert (cfg.node_id, cfg.strategy, cfg.cpu, cfg.labels) == ("from-file", "binpack", 2.0,
+                                                               {"zone": "a"})
+    env = {"GAVEL_NODE_ID": "from-env", "GAVEL_CPU": "3", "GAVEL_LABELS": "zone=b,gpu=1"}
+    cfg = worker([], file, env)
+    assert (cfg.node_id, cfg.strategy, cfg.cpu, cfg.labels) == (
+        "from-env", "binpack", 3.0, {"zone": "b", "gpu": "1"})
+    cfg = worker(["--node-id", "from-flag", "--labels", "zone=c"], file, env)
+    assert (cfg.node_id, cfg.cpu, cfg.labels, cfg.metrics_port) == (
+        "from-flag", 3.0, {"zone": "c"}, 9100)
+
+
+def test_absent_flags_do_not_hide_lower_layers(tmp_path: Path) -> None:
+    file = write(tmp_path, 'node_id = "n1"\nports = [30000, 30099]\nlog_format = "json"\n')
+    cfg = worker([], file)
+    assert cfg.ports == (30000, 30099) and cfg.log_format == "json"
+    assert cfg.state == ".gavel-worker-n1"
+
+
+def test_repeatable_flag_and_comma_list_env(tmp_path: Path) -> None:
+    cfg = worker(["--node-id", "n", "--strategy", "headroom", "--strategy-param", "ceiling=0.5",
+                  "--strategy-param", "x=2"])
+    assert cfg.strategy_params == {"ceiling": 0.5, "x": 2.0}
+    cfg = worker([], env={"GAVEL_NODE_ID": "n", "GAVEL_STRATEGY_PARAMS": "ceiling=0.6"})
+    assert cfg.strategy_params == {"ceiling": 0.6}
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ('node_id = "n"\nmetrics_prt = 1\n', "unknown field `metrics_prt`; expected one of"),
+    ('node_id = "n"\nmetrics_port = "x"\n', "field `metrics_port` expected `int`, got `str`."),
+    ('node_id = "n"\nports = [1, 70000]\n', "field `ports[1]` expected `int` <= 65535."),
+    ('node_id = "n"\nlog_format = "xml"\n', "field `log_format`"),
+    ('node_id = "n n"\n', "field `node_id` expected `str` matching regex"),
+    ('node_id = "n"\nstrategy = "cheapest"\n', "field `strategy` expected one of binpack"),
+    ('node_id = "n"\nports = [2000, 1000]\n', "field `ports` expected FIRST <= LAST"),
+    ('node_id = "n"\n[timing]\nheartbeat = 1.0\n', "unknown field `heartbeat` in table "
+     "`timing`."),
+    ("cpu = 2.0\n", "field `node_id` is required"),
+    ("node_id = \n", "is not valid TOML"),
+])
+def test_bad_worker_file_names_the_field(tmp_path: Path, text: str, expected: str) -> None:
+    file = write(tmp_path, text)
+    with pytest.raises(ConfigError) as err:
+        worker([], file)
+    message = str(err.value)
+    assert expected in message
+    assert "\n" not in message and message.endswith(".")
+
+
+def test_bad_environment_value_names_the_variable() -> None:
+    with pytest.raises(ConfigError, match="environment variable GAVEL_METRICS_PORT: 'abc' is "
+                       "not a whole number"):
+        worker(["--node-id", "n"], env={"GAVEL_METRICS_PORT": "abc"})
+
+
+def test_broker_requires_state(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="field `state` is required"):
+        load(BrokerConfig, BROKER_OPTIONS, file=None, env={})
+    cfg = load(BrokerConfig, BROKER_OPTIONS, file=None, env={"GAVEL_STATE": "/s",
+                                                             "GAVEL_PUSH": "file:///r.git"})
+    assert (cfg.state, cfg.push, cfg.metrics_addr) == ("/s", "file:///r.git", "127.0.0.1")
+
+
+def test_render_reads_back_and_masks_passwords(tmp_path: Path) -> None:
+    file = write(tmp_path, 'state = "/var/lib/gavel"\nnats = "nats://broker:pw@nats:4222"\n'
+                 'metrics_port = 9100\n[timing]\nheartbeat_s = 5.0\n')
+    cfg = load(BrokerConfig, BROKER_OPTIONS, file=file, env={})
+    text = render(cfg)
+    assert "pw" not in text and "nats://broker:***@nats:4222" in text
+    again = load(BrokerConfig, BROKER_OPTIONS, file=write(tmp_path, text, "again.toml"),
+                 env={})
+    assert again.timing == cfg.timing and again.metrics_port == 9100
+    wcfg = worker(["--node-id", "n", "--labels", "a=1,b c=2"])
+    assert tomllib.loads(render(wcfg))["labels"] == {"a": "1", "b c": "2"}
+
+
+def test_mask_url() -> None:
+    assert mask_url("nats://u:secret@h:4222") == "nats://u:***@h:4222"
+    assert mask_url("nats://h:4222") == "nats://h:4222"
+    assert mask_url("https://oauth2:tok@gitlab.example/x.git") == \
+        "https://oauth2:***@gitlab.example/x.git"
+
+
+def test_timing_table_and_fast_timers(tmp_path: Path) -> None:
+    file = write(tmp_path, 'state = "s"\n[timing]\nheartbeat_s = 4.0\n')
+    cfg = load(BrokerConfig, BROKER_OPTIONS, file=file, env={})
+    assert effective_timing(cfg, {}).heartbeat_s == 4.0
+    assert effective_timing(cfg, {"GAVEL_FAST_TIMERS": "1"}).heartbeat_s == pytest.approx(0.4)
+    plain = load(BrokerConfig, BROKER_OPTIONS, file=None, env={"GAVEL_STATE": "s"})
+    assert effective_timing(plain, {}) == Timing()
+
+
+def test_every_flag_has_help() -> None:
+    parser = cli.build_parser()
+    missing = []
+
+    def walk(p: object, path: str) -> None:
+        for action in getattr(p, "_actions", []):
+            choices = getattr(action, "choices", None)
+            if isinstance(choices, dict):  # subcommands
+                for name, sub in choices.items():
+                    walk(sub, f"{path} {name}")
+            elif action.option_strings and not action.help:
+                missing.append(f"{path} {action.option_strings[0]}")
+    walk(parser, "gavel")
+    assert missing == []
+
+
+def test_cli_exit_codes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    good = write(tmp_path, 'node_id = "w1"\nstrategy = "spread"\n', "w.toml")
+    assert cli.main(["config", "check", good]) == 0
+    out = capsys.readouterr().out
+    assert 'node_id = "w1"' in out and 'strategy = "spread"' in out
+    bad = write(tmp_path, 'state = "s"\nmetrics_port = 0\n', "b.toml")
+    assert cli.main(["config", "check", bad]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "field `metrics_port` expected `int` >= 1" in err
+    assert cli.main(["broker", "--config", good, "--check"]) == 2  # a worker file
+    assert "unknown field `node_id`" in capsys.readouterr().err
+    assert cli.main(["worker", "--config", good, "--check", "--node-id", "w2"]) == 0
+    assert 'node_id = "w2"' in capsys.readouterr().out
