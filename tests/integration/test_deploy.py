@@ -1,0 +1,256 @@
+"""The deployment files, checked without a Docker engine or systemd.
+
+compose/compose.yaml is parsed, and every service's exact command line is run against the
+installed `gavel` (or nats-server) in check mode, with the service's environment and its bind
+mounts mapped to the files in compose/; so a renamed flag, a config key that no longer exists
+or a broken nats.conf fails here. The NATS config is also run for real: the broker and a
+worker place an instance through its per-node permissions, and a worker cannot speak as
+another node. deploy/gavel-worker.service's ExecStart is checked the same way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import shlex
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import nats
+import pytest
+
+from broker.natsserver import find_binary, free_port
+from broker.service import Broker
+from shared import subjects
+from shared.strategies import make_strategy
+from tests.integration.harness import TIMING, sleeper_spec, wait_for
+from worker.agent import Agent
+
+yaml = pytest.importorskip("yaml", reason="PyYAML is in the test extras")
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[2]
+COMPOSE = ROOT / "compose"
+GAVEL = [sys.executable, "-m", "broker.cli"]
+
+
+def dotenv(path: Path) -> dict[str, str]:
+    out = {}
+    for line in path.read_text().splitlines():
+        if line.strip() and not line.lstrip().startswith("#"):
+            key, _, value = line.partition("=")
+            out[key.strip()] = value.strip()
+    return out
+
+
+ENV = dotenv(COMPOSE / ".env.example")
+
+
+def interpolate(text: str, env: dict[str, str]) -> str:
+    """Compose's ${VAR}, ${VAR:-default} and ${VAR:?error}."""
+    def sub(m: re.Match[str]) -> str:
+        name, op, arg = m.group(1), m.group(2) or "", m.group(3) or ""
+        value = env.get(name, "")
+        if op == ":?" and not value:
+            raise AssertionError(f"{name} is required: {arg}")
+        return value if value or op != ":-" else arg
+    return re.sub(r"\$\{([A-Z0-9_]+)(?:(:-|:\?)([^}]*))?\}", sub, text)
+
+
+def compose() -> dict[str, Any]:
+    data: dict[str, Any] = yaml.safe_load((COMPOSE / "compose.yaml").read_text())
+    return data
+
+
+def environment(service: dict[str, Any]) -> dict[str, str]:
+    env = service.get("environment") or {}
+    if isinstance(env, list):
+        env = dict(item.partition("=")[::2] for item in env)
+    return {k: interpolate(str(v), ENV) for k, v in env.items()}
+
+
+def mounts(service: dict[str, Any], top: dict[str, Any]) -> dict[str, Path]:
+    """Container path -> host file, for bind mounts and compose secrets."""
+    out: dict[str, Path] = {}
+    for vol in service.get("volumes", []):
+        src, _, rest = vol.partition(":")
+        if src.startswith("."):
+            out[rest.split(":")[0]] = (COMPOSE / src).resolve()
+    for s in service.get("secrets", []):
+        name = s["source"] if isinstance(s, dict) else s
+        target = s.get("target", f"/run/secrets/{name}") if isinstance(s, dict) \
+            else f"/run/secrets/{name}"
+        out[target] = (COMPOSE / interpolate(top["secrets"][name]["file"], ENV)).resolve()
+    return out
+
+
+def rewrite(path: Path, mapping: dict[str, Path], tmp: Path) -> Path:
+    """A copy of a TOML config whose container paths point at the mapped host files."""
+    text = path.read_text()
+    for container, host in mapping.items():
+        text = text.replace(f'"{container}"', json.dumps(str(host)))
+    out = tmp / path.name
+    out.write_text(text)
+    return out
+
+
+def check(argv: list[str], env: dict[str, str], mapping: dict[str, Path], tmp: Path
+          ) -> dict[str, str]:
+    """Run the daemon's exact command line with --check; the effective config, parsed."""
+    args = []
+    for a in argv:
+        if a in mapping:
+            a = str(rewrite(mapping[a], mapping, tmp) if a.endswith(".toml") else mapping[a])
+        args.append(a)
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("GAVEL_")}
+    proc = subprocess.run([*GAVEL, *args, "--check"], capture_output=True, text=True,
+                          env={**clean, **env}, timeout=60)
+    assert proc.returncode == 0, f"{shlex.join(argv)}: {proc.stderr}"
+    import tomllib
+    return tomllib.loads(proc.stdout)
+
+
+def test_dockerfile_builds_the_gavel_image() -> None:
+    text = (COMPOSE / "Dockerfile").read_text()
+    assert re.search(r'^ENTRYPOINT \["gavel"\]$', text, re.M)
+    context = (COMPOSE / compose()["x-gavel"]["build"]["context"]).resolve()
+    assert context == ROOT
+    for m in re.finditer(r"^COPY (?!--from)(.+)$", text, re.M):
+        *sources, _dest = m.group(1).split()
+        for src in sources:
+            assert (context / src).exists(), f"COPY {src}: not in the build context"
+
+
+def test_every_compose_service_runs_its_command(tmp_path: Path) -> None:
+    top = compose()
+    services = top["services"]
+    assert {"nats", "broker"} <= set(services)
+    workers = {name: s for name, s in services.items() if s["command"][0] == "worker"}
+    strategies, node_ids = set(), set()
+    for name, service in services.items():
+        if name == "nats":
+            continue
+        assert service["build"]["dockerfile"] == "compose/Dockerfile"
+        mapping = mounts(service, top)
+        cfg = check(service["command"], environment(service), mapping, tmp_path)
+        # The state lives on the service's named volume.
+        named = {v.split(":")[1] for v in service["volumes"] if not v.startswith(".")}
+        assert cfg["state"] in named
+        assert cfg["log_format"] == "json" and cfg["metrics_addr"] == "0.0.0.0"
+        published = {p.rsplit(":", 1)[1] for p in service["ports"]}
+        assert str(cfg["metrics_port"]) in published
+        assert "***" in cfg["nats"]  # a password in the URL, and never printed
+        if name in workers:
+            strategies.add(cfg["strategy"])
+            node_ids.add(cfg["node_id"])
+            assert cfg["node_id"] == name
+    assert len(workers) == 3 and len(strategies) == 3 and len(node_ids) == 3
+
+
+def test_nats_service_config_is_valid(tmp_path: Path) -> None:
+    service = compose()["services"]["nats"]
+    mapping = mounts(service, compose())
+    argv = [mapping.get(a, a) for a in service["command"]]
+    conf = Path(argv[argv.index("--config") + 1])
+    text = conf.read_text()
+    assert "jetstream" in text and "authorization" in text
+    env = {**os.environ, **environment(service)}
+    proc = subprocess.run([find_binary(), *map(str, argv), "-t"], capture_output=True,
+                          text=True, env=env, timeout=30)
+    assert proc.returncode == 0, proc.stderr + proc.stdout
+    missing = {k: v for k, v in env.items() if k != "GAVEL_WORKER_2_PASSWORD"}
+    proc = subprocess.run([find_binary(), *map(str, argv), "-t"], capture_output=True,
+                          text=True, env=missing, timeout=30)
+    assert proc.returncode != 0  # a password that is not set is an error, never "no auth"
+
+
+async def test_nats_permissions_carry_a_placement_and_stop_impersonation(
+        tmp_path: Path) -> None:
+    env = {**os.environ, **environment(compose()["services"]["nats"])}
+    conf = tmp_path / "nats.conf"  # the compose file, with its store on this host
+    conf.write_text((COMPOSE / "nats.conf").read_text().replace(
+        'store_dir: "/data"', f"store_dir: {json.dumps(str(tmp_path / 'js'))}"))
+    port = free_port()
+    server = subprocess.Popen([find_binary(), "-c", str(conf), "-a", "127.0.0.1", "-p",
+                               str(port)], env=env, stdout=subprocess.DEVNULL,
+                              stderr=open(tmp_path / "nats.log", "wb"))  # noqa: SIM115
+
+    def listening() -> bool:
+        assert server.poll() is None, (tmp_path / "nats.log").read_text()
+        try:
+            socket.create_connection(("127.0.0.1", port), 0.2).close()
+            return True
+        except OSError:
+            return False
+    await wait_for(listening, 10, what="nats-server with the compose config")
+
+    def url(user: str) -> str:
+        key = f"GAVEL_{user.upper().replace('-', '_')}_PASSWORD"
+        return f"nats://{user}:{ENV[key]}@127.0.0.1:{port}"
+
+    broker = Broker(nats_url=url("broker"), state_dir=tmp_path / "state", timing=TIMING)
+    agent = Agent(nats_url=url("worker-1"), node_id="worker-1",
+                  strategy=make_strategy("least-loaded"), labels={},
+                  state_dir=tmp_path / "w1", timing=TIMING, cpu=2.0, memory_mb=2048)
+    errors: list[str] = []
+
+    async def on_error(exc: Exception) -> None:
+        errors.append(str(exc))
+
+    spy = None
+    task = None
+    try:
+        await broker.start()
+        task = asyncio.create_task(agent.run())
+        await wait_for(lambda: len(broker.liveness.eligible(broker.now())) == 1, 15,
+                       what="worker-1 to heartbeat through its permissions")
+        from broker.client import call
+        from shared.api import SubmitReply, SubmitRequest
+        op = await nats.connect(url("operator"))
+        try:
+            reply = await call(op, "submit", SubmitRequest(spec=sleeper_spec("s", cpu=0.5)),
+                               SubmitReply)
+        finally:
+            await op.close()
+        iid = reply.instance_id
+
+        def placed() -> bool:
+            nf = broker.ledger.state().nodes.get("worker-1")
+            return nf is not None and iid in nf.instances
+        await wait_for(placed, 15, what="the placement")
+        await wait_for(lambda: any(r.instance_id == iid and r.state == "running"
+                                   for r in agent.instances()), 15,
+                       what="worker-1 to run its award")
+        spy = await nats.connect(url("worker-1"), error_cb=on_error)
+        await spy.publish(subjects.HEARTBEAT.format(node="worker-2"), b"x")
+        await spy.flush()
+        await wait_for(lambda: any("permissions violation" in e.lower() for e in errors), 10,
+                       what="the server to refuse worker-1 speaking as worker-2")
+    finally:
+        if spy is not None:
+            await spy.close()
+        await agent.stop()
+        if task is not None:
+            await task
+        await broker.close()
+        server.terminate()
+        server.wait(10)
+
+
+def test_systemd_unit_execstart_runs(tmp_path: Path) -> None:
+    unit = (ROOT / "deploy" / "gavel-worker.service").read_text()
+    lines = [line for line in unit.splitlines() if line.startswith("ExecStart=")]
+    assert len(lines) == 1
+    argv = shlex.split(lines[0].removeprefix("ExecStart="))
+    assert argv[0].endswith("/gavel")
+    env = dotenv(ROOT / "deploy" / "worker.env.example")
+    mapping = {"/etc/gavel/worker.toml": ROOT / "deploy" / "worker.toml"}
+    cfg = check(argv[1:], env, mapping, tmp_path)
+    assert cfg["node_id"] and cfg["metrics_port"] == 9101 and cfg["log_format"] == "json"
+    assert cfg["state"] == "/var/lib/gavel-worker"
+    assert "***" in cfg["nats"]
