@@ -59,6 +59,9 @@ class BrokerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     ref: str = "refs/heads/main"
     secrets: str = ""
     push: str = ""
+    tls_ca: str = ""
+    tls_cert: str = ""
+    tls_key: str = ""
     metrics_port: Port | None = None
     metrics_addr: str = "127.0.0.1"
     log_format: LogFormat = "text"
@@ -77,6 +80,9 @@ class WorkerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     memory_mb: Annotated[int, msgspec.Meta(gt=0)] | None = None
     ports: tuple[Port, Port] = (20000, 20999)
     state: str = ""
+    tls_ca: str = ""
+    tls_cert: str = ""
+    tls_key: str = ""
     metrics_port: Port | None = None
     metrics_addr: str = "127.0.0.1"
     log_format: LogFormat = "text"
@@ -189,6 +195,13 @@ def _common(daemon: str) -> list[Option]:
                "4222 for password auth, tls:// for TLS (default nats://127.0.0.1:4222)",
                metavar="URL"),
         Option("creds", "--creds", "GAVEL_CREDS", str, "NATS credentials file", "FILE"),
+        Option("tls_ca", "--tls-ca", "GAVEL_TLS_CA", str,
+               "CA certificate that signed the NATS server's (default: the system store)",
+               "FILE"),
+        Option("tls_cert", "--tls-cert", "GAVEL_TLS_CERT", str,
+               "client certificate, for a NATS server that verifies clients", "FILE"),
+        Option("tls_key", "--tls-key", "GAVEL_TLS_KEY", str,
+               "the client certificate's private key", "FILE"),
         Option("metrics_port", "--metrics-port", "GAVEL_METRICS_PORT", port,
                f"serve the {daemon}'s Prometheus metrics over HTTP on this port (default: off)",
                "PORT"),
@@ -331,6 +344,8 @@ def _finish(cfg: C, source: Mapping[str, str]) -> C:
     def src(name: str) -> str:
         return source.get(name, "the defaults")
 
+    if bool(cfg.tls_cert) != bool(cfg.tls_key):
+        raise ConfigError("fields `tls_cert` and `tls_key` go together: set both or neither.")
     if isinstance(cfg, BrokerConfig):
         if not cfg.state:
             raise ConfigError("field `state` is required: set it in the config file, "

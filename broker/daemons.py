@@ -16,6 +16,7 @@ import contextlib
 import logging
 import os
 import signal
+import ssl
 import tomllib
 from collections.abc import Callable
 from pathlib import Path
@@ -77,6 +78,7 @@ def check(args: argparse.Namespace) -> int:
         _secrets(cfg.secrets)
     else:
         _strategy(cfg)
+    _nats_options(cfg)
     print(render(cfg), end="")
     return 0
 
@@ -102,8 +104,18 @@ def config_check(args: argparse.Namespace) -> int:
     return 0
 
 
-def _nats_options(creds: str) -> dict[str, Any]:
-    return {"user_credentials": creds} if creds else {}
+def _nats_options(cfg: BrokerConfig | WorkerConfig) -> dict[str, Any]:
+    """Credentials and TLS for nats.connect; a tls:// URL alone uses the system CA store."""
+    out: dict[str, Any] = {"user_credentials": cfg.creds} if cfg.creds else {}
+    if cfg.tls_ca or cfg.tls_cert:
+        try:
+            ctx = ssl.create_default_context(cafile=cfg.tls_ca or None)
+            if cfg.tls_cert:
+                ctx.load_cert_chain(cfg.tls_cert, cfg.tls_key)
+        except (OSError, ssl.SSLError) as exc:
+            raise ConfigError(f"cannot load the TLS files: {exc}.") from None
+        out["tls"] = ctx
+    return out
 
 
 def _url_secrets(*urls: str) -> list[str]:
@@ -126,7 +138,7 @@ async def run_broker(args: argparse.Namespace) -> int:
                             os.environ.get("GAVEL_PUSH_TOKEN", "")])
     broker = Broker(nats_url=cfg.nats, state_dir=Path(cfg.state), ref=cfg.ref,
                     timing=effective_timing(cfg, os.environ), secrets=secrets,
-                    nats_options=_nats_options(cfg.creds))
+                    nats_options=_nats_options(cfg))
     pusher = None
     if cfg.push:
         from broker.remote import Pusher
@@ -170,7 +182,7 @@ async def run_worker(args: argparse.Namespace) -> int:
                           labels=cfg.labels, state_dir=Path(cfg.state),
                           timing=effective_timing(cfg, os.environ), cpu=cfg.cpu,
                           memory_mb=cfg.memory_mb, port_range=cfg.ports,
-                          nats_options=_nats_options(cfg.creds))
+                          nats_options=_nats_options(cfg))
     loop = asyncio.get_running_loop()
     agent.metrics.attach(agent, loop)
     server = None

@@ -160,3 +160,11 @@ def test_cli_exit_codes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> N
     assert "unknown field `node_id`" in capsys.readouterr().err
     assert cli.main(["worker", "--config", good, "--check", "--node-id", "w2"]) == 0
     assert 'node_id = "w2"' in capsys.readouterr().out
+
+
+def test_tls_cert_and_key_go_together() -> None:
+    with pytest.raises(ConfigError, match="`tls_cert` and `tls_key` go together"):
+        worker(["--node-id", "n", "--tls-cert", "c.pem"])
+    cfg = worker(["--node-id", "n", "--tls-ca", "ca.pem"],
+                 env={"GAVEL_TLS_CERT": "c.pem", "GAVEL_TLS_KEY": "k.pem"})
+    assert (cfg.tls_ca, cfg.tls_cert, cfg.tls_key) == ("ca.pem", "c.pem", "k.pem")
