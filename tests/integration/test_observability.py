@@ -124,3 +124,23 @@ async def test_metrics_and_json_logs_without_secrets(
     assert len(placed) == 1
     assert placed[0]["instance"] == iid and placed[0]["winner"] == "w1"
     assert placed[0]["bids"] == 1 and placed[0]["round_s"] >= 0
+
+
+async def test_gavel_up_serves_the_broker_metrics(tmp_path: Path,
+                                                  procs: list[subprocess.Popen[bytes]]) -> None:
+    port = free_port()
+    procs.append(gavel_process(["up", "--state", str(tmp_path / "up"), "--workers", "2",
+                                "--metrics-port", str(port), "--log-format", "json"],
+                               tmp_path / "up.log"))
+
+    def healthy() -> bool:
+        try:
+            m = scrape(port)
+        except OSError:
+            return False
+        return m.get("gavel_nodes", {}).get((("health", "healthy"),), 0) == 2
+    await wait_for(healthy, 30, what="`gavel up` to serve the broker's metrics")
+    procs[0].send_signal(signal.SIGTERM)
+    assert procs[0].wait(30) == 0
+    assert all(json_lines(tmp_path / "up" / "logs" / f"{name}.log")
+               for name in ("broker", "node-1", "node-2"))
