@@ -12,6 +12,7 @@ Rules:
 from __future__ import annotations
 
 import asyncio
+import logging
 import uuid
 from typing import TYPE_CHECKING
 
@@ -23,9 +24,9 @@ from broker.plan import View, place, unschedulable
 from shared import subjects
 from shared.auction import Auction, Awarded, Decision, Unschedulable, Verdict
 from shared.lifecycle import PENDING
-from shared.messages import RFB, BidReply, Capacity, EventType, InstanceState, Request
+from shared.messages import BidReply, Capacity, EventType, InstanceState, Request
 from shared.reasons import Reason, render
-from shared.records import AuctionRecord, auction_trailer
+from shared.records import AuctionRecord, BatchRecord, Outcome, ShapeRecord, auction_trailer
 
 if TYPE_CHECKING:
     from broker.service import Broker
@@ -70,16 +71,28 @@ class Auctioneer:
                 self.open(requests[i:i + b.batch_max], candidates, now)
 
     def open(self, requests: list[Request], candidates: list[str], now: float) -> None:
+        """One auction: broadcast to every candidate, or — with sampling on and a cluster
+        larger than d per request — to d·len(requests) sampled nodes (Sparrow's batch
+        sampling), each addressed on its own subject."""
+        b = self.b
         aid = uuid.uuid4().hex[:12]
-        deadline = self.b.timing.bid_deadline_s
+        deadline = b.timing.bid_deadline_s
+        d = b.sample_d
+        sampled = d is not None and len(candidates) > d * len(requests)
+        if sampled:
+            candidates = sorted(b.rng.sample(candidates, (d or 1) * len(requests)))
         auction = Auction(aid, requests, candidates, now, deadline)
         self.auctions[aid] = auction
         self.inflight.update(r.instance_id for r in requests)
         if not candidates:
             self.close(auction)
             return
-        self.b.publish(subjects.RFB,
-                       RFB(auction_id=aid, requests=requests, deadline_s=deadline))
+        payload = b.encode(auction.rfb())
+        if sampled:
+            for node in candidates:
+                b.publish_raw(subjects.RFB_NODE.format(node=node), payload)
+        else:
+            b.publish_raw(subjects.RFB, payload)
         asyncio.get_running_loop().call_later(deadline, self._deadline, aid)
 
     def _deadline(self, aid: str) -> None:
@@ -152,7 +165,7 @@ class Auctioneer:
                             node_id=d.winner.node_id,
                             detail=f"load {d.winner.load:.3f} ({d.winner.strategy})")
         self.b.committer.submit(Item(
-            plan=lambda view: self._plan(view, auction.auction_id, decisions, round_s),
+            plan=lambda view: self._plan(view, auction, decisions, round_s),
             failed=lambda reason, detail: self._failed(decisions, reason, detail),
             retry=False))
 
@@ -162,11 +175,13 @@ class Auctioneer:
         res.memory_mb += sign * req.memory_mb
         res.ports += sign * req.ports
 
-    def _plan(self, view: View, aid: str, decisions: list[Decision],
-              round_s: float = 0.0) -> Planned:
+    def _plan(self, view: View, auction: Auction, decisions: list[Decision],
+              round_s: float) -> Planned:
         out = Planned(lines=[])
-        for d in decisions:
-            record = _record(aid, d)
+        outcomes: list[Outcome] = []
+        aid = auction.auction_id
+        for d, shape in zip(decisions, auction.shape_of, strict=True):
+            iid = d.request.instance_id
             if isinstance(d, Awarded):
                 hb = self.b.liveness.heartbeats.get(d.winner.node_id)
                 placement = place(view, d, aid, hb.port_range if hb else [])
@@ -174,23 +189,26 @@ class Auctioneer:
                     out.after.append(lambda _sha, d=d: self._released(d, placed=False))
                     continue
                 out.lines.append(_place_line(d))
-                out.trailers.append(auction_trailer(record))
-                out.after.append(lambda sha, d=d, p=placement.ports, a=placement.attempt,
-                                 r=record: self._placed(d, p, a, sha, r, round_s))
+                outcomes.append(Outcome(instance_id=iid, shape=shape, winner=d.winner.node_id,
+                                        load=d.winner.load, tie_broken=d.tie_broken))
+                out.after.append(lambda sha, d=d, a=placement.attempt:
+                                 self._placed(d, aid, a, sha, round_s))
             else:
                 if unschedulable(view, d):
-                    out.lines.append(f"unschedulable {d.request.instance_id}: {d.summary}")
-                    out.trailers.append(auction_trailer(record))
-                out.after.append(lambda _sha, d=d, r=record: self._unschedulable(d, r))
+                    out.lines.append(f"unschedulable {iid}: {d.summary}")
+                    outcomes.append(Outcome(instance_id=iid, shape=shape, reason=d.reason,
+                                            summary=d.summary))
+                out.after.append(lambda _sha, d=d: self._unschedulable(d, aid))
+        if outcomes:
+            out.trailers.append(auction_trailer(_batch_record(auction, decisions, outcomes)))
         return out
 
-    def _placed(self, d: Awarded, ports: dict[str, int], attempt: int, sha: str,
-                record: AuctionRecord, round_s: float = 0.0) -> None:
+    def _placed(self, d: Awarded, aid: str, attempt: int, sha: str, round_s: float) -> None:
         b = self.b
         iid, node = d.request.instance_id, d.winner.node_id
         self._released(d, placed=True)
         b.metrics.placements.inc()
-        self.recent[iid] = record
+        self.recent[iid] = _record(aid, d)
         b.timers.forget(iid)
         b.timers.placed_at[iid] = b.now()
         award = b.award_for(iid, node, sha)
@@ -199,11 +217,12 @@ class Auctioneer:
         b.emit(iid, EventType.PLACED, node_id=node, attempt=attempt,
                detail=f"commit {sha[:12]}; {len(d.bids)} bids, load {d.winner.load:.3f}"
                f"{' (tie broken on node id)' if d.tie_broken else ''}")
-        b.log.info("placed %s on %s: %d bids, load %.3f, round %.3fs, commit %s", iid, node,
-                   len(d.bids), d.winner.load, round_s, sha[:12],
-                   extra={"instance": iid, "winner": node, "bids": len(d.bids),
-                          "load": d.winner.load, "round_s": round_s, "commit": sha[:12],
-                          "auction": record.auction_id})
+        if b.log.isEnabledFor(logging.INFO):
+            b.log.info("placed %s on %s: %d bids, load %.3f, round %.3fs, commit %s", iid,
+                       node, len(d.bids), d.winner.load, round_s, sha[:12],
+                       extra={"instance": iid, "winner": node, "bids": len(d.bids),
+                              "load": d.winner.load, "round_s": round_s, "commit": sha[:12],
+                              "auction": aid})
 
     def _released(self, d: Awarded, placed: bool) -> None:
         self._reserve(d.winner.node_id, d.request, -1)
@@ -211,10 +230,10 @@ class Auctioneer:
         if not placed:
             self.b.wake()
 
-    def _unschedulable(self, d: Unschedulable, record: AuctionRecord) -> None:
+    def _unschedulable(self, d: Unschedulable, aid: str) -> None:
         iid = d.request.instance_id
         self.inflight.discard(iid)
-        self.recent[iid] = record
+        self.recent[iid] = _record(aid, d)
         self.retry_at[iid] = self.b.now() + self.b.timing.heartbeat_s
         self.b.emit(iid, EventType.UNSCHEDULABLE, reason=d.reason, detail=d.summary)
 
@@ -242,11 +261,24 @@ def _record(aid: str, d: Decision) -> AuctionRecord:
     if isinstance(d, Awarded):
         return AuctionRecord(auction_id=aid, instance_id=d.request.instance_id,
                              winner=d.winner.node_id, load=d.winner.load,
-                             tie_broken=d.tie_broken, bids=d.bids, declines=d.declines,
-                             silent=d.silent)
-    return AuctionRecord(auction_id=aid, instance_id=d.request.instance_id, bids=d.bids,
-                         declines=d.declines, silent=d.silent, reason=d.reason,
+                             tie_broken=d.tie_broken, bids=list(d.bids),
+                             declines=list(d.declines), silent=list(d.silent))
+    return AuctionRecord(auction_id=aid, instance_id=d.request.instance_id, bids=list(d.bids),
+                         declines=list(d.declines), silent=list(d.silent), reason=d.reason,
                          summary=d.summary)
+
+
+def _batch_record(auction: Auction, decisions: list[Decision],
+                  outcomes: list[Outcome]) -> BatchRecord:
+    """One trailer for the auction: each shape's bids once (from the last decision made
+    for it, whose declines include any node that ran out of room during the batch)."""
+    last: dict[int, Decision] = {}
+    for d, s in zip(decisions, auction.shape_of, strict=True):
+        last[s] = d
+    shapes = [ShapeRecord(shape=shape, bids=list(last[i].bids),
+                          declines=list(last[i].declines), silent=list(last[i].silent))
+              for i, shape in enumerate(auction.shapes)]
+    return BatchRecord(auction_id=auction.auction_id, shapes=shapes, outcomes=outcomes)
 
 
 def _place_line(d: Awarded) -> str:

@@ -72,7 +72,12 @@ class Committer:
                 self._kick.clear()
                 items, self._queue = self._queue, []
                 if items:
-                    await self._commit(items)
+                    try:
+                        await self._commit(items)
+                    except Exception:  # a bug in one plan must not stop every later commit
+                        log.exception("commit of %d items failed; they are dropped", len(items))
+                        for item in items:
+                            item.failed(Reason.LEDGER_UNWRITABLE, "internal error while planning")
                 if not self._queue:
                     self.idle.set()
         finally:

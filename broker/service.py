@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import random
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
@@ -57,6 +58,8 @@ class Broker:
         secrets: Mapping[str, str] | None = None,
         clock: Callable[[], float] = time.monotonic,
         batch_max: int = 256,
+        sample_d: int | None = None,
+        seed: int | None = None,
         nats_options: Mapping[str, Any] | None = None,
     ) -> None:
         self.log = logging.getLogger("gavel.broker")
@@ -70,6 +73,9 @@ class Broker:
         self.now = clock
         self.timers = Timers(started=clock())
         self.batch_max = batch_max
+        #: Sampling: ask d nodes per request instead of everyone (None: full broadcast).
+        self.sample_d = sample_d
+        self.rng = random.Random(seed)
         self.nats_options = dict(nats_options or {})
         self.metrics = Metrics()
         self.rejects = Rejects(self.log, self.metrics.rejected)
@@ -142,7 +148,14 @@ class Broker:
 
     # -- publishing ----------------------------------------------------------------------
     def publish(self, subject: str, msg: msgspec.Struct) -> None:
-        asyncio.ensure_future(self.nc.publish(subject, _enc.encode(msg)))
+        self.publish_raw(subject, _enc.encode(msg))
+
+    def publish_raw(self, subject: str, payload: bytes) -> None:
+        asyncio.ensure_future(self.nc.publish(subject, payload))
+
+    @staticmethod
+    def encode(msg: msgspec.Struct) -> bytes:
+        return _enc.encode(msg)
 
     def record_event(self, ev: Event) -> None:
         self.events.append(ev)

@@ -2,16 +2,23 @@
 
 Rules:
 1. The auction is fed replies and ``now``; it never reads a clock and never sends anything.
+   `rfb()` is what to broadcast: the distinct shapes of its requests, asked once each.
 2. It is complete when every eligible node has answered, or ``now`` reaches the deadline.
-3. A reply counts once per node, only from an eligible node, only before the deadline and
-   only for this auction; every other reply is rejected with a `Verdict` the shell counts.
-4. `decide` awards each request in order to the lowest ``(load, node_id)`` among the bids
-   that still fit, charging each award against the winner's free capacity so one batch
-   never over-commits a node.
+3. A reply counts once per node, only from an eligible node, only before the deadline, only
+   for this auction, with one answer per shape at most; every other reply is rejected whole
+   with a `Verdict` the shell counts. A node that answered but skipped a shape is silent
+   for that shape.
+4. `decide` awards each request in order to the lowest ``(effective load, node_id)`` among
+   the bids for its shape that still fit. A node's effective load is its bid plus its
+   `step` for every instance it already won in this batch, and every award is charged
+   against the winner's free capacity — so a batch decides as a sequence of single
+   auctions would (exactly so for strategies linear in what a node holds), and never
+   over-commits a node.
 """
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
@@ -19,8 +26,8 @@ from enum import StrEnum
 
 import msgspec
 
-from shared.award import NodeBid, NodeDecline, pick
-from shared.messages import Bid, BidReply, Capacity, Request
+from shared.award import NodeBid, NodeDecline
+from shared.messages import RFB, Bid, BidReply, Capacity, Request, Shape
 from shared.reasons import DECLINES, Reason, render, summarize_declines
 
 __all__ = ["Auction", "Awarded", "Decision", "Unschedulable", "Verdict"]
@@ -33,32 +40,44 @@ class Verdict(StrEnum):
     NOT_ELIGIBLE = "bid from a node that was not asked"
     DUPLICATE = "duplicate bid"
     BAD_LOAD = "bid load is not a finite non-negative number"
-    UNKNOWN_REQUEST = "answer for an instance not in the auction"
+    UNKNOWN_REQUEST = "answer for a shape not in the auction"
     BAD_REASON = "decline with a reason outside the fixed set"
 
 
 class Awarded(msgspec.Struct, frozen=True, kw_only=True):
     request: Request
-    winner: NodeBid
+    winner: NodeBid  # load is the effective load the winner won at
     tie_broken: bool
-    bids: list[NodeBid]
-    declines: list[NodeDecline]
-    silent: list[str]
+    bids: Sequence[NodeBid]  # every bid for the request's shape, as received, best first
+    declines: Sequence[NodeDecline]
+    silent: Sequence[str]
 
 
 class Unschedulable(msgspec.Struct, frozen=True, kw_only=True):
     request: Request
     reason: Reason
     summary: str
-    bids: list[NodeBid]
-    declines: list[NodeDecline]
-    silent: list[str]
+    bids: Sequence[NodeBid]
+    declines: Sequence[NodeDecline]
+    silent: Sequence[str]
 
 
 Decision = Awarded | Unschedulable
 
 _NO_ANSWER = "no answer before the deadline"
 _REASONS = frozenset(r.value for r in DECLINES)
+
+
+class _ShapeBook:
+    """Answers for one shape."""
+
+    __slots__ = ("bids", "declines", "shape", "steps")
+
+    def __init__(self, shape: Shape) -> None:
+        self.shape = shape
+        self.bids: dict[str, NodeBid] = {}
+        self.steps: dict[str, float] = {}
+        self.declines: list[NodeDecline] = []
 
 
 class Auction:
@@ -75,13 +94,33 @@ class Auction:
         self.eligible = frozenset(eligible)
         self.opened_at = opened_at
         self.deadline = opened_at + deadline_s
-        self._index = {r.instance_id: i for i, r in enumerate(self.requests)}
-        if len(self._index) != len(self.requests):
+        self.deadline_s = deadline_s
+        if len({r.instance_id for r in self.requests}) != len(self.requests):
             raise ValueError(f"auction {auction_id} lists an instance twice")
-        self._bids: list[list[NodeBid]] = [[] for _ in self.requests]
-        self._declines: list[list[NodeDecline]] = [[] for _ in self.requests]
+        index: dict[object, int] = {}
+        self._shape_of: list[int] = []
+        self._books: list[_ShapeBook] = []
+        for r in self.requests:
+            s = index.setdefault(r.key(), len(index))
+            if s == len(self._books):
+                self._books.append(_ShapeBook(r.shape()))
+            self._shape_of.append(s)
         self._answered: set[str] = set()
         self.closed_at: float | None = None
+
+    @property
+    def shapes(self) -> list[Shape]:
+        return [b.shape for b in self._books]
+
+    @property
+    def shape_of(self) -> list[int]:
+        """Each request's shape index, in request order."""
+        return self._shape_of
+
+    def rfb(self) -> RFB:
+        counts = Counter(self._shape_of)
+        return RFB(auction_id=self.auction_id, shapes=self.shapes,
+                   deadline_s=self.deadline_s, counts=[counts[i] for i in range(len(counts))])
 
     # -- input ---------------------------------------------------------------------------
     def receive(self, reply: BidReply, now: float) -> Verdict:
@@ -89,35 +128,35 @@ class Auction:
             return Verdict.WRONG_AUCTION
         if self.closed_at is not None or now >= self.deadline:
             return Verdict.LATE
-        if reply.node_id not in self.eligible:
+        node = reply.node_id
+        if node not in self.eligible:
             return Verdict.NOT_ELIGIBLE
-        if reply.node_id in self._answered:
+        if node in self._answered:
             return Verdict.DUPLICATE
-        staged: list[tuple[int, NodeBid | NodeDecline]] = []
+        n = len(self._books)
         seen: set[int] = set()
         for ans in reply.answers:
-            i = self._index.get(ans.instance_id)
-            if i is None:
+            i = ans.shape
+            if not 0 <= i < n:
                 return Verdict.UNKNOWN_REQUEST
             if i in seen:
                 return Verdict.DUPLICATE
             seen.add(i)
             if isinstance(ans, Bid):
-                if not (math.isfinite(ans.load) and ans.load >= 0.0):
+                if not (math.isfinite(ans.load) and ans.load >= 0.0) or math.isnan(ans.step) \
+                        or ans.step == -math.inf:
                     return Verdict.BAD_LOAD
-                staged.append((i, NodeBid(node_id=reply.node_id, load=ans.load,
-                                          strategy=ans.strategy)))
+            elif ans.reason not in _REASONS:
+                return Verdict.BAD_REASON
+        for ans in reply.answers:
+            book = self._books[ans.shape]
+            if isinstance(ans, Bid):
+                book.bids[node] = NodeBid(node_id=node, load=ans.load, strategy=ans.strategy)
+                book.steps[node] = ans.step
             else:
-                if ans.reason not in _REASONS:
-                    return Verdict.BAD_REASON
-                staged.append((i, NodeDecline(node_id=reply.node_id, reason=ans.reason,
-                                              detail=ans.detail)))
-        for i, item in staged:
-            if isinstance(item, NodeBid):
-                self._bids[i].append(item)
-            else:
-                self._declines[i].append(item)
-        self._answered.add(reply.node_id)
+                book.declines.append(NodeDecline(node_id=node, reason=ans.reason,
+                                                 detail=ans.detail))
+        self._answered.add(node)
         return Verdict.ACCEPTED
 
     # -- timers --------------------------------------------------------------------------
@@ -136,19 +175,17 @@ class Auction:
 
     def bid_counts(self) -> dict[str, int]:
         """Bids received per strategy (for metrics)."""
-        out: dict[str, int] = {}
-        for bids in self._bids:
-            for b in bids:
-                out[b.strategy] = out.get(b.strategy, 0) + 1
-        return out
+        out: Counter[str] = Counter()
+        for book in self._books:
+            out.update(b.strategy for b in book.bids.values())
+        return dict(out)
 
     def decline_counts(self) -> dict[str, int]:
         """Declines received per reason (for metrics)."""
-        out: dict[str, int] = {}
-        for declines in self._declines:
-            for d in declines:
-                out[d.reason] = out.get(d.reason, 0) + 1
-        return out
+        out: Counter[str] = Counter()
+        for book in self._books:
+            out.update(d.reason for d in book.declines)
+        return dict(out)
 
     # -- output --------------------------------------------------------------------------
     def decide(self, now: float, free: Mapping[str, Capacity] | None = None) -> list[Decision]:
@@ -156,39 +193,71 @@ class Auction:
         self.closed_at = now
         remaining = {n: Capacity(cpu=c.cpu, memory_mb=c.memory_mb, ports=c.ports)
                      for n, c in (free or {}).items()}
+        extra: dict[str, float] = {}
+        version: dict[str, int] = {}
+        heaps: list[list[tuple[float, str, int]]] = []
+        ranked: list[list[NodeBid]] = []
+        declines: list[tuple[NodeDecline, ...]] = []
+        silent: list[list[str]] = []
+        for book in self._books:
+            heap = [(b.load, n, 0) for n, b in book.bids.items()]
+            heapq.heapify(heap)
+            heaps.append(heap)
+            ranked.append(sorted(book.bids.values(), key=lambda b: (b.load, b.node_id)))
+            declines.append(tuple(sorted(book.declines, key=lambda d: d.node_id)))
+            spoke = book.bids.keys() | {d.node_id for d in book.declines}
+            silent.append(sorted(self.eligible - spoke))
         decisions: list[Decision] = []
-        for i, request in enumerate(self.requests):
-            # A node that answered the RFB but skipped this request is silent for it.
-            spoke = {b.node_id for b in self._bids[i]} | {d.node_id for d in self._declines[i]}
-            silent = sorted(self.eligible - spoke)
-            declines = list(self._declines[i])
-            fitting: list[NodeBid] = []
-            for bid in self._bids[i]:
-                room = remaining.get(bid.node_id)
-                short = _shortfall(request, room) if room is not None else None
-                if short is None:
-                    fitting.append(bid)
-                else:
-                    declines.append(NodeDecline(node_id=bid.node_id, reason=short[0],
-                                                detail=short[1]))
-            declines.sort(key=lambda d: d.node_id)
-            bids = sorted(self._bids[i], key=lambda b: (b.load, b.node_id))
-            chosen = pick(fitting)
-            if chosen is not None:
-                winner, tied = chosen
-                room = remaining.get(winner.node_id)
-                if room is not None:
-                    room.cpu -= request.cpu
-                    room.memory_mb -= request.memory_mb
-                    room.ports -= request.ports
-                decisions.append(Awarded(request=request, winner=winner, tie_broken=tied,
-                                         bids=bids, declines=declines, silent=silent))
-            else:
-                decisions.append(self._unschedulable(request, bids, declines, silent))
+        for request, s in zip(self.requests, self._shape_of, strict=True):
+            book, heap = self._books[s], heaps[s]
+            winner = self._top(heap, book, extra, version, remaining, declines, s, request)
+            if winner is None:
+                decisions.append(self._unschedulable(request, ranked[s], declines[s],
+                                                     silent[s]))
+                continue
+            load, node = winner
+            entry = heapq.heappop(heap)
+            nxt = self._top(heap, book, extra, version, remaining, declines, s, request)
+            tied = nxt is not None and nxt[0] == load
+            heapq.heappush(heap, entry)
+            room = remaining.get(node)
+            if room is not None:
+                room.cpu -= request.cpu
+                room.memory_mb -= request.memory_mb
+                room.ports -= request.ports
+            extra[node] = extra.get(node, 0.0) + book.steps[node]
+            version[node] = version.get(node, 0) + 1
+            won = NodeBid(node_id=node, load=load, strategy=book.bids[node].strategy)
+            decisions.append(Awarded(request=request, winner=won, tie_broken=tied,
+                                     bids=ranked[s], declines=declines[s], silent=silent[s]))
         return decisions
 
-    def _unschedulable(self, request: Request, bids: list[NodeBid],
-                       declines: list[NodeDecline], silent: list[str]) -> Unschedulable:
+    @staticmethod
+    def _top(heap: list[tuple[float, str, int]], book: _ShapeBook, extra: dict[str, float],
+             version: dict[str, int], remaining: dict[str, Capacity],
+             declines: list[tuple[NodeDecline, ...]], s: int,
+             request: Request) -> tuple[float, str] | None:
+        """The best fresh, fitting entry (left on top of the heap), or None."""
+        while heap:
+            load, node, ver = heap[0]
+            current = version.get(node, 0)
+            if ver != current:
+                fresh = book.bids[node].load + extra.get(node, 0.0)
+                heapq.heapreplace(heap, (fresh, node, current))
+                continue
+            room = remaining.get(node)
+            short = _shortfall(request, room) if room is not None else None
+            if short is None and load != math.inf:
+                return load, node
+            heapq.heappop(heap)
+            if short is not None:
+                declines[s] = tuple(sorted(
+                    (*declines[s], NodeDecline(node_id=node, reason=short[0], detail=short[1])),
+                    key=lambda d: d.node_id))
+        return None
+
+    def _unschedulable(self, request: Request, bids: Sequence[NodeBid],
+                       declines: Sequence[NodeDecline], silent: Sequence[str]) -> Unschedulable:
         total = len(self.eligible)
         rendered = [render(d.reason, d.detail) for d in declines] + [_NO_ANSWER] * len(silent)
         if total == 0:
@@ -216,7 +285,7 @@ def _main_reason(declines: Sequence[NodeDecline]) -> Reason:
     return min(kinds, key=lambda k: (-kinds[k], k.value))
 
 
-def _shortfall(request: Request, room: Capacity) -> tuple[Reason, str] | None:
+def _shortfall(request: Shape, room: Capacity) -> tuple[Reason, str] | None:
     if request.cpu > room.cpu + 1e-9:
         return Reason.NO_ROOM_CPU, f"{request.cpu:g}"
     if request.memory_mb > room.memory_mb:

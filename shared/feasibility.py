@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import msgspec
 
-from shared.messages import Capacity, HostStats, Request
+from shared.messages import Capacity, HostStats, Shape
 from shared.reasons import Reason
 
 __all__ = ["NodeView", "Refusal", "check", "free_of"]
@@ -42,7 +42,7 @@ def free_of(capacity: Capacity, committed: Capacity) -> Capacity:
 _EPS = 1e-9
 
 
-def check(request: Request, node: NodeView) -> Refusal | None:
+def check(request: Shape, node: NodeView) -> Refusal | None:
     """None when the node may bid; otherwise the one reason it must decline."""
     for key, value in sorted(request.labels.items()):
         if node.labels.get(key) != value:

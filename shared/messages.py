@@ -15,6 +15,7 @@ import msgspec
 
 __all__ = [
     "RFB",
+    "Shape",
     "Answer",
     "ApiError",
     "AssignmentRequest",
@@ -102,14 +103,23 @@ class Message(msgspec.Struct, tag_field="kind", kw_only=True):
     """Base of every message that crosses NATS."""
 
 
-class Request(msgspec.Struct, kw_only=True):
-    """What one instance needs from a node: the part of the spec a bidder sees."""
+class Shape(msgspec.Struct, kw_only=True, frozen=True):
+    """What an instance needs from a node — all a bidder sees. Bids depend only on the
+    shape, so one RFB asks once per distinct shape however many instances share it."""
 
-    instance_id: str
     cpu: float
     memory_mb: int
     ports: int = 0
     labels: dict[str, str] = {}
+
+    def key(self) -> tuple[float, int, int, tuple[tuple[str, str], ...]]:
+        return (self.cpu, self.memory_mb, self.ports, tuple(sorted(self.labels.items())))
+
+
+class Request(Shape, kw_only=True, frozen=True):
+    """One instance to place: its shape plus its id (the id never leaves the broker)."""
+
+    instance_id: str
 
     @classmethod
     def of(cls, instance_id: str, spec: Spec) -> Request:
@@ -121,23 +131,34 @@ class Request(msgspec.Struct, kw_only=True):
             labels=dict(spec.labels),
         )
 
+    def shape(self) -> Shape:
+        return Shape(cpu=self.cpu, memory_mb=self.memory_mb, ports=self.ports,
+                     labels=self.labels)
+
 
 class RFB(Message, tag="rfb"):
-    """Request for bids: one auction, one or many instances."""
+    """Request for bids: one auction over one or many instances, asked per shape."""
 
     auction_id: str
-    requests: list[Request]
+    shapes: list[Shape]
     deadline_s: float
+    #: How many instances of each shape the auction places (informational).
+    counts: list[int] = []
 
 
 class Bid(Message, tag="bid"):
-    instance_id: str
+    """A price for one shape. `step` is how much `load` rises for each instance of this
+    shape the node wins (its strategy's marginal price), so a batch can award several
+    instances to one node without asking again; ``inf`` means "only one"."""
+
+    shape: int
     load: float
+    step: float = 0.0
     strategy: str = ""
 
 
 class Decline(Message, tag="decline"):
-    instance_id: str
+    shape: int
     reason: str
     detail: str = ""
 
@@ -146,7 +167,7 @@ Answer = Bid | Decline
 
 
 class BidReply(Message, tag="bids"):
-    """A node's answers to one RFB: a bid or a decline per request."""
+    """A node's answers to one RFB: a bid or a decline per shape."""
 
     auction_id: str
     node_id: str

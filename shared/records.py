@@ -10,10 +10,13 @@ from __future__ import annotations
 import msgspec
 
 from shared.award import NodeBid, NodeDecline
-from shared.messages import InstanceState, Spec
+from shared.messages import InstanceState, Shape, Spec
 
 __all__ = [
     "AuctionRecord",
+    "BatchRecord",
+    "Outcome",
+    "ShapeRecord",
     "InstanceRecord",
     "NodeFile",
     "Placement",
@@ -71,17 +74,59 @@ class AuctionRecord(msgspec.Struct, kw_only=True):
     summary: str = ""
 
 
+class ShapeRecord(msgspec.Struct, kw_only=True):
+    """One shape of a batch auction: every bid, decline and silence for it."""
+
+    shape: Shape
+    bids: list[NodeBid] = []
+    declines: list[NodeDecline] = []
+    silent: list[str] = []
+
+
+class Outcome(msgspec.Struct, kw_only=True):
+    """What one instance of a batch got: a winner (and the effective load it won at) or
+    the reason nobody could take it."""
+
+    instance_id: str
+    shape: int = 0
+    winner: str = ""
+    load: float | None = None
+    tie_broken: bool = False
+    reason: str = ""
+    summary: str = ""
+
+
+class BatchRecord(msgspec.Struct, kw_only=True):
+    """A whole auction as one trailer: bids are per shape, outcomes per instance."""
+
+    auction_id: str
+    shapes: list[ShapeRecord]
+    outcomes: list[Outcome]
+
+    def expand(self) -> list[AuctionRecord]:
+        out = []
+        for o in self.outcomes:
+            sr = self.shapes[o.shape]
+            out.append(AuctionRecord(auction_id=self.auction_id, instance_id=o.instance_id,
+                                     winner=o.winner, load=o.load, tie_broken=o.tie_broken,
+                                     bids=sr.bids, declines=sr.declines, silent=sr.silent,
+                                     reason=o.reason, summary=o.summary))
+        return out
+
+
 TRAILER = "Gavel-Auction: "
+_batch_decoder = msgspec.json.Decoder(BatchRecord)
 _record_decoder = msgspec.json.Decoder(AuctionRecord)
 
 
-def auction_trailer(record: AuctionRecord) -> str:
-    """One commit-message line carrying the whole auction, machine-readable."""
+def auction_trailer(record: AuctionRecord | BatchRecord) -> str:
+    """One commit-message line carrying a whole auction, machine-readable."""
     return TRAILER + msgspec.json.encode(record).decode()
 
 
 def parse_trailers(message: str) -> list[AuctionRecord]:
-    """Every auction recorded in a commit message, in order; other lines are ignored.
+    """Every auction recorded in a commit message, one record per instance, in order; other
+    lines are ignored. Batch records are expanded per instance.
 
     Lines split on newlines only, as git does: `str.splitlines` would also split on U+2028,
     U+0085 and friends, which JSON leaves unescaped inside a worker-supplied detail.
@@ -90,5 +135,9 @@ def parse_trailers(message: str) -> list[AuctionRecord]:
     for raw in message.split("\n"):
         line = raw.removesuffix("\r")
         if line.startswith(TRAILER):
-            out.append(_record_decoder.decode(line[len(TRAILER):]))
+            body = line[len(TRAILER):]
+            if '"outcomes":' in body:
+                out.extend(_batch_decoder.decode(body).expand())
+            else:  # one instance per line, as the first releases wrote it
+                out.append(_record_decoder.decode(body))
     return out

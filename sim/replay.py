@@ -250,9 +250,9 @@ def _answers(repo: pygit2.Repository, parent: pygit2.Tree | None, rec: AuctionRe
     """The replies of one round, with switched nodes re-bidding (rule 3)."""
     recorded: dict[str, Answer] = {}
     for b in rec.bids:
-        recorded[b.node_id] = Bid(instance_id=rec.instance_id, load=b.load, strategy=b.strategy)
+        recorded[b.node_id] = Bid(shape=0, load=b.load, strategy=b.strategy)
     for d in rec.declines:
-        recorded[d.node_id] = Decline(instance_id=rec.instance_id, reason=d.reason,
+        recorded[d.node_id] = Decline(shape=0, reason=d.reason,
                                       detail=d.detail)
     rebid: list[str] = []
     for node_id, old in sorted(recorded.items()):

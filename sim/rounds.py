@@ -43,7 +43,7 @@ def reduced_declines(counts: Mapping[str, int], request: Request) -> list[tuple[
     for rank, reason in enumerate(kinds):
         for copy in range(len(kinds) - rank):
             out.append((f"~{reason}~{copy}",
-                        Decline(instance_id=request.instance_id, reason=reason)))
+                        Decline(shape=0, reason=reason)))
     return out
 
 

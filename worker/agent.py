@@ -278,7 +278,8 @@ class Agent:
             return
         view, strategy = self._view, self.strategy
         reply = BidReply(auction_id=rfb.auction_id, node_id=self.node_id,
-                         answers=[answer(strategy, request, view) for request in rfb.requests])
+                         answers=[answer(strategy, shape, view, i)
+                                  for i, shape in enumerate(rfb.shapes)])
         await self._send(self._bids_subject, reply)
 
     async def _on_award(self, msg: Msg) -> None:

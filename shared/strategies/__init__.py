@@ -6,10 +6,13 @@ broker's tests and the simulator all go through it, so they cannot disagree.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
+import msgspec
+
 from shared.feasibility import NodeView, Refusal, check
-from shared.messages import Bid, Decline, Request
+from shared.messages import Bid, Capacity, Decline, Shape
 from shared.strategies.base import Params, Strategy
 from shared.strategies.binpack import Binpack
 from shared.strategies.headroom import Headroom
@@ -40,13 +43,28 @@ def make_strategy(name: str, params: Params | None = None) -> Strategy:
     return factory(params)
 
 
-def answer(strategy: Strategy, request: Request, node: NodeView) -> Bid | Decline:
-    """Feasibility first, then the strategy's price."""
-    refusal = check(request, node)
+def answer(strategy: Strategy, shape: Shape, node: NodeView, index: int = 0) -> Bid | Decline:
+    """Feasibility first, then the strategy's price and its marginal step for one more.
+
+    `index` is the shape's position in the RFB, echoed so the broker can match answers."""
+    refusal = check(shape, node)
     if refusal is None:
-        priced = strategy.bid(request, node)
+        priced = strategy.bid(shape, node)
         if isinstance(priced, Refusal):
             refusal = priced
         else:
-            return Bid(instance_id=request.instance_id, load=priced, strategy=strategy.name)
-    return Decline(instance_id=request.instance_id, reason=refusal.reason, detail=refusal.detail)
+            return Bid(shape=index, load=priced, step=_step(strategy, shape, node, priced),
+                       strategy=strategy.name)
+    return Decline(shape=index, reason=refusal.reason, detail=refusal.detail)
+
+
+def _step(strategy: Strategy, shape: Shape, node: NodeView, load: float) -> float:
+    """How much the price rises once the node holds one more of `shape` (inf: no more)."""
+    c = node.committed
+    after = msgspec.structs.replace(node, committed=Capacity(
+        cpu=c.cpu + shape.cpu, memory_mb=c.memory_mb + shape.memory_mb,
+        ports=c.ports + shape.ports))
+    if check(shape, after) is not None:
+        return math.inf
+    again = strategy.bid(shape, after)
+    return math.inf if isinstance(again, Refusal) else again - load

@@ -7,7 +7,7 @@ scaled down or take big requests later). Load = 1 - utilisation-after-placement.
 from __future__ import annotations
 
 from shared.feasibility import NodeView, Refusal
-from shared.messages import Request
+from shared.messages import Shape
 from shared.strategies.base import Params, utilisation
 
 
@@ -18,5 +18,5 @@ class Binpack:
     def __init__(self, params: Params | None = None) -> None:
         del params
 
-    def bid(self, request: Request, node: NodeView) -> float | Refusal:
+    def bid(self, request: Shape, node: NodeView) -> float | Refusal:
         return max(0.0, 1.0 - utilisation(node, request))

@@ -7,7 +7,7 @@ utilisation, measured after placement, the node will accept.
 from __future__ import annotations
 
 from shared.feasibility import NodeView, Refusal
-from shared.messages import Request
+from shared.messages import Shape
 from shared.reasons import Reason
 from shared.strategies.base import Params, utilisation
 
@@ -22,7 +22,7 @@ class Headroom:
             raise ValueError(f"headroom ceiling must be in (0, 1], got {ceiling}")
         self.ceiling = ceiling
 
-    def bid(self, request: Request, node: NodeView) -> float | Refusal:
+    def bid(self, request: Shape, node: NodeView) -> float | Refusal:
         after = utilisation(node, request)
         if after > self.ceiling:
             return Refusal(Reason.OVER_CEILING, f"{self.ceiling:g}")

@@ -6,7 +6,7 @@ The seed rule. Work flows to the emptiest node, which spreads load evenly.
 from __future__ import annotations
 
 from shared.feasibility import NodeView, Refusal
-from shared.messages import Request
+from shared.messages import Shape
 from shared.strategies.base import Params, utilisation
 
 
@@ -17,6 +17,6 @@ class LeastLoaded:
     def __init__(self, params: Params | None = None) -> None:
         del params
 
-    def bid(self, request: Request, node: NodeView) -> float | Refusal:
+    def bid(self, request: Shape, node: NodeView) -> float | Refusal:
         del request
         return utilisation(node)

@@ -7,7 +7,7 @@ keeps its CPU busy. Load = mean of committed cpu and memory fractions.
 from __future__ import annotations
 
 from shared.feasibility import NodeView, Refusal
-from shared.messages import Request
+from shared.messages import Shape
 from shared.strategies.base import Params, committed_share
 
 
@@ -18,7 +18,7 @@ class Spread:
     def __init__(self, params: Params | None = None) -> None:
         del params
 
-    def bid(self, request: Request, node: NodeView) -> float | Refusal:
+    def bid(self, request: Shape, node: NodeView) -> float | Refusal:
         del request
         cpu, mem = committed_share(node)
         return (cpu + mem) / 2.0

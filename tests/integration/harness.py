@@ -173,8 +173,8 @@ class FakeNode:
             if not self.bidding:
                 return
             rfb = _m.msgpack.decode(msg.data, type=RFB)
-            answers: list[Any] = [Bid(instance_id=r.instance_id, load=self.load,
-                                      strategy="fake") for r in rfb.requests]
+            answers: list[Any] = [Bid(shape=i, load=self.load, strategy="fake")
+                                  for i in range(len(rfb.shapes))]
             await self.nc.publish(s.BIDS.format(node=self.node_id), self.enc.encode(
                 BidReply(auction_id=rfb.auction_id, node_id=self.node_id, answers=answers)))
 

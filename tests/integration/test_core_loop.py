@@ -143,8 +143,7 @@ async def test_quiet_node_stops_winning(cluster: Cluster) -> None:
 
     async def on_rfb(msg: nats.aio.msg.Msg) -> None:
         rfb = msgspec.msgpack.decode(msg.data, type=RFB)
-        answers = [Bid(instance_id=r.instance_id, load=0.0, strategy="eager")
-                   for r in rfb.requests]
+        answers = [Bid(shape=i, load=0.0, strategy="eager") for i in range(len(rfb.shapes))]
         await nc.publish(subjects.BIDS.format(node="node-z"),
                          enc.encode(BidReply(auction_id=rfb.auction_id, node_id="node-z",
                                              answers=answers)))

@@ -156,9 +156,9 @@ def test_same_bids_same_winner_as_auction_decide(seed: int) -> None:
         node = f"n{i:04d}"
         if rng.random() < 0.3:
             reason = rng.choice([Reason.NO_ROOM_CPU, Reason.MISSING_LABEL, Reason.DRAINING])
-            replies.append((node, Decline(instance_id="i", reason=reason)))
+            replies.append((node, Decline(shape=0, reason=reason)))
         else:  # coarse loads, so ties happen
-            replies.append((node, Bid(instance_id="i", load=rng.randrange(8) / 8, strategy="s")))
+            replies.append((node, Bid(shape=0, load=rng.randrange(8) / 8, strategy="s")))
     full = _decide_all(request, replies, [])
     ranked = sorted((a.load, node) for node, a in replies if isinstance(a, Bid))
     if ranked:
@@ -186,7 +186,7 @@ def test_reduced_declines_keep_the_unschedulable_reason(seed: int) -> None:
                               for r in rng.sample(reasons, rng.randrange(0, 5))}
     request = Request(instance_id="i", cpu=1.0, memory_mb=1)
     replies: list[tuple[str, Bid | Decline]] = [
-        (f"n{r}{k}", Decline(instance_id="i", reason=r)) for r, c in counts.items()
+        (f"n{r}{k}", Decline(shape=0, reason=r)) for r, c in counts.items()
         for k in range(c)]
     silent = ["quiet"] if rng.random() < 0.3 else []
     full = _decide_all(request, replies, silent)
