@@ -34,7 +34,7 @@ from shared.messages import (
     Decline,
     Event,
     Heartbeat,
-    Request,
+    Shape,
     Spec,
 )
 from shared.reasons import Reason
@@ -103,10 +103,10 @@ class FakeBroker:
         queue = self.events.setdefault(iid, asyncio.Queue())
         return await asyncio.wait_for(queue.get(), timeout)
 
-    async def rfb(self, *requests: Request, subject: str = subjects.RFB) -> BidReply:
+    async def rfb(self, *shapes: Shape, subject: str = subjects.RFB) -> BidReply:
         self.n += 1
         aid = f"a{self.n}"
-        rfb = RFB(auction_id=aid, requests=list(requests), deadline_s=TIMING.bid_deadline_s)
+        rfb = RFB(auction_id=aid, shapes=list(shapes), deadline_s=TIMING.bid_deadline_s)
         await self.nc.publish(subject, _enc.encode(rfb))
         while True:
             reply = await asyncio.wait_for(self.bids.get(), 5)
@@ -177,17 +177,17 @@ async def start(nats_url: str, tmp_path: Path) -> AsyncIterator[Start]:
         await asyncio.wait_for(task, 10)
 
 
-def req(iid: str = "i1", **kw: Any) -> Request:
-    return Request(instance_id=iid, cpu=kw.pop("cpu", 1.0), memory_mb=kw.pop("memory_mb", 256),
+def req(**kw: Any) -> Shape:
+    return Shape(cpu=kw.pop("cpu", 1.0), memory_mb=kw.pop("memory_mb", 256),
                    **kw)
 
 
 async def test_bids_declines_and_draining(start: Start, broker: FakeBroker) -> None:
     agent = await start()
-    reply = await broker.rfb(req("fits"), req("label", labels={"zone": "b"}),
-                             req("cpu", cpu=8.0), req("mem", memory_mb=9999),
-                             req("ports", ports=11))
+    reply = await broker.rfb(req(), req(labels={"zone": "b"}), req(cpu=8.0),
+                             req(memory_mb=9999), req(ports=11))
     assert reply.node_id == NODE
+    assert [a.shape for a in reply.answers] == [0, 1, 2, 3, 4]  # answers name their shape
     fits, label, cpu, mem, ports = reply.answers
     assert isinstance(fits, Bid) and fits.strategy == "least-loaded" and 0 <= fits.load <= 1
     assert isinstance(label, Decline) and label.reason == Reason.MISSING_LABEL
@@ -196,7 +196,7 @@ async def test_bids_declines_and_draining(start: Start, broker: FakeBroker) -> N
     assert isinstance(mem, Decline) and mem.reason == Reason.NO_ROOM_MEMORY
     assert isinstance(ports, Decline) and ports.reason == Reason.NO_ROOM_PORTS
 
-    directed = await broker.rfb(req("d"), subject=subjects.RFB_NODE.format(node=NODE))
+    directed = await broker.rfb(req(), subject=subjects.RFB_NODE.format(node=NODE))
     assert isinstance(directed.answers[0], Bid)
 
     await broker.nc.publish(subjects.RFB, b"\xc1 not msgpack")
