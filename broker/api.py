@@ -12,6 +12,7 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 import msgspec
+import psutil
 from nats.aio.msg import Msg
 
 from broker.committer import Item, Planned
@@ -28,6 +29,8 @@ from shared.api import (
     NodesReply,
     NodesRequest,
     NodeStatus,
+    StatsReply,
+    StatsRequest,
     StatusReply,
     StatusRequest,
     SubmitReply,
@@ -58,6 +61,7 @@ class Api:
             "nodes": (msgspec.msgpack.Decoder(NodesRequest), self.nodes),
             "why": (msgspec.msgpack.Decoder(WhyRequest), self.why),
             "events": (msgspec.msgpack.Decoder(EventsRequest), self.events),
+            "stats": (msgspec.msgpack.Decoder(StatsRequest), self.stats),
             "cancel": (msgspec.msgpack.Decoder(CancelRequest), self.cancel),
             "drain": (msgspec.msgpack.Decoder(DrainRequest), self.drain),
         }
@@ -86,7 +90,8 @@ class Api:
     # -- verbs ---------------------------------------------------------------------------
     async def submit(self, req: SubmitRequest) -> Message:
         spec = req.spec
-        iid = req.instance_id or f"{spec.name}-{uuid.uuid4().hex[:6]}"
+        base = req.instance_id or f"{spec.name}-{uuid.uuid4().hex[:6]}"
+        ids = [base] if req.count == 1 else [f"{base}-{k}" for k in range(1, req.count + 1)]
         missing = [s for s in spec.secrets if s not in self.b.secrets]
         if missing:
             return ApiError(error=f"unknown secret {missing[0]!r}: it is not in the broker's "
@@ -96,19 +101,25 @@ class Api:
             return ApiError(error=f"{Reason.NEVER_FITS}: {never}")
         if self.b.ledger.pinned:
             return ApiError(error=f"{Reason.PINNED} ({self.b.ledger.ref})")
-        record = InstanceRecord(instance_id=iid, spec=spec)
+        records = [InstanceRecord(instance_id=iid, spec=spec) for iid in ids]
         done: asyncio.Future[Message] = asyncio.get_running_loop().create_future()
 
         def plan(view: View) -> Planned | None:
-            if not submit(view, record):
+            taken = [r.instance_id for r in records if view.instance(r.instance_id) is not None]
+            if taken:
                 if not done.done():
-                    done.set_result(ApiError(error=f"{Reason.DUPLICATE}: {iid}"))
+                    done.set_result(ApiError(error=f"{Reason.DUPLICATE}: {taken[0]}"))
                 return None
-            return Planned(lines=[f"submit {iid}"], after=[lambda _sha: _ok()])
+            for r in records:
+                submit(view, r)
+            line = f"submit {ids[0]}" if len(ids) == 1 else \
+                f"submit {len(ids)} instances of {spec.name}: {ids[0]} .. {ids[-1]}"
+            return Planned(lines=[line], after=[lambda _sha: _ok()])
 
         def _ok() -> None:
             if not done.done():
-                done.set_result(SubmitReply(instance_id=iid))
+                done.set_result(SubmitReply(instance_id=ids[0],
+                                            instance_ids=ids if len(ids) > 1 else []))
             self.b.wake()
 
         def failed(reason: Reason, detail: str) -> None:
@@ -117,6 +128,18 @@ class Api:
 
         self.b.committer.submit(Item(plan=plan, failed=failed, retry=False))
         return await done
+
+    async def stats(self, req: StatsRequest) -> Message:
+        b = self.b
+        rounds = sorted(b.round_times)
+        commits = sorted(b.committer.latencies)
+        return StatsReply(
+            placed_total=b.auctioneer.placed_total, instances=len(b.ledger.state().instances),
+            auctions=b.auctioneer.auctions_total, bids_received=b.auctioneer.replies_total,
+            commits=b.committer.commits, round_p50_ms=_pct(rounds, 50),
+            round_p99_ms=_pct(rounds, 99), commit_p50_ms=_pct(commits, 50),
+            commit_p99_ms=_pct(commits, 99),
+            rss_mb=psutil.Process().memory_info().rss / 2**20)
 
     def _never_fits(self, cpu: float, memory_mb: int, ports: int) -> str:
         caps = [hb.capacity for hb in self.b.liveness.heartbeats.values()]
@@ -182,7 +205,7 @@ class Api:
             return ApiError(error=f"{Reason.UNKNOWN_INSTANCE}: {req.instance_id}")
         auctions = await asyncio.get_running_loop().run_in_executor(
             None, self.b.ledger.auctions_for, req.instance_id)
-        recent = self.b.auctioneer.recent.get(req.instance_id)
+        recent = self.b.auctioneer.recent(req.instance_id)
         if recent is not None and all(a.auction_id != recent.auction_id for a in auctions):
             auctions.insert(0, recent)
         return WhyReply(instance=self.instance_status(rec), auctions=auctions)
@@ -209,3 +232,11 @@ class Api:
             return ApiError(error=f"{Reason.UNKNOWN_NODE}: {req.node_id}")
         moving = self.b.promises.drain(req.node_id, req.undo, req.migrate)
         return DrainReply(node_id=req.node_id, draining=not req.undo, migrating=moving)
+
+
+def _pct(sorted_values: list[float], pct: float) -> float:
+    """Nearest-rank percentile in milliseconds (0 when there is nothing to rank)."""
+    if not sorted_values:
+        return 0.0
+    k = max(0, min(len(sorted_values) - 1, round(pct / 100 * len(sorted_values) + 0.5) - 1))
+    return sorted_values[k] * 1000.0

@@ -14,6 +14,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
+from collections import OrderedDict
+from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 import msgspec
@@ -31,7 +33,9 @@ from shared.records import AuctionRecord, BatchRecord, Outcome, ShapeRecord, auc
 if TYPE_CHECKING:
     from broker.service import Broker
 
-__all__ = ["Auctioneer"]
+__all__ = ["RECENT_KEPT", "Auctioneer"]
+
+RECENT_KEPT = 2048
 
 _bids_dec = msgspec.msgpack.Decoder(BidReply)
 
@@ -43,15 +47,18 @@ class Auctioneer:
         self.inflight: set[str] = set()
         self.reserved: dict[str, Capacity] = {}
         self.retry_at: dict[str, float] = {}
-        self.recent: dict[str, AuctionRecord] = {}
+        #: The last decisions, for `why` before git is walked (bounded; shares bid lists).
+        self._recent: OrderedDict[str, tuple[str, Decision]] = OrderedDict()
+        self.placed_total = 0
+        self.auctions_total = 0
+        self.replies_total = 0
 
     # -- opening -------------------------------------------------------------------------
     def reconcile(self, now: float) -> None:
         b = self.b
         state = b.ledger.state()
-        pending = [r for r in state.instances.values()
-                   if r.state in PENDING and r.instance_id not in self.inflight
-                   and self.retry_at.get(r.instance_id, 0.0) <= now]
+        pending = [state.instances[i] for i in state.pending
+                   if i not in self.inflight and self.retry_at.get(i, 0.0) <= now]
         if not pending:
             return
         if b.ledger.pinned:
@@ -83,6 +90,7 @@ class Auctioneer:
             candidates = sorted(b.rng.sample(candidates, (d or 1) * len(requests)))
         auction = Auction(aid, requests, candidates, now, deadline)
         self.auctions[aid] = auction
+        self.auctions_total += 1
         self.inflight.update(r.instance_id for r in requests)
         if not candidates:
             self.close(auction)
@@ -111,6 +119,7 @@ class Auctioneer:
         if subjects.node_of(msg.subject) != reply.node_id:
             b.rejects.count("bid for another node", msg.subject)
             return
+        self.replies_total += 1
         auction = self.auctions.get(reply.auction_id)
         if auction is None:
             b.rejects.count(Verdict.WRONG_AUCTION, msg.subject)
@@ -122,18 +131,22 @@ class Auctioneer:
         if auction.done(now):
             self.close(auction)
 
-    def free(self) -> dict[str, Capacity]:
+    def free(self, nodes: Iterable[str]) -> dict[str, Capacity]:
         """Per node: heartbeat capacity minus what git and undelivered awards commit there."""
         state = self.b.ledger.state()
+        beats = self.b.liveness.heartbeats
         out: dict[str, Capacity] = {}
-        for node_id, hb in self.b.liveness.heartbeats.items():
+        for node_id in nodes:
+            hb = beats.get(node_id)
+            if hb is None:
+                continue
             cap = hb.capacity
             free = Capacity(cpu=cap.cpu, memory_mb=cap.memory_mb, ports=cap.ports)
-            nf = state.nodes.get(node_id)
-            for pl in (nf.instances.values() if nf else ()):
-                free.cpu -= pl.spec.cpu
-                free.memory_mb -= pl.spec.memory_mb
-                free.ports -= len(pl.spec.ports)
+            used = state.committed.get(node_id)
+            if used is not None:
+                free.cpu -= used.cpu
+                free.memory_mb -= used.memory_mb
+                free.ports -= used.ports
             res = self.reserved.get(node_id)
             if res is not None:
                 free.cpu -= res.cpu
@@ -146,7 +159,7 @@ class Auctioneer:
     def close(self, auction: Auction) -> None:
         del self.auctions[auction.auction_id]
         now = self.b.now()
-        decisions = auction.decide(now, self.free())
+        decisions = auction.decide(now, self.free(auction.eligible))
         round_s = now - auction.opened_at
         self.b.round_times.append(round_s)
         m = self.b.metrics
@@ -207,8 +220,9 @@ class Auctioneer:
         b = self.b
         iid, node = d.request.instance_id, d.winner.node_id
         self._released(d, placed=True)
+        self.placed_total += 1
         b.metrics.placements.inc()
-        self.recent[iid] = _record(aid, d)
+        self._remember(iid, aid, d)
         b.timers.forget(iid)
         b.timers.placed_at[iid] = b.now()
         award = b.award_for(iid, node, sha)
@@ -233,7 +247,7 @@ class Auctioneer:
     def _unschedulable(self, d: Unschedulable, aid: str) -> None:
         iid = d.request.instance_id
         self.inflight.discard(iid)
-        self.recent[iid] = _record(aid, d)
+        self._remember(iid, aid, d)
         self.retry_at[iid] = self.b.now() + self.b.timing.heartbeat_s
         self.b.emit(iid, EventType.UNSCHEDULABLE, reason=d.reason, detail=d.summary)
 
@@ -245,6 +259,16 @@ class Auctioneer:
             self.inflight.discard(iid)
             self.retry_at[iid] = self.b.now() + self.b.timing.tick_s
             self.b.emit(iid, EventType.ERROR, reason=reason, detail=detail)
+
+    def _remember(self, iid: str, aid: str, d: Decision) -> None:
+        self._recent[iid] = (aid, d)
+        self._recent.move_to_end(iid)
+        if len(self._recent) > RECENT_KEPT:
+            self._recent.popitem(last=False)
+
+    def recent(self, iid: str) -> AuctionRecord | None:
+        got = self._recent.get(iid)
+        return None if got is None else _record(*got)
 
     def capacity_freed(self) -> None:
         """Waiting instances may fit now: retry them on the next pass."""

@@ -23,6 +23,8 @@ from pathlib import Path
 import msgspec
 import pygit2
 
+from shared.lifecycle import PENDING
+from shared.messages import Capacity
 from shared.records import AuctionRecord, InstanceRecord, NodeFile, parse_trailers
 
 __all__ = ["Change", "Conflict", "Ledger", "LedgerError", "Pinned", "State"]
@@ -61,9 +63,38 @@ def encode(obj: object) -> bytes:
 
 @dataclass
 class State:
+    """The tree at `head`, plus two indexes kept in step with it so the hot path never scans
+    every instance: the pending instances, and what each node's placements commit."""
+
     head: str | None = None
     instances: dict[str, InstanceRecord] = field(default_factory=dict)
     nodes: dict[str, NodeFile] = field(default_factory=dict)
+    pending: set[str] = field(default_factory=set)
+    committed: dict[str, Capacity] = field(default_factory=dict)
+
+    def put_instance(self, iid: str, rec: InstanceRecord | None) -> None:
+        if rec is None:
+            self.instances.pop(iid, None)
+            self.pending.discard(iid)
+            return
+        self.instances[iid] = rec
+        if rec.state in PENDING:
+            self.pending.add(iid)
+        else:
+            self.pending.discard(iid)
+
+    def put_node(self, nid: str, nf: NodeFile | None) -> None:
+        if nf is None:
+            self.nodes.pop(nid, None)
+            self.committed.pop(nid, None)
+            return
+        self.nodes[nid] = nf
+        total = Capacity()
+        for pl in nf.instances.values():
+            total.cpu += pl.spec.cpu
+            total.memory_mb += pl.spec.memory_mb
+            total.ports += len(pl.spec.ports)
+        self.committed[nid] = total
 
     def placement_of(self, instance_id: str) -> str | None:
         """The node whose node.json holds the instance, if any."""
@@ -157,13 +188,13 @@ class Ledger:
             for entry in self.repo[tree["instances"].id]:
                 if entry.name.endswith(".json"):
                     rec = _instance_dec.decode(self.repo[entry.id].data)
-                    st.instances[rec.instance_id] = rec
+                    st.put_instance(rec.instance_id, rec)
         if "nodes" in tree:
             for entry in self.repo[tree["nodes"].id]:
                 sub = self.repo[entry.id]
                 if isinstance(sub, pygit2.Tree) and "node.json" in sub:
                     nf = _node_dec.decode(self.repo[sub["node.json"].id].data)
-                    st.nodes[nf.node_id] = nf
+                    st.put_node(nf.node_id, nf)
         return st
 
     def history(self, limit: int | None = None) -> Iterator[pygit2.Commit]:
@@ -213,15 +244,9 @@ class Ledger:
             return  # the cache is stale anyway; the next `state()` re-reads
         st.head = sha
         for iid, rec in change.instances.items():
-            if rec is None:
-                st.instances.pop(iid, None)
-            else:
-                st.instances[iid] = rec
+            st.put_instance(iid, rec)
         for nid, nf in change.nodes.items():
-            if nf is None:
-                st.nodes.pop(nid, None)
-            else:
-                st.nodes[nid] = nf
+            st.put_node(nid, nf)
 
     def _commit(self, files: Mapping[str, bytes | None], message: str,
                 planned_on: str | None) -> str:

@@ -6,6 +6,8 @@ Rule: one request Struct and one reply Struct per verb; any verb may instead ans
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import msgspec
 
 from shared.messages import Capacity, Event, Message, Spec
@@ -22,6 +24,8 @@ __all__ = [
     "NodeStatus",
     "NodesReply",
     "NodesRequest",
+    "StatsReply",
+    "StatsRequest",
     "StatusReply",
     "StatusRequest",
     "SubmitReply",
@@ -34,10 +38,32 @@ __all__ = [
 class SubmitRequest(Message, tag="submit"):
     spec: Spec
     instance_id: str = ""
+    #: Submit this many instances of the spec in one commit (ids get a -N suffix).
+    count: Annotated[int, msgspec.Meta(ge=1, le=100_000)] = 1
 
 
 class SubmitReply(Message, tag="submitted"):
     instance_id: str
+    instance_ids: list[str] = []
+
+
+class StatsRequest(Message, tag="stats"):
+    pass
+
+
+class StatsReply(Message, tag="stats-reply"):
+    """The broker's own measurements, for `gavel bench` and operators."""
+
+    placed_total: int
+    instances: int
+    auctions: int
+    bids_received: int
+    commits: int
+    round_p50_ms: float
+    round_p99_ms: float
+    commit_p50_ms: float
+    commit_p99_ms: float
+    rss_mb: float
 
 
 class StatusRequest(Message, tag="status"):
