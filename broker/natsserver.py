@@ -57,8 +57,12 @@ class NatsServer:
         if self.config is not None:
             args += ["-c", str(self.config)]
         out = open(self.log, "ab") if self.log else subprocess.DEVNULL  # noqa: SIM115
-        self.proc = subprocess.Popen(args, stdout=out, stderr=out, stdin=subprocess.DEVNULL,
-                                     start_new_session=True)
+        try:
+            self.proc = subprocess.Popen(args, stdout=out, stderr=out, stdin=subprocess.DEVNULL,
+                                         start_new_session=True)
+        finally:
+            if not isinstance(out, int):
+                out.close()  # the child holds its own copy
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:

@@ -33,7 +33,8 @@ __all__ = ["Promises"]
 _event_dec = msgspec.msgpack.Decoder(Event)
 
 #: Worker-reported failures that could succeed on another node: they consume an attempt.
-RETRYABLE = frozenset({Reason.DRIVER_FAILED.value, Reason.NO_ROOM_PORTS.value})
+RETRYABLE = frozenset({Reason.DRIVER_FAILED.value, Reason.NO_ROOM_PORTS.value,
+                       Reason.WORKER_STOPPED.value})
 
 
 class Promises:

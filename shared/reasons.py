@@ -38,6 +38,7 @@ class Reason(StrEnum):
     CANCEL_UNANSWERED = "node did not confirm cancel within the grace period"
     MIGRATED = "moved off a draining node"
     PORT_TAKEN = "port taken by a process outside gavel"
+    WORKER_STOPPED = "stopped: the worker shut down"
     FENCED = "instance was moved to another node while this node was offline"
     # Errors the broker reports.
     PINNED = "deployment is pinned: the active ref is a tag or a commit, nothing was written"
