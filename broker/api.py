@@ -135,6 +135,7 @@ class Api:
         commits = sorted(b.committer.latencies)
         return StatsReply(
             placed_total=b.auctioneer.placed_total, instances=len(b.ledger.state().instances),
+            nodes_healthy=len(b.liveness.eligible(b.now())),
             auctions=b.auctioneer.auctions_total, bids_received=b.auctioneer.replies_total,
             commits=b.committer.commits, round_p50_ms=_pct(rounds, 50),
             round_p99_ms=_pct(rounds, 99), commit_p50_ms=_pct(commits, 50),

@@ -57,8 +57,14 @@ class Auctioneer:
     def reconcile(self, now: float) -> None:
         b = self.b
         state = b.ledger.state()
-        pending = [state.instances[i] for i in state.pending
-                   if i not in self.inflight and self.retry_at.get(i, 0.0) <= now]
+        room = b.max_auctions - len(self.auctions)
+        want = max(room, 1) * b.batch_max
+        pending = []
+        for i in state.pending:  # oldest first; stop once there is enough for the room
+            if i not in self.inflight and self.retry_at.get(i, 0.0) <= now:
+                pending.append(state.instances[i])
+                if len(pending) >= want:
+                    break
         if not pending:
             return
         if b.ledger.pinned:
@@ -68,14 +74,19 @@ class Auctioneer:
                     b.emit(r.instance_id, EventType.ERROR, reason=Reason.PINNED,
                            detail=b.ledger.ref)
             return
+        if room <= 0:
+            return
         eligible = b.liveness.eligible(now)
         groups: dict[tuple[str, ...], list[Request]] = {}
-        for r in sorted(pending, key=lambda r: r.instance_id):
+        for r in pending:
             groups.setdefault(tuple(r.excluded), []).append(Request.of(r.instance_id, r.spec))
         for excluded, requests in groups.items():
             candidates = [n for n in eligible if n not in excluded] or eligible
             for i in range(0, len(requests), b.batch_max):
+                if room <= 0:
+                    return
                 self.open(requests[i:i + b.batch_max], candidates, now)
+                room -= 1
 
     def open(self, requests: list[Request], candidates: list[str], now: float) -> None:
         """One auction: broadcast to every candidate, or — with sampling on and a cluster
@@ -158,6 +169,7 @@ class Auctioneer:
     # -- closing -------------------------------------------------------------------------
     def close(self, auction: Auction) -> None:
         del self.auctions[auction.auction_id]
+        self.b.wake()  # room for the next auction
         now = self.b.now()
         decisions = auction.decide(now, self.free(auction.eligible))
         round_s = now - auction.opened_at

@@ -116,6 +116,10 @@ def build_parser() -> argparse.ArgumentParser:
     if sim_cli is not None:
         sim = sub.add_parser("sim", help="simulate bidding strategies in virtual time")
         sim_cli.add_arguments(sim)
+    from bench import cli as bench_cli
+
+    bn = sub.add_parser("bench", help="measure placements/s against the machine's ceilings")
+    bench_cli.add_arguments(bn)
     return parser
 
 
@@ -137,6 +141,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from sim import cli as sim_cli
 
             return sim_cli.run(args)
+        if args.command == "bench":
+            from bench import cli as bench_cli
+
+            return bench_cli.run_cli(args)
         if args.command == "config":
             return daemons.config_check(args)
         if args.command in ("broker", "worker"):

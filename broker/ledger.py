@@ -69,19 +69,19 @@ class State:
     head: str | None = None
     instances: dict[str, InstanceRecord] = field(default_factory=dict)
     nodes: dict[str, NodeFile] = field(default_factory=dict)
-    pending: set[str] = field(default_factory=set)
+    pending: dict[str, None] = field(default_factory=dict)  # an ordered set, oldest first
     committed: dict[str, Capacity] = field(default_factory=dict)
 
     def put_instance(self, iid: str, rec: InstanceRecord | None) -> None:
         if rec is None:
             self.instances.pop(iid, None)
-            self.pending.discard(iid)
+            self.pending.pop(iid, None)
             return
         self.instances[iid] = rec
         if rec.state in PENDING:
-            self.pending.add(iid)
+            self.pending.setdefault(iid, None)
         else:
-            self.pending.discard(iid)
+            self.pending.pop(iid, None)
 
     def put_node(self, nid: str, nf: NodeFile | None) -> None:
         if nf is None:
@@ -143,6 +143,7 @@ class Ledger:
         self.ref = self._qualify(ref)
         self._state = State()
         self._lock = threading.RLock()
+        self._landed: str | None = None  # our commit, written but not yet adopted
 
     # -- the active ref ------------------------------------------------------------------
     def _qualify(self, ref: str) -> str:
@@ -172,12 +173,21 @@ class Ledger:
 
     # -- reading -------------------------------------------------------------------------
     def state(self) -> State:
-        """The tree at the head, re-read only when the ref moved."""
-        with self._lock:
+        """The tree at the head, re-read only when someone else moved the ref.
+
+        Between our own `write` landing and its `adopt`, the ref already points at our
+        commit while its side effects (telling the winner, starting its clocks) have not
+        run yet: the cached state, one commit behind, is returned until `adopt` folds the
+        change in — so nobody acts on a placement the broker has not finished making."""
+        if not self._lock.acquire(blocking=False):
+            return self._state  # our write is in flight: never block the event loop on git
+        try:
             head = self.head()
-            if head != self._state.head:
+            if head != self._state.head and head != self._landed:
                 self._state = self._read(head)
             return self._state
+        finally:
+            self._lock.release()
 
     def _read(self, head: str | None) -> State:
         st = State(head=head)
@@ -233,13 +243,17 @@ class Ledger:
             raise Pinned(f"{self.ref} is pinned")
         with self._lock:
             try:
-                return self._commit(change.files(), message, planned_on)
+                sha = self._commit(change.files(), message, planned_on)
             except (pygit2.GitError, OSError) as exc:
                 raise LedgerError(str(exc)) from exc
+            self._landed = sha
+            return sha
 
     def adopt(self, change: Change, planned_on: str | None, sha: str) -> None:
         """Fold our own landed commit into the cached state (no re-read)."""
         st = self._state
+        with self._lock:
+            self._landed = None
         if st.head != planned_on:
             return  # the cache is stale anyway; the next `state()` re-reads
         st.head = sha

@@ -40,7 +40,9 @@ class NatsServer:
     """A nats-server child process on loopback with JetStream on."""
 
     def __init__(self, port: int | None = None, store_dir: Path | None = None,
-                 config: Path | None = None, log: Path | None = None) -> None:
+                 config: Path | None = None, log: Path | None = None,
+                 max_payload_mb: int | None = None) -> None:
+        self.max_payload_mb = max_payload_mb
         self.port = port or free_port()
         self.store_dir = store_dir or Path(tempfile.mkdtemp(prefix="gavel-js-"))
         self.config = config
@@ -56,6 +58,11 @@ class NatsServer:
                 "-sd", str(self.store_dir)]
         if self.config is not None:
             args += ["-c", str(self.config)]
+        elif self.max_payload_mb is not None:
+            conf = self.store_dir / "gavel-nats.conf"
+            self.store_dir.mkdir(parents=True, exist_ok=True)
+            conf.write_text(f"max_payload: {self.max_payload_mb}MB\nmax_pending: 256MB\n")
+            args += ["-c", str(conf)]
         out = open(self.log, "ab") if self.log else subprocess.DEVNULL  # noqa: SIM115
         try:
             self.proc = subprocess.Popen(args, stdout=out, stderr=out, stdin=subprocess.DEVNULL,

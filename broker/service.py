@@ -60,6 +60,7 @@ class Broker:
         batch_max: int = 256,
         sample_d: int | None = None,
         seed: int | None = None,
+        max_auctions: int = 16,
         nats_options: Mapping[str, Any] | None = None,
     ) -> None:
         self.log = logging.getLogger("gavel.broker")
@@ -75,6 +76,9 @@ class Broker:
         self.batch_max = batch_max
         #: Sampling: ask d nodes per request instead of everyone (None: full broadcast).
         self.sample_d = sample_d
+        #: Auctions in flight at once (pipelining with a bound, so a backlog of 100,000
+        #: submissions does not become 400 simultaneous broadcasts).
+        self.max_auctions = max_auctions
         self.rng = random.Random(seed)
         self.nats_options = dict(nats_options or {})
         self.metrics = Metrics()

@@ -44,7 +44,7 @@ class SubmitRequest(Message, tag="submit"):
 
 class SubmitReply(Message, tag="submitted"):
     instance_id: str
-    instance_ids: list[str] = []
+    instance_ids: list[str] = msgspec.field(default_factory=list)
 
 
 class StatsRequest(Message, tag="stats"):
@@ -56,6 +56,7 @@ class StatsReply(Message, tag="stats-reply"):
 
     placed_total: int
     instances: int
+    nodes_healthy: int
     auctions: int
     bids_received: int
     commits: int

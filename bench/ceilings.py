@@ -1,0 +1,63 @@
+"""The machine's own ceilings, measured in the same run as the broker.
+
+Rules: `nats_reqreply_per_s` is raw nats-py request/reply echo (one responder, many
+requests in flight) — the most a Python NATS client on this machine can exchange.
+`git_cli_commits_per_s` is the naive ledger: one `git commit` subprocess per placement in a
+working tree. Both are bounded in count and time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import nats
+
+__all__ = ["git_cli_commits_per_s", "nats_reqreply_per_s"]
+
+
+async def nats_reqreply_per_s(url: str, seconds: float = 2.0, in_flight: int = 64) -> float:
+    server: Any = await nats.connect(url)
+    client: Any = await nats.connect(url)
+
+    async def echo(msg: Any) -> None:
+        await server.publish(msg.reply, msg.data)
+
+    await server.subscribe("bench.echo", cb=echo)
+    await server.flush()
+    done = 0
+    stop = time.perf_counter() + seconds
+
+    async def worker() -> None:
+        nonlocal done
+        while time.perf_counter() < stop:
+            await client.request("bench.echo", b"x" * 64, timeout=5)
+            done += 1
+
+    start = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(in_flight)))
+    elapsed = time.perf_counter() - start
+    await client.close()
+    await server.close()
+    return done / elapsed
+
+
+def git_cli_commits_per_s(count: int = 40) -> float:
+    with tempfile.TemporaryDirectory(prefix="gavel-gitcli-") as tmp:
+        repo = Path(tmp)
+        env = {"GIT_AUTHOR_NAME": "bench", "GIT_AUTHOR_EMAIL": "b@x",
+               "GIT_COMMITTER_NAME": "bench", "GIT_COMMITTER_EMAIL": "b@x", "PATH": "/usr/bin:/bin"}
+        subprocess.run(["git", "init", "-q", str(repo)], check=True, env=env)
+        (repo / "nodes").mkdir()
+        start = time.perf_counter()
+        for k in range(count):
+            path = repo / "nodes" / f"n{k % 10}.json"
+            path.write_text(f'{{"placement": {k}}}\n')
+            subprocess.run(["git", "-C", str(repo), "add", str(path)], check=True, env=env)
+            subprocess.run(["git", "-C", str(repo), "commit", "-q", "-m", f"place {k}"],
+                           check=True, env=env)
+        return count / (time.perf_counter() - start)

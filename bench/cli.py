@@ -1,0 +1,62 @@
+"""`gavel bench`: flags in, numbers out (a table, or JSON with --json)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from pathlib import Path
+
+from bench.run import Options, VerifyError, run
+
+__all__ = ["add_arguments", "run_cli"]
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be greater than 0")
+    return value
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--agents", type=_positive, default=1000,
+                   help="live agents, each with its own NATS connection (default 1000)")
+    p.add_argument("--placements", type=_positive, default=20_000,
+                   help="placements to submit (default 20000)")
+    p.add_argument("--mode", choices=["broadcast", "sampled"], default="sampled",
+                   help="ask every node, or d sampled nodes per request (default sampled)")
+    p.add_argument("--d", type=_positive, default=2, help="nodes sampled per request")
+    p.add_argument("--processes", type=_positive, default=4,
+                   help="processes the agents are spread over (default 4)")
+    p.add_argument("--batch-max", type=_positive, default=256,
+                   help="requests per auction at most (default 256)")
+    p.add_argument("--max-auctions", type=_positive, default=16,
+                   help="auctions in flight at once (default 16)")
+    p.add_argument("--state", type=Path, default=None,
+                   help="keep the run's state (git repo, logs) here")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def run_cli(args: argparse.Namespace) -> int:
+    opts = Options(agents=args.agents, placements=args.placements, mode=args.mode, d=args.d,
+                   processes=args.processes, batch_max=args.batch_max,
+                   max_auctions=args.max_auctions, progress=not args.json, state=args.state)
+    try:
+        result = asyncio.run(run(opts))
+    except VerifyError as exc:
+        print(f"gavel bench: verification failed: {exc}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps(result.as_dict()))
+        return 0
+    rows = result.as_dict()
+    width = max(len(k) for k in rows)
+    for key, value in rows.items():
+        print(f"  {key:<{width}}  {value:,}" if isinstance(value, int | float)
+              and not isinstance(value, bool) else f"  {key:<{width}}  {value}")
+    return 0

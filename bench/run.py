@@ -1,0 +1,221 @@
+"""One benchmark run: real nats-server, the broker as a child process with a real git state
+repo, N live agents in a few processes, M placements submitted as fast as the broker takes
+them, then a check from git that every placement is in exactly one node.json.
+
+Rule: every figure is measured in this run on this machine; the ceilings are measured
+beside it so the ratios say how close gavel is to what the machine allows.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from bench.ceilings import git_cli_commits_per_s, nats_reqreply_per_s
+from broker.client import ClientError, call, connect
+from broker.ledger import Ledger
+from broker.natsserver import NatsServer
+from shared.api import StatsReply, StatsRequest, SubmitReply, SubmitRequest
+from shared.messages import Spec
+
+__all__ = ["Options", "Result", "VerifyError", "run"]
+
+
+class VerifyError(Exception):
+    """The run's own check failed: a placement missing or in two node.json files."""
+
+
+@dataclass
+class Options:
+    agents: int = 1000
+    placements: int = 20_000
+    mode: str = "sampled"
+    d: int = 2
+    processes: int = 4
+    batch_max: int = 256
+    max_auctions: int = 16
+    chunk: int = 1000
+    timeout_s: float = 600.0
+    progress: bool = True
+    state: Path | None = None
+
+
+@dataclass
+class Result:
+    agents: int
+    placements: int
+    mode: str
+    d: int
+    seconds: float
+    placements_per_s: float
+    round_p50_ms: float
+    round_p99_ms: float
+    commit_p99_ms: float
+    commits: int
+    broker_rss_mb: float
+    agent_rss_mb: float
+    bids_per_s: float
+    nats_reqreply_per_s: float
+    git_cli_commits_per_s: float
+    ratio_to_nats_reqreply: float
+    ratio_to_git_cli: float
+    verified: bool
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _spawn(module: str, args: list[str], log: Path) -> subprocess.Popen[bytes]:
+    out = open(log, "ab")  # noqa: SIM115
+    try:
+        return subprocess.Popen([sys.executable, "-m", module, *args], stdout=subprocess.PIPE,
+                                stderr=out, stdin=subprocess.DEVNULL, start_new_session=True)
+    finally:
+        out.close()
+
+
+def _bar(done: int, total: int, started: float) -> None:
+    width = 30
+    filled = int(width * done / max(total, 1))
+    rate = done / max(time.perf_counter() - started, 1e-9)
+    sys.stderr.write(f"\r  [{'#' * filled}{'.' * (width - filled)}] {done}/{total} "
+                     f"placed, {rate:,.0f}/s ")
+    sys.stderr.flush()
+
+
+def verify(state: Path, ids: list[str]) -> None:
+    """Every placement in exactly one node.json, read back from git."""
+    st = Ledger(state / "state.git").state()
+    seen: dict[str, str] = {}
+    for node_id, nf in st.nodes.items():
+        for iid in nf.instances:
+            if iid in seen:
+                raise VerifyError(f"{iid} is in two node.json files: {seen[iid]} and {node_id}")
+            seen[iid] = node_id
+    missing = [i for i in ids if i not in seen]
+    if missing:
+        raise VerifyError(f"{len(missing)} placements are in no node.json, e.g. {missing[0]}")
+
+
+async def run(opts: Options) -> Result:
+    root = opts.state or Path(tempfile.mkdtemp(prefix="gavel-bench-"))
+    (root / "logs").mkdir(parents=True, exist_ok=True)
+    server = NatsServer(store_dir=root / "nats", log=root / "logs" / "nats.log",
+                        max_payload_mb=8)
+    server.start()
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        nats_rr = await nats_reqreply_per_s(server.url)
+        git_cli = await asyncio.to_thread(git_cli_commits_per_s)
+        broker_args = ["--url", server.url, "--state", str(root), "--batch-max",
+                       str(opts.batch_max), "--max-auctions", str(opts.max_auctions)]
+        if opts.mode == "sampled":
+            broker_args += ["--sample-d", str(opts.d)]
+        broker = _spawn("bench.brokerproc", broker_args, root / "logs" / "broker.log")
+        procs.append(broker)
+        per = -(-opts.agents // opts.processes)
+        agent_procs = []
+        for p in range(opts.processes):
+            first, count = p * per, min(per, opts.agents - p * per)
+            if count <= 0:
+                break
+            agent_procs.append(_spawn("bench.agents",
+                                      ["--url", server.url, "--first", str(first),
+                                       "--count", str(count), "--mix"],
+                                      root / "logs" / f"agents-{p}.log"))
+        procs += agent_procs
+        for ap in agent_procs:
+            line = await asyncio.to_thread(ap.stdout.readline)  # type: ignore[union-attr]
+            if line.strip() != b"ready":
+                raise RuntimeError(f"an agent process failed to start; see {root / 'logs'}")
+        nc = await connect(server.url)
+        try:
+            return await _drive(nc, opts, root, broker, agent_procs, nats_rr, git_cli)
+        finally:
+            await nc.close()
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.terminate()
+        for p in procs:
+            try:
+                p.wait(10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+        server.stop()
+
+
+async def _drive(nc: Any, opts: Options, root: Path, broker: subprocess.Popen[bytes],
+                 agent_procs: list[subprocess.Popen[bytes]], nats_rr: float,
+                 git_cli: float) -> Result:
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            stats = await call(nc, "stats", StatsRequest(), StatsReply, timeout=10)
+        except ClientError:  # the broker is still starting
+            if broker.poll() is not None:
+                raise RuntimeError(f"the broker exited; see {root / 'logs' / 'broker.log'}")
+            await asyncio.sleep(0.2)
+            continue
+        if stats.nodes_healthy >= opts.agents:
+            break
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"only {stats.nodes_healthy}/{opts.agents} agents are healthy")
+        await asyncio.sleep(0.2)
+    spec = Spec(name="noop", command=["true"], cpu=0.01, memory_mb=16)
+    ids: list[str] = []
+    started = time.perf_counter()
+    sem = asyncio.Semaphore(4)
+
+    async def submit(k: int, count: int) -> None:
+        async with sem:
+            reply = await call(nc, "submit", SubmitRequest(spec=spec, instance_id=f"b{k:07d}",
+                                                           count=count), SubmitReply, timeout=60)
+            ids.extend(reply.instance_ids or [reply.instance_id])
+
+    submitting = asyncio.gather(*(submit(k, min(opts.chunk, opts.placements - k))
+                                  for k in range(0, opts.placements, opts.chunk)))
+    base = stats.placed_total
+    replies0 = stats.bids_received
+    limit = time.monotonic() + opts.timeout_s
+    while True:
+        await asyncio.sleep(0.25)
+        stats = await call(nc, "stats", StatsRequest(), StatsReply, timeout=10)
+        done = stats.placed_total - base
+        if opts.progress:
+            _bar(done, opts.placements, started)
+        if done >= opts.placements:
+            break
+        if time.monotonic() > limit:
+            raise VerifyError(f"only {done}/{opts.placements} placed in {opts.timeout_s:g}s")
+    elapsed = time.perf_counter() - started
+    await submitting
+    if opts.progress:
+        sys.stderr.write("\n")
+    broker_rss = psutil.Process(broker.pid).memory_info().rss / 2**20
+    agent_rss = sum(psutil.Process(p.pid).memory_info().rss for p in agent_procs) / 2**20
+    verify(root, ids)
+    rate = opts.placements / elapsed
+    return Result(
+        agents=opts.agents, placements=opts.placements, mode=opts.mode, d=opts.d,
+        seconds=round(elapsed, 3), placements_per_s=round(rate, 1),
+        round_p50_ms=round(stats.round_p50_ms, 2), round_p99_ms=round(stats.round_p99_ms, 2),
+        commit_p99_ms=round(stats.commit_p99_ms, 2), commits=stats.commits,
+        broker_rss_mb=round(broker_rss, 1), agent_rss_mb=round(agent_rss / opts.agents, 3),
+        bids_per_s=round((stats.bids_received - replies0) / elapsed, 1),
+        nats_reqreply_per_s=round(nats_rr, 1), git_cli_commits_per_s=round(git_cli, 1),
+        ratio_to_nats_reqreply=round(rate / nats_rr, 3) if nats_rr else 0.0,
+        ratio_to_git_cli=round(rate / git_cli, 1) if git_cli else 0.0, verified=True)
+
+
+def main_env() -> dict[str, str]:
+    return dict(os.environ)
