@@ -196,6 +196,8 @@ class Auction:
         extra: dict[str, float] = {}
         version: dict[str, int] = {}
         heaps: list[list[tuple[float, str, int]]] = []
+        # Per shape: node -> version of its one live heap entry (absent: out of the running).
+        live: list[dict[str, int]] = []
         ranked: list[list[NodeBid]] = []
         declines: list[tuple[NodeDecline, ...]] = []
         silent: list[list[str]] = []
@@ -203,6 +205,7 @@ class Auction:
             heap = [(b.load, n, 0) for n, b in book.bids.items()]
             heapq.heapify(heap)
             heaps.append(heap)
+            live.append(dict.fromkeys(book.bids, 0))
             ranked.append(sorted(book.bids.values(), key=lambda b: (b.load, b.node_id)))
             declines.append(tuple(sorted(book.declines, key=lambda d: d.node_id)))
             spoke = book.bids.keys() | {d.node_id for d in book.declines}
@@ -210,14 +213,16 @@ class Auction:
         decisions: list[Decision] = []
         for request, s in zip(self.requests, self._shape_of, strict=True):
             book, heap = self._books[s], heaps[s]
-            winner = self._top(heap, book, extra, version, remaining, declines, s, request)
+            winner = self._top(heap, book, extra, version, live[s], remaining, declines, s,
+                               request)
             if winner is None:
                 decisions.append(self._unschedulable(request, ranked[s], declines[s],
                                                      silent[s]))
                 continue
             load, node = winner
             entry = heapq.heappop(heap)
-            nxt = self._top(heap, book, extra, version, remaining, declines, s, request)
+            nxt = self._top(heap, book, extra, version, live[s], remaining, declines, s,
+                            request)
             tied = nxt is not None and nxt[0] == load
             heapq.heappush(heap, entry)
             room = remaining.get(node)
@@ -225,8 +230,17 @@ class Auction:
                 room.cpu -= request.cpu
                 room.memory_mb -= request.memory_mb
                 room.ports -= request.ports
-            extra[node] = extra.get(node, 0.0) + book.steps[node]
-            version[node] = version.get(node, 0) + 1
+            step = book.steps[node]
+            extra[node] = extra.get(node, 0.0) + step
+            version[node] = ver = version.get(node, 0) + 1
+            if step < 0.0:
+                # Its load fell: a stale entry would sit too deep for the lazy refresh to
+                # reach, so re-key the node now in every shape it still competes in.
+                for t, alive in enumerate(live):
+                    if node in alive:
+                        alive[node] = ver
+                        fresh = self._books[t].bids[node].load + extra[node]
+                        heapq.heappush(heaps[t], (fresh, node, ver))
             won = NodeBid(node_id=node, load=load, strategy=book.bids[node].strategy)
             decisions.append(Awarded(request=request, winner=won, tie_broken=tied,
                                      bids=ranked[s], declines=declines[s], silent=silent[s]))
@@ -234,15 +248,22 @@ class Auction:
 
     @staticmethod
     def _top(heap: list[tuple[float, str, int]], book: _ShapeBook, extra: dict[str, float],
-             version: dict[str, int], remaining: dict[str, Capacity],
+             version: dict[str, int], live: dict[str, int], remaining: dict[str, Capacity],
              declines: list[tuple[NodeDecline, ...]], s: int,
              request: Request) -> tuple[float, str] | None:
-        """The best fresh, fitting entry (left on top of the heap), or None."""
+        """The best fresh, fitting entry (left on top of the heap), or None.
+
+        A stale entry's key never exceeds the node's effective load (steps that lower it
+        re-key at once), so refreshing entries as they surface finds the true minimum."""
         while heap:
             load, node, ver = heap[0]
+            if live.get(node) != ver:  # superseded by a re-keyed entry, or out of the running
+                heapq.heappop(heap)
+                continue
             current = version.get(node, 0)
             if ver != current:
                 fresh = book.bids[node].load + extra.get(node, 0.0)
+                live[node] = current
                 heapq.heapreplace(heap, (fresh, node, current))
                 continue
             room = remaining.get(node)
@@ -250,6 +271,7 @@ class Auction:
             if short is None and load != math.inf:
                 return load, node
             heapq.heappop(heap)
+            del live[node]
             if short is not None:
                 declines[s] = tuple(sorted(
                     (*declines[s], NodeDecline(node_id=node, reason=short[0], detail=short[1])),

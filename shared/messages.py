@@ -15,7 +15,6 @@ import msgspec
 
 __all__ = [
     "RFB",
-    "Shape",
     "Answer",
     "ApiError",
     "AssignmentRequest",
@@ -33,6 +32,7 @@ __all__ = [
     "InstanceState",
     "Message",
     "Request",
+    "Shape",
     "Spec",
 ]
 

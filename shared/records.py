@@ -15,11 +15,11 @@ from shared.messages import InstanceState, Shape, Spec
 __all__ = [
     "AuctionRecord",
     "BatchRecord",
-    "Outcome",
-    "ShapeRecord",
     "InstanceRecord",
     "NodeFile",
+    "Outcome",
     "Placement",
+    "ShapeRecord",
     "auction_trailer",
     "parse_trailers",
 ]

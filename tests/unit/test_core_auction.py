@@ -9,11 +9,12 @@ from __future__ import annotations
 import copy
 import math
 
+import msgspec
 import pytest
 
 from shared.auction import Auction, Awarded, Decision, Unschedulable, Verdict
 from shared.award import NodeBid, NodeDecline
-from shared.messages import Bid, BidReply, Decline, Request
+from shared.messages import RFB, Bid, BidReply, Decline, Request, Shape
 from shared.reasons import Reason
 
 OPEN = 100.0
@@ -24,12 +25,12 @@ R1 = Request(instance_id="i-1", cpu=1.0, memory_mb=128)
 R2 = Request(instance_id="i-2", cpu=0.5, memory_mb=64, ports=1)
 
 
-def bid(load: float, instance: str = "i-1") -> Bid:
-    return Bid(instance_id=instance, load=load, strategy="least-loaded")
+def bid(load: float, shape: int = 0, step: float = 0.0) -> Bid:
+    return Bid(shape=shape, load=load, step=step, strategy="least-loaded")
 
 
-def decline(reason: str, detail: str = "", instance: str = "i-1") -> Decline:
-    return Decline(instance_id=instance, reason=reason, detail=detail)
+def decline(reason: str, detail: str = "", shape: int = 0) -> Decline:
+    return Decline(shape=shape, reason=reason, detail=detail)
 
 
 def reply(node: str, *answers: Bid | Decline, auction: str = "a-1") -> BidReply:
@@ -61,8 +62,8 @@ def test_complete_when_every_eligible_node_answered() -> None:
     [decision] = auction.decide(OPEN + 0.3)
     assert isinstance(decision, Awarded)
     assert decision.winner == NodeBid(node_id="n3", load=0.2, strategy="least-loaded")
-    assert decision.silent == []
-    assert decision.declines == [NodeDecline(node_id="n2", reason="draining")]
+    assert list(decision.silent) == []
+    assert list(decision.declines) == [NodeDecline(node_id="n2", reason="draining")]
 
 
 def test_complete_at_the_deadline_when_some_stay_silent() -> None:
@@ -74,7 +75,7 @@ def test_complete_at_the_deadline_when_some_stay_silent() -> None:
     [decision] = auction.decide(END)
     assert isinstance(decision, Awarded)
     assert decision.winner.node_id == "n2"
-    assert decision.silent == ["n1", "n3"]
+    assert list(decision.silent) == ["n1", "n3"]
     assert auction.done(END - 1.0)  # once decided it stays done
 
 
@@ -86,15 +87,15 @@ def test_no_eligible_nodes_is_complete_at_once() -> None:
     assert decision.reason is Reason.NO_NODES
 
 
-def test_a_node_answers_every_request_in_one_reply() -> None:
+def test_a_node_answers_every_shape_in_one_reply() -> None:
     auction = new_auction(R1, R2)
-    verdict = auction.receive(reply("n1", bid(0.3, "i-1"), decline(Reason.NO_ROOM_PORTS,
-                                                                  instance="i-2")), OPEN)
+    verdict = auction.receive(reply("n1", bid(0.3, 0), decline(Reason.NO_ROOM_PORTS,
+                                                              shape=1)), OPEN)
     assert verdict is Verdict.ACCEPTED
     first, second = auction.decide(END)
     assert isinstance(first, Awarded) and first.winner.node_id == "n1"
     assert isinstance(second, Unschedulable)
-    assert second.declines == [NodeDecline(node_id="n1", reason="no free ports")]
+    assert list(second.declines) == [NodeDecline(node_id="n1", reason="no free ports")]
 
 
 # -- late replies -------------------------------------------------------------------------
@@ -126,30 +127,40 @@ def test_reply_after_decide_is_late_even_before_the_deadline() -> None:
 
 
 REJECTED = [
-    pytest.param(reply("n1", bid(0.0, "i-1"), bid(0.0, "i-2")), Verdict.DUPLICATE,
+    pytest.param(reply("n1", bid(0.0, 0), bid(0.0, 1)), Verdict.DUPLICATE,
                  id="same-node-twice"),
-    pytest.param(reply("n9", bid(0.0, "i-1"), bid(0.0, "i-2")), Verdict.NOT_ELIGIBLE,
+    pytest.param(reply("n9", bid(0.0, 0), bid(0.0, 1)), Verdict.NOT_ELIGIBLE,
                  id="not-eligible"),
-    pytest.param(reply("n2", bid(0.0, "i-1"), auction="a-2"), Verdict.WRONG_AUCTION,
+    pytest.param(reply("n2", bid(0.0, 0), auction="a-2"), Verdict.WRONG_AUCTION,
                  id="wrong-auction"),
     pytest.param(reply("n2", bid(math.nan)), Verdict.BAD_LOAD, id="nan-load"),
     pytest.param(reply("n2", bid(math.inf)), Verdict.BAD_LOAD, id="inf-load"),
     pytest.param(reply("n2", bid(-math.inf)), Verdict.BAD_LOAD, id="minus-inf-load"),
     pytest.param(reply("n2", bid(-0.5)), Verdict.BAD_LOAD, id="negative-load"),
+    pytest.param(reply("n2", bid(0.0, step=math.nan)), Verdict.BAD_LOAD, id="nan-step"),
+    pytest.param(reply("n2", bid(0.0, step=-math.inf)), Verdict.BAD_LOAD, id="minus-inf-step"),
     pytest.param(reply("n2", decline("tired")), Verdict.BAD_REASON, id="reason-not-in-set"),
     pytest.param(reply("n2", decline("No Room For CPU")), Verdict.BAD_REASON,
                  id="reason-wrong-case"),
     pytest.param(reply("n2", decline("NO_ROOM_CPU")), Verdict.BAD_REASON,
                  id="reason-member-name-not-value"),
-    pytest.param(reply("n2", bid(0.0, "i-9")), Verdict.UNKNOWN_REQUEST, id="unknown-instance"),
-    pytest.param(reply("n2", bid(0.0, "i-1"), bid(0.1, "i-1")), Verdict.DUPLICATE,
-                 id="instance-twice-in-one-reply"),
+    pytest.param(reply("n2", bid(0.0, 2)), Verdict.UNKNOWN_REQUEST, id="shape-past-the-end"),
+    pytest.param(reply("n2", bid(0.0, 9)), Verdict.UNKNOWN_REQUEST, id="shape-far-out"),
+    pytest.param(reply("n2", bid(0.0, -1)), Verdict.UNKNOWN_REQUEST, id="negative-shape"),
+    pytest.param(reply("n2", decline(Reason.DRAINING, shape=-1)), Verdict.UNKNOWN_REQUEST,
+                 id="decline-negative-shape"),
+    pytest.param(reply("n2", bid(0.0, 0), bid(0.1, 0)), Verdict.DUPLICATE,
+                 id="shape-twice-in-one-reply"),
+    pytest.param(reply("n2", bid(0.0, 0), decline(Reason.DRAINING, shape=0)), Verdict.DUPLICATE,
+                 id="bid-and-decline-for-one-shape"),
     # A reply is all or nothing: a good first answer must not be kept when a later one is bad.
-    pytest.param(reply("n2", bid(0.0, "i-1"), bid(math.nan, "i-2")), Verdict.BAD_LOAD,
+    pytest.param(reply("n2", bid(0.0, 0), bid(math.nan, 1)), Verdict.BAD_LOAD,
                  id="good-then-nan"),
-    pytest.param(reply("n2", bid(0.0, "i-1"), decline("bogus", instance="i-2")),
+    pytest.param(reply("n2", bid(0.0, 0), bid(0.0, 1, step=math.nan)), Verdict.BAD_LOAD,
+                 id="good-then-nan-step"),
+    pytest.param(reply("n2", bid(0.0, 0), decline("bogus", shape=1)),
                  Verdict.BAD_REASON, id="good-then-bad-reason"),
-    pytest.param(reply("n2", decline(Reason.DRAINING, instance="i-2"), bid(0.0, "i-7")),
+    pytest.param(reply("n2", decline(Reason.DRAINING, shape=1), bid(0.0, 7)),
                  Verdict.UNKNOWN_REQUEST, id="good-then-unknown"),
 ]
 
@@ -157,19 +168,19 @@ REJECTED = [
 @pytest.mark.parametrize(("bad", "verdict"), REJECTED)
 def test_rejected_reply_leaves_state_unchanged(bad: BidReply, verdict: Verdict) -> None:
     auction = new_auction(R1, R2)
-    assert auction.receive(reply("n1", bid(0.5, "i-1"), bid(0.5, "i-2")), OPEN) is Verdict.ACCEPTED
+    assert auction.receive(reply("n1", bid(0.5, 0), bid(0.5, 1)), OPEN) is Verdict.ACCEPTED
     before = outcome(auction)
     assert auction.receive(bad, OPEN + 0.5) is verdict
     assert outcome(auction) == before
     assert not auction.done(OPEN + 0.5)
     # n2 was not marked as answered: its real reply still counts.
-    good = reply("n2", bid(0.9, "i-1"), decline(Reason.DRAINING, instance="i-2"))
+    good = reply("n2", bid(0.9, 0), decline(Reason.DRAINING, shape=1))
     assert auction.receive(good, OPEN + 0.6) is Verdict.ACCEPTED
     first, second = auction.decide(END)
     assert isinstance(first, Awarded) and isinstance(second, Awarded)
     assert [b.node_id for b in first.bids] == ["n1", "n2"]
     assert [b.load for b in first.bids] == [0.5, 0.9]
-    assert second.declines == [NodeDecline(node_id="n2", reason="draining")]
+    assert list(second.declines) == [NodeDecline(node_id="n2", reason="draining")]
 
 
 def test_every_worker_decline_reason_is_accepted() -> None:
@@ -187,3 +198,67 @@ def test_zero_load_is_a_valid_bid() -> None:
     auction = new_auction()
     assert auction.receive(reply("n1", bid(0.0)), OPEN) is Verdict.ACCEPTED
     assert auction.receive(reply("n2", bid(-0.0)), OPEN) is Verdict.ACCEPTED
+
+
+@pytest.mark.parametrize("step", [0.0, 0.25, -0.25, math.inf, 1e300])
+def test_any_step_but_nan_and_minus_inf_is_accepted(step: float) -> None:
+    auction = new_auction()
+    assert auction.receive(reply("n1", bid(0.5, step=step)), OPEN) is Verdict.ACCEPTED
+    [decision] = auction.decide(END)
+    assert isinstance(decision, Awarded)
+    assert decision.winner == NodeBid(node_id="n1", load=0.5, strategy="least-loaded")
+
+
+# -- asking per shape ---------------------------------------------------------------------
+
+
+def test_an_auction_asks_once_per_distinct_shape() -> None:
+    small = [Request(instance_id=f"s-{k}", cpu=0.5, memory_mb=64) for k in range(60)]
+    big = [Request(instance_id=f"b-{k}", cpu=2.0, memory_mb=512, ports=1,
+                   labels={"region": "eu"}) for k in range(40)]
+    # Interleaved: shape indices follow first appearance, not grouping.
+    requests = [r for pair in zip(big, small, strict=False) for r in pair] + small[40:]
+    assert len(requests) == 100
+    auction = Auction("a-1", requests, NODES, opened_at=OPEN, deadline_s=DEADLINE_S)
+    rfb = auction.rfb()
+    assert rfb == RFB(auction_id="a-1",
+                      shapes=[Shape(cpu=2.0, memory_mb=512, ports=1, labels={"region": "eu"}),
+                              Shape(cpu=0.5, memory_mb=64)],
+                      deadline_s=DEADLINE_S, counts=[40, 60])
+    assert auction.shapes == rfb.shapes
+    assert auction.shape_of == [0, 1] * 40 + [1] * 20
+    # No instance id crosses the wire: a bidder sees shapes only.
+    assert "instance_id" not in msgspec.to_builtins(rfb)["shapes"][0]
+
+
+def test_one_answer_per_shape_covers_every_instance_of_it() -> None:
+    requests = [Request(instance_id=f"i-{k}", cpu=0.5, memory_mb=64) for k in range(5)]
+    auction = Auction("a-1", requests, ("n1", "n2"), opened_at=OPEN, deadline_s=DEADLINE_S)
+    assert auction.rfb().counts == [5]
+    assert auction.receive(reply("n1", bid(0.2)), OPEN) is Verdict.ACCEPTED
+    assert auction.receive(reply("n2", decline(Reason.DRAINING)), OPEN) is Verdict.ACCEPTED
+    assert auction.done(OPEN)
+    decisions = auction.decide(OPEN)
+    assert [d.request.instance_id for d in decisions] == [r.instance_id for r in requests]
+    for d in decisions:
+        assert isinstance(d, Awarded) and d.winner.node_id == "n1"
+        assert list(d.declines) == [NodeDecline(node_id="n2", reason="draining")]
+    assert auction.bid_counts() == {"least-loaded": 1}
+    assert auction.decline_counts() == {"draining": 1}
+
+
+def test_shapes_are_equal_whatever_the_label_order() -> None:
+    a = Request(instance_id="i-1", cpu=1.0, memory_mb=64, labels={"zone": "b", "region": "eu"})
+    b = Request(instance_id="i-2", cpu=1.0, memory_mb=64, labels={"region": "eu", "zone": "b"})
+    c = Request(instance_id="i-3", cpu=1.0, memory_mb=64, labels={"region": "eu"})
+    assert a.key() == b.key() != c.key()
+    assert a.shape() == Shape(cpu=1.0, memory_mb=64, labels={"region": "eu", "zone": "b"})
+    auction = new_auction(a, b, c)
+    assert auction.shape_of == [0, 0, 1]
+    assert auction.rfb().counts == [2, 1]
+
+
+def test_an_auction_of_one_request_asks_for_its_shape() -> None:
+    rfb = new_auction(R2).rfb()
+    assert rfb.shapes == [R2.shape()] and rfb.counts == [1]
+    assert rfb.deadline_s == DEADLINE_S

@@ -121,7 +121,7 @@ def test_mixed_capacity_reasons_are_all_full() -> None:
     for node in nodes[:2]:
         got = answer(make_strategy("least-loaded"), REQ, node)
         auction.receive(BidReply(auction_id="a-1", node_id=node.node_id, answers=[got]), 0.1)
-    ceiling = Decline(instance_id="i-1", reason=Reason.OVER_CEILING, detail="0.8")
+    ceiling = Decline(shape=0, reason=Reason.OVER_CEILING, detail="0.8")
     auction.receive(BidReply(auction_id="a-1", node_id="n3", answers=[ceiling]), 0.1)
     [decision] = auction.decide(1.0)
     assert isinstance(decision, Unschedulable)

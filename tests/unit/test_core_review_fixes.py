@@ -5,22 +5,24 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from shared.auction import Auction, Unschedulable, Verdict
+from shared.auction import Auction, Awarded, Unschedulable, Verdict
 from shared.messages import Bid, BidReply, Decline, Request, Spec
 from shared.reasons import Reason
 
 
-def _req(iid: str) -> Request:
-    return Request(instance_id=iid, cpu=1.0, memory_mb=10)
+def _req(iid: str, cpu: float = 1.0) -> Request:
+    return Request(instance_id=iid, cpu=cpu, memory_mb=10)
 
 
-def test_partial_reply_counts_the_node_silent_for_the_skipped_request() -> None:
-    a = Auction("a", [_req("i1"), _req("i2")], ["n1", "n2", "n3"], 0.0, 1.0)
-    reply = BidReply(auction_id="a", node_id="n1", answers=[Bid(instance_id="i1", load=0.1)])
+def test_partial_reply_counts_the_node_silent_for_the_skipped_shape() -> None:
+    a = Auction("a", [_req("i1"), _req("i2", cpu=2.0)], ["n1", "n2", "n3"], 0.0, 1.0)
+    assert a.shape_of == [0, 1]
+    reply = BidReply(auction_id="a", node_id="n1", answers=[Bid(shape=0, load=0.1)])
     assert a.receive(reply, 0.1) is Verdict.ACCEPTED
-    second = a.decide(1.0)[1]
+    first, second = a.decide(1.0)
+    assert isinstance(first, Awarded) and list(first.silent) == ["n2", "n3"]
     assert isinstance(second, Unschedulable)
-    assert second.silent == ["n1", "n2", "n3"]
+    assert list(second.silent) == ["n1", "n2", "n3"]
     assert second.summary == "0/3 nodes bid: 3 no answer before the deadline"
 
 
@@ -32,7 +34,7 @@ def test_an_auction_cannot_list_an_instance_twice() -> None:
 def test_a_broker_only_reason_is_not_a_valid_decline() -> None:
     a = Auction("a", [_req("i1")], ["n1"], 0.0, 1.0)
     reply = BidReply(auction_id="a", node_id="n1",
-                     answers=[Decline(instance_id="i1", reason=Reason.PINNED)])
+                     answers=[Decline(shape=0, reason=Reason.PINNED)])
     assert a.receive(reply, 0.1) is Verdict.BAD_REASON
 
 

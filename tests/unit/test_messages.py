@@ -31,6 +31,7 @@ from shared.messages import (
     InstanceState,
     Message,
     Request,
+    Shape,
     Spec,
 )
 from shared.records import AuctionRecord
@@ -40,14 +41,13 @@ SPEC = Spec(name="web-1", command=["python", "-m", "http.server"], env={"A": "b"
             attempts=2, secrets=["token"])
 
 SAMPLES: list[Message] = [
-    RFB(auction_id="a-1", requests=[Request.of("i-1", SPEC), Request(instance_id="i-2", cpu=1.0,
-                                                                      memory_mb=64)],
-        deadline_s=0.2),
-    Bid(instance_id="i-1", load=0.25, strategy="binpack"),
-    Decline(instance_id="i-1", reason="draining", detail="maintenance"),
+    RFB(auction_id="a-1", shapes=[Request.of("i-1", SPEC).shape(), Shape(cpu=1.0, memory_mb=64)],
+        deadline_s=0.2, counts=[3, 1]),
+    Bid(shape=0, load=0.25, step=-0.125, strategy="binpack"),
+    Decline(shape=1, reason="draining", detail="maintenance"),
     BidReply(auction_id="a-1", node_id="n1",
-             answers=[Bid(instance_id="i-1", load=0.0), Decline(instance_id="i-2",
-                                                                 reason="no free ports")]),
+             answers=[Bid(shape=0, load=0.0, step=math.inf), Decline(shape=1,
+                                                                       reason="no free ports")]),
     Award(auction_id="a-1", instance_id="i-1", node_id="n1", spec=SPEC,
           ports={"http": 8080, "admin": 8081}, attempt=2, commit="0" * 40,
           secret_env={"TOKEN": "s3cret"}),
@@ -139,19 +139,33 @@ def test_an_old_minimal_heartbeat_still_decodes() -> None:
 
 @given(
     load=st.floats(allow_nan=False),
+    step=st.floats(allow_nan=False),
+    shape=st.integers(-(2**63), 2**63 - 1),
     text=st.text(),
     node=st.text(min_size=1),
 )
-def test_bid_replies_round_trip_any_load_and_text(load: float, text: str, node: str) -> None:
+def test_bid_replies_round_trip_any_load_step_index_and_text(load: float, step: float,
+                                                             shape: int, text: str,
+                                                             node: str) -> None:
     msg = BidReply(auction_id=text, node_id=node,
-                   answers=[Bid(instance_id=text, load=load, strategy=text),
-                            Decline(instance_id=text, reason=text, detail=text)])
+                   answers=[Bid(shape=shape, load=load, step=step, strategy=text),
+                            Decline(shape=shape, reason=text, detail=text)])
     assert decoder.decode(msgspec.msgpack.encode(msg)) == msg
 
 
-def test_nan_load_survives_the_wire_so_the_auction_can_reject_it() -> None:
-    back = decoder.decode(msgspec.msgpack.encode(Bid(instance_id="i-1", load=math.nan)))
-    assert isinstance(back, Bid) and math.isnan(back.load)
+def test_nan_load_and_step_survive_the_wire_so_the_auction_can_reject_them() -> None:
+    back = decoder.decode(msgspec.msgpack.encode(Bid(shape=0, load=math.nan, step=math.nan)))
+    assert isinstance(back, Bid) and math.isnan(back.load) and math.isnan(back.step)
+
+
+def test_step_and_counts_are_optional_on_the_wire() -> None:
+    """A bid without a step prices every instance alike; counts are informational."""
+    raw = msgspec.msgpack.encode({"kind": "bid", "shape": 2, "load": 0.5})
+    assert decoder.decode(raw) == Bid(shape=2, load=0.5, step=0.0)
+    raw = msgspec.msgpack.encode({"kind": "rfb", "auction_id": "a-1", "deadline_s": 1.0,
+                                  "shapes": [{"cpu": 1.0, "memory_mb": 64}]})
+    assert decoder.decode(raw) == RFB(auction_id="a-1", shapes=[Shape(cpu=1.0, memory_mb=64)],
+                                      deadline_s=1.0, counts=[])
 
 
 # -- Spec: user input, strictly validated --------------------------------------------------
@@ -237,11 +251,22 @@ def test_public_names_exist() -> None:
 
 # -- the CLI ⇄ broker API (shared.api): same rules, its own endpoint -----------------------
 
+def _filled(cls: type[Message]) -> Message:
+    """A sample with every field set from its type: for replies of plain numbers, whose exact
+    field list moves with the measurements."""
+    values = {int: 3, float: 1.5, str: "x"}
+    hints = msgspec.structs.fields(cls)
+    return msgspec.convert({f.encode_name: values[f.type] for f in hints
+                            if f.required}, cls)
+
+
 _STATUS = api.InstanceStatus(instance_id="i-1", name="web-1", state="running", node_id="n1",
                              attempt=1, reason="", detail="", ports={"http": 8080})
 API_SAMPLES: list[Message] = [
-    api.SubmitRequest(spec=SPEC, instance_id="i-1"),
-    api.SubmitReply(instance_id="i-1"),
+    api.SubmitRequest(spec=SPEC, instance_id="i-1", count=3),
+    api.SubmitReply(instance_id="i-1", instance_ids=["i-1-1", "i-1-2", "i-1-3"]),
+    api.StatsRequest(),
+    _filled(api.StatsReply),
     api.StatusRequest(instance_id="i-1"),
     api.StatusReply(instances=[_STATUS]),
     api.NodesRequest(),
@@ -281,12 +306,14 @@ def test_api_round_trip_through_its_tagged_union(msg: Message) -> None:
 
 # -- wire names are a contract with older peers -------------------------------------------
 
-#: The keys each message carried in its first release. Adding fields is fine (with a
-#: default); renaming or removing one of these breaks every peer of the older version.
-V1_KEYS: dict[type[Message], set[str]] = {
-    RFB: {"kind", "auction_id", "requests", "deadline_s"},
-    Bid: {"kind", "instance_id", "load", "strategy"},
-    Decline: {"kind", "instance_id", "reason", "detail"},
+#: The keys each message has carried since the per-shape protocol (RFBs ask per shape, answers
+#: name a shape index), which deliberately replaced the first release's per-instance keys.
+#: Adding fields is fine (with a default); renaming or removing one of these breaks every peer
+#: of the older version.
+V2_KEYS: dict[type[Message], set[str]] = {
+    RFB: {"kind", "auction_id", "shapes", "deadline_s", "counts"},
+    Bid: {"kind", "shape", "load", "step", "strategy"},
+    Decline: {"kind", "shape", "reason", "detail"},
     BidReply: {"kind", "auction_id", "node_id", "answers"},
     Award: {"kind", "auction_id", "instance_id", "node_id", "spec", "ports", "attempt", "commit",
             "secret_env"},
@@ -301,11 +328,40 @@ V1_KEYS: dict[type[Message], set[str]] = {
 
 
 @pytest.mark.parametrize("msg", SAMPLES, ids=lambda m: type(m).__name__)
-def test_first_release_wire_keys_are_still_sent(msg: Message) -> None:
+def test_protocol_wire_keys_are_still_sent(msg: Message) -> None:
     sent = set(msgspec.msgpack.decode(msgspec.msgpack.encode(msg)))
-    assert V1_KEYS.get(type(msg), {"kind"}) <= sent
+    assert V2_KEYS.get(type(msg), {"kind"}) <= sent
+
+
+@pytest.mark.parametrize(
+    ("first_release", "missing"),
+    [
+        ({"kind": "rfb", "auction_id": "a-1", "deadline_s": 1.0,
+          "requests": [{"instance_id": "i-1", "cpu": 1.0, "memory_mb": 64}]}, "shapes"),
+        ({"kind": "bid", "instance_id": "i-1", "load": 0.5}, "shape"),
+        ({"kind": "decline", "instance_id": "i-1", "reason": "draining"}, "shape"),
+    ],
+)
+def test_a_first_release_per_instance_message_is_refused_loudly(first_release: dict[str, Any],
+                                                               missing: str) -> None:
+    """The per-instance protocol is not read as a per-shape one with defaults filled in."""
+    with pytest.raises(msgspec.ValidationError, match=f"missing required field `{missing}`"):
+        decoder.decode(msgspec.msgpack.encode(first_release))
 
 
 def test_request_keys_are_stable() -> None:
     sent = set(msgspec.to_builtins(Request(instance_id="i", cpu=1.0, memory_mb=1)))
     assert {"instance_id", "cpu", "memory_mb", "ports", "labels"} <= sent
+
+
+def test_a_shape_is_a_request_without_its_id() -> None:
+    req = Request(instance_id="i-1", cpu=1.5, memory_mb=64, ports=2, labels={"b": "2", "a": "1"})
+    shape = req.shape()
+    assert set(msgspec.to_builtins(shape)) == {"cpu", "memory_mb", "ports", "labels"}
+    assert shape == Shape(cpu=1.5, memory_mb=64, ports=2, labels={"a": "1", "b": "2"})
+    assert shape.key() == req.key() == (1.5, 64, 2, (("a", "1"), ("b", "2")))
+    assert isinstance(req, Shape)  # a request can be priced wherever a shape is
+    with pytest.raises(AttributeError):
+        shape.cpu = 2.0  # type: ignore[misc]
+    other = Request(instance_id="i-2", cpu=1.5, memory_mb=64, ports=2, labels={"a": "1"})
+    assert other.key() != req.key()
