@@ -39,6 +39,7 @@ from shared.api import (
     WhyRequest,
 )
 from shared.health import Health
+from shared.lifecycle import PENDING
 from shared.messages import ApiError, Capacity, InstanceState, Message
 from shared.reasons import Reason
 from shared.records import InstanceRecord
@@ -156,19 +157,19 @@ class Api:
         return ""
 
     def instance_status(self, rec: InstanceRecord) -> InstanceStatus:
+        iid = rec.instance_id
         state = self.b.ledger.state()
-        st: str = self.b.auctioneer.status_of(rec.instance_id, rec.state)
-        ports: dict[str, int] = {}
-        if rec.state is InstanceState.PLACED:
-            st = self.b.promises.live.get(rec.instance_id, st)
-            if rec.cancelling:
-                st = "cancelling"
-            nf = state.nodes.get(rec.node_id)
-            if nf is not None and rec.instance_id in nf.instances:
-                ports = dict(nf.instances[rec.instance_id].ports)
-        return InstanceStatus(instance_id=rec.instance_id, name=rec.spec.name, state=st,
+        pl = state.placement(iid)
+        node = state.placement_of(iid)
+        if pl is not None and node is not None and rec.state in PENDING:
+            st = "cancelling" if rec.cancelling else \
+                self.b.promises.live.get(iid, InstanceState.PLACED)
+            return InstanceStatus(instance_id=iid, name=rec.spec.name, state=st,
+                                  node_id=node, attempt=pl.attempt, ports=dict(pl.ports))
+        st = self.b.auctioneer.status_of(iid, rec.state)
+        return InstanceStatus(instance_id=iid, name=rec.spec.name, state=st,
                               node_id=rec.node_id, attempt=rec.attempt, reason=rec.reason,
-                              detail=rec.detail, ports=ports)
+                              detail=rec.detail)
 
     async def status(self, req: StatusRequest) -> Message:
         state = self.b.ledger.state()

@@ -235,8 +235,8 @@ class Auctioneer:
         self.placed_total += 1
         b.metrics.placements.inc()
         self._remember(iid, aid, d)
-        b.timers.forget(iid)
-        b.timers.placed_at[iid] = b.now()
+        rec = b.ledger.state().instances.get(iid)
+        b.timers.placed(iid, node, b.now(), b.timing, rec.spec.timeout_s if rec else None)
         award = b.award_for(iid, node, sha)
         if award is not None:
             b.publish(subjects.AWARD.format(node=node), award)

@@ -24,8 +24,8 @@ import msgspec
 import pygit2
 
 from shared.lifecycle import PENDING
-from shared.messages import Capacity
-from shared.records import AuctionRecord, InstanceRecord, NodeFile, parse_trailers
+from shared.messages import Capacity, InstanceState
+from shared.records import AuctionRecord, InstanceRecord, NodeFile, Placement, parse_trailers
 
 __all__ = ["Change", "Conflict", "Ledger", "LedgerError", "Pinned", "State"]
 
@@ -63,12 +63,18 @@ def encode(obj: object) -> bytes:
 
 @dataclass
 class State:
-    """The tree at `head`, plus two indexes kept in step with it so the hot path never scans
-    every instance: the pending instances, and what each node's placements commit."""
+    """The tree at `head`, plus indexes kept in step with it so the hot path never scans
+    every instance: where each placed instance is, the pending instances (queued or
+    unschedulable and in no node.json), and what each node's placements commit.
+
+    Rule: an instance is *placed* exactly when some node.json holds it — the record in
+    ``instances/`` keeps intent and durable outcomes (queued, unschedulable, terminal),
+    the placement is the broker's decision and lives only in ``nodes/``."""
 
     head: str | None = None
     instances: dict[str, InstanceRecord] = field(default_factory=dict)
     nodes: dict[str, NodeFile] = field(default_factory=dict)
+    where: dict[str, str] = field(default_factory=dict)
     pending: dict[str, None] = field(default_factory=dict)  # an ordered set, oldest first
     committed: dict[str, Capacity] = field(default_factory=dict)
 
@@ -78,12 +84,24 @@ class State:
             self.pending.pop(iid, None)
             return
         self.instances[iid] = rec
-        if rec.state in PENDING:
+        if rec.state in PENDING and iid not in self.where:
             self.pending.setdefault(iid, None)
         else:
             self.pending.pop(iid, None)
 
     def put_node(self, nid: str, nf: NodeFile | None) -> None:
+        old = self.nodes.get(nid)
+        before = old.instances.keys() if old is not None else set()
+        after = nf.instances.keys() if nf is not None else set()
+        for iid in before - after:
+            if self.where.get(iid) == nid:
+                del self.where[iid]
+                rec = self.instances.get(iid)
+                if rec is not None and rec.state in PENDING:
+                    self.pending.setdefault(iid, None)
+        for iid in after - before:
+            self.where[iid] = nid
+            self.pending.pop(iid, None)
         if nf is None:
             self.nodes.pop(nid, None)
             self.committed.pop(nid, None)
@@ -98,15 +116,20 @@ class State:
 
     def placement_of(self, instance_id: str) -> str | None:
         """The node whose node.json holds the instance, if any."""
+        return self.where.get(instance_id)
+
+    def placement(self, instance_id: str) -> Placement | None:
+        node = self.where.get(instance_id)
+        return None if node is None else self.nodes[node].instances.get(instance_id)
+
+    def effective(self, instance_id: str) -> InstanceState | None:
+        """The instance's state: its record's, or ``placed`` while a node.json holds it."""
         rec = self.instances.get(instance_id)
-        if rec is not None and rec.node_id:
-            nf = self.nodes.get(rec.node_id)
-            if nf is not None and instance_id in nf.instances:
-                return rec.node_id
-        for node_id, nf in self.nodes.items():
-            if instance_id in nf.instances:
-                return node_id
-        return None
+        if rec is None:
+            return None
+        if rec.state in PENDING and instance_id in self.where:
+            return InstanceState.PLACED
+        return rec.state
 
 
 @dataclass

@@ -3,10 +3,13 @@
 Rules:
 1. Pure functions over a `View` — the ledger state with the batch's pending `Change`
    layered on top — so many plans can share one commit (group commit) and see each other.
-2. Every plan re-checks the state it expects (compare-and-swap through
-   `shared.lifecycle.transition`); a plan whose precondition no longer holds returns None
-   and changes nothing.
-3. Records are never mutated in place: the ledger's cached state stays what git holds until
+2. An instance is placed exactly when a node.json holds it; a placement writes only that
+   node.json. The instance's record changes only for intent and durable outcomes: queued,
+   unschedulable, cancelling, re-queued (with its attempt count) and terminal states.
+3. Every plan re-checks the state it expects (compare-and-swap through
+   `shared.lifecycle.transition` on the effective state); a plan whose precondition no
+   longer holds returns None and changes nothing.
+4. Records are never mutated in place: the ledger's cached state stays what git holds until
    the commit lands.
 """
 
@@ -18,7 +21,7 @@ import msgspec
 
 from broker.ledger import Change, State
 from shared.auction import Awarded, Unschedulable
-from shared.lifecycle import LIVE, PENDING, transition
+from shared.lifecycle import PENDING, transition
 from shared.messages import InstanceState as S
 from shared.ports import allocate
 from shared.reasons import Reason
@@ -41,6 +44,7 @@ class View:
     def __init__(self, state: State, change: Change | None = None) -> None:
         self.state = state
         self.change = change if change is not None else Change()
+        self._where: dict[str, str | None] = {}
 
     def instance(self, iid: str) -> InstanceRecord | None:
         if iid in self.change.instances:
@@ -56,15 +60,32 @@ class View:
         self.change.instances[rec.instance_id] = rec
 
     def put_node(self, nf: NodeFile) -> None:
+        old = self.node(nf.node_id)
+        before = old.instances.keys() if old is not None else set()
+        for iid in before - nf.instances.keys():
+            self._where[iid] = None
+        for iid in nf.instances.keys() - before:
+            self._where[iid] = nf.node_id
         self.change.nodes[nf.node_id] = None if nf.empty else nf
 
     def placed_on(self, iid: str) -> str | None:
+        if iid in self._where:
+            return self._where[iid]
+        return self.state.where.get(iid)
+
+    def placement(self, iid: str) -> Placement | None:
+        node = self.placed_on(iid)
+        nf = self.node(node) if node is not None else None
+        return nf.instances.get(iid) if nf is not None else None
+
+    def live(self, iid: str, node_id: str) -> tuple[InstanceRecord, Placement] | None:
+        """The record (seen as ``placed``) and placement of an instance placed on `node_id`."""
         rec = self.instance(iid)
-        if rec is not None and rec.node_id:
-            nf = self.node(rec.node_id)
-            if nf is not None and iid in nf.instances:
-                return rec.node_id
-        return None
+        pl = self.placement(iid) if self.placed_on(iid) == node_id else None
+        if rec is None or pl is None or rec.state not in PENDING:
+            return None
+        return msgspec.structs.replace(rec, state=S.PLACED, node_id=node_id,
+                                       attempt=pl.attempt), pl
 
 
 def submit(view: View, rec: InstanceRecord) -> bool:
@@ -79,7 +100,7 @@ def place(view: View, decision: Awarded, auction_id: str,
     """Put the instance into the winner's node.json; None if it is no longer pending."""
     iid, winner = decision.request.instance_id, decision.winner.node_id
     rec = view.instance(iid)
-    if rec is None or view.placed_on(iid) is not None:
+    if rec is None or rec.state not in PENDING or view.placed_on(iid) is not None:
         return None
     nf = view.node(winner) or NodeFile(node_id=winner)
     in_use = {p for pl in nf.instances.values() for p in pl.ports.values()}
@@ -87,22 +108,17 @@ def place(view: View, decision: Awarded, auction_id: str,
     ports = allocate(rec.spec.ports, port_range, in_use)
     if ports is None:
         return None
-    new = transition(rec, PENDING, S.PLACED, node_id=winner, attempt=rec.attempt + 1,
-                     reason="", detail="")
-    if new is None:
-        return None
-    spec = msgspec.structs.replace(rec.spec, secrets=list(rec.spec.secrets))
-    placement = Placement(instance_id=iid, spec=spec, auction_id=auction_id,
-                          attempt=new.attempt, ports=ports)
+    placement = Placement(instance_id=iid, spec=rec.spec, auction_id=auction_id,
+                          attempt=rec.attempt + 1, ports=ports)
     view.put_node(msgspec.structs.replace(nf, instances={**nf.instances, iid: placement}))
-    view.put_instance(new)
     return placement
 
 
 def unschedulable(view: View, decision: Unschedulable) -> bool:
     """Record why the instance waits; False when nothing changed (no commit needed)."""
-    rec = view.instance(decision.request.instance_id)
-    if rec is None or rec.state not in PENDING:
+    iid = decision.request.instance_id
+    rec = view.instance(iid)
+    if rec is None or rec.state not in PENDING or view.placed_on(iid) is not None:
         return False
     if rec.state is S.UNSCHEDULABLE and rec.reason == decision.reason \
             and rec.detail == decision.summary:
@@ -115,10 +131,10 @@ def unschedulable(view: View, decision: Unschedulable) -> bool:
     return True
 
 
-def _unplace(view: View, rec: InstanceRecord, node_id: str) -> None:
+def _unplace(view: View, iid: str, node_id: str) -> None:
     nf = view.node(node_id)
-    if nf is not None and rec.instance_id in nf.instances:
-        rest = {k: v for k, v in nf.instances.items() if k != rec.instance_id}
+    if nf is not None and iid in nf.instances:
+        rest = {k: v for k, v in nf.instances.items() if k != iid}
         view.put_node(msgspec.structs.replace(nf, instances=rest))
 
 
@@ -126,17 +142,23 @@ def finish(view: View, iid: str, node_id: str, to: S, reason: str = "",
            detail: str = "") -> InstanceRecord | None:
     """End the instance (terminal `to`), removing its placement from `node_id`.
 
-    Only an instance that is live on `node_id` (or still pending, for cancel) may end."""
-    rec = view.instance(iid)
-    if rec is None:
-        return None
-    if rec.state in LIVE and rec.node_id != node_id:
-        return None
-    new = transition(rec, LIVE | PENDING, to, reason=reason, detail=detail)
+    Only an instance placed on `node_id` may end there; with ``node_id=""`` only one that
+    is still waiting (cancel before placement)."""
+    if node_id:
+        got = view.live(iid, node_id)
+        if got is None:
+            return None
+        cur = got[0]
+    else:
+        rec = view.instance(iid)
+        if rec is None or view.placed_on(iid) is not None:
+            return None
+        cur = rec
+    new = transition(cur, cur.state, to, reason=reason, detail=detail, cancelling=False)
     if new is None:
         return None
     if node_id:
-        _unplace(view, rec, node_id)
+        _unplace(view, iid, node_id)
     view.put_instance(new)
     return new
 
@@ -146,20 +168,21 @@ def requeue(view: View, iid: str, node_id: str, reason: Reason, detail: str = ""
     """Take the instance off `node_id` and queue it again without that node, if its attempt
     budget allows; otherwise end it in `exhausted` with the reason. A `free` requeue (the
     operator moved it) gives the attempt back."""
-    rec = view.instance(iid)
-    if rec is None or rec.state not in LIVE or rec.node_id != node_id:
+    got = view.live(iid, node_id)
+    if got is None:
         return None
-    _unplace(view, rec, node_id)
+    cur = got[0]
     if free:
-        rec = msgspec.structs.replace(rec, attempt=max(0, rec.attempt - 1))
-    if rec.attempt >= rec.spec.attempts:
-        new = transition(rec, LIVE, exhausted, reason=str(reason),
-                         detail=f"{Reason.ATTEMPTS_EXHAUSTED} ({rec.attempt}/{rec.spec.attempts})"
+        cur = msgspec.structs.replace(cur, attempt=max(0, cur.attempt - 1))
+    _unplace(view, iid, node_id)
+    if cur.attempt >= cur.spec.attempts:
+        new = transition(cur, S.PLACED, exhausted, reason=str(reason), cancelling=False,
+                         detail=f"{Reason.ATTEMPTS_EXHAUSTED} ({cur.attempt}/{cur.spec.attempts})"
                          + (f": {detail}" if detail else ""))
     else:
-        excluded = sorted({*rec.excluded, node_id})
-        new = transition(rec, LIVE, S.QUEUED, reason=str(reason), detail=detail,
-                         node_id="", excluded=excluded)
+        excluded = sorted({*cur.excluded, node_id})
+        new = transition(cur, S.PLACED, S.QUEUED, reason=str(reason), detail=detail,
+                         node_id="", excluded=excluded, cancelling=False)
     if new is not None:
         view.put_instance(new)
     return new
@@ -167,7 +190,7 @@ def requeue(view: View, iid: str, node_id: str, reason: Reason, detail: str = ""
 
 def set_cancelling(view: View, iid: str) -> InstanceRecord | None:
     rec = view.instance(iid)
-    if rec is None or rec.state not in LIVE or rec.cancelling:
+    if rec is None or rec.cancelling or view.placed_on(iid) is None:
         return None
     new = msgspec.structs.replace(rec, cancelling=True)
     view.put_instance(new)
@@ -187,8 +210,8 @@ def record_ports(view: View, iid: str, node_id: str, ports: dict[str, int],
                  taken: list[int]) -> Placement | None:
     """The worker found some awarded ports taken outside gavel and gave the instance others
     from its free set: record the real ports and block the taken ones on that node."""
-    rec, nf = view.instance(iid), view.node(node_id)
-    if rec is None or nf is None or iid not in nf.instances or rec.state not in LIVE:
+    nf = view.node(node_id)
+    if nf is None or iid not in nf.instances or view.live(iid, node_id) is None:
         return None
     old = nf.instances[iid]
     blocked = sorted({*nf.blocked_ports, *taken})

@@ -21,7 +21,7 @@ from broker.committer import Item, Planned
 from broker.plan import View, finish, record_ports, requeue, set_cancelling, set_draining
 from broker.watchdog import Action, Kind, due
 from shared import subjects
-from shared.lifecycle import LIVE, PENDING
+from shared.lifecycle import PENDING
 from shared.messages import Cancel, Event, EventType, InstanceState
 from shared.reasons import Reason
 
@@ -63,10 +63,10 @@ class Promises:
         iid = ev.instance_id
         match ev.type:
             case EventType.PROVISIONING | EventType.RUNNING:
-                b.timers.accepted.add(iid)
+                b.timers.accepted(iid)
                 self.live[iid] = ev.type
                 if ev.type == EventType.RUNNING:
-                    b.timers.running_at.setdefault(iid, b.now())
+                    self._running(iid, node)
                 if ev.ports or ev.taken:
                     self._ports(ev)
             case EventType.EXITED:
@@ -87,10 +87,15 @@ class Promises:
         state = self.b.ledger.state()
         for iid, st in instances:
             if state.placement_of(iid) == node_id:
-                self.b.timers.accepted.add(iid)
+                self.b.timers.accepted(iid)
                 if st == InstanceState.RUNNING:
-                    self.b.timers.running_at.setdefault(iid, self.b.now())
+                    self._running(iid, node_id)
                     self.live.setdefault(iid, st)
+
+    def _running(self, iid: str, node: str) -> None:
+        rec = self.b.ledger.state().instances.get(iid)
+        self.b.timers.started_running(iid, node, self.b.now(), self.b.timing,
+                                      rec.spec.timeout_s if rec else None)
 
     def _submit(self, plan: object) -> None:
         self.b.committer.submit(Item(plan=plan))  # type: ignore[arg-type]
@@ -191,8 +196,9 @@ class Promises:
     def cancel(self, iid: str) -> str:
         """Returns the state the instance is in after the request (or raises KeyError)."""
         b = self.b
-        rec = b.ledger.state().instances[iid]
-        if rec.state in PENDING:
+        state = b.ledger.state()
+        rec = state.instances[iid]
+        if rec.state in PENDING and state.placement_of(iid) is None:
             def plan(view: View) -> Planned | None:
                 if finish(view, iid, "", InstanceState.CANCELLED, Reason.CANCELLED) is None:
                     return None
@@ -201,8 +207,8 @@ class Promises:
                                                         reason=Reason.CANCELLED)])
             self._submit(plan)
             return InstanceState.CANCELLED
-        if rec.state in LIVE:
-            node = rec.node_id
+        node = state.placement_of(iid)
+        if node is not None:
 
             def plan_live(view: View) -> Planned | None:
                 if set_cancelling(view, iid) is None:
@@ -211,10 +217,10 @@ class Promises:
                                after=[lambda _s: self._send_cancel(iid, node)])
             self._submit(plan_live)
             return "cancelling"
-        return rec.state
+        return str(rec.state)
 
     def _send_cancel(self, iid: str, node: str) -> None:
-        self.b.timers.cancel_at[iid] = self.b.now()
+        self.b.timers.cancelling(iid, node, self.b.now())
         self.b.publish(subjects.CANCEL.format(node=node), Cancel(instance_id=iid, node_id=node))
 
     def drain(self, node: str, undo: bool, migrate: bool) -> int:
@@ -237,8 +243,7 @@ class Promises:
         before it has been placed elsewhere."""
         state = self.b.ledger.state()
         for node, queue in list(self.migrating.items()):
-            moving = [i for i in queue if state.instances.get(i) is not None
-                      and state.instances[i].state in PENDING]
+            moving = [i for i in queue if i in state.pending]
             if moving:
                 continue
             while queue and state.placement_of(queue[0]) != node:

@@ -107,6 +107,7 @@ class Broker:
         now = self.now()
         for node_id in state.nodes:
             self.liveness.presume(node_id, now)
+        self.timers.resume(state, self.timing)
         await self._open_kv(state.nodes)
         await self.nc.subscribe(subjects.HEARTBEAT_ALL, cb=self._on_heartbeat)
         await self.nc.subscribe(subjects.BIDS_ALL, cb=self.auctioneer.on_bids)

@@ -9,7 +9,9 @@ Rules (every deadline comes from `Timing`; ``now`` is passed in — this module 
    timeout + kill grace + lease grace is failed by the broker itself (the lease never
    expires under a task that is still legitimately running).
 4. Cancel: a node that does not confirm a cancel within `cancel_grace_s` is overruled.
-After a broker restart every clock starts at the restart, so nothing is revoked early.
+After a broker restart every clock starts at the restart (`Timers.resume`), so nothing is
+revoked early. Each pass costs what is outstanding, not the size of the cluster: the clocks
+are kept per instance that has one running, never found by scanning every placement.
 """
 
 from __future__ import annotations
@@ -19,7 +21,6 @@ from enum import StrEnum
 
 from broker.ledger import State
 from shared.health import Health, Liveness
-from shared.messages import InstanceState
 from shared.timing import Timing
 
 __all__ = ["Action", "Kind", "Timers", "due"]
@@ -41,45 +42,76 @@ class Action:
 
 @dataclass
 class Timers:
-    """What the broker remembers about promises in flight (re-derivable: restarts reset)."""
+    """The clocks of promises in flight, per instance: (node, since/at)."""
 
     started: float
-    placed_at: dict[str, float] = field(default_factory=dict)
-    accepted: set[str] = field(default_factory=set)
-    running_at: dict[str, float] = field(default_factory=dict)
-    cancel_at: dict[str, float] = field(default_factory=dict)
+    awaiting: dict[str, tuple[str, float]] = field(default_factory=dict)
+    deadlines: dict[str, tuple[str, float]] = field(default_factory=dict)
+    cancel_at: dict[str, tuple[str, float]] = field(default_factory=dict)
+    running: set[str] = field(default_factory=set)
+
+    def placed(self, iid: str, node: str, now: float, timing: Timing,
+               timeout_s: float | None) -> None:
+        self.forget(iid)
+        self.awaiting[iid] = (node, now)
+        if timeout_s is not None:
+            self.deadlines[iid] = (node, now + timeout_s + timing.kill_grace_s
+                                   + timing.provisioning_s + timing.lease_grace_s)
+
+    def accepted(self, iid: str) -> None:
+        self.awaiting.pop(iid, None)
+
+    def started_running(self, iid: str, node: str, now: float, timing: Timing,
+                        timeout_s: float | None) -> None:
+        self.awaiting.pop(iid, None)
+        if iid in self.running:
+            return
+        self.running.add(iid)
+        if timeout_s is not None:
+            self.deadlines[iid] = (node, now + timeout_s + timing.kill_grace_s
+                                   + timing.lease_grace_s)
+
+    def cancelling(self, iid: str, node: str, now: float) -> None:
+        self.cancel_at.setdefault(iid, (node, now))
 
     def forget(self, iid: str) -> None:
-        self.placed_at.pop(iid, None)
-        self.accepted.discard(iid)
-        self.running_at.pop(iid, None)
+        self.awaiting.pop(iid, None)
+        self.deadlines.pop(iid, None)
         self.cancel_at.pop(iid, None)
+        self.running.discard(iid)
+
+    def resume(self, state: State, timing: Timing) -> None:
+        """After a restart: every placement gets its clocks afresh from `started`."""
+        for iid, node in state.where.items():
+            rec = state.instances.get(iid)
+            if rec is None:
+                continue
+            self.placed(iid, node, self.started, timing, rec.spec.timeout_s)
+            if rec.cancelling:
+                self.cancelling(iid, node, self.started)
 
 
 def due(state: State, liveness: Liveness, timers: Timers, timing: Timing,
         now: float) -> list[Action]:
     out: list[Action] = []
-    offline = {n for n in state.nodes if liveness.health(n, now) is Health.OFFLINE}
     for node_id in sorted(state.nodes):
-        for iid in sorted(state.nodes[node_id].instances):
-            rec = state.instances.get(iid)
-            if rec is None or rec.state is not InstanceState.PLACED or rec.node_id != node_id:
-                continue
-            if node_id in offline:
-                out.append(Action(Kind.EXPIRE, iid, node_id))
-                continue
-            placed = timers.placed_at.get(iid, timers.started)
-            if rec.cancelling:
-                if now - timers.cancel_at.get(iid, timers.started) >= timing.cancel_grace_s:
-                    out.append(Action(Kind.CANCEL_EXPIRED, iid, node_id))
-                continue
-            if iid not in timers.accepted:
-                if now - placed >= timing.provisioning_s:
-                    out.append(Action(Kind.REVOKE, iid, node_id))
-                continue
-            limit = rec.spec.timeout_s
-            if limit is not None:
-                began = timers.running_at.get(iid, placed)
-                if now - began >= limit + timing.kill_grace_s + timing.lease_grace_s:
-                    out.append(Action(Kind.TIMEOUT, iid, node_id))
+        if liveness.health(node_id, now) is Health.OFFLINE:
+            out.extend(Action(Kind.EXPIRE, iid, node_id)
+                       for iid in sorted(state.nodes[node_id].instances))
+    expiring = {a.instance_id for a in out}
+
+    def still(iid: str, node: str) -> bool:
+        return iid not in expiring and state.where.get(iid) == node
+
+    for iid, (node, at) in sorted(timers.cancel_at.items()):
+        if still(iid, node) and now - at >= timing.cancel_grace_s:
+            out.append(Action(Kind.CANCEL_EXPIRED, iid, node))
+    cancelling = set(timers.cancel_at)
+    for iid, (node, since) in sorted(timers.awaiting.items()):
+        if iid not in cancelling and still(iid, node) and now - since >= timing.provisioning_s:
+            out.append(Action(Kind.REVOKE, iid, node))
+    for iid, (node, at) in sorted(timers.deadlines.items()):
+        if iid not in cancelling and iid not in timers.awaiting and still(iid, node) \
+                and now >= at:
+            out.append(Action(Kind.TIMEOUT, iid, node))
     return out

@@ -149,7 +149,9 @@ class RFB(Message, tag="rfb"):
 class Bid(Message, tag="bid"):
     """A price for one shape. `step` is how much `load` rises for each instance of this
     shape the node wins (its strategy's marginal price), so a batch can award several
-    instances to one node without asking again; ``inf`` means "only one"."""
+    instances to one node without asking again; ``inf`` means the strategy would refuse a
+    second one. Room is not the step's business: the broker charges every award against
+    the node's free capacity."""
 
     shape: int
     load: float

@@ -59,12 +59,14 @@ def answer(strategy: Strategy, shape: Shape, node: NodeView, index: int = 0) -> 
 
 
 def _step(strategy: Strategy, shape: Shape, node: NodeView, load: float) -> float:
-    """How much the price rises once the node holds one more of `shape` (inf: no more)."""
+    """How much the price rises once the node holds one more of `shape`.
+
+    Room is not checked here — the broker charges every award against the node's free
+    capacity — so the step stays finite while the strategy would still price another;
+    ``inf`` means the strategy itself refuses a second one (a ceiling)."""
     c = node.committed
     after = msgspec.structs.replace(node, committed=Capacity(
         cpu=c.cpu + shape.cpu, memory_mb=c.memory_mb + shape.memory_mb,
         ports=c.ports + shape.ports))
-    if check(shape, after) is not None:
-        return math.inf
     again = strategy.bid(shape, after)
     return math.inf if isinstance(again, Refusal) else again - load

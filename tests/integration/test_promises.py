@@ -31,9 +31,10 @@ async def test_missed_provisioning_deadline_replaces_elsewhere(cluster: Cluster)
     await wait_for(lambda: cluster.holders(iid) == ["node-z"], 10, what="node-z wins")
     await wait_for(lambda: cluster.holders(iid) == ["node-a"], TIMING.provisioning_s * 3,
                    what="re-placed on node-a")
-    rec = cluster.ledger().state().instances[iid]
-    assert rec.excluded == ["node-z"]
-    assert rec.attempt == 2
+    state = cluster.ledger().state()
+    assert state.instances[iid].excluded == ["node-z"]
+    placement = state.placement(iid)
+    assert placement is not None and placement.attempt == 2
     messages = [c.message for c in cluster.ledger().history()]
     assert any(f"requeue {iid} off node-z: {Reason.NOT_ACCEPTED}" in m for m in messages)
     await mute.close()

@@ -193,9 +193,6 @@ def test_equal_nodes_alternate_as_they_would_one_auction_at_a_time() -> None:
     assert got[4] == ("n1", 0.5, True)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "a step of inf ('only one more of this shape') is added to the node's load for every "
-    "shape, so a node full for a big shape drops out for smaller ones it could still take"))
 def test_a_node_full_for_one_shape_still_takes_a_smaller_one() -> None:
     views = [_node("n1", Capacity(cpu=2.0, memory_mb=1024), Capacity())]
     big = Request(instance_id="i-big", cpu=1.5, memory_mb=64)

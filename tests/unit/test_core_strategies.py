@@ -245,18 +245,24 @@ def test_headroom_step_is_inf_when_one_more_would_cross_the_ceiling() -> None:
 
 
 @pytest.mark.parametrize("name", sorted(REGISTRY))
-def test_step_is_inf_when_the_node_cannot_take_another(name: str) -> None:
-    # A ceiling of 1 so headroom too is bounded by capacity alone here.
+def test_step_stays_finite_when_capacity_runs_out(name: str) -> None:
+    """Room is the broker's to charge (it knows every award it made); the step only prices.
+    A node full for one shape must still be able to win a smaller one in the same batch."""
     strategy = make_strategy(name, {"ceiling": 1.0} if name == "headroom" else None)
     shape = Shape(cpu=1.0, memory_mb=100, ports=1)
-    roomy = NodeView(node_id="n1", capacity=CAP, committed=Capacity(cpu=2.0))
-    got = answer(strategy, shape, roomy)
-    assert isinstance(got, Bid) and math.isfinite(got.step), got  # room for two more
     # Room for this one and not a second, whichever resource runs out: cpu, memory, ports.
     for committed in (Capacity(cpu=3.0), Capacity(memory_mb=850), Capacity(ports=9)):
         last = NodeView(node_id="n1", capacity=CAP, committed=committed)
         got = answer(strategy, shape, last)
-        assert isinstance(got, Bid) and got.step == math.inf, (committed, got)
+        assert isinstance(got, Bid) and math.isfinite(got.step), (committed, got)
+
+
+def test_step_is_inf_when_the_strategy_refuses_another() -> None:
+    strategy = make_strategy("headroom", {"ceiling": 0.5})
+    shape = Shape(cpu=1.0, memory_mb=100)
+    n = NodeView(node_id="n1", capacity=CAP, committed=Capacity(cpu=0.5, memory_mb=300))
+    got = answer(strategy, shape, n)
+    assert isinstance(got, Bid) and got.step == math.inf, got
 
 
 @pytest.mark.parametrize("name", sorted(REGISTRY))
@@ -280,15 +286,15 @@ def _plus(n: NodeView, r: Shape) -> NodeView:
 @given(n=nodes, r=requests)
 def test_step_is_the_price_once_the_node_holds_one_more(name: str, n: NodeView,
                                                         r: Shape) -> None:
-    """The definition: load + step is what the node would bid after winning this one, and
-    inf exactly when it would then decline."""
+    """The definition: load + step is the strategy's price after winning this one, and inf
+    exactly when the strategy itself would then refuse (room is charged by the broker)."""
     strategy = make_strategy(name)
     now = answer(strategy, r, n)
     if not isinstance(now, Bid):
         return
-    then = answer(strategy, r, _plus(n, r))
+    then = strategy.bid(r, _plus(n, r))
     if now.step == math.inf:
-        assert isinstance(then, Decline)
+        assert isinstance(then, Refusal)
     else:
-        assert isinstance(then, Bid)
-        assert now.load + now.step == pytest.approx(then.load, abs=1e-12)
+        assert not isinstance(then, Refusal)
+        assert now.load + now.step == pytest.approx(then, abs=1e-12)
