@@ -14,6 +14,7 @@ Rules:
 
 from __future__ import annotations
 
+import os
 import re
 import threading
 from collections.abc import Iterator, Mapping
@@ -167,6 +168,7 @@ class Ledger:
         self._state = State()
         self._lock = threading.RLock()
         self._landed: str | None = None  # our commit, written but not yet adopted
+        self._head_cache: tuple[tuple[object, ...], str | None] | None = None
 
     # -- the active ref ------------------------------------------------------------------
     def _qualify(self, ref: str) -> str:
@@ -182,8 +184,32 @@ class Ledger:
     def pinned(self) -> bool:
         return not self.ref.startswith("refs/heads/")
 
+    def _ref_stamp(self) -> tuple[object, ...]:
+        """A cheap fingerprint of the files a ref lives in (loose ref and packed-refs)."""
+        out: list[object] = []
+        for path in (self.path / self.ref, self.path / "packed-refs"):
+            try:
+                st = os.stat(path)
+                out.append((st.st_ino, st.st_mtime_ns, st.st_ctime_ns, st.st_size))
+            except OSError:
+                out.append(None)
+        return tuple(out)
+
     def head(self) -> str | None:
-        """The commit the active ref points at (peeled), or None for an empty branch."""
+        """The commit the active ref points at (peeled), or None for an empty branch.
+
+        Resolving a ref reads files; the answer is reused while the ref's files are
+        unchanged (a stat per call), which keeps the hot path off the filesystem."""
+        if self.ref.startswith("refs/"):
+            stamp = self._ref_stamp()
+            if self._head_cache is not None and self._head_cache[0] == stamp:
+                return self._head_cache[1]
+            sha = self._resolve()
+            self._head_cache = (stamp, sha)
+            return sha
+        return self._resolve()
+
+    def _resolve(self) -> str | None:
         try:
             if not self.ref.startswith("refs/"):
                 return str(self.repo.revparse_single(self.ref).peel(pygit2.Commit).id)
