@@ -76,7 +76,7 @@ class Api:
         decoder, handler = self.verbs[verb]
         try:
             request = decoder.decode(msg.data)
-        except msgspec.DecodeError as exc:
+        except (msgspec.DecodeError, RecursionError) as exc:  # depth guard: no DecodeError
             self.b.rejects.count(f"malformed {verb} request", msg.subject)
             reply: Message = ApiError(error=f"malformed {verb} request: {exc}")
         else:

@@ -124,7 +124,7 @@ class Auctioneer:
         b = self.b
         try:
             reply = _bids_dec.decode(msg.data)
-        except msgspec.DecodeError:
+        except (msgspec.DecodeError, RecursionError):  # msgspec's depth guard is no DecodeError
             b.rejects.count("malformed bid reply", msg.subject)
             return
         if subjects.node_of(msg.subject) != reply.node_id:

@@ -15,8 +15,9 @@ from pathlib import Path
 from types import ModuleType
 
 from broker import commands, config, daemons, logs
-from broker.config import DEFAULT_NATS, positive_float, positive_int
-from broker.config import port as _port
+from broker.config import DEFAULT_NATS
+from broker.parsers import port as _port
+from broker.parsers import positive_float, positive_int
 
 __all__ = ["main"]
 

@@ -16,10 +16,11 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import BrokenExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+from broker.gitwriter import commit_files, make_executor
 from broker.ledger import Change, Conflict, Ledger, LedgerError, Pinned
 from broker.plan import View
 from shared.reasons import Reason
@@ -45,14 +46,16 @@ class Item:
 
 class Committer:
     def __init__(self, ledger: Ledger, *, retry_s: float = 1.0, max_conflicts: int = 8,
-                 on_commit: Callable[[Change, str], None] | None = None) -> None:
+                 on_commit: Callable[[Change, str], None] | None = None,
+                 writer: str = "thread") -> None:
         self.ledger = ledger
+        self.writer = writer
         self.on_commit = on_commit
         self.retry_s = retry_s
         self.max_conflicts = max_conflicts
         self._queue: list[Item] = []
         self._kick = asyncio.Event()
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gavel-git")
+        self._pool = make_executor(writer)
         self.commits = 0
         self.conflicts = 0
         self.latencies: list[float] = []
@@ -96,9 +99,16 @@ class Committer:
                 return
             message = _message(planned)
             started = time.perf_counter()
+            files = view.change.files()
+            self.ledger.writing = True
             try:
-                sha = await loop.run_in_executor(
-                    self._pool, self.ledger.write, view.change, message, state.head)
+                if self.writer == "process":
+                    sha = await loop.run_in_executor(
+                        self._pool, commit_files, str(self.ledger.path), self.ledger.ref,
+                        files, message, state.head)
+                else:
+                    sha = await loop.run_in_executor(
+                        self._pool, self.ledger.write_files, files, message, state.head)
             except Conflict:
                 self.conflicts += 1
                 log.info("state branch moved under us; re-planning %d items", len(items))
@@ -107,7 +117,9 @@ class Committer:
                 for item in items:
                     item.failed(Reason.PINNED, self.ledger.ref)
                 return
-            except LedgerError as exc:
+            except (LedgerError, OSError, BrokenExecutor) as exc:
+                if isinstance(exc, BrokenExecutor):  # the writer died: start a new one
+                    self._pool = make_executor(self.writer)
                 log.warning("%s: %s", Reason.LEDGER_UNWRITABLE, exc)
                 for item in items:
                     item.failed(Reason.LEDGER_UNWRITABLE, str(exc))
@@ -115,6 +127,8 @@ class Committer:
                 if retry:
                     loop.call_later(self.retry_s, self._requeue, retry)
                 return
+            finally:  # no await between here and adopt(): nobody sees the ref move early
+                self.ledger.writing = False
             elapsed = time.perf_counter() - started
             self.latencies.append(elapsed)
             if self.metrics is not None:
@@ -140,7 +154,9 @@ class Committer:
 
 
 def _message(planned: list[Planned]) -> str:
-    lines = [line for p in planned for line in p.lines]
+    # One line per line: text a worker sent (a decline's detail) must not start a line of its
+    # own in the message, where it could pass for a `Gavel-Auction:` trailer.
+    lines = [line.replace("\r", " ").replace("\n", " ") for p in planned for line in p.lines]
     trailers = [t for p in planned for t in p.trailers]
     if len(lines) == 1:
         subject, body = lines[0], []

@@ -22,6 +22,17 @@ from urllib.parse import urlsplit, urlunsplit
 
 import msgspec
 
+from broker.parsers import (
+    choice,
+    labels,
+    node_id,
+    port,
+    port_range,
+    positive_float,
+    positive_int,
+    strategy_param,
+    strategy_params,
+)
 from shared.strategies import names as strategy_names
 from shared.timing import FAST_FACTOR, Timing
 
@@ -93,86 +104,6 @@ class WorkerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 C = TypeVar("C", BrokerConfig, WorkerConfig)
 
 
-# -- value parsers: shared by flags and environment variables --------------------------------
-def labels(text: str) -> dict[str, str]:
-    out: dict[str, str] = {}
-    for part in filter(None, (p.strip() for p in text.split(","))):
-        key, sep, value = part.partition("=")
-        if not sep or not key:
-            raise argparse.ArgumentTypeError(f"label {part!r} is not of the form key=value")
-        out[key] = value
-    return out
-
-
-def node_id(text: str) -> str:
-    if not re.match(r"^[A-Za-z0-9_-]{1,64}$", text):
-        raise argparse.ArgumentTypeError(
-            f"node id {text!r} must be 1-64 letters, digits, '-' or '_' (it becomes one NATS "
-            "subject token)")
-    return text
-
-
-def positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"{text!r} must be greater than 0")
-    return value
-
-
-def positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"{text!r} must be greater than 0")
-    return value
-
-
-def port(text: str) -> int:
-    value = positive_int(text)
-    if value > 65535:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a TCP port (1-65535)")
-    return value
-
-
-def port_range(text: str) -> tuple[int, int]:
-    lo, sep, hi = text.partition("-")
-    if not sep:
-        raise argparse.ArgumentTypeError(f"port range {text!r} is not of the form FIRST-LAST")
-    a, b = port(lo), port(hi)
-    if a > b:
-        raise argparse.ArgumentTypeError(f"port range {text!r} ends before it starts")
-    return a, b
-
-
-def strategy_param(text: str) -> tuple[str, float]:
-    key, sep, value = text.partition("=")
-    try:
-        if not sep or not key:
-            raise ValueError
-        return key, float(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"strategy parameter {text!r} is not of the form key=number") from None
-
-
-def _params_env(text: str) -> dict[str, float]:
-    return dict(strategy_param(p.strip()) for p in text.split(",") if p.strip())
-
-
-def _choice(values: Sequence[str]) -> Callable[[str], str]:
-    def parse(text: str) -> str:
-        if text not in values:
-            raise argparse.ArgumentTypeError(
-                f"{text!r} is not one of {', '.join(values)}")
-        return text
-    return parse
-
-
 @dataclass(frozen=True)
 class Option:
     """One setting: its field in the config Struct, its flag, its environment variable."""
@@ -207,11 +138,11 @@ def _common(daemon: str) -> list[Option]:
                "PORT"),
         Option("metrics_addr", "--metrics-addr", "GAVEL_METRICS_ADDR", str,
                "address the metrics endpoint listens on (default 127.0.0.1)", "ADDR"),
-        Option("log_format", "--log-format", "GAVEL_LOG_FORMAT", _choice(("text", "json")),
+        Option("log_format", "--log-format", "GAVEL_LOG_FORMAT", choice(("text", "json")),
                "log lines as text or as one JSON object per line (default text)",
                choices=("text", "json")),
         Option("log_level", "--log-level", "GAVEL_LOG_LEVEL",
-               _choice(("DEBUG", "INFO", "WARNING", "ERROR")), "log level (default INFO)",
+               choice(("DEBUG", "INFO", "WARNING", "ERROR")), "log level (default INFO)",
                choices=("DEBUG", "INFO", "WARNING", "ERROR")),
     ]
 
@@ -233,11 +164,11 @@ WORKER_OPTIONS: list[Option] = [
     *_common("worker"),
     Option("node_id", "--node-id", "GAVEL_NODE_ID", node_id,
            "this node's id: letters, digits, '-' and '_' (required)", "ID"),
-    Option("strategy", "--strategy", "GAVEL_STRATEGY", _choice(strategy_names()),
+    Option("strategy", "--strategy", "GAVEL_STRATEGY", choice(strategy_names()),
            "bidding strategy (default least-loaded)", choices=strategy_names()),
     Option("strategy_params", "--strategy-param", "GAVEL_STRATEGY_PARAMS", strategy_param,
            "strategy parameter, e.g. ceiling=0.7 for headroom (repeatable; env: a comma "
-           "list)", "KEY=VALUE", repeat=True, env_parse=_params_env),
+           "list)", "KEY=VALUE", repeat=True, env_parse=strategy_params),
     Option("labels", "--labels", "GAVEL_LABELS", labels, "labels as k=v,k2=v2", "LABELS"),
     Option("cpu", "--cpu", "GAVEL_CPU", positive_float, "cpu capacity (default: detected)",
            "N"),

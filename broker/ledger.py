@@ -168,6 +168,9 @@ class Ledger:
         self._state = State()
         self._lock = threading.RLock()
         self._landed: str | None = None  # our commit, written but not yet adopted
+        #: Set while a writer process commits for us: the ref may move under our feet before
+        #: `adopt`, and `state()` must keep the cached state until then.
+        self.writing = False
         self._head_cache: tuple[tuple[object, ...], str | None] | None = None
 
     # -- the active ref ------------------------------------------------------------------
@@ -228,7 +231,7 @@ class Ledger:
         commit while its side effects (telling the winner, starting its clocks) have not
         run yet: the cached state, one commit behind, is returned until `adopt` folds the
         change in — so nobody acts on a placement the broker has not finished making."""
-        if not self._lock.acquire(blocking=False):
+        if self.writing or not self._lock.acquire(blocking=False):
             return self._state  # our write is in flight: never block the event loop on git
         try:
             head = self.head()
@@ -288,11 +291,16 @@ class Ledger:
         """Commit `change` on top of `planned_on` and move the branch by compare-and-swap.
 
         Safe to call from a worker thread: it does not touch the cached `State`."""
+        return self.write_files(change.files(), message, planned_on)
+
+    def write_files(self, files: Mapping[str, bytes | None], message: str,
+                    planned_on: str | None) -> str:
+        """`write` for already-encoded files (what a writer process receives)."""
         if self.pinned:
             raise Pinned(f"{self.ref} is pinned")
         with self._lock:
             try:
-                sha = self._commit(change.files(), message, planned_on)
+                sha = self._commit(files, message, planned_on)
             except (pygit2.GitError, OSError) as exc:
                 raise LedgerError(str(exc)) from exc
             self._landed = sha

@@ -32,6 +32,10 @@ __all__ = ["Promises"]
 
 _event_dec = msgspec.msgpack.Decoder(Event)
 
+#: The event types a worker reports about its own instances; any other is rejected.
+REPORTED = frozenset({EventType.PROVISIONING, EventType.RUNNING, EventType.EXITED,
+                      EventType.FAILED, EventType.CANCELLED})
+
 #: Worker-reported failures that could succeed on another node: they consume an attempt.
 RETRYABLE = frozenset({Reason.DRIVER_FAILED.value, Reason.NO_ROOM_PORTS.value,
                        Reason.WORKER_STOPPED.value})
@@ -49,7 +53,7 @@ class Promises:
         b = self.b
         try:
             ev = _event_dec.decode(msg.data)
-        except msgspec.DecodeError:
+        except (msgspec.DecodeError, RecursionError):  # msgspec's depth guard is no DecodeError
             b.rejects.count("malformed event", msg.subject)
             return
         node = subjects.node_of(msg.subject)
@@ -58,6 +62,9 @@ class Promises:
             return
         if b.ledger.state().placement_of(ev.instance_id) != node:
             b.rejects.count("event for an instance not placed on that node", msg.subject)
+            return
+        if ev.type not in REPORTED:  # checked before it is recorded or published
+            b.rejects.count("event of an unknown type", msg.subject)
             return
         b.record_event(ev)
         iid = ev.instance_id
@@ -79,8 +86,6 @@ class Promises:
                                                      ev.detail))
             case EventType.FAILED:
                 self._end(ev, InstanceState.FAILED)
-            case _:
-                b.rejects.count("event of an unknown type", msg.subject)
 
     def heartbeat_lists(self, node_id: str, instances: list[tuple[str, str]]) -> None:
         """A heartbeat listing an instance git places there confirms the node holds it."""

@@ -157,7 +157,9 @@ class Pusher:
                 self._kick.clear()
                 try:
                     await self._loop.run_in_executor(self._pool, self.sync)
-                except PushError as exc:
+                except Exception as failure:  # never let one bad attempt end the pusher
+                    exc = failure if isinstance(failure, PushError) else PushError(
+                        f"push to {self.url} failed: {failure}")
                     self._count("failed")
                     self.failures += 1
                     level = logging.DEBUG if str(exc) == self.last_error else logging.WARNING
@@ -217,7 +219,8 @@ class Pusher:
                 raise PushError(f"push to {self.url} failed: {error}")
             try:
                 self._merge(repo, ours, theirs)
-            except _Moved:
+            except (_Moved, pygit2.GitError) as exc:  # the ref moved, or its lock was taken
+                error = str(exc) or "our branch moved during the merge"
                 continue
         raise PushError(f"push to {self.url} failed {self.max_rounds} times: {error}")
 

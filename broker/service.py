@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import random
 import time
 from collections import deque
@@ -61,6 +62,7 @@ class Broker:
         sample_d: int | None = None,
         seed: int | None = None,
         max_auctions: int = 16,
+        writer: str = "process",
         nats_options: Mapping[str, Any] | None = None,
     ) -> None:
         self.log = logging.getLogger("gavel.broker")
@@ -68,7 +70,7 @@ class Broker:
         self.timing = timing or Timing()
         self.ledger = Ledger(state_dir / "state.git", ref)
         self.committer = Committer(self.ledger, retry_s=self.timing.tick_s,
-                                   on_commit=self._mirror)
+                                   on_commit=self._mirror, writer=writer)
         self.liveness = Liveness(self.timing)
         self.secrets = dict(secrets or {})
         self.now = clock
@@ -93,7 +95,9 @@ class Broker:
         self._wake = asyncio.Event()
         self._stopped = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
-        self._kv: Any = None
+        self._kv: bool | None = None
+        self._outbox: list[tuple[str, bytes]] = []
+        self._outbox_ready = asyncio.Event()
         self.nc: Any = None
 
     # -- lifecycle -----------------------------------------------------------------------
@@ -114,7 +118,8 @@ class Broker:
         await self.nc.subscribe(subjects.REPORT_ALL, cb=self.promises.on_report)
         await self.nc.subscribe(subjects.ASSIGN_ALL, cb=self._on_assign)
         await Api(self).start(self.nc)
-        self._tasks = [asyncio.create_task(self.committer.run(), name="committer"),
+        self._tasks = [asyncio.create_task(self._send(), name="outbox"),
+                       asyncio.create_task(self.committer.run(), name="committer"),
                        asyncio.create_task(self._loop(), name="reconcile")]
         self.log.info("broker up: state %s ref %s", self.ledger.path, self.ledger.ref)
 
@@ -134,6 +139,9 @@ class Broker:
                 await t
         if self.nc is not None and not self.nc.is_closed:
             with contextlib.suppress(Exception):
+                for subject, payload in self._outbox:  # what the sender had not sent yet
+                    await self.nc.publish(subject, payload)
+                self._outbox = []
                 await self.nc.drain()
 
     def wake(self) -> None:
@@ -156,7 +164,20 @@ class Broker:
         self.publish_raw(subject, _enc.encode(msg))
 
     def publish_raw(self, subject: str, payload: bytes) -> None:
-        asyncio.ensure_future(self.nc.publish(subject, payload))
+        """Queue a message; one sender task publishes them in order (no task per message)."""
+        self._outbox.append((subject, payload))
+        self._outbox_ready.set()
+
+    async def _send(self) -> None:
+        while True:
+            await self._outbox_ready.wait()
+            self._outbox_ready.clear()
+            batch, self._outbox = self._outbox, []
+            for subject, payload in batch:
+                try:
+                    await self.nc.publish(subject, payload)
+                except Exception as exc:  # disconnected past the buffer: count, carry on
+                    self.rejects.count("publish failed", f"{subject}: {exc}")
 
     @staticmethod
     def encode(msg: msgspec.Struct) -> bytes:
@@ -190,35 +211,41 @@ class Broker:
     async def _open_kv(self, nodes: Mapping[str, NodeFile]) -> None:
         try:
             js = self.nc.jetstream()
-            self._kv = await js.create_key_value(bucket=subjects.NODES_BUCKET, history=1)
+            await js.create_key_value(bucket=subjects.NODES_BUCKET, history=1)
+            self._kv = True
         except Exception as exc:  # JetStream off: awards still flow, convergence is off
             self.log.warning("no JetStream KV (%s); workers converge from awards only", exc)
             self._kv = None
             return
         for node_id, nf in nodes.items():
-            await self._kv_put(node_id, nf)
+            self._kv_put(node_id, nf)
 
-    async def _kv_put(self, node_id: str, nf: NodeFile | None) -> None:
+    def _kv_put(self, node_id: str, nf: NodeFile | None) -> None:
+        """Mirror one node.json into the KV bucket. A KV put is a publish on the bucket's
+        subject; it goes through the outbox like everything else (no per-put round trip —
+        the mirror is re-published in full at every broker start)."""
         if self._kv is None:
             return
-        try:
-            await self._kv.put(node_id, encode(nf or NodeFile(node_id=node_id)))
-        except Exception as exc:
-            self.log.warning("could not mirror node %s to KV: %s", node_id, exc)
+        self.publish_raw(f"$KV.{subjects.NODES_BUCKET}.{node_id}",
+                         encode(nf or NodeFile(node_id=node_id)))
 
     def _mirror(self, change: Change, sha: str) -> None:
         for node_id, nf in change.nodes.items():
-            asyncio.ensure_future(self._kv_put(node_id, nf))
+            self._kv_put(node_id, nf)
 
     # -- inbound -------------------------------------------------------------------------
     async def _on_heartbeat(self, msg: Msg) -> None:
         try:
             hb = _hb_dec.decode(msg.data)
-        except msgspec.DecodeError:
+        except (msgspec.DecodeError, RecursionError):  # msgspec's depth guard is no DecodeError
             self.rejects.count("malformed heartbeat", msg.subject)
             return
         if subjects.node_of(msg.subject) != hb.node_id:
             self.rejects.count("heartbeat for another node", msg.subject)
+            return
+        impossible = _impossible(hb)
+        if impossible:
+            self.rejects.count(impossible, msg.subject)
             return
         before = self.liveness.record(hb, self.now())
         self.promises.heartbeat_lists(hb.node_id,
@@ -230,8 +257,11 @@ class Broker:
     async def _on_assign(self, msg: Msg) -> None:
         try:
             req = _assign_dec.decode(msg.data)
-        except msgspec.DecodeError:
+        except (msgspec.DecodeError, RecursionError):
             self.rejects.count("malformed assignment request", msg.subject)
+            if msg.reply:  # the asker is not left waiting out its timeout on garbage
+                await self.nc.publish(msg.reply, _enc.encode(
+                    ApiError(error="malformed assignment request")))
             return
         node = subjects.node_of(msg.subject)
         reply: msgspec.Struct
@@ -243,3 +273,18 @@ class Broker:
             reply = award or ApiError(error=f"{req.instance_id} is not placed on {node}")
         if msg.reply:
             await self.nc.publish(msg.reply, _enc.encode(reply))
+
+
+def _impossible(hb: Heartbeat) -> str:
+    """Why a well-formed heartbeat cannot be true (the reject kind), or "" when it can: the
+    node id must be usable as a subject token and a git path, the capacity finite and not
+    negative, the port range empty or [first, last] within 1-65535."""
+    if not subjects.is_node_id(hb.node_id):
+        return "heartbeat from an unusable node id"
+    cap = hb.capacity
+    if not (math.isfinite(cap.cpu) and cap.cpu >= 0 and cap.memory_mb >= 0 and cap.ports >= 0):
+        return "heartbeat with an impossible capacity"
+    pr = hb.port_range
+    if pr and not (len(pr) == 2 and 1 <= pr[0] <= pr[1] <= 65535):
+        return "heartbeat with an impossible port range"
+    return ""

@@ -1,0 +1,101 @@
+"""Parsers for option values, shared by flags (argparse ``type=``) and GAVEL_* variables.
+
+Rule: each takes the text an operator typed and returns the typed value, or raises
+`argparse.ArgumentTypeError` with one sentence naming the text and what was expected.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+from collections.abc import Callable, Sequence
+
+__all__ = [
+    "choice",
+    "labels",
+    "node_id",
+    "port",
+    "port_range",
+    "positive_float",
+    "positive_int",
+    "strategy_param",
+    "strategy_params",
+]
+
+def labels(text: str) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        key, sep, value = part.partition("=")
+        if not sep or not key:
+            raise argparse.ArgumentTypeError(f"label {part!r} is not of the form key=value")
+        out[key] = value
+    return out
+
+
+def node_id(text: str) -> str:
+    if not re.match(r"^[A-Za-z0-9_-]{1,64}$", text):
+        raise argparse.ArgumentTypeError(
+            f"node id {text!r} must be 1-64 letters, digits, '-' or '_' (it becomes one NATS "
+            "subject token)")
+    return text
+
+
+def positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be greater than 0")
+    return value
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be greater than 0")
+    return value
+
+
+def port(text: str) -> int:
+    value = positive_int(text)
+    if value > 65535:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a TCP port (1-65535)")
+    return value
+
+
+def port_range(text: str) -> tuple[int, int]:
+    lo, sep, hi = text.partition("-")
+    if not sep:
+        raise argparse.ArgumentTypeError(f"port range {text!r} is not of the form FIRST-LAST")
+    a, b = port(lo), port(hi)
+    if a > b:
+        raise argparse.ArgumentTypeError(f"port range {text!r} ends before it starts")
+    return a, b
+
+
+def strategy_param(text: str) -> tuple[str, float]:
+    key, sep, value = text.partition("=")
+    try:
+        if not sep or not key:
+            raise ValueError
+        return key, float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"strategy parameter {text!r} is not of the form key=number") from None
+
+
+def strategy_params(text: str) -> dict[str, float]:
+    return dict(strategy_param(p.strip()) for p in text.split(",") if p.strip())
+
+
+def choice(values: Sequence[str]) -> Callable[[str], str]:
+    def parse(text: str) -> str:
+        if text not in values:
+            raise argparse.ArgumentTypeError(
+                f"{text!r} is not one of {', '.join(values)}")
+        return text
+    return parse
