@@ -148,11 +148,14 @@ class Broker:
         self._wake.set()
 
     async def _loop(self) -> None:
+        watched = float("-inf")
         while True:
             now = self.now()
             try:
                 self.auctioneer.reconcile(now)
-                self.promises.watch(now)
+                if now - watched >= self.timing.tick_s / 2:  # clocks need no finer grain
+                    watched = now
+                    self.promises.watch(now)
             except Exception:
                 self.log.exception("reconcile failed; retrying next tick")
             with contextlib.suppress(TimeoutError):
