@@ -153,10 +153,15 @@ class Committer:
             self.submit(item)
 
 
+#: Control characters become spaces in message lines (trailers are JSON: already escaped).
+_CONTROLS = dict.fromkeys([*range(32), 127], " ")
+
+
 def _message(planned: list[Planned]) -> str:
     # One line per line: text a worker sent (a decline's detail) must not start a line of its
-    # own in the message, where it could pass for a `Gavel-Auction:` trailer.
-    lines = [line.replace("\r", " ").replace("\n", " ") for p in planned for line in p.lines]
+    # own in the message, where it could pass for a `Gavel-Auction:` trailer, nor end the
+    # message early (libgit2 stops at a NUL, taking the trailers with it).
+    lines = [line.translate(_CONTROLS) for p in planned for line in p.lines]
     trailers = [t for p in planned for t in p.trailers]
     if len(lines) == 1:
         subject, body = lines[0], []

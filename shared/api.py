@@ -14,6 +14,7 @@ from shared.messages import Capacity, Event, Message, Spec
 from shared.records import AuctionRecord
 
 __all__ = [
+    "INSTANCE_ID",
     "CancelReply",
     "CancelRequest",
     "DrainReply",
@@ -34,10 +35,17 @@ __all__ = [
     "WhyRequest",
 ]
 
+#: What an operator may name an instance (or "": the broker names it): a letter or digit,
+#: then letters, digits, ``_ -`` and single dots — usable in a NATS subject, as a file name in
+#: git and as the worker's directory name for it.
+INSTANCE_ID = r"^([A-Za-z0-9][A-Za-z0-9_-]*(\.[A-Za-z0-9_-]+)*)?$"
+InstanceId = Annotated[str, msgspec.Meta(max_length=128, pattern=INSTANCE_ID)]
+
 
 class SubmitRequest(Message, tag="submit"):
     spec: Spec
-    instance_id: str = ""
+    #: Empty: the broker names it. It becomes a NATS subject token and a file name in git.
+    instance_id: InstanceId = ""
     #: Submit this many instances of the spec in one commit (ids get a -N suffix).
     count: Annotated[int, msgspec.Meta(ge=1, le=100_000)] = 1
 

@@ -268,7 +268,7 @@ class Auction:
                 continue
             room = remaining.get(node)
             short = _shortfall(request, room) if room is not None else None
-            if short is None and load != math.inf:
+            if short is None and math.isfinite(load):  # inf: "only one"; -inf: steps overflowed
                 return load, node
             heapq.heappop(heap)
             del live[node]

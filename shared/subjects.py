@@ -7,6 +7,8 @@ the broker checks the token against the message's ``node_id``.
 
 from __future__ import annotations
 
+import re
+
 __all__ = [
     "API",
     "ASSIGN",
@@ -24,6 +26,7 @@ __all__ = [
     "REPORT_ALL",
     "RFB",
     "RFB_NODE",
+    "is_node_id",
     "node_of",
 ]
 
@@ -50,3 +53,12 @@ NODES_BUCKET = "gavel-nodes"
 def node_of(subject: str) -> str:
     """The node token of a per-node subject (its last token)."""
     return subject.rsplit(".", 1)[-1]
+
+
+#: What a node id may be: one subject token and one path component in git.
+_NODE_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
+
+
+def is_node_id(token: str) -> bool:
+    """True for a usable node id (letters, digits, ``-`` and ``_``; 1 to 64 of them)."""
+    return _NODE_ID.fullmatch(token) is not None
