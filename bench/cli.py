@@ -8,8 +8,6 @@ import json
 import sys
 from pathlib import Path
 
-from bench.run import Options, VerifyError, run
-
 __all__ = ["add_arguments", "run_cli"]
 
 
@@ -37,15 +35,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="requests per auction at most (default 256)")
     p.add_argument("--max-auctions", type=_positive, default=16,
                    help="auctions in flight at once (default 16)")
+    p.add_argument("--idle-s", type=float, default=10.0,
+                   help="seconds to measure one idle `gavel worker` (0 skips; default 10)")
     p.add_argument("--state", type=Path, default=None,
                    help="keep the run's state (git repo, logs) here")
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
 
 def run_cli(args: argparse.Namespace) -> int:
+    from bench.run import Options, VerifyError, run
+
     opts = Options(agents=args.agents, placements=args.placements, mode=args.mode, d=args.d,
                    processes=args.processes, batch_max=args.batch_max,
-                   max_auctions=args.max_auctions, progress=not args.json, state=args.state)
+                   max_auctions=args.max_auctions, progress=not args.json, state=args.state,
+                   idle_s=args.idle_s)
     try:
         result = asyncio.run(run(opts))
     except VerifyError as exc:

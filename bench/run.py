@@ -21,6 +21,7 @@ from typing import Any
 import psutil
 
 from bench.ceilings import git_cli_commits_per_s, nats_reqreply_per_s
+from bench.idle import idle_worker
 from broker.client import ClientError, call, connect
 from broker.ledger import Ledger
 from broker.natsserver import NatsServer
@@ -45,6 +46,7 @@ class Options:
     max_auctions: int = 16
     chunk: int = 1000
     timeout_s: float = 600.0
+    idle_s: float = 10.0
     progress: bool = True
     state: Path | None = None
 
@@ -66,6 +68,8 @@ class Result:
     bids_per_s: float
     nats_reqreply_per_s: float
     git_cli_commits_per_s: float
+    idle_worker_cpu_pct: float
+    idle_worker_rss_mb: float
     ratio_to_nats_reqreply: float
     ratio_to_git_cli: float
     verified: bool
@@ -116,6 +120,7 @@ async def run(opts: Options) -> Result:
     try:
         nats_rr = await nats_reqreply_per_s(server.url)
         git_cli = await asyncio.to_thread(git_cli_commits_per_s)
+        idle = await idle_worker(server.url, opts.idle_s) if opts.idle_s > 0 else (0.0, 0.0)
         broker_args = ["--url", server.url, "--state", str(root), "--batch-max",
                        str(opts.batch_max), "--max-auctions", str(opts.max_auctions)]
         if opts.mode == "sampled":
@@ -139,7 +144,7 @@ async def run(opts: Options) -> Result:
                 raise RuntimeError(f"an agent process failed to start; see {root / 'logs'}")
         nc = await connect(server.url)
         try:
-            return await _drive(nc, opts, root, broker, agent_procs, nats_rr, git_cli)
+            return await _drive(nc, opts, root, broker, agent_procs, nats_rr, git_cli, idle)
         finally:
             await nc.close()
     finally:
@@ -156,7 +161,7 @@ async def run(opts: Options) -> Result:
 
 async def _drive(nc: Any, opts: Options, root: Path, broker: subprocess.Popen[bytes],
                  agent_procs: list[subprocess.Popen[bytes]], nats_rr: float,
-                 git_cli: float) -> Result:
+                 git_cli: float, idle: tuple[float, float]) -> Result:
     deadline = time.monotonic() + 60
     while True:
         try:
@@ -213,6 +218,7 @@ async def _drive(nc: Any, opts: Options, root: Path, broker: subprocess.Popen[by
         broker_rss_mb=round(broker_rss, 1), agent_rss_mb=round(agent_rss / opts.agents, 3),
         bids_per_s=round((stats.bids_received - replies0) / elapsed, 1),
         nats_reqreply_per_s=round(nats_rr, 1), git_cli_commits_per_s=round(git_cli, 1),
+        idle_worker_cpu_pct=round(idle[0], 2), idle_worker_rss_mb=round(idle[1], 1),
         ratio_to_nats_reqreply=round(rate / nats_rr, 3) if nats_rr else 0.0,
         ratio_to_git_cli=round(rate / git_cli, 1) if git_cli else 0.0, verified=True)
 

@@ -2,9 +2,26 @@
 
 `simulate` runs every policy of a `Scenario` on the same arrivals; `sim.cli` is the
 ``gavel sim`` command; `sim.replay` re-decides the auctions recorded in a state repository.
+Names load lazily so the `gavel` command line does not import numpy for other verbs.
 """
 
-from sim.policies import SimResult, simulate
-from sim.scenario import Scenario, ScenarioError, load_scenario, parse_scenario
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from sim.policies import SimResult, simulate
+    from sim.scenario import Scenario, ScenarioError, load_scenario, parse_scenario
 
 __all__ = ["Scenario", "ScenarioError", "SimResult", "load_scenario", "parse_scenario", "simulate"]
+
+_HOME = {"SimResult": "sim.policies", "simulate": "sim.policies", "Scenario": "sim.scenario",
+         "ScenarioError": "sim.scenario", "load_scenario": "sim.scenario",
+         "parse_scenario": "sim.scenario"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _HOME:
+        return getattr(importlib.import_module(_HOME[name]), name)
+    raise AttributeError(f"module 'sim' has no attribute {name!r}")

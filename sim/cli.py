@@ -14,9 +14,11 @@ import time
 from pathlib import Path
 from typing import TextIO
 
-from sim.bench import run_bench
-from sim.engine import Progress
-from sim.scenario import Scenario, ScenarioError, load_scenario
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # the simulator loads only when `gavel sim` runs (numpy is heavy)
+    from sim.engine import Progress
+    from sim.scenario import Scenario
 
 __all__ = ["SCENARIOS", "add_arguments", "run"]
 
@@ -57,6 +59,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from sim.bench import run_bench
+    from sim.scenario import ScenarioError, load_scenario
+
     try:
         if args.bench:
             only = set(args.policies.split(",")) if args.policies else {"gavel:mixed"}
