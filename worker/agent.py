@@ -268,12 +268,15 @@ class Agent:
 
     def _ignore(self, why: str, instance_id: str) -> None:
         self.ignored[why] += 1
-        log.info("ignored %s: %s", why, instance_id)
+        if self.ignored[why] == 1:
+            log.info("ignored %s: %s; further ones are only counted", why, instance_id)
+        else:
+            log.debug("ignored %s: %s", why, instance_id)
 
     async def _on_rfb(self, msg: Msg) -> None:
         try:
             rfb = self._rfb_decoder.decode(msg.data)
-        except msgspec.DecodeError as exc:
+        except (msgspec.DecodeError, RecursionError) as exc:  # deep nesting: no DecodeError
             self._malformed("rfb", msg, exc)
             return
         view, strategy = self._view, self.strategy
@@ -285,7 +288,7 @@ class Agent:
     async def _on_award(self, msg: Msg) -> None:
         try:
             award = self._award_decoder.decode(msg.data)
-        except msgspec.DecodeError as exc:
+        except (msgspec.DecodeError, RecursionError) as exc:  # deep nesting: no DecodeError
             self._malformed("award", msg, exc)
             return
         if award.node_id != self.node_id:
@@ -298,7 +301,7 @@ class Agent:
     async def _on_cancel(self, msg: Msg) -> None:
         try:
             cancel = self._cancel_decoder.decode(msg.data)
-        except msgspec.DecodeError as exc:
+        except (msgspec.DecodeError, RecursionError) as exc:  # deep nesting: no DecodeError
             self._malformed("cancel", msg, exc)
             return
         if cancel.node_id != self.node_id:

@@ -21,7 +21,7 @@ from typing import Any
 
 import msgspec
 import pytest
-from hypothesis import event, given
+from hypothesis import event, given, settings
 from hypothesis import strategies as st
 from hypothesis.control import currently_in_test_context as currently_fuzzing
 
@@ -502,7 +502,7 @@ answer_lists = st.lists(st.integers(0, 1), unique=True, max_size=2).flatmap(
                   detail=st.text(max_size=10))) for s in shapes]))
 
 
-@FUZZ
+@settings(FUZZ, max_examples=40)  # a commit or two per example
 @given(replies=st.tuples(answer_lists, answer_lists, answer_lists))
 def test_extreme_but_valid_bids_decide_commit_and_explain(
         rig: Rig, replies: tuple[tuple[Bid | Decline, ...], ...]) -> None:

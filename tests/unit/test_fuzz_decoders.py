@@ -11,7 +11,7 @@ from typing import Any
 
 import msgspec
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from broker.specfile import SpecError, load_spec
@@ -117,6 +117,8 @@ FILES: dict[Any, list[msgspec.Struct]] = {
 }
 
 MSGPACK = {**WIRE, **API_REQUESTS, **API_REPLIES}
+#: Thirty-odd decoders: fewer examples each keeps the suite within its time budget.
+EACH = settings(FUZZ, max_examples=80)
 
 
 def _name(t: Any) -> str:
@@ -133,7 +135,7 @@ def _decodes_or_refuses(decoder: Any, t: Any, data: bytes) -> None:
 
 
 @pytest.mark.parametrize("t", list(MSGPACK), ids=_name)
-@FUZZ
+@EACH
 @given(data=st.data())
 def test_msgpack_decoders_return_their_type_or_raise_decode_error(t: Any,
                                                                   data: st.DataObject) -> None:
@@ -144,7 +146,7 @@ def test_msgpack_decoders_return_their_type_or_raise_decode_error(t: Any,
 
 
 @pytest.mark.parametrize("t", list(FILES), ids=_name)
-@FUZZ
+@EACH
 @given(data=st.data())
 def test_json_decoders_return_their_type_or_raise_decode_error(t: Any,
                                                                data: st.DataObject) -> None:
