@@ -3,7 +3,7 @@
 Rules: every agent subscribes to the broadcast RFB subject and its own directed subject,
 answers through `shared.strategies.answer` exactly as `worker.agent.Agent` does (the same
 function, the same messages, the same subjects), and takes awards with a no-op driver: the
-instance "runs" at once and the node's heartbeat lists it (that is the node confirming the
+instance "runs" at once and the node confirms it (its heartbeat lists it too; the node's
 award). Decoders are built once per process; the RFB path creates no tasks.
 
 Run as ``python -m bench.agents --url URL --first K --count N``; it prints ``ready`` once
@@ -25,7 +25,16 @@ import nats
 
 from shared import subjects
 from shared.feasibility import NodeView
-from shared.messages import RFB, Award, BidReply, Capacity, Heartbeat, InstanceReport
+from shared.messages import (
+    RFB,
+    Award,
+    BidReply,
+    Capacity,
+    Event,
+    EventType,
+    Heartbeat,
+    InstanceReport,
+)
 from shared.strategies import Strategy, answer, make_strategy
 
 __all__ = ["BenchAgent", "main"]
@@ -43,6 +52,7 @@ class BenchAgent:
         self.view = NodeView(node_id=node_id, capacity=capacity)
         self.held: dict[str, InstanceReport] = {}
         self.bids_subject = subjects.BIDS.format(node=node_id)
+        self.report_subject = subjects.REPORT.format(node=node_id)
         self.nc: Any = None
         self.replies = 0
         self.seq = 0
@@ -75,6 +85,10 @@ class BenchAgent:
         self.held[award.instance_id] = InstanceReport(
             instance_id=award.instance_id, state="running", attempt=award.attempt,
             ports=award.ports)
+        # The no-op driver starts at once: confirm like a real worker does.
+        await self.nc.publish(self.report_subject, _enc.encode(Event(
+            instance_id=award.instance_id, type=EventType.RUNNING, node_id=self.node_id,
+            attempt=award.attempt)))
 
     async def heartbeat(self) -> None:
         self.seq += 1

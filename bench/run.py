@@ -189,13 +189,13 @@ async def _drive(nc: Any, opts: Options, root: Path, broker: subprocess.Popen[by
 
     submitting = asyncio.gather(*(submit(k, min(opts.chunk, opts.placements - k))
                                   for k in range(0, opts.placements, opts.chunk)))
-    base = stats.placed_total
+    base = stats.placed_now
     replies0 = stats.bids_received
     limit = time.monotonic() + opts.timeout_s
     while True:
         await asyncio.sleep(0.25)
         stats = await call(nc, "stats", StatsRequest(), StatsReply, timeout=10)
-        done = stats.placed_total - base
+        done = stats.placed_now - base
         if opts.progress:
             _bar(done, opts.placements, started)
         if done >= opts.placements:

@@ -137,6 +137,7 @@ class Api:
         return StatsReply(
             placed_total=b.auctioneer.placed_total, instances=len(b.ledger.state().instances),
             nodes_healthy=len(b.liveness.eligible(b.now())),
+            placed_now=len(b.ledger.state().where),
             auctions=b.auctioneer.auctions_total, bids_received=b.auctioneer.replies_total,
             commits=b.committer.commits, round_p50_ms=_pct(rounds, 50),
             round_p99_ms=_pct(rounds, 99), commit_p50_ms=_pct(commits, 50),

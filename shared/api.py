@@ -59,12 +59,14 @@ class StatsRequest(Message, tag="stats"):
     pass
 
 
-class StatsReply(Message, tag="stats-reply"):
+class StatsReply(Message, tag="stats-reply", kw_only=True):
     """The broker's own measurements, for `gavel bench` and operators."""
 
     placed_total: int
     instances: int
-    nodes_healthy: int
+    nodes_healthy: int = 0
+    #: Instances a node.json holds right now (placed_total also counts re-placements).
+    placed_now: int = 0
     auctions: int
     bids_received: int
     commits: int
