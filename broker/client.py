@@ -15,7 +15,7 @@ from nats.errors import TimeoutError as NatsTimeout
 from shared import subjects
 from shared.messages import ApiError, Message
 
-__all__ = ["ClientError", "call", "connect"]
+__all__ = ["BrokerRefused", "ClientError", "call", "connect"]
 
 T = TypeVar("T", bound=Message)
 _enc = msgspec.msgpack.Encoder()
@@ -25,10 +25,18 @@ class ClientError(Exception):
     """A sentence for the operator; the CLI prints it and exits non-zero."""
 
 
+class BrokerRefused(ClientError):
+    """The broker answered with `ApiError`: it was reached, and it said no."""
+
+
+async def _quiet(exc: Exception) -> None:
+    """nats-py logs connection errors with a traceback; `connect` raises a sentence instead."""
+
+
 async def connect(url: str, creds: str | None = None, **options: Any) -> Any:
     try:
         kwargs: dict[str, Any] = {"connect_timeout": 3, "max_reconnect_attempts": 2,
-                                  "allow_reconnect": False, **options}
+                                  "allow_reconnect": False, "error_cb": _quiet, **options}
         if creds:
             kwargs["user_credentials"] = creds
         return await nats.connect(url, **kwargs)
@@ -46,7 +54,10 @@ async def call(nc: Any, verb: str, request: Message, reply_type: type[T],
                           "`gavel up`") from None
     except NatsTimeout:
         raise ClientError(f"the broker did not answer {verb} within {timeout:g}s") from None
-    reply = msgspec.msgpack.decode(msg.data, type=reply_type | ApiError)  # type: ignore[operator]
+    try:
+        reply = msgspec.msgpack.decode(msg.data, type=reply_type | ApiError)
+    except (msgspec.DecodeError, RecursionError) as exc:  # not our broker, or not a broker
+        raise ClientError(f"the answer to {verb} is not a gavel reply: {exc}") from None
     if isinstance(reply, ApiError):
-        raise ClientError(reply.error)
+        raise BrokerRefused(reply.error)
     return reply  # type: ignore[no-any-return]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import re
 import signal
 import sys
 import time
@@ -16,10 +17,11 @@ from typing import Any
 
 import msgspec
 
-from broker.client import ClientError, call, connect
+from broker.client import BrokerRefused, ClientError, call, connect
 from broker.specfile import SpecError, load_spec
 from shared import subjects
 from shared.api import (
+    INSTANCE_ID,
     CancelReply,
     CancelRequest,
     DrainReply,
@@ -96,6 +98,9 @@ async def dispatch(args: argparse.Namespace) -> int:
 
 
 async def submit(args: argparse.Namespace) -> int:
+    if args.id and (len(args.id) > 128 or not re.match(INSTANCE_ID, args.id)):
+        raise UsageError(f"--id {args.id!r}: expected letters, digits, '_', '-' and single "
+                         "dots, starting with a letter or digit, at most 128")
     try:
         spec = load_spec(args.spec)
     except SpecError as exc:
@@ -105,8 +110,11 @@ async def submit(args: argparse.Namespace) -> int:
         sub = None
         if args.wait and args.id:
             sub = await nc.subscribe(subjects.EVENTS.format(instance=args.id))
-        reply = await call(nc, "submit", SubmitRequest(spec=spec, instance_id=args.id),
-                           SubmitReply)
+        try:
+            reply = await call(nc, "submit", SubmitRequest(spec=spec, instance_id=args.id),
+                               SubmitReply)
+        except BrokerRefused as exc:  # reached, and it said no (never fits, pinned, ...)
+            raise Refused(str(exc)) from None
         iid = reply.instance_id
         if not args.wait:
             _print_json({"instance_id": iid}) if args.json else print(iid)
@@ -139,7 +147,10 @@ async def _wait_placed(nc: Any, sub: Any, iid: str, args: argparse.Namespace) ->
             msg = await sub.next_msg(timeout=min(remaining, 1.0))
         except Exception:
             continue
-        ev = dec.decode(msg.data)
+        try:
+            ev = dec.decode(msg.data)
+        except (msgspec.DecodeError, RecursionError):
+            continue  # not an event: garbage on the subject changes nothing
         if ev.type == EventType.UNSCHEDULABLE:
             raise Refused(f"{iid} is unschedulable: {ev.detail or ev.reason}")
         if ev.type == EventType.ERROR:
@@ -239,7 +250,10 @@ async def events(args: argparse.Namespace) -> int:
         await _until_signal(done.set)
 
         async def cb(msg: Any) -> None:
-            e = dec.decode(msg.data)
+            try:
+                e = dec.decode(msg.data)
+            except (msgspec.DecodeError, RecursionError):
+                return  # not an event: garbage on the subject is not printed
             print(msgspec.json.encode(e).decode() if args.json else _fmt_event(e), flush=True)
 
         await nc.subscribe(subject, cb=cb)

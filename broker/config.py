@@ -12,6 +12,7 @@ Rules:
 from __future__ import annotations
 
 import argparse
+import math
 import re
 import tomllib
 from collections.abc import Callable, Mapping, Sequence
@@ -243,8 +244,10 @@ def _read(file: str) -> dict[str, Any]:
         return tomllib.loads(Path(file).read_text())
     except OSError as exc:
         raise ConfigError(f"cannot read config file {file}: {exc.strerror or exc}.") from None
-    except tomllib.TOMLDecodeError as exc:
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise ConfigError(f"config file {file} is not valid TOML: {exc}.") from None
+    except RecursionError:
+        raise ConfigError(f"config file {file} is not valid TOML: nested too deeply.") from None
 
 
 def _convert(cls: type[C], data: Mapping[str, Any], where: str) -> C:
@@ -288,6 +291,8 @@ def _finish(cfg: C, source: Mapping[str, str]) -> C:
     if cfg.strategy not in strategy_names():
         raise ConfigError(f"{src('strategy')}: field `strategy` expected one of "
                           f"{', '.join(strategy_names())}, got {cfg.strategy!r}.")
+    if cfg.cpu is not None and not math.isfinite(cfg.cpu):
+        raise ConfigError(f"{src('cpu')}: field `cpu` expected a finite number, got {cfg.cpu}.")
     lo, hi = cfg.ports
     if lo > hi:
         raise ConfigError(f"{src('ports')}: field `ports` expected FIRST <= LAST, got "

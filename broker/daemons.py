@@ -53,7 +53,7 @@ def _secrets(path: str) -> dict[str, str]:
         return {}
     try:
         data = tomllib.loads(Path(path).read_text())
-    except (OSError, tomllib.TOMLDecodeError) as exc:
+    except (OSError, ValueError, RecursionError) as exc:  # ValueError: TOML or UTF-8
         raise ConfigError(f"cannot read secrets file {path}: {exc}.") from None
     bad = [k for k, v in data.items() if not isinstance(v, str)]
     if bad:
@@ -89,7 +89,7 @@ def config_check(args: argparse.Namespace) -> int:
     if kind is None:
         try:
             data = tomllib.loads(Path(args.file).read_text())
-        except (OSError, tomllib.TOMLDecodeError):
+        except (OSError, ValueError, RecursionError):  # not UTF-8, not TOML, too deep
             data = {}  # `load` names the problem
         kind = "worker" if "node_id" in data else "broker"
     cfg: BrokerConfig | WorkerConfig

@@ -32,6 +32,8 @@ def load_spec(path: Path) -> Spec:
         return msgspec.convert(data, type=Spec)
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise SpecError(f"{path}: not valid TOML: {exc}") from None
+    except RecursionError:  # tomllib, or msgspec on JSON, nested about a thousand deep
+        raise SpecError(f"{path}: not a valid spec: nested too deeply") from None
     except msgspec.ValidationError as exc:
         raise SpecError(f"{path}: invalid spec: {_humanize(str(exc))}") from None
     except msgspec.DecodeError as exc:
