@@ -5,7 +5,8 @@ something changes (an instance comes or goes, host stats are sampled, draining f
 the RFB path makes no system calls and creates no tasks. Everything this node sends carries
 its own node id on its own subjects; a message addressed to another node is counted and
 dropped, a malformed one is counted and logged once per kind. What the node runs is the
-`Supervisor`'s business; this module is the NATS shell around it.
+`Supervisor`'s business, making it match node.json the `Converger`'s (see worker.converge
+for the award/KV ordering and for self-fencing); this module is the NATS shell around them.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from shared.messages import (
 )
 from shared.strategies import Strategy, answer
 from shared.timing import Timing
+from worker.converge import Converger
 from worker.hoststats import Sampler, detect_capacity
 from worker.supervisor import Supervisor
 
@@ -76,7 +78,13 @@ class Agent:
         self._draining = False
         self._supervisor = Supervisor(
             node_id=node_id, state_dir=self.state_dir, timing=timing, port_range=port_range,
-            report=self._report, on_change=self._refresh_view)
+            report=self._report, on_change=self._refresh_view,
+            reserved=lambda iid: self.converger.reserved(iid))
+        #: Makes this node match its node.json (KV); its counters say what it did.
+        self.converger = Converger(node_id=node_id, timing=timing,
+                                    supervisor=self._supervisor,
+                                    set_draining=self.set_draining,
+                                    on_node=self._refresh_view)
         self._view: NodeView
         self._refresh_view()
         self._seq = 0
@@ -137,10 +145,13 @@ class Agent:
             if self._stop_requested.is_set():
                 return
             await self._supervisor.restore()  # events wait in the outbox until connected
+            self.converger.start_link_watch(lambda: self._nc)
             if await self._connect():
                 await self._subscribe()
                 self._loops = [asyncio.create_task(self._heartbeats()),
                                asyncio.create_task(self._sample_stats())]
+                assert self._nc is not None
+                self.converger.start(self._nc)
                 self.ready.set()
                 await self._stop_requested.wait()
         finally:
@@ -163,6 +174,9 @@ class Agent:
             "name": f"gavel-worker-{self.node_id}", "max_reconnect_attempts": -1,
             "reconnect_time_wait": 0.5, "error_cb": self._on_nats_error,
             "disconnected_cb": self._on_disconnected, "reconnected_cb": self._on_reconnected,
+            # Replies to this node (assignments carry secrets) under a prefix only its
+            # credential may subscribe to; see broker.auth.
+            "inbox_prefix": subjects.NODE_INBOX.format(node=self.node_id),
         }
         options.update(self._nats_options)
         connecting = asyncio.ensure_future(nats.connect(self._nats_url, **options))
@@ -214,6 +228,7 @@ class Agent:
             with contextlib.suppress(nats.errors.Error):
                 await sub.unsubscribe()
         self._subs.clear()
+        await self.converger.close()
         for task in self._loops:
             task.cancel()
         await asyncio.gather(*self._loops, return_exceptions=True)
@@ -234,13 +249,22 @@ class Agent:
     async def _on_reconnected(self) -> None:
         log.info("reconnected to nats")
         self._wake.set()  # tell the broker at once that this node is back
+        self.converger.wake()
 
     # -- the node's view and its heartbeats -------------------------------------------------
 
     def _refresh_view(self) -> None:
-        """Rebuild the NodeView every bid reads: after any change, never per request."""
+        """Rebuild the NodeView every bid reads: after any change, never per request. Ports
+        node.json blocks (taken outside gavel) are not offered: the broker could not assign
+        them, so bidding on them would only win auctions it cannot place."""
+        first, last = self.port_range
+        blocked = sum(1 for p in self.converger.blocked() if first <= p <= last)
+        capacity = self.capacity
+        if blocked:
+            capacity = Capacity(cpu=capacity.cpu, memory_mb=capacity.memory_mb,
+                                ports=max(0, capacity.ports - blocked))
         self._view = NodeView(
-            node_id=self.node_id, capacity=self.capacity,
+            node_id=self.node_id, capacity=capacity,
             committed=self._supervisor.committed(), stats=self._stats,
             labels=self.labels, draining=self._draining,
         )
@@ -312,11 +336,14 @@ class Agent:
     # -- outbound ---------------------------------------------------------------------------
 
     async def _report(self, instance_id: str, attempt: int, type_: str, reason: str,
-                      detail: str, exit_code: int | None) -> None:
+                      detail: str, exit_code: int | None, *,
+                      ports: dict[str, int] | None = None,
+                      taken: list[int] | None = None) -> None:
         log.info("instance %s attempt %d: %s %s %s", instance_id, attempt, type_, reason, detail)
         await self._send(self._report_subject, Event(
             instance_id=instance_id, type=type_, node_id=self.node_id, reason=reason,
-            detail=detail, exit_code=exit_code, attempt=attempt, at=time.time()))
+            detail=detail, exit_code=exit_code, attempt=attempt, at=time.time(),
+            ports=dict(ports or {}), taken=list(taken or [])))
 
     async def _send(self, subject: str, message: Message) -> None:
         """Publish now, or keep it for when the connection exists; log what NATS refuses."""

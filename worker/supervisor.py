@@ -1,10 +1,16 @@
 """The instances this node holds: start them, watch them, time them out, stop them.
 
 Rules: an award is recorded and persisted before ``provisioning`` is reported, and one
-instance never runs twice (it is held, or that attempt already ended here). Every instance
-ends exactly once, through `_end`, which reports how it ended and then persists (a crash in
-between repeats the report after a restart rather than losing it). Secret values go to the
-child's environment only: never into a log line, never into ``agent.json``.
+instance never runs twice (it is held, or that attempt already ended here); nothing awaits
+between the "held?" check and holding it, so an award message and the same award fetched by
+convergence cannot both start it. Every instance ends exactly once, through `_end`, which
+reports how it ended and then persists (a crash in between repeats the report after a
+restart rather than losing it) — except a fenced one: the broker moved it away, so its end
+is logged, not reported, and the attempt is not remembered as run (if the broker places it
+here again, convergence may start it again). Ports are checked before the process starts
+(`worker.ports`); ``provisioning`` and ``running`` carry the real ports and the ones found
+taken. Secret values go to the child's environment only: never into a log line, never into
+``agent.json``.
 """
 
 from __future__ import annotations
@@ -15,28 +21,35 @@ import logging
 import os
 import re
 import time
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Collection
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 from shared.messages import Award, Capacity, EventType, InstanceReport, InstanceState
-from shared.ports import allocate
 from shared.reasons import Reason
 from shared.records import Placement
 from shared.timing import Timing
 from worker.driver import Process, instance_env, terminate
 from worker.localstate import FINISHED_KEPT, AgentFile, LocalInstance, load, save
+from worker.ports import assign
 
 __all__ = ["Report", "Supervisor"]
 
 log = logging.getLogger("gavel.worker")
 
-#: ``report(instance_id, attempt, type, reason, detail, exit_code)``: one event out.
-Report = Callable[[str, int, str, str, str, int | None], Awaitable[None]]
+
+class Report(Protocol):
+    """One event out: ``report(instance_id, attempt, type, reason, detail, exit_code)``,
+    with the instance's real ports and the awarded ports found taken, when there are any."""
+
+    async def __call__(self, instance_id: str, attempt: int, type_: str, reason: str,
+                      detail: str, exit_code: int | None, *,
+                      ports: dict[str, int] | None = None,
+                      taken: list[int] | None = None) -> None: ...
+
 
 _SAFE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
-#: Why the worker itself ends an instance when it stops with ``kill_children=True``.
-_SHUTDOWN = "worker shutdown"
 
 
 @dataclass(eq=False)
@@ -45,7 +58,10 @@ class _Held:
     proc: Process | None = None
     task: asyncio.Task[None] | None = None
     timer: asyncio.TimerHandle | None = None
-    stopping: str | None = None  # Reason.CANCELLED, Reason.TIMEOUT or _SHUTDOWN
+    #: Reason.CANCELLED, TIMEOUT, WORKER_STOPPED or FENCED once the stop has begun.
+    stopping: str | None = None
+    #: Ports of the award found taken outside gavel (reported with provisioning, running).
+    taken: list[int] = field(default_factory=list)
 
     @property
     def id(self) -> str:
@@ -62,13 +78,16 @@ class Supervisor:
 
     def __init__(self, *, node_id: str, state_dir: Path, timing: Timing,
                  port_range: tuple[int, int], report: Report,
-                 on_change: Callable[[], None]) -> None:
+                 on_change: Callable[[], None],
+                 reserved: Callable[[str], Collection[int]] = lambda _iid: ()) -> None:
         self.node_id = node_id
         self.state_dir = state_dir
         self.timing = timing
         self.port_range = port_range
         self._report = report
         self._on_change = on_change
+        #: Ports node.json gives to instances other than the one named, or blocks.
+        self._reserved = reserved
         self._path = state_dir / "agent.json"
         self._held: dict[str, _Held] = {}
         self._finished: collections.deque[str] = collections.deque(maxlen=FINISHED_KEPT)
@@ -90,6 +109,33 @@ class Supervisor:
                            attempt=h.attempt, ports=dict(h.local.placement.ports))
             for h in self._held.values()
         ]
+
+    def held(self) -> dict[str, int]:
+        """Instance id -> attempt of every held instance that is not being stopped."""
+        return {iid: h.attempt for iid, h in self._held.items() if h.stopping is None}
+
+    def holds(self, instance_id: str) -> bool:
+        """True while the instance is held, even while it is being stopped."""
+        return instance_id in self._held
+
+    def fence(self, instance_id: str, attempt: int, detail: str) -> bool:
+        """Stop that attempt without reporting it: the broker moved it away. False if that
+        attempt is not held (ended, or another attempt is held)."""
+        held = self._held.get(instance_id)
+        if held is None or held.attempt != attempt:
+            return False
+        if held.stopping is None:
+            log.warning("fenced instance %s attempt %d: %s (%s)", instance_id, attempt,
+                        Reason.FENCED, detail)
+        self._stop(held, Reason.FENCED)
+        return True
+
+    def fence_all(self, detail: str) -> int:
+        """Fence every held instance; how many there were."""
+        held = list(self._held.values())
+        for h in held:
+            self.fence(h.id, h.attempt, detail)
+        return len(held)
 
     # -- restart ----------------------------------------------------------------------------
 
@@ -135,19 +181,26 @@ class Supervisor:
             await self._report(iid, award.attempt, EventType.FAILED, Reason.DRIVER_FAILED,
                                "instance id unusable as a directory name", None)
             return None
-        ports = self._assign_ports(award)
-        if ports is None:
+        held_ports = {p for h in self._held.values() for p in h.local.placement.ports.values()}
+        got = assign(award.spec.ports, award.ports, self.port_range, held=held_ports,
+                     reserved=self._reserved(iid))
+        if got is None:
             await self._report(iid, award.attempt, EventType.FAILED, Reason.NO_ROOM_PORTS,
                                f"range {self.port_range[0]}-{self.port_range[1]}", None)
             return None
         placement = Placement(instance_id=iid, spec=award.spec, auction_id=award.auction_id,
-                              attempt=award.attempt, ports=ports)
-        held = _Held(LocalInstance(placement=placement, state=InstanceState.PROVISIONING))
+                              attempt=award.attempt, ports=got.ports)
+        held = _Held(LocalInstance(placement=placement, state=InstanceState.PROVISIONING),
+                     taken=got.taken)
         self._held[iid] = held
         self._on_change()
         self._persist()
+        if got.taken:
+            log.warning("instance %s: %s: %s; got %s instead", iid, Reason.PORT_TAKEN,
+                        got.taken, got.ports)
         await self._report(iid, award.attempt, EventType.PROVISIONING, "",
-                           f"commit {award.commit}" if award.commit else "", None)
+                           f"commit {award.commit}" if award.commit else "", None,
+                           ports=got.ports, taken=got.taken)
         held.task = asyncio.get_running_loop().create_task(
             self._supervise(held, award.secret_env))
         return None
@@ -159,18 +212,6 @@ class Supervisor:
         else:  # confirm at once, so the broker need not wait out its grace period
             await self._report(instance_id, 0, EventType.CANCELLED, Reason.CANCELLED,
                                "not running on this node", None)
-
-    def _assign_ports(self, award: Award) -> dict[str, int] | None:
-        """The broker's ports; named ports it left out get the lowest free ones here."""
-        ports = dict(award.ports)
-        missing = [name for name in award.spec.ports if name not in ports]
-        if missing:
-            used = {p for h in self._held.values() for p in h.local.placement.ports.values()}
-            extra = allocate(missing, self.port_range, used | set(ports.values()))
-            if extra is None:
-                return None
-            ports.update(extra)
-        return ports
 
     # -- one instance's life ----------------------------------------------------------------
 
@@ -194,7 +235,8 @@ class Supervisor:
             self._persist()
             self._arm_timeout(held)
             await self._report(held.id, held.attempt, EventType.RUNNING, "",
-                               f"pid {local.pid}", None)
+                               f"pid {local.pid}", None, ports=dict(placement.ports),
+                               taken=list(held.taken))
         await self._watch(held)
 
     async def _watch(self, held: _Held) -> None:
@@ -206,8 +248,11 @@ class Supervisor:
         elif why == Reason.TIMEOUT:
             await self._end(held, EventType.FAILED, Reason.TIMEOUT,
                             f"ran longer than {spec.timeout_s:g}s", code)
-        elif why == _SHUTDOWN:
-            await self._end(held, EventType.FAILED, "", "stopped: the worker shut down", code)
+        elif why == Reason.WORKER_STOPPED:
+            await self._end(held, EventType.FAILED, Reason.WORKER_STOPPED,
+                            "the worker shut down", code)
+        elif why == Reason.FENCED:
+            await self._end(held, EventType.FAILED, Reason.FENCED, "", code, report=False)
         elif held.proc is not None and held.proc.adopted:
             await self._end(held, EventType.EXITED, "", "exit status unknown: re-adopted process")
         elif code == 0:
@@ -235,14 +280,18 @@ class Supervisor:
             task.add_done_callback(self._stoppers.discard)
 
     async def _end(self, held: _Held, type_: str, reason: str, detail: str,
-                   exit_code: int | None = None) -> None:
+                   exit_code: int | None = None, *, report: bool = True) -> None:
         if held.timer is not None:
             held.timer.cancel()
         if self._held.get(held.id) is held:
             del self._held[held.id]
-        self._finished.append(f"{held.id}/{held.attempt}")
         self._on_change()
-        await self._report(held.id, held.attempt, type_, reason, detail, exit_code)
+        if report:
+            self._finished.append(f"{held.id}/{held.attempt}")
+            await self._report(held.id, held.attempt, type_, reason, detail, exit_code)
+        else:  # fenced: nothing the broker would count against the instance
+            log.info("fenced instance %s attempt %d ended (exit %s)", held.id, held.attempt,
+                     exit_code)
         self._persist()
 
     # -- the worker stops -------------------------------------------------------------------
@@ -253,7 +302,7 @@ class Supervisor:
         held = list(self._held.values())
         for h in held:
             if kill:
-                self._stop(h, _SHUTDOWN)
+                self._stop(h, Reason.WORKER_STOPPED)
                 continue
             if h.timer is not None:
                 h.timer.cancel()

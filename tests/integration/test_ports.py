@@ -1,0 +1,191 @@
+"""Ports on a node never overlap, and a port taken outside gavel is replaced and blocked.
+
+Real nats-server, real git, real processes: what a process "really got" is read from its
+own environment in /proc, what the node says from its heartbeats, what the broker recorded
+from node.json.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import msgspec
+import nats
+import pytest
+
+from shared import subjects
+from shared.api import SubmitReply, SubmitRequest
+from shared.messages import Award, Event, Heartbeat, Spec
+from shared.reasons import Reason
+from shared.strategies import make_strategy
+from tests.integration.harness import TIMING, Cluster, sleeper_spec, wait_for
+from worker.agent import Agent
+from worker.ports import bindable
+
+pytestmark = pytest.mark.integration
+
+PORTS = ["http", "admin", "metrics"]
+
+
+def proc_ports(pid: int) -> dict[str, int]:
+    """The GAVEL_PORT_* variables the process really has."""
+    with open(f"/proc/{pid}/environ", "rb") as f:
+        env = dict(kv.split(b"=", 1) for kv in f.read().split(b"\0") if b"=" in kv)
+    return {k.decode()[len("GAVEL_PORT_"):].lower(): int(v) for k, v in env.items()
+            if k.startswith(b"GAVEL_PORT_")}
+
+
+def free_range(start: int, size: int) -> tuple[int, int]:
+    """The first `size` consecutive bindable ports from `start` on."""
+    first = start
+    while True:
+        if all(bindable(p) for p in range(first, first + size)):
+            return first, first + size - 1
+        first += size
+
+
+@contextmanager
+def listening(port: int) -> Iterator[socket.socket]:
+    """Something outside gavel listening on `port`."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", port))
+        s.listen()
+        yield s
+
+
+async def test_hundreds_of_instances_never_share_a_port(cluster: Cluster) -> None:
+    await cluster.start_broker()
+    ranges = {f"node-{n}": free_range(start, 240)
+              for n, start in (("a", 22000), ("b", 23000), ("c", 24000))}
+    agents = {node: await cluster.start_agent(node, port_range=r) for node, r in ranges.items()}
+    await cluster.wait_nodes(3)
+    heartbeats: dict[str, Heartbeat] = {}
+    nc = await cluster.client()
+
+    async def on_hb(msg: Any) -> None:
+        hb = msgspec.msgpack.decode(msg.data, type=Heartbeat)
+        heartbeats[hb.node_id] = hb
+    await nc.subscribe(subjects.HEARTBEAT_ALL, cb=on_hb)
+
+    def all_running() -> bool:
+        return sum(1 for a in agents.values() for r in a.instances()
+                   if r.state == "running") == 200
+
+    spec = Spec(name="light", command=["sleep", "60"], cpu=0.01, memory_mb=1, ports=PORTS)
+    outside = {node: [first + 5, first + 60] for node, (first, _) in ranges.items()}
+    with contextlib.ExitStack() as stack:  # a few ports taken outside gavel, mid-range
+        for ports in outside.values():
+            for port in ports:
+                stack.enter_context(listening(port))
+        reply = await cluster.call("submit", SubmitRequest(spec=spec, count=200), SubmitReply)
+        ids = set(reply.instance_ids)
+        assert len(ids) == 200
+        await wait_for(lambda: all_running(), 40, what="200 instances running")
+
+
+    def recorded() -> bool:  # node.json holds the ports every process really got
+        nodes = cluster.ledger().state().nodes
+        return all({i: pl.ports for i, pl in nodes[n].instances.items()}
+                   == {r.instance_id: r.ports for r in a.instances()}
+                   for n, a in agents.items())
+    await wait_for(recorded, 15, what="node.json records the real ports")
+
+    # The batch was decided before anyone knew of the taken ports, so a node given its whole
+    # range hands the last instance back (retryable, placed elsewhere); nothing else moves.
+    lines = [line for c in cluster.ledger().history() for line in c.message.split("\n")]
+    requeues = [line for line in lines if line.startswith("requeue ")]
+    assert all(line.endswith(f": {Reason.NO_ROOM_PORTS}") for line in requeues), requeues
+    # One port change per taken port: a replacement never pushes other instances around.
+    assert sum(line.startswith("ports of ") for line in lines) == 6
+    nodes = cluster.ledger().state().nodes
+    placed = [i for n in agents for i in nodes[n].instances]
+    assert sorted(placed) == sorted(ids), "every instance on exactly one node"
+    for node, agent in agents.items():
+        first, last = ranges[node]
+        in_git = [p for pl in nodes[node].instances.values() for p in pl.ports.values()]
+        assert len(in_git) == len(set(in_git)), f"overlapping ports in {node}'s node.json"
+        assert all(first <= p <= last for p in in_git)
+        assert not set(in_git) & set(outside[node])
+        assert set(nodes[node].blocked_ports) == set(outside[node])
+        really = {r.instance_id: proc_ports(r.pid) for r in agent.instances()}
+        got = [p for ports in really.values() for p in ports.values()]
+        assert len(got) == len(set(got)), f"two processes on {node} got the same port"
+        assert really == {i: pl.ports for i, pl in nodes[node].instances.items()}
+    await wait_for(lambda: all(len(heartbeats.get(n, Heartbeat(node_id=n)).instances)
+                               == len(nodes[n].instances) for n in agents),
+                   TIMING.heartbeat_s * 3, what="heartbeats list every instance")
+    for node, hb in heartbeats.items():
+        reported = [p for r in hb.instances for p in r.ports.values()]
+        assert len(reported) == len(set(reported)) == 3 * len(nodes[node].instances)
+
+
+async def test_a_port_taken_outside_gavel_is_replaced_and_blocked(cluster: Cluster) -> None:
+    broker = await cluster.start_broker()
+    first, last = free_range(25000, 10)
+    await cluster.start_agent("node-a", port_range=(first, last))
+    await cluster.wait_nodes(1)
+    with listening(first):  # the lowest port of the range: the broker's first choice
+        iid = await cluster.submit(sleeper_spec("web", ports=["http"]))
+        await wait_for(lambda: cluster.holders(iid) == ["node-a"], 10, what="placed")
+        agent = cluster.agents["node-a"]
+        await wait_for(lambda: any(r.state == "running" for r in agent.instances()), 10,
+                       what="running")
+        (report,) = agent.instances()
+        assert report.ports == {"http": last}  # replacements come from the top of the range
+        assert proc_ports(report.pid) == {"http": last}
+
+        def recorded() -> bool:
+            nf = cluster.ledger().state().nodes["node-a"]
+            return nf.instances[iid].ports == {"http": last} and nf.blocked_ports == [first]
+        await wait_for(recorded, 10, what="node.json records the real port and the blocked one")
+        provisioning = next(e for e in broker.events
+                            if e.instance_id == iid and e.type == "provisioning")
+        assert (provisioning.ports, provisioning.taken) == ({"http": last}, [first])
+
+        # The next instance is offered neither the blocked port nor the one really in use.
+        other = await cluster.submit(sleeper_spec("web2", ports=["http"]))
+        await wait_for(lambda: cluster.holders(other) == ["node-a"], 10, what="placed")
+        nf = cluster.ledger().state().nodes["node-a"]
+        assert nf.instances[other].ports == {"http": first + 1}
+        assert nf.blocked_ports == [first]
+
+
+async def test_a_port_held_by_a_local_instance_is_replaced_not_blocked(
+        nats_url: str, tmp_path: Any) -> None:
+    """Two awards naming the same port (a replacement the broker has not recorded yet can do
+    that): the second instance gets another port, and the clash is not reported as taken
+    outside gavel."""
+    first, last = free_range(26000, 10)
+    agent = Agent(nats_url=nats_url, node_id="n1", strategy=make_strategy("least-loaded"),
+                  labels={}, state_dir=tmp_path / "w", timing=TIMING, cpu=4.0, memory_mb=4096,
+                  port_range=(first, last))
+    task = asyncio.create_task(agent.run())
+    nc = await nats.connect(nats_url)
+    events: list[Event] = []
+
+    async def on_event(msg: Any) -> None:
+        events.append(msgspec.msgpack.decode(msg.data, type=Event))
+    try:
+        await nc.subscribe(subjects.REPORT.format(node="n1"), cb=on_event)
+        await asyncio.wait_for(agent.ready.wait(), 5)
+        enc = msgspec.msgpack.Encoder()
+        for iid in ("one", "two"):
+            award = Award(auction_id=f"x-{iid}", instance_id=iid, node_id="n1",
+                          spec=sleeper_spec(iid, ports=["http"]), ports={"http": first})
+            await nc.publish(subjects.AWARD.format(node="n1"), enc.encode(award))
+        await wait_for(lambda: sum(e.type == "running" for e in events) == 2, 10,
+                       what="both running")
+        running = {e.instance_id: (e.ports, e.taken) for e in events if e.type == "running"}
+        assert running == {"one": ({"http": first}, []), "two": ({"http": last}, [])}
+        pids = {r.instance_id: r.pid for r in agent.instances()}
+        assert proc_ports(pids["one"]) == {"http": first}
+        assert proc_ports(pids["two"]) == {"http": last}
+    finally:
+        await agent.stop()
+        await asyncio.wait_for(task, 10)
+        await nc.close()

@@ -1,0 +1,331 @@
+"""Convergence: this node runs what its node.json lists — no more, no less.
+
+The broker mirrors every node's node.json into the JetStream KV bucket ``gavel-nodes``
+(key: the node id) after each commit. The node watches its own key (and re-reads it every
+heartbeat interval, in case the watch died with a connection) and acts on the newest
+revision it has seen.
+
+Rules:
+1. Listed but not held: the node asks the broker for the award (`AssignmentRequest` on
+   ``gavel.assign.<node>``) and takes it exactly like an award message. The supervisor
+   checks "held?" and holds the instance without awaiting in between, and refuses an attempt
+   that already ended here, so the award message and the fetched award start it once. The
+   node waits one tick before asking, as the award message is usually right behind.
+2. Held but not listed: the KV entry alone never stops an instance, because it may be older
+   than the award. The broker commits, then publishes the KV put and the award in that
+   order, but the put reaches this watcher through the stream (stored, then pushed by a
+   consumer) while the award comes straight through, so a revision without an instance that
+   was just awarded is normal. Comparing revision times with award arrival would trust two
+   clocks; instead the node asks the broker, whose state holds every commit it has awarded
+   from (an award is sent only after its commit landed). The held attempt is fenced only if
+   the broker answers `ApiError` (not placed here) or an award with a higher attempt, and
+   only if that same attempt is still held when the answer comes; no answer (broker down)
+   changes nothing. An answer that changes nothing settles the question for that revision:
+   the node asks again only when node.json changes.
+3. Listed with a higher attempt than the held one: the held attempt is stale (attempts only
+   grow), so it is fenced at once; the new attempt is fetched once the old one has ended.
+4. Fenced instances are stopped (SIGTERM, SIGKILL after ``kill_grace_s``) and not reported:
+   the broker already moved them, an event would only be counted against the instance.
+5. ``draining`` follows node.json each time the entry's flag changes (a node drained by hand
+   stays drained until node.json's flag next changes).
+6. Self-fencing: when NATS has not answered a PING for longer than ``offline_s`` (or the node
+   has not reached it for that long since it started), the broker has declared this node
+   offline and re-placed its instances, so the node fences all of them itself. There is a
+   window (how late the node notices, plus one auction) in which an instance may run on two
+   nodes; closing it needs leases the node can check. After contact returns, anything
+   node.json still lists here is fetched and started again (rule 1).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+import msgspec
+import nats.errors
+from nats.aio.client import Client as NATS
+
+from shared import subjects
+from shared.messages import ApiError, AssignmentRequest, Award
+from shared.records import NodeFile
+from shared.timing import Timing
+from worker.supervisor import Supervisor
+
+__all__ = ["Converger"]
+
+log = logging.getLogger("gavel.worker.converge")
+
+_node_dec = msgspec.json.Decoder(NodeFile)
+_reply_dec = msgspec.msgpack.Decoder(Award | ApiError)
+_enc = msgspec.msgpack.Encoder()
+
+
+class Converger:
+    """Watches node.json in KV and fences, fetches and drains to match it."""
+
+    def __init__(self, *, node_id: str, timing: Timing, supervisor: Supervisor,
+                 set_draining: Callable[[bool], None],
+                 on_node: Callable[[], None] = lambda: None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.node_id = node_id
+        self.timing = timing
+        self.supervisor = supervisor
+        self._set_draining = set_draining
+        self._on_node = on_node
+        self._clock = clock
+        #: The newest node.json seen, and its KV revision.
+        self.node: NodeFile | None = None
+        self.revision = 0
+        self._draining_seen: bool | None = None
+        self._nc: NATS | None = None
+        self._kv: Any = None
+        self._wake = asyncio.Event()
+        self._loops: list[asyncio.Task[None]] = []
+        self._asking: dict[tuple[str, str], asyncio.Task[None]] = {}
+        #: Questions the broker settled for the current revision: not asked again until
+        #: node.json changes (a stale entry would otherwise be re-verified every pass).
+        self._settled: set[tuple[str, str]] = set()
+        self._assign_subject = subjects.ASSIGN.format(node=node_id)
+        self._warned: set[str] = set()
+        self._last_contact = clock()
+        self.self_fenced = False
+        #: Questions asked of the broker, by kind ("fetch", "verify"), and their outcomes.
+        self.asked: collections.Counter[str] = collections.Counter()
+        self.outcomes: collections.Counter[str] = collections.Counter()
+
+    # -- lifecycle ------------------------------------------------------------------------
+
+    def start_link_watch(self, nc: Callable[[], NATS | None]) -> None:
+        """Start checking the NATS connection (also before it exists) for rule 6."""
+        self._last_contact = self._clock()
+        self._loops.append(asyncio.create_task(self._link(nc)))
+
+    def start(self, nc: NATS) -> None:
+        """Start watching node.json once connected and subscribed."""
+        self._nc = nc
+        self._loops += [asyncio.create_task(self._watch()),
+                        asyncio.create_task(self._reconcile_loop())]
+
+    async def close(self) -> None:
+        """Stop watching and abandon the questions in flight (nothing starts afterwards)."""
+        tasks = [*self._loops, *self._asking.values()]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._loops.clear()
+        self._asking.clear()
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    def blocked(self) -> list[int]:
+        """The ports node.json lists as taken outside gavel."""
+        return self.node.blocked_ports if self.node is not None else []
+
+    def reserved(self, instance_id: str) -> set[int]:
+        """Ports node.json gives to instances other than `instance_id`, and blocked ports."""
+        nf = self.node
+        if nf is None:
+            return set()
+        out = set(nf.blocked_ports)
+        for iid, placement in nf.instances.items():
+            if iid != instance_id:
+                out.update(placement.ports.values())
+        return out
+
+    # -- node.json from KV ----------------------------------------------------------------
+
+    def _warn_once(self, key: str, text: str, *args: object) -> None:
+        if key not in self._warned:
+            self._warned.add(key)
+            log.warning(text, *args)
+
+    async def _open(self) -> Any:
+        """The KV bucket, waiting for the broker to create it (retry every heartbeat)."""
+        assert self._nc is not None
+        js = self._nc.jetstream()
+        while True:
+            try:
+                kv = await js.key_value(subjects.NODES_BUCKET)
+                self._warned.discard("bucket")
+                return kv
+            except (nats.errors.Error, TimeoutError) as exc:
+                self._warn_once("bucket", "no KV bucket %s yet (%s); retrying",
+                                subjects.NODES_BUCKET, exc)
+            await asyncio.sleep(self.timing.heartbeat_s)
+
+    async def _watch(self) -> None:
+        while True:
+            self._kv = kv = await self._open()
+            try:
+                watcher = await kv.watch(self.node_id)
+            except (nats.errors.Error, TimeoutError) as exc:
+                self._warn_once("watch", "cannot watch %s in KV (%s); retrying",
+                                self.node_id, exc)
+                await asyncio.sleep(self.timing.heartbeat_s)
+                continue
+            try:
+                async for entry in watcher:
+                    if entry is not None:
+                        self._observe(entry)
+            finally:
+                with contextlib.suppress(nats.errors.Error, TimeoutError):
+                    await watcher.stop()
+
+    async def _read(self) -> None:
+        """The current entry, in case the watch missed it (a reconnect, a dead consumer)."""
+        if self._kv is None:
+            return
+        with contextlib.suppress(nats.errors.Error, TimeoutError):
+            self._observe(await self._kv.get(self.node_id))
+
+    def _observe(self, entry: Any) -> None:
+        revision = entry.revision or 0
+        if revision <= self.revision:
+            return
+        if entry.operation in ("DEL", "PURGE") or not entry.value:
+            nf = NodeFile(node_id=self.node_id)
+        else:
+            try:
+                nf = _node_dec.decode(entry.value)
+            except (msgspec.DecodeError, RecursionError) as exc:  # deep nesting: no DecodeError
+                self._warn_once("decode", "unreadable node.json revision %d in KV (%s)",
+                                revision, exc)
+                return
+        blocked_before = self.blocked()
+        self.node, self.revision = nf, revision
+        self._settled.clear()
+        if nf.blocked_ports != blocked_before:
+            self._on_node()
+        self._wake.set()
+
+    async def _reconcile_loop(self) -> None:
+        while True:
+            self._wake.clear()
+            self.reconcile()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), self.timing.heartbeat_s)
+            if not self._wake.is_set():
+                await self._read()
+
+    # -- making reality match -------------------------------------------------------------
+
+    def reconcile(self) -> None:
+        """One pass over the newest node.json: drain, fetch, fence (module rules 1-5)."""
+        nf, sup = self.node, self.supervisor
+        if nf is None:
+            return
+        if nf.draining != self._draining_seen:
+            self._draining_seen = nf.draining
+            log.info("node.json says draining=%s", nf.draining)
+            self._set_draining(nf.draining)
+        held = sup.held()
+        for iid, placement in nf.instances.items():
+            attempt = held.get(iid)
+            if attempt is None:
+                if not sup.holds(iid):
+                    self._ask("fetch", iid, self._fetch(iid))
+            elif attempt < placement.attempt:
+                sup.fence(iid, attempt, f"node.json lists attempt {placement.attempt}")
+        for iid, attempt in held.items():
+            if iid not in nf.instances:
+                self._ask("verify", iid, self._verify(iid, attempt))
+
+    def _ask(self, kind: str, iid: str, work: Coroutine[Any, Any, None]) -> None:
+        key = (kind, iid)
+        if key in self._asking or key in self._settled:
+            work.close()
+            return
+        task = asyncio.create_task(work)
+        self.asked[kind] += 1
+        self._asking[key] = task
+        task.add_done_callback(lambda _t: self._asking.pop(key, None))
+
+    async def _assignment(self, iid: str) -> Award | ApiError | None:
+        """The broker's word on `iid` for this node; None when it did not answer."""
+        if self._nc is None:
+            return None
+        request = _enc.encode(AssignmentRequest(instance_id=iid, node_id=self.node_id))
+        try:
+            msg = await self._nc.request(self._assign_subject, request,
+                                         timeout=max(1.0, self.timing.heartbeat_s))
+        except (nats.errors.Error, TimeoutError) as exc:
+            log.info("no answer about %s from the broker (%s)", iid, exc)
+            return None
+        try:
+            reply = _reply_dec.decode(msg.data)
+        except (msgspec.DecodeError, RecursionError) as exc:  # deep nesting: no DecodeError
+            self._warn_once("reply", "malformed assignment reply dropped (%s)", exc)
+            return None
+        if isinstance(reply, Award) and (reply.node_id != self.node_id
+                                         or reply.instance_id != iid):
+            self._warn_once("mismatch", "assignment reply for %s/%s dropped",
+                            reply.node_id, reply.instance_id)
+            return None
+        return reply
+
+    async def _fetch(self, iid: str) -> None:
+        # The award message is usually on its way too (the KV copy and the message race):
+        # give it one tick to arrive before asking.
+        revision = self.revision
+        await asyncio.sleep(self.timing.tick_s)
+        if self.supervisor.holds(iid) or self.node is None or iid not in self.node.instances:
+            return
+        reply = await self._assignment(iid)
+        if isinstance(reply, Award):
+            ignored = await self.supervisor.award(reply)
+            if ignored is None:
+                self.outcomes["started"] += 1
+                log.info("converged: took %s attempt %d from node.json", iid, reply.attempt)
+            else:  # e.g. that attempt just ended here and the broker has not heard yet
+                self.outcomes["already"] += 1
+                self._settle("fetch", iid, revision)
+                log.debug("fetched award for %s ignored: %s", iid, ignored)
+        elif isinstance(reply, ApiError):
+            self.outcomes["not placed"] += 1
+            self._settle("fetch", iid, revision)
+            log.debug("node.json lists %s but the broker says: %s", iid, reply.error)
+
+    async def _verify(self, iid: str, attempt: int) -> None:
+        revision = self.revision
+        reply = await self._assignment(iid)
+        if isinstance(reply, ApiError):
+            if self.supervisor.fence(iid, attempt, reply.error):
+                self.outcomes["fenced"] += 1
+        elif isinstance(reply, Award) and reply.attempt > attempt:
+            if self.supervisor.fence(iid, attempt, f"superseded by attempt {reply.attempt}"):
+                self.outcomes["fenced"] += 1
+        elif isinstance(reply, Award):
+            self.outcomes["kept"] += 1  # the KV entry predates the award
+            self._settle("verify", iid, revision)
+
+    def _settle(self, kind: str, iid: str, revision: int) -> None:
+        if revision == self.revision:
+            self._settled.add((kind, iid))
+
+    # -- self-fencing ---------------------------------------------------------------------
+
+    async def _link(self, nc: Callable[[], NATS | None]) -> None:
+        interval = self.timing.heartbeat_s / 2
+        while True:
+            conn = nc()
+            if conn is not None and conn.is_connected:
+                try:
+                    await asyncio.wait_for(conn.flush(timeout=max(1, int(interval) + 1)),
+                                           interval + 1)
+                    self._last_contact = self._clock()
+                    self.self_fenced = False
+                except (nats.errors.Error, TimeoutError):
+                    pass
+            silent = self._clock() - self._last_contact
+            if not self.self_fenced and silent > self.timing.offline_s:
+                self.self_fenced = True
+                n = self.supervisor.fence_all(f"no contact with NATS for {silent:.1f}s")
+                log.warning("self-fenced: no contact with NATS for %.1fs (> offline %gs); "
+                            "stopped %d instances", silent, self.timing.offline_s, n)
+            await asyncio.sleep(interval)
