@@ -39,7 +39,9 @@ __all__ = [
 NonNegFloat = Annotated[float, msgspec.Meta(ge=0.0)]
 PosFloat = Annotated[float, msgspec.Meta(gt=0.0)]
 NonNegInt = Annotated[int, msgspec.Meta(ge=0)]
-Name = Annotated[str, msgspec.Meta(min_length=1, max_length=63, pattern=r"^[a-z0-9][a-z0-9_.-]*$")]
+#: A spec's name starts the ids of its instances, NATS subject tokens: no ".." (an empty token).
+Name = Annotated[str, msgspec.Meta(min_length=1, max_length=63,
+                                   pattern=r"^[a-z0-9](?:[a-z0-9_-]|\.(?!\.))*$")]
 PortName = Annotated[str, msgspec.Meta(min_length=1, max_length=32, pattern=r"^[a-z][a-z0-9_]*$")]
 
 

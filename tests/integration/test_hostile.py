@@ -250,6 +250,7 @@ SPECS = [
     ("nan.toml", 'name = "x"\ncommand = ["true"]\ncpu = nan\n', "field 'cpu'"),
     ("empty.toml", 'name = "x"\ncommand = []\n', "field 'command': expected `array` of length"),
     ("name.toml", 'name = "Not OK"\ncommand = ["true"]\n', "field 'name': expected `str`"),
+    ("dots.toml", 'name = "a..b"\ncommand = ["true"]\n', "field 'name': expected `str`"),
     ("missing.toml", 'command = ["true"]\n', "missing required field `name`"),
     ("broken.toml", 'name = "x"\ncommand = [\n', "not valid TOML"),
     ("deep.toml", 'name = "x"\ncommand = ["true"]\nlabels = ' + "[" * 5000 + "]" * 5000 + "\n",
