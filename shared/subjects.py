@@ -22,6 +22,7 @@ __all__ = [
     "HEARTBEAT",
     "HEARTBEAT_ALL",
     "NODES_BUCKET",
+    "NODE_INBOX",
     "REPORT",
     "REPORT_ALL",
     "RFB",
@@ -48,6 +49,10 @@ ASSIGN = f"{PREFIX}.assign.{{node}}"  # worker -> broker request: AssignmentRequ
 ASSIGN_ALL = f"{PREFIX}.assign.*"
 #: JetStream KV bucket: key <node-id> -> that node's node.json at the active ref.
 NODES_BUCKET = "gavel-nodes"
+#: A worker's inbox prefix (nats-py's ``inbox_prefix``): replies to its own requests, above
+#: all the broker's answers to its assignment requests (which carry secrets), land under
+#: ``_INBOX_<node>.>``, a prefix per-node credentials let no other node subscribe to.
+NODE_INBOX = "_INBOX_{node}"
 
 
 def node_of(subject: str) -> str:
