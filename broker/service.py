@@ -92,6 +92,7 @@ class Broker:
         self.pinned_reported: set[str] = set()
         self.events: deque[Event] = deque(maxlen=2000)
         self.round_times: deque[float] = deque(maxlen=10_000)
+        self.deaf_since: float | None = None  # our own NATS connection is down since
         self._wake = asyncio.Event()
         self._stopped = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
@@ -106,7 +107,8 @@ class Broker:
 
         self.nc = await nats.connect(
             self.nats_url, name="gavel-broker", max_reconnect_attempts=-1,
-            reconnect_time_wait=0.5, **self.nats_options)
+            reconnect_time_wait=0.5, disconnected_cb=self._on_disconnect,
+            reconnected_cb=self._on_reconnect, **self.nats_options)
         state = self.ledger.state()
         now = self.now()
         for node_id in state.nodes:
@@ -147,13 +149,27 @@ class Broker:
     def wake(self) -> None:
         self._wake.set()
 
+    async def _on_disconnect(self) -> None:
+        if self.deaf_since is None:
+            self.deaf_since = self.now()
+            self.log.warning("lost NATS; node clocks pause until it is back")
+
+    async def _on_reconnect(self) -> None:
+        """A broker that could not hear must not declare nodes offline for its own outage:
+        every node's silence is shifted by how long the broker was deaf."""
+        if self.deaf_since is not None:
+            outage = self.now() - self.deaf_since
+            self.deaf_since = None
+            self.liveness.shift(outage)
+            self.log.warning("NATS is back after %.1fs; node clocks shifted by it", outage)
+
     async def _loop(self) -> None:
         watched = float("-inf")
         while True:
             now = self.now()
             try:
                 self.auctioneer.reconcile(now)
-                if now - watched >= self.timing.tick_s / 2:  # clocks need no finer grain
+                if self.deaf_since is None and now - watched >= self.timing.tick_s / 2:
                     watched = now
                     self.promises.watch(now)
             except Exception:

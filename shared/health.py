@@ -59,3 +59,10 @@ class Liveness:
 
     def known(self) -> list[str]:
         return sorted(self.last_seen)
+
+    def shift(self, seconds: float) -> None:
+        """The observer was deaf for `seconds` (its own connection was down): nothing it
+        failed to hear in that time counts against a node."""
+        for table in (self.last_seen, self.presumed):
+            for node in table:
+                table[node] += seconds
