@@ -1,0 +1,43 @@
+"""A locked state repository: an error event with a clear sentence, nothing half-written,
+the API still answering, and the placement made once the lock is gone."""
+
+from __future__ import annotations
+
+import msgspec
+import nats
+import pytest
+
+from broker.client import ClientError
+from shared import subjects
+from shared.messages import Event
+from shared.reasons import Reason
+from tests.integration.harness import Cluster, sleeper_spec, wait_for
+
+pytestmark = pytest.mark.integration
+
+
+async def test_locked_repo_errors_then_recovers(cluster: Cluster) -> None:
+    await cluster.start_broker()
+    iid = await cluster.submit(sleeper_spec("svc"))  # queued: no node yet
+    head = cluster.ledger().head()
+    lock = cluster.state / "state.git" / "refs" / "heads" / "main.lock"
+    lock.write_text("held by someone else\n")
+
+    seen: list[Event] = []
+
+    async def collect(m: nats.aio.msg.Msg) -> None:
+        seen.append(msgspec.msgpack.decode(m.data, type=Event))
+
+    await (await cluster.client()).subscribe(subjects.EVENTS.format(instance=iid), cb=collect)
+    await cluster.start_agent("node-a")
+    await wait_for(lambda: any(e.type == "error" for e in seen), 15, what="an error event")
+    err = next(e for e in seen if e.type == "error")
+    assert err.reason == Reason.LEDGER_UNWRITABLE
+    assert "locked or unwritable" in err.reason
+    assert cluster.ledger().head() == head  # nothing written
+    with pytest.raises(ClientError, match="locked or unwritable"):
+        await cluster.submit(sleeper_spec("other"))
+    assert (await cluster.status(iid)).instance_id == iid  # the API still answers
+
+    lock.unlink()
+    await wait_for(lambda: cluster.holders(iid) == ["node-a"], 15, what="placed after unlock")

@@ -1,0 +1,45 @@
+"""Plans are compare-and-swap: two verdicts on one instance in one batch — an expiry and a
+late report — resolve to exactly one of them, never to a corrupt mix."""
+
+from __future__ import annotations
+
+from broker.ledger import Change, State
+from broker.plan import View, finish, requeue
+from shared.messages import InstanceState as S
+from shared.messages import Spec
+from shared.reasons import Reason
+from shared.records import InstanceRecord, NodeFile, Placement
+
+SPEC = Spec(name="svc", command=["true"], attempts=3)
+
+
+def _placed_state() -> State:
+    st = State(head="h")
+    st.put_instance("i", InstanceRecord(instance_id="i", spec=SPEC))
+    st.put_node("n1", NodeFile(node_id="n1", instances={
+        "i": Placement(instance_id="i", spec=SPEC, auction_id="a", attempt=1)}))
+    return st
+
+
+def test_expiry_then_late_exit_in_one_batch_applies_only_the_expiry() -> None:
+    view = View(_placed_state(), Change())
+    assert requeue(view, "i", "n1", Reason.NO_LEASE) is not None
+    assert finish(view, "i", "n1", S.SUCCEEDED) is None  # the instance is no longer on n1
+    rec = view.change.instances["i"]
+    assert rec is not None and rec.state is S.QUEUED and rec.excluded == ["n1"]
+    assert view.change.nodes["n1"] is None  # the placement is gone exactly once
+
+
+def test_late_exit_then_expiry_in_one_batch_applies_only_the_exit() -> None:
+    view = View(_placed_state(), Change())
+    assert finish(view, "i", "n1", S.SUCCEEDED) is not None
+    assert requeue(view, "i", "n1", Reason.NO_LEASE) is None
+    rec = view.change.instances["i"]
+    assert rec is not None and rec.state is S.SUCCEEDED
+
+
+def test_a_report_from_another_node_changes_nothing() -> None:
+    view = View(_placed_state(), Change())
+    assert finish(view, "i", "n2", S.FAILED) is None
+    assert requeue(view, "i", "n2", Reason.NO_LEASE) is None
+    assert not view.change
