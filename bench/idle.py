@@ -19,7 +19,8 @@ import psutil
 __all__ = ["idle_worker"]
 
 
-async def idle_worker(url: str, seconds: float = 10.0, settle_s: float = 3.0) -> tuple[float, float]:
+async def idle_worker(url: str, seconds: float = 10.0,
+                      settle_s: float = 3.0) -> tuple[float, float]:
     """(percent of one core, RSS in MB) of an idle worker over `seconds`."""
     with tempfile.TemporaryDirectory(prefix="gavel-idle-") as tmp:
         proc = subprocess.Popen(

@@ -129,14 +129,14 @@ async def run(opts: Options) -> Result:
         procs.append(broker)
         per = -(-opts.agents // opts.processes)
         agent_procs = []
-        for p in range(opts.processes):
-            first, count = p * per, min(per, opts.agents - p * per)
+        for k in range(opts.processes):
+            first, count = k * per, min(per, opts.agents - k * per)
             if count <= 0:
                 break
             agent_procs.append(_spawn("bench.agents",
                                       ["--url", server.url, "--first", str(first),
                                        "--count", str(count), "--mix"],
-                                      root / "logs" / f"agents-{p}.log"))
+                                      root / "logs" / f"agents-{k}.log"))
         procs += agent_procs
         for ap in agent_procs:
             line = await asyncio.to_thread(ap.stdout.readline)  # type: ignore[union-attr]
@@ -168,7 +168,8 @@ async def _drive(nc: Any, opts: Options, root: Path, broker: subprocess.Popen[by
             stats = await call(nc, "stats", StatsRequest(), StatsReply, timeout=10)
         except ClientError:  # the broker is still starting
             if broker.poll() is not None:
-                raise RuntimeError(f"the broker exited; see {root / 'logs' / 'broker.log'}")
+                raise RuntimeError(
+                    f"the broker exited; see {root / 'logs' / 'broker.log'}") from None
             await asyncio.sleep(0.2)
             continue
         if stats.nodes_healthy >= opts.agents:

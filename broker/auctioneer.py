@@ -12,6 +12,7 @@ Rules:
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import uuid
 from collections import OrderedDict
@@ -60,9 +61,9 @@ class Auctioneer:
         room = b.max_auctions - len(self.auctions)
         want = max(room, 1) * b.batch_max
         pending = []
-        for i in state.pending:  # oldest first; stop once there is enough for the room
-            if i not in self.inflight and self.retry_at.get(i, 0.0) <= now:
-                pending.append(state.instances[i])
+        for iid in state.pending:  # oldest first; stop once there is enough for the room
+            if iid not in self.inflight and self.retry_at.get(iid, 0.0) <= now:
+                pending.append(state.instances[iid])
                 if len(pending) >= want:
                     break
         if not pending:
@@ -211,22 +212,25 @@ class Auctioneer:
                 hb = self.b.liveness.heartbeats.get(d.winner.node_id)
                 placement = place(view, d, aid, hb.port_range if hb else [])
                 if placement is None:
-                    out.after.append(lambda _sha, d=d: self._released(d, placed=False))
+                    out.after.append(functools.partial(self._not_placed, d))
                     continue
                 out.lines.append(_place_line(d))
                 outcomes.append(Outcome(instance_id=iid, shape=shape, winner=d.winner.node_id,
                                         load=d.winner.load, tie_broken=d.tie_broken))
-                out.after.append(lambda sha, d=d, a=placement.attempt:
-                                 self._placed(d, aid, a, sha, round_s))
+                out.after.append(functools.partial(self._placed, d, aid, placement.attempt,
+                                                   round_s=round_s))
             else:
                 if unschedulable(view, d):
                     out.lines.append(f"unschedulable {iid}: {d.summary}")
                     outcomes.append(Outcome(instance_id=iid, shape=shape, reason=d.reason,
                                             summary=d.summary))
-                out.after.append(lambda _sha, d=d: self._unschedulable(d, aid))
+                out.after.append(functools.partial(self._unschedulable, d, aid))
         if outcomes:
             out.trailers.append(auction_trailer(_batch_record(auction, decisions, outcomes)))
         return out
+
+    def _not_placed(self, d: Awarded, _sha: str) -> None:
+        self._released(d, placed=False)
 
     def _placed(self, d: Awarded, aid: str, attempt: int, sha: str, round_s: float) -> None:
         b = self.b
@@ -256,7 +260,7 @@ class Auctioneer:
         if not placed:
             self.b.wake()
 
-    def _unschedulable(self, d: Unschedulable, aid: str) -> None:
+    def _unschedulable(self, d: Unschedulable, aid: str, _sha: str = "") -> None:
         iid = d.request.instance_id
         self.inflight.discard(iid)
         self._remember(iid, aid, d)

@@ -247,17 +247,29 @@ class Ledger:
             return st
         tree = self.repo[head].peel(pygit2.Tree)
         if "instances" in tree:
-            for entry in self.repo[tree["instances"].id]:
-                if entry.name.endswith(".json"):
-                    rec = _instance_dec.decode(self.repo[entry.id].data)
+            for entry in self._tree(tree["instances"].id):
+                if entry.name is not None and entry.name.endswith(".json"):
+                    rec = _instance_dec.decode(self._data(entry.id))
                     st.put_instance(rec.instance_id, rec)
         if "nodes" in tree:
-            for entry in self.repo[tree["nodes"].id]:
+            for entry in self._tree(tree["nodes"].id):
                 sub = self.repo[entry.id]
                 if isinstance(sub, pygit2.Tree) and "node.json" in sub:
-                    nf = _node_dec.decode(self.repo[sub["node.json"].id].data)
+                    nf = _node_dec.decode(self._data(sub["node.json"].id))
                     st.put_node(nf.node_id, nf)
         return st
+
+    def _tree(self, oid: pygit2.Oid) -> pygit2.Tree:
+        obj = self.repo[oid]
+        if not isinstance(obj, pygit2.Tree):
+            raise LedgerError(f"{oid} is not a tree")
+        return obj
+
+    def _data(self, oid: pygit2.Oid) -> bytes:
+        obj = self.repo[oid]
+        if not isinstance(obj, pygit2.Blob):
+            raise LedgerError(f"{oid} is not a file")
+        return obj.data
 
     def history(self, limit: int | None = None) -> Iterator[pygit2.Commit]:
         head = self.head()
@@ -352,7 +364,7 @@ class Ledger:
                 sub_base = repo[existing.id] if existing is not None else None
                 tid = self._write_tree(sub_base if isinstance(sub_base, pygit2.Tree) else None,
                                        sub)
-                if len(repo[tid]) == 0:
+                if len(self._tree(tid)) == 0:
                     if existing is not None:
                         tb.remove(name)
                 else:

@@ -12,6 +12,7 @@ Rules:
 
 from __future__ import annotations
 
+import functools
 from typing import TYPE_CHECKING
 
 import msgspec
@@ -163,10 +164,13 @@ class Promises:
             if key in self.acting:
                 continue
             self.acting.add(key)
-            b.committer.submit(Item(
-                plan=lambda v, a=action: self._act(v, a),
-                failed=lambda _r, _d, k=key: self.acting.discard(k), retry=False))
+            b.committer.submit(Item(plan=functools.partial(self._act, a=action),
+                                    failed=functools.partial(self._act_failed, key),
+                                    retry=False))
         self._migrate_next()
+
+    def _act_failed(self, key: tuple[Kind, str], _reason: Reason, _detail: str) -> None:
+        self.acting.discard(key)
 
     def _act(self, view: View, a: Action) -> Planned | None:
         self.acting.discard((a.kind, a.instance_id))

@@ -360,6 +360,6 @@ def _take(repo: pygit2.Repository, path: str, blob: tuple[str, int] | None,
             if nf is not None and nf.node_id != key:
                 return f"node_id {nf.node_id!r} does not match the directory"
             change.nodes[key] = nf
-    except msgspec.DecodeError as exc:
+    except (msgspec.DecodeError, RecursionError) as exc:
         return str(exc)
     return ""

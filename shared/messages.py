@@ -158,13 +158,13 @@ class Bid(Message, tag="bid"):
     shape: int
     load: float
     step: float = 0.0
-    strategy: str = ""
+    strategy: Annotated[str, msgspec.Meta(max_length=64)] = ""
 
 
 class Decline(Message, tag="decline"):
     shape: int
     reason: str
-    detail: str = ""
+    detail: Annotated[str, msgspec.Meta(max_length=256)] = ""
 
 
 Answer = Bid | Decline

@@ -12,9 +12,7 @@ import argparse
 import sys
 import time
 from pathlib import Path
-from typing import TextIO
-
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TextIO
 
 if TYPE_CHECKING:  # the simulator loads only when `gavel sim` runs (numpy is heavy)
     from sim.engine import Progress

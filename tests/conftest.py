@@ -10,7 +10,7 @@ import pytest
 
 os.environ.setdefault("GAVEL_FAST_TIMERS", "1")
 
-from broker.natsserver import NatsServer  # noqa: E402
+from broker.natsserver import NatsServer
 
 
 @pytest.fixture

@@ -5,6 +5,7 @@ processes where a test needs to kill one."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import subprocess
 import sys
@@ -113,10 +114,8 @@ class Cluster:
 
     async def close(self) -> None:
         for node in list(self.agents):
-            try:
+            with contextlib.suppress(Exception):
                 await self.stop_agent(node)
-            except Exception:
-                pass
         await self.stop_broker()
         if self.nc is not None:
             await self.nc.close()
@@ -125,17 +124,16 @@ class Cluster:
 def gavel_process(args: list[str], log: Path, env: dict[str, str] | None = None
                   ) -> subprocess.Popen[bytes]:
     return subprocess.Popen([sys.executable, "-m", "broker.cli", *args],
-                            stdout=open(log, "ab"), stderr=subprocess.STDOUT,  # noqa: SIM115
+                            stdout=open(log, "ab"), stderr=subprocess.STDOUT,
                             stdin=subprocess.DEVNULL, env={**os.environ, **(env or {})},
                             start_new_session=True)
 
 
 def writer_spec(name: str, out: Path, **kw: Any) -> Spec:
     """A spec whose process writes its instance id, node and ports into `out`/<instance>."""
-    code = ("import os, json, pathlib; d = pathlib.Path(%r); d.mkdir(exist_ok=True); "
+    code = (f"import os, json, pathlib; d = pathlib.Path({str(out)!r}); d.mkdir(exist_ok=True); "
             "(d / os.environ['GAVEL_INSTANCE_ID']).write_text(json.dumps("
-            "{k: v for k, v in os.environ.items() if k.startswith(('GAVEL_', 'PORT', 'SECRET'))}))"
-            ) % str(out)
+            "{k: v for k, v in os.environ.items() if k.startswith(('GAVEL_', 'PORT', 'SECRET'))}))")
     return Spec(name=name, command=[sys.executable, "-c", code], **kw)
 
 

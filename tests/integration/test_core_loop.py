@@ -16,7 +16,7 @@ import pytest
 from broker.ledger import Change
 from shared import subjects
 from shared.api import WhyReply, WhyRequest
-from shared.messages import RFB, BidReply, Bid, Capacity, Event, Heartbeat, Spec
+from shared.messages import RFB, Bid, BidReply, Capacity, Event, Heartbeat, Spec
 from shared.reasons import Reason
 from shared.records import InstanceRecord, parse_trailers
 from tests.integration.harness import TIMING, Cluster, sleeper_spec, wait_for, writer_spec

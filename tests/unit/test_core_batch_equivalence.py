@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import math
 
-import pytest
 from hypothesis import assume, event, given, settings
 from hypothesis import strategies as st
 

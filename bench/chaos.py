@@ -1,0 +1,609 @@
+"""Chaos: a real cluster under a steady stream of submissions while faults are injected; once
+the faults stop and the cluster settles, the invariants are checked from the outside.
+
+Rules:
+1. Every fault, pause, submission and foreign commit comes from the seed (`schedule`,
+   `submissions`, `foreign_times`): the same seed injects the same faults in the same order
+   with the same pauses. When they land depends on the machine; what is checked does not.
+2. The faults: kill -9 of the broker's process group (broker and git writer) restarted after
+   a pause; a nats-server restart on the same port and JetStream store; kill -9 of a worker
+   restarted on the same state dir after a pause (it re-adopts its children); a worker frozen
+   with SIGSTOP past the offline threshold, then SIGCONT (it must stop what was moved away);
+   a commit by someone else on the state branch (`bench.chaoscheck.foreign_commit`).
+3. A submission that fails (broker or NATS down) is retried with the same instance id; a
+   duplicate reply means an earlier try was accepted.
+4. The checks (`bench.chaoscheck`) are invariants, never timings: every instance placed in
+   exactly one node.json or honestly terminal; none alive on two nodes; every foreign commit
+   in the final history with its file intact; the heads observed over time form a chain.
+
+``python -m bench.chaos --duration S [--workers N] [--seed N] [--json]``: progress on
+stderr, the JSON summary as the last line of stdout, exit 0 only when every check holds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pygit2
+
+from bench.chaoscheck import (
+    Foreign,
+    Verdict,
+    alive_by_node,
+    chain_errors,
+    foreign_commit,
+    held_by,
+    kill_instances,
+    read_head,
+    verify,
+)
+from broker.client import BrokerRefused, ClientError, call, connect
+from broker.ledger import Ledger
+from broker.natsserver import NatsServer
+from shared.api import NodesReply, NodesRequest, SubmitReply, SubmitRequest
+from shared.messages import Spec
+from shared.reasons import Reason
+from shared.timing import FAST_FACTOR, Timing
+
+__all__ = ["KINDS", "Fault", "Options", "Submission", "foreign_times", "main", "run",
+           "schedule", "submissions"]
+
+KINDS = ("broker_kill", "nats_restart", "worker_kill", "worker_freeze")
+FAULTS = (*KINDS, "foreign_commit")
+STRATEGIES = ("least-loaded", "binpack", "spread", "headroom")
+#: The run always uses fast timers; schedules are drawn in these units.
+TIMING = Timing().scaled(FAST_FACTOR)
+SLEEPER = Spec(name="sleeper", command=["sleep", "3600"], cpu=0.05, memory_mb=16)
+BLIP = Spec(name="blip", command=["sh", "-c", "exit 0"], cpu=0.05, memory_mb=16)
+
+
+@dataclass(frozen=True)
+class Fault:
+    at: float  # seconds after injection starts
+    kind: str
+    node: str = ""
+    hold: float = 0.0  # downtime, pause before the restart, or how long it stays frozen
+
+
+@dataclass(frozen=True)
+class Submission:
+    at: float
+    instance_id: str
+    long: bool  # a sleeper that stays placed, or a blip that exits 0 at once
+
+
+def node_ids(workers: int) -> list[str]:
+    return [f"node-{i + 1}" for i in range(workers)]
+
+
+def schedule(seed: int, duration: float, nodes: Sequence[str],
+             timing: Timing = TIMING) -> list[Fault]:
+    """The faults, in order: each process fault once (in a seeded order), then seeded picks
+    while they fit in `duration`. One fault at a time: each ends (restart, thaw) before the
+    next, so a broker restart never resets the clock of a freeze. A worker fault's node is
+    the seeded one unless it holds nothing then (see `Chaos._target`)."""
+    rng = random.Random(f"gavel-chaos/faults/{seed}")
+    hb, offline = timing.heartbeat_s, timing.offline_s
+    first = list(KINDS)
+    rng.shuffle(first)
+    out: list[Fault] = []
+    at = 2 * hb
+    while True:
+        n = len(out)
+        kind = first[n] if n < len(first) else rng.choices(KINDS, weights=(3, 2, 3, 1))[0]
+        node = rng.choice(nodes) if kind.startswith("worker") else ""
+        if kind == "broker_kill":
+            hold = rng.uniform(0.2, 2.0) * hb
+        elif kind == "nats_restart":
+            hold = rng.uniform(0.5, 2.0) * hb
+        elif kind == "worker_kill":  # a third stay down past offline: re-placed, then fenced
+            hold = (offline + rng.uniform(1, 3) * hb if rng.random() < 1 / 3
+                    else rng.uniform(0.5, 3.0) * hb)
+        else:
+            hold = offline + rng.uniform(3, 5) * hb
+        if n >= len(first) and at + hold > duration:
+            return out
+        out.append(Fault(round(at, 3), kind, node, round(hold, 3)))
+        at += hold + rng.uniform(1.5, 4.0) * hb
+
+
+def foreign_times(seed: int, duration: float, timing: Timing = TIMING) -> list[float]:
+    rng = random.Random(f"gavel-chaos/foreign/{seed}")
+    out: list[float] = []
+    at = rng.uniform(1, 3) * timing.heartbeat_s
+    while at < duration or not out:
+        out.append(round(at, 3))
+        at += rng.uniform(3, 8) * timing.heartbeat_s
+    return out
+
+
+def submissions(seed: int, duration: float, timing: Timing = TIMING) -> list[Submission]:
+    rng = random.Random(f"gavel-chaos/submit/{seed}")
+    out: list[Submission] = []
+    at = 0.0
+    while at < duration:
+        out.append(Submission(round(at, 3), f"chaos-{seed}-{len(out):04d}", rng.random() < 0.75))
+        at += rng.uniform(0.15, 0.65) * timing.heartbeat_s
+    return out
+
+
+@dataclass
+class Options:
+    duration: float = 120.0
+    workers: int = 4
+    seed: int = 1
+    state: Path | None = None
+    settle_s: float = 60.0
+    keep: bool = False
+
+
+def say(text: str, started: float | None = None) -> None:
+    stamp = f"[{time.monotonic() - started:7.1f}s] " if started is not None else ""
+    sys.stderr.write(f"chaos: {stamp}{text}\n")
+    sys.stderr.flush()
+
+
+class Cluster:
+    """The child processes: nats-server, the broker and the workers, each restartable."""
+
+    def __init__(self, root: Path, nodes: list[str]) -> None:
+        self.root = root
+        self.logs = root / "logs"
+        self.logs.mkdir(parents=True, exist_ok=True)
+        self.nats = NatsServer(store_dir=root / "nats", log=self.logs / "nats.log")
+        self.nodes = nodes
+        self.broker: subprocess.Popen[bytes] | None = None
+        self.workers: dict[str, subprocess.Popen[bytes] | None] = dict.fromkeys(nodes)
+        self.frozen: set[str] = set()
+        #: Processes that exited without being killed by us (a crash is a finding).
+        self.crashes: list[str] = []
+        self.env = {k: v for k, v in os.environ.items() if not k.startswith("GAVEL_")}
+        self.env["GAVEL_FAST_TIMERS"] = "1"
+
+    def _spawn(self, args: list[str], log: str) -> subprocess.Popen[bytes]:
+        out = open(self.logs / log, "ab")  # noqa: SIM115 - the child owns it
+        try:
+            return subprocess.Popen([sys.executable, "-m", "broker.cli", *args], stdout=out,
+                                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                    env=self.env, start_new_session=True)
+        finally:
+            out.close()
+
+    def start_broker(self) -> None:
+        self.broker = self._spawn(["broker", "--state", str(self.root),
+                                   "--nats", self.nats.url], "broker.log")
+
+    def kill_broker(self) -> None:
+        """kill -9 of the broker's process group: the broker and its git writer die at once."""
+        if self.broker is not None:
+            _killpg(self.broker.pid, signal.SIGKILL)
+            self.broker.wait()
+            self.broker = None
+
+    def start_worker(self, node: str) -> None:
+        i = self.nodes.index(node)
+        self.workers[node] = self._spawn(
+            ["worker", "--node-id", node, "--strategy", STRATEGIES[i % len(STRATEGIES)],
+             "--labels", f"zone={'ab'[i % 2]}", "--cpu", "8", "--memory-mb", "8192",
+             "--ports", f"{41000 + 100 * i}-{41000 + 100 * i + 99}",
+             "--state", str(self.root / "workers" / node), "--nats", self.nats.url],
+            f"{node}.log")
+
+    def kill_worker(self, node: str) -> None:
+        """kill -9 of the worker alone: its instances (own sessions) keep running."""
+        p = self.workers[node]
+        if p is not None:
+            p.send_signal(signal.SIGKILL)
+            p.wait()
+            self.workers[node] = None
+
+    def freeze(self, node: str) -> None:
+        p = self.workers[node]
+        if p is not None:
+            p.send_signal(signal.SIGSTOP)
+            self.frozen.add(node)
+
+    def thaw(self, node: str) -> None:
+        p = self.workers[node]
+        if p is not None and node in self.frozen:
+            p.send_signal(signal.SIGCONT)
+        self.frozen.discard(node)
+
+    def revive(self) -> None:
+        """Restart anything that is down; note what died without being killed."""
+        if self.broker is not None and self.broker.poll() is not None:
+            self.crashes.append(f"the broker exited by itself (status {self.broker.returncode})")
+            self.broker = None
+        if self.broker is None:
+            self.start_broker()
+        for node, p in self.workers.items():
+            if p is not None and p.poll() is not None:
+                self.crashes.append(f"{node} exited by itself (status {p.returncode})")
+                p = None
+            if p is None:
+                self.start_worker(node)
+
+    def stop(self) -> None:
+        for node in list(self.frozen):
+            self.thaw(node)
+        workers = [p for p in self.workers.values() if p is not None]
+        _terminate(workers, 15)
+        if self.broker is not None:
+            _terminate([self.broker], 10)
+        self.nats.stop()
+        kill_instances(self.root / "workers")
+
+
+def _killpg(pgid: int, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pgid, sig)
+
+
+def _terminate(procs: list[subprocess.Popen[bytes]], grace: float) -> None:
+    for p in procs:
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    for p in procs:
+        try:
+            p.wait(max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            _killpg(p.pid, signal.SIGKILL)
+            p.wait()
+
+
+@dataclass
+class Freeze:
+    node: str
+    moved: list[str]
+    offline_seen: bool | None
+
+
+@dataclass
+class Run:
+    """What one run saw while it drove the cluster."""
+
+    submitted: dict[str, bool] = field(default_factory=dict)
+    accepted: set[str] = field(default_factory=set)
+    retries: int = 0
+    heads: list[str] = field(default_factory=list)
+    foreign: list[Foreign] = field(default_factory=list)
+    faults: Counter[str] = field(default_factory=Counter)
+    freezes: list[Freeze] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+
+
+class Chaos:
+    def __init__(self, opts: Options, root: Path, cluster: Cluster, nc: Any) -> None:
+        self.opts = opts
+        self.root = root
+        self.cluster = cluster
+        self.nc = nc
+        self.repo_path = root / "state.git"
+        self.repo = pygit2.Repository(str(self.repo_path))
+        self.ledger = Ledger(self.repo_path)
+        self.seen = Run()
+        self.started = time.monotonic()
+        self.stop_at = float("inf")  # submissions give up retrying after this
+        self.verdict = Verdict()
+        self._submits: set[asyncio.Task[None]] = set()
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def say(self, text: str) -> None:
+        say(text, self.started)
+
+    @staticmethod
+    def _spawn(tasks: set[asyncio.Task[None]], coro: Any) -> None:
+        task = asyncio.ensure_future(coro)
+        tasks.add(task)
+        task.add_done_callback(tasks.discard)
+
+    # -- the run ---------------------------------------------------------------------------
+    async def drive(self) -> None:
+        o = self.opts
+        nodes = self.cluster.nodes
+        faults = schedule(o.seed, o.duration, nodes)
+        self.say(f"seed {o.seed}: {len(faults)} faults: "
+                 + ", ".join(f"{f.kind}{'(' + f.node + ')' if f.node else ''}@{f.at:g}s"
+                             for f in faults))
+        self.started = t0 = time.monotonic()
+        watcher = asyncio.ensure_future(self._watch_heads())
+        stream = asyncio.ensure_future(self._stream(submissions(o.seed, o.duration), t0))
+        notes = asyncio.ensure_future(self._foreign(foreign_times(o.seed, o.duration), t0))
+        progress = asyncio.ensure_future(self._progress())
+        try:
+            for f in faults:
+                await _until(t0 + f.at)
+                await self._inject(f)
+                self.cluster.revive()
+            await _until(t0 + o.duration)
+            await stream
+            self.stop_at = time.monotonic() + o.settle_s
+            await notes
+            self.say(f"faults done: {dict(self.seen.faults)}; settling "
+                     f"(at most {o.settle_s:g}s)")
+            self.verdict = await self._settle()
+        finally:
+            rest = [watcher, stream, notes, progress, *self._submits, *self._tasks]
+            for t in rest:
+                t.cancel()
+            await asyncio.gather(*rest, return_exceptions=True)
+
+    async def _progress(self) -> None:
+        while True:
+            await asyncio.sleep(10 * TIMING.heartbeat_s)
+            st = self.ledger.state()
+            self.say(f"{len(self.seen.accepted)}/{len(self.seen.submitted)} accepted, "
+                     f"{len(st.where)} placed, {len(self.seen.heads)} heads seen, "
+                     f"{self.seen.retries} submit retries")
+
+    async def _watch_heads(self) -> None:
+        while True:
+            head = read_head(self.repo)
+            if head is not None and (not self.seen.heads or self.seen.heads[-1] != head):
+                self.seen.heads.append(head)
+            await asyncio.sleep(0.02)
+
+    # -- submissions -----------------------------------------------------------------------
+    async def _stream(self, subs: list[Submission], t0: float) -> None:
+        for s in subs:
+            await _until(t0 + s.at)
+            self.seen.submitted[s.instance_id] = s.long
+            self._spawn(self._submits, self._submit(s))
+
+    async def _submit(self, s: Submission) -> None:
+        spec = SLEEPER if s.long else BLIP
+        req = SubmitRequest(spec=spec, instance_id=s.instance_id)
+        while True:
+            try:
+                await call(self.nc, "submit", req, SubmitReply, timeout=3.0)
+                self.seen.accepted.add(s.instance_id)
+                return
+            except BrokerRefused as exc:
+                if str(exc).startswith(Reason.DUPLICATE):  # an earlier try landed
+                    self.seen.accepted.add(s.instance_id)
+                    return
+                self.say(f"submit {s.instance_id} refused: {exc}; retrying")
+            except Exception:  # broker down, NATS down or reconnecting: same id again
+                pass
+            self.seen.retries += 1
+            if time.monotonic() > self.stop_at:
+                return
+            await asyncio.sleep(0.3)
+
+    # -- faults ----------------------------------------------------------------------------
+    async def _foreign(self, times: list[float], t0: float) -> None:
+        for n, at in enumerate(times, 1):
+            await _until(t0 + at)
+            got = await asyncio.to_thread(foreign_commit, self.repo_path, n)
+            if got is None:
+                self.seen.errors.append(f"could not land foreign commit {n}: the ref stayed "
+                                        "locked or kept moving")
+                continue
+            self.seen.foreign.append(got)
+            self.seen.faults["foreign_commit"] += 1
+            self.say(f"foreign_commit: {got.path} as {got.sha[:12]}")
+
+    async def _inject(self, f: Fault) -> None:
+        c = self.cluster
+        self.seen.faults[f.kind] += 1
+        if f.kind == "broker_kill":
+            self.say(f"broker_kill: kill -9, restart in {f.hold:.1f}s")
+            c.kill_broker()
+            await asyncio.sleep(f.hold)
+            c.start_broker()
+        elif f.kind == "nats_restart":
+            self.say(f"nats_restart: down for {f.hold:.1f}s")
+            await asyncio.to_thread(c.nats.stop)
+            await asyncio.sleep(f.hold)
+            await asyncio.to_thread(c.nats.start)
+        elif f.kind == "worker_kill":
+            node = self._target(f.node)
+            held = held_by(self.root / "workers" / node)
+            self.say(f"worker_kill: kill -9 {node} ({len(held)} instances), restart in "
+                     f"{f.hold:.1f}s")
+            c.kill_worker(node)
+            await asyncio.sleep(f.hold)
+            c.start_worker(node)
+        else:
+            await self._freeze(f)
+
+    async def _freeze(self, f: Fault) -> None:
+        """SIGSTOP past the offline threshold; at SIGCONT, what the node holds but git has
+        moved away must stop — the worker learns it from its node.json in KV."""
+        c = self.cluster
+        node = self._target(f.node)
+        self.say(f"worker_freeze: SIGSTOP {node} for {f.hold:.1f}s")
+        c.freeze(node)
+        await asyncio.sleep(max(0.0, f.hold - TIMING.heartbeat_s))
+        offline = await self._health(node)
+        await asyncio.sleep(min(f.hold, TIMING.heartbeat_s))
+        held = held_by(self.root / "workers" / node)
+        where = self.ledger.state().where
+        moved = sorted(i for i in held if where.get(i) != node)
+        c.thaw(node)
+        self.say(f"worker_freeze: SIGCONT {node}; broker saw it "
+                 f"{'offline' if offline else 'not offline' if offline is False else '(?)'}"
+                 f"; {len(moved)}/{len(held)} of its instances were moved away")
+        self.seen.freezes.append(Freeze(node, moved, offline))
+        self._spawn(self._tasks, self._watch_fencing(node, moved))
+
+    def _target(self, seeded: str) -> str:
+        """The seeded node if git places something on it, else the node holding the most
+        (ties: the nodes after the seeded one first), so a kill has something to re-adopt
+        and a freeze something to move away and stop."""
+        nodes = self.cluster.nodes
+        k = nodes.index(seeded)
+        order = nodes[k:] + nodes[:k]
+        st = self.ledger.state()
+        counts = {n: len(st.nodes[n].instances) if n in st.nodes else 0 for n in order}
+        if counts[seeded]:
+            return seeded
+        return max(order, key=lambda n: (counts[n], -order.index(n)))
+
+    async def _health(self, node: str) -> bool | None:
+        try:
+            reply = await call(self.nc, "nodes", NodesRequest(), NodesReply, timeout=2.0)
+        except Exception:
+            return None
+        return any(n.node_id == node and n.health == "offline" for n in reply.nodes)
+
+    async def _watch_fencing(self, node: str, moved: list[str]) -> None:
+        """Progress only: when the thawed node has stopped what was moved away (the final
+        check is what counts)."""
+        thawed = time.monotonic()
+        while moved:
+            alive = await asyncio.to_thread(alive_by_node, self.root / "workers")
+            where = self.ledger.state().where
+            left = [i for i in moved if node in alive.get(i, ()) and where.get(i) != node]
+            if not left:
+                self.say(f"{node} stopped the {len(moved)} instances moved away while it was "
+                         f"frozen, {time.monotonic() - thawed:.1f}s after SIGCONT")
+                return
+            await asyncio.sleep(0.25)
+
+    # -- settling and checking -------------------------------------------------------------
+    def _verdict(self) -> Verdict:
+        alive = alive_by_node(self.root / "workers")
+        return verify(self.ledger.state(), self.seen.submitted, self.seen.accepted, alive)
+
+    async def _settle(self) -> Verdict:
+        while True:
+            self.cluster.revive()
+            v = await asyncio.to_thread(self._verdict)
+            if v.settled and not self._submits:
+                self.say("settled")
+                return v
+            if time.monotonic() > self.stop_at:
+                self.say(f"did not settle: {len(v.errors)} problems left")
+                return v
+            await asyncio.sleep(0.5)
+
+    def summary(self) -> dict[str, Any]:
+        v, seen = self.verdict, self.seen
+        final = read_head(self.repo)
+        heads = [*seen.heads, final] if final and (not seen.heads or seen.heads[-1] != final) \
+            else list(seen.heads)
+        errors = [*seen.errors, *self.cluster.crashes, *v.errors,
+                  *chain_errors(self.repo, heads, seen.foreign, final)]
+        alive = alive_by_node(self.root / "workers")
+        where = self.ledger.state().where
+        for fr in seen.freezes:
+            still = [i for i in fr.moved if fr.node in alive.get(i, ()) and where.get(i) != fr.node]
+            if still:
+                errors.append(f"{fr.node} still runs {len(still)} instances moved away while "
+                              f"it was frozen, e.g. {still[0]}")
+        return {
+            "submitted": len(seen.submitted),
+            "placed_once": v.placed_once,
+            "lost": len(v.lost),
+            "duplicated": len(v.duplicated),
+            "faults": {k: seen.faults[k] for k in FAULTS},
+            "ok": not errors,
+            "accepted": len(seen.accepted),
+            "terminal": dict(sorted(v.terminal.items())),
+            "submit_retries": seen.retries,
+            "heads_seen": len(heads),
+            "moved_while_frozen": sum(len(f.moved) for f in seen.freezes),
+            "seed": self.opts.seed,
+            "errors": errors[:20],
+        }
+
+
+async def _until(when: float) -> None:
+    delay = when - time.monotonic()
+    if delay > 0:
+        await asyncio.sleep(delay)
+
+
+async def _wait_healthy(nc: Any, n: int, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            reply = await call(nc, "nodes", NodesRequest(), NodesReply, timeout=2)
+            if sum(1 for x in reply.nodes if x.health == "healthy") >= n:
+                return
+        except ClientError:
+            pass
+        await asyncio.sleep(0.2)
+    raise RuntimeError(f"the {n} workers did not all come up within {timeout:g}s")
+
+
+async def run(opts: Options) -> dict[str, Any]:
+    """One chaos run; the summary (``ok`` says whether every check held)."""
+    root = (opts.state or Path(tempfile.mkdtemp(prefix="gavel-chaos-"))).resolve()
+    root.mkdir(parents=True, exist_ok=True)
+    Ledger(root / "state.git")  # the bare state repository, before anyone writes to it
+    cluster = Cluster(root, node_ids(opts.workers))
+    say(f"state and logs under {root}")
+    await asyncio.to_thread(cluster.nats.start)
+    nc: Any = None
+    try:
+        cluster.start_broker()
+        for node in cluster.nodes:
+            cluster.start_worker(node)
+        nc = await connect(cluster.nats.url, allow_reconnect=True, max_reconnect_attempts=-1,
+                           reconnect_time_wait=0.25)
+        await _wait_healthy(nc, opts.workers, 60)
+        chaos = Chaos(opts, root, cluster, nc)
+        await chaos.drive()
+        summary = await asyncio.to_thread(chaos.summary)
+    finally:
+        if nc is not None:
+            await nc.close()
+        await asyncio.to_thread(cluster.stop)
+    for e in summary["errors"]:
+        say(f"FAILED: {e}")
+    if summary["ok"] and opts.state is None and not opts.keep:
+        shutil.rmtree(root, ignore_errors=True)
+    else:
+        say(f"kept {root}")
+    return summary
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.chaos", description=__doc__.split(
+        "\n\n")[0] if __doc__ else None)
+    p.add_argument("--duration", type=float, required=True, metavar="S",
+                   help="seconds of faults and submissions")
+    p.add_argument("--workers", type=int, default=4, metavar="N")
+    p.add_argument("--seed", type=int, default=1, metavar="N")
+    p.add_argument("--settle", type=float, default=60.0, metavar="S",
+                   help="at most this long for the cluster to settle after the faults")
+    p.add_argument("--state", type=Path, default=None, metavar="DIR",
+                   help="keep state and logs here (default: a temp dir, removed if ok)")
+    p.add_argument("--keep", action="store_true", help="keep the temp dir even if ok")
+    p.add_argument("--json", action="store_true", help="stdout is only the JSON summary")
+    args = p.parse_args(argv)
+    if args.duration <= 0 or args.workers < 2:
+        p.error("--duration must be positive and --workers at least 2")
+    summary = asyncio.run(run(Options(duration=args.duration, workers=args.workers,
+                                      seed=args.seed, state=args.state,
+                                      settle_s=args.settle, keep=args.keep)))
+    if not args.json:
+        print(f"chaos, seed {summary['seed']}: {summary['submitted']} submitted, "
+              f"{summary['placed_once']} placed once, {summary['terminal']} terminal, "
+              f"{summary['lost']} lost, {summary['duplicated']} duplicated; faults "
+              f"{summary['faults']}: {'ok' if summary['ok'] else 'FAILED'}")
+    print(json.dumps(summary), flush=True)
+    return 0 if summary["ok"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
