@@ -9,6 +9,7 @@ beside it so the ratios say how close gavel is to what the machine allows.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import subprocess
 import sys
@@ -66,6 +67,9 @@ class Result:
     broker_rss_mb: float
     agent_rss_mb: float
     bids_per_s: float
+    broker_cpu_us_per_placement: float
+    writer_cpu_us_per_placement: float
+    agent_cpu_us_per_reply: float
     nats_reqreply_per_s: float
     git_cli_commits_per_s: float
     idle_worker_cpu_pct: float
@@ -94,6 +98,20 @@ def _bar(done: int, total: int, started: float) -> None:
     sys.stderr.write(f"\r  [{'#' * filled}{'.' * (width - filled)}] {done}/{total} "
                      f"placed, {rate:,.0f}/s ")
     sys.stderr.flush()
+
+
+def _cpu(proc: subprocess.Popen[bytes], children: bool = False) -> float:
+    """CPU seconds a child has used so far (its threads; with `children`, only theirs)."""
+    p = psutil.Process(proc.pid)
+    if not children:
+        t = p.cpu_times()
+        return float(t.user + t.system)
+    total = 0.0
+    for child in p.children(recursive=True):  # the broker's git writer process
+        with contextlib.suppress(psutil.Error):
+            c = child.cpu_times()
+            total += c.user + c.system
+    return total
 
 
 def verify(state: Path, ids: list[str]) -> None:
@@ -179,6 +197,7 @@ async def _drive(nc: Any, opts: Options, root: Path, broker: subprocess.Popen[by
         await asyncio.sleep(0.2)
     spec = Spec(name="noop", command=["true"], cpu=0.01, memory_mb=16)
     ids: list[str] = []
+    cpu0 = _cpu(broker), sum(_cpu(p) for p in agent_procs), _cpu(broker, children=True)
     started = time.perf_counter()
     sem = asyncio.Semaphore(4)
 
@@ -207,6 +226,9 @@ async def _drive(nc: Any, opts: Options, root: Path, broker: subprocess.Popen[by
     await submitting
     if opts.progress:
         sys.stderr.write("\n")
+    broker_cpu = _cpu(broker) - cpu0[0]
+    writer_cpu = _cpu(broker, children=True) - cpu0[2]
+    agent_cpu = sum(_cpu(p) for p in agent_procs) - cpu0[1]
     broker_rss = psutil.Process(broker.pid).memory_info().rss / 2**20
     agent_rss = sum(psutil.Process(p.pid).memory_info().rss for p in agent_procs) / 2**20
     verify(root, ids)
@@ -218,6 +240,10 @@ async def _drive(nc: Any, opts: Options, root: Path, broker: subprocess.Popen[by
         commit_p99_ms=round(stats.commit_p99_ms, 2), commits=stats.commits,
         broker_rss_mb=round(broker_rss, 1), agent_rss_mb=round(agent_rss / opts.agents, 3),
         bids_per_s=round((stats.bids_received - replies0) / elapsed, 1),
+        broker_cpu_us_per_placement=round(1e6 * broker_cpu / opts.placements, 1),
+        writer_cpu_us_per_placement=round(1e6 * writer_cpu / opts.placements, 1),
+        agent_cpu_us_per_reply=round(
+            1e6 * agent_cpu / max(1, stats.bids_received - replies0), 1),
         nats_reqreply_per_s=round(nats_rr, 1), git_cli_commits_per_s=round(git_cli, 1),
         idle_worker_cpu_pct=round(idle[0], 2), idle_worker_rss_mb=round(idle[1], 1),
         ratio_to_nats_reqreply=round(rate / nats_rr, 3) if nats_rr else 0.0,

@@ -190,8 +190,8 @@ class Api:
             hb = self.b.liveness.heartbeats[node_id]
             nf = state.nodes.get(node_id)
             placed = list(nf.instances.values()) if nf else []
-            committed = Capacity(cpu=sum(p.spec.cpu for p in placed),
-                                 memory_mb=sum(p.spec.memory_mb for p in placed),
+            committed = Capacity(cpu=sum(p.cpu for p in placed),
+                                 memory_mb=sum(p.memory_mb for p in placed),
                                  ports=sum(len(p.ports) for p in placed))
             health: Health = self.b.liveness.health(node_id, now)
             out.append(NodeStatus(node_id=node_id, health=health, strategy=hb.strategy,

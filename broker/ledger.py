@@ -26,7 +26,7 @@ import pygit2
 
 from shared.lifecycle import PENDING
 from shared.messages import Capacity, InstanceState
-from shared.records import AuctionRecord, InstanceRecord, NodeFile, Placement, parse_trailers
+from shared.records import Assignment, AuctionRecord, InstanceRecord, NodeFile, parse_trailers
 
 __all__ = ["Change", "Conflict", "Ledger", "LedgerError", "Pinned", "State"]
 
@@ -110,16 +110,16 @@ class State:
         self.nodes[nid] = nf
         total = Capacity()
         for pl in nf.instances.values():
-            total.cpu += pl.spec.cpu
-            total.memory_mb += pl.spec.memory_mb
-            total.ports += len(pl.spec.ports)
+            total.cpu += pl.cpu
+            total.memory_mb += pl.memory_mb
+            total.ports += len(pl.ports)
         self.committed[nid] = total
 
     def placement_of(self, instance_id: str) -> str | None:
         """The node whose node.json holds the instance, if any."""
         return self.where.get(instance_id)
 
-    def placement(self, instance_id: str) -> Placement | None:
+    def placement(self, instance_id: str) -> Assignment | None:
         node = self.where.get(instance_id)
         return None if node is None else self.nodes[node].instances.get(instance_id)
 

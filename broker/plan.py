@@ -25,7 +25,7 @@ from shared.lifecycle import PENDING, transition
 from shared.messages import InstanceState as S
 from shared.ports import allocate
 from shared.reasons import Reason
-from shared.records import InstanceRecord, NodeFile, Placement
+from shared.records import Assignment, InstanceRecord, NodeFile
 
 __all__ = [
     "View",
@@ -73,12 +73,12 @@ class View:
             return self._where[iid]
         return self.state.where.get(iid)
 
-    def placement(self, iid: str) -> Placement | None:
+    def placement(self, iid: str) -> Assignment | None:
         node = self.placed_on(iid)
         nf = self.node(node) if node is not None else None
         return nf.instances.get(iid) if nf is not None else None
 
-    def live(self, iid: str, node_id: str) -> tuple[InstanceRecord, Placement] | None:
+    def live(self, iid: str, node_id: str) -> tuple[InstanceRecord, Assignment] | None:
         """The record (seen as ``placed``) and placement of an instance placed on `node_id`."""
         rec = self.instance(iid)
         pl = self.placement(iid) if self.placed_on(iid) == node_id else None
@@ -96,7 +96,7 @@ def submit(view: View, rec: InstanceRecord) -> bool:
 
 
 def place(view: View, decision: Awarded, auction_id: str,
-          port_range: Sequence[int]) -> Placement | None:
+          port_range: Sequence[int]) -> Assignment | None:
     """Put the instance into the winner's node.json; None if it is no longer pending."""
     iid, winner = decision.request.instance_id, decision.winner.node_id
     rec = view.instance(iid)
@@ -108,8 +108,8 @@ def place(view: View, decision: Awarded, auction_id: str,
     ports = allocate(rec.spec.ports, port_range, in_use)
     if ports is None:
         return None
-    placement = Placement(instance_id=iid, spec=rec.spec, auction_id=auction_id,
-                          attempt=rec.attempt + 1, ports=ports)
+    placement = Assignment(instance_id=iid, auction_id=auction_id, attempt=rec.attempt + 1,
+                           cpu=rec.spec.cpu, memory_mb=rec.spec.memory_mb, ports=ports)
     view.put_node(msgspec.structs.replace(nf, instances={**nf.instances, iid: placement}))
     return placement
 
@@ -207,7 +207,7 @@ def set_draining(view: View, node_id: str, draining: bool) -> NodeFile | None:
 
 
 def record_ports(view: View, iid: str, node_id: str, ports: dict[str, int],
-                 taken: list[int]) -> Placement | None:
+                 taken: list[int]) -> Assignment | None:
     """The worker found some awarded ports taken outside gavel and gave the instance others
     from its free set: record the real ports and block the taken ones on that node."""
     nf = view.node(node_id)

@@ -13,6 +13,7 @@ from shared.award import NodeBid, NodeDecline
 from shared.messages import InstanceState, Shape, Spec
 
 __all__ = [
+    "Assignment",
     "AuctionRecord",
     "BatchRecord",
     "InstanceRecord",
@@ -33,9 +34,21 @@ class Placement(msgspec.Struct, kw_only=True):
     ports: dict[str, int] = {}
 
 
+class Assignment(msgspec.Struct, kw_only=True):
+    """One instance in a node.json: what the node holds and what it reserves there. The
+    spec itself lives once, in the instance's record; a node fetches it with its award."""
+
+    instance_id: str
+    auction_id: str
+    attempt: int = 1
+    cpu: float = 0.0
+    memory_mb: int = 0
+    ports: dict[str, int] = {}
+
+
 class NodeFile(msgspec.Struct, kw_only=True):
     node_id: str
-    instances: dict[str, Placement] = {}
+    instances: dict[str, Assignment] = {}
     #: The operator drained the node: it declines every RFB (durable, survives restarts).
     draining: bool = False
     #: Ports in the node's range found taken by something outside gavel.

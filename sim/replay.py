@@ -164,9 +164,9 @@ def _committed(repo: pygit2.Repository, tree: pygit2.Tree | None, node_id: str) 
     used = Capacity()
     if raw is not None:
         for placement in _node.decode(raw).instances.values():
-            used.cpu += placement.spec.cpu
-            used.memory_mb += placement.spec.memory_mb
-            used.ports += len(placement.spec.ports)
+            used.cpu += placement.cpu
+            used.memory_mb += placement.memory_mb
+            used.ports += len(placement.ports)
     return used
 
 

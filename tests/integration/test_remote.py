@@ -22,7 +22,7 @@ from broker.ledger import Change, Ledger, encode
 from broker.natsserver import free_port
 from broker.remote import Pusher, PushError
 from shared.messages import Spec
-from shared.records import InstanceRecord, NodeFile, Placement
+from shared.records import Assignment, InstanceRecord, NodeFile
 
 pytestmark = pytest.mark.integration
 SIG = pygit2.Signature("someone else", "else@example.com")
@@ -37,7 +37,8 @@ def place(ledger: Ledger, iid: str, node: str) -> str:
     st = ledger.state()
     nf = st.nodes.get(node) or NodeFile(node_id=node)
     nf = msgspec.structs.replace(nf, instances={
-        **nf.instances, iid: Placement(instance_id=iid, spec=record(iid).spec, auction_id="a")})
+        **nf.instances, iid: Assignment(instance_id=iid, auction_id="a", cpu=record(iid).spec.cpu,
+                            memory_mb=record(iid).spec.memory_mb)})
     return ledger.apply(Change(instances={iid: record(iid, node)}, nodes={node: nf}),
                         f"place {iid} on {node}\n", st.head)
 

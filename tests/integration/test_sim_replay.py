@@ -13,7 +13,13 @@ import pytest
 from shared.award import NodeBid, NodeDecline
 from shared.messages import Spec
 from shared.reasons import Reason
-from shared.records import AuctionRecord, InstanceRecord, NodeFile, Placement, auction_trailer
+from shared.records import (
+    Assignment,
+    AuctionRecord,
+    InstanceRecord,
+    NodeFile,
+    auction_trailer,
+)
 from sim.cli import add_arguments, run
 
 _SIG = pygit2.Signature("test", "test@gavel.local", 1_700_000_000, 0)
@@ -60,8 +66,8 @@ def _build_state(root: Path) -> Path:
         spec = _spec(iid, cpu, 512)
         files[f"instances/{iid}.json"] = msgspec.json.encode(
             InstanceRecord(instance_id=iid, spec=spec, node_id=winner))
-        nodes[winner].instances[iid] = Placement(instance_id=iid, spec=spec,
-                                                 auction_id=f"a{i}")
+        nodes[winner].instances[iid] = Assignment(instance_id=iid, auction_id=f"a{i}",
+                                                  cpu=spec.cpu, memory_mb=spec.memory_mb)
         for n, nf in nodes.items():
             files[f"nodes/{n}/node.json"] = msgspec.json.encode(nf)
         ranked = sorted(bids, key=lambda b: (b[1], b[0]))

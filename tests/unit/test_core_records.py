@@ -16,12 +16,12 @@ from shared.award import NodeBid, NodeDecline
 from shared.messages import Bid, BidReply, Capacity, Decline, InstanceState, Request, Shape, Spec
 from shared.records import (
     TRAILER,
+    Assignment,
     AuctionRecord,
     BatchRecord,
     InstanceRecord,
     NodeFile,
     Outcome,
-    Placement,
     ShapeRecord,
     auction_trailer,
     parse_trailers,
@@ -254,8 +254,8 @@ def test_unicode_line_separators_in_details_do_not_break_the_trailer(separator: 
 def test_state_files_round_trip_as_json() -> None:
     spec = Spec(name="web", command=["run"], secrets=["token"])
     node_file = NodeFile(node_id="n1", instances={
-        "i-1": Placement(instance_id="i-1", spec=spec, auction_id="a-1", attempt=2,
-                         ports={"http": 8080}),
+        "i-1": Assignment(instance_id="i-1", auction_id="a-1", attempt=2, cpu=spec.cpu,
+                          memory_mb=spec.memory_mb, ports={"http": 8080}),
     })
     assert msgspec.json.decode(msgspec.json.encode(node_file), type=NodeFile) == node_file
     rec = InstanceRecord(instance_id="i-1", spec=spec, state=InstanceState.RUNNING, attempt=1,

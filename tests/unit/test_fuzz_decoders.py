@@ -35,6 +35,7 @@ from shared.messages import (
     Spec,
 )
 from shared.records import (
+    Assignment,
     AuctionRecord,
     BatchRecord,
     InstanceRecord,
@@ -53,6 +54,8 @@ SPEC = Spec(name="web", command=["python", "-c", "pass"], cpu=0.5, memory_mb=128
             ports=["http"], labels={"zone": "a"}, env={"A": "1"}, timeout_s=5.0)
 SHAPE = Shape(cpu=0.5, memory_mb=128, ports=1, labels={"zone": "a"})
 PLACEMENT = Placement(instance_id="web-1", spec=SPEC, auction_id="a1", ports={"http": 20000})
+ASSIGNMENT = Assignment(instance_id="web-1", auction_id="a1", cpu=SPEC.cpu,
+                        memory_mb=SPEC.memory_mb, ports={"http": 20000})
 
 #: One valid sample of every message that crosses NATS, per decoder type.
 WIRE: dict[Any, list[msgspec.Struct]] = {
@@ -106,7 +109,7 @@ API_REPLIES: dict[Any, list[msgspec.Struct]] = {
 #: Files gavel reads back: git's JSON records, the worker's own state file.
 FILES: dict[Any, list[msgspec.Struct]] = {
     InstanceRecord: [InstanceRecord(instance_id="web-1", spec=SPEC, excluded=["n2"])],
-    NodeFile: [NodeFile(node_id="n1", instances={"web-1": PLACEMENT}, blocked_ports=[20000])],
+    NodeFile: [NodeFile(node_id="n1", instances={"web-1": ASSIGNMENT}, blocked_ports=[20000])],
     AuctionRecord: API_REPLIES[api.WhyReply | ApiError][0].auctions,  # type: ignore[attr-defined]
     BatchRecord: [BatchRecord(auction_id="a1", shapes=[ShapeRecord(shape=SHAPE)],
                               outcomes=[Outcome(instance_id="web-1", winner="n1", load=0.5)])],

@@ -8,7 +8,7 @@ from broker.plan import View, finish, requeue
 from shared.messages import InstanceState as S
 from shared.messages import Spec
 from shared.reasons import Reason
-from shared.records import InstanceRecord, NodeFile, Placement
+from shared.records import Assignment, InstanceRecord, NodeFile
 
 SPEC = Spec(name="svc", command=["true"], attempts=3)
 
@@ -17,7 +17,8 @@ def _placed_state() -> State:
     st = State(head="h")
     st.put_instance("i", InstanceRecord(instance_id="i", spec=SPEC))
     st.put_node("n1", NodeFile(node_id="n1", instances={
-        "i": Placement(instance_id="i", spec=SPEC, auction_id="a", attempt=1)}))
+        "i": Assignment(instance_id="i", auction_id="a", attempt=1, cpu=SPEC.cpu,
+                        memory_mb=SPEC.memory_mb)}))
     return st
 
 
