@@ -342,7 +342,7 @@ class Ledger:
             for p in parts[:-1]:
                 cur = cur.setdefault(p, {})  # type: ignore[assignment]
             cur[parts[-1]] = data
-        tree_id = self._write_tree(parent_tree, nested)
+        tree_id, _ = self._write_tree(parent_tree, nested)
         sig = pygit2.Signature(*_SIGNATURE)
         parents = [pygit2.Oid(hex=planned_on)] if planned_on else []
         commit_id = repo.create_commit(None, sig, sig, message, tree_id, parents)
@@ -355,16 +355,18 @@ class Ledger:
             txn.set_target(self.ref, commit_id, message=message.splitlines()[0][:200])
         return str(commit_id)
 
-    def _write_tree(self, base: pygit2.Tree | None, changes: Mapping[str, object]) -> pygit2.Oid:
+    def _write_tree(self, base: pygit2.Tree | None,
+                    changes: Mapping[str, object]) -> tuple[pygit2.Oid, int]:
+        """Write the tree `base` with `changes` applied; (its id, how many entries)."""
         repo = self.repo
         tb = repo.TreeBuilder(base) if base is not None else repo.TreeBuilder()
         for name, sub in changes.items():
             existing = base[name] if base is not None and name in base else None
             if isinstance(sub, dict):
                 sub_base = repo[existing.id] if existing is not None else None
-                tid = self._write_tree(sub_base if isinstance(sub_base, pygit2.Tree) else None,
-                                       sub)
-                if len(self._tree(tid)) == 0:
+                tid, count = self._write_tree(
+                    sub_base if isinstance(sub_base, pygit2.Tree) else None, sub)
+                if count == 0:
                     if existing is not None:
                         tb.remove(name)
                 else:
@@ -375,4 +377,4 @@ class Ledger:
             else:
                 assert isinstance(sub, bytes)
                 tb.insert(name, repo.create_blob(sub), pygit2.enums.FileMode.BLOB)
-        return tb.write()
+        return tb.write(), len(tb)
