@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from types import ModuleType
 
-from broker import commands, config, daemons, logs
+from broker import auth, commands, config, daemons, logs
 from broker.config import DEFAULT_NATS
 from broker.parsers import port as _port
 from broker.parsers import positive_float, positive_int
@@ -24,8 +24,9 @@ __all__ = ["main"]
 def _client(p: argparse.ArgumentParser, json_flag: bool = True) -> None:
     p.add_argument("--nats", default=os.environ.get("GAVEL_NATS_URL", DEFAULT_NATS),
                    help="NATS URL (env GAVEL_NATS_URL; default %(default)s)")
-    p.add_argument("--creds", default=os.environ.get("GAVEL_CREDS"),
-                   help="NATS credentials file (env GAVEL_CREDS)")
+    p.add_argument("--creds", default=os.environ.get("GAVEL_CREDS") or None, metavar="FILE",
+                   help="NATS credentials: an nkey seed file (gavel auth init writes "
+                   "operator.nk) or a .creds file (env GAVEL_CREDS)")
     if json_flag:
         p.add_argument("--json", action="store_true", help="print machine-readable JSON")
 
@@ -44,6 +45,10 @@ def build_parser() -> argparse.ArgumentParser:
                     help="port for the embedded nats-server (default: a free port)")
     up.add_argument("--demo", action="store_true",
                     help="submit demo workloads, show where they went and why, then exit")
+    up.add_argument("--no-auth", dest="auth", action="store_false",
+                    help="run nats-server open to anyone who reaches it (default: one nkey "
+                    "per worker, the broker and operators, from `gavel auth init` under "
+                    "STATE/auth)")
 
     up.add_argument("--metrics-port", type=_port, default=None, metavar="PORT",
                     help="serve the broker's Prometheus metrics on this port (default: off)")
@@ -63,6 +68,9 @@ def build_parser() -> argparse.ArgumentParser:
         "Run a worker agent. Settings come from --config FILE, then GAVEL_* environment "
         "variables, then flags, each overriding the one before."))
     config.add_options(wk, config.WORKER_OPTIONS)
+
+    au = sub.add_parser("auth", help="NATS identities: nkeys and the server's permissions")
+    auth.add_arguments(au)
 
     cf = sub.add_parser("config", help="check a broker or worker config file")
     cfs = cf.add_subparsers(dest="config_command", required=True, metavar="ACTION")
@@ -148,6 +156,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return bench_cli.run_cli(args)
         if args.command == "config":
             return daemons.config_check(args)
+        if args.command == "auth":
+            return auth.run_cli(args)
         if args.command in ("broker", "worker"):
             args.settings = daemons.settings(args)
             if args.check:

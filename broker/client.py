@@ -12,6 +12,7 @@ import nats
 from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeout
 
+from broker.creds import connect_options
 from shared import subjects
 from shared.messages import ApiError, Message
 
@@ -34,13 +35,19 @@ async def _quiet(exc: Exception) -> None:
 
 
 async def connect(url: str, creds: str | None = None, **options: Any) -> Any:
+    """A connection for one command; `creds` is a .creds file or an nkey seed file (a
+    `CredsError`, exit 2, if it is neither or cannot be read)."""
+    kwargs: dict[str, Any] = {"connect_timeout": 3, "max_reconnect_attempts": 2,
+                              "allow_reconnect": False, "error_cb": _quiet, **options}
+    if creds:
+        kwargs.update(connect_options(creds))
     try:
-        kwargs: dict[str, Any] = {"connect_timeout": 3, "max_reconnect_attempts": 2,
-                                  "allow_reconnect": False, "error_cb": _quiet, **options}
-        if creds:
-            kwargs["user_credentials"] = creds
         return await nats.connect(url, **kwargs)
     except Exception as exc:
+        if "authorization violation" in str(exc).lower():
+            which = f"the credentials in {creds}" if creds else \
+                "a client without credentials (give --creds FILE or GAVEL_CREDS)"
+            raise ClientError(f"NATS at {url} refused {which}") from exc
         raise ClientError(f"cannot connect to NATS at {url}: {exc}") from exc
 
 
@@ -53,6 +60,10 @@ async def call(nc: Any, verb: str, request: Message, reply_type: type[T],
         raise ClientError("no broker is answering: start one with `gavel broker` or "
                           "`gavel up`") from None
     except NatsTimeout:
+        err = getattr(nc, "last_error", None)
+        if err is not None and "permissions violation" in str(err).lower():
+            raise ClientError(f"NATS did not let this credential call {verb} ({err}); the "
+                              "API takes an operator credential") from None
         raise ClientError(f"the broker did not answer {verb} within {timeout:g}s") from None
     try:
         reply = msgspec.msgpack.decode(msg.data, type=reply_type | ApiError)

@@ -126,7 +126,8 @@ def _common(daemon: str) -> list[Option]:
         Option("nats", "--nats", "GAVEL_NATS_URL", str, "NATS URL; nats://user:password@host:"
                "4222 for password auth, tls:// for TLS (default nats://127.0.0.1:4222)",
                metavar="URL"),
-        Option("creds", "--creds", "GAVEL_CREDS", str, "NATS credentials file", "FILE"),
+        Option("creds", "--creds", "GAVEL_CREDS", str, "NATS credentials: an nkey seed file "
+               "(gavel auth init writes them) or a .creds file (JWT + seed)", "FILE"),
         Option("tls_ca", "--tls-ca", "GAVEL_TLS_CA", str,
                "CA certificate that signed the NATS server's (default: the system store)",
                "FILE"),

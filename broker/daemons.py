@@ -18,7 +18,7 @@ import os
 import signal
 import ssl
 import tomllib
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote, urlsplit
@@ -33,8 +33,10 @@ from broker.config import (
     effective_timing,
     flags_of,
     load,
+    mask_url,
     render,
 )
+from broker.creds import connect_options
 from shared.strategies import Strategy
 
 __all__ = ["check", "config_check", "run_broker", "run_worker", "settings"]
@@ -105,8 +107,9 @@ def config_check(args: argparse.Namespace) -> int:
 
 
 def _nats_options(cfg: BrokerConfig | WorkerConfig) -> dict[str, Any]:
-    """Credentials and TLS for nats.connect; a tls:// URL alone uses the system CA store."""
-    out: dict[str, Any] = {"user_credentials": cfg.creds} if cfg.creds else {}
+    """Credentials (a .creds file or an nkey seed, told apart by content) and TLS for
+    nats.connect; a tls:// URL alone uses the system CA store."""
+    out: dict[str, Any] = connect_options(cfg.creds) if cfg.creds else {}
     if cfg.tls_ca or cfg.tls_cert:
         try:
             ctx = ssl.create_default_context(cafile=cfg.tls_ca or None)
@@ -127,6 +130,27 @@ def _url_secrets(*urls: str) -> list[str]:
     return out
 
 
+def _nats_errors(cfg: BrokerConfig) -> Callable[[Exception], Awaitable[None]]:
+    """The broker's nats-py error callback: each error as one log line, repeats of the same
+    one in a row dropped (a refused credential is retried every half second, forever)."""
+    last = ""
+
+    async def on_error(exc: Exception) -> None:
+        nonlocal last
+        text = (str(exc) or type(exc).__name__).removeprefix("nats: ")
+        if text == last:
+            return
+        last = text
+        if "authorization violation" in text.lower():
+            who = f"the credentials in {cfg.creds}" if cfg.creds else \
+                "a broker without credentials (--creds FILE or GAVEL_CREDS)"
+            log.error("NATS at %s refused %s; retrying", mask_url(cfg.nats), who)
+        else:
+            log.warning("nats: %s", text)
+
+    return on_error
+
+
 async def run_broker(args: argparse.Namespace) -> int:
     from broker.metrics_http import MetricsUnavailable, serve
     from broker.service import Broker
@@ -138,7 +162,7 @@ async def run_broker(args: argparse.Namespace) -> int:
                             os.environ.get("GAVEL_PUSH_TOKEN", "")])
     broker = Broker(nats_url=cfg.nats, state_dir=Path(cfg.state), ref=cfg.ref,
                     timing=effective_timing(cfg, os.environ), secrets=secrets,
-                    nats_options=_nats_options(cfg))
+                    nats_options={"error_cb": _nats_errors(cfg), **_nats_options(cfg)})
     pusher = None
     if cfg.push:
         from broker.remote import Pusher
@@ -151,10 +175,24 @@ async def run_broker(args: argparse.Namespace) -> int:
         except MetricsUnavailable as exc:
             raise ConfigError(f"{exc}.") from None
         log.info("metrics at %s", server.url)
-    _on_signal(broker.stop)
+    running = asyncio.ensure_future(broker.run())
+    connecting = False
+
+    def stop() -> None:
+        nonlocal connecting
+        broker.stop()
+        if broker.nc is None:  # still connecting: NATS may refuse the credential forever
+            connecting = True
+            running.cancel()
+
+    _on_signal(stop)
     pushing = asyncio.ensure_future(pusher.run()) if pusher is not None else None
     try:
-        await broker.run()
+        await running
+    except asyncio.CancelledError:
+        if not connecting:
+            raise
+        await broker.close()
     finally:
         if pusher is not None and pushing is not None:
             await pusher.close(pushing, timeout=5.0)

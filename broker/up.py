@@ -1,9 +1,11 @@
 """`gavel up`: the embedded default — nats-server from the wheel, a broker, N workers.
 
-Rule: everything lives under ``--state`` (state.git, nats/, workers/, logs/); every part is a
-real child process speaking real NATS, exactly as it would on separate hosts. ``--demo``
-submits a few workloads, prints where each went and why, and exits. ``--metrics-port`` serves
-the broker's metrics; ``--log-format`` (or GAVEL_LOG_FORMAT) reaches every child.
+Rule: everything lives under ``--state`` (state.git, auth/, nats/, workers/, logs/); every part
+is a real child process speaking real NATS, exactly as it would on separate hosts — with its
+own nkey and only its own subjects (`gavel auth init`, reusing the keys of an earlier run;
+``--no-auth`` leaves NATS open). ``--demo`` submits a few workloads, prints where each went
+and why, and exits. ``--metrics-port`` serves the broker's metrics; ``--log-format`` (or
+GAVEL_LOG_FORMAT) reaches every child.
 """
 
 from __future__ import annotations
@@ -18,7 +20,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from broker.client import ClientError, call, connect
+from broker import auth
+from broker.client import BrokerRefused, ClientError, call, connect
 from broker.natsserver import NatsServer
 from shared.api import (
     EventsReply,
@@ -102,8 +105,13 @@ async def _demo(nc: Any, workers: int, state: Path) -> None:
         print(f"  {n.node_id:<8} {n.strategy:<13} {n.capacity.cpu:g} cpu "
               f"{n.capacity.memory_mb} MB  {labels}")
     ids = []
+    refused = []  # the broker turns away what no node could ever hold (--workers 2: big)
     for spec in demo_specs():
-        reply = await call(nc, "submit", SubmitRequest(spec=spec), SubmitReply)
+        try:
+            reply = await call(nc, "submit", SubmitRequest(spec=spec), SubmitReply)
+        except BrokerRefused as exc:
+            refused.append(f"  {spec.name:<18} refused: {exc}")
+            continue
         ids.append(reply.instance_id)
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline:
@@ -126,6 +134,8 @@ async def _demo(nc: Any, workers: int, state: Path) -> None:
                   + (f"; declined: {'; '.join(declined)}" if declined else ""))
         else:
             print(f"  {iid:<18} unschedulable: {a.summary}")
+    for line in refused:
+        print(line)
     await asyncio.sleep(2.5)
     evs = await call(nc, "events", EventsRequest(limit=0), EventsReply)
     print("\nwhat the workers reported:")
@@ -139,38 +149,50 @@ async def _demo(nc: Any, workers: int, state: Path) -> None:
 async def up(args: argparse.Namespace) -> int:
     state: Path = args.state.resolve()
     (state / "logs").mkdir(parents=True, exist_ok=True)
+    nodes = [f"node-{i + 1}" for i in range(args.workers)]
+    ids = auth.init(state, nodes) if args.auth else None
     server = NatsServer(port=args.nats_port, store_dir=state / "nats",
-                        log=state / "logs" / "nats.log")
+                        config=ids.config if ids else None, log=state / "logs" / "nats.log")
     server.start()
     env = {**os.environ, "GAVEL_NATS_URL": server.url}
+    env.pop("GAVEL_CREDS", None)  # each child gets its own, below
+
+    def creds(path: Path | None) -> list[str]:
+        return ["--creds", str(path)] if path is not None else []
+
     if args.log_format:
         env["GAVEL_LOG_FORMAT"] = args.log_format
-    broker = ["broker", "--state", str(state)]
+    broker = ["broker", "--state", str(state), *creds(ids.broker if ids else None)]
     if args.metrics_port is not None:
         broker += ["--metrics-port", str(args.metrics_port), "--metrics-addr", args.metrics_addr]
     procs = [_spawn(broker, state / "logs" / "broker.log", env)]
-    for i in range(args.workers):
-        node = f"node-{i + 1}"
+    for i, node in enumerate(nodes):
         cpu, mem = SIZES[i % len(SIZES)]
         procs.append(_spawn(
-            ["worker", "--node-id", node, "--strategy", STRATEGIES[i % len(STRATEGIES)],
+            ["worker", "--node-id", node, *creds(ids.nodes[node] if ids else None),
+             "--strategy", STRATEGIES[i % len(STRATEGIES)],
              "--labels", f"zone={'ab'[i % 2]}", "--cpu", str(cpu), "--memory-mb", str(mem),
              "--ports", f"{21000 + 100 * i}-{21000 + 100 * i + 99}",
              "--state", str(state / "workers" / node)],
             state / "logs" / f"{node}.log", env))
     print(f"gavel up: nats-server at {server.url}, broker and {args.workers} workers; "
           f"state and logs under {state}")
+    operator = str(ids.operator) if ids else None
+    print(f"NATS auth: one nkey per worker, the broker and operators in {ids.directory}"
+          if ids else "NATS auth: off (--no-auth); anyone who reaches the server may use it")
     if args.metrics_port is not None:
         print(f"broker metrics: http://{args.metrics_addr}:{args.metrics_port}/metrics")
     try:
         if args.demo:
-            nc = await connect(server.url)
+            nc = await connect(server.url, operator)
             try:
                 await _demo(nc, args.workers, state)
             finally:
                 await nc.close()
             return 0
-        print(f"try: GAVEL_NATS_URL={server.url} gavel nodes   (Ctrl-C stops the cluster)")
+        hint = f"GAVEL_CREDS={operator} " if operator else ""
+        print(f"try: GAVEL_NATS_URL={server.url} {hint}gavel nodes   "
+              "(Ctrl-C stops the cluster)")
         done = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):

@@ -1,0 +1,279 @@
+"""Identity on the wire: `gavel auth init` writes one nkey per node, one for the broker and one
+for operators, and the nats-server config that gives each of them exactly its own subjects.
+
+Rules:
+1. A node publishes only on subjects that end in its own id (bids, heartbeats, reports,
+   assignment requests), subscribes only to what is addressed to it and to its own inbox
+   (``_INBOX_<node>.>``: the broker's answers to other nodes' assignment requests carry their
+   secrets), and reads — never writes — the KV bucket where the broker mirrors node.json.
+2. Only the broker publishes RFBs, awards, cancels and KV writes. Operators call the API and
+   read events; they cannot bid, award or speak as a node.
+3. `init` is idempotent: a seed that exists is reused, never rewritten. The config authorizes
+   every node seed in the directory, so revoking a node is deleting its seed and running
+   `init` again (then reloading nats-server).
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+import os
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from broker.config import ConfigError
+from broker.parsers import positive_int
+from shared import subjects
+
+__all__ = [
+    "BROKER",
+    "OPERATOR",
+    "Identities",
+    "add_arguments",
+    "broker_permissions",
+    "init",
+    "node_ids",
+    "operator_permissions",
+    "public_key",
+    "render_config",
+    "run_cli",
+    "worker_permissions",
+]
+
+#: The seed files of the two roles that are not nodes; no node may take these names.
+BROKER = "broker"
+OPERATOR = "operator"
+_SEED = re.compile(r"SU[A-Z2-7]{56}")
+_KV_STREAM = f"KV_{subjects.NODES_BUCKET}"
+
+
+def worker_permissions(node: str) -> dict[str, Any]:
+    """Node `node`: its own subjects out, what is addressed to it in, KV read-only."""
+    kv_key = f"$KV.{subjects.NODES_BUCKET}.{node}"
+    inbox = f"{subjects.NODE_INBOX.format(node=node)}.>"
+    return {
+        "publish": {"allow": [
+            subjects.BIDS.format(node=node),
+            subjects.HEARTBEAT.format(node=node),
+            subjects.REPORT.format(node=node),
+            subjects.ASSIGN.format(node=node),
+            inbox,  # the worker's subscription barrier: a message to itself
+            # Reading its node.json: bucket info, a watch (an ordered consumer: nats-py
+            # creates it without a name; a named one may only filter on its own key), gets.
+            f"$JS.API.STREAM.INFO.{_KV_STREAM}",
+            f"$JS.API.CONSUMER.CREATE.{_KV_STREAM}",
+            f"$JS.API.CONSUMER.CREATE.{_KV_STREAM}.*.{kv_key}",
+            f"$JS.API.CONSUMER.INFO.{_KV_STREAM}.*",
+            f"$JS.API.CONSUMER.DELETE.{_KV_STREAM}.*",
+            f"$JS.API.DIRECT.GET.{_KV_STREAM}.{kv_key}",
+            f"$JS.API.STREAM.MSG.GET.{_KV_STREAM}",
+            f"$JS.FC.{_KV_STREAM}.>",  # the ordered consumer's flow-control answers
+        ]},
+        "subscribe": {"allow": [
+            subjects.RFB,
+            subjects.RFB_NODE.format(node=node),
+            subjects.AWARD.format(node=node),
+            subjects.CANCEL.format(node=node),
+            inbox,
+        ]},
+    }
+
+
+def operator_permissions() -> dict[str, Any]:
+    """Operators and CI: the request/reply API and the event stream, nothing else."""
+    return {"publish": {"allow": [subjects.API.format(verb=">")]},
+            "subscribe": {"allow": ["_INBOX.>", subjects.EVENTS_ALL]}}
+
+
+def broker_permissions() -> dict[str, Any]:
+    """The broker runs auctions, awards, the KV mirror and the API: every subject."""
+    return {"publish": {"allow": [">"]}, "subscribe": {"allow": [">"]}}
+
+
+# -- keys --------------------------------------------------------------------------------------
+def public_key(seed: str) -> str:
+    """The user public key (``U...``) of an nkey seed (``SU...``)."""
+    import nkeys  # PyNaCl: loaded by the verbs that make or check keys, not by every daemon
+
+    kp = nkeys.from_seed(bytearray(seed.encode()))
+    try:
+        return str(kp.public_key.decode())
+    finally:
+        kp.wipe()
+
+
+def _read_seed(path: Path) -> str:
+    try:
+        text = path.read_text().strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"cannot read the nkey seed {path}: "
+                          f"{getattr(exc, 'strerror', None) or exc}.") from None
+    if not _valid_seed(text):
+        raise ConfigError(f"{path} is not an nkey user seed; delete it and run "
+                          "`gavel auth init` again to make a new one.")
+    return text
+
+
+def _valid_seed(text: str) -> bool:
+    """A user seed: ``SU``, 56 more base32 characters, and a CRC-16 that matches."""
+    import nkeys
+
+    if not _SEED.fullmatch(text):
+        return False
+    raw = base64.b32decode(text + "=" * (-len(text) % 8))
+    return bytes(nkeys.crc16_checksum(raw[:-2])) == raw[-2:]
+
+
+def _new_seed(path: Path) -> str:
+    """A fresh user seed in `path`, created 0600 (never readable by anyone else, not even
+    for a moment) and never over an existing file."""
+    import nkeys
+
+    seed = str(nkeys.encode_seed(os.urandom(32), nkeys.PREFIX_BYTE_USER).decode())
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(seed + "\n")
+    return seed
+
+
+def _seed(path: Path) -> str:
+    """The seed in `path`, made if it does not exist yet (idempotent)."""
+    if path.exists():
+        return _read_seed(path)
+    return _new_seed(path)
+
+
+# -- the nats-server config ------------------------------------------------------------------
+def _conf(value: Any, indent: str = "") -> str:
+    """A value in NATS config syntax (JSON-like: every string quoted, so ``$JS`` is literal,
+    never a variable)."""
+    if isinstance(value, dict):
+        inner = indent + "  "
+        body = "\n".join(f"{inner}{k}: {_conf(v, inner)}" for k, v in value.items())
+        return "{\n" + body + "\n" + indent + "}"
+    if isinstance(value, list):
+        return "[" + ", ".join(json.dumps(v) for v in value) + "]"
+    return json.dumps(value)
+
+
+def render_config(users: Sequence[tuple[str, str, dict[str, Any]]]) -> str:
+    """nats-server config text: one nkey user per (comment, public key, permissions). It
+    holds only `authorization`; JetStream comes from the command line (``-js -sd DIR``) or
+    from a config that ``include``-s this one."""
+    lines = [
+        "# gavel: NATS identities and permissions, written by `gavel auth init`.",
+        "# Run `gavel auth init` again rather than editing this file: it keeps every key and",
+        "# rewrites the list. Revoke a node: delete its .nk seed, run init, reload nats-server.",
+        "#",
+        "# On more than one host, add TLS and give every client a tls:// URL:",
+        '#   tls { cert_file: "server.pem", key_file: "server-key.pem", ca_file: "ca.pem" }',
+        "",
+    ]
+    lines += ["authorization {", "  users: ["]
+    for comment, key, perms in users:
+        lines.append(f"    # {comment}")
+        lines.append(f"    {{ nkey: {json.dumps(key)}, permissions: {_conf(perms, '    ')} }}")
+    lines += ["  ]", "}", ""]
+    return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class Identities:
+    """What `init` wrote: the server config and each identity's seed file."""
+
+    directory: Path
+    config: Path
+    broker: Path
+    operator: Path
+    nodes: dict[str, Path]
+
+
+def _write(path: Path, text: str) -> None:
+    if path.exists() and path.read_text() == text:
+        return
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def init(state: Path, nodes: Iterable[str] = ()) -> Identities:
+    """Seeds for the broker, operators and `nodes` under ``state/auth`` (existing ones kept),
+    and ``state/auth/nats.conf`` authorizing every node seed found there."""
+    directory = state / "auth"
+    for name in nodes:
+        if name in (BROKER, OPERATOR):
+            raise ConfigError(f"node id {name!r} is reserved for the {name}'s own key; "
+                              "choose another.")
+    try:
+        directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+        broker = directory / f"{BROKER}.nk"
+        operator = directory / f"{OPERATOR}.nk"
+        users = [("broker: every subject", public_key(_seed(broker)), broker_permissions()),
+                 ("operators: the API and events", public_key(_seed(operator)),
+                  operator_permissions())]
+        for name in nodes:
+            _seed(directory / f"{name}.nk")
+        known = sorted(p.stem for p in directory.glob("*.nk")
+                       if p.stem not in (BROKER, OPERATOR) and subjects.is_node_id(p.stem))
+        paths = {name: directory / f"{name}.nk" for name in known}
+        for name in known:
+            users.append((f"node {name}", public_key(_read_seed(paths[name])),
+                          worker_permissions(name)))
+        config = directory / "nats.conf"
+        _write(config, render_config(users))
+    except OSError as exc:
+        raise ConfigError(f"cannot write the keys under {directory}: "
+                          f"{exc.strerror or exc}.") from None
+    return Identities(directory=directory, config=config, broker=broker, operator=operator,
+                      nodes=paths)
+
+
+# -- the command line --------------------------------------------------------------------------
+def node_ids(text: str) -> list[str]:
+    """``a,b,c`` -> the node ids, each checked (argparse ``type=``)."""
+    out = [p.strip() for p in text.split(",") if p.strip()]
+    if not out:
+        raise argparse.ArgumentTypeError("expected a comma list of node ids, e.g. a,b,c")
+    for name in out:
+        if not subjects.is_node_id(name):
+            raise argparse.ArgumentTypeError(
+                f"node id {name!r} must be 1-64 letters, digits, '-' or '_'")
+    if len(set(out)) != len(out):
+        raise argparse.ArgumentTypeError("node ids must be distinct")
+    return out
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """`gavel auth init`'s flags."""
+    actions = parser.add_subparsers(dest="auth_command", required=True, metavar="ACTION")
+    ini = actions.add_parser("init", help="make nkeys for the broker, operators and each node, "
+                             "and the nats-server config that limits each to its subjects",
+                             description=(
+                                 "Write DIR/auth/<node>.nk (one nkey seed per node, mode "
+                                 "0600), broker.nk, operator.nk and DIR/auth/nats.conf. "
+                                 "Existing seeds are kept; the config lists every node seed "
+                                 "in DIR/auth."))
+    ini.add_argument("--state", type=Path, required=True, metavar="DIR",
+                     help="state directory; the keys go to DIR/auth")
+    which = ini.add_mutually_exclusive_group()
+    which.add_argument("--nodes", type=positive_int, default=None, metavar="N",
+                       help="nodes node-1 .. node-N (the names `gavel up` gives its workers)")
+    which.add_argument("--node-ids", type=node_ids, default=None, metavar="A,B,C",
+                       help="these node ids")
+
+
+def run_cli(args: argparse.Namespace) -> int:
+    nodes: list[str] = (args.node_ids if args.node_ids is not None
+                        else [f"node-{i + 1}" for i in range(args.nodes or 0)])
+    ids = init(args.state.resolve(), nodes)
+    print(f"nats-server config: {ids.config}")
+    print(f"  run: nats-server -c {ids.config} -js -sd {args.state.resolve() / 'nats'}")
+    print(f"broker:    --creds {ids.broker}")
+    print(f"operators: --creds {ids.operator}   (or GAVEL_CREDS)")
+    for name, path in ids.nodes.items():
+        print(f"node {name}: --creds {path}")
+    return 0

@@ -1,0 +1,42 @@
+"""A NATS credential file, of either kind, as `nats.connect` options.
+
+Rule: the kind is read from the content, never from the name — a ``.creds`` file (a user
+JWT and its seed, for servers in operator/JWT mode) becomes ``user_credentials=``, a bare
+nkey seed (what `gavel auth init` writes) becomes ``nkeys_seed=``. A file that cannot be
+read, or is neither, is one sentence naming the file (never its content): exit 2.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+from broker.config import ConfigError
+
+__all__ = ["CredsError", "connect_options"]
+
+_JWT = "-----BEGIN NATS USER JWT-----"
+_CREDS_SEED = "BEGIN USER NKEY SEED"
+_SEED = re.compile(r"SU[A-Z2-7]{56}")
+
+
+class CredsError(ConfigError):
+    """The credential file is missing, unreadable or not a credential."""
+
+
+def connect_options(path: str) -> dict[str, Any]:
+    """``{"user_credentials": path}`` for a .creds file, ``{"nkeys_seed": path}`` for a seed."""
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise CredsError(f"cannot read the credentials file {path}: "
+                         f"{(exc.strerror or str(exc)).lower()}.") from None
+    except UnicodeDecodeError:
+        text = ""
+    if _JWT in text and _CREDS_SEED in text:
+        return {"user_credentials": path}
+    if _SEED.fullmatch(text.strip()):
+        return {"nkeys_seed": path}
+    raise CredsError(f"the credentials file {path} is neither a NATS .creds file nor an nkey "
+                     "user seed (SU...).")

@@ -1,0 +1,146 @@
+"""`gavel auth init`'s files and `--creds` reading, without a server (tests/integration/
+test_auth.py runs them against a real one).
+
+What must hold: seeds are 0600 and never rewritten; the config authorizes exactly the node
+seeds in the directory; the credential kind is read from the content; a missing or foreign
+credential file is one sentence and exit 2 for every command; compose's password-based
+nats.conf grants each worker exactly what `auth init` grants a node.
+"""
+
+from __future__ import annotations
+
+import re
+import stat
+from pathlib import Path
+
+import pytest
+
+from broker import auth
+from broker.cli import main
+from broker.config import ConfigError
+from broker.creds import CredsError, connect_options
+
+ROOT = Path(__file__).resolve().parents[2]
+JWT_CREDS = """-----BEGIN NATS USER JWT-----
+eyJ0eXAiOiJKV1QiLCJhbGciOiJlZDI1NTE5LW5rZXkifQ.e30.c2ln
+------END NATS USER JWT------
+
+************************* IMPORTANT *************************
+NKEY Seed printed below can be used to sign and prove identity.
+
+-----BEGIN USER NKEY SEED-----
+{seed}
+------END USER NKEY SEED------
+"""
+
+
+def test_init_writes_private_seeds_and_a_config_naming_each(tmp_path: Path) -> None:
+    ids = auth.init(tmp_path, ["a", "b"])
+    assert ids.directory == tmp_path / "auth"
+    assert set(ids.nodes) == {"a", "b"}
+    for seed in (ids.broker, ids.operator, *ids.nodes.values()):
+        assert stat.S_IMODE(seed.stat().st_mode) == 0o600
+        assert re.fullmatch(r"SU[A-Z2-7]{56}\n", seed.read_text())
+    conf = ids.config.read_text()
+    for who in (ids.broker, ids.operator, *ids.nodes.values()):
+        assert auth.public_key(who.read_text().strip()) in conf
+    assert "# node a" in conf and '"gavel.bids.a"' in conf and '"_INBOX_a.>"' in conf
+    for who in (ids.broker, ids.operator, *ids.nodes.values()):
+        assert who.read_text().strip() not in conf  # public keys only, never a seed
+
+
+def test_init_is_idempotent_and_revocation_is_deleting_a_seed(tmp_path: Path) -> None:
+    first = auth.init(tmp_path, ["a", "b"])
+    seeds = {p: p.read_text() for p in first.directory.glob("*.nk")}
+    conf = first.config.read_text()
+    again = auth.init(tmp_path, ["a", "b"])
+    assert {p: p.read_text() for p in again.directory.glob("*.nk")} == seeds
+    assert again.config.read_text() == conf
+    # A node added later joins; the ones already there stay.
+    more = auth.init(tmp_path, ["c"])
+    assert set(more.nodes) == {"a", "b", "c"}
+    # Deleting a seed and running init again takes the node out.
+    b_key = auth.public_key(more.nodes["b"].read_text().strip())
+    more.nodes["b"].unlink()
+    after = auth.init(tmp_path)
+    assert set(after.nodes) == {"a", "c"} and b_key not in after.config.read_text()
+
+
+def test_init_refuses_reserved_names_and_keeps_a_damaged_seed(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="reserved"):
+        auth.init(tmp_path, ["broker"])
+    ids = auth.init(tmp_path, ["a"])
+    seed = ids.nodes["a"].read_text().strip()
+    damaged = seed[:-1] + ("A" if seed[-1] != "A" else "B")  # the checksum no longer holds
+    ids.nodes["a"].write_text(damaged + "\n")
+    with pytest.raises(ConfigError, match="not an nkey user seed"):
+        auth.init(tmp_path, ["a"])
+    assert ids.nodes["a"].read_text() == damaged + "\n"  # never overwritten
+
+
+def test_creds_kind_is_read_from_the_content(tmp_path: Path) -> None:
+    ids = auth.init(tmp_path, ["a"])
+    seed_file = str(ids.nodes["a"])
+    assert connect_options(seed_file) == {"nkeys_seed": seed_file}
+    creds = tmp_path / "user.creds"
+    creds.write_text(JWT_CREDS.format(seed=ids.nodes["a"].read_text().strip()))
+    assert connect_options(str(creds)) == {"user_credentials": str(creds)}
+    named_like_creds = tmp_path / "seed.creds"  # the name says nothing
+    named_like_creds.write_text(ids.nodes["a"].read_text())
+    assert connect_options(str(named_like_creds)) == {"nkeys_seed": str(named_like_creds)}
+    junk = tmp_path / "junk"
+    junk.write_bytes(b"\xff\xfenot a key")
+    with pytest.raises(CredsError, match=r"neither a NATS \.creds file nor an nkey"):
+        connect_options(str(junk))
+    with pytest.raises(CredsError, match="cannot read the credentials file"):
+        connect_options(str(tmp_path / "missing.nk"))
+
+
+@pytest.mark.parametrize("argv", [
+    ["status"],
+    ["nodes"],
+    ["submit", "spec.toml"],
+    ["worker", "--node-id", "a", "--check"],
+    ["broker", "--state", "s", "--check"],
+])
+def test_a_missing_creds_file_is_one_sentence_and_exit_2(
+        argv: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "spec.toml").write_text('name = "x"\ncommand = ["true"]\n')
+    missing = str(tmp_path / "nope.nk")
+    monkeypatch.setenv("GAVEL_CREDS", missing)
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "cannot read the credentials file" in err and missing in err
+    monkeypatch.delenv("GAVEL_CREDS")
+    assert main([*argv, "--creds", missing]) == 2
+
+
+def test_auth_init_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["auth", "init", "--state", str(tmp_path), "--nodes", "2"]) == 0
+    assert {p.name for p in (tmp_path / "auth").glob("*.nk")} == {
+        "broker.nk", "operator.nk", "node-1.nk", "node-2.nk"}
+    assert main(["auth", "init", "--state", str(tmp_path), "--node-ids", "x,y"]) == 0
+    out = capsys.readouterr().out
+    assert "node x: --creds" in out and "node node-1: --creds" in out
+    with pytest.raises(SystemExit) as exc:
+        main(["auth", "init", "--state", str(tmp_path), "--node-ids", "a.b"])
+    assert exc.value.code == 2
+    assert main(["auth", "init", "--state", str(tmp_path), "--node-ids", "operator"]) == 2
+
+
+def _strings(block: str) -> set[str]:
+    return set(re.findall(r'"([^"]+)"', block))
+
+
+def test_compose_grants_each_worker_what_auth_init_grants_a_node() -> None:
+    text = (ROOT / "compose" / "nats.conf").read_text()
+    for node in ("worker-1", "worker-2", "worker-3"):
+        m = re.search(r"\{ user: " + node + r",.*?subscribe: \[(?P<sub>.*?)\] \} \}", text,
+                      re.S)
+        assert m is not None, node
+        publish = _strings(m.group(0)[: m.start("sub") - m.start()])
+        perms = auth.worker_permissions(node)
+        assert publish == set(perms["publish"]["allow"])
+        assert _strings(m.group("sub")) == set(perms["subscribe"]["allow"])
