@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import signal
 import subprocess
@@ -135,10 +136,13 @@ async def authed(tmp_path: Path) -> AsyncIterator[Authed]:
     try:
         yield a
     finally:
-        for nc in a.conns:
-            if not nc.is_closed:
-                await nc.close()
-        server.stop()
+        try:
+            for nc in a.conns:
+                if not nc.is_closed:
+                    with contextlib.suppress(Exception):
+                        await nc.close()
+        finally:
+            server.stop()
 
 
 class Spy:
