@@ -89,7 +89,9 @@ class Promises:
                 self._end(ev, InstanceState.FAILED)
 
     def heartbeat_lists(self, node_id: str, instances: list[tuple[str, str]]) -> None:
-        """A heartbeat listing an instance git places there confirms the node holds it."""
+        """A heartbeat listing an instance git places there confirms the node holds it; what
+        the node held when the broker started and does not list starts its provisioning
+        clock now (`Timers.heard`)."""
         state = self.b.ledger.state()
         for iid, st in instances:
             if state.placement_of(iid) == node_id:
@@ -97,6 +99,8 @@ class Promises:
                 if st == InstanceState.RUNNING:
                     self._running(iid, node_id)
                     self.live.setdefault(iid, st)
+        if self.b.timers.resumed_on:
+            self.b.timers.heard(node_id, {iid for iid, _st in instances}, self.b.now())
 
     def _running(self, iid: str, node: str) -> None:
         rec = self.b.ledger.state().instances.get(iid)

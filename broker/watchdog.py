@@ -10,12 +10,16 @@ Rules (every deadline comes from `Timing`; ``now`` is passed in — this module 
    expires under a task that is still legitimately running).
 4. Cancel: a node that does not confirm a cancel within `cancel_grace_s` is overruled.
 After a broker restart every clock starts at the restart (`Timers.resume`), so nothing is
-revoked early. Each pass costs what is outstanding, not the size of the cluster: the clocks
-are kept per instance that has one running, never found by scanning every placement.
+revoked early; and a placement found in git is not a fresh award: its provisioning clock
+starts only at its node's first heartbeat, so a node that is quiet for less than
+`offline_s` keeps its instances whether or not the broker restarted meanwhile.
+Each pass costs what is outstanding, not the size of the cluster: the clocks are kept per
+instance that has one running, never found by scanning every placement.
 """
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -49,6 +53,10 @@ class Timers:
     deadlines: dict[str, tuple[str, float]] = field(default_factory=dict)
     cancel_at: dict[str, tuple[str, float]] = field(default_factory=dict)
     running: set[str] = field(default_factory=set)
+    #: Placements found in git at a restart whose node has not been heard since: instance
+    #: -> node, and the same indexed by node.
+    resumed: dict[str, str] = field(default_factory=dict)
+    resumed_on: dict[str, set[str]] = field(default_factory=dict)
 
     def placed(self, iid: str, node: str, now: float, timing: Timing,
                timeout_s: float | None) -> None:
@@ -74,11 +82,22 @@ class Timers:
     def cancelling(self, iid: str, node: str, now: float) -> None:
         self.cancel_at.setdefault(iid, (node, now))
 
+    def heard(self, node: str, listed: Collection[str], now: float) -> None:
+        """`node` heartbeated, listing `listed`: what it was resumed with and does not list
+        now has `provisioning_s` from `now` to show up, like a fresh award."""
+        for iid in self.resumed_on.pop(node, ()):
+            del self.resumed[iid]
+            if iid not in listed:
+                self.awaiting[iid] = (node, now)
+
     def forget(self, iid: str) -> None:
         self.awaiting.pop(iid, None)
         self.deadlines.pop(iid, None)
         self.cancel_at.pop(iid, None)
         self.running.discard(iid)
+        node = self.resumed.pop(iid, None)
+        if node is not None:
+            self.resumed_on[node].discard(iid)
 
     def resume(self, state: State, timing: Timing) -> None:
         """After a restart: every placement gets its clocks afresh from `started`."""
@@ -87,6 +106,9 @@ class Timers:
             if rec is None:
                 continue
             self.placed(iid, node, self.started, timing, rec.spec.timeout_s)
+            del self.awaiting[iid]  # not until its node is heard (`heard`)
+            self.resumed[iid] = node
+            self.resumed_on.setdefault(node, set()).add(iid)
             if rec.cancelling:
                 self.cancelling(iid, node, self.started)
 
