@@ -27,5 +27,8 @@ lint: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/gavel bench
 
+chaos: $(STAMP)
+	$(BIN)/python -m bench.chaos --duration 120
+
 clean:
 	rm -rf $(VENV) .gavel-demo .pytest_cache .mypy_cache

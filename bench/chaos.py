@@ -93,11 +93,12 @@ def node_ids(workers: int) -> list[str]:
 
 
 def schedule(seed: int, duration: float, nodes: Sequence[str],
-             timing: Timing = TIMING) -> list[Fault]:
+             timing: Timing = TIMING, overlap: bool = False) -> list[Fault]:
     """The faults, in order: each process fault once (in a seeded order), then seeded picks
-    while they fit in `duration`. One fault at a time: each ends (restart, thaw) before the
-    next, so a broker restart never resets the clock of a freeze. A worker fault's node is
-    the seeded one unless it holds nothing then (see `Chaos._target`)."""
+    while they fit in `duration`. By default one fault at a time: each ends (restart, thaw)
+    before the next, so a broker restart never resets the clock of a freeze. With `overlap`
+    the next fault starts a few heartbeats after the previous one *started*. A worker
+    fault's node is the seeded one unless it holds nothing then (see `Chaos._target`)."""
     rng = random.Random(f"gavel-chaos/faults/{seed}")
     hb, offline = timing.heartbeat_s, timing.offline_s
     first = list(KINDS)
@@ -120,15 +121,20 @@ def schedule(seed: int, duration: float, nodes: Sequence[str],
         if n >= len(first) and at + hold > duration:
             return out
         out.append(Fault(round(at, 3), kind, node, round(hold, 3)))
-        at += hold + rng.uniform(1.5, 4.0) * hb
+        at += (0.0 if overlap else hold) + rng.uniform(1.5, 4.0) * hb
 
 
 def foreign_times(seed: int, duration: float, timing: Timing = TIMING) -> list[float]:
+    """When someone else commits: bursts of one to three commits a few tens of ms apart,
+    so some land between the broker reading the head and moving the ref."""
     rng = random.Random(f"gavel-chaos/foreign/{seed}")
     out: list[float] = []
     at = rng.uniform(1, 3) * timing.heartbeat_s
     while at < duration or not out:
-        out.append(round(at, 3))
+        burst = at
+        for _ in range(rng.randint(1, 3)):
+            out.append(round(burst, 3))
+            burst += rng.uniform(0.01, 0.08)
         at += rng.uniform(3, 8) * timing.heartbeat_s
     return out
 
@@ -151,6 +157,7 @@ class Options:
     state: Path | None = None
     settle_s: float = 60.0
     keep: bool = False
+    overlap: bool = False
 
 
 def say(text: str, started: float | None = None) -> None:
@@ -186,6 +193,8 @@ class Cluster:
             out.close()
 
     def start_broker(self) -> None:
+        if self.broker is not None and self.broker.poll() is None:
+            return  # already up (overlapping faults)
         self.broker = self._spawn(["broker", "--state", str(self.root),
                                    "--nats", self.nats.url], "broker.log")
 
@@ -197,6 +206,9 @@ class Cluster:
             self.broker = None
 
     def start_worker(self, node: str) -> None:
+        p = self.workers[node]
+        if p is not None and p.poll() is None:
+            return  # already up (overlapping faults)
         i = self.nodes.index(node)
         self.workers[node] = self._spawn(
             ["worker", "--node-id", node, "--strategy", STRATEGIES[i % len(STRATEGIES)],
@@ -209,9 +221,10 @@ class Cluster:
         """kill -9 of the worker alone: its instances (own sessions) keep running."""
         p = self.workers[node]
         if p is not None:
-            p.send_signal(signal.SIGKILL)
+            p.send_signal(signal.SIGKILL)  # a stopped process dies too
             p.wait()
             self.workers[node] = None
+            self.frozen.discard(node)
 
     def freeze(self, node: str) -> None:
         p = self.workers[node]
@@ -240,12 +253,13 @@ class Cluster:
                 self.start_worker(node)
 
     def stop(self) -> None:
+        """The broker first, so stopping workers does not set off a round of re-placements;
+        then the workers (they stop their instances), nats-server, and any instance left."""
         for node in list(self.frozen):
             self.thaw(node)
-        workers = [p for p in self.workers.values() if p is not None]
-        _terminate(workers, 15)
         if self.broker is not None:
             _terminate([self.broker], 10)
+        _terminate([p for p in self.workers.values() if p is not None], 15)
         self.nats.stop()
         kill_instances(self.root / "workers")
 
@@ -303,7 +317,9 @@ class Chaos:
         self.stop_at = float("inf")  # submissions give up retrying after this
         self.verdict = Verdict()
         self._submits: set[asyncio.Task[None]] = set()
+        self._faults: set[asyncio.Task[None]] = set()
         self._tasks: set[asyncio.Task[None]] = set()
+        self._nats = asyncio.Lock()  # two overlapping restarts must not start two servers
 
     def say(self, text: str) -> None:
         say(text, self.started)
@@ -318,7 +334,7 @@ class Chaos:
     async def drive(self) -> None:
         o = self.opts
         nodes = self.cluster.nodes
-        faults = schedule(o.seed, o.duration, nodes)
+        faults = schedule(o.seed, o.duration, nodes, overlap=o.overlap)
         self.say(f"seed {o.seed}: {len(faults)} faults: "
                  + ", ".join(f"{f.kind}{'(' + f.node + ')' if f.node else ''}@{f.at:g}s"
                              for f in faults))
@@ -330,9 +346,14 @@ class Chaos:
         try:
             for f in faults:
                 await _until(t0 + f.at)
-                await self._inject(f)
-                self.cluster.revive()
+                if o.overlap:
+                    self._spawn(self._faults, self._inject(f))
+                else:
+                    await self._inject(f)
+                    self.cluster.revive()
             await _until(t0 + o.duration)
+            while self._faults:  # every overlapping fault has restarted what it stopped
+                await asyncio.wait(set(self._faults))
             await stream
             self.stop_at = time.monotonic() + o.settle_s
             await notes
@@ -340,7 +361,8 @@ class Chaos:
                      f"(at most {o.settle_s:g}s)")
             self.verdict = await self._settle()
         finally:
-            rest = [watcher, stream, notes, progress, *self._submits, *self._tasks]
+            rest = [watcher, stream, notes, progress, *self._submits, *self._faults,
+                    *self._tasks]
             for t in rest:
                 t.cancel()
             await asyncio.gather(*rest, return_exceptions=True)
@@ -401,20 +423,31 @@ class Chaos:
             self.say(f"foreign_commit: {got.path} as {got.sha[:12]}")
 
     async def _inject(self, f: Fault) -> None:
+        """One fault, and the restart or thaw that ends it. With overlapping faults, one that
+        finds its target already down or frozen is skipped (and not counted)."""
         c = self.cluster
-        self.seen.faults[f.kind] += 1
         if f.kind == "broker_kill":
+            if c.broker is None:
+                return
+            self.seen.faults[f.kind] += 1
             self.say(f"broker_kill: kill -9, restart in {f.hold:.1f}s")
             c.kill_broker()
             await asyncio.sleep(f.hold)
             c.start_broker()
         elif f.kind == "nats_restart":
-            self.say(f"nats_restart: down for {f.hold:.1f}s")
-            await asyncio.to_thread(c.nats.stop)
-            await asyncio.sleep(f.hold)
-            await asyncio.to_thread(c.nats.start)
+            if self._nats.locked():
+                return
+            async with self._nats:
+                self.seen.faults[f.kind] += 1
+                self.say(f"nats_restart: down for {f.hold:.1f}s")
+                await asyncio.to_thread(c.nats.stop)
+                await asyncio.sleep(f.hold)
+                await asyncio.to_thread(c.nats.start)
         elif f.kind == "worker_kill":
             node = self._target(f.node)
+            if c.workers[node] is None:
+                return
+            self.seen.faults[f.kind] += 1
             held = held_by(self.root / "workers" / node)
             self.say(f"worker_kill: kill -9 {node} ({len(held)} instances), restart in "
                      f"{f.hold:.1f}s")
@@ -429,6 +462,9 @@ class Chaos:
         moved away must stop — the worker learns it from its node.json in KV."""
         c = self.cluster
         node = self._target(f.node)
+        if c.workers[node] is None or node in c.frozen:
+            return
+        self.seen.faults[f.kind] += 1
         self.say(f"worker_freeze: SIGSTOP {node} for {f.hold:.1f}s")
         c.freeze(node)
         await asyncio.sleep(max(0.0, f.hold - TIMING.heartbeat_s))
@@ -520,10 +556,21 @@ class Chaos:
             "terminal": dict(sorted(v.terminal.items())),
             "submit_retries": seen.retries,
             "heads_seen": len(heads),
+            "cas_conflicts": _count(self.root / "logs" / "broker.log",
+                                    b"state branch moved under us"),
             "moved_while_frozen": sum(len(f.moved) for f in seen.freezes),
             "seed": self.opts.seed,
+            "overlap": self.opts.overlap,
             "errors": errors[:20],
         }
+
+
+def _count(log: Path, needle: bytes) -> int:
+    """How often the broker said it (its compare-and-swap saw the ref move)."""
+    try:
+        return log.read_bytes().count(needle)
+    except OSError:
+        return 0
 
 
 async def _until(when: float) -> None:
@@ -589,13 +636,22 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--state", type=Path, default=None, metavar="DIR",
                    help="keep state and logs here (default: a temp dir, removed if ok)")
     p.add_argument("--keep", action="store_true", help="keep the temp dir even if ok")
+    p.add_argument("--overlap", action="store_true",
+                   help="let faults overlap (a broker restart during a worker outage...)")
     p.add_argument("--json", action="store_true", help="stdout is only the JSON summary")
     args = p.parse_args(argv)
     if args.duration <= 0 or args.workers < 2:
         p.error("--duration must be positive and --workers at least 2")
-    summary = asyncio.run(run(Options(duration=args.duration, workers=args.workers,
-                                      seed=args.seed, state=args.state,
-                                      settle_s=args.settle, keep=args.keep)))
+    try:
+        summary = asyncio.run(run(Options(duration=args.duration, workers=args.workers,
+                                          seed=args.seed, state=args.state,
+                                          settle_s=args.settle, keep=args.keep,
+                                          overlap=args.overlap)))
+    except (Exception, KeyboardInterrupt) as exc:  # the run itself broke: still a summary
+        say(f"FAILED: the run stopped: {exc!r}")
+        summary = {"submitted": 0, "placed_once": 0, "lost": 0, "duplicated": 0,
+                   "faults": dict.fromkeys(FAULTS, 0), "ok": False, "terminal": {},
+                   "seed": args.seed, "errors": [f"the run stopped: {exc!r}"]}
     if not args.json:
         print(f"chaos, seed {summary['seed']}: {summary['submitted']} submitted, "
               f"{summary['placed_once']} placed once, {summary['terminal']} terminal, "

@@ -1,0 +1,50 @@
+"""Chaos, the short version: `python -m bench.chaos` for ~40 s against real child processes
+(nats-server, a broker, three workers) with every kind of fault injected at least once, then
+the invariants — never timings — checked from git, agent.json and the live processes.
+
+The faults come from the seed, so a failure here replays with
+``python -m bench.chaos --duration 40 --workers 3 --seed 4 --state DIR``.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bench.chaos import FAULTS, KINDS, foreign_times, node_ids, schedule, submissions
+
+pytestmark = pytest.mark.integration
+
+SEED, DURATION, WORKERS = 4, 40.0, 3
+
+
+def test_the_seed_decides_every_fault() -> None:
+    nodes = node_ids(WORKERS)
+    first = schedule(SEED, DURATION, nodes)
+    assert first == schedule(SEED, DURATION, nodes)
+    assert foreign_times(SEED, DURATION) == foreign_times(SEED, DURATION)
+    assert submissions(SEED, DURATION) == submissions(SEED, DURATION)
+    assert {f.kind for f in first} == set(KINDS), "each fault at least once, however short"
+    assert schedule(SEED + 1, DURATION, nodes) != first
+
+
+def test_chaos_keeps_every_invariant(tmp_path: Path) -> None:
+    state = tmp_path / "chaos"
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench.chaos", "--duration", str(DURATION), "--workers",
+         str(WORKERS), "--seed", str(SEED), "--settle", "90", "--state", str(state), "--json"],
+        capture_output=True, text=True, timeout=420, check=False)
+    lines = proc.stdout.strip().splitlines()
+    assert lines, f"no summary on stdout; stderr:\n{proc.stderr[-4000:]}"
+    summary = json.loads(lines[-1])
+    assert summary["ok"], f"{summary['errors']}\n{proc.stderr[-4000:]}"
+    assert proc.returncode == 0
+    assert summary["lost"] == 0 and summary["duplicated"] == 0
+    assert summary["submitted"] > 0
+    assert summary["placed_once"] + sum(summary["terminal"].values()) == summary["submitted"]
+    assert set(summary["faults"]) == set(FAULTS)
+    assert all(n >= 1 for n in summary["faults"].values()), summary["faults"]
