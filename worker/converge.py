@@ -178,11 +178,15 @@ class Converger:
                     await watcher.stop()
 
     async def _read(self) -> None:
-        """The current entry, in case the watch missed it (a reconnect, a dead consumer)."""
+        """The current entry, in case the watch missed it (a reconnect, a dead consumer).
+        Bounded like every question to the broker: nats-py's own 5 s timeout would hold up
+        the reconcile loop past the provisioning deadline when a reply is lost to a
+        reconnect."""
         if self._kv is None:
             return
         with contextlib.suppress(nats.errors.Error, TimeoutError):
-            self._observe(await self._kv.get(self.node_id))
+            self._observe(await asyncio.wait_for(self._kv.get(self.node_id),
+                                                 max(1.0, self.timing.heartbeat_s)))
 
     def _observe(self, entry: Any) -> None:
         revision = entry.revision or 0
