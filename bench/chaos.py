@@ -53,7 +53,7 @@ from bench.chaoscheck import (
     read_head,
     verify,
 )
-from broker.client import BrokerRefused, ClientError, call, connect
+from broker.client import BrokerRefused, call, connect, wait_healthy
 from broker.ledger import Ledger
 from broker.natsserver import NatsServer
 from shared.api import NodesReply, NodesRequest, SubmitReply, SubmitRequest
@@ -579,19 +579,6 @@ async def _until(when: float) -> None:
         await asyncio.sleep(delay)
 
 
-async def _wait_healthy(nc: Any, n: int, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            reply = await call(nc, "nodes", NodesRequest(), NodesReply, timeout=2)
-            if sum(1 for x in reply.nodes if x.health == "healthy") >= n:
-                return
-        except ClientError:
-            pass
-        await asyncio.sleep(0.2)
-    raise RuntimeError(f"the {n} workers did not all come up within {timeout:g}s")
-
-
 async def run(opts: Options) -> dict[str, Any]:
     """One chaos run; the summary (``ok`` says whether every check held)."""
     root = (opts.state or Path(tempfile.mkdtemp(prefix="gavel-chaos-"))).resolve()
@@ -607,7 +594,7 @@ async def run(opts: Options) -> dict[str, Any]:
             cluster.start_worker(node)
         nc = await connect(cluster.nats.url, allow_reconnect=True, max_reconnect_attempts=-1,
                            reconnect_time_wait=0.25)
-        await _wait_healthy(nc, opts.workers, 60)
+        await wait_healthy(nc, opts.workers, 60)
         chaos = Chaos(opts, root, cluster, nc)
         await chaos.drive()
         summary = await asyncio.to_thread(chaos.summary)

@@ -5,6 +5,8 @@ Rule: a broker that does not answer is a clear error naming the URL, never a tra
 
 from __future__ import annotations
 
+import asyncio
+import time
 from typing import Any, TypeVar
 
 import msgspec
@@ -16,7 +18,7 @@ from broker.creds import connect_options
 from shared import subjects
 from shared.messages import ApiError, Message
 
-__all__ = ["BrokerRefused", "ClientError", "call", "connect"]
+__all__ = ["BrokerRefused", "ClientError", "call", "connect", "wait_healthy"]
 
 T = TypeVar("T", bound=Message)
 _enc = msgspec.msgpack.Encoder()
@@ -72,3 +74,20 @@ async def call(nc: Any, verb: str, request: Message, reply_type: type[T],
     if isinstance(reply, ApiError):
         raise BrokerRefused(reply.error)
     return reply  # type: ignore[no-any-return]
+
+
+async def wait_healthy(nc: Any, n: int, timeout: float) -> None:
+    """Until the broker counts at least `n` healthy nodes; ClientError after `timeout`."""
+    from shared.api import NodesReply, NodesRequest
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            reply = await call(nc, "nodes", NodesRequest(), NodesReply, timeout=2)
+            if sum(1 for x in reply.nodes if x.health == "healthy") >= n:
+                return
+        except ClientError:
+            pass
+        await asyncio.sleep(0.2)
+    raise ClientError(f"only some of the {n} workers came up within {timeout:g}s; "
+                      "see the logs under the state directory")

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from broker import auth
-from broker.client import BrokerRefused, ClientError, call, connect
+from broker.client import BrokerRefused, call, connect, wait_healthy
 from broker.natsserver import NatsServer
 from shared.api import (
     EventsReply,
@@ -82,22 +82,8 @@ def demo_specs() -> list[Spec]:
     ]
 
 
-async def _wait_nodes(nc: Any, n: int, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            reply = await call(nc, "nodes", NodesRequest(), NodesReply, timeout=2)
-            if sum(1 for x in reply.nodes if x.health == "healthy") >= n:
-                return
-        except ClientError:
-            pass
-        await asyncio.sleep(0.2)
-    raise ClientError(f"only some of the {n} workers came up within {timeout:g}s; "
-                      "see the logs under the state directory")
-
-
 async def _demo(nc: Any, workers: int, state: Path) -> None:
-    await _wait_nodes(nc, workers, 30)
+    await wait_healthy(nc, workers, 30)
     nodes = await call(nc, "nodes", NodesRequest(), NodesReply)
     print(f"\n{len(nodes.nodes)} workers bidding:")
     for n in nodes.nodes:
