@@ -24,18 +24,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
-import os
-import random
 import shutil
-import signal
-import subprocess
 import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -49,105 +43,30 @@ from bench.chaoscheck import (
     chain_errors,
     foreign_commit,
     held_by,
-    kill_instances,
     read_head,
     verify,
 )
+from bench.chaoscluster import Cluster
+from bench.chaosplan import (
+    BLIP,
+    FAULTS,
+    KINDS,
+    SLEEPER,
+    TIMING,
+    Fault,
+    Submission,
+    foreign_times,
+    node_ids,
+    schedule,
+    submissions,
+)
 from broker.client import BrokerRefused, call, connect, wait_healthy
 from broker.ledger import Ledger
-from broker.natsserver import NatsServer
 from shared.api import NodesReply, NodesRequest, SubmitReply, SubmitRequest
-from shared.messages import Spec
 from shared.reasons import Reason
-from shared.timing import FAST_FACTOR, Timing
 
 __all__ = ["KINDS", "Fault", "Options", "Submission", "foreign_times", "main", "run",
            "schedule", "submissions"]
-
-KINDS = ("broker_kill", "nats_restart", "worker_kill", "worker_freeze")
-FAULTS = (*KINDS, "foreign_commit")
-STRATEGIES = ("least-loaded", "binpack", "spread", "headroom")
-#: The run always uses fast timers; schedules are drawn in these units.
-TIMING = Timing().scaled(FAST_FACTOR)
-SLEEPER = Spec(name="sleeper", command=["sleep", "3600"], cpu=0.05, memory_mb=16)
-BLIP = Spec(name="blip", command=["sh", "-c", "exit 0"], cpu=0.05, memory_mb=16)
-
-
-@dataclass(frozen=True)
-class Fault:
-    at: float  # seconds after injection starts
-    kind: str
-    node: str = ""
-    hold: float = 0.0  # downtime, pause before the restart, or how long it stays frozen
-
-
-@dataclass(frozen=True)
-class Submission:
-    at: float
-    instance_id: str
-    long: bool  # a sleeper that stays placed, or a blip that exits 0 at once
-
-
-def node_ids(workers: int) -> list[str]:
-    return [f"node-{i + 1}" for i in range(workers)]
-
-
-def schedule(seed: int, duration: float, nodes: Sequence[str],
-             timing: Timing = TIMING, overlap: bool = False) -> list[Fault]:
-    """The faults, in order: each process fault once (in a seeded order), then seeded picks
-    while they fit in `duration`. By default one fault at a time: each ends (restart, thaw)
-    before the next, so a broker restart never resets the clock of a freeze. With `overlap`
-    the next fault starts a few heartbeats after the previous one *started*. A worker
-    fault's node is the seeded one unless it holds nothing then (see `Chaos._target`)."""
-    rng = random.Random(f"gavel-chaos/faults/{seed}")
-    hb, offline = timing.heartbeat_s, timing.offline_s
-    first = list(KINDS)
-    rng.shuffle(first)
-    out: list[Fault] = []
-    at = 2 * hb
-    while True:
-        n = len(out)
-        kind = first[n] if n < len(first) else rng.choices(KINDS, weights=(3, 2, 3, 1))[0]
-        node = rng.choice(nodes) if kind.startswith("worker") else ""
-        if kind == "broker_kill":
-            hold = rng.uniform(0.2, 2.0) * hb
-        elif kind == "nats_restart":
-            hold = rng.uniform(0.5, 2.0) * hb
-        elif kind == "worker_kill":  # a third stay down past offline: re-placed, then fenced
-            hold = (offline + rng.uniform(1, 3) * hb if rng.random() < 1 / 3
-                    else rng.uniform(0.5, 3.0) * hb)
-        else:
-            hold = offline + rng.uniform(3, 5) * hb
-        if n >= len(first) and at + hold > duration:
-            return out
-        out.append(Fault(round(at, 3), kind, node, round(hold, 3)))
-        at += (0.0 if overlap else hold) + rng.uniform(1.5, 4.0) * hb
-
-
-def foreign_times(seed: int, duration: float, timing: Timing = TIMING) -> list[float]:
-    """When someone else commits: bursts of one to three commits a few tens of ms apart,
-    so some land between the broker reading the head and moving the ref."""
-    rng = random.Random(f"gavel-chaos/foreign/{seed}")
-    out: list[float] = []
-    at = rng.uniform(1, 3) * timing.heartbeat_s
-    while at < duration or not out:
-        burst = at
-        for _ in range(rng.randint(1, 3)):
-            out.append(round(burst, 3))
-            burst += rng.uniform(0.01, 0.08)
-        at += rng.uniform(3, 8) * timing.heartbeat_s
-    return out
-
-
-def submissions(seed: int, duration: float, timing: Timing = TIMING) -> list[Submission]:
-    rng = random.Random(f"gavel-chaos/submit/{seed}")
-    out: list[Submission] = []
-    at = 0.0
-    while at < duration:
-        out.append(Submission(round(at, 3), f"chaos-{seed}-{len(out):04d}", rng.random() < 0.75))
-        at += rng.uniform(0.15, 0.65) * timing.heartbeat_s
-    return out
-
 
 @dataclass
 class Options:
@@ -164,122 +83,6 @@ def say(text: str, started: float | None = None) -> None:
     stamp = f"[{time.monotonic() - started:7.1f}s] " if started is not None else ""
     sys.stderr.write(f"chaos: {stamp}{text}\n")
     sys.stderr.flush()
-
-
-class Cluster:
-    """The child processes: nats-server, the broker and the workers, each restartable."""
-
-    def __init__(self, root: Path, nodes: list[str]) -> None:
-        self.root = root
-        self.logs = root / "logs"
-        self.logs.mkdir(parents=True, exist_ok=True)
-        self.nats = NatsServer(store_dir=root / "nats", log=self.logs / "nats.log")
-        self.nodes = nodes
-        self.broker: subprocess.Popen[bytes] | None = None
-        self.workers: dict[str, subprocess.Popen[bytes] | None] = dict.fromkeys(nodes)
-        self.frozen: set[str] = set()
-        #: Processes that exited without being killed by us (a crash is a finding).
-        self.crashes: list[str] = []
-        self.env = {k: v for k, v in os.environ.items() if not k.startswith("GAVEL_")}
-        self.env["GAVEL_FAST_TIMERS"] = "1"
-
-    def _spawn(self, args: list[str], log: str) -> subprocess.Popen[bytes]:
-        out = open(self.logs / log, "ab")  # noqa: SIM115 - the child owns it
-        try:
-            return subprocess.Popen([sys.executable, "-m", "broker.cli", *args], stdout=out,
-                                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                    env=self.env, start_new_session=True)
-        finally:
-            out.close()
-
-    def start_broker(self) -> None:
-        if self.broker is not None and self.broker.poll() is None:
-            return  # already up (overlapping faults)
-        self.broker = self._spawn(["broker", "--state", str(self.root),
-                                   "--nats", self.nats.url], "broker.log")
-
-    def kill_broker(self) -> None:
-        """kill -9 of the broker's process group: the broker and its git writer die at once."""
-        if self.broker is not None:
-            _killpg(self.broker.pid, signal.SIGKILL)
-            self.broker.wait()
-            self.broker = None
-
-    def start_worker(self, node: str) -> None:
-        p = self.workers[node]
-        if p is not None and p.poll() is None:
-            return  # already up (overlapping faults)
-        i = self.nodes.index(node)
-        self.workers[node] = self._spawn(
-            ["worker", "--node-id", node, "--strategy", STRATEGIES[i % len(STRATEGIES)],
-             "--labels", f"zone={'ab'[i % 2]}", "--cpu", "8", "--memory-mb", "8192",
-             "--ports", f"{41000 + 100 * i}-{41000 + 100 * i + 99}",
-             "--state", str(self.root / "workers" / node), "--nats", self.nats.url],
-            f"{node}.log")
-
-    def kill_worker(self, node: str) -> None:
-        """kill -9 of the worker alone: its instances (own sessions) keep running."""
-        p = self.workers[node]
-        if p is not None:
-            p.send_signal(signal.SIGKILL)  # a stopped process dies too
-            p.wait()
-            self.workers[node] = None
-            self.frozen.discard(node)
-
-    def freeze(self, node: str) -> None:
-        p = self.workers[node]
-        if p is not None:
-            p.send_signal(signal.SIGSTOP)
-            self.frozen.add(node)
-
-    def thaw(self, node: str) -> None:
-        p = self.workers[node]
-        if p is not None and node in self.frozen:
-            p.send_signal(signal.SIGCONT)
-        self.frozen.discard(node)
-
-    def revive(self) -> None:
-        """Restart anything that is down; note what died without being killed."""
-        if self.broker is not None and self.broker.poll() is not None:
-            self.crashes.append(f"the broker exited by itself (status {self.broker.returncode})")
-            self.broker = None
-        if self.broker is None:
-            self.start_broker()
-        for node, p in self.workers.items():
-            if p is not None and p.poll() is not None:
-                self.crashes.append(f"{node} exited by itself (status {p.returncode})")
-                p = None
-            if p is None:
-                self.start_worker(node)
-
-    def stop(self) -> None:
-        """The broker first, so stopping workers does not set off a round of re-placements;
-        then the workers (they stop their instances), nats-server, and any instance left."""
-        for node in list(self.frozen):
-            self.thaw(node)
-        if self.broker is not None:
-            _terminate([self.broker], 10)
-        _terminate([p for p in self.workers.values() if p is not None], 15)
-        self.nats.stop()
-        kill_instances(self.root / "workers")
-
-
-def _killpg(pgid: int, sig: int) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(pgid, sig)
-
-
-def _terminate(procs: list[subprocess.Popen[bytes]], grace: float) -> None:
-    for p in procs:
-        if p.poll() is None:
-            p.send_signal(signal.SIGTERM)
-    deadline = time.monotonic() + grace
-    for p in procs:
-        try:
-            p.wait(max(0.1, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            _killpg(p.pid, signal.SIGKILL)
-            p.wait()
 
 
 @dataclass

@@ -1,0 +1,136 @@
+"""The chaos run's processes: nats-server, the broker and the workers as real children, each
+killable, freezable and restartable on its own state. A process that exits without being
+killed by the run is recorded as a crash — a finding, not noise.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from bench.chaoscheck import kill_instances
+from bench.chaosplan import STRATEGIES
+from broker.natsserver import NatsServer
+
+__all__ = ["Cluster"]
+
+
+class Cluster:
+    """The child processes: nats-server, the broker and the workers, each restartable."""
+
+    def __init__(self, root: Path, nodes: list[str]) -> None:
+        self.root = root
+        self.logs = root / "logs"
+        self.logs.mkdir(parents=True, exist_ok=True)
+        self.nats = NatsServer(store_dir=root / "nats", log=self.logs / "nats.log")
+        self.nodes = nodes
+        self.broker: subprocess.Popen[bytes] | None = None
+        self.workers: dict[str, subprocess.Popen[bytes] | None] = dict.fromkeys(nodes)
+        self.frozen: set[str] = set()
+        #: Processes that exited without being killed by us (a crash is a finding).
+        self.crashes: list[str] = []
+        self.env = {k: v for k, v in os.environ.items() if not k.startswith("GAVEL_")}
+        self.env["GAVEL_FAST_TIMERS"] = "1"
+
+    def _spawn(self, args: list[str], log: str) -> subprocess.Popen[bytes]:
+        out = open(self.logs / log, "ab")  # noqa: SIM115 - the child owns it
+        try:
+            return subprocess.Popen([sys.executable, "-m", "broker.cli", *args], stdout=out,
+                                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                    env=self.env, start_new_session=True)
+        finally:
+            out.close()
+
+    def start_broker(self) -> None:
+        if self.broker is not None and self.broker.poll() is None:
+            return  # already up (overlapping faults)
+        self.broker = self._spawn(["broker", "--state", str(self.root),
+                                   "--nats", self.nats.url], "broker.log")
+
+    def kill_broker(self) -> None:
+        """kill -9 of the broker's process group: the broker and its git writer die at once."""
+        if self.broker is not None:
+            _killpg(self.broker.pid, signal.SIGKILL)
+            self.broker.wait()
+            self.broker = None
+
+    def start_worker(self, node: str) -> None:
+        p = self.workers[node]
+        if p is not None and p.poll() is None:
+            return  # already up (overlapping faults)
+        i = self.nodes.index(node)
+        self.workers[node] = self._spawn(
+            ["worker", "--node-id", node, "--strategy", STRATEGIES[i % len(STRATEGIES)],
+             "--labels", f"zone={'ab'[i % 2]}", "--cpu", "8", "--memory-mb", "8192",
+             "--ports", f"{41000 + 100 * i}-{41000 + 100 * i + 99}",
+             "--state", str(self.root / "workers" / node), "--nats", self.nats.url],
+            f"{node}.log")
+
+    def kill_worker(self, node: str) -> None:
+        """kill -9 of the worker alone: its instances (own sessions) keep running."""
+        p = self.workers[node]
+        if p is not None:
+            p.send_signal(signal.SIGKILL)  # a stopped process dies too
+            p.wait()
+            self.workers[node] = None
+            self.frozen.discard(node)
+
+    def freeze(self, node: str) -> None:
+        p = self.workers[node]
+        if p is not None:
+            p.send_signal(signal.SIGSTOP)
+            self.frozen.add(node)
+
+    def thaw(self, node: str) -> None:
+        p = self.workers[node]
+        if p is not None and node in self.frozen:
+            p.send_signal(signal.SIGCONT)
+        self.frozen.discard(node)
+
+    def revive(self) -> None:
+        """Restart anything that is down; note what died without being killed."""
+        if self.broker is not None and self.broker.poll() is not None:
+            self.crashes.append(f"the broker exited by itself (status {self.broker.returncode})")
+            self.broker = None
+        if self.broker is None:
+            self.start_broker()
+        for node, p in self.workers.items():
+            if p is not None and p.poll() is not None:
+                self.crashes.append(f"{node} exited by itself (status {p.returncode})")
+                p = None
+            if p is None:
+                self.start_worker(node)
+
+    def stop(self) -> None:
+        """The broker first, so stopping workers does not set off a round of re-placements;
+        then the workers (they stop their instances), nats-server, and any instance left."""
+        for node in list(self.frozen):
+            self.thaw(node)
+        if self.broker is not None:
+            _terminate([self.broker], 10)
+        _terminate([p for p in self.workers.values() if p is not None], 15)
+        self.nats.stop()
+        kill_instances(self.root / "workers")
+
+
+def _killpg(pgid: int, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pgid, sig)
+
+
+def _terminate(procs: list[subprocess.Popen[bytes]], grace: float) -> None:
+    for p in procs:
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    for p in procs:
+        try:
+            p.wait(max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            _killpg(p.pid, signal.SIGKILL)
+            p.wait()
