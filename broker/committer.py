@@ -111,6 +111,7 @@ class Committer:
                         self._pool, self.ledger.write_files, files, message, state.head)
             except Conflict:
                 self.conflicts += 1
+                self.ledger.forget_head()
                 log.info("state branch moved under us; re-planning %d items", len(items))
                 continue
             except Pinned:

@@ -212,6 +212,11 @@ class Ledger:
             return sha
         return self._resolve()
 
+    def forget_head(self) -> None:
+        """Resolve the ref afresh next time (after a conflict: the stat fingerprint of the
+        ref file could, in theory, repeat across fast rewrites on a coarse clock)."""
+        self._head_cache = None
+
     def _resolve(self) -> str | None:
         try:
             if not self.ref.startswith("refs/"):
