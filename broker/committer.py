@@ -16,7 +16,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
-from concurrent.futures import BrokenExecutor
+from concurrent.futures import BrokenExecutor, ProcessPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -62,6 +62,7 @@ class Committer:
         self.idle = asyncio.Event()
         self.idle.set()
         self.metrics: Any = None
+        self.closed = False
 
     def submit(self, item: Item) -> None:
         self._queue.append(item)
@@ -86,6 +87,11 @@ class Committer:
         finally:
             self._pool.shutdown(wait=False)
 
+    def close(self) -> None:
+        """Let the writer go (idempotent; `run` also does it when cancelled)."""
+        self._pool.shutdown(wait=False)
+        self.closed = True
+
     async def _commit(self, items: list[Item]) -> None:
         loop = asyncio.get_running_loop()
         for _ in range(self.max_conflicts):
@@ -102,7 +108,7 @@ class Committer:
             files = view.change.files()
             self.ledger.writing = True
             try:
-                if self.writer == "process":
+                if isinstance(self._pool, ProcessPoolExecutor):
                     sha = await loop.run_in_executor(
                         self._pool, commit_files, str(self.ledger.path), self.ledger.ref,
                         files, message, state.head)

@@ -9,6 +9,7 @@ child). Errors (`Conflict`, `Pinned`, `LedgerError`) come back as themselves.
 
 from __future__ import annotations
 
+import logging
 import multiprocessing
 from collections.abc import Mapping
 from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
@@ -21,6 +22,7 @@ from broker.ledger import Ledger
 __all__ = ["commit_files", "make_executor"]
 
 _ledgers: dict[tuple[str, str], Ledger] = {}
+log = logging.getLogger("gavel.broker")
 
 
 def commit_files(path: str, ref: str, files: Mapping[str, bytes | None], message: str,
@@ -41,10 +43,14 @@ def _warm() -> None:
 
 def make_executor(kind: str) -> Executor:
     if kind == "process":
-        pool = ProcessPoolExecutor(max_workers=1,
-                                   mp_context=multiprocessing.get_context("spawn"))
-        pool.submit(_warm)
-        return pool
+        try:
+            pool = ProcessPoolExecutor(max_workers=1,
+                                       mp_context=multiprocessing.get_context("spawn"))
+            pool.submit(_warm)
+            return pool
+        except OSError as exc:  # no POSIX semaphores here (a container without /dev/shm)
+            log.warning("no writer process (%s); commits are written on a thread", exc)
+            kind = "thread"
     if kind == "thread":
         return ThreadPoolExecutor(max_workers=1, thread_name_prefix="gavel-git")
     raise ValueError(f"writer must be 'process' or 'thread', not {kind!r}")
