@@ -122,7 +122,8 @@ async def _serve(args: argparse.Namespace) -> None:
         for a in agents:  # heartbeats spread evenly over the period
             await a.heartbeat()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), period)
+                async with asyncio.timeout(period):
+                    await stop.wait()
             if stop.is_set():
                 break
     print(json.dumps({"replies": sum(a.replies for a in agents),

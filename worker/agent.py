@@ -231,7 +231,10 @@ class Agent:
         await self.converger.close()
         for task in self._loops:
             task.cancel()
-        await asyncio.gather(*self._loops, return_exceptions=True)
+        if self._loops:  # bounded: a stuck loop is logged, never a worker that cannot stop
+            _, stuck = await asyncio.wait(self._loops, timeout=max(5.0, self.timing.tick_s))
+            for task in stuck:
+                log.error("worker task %s did not stop", task.get_name())
         await self._supervisor.shutdown(kill=self._kill_children)
         nc, self._nc = self._nc, None
         if nc is not None:
@@ -273,8 +276,9 @@ class Agent:
         while True:
             self._wake.clear()
             await self._send(self._hb_subject, self.heartbeat())
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), self.timing.heartbeat_s)
+            with contextlib.suppress(TimeoutError):  # not wait_for: it can swallow a cancel
+                async with asyncio.timeout(self.timing.heartbeat_s):
+                    await self._wake.wait()
 
     async def _sample_stats(self) -> None:
         while True:

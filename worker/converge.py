@@ -116,7 +116,10 @@ class Converger:
         tasks = [*self._loops, *self._asking.values()]
         for task in tasks:
             task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        if tasks:  # bounded: a task that swallowed its cancel must not hold the worker
+            _, stuck = await asyncio.wait(tasks, timeout=5.0)
+            for task in stuck:
+                log.error("converger task %s did not stop", task.get_name())
         self._loops.clear()
         self._asking.clear()
 
@@ -185,8 +188,9 @@ class Converger:
         if self._kv is None:
             return
         with contextlib.suppress(nats.errors.Error, TimeoutError):
-            self._observe(await asyncio.wait_for(self._kv.get(self.node_id),
-                                                 max(1.0, self.timing.heartbeat_s)))
+            async with asyncio.timeout(max(1.0, self.timing.heartbeat_s)):
+                entry = await self._kv.get(self.node_id)
+            self._observe(entry)
 
     def _observe(self, entry: Any) -> None:
         revision = entry.revision or 0
@@ -212,8 +216,9 @@ class Converger:
         while True:
             self._wake.clear()
             self.reconcile()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), self.timing.heartbeat_s)
+            with contextlib.suppress(TimeoutError):  # not wait_for: it can swallow a cancel
+                async with asyncio.timeout(self.timing.heartbeat_s):
+                    await self._wake.wait()
             if not self._wake.is_set():
                 await self._read()
 
@@ -320,8 +325,8 @@ class Converger:
             conn = nc()
             if conn is not None and conn.is_connected:
                 try:
-                    await asyncio.wait_for(conn.flush(timeout=max(1, int(interval) + 1)),
-                                           interval + 1)
+                    async with asyncio.timeout(interval + 1):
+                        await conn.flush(timeout=max(1, int(interval) + 1))
                     self._last_contact = self._clock()
                     self.self_fenced = False
                 except (nats.errors.Error, TimeoutError):
