@@ -162,7 +162,8 @@ async def run_broker(args: argparse.Namespace) -> int:
                             os.environ.get("GAVEL_PUSH_TOKEN", "")])
     broker = Broker(nats_url=cfg.nats, state_dir=Path(cfg.state), ref=cfg.ref,
                     timing=effective_timing(cfg, os.environ), secrets=secrets,
-                    nats_options={"error_cb": _nats_errors(cfg), **_nats_options(cfg)})
+                    nats_options={"error_cb": _nats_errors(cfg), **_nats_options(cfg)},
+                    connect_wait_s=None)
     pusher = None
     if cfg.push:
         from broker.remote import Pusher

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
-import nats
+from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 
 from broker.auctioneer import Auctioneer
@@ -41,11 +41,17 @@ from shared.messages import ApiError, AssignmentRequest, Award, Event, EventType
 from shared.records import NodeFile
 from shared.timing import Timing
 
-__all__ = ["Broker"]
+__all__ = ["Broker", "NatsUnreachable"]
 
 _hb_dec = msgspec.msgpack.Decoder(Heartbeat)
 _assign_dec = msgspec.msgpack.Decoder(AssignmentRequest)
 _enc = msgspec.msgpack.Encoder()
+#: How long `close` waits for each of its steps.
+_CLOSE_S = 10.0
+
+
+class NatsUnreachable(Exception):
+    """`Broker.start` gave up on its first connection; the message says to where and why."""
 
 
 class Broker:
@@ -64,6 +70,7 @@ class Broker:
         max_auctions: int = 16,
         writer: str = "process",
         nats_options: Mapping[str, Any] | None = None,
+        connect_wait_s: float | None = 30.0,
     ) -> None:
         self.log = logging.getLogger("gavel.broker")
         self.nats_url = nats_url
@@ -83,6 +90,9 @@ class Broker:
         self.max_auctions = max_auctions
         self.rng = random.Random(seed)
         self.nats_options = dict(nats_options or {})
+        #: How long `start` keeps trying to reach NATS before it raises `NatsUnreachable`
+        #: (None: for ever, as the daemon does - see `broker.daemons`).
+        self.connect_wait_s = connect_wait_s
         self.metrics = Metrics()
         self.rejects = Rejects(self.log, self.metrics.rejected)
         self.auctioneer = Auctioneer(self)
@@ -105,10 +115,11 @@ class Broker:
     async def start(self) -> None:
         from broker.api import Api
 
-        self.nc = await nats.connect(
-            self.nats_url, name="gavel-broker", max_reconnect_attempts=-1,
-            reconnect_time_wait=0.5, disconnected_cb=self._on_disconnect,
-            reconnected_cb=self._on_reconnect, **self.nats_options)
+        try:
+            self.nc = await self._connect()
+        except BaseException:
+            self.committer.close()
+            raise
         state = self.ledger.state()
         now = self.now()
         for node_id in state.nodes:
@@ -133,18 +144,54 @@ class Broker:
     def stop(self) -> None:
         self._stopped.set()
 
+    async def _connect(self) -> Any:
+        """The first connection, with a deadline: nats-py's own initial connect retries a
+        refused credential for ever in silence when reconnects are unbounded. So each first
+        attempt is a single try, and only an established connection reconnects for ever."""
+        options: dict[str, Any] = {
+            "name": "gavel-broker", "reconnect_time_wait": 0.5,
+            "disconnected_cb": self._on_disconnect, "reconnected_cb": self._on_reconnect,
+            **self.nats_options, "allow_reconnect": False}
+        deadline = None if self.connect_wait_s is None else \
+            time.monotonic() + self.connect_wait_s
+        while True:
+            nc = NatsClient()
+            try:
+                await nc.connect(self.nats_url, **options)
+            except Exception as exc:
+                with contextlib.suppress(Exception):
+                    await nc.close()
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise NatsUnreachable(
+                        f"the broker could not connect to NATS at {self.nats_url} within "
+                        f"{self.connect_wait_s:g}s: {str(exc) or type(exc).__name__}") from exc
+                await asyncio.sleep(0.5)
+                continue
+            # nats-py reads these when a connection drops: from now on, reconnect for ever.
+            nc.options["allow_reconnect"] = True
+            nc.options["max_reconnect_attempts"] = -1
+            return nc
+
     async def close(self) -> None:
+        """Stop every loop, send what is queued, drain; bounded, so a stuck part is logged
+        rather than holding its caller for ever."""
         for t in self._tasks:
             t.cancel()
-        for t in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await t
+        if self._tasks:
+            _, stuck = await asyncio.wait(self._tasks, timeout=_CLOSE_S)
+            for t in stuck:
+                self.log.error("broker task %s did not stop within %gs", t.get_name(), _CLOSE_S)
         if self.nc is not None and not self.nc.is_closed:
             with contextlib.suppress(Exception):
                 for subject, payload in self._outbox:  # what the sender had not sent yet
                     await self.nc.publish(subject, payload)
                 self._outbox = []
-                await self.nc.drain()
+                async with asyncio.timeout(_CLOSE_S):
+                    await self.nc.drain()
+            if not self.nc.is_closed:
+                with contextlib.suppress(Exception):
+                    await self.nc.close()
+        self.committer.close()
 
     def wake(self) -> None:
         self._wake.set()
@@ -174,8 +221,11 @@ class Broker:
                     self.promises.watch(now)
             except Exception:
                 self.log.exception("reconcile failed; retrying next tick")
+            # asyncio.timeout, not wait_for: on 3.11 wait_for swallows a cancel that lands
+            # as the event fires, and `close` would wait for this loop for ever.
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), self.timing.tick_s)
+                async with asyncio.timeout(self.timing.tick_s):
+                    await self._wake.wait()
             self._wake.clear()
 
     # -- publishing ----------------------------------------------------------------------

@@ -36,7 +36,7 @@ import pytest
 from broker import auth
 from broker.client import ClientError, call, connect
 from broker.natsserver import NatsServer
-from broker.service import Broker
+from broker.service import Broker, NatsUnreachable
 from shared import subjects
 from shared.api import (
     NodesReply,
@@ -387,3 +387,15 @@ async def test_a_refused_broker_says_why_and_still_stops(authed: Authed) -> None
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+async def test_an_embedded_broker_gives_up_on_a_refusal_with_a_sentence(authed: Authed) -> None:
+    """The library's first connect has a deadline (nats-py's own would retry a refused
+    credential for ever in silence), and giving up lets the git writer go."""
+    broker = Broker(nats_url=authed.url, state_dir=authed.root / "state", timing=TIMING,
+                    connect_wait_s=1.0)
+    with pytest.raises(NatsUnreachable, match=r"could not connect to NATS at .* within 1s: "
+                                              r".*(?i:authorization)"):
+        await asyncio.wait_for(broker.start(), 30)
+    assert broker.nc is None
+    assert broker.committer.closed
