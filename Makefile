@@ -18,7 +18,7 @@ run: $(STAMP)
 	GAVEL_FAST_TIMERS=$${GAVEL_FAST_TIMERS:-1} $(BIN)/gavel up --demo --state $${GAVEL_STATE:-.gavel-demo}
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q --maxfail=10 --durations=10
 
 lint: $(STAMP)
 	$(BIN)/ruff check shared broker worker sim tests
