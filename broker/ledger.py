@@ -24,6 +24,7 @@ from pathlib import Path
 import msgspec
 import pygit2
 
+from broker.objects import BLOB, TREE, LooseWriter
 from shared.lifecycle import PENDING
 from shared.messages import Capacity, InstanceState
 from shared.records import Assignment, AuctionRecord, InstanceRecord, NodeFile, parse_trailers
@@ -172,6 +173,7 @@ class Ledger:
         #: `adopt`, and `state()` must keep the cached state until then.
         self.writing = False
         self._head_cache: tuple[tuple[object, ...], str | None] | None = None
+        self._objects = LooseWriter(Path(self.repo.path) / "objects")
 
     # -- the active ref ------------------------------------------------------------------
     def _qualify(self, ref: str) -> str:
@@ -350,7 +352,8 @@ class Ledger:
         tree_id, _ = self._write_tree(parent_tree, nested)
         sig = pygit2.Signature(*_SIGNATURE)
         parents = [pygit2.Oid(hex=planned_on)] if planned_on else []
-        commit_id = repo.create_commit(None, sig, sig, message, tree_id, parents)
+        commit_id = repo.create_commit(None, sig, sig, message, pygit2.Oid(raw=tree_id),
+                                       parents)
         with repo.transaction() as txn:
             txn.lock_ref(self.ref)
             current = repo.references.get(self.ref)
@@ -361,25 +364,29 @@ class Ledger:
         return str(commit_id)
 
     def _write_tree(self, base: pygit2.Tree | None,
-                    changes: Mapping[str, object]) -> tuple[pygit2.Oid, int]:
-        """Write the tree `base` with `changes` applied; (its id, how many entries)."""
-        repo = self.repo
-        tb = repo.TreeBuilder(base) if base is not None else repo.TreeBuilder()
+                    changes: Mapping[str, object]) -> tuple[bytes, int]:
+        """Write the tree `base` with `changes` applied; (its raw id, how many entries).
+        Entries it does not change are kept as they are, whatever they are; new blobs and
+        trees go through `broker.objects` (four system calls each, not libgit2's ~17)."""
+        entries: dict[bytes, tuple[bytes, bytes]] = {}
+        if base is not None:
+            for e in base:
+                entries[e.raw_name or b""] = (b"%o" % e.filemode, e.id.raw)
         for name, sub in changes.items():
-            existing = base[name] if base is not None and name in base else None
+            key = name.encode()
             if isinstance(sub, dict):
-                sub_base = repo[existing.id] if existing is not None else None
+                existing = entries.get(key)
+                sub_base = self.repo[pygit2.Oid(raw=existing[1])] \
+                    if existing is not None and existing[0] == TREE else None
                 tid, count = self._write_tree(
                     sub_base if isinstance(sub_base, pygit2.Tree) else None, sub)
                 if count == 0:
-                    if existing is not None:
-                        tb.remove(name)
+                    entries.pop(key, None)
                 else:
-                    tb.insert(name, tid, pygit2.enums.FileMode.TREE)
+                    entries[key] = (TREE, tid)
             elif sub is None:
-                if existing is not None:
-                    tb.remove(name)
+                entries.pop(key, None)
             else:
                 assert isinstance(sub, bytes)
-                tb.insert(name, repo.create_blob(sub), pygit2.enums.FileMode.BLOB)
-        return tb.write(), len(tb)
+                entries[key] = (BLOB, self._objects.blob(sub))
+        return self._objects.tree(entries), len(entries)

@@ -1,0 +1,70 @@
+"""broker.objects writes what git would: the same ids as libgit2 for the same content, trees
+in git's order, and a repository `git fsck --strict` finds clean after the ledger's commits."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pygit2
+import pytest
+
+from broker.ledger import Ledger
+from broker.objects import BLOB, TREE, LooseWriter
+
+
+@pytest.fixture
+def repo(tmp_path: Path) -> pygit2.Repository:
+    return pygit2.init_repository(str(tmp_path / "r.git"), bare=True)
+
+
+def test_blob_and_tree_ids_match_libgit2(repo: pygit2.Repository) -> None:
+    w = LooseWriter(Path(repo.path) / "objects")
+    a = w.blob(b'{"node_id": "a"}\n')
+    assert pygit2.Oid(raw=a) == repo.create_blob(b'{"node_id": "a"}\n')
+    sub = w.tree({b"node.json": (BLOB, a)})
+    # Names that sort differently as files and as directories ("a" vs "a.b" vs "a-").
+    entries = {b"a.b": (BLOB, a), b"a": (TREE, sub), b"a-": (BLOB, a), b"Z": (BLOB, a),
+               b"a0": (TREE, sub)}
+    ours = w.tree(entries)
+    tb = repo.TreeBuilder()
+    for name, (mode, raw) in entries.items():
+        tb.insert(name.decode(), pygit2.Oid(raw=raw),
+                  pygit2.enums.FileMode.TREE if mode == TREE else pygit2.enums.FileMode.BLOB)
+    assert pygit2.Oid(raw=ours) == tb.write()
+    # libgit2 reads what we wrote.
+    tree = repo[pygit2.Oid(raw=ours)]
+    assert isinstance(tree, pygit2.Tree)
+    assert [e.name for e in tree] == ["Z", "a-", "a.b", "a", "a0"]
+    # Writing the same object twice is harmless (same name, same bytes).
+    assert w.blob(b'{"node_id": "a"}\n') == a
+
+
+@pytest.mark.skipif(shutil.which("git") is None, reason="needs the git command for fsck")
+def test_ledger_commits_pass_git_fsck_and_keep_foreign_entries(tmp_path: Path) -> None:
+    ledger = Ledger(tmp_path / "state.git")
+    head = ledger.write_files({"nodes/a/node.json": b"1\n", "nodes/b/node.json": b"2\n",
+                               "instances/i-1.json": b"{}\n"}, "one", None)
+    # Someone else adds an executable and a nested directory beside ours.
+    repo = ledger.repo
+    base = repo[head].peel(pygit2.Tree)
+    tb = repo.TreeBuilder(base)
+    tb.insert("tool.sh", repo.create_blob(b"#!/bin/sh\n"), pygit2.enums.FileMode.BLOB_EXECUTABLE)
+    sig = pygit2.Signature("someone", "s@example.com")
+    head = str(repo.create_commit("refs/heads/main", sig, sig, "theirs", tb.write(),
+                                  [pygit2.Oid(hex=head)]))
+    head = ledger.write_files({"nodes/a/node.json": b"1b\n", "nodes/b/node.json": None,
+                               "nodes/c/node.json": b"3\n", "instances/i-1.json": None},
+                              "two", head)
+    tree = repo[head].peel(pygit2.Tree)
+    assert sorted(e.name for e in tree) == ["nodes", "tool.sh"]  # instances/ emptied away
+    assert tree["tool.sh"].filemode == pygit2.enums.FileMode.BLOB_EXECUTABLE
+    nodes = repo[tree["nodes"].id]
+    assert isinstance(nodes, pygit2.Tree)
+    assert sorted(e.name for e in nodes) == ["a", "c"]
+    assert repo[tree["nodes/a/node.json"].id].data == b"1b\n"
+    fsck = subprocess.run(["git", "--git-dir", str(ledger.path), "fsck", "--strict", "--full"],
+                          capture_output=True, text=True, check=False)
+    assert fsck.returncode == 0, fsck.stdout + fsck.stderr
+    assert "error" not in fsck.stderr.lower()
