@@ -17,14 +17,16 @@ from __future__ import annotations
 import os
 import re
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 import msgspec
 import pygit2
 
-from broker.objects import BLOB, TREE, LooseWriter
+from broker.objects import BLOB, TREE, Batch, LooseWriter
+from broker.packs import merge_small_packs
 from shared.lifecycle import PENDING
 from shared.messages import Capacity, InstanceState
 from shared.records import Assignment, AuctionRecord, InstanceRecord, NodeFile, parse_trailers
@@ -36,6 +38,8 @@ _instance_dec = msgspec.json.Decoder(InstanceRecord)
 _node_dec = msgspec.json.Decoder(NodeFile)
 _enc = msgspec.json.Encoder()
 _SIGNATURE = ("gavel-broker", "broker@gavel.local")
+T = TypeVar("T")
+_KIND_NAMES = {1: b"commit", 2: b"tree", 3: b"blob", 4: b"tag"}
 
 
 class LedgerError(Exception):
@@ -243,7 +247,7 @@ class Ledger:
         try:
             head = self.head()
             if head != self._state.head and head != self._landed:
-                self._state = self._read(head)
+                self._state = self._retrying(lambda: self._read(head))
             return self._state
         finally:
             self._lock.release()
@@ -290,14 +294,26 @@ class Ledger:
 
     def auctions_for(self, instance_id: str, limit: int = 10_000) -> list[AuctionRecord]:
         """Every recorded auction for the instance, newest first."""
-        out: list[AuctionRecord] = []
-        with self._lock:
+        def scan() -> list[AuctionRecord]:
+            out: list[AuctionRecord] = []
             for commit in self.history(limit):
                 if instance_id not in commit.message:
                     continue
                 out.extend(r for r in parse_trailers(commit.message)
                            if r.instance_id == instance_id)
-        return out
+            return out
+
+        with self._lock:
+            return self._retrying(scan)
+
+    def _retrying(self, read: Callable[[], T]) -> T:
+        """`read`, once more on a fresh handle if it fails: the writer may have merged away
+        a pack this handle still lists (see `broker.packs`). A second failure is real."""
+        try:
+            return read()
+        except (pygit2.GitError, KeyError, OSError):
+            self._reopen()
+            return read()
 
     # -- writing -------------------------------------------------------------------------
     def apply(self, change: Change, message: str, planned_on: str | None) -> str:
@@ -349,7 +365,9 @@ class Ledger:
             for p in parts[:-1]:
                 cur = cur.setdefault(p, {})  # type: ignore[assignment]
             cur[parts[-1]] = data
-        tree_id, _ = self._write_tree(parent_tree, nested)
+        batch = Batch()
+        tree_id, _ = self._write_tree(parent_tree, nested, batch)
+        packed = self._objects.flush(batch)
         sig = pygit2.Signature(*_SIGNATURE)
         parents = [pygit2.Oid(hex=planned_on)] if planned_on else []
         commit_id = repo.create_commit(None, sig, sig, message, pygit2.Oid(raw=tree_id),
@@ -361,13 +379,24 @@ class Ledger:
             if current_sha != planned_on:
                 raise Conflict(f"{self.ref} moved to {current_sha}, planned on {planned_on}")
             txn.set_target(self.ref, commit_id, message=message.splitlines()[0][:200])
+        if packed and merge_small_packs(Path(repo.path) / "objects" / "pack", self._raw_object):
+            self._reopen()  # our handle still lists the packs just removed
         return str(commit_id)
 
-    def _write_tree(self, base: pygit2.Tree | None,
-                    changes: Mapping[str, object]) -> tuple[bytes, int]:
+    def _raw_object(self, raw: bytes) -> tuple[bytes, bytes]:
+        kind, data = self.repo.odb.read(pygit2.Oid(raw=raw))
+        return _KIND_NAMES[int(kind)], data
+
+    def _reopen(self) -> None:
+        """A fresh handle on the repository: it lists the packs as they are now."""
+        self.repo = pygit2.Repository(str(self.path))
+
+    def _write_tree(self, base: pygit2.Tree | None, changes: Mapping[str, object],
+                    batch: Batch) -> tuple[bytes, int]:
         """Write the tree `base` with `changes` applied; (its raw id, how many entries).
         Entries it does not change are kept as they are, whatever they are; new blobs and
-        trees go through `broker.objects` (four system calls each, not libgit2's ~17)."""
+        trees are collected in `batch` and stored by `broker.objects` (one pack for a big
+        commit, loose files for a small one - never libgit2's ~17 system calls each)."""
         entries: dict[bytes, tuple[bytes, bytes]] = {}
         if base is not None:
             for e in base:
@@ -379,7 +408,7 @@ class Ledger:
                 sub_base = self.repo[pygit2.Oid(raw=existing[1])] \
                     if existing is not None and existing[0] == TREE else None
                 tid, count = self._write_tree(
-                    sub_base if isinstance(sub_base, pygit2.Tree) else None, sub)
+                    sub_base if isinstance(sub_base, pygit2.Tree) else None, sub, batch)
                 if count == 0:
                     entries.pop(key, None)
                 else:
@@ -388,5 +417,5 @@ class Ledger:
                 entries.pop(key, None)
             else:
                 assert isinstance(sub, bytes)
-                entries[key] = (BLOB, self._objects.blob(sub))
-        return self._objects.tree(entries), len(entries)
+                entries[key] = (BLOB, batch.blob(sub))
+        return batch.tree(entries), len(entries)

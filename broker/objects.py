@@ -23,7 +23,9 @@ import zlib
 from collections.abc import Mapping
 from pathlib import Path
 
-__all__ = ["BLOB", "TREE", "LooseWriter", "tree_body"]
+from broker.packs import PACK_MIN, write_pack
+
+__all__ = ["BLOB", "TREE", "Batch", "LooseWriter", "object_id", "tree_body"]
 
 #: Tree entry modes as git writes them (no leading zero for directories).
 BLOB = b"100644"
@@ -34,6 +36,12 @@ _FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
 _LEVEL = 1
 
 
+def object_id(kind: bytes, body: bytes) -> bytes:
+    h = hashlib.sha1(b"%s %d\0" % (kind, len(body)))
+    h.update(body)
+    return h.digest()
+
+
 def tree_body(entries: Mapping[bytes, tuple[bytes, bytes]]) -> bytes:
     """A tree object's body from ``{name: (mode, raw 20-byte id)}``, in git's order (a
     directory sorts as if its name ended in "/")."""
@@ -42,6 +50,28 @@ def tree_body(entries: Mapping[bytes, tuple[bytes, bytes]]) -> bytes:
 
     return b"".join(entries[n][0] + b" " + n + b"\0" + entries[n][1]
                     for n in sorted(entries, key=key))
+
+
+class Batch:
+    """The new objects of one commit, held until `LooseWriter.flush` stores them all at once
+    (as one pack when there are many: see `broker.packs`)."""
+
+    def __init__(self) -> None:
+        self.objects: dict[bytes, tuple[bytes, bytes]] = {}
+
+    def blob(self, body: bytes) -> bytes:
+        raw = object_id(b"blob", body)
+        self.objects.setdefault(raw, (b"blob", body))
+        return raw
+
+    def tree(self, entries: Mapping[bytes, tuple[bytes, bytes]]) -> bytes:
+        body = tree_body(entries)
+        raw = object_id(b"tree", body)
+        self.objects.setdefault(raw, (b"tree", body))
+        return raw
+
+    def __len__(self) -> int:
+        return len(self.objects)
 
 
 class LooseWriter:
@@ -77,8 +107,13 @@ class LooseWriter:
         os.replace(tmp, f"{fan}/{hexid[2:]}")
         return raw
 
-    def blob(self, body: bytes) -> bytes:
-        return self.write(b"blob", body)
-
-    def tree(self, entries: Mapping[bytes, tuple[bytes, bytes]]) -> bytes:
-        return self.write(b"tree", tree_body(entries))
+    def flush(self, batch: Batch) -> bool:
+        """Store a batch: one pack when it is big, loose objects otherwise; True if a pack
+        was written."""
+        if len(batch) >= PACK_MIN:
+            write_pack(Path(self.dir) / "pack",
+                       ((raw, kind, body) for raw, (kind, body) in batch.objects.items()))
+            return True
+        for kind, body in batch.objects.values():
+            self.write(kind, body)
+        return False

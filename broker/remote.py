@@ -158,6 +158,7 @@ class Pusher:
                 try:
                     await self._loop.run_in_executor(self._pool, self.sync)
                 except Exception as failure:  # never let one bad attempt end the pusher
+                    self._repo = None  # the next try on a fresh handle (packs may be merged)
                     exc = failure if isinstance(failure, PushError) else PushError(
                         f"push to {self.url} failed: {failure}")
                     self._count("failed")
