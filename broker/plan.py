@@ -103,9 +103,11 @@ def place(view: View, decision: Awarded, auction_id: str,
     if rec is None or rec.state not in PENDING or view.placed_on(iid) is not None:
         return None
     nf = view.node(winner) or NodeFile(node_id=winner)
-    in_use = {p for pl in nf.instances.values() for p in pl.ports.values()}
-    in_use.update(nf.blocked_ports)
-    ports = allocate(rec.spec.ports, port_range, in_use)
+    ports: dict[str, int] | None = {}
+    if rec.spec.ports:  # the node's ports in use only matter to a spec that asks for some
+        in_use = {p for pl in nf.instances.values() for p in pl.ports.values()}
+        in_use.update(nf.blocked_ports)
+        ports = allocate(rec.spec.ports, port_range, in_use)
     if ports is None:
         return None
     placement = Assignment(instance_id=iid, auction_id=auction_id, attempt=rec.attempt + 1,
