@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 import re
 import threading
+import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,6 +40,10 @@ _node_dec = msgspec.json.Decoder(NodeFile)
 _enc = msgspec.json.Encoder()
 _SIGNATURE = ("gavel-broker", "broker@gavel.local")
 T = TypeVar("T")
+#: How long a checked head is trusted without looking at the ref's files again. The broker
+#: asks several times per placement; a move by someone else is noticed this much later at
+#: most (every write is a compare-and-swap anyway), and our own commits forget the cache.
+_HEAD_FRESH_S = 0.005
 _KIND_NAMES = {1: b"commit", 2: b"tree", 3: b"blob", 4: b"tag"}
 
 
@@ -177,6 +182,8 @@ class Ledger:
         #: `adopt`, and `state()` must keep the cached state until then.
         self.writing = False
         self._head_cache: tuple[tuple[object, ...], str | None] | None = None
+        self._head_checked = float("-inf")
+        self._stamp_paths = (str(path / self.ref), str(path / "packed-refs"))
         self._objects = LooseWriter(Path(self.repo.path) / "objects")
 
     # -- the active ref ------------------------------------------------------------------
@@ -196,7 +203,7 @@ class Ledger:
     def _ref_stamp(self) -> tuple[object, ...]:
         """A cheap fingerprint of the files a ref lives in (loose ref and packed-refs)."""
         out: list[object] = []
-        for path in (self.path / self.ref, self.path / "packed-refs"):
+        for path in self._stamp_paths:
             try:
                 st = os.stat(path)
                 out.append((st.st_ino, st.st_mtime_ns, st.st_ctime_ns, st.st_size))
@@ -210,9 +217,14 @@ class Ledger:
         Resolving a ref reads files; the answer is reused while the ref's files are
         unchanged (a stat per call), which keeps the hot path off the filesystem."""
         if self.ref.startswith("refs/"):
+            now = time.monotonic()
+            cache = self._head_cache
+            if cache is not None and now - self._head_checked < _HEAD_FRESH_S:
+                return cache[1]
             stamp = self._ref_stamp()
-            if self._head_cache is not None and self._head_cache[0] == stamp:
-                return self._head_cache[1]
+            self._head_checked = now
+            if cache is not None and cache[0] == stamp:
+                return cache[1]
             sha = self._resolve()
             self._head_cache = (stamp, sha)
             return sha
@@ -339,6 +351,7 @@ class Ledger:
             except (pygit2.GitError, OSError) as exc:
                 raise LedgerError(str(exc)) from exc
             self._landed = sha
+            self._head_cache = None
             return sha
 
     def adopt(self, change: Change, planned_on: str | None, sha: str) -> None:
@@ -346,6 +359,7 @@ class Ledger:
         st = self._state
         with self._lock:
             self._landed = None
+            self._head_cache = None  # our commit moved the ref: look again
         if st.head != planned_on:
             return  # the cache is stale anyway; the next `state()` re-reads
         st.head = sha
