@@ -13,7 +13,7 @@ import signal
 import sys
 from pathlib import Path
 
-from broker.service import Broker
+from broker.service import Broker, tune_gc
 from shared.timing import Timing
 
 
@@ -36,6 +36,7 @@ def main(argv: list[str] | None = None) -> int:
             loop.add_signal_handler(sig, broker.stop)
         await broker.run()
 
+    tune_gc()
     asyncio.run(run())
     return 0
 

@@ -153,8 +153,9 @@ def _nats_errors(cfg: BrokerConfig) -> Callable[[Exception], Awaitable[None]]:
 
 async def run_broker(args: argparse.Namespace) -> int:
     from broker.metrics_http import MetricsUnavailable, serve
-    from broker.service import Broker
+    from broker.service import Broker, tune_gc
 
+    tune_gc()
     cfg: BrokerConfig = args.settings
     secrets = _secrets(cfg.secrets)
     logs.configure(cfg.log_format, cfg.log_level,

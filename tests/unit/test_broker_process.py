@@ -1,5 +1,6 @@
-"""The writer process is an optimisation, never a condition for committing: where POSIX
-semaphores are missing (a container without /dev/shm) the broker writes on a thread."""
+"""Process-level choices of the broker: the writer process is an optimisation, never a
+condition for committing (where POSIX semaphores are missing - a container without
+/dev/shm - the broker writes on a thread), and GC tuning belongs to the process owner."""
 
 from __future__ import annotations
 
@@ -37,3 +38,19 @@ def test_no_semaphores_means_a_thread_writer(monkeypatch: pytest.MonkeyPatch,
 def test_unknown_writer_kind_is_refused() -> None:
     with pytest.raises(ValueError, match="writer must be 'process' or 'thread'"):
         gitwriter.make_executor("fork")
+
+
+def test_tune_gc_is_the_process_owners_choice(tmp_path: Path) -> None:
+    """`tune_gc` sets what it says in a process of its own; building a Broker (the library)
+    leaves the interpreter's collector alone."""
+    import subprocess
+    import sys
+
+    code = ("import gc; from broker.service import Broker, tune_gc; from pathlib import Path; "
+            "before = gc.get_threshold(); "
+            f"Broker(nats_url='nats://127.0.0.1:1', state_dir=Path({str(tmp_path)!r}), "
+            "writer='thread'); assert gc.get_threshold() == before, before; "
+            "tune_gc(); print(gc.get_threshold(), gc.get_freeze_count() > 0)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, timeout=60)
+    assert out.stdout.strip() == "(50000, 20, 10) True"
