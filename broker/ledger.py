@@ -26,7 +26,7 @@ from typing import TypeVar
 import msgspec
 import pygit2
 
-from broker.objects import BLOB, TREE, Batch, LooseWriter
+from broker.objects import Batch, Entries, LooseWriter, Trees
 from broker.packs import merge_small_packs
 from shared.lifecycle import PENDING
 from shared.messages import Capacity, InstanceState
@@ -185,6 +185,7 @@ class Ledger:
         self._head_checked = float("-inf")
         self._stamp_paths = (str(path / self.ref), str(path / "packed-refs"))
         self._objects = LooseWriter(Path(self.repo.path) / "objects")
+        self._trees = Trees(self._tree_entries)
 
     # -- the active ref ------------------------------------------------------------------
     def _qualify(self, ref: str) -> str:
@@ -371,7 +372,7 @@ class Ledger:
     def _commit(self, files: Mapping[str, bytes | None], message: str,
                 planned_on: str | None) -> str:
         repo = self.repo
-        parent_tree = repo[planned_on].peel(pygit2.Tree) if planned_on else None
+        base = repo[planned_on].peel(pygit2.Tree).id.raw if planned_on else None
         nested: dict[str, object] = {}
         for path, data in files.items():
             parts = path.split("/")
@@ -380,7 +381,10 @@ class Ledger:
                 cur = cur.setdefault(p, {})  # type: ignore[assignment]
             cur[parts[-1]] = data
         batch = Batch()
-        tree_id, _ = self._write_tree(parent_tree, nested, batch)
+        # New blobs and trees are collected in `batch` and stored by `broker.objects`: one
+        # pack for a big commit, loose files for a small one - never libgit2's ~17 system
+        # calls an object.
+        tree_id, _ = self._trees.write(base, nested, batch)
         packed = self._objects.flush(batch)
         sig = pygit2.Signature(*_SIGNATURE)
         parents = [pygit2.Oid(hex=planned_on)] if planned_on else []
@@ -405,31 +409,8 @@ class Ledger:
         """A fresh handle on the repository: it lists the packs as they are now."""
         self.repo = pygit2.Repository(str(self.path))
 
-    def _write_tree(self, base: pygit2.Tree | None, changes: Mapping[str, object],
-                    batch: Batch) -> tuple[bytes, int]:
-        """Write the tree `base` with `changes` applied; (its raw id, how many entries).
-        Entries it does not change are kept as they are, whatever they are; new blobs and
-        trees are collected in `batch` and stored by `broker.objects` (one pack for a big
-        commit, loose files for a small one - never libgit2's ~17 system calls each)."""
-        entries: dict[bytes, tuple[bytes, bytes]] = {}
-        if base is not None:
-            for e in base:
-                entries[e.raw_name or b""] = (b"%o" % e.filemode, e.id.raw)
-        for name, sub in changes.items():
-            key = name.encode()
-            if isinstance(sub, dict):
-                existing = entries.get(key)
-                sub_base = self.repo[pygit2.Oid(raw=existing[1])] \
-                    if existing is not None and existing[0] == TREE else None
-                tid, count = self._write_tree(
-                    sub_base if isinstance(sub_base, pygit2.Tree) else None, sub, batch)
-                if count == 0:
-                    entries.pop(key, None)
-                else:
-                    entries[key] = (TREE, tid)
-            elif sub is None:
-                entries.pop(key, None)
-            else:
-                assert isinstance(sub, bytes)
-                entries[key] = (BLOB, batch.blob(sub))
-        return batch.tree(entries), len(entries)
+    def _tree_entries(self, raw: bytes) -> Entries | None:
+        obj = self.repo[pygit2.Oid(raw=raw)]
+        if not isinstance(obj, pygit2.Tree):
+            return None
+        return {e.raw_name or b"": (b"%o" % e.filemode, e.id.raw) for e in obj}

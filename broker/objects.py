@@ -20,13 +20,17 @@ import hashlib
 import itertools
 import os
 import zlib
-from collections.abc import Mapping
+from collections import OrderedDict
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from broker.packs import PACK_MIN, write_pack
 
-__all__ = ["BLOB", "TREE", "Batch", "LooseWriter", "object_id", "tree_body"]
+__all__ = ["BLOB", "TREE", "Batch", "Entries", "LooseWriter", "Trees", "object_id",
+           "tree_body"]
 
+#: A tree's entries: ``{name: (mode, raw 20-byte id)}``.
+Entries = dict[bytes, tuple[bytes, bytes]]
 #: Tree entry modes as git writes them (no leading zero for directories).
 BLOB = b"100644"
 TREE = b"40000"
@@ -117,3 +121,58 @@ class LooseWriter:
         for kind, body in batch.objects.values():
             self.write(kind, body)
         return False
+
+
+class Trees:
+    """Writes trees with changes applied, remembering the entries of the trees it wrote or
+    read (by id, so never stale): the next commit's base is almost always the tree just
+    written, and reading a 1,000-entry ``nodes/`` listing and each touched node directory
+    back from git was a third of the writer's time.
+
+    `read` gives a tree's entries from git (None if the id is not a tree)."""
+
+    def __init__(self, read: Callable[[bytes], Entries | None], size: int = 50_000) -> None:
+        self._read = read
+        self._size = size
+        self._known: OrderedDict[bytes, Entries] = OrderedDict()
+
+    def entries(self, tree_id: bytes) -> Entries | None:
+        known = self._known.get(tree_id)
+        if known is not None:
+            self._known.move_to_end(tree_id)
+            return known
+        read = self._read(tree_id)
+        if read is not None:
+            self._remember(tree_id, read)
+        return read
+
+    def _remember(self, tree_id: bytes, entries: Entries) -> None:
+        self._known[tree_id] = entries
+        if len(self._known) > self._size:
+            self._known.popitem(last=False)
+
+    def write(self, base_id: bytes | None, changes: Mapping[str, object],
+              batch: Batch) -> tuple[bytes, int]:
+        """The tree `base_id` with `changes` (``{name: bytes | None | nested changes}``)
+        applied, its new objects added to `batch`; (its raw id, how many entries). Entries
+        it does not change are kept as they are, whatever they are."""
+        base = self.entries(base_id) if base_id is not None else None
+        entries: Entries = dict(base) if base is not None else {}
+        for name, sub in changes.items():
+            key = name.encode()
+            if isinstance(sub, dict):
+                existing = entries.get(key)
+                sub_base = existing[1] if existing is not None and existing[0] == TREE else None
+                tid, count = self.write(sub_base, sub, batch)
+                if count == 0:
+                    entries.pop(key, None)
+                else:
+                    entries[key] = (TREE, tid)
+            elif sub is None:
+                entries.pop(key, None)
+            else:
+                assert isinstance(sub, bytes)
+                entries[key] = (BLOB, batch.blob(sub))
+        tree_id = batch.tree(entries)
+        self._remember(tree_id, entries)
+        return tree_id, len(entries)

@@ -11,7 +11,7 @@ import pygit2
 import pytest
 
 from broker.ledger import Ledger
-from broker.objects import BLOB, TREE, LooseWriter, tree_body
+from broker.objects import BLOB, TREE, Batch, LooseWriter, Trees, tree_body
 
 
 @pytest.fixture
@@ -68,3 +68,28 @@ def test_ledger_commits_pass_git_fsck_and_keep_foreign_entries(tmp_path: Path) -
                           capture_output=True, text=True, check=False)
     assert fsck.returncode == 0, fsck.stdout + fsck.stderr
     assert "error" not in fsck.stderr.lower()
+
+
+def test_trees_written_are_not_read_back(repo: pygit2.Repository) -> None:
+    reads: list[bytes] = []
+
+    def read(raw: bytes) -> dict[bytes, tuple[bytes, bytes]] | None:
+        reads.append(raw)
+        obj = repo[pygit2.Oid(raw=raw)]
+        if not isinstance(obj, pygit2.Tree):
+            return None
+        return {e.raw_name or b"": (b"%o" % e.filemode, e.id.raw) for e in obj}
+
+    trees = Trees(read)
+    batch = Batch()
+    root, n = trees.write(None, {"nodes": {"a": {"node.json": b"1"}, "b": {"node.json": b"2"}}},
+                          batch)
+    assert n == 1 and reads == []
+    root2, _ = trees.write(root, {"nodes": {"a": {"node.json": b"1b"}}}, batch)
+    assert reads == []  # the base and its nodes/ and nodes/a were all remembered
+    LooseWriter(Path(repo.path) / "objects").flush(batch)
+    fresh = Trees(read)  # another writer: reads what it does not know, once each
+    root3, _ = fresh.write(root2, {"nodes": {"b": None}}, Batch())
+    assert len(reads) == 2  # the root and nodes/, not the untouched nodes/a
+    again = Trees(read)
+    assert again.write(root2, {"nodes": {"b": None}}, Batch())[0] == root3
