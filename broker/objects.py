@@ -152,10 +152,11 @@ class Trees:
             self._known.popitem(last=False)
 
     def write(self, base_id: bytes | None, changes: Mapping[str, object],
-              batch: Batch) -> tuple[bytes, int]:
+              batch: Batch, *, top: bool = True) -> tuple[bytes, int]:
         """The tree `base_id` with `changes` (``{name: bytes | None | nested changes}``)
         applied, its new objects added to `batch`; (its raw id, how many entries). Entries
-        it does not change are kept as they are, whatever they are."""
+        it does not change are kept as they are, whatever they are. A directory left empty
+        is dropped from its parent and never stored (only an empty root is)."""
         base = self.entries(base_id) if base_id is not None else None
         entries: Entries = dict(base) if base is not None else {}
         for name, sub in changes.items():
@@ -163,7 +164,7 @@ class Trees:
             if isinstance(sub, dict):
                 existing = entries.get(key)
                 sub_base = existing[1] if existing is not None and existing[0] == TREE else None
-                tid, count = self.write(sub_base, sub, batch)
+                tid, count = self.write(sub_base, sub, batch, top=False)
                 if count == 0:
                     entries.pop(key, None)
                 else:
@@ -173,6 +174,8 @@ class Trees:
             else:
                 assert isinstance(sub, bytes)
                 entries[key] = (BLOB, batch.blob(sub))
+        if not entries and not top:
+            return b"", 0
         tree_id = batch.tree(entries)
         self._remember(tree_id, entries)
         return tree_id, len(entries)

@@ -68,6 +68,7 @@ def test_ledger_commits_pass_git_fsck_and_keep_foreign_entries(tmp_path: Path) -
                           capture_output=True, text=True, check=False)
     assert fsck.returncode == 0, fsck.stdout + fsck.stderr
     assert "error" not in fsck.stderr.lower()
+    assert "dangling" not in fsck.stdout + fsck.stderr  # an emptied directory is not stored
 
 
 def test_trees_written_are_not_read_back(repo: pygit2.Repository) -> None:
