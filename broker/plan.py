@@ -208,6 +208,18 @@ def set_draining(view: View, node_id: str, draining: bool) -> NodeFile | None:
     return new
 
 
+def unblock_ports(view: View, node_id: str, ports: list[int]) -> list[int]:
+    """Give back blocked ports the node found free again; the ports actually unblocked."""
+    nf = view.node(node_id)
+    if nf is None:
+        return []
+    freed = sorted(set(nf.blocked_ports) & set(ports))
+    if freed:
+        view.put_node(msgspec.structs.replace(
+            nf, blocked_ports=[p for p in nf.blocked_ports if p not in freed]))
+    return freed
+
+
 def record_ports(view: View, iid: str, node_id: str, ports: dict[str, int],
                  taken: list[int]) -> Assignment | None:
     """The worker found some awarded ports taken outside gavel and gave the instance others

@@ -19,7 +19,15 @@ import msgspec
 from nats.aio.msg import Msg
 
 from broker.committer import Item, Planned
-from broker.plan import View, finish, record_ports, requeue, set_cancelling, set_draining
+from broker.plan import (
+    View,
+    finish,
+    record_ports,
+    requeue,
+    set_cancelling,
+    set_draining,
+    unblock_ports,
+)
 from broker.watchdog import Action, Kind, due
 from shared import subjects
 from shared.lifecycle import PENDING
@@ -48,6 +56,7 @@ class Promises:
         self.acting: set[tuple[Kind, str]] = set()
         self.migrating: dict[str, list[str]] = {}
         self.live: dict[str, str] = {}  # instance -> provisioning/running, from reports
+        self._unblocking: set[str] = set()  # nodes with an unblocking commit in flight
 
     # -- reports -------------------------------------------------------------------------
     async def on_report(self, msg: Msg) -> None:
@@ -109,6 +118,25 @@ class Promises:
 
     def _submit(self, plan: object) -> None:
         self.b.committer.submit(Item(plan=plan))  # type: ignore[arg-type]
+
+    def ports_freed(self, node_id: str, ports: list[int]) -> None:
+        """The node found ports its node.json blocks free again: unblock them (one commit in
+        flight per node; only ports git still blocks count, so a forged list changes
+        nothing the node could not have said)."""
+        nf = self.b.ledger.state().nodes.get(node_id)
+        wanted = sorted(set(nf.blocked_ports) & set(ports)) if nf is not None else []
+        if not wanted or node_id in self._unblocking:
+            return
+        self._unblocking.add(node_id)
+
+        def plan(view: View) -> Planned | None:
+            self._unblocking.discard(node_id)
+            freed = unblock_ports(view, node_id, wanted)
+            if not freed:
+                return None
+            listed = ", ".join(str(p) for p in freed)
+            return Planned(lines=[f"ports {listed} on {node_id} are free again: unblocked"])
+        self._submit(plan)
 
     def _ports(self, ev: Event) -> None:
         def plan(view: View) -> Planned | None:

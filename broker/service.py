@@ -331,6 +331,8 @@ class Broker:
         before = self.liveness.record(hb, self.now())
         self.promises.heartbeat_lists(hb.node_id,
                                       [(i.instance_id, i.state) for i in hb.instances])
+        if hb.freed_ports:
+            self.promises.ports_freed(hb.node_id, hb.freed_ports)
         if before is not Health.HEALTHY:
             self.log.info("node %s is %s", hb.node_id, "up" if before is None else "back")
             self.auctioneer.capacity_freed()

@@ -229,6 +229,9 @@ class Heartbeat(Message, tag="heartbeat"):
     instances: list[InstanceReport] = []
     #: [first, last] of the port range the broker may assign from on this node.
     port_range: list[int] = []
+    #: Ports node.json blocks (found taken outside gavel) that bind again now: the broker
+    #: unblocks them, so a port someone borrowed is not lost to gavel for ever.
+    freed_ports: list[int] = []
 
 
 class Event(Message, tag="event"):

@@ -43,6 +43,7 @@ from shared.strategies import Strategy, answer
 from shared.timing import Timing
 from worker.converge import Converger
 from worker.hoststats import Sampler, detect_capacity
+from worker.ports import bindable
 from worker.supervisor import Supervisor
 
 __all__ = ["Agent"]
@@ -133,8 +134,17 @@ class Agent:
             node_id=self.node_id, seq=self._seq, strategy=self.strategy.name,
             labels=self.labels, capacity=view.capacity, committed=view.committed,
             stats=view.stats, draining=view.draining, instances=self.instances(),
-            port_range=list(self.port_range),
+            port_range=list(self.port_range), freed_ports=self._freed_ports(),
         )
+
+    def _freed_ports(self) -> list[int]:
+        """Blocked ports (node.json: taken outside gavel) that bind again now, for the broker
+        to unblock; never one of our own instances holds (that would not be outside)."""
+        blocked = self.converger.blocked()
+        if not blocked:
+            return []
+        held = self._supervisor.held_ports()
+        return [p for p in blocked if p not in held and bindable(p)]
 
     async def run(self) -> None:
         """Adopt survivors, connect, serve until `stop`; then stop or leave the instances."""

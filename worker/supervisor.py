@@ -114,6 +114,10 @@ class Supervisor:
         """Instance id -> attempt of every held instance that is not being stopped."""
         return {iid: h.attempt for iid, h in self._held.items() if h.stopping is None}
 
+    def held_ports(self) -> set[int]:
+        """The ports this node's instances hold right now."""
+        return {p for h in self._held.values() for p in h.local.placement.ports.values()}
+
     def holds(self, instance_id: str) -> bool:
         """True while the instance is held, even while it is being stopped."""
         return instance_id in self._held
@@ -181,7 +185,7 @@ class Supervisor:
             await self._report(iid, award.attempt, EventType.FAILED, Reason.DRIVER_FAILED,
                                "instance id unusable as a directory name", None)
             return None
-        held_ports = {p for h in self._held.values() for p in h.local.placement.ports.values()}
+        held_ports = self.held_ports()
         got = assign(award.spec.ports, award.ports, self.port_range, held=held_ports,
                      reserved=self._reserved(iid))
         if got is None:

@@ -1,4 +1,5 @@
-"""Ports on a node never overlap, and a port taken outside gavel is replaced and blocked.
+"""Ports on a node never overlap, and a port taken outside gavel is replaced and blocked -
+until it binds again, when the node reports it free and the broker unblocks it.
 
 Real nats-server, real git, real processes: what a process "really got" is read from its
 own environment in /proc, what the node says from its heartbeats, what the broker recorded
@@ -156,6 +157,17 @@ async def test_a_port_taken_outside_gavel_is_replaced_and_blocked(cluster: Clust
         nf = cluster.ledger().state().nodes["node-a"]
         assert nf.instances[other].ports == {"http": first + 1}
         assert nf.blocked_ports == [first]
+        assert agent.heartbeat().freed_ports == []  # still taken: nothing to give back
+
+    # The outside listener is gone: the node says so in a heartbeat and the broker unblocks
+    # the port in git, so the next instance may have it again.
+    await wait_for(lambda: cluster.ledger().state().nodes["node-a"].blocked_ports == [], 10,
+                   what="the freed port unblocked in node.json")
+    log = cluster.ledger().repo.walk(cluster.ledger().repo.head.target)
+    assert any(f"ports {first} on node-a are free again" in c.message for c in log)
+    third = await cluster.submit(sleeper_spec("web3", ports=["http"]))
+    await wait_for(lambda: cluster.holders(third) == ["node-a"], 10, what="placed")
+    assert cluster.ledger().state().nodes["node-a"].instances[third].ports == {"http": first}
 
 
 async def test_a_port_held_by_a_local_instance_is_replaced_not_blocked(

@@ -4,7 +4,7 @@ late report — resolve to exactly one of them, never to a corrupt mix."""
 from __future__ import annotations
 
 from broker.ledger import Change, State
-from broker.plan import View, finish, requeue
+from broker.plan import View, finish, requeue, unblock_ports
 from shared.messages import InstanceState as S
 from shared.messages import Spec
 from shared.reasons import Reason
@@ -44,3 +44,15 @@ def test_a_report_from_another_node_changes_nothing() -> None:
     assert finish(view, "i", "n2", S.FAILED) is None
     assert requeue(view, "i", "n2", Reason.NO_LEASE) is None
     assert not view.change
+
+
+def test_unblock_gives_back_only_ports_git_blocks() -> None:
+    st = State(head="h")
+    st.put_node("n1", NodeFile(node_id="n1", blocked_ports=[5, 6, 7]))
+    view = View(st, Change())
+    assert unblock_ports(view, "n1", [6, 9]) == [6]  # 9 was never blocked: ignored
+    nf = view.change.nodes["n1"]
+    assert nf is not None and nf.blocked_ports == [5, 7]
+    assert unblock_ports(view, "n1", [6]) == []  # already given back in this batch
+    assert unblock_ports(view, "nowhere", [5]) == []
+    assert "nowhere" not in view.change.nodes
