@@ -125,8 +125,8 @@ class Auctioneer:
         b = self.b
         try:
             reply = _bids_dec.decode(msg.data)
-        except (msgspec.DecodeError, RecursionError):  # msgspec's depth guard is no DecodeError
-            b.rejects.count("malformed bid reply", msg.subject)
+        except (msgspec.DecodeError, RecursionError) as exc:  # depth guard: no DecodeError
+            b.rejects.malformed("bid reply", msg.subject, exc)
             return
         if subjects.node_of(msg.subject) != reply.node_id:
             b.rejects.count("bid for another node", msg.subject)

@@ -63,8 +63,8 @@ class Promises:
         b = self.b
         try:
             ev = _event_dec.decode(msg.data)
-        except (msgspec.DecodeError, RecursionError):  # msgspec's depth guard is no DecodeError
-            b.rejects.count("malformed event", msg.subject)
+        except (msgspec.DecodeError, RecursionError) as exc:  # depth guard: no DecodeError
+            b.rejects.malformed("event", msg.subject, exc)
             return
         node = subjects.node_of(msg.subject)
         if node != ev.node_id:

@@ -9,6 +9,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from shared.messages import OTHER_PROTOCOL
+
 __all__ = ["Rejects"]
 
 
@@ -17,6 +19,14 @@ class Rejects:
         self.log = log
         self.counter = counter  # a labelled prometheus Counter, or None
         self.counts: dict[str, int] = {}
+
+    def malformed(self, what: str, subject: str, exc: Exception) -> None:
+        """Count an undecodable message: as one of another protocol version when that is
+        why (a mixed-version cluster must say so), else as a malformed `what`."""
+        if OTHER_PROTOCOL in str(exc):
+            self.count("message of another protocol version", f"{subject} ({exc})")
+        else:
+            self.count(f"malformed {what}", subject)
 
     def count(self, kind: str, subject: str) -> None:
         n = self.counts.get(kind, 0) + 1

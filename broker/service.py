@@ -318,8 +318,8 @@ class Broker:
     async def _on_heartbeat(self, msg: Msg) -> None:
         try:
             hb = _hb_dec.decode(msg.data)
-        except (msgspec.DecodeError, RecursionError):  # msgspec's depth guard is no DecodeError
-            self.rejects.count("malformed heartbeat", msg.subject)
+        except (msgspec.DecodeError, RecursionError) as exc:  # depth guard: no DecodeError
+            self.rejects.malformed("heartbeat", msg.subject, exc)
             return
         if subjects.node_of(msg.subject) != hb.node_id:
             self.rejects.count("heartbeat for another node", msg.subject)
@@ -340,8 +340,8 @@ class Broker:
     async def _on_assign(self, msg: Msg) -> None:
         try:
             req = _assign_dec.decode(msg.data)
-        except (msgspec.DecodeError, RecursionError):
-            self.rejects.count("malformed assignment request", msg.subject)
+        except (msgspec.DecodeError, RecursionError) as exc:
+            self.rejects.malformed("assignment request", msg.subject, exc)
             if msg.reply:  # the asker is not left waiting out its timeout on garbage
                 await self.nc.publish(msg.reply, _enc.encode(
                     ApiError(error="malformed assignment request")))

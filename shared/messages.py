@@ -101,8 +101,22 @@ class Spec(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             raise ValueError("secrets must have distinct names")
 
 
+#: The wire protocol's version, carried by every message. 1 was the first release (one
+#: request per RFB); 2 asks per shape. A message of another version fails to decode, with a
+#: sentence that says so, and is refused like any malformed message.
+PROTOCOL = 2
+#: How the decode error of a message of another version begins (see `Message`).
+OTHER_PROTOCOL = "protocol version"
+
+
 class Message(msgspec.Struct, tag_field="kind", kw_only=True):
     """Base of every message that crosses NATS."""
+
+    v: int = PROTOCOL
+
+    def __post_init__(self) -> None:
+        if self.v != PROTOCOL:
+            raise ValueError(f"{OTHER_PROTOCOL} {self.v}; this gavel speaks {PROTOCOL}")
 
 
 class Shape(msgspec.Struct, kw_only=True, frozen=True):

@@ -25,6 +25,7 @@ import pytest
 
 from shared import subjects
 from shared.messages import (
+    PROTOCOL,
     RFB,
     ApiError,
     AssignmentRequest,
@@ -354,3 +355,22 @@ def test_config_check_of_a_bad_file_exits_2_naming_the_field(
         assert says in line, line
     line = refused(gavel(kind, "--config", str(path), "--check", cwd=tmp_path))
     assert says in line, line
+
+
+async def test_a_node_of_another_protocol_version_is_refused_by_name(cluster: Cluster,
+                                                                     caplog: Any) -> None:
+    """A heartbeat from a gavel speaking another wire version is refused with a kind that
+    says so (not lumped in with garbage), and the node never becomes a candidate."""
+    broker = await cluster.start_broker()
+    nc = await cluster.client()
+    future = msgspec.to_builtins(Heartbeat(node_id="node-z"))
+    future["v"] = PROTOCOL + 1
+    with caplog.at_level("WARNING", logger="gavel.broker"):
+        await nc.publish(subjects.HEARTBEAT.format(node="node-z"),
+                         msgspec.msgpack.encode(future))
+        await nc.flush()
+        await wait_for(lambda: broker.rejects.counts.get(
+            "message of another protocol version") == 1, 5, what="the refusal counted")
+    assert f"protocol version {PROTOCOL + 1}; this gavel speaks {PROTOCOL}" in caplog.text
+    assert "node-z" not in broker.liveness.known()
+    assert "malformed heartbeat" not in broker.rejects.counts

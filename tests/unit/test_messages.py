@@ -365,3 +365,15 @@ def test_a_shape_is_a_request_without_its_id() -> None:
         shape.cpu = 2.0  # type: ignore[misc]
     other = Request(instance_id="i-2", cpu=1.5, memory_mb=64, ports=2, labels={"a": "1"})
     assert other.key() != req.key()
+
+
+def test_every_message_carries_the_protocol_version_and_refuses_another() -> None:
+    from shared.messages import PROTOCOL, Heartbeat
+
+    wire = msgspec.msgpack.encode(Heartbeat(node_id="a"))
+    assert msgspec.msgpack.decode(wire)["v"] == PROTOCOL
+    other = msgspec.msgpack.decode(wire)
+    other["v"] = PROTOCOL + 1
+    with pytest.raises(msgspec.ValidationError,
+                       match=f"protocol version {PROTOCOL + 1}; this gavel speaks {PROTOCOL}"):
+        msgspec.msgpack.decode(msgspec.msgpack.encode(other), type=Heartbeat)
