@@ -216,7 +216,8 @@ class Ledger:
         """The commit the active ref points at (peeled), or None for an empty branch.
 
         Resolving a ref reads files; the answer is reused while the ref's files are
-        unchanged (a stat per call), which keeps the hot path off the filesystem."""
+        unchanged (two stats), and for `_HEAD_FRESH_S` without even those, which keeps the
+        hot path off the filesystem."""
         if self.ref.startswith("refs/"):
             now = time.monotonic()
             cache = self._head_cache
