@@ -26,7 +26,7 @@ from typing import TypeVar
 import msgspec
 import pygit2
 
-from broker.objects import Batch, Entries, LooseWriter, Trees
+from broker.objects import Batch, Entries, ObjectStore, Trees
 from broker.packs import merge_small_packs
 from shared.lifecycle import PENDING
 from shared.messages import Capacity, InstanceState
@@ -184,7 +184,7 @@ class Ledger:
         self._head_cache: tuple[tuple[object, ...], str | None] | None = None
         self._head_checked = float("-inf")
         self._stamp_paths = (str(path / self.ref), str(path / "packed-refs"))
-        self._objects = LooseWriter(Path(self.repo.path) / "objects")
+        self._objects = ObjectStore(Path(self.repo.path) / "objects")
         self._trees = Trees(self._tree_entries)
 
     # -- the active ref ------------------------------------------------------------------

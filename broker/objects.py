@@ -1,13 +1,15 @@
-"""Git objects written straight to the loose object store, in git's own format.
+"""Git objects written by the ledger itself, in git's own format: a commit's new blobs and
+trees, kept in a `Batch` and stored at once - as one pack when there are many
+(`broker.packs`), as loose files otherwise - and the trees built on the way (`Trees`).
 
 Rule: a commit of a few hundred node files writes two objects per node (its node.json and
 the node's directory), and libgit2 spends about seventeen system calls on each write: it
 first asks every backend whether the object exists, rescanning the pack directory on the
 miss, tries to freshen it, then writes a temporary file and links it into place. On this
 machine's virtualised file system that is 150-200 us an object, most of a placement's cost.
-Writing a new object needs four calls - open, write, close, rename - so blobs and trees are
-written here, and libgit2 keeps what it is good at: reading, the commit, and moving the ref
-under its lock.
+Writing a new loose object needs four calls - open, write, close, rename - and a pack two
+files for the whole commit, so blobs and trees are written here, and libgit2 keeps what it
+is good at: reading, the commit, and moving the ref under its lock.
 
 The format is git's (``zlib("<kind> <size>\\0" + body)`` under ``objects/xx/yyyy...``, the
 id being the SHA-1 of the uncompressed bytes); `git fsck --strict` checks every object the
@@ -26,7 +28,7 @@ from pathlib import Path
 
 from broker.packs import PACK_MIN, write_pack
 
-__all__ = ["BLOB", "TREE", "Batch", "Entries", "LooseWriter", "Trees", "object_id",
+__all__ = ["BLOB", "TREE", "Batch", "Entries", "ObjectStore", "Trees", "object_id",
            "tree_body"]
 
 #: A tree's entries: ``{name: (mode, raw 20-byte id)}``.
@@ -57,7 +59,7 @@ def tree_body(entries: Mapping[bytes, tuple[bytes, bytes]]) -> bytes:
 
 
 class Batch:
-    """The new objects of one commit, held until `LooseWriter.flush` stores them all at once
+    """The new objects of one commit, held until `ObjectStore.flush` stores them all at once
     (as one pack when there are many: see `broker.packs`)."""
 
     def __init__(self) -> None:
@@ -78,8 +80,9 @@ class Batch:
         return len(self.objects)
 
 
-class LooseWriter:
-    """Writes objects under `objects_dir`; not thread-safe (one per writer)."""
+class ObjectStore:
+    """Stores objects under `objects_dir`: one at a time as a loose file (`write`), or a
+    commit's `Batch` at once (`flush`: a pack when big). Not thread-safe: one per writer."""
 
     def __init__(self, objects_dir: Path) -> None:
         self.dir = str(objects_dir)

@@ -11,7 +11,7 @@ import pygit2
 import pytest
 
 from broker.ledger import Ledger
-from broker.objects import BLOB, TREE, Batch, LooseWriter, Trees, tree_body
+from broker.objects import BLOB, TREE, Batch, ObjectStore, Trees, tree_body
 
 
 @pytest.fixture
@@ -20,7 +20,7 @@ def repo(tmp_path: Path) -> pygit2.Repository:
 
 
 def test_blob_and_tree_ids_match_libgit2(repo: pygit2.Repository) -> None:
-    w = LooseWriter(Path(repo.path) / "objects")
+    w = ObjectStore(Path(repo.path) / "objects")
     a = w.write(b"blob", b'{"node_id": "a"}\n')
     assert pygit2.Oid(raw=a) == repo.create_blob(b'{"node_id": "a"}\n')
     sub = w.write(b"tree", tree_body({b"node.json": (BLOB, a)}))
@@ -88,7 +88,7 @@ def test_trees_written_are_not_read_back(repo: pygit2.Repository) -> None:
     assert n == 1 and reads == []
     root2, _ = trees.write(root, {"nodes": {"a": {"node.json": b"1b"}}}, batch)
     assert reads == []  # the base and its nodes/ and nodes/a were all remembered
-    LooseWriter(Path(repo.path) / "objects").flush(batch)
+    ObjectStore(Path(repo.path) / "objects").flush(batch)
     fresh = Trees(read)  # another writer: reads what it does not know, once each
     root3, _ = fresh.write(root2, {"nodes": {"b": None}}, Batch())
     assert len(reads) == 2  # the root and nodes/, not the untouched nodes/a
