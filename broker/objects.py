@@ -19,14 +19,13 @@ ledger tests write. Durability is git's and libgit2's default: no fsync.
 from __future__ import annotations
 
 import hashlib
-import itertools
 import os
 import zlib
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from broker.packs import PACK_MIN, write_pack
+from broker.packs import PACK_MIN, put_file, write_pack
 
 __all__ = ["BLOB", "TREE", "Batch", "Entries", "ObjectStore", "Trees", "object_id",
            "tree_body"]
@@ -36,7 +35,6 @@ Entries = dict[bytes, tuple[bytes, bytes]]
 #: Tree entry modes as git writes them (no leading zero for directories).
 BLOB = b"100644"
 TREE = b"40000"
-_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
 #: Speed over size: level 1 keeps a 2 KB node.json at a few microseconds; `git gc`
 #: recompresses whatever it packs.
 _LEVEL = 1
@@ -87,8 +85,6 @@ class ObjectStore:
     def __init__(self, objects_dir: Path) -> None:
         self.dir = str(objects_dir)
         self._fanout: set[str] = set()
-        self._tmp = itertools.count()
-        self._prefix = f"tmp_gavel_{os.getpid()}_"
 
     def write(self, kind: bytes, body: bytes) -> bytes:
         """Store one object (idempotent: the same bytes land on the same name); its raw id."""
@@ -99,19 +95,7 @@ class ObjectStore:
         if fan not in self._fanout:
             os.makedirs(fan, exist_ok=True)
             self._fanout.add(fan)
-        tmp = f"{fan}/{self._prefix}{next(self._tmp)}"
-        packed = zlib.compress(data, _LEVEL)
-        fd = os.open(tmp, _FLAGS, 0o444)
-        try:
-            view = memoryview(packed)
-            while view:
-                view = view[os.write(fd, view):]
-        except BaseException:
-            os.close(fd)
-            os.unlink(tmp)
-            raise
-        os.close(fd)
-        os.replace(tmp, f"{fan}/{hexid[2:]}")
+        put_file(f"{fan}/{hexid[2:]}", zlib.compress(data, _LEVEL))
         return raw
 
     def flush(self, batch: Batch) -> bool:

@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 __all__ = ["BIG_PACK", "MAX_SMALL_PACKS", "PACK_MIN", "merge_small_packs", "object_ids",
-           "write_pack"]
+           "put_file", "write_pack"]
 
 #: Fewer new objects than this stay loose (a quiet cluster's one-placement commits).
 PACK_MIN = 32
@@ -53,9 +53,10 @@ def _header(kind: int, size: int) -> bytes:
     return bytes(out)
 
 
-def _put(path: Path, data: bytes) -> None:
-    """Write `data` to `path` by a temporary name and a rename (a reader sees all or none)."""
-    tmp = path.parent / f"tmp_gavel_{os.getpid()}_{next(_tmp)}"
+def put_file(path: str | Path, data: bytes) -> None:
+    """Write `data` to `path` by a temporary name beside it and a rename (a reader sees all
+    or none), read-only like every file git writes under objects/."""
+    tmp = os.path.join(os.path.dirname(path), f"tmp_gavel_{os.getpid()}_{next(_tmp)}")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0),
                  0o444)
     try:
@@ -112,8 +113,8 @@ def _write_records(pack_dir: Path, records: Iterable[tuple[bytes, bytes, int]]) 
     idx += hashlib.sha1(idx).digest()
     pack_dir.mkdir(parents=True, exist_ok=True)
     name = pack_dir / f"pack-{checksum.hex()}"
-    _put(name.with_suffix(".pack"), pack)
-    _put(name.with_suffix(".idx"), bytes(idx))
+    put_file(name.with_suffix(".pack"), pack)
+    put_file(name.with_suffix(".idx"), bytes(idx))
     return name.with_suffix(".idx")
 
 
