@@ -3,8 +3,10 @@
 On Python 3.11 `asyncio.wait_for` returns the inner result when the outer task is cancelled
 just as the inner one finished, swallowing the cancel; a loop built on it then runs for ever
 and whoever awaits it (`Broker.close`, `Agent.stop`) hangs. The loops use `asyncio.timeout`
-instead; these tests set the wake event and stop in one turn, which with `wait_for` made the
-loop survive its cancel every time.
+instead; these tests set the wake event and stop in one turn. With `wait_for` the agent's
+heartbeat loop survived its cancel every time (its stop never returned); the broker's
+reconcile loop has the same shape, and its test also checks that close lets the git writer
+go.
 """
 
 from __future__ import annotations
