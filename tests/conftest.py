@@ -14,10 +14,21 @@ from pathlib import Path
 from typing import TextIO
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 os.environ.setdefault("GAVEL_FAST_TIMERS", "1")
 
 from broker.natsserver import NatsServer
+
+# Property tests are deterministic by default - the same examples on every run, no example
+# database, no per-example deadline (a slow CI machine must not turn a slow example into a
+# failure) - so CI is red only for a change, never for a lucky draw.
+# `GAVEL_HYPOTHESIS=explore` draws new examples each run, for hunting.
+settings.register_profile("ci", derandomize=True, database=None, deadline=None,
+                          print_blob=True, suppress_health_check=[HealthCheck.too_slow])
+settings.register_profile("explore", deadline=None, print_blob=True,
+                          suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("explore" if os.environ.get("GAVEL_HYPOTHESIS") == "explore" else "ci")
 
 _watchdog_stderr: list[TextIO] = []
 _current = {"test": "(between tests)"}

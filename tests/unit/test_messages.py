@@ -141,7 +141,7 @@ def test_an_old_minimal_heartbeat_still_decodes() -> None:
     load=st.floats(allow_nan=False),
     step=st.floats(allow_nan=False),
     shape=st.integers(-(2**63), 2**63 - 1),
-    text=st.text(),
+    text=st.text(max_size=64),  # the longest strategy name a bid may carry
     node=st.text(min_size=1),
 )
 def test_bid_replies_round_trip_any_load_step_index_and_text(load: float, step: float,
@@ -151,6 +151,15 @@ def test_bid_replies_round_trip_any_load_step_index_and_text(load: float, step: 
                    answers=[Bid(shape=shape, load=load, step=step, strategy=text),
                             Decline(shape=shape, reason=text, detail=text)])
     assert decoder.decode(msgspec.msgpack.encode(msg)) == msg
+
+
+def test_over_long_strategy_and_detail_are_refused_at_decode() -> None:
+    for answer in ({"kind": "bid", "shape": 0, "load": 0.1, "strategy": "s" * 65},
+                   {"kind": "decline", "shape": 0, "reason": "r", "detail": "d" * 257}):
+        raw = msgspec.msgpack.encode({"kind": "bids", "auction_id": "a", "node_id": "n",
+                                      "answers": [answer]})
+        with pytest.raises(msgspec.ValidationError, match="length <= "):
+            decoder.decode(raw)
 
 
 def test_nan_load_and_step_survive_the_wire_so_the_auction_can_reject_them() -> None:
