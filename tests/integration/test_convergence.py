@@ -80,7 +80,7 @@ async def test_drain_declines_then_undo_takes_work_again(cluster: Cluster) -> No
 
     reply = await cluster.call("drain", DrainRequest(node_id="node-a"), DrainReply)
     assert reply.draining
-    await wait_for(lambda: a.draining, 5, what="node-a drains from node.json")
+    await wait_for(lambda: a.draining, 15, what="node-a drains from node.json")
     first = await cluster.submit(sleeper_spec("first", cpu=0.6))
     await wait_for(lambda: cluster.holders(first) == ["node-b"], 10, what="placed on node-b")
     why = await cluster.call("why", WhyRequest(instance_id=first), WhyReply)
@@ -88,7 +88,7 @@ async def test_drain_declines_then_undo_takes_work_again(cluster: Cluster) -> No
     assert declines == {"node-a": Reason.DRAINING}
 
     await cluster.call("drain", DrainRequest(node_id="node-a", undo=True), DrainReply)
-    await wait_for(lambda: not a.draining, 5, what="node-a back in service")
+    await wait_for(lambda: not a.draining, 15, what="node-a back in service")
     second = await cluster.submit(sleeper_spec("second", cpu=0.6))  # node-b is full now
     await wait_for(lambda: cluster.holders(second) == ["node-a"], 10, what="placed on node-a")
     await wait_for(lambda: running_on(a, second) > 0, 10, what="running on node-a")
@@ -157,7 +157,7 @@ async def test_a_stale_node_json_never_stops_a_fresh_award(cluster: Cluster) -> 
     pid = running_on(a, iid)
     kv = await (await cluster.client()).jetstream().key_value(subjects.NODES_BUCKET)
     await kv.put("node-a", msgspec.json.encode(NodeFile(node_id="node-a")))  # as if older
-    await wait_for(lambda: a.converger.outcomes["kept"] == 1, 5, what="the broker asked")
+    await wait_for(lambda: a.converger.outcomes["kept"] == 1, 15, what="the broker asked")
     await asyncio.sleep(TIMING.heartbeat_s * 2)
     assert running_on(a, iid) == pid and not gone(pid)
     assert a.converger.asked["verify"] == 1, "settled for that revision: asked once"
@@ -185,7 +185,7 @@ async def test_node_back_after_offline_stops_the_moved_instance(cluster: Cluster
     before = from_a()
     back = await cluster.start_agent("node-a")  # same state dir: adopts, then sees node.json
     await wait_for(lambda: gone(old_pid), 10, what="the moved copy fenced")
-    await wait_for(lambda: back.instances() == [], 5, what="node-a holds nothing")
+    await wait_for(lambda: back.instances() == [], 15, what="node-a holds nothing")
     assert running_on(b, iid) > 0 and cluster.holders(iid) == ["node-b"]
     status = await cluster.status(iid)
     assert (status.state, status.node_id, status.attempt) == ("running", "node-b", 2)
@@ -200,20 +200,20 @@ async def test_a_worker_cut_off_from_nats_past_offline_fences_itself(
                      "timing": timing})
     task = asyncio.create_task(agent.run())
     try:
-        await asyncio.wait_for(agent.ready.wait(), 5)
+        await asyncio.wait_for(agent.ready.wait(), 15)
         nc = await nats.connect(nats_server.url)
         award = Award(auction_id="x", instance_id="cut", node_id="n1",
                       spec=sleeper_spec("cut"))
         await nc.publish(subjects.AWARD.format(node="n1"), msgspec.msgpack.encode(award))
         await nc.close()
-        await wait_for(lambda: running_on(agent, "cut") > 0, 5, what="running")
+        await wait_for(lambda: running_on(agent, "cut") > 0, 15, what="running")
         pid = running_on(agent, "cut")
 
         await asyncio.to_thread(nats_server.stop)
         cut = time.monotonic()
         await wait_for(lambda: gone(pid), timing.offline_s + 5, what="self-fenced")
         assert time.monotonic() - cut >= timing.offline_s - timing.heartbeat_s
-        await wait_for(lambda: agent.instances() == [], 5, what="nothing held")
+        await wait_for(lambda: agent.instances() == [], 15, what="nothing held")
         assert agent.converger.self_fenced
 
         await asyncio.to_thread(nats_server.start)

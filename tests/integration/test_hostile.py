@@ -370,7 +370,7 @@ async def test_a_node_of_another_protocol_version_is_refused_by_name(cluster: Cl
                          msgspec.msgpack.encode(future))
         await nc.flush()
         await wait_for(lambda: broker.rejects.counts.get(
-            "message of another protocol version") == 1, 5, what="the refusal counted")
+            "message of another protocol version") == 1, 15, what="the refusal counted")
     assert f"protocol version {PROTOCOL + 1}; this gavel speaks {PROTOCOL}" in caplog.text
     assert "node-z" not in broker.liveness.known()
     assert "malformed heartbeat" not in broker.rejects.counts

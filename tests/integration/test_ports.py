@@ -187,7 +187,7 @@ async def test_a_port_held_by_a_local_instance_is_replaced_not_blocked(
         events.append(msgspec.msgpack.decode(msg.data, type=Event))
     try:
         await nc.subscribe(subjects.REPORT.format(node="n1"), cb=on_event)
-        await asyncio.wait_for(agent.ready.wait(), 5)
+        await asyncio.wait_for(agent.ready.wait(), 15)
         enc = msgspec.msgpack.Encoder()
         for iid in ("one", "two"):
             award = Award(auction_id=f"x-{iid}", instance_id=iid, node_id="n1",

@@ -151,7 +151,7 @@ async def test_cancel_of_a_queued_instance_is_immediate(cluster: Cluster) -> Non
     iid = await cluster.submit(sleeper_spec("nowhere"))
     reply = await cluster.call("cancel", CancelRequest(instance_id=iid), CancelReply)
     assert reply.state == "cancelled"
-    await wait_for(lambda: _state(cluster, iid) == "cancelled", 5, what="cancelled")
+    await wait_for(lambda: _state(cluster, iid) == "cancelled", 15, what="cancelled")
 
 
 async def test_capacity_declines(cluster: Cluster) -> None:

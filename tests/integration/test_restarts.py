@@ -58,7 +58,7 @@ async def test_worker_restart_readopts_without_a_second_copy(
     await cluster.stop_agent("node-a", kill_children=False)
     assert alive(before.pid)
     b = await cluster.start_agent("node-a")  # the same state dir
-    await wait_for(lambda: bool(b.instances()), 5, what="re-adopted")
+    await wait_for(lambda: bool(b.instances()), 15, what="re-adopted")
     (after,) = b.instances()
     assert (after.instance_id, after.pid, after.state) == (iid, before.pid, "running")
     await asyncio.sleep(TIMING.heartbeat_s * 3)  # heartbeats, a KV round, convergence

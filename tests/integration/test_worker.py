@@ -168,7 +168,7 @@ async def start(nats_url: str, tmp_path: Path) -> AsyncIterator[Start]:
         agent = Agent(**options)
         task = asyncio.create_task(agent.run())
         running.append((agent, task))
-        await asyncio.wait_for(agent.ready.wait(), 5)
+        await asyncio.wait_for(agent.ready.wait(), 15)
         return agent
 
     yield start
