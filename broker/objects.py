@@ -25,7 +25,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from broker.packs import PACK_MIN, put_file, write_pack
+from broker.packs import LEVEL, PACK_MIN, put_file, write_pack
 
 __all__ = ["BLOB", "TREE", "Batch", "Entries", "ObjectStore", "Trees", "object_id",
            "tree_body"]
@@ -35,9 +35,6 @@ Entries = dict[bytes, tuple[bytes, bytes]]
 #: Tree entry modes as git writes them (no leading zero for directories).
 BLOB = b"100644"
 TREE = b"40000"
-#: Speed over size: level 1 keeps a 2 KB node.json at a few microseconds; `git gc`
-#: recompresses whatever it packs.
-_LEVEL = 1
 
 
 def object_id(kind: bytes, body: bytes) -> bytes:
@@ -95,7 +92,7 @@ class ObjectStore:
         if fan not in self._fanout:
             os.makedirs(fan, exist_ok=True)
             self._fanout.add(fan)
-        put_file(f"{fan}/{hexid[2:]}", zlib.compress(data, _LEVEL))
+        put_file(f"{fan}/{hexid[2:]}", zlib.compress(data, LEVEL))
         return raw
 
     def flush(self, batch: Batch) -> bool:

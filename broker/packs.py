@@ -27,8 +27,16 @@ import zlib
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
-__all__ = ["BIG_PACK", "MAX_SMALL_PACKS", "PACK_MIN", "merge_small_packs", "object_ids",
-           "put_file", "write_pack"]
+__all__ = [
+    "BIG_PACK",
+    "LEVEL",
+    "MAX_SMALL_PACKS",
+    "PACK_MIN",
+    "merge_small_packs",
+    "object_ids",
+    "put_file",
+    "write_pack",
+]
 
 #: Fewer new objects than this stay loose (a quiet cluster's one-placement commits).
 PACK_MIN = 32
@@ -37,7 +45,9 @@ BIG_PACK = 50_000
 MAX_SMALL_PACKS = 16
 _TYPES = {b"commit": 1, b"tree": 2, b"blob": 3, b"tag": 4}
 _FOREIGN = (".keep", ".bitmap", ".rev", ".promisor", ".mtimes")
-_LEVEL = 1
+#: Speed over size: level 1 keeps a 2 KB node.json at a few microseconds; `git gc`
+#: recompresses whatever it packs.
+LEVEL = 1
 _tmp = itertools.count()
 
 
@@ -51,6 +61,12 @@ def _header(kind: int, size: int) -> bytes:
         size >>= 7
     out.append(c)
     return bytes(out)
+
+
+def _record(kind: bytes, body: bytes) -> tuple[bytes, int]:
+    """One whole object as a pack stores it (header + deflated body), and its crc32."""
+    rec = _header(_TYPES[kind], len(body)) + zlib.compress(body, LEVEL)
+    return rec, zlib.crc32(rec)
 
 
 def put_file(path: str | Path, data: bytes) -> None:
@@ -76,8 +92,7 @@ def write_pack(pack_dir: Path, objects: Iterable[tuple[bytes, bytes, bytes]]) ->
     `pack_dir`; the path of the index. Duplicate ids are stored once."""
     def records() -> Iterator[tuple[bytes, bytes, int]]:
         for raw, kind, body in objects:
-            rec = _header(_TYPES[kind], len(body)) + zlib.compress(body, _LEVEL)
-            yield raw, rec, zlib.crc32(rec)
+            yield raw, *_record(kind, body)
 
     return _write_records(pack_dir, records())
 
@@ -158,9 +173,7 @@ def _records(idx: Path, read: Callable[[bytes], tuple[bytes, bytes]]
         if not large and (pack[off] >> 4) & 7 in (1, 2, 3, 4):
             yield raw, pack[off:end_of[off]], crc
         else:
-            kind, body = read(raw)
-            rec = _header(_TYPES[kind], len(body)) + zlib.compress(body, _LEVEL)
-            yield raw, rec, zlib.crc32(rec)
+            yield raw, *_record(*read(raw))
 
 
 def _ours_to_merge(pack_dir: Path) -> list[Path]:
