@@ -4,6 +4,10 @@ Rules: heard within `unreachable_s` → healthy (eligible for auctions); then un
 instances keep running and are not re-placed); past `offline_s` → offline (its leases
 expire). Only healthy nodes are asked to bid: waiting on a node that stopped talking would
 stretch every round to the bid deadline.
+
+`eligible` is asked on every auction, so it is kept, not recomputed: the sorted list stays
+true until the quietest eligible node crosses `unreachable_s` (times only grow: a heartbeat
+moves a node's time later, `shift` moves every time later) or a node outside it is heard.
 """
 
 from __future__ import annotations
@@ -28,12 +32,19 @@ class Liveness:
         self.last_seen: dict[str, float] = {}
         self.heartbeats: dict[str, Heartbeat] = {}
         self.presumed: dict[str, float] = {}
+        self._eligible: list[str] = []
+        self._eligible_set: frozenset[str] = frozenset()
+        #: `_eligible` is exact for `now` in [_valid_from, _valid_until).
+        self._valid_from = float("inf")
+        self._valid_until = float("-inf")
 
     def record(self, hb: Heartbeat, now: float) -> Health | None:
         """Store a heartbeat; returns the node's health before it, None for a new node."""
         before = self.health(hb.node_id, now) if hb.node_id in self.last_seen else None
         self.last_seen[hb.node_id] = now
         self.heartbeats[hb.node_id] = hb
+        if hb.node_id not in self._eligible_set:
+            self._valid_until = float("-inf")  # a new or returning node: look again
         return before
 
     def presume(self, node_id: str, now: float) -> None:
@@ -54,8 +65,17 @@ class Liveness:
         return Health.OFFLINE
 
     def eligible(self, now: float) -> list[str]:
-        """Healthy nodes, sorted."""
-        return sorted(n for n in self.last_seen if self.health(n, now) is Health.HEALTHY)
+        """Healthy nodes, sorted (the list is shared: do not change it)."""
+        if self._valid_from <= now < self._valid_until:
+            return self._eligible
+        limit = self.timing.unreachable_s
+        seen = self.last_seen
+        nodes = sorted(n for n, t in seen.items() if now - t < limit)
+        self._eligible = nodes
+        self._eligible_set = frozenset(nodes)
+        self._valid_from = now
+        self._valid_until = min((seen[n] for n in nodes), default=float("inf")) + limit
+        return nodes
 
     def known(self) -> list[str]:
         return sorted(self.last_seen)
@@ -66,3 +86,4 @@ class Liveness:
         for table in (self.last_seen, self.presumed):
             for node in table:
                 table[node] += seconds
+        self._valid_until = float("-inf")

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from shared.health import Health, Liveness
 from shared.messages import Heartbeat
@@ -80,3 +82,37 @@ def test_a_presumed_node_gets_the_full_thresholds_but_is_not_eligible() -> None:
     live.record(hb("n1"), 300.0)  # a real heartbeat takes over
     assert live.health("n1", 320.0) is Health.HEALTHY
     assert live.eligible(320.0) == ["n1"]
+
+
+def _brute(live: Liveness, now: float) -> list[str]:
+    return sorted(n for n in live.last_seen if live.health(n, now) is Health.HEALTHY)
+
+
+def test_the_kept_eligible_list_is_a_node_crossing_the_threshold_exactly() -> None:
+    live = Liveness(Timing())  # unreachable at 30 s
+    live.record(hb("a"), now=0.0)
+    live.record(hb("b"), now=10.0)
+    assert live.eligible(20.0) == ["a", "b"]
+    assert live.eligible(29.999) == ["a", "b"]  # kept
+    assert live.eligible(30.0) == ["b"]  # a crossed: looked again
+    live.record(hb("a"), now=31.0)  # a returns: looked again at once
+    assert live.eligible(31.0) == ["a", "b"]
+    assert live.eligible(40.0) == ["a"]
+    live.shift(5.0)  # deaf for 5 s: b is healthy again until 45
+    assert live.eligible(44.0) == ["a", "b"]
+
+
+@given(st.lists(st.tuples(st.sampled_from(["record", "eligible", "shift"]),
+                          st.sampled_from(["n1", "n2", "n3", "n4"]),
+                          st.floats(min_value=0.0, max_value=40.0)), max_size=60))
+def test_the_kept_eligible_list_always_equals_a_fresh_count(
+        steps: list[tuple[str, str, float]]) -> None:
+    live = Liveness(Timing())
+    now = 0.0
+    for op, node, dt in steps:
+        now += dt
+        if op == "record":
+            live.record(hb(node), now)
+        elif op == "shift":
+            live.shift(dt / 4)
+        assert live.eligible(now) == _brute(live, now)
