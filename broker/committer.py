@@ -5,7 +5,10 @@ Rules:
 2. Each item plans against the freshest state (plan, then apply). If the branch moved under
    us (`Conflict`), the whole batch is re-planned on the new head, a bounded number of times.
 3. Nothing an item promises is published before its commit is durable: `after` callbacks
-   run only once the ref has moved.
+   run only once the ref has moved, in order, in slices of `AFTER_SLICE_S` with the loop's
+   other work between them (a commit of thousands of awards must not stall the bid replies
+   of open auctions; until its callback runs, an award's capacity is still reserved, so
+   the broker only ever under-counts a node's room).
 4. Pinned or unwritable repository: nothing is written, every item hears why (`failed`), and
    unwritable batches are retried after a back-off while the broker keeps serving.
 """
@@ -147,9 +150,7 @@ class Committer:
             self.commits += 1
             if self.on_commit is not None:
                 self.on_commit(view.change, sha)
-            for p in planned:
-                for cb in p.after:
-                    cb(sha)
+            await _run_after(planned, sha)
             return
         for item in items:
             item.failed(Reason.LEDGER_UNWRITABLE, "the branch kept moving; giving up this batch")
@@ -158,6 +159,21 @@ class Committer:
     def _requeue(self, items: list[Item]) -> None:
         for item in items:
             self.submit(item)
+
+
+#: After-commit work runs in slices of this many seconds, with the loop's other work (bid
+#: replies above all) in between, so a large group commit does not stall open auctions.
+AFTER_SLICE_S = 0.002
+
+
+async def _run_after(planned: list[Planned], sha: str) -> None:
+    deadline = time.perf_counter() + AFTER_SLICE_S
+    for p in planned:
+        for cb in p.after:
+            cb(sha)
+        if time.perf_counter() >= deadline:
+            await asyncio.sleep(0)
+            deadline = time.perf_counter() + AFTER_SLICE_S
 
 
 #: Control characters become spaces in message lines (trailers are JSON: already escaped).
