@@ -153,13 +153,27 @@ class Change:
     def __bool__(self) -> bool:
         return bool(self.instances or self.nodes)
 
+    #: node.json bytes by node, with the record they encode: git and the KV mirror both
+    #: need them, and a node file is the largest thing a commit encodes.
+    _encoded: dict[str, tuple[NodeFile, bytes]] = field(default_factory=dict, repr=False,
+                                                         compare=False)
+
     def files(self) -> dict[str, bytes | None]:
         out: dict[str, bytes | None] = {}
         for iid, rec in self.instances.items():
             out[instance_path(iid)] = None if rec is None else encode(rec)
         for nid, nf in self.nodes.items():
-            out[node_path(nid)] = None if nf is None else encode(nf)
+            out[node_path(nid)] = None if nf is None else self.node_bytes(nid, nf)
         return out
+
+    def node_bytes(self, nid: str, nf: NodeFile) -> bytes:
+        """`encode(nf)`, once per record object (records are never changed in place)."""
+        got = self._encoded.get(nid)
+        if got is not None and got[0] is nf:
+            return got[1]
+        data = encode(nf)
+        self._encoded[nid] = (nf, data)
+        return data
 
 
 class Ledger:

@@ -301,18 +301,19 @@ class Broker:
         for node_id, nf in nodes.items():
             self._kv_put(node_id, nf)
 
-    def _kv_put(self, node_id: str, nf: NodeFile | None) -> None:
-        """Mirror one node.json into the KV bucket. A KV put is a publish on the bucket's
-        subject; it goes through the outbox like everything else (no per-put round trip —
-        the mirror is re-published in full at every broker start)."""
+    def _kv_put(self, node_id: str, nf: NodeFile | None, data: bytes | None = None) -> None:
+        """Mirror one node.json into the KV bucket (`data`: its bytes, when already encoded).
+        A KV put is a publish on the bucket's subject; it goes through the outbox like
+        everything else (no per-put round trip — the mirror is re-published in full at every
+        broker start)."""
         if self._kv is None:
             return
         self.publish_raw(f"$KV.{subjects.NODES_BUCKET}.{node_id}",
-                         encode(nf or NodeFile(node_id=node_id)))
+                         data or encode(nf or NodeFile(node_id=node_id)))
 
     def _mirror(self, change: Change, sha: str) -> None:
         for node_id, nf in change.nodes.items():
-            self._kv_put(node_id, nf)
+            self._kv_put(node_id, nf, None if nf is None else change.node_bytes(node_id, nf))
 
     # -- inbound -------------------------------------------------------------------------
     async def _on_heartbeat(self, msg: Msg) -> None:

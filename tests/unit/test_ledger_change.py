@@ -1,0 +1,22 @@
+"""A change encodes each node.json once: git and the KV mirror get the same bytes, and a
+node file replaced in the change (records are never changed in place) is encoded anew."""
+
+from __future__ import annotations
+
+from broker.ledger import Change, encode, node_path
+from shared.records import Assignment, NodeFile
+
+
+def test_node_bytes_are_encoded_once_per_record_and_anew_for_a_new_one() -> None:
+    change = Change()
+    first = NodeFile(node_id="a")
+    change.nodes["a"] = first
+    files = change.files()
+    assert files[node_path("a")] == encode(first)
+    assert change.node_bytes("a", first) is files[node_path("a")]  # not encoded again
+    second = NodeFile(node_id="a", instances={"i1": Assignment(instance_id="i1", auction_id="x")})
+    change.nodes["a"] = second
+    again = change.files()[node_path("a")]
+    assert again == encode(second) and again != encode(first)
+    change.nodes["b"] = None
+    assert change.files()[node_path("b")] is None
