@@ -5,12 +5,20 @@ written on a thread steals the event loop's core. A single writer process gets t
 core; it receives encoded files, writes blobs, trees and the commit, and moves the ref by
 compare-and-swap exactly as `Ledger.write` does (it *is* `Ledger.write_files`, in the
 child). Errors (`Conflict`, `Pinned`, `LedgerError`) come back as themselves.
+
+The writer dies with its broker: a broker killed outright (kill -9, the OOM killer) never
+tells it to stop, and it would wait on its call queue for ever. It checks once a second
+that its parent is the one that started it, and exits between commits - never in one, so no
+ref lock is left behind.
 """
 
 from __future__ import annotations
 
 import logging
 import multiprocessing
+import os
+import threading
+import time
 from collections.abc import Mapping
 from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
 from pathlib import Path
@@ -22,19 +30,34 @@ from broker.ledger import Ledger
 __all__ = ["commit_files", "make_executor"]
 
 _ledgers: dict[tuple[str, str], Ledger] = {}
+_committing = threading.Lock()
 log = logging.getLogger("gavel.broker")
+#: How often the writer checks that its broker is still there.
+ORPHAN_CHECK_S = 1.0
 
 
 def commit_files(path: str, ref: str, files: Mapping[str, bytes | None], message: str,
                  planned_on: str | None) -> str:
     """Runs in the writer: one cached `Ledger` per repository."""
-    ledger = _ledgers.get((path, ref))
-    if ledger is None:
-        # The writer only inserts ids of objects it has just written itself: libgit2's
-        # check that each exists is a lookup per entry we can skip (~15% of a commit).
-        pygit2.settings.enable_strict_object_creation(False)
-        ledger = _ledgers[(path, ref)] = Ledger(Path(path), ref)
-    return ledger.write_files(files, message, planned_on)
+    with _committing:
+        ledger = _ledgers.get((path, ref))
+        if ledger is None:
+            # The writer only inserts ids of objects it has just written itself: libgit2's
+            # check that each exists is a lookup per entry we can skip (~15% of a commit).
+            pygit2.settings.enable_strict_object_creation(False)
+            ledger = _ledgers[(path, ref)] = Ledger(Path(path), ref)
+        return ledger.write_files(files, message, planned_on)
+
+
+def _writer_started(parent: int) -> None:
+    """The writer process's initializer: leave when the broker that started it is gone."""
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(ORPHAN_CHECK_S)
+        with _committing:  # the commit in hand, if any, finishes first
+            os._exit(0)
+
+    threading.Thread(target=watch, name="gavel-orphan-check", daemon=True).start()
 
 
 def _warm() -> None:
@@ -45,7 +68,8 @@ def make_executor(kind: str) -> Executor:
     if kind == "process":
         try:
             pool = ProcessPoolExecutor(max_workers=1,
-                                       mp_context=multiprocessing.get_context("spawn"))
+                                       mp_context=multiprocessing.get_context("spawn"),
+                                       initializer=_writer_started, initargs=(os.getpid(),))
             pool.submit(_warm)
             return pool
         except OSError as exc:  # no POSIX semaphores here (a container without /dev/shm)

@@ -54,3 +54,42 @@ def test_tune_gc_is_the_process_owners_choice(tmp_path: Path) -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True, timeout=60)
     assert out.stdout.strip() == "(50000, 20, 10) True"
+
+
+def test_the_writer_process_leaves_when_its_broker_is_killed(tmp_path: Path) -> None:
+    """A broker killed outright never stops its writer; the writer notices and exits."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import psutil
+
+    code = ("import os, sys; from broker import gitwriter; from broker.ledger import encode; "
+            "from shared.records import NodeFile; "
+            "pool = gitwriter.make_executor('process'); "
+            f"pool.submit(gitwriter.commit_files, {str(tmp_path / 'state.git')!r}, "
+            "'refs/heads/main', {'nodes/a/node.json': encode(NodeFile(node_id='a'))}, 'm', "
+            "None).result(); "
+            "print(pool.submit(os.getpid).result(), flush=True); "
+            "os.kill(os.getpid(), 9)")
+    out = tmp_path / "out"  # a file, not a pipe: a writer left behind would hold a pipe open
+    with out.open("w") as f:
+        proc = subprocess.run([sys.executable, "-c", code], stdout=f, stderr=subprocess.STDOUT,
+                              timeout=60, check=False)
+    assert proc.returncode == -signal.SIGKILL, out.read_text()
+    writer = int(out.read_text().strip())
+
+    def gone() -> bool:
+        try:
+            return bool(psutil.Process(writer).status() == psutil.STATUS_ZOMBIE)
+        except psutil.NoSuchProcess:
+            return True
+
+    deadline = time.monotonic() + 15
+    while not gone() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    if not gone():
+        os.kill(writer, signal.SIGKILL)
+        raise AssertionError("the writer outlived its broker")
