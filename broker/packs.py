@@ -7,9 +7,14 @@ holds them all in two files, so a big commit writes `.pack` then `.idx` (readers
 by its index, so they never see half of one); a small one stays loose.
 
 One pack per big commit would leave thousands of packs, and every lookup that misses walks
-their indexes; so once more than `MAX_SMALL_PACKS` packs of fewer than `BIG_PACK` objects
-exist, they are merged into one and removed. Packs someone else made with companions we do
-not write (`.keep`, `.bitmap`, `.rev`, `.promisor`, `.mtimes`) are never touched. A reader
+their indexes; merging all of them whenever there are a few more would copy every object
+again and again (quadratic: at a steady few hundred placements a second, merging became
+half the writer's time). So packs of fewer than `BIG_PACK` objects are kept in a geometric
+progression, as `git repack --geometric=2` does: sorted by size, each holds at least
+`FACTOR` times the objects of all smaller ones together. A new pack that breaks it is merged
+with every smaller pack, so there are O(log n) packs and an object is copied O(log n)
+times. Packs someone else made with companions we do not write (`.keep`, `.bitmap`, `.rev`,
+`.promisor`, `.mtimes`) are never touched. A reader
 holding the old pack list may then miss an object it expected: `Ledger` re-opens the
 repository and reads again (git's own readers do the same on a vanished pack).
 
@@ -29,10 +34,11 @@ from pathlib import Path
 
 __all__ = [
     "BIG_PACK",
+    "FACTOR",
     "LEVEL",
-    "MAX_SMALL_PACKS",
     "PACK_MIN",
     "merge_small_packs",
+    "merge_split",
     "object_ids",
     "put_file",
     "write_pack",
@@ -40,9 +46,10 @@ __all__ = [
 
 #: Fewer new objects than this stay loose (a quiet cluster's one-placement commits).
 PACK_MIN = 32
-#: Packs with fewer objects than this are merged once there are more than MAX_SMALL_PACKS.
+#: Packs with at least this many objects are never merged again (one merge's cost is bounded).
 BIG_PACK = 50_000
-MAX_SMALL_PACKS = 16
+#: Each smaller pack, by size, holds at least this many times all smaller ones together.
+FACTOR = 2
 _TYPES = {b"commit": 1, b"tree": 2, b"blob": 3, b"tag": 4}
 _FOREIGN = (".keep", ".bitmap", ".rev", ".promisor", ".mtimes")
 #: Speed over size: level 1 keeps a 2 KB node.json at a few microseconds; `git gc`
@@ -176,7 +183,8 @@ def _records(idx: Path, read: Callable[[bytes], tuple[bytes, bytes]]
             yield raw, *_record(*read(raw))
 
 
-def _ours_to_merge(pack_dir: Path) -> list[Path]:
+def _ours_to_merge(pack_dir: Path) -> list[tuple[int, Path]]:
+    """Our packs of fewer than BIG_PACK objects, as (objects, index), smallest first."""
     out = []
     for idx in sorted(pack_dir.glob("pack-*.idx")):
         stem = idx.with_suffix("")
@@ -189,18 +197,32 @@ def _ours_to_merge(pack_dir: Path) -> list[Path]:
         except (OSError, ValueError, struct.error):
             continue
         if count < BIG_PACK:
-            out.append(idx)
+            out.append((count, idx))
+    out.sort()
     return out
+
+
+def merge_split(counts: list[int]) -> int:
+    """How many of the smallest packs (`counts` ascending) to merge so that every pack left
+    holds at least FACTOR times all smaller ones together; 0 or 1 means none."""
+    k = total = 0
+    for j, count in enumerate(counts):
+        if count < FACTOR * total:
+            k = j + 1  # this pack breaks the progression: it and all smaller ones merge
+        total += count
+    return k
 
 
 def merge_small_packs(pack_dir: Path,
                       read: Callable[[bytes], tuple[bytes, bytes]]) -> int:
-    """If more than MAX_SMALL_PACKS small packs exist, write their objects (fetched with
-    `read(raw id) -> (kind, body)`) into one new pack and remove them; how many were
-    removed (0 when there was nothing to do)."""
-    small = _ours_to_merge(pack_dir)
-    if len(small) <= MAX_SMALL_PACKS:
+    """Restore the geometric progression: write the objects of the smallest packs that
+    break it (fetched with `read(raw id) -> (kind, body)` where a pack holds a delta) into
+    one new pack and remove them; how many were removed (0 when nothing breaks it)."""
+    ours = _ours_to_merge(pack_dir)
+    k = merge_split([count for count, _ in ours])
+    if k < 2:
         return 0
+    small = [idx for _, idx in ours[:k]]
     merged = _write_records(pack_dir, (rec for idx in small for rec in _records(idx, read)))
     removed = 0
     for idx in small:

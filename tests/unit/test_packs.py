@@ -72,13 +72,16 @@ def test_small_packs_are_merged_and_a_stale_reader_still_reads(tmp_path: Path) -
     reader = Ledger(tmp_path / "state.git")
     assert reader.state().head == head  # lists the packs as they are now
     counts = []
-    for v in range(1, packs.MAX_SMALL_PACKS + 1):
+    for v in range(1, 17):
         head = writer.write_files(node_files(40, v), f"v{v}", head)
-        counts.append(len(list(pack_dir.glob("pack-*.idx"))))
-    assert max(counts) == packs.MAX_SMALL_PACKS + 1  # ours plus the kept one, then merged
-    assert counts[-1] == 2, counts  # the merged pack and the kept one
+        counts.append(len(list(pack_dir.glob("pack-*.idx"))) - 1)  # ours, not the kept one
+    # 17 commits of 81 new objects each: a geometric progression holds at most
+    # log2(17) + 1 packs at any time, never one per commit.
+    assert max(counts) <= 5, counts
+    ours = sorted(packs._count(i) for i in pack_dir.glob("pack-*.idx") if i != kept)
+    assert packs.merge_split(ours) < 2  # the progression holds
     assert kept.exists() and kept.with_suffix(".pack").exists()
-    # The reader's handle predates the merge; it reads the new head all the same.
+    # The reader's handle predates the merges; it reads the new head all the same.
     st = reader.state()
     assert st.head == head
     assert len(st.nodes) == 40
@@ -86,6 +89,32 @@ def test_small_packs_are_merged_and_a_stale_reader_still_reads(tmp_path: Path) -
     git(tmp_path / "state.git", "fsck", "--strict", "--full")
     # Every commit is still whole: the first one's files are still there.
     assert len(git(tmp_path / "state.git", "ls-tree", "-r", "HEAD~16").splitlines()) == 40
+
+
+@pytest.mark.parametrize(("counts", "k"), [
+    ([], 0), ([50], 0), ([50, 50], 2), ([50, 100], 0), ([50, 50, 100], 3),
+    ([10, 40, 100], 0), ([10, 15, 100], 2), ([5, 10, 30, 31], 4),
+])
+def test_the_merge_split_restores_the_geometric_progression(counts: list[int], k: int) -> None:
+    assert packs.merge_split(counts) == k
+
+
+def test_steady_small_commits_copy_each_object_a_logarithmic_number_of_times() -> None:
+    """What merging all packs past a count did was quadratic; this must stay n log n."""
+    sizes: list[int] = []
+    copied = 0
+    n, size = 2000, 50
+    for _ in range(n):
+        sizes.append(size)
+        sizes.sort()
+        k = packs.merge_split(sizes)
+        if k >= 2:
+            merged = sum(sizes[:k])
+            copied += merged
+            sizes = sorted([merged, *sizes[k:]])
+        assert packs.merge_split(sizes) < 2
+        assert len(sizes) <= 12  # log2(2000) + 1
+    assert copied <= n * size * 12, copied
 
 
 def test_a_read_that_fails_is_retried_once_on_a_fresh_handle(tmp_path: Path) -> None:
@@ -124,10 +153,11 @@ def test_merging_a_git_made_pack_with_deltas_inflates_them(tmp_path: Path) -> No
     pack_dir = repo_dir / "objects" / "pack"
     assert "chain length" in git(repo_dir, "verify-pack", "-v",
                                  str(next(pack_dir.glob("pack-*.idx"))))  # it has deltas
-    for i in range(packs.MAX_SMALL_PACKS):
+    (git_made,) = pack_dir.glob("pack-*.idx")
+    for i in range(2 * packs._count(git_made)):  # bigger than git's pack: all must merge
         body = b"filler %d" % i
         packs.write_pack(pack_dir, [(object_id(b"blob", body), b"blob", body)])
-    assert packs.merge_small_packs(pack_dir, ledger._raw_object) == packs.MAX_SMALL_PACKS + 1
+    assert packs.merge_small_packs(pack_dir, ledger._raw_object) >= 2
     (merged,) = pack_dir.glob("pack-*.idx")
     assert "chain length" not in git(repo_dir, "verify-pack", "-v", str(merged))
     git(repo_dir, "fsck", "--strict", "--full")
