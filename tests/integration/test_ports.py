@@ -79,7 +79,9 @@ async def test_hundreds_of_instances_never_share_a_port(cluster: Cluster) -> Non
 
     spec = Spec(name="light", command=["sleep", "60"], cpu=0.01, memory_mb=1, ports=PORTS)
     outside = {node: [first + 5, first + 60] for node, (first, _) in ranges.items()}
-    with contextlib.ExitStack() as stack:  # a few ports taken outside gavel, mid-range
+    # A few ports taken outside gavel, mid-range, and kept taken to the end: once one
+    # binds again the node reports it free and the broker unblocks it (another test).
+    with contextlib.ExitStack() as stack:
         for ports in outside.values():
             for port in ports:
                 stack.enter_context(listening(port))
@@ -88,44 +90,44 @@ async def test_hundreds_of_instances_never_share_a_port(cluster: Cluster) -> Non
         assert len(ids) == 200
         await wait_for(lambda: all_running(), 40, what="200 instances running")
 
+        def recorded() -> bool:  # node.json holds the ports every process really got
+            nodes = cluster.ledger().state().nodes
+            return all({i: pl.ports for i, pl in nodes[n].instances.items()}
+                       == {r.instance_id: r.ports for r in a.instances()}
+                       for n, a in agents.items())
+        await wait_for(recorded, 15, what="node.json records the real ports")
 
-    def recorded() -> bool:  # node.json holds the ports every process really got
+        # The batch was decided before anyone knew of the taken ports, so a node given its
+        # whole range hands the last instance back (retryable, placed elsewhere); nothing else
+        # moves.
+        lines = [line for c in cluster.ledger().history() for line in c.message.split("\n")]
+        requeues = [line for line in lines if line.startswith("requeue ")]
+        assert all(line.endswith(f": {Reason.NO_ROOM_PORTS}") for line in requeues), requeues
+        # At most one port change per taken port: a replacement never pushes other
+        # instances around (a taken port no instance reached needs none — how far each
+        # node's range fills depends on how the batch spread).
+        changes = sum(line.startswith("ports of ") for line in lines)
+        assert 1 <= changes <= sum(len(p) for p in outside.values()), changes
         nodes = cluster.ledger().state().nodes
-        return all({i: pl.ports for i, pl in nodes[n].instances.items()}
-                   == {r.instance_id: r.ports for r in a.instances()}
-                   for n, a in agents.items())
-    await wait_for(recorded, 15, what="node.json records the real ports")
-
-    # The batch was decided before anyone knew of the taken ports, so a node given its whole
-    # range hands the last instance back (retryable, placed elsewhere); nothing else moves.
-    lines = [line for c in cluster.ledger().history() for line in c.message.split("\n")]
-    requeues = [line for line in lines if line.startswith("requeue ")]
-    assert all(line.endswith(f": {Reason.NO_ROOM_PORTS}") for line in requeues), requeues
-    # At most one port change per taken port: a replacement never pushes other instances
-    # around (a taken port no instance reached needs none — how far each node's range fills
-    # depends on how the batch spread).
-    changes = sum(line.startswith("ports of ") for line in lines)
-    assert 1 <= changes <= sum(len(p) for p in outside.values()), changes
-    nodes = cluster.ledger().state().nodes
-    placed = [i for n in agents for i in nodes[n].instances]
-    assert sorted(placed) == sorted(ids), "every instance on exactly one node"
-    for node, agent in agents.items():
-        first, last = ranges[node]
-        in_git = [p for pl in nodes[node].instances.values() for p in pl.ports.values()]
-        assert len(in_git) == len(set(in_git)), f"overlapping ports in {node}'s node.json"
-        assert all(first <= p <= last for p in in_git)
-        assert not set(in_git) & set(outside[node])
-        assert set(nodes[node].blocked_ports) == set(outside[node])
-        really = {r.instance_id: proc_ports(r.pid) for r in agent.instances()}
-        got = [p for ports in really.values() for p in ports.values()]
-        assert len(got) == len(set(got)), f"two processes on {node} got the same port"
-        assert really == {i: pl.ports for i, pl in nodes[node].instances.items()}
-    await wait_for(lambda: all(len(heartbeats.get(n, Heartbeat(node_id=n)).instances)
-                               == len(nodes[n].instances) for n in agents),
-                   TIMING.heartbeat_s * 3, what="heartbeats list every instance")
-    for node, hb in heartbeats.items():
-        reported = [p for r in hb.instances for p in r.ports.values()]
-        assert len(reported) == len(set(reported)) == 3 * len(nodes[node].instances)
+        placed = [i for n in agents for i in nodes[n].instances]
+        assert sorted(placed) == sorted(ids), "every instance on exactly one node"
+        for node, agent in agents.items():
+            first, last = ranges[node]
+            in_git = [p for pl in nodes[node].instances.values() for p in pl.ports.values()]
+            assert len(in_git) == len(set(in_git)), f"overlapping ports in {node}'s node.json"
+            assert all(first <= p <= last for p in in_git)
+            assert not set(in_git) & set(outside[node])
+            assert set(nodes[node].blocked_ports) == set(outside[node])
+            really = {r.instance_id: proc_ports(r.pid) for r in agent.instances()}
+            got = [p for ports in really.values() for p in ports.values()]
+            assert len(got) == len(set(got)), f"two processes on {node} got the same port"
+            assert really == {i: pl.ports for i, pl in nodes[node].instances.items()}
+        await wait_for(lambda: all(len(heartbeats.get(n, Heartbeat(node_id=n)).instances)
+                                   == len(nodes[n].instances) for n in agents),
+                       TIMING.heartbeat_s * 3, what="heartbeats list every instance")
+        for node, hb in heartbeats.items():
+            reported = [p for r in hb.instances for p in r.ports.values()]
+            assert len(reported) == len(set(reported)) == 3 * len(nodes[node].instances)
 
 
 async def test_a_port_taken_outside_gavel_is_replaced_and_blocked(cluster: Cluster) -> None:
