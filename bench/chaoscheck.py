@@ -25,6 +25,7 @@ import pygit2
 from broker.ledger import State
 from shared.lifecycle import PENDING
 from shared.messages import InstanceState
+from shared.records import instance_path
 from worker.localstate import AgentFile, process_alive
 
 __all__ = [
@@ -209,7 +210,7 @@ def verify(state: State, submitted: Mapping[str, bool], accepted: Iterable[str],
             v.errors.append(f"{iid}: the broker never accepted the submission")
         elif rec is None:
             v.lost.append(iid)
-            v.errors.append(f"{iid}: accepted, but instances/{iid}.json is not in git")
+            v.errors.append(f"{iid}: accepted, but {instance_path(iid)} is not in git")
         elif len(held) > 1:
             v.duplicated.append(iid)
             v.errors.append(f"{iid}: placed in {len(held)} node.json files: {held}")

@@ -108,7 +108,7 @@ class Committer:
                 return
             message = _message(planned)
             started = time.perf_counter()
-            files = view.change.files()
+            files = view.change.files(state.flat)
             self.ledger.writing = True
             try:
                 if isinstance(self._pool, ProcessPoolExecutor):

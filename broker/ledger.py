@@ -30,7 +30,15 @@ from broker.objects import Batch, Entries, ObjectStore, Trees
 from broker.packs import merge_small_packs
 from shared.lifecycle import PENDING
 from shared.messages import Capacity, InstanceState
-from shared.records import Assignment, AuctionRecord, InstanceRecord, NodeFile, parse_trailers
+from shared.records import (
+    Assignment,
+    AuctionRecord,
+    InstanceRecord,
+    NodeFile,
+    instance_path,
+    node_path,
+    parse_trailers,
+)
 
 __all__ = ["Change", "Conflict", "Ledger", "LedgerError", "Pinned", "State"]
 
@@ -59,14 +67,6 @@ class Pinned(LedgerError):
     """The active ref is a tag or a commit: nothing may be written."""
 
 
-def instance_path(instance_id: str) -> str:
-    return f"instances/{instance_id}.json"
-
-
-def node_path(node_id: str) -> str:
-    return f"nodes/{node_id}/node.json"
-
-
 def encode(obj: object) -> bytes:
     """Pretty JSON with sorted keys: readable in `git show`, stable across runs."""
     return msgspec.json.format(_enc.encode(obj), indent=2) + b"\n"
@@ -88,6 +88,9 @@ class State:
     where: dict[str, str] = field(default_factory=dict)
     pending: dict[str, None] = field(default_factory=dict)  # an ordered set, oldest first
     committed: dict[str, Capacity] = field(default_factory=dict)
+    #: Records read where an operator put them by hand (``instances/<id>.json``), by id:
+    #: the broker's next write of each moves it into its shard.
+    flat: dict[str, str] = field(default_factory=dict)
 
     def put_instance(self, iid: str, rec: InstanceRecord | None) -> None:
         if rec is None:
@@ -158,10 +161,14 @@ class Change:
     _encoded: dict[str, tuple[NodeFile, bytes]] = field(default_factory=dict, repr=False,
                                                          compare=False)
 
-    def files(self) -> dict[str, bytes | None]:
+    def files(self, flat: Mapping[str, str] | None = None) -> dict[str, bytes | None]:
+        """Paths to write (bytes) or delete (None); `flat`: records the state read at a
+        hand-made flat path, removed there as they are written to their shard."""
         out: dict[str, bytes | None] = {}
         for iid, rec in self.instances.items():
             out[instance_path(iid)] = None if rec is None else encode(rec)
+            if flat and iid in flat:
+                out[flat[iid]] = None
         for nid, nf in self.nodes.items():
             out[node_path(nid)] = None if nf is None else self.node_bytes(nid, nf)
         return out
@@ -286,10 +293,20 @@ class Ledger:
             return st
         tree = self.repo[head].peel(pygit2.Tree)
         if "instances" in tree:
+            shards = []
             for entry in self._tree(tree["instances"].id):
-                if entry.name is not None and entry.name.endswith(".json"):
+                name = entry.name or ""
+                if name.endswith(".json") and entry.type_str == "blob":  # put there by hand
                     rec = _instance_dec.decode(self._data(entry.id))
                     st.put_instance(rec.instance_id, rec)
+                    st.flat[rec.instance_id] = f"instances/{name}"
+                elif entry.type_str == "tree":
+                    shards.append(entry.id)
+            for shard in shards:  # after the flat ones: the broker's own write wins
+                for entry in self._tree(shard):
+                    if (entry.name or "").endswith(".json") and entry.type_str == "blob":
+                        rec = _instance_dec.decode(self._data(entry.id))
+                        st.put_instance(rec.instance_id, rec)
         if "nodes" in tree:
             for entry in self._tree(tree["nodes"].id):
                 sub = self.repo[entry.id]
@@ -353,8 +370,9 @@ class Ledger:
     def write(self, change: Change, message: str, planned_on: str | None) -> str:
         """Commit `change` on top of `planned_on` and move the branch by compare-and-swap.
 
-        Safe to call from a worker thread: it does not touch the cached `State`."""
-        return self.write_files(change.files(), message, planned_on)
+        Safe to call from a worker thread: it only looks up the cached `State`'s hand-made
+        flat records (to move those it writes into their shards)."""
+        return self.write_files(change.files(self._state.flat), message, planned_on)
 
     def write_files(self, files: Mapping[str, bytes | None], message: str,
                     planned_on: str | None) -> str:
@@ -381,6 +399,7 @@ class Ledger:
         st.head = sha
         for iid, rec in change.instances.items():
             st.put_instance(iid, rec)
+            st.flat.pop(iid, None)  # `files` moved it into its shard
         for nid, nf in change.nodes.items():
             st.put_node(nid, nf)
 

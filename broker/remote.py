@@ -43,7 +43,8 @@ __all__ = ["PushError", "Pusher"]
 
 log = logging.getLogger("gavel.remote")
 _SIGNATURE = ("gavel-broker", "broker@gavel.local")
-_INSTANCE = re.compile(r"^instances/(?P<id>[^/]+)\.json$")
+#: A record in its shard, or put flat by hand (`shared.records.instance_path`).
+_INSTANCE = re.compile(r"^instances/(?:[0-9a-f]{2}/)?(?P<id>[^/]+)\.json$")
 _NODE = re.compile(r"^nodes/(?P<id>[^/]+)/node\.json$")
 _instance_dec = msgspec.json.Decoder(InstanceRecord)
 _node_dec = msgspec.json.Decoder(NodeFile)

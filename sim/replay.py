@@ -32,7 +32,15 @@ from pygit2.enums import SortMode
 from shared.feasibility import NodeView
 from shared.messages import Bid, Capacity, Decline, Request
 from shared.reasons import Reason
-from shared.records import AuctionRecord, InstanceRecord, NodeFile, parse_trailers
+from shared.records import (
+    AuctionRecord,
+    InstanceRecord,
+    NodeFile,
+    flat_instance_path,
+    instance_path,
+    node_path,
+    parse_trailers,
+)
 from shared.strategies import Strategy, answer, make_strategy
 from sim.rounds import Answer, run_round, winner_of
 
@@ -150,7 +158,9 @@ def _blob(repo: pygit2.Repository, tree: pygit2.Tree, path: str) -> bytes | None
 
 
 def _request(repo: pygit2.Repository, tree: pygit2.Tree, instance_id: str) -> Request | None:
-    raw = _blob(repo, tree, f"instances/{instance_id}.json")
+    raw = _blob(repo, tree, instance_path(instance_id))
+    if raw is None:
+        raw = _blob(repo, tree, flat_instance_path(instance_id))
     if raw is None:
         return None
     try:
@@ -160,7 +170,7 @@ def _request(repo: pygit2.Repository, tree: pygit2.Tree, instance_id: str) -> Re
 
 
 def _committed(repo: pygit2.Repository, tree: pygit2.Tree | None, node_id: str) -> Capacity:
-    raw = _blob(repo, tree, f"nodes/{node_id}/node.json") if tree is not None else None
+    raw = _blob(repo, tree, node_path(node_id)) if tree is not None else None
     used = Capacity()
     if raw is not None:
         for placement in _node.decode(raw).instances.values():

@@ -22,7 +22,7 @@ from broker.ledger import Change, Ledger, encode
 from broker.natsserver import free_port
 from broker.remote import Pusher, PushError
 from shared.messages import Spec
-from shared.records import Assignment, InstanceRecord, NodeFile
+from shared.records import Assignment, InstanceRecord, NodeFile, instance_path
 
 pytestmark = pytest.mark.integration
 SIG = pygit2.Signature("someone else", "else@example.com")
@@ -117,13 +117,17 @@ def test_their_broken_file_is_left_out(setup: tuple[Ledger, pygit2.Repository, s
     pusher = Pusher(ledger.path, REF, url)
     pusher.sync()
     someone_else_commits(remote, {"instances/bad.json": b"{not json",
-                                  "instances/good.json": encode(record("good"))})
+                                  "instances/good.json": encode(record("good")),
+                                  instance_path("sharded"): b"{broken too",
+                                  instance_path("fine"): encode(record("fine"))})
     place(ledger, "i2", "n2")
     pusher.sync()
-    st = ledger.state()  # reads fine: the broken file never entered our tree
-    assert "good" in st.instances and "bad" not in st.instances
+    st = ledger.state()  # reads fine: the broken files never entered our tree
+    assert {"good", "fine"} <= set(st.instances)
+    assert "bad" not in st.instances and "sharded" not in st.instances
     head = remote[remote.references[REF].target].peel(pygit2.Commit)
     assert "Gavel-Merge-Ignored: instances/bad.json" in head.message
+    assert f"Gavel-Merge-Ignored: {instance_path('sharded')}" in head.message  # checked too
 
 
 def test_unreachable_remote_is_an_error_not_a_merge(tmp_path: Path) -> None:

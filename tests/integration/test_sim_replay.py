@@ -19,6 +19,8 @@ from shared.records import (
     InstanceRecord,
     NodeFile,
     auction_trailer,
+    flat_instance_path,
+    instance_path,
 )
 from sim.cli import add_arguments, run
 
@@ -64,7 +66,9 @@ def _build_state(root: Path) -> Path:
     ]
     for i, (iid, cpu, bids, declines, winner) in enumerate(rounds):
         spec = _spec(iid, cpu, 512)
-        files[f"instances/{iid}.json"] = msgspec.json.encode(
+        # The broker's layout (its shard), except one record put flat by hand.
+        path = flat_instance_path(iid) if iid == "web-2" else instance_path(iid)
+        files[path] = msgspec.json.encode(
             InstanceRecord(instance_id=iid, spec=spec, node_id=winner))
         nodes[winner].instances[iid] = Assignment(instance_id=iid, auction_id=f"a{i}",
                                                   cpu=spec.cpu, memory_mb=spec.memory_mb)

@@ -3,8 +3,8 @@ node file replaced in the change (records are never changed in place) is encoded
 
 from __future__ import annotations
 
-from broker.ledger import Change, encode, node_path
-from shared.records import Assignment, NodeFile
+from broker.ledger import Change, encode
+from shared.records import Assignment, NodeFile, node_path
 
 
 def test_node_bytes_are_encoded_once_per_record_and_anew_for_a_new_one() -> None:
