@@ -26,7 +26,7 @@ from typing import TypeVar
 import msgspec
 import pygit2
 
-from broker.objects import Batch, Entries, ObjectStore, Trees
+from broker.objects import Batch, Entries, ObjectStore, Trees, git_order
 from broker.packs import merge_small_packs
 from shared.lifecycle import PENDING
 from shared.messages import Capacity, InstanceState
@@ -447,4 +447,5 @@ class Ledger:
         obj = self.repo[pygit2.Oid(raw=raw)]
         if not isinstance(obj, pygit2.Tree):
             return None
-        return {e.raw_name or b"": (b"%o" % e.filemode, e.id.raw) for e in obj}
+        # In git's order, whoever wrote it: `Trees` keeps that order and sorts only news.
+        return git_order({e.raw_name or b"": (b"%o" % e.filemode, e.id.raw) for e in obj})

@@ -27,8 +27,8 @@ from pathlib import Path
 
 from broker.packs import LEVEL, PACK_MIN, put_file, write_pack
 
-__all__ = ["BLOB", "TREE", "Batch", "Entries", "ObjectStore", "Trees", "object_id",
-           "tree_body"]
+__all__ = ["BLOB", "TREE", "Batch", "Entries", "ObjectStore", "Trees", "git_order",
+           "object_id", "tree_body"]
 
 #: A tree's entries: ``{name: (mode, raw 20-byte id)}``.
 Entries = dict[bytes, tuple[bytes, bytes]]
@@ -43,14 +43,20 @@ def object_id(kind: bytes, body: bytes) -> bytes:
     return h.digest()
 
 
-def tree_body(entries: Mapping[bytes, tuple[bytes, bytes]]) -> bytes:
-    """A tree object's body from ``{name: (mode, raw 20-byte id)}``, in git's order (a
-    directory sorts as if its name ended in "/")."""
+def git_order(entries: Mapping[bytes, tuple[bytes, bytes]]) -> Entries:
+    """`entries` re-inserted in git's order (a directory sorts as if its name ended in "/")."""
     def key(name: bytes) -> bytes:
         return name + b"/" if entries[name][0] == TREE else name
 
-    return b"".join(entries[n][0] + b" " + n + b"\0" + entries[n][1]
-                    for n in sorted(entries, key=key))
+    return {n: entries[n] for n in sorted(entries, key=key)}
+
+
+def tree_body(entries: Mapping[bytes, tuple[bytes, bytes]], ordered: bool = False) -> bytes:
+    """A tree object's body from ``{name: (mode, raw 20-byte id)}``, in git's order;
+    `ordered`: the mapping already iterates in that order (no sort)."""
+    if not ordered:
+        entries = git_order(entries)
+    return b"".join([mode + b" " + n + b"\0" + raw for n, (mode, raw) in entries.items()])
 
 
 class Batch:
@@ -65,8 +71,9 @@ class Batch:
         self.objects.setdefault(raw, (b"blob", body))
         return raw
 
-    def tree(self, entries: Mapping[bytes, tuple[bytes, bytes]]) -> bytes:
-        body = tree_body(entries)
+    def tree(self, entries: Mapping[bytes, tuple[bytes, bytes]], ordered: bool = False
+             ) -> bytes:
+        body = tree_body(entries, ordered)
         raw = object_id(b"tree", body)
         self.objects.setdefault(raw, (b"tree", body))
         return raw
@@ -143,8 +150,13 @@ class Trees:
         is dropped from its parent and never stored (only an empty root is)."""
         base = self.entries(base_id) if base_id is not None else None
         entries: Entries = dict(base) if base is not None else {}
+        # Entries are kept in git's order (as git stores them, and as this writes them): a
+        # change to an existing name keeps its place, so only a new name needs a sort - a
+        # 10,000-node directory is not re-sorted on every commit.
+        moved = False  # a new name, or a name turned from file to directory or back
         for name, sub in changes.items():
             key = name.encode()
+            was = entries.get(key)
             if isinstance(sub, dict):
                 existing = entries.get(key)
                 sub_base = existing[1] if existing is not None and existing[0] == TREE else None
@@ -153,13 +165,17 @@ class Trees:
                     entries.pop(key, None)
                 else:
                     entries[key] = (TREE, tid)
+                    moved = moved or was is None or was[0] != TREE
             elif sub is None:
                 entries.pop(key, None)
             else:
                 assert isinstance(sub, bytes)
                 entries[key] = (BLOB, batch.blob(sub))
+                moved = moved or was is None or was[0] == TREE
         if not entries and not top:
             return b"", 0
-        tree_id = batch.tree(entries)
+        if moved:
+            entries = git_order(entries)
+        tree_id = batch.tree(entries, ordered=True)
         self._remember(tree_id, entries)
         return tree_id, len(entries)

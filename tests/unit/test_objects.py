@@ -9,9 +9,11 @@ from pathlib import Path
 
 import pygit2
 import pytest
+from hypothesis import example, given
+from hypothesis import strategies as st
 
 from broker.ledger import Ledger
-from broker.objects import BLOB, TREE, Batch, ObjectStore, Trees, tree_body
+from broker.objects import BLOB, TREE, Batch, ObjectStore, Trees, object_id, tree_body
 
 
 @pytest.fixture
@@ -94,3 +96,58 @@ def test_trees_written_are_not_read_back(repo: pygit2.Repository) -> None:
     assert len(reads) == 2  # the root and nodes/, not the untouched nodes/a
     again = Trees(read)
     assert again.write(root2, {"nodes": {"b": None}}, Batch())[0] == root3
+
+
+# Names that sort differently as files and as directories, so a name turning from one into
+# the other moves in its tree.
+_NAMES = ["a", "a.b", "a-", "a0", "Z", "b"]
+_changes = st.recursive(
+    st.one_of(st.none(), st.sampled_from([b"x", b"y"])),
+    lambda inner: st.dictionaries(st.sampled_from(_NAMES), inner, max_size=3),
+    max_leaves=8)
+
+
+def _scratch(files: dict[str, object]) -> bytes | None:
+    """The tree id of `files` built from nothing (every tree sorted anew), or None if
+    empty: the oracle for the incremental writer."""
+    entries: dict[bytes, tuple[bytes, bytes]] = {}
+    for name, sub in files.items():
+        if isinstance(sub, dict):
+            tid = _scratch(sub)
+            if tid is not None:
+                entries[name.encode()] = (TREE, tid)
+        else:
+            assert isinstance(sub, bytes)
+            entries[name.encode()] = (BLOB, object_id(b"blob", sub))
+    return object_id(b"tree", tree_body(entries)) if entries else None
+
+
+def _apply(files: dict[str, object], changes: dict[str, object]) -> None:
+    for name, sub in changes.items():
+        if isinstance(sub, dict):
+            cur = files.get(name)
+            nested: dict[str, object] = cur if isinstance(cur, dict) else {}
+            _apply(nested, sub)
+            if nested:
+                files[name] = nested
+            else:
+                files.pop(name, None)
+        elif sub is None:
+            files.pop(name, None)
+        else:
+            files[name] = sub
+
+
+@given(st.lists(st.dictionaries(st.sampled_from(_NAMES), _changes, max_size=4), max_size=8))
+@example([{"a": b"x", "a-": b"y", "a0": b"x"}, {"a": {"b": b"x"}}, {"a": b"y"}])  # file, dir
+def test_incremental_trees_equal_trees_built_from_nothing(
+        steps: list[dict[str, object]]) -> None:
+    """Trees keeps entries in git's order and sorts only when a name is new or changes
+    between file and directory; every tree it writes must be the one a full sort gives."""
+    trees = Trees(lambda raw: None)  # everything it bases on, it wrote itself
+    files: dict[str, object] = {}
+    root: bytes | None = None
+    for changes in steps:
+        root, _ = trees.write(root, changes, Batch())
+        _apply(files, changes)
+        assert root == (_scratch(files) or object_id(b"tree", b""))
