@@ -23,6 +23,7 @@ from typing import Any
 import msgspec
 import nats
 
+from broker import eventloop
 from shared import subjects
 from shared.feasibility import NodeView
 from shared.messages import (
@@ -143,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cpu", type=float, default=64.0)
     p.add_argument("--memory-mb", type=int, default=262_144)
     p.add_argument("--heartbeat-s", type=float, default=10.0)
-    asyncio.run(_serve(p.parse_args(argv)))
+    eventloop.run(_serve(p.parse_args(argv)))
     return 0
 
 

@@ -13,6 +13,7 @@ import signal
 import sys
 from pathlib import Path
 
+from broker import eventloop
 from broker.service import Broker, tune_gc
 from shared.timing import Timing
 
@@ -37,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
         await broker.run()
 
     tune_gc()
-    asyncio.run(run())
+    eventloop.run(run())
     return 0
 
 

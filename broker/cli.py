@@ -7,14 +7,13 @@ that cannot be reached exits 1 with a sentence naming the URL; no traceback reac
 from __future__ import annotations
 
 import argparse
-import asyncio
 import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 from types import ModuleType
 
-from broker import auth, commands, config, daemons, logs
+from broker import auth, commands, config, daemons, eventloop, logs
 from broker.config import DEFAULT_NATS
 from broker.parsers import port as _port
 from broker.parsers import positive_float, positive_int
@@ -162,7 +161,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             args.settings = daemons.settings(args)
             if args.check:
                 return daemons.check(args)
-        return asyncio.run(commands.dispatch(args))
+        try:
+            eventloop.choose(os.environ)
+        except ValueError as exc:
+            print(f"gavel {args.command}: {exc}", file=sys.stderr)
+            return 2
+        return eventloop.run(commands.dispatch(args))
     except (commands.UsageError, config.ConfigError) as exc:
         print(f"gavel {args.command}: {exc}", file=sys.stderr)
         return 2
