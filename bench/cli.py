@@ -35,6 +35,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="requests per auction at most (default 256)")
     p.add_argument("--max-auctions", type=_positive, default=16,
                    help="auctions in flight at once (default 16)")
+    p.add_argument("--rate", type=_positive, default=None,
+                   help="submit this many placements a second (default: as fast as taken)")
     p.add_argument("--idle-s", type=float, default=10.0,
                    help="seconds to measure one idle `gavel worker` (0 skips; default 10)")
     p.add_argument("--state", type=Path, default=None,
@@ -47,7 +49,8 @@ def run_cli(args: argparse.Namespace) -> int:
 
     opts = Options(agents=args.agents, placements=args.placements, mode=args.mode, d=args.d,
                    processes=args.processes, batch_max=args.batch_max,
-                   max_auctions=args.max_auctions, progress=not args.json, state=args.state,
+                   max_auctions=args.max_auctions, rate=float(args.rate or 0),
+                   progress=not args.json, state=args.state,
                    idle_s=args.idle_s)
     try:
         result = asyncio.run(run(opts))

@@ -46,6 +46,8 @@ class Options:
     batch_max: int = 256
     max_auctions: int = 16
     chunk: int = 1000
+    #: Submit at this many placements a second (open loop), or 0: as fast as taken.
+    rate: float = 0.0
     timeout_s: float = 600.0
     idle_s: float = 10.0
     progress: bool = True
@@ -70,6 +72,10 @@ class Result:
     broker_cpu_us_per_placement: float
     writer_cpu_us_per_placement: float
     agent_cpu_us_per_reply: float
+    nats_cpu_us_per_placement: float
+    #: Every process of the run (broker, writer, agents, nats-server, this driver) over
+    #: elapsed time and the machine's cores: how close to saturation the figures were taken.
+    machine_busy_pct: float
     nats_reqreply_per_s: float
     git_cli_commits_per_s: float
     idle_worker_cpu_pct: float
@@ -100,9 +106,9 @@ def _bar(done: int, total: int, started: float) -> None:
     sys.stderr.flush()
 
 
-def _cpu(proc: subprocess.Popen[bytes], children: bool = False) -> float:
+def _cpu(proc: subprocess.Popen[bytes] | int, children: bool = False) -> float:
     """CPU seconds a child has used so far (its threads; with `children`, only theirs)."""
-    p = psutil.Process(proc.pid)
+    p = psutil.Process(proc if isinstance(proc, int) else proc.pid)
     if not children:
         t = p.cpu_times()
         return float(t.user + t.system)
@@ -162,7 +168,9 @@ async def run(opts: Options) -> Result:
                 raise RuntimeError(f"an agent process failed to start; see {root / 'logs'}")
         nc = await connect(server.url)
         try:
-            return await _drive(nc, opts, root, broker, agent_procs, nats_rr, git_cli, idle)
+            assert server.proc is not None
+            return await _drive(nc, opts, root, broker, agent_procs, server.proc.pid, nats_rr,
+                                git_cli, idle)
         finally:
             await nc.close()
     finally:
@@ -178,7 +186,7 @@ async def run(opts: Options) -> Result:
 
 
 async def _drive(nc: Any, opts: Options, root: Path, broker: subprocess.Popen[bytes],
-                 agent_procs: list[subprocess.Popen[bytes]], nats_rr: float,
+                 agent_procs: list[subprocess.Popen[bytes]], nats_pid: int, nats_rr: float,
                  git_cli: float, idle: tuple[float, float]) -> Result:
     deadline = time.monotonic() + 60
     while True:
@@ -198,17 +206,23 @@ async def _drive(nc: Any, opts: Options, root: Path, broker: subprocess.Popen[by
     spec = Spec(name="noop", command=["true"], cpu=0.01, memory_mb=16)
     ids: list[str] = []
     cpu0 = _cpu(broker), sum(_cpu(p) for p in agent_procs), _cpu(broker, children=True)
+    nats0, self0 = _cpu(nats_pid), time.process_time()
     started = time.perf_counter()
-    sem = asyncio.Semaphore(4)
+    # Paced (`rate`): small chunks, each sent when its first placement is due, so the broker
+    # sees a steady arrival rate and the round times are those of that load.
+    chunk = max(1, round(opts.rate / 50)) if opts.rate else opts.chunk
+    sem = asyncio.Semaphore(64 if opts.rate else 4)
 
     async def submit(k: int, count: int) -> None:
+        if opts.rate:
+            await asyncio.sleep(max(0.0, started + k / opts.rate - time.perf_counter()))
         async with sem:
             reply = await call(nc, "submit", SubmitRequest(spec=spec, instance_id=f"b{k:07d}",
                                                            count=count), SubmitReply, timeout=60)
             ids.extend(reply.instance_ids or [reply.instance_id])
 
-    submitting = asyncio.gather(*(submit(k, min(opts.chunk, opts.placements - k))
-                                  for k in range(0, opts.placements, opts.chunk)))
+    submitting = asyncio.gather(*(submit(k, min(chunk, opts.placements - k))
+                                  for k in range(0, opts.placements, chunk)))
     base = stats.placed_now
     replies0 = stats.bids_received
     limit = time.monotonic() + opts.timeout_s
@@ -229,6 +243,8 @@ async def _drive(nc: Any, opts: Options, root: Path, broker: subprocess.Popen[by
     broker_cpu = _cpu(broker) - cpu0[0]
     writer_cpu = _cpu(broker, children=True) - cpu0[2]
     agent_cpu = sum(_cpu(p) for p in agent_procs) - cpu0[1]
+    nats_cpu = _cpu(nats_pid) - nats0
+    busy = broker_cpu + writer_cpu + agent_cpu + nats_cpu + time.process_time() - self0
     broker_rss = psutil.Process(broker.pid).memory_info().rss / 2**20
     agent_rss = sum(psutil.Process(p.pid).memory_info().rss for p in agent_procs) / 2**20
     verify(root, ids)
@@ -244,6 +260,8 @@ async def _drive(nc: Any, opts: Options, root: Path, broker: subprocess.Popen[by
         writer_cpu_us_per_placement=round(1e6 * writer_cpu / opts.placements, 1),
         agent_cpu_us_per_reply=round(
             1e6 * agent_cpu / max(1, stats.bids_received - replies0), 1),
+        nats_cpu_us_per_placement=round(1e6 * nats_cpu / opts.placements, 1),
+        machine_busy_pct=round(100 * busy / elapsed / (os.cpu_count() or 1), 1),
         nats_reqreply_per_s=round(nats_rr, 1), git_cli_commits_per_s=round(git_cli, 1),
         idle_worker_cpu_pct=round(idle[0], 2), idle_worker_rss_mb=round(idle[1], 1),
         ratio_to_nats_reqreply=round(rate / nats_rr, 3) if nats_rr else 0.0,
