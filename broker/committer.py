@@ -5,10 +5,12 @@ Rules:
 2. Each item plans against the freshest state (plan, then apply). If the branch moved under
    us (`Conflict`), the whole batch is re-planned on the new head, a bounded number of times.
 3. Nothing an item promises is published before its commit is durable: `after` callbacks
-   run only once the ref has moved, in order, in slices of `AFTER_SLICE_S` with the loop's
-   other work between them (a commit of thousands of awards must not stall the bid replies
-   of open auctions; until its callback runs, an award's capacity is still reserved, so
-   the broker only ever under-counts a node's room).
+   run only once the ref has moved, in commit order, on a task of their own in slices of
+   `AFTER_SLICE_S` with the loop's other work between them (a commit of thousands of awards
+   must not stall the bid replies of open auctions), while the next commit is already being
+   planned and written: the writer does not wait for the awards of the last commit to go
+   out. Until its callback runs, an award's capacity is still reserved, so the broker only
+   ever under-counts a node's room.
 4. Pinned or unwritable repository: nothing is written, every item hears why (`failed`), and
    unwritable batches are retried after a back-off while the broker keeps serving.
 """
@@ -18,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import deque
 from collections.abc import Callable
 from concurrent.futures import BrokenExecutor, ProcessPoolExecutor
 from dataclasses import dataclass, field
@@ -58,6 +61,9 @@ class Committer:
         self.max_conflicts = max_conflicts
         self._queue: list[Item] = []
         self._kick = asyncio.Event()
+        #: Landed commits whose `after` callbacks have not all run yet, oldest first.
+        self._afters: deque[tuple[list[Planned], str]] = deque()
+        self._afters_kick = asyncio.Event()
         self._pool = make_executor(writer)
         self.commits = 0
         self.conflicts = 0
@@ -73,6 +79,7 @@ class Committer:
         self._kick.set()
 
     async def run(self) -> None:
+        afters = asyncio.create_task(self._run_afters(), name="after-commit")
         try:
             while True:
                 await self._kick.wait()
@@ -85,10 +92,28 @@ class Committer:
                         log.exception("commit of %d items failed; they are dropped", len(items))
                         for item in items:
                             item.failed(Reason.LEDGER_UNWRITABLE, "internal error while planning")
-                if not self._queue:
-                    self.idle.set()
+                self._maybe_idle()
         finally:
+            afters.cancel()
             self._pool.shutdown(wait=False)
+
+    def _maybe_idle(self) -> None:
+        if not self._queue and not self._afters:
+            self.idle.set()
+
+    def _landed(self, planned: list[Planned], sha: str) -> None:
+        self._afters.append((planned, sha))
+        self._afters_kick.set()
+
+    async def _run_afters(self) -> None:
+        while True:
+            await self._afters_kick.wait()
+            self._afters_kick.clear()
+            while self._afters:
+                planned, sha = self._afters[0]
+                await _run_after(planned, sha)
+                self._afters.popleft()
+            self._maybe_idle()
 
     def close(self) -> None:
         """Let the writer go (idempotent; `run` also does it when cancelled)."""
@@ -102,9 +127,7 @@ class Committer:
             view = View(state)
             planned = [p for p in (item.plan(view) for item in items) if p is not None]
             if not view.change:
-                for p in planned:
-                    for cb in p.after:
-                        cb(state.head or "")
+                self._landed(planned, state.head or "")  # in order with earlier commits'
                 return
             message = _message(planned)
             started = time.perf_counter()
@@ -150,7 +173,7 @@ class Committer:
             self.commits += 1
             if self.on_commit is not None:
                 self.on_commit(view.change, sha)
-            await _run_after(planned, sha)
+            self._landed(planned, sha)
             return
         for item in items:
             item.failed(Reason.LEDGER_UNWRITABLE, "the branch kept moving; giving up this batch")
@@ -170,10 +193,13 @@ async def _run_after(planned: list[Planned], sha: str) -> None:
     deadline = time.perf_counter() + AFTER_SLICE_S
     for p in planned:
         for cb in p.after:
-            cb(sha)
-        if time.perf_counter() >= deadline:
-            await asyncio.sleep(0)
-            deadline = time.perf_counter() + AFTER_SLICE_S
+            try:
+                cb(sha)
+            except Exception:  # one broken promise must not keep the later ones back
+                log.exception("after-commit work for %s failed", sha[:12] or "no commit")
+            if time.perf_counter() >= deadline:
+                await asyncio.sleep(0)
+                deadline = time.perf_counter() + AFTER_SLICE_S
 
 
 #: Control characters become spaces in message lines (trailers are JSON: already escaped).

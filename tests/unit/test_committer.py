@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from broker.committer import AFTER_SLICE_S, Committer, Item, Planned
@@ -65,3 +66,49 @@ async def test_after_callbacks_run_in_slices_in_order_after_the_commit(tmp_path:
     assert heads == [ledger.state().head] * n  # every callback saw the ref moved
     during = {t for t in ticks if 0 < t < n}
     assert len(during) >= 3, f"the loop never ran between after-callbacks: {sorted(during)}"
+
+
+async def test_the_next_commit_is_written_while_the_last_ones_awards_go_out(
+        tmp_path: Path) -> None:
+    """After-commit work runs on its own task, in commit order; a commit queued meanwhile is
+    planned and written without waiting for it, and one failing callback does not stop the
+    others."""
+    ledger = Ledger(tmp_path / "state.git")
+    committer = Committer(ledger, writer="thread")
+    runner = asyncio.create_task(committer.run())
+    events: list[str] = []
+
+    def item(name: str, afters: list[Callable[[str], None]]) -> Item:
+        def make(view: View) -> Planned:
+            events.append(f"plan {name}")
+            submit(view, InstanceRecord(instance_id=name, spec=SPEC))
+            return Planned(lines=[name], after=afters)
+        return Item(plan=make)
+
+    def queue_second(sha: str) -> None:
+        committer.submit(item("second", [lambda sha: events.append("after second")]))
+
+    def broken(sha: str) -> None:
+        raise RuntimeError("a bug in one callback")
+
+    def slow(sha: str) -> None:  # the first commit's awards take many slices to send
+        _spin(AFTER_SLICE_S / 2)
+
+    def done(sha: str) -> None:
+        events.append("after first done")
+
+    try:
+        committer.submit(item("first", [queue_second, broken, *[slow] * 60, done]))
+        await asyncio.wait_for(committer.idle.wait(), 10)
+        while "after second" not in events:  # idle may be set between the two commits
+            await asyncio.wait_for(committer.idle.wait(), 10)
+            await asyncio.sleep(0.01)
+    finally:
+        runner.cancel()
+        committer.close()
+    assert committer.commits == 2
+    # "second" was planned while the first commit's callbacks were still running...
+    assert events.index("plan second") < events.index("after first done"), events
+    # ...and its own callbacks ran after all of the first's, the broken one notwithstanding.
+    assert events[-2:] == ["after first done", "after second"], events
+    assert set(Ledger(tmp_path / "state.git").state().instances) == {"first", "second"}
