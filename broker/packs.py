@@ -9,11 +9,13 @@ by its index, so they never see half of one); a small one stays loose.
 One pack per big commit would leave thousands of packs, and every lookup that misses walks
 their indexes; merging all of them whenever there are a few more would copy every object
 again and again (quadratic: at a steady few hundred placements a second, merging became
-half the writer's time). So packs of fewer than `BIG_PACK` objects are kept in a geometric
-progression, as `git repack --geometric=2` does: sorted by size, each holds at least
-`FACTOR` times the objects of all smaller ones together. A new pack that breaks it is merged
-with every smaller pack, so there are O(log n) packs and an object is copied O(log n)
-times. Packs someone else made with companions we do not write (`.keep`, `.bitmap`, `.rev`,
+half the writer's time). So packs of fewer than `BIG_PACK` objects are merged by size tier,
+as log-structured stores compact: a pack of n objects is in tier floor(log8 n), and once a
+tier holds `TIER_WIDTH` packs they are merged - with every smaller pack - into one of the
+next tier. An object is copied about once per tier it climbs (3.5 times at 2,000 commits of
+50 objects, once at 33 commits of 3,000; a geometric progression as `git repack
+--geometric=2` keeps copied 8.2 and 3.2 times), and there are at most seven packs a tier.
+Packs someone else made with companions we do not write (`.keep`, `.bitmap`, `.rev`,
 `.promisor`, `.mtimes`) are never touched. A reader
 holding the old pack list may then miss an object it expected: `Ledger` re-opens the
 repository and reads again (git's own readers do the same on a vanished pack).
@@ -34,9 +36,9 @@ from pathlib import Path
 
 __all__ = [
     "BIG_PACK",
-    "FACTOR",
     "LEVEL",
     "PACK_MIN",
+    "TIER_WIDTH",
     "merge_small_packs",
     "merge_split",
     "object_ids",
@@ -48,8 +50,9 @@ __all__ = [
 PACK_MIN = 32
 #: Packs with at least this many objects are never merged again (one merge's cost is bounded).
 BIG_PACK = 50_000
-#: Each smaller pack, by size, holds at least this many times all smaller ones together.
-FACTOR = 2
+#: Packs a size tier holds before they are merged into one of the next tier (and a tier
+#: spans a factor of this many objects).
+TIER_WIDTH = 8
 _TYPES = {b"commit": 1, b"tree": 2, b"blob": 3, b"tag": 4}
 _FOREIGN = (".keep", ".bitmap", ".rev", ".promisor", ".mtimes")
 #: Speed over size: level 1 keeps a 2 KB node.json at a few microseconds; `git gc`
@@ -202,33 +205,46 @@ def _ours_to_merge(pack_dir: Path) -> list[tuple[int, Path]]:
     return out
 
 
+def _tier(count: int) -> int:
+    tier = 0
+    while count >= TIER_WIDTH:
+        count //= TIER_WIDTH
+        tier += 1
+    return tier
+
+
 def merge_split(counts: list[int]) -> int:
-    """How many of the smallest packs (`counts` ascending) to merge so that every pack left
-    holds at least FACTOR times all smaller ones together; 0 or 1 means none."""
-    k = total = 0
+    """How many of the smallest packs (`counts` ascending) to merge: all of the smallest
+    tier holding TIER_WIDTH packs, and every smaller pack; 0 when no tier is full."""
+    full: dict[int, int] = {}
     for j, count in enumerate(counts):
-        if count < FACTOR * total:
-            k = j + 1  # this pack breaks the progression: it and all smaller ones merge
-        total += count
-    return k
+        tier = _tier(count)
+        full[tier] = full.get(tier, 0) + 1
+        if full[tier] >= TIER_WIDTH:
+            last = j
+            while last + 1 < len(counts) and _tier(counts[last + 1]) == tier:
+                last += 1
+            return last + 1
+    return 0
 
 
 def merge_small_packs(pack_dir: Path,
                       read: Callable[[bytes], tuple[bytes, bytes]]) -> int:
-    """Restore the geometric progression: write the objects of the smallest packs that
-    break it (fetched with `read(raw id) -> (kind, body)` where a pack holds a delta) into
-    one new pack and remove them; how many were removed (0 when nothing breaks it)."""
-    ours = _ours_to_merge(pack_dir)
-    k = merge_split([count for count, _ in ours])
-    if k < 2:
-        return 0
-    small = [idx for _, idx in ours[:k]]
-    merged = _write_records(pack_dir, (rec for idx in small for rec in _records(idx, read)))
+    """Merge a full tier: write the objects of its packs and all smaller ones (fetched with
+    `read(raw id) -> (kind, body)` where a pack holds a delta) into one new pack and remove
+    them, again while a merge fills the next tier; how many were removed (0: none full)."""
     removed = 0
-    for idx in small:
-        if idx == merged:
-            continue
-        idx.unlink(missing_ok=True)  # the index first: no reader finds a pack without it
-        idx.with_suffix(".pack").unlink(missing_ok=True)
-        removed += 1
-    return removed
+    while True:  # a merged pack may fill the next tier in turn
+        ours = _ours_to_merge(pack_dir)
+        k = merge_split([count for count, _ in ours])
+        if k < 2:
+            return removed
+        small = [idx for _, idx in ours[:k]]
+        merged = _write_records(pack_dir,
+                                (rec for idx in small for rec in _records(idx, read)))
+        for idx in small:
+            if idx == merged:
+                continue
+            idx.unlink(missing_ok=True)  # the index first: no reader finds a pack without it
+            idx.with_suffix(".pack").unlink(missing_ok=True)
+            removed += 1

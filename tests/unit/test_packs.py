@@ -75,11 +75,12 @@ def test_small_packs_are_merged_and_a_stale_reader_still_reads(tmp_path: Path) -
     for v in range(1, 17):
         head = writer.write_files(node_files(40, v), f"v{v}", head)
         counts.append(len(list(pack_dir.glob("pack-*.idx"))) - 1)  # ours, not the kept one
-    # 17 commits of 81 new objects each: a geometric progression holds at most
-    # log2(17) + 1 packs at any time, never one per commit.
-    assert max(counts) <= 5, counts
+    # 17 commits of 81 new objects each (tier 2): never more than a tier's width of packs,
+    # never one per commit.
+    assert max(counts) <= 2 * (packs.TIER_WIDTH - 1), counts  # a few a tier, two tiers
+    assert min(counts[packs.TIER_WIDTH:]) < max(counts)  # merged on the way
     ours = sorted(packs._count(i) for i in pack_dir.glob("pack-*.idx") if i != kept)
-    assert packs.merge_split(ours) < 2  # the progression holds
+    assert packs.merge_split(ours) == 0  # no tier is full
     assert kept.exists() and kept.with_suffix(".pack").exists()
     # The reader's handle predates the merges; it reads the new head all the same.
     st = reader.state()
@@ -92,29 +93,32 @@ def test_small_packs_are_merged_and_a_stale_reader_still_reads(tmp_path: Path) -
 
 
 @pytest.mark.parametrize(("counts", "k"), [
-    ([], 0), ([50], 0), ([50, 50], 2), ([50, 100], 0), ([50, 50, 100], 3),
-    ([10, 40, 100], 0), ([10, 15, 100], 2), ([5, 10, 30, 31], 4),
+    ([], 0), ([50], 0), ([50] * 7, 0), ([50] * 8, 8), ([5, 9, 50, 60, 70, 80, 90, 100, 110], 0),
+    ([1, 2, *[64] * 8, 600], 10),  # a full tier takes every smaller pack along, not bigger
+    ([3] * 8 + [10] * 8, 8),  # the smallest full tier first
+    ([10, 20, *[600] * 8, 5000], 10),
 ])
-def test_the_merge_split_restores_the_geometric_progression(counts: list[int], k: int) -> None:
+def test_the_merge_split_takes_the_smallest_full_tier(counts: list[int], k: int) -> None:
     assert packs.merge_split(counts) == k
 
 
-def test_steady_small_commits_copy_each_object_a_logarithmic_number_of_times() -> None:
-    """What merging all packs past a count did was quadratic; this must stay n log n."""
+@pytest.mark.parametrize(("n", "size", "copies"), [(2000, 50, 4), (33, 3000, 1.5),
+                                                    (400, 500, 2.5)])
+def test_steady_commits_copy_each_object_a_logarithmic_number_of_times(
+        n: int, size: int, copies: float) -> None:
+    """Merging every pack past a count was quadratic; this must stay n log n, with a few
+    packs a tier at most."""
     sizes: list[int] = []
     copied = 0
-    n, size = 2000, 50
     for _ in range(n):
         sizes.append(size)
         sizes.sort()
-        k = packs.merge_split(sizes)
-        if k >= 2:
+        while (k := packs.merge_split(sizes)) >= 2:  # as merge_small_packs cascades
             merged = sum(sizes[:k])
             copied += merged
             sizes = sorted([merged, *sizes[k:]])
-        assert packs.merge_split(sizes) < 2
-        assert len(sizes) <= 12  # log2(2000) + 1
-    assert copied <= n * size * 12, copied
+        assert len(sizes) <= 30
+    assert copied <= n * size * copies, copied / (n * size)
 
 
 def test_a_read_that_fails_is_retried_once_on_a_fresh_handle(tmp_path: Path) -> None:
@@ -154,10 +158,11 @@ def test_merging_a_git_made_pack_with_deltas_inflates_them(tmp_path: Path) -> No
     assert "chain length" in git(repo_dir, "verify-pack", "-v",
                                  str(next(pack_dir.glob("pack-*.idx"))))  # it has deltas
     (git_made,) = pack_dir.glob("pack-*.idx")
-    for i in range(2 * packs._count(git_made)):  # bigger than git's pack: all must merge
-        body = b"filler %d" % i
-        packs.write_pack(pack_dir, [(object_id(b"blob", body), b"blob", body)])
-    assert packs.merge_small_packs(pack_dir, ledger._raw_object) >= 2
+    size = packs._count(git_made)
+    for p in range(packs.TIER_WIDTH - 1):  # packs of its size fill its tier: all must merge
+        bodies = [b"filler %d %d" % (p, i) for i in range(size)]
+        packs.write_pack(pack_dir, [(object_id(b"blob", b), b"blob", b) for b in bodies])
+    assert packs.merge_small_packs(pack_dir, ledger._raw_object) == packs.TIER_WIDTH
     (merged,) = pack_dir.glob("pack-*.idx")
     assert "chain length" not in git(repo_dir, "verify-pack", "-v", str(merged))
     git(repo_dir, "fsck", "--strict", "--full")
