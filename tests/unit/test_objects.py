@@ -39,6 +39,14 @@ def test_blob_and_tree_ids_match_libgit2(repo: pygit2.Repository) -> None:
     tree = repo[pygit2.Oid(raw=ours)]
     assert isinstance(tree, pygit2.Tree)
     assert [e.name for e in tree] == ["Z", "a-", "a.b", "a", "a0"]
+    # Listings of only directories or only files (sorted without a key function) too.
+    for mode in (TREE, BLOB):
+        same = {n: (mode, sub if mode == TREE else a) for n in (b"a.b", b"a", b"a-", b"a0")}
+        tb = repo.TreeBuilder()
+        for name, (m, raw) in same.items():
+            tb.insert(name.decode(), pygit2.Oid(raw=raw), pygit2.enums.FileMode.TREE
+                      if m == TREE else pygit2.enums.FileMode.BLOB)
+        assert pygit2.Oid(raw=w.write(b"tree", tree_body(same))) == tb.write()
     # Writing the same object twice is harmless (same name, same bytes).
     assert w.write(b"blob", b'{"node_id": "a"}\n') == a
 
@@ -119,7 +127,11 @@ def _scratch(files: dict[str, object]) -> bytes | None:
         else:
             assert isinstance(sub, bytes)
             entries[name.encode()] = (BLOB, object_id(b"blob", sub))
-    return object_id(b"tree", tree_body(entries)) if entries else None
+    if not entries:
+        return None
+    order = sorted(entries, key=lambda n: n + b"/" if entries[n][0] == TREE else n)
+    return object_id(b"tree", b"".join(entries[n][0] + b" " + n + b"\0" + entries[n][1]
+                                       for n in order))
 
 
 def _apply(files: dict[str, object], changes: dict[str, object]) -> None:
