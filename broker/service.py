@@ -31,7 +31,7 @@ from nats.aio.msg import Msg
 
 from broker.auctioneer import Auctioneer
 from broker.committer import Committer
-from broker.ledger import Change, Ledger, encode
+from broker.ledger import Change, Ledger
 from broker.metrics import Metrics
 from broker.promises import Promises
 from broker.rejects import Rejects
@@ -47,6 +47,7 @@ __all__ = ["Broker", "NatsUnreachable", "tune_gc"]
 _hb_dec = msgspec.msgpack.Decoder(Heartbeat)
 _assign_dec = msgspec.msgpack.Decoder(AssignmentRequest)
 _enc = msgspec.msgpack.Encoder()
+_enc_json = msgspec.json.Encoder()
 #: How long `close` waits for each of its steps.
 _CLOSE_S = 10.0
 
@@ -302,18 +303,19 @@ class Broker:
             self._kv_put(node_id, nf)
 
     def _kv_put(self, node_id: str, nf: NodeFile | None, data: bytes | None = None) -> None:
-        """Mirror one node.json into the KV bucket (`data`: its bytes, when already encoded).
-        A KV put is a publish on the bucket's subject; it goes through the outbox like
-        everything else (no per-put round trip — the mirror is re-published in full at every
-        broker start)."""
+        """Mirror one node.json into the KV bucket, as compact JSON (`data`: already
+        encoded). A KV put is a publish on the bucket's subject; it goes through the outbox
+        like everything else (no per-put round trip — the mirror is re-published in full at
+        every broker start)."""
         if self._kv is None:
             return
         self.publish_raw(f"$KV.{subjects.NODES_BUCKET}.{node_id}",
-                         data or encode(nf or NodeFile(node_id=node_id)))
+                         data or _enc_json.encode(nf or NodeFile(node_id=node_id)))
 
     def _mirror(self, change: Change, sha: str) -> None:
         for node_id, nf in change.nodes.items():
-            self._kv_put(node_id, nf, None if nf is None else change.node_bytes(node_id, nf))
+            self._kv_put(node_id, nf,
+                         None if nf is None else change.node_compact(node_id, nf))
 
     # -- inbound -------------------------------------------------------------------------
     async def _on_heartbeat(self, msg: Msg) -> None:

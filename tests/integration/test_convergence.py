@@ -144,6 +144,12 @@ async def test_a_worker_that_missed_the_award_converges_from_kv(cluster: Cluster
     assert len(deaf.instances()) == 1  # ... and it runs once
     status = await cluster.status(iid)
     assert (status.state, status.attempt) == ("running", 1)
+    # The mirror is git's node.json as compact JSON: the same record, fewer bytes.
+    kv = await (await cluster.client()).jetstream().key_value(subjects.NODES_BUCKET)
+    mirrored = (await kv.get("node-a")).value
+    assert b"\n" not in mirrored
+    in_git = cluster.ledger().state().nodes["node-a"]
+    assert msgspec.json.decode(mirrored, type=NodeFile) == in_git
 
 
 async def test_a_stale_node_json_never_stops_a_fresh_award(cluster: Cluster) -> None:

@@ -1,7 +1,10 @@
-"""A change encodes each node.json once: git and the KV mirror get the same bytes, and a
-node file replaced in the change (records are never changed in place) is encoded anew."""
+"""A change encodes each node.json once: git gets it pretty, the KV mirror compact (the same
+JSON without whitespace), and a node file replaced in the change (records are never changed
+in place) is encoded anew."""
 
 from __future__ import annotations
+
+import msgspec
 
 from broker.ledger import Change, encode
 from shared.records import Assignment, NodeFile, node_path
@@ -14,6 +17,9 @@ def test_node_bytes_are_encoded_once_per_record_and_anew_for_a_new_one() -> None
     files = change.files()
     assert files[node_path("a")] == encode(first)
     assert change.node_bytes("a", first) is files[node_path("a")]  # not encoded again
+    compact = change.node_compact("a", first)
+    assert b"\n" not in compact and len(compact) < len(encode(first))
+    assert msgspec.json.decode(compact) == msgspec.json.decode(encode(first))
     second = NodeFile(node_id="a", instances={"i1": Assignment(instance_id="i1", auction_id="x")})
     change.nodes["a"] = second
     again = change.files()[node_path("a")]
