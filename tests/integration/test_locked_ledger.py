@@ -3,6 +3,10 @@ the API still answering, and the placement made once the lock is gone."""
 
 from __future__ import annotations
 
+import asyncio
+import os
+from pathlib import Path
+
 import msgspec
 import nats
 import pytest
@@ -16,12 +20,28 @@ from tests.integration.harness import Cluster, sleeper_spec, wait_for
 pytestmark = pytest.mark.integration
 
 
+async def take_lock(lock: Path) -> None:
+    """Lock the ref as git does - create the lock file exclusively - waiting out the
+    broker's own lock if a commit of its is in flight (overwriting that lock file would
+    make the broker rename our words into the ref)."""
+    for _ in range(1000):
+        try:
+            fd = os.open(lock, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        except FileExistsError:
+            await asyncio.sleep(0.01)
+            continue
+        os.write(fd, b"held by someone else\n")
+        os.close(fd)
+        return
+    raise AssertionError(f"{lock} stayed locked for 10 s")
+
+
 async def test_locked_repo_errors_then_recovers(cluster: Cluster) -> None:
     await cluster.start_broker()
     iid = await cluster.submit(sleeper_spec("svc"))  # queued: no node yet
-    head = cluster.ledger().head()
     lock = cluster.state / "state.git" / "refs" / "heads" / "main.lock"
-    lock.write_text("held by someone else\n")
+    await take_lock(lock)
+    head = cluster.ledger().head()  # once the lock is ours: nothing can land after this
 
     seen: list[Event] = []
 
