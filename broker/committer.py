@@ -64,6 +64,7 @@ class Committer:
         #: Landed commits whose `after` callbacks have not all run yet, oldest first.
         self._afters: deque[tuple[list[Planned], str]] = deque()
         self._afters_kick = asyncio.Event()
+        self._committing = False
         self._pool = make_executor(writer)
         self.commits = 0
         self.conflicts = 0
@@ -85,6 +86,7 @@ class Committer:
                 await self._kick.wait()
                 self._kick.clear()
                 items, self._queue = self._queue, []
+                self._committing = bool(items)
                 if items:
                     try:
                         await self._commit(items)
@@ -92,13 +94,15 @@ class Committer:
                         log.exception("commit of %d items failed; they are dropped", len(items))
                         for item in items:
                             item.failed(Reason.LEDGER_UNWRITABLE, "internal error while planning")
+                self._committing = False
                 self._maybe_idle()
         finally:
             afters.cancel()
             self._pool.shutdown(wait=False)
 
     def _maybe_idle(self) -> None:
-        if not self._queue and not self._afters:
+        """Idle: nothing queued, nothing being committed, no after-work left."""
+        if not self._queue and not self._committing and not self._afters:
             self.idle.set()
 
     def _landed(self, planned: list[Planned], sha: str) -> None:

@@ -11,6 +11,9 @@ import asyncio
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 from broker.committer import AFTER_SLICE_S, Committer, Item, Planned
 from broker.ledger import Ledger
@@ -99,10 +102,8 @@ async def test_the_next_commit_is_written_while_the_last_ones_awards_go_out(
 
     try:
         committer.submit(item("first", [queue_second, broken, *[slow] * 60, done]))
-        await asyncio.wait_for(committer.idle.wait(), 10)
-        while "after second" not in events:  # idle may be set between the two commits
-            await asyncio.wait_for(committer.idle.wait(), 10)
-            await asyncio.sleep(0.01)
+        await asyncio.sleep(0)  # let the committer take the first item
+        await asyncio.wait_for(committer.idle.wait(), 10)  # idle: both commits, all afters
     finally:
         runner.cancel()
         committer.close()
@@ -112,3 +113,44 @@ async def test_the_next_commit_is_written_while_the_last_ones_awards_go_out(
     # ...and its own callbacks ran after all of the first's, the broken one notwithstanding.
     assert events[-2:] == ["after first done", "after second"], events
     assert set(Ledger(tmp_path / "state.git").state().instances) == {"first", "second"}
+
+
+async def test_idle_only_when_nothing_is_queued_written_or_left_to_run(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    ledger = Ledger(tmp_path / "state.git")
+    write = ledger.write_files
+
+    def slow_write(*args: Any) -> str:
+        time.sleep(0.3)  # in the writer thread: the commit is in flight this long
+        return write(*args)
+
+    committer = Committer(ledger, writer="thread")
+    runner = asyncio.create_task(committer.run())
+    ran: list[str] = []
+
+    def item(name: str, then: Callable[[], None] = lambda: None) -> Item:
+        def make(view: View) -> Planned:
+            submit(view, InstanceRecord(instance_id=name, spec=SPEC))
+
+            def after(sha: str) -> None:
+                ran.append(name)
+                then()
+            return Planned(lines=[name], after=[after, *[lambda sha: _spin(0.001)] * 20])
+        return Item(plan=make)
+
+    def queue_b() -> None:  # b is written (slowly) while a's after-work still runs
+        monkeypatch.setattr(ledger, "write_files", slow_write)
+        committer.submit(item("b"))
+
+    try:
+        committer.submit(item("a", queue_b))
+        while "a" not in ran:
+            await asyncio.sleep(0.005)
+        await asyncio.sleep(0.1)  # a's after-work is done now; b is still being written
+        assert committer.commits == 1
+        assert not committer.idle.is_set()
+        await asyncio.wait_for(committer.idle.wait(), 10)
+        assert ran == ["a", "b"] and committer.commits == 2
+    finally:
+        runner.cancel()
+        committer.close()
