@@ -106,7 +106,8 @@ class Promises:
             if state.placement_of(iid) == node_id:
                 self.b.timers.accepted(iid)
                 if st == InstanceState.RUNNING:
-                    self._running(iid, node_id)
+                    if iid not in self.b.timers.running:  # every heartbeat lists it again
+                        self._running(iid, node_id)
                     self.live.setdefault(iid, st)
         if self.b.timers.resumed_on:
             self.b.timers.heard(node_id, {iid for iid, _st in instances}, self.b.now())
