@@ -69,7 +69,16 @@ class Pinned(LedgerError):
 
 def encode(obj: object) -> bytes:
     """Pretty JSON with sorted keys: readable in `git show`, stable across runs."""
-    return msgspec.json.format(_enc.encode(obj), indent=2) + b"\n"
+    return pretty(compact(obj))
+
+
+def compact(obj: object) -> bytes:
+    """The same JSON without whitespace (the KV mirror: machines read it)."""
+    return _enc.encode(obj)
+
+
+def pretty(compact_json: bytes) -> bytes:
+    return msgspec.json.format(compact_json, indent=2) + b"\n"
 
 
 @dataclass
@@ -186,9 +195,8 @@ class Change:
         # Once per record object: records are never changed in place.
         got = self._encoded.get(nid)
         if got is None or got[0] is not nf:
-            compact = _enc.encode(nf)
-            got = self._encoded[nid] = (nf, compact, msgspec.json.format(compact, indent=2)
-                                        + b"\n")
+            data = compact(nf)
+            got = self._encoded[nid] = (nf, data, pretty(data))
         return got
 
 
@@ -302,20 +310,21 @@ class Ledger:
             return st
         tree = self.repo[head].peel(pygit2.Tree)
         if "instances" in tree:
-            shards = []
-            for entry in self._tree(tree["instances"].id):
-                name = entry.name or ""
-                if name.endswith(".json") and entry.type_str == "blob":  # put there by hand
-                    rec = _instance_dec.decode(self._data(entry.id))
+            def record(entry: pygit2.Object) -> InstanceRecord | None:
+                if (entry.name or "").endswith(".json") and entry.type_str == "blob":
+                    return _instance_dec.decode(self._data(entry.id))
+                return None
+
+            top = list(self._tree(tree["instances"].id))
+            for entry in top:  # records put there by hand
+                if (rec := record(entry)) is not None:
                     st.put_instance(rec.instance_id, rec)
-                    st.flat[rec.instance_id] = f"instances/{name}"
-                elif entry.type_str == "tree":
-                    shards.append(entry.id)
-            for shard in shards:  # after the flat ones: the broker's own write wins
-                for entry in self._tree(shard):
-                    if (entry.name or "").endswith(".json") and entry.type_str == "blob":
-                        rec = _instance_dec.decode(self._data(entry.id))
-                        st.put_instance(rec.instance_id, rec)
+                    st.flat[rec.instance_id] = f"instances/{entry.name}"
+            for shard in top:  # after the flat ones: the broker's own write wins
+                if shard.type_str == "tree":
+                    for entry in self._tree(shard.id):
+                        if (rec := record(entry)) is not None:
+                            st.put_instance(rec.instance_id, rec)
         if "nodes" in tree:
             for entry in self._tree(tree["nodes"].id):
                 sub = self.repo[entry.id]

@@ -158,8 +158,7 @@ class Trees:
             key = name.encode()
             was = entries.get(key)
             if isinstance(sub, dict):
-                existing = entries.get(key)
-                sub_base = existing[1] if existing is not None and existing[0] == TREE else None
+                sub_base = was[1] if was is not None and was[0] == TREE else None
                 tid, count = self.write(sub_base, sub, batch, top=False)
                 if count == 0:
                     entries.pop(key, None)

@@ -31,7 +31,7 @@ from nats.aio.msg import Msg
 
 from broker.auctioneer import Auctioneer
 from broker.committer import Committer
-from broker.ledger import Change, Ledger
+from broker.ledger import Change, Ledger, compact
 from broker.metrics import Metrics
 from broker.promises import Promises
 from broker.rejects import Rejects
@@ -47,7 +47,6 @@ __all__ = ["Broker", "NatsUnreachable", "tune_gc"]
 _hb_dec = msgspec.msgpack.Decoder(Heartbeat)
 _assign_dec = msgspec.msgpack.Decoder(AssignmentRequest)
 _enc = msgspec.msgpack.Encoder()
-_enc_json = msgspec.json.Encoder()
 #: How long `close` waits for each of its steps.
 _CLOSE_S = 10.0
 
@@ -310,7 +309,7 @@ class Broker:
         if self._kv is None:
             return
         self.publish_raw(f"$KV.{subjects.NODES_BUCKET}.{node_id}",
-                         data or _enc_json.encode(nf or NodeFile(node_id=node_id)))
+                         data or compact(nf or NodeFile(node_id=node_id)))
 
     def _mirror(self, change: Change, sha: str) -> None:
         for node_id, nf in change.nodes.items():
