@@ -281,6 +281,9 @@ def _finish(cfg: C, source: Mapping[str, str]) -> C:
 
     if bool(cfg.tls_cert) != bool(cfg.tls_key):
         raise ConfigError("fields `tls_cert` and `tls_key` go together: set both or neither.")
+    problem = cfg.timing.problem() if cfg.timing is not None else None
+    if problem:
+        raise ConfigError(f"{src('timing')}: {problem}")
     if isinstance(cfg, BrokerConfig):
         if not cfg.state:
             raise ConfigError("field `state` is required: set it in the config file, "

@@ -1,12 +1,19 @@
 """Every clock gavel keeps, in one struct.
 
-Rule: no module picks its own timeout; it takes a `Timing`. ``GAVEL_FAST_TIMERS=1`` divides
-every value by ten so tests and demos run the same code at ten times the speed.
+Rules:
+1. No module picks its own timeout; it takes a `Timing`. ``GAVEL_FAST_TIMERS=1`` divides
+   every value by ten so tests and demos run the same code at ten times the speed.
+2. Every clock is a finite number of seconds above zero (`retention_s` may be 0: keep ended
+   instances for ever), and a node is heard from before it counts as unreachable, and is
+   unreachable before it is offline: heartbeat_s < unreachable_s <= offline_s. Decoding
+   refuses a value at or below zero; `problem` names the rest in one sentence.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
+from typing import Annotated
 
 import msgspec
 
@@ -14,17 +21,37 @@ __all__ = ["FAST_FACTOR", "Timing"]
 
 FAST_FACTOR = 10.0
 
+Seconds = Annotated[float, msgspec.Meta(gt=0)]
+
 
 class Timing(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    heartbeat_s: float = 10.0
-    unreachable_s: float = 30.0
-    offline_s: float = 120.0
-    provisioning_s: float = 15.0
-    bid_deadline_s: float = 2.0
-    lease_grace_s: float = 30.0
-    cancel_grace_s: float = 60.0
-    kill_grace_s: float = 30.0
-    tick_s: float = 1.0
+    heartbeat_s: Seconds = 10.0
+    unreachable_s: Seconds = 30.0
+    offline_s: Seconds = 120.0
+    provisioning_s: Seconds = 15.0
+    bid_deadline_s: Seconds = 2.0
+    lease_grace_s: Seconds = 30.0
+    cancel_grace_s: Seconds = 60.0
+    kill_grace_s: Seconds = 30.0
+    tick_s: Seconds = 1.0
+    #: How long the record of an ended instance (succeeded, failed, lost, cancelled) stays
+    #: in the state repository after it ended; git history keeps it after that. 0: for ever.
+    retention_s: Annotated[float, msgspec.Meta(ge=0)] = 86_400.0
+
+    def problem(self) -> str | None:
+        """What makes these clocks unusable, as a sentence naming the field; None if none."""
+        for name in self.__struct_fields__:
+            value = getattr(self, name)
+            if not math.isfinite(value) or value < 0 or (value == 0 and name != "retention_s"):
+                least = "0 or more" if name == "retention_s" else "above 0"
+                return f"field `timing.{name}` expected a finite number of seconds {least}, " \
+                       f"got {value}."
+        if not self.heartbeat_s < self.unreachable_s <= self.offline_s:
+            return ("fields `timing.heartbeat_s` < `timing.unreachable_s` <= "
+                    "`timing.offline_s` expected (a node is heard from before it counts as "
+                    "unreachable, and unreachable before offline), got "
+                    f"{self.heartbeat_s}, {self.unreachable_s}, {self.offline_s}.")
+        return None
 
     def scaled(self, factor: float) -> Timing:
         """Every interval divided by `factor`."""

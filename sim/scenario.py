@@ -232,6 +232,9 @@ def _sentence(message: str) -> str:
 
 def _check(s: Scenario) -> str | None:
     """Rules the types cannot say; the first broken one, as a sentence."""
+    timing = s.timing.problem()
+    if timing:
+        return timing
     names = [g.name for g in s.gavel]
     if len(set(names)) != len(names):
         return "field gavel.name must be unique across [[gavel]] policies."

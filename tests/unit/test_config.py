@@ -77,6 +77,16 @@ def test_repeatable_flag_and_comma_list_env(tmp_path: Path) -> None:
     ('node_id = "n"\n[timing]\nheartbeat = 1.0\n', "unknown field `heartbeat` in table "
      "`timing`."),
     ("cpu = 2.0\n", "field `node_id` is required"),
+    ('node_id = "n"\n[timing]\ntick_s = -1.0\n', "field `timing.tick_s` expected `float` > 0.0"),
+    ('node_id = "n"\n[timing]\nheartbeat_s = nan\n', "expected `float` > 0.0"),
+    ('node_id = "n"\n[timing]\noffline_s = inf\n', "config file"),
+    ('node_id = "n"\n[timing]\noffline_s = inf\n', "field `timing.offline_s` expected a "
+     "finite number of seconds above 0, got inf."),
+    ('node_id = "n"\n[timing]\nretention_s = -5.0\n', "`timing.retention_s` expected `float` "
+     ">= 0.0"),
+    ('node_id = "n"\n[timing]\nunreachable_s = 5.0\n', "fields `timing.heartbeat_s` < "
+     "`timing.unreachable_s` <= `timing.offline_s` expected"),
+    ('node_id = "n"\n[timing]\noffline_s = 20.0\n', "got 10.0, 30.0, 20.0."),
     ("node_id = \n", "is not valid TOML"),
 ])
 def test_bad_worker_file_names_the_field(tmp_path: Path, text: str, expected: str) -> None:
@@ -120,6 +130,12 @@ def test_mask_url() -> None:
     assert mask_url("nats://h:4222") == "nats://h:4222"
     assert mask_url("https://oauth2:tok@gitlab.example/x.git") == \
         "https://oauth2:***@gitlab.example/x.git"
+
+
+def test_retention_zero_is_allowed_and_stays_zero_under_fast_timers(tmp_path: Path) -> None:
+    file = write(tmp_path, 'state = "s"\n[timing]\nretention_s = 0.0\n')
+    cfg = load(BrokerConfig, BROKER_OPTIONS, file=file, env={})
+    assert effective_timing(cfg, {"GAVEL_FAST_TIMERS": "1"}).retention_s == 0.0
 
 
 def test_timing_table_and_fast_timers(tmp_path: Path) -> None:

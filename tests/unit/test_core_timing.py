@@ -47,3 +47,29 @@ def test_timing_config_forbids_unknown_fields() -> None:
     assert msgspec.convert({"heartbeat_s": 5.0}, Timing) == Timing(heartbeat_s=5.0)
     with pytest.raises(msgspec.ValidationError, match="hearbeat_s"):
         msgspec.convert({"hearbeat_s": 5.0}, Timing)
+
+
+def test_default_and_fast_clocks_have_no_problem() -> None:
+    assert Timing().problem() is None
+    assert Timing().scaled(FAST_FACTOR).problem() is None
+    assert Timing(retention_s=0.0).problem() is None
+
+
+@pytest.mark.parametrize(("timing", "words"), [
+    (Timing(tick_s=float("inf")), "`timing.tick_s` expected a finite number of seconds above 0"),
+    (Timing(kill_grace_s=float("nan")), "`timing.kill_grace_s`"),
+    (Timing(bid_deadline_s=0.0), "`timing.bid_deadline_s`"),
+    (Timing(retention_s=-1.0), "`timing.retention_s` expected a finite number of seconds 0 or"),
+    (Timing(heartbeat_s=30.0), "a node is heard from before it counts as unreachable"),
+    (Timing(offline_s=29.0), "got 10.0, 30.0, 29.0."),
+])
+def test_unusable_clocks_are_named_in_one_sentence(timing: Timing, words: str) -> None:
+    problem = timing.problem()
+    assert problem is not None and words in problem
+    assert problem.endswith(".") and "\n" not in problem
+
+
+def test_decoding_refuses_clocks_at_or_below_zero() -> None:
+    for bad in ({"tick_s": 0.0}, {"heartbeat_s": -1.0}, {"retention_s": -0.5}):
+        with pytest.raises(msgspec.ValidationError):
+            msgspec.convert(bad, Timing)

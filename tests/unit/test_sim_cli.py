@@ -112,6 +112,9 @@ name = "w"
      "workload.classes[0].duration_s.dist", "invalid value"),
     (("duration_s = 10.0\n", ""), "duration_s", "required"),
     (("cpu = 4.0", "cpu = [4.0"), "", "not valid TOML"),
+    (("[workload]", "[timing]\nunreachable_s = 200.0\n[workload]"), "timing.offline_s",
+     "expected"),
+    (("[workload]", "[timing]\ntick_s = 0.0\n[workload]"), "timing.tick_s", "> 0.0"),
 ])
 def test_bad_scenarios_name_the_field_and_what_was_expected(
         edit: tuple[str, str], field: str, expected: str) -> None:

@@ -21,6 +21,7 @@ name = "t"
 duration_s = {duration}
 sample_s = 10.0
 [timing]
+heartbeat_s = 4.0
 unreachable_s = 5.0
 offline_s = 20.0
 [[nodes]]
