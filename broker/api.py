@@ -157,6 +157,12 @@ class Api:
             return f"asks {ports} ports, the largest node offers {max(c.ports for c in caps)}"
         return ""
 
+    def _unknown(self, iid: str) -> ApiError:
+        keep = self.b.timing.retention_s
+        hint = (f" (the record of an ended instance leaves the state tree {keep:g} s after it "
+                "ended; git history keeps it)") if keep > 0 else ""
+        return ApiError(error=f"{Reason.UNKNOWN_INSTANCE}: {iid}{hint}")
+
     def instance_status(self, rec: InstanceRecord) -> InstanceStatus:
         iid = rec.instance_id
         state = self.b.ledger.state()
@@ -177,7 +183,7 @@ class Api:
         if req.instance_id:
             rec = state.instances.get(req.instance_id)
             if rec is None:
-                return ApiError(error=f"{Reason.UNKNOWN_INSTANCE}: {req.instance_id}")
+                return self._unknown(req.instance_id)
             return StatusReply(instances=[self.instance_status(rec)])
         recs = sorted(state.instances.values(), key=lambda r: r.instance_id)
         return StatusReply(instances=[self.instance_status(r) for r in recs])
@@ -205,7 +211,7 @@ class Api:
     async def why(self, req: WhyRequest) -> Message:
         rec = self.b.ledger.state().instances.get(req.instance_id)
         if rec is None:
-            return ApiError(error=f"{Reason.UNKNOWN_INSTANCE}: {req.instance_id}")
+            return self._unknown(req.instance_id)
         auctions = await asyncio.get_running_loop().run_in_executor(
             None, self.b.ledger.auctions_for, req.instance_id)
         recent = self.b.auctioneer.recent(req.instance_id)
@@ -224,7 +230,7 @@ class Api:
         try:
             state = self.b.promises.cancel(req.instance_id)
         except KeyError:
-            return ApiError(error=f"{Reason.UNKNOWN_INSTANCE}: {req.instance_id}")
+            return self._unknown(req.instance_id)
         return CancelReply(instance_id=req.instance_id, state=state)
 
     async def drain(self, req: DrainRequest) -> Message:

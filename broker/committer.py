@@ -13,6 +13,8 @@ Rules:
    ever under-counts a node's room.
 4. Pinned or unwritable repository: nothing is written, every item hears why (`failed`), and
    unwritable batches are retried after a back-off while the broker keeps serving.
+5. The commit that records an instance's end stamps it (`ended_at`, UTC, milliseconds): the
+   retention of ended instances counts from there (`broker.retention`).
 """
 
 from __future__ import annotations
@@ -24,10 +26,13 @@ from collections import deque
 from collections.abc import Callable
 from concurrent.futures import BrokenExecutor, ProcessPoolExecutor
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
+import msgspec
+
 from broker.gitwriter import commit_files, make_executor
-from broker.ledger import Change, Conflict, Ledger, LedgerError, Pinned
+from broker.ledger import Change, Conflict, Ledger, LedgerError, Pinned, stamp
 from broker.plan import View
 from shared.reasons import Reason
 
@@ -53,8 +58,10 @@ class Item:
 class Committer:
     def __init__(self, ledger: Ledger, *, retry_s: float = 1.0, max_conflicts: int = 8,
                  on_commit: Callable[[Change, str], None] | None = None,
-                 writer: str = "thread") -> None:
+                 writer: str = "thread",
+                 wall: Callable[[], datetime] = lambda: datetime.now(UTC)) -> None:
         self.ledger = ledger
+        self.wall = wall
         self.writer = writer
         self.on_commit = on_commit
         self.retry_s = retry_s
@@ -133,6 +140,7 @@ class Committer:
             if not view.change:
                 self._landed(planned, state.head or "")  # in order with earlier commits'
                 return
+            _stamp_ends(view.change, stamp(self.wall()))
             message = _message(planned)
             started = time.perf_counter()
             files = view.change.files(state.flat)
@@ -208,6 +216,13 @@ async def _run_after(planned: list[Planned], sha: str) -> None:
 
 #: Control characters become spaces in message lines (trailers are JSON: already escaped).
 _CONTROLS = dict.fromkeys([*range(32), 127], " ")
+
+
+def _stamp_ends(change: Change, now: str) -> None:
+    """Rule 5: a terminal record written without an end stamp gets this commit's time."""
+    for iid, rec in change.instances.items():
+        if rec is not None and not rec.ended_at and rec.state.terminal:
+            change.instances[iid] = msgspec.structs.replace(rec, ended_at=now)
 
 
 def _message(planned: list[Planned]) -> str:

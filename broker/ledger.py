@@ -20,6 +20,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import TypeVar
 
@@ -40,7 +41,8 @@ from shared.records import (
     parse_trailers,
 )
 
-__all__ = ["Change", "Conflict", "Ledger", "LedgerError", "Pinned", "State"]
+__all__ = ["Change", "Conflict", "Ledger", "LedgerError", "Pinned", "State", "parse_stamp",
+           "stamp"]
 
 _SHA = re.compile(r"^[0-9a-f]{7,40}$")
 _instance_dec = msgspec.json.Decoder(InstanceRecord)
@@ -53,6 +55,7 @@ T = TypeVar("T")
 #: most (every write is a compare-and-swap anyway), and our own commits forget the cache.
 _HEAD_FRESH_S = 0.005
 _KIND_NAMES = {1: b"commit", 2: b"tree", 3: b"blob", 4: b"tag"}
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 class LedgerError(Exception):
@@ -65,6 +68,22 @@ class Conflict(LedgerError):
 
 class Pinned(LedgerError):
     """The active ref is a tag or a commit: nothing may be written."""
+
+
+def stamp(at: datetime) -> str:
+    """An end stamp for a record: RFC 3339, UTC, milliseconds (`InstanceRecord.ended_at`)."""
+    return at.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def parse_stamp(text: str) -> datetime | None:
+    """The time an end stamp names; None for no stamp or one that names no real time (a
+    record written by hand: 2026-02-30 passes the pattern, not the calendar)."""
+    if not text:
+        return None
+    try:
+        return datetime.fromisoformat(text)
+    except ValueError:
+        return None
 
 
 def encode(obj: object) -> bytes:
@@ -100,17 +119,33 @@ class State:
     #: Records read where an operator put them by hand (``instances/<id>.json``), by id:
     #: the broker's next write of each moves it into its shard.
     flat: dict[str, str] = field(default_factory=dict)
+    #: Ended instances (terminal records), in the order they ended: an ordered set, what
+    #: `broker.retention` walks from the front.
+    ended: dict[str, None] = field(default_factory=dict)
 
     def put_instance(self, iid: str, rec: InstanceRecord | None) -> None:
         if rec is None:
             self.instances.pop(iid, None)
             self.pending.pop(iid, None)
+            self.ended.pop(iid, None)
             return
         self.instances[iid] = rec
         if rec.state in PENDING and iid not in self.where:
             self.pending.setdefault(iid, None)
         else:
             self.pending.pop(iid, None)
+        if rec.state.terminal:
+            self.ended.setdefault(iid, None)
+        else:
+            self.ended.pop(iid, None)
+
+    def order_ended(self) -> None:
+        """Put `ended` in end order after a full read (read order is path order): stamped
+        records oldest first, then those without a (readable) stamp."""
+        def key(iid: str) -> tuple[bool, datetime]:
+            at = parse_stamp(self.instances[iid].ended_at)
+            return (at is None, at or _EPOCH)
+        self.ended = dict.fromkeys(sorted(self.ended, key=key))
 
     def put_node(self, nid: str, nf: NodeFile | None) -> None:
         old = self.nodes.get(nid)
@@ -331,6 +366,7 @@ class Ledger:
                 if isinstance(sub, pygit2.Tree) and "node.json" in sub:
                     nf = _node_dec.decode(self._data(sub["node.json"].id))
                     st.put_node(nf.node_id, nf)
+        st.order_ended()
         return st
 
     def _tree(self, oid: pygit2.Oid) -> pygit2.Tree:

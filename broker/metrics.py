@@ -45,6 +45,9 @@ class Metrics:
                                       "Changes carried by one group commit",
                                       buckets=(1, 2, 5, 10, 20, 50, 100, 200, 500, 1000),
                                       registry=r)
+        self.forgotten = Counter("gavel_instances_forgotten_total",
+                                 "Ended instance records removed from the tree after "
+                                 "timing.retention_s", registry=r)
         self.rejected = Counter("gavel_messages_rejected_total",
                                 "Messages from the wire refused, by kind", ["kind"],
                                 registry=r)

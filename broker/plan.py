@@ -30,6 +30,7 @@ from shared.records import Assignment, InstanceRecord, NodeFile
 __all__ = [
     "View",
     "finish",
+    "forget",
     "place",
     "record_ports",
     "requeue",
@@ -59,6 +60,9 @@ class View:
     def put_instance(self, rec: InstanceRecord) -> None:
         self.change.instances[rec.instance_id] = rec
 
+    def drop_instance(self, iid: str) -> None:
+        self.change.instances[iid] = None
+
     def put_node(self, nf: NodeFile) -> None:
         old = self.node(nf.node_id)
         before = old.instances.keys() if old is not None else set()
@@ -86,6 +90,17 @@ class View:
             return None
         return msgspec.structs.replace(rec, state=S.PLACED, node_id=node_id,
                                        attempt=pl.attempt), pl
+
+
+def forget(view: View, iid: str, ended_at: str) -> InstanceRecord | None:
+    """Drop the record of an ended instance (retention); None, changing nothing, unless it
+    is still ended with the same end stamp and no node.json holds it."""
+    rec = view.instance(iid)
+    if rec is None or not rec.state.terminal or rec.ended_at != ended_at \
+            or view.placed_on(iid) is not None:
+        return None
+    view.drop_instance(iid)
+    return rec
 
 
 def submit(view: View, rec: InstanceRecord) -> bool:

@@ -22,6 +22,7 @@ import random
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +36,7 @@ from broker.ledger import Change, Ledger, compact
 from broker.metrics import Metrics
 from broker.promises import Promises
 from broker.rejects import Rejects
+from broker.retention import Retention
 from broker.watchdog import Timers
 from shared import subjects
 from shared.health import Health, Liveness
@@ -76,6 +78,7 @@ class Broker:
         timing: Timing | None = None,
         secrets: Mapping[str, str] | None = None,
         clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], datetime] = lambda: datetime.now(UTC),
         batch_max: int = 256,
         sample_d: int | None = None,
         seed: int | None = None,
@@ -89,7 +92,7 @@ class Broker:
         self.timing = timing or Timing()
         self.ledger = Ledger(state_dir / "state.git", ref)
         self.committer = Committer(self.ledger, retry_s=self.timing.tick_s,
-                                   on_commit=self._mirror, writer=writer)
+                                   on_commit=self._mirror, writer=writer, wall=wall)
         self.liveness = Liveness(self.timing)
         self.secrets = dict(secrets or {})
         self.now = clock
@@ -109,6 +112,7 @@ class Broker:
         self.rejects = Rejects(self.log, self.metrics.rejected)
         self.auctioneer = Auctioneer(self)
         self.promises = Promises(self)
+        self.retention = Retention(self, wall)
         self.metrics.attach(self)
         self.committer.metrics = self.metrics
         self.pinned_reported: set[str] = set()
@@ -231,6 +235,7 @@ class Broker:
                 if self.deaf_since is None and now - watched >= self.timing.tick_s / 2:
                     watched = now
                     self.promises.watch(now)
+                    self.retention.watch()
             except Exception:
                 self.log.exception("reconcile failed; retrying next tick")
             # asyncio.timeout, not wait_for: on 3.11 wait_for swallows a cancel that lands

@@ -47,6 +47,8 @@ class Reason(StrEnum):
     UNKNOWN_NODE = "no such node"
     BAD_SPEC = "the spec is invalid"
     DUPLICATE = "an instance with that id already exists"
+    # Housekeeping the broker commits.
+    RETAINED = "ended longer ago than the retention time; git history keeps the record"
 
 
 #: The reasons a node may give when it declines an RFB; anything else on the wire is rejected.

@@ -16,6 +16,7 @@ moves it into its shard the first time it writes that instance.
 from __future__ import annotations
 
 import hashlib
+from typing import Annotated
 
 import msgspec
 
@@ -23,6 +24,7 @@ from shared.award import NodeBid, NodeDecline
 from shared.messages import InstanceState, Shape, Spec
 
 __all__ = [
+    "STAMP_PATTERN",
     "Assignment",
     "AuctionRecord",
     "BatchRecord",
@@ -87,6 +89,10 @@ class NodeFile(msgspec.Struct, kw_only=True):
         return not (self.instances or self.draining or self.blocked_ports)
 
 
+#: An end stamp: ``2026-11-29T23:59:01.123Z`` (UTC, optional fraction), or "" for none.
+STAMP_PATTERN = r"^(\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d{1,6})?Z)?$"
+
+
 class InstanceRecord(msgspec.Struct, kw_only=True):
     instance_id: str
     spec: Spec
@@ -98,6 +104,10 @@ class InstanceRecord(msgspec.Struct, kw_only=True):
     excluded: list[str] = []
     #: The operator asked to cancel; the node has `cancel_grace_s` to confirm.
     cancelling: bool = False
+    #: When the commit that recorded the end (a terminal state) was written, RFC 3339 in UTC
+    #: ("" until then); `timing.retention_s` later the record leaves the tree (git history
+    #: keeps it). A string, not a datetime: the core never touches clock types.
+    ended_at: Annotated[str, msgspec.Meta(pattern=STAMP_PATTERN)] = ""
 
 
 class AuctionRecord(msgspec.Struct, kw_only=True):

@@ -54,8 +54,9 @@ class Cluster:
         self.nc: Any = None
 
     async def start_broker(self, ref: str = "refs/heads/main",
-                           secrets: dict[str, str] | None = None) -> Broker:
-        self.broker = Broker(nats_url=self.url, state_dir=self.state, ref=ref, timing=TIMING,
+                           secrets: dict[str, str] | None = None,
+                           timing: Timing = TIMING) -> Broker:
+        self.broker = Broker(nats_url=self.url, state_dir=self.state, ref=ref, timing=timing,
                              secrets=secrets)
         await self.broker.start()
         return self.broker

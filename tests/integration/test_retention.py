@@ -1,0 +1,86 @@
+"""Retention with the real pieces: a real worker runs an instance to its end, the broker
+stamps the end in git, and `timing.retention_s` later the record leaves the state tree in a
+commit that names it, while git history keeps it; a record written by hand without a stamp
+is timed from the broker's start; retention 0 keeps everything."""
+
+from __future__ import annotations
+
+import time
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import msgspec
+import pygit2
+import pytest
+from prometheus_client import generate_latest
+
+from broker.client import ClientError
+from broker.ledger import Ledger, encode, parse_stamp
+from shared.api import StatusReply, StatusRequest
+from shared.messages import InstanceState, Spec
+from shared.reasons import Reason
+from shared.records import InstanceRecord, flat_instance_path, instance_path
+from tests.integration.harness import TIMING, Cluster, wait_for
+
+KEEP_S = 1.0
+
+
+def _in_tree(cluster: Cluster, iid: str) -> bool:
+    return iid in cluster.ledger().state().instances
+
+
+def _messages(state_dir: Path) -> str:
+    repo = pygit2.Repository(str(state_dir / "state.git"))
+    return "\n".join(c.message for c in repo.walk(repo.head.target))
+
+
+async def test_an_ended_instance_is_forgotten_after_retention_and_history_keeps_it(
+        cluster: Cluster) -> None:
+    broker = await cluster.start_broker(timing=msgspec.structs.replace(TIMING,
+                                                                       retention_s=KEEP_S))
+    await cluster.start_agent("node-a")
+    await cluster.wait_nodes(1)
+    iid = await cluster.submit(Spec(name="once", command=["true"]))
+    await wait_for(lambda: (r := cluster.ledger().state().instances.get(iid)) is not None
+                   and r.state is InstanceState.SUCCEEDED, 15, what="succeeded")
+    rec = cluster.ledger().state().instances[iid]
+    ended = parse_stamp(rec.ended_at)
+    assert ended is not None
+    ended_commit = pygit2.Repository(str(cluster.state / "state.git")).head.target
+    await wait_for(lambda: not _in_tree(cluster, iid), KEEP_S + 15, what="forgotten")
+    # Not before the window is over (the stamp is the end commit's time, to the ms).
+    assert datetime.now(UTC) >= ended + timedelta(seconds=KEEP_S)
+    assert f"forget {iid} (succeeded, ended {rec.ended_at}): " \
+        f"{Reason.RETAINED}" in _messages(cluster.state)
+    repo = pygit2.Repository(str(cluster.state / "state.git"))
+    assert instance_path(iid) in repo[ended_commit].peel(pygit2.Tree)  # history keeps it
+    assert broker.retention.forgotten_total == 1
+    assert iid not in broker.ledger.state().instances and not broker.ledger.state().ended
+    with pytest.raises(ClientError, match=f"no such instance: {iid} \\(the record of an ended "
+                       "instance leaves the state tree 1 s after it ended"):
+        await cluster.call("status", StatusRequest(instance_id=iid), StatusReply)
+    text = generate_latest(broker.metrics.registry).decode()
+    assert "gavel_instances_forgotten_total 1.0" in text
+
+
+async def test_a_hand_written_end_counts_from_the_broker_start_and_zero_keeps_it(
+        cluster: Cluster) -> None:
+    # An operator commits an ended record without a stamp (or an older gavel wrote it).
+    old = InstanceRecord(instance_id="by-hand", spec=Spec(name="h", command=["true"]),
+                         state=InstanceState.FAILED, reason="exited")
+    Ledger(cluster.state / "state.git").write_files(
+        {flat_instance_path("by-hand"): encode(old)}, "by hand", None)
+    # Retention 0: kept for ever.
+    await cluster.start_broker(timing=msgspec.structs.replace(TIMING, retention_s=0.0))
+    await cluster.submit(Spec(name="nudge", command=["true"]), "nudge")  # a commit happens
+    await wait_for(lambda: "nudge" in cluster.ledger().state().instances, 10, what="submitted")
+    time.sleep(KEEP_S)
+    assert _in_tree(cluster, "by-hand")
+    await cluster.stop_broker()
+    # With a window: timed from this start, then forgotten (flat path and all).
+    started = time.monotonic()
+    await cluster.start_broker(timing=msgspec.structs.replace(TIMING, retention_s=KEEP_S))
+    await wait_for(lambda: not _in_tree(cluster, "by-hand"), KEEP_S + 15, what="forgotten")
+    assert time.monotonic() - started >= KEEP_S - 0.5
+    assert "forget by-hand (failed): " in _messages(cluster.state)
+    assert _in_tree(cluster, "nudge")  # not ended: never forgotten
