@@ -8,36 +8,28 @@ import json
 import sys
 from pathlib import Path
 
+from broker.parsers import non_negative_float, positive_float, positive_int
+
 __all__ = ["add_arguments", "run_cli"]
 
 
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"{text!r} must be greater than 0")
-    return value
-
-
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--agents", type=_positive, default=1000,
+    p.add_argument("--agents", type=positive_int, default=1000,
                    help="live agents, each with its own NATS connection (default 1000)")
-    p.add_argument("--placements", type=_positive, default=20_000,
+    p.add_argument("--placements", type=positive_int, default=20_000,
                    help="placements to submit (default 20000)")
     p.add_argument("--mode", choices=["broadcast", "sampled"], default="sampled",
                    help="ask every node, or d sampled nodes per request (default sampled)")
-    p.add_argument("--d", type=_positive, default=2, help="nodes sampled per request")
-    p.add_argument("--processes", type=_positive, default=4,
+    p.add_argument("--d", type=positive_int, default=2, help="nodes sampled per request")
+    p.add_argument("--processes", type=positive_int, default=4,
                    help="processes the agents are spread over (default 4)")
-    p.add_argument("--batch-max", type=_positive, default=256,
+    p.add_argument("--batch-max", type=positive_int, default=256,
                    help="requests per auction at most (default 256)")
-    p.add_argument("--max-auctions", type=_positive, default=16,
+    p.add_argument("--max-auctions", type=positive_int, default=16,
                    help="auctions in flight at once (default 16)")
-    p.add_argument("--rate", type=_positive, default=None,
+    p.add_argument("--rate", type=positive_float, default=None,
                    help="submit this many placements a second (default: as fast as taken)")
-    p.add_argument("--idle-s", type=float, default=10.0,
+    p.add_argument("--idle-s", type=non_negative_float, default=10.0,
                    help="seconds to measure one idle `gavel worker` (0 skips; default 10)")
     p.add_argument("--state", type=Path, default=None,
                    help="keep the run's state (git repo, logs) here")

@@ -15,6 +15,7 @@ __all__ = [
     "choice",
     "labels",
     "node_id",
+    "non_negative_float",
     "port",
     "port_range",
     "positive_float",
@@ -48,6 +49,18 @@ def positive_float(text: str) -> float:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
     if not value > 0:
         raise argparse.ArgumentTypeError(f"{text!r} must be greater than 0")
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"{text!r} must be a finite number")
+    return value
+
+
+def non_negative_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be 0 or more")
     if not math.isfinite(value):
         raise argparse.ArgumentTypeError(f"{text!r} must be a finite number")
     return value

@@ -14,6 +14,8 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
+from broker.parsers import positive_int
+
 if TYPE_CHECKING:  # the simulator loads only when `gavel sim` runs (numpy is heavy)
     from sim.engine import Progress
     from sim.scenario import Scenario
@@ -39,8 +41,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     bench = parser.add_argument_group("benchmark")
     bench.add_argument("--bench", action="store_true",
                        help="measure simulated placements per second of wall time")
-    bench.add_argument("--nodes", type=int, default=1000, help="benchmark fleet size")
-    bench.add_argument("--placements", type=int, default=100_000,
+    bench.add_argument("--nodes", type=positive_int, default=1000, help="benchmark fleet size")
+    bench.add_argument("--placements", type=positive_int, default=100_000,
                        help="benchmark arrivals")
     replay = parser.add_argument_group("replay")
     replay.add_argument("--replay", type=Path, metavar="STATE_REPO",

@@ -184,3 +184,28 @@ def test_tls_cert_and_key_go_together() -> None:
     cfg = worker(["--node-id", "n", "--tls-ca", "ca.pem"],
                  env={"GAVEL_TLS_CERT": "c.pem", "GAVEL_TLS_KEY": "k.pem"})
     assert (cfg.tls_ca, cfg.tls_cert, cfg.tls_key) == ("ca.pem", "c.pem", "k.pem")
+
+
+@pytest.mark.parametrize(("argv", "words"), [
+    (["bench", "--idle-s", "-1"], "argument --idle-s: '-1' must be 0 or more"),
+    (["bench", "--rate", "nan"], "argument --rate: 'nan' must be greater than 0"),
+    (["bench", "--rate", "inf"], "argument --rate: 'inf' must be a finite number"),
+    (["bench", "--agents", "0"], "argument --agents: '0' must be greater than 0"),
+    (["sim", "--bench", "--nodes", "0"], "argument --nodes: '0' must be greater than 0"),
+    (["sim", "--bench", "--placements", "-3"], "argument --placements: '-3' must be greater"),
+])
+def test_bad_numbers_on_the_command_line_exit_2_with_a_sentence(
+        argv: list[str], words: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        cli.main(argv)
+    assert exc.value.code == 2
+    assert words in capsys.readouterr().err
+
+
+def test_a_fractional_rate_is_a_rate() -> None:
+    import argparse
+
+    from bench.cli import add_arguments
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    assert p.parse_args(["--rate", "2.5", "--idle-s", "0"]).rate == 2.5
