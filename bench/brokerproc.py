@@ -25,13 +25,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sample-d", type=int, default=None)
     p.add_argument("--batch-max", type=int, default=256)
     p.add_argument("--max-auctions", type=int, default=16)
+    p.add_argument("--batch-wait-ms", type=float, default=0.0)
     args = p.parse_args(argv)
     logging.basicConfig(level=os.environ.get("GAVEL_LOG_LEVEL", "WARNING"))
 
     async def run() -> None:
         broker = Broker(nats_url=args.url, state_dir=args.state,
                         timing=Timing.from_env(os.environ), batch_max=args.batch_max,
-                        sample_d=args.sample_d, max_auctions=args.max_auctions)
+                        sample_d=args.sample_d, max_auctions=args.max_auctions,
+                        batch_wait_s=args.batch_wait_ms / 1000)
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, broker.stop)

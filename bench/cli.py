@@ -27,6 +27,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="requests per auction at most (default 256)")
     p.add_argument("--max-auctions", type=positive_int, default=16,
                    help="auctions in flight at once (default 16)")
+    p.add_argument("--batch-wait-ms", type=non_negative_float, default=0.0,
+                   help="the broker's batch wait: requests wait up to this long for a fuller "
+                   "auction (default 0)")
     p.add_argument("--rate", type=positive_float, default=None,
                    help="submit this many placements a second (default: as fast as taken)")
     p.add_argument("--idle-s", type=non_negative_float, default=10.0,
@@ -42,6 +45,7 @@ def run_cli(args: argparse.Namespace) -> int:
     opts = Options(agents=args.agents, placements=args.placements, mode=args.mode, d=args.d,
                    processes=args.processes, batch_max=args.batch_max,
                    max_auctions=args.max_auctions, rate=float(args.rate or 0),
+                   batch_wait_ms=args.batch_wait_ms,
                    progress=not args.json, state=args.state,
                    idle_s=args.idle_s)
     try:

@@ -45,6 +45,7 @@ class Options:
     processes: int = 4
     batch_max: int = 256
     max_auctions: int = 16
+    batch_wait_ms: float = 0.0
     chunk: int = 1000
     #: Submit at this many placements a second (open loop), or 0: as fast as taken.
     rate: float = 0.0
@@ -146,7 +147,8 @@ async def run(opts: Options) -> Result:
         git_cli = await asyncio.to_thread(git_cli_commits_per_s)
         idle = await idle_worker(server.url, opts.idle_s) if opts.idle_s > 0 else (0.0, 0.0)
         broker_args = ["--url", server.url, "--state", str(root), "--batch-max",
-                       str(opts.batch_max), "--max-auctions", str(opts.max_auctions)]
+                       str(opts.batch_max), "--max-auctions", str(opts.max_auctions),
+                       "--batch-wait-ms", str(opts.batch_wait_ms)]
         if opts.mode == "sampled":
             broker_args += ["--sample-d", str(opts.d)]
         broker = _spawn("bench.brokerproc", broker_args, root / "logs" / "broker.log")

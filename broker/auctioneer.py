@@ -7,6 +7,10 @@ Rules:
    no other node is left, then with them).
 3. A winner's capacity is charged for undelivered awards until the commit lands, so
    pipelined auctions never over-commit a node.
+4. An auction opens once `batch_max` requests wait, or once the oldest waiting one has waited
+   `batch_wait_s` (0: at once). A broadcast round costs a reply from every node however few
+   requests it carries; waiting a few ms for a fuller batch trades that much queueing for
+   far fewer rounds (1,000 nodes, 1,000 submissions/s: see the README's Performance).
 """
 
 from __future__ import annotations
@@ -53,6 +57,9 @@ class Auctioneer:
         self.placed_total = 0
         self.auctions_total = 0
         self.replies_total = 0
+        #: When the waiting (not yet auctioned) work began to wait; None: nothing waits.
+        self.waiting_since: float | None = None
+        self._wait_timer: asyncio.TimerHandle | None = None
 
     # -- opening -------------------------------------------------------------------------
     def reconcile(self, now: float) -> None:
@@ -67,6 +74,12 @@ class Auctioneer:
                 if len(pending) >= want:
                     break
         if not pending:
+            self.waiting_since = None
+            return
+        if self.waiting_since is None:
+            self.waiting_since = now
+        if len(pending) < b.batch_max and now - self.waiting_since < b.batch_wait_s:
+            self._wake_at(self.waiting_since + b.batch_wait_s - now)  # rule 4
             return
         if b.ledger.pinned:
             for r in pending:
@@ -85,9 +98,15 @@ class Auctioneer:
             candidates = [n for n in eligible if n not in excluded] or eligible
             for i in range(0, len(requests), b.batch_max):
                 if room <= 0:
-                    return
+                    return  # what is left has waited already: it goes when room frees
                 self.open(requests[i:i + b.batch_max], candidates, now)
                 room -= 1
+        self.waiting_since = None
+
+    def _wake_at(self, delay: float) -> None:
+        if self._wait_timer is None or self._wait_timer.cancelled() \
+                or self._wait_timer.when() <= asyncio.get_running_loop().time():
+            self._wait_timer = asyncio.get_running_loop().call_later(delay, self.b.wake)
 
     def open(self, requests: list[Request], candidates: list[str], now: float) -> None:
         """One auction: broadcast to every candidate, or — with sampling on and a cluster

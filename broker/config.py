@@ -27,12 +27,14 @@ from broker.parsers import (
     choice,
     labels,
     node_id,
+    non_negative_float,
     port,
     port_range,
     positive_float,
     positive_int,
     strategy_param,
     strategy_params,
+    whole,
 )
 from shared.strategies import names as strategy_names
 from shared.timing import FAST_FACTOR, Timing
@@ -78,6 +80,11 @@ class BrokerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     metrics_addr: str = "127.0.0.1"
     log_format: LogFormat = "text"
     log_level: LogLevel = "INFO"
+    #: Ask this many sampled nodes per request (Sparrow's batch sampling); 0: every node.
+    sample_d: Annotated[int, msgspec.Meta(ge=0, le=1000)] = 0
+    batch_max: Annotated[int, msgspec.Meta(ge=1, le=10_000)] = 256
+    max_auctions: Annotated[int, msgspec.Meta(ge=1, le=1000)] = 16
+    batch_wait_ms: Annotated[float, msgspec.Meta(ge=0, le=60_000)] = 0.0
     timing: Timing | None = None
 
 
@@ -160,6 +167,16 @@ BROKER_OPTIONS: list[Option] = [
     Option("push", "--push", "GAVEL_PUSH", str,
            "push the active branch to this git remote (URL, path or remote name in "
            "state.git) after commits; merges, never forces (default: no push)", "REMOTE"),
+    Option("sample_d", "--sample-d", "GAVEL_SAMPLE_D", whole,
+           "ask D sampled nodes per request instead of every node (Sparrow's batch "
+           "sampling; default 0: broadcast to every node)", "D"),
+    Option("batch_max", "--batch-max", "GAVEL_BATCH_MAX", positive_int,
+           "requests one auction carries at most (default 256)", "N"),
+    Option("max_auctions", "--max-auctions", "GAVEL_MAX_AUCTIONS", positive_int,
+           "auctions in flight at once (default 16)", "N"),
+    Option("batch_wait_ms", "--batch-wait-ms", "GAVEL_BATCH_WAIT_MS", non_negative_float,
+           "let waiting requests wait this long for a fuller batch before an auction opens "
+           "(default 0: at once; a broadcast round costs a reply from every node)", "MS"),
 ]
 
 WORKER_OPTIONS: list[Option] = [

@@ -20,7 +20,7 @@ import ssl
 import tomllib
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, urlsplit
 
 from broker import logs
@@ -38,6 +38,9 @@ from broker.config import (
 )
 from broker.creds import connect_options
 from shared.strategies import Strategy
+
+if TYPE_CHECKING:
+    from broker.service import Broker
 
 __all__ = ["check", "config_check", "run_broker", "run_worker", "settings"]
 
@@ -151,9 +154,21 @@ def _nats_errors(cfg: BrokerConfig) -> Callable[[Exception], Awaitable[None]]:
     return on_error
 
 
+def make_broker(cfg: BrokerConfig, secrets: dict[str, str]) -> Broker:
+    """The daemon's broker, as its config says (it keeps trying to reach NATS for ever)."""
+    from broker.service import Broker
+
+    return Broker(nats_url=cfg.nats, state_dir=Path(cfg.state), ref=cfg.ref,
+                  timing=effective_timing(cfg, os.environ), secrets=secrets,
+                  sample_d=cfg.sample_d or None, batch_max=cfg.batch_max,
+                  max_auctions=cfg.max_auctions, batch_wait_s=cfg.batch_wait_ms / 1000,
+                  nats_options={"error_cb": _nats_errors(cfg), **_nats_options(cfg)},
+                  connect_wait_s=None)
+
+
 async def run_broker(args: argparse.Namespace) -> int:
     from broker.metrics_http import MetricsUnavailable, serve
-    from broker.service import Broker, tune_gc
+    from broker.service import tune_gc
 
     tune_gc()
     cfg: BrokerConfig = args.settings
@@ -161,10 +176,7 @@ async def run_broker(args: argparse.Namespace) -> int:
     logs.configure(cfg.log_format, cfg.log_level,
                    secrets=[*secrets.values(), *_url_secrets(cfg.nats, cfg.push),
                             os.environ.get("GAVEL_PUSH_TOKEN", "")])
-    broker = Broker(nats_url=cfg.nats, state_dir=Path(cfg.state), ref=cfg.ref,
-                    timing=effective_timing(cfg, os.environ), secrets=secrets,
-                    nats_options={"error_cb": _nats_errors(cfg), **_nats_options(cfg)},
-                    connect_wait_s=None)
+    broker = make_broker(cfg, secrets)
     pusher = None
     if cfg.push:
         from broker.remote import Pusher

@@ -22,6 +22,7 @@ __all__ = [
     "positive_int",
     "strategy_param",
     "strategy_params",
+    "whole",
 ]
 
 def labels(text: str) -> dict[str, str]:
@@ -73,6 +74,17 @@ def positive_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
     if value <= 0:
         raise argparse.ArgumentTypeError(f"{text!r} must be greater than 0")
+    return value
+
+
+def whole(text: str) -> int:
+    """A whole number, 0 or more."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be 0 or more")
     return value
 
 

@@ -83,6 +83,7 @@ class Broker:
         sample_d: int | None = None,
         seed: int | None = None,
         max_auctions: int = 16,
+        batch_wait_s: float = 0.0,
         writer: str = "process",
         nats_options: Mapping[str, Any] | None = None,
         connect_wait_s: float | None = 30.0,
@@ -103,6 +104,8 @@ class Broker:
         #: Auctions in flight at once (pipelining with a bound, so a backlog of 100,000
         #: submissions does not become 400 simultaneous broadcasts).
         self.max_auctions = max_auctions
+        #: How long waiting work may wait for a fuller batch (`broker.auctioneer` rule 4).
+        self.batch_wait_s = batch_wait_s
         self.rng = random.Random(seed)
         self.nats_options = dict(nats_options or {})
         #: How long `start` keeps trying to reach NATS before it raises `NatsUnreachable`

@@ -161,8 +161,10 @@ class Auction:
 
     # -- timers --------------------------------------------------------------------------
     def done(self, now: float) -> bool:
+        # `receive` admits only eligible nodes, once each: counting is enough (a set
+        # comparison is O(nodes) per reply - quadratic over a broadcast round).
         return self.closed_at is not None or now >= self.deadline or (
-            self._answered >= self.eligible
+            len(self._answered) == len(self.eligible)
         )
 
     def timer(self) -> float:

@@ -55,9 +55,9 @@ class Cluster:
 
     async def start_broker(self, ref: str = "refs/heads/main",
                            secrets: dict[str, str] | None = None,
-                           timing: Timing = TIMING) -> Broker:
+                           timing: Timing = TIMING, **kw: Any) -> Broker:
         self.broker = Broker(nats_url=self.url, state_dir=self.state, ref=ref, timing=timing,
-                             secrets=secrets)
+                             secrets=secrets, **kw)
         await self.broker.start()
         return self.broker
 

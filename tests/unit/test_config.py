@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import tomllib
 from pathlib import Path
 
@@ -209,3 +210,35 @@ def test_a_fractional_rate_is_a_rate() -> None:
     p = argparse.ArgumentParser()
     add_arguments(p)
     assert p.parse_args(["--rate", "2.5", "--idle-s", "0"]).rate == 2.5
+
+
+def test_auction_settings_reach_the_broker(tmp_path: Path) -> None:
+    from broker.daemons import make_broker
+
+    file = write(tmp_path, 'state = "s"\nsample_d = 3\nbatch_wait_ms = 5.0\n')
+    cfg = load(BrokerConfig, BROKER_OPTIONS, file=file, env={"GAVEL_BATCH_MAX": "64"},
+               flags=flags_of(cli.build_parser().parse_args(
+                   ["broker", "--max-auctions", "4"]), BROKER_OPTIONS))
+    b = make_broker(cfg, {})
+    try:
+        assert (b.sample_d, b.batch_max, b.max_auctions, b.batch_wait_s) == (3, 64, 4, 0.005)
+    finally:
+        b.committer.close()
+    plain = make_broker(load(BrokerConfig, BROKER_OPTIONS, file=None, env={"GAVEL_STATE": "s"}),
+                        {})
+    try:  # the defaults: broadcast, batches of 256, 16 auctions in flight, no wait
+        assert (plain.sample_d, plain.batch_max, plain.max_auctions, plain.batch_wait_s) == (
+            None, 256, 16, 0.0)
+    finally:
+        plain.committer.close()
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ('state = "s"\nsample_d = -1\n', "field `sample_d` expected `int` >= 0."),
+    ('state = "s"\nbatch_max = 0\n', "field `batch_max` expected `int` >= 1."),
+    ('state = "s"\nbatch_wait_ms = nan\n', "field `batch_wait_ms` expected `float` >= 0.0."),
+    ('state = "s"\nbatch_wait_ms = inf\n', "field `batch_wait_ms` expected `float` <= 60000"),
+])
+def test_bad_auction_settings_name_the_field(tmp_path: Path, text: str, expected: str) -> None:
+    with pytest.raises(ConfigError, match=re.escape(expected)):
+        load(BrokerConfig, BROKER_OPTIONS, file=write(tmp_path, text), env={})
