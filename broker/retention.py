@@ -5,7 +5,8 @@ instances a second does not hold, read and rewrite every instance it ever ran.
 Rules:
 1. An end is stamped once, by the commit that records it (`InstanceRecord.ended_at`, see
    `broker.committer`). A terminal record without a stamp (written by hand, or by an older
-   gavel) counts from when this broker first read it.
+   gavel), or with one in the future (a clock stepped back, a typo), counts from when this
+   broker first read it - it never holds the others back for longer than the window.
 2. A pass walks `State.ended` (end order) from the oldest and stops at the first record still
    inside the window: it costs what it forgets, never a scan of every instance.
 3. One forget commit is in flight at a time, at most `FORGET_MAX` records. Its plan re-checks
@@ -43,7 +44,9 @@ def due(state: State, now: datetime, keep_s: float, first_seen: dict[str, dateti
     out: list[tuple[str, str]] = []
     for iid in state.ended:
         stamp = state.instances[iid].ended_at
-        at = parse_stamp(stamp) or first_seen.setdefault(iid, now)
+        at = parse_stamp(stamp)
+        if at is None or at > now:
+            at = first_seen.setdefault(iid, now)
         if at > cutoff or len(out) >= limit:
             break
         out.append((iid, stamp))
@@ -68,8 +71,10 @@ class Retention:
         now = self.wall()
         if state is not self._seen_state:  # read afresh: time unstamped ends from now on
             self._seen_state = state
+            self._first_seen = {k: v for k, v in self._first_seen.items() if k in state.ended}
             for iid in state.ended:
-                if parse_stamp(state.instances[iid].ended_at) is None:
+                at = parse_stamp(state.instances[iid].ended_at)
+                if at is None or at > now:
                     self._first_seen.setdefault(iid, now)
         batch = due(state, now, b.timing.retention_s, self._first_seen)
         if not batch:

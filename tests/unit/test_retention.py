@@ -69,6 +69,16 @@ def test_an_unstamped_end_counts_from_when_it_was_first_met() -> None:
     assert due(st, T0 + timedelta(seconds=60), 60.0, seen) == [("old", "")]
 
 
+def test_a_stamp_in_the_future_counts_from_when_it_was_first_met() -> None:
+    # A clock stepped back (or a typo by hand) must not hold every later end back for years.
+    st = _state(_rec("ahead", at=T0 + timedelta(days=3650)))
+    st.put_instance("later", _rec("later", at=T0 + timedelta(seconds=1)))
+    seen: dict[str, datetime] = {}
+    assert due(st, T0, 60.0, seen) == [] and seen == {"ahead": T0}
+    assert [i for i, _ in due(st, T0 + timedelta(seconds=61), 60.0, seen)] == ["ahead",
+                                                                                "later"]
+
+
 def test_stamps_read_back_and_a_stamp_naming_no_real_time_counts_as_none() -> None:
     assert stamp(T0 + timedelta(microseconds=123_456)) == "2026-11-29T12:00:00.123Z"
     assert parse_stamp("2026-11-29T12:00:00.123Z") == T0 + timedelta(milliseconds=123)
