@@ -34,12 +34,19 @@ def names() -> list[str]:
 
 
 def make_strategy(name: str, params: Params | None = None) -> Strategy:
+    """The strategy `name` with `params`; a ValueError sentence for an unknown name or a
+    parameter the strategy does not take (a misspelt ``ceilng`` is refused, not ignored)."""
     try:
         factory = REGISTRY[name]
     except KeyError:
         raise ValueError(
             f"unknown strategy {name!r}: expected one of {', '.join(names())}"
         ) from None
+    takes: frozenset[str] = getattr(factory, "PARAMS", frozenset())
+    unknown = sorted(set(params or {}) - takes)
+    if unknown:
+        which = f"it takes {', '.join(sorted(takes))}" if takes else "it takes none"
+        raise ValueError(f"strategy {name} has no parameter {unknown[0]!r} ({which})")
     return factory(params)
 
 

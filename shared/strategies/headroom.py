@@ -15,6 +15,7 @@ from shared.strategies.base import Params, utilisation
 class Headroom:
     name = "headroom"
     depends_on_request = True
+    PARAMS = frozenset({"ceiling"})
 
     def __init__(self, params: Params | None = None) -> None:
         ceiling = float((params or {}).get("ceiling", 0.8))

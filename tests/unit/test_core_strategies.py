@@ -4,6 +4,7 @@ its marginal step for one more of the same shape)."""
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 from hypothesis import given
@@ -67,6 +68,20 @@ def test_unknown_strategy_names_the_choices() -> None:
 
 
 # -- least-loaded -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("name", "params", "words"), [
+    ("headroom", {"ceilng": 0.7}, "strategy headroom has no parameter 'ceilng' (it takes "
+     "ceiling)"),
+    ("binpack", {"ceiling": 0.5}, "strategy binpack has no parameter 'ceiling' (it takes "
+     "none)"),
+    ("least-loaded", {"x": 1.0}, "no parameter 'x'"),
+    ("spread", {"x": 1.0}, "no parameter 'x'"),
+])
+def test_a_parameter_the_strategy_does_not_take_is_refused(
+        name: str, params: dict[str, float], words: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(words)):
+        make_strategy(name, params)
 
 
 def test_least_loaded_bids_max_of_measured_and_committed_averaged() -> None:
