@@ -8,6 +8,7 @@ spec is an error, not a silently ignored key.
 
 from __future__ import annotations
 
+import math
 from enum import StrEnum
 from typing import Annotated
 
@@ -95,10 +96,25 @@ class Spec(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     secrets: list[str] = []
 
     def __post_init__(self) -> None:
+        # What exec would refuse only on the node (after an award, as "driver failed to
+        # start") is refused here, where the operator submits it.
         if len(set(self.ports)) != len(self.ports):
             raise ValueError("ports must have distinct names")
         if len(set(self.secrets)) != len(self.secrets):
             raise ValueError("secrets must have distinct names")
+        if not math.isfinite(self.cpu):
+            raise ValueError("cpu must be a finite number")
+        if self.timeout_s is not None and not math.isfinite(self.timeout_s):
+            raise ValueError("timeout_s must be a finite number of seconds (leave it out for "
+                             "no timeout)")
+        if any("\0" in arg for arg in self.command):
+            raise ValueError("command arguments must not contain a NUL character")
+        for key, value in self.env.items():
+            if not key or "=" in key or "\0" in key or "\0" in value:
+                raise ValueError(f"env name {key!r} is not usable: a name is not empty and has "
+                                 "no '=' or NUL, a value has no NUL")
+        if any(not key for key in self.labels):
+            raise ValueError("label names must not be empty")
 
 
 #: The wire protocol's version, carried by every message. 1 was the first release (one

@@ -265,6 +265,17 @@ SPECS = [
     ("ports.json", '{"name": "x", "command": ["true"], "ports": ["a", "a"]}',
      "ports must have distinct names"),
     ("truncated.json", '{"name": "x", "command": ["true"', "not valid JSON"),
+    ("inf-cpu.toml", 'name = "x"\ncommand = ["true"]\ncpu = inf\n', "cpu must be a finite"),
+    ("inf-timeout.toml", 'name = "x"\ncommand = ["true"]\ntimeout_s = inf\n',
+     "timeout_s must be a finite number of seconds"),
+    ("env-eq.toml", 'name = "x"\ncommand = ["true"]\nenv = { "A=B" = "c" }\n',
+     "env name 'A=B' is not usable"),
+    ("env-empty.json", '{"name": "x", "command": ["true"], "env": {"": "c"}}',
+     "env name '' is not usable"),
+    ("nul.json", '{"name": "x", "command": ["tr\\u0000ue"]}',
+     "command arguments must not contain a NUL"),
+    ("label.toml", 'name = "x"\ncommand = ["true"]\nlabels = { "" = "a" }\n',
+     "label names must not be empty"),
     ("deep.json", '{"name": "x", "command": ["true"], "labels": ' + '{"a":' * 5000 + "1"
      + "}" * 5001, "field 'labels[...]': expected `str`, got `object`"),
 ]

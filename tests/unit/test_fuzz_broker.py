@@ -391,17 +391,23 @@ def test_api_answers_garbage_with_an_error_and_changes_nothing(
 
 
 def test_submit_refuses_a_spec_no_node_could_ever_hold(rig: Rig) -> None:
-    for spec, what in ((Spec(name="big", command=["true"], cpu=64.0), "64 cpu"),
-                       (Spec(name="big", command=["true"], memory_mb=10**6), "1000000 MB"),
-                       (Spec(name="big", command=["true"], cpu=math.inf), "inf cpu")):
-        msg = Msg(subjects.API.format(verb="submit"), _enc.encode(SubmitRequest(spec=spec)),
-                  reply="_INBOX.api")
+    for spec, what in ((Spec(name="big", command=["true"], cpu=64.0),
+                        "no node could ever offer the requested resources: asks 64 cpu"),
+                       (Spec(name="big", command=["true"], memory_mb=10**6),
+                        "no node could ever offer the requested resources: asks 1000000 MB"),
+                       (None, "malformed submit request: cpu must be a finite number")):
+        if spec is None:  # no Spec can hold it: send what a foreign client could
+            raw = msgspec.msgpack.decode(_enc.encode(SubmitRequest(spec=SMALL)))
+            raw["spec"]["cpu"] = math.inf
+            payload = msgspec.msgpack.encode(raw)
+        else:
+            payload = _enc.encode(SubmitRequest(spec=spec))
+        msg = Msg(subjects.API.format(verb="submit"), payload, reply="_INBOX.api")
         before = rig.snapshot()
         rig.run(rig.api._handle(msg))
         reply = msgspec.msgpack.decode(msg.responses[0], type=SubmitReply | ApiError)
         assert isinstance(reply, ApiError)
-        assert "no node could ever offer the requested resources" in reply.error
-        assert what in reply.error
+        assert what in reply.error, reply.error
         assert rig.snapshot() == before
 
 
