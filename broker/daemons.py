@@ -156,14 +156,18 @@ def _nats_errors(cfg: BrokerConfig) -> Callable[[Exception], Awaitable[None]]:
 
 def make_broker(cfg: BrokerConfig, secrets: dict[str, str]) -> Broker:
     """The daemon's broker, as its config says (it keeps trying to reach NATS for ever)."""
+    from broker.ledger import LedgerError
     from broker.service import Broker
 
-    return Broker(nats_url=cfg.nats, state_dir=Path(cfg.state), ref=cfg.ref,
-                  timing=effective_timing(cfg, os.environ), secrets=secrets,
-                  sample_d=cfg.sample_d or None, batch_max=cfg.batch_max,
-                  max_auctions=cfg.max_auctions, batch_wait_s=cfg.batch_wait_ms / 1000,
-                  nats_options={"error_cb": _nats_errors(cfg), **_nats_options(cfg)},
-                  connect_wait_s=None)
+    try:
+        return Broker(nats_url=cfg.nats, state_dir=Path(cfg.state), ref=cfg.ref,
+                      timing=effective_timing(cfg, os.environ), secrets=secrets,
+                      sample_d=cfg.sample_d or None, batch_max=cfg.batch_max,
+                      max_auctions=cfg.max_auctions, batch_wait_s=cfg.batch_wait_ms / 1000,
+                      nats_options={"error_cb": _nats_errors(cfg), **_nats_options(cfg)},
+                      connect_wait_s=None)
+    except LedgerError as exc:  # a state path that is a file, a ref git cannot hold
+        raise ConfigError(f"{exc}.") from None
 
 
 async def run_broker(args: argparse.Namespace) -> int:

@@ -248,6 +248,8 @@ class Ledger:
         except (pygit2.GitError, OSError) as exc:
             raise LedgerError(f"cannot open state repository {path}: {exc}") from exc
         self.ref = self._qualify(ref)
+        if not _SHA.match(self.ref) and not pygit2.reference_is_valid_name(self.ref):
+            raise LedgerError(f"active ref {ref!r} is not a valid git ref name")
         self._state = State()
         self._lock = threading.RLock()
         self._landed: str | None = None  # our commit, written but not yet adopted

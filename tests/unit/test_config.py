@@ -242,3 +242,28 @@ def test_auction_settings_reach_the_broker(tmp_path: Path) -> None:
 def test_bad_auction_settings_name_the_field(tmp_path: Path, text: str, expected: str) -> None:
     with pytest.raises(ConfigError, match=re.escape(expected)):
         load(BrokerConfig, BROKER_OPTIONS, file=write(tmp_path, text), env={})
+
+
+@pytest.mark.parametrize(("ref", "words"), [
+    ("refs/heads/a..b", "active ref 'refs/heads/a..b' is not a valid git ref name."),
+    ("bad name", "active ref 'bad name' is not a valid git ref name."),
+])
+def test_a_ref_git_cannot_hold_is_a_config_error(tmp_path: Path, ref: str, words: str) -> None:
+    from broker.daemons import make_broker
+
+    cfg = load(BrokerConfig, BROKER_OPTIONS, file=None,
+               env={"GAVEL_STATE": str(tmp_path / "s"), "GAVEL_REF": ref})
+    with pytest.raises(ConfigError, match=re.escape(words)):
+        make_broker(cfg, {})
+
+
+def test_a_state_path_that_is_a_file_exits_2_with_one_sentence(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    (tmp_path / "afile").write_text("x")
+    proc = subprocess.run([sys.executable, "-m", "broker.cli", "broker", "--state",
+                           str(tmp_path / "afile"), "--nats", "nats://127.0.0.1:9"],
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.count("\n") == 1 and "cannot open state repository" in proc.stderr
