@@ -228,12 +228,26 @@ def _strategy(cfg: WorkerConfig) -> Strategy:
         raise ConfigError(f"field `strategy_params`: {exc}.") from None
 
 
+def _writable_dir(path: Path) -> None:
+    """The worker's state directory exists (made if need be) and takes files - or a
+    `ConfigError` sentence now, not a traceback at the first write."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = path / ".gavel-write-check"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as exc:
+        raise ConfigError(f"field `state`: cannot keep the worker's state in {path} "
+                          f"({exc.strerror or exc}).") from None
+
+
 async def run_worker(args: argparse.Namespace) -> int:
     from broker.metrics_http import MetricsUnavailable, serve
     from worker.metrics import ObservedAgent
 
     cfg: WorkerConfig = args.settings
     logs.configure(cfg.log_format, cfg.log_level, secrets=_url_secrets(cfg.nats))
+    _writable_dir(Path(cfg.state))
     agent = ObservedAgent(nats_url=cfg.nats, node_id=cfg.node_id, strategy=_strategy(cfg),
                           labels=cfg.labels, state_dir=Path(cfg.state),
                           timing=effective_timing(cfg, os.environ), cpu=cfg.cpu,

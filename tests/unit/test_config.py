@@ -257,13 +257,19 @@ def test_a_ref_git_cannot_hold_is_a_config_error(tmp_path: Path, ref: str, words
         make_broker(cfg, {})
 
 
-def test_a_state_path_that_is_a_file_exits_2_with_one_sentence(tmp_path: Path) -> None:
+@pytest.mark.parametrize(("daemon", "words"), [
+    (["broker"], "gavel broker: cannot open state repository"),
+    (["worker", "--node-id", "n1"], "gavel worker: field `state`: cannot keep the worker's "
+     "state in"),
+])
+def test_a_state_path_that_is_a_file_exits_2_with_one_sentence(
+        tmp_path: Path, daemon: list[str], words: str) -> None:
     import subprocess
     import sys
 
     (tmp_path / "afile").write_text("x")
-    proc = subprocess.run([sys.executable, "-m", "broker.cli", "broker", "--state",
+    proc = subprocess.run([sys.executable, "-m", "broker.cli", *daemon, "--state",
                            str(tmp_path / "afile"), "--nats", "nats://127.0.0.1:9"],
                           capture_output=True, text=True, timeout=60, check=False)
     assert proc.returncode == 2, proc.stderr
-    assert proc.stderr.count("\n") == 1 and "cannot open state repository" in proc.stderr
+    assert proc.stderr.count("\n") == 1 and proc.stderr.startswith(words), proc.stderr
