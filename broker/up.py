@@ -22,6 +22,7 @@ from typing import Any
 
 from broker import auth
 from broker.client import BrokerRefused, call, connect, wait_healthy
+from broker.commands import UsageError
 from broker.natsserver import NatsServer
 from shared.api import (
     EventsReply,
@@ -134,7 +135,11 @@ async def _demo(nc: Any, workers: int, state: Path) -> None:
 
 async def up(args: argparse.Namespace) -> int:
     state: Path = args.state.resolve()
-    (state / "logs").mkdir(parents=True, exist_ok=True)
+    try:
+        (state / "logs").mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(f"--state {state}: cannot keep gavel's state there "
+                         f"({exc.strerror or exc}).") from None
     nodes = [f"node-{i + 1}" for i in range(args.workers)]
     ids = auth.init(state, nodes) if args.auth else None
     server = NatsServer(port=args.nats_port, store_dir=state / "nats",

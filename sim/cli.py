@@ -102,6 +102,12 @@ def _simulate(args: argparse.Namespace, scenario: Scenario) -> int:
               f"got {unknown!r}.", file=sys.stderr)
         return 2
     out = args.out or Path("sim-out") / scenario.name
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        print(f"gavel sim: --out {out}: cannot write the results there "
+              f"({exc.strerror or exc}).", file=sys.stderr)
+        return 2
     bar = None if args.quiet else _Bar(sys.stderr)
     started = time.perf_counter()
     result = simulate(scenario, seed, only, bar.policy if bar else None, naive=args.naive)

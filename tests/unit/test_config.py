@@ -273,3 +273,19 @@ def test_a_state_path_that_is_a_file_exits_2_with_one_sentence(
                           capture_output=True, text=True, timeout=60, check=False)
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.count("\n") == 1 and proc.stderr.startswith(words), proc.stderr
+
+
+@pytest.mark.parametrize(("argv", "words"), [
+    (["up", "--workers", "1", "--state"], "gavel up: --state {f}: cannot keep gavel's state "
+     "there (Not a directory)."),
+    (["sim", "smoke", "--quiet", "--no-plots", "--out"], "gavel sim: --out {f}: cannot write "
+     "the results there (File exists)."),
+])
+def test_an_output_directory_that_is_a_file_exits_2_with_one_sentence(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], argv: list[str],
+        words: str) -> None:
+    f = tmp_path / "afile"
+    f.write_text("x")
+    assert cli.main([*argv, str(f)]) == 2
+    err = capsys.readouterr().err
+    assert err.strip() == words.format(f=f)
