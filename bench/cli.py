@@ -42,6 +42,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run_cli(args: argparse.Namespace) -> int:
     from bench.run import Options, VerifyError, run
 
+    if args.state is not None:
+        try:
+            (args.state / "logs").mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            print(f"gavel bench: --state {args.state}: cannot keep the run's state there "
+                  f"({exc.strerror or exc}).", file=sys.stderr)
+            return 2
     opts = Options(agents=args.agents, placements=args.placements, mode=args.mode, d=args.d,
                    processes=args.processes, batch_max=args.batch_max,
                    max_auctions=args.max_auctions, rate=float(args.rate or 0),

@@ -280,6 +280,8 @@ def test_a_state_path_that_is_a_file_exits_2_with_one_sentence(
      "there (Not a directory)."),
     (["sim", "smoke", "--quiet", "--no-plots", "--out"], "gavel sim: --out {f}: cannot write "
      "the results there (File exists)."),
+    (["bench", "--json", "--state"], "gavel bench: --state {f}: cannot keep the run's state "
+     "there (Not a directory)."),
 ])
 def test_an_output_directory_that_is_a_file_exits_2_with_one_sentence(
         tmp_path: Path, capsys: pytest.CaptureFixture[str], argv: list[str],
