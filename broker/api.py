@@ -236,9 +236,14 @@ class Api:
     async def drain(self, req: DrainRequest) -> Message:
         if self.b.ledger.pinned:
             return ApiError(error=f"{Reason.PINNED} ({self.b.ledger.ref})")
-        known = set(self.b.liveness.known()) | set(self.b.ledger.state().nodes)
+        state = self.b.ledger.state()
+        known = set(self.b.liveness.known()) | set(state.nodes)
         if req.node_id not in known:
             return ApiError(error=f"{Reason.UNKNOWN_NODE}: {req.node_id}")
+        if req.node_id in state.unusable_nodes:
+            path = f"nodes/{req.node_id}/node.json"
+            return ApiError(error=f"{Reason.UNREADABLE_FILE}: {path} "
+                            f"({state.unreadable.get(path, '')})")
         moving = self.b.promises.drain(req.node_id, req.undo, req.migrate)
         return DrainReply(node_id=req.node_id, draining=not req.undo, migrating=moving)
 

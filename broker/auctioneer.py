@@ -91,6 +91,8 @@ class Auctioneer:
         if room <= 0:
             return
         eligible = b.liveness.eligible(now)
+        if state.unusable_nodes:  # a node.json we cannot read: that node wins nothing
+            eligible = [n for n in eligible if n not in state.unusable_nodes]
         groups: dict[tuple[str, ...], list[Request]] = {}
         for r in pending:
             groups.setdefault(tuple(r.excluded), []).append(Request.of(r.instance_id, r.spec))

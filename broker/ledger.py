@@ -14,6 +14,7 @@ Rules:
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import threading
@@ -56,6 +57,7 @@ T = TypeVar("T")
 _HEAD_FRESH_S = 0.005
 _KIND_NAMES = {1: b"commit", 2: b"tree", 3: b"blob", 4: b"tag"}
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+log = logging.getLogger("gavel.ledger")
 
 
 class LedgerError(Exception):
@@ -122,6 +124,11 @@ class State:
     #: Ended instances (terminal records), in the order they ended: an ordered set, what
     #: `broker.retention` walks from the front.
     ended: dict[str, None] = field(default_factory=dict)
+    #: Files in the tree that are not what their path says (put there by hand): path ->
+    #: why. They are left untouched and ignored; nodes whose node.json is one of them win
+    #: nothing (their real placements are unknown, and an award would overwrite the file).
+    unreadable: dict[str, str] = field(default_factory=dict)
+    unusable_nodes: set[str] = field(default_factory=set)
 
     def put_instance(self, iid: str, rec: InstanceRecord | None) -> None:
         if rec is None:
@@ -347,27 +354,51 @@ class Ledger:
             return st
         tree = self.repo[head].peel(pygit2.Tree)
         if "instances" in tree:
-            def record(entry: pygit2.Object) -> InstanceRecord | None:
-                if (entry.name or "").endswith(".json") and entry.type_str == "blob":
-                    return _instance_dec.decode(self._data(entry.id))
-                return None
+            def read(entry: pygit2.Object, path: str) -> None:
+                if not (entry.name or "").endswith(".json") or entry.type_str != "blob":
+                    return
+                try:
+                    rec = _instance_dec.decode(self._data(entry.id))
+                except msgspec.DecodeError as exc:
+                    st.unreadable[path] = str(exc)
+                    return
+                iid = rec.instance_id
+                if f"{iid}.json" != entry.name:
+                    st.unreadable[path] = f"it names instance {iid!r}"
+                    return
+                where = instance_path(iid)
+                if path != where and iid in st.instances:
+                    return  # a stray copy: the record read first, or the broker's, wins
+                st.put_instance(iid, rec)
+                if path != where:  # by hand (flat) or in a wrong shard: moved at the next write
+                    st.flat[iid] = path
 
             top = list(self._tree(tree["instances"].id))
             for entry in top:  # records put there by hand
-                if (rec := record(entry)) is not None:
-                    st.put_instance(rec.instance_id, rec)
-                    st.flat[rec.instance_id] = f"instances/{entry.name}"
+                read(entry, f"instances/{entry.name}")
             for shard in top:  # after the flat ones: the broker's own write wins
                 if shard.type_str == "tree":
                     for entry in self._tree(shard.id):
-                        if (rec := record(entry)) is not None:
-                            st.put_instance(rec.instance_id, rec)
+                        read(entry, f"instances/{shard.name}/{entry.name}")
         if "nodes" in tree:
             for entry in self._tree(tree["nodes"].id):
                 sub = self.repo[entry.id]
                 if isinstance(sub, pygit2.Tree) and "node.json" in sub:
-                    nf = _node_dec.decode(self._data(sub["node.json"].id))
+                    path = f"nodes/{entry.name}/node.json"
+                    try:
+                        nf = _node_dec.decode(self._data(sub["node.json"].id))
+                    except msgspec.DecodeError as exc:
+                        st.unreadable[path] = str(exc)
+                        st.unusable_nodes.add(entry.name or "")
+                        continue
+                    if nf.node_id != entry.name:
+                        st.unreadable[path] = f"it names node {nf.node_id!r}"
+                        st.unusable_nodes.add(entry.name or "")
+                        continue
                     st.put_node(nf.node_id, nf)
+        for path, why in st.unreadable.items():
+            log.error("%s is not a usable gavel file (%s): left as it is and ignored; fix or "
+                      "remove it in git", path, why)
         st.order_ended()
         return st
 

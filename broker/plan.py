@@ -115,7 +115,8 @@ def place(view: View, decision: Awarded, auction_id: str,
     """Put the instance into the winner's node.json; None if it is no longer pending."""
     iid, winner = decision.request.instance_id, decision.winner.node_id
     rec = view.instance(iid)
-    if rec is None or rec.state not in PENDING or view.placed_on(iid) is not None:
+    if rec is None or rec.state not in PENDING or view.placed_on(iid) is not None \
+            or winner in view.state.unusable_nodes:  # never overwrite a file we cannot read
         return None
     nf = view.node(winner) or NodeFile(node_id=winner)
     ports: dict[str, int] | None = {}
@@ -215,6 +216,8 @@ def set_cancelling(view: View, iid: str) -> InstanceRecord | None:
 
 
 def set_draining(view: View, node_id: str, draining: bool) -> NodeFile | None:
+    if node_id in view.state.unusable_nodes:
+        return None  # its node.json is not ours to overwrite (see `State.unreadable`)
     nf = view.node(node_id) or NodeFile(node_id=node_id)
     if nf.draining == draining:
         return None

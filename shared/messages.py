@@ -137,11 +137,12 @@ class Message(msgspec.Struct, tag_field="kind", kw_only=True):
 
 class Shape(msgspec.Struct, kw_only=True, frozen=True):
     """What an instance needs from a node — all a bidder sees. Bids depend only on the
-    shape, so one RFB asks once per distinct shape however many instances share it."""
+    shape, so one RFB asks once per distinct shape however many instances share it.
+    A shape asking for a negative or NaN amount does not decode: no bid could answer it."""
 
-    cpu: float
-    memory_mb: int
-    ports: int = 0
+    cpu: Annotated[float, msgspec.Meta(ge=0.0)]
+    memory_mb: NonNegInt
+    ports: NonNegInt = 0
     labels: dict[str, str] = {}
 
     def key(self) -> tuple[float, int, int, tuple[tuple[str, str], ...]]:

@@ -198,7 +198,7 @@ async def test_a_spec_no_node_could_ever_hold_is_refused_at_submit(cluster: Clus
     for text, reason in (
             ("cpu = 64.0\n", "asks 64 cpu, the largest node has 4"),
             ("memory_mb = 1000000\n", "asks 1000000 MB memory, the largest node has 4096 MB"),
-            ("cpu = inf\n", "asks inf cpu, the largest node has 4")):
+            ("cpu = 4.5\n", "asks 4.5 cpu, the largest node has 4")):
         spec = tmp_path / "big.toml"
         spec.write_text(f'name = "big"\ncommand = ["true"]\n{text}')
         proc = await asyncio.to_thread(gavel, "submit", str(spec), "--nats", cluster.url)

@@ -94,3 +94,43 @@ def test_sharded_commits_pass_git_fsck(tmp_path: Path) -> None:
     out = subprocess.run(["git", "--git-dir", str(tmp_path / "state.git"), "fsck", "--strict",
                           "--full"], capture_output=True, text=True, check=False)
     assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_files_that_are_not_what_their_path_says_are_ignored_and_left_alone(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    from shared.records import NodeFile, node_path
+
+    wrong_shard = "instances/00/stray.json" if instance_path("stray")[10:12] != "00" \
+        else "instances/01/stray.json"
+    hand = {
+        "instances/bad.json": b'{"instance_id": "bad", "spec": {"name": "x"}}\n',
+        instance_path("mine"): encode(rec("other")),  # names another instance
+        instance_path("good"): encode(rec("good")),
+        wrong_shard: encode(rec("stray")),
+        node_path("n1"): b"not json",
+        node_path("n2"): encode(NodeFile(node_id="n3")),  # names another node
+        node_path("n4"): encode(NodeFile(node_id="n4", draining=True)),
+    }
+    head = Ledger(tmp_path / "state.git").write_files(hand, "by hand", None)
+    ledger = Ledger(tmp_path / "state.git")
+    with caplog.at_level("ERROR", logger="gavel.ledger"):
+        state = ledger.state()
+    assert set(state.instances) == {"good", "stray"} and set(state.nodes) == {"n4"}
+    assert set(state.unreadable) == {"instances/bad.json", instance_path("mine"),
+                                     node_path("n1"), node_path("n2")}
+    assert "missing required field `command`" in state.unreadable["instances/bad.json"]
+    assert state.unreadable[instance_path("mine")] == "it names instance 'other'"
+    assert state.unreadable[node_path("n2")] == "it names node 'n3'"
+    assert state.unusable_nodes == {"n1", "n2"}
+    assert state.flat == {"stray": wrong_shard}  # moved to its shard at the next write
+    assert f"{node_path('n1')} is not a usable gavel file" in caplog.text
+    # The broker's next write touches none of them (and moves the stray record home).
+    change = Change(instances={"stray": rec("stray", InstanceState.CANCELLED)})
+    ledger.write(change, "cancel stray", head)
+    now = Ledger(tmp_path / "state.git")
+    files = paths(now)
+    assert {"instances/bad.json", instance_path("mine"), node_path("n1"),
+            node_path("n2")} <= files
+    assert instance_path("stray") in files and wrong_shard not in files
+    blob = now.repo.revparse_single(f"main:{node_path('n1')}")
+    assert blob.data == b"not json"  # type: ignore[attr-defined]
