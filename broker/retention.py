@@ -1,6 +1,9 @@
-"""Retention: the record of an instance that ended more than `timing.retention_s` ago leaves
-the state repository's tree (git history keeps it), so a broker placing thousands of
-instances a second does not hold, read and rewrite every instance it ever ran.
+"""Retention: the record of an instance that ended more than `timing.retention_s` ago, or
+beyond the newest `ended_max` ended ones, leaves the state repository's tree (git history
+keeps it), so a broker placing thousands of instances a second does not hold, read and
+rewrite every instance it ever ran. The window is for people (how long `gavel status`
+answers); the count bounds memory whatever the rate (at 1,000 ends a second a day's window
+is 86 million records; the broker holds ~1 KB for each).
 
 Rules:
 1. An end is stamped once, by the commit that records it (`InstanceRecord.ended_at`, see
@@ -8,10 +11,12 @@ Rules:
    gavel), or with one in the future (a clock stepped back, a typo), counts from when this
    broker first read it - it never holds the others back for longer than the window.
 2. A pass walks `State.ended` (end order) from the oldest and stops at the first record still
-   inside the window: it costs what it forgets, never a scan of every instance.
+   inside the window and within the count: it costs what it forgets, never a scan of every
+   instance.
 3. One forget commit is in flight at a time, at most `FORGET_MAX` records. Its plan re-checks
    each record (still ended, same stamp, in no node.json): a record rewritten meanwhile stays.
-4. ``retention_s = 0`` keeps every record for ever; a pinned deployment forgets nothing.
+4. ``retention_s = 0`` and ``ended_max = 0`` keep every record for ever; either alone
+   bounds what is kept; a pinned deployment forgets nothing.
 """
 
 from __future__ import annotations
@@ -35,21 +40,30 @@ FORGET_MAX = 1000
 
 
 def due(state: State, now: datetime, keep_s: float, first_seen: dict[str, datetime],
-        limit: int = FORGET_MAX) -> list[tuple[str, str]]:
-    """The oldest ended instances past the window, with the stamp each was judged by (rule
-    2); a record without a readable one is timed from `first_seen` (`now` when first met)."""
-    if keep_s <= 0:
+        limit: int = FORGET_MAX, keep_max: int = 0) -> list[tuple[str, str, Reason]]:
+    """The oldest ended instances past the window or beyond the newest `keep_max`, with the
+    stamp each was judged by and why (rule 2); a record without a readable stamp is timed
+    from `first_seen` (`now` when first met)."""
+    excess = len(state.ended) - keep_max if keep_max > 0 else 0
+    if keep_s <= 0 and excess <= 0:
         return []
     cutoff = now - timedelta(seconds=keep_s)
-    out: list[tuple[str, str]] = []
-    for iid in state.ended:
+    out: list[tuple[str, str, Reason]] = []
+    for i, iid in enumerate(state.ended):
+        if len(out) >= limit:
+            break
         stamp = state.instances[iid].ended_at
+        if i < excess:
+            out.append((iid, stamp, Reason.RETAINED_MAX))
+            continue
+        if keep_s <= 0:
+            break
         at = parse_stamp(stamp)
         if at is None or at > now:
             at = first_seen.setdefault(iid, now)
-        if at > cutoff or len(out) >= limit:
+        if at > cutoff:
             break
-        out.append((iid, stamp))
+        out.append((iid, stamp, Reason.RETAINED))
     return out
 
 
@@ -65,7 +79,7 @@ class Retention:
     def watch(self) -> None:
         """One pass: submit a forget commit for what is due, unless one is in flight."""
         b = self.b
-        if self._busy or b.ledger.pinned or b.timing.retention_s <= 0:
+        if self._busy or b.ledger.pinned or (b.timing.retention_s <= 0 and b.ended_max <= 0):
             return
         state = b.ledger.state()
         now = self.wall()
@@ -76,29 +90,30 @@ class Retention:
                 at = parse_stamp(state.instances[iid].ended_at)
                 if at is None or at > now:
                     self._first_seen.setdefault(iid, now)
-        batch = due(state, now, b.timing.retention_s, self._first_seen)
+        batch = due(state, now, b.timing.retention_s, self._first_seen,
+                    keep_max=b.ended_max)
         if not batch:
             return
         self._busy = True
         b.committer.submit(Item(plan=functools.partial(self._plan, batch=batch),
                                 failed=self._failed))
 
-    def _plan(self, view: View, batch: list[tuple[str, str]]) -> Planned | None:
+    def _plan(self, view: View, batch: list[tuple[str, str, Reason]]) -> Planned | None:
         lines = []
-        for iid, stamp in batch:
+        for iid, stamp, why in batch:
             rec = forget(view, iid, stamp)
             if rec is not None:
                 at = f", ended {stamp}" if stamp else ""
-                lines.append(f"forget {iid} ({rec.state}{at}): {Reason.RETAINED}")
+                lines.append(f"forget {iid} ({rec.state}{at}): {why}")
         if not lines:
             self._busy = False
             return None
         return Planned(lines=lines, after=[functools.partial(self._forgotten, batch=batch)])
 
-    def _forgotten(self, _sha: str, batch: list[tuple[str, str]]) -> None:
+    def _forgotten(self, _sha: str, batch: list[tuple[str, str, Reason]]) -> None:
         self._busy = False
         state = self.b.ledger.state()
-        for iid, _stamp in batch:
+        for iid, _stamp, _why in batch:
             if iid not in state.instances:
                 self._first_seen.pop(iid, None)
                 self.forgotten_total += 1

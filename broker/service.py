@@ -84,6 +84,7 @@ class Broker:
         seed: int | None = None,
         max_auctions: int = 16,
         batch_wait_s: float = 0.0,
+        ended_max: int = 100_000,
         writer: str = "process",
         nats_options: Mapping[str, Any] | None = None,
         connect_wait_s: float | None = 30.0,
@@ -106,6 +107,8 @@ class Broker:
         self.max_auctions = max_auctions
         #: How long waiting work may wait for a fuller batch (`broker.auctioneer` rule 4).
         self.batch_wait_s = batch_wait_s
+        #: Ended instance records kept in the tree at most, newest first (0: no cap).
+        self.ended_max = ended_max
         self.rng = random.Random(seed)
         self.nats_options = dict(nats_options or {})
         #: How long `start` keeps trying to reach NATS before it raises `NatsUnreachable`

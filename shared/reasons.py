@@ -50,6 +50,7 @@ class Reason(StrEnum):
     UNREADABLE_FILE = "a file in the state repository is not a usable gavel file; fix it in git"
     # Housekeeping the broker commits.
     RETAINED = "ended longer ago than the retention time; git history keeps the record"
+    RETAINED_MAX = "more ended instances than the broker keeps; git history keeps the record"
 
 
 #: The reasons a node may give when it declines an RFB; anything else on the wire is rejected.

@@ -84,3 +84,24 @@ async def test_a_hand_written_end_counts_from_the_broker_start_and_zero_keeps_it
     assert time.monotonic() - started >= KEEP_S - 0.5
     assert "forget by-hand (failed): " in _messages(cluster.state)
     assert _in_tree(cluster, "nudge")  # not ended: never forgotten
+
+
+async def test_beyond_ended_max_the_oldest_ended_records_leave_first(
+        cluster: Cluster) -> None:
+    await cluster.start_broker(timing=msgspec.structs.replace(TIMING, retention_s=0.0),
+                               ended_max=1)
+    await cluster.start_agent("node-a")
+    await cluster.wait_nodes(1)
+    for k in range(3):  # one after another, so the end order is known
+        iid = await cluster.submit(Spec(name="once", command=["true"]), f"once-{k}")
+        # The newest ended record is never the one forgotten: it can be waited for.
+        def ended(iid: str = iid) -> bool:
+            r = cluster.ledger().state().instances.get(iid)
+            return r is not None and r.state is InstanceState.SUCCEEDED
+        await wait_for(ended, 15, what="succeeded")
+    await wait_for(lambda: set(cluster.ledger().state().instances) == {"once-2"}, 15,
+                   what="only the newest ended record left")
+    messages = _messages(cluster.state)
+    for iid in ("once-0", "once-1"):
+        assert f"forget {iid} (succeeded, ended " in messages
+    assert Reason.RETAINED_MAX in messages

@@ -215,20 +215,21 @@ def test_a_fractional_rate_is_a_rate() -> None:
 def test_auction_settings_reach_the_broker(tmp_path: Path) -> None:
     from broker.daemons import make_broker
 
-    file = write(tmp_path, 'state = "s"\nsample_d = 3\nbatch_wait_ms = 5.0\n')
+    file = write(tmp_path, 'state = "s"\nsample_d = 3\nbatch_wait_ms = 5.0\nended_max = 7\n')
     cfg = load(BrokerConfig, BROKER_OPTIONS, file=file, env={"GAVEL_BATCH_MAX": "64"},
                flags=flags_of(cli.build_parser().parse_args(
                    ["broker", "--max-auctions", "4"]), BROKER_OPTIONS))
     b = make_broker(cfg, {})
     try:
-        assert (b.sample_d, b.batch_max, b.max_auctions, b.batch_wait_s) == (3, 64, 4, 0.005)
+        assert (b.sample_d, b.batch_max, b.max_auctions, b.batch_wait_s, b.ended_max) == (
+            3, 64, 4, 0.005, 7)
     finally:
         b.committer.close()
     plain = make_broker(load(BrokerConfig, BROKER_OPTIONS, file=None, env={"GAVEL_STATE": "s"}),
                         {})
     try:  # the defaults: broadcast, batches of 256, 16 auctions in flight, no wait
-        assert (plain.sample_d, plain.batch_max, plain.max_auctions, plain.batch_wait_s) == (
-            None, 256, 16, 0.0)
+        assert (plain.sample_d, plain.batch_max, plain.max_auctions, plain.batch_wait_s,
+                plain.ended_max) == (None, 256, 16, 0.0, 100_000)
     finally:
         plain.committer.close()
 
@@ -238,6 +239,7 @@ def test_auction_settings_reach_the_broker(tmp_path: Path) -> None:
     ('state = "s"\nbatch_max = 0\n', "field `batch_max` expected `int` >= 1."),
     ('state = "s"\nbatch_wait_ms = nan\n', "field `batch_wait_ms` expected `float` >= 0.0."),
     ('state = "s"\nbatch_wait_ms = inf\n', "field `batch_wait_ms` expected `float` <= 60000"),
+    ('state = "s"\nended_max = -1\n', "field `ended_max` expected `int` >= 0."),
 ])
 def test_bad_auction_settings_name_the_field(tmp_path: Path, text: str, expected: str) -> None:
     with pytest.raises(ConfigError, match=re.escape(expected)):

@@ -18,6 +18,7 @@ from broker.plan import View, forget, submit
 from broker.retention import due
 from shared.messages import InstanceState as S
 from shared.messages import Spec
+from shared.reasons import Reason
 from shared.records import InstanceRecord, instance_path
 
 SPEC = Spec(name="s", command=["true"])
@@ -53,11 +54,27 @@ def test_due_takes_the_oldest_past_the_window_and_stops_at_the_first_inside() ->
     recs = [_rec(f"i{k}", at=T0 + timedelta(seconds=k)) for k in range(10)]
     st = _state(*recs, _rec("q", S.RUNNING))
     now = T0 + timedelta(seconds=104.5)  # window 100 s: i0..i4 ended at or before now-100
-    assert [i for i, _ in due(st, now, 100.0, {})] == ["i0", "i1", "i2", "i3", "i4"]
-    assert [i for i, _ in due(st, now, 100.0, {}, limit=2)] == ["i0", "i1"]
+    assert [d[0] for d in due(st, now, 100.0, {})] == ["i0", "i1", "i2", "i3", "i4"]
+    assert [d[0] for d in due(st, now, 100.0, {}, limit=2)] == ["i0", "i1"]
     assert due(st, now, 0.0, {}) == []  # 0: keep for ever
     assert due(st, T0, 100.0, {}) == []
-    assert due(st, now, 100.0, {})[0] == ("i0", "2026-11-29T12:00:00.000Z")  # judged by it
+    assert due(st, now, 100.0, {})[0] == ("i0", "2026-11-29T12:00:00.000Z",
+                                          Reason.RETAINED)  # judged by its stamp
+
+
+def test_beyond_the_count_the_oldest_go_whatever_their_age() -> None:
+    st = _state(*[_rec(f"i{k}", at=T0 + timedelta(seconds=k)) for k in range(10)],
+                _rec("live", S.RUNNING))
+    # Keep 7: the three oldest go at once (no window), the rest stay.
+    got = due(st, T0, 0.0, {}, keep_max=7)
+    assert [(d[0], d[2]) for d in got] == [(f"i{k}", Reason.RETAINED_MAX) for k in range(3)]
+    # With a window as well: the count takes the oldest, the window the next ones.
+    got = due(st, T0 + timedelta(seconds=105.5), 100.0, {}, keep_max=8)
+    assert [(d[0], d[2]) for d in got] == [("i0", Reason.RETAINED_MAX),
+                                          ("i1", Reason.RETAINED_MAX),
+                                          *[(f"i{k}", Reason.RETAINED) for k in range(2, 6)]]
+    assert due(st, T0, 0.0, {}, keep_max=10) == []  # within the count, no window: keep
+    assert len(due(st, T0, 0.0, {}, keep_max=1, limit=4)) == 4  # at most `limit` a commit
 
 
 def test_an_unstamped_end_counts_from_when_it_was_first_met() -> None:
@@ -66,7 +83,7 @@ def test_an_unstamped_end_counts_from_when_it_was_first_met() -> None:
     assert due(st, T0, 60.0, seen) == []
     assert seen == {"old": T0}
     assert due(st, T0 + timedelta(seconds=59), 60.0, seen) == []
-    assert due(st, T0 + timedelta(seconds=60), 60.0, seen) == [("old", "")]
+    assert due(st, T0 + timedelta(seconds=60), 60.0, seen) == [("old", "", Reason.RETAINED)]
 
 
 def test_a_stamp_in_the_future_counts_from_when_it_was_first_met() -> None:
@@ -75,7 +92,7 @@ def test_a_stamp_in_the_future_counts_from_when_it_was_first_met() -> None:
     st.put_instance("later", _rec("later", at=T0 + timedelta(seconds=1)))
     seen: dict[str, datetime] = {}
     assert due(st, T0, 60.0, seen) == [] and seen == {"ahead": T0}
-    assert [i for i, _ in due(st, T0 + timedelta(seconds=61), 60.0, seen)] == ["ahead",
+    assert [d[0] for d in due(st, T0 + timedelta(seconds=61), 60.0, seen)] == ["ahead",
                                                                                 "later"]
 
 
