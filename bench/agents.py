@@ -6,6 +6,9 @@ function, the same messages, the same subjects), and takes awards with a no-op d
 instance "runs" at once and the node confirms it (its heartbeat lists it too; the node's
 award). Decoders are built once per process; the RFB path creates no tasks.
 
+With ``--lifetime-s L`` an instance "exits" with status 0 L seconds after it started (the
+node reports it as a worker does), so a run has churn: ends, and the broker's retention.
+
 Run as ``python -m bench.agents --url URL --first K --count N``; it prints ``ready`` once
 every agent is subscribed, and a JSON line of counters when it gets SIGTERM.
 """
@@ -47,11 +50,16 @@ STRATEGIES = ("least-loaded", "binpack", "spread", "headroom")
 
 
 class BenchAgent:
-    def __init__(self, node_id: str, strategy: Strategy, capacity: Capacity) -> None:
+    def __init__(self, node_id: str, strategy: Strategy, capacity: Capacity,
+                 lifetime_s: float = 0.0) -> None:
         self.node_id = node_id
+        self.lifetime_s = lifetime_s
+        self.exited = 0
         self.strategy = strategy
         self.view = NodeView(node_id=node_id, capacity=capacity)
         self.held: dict[str, InstanceReport] = {}
+        #: What each held instance takes: (cpu, memory_mb, ports).
+        self.used: dict[str, tuple[float, int, int]] = {}
         self.bids_subject = subjects.BIDS.format(node=node_id)
         self.report_subject = subjects.REPORT.format(node=node_id)
         self.nc: Any = None
@@ -79,10 +87,8 @@ class BenchAgent:
         if award.node_id != self.node_id or award.instance_id in self.held:
             return
         spec = award.spec
-        c = self.view.committed
-        self.view = msgspec.structs.replace(self.view, committed=Capacity(
-            cpu=c.cpu + spec.cpu, memory_mb=c.memory_mb + spec.memory_mb,
-            ports=c.ports + len(spec.ports)))
+        self.used[award.instance_id] = (spec.cpu, spec.memory_mb, len(spec.ports))
+        self._recount()
         self.held[award.instance_id] = InstanceReport(
             instance_id=award.instance_id, state="running", attempt=award.attempt,
             ports=award.ports)
@@ -90,6 +96,29 @@ class BenchAgent:
         await self.nc.publish(self.report_subject, _enc.encode(Event(
             instance_id=award.instance_id, type=EventType.RUNNING, node_id=self.node_id,
             attempt=award.attempt)))
+        if self.lifetime_s > 0:
+            asyncio.get_running_loop().call_later(
+                self.lifetime_s, lambda: asyncio.ensure_future(self._exit(award)))
+
+    def _recount(self) -> None:
+        """Committed capacity summed afresh from what the node holds: adding and subtracting
+        0.01 cpu as instances come and go drifts below zero, and a negative load is a bid
+        the broker refuses."""
+        used = self.used.values()
+        self.view = msgspec.structs.replace(self.view, committed=Capacity(
+            cpu=sum(u[0] for u in used), memory_mb=sum(u[1] for u in used),
+            ports=sum(u[2] for u in used)))
+
+    async def _exit(self, award: Award) -> None:
+        """The instance ends with status 0: give its room back and report it."""
+        if self.held.pop(award.instance_id, None) is None:
+            return
+        del self.used[award.instance_id]
+        self._recount()
+        self.exited += 1
+        await self.nc.publish(self.report_subject, _enc.encode(Event(
+            instance_id=award.instance_id, type=EventType.EXITED, node_id=self.node_id,
+            attempt=award.attempt, exit_code=0)))
 
     async def heartbeat(self) -> None:
         self.seq += 1
@@ -102,7 +131,8 @@ class BenchAgent:
 async def _serve(args: argparse.Namespace) -> None:
     cap = Capacity(cpu=args.cpu, memory_mb=args.memory_mb, ports=10_000)
     agents = [BenchAgent(f"n{k:05d}", make_strategy(STRATEGIES[k % len(STRATEGIES)]
-                                                    if args.mix else args.strategy), cap)
+                                                    if args.mix else args.strategy), cap,
+                         args.lifetime_s)
               for k in range(args.first, args.first + args.count)]
     sem = asyncio.Semaphore(64)
 
@@ -128,7 +158,8 @@ async def _serve(args: argparse.Namespace) -> None:
             if stop.is_set():
                 break
     print(json.dumps({"replies": sum(a.replies for a in agents),
-                      "held": sum(len(a.held) for a in agents)}), flush=True)
+                      "held": sum(len(a.held) for a in agents),
+                      "exited": sum(a.exited for a in agents)}), flush=True)
     for a in agents:
         with contextlib.suppress(Exception):
             await a.nc.close()
@@ -144,6 +175,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cpu", type=float, default=64.0)
     p.add_argument("--memory-mb", type=int, default=262_144)
     p.add_argument("--heartbeat-s", type=float, default=10.0)
+    p.add_argument("--lifetime-s", type=float, default=0.0)
     eventloop.run(_serve(p.parse_args(argv)))
     return 0
 

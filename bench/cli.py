@@ -8,7 +8,7 @@ import json
 import sys
 from pathlib import Path
 
-from broker.parsers import non_negative_float, positive_float, positive_int
+from broker.parsers import non_negative_float, positive_float, positive_int, whole
 
 __all__ = ["add_arguments", "run_cli"]
 
@@ -30,6 +30,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch-wait-ms", type=non_negative_float, default=0.0,
                    help="the broker's batch wait: requests wait up to this long for a fuller "
                    "auction (default 0)")
+    p.add_argument("--lifetime-s", type=non_negative_float, default=0.0,
+                   help="each instance ends (status 0) this long after it starts: a run "
+                   "with churn and retention (default 0: instances run for ever)")
+    p.add_argument("--ended-max", type=whole, default=100_000,
+                   help="the broker's ended_max: ended records kept in the tree (default "
+                   "100000)")
     p.add_argument("--rate", type=positive_float, default=None,
                    help="submit this many placements a second (default: as fast as taken)")
     p.add_argument("--idle-s", type=non_negative_float, default=10.0,
@@ -52,7 +58,8 @@ def run_cli(args: argparse.Namespace) -> int:
     opts = Options(agents=args.agents, placements=args.placements, mode=args.mode, d=args.d,
                    processes=args.processes, batch_max=args.batch_max,
                    max_auctions=args.max_auctions, rate=float(args.rate or 0),
-                   batch_wait_ms=args.batch_wait_ms,
+                   batch_wait_ms=args.batch_wait_ms, lifetime_s=args.lifetime_s,
+                   ended_max=args.ended_max,
                    progress=not args.json, state=args.state,
                    idle_s=args.idle_s)
     try:

@@ -23,17 +23,14 @@ import psutil
 
 from bench.ceilings import git_cli_commits_per_s, nats_reqreply_per_s
 from bench.idle import idle_worker
+from bench.verify import VerifyError, verify, verify_churn
 from broker.client import ClientError, call, connect
-from broker.ledger import Ledger
 from broker.natsserver import NatsServer
 from shared.api import StatsReply, StatsRequest, SubmitReply, SubmitRequest
 from shared.messages import Spec
+from shared.timing import Timing
 
 __all__ = ["Options", "Result", "VerifyError", "run"]
-
-
-class VerifyError(Exception):
-    """The run's own check failed: a placement missing or in two node.json files."""
 
 
 @dataclass
@@ -46,6 +43,10 @@ class Options:
     batch_max: int = 256
     max_auctions: int = 16
     batch_wait_ms: float = 0.0
+    #: Instances end (status 0) this long after they start (0: they run for ever), and the
+    #: broker keeps at most `ended_max` ended records: a run with churn and retention.
+    lifetime_s: float = 0.0
+    ended_max: int = 100_000
     chunk: int = 1000
     #: Submit at this many placements a second (open loop), or 0: as fast as taken.
     rate: float = 0.0
@@ -84,6 +85,11 @@ class Result:
     ratio_to_nats_reqreply: float
     ratio_to_git_cli: float
     verified: bool
+    #: With churn (`lifetime_s`): instances still placed, ended records kept, forgotten.
+    lifetime_s: float = 0.0
+    running_at_end: int = 0
+    ended_kept: int = 0
+    forgotten: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -121,20 +127,6 @@ def _cpu(proc: subprocess.Popen[bytes] | int, children: bool = False) -> float:
     return total
 
 
-def verify(state: Path, ids: list[str]) -> None:
-    """Every placement in exactly one node.json, read back from git."""
-    st = Ledger(state / "state.git").state()
-    seen: dict[str, str] = {}
-    for node_id, nf in st.nodes.items():
-        for iid in nf.instances:
-            if iid in seen:
-                raise VerifyError(f"{iid} is in two node.json files: {seen[iid]} and {node_id}")
-            seen[iid] = node_id
-    missing = [i for i in ids if i not in seen]
-    if missing:
-        raise VerifyError(f"{len(missing)} placements are in no node.json, e.g. {missing[0]}")
-
-
 async def run(opts: Options) -> Result:
     root = opts.state or Path(tempfile.mkdtemp(prefix="gavel-bench-"))
     (root / "logs").mkdir(parents=True, exist_ok=True)
@@ -148,10 +140,12 @@ async def run(opts: Options) -> Result:
         idle = await idle_worker(server.url, opts.idle_s) if opts.idle_s > 0 else (0.0, 0.0)
         broker_args = ["--url", server.url, "--state", str(root), "--batch-max",
                        str(opts.batch_max), "--max-auctions", str(opts.max_auctions),
-                       "--batch-wait-ms", str(opts.batch_wait_ms)]
+                       "--batch-wait-ms", str(opts.batch_wait_ms),
+                       "--ended-max", str(opts.ended_max)]
         if opts.mode == "sampled":
             broker_args += ["--sample-d", str(opts.d)]
         broker = _spawn("bench.brokerproc", broker_args, root / "logs" / "broker.log")
+        heartbeat_s = Timing.from_env(os.environ).heartbeat_s
         procs.append(broker)
         per = -(-opts.agents // opts.processes)
         agent_procs = []
@@ -161,7 +155,10 @@ async def run(opts: Options) -> Result:
                 break
             agent_procs.append(_spawn("bench.agents",
                                       ["--url", server.url, "--first", str(first),
-                                       "--count", str(count), "--mix"],
+                                       "--count", str(count), "--mix",
+                                       "--lifetime-s", str(opts.lifetime_s),
+                                       # the broker's clocks (GAVEL_FAST_TIMERS too)
+                                       "--heartbeat-s", str(heartbeat_s)],
                                       root / "logs" / f"agents-{k}.log"))
         procs += agent_procs
         for ap in agent_procs:
@@ -225,13 +222,16 @@ async def _drive(nc: Any, opts: Options, root: Path, broker: subprocess.Popen[by
 
     submitting = asyncio.gather(*(submit(k, min(chunk, opts.placements - k))
                                   for k in range(0, opts.placements, chunk)))
-    base = stats.placed_now
+    # With churn instances leave their node.json again: count awards committed instead.
+    def placed(s: StatsReply) -> int:
+        return s.placed_total if opts.lifetime_s > 0 else s.placed_now
+    base = placed(stats)
     replies0 = stats.bids_received
     limit = time.monotonic() + opts.timeout_s
     while True:
         await asyncio.sleep(0.25)
         stats = await call(nc, "stats", StatsRequest(), StatsReply, timeout=10)
-        done = stats.placed_now - base
+        done = placed(stats) - base
         if opts.progress:
             _bar(done, opts.placements, started)
         if done >= opts.placements:
@@ -249,7 +249,11 @@ async def _drive(nc: Any, opts: Options, root: Path, broker: subprocess.Popen[by
     busy = broker_cpu + writer_cpu + agent_cpu + nats_cpu + time.process_time() - self0
     broker_rss = psutil.Process(broker.pid).memory_info().rss / 2**20
     agent_rss = sum(psutil.Process(p.pid).memory_info().rss for p in agent_procs) / 2**20
-    verify(root, ids)
+    churn = None
+    if opts.lifetime_s > 0:
+        churn = await asyncio.to_thread(verify_churn, root, ids)
+    else:
+        verify(root, ids)
     rate = opts.placements / elapsed
     return Result(
         agents=opts.agents, placements=opts.placements, mode=opts.mode, d=opts.d,
@@ -267,7 +271,9 @@ async def _drive(nc: Any, opts: Options, root: Path, broker: subprocess.Popen[by
         nats_reqreply_per_s=round(nats_rr, 1), git_cli_commits_per_s=round(git_cli, 1),
         idle_worker_cpu_pct=round(idle[0], 2), idle_worker_rss_mb=round(idle[1], 1),
         ratio_to_nats_reqreply=round(rate / nats_rr, 3) if nats_rr else 0.0,
-        ratio_to_git_cli=round(rate / git_cli, 1) if git_cli else 0.0, verified=True)
+        ratio_to_git_cli=round(rate / git_cli, 1) if git_cli else 0.0, verified=True,
+        lifetime_s=opts.lifetime_s, running_at_end=churn.running if churn else 0,
+        ended_kept=churn.ended_kept if churn else 0, forgotten=churn.forgotten if churn else 0)
 
 
 def main_env() -> dict[str, str]:

@@ -13,8 +13,10 @@ Rules:
 2. A pass walks `State.ended` (end order) from the oldest and stops at the first record still
    inside the window and within the count: it costs what it forgets, never a scan of every
    instance.
-3. One forget commit is in flight at a time, at most `FORGET_MAX` records. Its plan re-checks
-   each record (still ended, same stamp, in no node.json): a record rewritten meanwhile stays.
+3. One forget commit is in flight at a time, at most `FORGET_MAX` records; a full one is
+   followed at once by the next pass, so forgetting keeps up with any rate of ends. Its plan
+   re-checks each record (still ended, same stamp, in no node.json): a record rewritten
+   meanwhile stays.
 4. ``retention_s = 0`` and ``ended_max = 0`` keep every record for ever; either alone
    bounds what is kept; a pinned deployment forgets nothing.
 """
@@ -118,6 +120,8 @@ class Retention:
                 self._first_seen.pop(iid, None)
                 self.forgotten_total += 1
                 self.b.metrics.forgotten.inc()
+        if len(batch) >= FORGET_MAX:
+            self.watch()  # more may be due: keep up with ends faster than a batch a pass
 
     def _failed(self, _reason: Reason, _detail: str) -> None:
         self._busy = False

@@ -1,0 +1,87 @@
+"""The bench's own check, read back from git after the run: it fails loudly, never warns.
+
+Rules:
+1. Without churn: every placement is in exactly one node.json.
+2. With churn (instances end, retention forgets them): no instance is in two node.json
+   files; every submitted instance won exactly one award in the branch's history (the
+   `Gavel-Auction` trailers); and it is still in exactly one node.json, or its record says
+   it succeeded, or a commit forgot it (and it is gone from the tree).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pygit2
+
+from broker.ledger import Ledger, State
+from shared.messages import InstanceState
+from shared.records import parse_trailers
+
+__all__ = ["Churn", "VerifyError", "verify", "verify_churn"]
+
+
+class VerifyError(Exception):
+    """The run's own check failed: a placement missing, or in two node.json files."""
+
+
+@dataclass(frozen=True)
+class Churn:
+    """What the tree held after a churn run."""
+
+    running: int
+    ended_kept: int
+    forgotten: int
+
+
+def _holders(st: State) -> dict[str, str]:
+    seen: dict[str, str] = {}
+    for node_id, nf in st.nodes.items():
+        for iid in nf.instances:
+            if iid in seen:
+                raise VerifyError(f"{iid} is in two node.json files: {seen[iid]} and {node_id}")
+            seen[iid] = node_id
+    return seen
+
+
+def verify(state: Path, ids: list[str]) -> None:
+    """Rule 1."""
+    seen = _holders(Ledger(state / "state.git").state())
+    missing = [i for i in ids if i not in seen]
+    if missing:
+        raise VerifyError(f"{len(missing)} placements are in no node.json, e.g. {missing[0]}")
+
+
+def verify_churn(state: Path, ids: list[str]) -> Churn:
+    """Rule 2."""
+    # One snapshot: the tree at a head and the history up to that head (the broker may
+    # still be committing ends and forgets while this reads).
+    ledger = Ledger(state / "state.git")
+    st = ledger.state()
+    seen = _holders(st)
+    awards: Counter[str] = Counter()
+    forgotten: set[str] = set()
+    walk: Iterable[pygit2.Commit] = ledger.repo.walk(pygit2.Oid(hex=st.head)) \
+        if st.head else []
+    for commit in walk:
+        for line in commit.message.split("\n"):
+            if line.startswith("forget "):
+                forgotten.add(line.split(" ", 2)[1])
+        awards.update(r.instance_id for r in parse_trailers(commit.message) if r.winner)
+    for iid in ids:
+        if awards[iid] != 1:
+            raise VerifyError(f"{iid} won {awards[iid]} awards in git history, not one")
+        rec = st.instances.get(iid)
+        if iid in forgotten:
+            if rec is not None:
+                raise VerifyError(f"{iid} was forgotten but its record is still in the tree")
+        elif iid not in seen and (rec is None or rec.state is not InstanceState.SUCCEEDED):
+            raise VerifyError(f"{iid} is in no node.json, did not succeed and was not "
+                              "forgotten")
+    ours = set(ids)
+    return Churn(running=sum(1 for i in seen if i in ours),
+                 ended_kept=sum(1 for i in st.ended if i in ours),
+                 forgotten=len(forgotten & ours))

@@ -1,0 +1,40 @@
+"""`gavel bench` end to end at a small scale: real nats-server, the broker process, agent
+processes, the ceilings, and the run's own check from git - once plain (broadcast), once with
+churn (instances end, the broker forgets the oldest ended records beyond `--ended-max`)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+
+def _bench(tmp_path: Path, *flags: str) -> dict[str, Any]:
+    proc = subprocess.run([sys.executable, "-m", "broker.cli", "bench", "--json", "--agents",
+                           "20", "--processes", "2", "--idle-s", "0", "--state",
+                           str(tmp_path / "run"), *flags],
+                          capture_output=True, text=True, timeout=170, check=False)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+    return out
+
+
+def test_a_small_broadcast_run_verifies_itself_and_reports_its_ceilings(
+        tmp_path: Path) -> None:
+    r = _bench(tmp_path, "--placements", "300", "--mode", "broadcast")
+    assert r["verified"] is True and r["placements"] == 300 and r["mode"] == "broadcast"
+    assert r["placements_per_s"] > 0 and r["nats_reqreply_per_s"] > 0
+    assert r["git_cli_commits_per_s"] > 0 and r["bids_per_s"] > 0
+    assert r["forgotten"] == 0 and r["lifetime_s"] == 0
+
+
+def test_a_churn_run_forgets_the_oldest_ended_records_and_verifies_from_history(
+        tmp_path: Path) -> None:
+    r = _bench(tmp_path, "--placements", "600", "--rate", "300", "--lifetime-s", "0.2",
+               "--ended-max", "50")
+    assert r["verified"] is True and r["lifetime_s"] == 0.2
+    assert r["forgotten"] > 0  # instances ended and the broker let their records go
+    assert r["ended_kept"] <= 50 + 300  # the count holds, give or take the last pass
+    assert r["running_at_end"] + r["ended_kept"] + r["forgotten"] == 600

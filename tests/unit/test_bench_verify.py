@@ -1,0 +1,94 @@
+"""The bench's own check (bench/verify.py) against real git repositories written by hand: it
+passes a consistent run and fails loudly on each kind of inconsistency."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from bench.verify import VerifyError, verify, verify_churn
+from broker.ledger import Ledger, encode
+from shared.messages import InstanceState, Spec
+from shared.records import (
+    Assignment,
+    AuctionRecord,
+    InstanceRecord,
+    NodeFile,
+    auction_trailer,
+    instance_path,
+    node_path,
+)
+
+SPEC = Spec(name="s", command=["true"])
+
+
+def _node(nid: str, *iids: str) -> bytes:
+    return encode(NodeFile(node_id=nid, instances={
+        i: Assignment(instance_id=i, auction_id="a1", cpu=0.1, memory_mb=16) for i in iids}))
+
+
+def _rec(iid: str, state: InstanceState = InstanceState.QUEUED) -> bytes:
+    return encode(InstanceRecord(instance_id=iid, spec=SPEC, state=state))
+
+
+def _award(*iids: str) -> str:
+    return "\n".join(auction_trailer(AuctionRecord(auction_id="a1", instance_id=i, winner="n1",
+                                                   load=0.1)) for i in iids)
+
+
+def _repo(tmp_path: Path, commits: list[tuple[dict[str, bytes | None], str]]) -> Path:
+    ledger = Ledger(tmp_path / "state.git")
+    head = None
+    for files, message in commits:
+        head = ledger.write_files(files, message, head)
+    return tmp_path
+
+
+def test_every_placement_in_exactly_one_node_file(tmp_path: Path) -> None:
+    root = _repo(tmp_path, [({node_path("n1"): _node("n1", "a", "b"),
+                              node_path("n2"): _node("n2", "c")}, "placed")])
+    verify(root, ["a", "b", "c"])
+    with pytest.raises(VerifyError, match=re.escape("1 placements are in no node.json, e.g. d")):
+        verify(root, ["a", "d"])
+
+
+def test_an_instance_in_two_node_files_fails(tmp_path: Path) -> None:
+    root = _repo(tmp_path, [({node_path("n1"): _node("n1", "a"),
+                              node_path("n2"): _node("n2", "a")}, "twice")])
+    with pytest.raises(VerifyError, match=re.escape("a is in two node.json files: n1 and n2")):
+        verify(root, ["a"])
+
+
+def _churned(tmp_path: Path, extra: list[tuple[dict[str, bytes | None], str]]) -> Path:
+    base: list[tuple[dict[str, bytes | None], str]] = [
+        ({instance_path(i): _rec(i) for i in ("run", "done", "gone")}, "submit"),
+        ({node_path("n1"): _node("n1", "run", "done", "gone")},
+         "placed\n\n" + _award("run", "done", "gone")),
+        ({node_path("n1"): _node("n1", "run"),
+          instance_path("done"): _rec("done", InstanceState.SUCCEEDED),
+          instance_path("gone"): _rec("gone", InstanceState.SUCCEEDED)}, "ended"),
+        ({instance_path("gone"): None}, "forget gone (succeeded): retention"),
+    ]
+    return _repo(tmp_path, base + extra)
+
+
+def test_a_consistent_churn_run_passes_and_is_counted(tmp_path: Path) -> None:
+    churn = verify_churn(_churned(tmp_path, []), ["run", "done", "gone"])
+    assert (churn.running, churn.ended_kept, churn.forgotten) == (1, 1, 1)
+
+
+@pytest.mark.parametrize(("extra", "ids", "words"), [
+    ([], ["run", "done", "gone", "never"], "never won 0 awards in git history"),
+    ([({}, "again\n\n" + _award("run"))], ["run"], "run won 2 awards"),
+    ([({instance_path("gone"): _rec("gone", InstanceState.SUCCEEDED)}, "back")], ["gone"],
+     "gone was forgotten but its record is still in the tree"),
+    ([({node_path("n1"): None}, "lost it")], ["run"],
+     "run is in no node.json, did not succeed and was not forgotten"),
+])
+def test_each_inconsistency_of_a_churn_run_fails(
+        tmp_path: Path, extra: list[tuple[dict[str, bytes | None], str]], ids: list[str],
+        words: str) -> None:
+    with pytest.raises(VerifyError, match=re.escape(words)):
+        verify_churn(_churned(tmp_path, extra), ids)
