@@ -22,7 +22,7 @@ import msgspec
 import psutil
 import pygit2
 
-from broker.ledger import State
+from broker.state import State
 from shared.lifecycle import PENDING
 from shared.messages import InstanceState
 from shared.records import instance_path

@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pygit2
 
-from broker.ledger import Ledger, State
+from broker.ledger import Ledger
+from broker.state import State
 from shared.messages import InstanceState
 from shared.records import parse_trailers
 

@@ -32,8 +32,9 @@ from typing import Any
 import msgspec
 
 from broker.gitwriter import commit_files, make_executor
-from broker.ledger import Change, Conflict, Ledger, LedgerError, Pinned, stamp
+from broker.ledger import Conflict, Ledger, LedgerError, Pinned
 from broker.plan import View
+from broker.state import Change, stamp
 from shared.reasons import Reason
 
 __all__ = ["Committer", "Item", "Planned"]

@@ -20,8 +20,6 @@ import re
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import TypeVar
 
@@ -30,25 +28,23 @@ import pygit2
 
 from broker.objects import Batch, Entries, ObjectStore, Trees, git_order
 from broker.packs import merge_small_packs
-from shared.lifecycle import PENDING
-from shared.messages import Capacity, InstanceState
+from broker.state import Change, State, compact, encode, parse_stamp, pretty, stamp
 from shared.records import (
-    Assignment,
     AuctionRecord,
     InstanceRecord,
     NodeFile,
     instance_path,
-    node_path,
     parse_trailers,
 )
 
-__all__ = ["Change", "Conflict", "Ledger", "LedgerError", "Pinned", "State", "parse_stamp",
-           "stamp"]
+# `State`, `Change` and the encodings live in `broker.state`; they are re-exported here, where
+# most callers met them first.
+__all__ = ["Change", "Conflict", "Ledger", "LedgerError", "Pinned", "State", "compact",
+           "encode", "parse_stamp", "pretty", "stamp"]
 
 _SHA = re.compile(r"^[0-9a-f]{7,40}$")
 _instance_dec = msgspec.json.Decoder(InstanceRecord)
 _node_dec = msgspec.json.Decoder(NodeFile)
-_enc = msgspec.json.Encoder()
 _SIGNATURE = ("gavel-broker", "broker@gavel.local")
 T = TypeVar("T")
 #: How long a checked head is trusted without looking at the ref's files again. The broker
@@ -56,7 +52,6 @@ T = TypeVar("T")
 #: most (every write is a compare-and-swap anyway), and our own commits forget the cache.
 _HEAD_FRESH_S = 0.005
 _KIND_NAMES = {1: b"commit", 2: b"tree", 3: b"blob", 4: b"tag"}
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 log = logging.getLogger("gavel.ledger")
 
 
@@ -70,176 +65,6 @@ class Conflict(LedgerError):
 
 class Pinned(LedgerError):
     """The active ref is a tag or a commit: nothing may be written."""
-
-
-def stamp(at: datetime) -> str:
-    """An end stamp for a record: RFC 3339, UTC, milliseconds (`InstanceRecord.ended_at`)."""
-    return at.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
-
-
-def parse_stamp(text: str) -> datetime | None:
-    """The time an end stamp names; None for no stamp or one that names no real time (a
-    record written by hand: 2026-02-30 passes the pattern, not the calendar)."""
-    if not text:
-        return None
-    try:
-        return datetime.fromisoformat(text)
-    except ValueError:
-        return None
-
-
-def encode(obj: object) -> bytes:
-    """Pretty JSON with sorted keys: readable in `git show`, stable across runs."""
-    return pretty(compact(obj))
-
-
-def compact(obj: object) -> bytes:
-    """The same JSON without whitespace (the KV mirror: machines read it)."""
-    return _enc.encode(obj)
-
-
-def pretty(compact_json: bytes) -> bytes:
-    return msgspec.json.format(compact_json, indent=2) + b"\n"
-
-
-@dataclass
-class State:
-    """The tree at `head`, plus indexes kept in step with it so the hot path never scans
-    every instance: where each placed instance is, the pending instances (queued or
-    unschedulable and in no node.json), and what each node's placements commit.
-
-    Rule: an instance is *placed* exactly when some node.json holds it — the record in
-    ``instances/`` keeps intent and durable outcomes (queued, unschedulable, terminal),
-    the placement is the broker's decision and lives only in ``nodes/``."""
-
-    head: str | None = None
-    instances: dict[str, InstanceRecord] = field(default_factory=dict)
-    nodes: dict[str, NodeFile] = field(default_factory=dict)
-    where: dict[str, str] = field(default_factory=dict)
-    pending: dict[str, None] = field(default_factory=dict)  # an ordered set, oldest first
-    committed: dict[str, Capacity] = field(default_factory=dict)
-    #: Records read where an operator put them by hand (``instances/<id>.json``), by id:
-    #: the broker's next write of each moves it into its shard.
-    flat: dict[str, str] = field(default_factory=dict)
-    #: Ended instances (terminal records), in the order they ended: an ordered set, what
-    #: `broker.retention` walks from the front.
-    ended: dict[str, None] = field(default_factory=dict)
-    #: Files in the tree that are not what their path says (put there by hand): path ->
-    #: why. They are left untouched and ignored; nodes whose node.json is one of them win
-    #: nothing (their real placements are unknown, and an award would overwrite the file).
-    unreadable: dict[str, str] = field(default_factory=dict)
-    unusable_nodes: set[str] = field(default_factory=set)
-
-    def put_instance(self, iid: str, rec: InstanceRecord | None) -> None:
-        if rec is None:
-            self.instances.pop(iid, None)
-            self.pending.pop(iid, None)
-            self.ended.pop(iid, None)
-            return
-        self.instances[iid] = rec
-        if rec.state in PENDING and iid not in self.where:
-            self.pending.setdefault(iid, None)
-        else:
-            self.pending.pop(iid, None)
-        if rec.state.terminal:
-            self.ended.setdefault(iid, None)
-        else:
-            self.ended.pop(iid, None)
-
-    def order_ended(self) -> None:
-        """Put `ended` in end order after a full read (read order is path order): stamped
-        records oldest first, then those without a (readable) stamp."""
-        def key(iid: str) -> tuple[bool, datetime]:
-            at = parse_stamp(self.instances[iid].ended_at)
-            return (at is None, at or _EPOCH)
-        self.ended = dict.fromkeys(sorted(self.ended, key=key))
-
-    def put_node(self, nid: str, nf: NodeFile | None) -> None:
-        old = self.nodes.get(nid)
-        before = old.instances.keys() if old is not None else set()
-        after = nf.instances.keys() if nf is not None else set()
-        for iid in before - after:
-            if self.where.get(iid) == nid:
-                del self.where[iid]
-                rec = self.instances.get(iid)
-                if rec is not None and rec.state in PENDING:
-                    self.pending.setdefault(iid, None)
-        for iid in after - before:
-            self.where[iid] = nid
-            self.pending.pop(iid, None)
-        if nf is None:
-            self.nodes.pop(nid, None)
-            self.committed.pop(nid, None)
-            return
-        self.nodes[nid] = nf
-        total = Capacity()
-        for pl in nf.instances.values():
-            total.cpu += pl.cpu
-            total.memory_mb += pl.memory_mb
-            total.ports += len(pl.ports)
-        self.committed[nid] = total
-
-    def placement_of(self, instance_id: str) -> str | None:
-        """The node whose node.json holds the instance, if any."""
-        return self.where.get(instance_id)
-
-    def placement(self, instance_id: str) -> Assignment | None:
-        node = self.where.get(instance_id)
-        return None if node is None else self.nodes[node].instances.get(instance_id)
-
-    def effective(self, instance_id: str) -> InstanceState | None:
-        """The instance's state: its record's, or ``placed`` while a node.json holds it."""
-        rec = self.instances.get(instance_id)
-        if rec is None:
-            return None
-        if rec.state in PENDING and instance_id in self.where:
-            return InstanceState.PLACED
-        return rec.state
-
-
-@dataclass
-class Change:
-    """Files to write (a record) or delete (None), keyed by id."""
-
-    instances: dict[str, InstanceRecord | None] = field(default_factory=dict)
-    nodes: dict[str, NodeFile | None] = field(default_factory=dict)
-
-    def __bool__(self) -> bool:
-        return bool(self.instances or self.nodes)
-
-    #: node.json bytes by node - (record, compact, pretty) - for git (pretty, for people)
-    #: and the KV mirror (compact: machines read it, and a node file of 50 instances is
-    #: 9 KB pretty, 5 KB compact): the largest thing a commit encodes, encoded once.
-    _encoded: dict[str, tuple[NodeFile, bytes, bytes]] = field(default_factory=dict,
-                                                                repr=False, compare=False)
-
-    def files(self, flat: Mapping[str, str] | None = None) -> dict[str, bytes | None]:
-        """Paths to write (bytes) or delete (None); `flat`: records the state read at a
-        hand-made flat path, removed there as they are written to their shard."""
-        out: dict[str, bytes | None] = {}
-        for iid, rec in self.instances.items():
-            out[instance_path(iid)] = None if rec is None else encode(rec)
-            if flat and iid in flat:
-                out[flat[iid]] = None
-        for nid, nf in self.nodes.items():
-            out[node_path(nid)] = None if nf is None else self.node_bytes(nid, nf)
-        return out
-
-    def node_bytes(self, nid: str, nf: NodeFile) -> bytes:
-        """`encode(nf)`: the node.json git holds."""
-        return self._node(nid, nf)[2]
-
-    def node_compact(self, nid: str, nf: NodeFile) -> bytes:
-        """The same JSON without the whitespace: what the KV mirror holds."""
-        return self._node(nid, nf)[1]
-
-    def _node(self, nid: str, nf: NodeFile) -> tuple[NodeFile, bytes, bytes]:
-        # Once per record object: records are never changed in place.
-        got = self._encoded.get(nid)
-        if got is None or got[0] is not nf:
-            data = compact(nf)
-            got = self._encoded[nid] = (nf, data, pretty(data))
-        return got
 
 
 class Ledger:

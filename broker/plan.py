@@ -19,7 +19,7 @@ from collections.abc import Sequence
 
 import msgspec
 
-from broker.ledger import Change, State
+from broker.state import Change, State
 from shared.auction import Awarded, Unschedulable
 from shared.lifecycle import PENDING, transition
 from shared.messages import InstanceState as S

@@ -33,7 +33,7 @@ from prometheus_client import Counter
 from prometheus_client.registry import CollectorRegistry
 
 from broker.config import mask_url
-from broker.ledger import Change
+from broker.state import Change
 from shared.records import InstanceRecord, NodeFile
 
 if TYPE_CHECKING:

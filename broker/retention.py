@@ -29,8 +29,8 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
 from broker.committer import Item, Planned
-from broker.ledger import State, parse_stamp
 from broker.plan import View, forget
+from broker.state import State, parse_stamp
 from shared.reasons import Reason
 
 if TYPE_CHECKING:

@@ -32,11 +32,12 @@ from nats.aio.msg import Msg
 
 from broker.auctioneer import Auctioneer
 from broker.committer import Committer
-from broker.ledger import Change, Ledger, compact
+from broker.ledger import Ledger
 from broker.metrics import Metrics
 from broker.promises import Promises
 from broker.rejects import Rejects
 from broker.retention import Retention
+from broker.state import Change, compact
 from broker.watchdog import Timers
 from shared import subjects
 from shared.health import Health, Liveness

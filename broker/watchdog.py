@@ -23,7 +23,7 @@ from collections.abc import Collection
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from broker.ledger import State
+from broker.state import State
 from shared.health import Health, Liveness
 from shared.timing import Timing
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import msgspec
 
-from broker.ledger import Change, encode
+from broker.state import Change, encode
 from shared.records import Assignment, NodeFile, node_path
 
 

@@ -3,8 +3,8 @@ late report — resolve to exactly one of them, never to a corrupt mix."""
 
 from __future__ import annotations
 
-from broker.ledger import Change, State
 from broker.plan import View, finish, requeue, unblock_ports
+from broker.state import Change, State
 from shared.messages import InstanceState as S
 from shared.messages import Spec
 from shared.reasons import Reason

@@ -4,7 +4,7 @@ broker restarted while a worker was down for 4 s revoked everything that worker 
 
 from __future__ import annotations
 
-from broker.ledger import State
+from broker.state import State
 from broker.watchdog import Action, Kind, Timers, due
 from shared.health import Liveness
 from shared.messages import Heartbeat, Spec
