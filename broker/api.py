@@ -158,9 +158,11 @@ class Api:
         return ""
 
     def _unknown(self, iid: str) -> ApiError:
-        keep = self.b.timing.retention_s
-        hint = (f" (the record of an ended instance leaves the state tree {keep:g} s after it "
-                "ended; git history keeps it)") if keep > 0 else ""
+        keep, most = self.b.timing.retention_s, self.b.ended_max
+        rules = ([f"{keep:g} s after it ended"] if keep > 0 else []) + (
+            [f"once {most} newer ended ones are kept"] if most > 0 else [])
+        hint = (f" (the record of an ended instance leaves the state tree {' or '.join(rules)}"
+                "; git history keeps it)") if rules else ""
         return ApiError(error=f"{Reason.UNKNOWN_INSTANCE}: {iid}{hint}")
 
     def instance_status(self, rec: InstanceRecord) -> InstanceStatus:
