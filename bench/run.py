@@ -15,7 +15,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +26,14 @@ from bench.idle import idle_worker
 from bench.verify import VerifyError, verify, verify_churn
 from broker.client import ClientError, call, connect
 from broker.natsserver import NatsServer
-from shared.api import StatsReply, StatsRequest, SubmitReply, SubmitRequest
+from shared.api import (
+    NodesReply,
+    NodesRequest,
+    StatsReply,
+    StatsRequest,
+    SubmitReply,
+    SubmitRequest,
+)
 from shared.messages import Spec
 from shared.timing import Timing
 
@@ -90,6 +97,9 @@ class Result:
     running_at_end: int = 0
     ended_kept: int = 0
     forgotten: int = 0
+    #: Messages the broker refused during the run, by kind (a healthy run has none: a late
+    #: bid or a bid the broker cannot accept shows here before it shows in the latencies).
+    rejected: dict[str, int] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -249,6 +259,7 @@ async def _drive(nc: Any, opts: Options, root: Path, broker: subprocess.Popen[by
     busy = broker_cpu + writer_cpu + agent_cpu + nats_cpu + time.process_time() - self0
     broker_rss = psutil.Process(broker.pid).memory_info().rss / 2**20
     agent_rss = sum(psutil.Process(p.pid).memory_info().rss for p in agent_procs) / 2**20
+    nodes = await call(nc, "nodes", NodesRequest(), NodesReply, timeout=30)
     churn = None
     if opts.lifetime_s > 0:
         churn = await asyncio.to_thread(verify_churn, root, ids)
@@ -273,7 +284,8 @@ async def _drive(nc: Any, opts: Options, root: Path, broker: subprocess.Popen[by
         ratio_to_nats_reqreply=round(rate / nats_rr, 3) if nats_rr else 0.0,
         ratio_to_git_cli=round(rate / git_cli, 1) if git_cli else 0.0, verified=True,
         lifetime_s=opts.lifetime_s, running_at_end=churn.running if churn else 0,
-        ended_kept=churn.ended_kept if churn else 0, forgotten=churn.forgotten if churn else 0)
+        ended_kept=churn.ended_kept if churn else 0, forgotten=churn.forgotten if churn else 0,
+        rejected=dict(nodes.rejected))
 
 
 def main_env() -> dict[str, str]:

@@ -28,6 +28,7 @@ def test_a_small_broadcast_run_verifies_itself_and_reports_its_ceilings(
     assert r["placements_per_s"] > 0 and r["nats_reqreply_per_s"] > 0
     assert r["git_cli_commits_per_s"] > 0 and r["bids_per_s"] > 0
     assert r["forgotten"] == 0 and r["lifetime_s"] == 0
+    assert r["rejected"] == {}  # nothing the broker had to refuse
 
 
 def test_a_churn_run_forgets_the_oldest_ended_records_and_verifies_from_history(
@@ -38,3 +39,4 @@ def test_a_churn_run_forgets_the_oldest_ended_records_and_verifies_from_history(
     assert r["forgotten"] > 0  # instances ended and the broker let their records go
     assert r["ended_kept"] <= 50 + 300  # the count holds, give or take the last pass
     assert r["running_at_end"] + r["ended_kept"] + r["forgotten"] == 600
+    assert r["rejected"] == {}  # e.g. no negative load from agents' drifting arithmetic
