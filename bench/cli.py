@@ -8,7 +8,13 @@ import json
 import sys
 from pathlib import Path
 
-from broker.parsers import non_negative_float, positive_float, positive_int, whole
+from broker.parsers import (
+    non_negative_float,
+    positive_float,
+    positive_int,
+    unusable_dir,
+    whole,
+)
 
 __all__ = ["add_arguments", "run_cli"]
 
@@ -48,13 +54,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run_cli(args: argparse.Namespace) -> int:
     from bench.run import Options, VerifyError, run
 
-    if args.state is not None:
-        try:
-            (args.state / "logs").mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            print(f"gavel bench: --state {args.state}: cannot keep the run's state there "
-                  f"({exc.strerror or exc}).", file=sys.stderr)
-            return 2
+    why = unusable_dir(args.state / "logs") if args.state is not None else None
+    if why:
+        print(f"gavel bench: --state {args.state}: cannot keep the run's state there ({why}).",
+              file=sys.stderr)
+        return 2
     opts = Options(agents=args.agents, placements=args.placements, mode=args.mode, d=args.d,
                    processes=args.processes, batch_max=args.batch_max,
                    max_auctions=args.max_auctions, rate=float(args.rate or 0),

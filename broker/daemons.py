@@ -37,6 +37,7 @@ from broker.config import (
     render,
 )
 from broker.creds import connect_options
+from broker.parsers import unusable_dir
 from shared.strategies import Strategy
 
 if TYPE_CHECKING:
@@ -232,14 +233,9 @@ def _strategy(cfg: WorkerConfig) -> Strategy:
 def _writable_dir(path: Path) -> None:
     """The worker's state directory exists (made if need be) and takes files - or a
     `ConfigError` sentence now, not a traceback at the first write."""
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-        probe = path / ".gavel-write-check"
-        probe.write_bytes(b"")
-        probe.unlink()
-    except OSError as exc:
-        raise ConfigError(f"field `state`: cannot keep the worker's state in {path} "
-                          f"({exc.strerror or exc}).") from None
+    why = unusable_dir(path, write=True)
+    if why:
+        raise ConfigError(f"field `state`: cannot keep the worker's state in {path} ({why}).")
 
 
 async def run_worker(args: argparse.Namespace) -> int:

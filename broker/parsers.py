@@ -10,6 +10,7 @@ import argparse
 import math
 import re
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 __all__ = [
     "choice",
@@ -22,6 +23,7 @@ __all__ = [
     "positive_int",
     "strategy_param",
     "strategy_params",
+    "unusable_dir",
     "whole",
 ]
 
@@ -43,49 +45,50 @@ def node_id(text: str) -> str:
     return text
 
 
-def positive_float(text: str) -> float:
+def _number(text: str, kind: type[float] | type[int], zero_ok: bool) -> float:
+    """`text` as a `kind` above 0 (or at least 0 with `zero_ok`), finite; else one sentence."""
     try:
-        value = float(text)
+        value = kind(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"{text!r} must be greater than 0")
+        noun = "a whole number" if kind is int else "a number"
+        raise argparse.ArgumentTypeError(f"{text!r} is not {noun}") from None
+    if not (value >= 0 if zero_ok else value > 0):  # NaN fails both
+        bound = "be 0 or more" if zero_ok else "be greater than 0"
+        raise argparse.ArgumentTypeError(f"{text!r} must {bound}")
     if not math.isfinite(value):
         raise argparse.ArgumentTypeError(f"{text!r} must be a finite number")
     return value
+
+
+def positive_float(text: str) -> float:
+    return float(_number(text, float, zero_ok=False))
 
 
 def non_negative_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not value >= 0:
-        raise argparse.ArgumentTypeError(f"{text!r} must be 0 or more")
-    if not math.isfinite(value):
-        raise argparse.ArgumentTypeError(f"{text!r} must be a finite number")
-    return value
+    return float(_number(text, float, zero_ok=True))
 
 
 def positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"{text!r} must be greater than 0")
-    return value
+    return int(_number(text, int, zero_ok=False))
 
 
 def whole(text: str) -> int:
     """A whole number, 0 or more."""
+    return int(_number(text, int, zero_ok=True))
+
+
+def unusable_dir(path: Path, write: bool = False) -> str | None:
+    """Why `path` cannot be a directory gavel keeps files in (made if missing; with `write`,
+    a file is written and removed there too), or None if it can."""
     try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{text!r} must be 0 or more")
-    return value
+        path.mkdir(parents=True, exist_ok=True)
+        if write:
+            probe = path / ".gavel-write-check"
+            probe.write_bytes(b"")
+            probe.unlink()
+    except OSError as exc:
+        return str(exc.strerror or exc)
+    return None
 
 
 def port(text: str) -> int:

@@ -24,6 +24,7 @@ from broker import auth
 from broker.client import BrokerRefused, call, connect, wait_healthy
 from broker.commands import UsageError
 from broker.natsserver import NatsServer
+from broker.parsers import unusable_dir
 from shared.api import (
     EventsReply,
     EventsRequest,
@@ -135,11 +136,9 @@ async def _demo(nc: Any, workers: int, state: Path) -> None:
 
 async def up(args: argparse.Namespace) -> int:
     state: Path = args.state.resolve()
-    try:
-        (state / "logs").mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise UsageError(f"--state {state}: cannot keep gavel's state there "
-                         f"({exc.strerror or exc}).") from None
+    why = unusable_dir(state / "logs")
+    if why:
+        raise UsageError(f"--state {state}: cannot keep gavel's state there ({why}).")
     nodes = [f"node-{i + 1}" for i in range(args.workers)]
     ids = auth.init(state, nodes) if args.auth else None
     server = NatsServer(port=args.nats_port, store_dir=state / "nats",

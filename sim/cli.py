@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
-from broker.parsers import positive_int
+from broker.parsers import positive_int, unusable_dir
 
 if TYPE_CHECKING:  # the simulator loads only when `gavel sim` runs (numpy is heavy)
     from sim.engine import Progress
@@ -102,11 +102,10 @@ def _simulate(args: argparse.Namespace, scenario: Scenario) -> int:
               f"got {unknown!r}.", file=sys.stderr)
         return 2
     out = args.out or Path("sim-out") / scenario.name
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        print(f"gavel sim: --out {out}: cannot write the results there "
-              f"({exc.strerror or exc}).", file=sys.stderr)
+    why = unusable_dir(out)
+    if why:
+        print(f"gavel sim: --out {out}: cannot write the results there ({why}).",
+              file=sys.stderr)
         return 2
     bar = None if args.quiet else _Bar(sys.stderr)
     started = time.perf_counter()
