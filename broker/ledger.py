@@ -26,7 +26,7 @@ from typing import TypeVar
 import msgspec
 import pygit2
 
-from broker.objects import Batch, Entries, ObjectStore, Trees, git_order
+from broker.objects import Batch, Entries, ObjectStore, Trees, commit_body, git_order
 from broker.packs import merge_small_packs
 from broker.state import Change, State, compact, encode, parse_stamp, pretty, stamp
 from shared.records import (
@@ -45,7 +45,7 @@ __all__ = ["Change", "Conflict", "Ledger", "LedgerError", "Pinned", "State", "co
 _SHA = re.compile(r"^[0-9a-f]{7,40}$")
 _instance_dec = msgspec.json.Decoder(InstanceRecord)
 _node_dec = msgspec.json.Decoder(NodeFile)
-_SIGNATURE = ("gavel-broker", "broker@gavel.local")
+_SIGNATURE = b"gavel-broker <broker@gavel.local>"
 T = TypeVar("T")
 #: How long a checked head is trusted without looking at the ref's files again. The broker
 #: asks several times per placement; a move by someone else is noticed this much later at
@@ -53,6 +53,15 @@ T = TypeVar("T")
 _HEAD_FRESH_S = 0.005
 _KIND_NAMES = {1: b"commit", 2: b"tree", 3: b"blob", 4: b"tag"}
 log = logging.getLogger("gavel.ledger")
+
+
+def _person(now: float | None = None) -> bytes:
+    """The ledger's author and committer line, stamped now in the machine's time zone (what
+    `pygit2.Signature` would write)."""
+    secs = int(time.time() if now is None else now)
+    off = time.localtime(secs).tm_gmtoff // 60
+    sign = "-" if off < 0 else "+"
+    return b"%s %d %s%02d%02d" % (_SIGNATURE, secs, sign.encode(), abs(off) // 60, abs(off) % 60)
 
 
 class LedgerError(Exception):
@@ -331,11 +340,11 @@ class Ledger:
         # pack for a big commit, loose files for a small one - never libgit2's ~17 system
         # calls an object.
         tree_id, _ = self._trees.write(base, nested, batch)
+        parents = [bytes.fromhex(planned_on)] if planned_on else []
+        # The commit goes into the same pack (libgit2 would write it as a loose object).
+        commit_id = pygit2.Oid(raw=batch.commit(commit_body(tree_id, parents, _person(),
+                                                            message)))
         packed = self._objects.flush(batch)
-        sig = pygit2.Signature(*_SIGNATURE)
-        parents = [pygit2.Oid(hex=planned_on)] if planned_on else []
-        commit_id = repo.create_commit(None, sig, sig, message, pygit2.Oid(raw=tree_id),
-                                       parents)
         with repo.transaction() as txn:
             txn.lock_ref(self.ref)
             current = repo.references.get(self.ref)

@@ -20,15 +20,14 @@ from __future__ import annotations
 
 import hashlib
 import os
-import zlib
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from broker.packs import LEVEL, PACK_MIN, put_file, write_pack
+from broker.packs import PACK_MIN, deflate, put_file, write_pack
 
-__all__ = ["BLOB", "TREE", "Batch", "Entries", "ObjectStore", "Trees", "git_order",
-           "object_id", "tree_body"]
+__all__ = ["BLOB", "TREE", "Batch", "Entries", "ObjectStore", "Trees", "commit_body",
+           "git_order", "object_id", "tree_body"]
 
 #: A tree's entries: ``{name: (mode, raw 20-byte id)}``.
 Entries = dict[bytes, tuple[bytes, bytes]]
@@ -59,6 +58,15 @@ def tree_body(entries: Mapping[bytes, tuple[bytes, bytes]], ordered: bool = Fals
     return b"".join([mode + b" " + n + b"\0" + raw for n, (mode, raw) in entries.items()])
 
 
+def commit_body(tree: bytes, parents: list[bytes], person: bytes, message: str) -> bytes:
+    """A commit object's body as libgit2 writes it: `tree` and `parents` raw ids, `person`
+    the author and committer (``name <email> seconds +hhmm``), the message as it is."""
+    lines = [b"tree " + tree.hex().encode()]
+    lines += [b"parent " + p.hex().encode() for p in parents]
+    lines += [b"author " + person, b"committer " + person, b""]
+    return b"\n".join(lines) + b"\n" + message.encode()
+
+
 class Batch:
     """The new objects of one commit, held until `ObjectStore.flush` stores them all at once
     (as one pack when there are many: see `broker.packs`)."""
@@ -76,6 +84,11 @@ class Batch:
         body = tree_body(entries, ordered)
         raw = object_id(b"tree", body)
         self.objects.setdefault(raw, (b"tree", body))
+        return raw
+
+    def commit(self, body: bytes) -> bytes:
+        raw = object_id(b"commit", body)
+        self.objects.setdefault(raw, (b"commit", body))
         return raw
 
     def __len__(self) -> int:
@@ -99,7 +112,7 @@ class ObjectStore:
         if fan not in self._fanout:
             os.makedirs(fan, exist_ok=True)
             self._fanout.add(fan)
-        put_file(f"{fan}/{hexid[2:]}", zlib.compress(data, LEVEL))
+        put_file(f"{fan}/{hexid[2:]}", deflate(data))
         return raw
 
     def flush(self, batch: Batch) -> bool:

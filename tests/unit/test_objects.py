@@ -12,8 +12,17 @@ import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from broker.ledger import Ledger
-from broker.objects import BLOB, TREE, Batch, ObjectStore, Trees, object_id, tree_body
+from broker.ledger import Ledger, _person
+from broker.objects import (
+    BLOB,
+    TREE,
+    Batch,
+    ObjectStore,
+    Trees,
+    commit_body,
+    object_id,
+    tree_body,
+)
 
 
 @pytest.fixture
@@ -51,6 +60,25 @@ def test_blob_and_tree_ids_match_libgit2(repo: pygit2.Repository) -> None:
     assert w.write(b"blob", b'{"node_id": "a"}\n') == a
 
 
+@pytest.mark.parametrize("message", ["one line", "place a on n1\n\nGavel-Auction: x\n", "ünï"])
+def test_commit_ids_match_libgit2(repo: pygit2.Repository, message: str) -> None:
+    """The ledger writes its commits itself (into the commit's pack): byte for byte what
+    libgit2's create_commit writes, with and without a parent."""
+    tree = repo.TreeBuilder().write()
+    sig = pygit2.Signature("gavel-broker", "broker@gavel.local", 1764467000, 60)
+    first = repo.create_commit(None, sig, sig, message, tree, [])
+    second = repo.create_commit(None, sig, sig, message, tree, [first])
+    person = b"gavel-broker <broker@gavel.local> 1764467000 +0100"
+    assert pygit2.Oid(raw=object_id(b"commit", commit_body(tree.raw, [], person, message))) \
+        == first
+    assert pygit2.Oid(raw=object_id(b"commit", commit_body(tree.raw, [first.raw], person,
+                                                           message))) == second
+    # The ledger's own line: name, email, the second and the machine's offset, as git reads it.
+    line = _person(1764467000.7)
+    assert line.startswith(b"gavel-broker <broker@gavel.local> 1764467000 ")
+    Batch().commit(commit_body(tree.raw, [], line, message))  # the batch takes a commit too
+
+
 @pytest.mark.skipif(shutil.which("git") is None, reason="needs the git command for fsck")
 def test_ledger_commits_pass_git_fsck_and_keep_foreign_entries(tmp_path: Path) -> None:
     ledger = Ledger(tmp_path / "state.git")
@@ -62,8 +90,8 @@ def test_ledger_commits_pass_git_fsck_and_keep_foreign_entries(tmp_path: Path) -
     tb = repo.TreeBuilder(base)
     tb.insert("tool.sh", repo.create_blob(b"#!/bin/sh\n"), pygit2.enums.FileMode.BLOB_EXECUTABLE)
     sig = pygit2.Signature("someone", "s@example.com")
-    head = str(repo.create_commit("refs/heads/main", sig, sig, "theirs", tb.write(),
-                                  [pygit2.Oid(hex=head)]))
+    head = theirs = str(repo.create_commit("refs/heads/main", sig, sig, "theirs", tb.write(),
+                                           [pygit2.Oid(hex=head)]))
     head = ledger.write_files({"nodes/a/node.json": b"1b\n", "nodes/b/node.json": None,
                                "nodes/c/node.json": b"3\n", "instances/i-1.json": None},
                               "two", head)
@@ -74,6 +102,10 @@ def test_ledger_commits_pass_git_fsck_and_keep_foreign_entries(tmp_path: Path) -
     assert isinstance(nodes, pygit2.Tree)
     assert sorted(str(e.name) for e in nodes) == ["a", "c"]
     assert repo[tree["nodes/a/node.json"].id].read_raw() == b"1b\n"
+    commit = repo[head]
+    assert isinstance(commit, pygit2.Commit)
+    assert (commit.author.name, commit.committer.email) == ("gavel-broker", "broker@gavel.local")
+    assert commit.message == "two" and [str(p) for p in commit.parent_ids] == [theirs]
     fsck = subprocess.run(["git", "--git-dir", str(ledger.path), "fsck", "--strict", "--full"],
                           capture_output=True, text=True, check=False)
     assert fsck.returncode == 0, fsck.stdout + fsck.stderr

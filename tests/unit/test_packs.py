@@ -49,13 +49,15 @@ def test_a_written_pack_is_one_git_reads_and_verifies(tmp_path: Path) -> None:
 def test_a_big_commit_is_one_pack_and_a_small_one_stays_loose(tmp_path: Path) -> None:
     ledger = Ledger(tmp_path / "state.git")
     pack_dir = tmp_path / "state.git" / "objects" / "pack"
-    head = ledger.write_files(node_files(40, 0), "big", None)  # 81 objects: one pack
+    head = ledger.write_files(node_files(40, 0), "big", None)  # 82 objects: one pack
     assert len(list(pack_dir.glob("pack-*.idx"))) == 1
     loose = [p for p in (tmp_path / "state.git" / "objects").glob("??/*")]
-    assert len(loose) == 1  # only the commit, which libgit2 writes
+    assert loose == []  # the commit is in the pack too
     head = ledger.write_files({"nodes/n000/node.json": encode(NodeFile(node_id="n000"))},
                               "small", head)
     assert len(list(pack_dir.glob("pack-*.idx"))) == 1
+    # Loose: the blob, its three trees (n000/, nodes/, the root) and the commit.
+    assert len(list((tmp_path / "state.git" / "objects").glob("??/*"))) == 5
     assert Ledger(tmp_path / "state.git").state().head == head
     git(tmp_path / "state.git", "fsck", "--strict", "--full")
 
