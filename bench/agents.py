@@ -4,7 +4,10 @@ Rules: every agent subscribes to the broadcast RFB subject and its own directed 
 answers through `shared.strategies.answer` exactly as `worker.agent.Agent` does (the same
 function, the same messages, the same subjects), and takes awards with a no-op driver: the
 instance "runs" at once and the node confirms it (its heartbeat lists it too; the node's
-award). Decoders are built once per process; the RFB path creates no tasks.
+award). Decoders are built once per process; the RFB path creates no tasks. Each agent
+talks through `bench.natslite` (``--client lite``, the default: the co-located agents take
+less of the CPU the broker is measured on) or nats-py (``--client nats-py``, as the real
+worker does).
 
 With ``--lifetime-s L`` an instance "exits" with status 0 L seconds after it started (the
 node reports it as a worker does), so a run has churn: ends, and the broker's retention.
@@ -26,6 +29,7 @@ from typing import Any
 import msgspec
 import nats
 
+from bench import natslite
 from broker import eventloop
 from shared import subjects
 from shared.feasibility import NodeView
@@ -41,7 +45,7 @@ from shared.messages import (
 )
 from shared.strategies import Strategy, answer, make_strategy
 
-__all__ = ["BenchAgent", "main"]
+__all__ = ["CLIENTS", "BenchAgent", "LiteLink", "NatsPyLink", "main"]
 
 _rfb_dec = msgspec.msgpack.Decoder(RFB)
 _award_dec = msgspec.msgpack.Decoder(Award)
@@ -50,6 +54,9 @@ STRATEGIES = ("least-loaded", "binpack", "spread", "headroom")
 
 
 class BenchAgent:
+    """One node's answers, whatever carries them: each method takes a message's bytes and
+    returns what the node sends back (its link publishes it)."""
+
     def __init__(self, node_id: str, strategy: Strategy, capacity: Capacity,
                  lifetime_s: float = 0.0) -> None:
         self.node_id = node_id
@@ -62,43 +69,37 @@ class BenchAgent:
         self.used: dict[str, tuple[float, int, int]] = {}
         self.bids_subject = subjects.BIDS.format(node=node_id)
         self.report_subject = subjects.REPORT.format(node=node_id)
-        self.nc: Any = None
+        self.heartbeat_subject = subjects.HEARTBEAT.format(node=node_id)
+        self.subscriptions = (subjects.RFB, subjects.RFB_NODE.format(node=node_id),
+                              subjects.AWARD.format(node=node_id))
         self.replies = 0
         self.seq = 0
 
-    async def start(self, url: str) -> None:
-        self.nc = await nats.connect(url, name=f"bench-{self.node_id}",
-                                     max_reconnect_attempts=-1, pending_size=8 * 2**20)
-        await self.nc.subscribe(subjects.RFB, cb=self._on_rfb)
-        await self.nc.subscribe(subjects.RFB_NODE.format(node=self.node_id), cb=self._on_rfb)
-        await self.nc.subscribe(subjects.AWARD.format(node=self.node_id), cb=self._on_award)
-        await self.nc.flush()
-
-    async def _on_rfb(self, msg: Any) -> None:
-        rfb = _rfb_dec.decode(msg.data)
+    def bids(self, data: bytes) -> bytes:
+        """An RFB in, the node's bid reply out."""
+        rfb = _rfb_dec.decode(data)
         view, strategy = self.view, self.strategy
         reply = BidReply(auction_id=rfb.auction_id, node_id=self.node_id,
                          answers=[answer(strategy, s, view, i) for i, s in enumerate(rfb.shapes)])
         self.replies += 1
-        await self.nc.publish(self.bids_subject, _enc.encode(reply))
+        return _enc.encode(reply)
 
-    async def _on_award(self, msg: Any) -> None:
-        award = _award_dec.decode(msg.data)
+    def take(self, data: bytes) -> tuple[str, bytes] | None:
+        """An award in: the no-op driver starts the instance at once and the node confirms
+        it, like a real worker (its instance id and the report), or None if it is not ours
+        or already held."""
+        award = _award_dec.decode(data)
         if award.node_id != self.node_id or award.instance_id in self.held:
-            return
+            return None
         spec = award.spec
         self.used[award.instance_id] = (spec.cpu, spec.memory_mb, len(spec.ports))
         self._recount()
         self.held[award.instance_id] = InstanceReport(
             instance_id=award.instance_id, state="running", attempt=award.attempt,
             ports=award.ports)
-        # The no-op driver starts at once: confirm like a real worker does.
-        await self.nc.publish(self.report_subject, _enc.encode(Event(
+        return award.instance_id, _enc.encode(Event(
             instance_id=award.instance_id, type=EventType.RUNNING, node_id=self.node_id,
-            attempt=award.attempt)))
-        if self.lifetime_s > 0:
-            asyncio.get_running_loop().call_later(
-                self.lifetime_s, lambda: asyncio.ensure_future(self._exit(award)))
+            attempt=award.attempt))
 
     def _recount(self) -> None:
         """Committed capacity summed afresh from what the node holds: adding and subtracting
@@ -109,49 +110,162 @@ class BenchAgent:
             cpu=sum(u[0] for u in used), memory_mb=sum(u[1] for u in used),
             ports=sum(u[2] for u in used)))
 
-    async def _exit(self, award: Award) -> None:
-        """The instance ends with status 0: give its room back and report it."""
-        if self.held.pop(award.instance_id, None) is None:
-            return
-        del self.used[award.instance_id]
+    def exit(self, instance_id: str) -> bytes | None:
+        """The instance ends with status 0: give its room back; the report to send."""
+        held = self.held.pop(instance_id, None)
+        if held is None:
+            return None
+        del self.used[instance_id]
         self._recount()
         self.exited += 1
-        await self.nc.publish(self.report_subject, _enc.encode(Event(
-            instance_id=award.instance_id, type=EventType.EXITED, node_id=self.node_id,
-            attempt=award.attempt, exit_code=0)))
+        return _enc.encode(Event(instance_id=instance_id, type=EventType.EXITED,
+                                 node_id=self.node_id, attempt=held.attempt, exit_code=0))
 
-    async def heartbeat(self) -> None:
+    def heartbeat(self) -> bytes:
         self.seq += 1
-        hb = Heartbeat(node_id=self.node_id, seq=self.seq, strategy=self.strategy.name,
-                       capacity=self.view.capacity, committed=self.view.committed,
-                       instances=list(self.held.values()), port_range=[20000, 29999])
-        await self.nc.publish(subjects.HEARTBEAT.format(node=self.node_id), _enc.encode(hb))
+        return _enc.encode(Heartbeat(
+            node_id=self.node_id, seq=self.seq, strategy=self.strategy.name,
+            capacity=self.view.capacity, committed=self.view.committed,
+            instances=list(self.held.values()), port_range=[20000, 29999]))
 
 
-async def _serve(args: argparse.Namespace) -> None:
+class LiteLink:
+    """An agent on `bench.natslite`: handlers run as each frame is parsed, sends are one
+    socket write."""
+
+    def __init__(self, agent: BenchAgent) -> None:
+        self.agent = agent
+        self.client: natslite.LiteClient | None = None
+
+    async def start(self, url: str) -> None:
+        a = self.agent
+        self.client = c = await natslite.connect(url, f"bench-{a.node_id}")
+        rfb, node_rfb, award = a.subscriptions
+        c.subscribe(rfb, self._on_rfb)
+        c.subscribe(node_rfb, self._on_rfb)
+        c.subscribe(award, self._on_award)
+        await c.flush()
+
+    def _on_rfb(self, data: bytes) -> None:
+        assert self.client is not None
+        self.client.publish(self.agent.bids_subject, self.agent.bids(data))
+
+    def _on_award(self, data: bytes) -> None:
+        assert self.client is not None
+        taken = self.agent.take(data)
+        if taken is None:
+            return
+        iid, report = taken
+        self.client.publish(self.agent.report_subject, report)
+        if self.agent.lifetime_s > 0:
+            asyncio.get_running_loop().call_later(self.agent.lifetime_s, self._exit, iid)
+
+    def _exit(self, iid: str) -> None:
+        report = self.agent.exit(iid)
+        if report is not None and self.client is not None:
+            self.client.publish(self.agent.report_subject, report)
+
+    async def send(self, subject: str, payload: bytes) -> None:
+        assert self.client is not None
+        self.client.publish(subject, payload)
+
+    async def failed(self) -> str:
+        """Resolves with a sentence if the connection ends before `close`."""
+        assert self.client is not None
+        exc = await self.client.closed
+        return f"{self.agent.node_id}: {exc}" if exc is not None else ""
+
+    async def close(self) -> None:
+        if self.client is not None:
+            self.client.close()
+
+
+class NatsPyLink:
+    """An agent on nats-py, as the real worker talks (``--agent-client nats-py``)."""
+
+    def __init__(self, agent: BenchAgent) -> None:
+        self.agent = agent
+        self.nc: Any = None
+
+    async def start(self, url: str) -> None:
+        a = self.agent
+        self.nc = await nats.connect(url, name=f"bench-{a.node_id}",
+                                     max_reconnect_attempts=-1, pending_size=8 * 2**20)
+        rfb, node_rfb, award = a.subscriptions
+        await self.nc.subscribe(rfb, cb=self._on_rfb)
+        await self.nc.subscribe(node_rfb, cb=self._on_rfb)
+        await self.nc.subscribe(award, cb=self._on_award)
+        await self.nc.flush()
+
+    async def _on_rfb(self, msg: Any) -> None:
+        await self.nc.publish(self.agent.bids_subject, self.agent.bids(msg.data))
+
+    async def _on_award(self, msg: Any) -> None:
+        taken = self.agent.take(msg.data)
+        if taken is None:
+            return
+        iid, report = taken
+        await self.nc.publish(self.agent.report_subject, report)
+        if self.agent.lifetime_s > 0:
+            asyncio.get_running_loop().call_later(
+                self.agent.lifetime_s, lambda: asyncio.ensure_future(self._exit(iid)))
+
+    async def _exit(self, iid: str) -> None:
+        report = self.agent.exit(iid)
+        if report is not None:
+            await self.nc.publish(self.agent.report_subject, report)
+
+    async def send(self, subject: str, payload: bytes) -> None:
+        await self.nc.publish(subject, payload)
+
+    async def failed(self) -> str:
+        await asyncio.Event().wait()  # nats-py reconnects on its own: never
+        return ""
+
+    async def close(self) -> None:
+        with contextlib.suppress(Exception):
+            await self.nc.close()
+
+
+Link = LiteLink | NatsPyLink
+CLIENTS: dict[str, type[LiteLink] | type[NatsPyLink]] = {"lite": LiteLink,
+                                                         "nats-py": NatsPyLink}
+
+
+async def _serve(args: argparse.Namespace) -> int:
     cap = Capacity(cpu=args.cpu, memory_mb=args.memory_mb, ports=10_000)
     agents = [BenchAgent(f"n{k:05d}", make_strategy(STRATEGIES[k % len(STRATEGIES)]
                                                     if args.mix else args.strategy), cap,
                          args.lifetime_s)
               for k in range(args.first, args.first + args.count)]
+    links: list[Link] = [CLIENTS[args.client](a) for a in agents]
     sem = asyncio.Semaphore(64)
 
-    async def start(a: BenchAgent) -> None:
+    async def start(link: Link) -> None:
         async with sem:
-            await a.start(args.url)
+            await link.start(args.url)
 
-    await asyncio.gather(*(start(a) for a in agents))
-    for a in agents:
-        await a.heartbeat()
+    await asyncio.gather(*(start(link) for link in links))
+    for link in links:
+        await link.send(link.agent.heartbeat_subject, link.agent.heartbeat())
     print("ready", flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    period = args.heartbeat_s / max(1, len(agents))
+    failures: list[str] = []
+
+    async def watch(link: Link) -> None:
+        why = await link.failed()
+        if why and not stop.is_set():
+            failures.append(why)
+            stop.set()
+
+    watchers = [asyncio.ensure_future(watch(link)) for link in links]
+    period = args.heartbeat_s / max(1, len(links))
     while not stop.is_set():
-        for a in agents:  # heartbeats spread evenly over the period
-            await a.heartbeat()
+        for link in links:  # heartbeats spread evenly over the period
+            await link.send(link.agent.heartbeat_subject, link.agent.heartbeat())
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(period):
                     await stop.wait()
@@ -159,10 +273,16 @@ async def _serve(args: argparse.Namespace) -> None:
                 break
     print(json.dumps({"replies": sum(a.replies for a in agents),
                       "held": sum(len(a.held) for a in agents),
-                      "exited": sum(a.exited for a in agents)}), flush=True)
-    for a in agents:
-        with contextlib.suppress(Exception):
-            await a.nc.close()
+                      "exited": sum(a.exited for a in agents),
+                      "failed": failures[:3]}), flush=True)
+    for w in watchers:
+        w.cancel()
+    for link in links:
+        await link.close()
+    if failures:
+        print(f"an agent lost its connection: {failures[0]}", file=sys.stderr, flush=True)
+        return 1
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -176,8 +296,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--memory-mb", type=int, default=262_144)
     p.add_argument("--heartbeat-s", type=float, default=10.0)
     p.add_argument("--lifetime-s", type=float, default=0.0)
-    eventloop.run(_serve(p.parse_args(argv)))
-    return 0
+    p.add_argument("--client", choices=sorted(CLIENTS), default="lite")
+    return eventloop.run(_serve(p.parse_args(argv)))
 
 
 if __name__ == "__main__":

@@ -42,6 +42,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ended-max", type=whole, default=100_000,
                    help="the broker's ended_max: ended records kept in the tree (default "
                    "100000)")
+    p.add_argument("--agent-client", choices=["lite", "nats-py"], default="lite",
+                   help="how the agents speak NATS: a minimal client that answers as each "
+                   "frame is parsed (default), or nats-py as the real worker does")
     p.add_argument("--rate", type=positive_float, default=None,
                    help="submit this many placements a second (default: as fast as taken)")
     p.add_argument("--idle-s", type=non_negative_float, default=10.0,
@@ -63,7 +66,7 @@ def run_cli(args: argparse.Namespace) -> int:
                    processes=args.processes, batch_max=args.batch_max,
                    max_auctions=args.max_auctions, rate=float(args.rate or 0),
                    batch_wait_ms=args.batch_wait_ms, lifetime_s=args.lifetime_s,
-                   ended_max=args.ended_max,
+                   ended_max=args.ended_max, agent_client=args.agent_client,
                    progress=not args.json, state=args.state,
                    idle_s=args.idle_s)
     try:

@@ -54,6 +54,8 @@ class Options:
     #: broker keeps at most `ended_max` ended records: a run with churn and retention.
     lifetime_s: float = 0.0
     ended_max: int = 100_000
+    #: How the agents speak NATS: `bench.natslite` ("lite") or nats-py, as the worker does.
+    agent_client: str = "lite"
     chunk: int = 1000
     #: Submit at this many placements a second (open loop), or 0: as fast as taken.
     rate: float = 0.0
@@ -69,6 +71,7 @@ class Result:
     placements: int
     mode: str
     d: int
+    agent_client: str
     seconds: float
     placements_per_s: float
     round_p50_ms: float
@@ -167,6 +170,7 @@ async def run(opts: Options) -> Result:
                                       ["--url", server.url, "--first", str(first),
                                        "--count", str(count), "--mix",
                                        "--lifetime-s", str(opts.lifetime_s),
+                                       "--client", opts.agent_client,
                                        # the broker's clocks (GAVEL_FAST_TIMERS too)
                                        "--heartbeat-s", str(heartbeat_s)],
                                       root / "logs" / f"agents-{k}.log"))
@@ -268,7 +272,7 @@ async def _drive(nc: Any, opts: Options, root: Path, broker: subprocess.Popen[by
     rate = opts.placements / elapsed
     return Result(
         agents=opts.agents, placements=opts.placements, mode=opts.mode, d=opts.d,
-        seconds=round(elapsed, 3), placements_per_s=round(rate, 1),
+        agent_client=opts.agent_client, seconds=round(elapsed, 3), placements_per_s=round(rate, 1),
         round_p50_ms=round(stats.round_p50_ms, 2), round_p99_ms=round(stats.round_p99_ms, 2),
         commit_p99_ms=round(stats.commit_p99_ms, 2), commits=stats.commits,
         broker_rss_mb=round(broker_rss, 1), agent_rss_mb=round(agent_rss / opts.agents, 3),

@@ -1,6 +1,7 @@
 """`gavel bench` end to end at a small scale: real nats-server, the broker process, agent
-processes, the ceilings, and the run's own check from git - once plain (broadcast), once with
-churn (instances end, the broker forgets the oldest ended records beyond `--ended-max`)."""
+processes, the ceilings, and the run's own check from git - once plain (broadcast, agents on
+`bench.natslite`), once with churn (instances end, the broker forgets the oldest ended
+records beyond `--ended-max`; agents on nats-py)."""
 
 from __future__ import annotations
 
@@ -32,6 +33,7 @@ def test_a_small_broadcast_run_verifies_itself_and_reports_its_ceilings(
         tmp_path: Path) -> None:
     r = _bench(tmp_path, "--placements", "300", "--mode", "broadcast")
     assert r["verified"] is True and r["placements"] == 300 and r["mode"] == "broadcast"
+    assert r["agent_client"] == "lite"  # the default: bench.natslite
     assert r["placements_per_s"] > 0 and r["nats_reqreply_per_s"] > 0
     assert r["git_cli_commits_per_s"] > 0 and r["bids_per_s"] > 0
     assert r["forgotten"] == 0 and r["lifetime_s"] == 0
@@ -40,9 +42,11 @@ def test_a_small_broadcast_run_verifies_itself_and_reports_its_ceilings(
 
 def test_a_churn_run_forgets_the_oldest_ended_records_and_verifies_from_history(
         tmp_path: Path) -> None:
+    # The agents on nats-py here, as the real worker talks: both clients run end to end.
     r = _bench(tmp_path, "--placements", "600", "--rate", "300", "--lifetime-s", "0.2",
-               "--ended-max", "50")
+               "--ended-max", "50", "--agent-client", "nats-py")
     assert r["verified"] is True and r["lifetime_s"] == 0.2
+    assert r["agent_client"] == "nats-py"
     assert r["forgotten"] > 0  # instances ended and the broker let their records go
     assert r["ended_kept"] <= 50 + 300  # the count holds, give or take the last pass
     assert r["running_at_end"] + r["ended_kept"] + r["forgotten"] == 600
