@@ -1,7 +1,14 @@
 """The broker's request/reply API over NATS: submit, status, nodes, why, events, cancel, drain.
 
-Rule: one decoder per verb; a request that does not decode, or that cannot be honoured,
-gets `ApiError` with one sentence — the broker never leaves a client waiting on garbage.
+Rules:
+1. One decoder per verb; a request that does not decode, or that cannot be honoured, gets
+   `ApiError` with one sentence — the broker never leaves a client waiting on garbage.
+2. Requests are served side by side: a submit, cancel or drain waits for its commit, and a
+   subscription serves its messages one after another, so serving each in the subscription's
+   callback let one client's commit hold up every other client's request of that verb (many
+   clients submitting at once got one submit per commit, never a group commit of theirs).
+   Each request runs on a task of its own, up to `MAX_IN_FLIGHT`; past that the subscription
+   waits for the request in hand (back-pressure: NATS holds the rest).
 """
 
 from __future__ import annotations
@@ -51,11 +58,15 @@ __all__ = ["Api"]
 
 _enc = msgspec.msgpack.Encoder()
 Handler = Callable[[Any], Awaitable[Message]]
+#: Requests served at once (rule 2).
+MAX_IN_FLIGHT = 1024
 
 
 class Api:
     def __init__(self, broker: Broker) -> None:
         self.b = broker
+        #: Requests being served (rule 2); a reference keeps each task alive.
+        self._serving: set[asyncio.Task[None]] = set()
         self.verbs: dict[str, tuple[msgspec.msgpack.Decoder[Any], Handler]] = {
             "submit": (msgspec.msgpack.Decoder(SubmitRequest), self.submit),
             "status": (msgspec.msgpack.Decoder(StatusRequest), self.status),
@@ -72,6 +83,15 @@ class Api:
             await nc.subscribe(subjects.API.format(verb=verb), cb=self._handle)
 
     async def _handle(self, msg: Msg) -> None:
+        """Rule 2: each request on a task of its own, while there is room."""
+        if len(self._serving) >= MAX_IN_FLIGHT:
+            await self._serve(msg)
+            return
+        task = asyncio.ensure_future(self._serve(msg))
+        self._serving.add(task)
+        task.add_done_callback(self._serving.discard)
+
+    async def _serve(self, msg: Msg) -> None:
         verb = subjects.node_of(msg.subject)
         decoder, handler = self.verbs[verb]
         try:
@@ -86,7 +106,14 @@ class Api:
                 self.b.rejects.count(f"failed {verb} request", msg.subject)
                 reply = ApiError(error=f"{verb} failed: {exc}")
         if msg.reply:
-            await msg.respond(_enc.encode(reply))
+            try:
+                await msg.respond(_enc.encode(reply))
+            except Exception as exc:  # the connection went: the client will time out
+                self.b.log.warning("could not answer a %s request: %s", verb, exc)
+
+    def close(self) -> None:
+        for task in list(self._serving):
+            task.cancel()
 
     # -- verbs ---------------------------------------------------------------------------
     async def submit(self, req: SubmitRequest) -> Message:

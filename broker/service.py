@@ -24,7 +24,7 @@ from collections import deque
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 from nats.aio.client import Client as NatsClient
@@ -44,6 +44,9 @@ from shared.health import Health, Liveness
 from shared.messages import ApiError, AssignmentRequest, Award, Event, EventType, Heartbeat
 from shared.records import NodeFile
 from shared.timing import Timing
+
+if TYPE_CHECKING:
+    from broker.api import Api
 
 __all__ = ["Broker", "NatsUnreachable", "tune_gc"]
 
@@ -129,6 +132,7 @@ class Broker:
         self._wake = asyncio.Event()
         self._stopped = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
+        self.api: Api | None = None
         self._kv: bool | None = None
         self._outbox: list[tuple[str, bytes]] = []
         self._outbox_ready = asyncio.Event()
@@ -153,7 +157,8 @@ class Broker:
         await self.nc.subscribe(subjects.BIDS_ALL, cb=self.auctioneer.on_bids)
         await self.nc.subscribe(subjects.REPORT_ALL, cb=self.promises.on_report)
         await self.nc.subscribe(subjects.ASSIGN_ALL, cb=self._on_assign)
-        await Api(self).start(self.nc)
+        self.api = Api(self)
+        await self.api.start(self.nc)
         self._tasks = [asyncio.create_task(self._send(), name="outbox"),
                        asyncio.create_task(self.committer.run(), name="committer"),
                        asyncio.create_task(self._loop(), name="reconcile")]
@@ -200,6 +205,8 @@ class Broker:
         rather than holding its caller for ever."""
         for t in self._tasks:
             t.cancel()
+        if self.api is not None:
+            self.api.close()  # requests waiting for a commit that will not come now
         if self._tasks:
             _, stuck = await asyncio.wait(self._tasks, timeout=_CLOSE_S)
             for t in stuck:

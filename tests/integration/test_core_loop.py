@@ -13,9 +13,10 @@ import nats
 import pygit2
 import pytest
 
+from broker.client import call
 from broker.ledger import Change
 from shared import subjects
-from shared.api import WhyReply, WhyRequest
+from shared.api import SubmitReply, SubmitRequest, WhyReply, WhyRequest
 from shared.messages import RFB, Bid, BidReply, Capacity, Event, Heartbeat, Spec
 from shared.reasons import Reason
 from shared.records import InstanceRecord, parse_trailers
@@ -184,3 +185,23 @@ async def test_bad_spec_is_refused_by_the_broker_api(cluster: Cluster) -> None:
 def test_spec_roundtrip_sanity() -> None:
     spec = Spec(name="x", command=["true"])
     assert msgspec.msgpack.decode(msgspec.msgpack.encode(spec), type=Spec) == spec
+
+
+async def test_submits_from_many_clients_share_group_commits(cluster: Cluster) -> None:
+    """A submit waits for its commit; served one after another (as a subscription delivers
+    them), twelve clients' submits took twelve commits. Served side by side, the ones that
+    arrive while a commit is written all go into the next."""
+    await cluster.start_broker()
+    spec = sleeper_spec("many")
+    clients = [await nats.connect(cluster.url) for _ in range(12)]
+    try:
+        replies = await asyncio.gather(*(
+            call(nc, "submit", SubmitRequest(spec=spec, instance_id=f"many-{k}"), SubmitReply)
+            for k, nc in enumerate(clients)))
+    finally:
+        for nc in clients:
+            await nc.close()
+    assert sorted(r.instance_id for r in replies) == sorted(f"many-{k}" for k in range(12))
+    submits = [c for c in cluster.ledger().history()
+               if any(line.startswith("submit ") for line in c.message.splitlines())]
+    assert 1 <= len(submits) <= 4, [c.message.splitlines()[0] for c in submits]
