@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -141,7 +142,21 @@ def _cpu(proc: subprocess.Popen[bytes] | int, children: bool = False) -> float:
 
 
 async def run(opts: Options) -> Result:
-    root = opts.state or Path(tempfile.mkdtemp(prefix="gavel-bench-"))
+    """One run. Without `opts.state` it works in a temporary directory, removed after a run
+    that verified (each run leaves 20-100 MB of git and JetStream there); a failed run's is
+    kept, and the error names it."""
+    if opts.state is not None:
+        return await _run_in(opts, opts.state)
+    root = Path(tempfile.mkdtemp(prefix="gavel-bench-"))
+    try:
+        result = await _run_in(opts, root)
+    except (VerifyError, RuntimeError) as exc:
+        raise type(exc)(f"{exc} (the run's state is kept in {root})") from exc
+    shutil.rmtree(root, ignore_errors=True)
+    return result
+
+
+async def _run_in(opts: Options, root: Path) -> Result:
     (root / "logs").mkdir(parents=True, exist_ok=True)
     server = NatsServer(store_dir=root / "nats", log=root / "logs" / "nats.log",
                         max_payload_mb=8)

@@ -17,12 +17,14 @@ from typing import Any
 TIMING_ONLY = {"late bid", "bid for an unknown auction"}
 
 
-def _bench(tmp_path: Path, *flags: str) -> dict[str, Any]:
+def _bench(tmp_path: Path, *flags: str, keep: bool = True) -> dict[str, Any]:
     # The bench's own clocks (a 2 s bid deadline), not the suite's tenfold-fast ones.
     env = {k: v for k, v in os.environ.items() if k != "GAVEL_FAST_TIMERS"}
+    env["TMPDIR"] = str(tmp_path / "tmp")
+    (tmp_path / "tmp").mkdir(exist_ok=True)
+    state = ["--state", str(tmp_path / "run")] if keep else []
     proc = subprocess.run([sys.executable, "-m", "broker.cli", "bench", "--json", "--agents",
-                           "20", "--processes", "2", "--idle-s", "0", "--state",
-                           str(tmp_path / "run"), *flags],
+                           "20", "--processes", "2", "--idle-s", "0", *state, *flags],
                           capture_output=True, text=True, timeout=170, check=False, env=env)
     assert proc.returncode == 0, proc.stderr[-2000:]
     out: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -31,13 +33,15 @@ def _bench(tmp_path: Path, *flags: str) -> dict[str, Any]:
 
 def test_a_small_broadcast_run_verifies_itself_and_reports_its_ceilings(
         tmp_path: Path) -> None:
-    r = _bench(tmp_path, "--placements", "300", "--mode", "broadcast")
+    r = _bench(tmp_path, "--placements", "300", "--mode", "broadcast", keep=False)
     assert r["verified"] is True and r["placements"] == 300 and r["mode"] == "broadcast"
     assert r["agent_client"] == "lite"  # the default: bench.natslite
     assert r["placements_per_s"] > 0 and r["nats_reqreply_per_s"] > 0
     assert r["git_cli_commits_per_s"] > 0 and r["bids_per_s"] > 0
     assert r["forgotten"] == 0 and r["lifetime_s"] == 0
     assert set(r["rejected"]) <= TIMING_ONLY  # nothing malformed the broker had to refuse
+    # Without --state the run worked in a temporary directory, and removed it.
+    assert [p.name for p in (tmp_path / "tmp").iterdir()] == []
 
 
 def test_a_churn_run_forgets_the_oldest_ended_records_and_verifies_from_history(
