@@ -91,8 +91,10 @@ class Auctioneer:
         if room <= 0:
             return
         eligible = b.liveness.eligible(now)
-        if state.unusable_nodes:  # a node.json we cannot read: that node wins nothing
-            eligible = [n for n in eligible if n not in state.unusable_nodes]
+        if state.unusable_nodes or state.draining:  # a node.json we cannot read, or one
+            # that says draining (the node itself may not know yet): that node wins nothing
+            eligible = [n for n in eligible
+                        if n not in state.unusable_nodes and n not in state.draining]
         groups: dict[tuple[str, ...], list[Request]] = {}
         for r in pending:
             groups.setdefault(tuple(r.excluded), []).append(Request.of(r.instance_id, r.spec))

@@ -119,6 +119,8 @@ def place(view: View, decision: Awarded, auction_id: str,
             or winner in view.state.unusable_nodes:  # never overwrite a file we cannot read
         return None
     nf = view.node(winner) or NodeFile(node_id=winner)
+    if nf.draining:  # drained after its round opened: the instance waits for the next
+        return None
     ports: dict[str, int] | None = {}
     if rec.spec.ports:  # the node's ports in use only matter to a spec that asks for some
         in_use = {p for pl in nf.instances.values() for p in pl.ports.values()}

@@ -87,6 +87,9 @@ class State:
     #: nothing (their real placements are unknown, and an award would overwrite the file).
     unreadable: dict[str, str] = field(default_factory=dict)
     unusable_nodes: set[str] = field(default_factory=set)
+    #: Nodes whose node.json says draining: the broker asks them for nothing and awards
+    #: them nothing, whether or not they have heard of the drain yet.
+    draining: set[str] = field(default_factory=set)
 
     def put_instance(self, iid: str, rec: InstanceRecord | None) -> None:
         if rec is None:
@@ -128,8 +131,13 @@ class State:
         if nf is None:
             self.nodes.pop(nid, None)
             self.committed.pop(nid, None)
+            self.draining.discard(nid)
             return
         self.nodes[nid] = nf
+        if nf.draining:
+            self.draining.add(nid)
+        else:
+            self.draining.discard(nid)
         total = Capacity()
         for pl in nf.instances.values():
             total.cpu += pl.cpu

@@ -25,7 +25,7 @@ from shared.messages import Award
 from shared.reasons import Reason
 from shared.records import NodeFile, parse_trailers
 from shared.strategies import make_strategy
-from tests.integration.harness import TIMING, Cluster, sleeper_spec, wait_for
+from tests.integration.harness import TIMING, Cluster, FakeNode, sleeper_spec, wait_for
 from worker.agent import Agent
 
 pytestmark = pytest.mark.integration
@@ -92,6 +92,28 @@ async def test_drain_declines_then_undo_takes_work_again(cluster: Cluster) -> No
     second = await cluster.submit(sleeper_spec("second", cpu=0.6))  # node-b is full now
     await wait_for(lambda: cluster.holders(second) == ["node-a"], 10, what="placed on node-a")
     await wait_for(lambda: running_on(a, second) > 0, 10, what="running on node-a")
+
+
+async def test_a_draining_node_that_still_bids_wins_nothing(cluster: Cluster) -> None:
+    """Draining is decided in git, not by the node: one that has not heard of its drain (or
+    ignores it) and bids the lowest load is neither asked nor awarded."""
+    await cluster.start_broker()
+    nodes = [FakeNode(cluster.url, "node-a", load=0.0), FakeNode(cluster.url, "node-b", load=0.5)]
+    for n in nodes:
+        n.confirm = True  # it runs what it wins
+        await n.start()
+    try:
+        await cluster.wait_nodes(2)
+        first = await cluster.submit(sleeper_spec("first"))
+        await wait_for(lambda: cluster.holders(first) == ["node-a"], 10, what="lowest wins")
+        await cluster.call("drain", DrainRequest(node_id="node-a"), DrainReply)
+        second = await cluster.submit(sleeper_spec("second"))
+        await wait_for(lambda: cluster.holders(second) == ["node-b"], 10, what="on node-b")
+        assert cluster.holders(first) == ["node-a"]  # a drain without migrate moves nothing
+        assert [a.instance_id for a in nodes[0].awards] == [first]
+    finally:
+        for n in nodes:
+            await n.close()
 
 
 async def test_drain_with_migrate_moves_instances_one_by_one(cluster: Cluster) -> None:

@@ -56,3 +56,28 @@ def test_unblock_gives_back_only_ports_git_blocks() -> None:
     assert unblock_ports(view, "n1", [6]) == []  # already given back in this batch
     assert unblock_ports(view, "nowhere", [5]) == []
     assert "nowhere" not in view.change.nodes
+
+
+def test_an_award_to_a_node_drained_in_the_same_batch_is_not_placed() -> None:
+    """A drain committed after the round opened: the award finds node.json draining and the
+    instance stays pending for the next round (the node may not know it is draining)."""
+    from broker.plan import place, set_draining
+    from shared.auction import Awarded, NodeBid
+    from shared.messages import Request
+
+    st = State(head="h")
+    st.put_instance("j", InstanceRecord(instance_id="j", spec=SPEC))
+    st.put_node("n1", NodeFile(node_id="n1"))
+    view = View(st, Change())
+    award = Awarded(request=Request.of("j", SPEC), tie_broken=False, bids=[], declines=[],
+                    silent=[], winner=NodeBid(node_id="n1", load=0.0))
+    assert set_draining(view, "n1", True) is not None
+    assert place(view, award, "a1", [20000, 20099]) is None
+    assert view.change.instances.get("j") is None  # still pending, untouched
+    nf = view.change.nodes["n1"]
+    assert nf is not None and nf.draining and nf.instances == {}
+    # The broker's state knows which nodes are draining, for the auctions' candidates.
+    st.put_node("n1", nf)
+    assert st.draining == {"n1"}
+    st.put_node("n1", NodeFile(node_id="n1"))
+    assert st.draining == set()
