@@ -31,7 +31,7 @@ from broker.plan import View, place, unschedulable
 from shared import subjects
 from shared.auction import Auction, Awarded, Decision, Unschedulable, Verdict
 from shared.lifecycle import PENDING
-from shared.messages import BidReply, Capacity, EventType, InstanceState, Request
+from shared.messages import BidReply, Capacity, Decline, EventType, InstanceState, Request
 from shared.reasons import Reason, render
 from shared.records import AuctionRecord, BatchRecord, Outcome, ShapeRecord, auction_trailer
 
@@ -91,10 +91,8 @@ class Auctioneer:
         if room <= 0:
             return
         eligible = b.liveness.eligible(now)
-        if state.unusable_nodes or state.draining:  # a node.json we cannot read, or one
-            # that says draining (the node itself may not know yet): that node wins nothing
-            eligible = [n for n in eligible
-                        if n not in state.unusable_nodes and n not in state.draining]
+        if state.unusable_nodes:  # a node.json we cannot read: that node wins nothing
+            eligible = [n for n in eligible if n not in state.unusable_nodes]
         groups: dict[tuple[str, ...], list[Request]] = {}
         for r in pending:
             groups.setdefault(tuple(r.excluded), []).append(Request.of(r.instance_id, r.spec))
@@ -159,6 +157,12 @@ class Auctioneer:
         if auction is None:
             b.rejects.count(Verdict.WRONG_AUCTION, msg.subject)
             return
+        draining = b.ledger.state().draining
+        if draining and reply.node_id in draining:
+            # git says draining; the node may not know yet (or ignores it): a bid from it is
+            # taken as the decline it should have sent, so `gavel why` still shows it asked.
+            reply = msgspec.structs.replace(reply, answers=[
+                Decline(shape=a.shape, reason=Reason.DRAINING) for a in reply.answers])
         now = b.now()
         verdict = auction.receive(reply, now)
         if verdict is not Verdict.ACCEPTED:

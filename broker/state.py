@@ -87,8 +87,8 @@ class State:
     #: nothing (their real placements are unknown, and an award would overwrite the file).
     unreadable: dict[str, str] = field(default_factory=dict)
     unusable_nodes: set[str] = field(default_factory=set)
-    #: Nodes whose node.json says draining: the broker asks them for nothing and awards
-    #: them nothing, whether or not they have heard of the drain yet.
+    #: Nodes whose node.json says draining: the broker takes their bids as declines and
+    #: awards them nothing, whether or not they have heard of the drain yet.
     draining: set[str] = field(default_factory=set)
 
     def put_instance(self, iid: str, rec: InstanceRecord | None) -> None:

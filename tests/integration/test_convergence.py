@@ -95,8 +95,8 @@ async def test_drain_declines_then_undo_takes_work_again(cluster: Cluster) -> No
 
 
 async def test_a_draining_node_that_still_bids_wins_nothing(cluster: Cluster) -> None:
-    """Draining is decided in git, not by the node: one that has not heard of its drain (or
-    ignores it) and bids the lowest load is neither asked nor awarded."""
+    """Draining is decided in git, not by the node: a bid from one that has not heard of its
+    drain (or ignores it) counts as its decline, however low its load."""
     await cluster.start_broker()
     nodes = [FakeNode(cluster.url, "node-a", load=0.0), FakeNode(cluster.url, "node-b", load=0.5)]
     for n in nodes:
@@ -111,6 +111,9 @@ async def test_a_draining_node_that_still_bids_wins_nothing(cluster: Cluster) ->
         await wait_for(lambda: cluster.holders(second) == ["node-b"], 10, what="on node-b")
         assert cluster.holders(first) == ["node-a"]  # a drain without migrate moves nothing
         assert [a.instance_id for a in nodes[0].awards] == [first]
+        why = await cluster.call("why", WhyRequest(instance_id=second), WhyReply)
+        declines = {d.node_id: d.reason for d in why.auctions[0].declines}
+        assert declines == {"node-a": Reason.DRAINING}
     finally:
         for n in nodes:
             await n.close()
