@@ -160,6 +160,13 @@ class Ledger:
             ref = self.repo.references.get(self.ref)
             if ref is None:
                 return None
+            if self.ref.startswith("refs/heads/"):
+                # A branch names its commit: no object read. Peeling read the commit, and
+                # each commit the writer makes lives in a new pack - the broker process
+                # opened and mapped every one of them (RSS 69 -> 165 MB at 2,000/s).
+                target = ref.resolve().target
+                if isinstance(target, pygit2.Oid):
+                    return str(target)
             return str(ref.peel(pygit2.Commit).id)
         except (pygit2.GitError, KeyError, ValueError) as exc:
             raise LedgerError(f"cannot resolve {self.ref}: {exc}") from exc

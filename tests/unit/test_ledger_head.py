@@ -3,10 +3,13 @@ across our own commit, and never longer than that window after someone else's.""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pygit2
+import pytest
 
 from broker import ledger as ledger_mod
 from broker.ledger import Ledger, encode
@@ -30,3 +33,30 @@ def test_our_commit_is_seen_at_once_and_theirs_within_the_window(tmp_path: Path)
     time.sleep(ledger_mod._HEAD_FRESH_S * 2)
     assert ledger.head() == theirs
     assert ledger.state().head == theirs
+
+
+@pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="reads /proc/self/maps")
+def test_following_the_branch_maps_none_of_the_writers_packs(tmp_path: Path) -> None:
+    """The writer process puts each commit, the commit object too, into a new pack; the
+    broker process follows the branch by its ref alone. Peeling the ref read the commit, so
+    libgit2 opened and mapped every new pack - and kept merged-away ones mapped: the
+    broker's RSS grew from 69 to 165 MB over a 20,000-placement run."""
+    path = tmp_path / "state.git"
+    write = ("import sys; from broker.ledger import Ledger, encode; "
+             "from shared.records import NodeFile; l = Ledger(__import__('pathlib').Path("
+             f"{str(path)!r})); h = None\n"
+             "for c in range(3):\n"
+             "    h = l.write_files({f'nodes/n{k}/node.json': encode(NodeFile(node_id=f'n{k}'"
+             ", draining=c % 2 == 1)) for k in range(40)}, f'c{c}', h)\n"
+             "print(h)")
+    Ledger(path)  # an empty repository, before the writer's packs exist
+    reader = Ledger(path)
+    assert reader.head() is None
+    out = subprocess.run([sys.executable, "-c", write], capture_output=True, text=True,
+                         check=True, cwd=Path(__file__).parents[2])
+    assert list((path / "objects" / "pack").glob("pack-*.pack"))  # the writer packed
+    reader.forget_head()
+    assert reader.head() == out.stdout.strip()
+    maps = [line for line in Path("/proc/self/maps").read_text().splitlines()
+            if str(path) in line]
+    assert maps == []
