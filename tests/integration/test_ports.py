@@ -117,7 +117,10 @@ async def test_hundreds_of_instances_never_share_a_port(cluster: Cluster) -> Non
             assert len(in_git) == len(set(in_git)), f"overlapping ports in {node}'s node.json"
             assert all(first <= p <= last for p in in_git)
             assert not set(in_git) & set(outside[node])
-            assert set(nodes[node].blocked_ports) == set(outside[node])
+            # Blocked: each taken port the node's lowest-first allocation went past. A node
+            # that won few of the batch (a late bid on a busy machine) never reached them.
+            reached = {p for p in outside[node] if in_git and p < max(in_git)}
+            assert reached <= set(nodes[node].blocked_ports) <= set(outside[node])
             really = {r.instance_id: proc_ports(r.pid) for r in agent.instances()}
             got = [p for ports in really.values() for p in ports.values()]
             assert len(got) == len(set(got)), f"two processes on {node} got the same port"
