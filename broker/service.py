@@ -30,6 +30,7 @@ import msgspec
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 
+from broker import wire
 from broker.auctioneer import Auctioneer
 from broker.committer import Committer
 from broker.ledger import Ledger
@@ -273,11 +274,10 @@ class Broker:
             await self._outbox_ready.wait()
             self._outbox_ready.clear()
             batch, self._outbox = self._outbox, []
-            for subject, payload in batch:
-                try:
-                    await self.nc.publish(subject, payload)
-                except Exception as exc:  # disconnected past the buffer: count, carry on
-                    self.rejects.count("publish failed", f"{subject}: {exc}")
+            await wire.send(self.nc, batch, self._publish_failed)
+
+    def _publish_failed(self, subject: str, exc: Exception) -> None:
+        self.rejects.count("publish failed", f"{subject}: {exc}")  # count it, carry on
 
     @staticmethod
     def encode(msg: msgspec.Struct) -> bytes:

@@ -1,0 +1,105 @@
+"""`broker.wire` against a real nats-server: a batch arrives whole and in order, framed as
+nats-py frames it; what the batch path cannot vouch for goes through `publish` and fails
+there, without taking the rest of the batch with it."""
+
+from __future__ import annotations
+
+import asyncio
+
+import nats
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+
+from broker import wire
+
+
+def test_the_installed_nats_py_takes_the_batch_path() -> None:
+    """If an upgrade drops the internals the batch hand-over uses, the broker still works
+    (one `publish` a message) but is slower: this says so."""
+    assert wire.fast(Client())
+    assert not wire.fast(object())
+
+
+async def _collect(nc: Client, subject: str, want: int) -> list[tuple[str, bytes]]:
+    got: list[tuple[str, bytes]] = []
+    done = asyncio.Event()
+
+    async def cb(msg: Msg) -> None:
+        got.append((msg.subject, msg.data))
+        if len(got) >= want:
+            done.set()
+
+    await nc.subscribe(subject, cb=cb)
+    await nc.flush()
+    return got if want == 0 else await _wait(got, done)
+
+
+async def _wait(got: list[tuple[str, bytes]], done: asyncio.Event) -> list[tuple[str, bytes]]:
+    await asyncio.wait_for(done.wait(), 10)
+    return got
+
+
+async def test_a_batch_arrives_in_order_byte_for_byte(nats_url: str) -> None:
+    pub = await nats.connect(nats_url)
+    sub = await nats.connect(nats_url)
+    try:
+        batch = [(f"w.t.{k % 7}", bytes([k % 256]) * (k * 37 % 5000)) for k in range(3000)]
+        batch.append(("w.t.big", b"\r\nPUB x 1\r\n" * 10_000))  # payload bytes are opaque
+        listening = asyncio.ensure_future(_collect(sub, "w.t.*", len(batch)))
+        await asyncio.sleep(0.2)
+        failures: list[tuple[str, Exception]] = []
+        sent = pub.stats["out_msgs"]
+        handed: list[int] = []
+        hand_over = pub._send_command
+
+        async def counting(cmd: bytes, priority: bool = False) -> None:
+            handed.append(len(cmd))
+            await hand_over(cmd, priority)
+
+        pub._send_command = counting  # type: ignore[method-assign]
+        await wire.send(pub, batch, lambda s, e: failures.append((s, e)))
+        await pub.flush()
+        assert await asyncio.wait_for(listening, 15) == batch
+        assert not failures and pub.stats["out_msgs"] - sent == len(batch)
+        assert len(handed) == 1  # the whole batch in one hand-over, not one a message
+    finally:
+        await pub.close()
+        await sub.close()
+
+
+async def test_bad_subjects_and_oversized_payloads_fail_alone(nats_url: str) -> None:
+    """A subject with whitespace would end the frame early and inject a command of its own;
+    an empty one, or a payload over the server's limit, is refused too. Each is handed to
+    `failed` with nats-py's error; the good messages around them still go, in order."""
+    pub = await nats.connect(nats_url)
+    sub = await nats.connect(nats_url)
+    try:
+        too_big = b"x" * (pub.max_payload + 1)
+        batch = [("w.ok", b"1"), ("w.bad\r\nPUB w.ok 1", b"2"), ("w.ok", b"3"), ("", b"4"),
+                 ("w.ok", too_big), ("w bad", b"5"), ("w.ok", b"6")]
+        listening = asyncio.ensure_future(_collect(sub, "w.ok", 3))
+        await asyncio.sleep(0.2)
+        failures: list[tuple[str, Exception]] = []
+        await wire.send(pub, batch, lambda s, e: failures.append((s, e)))
+        await pub.flush()
+        got = await asyncio.wait_for(listening, 10)
+        await asyncio.sleep(0.2)  # nothing else arrives: no injected frame went out
+        assert got == [("w.ok", b"1"), ("w.ok", b"3"), ("w.ok", b"6")]
+        assert [s for s, _ in failures] == ["w.bad\r\nPUB w.ok 1", "", "w.ok", "w bad"]
+        assert pub.is_connected
+    finally:
+        await pub.close()
+        await sub.close()
+
+
+async def test_a_closed_connection_fails_each_message_with_nats_pys_error(
+        nats_url: str) -> None:
+    """Not connected (closed here; reconnecting alike): every message goes through
+    `publish`, so nats-py's own buffering and limits apply, and what it refuses is counted
+    message by message, not raised out of the broker's sender."""
+    pub = await nats.connect(nats_url)
+    await pub.close()
+    failures: list[tuple[str, Exception]] = []
+    await wire.send(pub, [("w.a", b"1"), ("w.b", b"2")], lambda s, e: failures.append((s, e)))
+    assert [s for s, _ in failures] == ["w.a", "w.b"]
+    assert all(isinstance(e, nats.errors.ConnectionClosedError) for _, e in failures)
