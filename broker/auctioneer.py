@@ -19,8 +19,8 @@ import asyncio
 import functools
 import logging
 import uuid
-from collections import OrderedDict
 from collections.abc import Iterable
+from itertools import filterfalse
 from typing import TYPE_CHECKING
 
 import msgspec
@@ -53,7 +53,7 @@ class Auctioneer:
         self.reserved: dict[str, Capacity] = {}
         self.retry_at: dict[str, float] = {}
         #: The last decisions, for `why` before git is walked (bounded; shares bid lists).
-        self._recent: OrderedDict[str, tuple[str, Decision]] = OrderedDict()
+        self._recent: dict[str, tuple[str, Decision]] = {}
         self.placed_total = 0
         self.auctions_total = 0
         self.replies_total = 0
@@ -68,8 +68,14 @@ class Auctioneer:
         room = b.max_auctions - len(self.auctions)
         want = max(room, 1) * b.batch_max
         pending = []
-        for iid in state.pending:  # oldest first; stop once there is enough for the room
-            if iid not in self.inflight and self.retry_at.get(iid, 0.0) <= now:
+        # Oldest first; stop once there is enough for the room. Awarded instances stay
+        # pending until their commit lands (a whole group commit of them, at the front):
+        # they are skipped in C, not one Python test each.
+        waiting = filterfalse(self.inflight.__contains__, state.pending) if self.inflight \
+            else iter(state.pending)
+        retry_at = self.retry_at
+        for iid in waiting:
+            if not retry_at or retry_at.get(iid, 0.0) <= now:
                 pending.append(state.instances[iid])
                 if len(pending) >= want:
                     break
@@ -97,7 +103,8 @@ class Auctioneer:
         for r in pending:
             groups.setdefault(tuple(r.excluded), []).append(Request.of(r.instance_id, r.spec))
         for excluded, requests in groups.items():
-            candidates = [n for n in eligible if n not in excluded] or eligible
+            candidates = ([n for n in eligible if n not in excluded] or eligible) \
+                if excluded else eligible
             for i in range(0, len(requests), b.batch_max):
                 if room <= 0:
                     return  # what is left has waited already: it goes when room frees
@@ -204,9 +211,11 @@ class Auctioneer:
         self.b.round_times.append(round_s)
         m = self.b.metrics
         m.round_seconds.observe(round_s)
-        for d in decisions:
-            m.auctions.labels(outcome="awarded" if isinstance(d, Awarded)
-                              else "unschedulable").inc()
+        awarded = sum(1 for d in decisions if isinstance(d, Awarded))
+        if awarded:
+            m.auctions.labels(outcome="awarded").inc(awarded)
+        if awarded < len(decisions):
+            m.auctions.labels(outcome="unschedulable").inc(len(decisions) - awarded)
         for strategy, n in auction.bid_counts().items():
             m.bids.labels(strategy=strategy).inc(n)
         for reason, n in auction.decline_counts().items():
@@ -304,10 +313,11 @@ class Auctioneer:
             self.b.emit(iid, EventType.ERROR, reason=reason, detail=detail)
 
     def _remember(self, iid: str, aid: str, d: Decision) -> None:
-        self._recent[iid] = (aid, d)
-        self._recent.move_to_end(iid)
-        if len(self._recent) > RECENT_KEPT:
-            self._recent.popitem(last=False)
+        recent = self._recent  # a dict keeps insertion order: the oldest is first
+        recent.pop(iid, None)
+        recent[iid] = (aid, d)
+        if len(recent) > RECENT_KEPT:
+            del recent[next(iter(recent))]
 
     def recent(self, iid: str) -> AuctionRecord | None:
         got = self._recent.get(iid)
