@@ -329,7 +329,7 @@ class Ledger:
             st.put_instance(iid, rec)
             st.flat.pop(iid, None)  # `files` moved it into its shard
         for nid, nf in change.nodes.items():
-            st.put_node(nid, nf)
+            st.put_node(nid, nf, change.committed.get(nid))
 
     def _commit(self, files: Mapping[str, bytes | None], message: str,
                 planned_on: str | None) -> str:

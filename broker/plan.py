@@ -19,9 +19,10 @@ from collections.abc import Sequence
 
 import msgspec
 
-from broker.state import Change, State
+from broker.state import Change, State, committed_by
 from shared.auction import Awarded, Unschedulable
 from shared.lifecycle import PENDING, transition
+from shared.messages import Capacity
 from shared.messages import InstanceState as S
 from shared.ports import allocate
 from shared.reasons import Reason
@@ -63,7 +64,8 @@ class View:
     def drop_instance(self, iid: str) -> None:
         self.change.instances[iid] = None
 
-    def put_node(self, nf: NodeFile) -> None:
+    def put_node(self, nf: NodeFile, committed: Capacity | None = None) -> None:
+        """Change the node's file; `committed`: what its placements add up to, if known."""
         old = self.node(nf.node_id)
         before = old.instances.keys() if old is not None else set()
         for iid in before - nf.instances.keys():
@@ -71,6 +73,20 @@ class View:
         for iid in nf.instances.keys() - before:
             self._where[iid] = nf.node_id
         self.change.nodes[nf.node_id] = None if nf.empty else nf
+        if committed is None or nf.empty:
+            self.change.committed.pop(nf.node_id, None)
+        else:
+            self.change.committed[nf.node_id] = committed
+
+    def committed(self, nid: str) -> Capacity:
+        """What the node's placements add up to, as this view has them."""
+        if nid in self.change.nodes:
+            got = self.change.committed.get(nid)
+            if got is not None:
+                return got
+            nf = self.change.nodes[nid]
+            return committed_by(nf) if nf is not None else Capacity()
+        return self.state.committed.get(nid) or Capacity()
 
     def placed_on(self, iid: str) -> str | None:
         if iid in self._where:
@@ -130,7 +146,13 @@ def place(view: View, decision: Awarded, auction_id: str,
         return None
     placement = Assignment(instance_id=iid, auction_id=auction_id, attempt=rec.attempt + 1,
                            cpu=rec.spec.cpu, memory_mb=rec.spec.memory_mb, ports=ports)
-    view.put_node(msgspec.structs.replace(nf, instances={**nf.instances, iid: placement}))
+    # The new placement goes last in the file, so the node's total is the old one plus it:
+    # the same sum, in the same order, as adding up the whole file again.
+    was = view.committed(winner)
+    view.put_node(msgspec.structs.replace(nf, instances={**nf.instances, iid: placement}),
+                  committed=Capacity(cpu=was.cpu + placement.cpu,
+                                     memory_mb=was.memory_mb + placement.memory_mb,
+                                     ports=was.ports + len(ports)))
     return placement
 
 

@@ -24,7 +24,8 @@ from shared.lifecycle import PENDING
 from shared.messages import Capacity, InstanceState
 from shared.records import Assignment, InstanceRecord, NodeFile, instance_path, node_path
 
-__all__ = ["Change", "State", "compact", "encode", "parse_stamp", "pretty", "stamp"]
+__all__ = ["Change", "State", "committed_by", "compact", "encode", "parse_stamp", "pretty",
+           "stamp"]
 
 _enc = msgspec.json.Encoder()
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
@@ -115,7 +116,11 @@ class State:
             return (at is None, at or _EPOCH)
         self.ended = dict.fromkeys(sorted(self.ended, key=key))
 
-    def put_node(self, nid: str, nf: NodeFile | None) -> None:
+    def put_node(self, nid: str, nf: NodeFile | None,
+                 committed: Capacity | None = None) -> None:
+        """`committed`: what `nf`'s placements add up to, when the caller knows it (a plan
+        that added one placement: the old total plus that one, the same float sum in the same
+        order); otherwise it is summed here, O(placements on the node)."""
         old = self.nodes.get(nid)
         before = old.instances.keys() if old is not None else set()
         after = nf.instances.keys() if nf is not None else set()
@@ -138,12 +143,7 @@ class State:
             self.draining.add(nid)
         else:
             self.draining.discard(nid)
-        total = Capacity()
-        for pl in nf.instances.values():
-            total.cpu += pl.cpu
-            total.memory_mb += pl.memory_mb
-            total.ports += len(pl.ports)
-        self.committed[nid] = total
+        self.committed[nid] = committed if committed is not None else committed_by(nf)
 
     def placement_of(self, instance_id: str) -> str | None:
         """The node whose node.json holds the instance, if any."""
@@ -163,12 +163,25 @@ class State:
         return rec.state
 
 
+def committed_by(nf: NodeFile) -> Capacity:
+    """What a node's placements reserve there, summed in the node file's order."""
+    total = Capacity()
+    for pl in nf.instances.values():
+        total.cpu += pl.cpu
+        total.memory_mb += pl.memory_mb
+        total.ports += len(pl.ports)
+    return total
+
+
 @dataclass
 class Change:
     """Files to write (a record) or delete (None), keyed by id."""
 
     instances: dict[str, InstanceRecord | None] = field(default_factory=dict)
     nodes: dict[str, NodeFile | None] = field(default_factory=dict)
+    #: What each changed node's placements add up to, where a plan worked it out without
+    #: a sum over the node (`State.put_node`'s `committed`).
+    committed: dict[str, Capacity] = field(default_factory=dict, repr=False, compare=False)
 
     def __bool__(self) -> bool:
         return bool(self.instances or self.nodes)

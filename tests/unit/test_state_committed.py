@@ -1,0 +1,77 @@
+"""What each node's placements commit is kept without summing the node's file again on every
+placement: `place` hands the old total plus the new placement to the state. That must be
+the very number a sum over the file gives - float for float - after any mix of placements,
+ends, drains and re-recorded ports, committed through a real git ledger and read back."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+from broker.ledger import Ledger
+from broker.plan import View, finish, place, record_ports, set_draining, submit
+from broker.state import State, committed_by
+from shared.auction import Awarded
+from shared.award import NodeBid
+from shared.messages import Capacity, Request, Spec
+from shared.messages import InstanceState as S
+from shared.records import InstanceRecord
+
+#: Amounts that binary floats cannot hold exactly: a drifting running total shows.
+CPUS = (0.01, 0.1, 0.2, 0.3, 0.07, 1.0 / 3)
+
+
+def _award(iid: str, spec: Spec, node: str) -> Awarded:
+    return Awarded(request=Request.of(iid, spec), winner=NodeBid(node_id=node, load=0.5),
+                   tie_broken=False, bids=[], declines=[], silent=[])
+
+
+def _commit(ledger: Ledger, view: View) -> None:
+    state = view.state
+    sha = ledger.write_files(view.change.files(state.flat), "test", state.head)
+    ledger.adopt(view.change, state.head, sha)
+
+
+def _assert_exact(state: State) -> None:
+    for nid, nf in state.nodes.items():
+        assert state.committed[nid] == committed_by(nf), nid
+    assert set(state.committed) == set(state.nodes)
+
+
+def test_committed_totals_stay_the_sum_of_each_node_file(tmp_path: Path) -> None:
+    rng = random.Random(7)
+    ledger = Ledger(tmp_path / "state.git")
+    nodes = [f"n{k}" for k in range(5)]
+    placed: dict[str, str] = {}
+    serial = 0
+    for _ in range(40):  # commits
+        view = View(ledger.state())
+        for _ in range(rng.randint(1, 12)):  # plans in one group commit
+            roll = rng.random()
+            if roll < 0.6 or not placed:
+                serial += 1
+                iid = f"i{serial}"
+                spec = Spec(name="s", command=["true"], cpu=rng.choice(CPUS),
+                            memory_mb=rng.randint(1, 300),
+                            ports=["http"] if rng.random() < 0.3 else [])
+                assert submit(view, InstanceRecord(instance_id=iid, spec=spec))
+                node = rng.choice(nodes)
+                if place(view, _award(iid, spec, node), "a", range(9000, 9100)) is not None:
+                    placed[iid] = node
+            elif roll < 0.8:
+                iid = rng.choice(sorted(placed))
+                assert finish(view, iid, placed.pop(iid), S.SUCCEEDED) is not None
+            elif roll < 0.9:
+                set_draining(view, rng.choice(nodes), rng.random() < 0.5)
+            else:
+                iid = rng.choice(sorted(placed))
+                record_ports(view, iid, placed[iid], {"http": 9200 + serial}, [9001])
+            for nid in view.change.nodes:  # within the batch, too
+                nf = view.node(nid)
+                assert view.committed(nid) == (committed_by(nf) if nf else Capacity())
+        _commit(ledger, view)
+        _assert_exact(ledger.state())
+    assert placed  # the mix did place things
+    fresh = Ledger(tmp_path / "state.git").state()  # summed from the files git holds
+    _assert_exact(fresh)
+    assert fresh.committed == ledger.state().committed
