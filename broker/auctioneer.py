@@ -24,10 +24,10 @@ from itertools import filterfalse
 from typing import TYPE_CHECKING
 
 import msgspec
-from nats.aio.msg import Msg
 
 from broker.committer import Item, Planned
 from broker.plan import View, place, unschedulable
+from broker.wire import Received
 from shared import subjects
 from shared.auction import Auction, Awarded, Decision, Unschedulable, Verdict
 from shared.lifecycle import PENDING
@@ -149,7 +149,7 @@ class Auctioneer:
             self.close(auction)
 
     # -- bids ----------------------------------------------------------------------------
-    async def on_bids(self, msg: Msg) -> None:
+    def on_bids(self, msg: Received) -> None:
         b = self.b
         try:
             reply = _bids_dec.decode(msg.data)

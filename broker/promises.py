@@ -16,7 +16,6 @@ import functools
 from typing import TYPE_CHECKING
 
 import msgspec
-from nats.aio.msg import Msg
 
 from broker.committer import Item, Planned
 from broker.plan import (
@@ -29,6 +28,7 @@ from broker.plan import (
     unblock_ports,
 )
 from broker.watchdog import Action, Kind, due
+from broker.wire import Received
 from shared import subjects
 from shared.lifecycle import PENDING
 from shared.messages import Cancel, Event, EventType, InstanceState
@@ -59,7 +59,7 @@ class Promises:
         self._unblocking: set[str] = set()  # nodes with an unblocking commit in flight
 
     # -- reports -------------------------------------------------------------------------
-    async def on_report(self, msg: Msg) -> None:
+    def on_report(self, msg: Received) -> None:
         b = self.b
         try:
             ev = _event_dec.decode(msg.data)

@@ -27,7 +27,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import msgspec
-from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 
 from broker import wire
@@ -154,9 +153,9 @@ class Broker:
             self.liveness.presume(node_id, now)
         self.timers.resume(state, self.timing)
         await self._open_kv(state.nodes)
-        await self.nc.subscribe(subjects.HEARTBEAT_ALL, cb=self._on_heartbeat)
-        await self.nc.subscribe(subjects.BIDS_ALL, cb=self.auctioneer.on_bids)
-        await self.nc.subscribe(subjects.REPORT_ALL, cb=self.promises.on_report)
+        await self.nc.subscribe_direct(subjects.HEARTBEAT_ALL, self._on_heartbeat)
+        await self.nc.subscribe_direct(subjects.BIDS_ALL, self.auctioneer.on_bids)
+        await self.nc.subscribe_direct(subjects.REPORT_ALL, self.promises.on_report)
         await self.nc.subscribe(subjects.ASSIGN_ALL, cb=self._on_assign)
         self.api = Api(self)
         await self.api.start(self.nc)
@@ -184,7 +183,7 @@ class Broker:
         deadline = None if self.connect_wait_s is None else \
             time.monotonic() + self.connect_wait_s
         while True:
-            nc = NatsClient()
+            nc = wire.Client()
             try:
                 await nc.connect(self.nats_url, **options)
             except Exception as exc:
@@ -336,7 +335,7 @@ class Broker:
                          None if nf is None else change.node_compact(node_id, nf))
 
     # -- inbound -------------------------------------------------------------------------
-    async def _on_heartbeat(self, msg: Msg) -> None:
+    def _on_heartbeat(self, msg: wire.Received) -> None:
         try:
             hb = _hb_dec.decode(msg.data)
         except (msgspec.DecodeError, RecursionError) as exc:  # depth guard: no DecodeError

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 
 import nats
+import pytest
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
@@ -103,3 +104,45 @@ async def test_a_closed_connection_fails_each_message_with_nats_pys_error(
     await wire.send(pub, [("w.a", b"1"), ("w.b", b"2")], lambda s, e: failures.append((s, e)))
     assert [s for s, _ in failures] == ["w.a", "w.b"]
     assert all(isinstance(e, nats.errors.ConnectionClosedError) for _, e in failures)
+
+
+async def test_direct_subscriptions_hand_over_each_message_in_order(
+        nats_url: str, caplog: pytest.LogCaptureFixture) -> None:
+    """A direct handler sees every message, in order, with its subject and payload, as the
+    parser reads it; one that raises is logged and the next message is still handled; the
+    client's ordinary subscriptions are untouched."""
+    assert wire.DIRECT  # the installed nats-py hands messages over as this expects
+    nc = wire.Client()
+    await nc.connect(nats_url)
+    pub = await nats.connect(nats_url)
+    try:
+        got: list[tuple[str, bytes]] = []
+
+        def handler(msg: wire.Received) -> None:
+            if msg.data == b"boom":
+                raise RuntimeError("a handler bug")
+            got.append((msg.subject, msg.data))
+
+        await nc.subscribe_direct("d.*", handler)
+        assert list(nc._direct.values()) == [handler]  # handled inline, not by a task
+        ordinary = await nc.subscribe("o.x")
+        await nc.flush()
+        sent = [(f"d.{k % 3}", b"%d" % k) for k in range(500)]
+        for subject, data in sent[:250]:
+            await pub.publish(subject, data)
+        await pub.publish("d.0", b"boom")
+        for subject, data in sent[250:]:
+            await pub.publish(subject, data)
+        await pub.publish("o.x", b"plain")
+        await pub.flush()
+        assert (await ordinary.next_msg(timeout=5)).data == b"plain"
+        for _ in range(100):
+            if len(got) == len(sent):
+                break
+            await asyncio.sleep(0.05)
+        assert got == sent
+        assert "handling a message on d.0 failed" in caplog.text
+        assert nc.is_connected and nc.stats["in_msgs"] >= len(sent) + 2
+    finally:
+        await nc.close()
+        await pub.close()
