@@ -30,6 +30,7 @@ from shared.records import Assignment, InstanceRecord, NodeFile
 
 __all__ = [
     "View",
+    "block_ports",
     "finish",
     "forget",
     "place",
@@ -247,6 +248,20 @@ def set_draining(view: View, node_id: str, draining: bool) -> NodeFile | None:
         return None
     new = msgspec.structs.replace(nf, draining=draining)
     view.put_node(new)
+    return new
+
+
+def block_ports(view: View, node_id: str, ports: list[int]) -> list[int]:
+    """Block ports the node found taken outside gavel (no instance of it holds them); the
+    ports newly blocked."""
+    if node_id in view.state.unusable_nodes:
+        return []  # its node.json is not ours to overwrite (see `State.unreadable`)
+    nf = view.node(node_id) or NodeFile(node_id=node_id)
+    held = {p for pl in nf.instances.values() for p in pl.ports.values()}
+    new = sorted(set(ports) - set(nf.blocked_ports) - held)
+    if new:
+        view.put_node(msgspec.structs.replace(
+            nf, blocked_ports=sorted({*nf.blocked_ports, *new})))
     return new
 
 

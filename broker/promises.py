@@ -20,6 +20,7 @@ import msgspec
 from broker.committer import Item, Planned
 from broker.plan import (
     View,
+    block_ports,
     finish,
     record_ports,
     requeue,
@@ -93,7 +94,7 @@ class Promises:
                 self._end(ev, InstanceState.CANCELLED)
             case EventType.FAILED if ev.reason in RETRYABLE:
                 self._submit(lambda v: self._requeue(v, iid, node, Reason(ev.reason),
-                                                     ev.detail))
+                                                     ev.detail, taken=ev.taken))
             case EventType.FAILED:
                 self._end(ev, InstanceState.FAILED)
 
@@ -163,14 +164,21 @@ class Promises:
 
     def _requeue(self, view: View, iid: str, node: str, reason: Reason, detail: str = "",
                  exhausted: InstanceState = InstanceState.FAILED,
-                 free: bool = False, stop: bool = False) -> Planned | None:
+                 free: bool = False, stop: bool = False,
+                 taken: list[int] | None = None) -> Planned | None:
         """Off `node` and back in the queue (or out of attempts); `stop` also tells the node
-        to stop its copy once the commit has landed."""
+        to stop its copy once the commit has landed; `taken`: awarded ports the node found
+        taken outside gavel (it handed the instance back for want of others), blocked there."""
         new = requeue(view, iid, node, reason, detail, exhausted, free)
         if new is None:
             return None
         line = (f"requeue {iid} off {node}: {reason}" if new.state is InstanceState.QUEUED
                 else f"{new.state} {iid} on {node}: {reason}; {new.detail}")
+        lines = [line]
+        blocked = block_ports(view, node, taken) if taken else []
+        if blocked:
+            lines.append(f"block ports {', '.join(map(str, blocked))} on {node}: "
+                         f"{Reason.PORT_TAKEN}")
 
         def after(_sha: str) -> None:
             if stop:
@@ -180,7 +188,7 @@ class Promises:
             if new.state is not InstanceState.QUEUED:
                 self.b.emit(iid, EventType(new.state), node_id=node, reason=new.reason,
                             detail=new.detail)
-        return Planned(lines=[line], after=[after])
+        return Planned(lines=lines, after=[after])
 
     def ended(self, iid: str) -> None:
         self.b.timers.forget(iid)

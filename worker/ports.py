@@ -17,6 +17,9 @@ Rules:
 3. Only a broker-assigned port that failed the bind check while no local instance held it is
    reported as `taken` (something outside gavel has it); a clash with a local instance is
    just replaced — that port belongs to gavel and must not be blocked.
+4. When the range has too few usable ports left the instance cannot run here (`short`), and
+   the awarded ports found taken are still reported: the broker blocks them, or the next
+   award to this node would carry them again and fail the same way.
 """
 
 from __future__ import annotations
@@ -49,14 +52,16 @@ class Assigned:
 
     ports: dict[str, int] = field(default_factory=dict)
     taken: list[int] = field(default_factory=list)
+    #: Too few usable ports: the instance cannot run here (`ports` is incomplete).
+    short: bool = False
 
 
 def assign(names: Sequence[str], wanted: Mapping[str, int], port_range: Sequence[int], *,
            held: Collection[int], reserved: Collection[int],
-           free: Callable[[int], bool] = bindable) -> Assigned | None:
-    """One usable port per name, the broker's `wanted` ones where possible; None when the
-    range has too few usable ports left. `held` are the ports local instances hold,
-    `reserved` those node.json gives to other instances or blocks."""
+           free: Callable[[int], bool] = bindable) -> Assigned:
+    """One usable port per name, the broker's `wanted` ones where possible; `short` when
+    the range has too few usable ports left (rule 4). `held` are the ports local instances
+    hold, `reserved` those node.json gives to other instances or blocks."""
     out = Assigned()
     chosen: set[int] = set()
     rejected: set[int] = set()
@@ -90,7 +95,9 @@ def assign(names: Sequence[str], wanted: Mapping[str, int], port_range: Sequence
                     chosen.add(port)
                     break
             else:
-                return None
+                out.short = True
+                out.taken.sort()
+                return out
     out.ports = {name: out.ports[name] for name in [*names, *(n for n in order
                                                             if n not in names)]}
     out.taken.sort()

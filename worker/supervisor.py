@@ -188,9 +188,10 @@ class Supervisor:
         held_ports = self.held_ports()
         got = assign(award.spec.ports, award.ports, self.port_range, held=held_ports,
                      reserved=self._reserved(iid))
-        if got is None:
+        if got.short:  # the awarded ports found taken go too: the broker blocks them
             await self._report(iid, award.attempt, EventType.FAILED, Reason.NO_ROOM_PORTS,
-                               f"range {self.port_range[0]}-{self.port_range[1]}", None)
+                               f"range {self.port_range[0]}-{self.port_range[1]}", None,
+                               taken=got.taken or None)
             return None
         placement = Placement(instance_id=iid, spec=award.spec, auction_id=award.auction_id,
                               attempt=award.attempt, ports=got.ports)

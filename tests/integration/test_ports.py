@@ -108,6 +108,8 @@ async def test_hundreds_of_instances_never_share_a_port(cluster: Cluster) -> Non
         # node's range fills depends on how the batch spread).
         changes = sum(line.startswith("ports of ") for line in lines)
         assert 1 <= changes <= sum(len(p) for p in outside.values()), changes
+        blocks = [line for line in lines if line.startswith("block ports ")]
+        assert all(line.endswith(f": {Reason.PORT_TAKEN}") for line in blocks), blocks
         nodes = cluster.ledger().state().nodes
         placed = [i for n in agents for i in nodes[n].instances]
         assert sorted(placed) == sorted(ids), "every instance on exactly one node"
@@ -117,8 +119,11 @@ async def test_hundreds_of_instances_never_share_a_port(cluster: Cluster) -> Non
             assert len(in_git) == len(set(in_git)), f"overlapping ports in {node}'s node.json"
             assert all(first <= p <= last for p in in_git)
             assert not set(in_git) & set(outside[node])
-            # Blocked: each taken port the node's lowest-first allocation went past. A node
-            # that won few of the batch (a late bid on a busy machine) never reached them.
+            # Blocked: each taken port the node's lowest-first allocation went past - found by
+            # the instance given it, whether that instance got other ports or, the range
+            # nearly full, was handed back (its report names the taken ports all the same).
+            # A node that won few of the batch (a late bid on a busy machine) never reached
+            # them.
             reached = {p for p in outside[node] if in_git and p < max(in_git)}
             assert reached <= set(nodes[node].blocked_ports) <= set(outside[node])
             really = {r.instance_id: proc_ports(r.pid) for r in agent.instances()}
@@ -173,6 +178,28 @@ async def test_a_port_taken_outside_gavel_is_replaced_and_blocked(cluster: Clust
     third = await cluster.submit(sleeper_spec("web3", ports=["http"]))
     await wait_for(lambda: cluster.holders(third) == ["node-a"], 10, what="placed")
     assert cluster.ledger().state().nodes["node-a"].instances[third].ports == {"http": first}
+
+
+async def test_an_instance_handed_back_for_want_of_ports_still_blocks_the_taken_one(
+        cluster: Cluster) -> None:
+    """A two-port range with one port taken outside gavel and an instance that needs
+    both: the node cannot run it and hands it back (no free ports), naming the taken port;
+    the broker blocks it there, so no later award carries it again."""
+    await cluster.start_broker()
+    first, last = free_range(27000, 2)
+    await cluster.start_agent("node-a", port_range=(first, last))
+    await cluster.wait_nodes(1)
+    with listening(first):
+        iid = await cluster.submit(sleeper_spec("pair", ports=["http", "admin"]))
+
+        def blocked() -> bool:
+            nf = cluster.ledger().state().nodes.get("node-a")
+            return nf is not None and nf.blocked_ports == [first]
+        await wait_for(blocked, 15, what="the taken port blocked in node.json")
+        lines = [line for c in cluster.ledger().history() for line in c.message.split("\n")]
+        assert f"requeue {iid} off node-a: {Reason.NO_ROOM_PORTS}" in lines
+        assert f"block ports {first} on node-a: {Reason.PORT_TAKEN}" in lines
+        assert iid not in cluster.ledger().state().nodes["node-a"].instances
 
 
 async def test_a_port_held_by_a_local_instance_is_replaced_not_blocked(

@@ -3,7 +3,7 @@ late report — resolve to exactly one of them, never to a corrupt mix."""
 
 from __future__ import annotations
 
-from broker.plan import View, finish, requeue, unblock_ports
+from broker.plan import View, block_ports, finish, requeue, unblock_ports
 from broker.state import Change, State
 from shared.messages import InstanceState as S
 from shared.messages import Spec
@@ -56,6 +56,26 @@ def test_unblock_gives_back_only_ports_git_blocks() -> None:
     assert unblock_ports(view, "n1", [6]) == []  # already given back in this batch
     assert unblock_ports(view, "nowhere", [5]) == []
     assert "nowhere" not in view.change.nodes
+
+
+def test_a_handed_back_instance_still_blocks_the_ports_found_taken() -> None:
+    """The node had no other ports to give the instance, so it handed it back: the
+    instance leaves (its node file may be left empty), the taken port is blocked there all
+    the same - but never a port an instance of the node holds."""
+    st = _placed_state()
+    st.put_node("n1", NodeFile(node_id="n1", instances={
+        "i": Assignment(instance_id="i", auction_id="a", attempt=1, ports={"http": 7})}))
+    view = View(st, Change())
+    assert requeue(view, "i", "n1", Reason.NO_ROOM_PORTS) is not None
+    assert view.change.nodes["n1"] is None  # nothing left on it...
+    assert block_ports(view, "n1", [8, 9]) == [8, 9]  # ...but the block is written
+    nf = view.change.nodes["n1"]
+    assert nf is not None and nf.blocked_ports == [8, 9] and not nf.instances
+    assert block_ports(view, "n1", [9]) == []  # already blocked
+    other = View(_placed_state(), Change())
+    other.put_node(NodeFile(node_id="n1", instances={
+        "j": Assignment(instance_id="j", auction_id="a", ports={"http": 5})}))
+    assert block_ports(other, "n1", [5, 6]) == [6]  # 5 is an instance's: not blocked
 
 
 def test_an_award_to_a_node_drained_in_the_same_batch_is_not_placed() -> None:
