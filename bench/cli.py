@@ -55,7 +55,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run_cli(args: argparse.Namespace) -> int:
-    from bench.run import Options, VerifyError, run
+    from bench.run import Options, RunFailed, VerifyError, run
 
     why = unusable_dir(args.state / "logs") if args.state is not None else None
     if why:
@@ -73,6 +73,9 @@ def run_cli(args: argparse.Namespace) -> int:
         result = asyncio.run(run(opts))
     except VerifyError as exc:
         print(f"gavel bench: verification failed: {exc}", file=sys.stderr)
+        return 1
+    except RunFailed as exc:
+        print(f"gavel bench: the run failed: {exc}", file=sys.stderr)
         return 1
     if args.json:
         print(json.dumps(result.as_dict()))

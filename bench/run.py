@@ -38,7 +38,7 @@ from shared.api import (
 from shared.messages import Spec
 from shared.timing import Timing
 
-__all__ = ["Options", "Result", "VerifyError", "run"]
+__all__ = ["Options", "Result", "RunFailed", "VerifyError", "run"]
 
 
 @dataclass
@@ -145,15 +145,22 @@ async def run(opts: Options) -> Result:
     """One run. Without `opts.state` it works in a temporary directory, removed after a run
     that verified (each run leaves 20-100 MB of git and JetStream there); a failed run's is
     kept, and the error names it."""
-    if opts.state is not None:
-        return await _run_in(opts, opts.state)
-    root = Path(tempfile.mkdtemp(prefix="gavel-bench-"))
+    root = opts.state if opts.state is not None else Path(tempfile.mkdtemp(prefix="gavel-bench-"))
     try:
         result = await _run_in(opts, root)
-    except (VerifyError, RuntimeError) as exc:
-        raise type(exc)(f"{exc} (the run's state is kept in {root})") from exc
-    shutil.rmtree(root, ignore_errors=True)
+    except VerifyError as exc:
+        raise VerifyError(f"{exc} (the run's state is kept in {root})") from exc
+    except Exception as exc:  # whatever broke, the sentence says what and where to look
+        raise RunFailed(f"{type(exc).__name__}: {exc or 'no detail'} (the run's state is "
+                        f"kept in {root})") from exc
+    if opts.state is None:
+        shutil.rmtree(root, ignore_errors=True)
     return result
+
+
+class RunFailed(Exception):
+    """The run did not get to verification: a process that would not start, a lost
+    connection; the message names what and the directory kept."""
 
 
 async def _run_in(opts: Options, root: Path) -> Result:

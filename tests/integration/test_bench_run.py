@@ -55,3 +55,22 @@ def test_a_churn_run_forgets_the_oldest_ended_records_and_verifies_from_history(
     assert r["ended_kept"] <= 50 + 300  # the count holds, give or take the last pass
     assert r["running_at_end"] + r["ended_kept"] + r["forgotten"] == 600
     assert set(r["rejected"]) <= TIMING_ONLY  # e.g. no negative load from drifting sums
+
+
+def test_a_run_that_breaks_says_what_and_keeps_its_directory(tmp_path: Path) -> None:
+    """Agent processes that cannot start (an event loop nobody has): one sentence on stderr,
+    exit 1, and the run's directory kept and named - not a traceback and a stray directory."""
+    env = {k: v for k, v in os.environ.items() if k != "GAVEL_FAST_TIMERS"}
+    env["TMPDIR"] = str(tmp_path / "tmp")
+    env["GAVEL_EVENT_LOOP"] = "no-such-loop"
+    (tmp_path / "tmp").mkdir()
+    proc = subprocess.run([sys.executable, "-m", "broker.cli", "bench", "--json", "--agents",
+                           "4", "--processes", "1", "--idle-s", "0", "--placements", "10"],
+                          capture_output=True, text=True, timeout=170, check=False, env=env)
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert proc.stderr.startswith("gavel bench: the run failed: RuntimeError: an agent "
+                                  "process failed to start"), proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr
+    (kept,) = (tmp_path / "tmp").iterdir()
+    assert f"(the run's state is kept in {kept})" in proc.stderr
+    assert (kept / "logs").is_dir()
