@@ -85,6 +85,10 @@ class Result:
     broker_cpu_us_per_placement: float
     writer_cpu_us_per_placement: float
     agent_cpu_us_per_reply: float
+    #: The broker's CPU a placement in units of an agent's CPU a reply: the agents run the
+    #: same code on both sides of an A/B, so this cancels the machine's drift between runs
+    #: (every process's CPU moves ±15% from run to run here, this ±2%).
+    broker_cpu_in_agent_replies: float
     nats_cpu_us_per_placement: float
     #: Every process of the run (broker, writer, agents, nats-server, this driver) over
     #: elapsed time and the machine's cores: how close to saturation the figures were taken.
@@ -292,6 +296,7 @@ async def _drive(nc: Any, opts: Options, root: Path, broker: subprocess.Popen[by
     else:
         verify(root, ids)
     rate = opts.placements / elapsed
+    agent_reply_us = 1e6 * agent_cpu / max(1, stats.bids_received - replies0)
     return Result(
         agents=opts.agents, placements=opts.placements, mode=opts.mode, d=opts.d,
         agent_client=opts.agent_client, seconds=round(elapsed, 3), placements_per_s=round(rate, 1),
@@ -301,8 +306,9 @@ async def _drive(nc: Any, opts: Options, root: Path, broker: subprocess.Popen[by
         bids_per_s=round((stats.bids_received - replies0) / elapsed, 1),
         broker_cpu_us_per_placement=round(1e6 * broker_cpu / opts.placements, 1),
         writer_cpu_us_per_placement=round(1e6 * writer_cpu / opts.placements, 1),
-        agent_cpu_us_per_reply=round(
-            1e6 * agent_cpu / max(1, stats.bids_received - replies0), 1),
+        agent_cpu_us_per_reply=round(agent_reply_us, 1),
+        broker_cpu_in_agent_replies=round(
+            1e6 * broker_cpu / opts.placements / agent_reply_us, 2) if agent_reply_us else 0.0,
         nats_cpu_us_per_placement=round(1e6 * nats_cpu / opts.placements, 1),
         machine_busy_pct=round(100 * busy / elapsed / (os.cpu_count() or 1), 1),
         nats_reqreply_per_s=round(nats_rr, 1), git_cli_commits_per_s=round(git_cli, 1),

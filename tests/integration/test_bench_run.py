@@ -12,6 +12,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 #: Refusals a busy machine can cause on its own (a reply after its round closed); any other
 #: kind is a bug in the broker or the bench agents.
 TIMING_ONLY = {"late bid", "bid for an unknown auction"}
@@ -38,6 +40,9 @@ def test_a_small_broadcast_run_verifies_itself_and_reports_its_ceilings(
     assert r["agent_client"] == "lite"  # the default: bench.natslite
     assert r["placements_per_s"] > 0 and r["nats_reqreply_per_s"] > 0
     assert r["git_cli_commits_per_s"] > 0 and r["bids_per_s"] > 0
+    per_reply = r["agent_cpu_us_per_reply"]  # may round to 0 at 20 agents (10 ms ticks)
+    assert r["broker_cpu_in_agent_replies"] == (pytest.approx(
+        r["broker_cpu_us_per_placement"] / per_reply, rel=0.05) if per_reply else 0.0)
     assert r["forgotten"] == 0 and r["lifetime_s"] == 0
     assert set(r["rejected"]) <= TIMING_ONLY  # nothing malformed the broker had to refuse
     # Without --state the run worked in a temporary directory, and removed it.
