@@ -285,7 +285,8 @@ def record_ports(view: View, iid: str, node_id: str, ports: dict[str, int],
     if nf is None or iid not in nf.instances or view.live(iid, node_id) is None:
         return None
     old = nf.instances[iid]
-    blocked = sorted({*nf.blocked_ports, *taken})
+    # Only the instance's awarded ports can have been found taken for it (see `assign`).
+    blocked = sorted({*nf.blocked_ports, *(p for p in taken if p in old.ports.values())})
     if old.ports == ports and blocked == nf.blocked_ports:
         return None
     new = msgspec.structs.replace(old, ports=dict(ports))

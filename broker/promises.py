@@ -169,13 +169,17 @@ class Promises:
         """Off `node` and back in the queue (or out of attempts); `stop` also tells the node
         to stop its copy once the commit has landed; `taken`: awarded ports the node found
         taken outside gavel (it handed the instance back for want of others), blocked there."""
+        awarded = view.placement(iid) if taken else None
         new = requeue(view, iid, node, reason, detail, exhausted, free)
         if new is None:
             return None
         line = (f"requeue {iid} off {node}: {reason}" if new.state is InstanceState.QUEUED
                 else f"{new.state} {iid} on {node}: {reason}; {new.detail}")
         lines = [line]
-        blocked = block_ports(view, node, taken) if taken else []
+        # Only ports this instance was awarded can have been found taken for it: a report
+        # naming others changes nothing (a node cannot fill its node.json with blocks).
+        found = [p for p in taken or [] if awarded and p in awarded.ports.values()]
+        blocked = block_ports(view, node, found) if found else []
         if blocked:
             lines.append(f"block ports {', '.join(map(str, blocked))} on {node}: "
                          f"{Reason.PORT_TAKEN}")

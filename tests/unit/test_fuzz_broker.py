@@ -47,7 +47,7 @@ from shared.messages import (
     Request,
     Spec,
 )
-from shared.reasons import DECLINES
+from shared.reasons import DECLINES, Reason
 from shared.records import InstanceRecord
 from shared.timing import Timing
 from tests.unit.fuzzkit import FUZZ, Msg, Wire, bombs, floats_hostile, garbage_for, wire_values
@@ -347,6 +347,20 @@ def test_reports_count_only_from_the_node_holding_the_instance(rig: Rig,
     assert ev.node_id == subjects.node_of(subject) == "n1" and ev.instance_id == "web-1"
     assert ev.type in ("provisioning", "running", "exited", "failed", "cancelled")
     rig.b.promises.live.clear()
+
+
+def test_a_hand_back_blocks_only_the_awarded_ports_it_names(rig: Rig) -> None:
+    """A node handing "web-1" back for want of ports names the ports it found taken: the
+    one it was awarded is blocked on its node.json; one it was never awarded is not (a node
+    cannot fill its file with blocks by naming any number)."""
+    rig.place_web()
+    awarded = rig.b.ledger.state().nodes["n1"].instances["web-1"].ports["http"]
+    ev = Event(instance_id="web-1", type="failed", node_id="n1", attempt=1,
+               reason=Reason.NO_ROOM_PORTS, detail="range", taken=[awarded, 20500, -1])
+    assert not rig.feed(rig.b.promises.on_report, Msg("gavel.report.n1", _enc.encode(ev)))
+    state = rig.b.ledger.state()
+    assert state.placement_of("web-1") is None  # handed back: queued again
+    assert state.nodes["n1"].blocked_ports == [awarded]
 
 
 # -- assignment requests ---------------------------------------------------------------------

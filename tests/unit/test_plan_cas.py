@@ -3,7 +3,7 @@ late report — resolve to exactly one of them, never to a corrupt mix."""
 
 from __future__ import annotations
 
-from broker.plan import View, block_ports, finish, requeue, unblock_ports
+from broker.plan import View, block_ports, finish, record_ports, requeue, unblock_ports
 from broker.state import Change, State
 from shared.messages import InstanceState as S
 from shared.messages import Spec
@@ -76,6 +76,17 @@ def test_a_handed_back_instance_still_blocks_the_ports_found_taken() -> None:
     other.put_node(NodeFile(node_id="n1", instances={
         "j": Assignment(instance_id="j", auction_id="a", ports={"http": 5})}))
     assert block_ports(other, "n1", [5, 6]) == [6]  # 5 is an instance's: not blocked
+
+
+def test_recorded_ports_block_only_what_the_instance_was_awarded() -> None:
+    st = _placed_state()
+    st.put_node("n1", NodeFile(node_id="n1", instances={
+        "i": Assignment(instance_id="i", auction_id="a", attempt=1, ports={"http": 7})}))
+    view = View(st, Change())
+    assert record_ports(view, "i", "n1", {"http": 9}, [7, 8]) is not None
+    nf = view.change.nodes["n1"]
+    assert nf is not None and nf.blocked_ports == [7]  # 8 was never this instance's
+    assert nf.instances["i"].ports == {"http": 9}
 
 
 def test_an_award_to_a_node_drained_in_the_same_batch_is_not_placed() -> None:
