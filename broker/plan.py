@@ -251,14 +251,17 @@ def set_draining(view: View, node_id: str, draining: bool) -> NodeFile | None:
     return new
 
 
-def block_ports(view: View, node_id: str, ports: list[int]) -> list[int]:
-    """Block ports the node found taken outside gavel (no instance of it holds them); the
-    ports newly blocked."""
+def block_ports(view: View, node_id: str, awarded: Assignment, taken: list[int]) -> list[int]:
+    """Block on the node the ports of `awarded` (an instance's placement there) it found
+    taken outside gavel; the ports newly blocked. Only those: found taken is by definition
+    an awarded port that failed its bind check (`worker.ports.assign`), so a report naming
+    others - any number of them - cannot fill the node's file with blocks; nor a port an
+    instance of the node holds now."""
     if node_id in view.state.unusable_nodes:
         return []  # its node.json is not ours to overwrite (see `State.unreadable`)
     nf = view.node(node_id) or NodeFile(node_id=node_id)
     held = {p for pl in nf.instances.values() for p in pl.ports.values()}
-    new = sorted(set(ports) - set(nf.blocked_ports) - held)
+    new = sorted((set(taken) & set(awarded.ports.values())) - set(nf.blocked_ports) - held)
     if new:
         view.put_node(msgspec.structs.replace(
             nf, blocked_ports=sorted({*nf.blocked_ports, *new})))
@@ -285,11 +288,9 @@ def record_ports(view: View, iid: str, node_id: str, ports: dict[str, int],
     if nf is None or iid not in nf.instances or view.live(iid, node_id) is None:
         return None
     old = nf.instances[iid]
-    # Only the instance's awarded ports can have been found taken for it (see `assign`).
-    blocked = sorted({*nf.blocked_ports, *(p for p in taken if p in old.ports.values())})
-    if old.ports == ports and blocked == nf.blocked_ports:
-        return None
-    new = msgspec.structs.replace(old, ports=dict(ports))
-    view.put_node(msgspec.structs.replace(nf, instances={**nf.instances, iid: new},
-                                          blocked_ports=blocked))
-    return new
+    new = old
+    if old.ports != ports:
+        new = msgspec.structs.replace(old, ports=dict(ports))
+        view.put_node(msgspec.structs.replace(nf, instances={**nf.instances, iid: new}))
+    blocked = block_ports(view, node_id, old, taken)
+    return new if new is not old or blocked else None

@@ -176,10 +176,7 @@ class Promises:
         line = (f"requeue {iid} off {node}: {reason}" if new.state is InstanceState.QUEUED
                 else f"{new.state} {iid} on {node}: {reason}; {new.detail}")
         lines = [line]
-        # Only ports this instance was awarded can have been found taken for it: a report
-        # naming others changes nothing (a node cannot fill its node.json with blocks).
-        found = [p for p in taken or [] if awarded and p in awarded.ports.values()]
-        blocked = block_ports(view, node, found) if found else []
+        blocked = block_ports(view, node, awarded, taken) if awarded and taken else []
         if blocked:
             lines.append(f"block ports {', '.join(map(str, blocked))} on {node}: "
                          f"{Reason.PORT_TAKEN}")

@@ -63,19 +63,21 @@ def test_a_handed_back_instance_still_blocks_the_ports_found_taken() -> None:
     instance leaves (its node file may be left empty), the taken port is blocked there all
     the same - but never a port an instance of the node holds."""
     st = _placed_state()
-    st.put_node("n1", NodeFile(node_id="n1", instances={
-        "i": Assignment(instance_id="i", auction_id="a", attempt=1, ports={"http": 7})}))
+    awarded = Assignment(instance_id="i", auction_id="a", attempt=1,
+                         ports={"http": 8, "admin": 9})
+    st.put_node("n1", NodeFile(node_id="n1", instances={"i": awarded}))
     view = View(st, Change())
     assert requeue(view, "i", "n1", Reason.NO_ROOM_PORTS) is not None
     assert view.change.nodes["n1"] is None  # nothing left on it...
-    assert block_ports(view, "n1", [8, 9]) == [8, 9]  # ...but the block is written
+    assert block_ports(view, "n1", awarded, [8, 9]) == [8, 9]  # ...but the block is written
     nf = view.change.nodes["n1"]
     assert nf is not None and nf.blocked_ports == [8, 9] and not nf.instances
-    assert block_ports(view, "n1", [9]) == []  # already blocked
+    assert block_ports(view, "n1", awarded, [9]) == []  # already blocked
     other = View(_placed_state(), Change())
     other.put_node(NodeFile(node_id="n1", instances={
         "j": Assignment(instance_id="j", auction_id="a", ports={"http": 5})}))
-    assert block_ports(other, "n1", [5, 6]) == [6]  # 5 is an instance's: not blocked
+    both = Assignment(instance_id="k", auction_id="a", ports={"http": 5, "admin": 6})
+    assert block_ports(other, "n1", both, [5, 6]) == [6]  # 5 is an instance's: not blocked
 
 
 def test_recorded_ports_block_only_what_the_instance_was_awarded() -> None:
