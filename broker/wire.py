@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import inspect
 import logging
-import re
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple, Protocol
 
@@ -60,10 +59,6 @@ Handler = Callable[[Received], None]
 DIRECT = list(inspect.signature(NatsClient._process_msg).parameters) == [
     "self", "sid", "subject", "reply", "data", "headers"]
 
-#: What nats-py refuses in a subject it publishes to: empty, or any whitespace (CR/LF above
-#: all: they would end the frame and start another command).
-_BAD_SUBJECT = re.compile(r"\A\Z|\s")
-
 
 def fast(nc: Any) -> bool:
     """Whether `nc` offers the internals a batch hand-over needs."""
@@ -81,28 +76,33 @@ async def send(nc: Any, batch: Sequence[tuple[str, bytes]],
         await _one_by_one(nc, batch, failed)
         return
     limit = nc.max_payload
-    frames = bytearray()
-    sent = size = 0
+    frames: list[bytes] = []
+    size = 0
     for i, (subject, payload) in enumerate(batch):
-        if len(payload) > limit or _BAD_SUBJECT.search(subject):
-            await _hand_over(nc, frames, sent, size)  # what came before it goes first
-            frames, sent, size = bytearray(), 0, 0
+        n = len(payload)
+        if n > limit or not _good_subject(subject):
+            await _hand_over(nc, frames, size)  # what came before it goes first
+            frames, size = [], 0
             await _one_by_one(nc, batch[i:i + 1], failed)
             continue
-        frames += b"PUB %s %d\r\n" % (subject.encode(), len(payload))
-        frames += payload
-        frames += b"\r\n"
-        sent += 1
-        size += len(payload)
-    await _hand_over(nc, frames, sent, size)
+        frames.append(b"PUB %s %d\r\n%s\r\n" % (subject.encode(), n, payload))
+        size += n
+    await _hand_over(nc, frames, size)
 
 
-async def _hand_over(nc: Any, frames: bytearray, count: int, size: int) -> None:
-    if not count:
+def _good_subject(subject: str) -> bool:
+    """What nats-py refuses in a subject it publishes to: empty, or any whitespace (CR/LF
+    above all: they would end the frame and start another command). Printable and no space
+    is that, or stricter (no other control character either), in a tenth of a regex's time."""
+    return bool(subject) and subject.isprintable() and " " not in subject
+
+
+async def _hand_over(nc: Any, frames: list[bytes], size: int) -> None:
+    if not frames:
         return
-    nc.stats["out_msgs"] += count
+    nc.stats["out_msgs"] += len(frames)
     nc.stats["out_bytes"] += size
-    await nc._send_command(bytes(frames))
+    await nc._send_command(b"".join(frames))
     if nc._flush_queue is not None and nc._flush_queue.empty():
         await nc._flush_pending()
 
