@@ -154,7 +154,7 @@ class Api:
             if not done.done():
                 done.set_result(ApiError(error=f"{reason} ({detail})"))
 
-        self.b.committer.submit(Item(plan=plan, failed=failed, retry=False, size=len(records)))
+        self.b.committer.submit(Item(plan=plan, failed=failed, retry=False))
         return await done
 
     async def stats(self, req: StatsRequest) -> Message:

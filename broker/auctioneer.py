@@ -229,7 +229,7 @@ class Auctioneer:
         self.b.committer.submit(Item(
             plan=lambda view: self._plan(view, auction, decisions, round_s),
             failed=lambda reason, detail: self._failed(decisions, reason, detail),
-            retry=False, size=len(decisions)))
+            retry=False))
 
     def _reserve(self, node_id: str, req: Request, sign: int) -> None:
         res = self.reserved.setdefault(node_id, Capacity())

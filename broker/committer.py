@@ -1,7 +1,7 @@
 """Group commit: every change ready at one moment lands in one git commit.
 
 Rules:
-1. Items queue up while a commit is being written; the next commit takes them (rule 6).
+1. Items queue up while a commit is being written; the next commit takes all of them.
 2. Each item plans against the freshest state (plan, then apply). If the branch moved under
    us (`Conflict`), the whole batch is re-planned on the new head, a bounded number of times.
 3. Nothing an item promises is published before its commit is durable: `after` callbacks
@@ -15,11 +15,6 @@ Rules:
    unwritable batches are retried after a back-off while the broker keeps serving.
 5. The commit that records an instance's end stamps it (`ended_at`, UTC, milliseconds): the
    retention of ended instances counts from there (`broker.retention`).
-6. A commit takes items up to `max_size` records (`Item.size`; at least one item), the rest
-   wait for the next: planning, encoding and adopting a commit is one stretch of the event
-   loop with no bid reply read in it, and after a slow write (a submission of thousands)
-   the queue holds a thousand awards or more — one commit of them all held open auctions
-   for 25 ms and more. Capped, the same backlog goes out in a few commits back to back.
 """
 
 from __future__ import annotations
@@ -59,14 +54,12 @@ class Item:
     plan: Callable[[View], Planned | None]
     failed: Callable[[Reason, str], None] = lambda reason, detail: None
     retry: bool = True
-    #: About how many records the plan writes (rule 6).
-    size: int = 1
 
 
 class Committer:
     def __init__(self, ledger: Ledger, *, retry_s: float = 1.0, max_conflicts: int = 8,
                  on_commit: Callable[[Change, str], None] | None = None,
-                 writer: str = "thread", max_size: int = 256,
+                 writer: str = "thread",
                  wall: Callable[[], datetime] = lambda: datetime.now(UTC)) -> None:
         self.ledger = ledger
         self.wall = wall
@@ -74,7 +67,6 @@ class Committer:
         self.on_commit = on_commit
         self.retry_s = retry_s
         self.max_conflicts = max_conflicts
-        self.max_size = max_size
         self._queue: list[Item] = []
         self._kick = asyncio.Event()
         #: Landed commits whose `after` callbacks have not all run yet, oldest first.
@@ -101,9 +93,7 @@ class Committer:
             while True:
                 await self._kick.wait()
                 self._kick.clear()
-                items = self._take()
-                if self._queue:
-                    self._kick.set()  # rule 6: the rest goes in the next commit
+                items, self._queue = self._queue, []
                 self._committing = bool(items)
                 if items:
                     try:
@@ -117,15 +107,6 @@ class Committer:
         finally:
             afters.cancel()
             self._pool.shutdown(wait=False)
-
-    def _take(self) -> list[Item]:
-        """Rule 6: the oldest items, up to `max_size` records (always at least one)."""
-        queue, total, k = self._queue, 0, 0
-        while k < len(queue) and (k == 0 or total + queue[k].size <= self.max_size):
-            total += queue[k].size
-            k += 1
-        items, self._queue = queue[:k], queue[k:]
-        return items
 
     def _maybe_idle(self) -> None:
         """Idle: nothing queued, nothing being committed, no after-work left."""

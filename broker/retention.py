@@ -102,7 +102,7 @@ class Retention:
             return
         self._busy = True
         b.committer.submit(Item(plan=functools.partial(self._plan, batch=batch),
-                                failed=self._failed, size=len(batch)))
+                                failed=self._failed))
 
     def _plan(self, view: View, batch: list[tuple[str, str, Reason]]) -> Planned | None:
         lines = []

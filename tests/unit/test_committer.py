@@ -154,39 +154,3 @@ async def test_idle_only_when_nothing_is_queued_written_or_left_to_run(
     finally:
         runner.cancel()
         committer.close()
-
-
-async def test_a_commit_takes_items_up_to_max_size_records_and_the_rest_go_next(
-        tmp_path: Path) -> None:
-    """Rule 6: a backlog is written in commits of at most `max_size` records, oldest first,
-    back to back (no new submission needed to start the next); one item larger than the cap
-    still goes, alone."""
-    ledger = Ledger(tmp_path / "state.git")
-    committer = Committer(ledger, writer="thread", max_size=10)
-    runner = asyncio.create_task(committer.run())
-
-    def item(name: str, size: int) -> Item:
-        def make(view: View) -> Planned:
-            for k in range(size):
-                submit(view, InstanceRecord(instance_id=f"{name}-{k}", spec=SPEC))
-            return Planned(lines=[name])
-        return Item(plan=make, size=size)
-
-    seen: list[list[int]] = []  # the sizes of the items of each commit
-    real_commit = committer._commit
-
-    async def record(items: list[Item]) -> None:
-        seen.append([i.size for i in items])
-        await real_commit(items)
-
-    committer._commit = record  # type: ignore[method-assign]
-    try:
-        for name, size in [("a", 4), ("b", 4), ("c", 4), ("d", 25), ("e", 1), ("f", 9)]:
-            committer.submit(item(name, size))
-        await asyncio.wait_for(committer.idle.wait(), 10)
-    finally:
-        runner.cancel()
-        committer.close()
-    assert seen == [[4, 4], [4], [25], [1, 9]]
-    assert committer.commits == 4
-    assert len(ledger.state().instances) == 4 + 4 + 4 + 25 + 1 + 9
