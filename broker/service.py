@@ -136,6 +136,8 @@ class Broker:
         self._kv: bool | None = None
         self._outbox: list[tuple[str, bytes]] = []
         self._outbox_ready = asyncio.Event()
+        #: The sender is handing a batch over the slow way (`flush` waits for it).
+        self._sending = False
         self.nc: Any = None
 
     # -- lifecycle -----------------------------------------------------------------------
@@ -268,12 +270,25 @@ class Broker:
         self._outbox.append((subject, payload))
         self._outbox_ready.set()
 
+    def flush(self) -> None:
+        """Put what is queued on the socket now, if it can go at once (`wire.write_now`):
+        an auction's RFBs, whose round is already being timed. Never while the sender is
+        mid-batch - what it holds must go first."""
+        if self._outbox and not self._sending and wire.write_now(self.nc, self._outbox):
+            self._outbox = []
+
     async def _send(self) -> None:
         while True:
             await self._outbox_ready.wait()
             self._outbox_ready.clear()
             batch, self._outbox = self._outbox, []
-            await wire.send(self.nc, batch, self._publish_failed)
+            if wire.write_now(self.nc, batch):
+                continue
+            self._sending = True
+            try:
+                await wire.send(self.nc, batch, self._publish_failed)
+            finally:
+                self._sending = False
 
     def _publish_failed(self, subject: str, exc: Exception) -> None:
         self.rejects.count("publish failed", f"{subject}: {exc}")  # count it, carry on

@@ -20,6 +20,14 @@ Rules:
    task: ~3.2 -> ~1.9 us a message. Handlers are plain functions that never wait; one that
    raises is logged and the next message is handled. A client whose `_process_msg` is not
    the one this was written against (`DIRECT`) subscribes them the ordinary way.
+5. `write_now` puts a batch on the socket there and then, behind what the client already
+   holds (its pending buffer first: order is kept), instead of handing it to nats-py's
+   flusher task, which writes it a loop turn or two later. An auction's RFB shares go out
+   this way as the round opens: the round's clock is running, and under load those turns
+   were ~0.3 ms at the median and ~7 ms at the 99th percentile (`gavel bench`, 1,000
+   agents). Only what rule 3 would let through, and only while the socket is keeping up
+   (less than `WRITE_NOW_MAX_BUFFERED` unsent in the transport); otherwise the caller
+   sends it the usual way, which waits for the socket to drain.
 """
 
 from __future__ import annotations
@@ -31,8 +39,9 @@ from typing import Any, NamedTuple, Protocol
 
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
+from nats.aio.transport import TcpTransport
 
-__all__ = ["DIRECT", "Client", "Inbound", "Received", "fast", "send"]
+__all__ = ["DIRECT", "Client", "Inbound", "Received", "fast", "send", "write_now"]
 
 log = logging.getLogger("gavel.broker")
 
@@ -67,6 +76,37 @@ def fast(nc: Any) -> bool:
         and hasattr(nc, "_flush_queue") and isinstance(getattr(nc, "stats", None), dict)
 
 
+#: Unsent bytes in the transport above which `write_now` declines (rule 5).
+WRITE_NOW_MAX_BUFFERED = 1 << 20
+
+
+def write_now(nc: Any, batch: Sequence[tuple[str, bytes]]) -> bool:
+    """Rule 5: `batch` written to the socket now; False: nothing was done (use `send`)."""
+    if not batch:
+        return True
+    if not (fast(nc) and nc.is_connected) or nc.is_draining_pubs:
+        return False
+    transport = getattr(nc, "_transport", None)
+    writer = getattr(transport, "_io_writer", None)
+    if not isinstance(transport, TcpTransport) or writer is None \
+            or not isinstance(getattr(nc, "_pending", None), list) \
+            or writer.transport.get_write_buffer_size() > WRITE_NOW_MAX_BUFFERED:
+        return False
+    limit = nc.max_payload
+    frames: list[bytes] = []
+    for subject, payload in batch:
+        frame = _frame(subject, payload, limit)
+        if frame is None:
+            return False
+        frames.append(frame)
+    writer.writelines([*nc._pending, b"".join(frames)])
+    nc._pending = []
+    nc._pending_data_size = 0
+    nc.stats["out_msgs"] += len(frames)
+    nc.stats["out_bytes"] += sum(len(payload) for _, payload in batch)
+    return True
+
+
 async def send(nc: Any, batch: Sequence[tuple[str, bytes]],
                failed: Callable[[str, Exception], None]) -> None:
     """Publish `batch` in order; a message that cannot go is handed to `failed`."""
@@ -79,15 +119,22 @@ async def send(nc: Any, batch: Sequence[tuple[str, bytes]],
     frames: list[bytes] = []
     size = 0
     for i, (subject, payload) in enumerate(batch):
-        n = len(payload)
-        if n > limit or not _good_subject(subject):
+        frame = _frame(subject, payload, limit)
+        if frame is None:
             await _hand_over(nc, frames, size)  # what came before it goes first
             frames, size = [], 0
             await _one_by_one(nc, batch[i:i + 1], failed)
             continue
-        frames.append(b"PUB %s %d\r\n%s\r\n" % (subject.encode(), n, payload))
-        size += n
+        frames.append(frame)
+        size += len(payload)
     await _hand_over(nc, frames, size)
+
+
+def _frame(subject: str, payload: bytes, limit: int) -> bytes | None:
+    """The PUB frame rule 1 means, or None for what only `publish` may try (rule 3)."""
+    if len(payload) > limit or not _good_subject(subject):
+        return None
+    return b"PUB %s %d\r\n%s\r\n" % (subject.encode(), len(payload), payload)
 
 
 def _good_subject(subject: str) -> bool:

@@ -146,3 +146,54 @@ async def test_direct_subscriptions_hand_over_each_message_in_order(
     finally:
         await nc.close()
         await pub.close()
+
+
+async def test_write_now_puts_a_batch_on_the_socket_behind_what_the_client_holds(
+        nats_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rule 5: written there and then - nats-py's flusher is not asked - and after whatever
+    the client already had pending (order kept); a batch that needs `publish` (a bad
+    subject, an oversized payload) or a backed-up socket is left alone: False, nothing
+    written, nothing dropped from the client's pending buffer."""
+    pub = await nats.connect(nats_url)
+    sub = await nats.connect(nats_url)
+    try:
+        listening = asyncio.ensure_future(_collect(sub, "w.n.*", 4))
+        await asyncio.sleep(0.2)
+        await pub._send_command(b"PUB w.n.0 5\r\nfirst\r\n")  # pending, not yet flushed
+        sent = pub.stats["out_msgs"]
+
+        flushes: list[bool] = []
+        flush_pending = pub._flush_pending
+
+        async def counting(force_flush: bool = False) -> object:
+            flushes.append(force_flush)
+            return await flush_pending(force_flush)
+
+        pub._flush_pending = counting  # type: ignore[method-assign]
+        assert wire.write_now(pub, [("w.n.1", b"a"), ("w.n.2", b"bb"), ("w.n.3", b"")])
+        assert flushes == []  # the flusher was not asked: the bytes are with the socket
+        assert pub._pending == [] and pub._pending_data_size == 0
+        assert pub.stats["out_msgs"] - sent == 3
+        assert await asyncio.wait_for(listening, 10) == [
+            ("w.n.0", b"first"), ("w.n.1", b"a"), ("w.n.2", b"bb"), ("w.n.3", b"")]
+
+        await pub._send_command(b"PUB w.n.0 4\r\nheld\r\n")
+        held = list(pub._pending)
+        too_big = b"x" * (pub.max_payload + 1)
+        for batch in ([("w.n.1", b"ok"), ("w n", b"bad")], [("w.n.1", too_big)], [("", b"1")]):
+            assert not wire.write_now(pub, batch)
+            assert pub._pending == held  # untouched: the caller sends it the usual way
+        monkeypatch.setattr(wire, "WRITE_NOW_MAX_BUFFERED", -1)  # "the socket is backed up"
+        assert not wire.write_now(pub, [("w.n.1", b"ok")])
+        assert pub._pending == held
+        assert wire.write_now(pub, [])  # nothing to write: done
+    finally:
+        await pub.close()
+        await sub.close()
+
+
+async def test_write_now_declines_a_closed_or_foreign_client(nats_url: str) -> None:
+    pub = await nats.connect(nats_url)
+    await pub.close()
+    assert not wire.write_now(pub, [("w.a", b"1")])
+    assert not wire.write_now(object(), [("w.a", b"1")])

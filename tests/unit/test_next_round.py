@@ -1,0 +1,84 @@
+"""The next round goes out as the last one closes: when an auction is decided and work is
+waiting, the next auction is opened there and then (not after the loop's other work) and
+its RFBs are written to the socket at once; reentry through an auction that closes as it
+opens (no candidates) never auctions an instance twice."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from broker import wire
+from broker.plan import View, submit
+from broker.service import Broker
+from shared import subjects
+from shared.messages import Bid, BidReply, Capacity, Heartbeat, Spec
+from shared.records import InstanceRecord
+from shared.timing import Timing
+from tests.unit.fuzzkit import Msg
+
+SPEC = Spec(name="web", command=["true"], cpu=0.1, memory_mb=16)
+NODES = ("n1", "n2", "n3")
+_enc = msgspec.msgpack.Encoder()
+
+
+def _broker(root: Path, queued: int, nodes: tuple[str, ...], **kw: int) -> Broker:
+    b = Broker(nats_url="nats://127.0.0.1:1", state_dir=root, timing=Timing(), **kw)
+    view = View(b.ledger.state())
+    for k in range(queued):
+        submit(view, InstanceRecord(instance_id=f"web-{k}", spec=SPEC))
+    b.ledger.apply(view.change, "seed", None)
+    for n in nodes:
+        b._on_heartbeat(Msg(subjects.HEARTBEAT.format(node=n), _enc.encode(Heartbeat(
+            node_id=n, strategy="least-loaded", port_range=[20000, 20999],
+            capacity=Capacity(cpu=4.0, memory_mb=4096, ports=1000)))))
+    return b
+
+
+async def test_closing_a_round_opens_the_next_at_once(tmp_path: Path) -> None:
+    b = _broker(tmp_path, queued=4, nodes=NODES, batch_max=2, max_auctions=1)
+    a = b.auctioneer
+    a.reconcile(b.now())
+    [(first, auction)] = a.auctions.items()
+    for n in NODES:
+        a.on_bids(Msg(subjects.BIDS.format(node=n), _enc.encode(BidReply(
+            auction_id=first, node_id=n,
+            answers=[Bid(shape=i, load=0.1, step=0.01, strategy="x")
+                     for i in range(len(auction.shapes))]))))
+    # No await since: the loop has not run, yet the next round is open.
+    assert first not in a.auctions and len(a.auctions) == 1 and a.auctions_total == 2
+    [second] = a.auctions.values()
+    assert {r.instance_id for r in second.requests} == {"web-2", "web-3"}
+
+
+async def test_an_auction_that_closes_as_it_opens_does_not_auction_twice(
+        tmp_path: Path) -> None:
+    b = _broker(tmp_path, queued=3, nodes=(), batch_max=1, max_auctions=3)
+    b.auctioneer.reconcile(b.now())  # no node: each auction closes as it opens
+    assert b.auctioneer.auctions_total == 3
+    assert b.auctioneer.inflight == {"web-0", "web-1", "web-2"}
+
+
+async def test_a_rounds_rfbs_are_written_as_it_opens(tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    written: list[list[str]] = []
+
+    def write_now(nc: object, batch: list[tuple[str, bytes]]) -> bool:
+        written.append([s for s, _ in batch])
+        return True
+
+    monkeypatch.setattr(wire, "write_now", write_now)
+    b = _broker(tmp_path / "a", queued=2, nodes=NODES, batch_max=2, max_auctions=1)
+    b.auctioneer.reconcile(b.now())
+    assert written == [[subjects.RFB]] and b._outbox == []  # on the wire as it opened
+
+    written.clear()
+    b = _broker(tmp_path / "b", queued=4, nodes=NODES, batch_max=2, max_auctions=2)
+    b._sending = True  # the sender is mid-batch: what it holds goes first
+    b.auctioneer.reconcile(b.now())
+    assert written == [] and [s for s, _ in b._outbox] == [subjects.RFB] * 2
+    b._sending = False
+    b.flush()
+    assert written == [[subjects.RFB] * 2] and b._outbox == []
