@@ -15,6 +15,9 @@ Rules:
    unwritable batches are retried after a back-off while the broker keeps serving.
 5. The commit that records an instance's end stamps it (`ended_at`, UTC, milliseconds): the
    retention of ended instances counts from there (`broker.retention`).
+6. The broker encodes a commit's records as compact JSON; the writer formats them pretty
+   for git (`Change.files_compact`): formatting was over half the encoding, and encoding a
+   commit is time the event loop reads no bid reply (a 4,000-instance submission: ~8 ms).
 """
 
 from __future__ import annotations
@@ -144,16 +147,17 @@ class Committer:
             _stamp_ends(view.change, stamp(self.wall()))
             message = _message(planned)
             started = time.perf_counter()
-            files = view.change.files(state.flat)
+            files, compact = view.change.files_compact(state.flat)  # rule 6
             self.ledger.writing = True
             try:
                 if isinstance(self._pool, ProcessPoolExecutor):
                     sha = await loop.run_in_executor(
                         self._pool, commit_files, str(self.ledger.path), self.ledger.ref,
-                        files, message, state.head)
+                        files, message, state.head, compact)
                 else:
                     sha = await loop.run_in_executor(
-                        self._pool, self.ledger.write_files, files, message, state.head)
+                        self._pool, self.ledger.write_files, files, message, state.head,
+                        compact)
             except Conflict:
                 self.conflicts += 1
                 self.ledger.forget_head()

@@ -37,7 +37,7 @@ ORPHAN_CHECK_S = 1.0
 
 
 def commit_files(path: str, ref: str, files: Mapping[str, bytes | None], message: str,
-                 planned_on: str | None) -> str:
+                 planned_on: str | None, compact: Mapping[str, bytes] | None = None) -> str:
     """Runs in the writer: one cached `Ledger` per repository."""
     with _committing:
         ledger = _ledgers.get((path, ref))
@@ -46,7 +46,7 @@ def commit_files(path: str, ref: str, files: Mapping[str, bytes | None], message
             # check that each exists is a lookup per entry we can skip (~15% of a commit).
             pygit2.settings.enable_strict_object_creation(False)
             ledger = _ledgers[(path, ref)] = Ledger(Path(path), ref)
-        return ledger.write_files(files, message, planned_on)
+        return ledger.write_files(files, message, planned_on, compact)
 
 
 def _writer_started(parent: int) -> None:

@@ -303,10 +303,14 @@ class Ledger:
         return self.write_files(change.files(self._state.flat), message, planned_on)
 
     def write_files(self, files: Mapping[str, bytes | None], message: str,
-                    planned_on: str | None) -> str:
-        """`write` for already-encoded files (what a writer process receives)."""
+                    planned_on: str | None, compact: Mapping[str, bytes] | None = None
+                    ) -> str:
+        """`write` for already-encoded files (what a writer process receives); `compact`:
+        more files, as compact JSON, written pretty (`Change.files_compact`)."""
         if self.pinned:
             raise Pinned(f"{self.ref} is pinned")
+        if compact:
+            files = {**files, **{path: pretty(data) for path, data in compact.items()}}
         with self._lock:
             try:
                 sha = self._commit(files, message, planned_on)

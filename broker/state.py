@@ -186,36 +186,56 @@ class Change:
     def __bool__(self) -> bool:
         return bool(self.instances or self.nodes)
 
-    #: node.json bytes by node - (record, compact, pretty) - for git (pretty, for people)
-    #: and the KV mirror (compact: machines read it, and a node file of 50 instances is
-    #: 9 KB pretty, 5 KB compact): the largest thing a commit encodes, encoded once.
-    _encoded: dict[str, tuple[NodeFile, bytes, bytes]] = field(default_factory=dict,
-                                                                repr=False, compare=False)
+    #: node.json bytes by node - (record, compact JSON, pretty JSON or None until asked) -
+    #: for git (pretty, for people) and the KV mirror (compact: machines read it, and a node
+    #: file of 50 instances is 9 KB pretty, 5 KB compact): the largest thing a commit
+    #: encodes, encoded once.
+    _encoded: dict[str, tuple[NodeFile, bytes, bytes | None]] = field(
+        default_factory=dict, repr=False, compare=False)
 
     def files(self, flat: Mapping[str, str] | None = None) -> dict[str, bytes | None]:
         """Paths to write (bytes) or delete (None); `flat`: records the state read at a
         hand-made flat path, removed there as they are written to their shard."""
+        out, raw = self.files_compact(flat)
+        out.update((path, pretty(data)) for path, data in raw.items())
+        return out
+
+    def files_compact(self, flat: Mapping[str, str] | None = None
+                      ) -> tuple[dict[str, bytes | None], dict[str, bytes]]:
+        """`files` with the JSON left compact: (paths to delete or write as they are, paths
+        whose compact JSON is to be written pretty - `Ledger.write_files` formats them, in
+        the writer, off the broker's event loop: formatting is over half of encoding)."""
         out: dict[str, bytes | None] = {}
+        raw: dict[str, bytes] = {}
         for iid, rec in self.instances.items():
-            out[instance_path(iid)] = None if rec is None else encode(rec)
+            if rec is None:
+                out[instance_path(iid)] = None
+            else:
+                raw[instance_path(iid)] = compact(rec)
             if flat and iid in flat:
                 out[flat[iid]] = None
         for nid, nf in self.nodes.items():
-            out[node_path(nid)] = None if nf is None else self.node_bytes(nid, nf)
-        return out
+            if nf is None:
+                out[node_path(nid)] = None
+            else:
+                raw[node_path(nid)] = self.node_compact(nid, nf)
+        return out, raw
 
     def node_bytes(self, nid: str, nf: NodeFile) -> bytes:
         """`encode(nf)`: the node.json git holds."""
-        return self._node(nid, nf)[2]
+        got = self._node(nid, nf)
+        if got[2] is None:
+            got = self._encoded[nid] = (nf, got[1], pretty(got[1]))
+        assert got[2] is not None
+        return got[2]
 
     def node_compact(self, nid: str, nf: NodeFile) -> bytes:
         """The same JSON without the whitespace: what the KV mirror holds."""
         return self._node(nid, nf)[1]
 
-    def _node(self, nid: str, nf: NodeFile) -> tuple[NodeFile, bytes, bytes]:
+    def _node(self, nid: str, nf: NodeFile) -> tuple[NodeFile, bytes, bytes | None]:
         # Once per record object: records are never changed in place.
         got = self._encoded.get(nid)
         if got is None or got[0] is not nf:
-            data = compact(nf)
-            got = self._encoded[nid] = (nf, data, pretty(data))
+            got = self._encoded[nid] = (nf, compact(nf), None)
         return got

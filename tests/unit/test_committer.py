@@ -13,13 +13,17 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import msgspec
+import pygit2
 import pytest
 
+import broker.state
 from broker.committer import AFTER_SLICE_S, Committer, Item, Planned
 from broker.ledger import Ledger
 from broker.plan import View, submit
+from broker.state import encode
 from shared.messages import Spec
-from shared.records import InstanceRecord
+from shared.records import InstanceRecord, NodeFile, instance_path
 
 SPEC = Spec(name="s", command=["true"])
 
@@ -154,3 +158,36 @@ async def test_idle_only_when_nothing_is_queued_written_or_left_to_run(
     finally:
         runner.cancel()
         committer.close()
+
+
+async def test_records_are_formatted_by_the_writer_not_on_the_event_loop(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rule 6: the loop encodes compact JSON; git still gets the pretty files."""
+
+    def not_here(data: bytes) -> bytes:
+        raise AssertionError("formatted on the event loop")
+
+    ledger = Ledger(tmp_path / "state.git")
+    committer = Committer(ledger, writer="thread")
+    runner = asyncio.create_task(committer.run())
+    rec = InstanceRecord(instance_id="web-1", spec=SPEC)
+    nf = NodeFile(node_id="n1")
+
+    def make(view: View) -> Planned:
+        submit(view, rec)
+        view.put_node(msgspec.structs.replace(nf, draining=True))
+        return Planned(lines=["submit web-1, drain n1"])
+
+    monkeypatch.setattr(broker.state, "pretty", not_here)
+    try:
+        committer.submit(Item(plan=make))
+        await asyncio.wait_for(committer.idle.wait(), 10)
+    finally:
+        runner.cancel()
+        committer.close()
+    monkeypatch.undo()
+    assert committer.commits == 1
+    tree = ledger.repo[ledger.head()].peel(pygit2.Tree)
+    assert (tree / instance_path("web-1")).data == encode(rec)
+    assert (tree / "nodes/n1/node.json").data == encode(
+        msgspec.structs.replace(nf, draining=True))

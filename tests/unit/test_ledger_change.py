@@ -1,6 +1,6 @@
-"""A change encodes each node.json once: git gets it pretty, the KV mirror compact (the same
-JSON without whitespace), and a node file replaced in the change (records are never changed
-in place) is encoded anew."""
+"""A change encodes each node.json once: git gets it pretty (formatted by the writer from the
+compact JSON, `files_compact`), the KV mirror compact (the same JSON without whitespace), and
+a node file replaced in the change (records are never changed in place) is encoded anew."""
 
 from __future__ import annotations
 
@@ -16,8 +16,10 @@ def test_node_bytes_are_encoded_once_per_record_and_anew_for_a_new_one() -> None
     change.nodes["a"] = first
     files = change.files()
     assert files[node_path("a")] == encode(first)
-    assert change.node_bytes("a", first) is files[node_path("a")]  # not encoded again
+    _, raw = change.files_compact()
     compact = change.node_compact("a", first)
+    assert raw[node_path("a")] is compact  # not encoded again
+    assert change.node_bytes("a", first) is change.node_bytes("a", first)
     assert b"\n" not in compact and len(compact) < len(encode(first))
     assert msgspec.json.decode(compact) == msgspec.json.decode(encode(first))
     second = NodeFile(node_id="a", instances={"i1": Assignment(instance_id="i1", auction_id="x")})
