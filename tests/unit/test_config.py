@@ -212,8 +212,11 @@ def test_a_fractional_rate_is_a_rate() -> None:
     assert p.parse_args(["--rate", "2.5", "--idle-s", "0"]).rate == 2.5
 
 
-def test_auction_settings_reach_the_broker(tmp_path: Path) -> None:
+def test_auction_settings_reach_the_broker(tmp_path: Path,
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
     from broker.daemons import make_broker
+
+    monkeypatch.chdir(tmp_path)  # `state = "s"` is relative: keep its repo out of the tree
 
     file = write(tmp_path, 'state = "s"\nsample_d = 3\nbatch_wait_ms = 5.0\nended_max = 7\n')
     cfg = load(BrokerConfig, BROKER_OPTIONS, file=file, env={"GAVEL_BATCH_MAX": "64"},
