@@ -223,11 +223,11 @@ class Change:
 
     def node_bytes(self, nid: str, nf: NodeFile) -> bytes:
         """`encode(nf)`: the node.json git holds."""
-        got = self._node(nid, nf)
-        if got[2] is None:
-            got = self._encoded[nid] = (nf, got[1], pretty(got[1]))
-        assert got[2] is not None
-        return got[2]
+        _, data, nice = self._node(nid, nf)
+        if nice is None:
+            nice = pretty(data)
+            self._encoded[nid] = (nf, data, nice)
+        return nice
 
     def node_compact(self, nid: str, nf: NodeFile) -> bytes:
         """The same JSON without the whitespace: what the KV mirror holds."""

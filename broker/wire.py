@@ -22,12 +22,13 @@ Rules:
    the one this was written against (`DIRECT`) subscribes them the ordinary way.
 5. `write_now` puts a batch on the socket there and then, behind what the client already
    holds (its pending buffer first: order is kept), instead of handing it to nats-py's
-   flusher task, which writes it a loop turn or two later. An auction's RFB shares go out
-   this way as the round opens: the round's clock is running, and under load those turns
-   were ~0.3 ms at the median and ~7 ms at the 99th percentile (`gavel bench`, 1,000
-   agents). Only what rule 3 would let through, and only while the socket is keeping up
-   (less than `WRITE_NOW_MAX_BUFFERED` unsent in the transport); otherwise the caller
-   sends it the usual way, which waits for the socket to drain.
+   flusher task, which writes it a loop turn or two later (the broker's sender writes its
+   batches this way). An auction's RFB shares go out this way as the round opens: the
+   round's clock is running, and under load those turns were ~0.3 ms at the median and
+   ~7 ms at the 99th percentile (`gavel bench`, 1,000 agents). Only what rule 3 would let
+   through, and only while the socket is keeping up (less than `WRITE_NOW_MAX_BUFFERED`
+   unsent in the transport); otherwise the caller sends it the usual way, which waits for
+   the socket to drain.
 """
 
 from __future__ import annotations
