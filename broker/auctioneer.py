@@ -222,7 +222,6 @@ class Auctioneer:
     # -- closing -------------------------------------------------------------------------
     def close(self, auction: Auction) -> None:
         del self.auctions[auction.auction_id]
-        self.b.wake()  # room for the next auction
         now = self.b.now()
         decisions = auction.decide(now, self.free(auction.eligible))
         round_s = now - auction.opened_at
@@ -248,7 +247,10 @@ class Auctioneer:
             plan=lambda view: self._plan(view, auction, decisions, round_s),
             failed=lambda reason, detail: self._failed(decisions, reason, detail),
             retry=False))
-        self.reconcile(now)  # the next round goes out now, not after the loop's other work
+        if self._opening:  # closed as it opened: the pass under way counted it; the next
+            self.b.wake()  # pass has its room
+        else:  # the next round goes out now, not after the loop's other work (rule 5)
+            self.reconcile(now)
 
     def _reserve(self, node_id: str, req: Request, sign: int) -> None:
         res = self.reserved.setdefault(node_id, Capacity())

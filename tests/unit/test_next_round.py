@@ -82,3 +82,14 @@ async def test_a_rounds_rfbs_are_written_as_it_opens(tmp_path: Path,
     b._sending = False
     b.flush()
     assert written == [[subjects.RFB] * 2] and b._outbox == []
+
+
+async def test_an_auction_closing_as_it_opens_wakes_the_next_pass_for_its_room(
+        tmp_path: Path) -> None:
+    """The pass that opened it counted its room as taken; the loop's next pass gets it."""
+    b = _broker(tmp_path, queued=2, nodes=(), batch_max=1, max_auctions=1)
+    b._wake.clear()
+    b.auctioneer.reconcile(b.now())
+    assert b.auctioneer.auctions_total == 1 and b._wake.is_set()
+    b.auctioneer.reconcile(b.now())  # the pass the wake brings
+    assert b.auctioneer.auctions_total == 2
