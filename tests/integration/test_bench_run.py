@@ -41,8 +41,10 @@ def test_a_small_broadcast_run_verifies_itself_and_reports_its_ceilings(
     assert r["placements_per_s"] > 0 and r["nats_reqreply_per_s"] > 0
     assert r["git_cli_commits_per_s"] > 0 and r["bids_per_s"] > 0
     per_reply = r["agent_cpu_us_per_reply"]  # may round to 0 at 20 agents (10 ms ticks)
+    # The ratio is printed to two decimals (0.0666 shows as 0.07): allow that rounding too.
     assert r["broker_cpu_in_agent_replies"] == (pytest.approx(
-        r["broker_cpu_us_per_placement"] / per_reply, rel=0.05) if per_reply else 0.0)
+        r["broker_cpu_us_per_placement"] / per_reply, rel=0.05, abs=0.006)
+        if per_reply else 0.0)
     assert r["forgotten"] == 0 and r["lifetime_s"] == 0
     assert set(r["rejected"]) <= TIMING_ONLY  # nothing malformed the broker had to refuse
     # Without --state the run worked in a temporary directory, and removed it.
