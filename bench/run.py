@@ -79,6 +79,8 @@ class Result:
     round_p99_ms: float
     commit_p99_ms: float
     commits: int
+    #: node.json puts into the KV mirror (JetStream), coalesced by `broker.mirror`.
+    kv_puts: int
     broker_rss_mb: float
     agent_rss_mb: float
     bids_per_s: float
@@ -302,6 +304,7 @@ async def _drive(nc: Any, opts: Options, root: Path, broker: subprocess.Popen[by
         agent_client=opts.agent_client, seconds=round(elapsed, 3), placements_per_s=round(rate, 1),
         round_p50_ms=round(stats.round_p50_ms, 2), round_p99_ms=round(stats.round_p99_ms, 2),
         commit_p99_ms=round(stats.commit_p99_ms, 2), commits=stats.commits,
+        kv_puts=stats.kv_puts,
         broker_rss_mb=round(broker_rss, 1), agent_rss_mb=round(agent_rss / opts.agents, 3),
         bids_per_s=round((stats.bids_received - replies0) / elapsed, 1),
         broker_cpu_us_per_placement=round(1e6 * broker_cpu / opts.placements, 1),

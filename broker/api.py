@@ -169,7 +169,7 @@ class Api:
             commits=b.committer.commits, round_p50_ms=_pct(rounds, 50),
             round_p99_ms=_pct(rounds, 99), commit_p50_ms=_pct(commits, 50),
             commit_p99_ms=_pct(commits, 99),
-            rss_mb=psutil.Process().memory_info().rss / 2**20)
+            rss_mb=psutil.Process().memory_info().rss / 2**20, kv_puts=b.mirror.puts)
 
     def _never_fits(self, cpu: float, memory_mb: int, ports: int) -> str:
         caps = [hb.capacity for hb in self.b.liveness.heartbeats.values()]

@@ -34,6 +34,7 @@ from broker.auctioneer import Auctioneer
 from broker.committer import Committer
 from broker.ledger import Ledger
 from broker.metrics import Metrics
+from broker.mirror import Mirror
 from broker.promises import Promises
 from broker.rejects import Rejects
 from broker.retention import Retention
@@ -133,7 +134,8 @@ class Broker:
         self._stopped = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self.api: Api | None = None
-        self._kv: bool | None = None
+        #: node.json in KV for the workers, coalesced (`broker.mirror`).
+        self.mirror = Mirror(self.publish_raw, self.timing.mirror_s, clock)
         self._outbox: list[tuple[str, bytes]] = []
         self._outbox_ready = asyncio.Event()
         #: The sender is handing a batch over the slow way (`flush` waits for it).
@@ -214,6 +216,7 @@ class Broker:
             for t in stuck:
                 self.log.error("broker task %s did not stop within %gs", t.get_name(), _CLOSE_S)
         if self.nc is not None and not self.nc.is_closed:
+            self.mirror.flush()  # puts still waiting for their window
             with contextlib.suppress(Exception):
                 for subject, payload in self._outbox:  # what the sender had not sent yet
                     await self.nc.publish(subject, payload)
@@ -326,28 +329,16 @@ class Broker:
         try:
             js = self.nc.jetstream()
             await js.create_key_value(bucket=subjects.NODES_BUCKET, history=1)
-            self._kv = True
         except Exception as exc:  # JetStream off: awards still flow, convergence is off
             self.log.warning("no JetStream KV (%s); workers converge from awards only", exc)
-            self._kv = None
             return
-        for node_id, nf in nodes.items():
-            self._kv_put(node_id, nf)
-
-    def _kv_put(self, node_id: str, nf: NodeFile | None, data: bytes | None = None) -> None:
-        """Mirror one node.json into the KV bucket, as compact JSON (`data`: already
-        encoded). A KV put is a publish on the bucket's subject; it goes through the outbox
-        like everything else (no per-put round trip — the mirror is re-published in full at
-        every broker start)."""
-        if self._kv is None:
-            return
-        self.publish_raw(f"$KV.{subjects.NODES_BUCKET}.{node_id}",
-                         data or compact(nf or NodeFile(node_id=node_id)))
+        self.mirror.start(nodes)
 
     def _mirror(self, change: Change, sha: str) -> None:
-        for node_id, nf in change.nodes.items():
-            self._kv_put(node_id, nf,
-                         None if nf is None else change.node_compact(node_id, nf))
+        if self.mirror.enabled and change.nodes:
+            self.mirror.changed({
+                nid: change.node_compact(nid, nf) if nf is not None
+                else compact(NodeFile(node_id=nid)) for nid, nf in change.nodes.items()})
 
     # -- inbound -------------------------------------------------------------------------
     def _on_heartbeat(self, msg: wire.Received) -> None:

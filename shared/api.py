@@ -75,6 +75,8 @@ class StatsReply(Message, tag="stats-reply", kw_only=True):
     commit_p50_ms: float
     commit_p99_ms: float
     rss_mb: float
+    #: node.json puts into the KV mirror since the broker started (`broker.mirror`).
+    kv_puts: int = 0
 
 
 class StatusRequest(Message, tag="status"):

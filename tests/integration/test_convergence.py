@@ -14,6 +14,7 @@ from typing import Any, TypeVar
 
 import msgspec
 import nats
+import nats.js.errors
 import psutil
 import pytest
 from nats.aio.msg import Msg
@@ -175,6 +176,52 @@ async def test_a_worker_that_missed_the_award_converges_from_kv(cluster: Cluster
     assert b"\n" not in mirrored
     in_git = cluster.ledger().state().nodes["node-a"]
     assert msgspec.json.decode(mirrored, type=NodeFile) == in_git
+
+
+async def test_commits_within_the_mirror_window_are_put_once_the_newest(
+        cluster: Cluster) -> None:
+    """broker.mirror: the first award after a quiet window is mirrored at once; what the next
+    ones change waits for the window's end and goes out as one put of the newest node.json."""
+    broker = await cluster.start_broker(timing=msgspec.structs.replace(TIMING, mirror_s=4.0))
+    a = await cluster.start_agent("node-a")
+    await cluster.wait_nodes(1)
+    kv = await (await cluster.client()).jetstream().key_value(subjects.NODES_BUCKET)
+
+    async def mirrored() -> set[str]:
+        try:
+            return set(msgspec.json.decode((await kv.get("node-a")).value,
+                                           type=NodeFile).instances)
+        except nats.js.errors.KeyNotFoundError:
+            return set()
+
+    ids = []
+    for n in range(4):  # four awards, four commits touching node-a
+        ids.append(await cluster.submit(sleeper_spec(f"burst-{n}")))
+        await wait_for(lambda: cluster.holders(ids[-1]) == ["node-a"], 10, what="placed")
+    await wait_for(lambda: all(running_on(a, i) for i in ids), 10, what="all running")
+    await asyncio.sleep(0.5)
+    assert await mirrored() == {ids[0]}, "the later awards wait for the window's end"
+    assert broker.mirror.coalesced >= 2
+    in_git = set(cluster.ledger().state().nodes["node-a"].instances)
+    assert in_git == set(ids)
+    deadline = time.monotonic() + 10
+    while await mirrored() != in_git:
+        assert time.monotonic() < deadline, "the window ended without the newest put"
+        await asyncio.sleep(0.1)
+
+
+async def test_a_broker_that_stops_puts_what_its_mirror_window_held(cluster: Cluster) -> None:
+    await cluster.start_broker(timing=msgspec.structs.replace(TIMING, mirror_s=60.0))
+    await cluster.start_agent("node-a")
+    await cluster.wait_nodes(1)
+    ids = []
+    for n in range(2):
+        ids.append(await cluster.submit(sleeper_spec(f"held-{n}")))
+        await wait_for(lambda: cluster.holders(ids[-1]) == ["node-a"], 10, what="placed")
+    await cluster.stop_broker()  # a minute before the window ends
+    kv = await (await cluster.client()).jetstream().key_value(subjects.NODES_BUCKET)
+    mirrored = msgspec.json.decode((await kv.get("node-a")).value, type=NodeFile)
+    assert set(mirrored.instances) == set(ids)
 
 
 async def test_a_stale_node_json_never_stops_a_fresh_award(cluster: Cluster) -> None:
