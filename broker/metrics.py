@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:
@@ -78,3 +78,11 @@ class _StateCollector(Collector):
         inflight = GaugeMetricFamily("gavel_auctions_in_flight", "Open auctions")
         inflight.add_metric([], len(b.auctioneer.auctions))
         yield inflight
+        puts = CounterMetricFamily("gavel_kv_puts", "node.json puts into the KV mirror")
+        puts.add_metric([], b.mirror.puts)
+        yield puts
+        folded = CounterMetricFamily("gavel_kv_puts_coalesced",
+                                     "node.json changes folded into a later put of the "
+                                     "same node (timing.mirror_s)")
+        folded.add_metric([], b.mirror.coalesced)
+        yield folded
