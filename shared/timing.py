@@ -34,9 +34,9 @@ class Timing(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tr
     cancel_grace_s: Seconds = 60.0
     kill_grace_s: Seconds = 30.0
     tick_s: Seconds = 1.0
-    #: How long the KV mirror of node.json may lag its commit: what commits change within it
-    #: is put once, each node's newest (`broker.mirror`). A tick, the grain workers converge
-    #: at anyway (a node waits a tick for the award message before fetching what it lacks).
+    #: How long the KV mirror of node.json may lag its commit: a node's node.json is put at
+    #: most once in this window, the newest (`broker.mirror`). A tick, the grain workers
+    #: converge at anyway (a node waits a tick for the award message before fetching).
     mirror_s: Seconds = 1.0
     #: How long the record of an ended instance (succeeded, failed, lost, cancelled) stays
     #: in the state repository after it ended; git history keeps it after that. 0: for ever.

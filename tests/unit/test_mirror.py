@@ -1,4 +1,4 @@
-"""`broker.mirror`: node.json puts into KV, coalesced within a window, newest per node."""
+"""`broker.mirror`: node.json puts into KV, at most one a node per window, the newest."""
 
 from __future__ import annotations
 
@@ -23,6 +23,10 @@ def mirror(window_s: float = 0.05) -> tuple[Mirror, list[tuple[str, bytes]], Clo
     return m, sent, clock
 
 
+def key(node: str) -> str:
+    return f"$KV.gavel-nodes.{node}"
+
+
 async def test_nothing_is_put_before_the_bucket_exists() -> None:
     m, sent, _ = mirror()
     m.changed({"a": b"1"})
@@ -33,33 +37,52 @@ async def test_nothing_is_put_before_the_bucket_exists() -> None:
 async def test_start_puts_every_node_as_compact_json() -> None:
     m, sent, _ = mirror()
     m.start({"a": NodeFile(node_id="a"), "b": NodeFile(node_id="b")})
-    assert [s for s, _ in sent] == ["$KV.gavel-nodes.a", "$KV.gavel-nodes.b"]
+    assert [s for s, _ in sent] == [key("a"), key("b")]
     assert all(b"\n" not in data and data.startswith(b"{") for _, data in sent)
 
 
-async def test_the_first_change_after_a_quiet_window_goes_at_once() -> None:
+async def test_a_node_not_put_within_the_window_goes_at_once() -> None:
     m, sent, clock = mirror()
     m.start({})
     m.changed({"a": b"1"})
-    assert sent == [("$KV.gavel-nodes.a", b"1")]
-    clock.t += 1.0  # a window later: at once again, no timer
+    assert sent == [(key("a"), b"1")]
+    m.changed({"b": b"1"})  # another node's window is its own
+    assert sent[-1] == (key("b"), b"1")
+    clock.t += 1.0  # a window later: at once again
     m.changed({"a": b"2"})
-    assert sent[-1] == ("$KV.gavel-nodes.a", b"2") and m.puts == 2
+    assert sent[-1] == (key("a"), b"2") and m.puts == 3
 
 
-async def test_changes_within_the_window_are_put_once_each_node_its_newest() -> None:
-    m, sent, clock = mirror(window_s=0.05)
+def real_time_mirror(window_s: float) -> tuple[Mirror, list[tuple[str, bytes]]]:
+    sent: list[tuple[str, bytes]] = []
+    m = Mirror(lambda subject, data: sent.append((subject, data)), window_s,
+               asyncio.get_running_loop().time)
     m.start({})
-    m.changed({"a": b"a1"})  # goes now, opens the window
-    clock.t += 0.01
-    m.changed({"a": b"a2", "b": b"b1"})
+    return m, sent
+
+
+async def test_changes_within_a_nodes_window_are_put_once_the_newest() -> None:
+    m, sent = real_time_mirror(0.05)
+    m.changed({"a": b"a1"})  # goes now, opens a's window
+    m.changed({"a": b"a2", "b": b"b1"})  # b has no window open: at once
     m.changed({"a": b"a3"})
-    m.changed({"b": b"b2", "c": b"c1"})
-    assert sent == [("$KV.gavel-nodes.a", b"a1")], "held until the window ends"
-    await asyncio.sleep(0.1)  # the window's timer runs on the real loop
-    assert sent[1:] == [("$KV.gavel-nodes.a", b"a3"), ("$KV.gavel-nodes.b", b"b2"),
-                        ("$KV.gavel-nodes.c", b"c1")]
-    assert (m.puts, m.coalesced) == (4, 2)
+    m.changed({"b": b"b2"})
+    assert sent == [(key("a"), b"a1"), (key("b"), b"b1")], "the rest waits for its window"
+    await asyncio.sleep(0.15)
+    assert sent[2:] == [(key("a"), b"a3"), (key("b"), b"b2")]  # each node's newest, once
+    assert (m.puts, m.coalesced) == (4, 1)
+
+
+async def test_each_node_has_its_own_window_so_puts_stay_spread() -> None:
+    m, sent = real_time_mirror(0.5)
+    m.changed({"a": b"a1"})
+    await asyncio.sleep(0.25)
+    m.changed({"b": b"b1"})  # b's window opens a quarter second after a's
+    m.changed({"a": b"a2", "b": b"b2"})
+    await asyncio.sleep(0.35)  # a's window has ended, b's has not
+    assert sent[2:] == [(key("a"), b"a2")]
+    await asyncio.sleep(0.3)
+    assert sent[2:] == [(key("a"), b"a2"), (key("b"), b"b2")]
 
 
 async def test_flush_sends_what_is_pending_and_nothing_twice() -> None:
@@ -72,9 +95,8 @@ async def test_flush_sends_what_is_pending_and_nothing_twice() -> None:
     await asyncio.sleep(0.02)
     m.flush()
     assert len(sent) == 2
-    # The flush opened a new window: a change now waits for it, not for the old timer.
-    m.changed({"a": b"3"})
+    m.changed({"a": b"3"})  # the flush put a: its window starts over
     assert len(sent) == 2
     clock.t += 10.0
     m.flush()
-    assert sent[-1] == ("$KV.gavel-nodes.a", b"3")
+    assert sent[-1] == (key("a"), b"3")
