@@ -134,8 +134,9 @@ class Broker:
         self._stopped = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self.api: Api | None = None
-        #: node.json in KV for the workers, coalesced (`broker.mirror`).
-        self.mirror = Mirror(self.publish_raw, self.timing.mirror_s, clock)
+        #: node.json in KV for the workers, coalesced (`broker.mirror`). Its windows are
+        #: timed by the event loop, so on the machine's clock, not an injected one.
+        self.mirror = Mirror(self.publish_raw, self.timing.mirror_s, time.monotonic)
         self._outbox: list[tuple[str, bytes]] = []
         self._outbox_ready = asyncio.Event()
         #: The sender is handing a batch over the slow way (`flush` waits for it).
