@@ -182,7 +182,7 @@ async def test_commits_within_the_mirror_window_are_put_once_the_newest(
         cluster: Cluster) -> None:
     """broker.mirror: the first award after a quiet window is mirrored at once; what the next
     ones change waits for the window's end and goes out as one put of the newest node.json."""
-    broker = await cluster.start_broker(timing=msgspec.structs.replace(TIMING, mirror_s=4.0))
+    broker = await cluster.start_broker(timing=msgspec.structs.replace(TIMING, mirror_s=8.0))
     a = await cluster.start_agent("node-a")
     await cluster.wait_nodes(1)
     kv = await (await cluster.client()).jetstream().key_value(subjects.NODES_BUCKET)
@@ -204,7 +204,7 @@ async def test_commits_within_the_mirror_window_are_put_once_the_newest(
     assert broker.mirror.coalesced >= 2
     in_git = set(cluster.ledger().state().nodes["node-a"].instances)
     assert in_git == set(ids)
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 15
     while await mirrored() != in_git:
         assert time.monotonic() < deadline, "the window ended without the newest put"
         await asyncio.sleep(0.1)

@@ -74,14 +74,14 @@ async def test_changes_within_a_nodes_window_are_put_once_the_newest() -> None:
 
 
 async def test_each_node_has_its_own_window_so_puts_stay_spread() -> None:
-    m, sent = real_time_mirror(0.5)
+    m, sent = real_time_mirror(1.0)
     m.changed({"a": b"a1"})
-    await asyncio.sleep(0.25)
-    m.changed({"b": b"b1"})  # b's window opens a quarter second after a's
+    await asyncio.sleep(0.5)
+    m.changed({"b": b"b1"})  # b's window opens half a second after a's
     m.changed({"a": b"a2", "b": b"b2"})
-    await asyncio.sleep(0.35)  # a's window has ended, b's has not
+    await asyncio.sleep(0.7)  # a's window has ended (0.2 s ago), b's has not (in 0.3 s)
     assert sent[2:] == [(key("a"), b"a2")]
-    await asyncio.sleep(0.3)
+    await asyncio.sleep(0.6)
     assert sent[2:] == [(key("a"), b"a2"), (key("b"), b"b2")]
 
 
