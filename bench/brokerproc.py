@@ -26,6 +26,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch-max", type=int, default=256)
     p.add_argument("--max-auctions", type=int, default=16)
     p.add_argument("--batch-wait-ms", type=float, default=0.0)
+    p.add_argument("--commit-gap-ms", type=float, default=0.0)
     p.add_argument("--ended-max", type=int, default=100_000)
     args = p.parse_args(argv)
     logging.basicConfig(level=os.environ.get("GAVEL_LOG_LEVEL", "WARNING"))
@@ -34,7 +35,8 @@ def main(argv: list[str] | None = None) -> int:
         broker = Broker(nats_url=args.url, state_dir=args.state,
                         timing=Timing.from_env(os.environ), batch_max=args.batch_max,
                         sample_d=args.sample_d, max_auctions=args.max_auctions,
-                        batch_wait_s=args.batch_wait_ms / 1000, ended_max=args.ended_max)
+                        batch_wait_s=args.batch_wait_ms / 1000,
+                        commit_gap_s=args.commit_gap_ms / 1000, ended_max=args.ended_max)
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, broker.stop)

@@ -36,6 +36,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch-wait-ms", type=non_negative_float, default=0.0,
                    help="the broker's batch wait: requests wait up to this long for a fuller "
                    "auction (default 0)")
+    p.add_argument("--commit-gap-ms", type=non_negative_float, default=0.0,
+                   help="the broker's commit gap: the next commit starts no sooner than this "
+                   "long after the last (default 0)")
     p.add_argument("--lifetime-s", type=non_negative_float, default=0.0,
                    help="each instance ends (status 0) this long after it starts: a run "
                    "with churn and retention (default 0: instances run for ever)")
@@ -65,7 +68,8 @@ def run_cli(args: argparse.Namespace) -> int:
     opts = Options(agents=args.agents, placements=args.placements, mode=args.mode, d=args.d,
                    processes=args.processes, batch_max=args.batch_max,
                    max_auctions=args.max_auctions, rate=float(args.rate or 0),
-                   batch_wait_ms=args.batch_wait_ms, lifetime_s=args.lifetime_s,
+                   batch_wait_ms=args.batch_wait_ms, commit_gap_ms=args.commit_gap_ms,
+                   lifetime_s=args.lifetime_s,
                    ended_max=args.ended_max, agent_client=args.agent_client,
                    progress=not args.json, state=args.state,
                    idle_s=args.idle_s)

@@ -51,6 +51,7 @@ class Options:
     batch_max: int = 256
     max_auctions: int = 16
     batch_wait_ms: float = 0.0
+    commit_gap_ms: float = 0.0
     #: Instances end (status 0) this long after they start (0: they run for ever), and the
     #: broker keeps at most `ended_max` ended records: a run with churn and retention.
     lifetime_s: float = 0.0
@@ -182,6 +183,7 @@ async def _run_in(opts: Options, root: Path) -> Result:
         broker_args = ["--url", server.url, "--state", str(root), "--batch-max",
                        str(opts.batch_max), "--max-auctions", str(opts.max_auctions),
                        "--batch-wait-ms", str(opts.batch_wait_ms),
+                       "--commit-gap-ms", str(opts.commit_gap_ms),
                        "--ended-max", str(opts.ended_max)]
         if opts.mode == "sampled":
             broker_args += ["--sample-d", str(opts.d)]

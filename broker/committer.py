@@ -62,9 +62,11 @@ class Item:
 class Committer:
     def __init__(self, ledger: Ledger, *, retry_s: float = 1.0, max_conflicts: int = 8,
                  on_commit: Callable[[Change, str], None] | None = None,
-                 writer: str = "thread",
+                 writer: str = "thread", gap_s: float = 0.0,
                  wall: Callable[[], datetime] = lambda: datetime.now(UTC)) -> None:
         self.ledger = ledger
+        #: The least time between one commit's write and the next one's start (rule 7).
+        self.gap_s = gap_s
         self.wall = wall
         self.writer = writer
         self.on_commit = on_commit
@@ -98,15 +100,18 @@ class Committer:
                 self._kick.clear()
                 items, self._queue = self._queue, []
                 self._committing = bool(items)
+                wrote = False
                 if items:
                     try:
-                        await self._commit(items)
+                        wrote = await self._commit(items)
                     except Exception:  # a bug in one plan must not stop every later commit
                         log.exception("commit of %d items failed; they are dropped", len(items))
                         for item in items:
                             item.failed(Reason.LEDGER_UNWRITABLE, "internal error while planning")
                 self._committing = False
                 self._maybe_idle()
+                if wrote and self.gap_s > 0:
+                    await asyncio.sleep(self.gap_s)  # rule 7: what comes meanwhile waits
         finally:
             afters.cancel()
             self._pool.shutdown(wait=False)
@@ -135,7 +140,8 @@ class Committer:
         self._pool.shutdown(wait=False)
         self.closed = True
 
-    async def _commit(self, items: list[Item]) -> None:
+    async def _commit(self, items: list[Item]) -> bool:
+        """Plan, write and adopt one group commit; whether the writer wrote one."""
         loop = asyncio.get_running_loop()
         for _ in range(self.max_conflicts):
             state = self.ledger.state()
@@ -143,7 +149,7 @@ class Committer:
             planned = [p for p in (item.plan(view) for item in items) if p is not None]
             if not view.change:
                 self._landed(planned, state.head or "")  # in order with earlier commits'
-                return
+                return False
             _stamp_ends(view.change, stamp(self.wall()))
             message = _message(planned)
             started = time.perf_counter()
@@ -166,7 +172,7 @@ class Committer:
             except Pinned:
                 for item in items:
                     item.failed(Reason.PINNED, self.ledger.ref)
-                return
+                return False
             except (LedgerError, OSError, BrokenExecutor) as exc:
                 if isinstance(exc, BrokenExecutor):  # the writer died: start a new one
                     self._pool = make_executor(self.writer)
@@ -176,7 +182,7 @@ class Committer:
                 retry = [i for i in items if i.retry]
                 if retry:
                     loop.call_later(self.retry_s, self._requeue, retry)
-                return
+                return False
             finally:  # no await between here and adopt(): nobody sees the ref move early
                 self.ledger.writing = False
             elapsed = time.perf_counter() - started
@@ -191,10 +197,11 @@ class Committer:
             if self.on_commit is not None:
                 self.on_commit(view.change, sha)
             self._landed(planned, sha)
-            return
+            return True
         for item in items:
             item.failed(Reason.LEDGER_UNWRITABLE, "the branch kept moving; giving up this batch")
         loop.call_later(self.retry_s, self._requeue, [i for i in items if i.retry])
+        return False
 
     def _requeue(self, items: list[Item]) -> None:
         for item in items:

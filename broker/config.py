@@ -85,6 +85,8 @@ class BrokerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     batch_max: Annotated[int, msgspec.Meta(ge=1, le=10_000)] = 256
     max_auctions: Annotated[int, msgspec.Meta(ge=1, le=1000)] = 16
     batch_wait_ms: Annotated[float, msgspec.Meta(ge=0, le=60_000)] = 0.0
+    #: The least time between one commit and the next (`broker.committer` rule 7).
+    commit_gap_ms: Annotated[float, msgspec.Meta(ge=0, le=10_000)] = 0.0
     #: Ended instance records kept in the tree at most (the oldest leave first); 0: no cap.
     ended_max: Annotated[int, msgspec.Meta(ge=0)] = 100_000
     timing: Timing | None = None
@@ -179,6 +181,10 @@ BROKER_OPTIONS: list[Option] = [
     Option("batch_wait_ms", "--batch-wait-ms", "GAVEL_BATCH_WAIT_MS", non_negative_float,
            "let waiting requests wait this long for a fuller batch before an auction opens "
            "(default 0: at once; a broadcast round costs a reply from every node)", "MS"),
+    Option("commit_gap_ms", "--commit-gap-ms", "GAVEL_COMMIT_GAP_MS", non_negative_float,
+           "start the next commit no sooner than this long after the last was written: "
+           "fewer, bigger commits under sustained load, burstier awards at light load "
+           "(default 0: at once)", "MS"),
     Option("ended_max", "--ended-max", "GAVEL_ENDED_MAX", whole,
            "keep at most N ended instance records in the tree, the oldest leave first (git "
            "history keeps them; default 100000, 0: no cap)", "N"),

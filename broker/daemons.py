@@ -165,6 +165,7 @@ def make_broker(cfg: BrokerConfig, secrets: dict[str, str]) -> Broker:
                       timing=effective_timing(cfg, os.environ), secrets=secrets,
                       sample_d=cfg.sample_d or None, batch_max=cfg.batch_max,
                       max_auctions=cfg.max_auctions, batch_wait_s=cfg.batch_wait_ms / 1000,
+                      commit_gap_s=cfg.commit_gap_ms / 1000,
                       ended_max=cfg.ended_max,
                       nats_options={"error_cb": _nats_errors(cfg), **_nats_options(cfg)},
                       connect_wait_s=None)

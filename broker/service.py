@@ -89,6 +89,7 @@ class Broker:
         seed: int | None = None,
         max_auctions: int = 16,
         batch_wait_s: float = 0.0,
+        commit_gap_s: float = 0.0,
         ended_max: int = 100_000,
         writer: str = "process",
         nats_options: Mapping[str, Any] | None = None,
@@ -99,7 +100,8 @@ class Broker:
         self.timing = timing or Timing()
         self.ledger = Ledger(state_dir / "state.git", ref)
         self.committer = Committer(self.ledger, retry_s=self.timing.tick_s,
-                                   on_commit=self._mirror, writer=writer, wall=wall)
+                                   on_commit=self._mirror, writer=writer, wall=wall,
+                                   gap_s=commit_gap_s)
         self.liveness = Liveness(self.timing)
         self.secrets = dict(secrets or {})
         self.now = clock

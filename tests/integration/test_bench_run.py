@@ -53,15 +53,18 @@ def test_a_small_broadcast_run_verifies_itself_and_reports_its_ceilings(
 
 def test_a_churn_run_forgets_the_oldest_ended_records_and_verifies_from_history(
         tmp_path: Path) -> None:
-    # The agents on nats-py here, as the real worker talks: both clients run end to end.
+    # The agents on nats-py here, as the real worker talks: both clients run end to end;
+    # and a commit gap (without it ~220 commits, one every ~10 ms).
     r = _bench(tmp_path, "--placements", "600", "--rate", "300", "--lifetime-s", "0.2",
-               "--ended-max", "50", "--agent-client", "nats-py")
+               "--ended-max", "50", "--agent-client", "nats-py", "--commit-gap-ms", "50")
     assert r["verified"] is True and r["lifetime_s"] == 0.2
     assert r["agent_client"] == "nats-py"
     assert r["forgotten"] > 0  # instances ended and the broker let their records go
     assert r["ended_kept"] <= 50 + 300  # the count holds, give or take the last pass
     assert r["running_at_end"] + r["ended_kept"] + r["forgotten"] == 600
     assert set(r["rejected"]) <= TIMING_ONLY  # e.g. no negative load from drifting sums
+    # Commits at least 50 ms apart (the few before the clock started besides).
+    assert r["commits"] <= r["seconds"] / 0.050 + 5, r["commits"]
 
 
 def test_a_run_that_breaks_says_what_and_keeps_its_directory(tmp_path: Path) -> None:

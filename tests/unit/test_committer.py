@@ -160,6 +160,49 @@ async def test_idle_only_when_nothing_is_queued_written_or_left_to_run(
         committer.close()
 
 
+async def test_a_commit_gap_gathers_what_comes_meanwhile_into_the_next_commit(
+        tmp_path: Path) -> None:
+    """Rule 7: after a commit, the next starts no sooner than `gap_s` later and takes all
+    that queued meanwhile; after a quiet spell longer than the gap, a change goes at once."""
+    gap = 1.0
+    ledger = Ledger(tmp_path / "state.git")
+    committer = Committer(ledger, writer="thread", gap_s=gap)
+    runner = asyncio.create_task(committer.run())
+    landed: dict[str, float] = {}
+    shas: dict[str, str] = {}
+
+    def item(name: str) -> Item:
+        def make(view: View) -> Planned:
+            submit(view, InstanceRecord(instance_id=name, spec=SPEC))
+            def after(sha: str) -> None:
+                landed[name], shas[name] = time.monotonic(), sha
+            return Planned(lines=[name], after=[after])
+        return Item(plan=make)
+
+    try:
+        committer.submit(item("a"))
+        while "a" not in landed:
+            await asyncio.sleep(0.005)
+        committer.submit(item("b"))  # within the gap: waits for its end
+        await asyncio.sleep(0.1)
+        committer.submit(item("c"))  # ...and goes with b
+        await asyncio.sleep(0.2)
+        assert "b" not in landed and not committer.idle.is_set()
+        await asyncio.wait_for(committer.idle.wait(), 10)
+        assert committer.commits == 2  # a; then b and c together
+        assert shas["b"] == shas["c"] != shas["a"] and landed["b"] - landed["a"] >= gap * 0.9
+        await asyncio.sleep(gap + 0.1)  # a quiet spell longer than the gap
+        asked = time.monotonic()
+        committer.submit(item("d"))
+        await asyncio.wait_for(committer.idle.wait(), 10)
+        assert landed["d"] - asked < gap * 0.8, "a change after a quiet spell waited a gap"
+    finally:
+        runner.cancel()
+        committer.close()
+    assert committer.commits == 3
+    assert set(Ledger(tmp_path / "state.git").state().instances) == {"a", "b", "c", "d"}
+
+
 async def test_records_are_formatted_by_the_writer_not_on_the_event_loop(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Rule 6: the loop encodes compact JSON; git still gets the pretty files."""

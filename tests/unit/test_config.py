@@ -192,6 +192,8 @@ def test_tls_cert_and_key_go_together() -> None:
     (["bench", "--rate", "nan"], "argument --rate: 'nan' must be greater than 0"),
     (["bench", "--rate", "inf"], "argument --rate: 'inf' must be a finite number"),
     (["bench", "--agents", "0"], "argument --agents: '0' must be greater than 0"),
+    (["bench", "--commit-gap-ms", "-2"], "argument --commit-gap-ms: '-2' must be 0 or more"),
+    (["broker", "--commit-gap-ms", "soon"], "argument --commit-gap-ms: 'soon' is not a number"),
     (["sim", "--bench", "--nodes", "0"], "argument --nodes: '0' must be greater than 0"),
     (["sim", "--bench", "--placements", "-3"], "argument --placements: '-3' must be greater"),
 ])
@@ -218,21 +220,22 @@ def test_auction_settings_reach_the_broker(tmp_path: Path,
 
     monkeypatch.chdir(tmp_path)  # `state = "s"` is relative: keep its repo out of the tree
 
-    file = write(tmp_path, 'state = "s"\nsample_d = 3\nbatch_wait_ms = 5.0\nended_max = 7\n')
+    file = write(tmp_path, 'state = "s"\nsample_d = 3\nbatch_wait_ms = 5.0\nended_max = 7\n'
+                 'commit_gap_ms = 25\n')
     cfg = load(BrokerConfig, BROKER_OPTIONS, file=file, env={"GAVEL_BATCH_MAX": "64"},
                flags=flags_of(cli.build_parser().parse_args(
                    ["broker", "--max-auctions", "4"]), BROKER_OPTIONS))
     b = make_broker(cfg, {})
     try:
-        assert (b.sample_d, b.batch_max, b.max_auctions, b.batch_wait_s, b.ended_max) == (
-            3, 64, 4, 0.005, 7)
+        assert (b.sample_d, b.batch_max, b.max_auctions, b.batch_wait_s, b.ended_max,
+                b.committer.gap_s) == (3, 64, 4, 0.005, 7, 0.025)
     finally:
         b.committer.close()
     plain = make_broker(load(BrokerConfig, BROKER_OPTIONS, file=None, env={"GAVEL_STATE": "s"}),
                         {})
-    try:  # the defaults: broadcast, batches of 256, 16 auctions in flight, no wait
+    try:  # the defaults: broadcast, batches of 256, 16 auctions in flight, no waits
         assert (plain.sample_d, plain.batch_max, plain.max_auctions, plain.batch_wait_s,
-                plain.ended_max) == (None, 256, 16, 0.0, 100_000)
+                plain.ended_max, plain.committer.gap_s) == (None, 256, 16, 0.0, 100_000, 0.0)
     finally:
         plain.committer.close()
 
@@ -243,6 +246,8 @@ def test_auction_settings_reach_the_broker(tmp_path: Path,
     ('state = "s"\nbatch_wait_ms = nan\n', "field `batch_wait_ms` expected `float` >= 0.0."),
     ('state = "s"\nbatch_wait_ms = inf\n', "field `batch_wait_ms` expected `float` <= 60000"),
     ('state = "s"\nended_max = -1\n', "field `ended_max` expected `int` >= 0."),
+    ('state = "s"\ncommit_gap_ms = -5\n', "field `commit_gap_ms` expected `float` >= 0.0."),
+    ('state = "s"\ncommit_gap_ms = 1e6\n', "field `commit_gap_ms` expected `float` <= 10000"),
 ])
 def test_bad_auction_settings_name_the_field(tmp_path: Path, text: str, expected: str) -> None:
     with pytest.raises(ConfigError, match=re.escape(expected)):
