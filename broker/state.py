@@ -221,6 +221,10 @@ class Change:
                 raw[node_path(nid)] = self.node_compact(nid, nf)
         return out, raw
 
+    def forget_encoding(self, nid: str) -> None:
+        """The node's file changed in place (`broker.plan` rule 4): encode it afresh."""
+        self._encoded.pop(nid, None)
+
     def node_bytes(self, nid: str, nf: NodeFile) -> bytes:
         """`encode(nf)`: the node.json git holds."""
         _, data, nice = self._node(nid, nf)

@@ -8,6 +8,8 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
+import msgspec
+
 from broker.ledger import Ledger
 from broker.plan import View, finish, place, record_ports, set_draining, submit
 from broker.state import State, committed_by
@@ -75,3 +77,35 @@ def test_committed_totals_stay_the_sum_of_each_node_file(tmp_path: Path) -> None
     fresh = Ledger(tmp_path / "state.git").state()  # summed from the files git holds
     _assert_exact(fresh)
     assert fresh.committed == ledger.state().committed
+
+
+def test_placements_in_one_view_grow_its_own_copy_never_the_states_record(
+        tmp_path: Path) -> None:
+    """`broker.plan` rule 4: the first placement a view makes on a node copies the node's
+    file, later ones are added to that copy; what the ledger's state holds stays what git
+    holds, and the view's encoding follows every placement."""
+    ledger = Ledger(tmp_path / "state.git")
+    spec = Spec(name="s", command=["true"], cpu=0.1, memory_mb=10)
+
+    def put(view: View, iid: str) -> None:
+        assert submit(view, InstanceRecord(instance_id=iid, spec=spec))
+        assert place(view, _award(iid, spec, "n1"), "a", range(9000, 9100)) is not None
+
+    view = View(ledger.state())
+    put(view, "i1")
+    _commit(ledger, view)
+    state = ledger.state()
+    held = state.nodes["n1"]
+    view = View(state)
+    for k in (2, 3, 4):
+        put(view, f"i{k}")
+        seen = msgspec.json.decode(view.change.node_compact("n1", view.node("n1")))
+        assert list(seen["instances"]) == [f"i{j}" for j in range(1, k + 1)]
+    assert state.nodes["n1"] is held and list(held.instances) == ["i1"]  # untouched
+    assert view.committed("n1") == committed_by(view.node("n1"))
+    assert set(state.where) == {"i1"} and view.placed_on("i4") == "n1"
+    _commit(ledger, view)
+    fresh = Ledger(tmp_path / "state.git").state()
+    assert list(fresh.nodes["n1"].instances) == ["i1", "i2", "i3", "i4"]
+    assert fresh.nodes["n1"] == ledger.state().nodes["n1"]
+    _assert_exact(fresh)
