@@ -333,7 +333,12 @@ class Ledger:
             st.put_instance(iid, rec)
             st.flat.pop(iid, None)  # `files` moved it into its shard
         for nid, nf in change.nodes.items():
-            st.put_node(nid, nf, change.committed.get(nid))
+            st.put_node(nid, nf, change.committed.get(nid), change.grown.get(nid))
+            data = change.encoded_of(nid, nf) if nf is not None else None
+            if nf is None or data is None:
+                st.encoded.pop(nid, None)
+            else:
+                st.encoded[nid] = (nf, data)
 
     def _commit(self, files: Mapping[str, bytes | None], message: str,
                 planned_on: str | None) -> str:

@@ -53,6 +53,7 @@ class View:
     def __init__(self, state: State, change: Change | None = None) -> None:
         self.state = state
         self.change = change if change is not None else Change()
+        self.change.bases = state.encoded
         self._where: dict[str, str | None] = {}
         #: Node files this view made, by node: only these may grow in place (rule 4).
         self._own: dict[str, NodeFile] = {}
@@ -75,6 +76,7 @@ class View:
 
     def put_node(self, nf: NodeFile, committed: Capacity | None = None) -> None:
         """Change the node's file; `committed`: what its placements add up to, if known."""
+        self.change.grown.pop(nf.node_id, None)
         old = self.node(nf.node_id)
         before = old.instances.keys() if old is not None else set()
         for iid in before - nf.instances.keys():
@@ -91,10 +93,17 @@ class View:
         """`put_node` of `nf` (as `node` gives it) with `placement` added last, and
         `committed` its new total: O(1) in what the node holds after its first (rule 4)."""
         nid = nf.node_id
+        grown = self.change.grown
         if self._own.get(nid) is nf and self.change.nodes.get(nid) is nf:
             nf.instances[iid] = placement
             self.change.forget_encoding(nid)
+            if nid in grown:
+                grown[nid][1].append(iid)
         else:
+            if nid not in self.change.nodes and nf is self.state.nodes.get(nid):
+                grown[nid] = (nf, [iid])  # the state's record plus these, last
+            else:
+                grown.pop(nid, None)
             nf = self._own[nid] = msgspec.structs.replace(
                 nf, instances={**nf.instances, iid: placement})
         self._where[iid] = nid

@@ -9,15 +9,17 @@ import random
 from pathlib import Path
 
 import msgspec
+import pytest
 
+import broker.state
 from broker.ledger import Ledger
 from broker.plan import View, finish, place, record_ports, set_draining, submit
-from broker.state import State, committed_by
+from broker.state import State, committed_by, compact
 from shared.auction import Awarded
 from shared.award import NodeBid
 from shared.messages import Capacity, Request, Spec
 from shared.messages import InstanceState as S
-from shared.records import InstanceRecord
+from shared.records import Assignment, InstanceRecord, NodeFile
 
 #: Amounts that binary floats cannot hold exactly: a drifting running total shows.
 CPUS = (0.01, 0.1, 0.2, 0.3, 0.07, 1.0 / 3)
@@ -30,6 +32,9 @@ def _award(iid: str, spec: Spec, node: str) -> Awarded:
 
 def _commit(ledger: Ledger, view: View) -> None:
     state = view.state
+    for nid, nf in view.change.nodes.items():  # appended to the last commit's JSON or not,
+        if nf is not None:  # a node file's bytes are msgspec's for the whole record
+            assert view.change.node_compact(nid, nf) == compact(nf), nid
     sha = ledger.write_files(view.change.files(state.flat), "test", state.head)
     ledger.adopt(view.change, state.head, sha)
 
@@ -109,3 +114,30 @@ def test_placements_in_one_view_grow_its_own_copy_never_the_states_record(
     assert list(fresh.nodes["n1"].instances) == ["i1", "i2", "i3", "i4"]
     assert fresh.nodes["n1"] == ledger.state().nodes["n1"]
     _assert_exact(fresh)
+
+
+@pytest.mark.parametrize("base", [
+    NodeFile(node_id="n1", blocked_ports=[9001, 9002]),  # no placements yet
+    NodeFile(node_id="n1", instances={f"o{k}": Assignment(
+        instance_id=f"o{k}", auction_id="a", cpu=0.5, ports={"h\"ttp": 9000 + k})
+        for k in range(2)}),
+])
+def test_a_node_file_that_only_gained_placements_is_appended_to_byte_for_byte(
+        base: NodeFile, monkeypatch: pytest.MonkeyPatch) -> None:
+    state = State()
+    state.put_node("n1", base)
+    state.encoded["n1"] = (base, compact(base))
+    view = View(state)
+    for k in range(3):
+        view.add(view.node("n1") or base, f"i{k}\u00e9",
+                 Assignment(instance_id=f"i{k}", auction_id="b", memory_mb=k), Capacity())
+    nf = view.node("n1")
+    assert nf is not None and list(nf.instances)[-3:] == ["i0\u00e9", "i1\u00e9", "i2\u00e9"]
+    whole = compact(nf)
+
+    def no_whole_file(obj: object) -> bytes:  # only the small tail may be encoded anew
+        assert not (isinstance(obj, NodeFile) and obj.instances), "encoded the whole file"
+        return msgspec.json.encode(obj)
+
+    monkeypatch.setattr(broker.state, "compact", no_whole_file)
+    assert view.change.node_compact("n1", nf) == whole
