@@ -9,6 +9,10 @@ Rules:
    clients submitting at once got one submit per commit, never a group commit of theirs).
    Each request runs on a task of its own, up to `MAX_IN_FLIGHT`; past that the subscription
    waits for the request in hand (back-pressure: NATS holds the rest).
+3. A submission makes and encodes its records in slices of `SUBMIT_SLICE`, with the loop's
+   other work between them, before it queues for its commit (`Change.ready`): a commit of
+   four 1,000-instance submissions spent ~10-25 ms of the loop encoding them in one go,
+   while open bid rounds waited.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from nats.aio.msg import Msg
 
 from broker.committer import Item, Planned
 from broker.plan import View, submit
+from broker.state import Ready, ready
 from shared import subjects
 from shared.api import (
     CancelReply,
@@ -60,6 +65,8 @@ _enc = msgspec.msgpack.Encoder()
 Handler = Callable[[Any], Awaitable[Message]]
 #: Requests served at once (rule 2).
 MAX_IN_FLIGHT = 1024
+#: Records a submission makes and encodes between two turns of the loop (rule 3): ~0.3 ms.
+SUBMIT_SLICE = 128
 
 
 class Api:
@@ -129,7 +136,13 @@ class Api:
             return ApiError(error=f"{Reason.NEVER_FITS}: {never}")
         if self.b.ledger.pinned:
             return ApiError(error=f"{Reason.PINNED} ({self.b.ledger.ref})")
-        records = [InstanceRecord(instance_id=iid, spec=spec) for iid in ids]
+        made: list[Ready] = []
+        for start in range(0, len(ids), SUBMIT_SLICE):  # rule 3
+            if start:
+                await asyncio.sleep(0)
+            made += [ready(InstanceRecord(instance_id=iid, spec=spec))
+                     for iid in ids[start:start + SUBMIT_SLICE]]
+        records = [rec for rec, _, _ in made]
         done: asyncio.Future[Message] = asyncio.get_running_loop().create_future()
 
         def plan(view: View) -> Planned | None:
@@ -140,6 +153,7 @@ class Api:
                 return None
             for r in records:
                 submit(view, r)
+            view.change.ready.update((got[0].instance_id, got) for got in made)
             line = f"submit {ids[0]}" if len(ids) == 1 else \
                 f"submit {len(ids)} instances of {spec.name}: {ids[0]} .. {ids[-1]}"
             return Planned(lines=[line], after=[lambda _sha: _ok()])

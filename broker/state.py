@@ -24,8 +24,8 @@ from shared.lifecycle import PENDING
 from shared.messages import Capacity, InstanceState
 from shared.records import Assignment, InstanceRecord, NodeFile, instance_path, node_path
 
-__all__ = ["Change", "State", "committed_by", "compact", "encode", "parse_stamp", "pretty",
-           "stamp"]
+__all__ = ["Change", "Ready", "State", "committed_by", "compact", "encode", "parse_stamp",
+           "pretty", "ready", "stamp"]
 
 _enc = msgspec.json.Encoder()
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
@@ -59,6 +59,15 @@ def compact(obj: object) -> bytes:
 
 def pretty(compact_json: bytes) -> bytes:
     return msgspec.json.format(compact_json, indent=2) + b"\n"
+
+
+#: An instance record with its path and compact JSON, worked out before its commit.
+Ready = tuple[InstanceRecord, str, bytes]
+
+
+def ready(rec: InstanceRecord) -> Ready:
+    """`rec` encoded ahead of its commit (`Change.ready`)."""
+    return rec, instance_path(rec.instance_id), compact(rec)
 
 
 @dataclass
@@ -198,6 +207,10 @@ class Change:
     #: adopting them moves only these.
     grown: dict[str, tuple[NodeFile, list[str]]] = field(default_factory=dict, repr=False,
                                                          compare=False)
+    #: Records encoded before their commit, by id (`ready`): a submission of thousands
+    #: encodes its records in slices as it comes in, not all in the commit's one stretch of
+    #: the event loop. Used only while the change still holds that very record.
+    ready: dict[str, Ready] = field(default_factory=dict, repr=False, compare=False)
     #: The state's compact encodings of its node files (`State.encoded`).
     bases: Mapping[str, tuple[NodeFile, bytes]] = field(default_factory=dict, repr=False,
                                                          compare=False)
@@ -229,6 +242,8 @@ class Change:
         for iid, rec in self.instances.items():
             if rec is None:
                 out[instance_path(iid)] = None
+            elif (done := self.ready.get(iid)) is not None and done[0] is rec:
+                raw[done[1]] = done[2]
             else:
                 raw[instance_path(iid)] = compact(rec)
             if flat and iid in flat:
