@@ -253,7 +253,7 @@ def requeue(view: View, iid: str, node_id: str, reason: Reason, detail: str = ""
                          detail=f"{Reason.ATTEMPTS_EXHAUSTED} ({cur.attempt}/{cur.spec.attempts})"
                          + (f": {detail}" if detail else ""))
     else:
-        excluded = sorted({*cur.excluded, node_id})
+        excluded = tuple(sorted({*cur.excluded, node_id}))
         new = transition(cur, S.PLACED, S.QUEUED, reason=str(reason), detail=detail,
                          node_id="", excluded=excluded, cancelling=False)
     if new is not None:

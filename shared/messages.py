@@ -240,7 +240,10 @@ class HostStats(msgspec.Struct, kw_only=True):
     memory_total_mb: int = 0
 
 
-class InstanceReport(msgspec.Struct, kw_only=True):
+class InstanceReport(msgspec.Struct, kw_only=True, gc=False):
+    """Untracked by the garbage collector, like the records (`shared.records`): scalars and
+    a dict of port numbers, no cycle possible; a broker holds every node's last list."""
+
     instance_id: str
     state: str
     pid: int = 0

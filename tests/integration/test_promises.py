@@ -32,7 +32,7 @@ async def test_missed_provisioning_deadline_replaces_elsewhere(cluster: Cluster)
     await wait_for(lambda: cluster.holders(iid) == ["node-a"], TIMING.provisioning_s * 3,
                    what="re-placed on node-a")
     state = cluster.ledger().state()
-    assert state.instances[iid].excluded == ["node-z"]
+    assert state.instances[iid].excluded == ("node-z",)
     placement = state.placement(iid)
     assert placement is not None and placement.attempt == 2
     messages = [c.message for c in cluster.ledger().history()]

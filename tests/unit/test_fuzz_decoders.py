@@ -108,7 +108,7 @@ API_REPLIES: dict[Any, list[msgspec.Struct]] = {
 }
 #: Files gavel reads back: git's JSON records, the worker's own state file.
 FILES: dict[Any, list[msgspec.Struct]] = {
-    InstanceRecord: [InstanceRecord(instance_id="web-1", spec=SPEC, excluded=["n2"])],
+    InstanceRecord: [InstanceRecord(instance_id="web-1", spec=SPEC, excluded=("n2",))],
     NodeFile: [NodeFile(node_id="n1", instances={"web-1": ASSIGNMENT}, blocked_ports=[20000])],
     AuctionRecord: API_REPLIES[api.WhyReply | ApiError][0].auctions,  # type: ignore[attr-defined]
     BatchRecord: [BatchRecord(auction_id="a1", shapes=[ShapeRecord(shape=SHAPE)],

@@ -27,7 +27,7 @@ def test_expiry_then_late_exit_in_one_batch_applies_only_the_expiry() -> None:
     assert requeue(view, "i", "n1", Reason.NO_LEASE) is not None
     assert finish(view, "i", "n1", S.SUCCEEDED) is None  # the instance is no longer on n1
     rec = view.change.instances["i"]
-    assert rec is not None and rec.state is S.QUEUED and rec.excluded == ["n1"]
+    assert rec is not None and rec.state is S.QUEUED and rec.excluded == ("n1",)
     assert view.change.nodes["n1"] is None  # the placement is gone exactly once
 
 
