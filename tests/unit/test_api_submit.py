@@ -5,7 +5,6 @@ between them (`broker.api` rule 3), and its commit writes those very encodings
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 from pathlib import Path
 
 import msgspec
@@ -23,15 +22,6 @@ from shared.messages import Spec
 from shared.records import InstanceRecord, instance_path
 from tests.unit.fuzzkit import Msg
 from tests.unit.test_fuzz_broker import SMALL, Rig
-
-
-@pytest.fixture
-def rig(tmp_path: Path) -> Iterator[Rig]:
-    r = Rig(tmp_path)
-    try:
-        yield r
-    finally:
-        r.close()
 
 
 def test_a_big_submission_is_encoded_in_slices_and_committed_from_them(

@@ -15,7 +15,7 @@ import asyncio
 import logging
 import math
 import re
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -164,15 +164,6 @@ def heartbeat(node: str, **kw: Any) -> Heartbeat:
         "node_id": node, "strategy": "least-loaded", "port_range": [20000, 20999],
         "capacity": Capacity(cpu=4.0, memory_mb=4096, ports=1000), **kw}
     return Heartbeat(**fields)
-
-
-@pytest.fixture
-def rig(tmp_path: Path) -> Iterator[Rig]:
-    r = Rig(tmp_path)
-    try:
-        yield r
-    finally:
-        r.close()
 
 
 # -- heartbeats ------------------------------------------------------------------------------
