@@ -277,7 +277,8 @@ class Change:
         return got[1] if got is not None and got[0] is nf else None
 
     def _node(self, nid: str, nf: NodeFile) -> tuple[NodeFile, bytes, bytes | None]:
-        # Once per record object: records are never changed in place.
+        # Once per record object: records are never changed in place, bar a view's own
+        # copy, which drops its encoding when it grows (`forget_encoding`).
         got = self._encoded.get(nid)
         if got is None or got[0] is not nf:
             got = self._encoded[nid] = (nf, self._grown_json(nid, nf) or compact(nf), None)
