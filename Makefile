@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint typecheck bench chaos clean
+.PHONY: run test lint typecheck bench bench-targets chaos clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -26,6 +26,9 @@ lint: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/gavel bench
+
+bench-targets: $(STAMP)
+	$(BIN)/gavel bench --targets
 
 chaos: $(STAMP)
 	$(BIN)/python -m bench.chaos --duration 120

@@ -55,11 +55,46 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--state", type=Path, default=None,
                    help="keep the run's state (git repo, logs) here")
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    t = p.add_argument_group("targets", "check the throughput targets, each with the settings "
+                             "the README reports for it (bench/targets.py)")
+    t.add_argument("--targets", action="store_true",
+                   help="run each target's own bench and say met or missed (exit 3 if any "
+                   "bound is missed); the run flags above are its, not yours")
+    t.add_argument("--only", action="append", default=[], metavar="NAME",
+                   help="only this target (repeatable): sampled, broadcast, 10k, idle")
+    t.add_argument("--repeat", type=positive_int, default=1,
+                   help="runs of each target (default 1)")
+    t.add_argument("--scale", type=positive_float, default=1.0,
+                   help="agents and placements times this: a quick look whose figures are "
+                   "not the targets' (default 1)")
+
+
+#: The flags that set up one run: with --targets each target's settings are used instead.
+_RUN_FLAGS = ("agents", "placements", "mode", "d", "processes", "batch_max", "max_auctions",
+              "batch_wait_ms", "commit_gap_ms", "lifetime_s", "ended_max", "agent_client",
+              "rate", "idle_s", "state")
+_TARGET_FLAGS = ("only", "repeat", "scale")
+
+
+def _given(args: argparse.Namespace, dests: tuple[str, ...]) -> list[str]:
+    """The flags among `dests` set to something other than their default, as typed."""
+    ref = argparse.ArgumentParser()
+    add_arguments(ref)
+    return ["--" + d.replace("_", "-") for d in dests
+            if getattr(args, d) != ref.get_default(d)]
 
 
 def run_cli(args: argparse.Namespace) -> int:
     from bench.run import Options, RunFailed, VerifyError, run
 
+    clash = _given(args, _RUN_FLAGS if args.targets else _TARGET_FLAGS)
+    if clash:
+        print(f"gavel bench: {clash[0]} " + (
+            "cannot go with --targets: each target runs with its own settings."
+            if args.targets else "only goes with --targets."), file=sys.stderr)
+        return 2
+    if args.targets:
+        return _run_targets(args)
     why = unusable_dir(args.state / "logs") if args.state is not None else None
     if why:
         print(f"gavel bench: --state {args.state}: cannot keep the run's state there ({why}).",
@@ -90,3 +125,43 @@ def run_cli(args: argparse.Namespace) -> int:
         print(f"  {key:<{width}}  {value:,}" if isinstance(value, int | float)
               and not isinstance(value, bool) else f"  {key:<{width}}  {value}")
     return 0
+
+
+def _run_targets(args: argparse.Namespace) -> int:
+    from bench.run import RunFailed, VerifyError, run
+    from bench.targets import by_name, checks, report_line
+
+    try:
+        targets = by_name(args.only)
+    except ValueError as exc:
+        print(f"gavel bench: --only: {exc}.", file=sys.stderr)
+        return 2
+    report: list[dict[str, object]] = []
+    missed = 0
+    if args.scale != 1.0 and not args.json:
+        print(f"scaled by {args.scale:g}: these figures are not the targets'")
+    for target in targets:
+        if not args.json:
+            print(f"{target.name}: {target.text}", flush=True)
+        for k in range(1, args.repeat + 1):
+            try:
+                result = asyncio.run(run(target.options(args.scale)))
+            except (VerifyError, RunFailed) as exc:
+                print(f"gavel bench: target {target.name}, run {k}: {exc}", file=sys.stderr)
+                return 1
+            found = checks(target, result)
+            missed += sum(not c.met for c in found)
+            report.append({"target": target.name, "run": k,
+                           "met": all(c.met for c in found),
+                           "checks": [c.as_dict() for c in found],
+                           "result": result.as_dict()})
+            if not args.json:
+                print("  " + report_line(target, k, args.repeat, found), flush=True)
+    scaled = args.scale != 1.0
+    if args.json:
+        print(json.dumps({"scale": args.scale, "all_met": missed == 0, "runs": report}))
+    else:
+        runs = len(report)
+        print(f"{runs - sum(1 for r in report if not r['met'])} of {runs} runs met every "
+              f"bound" + (" (scaled: not a verdict on the targets)" if scaled else ""))
+    return 3 if missed and not scaled else 0

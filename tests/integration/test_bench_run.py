@@ -84,3 +84,28 @@ def test_a_run_that_breaks_says_what_and_keeps_its_directory(tmp_path: Path) -> 
     (kept,) = (tmp_path / "tmp").iterdir()
     assert f"(the run's state is kept in {kept})" in proc.stderr
     assert (kept / "logs").is_dir()
+
+
+def test_a_scaled_target_run_checks_its_own_figures(tmp_path: Path) -> None:
+    """`gavel bench --targets` end to end, one target at a fiftieth of its size: a real run
+    with the target's settings, and a verdict on exactly the figures that run reported."""
+    env = {k: v for k, v in os.environ.items() if k != "GAVEL_FAST_TIMERS"}
+    env["TMPDIR"] = str(tmp_path / "tmp")
+    (tmp_path / "tmp").mkdir()
+    proc = subprocess.run([sys.executable, "-m", "broker.cli", "bench", "--targets", "--only",
+                           "sampled", "--scale", "0.02", "--json"],
+                          capture_output=True, text=True, timeout=170, check=False, env=env)
+    assert proc.returncode == 0, proc.stderr[-2000:]  # scaled: a miss is not a failure
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["scale"] == 0.02
+    (run,) = out["runs"]
+    r = run["result"]
+    assert run["target"] == "sampled" and r["verified"] is True
+    assert (r["agents"], r["placements"], r["mode"]) == (20, 400, "sampled")
+    assert [(c["key"], c["value"]) for c in run["checks"]] == [
+        ("placements_per_s", r["placements_per_s"]), ("round_p99_ms", r["round_p99_ms"])]
+    rate, p99 = run["checks"]
+    assert rate["met"] == (r["placements_per_s"] >= 5000)
+    assert p99["met"] == (r["round_p99_ms"] <= 20)
+    assert run["met"] == (rate["met"] and p99["met"]) and out["all_met"] == run["met"]
+    assert [p.name for p in (tmp_path / "tmp").iterdir()] == []
