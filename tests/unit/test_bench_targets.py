@@ -4,12 +4,14 @@ target: tests/integration/test_bench_run.py.)"""
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 from typing import Any
 
 import pytest
 
 from bench import targets as tg
+from bench.cli import add_arguments
 from bench.run import Options, Result
 from broker.cli import main
 
@@ -123,3 +125,11 @@ def test_a_missed_bound_sets_the_exit_status_unless_the_run_was_scaled(
     assert main(["bench", "--targets", "--only", "sampled", "--scale", "0.1"]) == 0
     assert "(scaled: not a verdict on the targets)" in capsys.readouterr().out
     assert ran[-1].agents == 100
+
+
+def test_the_help_names_every_target() -> None:
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    (only,) = [a for a in p._actions if a.dest == "only"]
+    assert only.help is not None
+    assert only.help.endswith(": " + ", ".join(t.name for t in tg.TARGETS))
