@@ -37,11 +37,15 @@ class Bound:
         if self.key not in _RESULT_FIELDS:
             raise ValueError(f"a bound on {self.key!r}, which no bench run reports")
 
+    @property
+    def op(self) -> str:
+        return "<=" if self.most else ">="
+
     def holds(self, value: float) -> bool:
         return value <= self.limit if self.most else value >= self.limit
 
     def __str__(self) -> str:
-        return f"{self.key} {'<=' if self.most else '>='} {self.limit:g}"
+        return f"{self.key} {self.op} {self.limit:g}"
 
 
 def at_least(key: str, limit: float) -> Bound:
@@ -126,6 +130,6 @@ def checks(target: Target, result: Result) -> list[Check]:
 
 
 def report_line(target: Target, run: int, runs: int, found: Sequence[Check]) -> str:
-    parts = [f"{c.bound.key} {c.value:,.2f} {'<=' if c.bound.most else '>='} "
-             f"{c.bound.limit:,g} {'met' if c.met else 'MISSED'}" for c in found]
+    parts = [f"{c.bound.key} {c.value:,.2f} {c.bound.op} {c.bound.limit:,g} "
+             f"{'met' if c.met else 'MISSED'}" for c in found]
     return f"{target.name:<10} run {run}/{runs}  " + "  ·  ".join(parts)
