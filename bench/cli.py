@@ -69,25 +69,26 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "not the targets' (default 1)")
 
 
-#: The flags that set up one run: with --targets each target's settings are used instead.
-_RUN_FLAGS = ("agents", "placements", "mode", "d", "processes", "batch_max", "max_auctions",
-              "batch_wait_ms", "commit_gap_ms", "lifetime_s", "ended_max", "agent_client",
-              "rate", "idle_s", "state")
+#: The flags only --targets takes; every other flag but --json sets up one run, and with
+#: --targets each target's own settings are used instead.
 _TARGET_FLAGS = ("only", "repeat", "scale")
 
 
-def _given(args: argparse.Namespace, dests: tuple[str, ...]) -> list[str]:
-    """The flags among `dests` set to something other than their default, as typed."""
+def _clashing(args: argparse.Namespace) -> list[str]:
+    """The flags given (set away from their default) that do not go with --targets, or
+    without it, as typed."""
     ref = argparse.ArgumentParser()
     add_arguments(ref)
-    return ["--" + d.replace("_", "-") for d in dests
-            if getattr(args, d) != ref.get_default(d)]
+    defaults = vars(ref.parse_args([]))
+    dests = [d for d in defaults if d not in ("json", "targets", *_TARGET_FLAGS)] \
+        if args.targets else list(_TARGET_FLAGS)
+    return ["--" + d.replace("_", "-") for d in dests if getattr(args, d) != defaults[d]]
 
 
 def run_cli(args: argparse.Namespace) -> int:
     from bench.run import Options, RunFailed, VerifyError, run
 
-    clash = _given(args, _RUN_FLAGS if args.targets else _TARGET_FLAGS)
+    clash = _clashing(args)
     if clash:
         print(f"gavel bench: {clash[0]} " + (
             "cannot go with --targets: each target runs with its own settings."
@@ -137,7 +138,6 @@ def _run_targets(args: argparse.Namespace) -> int:
         print(f"gavel bench: --only: {exc}.", file=sys.stderr)
         return 2
     report: list[dict[str, object]] = []
-    missed = 0
     if args.scale != 1.0 and not args.json:
         print(f"scaled by {args.scale:g}: these figures are not the targets'")
     for target in targets:
@@ -150,7 +150,6 @@ def _run_targets(args: argparse.Namespace) -> int:
                 print(f"gavel bench: target {target.name}, run {k}: {exc}", file=sys.stderr)
                 return 1
             found = checks(target, result)
-            missed += sum(not c.met for c in found)
             report.append({"target": target.name, "run": k,
                            "met": all(c.met for c in found),
                            "checks": [c.as_dict() for c in found],
@@ -158,10 +157,10 @@ def _run_targets(args: argparse.Namespace) -> int:
             if not args.json:
                 print("  " + report_line(target, k, args.repeat, found), flush=True)
     scaled = args.scale != 1.0
+    met = sum(1 for r in report if r["met"])
     if args.json:
-        print(json.dumps({"scale": args.scale, "all_met": missed == 0, "runs": report}))
+        print(json.dumps({"scale": args.scale, "all_met": met == len(report), "runs": report}))
     else:
-        runs = len(report)
-        print(f"{runs - sum(1 for r in report if not r['met'])} of {runs} runs met every "
-              f"bound" + (" (scaled: not a verdict on the targets)" if scaled else ""))
-    return 3 if missed and not scaled else 0
+        print(f"{met} of {len(report)} runs met every bound"
+              + (" (scaled: not a verdict on the targets)" if scaled else ""))
+    return 3 if met < len(report) and not scaled else 0
