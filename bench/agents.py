@@ -30,7 +30,7 @@ import msgspec
 import nats
 
 from bench import natslite
-from broker import eventloop
+from broker import eventloop, wire
 from shared import subjects
 from shared.feasibility import NodeView
 from shared.messages import (
@@ -195,7 +195,7 @@ class NatsPyLink:
         await self.nc.subscribe(rfb, cb=self._on_rfb)
         await self.nc.subscribe(node_rfb, cb=self._on_rfb)
         await self.nc.subscribe(award, cb=self._on_award)
-        await self.nc.flush()
+        await wire.subscribed(self.nc)  # the broker's first RFB must not pass it by
 
     async def _on_rfb(self, msg: Any) -> None:
         await self.nc.publish(self.agent.bids_subject, self.agent.bids(msg.data))

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import msgspec
+import nats.errors
 from nats.aio.msg import Msg
 
 from broker import wire
@@ -166,6 +167,10 @@ class Broker:
         await self.nc.subscribe(subjects.ASSIGN_ALL, cb=self._on_assign)
         self.api = Api(self)
         await self.api.start(self.nc)
+        try:  # "up" means heard: an API call or a report sent from now on reaches us
+            await wire.subscribed(self.nc)
+        except nats.errors.Error as exc:
+            self.log.warning("nats did not confirm the subscriptions (%s); carrying on", exc)
         self._tasks = [asyncio.create_task(self._send(), name="outbox"),
                        asyncio.create_task(self.committer.run(), name="committer"),
                        asyncio.create_task(self._loop(), name="reconcile")]

@@ -29,20 +29,28 @@ Rules:
    through, and only while the socket is keeping up (less than `WRITE_NOW_MAX_BUFFERED`
    unsent in the transport); otherwise the caller sends it the usual way, which waits for
    the socket to drain.
+6. `subscribed(nc)` returns once the server holds every subscription `nc` has asked for.
+   `flush()` does not promise that: nats-py writes its PING straight to the socket, ahead of
+   SUBs still waiting in the client's pending buffer for its flusher task, so the PONG can
+   come back before the server has read them, and a message another connection publishes
+   in that moment reaches no one (tests/integration/test_wire.py shows the order on the
+   socket). A message to ourselves, published after them, travels behind them.
 """
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import logging
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple, Protocol
 
+import nats.errors
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 from nats.aio.transport import TcpTransport
 
-__all__ = ["DIRECT", "Client", "Inbound", "Received", "fast", "send", "write_now"]
+__all__ = ["DIRECT", "Client", "Inbound", "Received", "fast", "send", "subscribed", "write_now"]
 
 log = logging.getLogger("gavel.broker")
 
@@ -162,6 +170,18 @@ async def _one_by_one(nc: Any, batch: Sequence[tuple[str, bytes]],
             await nc.publish(subject, payload)
         except Exception as exc:  # disconnected past the buffer, closed, bad subject: count
             failed(subject, exc)
+
+
+async def subscribed(nc: Any, timeout: float = 5.0) -> None:
+    """Rule 6: the server has every subscription `nc` sent before this call. Raises
+    nats-py's TimeoutError if the message to ourselves is not back within `timeout`."""
+    sub = await nc.subscribe(nc.new_inbox())
+    try:
+        await nc.publish(sub.subject, b"")
+        await sub.next_msg(timeout=timeout)
+    finally:
+        with contextlib.suppress(nats.errors.Error):
+            await sub.unsubscribe()
 
 
 class Client(NatsClient):

@@ -223,12 +223,13 @@ class Agent:
         a message to ourselves travels behind them."""
         assert self._nc is not None
         inbox = self._nc.new_inbox()
-        sub = await self._nc.subscribe(inbox, max_msgs=1)
+        sub = await self._nc.subscribe(inbox)
         try:
             await self._nc.publish(inbox, b"")
             await sub.next_msg(timeout=max(1.0, self.timing.heartbeat_s))
         except (nats.errors.Error, TimeoutError) as exc:
             log.warning("nats did not confirm the subscriptions (%s); carrying on", exc)
+        finally:  # max_msgs would end it here only: the server would keep it
             with contextlib.suppress(nats.errors.Error):
                 await sub.unsubscribe()
 

@@ -33,7 +33,7 @@ import msgspec
 import nats
 import pytest
 
-from broker import auth
+from broker import auth, wire
 from broker.client import ClientError, call, connect
 from broker.natsserver import NatsServer
 from broker.service import Broker, NatsUnreachable
@@ -159,7 +159,7 @@ class Spy:
 
         for p in patterns:
             await nc.subscribe(p, cb=cb)
-        await nc.flush()
+        await wire.subscribed(nc)
         return self
 
     def subjects(self) -> set[str]:
@@ -248,7 +248,9 @@ async def test_a_worker_cannot_read_another_nodes_inbox_or_traffic(authed: Authe
         await a.subscribe(pattern, cb=on_a)
     await b.subscribe("_INBOX_b.>", cb=on_b)
     await a.flush()
-    await b.flush()
+    await b.publish("_INBOX_b.ready", b"")  # heard back: the server has b's subscription
+    await wait_for(lambda: got_b == ["_INBOX_b.ready"], 10, what="b's own message")
+    got_b.clear()
     await wait_for(lambda: all(authed.refused("a", "subscription", p) for p in stolen), 10,
                    what="the server to refuse a's subscriptions")
     # The broker answers b's assignment request on b's inbox: b reads it, a never does.

@@ -13,6 +13,7 @@ import nats
 import pygit2
 import pytest
 
+from broker import wire
 from broker.client import call
 from broker.ledger import Change
 from shared import subjects
@@ -101,6 +102,7 @@ async def test_tag_guard_writes_nothing_and_says_pinned(cluster: Cluster) -> Non
         seen.append(msgspec.msgpack.decode(m.data, type=Event))
 
     await nc.subscribe(subjects.EVENTS.format(instance="web-1"), cb=collect)
+    await wire.subscribed(nc)
     await cluster.start_broker(ref="v1")
     await cluster.start_agent("node-a")
     await wait_for(lambda: any(e.type == "error" for e in seen), 10, what="an error event")

@@ -23,6 +23,7 @@ from typing import Any
 import msgspec
 import pytest
 
+from broker import wire
 from shared import subjects
 from shared.messages import (
     PROTOCOL,
@@ -170,7 +171,7 @@ async def test_a_bid_replayed_after_its_auction_closed_is_counted_and_changes_no
         bids.append(msg.data)
 
     await nc.subscribe(subjects.BIDS.format(node="node-a"), cb=spy)
-    await nc.flush()
+    await wire.subscribed(nc)
     iid = await cluster.submit(sleeper_spec("replayed"))
     await wait_for(_running(cluster, iid), 10, what="placed and running")
     assert len(bids) == 1 and broker.auctioneer.auctions == {}  # its auction is closed

@@ -11,6 +11,7 @@ import msgspec
 import nats
 import pytest
 
+from broker import wire
 from broker.client import ClientError
 from shared import subjects
 from shared.messages import Event
@@ -48,7 +49,9 @@ async def test_locked_repo_errors_then_recovers(cluster: Cluster) -> None:
     async def collect(m: nats.aio.msg.Msg) -> None:
         seen.append(msgspec.msgpack.decode(m.data, type=Event))
 
-    await (await cluster.client()).subscribe(subjects.EVENTS.format(instance=iid), cb=collect)
+    nc = await cluster.client()
+    await nc.subscribe(subjects.EVENTS.format(instance=iid), cb=collect)
+    await wire.subscribed(nc)
     await cluster.start_agent("node-a")
     await wait_for(lambda: any(e.type == "error" for e in seen), 15, what="an error event")
     err = next(e for e in seen if e.type == "error")

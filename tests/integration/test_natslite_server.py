@@ -11,6 +11,7 @@ import pytest
 
 from bench import natslite
 from bench.agents import CLIENTS, BenchAgent
+from broker import wire
 from broker.natsserver import free_port
 from shared import subjects
 from shared.messages import RFB, Award, BidReply, Capacity, Shape, Spec
@@ -29,7 +30,7 @@ async def test_lite_and_nats_py_hear_each_other(nats_url: str) -> None:
         await nc.publish("to.lite", b"x" * 200_000)  # spans many reads
         await nc.flush()
         sub = await nc.subscribe("to.py")
-        await nc.flush()
+        await wire.subscribed(nc)  # not flush(): see broker.wire rule 6
         lite.publish("to.py", b"hello")
         await lite.flush()
         msg = await sub.next_msg(timeout=5)
@@ -65,7 +66,7 @@ async def test_a_bench_agent_answers_the_same_on_either_client(nats_url: str,
     try:
         bids = await nc.subscribe(subjects.BIDS.format(node="n00001"))
         reports = await nc.subscribe(subjects.REPORT.format(node="n00001"))
-        await nc.flush()
+        await wire.subscribed(nc)
         enc = msgspec.msgpack.Encoder()
         await nc.publish(subjects.RFB_NODE.format(node="n00001"), enc.encode(
             RFB(auction_id="a1", shapes=[Shape(cpu=1, memory_mb=64)], deadline_s=1.0)))

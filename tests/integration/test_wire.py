@@ -21,23 +21,20 @@ def test_the_installed_nats_py_takes_the_batch_path() -> None:
     assert not wire.fast(object())
 
 
-async def _collect(nc: Client, subject: str, want: int) -> list[tuple[str, bytes]]:
+async def _listen(nc: Client, subject: str, want: int) -> asyncio.Future[list[tuple[str, bytes]]]:
+    """Subscribed (the server has it) when this returns; the future holds the first `want`
+    messages."""
     got: list[tuple[str, bytes]] = []
-    done = asyncio.Event()
+    done: asyncio.Future[list[tuple[str, bytes]]] = asyncio.get_running_loop().create_future()
 
     async def cb(msg: Msg) -> None:
         got.append((msg.subject, msg.data))
-        if len(got) >= want:
-            done.set()
+        if len(got) >= want and not done.done():
+            done.set_result(got)
 
     await nc.subscribe(subject, cb=cb)
-    await nc.flush()
-    return got if want == 0 else await _wait(got, done)
-
-
-async def _wait(got: list[tuple[str, bytes]], done: asyncio.Event) -> list[tuple[str, bytes]]:
-    await asyncio.wait_for(done.wait(), 10)
-    return got
+    await wire.subscribed(nc)
+    return done
 
 
 async def test_a_batch_arrives_in_order_byte_for_byte(nats_url: str) -> None:
@@ -46,8 +43,7 @@ async def test_a_batch_arrives_in_order_byte_for_byte(nats_url: str) -> None:
     try:
         batch = [(f"w.t.{k % 7}", bytes([k % 256]) * (k * 37 % 5000)) for k in range(3000)]
         batch.append(("w.t.big", b"\r\nPUB x 1\r\n" * 10_000))  # payload bytes are opaque
-        listening = asyncio.ensure_future(_collect(sub, "w.t.*", len(batch)))
-        await asyncio.sleep(0.2)
+        listening = await _listen(sub, "w.t.*", len(batch))
         failures: list[tuple[str, Exception]] = []
         sent = pub.stats["out_msgs"]
         handed: list[int] = []
@@ -78,8 +74,7 @@ async def test_bad_subjects_and_oversized_payloads_fail_alone(nats_url: str) -> 
         too_big = b"x" * (pub.max_payload + 1)
         batch = [("w.ok", b"1"), ("w.bad\r\nPUB w.ok 1", b"2"), ("w.ok", b"3"), ("", b"4"),
                  ("w.ok", too_big), ("w bad", b"5"), ("w.ok", b"6")]
-        listening = asyncio.ensure_future(_collect(sub, "w.ok", 3))
-        await asyncio.sleep(0.2)
+        listening = await _listen(sub, "w.ok", 3)
         failures: list[tuple[str, Exception]] = []
         await wire.send(pub, batch, lambda s, e: failures.append((s, e)))
         await pub.flush()
@@ -126,7 +121,7 @@ async def test_direct_subscriptions_hand_over_each_message_in_order(
         await nc.subscribe_direct("d.*", handler)
         assert list(nc._direct.values()) == [handler]  # handled inline, not by a task
         ordinary = await nc.subscribe("o.x")
-        await nc.flush()
+        await wire.subscribed(nc)
         sent = [(f"d.{k % 3}", b"%d" % k) for k in range(500)]
         for subject, data in sent[:250]:
             await pub.publish(subject, data)
@@ -157,8 +152,7 @@ async def test_write_now_puts_a_batch_on_the_socket_behind_what_the_client_holds
     pub = await nats.connect(nats_url)
     sub = await nats.connect(nats_url)
     try:
-        listening = asyncio.ensure_future(_collect(sub, "w.n.*", 4))
-        await asyncio.sleep(0.2)
+        listening = await _listen(sub, "w.n.*", 4)
         await pub._send_command(b"PUB w.n.0 5\r\nfirst\r\n")  # pending, not yet flushed
         sent = pub.stats["out_msgs"]
 
@@ -197,3 +191,58 @@ async def test_write_now_declines_a_closed_or_foreign_client(nats_url: str) -> N
     await pub.close()
     assert not wire.write_now(pub, [("w.a", b"1")])
     assert not wire.write_now(object(), [("w.a", b"1")])
+
+
+async def test_flush_can_overtake_a_subscription_and_subscribed_cannot(
+        nats_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rule 6. nats-py's `flush()` writes its PING ahead of a SUB still pending for the
+    flusher task (the order on the socket, recorded here), so its PONG does not prove the
+    server has the subscription: a message another connection publishes then can reach no
+    one (one CI run lost two that way). `subscribed` puts its probe behind the SUB and
+    returns once the probe is back; after it, another connection's message arrives. A probe
+    that never comes back raises, and its own subscription is not left behind."""
+    nc = await nats.connect(nats_url)
+    pub = await nats.connect(nats_url)
+    try:
+        written: list[bytes] = []
+        transport = nc._transport
+        write, writelines = transport.write, transport.writelines
+
+        def record(data: bytes) -> None:
+            written.append(bytes(data))
+            write(data)
+
+        def record_lines(lines: list[bytes]) -> None:
+            written.extend(bytes(x) for x in lines)
+            writelines(lines)
+
+        monkeypatch.setattr(transport, "write", record)
+        monkeypatch.setattr(transport, "writelines", record_lines)
+        first = await nc.subscribe("b.first")
+        await nc.flush()
+        frames = b"".join(written).split(b"\r\n")
+        assert frames.index(b"PING") < frames.index(b"SUB b.first  %d" % first._id), \
+            "nats-py now writes flush()'s PING behind pending SUBs: rule 6 can be revisited"
+
+        written.clear()
+        second = await nc.subscribe("b.second")
+        await wire.subscribed(nc)
+        frames = b"".join(written).split(b"\r\n")
+        sub_at = frames.index(b"SUB b.second  %d" % second._id)
+        probe_at = next(i for i, f in enumerate(frames) if f.startswith(b"PUB _INBOX."))
+        assert sub_at < probe_at
+        await pub.publish("b.second", b"heard")
+        await pub.flush()
+        assert (await second.next_msg(timeout=5)).data == b"heard"
+        assert len(nc._subs) == 2  # the probe's subscription is gone again
+
+        async def lost(subject: str, payload: bytes = b"") -> None:
+            return None
+
+        monkeypatch.setattr(nc, "publish", lost)
+        with pytest.raises(nats.errors.TimeoutError):
+            await wire.subscribed(nc, timeout=0.2)
+        assert len(nc._subs) == 2
+    finally:
+        await nc.close()
+        await pub.close()

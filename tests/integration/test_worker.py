@@ -23,6 +23,7 @@ import nats
 import psutil
 import pytest
 
+from broker import wire
 from broker.natsserver import NatsServer
 from shared import subjects
 from shared.messages import (
@@ -89,11 +90,7 @@ class FakeBroker:
             async def cb(msg: Any, decoder: Any = decoder, sink: Any = sink) -> None:
                 sink(decoder.decode(msg.data))
             await self.nc.subscribe(subject.format(node=self.node), cb=cb)
-        # A message to ourselves, not flush(): nats-py's PING overtakes SUBs still buffered.
-        inbox = self.nc.new_inbox()
-        sub = await self.nc.subscribe(inbox, max_msgs=1)
-        await self.nc.publish(inbox, b"")
-        await sub.next_msg(timeout=5)
+        await wire.subscribed(self.nc)
         return self
 
     def _event(self, ev: Event) -> None:
