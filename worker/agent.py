@@ -26,6 +26,7 @@ from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
+from broker import wire
 from shared import subjects
 from shared.feasibility import NodeView
 from shared.messages import (
@@ -214,24 +215,10 @@ class Agent:
             (subjects.CANCEL.format(node=node), self._on_cancel),
         ):
             self._subs.append(await self._nc.subscribe(subject, cb=cb))
-        await self._barrier()
-
-    async def _barrier(self) -> None:
-        """Return once the server has every subscription, so no RFB or award sent after the
-        first heartbeat can pass this node by. Not `flush()`: nats-py writes its PING straight
-        to the socket, ahead of SUBs still in the pending buffer, so that PONG proves nothing;
-        a message to ourselves travels behind them."""
-        assert self._nc is not None
-        inbox = self._nc.new_inbox()
-        sub = await self._nc.subscribe(inbox)
-        try:
-            await self._nc.publish(inbox, b"")
-            await sub.next_msg(timeout=max(1.0, self.timing.heartbeat_s))
-        except (nats.errors.Error, TimeoutError) as exc:
+        try:  # no RFB or award sent after the first heartbeat can pass this node by
+            await wire.subscribed(self._nc, timeout=max(1.0, self.timing.heartbeat_s))
+        except nats.errors.Error as exc:
             log.warning("nats did not confirm the subscriptions (%s); carrying on", exc)
-        finally:  # max_msgs would end it here only: the server would keep it
-            with contextlib.suppress(nats.errors.Error):
-                await sub.unsubscribe()
 
     async def _shutdown(self) -> None:
         self.ready.clear()
