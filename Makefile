@@ -21,7 +21,7 @@ test: $(STAMP)
 	$(BIN)/python -m pytest -q --maxfail=10 --durations=10
 
 lint: $(STAMP)
-	$(BIN)/ruff check shared broker worker sim tests
+	$(BIN)/ruff check .
 	$(BIN)/mypy
 
 bench: $(STAMP)
@@ -31,7 +31,7 @@ bench-targets: $(STAMP)
 	$(BIN)/gavel bench --targets
 
 chaos: $(STAMP)
-	$(BIN)/python -m bench.chaos --duration 120
+	$(BIN)/python -m gavel.bench.chaos --duration 120
 
 clean:
 	rm -rf $(VENV) .gavel-demo .pytest_cache .mypy_cache

@@ -12,7 +12,7 @@ worker does).
 With ``--lifetime-s L`` an instance "exits" with status 0 L seconds after it started (the
 node reports it as a worker does), so a run has churn: ends, and the broker's retention.
 
-Run as ``python -m bench.agents --url URL --first K --count N``; it prints ``ready`` once
+Run as ``python -m gavel.bench.agents --url URL --first K --count N``; it prints ``ready`` once
 every agent is subscribed, and a JSON line of counters when it gets SIGTERM.
 """
 
@@ -29,11 +29,10 @@ from typing import Any
 import msgspec
 import nats
 
-from bench import natslite
-from broker import eventloop, wire
-from shared import subjects
-from shared.feasibility import NodeView
-from shared.messages import (
+from gavel.bench import natslite
+from gavel.shared import subjects
+from gavel.shared.feasibility import NodeView
+from gavel.shared.messages import (
     RFB,
     Award,
     BidReply,
@@ -43,7 +42,8 @@ from shared.messages import (
     Heartbeat,
     InstanceReport,
 )
-from shared.strategies import Strategy, answer, make_strategy
+from gavel.shared.strategies import Strategy, answer, make_strategy
+from gavel.transport import eventloop, wire
 
 __all__ = ["CLIENTS", "BenchAgent", "LiteLink", "NatsPyLink", "main"]
 
@@ -286,7 +286,7 @@ async def _serve(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.agents")
+    p = argparse.ArgumentParser(prog="python -m gavel.bench.agents")
     p.add_argument("--url", required=True)
     p.add_argument("--first", type=int, default=0)
     p.add_argument("--count", type=int, required=True)

@@ -1,6 +1,6 @@
 """The broker as `gavel bench` runs it: a child process, so its CPU and RSS are its own.
 
-``python -m bench.brokerproc --url URL --state DIR [--sample-d D] [--batch-max B]``.
+``python -m gavel.bench.brokerproc --url URL --state DIR [--sample-d D] [--batch-max B]``.
 """
 
 from __future__ import annotations
@@ -13,13 +13,13 @@ import signal
 import sys
 from pathlib import Path
 
-from broker import eventloop
-from broker.service import Broker, tune_gc
-from shared.timing import Timing
+from gavel.broker.service import Broker, tune_gc
+from gavel.shared.timing import Timing
+from gavel.transport import eventloop
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.brokerproc")
+    p = argparse.ArgumentParser(prog="python -m gavel.bench.brokerproc")
     p.add_argument("--url", required=True)
     p.add_argument("--state", type=Path, required=True)
     p.add_argument("--sample-d", type=int, default=None)

@@ -17,7 +17,7 @@ from typing import Any
 
 import nats
 
-from broker import wire
+from gavel.transport import wire
 
 __all__ = ["git_cli_commits_per_s", "nats_reqreply_per_s"]
 

@@ -16,7 +16,7 @@ Rules:
    exactly one node.json or honestly terminal; none alive on two nodes; every foreign commit
    in the final history with its file intact; the heads observed over time form a chain.
 
-``python -m bench.chaos --duration S [--workers N] [--seed N] [--json]``: progress on
+``python -m gavel.bench.chaos --duration S [--workers N] [--seed N] [--json]``: progress on
 stderr, the JSON summary as the last line of stdout, exit 0 only when every check holds.
 """
 
@@ -36,7 +36,7 @@ from typing import Any
 
 import pygit2
 
-from bench.chaoscheck import (
+from gavel.bench.chaoscheck import (
     Foreign,
     Verdict,
     alive_by_node,
@@ -46,8 +46,8 @@ from bench.chaoscheck import (
     read_head,
     verify,
 )
-from bench.chaoscluster import Cluster
-from bench.chaosplan import (
+from gavel.bench.chaoscluster import Cluster
+from gavel.bench.chaosplan import (
     BLIP,
     FAULTS,
     KINDS,
@@ -60,10 +60,10 @@ from bench.chaosplan import (
     schedule,
     submissions,
 )
-from broker.client import BrokerRefused, call, connect, wait_healthy
-from broker.ledger import Ledger
-from shared.api import NodesReply, NodesRequest, SubmitReply, SubmitRequest
-from shared.reasons import Reason
+from gavel.broker.ledger.repository import Ledger
+from gavel.shared.api import NodesReply, NodesRequest, SubmitReply, SubmitRequest
+from gavel.shared.reasons import Reason
+from gavel.transport.client import BrokerRefused, call, connect, wait_healthy
 
 __all__ = ["KINDS", "Fault", "Options", "Submission", "foreign_times", "main", "run",
            "schedule", "submissions"]
@@ -415,7 +415,7 @@ async def run(opts: Options) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.chaos", description=__doc__.split(
+    p = argparse.ArgumentParser(prog="python -m gavel.bench.chaos", description=__doc__.split(
         "\n\n")[0] if __doc__ else None)
     p.add_argument("--duration", type=float, required=True, metavar="S",
                    help="seconds of faults and submissions")

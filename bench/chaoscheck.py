@@ -22,11 +22,11 @@ import msgspec
 import psutil
 import pygit2
 
-from broker.state import State
-from shared.lifecycle import PENDING
-from shared.messages import InstanceState
-from shared.records import instance_path
-from worker.localstate import AgentFile, process_alive
+from gavel.broker.ledger.state import State
+from gavel.shared.lifecycle import PENDING
+from gavel.shared.messages import InstanceState
+from gavel.shared.records import instance_path
+from gavel.worker.localstate import AgentFile, process_alive
 
 __all__ = [
     "Foreign",

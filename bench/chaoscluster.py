@@ -13,9 +13,9 @@ import sys
 import time
 from pathlib import Path
 
-from bench.chaoscheck import kill_instances
-from bench.chaosplan import STRATEGIES
-from broker.natsserver import NatsServer
+from gavel.bench.chaoscheck import kill_instances
+from gavel.bench.chaosplan import STRATEGIES
+from gavel.transport.natsserver import NatsServer
 
 __all__ = ["Cluster"]
 
@@ -40,7 +40,7 @@ class Cluster:
     def _spawn(self, args: list[str], log: str) -> subprocess.Popen[bytes]:
         out = open(self.logs / log, "ab")  # noqa: SIM115 - the child owns it
         try:
-            return subprocess.Popen([sys.executable, "-m", "broker.cli", *args], stdout=out,
+            return subprocess.Popen([sys.executable, "-m", "gavel", *args], stdout=out,
                                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                     env=self.env, start_new_session=True)
         finally:

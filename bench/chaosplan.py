@@ -9,8 +9,8 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from shared.messages import Spec
-from shared.timing import FAST_FACTOR, Timing
+from gavel.shared.messages import Spec
+from gavel.shared.timing import FAST_FACTOR, Timing
 
 __all__ = ["BLIP", "FAULTS", "KINDS", "SLEEPER", "STRATEGIES", "TIMING", "Fault", "Submission",
            "foreign_times", "node_ids", "schedule", "submissions"]

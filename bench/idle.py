@@ -24,7 +24,7 @@ async def idle_worker(url: str, seconds: float = 10.0,
     """(percent of one core, RSS in MB) of an idle worker over `seconds`."""
     with tempfile.TemporaryDirectory(prefix="gavel-idle-") as tmp:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "broker.cli", "worker", "--nats", url, "--node-id", "idle-1",
+            [sys.executable, "-m", "gavel", "worker", "--nats", url, "--node-id", "idle-1",
              "--state", str(Path(tmp) / "w"), "--cpu", "4", "--memory-mb", "4096"],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
         try:

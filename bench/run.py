@@ -22,12 +22,10 @@ from typing import Any
 
 import psutil
 
-from bench.ceilings import git_cli_commits_per_s, nats_reqreply_per_s
-from bench.idle import idle_worker
-from bench.verify import VerifyError, verify, verify_churn
-from broker.client import ClientError, call, connect
-from broker.natsserver import NatsServer
-from shared.api import (
+from gavel.bench.ceilings import git_cli_commits_per_s, nats_reqreply_per_s
+from gavel.bench.idle import idle_worker
+from gavel.bench.verify import VerifyError, verify, verify_churn
+from gavel.shared.api import (
     NodesReply,
     NodesRequest,
     StatsReply,
@@ -35,8 +33,10 @@ from shared.api import (
     SubmitReply,
     SubmitRequest,
 )
-from shared.messages import Spec
-from shared.timing import Timing
+from gavel.shared.messages import Spec
+from gavel.shared.timing import Timing
+from gavel.transport.client import ClientError, call, connect
+from gavel.transport.natsserver import NatsServer
 
 __all__ = ["Options", "Result", "RunFailed", "VerifyError", "run"]
 
@@ -187,7 +187,7 @@ async def _run_in(opts: Options, root: Path) -> Result:
                        "--ended-max", str(opts.ended_max)]
         if opts.mode == "sampled":
             broker_args += ["--sample-d", str(opts.d)]
-        broker = _spawn("bench.brokerproc", broker_args, root / "logs" / "broker.log")
+        broker = _spawn("gavel.bench.brokerproc", broker_args, root / "logs" / "broker.log")
         heartbeat_s = Timing.from_env(os.environ).heartbeat_s
         procs.append(broker)
         per = -(-opts.agents // opts.processes)
@@ -196,7 +196,7 @@ async def _run_in(opts: Options, root: Path) -> Result:
             first, count = k * per, min(per, opts.agents - k * per)
             if count <= 0:
                 break
-            agent_procs.append(_spawn("bench.agents",
+            agent_procs.append(_spawn("gavel.bench.agents",
                                       ["--url", server.url, "--first", str(first),
                                        "--count", str(count), "--mix",
                                        "--lifetime-s", str(opts.lifetime_s),

@@ -18,7 +18,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from bench.run import Options, Result
+from gavel.bench.run import Options, Result
 
 __all__ = ["TARGETS", "Bound", "Check", "Target", "by_name", "checks", "report_line", "scaled"]
 

@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pygit2
 
-from broker.ledger import Ledger
-from broker.state import State
-from shared.messages import InstanceState
-from shared.records import parse_trailers
+from gavel.broker.ledger.repository import Ledger
+from gavel.broker.ledger.state import State
+from gavel.shared.messages import InstanceState
+from gavel.shared.records import parse_trailers
 
 __all__ = ["Churn", "VerifyError", "verify", "verify_churn"]
 

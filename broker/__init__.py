@@ -1,8 +1,9 @@
-"""The broker shell: NATS I/O, the git ledger, liveness, the API and the CLI.
+"""The broker: runs auctions over NATS and commits their awards to git.
 
-The decisions themselves come from `shared` (the pure core); this package only moves
-messages and commits. Submodules load lazily: `gavel worker` lives in this package's CLI
-and must not pay for pygit2 and the broker's service.
+Its parts - the auctioneer, the promises a placement makes, the API, retention, metrics, the
+KV mirror - each take a narrow `Context` (`gavel.broker.context`), never the whole `Broker`;
+`gavel.broker.ledger` is the git state repository. The decisions themselves come from
+`gavel.shared`, the pure core. Submodules load lazily: importing this package costs nothing.
 """
 
 from __future__ import annotations
@@ -12,17 +13,17 @@ from typing import TYPE_CHECKING, Any
 __all__ = ["Broker", "Ledger"]
 
 if TYPE_CHECKING:
-    from broker.ledger import Ledger
-    from broker.service import Broker
+    from gavel.broker.ledger.repository import Ledger
+    from gavel.broker.service import Broker
 
 
 def __getattr__(name: str) -> Any:
     if name == "Broker":
-        from broker.service import Broker
+        from gavel.broker.service import Broker
 
         return Broker
     if name == "Ledger":
-        from broker.ledger import Ledger
+        from gavel.broker.ledger.repository import Ledger
 
         return Ledger
-    raise AttributeError(f"module 'broker' has no attribute {name!r}")
+    raise AttributeError(f"module 'gavel.broker' has no attribute {name!r}")

@@ -26,11 +26,11 @@ import msgspec
 import psutil
 from nats.aio.msg import Msg
 
-from broker.committer import Item, Planned
-from broker.plan import View, submit
-from broker.state import Ready, ready
-from shared import subjects
-from shared.api import (
+from gavel.broker.ledger.committer import Item, Planned
+from gavel.broker.ledger.plan import View, submit
+from gavel.broker.ledger.state import Ready, ready
+from gavel.shared import subjects
+from gavel.shared.api import (
     CancelReply,
     CancelRequest,
     DrainReply,
@@ -50,14 +50,14 @@ from shared.api import (
     WhyReply,
     WhyRequest,
 )
-from shared.health import Health
-from shared.lifecycle import PENDING
-from shared.messages import ApiError, Capacity, InstanceState, Message
-from shared.reasons import Reason
-from shared.records import InstanceRecord
+from gavel.shared.health import Health
+from gavel.shared.lifecycle import PENDING
+from gavel.shared.messages import ApiError, Capacity, InstanceState, Message
+from gavel.shared.reasons import Reason
+from gavel.shared.records import InstanceRecord
 
 if TYPE_CHECKING:
-    from broker.service import Broker
+    from gavel.broker.service import Broker
 
 __all__ = ["Api"]
 

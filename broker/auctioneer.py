@@ -32,18 +32,18 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
-from broker.committer import Item, Planned
-from broker.plan import View, place, unschedulable
-from broker.wire import Received
-from shared import subjects
-from shared.auction import Auction, Awarded, Decision, Unschedulable, Verdict
-from shared.lifecycle import PENDING
-from shared.messages import BidReply, Capacity, Decline, EventType, InstanceState, Request
-from shared.reasons import Reason, render
-from shared.records import AuctionRecord, BatchRecord, Outcome, ShapeRecord, auction_trailer
+from gavel.broker.ledger.committer import Item, Planned
+from gavel.broker.ledger.plan import View, place, unschedulable
+from gavel.shared import subjects
+from gavel.shared.auction import Auction, Awarded, Decision, Unschedulable, Verdict
+from gavel.shared.lifecycle import PENDING
+from gavel.shared.messages import BidReply, Capacity, Decline, EventType, InstanceState, Request
+from gavel.shared.reasons import Reason, render
+from gavel.shared.records import AuctionRecord, BatchRecord, Outcome, ShapeRecord, auction_trailer
+from gavel.transport.wire import Received
 
 if TYPE_CHECKING:
-    from broker.service import Broker
+    from gavel.broker.service import Broker
 
 __all__ = ["RECENT_KEPT", "Auctioneer"]
 

@@ -16,7 +16,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:
-    from broker.service import Broker
+    from gavel.broker.service import Broker
 
 __all__ = ["Metrics"]
 

@@ -26,9 +26,9 @@ import asyncio
 import heapq
 from collections.abc import Callable, Mapping
 
-from broker.state import compact
-from shared import subjects
-from shared.records import NodeFile
+from gavel.broker.ledger.state import compact
+from gavel.shared import subjects
+from gavel.shared.records import NodeFile
 
 __all__ = ["Mirror"]
 

@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
-from broker.committer import Item, Planned
-from broker.plan import (
+from gavel.broker.ledger.committer import Item, Planned
+from gavel.broker.ledger.plan import (
     View,
     block_ports,
     finish,
@@ -28,15 +28,15 @@ from broker.plan import (
     set_draining,
     unblock_ports,
 )
-from broker.watchdog import Action, Kind, due
-from broker.wire import Received
-from shared import subjects
-from shared.lifecycle import PENDING
-from shared.messages import Cancel, Event, EventType, InstanceState
-from shared.reasons import Reason
+from gavel.broker.watchdog import Action, Kind, due
+from gavel.shared import subjects
+from gavel.shared.lifecycle import PENDING
+from gavel.shared.messages import Cancel, Event, EventType, InstanceState
+from gavel.shared.reasons import Reason
+from gavel.transport.wire import Received
 
 if TYPE_CHECKING:
-    from broker.service import Broker
+    from gavel.broker.service import Broker
 
 __all__ = ["Promises"]
 

@@ -28,13 +28,13 @@ from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
-from broker.committer import Item, Planned
-from broker.plan import View, forget
-from broker.state import State, parse_stamp
-from shared.reasons import Reason
+from gavel.broker.ledger.committer import Item, Planned
+from gavel.broker.ledger.plan import View, forget
+from gavel.broker.ledger.state import State, parse_stamp
+from gavel.shared.reasons import Reason
 
 if TYPE_CHECKING:
-    from broker.service import Broker
+    from gavel.broker.service import Broker
 
 __all__ = ["FORGET_MAX", "Retention", "due"]
 

@@ -30,25 +30,25 @@ import msgspec
 import nats.errors
 from nats.aio.msg import Msg
 
-from broker import wire
-from broker.auctioneer import Auctioneer
-from broker.committer import Committer
-from broker.ledger import Ledger
-from broker.metrics import Metrics
-from broker.mirror import Mirror
-from broker.promises import Promises
-from broker.rejects import Rejects
-from broker.retention import Retention
-from broker.state import Change, compact
-from broker.watchdog import Timers
-from shared import subjects
-from shared.health import Health, Liveness
-from shared.messages import ApiError, AssignmentRequest, Award, Event, EventType, Heartbeat
-from shared.records import NodeFile
-from shared.timing import Timing
+from gavel.broker.auctioneer import Auctioneer
+from gavel.broker.ledger.committer import Committer
+from gavel.broker.ledger.repository import Ledger
+from gavel.broker.ledger.state import Change, compact
+from gavel.broker.metrics import Metrics
+from gavel.broker.mirror import Mirror
+from gavel.broker.promises import Promises
+from gavel.broker.retention import Retention
+from gavel.broker.watchdog import Timers
+from gavel.shared import subjects
+from gavel.shared.health import Health, Liveness
+from gavel.shared.messages import ApiError, AssignmentRequest, Award, Event, EventType, Heartbeat
+from gavel.shared.records import NodeFile
+from gavel.shared.timing import Timing
+from gavel.transport import wire
+from gavel.transport.rejects import Rejects
 
 if TYPE_CHECKING:
-    from broker.api import Api
+    from gavel.broker.api import Api
 
 __all__ = ["Broker", "NatsUnreachable", "tune_gc"]
 
@@ -148,7 +148,7 @@ class Broker:
 
     # -- lifecycle -----------------------------------------------------------------------
     async def start(self) -> None:
-        from broker.api import Api
+        from gavel.broker.api import Api
 
         try:
             self.nc = await self._connect()

@@ -23,9 +23,9 @@ from collections.abc import Collection
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from broker.state import State
-from shared.health import Health, Liveness
-from shared.timing import Timing
+from gavel.broker.ledger.state import State
+from gavel.shared.health import Health, Liveness
+from gavel.shared.timing import Timing
 
 __all__ = ["Action", "Kind", "Timers", "due"]
 

@@ -8,7 +8,7 @@ import json
 import sys
 from pathlib import Path
 
-from broker.parsers import (
+from gavel.cli.parsers import (
     non_negative_float,
     positive_float,
     positive_int,
@@ -86,7 +86,7 @@ def _clashing(args: argparse.Namespace) -> list[str]:
 
 
 def run_cli(args: argparse.Namespace) -> int:
-    from bench.run import Options, RunFailed, VerifyError, run
+    from gavel.bench.run import Options, RunFailed, VerifyError, run
 
     clash = _clashing(args)
     if clash:
@@ -129,8 +129,8 @@ def run_cli(args: argparse.Namespace) -> int:
 
 
 def _run_targets(args: argparse.Namespace) -> int:
-    from bench.run import RunFailed, VerifyError, run
-    from bench.targets import by_name, checks, report_line
+    from gavel.bench.run import RunFailed, VerifyError, run
+    from gavel.bench.targets import by_name, checks, report_line
 
     try:
         targets = by_name(args.only)

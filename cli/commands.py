@@ -17,10 +17,9 @@ from typing import Any
 
 import msgspec
 
-from broker.client import BrokerRefused, ClientError, call, connect
-from broker.specfile import SpecError, load_spec
-from shared import subjects
-from shared.api import (
+from gavel.cli.specfile import SpecError, load_spec
+from gavel.shared import subjects
+from gavel.shared.api import (
     INSTANCE_ID,
     CancelReply,
     CancelRequest,
@@ -37,8 +36,9 @@ from shared.api import (
     WhyReply,
     WhyRequest,
 )
-from shared.messages import Event, EventType
-from shared.reasons import render as render_reason
+from gavel.shared.messages import Event, EventType
+from gavel.shared.reasons import render as render_reason
+from gavel.transport.client import BrokerRefused, ClientError, call, connect
 
 __all__ = ["ClientError", "UsageError", "dispatch"]
 
@@ -65,15 +65,15 @@ async def _until_signal(stop: Any) -> None:
 async def dispatch(args: argparse.Namespace) -> int:
     match args.command:
         case "broker":
-            from broker.daemons import run_broker
+            from gavel.cli.daemons import run_broker
 
             return await run_broker(args)
         case "worker":
-            from broker.daemons import run_worker
+            from gavel.cli.daemons import run_worker
 
             return await run_worker(args)
         case "up":
-            from broker.up import up
+            from gavel.cli.up import up
 
             return await up(args)
         case "submit":

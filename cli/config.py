@@ -23,7 +23,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import msgspec
 
-from broker.parsers import (
+from gavel.cli.parsers import (
     choice,
     labels,
     node_id,
@@ -36,8 +36,8 @@ from broker.parsers import (
     strategy_params,
     whole,
 )
-from shared.strategies import names as strategy_names
-from shared.timing import FAST_FACTOR, Timing
+from gavel.shared.strategies import names as strategy_names
+from gavel.shared.timing import FAST_FACTOR, Timing
 
 __all__ = [
     "BROKER_OPTIONS",

@@ -23,8 +23,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, urlsplit
 
-from broker import logs
-from broker.config import (
+from gavel.cli import logs
+from gavel.cli.config import (
     BROKER_OPTIONS,
     WORKER_OPTIONS,
     BrokerConfig,
@@ -36,12 +36,12 @@ from broker.config import (
     mask_url,
     render,
 )
-from broker.creds import connect_options
-from broker.parsers import unusable_dir
-from shared.strategies import Strategy
+from gavel.cli.parsers import unusable_dir
+from gavel.shared.strategies import Strategy
+from gavel.transport.creds import connect_options
 
 if TYPE_CHECKING:
-    from broker.service import Broker
+    from gavel.broker.service import Broker
 
 __all__ = ["check", "config_check", "run_broker", "run_worker", "settings"]
 
@@ -157,8 +157,8 @@ def _nats_errors(cfg: BrokerConfig) -> Callable[[Exception], Awaitable[None]]:
 
 def make_broker(cfg: BrokerConfig, secrets: dict[str, str]) -> Broker:
     """The daemon's broker, as its config says (it keeps trying to reach NATS for ever)."""
-    from broker.ledger import LedgerError
-    from broker.service import Broker
+    from gavel.broker.ledger.repository import LedgerError
+    from gavel.broker.service import Broker
 
     try:
         return Broker(nats_url=cfg.nats, state_dir=Path(cfg.state), ref=cfg.ref,
@@ -174,8 +174,8 @@ def make_broker(cfg: BrokerConfig, secrets: dict[str, str]) -> Broker:
 
 
 async def run_broker(args: argparse.Namespace) -> int:
-    from broker.metrics_http import MetricsUnavailable, serve
-    from broker.service import tune_gc
+    from gavel.broker.service import tune_gc
+    from gavel.cli.metrics_http import MetricsUnavailable, serve
 
     tune_gc()
     cfg: BrokerConfig = args.settings
@@ -186,7 +186,7 @@ async def run_broker(args: argparse.Namespace) -> int:
     broker = make_broker(cfg, secrets)
     pusher = None
     if cfg.push:
-        from broker.remote import Pusher
+        from gavel.broker.ledger.remote import Pusher
 
         pusher = Pusher.attach(broker, cfg.push)
     server = None
@@ -223,7 +223,7 @@ async def run_broker(args: argparse.Namespace) -> int:
 
 
 def _strategy(cfg: WorkerConfig) -> Strategy:
-    from shared.strategies import make_strategy
+    from gavel.shared.strategies import make_strategy
 
     try:
         return make_strategy(cfg.strategy, cfg.strategy_params)
@@ -240,8 +240,8 @@ def _writable_dir(path: Path) -> None:
 
 
 async def run_worker(args: argparse.Namespace) -> int:
-    from broker.metrics_http import MetricsUnavailable, serve
-    from worker.metrics import ObservedAgent
+    from gavel.cli.metrics_http import MetricsUnavailable, serve
+    from gavel.worker.metrics import ObservedAgent
 
     cfg: WorkerConfig = args.settings
     logs.configure(cfg.log_format, cfg.log_level, secrets=_url_secrets(cfg.nats))

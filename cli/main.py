@@ -13,10 +13,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from types import ModuleType
 
-from broker import auth, commands, config, daemons, eventloop, logs
-from broker.config import DEFAULT_NATS
-from broker.parsers import port as _port
-from broker.parsers import positive_float, positive_int
+from gavel.cli import commands, config, daemons, logs
+from gavel.cli.config import DEFAULT_NATS
+from gavel.cli.parsers import port as _port
+from gavel.cli.parsers import positive_float, positive_int
+from gavel.transport import eventloop
+from gavel.transport import identity as auth
 
 __all__ = ["main"]
 
@@ -118,13 +120,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     sim_cli: ModuleType | None
     try:
-        from sim import cli as sim_cli
+        from gavel.cli import sim as sim_cli
     except ImportError:  # pragma: no cover - sim ships with the package
         sim_cli = None
     if sim_cli is not None:
         sim = sub.add_parser("sim", help="simulate bidding strategies in virtual time")
         sim_cli.add_arguments(sim)
-    from bench import cli as bench_cli
+    from gavel.cli import bench as bench_cli
 
     bn = sub.add_parser("bench", help="measure placements/s against the machine's ceilings")
     bench_cli.add_arguments(bn)
@@ -146,11 +148,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                                    "INFO"))
     try:
         if args.command == "sim":
-            from sim import cli as sim_cli
+            from gavel.cli import sim as sim_cli
 
             return sim_cli.run(args)
         if args.command == "bench":
-            from bench import cli as bench_cli
+            from gavel.cli import bench as bench_cli
 
             return bench_cli.run_cli(args)
         if args.command == "config":

@@ -14,16 +14,17 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
-from broker.parsers import positive_int, unusable_dir
+import gavel.sim
+from gavel.cli.parsers import positive_int, unusable_dir
 
 if TYPE_CHECKING:  # the simulator loads only when `gavel sim` runs (numpy is heavy)
-    from sim.engine import Progress
-    from sim.scenario import Scenario
+    from gavel.sim.engine import Progress
+    from gavel.sim.scenario import Scenario
 
 __all__ = ["SCENARIOS", "add_arguments", "run"]
 
 #: the example scenarios shipped with gavel; ``gavel sim smoke`` finds smoke.toml here
-SCENARIOS = Path(__file__).parent / "scenarios"
+SCENARIOS = Path(gavel.sim.__file__).parent / "scenarios"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -59,8 +60,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from sim.bench import run_bench
-    from sim.scenario import ScenarioError, load_scenario
+    from gavel.sim.bench import run_bench
+    from gavel.sim.scenario import ScenarioError, load_scenario
 
     try:
         if args.bench:
@@ -68,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
             run_bench(args.nodes, args.placements, only, args.seed or 1)
             return 0
         if args.replay is not None:
-            from sim.replay import run_replay
+            from gavel.sim.replay import run_replay
 
             return run_replay(args)
         if not args.target:
@@ -89,9 +90,9 @@ def _resolve(target: str) -> Path:
 
 
 def _simulate(args: argparse.Namespace, scenario: Scenario) -> int:
-    from sim.plots import draw_all
-    from sim.policies import plan, simulate
-    from sim.report import table, write_results
+    from gavel.sim.plots import draw_all
+    from gavel.sim.policies import plan, simulate
+    from gavel.sim.report import table, write_results
 
     seed = scenario.seed if args.seed is None else args.seed
     only = set(args.policies.split(",")) if args.policies else None

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import msgspec
 
-from shared.messages import Spec
+from gavel.shared.messages import Spec
 
 __all__ = ["SpecError", "load_spec"]
 

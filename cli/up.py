@@ -20,12 +20,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from broker import auth
-from broker.client import BrokerRefused, call, connect, wait_healthy
-from broker.commands import UsageError
-from broker.natsserver import NatsServer
-from broker.parsers import unusable_dir
-from shared.api import (
+from gavel.cli.commands import UsageError
+from gavel.cli.parsers import unusable_dir
+from gavel.shared.api import (
     EventsReply,
     EventsRequest,
     NodesReply,
@@ -37,8 +34,11 @@ from shared.api import (
     WhyReply,
     WhyRequest,
 )
-from shared.messages import Spec
-from shared.reasons import render
+from gavel.shared.messages import Spec
+from gavel.shared.reasons import render
+from gavel.transport import identity as auth
+from gavel.transport.client import BrokerRefused, call, connect, wait_healthy
+from gavel.transport.natsserver import NatsServer
 
 __all__ = ["up"]
 
@@ -48,7 +48,7 @@ SIZES = [(4.0, 4096), (2.0, 2048), (8.0, 8192), (4.0, 8192)]
 
 def _spawn(args: list[str], log: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
     out = open(log, "ab")  # noqa: SIM115 - the child owns it
-    return subprocess.Popen([sys.executable, "-m", "broker.cli", *args], stdout=out,
+    return subprocess.Popen([sys.executable, "-m", "gavel", *args], stdout=out,
                             stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
                             start_new_session=True)
 

@@ -3,11 +3,11 @@
 Nothing here touches asyncio, NATS, git, processes or the clock; the shells pass ``now`` in.
 """
 
-from shared.auction import Auction, Awarded, Decision, Unschedulable, Verdict
-from shared.award import NodeBid, NodeDecline, pick, rank
-from shared.health import Health, Liveness
-from shared.reasons import Reason, summarize_declines
-from shared.timing import Timing
+from gavel.shared.auction import Auction, Awarded, Decision, Unschedulable, Verdict
+from gavel.shared.award import NodeBid, NodeDecline, pick, rank
+from gavel.shared.health import Health, Liveness
+from gavel.shared.reasons import Reason, summarize_declines
+from gavel.shared.timing import Timing
 
 __all__ = [
     "Auction",

@@ -10,8 +10,8 @@ from typing import Annotated
 
 import msgspec
 
-from shared.messages import Capacity, Event, Message, Spec
-from shared.records import AuctionRecord
+from gavel.shared.messages import Capacity, Event, Message, Spec
+from gavel.shared.records import AuctionRecord
 
 __all__ = [
     "INSTANCE_ID",

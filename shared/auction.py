@@ -26,9 +26,9 @@ from enum import StrEnum
 
 import msgspec
 
-from shared.award import NodeBid, NodeDecline
-from shared.messages import RFB, Bid, BidReply, Capacity, Request, Shape
-from shared.reasons import DECLINES, Reason, render, summarize_declines
+from gavel.shared.award import NodeBid, NodeDecline
+from gavel.shared.messages import RFB, Bid, BidReply, Capacity, Request, Shape
+from gavel.shared.reasons import DECLINES, Reason, render, summarize_declines
 
 __all__ = ["Auction", "Awarded", "Decision", "Unschedulable", "Verdict"]
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import msgspec
 
-from shared.messages import Capacity, HostStats, Shape
-from shared.reasons import Reason
+from gavel.shared.messages import Capacity, HostStats, Shape
+from gavel.shared.reasons import Reason
 
 __all__ = ["NodeView", "Refusal", "check", "free_of"]
 

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from enum import StrEnum
 
-from shared.messages import Heartbeat
-from shared.timing import Timing
+from gavel.shared.messages import Heartbeat
+from gavel.shared.timing import Timing
 
 __all__ = ["Health", "Liveness"]
 

@@ -16,8 +16,8 @@ from collections.abc import Collection
 
 import msgspec
 
-from shared.messages import InstanceState as S
-from shared.records import InstanceRecord
+from gavel.shared.messages import InstanceState as S
+from gavel.shared.records import InstanceRecord
 
 __all__ = ["ALLOWED", "LIVE", "PENDING", "transition"]
 

@@ -20,8 +20,8 @@ from typing import Annotated
 
 import msgspec
 
-from shared.award import NodeBid, NodeDecline
-from shared.messages import InstanceState, Shape, Spec
+from gavel.shared.award import NodeBid, NodeDecline
+from gavel.shared.messages import InstanceState, Shape, Spec
 
 __all__ = [
     "STAMP_PATTERN",

@@ -11,14 +11,14 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from sim.policies import SimResult, simulate
-    from sim.scenario import Scenario, ScenarioError, load_scenario, parse_scenario
+    from gavel.sim.policies import SimResult, simulate
+    from gavel.sim.scenario import Scenario, ScenarioError, load_scenario, parse_scenario
 
 __all__ = ["Scenario", "ScenarioError", "SimResult", "load_scenario", "parse_scenario", "simulate"]
 
-_HOME = {"SimResult": "sim.policies", "simulate": "sim.policies", "Scenario": "sim.scenario",
-         "ScenarioError": "sim.scenario", "load_scenario": "sim.scenario",
-         "parse_scenario": "sim.scenario"}
+_HOME = {"SimResult": "gavel.sim.policies", "simulate": "gavel.sim.policies",
+         "Scenario": "gavel.sim.scenario", "ScenarioError": "gavel.sim.scenario",
+         "load_scenario": "gavel.sim.scenario", "parse_scenario": "gavel.sim.scenario"}
 
 
 def __getattr__(name: str) -> Any:

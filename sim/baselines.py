@@ -19,11 +19,11 @@ from __future__ import annotations
 import math
 import random
 
-from shared.feasibility import check
-from shared.reasons import Reason
-from sim.cluster import Cluster
-from sim.placer import Outcome, Placer, Why
-from sim.workload import Catalogue
+from gavel.shared.feasibility import check
+from gavel.shared.reasons import Reason
+from gavel.sim.cluster import Cluster
+from gavel.sim.placer import Outcome, Placer, Why
+from gavel.sim.workload import Catalogue
 
 __all__ = ["ATTEMPTS", "NomadPlacer", "RandomPlacer", "StalePlacer", "nomad_score"]
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from sim.policies import plan, run_policy
-from sim.scenario import Scenario, parse_scenario
+from gavel.sim.policies import plan, run_policy
+from gavel.sim.scenario import Scenario, parse_scenario
 
 __all__ = ["bench_scenario", "run_bench"]
 

@@ -19,10 +19,10 @@ from collections.abc import Sequence
 import numpy as np
 import numpy.typing as npt
 
-from shared.feasibility import NodeView
-from shared.messages import Bid, Decline, Request
-from shared.reasons import Reason
-from shared.strategies import Strategy, answer
+from gavel.shared.feasibility import NodeView
+from gavel.shared.messages import Bid, Decline, Request
+from gavel.shared.reasons import Reason
+from gavel.shared.strategies import Strategy, answer
 
 __all__ = ["REASONS", "BidBook", "Books", "reason_code"]
 

@@ -12,10 +12,10 @@ from __future__ import annotations
 import random
 from typing import NamedTuple
 
-from shared.feasibility import NodeView
-from shared.messages import Capacity, HostStats
-from sim.scenario import Drain, Fail, Join, NodeGroup, Scenario, ScenarioError
-from sim.workload import Shape
+from gavel.shared.feasibility import NodeView
+from gavel.shared.messages import Capacity, HostStats
+from gavel.sim.scenario import Drain, Fail, Join, NodeGroup, Scenario, ScenarioError
+from gavel.sim.workload import Shape
 
 __all__ = ["Cluster", "IndexedSet", "ScriptEvent", "SimNode", "node_ids", "script"]
 

@@ -21,11 +21,11 @@ import math
 from collections import deque
 from collections.abc import Callable, Iterator
 
-from sim.cluster import Cluster, ScriptEvent
-from sim.metrics import PolicyResult, Recorder
-from sim.placer import Placer, Why
-from sim.scenario import Scenario
-from sim.workload import Arrival, Catalogue
+from gavel.sim.cluster import Cluster, ScriptEvent
+from gavel.sim.metrics import PolicyResult, Recorder
+from gavel.sim.placer import Placer, Why
+from gavel.sim.scenario import Scenario
+from gavel.sim.workload import Arrival, Catalogue
 
 __all__ = ["Engine", "Progress"]
 

@@ -21,14 +21,14 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from shared.auction import Awarded, Decision
-from shared.strategies import Strategy, answer
-from sim.book import REASONS
-from sim.cluster import Cluster
-from sim.network import NetworkModel
-from sim.placer import Outcome, Placer
-from sim.rounds import Answer, run_round
-from sim.workload import Catalogue
+from gavel.shared.auction import Awarded, Decision
+from gavel.shared.strategies import Strategy, answer
+from gavel.sim.book import REASONS
+from gavel.sim.cluster import Cluster
+from gavel.sim.network import NetworkModel
+from gavel.sim.placer import Outcome, Placer
+from gavel.sim.rounds import Answer, run_round
+from gavel.sim.workload import Catalogue
 
 __all__ = ["GavelPlacer"]
 

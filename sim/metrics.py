@@ -16,10 +16,10 @@ from collections import Counter
 
 import msgspec
 
-from shared.feasibility import check
-from shared.messages import Request
-from sim.cluster import Cluster
-from sim.workload import Catalogue, Shape
+from gavel.shared.feasibility import check
+from gavel.shared.messages import Request
+from gavel.sim.cluster import Cluster
+from gavel.sim.workload import Catalogue, Shape
 
 __all__ = ["PolicyResult", "Recorder", "Series", "StrategyShare", "percentile"]
 

@@ -20,7 +20,7 @@ import random
 import numpy as np
 import numpy.typing as npt
 
-from sim.distributions import LatencyDist
+from gavel.sim.distributions import LatencyDist
 
 __all__ = ["NetworkModel"]
 
@@ -49,7 +49,7 @@ class NetworkModel:
     @classmethod
     def perfect(cls) -> NetworkModel:
         """A central scheduler's view: nothing lost, no delay."""
-        from sim.distributions import Constant
+        from gavel.sim.distributions import Constant
 
         return cls(Constant(value=0.0), 0.0, 1.0, random.Random(0))
 

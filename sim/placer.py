@@ -11,12 +11,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import NamedTuple
 
-from shared.auction import Unschedulable
-from shared.strategies import Strategy, make_strategy
-from sim.book import Books
-from sim.cluster import Cluster
-from sim.rounds import reduced_declines, run_round
-from sim.workload import Catalogue
+from gavel.shared.auction import Unschedulable
+from gavel.shared.strategies import Strategy, make_strategy
+from gavel.sim.book import Books
+from gavel.sim.cluster import Cluster
+from gavel.sim.rounds import reduced_declines, run_round
+from gavel.sim.workload import Catalogue
 
 __all__ = ["Outcome", "Placer", "Why"]
 

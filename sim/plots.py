@@ -15,7 +15,7 @@ matplotlib.use("Agg")
 
 import matplotlib.pyplot as plt
 
-from sim.policies import SimResult
+from gavel.sim.policies import SimResult
 
 __all__ = ["draw_all"]
 

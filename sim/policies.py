@@ -15,17 +15,17 @@ from typing import NamedTuple
 
 import msgspec
 
-from shared.strategies import Strategy, make_strategy
-from sim.baselines import NomadPlacer, RandomPlacer, StalePlacer
-from sim.cluster import Cluster, script
-from sim.distributions import pick_weighted
-from sim.engine import Engine, Progress
-from sim.gavel import GavelPlacer
-from sim.metrics import PolicyResult, Recorder
-from sim.network import NetworkModel
-from sim.placer import Placer
-from sim.scenario import GavelPolicy, Scenario
-from sim.workload import Catalogue, stream
+from gavel.shared.strategies import Strategy, make_strategy
+from gavel.sim.baselines import NomadPlacer, RandomPlacer, StalePlacer
+from gavel.sim.cluster import Cluster, script
+from gavel.sim.distributions import pick_weighted
+from gavel.sim.engine import Engine, Progress
+from gavel.sim.gavel import GavelPlacer
+from gavel.sim.metrics import PolicyResult, Recorder
+from gavel.sim.network import NetworkModel
+from gavel.sim.placer import Placer
+from gavel.sim.scenario import GavelPolicy, Scenario
+from gavel.sim.workload import Catalogue, stream
 
 __all__ = ["PolicySpec", "SimResult", "assign_mix", "plan", "run_policy", "simulate"]
 

@@ -29,10 +29,10 @@ import msgspec
 import pygit2
 from pygit2.enums import SortMode
 
-from shared.feasibility import NodeView
-from shared.messages import Bid, Capacity, Decline, Request
-from shared.reasons import Reason
-from shared.records import (
+from gavel.shared.feasibility import NodeView
+from gavel.shared.messages import Bid, Capacity, Decline, Request
+from gavel.shared.reasons import Reason
+from gavel.shared.records import (
     AuctionRecord,
     InstanceRecord,
     NodeFile,
@@ -41,8 +41,8 @@ from shared.records import (
     node_path,
     parse_trailers,
 )
-from shared.strategies import Strategy, answer, make_strategy
-from sim.rounds import Answer, run_round, winner_of
+from gavel.shared.strategies import Strategy, answer, make_strategy
+from gavel.sim.rounds import Answer, run_round, winner_of
 
 __all__ = ["ReplayError", "Round", "Switch", "replay", "run_replay"]
 

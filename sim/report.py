@@ -13,8 +13,8 @@ from pathlib import Path
 
 import msgspec
 
-from sim.metrics import PolicyResult
-from sim.policies import SimResult
+from gavel.sim.metrics import PolicyResult
+from gavel.sim.policies import SimResult
 
 __all__ = ["PLOTS", "csv_text", "findings", "markdown_table", "table", "write_results"]
 

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from shared.auction import Auction, Awarded, Decision
-from shared.messages import Bid, BidReply, Decline, Request
+from gavel.shared.auction import Auction, Awarded, Decision
+from gavel.shared.messages import Bid, BidReply, Decline, Request
 
 __all__ = ["reduced_declines", "run_round", "winner_of"]
 

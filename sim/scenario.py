@@ -13,9 +13,9 @@ from typing import Annotated, Literal
 
 import msgspec
 
-from shared.strategies import make_strategy
-from shared.timing import Timing
-from sim.distributions import Choice, Constant, DurationDist, LatencyDist
+from gavel.shared.strategies import make_strategy
+from gavel.shared.timing import Timing
+from gavel.sim.distributions import Choice, Constant, DurationDist, LatencyDist
 
 __all__ = [
     "BASELINES",

@@ -14,9 +14,9 @@ from collections.abc import Iterator
 from itertools import accumulate
 from typing import NamedTuple
 
-from shared.messages import Request
-from sim.distributions import Choice, pick_weighted
-from sim.scenario import Scenario, WorkloadClass
+from gavel.shared.messages import Request
+from gavel.sim.distributions import Choice, pick_weighted
+from gavel.sim.scenario import Scenario, WorkloadClass
 
 __all__ = ["Arrival", "Catalogue", "Shape", "arrivals", "stream"]
 

@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, settings
 
 os.environ.setdefault("GAVEL_FAST_TIMERS", "1")
 
-from broker.natsserver import NatsServer
+from gavel.transport.natsserver import NatsServer
 
 # Property tests are deterministic by default - the same examples on every run, no example
 # database, no per-example deadline (a slow CI machine must not turn a slow example into a

@@ -14,9 +14,9 @@ import nats
 from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeout
 
-from broker.creds import connect_options
-from shared import subjects
-from shared.messages import ApiError, Message
+from gavel.shared import subjects
+from gavel.shared.messages import ApiError, Message
+from gavel.transport.creds import connect_options
 
 __all__ = ["BrokerRefused", "ClientError", "call", "connect", "wait_healthy"]
 
@@ -78,7 +78,7 @@ async def call(nc: Any, verb: str, request: Message, reply_type: type[T],
 
 async def wait_healthy(nc: Any, n: int, timeout: float) -> None:
     """Until the broker counts at least `n` healthy nodes; ClientError after `timeout`."""
-    from shared.api import NodesReply, NodesRequest
+    from gavel.shared.api import NodesReply, NodesRequest
 
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

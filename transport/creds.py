@@ -12,7 +12,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from broker.config import ConfigError
+from gavel.cli.config import ConfigError
 
 __all__ = ["CredsError", "connect_options"]
 

@@ -25,9 +25,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from broker.config import ConfigError
-from broker.parsers import positive_int
-from shared import subjects
+from gavel.cli.config import ConfigError
+from gavel.cli.parsers import positive_int
+from gavel.shared import subjects
 
 __all__ = [
     "BROKER",

@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from shared.messages import OTHER_PROTOCOL
+from gavel.shared.messages import OTHER_PROTOCOL
 
 __all__ = ["Rejects"]
 

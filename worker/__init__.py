@@ -5,12 +5,12 @@ exec driver (`Process`), `Converger` makes them match node.json, `Sampler` measu
 host, `AgentFile` is the local state.
 """
 
-from worker.agent import Agent
-from worker.converge import Converger
-from worker.driver import Process, instance_env, terminate
-from worker.hoststats import Sampler, detect_capacity
-from worker.localstate import AgentFile, LocalInstance
-from worker.supervisor import Supervisor
+from gavel.worker.agent import Agent
+from gavel.worker.converge import Converger
+from gavel.worker.driver import Process, instance_env, terminate
+from gavel.worker.hoststats import Sampler, detect_capacity
+from gavel.worker.localstate import AgentFile, LocalInstance
+from gavel.worker.supervisor import Supervisor
 
 __all__ = [
     "Agent",

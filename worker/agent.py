@@ -26,10 +26,9 @@ from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
-from broker import wire
-from shared import subjects
-from shared.feasibility import NodeView
-from shared.messages import (
+from gavel.shared import subjects
+from gavel.shared.feasibility import NodeView
+from gavel.shared.messages import (
     RFB,
     Award,
     BidReply,
@@ -40,12 +39,13 @@ from shared.messages import (
     InstanceReport,
     Message,
 )
-from shared.strategies import Strategy, answer
-from shared.timing import Timing
-from worker.converge import Converger
-from worker.hoststats import Sampler, detect_capacity
-from worker.ports import bindable
-from worker.supervisor import Supervisor
+from gavel.shared.strategies import Strategy, answer
+from gavel.shared.timing import Timing
+from gavel.transport import wire
+from gavel.worker.converge import Converger
+from gavel.worker.hoststats import Sampler, detect_capacity
+from gavel.worker.ports import bindable
+from gavel.worker.supervisor import Supervisor
 
 __all__ = ["Agent"]
 

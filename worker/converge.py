@@ -50,11 +50,11 @@ import msgspec
 import nats.errors
 from nats.aio.client import Client as NATS
 
-from shared import subjects
-from shared.messages import ApiError, AssignmentRequest, Award
-from shared.records import NodeFile
-from shared.timing import Timing
-from worker.supervisor import Supervisor
+from gavel.shared import subjects
+from gavel.shared.messages import ApiError, AssignmentRequest, Award
+from gavel.shared.records import NodeFile
+from gavel.shared.timing import Timing
+from gavel.worker.supervisor import Supervisor
 
 __all__ = ["Converger"]
 

@@ -23,7 +23,7 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from worker.localstate import process_alive, process_start_time
+from gavel.worker.localstate import process_alive, process_start_time
 
 __all__ = ["BASE_ENV_KEYS", "Process", "instance_env", "terminate"]
 

@@ -12,7 +12,7 @@ import os
 
 import psutil
 
-from shared.messages import Capacity, HostStats
+from gavel.shared.messages import Capacity, HostStats
 
 __all__ = ["Sampler", "detect_capacity", "detected_cpus", "detected_memory_mb"]
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import msgspec
 import psutil
 
-from shared.records import Placement
+from gavel.shared.records import Placement
 
 __all__ = [
     "FINISHED_KEPT",

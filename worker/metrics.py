@@ -22,8 +22,8 @@ from prometheus_client import CollectorRegistry, Counter
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from shared.messages import BidReply, Decline, Event, Heartbeat, Message
-from worker.agent import Agent
+from gavel.shared.messages import BidReply, Decline, Event, Heartbeat, Message
+from gavel.worker.agent import Agent
 
 __all__ = ["ObservedAgent", "WorkerMetrics"]
 

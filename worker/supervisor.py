@@ -26,13 +26,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from shared.messages import Award, Capacity, EventType, InstanceReport, InstanceState
-from shared.reasons import Reason
-from shared.records import Placement
-from shared.timing import Timing
-from worker.driver import Process, instance_env, terminate
-from worker.localstate import FINISHED_KEPT, AgentFile, LocalInstance, load, save
-from worker.ports import assign
+from gavel.shared.messages import Award, Capacity, EventType, InstanceReport, InstanceState
+from gavel.shared.reasons import Reason
+from gavel.shared.records import Placement
+from gavel.shared.timing import Timing
+from gavel.worker.driver import Process, instance_env, terminate
+from gavel.worker.localstate import FINISHED_KEPT, AgentFile, LocalInstance, load, save
+from gavel.worker.ports import assign
 
 __all__ = ["Report", "Supervisor"]
 

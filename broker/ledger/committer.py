@@ -34,11 +34,11 @@ from typing import Any
 
 import msgspec
 
-from broker.gitwriter import commit_files, make_executor
-from broker.ledger import Conflict, Ledger, LedgerError, Pinned
-from broker.plan import View
-from broker.state import Change, stamp
-from shared.reasons import Reason
+from gavel.broker.ledger.gitwriter import commit_files, make_executor
+from gavel.broker.ledger.plan import View
+from gavel.broker.ledger.repository import Conflict, Ledger, LedgerError, Pinned
+from gavel.broker.ledger.state import Change, stamp
+from gavel.shared.reasons import Reason
 
 __all__ = ["Committer", "Item", "Planned"]
 

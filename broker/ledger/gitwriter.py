@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pygit2
 
-from broker.ledger import Ledger
+from gavel.broker.ledger.repository import Ledger
 
 __all__ = ["commit_files", "make_executor"]
 

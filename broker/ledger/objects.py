@@ -24,7 +24,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from broker.packs import PACK_MIN, deflate, put_file, write_pack
+from gavel.broker.ledger.packs import PACK_MIN, deflate, put_file, write_pack
 
 __all__ = ["BLOB", "TREE", "Batch", "Entries", "ObjectStore", "Trees", "commit_body",
            "git_order", "object_id", "tree_body"]

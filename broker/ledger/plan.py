@@ -25,14 +25,14 @@ from collections.abc import Sequence
 
 import msgspec
 
-from broker.state import Change, State, committed_by
-from shared.auction import Awarded, Unschedulable
-from shared.lifecycle import PENDING, transition
-from shared.messages import Capacity
-from shared.messages import InstanceState as S
-from shared.ports import allocate
-from shared.reasons import Reason
-from shared.records import Assignment, InstanceRecord, NodeFile
+from gavel.broker.ledger.state import Change, State, committed_by
+from gavel.shared.auction import Awarded, Unschedulable
+from gavel.shared.lifecycle import PENDING, transition
+from gavel.shared.messages import Capacity
+from gavel.shared.messages import InstanceState as S
+from gavel.shared.ports import allocate
+from gavel.shared.reasons import Reason
+from gavel.shared.records import Assignment, InstanceRecord, NodeFile
 
 __all__ = [
     "View",

@@ -32,12 +32,12 @@ import pygit2
 from prometheus_client import Counter
 from prometheus_client.registry import CollectorRegistry
 
-from broker.config import mask_url
-from broker.state import Change
-from shared.records import InstanceRecord, NodeFile
+from gavel.broker.ledger.state import Change
+from gavel.cli.config import mask_url
+from gavel.shared.records import InstanceRecord, NodeFile
 
 if TYPE_CHECKING:
-    from broker.service import Broker
+    from gavel.broker.service import Broker
 
 __all__ = ["PushError", "Pusher"]
 

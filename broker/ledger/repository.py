@@ -26,10 +26,10 @@ from typing import TypeVar
 import msgspec
 import pygit2
 
-from broker.objects import Batch, Entries, ObjectStore, Trees, commit_body, git_order
-from broker.packs import merge_small_packs
-from broker.state import Change, State, compact, encode, parse_stamp, pretty, stamp
-from shared.records import (
+from gavel.broker.ledger.objects import Batch, Entries, ObjectStore, Trees, commit_body, git_order
+from gavel.broker.ledger.packs import merge_small_packs
+from gavel.broker.ledger.state import Change, State, compact, encode, parse_stamp, pretty, stamp
+from gavel.shared.records import (
     AuctionRecord,
     InstanceRecord,
     NodeFile,

@@ -20,9 +20,9 @@ from datetime import UTC, datetime
 
 import msgspec
 
-from shared.lifecycle import PENDING
-from shared.messages import Capacity, InstanceState
-from shared.records import Assignment, InstanceRecord, NodeFile, instance_path, node_path
+from gavel.shared.lifecycle import PENDING
+from gavel.shared.messages import Capacity, InstanceState
+from gavel.shared.records import Assignment, InstanceRecord, NodeFile, instance_path, node_path
 
 __all__ = ["Change", "Ready", "State", "committed_by", "compact", "encode", "parse_stamp",
            "pretty", "ready", "stamp"]

@@ -11,13 +11,13 @@ from collections.abc import Callable
 
 import msgspec
 
-from shared.feasibility import NodeView, Refusal, check
-from shared.messages import Bid, Capacity, Decline, Shape
-from shared.strategies.base import Params, Strategy
-from shared.strategies.binpack import Binpack
-from shared.strategies.headroom import Headroom
-from shared.strategies.least_loaded import LeastLoaded
-from shared.strategies.spread import Spread
+from gavel.shared.feasibility import NodeView, Refusal, check
+from gavel.shared.messages import Bid, Capacity, Decline, Shape
+from gavel.shared.strategies.base import Params, Strategy
+from gavel.shared.strategies.binpack import Binpack
+from gavel.shared.strategies.headroom import Headroom
+from gavel.shared.strategies.least_loaded import LeastLoaded
+from gavel.shared.strategies.spread import Spread
 
 __all__ = ["REGISTRY", "Params", "Strategy", "answer", "make_strategy", "names"]
 

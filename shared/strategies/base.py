@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Protocol
 
-from shared.feasibility import NodeView, Refusal
-from shared.messages import Shape
+from gavel.shared.feasibility import NodeView, Refusal
+from gavel.shared.messages import Shape
 
 __all__ = ["Params", "Strategy", "committed_share", "utilisation"]
 

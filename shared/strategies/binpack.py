@@ -6,9 +6,9 @@ scaled down or take big requests later). Load = 1 - utilisation-after-placement.
 
 from __future__ import annotations
 
-from shared.feasibility import NodeView, Refusal
-from shared.messages import Shape
-from shared.strategies.base import Params, utilisation
+from gavel.shared.feasibility import NodeView, Refusal
+from gavel.shared.messages import Shape
+from gavel.shared.strategies.base import Params, utilisation
 
 
 class Binpack:

@@ -6,10 +6,10 @@ utilisation, measured after placement, the node will accept.
 
 from __future__ import annotations
 
-from shared.feasibility import NodeView, Refusal
-from shared.messages import Shape
-from shared.reasons import Reason
-from shared.strategies.base import Params, utilisation
+from gavel.shared.feasibility import NodeView, Refusal
+from gavel.shared.messages import Shape
+from gavel.shared.reasons import Reason
+from gavel.shared.strategies.base import Params, utilisation
 
 
 class Headroom:

@@ -5,9 +5,9 @@ The seed rule. Work flows to the emptiest node, which spreads load evenly.
 
 from __future__ import annotations
 
-from shared.feasibility import NodeView, Refusal
-from shared.messages import Shape
-from shared.strategies.base import Params, utilisation
+from gavel.shared.feasibility import NodeView, Refusal
+from gavel.shared.messages import Shape
+from gavel.shared.strategies.base import Params, utilisation
 
 
 class LeastLoaded:

@@ -6,9 +6,9 @@ keeps its CPU busy. Load = mean of committed cpu and memory fractions.
 
 from __future__ import annotations
 
-from shared.feasibility import NodeView, Refusal
-from shared.messages import Shape
-from shared.strategies.base import Params, committed_share
+from gavel.shared.feasibility import NodeView, Refusal
+from gavel.shared.messages import Shape
+from gavel.shared.strategies.base import Params, committed_share
 
 
 class Spread:

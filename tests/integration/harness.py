@@ -16,14 +16,14 @@ from typing import Any, TypeVar
 
 import nats
 
-from broker.client import call
-from broker.ledger import Ledger
-from broker.service import Broker
-from shared.api import StatusReply, StatusRequest, SubmitReply, SubmitRequest
-from shared.messages import Message, Spec
-from shared.strategies import make_strategy
-from shared.timing import Timing
-from worker.agent import Agent
+from gavel.broker.ledger.repository import Ledger
+from gavel.broker.service import Broker
+from gavel.shared.api import StatusReply, StatusRequest, SubmitReply, SubmitRequest
+from gavel.shared.messages import Message, Spec
+from gavel.shared.strategies import make_strategy
+from gavel.shared.timing import Timing
+from gavel.transport.client import call
+from gavel.worker.agent import Agent
 
 T = TypeVar("T", bound=Message)
 TIMING = Timing.from_env(os.environ)
@@ -124,7 +124,7 @@ class Cluster:
 
 def gavel_process(args: list[str], log: Path, env: dict[str, str] | None = None
                   ) -> subprocess.Popen[bytes]:
-    return subprocess.Popen([sys.executable, "-m", "broker.cli", *args],
+    return subprocess.Popen([sys.executable, "-m", "gavel", *args],
                             stdout=open(log, "ab"), stderr=subprocess.STDOUT,
                             stdin=subprocess.DEVNULL, env={**os.environ, **(env or {})},
                             start_new_session=True)
@@ -163,8 +163,8 @@ class FakeNode:
     async def start(self) -> FakeNode:
         import msgspec as _m
 
-        from shared import subjects as s
-        from shared.messages import RFB, Award, Bid, BidReply, Event
+        from gavel.shared import subjects as s
+        from gavel.shared.messages import RFB, Award, Bid, BidReply, Event
 
         self.nc = await nats.connect(self.url)
 
@@ -193,8 +193,8 @@ class FakeNode:
         return self
 
     async def _beat(self) -> None:
-        from shared import subjects as s
-        from shared.messages import Capacity, Heartbeat, InstanceReport
+        from gavel.shared import subjects as s
+        from gavel.shared.messages import Capacity, Heartbeat, InstanceReport
 
         while True:
             if self.heartbeating:

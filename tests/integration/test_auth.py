@@ -33,12 +33,9 @@ import msgspec
 import nats
 import pytest
 
-from broker import auth, wire
-from broker.client import ClientError, call, connect
-from broker.natsserver import NatsServer
-from broker.service import Broker, NatsUnreachable
-from shared import subjects
-from shared.api import (
+from gavel.broker.service import Broker, NatsUnreachable
+from gavel.shared import subjects
+from gavel.shared.api import (
     NodesReply,
     NodesRequest,
     StatusReply,
@@ -46,7 +43,7 @@ from shared.api import (
     SubmitReply,
     SubmitRequest,
 )
-from shared.messages import (
+from gavel.shared.messages import (
     RFB,
     AssignmentRequest,
     Award,
@@ -59,9 +56,13 @@ from shared.messages import (
     Message,
     Spec,
 )
-from shared.strategies import make_strategy
+from gavel.shared.strategies import make_strategy
+from gavel.transport import identity as auth
+from gavel.transport import wire
+from gavel.transport.client import ClientError, call, connect
+from gavel.transport.natsserver import NatsServer
+from gavel.worker.agent import Agent
 from tests.integration.harness import TIMING, gavel_process, sleeper_spec, wait_for
-from worker.agent import Agent
 
 pytestmark = pytest.mark.integration
 
@@ -193,7 +194,7 @@ async def test_no_credential_no_connection(authed: Authed, tmp_path: Path) -> No
         await connect(authed.url, str(stranger.nodes["a"]))
     # The gavel CLI says the same in one sentence (exit 1: the server was unreachable to it).
     proc = await asyncio.to_thread(
-        subprocess.run, [sys.executable, "-m", "broker.cli", "status", "--nats", authed.url],
+        subprocess.run, [sys.executable, "-m", "gavel", "status", "--nats", authed.url],
         capture_output=True, text=True, timeout=60)
     assert proc.returncode == 1
     assert "refused a client without credentials" in proc.stderr
@@ -353,7 +354,7 @@ async def test_a_cluster_places_with_every_part_on_its_own_credential(authed: Au
 
 def test_gavel_up_runs_with_auth_and_reuses_its_keys(tmp_path: Path,
                                                      capsys: pytest.CaptureFixture[str]) -> None:
-    from broker.up import up
+    from gavel.cli.up import up
 
     args = argparse.Namespace(state=tmp_path / "up", workers=2, nats_port=None, demo=True,
                               auth=True, metrics_port=None, metrics_addr="127.0.0.1",

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import time
 
-from shared.messages import Spec
+from gavel.shared.messages import Spec
 from tests.integration.harness import Cluster, wait_for
 
 SPEC = Spec(name="svc", command=["sleep", "60"], cpu=0.1, memory_mb=16)

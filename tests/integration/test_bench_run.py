@@ -25,7 +25,7 @@ def _bench(tmp_path: Path, *flags: str, keep: bool = True) -> dict[str, Any]:
     env["TMPDIR"] = str(tmp_path / "tmp")
     (tmp_path / "tmp").mkdir(exist_ok=True)
     state = ["--state", str(tmp_path / "run")] if keep else []
-    proc = subprocess.run([sys.executable, "-m", "broker.cli", "bench", "--json", "--agents",
+    proc = subprocess.run([sys.executable, "-m", "gavel", "bench", "--json", "--agents",
                            "20", "--processes", "2", "--idle-s", "0", *state, *flags],
                           capture_output=True, text=True, timeout=170, check=False, env=env)
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -74,7 +74,7 @@ def test_a_run_that_breaks_says_what_and_keeps_its_directory(tmp_path: Path) -> 
     env["TMPDIR"] = str(tmp_path / "tmp")
     env["GAVEL_EVENT_LOOP"] = "no-such-loop"
     (tmp_path / "tmp").mkdir()
-    proc = subprocess.run([sys.executable, "-m", "broker.cli", "bench", "--json", "--agents",
+    proc = subprocess.run([sys.executable, "-m", "gavel", "bench", "--json", "--agents",
                            "4", "--processes", "1", "--idle-s", "0", "--placements", "10"],
                           capture_output=True, text=True, timeout=170, check=False, env=env)
     assert proc.returncode == 1, proc.stderr[-2000:]
@@ -92,7 +92,7 @@ def test_a_scaled_target_run_checks_its_own_figures(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if k != "GAVEL_FAST_TIMERS"}
     env["TMPDIR"] = str(tmp_path / "tmp")
     (tmp_path / "tmp").mkdir()
-    proc = subprocess.run([sys.executable, "-m", "broker.cli", "bench", "--targets", "--only",
+    proc = subprocess.run([sys.executable, "-m", "gavel", "bench", "--targets", "--only",
                            "sampled", "--scale", "0.02", "--json"],
                           capture_output=True, text=True, timeout=170, check=False, env=env)
     assert proc.returncode == 0, proc.stderr[-2000:]  # scaled: a miss is not a failure

@@ -1,9 +1,9 @@
-"""Chaos, the short version: `python -m bench.chaos` for ~40 s against real child processes
+"""Chaos, the short version: `python -m gavel.bench.chaos` for ~40 s against real child processes
 (nats-server, a broker, three workers) with every kind of fault injected at least once, then
 the invariants — never timings — checked from git, agent.json and the live processes.
 
 The faults come from the seed, so a failure here replays with
-``python -m bench.chaos --duration 40 --workers 3 --seed 4 --state DIR``.
+``python -m gavel.bench.chaos --duration 40 --workers 3 --seed 4 --state DIR``.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.chaos import FAULTS, KINDS, foreign_times, node_ids, schedule, submissions
+from gavel.bench.chaos import FAULTS, KINDS, foreign_times, node_ids, schedule, submissions
 
 pytestmark = pytest.mark.integration
 
@@ -35,7 +35,7 @@ def test_the_seed_decides_every_fault() -> None:
 def test_chaos_keeps_every_invariant(tmp_path: Path) -> None:
     state = tmp_path / "chaos"
     proc = subprocess.run(
-        [sys.executable, "-m", "bench.chaos", "--duration", str(DURATION), "--workers",
+        [sys.executable, "-m", "gavel.bench.chaos", "--duration", str(DURATION), "--workers",
          str(WORKERS), "--seed", str(SEED), "--settle", "90", "--state", str(state), "--json"],
         capture_output=True, text=True, timeout=420, check=False)
     lines = proc.stdout.strip().splitlines()

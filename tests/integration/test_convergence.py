@@ -19,15 +19,15 @@ import psutil
 import pytest
 from nats.aio.msg import Msg
 
-from broker.natsserver import NatsServer
-from shared import subjects
-from shared.api import DrainReply, DrainRequest, WhyReply, WhyRequest
-from shared.messages import Award
-from shared.reasons import Reason
-from shared.records import NodeFile, parse_trailers
-from shared.strategies import make_strategy
+from gavel.shared import subjects
+from gavel.shared.api import DrainReply, DrainRequest, WhyReply, WhyRequest
+from gavel.shared.messages import Award
+from gavel.shared.reasons import Reason
+from gavel.shared.records import NodeFile, parse_trailers
+from gavel.shared.strategies import make_strategy
+from gavel.transport.natsserver import NatsServer
+from gavel.worker.agent import Agent
 from tests.integration.harness import TIMING, Cluster, FakeNode, sleeper_spec, wait_for
-from worker.agent import Agent
 
 pytestmark = pytest.mark.integration
 

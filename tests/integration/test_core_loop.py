@@ -13,14 +13,14 @@ import nats
 import pygit2
 import pytest
 
-from broker import wire
-from broker.client import call
-from broker.ledger import Change
-from shared import subjects
-from shared.api import SubmitReply, SubmitRequest, WhyReply, WhyRequest
-from shared.messages import RFB, Bid, BidReply, Capacity, Event, Heartbeat, Spec
-from shared.reasons import Reason
-from shared.records import InstanceRecord, parse_trailers
+from gavel.broker.ledger.repository import Change
+from gavel.shared import subjects
+from gavel.shared.api import SubmitReply, SubmitRequest, WhyReply, WhyRequest
+from gavel.shared.messages import RFB, Bid, BidReply, Capacity, Event, Heartbeat, Spec
+from gavel.shared.reasons import Reason
+from gavel.shared.records import InstanceRecord, parse_trailers
+from gavel.transport import wire
+from gavel.transport.client import call
 from tests.integration.harness import TIMING, Cluster, sleeper_spec, wait_for, writer_spec
 
 pytestmark = pytest.mark.integration

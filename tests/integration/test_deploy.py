@@ -24,19 +24,19 @@ from typing import Any
 import nats
 import pytest
 
-from broker.natsserver import find_binary, free_port
-from broker.service import Broker
-from shared import subjects
-from shared.strategies import make_strategy
+from gavel.broker.service import Broker
+from gavel.shared import subjects
+from gavel.shared.strategies import make_strategy
+from gavel.transport.natsserver import find_binary, free_port
+from gavel.worker.agent import Agent
 from tests.integration.harness import TIMING, sleeper_spec, wait_for
-from worker.agent import Agent
 
 yaml = pytest.importorskip("yaml", reason="PyYAML is in the test extras")
 pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = ROOT / "compose"
-GAVEL = [sys.executable, "-m", "broker.cli"]
+GAVEL = [sys.executable, "-m", "gavel"]
 
 
 def dotenv(path: Path) -> dict[str, str]:
@@ -209,8 +209,8 @@ async def test_nats_permissions_carry_a_placement_and_stop_impersonation(
         task = asyncio.create_task(agent.run())
         await wait_for(lambda: len(broker.liveness.eligible(broker.now())) == 1, 15,
                        what="worker-1 to heartbeat through its permissions")
-        from broker.client import call
-        from shared.api import SubmitReply, SubmitRequest
+        from gavel.shared.api import SubmitReply, SubmitRequest
+        from gavel.transport.client import call
         op = await nats.connect(url("operator"))
         try:
             reply = await call(op, "submit", SubmitRequest(spec=sleeper_spec("s", cpu=0.5)),

@@ -23,9 +23,8 @@ from typing import Any
 import msgspec
 import pytest
 
-from broker import wire
-from shared import subjects
-from shared.messages import (
+from gavel.shared import subjects
+from gavel.shared.messages import (
     PROTOCOL,
     RFB,
     ApiError,
@@ -39,6 +38,7 @@ from shared.messages import (
     Heartbeat,
     Shape,
 )
+from gavel.transport import wire
 from tests.integration.harness import Cluster, sleeper_spec, wait_for
 
 pytestmark = pytest.mark.integration
@@ -50,7 +50,7 @@ GARBAGE = [b"", b"\xc1", b"\x93\x01\x02\x03", bytes(range(256)), b"\x81\xa1k" * 
 
 def gavel(*args: str, cwd: Path | None = None, timeout: float = 60
           ) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "broker.cli", *args], capture_output=True,
+    return subprocess.run([sys.executable, "-m", "gavel", *args], capture_output=True,
                           text=True, timeout=timeout, cwd=cwd,
                           env={**os.environ, "GAVEL_LOG_LEVEL": "WARNING"})
 

@@ -11,11 +11,11 @@ import msgspec
 import nats
 import pytest
 
-from broker import wire
-from broker.client import ClientError
-from shared import subjects
-from shared.messages import Event
-from shared.reasons import Reason
+from gavel.shared import subjects
+from gavel.shared.messages import Event
+from gavel.shared.reasons import Reason
+from gavel.transport import wire
+from gavel.transport.client import ClientError
 from tests.integration.harness import Cluster, sleeper_spec, wait_for
 
 pytestmark = pytest.mark.integration

@@ -9,13 +9,13 @@ import msgspec
 import nats
 import pytest
 
-from bench import natslite
-from bench.agents import CLIENTS, BenchAgent
-from broker import wire
-from broker.natsserver import free_port
-from shared import subjects
-from shared.messages import RFB, Award, BidReply, Capacity, Shape, Spec
-from shared.strategies import make_strategy
+from gavel.bench import natslite
+from gavel.bench.agents import CLIENTS, BenchAgent
+from gavel.shared import subjects
+from gavel.shared.messages import RFB, Award, BidReply, Capacity, Shape, Spec
+from gavel.shared.strategies import make_strategy
+from gavel.transport import wire
+from gavel.transport.natsserver import free_port
 
 
 async def test_lite_and_nats_py_hear_each_other(nats_url: str) -> None:

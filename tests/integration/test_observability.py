@@ -15,9 +15,9 @@ import nats
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from broker.client import call
-from broker.natsserver import free_port
-from shared.api import StatusReply, StatusRequest, SubmitReply, SubmitRequest
+from gavel.shared.api import StatusReply, StatusRequest, SubmitReply, SubmitRequest
+from gavel.transport.client import call
+from gavel.transport.natsserver import free_port
 from tests.integration.harness import gavel_process, wait_for, writer_spec
 
 pytestmark = pytest.mark.integration

@@ -19,14 +19,14 @@ import msgspec
 import nats
 import pytest
 
-from shared import subjects
-from shared.api import SubmitReply, SubmitRequest
-from shared.messages import Award, Event, Heartbeat, Spec
-from shared.reasons import Reason
-from shared.strategies import make_strategy
+from gavel.shared import subjects
+from gavel.shared.api import SubmitReply, SubmitRequest
+from gavel.shared.messages import Award, Event, Heartbeat, Spec
+from gavel.shared.reasons import Reason
+from gavel.shared.strategies import make_strategy
+from gavel.worker.agent import Agent
+from gavel.worker.ports import bindable
 from tests.integration.harness import TIMING, Cluster, sleeper_spec, wait_for
-from worker.agent import Agent
-from worker.ports import bindable
 
 pytestmark = pytest.mark.integration
 

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from shared.api import CancelReply, CancelRequest, WhyReply, WhyRequest
-from shared.messages import Spec
-from shared.reasons import Reason
+from gavel.shared.api import CancelReply, CancelRequest, WhyReply, WhyRequest
+from gavel.shared.messages import Spec
+from gavel.shared.reasons import Reason
 from tests.integration.harness import TIMING, Cluster, FakeNode, sleeper_spec, wait_for, writer_spec
 
 pytestmark = pytest.mark.integration

@@ -18,11 +18,11 @@ import msgspec
 import pygit2
 import pytest
 
-from broker.ledger import Change, Ledger, encode
-from broker.natsserver import free_port
-from broker.remote import Pusher, PushError
-from shared.messages import Spec
-from shared.records import Assignment, InstanceRecord, NodeFile, instance_path
+from gavel.broker.ledger.remote import Pusher, PushError
+from gavel.broker.ledger.repository import Change, Ledger, encode
+from gavel.shared.messages import Spec
+from gavel.shared.records import Assignment, InstanceRecord, NodeFile, instance_path
+from gavel.transport.natsserver import free_port
 
 pytestmark = pytest.mark.integration
 SIG = pygit2.Signature("someone else", "else@example.com")

@@ -18,11 +18,11 @@ from pathlib import Path
 import psutil
 import pytest
 
-from broker.client import ClientError, call
-from shared.api import NodesReply, NodesRequest, SubmitReply, SubmitRequest
-from shared.messages import Spec
-from shared.reasons import Reason
-from shared.records import parse_trailers
+from gavel.shared.api import NodesReply, NodesRequest, SubmitReply, SubmitRequest
+from gavel.shared.messages import Spec
+from gavel.shared.reasons import Reason
+from gavel.shared.records import parse_trailers
+from gavel.transport.client import ClientError, call
 from tests.integration.harness import TIMING, Cluster, gavel_process, wait_for
 
 pytestmark = pytest.mark.integration

@@ -14,12 +14,12 @@ import pygit2
 import pytest
 from prometheus_client import generate_latest
 
-from broker.client import ClientError
-from broker.ledger import Ledger, encode, parse_stamp
-from shared.api import StatusReply, StatusRequest
-from shared.messages import InstanceState, Spec
-from shared.reasons import Reason
-from shared.records import InstanceRecord, flat_instance_path, instance_path
+from gavel.broker.ledger.repository import Ledger, encode, parse_stamp
+from gavel.shared.api import StatusReply, StatusRequest
+from gavel.shared.messages import InstanceState, Spec
+from gavel.shared.reasons import Reason
+from gavel.shared.records import InstanceRecord, flat_instance_path, instance_path
+from gavel.transport.client import ClientError
 from tests.integration.harness import TIMING, Cluster, wait_for
 
 KEEP_S = 1.0

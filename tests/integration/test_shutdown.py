@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from broker.service import Broker
-from shared.strategies import make_strategy
+from gavel.broker.service import Broker
+from gavel.shared.strategies import make_strategy
+from gavel.worker.agent import Agent
 from tests.integration.harness import TIMING
-from worker.agent import Agent
 
 pytestmark = pytest.mark.integration
 

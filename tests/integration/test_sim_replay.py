@@ -10,10 +10,11 @@ import msgspec
 import pygit2
 import pytest
 
-from shared.award import NodeBid, NodeDecline
-from shared.messages import Spec
-from shared.reasons import Reason
-from shared.records import (
+from gavel.cli.sim import add_arguments, run
+from gavel.shared.award import NodeBid, NodeDecline
+from gavel.shared.messages import Spec
+from gavel.shared.reasons import Reason
+from gavel.shared.records import (
     Assignment,
     AuctionRecord,
     InstanceRecord,
@@ -22,7 +23,6 @@ from shared.records import (
     flat_instance_path,
     instance_path,
 )
-from sim.cli import add_arguments, run
 
 _SIG = pygit2.Signature("test", "test@gavel.local", 1_700_000_000, 0)
 

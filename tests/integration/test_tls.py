@@ -14,9 +14,9 @@ from pathlib import Path
 import nats
 import pytest
 
-from broker.client import call
-from broker.natsserver import find_binary, free_port
-from shared.api import StatusReply, StatusRequest, SubmitReply, SubmitRequest
+from gavel.shared.api import StatusReply, StatusRequest, SubmitReply, SubmitRequest
+from gavel.transport.client import call
+from gavel.transport.natsserver import find_binary, free_port
 from tests.integration.harness import gavel_process, wait_for, writer_spec
 
 pytestmark = pytest.mark.integration

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import pytest
 
-from broker.client import ClientError
-from broker.ledger import Ledger
-from shared.api import DrainReply, DrainRequest
-from shared.messages import Spec
-from shared.reasons import Reason
-from shared.records import node_path
+from gavel.broker.ledger.repository import Ledger
+from gavel.shared.api import DrainReply, DrainRequest
+from gavel.shared.messages import Spec
+from gavel.shared.reasons import Reason
+from gavel.shared.records import node_path
+from gavel.transport.client import ClientError
 from tests.integration.harness import Cluster, wait_for
 
 GARBAGE = b'{"node_id": "node-a", "instances": {"x": 1}}\n'

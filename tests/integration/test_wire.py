@@ -11,7 +11,7 @@ import pytest
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
-from broker import wire
+from gavel.transport import wire
 
 
 def test_the_installed_nats_py_takes_the_batch_path() -> None:

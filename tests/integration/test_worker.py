@@ -23,10 +23,8 @@ import nats
 import psutil
 import pytest
 
-from broker import wire
-from broker.natsserver import NatsServer
-from shared import subjects
-from shared.messages import (
+from gavel.shared import subjects
+from gavel.shared.messages import (
     RFB,
     Award,
     Bid,
@@ -38,10 +36,12 @@ from shared.messages import (
     Shape,
     Spec,
 )
-from shared.reasons import Reason
-from shared.strategies import make_strategy
-from shared.timing import Timing
-from worker.agent import Agent
+from gavel.shared.reasons import Reason
+from gavel.shared.strategies import make_strategy
+from gavel.shared.timing import Timing
+from gavel.transport import wire
+from gavel.transport.natsserver import NatsServer
+from gavel.worker.agent import Agent
 
 pytestmark = pytest.mark.integration
 

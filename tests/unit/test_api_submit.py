@@ -10,16 +10,16 @@ from pathlib import Path
 import msgspec
 import pytest
 
-import broker.state
-from broker.api import SUBMIT_SLICE
-from broker.ledger import Ledger
-from broker.plan import View, submit
-from broker.state import Change, compact, ready
-from shared import subjects
-from shared.api import SubmitReply, SubmitRequest
-from shared.messages import InstanceState as S
-from shared.messages import Spec
-from shared.records import InstanceRecord, instance_path
+from gavel.broker.api import SUBMIT_SLICE
+from gavel.broker.ledger import state as ledger_state
+from gavel.broker.ledger.plan import View, submit
+from gavel.broker.ledger.repository import Ledger
+from gavel.broker.ledger.state import Change, compact, ready
+from gavel.shared import subjects
+from gavel.shared.api import SubmitReply, SubmitRequest
+from gavel.shared.messages import InstanceState as S
+from gavel.shared.messages import Spec
+from gavel.shared.records import InstanceRecord, instance_path
 from tests.unit.fuzzkit import Msg
 from tests.unit.test_fuzz_broker import SMALL, Rig
 
@@ -34,7 +34,7 @@ def test_a_big_submission_is_encoded_in_slices_and_committed_from_them(
             encoded.append(obj.instance_id)
         return msgspec.json.encode(obj)
 
-    monkeypatch.setattr(broker.state, "compact", counting)
+    monkeypatch.setattr(ledger_state, "compact", counting)
     turns: list[int] = []  # records encoded each time another task got a turn
 
     async def other() -> None:

@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from broker import auth
-from broker.cli import main
-from broker.config import ConfigError
-from broker.creds import CredsError, connect_options
+from gavel.cli.config import ConfigError
+from gavel.cli.main import main
+from gavel.transport import identity as auth
+from gavel.transport.creds import CredsError, connect_options
 
 ROOT = Path(__file__).resolve().parents[2]
 JWT_CREDS = """-----BEGIN NATS USER JWT-----

@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 
-from bench import targets as tg
-from bench.cli import add_arguments
-from bench.run import Options, Result
-from broker.cli import main
+from gavel.bench import targets as tg
+from gavel.bench.run import Options, Result
+from gavel.cli.bench import add_arguments
+from gavel.cli.main import main
 
 
 def _result(**figures: Any) -> Result:
@@ -116,7 +116,7 @@ def test_a_missed_bound_sets_the_exit_status_unless_the_run_was_scaled(
         ran.append(opts)
         return _result(placements_per_s=4900.0, round_p99_ms=12.0)
 
-    monkeypatch.setattr("bench.run.run", fake_run)
+    monkeypatch.setattr("gavel.bench.run.run", fake_run)
     assert main(["bench", "--targets", "--only", "sampled", "--repeat", "2"]) == 3
     out = capsys.readouterr().out
     assert out.count("placements_per_s 4,900.00 >= 5,000 MISSED") == 2

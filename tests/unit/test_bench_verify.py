@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from bench.verify import VerifyError, verify, verify_churn
-from broker.ledger import Ledger, encode
-from shared.messages import InstanceState, Spec
-from shared.records import (
+from gavel.bench.verify import VerifyError, verify, verify_churn
+from gavel.broker.ledger.repository import Ledger, encode
+from gavel.shared.messages import InstanceState, Spec
+from gavel.shared.records import (
     Assignment,
     AuctionRecord,
     InstanceRecord,

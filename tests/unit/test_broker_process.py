@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from broker import gitwriter
-from broker.ledger import Ledger, encode
-from shared.records import NodeFile
+from gavel.broker.ledger import gitwriter
+from gavel.broker.ledger.repository import Ledger, encode
+from gavel.shared.records import NodeFile
 
 
 def test_no_semaphores_means_a_thread_writer(monkeypatch: pytest.MonkeyPatch,
@@ -46,8 +46,8 @@ def test_tune_gc_is_the_process_owners_choice(tmp_path: Path) -> None:
     import subprocess
     import sys
 
-    code = ("import gc; from broker.service import Broker, tune_gc; from pathlib import Path; "
-            "before = gc.get_threshold(); "
+    code = ("import gc; from gavel.broker.service import Broker, tune_gc; "
+            "from pathlib import Path; before = gc.get_threshold(); "
             f"Broker(nats_url='nats://127.0.0.1:1', state_dir=Path({str(tmp_path)!r}), "
             "writer='thread'); assert gc.get_threshold() == before, before; "
             "tune_gc(); print(gc.get_threshold(), gc.get_freeze_count() > 0)")
@@ -66,8 +66,9 @@ def test_the_writer_process_leaves_when_its_broker_is_killed(tmp_path: Path) -> 
 
     import psutil
 
-    code = ("import os, sys; from broker import gitwriter; from broker.ledger import encode; "
-            "from shared.records import NodeFile; "
+    code = ("import os, sys; from gavel.broker.ledger import gitwriter; "
+            "from gavel.broker.ledger.state import encode; "
+            "from gavel.shared.records import NodeFile; "
             "pool = gitwriter.make_executor('process'); "
             f"pool.submit(gitwriter.commit_files, {str(tmp_path / 'state.git')!r}, "
             "'refs/heads/main', {'nodes/a/node.json': encode(NodeFile(node_id='a'))}, 'm', "

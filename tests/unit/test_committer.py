@@ -17,13 +17,13 @@ import msgspec
 import pygit2
 import pytest
 
-import broker.state
-from broker.committer import AFTER_SLICE_S, Committer, Item, Planned
-from broker.ledger import Ledger
-from broker.plan import View, submit
-from broker.state import encode
-from shared.messages import Spec
-from shared.records import InstanceRecord, NodeFile, instance_path
+from gavel.broker.ledger import state as ledger_state
+from gavel.broker.ledger.committer import AFTER_SLICE_S, Committer, Item, Planned
+from gavel.broker.ledger.plan import View, submit
+from gavel.broker.ledger.repository import Ledger
+from gavel.broker.ledger.state import encode
+from gavel.shared.messages import Spec
+from gavel.shared.records import InstanceRecord, NodeFile, instance_path
 
 SPEC = Spec(name="s", command=["true"])
 
@@ -221,7 +221,7 @@ async def test_records_are_formatted_by_the_writer_not_on_the_event_loop(
         view.put_node(msgspec.structs.replace(nf, draining=True))
         return Planned(lines=["submit web-1, drain n1"])
 
-    monkeypatch.setattr(broker.state, "pretty", not_here)
+    monkeypatch.setattr(ledger_state, "pretty", not_here)
     try:
         committer.submit(Item(plan=make))
         await asyncio.wait_for(committer.idle.wait(), 10)

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from broker import cli
-from broker.config import (
+from gavel.cli import main as cli
+from gavel.cli.config import (
     BROKER_OPTIONS,
     WORKER_OPTIONS,
     BrokerConfig,
@@ -21,7 +21,7 @@ from broker.config import (
     mask_url,
     render,
 )
-from shared.timing import Timing
+from gavel.shared.timing import Timing
 
 
 def write(tmp_path: Path, text: str, name: str = "gavel.toml") -> str:
@@ -208,7 +208,7 @@ def test_bad_numbers_on_the_command_line_exit_2_with_a_sentence(
 def test_a_fractional_rate_is_a_rate() -> None:
     import argparse
 
-    from bench.cli import add_arguments
+    from gavel.cli.bench import add_arguments
     p = argparse.ArgumentParser()
     add_arguments(p)
     assert p.parse_args(["--rate", "2.5", "--idle-s", "0"]).rate == 2.5
@@ -216,7 +216,7 @@ def test_a_fractional_rate_is_a_rate() -> None:
 
 def test_auction_settings_reach_the_broker(tmp_path: Path,
                                           monkeypatch: pytest.MonkeyPatch) -> None:
-    from broker.daemons import make_broker
+    from gavel.cli.daemons import make_broker
 
     monkeypatch.chdir(tmp_path)  # `state = "s"` is relative: keep its repo out of the tree
 
@@ -259,7 +259,7 @@ def test_bad_auction_settings_name_the_field(tmp_path: Path, text: str, expected
     ("bad name", "active ref 'bad name' is not a valid git ref name."),
 ])
 def test_a_ref_git_cannot_hold_is_a_config_error(tmp_path: Path, ref: str, words: str) -> None:
-    from broker.daemons import make_broker
+    from gavel.cli.daemons import make_broker
 
     cfg = load(BrokerConfig, BROKER_OPTIONS, file=None,
                env={"GAVEL_STATE": str(tmp_path / "s"), "GAVEL_REF": ref})
@@ -278,7 +278,7 @@ def test_a_state_path_that_is_a_file_exits_2_with_one_sentence(
     import sys
 
     (tmp_path / "afile").write_text("x")
-    proc = subprocess.run([sys.executable, "-m", "broker.cli", *daemon, "--state",
+    proc = subprocess.run([sys.executable, "-m", "gavel", *daemon, "--state",
                            str(tmp_path / "afile"), "--nats", "nats://127.0.0.1:9"],
                           capture_output=True, text=True, timeout=60, check=False)
     assert proc.returncode == 2, proc.stderr

@@ -8,8 +8,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from shared.timing import Timing
-from worker.converge import Converger
+from gavel.shared.timing import Timing
+from gavel.worker.converge import Converger
 
 
 class LostReply:

@@ -12,10 +12,10 @@ import math
 import msgspec
 import pytest
 
-from shared.auction import Auction, Awarded, Decision, Unschedulable, Verdict
-from shared.award import NodeBid, NodeDecline
-from shared.messages import RFB, Bid, BidReply, Decline, Request, Shape
-from shared.reasons import Reason
+from gavel.shared.auction import Auction, Awarded, Decision, Unschedulable, Verdict
+from gavel.shared.award import NodeBid, NodeDecline
+from gavel.shared.messages import RFB, Bid, BidReply, Decline, Request, Shape
+from gavel.shared.reasons import Reason
 
 OPEN = 100.0
 DEADLINE_S = 2.0

@@ -7,9 +7,9 @@ import random
 from hypothesis import given
 from hypothesis import strategies as st
 
-from shared.auction import Auction, Awarded, Decision
-from shared.award import NodeBid, pick, rank
-from shared.messages import Bid, BidReply, Decline, Request
+from gavel.shared.auction import Auction, Awarded, Decision
+from gavel.shared.award import NodeBid, pick, rank
+from gavel.shared.messages import Bid, BidReply, Decline, Request
 
 # A few distinct loads so ties are common; node ids unique per draw.
 loads = st.sampled_from([0.0, 0.1, 0.25, 0.5, 0.5000000001, 1.0, 7.0])

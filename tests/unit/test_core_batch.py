@@ -14,10 +14,10 @@ import random
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shared.auction import Auction, Awarded, Decision, Unschedulable
-from shared.award import NodeDecline
-from shared.messages import Bid, BidReply, Capacity, Decline, Request, Shape
-from shared.reasons import Reason
+from gavel.shared.auction import Auction, Awarded, Decision, Unschedulable
+from gavel.shared.award import NodeDecline
+from gavel.shared.messages import Bid, BidReply, Capacity, Decline, Request, Shape
+from gavel.shared.reasons import Reason
 
 TOL = 1e-6
 NO_ROOM = {Reason.NO_ROOM_CPU, Reason.NO_ROOM_MEMORY, Reason.NO_ROOM_PORTS}

@@ -16,10 +16,10 @@ import math
 from hypothesis import assume, event, given, settings
 from hypothesis import strategies as st
 
-from shared.auction import Auction, Awarded, Decision
-from shared.feasibility import NodeView, free_of
-from shared.messages import BidReply, Capacity, HostStats, Request, Shape
-from shared.strategies import answer, make_strategy
+from gavel.shared.auction import Auction, Awarded, Decision
+from gavel.shared.feasibility import NodeView, free_of
+from gavel.shared.messages import BidReply, Capacity, HostStats, Request, Shape
+from gavel.shared.strategies import answer, make_strategy
 
 SPREAD = make_strategy("spread")
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from shared.feasibility import NodeView, Refusal, check, free_of
-from shared.messages import Capacity, Request
-from shared.reasons import Reason
+from gavel.shared.feasibility import NodeView, Refusal, check, free_of
+from gavel.shared.messages import Capacity, Request
+from gavel.shared.reasons import Reason
 
 
 def node(*, cpu: float = 4.0, memory_mb: int = 1024, ports: int = 4,

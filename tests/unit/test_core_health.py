@@ -6,9 +6,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from shared.health import Health, Liveness
-from shared.messages import Heartbeat
-from shared.timing import Timing
+from gavel.shared.health import Health, Liveness
+from gavel.shared.messages import Heartbeat
+from gavel.shared.timing import Timing
 
 
 def hb(node: str, seq: int = 0) -> Heartbeat:

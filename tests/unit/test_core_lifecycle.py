@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from shared.lifecycle import ALLOWED, LIVE, PENDING, transition
-from shared.messages import InstanceState as S
-from shared.messages import Spec
-from shared.records import InstanceRecord
+from gavel.shared.lifecycle import ALLOWED, LIVE, PENDING, transition
+from gavel.shared.messages import InstanceState as S
+from gavel.shared.messages import Spec
+from gavel.shared.records import InstanceRecord
 
 SPEC = Spec(name="web", command=["run"])
 ENDS = {s for s in S if s.terminal}

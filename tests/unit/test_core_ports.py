@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from shared.ports import allocate
+from gavel.shared.ports import allocate
 
 
 def test_lowest_free_ports_in_name_order() -> None:

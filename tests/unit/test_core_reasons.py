@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from shared.auction import Auction, Unschedulable
-from shared.feasibility import NodeView
-from shared.messages import BidReply, Capacity, Decline, Request
-from shared.reasons import Reason, render, summarize_declines
-from shared.strategies import answer, make_strategy
+from gavel.shared.auction import Auction, Unschedulable
+from gavel.shared.feasibility import NodeView
+from gavel.shared.messages import BidReply, Capacity, Decline, Request
+from gavel.shared.reasons import Reason, render, summarize_declines
+from gavel.shared.strategies import answer, make_strategy
 
 REQ = Request(instance_id="i-1", cpu=2.0, memory_mb=256, labels={"region": "eu"})
 

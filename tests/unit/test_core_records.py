@@ -11,10 +11,19 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from shared.auction import Auction, Awarded, Decision, Unschedulable
-from shared.award import NodeBid, NodeDecline
-from shared.messages import Bid, BidReply, Capacity, Decline, InstanceState, Request, Shape, Spec
-from shared.records import (
+from gavel.shared.auction import Auction, Awarded, Decision, Unschedulable
+from gavel.shared.award import NodeBid, NodeDecline
+from gavel.shared.messages import (
+    Bid,
+    BidReply,
+    Capacity,
+    Decline,
+    InstanceState,
+    Request,
+    Shape,
+    Spec,
+)
+from gavel.shared.records import (
     TRAILER,
     Assignment,
     AuctionRecord,
@@ -270,7 +279,7 @@ def test_the_records_a_broker_keeps_by_the_thousand_are_not_tracked_by_the_colle
     scanned, pausing the event loop ~10-20 ms every 50,000. No cycle can run through them."""
     import gc
 
-    from shared.messages import InstanceReport
+    from gavel.shared.messages import InstanceReport
 
     spec = Spec(name="s", command=["true"], ports=["http"], env={"A": "1"})
     rec = InstanceRecord(instance_id="i", spec=spec, excluded=("n1",))

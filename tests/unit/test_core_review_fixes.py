@@ -5,9 +5,9 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from shared.auction import Auction, Awarded, Unschedulable, Verdict
-from shared.messages import Bid, BidReply, Decline, Request, Spec
-from shared.reasons import Reason
+from gavel.shared.auction import Auction, Awarded, Unschedulable, Verdict
+from gavel.shared.messages import Bid, BidReply, Decline, Request, Spec
+from gavel.shared.reasons import Reason
 
 
 def _req(iid: str, cpu: float = 1.0) -> Request:

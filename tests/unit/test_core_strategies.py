@@ -10,12 +10,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from shared.auction import Auction, Verdict
-from shared.feasibility import NodeView, Refusal
-from shared.messages import Bid, BidReply, Capacity, Decline, HostStats, Request, Shape
-from shared.reasons import Reason
-from shared.strategies import REGISTRY, answer, make_strategy, names
-from shared.strategies.headroom import Headroom
+from gavel.shared.auction import Auction, Verdict
+from gavel.shared.feasibility import NodeView, Refusal
+from gavel.shared.messages import Bid, BidReply, Capacity, Decline, HostStats, Request, Shape
+from gavel.shared.reasons import Reason
+from gavel.shared.strategies import REGISTRY, answer, make_strategy, names
+from gavel.shared.strategies.headroom import Headroom
 
 CAP = Capacity(cpu=4.0, memory_mb=1000, ports=10)
 

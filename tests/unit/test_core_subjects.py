@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from shared import subjects
+from gavel.shared import subjects
 
 
 def nats_match(pattern: str, subject: str) -> bool:

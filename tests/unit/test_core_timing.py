@@ -5,7 +5,7 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from shared.timing import FAST_FACTOR, Timing
+from gavel.shared.timing import FAST_FACTOR, Timing
 
 
 def test_defaults_are_the_documented_clocks() -> None:

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from broker import eventloop
+from gavel.transport import eventloop
 
 
 async def _loop_module() -> str:
@@ -30,7 +30,7 @@ def test_another_loop_is_refused_with_a_sentence() -> None:
 
 def test_the_cli_refuses_an_unknown_loop() -> None:
     env = {**os.environ, "GAVEL_EVENT_LOOP": "tokio"}
-    out = subprocess.run([sys.executable, "-m", "broker.cli", "status", "--nats",
+    out = subprocess.run([sys.executable, "-m", "gavel", "status", "--nats",
                           "nats://127.0.0.1:1"], capture_output=True, text=True, env=env,
                          timeout=60, check=False)
     assert out.returncode == 2, out.stderr

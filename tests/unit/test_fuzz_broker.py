@@ -25,14 +25,14 @@ from hypothesis import event, given, settings
 from hypothesis import strategies as st
 from hypothesis.control import currently_in_test_context as currently_fuzzing
 
-from broker.api import Api
-from broker.plan import View, place, submit
-from broker.service import Broker
-from shared import subjects
-from shared.api import NodesReply, NodesRequest, SubmitReply, SubmitRequest
-from shared.auction import Auction, Awarded
-from shared.award import NodeBid
-from shared.messages import (
+from gavel.broker.api import Api
+from gavel.broker.ledger.plan import View, place, submit
+from gavel.broker.service import Broker
+from gavel.shared import subjects
+from gavel.shared.api import NodesReply, NodesRequest, SubmitReply, SubmitRequest
+from gavel.shared.auction import Auction, Awarded
+from gavel.shared.award import NodeBid
+from gavel.shared.messages import (
     ApiError,
     AssignmentRequest,
     Award,
@@ -47,9 +47,9 @@ from shared.messages import (
     Request,
     Spec,
 )
-from shared.reasons import DECLINES, Reason
-from shared.records import InstanceRecord
-from shared.timing import Timing
+from gavel.shared.reasons import DECLINES, Reason
+from gavel.shared.records import InstanceRecord
+from gavel.shared.timing import Timing
 from tests.unit.fuzzkit import FUZZ, Msg, Wire, bombs, floats_hostile, garbage_for, wire_values
 
 NODES = ("n1", "n2", "n3")

@@ -14,10 +14,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from broker.specfile import SpecError, load_spec
-from shared import api
-from shared.award import NodeBid, NodeDecline
-from shared.messages import (
+from gavel.cli.specfile import SpecError, load_spec
+from gavel.shared import api
+from gavel.shared.award import NodeBid, NodeDecline
+from gavel.shared.messages import (
     RFB,
     ApiError,
     AssignmentRequest,
@@ -34,7 +34,7 @@ from shared.messages import (
     Shape,
     Spec,
 )
-from shared.records import (
+from gavel.shared.records import (
     Assignment,
     AuctionRecord,
     BatchRecord,
@@ -46,9 +46,9 @@ from shared.records import (
     auction_trailer,
     parse_trailers,
 )
+from gavel.worker import localstate
+from gavel.worker.localstate import AgentFile, LocalInstance
 from tests.unit.fuzzkit import FUZZ, REFUSED, bombs, garbage_for, mutated, wire_values
-from worker import localstate
-from worker.localstate import AgentFile, LocalInstance
 
 SPEC = Spec(name="web", command=["python", "-c", "pass"], cpu=0.5, memory_mb=128,
             ports=["http"], labels={"zone": "a"}, env={"A": "1"}, timeout_s=5.0)
@@ -125,8 +125,8 @@ EACH = settings(FUZZ, max_examples=80)
 
 
 def _name(t: Any) -> str:
-    return getattr(t, "__name__", None) or str(t).replace("shared.api.", "").replace(
-        "shared.messages.", "")
+    return getattr(t, "__name__", None) or str(t).replace("gavel.shared.api.", "").replace(
+        "gavel.shared.messages.", "")
 
 
 def _decodes_or_refuses(decoder: Any, t: Any, data: bytes) -> None:

@@ -25,13 +25,13 @@ from hypothesis import event, given
 from hypothesis import strategies as st
 from hypothesis.control import currently_in_test_context as currently_fuzzing
 
-from shared import subjects
-from shared.messages import RFB, Award, Bid, BidReply, Cancel, Decline, Event, Shape, Spec
-from shared.reasons import DECLINES
-from shared.strategies import make_strategy, names
-from shared.timing import Timing
+from gavel.shared import subjects
+from gavel.shared.messages import RFB, Award, Bid, BidReply, Cancel, Decline, Event, Shape, Spec
+from gavel.shared.reasons import DECLINES
+from gavel.shared.strategies import make_strategy, names
+from gavel.shared.timing import Timing
+from gavel.worker.agent import Agent
 from tests.unit.fuzzkit import FUZZ, Msg, bombs, floats_hostile, garbage_for
-from worker.agent import Agent
 
 NODE = "n1"
 SPEC = Spec(name="web", command=[sys.executable, "-c", "pass"], cpu=0.5, memory_mb=64,

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from shared.health import Health, Liveness
-from shared.messages import Heartbeat
-from shared.timing import Timing
+from gavel.shared.health import Health, Liveness
+from gavel.shared.messages import Heartbeat
+from gavel.shared.timing import Timing
 
 
 def test_shift_forgives_the_observers_outage() -> None:

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import msgspec
 
-from broker.state import Change, encode
-from shared.records import Assignment, NodeFile, node_path
+from gavel.broker.ledger.state import Change, encode
+from gavel.shared.records import Assignment, NodeFile, node_path
 
 
 def test_node_bytes_are_encoded_once_per_record_and_anew_for_a_new_one() -> None:

@@ -11,9 +11,9 @@ from pathlib import Path
 import pygit2
 import pytest
 
-from broker import ledger as ledger_mod
-from broker.ledger import Ledger, encode
-from shared.records import NodeFile
+from gavel.broker.ledger import repository as ledger_mod
+from gavel.broker.ledger.repository import Ledger, encode
+from gavel.shared.records import NodeFile
 
 
 def test_our_commit_is_seen_at_once_and_theirs_within_the_window(tmp_path: Path) -> None:
@@ -42,8 +42,8 @@ def test_following_the_branch_maps_none_of_the_writers_packs(tmp_path: Path) -> 
     libgit2 opened and mapped every new pack - and kept merged-away ones mapped: the
     broker's RSS grew from 69 to 165 MB over a 20,000-placement run."""
     path = tmp_path / "state.git"
-    write = ("import sys; from broker.ledger import Ledger, encode; "
-             "from shared.records import NodeFile; l = Ledger(__import__('pathlib').Path("
+    write = ("import sys; from gavel.broker.ledger.repository import Ledger, encode; "
+             "from gavel.shared.records import NodeFile; l = Ledger(__import__('pathlib').Path("
              f"{str(path)!r})); h = None\n"
              "for c in range(3):\n"
              "    h = l.write_files({f'nodes/n{k}/node.json': encode(NodeFile(node_id=f'n{k}'"

@@ -11,9 +11,9 @@ from pathlib import Path
 import pygit2
 import pytest
 
-from broker.ledger import Change, Ledger, encode
-from shared.messages import InstanceState, Spec
-from shared.records import InstanceRecord, flat_instance_path, instance_path
+from gavel.broker.ledger.repository import Change, Ledger, encode
+from gavel.shared.messages import InstanceState, Spec
+from gavel.shared.records import InstanceRecord, flat_instance_path, instance_path
 
 SPEC = Spec(name="s", command=["true"])
 
@@ -98,7 +98,7 @@ def test_sharded_commits_pass_git_fsck(tmp_path: Path) -> None:
 
 def test_files_that_are_not_what_their_path_says_are_ignored_and_left_alone(
         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    from shared.records import NodeFile, node_path
+    from gavel.shared.records import NodeFile, node_path
 
     wrong_shard = "instances/00/stray.json" if instance_path("stray")[10:12] != "00" \
         else "instances/01/stray.json"

@@ -6,7 +6,7 @@ import io
 import json
 import logging
 
-from broker.logs import REDACTED, configure
+from gavel.cli.logs import REDACTED, configure
 
 SECRET = "hunter2-swordfish"
 

@@ -11,9 +11,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from shared import api, messages
-from shared.award import NodeBid, NodeDecline
-from shared.messages import (
+from gavel.shared import api, messages
+from gavel.shared.award import NodeBid, NodeDecline
+from gavel.shared.messages import (
     RFB,
     ApiError,
     AssignmentRequest,
@@ -34,7 +34,7 @@ from shared.messages import (
     Shape,
     Spec,
 )
-from shared.records import AuctionRecord
+from gavel.shared.records import AuctionRecord
 
 SPEC = Spec(name="web-1", command=["python", "-m", "http.server"], env={"A": "b"}, cpu=0.5,
             memory_mb=256, ports=["http", "admin"], labels={"region": "eu"}, timeout_s=30.0,
@@ -72,7 +72,7 @@ WireMessage = (RFB | Bid | Decline | BidReply | Award | Cancel | Heartbeat | Eve
 decoder = msgspec.msgpack.Decoder(WireMessage)
 
 
-def _wire_classes(module: str = "shared.messages") -> set[type[Message]]:
+def _wire_classes(module: str = "gavel.shared.messages") -> set[type[Message]]:
     """Every Message subclass defined in `module` (other modules' endpoints are not ours)."""
     found: set[type[Message]] = set()
     todo = list(Message.__subclasses__())
@@ -301,7 +301,7 @@ api_decoder: msgspec.msgpack.Decoder[Any] = msgspec.msgpack.Decoder(Union[_api_t
 
 
 def test_every_api_message_has_a_sample() -> None:
-    assert {type(m) for m in API_SAMPLES} - {ApiError} == _wire_classes("shared.api")
+    assert {type(m) for m in API_SAMPLES} - {ApiError} == _wire_classes("gavel.shared.api")
 
 
 @pytest.mark.parametrize("msg", API_SAMPLES, ids=lambda m: type(m).__name__)
@@ -377,7 +377,7 @@ def test_a_shape_is_a_request_without_its_id() -> None:
 
 
 def test_every_message_carries_the_protocol_version_and_refuses_another() -> None:
-    from shared.messages import PROTOCOL, Heartbeat
+    from gavel.shared.messages import PROTOCOL, Heartbeat
 
     wire = msgspec.msgpack.encode(Heartbeat(node_id="a"))
     assert msgspec.msgpack.decode(wire)["v"] == PROTOCOL

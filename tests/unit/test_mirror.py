@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import asyncio
 
-from broker.mirror import Mirror
-from shared.records import NodeFile
+from gavel.broker.mirror import Mirror
+from gavel.shared.records import NodeFile
 
 
 class Clock:

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bench.natslite import LiteClient, ProtocolError
+from gavel.bench.natslite import LiteClient, ProtocolError
 
 
 class FakeTransport:

@@ -10,13 +10,13 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from broker import wire
-from broker.plan import View, submit
-from broker.service import Broker
-from shared import subjects
-from shared.messages import Bid, BidReply, Capacity, Heartbeat, Spec
-from shared.records import InstanceRecord
-from shared.timing import Timing
+from gavel.broker.ledger.plan import View, submit
+from gavel.broker.service import Broker
+from gavel.shared import subjects
+from gavel.shared.messages import Bid, BidReply, Capacity, Heartbeat, Spec
+from gavel.shared.records import InstanceRecord
+from gavel.shared.timing import Timing
+from gavel.transport import wire
 from tests.unit.fuzzkit import Msg
 
 SPEC = Spec(name="web", command=["true"], cpu=0.1, memory_mb=16)

@@ -12,8 +12,7 @@ import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from broker.ledger import Ledger, _person
-from broker.objects import (
+from gavel.broker.ledger.objects import (
     BLOB,
     TREE,
     Batch,
@@ -23,6 +22,7 @@ from broker.objects import (
     object_id,
     tree_body,
 )
+from gavel.broker.ledger.repository import Ledger, _person
 
 
 @pytest.fixture

@@ -10,10 +10,10 @@ from pathlib import Path
 import pygit2
 import pytest
 
-from broker import packs
-from broker.ledger import Ledger, encode
-from broker.objects import object_id
-from shared.records import NodeFile
+from gavel.broker.ledger import packs
+from gavel.broker.ledger.objects import object_id
+from gavel.broker.ledger.repository import Ledger, encode
+from gavel.shared.records import NodeFile
 
 needs_git = pytest.mark.skipif(shutil.which("git") is None, reason="needs the git command")
 

@@ -3,12 +3,12 @@ late report — resolve to exactly one of them, never to a corrupt mix."""
 
 from __future__ import annotations
 
-from broker.plan import View, block_ports, finish, record_ports, requeue, unblock_ports
-from broker.state import Change, State
-from shared.messages import InstanceState as S
-from shared.messages import Spec
-from shared.reasons import Reason
-from shared.records import Assignment, InstanceRecord, NodeFile
+from gavel.broker.ledger.plan import View, block_ports, finish, record_ports, requeue, unblock_ports
+from gavel.broker.ledger.state import Change, State
+from gavel.shared.messages import InstanceState as S
+from gavel.shared.messages import Spec
+from gavel.shared.reasons import Reason
+from gavel.shared.records import Assignment, InstanceRecord, NodeFile
 
 SPEC = Spec(name="svc", command=["true"], attempts=3)
 
@@ -94,9 +94,9 @@ def test_recorded_ports_block_only_what_the_instance_was_awarded() -> None:
 def test_an_award_to_a_node_drained_in_the_same_batch_is_not_placed() -> None:
     """A drain committed after the round opened: the award finds node.json draining and the
     instance stays pending for the next round (the node may not know it is draining)."""
-    from broker.plan import place, set_draining
-    from shared.auction import Awarded, NodeBid
-    from shared.messages import Request
+    from gavel.broker.ledger.plan import place, set_draining
+    from gavel.shared.auction import Awarded, NodeBid
+    from gavel.shared.messages import Request
 
     st = State(head="h")
     st.put_instance("j", InstanceRecord(instance_id="j", spec=SPEC))

@@ -18,7 +18,7 @@ def _run(*args: str) -> subprocess.CompletedProcess[str]:
 
 def test_ruff_is_clean() -> None:
     pytest.importorskip("ruff")
-    got = _run("ruff", "check", "shared", "broker", "worker", "sim", "bench", "tests")
+    got = _run("ruff", "check", ".")  # the tree once: gavel/ holds links, not copies
     assert got.returncode == 0, got.stdout + got.stderr
 
 

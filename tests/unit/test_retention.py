@@ -12,14 +12,14 @@ import msgspec
 import pygit2
 import pytest
 
-from broker.committer import Committer, Item, Planned
-from broker.ledger import Ledger, State, parse_stamp, stamp
-from broker.plan import View, forget, submit
-from broker.retention import due
-from shared.messages import InstanceState as S
-from shared.messages import Spec
-from shared.reasons import Reason
-from shared.records import InstanceRecord, instance_path
+from gavel.broker.ledger.committer import Committer, Item, Planned
+from gavel.broker.ledger.plan import View, forget, submit
+from gavel.broker.ledger.repository import Ledger, State, parse_stamp, stamp
+from gavel.broker.retention import due
+from gavel.shared.messages import InstanceState as S
+from gavel.shared.messages import Spec
+from gavel.shared.reasons import Reason
+from gavel.shared.records import InstanceRecord, instance_path
 
 SPEC = Spec(name="s", command=["true"])
 T0 = datetime(2026, 11, 29, 12, 0, 0, tzinfo=UTC)

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from sim.cli import SCENARIOS, add_arguments, run
-from sim.scenario import ScenarioError, load_scenario, parse_scenario
+from gavel.cli.sim import SCENARIOS, add_arguments, run
+from gavel.sim.scenario import ScenarioError, load_scenario, parse_scenario
 
 
 def _run(argv: list[str]) -> int:

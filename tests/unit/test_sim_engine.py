@@ -8,13 +8,13 @@ import random
 import numpy as np
 import pytest
 
-from sim.cluster import Cluster, IndexedSet, node_ids, script
-from sim.distributions import Constant, Exponential, Lognormal, Uniform
-from sim.metrics import PolicyResult
-from sim.network import NetworkModel
-from sim.policies import assign_mix, plan, run_policy, simulate
-from sim.scenario import Scenario, parse_scenario
-from sim.workload import stream
+from gavel.sim.cluster import Cluster, IndexedSet, node_ids, script
+from gavel.sim.distributions import Constant, Exponential, Lognormal, Uniform
+from gavel.sim.metrics import PolicyResult
+from gavel.sim.network import NetworkModel
+from gavel.sim.policies import assign_mix, plan, run_policy, simulate
+from gavel.sim.scenario import Scenario, parse_scenario
+from gavel.sim.workload import stream
 
 BASE = """
 name = "t"
@@ -187,8 +187,8 @@ def test_binpack_fleet_leaves_empty_nodes_that_spreading_does_not() -> None:
 
 def test_the_binpacking_scenario_answers_the_bin_packing_question() -> None:
     """The README's claim, held to the shipped scenario: spreading strands, binpack packs."""
-    from sim.cli import SCENARIOS
-    from sim.scenario import load_scenario
+    from gavel.cli.sim import SCENARIOS
+    from gavel.sim.scenario import load_scenario
 
     s = load_scenario(SCENARIOS / "binpacking.toml")
     r = {p.policy: p for p in simulate(s, s.seed, only={"gavel:least-loaded",

@@ -8,17 +8,17 @@ from collections import Counter
 import msgspec
 import pytest
 
-from shared.auction import Auction, Awarded, Unschedulable
-from shared.messages import Bid, BidReply, Decline, Request
-from shared.reasons import Reason
-from shared.strategies import answer
-from sim.book import Books
-from sim.cluster import Cluster
-from sim.metrics import PolicyResult
-from sim.policies import plan, run_policy, simulate
-from sim.rounds import reduced_declines, run_round
-from sim.scenario import Scenario, parse_scenario
-from sim.workload import Catalogue
+from gavel.shared.auction import Auction, Awarded, Unschedulable
+from gavel.shared.messages import Bid, BidReply, Decline, Request
+from gavel.shared.reasons import Reason
+from gavel.shared.strategies import answer
+from gavel.sim.book import Books
+from gavel.sim.cluster import Cluster
+from gavel.sim.metrics import PolicyResult
+from gavel.sim.policies import plan, run_policy, simulate
+from gavel.sim.rounds import reduced_declines, run_round
+from gavel.sim.scenario import Scenario, parse_scenario
+from gavel.sim.workload import Catalogue
 
 MIXED = """
 name = "equivalence"

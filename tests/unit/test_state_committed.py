@@ -11,15 +11,15 @@ from pathlib import Path
 import msgspec
 import pytest
 
-import broker.state
-from broker.ledger import Ledger
-from broker.plan import View, finish, place, record_ports, set_draining, submit
-from broker.state import State, committed_by, compact
-from shared.auction import Awarded
-from shared.award import NodeBid
-from shared.messages import Capacity, Request, Spec
-from shared.messages import InstanceState as S
-from shared.records import Assignment, InstanceRecord, NodeFile
+from gavel.broker.ledger import state as ledger_state
+from gavel.broker.ledger.plan import View, finish, place, record_ports, set_draining, submit
+from gavel.broker.ledger.repository import Ledger
+from gavel.broker.ledger.state import State, committed_by, compact
+from gavel.shared.auction import Awarded
+from gavel.shared.award import NodeBid
+from gavel.shared.messages import Capacity, Request, Spec
+from gavel.shared.messages import InstanceState as S
+from gavel.shared.records import Assignment, InstanceRecord, NodeFile
 
 #: Amounts that binary floats cannot hold exactly: a drifting running total shows.
 CPUS = (0.01, 0.1, 0.2, 0.3, 0.07, 1.0 / 3)
@@ -139,5 +139,5 @@ def test_a_node_file_that_only_gained_placements_is_appended_to_byte_for_byte(
         assert not (isinstance(obj, NodeFile) and obj.instances), "encoded the whole file"
         return msgspec.json.encode(obj)
 
-    monkeypatch.setattr(broker.state, "compact", no_whole_file)
+    monkeypatch.setattr(ledger_state, "compact", no_whole_file)
     assert view.change.node_compact("n1", nf) == whole

@@ -4,12 +4,12 @@ broker restarted while a worker was down for 4 s revoked everything that worker 
 
 from __future__ import annotations
 
-from broker.state import State
-from broker.watchdog import Action, Kind, Timers, due
-from shared.health import Liveness
-from shared.messages import Heartbeat, Spec
-from shared.records import Assignment, InstanceRecord, NodeFile
-from shared.timing import Timing
+from gavel.broker.ledger.state import State
+from gavel.broker.watchdog import Action, Kind, Timers, due
+from gavel.shared.health import Liveness
+from gavel.shared.messages import Heartbeat, Spec
+from gavel.shared.records import Assignment, InstanceRecord, NodeFile
+from gavel.shared.timing import Timing
 
 T = Timing()
 

@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from shared.messages import Spec
-from shared.records import Placement
-from worker.driver import Process, instance_env, terminate
-from worker.hoststats import Sampler, detect_capacity
-from worker.localstate import (
+from gavel.shared.messages import Spec
+from gavel.shared.records import Placement
+from gavel.worker.driver import Process, instance_env, terminate
+from gavel.worker.hoststats import Sampler, detect_capacity
+from gavel.worker.localstate import (
     AgentFile,
     LocalInstance,
     load,

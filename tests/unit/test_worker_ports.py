@@ -4,7 +4,7 @@ the awarded ports found taken so the broker can block them."""
 
 from __future__ import annotations
 
-from worker.ports import assign
+from gavel.worker.ports import assign
 
 
 def test_awarded_ports_are_kept_when_they_bind() -> None:
