@@ -19,16 +19,20 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
 
 import msgspec
 import psutil
 from nats.aio.msg import Msg
 
+from gavel.broker.auctioneer import Auctioneer
+from gavel.broker.context import Context
 from gavel.broker.ledger.committer import Item, Planned
 from gavel.broker.ledger.plan import View, submit
 from gavel.broker.ledger.state import Ready, ready
+from gavel.broker.mirror import Mirror
+from gavel.broker.promises import Promises
 from gavel.shared import subjects
 from gavel.shared.api import (
     CancelReply,
@@ -56,9 +60,6 @@ from gavel.shared.messages import ApiError, Capacity, InstanceState, Message
 from gavel.shared.reasons import Reason
 from gavel.shared.records import InstanceRecord
 
-if TYPE_CHECKING:
-    from gavel.broker.service import Broker
-
 __all__ = ["Api"]
 
 _enc = msgspec.msgpack.Encoder()
@@ -70,8 +71,15 @@ SUBMIT_SLICE = 128
 
 
 class Api:
-    def __init__(self, broker: Broker) -> None:
-        self.b = broker
+    def __init__(self, ctx: Context, *, auctioneer: Auctioneer, promises: Promises,
+                 mirror: Mirror, secrets: Mapping[str, str], ended_max: int) -> None:
+        self.ctx = ctx
+        self.auctioneer = auctioneer
+        self.promises = promises
+        self.mirror = mirror
+        #: The names submissions may ask for (values are resolved only into awards).
+        self.secrets = secrets
+        self.ended_max = ended_max
         #: Requests being served (rule 2); a reference keeps each task alive.
         self._serving: set[asyncio.Task[None]] = set()
         self.verbs: dict[str, tuple[msgspec.msgpack.Decoder[Any], Handler]] = {
@@ -104,19 +112,19 @@ class Api:
         try:
             request = decoder.decode(msg.data)
         except (msgspec.DecodeError, RecursionError) as exc:  # depth guard: no DecodeError
-            self.b.rejects.count(f"malformed {verb} request", msg.subject)
+            self.ctx.rejects.count(f"malformed {verb} request", msg.subject)
             reply: Message = ApiError(error=f"malformed {verb} request: {exc}")
         else:
             try:
                 reply = await handler(request)
             except Exception as exc:  # an API bug must not kill the broker
-                self.b.rejects.count(f"failed {verb} request", msg.subject)
+                self.ctx.rejects.count(f"failed {verb} request", msg.subject)
                 reply = ApiError(error=f"{verb} failed: {exc}")
         if msg.reply:
             try:
                 await msg.respond(_enc.encode(reply))
             except Exception as exc:  # the connection went: the client will time out
-                self.b.log.warning("could not answer a %s request: %s", verb, exc)
+                self.ctx.log.warning("could not answer a %s request: %s", verb, exc)
 
     def close(self) -> None:
         for task in list(self._serving):
@@ -127,15 +135,15 @@ class Api:
         spec = req.spec
         base = req.instance_id or f"{spec.name}-{uuid.uuid4().hex[:6]}"
         ids = [base] if req.count == 1 else [f"{base}-{k}" for k in range(1, req.count + 1)]
-        missing = [s for s in spec.secrets if s not in self.b.secrets]
+        missing = [s for s in spec.secrets if s not in self.secrets]
         if missing:
             return ApiError(error=f"unknown secret {missing[0]!r}: it is not in the broker's "
                                   "secrets file")
         never = self._never_fits(spec.cpu, spec.memory_mb, len(spec.ports))
         if never:
             return ApiError(error=f"{Reason.NEVER_FITS}: {never}")
-        if self.b.ledger.pinned:
-            return ApiError(error=f"{Reason.PINNED} ({self.b.ledger.ref})")
+        if self.ctx.ledger.pinned:
+            return ApiError(error=f"{Reason.PINNED} ({self.ctx.ledger.ref})")
         made: list[Ready] = []
         for start in range(0, len(ids), SUBMIT_SLICE):  # rule 3
             if start:
@@ -162,31 +170,32 @@ class Api:
             if not done.done():
                 done.set_result(SubmitReply(instance_id=ids[0],
                                             instance_ids=ids if len(ids) > 1 else []))
-            self.b.wake()
+            self.ctx.wake()
 
         def failed(reason: Reason, detail: str) -> None:
             if not done.done():
                 done.set_result(ApiError(error=f"{reason} ({detail})"))
 
-        self.b.committer.submit(Item(plan=plan, failed=failed, retry=False))
+        self.ctx.committer.submit(Item(plan=plan, failed=failed, retry=False))
         return await done
 
     async def stats(self, req: StatsRequest) -> Message:
-        b = self.b
-        rounds = sorted(b.round_times)
-        commits = sorted(b.committer.latencies)
+        ctx = self.ctx
+        auctioneer = self.auctioneer
+        rounds = sorted(auctioneer.round_times)
+        commits = sorted(ctx.committer.latencies)
         return StatsReply(
-            placed_total=b.auctioneer.placed_total, instances=len(b.ledger.state().instances),
-            nodes_healthy=len(b.liveness.eligible(b.now())),
-            placed_now=len(b.ledger.state().where),
-            auctions=b.auctioneer.auctions_total, bids_received=b.auctioneer.replies_total,
-            commits=b.committer.commits, round_p50_ms=_pct(rounds, 50),
+            placed_total=auctioneer.placed_total, instances=len(ctx.ledger.state().instances),
+            nodes_healthy=len(ctx.liveness.eligible(ctx.now())),
+            placed_now=len(ctx.ledger.state().where),
+            auctions=auctioneer.auctions_total, bids_received=auctioneer.replies_total,
+            commits=ctx.committer.commits, round_p50_ms=_pct(rounds, 50),
             round_p99_ms=_pct(rounds, 99), commit_p50_ms=_pct(commits, 50),
             commit_p99_ms=_pct(commits, 99),
-            rss_mb=psutil.Process().memory_info().rss / 2**20, kv_puts=b.mirror.puts)
+            rss_mb=psutil.Process().memory_info().rss / 2**20, kv_puts=self.mirror.puts)
 
     def _never_fits(self, cpu: float, memory_mb: int, ports: int) -> str:
-        caps = [hb.capacity for hb in self.b.liveness.heartbeats.values()]
+        caps = [hb.capacity for hb in self.ctx.liveness.heartbeats.values()]
         if not caps:
             return ""
         if all(cpu > c.cpu for c in caps):
@@ -199,7 +208,7 @@ class Api:
         return ""
 
     def _unknown(self, iid: str) -> ApiError:
-        keep, most = self.b.timing.retention_s, self.b.ended_max
+        keep, most = self.ctx.timing.retention_s, self.ended_max
         rules = ([f"{keep:g} s after it ended"] if keep > 0 else []) + (
             [f"once {most} newer ended ones are kept"] if most > 0 else [])
         hint = (f" (the record of an ended instance leaves the state tree {' or '.join(rules)}"
@@ -208,21 +217,21 @@ class Api:
 
     def instance_status(self, rec: InstanceRecord) -> InstanceStatus:
         iid = rec.instance_id
-        state = self.b.ledger.state()
+        state = self.ctx.ledger.state()
         pl = state.placement(iid)
         node = state.placement_of(iid)
         if pl is not None and node is not None and rec.state in PENDING:
             st = "cancelling" if rec.cancelling else \
-                self.b.promises.live.get(iid, InstanceState.PLACED)
+                self.promises.live.get(iid, InstanceState.PLACED)
             return InstanceStatus(instance_id=iid, name=rec.spec.name, state=st,
                                   node_id=node, attempt=pl.attempt, ports=dict(pl.ports))
-        st = self.b.auctioneer.status_of(iid, rec.state)
+        st = self.auctioneer.status_of(iid, rec.state)
         return InstanceStatus(instance_id=iid, name=rec.spec.name, state=st,
                               node_id=rec.node_id, attempt=rec.attempt, reason=rec.reason,
                               detail=rec.detail)
 
     async def status(self, req: StatusRequest) -> Message:
-        state = self.b.ledger.state()
+        state = self.ctx.ledger.state()
         if req.instance_id:
             rec = state.instances.get(req.instance_id)
             if rec is None:
@@ -232,62 +241,62 @@ class Api:
         return StatusReply(instances=[self.instance_status(r) for r in recs])
 
     async def nodes(self, req: NodesRequest) -> Message:
-        now = self.b.now()
-        state = self.b.ledger.state()
+        now = self.ctx.now()
+        state = self.ctx.ledger.state()
         out = []
-        for node_id in self.b.liveness.known():
-            hb = self.b.liveness.heartbeats[node_id]
+        for node_id in self.ctx.liveness.known():
+            hb = self.ctx.liveness.heartbeats[node_id]
             nf = state.nodes.get(node_id)
             placed = list(nf.instances.values()) if nf else []
             committed = Capacity(cpu=sum(p.cpu for p in placed),
                                  memory_mb=sum(p.memory_mb for p in placed),
                                  ports=sum(len(p.ports) for p in placed))
-            health: Health = self.b.liveness.health(node_id, now)
+            health: Health = self.ctx.liveness.health(node_id, now)
             out.append(NodeStatus(node_id=node_id, health=health, strategy=hb.strategy,
                                   labels=hb.labels, capacity=hb.capacity, committed=committed,
                                   draining=hb.draining or bool(nf and nf.draining),
                                   instances=len(placed),
-                                  last_seen_s=round(now - self.b.liveness.last_seen[node_id],
+                                  last_seen_s=round(now - self.ctx.liveness.last_seen[node_id],
                                                     3)))
-        return NodesReply(nodes=out, rejected=dict(self.b.rejects.counts))
+        return NodesReply(nodes=out, rejected=dict(self.ctx.rejects.counts))
 
     async def why(self, req: WhyRequest) -> Message:
-        rec = self.b.ledger.state().instances.get(req.instance_id)
+        rec = self.ctx.ledger.state().instances.get(req.instance_id)
         if rec is None:
             return self._unknown(req.instance_id)
         auctions = await asyncio.get_running_loop().run_in_executor(
-            None, self.b.ledger.auctions_for, req.instance_id)
-        recent = self.b.auctioneer.recent(req.instance_id)
+            None, self.ctx.ledger.auctions_for, req.instance_id)
+        recent = self.auctioneer.recent(req.instance_id)
         if recent is not None and all(a.auction_id != recent.auction_id for a in auctions):
             auctions.insert(0, recent)
         return WhyReply(instance=self.instance_status(rec), auctions=auctions)
 
     async def events(self, req: EventsRequest) -> Message:
-        evs = [e for e in self.b.events
+        evs = [e for e in self.ctx.events
                if not req.instance_id or e.instance_id == req.instance_id]
         return EventsReply(events=evs[-req.limit:] if req.limit > 0 else evs)
 
     async def cancel(self, req: CancelRequest) -> Message:
-        if self.b.ledger.pinned:
-            return ApiError(error=f"{Reason.PINNED} ({self.b.ledger.ref})")
+        if self.ctx.ledger.pinned:
+            return ApiError(error=f"{Reason.PINNED} ({self.ctx.ledger.ref})")
         try:
-            state = self.b.promises.cancel(req.instance_id)
+            state = self.promises.cancel(req.instance_id)
         except KeyError:
             return self._unknown(req.instance_id)
         return CancelReply(instance_id=req.instance_id, state=state)
 
     async def drain(self, req: DrainRequest) -> Message:
-        if self.b.ledger.pinned:
-            return ApiError(error=f"{Reason.PINNED} ({self.b.ledger.ref})")
-        state = self.b.ledger.state()
-        known = set(self.b.liveness.known()) | set(state.nodes)
+        if self.ctx.ledger.pinned:
+            return ApiError(error=f"{Reason.PINNED} ({self.ctx.ledger.ref})")
+        state = self.ctx.ledger.state()
+        known = set(self.ctx.liveness.known()) | set(state.nodes)
         if req.node_id not in known:
             return ApiError(error=f"{Reason.UNKNOWN_NODE}: {req.node_id}")
         if req.node_id in state.unusable_nodes:
             path = f"nodes/{req.node_id}/node.json"
             return ApiError(error=f"{Reason.UNREADABLE_FILE}: {path} "
                             f"({state.unreadable.get(path, '')})")
-        moving = self.b.promises.drain(req.node_id, req.undo, req.migrate)
+        moving = self.promises.drain(req.node_id, req.undo, req.migrate)
         return DrainReply(node_id=req.node_id, draining=not req.undo, migrating=moving)
 
 

@@ -25,36 +25,62 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import random
 import uuid
-from collections.abc import Iterable
+from collections import deque
+from collections.abc import Callable, Iterable
 from itertools import filterfalse
-from typing import TYPE_CHECKING
 
 import msgspec
 
+from gavel.broker.context import Context
 from gavel.broker.ledger.committer import Item, Planned
 from gavel.broker.ledger.plan import View, place, unschedulable
 from gavel.shared import subjects
 from gavel.shared.auction import Auction, Awarded, Decision, Unschedulable, Verdict
 from gavel.shared.lifecycle import PENDING
-from gavel.shared.messages import BidReply, Capacity, Decline, EventType, InstanceState, Request
+from gavel.shared.messages import (
+    Award,
+    BidReply,
+    Capacity,
+    Decline,
+    EventType,
+    InstanceState,
+    Request,
+)
 from gavel.shared.reasons import Reason, render
 from gavel.shared.records import AuctionRecord, BatchRecord, Outcome, ShapeRecord, auction_trailer
+from gavel.transport.inbound import Guard
 from gavel.transport.wire import Received
 
-if TYPE_CHECKING:
-    from gavel.broker.service import Broker
-
-__all__ = ["RECENT_KEPT", "Auctioneer"]
+__all__ = ["RECENT_KEPT", "ROUNDS_KEPT", "Auctioneer"]
 
 RECENT_KEPT = 2048
-
-_bids_dec = msgspec.msgpack.Decoder(BidReply)
+#: Bid-round durations kept for the API's percentiles.
+ROUNDS_KEPT = 10_000
 
 
 class Auctioneer:
-    def __init__(self, broker: Broker) -> None:
-        self.b = broker
+    def __init__(self, ctx: Context, *, award_for: Callable[[str, str, str], Award | None],
+                 batch_max: int = 256, sample_d: int | None = None, max_auctions: int = 16,
+                 batch_wait_s: float = 0.0, rng: random.Random | None = None) -> None:
+        self.ctx = ctx
+        #: The award a placed instance's winner is told (`broker.assign`).
+        self.award_for = award_for
+        self.batch_max = batch_max
+        #: Sampling: ask d nodes per request instead of everyone (None: full broadcast).
+        self.sample_d = sample_d
+        #: Auctions in flight at once (pipelining with a bound, so a backlog of 100,000
+        #: submissions does not become 400 simultaneous broadcasts).
+        self.max_auctions = max_auctions
+        #: How long waiting work may wait for a fuller batch (rule 4).
+        self.batch_wait_s = batch_wait_s
+        self.rng = rng or random.Random()
+        self._guard = Guard("bid reply", BidReply, ctx.rejects, node=subjects.node_of,
+                            foreign="bid")
+        #: Instances whose pinned-deployment error was reported (once each).
+        self.pinned_reported: set[str] = set()
+        self.round_times: deque[float] = deque(maxlen=ROUNDS_KEPT)
         self.auctions: dict[str, Auction] = {}
         self.inflight: set[str] = set()
         self.reserved: dict[str, Capacity] = {}
@@ -80,10 +106,10 @@ class Auctioneer:
             self._opening = False
 
     def _reconcile(self, now: float) -> None:
-        b = self.b
-        state = b.ledger.state()
-        room = b.max_auctions - len(self.auctions)
-        want = max(room, 1) * b.batch_max
+        ctx = self.ctx
+        state = ctx.ledger.state()
+        room = self.max_auctions - len(self.auctions)
+        want = max(room, 1) * self.batch_max
         pending = []
         # Oldest first; stop once there is enough for the room. Awarded instances stay
         # pending until their commit lands (a whole group commit of them, at the front):
@@ -101,19 +127,19 @@ class Auctioneer:
             return
         if self.waiting_since is None:
             self.waiting_since = now
-        if len(pending) < b.batch_max and now - self.waiting_since < b.batch_wait_s:
-            self._wake_at(self.waiting_since + b.batch_wait_s - now)  # rule 4
+        if len(pending) < self.batch_max and now - self.waiting_since < self.batch_wait_s:
+            self._wake_at(self.waiting_since + self.batch_wait_s - now)  # rule 4
             return
-        if b.ledger.pinned:
+        if ctx.ledger.pinned:
             for r in pending:
-                if r.instance_id not in b.pinned_reported:
-                    b.pinned_reported.add(r.instance_id)
-                    b.emit(r.instance_id, EventType.ERROR, reason=Reason.PINNED,
-                           detail=b.ledger.ref)
+                if r.instance_id not in self.pinned_reported:
+                    self.pinned_reported.add(r.instance_id)
+                    ctx.events.emit(r.instance_id, EventType.ERROR, reason=Reason.PINNED,
+                                    detail=ctx.ledger.ref)
             return
         if room <= 0:
             return
-        eligible = b.liveness.eligible(now)
+        eligible = ctx.liveness.eligible(now)
         if state.unusable_nodes:  # a node.json we cannot read: that node wins nothing
             eligible = [n for n in eligible if n not in state.unusable_nodes]
         groups: dict[tuple[str, ...], list[Request]] = {}
@@ -122,29 +148,29 @@ class Auctioneer:
         for excluded, requests in groups.items():
             candidates = ([n for n in eligible if n not in excluded] or eligible) \
                 if excluded else eligible
-            for i in range(0, len(requests), b.batch_max):
+            for i in range(0, len(requests), self.batch_max):
                 if room <= 0:
                     return  # what is left has waited already: it goes when room frees
-                self.open(requests[i:i + b.batch_max], candidates, now)
+                self.open(requests[i:i + self.batch_max], candidates, now)
                 room -= 1
         self.waiting_since = None
 
     def _wake_at(self, delay: float) -> None:
         if self._wait_timer is None or self._wait_timer.cancelled() \
                 or self._wait_timer.when() <= asyncio.get_running_loop().time():
-            self._wait_timer = asyncio.get_running_loop().call_later(delay, self.b.wake)
+            self._wait_timer = asyncio.get_running_loop().call_later(delay, self.ctx.wake)
 
     def open(self, requests: list[Request], candidates: list[str], now: float) -> None:
         """One auction: broadcast to every candidate, or — with sampling on and a cluster
         larger than d per request — to d·len(requests) sampled nodes (Sparrow's batch
         sampling), each addressed on its own subject."""
-        b = self.b
+        ctx = self.ctx
         aid = uuid.uuid4().hex[:12]
-        deadline = b.timing.bid_deadline_s
-        d = b.sample_d
+        deadline = ctx.timing.bid_deadline_s
+        d = self.sample_d
         sampled = d is not None and len(candidates) > d * len(requests)
         if sampled:
-            candidates = sorted(b.rng.sample(candidates, (d or 1) * len(requests)))
+            candidates = sorted(self.rng.sample(candidates, (d or 1) * len(requests)))
         auction = Auction(aid, requests, candidates, now, deadline)
         self.auctions[aid] = auction
         self.auctions_total += 1
@@ -152,13 +178,13 @@ class Auctioneer:
         if not candidates:
             self.close(auction)
             return
-        payload = b.encode(auction.rfb())
+        payload = ctx.outbox.encode(auction.rfb())
         if sampled:
             for node in candidates:
-                b.publish_raw(subjects.RFB_NODE.format(node=node), payload)
+                ctx.outbox.publish_raw(subjects.RFB_NODE.format(node=node), payload)
         else:
-            b.publish_raw(subjects.RFB, payload)
-        b.flush()  # the round is being timed: its RFBs do not wait for the sender's turn
+            ctx.outbox.publish_raw(subjects.RFB, payload)
+        ctx.outbox.flush()  # the round is being timed: its RFBs do not wait for the sender
         asyncio.get_running_loop().call_later(deadline, self._deadline, aid)
 
     def _deadline(self, aid: str) -> None:
@@ -168,37 +194,32 @@ class Auctioneer:
 
     # -- bids ----------------------------------------------------------------------------
     def on_bids(self, msg: Received) -> None:
-        b = self.b
-        try:
-            reply = _bids_dec.decode(msg.data)
-        except (msgspec.DecodeError, RecursionError) as exc:  # depth guard: no DecodeError
-            b.rejects.malformed("bid reply", msg.subject, exc)
-            return
-        if subjects.node_of(msg.subject) != reply.node_id:
-            b.rejects.count("bid for another node", msg.subject)
+        ctx = self.ctx
+        reply = self._guard(msg.subject, msg.data)
+        if reply is None:
             return
         self.replies_total += 1
         auction = self.auctions.get(reply.auction_id)
         if auction is None:
-            b.rejects.count(Verdict.WRONG_AUCTION, msg.subject)
+            ctx.rejects.count(Verdict.WRONG_AUCTION, msg.subject)
             return
-        draining = b.ledger.state().draining
+        draining = ctx.ledger.state().draining
         if draining and reply.node_id in draining:
             # git says draining; the node may not know yet (or ignores it): a bid from it is
             # taken as the decline it should have sent, so `gavel why` still shows it asked.
             reply = msgspec.structs.replace(reply, answers=[
                 Decline(shape=a.shape, reason=Reason.DRAINING) for a in reply.answers])
-        now = b.now()
+        now = ctx.now()
         verdict = auction.receive(reply, now)
         if verdict is not Verdict.ACCEPTED:
-            b.rejects.count(verdict, msg.subject)
+            ctx.rejects.count(verdict, msg.subject)
         if auction.done(now):
             self.close(auction)
 
     def free(self, nodes: Iterable[str]) -> dict[str, Capacity]:
         """Per node: heartbeat capacity minus what git and undelivered awards commit there."""
-        state = self.b.ledger.state()
-        beats = self.b.liveness.heartbeats
+        state = self.ctx.ledger.state()
+        beats = self.ctx.liveness.heartbeats
         out: dict[str, Capacity] = {}
         for node_id in nodes:
             hb = beats.get(node_id)
@@ -222,11 +243,11 @@ class Auctioneer:
     # -- closing -------------------------------------------------------------------------
     def close(self, auction: Auction) -> None:
         del self.auctions[auction.auction_id]
-        now = self.b.now()
+        now = self.ctx.now()
         decisions = auction.decide(now, self.free(auction.eligible))
         round_s = now - auction.opened_at
-        self.b.round_times.append(round_s)
-        m = self.b.metrics
+        self.round_times.append(round_s)
+        m = self.ctx.metrics
         m.round_seconds.observe(round_s)
         awarded = sum(1 for d in decisions if isinstance(d, Awarded))
         if awarded:
@@ -240,15 +261,15 @@ class Auctioneer:
         for d in decisions:
             if isinstance(d, Awarded):
                 self._reserve(d.winner.node_id, d.request, +1)
-                self.b.emit(d.request.instance_id, EventType.SCHEDULED,
+                self.ctx.events.emit(d.request.instance_id, EventType.SCHEDULED,
                             node_id=d.winner.node_id,
                             detail=f"load {d.winner.load:.3f} ({d.winner.strategy})")
-        self.b.committer.submit(Item(
+        self.ctx.committer.submit(Item(
             plan=lambda view: self._plan(view, auction, decisions, round_s),
             failed=lambda reason, detail: self._failed(decisions, reason, detail),
             retry=False))
         if self._opening:  # closed as it opened: the pass under way counted it; the next
-            self.b.wake()  # pass has its room
+            self.ctx.wake()  # pass has its room
         else:  # the next round goes out now, not after the loop's other work (rule 5)
             self.reconcile(now)
 
@@ -266,7 +287,7 @@ class Auctioneer:
         for d, shape in zip(decisions, auction.shape_of, strict=True):
             iid = d.request.instance_id
             if isinstance(d, Awarded):
-                hb = self.b.liveness.heartbeats.get(d.winner.node_id)
+                hb = self.ctx.liveness.heartbeats.get(d.winner.node_id)
                 placement = place(view, d, aid, hb.port_range if hb else [])
                 if placement is None:
                     out.after.append(functools.partial(self._not_placed, d))
@@ -290,22 +311,22 @@ class Auctioneer:
         self._released(d, placed=False)
 
     def _placed(self, d: Awarded, aid: str, attempt: int, sha: str, round_s: float) -> None:
-        b = self.b
+        ctx = self.ctx
         iid, node = d.request.instance_id, d.winner.node_id
         self._released(d, placed=True)
         self.placed_total += 1
-        b.metrics.placements.inc()
+        ctx.metrics.placements.inc()
         self._remember(iid, aid, d)
-        rec = b.ledger.state().instances.get(iid)
-        b.timers.placed(iid, node, b.now(), b.timing, rec.spec.timeout_s if rec else None)
-        award = b.award_for(iid, node, sha)
+        rec = ctx.ledger.state().instances.get(iid)
+        ctx.timers.placed(iid, node, ctx.now(), ctx.timing, rec.spec.timeout_s if rec else None)
+        award = self.award_for(iid, node, sha)
         if award is not None:
-            b.publish(subjects.AWARD.format(node=node), award)
-        b.emit(iid, EventType.PLACED, node_id=node, attempt=attempt,
+            ctx.outbox.publish(subjects.AWARD.format(node=node), award)
+        ctx.events.emit(iid, EventType.PLACED, node_id=node, attempt=attempt,
                detail=f"commit {sha[:12]}; {len(d.bids)} bids, load {d.winner.load:.3f}"
                f"{' (tie broken on node id)' if d.tie_broken else ''}")
-        if b.log.isEnabledFor(logging.INFO):
-            b.log.info("placed %s on %s: %d bids, load %.3f, round %.3fs, commit %s", iid,
+        if ctx.log.isEnabledFor(logging.INFO):
+            ctx.log.info("placed %s on %s: %d bids, load %.3f, round %.3fs, commit %s", iid,
                        node, len(d.bids), d.winner.load, round_s, sha[:12],
                        extra={"instance": iid, "winner": node, "bids": len(d.bids),
                               "load": d.winner.load, "round_s": round_s, "commit": sha[:12],
@@ -315,14 +336,14 @@ class Auctioneer:
         self._reserve(d.winner.node_id, d.request, -1)
         self.inflight.discard(d.request.instance_id)
         if not placed:
-            self.b.wake()
+            self.ctx.wake()
 
     def _unschedulable(self, d: Unschedulable, aid: str, _sha: str = "") -> None:
         iid = d.request.instance_id
         self.inflight.discard(iid)
         self._remember(iid, aid, d)
-        self.retry_at[iid] = self.b.now() + self.b.timing.heartbeat_s
-        self.b.emit(iid, EventType.UNSCHEDULABLE, reason=d.reason, detail=d.summary)
+        self.retry_at[iid] = self.ctx.now() + self.ctx.timing.heartbeat_s
+        self.ctx.events.emit(iid, EventType.UNSCHEDULABLE, reason=d.reason, detail=d.summary)
 
     def _failed(self, decisions: list[Decision], reason: Reason, detail: str) -> None:
         for d in decisions:
@@ -330,8 +351,8 @@ class Auctioneer:
             if isinstance(d, Awarded):
                 self._reserve(d.winner.node_id, d.request, -1)
             self.inflight.discard(iid)
-            self.retry_at[iid] = self.b.now() + self.b.timing.tick_s
-            self.b.emit(iid, EventType.ERROR, reason=reason, detail=detail)
+            self.retry_at[iid] = self.ctx.now() + self.ctx.timing.tick_s
+            self.ctx.events.emit(iid, EventType.ERROR, reason=reason, detail=detail)
 
     def _remember(self, iid: str, aid: str, d: Decision) -> None:
         recent = self._recent  # a dict keeps insertion order: the oldest is first
@@ -347,7 +368,7 @@ class Auctioneer:
     def capacity_freed(self) -> None:
         """Waiting instances may fit now: retry them on the next pass."""
         self.retry_at.clear()
-        self.b.wake()
+        self.ctx.wake()
 
     def status_of(self, iid: str, state: InstanceState) -> str:
         if state in PENDING and iid in self.inflight:

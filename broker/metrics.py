@@ -8,7 +8,7 @@ state) are computed at scrape time from the broker's own view, so they can never
 from __future__ import annotations
 
 from collections import Counter as Tally
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
@@ -16,7 +16,9 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:
-    from gavel.broker.service import Broker
+    from gavel.broker.ledger.repository import Ledger
+    from gavel.broker.mirror import Mirror
+    from gavel.shared.health import Liveness
 
 __all__ = ["Metrics"]
 
@@ -52,37 +54,44 @@ class Metrics:
                                 "Messages from the wire refused, by kind", ["kind"],
                                 registry=r)
 
-    def attach(self, broker: Broker) -> None:
-        """Register the scrape-time view of `broker` (node health, instances by state)."""
-        self.registry.register(_StateCollector(broker))
+    def attach(self, *, now: Callable[[], float], liveness: Liveness, ledger: Ledger,
+               in_flight: Callable[[], int], mirror: Mirror) -> None:
+        """Register the scrape-time view (node health, instances by state, open auctions,
+        the KV mirror's puts)."""
+        self.registry.register(_StateCollector(now, liveness, ledger, in_flight, mirror))
 
 
 class _StateCollector(Collector):
-    def __init__(self, broker: Broker) -> None:
-        self.b = broker
+    def __init__(self, now: Callable[[], float], liveness: Liveness, ledger: Ledger,
+                 in_flight: Callable[[], int], mirror: Mirror) -> None:
+        self.now = now
+        self.liveness = liveness
+        self.ledger = ledger
+        self.in_flight = in_flight
+        self.mirror = mirror
 
     def collect(self) -> Iterator[Metric]:
-        b = self.b
-        now = b.now()
+        now = self.now()
+        liveness = self.liveness
         health = GaugeMetricFamily("gavel_nodes", "Nodes by health", labels=["health"])
-        counts = Tally(str(b.liveness.health(n, now)) for n in b.liveness.known())
+        counts = Tally(str(liveness.health(n, now)) for n in liveness.known())
         for h in ("healthy", "unreachable", "offline"):
             health.add_metric([h], counts.get(h, 0))
         yield health
         states = GaugeMetricFamily("gavel_instances", "Instances by state in git",
                                    labels=["state"])
-        by_state = Tally(str(r.state) for r in b.ledger.state().instances.values())
+        by_state = Tally(str(r.state) for r in self.ledger.state().instances.values())
         for state, n in sorted(by_state.items()):
             states.add_metric([state], n)
         yield states
         inflight = GaugeMetricFamily("gavel_auctions_in_flight", "Open auctions")
-        inflight.add_metric([], len(b.auctioneer.auctions))
+        inflight.add_metric([], self.in_flight())
         yield inflight
         puts = CounterMetricFamily("gavel_kv_puts", "node.json puts into the KV mirror")
-        puts.add_metric([], b.mirror.puts)
+        puts.add_metric([], self.mirror.puts)
         yield puts
         folded = CounterMetricFamily("gavel_kv_puts_coalesced",
                                      "node.json changes folded into a later put of the "
                                      "same node (timing.mirror_s)")
-        folded.add_metric([], b.mirror.coalesced)
+        folded.add_metric([], self.mirror.coalesced)
         yield folded

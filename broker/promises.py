@@ -13,10 +13,9 @@ Rules:
 from __future__ import annotations
 
 import functools
-from typing import TYPE_CHECKING
+from collections.abc import Callable
 
-import msgspec
-
+from gavel.broker.context import Context
 from gavel.broker.ledger.committer import Item, Planned
 from gavel.broker.ledger.plan import (
     View,
@@ -33,14 +32,10 @@ from gavel.shared import subjects
 from gavel.shared.lifecycle import PENDING
 from gavel.shared.messages import Cancel, Event, EventType, InstanceState
 from gavel.shared.reasons import Reason
+from gavel.transport.inbound import Guard
 from gavel.transport.wire import Received
 
-if TYPE_CHECKING:
-    from gavel.broker.service import Broker
-
 __all__ = ["Promises"]
-
-_event_dec = msgspec.msgpack.Decoder(Event)
 
 #: The event types a worker reports about its own instances; any other is rejected.
 REPORTED = frozenset({EventType.PROVISIONING, EventType.RUNNING, EventType.EXITED,
@@ -52,8 +47,11 @@ RETRYABLE = frozenset({Reason.DRIVER_FAILED.value, Reason.NO_ROOM_PORTS.value,
 
 
 class Promises:
-    def __init__(self, broker: Broker) -> None:
-        self.b = broker
+    def __init__(self, ctx: Context, capacity_freed: Callable[[], None]) -> None:
+        self.ctx = ctx
+        #: Waiting work may fit now (the auctioneer retries it at once).
+        self.capacity_freed = capacity_freed
+        self._guard = Guard("event", Event, ctx.rejects, node=subjects.node_of)
         self.acting: set[tuple[Kind, str]] = set()
         self.migrating: dict[str, list[str]] = {}
         self.live: dict[str, str] = {}  # instance -> provisioning/running, from reports
@@ -61,27 +59,22 @@ class Promises:
 
     # -- reports -------------------------------------------------------------------------
     def on_report(self, msg: Received) -> None:
-        b = self.b
-        try:
-            ev = _event_dec.decode(msg.data)
-        except (msgspec.DecodeError, RecursionError) as exc:  # depth guard: no DecodeError
-            b.rejects.malformed("event", msg.subject, exc)
+        ctx = self.ctx
+        ev = self._guard(msg.subject, msg.data)
+        if ev is None:
             return
-        node = subjects.node_of(msg.subject)
-        if node != ev.node_id:
-            b.rejects.count("event for another node", msg.subject)
-            return
-        if b.ledger.state().placement_of(ev.instance_id) != node:
-            b.rejects.count("event for an instance not placed on that node", msg.subject)
+        node = ev.node_id
+        if ctx.ledger.state().placement_of(ev.instance_id) != node:
+            ctx.rejects.count("event for an instance not placed on that node", msg.subject)
             return
         if ev.type not in REPORTED:  # checked before it is recorded or published
-            b.rejects.count("event of an unknown type", msg.subject)
+            ctx.rejects.count("event of an unknown type", msg.subject)
             return
-        b.record_event(ev)
+        ctx.events.record(ev)
         iid = ev.instance_id
         match ev.type:
             case EventType.PROVISIONING | EventType.RUNNING:
-                b.timers.accepted(iid)
+                ctx.timers.accepted(iid)
                 self.live[iid] = ev.type
                 if ev.type == EventType.RUNNING:
                     self._running(iid, node)
@@ -102,30 +95,30 @@ class Promises:
         """A heartbeat listing an instance git places there confirms the node holds it; what
         the node held when the broker started and does not list starts its provisioning
         clock now (`Timers.heard`)."""
-        state = self.b.ledger.state()
+        state = self.ctx.ledger.state()
         for iid, st in instances:
             if state.placement_of(iid) == node_id:
-                self.b.timers.accepted(iid)
+                self.ctx.timers.accepted(iid)
                 if st == InstanceState.RUNNING:
-                    if iid not in self.b.timers.running:  # every heartbeat lists it again
+                    if iid not in self.ctx.timers.running:  # every heartbeat lists it again
                         self._running(iid, node_id)
                     self.live.setdefault(iid, st)
-        if self.b.timers.resumed_on:
-            self.b.timers.heard(node_id, {iid for iid, _st in instances}, self.b.now())
+        if self.ctx.timers.resumed_on:
+            self.ctx.timers.heard(node_id, {iid for iid, _st in instances}, self.ctx.now())
 
     def _running(self, iid: str, node: str) -> None:
-        rec = self.b.ledger.state().instances.get(iid)
-        self.b.timers.started_running(iid, node, self.b.now(), self.b.timing,
+        rec = self.ctx.ledger.state().instances.get(iid)
+        self.ctx.timers.started_running(iid, node, self.ctx.now(), self.ctx.timing,
                                       rec.spec.timeout_s if rec else None)
 
     def _submit(self, plan: object) -> None:
-        self.b.committer.submit(Item(plan=plan))  # type: ignore[arg-type]
+        self.ctx.committer.submit(Item(plan=plan))  # type: ignore[arg-type]
 
     def ports_freed(self, node_id: str, ports: list[int]) -> None:
         """The node found ports its node.json blocks free again: unblock them (one commit in
         flight per node; only ports git still blocks count, so a forged list changes
         nothing the node could not have said)."""
-        nf = self.b.ledger.state().nodes.get(node_id)
+        nf = self.ctx.ledger.state().nodes.get(node_id)
         wanted = sorted(set(nf.blocked_ports) & set(ports)) if nf is not None else []
         if not wanted or node_id in self._unblocking:
             return
@@ -183,30 +176,30 @@ class Promises:
 
         def after(_sha: str) -> None:
             if stop:
-                self.b.publish(subjects.CANCEL.format(node=node),
-                               Cancel(instance_id=iid, node_id=node))
+                self.ctx.outbox.publish(subjects.CANCEL.format(node=node),
+                                        Cancel(instance_id=iid, node_id=node))
             self.ended(iid)
             if new.state is not InstanceState.QUEUED:
-                self.b.emit(iid, EventType(new.state), node_id=node, reason=new.reason,
-                            detail=new.detail)
+                self.ctx.events.emit(iid, EventType(new.state), node_id=node,
+                                     reason=new.reason, detail=new.detail)
         return Planned(lines=lines, after=[after])
 
     def ended(self, iid: str) -> None:
-        self.b.timers.forget(iid)
+        self.ctx.timers.forget(iid)
         self.live.pop(iid, None)
-        self.b.auctioneer.capacity_freed()
+        self.capacity_freed()
 
     # -- the watchdog --------------------------------------------------------------------
     def watch(self, now: float) -> None:
-        b = self.b
-        if b.ledger.pinned:
+        ctx = self.ctx
+        if ctx.ledger.pinned:
             return
-        for action in due(b.ledger.state(), b.liveness, b.timers, b.timing, now):
+        for action in due(ctx.ledger.state(), ctx.liveness, ctx.timers, ctx.timing, now):
             key = (action.kind, action.instance_id)
             if key in self.acting:
                 continue
             self.acting.add(key)
-            b.committer.submit(Item(plan=functools.partial(self._act, a=action),
+            ctx.committer.submit(Item(plan=functools.partial(self._act, a=action),
                                     failed=functools.partial(self._act_failed, key),
                                     retry=False))
         self._migrate_next()
@@ -236,26 +229,26 @@ class Promises:
 
         def after(_sha: str) -> None:
             if stop:
-                self.b.publish(subjects.CANCEL.format(node=a.node_id),
+                self.ctx.outbox.publish(subjects.CANCEL.format(node=a.node_id),
                                Cancel(instance_id=a.instance_id, node_id=a.node_id))
             self.ended(a.instance_id)
-            self.b.emit(a.instance_id, EventType(to), node_id=a.node_id, reason=reason)
+            self.ctx.events.emit(a.instance_id, EventType(to), node_id=a.node_id, reason=reason)
         return Planned(lines=[f"{to} {a.instance_id} on {a.node_id}: {reason}"],
                        after=[after])
 
     # -- operator verbs ------------------------------------------------------------------
     def cancel(self, iid: str) -> str:
         """Returns the state the instance is in after the request (or raises KeyError)."""
-        b = self.b
-        state = b.ledger.state()
+        ctx = self.ctx
+        state = ctx.ledger.state()
         rec = state.instances[iid]
         if rec.state in PENDING and state.placement_of(iid) is None:
             def plan(view: View) -> Planned | None:
                 if finish(view, iid, "", InstanceState.CANCELLED, Reason.CANCELLED) is None:
                     return None
                 return Planned(lines=[f"cancelled {iid}: {Reason.CANCELLED}"],
-                               after=[lambda _s: b.emit(iid, EventType.CANCELLED,
-                                                        reason=Reason.CANCELLED)])
+                               after=[lambda _s: ctx.events.emit(iid, EventType.CANCELLED,
+                                                                 reason=Reason.CANCELLED)])
             self._submit(plan)
             return InstanceState.CANCELLED
         node = state.placement_of(iid)
@@ -271,8 +264,9 @@ class Promises:
         return str(rec.state)
 
     def _send_cancel(self, iid: str, node: str) -> None:
-        self.b.timers.cancelling(iid, node, self.b.now())
-        self.b.publish(subjects.CANCEL.format(node=node), Cancel(instance_id=iid, node_id=node))
+        self.ctx.timers.cancelling(iid, node, self.ctx.now())
+        self.ctx.outbox.publish(subjects.CANCEL.format(node=node),
+                                Cancel(instance_id=iid, node_id=node))
 
     def drain(self, node: str, undo: bool, migrate: bool) -> int:
         def plan(view: View) -> Planned | None:
@@ -284,7 +278,7 @@ class Promises:
             self.migrating.pop(node, None)
             return 0
         if migrate:
-            nf = self.b.ledger.state().nodes.get(node)
+            nf = self.ctx.ledger.state().nodes.get(node)
             self.migrating[node] = sorted(nf.instances) if nf else []
             return len(self.migrating[node])
         return 0
@@ -292,7 +286,7 @@ class Promises:
     def _migrate_next(self) -> None:
         """Move a draining node's instances one by one: the next leaves only when the one
         before it has been placed elsewhere."""
-        state = self.b.ledger.state()
+        state = self.ctx.ledger.state()
         for node, queue in list(self.migrating.items()):
             moving = [i for i in queue if i in state.pending]
             if moving:

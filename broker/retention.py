@@ -26,15 +26,12 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING
 
+from gavel.broker.context import Context
 from gavel.broker.ledger.committer import Item, Planned
 from gavel.broker.ledger.plan import View, forget
 from gavel.broker.ledger.state import State, parse_stamp
 from gavel.shared.reasons import Reason
-
-if TYPE_CHECKING:
-    from gavel.broker.service import Broker
 
 __all__ = ["FORGET_MAX", "Retention", "due"]
 
@@ -74,9 +71,11 @@ def due(state: State, now: datetime, keep_s: float, first_seen: dict[str, dateti
 
 
 class Retention:
-    def __init__(self, broker: Broker, wall: Callable[[], datetime]) -> None:
-        self.b = broker
+    def __init__(self, ctx: Context, wall: Callable[[], datetime], ended_max: int) -> None:
+        self.ctx = ctx
         self.wall = wall
+        #: Ended records kept in the tree at most, newest first (0: no cap).
+        self.ended_max = ended_max
         self.forgotten_total = 0
         self._first_seen: dict[str, datetime] = {}
         self._seen_state: State | None = None
@@ -84,10 +83,10 @@ class Retention:
 
     def watch(self) -> None:
         """One pass: submit a forget commit for what is due, unless one is in flight."""
-        b = self.b
-        if self._busy or b.ledger.pinned or (b.timing.retention_s <= 0 and b.ended_max <= 0):
+        ctx = self.ctx
+        if self._busy or ctx.ledger.pinned or (ctx.timing.retention_s <= 0 and self.ended_max <= 0):
             return
-        state = b.ledger.state()
+        state = ctx.ledger.state()
         now = self.wall()
         if state is not self._seen_state:  # read afresh: time unstamped ends from now on
             self._seen_state = state
@@ -96,12 +95,12 @@ class Retention:
                 at = parse_stamp(state.instances[iid].ended_at)
                 if at is None or at > now:
                     self._first_seen.setdefault(iid, now)
-        batch = due(state, now, b.timing.retention_s, self._first_seen,
-                    keep_max=b.ended_max)
+        batch = due(state, now, ctx.timing.retention_s, self._first_seen,
+                    keep_max=self.ended_max)
         if not batch:
             return
         self._busy = True
-        b.committer.submit(Item(plan=functools.partial(self._plan, batch=batch),
+        ctx.committer.submit(Item(plan=functools.partial(self._plan, batch=batch),
                                 failed=self._failed))
 
     def _plan(self, view: View, batch: list[tuple[str, str, Reason]]) -> Planned | None:
@@ -118,12 +117,12 @@ class Retention:
 
     def _forgotten(self, _sha: str, batch: list[tuple[str, str, Reason]]) -> None:
         self._busy = False
-        state = self.b.ledger.state()
+        state = self.ctx.ledger.state()
         for iid, _stamp, _why in batch:
             if iid not in state.instances:
                 self._first_seen.pop(iid, None)
                 self.forgotten_total += 1
-                self.b.metrics.forgotten.inc()
+                self.ctx.metrics.forgotten.inc()
         if len(batch) >= FORGET_MAX:
             self.watch()  # more may be due: keep up with ends faster than a batch a pass
 

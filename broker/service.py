@@ -20,41 +20,38 @@ import logging
 import math
 import random
 import time
-from collections import deque
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-import msgspec
 import nats.errors
-from nats.aio.msg import Msg
 
+from gavel.broker.api import Api
+from gavel.broker.assign import Assignments
 from gavel.broker.auctioneer import Auctioneer
+from gavel.broker.context import Context
+from gavel.broker.events import Events
 from gavel.broker.ledger.committer import Committer
 from gavel.broker.ledger.repository import Ledger
 from gavel.broker.ledger.state import Change, compact
 from gavel.broker.metrics import Metrics
 from gavel.broker.mirror import Mirror
+from gavel.broker.outbox import Outbox
 from gavel.broker.promises import Promises
 from gavel.broker.retention import Retention
 from gavel.broker.watchdog import Timers
 from gavel.shared import subjects
 from gavel.shared.health import Health, Liveness
-from gavel.shared.messages import ApiError, AssignmentRequest, Award, Event, EventType, Heartbeat
+from gavel.shared.messages import Heartbeat
 from gavel.shared.records import NodeFile
 from gavel.shared.timing import Timing
 from gavel.transport import wire
+from gavel.transport.inbound import Guard
 from gavel.transport.rejects import Rejects
-
-if TYPE_CHECKING:
-    from gavel.broker.api import Api
 
 __all__ = ["Broker", "NatsUnreachable", "tune_gc"]
 
-_hb_dec = msgspec.msgpack.Decoder(Heartbeat)
-_assign_dec = msgspec.msgpack.Decoder(AssignmentRequest)
-_enc = msgspec.msgpack.Encoder()
 #: How long `close` waits for each of its steps.
 _CLOSE_S = 10.0
 
@@ -75,6 +72,9 @@ class NatsUnreachable(Exception):
 
 
 class Broker:
+    """The broker process's composition: builds the shared `Context` and the parts on it,
+    connects, subscribes each part to its subjects, and runs the reconcile loop."""
+
     def __init__(
         self,
         *,
@@ -98,63 +98,58 @@ class Broker:
     ) -> None:
         self.log = logging.getLogger("gavel.broker")
         self.nats_url = nats_url
-        self.timing = timing or Timing()
+        self.timing = timing = timing or Timing()
+        self.now = clock
         self.ledger = Ledger(state_dir / "state.git", ref)
-        self.committer = Committer(self.ledger, retry_s=self.timing.tick_s,
+        self.committer = Committer(self.ledger, retry_s=timing.tick_s,
                                    on_commit=self._mirror, writer=writer, wall=wall,
                                    gap_s=commit_gap_s)
-        self.liveness = Liveness(self.timing)
-        self.secrets = dict(secrets or {})
-        self.now = clock
+        self.liveness = Liveness(timing)
         self.timers = Timers(started=clock())
-        self.batch_max = batch_max
-        #: Sampling: ask d nodes per request instead of everyone (None: full broadcast).
-        self.sample_d = sample_d
-        #: Auctions in flight at once (pipelining with a bound, so a backlog of 100,000
-        #: submissions does not become 400 simultaneous broadcasts).
-        self.max_auctions = max_auctions
-        #: How long waiting work may wait for a fuller batch (`broker.auctioneer` rule 4).
-        self.batch_wait_s = batch_wait_s
-        #: Ended instance records kept in the tree at most, newest first (0: no cap).
-        self.ended_max = ended_max
-        self.rng = random.Random(seed)
+        self.metrics = Metrics()
+        self.committer.metrics = self.metrics
+        self.rejects = Rejects(self.log, self.metrics.rejected)
+        self.outbox = Outbox(self._publish_failed)
+        self.events = Events(self.outbox)
+        self.ctx = ctx = Context(timing=timing, ledger=self.ledger, committer=self.committer,
+                                 liveness=self.liveness, timers=self.timers,
+                                 outbox=self.outbox, events=self.events, rejects=self.rejects,
+                                 metrics=self.metrics, now=clock, wake=self.wake, log=self.log)
+        self.secrets = dict(secrets or {})
+        self.assignments = Assignments(ctx, self.secrets)
+        self.auctioneer = Auctioneer(ctx, award_for=self.assignments.award_for,
+                                     batch_max=batch_max, sample_d=sample_d,
+                                     max_auctions=max_auctions, batch_wait_s=batch_wait_s,
+                                     rng=random.Random(seed))
+        self.promises = Promises(ctx, capacity_freed=self.auctioneer.capacity_freed)
+        self.retention = Retention(ctx, wall, ended_max)
+        #: node.json in KV for the workers, coalesced (`broker.mirror`). Its windows are
+        #: timed by the event loop, so on the machine's clock, not an injected one.
+        self.mirror = Mirror(self.outbox.publish_raw, timing.mirror_s, time.monotonic)
+        self.api = Api(ctx, auctioneer=self.auctioneer, promises=self.promises,
+                       mirror=self.mirror, secrets=self.secrets, ended_max=ended_max)
+        self.metrics.attach(now=clock, liveness=self.liveness, ledger=self.ledger,
+                            in_flight=lambda: len(self.auctioneer.auctions),
+                            mirror=self.mirror)
+        self._heartbeat = Guard("heartbeat", Heartbeat, self.rejects, node=subjects.node_of)
         self.nats_options = dict(nats_options or {})
         #: How long `start` keeps trying to reach NATS before it raises `NatsUnreachable`
-        #: (None: for ever, as the daemon does - see `broker.daemons`).
+        #: (None: for ever, as the daemon does - see `gavel.cli.daemons`).
         self.connect_wait_s = connect_wait_s
-        self.metrics = Metrics()
-        self.rejects = Rejects(self.log, self.metrics.rejected)
-        self.auctioneer = Auctioneer(self)
-        self.promises = Promises(self)
-        self.retention = Retention(self, wall)
-        self.metrics.attach(self)
-        self.committer.metrics = self.metrics
-        self.pinned_reported: set[str] = set()
-        self.events: deque[Event] = deque(maxlen=2000)
-        self.round_times: deque[float] = deque(maxlen=10_000)
         self.deaf_since: float | None = None  # our own NATS connection is down since
         self._wake = asyncio.Event()
         self._stopped = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
-        self.api: Api | None = None
-        #: node.json in KV for the workers, coalesced (`broker.mirror`). Its windows are
-        #: timed by the event loop, so on the machine's clock, not an injected one.
-        self.mirror = Mirror(self.publish_raw, self.timing.mirror_s, time.monotonic)
-        self._outbox: list[tuple[str, bytes]] = []
-        self._outbox_ready = asyncio.Event()
-        #: The sender is handing a batch over the slow way (`flush` waits for it).
-        self._sending = False
         self.nc: Any = None
 
     # -- lifecycle -----------------------------------------------------------------------
     async def start(self) -> None:
-        from gavel.broker.api import Api
-
         try:
             self.nc = await self._connect()
         except BaseException:
             self.committer.close()
             raise
+        self.outbox.nc = self.nc
         state = self.ledger.state()
         now = self.now()
         for node_id in state.nodes:
@@ -164,14 +159,13 @@ class Broker:
         await self.nc.subscribe_direct(subjects.HEARTBEAT_ALL, self._on_heartbeat)
         await self.nc.subscribe_direct(subjects.BIDS_ALL, self.auctioneer.on_bids)
         await self.nc.subscribe_direct(subjects.REPORT_ALL, self.promises.on_report)
-        await self.nc.subscribe(subjects.ASSIGN_ALL, cb=self._on_assign)
-        self.api = Api(self)
+        await self.nc.subscribe(subjects.ASSIGN_ALL, cb=self.assignments.on_request)
         await self.api.start(self.nc)
         try:  # "up" means heard: an API call or a report sent from now on reaches us
             await wire.subscribed(self.nc)
         except nats.errors.Error as exc:
             self.log.warning("nats did not confirm the subscriptions (%s); carrying on", exc)
-        self._tasks = [asyncio.create_task(self._send(), name="outbox"),
+        self._tasks = [asyncio.create_task(self.outbox.run(), name="outbox"),
                        asyncio.create_task(self.committer.run(), name="committer"),
                        asyncio.create_task(self._loop(), name="reconcile")]
         self.log.info("broker up: state %s ref %s", self.ledger.path, self.ledger.ref)
@@ -217,18 +211,15 @@ class Broker:
         rather than holding its caller for ever."""
         for t in self._tasks:
             t.cancel()
-        if self.api is not None:
-            self.api.close()  # requests waiting for a commit that will not come now
+        self.api.close()  # requests waiting for a commit that will not come now
         if self._tasks:
             _, stuck = await asyncio.wait(self._tasks, timeout=_CLOSE_S)
             for t in stuck:
                 self.log.error("broker task %s did not stop within %gs", t.get_name(), _CLOSE_S)
         if self.nc is not None and not self.nc.is_closed:
             self.mirror.flush()  # puts still waiting for their window
+            await self.outbox.drain()
             with contextlib.suppress(Exception):
-                for subject, payload in self._outbox:  # what the sender had not sent yet
-                    await self.nc.publish(subject, payload)
-                self._outbox = []
                 async with asyncio.timeout(_CLOSE_S):
                     await self.nc.drain()
             if not self.nc.is_closed:
@@ -272,65 +263,8 @@ class Broker:
                     await self._wake.wait()
             self._wake.clear()
 
-    # -- publishing ----------------------------------------------------------------------
-    def publish(self, subject: str, msg: msgspec.Struct) -> None:
-        self.publish_raw(subject, _enc.encode(msg))
-
-    def publish_raw(self, subject: str, payload: bytes) -> None:
-        """Queue a message; one sender task publishes them in order (no task per message)."""
-        self._outbox.append((subject, payload))
-        self._outbox_ready.set()
-
-    def flush(self) -> None:
-        """Put what is queued on the socket now, if it can go at once (`wire.write_now`):
-        an auction's RFBs, whose round is already being timed. Never while the sender is
-        mid-batch - what it holds must go first."""
-        if self._outbox and not self._sending and wire.write_now(self.nc, self._outbox):
-            self._outbox = []
-
-    async def _send(self) -> None:
-        while True:
-            await self._outbox_ready.wait()
-            self._outbox_ready.clear()
-            batch, self._outbox = self._outbox, []
-            if wire.write_now(self.nc, batch):
-                continue
-            self._sending = True
-            try:
-                await wire.send(self.nc, batch, self._publish_failed)
-            finally:
-                self._sending = False
-
     def _publish_failed(self, subject: str, exc: Exception) -> None:
         self.rejects.count("publish failed", f"{subject}: {exc}")  # count it, carry on
-
-    @staticmethod
-    def encode(msg: msgspec.Struct) -> bytes:
-        return _enc.encode(msg)
-
-    def record_event(self, ev: Event) -> None:
-        self.events.append(ev)
-        self.publish(subjects.EVENTS.format(instance=ev.instance_id), ev)
-
-    def emit(self, instance_id: str, type_: EventType, node_id: str = "",
-             reason: str = "", detail: str = "", exit_code: int | None = None,
-             attempt: int = 0) -> None:
-        self.record_event(Event(instance_id=instance_id, type=type_, node_id=node_id,
-                                reason=reason, detail=detail, exit_code=exit_code,
-                                attempt=attempt, at=time.time()))
-
-    def award_for(self, iid: str, node: str, sha: str) -> Award | None:
-        """The award for an instance git places on `node`, secrets resolved now."""
-        state = self.ledger.state()
-        rec = state.instances.get(iid)
-        nf = state.nodes.get(node)
-        if rec is None or nf is None or iid not in nf.instances:
-            return None
-        pl = nf.instances[iid]
-        secret_env = {n: self.secrets[n] for n in rec.spec.secrets if n in self.secrets}
-        return Award(auction_id=pl.auction_id, instance_id=iid, node_id=node, spec=rec.spec,
-                     ports=dict(pl.ports), attempt=pl.attempt, commit=sha,
-                     secret_env=secret_env)
 
     # -- node state in KV ----------------------------------------------------------------
     async def _open_kv(self, nodes: Mapping[str, NodeFile]) -> None:
@@ -350,13 +284,8 @@ class Broker:
 
     # -- inbound -------------------------------------------------------------------------
     def _on_heartbeat(self, msg: wire.Received) -> None:
-        try:
-            hb = _hb_dec.decode(msg.data)
-        except (msgspec.DecodeError, RecursionError) as exc:  # depth guard: no DecodeError
-            self.rejects.malformed("heartbeat", msg.subject, exc)
-            return
-        if subjects.node_of(msg.subject) != hb.node_id:
-            self.rejects.count("heartbeat for another node", msg.subject)
+        hb = self._heartbeat(msg.subject, msg.data)
+        if hb is None:
             return
         impossible = _impossible(hb)
         if impossible:
@@ -370,26 +299,6 @@ class Broker:
         if before is not Health.HEALTHY:
             self.log.info("node %s is %s", hb.node_id, "up" if before is None else "back")
             self.auctioneer.capacity_freed()
-
-    async def _on_assign(self, msg: Msg) -> None:
-        try:
-            req = _assign_dec.decode(msg.data)
-        except (msgspec.DecodeError, RecursionError) as exc:
-            self.rejects.malformed("assignment request", msg.subject, exc)
-            if msg.reply:  # the asker is not left waiting out its timeout on garbage
-                await self.nc.publish(msg.reply, _enc.encode(
-                    ApiError(error="malformed assignment request")))
-            return
-        node = subjects.node_of(msg.subject)
-        reply: msgspec.Struct
-        if node != req.node_id:
-            self.rejects.count("assignment request for another node", msg.subject)
-            reply = ApiError(error="assignment request for another node")
-        else:
-            award = self.award_for(req.instance_id, node, self.ledger.state().head or "")
-            reply = award or ApiError(error=f"{req.instance_id} is not placed on {node}")
-        if msg.reply:
-            await self.nc.publish(msg.reply, _enc.encode(reply))
 
 
 def _impossible(hb: Heartbeat) -> str:

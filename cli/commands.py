@@ -1,4 +1,4 @@
-"""What each `gavel` verb does; the parser lives in `broker.cli`.
+"""What each client verb of `gavel` does; the parser and the dispatch live in `gavel.cli.main`.
 
 Rule: daemons stop cleanly on SIGTERM/SIGINT; client verbs print a table, or JSON with
 ``--json``, and map outcomes to exit codes (0 ok, 1 unreachable, 2 bad input, 3 refused).
@@ -36,14 +36,15 @@ from gavel.shared.api import (
     WhyReply,
     WhyRequest,
 )
+from gavel.shared.errors import BadInput
 from gavel.shared.messages import Event, EventType
 from gavel.shared.reasons import render as render_reason
 from gavel.transport.client import BrokerRefused, ClientError, call, connect
 
-__all__ = ["ClientError", "UsageError", "dispatch"]
+__all__ = ["ClientError", "Refused", "UsageError", "run"]
 
 
-class UsageError(Exception):
+class UsageError(BadInput):
     """Bad input from the operator: exit code 2."""
 
 
@@ -62,20 +63,9 @@ async def _until_signal(stop: Any) -> None:
         loop.add_signal_handler(sig, stop)
 
 
-async def dispatch(args: argparse.Namespace) -> int:
+async def run(args: argparse.Namespace) -> int:
+    """The client verb `args.command`; its exit status."""
     match args.command:
-        case "broker":
-            from gavel.cli.daemons import run_broker
-
-            return await run_broker(args)
-        case "worker":
-            from gavel.cli.daemons import run_worker
-
-            return await run_worker(args)
-        case "up":
-            from gavel.cli.up import up
-
-            return await up(args)
         case "submit":
             try:
                 return await submit(args)

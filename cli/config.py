@@ -19,7 +19,6 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar
-from urllib.parse import urlsplit, urlunsplit
 
 import msgspec
 
@@ -36,6 +35,8 @@ from gavel.cli.parsers import (
     strategy_params,
     whole,
 )
+from gavel.shared.errors import BadInput
+from gavel.shared.redact import mask_url
 from gavel.shared.strategies import names as strategy_names
 from gavel.shared.timing import FAST_FACTOR, Timing
 
@@ -51,7 +52,6 @@ __all__ = [
     "effective_timing",
     "flags_of",
     "load",
-    "mask_url",
     "render",
 ]
 
@@ -62,7 +62,7 @@ LogFormat = Literal["text", "json"]
 LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR"]
 
 
-class ConfigError(Exception):
+class ConfigError(BadInput):
     """One sentence naming the source, the field and what was expected."""
 
 
@@ -343,21 +343,6 @@ def effective_timing(cfg: BrokerConfig | WorkerConfig, env: Mapping[str, str]) -
 
 
 # -- rendering -------------------------------------------------------------------------------
-def mask_url(url: str) -> str:
-    """The URL with any password replaced by ***."""
-    try:
-        parts = urlsplit(url)
-    except ValueError:
-        return url
-    if parts.password is None:
-        return url
-    host = parts.hostname or ""
-    if parts.port is not None:
-        host = f"{host}:{parts.port}"
-    user = parts.username or ""
-    return urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))
-
-
 def _toml(value: Any) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"

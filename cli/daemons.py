@@ -33,10 +33,10 @@ from gavel.cli.config import (
     effective_timing,
     flags_of,
     load,
-    mask_url,
     render,
 )
 from gavel.cli.parsers import unusable_dir
+from gavel.shared.redact import mask_url
 from gavel.shared.strategies import Strategy
 from gavel.transport.creds import connect_options
 
@@ -188,7 +188,8 @@ async def run_broker(args: argparse.Namespace) -> int:
     if cfg.push:
         from gavel.broker.ledger.remote import Pusher
 
-        pusher = Pusher.attach(broker, cfg.push)
+        pusher = Pusher.attach(broker.ledger, broker.committer, cfg.push, wake=broker.wake,
+                               registry=broker.metrics.registry)
     server = None
     if cfg.metrics_port is not None:
         try:

@@ -13,12 +13,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from types import ModuleType
 
-from gavel.cli import commands, config, daemons, logs
+from gavel.cli import auth, commands, config, daemons, logs
 from gavel.cli.config import DEFAULT_NATS
 from gavel.cli.parsers import port as _port
 from gavel.cli.parsers import positive_float, positive_int
+from gavel.shared.errors import BadInput
 from gavel.transport import eventloop
-from gavel.transport import identity as auth
 
 __all__ = ["main"]
 
@@ -138,6 +138,19 @@ def _env_choice(name: str, choices: tuple[str, ...], default: str) -> str:
     return value if value in choices else default
 
 
+async def _dispatch(args: argparse.Namespace) -> int:
+    match args.command:
+        case "broker":
+            return await daemons.run_broker(args)
+        case "worker":
+            return await daemons.run_worker(args)
+        case "up":
+            from gavel.cli.up import up
+
+            return await up(args)
+    return await commands.run(args)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -168,8 +181,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         except ValueError as exc:
             print(f"gavel {args.command}: {exc}", file=sys.stderr)
             return 2
-        return eventloop.run(commands.dispatch(args))
-    except (commands.UsageError, config.ConfigError) as exc:
+        return eventloop.run(_dispatch(args))
+    except BadInput as exc:
         print(f"gavel {args.command}: {exc}", file=sys.stderr)
         return 2
     except commands.ClientError as exc:

@@ -36,7 +36,7 @@ from gavel.shared.api import (
 )
 from gavel.shared.messages import Spec
 from gavel.shared.reasons import render
-from gavel.transport import identity as auth
+from gavel.transport import identity
 from gavel.transport.client import BrokerRefused, call, connect, wait_healthy
 from gavel.transport.natsserver import NatsServer
 
@@ -140,7 +140,7 @@ async def up(args: argparse.Namespace) -> int:
     if why:
         raise UsageError(f"--state {state}: cannot keep gavel's state there ({why}).")
     nodes = [f"node-{i + 1}" for i in range(args.workers)]
-    ids = auth.init(state, nodes) if args.auth else None
+    ids = identity.init(state, nodes) if args.auth else None
     server = NatsServer(port=args.nats_port, store_dir=state / "nats",
                         config=ids.config if ids else None, log=state / "logs" / "nats.log")
     server.start()

@@ -12,7 +12,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from gavel.cli.config import ConfigError
+from gavel.shared.errors import BadInput
 
 __all__ = ["CredsError", "connect_options"]
 
@@ -21,7 +21,7 @@ _CREDS_SEED = "BEGIN USER NKEY SEED"
 _SEED = re.compile(r"SU[A-Z2-7]{56}")
 
 
-class CredsError(ConfigError):
+class CredsError(BadInput):
     """The credential file is missing, unreadable or not a credential."""
 
 

@@ -15,7 +15,6 @@ Rules:
 
 from __future__ import annotations
 
-import argparse
 import base64
 import json
 import os
@@ -25,28 +24,32 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gavel.cli.config import ConfigError
-from gavel.cli.parsers import positive_int
 from gavel.shared import subjects
+from gavel.shared.errors import BadInput
 
 __all__ = [
     "BROKER",
     "OPERATOR",
     "Identities",
-    "add_arguments",
+    "IdentityError",
     "broker_permissions",
     "init",
-    "node_ids",
     "operator_permissions",
     "public_key",
     "render_config",
-    "run_cli",
     "worker_permissions",
 ]
 
 #: The seed files of the two roles that are not nodes; no node may take these names.
 BROKER = "broker"
 OPERATOR = "operator"
+
+
+class IdentityError(BadInput):
+    """A seed that cannot be read or is not one, a reserved node id, a key directory that
+    cannot be written: one sentence naming the file and what to do."""
+
+
 _SEED = re.compile(r"SU[A-Z2-7]{56}")
 _KV_STREAM = f"KV_{subjects.NODES_BUCKET}"
 
@@ -110,10 +113,10 @@ def _read_seed(path: Path) -> str:
     try:
         text = path.read_text().strip()
     except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"cannot read the nkey seed {path}: "
+        raise IdentityError(f"cannot read the nkey seed {path}: "
                           f"{getattr(exc, 'strerror', None) or exc}.") from None
     if not _valid_seed(text):
-        raise ConfigError(f"{path} is not an nkey user seed; delete it and run "
+        raise IdentityError(f"{path} is not an nkey user seed; delete it and run "
                           "`gavel auth init` again to make a new one.")
     return text
 
@@ -206,7 +209,7 @@ def init(state: Path, nodes: Iterable[str] = ()) -> Identities:
     directory = state / "auth"
     for name in nodes:
         if name in (BROKER, OPERATOR):
-            raise ConfigError(f"node id {name!r} is reserved for the {name}'s own key; "
+            raise IdentityError(f"node id {name!r} is reserved for the {name}'s own key; "
                               "choose another.")
     try:
         directory.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -226,54 +229,7 @@ def init(state: Path, nodes: Iterable[str] = ()) -> Identities:
         config = directory / "nats.conf"
         _write(config, render_config(users))
     except OSError as exc:
-        raise ConfigError(f"cannot write the keys under {directory}: "
+        raise IdentityError(f"cannot write the keys under {directory}: "
                           f"{exc.strerror or exc}.") from None
     return Identities(directory=directory, config=config, broker=broker, operator=operator,
                       nodes=paths)
-
-
-# -- the command line --------------------------------------------------------------------------
-def node_ids(text: str) -> list[str]:
-    """``a,b,c`` -> the node ids, each checked (argparse ``type=``)."""
-    out = [p.strip() for p in text.split(",") if p.strip()]
-    if not out:
-        raise argparse.ArgumentTypeError("expected a comma list of node ids, e.g. a,b,c")
-    for name in out:
-        if not subjects.is_node_id(name):
-            raise argparse.ArgumentTypeError(
-                f"node id {name!r} must be 1-64 letters, digits, '-' or '_'")
-    if len(set(out)) != len(out):
-        raise argparse.ArgumentTypeError("node ids must be distinct")
-    return out
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """`gavel auth init`'s flags."""
-    actions = parser.add_subparsers(dest="auth_command", required=True, metavar="ACTION")
-    ini = actions.add_parser("init", help="make nkeys for the broker, operators and each node, "
-                             "and the nats-server config that limits each to its subjects",
-                             description=(
-                                 "Write DIR/auth/<node>.nk (one nkey seed per node, mode "
-                                 "0600), broker.nk, operator.nk and DIR/auth/nats.conf. "
-                                 "Existing seeds are kept; the config lists every node seed "
-                                 "in DIR/auth."))
-    ini.add_argument("--state", type=Path, required=True, metavar="DIR",
-                     help="state directory; the keys go to DIR/auth")
-    which = ini.add_mutually_exclusive_group()
-    which.add_argument("--nodes", type=positive_int, default=None, metavar="N",
-                       help="nodes node-1 .. node-N (the names `gavel up` gives its workers)")
-    which.add_argument("--node-ids", type=node_ids, default=None, metavar="A,B,C",
-                       help="these node ids")
-
-
-def run_cli(args: argparse.Namespace) -> int:
-    nodes: list[str] = (args.node_ids if args.node_ids is not None
-                        else [f"node-{i + 1}" for i in range(args.nodes or 0)])
-    ids = init(args.state.resolve(), nodes)
-    print(f"nats-server config: {ids.config}")
-    print(f"  run: nats-server -c {ids.config} -js -sd {args.state.resolve() / 'nats'}")
-    print(f"broker:    --creds {ids.broker}")
-    print(f"operators: --creds {ids.operator}   (or GAVEL_CREDS)")
-    for name, path in ids.nodes.items():
-        print(f"node {name}: --creds {path}")
-    return 0

@@ -16,6 +16,7 @@ import collections
 import contextlib
 import logging
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +43,7 @@ from gavel.shared.messages import (
 from gavel.shared.strategies import Strategy, answer
 from gavel.shared.timing import Timing
 from gavel.transport import wire
+from gavel.transport.inbound import Guard
 from gavel.worker.converge import Converger
 from gavel.worker.hoststats import Sampler, detect_capacity
 from gavel.worker.ports import bindable
@@ -67,10 +69,11 @@ class Agent:
         self.timing = timing
         self.port_range = port_range
         self.capacity = detect_capacity(cpu, memory_mb, port_range)
+        self._refused = _Refused()
         #: Undecodable messages per endpoint ("rfb", "award", "cancel").
-        self.malformed: collections.Counter[str] = collections.Counter()
+        self.malformed = self._refused.malformed_kinds
         #: Well-formed messages dropped on purpose, per reason.
-        self.ignored: collections.Counter[str] = collections.Counter()
+        self.ignored = self._refused.ignored
         #: Set while connected and subscribed.
         self.ready = asyncio.Event()
         self._nats_url = nats_url
@@ -95,9 +98,10 @@ class Agent:
         self._outbox: list[tuple[str, bytes]] = []
         self._loops: list[asyncio.Task[None]] = []
         self._encoder = msgspec.msgpack.Encoder()
-        self._rfb_decoder = msgspec.msgpack.Decoder(RFB)
-        self._award_decoder = msgspec.msgpack.Decoder(Award)
-        self._cancel_decoder = msgspec.msgpack.Decoder(Cancel)
+        mine: Callable[[str], str] = lambda _subject: node_id  # noqa: E731 - for the guards
+        self._rfb = Guard("rfb", RFB, self._refused)
+        self._award = Guard("award", Award, self._refused, node=mine)
+        self._cancel = Guard("cancel", Cancel, self._refused, node=mine)
         self._bids_subject = subjects.BIDS.format(node=node_id)
         self._hb_subject = subjects.HEARTBEAT.format(node=node_id)
         self._report_subject = subjects.REPORT.format(node=node_id)
@@ -286,24 +290,9 @@ class Agent:
 
     # -- inbound ----------------------------------------------------------------------------
 
-    def _malformed(self, kind: str, msg: Msg, exc: Exception) -> None:
-        self.malformed[kind] += 1
-        if self.malformed[kind] == 1:
-            log.warning("malformed %s on %s dropped (%s); further ones are only counted",
-                        kind, msg.subject, exc)
-
-    def _ignore(self, why: str, instance_id: str) -> None:
-        self.ignored[why] += 1
-        if self.ignored[why] == 1:
-            log.info("ignored %s: %s; further ones are only counted", why, instance_id)
-        else:
-            log.debug("ignored %s: %s", why, instance_id)
-
     async def _on_rfb(self, msg: Msg) -> None:
-        try:
-            rfb = self._rfb_decoder.decode(msg.data)
-        except (msgspec.DecodeError, RecursionError) as exc:  # deep nesting: no DecodeError
-            self._malformed("rfb", msg, exc)
+        rfb = self._rfb(msg.subject, msg.data)
+        if rfb is None:
             return
         view, strategy = self._view, self.strategy
         reply = BidReply(auction_id=rfb.auction_id, node_id=self.node_id,
@@ -312,28 +301,17 @@ class Agent:
         await self._send(self._bids_subject, reply)
 
     async def _on_award(self, msg: Msg) -> None:
-        try:
-            award = self._award_decoder.decode(msg.data)
-        except (msgspec.DecodeError, RecursionError) as exc:  # deep nesting: no DecodeError
-            self._malformed("award", msg, exc)
-            return
-        if award.node_id != self.node_id:
-            self._ignore("award for another node", award.instance_id)
+        award = self._award(msg.subject, msg.data)
+        if award is None:
             return
         ignored = await self._supervisor.award(award)
         if ignored is not None:
-            self._ignore(ignored, award.instance_id)
+            self._refused.count(ignored, award.instance_id)
 
     async def _on_cancel(self, msg: Msg) -> None:
-        try:
-            cancel = self._cancel_decoder.decode(msg.data)
-        except (msgspec.DecodeError, RecursionError) as exc:  # deep nesting: no DecodeError
-            self._malformed("cancel", msg, exc)
-            return
-        if cancel.node_id != self.node_id:
-            self._ignore("cancel for another node", cancel.instance_id)
-            return
-        await self._supervisor.cancel(cancel.instance_id)
+        cancel = self._cancel(msg.subject, msg.data)
+        if cancel is not None:
+            await self._supervisor.cancel(cancel.instance_id)
 
     # -- outbound ---------------------------------------------------------------------------
 
@@ -357,3 +335,25 @@ class Agent:
             await self._nc.publish(subject, data)
         except nats.errors.Error as exc:
             log.warning("dropped %s on %s: %s", type(message).__name__, subject, exc)
+
+
+class _Refused:
+    """The guards' sink on a node (`transport.inbound.Sink`): counted per endpoint and per
+    reason, the first of each logged."""
+
+    def __init__(self) -> None:
+        self.malformed_kinds: collections.Counter[str] = collections.Counter()
+        self.ignored: collections.Counter[str] = collections.Counter()
+
+    def malformed(self, what: str, subject: str, exc: Exception) -> None:
+        self.malformed_kinds[what] += 1
+        if self.malformed_kinds[what] == 1:
+            log.warning("malformed %s on %s dropped (%s); further ones are only counted",
+                        what, subject, exc)
+
+    def count(self, why: str, what: str) -> None:
+        self.ignored[why] += 1
+        if self.ignored[why] == 1:
+            log.info("ignored %s: %s; further ones are only counted", why, what)
+        else:
+            log.debug("ignored %s: %s", why, what)

@@ -33,11 +33,12 @@ from prometheus_client import Counter
 from prometheus_client.registry import CollectorRegistry
 
 from gavel.broker.ledger.state import Change
-from gavel.cli.config import mask_url
 from gavel.shared.records import InstanceRecord, NodeFile
+from gavel.shared.redact import mask_url
 
 if TYPE_CHECKING:
-    from gavel.broker.service import Broker
+    from gavel.broker.ledger.committer import Committer
+    from gavel.broker.ledger.repository import Ledger
 
 __all__ = ["PushError", "Pusher"]
 
@@ -117,24 +118,26 @@ class Pusher:
                                  registry=registry) if registry is not None else None
 
     @classmethod
-    def attach(cls, broker: Broker, remote: str, **kw: Any) -> Pusher:
-        """A pusher for `broker`'s ledger, notified after each of its commits."""
-        prev = broker.committer.on_commit
+    def attach(cls, ledger: Ledger, committer: Committer, remote: str, *,
+               wake: Callable[[], None], registry: CollectorRegistry | None = None,
+               **kw: Any) -> Pusher:
+        """A pusher for `ledger`, notified after each commit `committer` writes; `wake` is
+        called after a merge of what others pushed (there may be new work)."""
+        prev = committer.on_commit
 
         def merged(change: Change, sha: str) -> None:
             if prev is not None:
                 prev(change, sha)  # mirrors the nodes they changed to the KV bucket
-            broker.wake()
+            wake()
 
-        pusher = cls(broker.ledger.path, broker.ledger.ref, remote, on_merged=merged,
-                     registry=broker.metrics.registry, **kw)
+        pusher = cls(ledger.path, ledger.ref, remote, on_merged=merged, registry=registry, **kw)
 
         def committed(change: Change, sha: str) -> None:
             if prev is not None:
                 prev(change, sha)
             pusher.notify()
 
-        broker.committer.on_commit = committed
+        committer.on_commit = committed
         return pusher
 
     @property

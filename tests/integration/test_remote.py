@@ -220,7 +220,8 @@ async def test_broker_pushes_after_commits_and_takes_their_instances(
                                     initial_head="main")
     cluster = Cluster(nats_url, tmp_path)
     broker = await cluster.start_broker()
-    pusher = Pusher.attach(broker, f"file://{tmp_path / 'remote.git'}", backoff_s=0.01)
+    pusher = Pusher.attach(broker.ledger, broker.committer, f"file://{tmp_path / 'remote.git'}",
+                           wake=broker.wake, registry=broker.metrics.registry, backoff_s=0.01)
     task = asyncio.create_task(pusher.run())
     try:
         await cluster.start_agent("n1")

@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from gavel.cli.config import ConfigError
 from gavel.cli.main import main
 from gavel.transport import identity as auth
 from gavel.transport.creds import CredsError, connect_options
+from gavel.transport.identity import IdentityError
 
 ROOT = Path(__file__).resolve().parents[2]
 JWT_CREDS = """-----BEGIN NATS USER JWT-----
@@ -67,7 +67,7 @@ def test_init_is_idempotent_and_revocation_is_deleting_a_seed(tmp_path: Path) ->
 
 
 def test_init_refuses_reserved_names_and_keeps_a_damaged_seed(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match="reserved"):
+    with pytest.raises(IdentityError, match="reserved"):
         auth.init(tmp_path, ["broker"])
     ids = auth.init(tmp_path, ["a"])
     seed = ids.nodes["a"].read_text().strip()
@@ -75,7 +75,7 @@ def test_init_refuses_reserved_names_and_keeps_a_damaged_seed(tmp_path: Path) ->
     # last character carries padding bits, and changing only those decodes the same bytes).
     damaged = seed[:10] + ("A" if seed[10] != "A" else "B") + seed[11:]
     ids.nodes["a"].write_text(damaged + "\n")
-    with pytest.raises(ConfigError, match="not an nkey user seed"):
+    with pytest.raises(IdentityError, match="not an nkey user seed"):
         auth.init(tmp_path, ["a"])
     assert ids.nodes["a"].read_text() == damaged + "\n"  # never overwritten
 

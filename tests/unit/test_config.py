@@ -18,9 +18,9 @@ from gavel.cli.config import (
     effective_timing,
     flags_of,
     load,
-    mask_url,
     render,
 )
+from gavel.shared.redact import mask_url
 from gavel.shared.timing import Timing
 
 
@@ -227,15 +227,18 @@ def test_auction_settings_reach_the_broker(tmp_path: Path,
                    ["broker", "--max-auctions", "4"]), BROKER_OPTIONS))
     b = make_broker(cfg, {})
     try:
-        assert (b.sample_d, b.batch_max, b.max_auctions, b.batch_wait_s, b.ended_max,
+        a = b.auctioneer
+        assert (a.sample_d, a.batch_max, a.max_auctions, a.batch_wait_s, b.retention.ended_max,
                 b.committer.gap_s) == (3, 64, 4, 0.005, 7, 0.025)
     finally:
         b.committer.close()
     plain = make_broker(load(BrokerConfig, BROKER_OPTIONS, file=None, env={"GAVEL_STATE": "s"}),
                         {})
     try:  # the defaults: broadcast, batches of 256, 16 auctions in flight, no waits
-        assert (plain.sample_d, plain.batch_max, plain.max_auctions, plain.batch_wait_s,
-                plain.ended_max, plain.committer.gap_s) == (None, 256, 16, 0.0, 100_000, 0.0)
+        a = plain.auctioneer
+        assert (a.sample_d, a.batch_max, a.max_auctions, a.batch_wait_s,
+                plain.retention.ended_max, plain.committer.gap_s) == (None, 256, 16, 0.0,
+                                                                      100_000, 0.0)
     finally:
         plain.committer.close()
 

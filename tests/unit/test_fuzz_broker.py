@@ -25,7 +25,6 @@ from hypothesis import event, given, settings
 from hypothesis import strategies as st
 from hypothesis.control import currently_in_test_context as currently_fuzzing
 
-from gavel.broker.api import Api
 from gavel.broker.ledger.plan import View, place, submit
 from gavel.broker.service import Broker
 from gavel.shared import subjects
@@ -69,10 +68,10 @@ class Rig:
         self.b = Broker(nats_url="nats://127.0.0.1:1", state_dir=root,
                         timing=Timing().scaled(10), clock=lambda: self.now)
         self.wire = Wire()
-        self.b.nc = self.wire
-        self.api = Api(self.b)
+        self.b.nc = self.b.outbox.nc = self.wire
+        self.api = self.b.api
         self.tasks = [self.loop.create_task(self.b.committer.run()),
-                      self.loop.create_task(self.b._send())]  # the broker's outbox sender
+                      self.loop.create_task(self.b.outbox.run())]  # the broker's sender
         # git: "web-1" placed on n1, "tiny-1" queued
         view = View(self.b.ledger.state())
         submit(view, InstanceRecord(instance_id="tiny-1", spec=SMALL))
@@ -370,7 +369,7 @@ def test_assignment_requests_always_get_an_answer_and_change_nothing(
     msg = Msg(subjects.ASSIGN.format(node=subject_node), data, reply="_INBOX.x")
     before = rig.snapshot()
     sent = len(rig.wire.sent)
-    rig.feed(rig.b._on_assign, msg)
+    rig.feed(rig.b.assignments.on_request, msg)
     assert [s for s, _ in rig.wire.sent[sent:]] == ["_INBOX.x"]  # never left waiting
     answer = msgspec.msgpack.decode(rig.wire.sent[-1][1], type=Award | ApiError)
     if isinstance(answer, Award):
@@ -458,7 +457,7 @@ def test_a_flood_of_one_garbage_kind_logs_one_line(rig: Rig,
         (rig.b.promises.on_report, Msg("gavel.report.n1", b"")),
         (rig.b.promises.on_report, Msg("gavel.report.n2", _enc.encode(
             Event(instance_id="web-1", type="running", node_id="n2")))),
-        (rig.b._on_assign, Msg("gavel.assign.n1", b"\xff")),
+        (rig.b.assignments.on_request, Msg("gavel.assign.n1", b"\xff")),
         (rig.api._handle, Msg("gavel.api.status", b"\xff", reply="_I.s")),
     ]
     with caplog.at_level(logging.DEBUG, logger="gavel"):
@@ -504,7 +503,7 @@ def test_oversized_and_deep_payloads_are_counted_on_every_endpoint(rig: Rig,
     for handler, subject in ((rig.b._on_heartbeat, "gavel.hb.n1"),
                              (rig.b.auctioneer.on_bids, "gavel.bids.n1"),
                              (rig.b.promises.on_report, "gavel.report.n1"),
-                             (rig.b._on_assign, "gavel.assign.n1")):
+                             (rig.b.assignments.on_request, "gavel.assign.n1")):
         for data in (payload, big):
             rig.feed(handler, Msg(subject, data))
 

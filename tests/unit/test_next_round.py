@@ -72,16 +72,16 @@ async def test_a_rounds_rfbs_are_written_as_it_opens(tmp_path: Path,
     monkeypatch.setattr(wire, "write_now", write_now)
     b = _broker(tmp_path / "a", queued=2, nodes=NODES, batch_max=2, max_auctions=1)
     b.auctioneer.reconcile(b.now())
-    assert written == [[subjects.RFB]] and b._outbox == []  # on the wire as it opened
+    assert written == [[subjects.RFB]] and b.outbox.queued == []  # on the wire as it opened
 
     written.clear()
     b = _broker(tmp_path / "b", queued=4, nodes=NODES, batch_max=2, max_auctions=2)
-    b._sending = True  # the sender is mid-batch: what it holds goes first
+    b.outbox._sending = True  # the sender is mid-batch: what it holds goes first
     b.auctioneer.reconcile(b.now())
-    assert written == [] and [s for s, _ in b._outbox] == [subjects.RFB] * 2
-    b._sending = False
-    b.flush()
-    assert written == [[subjects.RFB] * 2] and b._outbox == []
+    assert written == [] and [s for s, _ in b.outbox.queued] == [subjects.RFB] * 2
+    b.outbox._sending = False
+    b.outbox.flush()
+    assert written == [[subjects.RFB] * 2] and b.outbox.queued == []
 
 
 async def test_an_auction_closing_as_it_opens_wakes_the_next_pass_for_its_room(

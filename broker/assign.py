@@ -1,0 +1,58 @@
+"""Awards: what the winner of an auction is told, and what a converging worker may ask for.
+
+Rules:
+1. An award is made from git - the instance's record and its placement in the node's
+   node.json at the commit that placed it - with secrets resolved now, into the award only
+   (they are never written to git, never logged).
+2. A worker may ask for the award of an instance its node.json lists
+   (``gavel.assign.<node>``, `AssignmentRequest`); only for its own node (the subject's), and
+   only an instance git places there. Anything else is answered with `ApiError` - the asker
+   never waits out its timeout - and counted.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from nats.aio.msg import Msg
+
+from gavel.broker.context import Context
+from gavel.shared import subjects
+from gavel.shared.messages import ApiError, AssignmentRequest, Award
+from gavel.transport.inbound import Guard
+
+__all__ = ["Assignments"]
+
+
+class Assignments:
+    def __init__(self, ctx: Context, secrets: Mapping[str, str]) -> None:
+        self.ctx = ctx
+        self.secrets = secrets
+        self._guard = Guard("assignment request", AssignmentRequest, ctx.rejects,
+                            node=subjects.node_of)
+
+    def award_for(self, iid: str, node: str, sha: str) -> Award | None:
+        """The award for an instance git places on `node` (rule 1); None if it is not."""
+        state = self.ctx.ledger.state()
+        rec = state.instances.get(iid)
+        nf = state.nodes.get(node)
+        if rec is None or nf is None or iid not in nf.instances:
+            return None
+        pl = nf.instances[iid]
+        secret_env = {n: self.secrets[n] for n in rec.spec.secrets if n in self.secrets}
+        return Award(auction_id=pl.auction_id, instance_id=iid, node_id=node, spec=rec.spec,
+                     ports=dict(pl.ports), attempt=pl.attempt, commit=sha,
+                     secret_env=secret_env)
+
+    async def on_request(self, msg: Msg) -> None:
+        """Rule 2."""
+        req = self._guard(msg.subject, msg.data)
+        if req is None:
+            reply: ApiError | Award = ApiError(error=self._guard.refused)
+        else:
+            node = req.node_id
+            sha = self.ctx.ledger.state().head or ""
+            reply = self.award_for(req.instance_id, node, sha) or ApiError(
+                error=f"{req.instance_id} is not placed on {node}")
+        if msg.reply:
+            await self.ctx.outbox.nc.publish(msg.reply, self.ctx.outbox.encode(reply))

@@ -1,0 +1,46 @@
+"""What the broker's parts share, and only that.
+
+Rule: a part of the broker - the auctioneer, the promises, the API, retention, metrics - takes
+this context and the few collaborators it calls by name, never the `Broker` itself: what a
+part can touch is what its constructor says, and no part imports the service that holds them
+all (the service imports the parts, never the other way round).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from gavel.broker.events import Events
+from gavel.broker.ledger.committer import Committer
+from gavel.broker.ledger.repository import Ledger
+from gavel.broker.metrics import Metrics
+from gavel.broker.outbox import Outbox
+from gavel.broker.watchdog import Timers
+from gavel.shared.health import Liveness
+from gavel.shared.timing import Timing
+from gavel.transport.rejects import Rejects
+
+__all__ = ["Context"]
+
+
+@dataclass(eq=False)
+class Context:
+    timing: Timing
+    #: The state repository and the group committer that writes it.
+    ledger: Ledger
+    committer: Committer
+    #: Node health from heartbeats, and the per-instance promise clocks.
+    liveness: Liveness
+    timers: Timers
+    #: Out: messages (in order) and instance events.
+    outbox: Outbox
+    events: Events
+    #: Counted: what the wire sent that was refused, and the Prometheus registry.
+    rejects: Rejects
+    metrics: Metrics
+    #: The broker's clock (injectable: tests and replays run it) and its reconcile kick.
+    now: Callable[[], float]
+    wake: Callable[[], None]
+    log: logging.Logger

@@ -1,0 +1,59 @@
+"""`gavel auth init`: its flags and what it prints; the keys and permissions themselves are
+`gavel.transport.identity`'s."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from gavel.cli.parsers import positive_int
+from gavel.shared import subjects
+from gavel.transport.identity import init
+
+__all__ = ["add_arguments", "node_ids", "run_cli"]
+
+
+def node_ids(text: str) -> list[str]:
+    """``a,b,c`` -> the node ids, each checked (argparse ``type=``)."""
+    out = [p.strip() for p in text.split(",") if p.strip()]
+    if not out:
+        raise argparse.ArgumentTypeError("expected a comma list of node ids, e.g. a,b,c")
+    for name in out:
+        if not subjects.is_node_id(name):
+            raise argparse.ArgumentTypeError(
+                f"node id {name!r} must be 1-64 letters, digits, '-' or '_'")
+    if len(set(out)) != len(out):
+        raise argparse.ArgumentTypeError("node ids must be distinct")
+    return out
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """`gavel auth init`'s flags."""
+    actions = parser.add_subparsers(dest="auth_command", required=True, metavar="ACTION")
+    ini = actions.add_parser("init", help="make nkeys for the broker, operators and each node, "
+                             "and the nats-server config that limits each to its subjects",
+                             description=(
+                                 "Write DIR/auth/<node>.nk (one nkey seed per node, mode "
+                                 "0600), broker.nk, operator.nk and DIR/auth/nats.conf. "
+                                 "Existing seeds are kept; the config lists every node seed "
+                                 "in DIR/auth."))
+    ini.add_argument("--state", type=Path, required=True, metavar="DIR",
+                     help="state directory; the keys go to DIR/auth")
+    which = ini.add_mutually_exclusive_group()
+    which.add_argument("--nodes", type=positive_int, default=None, metavar="N",
+                       help="nodes node-1 .. node-N (the names `gavel up` gives its workers)")
+    which.add_argument("--node-ids", type=node_ids, default=None, metavar="A,B,C",
+                       help="these node ids")
+
+
+def run_cli(args: argparse.Namespace) -> int:
+    nodes: list[str] = (args.node_ids if args.node_ids is not None
+                        else [f"node-{i + 1}" for i in range(args.nodes or 0)])
+    ids = init(args.state.resolve(), nodes)
+    print(f"nats-server config: {ids.config}")
+    print(f"  run: nats-server -c {ids.config} -js -sd {args.state.resolve() / 'nats'}")
+    print(f"broker:    --creds {ids.broker}")
+    print(f"operators: --creds {ids.operator}   (or GAVEL_CREDS)")
+    for name, path in ids.nodes.items():
+        print(f"node {name}: --creds {path}")
+    return 0
