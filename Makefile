@@ -4,14 +4,14 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint typecheck bench bench-targets chaos clean
+.PHONY: run test lint typecheck bench bench-targets chaos clean lock
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 
-$(STAMP): pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install -q -e '.[test]'
+$(STAMP): pyproject.toml constraints.txt | $(BIN)/python
+	$(BIN)/python -m pip install -q -c constraints.txt -e '.[test]'
 	touch $(STAMP)
 
 run: $(STAMP)
@@ -35,3 +35,11 @@ chaos: $(STAMP)
 
 clean:
 	rm -rf $(VENV) .gavel-demo .pytest_cache .mypy_cache
+
+# The versions `make test` installs, re-resolved from pyproject.toml in a scratch venv.
+lock:
+	rm -rf .venv-lock && $(PY) -m venv .venv-lock
+	.venv-lock/bin/python -m pip install -q --upgrade pip
+	.venv-lock/bin/python -m pip install -q -e '.[test]'
+	{ sed -n 1,2p constraints.txt; .venv-lock/bin/python -m pip freeze | grep -v '^-e\|^gavel\|^#'; } > constraints.txt.new
+	mv constraints.txt.new constraints.txt && rm -rf .venv-lock

@@ -247,15 +247,12 @@ class Api:
         for node_id in self.ctx.liveness.known():
             hb = self.ctx.liveness.heartbeats[node_id]
             nf = state.nodes.get(node_id)
-            placed = list(nf.instances.values()) if nf else []
-            committed = Capacity(cpu=sum(p.cpu for p in placed),
-                                 memory_mb=sum(p.memory_mb for p in placed),
-                                 ports=sum(len(p.ports) for p in placed))
+            committed = state.committed.get(node_id) or Capacity()
             health: Health = self.ctx.liveness.health(node_id, now)
             out.append(NodeStatus(node_id=node_id, health=health, strategy=hb.strategy,
                                   labels=hb.labels, capacity=hb.capacity, committed=committed,
                                   draining=hb.draining or bool(nf and nf.draining),
-                                  instances=len(placed),
+                                  instances=len(nf.instances) if nf else 0,
                                   last_seen_s=round(now - self.ctx.liveness.last_seen[node_id],
                                                     3)))
         return NodesReply(nodes=out, rejected=dict(self.ctx.rejects.counts))

@@ -225,18 +225,13 @@ class Auctioneer:
             hb = beats.get(node_id)
             if hb is None:
                 continue
-            cap = hb.capacity
-            free = Capacity(cpu=cap.cpu, memory_mb=cap.memory_mb, ports=cap.ports)
+            free = hb.capacity.copy()
             used = state.committed.get(node_id)
             if used is not None:
-                free.cpu -= used.cpu
-                free.memory_mb -= used.memory_mb
-                free.ports -= used.ports
+                free.charge(used, -1)
             res = self.reserved.get(node_id)
             if res is not None:
-                free.cpu -= res.cpu
-                free.memory_mb -= res.memory_mb
-                free.ports -= res.ports
+                free.charge(res, -1)
             out[node_id] = free
         return out
 
@@ -274,10 +269,7 @@ class Auctioneer:
             self.reconcile(now)
 
     def _reserve(self, node_id: str, req: Request, sign: int) -> None:
-        res = self.reserved.setdefault(node_id, Capacity())
-        res.cpu += sign * req.cpu
-        res.memory_mb += sign * req.memory_mb
-        res.ports += sign * req.ports
+        self.reserved.setdefault(node_id, Capacity()).charge(req, sign)
 
     def _plan(self, view: View, auction: Auction, decisions: list[Decision],
               round_s: float) -> Planned:

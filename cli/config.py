@@ -46,6 +46,7 @@ __all__ = [
     "WORKER_OPTIONS",
     "BrokerConfig",
     "ConfigError",
+    "DaemonConfig",
     "Option",
     "WorkerConfig",
     "add_options",
@@ -66,13 +67,13 @@ class ConfigError(BadInput):
     """One sentence naming the source, the field and what was expected."""
 
 
-class BrokerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+class DaemonConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """What every daemon reads: how to reach NATS, where its state lives, how it is watched
+    (metrics, logs) and its clocks."""
+
     nats: str = DEFAULT_NATS
     creds: str = ""
     state: str = ""
-    ref: str = "refs/heads/main"
-    secrets: str = ""
-    push: str = ""
     tls_ca: str = ""
     tls_cert: str = ""
     tls_key: str = ""
@@ -80,6 +81,13 @@ class BrokerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     metrics_addr: str = "127.0.0.1"
     log_format: LogFormat = "text"
     log_level: LogLevel = "INFO"
+    timing: Timing | None = None
+
+
+class BrokerConfig(DaemonConfig, kw_only=True, forbid_unknown_fields=True):
+    ref: str = "refs/heads/main"
+    secrets: str = ""
+    push: str = ""
     #: Ask this many sampled nodes per request (Sparrow's batch sampling); 0: every node.
     sample_d: Annotated[int, msgspec.Meta(ge=0, le=1000)] = 0
     batch_max: Annotated[int, msgspec.Meta(ge=1, le=10_000)] = 256
@@ -89,12 +97,9 @@ class BrokerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     commit_gap_ms: Annotated[float, msgspec.Meta(ge=0, le=10_000)] = 0.0
     #: Ended instance records kept in the tree at most (the oldest leave first); 0: no cap.
     ended_max: Annotated[int, msgspec.Meta(ge=0)] = 100_000
-    timing: Timing | None = None
 
 
-class WorkerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    nats: str = DEFAULT_NATS
-    creds: str = ""
+class WorkerConfig(DaemonConfig, kw_only=True, forbid_unknown_fields=True):
     node_id: NodeId = ""
     strategy: str = "least-loaded"
     strategy_params: dict[str, float] = {}
@@ -102,15 +107,6 @@ class WorkerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     cpu: Annotated[float, msgspec.Meta(gt=0)] | None = None
     memory_mb: Annotated[int, msgspec.Meta(gt=0)] | None = None
     ports: tuple[Port, Port] = (20000, 20999)
-    state: str = ""
-    tls_ca: str = ""
-    tls_cert: str = ""
-    tls_key: str = ""
-    metrics_port: Port | None = None
-    metrics_addr: str = "127.0.0.1"
-    log_format: LogFormat = "text"
-    log_level: LogLevel = "INFO"
-    timing: Timing | None = None
 
 
 C = TypeVar("C", BrokerConfig, WorkerConfig)

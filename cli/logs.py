@@ -82,7 +82,11 @@ class JsonFormatter(_Redacting):
 
 def configure(fmt: str = "text", level: str = "INFO", secrets: Iterable[str] = (),
               stream: TextIO | None = None) -> logging.Handler:
-    """Replace the root handlers with one writing `fmt` lines to `stream` (stderr)."""
+    """Replace the root handlers with one writing `fmt` lines to `stream` (stderr).
+
+    `level` is gavel's own (the ``gavel.*`` loggers); other libraries write their warnings
+    and errors only (matplotlib announcing its font cache is not an operator's business),
+    unless `level` is DEBUG."""
     handler = logging.StreamHandler(stream or sys.stderr)
     formatter: logging.Formatter = (JsonFormatter(secrets) if fmt == "json"
                                     else TextFormatter(secrets))
@@ -91,5 +95,7 @@ def configure(fmt: str = "text", level: str = "INFO", secrets: Iterable[str] = (
     for old in list(root.handlers):
         root.removeHandler(old)
     root.addHandler(handler)
-    root.setLevel(level)
+    root.setLevel(level if level == "DEBUG" else max(logging.WARNING,
+                                                     logging.getLevelName(level)))
+    logging.getLogger("gavel").setLevel(level)
     return handler

@@ -4,7 +4,7 @@ Nothing here touches asyncio, NATS, git, processes or the clock; the shells pass
 """
 
 from gavel.shared.auction import Auction, Awarded, Decision, Unschedulable, Verdict
-from gavel.shared.award import NodeBid, NodeDecline, pick, rank
+from gavel.shared.award import NodeBid, NodeDecline, order
 from gavel.shared.health import Health, Liveness
 from gavel.shared.reasons import Reason, summarize_declines
 from gavel.shared.timing import Timing
@@ -21,7 +21,6 @@ __all__ = [
     "Timing",
     "Unschedulable",
     "Verdict",
-    "pick",
-    "rank",
+    "order",
     "summarize_declines",
 ]

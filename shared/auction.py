@@ -26,7 +26,8 @@ from enum import StrEnum
 
 import msgspec
 
-from gavel.shared.award import NodeBid, NodeDecline
+from gavel.shared.award import NodeBid, NodeDecline, order
+from gavel.shared.feasibility import shortfall
 from gavel.shared.messages import RFB, Bid, BidReply, Capacity, Request, Shape
 from gavel.shared.reasons import DECLINES, Reason, render, summarize_declines
 
@@ -193,8 +194,7 @@ class Auction:
     def decide(self, now: float, free: Mapping[str, Capacity] | None = None) -> list[Decision]:
         """Close the auction and award every request (see rule 4)."""
         self.closed_at = now
-        remaining = {n: Capacity(cpu=c.cpu, memory_mb=c.memory_mb, ports=c.ports)
-                     for n, c in (free or {}).items()}
+        remaining = {n: c.copy() for n, c in (free or {}).items()}
         extra: dict[str, float] = {}
         version: dict[str, int] = {}
         heaps: list[list[tuple[float, str, int]]] = []
@@ -208,7 +208,7 @@ class Auction:
             heapq.heapify(heap)
             heaps.append(heap)
             live.append(dict.fromkeys(book.bids, 0))
-            ranked.append(sorted(book.bids.values(), key=lambda b: (b.load, b.node_id)))
+            ranked.append(sorted(book.bids.values(), key=order))
             declines.append(tuple(sorted(book.declines, key=lambda d: d.node_id)))
             spoke = book.bids.keys() | {d.node_id for d in book.declines}
             silent.append(sorted(self.eligible - spoke))
@@ -229,9 +229,7 @@ class Auction:
             heapq.heappush(heap, entry)
             room = remaining.get(node)
             if room is not None:
-                room.cpu -= request.cpu
-                room.memory_mb -= request.memory_mb
-                room.ports -= request.ports
+                room.charge(request, -1)
             step = book.steps[node]
             extra[node] = extra.get(node, 0.0) + step
             version[node] = ver = version.get(node, 0) + 1
@@ -269,14 +267,15 @@ class Auction:
                 heapq.heapreplace(heap, (fresh, node, current))
                 continue
             room = remaining.get(node)
-            short = _shortfall(request, room) if room is not None else None
+            short = shortfall(request, room) if room is not None else None
             if short is None and math.isfinite(load):  # inf: "only one"; -inf: steps overflowed
                 return load, node
             heapq.heappop(heap)
             del live[node]
             if short is not None:
                 declines[s] = tuple(sorted(
-                    (*declines[s], NodeDecline(node_id=node, reason=short[0], detail=short[1])),
+                    (*declines[s], NodeDecline(node_id=node, reason=short.reason,
+                                               detail=short.detail)),
                     key=lambda d: d.node_id))
         return None
 
@@ -307,13 +306,3 @@ def _main_reason(declines: Sequence[NodeDecline]) -> Reason:
     if set(kinds) <= _CAPACITY:
         return Reason.ALL_FULL
     return min(kinds, key=lambda k: (-kinds[k], k.value))
-
-
-def _shortfall(request: Shape, room: Capacity) -> tuple[Reason, str] | None:
-    if request.cpu > room.cpu + 1e-9:
-        return Reason.NO_ROOM_CPU, f"{request.cpu:g}"
-    if request.memory_mb > room.memory_mb:
-        return Reason.NO_ROOM_MEMORY, f"{request.memory_mb}"
-    if request.ports > room.ports:
-        return Reason.NO_ROOM_PORTS, ""
-    return None

@@ -1,17 +1,17 @@
 """The award rule: lowest load wins, ties broken by node id.
 
-Rule: the ranking key is ``(load, node_id)`` — total, deterministic, independent of the
-order bids arrived in. Loads that are not finite non-negative numbers never reach here
-(`shared.auction` rejects them on receipt).
+Rule: the ranking key is `order`, ``(load, node_id)`` - total, deterministic, independent of
+the order bids arrived in. `shared.auction` is the one place that applies it: it ranks each
+shape's bids by this key, and its per-shape heaps hold ``(load, node_id, version)`` entries,
+the same key with a version to tell stale entries. Loads that are not finite non-negative
+numbers never reach here (the auction rejects them on receipt).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-
 import msgspec
 
-__all__ = ["NodeBid", "NodeDecline", "pick", "rank"]
+__all__ = ["NodeBid", "NodeDecline", "order"]
 
 
 class NodeBid(msgspec.Struct, frozen=True, kw_only=True):
@@ -26,19 +26,6 @@ class NodeDecline(msgspec.Struct, frozen=True, kw_only=True):
     detail: str = ""
 
 
-def rank(bids: Iterable[NodeBid]) -> list[NodeBid]:
-    """Best first."""
-    return sorted(bids, key=lambda b: (b.load, b.node_id))
-
-
-def pick(bids: Iterable[NodeBid]) -> tuple[NodeBid, bool] | None:
-    """The winner and whether the tie-break decided it (another bid had the same load)."""
-    best: NodeBid | None = None
-    tied = False
-    for bid in bids:
-        if best is None or (bid.load, bid.node_id) < (best.load, best.node_id):
-            tied = best is not None and bid.load == best.load
-            best = bid
-        elif bid.load == best.load:
-            tied = True
-    return None if best is None else (best, tied)
+def order(bid: NodeBid) -> tuple[float, str]:
+    """The award rule's key: the lower wins."""
+    return bid.load, bid.node_id

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import msgspec
 
-from gavel.shared.messages import Capacity, HostStats, Shape
+from gavel.shared.messages import Amounts, Capacity, HostStats, Shape
 from gavel.shared.reasons import Reason
 
-__all__ = ["NodeView", "Refusal", "check", "free_of"]
+__all__ = ["NodeView", "Refusal", "check", "shortfall"]
 
 
 class NodeView(msgspec.Struct, kw_only=True):
@@ -31,15 +31,21 @@ class Refusal(msgspec.Struct, frozen=True):
     detail: str = ""
 
 
-def free_of(capacity: Capacity, committed: Capacity) -> Capacity:
-    return Capacity(
-        cpu=capacity.cpu - committed.cpu,
-        memory_mb=capacity.memory_mb - committed.memory_mb,
-        ports=capacity.ports - committed.ports,
-    )
-
-
+#: Cpu is a float sum of many awards: a request that fits exactly must not be refused for
+#: the last bits of rounding.
 _EPS = 1e-9
+
+
+def shortfall(request: Amounts, free: Capacity) -> Refusal | None:
+    """The fit check, the one every node and the auction use: None when `request` fits in
+    `free`; otherwise the first of cpu, memory, ports that does not."""
+    if request.cpu > free.cpu + _EPS:
+        return Refusal(Reason.NO_ROOM_CPU, f"{request.cpu:g}")
+    if request.memory_mb > free.memory_mb:
+        return Refusal(Reason.NO_ROOM_MEMORY, f"{request.memory_mb}")
+    if request.ports > free.ports:
+        return Refusal(Reason.NO_ROOM_PORTS)
+    return None
 
 
 def check(request: Shape, node: NodeView) -> Refusal | None:
@@ -49,11 +55,4 @@ def check(request: Shape, node: NodeView) -> Refusal | None:
             return Refusal(Reason.MISSING_LABEL, f"{key}={value}")
     if node.draining:
         return Refusal(Reason.DRAINING)
-    free = free_of(node.capacity, node.committed)
-    if request.cpu > free.cpu + _EPS:
-        return Refusal(Reason.NO_ROOM_CPU, f"{request.cpu:g}")
-    if request.memory_mb > free.memory_mb:
-        return Refusal(Reason.NO_ROOM_MEMORY, f"{request.memory_mb}")
-    if request.ports > free.ports:
-        return Refusal(Reason.NO_ROOM_PORTS)
-    return None
+    return shortfall(request, node.capacity - node.committed)

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import math
 from enum import StrEnum
-from typing import Annotated
+from typing import Annotated, Protocol
 
 import msgspec
 
 __all__ = [
     "RFB",
+    "Amounts",
     "Answer",
     "ApiError",
     "AssignmentRequest",
@@ -227,10 +228,46 @@ class Cancel(Message, tag="cancel"):
     node_id: str
 
 
+class Amounts(Protocol):
+    """Anything that asks for or holds cpu, memory and a number of ports: a `Shape`, a
+    `Request`, a `Capacity`."""
+
+    @property
+    def cpu(self) -> float: ...
+
+    @property
+    def memory_mb(self) -> int: ...
+
+    @property
+    def ports(self) -> int: ...
+
+
 class Capacity(msgspec.Struct, kw_only=True):
+    """Cpu, memory and ports: what a node has, commits, has free, or an award reserves.
+
+    Rule: the arithmetic is here and only here. `+` and `-` make a new value; `charge` changes
+    this one in place (the hot paths: an auction charges every award against the winner's
+    room, the broker reserves undelivered awards), adding `times` of `other` (-1 gives back)."""
+
     cpu: float = 0.0
     memory_mb: int = 0
     ports: int = 0
+
+    def copy(self) -> Capacity:
+        return Capacity(cpu=self.cpu, memory_mb=self.memory_mb, ports=self.ports)
+
+    def __add__(self, other: Amounts) -> Capacity:
+        return Capacity(cpu=self.cpu + other.cpu, memory_mb=self.memory_mb + other.memory_mb,
+                        ports=self.ports + other.ports)
+
+    def __sub__(self, other: Amounts) -> Capacity:
+        return Capacity(cpu=self.cpu - other.cpu, memory_mb=self.memory_mb - other.memory_mb,
+                        ports=self.ports - other.ports)
+
+    def charge(self, other: Amounts, times: int = 1) -> None:
+        self.cpu += times * other.cpu
+        self.memory_mb += times * other.memory_mb
+        self.ports += times * other.ports
 
 
 class HostStats(msgspec.Struct, kw_only=True):

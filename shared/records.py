@@ -21,7 +21,7 @@ from typing import Annotated
 import msgspec
 
 from gavel.shared.award import NodeBid, NodeDecline
-from gavel.shared.messages import InstanceState, Shape, Spec
+from gavel.shared.messages import Capacity, InstanceState, Shape, Spec
 
 __all__ = [
     "STAMP_PATTERN",
@@ -63,6 +63,10 @@ class Placement(msgspec.Struct, kw_only=True):
     attempt: int = 1
     ports: dict[str, int] = {}
 
+    def reserves(self) -> Capacity:
+        """What this instance holds on the node that runs it."""
+        return Capacity(cpu=self.spec.cpu, memory_mb=self.spec.memory_mb, ports=len(self.ports))
+
 
 class Assignment(msgspec.Struct, kw_only=True, gc=False):
     """One instance in a node.json: what the node holds and what it reserves there. The
@@ -76,6 +80,10 @@ class Assignment(msgspec.Struct, kw_only=True, gc=False):
     cpu: float = 0.0
     memory_mb: int = 0
     ports: dict[str, int] = {}
+
+    def reserves(self) -> Capacity:
+        """What this placement holds on its node."""
+        return Capacity(cpu=self.cpu, memory_mb=self.memory_mb, ports=len(self.ports))
 
 
 class NodeFile(msgspec.Struct, kw_only=True):

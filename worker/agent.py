@@ -266,8 +266,7 @@ class Agent:
         blocked = sum(1 for p in self.converger.blocked() if first <= p <= last)
         capacity = self.capacity
         if blocked:
-            capacity = Capacity(cpu=capacity.cpu, memory_mb=capacity.memory_mb,
-                                ports=max(0, capacity.ports - blocked))
+            capacity = capacity - Capacity(ports=min(blocked, capacity.ports))
         self._view = NodeView(
             node_id=self.node_id, capacity=capacity,
             committed=self._supervisor.committed(), stats=self._stats,

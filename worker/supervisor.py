@@ -96,12 +96,10 @@ class Supervisor:
     # -- what the node holds ----------------------------------------------------------------
 
     def committed(self) -> Capacity:
-        cpu, memory, ports = 0.0, 0, 0
+        total = Capacity()
         for h in self._held.values():
-            cpu += h.local.placement.spec.cpu
-            memory += h.local.placement.spec.memory_mb
-            ports += len(h.local.placement.ports)
-        return Capacity(cpu=cpu, memory_mb=memory, ports=ports)
+            total.charge(h.local.placement.reserves())
+        return total
 
     def reports(self) -> list[InstanceReport]:
         return [

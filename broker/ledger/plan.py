@@ -180,10 +180,7 @@ def place(view: View, decision: Awarded, auction_id: str,
                            cpu=rec.spec.cpu, memory_mb=rec.spec.memory_mb, ports=ports)
     # The new placement goes last in the file, so the node's total is the old one plus it:
     # the same sum, in the same order, as adding up the whole file again.
-    was = view.committed(winner)
-    view.add(nf, iid, placement, Capacity(cpu=was.cpu + placement.cpu,
-                                          memory_mb=was.memory_mb + placement.memory_mb,
-                                          ports=was.ports + len(ports)))
+    view.add(nf, iid, placement, view.committed(winner) + placement.reserves())
     return placement
 
 

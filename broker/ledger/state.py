@@ -187,9 +187,7 @@ def committed_by(nf: NodeFile) -> Capacity:
     """What a node's placements reserve there, summed in the node file's order."""
     total = Capacity()
     for pl in nf.instances.values():
-        total.cpu += pl.cpu
-        total.memory_mb += pl.memory_mb
-        total.ports += len(pl.ports)
+        total.charge(pl.reserves())
     return total
 
 

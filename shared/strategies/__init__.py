@@ -12,7 +12,7 @@ from collections.abc import Callable
 import msgspec
 
 from gavel.shared.feasibility import NodeView, Refusal, check
-from gavel.shared.messages import Bid, Capacity, Decline, Shape
+from gavel.shared.messages import Bid, Decline, Shape
 from gavel.shared.strategies.base import Params, Strategy
 from gavel.shared.strategies.binpack import Binpack
 from gavel.shared.strategies.headroom import Headroom
@@ -71,9 +71,6 @@ def _step(strategy: Strategy, shape: Shape, node: NodeView, load: float) -> floa
     Room is not checked here — the broker charges every award against the node's free
     capacity — so the step stays finite while the strategy would still price another;
     ``inf`` means the strategy itself refuses a second one (a ceiling)."""
-    c = node.committed
-    after = msgspec.structs.replace(node, committed=Capacity(
-        cpu=c.cpu + shape.cpu, memory_mb=c.memory_mb + shape.memory_mb,
-        ports=c.ports + shape.ports))
+    after = msgspec.structs.replace(node, committed=node.committed + shape)
     again = strategy.bid(shape, after)
     return math.inf if isinstance(again, Refusal) else again - load

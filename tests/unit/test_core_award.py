@@ -1,4 +1,5 @@
-"""The award rule: lowest load wins, ties broken by node id, independent of arrival order."""
+"""The award rule: lowest load wins, ties broken by node id, independent of arrival order -
+as the auction applies it (`shared.award.order` is its key; the auction is its one user)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from gavel.shared.auction import Auction, Awarded, Decision
-from gavel.shared.award import NodeBid, pick, rank
+from gavel.shared.award import NodeBid, order
 from gavel.shared.messages import Bid, BidReply, Decline, Request
 
 # A few distinct loads so ties are common; node ids unique per draw.
@@ -24,6 +25,24 @@ def _expected(bids: list[NodeBid]) -> tuple[NodeBid, bool]:
     at_best = sorted(b.node_id for b in bids if b.load == best)
     winner = next(b for b in bids if b.node_id == at_best[0])
     return winner, len(at_best) > 1
+
+
+def pick(bids: list[NodeBid]) -> tuple[NodeBid, bool] | None:
+    """The winner of a one-request auction in which `bids` arrived in this order, and
+    whether the tie-break decided it."""
+    request = Request(instance_id="i-1", cpu=0.5, memory_mb=64)
+    auction = Auction("a-1", [request], [b.node_id for b in bids] or ["nobody"], 0.0, 2.0)
+    for b in bids:
+        auction.receive(BidReply(auction_id="a-1", node_id=b.node_id,
+                                 answers=[Bid(shape=0, load=b.load, strategy=b.strategy)]), 0.1)
+    [decision] = auction.decide(now=1.0)
+    if not isinstance(decision, Awarded):
+        return None
+    return next(b for b in bids if b.node_id == decision.winner.node_id), decision.tie_broken
+
+
+def rank(bids: list[NodeBid]) -> list[NodeBid]:
+    return sorted(bids, key=order)
 
 
 def test_lowest_load_wins() -> None:

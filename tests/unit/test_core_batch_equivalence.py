@@ -17,7 +17,7 @@ from hypothesis import assume, event, given, settings
 from hypothesis import strategies as st
 
 from gavel.shared.auction import Auction, Awarded, Decision
-from gavel.shared.feasibility import NodeView, free_of
+from gavel.shared.feasibility import NodeView
 from gavel.shared.messages import BidReply, Capacity, HostStats, Request, Shape
 from gavel.shared.strategies import answer, make_strategy
 
@@ -40,7 +40,7 @@ def _plus(view: NodeView, r: Shape) -> NodeView:
 
 
 def _free(views: list[NodeView]) -> dict[str, Capacity]:
-    return {v.node_id: free_of(v.capacity, v.committed) for v in views}
+    return {v.node_id: v.capacity - v.committed for v in views}
 
 
 def sequence(views: list[NodeView], requests: list[Request]) -> list[Decision]:

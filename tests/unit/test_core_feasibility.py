@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gavel.shared.feasibility import NodeView, Refusal, check, free_of
+from gavel.shared.feasibility import NodeView, Refusal, check, shortfall
 from gavel.shared.messages import Capacity, Request
 from gavel.shared.reasons import Reason
 
@@ -86,7 +86,25 @@ def test_first_failing_check_wins_in_fixed_order() -> None:
                                                                      "99999")
 
 
-def test_free_of_subtracts_every_dimension() -> None:
-    got = free_of(Capacity(cpu=4.0, memory_mb=1024, ports=4),
-                  Capacity(cpu=1.5, memory_mb=24, ports=1))
-    assert got == Capacity(cpu=2.5, memory_mb=1000, ports=3)
+def test_capacity_does_its_own_arithmetic() -> None:
+    a, b = Capacity(cpu=4.0, memory_mb=1024, ports=4), Capacity(cpu=1.5, memory_mb=24, ports=1)
+    assert a - b == Capacity(cpu=2.5, memory_mb=1000, ports=3)
+    assert a + b == Capacity(cpu=5.5, memory_mb=1048, ports=5)
+    assert a == Capacity(cpu=4.0, memory_mb=1024, ports=4)  # + and - make new values
+    room = a.copy()
+    room.charge(req(cpu=1.0, memory_mb=24, ports=2), -1)  # a shape counts like a capacity
+    assert room == Capacity(cpu=3.0, memory_mb=1000, ports=2) and room is not a
+    room.charge(b, times=2)
+    assert room == Capacity(cpu=6.0, memory_mb=1048, ports=4)
+
+
+def test_the_fit_check_is_the_nodes_and_the_auctions_alike() -> None:
+    """One check: the first of cpu, memory, ports that does not fit, cpu with a rounding
+    allowance (a float sum of awards that fills a node exactly still fits)."""
+    free = Capacity(cpu=0.30000000000000004 - 0.1, memory_mb=100, ports=1)
+    assert shortfall(req(cpu=0.2, memory_mb=100, ports=1), free) is None
+    assert shortfall(req(cpu=0.3, memory_mb=999, ports=9), free) == Refusal(
+        Reason.NO_ROOM_CPU, "0.3")
+    assert shortfall(req(cpu=0.1, memory_mb=101, ports=9), free) == Refusal(
+        Reason.NO_ROOM_MEMORY, "101")
+    assert shortfall(req(cpu=0.1, memory_mb=1, ports=2), free) == Refusal(Reason.NO_ROOM_PORTS)

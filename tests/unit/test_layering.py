@@ -1,19 +1,24 @@
-"""shared/ is the pure core: no I/O, no clock, no shells.
+"""The house's rules, read from the code: the pure core stays pure, imports run one way
+(cli -> broker, worker, sim, bench -> transport -> shared), no import circles, one namespace.
 
-Every ``.py`` under shared/ is parsed with `ast` (never imported), so a forbidden import fails
-this test even where it sits behind ``if TYPE_CHECKING`` or inside a function.
+Every ``.py`` of every room is parsed with `ast` (never imported), so an import breaks these
+rules wherever it sits: at the top, inside a function, behind ``if TYPE_CHECKING``.
 """
 
 from __future__ import annotations
 
 import ast
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 import pytest
 
-SHARED = Path(__file__).resolve().parents[2] / "shared"
+ROOT = Path(__file__).resolve().parents[2]
+#: The rooms, as the `gavel` package names them (gavel/<room> links to <room>/).
+ROOMS = ("shared", "transport", "broker", "worker", "cli", "sim", "bench")
+SHARED = ROOT / "shared"
 
-#: Modules that do I/O, spawn work or read the clock: the shells' business.
+#: Modules that do I/O, spawn work or read the clock: the shells' business, never the core's.
 FORBIDDEN = frozenset(
     {
         "asyncio",
@@ -28,8 +33,16 @@ FORBIDDEN = frozenset(
         "importlib",  # a dynamic import would slip past every other rule here
     }
 )
-#: The shells: the core must not depend on what is built around it.
-SHELLS = frozenset({"broker", "worker", "sim"})
+#: The rooms each room may import besides itself (the one-way rule).
+ALLOWED: Mapping[str, frozenset[str]] = {
+    "shared": frozenset(),
+    "transport": frozenset({"shared"}),
+    "broker": frozenset({"shared", "transport"}),
+    "worker": frozenset({"shared", "transport"}),
+    "sim": frozenset({"shared", "transport"}),
+    "bench": frozenset({"shared", "transport", "broker", "worker", "sim"}),
+    "cli": frozenset({"shared", "transport", "broker", "worker", "sim", "bench"}),
+}
 #: Clock reads, spelled as a call on a module or class attribute.
 CLOCK_CALLS = frozenset(
     {
@@ -56,8 +69,26 @@ def _dotted(node: ast.expr) -> str:
     return ""
 
 
+def imports(source: str, module: str = "gavel.x", is_package: bool = False) -> list[str]:
+    """Every module `source` imports (absolute names; relative ones resolved from `module`)."""
+    package = module if is_package else module.rpartition(".")[0]
+    out: list[str] = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            out += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")
+                parts = parts[: len(parts) - (node.level - 1)]
+                base = ".".join([*parts, base] if base else parts)
+            out.append(base)
+            out += [f"{base}.{alias.name}" for alias in node.names]
+    return out
+
+
 def violations(source: str, filename: str = "<source>") -> list[str]:
-    """Every layering rule `source` breaks, as ``file:line: what``."""
+    """Every purity rule of the core `source` breaks, as ``file:line: what``."""
     found: list[str] = []
 
     def flag(node: ast.AST, what: str) -> None:
@@ -67,7 +98,8 @@ def violations(source: str, filename: str = "<source>") -> list[str]:
         top = module.split(".", 1)[0]
         if top in FORBIDDEN:
             flag(node, f"imports {module}")
-        if top in SHELLS:
+        room = _room(module)
+        if room is not None and room != "shared":
             flag(node, f"imports the shell {module}")
 
     for node in ast.walk(ast.parse(source, filename)):
@@ -87,22 +119,153 @@ def violations(source: str, filename: str = "<source>") -> list[str]:
     return found
 
 
-def _shared_files() -> list[Path]:
-    return sorted(SHARED.rglob("*.py"))
+def _room(module: str) -> str | None:
+    """The room a module name belongs to (``gavel.broker.ledger.plan`` -> broker), or None
+    for anything outside gavel; the bare old names count too, so they are caught."""
+    parts = module.split(".")
+    if parts[0] == "gavel" and len(parts) > 1 and parts[1] in ROOMS:
+        return parts[1]
+    if parts[0] in ROOMS:
+        return parts[0]
+    return None
 
 
-def test_shared_tree_is_found() -> None:
-    names = {p.relative_to(SHARED).as_posix() for p in _shared_files()}
-    # A wrong path would make the layering test vacuous; pin a few modules we know exist.
-    assert {"auction.py", "award.py", "messages.py", "strategies/base.py"} <= names
+# -- the tree -----------------------------------------------------------------------------------
+def _modules() -> dict[str, Path]:
+    """Every module of every room, by its gavel.* name."""
+    out: dict[str, Path] = {}
+    for room in ROOMS:
+        for path in sorted((ROOT / room).rglob("*.py")):
+            rel = path.relative_to(ROOT).with_suffix("")
+            name = ".".join(("gavel", *rel.parts))
+            out[name.removesuffix(".__init__")] = path
+    return out
 
 
-@pytest.mark.parametrize("path", _shared_files(), ids=lambda p: p.relative_to(SHARED).as_posix())
+MODULES = _modules()
+
+
+def _graph(modules: Mapping[str, Path]) -> dict[str, set[str]]:
+    """Module -> the gavel modules it imports (a name is resolved to the longest module)."""
+    edges: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        targets: set[str] = set()
+        for imported in imports(path.read_text(encoding="utf-8"), name,
+                                path.name == "__init__.py"):
+            while imported and imported not in modules:
+                imported = imported.rpartition(".")[0]
+            if imported and imported != name:
+                targets.add(imported)
+        edges[name] = targets
+    return edges
+
+
+def circles(edges: Mapping[str, Iterable[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan, iteratively)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    found: list[list[str]] = []
+    counter = 0
+    for root in edges:
+        if root in index:
+            continue
+        work = [(root, iter(edges.get(root, ())))]
+        index[root] = low[root] = counter
+        counter += 1
+        stack.append(root)
+        on.add(root)
+        while work:
+            v, it = work[-1]
+            for w in it:
+                if w not in index:
+                    index[w] = low[w] = counter
+                    counter += 1
+                    stack.append(w)
+                    on.add(w)
+                    work.append((w, iter(edges.get(w, ()))))
+                    break
+                if w in on:
+                    low[v] = min(low[v], index[w])
+            else:
+                work.pop()
+                if work:
+                    low[work[-1][0]] = min(low[work[-1][0]], low[v])
+                if low[v] == index[v]:
+                    comp = []
+                    while True:
+                        w = stack.pop()
+                        on.discard(w)
+                        comp.append(w)
+                        if w == v:
+                            break
+                    if len(comp) > 1:
+                        found.append(sorted(comp))
+    return found
+
+
+def wrong_way(edges: Mapping[str, Iterable[str]]) -> list[str]:
+    """Every import of a room that its room may not import (`ALLOWED`)."""
+    out = []
+    for a, targets in edges.items():
+        ra = _room(a)
+        for b in targets:
+            rb = _room(b)
+            if ra is not None and rb is not None and rb != ra and rb not in ALLOWED[ra]:
+                out.append(f"{a} -> {b}")
+    return sorted(out)
+
+
+def test_every_room_is_found() -> None:
+    # A wrong path would make every rule here vacuous; pin a few modules we know exist.
+    assert {"gavel.shared.auction", "gavel.transport.wire", "gavel.broker.service",
+            "gavel.broker.ledger.repository", "gavel.worker.agent", "gavel.cli.main",
+            "gavel.sim.engine", "gavel.bench.run"} <= set(MODULES)
+    for room in ROOMS:  # the gavel package names each room
+        assert (ROOT / "gavel" / room).resolve() == (ROOT / room).resolve()
+
+
+@pytest.mark.parametrize("path", sorted(SHARED.rglob("*.py")),
+                         ids=lambda p: p.relative_to(SHARED).as_posix())
 def test_shared_module_is_pure(path: Path) -> None:
     assert violations(path.read_text(encoding="utf-8"), str(path.relative_to(SHARED))) == []
 
 
-# -- the checker itself must catch what it claims to ------------------------------------------
+def test_imports_run_one_way() -> None:
+    assert wrong_way(_graph(MODULES)) == []
+
+
+def test_there_are_no_import_circles() -> None:
+    assert circles(_graph(MODULES)) == []
+
+
+def test_every_import_of_gavel_is_through_the_namespace() -> None:
+    """Nothing imports ``shared`` or ``broker`` as a top-level name: only `gavel` is installed,
+    and an import that works from the repository root would fail from site-packages."""
+    bare = [f"{name}: {imported}" for name, path in MODULES.items()
+            for imported in imports(path.read_text(encoding="utf-8"), name)
+            if imported.split(".")[0] in ROOMS]
+    tests = [f"{path}: {imported}" for path in sorted((ROOT / "tests").rglob("*.py"))
+             for imported in imports(path.read_text(encoding="utf-8"))
+             if imported.split(".")[0] in ROOMS]
+    assert bare + tests == []
+
+
+def test_the_worker_never_reaches_the_broker() -> None:
+    """It runs on every host: what it imports is shared and transport, nothing else of ours."""
+    graph = _graph(MODULES)
+    reached: set[str] = set()
+    todo = [m for m in MODULES if _room(m) == "worker"]
+    while todo:
+        m = todo.pop()
+        if m not in reached:
+            reached.add(m)
+            todo += graph[m]
+    assert {_room(m) for m in reached} <= {"worker", "transport", "shared"}
+
+
+# -- the checkers themselves must catch what they claim to --------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -124,9 +287,10 @@ def test_shared_module_is_pure(path: Path) -> None:
         "def f():\n    import asyncio",
         "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import asyncio",
         "import broker",
-        "from broker.ledger import Ledger",
-        "import worker.agent",
-        "from sim import engine",
+        "from gavel.broker.ledger import Ledger",
+        "import gavel.worker.agent",
+        "from gavel.sim import engine",
+        "from gavel.transport import wire",
     ],
 )
 def test_checker_rejects_forbidden_import(source: str) -> None:
@@ -155,12 +319,37 @@ def test_checker_rejects_clock_reads(source: str) -> None:
         "import math",
         "from collections import Counter",
         "import msgspec",
-        "from shared.award import pick",
+        "from gavel.shared.award import order",
         "from . import award",
         "import timing",  # a name that merely starts with 'time' is not the time module
-        "from shared.timing import Timing",
+        "from gavel.shared.timing import Timing",
         "x = now - opened_at",
     ],
 )
 def test_checker_allows_pure_code(source: str) -> None:
     assert violations(source) == []
+
+
+def test_the_circle_finder_finds_a_circle_and_only_circles() -> None:
+    assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert circles({"a": {"b"}, "b": set(), "c": {"b"}}) == []
+
+
+def test_the_one_way_rule_catches_arrows_that_run_back_up() -> None:
+    edges = {"gavel.worker.agent": {"gavel.broker.service", "gavel.transport.wire"},
+             "gavel.transport.wire": {"gavel.cli.config"},
+             "gavel.broker.api": {"gavel.worker.metrics", "gavel.broker.ledger.plan"},
+             "gavel.sim.cli": {"gavel.cli.parsers"},
+             "gavel.cli.main": {"gavel.sim.engine", "gavel.bench.run"}}
+    assert wrong_way(edges) == ["gavel.broker.api -> gavel.worker.metrics",
+                                "gavel.sim.cli -> gavel.cli.parsers",
+                                "gavel.transport.wire -> gavel.cli.config",
+                                "gavel.worker.agent -> gavel.broker.service"]
+
+
+def test_relative_imports_are_resolved_from_their_module() -> None:
+    assert "gavel.broker.ledger.state" in imports("from .state import Change",
+                                                   "gavel.broker.ledger.plan")
+    assert "gavel.broker.api" in imports("from ..api import Api", "gavel.broker.ledger.plan")
+    assert "gavel.broker.ledger.state" in imports("from . import state",
+                                                   "gavel.broker.ledger", is_package=True)

@@ -48,3 +48,23 @@ def test_secrets_are_redacted_in_every_format() -> None:
         text = "\n".join(lines)
         assert SECRET not in text
         assert REDACTED in text
+
+
+def test_other_libraries_write_warnings_only_unless_debugging() -> None:
+    """A fresh machine's first matplotlib import logs "generated new fontManager" at INFO; on
+    a command's stderr that line is noise an operator (and a test of the one sentence a bad
+    flag gets) must not see."""
+    for level, noisy in (("INFO", False), ("DEBUG", True)):
+        stream = io.StringIO()
+        handler = configure("text", level, stream=stream)
+        try:
+            logging.getLogger("matplotlib.font_manager").info("generated new fontManager")
+            logging.getLogger("matplotlib").warning("a real warning")
+            logging.getLogger("gavel.test").info("ours")
+        finally:
+            logging.getLogger().removeHandler(handler)
+            logging.getLogger().setLevel(logging.WARNING)
+            logging.getLogger("gavel").setLevel(logging.NOTSET)
+        out = stream.getvalue()
+        assert ("fontManager" in out) is noisy, level
+        assert "a real warning" in out and "ours" in out

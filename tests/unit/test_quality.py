@@ -26,3 +26,24 @@ def test_mypy_strict_is_clean() -> None:
     pytest.importorskip("mypy")
     got = _run("mypy")  # packages and strictness come from pyproject.toml
     assert got.returncode == 0, got.stdout + got.stderr
+
+
+def test_every_dependency_is_locked() -> None:
+    """`make test` installs with ``-c constraints.txt``: a dependency added to pyproject.toml
+    without re-locking would be resolved afresh on every CI machine."""
+    import re
+    import tomllib
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    wanted = [*project["dependencies"], *project["optional-dependencies"]["test"]]
+    locked = {}
+    for line in (ROOT / "constraints.txt").read_text().splitlines():
+        if line and not line.startswith("#"):
+            name, _, version = line.partition("==")
+            locked[re.sub(r"[-_.]+", "-", name).lower()] = version
+    for req in wanted:
+        if "sys_platform == 'win32'" in req:
+            continue
+        name = re.sub(r"[-_.]+", "-", re.split(r"[<>=!;\[ ]", req, maxsplit=1)[0]).lower()
+        assert name in locked, f"{name} is not in constraints.txt: run `make lock`"
+    assert locked["nats-py"].startswith("2.16."), "nats-py outside what wire.py is tested on"
