@@ -31,7 +31,7 @@ async def nats_reqreply_per_s(url: str, seconds: float = 2.0, in_flight: int = 6
 
     await server.subscribe("bench.echo", cb=echo)
     # Not flush(): its PONG can beat the SUB to the server, and the first request then
-    # finds no responder (about one run in 25 did, before). See broker.wire rule 6.
+    # finds no responder. See transport.wire rule 6.
     await wire.subscribed(server)
     await client.request("bench.echo", b"warm", timeout=5)  # the inbox set up off the clock
     done = 0

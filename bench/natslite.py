@@ -3,12 +3,13 @@
 Why: `gavel bench` runs 1,000 agents on the broker's own two cores, where on a cluster each
 answers on its own host; what an agent spends there is CPU taken from the broker, its writer
 and nats-server. nats-py hands every message through a parser, a `Msg` object, a queue and a
-task, and every publish through a pending buffer and a flusher task: ~57 us of CPU a bid
-reply on this machine. This client parses ``MSG`` frames in `data_received` and calls the
-handler there and then; a publish is one `transport.write`. The agents' code above it (their
-bids, `shared.strategies.answer`, the messages) is the same whichever client carries it
-(``gavel bench --agent-client nats-py`` runs them on nats-py, for the side-by-side figure).
-The real worker (`worker.agent`) speaks through nats-py: reconnects, TLS, credentials.
+task, and every publish through a pending buffer and a flusher task: CPU every bid reply
+pays, on the broker's cores (docs/performance.md). This client parses ``MSG`` frames in
+`data_received` and calls the handler there and then; a publish is one `transport.write`.
+The agents' code above it (their bids, `shared.strategies.answer`, the messages) is the
+same whichever client carries it (``gavel bench --agent-client nats-py`` runs them on
+nats-py, to compare the two). The real worker (`worker.agent`) speaks through nats-py:
+reconnects, TLS, credentials.
 
 Protocol (docs.nats.io, "Client protocol"): the server opens with ``INFO {json}``; the client
 sends ``CONNECT {json}`` and ``PING``, and is connected at the first ``PONG``. ``SUB

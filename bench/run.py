@@ -90,7 +90,8 @@ class Result:
     agent_cpu_us_per_reply: float
     #: The broker's CPU a placement in units of an agent's CPU a reply: the agents run the
     #: same code on both sides of an A/B, so this cancels the machine's drift between runs
-    #: (every process's CPU moves ±15% from run to run here, this ±2%).
+    #: (every process's CPU moves from run to run far more than this ratio does:
+    #: docs/performance.md).
     broker_cpu_in_agent_replies: float
     nats_cpu_us_per_placement: float
     #: Every process of the run (broker, writer, agents, nats-server, this driver) over
@@ -150,8 +151,8 @@ def _cpu(proc: subprocess.Popen[bytes] | int, children: bool = False) -> float:
 
 async def run(opts: Options) -> Result:
     """One run. Without `opts.state` it works in a temporary directory, removed after a run
-    that verified (each run leaves 20-100 MB of git and JetStream there); a failed run's is
-    kept, and the error names it."""
+    that verified (each run leaves its git repository and JetStream store there); a failed
+    run's is kept, and the error names it."""
     root = opts.state if opts.state is not None else Path(tempfile.mkdtemp(prefix="gavel-bench-"))
     try:
         result = await _run_in(opts, root)

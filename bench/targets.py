@@ -2,8 +2,8 @@
 
 Rules:
 1. A target is one run's settings and the bounds that run's figures must meet. The settings
-   are the ones the README's Performance table reports for it, kept here once (`TARGETS`),
-   so "the command that produced the numbers" is one command.
+   are the ones docs/performance.md reports for it, kept here once (`TARGETS`), so "the
+   command that produced the numbers" is one command.
 2. A verdict compares figures with bounds and nothing else: equal to a bound meets it. A run
    that fails or does not verify itself is an error (`bench.run` raises), never a miss.
 3. `scaled` shrinks agents and placements by a factor (a quick look, a test). The figures

@@ -5,14 +5,14 @@ Rules:
    `ApiError` with one sentence — the broker never leaves a client waiting on garbage.
 2. Requests are served side by side: a submit, cancel or drain waits for its commit, and a
    subscription serves its messages one after another, so serving each in the subscription's
-   callback let one client's commit hold up every other client's request of that verb (many
-   clients submitting at once got one submit per commit, never a group commit of theirs).
-   Each request runs on a task of its own, up to `MAX_IN_FLIGHT`; past that the subscription
-   waits for the request in hand (back-pressure: NATS holds the rest).
+   callback would let one client's commit hold up every other client's request of that verb
+   (many clients submitting at once would get one submit per commit, never a group commit of
+   theirs). Each request runs on a task of its own, up to `MAX_IN_FLIGHT`; past that the
+   subscription waits for the request in hand (back-pressure: NATS holds the rest).
 3. A submission makes and encodes its records in slices of `SUBMIT_SLICE`, with the loop's
    other work between them, before it queues for its commit (`Change.ready`): a commit of
-   four 1,000-instance submissions spent ~10-25 ms of the loop encoding them in one go,
-   while open bid rounds waited.
+   large submissions encoded in one go holds the loop for all of it, while open bid rounds
+   wait (docs/performance.md).
 """
 
 from __future__ import annotations
@@ -66,7 +66,8 @@ _enc = msgspec.msgpack.Encoder()
 Handler = Callable[[Any], Awaitable[Message]]
 #: Requests served at once (rule 2).
 MAX_IN_FLIGHT = 1024
-#: Records a submission makes and encodes between two turns of the loop (rule 3): ~0.3 ms.
+#: Records a submission makes and encodes between two turns of the loop (rule 3): a slice
+#: short enough that a bid reply waiting behind it is not held up for long.
 SUBMIT_SLICE = 128
 
 

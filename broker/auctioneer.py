@@ -10,14 +10,13 @@ Rules:
 4. An auction opens once `batch_max` requests wait, or once the oldest waiting one has waited
    `batch_wait_s` (0: at once). A broadcast round costs a reply from every node however few
    requests it carries; waiting a few ms for a fuller batch trades that much queueing for
-   far fewer rounds (1,000 nodes, 1,000 submissions/s: see the README's Performance).
+   far fewer rounds (docs/performance.md).
 5. The next round opens as the last one closes, when work waits and there is room (not when
    the loop next gets round to it), and its RFBs are written to the socket as it opens
    (`Broker.flush`): a round's clock runs from its opening, and with one round in flight
-   the gap between rounds is throughput lost. Side by side (`gavel bench`, 1,000 agents,
-   `--max-auctions 1 --batch-max 32`, five runs each): 4,637 -> 5,024 placements/s, the
-   round p99 unchanged. An auction that closes as it opens (no candidate) does not open
-   others from inside the pass that opened it.
+   the gap between rounds is throughput lost; closing that gap places more a second without
+   lengthening the rounds (docs/performance.md). An auction that closes as it opens (no
+   candidate) does not open others from inside the pass that opened it.
 """
 
 from __future__ import annotations

@@ -10,9 +10,9 @@ Rules:
    within the last `window_s` goes out at once; a change within it waits for the window's
    end, and then only the node's newest node.json goes out. A node that ten commits touched
    in a window is put once, not ten times: under load the puts are most of JetStream's work
-   (each is stored, indexed, and replaces the key's previous revision; measured with `gavel
-   bench`, README "Performance"). Windows are per node, so the puts stay spread over time
-   instead of leaving together when one window for all would end.
+   (each is stored, indexed, and replaces the key's previous revision: docs/performance.md).
+   Windows are per node, so the puts stay spread over time instead of leaving together when
+   one window for all would end.
 3. Per node, the newest wins: a pending put is replaced by a later commit's, never sent
    after it. Workers tolerate a mirror that lags its award (converge rule 2) and re-read
    their key every heartbeat; `window_s` is far below a heartbeat.

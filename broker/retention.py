@@ -3,7 +3,7 @@ beyond the newest `ended_max` ended ones, leaves the state repository's tree (gi
 keeps it), so a broker placing thousands of instances a second does not hold, read and
 rewrite every instance it ever ran. The window is for people (how long `gavel status`
 answers); the count bounds memory whatever the rate (at 1,000 ends a second a day's window
-is 86 million records; the broker holds ~1 KB for each).
+is 86 million records, and the broker holds every one in memory).
 
 Rules:
 1. An end is stamped once, by the commit that records it (`InstanceRecord.ended_at`, see
@@ -36,9 +36,10 @@ from gavel.shared.reasons import Reason
 __all__ = ["FORGET_MAX", "Retention", "due"]
 
 #: Records one forget commit drops at most. A forget commit rewrites the shards it touches
-#: whatever it drops from each, so bigger batches are cheaper a record (5,000: ~6 ms of
-#: planning and encoding on the loop); with 1,000 a broker ending ~5,000 instances a second
-#: fell behind (one batch a commit: 134,000 ended records kept for an ended_max of 10,000).
+#: whatever it drops from each, so bigger batches are cheaper a record, while the cap bounds
+#: the planning and encoding one costs on the loop; a much smaller cap falls behind a broker
+#: ending thousands of instances a second (one batch a commit: the ended records kept pile
+#: up far past `ended_max`; docs/performance.md).
 FORGET_MAX = 5000
 
 

@@ -60,8 +60,9 @@ def tune_gc() -> None:
     """For a process whose main job is the broker (the daemon, the bench's broker): what is
     loaded at start is never scanned again, and young collections run every 50,000
     allocations instead of 700. A placement allocates a few hundred objects, so the default
-    collected several times per auction; measured: broker CPU per placement -10%, bid-round
-    p99 lower. Not called by the library: GC settings are the process owner's to choose."""
+    would collect several times per auction; collecting less often takes less broker CPU a
+    placement and shortens the slowest bid rounds (docs/performance.md). Not called by the
+    library: GC settings are the process owner's to choose."""
     gc.collect()
     gc.freeze()
     gc.set_threshold(50_000, 20, 10)

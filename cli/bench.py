@@ -56,7 +56,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="keep the run's state (git repo, logs) here")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     t = p.add_argument_group("targets", "check the throughput targets, each with the settings "
-                             "the README reports for it (bench/targets.py)")
+                             "docs/performance.md reports for it (bench/targets.py)")
     t.add_argument("--targets", action="store_true",
                    help="run each target's own bench and say met or missed (exit 3 if any "
                    "bound is missed); the run flags above are its, not yours")

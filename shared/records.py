@@ -5,12 +5,13 @@ state; ``nodes/<node-id>/node.json`` holds what the broker placed on that node. 
 values never appear here: a placement keeps the secret names only.
 
 Why shards: a git tree is rewritten whole whenever one entry changes, and records are kept
-after an instance ends, so a flat ``instances/`` directory made every submit commit cost as
-much as every instance ever submitted (20,000 records: a 0.9 MB tree, ~17 ms to build and
-compress, stored again by each commit). The shard is the first two hex digits of the SHA-1
-of the id (256 shards): a commit rewrites only the shards it touches. An operator may still
-add ``instances/<id>.json`` by hand (GitOps): it is read like any record, and the broker
-moves it into its shard the first time it writes that instance.
+after an instance ends, so a flat ``instances/`` directory would make every submit commit
+cost as much as every instance ever submitted: one tree listing every record, built,
+compressed and stored again by each commit (docs/performance.md). The shard is the first
+two hex digits of the SHA-1 of the id (256 shards): a commit rewrites only the shards it
+touches. An operator may still add ``instances/<id>.json`` by hand (GitOps): it is read
+like any record, and the broker moves it into its shard the first time it writes that
+instance.
 """
 
 from __future__ import annotations
@@ -106,8 +107,9 @@ STAMP_PATTERN = r"^(\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d{1,6})?Z)?$"
 class InstanceRecord(msgspec.Struct, kw_only=True, gc=False):
     """Never tracked by the garbage collector (`gc=False`: strings, numbers, a `Spec`, a
     tuple - no reference cycle can run through one). A broker holds one for every instance
-    it keeps, and they were most of what its young collections scanned: each a ~10-20 ms
-    pause of the event loop every 50,000 records, scanning records that live on."""
+    it keeps, and if tracked they would be most of what its young collections scan: each
+    collection a pause of the event loop, spent scanning records that live on
+    (docs/performance.md)."""
 
     instance_id: str
     spec: Spec

@@ -1,9 +1,9 @@
 """The event loop every gavel process runs on: uvloop, unless told otherwise.
 
 Rule: a node agent spends most of its CPU in the event loop and the NATS client's socket
-work, not in gavel's code (profiled: a bid reply is ~60 us on the standard loop, two thirds
-of it selector, transport and task wake-ups). uvloop does that work in C: `gavel bench`
-measured ~22% less agent CPU per reply and ~10% more placements a second on this machine.
+work (the selector, the transport, task wake-ups), not in gavel's code. uvloop does that work
+in C, so an agent spends less CPU a reply and the broker places more a second
+(docs/performance.md).
 ``GAVEL_EVENT_LOOP=asyncio`` runs the standard loop (for debugging, or a platform without
 uvloop); anything else is refused with a sentence.
 """

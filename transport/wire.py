@@ -3,30 +3,32 @@
 Rules:
 1. Messages go out in the order they were queued, each exactly as nats-py's `publish` would
    frame it (``PUB <subject> <size>\\r\\n<payload>\\r\\n``, no reply subject, no headers).
-2. The broker publishes ~7 messages a placement (RFB shares, the award, events, the KV
-   mirror). nats-py's `publish` costs ~1.3 us each (checks, a frame, a flush kick per call);
-   framing a batch here and handing it to the client as one pending write costs ~0.25 us a
-   message (`gavel bench` and tests/integration/test_wire.py measure and check it). That
-   hand-over uses the client's internal `_send_command` / `_flush_pending` (stable across
-   nats-py 2.x); `fast(nc)` says whether this client has them, and a test pins it for the
-   installed nats-py so an upgrade that drops them is noticed, not silently slower.
+2. The broker publishes several messages a placement (RFB shares, the award, events, the
+   KV mirror). nats-py's `publish` checks, frames and kicks the flusher on every call;
+   framing a batch here and handing it to the client as one pending write is several times
+   cheaper a message (`gavel bench` measures it, tests/integration/test_wire.py checks it:
+   docs/performance.md). That hand-over uses the client's internal `_send_command` /
+   `_flush_pending` (stable across nats-py 2.x); `fast(nc)` says whether this client has
+   them, and a test pins it for the installed nats-py so an upgrade that drops them is
+   noticed, not silently slower.
 3. Whatever the batch path cannot vouch for goes through `publish`, which raises what is
    wrong: a client without those internals, not connected (reconnecting: its buffer
    limits apply), closed or draining, a subject that is empty or holds whitespace (a
    frame injection), a payload over the server's limit. Failures are handed to `failed`.
-4. Inbound, the broker's busiest subscriptions (bid replies, reports, heartbeats: ~3 a
-   placement, 1,000 a broadcast round) are handled as nats-py's parser hands each message
-   over (`Client.subscribe_direct`), not through a `Msg`, a queue and the subscription's
-   task: ~3.2 -> ~1.9 us a message. Handlers are plain functions that never wait; one that
-   raises is logged and the next message is handled. A client whose `_process_msg` is not
-   the one this was written against (`DIRECT`) subscribes them the ordinary way.
+4. Inbound, the broker's busiest subscriptions (bid replies, reports, heartbeats: a few a
+   placement, one from every node a broadcast round) are handled as nats-py's parser hands
+   each message over (`Client.subscribe_direct`), not through a `Msg`, a queue and the
+   subscription's task, whose object and wake-up are a large share of a message's cost
+   (docs/performance.md). Handlers are plain functions that never wait; one that raises is
+   logged and the next message is handled. A client whose `_process_msg` is not the one
+   this was written against (`DIRECT`) subscribes them the ordinary way.
 5. `write_now` puts a batch on the socket there and then, behind what the client already
    holds (its pending buffer first: order is kept), instead of handing it to nats-py's
    flusher task, which writes it a loop turn or two later (the broker's sender writes its
    batches this way). An auction's RFB shares go out this way as the round opens: the
-   round's clock is running, and under load those turns were ~0.3 ms at the median and
-   ~7 ms at the 99th percentile (`gavel bench`, 1,000 agents). Only what rule 3 would let
-   through, and only while the socket is keeping up (less than `WRITE_NOW_MAX_BUFFERED`
+   round's clock is running, and under load a loop turn or two is time it counts before any
+   node has been asked, at the tail a long time (docs/performance.md). Only what rule 3 would
+   let through, and only while the socket is keeping up (less than `WRITE_NOW_MAX_BUFFERED`
    unsent in the transport); otherwise the caller sends it the usual way, which waits for
    the socket to drain.
 6. `subscribed(nc)` returns once the server holds every subscription `nc` has asked for.
@@ -149,7 +151,7 @@ def _frame(subject: str, payload: bytes, limit: int) -> bytes | None:
 def _good_subject(subject: str) -> bool:
     """What nats-py refuses in a subject it publishes to: empty, or any whitespace (CR/LF
     above all: they would end the frame and start another command). Printable and no space
-    is that, or stricter (no other control character either), in a tenth of a regex's time."""
+    is that, or stricter (no other control character either), and far cheaper than a regex."""
     return bool(subject) and subject.isprintable() and " " not in subject
 
 

@@ -16,8 +16,13 @@ Rules:
 5. The commit that records an instance's end stamps it (`ended_at`, UTC, milliseconds): the
    retention of ended instances counts from there (`broker.retention`).
 6. The broker encodes a commit's records as compact JSON; the writer formats them pretty
-   for git (`Change.files_compact`): formatting was over half the encoding, and encoding a
-   commit is time the event loop reads no bid reply (a 4,000-instance submission: ~8 ms).
+   for git (`Change.files_compact`): formatting is most of the encoding, and encoding a
+   commit is time the event loop reads no bid reply (docs/performance.md).
+7. With a commit gap (`gap_s`, 0 by default) the next commit starts no sooner than the gap
+   after the last was written and takes everything queued by then: a commit's writer work
+   is mostly per commit, so under sustained load fewer, bigger commits leave the cores to
+   the bid rounds; at light load the bigger bursts of awards lengthen rounds, hence off by
+   default (docs/performance.md).
 """
 
 from __future__ import annotations
@@ -210,9 +215,8 @@ class Committer:
 
 #: After-commit work runs in slices of this many seconds, with the loop's other work (bid
 #: replies above all) in between, so a large group commit does not stall open auctions.
-#: Measured (`gavel bench`, 1,000 agents, ~5,500 placements/s, three runs side by side):
-#: 2 ms slices left the round p99 at 26.5 ms, 0.5 ms at 22.6-23.6; the yields cost nothing
-#: seen in the broker's CPU a placement.
+#: Shorter slices keep the slowest bid rounds shorter, and the yields between them cost the
+#: broker no CPU a placement worth counting (docs/performance.md).
 AFTER_SLICE_S = 0.0005
 
 

@@ -43,7 +43,8 @@ def commit_files(path: str, ref: str, files: Mapping[str, bytes | None], message
         ledger = _ledgers.get((path, ref))
         if ledger is None:
             # The writer only inserts ids of objects it has just written itself: libgit2's
-            # check that each exists is a lookup per entry we can skip (~15% of a commit).
+            # check that each exists is a lookup per entry we can skip, and a noticeable
+            # share of a commit (docs/performance.md).
             pygit2.settings.enable_strict_object_creation(False)
             ledger = _ledgers[(path, ref)] = Ledger(Path(path), ref)
         return ledger.write_files(files, message, planned_on, compact)

@@ -3,13 +3,13 @@ trees, kept in a `Batch` and stored at once - as one pack when there are many
 (`broker.packs`), as loose files otherwise - and the trees built on the way (`Trees`).
 
 Rule: a commit of a few hundred node files writes two objects per node (its node.json and
-the node's directory), and libgit2 spends about seventeen system calls on each write: it
-first asks every backend whether the object exists, rescanning the pack directory on the
-miss, tries to freshen it, then writes a temporary file and links it into place. On this
-machine's virtualised file system that is 150-200 us an object, most of a placement's cost.
-Writing a new loose object needs four calls - open, write, close, rename - and a pack two
-files for the whole commit, so blobs and trees are written here, and libgit2 keeps what it
-is good at: reading, the commit, and moving the ref under its lock.
+the node's directory), and libgit2 spends many system calls on each write: it first asks
+every backend whether the object exists, rescanning the pack directory on the miss, tries
+to freshen it, then writes a temporary file and links it into place. On a virtualised file
+system those calls are dear, and together they are most of a placement's cost
+(docs/performance.md). Writing a new loose object needs four calls - open, write, close,
+rename - and a pack two files for the whole commit, so blobs and trees are written here, and
+libgit2 keeps what it is good at: reading, the commit, and moving the ref under its lock.
 
 The format is git's (``zlib("<kind> <size>\\0" + body)`` under ``objects/xx/yyyy...``, the
 id being the SHA-1 of the uncompressed bytes); `git fsck --strict` checks every object the
@@ -130,8 +130,8 @@ class ObjectStore:
 class Trees:
     """Writes trees with changes applied, remembering the entries of the trees it wrote or
     read (by id, so never stale): the next commit's base is almost always the tree just
-    written, and reading a 1,000-entry ``nodes/`` listing and each touched node directory
-    back from git was a third of the writer's time.
+    written, and reading the ``nodes/`` listing (an entry per node) and each touched node
+    directory back from git would be a large share of the writer's time (docs/performance.md).
 
     `read` gives a tree's entries from git (None if the id is not a tree)."""
 

@@ -1,20 +1,21 @@
 """A commit's new objects as one git pack, and the merging that keeps packs few.
 
 Rule: the cost of a placement commit on a real disk is file-system metadata, not bytes: a
-loose object is a file created and renamed (13 us on tmpfs, 35-250 us on this machine's
-disk depending on the moment), and a commit of 600 node files writes 1,200 of them. A pack
-holds them all in two files, so a big commit writes `.pack` then `.idx` (readers find a pack
-by its index, so they never see half of one); a small one stays loose.
+loose object is a file created and renamed (dearer on a disk than on tmpfs, and by a margin
+that varies from moment to moment: docs/performance.md), and a commit writes two of them
+for every node file it touches, hundreds of node files in a big one. A pack holds them all
+in two files, so a big commit writes `.pack` then `.idx` (readers find a pack by its index,
+so they never see half of one); a small one stays loose.
 
 One pack per big commit would leave thousands of packs, and every lookup that misses walks
 their indexes; merging all of them whenever there are a few more would copy every object
-again and again (quadratic: at a steady few hundred placements a second, merging became
-half the writer's time). So packs of fewer than `BIG_PACK` objects are merged by size tier,
-as log-structured stores compact: a pack of n objects is in tier floor(log8 n), and once a
-tier holds `TIER_WIDTH` packs they are merged - with every smaller pack - into one of the
-next tier. An object is copied about once per tier it climbs (3.5 times at 2,000 commits of
-50 objects, once at 33 commits of 3,000; a geometric progression as `git repack
---geometric=2` keeps copied 8.2 and 3.2 times), and there are at most seven packs a tier.
+again and again (quadratic: under a steady stream of placements, merging would come to take
+a large share of the writer's time). So packs of fewer than `BIG_PACK` objects are merged
+by size tier, as log-structured stores compact: a pack of n objects is in tier
+floor(log8 n), and once a tier holds `TIER_WIDTH` packs they are merged - with every
+smaller pack - into one of the next tier. An object is copied about once per tier it
+climbs - fewer times than under a geometric progression as `git repack --geometric=2`
+keeps (docs/performance.md) - and there are at most seven packs a tier.
 Packs someone else made with companions we do not write (`.keep`, `.bitmap`, `.rev`,
 `.promisor`, `.mtimes`) are never touched. A reader
 holding the old pack list may then miss an object it expected: `Ledger` re-opens the
@@ -58,11 +59,10 @@ BIG_PACK = 50_000
 TIER_WIDTH = 8
 _TYPES = {b"commit": 1, b"tree": 2, b"blob": 3, b"tag": 4}
 _FOREIGN = (".keep", ".bitmap", ".rev", ".promisor", ".mtimes")
-#: Speed over size: ISA-L's level 0 deflates a 5 KB node.json in ~3 us and a 4 KB tree of
-#: ids in ~6 us, where zlib's fastest level takes 16 and 55-70 us (trees are mostly SHA-1s,
-#: the slowest input for zlib); the objects come out 0.20 and 0.78 of their size (zlib's level
-#: 1: 0.13 and 0.66). The stream is plain zlib, as git reads it; `git gc` recompresses
-#: whatever it packs.
+#: Speed over size: ISA-L's level 0 deflates a node.json or a tree of ids several times
+#: faster than zlib's fastest level (trees are mostly SHA-1s, the slowest input for zlib),
+#: and its objects come out only somewhat larger than zlib's (docs/performance.md). The
+#: stream is plain zlib, as git reads it; `git gc` recompresses whatever it packs.
 LEVEL = 0
 _tmp = itertools.count()
 #: Objects in each pack index seen (packs are immutable; forgotten when merged away).

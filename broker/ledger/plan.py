@@ -13,10 +13,9 @@ Rules:
    the commit lands. The one exception is a view's own copy: the first placement a view
    makes on a node copies its file, later ones in the same view are added to that copy
    (`View.add`). A commit places hundreds of instances on nodes holding dozens; copying
-   and diffing a node's whole file for each one made planning O(instances on the node) a
-   placement - touching every record's refcount, all over a big heap (at 50 instances a
-   node it was a tenth of the broker's loop time, in synchronous stretches bid rounds
-   waited behind).
+   and diffing a node's whole file for each one would make planning O(instances on the
+   node) a placement - touching every record's refcount, all over a big heap, in
+   synchronous stretches that bid rounds wait behind (docs/performance.md).
 """
 
 from __future__ import annotations

@@ -163,7 +163,8 @@ class Ledger:
             if self.ref.startswith("refs/heads/"):
                 # A branch names its commit: no object read. Peeling read the commit, and
                 # each commit the writer makes lives in a new pack - the broker process
-                # opened and mapped every one of them (RSS 69 -> 165 MB at 2,000/s).
+                # opened and mapped every one of them, and its memory grew with every commit
+                # (docs/performance.md).
                 target = ref.resolve().target
                 if isinstance(target, pygit2.Oid):
                     return str(target)
@@ -353,8 +354,8 @@ class Ledger:
             cur[parts[-1]] = data
         batch = Batch()
         # New blobs and trees are collected in `batch` and stored by `broker.objects`: one
-        # pack for a big commit, loose files for a small one - never libgit2's ~17 system
-        # calls an object.
+        # pack for a big commit, loose files for a small one - never libgit2's many system
+        # calls an object (`broker.objects`).
         tree_id, _ = self._trees.write(base, nested, batch)
         parents = [bytes.fromhex(planned_on)] if planned_on else []
         # The commit goes into the same pack (libgit2 would write it as a loose object).

@@ -217,9 +217,9 @@ class Change:
         return bool(self.instances or self.nodes)
 
     #: node.json bytes by node - (record, compact JSON, pretty JSON or None until asked) -
-    #: for git (pretty, for people) and the KV mirror (compact: machines read it, and a node
-    #: file of 50 instances is 9 KB pretty, 5 KB compact): the largest thing a commit
-    #: encodes, encoded once.
+    #: for git (pretty, for people) and the KV mirror (compact: machines read it, and it is
+    #: far smaller than pretty; docs/performance.md): the largest thing a commit encodes,
+    #: encoded once.
     _encoded: dict[str, tuple[NodeFile, bytes, bytes | None]] = field(
         default_factory=dict, repr=False, compare=False)
 
@@ -234,7 +234,7 @@ class Change:
                       ) -> tuple[dict[str, bytes | None], dict[str, bytes]]:
         """`files` with the JSON left compact: (paths to delete or write as they are, paths
         whose compact JSON is to be written pretty - `Ledger.write_files` formats them, in
-        the writer, off the broker's event loop: formatting is over half of encoding)."""
+        the writer, off the broker's event loop: formatting is most of encoding)."""
         out: dict[str, bytes | None] = {}
         raw: dict[str, bytes] = {}
         for iid, rec in self.instances.items():
@@ -285,8 +285,8 @@ class Change:
     def _grown_json(self, nid: str, nf: NodeFile) -> bytes | None:
         """`compact(nf)` for a node that only gained placements, from its record's JSON and
         theirs: msgspec writes a dict in insertion order, and the new ones are last. Encoding
-        every placement a node holds, once per commit that touched it, was most of the cost
-        of planning a commit on nodes holding dozens."""
+        every placement a node holds, once per commit that touched it, would be most of the
+        cost of planning a commit on nodes holding dozens."""
         grown = self.grown.get(nid)
         if grown is None:
             return None

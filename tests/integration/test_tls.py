@@ -1,4 +1,4 @@
-"""NATS over TLS with client certificates, as the README's multi-host note sets it up:
+"""NATS over TLS with client certificates, as docs/deploy.md's TLS section sets it up:
 `gavel broker` and `gavel worker` connect with tls:// URLs and --tls-ca/--tls-cert/--tls-key
 and place an instance; without a client certificate the server turns a client away."""
 
