@@ -11,12 +11,14 @@ from typing import Annotated
 import msgspec
 
 from gavel.shared.messages import Capacity, Event, Message, Spec
-from gavel.shared.records import AuctionRecord
+from gavel.shared.records import AuctionRecord, Deployment
 
 __all__ = [
     "INSTANCE_ID",
     "CancelReply",
     "CancelRequest",
+    "DeployReply",
+    "DeployRequest",
     "DrainReply",
     "DrainRequest",
     "EventsReply",
@@ -25,12 +27,21 @@ __all__ = [
     "NodeStatus",
     "NodesReply",
     "NodesRequest",
+    "RollbackRequest",
+    "ScaleRequest",
+    "ServiceReply",
+    "ServiceRequest",
+    "ServiceStatus",
+    "ServicesReply",
+    "ServicesRequest",
     "StatsReply",
     "StatsRequest",
     "StatusReply",
     "StatusRequest",
+    "StopServiceRequest",
     "SubmitReply",
     "SubmitRequest",
+    "VersionStatus",
     "WhyReply",
     "WhyRequest",
 ]
@@ -92,6 +103,12 @@ class InstanceStatus(msgspec.Struct, kw_only=True):
     reason: str = ""
     detail: str = ""
     ports: dict[str, int] = {}
+    #: A running instance's `Health` ("" when none is known yet) and the failing check.
+    health: str = ""
+    check: str = ""
+    #: A service's replica: the service and the version it runs.
+    service: str = ""
+    version: int = 0
 
 
 class StatusReply(Message, tag="statuses"):
@@ -156,3 +173,71 @@ class DrainReply(Message, tag="drained"):
     node_id: str
     draining: bool
     migrating: int = 0
+
+
+# -- services --------------------------------------------------------------------------------
+class DeployRequest(Message, tag="deploy"):
+    """Create the service `spec` names, or deploy `spec` as its next version."""
+
+    spec: Spec
+    #: An idempotency key: a retried request with the same key is answered with the first
+    #: request's outcome.
+    key: Annotated[str, msgspec.Meta(max_length=128)] = ""
+
+
+class DeployReply(Message, tag="deployed"):
+    name: str
+    version: int
+    #: False when the spec equals the version already deployed (nothing changed).
+    changed: bool = True
+
+
+class VersionStatus(msgspec.Struct, kw_only=True):
+    version: int
+    replicas: int = 0
+    healthy: int = 0
+
+
+class ServiceStatus(msgspec.Struct, kw_only=True):
+    name: str
+    version: int
+    count: int
+    stopped: bool = False
+    healthy_version: int = 0
+    #: The deployment in progress or the last one (state, versions, reason).
+    deployment: Deployment | None = None
+    versions: list[VersionStatus] = msgspec.field(default_factory=list)
+    replicas: list[InstanceStatus] = msgspec.field(default_factory=list)
+
+
+class ServiceRequest(Message, tag="service"):
+    """A service's status (`gavel status NAME`, `gavel deploy status NAME`)."""
+
+    name: str
+
+
+class ServiceReply(Message, tag="service-status"):
+    service: ServiceStatus
+
+
+class ServicesRequest(Message, tag="services"):
+    pass
+
+
+class ServicesReply(Message, tag="service-list"):
+    services: list[ServiceStatus]
+
+
+class ScaleRequest(Message, tag="scale"):
+    name: str
+    count: Annotated[int, msgspec.Meta(ge=0, le=100_000)]
+
+
+class StopServiceRequest(Message, tag="stop-service"):
+    name: str
+
+
+class RollbackRequest(Message, tag="rollback"):
+    name: str
+    #: The version to go back to (0: the last version that was healthy).
+    to_version: Annotated[int, msgspec.Meta(ge=0)] = 0

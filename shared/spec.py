@@ -1,0 +1,221 @@
+"""A workload as the operator writes it: a job that runs to completion, or a service kept
+running at its count.
+
+Rules:
+1. A spec is user input: every struct here forbids unknown fields (a typo is an error, not a
+   silently ignored key) and every value is checked where the operator submits it, with a
+   sentence naming the field, never on a node after an award.
+2. Everything after the first release has a default, so a spec written before a field
+   existed still means what it meant: a job (`type`), one instance (`count`), no health
+   checks, the restart policy of its type.
+3. Defaults follow Nomad's, which its users know: a job restarts in place up to 3 times in a
+   day, a service up to 2 times in 30 minutes, each after a delay of 15 s that doubles (up to
+   5 minutes); a check runs every 10 s with a 2 s timeout and fails the instance's health
+   after 3 consecutive failures; a deploy replaces one replica at a time, each healthy for
+   10 s before an old one stops, and rolls back when a new one is not healthy within 5
+   minutes.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Annotated, Literal
+
+import msgspec
+
+__all__ = [
+    "JOB",
+    "SERVICE",
+    "Check",
+    "Restart",
+    "Spec",
+    "Update",
+    "restart_policy",
+]
+
+NonNegFloat = Annotated[float, msgspec.Meta(ge=0.0)]
+PosFloat = Annotated[float, msgspec.Meta(gt=0.0)]
+#: A spec's name starts the ids of its instances, NATS subject tokens: no ".." (an empty token).
+Name = Annotated[str, msgspec.Meta(min_length=1, max_length=63,
+                                   pattern=r"^[a-z0-9](?:[a-z0-9_-]|\.(?!\.))*$")]
+PortName = Annotated[str, msgspec.Meta(min_length=1, max_length=32, pattern=r"^[a-z][a-z0-9_]*$")]
+#: A label name (what `spread` names): what a node's labels may hold as a key.
+LabelName = Annotated[str, msgspec.Meta(min_length=1, max_length=63)]
+
+JOB = "job"
+SERVICE = "service"
+
+
+def _finite(name: str, value: float) -> None:
+    if not math.isfinite(value):
+        raise ValueError(f"{name} must be a finite number")
+
+
+class Restart(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, frozen=True):
+    """How a worker restarts a process in place before it hands the instance back.
+
+    A job's process is restarted when it exits non-zero, a service's whenever it exits (or
+    its checks fail past their threshold): up to `attempts` times within `interval_s`, the
+    k-th restart after ``delay_s * backoff**(k-1)`` seconds (at most `max_delay_s`). Past
+    that the instance is handed back to the broker, which re-auctions it elsewhere. A field
+    left out takes its type's default (`restart_policy`)."""
+
+    attempts: Annotated[int, msgspec.Meta(ge=0, le=100)] | None = None
+    interval_s: PosFloat | None = None
+    delay_s: NonNegFloat | None = None
+    backoff: Annotated[float, msgspec.Meta(ge=1.0, le=10.0)] | None = None
+    max_delay_s: NonNegFloat | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("interval_s", "delay_s", "max_delay_s"):
+            value = getattr(self, name)
+            if value is not None:
+                _finite(f"restart.{name}", value)
+
+    def delay(self, k: int) -> float:
+        """The wait before the `k`-th restart within the interval (k >= 1), of a resolved
+        policy (`restart_policy`)."""
+        assert self.delay_s is not None and self.backoff is not None \
+            and self.max_delay_s is not None, "a policy resolved by restart_policy"
+        return min(self.max_delay_s, self.delay_s * self.backoff ** max(0, k - 1))
+
+
+#: The restart policy of each type, field by field, where the spec leaves one out (rule 3).
+DEFAULT_RESTART = {JOB: Restart(attempts=3, interval_s=86_400.0, delay_s=15.0, backoff=2.0,
+                                max_delay_s=300.0),
+                   SERVICE: Restart(attempts=2, interval_s=1_800.0, delay_s=15.0, backoff=2.0,
+                                    max_delay_s=300.0)}
+
+
+class Check(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, frozen=True):
+    """A health check the worker runs next to the process.
+
+    ``http``: a GET of `path` on the instance's port `port` answers `status`; ``tcp``: the
+    port accepts a connection; ``exec``: `command` exits 0. Each runs every `interval_s`,
+    at most `timeout_s`, the first `grace_s` after the process started; `failures`
+    consecutive failures make the instance unhealthy."""
+
+    type: Literal["http", "tcp", "exec"]
+    name: Annotated[str, msgspec.Meta(max_length=63)] = ""
+    port: PortName | None = None
+    path: Annotated[str, msgspec.Meta(max_length=1024)] = "/"
+    status: Annotated[int, msgspec.Meta(ge=100, le=599)] = 200
+    command: list[str] = []
+    interval_s: PosFloat = 10.0
+    timeout_s: PosFloat = 2.0
+    grace_s: NonNegFloat = 0.0
+    failures: Annotated[int, msgspec.Meta(ge=1, le=100)] = 3
+
+    def __post_init__(self) -> None:
+        for name in ("interval_s", "timeout_s", "grace_s"):
+            _finite(f"checks.{name}", getattr(self, name))
+        if self.type in ("http", "tcp") and self.port is None:
+            raise ValueError(f"a {self.type} check names the port it checks (port = \"...\")")
+        if self.type == "exec" and not self.command:
+            raise ValueError("an exec check names its command (command = [...])")
+        if self.type != "exec" and self.command:
+            raise ValueError(f"a {self.type} check takes no command")
+        if self.type == "http" and not self.path.startswith("/"):
+            raise ValueError("an http check's path starts with /")
+        if any("\0" in arg for arg in self.command):
+            raise ValueError("check command arguments must not contain a NUL character")
+
+    @property
+    def label(self) -> str:
+        """How events and `status` name this check."""
+        if self.name:
+            return self.name
+        if self.type == "exec":
+            return f"exec {self.command[0]}"
+        return f"{self.type} {self.port}" + (self.path if self.type == "http" else "")
+
+
+class Update(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, frozen=True):
+    """How a new version of a service replaces the running one (a rolling deploy).
+
+    `max_parallel` replicas are replaced at a time: a new one is placed, and once it has been
+    healthy for `min_healthy_s` an old one stops. A new replica not healthy within
+    `healthy_deadline_s` fails the deploy; with `auto_revert` the service goes back to its
+    last version that was healthy."""
+
+    max_parallel: Annotated[int, msgspec.Meta(ge=1, le=1000)] = 1
+    min_healthy_s: NonNegFloat = 10.0
+    healthy_deadline_s: PosFloat = 300.0
+    auto_revert: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("min_healthy_s", "healthy_deadline_s"):
+            _finite(f"update.{name}", getattr(self, name))
+
+
+class Spec(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """A workload as the operator writes it (TOML or JSON)."""
+
+    name: Name
+    command: Annotated[list[str], msgspec.Meta(min_length=1)]
+    #: ``job`` runs to completion; ``service`` keeps `count` replicas running until stopped.
+    type: Literal["job", "service"] = "job"
+    #: A service's replicas; for a job, how many instances one submission makes.
+    count: Annotated[int, msgspec.Meta(ge=0, le=100_000)] = 1
+    env: dict[str, str] = {}
+    cpu: PosFloat = 0.1
+    memory_mb: Annotated[int, msgspec.Meta(ge=1)] = 64
+    ports: list[PortName] = []
+    labels: dict[str, str] = {}
+    timeout_s: PosFloat | None = None
+    #: Placements an instance may be given (re-auctions after a node failed it).
+    attempts: Annotated[int, msgspec.Meta(ge=1, le=100)] = 3
+    secrets: list[str] = []
+    #: In-place restarts on the node (None: the type's default, `restart_policy`).
+    restart: Restart | None = None
+    checks: list[Check] = []
+    #: A service's replicas spread evenly across this node label's values (they land on
+    #: distinct nodes when the fleet allows it, whatever this says).
+    spread: LabelName | None = None
+    #: When the fleet cannot satisfy the spread: place anyway (True) or wait (False).
+    spread_soft: bool = False
+    update: Update = msgspec.field(default_factory=Update)
+
+    def __post_init__(self) -> None:
+        # What exec would refuse only on the node (after an award, as "driver failed to
+        # start") is refused here, where the operator submits it.
+        if len(set(self.ports)) != len(self.ports):
+            raise ValueError("ports must have distinct names")
+        if len(set(self.secrets)) != len(self.secrets):
+            raise ValueError("secrets must have distinct names")
+        if not math.isfinite(self.cpu):
+            raise ValueError("cpu must be a finite number")
+        if self.timeout_s is not None and not math.isfinite(self.timeout_s):
+            raise ValueError("timeout_s must be a finite number of seconds (leave it out for "
+                             "no timeout)")
+        if any("\0" in arg for arg in self.command):
+            raise ValueError("command arguments must not contain a NUL character")
+        for key, value in self.env.items():
+            if not key or "=" in key or "\0" in key or "\0" in value:
+                raise ValueError(f"env name {key!r} is not usable: a name is not empty and has "
+                                 "no '=' or NUL, a value has no NUL")
+        if any(not key for key in self.labels):
+            raise ValueError("label names must not be empty")
+        for check in self.checks:
+            if check.port is not None and check.port not in self.ports:
+                raise ValueError(f"check {check.label!r} names port {check.port!r}, which the "
+                                 "spec does not declare in ports")
+        if self.type == JOB and (self.spread is not None or self.spread_soft):
+            raise ValueError("spread applies to a service's replicas (type = \"service\")")
+        if self.type == JOB and self.count == 0:
+            raise ValueError("a job's count is at least 1 (a service may have 0 replicas)")
+
+    @property
+    def service(self) -> bool:
+        return self.type == SERVICE
+
+
+def restart_policy(spec: Spec) -> Restart:
+    """The spec's restart policy with every field it leaves out taken from its type's default
+    (rule 3): every field of the answer is set."""
+    default = DEFAULT_RESTART[spec.type]
+    given = spec.restart
+    if given is None:
+        return default
+    return Restart(**{f: getattr(given, f) if getattr(given, f) is not None
+                      else getattr(default, f) for f in Restart.__struct_fields__})
