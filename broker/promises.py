@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from gavel.broker.context import Context
 from gavel.broker.ledger.committer import Item, Planned
@@ -30,7 +31,7 @@ from gavel.broker.ledger.plan import (
 from gavel.broker.watchdog import Action, Kind, due
 from gavel.shared import subjects
 from gavel.shared.lifecycle import PENDING
-from gavel.shared.messages import Cancel, Event, EventType, InstanceState
+from gavel.shared.messages import Cancel, Event, EventType, Health, InstanceState
 from gavel.shared.reasons import Reason
 from gavel.transport.inbound import Guard
 from gavel.transport.wire import Received
@@ -39,7 +40,20 @@ __all__ = ["Promises"]
 
 #: The event types a worker reports about its own instances; any other is rejected.
 REPORTED = frozenset({EventType.PROVISIONING, EventType.RUNNING, EventType.EXITED,
-                      EventType.FAILED, EventType.CANCELLED})
+                      EventType.FAILED, EventType.CANCELLED, EventType.HEALTHY,
+                      EventType.UNHEALTHY, EventType.RESTARTED})
+
+
+@dataclass(frozen=True)
+class HealthNote:
+    """A running instance's health as its node last said (an event or a heartbeat)."""
+
+    health: Health
+    #: The check that decided, and its output, for ``unhealthy``.
+    check: str = ""
+    #: The broker's clock when the instance entered this health.
+    since: float = 0.0
+    restarts: int = 0
 
 #: Worker-reported failures that could succeed on another node: they consume an attempt.
 RETRYABLE = frozenset({Reason.DRIVER_FAILED.value, Reason.NO_ROOM_PORTS.value,
@@ -55,6 +69,8 @@ class Promises:
         self.acting: set[tuple[Kind, str]] = set()
         self.migrating: dict[str, list[str]] = {}
         self.live: dict[str, str] = {}  # instance -> provisioning/running, from reports
+        #: Instance -> its health, from reports and heartbeats (memory only: re-heard).
+        self.health: dict[str, HealthNote] = {}
         self._unblocking: set[str] = set()  # nodes with an unblocking commit in flight
 
     # -- reports -------------------------------------------------------------------------
@@ -80,6 +96,10 @@ class Promises:
                     self._running(iid, node)
                 if ev.ports or ev.taken:
                     self._ports(ev)
+            case EventType.HEALTHY | EventType.UNHEALTHY:
+                self.note_health(iid, Health(ev.type), ev.check or ev.detail, ev.restarts)
+            case EventType.RESTARTED:
+                self.note_health(iid, Health.CHECKING, "", ev.restarts)
             case EventType.EXITED:
                 self._end(ev, InstanceState.SUCCEEDED if ev.exit_code in (0, None)
                           else InstanceState.FAILED)
@@ -90,6 +110,16 @@ class Promises:
                                                      ev.detail, taken=ev.taken))
             case EventType.FAILED:
                 self._end(ev, InstanceState.FAILED)
+
+    def note_health(self, iid: str, health: Health, check: str = "", restarts: int = 0) -> None:
+        """Record what the node says of a running instance's health; `since` moves only
+        when the health changes."""
+        was = self.health.get(iid)
+        if was is not None and was.health == health and was.restarts == restarts:
+            if was.check != check:
+                self.health[iid] = HealthNote(health, check, was.since, restarts)
+            return
+        self.health[iid] = HealthNote(health, check, self.ctx.now(), restarts)
 
     def heartbeat_lists(self, node_id: str, instances: list[tuple[str, str]]) -> None:
         """A heartbeat listing an instance git places there confirms the node holds it; what
@@ -187,6 +217,7 @@ class Promises:
     def ended(self, iid: str) -> None:
         self.ctx.timers.forget(iid)
         self.live.pop(iid, None)
+        self.health.pop(iid, None)
         self.capacity_freed()
 
     # -- the watchdog --------------------------------------------------------------------
