@@ -10,6 +10,8 @@ Rules:
    or a record the bench never asked for is as wrong as one missing (the bench compares
    what it finds with what it asked for, never with what it found), and the ids asked for
    are distinct.
+4. Each submission's reply names exactly the ids asked for, in order (`answered`): a
+   broker that named fewer, more or others fails the run before anything is read back.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from gavel.broker.ledger.state import State
 from gavel.shared.messages import InstanceState
 from gavel.shared.records import parse_trailers
 
-__all__ = ["Churn", "VerifyError", "verify", "verify_churn"]
+__all__ = ["Churn", "VerifyError", "answered", "verify", "verify_churn"]
 
 
 class VerifyError(Exception):
@@ -40,6 +42,15 @@ class Churn:
     running: int
     ended_kept: int
     forgotten: int
+
+
+def answered(asked: list[str], named: list[str]) -> None:
+    """Rule 4: `named`, the ids a submission's reply gave, are `asked`."""
+    if named != asked:
+        odd = next((n for n in named if n not in asked), None)
+        raise VerifyError(f"the broker named {len(named)} instances for a submission of "
+                          f"{len(asked)} ({asked[0]} ..)" + (f", among them {odd}, never asked "
+                                                             "for" if odd else ""))
 
 
 def _holders(st: State) -> dict[str, str]:

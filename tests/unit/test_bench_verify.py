@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from gavel.bench.verify import VerifyError, verify, verify_churn
+from gavel.bench.verify import VerifyError, answered, verify, verify_churn
 from gavel.broker.ledger.repository import Ledger, encode
 from gavel.shared.messages import InstanceState, Spec
 from gavel.shared.records import (
@@ -79,6 +79,21 @@ def test_an_instance_in_two_node_files_fails(tmp_path: Path) -> None:
                               node_path("n2"): _node("n2", "a")}, "twice")])
     with pytest.raises(VerifyError, match=re.escape("a is in two node.json files: n1 and n2")):
         verify(root, ["a"])
+
+
+def test_a_reply_must_name_the_ids_asked_for() -> None:
+    asked = ["b0000000-1", "b0000000-2", "b0000000-3"]
+    answered(asked, list(asked))
+    answered(["b0000003"], ["b0000003"])
+    with pytest.raises(VerifyError, match=re.escape(
+            "the broker named 2 instances for a submission of 3 (b0000000-1 ..)")):
+        answered(asked, asked[:2])
+    with pytest.raises(VerifyError, match=re.escape(
+            "named 4 instances for a submission of 3 (b0000000-1 ..), among them x, never "
+            "asked for")):
+        answered(asked, [*asked, "x"])
+    with pytest.raises(VerifyError, match="named 3 instances for a submission of 3"):
+        answered(asked, asked[::-1])
 
 
 def _churned(tmp_path: Path, extra: list[tuple[dict[str, bytes | None], str]]) -> Path:
