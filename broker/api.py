@@ -53,6 +53,7 @@ from gavel.shared.api import (
     SubmitRequest,
     WhyReply,
     WhyRequest,
+    counted_ids,
 )
 from gavel.shared.health import Health
 from gavel.shared.lifecycle import PENDING
@@ -135,7 +136,7 @@ class Api:
     async def submit(self, req: SubmitRequest) -> Message:
         spec = req.spec
         base = req.instance_id or f"{spec.name}-{uuid.uuid4().hex[:6]}"
-        ids = [base] if req.count == 1 else [f"{base}-{k}" for k in range(1, req.count + 1)]
+        ids = counted_ids(base, req.count)
         missing = [s for s in spec.secrets if s not in self.secrets]
         if missing:
             return ApiError(error=f"unknown secret {missing[0]!r}: it is not in the broker's "

@@ -44,6 +44,7 @@ __all__ = [
     "VersionStatus",
     "WhyReply",
     "WhyRequest",
+    "counted_ids",
 ]
 
 #: What an operator may name an instance (or "": the broker names it): a letter or digit,
@@ -59,6 +60,12 @@ class SubmitRequest(Message, tag="submit"):
     instance_id: InstanceId = ""
     #: Submit this many instances of the spec in one commit (ids get a -N suffix).
     count: Annotated[int, msgspec.Meta(ge=1, le=100_000)] = 1
+
+
+def counted_ids(base: str, count: int) -> list[str]:
+    """The ids a submission of `count` instances named `base` gets: `base` alone, or
+    `base-1` .. `base-count` (the broker names them so; a client can check its reply)."""
+    return [base] if count == 1 else [f"{base}-{k}" for k in range(1, count + 1)]
 
 
 class SubmitReply(Message, tag="submitted"):
