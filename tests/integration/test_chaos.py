@@ -43,7 +43,7 @@ def test_chaos_keeps_every_invariant(tmp_path: Path) -> None:
     summary = json.loads(lines[-1])
     assert summary["ok"], f"{summary['errors']}\n{proc.stderr[-4000:]}"
     assert proc.returncode == 0
-    assert summary["missing"] == 0 and summary["duplicated"] == 0
+    assert summary["lost"] == 0 and summary["duplicated"] == 0
     assert summary["submitted"] > 0
     # Instances the broker ended lost are counted on their own, never among "terminal".
     assert "lost" not in summary["terminal"]

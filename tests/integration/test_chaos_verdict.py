@@ -237,7 +237,7 @@ def test_the_summary_carries_the_lost_count(scene: Scene) -> None:
     chaos.seen.accepted = set(scene.submitted)
     chaos.verdict = chaos._verdict()
     summary = json.loads(json.dumps(chaos.summary()))
-    assert (summary["ended_lost"], summary["missing"], summary["duplicated"]) == (2, 0, 0)
+    assert (summary["ended_lost"], summary["lost"], summary["duplicated"]) == (2, 0, 0)
     assert summary["terminal"] == {"cancelled": 1, "succeeded": 1}
     assert summary["placed_once"] + sum(summary["terminal"].values()) \
         + summary["ended_lost"] == summary["submitted"] == 5
