@@ -9,7 +9,9 @@ Rules:
 3. If the active ref is a tag or a commit id the deployment is pinned: `apply` raises
    `Pinned` and writes nothing.
 4. The in-memory `State` mirrors the tree at the head; it is re-read whenever the ref moved
-   under us (another writer) and updated in place after our own commits.
+   under us (another writer) and updated in place after our own commits. A broker's ledger
+   (`settle=True`) holds one placement per instance in what it read: the keep rule of
+   `broker.ledger.integrity`, against the State it had (none at the first read).
 """
 
 from __future__ import annotations
@@ -19,13 +21,14 @@ import os
 import re
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import TypeVar
 
 import msgspec
 import pygit2
 
+from gavel.broker.ledger.integrity import settle as settle_disputes
 from gavel.broker.ledger.objects import Batch, Entries, ObjectStore, Trees, commit_body, git_order
 from gavel.broker.ledger.packs import merge_small_packs
 from gavel.broker.ledger.state import Change, State, compact, encode, parse_stamp, pretty, stamp
@@ -77,8 +80,13 @@ class Pinned(LedgerError):
 
 
 class Ledger:
-    def __init__(self, path: Path, ref: str = "refs/heads/main") -> None:
+    def __init__(self, path: Path, ref: str = "refs/heads/main", *, settle: bool = False
+                 ) -> None:
         self.path = path
+        #: Hold one placement per instance in what is read (rule 4): the broker's ledger.
+        self.settle = settle
+        #: Whether the State is the broker's own history yet (it has looked at the ref once).
+        self._seen = False
         try:
             if (path / "HEAD").exists():
                 self.repo = pygit2.Repository(str(path))
@@ -185,12 +193,20 @@ class Ledger:
         try:
             head = self.head()
             if head != self._state.head and head != self._landed:
-                self._state = self._retrying(lambda: self._read(head))
+                history = self._state if self._seen else None
+                self._state = self._retrying(lambda: self._read(head, history))
+            self._seen = True
             return self._state
         finally:
             self._lock.release()
 
-    def _read(self, head: str | None) -> State:
+    def _read(self, head: str | None, history: State | None = None) -> State:
+        st = self._read_tree(head)
+        if self.settle:  # rule 4
+            settle_disputes(st, history, self._winners)
+        return st
+
+    def _read_tree(self, head: str | None) -> State:
         st = State(head=head)
         if head is None:
             return st
@@ -265,6 +281,23 @@ class Ledger:
             if limit is not None and n >= limit:
                 return
             yield commit
+
+    def _winners(self, iids: Iterable[str], limit: int = 10_000) -> dict[str, str]:
+        """The winner the newest recorded auction of each instance names (one walk of the
+        history for all of them; those without a recorded winner are left out)."""
+        wanted = set(iids)
+        out: dict[str, str] = {}
+        for commit in self.history(limit):
+            message = commit.message
+            if not any(iid in message for iid in wanted):
+                continue
+            for r in parse_trailers(message):
+                if r.instance_id in wanted and r.winner:
+                    out.setdefault(r.instance_id, r.winner)
+                    wanted.discard(r.instance_id)
+            if not wanted:
+                break
+        return out
 
     def auctions_for(self, instance_id: str, limit: int = 10_000) -> list[AuctionRecord]:
         """Every recorded auction for the instance, newest first."""
