@@ -12,10 +12,15 @@ Rules:
    under us (another writer) and updated in place after our own commits. A broker's ledger
    (`settle=True`) holds one placement per instance in what it read: the keep rule of
    `broker.ledger.integrity`, against the State it had (none at the first read).
+5. A commit's outcome is the ref's: once the ref moved, the commit has landed, and nothing
+   after that (merging packs, re-opening the repository) can make `write` report a failure.
+   A write that failed in a way that leaves the outcome open (the writer process died, an
+   error past the compare-and-swap) is settled by reading the ref (`landed`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
@@ -48,7 +53,11 @@ __all__ = ["Change", "Conflict", "Ledger", "LedgerError", "Pinned", "State", "co
 _SHA = re.compile(r"^[0-9a-f]{7,40}$")
 _instance_dec = msgspec.json.Decoder(InstanceRecord)
 _node_dec = msgspec.json.Decoder(NodeFile)
-_SIGNATURE = b"gavel-broker <broker@gavel.local>"
+_EMAIL = "broker@gavel.local"
+_SIGNATURE = b"gavel-broker <%s>" % _EMAIL.encode()
+#: How many commits others may have put on top of ours before `landed` looks (a merge of
+#: a push, a hand commit): it walks no further back.
+_LANDED_DEPTH = 64
 T = TypeVar("T")
 #: How long a checked head is trusted without looking at the ref's files again. The broker
 #: asks several times per placement; a move by someone else is noticed this much later at
@@ -402,9 +411,46 @@ class Ledger:
             if current_sha != planned_on:
                 raise Conflict(f"{self.ref} moved to {current_sha}, planned on {planned_on}")
             txn.set_target(self.ref, commit_id, message=message.splitlines()[0][:200])
-        if packed and merge_small_packs(Path(repo.path) / "objects" / "pack", self._raw_object):
-            self._reopen()  # our handle still lists the packs just removed
+        # The ref has moved: the commit has landed, whatever happens from here (rule 5).
+        if packed:
+            self._tidy_packs()
         return str(commit_id)
+
+    def _tidy_packs(self) -> None:
+        """Merge small packs (`broker.packs`): housekeeping after a commit landed, so a
+        failure here (a full disk) is logged and left for the next commit to try again."""
+        try:
+            if merge_small_packs(Path(self.repo.path) / "objects" / "pack", self._raw_object):
+                self._reopen()  # our handle still lists the packs just removed
+        except (OSError, ValueError, KeyError, pygit2.GitError) as exc:
+            log.warning("could not merge the small packs of %s (%s); the commit landed, the "
+                        "next one tries again", self.path, exc)
+            with contextlib.suppress(OSError, pygit2.GitError):
+                self._reopen()  # packs may have gone before the failure
+
+    def landed(self, planned_on: str | None, message: str) -> str | None:
+        """After a write whose outcome is open (rule 5): the commit that write made if the
+        branch holds it - on top of `planned_on`, with `message`, by the broker, at the head
+        or under what others put on top since (a merge of a push) - or None: the ref did not
+        move with it, and never will, as the writer is done."""
+        self.forget_head()
+
+        def look() -> str | None:
+            sha = self._resolve()
+            want = message.encode()
+            for _ in range(_LANDED_DEPTH):  # first parents: a merge puts ours first
+                if sha is None or sha == planned_on:
+                    return None
+                commit = self.repo[sha].peel(pygit2.Commit)
+                parents = [str(p) for p in commit.parent_ids]
+                if parents[:1] == ([planned_on] if planned_on else []) \
+                        and commit.raw_message == want and commit.author.email == _EMAIL:
+                    return sha
+                sha = parents[0] if parents else None
+            return None
+
+        with self._lock:
+            return self._retrying(look)
 
     def _raw_object(self, raw: bytes) -> tuple[bytes, bytes]:
         kind, data = self.repo.odb.read(pygit2.Oid(raw=raw))
