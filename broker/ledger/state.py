@@ -154,13 +154,25 @@ class State:
     #: Instances the tree listed where the broker had not placed them, by id (rule 4): the
     #: State already holds the kept placement; the correction is still to be committed.
     disputes: dict[str, Dispute] = field(default_factory=dict)
+    #: Submissions by idempotency key (`InstanceRecord.key`): their instance ids, an ordered
+    #: set in the order they were recorded.
+    keys: dict[str, dict[str, None]] = field(default_factory=dict)
 
     def put_instance(self, iid: str, rec: InstanceRecord | None) -> None:
+        old = self.instances.get(iid)
+        if old is not None and old.key and (rec is None or rec.key != old.key):
+            ids = self.keys.get(old.key)
+            if ids is not None:
+                ids.pop(iid, None)
+                if not ids:
+                    del self.keys[old.key]
         if rec is None:
             self.instances.pop(iid, None)
             self.pending.pop(iid, None)
             self.ended.pop(iid, None)
             return
+        if rec.key:
+            self.keys.setdefault(rec.key, {})[iid] = None
         self.instances[iid] = rec
         if rec.state in PENDING and iid not in self.where:
             self.pending.setdefault(iid, None)
@@ -216,6 +228,12 @@ class State:
             self.draining.discard(nid)
         self.committed[nid] = committed if committed is not None else committed_by(nf)
 
+    def submitted(self, key: str) -> list[str]:
+        """The instance ids the submission with idempotency `key` made, in the order the
+        broker named them (`broker.api`: ``base`` or ``base-1 .. base-N``); [] if none."""
+        ids = self.keys.get(key)
+        return sorted(ids, key=_submission_order) if ids else []
+
     def placement_of(self, instance_id: str) -> str | None:
         """The node whose node.json holds the instance, if any."""
         return self.where.get(instance_id)
@@ -232,6 +250,12 @@ class State:
         if rec.state in PENDING and instance_id in self.where:
             return InstanceState.PLACED
         return rec.state
+
+
+def _submission_order(iid: str) -> tuple[str, int]:
+    """``web-7`` before ``web-10``: a submission of many names them base-1 .. base-N."""
+    base, _, n = iid.rpartition("-")
+    return (base, int(n)) if base and n.isdigit() else (iid, 0)
 
 
 def committed_by(nf: NodeFile) -> Capacity:
