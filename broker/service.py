@@ -13,6 +13,8 @@ Rules:
    broker (a commit by hand, a merge of a push), the nodes whose node.json the state it
    read holds differently from before are mirrored again from that state - which already
    holds one placement per instance (`broker.ledger.integrity`).
+5. A damaged state repository (`Damaged`) stops the broker: `run` raises it once the broker
+   is closed, and the daemon prints its one sentence.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ from gavel.broker.context import Context
 from gavel.broker.events import Events
 from gavel.broker.integrity import Integrity
 from gavel.broker.ledger.committer import Committer
-from gavel.broker.ledger.repository import Ledger
+from gavel.broker.ledger.repository import Damaged, Ledger
 from gavel.broker.ledger.state import Change, State, compact
 from gavel.broker.metrics import Metrics
 from gavel.broker.mirror import Mirror
@@ -130,6 +132,9 @@ class Broker:
         self.promises = Promises(ctx, capacity_freed=self.auctioneer.capacity_freed)
         self.retention = Retention(ctx, wall, ended_max)
         self.integrity = Integrity(ctx)
+        #: Why the broker stopped on its own, raised by `run` (rule 5).
+        self.fatal: Damaged | None = None
+        self.committer.on_damaged = self._damaged
         #: The state the KV mirror was last brought in line with (rule 4).
         self._mirrored: State | None = None
         #: node.json in KV for the workers, coalesced (`broker.mirror`). Its windows are
@@ -154,6 +159,7 @@ class Broker:
     # -- lifecycle -----------------------------------------------------------------------
     async def start(self) -> None:
         try:
+            self.ledger.state()  # a damaged repository stops the broker before it connects
             self.nc = await self._connect()
         except BaseException:
             self.committer.close()
@@ -183,6 +189,15 @@ class Broker:
         await self.start()
         await self._stopped.wait()
         await self.close()
+        if self.fatal is not None:
+            raise self.fatal
+
+    def _damaged(self, exc: Damaged) -> None:
+        """Rule 5: stop; `run` raises it."""
+        if self.fatal is None:
+            self.fatal = exc
+            self.log.error("%s; the broker stops", exc)
+        self.stop()
 
     def stop(self) -> None:
         self._stopped.set()
@@ -265,6 +280,9 @@ class Broker:
                     watched = now
                     self.promises.watch(now)
                     self.retention.watch()
+            except Damaged as exc:
+                self._damaged(exc)
+                return
             except Exception:
                 self.log.exception("reconcile failed; retrying next tick")
             # asyncio.timeout, not wait_for: on 3.11 wait_for swallows a cancel that lands

@@ -189,7 +189,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BadInput as exc:
         print(f"gavel {args.command}: {exc}", file=sys.stderr)
         return 2
-    except commands.ClientError as exc:
+    except (commands.ClientError, daemons.Stopped) as exc:
         print(f"gavel {args.command}: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

@@ -29,6 +29,9 @@ Rules:
    died, an error past the compare-and-swap) is settled by reading the ref
    (`Ledger.landed`): if the branch holds the commit, it landed and is adopted as if the
    write had returned; only if it does not is anyone told it failed.
+9. A damaged repository (`Damaged`: an object missing or unreadable) stops the committer,
+   and `on_damaged` hears it. Items whose commit surely did not land hear that they failed;
+   when the ref cannot even be read to tell, they hear nothing: no answer, not a wrong one.
 """
 
 from __future__ import annotations
@@ -47,7 +50,7 @@ import msgspec
 
 from gavel.broker.ledger.gitwriter import commit_files, make_executor
 from gavel.broker.ledger.plan import View
-from gavel.broker.ledger.repository import Conflict, Ledger, Pinned
+from gavel.broker.ledger.repository import Conflict, Damaged, Ledger, Pinned
 from gavel.broker.ledger.state import Change, stamp
 from gavel.shared.reasons import Reason
 
@@ -97,6 +100,9 @@ class Committer:
         self.idle.set()
         self.metrics: Any = None
         self.closed = False
+        #: Told when the repository turned out damaged (rule 9); the committer stops.
+        self.on_damaged: Callable[[Damaged], None] | None = None
+        self.damaged: Damaged | None = None
 
     def submit(self, item: Item) -> None:
         self._queue.append(item)
@@ -115,6 +121,12 @@ class Committer:
                 if items:
                     try:
                         wrote = await self._commit(items)
+                    except Damaged as exc:  # rule 9
+                        log.error("%s", exc)
+                        self.damaged = exc
+                        if self.on_damaged is not None:
+                            self.on_damaged(exc)
+                        return
                     except Exception:  # a bug in one plan must not stop every later commit
                         log.exception("commit of %d items failed; they are dropped", len(items))
                         for item in items:
@@ -190,6 +202,8 @@ class Committer:
                 got = self.ledger.landed(state.head, message)
                 if got is None:
                     self._unwritable(items, exc)
+                    if isinstance(exc, Damaged):
+                        raise
                     return False
                 log.warning("the write of commit %s reported %s after the ref moved; it "
                             "landed", got[:12], exc)

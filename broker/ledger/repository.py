@@ -16,6 +16,8 @@ Rules:
    after that (merging packs, re-opening the repository) can make `write` report a failure.
    A write that failed in a way that leaves the outcome open (the writer process died, an
    error past the compare-and-swap) is settled by reading the ref (`landed`).
+6. An object the tree or the history needs that is missing or does not read raises
+   `Damaged`: one sentence naming the object and what to do. Nothing is guessed around it.
 """
 
 from __future__ import annotations
@@ -47,10 +49,11 @@ from gavel.shared.records import (
 
 # `State`, `Change` and the encodings live in `broker.state`; they are re-exported here, where
 # most callers met them first.
-__all__ = ["Change", "Conflict", "Ledger", "LedgerError", "Pinned", "State", "compact",
-           "encode", "parse_stamp", "pretty", "stamp"]
+__all__ = ["Change", "Conflict", "Damaged", "Ledger", "LedgerError", "Pinned", "State",
+           "compact", "encode", "parse_stamp", "pretty", "stamp"]
 
 _SHA = re.compile(r"^[0-9a-f]{7,40}$")
+_OID = re.compile(r"[0-9a-f]{40}")
 _instance_dec = msgspec.json.Decoder(InstanceRecord)
 _node_dec = msgspec.json.Decoder(NodeFile)
 _EMAIL = "broker@gavel.local"
@@ -86,6 +89,26 @@ class Conflict(LedgerError):
 
 class Pinned(LedgerError):
     """The active ref is a tag or a commit: nothing may be written."""
+
+
+class Damaged(LedgerError):
+    """An object the state repository needs is missing or corrupt: the broker cannot know
+    what its branch says, and stops (the sentence names the object and what to do)."""
+
+
+def damaged(path: Path, exc: BaseException) -> Damaged:
+    """`exc` (libgit2's KeyError for a missing object, GitError for one that does not read)
+    as one sentence for the operator."""
+    if isinstance(exc, KeyError) and exc.args:
+        oid, why = str(exc.args[0]), "is missing"
+    else:
+        text = str(exc)
+        found = _OID.search(text)
+        oid = found.group(0) if found else "an object"
+        why = f"does not read ({text.replace(oid, '').strip(' :') or type(exc).__name__})"
+    return Damaged(f"object {oid} in the state repository {path} {why}: restore state.git "
+                   f"from the push remote, or run `git fsck --full` in {path} to see what is "
+                   "damaged")
 
 
 class Ledger:
@@ -203,7 +226,11 @@ class Ledger:
             head = self.head()
             if head != self._state.head and head != self._landed:
                 history = self._state if self._seen else None
-                self._state = self._retrying(lambda: self._read(head, history))
+                try:
+                    st = self._retrying(lambda: self._read(head, history))
+                except (pygit2.GitError, KeyError) as exc:
+                    raise damaged(self.path, exc) from exc
+                self._state = st
             self._seen = True
             return self._state
         finally:
@@ -356,7 +383,13 @@ class Ledger:
             files = {**files, **{path: pretty(data) for path, data in compact.items()}}
         with self._lock:
             try:
-                sha = self._commit(files, message, planned_on)
+                try:
+                    sha = self._commit(files, message, planned_on)
+                except KeyError:  # a tree it builds on is in a pack someone else removed
+                    self._reopen()  # (git gc): nothing moved yet, so try on a fresh handle
+                    sha = self._commit(files, message, planned_on)
+            except KeyError as exc:  # the tree it builds on does not read
+                raise damaged(self.path, exc) from exc
             except (pygit2.GitError, OSError) as exc:
                 raise LedgerError(str(exc)) from exc
             self._landed = sha
@@ -450,7 +483,10 @@ class Ledger:
             return None
 
         with self._lock:
-            return self._retrying(look)
+            try:
+                return self._retrying(look)
+            except (pygit2.GitError, KeyError) as exc:
+                raise damaged(self.path, exc) from exc
 
     def _raw_object(self, raw: bytes) -> tuple[bytes, bytes]:
         kind, data = self.repo.odb.read(pygit2.Oid(raw=raw))
