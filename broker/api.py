@@ -16,10 +16,11 @@ Rules:
 4. A submission has one outcome. With an idempotency key (`SubmitRequest.key`) a request
    retried after a lost answer makes nothing new: if the key's submission landed - in this
    broker's life or an earlier one: every record carries the key, `State.keys` indexes it -
-   the answer is the first one, the same instance ids; one still being committed is waited
-   for; one that failed landed nothing (committer rule 4), so the retry submits afresh. Two
-   requests with one key at once make one submission. A key met again with another spec or
-   count is refused.
+   the answer is the first one, the same instance ids (those retention has forgotten since
+   included: the broker names N of them base-1 .. base-N); one still being committed is
+   waited for; one that failed landed nothing (committer rule 4), so the retry submits
+   afresh. Two requests with one key at once make one submission. A key met again with
+   another spec, count or id is refused.
 """
 
 from __future__ import annotations
@@ -159,15 +160,19 @@ class Api:
     def _landed(self, req: SubmitRequest) -> Message | None:
         """The first answer for a key whose submission landed; None if none did."""
         state = self.ctx.ledger.state()
-        ids = state.submitted(req.key)
-        if not ids:
+        kept = state.submitted(req.key)
+        if not kept:
             return None
-        rec = state.instances[ids[0]]
-        named = not req.instance_id or ids[0] == req.instance_id or \
-            ids[0] == f"{req.instance_id}-1"
-        if rec.spec != req.spec or len(ids) != req.count or not named:
-            return ApiError(error=f"{Reason.KEY_REUSED}: {req.key} made {ids[0]}"
-                                  + (f" .. {ids[-1]}" if len(ids) > 1 else ""))
+        if req.count == 1:
+            ids, first = kept, req.instance_id
+        else:  # named base-1 .. base-N: those retention forgot since are named again
+            base = kept[0].rpartition("-")[0]
+            ids = [f"{base}-{k}" for k in range(1, req.count + 1)]
+            first = f"{req.instance_id}-1" if req.instance_id else ""
+        if state.instances[kept[0]].spec != req.spec or len(ids) != req.count \
+                or not set(kept) <= set(ids) or (first and ids[0] != first):
+            return ApiError(error=f"{Reason.KEY_REUSED}: {req.key} made {kept[0]}"
+                                  + (f" .. {kept[-1]}" if len(kept) > 1 else ""))
         return SubmitReply(instance_id=ids[0], instance_ids=ids if len(ids) > 1 else [])
 
     async def _submit(self, req: SubmitRequest) -> Message:

@@ -173,3 +173,27 @@ async def test_the_cli_refuses_an_unusable_key_before_it_connects(tmp_path: Path
                               json=False, nats="nats://127.0.0.1:1", creds=None, timeout=1.0)
     with pytest.raises(commands.UsageError, match="--key: key 'no good' is not usable"):
         await commands.submit(args)
+
+
+def test_a_retry_after_retention_forgot_some_records_still_names_them_all(rig: Rig) -> None:
+    """The records of a submission end and leave the tree one by one; a retry meanwhile
+    still gets the first answer: the broker named them base-1 .. base-N."""
+    from gavel.broker.ledger.plan import View, forget
+    from gavel.shared.messages import InstanceState as S
+
+    req = SubmitRequest(spec=SMALL, count=3, key=KEY)
+    first = ask(rig, req)
+    assert isinstance(first, SubmitReply)
+    ledger = rig.b.ledger
+    for iid in first.instance_ids[:2]:  # two of them ended long ago and were forgotten
+        view = View(ledger.state())
+        rec = msgspec.structs.replace(ledger.state().instances[iid], state=S.SUCCEEDED,
+                                      ended_at="2026-01-01T00:00:00Z")
+        view.put_instance(rec)
+        ledger.apply(view.change, f"end {iid}", ledger.state().head)
+        view = View(ledger.state())
+        assert forget(view, iid, rec.ended_at) is not None
+        ledger.apply(view.change, f"forget {iid}", ledger.state().head)
+    assert keyed(rig) == [first.instance_ids[2]]
+    assert ask(rig, req) == first
+    assert keyed(rig) == [first.instance_ids[2]], "nothing submitted again"
