@@ -62,11 +62,11 @@ _enc = msgspec.msgpack.Encoder()
 class Rig:
     """One broker, its event loop and a fixed clock; `feed` runs one handler call."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, writer: str = "process") -> None:
         self.loop = asyncio.new_event_loop()
         self.now = 1000.0
         self.b = Broker(nats_url="nats://127.0.0.1:1", state_dir=root,
-                        timing=Timing().scaled(10), clock=lambda: self.now)
+                        timing=Timing().scaled(10), clock=lambda: self.now, writer=writer)
         self.wire = Wire()
         self.b.nc = self.b.outbox.nc = self.wire
         self.api = self.b.api
