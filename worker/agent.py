@@ -92,7 +92,7 @@ class Agent:
         self.converger = Converger(node_id=node_id, timing=timing,
                                     supervisor=self._supervisor,
                                     set_draining=self.set_draining,
-                                    on_node=self._refresh_view)
+                                    on_node=self._refresh_view, sink=self._refused)
         self._view: NodeView
         self._refresh_view()
         self._seq = 0
