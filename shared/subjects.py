@@ -114,15 +114,15 @@ def matcher(pattern: str) -> Callable[[str], bool]:
     """`matches` for one pattern, with the common shapes (a literal subject, a prefix and
     ``*``, a prefix and ``>``) checked without splitting the subject."""
     head, _, last = pattern.rpartition(".")
-    if "*" not in head and ">" not in head:
+    if head and "*" not in head and ">" not in head:
         if last == "*":
             n = len(head) + 1
             return lambda s: s.startswith(pattern[:n]) and len(s) > n and "." not in s[n:]
         if last == ">":
             n = len(head) + 1
-            return lambda s: s.startswith(pattern[:n]) and len(s) > n
-        if last != "*" and ">" not in last:
-            return pattern.__eq__
+            return lambda s: (s.startswith(pattern[:n]) and len(s) > n and ".." not in s
+                              and not s.endswith("."))
+        return pattern.__eq__  # a literal subject (a wildcard is a whole token, never part)
     return lambda s: matches(pattern, s)
 
 

@@ -8,9 +8,9 @@ What must hold: a node may create a consumer of its own key, on the create subje
 names it, and nothing else of JetStream - no consumer of another key or of the whole
 bucket, no filter in the payload alone, no stream or consumer info, no gets, no deletes, no
 purge, no KV write; what such a consumer delivers is that node's own node.json and nothing
-else. A watch whose consumer is deleted under it makes a new one and still sees the next
-change; a delivery on its inbox by another consumer, or of another key, is counted and
-changes nothing.
+else, and not into the bucket or the JetStream API. A watch whose consumer is deleted under
+it makes a new one and still sees the next change; a delivery on its inbox by another
+consumer, or of another key, is counted and changes nothing.
 """
 
 from __future__ import annotations
@@ -104,14 +104,30 @@ async def test_a_node_may_watch_its_own_key_and_touch_nothing_else_of_jetstream(
                                  create("none", None, "_INBOX_a.watch"), timeout=5)
     assert json.loads(unfiltered.data)["error"]["err_code"] == 10131
 
-    await wait_for(lambda: got == [own], 10, what="its own node.json, delivered")
+    # Its consumer may name any deliver subject: not one inside the bucket (the server
+    # refuses the cycle), and one on the JetStream API purges nothing (the server pushes
+    # only to a subject subscribed by name: `tests/integration/test_strays.py` has those).
+    cycle = await a.request(subjects.NODE_WATCH.format(name="cycle", node="a"),
+                            create("cycle", own, other), timeout=5)
+    assert json.loads(cycle.data)["error"]["err_code"] == 10081
+    apis = (f"$JS.API.STREAM.PURGE.{STREAM}", f"$JS.API.STREAM.DELETE.{STREAM}")
+    for n, api in enumerate(apis):
+        made = await a.request(subjects.NODE_WATCH.format(name=f"api{n}", node="a"),
+                               create(f"api{n}", own, api), timeout=5)
+        assert "error" not in json.loads(made.data), made.data
+    await a.subscribe("_INBOX_a.late", cb=on_delivery)
+    await a.request(subjects.NODE_WATCH.format(name="late", node="a"),
+                    create("late", own, "_INBOX_a.late"), timeout=5)
+    await wait_for(lambda: got == [own, own], 10, what="its own node.json, delivered twice")
     await wait_for(lambda: all(authed.refused("a", "publish", s) for s in refused), 10,
                    what="every other JetStream call refused by the server")
-    assert not witness.subjects() & set(refused)
+    assert not witness.subjects() & set(refused), witness.subjects() & set(refused)
     await broker.publish(other, msgspec.json.encode(NodeFile(node_id="b", draining=True)))
     await broker.publish(own, msgspec.json.encode(NodeFile(node_id="a", draining=True)))
-    await wait_for(lambda: got == [own, own], 10, what="its own next revision")
+    await wait_for(lambda: got == [own, own, own, own], 10, what="its own next revision")
     assert other not in got
+    info = await witness.nc.jetstream().stream_info(STREAM)
+    assert info.state.messages == 2  # one per key: neither purged nor deleted
 
 
 async def test_a_watch_whose_consumer_vanished_is_made_anew(cluster: Cluster) -> None:
