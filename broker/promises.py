@@ -6,8 +6,9 @@ Rules:
    else is counted and dropped (a fenced or impersonating node changes nothing).
 2. Every change goes through a plan (compare-and-swap on the instance's state) and the
    group committer: a late event racing an expiry resolves to exactly one of them.
-3. Only failures that could succeed elsewhere (driver failed to start) spend an attempt and
-   re-auction; a process that ran and failed, or timed out, fails.
+3. Only failures that could succeed elsewhere (driver failed to start, its node restarted it
+   as often as its restart policy allows) spend an attempt and re-auction; a process that
+   ran and failed with no restarts allowed, or timed out, fails.
 """
 
 from __future__ import annotations
@@ -57,7 +58,7 @@ class HealthNote:
 
 #: Worker-reported failures that could succeed on another node: they consume an attempt.
 RETRYABLE = frozenset({Reason.DRIVER_FAILED.value, Reason.NO_ROOM_PORTS.value,
-                       Reason.WORKER_STOPPED.value})
+                       Reason.WORKER_STOPPED.value, Reason.RESTARTS_EXHAUSTED.value})
 
 
 class Promises:
