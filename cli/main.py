@@ -87,7 +87,8 @@ def build_parser() -> argparse.ArgumentParser:
     sm.add_argument("spec", type=Path, help="spec file")
     sm.add_argument("--id", default="", help="instance id (default NAME-random)")
     sm.add_argument("--wait", action="store_true",
-                    help="wait until placed (exit 0) or unschedulable (exit 3 with the reason)")
+                    help="wait until running and healthy (exit 0), or exit 3 with the reason: "
+                    "unschedulable, failed, or not healthy within --timeout")
     sm.add_argument("--timeout", type=positive_float, default=30.0,
                     help="seconds --wait waits (default %(default)s)")
 
