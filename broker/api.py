@@ -72,6 +72,7 @@ from gavel.shared.api import (
 from gavel.shared.health import Health
 from gavel.shared.lifecycle import PENDING
 from gavel.shared.messages import ApiError, Capacity, InstanceState, Message
+from gavel.shared.messages import Health as InstanceHealth
 from gavel.shared.reasons import Reason
 from gavel.shared.records import InstanceRecord
 from gavel.transport.inbound import Door, Guard
@@ -291,8 +292,13 @@ class Api:
         if pl is not None and node is not None and rec.state in PENDING:
             st = "cancelling" if rec.cancelling else \
                 self.promises.live.get(iid, InstanceState.PLACED)
+            note = self.promises.health.get(iid)
+            health, check, restarts = (note.health, note.check, note.restarts) if note else \
+                (InstanceHealth.HEALTHY if st == InstanceState.RUNNING and not rec.spec.checks
+                 else InstanceHealth.UNKNOWN, "", 0)
             return InstanceStatus(instance_id=iid, name=rec.spec.name, state=st,
-                                  node_id=node, attempt=pl.attempt, ports=dict(pl.ports))
+                                  node_id=node, attempt=pl.attempt, ports=dict(pl.ports),
+                                  health=health, check=check, restarts=restarts)
         st = self.auctioneer.status_of(iid, rec.state)
         return InstanceStatus(instance_id=iid, name=rec.spec.name, state=st,
                               node_id=rec.node_id, attempt=rec.attempt, reason=rec.reason,

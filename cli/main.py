@@ -91,7 +91,8 @@ def build_parser() -> argparse.ArgumentParser:
                     "is retried with it when the broker does not answer in time, and a "
                     "submission that landed under it is answered again, never made twice")
     sm.add_argument("--wait", action="store_true",
-                    help="wait until placed (exit 0) or unschedulable (exit 3 with the reason)")
+                    help="wait until running and healthy (exit 0), or exit 3 with the reason: "
+                    "unschedulable, failed, or not healthy within --timeout")
     sm.add_argument("--timeout", type=positive_float, default=30.0,
                     help="seconds --wait waits (default %(default)s)")
 

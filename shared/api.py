@@ -131,6 +131,8 @@ class InstanceStatus(msgspec.Struct, kw_only=True):
     #: A running instance's `Health` ("" when none is known yet) and the failing check.
     health: str = ""
     check: str = ""
+    #: In-place restarts of the attempt running now (its node's restart policy).
+    restarts: int = 0
     #: A service's replica: the service and the version it runs.
     service: str = ""
     version: int = 0

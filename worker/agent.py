@@ -87,7 +87,8 @@ class Agent:
         self._supervisor = Supervisor(
             node_id=node_id, state_dir=self.state_dir, timing=timing, port_range=port_range,
             report=self._report, on_change=self._refresh_view,
-            reserved=lambda iid: self.converger.reserved(iid))
+            reserved=lambda iid: self.converger.reserved(iid),
+            secrets=lambda iid, attempt: self.converger.secrets(iid, attempt))
         #: Makes this node match its node.json (KV); its counters say what it did.
         self.converger = Converger(node_id=node_id, timing=timing,
                                     supervisor=self._supervisor,
@@ -324,12 +325,15 @@ class Agent:
     async def _report(self, instance_id: str, attempt: int, type_: str, reason: str,
                       detail: str, exit_code: int | None, *,
                       ports: dict[str, int] | None = None,
-                      taken: list[int] | None = None) -> None:
-        log.info("instance %s attempt %d: %s %s %s", instance_id, attempt, type_, reason, detail)
+                      taken: list[int] | None = None, check: str = "",
+                      restarts: int = 0) -> None:
+        log.info("instance %s attempt %d: %s %s %s%s", instance_id, attempt, type_, reason,
+                 f"{check}: " if check else "", detail)
         await self._send(self._report_subject, Event(
             instance_id=instance_id, type=type_, node_id=self.node_id, reason=reason,
             detail=detail, exit_code=exit_code, attempt=attempt, at=time.time(),
-            ports=dict(ports or {}), taken=list(taken or [])))
+            ports=dict(ports or {}), taken=list(taken or []), check=check,
+            restarts=restarts))
 
     async def _send(self, subject: str, message: Message) -> None:
         """Publish now, or keep it for when the connection exists; log what NATS refuses."""
