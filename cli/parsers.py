@@ -14,6 +14,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from gavel.shared.routes import usable_address
+
 __all__ = [
     "absolute_paths",
     "address",
@@ -43,19 +45,15 @@ def labels(text: str) -> dict[str, str]:
     return out
 
 
-_HOST_LABEL = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?$")
-
-
 def address(text: str) -> str:
     """An address other hosts reach this one at: an IPv4 or IPv6 address, or a DNS name."""
+    if not usable_address(text):
+        raise argparse.ArgumentTypeError(
+            f"address {text!r} is neither an IP address nor a DNS name")
     try:
-        return str(ipaddress.ip_address(text))
+        return str(ipaddress.ip_address(text))  # one spelling of each address
     except ValueError:
-        pass
-    if 0 < len(text) <= 253 and all(_HOST_LABEL.match(x) for x in text.split(".")):
         return text
-    raise argparse.ArgumentTypeError(
-        f"address {text!r} is neither an IP address nor a DNS name")
 
 
 def admin_url(text: str) -> str:

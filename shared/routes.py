@@ -6,8 +6,9 @@ Rules:
    otherwise a spec name (the instances of a job submitted with a count): each route its
    spec declares leads to all of them at once.
 2. A replica counts when it runs (state ``running``) on a node that is heard from (healthy)
-   and advertises an address, and its own health is ``healthy`` or not known (no checks, or
-   none reported yet) - never ``checking`` or ``unhealthy``.
+   and advertises a usable address (an IP address or a DNS name: anything else would make
+   Caddy refuse the whole table), and its own health is ``healthy`` or not known (no checks,
+   or none reported yet) - never ``checking`` or ``unhealthy``.
 3. A port route balances across every counting replica, at its node's address and the port
    the allocator gave it. A files route serves one directory: a static root (an absolute
    `Route.files`) as written, or the directory inside the instance's own directory on its
@@ -30,7 +31,9 @@ Rules:
 from __future__ import annotations
 
 import hashlib
+import ipaddress
 import posixpath
+import re
 from collections.abc import Iterable
 
 import msgspec
@@ -38,13 +41,24 @@ import msgspec
 from gavel.shared.api import Endpoint, NodeAddress
 from gavel.shared.spec import Route
 
-__all__ = ["RouteEntry", "Upstream", "counts", "derive", "route_id"]
+__all__ = ["RouteEntry", "Upstream", "counts", "derive", "route_id", "usable_address"]
 
 RUNNING = "running"
 #: The instance healths that let a running replica count (rule 2): healthy, or not known.
 ROUTABLE_HEALTH = frozenset({"", "healthy"})
 #: The node health whose instances can be reached (`gavel.shared.health.Health.HEALTHY`).
 NODE_HEARD = "healthy"
+_LABEL = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?$")
+
+
+def usable_address(address: str) -> bool:
+    """An IP address, or a DNS name (rule 2)."""
+    try:
+        ipaddress.ip_address(address)
+        return True
+    except ValueError:
+        pass
+    return 0 < len(address) <= 253 and all(_LABEL.match(x) for x in address.split("."))
 
 
 class Upstream(msgspec.Struct, kw_only=True, frozen=True):
@@ -103,7 +117,7 @@ def counts(ep: Endpoint, nodes: dict[str, NodeAddress]) -> bool:
     """Rule 2: the replica may be led to."""
     node = nodes.get(ep.node_id)
     return (ep.state == RUNNING and ep.health in ROUTABLE_HEALTH and node is not None
-            and node.health == NODE_HEARD and bool(node.address))
+            and node.health == NODE_HEARD and usable_address(node.address))
 
 
 def _root(route: Route, ep: Endpoint, nodes: dict[str, NodeAddress]) -> str:
@@ -134,7 +148,7 @@ def derive(endpoints: Iterable[Endpoint], nodes: Iterable[NodeAddress]) -> list[
     for (name, host, prefix), members in groups.items():
         first = members[0][1]
         entry = RouteEntry(id=route_id(name, host, prefix), name=name, host=host,
-                           path=prefix, strip_prefix=first.strip_prefix,
+                           path=prefix, strip_prefix=first.strips,
                            port=first.port or "", files=first.files or "",
                            replicas=len(members))
         live = sorted(((ep, r) for ep, r in members if counts(ep, where)),

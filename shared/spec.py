@@ -260,7 +260,9 @@ class Route(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, frozen=Tru
     healthy running replica (balanced across them), or answered from the directory `files`:
     relative, a directory inside the instance's own directory on its node (what the
     instance writes there); absolute, a static root on the gateway's host. `strip_prefix`
-    takes `path` off the request before it is proxied or looked up.
+    takes `path` off the request before it is proxied or looked up: by default a files
+    route's directory is mounted at its path (``/static/app.js`` is ``app.js`` in it) and a
+    port route's replicas see the path as it came.
 
     Rules: a route names a host, a path or both, and exactly one of `port` and `files`; a
     host is a DNS name, a path starts with ``/``; neither `path` nor `files` may climb out
@@ -270,7 +272,7 @@ class Route(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, frozen=Tru
     path: Annotated[str, msgspec.Meta(max_length=1024)] = ""
     port: PortName | None = None
     files: Annotated[str, msgspec.Meta(max_length=4096)] | None = None
-    strip_prefix: bool = False
+    strip_prefix: bool | None = None
 
     def __post_init__(self) -> None:
         if not self.host and not self.path:
@@ -299,6 +301,14 @@ class Route(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, frozen=Tru
         if self.strip_prefix and not self.path:
             raise ValueError("strip_prefix takes a route's path off the request: give the "
                              "route a path")
+
+    @property
+    def strips(self) -> bool:
+        """Whether the gateway takes the path prefix off (`strip_prefix`, or the default of
+        the route's kind)."""
+        if self.strip_prefix is not None:
+            return self.strip_prefix
+        return self.files is not None and bool(self.path)
 
     @property
     def prefix(self) -> str:

@@ -442,7 +442,7 @@ async def test_files_routes_serve_what_an_instance_writes_and_a_static_root(
               " time.sleep(600)")
     site = await cluster.submit(Spec(
         name="site", command=[sys.executable, "-c", writes], cpu=0.1, memory_mb=16,
-        routes=[Route(path="/site", files="www", strip_prefix=True)]))
+        routes=[Route(path="/site", files="www")]))
     await cluster.submit(Spec(
         name="docs", command=[sys.executable, "-c", "import time; time.sleep(600)"], cpu=0.1,
         memory_mb=16, routes=[Route(path="/docs", files=str(static), strip_prefix=True),

@@ -67,7 +67,8 @@ def test_a_replica_counts_only_running_and_not_known_unhealthy(change: dict[str,
 
 
 @pytest.mark.parametrize("n2", [node("n2", health="unreachable"), node("n2", health="offline"),
-                                node("n2", address="")])
+                                node("n2", address=""), node("n2", address="evil/x"),
+                                node("n2", address="a b"), node("n2", address="host:80")])
 def test_a_replica_on_a_node_not_heard_from_or_not_advertised_does_not_count(
         n2: NodeAddress) -> None:
     table = derive([ep("web-1", port=30001), ep("web-2", "n2", port=30002)],
@@ -137,6 +138,7 @@ def test_a_services_replicas_share_its_routes_and_the_newest_version_declares_th
               health="unhealthy")]
     (entry,) = derive(eps, NODES)
     assert entry.name == "shop" and entry.strip_prefix
+    assert not derive(eps[:1], NODES)[0].strip_prefix  # a port route's default
     assert dials(entry) == ["10.0.0.1:30001", "10.0.0.2:30002"]  # both versions balance
     assert entry.replicas == 3
 
@@ -148,6 +150,7 @@ def test_a_files_route_serves_the_first_counting_replicas_directory_on_its_node(
            ep("job-3", "n3", name="job", routes=files)]
     (entry,) = derive(eps, NODES)
     assert entry.root == "/var/lib/gavel/instances/job-2/www" and entry.files == "www/"
+    assert entry.strip_prefix  # mounted at its path, by default
     assert entry.upstreams == [] and entry.leads_somewhere and not entry.static
     # A node that names no (absolute) directory offers none: the next replica's is served.
     (other,) = derive(eps, [node("n1"), node("n2", workdir=""), node("n3", workdir="rel")])

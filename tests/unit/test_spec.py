@@ -137,6 +137,11 @@ files = "/srv/docs"
                                                       files="/srv/docs")]
     assert [r.key for r in s.routes] == [("web.example.com", "/api"), ("", "/static"),
                                          ("*.docs.example.com", "")]
+    # A files route's directory is mounted at its path; a port route's replicas see the
+    # path as it came, unless the route says otherwise.
+    assert [r.strips for r in s.routes] == [True, True, False]
+    assert not Route(path="/api", port="http").strips
+    assert not Route(path="/static", files="www", strip_prefix=False).strips
     assert spec().routes == []  # a spec written before routes has none
 
 
