@@ -72,12 +72,12 @@ class Complaint:
             log.warning("%s; retrying with back-off", why)
         elif now - self._said >= self.every_s:
             self._said = now
-            log.warning("%s: still failing, %d errors in %.0f s; retrying", why, self.errors,
-                        now - self._since)
+            log.warning("%s: still failing, %s in %.0f s; retrying", why,
+                        _errors(self.errors), now - self._since)
 
     def recovered(self) -> None:
         if self._since is not None:
-            log.info("%s answers again, after %d errors", self.what, self.errors)
+            log.info("%s answers again, after %s", self.what, _errors(self.errors))
         self._since = None
         self.errors = 0
 
@@ -162,8 +162,8 @@ class Keeper:
             return False
         self._caddy.recovered()
         now = [e for e in entries if e.leads_somewhere]
-        if ops:
-            log.info("gateway routes: %s", "; ".join(_describe(e) for e in now) or "none")
+        for line in _changes(self.applied, now):
+            log.info("%s", line)
         self.applied = now
         return broker_ok
 
@@ -195,6 +195,20 @@ class Keeper:
         return out
 
 
-def _describe(e: RouteEntry) -> str:
-    where = ", ".join(u.dial for u in e.upstreams) if e.port else e.root
-    return f"{e.host}{e.path} -> {where}"
+def _errors(n: int) -> str:
+    return f"{n} error" + ("" if n == 1 else "s")
+
+
+def _changes(before: list[RouteEntry], after: list[RouteEntry]) -> list[str]:
+    """One line for each route that came, changed where it leads, or went."""
+    old = {e.id: e for e in before}
+    new = {e.id: e for e in after}
+    lines = []
+    for rid, e in new.items():
+        where = ", ".join(u.dial for u in e.upstreams) if e.port else e.root
+        was = old.get(rid)
+        if was is None or (was.upstreams, was.root) != (e.upstreams, e.root):
+            lines.append(f"route {e.host}{e.path} of {e.name} -> {where}")
+    lines += [f"route {e.host}{e.path} of {e.name} removed: nothing to lead to"
+              for rid, e in old.items() if rid not in new]
+    return lines

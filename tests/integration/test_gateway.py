@@ -265,6 +265,8 @@ async def test_a_route_balances_follows_a_killed_node_and_goes_when_its_instance
         want = await upstreams_of(cluster, ids)
         return len(want) == 3 and await dials(caddy, rid) == want
     await wait_for(routed, 45, what="one gavel route in Caddy leading to all 3 replicas")
+    # Running is not listening yet: wait until every request is answered, then look at who.
+    await wait_for(lambda: all_answer(url, 12), 30, what="every request to be answered")
     answers = [await get(url) for _ in range(12)]
     assert {status for status, _ in answers} == {200}
     assert len({body for _, body in answers}) > 1  # balanced: more than one replica answered
@@ -302,6 +304,7 @@ async def test_a_route_balances_follows_a_killed_node_and_goes_when_its_instance
     await wait_for(routed, 15, what="the route to lead to the replacements")
     new = {f"127.0.0.1:{i.ports['http']}" for i in await running(cluster, moved)}
     assert new <= (await dials(caddy, rid) or set())
+    await wait_for(lambda: all_answer(url, 9), 30, what="requests to succeed again")
     answers = [await get(url) for _ in range(9)]
     assert {status for status, _ in answers} == {200}
     assert {body for _, body in answers} <= set(ids)
@@ -317,6 +320,11 @@ async def test_a_route_balances_follows_a_killed_node_and_goes_when_its_instance
     routes = await admin(caddy, "/config/apps/http/servers/gavel/routes")
     assert [r.get("@id") for r in routes] == ["gavel-routes", None, "gavel-not-found"]
     assert routes[1] == HAND
+
+
+async def all_answer(url: str, n: int) -> bool:
+    statuses = [(await get(url))[0] for _ in range(n)]
+    return set(statuses) == {200}
 
 
 async def get_ok(url: str, body: str) -> bool:
@@ -391,7 +399,12 @@ async def test_the_same_routes_come_back_after_the_gateway_or_caddy_restarts(
         assert await get(f"{base}/hand") == (200, "by hand")
         assert await get(f"http://127.0.0.1:{site}/hand") == (200, "by hand")
         assert (await get(f"{base}/hi"))[1] in hi
-        assert "retrying with back-off" in (tmp_path / "gw3.log").read_text()
+        log = (tmp_path / "gw3.log").read_text()
+        assert "retrying with back-off" in log and "answers again" in log
+        gw3.stop()  # SIGTERM: a clean exit, and Caddy keeps serving the routes
+        assert gw3.proc is not None and gw3.proc.returncode == 0
+        assert "Traceback" not in log + (tmp_path / "gw.log").read_text()
+        assert (await get(f"{base}/hi"))[1] in hi
     finally:
         for g in gateways:
             g.stop()
