@@ -40,7 +40,7 @@ from gavel.shared.routes import RouteEntry, derive
 from gavel.shared.timing import Timing
 from gavel.transport.client import ClientError, call
 
-__all__ = ["BACKOFF_MAX", "GAP", "LOG_EVERY", "Keeper"]
+__all__ = ["BACKOFF_MAX", "GAP", "LOG_EVERY", "Complaint", "Keeper", "backoff"]
 
 log = logging.getLogger("gavel.gateway")
 
@@ -49,6 +49,14 @@ log = logging.getLogger("gavel.gateway")
 BACKOFF_MAX = 5.0
 LOG_EVERY = 60.0
 GAP = 0.25
+
+
+def backoff(delay: float, ok: bool, tick: float) -> float:
+    """The wait before the next step (rule 5): a tick after a step that worked, else twice
+    the last wait, from one tick up to `BACKOFF_MAX` ticks."""
+    if ok:
+        return tick
+    return min(max(delay, tick / 2) * 2, BACKOFF_MAX * tick)
 
 
 class Complaint:
@@ -117,7 +125,7 @@ class Keeper:
             while not self._stop.is_set():
                 started = time.monotonic()
                 ok = await self.step()
-                delay = self.tick if ok else min(delay * 2, BACKOFF_MAX * self.tick)
+                delay = backoff(delay, ok, self.tick)
                 if not ok:  # rule 5: events do not cut a back-off short
                     await self._sleep(delay, self._stop)
                     continue

@@ -444,6 +444,42 @@ async def _errors(gw: Gateway) -> bool:
     return (await metrics(gw.metrics_port)).get("gavel_gateway_admin_errors_total", 0) > 0
 
 
+async def test_a_caddy_that_refuses_the_routes_is_retried_said_once_and_never_blocks(
+        cluster: Cluster, tmp_path: Path, gateways: list[Gateway]) -> None:
+    """The operator's own server already listens where gavel's would: Caddy refuses the
+    server gavel makes. The gateway retries with back-off and says so once (not once a
+    try), placements go on, and the operator's server is left as it was."""
+    await cluster.start_broker()
+    await cluster.start_agent("n1", advertise="127.0.0.1", port_range=free_range(29500))
+    await cluster.wait_nodes(1)
+    listen = free_port()
+    site = {"listen": [f"127.0.0.1:{listen}"], "routes": [HAND]}
+    caddy = start_caddy(tmp_path, apps={"http": {"servers": {"site": site}}})
+    try:
+        gw = await Gateway(cluster.url, caddy, listen, tmp_path / "gw.log").start()
+        gateways.append(gw)
+        iid = await cluster.submit(http_spec("hi"))
+        await wait_for(lambda: _state_is(cluster, iid, "running"), 30,
+                       what="a placement while Caddy refuses the gateway")
+
+        async def refused_often() -> bool:
+            m = await metrics(gw.metrics_port)
+            return m.get("gavel_gateway_admin_errors_total", 0) >= 4
+        await wait_for(refused_often, 30, what="the gateway to be refused, and retry")
+        errors = (await metrics(gw.metrics_port))["gavel_gateway_admin_errors_total"]
+        said = [line for line in (tmp_path / "gw.log").read_text().splitlines()
+                if "refused PUT /config/apps/http/servers/gavel" in line]
+        assert said and "listener address repeated" in said[0]
+        assert len(said) < errors  # said once per interval, not once per try
+        assert (await metrics(gw.metrics_port))["gavel_gateway_routes"] == 0
+        assert await admin(caddy, "/config/apps/http/servers/site") == site
+        assert await get(f"http://127.0.0.1:{listen}/hand") == (200, "by hand")
+    finally:
+        for g in gateways:
+            g.stop()
+        caddy.stop()
+
+
 async def test_files_routes_serve_what_an_instance_writes_and_a_static_root(
         cluster: Cluster, caddy: Caddy, tmp_path: Path, gateways: list[Gateway]) -> None:
     await cluster.start_broker()

@@ -8,7 +8,7 @@ import logging
 import pytest
 
 from gavel.gateway.admin import Admin
-from gavel.gateway.keeper import Complaint, Keeper
+from gavel.gateway.keeper import BACKOFF_MAX, Complaint, Keeper, backoff
 from gavel.shared.routes import RouteEntry
 from gavel.shared.timing import Timing
 
@@ -53,3 +53,15 @@ def test_a_static_root_is_served_only_under_the_gateways_static_roots(
     assert len(said) == 2 and "serves /srv/wwwx, outside every static root" in said[0]
     nothing = Keeper(nc=None, admin=Admin("http://127.0.0.1:1"), timing=Timing())
     assert [e.id for e in nothing._allowed(table)] == ["gavel-own"]
+
+
+def test_a_failing_step_backs_off_doubling_up_to_its_cap_and_a_good_one_resets_it() -> None:
+    tick = 0.5
+    delays = []
+    delay = tick
+    for _ in range(8):
+        delay = backoff(delay, False, tick)
+        delays.append(delay)
+    assert delays == [1.0, 2.0, 2.5, 2.5, 2.5, 2.5, 2.5, 2.5] and BACKOFF_MAX * tick == 2.5
+    assert backoff(delay, True, tick) == tick
+    assert backoff(tick, False, tick) == 2 * tick  # the first failure: twice a tick
