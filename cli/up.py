@@ -45,7 +45,7 @@ from gavel.shared.messages import Spec
 from gavel.shared.reasons import render
 from gavel.shared.spec import Route
 from gavel.transport import identity
-from gavel.transport.client import BrokerRefused, call, connect, wait_healthy
+from gavel.transport.client import BrokerRefused, ClientError, call, connect, wait_healthy
 from gavel.transport.natsserver import NatsServer, free_port
 
 __all__ = ["up"]
@@ -221,10 +221,11 @@ async def up(args: argparse.Namespace) -> int:
     if getattr(args, "gateway", True):
         try:
             caddy = Caddy(state / "caddy", log=state / "logs" / "caddy.log").start()
-        except Exception:
+        except (OSError, RuntimeError) as exc:  # no binary, or it would not start
             _stop(procs)
             server.stop()
-            raise
+            raise ClientError(f"cannot run the gateway's Caddy: {exc} (--no-gateway runs "
+                              "without one)") from None
         gateway = f"http://127.0.0.1:{getattr(args, 'gateway_port', None) or free_port()}"
         procs.append(_spawn(["gateway", *creds(ids.operator if ids else None), "--admin",
                              caddy.admin_url, "--listen", gateway.removeprefix("http://")],
