@@ -1,4 +1,5 @@
-"""The broker's request/reply API over NATS: submit, status, nodes, why, events, cancel, drain.
+"""The broker's request/reply API over NATS: submit, status, nodes, why, events, cancel, drain,
+and endpoints (what a gateway routes to).
 
 Rules:
 1. One decoder per verb; a request that does not decode, or that cannot be honoured, gets
@@ -32,6 +33,7 @@ Rules:
 from __future__ import annotations
 
 import asyncio
+import itertools
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
@@ -53,9 +55,13 @@ from gavel.shared.api import (
     CancelRequest,
     DrainReply,
     DrainRequest,
+    Endpoint,
+    EndpointsReply,
+    EndpointsRequest,
     EventsReply,
     EventsRequest,
     InstanceStatus,
+    NodeAddress,
     NodesReply,
     NodesRequest,
     NodeStatus,
@@ -111,6 +117,7 @@ class Api:
             "stats": (StatsRequest, self.stats),
             "cancel": (CancelRequest, self.cancel),
             "drain": (DrainRequest, self.drain),
+            "endpoints": (EndpointsRequest, self.endpoints),
         }
         #: Per verb: its guard (rules 1 and 5) and its handler.
         self.verbs: dict[str, tuple[Guard[Any], Handler]] = {
@@ -328,7 +335,7 @@ class Api:
                                   draining=hb.draining or bool(nf and nf.draining),
                                   instances=len(nf.instances) if nf else 0,
                                   last_seen_s=round(now - self.ctx.liveness.last_seen[node_id],
-                                                    3)))
+                                                    3), advertise=hb.advertise))
         return NodesReply(nodes=out, rejected=dict(self.ctx.rejects.counts))
 
     async def why(self, req: WhyRequest) -> Message:
@@ -369,6 +376,31 @@ class Api:
                             f"({state.unreadable.get(path, '')})")
         moving = self.promises.drain(req.node_id, req.undo, req.migrate)
         return DrainReply(node_id=req.node_id, draining=not req.undo, migrating=moving)
+
+    async def endpoints(self, req: EndpointsRequest) -> Message:
+        """Every live instance (placed or waiting) whose spec declares routes, as `status`
+        tells it, with the health its node last reported, and how each known node is
+        reached: a gateway's inputs (`gavel.shared.routes`). Read-only, from memory: the
+        placed and the pending indexes, never the ended records."""
+        state = self.ctx.ledger.state()
+        out: list[Endpoint] = []
+        for iid in itertools.chain(state.where, state.pending):
+            rec = state.instances.get(iid)
+            if rec is None or not rec.spec.routes:
+                continue
+            st = self.instance_status(rec)
+            note = self.promises.health.get(iid)
+            out.append(Endpoint(instance_id=iid, name=rec.spec.name, state=st.state,
+                                node_id=st.node_id, ports=st.ports,
+                                health=st.health or (str(note.health) if note else ""),
+                                service=rec.service, version=rec.version,
+                                routes=list(rec.spec.routes)))
+        now = self.ctx.now()
+        liveness = self.ctx.liveness
+        nodes = [NodeAddress(node_id=n, address=liveness.heartbeats[n].advertise,
+                             workdir=liveness.heartbeats[n].workdir,
+                             health=liveness.health(n, now)) for n in liveness.known()]
+        return EndpointsReply(endpoints=out, nodes=nodes)
 
 
 def _operators(_subject: str) -> str:
