@@ -198,11 +198,16 @@ class Award(Message, tag="award"):
     attempt: int = 1
     commit: str = ""
     secret_env: dict[str, str] = {}
+    #: The leadership that awarded it (`broker.ha`: it only grows); 0 for a broker without
+    #: HA. A worker ignores an award of an epoch below the newest it has seen.
+    epoch: NonNegInt = 0
 
 
 class Cancel(Message, tag="cancel"):
     instance_id: str
     node_id: str
+    #: As `Award.epoch`: a worker ignores a cancel of an older leadership.
+    epoch: NonNegInt = 0
 
 
 class Amounts(Protocol):
@@ -320,3 +325,6 @@ class AssignmentRequest(Message, tag="assignment"):
 
 class ApiError(Message, tag="error"):
     error: str
+    #: The leadership that answered (`Award.epoch`): a worker told "not placed here" by a
+    #: broker of an older leadership than it has seen takes it for no answer.
+    epoch: NonNegInt = 0

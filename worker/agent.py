@@ -8,7 +8,8 @@ dropped, a malformed one or one that is no message of gavel's (a JetStream deliv
 control, a heartbeat: `transport.inbound`) is counted and logged once per kind a minute.
 What the node runs is the `Supervisor`'s business, making it match node.json the
 `Converger`'s (see worker.converge for the award/KV ordering and for self-fencing); this
-module is the NATS shell around them.
+module is the NATS shell around them. An award or cancel of an older leadership than the
+newest heard from is counted and ignored (`Supervisor.admit`).
 """
 
 from __future__ import annotations
@@ -47,10 +48,11 @@ from gavel.shared.timing import Timing
 from gavel.transport import wire
 from gavel.transport.inbound import Door, Guard
 from gavel.transport.rejects import Throttle
+from gavel.transport.urls import servers
 from gavel.worker.converge import Converger
 from gavel.worker.hoststats import Sampler, detect_capacity, primary_address
 from gavel.worker.ports import bindable
-from gavel.worker.supervisor import Supervisor
+from gavel.worker.supervisor import OLDER_AWARD, OLDER_CANCEL, Supervisor
 
 __all__ = ["Agent"]
 
@@ -207,7 +209,7 @@ class Agent:
             "inbox_prefix": subjects.NODE_INBOX.format(node=self.node_id),
         }
         options.update(self._nats_options)
-        connecting = asyncio.ensure_future(nats.connect(self._nats_url, **options))
+        connecting = asyncio.ensure_future(nats.connect(servers(self._nats_url), **options))
         stopping = asyncio.ensure_future(self._stop_requested.wait())
         await asyncio.wait({connecting, stopping}, return_when=asyncio.FIRST_COMPLETED)
         stopping.cancel()
@@ -316,14 +318,21 @@ class Agent:
         award = self._award(msg)
         if award is None:
             return
+        if not self._supervisor.admit(award.epoch):
+            self._refused.count(OLDER_AWARD, f"{award.instance_id} (epoch {award.epoch})")
+            return
         ignored = await self._supervisor.award(award)
         if ignored is not None:
             self._refused.count(ignored, award.instance_id)
 
     async def _on_cancel(self, msg: Msg) -> None:
         cancel = self._cancel(msg)
-        if cancel is not None:
-            await self._supervisor.cancel(cancel.instance_id)
+        if cancel is None:
+            return
+        if not self._supervisor.admit(cancel.epoch):
+            self._refused.count(OLDER_CANCEL, f"{cancel.instance_id} (epoch {cancel.epoch})")
+            return
+        await self._supervisor.cancel(cancel.instance_id)
 
     # -- outbound ---------------------------------------------------------------------------
 
