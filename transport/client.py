@@ -1,6 +1,8 @@
 """The CLI's side of the API: one request, one typed reply (or `ApiError`).
 
 Rule: a broker that does not answer is a clear error naming the URL, never a traceback.
+"No responders" (`NoBroker`) means nobody got the request: no broker runs, or, with several,
+none leads at this moment (one is taking over); asking again is always safe.
 """
 
 from __future__ import annotations
@@ -17,8 +19,10 @@ from nats.errors import TimeoutError as NatsTimeout
 from gavel.shared import subjects
 from gavel.shared.messages import ApiError, Message
 from gavel.transport.creds import connect_options
+from gavel.transport.urls import servers
 
-__all__ = ["BrokerRefused", "ClientError", "NoAnswer", "call", "connect", "wait_healthy"]
+__all__ = ["BrokerRefused", "ClientError", "NoAnswer", "NoBroker", "call", "connect",
+           "wait_healthy"]
 
 T = TypeVar("T", bound=Message)
 _enc = msgspec.msgpack.Encoder()
@@ -36,6 +40,10 @@ class NoAnswer(ClientError):
     """The broker did not answer in time: what it did with the request is unknown."""
 
 
+class NoBroker(ClientError):
+    """Nobody received the request (module docstring): nothing was done with it."""
+
+
 async def _quiet(exc: Exception) -> None:
     """nats-py logs connection errors with a traceback; `connect` raises a sentence instead."""
 
@@ -48,7 +56,7 @@ async def connect(url: str, creds: str | None = None, **options: Any) -> Any:
     if creds:
         kwargs.update(connect_options(creds))
     try:
-        return await nats.connect(url, **kwargs)
+        return await nats.connect(servers(url), **kwargs)
     except Exception as exc:
         if "authorization violation" in str(exc).lower():
             which = f"the credentials in {creds}" if creds else \
@@ -63,8 +71,9 @@ async def call(nc: Any, verb: str, request: Message, reply_type: type[T],
         msg = await nc.request(subjects.API.format(verb=verb), _enc.encode(request),
                                timeout=timeout)
     except NoRespondersError:
-        raise ClientError("no broker is answering: start one with `gavel broker` or "
-                          "`gavel up`") from None
+        raise NoBroker("no broker is answering: start one with `gavel broker` or `gavel up` "
+                       "(with several brokers, none leads at this moment: ask again in a few "
+                       "seconds)") from None
     except NatsTimeout:
         err = getattr(nc, "last_error", None)
         if err is not None and "permissions violation" in str(err).lower():
