@@ -16,6 +16,13 @@ Rules:
    merge took is not mirrored as they wrote it: the broker's next pass mirrors the state it
    read, which holds one placement per instance (`broker.ledger.integrity`), so a node file
    of theirs that lists an instance on a second node never reaches that node's worker.
+5. A leader (`epoch` set: `broker.ha`) pushes by compare-and-swap (`broker.ledger.caspush`)
+   and only while `leading()` says its lease holds. Refused, it fetches: a remote branch of
+   another epoch (`broker.ledger.takeover`: every leadership's first commit names its own)
+   means another broker leads - `Fenced`, nothing is merged and nothing is retried; a
+   branch of its own epoch with commits it lacks is a hand commit, merged as in rule 2.
+6. `mark()` names every commit notified so far; `wait(mark)` returns once a push that
+   started after them landed (the committer's "durable": `broker.ledger.committer` rule 10).
 """
 
 from __future__ import annotations
@@ -35,6 +42,8 @@ import pygit2
 from prometheus_client import Counter
 from prometheus_client.registry import CollectorRegistry
 
+from gavel.broker.ledger import caspush, takeover
+from gavel.broker.ledger.caspush import PushError, Refused
 from gavel.broker.ledger.state import Change
 from gavel.shared.records import InstanceRecord, NodeFile
 from gavel.shared.redact import mask_url
@@ -43,7 +52,7 @@ if TYPE_CHECKING:
     from gavel.broker.ledger.committer import Committer
     from gavel.broker.ledger.repository import Ledger
 
-__all__ = ["PushError", "Pusher"]
+__all__ = ["Fenced", "PushError", "Pusher"]
 
 log = logging.getLogger("gavel.remote")
 _SIGNATURE = ("gavel-broker", "broker@gavel.local")
@@ -55,8 +64,8 @@ _node_dec = msgspec.json.Decoder(NodeFile)
 Files = dict[str, tuple[str, int]]  # path -> (blob id, file mode)
 
 
-class PushError(Exception):
-    """The push did not land; the sentence says why."""
+class Fenced(PushError):
+    """Rule 5: this broker may not push any more (another leads, or its lease ran out)."""
 
 
 class _Moved(Exception):
@@ -97,8 +106,22 @@ class Pusher:
     def __init__(self, repo_path: Path, ref: str, remote: str, *, backoff_s: float = 0.5,
                  max_backoff_s: float = 60.0, max_rounds: int = 5,
                  on_merged: Callable[[Change, str], None] | None = None,
-                 registry: CollectorRegistry | None = None) -> None:
+                 registry: CollectorRegistry | None = None, epoch: int = 0,
+                 leading: Callable[[], bool] | None = None,
+                 on_fenced: Callable[[str], None] | None = None,
+                 outcomes: Counter | None = None) -> None:
         self.repo_path = Path(repo_path)
+        #: Rule 5: the leadership this pusher writes for (0: no HA), whether its lease still
+        #: holds, and who hears that it may push no more.
+        self.epoch = epoch
+        self.leading = leading
+        self.on_fenced = on_fenced
+        self.fenced = ""
+        #: Rule 6: commits notified, and the count a landed push covered.
+        self._notified = 0
+        self._synced = 0
+        self._pushed = 0
+        self._progress = asyncio.Event()
         self.ref = ref
         self.remote = remote
         self.backoff_s = backoff_s
@@ -116,9 +139,8 @@ class Pusher:
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gavel-push")
         self._repo: pygit2.Repository | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._outcomes = Counter("gavel_git_pushes_total",
-                                 "Pushes of the state branch, by outcome", ["outcome"],
-                                 registry=registry) if registry is not None else None
+        self._outcomes = outcomes if outcomes is not None else pushes_counter(registry) \
+            if registry is not None else None
 
     @classmethod
     def attach(cls, ledger: Ledger, committer: Committer, remote: str, *,
@@ -149,8 +171,24 @@ class Pusher:
     # -- the loop ------------------------------------------------------------------------
     def notify(self) -> None:
         """A commit landed: push it (with anything else that lands before the push starts)."""
+        self._notified += 1
         self.idle.clear()
         self._kick.set()
+
+    def mark(self) -> int:
+        """Rule 6: a token for every commit notified so far."""
+        return self._notified
+
+    async def wait(self, mark: int) -> None:
+        """Rule 6: until the commits `mark` covers are on the remote (for ever if fenced)."""
+        while self._pushed < mark:
+            await self._progress.wait()
+
+    def _landed(self) -> None:
+        if self._synced > self._pushed:
+            self._pushed = self._synced
+            self._progress.set()
+            self._progress = asyncio.Event()
 
     async def run(self) -> None:
         """Push once at start, then after every `notify`, until cancelled."""
@@ -163,6 +201,14 @@ class Pusher:
                 self._kick.clear()
                 try:
                     await self._loop.run_in_executor(self._pool, self.sync)
+                except Fenced as fenced:  # rule 5: for good
+                    self._count("fenced")
+                    self.fenced = str(fenced)
+                    log.warning("%s; this broker pushes no more", fenced,
+                                extra={"remote": self.url})
+                    if self.on_fenced is not None:
+                        self.on_fenced(str(fenced))
+                    return
                 except Exception as failure:  # never let one bad attempt end the pusher
                     self._repo = None  # the next try on a fresh handle (packs may be merged)
                     exc = failure if isinstance(failure, PushError) else PushError(
@@ -179,10 +225,20 @@ class Pusher:
                     continue
                 delay = 0.0
                 self.last_error = ""
+                self._landed()
                 if not self._kick.is_set():
                     self.idle.set()
         finally:
             self._pool.shutdown(wait=False)
+
+    async def lead(self, broker_id: str, at_least: int, since: str) -> takeover.Taken:
+        """`take_over` on the pusher's thread (before `run`)."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._pool, self.take_over, broker_id, at_least, since)
+
+    def shutdown(self) -> None:
+        """Let the pusher's thread go (`run` does it too when cancelled)."""
+        self._pool.shutdown(wait=False)
 
     async def flush(self) -> None:
         """Wait until everything notified so far has landed on the remote."""
@@ -208,20 +264,31 @@ class Pusher:
             return None  # pinned: nothing is ever written, so nothing to push
         repo = self._open()
         error = ""
+        covered = self._notified  # before the head is read: these commits are under it
         for _ in range(self.max_rounds):
             ours = self._head(repo)
             if ours is None:
                 return None
             try:
                 self._push(repo)
+            except Fenced:
+                raise
             except (pygit2.GitError, PushError) as exc:
+                if self.epoch and not isinstance(exc, Refused):
+                    raise  # rule 5: only a refusal says something of the remote's branch
                 error = str(exc)
             else:
                 self.pushes += 1
                 self.pushed = ours
+                self._synced = covered
                 self._count("pushed")
                 return ours
             theirs = self._fetch(repo)
+            if self.epoch and theirs is not None:
+                held = takeover.epoch_of(repo, theirs)
+                if held != self.epoch:
+                    raise Fenced(f"the remote {self.url} holds the branch of epoch {held}, "
+                                 f"not ours ({self.epoch}): another broker leads")
             if theirs is None or theirs == ours or repo.descendant_of(ours, theirs):
                 raise PushError(f"push to {self.url} failed: {error}")
             try:
@@ -230,6 +297,46 @@ class Pusher:
                 error = str(exc) or "our branch moved during the merge"
                 continue
         raise PushError(f"push to {self.url} failed {self.max_rounds} times: {error}")
+
+    def take_over(self, broker_id: str, at_least: int, since: str) -> takeover.Taken:
+        """`broker.ledger.takeover`: the remote's branch made ours, our epoch commit on it,
+        pushed by compare-and-swap; started over while an older leader's push gets in
+        first. Blocking: on the pusher's thread, before `run`."""
+        repo = self._open()
+        error = "no round was tried"
+        for _ in range(self.max_rounds):
+            if self.leading is not None and not self.leading():
+                raise takeover.TakeoverError("the lease ran out during the takeover")
+            tracking = "refs/gavel/remote/" + self.ref.removeprefix("refs/heads/")
+            if tracking in repo.references:  # what a fetch leaves is the remote's now
+                repo.references.delete(tracking)
+            try:
+                theirs = self._fetch(repo)
+            except PushError as exc:
+                raise takeover.TakeoverError(str(exc)) from None
+            if theirs is not None:
+                takeover.set_branch(repo, self.ref, theirs, f"takeover: {self.url} holds this")
+            base = theirs if theirs is not None else self._head(repo)
+            held = takeover.epoch_of(repo, base)
+            epoch = takeover.next_epoch(at_least, held)
+            head = takeover.epoch_commit(repo, self.ref, base, takeover.LeaderFile(
+                epoch=epoch, broker_id=broker_id, since=since))
+            self.epoch = epoch
+            try:
+                self._push(repo)
+            except Refused as exc:
+                error = str(exc)
+                continue
+            except (pygit2.GitError, PushError) as exc:
+                raise takeover.TakeoverError(str(exc)) from None
+            self.pushes += 1
+            self.pushed = head
+            self._count("pushed")
+            log.info("epoch %d: broker %s leads from commit %s (the branch held epoch %d)",
+                     epoch, broker_id, head[:12], held, extra={"remote": self.url})
+            return takeover.Taken(epoch=epoch, head=head, previous=held)
+        raise takeover.TakeoverError(f"the epoch commit was refused {self.max_rounds} times: "
+                                     f"{error}")
 
     def _open(self) -> pygit2.Repository:
         if self._repo is None:
@@ -247,10 +354,27 @@ class Pusher:
         return repo.remotes.create_anonymous(self.remote)
 
     def _push(self, repo: pygit2.Repository) -> None:
+        if self.epoch:  # rule 5
+            if self.leading is not None and not self.leading():
+                raise Fenced("the lease ran out before the push: another broker may lead")
+            url = self._url(repo)
+            if caspush.is_local(url):
+                caspush.push_local(Path(repo.path), url, self.ref)
+                return
         cb = _Callbacks()
-        self._remote(repo).push([f"{self.ref}:{self.ref}"], callbacks=cb)
+        try:
+            self._remote(repo).push([f"{self.ref}:{self.ref}"], callbacks=cb)
+        except pygit2.GitError as exc:
+            if "fastforward" not in str(exc).replace("-", ""):
+                raise
+            raise Refused(f"the remote {self.url} refused {self.ref}: {exc}") from None
         if cb.rejected:
-            raise PushError(f"the remote refused {cb.rejected}")
+            raise Refused(f"the remote refused {cb.rejected}")
+
+    def _url(self, repo: pygit2.Repository) -> str:
+        """The remote's URL (`remote` may name a remote of the state repository)."""
+        names = {r.name for r in repo.remotes}
+        return str(repo.remotes[self.remote].url) if self.remote in names else self.remote
 
     def _fetch(self, repo: pygit2.Repository) -> str | None:
         tracking = "refs/gavel/remote/" + self.ref.removeprefix("refs/heads/")
@@ -312,6 +436,11 @@ class Pusher:
         if self.on_merged is not None and self._loop is not None and change:
             self._loop.call_soon_threadsafe(self.on_merged, change, sha)
         return sha
+
+
+def pushes_counter(registry: CollectorRegistry) -> Counter:
+    return Counter("gavel_git_pushes_total", "Pushes of the state branch, by outcome",
+                   ["outcome"], registry=registry)
 
 
 def _files(repo: pygit2.Repository, tree: pygit2.Tree, prefix: str = "") -> Files:
