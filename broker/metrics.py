@@ -2,13 +2,16 @@
 
 Rule: counters and histograms are observed where things happen (one call each, no
 allocation beyond the label lookup); gauges that describe state (node health, instances by
-state) are computed at scrape time from the broker's own view, so they can never drift.
+state, who leads) are computed at scrape time from the broker's own view, so they can never
+drift. One `Metrics` outlives the leaderships of a broker that runs several (`broker.ha`):
+each leadership `attach`-es its view to the same registry.
 """
 
 from __future__ import annotations
 
 from collections import Counter as Tally
 from collections.abc import Callable, Iterator
+from datetime import datetime
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
@@ -20,7 +23,11 @@ if TYPE_CHECKING:
     from gavel.broker.mirror import Mirror
     from gavel.shared.health import Liveness
 
-__all__ = ["Metrics"]
+__all__ = ["LeaderView", "Metrics"]
+
+#: What the leadership gauges read: whether this broker leads now, the id of the broker that
+#: leads (as far as it knows; "" for none), that leadership's epoch, since when (ISO 8601).
+LeaderView = tuple[bool, str, int, str]
 
 _LATENCY = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 
@@ -53,12 +60,73 @@ class Metrics:
         self.rejected = Counter("gavel_messages_rejected_total",
                                 "Messages from the wire refused, by kind", ["kind"],
                                 registry=r)
+        self._state: _StateCollector | None = None
+        self._leader: _LeaderCollector | None = None
+        self._pushes: Counter | None = None
 
     def attach(self, *, now: Callable[[], float], liveness: Liveness, ledger: Ledger,
                in_flight: Callable[[], int], mirror: Mirror) -> None:
         """Register the scrape-time view (node health, instances by state, open auctions,
-        the KV mirror's puts)."""
-        self.registry.register(_StateCollector(now, liveness, ledger, in_flight, mirror))
+        the KV mirror's puts); a later leadership's view replaces an earlier one's."""
+        if self._state is None:
+            self._state = _StateCollector(now, liveness, ledger, in_flight, mirror)
+            self.registry.register(self._state)
+        else:
+            st = self._state
+            st.now, st.liveness, st.ledger, st.in_flight, st.mirror = (
+                now, liveness, ledger, in_flight, mirror)
+
+    def leadership(self, view: Callable[[], LeaderView],
+                   extra: Callable[[], Iterator[Metric]] | None = None) -> None:
+        """Register the leadership gauges (once), read from `view` at scrape time; `extra`:
+        more metrics of the lease (`broker.ha`)."""
+        if self._leader is None:
+            self._leader = _LeaderCollector(view, extra)
+            self.registry.register(self._leader)
+
+    @property
+    def pushes(self) -> Counter:
+        """The pushes counter (`broker.ledger.remote`), made once for every pusher."""
+        if self._pushes is None:
+            from gavel.broker.ledger.remote import pushes_counter
+
+            self._pushes = pushes_counter(self.registry)
+        return self._pushes
+
+
+class _LeaderCollector(Collector):
+    def __init__(self, view: Callable[[], LeaderView],
+                 extra: Callable[[], Iterator[Metric]] | None) -> None:
+        self.view = view
+        self.extra = extra
+
+    def collect(self) -> Iterator[Metric]:
+        leading, leader, epoch, since = self.view()
+        g = GaugeMetricFamily("gavel_broker_leading", "1 while this broker leads, else 0")
+        g.add_metric([], 1 if leading else 0)
+        yield g
+        who = GaugeMetricFamily("gavel_broker_leader", "The broker that leads, by id (1)",
+                                labels=["leader"])
+        if leader:
+            who.add_metric([leader], 1)
+        yield who
+        e = GaugeMetricFamily("gavel_broker_leader_epoch",
+                              "The epoch of the leadership now (0: no HA)")
+        e.add_metric([], epoch)
+        yield e
+        at = GaugeMetricFamily("gavel_broker_leader_since_seconds",
+                               "When the leadership now began (Unix time)")
+        at.add_metric([], _unix(since))
+        yield at
+        if self.extra is not None:
+            yield from self.extra()
+
+
+def _unix(stamp: str) -> float:
+    try:
+        return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return 0.0
 
 
 class _StateCollector(Collector):

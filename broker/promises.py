@@ -231,7 +231,8 @@ class Promises:
         def after(_sha: str) -> None:
             if stop:
                 self.ctx.outbox.publish(subjects.CANCEL.format(node=node),
-                                        Cancel(instance_id=iid, node_id=node))
+                                        Cancel(instance_id=iid, node_id=node,
+                                               epoch=self.ctx.leader.epoch))
             self.ended(iid)
             if new.state is not InstanceState.QUEUED:
                 self.ctx.events.emit(iid, EventType(new.state), node_id=node,
@@ -285,7 +286,8 @@ class Promises:
         def after(_sha: str) -> None:
             if stop:
                 self.ctx.outbox.publish(subjects.CANCEL.format(node=a.node_id),
-                               Cancel(instance_id=a.instance_id, node_id=a.node_id))
+                               Cancel(instance_id=a.instance_id, node_id=a.node_id,
+                                      epoch=self.ctx.leader.epoch))
             self.ended(a.instance_id)
             self.ctx.events.emit(a.instance_id, EventType(to), node_id=a.node_id, reason=reason)
         return Planned(lines=[f"{to} {a.instance_id} on {a.node_id}: {reason}"],
@@ -321,7 +323,8 @@ class Promises:
     def _send_cancel(self, iid: str, node: str) -> None:
         self.ctx.timers.cancelling(iid, node, self.ctx.now())
         self.ctx.outbox.publish(subjects.CANCEL.format(node=node),
-                                Cancel(instance_id=iid, node_id=node))
+                                Cancel(instance_id=iid, node_id=node,
+                                       epoch=self.ctx.leader.epoch))
 
     def drain(self, node: str, undo: bool, migrate: bool) -> int:
         def plan(view: View) -> Planned | None:

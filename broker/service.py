@@ -18,6 +18,12 @@ Rules:
    holds one placement per instance (`broker.ledger.integrity`).
 5. A damaged state repository (`Damaged`) stops the broker: `run` raises it once the broker
    is closed, and the daemon prints its one sentence.
+6. As one leadership of several brokers (`leader.ha`, run by `broker.ha`) the broker is
+   the same, but: it tells a node nothing (awards, cancels, KV entries, assignment
+   answers) before the commit behind it is on the remote (`attach_pusher`); every award,
+   cancel and KV entry carries its epoch; KV puts are checked against the key's revision
+   (`broker.fencedkv`); nothing goes out once its lease's own-clock verdict says no; and
+   `abort` ends it at once, sending nothing it still holds.
 """
 
 from __future__ import annotations
@@ -39,10 +45,12 @@ import nats.errors
 from gavel.broker.api import Api
 from gavel.broker.assign import Assignments
 from gavel.broker.auctioneer import Auctioneer
-from gavel.broker.context import Context
+from gavel.broker.context import Context, Leadership
 from gavel.broker.events import Events
+from gavel.broker.fencedkv import FencedPuts
 from gavel.broker.integrity import Integrity
 from gavel.broker.ledger.committer import Committer
+from gavel.broker.ledger.remote import Pusher
 from gavel.broker.ledger.repository import Damaged, Ledger
 from gavel.broker.ledger.state import Change, State, compact
 from gavel.broker.metrics import Metrics
@@ -59,6 +67,7 @@ from gavel.shared.timing import Timing
 from gavel.transport import wire
 from gavel.transport.inbound import Door, Guard
 from gavel.transport.rejects import Rejects
+from gavel.transport.urls import servers
 
 __all__ = ["Broker", "NatsUnreachable", "tune_gc"]
 
@@ -106,26 +115,42 @@ class Broker:
         writer: str = "process",
         nats_options: Mapping[str, Any] | None = None,
         connect_wait_s: float | None = 30.0,
+        broker_id: str = "broker",
+        leader: Leadership | None = None,
+        metrics: Metrics | None = None,
+        kv_replicas: int = 1,
     ) -> None:
         self.log = logging.getLogger("gavel.broker")
         self.nats_url = nats_url
         self.timing = timing = timing or Timing()
         self.now = clock
+        #: Rule 6: who leads, and with HA this leadership's epoch and its lease's verdict.
+        self.leader = leader or Leadership(broker_id=broker_id, since=_stamp(wall()))
+        self.ha = self.leader.ha
+        self.kv_replicas = kv_replicas
         self.ledger = Ledger(state_dir / "state.git", ref, settle=True)
         self.committer = Committer(self.ledger, retry_s=timing.tick_s,
-                                   on_commit=self._mirror, writer=writer, wall=wall,
-                                   gap_s=commit_gap_s)
+                                   on_commit=None if self.ha else self._mirror,
+                                   writer=writer, wall=wall, gap_s=commit_gap_s)
+        if self.ha:  # rule 6: mirrored once the push landed
+            self.committer.on_durable = self._mirror
         self.liveness = Liveness(timing)
         self.timers = Timers(started=clock())
-        self.metrics = Metrics()
+        self.metrics = metrics or Metrics()
+        if metrics is None:
+            self.metrics.leadership(lambda: (True, self.leader.broker_id, 0,
+                                             self.leader.since))
         self.committer.metrics = self.metrics
         self.rejects = Rejects(self.log, self.metrics.rejected, clock)
         self.outbox = Outbox(self._publish_failed)
+        if self.ha:
+            self.outbox.gate = self.leader.leading
         self.events = Events(self.outbox)
         self.ctx = ctx = Context(timing=timing, ledger=self.ledger, committer=self.committer,
                                  liveness=self.liveness, timers=self.timers,
                                  outbox=self.outbox, events=self.events, rejects=self.rejects,
-                                 metrics=self.metrics, now=clock, wake=self.wake, log=self.log)
+                                 metrics=self.metrics, now=clock, wake=self.wake, log=self.log,
+                                 leader=self.leader)
         self.secrets = dict(secrets or {})
         self.assignments = Assignments(ctx, self.secrets)
         self.auctioneer = Auctioneer(ctx, award_for=self.assignments.award_for,
@@ -141,8 +166,12 @@ class Broker:
         #: The state the KV mirror was last brought in line with (rule 4).
         self._mirrored: State | None = None
         #: node.json in KV for the workers, coalesced (`broker.mirror`). Its windows are
-        #: timed by the event loop, so on the machine's clock, not an injected one.
-        self.mirror = Mirror(self.outbox.publish_raw, timing.mirror_s, time.monotonic)
+        #: timed by the event loop, so on the machine's clock, not an injected one. With HA
+        #: its puts are checked ones carrying the epoch (rule 6).
+        self.fenced: FencedPuts | None = FencedPuts(self.leader) if self.ha \
+            else None
+        self.mirror = Mirror(self.fenced.put if self.fenced is not None
+                             else self.outbox.publish_raw, timing.mirror_s, time.monotonic)
         self.api = Api(ctx, auctioneer=self.auctioneer, promises=self.promises,
                        mirror=self.mirror, secrets=self.secrets, ended_max=ended_max)
         self.metrics.attach(now=clock, liveness=self.liveness, ledger=self.ledger,
@@ -169,6 +198,8 @@ class Broker:
             self.committer.close()
             raise
         self.outbox.nc = self.nc
+        if self.fenced is not None:
+            self.fenced.nc = self.nc
         state = self._mirrored = self.ledger.state()
         now = self.now()
         for node_id in state.nodes:
@@ -187,7 +218,14 @@ class Broker:
         self._tasks = [asyncio.create_task(self.outbox.run(), name="outbox"),
                        asyncio.create_task(self.committer.run(), name="committer"),
                        asyncio.create_task(self._loop(), name="reconcile")]
-        self.log.info("broker up: state %s ref %s", self.ledger.path, self.ledger.ref)
+        self.log.info("broker up: state %s ref %s%s", self.ledger.path, self.ledger.ref,
+                      f", leading in epoch {self.leader.epoch}" if self.ha else "")
+
+    def attach_pusher(self, pusher: Pusher) -> None:
+        """Rule 6: `pusher` pushes every commit, and what a commit promises waits for it."""
+        pusher.on_merged = lambda change, sha: self.wake()
+        self.committer.on_commit = lambda change, sha: pusher.notify()
+        self.committer.durable = self.ctx.durable = pusher
 
     async def run(self) -> None:
         await self.start()
@@ -206,6 +244,11 @@ class Broker:
     def stop(self) -> None:
         self._stopped.set()
 
+    @property
+    def stopped(self) -> asyncio.Event:
+        """Set once the broker is told to stop, or stops on its own (rule 5)."""
+        return self._stopped
+
     async def _connect(self) -> Any:
         """The first connection, with a deadline: nats-py's own initial connect retries a
         refused credential for ever in silence when reconnects are unbounded. So each first
@@ -222,7 +265,7 @@ class Broker:
         while True:
             nc = wire.Client()
             try:
-                await nc.connect(self.nats_url, **options)
+                await nc.connect(servers(self.nats_url), **options)
             except Exception as exc:
                 with contextlib.suppress(Exception):
                     await nc.close()
@@ -256,6 +299,21 @@ class Broker:
             if not self.nc.is_closed:
                 with contextlib.suppress(Exception):
                     await self.nc.close()
+        self.committer.close()
+
+    async def abort(self) -> None:
+        """Rule 6: stop at once and say nothing more - nothing queued or pending is sent,
+        no request is answered; the connection, and with it every subscription, ends."""
+        for t in self._tasks:
+            t.cancel()
+        self.api.close()
+        if self.fenced is not None:
+            self.fenced.close()
+        self.mirror.stop()
+        self.outbox.gate = lambda: False
+        await wire.abort(self.nc)
+        if self._tasks:
+            await asyncio.wait(self._tasks, timeout=_CLOSE_S)
         self.committer.close()
 
     def wake(self) -> None:
@@ -306,10 +364,16 @@ class Broker:
     async def _open_kv(self, nodes: Mapping[str, NodeFile]) -> None:
         try:
             js = self.nc.jetstream()
-            await js.create_key_value(bucket=subjects.NODES_BUCKET, history=1)
+            await js.create_key_value(bucket=subjects.NODES_BUCKET, history=1,
+                                      replicas=self.kv_replicas)
         except Exception as exc:  # JetStream off: awards still flow, convergence is off
-            self.log.warning("no JetStream KV (%s); workers converge from awards only", exc)
-            return
+            if not (self.ha and "already in use" in str(exc)):
+                self.log.warning("no JetStream KV (%s); workers converge from awards only",
+                                 exc)
+                return
+            self.log.warning("the KV bucket %s exists with other settings than %d replicas "
+                             "(%s); using it as it is", subjects.NODES_BUCKET, self.kv_replicas,
+                             exc)
         self.mirror.start(nodes)
 
     def _remirror(self) -> None:
@@ -346,6 +410,10 @@ class Broker:
         if before is not Health.HEALTHY:
             self.log.info("node %s is %s", hb.node_id, "up" if before is None else "back")
             self.auctioneer.capacity_freed()
+
+
+def _stamp(at: datetime) -> str:
+    return at.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
 
 
 def _impossible(hb: Heartbeat) -> str:
