@@ -17,6 +17,10 @@ Rules:
    the gap between rounds is throughput lost; closing that gap places more a second without
    lengthening the rounds (docs/performance.md). An auction that closes as it opens (no
    candidate) does not open others from inside the pass that opened it.
+6. Until `hold_until`, no auction opens while no node is eligible: a new leadership
+   (`broker.ha`) has asked every node for a heartbeat and gives them that long to answer,
+   rather than find its queued work "unschedulable: no nodes connected" in its first pass.
+   The first heartbeat ends the wait.
 """
 
 from __future__ import annotations
@@ -93,6 +97,8 @@ class Auctioneer:
         self.waiting_since: float | None = None
         self._wait_timer: asyncio.TimerHandle | None = None
         self._opening = False
+        #: Rule 6 (-inf: never hold).
+        self.hold_until = float("-inf")
 
     # -- opening -------------------------------------------------------------------------
     def reconcile(self, now: float) -> None:
@@ -139,6 +145,9 @@ class Auctioneer:
         if room <= 0:
             return
         eligible = ctx.liveness.eligible(now)
+        if not eligible and now < self.hold_until:  # rule 6
+            self._wake_at(self.hold_until - now)
+            return
         if state.unusable_nodes:  # a node.json we cannot read: that node wins nothing
             eligible = [n for n in eligible if n not in state.unusable_nodes]
         groups: dict[tuple[str, ...], list[Request]] = {}

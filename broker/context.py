@@ -9,7 +9,7 @@ all (the service imports the parts, never the other way round).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from gavel.broker.events import Events
@@ -29,6 +29,10 @@ def _always() -> bool:
     return True
 
 
+async def _confirmed() -> bool:
+    return True
+
+
 @dataclass(eq=False)
 class Leadership:
     """Who leads, since when (UTC, ISO 8601) and in which epoch: what the API and the metrics
@@ -40,6 +44,9 @@ class Leadership:
     epoch: int = 0
     since: str = ""
     leading: Callable[[], bool] = field(default=_always)
+    #: With HA, asks the lease server whether we still lead (a renewal now): for a
+    #: surprise that may mean another broker leads (`broker.fencedkv` rule 3).
+    confirm: Callable[[], Awaitable[bool]] = field(default=_confirmed)
     #: Set with HA: the broker answers and publishes only while `leading()`.
     ha: bool = False
 

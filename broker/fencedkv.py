@@ -9,9 +9,11 @@ Rules:
 2. Every value carries the epoch (`gavel.shared.records.NodeEntry`), and a worker ignores
    a value of an epoch older than the newest it has seen (`worker.converge`): what rule 1
    cannot refuse (a key the new leadership has not put yet) is ignored where it lands.
-3. Refused while this broker still leads (`leading()`), the key was written behind its back
-   (a deposed leader, a hand): it is put again unconditionally, its revision learned anew,
-   and counted. Refused once it no longer leads: dropped.
+3. A refused put means someone else wrote the key: another leadership, which would make
+   this one deposed, or a deposed leader's late put, or a hand. So the lease is asked first
+   (`Leadership.confirm`: a renewal now); only if it still holds is the key put again
+   unconditionally, its revision learned anew (and the refusal counted). Otherwise the put
+   is dropped, and nothing more is put.
 4. One put per key in flight; what comes meanwhile waits, the newest only. A put without
    an answer is sent again with the same ``Nats-Msg-Id``, which the server dedupes if the
    first landed. Nothing is put once `leading()` is false, and at most `MAX_IN_FLIGHT`
@@ -117,7 +119,7 @@ class FencedPuts:
                 return
             if isinstance(error, dict) and error.get("err_code") in _WRONG_LAST:
                 self.refused += 1  # rule 3
-                if not self.leading():
+                if not (self.leading() and await self.leader.confirm() and self.leading()):
                     return
                 log.warning("node %s's KV entry was written by someone else (%s); put again",
                             node, error.get("description", ""))

@@ -10,7 +10,10 @@ Rules:
    standbys, which could only answer them from a stale state.
 2. Taking over is the lease first, then the remote (`broker.ledger.takeover`): the remote's
    branch becomes ours and our epoch commit lands on it. Only then does the leadership
-   start, with a connection of its own, deriving everything from that branch.
+   start, with a connection of its own, deriving everything from that branch. What can be
+   readied before is readied while standing by: the next leadership's parts and its writer
+   process, and a copy of the remote fetched every `renew_s` (at least a second), so the
+   takeover fetches only the last moments.
 3. A leadership ends when the lease is lost, when its pusher is fenced (the remote's branch
    names another epoch), or when it stopped on its own (a damaged repository): it is
    aborted (`Broker.abort`: nothing more is sent) and the broker stands by again; a damaged
@@ -153,21 +156,57 @@ class HaBroker:
     async def _stand_by_then_lead(self) -> None:
         lease = self.lease
         assert lease is not None
+        broker, pusher, leader = self._prepare(lease)
         acquiring = asyncio.ensure_future(lease.acquire())
-        watching = asyncio.ensure_future(self._say_who_leads())
+        tasks = [asyncio.ensure_future(self._say_who_leads()),
+                 asyncio.ensure_future(self._keep_fresh(pusher))]
         stopping = asyncio.ensure_future(self._stopped.wait())
         try:
             await asyncio.wait({acquiring, stopping}, return_when=asyncio.FIRST_COMPLETED)
         finally:
-            watching.cancel()
-            stopping.cancel()
+            for t in (*tasks, stopping):
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
         if not acquiring.done():
             acquiring.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await acquiring
+            broker.committer.close()
+            pusher.shutdown()
             return
         revision = acquiring.result()
-        await self._lead(lease, revision)
+        held = lease.held
+        leader.since = held.since if held is not None else ""
+        await self._lead(lease, revision, broker, pusher, leader)
+
+    def _prepare(self, lease: Lease) -> tuple[Broker, Pusher, Leadership]:
+        """Rule 2's next leadership, built while standing by: its writer process starts now,
+        not after a takeover."""
+        leader = Leadership(broker_id=self.broker_id, leading=lease.valid,
+                            confirm=lease.confirm, ha=True)
+        broker = Broker(nats_url=self.nats_url, state_dir=self.state_dir, ref=self.ref,
+                        nats_options=self.nats_options, connect_wait_s=self.settings.ttl_s,
+                        broker_id=self.broker_id, leader=leader, metrics=self.metrics,
+                        kv_replicas=self.settings.replicas, wall=self.wall, **self.options)
+        self._fenced.clear()
+        pusher = Pusher(broker.ledger.path, broker.ledger.ref, self.settings.remote,
+                        leading=lease.valid, on_fenced=lambda why: self._fenced.set(),
+                        outcomes=self.metrics.pushes)
+        return broker, pusher, leader
+
+    async def _keep_fresh(self, pusher: Pusher) -> None:
+        """Rule 2: a standby's copy of the remote follows it, so a takeover fetches little."""
+        said = False
+        while True:
+            try:
+                await pusher.refreshing()
+                said = False
+            except Exception as exc:  # the remote may be away for now: the takeover will tell
+                if not said:
+                    log.warning("standby %s cannot fetch %s: %s", self.broker_id,
+                                pusher.url, exc)
+                    said = True
+            await asyncio.sleep(max(1.0, self.settings.renew_s))
 
     async def _say_who_leads(self) -> None:
         """One log line each time the leader a standby sees changes."""
@@ -180,21 +219,11 @@ class HaBroker:
                 log.info("standing by: %s leads", said)
             await asyncio.sleep(max(0.5, self.settings.renew_s))
 
-    async def _lead(self, lease: Lease, revision: int) -> None:
+    async def _lead(self, lease: Lease, revision: int, broker: Broker, pusher: Pusher,
+                    leader: Leadership) -> None:
         """Rules 2 and 3: one leadership, from the takeover to its end."""
-        held = lease.held
-        since = held.since if held is not None else ""
-        leader = Leadership(broker_id=self.broker_id, since=since, leading=lease.valid, ha=True)
-        broker = Broker(nats_url=self.nats_url, state_dir=self.state_dir, ref=self.ref,
-                        nats_options=self.nats_options, connect_wait_s=self.settings.ttl_s,
-                        broker_id=self.broker_id, leader=leader, metrics=self.metrics,
-                        kv_replicas=self.settings.replicas, wall=self.wall, **self.options)
-        self._fenced.clear()
-        pusher = Pusher(broker.ledger.path, broker.ledger.ref, self.settings.remote,
-                        leading=lease.valid, on_fenced=lambda why: self._fenced.set(),
-                        outcomes=self.metrics.pushes)
         try:
-            taken = await pusher.lead(self.broker_id, revision, since)
+            taken = await pusher.lead(self.broker_id, revision, leader.since)
         except (TakeoverError, LedgerError) as exc:  # rule 4
             log.error("broker %s could not take over: %s; letting the lease go", self.broker_id,
                       exc)

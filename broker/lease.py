@@ -339,6 +339,11 @@ class Lease:
             await asyncio.sleep(max(0.0, min(self.renew_s / 4, self.deadline - self.clock())))
         self._expired()
 
+    async def confirm(self) -> bool:
+        """Whether we still hold the lease, asked of the server: a renewal now (rule 3)."""
+        await self.renew()
+        return self.valid()
+
     async def release(self) -> None:
         """Rule 5 (best effort: a lease not released lapses after `ttl_s`)."""
         if not self.valid():

@@ -61,7 +61,7 @@ from gavel.broker.retention import Retention
 from gavel.broker.watchdog import Timers
 from gavel.shared import subjects
 from gavel.shared.health import Health, Liveness
-from gavel.shared.messages import Heartbeat
+from gavel.shared.messages import RFB, Heartbeat
 from gavel.shared.records import NodeFile
 from gavel.shared.timing import Timing
 from gavel.transport import wire
@@ -174,9 +174,8 @@ class Broker:
                              else self.outbox.publish_raw, timing.mirror_s, time.monotonic)
         self.api = Api(ctx, auctioneer=self.auctioneer, promises=self.promises,
                        mirror=self.mirror, secrets=self.secrets, ended_max=ended_max)
-        self.metrics.attach(now=clock, liveness=self.liveness, ledger=self.ledger,
-                            in_flight=lambda: len(self.auctioneer.auctions),
-                            mirror=self.mirror)
+        if not self.ha:  # a leadership's view is attached as it starts (`start`)
+            self._attach_metrics()
         self._heartbeat = Guard("heartbeat", Heartbeat, self.rejects, node=subjects.node_of,
                                 door=Door(self.rejects, subjects.HEARTBEAT_ALL))
         self.nats_options = dict(nats_options or {})
@@ -189,8 +188,16 @@ class Broker:
         self._tasks: list[asyncio.Task[None]] = []
         self.nc: Any = None
 
+    def _attach_metrics(self) -> None:
+        self.metrics.attach(now=self.now, liveness=self.liveness, ledger=self.ledger,
+                            in_flight=lambda: len(self.auctioneer.auctions),
+                            mirror=self.mirror)
+
     # -- lifecycle -----------------------------------------------------------------------
     async def start(self) -> None:
+        if self.ha:  # rule 6: derived from the remote's branch alone, then shown
+            self.ledger.forget()
+            self._attach_metrics()
         try:
             self.ledger.state()  # a damaged repository stops the broker before it connects
             self.nc = await self._connect()
@@ -215,6 +222,12 @@ class Broker:
             await wire.subscribed(self.nc)
         except nats.errors.Error as exc:
             self.log.warning("nats did not confirm the subscriptions (%s); carrying on", exc)
+        if self.ha:  # a new leadership's hello: every node heartbeats now (`messages.RFB`),
+            # and no auction finds "no nodes connected" before they could have: every live
+            # node heartbeats within a heartbeat interval anyway (`broker.auctioneer` rule 6)
+            self.auctioneer.hold_until = self.now() + self.timing.heartbeat_s
+            self.outbox.publish(subjects.RFB, RFB(auction_id=f"hello-{self.leader.epoch}",
+                                                  shapes=[], deadline_s=0.0))
         self._tasks = [asyncio.create_task(self.outbox.run(), name="outbox"),
                        asyncio.create_task(self.committer.run(), name="committer"),
                        asyncio.create_task(self._loop(), name="reconcile")]

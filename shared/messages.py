@@ -148,7 +148,10 @@ class Request(Shape, kw_only=True, frozen=True):
 
 
 class RFB(Message, tag="rfb"):
-    """Request for bids: one auction over one or many instances, asked per shape."""
+    """Request for bids: one auction over one or many instances, asked per shape. One that
+    asks for nothing (no shapes) is a hello: a new leadership (`broker.ha`) asks every node
+    for a heartbeat now, so it knows who is there without waiting a heartbeat interval;
+    nobody bids."""
 
     auction_id: str
     shapes: list[Shape]

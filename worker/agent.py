@@ -9,7 +9,8 @@ control, a heartbeat: `transport.inbound`) is counted and logged once per kind a
 What the node runs is the `Supervisor`'s business, making it match node.json the
 `Converger`'s (see worker.converge for the award/KV ordering and for self-fencing); this
 module is the NATS shell around them. An award or cancel of an older leadership than the
-newest heard from is counted and ignored (`Supervisor.admit`).
+newest heard from is counted and ignored (`Supervisor.admit`); an RFB that asks for nothing
+is a new leader's hello, answered with a heartbeat at once.
 """
 
 from __future__ import annotations
@@ -307,6 +308,9 @@ class Agent:
     async def _on_rfb(self, msg: Msg) -> None:
         rfb = self._rfb(msg)
         if rfb is None:
+            return
+        if not rfb.shapes:  # a hello from a new leadership: a heartbeat now, no bids
+            self._wake.set()
             return
         view, strategy = self._view, self.strategy
         reply = BidReply(auction_id=rfb.auction_id, node_id=self.node_id,

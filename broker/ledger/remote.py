@@ -7,10 +7,10 @@ Rules:
 2. Never a force push. When the remote has commits we lack, they are fetched and merged into
    our branch as a commit with two parents (ours first), and our branch moves by
    compare-and-swap like any other ledger write; then the push is tried again.
-3. The merge rule: a file only they changed is taken from them; a file both sides changed
-   keeps our version, because the broker is the single writer of placements. A taken
-   ``instances/`` or ``nodes/`` file that does not decode is left out, and the merge commit's
-   message names it.
+3. The merge rule (`broker.ledger.merge`): a file only they changed is taken from them; a
+   file both sides changed keeps our version, because the broker is the single writer of
+   placements. A taken ``instances/`` or ``nodes/`` file that does not decode is left out,
+   and the merge commit's message names it.
 4. All git work runs on one thread with its own repository handle. To the ledger a merge is
    just "the ref moved": it re-reads the tree and re-plans whatever was in flight. What the
    merge took is not mirrored as they wrote it: the broker's next pass mirrors the state it
@@ -31,21 +31,18 @@ import asyncio
 import contextlib
 import logging
 import os
-import re
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import msgspec
 import pygit2
 from prometheus_client import Counter
 from prometheus_client.registry import CollectorRegistry
 
-from gavel.broker.ledger import caspush, takeover
+from gavel.broker.ledger import caspush, merge, takeover
 from gavel.broker.ledger.caspush import PushError, Refused
 from gavel.broker.ledger.state import Change
-from gavel.shared.records import InstanceRecord, NodeFile
 from gavel.shared.redact import mask_url
 
 if TYPE_CHECKING:
@@ -55,21 +52,10 @@ if TYPE_CHECKING:
 __all__ = ["Fenced", "PushError", "Pusher"]
 
 log = logging.getLogger("gavel.remote")
-_SIGNATURE = ("gavel-broker", "broker@gavel.local")
-#: A record in its shard, or put flat by hand (`shared.records.instance_path`).
-_INSTANCE = re.compile(r"^instances/(?:[0-9a-f]{2}/)?(?P<id>[^/]+)\.json$")
-_NODE = re.compile(r"^nodes/(?P<id>[^/]+)/node\.json$")
-_instance_dec = msgspec.json.Decoder(InstanceRecord)
-_node_dec = msgspec.json.Decoder(NodeFile)
-Files = dict[str, tuple[str, int]]  # path -> (blob id, file mode)
 
 
 class Fenced(PushError):
     """Rule 5: this broker may not push any more (another leads, or its lease ran out)."""
-
-
-class _Moved(Exception):
-    """Our branch moved while we merged: merge again on the new head."""
 
 
 class _Callbacks(pygit2.RemoteCallbacks):
@@ -293,7 +279,7 @@ class Pusher:
                 raise PushError(f"push to {self.url} failed: {error}")
             try:
                 self._merge(repo, ours, theirs)
-            except (_Moved, pygit2.GitError) as exc:  # the ref moved, or its lock was taken
+            except (merge.Moved, pygit2.GitError) as exc:  # the ref moved, or its lock was taken
                 error = str(exc) or "our branch moved during the merge"
                 continue
         raise PushError(f"push to {self.url} failed {self.max_rounds} times: {error}")
@@ -307,9 +293,6 @@ class Pusher:
         for _ in range(self.max_rounds):
             if self.leading is not None and not self.leading():
                 raise takeover.TakeoverError("the lease ran out during the takeover")
-            tracking = "refs/gavel/remote/" + self.ref.removeprefix("refs/heads/")
-            if tracking in repo.references:  # what a fetch leaves is the remote's now
-                repo.references.delete(tracking)
             try:
                 theirs = self._fetch(repo)
             except PushError as exc:
@@ -376,10 +359,22 @@ class Pusher:
         names = {r.name for r in repo.remotes}
         return str(repo.remotes[self.remote].url) if self.remote in names else self.remote
 
+    def refresh(self) -> str | None:
+        """Fetch the remote's branch (ours is left alone): a standby keeps its copy fresh, so
+        that a takeover fetches only what is new. Blocking: on the pusher's thread."""
+        return self._fetch(self._open())
+
+    async def refreshing(self) -> str | None:
+        """`refresh` on the pusher's thread."""
+        return await asyncio.get_running_loop().run_in_executor(self._pool, self.refresh)
+
     def _fetch(self, repo: pygit2.Repository) -> str | None:
+        """The remote's branch, fetched into a tracking ref (None: the remote has none;
+        pruned, so a branch gone from the remote is gone from the tracking ref too)."""
         tracking = "refs/gavel/remote/" + self.ref.removeprefix("refs/heads/")
         try:
-            self._remote(repo).fetch([f"+{self.ref}:{tracking}"], callbacks=_Callbacks())
+            self._remote(repo).fetch([f"+{self.ref}:{tracking}"], callbacks=_Callbacks(),
+                                     prune=pygit2.enums.FetchPrune.PRUNE)
         except pygit2.GitError as exc:
             raise PushError(f"fetch from {self.url} failed: {exc}") from None
         ref = repo.references.get(tracking)
@@ -387,115 +382,17 @@ class Pusher:
 
     # -- the merge -----------------------------------------------------------------------
     def _merge(self, repo: pygit2.Repository, ours: str, theirs: str) -> str:
-        base_id = repo.merge_base(ours, theirs)
-        base = _files(repo, repo[base_id].peel(pygit2.Tree)) if base_id else {}
-        mine = _files(repo, repo[ours].peel(pygit2.Tree))
-        their = _files(repo, repo[theirs].peel(pygit2.Tree))
-        result = dict(mine)
-        took: list[str] = []
-        kept: list[str] = []
-        ignored: list[str] = []
-        change = Change()
-        for path in sorted(set(base) | set(their)):
-            b, t, o = base.get(path), their.get(path), mine.get(path)
-            if t == b or o == t:
-                continue  # they did not change it, or made the same change as we did
-            if o != b:
-                kept.append(path)  # both changed it: ours wins
-                continue
-            problem = _take(repo, path, t, change)
-            if problem:
-                ignored.append(f"{path} ({problem})")
-                continue
-            if t is None:
-                result.pop(path, None)
-            else:
-                result[path] = t
-            took.append(path)
-        branch = self.ref.removeprefix("refs/heads/")
-        lines = [f"merge {branch} from {self.url}: took {len(took)} of their changes, "
-                 f"kept ours on {len(kept)}", ""]
-        lines += [f"Gavel-Merge-Took: {p}" for p in took]
-        lines += [f"Gavel-Merge-Kept-Ours: {p}" for p in kept]
-        lines += [f"Gavel-Merge-Ignored: {p}" for p in ignored]
-        message = "\n".join(lines) + "\n"
-        sig = pygit2.Signature(*_SIGNATURE)
-        commit = repo.create_commit(None, sig, sig, message, _build(repo, result),
-                                    [pygit2.Oid(hex=ours), pygit2.Oid(hex=theirs)])
-        with repo.transaction() as txn:
-            txn.lock_ref(self.ref)
-            current = repo.references.get(self.ref)
-            if current is None or str(current.target) != ours:
-                raise _Moved()
-            txn.set_target(self.ref, commit, message=lines[0][:200])
-        sha = str(commit)
+        got = merge.merge(repo, self.ref, ours, theirs, self.url)
         self.merges += 1
         self._count("merged")
-        log.info("%s", lines[0], extra={"remote": self.url, "commit": sha[:12],
-                                        "took": took, "kept_ours": kept, "ignored": ignored})
-        if self.on_merged is not None and self._loop is not None and change:
-            self._loop.call_soon_threadsafe(self.on_merged, change, sha)
-        return sha
+        log.info("%s", got.summary, extra={"remote": self.url, "commit": got.sha[:12],
+                                           "took": got.took, "kept_ours": got.kept,
+                                           "ignored": got.ignored})
+        if self.on_merged is not None and self._loop is not None and got.change:
+            self._loop.call_soon_threadsafe(self.on_merged, got.change, got.sha)
+        return got.sha
 
 
 def pushes_counter(registry: CollectorRegistry) -> Counter:
     return Counter("gavel_git_pushes_total", "Pushes of the state branch, by outcome",
                    ["outcome"], registry=registry)
-
-
-def _files(repo: pygit2.Repository, tree: pygit2.Tree, prefix: str = "") -> Files:
-    out: Files = {}
-    for entry in tree:
-        path = prefix + str(entry.name)
-        obj = repo[entry.id]
-        if isinstance(obj, pygit2.Tree):
-            out.update(_files(repo, obj, path + "/"))
-        else:
-            out[path] = (str(entry.id), int(entry.filemode))
-    return out
-
-
-def _build(repo: pygit2.Repository, files: Files) -> pygit2.Oid:
-    nested: dict[str, Any] = {}
-    for path, blob in files.items():
-        *dirs, name = path.split("/")
-        cur = nested
-        for d in dirs:
-            cur = cur.setdefault(d, {})
-        cur[name] = blob
-
-    def write(level: dict[str, Any]) -> pygit2.Oid:
-        tb = repo.TreeBuilder()
-        for name, value in sorted(level.items()):
-            if isinstance(value, dict):
-                tb.insert(name, write(value), pygit2.enums.FileMode.TREE)
-            else:
-                tb.insert(name, pygit2.Oid(hex=value[0]), value[1])
-        return tb.write()
-
-    return write(nested)
-
-
-def _take(repo: pygit2.Repository, path: str, blob: tuple[str, int] | None,
-          change: Change) -> str:
-    """Check a file of theirs and note it in `change`; a non-empty answer says why not."""
-    inst, node = _INSTANCE.match(path), _NODE.match(path)
-    if inst is None and node is None:
-        return ""
-    data = b"" if blob is None else repo[pygit2.Oid(hex=blob[0])].read_raw()
-    try:
-        if inst is not None:
-            key = inst.group("id")
-            rec = None if blob is None else _instance_dec.decode(data)
-            if rec is not None and rec.instance_id != key:
-                return f"instance_id {rec.instance_id!r} does not match the file name"
-            change.instances[key] = rec
-        elif node is not None:
-            key = node.group("id")
-            nf = None if blob is None else _node_dec.decode(data)
-            if nf is not None and nf.node_id != key:
-                return f"node_id {nf.node_id!r} does not match the directory"
-            change.nodes[key] = nf
-    except (msgspec.DecodeError, RecursionError) as exc:
-        return str(exc)
-    return ""

@@ -2,23 +2,30 @@
 
 A leadership's first commit names its epoch; from then on an older leadership's push is
 refused (never forced, never merged), and what it committed is never told to anyone. A
-standby taking over derives from the remote, whatever its own copy held.
+standby taking over derives from the remote, whatever its own copy held. Its KV puts are
+refused by the key's revision once the next leadership has put the key (a real
+nats-server).
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 from pathlib import Path
 
 import msgspec
+import nats
 import pygit2
 import pytest
 
+from gavel.broker.context import Leadership
+from gavel.broker.fencedkv import FencedPuts
 from gavel.broker.ledger import takeover
 from gavel.broker.ledger.committer import Committer, Item, Planned
 from gavel.broker.ledger.plan import View, submit
 from gavel.broker.ledger.remote import Fenced, Pusher
 from gavel.broker.ledger.repository import Change, Ledger
+from gavel.shared import subjects
 from gavel.shared.messages import Spec
 from gavel.shared.records import InstanceRecord
 from tests.integration.harness import wait_for
@@ -141,3 +148,41 @@ async def test_a_fenced_leader_tells_nobody_what_it_committed(
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         committer.close()
+
+
+async def test_a_deposed_leaders_kv_put_is_refused_by_the_keys_revision(nats_url: str) -> None:
+    """The mirror's puts of a leadership expect the revision its own last put made: once the
+    next leadership has put a key, the deposed one's late put of it is refused by the server
+    (and, were it not, carries the older epoch workers ignore)."""
+    nc = await nats.connect(nats_url)
+    try:
+        kv = await nc.jetstream().create_key_value(bucket=subjects.NODES_BUCKET, history=1)
+        still = [True]  # what the old leadership's lease says when asked
+
+        async def confirm() -> bool:
+            return still[0]
+
+        old = FencedPuts(Leadership(broker_id="a", epoch=1, confirm=confirm, ha=True))
+        new = FencedPuts(Leadership(broker_id="b", epoch=2, ha=True))
+        old.nc = new.nc = nc
+        key = subjects.NODE_KEY.format(node="n1")
+
+        async def value() -> dict[str, object]:
+            entry = await kv.get("n1")
+            return dict(json.loads(entry.value or b"{}"))
+
+        old.put(key, b'{"node_id":"n1","instances":{}}')
+        await wait_for(lambda: "n1" in old.revision, 10, what="the old leadership's put")
+        new.put(key, b'{"node_id":"n1","draining":true}')  # the takeover rebuilds the mirror
+        await wait_for(lambda: "n1" in new.revision, 10, what="the new leadership's put")
+        still[0] = False  # deposed, though its own clock has not said so yet: a put
+        old.put(key, b'{"node_id":"n1","instances":{"x":{}}}')  # made before it knew
+        await wait_for(lambda: old.refused == 1 and "n1" not in old._busy, 10,
+                       what="the late put refused, and dropped")
+        assert await value() == {"epoch": 2, "node_id": "n1", "draining": True}
+        await kv.put("n1", b'{"node_id":"n1","epoch":1}')  # written behind its back
+        new.put(key, b'{"node_id":"n1"}')  # refused; the lease holds: put again, and heal
+        await wait_for(lambda: new.refused == 1 and "n1" not in new._busy, 10, what="healed")
+        assert await value() == {"epoch": 2, "node_id": "n1"}
+    finally:
+        await nc.close()

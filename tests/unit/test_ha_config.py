@@ -55,7 +55,7 @@ def test_the_table_flags_and_environment_layer_field_by_field(tmp_path: Path) ->
 
 def test_bad_ha_settings_are_one_sentence_each(tmp_path: Path) -> None:
     base = ["--state", "s", "--push", "/r.git"]
-    with pytest.raises(ConfigError, match="`ha.renew_s` must be under half"):
+    with pytest.raises(ConfigError, match=r"`ha\.renew_s` must be under half"):
         broker([*base, "--lease-ttl-s", "4", "--lease-renew-s", "2"])
     with pytest.raises(ConfigError, match="must be a branch"):
         broker([*base, "--ha", "--ref", "refs/tags/v1"])
