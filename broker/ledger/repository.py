@@ -10,6 +10,7 @@ Rules:
    `Pinned` and writes nothing.
 4. The in-memory `State` mirrors the tree at the head; it is re-read whenever the ref moved
    under us (another writer) and updated in place after our own commits.
+5. HEAD names the active branch when it named a branch without commits (`name_head`).
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ from gavel.shared.records import (
 # `State`, `Change` and the encodings live in `broker.state`; they are re-exported here, where
 # most callers met them first.
 __all__ = ["Change", "Conflict", "Ledger", "LedgerError", "Pinned", "State", "compact",
-           "encode", "parse_stamp", "pretty", "stamp"]
+           "encode", "name_head", "parse_stamp", "pretty", "stamp"]
 
 _SHA = re.compile(r"^[0-9a-f]{7,40}$")
 _instance_dec = msgspec.json.Decoder(InstanceRecord)
@@ -76,6 +77,22 @@ class Pinned(LedgerError):
     """The active ref is a tag or a commit: nothing may be written."""
 
 
+def name_head(repo: pygit2.Repository, ref: str) -> None:
+    """Rule 5: a HEAD that names a branch with no commits (``git init``'s default, or the
+    ``main`` this module creates) is pointed at the active branch `ref`, so plain ``git log``
+    shows the deployment's history. A HEAD on a branch that exists is the owner's choice and
+    stays; a pinned ref (a tag, a commit) changes nothing."""
+    if not ref.startswith("refs/heads/"):
+        return
+    try:
+        head = repo.references.get("HEAD")
+        target = head.target if head is not None else None
+        if isinstance(target, str) and target != ref and target not in repo.references:
+            repo.set_head(ref)
+    except (pygit2.GitError, OSError, ValueError) as exc:  # a read-only or odd repository
+        log.debug("left HEAD of %s alone: %s", repo.path, exc)
+
+
 class Ledger:
     def __init__(self, path: Path, ref: str = "refs/heads/main") -> None:
         self.path = path
@@ -91,6 +108,7 @@ class Ledger:
         self.ref = self._qualify(ref)
         if not _SHA.match(self.ref) and not pygit2.reference_is_valid_name(self.ref):
             raise LedgerError(f"active ref {ref!r} is not a valid git ref name")
+        name_head(self.repo, self.ref)
         self._state = State()
         self._lock = threading.RLock()
         self._landed: str | None = None  # our commit, written but not yet adopted
