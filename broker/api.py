@@ -216,17 +216,25 @@ class Api:
                 "; git history keeps it)") if rules else ""
         return ApiError(error=f"{Reason.UNKNOWN_INSTANCE}: {iid}{hint}")
 
+    def state_of(self, rec: InstanceRecord) -> str:
+        """The state an operator reads in `gavel status` (and the metrics count): a placed
+        instance is what its node last reported (provisioning, running), or cancelling, or
+        placed; a waiting one is scheduled while in an auction; else the record's state."""
+        iid = rec.instance_id
+        if rec.state in PENDING and self.ctx.ledger.state().placement_of(iid) is not None:
+            return "cancelling" if rec.cancelling else \
+                self.promises.live.get(iid, InstanceState.PLACED)
+        return self.auctioneer.status_of(iid, rec.state)
+
     def instance_status(self, rec: InstanceRecord) -> InstanceStatus:
         iid = rec.instance_id
         state = self.ctx.ledger.state()
         pl = state.placement(iid)
         node = state.placement_of(iid)
+        st = self.state_of(rec)
         if pl is not None and node is not None and rec.state in PENDING:
-            st = "cancelling" if rec.cancelling else \
-                self.promises.live.get(iid, InstanceState.PLACED)
             return InstanceStatus(instance_id=iid, name=rec.spec.name, state=st,
                                   node_id=node, attempt=pl.attempt, ports=dict(pl.ports))
-        st = self.auctioneer.status_of(iid, rec.state)
         return InstanceStatus(instance_id=iid, name=rec.spec.name, state=st,
                               node_id=rec.node_id, attempt=rec.attempt, reason=rec.reason,
                               detail=rec.detail)

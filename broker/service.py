@@ -131,7 +131,7 @@ class Broker:
                        mirror=self.mirror, secrets=self.secrets, ended_max=ended_max)
         self.metrics.attach(now=clock, liveness=self.liveness, ledger=self.ledger,
                             in_flight=lambda: len(self.auctioneer.auctions),
-                            mirror=self.mirror)
+                            mirror=self.mirror, live_state=self.api.state_of)
         self._heartbeat = Guard("heartbeat", Heartbeat, self.rejects, node=subjects.node_of)
         self.nats_options = dict(nats_options or {})
         #: How long `start` keeps trying to reach NATS before it raises `NatsUnreachable`
