@@ -25,6 +25,9 @@ Rules:
    rejected message - nothing on the wire was wrong. A second answer from the same node (a
    replay), an answer to a sampled auction from a node it did not ask, or one for an auction
    this broker never opened, is a reject.
+7. An instance that waits is auctioned again every heartbeat interval; its ``unschedulable``
+   event is emitted when its record changes (a new reason or summary), not every round:
+   the same sentence every few seconds would bury the events an operator follows.
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ from gavel.broker.ledger.committer import Item, Planned
 from gavel.broker.ledger.plan import View, place, unschedulable
 from gavel.shared import subjects
 from gavel.shared.auction import Auction, Awarded, Decision, Unschedulable, Verdict
+from gavel.shared.award import NodeDecline
 from gavel.shared.lifecycle import PENDING
 from gavel.shared.messages import (
     Award,
@@ -321,11 +325,12 @@ class Auctioneer:
                 out.after.append(functools.partial(self._placed, d, aid, placement.attempt,
                                                    round_s=round_s))
             else:
-                if unschedulable(view, d):
+                changed = unschedulable(view, d)
+                if changed:
                     out.lines.append(f"unschedulable {iid}: {d.summary}")
                     outcomes.append(Outcome(instance_id=iid, shape=shape, reason=d.reason,
                                             summary=d.summary))
-                out.after.append(functools.partial(self._unschedulable, d, aid))
+                out.after.append(functools.partial(self._unschedulable, d, aid, changed))
         if outcomes:
             out.trailers.append(auction_trailer(_batch_record(auction, decisions, outcomes)))
         return out
@@ -361,12 +366,15 @@ class Auctioneer:
         if not placed:
             self.ctx.wake()
 
-    def _unschedulable(self, d: Unschedulable, aid: str, _sha: str = "") -> None:
+    def _unschedulable(self, d: Unschedulable, aid: str, changed: bool, _sha: str = "") -> None:
+        """Rule 7: the event only when the reason or summary changed (the record did)."""
         iid = d.request.instance_id
         self.inflight.discard(iid)
         self._remember(iid, aid, d)
         self.retry_at[iid] = self.ctx.now() + self.ctx.timing.heartbeat_s
-        self.ctx.events.emit(iid, EventType.UNSCHEDULABLE, reason=d.reason, detail=d.summary)
+        if changed:
+            self.ctx.events.emit(iid, EventType.UNSCHEDULABLE, reason=d.reason,
+                                 detail=d.summary)
 
     def _failed(self, decisions: list[Decision], reason: Reason, detail: str) -> None:
         for d in decisions:
@@ -383,6 +391,19 @@ class Auctioneer:
         recent[iid] = (aid, d)
         if len(recent) > RECENT_KEPT:
             del recent[next(iter(recent))]
+
+    def declines_by(self, node_id: str, limit: int) -> list[tuple[str, str, NodeDecline]]:
+        """(instance, auction, decline) of `node_id` in the last decisions remembered,
+        newest first, at most `limit`."""
+        out: list[tuple[str, str, NodeDecline]] = []
+        for iid, (aid, d) in reversed(self._recent.items()):
+            for dec in d.declines:
+                if dec.node_id == node_id:
+                    out.append((iid, aid, dec))
+                    break
+            if len(out) >= limit:
+                break
+        return out
 
     def recent(self, iid: str) -> AuctionRecord | None:
         got = self._recent.get(iid)
