@@ -50,6 +50,7 @@ __all__ = [
     "Option",
     "WorkerConfig",
     "add_options",
+    "check_common",
     "effective_timing",
     "flags_of",
     "load",
@@ -262,6 +263,19 @@ def load(cls: type[C], options: Sequence[Option], *, file: str | None,
         source[name] = "flag"
     cfg = _convert(cls, layers, "the merged config")
     return _finish(cfg, source)
+
+
+def check_common(data: Mapping[str, Any], file: str) -> None:
+    """The keys both daemons read, checked as either daemon would check them: a
+    `ConfigError` naming the field, or nothing."""
+    where = f"config file {file}"
+    try:
+        cfg = msgspec.convert(dict(data), DaemonConfig)
+    except msgspec.ValidationError as exc:
+        raise ConfigError(_explain(str(exc), where, DaemonConfig)) from None
+    problem = cfg.timing.problem() if cfg.timing is not None else None
+    if problem:
+        raise ConfigError(f"{where}: {problem}")
 
 
 def _read(file: str) -> dict[str, Any]:
