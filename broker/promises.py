@@ -7,7 +7,8 @@ Rules:
 2. Every change goes through a plan (compare-and-swap on the instance's state) and the
    group committer: a late event racing an expiry resolves to exactly one of them.
 3. Only failures that could succeed elsewhere (driver failed to start) spend an attempt and
-   re-auction; a process that ran and failed, or timed out, fails.
+   re-auction; a process that ran and failed, or timed out, fails. An instance its worker
+   stopped as it shut down is re-auctioned without spending one: not the instance's fault.
 4. A drain with a deadline moves, at the deadline, whatever still runs on the node (one by
    one, as ``--migrate`` does); the deadline lives in the broker's memory, so a broker
    restarted before it passes forgets it (the node stays drained). Undraining a node takes
@@ -113,8 +114,9 @@ class Promises:
             case EventType.CANCELLED:
                 self._end(ev, InstanceState.CANCELLED)
             case EventType.FAILED if ev.reason in RETRYABLE:
-                self._submit(lambda v: self._requeue(v, iid, node, Reason(ev.reason),
-                                                     ev.detail, taken=ev.taken))
+                self._submit(lambda v: self._requeue(
+                    v, iid, node, Reason(ev.reason), ev.detail, taken=ev.taken,
+                    free=ev.reason == Reason.WORKER_STOPPED))
             case EventType.FAILED:
                 self._end(ev, InstanceState.FAILED)
 

@@ -7,9 +7,11 @@ convergence cannot both start it. Every instance ends exactly once, through `_en
 reports how it ended and then persists (a crash in between repeats the report after a
 restart rather than losing it) — except a fenced one: the broker moved it away, so its end
 is logged, not reported, and the attempt is not remembered as run (if the broker places it
-here again, convergence may start it again). Ports are checked before the process starts
-(`worker.ports`); ``provisioning`` and ``running`` carry the real ports and the ones found
-taken. Secret values go to the child's environment only: never into a log line, never into
+here again, convergence may start it again). An instance stopped because the worker shuts
+down is reported but not remembered as run either: if no broker heard the report, its
+node.json still lists it, and the next worker on this node starts that attempt again. Ports
+are checked before the process starts (`worker.ports`); ``provisioning`` and ``running``
+carry the real ports and the ones found taken. Secret values go to the child's environment only: never into a log line, never into
 ``agent.json``.
 """
 
@@ -251,9 +253,9 @@ class Supervisor:
         elif why == Reason.TIMEOUT:
             await self._end(held, EventType.FAILED, Reason.TIMEOUT,
                             f"ran longer than {spec.timeout_s:g}s", code)
-        elif why == Reason.WORKER_STOPPED:
+        elif why == Reason.WORKER_STOPPED:  # not the instance's end: not remembered as run
             await self._end(held, EventType.FAILED, Reason.WORKER_STOPPED,
-                            "the worker shut down", code)
+                            "the worker shut down", code, remember=False)
         elif why == Reason.FENCED:
             await self._end(held, EventType.FAILED, Reason.FENCED, "", code, report=False)
         elif held.proc is not None and held.proc.adopted:
@@ -283,14 +285,16 @@ class Supervisor:
             task.add_done_callback(self._stoppers.discard)
 
     async def _end(self, held: _Held, type_: str, reason: str, detail: str,
-                   exit_code: int | None = None, *, report: bool = True) -> None:
+                   exit_code: int | None = None, *, report: bool = True,
+                   remember: bool = True) -> None:
         if held.timer is not None:
             held.timer.cancel()
         if self._held.get(held.id) is held:
             del self._held[held.id]
         self._on_change()
         if report:
-            self._finished.append(f"{held.id}/{held.attempt}")
+            if remember:
+                self._finished.append(f"{held.id}/{held.attempt}")
             await self._report(held.id, held.attempt, type_, reason, detail, exit_code)
         else:  # fenced: nothing the broker would count against the instance
             log.info("fenced instance %s attempt %d ended (exit %s)", held.id, held.attempt,
