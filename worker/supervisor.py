@@ -11,8 +11,8 @@ here again, convergence may start it again). An instance stopped because the wor
 down is reported but not remembered as run either: if no broker heard the report, its
 node.json still lists it, and the next worker on this node starts that attempt again. Ports
 are checked before the process starts (`worker.ports`); ``provisioning`` and ``running``
-carry the real ports and the ones found taken. Secret values go to the child's environment only: never into a log line, never into
-``agent.json``.
+carry the real ports and the ones found taken. Secret values go to the child's environment
+only: never into a log line, never into ``agent.json``.
 """
 
 from __future__ import annotations
