@@ -108,6 +108,14 @@ class WorkerConfig(DaemonConfig, kw_only=True, forbid_unknown_fields=True):
     cpu: Annotated[float, msgspec.Meta(gt=0)] | None = None
     memory_mb: Annotated[int, msgspec.Meta(gt=0)] | None = None
     ports: tuple[Port, Port] = (20000, 20999)
+    #: An instance's stdout.log / stderr.log is rotated past this size (`worker.logfiles`).
+    instance_log_mb: Annotated[float, msgspec.Meta(gt=0, le=1_000_000)] = 10.0
+    #: Files kept per stream, the live one included.
+    instance_log_files: Annotated[int, msgspec.Meta(ge=1, le=1000)] = 3
+    #: An ended instance's directory (its logs) is removed this long after it ended ...
+    ended_logs_s: Annotated[float, msgspec.Meta(ge=0)] = 86_400.0
+    #: ... or once this many newer ended ones are kept.
+    ended_logs_max: Annotated[int, msgspec.Meta(ge=0)] = 100
 
 
 C = TypeVar("C", BrokerConfig, WorkerConfig)
@@ -205,6 +213,18 @@ WORKER_OPTIONS: list[Option] = [
            "port range to assign from (default 20000-20999)", "FIRST-LAST"),
     Option("state", "--state", "GAVEL_STATE", str,
            "local state directory (default ./.gavel-worker-NODE)", "DIR"),
+    Option("instance_log_mb", "--instance-log-mb", "GAVEL_INSTANCE_LOG_MB", positive_float,
+           "rotate an instance's stdout.log and stderr.log past this many MB (default 10)",
+           "MB"),
+    Option("instance_log_files", "--instance-log-files", "GAVEL_INSTANCE_LOG_FILES",
+           positive_int, "files kept per stream of an instance, the live one included "
+           "(default 3: at most 30 MB of stdout and 30 MB of stderr)", "N"),
+    Option("ended_logs_s", "--ended-logs-s", "GAVEL_ENDED_LOGS_S", non_negative_float,
+           "keep an ended instance's directory, and its logs, this many seconds (default "
+           "86400: a day)", "SECONDS"),
+    Option("ended_logs_max", "--ended-logs-max", "GAVEL_ENDED_LOGS_MAX", whole,
+           "keep the directories of at most N ended instances, the newest (default 100)",
+           "N"),
 ]
 
 

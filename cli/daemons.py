@@ -49,6 +49,7 @@ from gavel.transport.creds import connect_options
 
 if TYPE_CHECKING:
     from gavel.broker.service import Broker
+    from gavel.worker.logfiles import LogLimits
 
 __all__ = ["BROKER_ONLY", "WORKER_ONLY", "check", "config_check", "config_kind", "run_broker",
            "run_worker", "settings"]
@@ -218,6 +219,12 @@ class Refusals:
                 log.error("NATS at %s refused %s; retrying", url, self._who())
             return
         violation = re.search(r'permissions violation for (\w+) to "([^"]*)"', low)
+        if violation and violation.group(2).startswith("gavel.logs."):
+            # A server config from before logs: the node works on, unreadable by gavel logs.
+            log.warning("NATS refused %s the log subject %s: `gavel logs` cannot reach this "
+                        "node until `gavel auth init` is run again and nats-server reloaded",
+                        self._who(), violation.group(2))
+            return
         if violation and self._mine(violation.group(2)):
             role = (f"node {self.cfg.node_id}'s" if isinstance(self.cfg, WorkerConfig)
                     else "the broker's")
@@ -321,6 +328,15 @@ def _writable_dir(path: Path) -> None:
         raise ConfigError(f"field `state`: cannot keep the worker's state in {path} ({why}).")
 
 
+def log_limits(cfg: WorkerConfig) -> LogLimits:
+    """What the worker keeps of its instances' output (`worker.logfiles` rule 4)."""
+    from gavel.worker.logfiles import LogLimits
+
+    return LogLimits(max_bytes=max(1, int(cfg.instance_log_mb * 2**20)),
+                     files=cfg.instance_log_files, keep_s=cfg.ended_logs_s,
+                     keep_max=cfg.ended_logs_max)
+
+
 async def run_worker(args: argparse.Namespace) -> int:
     from gavel.cli.metrics_http import MetricsUnavailable, serve
     from gavel.worker.metrics import ObservedAgent
@@ -336,7 +352,8 @@ async def run_worker(args: argparse.Namespace) -> int:
                           labels=cfg.labels, state_dir=Path(cfg.state),
                           timing=effective_timing(cfg, os.environ), cpu=cfg.cpu,
                           memory_mb=cfg.memory_mb, port_range=cfg.ports,
-                          nats_options={"error_cb": refusals.on_error, **_nats_options(cfg)})
+                          nats_options={"error_cb": refusals.on_error, **_nats_options(cfg)},
+                          log_limits=log_limits(cfg))
     stopping.append(lambda: asyncio.ensure_future(agent.stop(kill_children=False)))
     loop = asyncio.get_running_loop()
     agent.metrics.attach(agent, loop)

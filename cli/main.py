@@ -20,7 +20,7 @@ from types import ModuleType
 from typing import NoReturn
 
 from gavel import __version__
-from gavel.cli import auth, commands, completion, config, daemons, logs
+from gavel.cli import auth, commands, completion, config, daemons, logs, logscmd
 from gavel.cli.config import DEFAULT_NATS
 from gavel.cli.parsers import duration, positive_float, positive_int, whole
 from gavel.cli.parsers import port as _port
@@ -139,6 +139,14 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--limit", type=whole, default=100, metavar="N",
                     help="the newest N events the broker keeps (default %(default)s; 0: all)")
 
+    lg = sub.add_parser("logs", help="an instance's output (a service's: every replica's), "
+                        "read from its node", description=(
+                            "Print an instance's stdout (or --stderr, or --all), read over NATS "
+                            "from the node that holds it. A service's name prints every "
+                            "replica's, each line prefixed with its instance id."))
+    _client(lg)
+    logscmd.add_arguments(lg)
+
     cn = sub.add_parser("cancel", help="stop an instance (SIGTERM, then SIGKILL after grace)")
     _client(cn)
     cn.add_argument("instance")
@@ -189,6 +197,8 @@ async def _dispatch(args: argparse.Namespace) -> int:
             from gavel.cli.up import up
 
             return await up(args)
+        case "logs":
+            return await logscmd.run(args)
     return await commands.run(args)
 
 

@@ -259,11 +259,11 @@ async def up(args: argparse.Namespace) -> int:
         starting = asyncio.ensure_future(start())
         stopping = asyncio.ensure_future(done.wait())
         await asyncio.wait({starting, stopping}, return_when=asyncio.FIRST_COMPLETED)
-        if not starting.done():  # Ctrl-C while starting
+        if not starting.done():  # Ctrl-C (or SIGTERM) while starting: a clean stop
             starting.cancel()
             with contextlib.suppress(asyncio.CancelledError, ClientError):
                 await starting
-            return 130
+            return 0
         stopping.cancel()
         starting.result()  # ClientError: a child exited, or the cluster did not come up
         print(f"gavel up: nats-server at {server.url}, broker and {args.workers} workers "

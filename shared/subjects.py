@@ -21,6 +21,8 @@ __all__ = [
     "EVENTS_ALL",
     "HEARTBEAT",
     "HEARTBEAT_ALL",
+    "LOGS",
+    "LOGS_ALL",
     "NODES_BUCKET",
     "NODE_INBOX",
     "REPORT",
@@ -47,6 +49,10 @@ EVENTS_ALL = f"{PREFIX}.events.>"
 API = f"{PREFIX}.api.{{verb}}"  # request/reply, see broker.api
 ASSIGN = f"{PREFIX}.assign.{{node}}"  # worker -> broker request: AssignmentRequest -> Award
 ASSIGN_ALL = f"{PREFIX}.assign.*"
+#: operator -> node request: LogsRequest -> LogChunk..., LogsDone (`shared.logstream`). The
+#: node answers on the asker's inbox, only as the server's response permission allows.
+LOGS = f"{PREFIX}.logs.{{node}}"
+LOGS_ALL = f"{PREFIX}.logs.*"
 #: JetStream KV bucket: key <node-id> -> that node's node.json at the active ref.
 NODES_BUCKET = "gavel-nodes"
 #: A worker's inbox prefix (nats-py's ``inbox_prefix``): replies to its own requests, above

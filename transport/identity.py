@@ -11,6 +11,11 @@ Rules:
 3. `init` is idempotent: a seed that exists is reused, never rewritten. The config authorizes
    every node seed in the directory, so revoking a node is deleting its seed and running
    `init` again (then reloading nats-server).
+4. Operators may ask any node for an instance's output (``gavel.logs.<node>``); only that
+   node hears it, and it answers on the operator's inbox through the server's response
+   permission (``allow_responses``: at most `shared.logstream.REPLIES_MAX` replies within
+   `shared.logstream.WINDOW_S` of each request it received). A node may publish into no
+   other inbox, so it can neither read nor answer for another node's logs.
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gavel.shared import subjects
+from gavel.shared import logstream, subjects
 from gavel.shared.errors import BadInput
 
 __all__ = [
@@ -81,14 +86,18 @@ def worker_permissions(node: str) -> dict[str, Any]:
             subjects.RFB_NODE.format(node=node),
             subjects.AWARD.format(node=node),
             subjects.CANCEL.format(node=node),
+            subjects.LOGS.format(node=node),
             inbox,
         ]},
+        # Rule 4: answers to the log requests it received, and only those.
+        "allow_responses": {"max": logstream.REPLIES_MAX,
+                            "expires": f"{logstream.WINDOW_S:g}s"},
     }
 
 
 def operator_permissions() -> dict[str, Any]:
-    """Operators and CI: the request/reply API and the event stream, nothing else."""
-    return {"publish": {"allow": [subjects.API.format(verb=">")]},
+    """Operators and CI: the request/reply API, the event stream, and nodes' logs."""
+    return {"publish": {"allow": [subjects.API.format(verb=">"), subjects.LOGS_ALL]},
             "subscribe": {"allow": ["_INBOX.>", subjects.EVENTS_ALL]}}
 
 

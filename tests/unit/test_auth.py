@@ -142,7 +142,11 @@ def test_compose_grants_each_worker_what_auth_init_grants_a_node() -> None:
         m = re.search(r"\{ user: " + node + r",.*?subscribe: \[(?P<sub>.*?)\] \} \}", text,
                       re.S)
         assert m is not None, node
-        publish = _strings(m.group(0)[: m.start("sub") - m.start()])
+        head = m.group(0)[: m.start("sub") - m.start()]
         perms = auth.worker_permissions(node)
+        responses = perms["allow_responses"]
+        allow = f'allow_responses: {{ max: {responses["max"]}, expires: "{responses["expires"]}" }}'
+        assert allow in head
+        publish = _strings(head.replace(allow, ""))
         assert publish == set(perms["publish"]["allow"])
         assert _strings(m.group("sub")) == set(perms["subscribe"]["allow"])
