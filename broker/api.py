@@ -239,10 +239,11 @@ class Api:
         st = self.state_of(rec)
         if pl is not None and node is not None and rec.state in PENDING:
             return InstanceStatus(instance_id=iid, name=rec.spec.name, state=st,
-                                  node_id=node, attempt=pl.attempt, ports=dict(pl.ports))
+                                  node_id=node, attempt=pl.attempt, ports=dict(pl.ports),
+                                  service=rec.service, version=rec.version)
         return InstanceStatus(instance_id=iid, name=rec.spec.name, state=st,
                               node_id=rec.node_id, attempt=rec.attempt, reason=rec.reason,
-                              detail=rec.detail)
+                              detail=rec.detail, service=rec.service, version=rec.version)
 
     async def status(self, req: StatusRequest) -> Message:
         state = self.ctx.ledger.state()

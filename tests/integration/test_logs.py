@@ -365,3 +365,36 @@ async def test_garbage_on_the_log_subject_is_answered_and_counted(cluster: Clust
     await nc.publish(subject, b"\xc1")  # no reply subject: counted, nothing sent
     await nc.flush()
     await wait_for(lambda: agent.malformed["logs request"] == 2, 10, what="the count")
+
+
+async def test_a_service_name_reads_every_replica_each_line_prefixed(
+        cluster: Cluster) -> None:
+    """The replicas are found through the status API (`InstanceStatus.service`); the
+    records are committed by hand, as a service's replicas will be by the broker."""
+    from gavel.broker.ledger.repository import Change, Ledger
+    from gavel.shared.records import InstanceRecord
+
+    await cluster.start_broker()
+    await cluster.start_agent("node-a")
+    await cluster.start_agent("node-b")
+    await cluster.wait_nodes(2)
+    ledger = Ledger(cluster.state / "state.git")
+    replicas = {f"websvc-{k}": InstanceRecord(
+        instance_id=f"websvc-{k}", service="websvc", version=1,
+        spec=Spec(name="websvc", command=printer(2, err=False, then_sleep=60), cpu=3.0))
+        for k in (1, 2)}
+    ledger.apply(Change(instances=dict(replicas)), "two replicas of websvc\n",
+                 ledger.state().head)
+    for iid in replicas:
+        await running(cluster, iid)
+    def printed(iid: str) -> bool:
+        files = [d / "instances" / iid / "stdout.log"
+                 for d in (cluster.root / "workers").iterdir()]
+        return any(f.exists() and f.read_text().count("\n") == 2 for f in files)
+    for iid in replicas:
+        await wait_for(lambda i=iid: printed(i), 15, what=f"{iid}'s output")
+    proc = await gavel("logs", "websvc", "--nats", cluster.url)
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(proc.stdout.splitlines()) == [f"[websvc-{k}] line {i}"
+                                                for k in (1, 2) for i in (0, 1)]
+    assert {(await cluster.status(i)).node_id for i in replicas} == {"node-a", "node-b"}
