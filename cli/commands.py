@@ -82,7 +82,6 @@ async def run(args: argparse.Namespace) -> int:
                 if args.json:  # the instance as it stands, and why it was refused
                     out = msgspec.to_builtins(exc.status) if exc.status is not None else {}
                     _print_json({**out, "error": f"gavel submit: {exc}", "exit_code": 3})
-                    args.json_printed = True
                 return 3
         case "status":
             return await status(args)

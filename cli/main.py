@@ -208,9 +208,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     code = _main(parser, args)
-    if code not in (0, 130) and getattr(args, "json", False) and not getattr(
-            args, "json_printed", False):
-        print_error_json(getattr(args, "error_sentence", "") or f"exit status {code}", code)
+    sentence = getattr(args, "error_sentence", "")
+    if code and sentence and getattr(args, "json", False):  # rule 2
+        print_error_json(sentence, code)
     return code
 
 

@@ -189,16 +189,21 @@ class Output:
                 start += cut if cut >= 0 else 0
             copied = start
             if keep:
-                with open(tmp, "wb") as out:
+                out = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+                try:
                     while True:  # until no more arrives: the truncate follows at once
                         block = os.pread(fd, _COPY_BLOCK, copied)
                         if not block:
+                            os.ftruncate(fd, 0)  # rule 2: nothing in between but this
                             break
-                        out.write(block)
-                        copied += len(block)
+                        while block:
+                            block = block[os.write(out, block):]
+                        copied = os.lseek(out, 0, os.SEEK_CUR) + start
+                finally:
+                    os.close(out)
             else:
                 copied = max(copied, os.fstat(fd).st_size)
-            os.ftruncate(fd, 0)
+                os.ftruncate(fd, 0)
         except OSError as exc:
             log.warning("cannot rotate %s: %s", live, exc)
             with contextlib.suppress(OSError):

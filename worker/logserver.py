@@ -14,11 +14,14 @@ Rules:
    stdout and stderr come back in the order they were written, to the tick. A follow then
    looks at the files every `poll_s`; once the instance no longer runs here it sends what
    the instance wrote last, and `LogsDone` says how it ended.
+4. A worker that stops ends each answer under way with ``more``: the asker asks again at
+   once and learns that nobody answers, instead of waiting out the window.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -100,9 +103,13 @@ class LogServer:
             await nc.publish(reply, _enc.encode(message))
 
     async def _serve(self, req: LogsRequest, reply: str) -> None:
+        answer = _Answer(self, req, reply)
         try:
-            await _Answer(self, req, reply).run()
-        except asyncio.CancelledError:
+            await answer.run()
+        except asyncio.CancelledError:  # the worker stops: the asker should ask again (and
+            if answer.out is not None:   # learn at once that nobody answers any more)
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(answer.done(more=True), 1.0)
             raise
         except Exception as exc:  # a file that vanished, a connection that went
             log.warning("log request for %s ended early: %s", req.instance_id, exc)
@@ -120,6 +127,8 @@ class _Answer:
         self.budget = server.replies_max - 1  # the last one is the LogsDone
         self.deadline = server._clock() + server.window_s * WINDOW_USE
         self.skipped = 0
+        self.out: Output | None = None
+        self.pos: dict[str, int] = {}
 
     def _spent(self) -> bool:
         return self.budget <= 0 or self.s._clock() >= self.deadline
@@ -129,11 +138,13 @@ class _Answer:
         await self.s._send(self.reply, LogChunk(instance_id=self.iid, stream=stream, data=data,
                                                 end=end))
 
-    async def _done(self, pos: dict[str, int], out: Output, more: bool) -> None:
+    async def done(self, more: bool) -> None:
+        """The last reply: where each stream stopped, and whether to ask again."""
+        assert self.out is not None
         running = self.s._holds(self.iid)
         await self.s._send(self.reply, LogsDone(
-            instance_id=self.iid, cursor=dict(pos), more=more, running=running,
-            ended="" if running else out.meta.ended, skipped=self.skipped))
+            instance_id=self.iid, cursor=dict(self.pos), more=more, running=running,
+            ended="" if running else self.out.meta.ended, skipped=self.skipped))
 
     def _start(self, out: Output, stream: str) -> int:
         req = self.req
@@ -153,13 +164,15 @@ class _Answer:
                 error=f"node {self.s.node_id} has no output of instance {self.iid} (it never "
                 "ran there, or its logs were removed after it ended)"))
             return
+        self.out = out
         pos: dict[str, int] = {s: self._start(out, s) for s in self.streams}
+        self.pos = pos
         ends: dict[str, int] = {s: out.end(s) for s in self.streams}
         if not await self._history(out, pos, ends):
-            await self._done(pos, out, more=True)
+            await self.done(more=True)
             return
         if not self.req.follow:
-            await self._done(pos, out, more=False)
+            await self.done(more=False)
             return
         await self._follow(out, pos)
 
@@ -195,15 +208,15 @@ class _Answer:
             running = self.s._holds(self.iid)  # before the read: then the read has it all
             ends: dict[str, int] = {s: out.end(s) for s in self.streams}
             if not await self._history(out, pos, ends):
-                await self._done(pos, out, more=True)
+                await self.done(more=True)
                 return
             if not running and (out.meta.ended or last_look == 0):
-                await self._done(pos, out, more=False)
+                await self.done(more=False)
                 return
             if not running:
                 last_look -= 1
             if self._spent():
-                await self._done(pos, out, more=True)
+                await self.done(more=True)
                 return
             await asyncio.sleep(self.s.poll_s)
 
