@@ -10,6 +10,9 @@ Rules:
    placement is the broker's decision and lives only in ``nodes/``.
 3. End stamps (`InstanceRecord.ended_at`) are RFC 3339 in UTC; `shared/` keeps them as
    strings (the core touches no clock types), this module reads and writes them.
+4. A service's intent is ``services/<name>.json`` (`ServiceRecord`); its replicas are ordinary
+   instance records naming it (`InstanceRecord.service`), indexed by service so a service's
+   keeper reads its own replicas, never every instance.
 """
 
 from __future__ import annotations
@@ -22,7 +25,15 @@ import msgspec
 
 from gavel.shared.lifecycle import PENDING
 from gavel.shared.messages import Capacity, InstanceState
-from gavel.shared.records import Assignment, InstanceRecord, NodeFile, instance_path, node_path
+from gavel.shared.records import (
+    Assignment,
+    InstanceRecord,
+    NodeFile,
+    ServiceRecord,
+    instance_path,
+    node_path,
+    service_path,
+)
 
 __all__ = ["Change", "Ready", "State", "committed_by", "compact", "encode", "parse_stamp",
            "pretty", "ready", "stamp"]
@@ -103,14 +114,27 @@ class State:
     #: Compact JSON of node files as our own commits wrote them, by node: the next change
     #: that only adds placements to one appends them to these bytes (`Change`).
     encoded: dict[str, tuple[NodeFile, bytes]] = field(default_factory=dict, repr=False)
+    #: Services by name (rule 4), and the ids of every replica record naming each (live or
+    #: ended: an ordered set). A record rewritten by hand to name another service stays
+    #: listed under the old one too: readers check `InstanceRecord.service` (`replicas_of`).
+    services: dict[str, ServiceRecord] = field(default_factory=dict)
+    replicas: dict[str, dict[str, None]] = field(default_factory=dict)
 
     def put_instance(self, iid: str, rec: InstanceRecord | None) -> None:
         if rec is None:
-            self.instances.pop(iid, None)
+            old = self.instances.pop(iid, None)
             self.pending.pop(iid, None)
             self.ended.pop(iid, None)
+            if old is not None and old.service:
+                of = self.replicas.get(old.service)
+                if of is not None:
+                    of.pop(iid, None)
+                    if not of:
+                        del self.replicas[old.service]
             return
         self.instances[iid] = rec
+        if rec.service:
+            self.replicas.setdefault(rec.service, {})[iid] = None
         if rec.state in PENDING and iid not in self.where:
             self.pending.setdefault(iid, None)
         else:
@@ -165,6 +189,21 @@ class State:
             self.draining.discard(nid)
         self.committed[nid] = committed if committed is not None else committed_by(nf)
 
+    def replicas_of(self, name: str) -> list[InstanceRecord]:
+        """Every replica record of the service `name` (live or ended)."""
+        out = []
+        for iid in self.replicas.get(name, ()):
+            rec = self.instances.get(iid)
+            if rec is not None and rec.service == name:
+                out.append(rec)
+        return out
+
+    def put_service(self, name: str, rec: ServiceRecord | None) -> None:
+        if rec is None:
+            self.services.pop(name, None)
+        else:
+            self.services[name] = rec
+
     def placement_of(self, instance_id: str) -> str | None:
         """The node whose node.json holds the instance, if any."""
         return self.where.get(instance_id)
@@ -197,6 +236,7 @@ class Change:
 
     instances: dict[str, InstanceRecord | None] = field(default_factory=dict)
     nodes: dict[str, NodeFile | None] = field(default_factory=dict)
+    services: dict[str, ServiceRecord | None] = field(default_factory=dict)
     #: What each changed node's placements add up to, where a plan worked it out without
     #: a sum over the node (`State.put_node`'s `committed`).
     committed: dict[str, Capacity] = field(default_factory=dict, repr=False, compare=False)
@@ -214,7 +254,7 @@ class Change:
                                                          compare=False)
 
     def __bool__(self) -> bool:
-        return bool(self.instances or self.nodes)
+        return bool(self.instances or self.nodes or self.services)
 
     #: node.json bytes by node - (record, compact JSON, pretty JSON or None until asked) -
     #: for git (pretty, for people) and the KV mirror (compact: machines read it, and it is
@@ -251,6 +291,11 @@ class Change:
                 out[node_path(nid)] = None
             else:
                 raw[node_path(nid)] = self.node_compact(nid, nf)
+        for name, svc in self.services.items():
+            if svc is None:
+                out[service_path(name)] = None
+            else:
+                raw[service_path(name)] = compact(svc)
         return out, raw
 
     def forget_encoding(self, nid: str) -> None:
