@@ -1,4 +1,5 @@
-"""The broker's request/reply API over NATS: submit, status, nodes, why, events, cancel, drain.
+"""The broker's request/reply API over NATS: submit, status, nodes, why, events, cancel, drain,
+and the service verbs: deploy, service, services, scale, stop, rollback (`broker.services`).
 
 Rules:
 1. One decoder per verb; a request that does not decode, or that cannot be honoured, gets
@@ -33,10 +34,12 @@ from gavel.broker.ledger.plan import View, submit
 from gavel.broker.ledger.state import Ready, ready
 from gavel.broker.mirror import Mirror
 from gavel.broker.promises import Promises
+from gavel.broker.services import Services
 from gavel.shared import subjects
 from gavel.shared.api import (
     CancelReply,
     CancelRequest,
+    DeployRequest,
     DrainReply,
     DrainRequest,
     EventsReply,
@@ -45,20 +48,31 @@ from gavel.shared.api import (
     NodesReply,
     NodesRequest,
     NodeStatus,
+    RollbackRequest,
+    ScaleRequest,
+    ServiceReply,
+    ServiceRequest,
+    ServicesReply,
+    ServicesRequest,
+    ServiceStatus,
     StatsReply,
     StatsRequest,
     StatusReply,
     StatusRequest,
+    StopServiceRequest,
     SubmitReply,
     SubmitRequest,
+    VersionStatus,
     WhyReply,
     WhyRequest,
 )
 from gavel.shared.health import Health
 from gavel.shared.lifecycle import PENDING
 from gavel.shared.messages import ApiError, Capacity, InstanceState, Message
+from gavel.shared.messages import Health as ReplicaHealth
 from gavel.shared.reasons import Reason
-from gavel.shared.records import InstanceRecord
+from gavel.shared.records import InstanceRecord, ServiceRecord
+from gavel.shared.spec import Spec
 
 __all__ = ["Api"]
 
@@ -73,10 +87,12 @@ SUBMIT_SLICE = 128
 
 class Api:
     def __init__(self, ctx: Context, *, auctioneer: Auctioneer, promises: Promises,
-                 mirror: Mirror, secrets: Mapping[str, str], ended_max: int) -> None:
+                 services: Services, mirror: Mirror, secrets: Mapping[str, str],
+                 ended_max: int) -> None:
         self.ctx = ctx
         self.auctioneer = auctioneer
         self.promises = promises
+        self.services = services
         self.mirror = mirror
         #: The names submissions may ask for (values are resolved only into awards).
         self.secrets = secrets
@@ -92,6 +108,12 @@ class Api:
             "stats": (msgspec.msgpack.Decoder(StatsRequest), self.stats),
             "cancel": (msgspec.msgpack.Decoder(CancelRequest), self.cancel),
             "drain": (msgspec.msgpack.Decoder(DrainRequest), self.drain),
+            "deploy": (msgspec.msgpack.Decoder(DeployRequest), self.deploy),
+            "service": (msgspec.msgpack.Decoder(ServiceRequest), self.service),
+            "services": (msgspec.msgpack.Decoder(ServicesRequest), self.list_services),
+            "scale": (msgspec.msgpack.Decoder(ScaleRequest), self.scale),
+            "stop": (msgspec.msgpack.Decoder(StopServiceRequest), self.stop),
+            "rollback": (msgspec.msgpack.Decoder(RollbackRequest), self.rollback),
         }
 
     async def start(self, nc: Any) -> None:
@@ -136,15 +158,9 @@ class Api:
         spec = req.spec
         base = req.instance_id or f"{spec.name}-{uuid.uuid4().hex[:6]}"
         ids = [base] if req.count == 1 else [f"{base}-{k}" for k in range(1, req.count + 1)]
-        missing = [s for s in spec.secrets if s not in self.secrets]
-        if missing:
-            return ApiError(error=f"unknown secret {missing[0]!r}: it is not in the broker's "
-                                  "secrets file")
-        never = self._never_fits(spec.cpu, spec.memory_mb, len(spec.ports))
-        if never:
-            return ApiError(error=f"{Reason.NEVER_FITS}: {never}")
-        if self.ctx.ledger.pinned:
-            return ApiError(error=f"{Reason.PINNED} ({self.ctx.ledger.ref})")
+        refused = self._refused(spec)
+        if refused is not None:
+            return refused
         made: list[Ready] = []
         for start in range(0, len(ids), SUBMIT_SLICE):  # rule 3
             if start:
@@ -195,6 +211,19 @@ class Api:
             commit_p99_ms=_pct(commits, 99),
             rss_mb=psutil.Process().memory_info().rss / 2**20, kv_puts=self.mirror.puts)
 
+    def _refused(self, spec: Spec) -> ApiError | None:
+        """Why no instance of `spec` can be accepted at all (None: it can)."""
+        missing = [s for s in spec.secrets if s not in self.secrets]
+        if missing:
+            return ApiError(error=f"unknown secret {missing[0]!r}: it is not in the broker's "
+                                  "secrets file")
+        never = self._never_fits(spec.cpu, spec.memory_mb, len(spec.ports))
+        if never:
+            return ApiError(error=f"{Reason.NEVER_FITS}: {never}")
+        if self.ctx.ledger.pinned:
+            return ApiError(error=f"{Reason.PINNED} ({self.ctx.ledger.ref})")
+        return None
+
     def _never_fits(self, cpu: float, memory_mb: int, ports: int) -> str:
         caps = [hb.capacity for hb in self.ctx.liveness.heartbeats.values()]
         if not caps:
@@ -224,12 +253,16 @@ class Api:
         if pl is not None and node is not None and rec.state in PENDING:
             st = "cancelling" if rec.cancelling else \
                 self.promises.live.get(iid, InstanceState.PLACED)
+            health, check = self.services.health(rec)
             return InstanceStatus(instance_id=iid, name=rec.spec.name, state=st,
-                                  node_id=node, attempt=pl.attempt, ports=dict(pl.ports))
+                                  node_id=node, attempt=pl.attempt, ports=dict(pl.ports),
+                                  reason=rec.reason if rec.cancelling else "",
+                                  health=health, check=check, service=rec.service,
+                                  version=rec.version)
         st = self.auctioneer.status_of(iid, rec.state)
         return InstanceStatus(instance_id=iid, name=rec.spec.name, state=st,
                               node_id=rec.node_id, attempt=rec.attempt, reason=rec.reason,
-                              detail=rec.detail)
+                              detail=rec.detail, service=rec.service, version=rec.version)
 
     async def status(self, req: StatusRequest) -> Message:
         state = self.ctx.ledger.state()
@@ -296,6 +329,66 @@ class Api:
                             f"({state.unreadable.get(path, '')})")
         moving = self.promises.drain(req.node_id, req.undo, req.migrate)
         return DrainReply(node_id=req.node_id, draining=not req.undo, migrating=moving)
+
+    # -- services ------------------------------------------------------------------------
+    async def deploy(self, req: DeployRequest) -> Message:
+        spec = req.spec
+        if not spec.service:
+            return ApiError(error=f"{Reason.NOT_A_SERVICE}: {spec.name} (type = \"service\" "
+                                  "makes it one; `gavel submit` runs a job)")
+        refused = self._refused(spec) or self.services.refused(spec.name)
+        if refused is not None:
+            return refused
+        return await self.services.deploy(spec, req.key)
+
+    def service_status(self, svc: ServiceRecord) -> ServiceStatus:
+        """A service and its live replicas: each one's state, node, version and health."""
+        state = self.ctx.ledger.state()
+        replicas = [self.instance_status(r) for r in state.replicas_of(svc.name)
+                    if not r.state.terminal]
+        replicas.sort(key=lambda r: (r.version, r.instance_id))
+        versions: dict[int, VersionStatus] = {svc.version: VersionStatus(version=svc.version)}
+        for r in replicas:
+            if r.state == "cancelling":
+                continue
+            vs = versions.setdefault(r.version, VersionStatus(version=r.version))
+            vs.replicas += 1
+            vs.healthy += r.health == ReplicaHealth.HEALTHY
+        return ServiceStatus(name=svc.name, version=svc.version, count=svc.count,
+                             stopped=svc.stopped, healthy_version=svc.healthy_version,
+                             deployment=svc.deployment,
+                             versions=[versions[v] for v in sorted(versions)],
+                             replicas=replicas)
+
+    def _service_reply(self, name: str) -> Message:
+        svc = self.ctx.ledger.state().services.get(name)
+        if svc is None:
+            return self.services.refused(name) or \
+                ApiError(error=f"{Reason.UNKNOWN_SERVICE}: {name}")
+        return ServiceReply(service=self.service_status(svc))
+
+    async def service(self, req: ServiceRequest) -> Message:
+        return self._service_reply(req.name)
+
+    async def list_services(self, req: ServicesRequest) -> Message:
+        state = self.ctx.ledger.state()
+        return ServicesReply(services=[self.service_status(state.services[n])
+                                       for n in sorted(state.services)])
+
+    async def scale(self, req: ScaleRequest) -> Message:
+        refused = self.services.refused(req.name)
+        got = refused or await self.services.scale(req.name, req.count)
+        return got or self._service_reply(req.name)
+
+    async def stop(self, req: StopServiceRequest) -> Message:
+        refused = self.services.refused(req.name)
+        got = refused or await self.services.stop_service(req.name)
+        return got or self._service_reply(req.name)
+
+    async def rollback(self, req: RollbackRequest) -> Message:
+        refused = self.services.refused(req.name)
+        got = refused or await self.services.rollback(req.name, req.to_version)
+        return got or self._service_reply(req.name)
 
 
 def _pct(sorted_values: list[float], pct: float) -> float:

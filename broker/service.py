@@ -40,6 +40,7 @@ from gavel.broker.mirror import Mirror
 from gavel.broker.outbox import Outbox
 from gavel.broker.promises import Promises
 from gavel.broker.retention import Retention
+from gavel.broker.services import Services
 from gavel.broker.watchdog import Timers
 from gavel.shared import subjects
 from gavel.shared.health import Health, Liveness
@@ -124,14 +125,17 @@ class Broker:
                                      rng=random.Random(seed))
         self.promises = Promises(ctx, capacity_freed=self.auctioneer.capacity_freed)
         self.retention = Retention(ctx, wall, ended_max)
+        self.services = Services(ctx, self.promises, wall, rng=random.Random(seed))
         #: node.json in KV for the workers, coalesced (`broker.mirror`). Its windows are
         #: timed by the event loop, so on the machine's clock, not an injected one.
         self.mirror = Mirror(self.outbox.publish_raw, timing.mirror_s, time.monotonic)
         self.api = Api(ctx, auctioneer=self.auctioneer, promises=self.promises,
-                       mirror=self.mirror, secrets=self.secrets, ended_max=ended_max)
+                       services=self.services, mirror=self.mirror, secrets=self.secrets,
+                       ended_max=ended_max)
         self.metrics.attach(now=clock, liveness=self.liveness, ledger=self.ledger,
                             in_flight=lambda: len(self.auctioneer.auctions),
                             mirror=self.mirror)
+        self.metrics.attach_services(self.services.counts)
         self._heartbeat = Guard("heartbeat", Heartbeat, self.rejects, node=subjects.node_of)
         self.nats_options = dict(nats_options or {})
         #: How long `start` keeps trying to reach NATS before it raises `NatsUnreachable`
@@ -254,6 +258,7 @@ class Broker:
                 if self.deaf_since is None and now - watched >= self.timing.tick_s / 2:
                     watched = now
                     self.promises.watch(now)
+                    self.services.watch(now)
                     self.retention.watch()
             except Exception:
                 self.log.exception("reconcile failed; retrying next tick")
