@@ -223,9 +223,10 @@ class Services:
                 ended.clear()  # nothing missing: those ends need no replacement
             return None
         out = Planned(lines=[])
+        verdict = Planned(lines=[])
         if d.record is not None:
             view.put_service(d.record)
-            self._narrate(out, svc, d)
+            self._narrate(verdict, svc, d)
         target = d.record or svc
         spec = target.spec_of(target.version)
         made: list[str] = []
@@ -254,6 +255,8 @@ class Services:
                              + (f" on {node}" if node else "") + f"): {reason}")
             out.after.append(functools.partial(self._stopped, name, iid, node, reason))
         out.after.append(functools.partial(self._started, name, made, now))
+        out.lines += verdict.lines  # the steps, then what they came to
+        out.after += verdict.after
         return out
 
     def _new_id(self, view: View, name: str) -> str:

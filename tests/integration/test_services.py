@@ -1,0 +1,198 @@
+"""Services kept at their count, against a real nats-server, real git and real processes: a
+killed replica is replaced, a dead node's replica moves once the node is offline, scale up
+and down, stop. Health is the workers' own (a replica without checks is healthy once its
+node reports it running)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import sys
+from typing import Any
+
+import pytest
+
+from gavel.shared.api import (
+    DeployReply,
+    DeployRequest,
+    EventsReply,
+    EventsRequest,
+    ScaleRequest,
+    ServiceReply,
+    ServiceRequest,
+    ServiceStatus,
+    StopServiceRequest,
+)
+from gavel.shared.messages import InstanceState as S
+from gavel.shared.messages import Spec
+from gavel.shared.reasons import Reason
+from gavel.shared.spec import Restart, Update
+from tests.integration.harness import TIMING, Cluster, wait_for
+
+pytestmark = pytest.mark.integration
+
+SLEEP = [sys.executable, "-c", "import time; time.sleep(600)"]
+
+
+def service(count: int, version: str = "1", command: list[str] | None = None,
+            **update: Any) -> Spec:
+    """A service of `count` sleepers. No restarts in place: every end of a replica's process
+    is the broker's to answer (`restart.attempts = 0`)."""
+    update.setdefault("min_healthy_s", 0.5)
+    return Spec(name="web", type="service", count=count, command=command or SLEEP, cpu=0.1,
+                memory_mb=16, env={"WEB_VERSION": version}, restart=Restart(attempts=0),
+                update=Update(**update))
+
+
+async def status(cluster: Cluster, name: str = "web") -> ServiceStatus:
+    reply = await cluster.call("service", ServiceRequest(name=name), ServiceReply)
+    return reply.service
+
+
+def whole(st: ServiceStatus, version: int | None = None) -> bool:
+    """Every live replica is healthy, of `version` (default: the service's), and as many as
+    the count."""
+    want = version or st.version
+    live = [r for r in st.replicas if r.state != "cancelling"]
+    return len(live) == st.count and all(r.health == "healthy" and r.version == want
+                                         for r in live)
+
+
+def processes(cluster: Cluster) -> dict[str, tuple[str, int]]:
+    """Every running process of the service on every node: instance -> (node, pid)."""
+    return {r.instance_id: (node, r.pid) for node, agent in cluster.agents.items()
+            for r in agent.instances() if r.state == "running"
+            and r.instance_id.startswith("web-")}
+
+
+def log(cluster: Cluster) -> str:
+    return "\n".join(c.message for c in cluster.ledger().history())
+
+
+async def deploy(cluster: Cluster, spec: Spec) -> int:
+    reply = await cluster.call("deploy", DeployRequest(spec=spec), DeployReply)
+    return reply.version
+
+
+async def test_a_service_of_three_is_placed_and_a_killed_replica_is_replaced(
+        cluster: Cluster) -> None:
+    await cluster.start_broker()
+    for n in ("node-a", "node-b"):
+        await cluster.start_agent(n)
+    await cluster.wait_nodes(2)
+    assert await deploy(cluster, service(3)) == 1
+
+    async def kept() -> bool:
+        st = await status(cluster)
+        return whole(st) and len(processes(cluster)) == 3
+    await wait_for(kept, 30, what="3 healthy replicas running")
+    victim, (_node, pid) = sorted(processes(cluster).items())[0]
+    os.kill(pid, signal.SIGKILL)
+
+    async def replaced() -> bool:
+        st = await status(cluster)
+        return whole(st) and victim not in {r.instance_id for r in st.replicas} \
+            and len(processes(cluster)) == 3
+    await wait_for(replaced, 30, what="the killed replica replaced")
+    rec = cluster.ledger().state().instances[victim]
+    assert (rec.state, rec.reason) == (S.FAILED, Reason.EXITED_NONZERO)
+    assert f"service web: replace {victim} (failed: {Reason.EXITED_NONZERO}) with web-" \
+        in log(cluster)
+    events = (await cluster.call("events", EventsRequest(instance_id="web"),
+                                 EventsReply)).events
+    replaced_ev = [e for e in events if e.type == "replaced"]
+    assert len(replaced_ev) == 1 and replaced_ev[0].detail.startswith(f"{victim} (failed) by ")
+    assert replaced_ev[0].reason == Reason.EXITED_NONZERO
+    live = [r for r in cluster.ledger().state().replicas_of("web") if not r.state.terminal]
+    assert len(live) == 3, "exactly one replacement"
+
+
+async def test_a_node_killed_under_a_service_has_its_replica_moved_once_offline(
+        cluster: Cluster) -> None:
+    broker = await cluster.start_broker()
+    for n in ("node-a", "node-b", "node-c"):
+        await cluster.start_agent(n)
+    await cluster.wait_nodes(3)
+    await deploy(cluster, service(2))
+
+    async def kept() -> bool:
+        return whole(await status(cluster)) and len(processes(cluster)) == 2
+    await wait_for(kept, 30, what="2 healthy replicas")
+    moved, (dead, _) = sorted(processes(cluster).items())[0]
+    orphans = [pid for _iid, (node, pid) in processes(cluster).items() if node == dead]
+    try:
+        await cluster.stop_agent(dead, kill_children=False)  # the node goes silent
+        await wait_for(lambda: broker.liveness.health(dead, broker.now()) == "unreachable",
+                       TIMING.unreachable_s * 3, what=f"{dead} unreachable")
+        assert cluster.holders(moved) == [dead], "an unreachable node keeps its replicas"
+
+        async def elsewhere() -> bool:
+            st = await status(cluster)
+            return whole(st) and all(r.node_id != dead for r in st.replicas) \
+                and len(processes(cluster)) == 2
+        await wait_for(elsewhere, TIMING.offline_s * 3, what="replica moved off the dead node")
+        assert broker.liveness.health(dead, broker.now()) == "offline"
+        assert f"requeue {moved} off {dead}: {Reason.NO_LEASE}" in log(cluster)
+        st = await status(cluster)
+        assert moved in {r.instance_id for r in st.replicas}, "the replica itself moved"
+        assert len([r for r in cluster.ledger().state().replicas_of("web")
+                    if not r.state.terminal]) == 2
+    finally:
+        for pid in orphans:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
+async def test_scale_up_and_down(cluster: Cluster) -> None:
+    await cluster.start_broker()
+    await cluster.start_agent("node-a")
+    await cluster.wait_nodes(1)
+    await deploy(cluster, service(2))
+
+    async def at(n: int) -> bool:
+        st = await status(cluster)
+        return st.count == n and whole(st) and len(processes(cluster)) == n
+    await wait_for(lambda: at(2), 30, what="2 replicas")
+    reply = await cluster.call("scale", ScaleRequest(name="web", count=4), ServiceReply)
+    assert reply.service.count == 4
+    await wait_for(lambda: at(4), 30, what="4 replicas")
+    before = set(processes(cluster))
+    await cluster.call("scale", ScaleRequest(name="web", count=1), ServiceReply)
+    await wait_for(lambda: at(1), 30, what="1 replica")
+    (kept,) = processes(cluster)
+    gone = before - {kept}
+    await wait_for(lambda: all(cluster.ledger().state().instances[i].state.terminal
+                               for i in gone), 30, what="the stops confirmed")
+    state = cluster.ledger().state()
+    for iid in gone:
+        rec = state.instances[iid]
+        assert (rec.state, rec.reason) == (S.CANCELLED, Reason.SCALED_DOWN), iid
+    assert "service web: scale from 4 to 1 replicas" in log(cluster)
+    assert "replace" not in log(cluster), "a scale-down is not replaced"
+
+
+async def test_stop_cancels_every_replica_and_keeps_the_record(cluster: Cluster) -> None:
+    await cluster.start_broker()
+    await cluster.start_agent("node-a")
+    await cluster.wait_nodes(1)
+    await deploy(cluster, service(2))
+    await wait_for(lambda: len(processes(cluster)) == 2, 30, what="2 replicas running")
+    ran = set(processes(cluster))
+    reply = await cluster.call("stop", StopServiceRequest(name="web"), ServiceReply)
+    assert reply.service.stopped
+
+    def stopped() -> bool:
+        state = cluster.ledger().state()
+        return not processes(cluster) and all(
+            state.instances[i].state is S.CANCELLED for i in ran)
+    await wait_for(stopped, TIMING.cancel_grace_s * 3, what="every replica stopped")
+    state = cluster.ledger().state()
+    assert {state.instances[i].reason for i in ran} == {Reason.SERVICE_STOPPED}
+    svc = state.services["web"]
+    assert svc.stopped and svc.count == 2, "the record stays"
+    st = await status(cluster)
+    assert st.stopped and st.replicas == []
+    assert await deploy(cluster, service(2)) == 1  # the same spec starts it again
+    await wait_for(lambda: len(processes(cluster)) == 2, 30, what="started again")
+    assert not set(processes(cluster)) & ran
