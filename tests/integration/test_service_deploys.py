@@ -22,26 +22,14 @@ from gavel.shared.messages import Spec
 from gavel.shared.reasons import Reason
 from gavel.transport.client import ClientError, call
 from tests.integration.harness import Cluster, gavel_process, wait_for
-from tests.integration.test_services import deploy, processes, service, status, whole
+from tests.integration.test_services import deploy, gavel, processes, service, status, whole
 
 pytestmark = pytest.mark.integration
-
-GAVEL = [sys.executable, "-m", "gavel"]
-
 
 def spec_file(tmp_path: Path, spec: Spec, name: str) -> Path:
     path = tmp_path / f"{name}.json"
     path.write_bytes(msgspec.json.encode(spec))
     return path
-
-
-async def gavel(*args: str) -> tuple[int, str, str]:
-    """A `gavel` command line run to its end: exit status, stdout, stderr."""
-    proc = await asyncio.create_subprocess_exec(*GAVEL, *args, stdout=subprocess.PIPE,
-                                                stderr=subprocess.PIPE)
-    out, err = await asyncio.wait_for(proc.communicate(), 120)
-    assert proc.returncode is not None
-    return proc.returncode, out.decode(), err.decode()
 
 
 def service_lines(cluster: Cluster) -> list[str]:

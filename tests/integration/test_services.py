@@ -5,12 +5,16 @@ node reports it running)."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import signal
+import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 
 from gavel.shared.api import (
@@ -33,6 +37,7 @@ from tests.integration.harness import TIMING, Cluster, wait_for
 pytestmark = pytest.mark.integration
 
 SLEEP = [sys.executable, "-c", "import time; time.sleep(600)"]
+GAVEL = [sys.executable, "-m", "gavel"]
 
 
 def service(count: int, version: str = "1", command: list[str] | None = None,
@@ -68,6 +73,15 @@ def processes(cluster: Cluster) -> dict[str, tuple[str, int]]:
 
 def log(cluster: Cluster) -> str:
     return "\n".join(c.message for c in cluster.ledger().history())
+
+
+async def gavel(*args: str) -> tuple[int, str, str]:
+    """A `gavel` command line run to its end: exit status, stdout, stderr."""
+    proc = await asyncio.create_subprocess_exec(*GAVEL, *args, stdout=subprocess.PIPE,
+                                                stderr=subprocess.PIPE)
+    out, err = await asyncio.wait_for(proc.communicate(), 120)
+    assert proc.returncode is not None
+    return proc.returncode, out.decode(), err.decode()
 
 
 async def deploy(cluster: Cluster, spec: Spec) -> int:
@@ -196,3 +210,59 @@ async def test_stop_cancels_every_replica_and_keeps_the_record(cluster: Cluster)
     assert await deploy(cluster, service(2)) == 1  # the same spec starts it again
     await wait_for(lambda: len(processes(cluster)) == 2, 30, what="started again")
     assert not set(processes(cluster)) & ran
+
+
+WEB_TOML = """
+name = "web"
+type = "service"
+count = 2
+command = ["{python}", "-c", "import time; time.sleep(600)"]
+cpu = 0.1
+memory_mb = 16
+env = {{ WEB_VERSION = "{version}" }}
+
+[update]
+max_parallel = 1
+min_healthy_s = 0.5
+"""
+
+
+async def test_the_service_verbs_on_the_command_line(cluster: Cluster, tmp_path: Path) -> None:
+    await cluster.start_broker()
+    await cluster.start_agent("node-a")
+    await cluster.wait_nodes(1)
+    url = ["--nats", cluster.url]
+    job = tmp_path / "job.toml"
+    job.write_text('name = "batch"\ncommand = ["true"]\n')
+    code, _, err = await gavel("deploy", str(job), *url)
+    assert code == 2 and Reason.NOT_A_SERVICE in err
+    web = tmp_path / "web.toml"
+    web.write_text(WEB_TOML.format(python=sys.executable, version="1"))
+    assert (await gavel("deploy", str(web), *url))[:2] == (0, "web: version 1\n")
+    assert (await gavel("deploy", str(web), *url))[:2] == (0, "web: version 1 (unchanged)\n")
+    await wait_for(lambda: len(processes(cluster)) == 2, 30, what="2 replicas")
+
+    async def healthy(n: int, version: int) -> bool:
+        st = await status(cluster)
+        return whole(st, version) and st.count == n
+    await wait_for(lambda: healthy(2, 1), 30, what="healthy")
+    code, out, _ = await gavel("status", "web", *url)
+    assert code == 0 and out.startswith("service web: version 1, 2 replicas")
+    assert out.count("running  node-a  healthy") == 2
+    code, out, _ = await gavel("services", "--json", *url)
+    assert code == 0 and [s["name"] for s in msgspec.json.decode(out)] == ["web"]
+    code, out, _ = await gavel("scale", "web", "3", "--json", *url)
+    assert code == 0 and msgspec.json.decode(out)["count"] == 3
+    await wait_for(lambda: healthy(3, 1), 30, what="3 healthy")
+    web.write_text(WEB_TOML.format(python=sys.executable, version="2"))
+    code, out, err = await gavel("deploy", str(web), "--wait", *url)
+    assert code == 0, err
+    assert out == "web version 2 deployed: 2 replicas healthy\n"  # the file's count
+    code, out, _ = await gavel("rollback", "web", "--to", "1", *url)
+    assert (code, out) == (0, "web: rolling back to version 1\n")
+    code, out, _ = await gavel("deploy", "status", "web", *url)
+    assert code == 0 and "deployment: version 2 -> 1 " in out and "VERSION" in out
+    code, out, _ = await gavel("stop", "web", *url)
+    assert (code, out) == (0, "web: stopping every replica\n")
+    code, _, err = await gavel("scale", "nosuch", "1", *url)
+    assert code == 3 and f"{Reason.UNKNOWN_SERVICE}: nosuch" in err
