@@ -438,3 +438,36 @@ def test_scaling_to_a_count_the_service_has_changes_nothing(rig: Rig, count: int
     head = rig.b.ledger.head()
     got = call(rig, "scale", ScaleRequest(name="web", count=count), ServiceReply)
     assert isinstance(got, ServiceReply) and rig.b.ledger.head() == head
+
+
+def test_a_new_replica_that_exits_fails_its_deploy_at_once(rig: Rig) -> None:
+    deployed(rig, web(count=1))
+    place_waiting(rig)
+    sweep(rig)
+    rig.now += 1
+    sweep(rig)
+    deployed(rig, web(count=1, version="2"))
+    (bad,) = place_waiting(rig)
+    report(rig, bad, "exited", exit_code=3)
+    sweep(rig)  # well inside healthy_deadline_s: the end itself fails the deploy
+    svc = rig.b.ledger.state().services["web"]
+    assert svc.version == 1 and svc.deployment is not None
+    assert (svc.deployment.reason, svc.deployment.from_version) == (Reason.ROLLED_BACK, 2)
+    assert f"({bad})" in svc.deployment.detail
+
+
+def test_two_passes_in_one_commit_start_a_replacement_once(rig: Rig) -> None:
+    from gavel.broker.ledger.committer import Item
+
+    deployed(rig, web(count=2))
+    place_waiting(rig)
+    sweep(rig)
+    rig.now += 1
+    sweep(rig)
+    report(rig, live(rig)[0].instance_id, "exited", exit_code=1)
+    sweep(rig)
+    rig.now += 1  # past the back-off
+    for _ in range(2):  # queued together: one group commit plans both on one view
+        rig.b.committer.submit(Item(plan=lambda v: rig.b.services.keep(v, "web")))
+    settle(rig)
+    assert len(live(rig)) == 2
