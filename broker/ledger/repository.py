@@ -262,8 +262,8 @@ class Ledger:
                 path = f"services/{name}"
                 try:
                     svc = _service_dec.decode(self._data(entry.id))
-                except msgspec.DecodeError as exc:
-                    st.unreadable[path] = str(exc)
+                except (msgspec.DecodeError, RecursionError) as exc:  # by hand: anything
+                    st.unreadable[path] = str(exc) or "nested too deeply"
                     continue
                 problem = service_problem(svc, name.removesuffix(".json"))
                 if problem:
