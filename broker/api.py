@@ -14,6 +14,14 @@ Rules:
    other work between them, before it queues for its commit (`Change.ready`): a commit of
    large submissions encoded in one go holds the loop for all of it, while open bid rounds
    wait (docs/performance.md).
+4. A submission has one outcome. With an idempotency key (`SubmitRequest.key`) a request
+   retried after a lost answer makes nothing new: if the key's submission landed - in this
+   broker's life or an earlier one: every record carries the key, `State.keys` indexes it -
+   the answer is the first one, the same instance ids (those retention has forgotten since
+   included: the broker names N of them base-1 .. base-N); one still being committed is
+   waited for; one that failed landed nothing (committer rule 4), so the retry submits
+   afresh. Two requests with one key at once make one submission. A key met again with
+   another spec, count or id is refused.
 """
 
 from __future__ import annotations
@@ -65,6 +73,7 @@ from gavel.shared.api import (
     VersionStatus,
     WhyReply,
     WhyRequest,
+    counted_ids,
 )
 from gavel.shared.health import Health
 from gavel.shared.lifecycle import PENDING
@@ -99,6 +108,8 @@ class Api:
         self.ended_max = ended_max
         #: Requests being served (rule 2); a reference keeps each task alive.
         self._serving: set[asyncio.Task[None]] = set()
+        #: Keyed submissions on their way to a commit, by key (rule 4): done when settled.
+        self._keyed: dict[str, asyncio.Future[None]] = {}
         self.verbs: dict[str, tuple[msgspec.msgpack.Decoder[Any], Handler]] = {
             "submit": (msgspec.msgpack.Decoder(SubmitRequest), self.submit),
             "status": (msgspec.msgpack.Decoder(StatusRequest), self.status),
@@ -155,9 +166,42 @@ class Api:
 
     # -- verbs ---------------------------------------------------------------------------
     async def submit(self, req: SubmitRequest) -> Message:
+        if not req.key:
+            return await self._submit(req)
+        while (first := self._keyed.get(req.key)) is not None:  # rule 4: one at a time
+            await asyncio.shield(first)
+        landed = self._landed(req)
+        if landed is not None:
+            return landed
+        settled = self._keyed[req.key] = asyncio.get_running_loop().create_future()
+        try:
+            return await self._submit(req)
+        finally:
+            del self._keyed[req.key]
+            settled.set_result(None)
+
+    def _landed(self, req: SubmitRequest) -> Message | None:
+        """The first answer for a key whose submission landed; None if none did."""
+        state = self.ctx.ledger.state()
+        kept = state.submitted(req.key)
+        if not kept:
+            return None
+        if req.count == 1:
+            ids, first = kept, req.instance_id
+        else:  # named base-1 .. base-N: those retention forgot since are named again
+            base = kept[0].rpartition("-")[0]
+            ids = [f"{base}-{k}" for k in range(1, req.count + 1)]
+            first = f"{req.instance_id}-1" if req.instance_id else ""
+        if state.instances[kept[0]].spec != req.spec or len(ids) != req.count \
+                or not set(kept) <= set(ids) or (first and ids[0] != first):
+            return ApiError(error=f"{Reason.KEY_REUSED}: {req.key} made {kept[0]}"
+                                  + (f" .. {kept[-1]}" if len(kept) > 1 else ""))
+        return SubmitReply(instance_id=ids[0], instance_ids=ids if len(ids) > 1 else [])
+
+    async def _submit(self, req: SubmitRequest) -> Message:
         spec = req.spec
         base = req.instance_id or f"{spec.name}-{uuid.uuid4().hex[:6]}"
-        ids = [base] if req.count == 1 else [f"{base}-{k}" for k in range(1, req.count + 1)]
+        ids = counted_ids(base, req.count)
         refused = self._refused(spec)
         if refused is not None:
             return refused
@@ -165,12 +209,16 @@ class Api:
         for start in range(0, len(ids), SUBMIT_SLICE):  # rule 3
             if start:
                 await asyncio.sleep(0)
-            made += [ready(InstanceRecord(instance_id=iid, spec=spec))
+            made += [ready(InstanceRecord(instance_id=iid, spec=spec, key=req.key))
                      for iid in ids[start:start + SUBMIT_SLICE]]
         records = [rec for rec, _, _ in made]
         done: asyncio.Future[Message] = asyncio.get_running_loop().create_future()
 
         def plan(view: View) -> Planned | None:
+            if req.key and view.state.keys.get(req.key):  # landed by another way (a merge)
+                if not done.done():
+                    done.set_result(self._landed(req) or ApiError(error=Reason.KEY_REUSED))
+                return None
             taken = [r.instance_id for r in records if view.instance(r.instance_id) is not None]
             if taken:
                 if not done.done():

@@ -9,6 +9,12 @@ Rules:
    onto the ref even when they missed the award message.
 3. Every message from the wire is decoded by one typed decoder per endpoint; anything
    malformed, impersonating another node or stale is counted, logged once per kind, dropped.
+4. Workers converge onto the broker's view, not the raw tree: when the ref moved under the
+   broker (a commit by hand, a merge of a push), the nodes whose node.json the state it
+   read holds differently from before are mirrored again from that state - which already
+   holds one placement per instance (`broker.ledger.integrity`).
+5. A damaged state repository (`Damaged`) stops the broker: `run` raises it once the broker
+   is closed, and the daemon prints its one sentence.
 """
 
 from __future__ import annotations
@@ -32,9 +38,10 @@ from gavel.broker.assign import Assignments
 from gavel.broker.auctioneer import Auctioneer
 from gavel.broker.context import Context
 from gavel.broker.events import Events
+from gavel.broker.integrity import Integrity
 from gavel.broker.ledger.committer import Committer
-from gavel.broker.ledger.repository import Ledger
-from gavel.broker.ledger.state import Change, compact
+from gavel.broker.ledger.repository import Damaged, Ledger
+from gavel.broker.ledger.state import Change, State, compact
 from gavel.broker.metrics import Metrics
 from gavel.broker.mirror import Mirror
 from gavel.broker.outbox import Outbox
@@ -102,7 +109,7 @@ class Broker:
         self.nats_url = nats_url
         self.timing = timing = timing or Timing()
         self.now = clock
-        self.ledger = Ledger(state_dir / "state.git", ref)
+        self.ledger = Ledger(state_dir / "state.git", ref, settle=True)
         self.committer = Committer(self.ledger, retry_s=timing.tick_s,
                                    on_commit=self._mirror, writer=writer, wall=wall,
                                    gap_s=commit_gap_s)
@@ -126,6 +133,12 @@ class Broker:
         self.promises = Promises(ctx, capacity_freed=self.auctioneer.capacity_freed)
         self.retention = Retention(ctx, wall, ended_max)
         self.services = Services(ctx, self.promises, wall)
+        self.integrity = Integrity(ctx)
+        #: Why the broker stopped on its own, raised by `run` (rule 5).
+        self.fatal: Damaged | None = None
+        self.committer.on_damaged = self._damaged
+        #: The state the KV mirror was last brought in line with (rule 4).
+        self._mirrored: State | None = None
         #: node.json in KV for the workers, coalesced (`broker.mirror`). Its windows are
         #: timed by the event loop, so on the machine's clock, not an injected one.
         self.mirror = Mirror(self.outbox.publish_raw, timing.mirror_s, time.monotonic)
@@ -150,12 +163,13 @@ class Broker:
     # -- lifecycle -----------------------------------------------------------------------
     async def start(self) -> None:
         try:
+            self.ledger.state()  # a damaged repository stops the broker before it connects
             self.nc = await self._connect()
         except BaseException:
             self.committer.close()
             raise
         self.outbox.nc = self.nc
-        state = self.ledger.state()
+        state = self._mirrored = self.ledger.state()
         now = self.now()
         for node_id in state.nodes:
             self.liveness.presume(node_id, now)
@@ -179,6 +193,15 @@ class Broker:
         await self.start()
         await self._stopped.wait()
         await self.close()
+        if self.fatal is not None:
+            raise self.fatal
+
+    def _damaged(self, exc: Damaged) -> None:
+        """Rule 5: stop; `run` raises it."""
+        if self.fatal is None:
+            self.fatal = exc
+            self.log.error("%s; the broker stops", exc)
+        self.stop()
 
     def stop(self) -> None:
         self._stopped.set()
@@ -254,12 +277,17 @@ class Broker:
         while True:
             now = self.now()
             try:
+                self.integrity.watch()
+                self._remirror()
                 self.auctioneer.reconcile(now)
                 if self.deaf_since is None and now - watched >= self.timing.tick_s / 2:
                     watched = now
                     self.promises.watch(now)
                     self.services.watch(now)
                     self.retention.watch()
+            except Damaged as exc:
+                self._damaged(exc)
+                return
             except Exception:
                 self.log.exception("reconcile failed; retrying next tick")
             # asyncio.timeout, not wait_for: on 3.11 wait_for swallows a cancel that lands
@@ -281,6 +309,18 @@ class Broker:
             self.log.warning("no JetStream KV (%s); workers converge from awards only", exc)
             return
         self.mirror.start(nodes)
+
+    def _remirror(self) -> None:
+        """Rule 4: after a re-read, mirror the nodes the state now holds differently."""
+        state = self.ledger.state()
+        before, self._mirrored = self._mirrored, state
+        if before is None or before is state or not self.mirror.enabled:
+            return
+        nodes = before.nodes.keys() | state.nodes.keys()
+        changed = {nid: compact(state.nodes.get(nid) or NodeFile(node_id=nid))
+                   for nid in sorted(nodes) if before.nodes.get(nid) != state.nodes.get(nid)}
+        if changed:
+            self.mirror.changed(changed)
 
     def _mirror(self, change: Change, sha: str) -> None:
         if self.mirror.enabled and change.nodes:

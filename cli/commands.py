@@ -1,7 +1,13 @@
 """What each client verb of `gavel` does; the parser and the dispatch live in `gavel.cli.main`.
 
-Rule: daemons stop cleanly on SIGTERM/SIGINT; client verbs print a table, or JSON with
-``--json``, and map outcomes to exit codes (0 ok, 1 unreachable, 2 bad input, 3 refused).
+Rules:
+1. Daemons stop cleanly on SIGTERM/SIGINT; client verbs print a table, or JSON with
+   ``--json``, and map outcomes to exit codes (0 ok, 1 unreachable, 2 bad input, 3 refused).
+2. `submit` sends an idempotency key (``--key``, or a new uuid4 per invocation) and asks
+   again with the same key, up to `SUBMIT_TRIES` times, when the broker does not answer
+   within `SUBMIT_TRY_S`: a request whose answer was lost is answered again, never
+   submitted twice (`broker.api` rule 4). When no try is answered, the sentence names the
+   key to submit with again.
 """
 
 from __future__ import annotations
@@ -12,6 +18,7 @@ import re
 import signal
 import sys
 import time
+import uuid
 from collections.abc import Sequence
 from typing import Any
 
@@ -36,13 +43,18 @@ from gavel.shared.api import (
     SubmitRequest,
     WhyReply,
     WhyRequest,
+    key_problem,
 )
 from gavel.shared.errors import BadInput
 from gavel.shared.messages import Event, EventType
 from gavel.shared.reasons import render as render_reason
-from gavel.transport.client import BrokerRefused, ClientError, call, connect
+from gavel.transport.client import BrokerRefused, ClientError, NoAnswer, call, connect
 
-__all__ = ["ClientError", "Refused", "UsageError", "run"]
+__all__ = ["SUBMIT_TRIES", "SUBMIT_TRY_S", "ClientError", "Refused", "UsageError", "run"]
+
+#: How long `submit` waits for each answer, and how many times it asks (rule 2).
+SUBMIT_TRY_S = 10.0
+SUBMIT_TRIES = 3
 
 
 class UsageError(BadInput):
@@ -100,6 +112,9 @@ async def submit(args: argparse.Namespace) -> int:
     if args.id and (len(args.id) > 128 or not re.match(INSTANCE_ID, args.id)):
         raise UsageError(f"--id {args.id!r}: expected letters, digits, '_', '-' and single "
                          "dots, starting with a letter or digit, at most 128")
+    key = getattr(args, "key", "") or uuid.uuid4().hex
+    if problem := key_problem(key):
+        raise UsageError(f"--key: {problem}")
     try:
         spec = load_spec(args.spec)
     except SpecError as exc:
@@ -110,8 +125,8 @@ async def submit(args: argparse.Namespace) -> int:
         if args.wait and args.id:
             sub = await nc.subscribe(subjects.EVENTS.format(instance=args.id))
         try:
-            reply = await call(nc, "submit", SubmitRequest(spec=spec, instance_id=args.id),
-                               SubmitReply)
+            reply = await _submit_once(nc, SubmitRequest(spec=spec, instance_id=args.id,
+                                                         key=key))
         except BrokerRefused as exc:  # reached, and it said no (never fits, pinned, ...)
             raise Refused(str(exc)) from None
         iid = reply.instance_id
@@ -123,6 +138,20 @@ async def submit(args: argparse.Namespace) -> int:
         return await _wait_placed(nc, sub, iid, args)
     finally:
         await nc.close()
+
+
+async def _submit_once(nc: Any, req: SubmitRequest) -> SubmitReply:
+    """Rule 2: the request, asked again with its key while the broker does not answer."""
+    for n in range(1, SUBMIT_TRIES + 1):
+        try:
+            return await call(nc, "submit", req, SubmitReply, timeout=SUBMIT_TRY_S)
+        except NoAnswer as exc:
+            if n == SUBMIT_TRIES:
+                raise NoAnswer(f"{exc} ({n} tries with key {req.key}); submit again with "
+                               f"--key {req.key}: a submission that landed is answered "
+                               "again, not made twice") from None
+            print(f"gavel submit: {exc}; asking again with the same key", file=sys.stderr)
+    raise AssertionError("unreachable")
 
 
 async def _wait_placed(nc: Any, sub: Any, iid: str, args: argparse.Namespace) -> int:

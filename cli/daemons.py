@@ -6,6 +6,8 @@ Rules:
 2. Logs are configured before the first line is written, with every secret value the daemon
    knows (the secrets file, passwords in URLs, the push token) registered for redaction.
 3. The metrics endpoint and the git pusher live exactly as long as the daemon.
+4. A broker whose state repository is damaged (an object missing or unreadable) stops with
+   `Stopped`: one sentence naming the object and what to do, exit status 1, no traceback.
 """
 
 from __future__ import annotations
@@ -43,9 +45,14 @@ from gavel.transport.creds import connect_options
 if TYPE_CHECKING:
     from gavel.broker.service import Broker
 
-__all__ = ["check", "config_check", "run_broker", "run_worker", "settings"]
+__all__ = ["Stopped", "check", "config_check", "run_broker", "run_worker", "settings"]
 
 log = logging.getLogger("gavel.cli")
+
+
+class Stopped(Exception):
+    """The daemon stopped on its own for a reason the operator must act on (rule 4): the
+    command prints this one sentence and exits 1."""
 
 
 def _on_signal(stop: Callable[[], Any]) -> None:
@@ -174,6 +181,7 @@ def make_broker(cfg: BrokerConfig, secrets: dict[str, str]) -> Broker:
 
 
 async def run_broker(args: argparse.Namespace) -> int:
+    from gavel.broker.ledger.repository import LedgerError
     from gavel.broker.service import tune_gc
     from gavel.cli.metrics_http import MetricsUnavailable, serve
 
@@ -215,6 +223,8 @@ async def run_broker(args: argparse.Namespace) -> int:
         if not connecting:
             raise
         await broker.close()
+    except LedgerError as exc:  # rule 4: Damaged, at start or later
+        raise Stopped(str(exc)) from None
     finally:
         if pusher is not None and pushing is not None:
             await pusher.close(pushing, timeout=5.0)

@@ -86,6 +86,10 @@ def build_parser() -> argparse.ArgumentParser:
     _client(sm)
     sm.add_argument("spec", type=Path, help="spec file")
     sm.add_argument("--id", default="", help="instance id (default NAME-random)")
+    sm.add_argument("--key", default="",
+                    help="idempotency key (default: a new uuid4 per invocation); the request "
+                    "is retried with it when the broker does not answer in time, and a "
+                    "submission that landed under it is answered again, never made twice")
     sm.add_argument("--wait", action="store_true",
                     help="wait until placed (exit 0) or unschedulable (exit 3 with the reason)")
     sm.add_argument("--timeout", type=positive_float, default=30.0,
@@ -222,7 +226,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BadInput as exc:
         print(f"gavel {args.command}: {exc}", file=sys.stderr)
         return 2
-    except commands.ClientError as exc:
+    except (commands.ClientError, daemons.Stopped) as exc:
         print(f"gavel {args.command}: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

@@ -6,6 +6,7 @@ Rule: one request Struct and one reply Struct per verb; any verb may instead ans
 
 from __future__ import annotations
 
+import re
 from typing import Annotated
 
 import msgspec
@@ -15,6 +16,7 @@ from gavel.shared.records import AuctionRecord, Deployment
 
 __all__ = [
     "INSTANCE_ID",
+    "SUBMIT_KEY",
     "CancelReply",
     "CancelRequest",
     "DeployReply",
@@ -44,6 +46,8 @@ __all__ = [
     "VersionStatus",
     "WhyReply",
     "WhyRequest",
+    "counted_ids",
+    "key_problem",
 ]
 
 #: What an operator may name an instance (or "": the broker names it): a letter or digit,
@@ -51,6 +55,18 @@ __all__ = [
 #: git and as the worker's directory name for it.
 INSTANCE_ID = r"^([A-Za-z0-9][A-Za-z0-9_-]*(\.[A-Za-z0-9_-]+)*)?$"
 InstanceId = Annotated[str, msgspec.Meta(max_length=128, pattern=INSTANCE_ID)]
+#: An idempotency key (or "": none): 8 to 64 letters, digits, ``_ -``; a uuid4 as the CLI
+#: makes one fits. It is stored in every record the submission makes (`InstanceRecord.key`).
+SUBMIT_KEY = r"^([A-Za-z0-9_-]{8,64})?$"
+SubmitKey = Annotated[str, msgspec.Meta(max_length=64, pattern=SUBMIT_KEY)]
+
+
+def key_problem(key: str) -> str:
+    """Why `key` cannot be a submission's idempotency key, in one sentence; "" if it can."""
+    if key and not re.match(SUBMIT_KEY, key):
+        return (f"key {key[:80]!r} is not usable: expected 8 to 64 letters, digits, '_' or "
+                "'-' (a uuid4 fits)")
+    return ""
 
 
 class SubmitRequest(Message, tag="submit"):
@@ -59,6 +75,15 @@ class SubmitRequest(Message, tag="submit"):
     instance_id: InstanceId = ""
     #: Submit this many instances of the spec in one commit (ids get a -N suffix).
     count: Annotated[int, msgspec.Meta(ge=1, le=100_000)] = 1
+    #: Idempotency key: a request retried with the same key makes nothing new and gets the
+    #: first try's answer (the same instance ids) once that landed; "" for none.
+    key: SubmitKey = ""
+
+
+def counted_ids(base: str, count: int) -> list[str]:
+    """The ids a submission of `count` instances named `base` gets: `base` alone, or
+    `base-1` .. `base-count` (the broker names them so; a client can check its reply)."""
+    return [base] if count == 1 else [f"{base}-{k}" for k in range(1, count + 1)]
 
 
 class SubmitReply(Message, tag="submitted"):

@@ -72,11 +72,11 @@ _enc = msgspec.msgpack.Encoder()
 class Rig:
     """One broker, its event loop and a fixed clock; `feed` runs one handler call."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, writer: str = "process") -> None:
         self.loop = asyncio.new_event_loop()
         self.now = 1000.0
         self.b = Broker(nats_url="nats://127.0.0.1:1", state_dir=root,
-                        timing=Timing().scaled(10), clock=lambda: self.now)
+                        timing=Timing().scaled(10), clock=lambda: self.now, writer=writer)
         self.wire = Wire()
         self.b.nc = self.b.outbox.nc = self.wire
         self.api = self.b.api
@@ -513,17 +513,28 @@ def test_worker_text_cannot_forge_lines_in_the_commit_message(rig: Rig) -> None:
 
 
 @FUZZ
-@given(payload=st.one_of(wire_values.map(msgspec.msgpack.encode), bombs,
-                         st.binary(min_size=1, max_size=16)))
-def test_oversized_and_deep_payloads_are_counted_on_every_endpoint(rig: Rig,
-                                                                   payload: bytes) -> None:
-    big = payload + b"\x00" * 900_000  # NATS's default max payload is 1 MB
-    for handler, subject in ((rig.b._on_heartbeat, "gavel.hb.n1"),
-                             (rig.b.auctioneer.on_bids, "gavel.bids.n1"),
-                             (rig.b.promises.on_report, "gavel.report.n1"),
-                             (rig.b.assignments.on_request, "gavel.assign.n1")):
-        for data in (payload, big):
-            rig.feed(handler, Msg(subject, data))
+@given(drawn=st.one_of(st.tuples(wire_values.map(msgspec.msgpack.encode), st.just(False)),
+                       st.tuples(bombs, st.just(True)),
+                       st.tuples(st.binary(min_size=1, max_size=16), st.just(False))))
+def test_oversized_and_deep_payloads_are_counted_on_every_endpoint(
+        rig: Rig, drawn: tuple[bytes, bool]) -> None:
+    """Counted, not merely survived: a payload nearly NATS's default 1 MB limit (trailing
+    bytes after a value: never one message) counts once under its endpoint's malformed
+    kind, and so does a nesting bomb; anything else is accepted or counted once."""
+    payload, deep = drawn
+    big = payload + b"\x00" * 900_000
+    for handler, subject, kind in (
+            (rig.b._on_heartbeat, "gavel.hb.n1", "malformed heartbeat"),
+            (rig.b.auctioneer.on_bids, "gavel.bids.n1", "malformed bid reply"),
+            (rig.b.promises.on_report, "gavel.report.n1", "malformed event"),
+            (rig.b.assignments.on_request, "gavel.assign.n1", "malformed assignment request"),
+            (rig.api._handle, "gavel.api.submit", "malformed submit request")):
+        for data, must in ((payload, deep), (big, True)):
+            counted = rig.b.rejects.counts.get(kind, 0)
+            rejected = rig.feed(handler, Msg(subject, data, reply="_INBOX.x"))
+            if must:
+                assert rejected, f"{len(data)} bytes on {subject} were not counted"
+                assert rig.b.rejects.counts[kind] == counted + 1, rig.b.rejects.counts
 
 
 answer_lists = st.lists(st.integers(0, 1), unique=True, max_size=2).flatmap(

@@ -174,6 +174,17 @@ def test_deeply_nested_payloads_count_as_malformed(rig: Rig, payload: bytes) -> 
         assert rig.agent.malformed[kind] == 1
 
 
+@pytest.mark.parametrize("payload", [b"\x00" * 900_000,
+                                     _enc.encode(TEMPLATE_RFB) + b"\x00" * 900_000])
+def test_oversized_payloads_count_as_malformed(rig: Rig, payload: bytes) -> None:
+    """Nearly NATS's default 1 MB limit, and a valid message with the rest of it trailing:
+    counted once as malformed on each subject, not merely survived."""
+    for handler, kind in ((rig.agent._on_rfb, "rfb"), (rig.agent._on_award, "award"),
+                          (rig.agent._on_cancel, "cancel")):
+        assert rig.feed(handler, Msg(f"gavel.{kind}.{NODE}", payload))
+        assert rig.agent.malformed[kind] == 1
+
+
 @FUZZ
 @given(payload=bombs)
 def test_bombs_never_escape_a_handler(rig: Rig, payload: bytes) -> None:
