@@ -1,15 +1,20 @@
 """The service verbs of `gavel`: deploy (and deploy status), services, scale, stop, rollback,
 and `status NAME` when NAME names a service. `gavel.cli.commands` dispatches to them.
 
-Rule: as every client verb, a table or ``--json``; exit 0 done, 1 unreachable, 2 bad input,
-3 refused - and ``deploy --wait`` exits 3 with the reason when the deploy failed, was
-rolled back or was cancelled by another change.
+Rules:
+1. As every client verb: a table or ``--json``; exit 0 done, 1 unreachable, 2 bad input,
+   3 refused - and ``deploy --wait`` exits 3 with the reason when the deploy failed, was
+   rolled back or was cancelled by another change.
+2. `deploy` sends an idempotency key and asks again with it, up to `DEPLOY_TRIES` times,
+   when the broker does not answer within `DEPLOY_TRY_S`: a deploy whose answer was lost is
+   not made twice (and a spec equal to the running version changes nothing anyway).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import sys
 import time
 import uuid
 from collections.abc import Sequence
@@ -34,12 +39,15 @@ from gavel.shared.api import (
 )
 from gavel.shared.errors import BadInput
 from gavel.shared.reasons import Reason
-from gavel.transport.client import BrokerRefused, call, connect
+from gavel.transport.client import BrokerRefused, NoAnswer, call, connect
 
 __all__ = ["Refused", "deploy", "rollback", "scale", "service_status", "services", "stop"]
 
 #: How often `deploy --wait` looks again (it also wakes on the service's events).
 _POLL_S = 0.5
+#: How long `deploy` waits for each answer, and how many times it asks (rule 2).
+DEPLOY_TRY_S = 10.0
+DEPLOY_TRIES = 3
 
 
 class Refused(Exception):
@@ -131,8 +139,7 @@ async def deploy(args: argparse.Namespace) -> int:
     if not spec.service:
         raise BadInput(f"{target[0]}: {Reason.NOT_A_SERVICE} (type = \"service\" makes it "
                        "one; `gavel submit` runs a job)")
-    reply: DeployReply = await _call(args, "deploy", DeployRequest(
-        spec=spec, key=uuid.uuid4().hex), DeployReply)
+    reply = await _deploy_once(args, DeployRequest(spec=spec, key=uuid.uuid4().hex))
     if not args.wait:
         if args.json:
             _print_json(reply)
@@ -141,6 +148,28 @@ async def deploy(args: argparse.Namespace) -> int:
                   + ("" if reply.changed else " (unchanged)"))
         return 0
     return await _wait_deployed(args, reply)
+
+
+async def _deploy_once(args: argparse.Namespace, req: DeployRequest) -> DeployReply:
+    """Rule 2: the deploy, asked again with its key while the broker does not answer. A
+    retry is answered what the first try was; by a broker that restarted meanwhile, it finds
+    the version deployed and changes nothing."""
+    nc = await connect(args.nats, args.creds)
+    try:
+        for n in range(1, DEPLOY_TRIES + 1):
+            try:
+                got: DeployReply = await call(nc, "deploy", req, DeployReply,
+                                              timeout=DEPLOY_TRY_S)
+                return got
+            except BrokerRefused as exc:
+                raise Refused(str(exc)) from None
+            except NoAnswer as exc:
+                if n == DEPLOY_TRIES:
+                    raise
+                print(f"gavel deploy: {exc}; asking again with the same key", file=sys.stderr)
+        raise AssertionError("unreachable")
+    finally:
+        await nc.close()
 
 
 def _verdict(st: ServiceStatus, version: int) -> tuple[int, str] | None:

@@ -6,20 +6,32 @@ SIGKILL mid-deploy is restarted and finishes it, without a double replica."""
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
+from typing import Any
 
 import msgspec
 import pytest
 
-from gavel.shared.api import NodesReply, NodesRequest, ServiceReply, ServiceRequest
+from gavel.cli import services as cli_services
+from gavel.shared import subjects
+from gavel.shared.api import (
+    DeployRequest,
+    NodesReply,
+    NodesRequest,
+    ServiceReply,
+    ServiceRequest,
+)
 from gavel.shared.messages import InstanceState as S
 from gavel.shared.messages import Spec
 from gavel.shared.reasons import Reason
+from gavel.transport import wire
 from gavel.transport.client import ClientError, call
 from tests.integration.harness import Cluster, gavel_process, wait_for
 from tests.integration.test_services import deploy, gavel, processes, service, status, whole
@@ -226,3 +238,39 @@ async def test_a_broker_killed_mid_deploy_resumes_it_without_a_double_replica(
                     p.wait(10)
                 except subprocess.TimeoutExpired:
                     p.kill()
+
+
+async def test_the_cli_asks_again_with_its_key_when_a_deploy_answer_is_late_and_deploys_once(
+        cluster: Cluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    broker = await cluster.start_broker(writer="thread")
+    write = broker.ledger.write_files
+    slow = {"first": True}
+
+    def late(*args: Any) -> str:  # on the writer thread: the first commit takes a while
+        if slow.pop("first", False):
+            time.sleep(1.5)
+        return write(*args)
+
+    monkeypatch.setattr(broker.ledger, "write_files", late)
+    monkeypatch.setattr(cli_services, "DEPLOY_TRY_S", 1.0)
+    monkeypatch.setattr(cli_services, "DEPLOY_TRIES", 20)
+    keys: list[str] = []
+    nc = await cluster.client()
+
+    async def heard(msg: Any) -> None:
+        keys.append(msgspec.msgpack.decode(msg.data, type=DeployRequest).key)
+
+    await nc.subscribe(subjects.API.format(verb="deploy"), cb=heard)
+    await wire.subscribed(nc)
+    path = spec_file(tmp_path, service(2), "web")
+    args = argparse.Namespace(command="deploy", target=[str(path)], wait=False, json=False,
+                              nats=cluster.url, creds=None, timeout=0.0)
+    assert await cli_services.deploy(args) == 0
+    printed = capsys.readouterr()
+    assert printed.out == "web: version 1\n"
+    assert len(keys) >= 2 and len(set(keys)) == 1 and keys[0], keys  # asked again, one key
+    assert "asking again" in printed.err
+    state = cluster.ledger().state()
+    assert [v.version for v in state.services["web"].versions] == [1]
+    assert len(state.replicas_of("web")) == 2, "one deploy's replicas, not two"
