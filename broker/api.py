@@ -1,5 +1,5 @@
 """The broker's request/reply API over NATS: submit, status, nodes, why, events, cancel, drain,
-and the service verbs: deploy, service, services, scale, stop, rollback (`broker.services`).
+and the service verbs: deploy, service, services, scale, stop, rollback (`broker.deploys`).
 
 Rules:
 1. One decoder per verb; a request that does not decode, or that cannot be honoured, gets
@@ -37,6 +37,7 @@ from nats.aio.msg import Msg
 
 from gavel.broker.auctioneer import Auctioneer
 from gavel.broker.context import Context
+from gavel.broker.deploys import Deploys
 from gavel.broker.ledger.committer import Item, Planned
 from gavel.broker.ledger.plan import View, submit
 from gavel.broker.ledger.state import Ready, ready
@@ -96,12 +97,13 @@ SUBMIT_SLICE = 128
 
 class Api:
     def __init__(self, ctx: Context, *, auctioneer: Auctioneer, promises: Promises,
-                 services: Services, mirror: Mirror, secrets: Mapping[str, str],
-                 ended_max: int) -> None:
+                 services: Services, deploys: Deploys, mirror: Mirror,
+                 secrets: Mapping[str, str], ended_max: int) -> None:
         self.ctx = ctx
         self.auctioneer = auctioneer
         self.promises = promises
         self.services = services
+        self.deploys = deploys
         self.mirror = mirror
         #: The names submissions may ask for (values are resolved only into awards).
         self.secrets = secrets
@@ -384,10 +386,10 @@ class Api:
         if not spec.service:
             return ApiError(error=f"{Reason.NOT_A_SERVICE}: {spec.name} (type = \"service\" "
                                   "makes it one; `gavel submit` runs a job)")
-        refused = self._refused(spec) or self.services.refused(spec.name)
+        refused = self._refused(spec) or self.deploys.refused(spec.name)
         if refused is not None:
             return refused
-        return await self.services.deploy(spec, req.key)
+        return await self.deploys.deploy(spec, req.key)
 
     def service_status(self, svc: ServiceRecord) -> ServiceStatus:
         """A service and its live replicas: each one's state, node, version and health."""
@@ -411,7 +413,7 @@ class Api:
     def _service_reply(self, name: str) -> Message:
         svc = self.ctx.ledger.state().services.get(name)
         if svc is None:
-            return self.services.refused(name) or \
+            return self.deploys.refused(name) or \
                 ApiError(error=f"{Reason.UNKNOWN_SERVICE}: {name}")
         return ServiceReply(service=self.service_status(svc))
 
@@ -424,18 +426,18 @@ class Api:
                                        for n in sorted(state.services)])
 
     async def scale(self, req: ScaleRequest) -> Message:
-        refused = self.services.refused(req.name)
-        got = refused or await self.services.scale(req.name, req.count)
+        refused = self.deploys.refused(req.name)
+        got = refused or await self.deploys.scale(req.name, req.count)
         return got or self._service_reply(req.name)
 
     async def stop(self, req: StopServiceRequest) -> Message:
-        refused = self.services.refused(req.name)
-        got = refused or await self.services.stop_service(req.name)
+        refused = self.deploys.refused(req.name)
+        got = refused or await self.deploys.stop_service(req.name)
         return got or self._service_reply(req.name)
 
     async def rollback(self, req: RollbackRequest) -> Message:
-        refused = self.services.refused(req.name)
-        got = refused or await self.services.rollback(req.name, req.to_version)
+        refused = self.deploys.refused(req.name)
+        got = refused or await self.deploys.rollback(req.name, req.to_version)
         return got or self._service_reply(req.name)
 
 

@@ -37,6 +37,7 @@ from gavel.broker.api import Api
 from gavel.broker.assign import Assignments
 from gavel.broker.auctioneer import Auctioneer
 from gavel.broker.context import Context
+from gavel.broker.deploys import Deploys
 from gavel.broker.events import Events
 from gavel.broker.integrity import Integrity
 from gavel.broker.ledger.committer import Committer
@@ -133,6 +134,7 @@ class Broker:
         self.promises = Promises(ctx, capacity_freed=self.auctioneer.capacity_freed)
         self.retention = Retention(ctx, wall, ended_max)
         self.services = Services(ctx, self.promises, wall)
+        self.deploys = Deploys(ctx, self.services, wall)
         self.integrity = Integrity(ctx)
         #: Why the broker stopped on its own, raised by `run` (rule 5).
         self.fatal: Damaged | None = None
@@ -143,8 +145,8 @@ class Broker:
         #: timed by the event loop, so on the machine's clock, not an injected one.
         self.mirror = Mirror(self.outbox.publish_raw, timing.mirror_s, time.monotonic)
         self.api = Api(ctx, auctioneer=self.auctioneer, promises=self.promises,
-                       services=self.services, mirror=self.mirror, secrets=self.secrets,
-                       ended_max=ended_max)
+                       services=self.services, deploys=self.deploys, mirror=self.mirror,
+                       secrets=self.secrets, ended_max=ended_max)
         self.metrics.attach(now=clock, liveness=self.liveness, ledger=self.ledger,
                             in_flight=lambda: len(self.auctioneer.auctions),
                             mirror=self.mirror)

@@ -1,12 +1,13 @@
-"""Services: the broker part that keeps each service at its count, rolls its deploys and
-rollbacks, and serves the operator's service verbs (deploy, scale, stop, rollback).
+"""Services: the broker part that keeps each service at its count and rolls its deploys and
+rollbacks (the operator's changes to a service are `broker.deploys`).
 
 Rules:
 1. A service's intent is its record in git (``services/<name>.json``); its replicas are
    ordinary instances (`InstanceRecord.service`, `.version`), placed by ordinary auctions.
    What to do is decided by `broker.keeper` from git and what this part knows of each
    replica's health; every step is a plan that decides again on its own view, so a pass run
-   twice, or a verb's plan and a pass in one commit, changes nothing the second time, and a
+   twice, or an operator's change and a pass in one commit, changes nothing the second time,
+   and a
    broker restarted mid-way carries on from the branch (never a double replica: starts are
    counted against the replicas git holds).
 2. One pass's commit in flight per service at a time; a pass that would change nothing
@@ -27,14 +28,10 @@ Rules:
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import random
-from collections import OrderedDict
 from collections.abc import Callable
 from datetime import datetime
-
-import msgspec
 
 from gavel.broker.context import Context
 from gavel.broker.keeper import CALM_TICKS, Backoff, Decision, Replica, decide
@@ -42,16 +39,9 @@ from gavel.broker.ledger.committer import Item, Planned
 from gavel.broker.ledger.plan import View, stop, submit
 from gavel.broker.ledger.state import State, parse_stamp, stamp
 from gavel.broker.promises import Promises
-from gavel.shared.api import DeployReply
-from gavel.shared.messages import ApiError, EventType, Health, InstanceState, Message, Spec
+from gavel.shared.messages import EventType, Health, InstanceState
 from gavel.shared.reasons import Reason, render
-from gavel.shared.records import (
-    Deployment,
-    InstanceRecord,
-    ServiceRecord,
-    ServiceVersion,
-    service_path,
-)
+from gavel.shared.records import InstanceRecord, ServiceRecord
 
 __all__ = ["STOPS", "Services"]
 
@@ -60,12 +50,6 @@ STOPS = frozenset({Reason.SCALED_DOWN.value, Reason.SERVICE_STOPPED.value,
                    Reason.SUPERSEDED.value})
 #: Ends a deploying version's replica may come to on its own (keeper rule 4).
 _OWN_ENDS = frozenset({InstanceState.FAILED, InstanceState.SUCCEEDED})
-#: Idempotency keys of deploy requests remembered, newest last.
-KEYS_KEPT = 1024
-
-#: What a verb's plan returns: the commit (None: nothing to write) and the reply to give
-#: once it has landed (or at once, for no commit).
-Outcome = tuple[Planned | None, Callable[[], Message | None]]
 
 
 class Services:
@@ -74,6 +58,8 @@ class Services:
         self.ctx = ctx
         self.promises = promises
         self.wall = wall
+        #: Draws the random part of replica ids (OS-seeded: a broker started again with a
+        #: seed must not draw the ids of replicas it made before).
         self.rng = rng or random.Random()
         self._busy: set[str] = set()
         #: Replica -> when this broker first knew it, and since when it is healthy.
@@ -85,7 +71,6 @@ class Services:
         #: Service -> replicas that ended on their own and are not replaced yet, with why.
         self._ended: dict[str, list[tuple[str, str, str]]] = {}
         self._backoff: dict[str, Backoff] = {}
-        self._keys: OrderedDict[str, asyncio.Future[Message | None]] = OrderedDict()
 
     # -- what is known of replicas -------------------------------------------------------
     def health(self, rec: InstanceRecord, placed: bool = True) -> tuple[str, str]:
@@ -239,7 +224,7 @@ class Services:
             if ended:
                 old, state, why = ended.pop(0)
                 out.lines.append(f"service {name}: replace {old} ({state}: {why}) with {iid}")
-                out.after.append(functools.partial(self._emit, name, EventType.REPLACED,
+                out.after.append(functools.partial(self.emit, name, EventType.REPLACED,
                                                    reason=why,
                                                    detail=f"{old} ({state}) by {iid}"))
             else:
@@ -281,10 +266,11 @@ class Services:
         else:
             self.ctx.events.emit(iid, EventType.CANCELLED, reason=reason)
             self.promises.ended(iid)
-        self._emit(name, EventType.STOPPING, reason=reason, detail=iid, node_id=node)
+        self.emit(name, EventType.STOPPING, reason=reason, detail=iid, node_id=node)
 
-    def _emit(self, name: str, kind: EventType, _sha: str = "", reason: str = "",
-              detail: str = "", node_id: str = "") -> None:
+    def emit(self, name: str, kind: EventType, _sha: str = "", reason: str = "",
+             detail: str = "", node_id: str = "") -> None:
+        """An event of the service's own (rule 4), as an after-commit callback takes it."""
         self.ctx.events.emit(name, kind, node_id=node_id, reason=reason, detail=detail)
 
     def _narrate(self, out: Planned, before: ServiceRecord, d: Decision) -> None:
@@ -296,12 +282,12 @@ class Services:
             line = (f"service {name}: deploy of version {ended.to_version} failed: "
                     f"{Reason.DEPLOY_UNHEALTHY} ({ended.detail})")
             out.after.append(functools.partial(
-                self._emit, name, EventType.DEPLOY_FAILED, reason=Reason.DEPLOY_UNHEALTHY,
+                self.emit, name, EventType.DEPLOY_FAILED, reason=Reason.DEPLOY_UNHEALTHY,
                 detail=f"version {ended.to_version}: {ended.detail}"))
             if after.version != before.version:
                 line += f"; rolling back to version {after.version}"
                 out.after.append(functools.partial(
-                    self._emit, name, EventType.DEPLOYING, reason=Reason.ROLLED_BACK,
+                    self.emit, name, EventType.DEPLOYING, reason=Reason.ROLLED_BACK,
                     detail=f"version {after.version} (from {before.version})"))
             out.lines.append(line)
         elif ended is not None:
@@ -309,7 +295,7 @@ class Services:
             out.lines.append(f"service {name}: {what} version {ended.to_version}: "
                              f"{after.count} replicas healthy")
             out.after.append(functools.partial(
-                self._emit, name, EventType.DEPLOYED,
+                self.emit, name, EventType.DEPLOYED,
                 reason=Reason.ROLLED_BACK if ended.state == "rolled-back" else "",
                 detail=f"version {ended.to_version}"))
         elif after.healthy_version != before.healthy_version:
@@ -318,171 +304,6 @@ class Services:
         if ended is not None:
             out.after.append(lambda _sha: self.ctx.metrics.deploys.labels(
                 outcome=ended.state).inc())
-
-    # -- the operator's verbs ------------------------------------------------------------
-    def refused(self, name: str, view: View | None = None) -> ApiError | None:
-        """Why `name` cannot be changed: pinned, or its file is not readable."""
-        ctx = self.ctx
-        if ctx.ledger.pinned:
-            return ApiError(error=f"{Reason.PINNED} ({ctx.ledger.ref})")
-        state = view.state if view is not None else ctx.ledger.state()
-        path = service_path(name)
-        if path in state.unreadable:
-            return ApiError(error=f"{Reason.UNREADABLE_FILE}: {path} "
-                                  f"({state.unreadable[path]})")
-        return None
-
-    async def deploy(self, spec: Spec, key: str = "") -> Message:
-        """Create the service, or deploy `spec` as its next version (the API checked it)."""
-        done = self._keys.get(key) if key else None
-        if done is None:
-            done = asyncio.ensure_future(self._commit(functools.partial(self._deploy,
-                                                                        spec=spec)))
-            if key:  # a retry with this key is answered what this request is
-                self._keys[key] = done
-                while len(self._keys) > KEYS_KEPT:
-                    self._keys.popitem(last=False)
-        got = await asyncio.shield(done)
-        return got if got is not None else ApiError(error="deploy failed")
-
-    def _deploy(self, view: View, spec: Spec) -> Outcome:
-        name = spec.name
-        cur = view.service(name)
-        at = stamp(self.wall())
-        out = Planned(lines=[])
-        if cur is None:
-            rec = ServiceRecord(name=name, versions=[ServiceVersion(version=1, spec=spec, at=at)],
-                                version=1, count=spec.count,
-                                deployment=Deployment(to_version=1, started_at=at))
-            out.lines.append(f"service {name}: deploy version 1 ({spec.count} replicas)")
-        else:
-            running = cur.spec_of(cur.version)
-            if running is not None and _same(running, spec):
-                if not cur.stopped and cur.count == spec.count:
-                    return None, lambda: DeployReply(name=name, version=cur.version,
-                                                     changed=False)
-                rec = msgspec.structs.replace(cur, stopped=False, count=spec.count)
-                out.lines.append(f"service {name}: version {cur.version} with {spec.count} "
-                                 "replicas" + (", started again" if cur.stopped else ""))
-            else:
-                v = max(x.version for x in cur.versions) + 1
-                rec = msgspec.structs.replace(
-                    cur, versions=[*cur.versions, ServiceVersion(version=v, spec=spec, at=at)],
-                    version=v, count=spec.count, stopped=False,
-                    deployment=Deployment(to_version=v, from_version=cur.version,
-                                          started_at=at))
-                out.lines.append(f"service {name}: deploy version {v} over version "
-                                 f"{cur.version} ({spec.count} replicas, "
-                                 f"{spec.update.max_parallel} at a time)")
-                self._supersede(out, cur, at)
-        view.put_service(rec)
-        if rec.deployment is not None and rec.deployment.state == "running" and \
-                (cur is None or rec.version != cur.version):
-            out.after.append(functools.partial(
-                self._emit, name, EventType.DEPLOYING,
-                detail=f"version {rec.version}" + (f" (from {cur.version})" if cur else "")))
-        self._then_keep(view, name, out)
-        return out, lambda: DeployReply(name=name, version=rec.version)
-
-    def _supersede(self, out: Planned, cur: ServiceRecord, at: str,
-                   reason: str = "") -> Deployment | None:
-        """A running deployment `cur` had is cancelled by the change being planned."""
-        dep = cur.deployment
-        if dep is None or dep.state != "running":
-            return dep
-        ended = msgspec.structs.replace(dep, state="cancelled", ended_at=at, reason=reason)
-        out.lines.append(f"service {cur.name}: the deployment of version {dep.to_version} "
-                         "is cancelled")
-        out.after.append(lambda _sha: self.ctx.metrics.deploys.labels(outcome="cancelled").inc())
-        return ended
-
-    def _then_keep(self, view: View, name: str, out: Planned) -> None:
-        """The keeper's first steps for the changed service, in the verb's own commit."""
-        kept = self.keep(view, name)
-        if kept is not None:
-            out.lines += kept.lines
-            out.after += kept.after
-
-    async def scale(self, name: str, count: int) -> Message | None:
-        def plan(view: View) -> Outcome:
-            cur = view.service(name)
-            if cur is None:
-                return None, lambda: _unknown(name)
-            if cur.count == count:
-                return None, lambda: None
-            out = Planned(lines=[f"service {name}: scale from {cur.count} to {count} replicas"
-                                 + (" (stopped: none run until it is deployed again)"
-                                    if cur.stopped else "")])
-            view.put_service(msgspec.structs.replace(cur, count=count))
-            self._then_keep(view, name, out)
-            return out, lambda: None
-        return await self._commit(plan)
-
-    async def stop_service(self, name: str) -> Message | None:
-        def plan(view: View) -> Outcome:
-            cur = view.service(name)
-            if cur is None:
-                return None, lambda: _unknown(name)
-            if cur.stopped:
-                return None, lambda: None
-            out = Planned(lines=[f"service {name}: stop every replica"])
-            dep = self._supersede(out, cur, stamp(self.wall()), Reason.SERVICE_STOPPED)
-            view.put_service(msgspec.structs.replace(cur, stopped=True, deployment=dep))
-            self._then_keep(view, name, out)
-            return out, lambda: None
-        return await self._commit(plan)
-
-    async def rollback(self, name: str, to_version: int) -> Message | None:
-        def plan(view: View) -> Outcome:
-            cur = view.service(name)
-            if cur is None:
-                return None, lambda: _unknown(name)
-            target = to_version or cur.healthy_version
-            if not target:
-                return None, lambda: ApiError(error=f"no version of {name} has been healthy "
-                                                    "yet: name the version to go back to")
-            if cur.spec_of(target) is None:
-                return None, lambda: ApiError(error=f"{name} has no version {target}")
-            if target == cur.version:
-                return None, lambda: ApiError(error=f"{name} runs version {target} already")
-            at = stamp(self.wall())
-            out = Planned(lines=[f"service {name}: roll back from version {cur.version} to "
-                                 f"version {target}"])
-            self._supersede(out, cur, at)
-            view.put_service(msgspec.structs.replace(cur, version=target, deployment=Deployment(
-                to_version=target, from_version=cur.version, started_at=at,
-                reason=str(Reason.ROLLED_BACK), detail="asked by the operator")))
-            out.after.append(functools.partial(
-                self._emit, name, EventType.DEPLOYING, reason=Reason.ROLLED_BACK,
-                detail=f"version {target} (from {cur.version})"))
-            self._then_keep(view, name, out)
-            return out, lambda: None
-        return await self._commit(plan)
-
-    async def _commit(self, plan: Callable[[View], Outcome]) -> Message | None:
-        """Run a verb's plan in the group committer; its reply once the commit landed."""
-        done: asyncio.Future[Message | None] = asyncio.get_running_loop().create_future()
-
-        def item(view: View) -> Planned | None:
-            planned, reply = plan(view)
-            if planned is None:
-                if not done.done():
-                    done.set_result(reply())
-                return None
-
-            def landed(_sha: str) -> None:
-                if not done.done():
-                    done.set_result(reply())
-                self.ctx.wake()
-            planned.after.append(landed)
-            return planned
-
-        def failed(reason: Reason, detail: str) -> None:
-            if not done.done():
-                done.set_result(ApiError(error=f"{reason} ({detail})"))
-
-        self.ctx.committer.submit(Item(plan=item, failed=failed, retry=False))
-        return await done
 
     # -- metrics -------------------------------------------------------------------------
     def counts(self) -> tuple[dict[str, int], dict[str, int]]:
@@ -503,12 +324,3 @@ class Services:
                     ok = self.health(r, placed)[0] == Health.HEALTHY
                     by_health["healthy" if ok else "unhealthy"] += 1
         return by_state, by_health
-
-
-def _same(a: Spec, b: Spec) -> bool:
-    """The same version: equal but for the count (a count alone is a scale, not a deploy)."""
-    return msgspec.structs.replace(a, count=0) == msgspec.structs.replace(b, count=0)
-
-
-def _unknown(name: str) -> ApiError:
-    return ApiError(error=f"{Reason.UNKNOWN_SERVICE}: {name}")
