@@ -242,8 +242,9 @@ async def why(args: argparse.Namespace) -> int:
         return 0
     i = reply.instance
     print(f"{i.instance_id}: {i.state}" + (f" on {i.node_id}" if i.node_id else "")
+          + (f", replica of service {i.service} version {i.version}" if i.service else "")
           + (f" — {i.detail or i.reason}" if i.state in ("unschedulable", "failed", "lost")
-             else ""))
+             or (i.state == "cancelled" and i.service) else ""))
     for a in reply.auctions:
         head = (f"auction {a.auction_id}: won by {a.winner} at load {a.load:.3f}"
                 + (" (tie broken on node id)" if a.tie_broken else "")

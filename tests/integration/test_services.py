@@ -264,5 +264,11 @@ async def test_the_service_verbs_on_the_command_line(cluster: Cluster, tmp_path:
     assert code == 0 and "deployment: version 2 -> 1 " in out and "VERSION" in out
     code, out, _ = await gavel("stop", "web", *url)
     assert (code, out) == (0, "web: stopping every replica\n")
+    gone = next(r for r in cluster.ledger().state().replicas_of("web")
+                if r.state is S.CANCELLED and r.reason == Reason.SUPERSEDED)
+    code, out, _ = await gavel("why", gone.instance_id, *url)
+    assert code == 0 and out.startswith(
+        f"{gone.instance_id}: cancelled on node-a, replica of service web version 1 — "
+        f"{Reason.SUPERSEDED}\n"), out
     code, _, err = await gavel("scale", "nosuch", "1", *url)
     assert code == 3 and f"{Reason.UNKNOWN_SERVICE}: nosuch" in err
