@@ -268,7 +268,8 @@ async def test_the_service_verbs_on_the_command_line(cluster: Cluster, tmp_path:
                 if r.state is S.CANCELLED and r.reason == Reason.SUPERSEDED)
     code, out, _ = await gavel("why", gone.instance_id, *url)
     assert code == 0 and out.startswith(
-        f"{gone.instance_id}: cancelled on node-a, replica of service web version 1 — "
+        f"{gone.instance_id}: cancelled on node-a, replica of service web version "
+        f"{gone.version} — "
         f"{Reason.SUPERSEDED}\n"), out
     code, _, err = await gavel("scale", "nosuch", "1", *url)
     assert code == 3 and f"{Reason.UNKNOWN_SERVICE}: nosuch" in err
