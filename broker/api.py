@@ -22,6 +22,12 @@ Rules:
    waited for; one that failed landed nothing (committer rule 4), so the retry submits
    afresh. Two requests with one key at once make one submission. A key met again with
    another spec, count or id is refused.
+5. A verb is its subscription's, never read back from the message: a JetStream push
+   delivery keeps the subject its stream stored it under, so the subject a message carries
+   need not be the one it was heard on. Each verb's `transport.inbound.Door` counts and
+   drops what is no request of gavel's (a JetStream delivery, flow control, a heartbeat,
+   headers) and any request without a reply subject or with one outside the operators'
+   inbox (``_INBOX.``): such a request is never served and never answered.
 """
 
 from __future__ import annotations
@@ -83,6 +89,7 @@ from gavel.shared.messages import Health as ReplicaHealth
 from gavel.shared.reasons import Reason
 from gavel.shared.records import InstanceRecord, ServiceRecord
 from gavel.shared.spec import Spec
+from gavel.transport.inbound import Door, Guard
 
 __all__ = ["Api"]
 
@@ -112,55 +119,67 @@ class Api:
         self._serving: set[asyncio.Task[None]] = set()
         #: Keyed submissions on their way to a commit, by key (rule 4): done when settled.
         self._keyed: dict[str, asyncio.Future[None]] = {}
-        self.verbs: dict[str, tuple[msgspec.msgpack.Decoder[Any], Handler]] = {
-            "submit": (msgspec.msgpack.Decoder(SubmitRequest), self.submit),
-            "status": (msgspec.msgpack.Decoder(StatusRequest), self.status),
-            "nodes": (msgspec.msgpack.Decoder(NodesRequest), self.nodes),
-            "why": (msgspec.msgpack.Decoder(WhyRequest), self.why),
-            "events": (msgspec.msgpack.Decoder(EventsRequest), self.events),
-            "stats": (msgspec.msgpack.Decoder(StatsRequest), self.stats),
-            "cancel": (msgspec.msgpack.Decoder(CancelRequest), self.cancel),
-            "drain": (msgspec.msgpack.Decoder(DrainRequest), self.drain),
-            "deploy": (msgspec.msgpack.Decoder(DeployRequest), self.deploy),
-            "service": (msgspec.msgpack.Decoder(ServiceRequest), self.service),
-            "services": (msgspec.msgpack.Decoder(ServicesRequest), self.list_services),
-            "scale": (msgspec.msgpack.Decoder(ScaleRequest), self.scale),
-            "stop": (msgspec.msgpack.Decoder(StopServiceRequest), self.stop),
-            "rollback": (msgspec.msgpack.Decoder(RollbackRequest), self.rollback),
+        kinds: dict[str, tuple[type[Any], Handler]] = {
+            "submit": (SubmitRequest, self.submit),
+            "status": (StatusRequest, self.status),
+            "nodes": (NodesRequest, self.nodes),
+            "why": (WhyRequest, self.why),
+            "events": (EventsRequest, self.events),
+            "stats": (StatsRequest, self.stats),
+            "cancel": (CancelRequest, self.cancel),
+            "drain": (DrainRequest, self.drain),
+            "deploy": (DeployRequest, self.deploy),
+            "service": (ServiceRequest, self.service),
+            "services": (ServicesRequest, self.list_services),
+            "scale": (ScaleRequest, self.scale),
+            "stop": (StopServiceRequest, self.stop),
+            "rollback": (RollbackRequest, self.rollback),
         }
+        #: Per verb: its guard (rules 1 and 5) and its handler.
+        self.verbs: dict[str, tuple[Guard[Any], Handler]] = {
+            verb: (Guard(f"{verb} request", type_, ctx.rejects, door=Door(
+                ctx.rejects, subjects.API.format(verb=verb), what=f"{verb} request",
+                inbox=_operators, owner=_operator)), handler)
+            for verb, (type_, handler) in kinds.items()}
 
     async def start(self, nc: Any) -> None:
+        """One subscription per verb, each bound to its verb (rule 5)."""
         for verb in self.verbs:
-            await nc.subscribe(subjects.API.format(verb=verb), cb=self._handle)
+            await nc.subscribe(subjects.API.format(verb=verb), cb=self._handler(verb))
 
-    async def _handle(self, msg: Msg) -> None:
+    def _handler(self, verb: str) -> Callable[[Msg], Awaitable[None]]:
+        async def handle(msg: Msg) -> None:
+            await self._handle(verb, msg)
+        return handle
+
+    async def _handle(self, verb: str, msg: Msg) -> None:
         """Rule 2: each request on a task of its own, while there is room."""
         if len(self._serving) >= MAX_IN_FLIGHT:
-            await self._serve(msg)
+            await self._serve(verb, msg)
             return
-        task = asyncio.ensure_future(self._serve(msg))
+        task = asyncio.ensure_future(self._serve(verb, msg))
         self._serving.add(task)
         task.add_done_callback(self._serving.discard)
 
-    async def _serve(self, msg: Msg) -> None:
-        verb = subjects.node_of(msg.subject)
-        decoder, handler = self.verbs[verb]
-        try:
-            request = decoder.decode(msg.data)
-        except (msgspec.DecodeError, RecursionError) as exc:  # depth guard: no DecodeError
-            self.ctx.rejects.count(f"malformed {verb} request", msg.subject)
-            reply: Message = ApiError(error=f"malformed {verb} request: {exc}")
+    async def _serve(self, verb: str, msg: Msg) -> None:
+        guard, handler = self.verbs[verb]
+        request = guard(msg)
+        answer_to, refused = guard.reply, guard.refused  # before any other request's turn
+        if not answer_to:  # not gavel's, or no answer may go where it asks (rule 5)
+            return
+        if request is None:
+            reply: Message = ApiError(error=refused)
         else:
             try:
                 reply = await handler(request)
             except Exception as exc:  # an API bug must not kill the broker
-                self.ctx.rejects.count(f"failed {verb} request", msg.subject)
+                self.ctx.rejects.count(f"failed {verb} request", msg.subject,
+                                       _operator(msg.subject))
                 reply = ApiError(error=f"{verb} failed: {exc}")
-        if msg.reply:
-            try:
-                await msg.respond(_enc.encode(reply))
-            except Exception as exc:  # the connection went: the client will time out
-                self.ctx.log.warning("could not answer a %s request: %s", verb, exc)
+        try:
+            await self.ctx.outbox.nc.publish(answer_to, _enc.encode(reply))
+        except Exception as exc:  # the connection went: the client will time out
+            self.ctx.log.warning("could not answer a %s request: %s", verb, exc)
 
     def close(self) -> None:
         for task in list(self._serving):
@@ -439,6 +458,16 @@ class Api:
         refused = self.deploys.refused(req.name)
         got = refused or await self.deploys.rollback(req.name, req.to_version)
         return got or self._service_reply(req.name)
+
+
+def _operators(_subject: str) -> str:
+    """Every API request is an operator's: it is answered under the operators' inbox."""
+    return subjects.OPERATOR_INBOX
+
+
+def _operator(_subject: str) -> str:
+    """Who asked, for the log: operators share one credential, so no one in particular."""
+    return "an operator"
 
 
 def _pct(sorted_values: list[float], pct: float) -> float:

@@ -36,7 +36,7 @@ from gavel.shared import subjects
 from gavel.shared.lifecycle import PENDING
 from gavel.shared.messages import Cancel, Event, EventType, Health, InstanceState
 from gavel.shared.reasons import Reason
-from gavel.transport.inbound import Guard
+from gavel.transport.inbound import Door, Guard
 from gavel.transport.wire import Received
 
 __all__ = ["Promises"]
@@ -68,7 +68,8 @@ class Promises:
         self.ctx = ctx
         #: Waiting work may fit now (the auctioneer retries it at once).
         self.capacity_freed = capacity_freed
-        self._guard = Guard("event", Event, ctx.rejects, node=subjects.node_of)
+        self._guard = Guard("event", Event, ctx.rejects, node=subjects.node_of,
+                            door=Door(ctx.rejects, subjects.REPORT_ALL))
         self.acting: set[tuple[Kind, str]] = set()
         self.migrating: dict[str, list[str]] = {}
         self.live: dict[str, str] = {}  # instance -> provisioning/running, from reports
@@ -79,7 +80,7 @@ class Promises:
     # -- reports -------------------------------------------------------------------------
     def on_report(self, msg: Received) -> None:
         ctx = self.ctx
-        ev = self._guard(msg.subject, msg.data)
+        ev = self._guard(msg)
         if ev is None:
             return
         node = ev.node_id

@@ -8,7 +8,10 @@ Rules:
    mirrored to a JetStream KV entry after every commit that touches it, so workers converge
    onto the ref even when they missed the award message.
 3. Every message from the wire is decoded by one typed decoder per endpoint; anything
-   malformed, impersonating another node or stale is counted, logged once per kind, dropped.
+   malformed, impersonating another node, stale or no message of gavel's at all (a
+   JetStream delivery, flow control, a heartbeat) is counted, logged once per kind and peer
+   a minute (`transport.rejects`), dropped; a request is answered only under its
+   requester's own inbox (`transport.inbound`).
 4. Workers converge onto the broker's view, not the raw tree: when the ref moved under the
    broker (a commit by hand, a merge of a push), the nodes whose node.json the state it
    read holds differently from before are mirrored again from that state - which already
@@ -56,7 +59,7 @@ from gavel.shared.messages import Heartbeat
 from gavel.shared.records import NodeFile
 from gavel.shared.timing import Timing
 from gavel.transport import wire
-from gavel.transport.inbound import Guard
+from gavel.transport.inbound import Door, Guard
 from gavel.transport.rejects import Rejects
 
 __all__ = ["Broker", "NatsUnreachable", "tune_gc"]
@@ -118,7 +121,7 @@ class Broker:
         self.timers = Timers(started=clock())
         self.metrics = Metrics()
         self.committer.metrics = self.metrics
-        self.rejects = Rejects(self.log, self.metrics.rejected)
+        self.rejects = Rejects(self.log, self.metrics.rejected, clock)
         self.outbox = Outbox(self._publish_failed)
         self.events = Events(self.outbox)
         self.ctx = ctx = Context(timing=timing, ledger=self.ledger, committer=self.committer,
@@ -151,7 +154,8 @@ class Broker:
                             in_flight=lambda: len(self.auctioneer.auctions),
                             mirror=self.mirror)
         self.metrics.attach_services(self.services.counts)
-        self._heartbeat = Guard("heartbeat", Heartbeat, self.rejects, node=subjects.node_of)
+        self._heartbeat = Guard("heartbeat", Heartbeat, self.rejects, node=subjects.node_of,
+                                door=Door(self.rejects, subjects.HEARTBEAT_ALL))
         self.nats_options = dict(nats_options or {})
         #: How long `start` keeps trying to reach NATS before it raises `NatsUnreachable`
         #: (None: for ever, as the daemon does - see `gavel.cli.daemons`).
@@ -214,6 +218,9 @@ class Broker:
         attempt is a single try, and only an established connection reconnects for ever."""
         options: dict[str, Any] = {
             "name": "gavel-broker", "reconnect_time_wait": 0.5,
+            # Its own requests' answers (JetStream's, its subscription barrier) under a prefix
+            # of its own, which operators' `_INBOX.>` does not cover.
+            "inbox_prefix": subjects.BROKER_INBOX,
             "disconnected_cb": self._on_disconnect, "reconnected_cb": self._on_reconnect,
             **self.nats_options, "allow_reconnect": False}
         deadline = None if self.connect_wait_s is None else \
@@ -332,7 +339,7 @@ class Broker:
 
     # -- inbound -------------------------------------------------------------------------
     def _on_heartbeat(self, msg: wire.Received) -> None:
-        hb = self._heartbeat(msg.subject, msg.data)
+        hb = self._heartbeat(msg)
         if hb is None:
             return
         impossible = _impossible(hb)

@@ -17,6 +17,8 @@ from typing import Any
 import msgspec
 import pytest
 
+from gavel.broker.service import Broker
+from gavel.shared import subjects
 from gavel.shared.api import (
     DeployReply,
     DeployRequest,
@@ -25,13 +27,20 @@ from gavel.shared.api import (
     ScaleRequest,
     ServiceReply,
     ServiceRequest,
+    ServicesReply,
+    ServicesRequest,
     ServiceStatus,
     StopServiceRequest,
 )
+from gavel.shared.messages import Event, Spec
 from gavel.shared.messages import InstanceState as S
-from gavel.shared.messages import Spec
 from gavel.shared.reasons import Reason
 from gavel.shared.spec import Restart, Update
+from gavel.shared.strategies import make_strategy
+from gavel.transport import identity as auth
+from gavel.transport.client import call, connect
+from gavel.worker.agent import Agent
+from tests.integration.authed import Authed
 from tests.integration.harness import TIMING, Cluster, wait_for
 
 pytestmark = pytest.mark.integration
@@ -273,3 +282,50 @@ async def test_the_service_verbs_on_the_command_line(cluster: Cluster, tmp_path:
         f"{Reason.SUPERSEDED}\n"), out
     code, _, err = await gavel("scale", "nosuch", "1", *url)
     assert code == 3 and f"{Reason.UNKNOWN_SERVICE}: nosuch" in err
+
+
+async def test_a_service_runs_with_every_part_on_its_own_credential(authed: Authed) -> None:
+    """Least privilege holds for services: an operator deploys and follows the service's
+    events, each node runs its replicas and reports them, and nobody is refused anything."""
+    broker = Broker(nats_url=authed.url, state_dir=authed.root / "state", timing=TIMING,
+                    nats_options={"nkeys_seed": authed.seed(auth.BROKER)})
+    agents: list[Agent] = []
+    tasks: list[asyncio.Task[None]] = []
+    await broker.start()
+    try:
+        for node in ("a", "b"):
+            agents.append(Agent(
+                nats_url=authed.url, node_id=node, strategy=make_strategy("least-loaded"),
+                labels={}, state_dir=authed.root / node, timing=TIMING, cpu=2.0,
+                memory_mb=2048, nats_options={"nkeys_seed": authed.seed(node)}))
+            tasks.append(asyncio.create_task(agents[-1].run()))
+        await wait_for(lambda: len(broker.liveness.eligible(broker.now())) == 2, 15,
+                       what="both workers heard")
+        op = await connect(authed.url, authed.seed(auth.OPERATOR))
+        authed.conns.append(op)
+        heard: list[str] = []
+
+        async def on_event(msg: Any) -> None:
+            heard.append(msgspec.msgpack.decode(msg.data, type=Event).type)
+
+        await op.subscribe(subjects.EVENTS.format(instance="web"), cb=on_event)
+        # An operator may not publish to its own inbox (`wire.subscribed`); the deploy is
+        # the message behind the SUB instead: once it is answered, the SUB is in place.
+        await call(op, "deploy", DeployRequest(spec=service(2)), DeployReply)
+
+        async def deployed() -> bool:
+            st = (await call(op, "service", ServiceRequest(name="web"), ServiceReply)).service
+            return whole(st) and st.deployment is not None and \
+                st.deployment.state == "succeeded"
+        await wait_for(deployed, 30, what="the service deployed")
+        await wait_for(lambda: "deployed" in heard, 10, what="the operator hears it")
+        await call(op, "scale", ScaleRequest(name="web", count=1), ServiceReply)
+        await call(op, "stop", StopServiceRequest(name="web"), ServiceReply)
+        listed = await call(op, "services", ServicesRequest(), ServicesReply)
+        assert [s.stopped for s in listed.services] == [True]
+        assert authed.violations() == []
+    finally:
+        for agent in agents:
+            await agent.stop()
+        await asyncio.gather(*tasks)
+        await broker.close()

@@ -7,6 +7,7 @@ a broker started again on the same repository carries on without a double replic
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +41,7 @@ from tests.unit.fuzzkit import Msg
 from tests.unit.test_fuzz_broker import Rig, heartbeat
 
 _enc = msgspec.msgpack.Encoder()
+_CALLS = itertools.count()
 UPDATE = Update(min_healthy_s=1.0, healthy_deadline_s=5.0)
 
 
@@ -50,10 +52,12 @@ def web(count: int = 3, checks: bool = False, version: str = "1", **kw: Any) -> 
 
 
 def call(rig: Rig, verb: str, req: msgspec.Struct, reply: type[Any]) -> Any:
-    msg = Msg(subjects.API.format(verb=verb), _enc.encode(req), reply="_INBOX.api")
-    rig.run(rig.api._serve(msg))
+    inbox = f"_INBOX.api.{next(_CALLS)}"
+    msg = Msg(subjects.API.format(verb=verb), _enc.encode(req), reply=inbox)
+    rig.run(rig.api._serve(verb, msg))
     settle(rig)
-    return msgspec.msgpack.decode(msg.responses[0], type=reply | ApiError)
+    (answer,) = rig.answers(inbox)
+    return msgspec.msgpack.decode(answer, type=reply | ApiError)
 
 
 def settle(rig: Rig) -> None:
