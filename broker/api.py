@@ -1,5 +1,6 @@
 """The broker's request/reply API over NATS: submit, status, nodes, why, events, cancel, drain,
-and the service verbs: deploy, service, services, scale, stop, rollback (`broker.deploys`).
+and endpoints (what a gateway routes to), and the service verbs: deploy, service, services,
+scale, stop, rollback (`broker.deploys`).
 
 Rules:
 1. One decoder per verb; a request that does not decode, or that cannot be honoured, gets
@@ -33,6 +34,7 @@ Rules:
 from __future__ import annotations
 
 import asyncio
+import itertools
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
@@ -57,9 +59,13 @@ from gavel.shared.api import (
     DeployRequest,
     DrainReply,
     DrainRequest,
+    Endpoint,
+    EndpointsReply,
+    EndpointsRequest,
     EventsReply,
     EventsRequest,
     InstanceStatus,
+    NodeAddress,
     NodesReply,
     NodesRequest,
     NodeStatus,
@@ -85,7 +91,7 @@ from gavel.shared.api import (
 from gavel.shared.health import Health
 from gavel.shared.lifecycle import PENDING
 from gavel.shared.messages import ApiError, Capacity, InstanceState, Message
-from gavel.shared.messages import Health as ReplicaHealth
+from gavel.shared.messages import Health as InstanceHealth
 from gavel.shared.reasons import Reason
 from gavel.shared.records import InstanceRecord, ServiceRecord
 from gavel.shared.spec import Spec
@@ -128,6 +134,7 @@ class Api:
             "stats": (StatsRequest, self.stats),
             "cancel": (CancelRequest, self.cancel),
             "drain": (DrainRequest, self.drain),
+            "endpoints": (EndpointsRequest, self.endpoints),
             "deploy": (DeployRequest, self.deploy),
             "service": (ServiceRequest, self.service),
             "services": (ServicesRequest, self.list_services),
@@ -322,12 +329,15 @@ class Api:
         if pl is not None and node is not None and rec.state in PENDING:
             st = "cancelling" if rec.cancelling else \
                 self.promises.live.get(iid, InstanceState.PLACED)
-            health, check = self.services.health(rec)
+            note = self.promises.health.get(iid)
+            health, check, restarts = (note.health, note.check, note.restarts) if note else \
+                (InstanceHealth.HEALTHY if st == InstanceState.RUNNING and not rec.spec.checks
+                 else InstanceHealth.UNKNOWN, "", 0)
             return InstanceStatus(instance_id=iid, name=rec.spec.name, state=st,
                                   node_id=node, attempt=pl.attempt, ports=dict(pl.ports),
+                                  health=health, check=check, restarts=restarts,
                                   reason=rec.reason if rec.cancelling else "",
-                                  health=health, check=check, service=rec.service,
-                                  version=rec.version)
+                                  service=rec.service, version=rec.version)
         st = self.auctioneer.status_of(iid, rec.state)
         return InstanceStatus(instance_id=iid, name=rec.spec.name, state=st,
                               node_id=rec.node_id, attempt=rec.attempt, reason=rec.reason,
@@ -357,7 +367,7 @@ class Api:
                                   draining=hb.draining or bool(nf and nf.draining),
                                   instances=len(nf.instances) if nf else 0,
                                   last_seen_s=round(now - self.ctx.liveness.last_seen[node_id],
-                                                    3)))
+                                                    3), advertise=hb.advertise))
         return NodesReply(nodes=out, rejected=dict(self.ctx.rejects.counts))
 
     async def why(self, req: WhyRequest) -> Message:
@@ -399,6 +409,31 @@ class Api:
         moving = self.promises.drain(req.node_id, req.undo, req.migrate)
         return DrainReply(node_id=req.node_id, draining=not req.undo, migrating=moving)
 
+    async def endpoints(self, req: EndpointsRequest) -> Message:
+        """Every live instance (placed or waiting) whose spec declares routes, as `status`
+        tells it, with the health its node last reported, and how each known node is
+        reached: a gateway's inputs (`gavel.shared.routes`). Read-only, from memory: the
+        placed and the pending indexes, never the ended records."""
+        state = self.ctx.ledger.state()
+        out: list[Endpoint] = []
+        for iid in itertools.chain(state.where, state.pending):
+            rec = state.instances.get(iid)
+            if rec is None or not rec.spec.routes:
+                continue
+            st = self.instance_status(rec)
+            note = self.promises.health.get(iid)
+            out.append(Endpoint(instance_id=iid, name=rec.spec.name, state=st.state,
+                                node_id=st.node_id, ports=st.ports,
+                                health=st.health or (str(note.health) if note else ""),
+                                service=rec.service, version=rec.version,
+                                routes=list(rec.spec.routes)))
+        now = self.ctx.now()
+        liveness = self.ctx.liveness
+        nodes = [NodeAddress(node_id=n, address=liveness.heartbeats[n].advertise,
+                             workdir=liveness.heartbeats[n].workdir,
+                             health=liveness.health(n, now)) for n in liveness.known()]
+        return EndpointsReply(endpoints=out, nodes=nodes)
+
     # -- services ------------------------------------------------------------------------
     async def deploy(self, req: DeployRequest) -> Message:
         spec = req.spec
@@ -422,7 +457,7 @@ class Api:
                 continue
             vs = versions.setdefault(r.version, VersionStatus(version=r.version))
             vs.replicas += 1
-            vs.healthy += r.health == ReplicaHealth.HEALTHY
+            vs.healthy += r.health == InstanceHealth.HEALTHY
         return ServiceStatus(name=svc.name, version=svc.version, count=svc.count,
                              stopped=svc.stopped, healthy_version=svc.healthy_version,
                              deployment=svc.deployment,

@@ -347,8 +347,7 @@ class Broker:
             self.rejects.count(impossible, msg.subject)
             return
         before = self.liveness.record(hb, self.now())
-        self.promises.heartbeat_lists(hb.node_id,
-                                      [(i.instance_id, i.state) for i in hb.instances])
+        self.promises.heartbeat_lists(hb.node_id, hb.instances)
         if hb.freed_ports:
             self.promises.ports_freed(hb.node_id, hb.freed_ports)
         if before is not Health.HEALTHY:

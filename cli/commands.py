@@ -33,8 +33,11 @@ from gavel.shared.api import (
     CancelRequest,
     DrainReply,
     DrainRequest,
+    EndpointsReply,
+    EndpointsRequest,
     EventsReply,
     EventsRequest,
+    InstanceStatus,
     NodesReply,
     NodesRequest,
     StatusReply,
@@ -48,6 +51,7 @@ from gavel.shared.api import (
 from gavel.shared.errors import BadInput
 from gavel.shared.messages import Event, EventType
 from gavel.shared.reasons import render as render_reason
+from gavel.shared.routes import derive
 from gavel.transport.client import BrokerRefused, ClientError, NoAnswer, call, connect
 
 __all__ = ["SUBMIT_TRIES", "SUBMIT_TRY_S", "ClientError", "Refused", "UsageError", "run"]
@@ -62,7 +66,12 @@ class UsageError(BadInput):
 
 
 class Refused(Exception):
-    """The broker answered, but no: exit code 3."""
+    """The broker answered, but no: exit code 3. `status`: the instance as last seen, when
+    there is one (``--json`` prints it with the error)."""
+
+    def __init__(self, message: str, status: InstanceStatus | None = None) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 def _print_json(obj: object) -> None:
@@ -84,6 +93,9 @@ async def run(args: argparse.Namespace) -> int:
                 return await submit(args)
             except Refused as exc:
                 print(f"gavel submit: {exc}", file=sys.stderr)
+                if args.json:  # JSON on every outcome: the instance as last seen, and why
+                    seen = msgspec.to_builtins(exc.status) if exc.status is not None else {}
+                    _print_json({**seen, "error": str(exc)})
                 return 3
         case "status":
             return await status(args)
@@ -97,6 +109,8 @@ async def run(args: argparse.Namespace) -> int:
             return await cancel(args)
         case "drain":
             return await drain(args)
+        case "routes":
+            return await routes(args)
         case "deploy" | "services" | "scale" | "stop" | "rollback":
             verb = getattr(services, args.command)
             try:
@@ -135,7 +149,7 @@ async def submit(args: argparse.Namespace) -> int:
             return 0
         if sub is None:
             sub = await nc.subscribe(subjects.EVENTS.format(instance=iid))
-        return await _wait_placed(nc, sub, iid, args)
+        return await _wait_healthy(nc, sub, iid, args)
     finally:
         await nc.close()
 
@@ -154,23 +168,39 @@ async def _submit_once(nc: Any, req: SubmitRequest) -> SubmitReply:
     raise AssertionError("unreachable")
 
 
-async def _wait_placed(nc: Any, sub: Any, iid: str, args: argparse.Namespace) -> int:
+#: States an instance never leaves: --wait gives up on them at once (succeeded is success).
+_ENDED = ("failed", "lost", "cancelled")
+
+
+async def _wait_healthy(nc: Any, sub: Any, iid: str, args: argparse.Namespace) -> int:
+    """``--wait``: until the instance runs and is healthy (which an instance without checks
+    is once it runs), or has succeeded. It ending otherwise, being unschedulable, or the
+    timeout passing first is `Refused`, with the reason: the check's output for an unhealthy
+    instance, the detail of a failed one."""
     deadline = time.monotonic() + args.timeout
     dec = msgspec.msgpack.Decoder(Event)
+    unhealthy = ""  # the last check failure heard of: the instance may recover, or not
     while True:
-        # The placement may already have happened before we subscribed: ask status too.
+        # What happened before we subscribed is in the status: ask it too.
         st = await call(nc, "status", StatusRequest(instance_id=iid), StatusReply)
         inst = st.instances[0]
-        if inst.node_id and inst.state not in ("queued", "unschedulable"):
+        if (inst.state == "running" and inst.health == "healthy") or inst.state == "succeeded":
             if args.json:
                 _print_json(inst)
             else:
-                print(f"{iid} placed on {inst.node_id}")
+                print(f"{iid} {inst.health if inst.state == 'running' else inst.state} on "
+                      f"{inst.node_id}")
             return 0
+        if inst.health == "unhealthy" and inst.check:
+            unhealthy = inst.check
+        if inst.state in _ENDED:
+            raise Refused(f"{iid} {inst.state}: " + ": ".join(
+                p for p in (inst.reason, inst.detail) if p), inst)
         remaining = deadline - time.monotonic()
         if remaining <= 0:
-            raise Refused(f"{iid} not placed within {args.timeout:g}s: "
-                          f"{inst.state} {inst.detail or inst.reason}".rstrip())
+            now = f"unhealthy: {unhealthy}" if unhealthy else " ".join(
+                p for p in (inst.state, inst.health, inst.detail or inst.reason) if p)
+            raise Refused(f"{iid} not healthy within {args.timeout:g}s: {now}", inst)
         try:
             msg = await sub.next_msg(timeout=min(remaining, 1.0))
         except Exception:
@@ -180,9 +210,11 @@ async def _wait_placed(nc: Any, sub: Any, iid: str, args: argparse.Namespace) ->
         except (msgspec.DecodeError, RecursionError):
             continue  # not an event: garbage on the subject changes nothing
         if ev.type == EventType.UNSCHEDULABLE:
-            raise Refused(f"{iid} is unschedulable: {ev.detail or ev.reason}")
+            raise Refused(f"{iid} is unschedulable: {ev.detail or ev.reason}", inst)
         if ev.type == EventType.ERROR:
-            raise Refused(f"{iid}: {ev.reason} {ev.detail}".rstrip())
+            raise Refused(f"{iid}: {ev.reason} {ev.detail}".rstrip(), inst)
+        if ev.type == EventType.UNHEALTHY:
+            unhealthy = f"{ev.check}: {ev.detail}" if ev.detail else ev.check
 
 
 async def status(args: argparse.Namespace) -> int:
@@ -203,10 +235,11 @@ async def status(args: argparse.Namespace) -> int:
     if args.json:
         _print_json(reply.instances)
         return 0
-    rows = [("INSTANCE", "STATE", "NODE", "ATTEMPT", "REASON")]
+    rows = [("INSTANCE", "STATE", "HEALTH", "NODE", "ATTEMPT", "RESTARTS", "REASON")]
     for i in reply.instances:
-        why = i.detail if i.state == "unschedulable" else (i.reason or "")
-        rows.append((i.instance_id, i.state, i.node_id or "-", str(i.attempt), why))
+        why = i.detail if i.state == "unschedulable" else (i.reason or i.check or "")
+        rows.append((i.instance_id, i.state, i.health or "-", i.node_id or "-", str(i.attempt),
+                     str(i.restarts), " ".join(why.split())))
     _table(rows)
     return 0
 
@@ -220,10 +253,12 @@ async def nodes(args: argparse.Namespace) -> int:
     if args.json:
         _print_json(reply)
         return 0
-    rows = [("NODE", "HEALTH", "STRATEGY", "CPU", "MEMORY MB", "INSTANCES", "LABELS")]
+    rows = [("NODE", "HEALTH", "ADDRESS", "STRATEGY", "CPU", "MEMORY MB", "INSTANCES",
+             "LABELS")]
     for n in reply.nodes:
         labels = ",".join(f"{k}={v}" for k, v in sorted(n.labels.items()))
-        rows.append((n.node_id, n.health + (" draining" if n.draining else ""), n.strategy,
+        rows.append((n.node_id, n.health + (" draining" if n.draining else ""),
+                     n.advertise or "-", n.strategy,
                      f"{n.committed.cpu:g}/{n.capacity.cpu:g}",
                      f"{n.committed.memory_mb}/{n.capacity.memory_mb}",
                      str(n.instances), labels or "-"))
@@ -242,9 +277,14 @@ async def why(args: argparse.Namespace) -> int:
         return 0
     i = reply.instance
     print(f"{i.instance_id}: {i.state}" + (f" on {i.node_id}" if i.node_id else "")
+          + (f", {i.health}" if i.health else "")
+          + (f", {i.restarts} restart{'' if i.restarts == 1 else 's'} in place"
+             if i.restarts else "")
           + (f", replica of service {i.service} version {i.version}" if i.service else "")
           + (f" — {i.detail or i.reason}" if i.state in ("unschedulable", "failed", "lost")
              or (i.state == "cancelled" and i.service) else ""))
+    if i.check:
+        print(f"  check {i.check}")
     for a in reply.auctions:
         head = (f"auction {a.auction_id}: won by {a.winner} at load {a.load:.3f}"
                 + (" (tie broken on node id)" if a.tie_broken else "")
@@ -268,6 +308,10 @@ def _fmt_event(e: Event) -> str:
         parts.append(f"exit={e.exit_code}")
     if e.reason:
         parts.append(f"reason={e.reason!r}")
+    if e.restarts:
+        parts.append(f"restarts={e.restarts}")
+    if e.check:
+        parts.append(f"check={e.check!r}")
     if e.detail:
         parts.append(e.detail)
     return " ".join(parts)
@@ -326,6 +370,40 @@ async def drain(args: argparse.Namespace) -> int:
         what = "draining" if reply.draining else "back in service"
         extra = f"; moving {reply.migrating} instances one by one" if reply.migrating else ""
         print(f"{reply.node_id}: {what}{extra}")
+    return 0
+
+
+async def routes(args: argparse.Namespace) -> int:
+    """The route table a gateway derives from the broker's endpoints, derived here the same
+    way (`gavel.shared.routes`): what is routed where, and what leads nowhere now."""
+    nc = await connect(args.nats, args.creds)
+    try:
+        reply = await call(nc, "endpoints", EndpointsRequest(), EndpointsReply)
+    finally:
+        await nc.close()
+    table = derive(reply.endpoints, reply.nodes)
+    if args.json:
+        _print_json(table)
+        return 0
+    if not table:
+        print("no live instance declares a route")
+        return 0
+    rows = [("NAME", "MATCH", "TARGET", "LEADS TO", "REPLICAS")]
+    for e in table:
+        if e.port:
+            target = f"port {e.port}"
+            leads = ", ".join(u.dial for u in e.upstreams)
+            serving = len(e.upstreams)
+        else:
+            target = f"files {e.files}"
+            leads, serving = e.root, int(bool(e.root))
+        if e.strip_prefix:
+            target += " (prefix stripped)"
+        leads = leads or "nothing (no healthy running replica)"
+        if e.shadowed_by:
+            leads += f" (shadowed by {e.shadowed_by})"
+        rows.append((e.name, f"{e.host}{e.path}", target, leads, f"{serving}/{e.replicas}"))
+    _table(rows)
     return 0
 
 

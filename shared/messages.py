@@ -292,6 +292,11 @@ class Heartbeat(Message, tag="heartbeat"):
     #: Ports node.json blocks (found taken outside gavel) that bind again now: the broker
     #: unblocks them, so a port someone borrowed is not lost to gavel for ever.
     freed_ports: list[int] = []
+    #: The address the gateway reaches this node's instances at (`WorkerConfig.advertise`).
+    advertise: Annotated[str, msgspec.Meta(max_length=253)] = ""
+    #: The absolute directory holding each instance's own directory on this node (a
+    #: gateway on a host that sees it serves files an instance writes there).
+    workdir: Annotated[str, msgspec.Meta(max_length=4096)] = ""
 
 
 class Event(Message, tag="event"):

@@ -48,7 +48,7 @@ from gavel.transport import wire
 from gavel.transport.inbound import Door, Guard
 from gavel.transport.rejects import Throttle
 from gavel.worker.converge import Converger
-from gavel.worker.hoststats import Sampler, detect_capacity
+from gavel.worker.hoststats import Sampler, detect_capacity, primary_address
 from gavel.worker.ports import bindable
 from gavel.worker.supervisor import Supervisor
 
@@ -64,7 +64,7 @@ class Agent:
                  labels: dict[str, str], state_dir: Path, timing: Timing,
                  cpu: float | None = None, memory_mb: int | None = None,
                  port_range: tuple[int, int] = (20000, 20999),
-                 nats_options: dict[str, Any] | None = None) -> None:
+                 nats_options: dict[str, Any] | None = None, advertise: str = "") -> None:
         self.node_id = node_id
         self.strategy = strategy
         self.labels = dict(labels)
@@ -72,6 +72,10 @@ class Agent:
         self.timing = timing
         self.port_range = port_range
         self.capacity = detect_capacity(cpu, memory_mb, port_range)
+        #: Where a gateway reaches this node's instances (the heartbeat carries it), and the
+        #: directory each instance's own directory is in.
+        self.advertise = advertise or primary_address()
+        self.workdir = str((self.state_dir / "instances").resolve())
         self._refused = _Refused()
         #: Undecodable messages per endpoint ("rfb", "award", "cancel").
         self.malformed = self._refused.malformed_kinds
@@ -87,7 +91,8 @@ class Agent:
         self._supervisor = Supervisor(
             node_id=node_id, state_dir=self.state_dir, timing=timing, port_range=port_range,
             report=self._report, on_change=self._refresh_view,
-            reserved=lambda iid: self.converger.reserved(iid))
+            reserved=lambda iid: self.converger.reserved(iid),
+            secrets=lambda iid, attempt: self.converger.secrets(iid, attempt))
         #: Makes this node match its node.json (KV); its counters say what it did.
         self.converger = Converger(node_id=node_id, timing=timing,
                                     supervisor=self._supervisor,
@@ -147,6 +152,7 @@ class Agent:
             labels=self.labels, capacity=view.capacity, committed=view.committed,
             stats=view.stats, draining=view.draining, instances=self.instances(),
             port_range=list(self.port_range), freed_ports=self._freed_ports(),
+            advertise=self.advertise, workdir=self.workdir,
         )
 
     def _freed_ports(self) -> list[int]:
@@ -324,12 +330,15 @@ class Agent:
     async def _report(self, instance_id: str, attempt: int, type_: str, reason: str,
                       detail: str, exit_code: int | None, *,
                       ports: dict[str, int] | None = None,
-                      taken: list[int] | None = None) -> None:
-        log.info("instance %s attempt %d: %s %s %s", instance_id, attempt, type_, reason, detail)
+                      taken: list[int] | None = None, check: str = "",
+                      restarts: int = 0) -> None:
+        log.info("instance %s attempt %d: %s %s %s%s", instance_id, attempt, type_, reason,
+                 f"{check}: " if check else "", detail)
         await self._send(self._report_subject, Event(
             instance_id=instance_id, type=type_, node_id=self.node_id, reason=reason,
             detail=detail, exit_code=exit_code, attempt=attempt, at=time.time(),
-            ports=dict(ports or {}), taken=list(taken or [])))
+            ports=dict(ports or {}), taken=list(taken or []), check=check,
+            restarts=restarts))
 
     async def _send(self, subject: str, message: Message) -> None:
         """Publish now, or keep it for when the connection exists; log what NATS refuses."""

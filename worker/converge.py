@@ -90,6 +90,8 @@ class Converger:
         self._sink: Sink = sink or _Quiet()
         #: The watch of this node's key, once started.
         self.watch: NodeWatch | None = None
+        #: Set once connected (`start`): what asks the broker before that waits for it.
+        self._connected = asyncio.Event()
         self._wake = asyncio.Event()
         self._loops: list[asyncio.Task[None]] = []
         self._asking: dict[tuple[str, str], asyncio.Task[None]] = {}
@@ -114,6 +116,7 @@ class Converger:
     def start(self, nc: NATS) -> None:
         """Start watching node.json once connected and subscribed."""
         self._nc = nc
+        self._connected.set()
         self._loops += [asyncio.create_task(self._watch()),
                         asyncio.create_task(self._reconcile_loop())]
 
@@ -243,6 +246,22 @@ class Converger:
                             reply.node_id, reply.instance_id)
             return None
         return reply
+
+    async def secrets(self, iid: str, attempt: int) -> dict[str, str] | None:
+        """The secret values of the award of `iid` at `attempt`, asked of the broker (a
+        re-adopted instance needs them to restart, maybe before this node has connected:
+        it waits for the connection up to `offline_s`, after which the node would fence
+        itself anyway); None when the broker did not give them (no answer, not placed
+        here, or another attempt)."""
+        try:
+            async with asyncio.timeout(self.timing.offline_s):
+                await self._connected.wait()
+        except TimeoutError:
+            return None
+        reply = await self._assignment(iid)
+        if isinstance(reply, Award) and reply.attempt == attempt:
+            return dict(reply.secret_env)
+        return None
 
     async def _fetch(self, iid: str) -> None:
         # The award message is usually on its way too (the KV copy and the message race):

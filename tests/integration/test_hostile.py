@@ -239,7 +239,7 @@ async def test_submit_wait_is_not_thrown_by_garbage_on_the_events_subject(
         flooding.cancel()
     assert "Traceback" not in proc.stderr, proc.stderr
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.strip() == "web-under-fire placed on node-a"
+    assert proc.stdout.strip() == "web-under-fire healthy on node-a"
 
 
 # -- operators' mistakes: exit 2 and one sentence --------------------------------------------

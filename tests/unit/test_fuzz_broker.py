@@ -398,7 +398,7 @@ SERVICE = Spec(name="svc", type="service", command=["true"], cpu=0.1, memory_mb=
 VERB_TEMPLATES: dict[str, Any] = {
     "submit": SubmitRequest(spec=SMALL, instance_id="tiny-9"),
     "status": None, "nodes": None, "why": None, "events": None, "stats": None,
-    "cancel": None, "drain": None,
+    "cancel": None, "drain": None, "endpoints": None,
     "deploy": DeployRequest(spec=SERVICE), "service": ServiceRequest(name="svc"),
     "services": None, "scale": ScaleRequest(name="svc", count=1),
     "stop": StopServiceRequest(name="svc"), "rollback": RollbackRequest(name="svc"),
