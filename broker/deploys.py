@@ -12,8 +12,9 @@ Rules:
    (the newest `KEYS_KEPT` keys, in memory: a broker started again finds the version
    deployed and changes nothing).
 3. `stop` keeps the record (``stopped``): every replica stops, a running deployment is
-   cancelled; a deploy starts it again. `rollback` goes back to a version the service had
-   (by default the last one that was healthy), in a deployment of its own.
+   cancelled; a deploy starts it again. `rollback` goes back to a version the service had,
+   in a deployment of its own: by default its last healthy version while it runs another,
+   or, on its healthy version, the version its last deploy came from (`_back`).
 4. A service whose file is not readable (`State.unreadable`) is never written: every verb
    is refused with the file's path and why.
 """
@@ -175,10 +176,10 @@ class Deploys:
             cur = view.service(name)
             if cur is None:
                 return None, lambda: _unknown(name)
-            target = to_version or cur.healthy_version
+            target = to_version or _back(cur)
             if not target:
-                return None, lambda: ApiError(error=f"no version of {name} has been healthy "
-                                                    "yet: name the version to go back to")
+                return None, lambda: ApiError(error=f"{name} has no version to go back to "
+                                                    "yet: name one (--to VERSION)")
             if cur.spec_of(target) is None:
                 return None, lambda: ApiError(error=f"{name} has no version {target}")
             if target == cur.version:
@@ -228,6 +229,16 @@ class Deploys:
 def _same(a: Spec, b: Spec) -> bool:
     """The same version: equal but for the count (a count alone is a scale, not a deploy)."""
     return msgspec.structs.replace(a, count=0) == msgspec.structs.replace(b, count=0)
+
+
+def _back(svc: ServiceRecord) -> int:
+    """Where `rollback` goes unless told (rule 3): the last healthy version while the service
+    runs another one; on its healthy version, the version its last deploy came from; 0 for
+    none."""
+    if svc.healthy_version and svc.healthy_version != svc.version:
+        return svc.healthy_version
+    dep = svc.deployment
+    return dep.from_version if dep is not None and dep.to_version == svc.version else 0
 
 
 def _unknown(name: str) -> ApiError:

@@ -173,12 +173,13 @@ def build_parser() -> argparse.ArgumentParser:
     _client(sp)
     sp.add_argument("name", help="service name")
 
-    rb = sub.add_parser("rollback", help="roll a service back to its last healthy version, "
-                        "or --to VERSION")
+    rb = sub.add_parser("rollback", help="roll a service back: to its last healthy version, "
+                        "or the one its last deploy came from, or --to VERSION")
     _client(rb)
     rb.add_argument("name", help="service name")
     rb.add_argument("--to", type=positive_int, default=0, metavar="VERSION",
-                    help="the version to go back to (default: the last one that was healthy)")
+                    help="the version to go back to (default: the last healthy one while "
+                    "another runs, else the one the last deploy came from)")
 
     sim_cli: ModuleType | None
     try:

@@ -363,7 +363,8 @@ def test_a_waiting_replica_is_cancelled_at_once_when_the_service_stops(rig: Rig)
 def test_rollback_and_its_refusals(rig: Rig) -> None:
     deployed(rig, web(count=1))
     got = call(rig, "rollback", RollbackRequest(name="web"), ServiceReply)
-    assert isinstance(got, ApiError) and "no version of web has been healthy" in got.error
+    assert isinstance(got, ApiError) and got.error == \
+        "web has no version to go back to yet: name one (--to VERSION)"
     deployed(rig, web(count=1, version="2"))
     got = call(rig, "rollback", RollbackRequest(name="web", to_version=7), ServiceReply)
     assert isinstance(got, ApiError) and got.error == "web has no version 7"
@@ -476,3 +477,21 @@ def test_two_passes_in_one_commit_start_a_replacement_once(rig: Rig) -> None:
         rig.b.committer.submit(Item(plan=lambda v: rig.b.services.keep(v, "web")))
     settle(rig)
     assert len(live(rig)) == 2
+
+
+def test_rollback_goes_back_to_the_version_the_last_deploy_came_from(rig: Rig) -> None:
+    for version in ("1", "2"):
+        deployed(rig, web(count=1, version=version))
+        place_waiting(rig)
+        sweep(rig)
+        rig.now += 1
+        sweep(rig)
+        for r in live(rig):
+            if r.cancelling:
+                report(rig, r.instance_id, "cancelled", reason=Reason.CANCELLED)
+    svc = rig.b.ledger.state().services["web"]
+    assert (svc.version, svc.healthy_version) == (2, 2)
+    got = call(rig, "rollback", RollbackRequest(name="web"), ServiceReply)
+    assert isinstance(got, ServiceReply) and got.service.version == 1
+    dep = got.service.deployment
+    assert dep is not None and (dep.to_version, dep.from_version) == (1, 2)
