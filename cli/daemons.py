@@ -1,4 +1,5 @@
-"""The daemons, `gavel broker` and `gavel worker`: settings in, a running service out.
+"""The daemons, `gavel broker`, `gavel worker` and `gavel gateway`: settings in, a running
+service out.
 
 Rules:
 1. Settings are resolved before anything starts (`settings`): --config FILE < GAVEL_*
@@ -6,10 +7,13 @@ Rules:
 2. Logs are configured before the first line is written, with every secret value the daemon
    knows (the secrets file, passwords in URLs, the push token) registered for redaction.
 3. The metrics endpoint and the git pusher live exactly as long as the daemon.
-4. A credential NATS refuses is retried `AUTH_TRIES` times, then the daemon exits 1 with one
+4. A broker whose state repository is damaged (an object missing or unreadable) stops with
+   `Stopped`: one sentence naming the object and what to do, exit status 1, no traceback.
+5. A credential NATS refuses is retried `AUTH_TRIES` times, then the daemon exits 1 with one
    error line; one that is not the daemon's own (NATS refuses a worker its own node's
    subjects, or the broker any subject) stops it at once. A worker stopped so leaves its
    instances running. NATS itself not answering is retried for ever (it may start later).
+6. `gavel config check` tells a file's daemon by the keys only that daemon reads.
 """
 
 from __future__ import annotations
@@ -31,10 +35,12 @@ from urllib.parse import quote, urlsplit
 from gavel.cli import logs
 from gavel.cli.config import (
     BROKER_OPTIONS,
+    GATEWAY_OPTIONS,
     WORKER_OPTIONS,
     BrokerConfig,
     ConfigError,
     DaemonConfig,
+    GatewayConfig,
     WorkerConfig,
     check_common,
     effective_timing,
@@ -51,10 +57,15 @@ if TYPE_CHECKING:
     from gavel.broker.service import Broker
     from gavel.worker.logfiles import LogLimits
 
-__all__ = ["BROKER_ONLY", "WORKER_ONLY", "check", "config_check", "config_kind", "run_broker",
-           "run_worker", "settings"]
+__all__ = ["BROKER_ONLY", "GATEWAY_ONLY", "WORKER_ONLY", "Stopped", "check", "config_check",
+           "config_kind", "run_broker", "run_gateway", "run_worker", "settings"]
 
 log = logging.getLogger("gavel.cli")
+
+
+class Stopped(Exception):
+    """The daemon stopped on its own for a reason the operator must act on (rule 4): the
+    command prints this one sentence and exits 1."""
 
 
 def _on_signal(stop: Callable[[], Any]) -> None:
@@ -76,12 +87,15 @@ def _secrets(path: str) -> dict[str, str]:
     return {k: str(v) for k, v in data.items()}
 
 
-def settings(args: argparse.Namespace) -> BrokerConfig | WorkerConfig:
+def settings(args: argparse.Namespace) -> DaemonConfig:
     """The daemon's effective config: --config FILE < GAVEL_* environment < flags."""
     file = args.config or os.environ.get("GAVEL_CONFIG") or None
     if args.command == "broker":
         return load(BrokerConfig, BROKER_OPTIONS, file=file, env=os.environ,
                     flags=flags_of(args, BROKER_OPTIONS))
+    if args.command == "gateway":
+        return load(GatewayConfig, GATEWAY_OPTIONS, file=file, env=os.environ,
+                    flags=flags_of(args, GATEWAY_OPTIONS))
     return load(WorkerConfig, WORKER_OPTIONS, file=file, env=os.environ,
                 flags=flags_of(args, WORKER_OPTIONS))
 
@@ -91,7 +105,7 @@ def check(args: argparse.Namespace) -> int:
     cfg = args.settings
     if isinstance(cfg, BrokerConfig):
         _secrets(cfg.secrets)
-    else:
+    elif isinstance(cfg, WorkerConfig):
         _strategy(cfg)
     _nats_options(cfg)
     print(render(cfg), end="")
@@ -107,10 +121,12 @@ def config_check(args: argparse.Namespace) -> int:
         except (OSError, ValueError, RecursionError):  # not UTF-8, not TOML, too deep
             data = {}  # `load` names the problem
         kind = config_kind(data, args.file)
-    cfg: BrokerConfig | WorkerConfig
+    cfg: DaemonConfig
     if kind == "broker":
         cfg = load(BrokerConfig, BROKER_OPTIONS, file=args.file, env=os.environ)
         _secrets(cfg.secrets)
+    elif kind == "gateway":
+        cfg = load(GatewayConfig, GATEWAY_OPTIONS, file=args.file, env=os.environ)
     else:
         cfg = load(WorkerConfig, WORKER_OPTIONS, file=args.file, env=os.environ)
         _strategy(cfg)
@@ -119,32 +135,33 @@ def config_check(args: argparse.Namespace) -> int:
     return 0
 
 
-#: The keys only one of the daemons reads (the rest, `DaemonConfig`'s, both do).
-WORKER_ONLY = frozenset(WorkerConfig.__struct_fields__) - set(DaemonConfig.__struct_fields__)
-BROKER_ONLY = frozenset(BrokerConfig.__struct_fields__) - set(DaemonConfig.__struct_fields__)
+#: The keys only one of the daemons reads (the rest, `DaemonConfig`'s, all of them do).
+_COMMON = set(DaemonConfig.__struct_fields__)
+WORKER_ONLY = frozenset(WorkerConfig.__struct_fields__) - _COMMON
+BROKER_ONLY = frozenset(BrokerConfig.__struct_fields__) - _COMMON
+GATEWAY_ONLY = frozenset(GatewayConfig.__struct_fields__) - _COMMON
 
 
 def config_kind(data: dict[str, Any], file: str) -> str:
-    """Which daemon reads a config file, from the keys only one of them has; a file with
-    keys of both, or only keys both read, is a `ConfigError` asking for --kind."""
-    worker = sorted(WORKER_ONLY & data.keys())
-    broker = sorted(BROKER_ONLY & data.keys())
-    if worker and broker:
-        raise ConfigError(f"config file {file} sets keys only a worker reads "
-                          f"({', '.join(worker)}) and keys only a broker reads "
-                          f"({', '.join(broker)}): give --kind broker or --kind worker.")
-    if worker:
-        return "worker"
-    if broker:
-        return "broker"
+    """Rule 6: which daemon reads a config file, from the keys only one of them has; a file
+    with keys of two, or only keys all of them read, is a `ConfigError` asking for --kind."""
+    found = {kind: sorted(only & data.keys()) for kind, only in (
+        ("worker", WORKER_ONLY), ("broker", BROKER_ONLY), ("gateway", GATEWAY_ONLY))}
+    kinds = [kind for kind, keys in found.items() if keys]
+    if len(kinds) > 1:
+        which = " and ".join(f"keys only a {k} reads ({', '.join(found[k])})" for k in kinds)
+        raise ConfigError(f"config file {file} sets {which}: give --kind "
+                          f"{' or --kind '.join(kinds)}.")
+    if kinds:
+        return kinds[0]
     if not data:
         return "broker"  # nothing to go by (or unreadable): `load` names any problem
-    check_common(data, file)  # a bad field is the same mistake for either daemon
-    raise ConfigError(f"config file {file} sets only keys both daemons read: give --kind "
-                      "broker or --kind worker.")
+    check_common(data, file)  # a bad field is the same mistake for any daemon
+    raise ConfigError(f"config file {file} sets only keys every daemon reads: give --kind "
+                      "broker, --kind worker or --kind gateway.")
 
 
-def _nats_options(cfg: BrokerConfig | WorkerConfig) -> dict[str, Any]:
+def _nats_options(cfg: DaemonConfig) -> dict[str, Any]:
     """Credentials (a .creds file or an nkey seed, told apart by content) and TLS for
     nats.connect; a tls:// URL alone uses the system CA store."""
     out: dict[str, Any] = connect_options(cfg.creds) if cfg.creds else {}
@@ -259,6 +276,7 @@ def make_broker(cfg: BrokerConfig, secrets: dict[str, str],
 
 
 async def run_broker(args: argparse.Namespace) -> int:
+    from gavel.broker.ledger.repository import LedgerError
     from gavel.broker.service import tune_gc
     from gavel.cli.metrics_http import MetricsUnavailable, serve
 
@@ -303,6 +321,8 @@ async def run_broker(args: argparse.Namespace) -> int:
         if not connecting:
             raise
         await broker.close()
+    except LedgerError as exc:  # rule 4: Damaged, at start or later
+        raise Stopped(str(exc)) from None
     finally:
         if pusher is not None and pushing is not None:
             await pusher.close(pushing, timeout=5.0)
@@ -353,7 +373,7 @@ async def run_worker(args: argparse.Namespace) -> int:
                           timing=effective_timing(cfg, os.environ), cpu=cfg.cpu,
                           memory_mb=cfg.memory_mb, port_range=cfg.ports,
                           nats_options={"error_cb": refusals.on_error, **_nats_options(cfg)},
-                          log_limits=log_limits(cfg))
+                          advertise=cfg.advertise, log_limits=log_limits(cfg))
     stopping.append(lambda: asyncio.ensure_future(agent.stop(kill_children=False)))
     loop = asyncio.get_running_loop()
     agent.metrics.attach(agent, loop)
@@ -371,3 +391,60 @@ async def run_worker(args: argparse.Namespace) -> int:
         if server is not None:
             server.close()
     return 1 if refusals.fatal else 0
+
+
+async def run_gateway(args: argparse.Namespace) -> int:
+    """`gavel gateway`: an operator client of the broker that keeps Caddy's routes."""
+    import nats
+
+    from gavel.cli.metrics_http import MetricsUnavailable, serve
+    from gavel.gateway.admin import Admin
+    from gavel.gateway.keeper import Keeper
+    from gavel.gateway.metrics import GatewayMetrics
+
+    cfg: GatewayConfig = args.settings
+    logs.configure(cfg.log_format, cfg.log_level, secrets=_url_secrets(cfg.nats, cfg.admin))
+    timing = effective_timing(cfg, os.environ)
+    stopping = asyncio.Event()
+    _on_signal(stopping.set)
+    options: dict[str, Any] = {"name": "gavel-gateway", "max_reconnect_attempts": -1,
+                               "reconnect_time_wait": 0.5, "error_cb": _gateway_nats_error,
+                               **_nats_options(cfg)}
+    nc, said = None, False
+    while nc is None:  # a gateway started before NATS waits for it, saying so once
+        try:
+            nc = await nats.connect(cfg.nats, **options)
+        except Exception as exc:
+            if not said:
+                log.warning("cannot reach NATS at %s (%s); retrying", mask_url(cfg.nats), exc)
+                said = True
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(1.0):
+                    await stopping.wait()
+            if stopping.is_set():
+                return 0
+    keeper = Keeper(nc=nc, admin=Admin(cfg.admin), timing=timing, server=cfg.server,
+                    listen=cfg.listen, static_roots=cfg.static_roots)
+    server = None
+    if cfg.metrics_port is not None:
+        try:
+            server = serve(GatewayMetrics(keeper).registry, cfg.metrics_port, cfg.metrics_addr)
+        except MetricsUnavailable as exc:
+            await nc.close()
+            raise ConfigError(f"{exc}.") from None
+        log.info("metrics at %s", server.url)
+    log.info("gateway: routes into Caddy server %r through %s", cfg.server, mask_url(cfg.admin))
+    running = asyncio.ensure_future(keeper.run())
+    try:
+        await stopping.wait()
+    finally:
+        keeper.stop()
+        await running
+        await nc.close()
+        if server is not None:
+            server.close()
+    return 0
+
+
+async def _gateway_nats_error(exc: Exception) -> None:
+    log.warning("nats: %s", str(exc) or type(exc).__name__)

@@ -24,8 +24,8 @@ from gavel.shared.messages import ApiError, Message
 from gavel.shared.redact import mask_url
 from gavel.transport.creds import connect_options
 
-__all__ = ["BadNatsUrl", "BrokerRefused", "ClientError", "NoNats", "call", "check_url",
-           "connect", "wait_healthy"]
+__all__ = ["BadNatsUrl", "BrokerRefused", "ClientError", "NoAnswer", "NoNats", "call",
+           "check_url", "connect", "wait_healthy"]
 
 T = TypeVar("T", bound=Message)
 _enc = msgspec.msgpack.Encoder()
@@ -63,6 +63,8 @@ def check_url(url: str) -> None:
         if not ok:
             raise BadNatsUrl(f"{mask_url(part.strip())!r} is not a NATS URL: expected "
                              "nats://HOST:PORT (or tls://, ws://, wss://).")
+class NoAnswer(ClientError):
+    """The broker did not answer in time: what it did with the request is unknown."""
 
 
 async def _quiet(exc: Exception) -> None:
@@ -103,7 +105,7 @@ async def call(nc: Any, verb: str, request: Message, reply_type: type[T],
         if err is not None and "permissions violation" in str(err).lower():
             raise ClientError(f"NATS did not let this credential call {verb} ({err}); the "
                               "API takes an operator credential") from None
-        raise ClientError(f"the broker did not answer {verb} within {timeout:g}s") from None
+        raise NoAnswer(f"the broker did not answer {verb} within {timeout:g}s") from None
     try:
         reply = msgspec.msgpack.decode(msg.data, type=reply_type | ApiError)
     except (msgspec.DecodeError, RecursionError) as exc:  # not our broker, or not a broker

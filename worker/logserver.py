@@ -5,10 +5,13 @@ Rules:
    a `Guard`: one naming another node, or that does not decode, is counted and answered
    with `ApiError`; so is one for an instance with no output here. Each request is served
    on a task of its own, at most `MAX_READERS` at once (past that: `ApiError`).
-2. Every reply goes to the request's reply subject, never elsewhere, and one request gets at
-   most `replies_max` replies within `window_s` (`shared.logstream` rule 1), the last a
-   `LogsDone`; the node stops a little before the window closes (`WINDOW_USE`), so the
-   server's response permission is never overrun and the asker can ask again in time.
+2. Every reply goes to the request's reply subject, and only when that lies under the
+   operators' inbox (`transport.inbound` rule 5: the server's response permission would let
+   a node answer wherever a request asked, an award subject included); a request without
+   one is counted and never answered. One request gets at most `replies_max` replies
+   within `window_s` (`shared.logstream` rule 1), the last a `LogsDone`; the node stops a
+   little before the window closes (`WINDOW_USE`), so the server's response permission is
+   never overrun and the asker can ask again in time.
 3. History first: from the cursor, or from where ``tail`` and ``since`` start (the later of
    the two); several streams are merged by their time marks (`worker.logfiles` rule 3), so
    stdout and stderr come back in the order they were written, to the tick. A follow then
@@ -30,6 +33,7 @@ from typing import Any
 import msgspec
 from nats.aio.msg import Msg
 
+from gavel.shared import subjects
 from gavel.shared.logstream import (
     CHUNK_MAX,
     REPLIES_MAX,
@@ -40,7 +44,7 @@ from gavel.shared.logstream import (
     Stream,
 )
 from gavel.shared.messages import ApiError, Message
-from gavel.transport.inbound import Guard, Sink
+from gavel.transport.inbound import Door, Guard, Sink
 from gavel.worker.logfiles import Output, Outputs
 
 __all__ = ["MAX_READERS", "WINDOW_USE", "LogServer", "tick"]
@@ -69,23 +73,29 @@ class LogServer:
         self.window_s = window_s
         self.replies_max = replies_max
         self._clock = clock
-        self._guard = Guard("logs request", LogsRequest, sink, node=lambda _s: node_id)
+        self._guard = Guard("logs request", LogsRequest, sink, node=lambda _s: node_id,
+                            door=Door(sink, subjects.LOGS.format(node=node_id),
+                                      what="logs request",
+                                      inbox=lambda _s: subjects.OPERATOR_INBOX,
+                                      owner=lambda _s: "operator"))
         self._serving: set[asyncio.Task[None]] = set()
 
     async def on_request(self, msg: Msg) -> None:
         """Rule 1: the subscription's callback."""
-        req = self._guard(msg.subject, msg.data)
-        if not msg.reply:
+        guard = self._guard
+        req = guard(msg)
+        reply = guard.reply  # rule 2: only under the operators' inbox, or nowhere
+        if not reply:
             return
         if req is None:
-            await self._send(msg.reply, ApiError(error=f"{self._guard.refused} dropped"))
+            await self._send(reply, ApiError(error=f"{guard.refused} dropped"))
             return
         if len(self._serving) >= MAX_READERS:
-            await self._send(msg.reply, ApiError(
+            await self._send(reply, ApiError(
                 error=f"node {self.node_id} is serving {MAX_READERS} log readers already; "
                 "try again shortly"))
             return
-        task = asyncio.ensure_future(self._serve(req, msg.reply))
+        task = asyncio.ensure_future(self._serve(req, reply))
         self._serving.add(task)
         task.add_done_callback(self._serving.discard)
 

@@ -144,10 +144,15 @@ def test_config_check_tells_a_worker_file_by_its_keys(tmp_path: Path) -> None:
     assert proc.stdout.startswith("# effective worker config")
     both = tmp_path / "both.toml"
     both.write_text('ports = [1, 2]\nref = "refs/heads/main"\n')
-    assert "give --kind broker or --kind worker" in one_line(run("config", "check", str(both)), 2)
+    assert one_line(run("config", "check", str(both)), 2).endswith(
+        "sets keys only a worker reads (ports) and keys only a broker reads (ref): give "
+        "--kind worker or --kind broker.")
     common = tmp_path / "common.toml"
     common.write_text("metrics_port = 9100\n")
-    assert "only keys both daemons read" in one_line(run("config", "check", str(common)), 2)
+    assert "only keys every daemon reads" in one_line(run("config", "check", str(common)), 2)
+    gateway = tmp_path / "gateway.toml"
+    gateway.write_text('admin = "http://127.0.0.1:2019"\n')
+    assert run("config", "check", str(gateway)).stdout.startswith("# effective gateway config")
     assert run("config", "check", str(common), "--kind", "broker",
                env={"GAVEL_STATE": str(tmp_path)}).returncode == 0
 

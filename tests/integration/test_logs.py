@@ -366,7 +366,7 @@ async def test_garbage_on_the_log_subject_is_answered_and_counted(cluster: Clust
         msg = await nc.request(subject, data, timeout=5)
         return msgspec.msgpack.decode(msg.data, type=ApiError).error
 
-    assert await ask(b"\xc1") == "malformed logs request dropped"
+    assert (await ask(b"\xc1")).startswith("malformed logs request: ")
     assert await ask(_enc.encode(LogsRequest(node_id="node-b", instance_id="x"))) == \
         "logs request for another node dropped"
     for bad in ("../../etc", "nope"):
@@ -374,9 +374,14 @@ async def test_garbage_on_the_log_subject_is_answered_and_counted(cluster: Clust
             _enc.encode(LogsRequest(node_id="node-a", instance_id=bad)))
     assert agent.malformed["logs request"] == 1
     assert agent.ignored["logs request for another node"] == 1
-    await nc.publish(subject, b"\xc1")  # no reply subject: counted, nothing sent
+    await nc.publish(subject, b"\xc1")  # no reply subject: counted, never served
+    await nc.publish(subject, _enc.encode(LogsRequest(node_id="node-a", instance_id="x")),
+                     reply="gavel.award.node-b")  # a reply outside the operators' inbox
     await nc.flush()
-    await wait_for(lambda: agent.malformed["logs request"] == 2, 10, what="the count")
+    await wait_for(lambda: agent.ignored["logs request without a reply subject"] == 1 and
+                   agent.ignored["request with a reply subject outside the requester's "
+                                 "inbox"] == 1, 10, what="the counts")
+    assert agent.malformed["logs request"] == 1
 
 
 async def test_a_service_name_reads_every_replica_each_line_prefixed(
