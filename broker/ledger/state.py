@@ -10,6 +10,9 @@ Rules:
    placement is the broker's decision and lives only in ``nodes/``.
 3. End stamps (`InstanceRecord.ended_at`) are RFC 3339 in UTC; `shared/` keeps them as
    strings (the core touches no clock types), this module reads and writes them.
+4. A service's replicas are ordinary instance records naming it (`InstanceRecord.service`),
+   indexed by service, so what reads one service's replicas (the spread of its awards)
+   never walks every instance.
 """
 
 from __future__ import annotations
@@ -103,14 +106,26 @@ class State:
     #: Compact JSON of node files as our own commits wrote them, by node: the next change
     #: that only adds placements to one appends them to these bytes (`Change`).
     encoded: dict[str, tuple[NodeFile, bytes]] = field(default_factory=dict, repr=False)
+    #: The ids of every replica record naming each service (live or ended: an ordered set,
+    #: rule 4). A record rewritten by hand to name another service stays listed under the
+    #: old one too: readers check `InstanceRecord.service` (`replicas_of`).
+    replicas: dict[str, dict[str, None]] = field(default_factory=dict)
 
     def put_instance(self, iid: str, rec: InstanceRecord | None) -> None:
         if rec is None:
-            self.instances.pop(iid, None)
+            old = self.instances.pop(iid, None)
             self.pending.pop(iid, None)
             self.ended.pop(iid, None)
+            if old is not None and old.service:
+                of = self.replicas.get(old.service)
+                if of is not None:
+                    of.pop(iid, None)
+                    if not of:
+                        del self.replicas[old.service]
             return
         self.instances[iid] = rec
+        if rec.service:
+            self.replicas.setdefault(rec.service, {})[iid] = None
         if rec.state in PENDING and iid not in self.where:
             self.pending.setdefault(iid, None)
         else:
@@ -164,6 +179,25 @@ class State:
         else:
             self.draining.discard(nid)
         self.committed[nid] = committed if committed is not None else committed_by(nf)
+
+    def replicas_of(self, name: str) -> list[InstanceRecord]:
+        """Every replica record of the service `name` (live or ended)."""
+        out = []
+        for iid in self.replicas.get(name, ()):
+            rec = self.instances.get(iid)
+            if rec is not None and rec.service == name:
+                out.append(rec)
+        return out
+
+    def held_by(self, name: str) -> dict[str, int]:
+        """How many live replicas of the service `name` each node's node.json holds."""
+        out: dict[str, int] = {}
+        where = self.where
+        for rec in self.replicas_of(name):
+            node = where.get(rec.instance_id)
+            if node is not None and not rec.state.terminal:
+                out[node] = out.get(node, 0) + 1
+        return out
 
     def placement_of(self, instance_id: str) -> str | None:
         """The node whose node.json holds the instance, if any."""
