@@ -42,6 +42,7 @@ from gavel.transport.creds import connect_options
 
 if TYPE_CHECKING:
     from gavel.broker.service import Broker
+    from gavel.worker.cgroups import Enforcement
 
 __all__ = ["check", "config_check", "run_broker", "run_worker", "settings"]
 
@@ -232,6 +233,17 @@ def _strategy(cfg: WorkerConfig) -> Strategy:
         raise ConfigError(f"field `strategy_params`: {exc}.") from None
 
 
+def _cgroups(cfg: WorkerConfig) -> Enforcement:
+    """What the worker enforces (`worker.cgroups`); a hierarchy named but unusable is a
+    `ConfigError` sentence saying why."""
+    from gavel.worker.cgroups import Unavailable, detect
+
+    try:
+        return detect(cfg.cgroups, cfg.node_id, cpu_limit=cfg.cgroup_cpu)
+    except Unavailable as exc:
+        raise ConfigError(f"field `cgroups`: {exc}.") from None
+
+
 def _writable_dir(path: Path) -> None:
     """The worker's state directory exists (made if need be) and takes files - or a
     `ConfigError` sentence now, not a traceback at the first write."""
@@ -251,7 +263,7 @@ async def run_worker(args: argparse.Namespace) -> int:
                           labels=cfg.labels, state_dir=Path(cfg.state),
                           timing=effective_timing(cfg, os.environ), cpu=cfg.cpu,
                           memory_mb=cfg.memory_mb, port_range=cfg.ports,
-                          nats_options=_nats_options(cfg))
+                          nats_options=_nats_options(cfg), cgroups=_cgroups(cfg))
     loop = asyncio.get_running_loop()
     agent.metrics.attach(agent, loop)
     server = None

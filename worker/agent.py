@@ -44,6 +44,7 @@ from gavel.shared.strategies import Strategy, answer
 from gavel.shared.timing import Timing
 from gavel.transport import wire
 from gavel.transport.inbound import Guard
+from gavel.worker.cgroups import Enforcement
 from gavel.worker.converge import Converger
 from gavel.worker.hoststats import Sampler, detect_capacity
 from gavel.worker.ports import bindable
@@ -61,7 +62,8 @@ class Agent:
                  labels: dict[str, str], state_dir: Path, timing: Timing,
                  cpu: float | None = None, memory_mb: int | None = None,
                  port_range: tuple[int, int] = (20000, 20999),
-                 nats_options: dict[str, Any] | None = None) -> None:
+                 nats_options: dict[str, Any] | None = None,
+                 cgroups: Enforcement | None = None) -> None:
         self.node_id = node_id
         self.strategy = strategy
         self.labels = dict(labels)
@@ -69,6 +71,8 @@ class Agent:
         self.timing = timing
         self.port_range = port_range
         self.capacity = detect_capacity(cpu, memory_mb, port_range)
+        #: What this node enforces of each award (`worker.cgroups`); said once at start.
+        self.enforcement = cgroups or Enforcement.off()
         self._refused = _Refused()
         #: Undecodable messages per endpoint ("rfb", "award", "cancel").
         self.malformed = self._refused.malformed_kinds
@@ -84,7 +88,8 @@ class Agent:
         self._supervisor = Supervisor(
             node_id=node_id, state_dir=self.state_dir, timing=timing, port_range=port_range,
             report=self._report, on_change=self._refresh_view,
-            reserved=lambda iid: self.converger.reserved(iid))
+            reserved=lambda iid: self.converger.reserved(iid),
+            cgroups=self.enforcement.hierarchy)
         #: Makes this node match its node.json (KV); its counters say what it did.
         self.converger = Converger(node_id=node_id, timing=timing,
                                     supervisor=self._supervisor,
@@ -159,6 +164,9 @@ class Agent:
         try:
             if self._stop_requested.is_set():
                 return
+            enforcement = self.enforcement
+            (log.warning if enforcement.missing else log.info)(
+                "node %s: %s", self.node_id, enforcement.summary)
             await self._supervisor.restore()  # events wait in the outbox until connected
             self.converger.start_link_watch(lambda: self._nc)
             if await self._connect():
@@ -238,6 +246,8 @@ class Agent:
             for task in stuck:
                 log.error("worker task %s did not stop", task.get_name())
         await self._supervisor.shutdown(kill=self._kill_children)
+        if self.enforcement.hierarchy is not None:
+            self.enforcement.hierarchy.close()
         nc, self._nc = self._nc, None
         if nc is not None:
             try:  # flushes what is still buffered: the last events matter

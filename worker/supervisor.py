@@ -10,7 +10,10 @@ is logged, not reported, and the attempt is not remembered as run (if the broker
 here again, convergence may start it again). Ports are checked before the process starts
 (`worker.ports`); ``provisioning`` and ``running`` carry the real ports and the ones found
 taken. Secret values go to the child's environment only: never into a log line, never into
-``agent.json``.
+``agent.json``. With a cgroup hierarchy (`worker.cgroups`) each process runs in its
+instance's cgroup, limited to its award; one the kernel killed for its memory fails with
+`Reason.MEMORY_EXCEEDED`, and the cgroup goes once the instance has ended (a process left
+running for the next worker keeps it).
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import collections
 import logging
 import os
 import re
+import subprocess
 import time
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
@@ -30,6 +34,7 @@ from gavel.shared.messages import Award, Capacity, EventType, InstanceReport, In
 from gavel.shared.reasons import Reason
 from gavel.shared.records import Placement
 from gavel.shared.timing import Timing
+from gavel.worker.cgroups import Cgroup, Hierarchy, release
 from gavel.worker.driver import Process, instance_env, terminate
 from gavel.worker.localstate import FINISHED_KEPT, AgentFile, LocalInstance, load, save
 from gavel.worker.ports import assign
@@ -62,6 +67,8 @@ class _Held:
     stopping: str | None = None
     #: Ports of the award found taken outside gavel (reported with provisioning, running).
     taken: list[int] = field(default_factory=list)
+    #: The instance's cgroup, when the node enforces resources.
+    cgroup: Cgroup | None = None
 
     @property
     def id(self) -> str:
@@ -79,7 +86,8 @@ class Supervisor:
     def __init__(self, *, node_id: str, state_dir: Path, timing: Timing,
                  port_range: tuple[int, int], report: Report,
                  on_change: Callable[[], None],
-                 reserved: Callable[[str], Collection[int]] = lambda _iid: ()) -> None:
+                 reserved: Callable[[str], Collection[int]] = lambda _iid: (),
+                 cgroups: Hierarchy | None = None) -> None:
         self.node_id = node_id
         self.state_dir = state_dir
         self.timing = timing
@@ -88,6 +96,8 @@ class Supervisor:
         self._on_change = on_change
         #: Ports node.json gives to instances other than the one named, or blocks.
         self._reserved = reserved
+        #: Where instances' cgroups live (None: resources are not enforced).
+        self._cgroups = cgroups
         self._path = state_dir / "agent.json"
         self._held: dict[str, _Held] = {}
         self._finished: collections.deque[str] = collections.deque(maxlen=FINISHED_KEPT)
@@ -158,6 +168,8 @@ class Supervisor:
     async def _readopt(self, held: _Held) -> None:
         local = held.local
         held.proc = Process.adopt(local.pid, local.create_time, poll_s=self.timing.tick_s)
+        if self._cgroups is not None:  # it keeps its cgroup; an ended one's goes in `_end`
+            held.cgroup = self._cgroups.find(held.id, local.placement.spec.memory_mb)
         if held.proc is None and local.pid:
             await self._end(held, EventType.EXITED, "",
                             "exit status unknown: process ended while the worker was down")
@@ -225,11 +237,21 @@ class Supervisor:
                 base=os.environ, spec_env=placement.spec.env, secret_env=secret_env,
                 instance_id=held.id, node_id=self.node_id, attempt=held.attempt,
                 ports=placement.ports, port_order=placement.spec.ports)
+            if self._cgroups is not None:
+                try:
+                    held.cgroup = self._cgroups.create(held.id, placement.spec.cpu,
+                                                       placement.spec.memory_mb)
+                except OSError as exc:
+                    await self._end(held, EventType.FAILED, Reason.DRIVER_FAILED,
+                                    f"cannot make its cgroup: {exc.strerror or exc}")
+                    return
+                held.cgroup.started()
             try:
                 held.proc = Process.spawn(placement.spec.command, env=env,
                                           cwd=self.state_dir / "instances" / held.id,
-                                          poll_s=self.timing.tick_s)
-            except (OSError, ValueError) as exc:  # missing binary, not executable, NUL byte
+                                          poll_s=self.timing.tick_s, cgroup=held.cgroup)
+            except (OSError, ValueError, subprocess.SubprocessError) as exc:
+                # missing binary, not executable, NUL byte, could not enter its cgroup
                 await self._end(held, EventType.FAILED, Reason.DRIVER_FAILED, str(exc))
                 return
             local = held.local
@@ -256,6 +278,9 @@ class Supervisor:
                             "the worker shut down", code)
         elif why == Reason.FENCED:
             await self._end(held, EventType.FAILED, Reason.FENCED, "", code, report=False)
+        elif held.cgroup is not None and held.cgroup.exceeded(code):
+            await self._end(held, EventType.FAILED, Reason.MEMORY_EXCEEDED,
+                            f"killed by the kernel at its {spec.memory_mb} MB limit", code)
         elif held.proc is not None and held.proc.adopted:
             await self._end(held, EventType.EXITED, "", "exit status unknown: re-adopted process")
         elif code == 0:
@@ -296,6 +321,8 @@ class Supervisor:
             log.info("fenced instance %s attempt %d ended (exit %s)", held.id, held.attempt,
                      exit_code)
         self._persist()
+        if held.cgroup is not None:  # what the process left behind in it goes too
+            await release(held.cgroup)
 
     # -- the worker stops -------------------------------------------------------------------
 
