@@ -6,14 +6,21 @@ Rules:
    else is counted and dropped (a fenced or impersonating node changes nothing).
 2. Every change goes through a plan (compare-and-swap on the instance's state) and the
    group committer: a late event racing an expiry resolves to exactly one of them.
-3. Only failures that could succeed elsewhere (driver failed to start) spend an attempt and
-   re-auction; a process that ran and failed, or timed out, fails.
+3. Only failures that could succeed elsewhere (driver failed to start, its node restarted it
+   as often as its restart policy allows) spend an attempt and re-auction; a process that
+   ran and failed with no restarts allowed, or timed out, fails.
+4. A running instance's health is what its node last said, in an event (``healthy``,
+   ``unhealthy`` with the check and its output, ``restarted``) or a heartbeat; a heartbeat
+   keeps the check an event named while the health it says is the same.
+5. A cancel records why it was asked (the operator, or a service scaling down, stopping or
+   replacing a replica): the end its node confirms keeps that reason, and one the broker
+   overrules after the grace keeps it as its detail.
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from gavel.broker.context import Context
@@ -31,9 +38,16 @@ from gavel.broker.ledger.plan import (
 from gavel.broker.watchdog import Action, Kind, due
 from gavel.shared import subjects
 from gavel.shared.lifecycle import PENDING
-from gavel.shared.messages import Cancel, Event, EventType, Health, InstanceState
+from gavel.shared.messages import (
+    Cancel,
+    Event,
+    EventType,
+    Health,
+    InstanceReport,
+    InstanceState,
+)
 from gavel.shared.reasons import Reason
-from gavel.transport.inbound import Guard
+from gavel.transport.inbound import Door, Guard
 from gavel.transport.wire import Received
 
 __all__ = ["Promises"]
@@ -57,7 +71,11 @@ class HealthNote:
 
 #: Worker-reported failures that could succeed on another node: they consume an attempt.
 RETRYABLE = frozenset({Reason.DRIVER_FAILED.value, Reason.NO_ROOM_PORTS.value,
-                       Reason.WORKER_STOPPED.value})
+                       Reason.WORKER_STOPPED.value, Reason.RESTARTS_EXHAUSTED.value})
+
+
+#: The healths a heartbeat may say ("" says nothing: the node runs no checks for it yet).
+_HEALTHS = frozenset(h.value for h in Health if h is not Health.UNKNOWN)
 
 
 class Promises:
@@ -65,7 +83,8 @@ class Promises:
         self.ctx = ctx
         #: Waiting work may fit now (the auctioneer retries it at once).
         self.capacity_freed = capacity_freed
-        self._guard = Guard("event", Event, ctx.rejects, node=subjects.node_of)
+        self._guard = Guard("event", Event, ctx.rejects, node=subjects.node_of,
+                            door=Door(ctx.rejects, subjects.REPORT_ALL))
         self.acting: set[tuple[Kind, str]] = set()
         self.migrating: dict[str, list[str]] = {}
         self.live: dict[str, str] = {}  # instance -> provisioning/running, from reports
@@ -76,7 +95,7 @@ class Promises:
     # -- reports -------------------------------------------------------------------------
     def on_report(self, msg: Received) -> None:
         ctx = self.ctx
-        ev = self._guard(msg.subject, msg.data)
+        ev = self._guard(msg)
         if ev is None:
             return
         node = ev.node_id
@@ -97,7 +116,9 @@ class Promises:
                 if ev.ports or ev.taken:
                     self._ports(ev)
             case EventType.HEALTHY | EventType.UNHEALTHY:
-                self.note_health(iid, Health(ev.type), ev.check or ev.detail, ev.restarts)
+                check = f"{ev.check}: {ev.detail}" if ev.check and ev.detail else \
+                    ev.check or ev.detail
+                self.note_health(iid, Health(ev.type), check, ev.restarts)
             case EventType.RESTARTED:
                 self.note_health(iid, Health.CHECKING, "", ev.restarts)
             case EventType.EXITED:
@@ -121,20 +142,26 @@ class Promises:
             return
         self.health[iid] = HealthNote(health, check, self.ctx.now(), restarts)
 
-    def heartbeat_lists(self, node_id: str, instances: list[tuple[str, str]]) -> None:
-        """A heartbeat listing an instance git places there confirms the node holds it; what
-        the node held when the broker started and does not list starts its provisioning
-        clock now (`Timers.heard`)."""
+    def heartbeat_lists(self, node_id: str, instances: Sequence[InstanceReport]) -> None:
+        """A heartbeat listing an instance git places there confirms the node holds it, and
+        says its health (rule 4); what the node held when the broker started and does not
+        list starts its provisioning clock now (`Timers.heard`)."""
         state = self.ctx.ledger.state()
-        for iid, st in instances:
+        for report in instances:
+            iid, st = report.instance_id, report.state
             if state.placement_of(iid) == node_id:
                 self.ctx.timers.accepted(iid)
                 if st == InstanceState.RUNNING:
                     if iid not in self.ctx.timers.running:  # every heartbeat lists it again
                         self._running(iid, node_id)
                     self.live.setdefault(iid, st)
+                if report.health in _HEALTHS:
+                    health = Health(report.health)
+                    was = self.health.get(iid)
+                    check = was.check if was is not None and was.health == health else ""
+                    self.note_health(iid, health, check, report.restarts)
         if self.ctx.timers.resumed_on:
-            self.ctx.timers.heard(node_id, {iid for iid, _st in instances}, self.ctx.now())
+            self.ctx.timers.heard(node_id, {r.instance_id for r in instances}, self.ctx.now())
 
     def _running(self, iid: str, node: str) -> None:
         rec = self.ctx.ledger.state().instances.get(iid)
@@ -174,10 +201,15 @@ class Promises:
         self._submit(plan)
 
     def _end(self, ev: Event, to: InstanceState) -> None:
-        reason = ev.reason or ("" if to is InstanceState.SUCCEEDED else
-                               Reason.EXITED_NONZERO)
+        reported = ev.reason or ("" if to is InstanceState.SUCCEEDED else
+                                 Reason.EXITED_NONZERO)
 
         def plan(view: View) -> Planned | None:
+            reason = reported
+            rec = view.instance(ev.instance_id)
+            if to is InstanceState.CANCELLED and rec is not None and rec.cancelling \
+                    and rec.reason:
+                reason = rec.reason  # rule 5: the cancel's own reason
             if finish(view, ev.instance_id, ev.node_id, to, reason, ev.detail) is None:
                 return None
             code = "" if ev.exit_code is None else f" (exit {ev.exit_code})"
@@ -255,8 +287,10 @@ class Promises:
 
     def _finish(self, view: View, a: Action, to: InstanceState,
                 reason: Reason, stop: bool = False) -> Planned | None:
-        if finish(view, a.instance_id, a.node_id, to, reason) is None:
-            return None
+        rec = view.instance(a.instance_id)
+        asked = rec.reason if a.kind is Kind.CANCEL_EXPIRED and rec is not None else ""
+        if finish(view, a.instance_id, a.node_id, to, reason, asked) is None:
+            return None  # (rule 5: an overruled cancel keeps why it was asked as its detail)
 
         def after(_sha: str) -> None:
             if stop:
@@ -289,12 +323,13 @@ class Promises:
                 if set_cancelling(view, iid) is None:
                     return None
                 return Planned(lines=[f"cancel {iid} on {node}"],
-                               after=[lambda _s: self._send_cancel(iid, node)])
+                               after=[lambda _s: self.send_cancel(iid, node)])
             self._submit(plan_live)
             return "cancelling"
         return str(rec.state)
 
-    def _send_cancel(self, iid: str, node: str) -> None:
+    def send_cancel(self, iid: str, node: str) -> None:
+        """Tell `node` to stop `iid` (its cancel has been committed) and start the grace."""
         self.ctx.timers.cancelling(iid, node, self.ctx.now())
         self.ctx.outbox.publish(subjects.CANCEL.format(node=node),
                                 Cancel(instance_id=iid, node_id=node))

@@ -8,7 +8,16 @@ Rules:
    mirrored to a JetStream KV entry after every commit that touches it, so workers converge
    onto the ref even when they missed the award message.
 3. Every message from the wire is decoded by one typed decoder per endpoint; anything
-   malformed, impersonating another node or stale is counted, logged once per kind, dropped.
+   malformed, impersonating another node, stale or no message of gavel's at all (a
+   JetStream delivery, flow control, a heartbeat) is counted, logged once per kind and peer
+   a minute (`transport.rejects`), dropped; a request is answered only under its
+   requester's own inbox (`transport.inbound`).
+4. Workers converge onto the broker's view, not the raw tree: when the ref moved under the
+   broker (a commit by hand, a merge of a push), the nodes whose node.json the state it
+   read holds differently from before are mirrored again from that state - which already
+   holds one placement per instance (`broker.ledger.integrity`).
+5. A damaged state repository (`Damaged`) stops the broker: `run` raises it once the broker
+   is closed, and the daemon prints its one sentence.
 """
 
 from __future__ import annotations
@@ -31,15 +40,18 @@ from gavel.broker.api import Api
 from gavel.broker.assign import Assignments
 from gavel.broker.auctioneer import Auctioneer
 from gavel.broker.context import Context
+from gavel.broker.deploys import Deploys
 from gavel.broker.events import Events
+from gavel.broker.integrity import Integrity
 from gavel.broker.ledger.committer import Committer
-from gavel.broker.ledger.repository import Ledger
-from gavel.broker.ledger.state import Change, compact
+from gavel.broker.ledger.repository import Damaged, Ledger
+from gavel.broker.ledger.state import Change, State, compact
 from gavel.broker.metrics import Metrics
 from gavel.broker.mirror import Mirror
 from gavel.broker.outbox import Outbox
 from gavel.broker.promises import Promises
 from gavel.broker.retention import Retention
+from gavel.broker.services import Services
 from gavel.broker.watchdog import Timers
 from gavel.shared import subjects
 from gavel.shared.health import Health, Liveness
@@ -47,7 +59,7 @@ from gavel.shared.messages import Heartbeat
 from gavel.shared.records import NodeFile
 from gavel.shared.timing import Timing
 from gavel.transport import wire
-from gavel.transport.inbound import Guard
+from gavel.transport.inbound import Door, Guard
 from gavel.transport.rejects import Rejects
 
 __all__ = ["Broker", "NatsUnreachable", "tune_gc"]
@@ -101,7 +113,7 @@ class Broker:
         self.nats_url = nats_url
         self.timing = timing = timing or Timing()
         self.now = clock
-        self.ledger = Ledger(state_dir / "state.git", ref)
+        self.ledger = Ledger(state_dir / "state.git", ref, settle=True)
         self.committer = Committer(self.ledger, retry_s=timing.tick_s,
                                    on_commit=self._mirror, writer=writer, wall=wall,
                                    gap_s=commit_gap_s)
@@ -109,7 +121,7 @@ class Broker:
         self.timers = Timers(started=clock())
         self.metrics = Metrics()
         self.committer.metrics = self.metrics
-        self.rejects = Rejects(self.log, self.metrics.rejected)
+        self.rejects = Rejects(self.log, self.metrics.rejected, clock)
         self.outbox = Outbox(self._publish_failed)
         self.events = Events(self.outbox)
         self.ctx = ctx = Context(timing=timing, ledger=self.ledger, committer=self.committer,
@@ -124,15 +136,26 @@ class Broker:
                                      rng=random.Random(seed))
         self.promises = Promises(ctx, capacity_freed=self.auctioneer.capacity_freed)
         self.retention = Retention(ctx, wall, ended_max)
+        self.services = Services(ctx, self.promises, wall)
+        self.deploys = Deploys(ctx, self.services, wall)
+        self.integrity = Integrity(ctx)
+        #: Why the broker stopped on its own, raised by `run` (rule 5).
+        self.fatal: Damaged | None = None
+        self.committer.on_damaged = self._damaged
+        #: The state the KV mirror was last brought in line with (rule 4).
+        self._mirrored: State | None = None
         #: node.json in KV for the workers, coalesced (`broker.mirror`). Its windows are
         #: timed by the event loop, so on the machine's clock, not an injected one.
         self.mirror = Mirror(self.outbox.publish_raw, timing.mirror_s, time.monotonic)
         self.api = Api(ctx, auctioneer=self.auctioneer, promises=self.promises,
-                       mirror=self.mirror, secrets=self.secrets, ended_max=ended_max)
+                       services=self.services, deploys=self.deploys, mirror=self.mirror,
+                       secrets=self.secrets, ended_max=ended_max)
         self.metrics.attach(now=clock, liveness=self.liveness, ledger=self.ledger,
                             in_flight=lambda: len(self.auctioneer.auctions),
                             mirror=self.mirror)
-        self._heartbeat = Guard("heartbeat", Heartbeat, self.rejects, node=subjects.node_of)
+        self.metrics.attach_services(self.services.counts)
+        self._heartbeat = Guard("heartbeat", Heartbeat, self.rejects, node=subjects.node_of,
+                                door=Door(self.rejects, subjects.HEARTBEAT_ALL))
         self.nats_options = dict(nats_options or {})
         #: How long `start` keeps trying to reach NATS before it raises `NatsUnreachable`
         #: (None: for ever, as the daemon does - see `gavel.cli.daemons`).
@@ -146,12 +169,13 @@ class Broker:
     # -- lifecycle -----------------------------------------------------------------------
     async def start(self) -> None:
         try:
+            self.ledger.state()  # a damaged repository stops the broker before it connects
             self.nc = await self._connect()
         except BaseException:
             self.committer.close()
             raise
         self.outbox.nc = self.nc
-        state = self.ledger.state()
+        state = self._mirrored = self.ledger.state()
         now = self.now()
         for node_id in state.nodes:
             self.liveness.presume(node_id, now)
@@ -175,6 +199,15 @@ class Broker:
         await self.start()
         await self._stopped.wait()
         await self.close()
+        if self.fatal is not None:
+            raise self.fatal
+
+    def _damaged(self, exc: Damaged) -> None:
+        """Rule 5: stop; `run` raises it."""
+        if self.fatal is None:
+            self.fatal = exc
+            self.log.error("%s; the broker stops", exc)
+        self.stop()
 
     def stop(self) -> None:
         self._stopped.set()
@@ -185,6 +218,9 @@ class Broker:
         attempt is a single try, and only an established connection reconnects for ever."""
         options: dict[str, Any] = {
             "name": "gavel-broker", "reconnect_time_wait": 0.5,
+            # Its own requests' answers (JetStream's, its subscription barrier) under a prefix
+            # of its own, which operators' `_INBOX.>` does not cover.
+            "inbox_prefix": subjects.BROKER_INBOX,
             "disconnected_cb": self._on_disconnect, "reconnected_cb": self._on_reconnect,
             **self.nats_options, "allow_reconnect": False}
         deadline = None if self.connect_wait_s is None else \
@@ -250,11 +286,17 @@ class Broker:
         while True:
             now = self.now()
             try:
+                self.integrity.watch()
+                self._remirror()
                 self.auctioneer.reconcile(now)
                 if self.deaf_since is None and now - watched >= self.timing.tick_s / 2:
                     watched = now
                     self.promises.watch(now)
+                    self.services.watch(now)
                     self.retention.watch()
+            except Damaged as exc:
+                self._damaged(exc)
+                return
             except Exception:
                 self.log.exception("reconcile failed; retrying next tick")
             # asyncio.timeout, not wait_for: on 3.11 wait_for swallows a cancel that lands
@@ -277,6 +319,18 @@ class Broker:
             return
         self.mirror.start(nodes)
 
+    def _remirror(self) -> None:
+        """Rule 4: after a re-read, mirror the nodes the state now holds differently."""
+        state = self.ledger.state()
+        before, self._mirrored = self._mirrored, state
+        if before is None or before is state or not self.mirror.enabled:
+            return
+        nodes = before.nodes.keys() | state.nodes.keys()
+        changed = {nid: compact(state.nodes.get(nid) or NodeFile(node_id=nid))
+                   for nid in sorted(nodes) if before.nodes.get(nid) != state.nodes.get(nid)}
+        if changed:
+            self.mirror.changed(changed)
+
     def _mirror(self, change: Change, sha: str) -> None:
         if self.mirror.enabled and change.nodes:
             self.mirror.changed({
@@ -285,7 +339,7 @@ class Broker:
 
     # -- inbound -------------------------------------------------------------------------
     def _on_heartbeat(self, msg: wire.Received) -> None:
-        hb = self._heartbeat(msg.subject, msg.data)
+        hb = self._heartbeat(msg)
         if hb is None:
             return
         impossible = _impossible(hb)
@@ -293,8 +347,7 @@ class Broker:
             self.rejects.count(impossible, msg.subject)
             return
         before = self.liveness.record(hb, self.now())
-        self.promises.heartbeat_lists(hb.node_id,
-                                      [(i.instance_id, i.state) for i in hb.instances])
+        self.promises.heartbeat_lists(hb.node_id, hb.instances)
         if hb.freed_ports:
             self.promises.ports_freed(hb.node_id, hb.freed_ports)
         if before is not Health.HEALTHY:

@@ -59,6 +59,7 @@ class Reason(StrEnum):
     UNKNOWN_NODE = "no such node"
     BAD_SPEC = "the spec is invalid"
     DUPLICATE = "an instance with that id already exists"
+    KEY_REUSED = "that submission key was already used for a different submission"
     UNREADABLE_FILE = "a file in the state repository is not a usable gavel file; fix it in git"
     # Housekeeping the broker commits.
     RETAINED = "ended longer ago than the retention time; git history keeps the record"

@@ -134,6 +134,10 @@ class InstanceRecord(msgspec.Struct, kw_only=True, gc=False):
     #: ("" until then); `timing.retention_s` later the record leaves the tree (git history
     #: keeps it). A string, not a datetime: the core never touches clock types.
     ended_at: Annotated[str, msgspec.Meta(pattern=STAMP_PATTERN)] = ""
+    #: The idempotency key of the submission that made it (`SubmitRequest.key`), "" for
+    #: none: every record of one submission carries it, so a retried request finds what its
+    #: first try made - across broker restarts - until retention forgets the records.
+    key: str = ""
     #: A service's replica: the service's name and the version of it this replica runs
     #: ("" and 0 for a job).
     service: str = ""

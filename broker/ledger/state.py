@@ -10,9 +10,13 @@ Rules:
    placement is the broker's decision and lives only in ``nodes/``.
 3. End stamps (`InstanceRecord.ended_at`) are RFC 3339 in UTC; `shared/` keeps them as
    strings (the core touches no clock types), this module reads and writes them.
-4. A service's replicas are ordinary instance records naming it (`InstanceRecord.service`),
-   indexed by service, so what reads one service's replicas (the spread of its awards)
-   never walks every instance.
+4. A `State` read from a tree someone else wrote may differ from that tree where it listed
+   an instance on a node the broker did not place it on (`broker.ledger.integrity`): the
+   State then holds the broker's placements, and each `Dispute` says which node files the
+   correction rewrites.
+5. A service's intent is ``services/<name>.json`` (`ServiceRecord`); its replicas are ordinary
+   instance records naming it (`InstanceRecord.service`), indexed by service so what reads
+   one service's replicas (its keeper, the spread of its awards) never walks every instance.
 """
 
 from __future__ import annotations
@@ -20,15 +24,24 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from enum import StrEnum
 
 import msgspec
 
 from gavel.shared.lifecycle import PENDING
 from gavel.shared.messages import Capacity, InstanceState
-from gavel.shared.records import Assignment, InstanceRecord, NodeFile, instance_path, node_path
+from gavel.shared.records import (
+    Assignment,
+    InstanceRecord,
+    NodeFile,
+    ServiceRecord,
+    instance_path,
+    node_path,
+    service_path,
+)
 
-__all__ = ["Change", "Ready", "State", "committed_by", "compact", "encode", "parse_stamp",
-           "pretty", "ready", "stamp"]
+__all__ = ["Change", "Dispute", "Keep", "Ready", "State", "committed_by", "compact", "encode",
+           "parse_stamp", "pretty", "ready", "stamp"]
 
 _enc = msgspec.json.Encoder()
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
@@ -73,6 +86,49 @@ def ready(rec: InstanceRecord) -> Ready:
     return rec, instance_path(rec.instance_id), compact(rec)
 
 
+class Keep(StrEnum):
+    """Which rule chose the placement a dispute keeps (`broker.ledger.integrity`)."""
+
+    HISTORY = "the broker's own placement"
+    NOWHERE = "the broker placed it on no node"
+    NO_RECORD = "its record is gone from instances/"
+    AUCTION = "the winner of its newest recorded auction"
+    ATTEMPT = "the highest attempt"
+    NODE_ID = "the lowest node id"
+
+
+@dataclass(frozen=True)
+class Dispute:
+    """An instance the tree listed where the broker had not placed it, and its correction:
+    `kept` ("" for no node) by `rule`; `held`: the nodes whose node.json in the tree listed
+    it; `dropped`: those it is taken out of; `restored`: the node whose entry is put back as
+    the broker had it ("" for none)."""
+
+    instance_id: str
+    kept: str
+    rule: Keep
+    held: tuple[str, ...]
+    dropped: tuple[str, ...]
+    restored: str = ""
+
+    @property
+    def rewrite(self) -> tuple[str, ...]:
+        """The nodes whose node.json the correction writes (as the State holds them)."""
+        return tuple(sorted({*self.dropped, *([self.restored] if self.restored else [])}))
+
+    def sentence(self) -> str:
+        """One line for the log and the correction's commit message, naming every node file
+        involved and the instance."""
+        listed = " and ".join(node_path(n) for n in self.held) or "no node file"
+        where = f"on {self.kept}" if self.kept else "on no node"
+        out = f"{self.instance_id} was listed in {listed}: kept {where} ({self.rule})"
+        if self.dropped:
+            out += f", taken out of {' and '.join(node_path(n) for n in self.dropped)}"
+        if self.restored:
+            out += f", put back in {node_path(self.restored)} as the broker had it"
+        return out
+
+
 @dataclass
 class State:
     """The tree at `head`, plus indexes kept in step with it so the hot path never scans
@@ -106,26 +162,35 @@ class State:
     #: Compact JSON of node files as our own commits wrote them, by node: the next change
     #: that only adds placements to one appends them to these bytes (`Change`).
     encoded: dict[str, tuple[NodeFile, bytes]] = field(default_factory=dict, repr=False)
-    #: The ids of every replica record naming each service (live or ended: an ordered set,
-    #: rule 4). A record rewritten by hand to name another service stays listed under the
-    #: old one too: readers check `InstanceRecord.service` (`replicas_of`).
+    #: Instances the tree listed where the broker had not placed them, by id (rule 4): the
+    #: State already holds the kept placement; the correction is still to be committed.
+    disputes: dict[str, Dispute] = field(default_factory=dict)
+    #: Submissions by idempotency key (`InstanceRecord.key`): their instance ids, an ordered
+    #: set in the order they were recorded.
+    keys: dict[str, dict[str, None]] = field(default_factory=dict)
+    #: Services by name (rule 5), and the ids of every replica record naming each (live or
+    #: ended: an ordered set, in the order they were read or written). A record rewritten to
+    #: name another service moves to its list (`put_instance`); readers still check
+    #: `InstanceRecord.service` (`replicas_of`).
+    services: dict[str, ServiceRecord] = field(default_factory=dict)
     replicas: dict[str, dict[str, None]] = field(default_factory=dict)
 
     def put_instance(self, iid: str, rec: InstanceRecord | None) -> None:
+        old = self.instances.get(iid)
+        if old is not None and old.key and (rec is None or rec.key != old.key):
+            _unindex(self.keys, old.key, iid)
+        if old is not None and old.service and (rec is None or rec.service != old.service):
+            _unindex(self.replicas, old.service, iid)
         if rec is None:
-            old = self.instances.pop(iid, None)
+            self.instances.pop(iid, None)
             self.pending.pop(iid, None)
             self.ended.pop(iid, None)
-            if old is not None and old.service:
-                of = self.replicas.get(old.service)
-                if of is not None:
-                    of.pop(iid, None)
-                    if not of:
-                        del self.replicas[old.service]
             return
-        self.instances[iid] = rec
+        if rec.key:
+            self.keys.setdefault(rec.key, {})[iid] = None
         if rec.service:
             self.replicas.setdefault(rec.service, {})[iid] = None
+        self.instances[iid] = rec
         if rec.state in PENDING and iid not in self.where:
             self.pending.setdefault(iid, None)
         else:
@@ -180,6 +245,12 @@ class State:
             self.draining.discard(nid)
         self.committed[nid] = committed if committed is not None else committed_by(nf)
 
+    def submitted(self, key: str) -> list[str]:
+        """The instance ids the submission with idempotency `key` made, in the order the
+        broker named them (`broker.api`: ``base`` or ``base-1 .. base-N``); [] if none."""
+        ids = self.keys.get(key)
+        return sorted(ids, key=_submission_order) if ids else []
+
     def replicas_of(self, name: str) -> list[InstanceRecord]:
         """Every replica record of the service `name` (live or ended)."""
         out = []
@@ -199,6 +270,12 @@ class State:
                 out[node] = out.get(node, 0) + 1
         return out
 
+    def put_service(self, name: str, rec: ServiceRecord | None) -> None:
+        if rec is None:
+            self.services.pop(name, None)
+        else:
+            self.services[name] = rec
+
     def placement_of(self, instance_id: str) -> str | None:
         """The node whose node.json holds the instance, if any."""
         return self.where.get(instance_id)
@@ -217,6 +294,20 @@ class State:
         return rec.state
 
 
+def _submission_order(iid: str) -> tuple[str, int]:
+    """``web-7`` before ``web-10``: a submission of many names them base-1 .. base-N."""
+    base, _, n = iid.rpartition("-")
+    return (base, int(n)) if base and n.isdigit() else (iid, 0)
+
+
+def _unindex(index: dict[str, dict[str, None]], key: str, iid: str) -> None:
+    ids = index.get(key)
+    if ids is not None:
+        ids.pop(iid, None)
+        if not ids:
+            del index[key]
+
+
 def committed_by(nf: NodeFile) -> Capacity:
     """What a node's placements reserve there, summed in the node file's order."""
     total = Capacity()
@@ -231,6 +322,7 @@ class Change:
 
     instances: dict[str, InstanceRecord | None] = field(default_factory=dict)
     nodes: dict[str, NodeFile | None] = field(default_factory=dict)
+    services: dict[str, ServiceRecord | None] = field(default_factory=dict)
     #: What each changed node's placements add up to, where a plan worked it out without
     #: a sum over the node (`State.put_node`'s `committed`).
     committed: dict[str, Capacity] = field(default_factory=dict, repr=False, compare=False)
@@ -248,7 +340,7 @@ class Change:
                                                          compare=False)
 
     def __bool__(self) -> bool:
-        return bool(self.instances or self.nodes)
+        return bool(self.instances or self.nodes or self.services)
 
     #: node.json bytes by node - (record, compact JSON, pretty JSON or None until asked) -
     #: for git (pretty, for people) and the KV mirror (compact: machines read it, and it is
@@ -285,6 +377,11 @@ class Change:
                 out[node_path(nid)] = None
             else:
                 raw[node_path(nid)] = self.node_compact(nid, nf)
+        for name, svc in self.services.items():
+            if svc is None:
+                out[service_path(name)] = None
+            else:
+                raw[service_path(name)] = compact(svc)
         return out, raw
 
     def forget_encoding(self, nid: str) -> None:

@@ -17,6 +17,7 @@ import pytest
 from gavel.shared.api import CancelReply, CancelRequest
 from gavel.shared.messages import InstanceState, Spec
 from gavel.shared.reasons import Reason
+from gavel.shared.spec import Restart
 from gavel.worker.cgroups import Enforcement, Unavailable, detect
 from gavel.worker.metrics import WorkerMetrics
 from tests.integration.harness import Cluster, wait_for
@@ -37,11 +38,12 @@ def enforced(node: str, **kw: str) -> Enforcement:
 
 
 def allocating(name: str, mb: int, memory_mb: int, **kw: object) -> Spec:
-    """Touches `mb` MB (every page), says so on stdout, then sleeps."""
+    """Touches `mb` MB (every page), says so on stdout, then sleeps; never restarted in
+    place (its first end is the instance's)."""
     code = (f"b = bytearray({mb} * 1024 * 1024); b[::4096] = b'x' * len(range(0, len(b), 4096))"
             "; print('allocated', flush=True); import time; time.sleep(60)")
     return Spec(name=name, command=[sys.executable, "-c", code], memory_mb=memory_mb,
-                attempts=1, **kw)  # type: ignore[arg-type]
+                attempts=1, restart=Restart(attempts=0), **kw)  # type: ignore[arg-type]
 
 
 def cgroup_of(pid: int, controller: str) -> Path:
@@ -191,3 +193,4 @@ def test_a_worker_asked_for_a_hierarchy_it_cannot_use_refuses_to_start(
     assert done.returncode == 2
     assert "field `cgroups`: cgroup v2: no unified hierarchy with the memory and cpu " \
            "controllers at /sys/fs/cgroup" in done.stderr
+
