@@ -1,12 +1,15 @@
 """Enforced resources on this host's real kernel, through a real worker and broker: a process
 that allocates past its memory is killed and reported with the fixed reason, one within its
 limit runs, its cgroup holds the limits of its award (cpu in proportion) and goes when it
-ends, a re-adopted process keeps its cgroup; a host without a usable hierarchy says so at
-start and in a metric. Tests that need a writable hierarchy skip with the reason elsewhere."""
+ends, a re-adopted process keeps its cgroup; a service's process killed for its memory is
+restarted in place in the same cgroup (each run judged by its own end) and, past its policy,
+handed back naming its memory; a host without a usable hierarchy says so at start and in a
+metric. Tests that need a writable hierarchy skip with the reason elsewhere."""
 
 from __future__ import annotations
 
 import logging
+import signal
 import subprocess
 import sys
 import uuid
@@ -15,10 +18,10 @@ from pathlib import Path
 import pytest
 
 from gavel.shared.api import CancelReply, CancelRequest
-from gavel.shared.messages import InstanceState, Spec
+from gavel.shared.messages import Event, EventType, InstanceReport, InstanceState, Spec
 from gavel.shared.reasons import Reason
 from gavel.shared.spec import Restart
-from gavel.worker.cgroups import Enforcement, Unavailable, detect
+from gavel.worker.cgroups import Enforcement, Hierarchy, Unavailable, detect
 from gavel.worker.metrics import WorkerMetrics
 from tests.integration.harness import Cluster, wait_for
 
@@ -194,3 +197,112 @@ def test_a_worker_asked_for_a_hierarchy_it_cannot_use_refuses_to_start(
     assert "field `cgroups`: cgroup v2: no unified hierarchy with the memory and cpu " \
            "controllers at /sys/fs/cgroup" in done.stderr
 
+
+FAST = Restart(attempts=2, delay_s=0.2, interval_s=60.0)
+
+
+def runs(log: Path, *plan: int) -> list[str]:
+    """A service's command whose k-th run (counted in `log`) does ``plan[k]``, the last
+    entry for every later run: a positive number touches that many MB, says so on stdout
+    ("allocated <mb> <pid>") and sleeps; zero or less exits with that status negated."""
+    code = (f"import os, sys, time\nplan = {list(plan)!r}\n"
+            f"with open({str(log)!r}, 'a+') as f:\n"
+            "    f.seek(0); k = len(f.read().splitlines()); f.write(f'{os.getpid()}\\n')\n"
+            "mb = plan[min(k, len(plan) - 1)]\n"
+            "if mb <= 0:\n    sys.exit(-mb)\n"
+            "b = bytearray(mb * 1024 * 1024); b[::4096] = b'x' * len(range(0, len(b), 4096))\n"
+            "print('allocated', mb, os.getpid(), flush=True)\ntime.sleep(60)\n")
+    return [sys.executable, "-c", code]
+
+
+async def cgroup_cluster(cluster: Cluster) -> tuple[str, Hierarchy]:
+    node = node_id()
+    enforcement = enforced(node)
+    assert enforcement.hierarchy is not None
+    await cluster.start_broker()
+    await cluster.start_agent(node, cgroups=enforcement)
+    await cluster.wait_nodes(1)
+    return node, enforcement.hierarchy
+
+
+def events_of(cluster: Cluster, iid: str, type_: str) -> list[Event]:
+    assert cluster.broker is not None
+    return [e for e in cluster.broker.events if e.instance_id == iid and e.type == type_]
+
+
+async def test_a_service_past_its_memory_is_restarted_in_place_in_its_cgroup(
+        cluster: Cluster, tmp_path: Path) -> None:
+    node, hierarchy = await cgroup_cluster(cluster)
+    spec = Spec(name="greedy", type="service", restart=FAST, memory_mb=32,
+                command=runs(tmp_path / "runs", 64, 1))  # 2x its memory, then 1 MB
+    iid = await cluster.submit(spec)
+    agent = cluster.agents[node]
+
+    def again() -> InstanceReport | None:
+        return next((r for r in agent.instances() if r.instance_id == iid
+                     and r.state == InstanceState.RUNNING and r.restarts == 1), None)
+
+    await wait_for(lambda: bool(events_of(cluster, iid, EventType.RESTARTED)), 60,
+                   what="the broker told of the restart")
+    await wait_for(lambda: again() is not None, 60, what="restarted once and running")
+    restarted = events_of(cluster, iid, EventType.RESTARTED)
+    assert [(e.node_id, e.attempt, e.restarts, e.reason) for e in restarted] == [
+        (node, 1, 1, Reason.MEMORY_EXCEEDED)]
+    assert restarted[0].detail.startswith(
+        "killed by the kernel at its 32 MB limit; restart 1 of 2 within 60s")
+    out = cluster.root / "workers" / node / "instances" / iid / "stdout.log"
+    await wait_for(lambda: "allocated 1 " in out.read_text(), 30, what="the second run")
+    assert "allocated 64" not in out.read_text()  # the first run never got its 64 MB
+    report = again()
+    assert report is not None
+    where = hierarchy.parents["memory"] / iid
+    assert cgroup_of(report.pid, "memory" if hierarchy.version == "v1" else "unified") == where
+    assert f"allocated 1 {report.pid}" in out.read_text()  # that process is the one running
+    st = await cluster.status(iid)
+    assert st.state == InstanceState.RUNNING and st.attempt == 1  # in place, not re-placed
+    await cluster.call("cancel", CancelRequest(instance_id=iid), CancelReply)
+
+    async def cancelled() -> bool:
+        return bool((await cluster.status(iid)).state == InstanceState.CANCELLED)
+
+    await wait_for(cancelled, 30, what="cancelled")
+    await wait_for(lambda: not any((p / iid).exists() for p in hierarchy.parents.values()),
+                   10, what="its cgroup removed once it ended")
+
+
+async def test_a_run_after_a_memory_kill_is_judged_by_its_own_end(
+        cluster: Cluster, tmp_path: Path) -> None:
+    node, _hierarchy = await cgroup_cluster(cluster)
+    spec = Spec(name="greedy-then-broken", type="service", restart=FAST, memory_mb=32,
+                command=runs(tmp_path / "runs", 64, -3, 1))
+    iid = await cluster.submit(spec)
+    await wait_for(lambda: len(events_of(cluster, iid, EventType.RESTARTED)) == 2, 60,
+                   what="restarted twice")
+    restarted = events_of(cluster, iid, EventType.RESTARTED)
+    assert [(e.reason, e.exit_code) for e in restarted] == [
+        (Reason.MEMORY_EXCEEDED, -signal.SIGKILL), ("", 3)]
+    assert restarted[1].detail.startswith("exit status 3; restart 2 of 2 within 60s")
+    out = cluster.root / "workers" / node / "instances" / iid / "stdout.log"
+    await wait_for(lambda: "allocated 1 " in out.read_text(), 30, what="the third run")
+
+
+async def test_a_service_always_past_its_memory_is_handed_back_naming_it(
+        cluster: Cluster, tmp_path: Path) -> None:
+    node, hierarchy = await cgroup_cluster(cluster)
+    spec = Spec(name="greedier", type="service", restart=FAST, memory_mb=32, attempts=1,
+                command=runs(tmp_path / "runs", 64))
+
+    iid = await cluster.submit(spec)
+
+    def handed_back() -> list[Event]:
+        return [e for e in events_of(cluster, iid, EventType.FAILED) if e.node_id == node]
+
+    await wait_for(lambda: bool(handed_back()), 60, what="handed back past its policy")
+    ev = handed_back()[0]
+    assert ev.reason == Reason.RESTARTS_EXHAUSTED and ev.restarts == 2
+    assert ev.detail.startswith(f"{Reason.MEMORY_EXCEEDED}: killed by the kernel at its 32 MB "
+                                "limit, after 2 restarts within 60s")
+    assert [e.reason for e in events_of(cluster, iid, EventType.RESTARTED)] == [
+        Reason.MEMORY_EXCEEDED] * 2
+    await wait_for(lambda: not any((p / iid).exists() for p in hierarchy.parents.values()),
+                   10, what="its cgroup removed once it ended")
