@@ -1,5 +1,6 @@
 """The broker's request/reply API over NATS: submit, status, nodes, why, events, cancel, drain,
-and endpoints (what a gateway routes to).
+and endpoints (what a gateway routes to), and the service verbs: deploy, service, services,
+scale, stop, rollback (`broker.deploys`).
 
 Rules:
 1. One decoder per verb; a request that does not decode, or that cannot be honoured, gets
@@ -37,6 +38,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import time
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
@@ -47,15 +49,18 @@ from nats.aio.msg import Msg
 
 from gavel.broker.auctioneer import Auctioneer
 from gavel.broker.context import Context
+from gavel.broker.deploys import Deploys
 from gavel.broker.ledger.committer import Item, Planned
 from gavel.broker.ledger.plan import View, submit
 from gavel.broker.ledger.state import Ready, ready
 from gavel.broker.mirror import Mirror
 from gavel.broker.promises import Promises
+from gavel.broker.services import Services
 from gavel.shared import subjects
 from gavel.shared.api import (
     CancelReply,
     CancelRequest,
+    DeployRequest,
     DrainReply,
     DrainRequest,
     Endpoint,
@@ -65,15 +70,26 @@ from gavel.shared.api import (
     EventsRequest,
     InstanceStatus,
     NodeAddress,
+    NodeDetail,
     NodesReply,
     NodesRequest,
     NodeStatus,
+    RecentDecline,
+    RollbackRequest,
+    ScaleRequest,
+    ServiceReply,
+    ServiceRequest,
+    ServicesReply,
+    ServicesRequest,
+    ServiceStatus,
     StatsReply,
     StatsRequest,
     StatusReply,
     StatusRequest,
+    StopServiceRequest,
     SubmitReply,
     SubmitRequest,
+    VersionStatus,
     WhyReply,
     WhyRequest,
     counted_ids,
@@ -83,7 +99,8 @@ from gavel.shared.lifecycle import PENDING
 from gavel.shared.messages import ApiError, Capacity, InstanceState, Message
 from gavel.shared.messages import Health as InstanceHealth
 from gavel.shared.reasons import Reason
-from gavel.shared.records import InstanceRecord
+from gavel.shared.records import InstanceRecord, ServiceRecord
+from gavel.shared.spec import Spec
 from gavel.transport.inbound import Door, Guard
 
 __all__ = ["Api"]
@@ -95,14 +112,19 @@ MAX_IN_FLIGHT = 1024
 #: Records a submission makes and encodes between two turns of the loop (rule 3): a slice
 #: short enough that a bid reply waiting behind it is not held up for long.
 SUBMIT_SLICE = 128
+#: Recent declines `gavel nodes NODE` shows at most.
+DECLINES_SHOWN = 20
 
 
 class Api:
     def __init__(self, ctx: Context, *, auctioneer: Auctioneer, promises: Promises,
-                 mirror: Mirror, secrets: Mapping[str, str], ended_max: int) -> None:
+                 services: Services, deploys: Deploys, mirror: Mirror,
+                 secrets: Mapping[str, str], ended_max: int) -> None:
         self.ctx = ctx
         self.auctioneer = auctioneer
         self.promises = promises
+        self.services = services
+        self.deploys = deploys
         self.mirror = mirror
         #: The names submissions may ask for (values are resolved only into awards).
         self.secrets = secrets
@@ -121,6 +143,12 @@ class Api:
             "cancel": (CancelRequest, self.cancel),
             "drain": (DrainRequest, self.drain),
             "endpoints": (EndpointsRequest, self.endpoints),
+            "deploy": (DeployRequest, self.deploy),
+            "service": (ServiceRequest, self.service),
+            "services": (ServicesRequest, self.list_services),
+            "scale": (ScaleRequest, self.scale),
+            "stop": (StopServiceRequest, self.stop),
+            "rollback": (RollbackRequest, self.rollback),
         }
         #: Per verb: its guard (rules 1 and 5) and its handler.
         self.verbs: dict[str, tuple[Guard[Any], Handler]] = {
@@ -212,15 +240,9 @@ class Api:
         spec = req.spec
         base = req.instance_id or f"{spec.name}-{uuid.uuid4().hex[:6]}"
         ids = counted_ids(base, req.count)
-        missing = [s for s in spec.secrets if s not in self.secrets]
-        if missing:
-            return ApiError(error=f"unknown secret {missing[0]!r}: it is not in the broker's "
-                                  "secrets file")
-        never = self._never_fits(spec.cpu, spec.memory_mb, len(spec.ports))
-        if never:
-            return ApiError(error=f"{Reason.NEVER_FITS}: {never}")
-        if self.ctx.ledger.pinned:
-            return ApiError(error=f"{Reason.PINNED} ({self.ctx.ledger.ref})")
+        refused = self._refused(spec)
+        if refused is not None:
+            return refused
         made: list[Ready] = []
         for start in range(0, len(ids), SUBMIT_SLICE):  # rule 3
             if start:
@@ -275,6 +297,19 @@ class Api:
             commit_p99_ms=_pct(commits, 99),
             rss_mb=psutil.Process().memory_info().rss / 2**20, kv_puts=self.mirror.puts)
 
+    def _refused(self, spec: Spec) -> ApiError | None:
+        """Why no instance of `spec` can be accepted at all (None: it can)."""
+        missing = [s for s in spec.secrets if s not in self.secrets]
+        if missing:
+            return ApiError(error=f"unknown secret {missing[0]!r}: it is not in the broker's "
+                                  "secrets file")
+        never = self._never_fits(spec.cpu, spec.memory_mb, len(spec.ports))
+        if never:
+            return ApiError(error=f"{Reason.NEVER_FITS}: {never}")
+        if self.ctx.ledger.pinned:
+            return ApiError(error=f"{Reason.PINNED} ({self.ctx.ledger.ref})")
+        return None
+
     def _never_fits(self, cpu: float, memory_mb: int, ports: int) -> str:
         caps = [hb.capacity for hb in self.ctx.liveness.heartbeats.values()]
         if not caps:
@@ -296,25 +331,35 @@ class Api:
                 "; git history keeps it)") if rules else ""
         return ApiError(error=f"{Reason.UNKNOWN_INSTANCE}: {iid}{hint}")
 
+    def state_of(self, rec: InstanceRecord) -> str:
+        """The state an operator reads in `gavel status` (and the metrics count): a placed
+        instance is what its node last reported (provisioning, running), or cancelling, or
+        placed; a waiting one is scheduled while in an auction; else the record's state."""
+        iid = rec.instance_id
+        if rec.state in PENDING and self.ctx.ledger.state().placement_of(iid) is not None:
+            return "cancelling" if rec.cancelling else \
+                self.promises.live.get(iid, InstanceState.PLACED)
+        return self.auctioneer.status_of(iid, rec.state)
+
     def instance_status(self, rec: InstanceRecord) -> InstanceStatus:
         iid = rec.instance_id
         state = self.ctx.ledger.state()
         pl = state.placement(iid)
         node = state.placement_of(iid)
+        st = self.state_of(rec)
         if pl is not None and node is not None and rec.state in PENDING:
-            st = "cancelling" if rec.cancelling else \
-                self.promises.live.get(iid, InstanceState.PLACED)
             note = self.promises.health.get(iid)
             health, check, restarts = (note.health, note.check, note.restarts) if note else \
                 (InstanceHealth.HEALTHY if st == InstanceState.RUNNING and not rec.spec.checks
                  else InstanceHealth.UNKNOWN, "", 0)
             return InstanceStatus(instance_id=iid, name=rec.spec.name, state=st,
                                   node_id=node, attempt=pl.attempt, ports=dict(pl.ports),
-                                  health=health, check=check, restarts=restarts)
-        st = self.auctioneer.status_of(iid, rec.state)
+                                  health=health, check=check, restarts=restarts,
+                                  reason=rec.reason if rec.cancelling else "",
+                                  service=rec.service, version=rec.version)
         return InstanceStatus(instance_id=iid, name=rec.spec.name, state=st,
                               node_id=rec.node_id, attempt=rec.attempt, reason=rec.reason,
-                              detail=rec.detail)
+                              detail=rec.detail, service=rec.service, version=rec.version)
 
     async def status(self, req: StatusRequest) -> Message:
         state = self.ctx.ledger.state()
@@ -335,6 +380,8 @@ class Api:
         now = self.ctx.now()
         state = self.ctx.ledger.state()
         out = []
+        if req.node_id:
+            return self._node(req.node_id)
         for node_id in self.ctx.liveness.known():
             hb = self.ctx.liveness.heartbeats[node_id]
             nf = state.nodes.get(node_id)
@@ -347,6 +394,36 @@ class Api:
                                   last_seen_s=round(now - self.ctx.liveness.last_seen[node_id],
                                                     3), advertise=hb.advertise))
         return NodesReply(nodes=out, rejected=dict(self.ctx.rejects.counts), **self._leader())
+
+    def _node(self, node_id: str) -> Message:
+        """One node in detail: its status, what runs there, its ports and recent declines."""
+        ctx = self.ctx
+        state = ctx.ledger.state()
+        liveness = ctx.liveness
+        hb = liveness.heartbeats.get(node_id)
+        nf = state.nodes.get(node_id)
+        if hb is None and nf is None:
+            return ApiError(error=f"{Reason.UNKNOWN_NODE}: {node_id}")
+        now = ctx.now()
+        seen = liveness.last_seen.get(node_id)
+        status = NodeStatus(
+            node_id=node_id, health=liveness.health(node_id, now),
+            strategy=hb.strategy if hb else "", labels=hb.labels if hb else {},
+            capacity=hb.capacity if hb else Capacity(),
+            committed=state.committed.get(node_id) or Capacity(),
+            draining=bool(hb and hb.draining) or bool(nf and nf.draining),
+            instances=len(nf.instances) if nf else 0,
+            last_seen_s=round(now - seen, 3) if seen is not None else 0.0)
+        running = [self.instance_status(rec) for iid in sorted(nf.instances if nf else ())
+                   if (rec := state.instances.get(iid)) is not None]
+        declines = [RecentDecline(instance_id=iid, auction_id=aid, reason=d.reason,
+                                  detail=d.detail)
+                    for iid, aid, d in self.auctioneer.declines_by(node_id, DECLINES_SHOWN)]
+        detail = NodeDetail(node_id=node_id, instances=running,
+                            port_range=list(hb.port_range) if hb else [],
+                            blocked_ports=list(nf.blocked_ports) if nf else [],
+                            declines=declines, drain_deadline=self._drain_deadline(node_id))
+        return NodesReply(nodes=[status], detail=detail, **self._leader())
 
     async def why(self, req: WhyRequest) -> Message:
         rec = self.ctx.ledger.state().instances.get(req.instance_id)
@@ -361,7 +438,8 @@ class Api:
 
     async def events(self, req: EventsRequest) -> Message:
         evs = [e for e in self.ctx.events
-               if not req.instance_id or e.instance_id == req.instance_id]
+               if (not req.instance_id or e.instance_id == req.instance_id)
+               and e.at >= req.since]
         return EventsReply(events=evs[-req.limit:] if req.limit > 0 else evs)
 
     async def cancel(self, req: CancelRequest) -> Message:
@@ -384,8 +462,14 @@ class Api:
             path = f"nodes/{req.node_id}/node.json"
             return ApiError(error=f"{Reason.UNREADABLE_FILE}: {path} "
                             f"({state.unreadable.get(path, '')})")
-        moving = self.promises.drain(req.node_id, req.undo, req.migrate)
-        return DrainReply(node_id=req.node_id, draining=not req.undo, migrating=moving)
+        moving = self.promises.drain(req.node_id, req.undo, req.migrate, req.deadline_s)
+        return DrainReply(node_id=req.node_id, draining=not req.undo, migrating=moving,
+                          deadline=self._drain_deadline(req.node_id))
+
+    def _drain_deadline(self, node_id: str) -> float:
+        """The node's drain deadline as Unix time (0: none)."""
+        at = self.promises.drain_deadlines.get(node_id)
+        return 0.0 if at is None else round(time.time() + (at - self.ctx.now()), 3)
 
     async def endpoints(self, req: EndpointsRequest) -> Message:
         """Every live instance (placed or waiting) whose spec declares routes, as `status`
@@ -411,6 +495,66 @@ class Api:
                              workdir=liveness.heartbeats[n].workdir,
                              health=liveness.health(n, now)) for n in liveness.known()]
         return EndpointsReply(endpoints=out, nodes=nodes)
+
+    # -- services ------------------------------------------------------------------------
+    async def deploy(self, req: DeployRequest) -> Message:
+        spec = req.spec
+        if not spec.service:
+            return ApiError(error=f"{Reason.NOT_A_SERVICE}: {spec.name} (type = \"service\" "
+                                  "makes it one; `gavel submit` runs a job)")
+        refused = self._refused(spec) or self.deploys.refused(spec.name)
+        if refused is not None:
+            return refused
+        return await self.deploys.deploy(spec, req.key)
+
+    def service_status(self, svc: ServiceRecord) -> ServiceStatus:
+        """A service and its live replicas: each one's state, node, version and health."""
+        state = self.ctx.ledger.state()
+        replicas = [self.instance_status(r) for r in state.replicas_of(svc.name)
+                    if not r.state.terminal]
+        replicas.sort(key=lambda r: (r.version, r.instance_id))
+        versions: dict[int, VersionStatus] = {svc.version: VersionStatus(version=svc.version)}
+        for r in replicas:
+            if r.state == "cancelling":
+                continue
+            vs = versions.setdefault(r.version, VersionStatus(version=r.version))
+            vs.replicas += 1
+            vs.healthy += r.health == InstanceHealth.HEALTHY
+        return ServiceStatus(name=svc.name, version=svc.version, count=svc.count,
+                             stopped=svc.stopped, healthy_version=svc.healthy_version,
+                             deployment=svc.deployment,
+                             versions=[versions[v] for v in sorted(versions)],
+                             replicas=replicas)
+
+    def _service_reply(self, name: str) -> Message:
+        svc = self.ctx.ledger.state().services.get(name)
+        if svc is None:
+            return self.deploys.refused(name) or \
+                ApiError(error=f"{Reason.UNKNOWN_SERVICE}: {name}")
+        return ServiceReply(service=self.service_status(svc))
+
+    async def service(self, req: ServiceRequest) -> Message:
+        return self._service_reply(req.name)
+
+    async def list_services(self, req: ServicesRequest) -> Message:
+        state = self.ctx.ledger.state()
+        return ServicesReply(services=[self.service_status(state.services[n])
+                                       for n in sorted(state.services)])
+
+    async def scale(self, req: ScaleRequest) -> Message:
+        refused = self.deploys.refused(req.name)
+        got = refused or await self.deploys.scale(req.name, req.count)
+        return got or self._service_reply(req.name)
+
+    async def stop(self, req: StopServiceRequest) -> Message:
+        refused = self.deploys.refused(req.name)
+        got = refused or await self.deploys.stop_service(req.name)
+        return got or self._service_reply(req.name)
+
+    async def rollback(self, req: RollbackRequest) -> Message:
+        refused = self.deploys.refused(req.name)
+        got = refused or await self.deploys.rollback(req.name, req.to_version)
+        return got or self._service_reply(req.name)
 
 
 def _operators(_subject: str) -> str:

@@ -3,14 +3,16 @@
 Rule: counters and histograms are observed where things happen (one call each, no
 allocation beyond the label lookup); gauges that describe state (node health, instances by
 state, who leads) are computed at scrape time from the broker's own view, so they can never
-drift. One `Metrics` outlives the leaderships of a broker that runs several (`broker.ha`):
-each leadership `attach`-es its view to the same registry.
+drift. Instances are counted by the state `gavel status` shows (`live_state`), not by the
+record's state in git, which says ``queued`` for every placed instance (placement lives in
+node.json). One `Metrics` outlives the leaderships of a broker that runs several
+(`broker.ha`): each leadership `attach`-es its view to the same registry.
 """
 
 from __future__ import annotations
 
 from collections import Counter as Tally
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from datetime import datetime
 from typing import TYPE_CHECKING
 
@@ -22,6 +24,7 @@ if TYPE_CHECKING:
     from gavel.broker.ledger.repository import Ledger
     from gavel.broker.mirror import Mirror
     from gavel.shared.health import Liveness
+    from gavel.shared.records import InstanceRecord
 
 __all__ = ["LeaderView", "Metrics"]
 
@@ -60,21 +63,38 @@ class Metrics:
         self.rejected = Counter("gavel_messages_rejected_total",
                                 "Messages from the wire refused, by kind", ["kind"],
                                 registry=r)
+        self.deploys = Counter("gavel_deploys_total",
+                               "Service deployments ended, by outcome (succeeded, failed, "
+                               "rolled-back, cancelled)", ["outcome"], registry=r)
         self._state: _StateCollector | None = None
+        self._services: _ServiceCollector | None = None
         self._leader: _LeaderCollector | None = None
         self._pushes: Counter | None = None
 
     def attach(self, *, now: Callable[[], float], liveness: Liveness, ledger: Ledger,
-               in_flight: Callable[[], int], mirror: Mirror) -> None:
+               in_flight: Callable[[], int], mirror: Mirror,
+               live_state: Callable[[InstanceRecord], str] | None = None) -> None:
         """Register the scrape-time view (node health, instances by state, open auctions,
-        the KV mirror's puts); a later leadership's view replaces an earlier one's."""
+        the KV mirror's puts); `live_state` is the state `gavel status` shows a record in. A
+        later leadership's view replaces an earlier one's."""
+        live = live_state or (lambda r: str(r.state))
         if self._state is None:
-            self._state = _StateCollector(now, liveness, ledger, in_flight, mirror)
+            self._state = _StateCollector(now, liveness, ledger, in_flight, mirror, live)
             self.registry.register(self._state)
         else:
             st = self._state
-            st.now, st.liveness, st.ledger, st.in_flight, st.mirror = (
-                now, liveness, ledger, in_flight, mirror)
+            st.now, st.liveness, st.ledger, st.in_flight, st.mirror, st.live_state = (
+                now, liveness, ledger, in_flight, mirror, live)
+
+    def attach_services(self, counts: Callable[[], tuple[Mapping[str, int],
+                                                         Mapping[str, int]]]) -> None:
+        """Register the scrape-time view of services: by state, and their live replicas by
+        health (`broker.services.Services.counts`); a later leadership's replaces it."""
+        if self._services is None:
+            self._services = _ServiceCollector(counts)
+            self.registry.register(self._services)
+        else:
+            self._services.counts = counts
 
     def leadership(self, view: Callable[[], LeaderView],
                    extra: Callable[[], Iterator[Metric]] | None = None) -> None:
@@ -129,14 +149,34 @@ def _unix(stamp: str) -> float:
         return 0.0
 
 
+class _ServiceCollector(Collector):
+    def __init__(self, counts: Callable[[], tuple[Mapping[str, int],
+                                                  Mapping[str, int]]]) -> None:
+        self.counts = counts
+
+    def collect(self) -> Iterator[Metric]:
+        by_state, by_health = self.counts()
+        services = GaugeMetricFamily("gavel_services", "Services by state", labels=["state"])
+        for state, n in by_state.items():
+            services.add_metric([state], n)
+        yield services
+        replicas = GaugeMetricFamily("gavel_service_replicas",
+                                     "Live service replicas by health", labels=["health"])
+        for health, n in by_health.items():
+            replicas.add_metric([health], n)
+        yield replicas
+
+
 class _StateCollector(Collector):
     def __init__(self, now: Callable[[], float], liveness: Liveness, ledger: Ledger,
-                 in_flight: Callable[[], int], mirror: Mirror) -> None:
+                 in_flight: Callable[[], int], mirror: Mirror,
+                 live_state: Callable[[InstanceRecord], str]) -> None:
         self.now = now
         self.liveness = liveness
         self.ledger = ledger
         self.in_flight = in_flight
         self.mirror = mirror
+        self.live_state = live_state
 
     def collect(self) -> Iterator[Metric]:
         now = self.now()
@@ -146,9 +186,10 @@ class _StateCollector(Collector):
         for h in ("healthy", "unreachable", "offline"):
             health.add_metric([h], counts.get(h, 0))
         yield health
-        states = GaugeMetricFamily("gavel_instances", "Instances by state in git",
-                                   labels=["state"])
-        by_state = Tally(str(r.state) for r in self.ledger.state().instances.values())
+        states = GaugeMetricFamily("gavel_instances", "Instances by state, as gavel status "
+                                   "shows them", labels=["state"])
+        live = self.live_state
+        by_state = Tally(live(r) for r in self.ledger.state().instances.values())
         for state, n in sorted(by_state.items()):
             states.add_metric([state], n)
         yield states

@@ -46,6 +46,7 @@ from gavel.broker.api import Api
 from gavel.broker.assign import Assignments
 from gavel.broker.auctioneer import Auctioneer
 from gavel.broker.context import Context, Leadership
+from gavel.broker.deploys import Deploys
 from gavel.broker.events import Events
 from gavel.broker.fencedkv import FencedPuts
 from gavel.broker.integrity import Integrity
@@ -58,6 +59,7 @@ from gavel.broker.mirror import Mirror
 from gavel.broker.outbox import Outbox
 from gavel.broker.promises import Promises
 from gavel.broker.retention import Retention
+from gavel.broker.services import Services
 from gavel.broker.watchdog import Timers
 from gavel.shared import subjects
 from gavel.shared.health import Health, Liveness
@@ -159,6 +161,8 @@ class Broker:
                                      rng=random.Random(seed))
         self.promises = Promises(ctx, capacity_freed=self.auctioneer.capacity_freed)
         self.retention = Retention(ctx, wall, ended_max)
+        self.services = Services(ctx, self.promises, wall)
+        self.deploys = Deploys(ctx, self.services, wall)
         self.integrity = Integrity(ctx)
         #: Why the broker stopped on its own, raised by `run` (rule 5).
         self.fatal: Damaged | None = None
@@ -173,7 +177,8 @@ class Broker:
         self.mirror = Mirror(self.fenced.put if self.fenced is not None
                              else self.outbox.publish_raw, timing.mirror_s, time.monotonic)
         self.api = Api(ctx, auctioneer=self.auctioneer, promises=self.promises,
-                       mirror=self.mirror, secrets=self.secrets, ended_max=ended_max)
+                       services=self.services, deploys=self.deploys, mirror=self.mirror,
+                       secrets=self.secrets, ended_max=ended_max)
         if not self.ha:  # a leadership's view is attached as it starts (`start`)
             self._attach_metrics()
         self._heartbeat = Guard("heartbeat", Heartbeat, self.rejects, node=subjects.node_of,
@@ -191,7 +196,8 @@ class Broker:
     def _attach_metrics(self) -> None:
         self.metrics.attach(now=self.now, liveness=self.liveness, ledger=self.ledger,
                             in_flight=lambda: len(self.auctioneer.auctions),
-                            mirror=self.mirror)
+                            mirror=self.mirror, live_state=self.api.state_of)
+        self.metrics.attach_services(self.services.counts)
 
     # -- lifecycle -----------------------------------------------------------------------
     async def start(self) -> None:
@@ -224,7 +230,7 @@ class Broker:
             self.log.warning("nats did not confirm the subscriptions (%s); carrying on", exc)
         if self.ha:  # a new leadership's hello: every node heartbeats now (`messages.RFB`),
             # and no auction finds "no nodes connected" before they could have: every live
-            # node heartbeats within a heartbeat interval anyway (`broker.auctioneer` rule 6)
+            # node heartbeats within a heartbeat interval anyway (`broker.auctioneer` rule 9)
             self.auctioneer.hold_until = self.now() + self.timing.heartbeat_s
             self.outbox.publish(subjects.RFB, RFB(auction_id=f"hello-{self.leader.epoch}",
                                                   shapes=[], deadline_s=0.0))
@@ -357,6 +363,7 @@ class Broker:
                 if self.deaf_since is None and now - watched >= self.timing.tick_s / 2:
                     watched = now
                     self.promises.watch(now)
+                    self.services.watch(now)
                     self.retention.watch()
             except Damaged as exc:
                 self._damaged(exc)

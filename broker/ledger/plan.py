@@ -31,7 +31,7 @@ from gavel.shared.messages import Capacity
 from gavel.shared.messages import InstanceState as S
 from gavel.shared.ports import allocate
 from gavel.shared.reasons import Reason
-from gavel.shared.records import Assignment, InstanceRecord, NodeFile
+from gavel.shared.records import Assignment, InstanceRecord, NodeFile, ServiceRecord
 
 __all__ = [
     "View",
@@ -44,7 +44,9 @@ __all__ = [
     "rewrite",
     "set_cancelling",
     "set_draining",
+    "stop",
     "submit",
+    "unexclude",
     "unschedulable",
 ]
 
@@ -67,6 +69,29 @@ class View:
         if nid in self.change.nodes:
             return self.change.nodes[nid]
         return self.state.nodes.get(nid)
+
+    def service(self, name: str) -> ServiceRecord | None:
+        if name in self.change.services:
+            return self.change.services[name]
+        return self.state.services.get(name)
+
+    def put_service(self, rec: ServiceRecord) -> None:
+        self.change.services[rec.name] = rec
+
+    def replicas(self, name: str) -> list[InstanceRecord]:
+        """Every replica record of the service `name` as this view has them: the state's,
+        as changed here, and those made here (a scan of this change's records: a service's
+        plans are few, and it keeps the hot path's plans free of a second index)."""
+        out: list[InstanceRecord] = []
+        known = self.state.replicas.get(name, {})
+        for iid in known:
+            rec = self.instance(iid)
+            if rec is not None and rec.service == name:
+                out.append(rec)
+        for iid, made in self.change.instances.items():
+            if made is not None and made.service == name and iid not in known:
+                out.append(made)
+        return out
 
     def put_instance(self, rec: InstanceRecord) -> None:
         self.change.instances[rec.instance_id] = rec
@@ -190,11 +215,14 @@ def unschedulable(view: View, decision: Unschedulable) -> bool:
     rec = view.instance(iid)
     if rec is None or rec.state not in PENDING or view.placed_on(iid) is not None:
         return False
-    if rec.state is S.UNSCHEDULABLE and rec.reason == decision.reason \
-            and rec.detail == decision.summary:
-        return False
-    new = transition(rec, PENDING, S.UNSCHEDULABLE, reason=str(decision.reason),
-                     detail=decision.summary)
+    if rec.state is S.UNSCHEDULABLE:  # still waiting: only a new reason or summary is news
+        if rec.reason == decision.reason and rec.detail == decision.summary:
+            return False
+        new: InstanceRecord | None = msgspec.structs.replace(
+            rec, reason=str(decision.reason), detail=decision.summary)
+    else:
+        new = transition(rec, PENDING, S.UNSCHEDULABLE, reason=str(decision.reason),
+                         detail=decision.summary)
     if new is None:
         return False
     view.put_instance(new)
@@ -258,13 +286,31 @@ def requeue(view: View, iid: str, node_id: str, reason: Reason, detail: str = ""
     return new
 
 
-def set_cancelling(view: View, iid: str) -> InstanceRecord | None:
+def set_cancelling(view: View, iid: str, reason: Reason = Reason.CANCELLED
+                   ) -> InstanceRecord | None:
+    """Mark a placed instance as being cancelled, and why: the end its node confirms keeps
+    that reason (`Promises`), so a replica a service stopped reads as stopped by it."""
     rec = view.instance(iid)
     if rec is None or rec.cancelling or view.placed_on(iid) is None:
         return None
-    new = msgspec.structs.replace(rec, cancelling=True)
+    new = msgspec.structs.replace(rec, cancelling=True, reason=str(reason), detail="")
     view.put_instance(new)
     return new
+
+
+def stop(view: View, iid: str, reason: Reason) -> tuple[InstanceRecord, str] | None:
+    """Stop a live instance for `reason`: one still waiting for a node is cancelled at once,
+    a placed one is marked cancelling (its node is told after the commit). The new record
+    and the node it is on ("" for none); None when it is not live or already stopping."""
+    rec = view.instance(iid)
+    if rec is None or rec.state.terminal or rec.cancelling:
+        return None
+    node = view.placed_on(iid)
+    if node is None:
+        new = finish(view, iid, "", S.CANCELLED, str(reason))
+    else:
+        new = set_cancelling(view, iid, reason)
+    return None if new is None else (new, node or "")
 
 
 def set_draining(view: View, node_id: str, draining: bool) -> NodeFile | None:
@@ -278,6 +324,17 @@ def set_draining(view: View, node_id: str, draining: bool) -> NodeFile | None:
     return new
 
 
+def unexclude(view: View, node_id: str) -> list[str]:
+    """Take `node_id` out of every record's exclusion list (the node is back in service: the
+    drain, or the failure, that put it there no longer holds); the instances changed."""
+    changed = []
+    for iid in sorted(view.state.instances.keys() | view.change.instances.keys()):
+        rec = view.instance(iid)
+        if rec is not None and node_id in rec.excluded:
+            view.put_instance(msgspec.structs.replace(
+                rec, excluded=tuple(n for n in rec.excluded if n != node_id)))
+            changed.append(iid)
+    return changed
 def rewrite(view: View, node_ids: Sequence[str]) -> list[str]:
     """Write these nodes' node.json as the view holds them: the correction of a tree that
     listed an instance where the broker had not placed it (`broker.ledger.integrity`),

@@ -23,6 +23,8 @@ Rules:
    branch of its own epoch with commits it lacks is a hand commit, merged as in rule 2.
 6. `mark()` names every commit notified so far; `wait(mark)` returns once a push that
    started after them landed (the committer's "durable": `broker.ledger.committer` rule 10).
+7. A remote on this machine whose HEAD names a branch without commits is given HEAD on the
+   pushed branch (`ledger.repository.name_head`).
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ from prometheus_client.registry import CollectorRegistry
 
 from gavel.broker.ledger import caspush, merge, takeover
 from gavel.broker.ledger.caspush import PushError, Refused
+from gavel.broker.ledger.repository import name_head
 from gavel.broker.ledger.state import Change
 from gavel.shared.redact import mask_url
 
@@ -268,6 +271,7 @@ class Pusher:
                 self.pushed = ours
                 self._synced = covered
                 self._count("pushed")
+                self._name_remote_head()
                 return ours
             theirs = self._fetch(repo)
             if self.epoch and theirs is not None:
@@ -367,6 +371,17 @@ class Pusher:
     async def refreshing(self) -> str | None:
         """`refresh` on the pusher's thread."""
         return await asyncio.get_running_loop().run_in_executor(self._pool, self.refresh)
+
+    def _name_remote_head(self) -> None:
+        """Rule 7: a remote on this machine (a path or file:// URL) whose HEAD names a branch
+        without commits gets HEAD on ours, so ``git log`` there shows the history; a remote
+        across the network keeps the default branch its server was given."""
+        path = self.remote.removeprefix("file://")
+        if self.remote.startswith(("file://", "/", ".")) and os.path.isdir(path):
+            try:
+                name_head(pygit2.Repository(path), self.ref)
+            except pygit2.GitError as exc:
+                log.debug("left HEAD of %s alone: %s", self.url, exc)
 
     def _fetch(self, repo: pygit2.Repository) -> str | None:
         """The remote's branch, fetched into a tracking ref (None: the remote has none;

@@ -18,6 +18,7 @@ Rules:
    error past the compare-and-swap) is settled by reading the ref (`landed`).
 6. An object the tree or the history needs that is missing or does not read raises
    `Damaged`: one sentence naming the object and what to do. Nothing is guessed around it.
+7. HEAD names the active branch when it named a branch without commits (`name_head`).
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from gavel.shared.records import (
     AuctionRecord,
     InstanceRecord,
     NodeFile,
+    ServiceRecord,
     instance_path,
     parse_trailers,
 )
@@ -50,12 +52,14 @@ from gavel.shared.records import (
 # `State`, `Change` and the encodings live in `broker.state`; they are re-exported here, where
 # most callers met them first.
 __all__ = ["Change", "Conflict", "Damaged", "Ledger", "LedgerError", "Pinned", "State",
-           "compact", "encode", "parse_stamp", "pretty", "stamp"]
+           "compact", "encode", "name_head", "parse_stamp", "pretty", "service_problem",
+           "stamp"]
 
 _SHA = re.compile(r"^[0-9a-f]{7,40}$")
 _OID = re.compile(r"[0-9a-f]{40}")
 _instance_dec = msgspec.json.Decoder(InstanceRecord)
 _node_dec = msgspec.json.Decoder(NodeFile)
+_service_dec = msgspec.json.Decoder(ServiceRecord)
 _EMAIL = "broker@gavel.local"
 _SIGNATURE = b"gavel-broker <%s>" % _EMAIL.encode()
 #: How many commits others may have put on top of ours before `landed` looks (a merge of
@@ -77,6 +81,20 @@ def _person(now: float | None = None) -> bytes:
     off = time.localtime(secs).tm_gmtoff // 60
     sign = "-" if off < 0 else "+"
     return b"%s %d %s%02d%02d" % (_SIGNATURE, secs, sign.encode(), abs(off) // 60, abs(off) % 60)
+
+
+def service_problem(svc: ServiceRecord, name: str) -> str:
+    """Why a decoded ``services/<name>.json`` is not a usable service record ("" if it is):
+    it names its own file, lists the version it runs, and every version is a service of
+    that name (its replicas' ids start with the name)."""
+    if svc.name != name:
+        return f"it names service {svc.name!r}"
+    if svc.spec_of(svc.version) is None:
+        return f"it runs version {svc.version}, which it does not list"
+    for v in svc.versions:
+        if not v.spec.service or v.spec.name != name:
+            return f"version {v.version} is not a service named {name!r}"
+    return ""
 
 
 class LedgerError(Exception):
@@ -109,6 +127,20 @@ def damaged(path: Path, exc: BaseException) -> Damaged:
     return Damaged(f"object {oid} in the state repository {path} {why}: restore state.git "
                    f"from the push remote, or run `git fsck --full` in {path} to see what is "
                    "damaged")
+def name_head(repo: pygit2.Repository, ref: str) -> None:
+    """Rule 7: a HEAD that names a branch with no commits (``git init``'s default, or the
+    ``main`` this module creates) is pointed at the active branch `ref`, so plain ``git log``
+    shows the deployment's history. A HEAD on a branch that exists is the owner's choice and
+    stays; a pinned ref (a tag, a commit) changes nothing."""
+    if not ref.startswith("refs/heads/"):
+        return
+    try:
+        head = repo.references.get("HEAD")
+        target = head.target if head is not None else None
+        if isinstance(target, str) and target != ref and target not in repo.references:
+            repo.set_head(ref)
+    except (pygit2.GitError, OSError, ValueError) as exc:  # a read-only or odd repository
+        log.debug("left HEAD of %s alone: %s", repo.path, exc)
 
 
 class Ledger:
@@ -131,6 +163,7 @@ class Ledger:
         self.ref = self._qualify(ref)
         if not _SHA.match(self.ref) and not pygit2.reference_is_valid_name(self.ref):
             raise LedgerError(f"active ref {ref!r} is not a valid git ref name")
+        name_head(self.repo, self.ref)
         self._state = State()
         self._lock = threading.RLock()
         self._landed: str | None = None  # our commit, written but not yet adopted
@@ -298,6 +331,22 @@ class Ledger:
                         st.unusable_nodes.add(entry.name or "")
                         continue
                     st.put_node(nf.node_id, nf)
+        if "services" in tree:
+            for entry in self._tree(tree["services"].id):
+                name = entry.name or ""
+                if not name.endswith(".json") or entry.type_str != "blob":
+                    continue
+                path = f"services/{name}"
+                try:
+                    svc = _service_dec.decode(self._data(entry.id))
+                except (msgspec.DecodeError, RecursionError) as exc:  # by hand: anything
+                    st.unreadable[path] = str(exc) or "nested too deeply"
+                    continue
+                problem = service_problem(svc, name.removesuffix(".json"))
+                if problem:
+                    st.unreadable[path] = problem
+                    continue
+                st.put_service(svc.name, svc)
         for path, why in st.unreadable.items():
             log.error("%s is not a usable gavel file (%s): left as it is and ignored; fix or "
                       "remove it in git", path, why)
@@ -416,6 +465,8 @@ class Ledger:
         for iid, rec in change.instances.items():
             st.put_instance(iid, rec)
             st.flat.pop(iid, None)  # `files` moved it into its shard
+        for name, svc in change.services.items():
+            st.put_service(name, svc)
         for nid, nf in change.nodes.items():
             st.put_node(nid, nf, change.committed.get(nid), change.grown.get(nid))
             data = change.encoded_of(nid, nf) if nf is not None else None
