@@ -146,12 +146,18 @@ class Lease:
         self._tasks.append(asyncio.create_task(self._watch(), name="lease-watch"))
 
     async def close(self) -> None:
-        tasks = list(self._tasks)
+        """Stop the watch and the renewals. A cancel is sent again until the task ends: on
+        3.11 a cancel that lands as an awaited answer arrives (`asyncio.wait_for` inside
+        nats-py's request) can be swallowed, and the task would run on."""
+        tasks = left = list(self._tasks)
+        while left:
+            for task in left:
+                task.cancel()
+            await asyncio.wait(left, timeout=0.5)
+            left = [t for t in left if not t.done()]
         for task in tasks:
-            task.cancel()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+            if not task.cancelled():
+                task.exception()  # retrieved: a failure on the way out is no news
         self._tasks.clear()
         if self._expiry is not None:
             self._expiry.cancel()
