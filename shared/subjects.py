@@ -21,6 +21,8 @@ __all__ = [
     "EVENTS_ALL",
     "HEARTBEAT",
     "HEARTBEAT_ALL",
+    "HEARTBEAT_PROBE",
+    "HEARTBEAT_STREAM",
     "NODES_BUCKET",
     "NODE_INBOX",
     "REPORT",
@@ -38,6 +40,12 @@ BIDS = f"{PREFIX}.bids.{{node}}"  # worker -> broker: BidReply
 BIDS_ALL = f"{PREFIX}.bids.*"
 HEARTBEAT = f"{PREFIX}.hb.{{node}}"
 HEARTBEAT_ALL = f"{PREFIX}.hb.*"
+#: JetStream stream: the newest heartbeat of each node, kept between brokers
+#: (`broker.heartbeat_stream`).
+HEARTBEAT_STREAM = "gavel-heartbeats"
+#: The broker's probe of its own heartbeat feed: a heartbeat subject whose last token is no
+#: node id (`is_node_id` refuses ``@``), so no node can own it.
+HEARTBEAT_PROBE = f"{PREFIX}.hb.@broker"
 REPORT = f"{PREFIX}.report.{{node}}"  # worker -> broker: Event about its instances
 REPORT_ALL = f"{PREFIX}.report.*"
 AWARD = f"{PREFIX}.award.{{node}}"  # broker -> winner: Award
