@@ -7,7 +7,9 @@ Rules:
    (``_INBOX_<node>.>``: the broker's answers to other nodes' assignment requests carry their
    secrets), and reads — never writes — the KV bucket where the broker mirrors node.json.
 2. Only the broker publishes RFBs, awards, cancels and KV writes. Operators call the API and
-   read events; they cannot bid, award or speak as a node.
+   read events; they cannot bid, award or speak as a node. The broker's heartbeat stream
+   (`heartbeat_stream_permissions`) needs nothing from the nodes: the server stores their
+   heartbeats as they publish them.
 3. `init` is idempotent: a seed that exists is reused, never rewritten. The config authorizes
    every node seed in the directory, so revoking a node is deleting its seed and running
    `init` again (then reloading nats-server).
@@ -33,6 +35,7 @@ __all__ = [
     "Identities",
     "IdentityError",
     "broker_permissions",
+    "heartbeat_stream_permissions",
     "init",
     "operator_permissions",
     "public_key",
@@ -52,6 +55,7 @@ class IdentityError(BadInput):
 
 _SEED = re.compile(r"SU[A-Z2-7]{56}")
 _KV_STREAM = f"KV_{subjects.NODES_BUCKET}"
+_HB_STREAM = subjects.HEARTBEAT_STREAM
 
 
 def worker_permissions(node: str) -> dict[str, Any]:
@@ -92,9 +96,30 @@ def operator_permissions() -> dict[str, Any]:
             "subscribe": {"allow": ["_INBOX.>", subjects.EVENTS_ALL]}}
 
 
+def heartbeat_stream_permissions() -> dict[str, Any]:
+    """What the broker's heartbeat stream (`gavel.broker.heartbeat_stream`) calls: make or
+    update the stream, make, pull from and delete its own consumers, publish its probe;
+    the API's answers and the pulled messages come to its inbox. Without JetStream it
+    subscribes to the heartbeat subjects themselves."""
+    return {
+        "publish": {"allow": [
+            f"$JS.API.STREAM.CREATE.{_HB_STREAM}",
+            f"$JS.API.STREAM.UPDATE.{_HB_STREAM}",
+            f"$JS.API.CONSUMER.CREATE.{_HB_STREAM}.*.{subjects.HEARTBEAT_ALL}",
+            f"$JS.API.CONSUMER.MSG.NEXT.{_HB_STREAM}.*",
+            f"$JS.API.CONSUMER.DELETE.{_HB_STREAM}.*",
+            subjects.HEARTBEAT_PROBE,
+        ]},
+        "subscribe": {"allow": ["_INBOX.>", subjects.HEARTBEAT_ALL]},
+    }
+
+
 def broker_permissions() -> dict[str, Any]:
-    """The broker runs auctions, awards, the KV mirror and the API: every subject."""
-    return {"publish": {"allow": [">"]}, "subscribe": {"allow": [">"]}}
+    """The broker runs auctions, awards, the KV mirror, the heartbeat stream and the API:
+    every subject (the heartbeat stream's are named too, for a list narrower than ``>``)."""
+    stream = heartbeat_stream_permissions()
+    return {"publish": {"allow": [">", *stream["publish"]["allow"]]},
+            "subscribe": {"allow": [">", *stream["subscribe"]["allow"]]}}
 
 
 # -- keys --------------------------------------------------------------------------------------

@@ -1,0 +1,299 @@
+"""The heartbeat stream: each node's newest heartbeat, kept by NATS, read by the broker at
+its own pace.
+
+Rules:
+1. JetStream keeps the newest message of every heartbeat subject (`subjects.HEARTBEAT_STREAM`:
+   in memory, one message a subject, none above `shared.bounds.HEARTBEAT_MAX_BYTES`). Nodes
+   publish as they would without it and need no permission for it.
+2. The broker reads it through a pull consumer of its own: every `poll_s`, what the stream
+   holds now (``no_wait``), again at once after a full batch. A node that publishes faster
+   than its interval only replaces its own message, so however fast it floods, the broker
+   reads at most one of its heartbeats a poll, and never more than it asked for: a flood
+   stays between the node and the stream, and never makes the server cut the broker off.
+3. The consumer starts with every subject's newest message (the stream as it stood at
+   start). Their server timestamps are returned by `start`: how long each node had been
+   silent is counted from them alone (`shared.health.silences`), never against the
+   broker's clock. Those older than the consumer are not heartbeats heard now.
+4. Every `poll_s` the broker publishes a probe (`subjects.HEARTBEAT_PROBE`, not a node's
+   subject) into the same stream and reads it back like a heartbeat. When the probe sent
+   two polls ago is not back, the feed may be losing anyone's heartbeats (an ingest that
+   cannot keep up, a consumer gone, NATS away): the broker is deaf from the last probe it
+   read back until the next comes back (`shared.health.Deafness`).
+5. A consumer or stream that is gone (a restarted nats-server has emptied its memory) is
+   made again, delivering only what is new from then on; rule 4 covers the gap.
+6. Without JetStream the broker subscribes to the heartbeat subjects directly (logged once):
+   a restart then presumes every node heard at start, and a node flooding its subject faster
+   than the broker reads can make nats-server cut the broker off. The probe works the same.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import uuid
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import nats.errors
+from nats.aio.msg import Msg
+from nats.js.api import (
+    AckPolicy,
+    ConsumerConfig,
+    DeliverPolicy,
+    DiscardPolicy,
+    StorageType,
+    StreamConfig,
+)
+from nats.js.errors import BadRequestError
+
+from gavel.shared import subjects
+from gavel.shared.bounds import HEARTBEAT_MAX_BYTES
+from gavel.shared.timing import Timing
+from gavel.transport import wire
+
+__all__ = ["BATCH", "HeartbeatStream", "stream_config"]
+
+#: Messages one pull asks for (rule 2); a full batch is followed by another at once.
+BATCH = 1024
+#: What the stream may hold in all: a message per node, each at most a heartbeat's limit.
+_STREAM_BYTES = 256 << 20
+#: A JetStream API call (make the stream, make the consumer) or a pull unanswered this long
+#: has failed.
+_CALL_S = 5.0
+#: Error codes of JetStream's API: the stream exists with another configuration.
+_STREAM_NAME_IN_USE = 10058
+_MSG_NEXT = f"$JS.API.CONSUMER.MSG.NEXT.{subjects.HEARTBEAT_STREAM}"
+
+
+def stream_config() -> StreamConfig:
+    """Rule 1's stream."""
+    return StreamConfig(name=subjects.HEARTBEAT_STREAM, subjects=[subjects.HEARTBEAT_ALL],
+                        max_msgs_per_subject=1, max_msg_size=HEARTBEAT_MAX_BYTES,
+                        max_bytes=_STREAM_BYTES, discard=DiscardPolicy.OLD,
+                        storage=StorageType.MEMORY, num_replicas=1)
+
+
+class _Pulled(NamedTuple):
+    subject: str
+    data: bytes
+    seq: int  # its sequence in the stream
+    stamp: float  # when the server stored it, seconds since the epoch (the server's clock)
+
+
+class HeartbeatStream:
+    """Rules 1-6 for one broker: `start` once connected, then `run` as a task; `deliver`
+    gets every heartbeat heard, `deaf` (when the feed went deaf) and `hearing` (it hears
+    again) follow rule 4."""
+
+    def __init__(self, *, timing: Timing, deliver: Callable[[wire.Received], None],
+                 deaf: Callable[[float], None], hearing: Callable[[], None],
+                 now: Callable[[], float], log: logging.Logger) -> None:
+        self.timing = timing
+        self.poll_s = timing.tick_s / 2
+        self._deliver = deliver
+        self._deaf_cb = deaf
+        self._hearing_cb = hearing
+        self.now = now
+        self.log = log
+        #: True while heartbeats come through the stream (rule 6: False without JetStream).
+        self.jetstream = False
+        self.nc: Any = None
+        self._id = uuid.uuid4().hex[:12]
+        self._consumer = f"broker-{self._id}"
+        self._inbox = ""
+        self._pull_sub: Any = None
+        self._got: list[_Pulled] = []
+        self._round = ""  # the reply subject of the pull in flight
+        self._done: asyncio.Future[bool] | None = None
+        self._early: list[_Pulled] = []  # heard while `start` read the stream's past
+        #: Probes published (a count), the newest read back and when that one was sent.
+        self._sent = 0
+        self._back = 0
+        self._back_sent_at = 0.0
+        self._deaf = False
+        self._failing = False
+        self._broken = False
+        self.pulls = 0
+
+    # -- start and stop -----------------------------------------------------------------
+    async def start(self, nc: Any) -> dict[str, float]:
+        """The stream, this broker's consumer and the stream's past (rule 3): subject token
+        -> server time its newest message was stored. Empty without JetStream (rule 6)."""
+        self.nc = nc
+        self._back_sent_at = self.now()
+        try:
+            before = await self._ensure_stream()
+            self._inbox = nc.new_inbox()
+            self._pull_sub = await nc.subscribe(f"{self._inbox}.*", cb=self._on_pulled)
+            await self._make_consumer(DeliverPolicy.LAST_PER_SUBJECT)
+        except Exception as exc:  # JetStream off or refused: rule 6
+            self.log.warning("no JetStream heartbeat stream (%s): heartbeats are heard "
+                             "directly, and a broker restart presumes every node heard at "
+                             "start", str(exc) or type(exc).__name__)
+            if self._pull_sub is not None:
+                with contextlib.suppress(Exception):
+                    await self._pull_sub.unsubscribe()
+            await nc.subscribe_direct(subjects.HEARTBEAT_ALL, self._on_direct)
+            return {}
+        self.jetstream = True
+        stamps: dict[str, float] = {}
+        while True:
+            got = await self._pull()
+            if got is None:
+                break  # the past is lost to us; `run` makes the consumer again (rule 5)
+            for m in got:
+                token = subjects.node_of(m.subject)
+                stamps[token] = max(stamps.get(token, m.stamp), m.stamp)
+                if m.seq > before:
+                    self._early.append(m)
+            if len(got) < BATCH:
+                break
+        return stamps
+
+    async def close(self) -> None:
+        """Delete this broker's consumer (else the server does, once it has been idle)."""
+        if not self.jetstream or self.nc is None or self.nc.is_closed:
+            return
+        with contextlib.suppress(Exception):
+            await self.nc.jetstream().delete_consumer(subjects.HEARTBEAT_STREAM,
+                                                      self._consumer)
+        with contextlib.suppress(Exception):
+            await self._pull_sub.unsubscribe()
+
+    # -- the loop -----------------------------------------------------------------------
+    async def run(self) -> None:
+        early, self._early = self._early, []
+        self._hand_over(early)
+        while True:
+            try:
+                if self.jetstream:
+                    await self._read()
+                self._check_probes()
+                await self._probe()
+                self._broken = False
+            except Exception:  # never let the feed die: rule 4 notices what it misses
+                if not self._broken:
+                    self.log.exception("reading the heartbeat stream failed; retrying")
+                self._broken = True
+            await asyncio.sleep(self.poll_s)
+
+    async def _read(self) -> None:
+        """Rule 2: what the stream holds now, batch after batch; rule 5 when it fails."""
+        while True:
+            got = await self._pull()
+            if got is None:
+                await self._recover()
+                return
+            self._hand_over(got)
+            if len(got) < BATCH:
+                return
+
+    def _hand_over(self, got: list[_Pulled]) -> None:
+        for m in got:
+            self._heard(wire.Inbound(m.subject, m.data))
+
+    def _on_direct(self, msg: wire.Received) -> None:
+        self._heard(msg)
+
+    def _heard(self, msg: wire.Received) -> None:
+        if msg.subject == subjects.HEARTBEAT_PROBE:
+            self._probe_back(msg.data)
+        else:
+            self._deliver(msg)
+
+    # -- the probe (rule 4) -------------------------------------------------------------
+    async def _probe(self) -> None:
+        """A probe: this broker's id, its number and when it was sent (this broker's clock:
+        only this broker reads it back)."""
+        self._sent += 1
+        with contextlib.suppress(nats.errors.Error):  # closed or draining: we are stopping
+            await self.nc.publish(subjects.HEARTBEAT_PROBE,
+                                  f"{self._id} {self._sent} {self.now()!r}".encode())
+
+    def _probe_back(self, data: bytes) -> None:
+        try:
+            who, number, sent_at = data.decode().split(" ")
+            n, at = int(number), float(sent_at)
+        except ValueError:  # UnicodeDecodeError is one
+            return
+        if who == self._id and n > self._back:  # not another broker's, nor the last one's
+            self._back, self._back_sent_at = n, at
+
+    def _check_probes(self) -> None:
+        if self._back >= self._sent - 1:
+            if self._deaf:
+                self._deaf = False
+                self._hearing_cb()
+        elif not self._deaf:
+            self._deaf = True
+            self._deaf_cb(self._back_sent_at)
+
+    # -- JetStream ----------------------------------------------------------------------
+    async def _ensure_stream(self) -> int:
+        """Rule 1's stream, made or brought to this configuration; its last sequence."""
+        js = self.nc.jetstream(timeout=_CALL_S)
+        config = stream_config()
+        try:
+            info = await js.add_stream(config)
+        except BadRequestError as exc:
+            if exc.err_code != _STREAM_NAME_IN_USE:
+                raise
+            info = await js.update_stream(config)
+        return int(info.state.last_seq)
+
+    async def _make_consumer(self, deliver: DeliverPolicy) -> None:
+        await self.nc.jetstream(timeout=_CALL_S).add_consumer(
+            subjects.HEARTBEAT_STREAM, ConsumerConfig(
+                name=self._consumer, deliver_policy=deliver, ack_policy=AckPolicy.NONE,
+                filter_subject=subjects.HEARTBEAT_ALL, mem_storage=True,
+                inactive_threshold=max(self.timing.offline_s, 10 * self.poll_s)))
+
+    async def _recover(self) -> None:
+        """Rule 5: the stream and this broker's consumer again, from what is new."""
+        try:
+            await self._ensure_stream()
+            await self._make_consumer(DeliverPolicy.NEW)
+        except Exception as exc:
+            if not self._failing:
+                self.log.warning("the heartbeat stream is unreachable (%s); retrying every "
+                                 "%gs", str(exc) or type(exc).__name__, self.poll_s)
+            self._failing = True
+            return
+        if self._failing:
+            self.log.info("the heartbeat stream is back")
+        self._failing = False
+
+    async def _pull(self) -> list[_Pulled] | None:
+        """One ``no_wait`` pull (rule 2): what it delivered, or None if it failed."""
+        self.pulls += 1
+        self._round = f"{self._inbox}.{self.pulls}"
+        self._got = []
+        done = self._done = asyncio.get_running_loop().create_future()
+        request = json.dumps({"batch": BATCH, "no_wait": True}).encode()
+        try:
+            await self.nc.publish(f"{_MSG_NEXT}.{self._consumer}", request, reply=self._round)
+            async with asyncio.timeout(_CALL_S):
+                ok = await done
+        except Exception:  # not connected, or no answer in time
+            return None
+        return self._got if ok else None
+
+    async def _on_pulled(self, msg: Msg) -> None:
+        done = self._done
+        if done is None or done.done():
+            return
+        status = msg.headers.get("Status") if msg.headers else None
+        if status is not None:
+            if msg.subject == self._round:  # 404: nothing more now, 408: the same
+                done.set_result(status in ("404", "408"))
+            return
+        try:
+            meta = msg.metadata
+        except Exception:  # not from a consumer: nothing we asked for
+            return
+        self._got.append(_Pulled(msg.subject, msg.data, meta.sequence.stream,
+                                 meta.timestamp.timestamp()))
+        if len(self._got) >= BATCH:
+            done.set_result(True)
