@@ -2,9 +2,11 @@
 its own pace.
 
 Rules:
-1. JetStream keeps the newest message of every heartbeat subject (`subjects.HEARTBEAT_STREAM`:
-   in memory, one message a subject, none above `shared.bounds.HEARTBEAT_MAX_BYTES`). Nodes
-   publish as they would without it and need no permission for it.
+1. JetStream keeps the newest message of every heartbeat subject, and of the broker's probe
+   (`subjects.HEARTBEAT_STREAM`: in memory, one message a subject, none above
+   `shared.bounds.HEARTBEAT_MAX_BYTES`). Nodes publish as they would without it and need no
+   permission for it. Memory, not a file: a flood is ingested without touching a disk, and
+   a restarted nats-server starts it empty (rule 5).
 2. The broker reads it through a pull consumer of its own: every `poll_s`, what the stream
    holds now (``no_wait``), again at once after a full batch. A node that publishes faster
    than its interval only replaces its own message, so however fast it floods, the broker
@@ -14,8 +16,9 @@ Rules:
    start). Their server timestamps are returned by `start`: how long each node had been
    silent is counted from them alone (`shared.health.silences`), never against the
    broker's clock. Those older than the consumer are not heartbeats heard now.
-4. Every `poll_s` the broker publishes a probe (`subjects.HEARTBEAT_PROBE`, not a node's
-   subject) into the same stream and reads it back like a heartbeat. When the probe sent
+4. Every `poll_s` the broker publishes a probe (`subjects.HEARTBEAT_PROBE`, beside the
+   heartbeat subjects, so no one listening to those hears it) into the same stream and
+   reads it back like a heartbeat. When the probe sent
    two polls ago is not back, the feed may be losing anyone's heartbeats (an ingest that
    cannot keep up, a consumer gone, NATS away): the broker is deaf from the last probe it
    read back until the next comes back (`shared.health.Deafness`).
@@ -53,7 +56,7 @@ from gavel.shared.bounds import HEARTBEAT_MAX_BYTES
 from gavel.shared.timing import Timing
 from gavel.transport import wire
 
-__all__ = ["BATCH", "HeartbeatStream", "stream_config"]
+__all__ = ["BATCH", "PROBE", "HeartbeatStream", "stream_config"]
 
 #: Messages one pull asks for (rule 2); a full batch is followed by another at once.
 BATCH = 1024
@@ -65,11 +68,15 @@ _CALL_S = 5.0
 #: Error codes of JetStream's API: the stream exists with another configuration.
 _STREAM_NAME_IN_USE = 10058
 _MSG_NEXT = f"$JS.API.CONSUMER.MSG.NEXT.{subjects.HEARTBEAT_STREAM}"
+#: The key of the probe's stamp in what `start` returns: no node id (`subjects.is_node_id`
+#: refuses ``@``), so no node's silence is ever counted from it.
+PROBE = "@probe"
+_STORED = [subjects.HEARTBEAT_ALL, subjects.HEARTBEAT_PROBE]
 
 
 def stream_config() -> StreamConfig:
     """Rule 1's stream."""
-    return StreamConfig(name=subjects.HEARTBEAT_STREAM, subjects=[subjects.HEARTBEAT_ALL],
+    return StreamConfig(name=subjects.HEARTBEAT_STREAM, subjects=list(_STORED),
                         max_msgs_per_subject=1, max_msg_size=HEARTBEAT_MAX_BYTES,
                         max_bytes=_STREAM_BYTES, discard=DiscardPolicy.OLD,
                         storage=StorageType.MEMORY, num_replicas=1)
@@ -119,8 +126,9 @@ class HeartbeatStream:
 
     # -- start and stop -----------------------------------------------------------------
     async def start(self, nc: Any) -> dict[str, float]:
-        """The stream, this broker's consumer and the stream's past (rule 3): subject token
-        -> server time its newest message was stored. Empty without JetStream (rule 6)."""
+        """The stream, this broker's consumer and the stream's past (rule 3): node id (or
+        `PROBE`) -> server time its newest message was stored. Empty without JetStream
+        (rule 6)."""
         self.nc = nc
         self._back_sent_at = self.now()
         try:
@@ -135,7 +143,8 @@ class HeartbeatStream:
             if self._pull_sub is not None:
                 with contextlib.suppress(Exception):
                     await self._pull_sub.unsubscribe()
-            await nc.subscribe_direct(subjects.HEARTBEAT_ALL, self._on_direct)
+            for subject in _STORED:
+                await nc.subscribe_direct(subject, self._on_direct)
             return {}
         self.jetstream = True
         stamps: dict[str, float] = {}
@@ -144,8 +153,9 @@ class HeartbeatStream:
             if got is None:
                 break  # the past is lost to us; `run` makes the consumer again (rule 5)
             for m in got:
-                token = subjects.node_of(m.subject)
-                stamps[token] = max(stamps.get(token, m.stamp), m.stamp)
+                key = PROBE if m.subject == subjects.HEARTBEAT_PROBE \
+                    else subjects.node_of(m.subject)
+                stamps[key] = max(stamps.get(key, m.stamp), m.stamp)
                 if m.seq > before:
                     self._early.append(m)
             if len(got) < BATCH:
@@ -247,7 +257,7 @@ class HeartbeatStream:
         await self.nc.jetstream(timeout=_CALL_S).add_consumer(
             subjects.HEARTBEAT_STREAM, ConsumerConfig(
                 name=self._consumer, deliver_policy=deliver, ack_policy=AckPolicy.NONE,
-                filter_subject=subjects.HEARTBEAT_ALL, mem_storage=True,
+                filter_subjects=list(_STORED), mem_storage=True,
                 inactive_threshold=max(self.timing.offline_s, 10 * self.poll_s)))
 
     async def _recover(self) -> None:

@@ -43,9 +43,9 @@ HEARTBEAT_ALL = f"{PREFIX}.hb.*"
 #: JetStream stream: the newest heartbeat of each node, kept between brokers
 #: (`broker.heartbeat_stream`).
 HEARTBEAT_STREAM = "gavel-heartbeats"
-#: The broker's probe of its own heartbeat feed: a heartbeat subject whose last token is no
-#: node id (`is_node_id` refuses ``@``), so no node can own it.
-HEARTBEAT_PROBE = f"{PREFIX}.hb.@broker"
+#: The broker's probe of its own heartbeat feed: stored in the heartbeat stream beside the
+#: heartbeats, never on a heartbeat subject (whoever listens to those hears nodes only).
+HEARTBEAT_PROBE = f"{PREFIX}.hbprobe"
 REPORT = f"{PREFIX}.report.{{node}}"  # worker -> broker: Event about its instances
 REPORT_ALL = f"{PREFIX}.report.*"
 AWARD = f"{PREFIX}.award.{{node}}"  # broker -> winner: Award

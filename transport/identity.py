@@ -105,12 +105,12 @@ def heartbeat_stream_permissions() -> dict[str, Any]:
         "publish": {"allow": [
             f"$JS.API.STREAM.CREATE.{_HB_STREAM}",
             f"$JS.API.STREAM.UPDATE.{_HB_STREAM}",
-            f"$JS.API.CONSUMER.CREATE.{_HB_STREAM}.*.{subjects.HEARTBEAT_ALL}",
+            f"$JS.API.CONSUMER.CREATE.{_HB_STREAM}.*",
             f"$JS.API.CONSUMER.MSG.NEXT.{_HB_STREAM}.*",
             f"$JS.API.CONSUMER.DELETE.{_HB_STREAM}.*",
             subjects.HEARTBEAT_PROBE,
         ]},
-        "subscribe": {"allow": ["_INBOX.>", subjects.HEARTBEAT_ALL]},
+        "subscribe": {"allow": ["_INBOX.>", subjects.HEARTBEAT_ALL, subjects.HEARTBEAT_PROBE]},
     }
 
 

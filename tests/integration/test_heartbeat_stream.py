@@ -18,7 +18,7 @@ import msgspec
 import nats
 import pytest
 
-from gavel.broker.heartbeat_stream import HeartbeatStream
+from gavel.broker.heartbeat_stream import PROBE, HeartbeatStream
 from gavel.shared import subjects
 from gavel.shared.health import Health
 from gavel.shared.messages import Heartbeat
@@ -55,7 +55,7 @@ async def test_the_stream_needs_only_its_own_subjects(tmp_path: Path) -> None:
             stamps = await feed.start(nc)
             assert feed.jetstream
             if generation:  # what the first feed and node a left in the stream
-                assert set(stamps) == {"a", "@broker"}
+                assert set(stamps) == {"a", PROBE}
             task = asyncio.create_task(feed.run())
             await node.publish(subjects.HEARTBEAT.format(node="a"),
                                _enc.encode(Heartbeat(node_id="a")))

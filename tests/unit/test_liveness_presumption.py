@@ -16,7 +16,7 @@ T = Timing()  # heartbeat 10, unreachable 30, offline 120
 
 
 def test_silence_is_counted_from_the_freshest_stamp_not_from_now() -> None:
-    stamps = {"a": 1_000.0, "b": 1_090.0, "@broker": 1_100.0}
+    stamps = {"a": 1_000.0, "b": 1_090.0, "@probe": 1_100.0}
     assert silences(stamps, ["a", "b", "c"]) == {"a": 100.0, "b": 10.0}
     # Everyone silenced together (an outage) looks like no silence at all.
     assert silences({"a": 5.0, "b": 5.0}, ["a", "b"]) == {"a": 0.0, "b": 0.0}
@@ -83,5 +83,5 @@ def test_every_deaf_moment_is_owed_once(steps: list[tuple[str, str, float]]) -> 
             on.discard(cause)
         assert d.deaf == bool(on)
     if on:
-        owed += now - (d.since or now)
+        owed += now - (now if d.since is None else d.since)
     assert owed == pytest.approx(deaf_time)
