@@ -17,11 +17,12 @@ Rules:
    silent is counted from them alone (`shared.health.silences`), never against the
    broker's clock. Those older than the consumer are not heartbeats heard now.
 4. Every `poll_s` the broker publishes a probe (`subjects.HEARTBEAT_PROBE`, beside the
-   heartbeat subjects, so no one listening to those hears it) into the same stream and
-   reads it back like a heartbeat. When the probe sent
-   two polls ago is not back, the feed may be losing anyone's heartbeats (an ingest that
-   cannot keep up, a consumer gone, NATS away): the broker is deaf from the last probe it
-   read back until the next comes back (`shared.health.Deafness`).
+   heartbeat subjects, so no one listening to those hears it; its own subject, so another
+   broker's never replaces it) into the same stream and reads it back like a heartbeat.
+   When the probe sent two polls ago is not back, the feed may be losing anyone's
+   heartbeats (an ingest that cannot keep up, a consumer gone, NATS away): the broker is
+   deaf from the last probe it read back until the next comes back
+   (`shared.health.Deafness`). Probes of brokers long gone are purged at start.
 5. A consumer or stream that is gone (a restarted nats-server has emptied its memory) is
    made again, delivering only what is new from then on; rule 4 covers the gap.
 6. Without JetStream the broker subscribes to the heartbeat subjects directly (logged once):
@@ -71,7 +72,8 @@ _MSG_NEXT = f"$JS.API.CONSUMER.MSG.NEXT.{subjects.HEARTBEAT_STREAM}"
 #: The key of the probe's stamp in what `start` returns: no node id (`subjects.is_node_id`
 #: refuses ``@``), so no node's silence is ever counted from it.
 PROBE = "@probe"
-_STORED = [subjects.HEARTBEAT_ALL, subjects.HEARTBEAT_PROBE]
+_STORED = [subjects.HEARTBEAT_ALL, subjects.HEARTBEAT_PROBE_ALL]
+_PROBES = subjects.HEARTBEAT_PROBE_ALL.removesuffix("*")
 
 
 def stream_config() -> StreamConfig:
@@ -109,6 +111,7 @@ class HeartbeatStream:
         self.nc: Any = None
         self._id = uuid.uuid4().hex[:12]
         self._consumer = f"broker-{self._id}"
+        self._probe_subject = subjects.HEARTBEAT_PROBE.format(broker=self._id)
         self._inbox = ""
         self._pull_sub: Any = None
         self._got: list[_Pulled] = []
@@ -143,24 +146,38 @@ class HeartbeatStream:
             if self._pull_sub is not None:
                 with contextlib.suppress(Exception):
                     await self._pull_sub.unsubscribe()
-            for subject in _STORED:
+            for subject in (subjects.HEARTBEAT_ALL, self._probe_subject):
                 await nc.subscribe_direct(subject, self._on_direct)
             return {}
         self.jetstream = True
         stamps: dict[str, float] = {}
+        probes: dict[str, float] = {}  # other brokers' probe subjects, the newest stamp of each
         while True:
             got = await self._pull()
             if got is None:
                 break  # the past is lost to us; `run` makes the consumer again (rule 5)
             for m in got:
-                key = PROBE if m.subject == subjects.HEARTBEAT_PROBE \
-                    else subjects.node_of(m.subject)
+                if m.subject.startswith(_PROBES):
+                    probes[m.subject] = m.stamp
+                    key = PROBE
+                else:
+                    key = subjects.node_of(m.subject)
                 stamps[key] = max(stamps.get(key, m.stamp), m.stamp)
                 if m.seq > before:
                     self._early.append(m)
             if len(got) < BATCH:
                 break
+        await self._forget(probes, max(stamps.values(), default=0.0))
         return stamps
+
+    async def _forget(self, probes: dict[str, float], freshest: float) -> None:
+        """Probe subjects of brokers gone (none probed for `offline_s` before the freshest
+        stamp) leave the stream: one would be left by every broker that ever ran."""
+        js = self.nc.jetstream(timeout=_CALL_S)
+        for subject, stamp in probes.items():
+            if stamp < freshest - self.timing.offline_s:
+                with contextlib.suppress(Exception):
+                    await js.purge_stream(subjects.HEARTBEAT_STREAM, subject=subject)
 
     async def close(self) -> None:
         """Delete this broker's consumer (else the server does, once it has been idle)."""
@@ -208,27 +225,26 @@ class HeartbeatStream:
         self._heard(msg)
 
     def _heard(self, msg: wire.Received) -> None:
-        if msg.subject == subjects.HEARTBEAT_PROBE:
+        if msg.subject == self._probe_subject:
             self._probe_back(msg.data)
-        else:
+        elif not msg.subject.startswith(_PROBES):  # another broker's probe is not for us
             self._deliver(msg)
 
     # -- the probe (rule 4) -------------------------------------------------------------
     async def _probe(self) -> None:
-        """A probe: this broker's id, its number and when it was sent (this broker's clock:
-        only this broker reads it back)."""
+        """A probe: its number and when it was sent (this broker's clock: only this broker
+        reads it back)."""
         self._sent += 1
         with contextlib.suppress(nats.errors.Error):  # closed or draining: we are stopping
-            await self.nc.publish(subjects.HEARTBEAT_PROBE,
-                                  f"{self._id} {self._sent} {self.now()!r}".encode())
+            await self.nc.publish(self._probe_subject, f"{self._sent} {self.now()!r}".encode())
 
     def _probe_back(self, data: bytes) -> None:
         try:
-            who, number, sent_at = data.decode().split(" ")
+            number, sent_at = data.decode().split(" ")
             n, at = int(number), float(sent_at)
         except ValueError:  # UnicodeDecodeError is one
             return
-        if who == self._id and n > self._back:  # not another broker's, nor the last one's
+        if n > self._back:
             self._back, self._back_sent_at = n, at
 
     def _check_probes(self) -> None:

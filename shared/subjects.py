@@ -22,6 +22,7 @@ __all__ = [
     "HEARTBEAT",
     "HEARTBEAT_ALL",
     "HEARTBEAT_PROBE",
+    "HEARTBEAT_PROBE_ALL",
     "HEARTBEAT_STREAM",
     "NODES_BUCKET",
     "NODE_INBOX",
@@ -43,9 +44,11 @@ HEARTBEAT_ALL = f"{PREFIX}.hb.*"
 #: JetStream stream: the newest heartbeat of each node, kept between brokers
 #: (`broker.heartbeat_stream`).
 HEARTBEAT_STREAM = "gavel-heartbeats"
-#: The broker's probe of its own heartbeat feed: stored in the heartbeat stream beside the
-#: heartbeats, never on a heartbeat subject (whoever listens to those hears nodes only).
-HEARTBEAT_PROBE = f"{PREFIX}.hbprobe"
+#: A broker's probe of its own heartbeat feed, one subject per running broker: stored in the
+#: heartbeat stream beside the heartbeats, never on a heartbeat subject (whoever listens to
+#: those hears nodes only), and never in another broker's way.
+HEARTBEAT_PROBE = f"{PREFIX}.hbprobe.{{broker}}"
+HEARTBEAT_PROBE_ALL = f"{PREFIX}.hbprobe.*"
 REPORT = f"{PREFIX}.report.{{node}}"  # worker -> broker: Event about its instances
 REPORT_ALL = f"{PREFIX}.report.*"
 AWARD = f"{PREFIX}.award.{{node}}"  # broker -> winner: Award

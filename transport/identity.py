@@ -98,7 +98,8 @@ def operator_permissions() -> dict[str, Any]:
 
 def heartbeat_stream_permissions() -> dict[str, Any]:
     """What the broker's heartbeat stream (`gavel.broker.heartbeat_stream`) calls: make or
-    update the stream, make, pull from and delete its own consumers, publish its probe;
+    update the stream, make, pull from and delete its own consumers, publish its probe and
+    purge probes of brokers long gone;
     the API's answers and the pulled messages come to its inbox. Without JetStream it
     subscribes to the heartbeat subjects themselves."""
     return {
@@ -108,9 +109,11 @@ def heartbeat_stream_permissions() -> dict[str, Any]:
             f"$JS.API.CONSUMER.CREATE.{_HB_STREAM}.*",
             f"$JS.API.CONSUMER.MSG.NEXT.{_HB_STREAM}.*",
             f"$JS.API.CONSUMER.DELETE.{_HB_STREAM}.*",
-            subjects.HEARTBEAT_PROBE,
+            f"$JS.API.STREAM.PURGE.{_HB_STREAM}",
+            subjects.HEARTBEAT_PROBE_ALL,
         ]},
-        "subscribe": {"allow": ["_INBOX.>", subjects.HEARTBEAT_ALL, subjects.HEARTBEAT_PROBE]},
+        "subscribe": {"allow": ["_INBOX.>", subjects.HEARTBEAT_ALL,
+                                subjects.HEARTBEAT_PROBE_ALL]},
     }
 
 

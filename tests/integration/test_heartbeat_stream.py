@@ -23,6 +23,7 @@ from gavel.shared import subjects
 from gavel.shared.health import Health
 from gavel.shared.messages import Heartbeat
 from gavel.shared.reasons import Reason
+from gavel.shared.timing import Timing
 from gavel.transport import identity as auth
 from gavel.transport import wire
 from gavel.transport.natsserver import NatsServer
@@ -33,32 +34,45 @@ _enc = msgspec.msgpack.Encoder()
 
 
 async def test_the_stream_needs_only_its_own_subjects(tmp_path: Path) -> None:
-    ids = auth.init(tmp_path, ["a"])
+    """Two feeds in turn on a credential allowed only `heartbeat_stream_permissions`, a
+    node on its own: the second reads the first's past, purges the first's probe (gone for
+    longer than offline_s) and hears the node; the server refused nothing."""
+    ids = auth.init(tmp_path, ["a", "inspector"])
     conf = tmp_path / "narrow.conf"
     conf.write_text(auth.render_config([
         ("the heartbeat stream only", auth.public_key(ids.broker.read_text().strip()),
          auth.heartbeat_stream_permissions()),
         ("node a", auth.public_key(ids.nodes["a"].read_text().strip()),
-         auth.worker_permissions("a"))]))
+         auth.worker_permissions("a")),
+        ("the test", auth.public_key(ids.nodes["inspector"].read_text().strip()),
+         {"publish": {"allow": [">"]}, "subscribe": {"allow": [">"]}})]))
     log = tmp_path / "nats.log"
     server = NatsServer(store_dir=tmp_path / "js", config=conf, log=log).start()
     node = await nats.connect(server.url, nkeys_seed=str(ids.nodes["a"]),
                               inbox_prefix=subjects.NODE_INBOX.format(node="a"))
+    inspector = await nats.connect(server.url, nkeys_seed=str(ids.nodes["inspector"]))
+    quick = Timing(heartbeat_s=0.1, unreachable_s=0.2, offline_s=0.5, tick_s=0.1)
+    hb = _enc.encode(Heartbeat(node_id="a"))
+    probes: list[str] = []
     try:
         for generation in range(2):
             heard: list[str] = []
             nc = wire.Client()
             await nc.connect(server.url, nkeys_seed=str(ids.broker))
-            feed = HeartbeatStream(timing=TIMING, deliver=lambda m, h=heard: h.append(m.subject),
+            feed = HeartbeatStream(timing=quick, deliver=lambda m, h=heard: h.append(m.subject),
                                    deaf=lambda _at: None, hearing=lambda: None,
                                    now=time.monotonic, log=logging.getLogger("test"))
             stamps = await feed.start(nc)
             assert feed.jetstream
             if generation:  # what the first feed and node a left in the stream
                 assert set(stamps) == {"a", PROBE}
+                assert stamps["a"] - stamps[PROBE] > quick.offline_s
+                info = await inspector.jetstream().stream_info(
+                    subjects.HEARTBEAT_STREAM, subjects_filter=subjects.HEARTBEAT_PROBE_ALL)
+                assert probes[0] not in (info.state.subjects or {}), "the old probe purged"
+            probes.append(feed._probe_subject)
             task = asyncio.create_task(feed.run())
-            await node.publish(subjects.HEARTBEAT.format(node="a"),
-                               _enc.encode(Heartbeat(node_id="a")))
+            await node.publish(subjects.HEARTBEAT.format(node="a"), hb)
             await wait_for(lambda h=heard: h == ["gavel.hb.a"], 10,  # type: ignore[misc]
                            what="a's heartbeat through the stream")
             await wait_for(lambda f=feed: f._back >= 3, 10,  # type: ignore[misc]
@@ -66,9 +80,12 @@ async def test_the_stream_needs_only_its_own_subjects(tmp_path: Path) -> None:
             task.cancel()
             await feed.close()
             await nc.close()
+            await asyncio.sleep(quick.offline_s + 0.1)
+            await node.publish(subjects.HEARTBEAT.format(node="a"), hb)  # fresher than any
         assert "Violation" not in log.read_text()
     finally:
         await node.close()
+        await inspector.close()
         server.stop()
 
 
