@@ -23,8 +23,11 @@ Rules:
    heartbeats (an ingest that cannot keep up, a consumer gone, NATS away): the broker is
    deaf from the last probe it read back until the next comes back
    (`shared.health.Deafness`). Probes of brokers long gone are purged at start.
-5. A consumer or stream that is gone (a restarted nats-server has emptied its memory) is
-   made again, delivering only what is new from then on; rule 4 covers the gap.
+5. A pull that fails (the consumer or the stream gone: a restarted nats-server has emptied
+   its memory; no answer in time) makes the stream again if need be and a new consumer,
+   delivering only what is new from then on - never the stream's past again, which would
+   pass a dead node's last heartbeat off as heard now - and the old one is deleted; rule 4
+   covers the gap.
 6. Without JetStream the broker subscribes to the heartbeat subjects directly (logged once):
    a restart then presumes every node heard at start, and a node flooding its subject faster
    than the broker reads can make nats-server cut the broker off. The probe works the same.
@@ -69,6 +72,7 @@ _CALL_S = 5.0
 #: Error codes of JetStream's API: the stream exists with another configuration.
 _STREAM_NAME_IN_USE = 10058
 _MSG_NEXT = f"$JS.API.CONSUMER.MSG.NEXT.{subjects.HEARTBEAT_STREAM}"
+_PULL = json.dumps({"batch": BATCH, "no_wait": True}).encode()
 #: The key of the probe's stamp in what `start` returns: no node id (`subjects.is_node_id`
 #: refuses ``@``), so no node's silence is ever counted from it.
 PROBE = "@probe"
@@ -111,6 +115,7 @@ class HeartbeatStream:
         self.nc: Any = None
         self._id = uuid.uuid4().hex[:12]
         self._consumer = f"broker-{self._id}"
+        self._consumers = 0  # made after the first (rule 5)
         self._probe_subject = subjects.HEARTBEAT_PROBE.format(broker=self._id)
         self._inbox = ""
         self._pull_sub: Any = None
@@ -213,6 +218,9 @@ class HeartbeatStream:
             if got is None:
                 await self._recover()
                 return
+            if self._failing:
+                self.log.info("the heartbeat stream is back")
+                self._failing = False
             self._hand_over(got)
             if len(got) < BATCH:
                 return
@@ -277,7 +285,10 @@ class HeartbeatStream:
                 inactive_threshold=max(self.timing.offline_s, 10 * self.poll_s)))
 
     async def _recover(self) -> None:
-        """Rule 5: the stream and this broker's consumer again, from what is new."""
+        """Rule 5: the stream if need be, and a new consumer of what is new."""
+        old = self._consumer
+        self._consumers += 1
+        self._consumer = f"broker-{self._id}-{self._consumers}"
         try:
             await self._ensure_stream()
             await self._make_consumer(DeliverPolicy.NEW)
@@ -287,9 +298,9 @@ class HeartbeatStream:
                                  "%gs", str(exc) or type(exc).__name__, self.poll_s)
             self._failing = True
             return
-        if self._failing:
-            self.log.info("the heartbeat stream is back")
-        self._failing = False
+        with contextlib.suppress(Exception):  # gone already, most likely
+            await self.nc.jetstream(timeout=_CALL_S).delete_consumer(
+                subjects.HEARTBEAT_STREAM, old)
 
     async def _pull(self) -> list[_Pulled] | None:
         """One ``no_wait`` pull (rule 2): what it delivered, or None if it failed."""
@@ -297,9 +308,8 @@ class HeartbeatStream:
         self._round = f"{self._inbox}.{self.pulls}"
         self._got = []
         done = self._done = asyncio.get_running_loop().create_future()
-        request = json.dumps({"batch": BATCH, "no_wait": True}).encode()
         try:
-            await self.nc.publish(f"{_MSG_NEXT}.{self._consumer}", request, reply=self._round)
+            await self.nc.publish(f"{_MSG_NEXT}.{self._consumer}", _PULL, reply=self._round)
             async with asyncio.timeout(_CALL_S):
                 ok = await done
         except Exception:  # not connected, or no answer in time

@@ -142,3 +142,31 @@ async def test_a_feed_that_loses_its_probe_judges_no_one(
         assert [r for r in caplog.records if "lost its own probe" in r.message]
     finally:
         await node.close()
+
+
+async def test_a_lost_consumer_or_stream_is_made_again_from_what_is_new(
+        cluster: Cluster) -> None:
+    """The broker's consumer deleted, then the whole stream: the broker hears the live node
+    again each time, and never takes the silent node's last stored heartbeat for news."""
+    broker = await cluster.start_broker()
+    live = await FakeNode(cluster.url, "node-live").start()
+    silent = await FakeNode(cluster.url, "node-silent").start()
+    try:
+        await cluster.wait_nodes(2)
+        silent.heartbeating = False
+        await asyncio.sleep(2 * TIMING.heartbeat_s)  # its last heartbeat, stored for good
+        last = broker.liveness.last_seen["node-silent"]
+        js: Any = broker.nc.jetstream()
+        for lose in ("consumer", "stream"):
+            before = broker.now()
+            if lose == "consumer":
+                await js.delete_consumer(subjects.HEARTBEAT_STREAM, broker.feed._consumer)
+            else:
+                await js.delete_stream(subjects.HEARTBEAT_STREAM)
+            await wait_for(lambda b=before: broker.liveness.last_seen["node-live"] > b,  # type: ignore[misc]
+                           10, what=f"the live node heard again after losing the {lose}")
+            assert broker.liveness.last_seen["node-silent"] == last
+        assert (await js.stream_info(subjects.HEARTBEAT_STREAM)).config.max_msgs_per_subject == 1
+    finally:
+        await live.close()
+        await silent.close()
