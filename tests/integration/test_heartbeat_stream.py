@@ -170,3 +170,28 @@ async def test_a_lost_consumer_or_stream_is_made_again_from_what_is_new(
     finally:
         await live.close()
         await silent.close()
+
+
+async def test_a_broker_running_through_a_nats_restart_hears_the_nodes_again(
+        nats_server: NatsServer, tmp_path: Path) -> None:
+    """The restarted server has forgotten the stream (memory): the broker makes it again
+    and hears its node through it; the outage is the broker's own and costs no one."""
+    cluster = Cluster(nats_server.url, tmp_path)
+    try:
+        broker = await cluster.start_broker()
+        await cluster.start_agent("node-a")
+        await cluster.wait_nodes(1)
+        iid = await cluster.submit(sleeper_spec("through"))
+        await wait_for(lambda: cluster.holders(iid) == ["node-a"], 10, what="placed")
+        await asyncio.to_thread(nats_server.stop)
+        await asyncio.sleep(TIMING.unreachable_s)
+        await asyncio.to_thread(nats_server.start)
+        back = broker.now()
+        await wait_for(lambda: broker.liveness.last_seen["node-a"] > back, 30,
+                       what="node-a heard through the stream made again")
+        assert broker.feed.jetstream and not broker.deafness.deaf
+        assert cluster.holders(iid) == ["node-a"]
+        status = await cluster.status(iid)  # the API connection is back too
+        assert status.node_id == "node-a"
+    finally:
+        await cluster.close()
