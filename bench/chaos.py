@@ -15,6 +15,10 @@ Rules:
 4. The checks (`bench.chaoscheck`) are invariants, never timings: every instance placed in
    exactly one node.json or honestly terminal; none alive on two nodes; every foreign commit
    in the final history with its file intact; the heads observed over time form a chain.
+5. The summary's ``lost`` counts submitted work that is neither placed nor honestly ended
+   (gavel lost it); instances the broker itself ended `lost` are counted on their own
+   (``ended_lost``), apart from the other terminal states: an honest outcome, which keeps
+   ``ok`` but not ``clean``.
 
 ``python -m gavel.bench.chaos --duration S [--workers N] [--seed N] [--json]``: progress on
 stderr, the JSON summary as the last line of stdout, exit 0 only when every check holds.
@@ -351,10 +355,14 @@ class Chaos:
         return {
             "submitted": len(seen.submitted),
             "placed_once": v.placed_once,
-            "lost": len(v.lost),
+            # lost: submitted work gavel neither placed nor ended honestly (missing); what
+            # the broker itself ended `lost` is counted on its own (ended_lost).
+            "lost": len(v.missing),
             "duplicated": len(v.duplicated),
+            "ended_lost": len(v.ended_lost),
             "faults": {k: seen.faults[k] for k in FAULTS},
             "ok": not errors,
+            "clean": not errors and not v.ended_lost,
             "accepted": len(seen.accepted),
             "terminal": dict(sorted(v.terminal.items())),
             "submit_retries": seen.retries,
@@ -440,13 +448,16 @@ def main(argv: list[str] | None = None) -> int:
     except (Exception, KeyboardInterrupt) as exc:  # the run itself broke: still a summary
         say(f"FAILED: the run stopped: {exc!r}")
         summary = {"submitted": 0, "placed_once": 0, "lost": 0, "duplicated": 0,
-                   "faults": dict.fromkeys(FAULTS, 0), "ok": False, "terminal": {},
+                   "ended_lost": 0, "faults": dict.fromkeys(FAULTS, 0), "ok": False,
+                   "clean": False, "terminal": {},
                    "seed": args.seed, "errors": [f"the run stopped: {exc!r}"]}
     if not args.json:
         print(f"chaos, seed {summary['seed']}: {summary['submitted']} submitted, "
               f"{summary['placed_once']} placed once, {summary['terminal']} terminal, "
-              f"{summary['lost']} lost, {summary['duplicated']} duplicated; faults "
-              f"{summary['faults']}: {'ok' if summary['ok'] else 'FAILED'}")
+              f"{summary['ended_lost']} ended lost by the broker, {summary['lost']} "
+              f"lost, {summary['duplicated']} duplicated; faults "
+              f"{summary['faults']}: "
+              f"{'clean' if summary['clean'] else 'ok' if summary['ok'] else 'FAILED'}")
     print(json.dumps(summary), flush=True)
     return 0 if summary["ok"] else 1
 

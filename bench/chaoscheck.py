@@ -1,10 +1,19 @@
 """What a chaos run checks, read from the outside: git, the workers' agent.json, live processes.
 
-Rule: nothing here takes the broker's or a worker's word for anything. Placements come from
-the state repository; an instance is alive on a node when a process carrying its
-``GAVEL_INSTANCE_ID`` runs with its cwd under that node's state directory, or when that
-node's ``agent.json`` names a pid that still runs with the recorded start time. Someone
-else's commits are written here with the same compare-and-swap on the ref the broker uses.
+Rules:
+1. Nothing here takes the broker's or a worker's word for anything. Placements come from
+   the state repository; an instance is alive on a node when a process carrying its
+   ``GAVEL_INSTANCE_ID`` runs with its cwd under that node's state directory, or when that
+   node's ``agent.json`` names a pid that still runs with the recorded start time. Someone
+   else's commits are written here with the same compare-and-swap on the ref the broker
+   uses.
+2. Each submitted instance ends in exactly one of: placed once (and alive where placed, if
+   it runs for good), honestly terminal (with a reason unless it succeeded), ended `lost`
+   by the broker, missing (never accepted, no record in git, or neither placed nor
+   terminal) or duplicated (in two node.json files, or alive on two nodes). A `lost` is an
+   honest outcome, never a clean one: the verdict counts it on its own (`ended_lost`), not
+   among the other terminal states, so a run that lost instances never reads as one that
+   lost none.
 """
 
 from __future__ import annotations
@@ -180,15 +189,26 @@ def kill_instances(workers: Path) -> int:
 
 @dataclass
 class Verdict:
+    """Rule 2, instance by instance."""
+
     placed_once: int = 0
+    #: Ended honestly, by state - every terminal state but `lost`.
     terminal: Counter[str] = field(default_factory=Counter)
-    lost: list[str] = field(default_factory=list)
+    #: Ended `lost` by the broker (its lease ran out, its attempts were spent).
+    ended_lost: list[str] = field(default_factory=list)
+    missing: list[str] = field(default_factory=list)
     duplicated: list[str] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
 
     @property
     def settled(self) -> bool:
-        return not (self.lost or self.duplicated or self.errors)
+        """Every instance accounted for (a `lost` is accounted for: it is counted)."""
+        return not (self.missing or self.duplicated or self.errors)
+
+    @property
+    def clean(self) -> bool:
+        """Settled, and the broker lost nothing."""
+        return self.settled and not self.ended_lost
 
 
 def verify(state: State, submitted: Mapping[str, bool], accepted: Iterable[str],
@@ -206,10 +226,10 @@ def verify(state: State, submitted: Mapping[str, bool], accepted: Iterable[str],
         rec = state.instances.get(iid)
         nodes = alive.get(iid, set())
         if iid not in ok:
-            v.lost.append(iid)
+            v.missing.append(iid)
             v.errors.append(f"{iid}: the broker never accepted the submission")
         elif rec is None:
-            v.lost.append(iid)
+            v.missing.append(iid)
             v.errors.append(f"{iid}: accepted, but {instance_path(iid)} is not in git")
         elif len(held) > 1:
             v.duplicated.append(iid)
@@ -227,7 +247,10 @@ def verify(state: State, submitted: Mapping[str, bool], accepted: Iterable[str],
                 v.errors.append(f"{iid}: a short instance still placed on {held[0]}")
             v.placed_once += 1
         elif rec.state.terminal:
-            v.terminal[str(rec.state)] += 1
+            if rec.state is InstanceState.LOST:
+                v.ended_lost.append(iid)
+            else:
+                v.terminal[str(rec.state)] += 1
             if rec.state is not InstanceState.SUCCEEDED and not rec.reason:
                 v.errors.append(f"{iid}: {rec.state} without a reason")
             if long and rec.state is InstanceState.SUCCEEDED:
@@ -236,7 +259,7 @@ def verify(state: State, submitted: Mapping[str, bool], accepted: Iterable[str],
             if nodes:
                 v.errors.append(f"{iid}: {rec.state} in git but alive on {sorted(nodes)}")
         else:
-            v.lost.append(iid)
+            v.missing.append(iid)
             v.errors.append(f"{iid}: {rec.state} and in no node.json"
                             + (f" ({rec.reason})" if rec.reason else ""))
     for iid, nodes in sorted(alive.items()):

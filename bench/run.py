@@ -1,15 +1,23 @@
 """One benchmark run: real nats-server, the broker as a child process with a real git state
 repo, N live agents in a few processes, M placements submitted as fast as the broker takes
-them, then a check from git that every placement is in exactly one node.json.
+them, then a check from git that every placement asked for is in exactly one node.json and
+nothing else is; last, one idle `gavel worker` beside the listening broker (`bench.idle`).
 
-Rule: every figure is measured in this run on this machine; the ceilings are measured
-beside it so the ratios say how close gavel is to what the machine allows.
+Rules:
+1. Every figure is measured in this run on this machine; the ceilings are measured beside
+   it so the ratios say how close gavel is to what the machine allows.
+2. A memory figure is the process's peak over the run (the kernel's high-water mark), not
+   what it holds at the end: a bound on RSS is a bound on the most it took.
+3. The bench checks what it asked for: each submission's reply names exactly the ids the
+   bench asked for, and the verification compares the tree with those ids
+   (`bench.verify`, rules 3 and 4).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import os
 import shutil
 import subprocess
@@ -23,8 +31,8 @@ from typing import Any
 import psutil
 
 from gavel.bench.ceilings import git_cli_commits_per_s, nats_reqreply_per_s
-from gavel.bench.idle import idle_worker
-from gavel.bench.verify import VerifyError, verify, verify_churn
+from gavel.bench.idle import IdleWorkerFailed, idle_worker
+from gavel.bench.verify import VerifyError, answered, verify, verify_churn
 from gavel.shared.api import (
     NodesReply,
     NodesRequest,
@@ -32,13 +40,15 @@ from gavel.shared.api import (
     StatsRequest,
     SubmitReply,
     SubmitRequest,
+    counted_ids,
 )
 from gavel.shared.messages import Spec
 from gavel.shared.timing import Timing
 from gavel.transport.client import ClientError, call, connect
 from gavel.transport.natsserver import NatsServer
 
-__all__ = ["Options", "Result", "RunFailed", "VerifyError", "run"]
+__all__ = ["IdleWorkerFailed", "Options", "Result", "RunFailed", "VerifyError", "peak_rss_mb",
+           "run"]
 
 
 @dataclass
@@ -82,6 +92,7 @@ class Result:
     commits: int
     #: node.json puts into the KV mirror (JetStream), coalesced by `broker.mirror`.
     kv_puts: int
+    #: The broker process's peak resident memory over the run (rule 2).
     broker_rss_mb: float
     agent_rss_mb: float
     bids_per_s: float
@@ -149,6 +160,19 @@ def _cpu(proc: subprocess.Popen[bytes] | int, children: bool = False) -> float:
     return total
 
 
+def peak_rss_mb(pid: int) -> float:
+    """Rule 2: the most resident memory process `pid` has held, in MB (``VmHWM`` in
+    /proc/<pid>/status; where there is no /proc, what it holds now)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return float(psutil.Process(pid).memory_info().rss) / 2**20
+    for line in status.splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024  # kB
+    raise RuntimeError(f"/proc/{pid}/status has no VmHWM line")
+
+
 async def run(opts: Options) -> Result:
     """One run. Without `opts.state` it works in a temporary directory, removed after a run
     that verified (each run leaves its git repository and JetStream store there); a failed
@@ -180,7 +204,6 @@ async def _run_in(opts: Options, root: Path) -> Result:
     try:
         nats_rr = await nats_reqreply_per_s(server.url)
         git_cli = await asyncio.to_thread(git_cli_commits_per_s)
-        idle = await idle_worker(server.url, opts.idle_s) if opts.idle_s > 0 else (0.0, 0.0)
         broker_args = ["--url", server.url, "--state", str(root), "--batch-max",
                        str(opts.batch_max), "--max-auctions", str(opts.max_auctions),
                        "--batch-wait-ms", str(opts.batch_wait_ms),
@@ -213,8 +236,14 @@ async def _run_in(opts: Options, root: Path) -> Result:
         nc = await connect(server.url)
         try:
             assert server.proc is not None
-            return await _drive(nc, opts, root, broker, agent_procs, server.proc.pid, nats_rr,
-                                git_cli, idle)
+            result = await _drive(nc, opts, root, broker, agent_procs, server.proc.pid,
+                                  nats_rr, git_cli)
+            if opts.idle_s > 0:  # the broker still listens; nothing is left to place
+                cpu, rss = await idle_worker(nc, server.url, root / "idle-worker",
+                                             root / "logs" / "idle-worker.log", opts.idle_s)
+                result = dataclasses.replace(result, idle_worker_cpu_pct=round(cpu, 2),
+                                             idle_worker_rss_mb=round(rss, 1))
+            return result
         finally:
             await nc.close()
     finally:
@@ -231,7 +260,7 @@ async def _run_in(opts: Options, root: Path) -> Result:
 
 async def _drive(nc: Any, opts: Options, root: Path, broker: subprocess.Popen[bytes],
                  agent_procs: list[subprocess.Popen[bytes]], nats_pid: int, nats_rr: float,
-                 git_cli: float, idle: tuple[float, float]) -> Result:
+                 git_cli: float) -> Result:
     deadline = time.monotonic() + 60
     while True:
         try:
@@ -248,7 +277,6 @@ async def _drive(nc: Any, opts: Options, root: Path, broker: subprocess.Popen[by
             raise RuntimeError(f"only {stats.nodes_healthy}/{opts.agents} agents are healthy")
         await asyncio.sleep(0.2)
     spec = Spec(name="noop", command=["true"], cpu=0.01, memory_mb=16)
-    ids: list[str] = []
     cpu0 = _cpu(broker), sum(_cpu(p) for p in agent_procs), _cpu(broker, children=True)
     nats0, self0 = _cpu(nats_pid), time.process_time()
     started = time.perf_counter()
@@ -257,16 +285,20 @@ async def _drive(nc: Any, opts: Options, root: Path, broker: subprocess.Popen[by
     chunk = max(1, round(opts.rate / 50)) if opts.rate else opts.chunk
     sem = asyncio.Semaphore(64 if opts.rate else 4)
 
-    async def submit(k: int, count: int) -> None:
+    chunks = {k: counted_ids(f"b{k:07d}", min(chunk, opts.placements - k))
+              for k in range(0, opts.placements, chunk)}
+    ids = [iid for asked in chunks.values() for iid in asked]  # rule 3: what was asked for
+
+    async def submit(k: int, asked: list[str]) -> None:
         if opts.rate:
             await asyncio.sleep(max(0.0, started + k / opts.rate - time.perf_counter()))
         async with sem:
             reply = await call(nc, "submit", SubmitRequest(spec=spec, instance_id=f"b{k:07d}",
-                                                           count=count), SubmitReply, timeout=60)
-            ids.extend(reply.instance_ids or [reply.instance_id])
+                                                           count=len(asked)), SubmitReply,
+                               timeout=60)
+        answered(asked, reply.instance_ids or [reply.instance_id])
 
-    submitting = asyncio.gather(*(submit(k, min(chunk, opts.placements - k))
-                                  for k in range(0, opts.placements, chunk)))
+    submitting = asyncio.gather(*(submit(k, asked) for k, asked in chunks.items()))
     # With churn instances leave their node.json again: count awards committed instead.
     def placed(s: StatsReply) -> int:
         return s.placed_total if opts.lifetime_s > 0 else s.placed_now
@@ -292,7 +324,7 @@ async def _drive(nc: Any, opts: Options, root: Path, broker: subprocess.Popen[by
     agent_cpu = sum(_cpu(p) for p in agent_procs) - cpu0[1]
     nats_cpu = _cpu(nats_pid) - nats0
     busy = broker_cpu + writer_cpu + agent_cpu + nats_cpu + time.process_time() - self0
-    broker_rss = psutil.Process(broker.pid).memory_info().rss / 2**20
+    broker_rss = peak_rss_mb(broker.pid)
     agent_rss = sum(psutil.Process(p.pid).memory_info().rss for p in agent_procs) / 2**20
     nodes = await call(nc, "nodes", NodesRequest(), NodesReply, timeout=30)
     churn = None
@@ -318,7 +350,7 @@ async def _drive(nc: Any, opts: Options, root: Path, broker: subprocess.Popen[by
         nats_cpu_us_per_placement=round(1e6 * nats_cpu / opts.placements, 1),
         machine_busy_pct=round(100 * busy / elapsed / (os.cpu_count() or 1), 1),
         nats_reqreply_per_s=round(nats_rr, 1), git_cli_commits_per_s=round(git_cli, 1),
-        idle_worker_cpu_pct=round(idle[0], 2), idle_worker_rss_mb=round(idle[1], 1),
+        idle_worker_cpu_pct=0.0, idle_worker_rss_mb=0.0,  # measured after (`run`)
         ratio_to_nats_reqreply=round(rate / nats_rr, 3) if nats_rr else 0.0,
         ratio_to_git_cli=round(rate / git_cli, 1) if git_cli else 0.0, verified=True,
         lifetime_s=opts.lifetime_s, running_at_end=churn.running if churn else 0,

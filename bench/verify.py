@@ -1,11 +1,17 @@
 """The bench's own check, read back from git after the run: it fails loudly, never warns.
 
 Rules:
-1. Without churn: every placement is in exactly one node.json.
+1. Without churn: every placement the bench asked for is in exactly one node.json.
 2. With churn (instances end, retention forgets them): no instance is in two node.json
    files; every submitted instance won exactly one award in the branch's history (the
    `Gavel-Auction` trailers); and it is still in exactly one node.json, or its record says
    it succeeded, or a commit forgot it (and it is gone from the tree).
+3. Either way the tree holds the bench's instances and no other: an instance in a node.json
+   or a record the bench never asked for is as wrong as one missing (the bench compares
+   what it finds with what it asked for, never with what it found), and the ids asked for
+   are distinct.
+4. Each submission's reply names exactly the ids asked for, in order (`answered`): a
+   broker that named fewer, more or others fails the run before anything is read back.
 """
 
 from __future__ import annotations
@@ -22,7 +28,7 @@ from gavel.broker.ledger.state import State
 from gavel.shared.messages import InstanceState
 from gavel.shared.records import parse_trailers
 
-__all__ = ["Churn", "VerifyError", "verify", "verify_churn"]
+__all__ = ["Churn", "VerifyError", "answered", "verify", "verify_churn"]
 
 
 class VerifyError(Exception):
@@ -38,6 +44,15 @@ class Churn:
     forgotten: int
 
 
+def answered(asked: list[str], named: list[str]) -> None:
+    """Rule 4: `named`, the ids a submission's reply gave, are `asked`."""
+    if named != asked:
+        odd = next((n for n in named if n not in asked), None)
+        raise VerifyError(f"the broker named {len(named)} instances for a submission of "
+                          f"{len(asked)} ({asked[0]} ..)" + (f", among them {odd}, never asked "
+                                                             "for" if odd else ""))
+
+
 def _holders(st: State) -> dict[str, str]:
     seen: dict[str, str] = {}
     for node_id, nf in st.nodes.items():
@@ -48,21 +63,39 @@ def _holders(st: State) -> dict[str, str]:
     return seen
 
 
+def _only(st: State, seen: dict[str, str], ids: list[str]) -> set[str]:
+    """Rule 3: the ids asked for, as a set; a VerifyError for an id asked twice or an
+    instance in the tree nobody asked for."""
+    ours = set(ids)
+    if len(ours) != len(ids):
+        twice = next(i for i, n in Counter(ids).items() if n > 1)
+        raise VerifyError(f"the bench asked for {twice} twice")
+    for what, found in (("node.json files", seen), ("instance records", st.instances)):
+        extra = sorted(i for i in found if i not in ours)
+        if extra:
+            raise VerifyError(f"{len(extra)} instances in {what} were never submitted, e.g. "
+                              f"{extra[0]}")
+    return ours
+
+
 def verify(state: Path, ids: list[str]) -> None:
-    """Rule 1."""
-    seen = _holders(Ledger(state / "state.git").state())
+    """Rules 1 and 3."""
+    st = Ledger(state / "state.git").state()
+    seen = _holders(st)
+    _only(st, seen, ids)
     missing = [i for i in ids if i not in seen]
     if missing:
         raise VerifyError(f"{len(missing)} placements are in no node.json, e.g. {missing[0]}")
 
 
 def verify_churn(state: Path, ids: list[str]) -> Churn:
-    """Rule 2."""
+    """Rules 2 and 3."""
     # One snapshot: the tree at a head and the history up to that head (the broker may
     # still be committing ends and forgets while this reads).
     ledger = Ledger(state / "state.git")
     st = ledger.state()
     seen = _holders(st)
+    ours = _only(st, seen, ids)
     awards: Counter[str] = Counter()
     forgotten: set[str] = set()
     walk: Iterable[pygit2.Commit] = ledger.repo.walk(pygit2.Oid(hex=st.head)) \

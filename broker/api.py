@@ -1,4 +1,5 @@
-"""The broker's request/reply API over NATS: submit, status, nodes, why, events, cancel, drain.
+"""The broker's request/reply API over NATS: submit, status, nodes, why, events, cancel, drain,
+and endpoints (what a gateway routes to).
 
 Rules:
 1. One decoder per verb; a request that does not decode, or that cannot be honoured, gets
@@ -13,11 +14,26 @@ Rules:
    other work between them, before it queues for its commit (`Change.ready`): a commit of
    large submissions encoded in one go holds the loop for all of it, while open bid rounds
    wait (docs/performance.md).
+4. A submission has one outcome. With an idempotency key (`SubmitRequest.key`) a request
+   retried after a lost answer makes nothing new: if the key's submission landed - in this
+   broker's life or an earlier one: every record carries the key, `State.keys` indexes it -
+   the answer is the first one, the same instance ids (those retention has forgotten since
+   included: the broker names N of them base-1 .. base-N); one still being committed is
+   waited for; one that failed landed nothing (committer rule 4), so the retry submits
+   afresh. Two requests with one key at once make one submission. A key met again with
+   another spec, count or id is refused.
+5. A verb is its subscription's, never read back from the message: a JetStream push
+   delivery keeps the subject its stream stored it under, so the subject a message carries
+   need not be the one it was heard on. Each verb's `transport.inbound.Door` counts and
+   drops what is no request of gavel's (a JetStream delivery, flow control, a heartbeat,
+   headers) and any request without a reply subject or with one outside the operators'
+   inbox (``_INBOX.``): such a request is never served and never answered.
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
@@ -39,9 +55,13 @@ from gavel.shared.api import (
     CancelRequest,
     DrainReply,
     DrainRequest,
+    Endpoint,
+    EndpointsReply,
+    EndpointsRequest,
     EventsReply,
     EventsRequest,
     InstanceStatus,
+    NodeAddress,
     NodesReply,
     NodesRequest,
     NodeStatus,
@@ -53,12 +73,15 @@ from gavel.shared.api import (
     SubmitRequest,
     WhyReply,
     WhyRequest,
+    counted_ids,
 )
 from gavel.shared.health import Health
 from gavel.shared.lifecycle import PENDING
 from gavel.shared.messages import ApiError, Capacity, InstanceState, Message
+from gavel.shared.messages import Health as InstanceHealth
 from gavel.shared.reasons import Reason
 from gavel.shared.records import InstanceRecord
+from gavel.transport.inbound import Door, Guard
 
 __all__ = ["Api"]
 
@@ -83,49 +106,64 @@ class Api:
         self.ended_max = ended_max
         #: Requests being served (rule 2); a reference keeps each task alive.
         self._serving: set[asyncio.Task[None]] = set()
-        self.verbs: dict[str, tuple[msgspec.msgpack.Decoder[Any], Handler]] = {
-            "submit": (msgspec.msgpack.Decoder(SubmitRequest), self.submit),
-            "status": (msgspec.msgpack.Decoder(StatusRequest), self.status),
-            "nodes": (msgspec.msgpack.Decoder(NodesRequest), self.nodes),
-            "why": (msgspec.msgpack.Decoder(WhyRequest), self.why),
-            "events": (msgspec.msgpack.Decoder(EventsRequest), self.events),
-            "stats": (msgspec.msgpack.Decoder(StatsRequest), self.stats),
-            "cancel": (msgspec.msgpack.Decoder(CancelRequest), self.cancel),
-            "drain": (msgspec.msgpack.Decoder(DrainRequest), self.drain),
+        #: Keyed submissions on their way to a commit, by key (rule 4): done when settled.
+        self._keyed: dict[str, asyncio.Future[None]] = {}
+        kinds: dict[str, tuple[type[Any], Handler]] = {
+            "submit": (SubmitRequest, self.submit),
+            "status": (StatusRequest, self.status),
+            "nodes": (NodesRequest, self.nodes),
+            "why": (WhyRequest, self.why),
+            "events": (EventsRequest, self.events),
+            "stats": (StatsRequest, self.stats),
+            "cancel": (CancelRequest, self.cancel),
+            "drain": (DrainRequest, self.drain),
+            "endpoints": (EndpointsRequest, self.endpoints),
         }
+        #: Per verb: its guard (rules 1 and 5) and its handler.
+        self.verbs: dict[str, tuple[Guard[Any], Handler]] = {
+            verb: (Guard(f"{verb} request", type_, ctx.rejects, door=Door(
+                ctx.rejects, subjects.API.format(verb=verb), what=f"{verb} request",
+                inbox=_operators, owner=_operator)), handler)
+            for verb, (type_, handler) in kinds.items()}
 
     async def start(self, nc: Any) -> None:
+        """One subscription per verb, each bound to its verb (rule 5)."""
         for verb in self.verbs:
-            await nc.subscribe(subjects.API.format(verb=verb), cb=self._handle)
+            await nc.subscribe(subjects.API.format(verb=verb), cb=self._handler(verb))
 
-    async def _handle(self, msg: Msg) -> None:
+    def _handler(self, verb: str) -> Callable[[Msg], Awaitable[None]]:
+        async def handle(msg: Msg) -> None:
+            await self._handle(verb, msg)
+        return handle
+
+    async def _handle(self, verb: str, msg: Msg) -> None:
         """Rule 2: each request on a task of its own, while there is room."""
         if len(self._serving) >= MAX_IN_FLIGHT:
-            await self._serve(msg)
+            await self._serve(verb, msg)
             return
-        task = asyncio.ensure_future(self._serve(msg))
+        task = asyncio.ensure_future(self._serve(verb, msg))
         self._serving.add(task)
         task.add_done_callback(self._serving.discard)
 
-    async def _serve(self, msg: Msg) -> None:
-        verb = subjects.node_of(msg.subject)
-        decoder, handler = self.verbs[verb]
-        try:
-            request = decoder.decode(msg.data)
-        except (msgspec.DecodeError, RecursionError) as exc:  # depth guard: no DecodeError
-            self.ctx.rejects.count(f"malformed {verb} request", msg.subject)
-            reply: Message = ApiError(error=f"malformed {verb} request: {exc}")
+    async def _serve(self, verb: str, msg: Msg) -> None:
+        guard, handler = self.verbs[verb]
+        request = guard(msg)
+        answer_to, refused = guard.reply, guard.refused  # before any other request's turn
+        if not answer_to:  # not gavel's, or no answer may go where it asks (rule 5)
+            return
+        if request is None:
+            reply: Message = ApiError(error=refused)
         else:
             try:
                 reply = await handler(request)
             except Exception as exc:  # an API bug must not kill the broker
-                self.ctx.rejects.count(f"failed {verb} request", msg.subject)
+                self.ctx.rejects.count(f"failed {verb} request", msg.subject,
+                                       _operator(msg.subject))
                 reply = ApiError(error=f"{verb} failed: {exc}")
-        if msg.reply:
-            try:
-                await msg.respond(_enc.encode(reply))
-            except Exception as exc:  # the connection went: the client will time out
-                self.ctx.log.warning("could not answer a %s request: %s", verb, exc)
+        try:
+            await self.ctx.outbox.nc.publish(answer_to, _enc.encode(reply))
+        except Exception as exc:  # the connection went: the client will time out
+            self.ctx.log.warning("could not answer a %s request: %s", verb, exc)
 
     def close(self) -> None:
         for task in list(self._serving):
@@ -133,9 +171,42 @@ class Api:
 
     # -- verbs ---------------------------------------------------------------------------
     async def submit(self, req: SubmitRequest) -> Message:
+        if not req.key:
+            return await self._submit(req)
+        while (first := self._keyed.get(req.key)) is not None:  # rule 4: one at a time
+            await asyncio.shield(first)
+        landed = self._landed(req)
+        if landed is not None:
+            return landed
+        settled = self._keyed[req.key] = asyncio.get_running_loop().create_future()
+        try:
+            return await self._submit(req)
+        finally:
+            del self._keyed[req.key]
+            settled.set_result(None)
+
+    def _landed(self, req: SubmitRequest) -> Message | None:
+        """The first answer for a key whose submission landed; None if none did."""
+        state = self.ctx.ledger.state()
+        kept = state.submitted(req.key)
+        if not kept:
+            return None
+        if req.count == 1:
+            ids, first = kept, req.instance_id
+        else:  # named base-1 .. base-N: those retention forgot since are named again
+            base = kept[0].rpartition("-")[0]
+            ids = [f"{base}-{k}" for k in range(1, req.count + 1)]
+            first = f"{req.instance_id}-1" if req.instance_id else ""
+        if state.instances[kept[0]].spec != req.spec or len(ids) != req.count \
+                or not set(kept) <= set(ids) or (first and ids[0] != first):
+            return ApiError(error=f"{Reason.KEY_REUSED}: {req.key} made {kept[0]}"
+                                  + (f" .. {kept[-1]}" if len(kept) > 1 else ""))
+        return SubmitReply(instance_id=ids[0], instance_ids=ids if len(ids) > 1 else [])
+
+    async def _submit(self, req: SubmitRequest) -> Message:
         spec = req.spec
         base = req.instance_id or f"{spec.name}-{uuid.uuid4().hex[:6]}"
-        ids = [base] if req.count == 1 else [f"{base}-{k}" for k in range(1, req.count + 1)]
+        ids = counted_ids(base, req.count)
         missing = [s for s in spec.secrets if s not in self.secrets]
         if missing:
             return ApiError(error=f"unknown secret {missing[0]!r}: it is not in the broker's "
@@ -149,12 +220,16 @@ class Api:
         for start in range(0, len(ids), SUBMIT_SLICE):  # rule 3
             if start:
                 await asyncio.sleep(0)
-            made += [ready(InstanceRecord(instance_id=iid, spec=spec))
+            made += [ready(InstanceRecord(instance_id=iid, spec=spec, key=req.key))
                      for iid in ids[start:start + SUBMIT_SLICE]]
         records = [rec for rec, _, _ in made]
         done: asyncio.Future[Message] = asyncio.get_running_loop().create_future()
 
         def plan(view: View) -> Planned | None:
+            if req.key and view.state.keys.get(req.key):  # landed by another way (a merge)
+                if not done.done():
+                    done.set_result(self._landed(req) or ApiError(error=Reason.KEY_REUSED))
+                return None
             taken = [r.instance_id for r in records if view.instance(r.instance_id) is not None]
             if taken:
                 if not done.done():
@@ -224,8 +299,13 @@ class Api:
         if pl is not None and node is not None and rec.state in PENDING:
             st = "cancelling" if rec.cancelling else \
                 self.promises.live.get(iid, InstanceState.PLACED)
+            note = self.promises.health.get(iid)
+            health, check, restarts = (note.health, note.check, note.restarts) if note else \
+                (InstanceHealth.HEALTHY if st == InstanceState.RUNNING and not rec.spec.checks
+                 else InstanceHealth.UNKNOWN, "", 0)
             return InstanceStatus(instance_id=iid, name=rec.spec.name, state=st,
-                                  node_id=node, attempt=pl.attempt, ports=dict(pl.ports))
+                                  node_id=node, attempt=pl.attempt, ports=dict(pl.ports),
+                                  health=health, check=check, restarts=restarts)
         st = self.auctioneer.status_of(iid, rec.state)
         return InstanceStatus(instance_id=iid, name=rec.spec.name, state=st,
                               node_id=rec.node_id, attempt=rec.attempt, reason=rec.reason,
@@ -255,7 +335,7 @@ class Api:
                                   draining=hb.draining or bool(nf and nf.draining),
                                   instances=len(nf.instances) if nf else 0,
                                   last_seen_s=round(now - self.ctx.liveness.last_seen[node_id],
-                                                    3)))
+                                                    3), advertise=hb.advertise))
         return NodesReply(nodes=out, rejected=dict(self.ctx.rejects.counts))
 
     async def why(self, req: WhyRequest) -> Message:
@@ -296,6 +376,41 @@ class Api:
                             f"({state.unreadable.get(path, '')})")
         moving = self.promises.drain(req.node_id, req.undo, req.migrate)
         return DrainReply(node_id=req.node_id, draining=not req.undo, migrating=moving)
+
+    async def endpoints(self, req: EndpointsRequest) -> Message:
+        """Every live instance (placed or waiting) whose spec declares routes, as `status`
+        tells it, with the health its node last reported, and how each known node is
+        reached: a gateway's inputs (`gavel.shared.routes`). Read-only, from memory: the
+        placed and the pending indexes, never the ended records."""
+        state = self.ctx.ledger.state()
+        out: list[Endpoint] = []
+        for iid in itertools.chain(state.where, state.pending):
+            rec = state.instances.get(iid)
+            if rec is None or not rec.spec.routes:
+                continue
+            st = self.instance_status(rec)
+            note = self.promises.health.get(iid)
+            out.append(Endpoint(instance_id=iid, name=rec.spec.name, state=st.state,
+                                node_id=st.node_id, ports=st.ports,
+                                health=st.health or (str(note.health) if note else ""),
+                                service=rec.service, version=rec.version,
+                                routes=list(rec.spec.routes)))
+        now = self.ctx.now()
+        liveness = self.ctx.liveness
+        nodes = [NodeAddress(node_id=n, address=liveness.heartbeats[n].advertise,
+                             workdir=liveness.heartbeats[n].workdir,
+                             health=liveness.health(n, now)) for n in liveness.known()]
+        return EndpointsReply(endpoints=out, nodes=nodes)
+
+
+def _operators(_subject: str) -> str:
+    """Every API request is an operator's: it is answered under the operators' inbox."""
+    return subjects.OPERATOR_INBOX
+
+
+def _operator(_subject: str) -> str:
+    """Who asked, for the log: operators share one credential, so no one in particular."""
+    return "an operator"
 
 
 def _pct(sorted_values: list[float], pct: float) -> float:

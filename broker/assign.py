@@ -8,6 +8,10 @@ Rules:
    (``gavel.assign.<node>``, `AssignmentRequest`); only for its own node (the subject's), and
    only an instance git places there. Anything else is answered with `ApiError` - the asker
    never waits out its timeout - and counted.
+3. The answer goes only to the asking node's own inbox (``_INBOX_<node>.``, the one prefix
+   its credential may read and no other node's may): a request whose reply subject lies
+   anywhere else is counted and never answered (`transport.inbound` rule 5), since the
+   answer carries that node's secrets and the broker may publish where the node may not.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ from nats.aio.msg import Msg
 from gavel.broker.context import Context
 from gavel.shared import subjects
 from gavel.shared.messages import ApiError, AssignmentRequest, Award
-from gavel.transport.inbound import Guard
+from gavel.transport.inbound import Door, Guard
 
 __all__ = ["Assignments"]
 
@@ -28,8 +32,10 @@ class Assignments:
     def __init__(self, ctx: Context, secrets: Mapping[str, str]) -> None:
         self.ctx = ctx
         self.secrets = secrets
+        door = Door(ctx.rejects, subjects.ASSIGN_ALL, what="assignment request",
+                    inbox=_inbox_of, owner=subjects.node_of)
         self._guard = Guard("assignment request", AssignmentRequest, ctx.rejects,
-                            node=subjects.node_of)
+                            node=subjects.node_of, door=door)
 
     def award_for(self, iid: str, node: str, sha: str) -> Award | None:
         """The award for an instance git places on `node` (rule 1); None if it is not."""
@@ -45,8 +51,11 @@ class Assignments:
                      secret_env=secret_env)
 
     async def on_request(self, msg: Msg) -> None:
-        """Rule 2."""
-        req = self._guard(msg.subject, msg.data)
+        """Rules 2 and 3."""
+        req = self._guard(msg)
+        answer_to = self._guard.reply  # "" unless rule 3 allows an answer
+        if not answer_to:
+            return
         if req is None:
             reply: ApiError | Award = ApiError(error=self._guard.refused)
         else:
@@ -54,5 +63,9 @@ class Assignments:
             sha = self.ctx.ledger.state().head or ""
             reply = self.award_for(req.instance_id, node, sha) or ApiError(
                 error=f"{req.instance_id} is not placed on {node}")
-        if msg.reply:
-            await self.ctx.outbox.nc.publish(msg.reply, self.ctx.outbox.encode(reply))
+        await self.ctx.outbox.nc.publish(answer_to, self.ctx.outbox.encode(reply))
+
+
+def _inbox_of(subject: str) -> str:
+    """The inbox of the node that asked on ``gavel.assign.<node>``."""
+    return subjects.NODE_INBOX.format(node=subjects.node_of(subject))

@@ -49,7 +49,7 @@ from gavel.shared.messages import (
 )
 from gavel.shared.reasons import Reason, render
 from gavel.shared.records import AuctionRecord, BatchRecord, Outcome, ShapeRecord, auction_trailer
-from gavel.transport.inbound import Guard
+from gavel.transport.inbound import Door, Guard
 from gavel.transport.wire import Received
 
 __all__ = ["RECENT_KEPT", "ROUNDS_KEPT", "Auctioneer"]
@@ -76,7 +76,7 @@ class Auctioneer:
         self.batch_wait_s = batch_wait_s
         self.rng = rng or random.Random()
         self._guard = Guard("bid reply", BidReply, ctx.rejects, node=subjects.node_of,
-                            foreign="bid")
+                            foreign="bid", door=Door(ctx.rejects, subjects.BIDS_ALL))
         #: Instances whose pinned-deployment error was reported (once each).
         self.pinned_reported: set[str] = set()
         self.round_times: deque[float] = deque(maxlen=ROUNDS_KEPT)
@@ -194,7 +194,7 @@ class Auctioneer:
     # -- bids ----------------------------------------------------------------------------
     def on_bids(self, msg: Received) -> None:
         ctx = self.ctx
-        reply = self._guard(msg.subject, msg.data)
+        reply = self._guard(msg)
         if reply is None:
             return
         self.replies_total += 1

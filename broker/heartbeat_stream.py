@@ -4,9 +4,11 @@ its own pace.
 Rules:
 1. JetStream keeps the newest message of every heartbeat subject, and of the broker's probe
    (`subjects.HEARTBEAT_STREAM`: in memory, one message a subject, none above
-   `shared.bounds.HEARTBEAT_MAX_BYTES`). Nodes publish as they would without it and need no
-   permission for it. Memory, not a file: a flood is ingested without touching a disk, and
-   a restarted nats-server starts it empty (rule 5).
+   `shared.bounds.HEARTBEAT_MAX_BYTES`, so it holds at most that much a node). Nodes publish
+   as they would without it and need no permission for it. Memory, not a file: a flood is
+   ingested without touching a disk, and a restarted nats-server starts it empty (rule 5).
+   No total is set: one would be reserved out of JetStream's memory whether used or not,
+   and what overflowed it would drop the oldest stamps, the silent nodes'.
 2. The broker reads it through a pull consumer of its own: every `poll_s`, what the stream
    holds now (``no_wait``), again at once after a full batch. A node that publishes faster
    than its interval only replaces its own message, so however fast it floods, the broker
@@ -15,7 +17,9 @@ Rules:
 3. The consumer starts with every subject's newest message (the stream as it stood at
    start). Their server timestamps are returned by `start`: how long each node had been
    silent is counted from them alone (`shared.health.silences`), never against the
-   broker's clock. Those older than the consumer are not heartbeats heard now.
+   broker's clock, and only from what is that node's heartbeat (it decodes, names the
+   node its subject does, has no headers): anything else stored there stamps nothing.
+   Those older than the consumer are not heartbeats heard now.
 4. Every `poll_s` the broker publishes a probe (`subjects.HEARTBEAT_PROBE`, beside the
    heartbeat subjects, so no one listening to those hears it; its own subject, so another
    broker's never replaces it) into the same stream and reads it back like a heartbeat.
@@ -43,13 +47,13 @@ import uuid
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
+import msgspec
 import nats.errors
 from nats.aio.msg import Msg
 from nats.js.api import (
     AckPolicy,
     ConsumerConfig,
     DeliverPolicy,
-    DiscardPolicy,
     StorageType,
     StreamConfig,
 )
@@ -57,15 +61,14 @@ from nats.js.errors import BadRequestError
 
 from gavel.shared import subjects
 from gavel.shared.bounds import HEARTBEAT_MAX_BYTES
+from gavel.shared.messages import Heartbeat
 from gavel.shared.timing import Timing
-from gavel.transport import wire
+from gavel.transport.inbound import Received
 
 __all__ = ["BATCH", "PROBE", "HeartbeatStream", "stream_config"]
 
 #: Messages one pull asks for (rule 2); a full batch is followed by another at once.
 BATCH = 1024
-#: What the stream may hold in all: a message per node, each at most a heartbeat's limit.
-_STREAM_BYTES = 256 << 20
 #: A JetStream API call (make the stream, make the consumer) or a pull unanswered this long
 #: has failed.
 _CALL_S = 5.0
@@ -80,17 +83,32 @@ _STORED = [subjects.HEARTBEAT_ALL, subjects.HEARTBEAT_PROBE_ALL]
 _PROBES = subjects.HEARTBEAT_PROBE_ALL.removesuffix("*")
 
 
+_heartbeat = msgspec.msgpack.Decoder(Heartbeat).decode
+
+
+def _heartbeat_of(node: str, data: bytes) -> bool:
+    """Rule 3: `data` is a heartbeat of `node`'s."""
+    try:
+        return _heartbeat(data).node_id == node
+    except (msgspec.DecodeError, RecursionError, ValueError):
+        return False
+
+
 def stream_config() -> StreamConfig:
     """Rule 1's stream."""
     return StreamConfig(name=subjects.HEARTBEAT_STREAM, subjects=list(_STORED),
                         max_msgs_per_subject=1, max_msg_size=HEARTBEAT_MAX_BYTES,
-                        max_bytes=_STREAM_BYTES, discard=DiscardPolicy.OLD,
                         storage=StorageType.MEMORY, num_replicas=1)
 
 
 class _Pulled(NamedTuple):
+    """A stored message as the broker heard it (`transport.inbound.Received`: its own
+    consumer's reply is no business of the handler's, its headers are what was stored)."""
+
     subject: str
     data: bytes
+    reply: str
+    headers: Any
     seq: int  # its sequence in the stream
     stamp: float  # when the server stored it, seconds since the epoch (the server's clock)
 
@@ -100,7 +118,7 @@ class HeartbeatStream:
     gets every heartbeat heard, `deaf` (when the feed went deaf) and `hearing` (it hears
     again) follow rule 4."""
 
-    def __init__(self, *, timing: Timing, deliver: Callable[[wire.Received], None],
+    def __init__(self, *, timing: Timing, deliver: Callable[[Received], None],
                  deaf: Callable[[float], None], hearing: Callable[[], None],
                  now: Callable[[], float], log: logging.Logger) -> None:
         self.timing = timing
@@ -162,14 +180,18 @@ class HeartbeatStream:
             if got is None:
                 break  # the past is lost to us; `run` makes the consumer again (rule 5)
             for m in got:
+                if m.seq > before:
+                    self._early.append(m)
+                if m.headers:
+                    continue
                 if m.subject.startswith(_PROBES):
                     probes[m.subject] = m.stamp
                     key = PROBE
                 else:
                     key = subjects.node_of(m.subject)
+                    if not _heartbeat_of(key, m.data):
+                        continue
                 stamps[key] = max(stamps.get(key, m.stamp), m.stamp)
-                if m.seq > before:
-                    self._early.append(m)
             if len(got) < BATCH:
                 break
         await self._forget(probes, max(stamps.values(), default=0.0))
@@ -227,12 +249,12 @@ class HeartbeatStream:
 
     def _hand_over(self, got: list[_Pulled]) -> None:
         for m in got:
-            self._heard(wire.Inbound(m.subject, m.data))
+            self._heard(m)
 
-    def _on_direct(self, msg: wire.Received) -> None:
+    def _on_direct(self, msg: Received) -> None:
         self._heard(msg)
 
-    def _heard(self, msg: wire.Received) -> None:
+    def _heard(self, msg: Received) -> None:
         if msg.subject == self._probe_subject:
             self._probe_back(msg.data)
         elif not msg.subject.startswith(_PROBES):  # another broker's probe is not for us
@@ -320,16 +342,18 @@ class HeartbeatStream:
         done = self._done
         if done is None or done.done():
             return
-        status = msg.headers.get("Status") if msg.headers else None
-        if status is not None:
-            if msg.subject == self._round:  # 404: nothing more now, 408: the same
+        if msg.subject.startswith(self._inbox):  # the pull's own end: 404 nothing more now,
+            status = msg.headers.get("Status") if msg.headers else None  # 408 the same
+            if msg.subject == self._round and status is not None:
                 done.set_result(status in ("404", "408"))
             return
         try:
             meta = msg.metadata
         except Exception:  # not from a consumer: nothing we asked for
             return
-        self._got.append(_Pulled(msg.subject, msg.data, meta.sequence.stream,
-                                 meta.timestamp.timestamp()))
+        if meta.stream != subjects.HEARTBEAT_STREAM or meta.consumer != self._consumer:
+            return  # delivered into our inbox by someone else's consumer: not our stream
+        self._got.append(_Pulled(msg.subject, msg.data, "", msg.headers or None,
+                                 meta.sequence.stream, meta.timestamp.timestamp()))
         if len(self._got) >= BATCH:
             done.set_result(True)

@@ -1,10 +1,11 @@
 """Heartbeats in: each one checked before it counts, the cheap checks first.
 
 Rules:
-1. A heartbeat larger than its node could truthfully send (`shared.bounds`: from the most
-   git has placed on that node since this broker started) is refused before it is
-   decoded, by its length; one that decodes but lists more instances than that bound is
-   refused next. Each is counted under a fixed kind, like every refusal.
+1. What is no message of gavel's (headers, a JetStream reply: `transport.inbound` rule 4)
+   is refused first; then a heartbeat larger than its node could truthfully send
+   (`shared.bounds`: from the most git has placed on that node since this broker started),
+   before it is decoded, by its length; then one that decodes but lists more instances
+   than that bound. Each is counted under a fixed kind, like every refusal.
 2. Then the guard (it decodes, and names its subject's node), then what cannot be true
    (a node id unusable as a subject token or a git path, a capacity that is not a finite
    amount, a port range outside 1-65535).
@@ -24,8 +25,7 @@ from gavel.shared import subjects
 from gavel.shared.bounds import HeartbeatBound, heartbeat_bound
 from gavel.shared.health import Health
 from gavel.shared.messages import Heartbeat
-from gavel.transport.inbound import Guard
-from gavel.transport.wire import Received
+from gavel.transport.inbound import Door, Guard, Received
 
 __all__ = ["TOO_LARGE", "TOO_MANY", "Heartbeats"]
 
@@ -40,6 +40,7 @@ class Heartbeats:
         self.ctx = ctx
         self.promises = promises
         self.capacity_freed = capacity_freed
+        self._door = Door(ctx.rejects, subjects.HEARTBEAT_ALL)
         self._guard = Guard("heartbeat", Heartbeat, ctx.rejects, node=subjects.node_of)
         #: Node -> the most instances and ports git has placed on it since this broker
         #: started (rule 1): what it may still be stopping is no more than it once held.
@@ -62,11 +63,13 @@ class Heartbeats:
 
     def on_heartbeat(self, msg: Received) -> None:
         ctx = self.ctx
+        if not self._door(msg):
+            return
         bound = self.bound(subjects.node_of(msg.subject))
         if len(msg.data) > bound.size:
             ctx.rejects.count(TOO_LARGE, msg.subject)
             return
-        hb = self._guard(msg.subject, msg.data)
+        hb = self._guard(msg)
         if hb is None:
             return
         if len(hb.instances) > bound.instances:
@@ -77,8 +80,7 @@ class Heartbeats:
             ctx.rejects.count(impossible, msg.subject)
             return
         before = ctx.liveness.record(hb, ctx.now())
-        self.promises.heartbeat_lists(hb.node_id,
-                                      [(i.instance_id, i.state) for i in hb.instances])
+        self.promises.heartbeat_lists(hb.node_id, hb.instances)
         if hb.freed_ports:
             self.promises.ports_freed(hb.node_id, hb.freed_ports)
         if before is not Health.HEALTHY:

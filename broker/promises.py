@@ -6,14 +6,19 @@ Rules:
    else is counted and dropped (a fenced or impersonating node changes nothing).
 2. Every change goes through a plan (compare-and-swap on the instance's state) and the
    group committer: a late event racing an expiry resolves to exactly one of them.
-3. Only failures that could succeed elsewhere (driver failed to start) spend an attempt and
-   re-auction; a process that ran and failed, or timed out, fails.
+3. Only failures that could succeed elsewhere (driver failed to start, its node restarted it
+   as often as its restart policy allows) spend an attempt and re-auction; a process that
+   ran and failed with no restarts allowed, or timed out, fails.
+4. A running instance's health is what its node last said, in an event (``healthy``,
+   ``unhealthy`` with the check and its output, ``restarted``) or a heartbeat; a heartbeat
+   keeps the check an event named while the health it says is the same.
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 from gavel.broker.context import Context
 from gavel.broker.ledger.committer import Item, Planned
@@ -30,20 +35,44 @@ from gavel.broker.ledger.plan import (
 from gavel.broker.watchdog import Action, Kind, due
 from gavel.shared import subjects
 from gavel.shared.lifecycle import PENDING
-from gavel.shared.messages import Cancel, Event, EventType, InstanceState
+from gavel.shared.messages import (
+    Cancel,
+    Event,
+    EventType,
+    Health,
+    InstanceReport,
+    InstanceState,
+)
 from gavel.shared.reasons import Reason
-from gavel.transport.inbound import Guard
+from gavel.transport.inbound import Door, Guard
 from gavel.transport.wire import Received
 
 __all__ = ["Promises"]
 
 #: The event types a worker reports about its own instances; any other is rejected.
 REPORTED = frozenset({EventType.PROVISIONING, EventType.RUNNING, EventType.EXITED,
-                      EventType.FAILED, EventType.CANCELLED})
+                      EventType.FAILED, EventType.CANCELLED, EventType.HEALTHY,
+                      EventType.UNHEALTHY, EventType.RESTARTED})
+
+
+@dataclass(frozen=True)
+class HealthNote:
+    """A running instance's health as its node last said (an event or a heartbeat)."""
+
+    health: Health
+    #: The check that decided, and its output, for ``unhealthy``.
+    check: str = ""
+    #: The broker's clock when the instance entered this health.
+    since: float = 0.0
+    restarts: int = 0
 
 #: Worker-reported failures that could succeed on another node: they consume an attempt.
 RETRYABLE = frozenset({Reason.DRIVER_FAILED.value, Reason.NO_ROOM_PORTS.value,
-                       Reason.WORKER_STOPPED.value})
+                       Reason.WORKER_STOPPED.value, Reason.RESTARTS_EXHAUSTED.value})
+
+
+#: The healths a heartbeat may say ("" says nothing: the node runs no checks for it yet).
+_HEALTHS = frozenset(h.value for h in Health if h is not Health.UNKNOWN)
 
 
 class Promises:
@@ -51,16 +80,19 @@ class Promises:
         self.ctx = ctx
         #: Waiting work may fit now (the auctioneer retries it at once).
         self.capacity_freed = capacity_freed
-        self._guard = Guard("event", Event, ctx.rejects, node=subjects.node_of)
+        self._guard = Guard("event", Event, ctx.rejects, node=subjects.node_of,
+                            door=Door(ctx.rejects, subjects.REPORT_ALL))
         self.acting: set[tuple[Kind, str]] = set()
         self.migrating: dict[str, list[str]] = {}
         self.live: dict[str, str] = {}  # instance -> provisioning/running, from reports
+        #: Instance -> its health, from reports and heartbeats (memory only: re-heard).
+        self.health: dict[str, HealthNote] = {}
         self._unblocking: set[str] = set()  # nodes with an unblocking commit in flight
 
     # -- reports -------------------------------------------------------------------------
     def on_report(self, msg: Received) -> None:
         ctx = self.ctx
-        ev = self._guard(msg.subject, msg.data)
+        ev = self._guard(msg)
         if ev is None:
             return
         node = ev.node_id
@@ -80,6 +112,12 @@ class Promises:
                     self._running(iid, node)
                 if ev.ports or ev.taken:
                     self._ports(ev)
+            case EventType.HEALTHY | EventType.UNHEALTHY:
+                check = f"{ev.check}: {ev.detail}" if ev.check and ev.detail else \
+                    ev.check or ev.detail
+                self.note_health(iid, Health(ev.type), check, ev.restarts)
+            case EventType.RESTARTED:
+                self.note_health(iid, Health.CHECKING, "", ev.restarts)
             case EventType.EXITED:
                 self._end(ev, InstanceState.SUCCEEDED if ev.exit_code in (0, None)
                           else InstanceState.FAILED)
@@ -91,20 +129,36 @@ class Promises:
             case EventType.FAILED:
                 self._end(ev, InstanceState.FAILED)
 
-    def heartbeat_lists(self, node_id: str, instances: list[tuple[str, str]]) -> None:
-        """A heartbeat listing an instance git places there confirms the node holds it; what
-        the node held when the broker started and does not list starts its provisioning
-        clock now (`Timers.heard`)."""
+    def note_health(self, iid: str, health: Health, check: str = "", restarts: int = 0) -> None:
+        """Record what the node says of a running instance's health; `since` moves only
+        when the health changes."""
+        was = self.health.get(iid)
+        if was is not None and was.health == health and was.restarts == restarts:
+            if was.check != check:
+                self.health[iid] = HealthNote(health, check, was.since, restarts)
+            return
+        self.health[iid] = HealthNote(health, check, self.ctx.now(), restarts)
+
+    def heartbeat_lists(self, node_id: str, instances: Sequence[InstanceReport]) -> None:
+        """A heartbeat listing an instance git places there confirms the node holds it, and
+        says its health (rule 4); what the node held when the broker started and does not
+        list starts its provisioning clock now (`Timers.heard`)."""
         state = self.ctx.ledger.state()
-        for iid, st in instances:
+        for report in instances:
+            iid, st = report.instance_id, report.state
             if state.placement_of(iid) == node_id:
                 self.ctx.timers.accepted(iid)
                 if st == InstanceState.RUNNING:
                     if iid not in self.ctx.timers.running:  # every heartbeat lists it again
                         self._running(iid, node_id)
                     self.live.setdefault(iid, st)
+                if report.health in _HEALTHS:
+                    health = Health(report.health)
+                    was = self.health.get(iid)
+                    check = was.check if was is not None and was.health == health else ""
+                    self.note_health(iid, health, check, report.restarts)
         if self.ctx.timers.resumed_on:
-            self.ctx.timers.heard(node_id, {iid for iid, _st in instances}, self.ctx.now())
+            self.ctx.timers.heard(node_id, {r.instance_id for r in instances}, self.ctx.now())
 
     def _running(self, iid: str, node: str) -> None:
         rec = self.ctx.ledger.state().instances.get(iid)
@@ -187,6 +241,7 @@ class Promises:
     def ended(self, iid: str) -> None:
         self.ctx.timers.forget(iid)
         self.live.pop(iid, None)
+        self.health.pop(iid, None)
         self.capacity_freed()
 
     # -- the watchdog --------------------------------------------------------------------

@@ -10,11 +10,20 @@ Rules:
    mirrored to a JetStream KV entry after every commit that touches it, so workers converge
    onto the ref even when they missed the award message.
 3. Every message from the wire is decoded by one typed decoder per endpoint; anything
-   malformed, impersonating another node or stale is counted, logged once per kind, dropped.
-4. The API has a NATS connection of its own: whatever nodes send (or fail to read) on the
+   malformed, impersonating another node, stale or no message of gavel's at all (a
+   JetStream delivery, flow control, a heartbeat) is counted, logged once per kind and peer
+   a minute (`transport.rejects`), dropped; a request is answered only under its
+   requester's own inbox (`transport.inbound`).
+4. Workers converge onto the broker's view, not the raw tree: when the ref moved under the
+   broker (a commit by hand, a merge of a push), the nodes whose node.json the state it
+   read holds differently from before are mirrored again from that state - which already
+   holds one placement per instance (`broker.ledger.integrity`).
+5. A damaged state repository (`Damaged`) stops the broker: `run` raises it once the broker
+   is closed, and the daemon prints its one sentence.
+6. The API has a NATS connection of its own: whatever nodes send (or fail to read) on the
    node connection, operators' requests and their answers never queue behind it, and a
    node connection the server cuts off leaves the API answering.
-5. While the broker cannot hear (its node connection down, or its heartbeat feed losing
+7. While the broker cannot hear (its node connection down, or its heartbeat feed losing
    its own probes) no promise is judged, and afterwards every node's clock is shifted by
    the outage: nothing it failed to hear counts against a node.
 """
@@ -41,9 +50,10 @@ from gavel.broker.context import Context
 from gavel.broker.events import Events
 from gavel.broker.heartbeat_stream import HeartbeatStream
 from gavel.broker.heartbeats import Heartbeats
+from gavel.broker.integrity import Integrity
 from gavel.broker.ledger.committer import Committer
-from gavel.broker.ledger.repository import Ledger
-from gavel.broker.ledger.state import Change, compact
+from gavel.broker.ledger.repository import Damaged, Ledger
+from gavel.broker.ledger.state import Change, State, compact
 from gavel.broker.metrics import Metrics
 from gavel.broker.mirror import Mirror
 from gavel.broker.outbox import Outbox
@@ -108,7 +118,7 @@ class Broker:
         self.nats_url = nats_url
         self.timing = timing = timing or Timing()
         self.now = clock
-        self.ledger = Ledger(state_dir / "state.git", ref)
+        self.ledger = Ledger(state_dir / "state.git", ref, settle=True)
         self.committer = Committer(self.ledger, retry_s=timing.tick_s,
                                    on_commit=self._mirror, writer=writer, wall=wall,
                                    gap_s=commit_gap_s)
@@ -116,7 +126,7 @@ class Broker:
         self.timers = Timers(started=clock())
         self.metrics = Metrics()
         self.committer.metrics = self.metrics
-        self.rejects = Rejects(self.log, self.metrics.rejected)
+        self.rejects = Rejects(self.log, self.metrics.rejected, clock)
         self.outbox = Outbox(self._publish_failed)
         self.events = Events(self.outbox)
         self.ctx = ctx = Context(timing=timing, ledger=self.ledger, committer=self.committer,
@@ -131,6 +141,12 @@ class Broker:
                                      rng=random.Random(seed))
         self.promises = Promises(ctx, capacity_freed=self.auctioneer.capacity_freed)
         self.retention = Retention(ctx, wall, ended_max)
+        self.integrity = Integrity(ctx)
+        #: Why the broker stopped on its own, raised by `run` (rule 5).
+        self.fatal: Damaged | None = None
+        self.committer.on_damaged = self._damaged
+        #: The state the KV mirror was last brought in line with (rule 4).
+        self._mirrored: State | None = None
         #: node.json in KV for the workers, coalesced (`broker.mirror`). Its windows are
         #: timed by the event loop, so on the machine's clock, not an injected one.
         self.mirror = Mirror(self.outbox.publish_raw, timing.mirror_s, time.monotonic)
@@ -140,7 +156,7 @@ class Broker:
                             in_flight=lambda: len(self.auctioneer.auctions),
                             mirror=self.mirror)
         self.heartbeats = Heartbeats(ctx, self.promises, self.auctioneer.capacity_freed)
-        #: Rule 5: why and since when the broker cannot hear.
+        #: Rule 7: why and since when the broker cannot hear.
         self.deafness = Deafness()
         self.feed = HeartbeatStream(timing=timing, deliver=self._on_heartbeat,
                                     deaf=self._feed_deaf, hearing=self._feed_hearing,
@@ -155,7 +171,7 @@ class Broker:
         self._stopped = asyncio.Event()
         self._closing = False
         self._tasks: list[asyncio.Task[None]] = []
-        #: The node connection (rule 4: `api_nc` is the API's); set once both are up.
+        #: The node connection (rule 6: `api_nc` is the API's); set once both are up.
         self.nc: Any = None
         self.api_nc: Any = None
 
@@ -163,6 +179,7 @@ class Broker:
     async def start(self) -> None:
         nc = api_nc = None
         try:
+            self.ledger.state()  # a damaged repository stops the broker before it connects
             nc = await self._connect("gavel-broker", "nodes")
             api_nc = await self._connect("gavel-broker-api", "api")
         except BaseException:
@@ -173,7 +190,7 @@ class Broker:
             raise
         self.nc, self.api_nc = nc, api_nc
         self.outbox.nc = nc
-        state = self.ledger.state()
+        state = self._mirrored = self.ledger.state()
         stamps = await self.feed.start(nc)
         now = self.now()
         silent = silences(stamps, state.nodes)
@@ -205,6 +222,15 @@ class Broker:
         await self.start()
         await self._stopped.wait()
         await self.close()
+        if self.fatal is not None:
+            raise self.fatal
+
+    def _damaged(self, exc: Damaged) -> None:
+        """Rule 5: stop; `run` raises it."""
+        if self.fatal is None:
+            self.fatal = exc
+            self.log.error("%s; the broker stops", exc)
+        self.stop()
 
     def stop(self) -> None:
         self._stopped.set()
@@ -213,7 +239,7 @@ class Broker:
         """A first connection, with a deadline: nats-py's own initial connect retries a
         refused credential for ever in silence when reconnects are unbounded. So each first
         attempt is a single try, and only an established connection reconnects for ever.
-        `role` is "nodes" (its outage makes the broker deaf, rule 5) or "api"."""
+        `role` is "nodes" (its outage makes the broker deaf, rule 7) or "api"."""
         async def disconnected() -> None:
             await self._on_disconnect(role)
 
@@ -222,6 +248,10 @@ class Broker:
 
         options: dict[str, Any] = {
             "name": name, "reconnect_time_wait": 0.5,
+            # Its own requests' answers (JetStream's, its subscription barrier, the heartbeat
+            # stream's pulls) under a prefix of its own, which operators' `_INBOX.>` does
+            # not cover.
+            "inbox_prefix": subjects.BROKER_INBOX,
             "disconnected_cb": disconnected, "reconnected_cb": reconnected,
             **self.nats_options, "allow_reconnect": False}
         deadline = None if self.connect_wait_s is None else \
@@ -277,7 +307,7 @@ class Broker:
 
     @property
     def deaf_since(self) -> float | None:
-        """Since when the broker cannot hear (rule 5), or None."""
+        """Since when the broker cannot hear (rule 7), or None."""
         return self.deafness.since
 
     async def _on_disconnect(self, role: str) -> None:
@@ -317,11 +347,16 @@ class Broker:
         while True:
             now = self.now()
             try:
+                self.integrity.watch()
+                self._remirror()
                 self.auctioneer.reconcile(now)
                 if not self.deafness.deaf and now - watched >= self.timing.tick_s / 2:
                     watched = now
                     self.promises.watch(now)
                     self.retention.watch()
+            except Damaged as exc:
+                self._damaged(exc)
+                return
             except Exception:
                 self.log.exception("reconcile failed; retrying next tick")
             # asyncio.timeout, not wait_for: on 3.11 wait_for swallows a cancel that lands
@@ -343,6 +378,18 @@ class Broker:
             self.log.warning("no JetStream KV (%s); workers converge from awards only", exc)
             return
         self.mirror.start(nodes)
+
+    def _remirror(self) -> None:
+        """Rule 4: after a re-read, mirror the nodes the state now holds differently."""
+        state = self.ledger.state()
+        before, self._mirrored = self._mirrored, state
+        if before is None or before is state or not self.mirror.enabled:
+            return
+        nodes = before.nodes.keys() | state.nodes.keys()
+        changed = {nid: compact(state.nodes.get(nid) or NodeFile(node_id=nid))
+                   for nid in sorted(nodes) if before.nodes.get(nid) != state.nodes.get(nid)}
+        if changed:
+            self.mirror.changed(changed)
 
     def _mirror(self, change: Change, sha: str) -> None:
         if self.mirror.enabled and change.nodes:

@@ -1,7 +1,13 @@
 """What each client verb of `gavel` does; the parser and the dispatch live in `gavel.cli.main`.
 
-Rule: daemons stop cleanly on SIGTERM/SIGINT; client verbs print a table, or JSON with
-``--json``, and map outcomes to exit codes (0 ok, 1 unreachable, 2 bad input, 3 refused).
+Rules:
+1. Daemons stop cleanly on SIGTERM/SIGINT; client verbs print a table, or JSON with
+   ``--json``, and map outcomes to exit codes (0 ok, 1 unreachable, 2 bad input, 3 refused).
+2. `submit` sends an idempotency key (``--key``, or a new uuid4 per invocation) and asks
+   again with the same key, up to `SUBMIT_TRIES` times, when the broker does not answer
+   within `SUBMIT_TRY_S`: a request whose answer was lost is answered again, never
+   submitted twice (`broker.api` rule 4). When no try is answered, the sentence names the
+   key to submit with again.
 """
 
 from __future__ import annotations
@@ -12,6 +18,7 @@ import re
 import signal
 import sys
 import time
+import uuid
 from collections.abc import Sequence
 from typing import Any
 
@@ -25,8 +32,11 @@ from gavel.shared.api import (
     CancelRequest,
     DrainReply,
     DrainRequest,
+    EndpointsReply,
+    EndpointsRequest,
     EventsReply,
     EventsRequest,
+    InstanceStatus,
     NodesReply,
     NodesRequest,
     StatusReply,
@@ -35,13 +45,19 @@ from gavel.shared.api import (
     SubmitRequest,
     WhyReply,
     WhyRequest,
+    key_problem,
 )
 from gavel.shared.errors import BadInput
 from gavel.shared.messages import Event, EventType
 from gavel.shared.reasons import render as render_reason
-from gavel.transport.client import BrokerRefused, ClientError, call, connect
+from gavel.shared.routes import derive
+from gavel.transport.client import BrokerRefused, ClientError, NoAnswer, call, connect
 
-__all__ = ["ClientError", "Refused", "UsageError", "run"]
+__all__ = ["SUBMIT_TRIES", "SUBMIT_TRY_S", "ClientError", "Refused", "UsageError", "run"]
+
+#: How long `submit` waits for each answer, and how many times it asks (rule 2).
+SUBMIT_TRY_S = 10.0
+SUBMIT_TRIES = 3
 
 
 class UsageError(BadInput):
@@ -49,7 +65,12 @@ class UsageError(BadInput):
 
 
 class Refused(Exception):
-    """The broker answered, but no: exit code 3."""
+    """The broker answered, but no: exit code 3. `status`: the instance as last seen, when
+    there is one (``--json`` prints it with the error)."""
+
+    def __init__(self, message: str, status: InstanceStatus | None = None) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 def _print_json(obj: object) -> None:
@@ -71,6 +92,9 @@ async def run(args: argparse.Namespace) -> int:
                 return await submit(args)
             except Refused as exc:
                 print(f"gavel submit: {exc}", file=sys.stderr)
+                if args.json:  # JSON on every outcome: the instance as last seen, and why
+                    seen = msgspec.to_builtins(exc.status) if exc.status is not None else {}
+                    _print_json({**seen, "error": str(exc)})
                 return 3
         case "status":
             return await status(args)
@@ -84,6 +108,8 @@ async def run(args: argparse.Namespace) -> int:
             return await cancel(args)
         case "drain":
             return await drain(args)
+        case "routes":
+            return await routes(args)
     raise UsageError(f"unknown command {args.command!r}")
 
 
@@ -91,6 +117,9 @@ async def submit(args: argparse.Namespace) -> int:
     if args.id and (len(args.id) > 128 or not re.match(INSTANCE_ID, args.id)):
         raise UsageError(f"--id {args.id!r}: expected letters, digits, '_', '-' and single "
                          "dots, starting with a letter or digit, at most 128")
+    key = getattr(args, "key", "") or uuid.uuid4().hex
+    if problem := key_problem(key):
+        raise UsageError(f"--key: {problem}")
     try:
         spec = load_spec(args.spec)
     except SpecError as exc:
@@ -101,8 +130,8 @@ async def submit(args: argparse.Namespace) -> int:
         if args.wait and args.id:
             sub = await nc.subscribe(subjects.EVENTS.format(instance=args.id))
         try:
-            reply = await call(nc, "submit", SubmitRequest(spec=spec, instance_id=args.id),
-                               SubmitReply)
+            reply = await _submit_once(nc, SubmitRequest(spec=spec, instance_id=args.id,
+                                                         key=key))
         except BrokerRefused as exc:  # reached, and it said no (never fits, pinned, ...)
             raise Refused(str(exc)) from None
         iid = reply.instance_id
@@ -111,28 +140,58 @@ async def submit(args: argparse.Namespace) -> int:
             return 0
         if sub is None:
             sub = await nc.subscribe(subjects.EVENTS.format(instance=iid))
-        return await _wait_placed(nc, sub, iid, args)
+        return await _wait_healthy(nc, sub, iid, args)
     finally:
         await nc.close()
 
 
-async def _wait_placed(nc: Any, sub: Any, iid: str, args: argparse.Namespace) -> int:
+async def _submit_once(nc: Any, req: SubmitRequest) -> SubmitReply:
+    """Rule 2: the request, asked again with its key while the broker does not answer."""
+    for n in range(1, SUBMIT_TRIES + 1):
+        try:
+            return await call(nc, "submit", req, SubmitReply, timeout=SUBMIT_TRY_S)
+        except NoAnswer as exc:
+            if n == SUBMIT_TRIES:
+                raise NoAnswer(f"{exc} ({n} tries with key {req.key}); submit again with "
+                               f"--key {req.key}: a submission that landed is answered "
+                               "again, not made twice") from None
+            print(f"gavel submit: {exc}; asking again with the same key", file=sys.stderr)
+    raise AssertionError("unreachable")
+
+
+#: States an instance never leaves: --wait gives up on them at once (succeeded is success).
+_ENDED = ("failed", "lost", "cancelled")
+
+
+async def _wait_healthy(nc: Any, sub: Any, iid: str, args: argparse.Namespace) -> int:
+    """``--wait``: until the instance runs and is healthy (which an instance without checks
+    is once it runs), or has succeeded. It ending otherwise, being unschedulable, or the
+    timeout passing first is `Refused`, with the reason: the check's output for an unhealthy
+    instance, the detail of a failed one."""
     deadline = time.monotonic() + args.timeout
     dec = msgspec.msgpack.Decoder(Event)
+    unhealthy = ""  # the last check failure heard of: the instance may recover, or not
     while True:
-        # The placement may already have happened before we subscribed: ask status too.
+        # What happened before we subscribed is in the status: ask it too.
         st = await call(nc, "status", StatusRequest(instance_id=iid), StatusReply)
         inst = st.instances[0]
-        if inst.node_id and inst.state not in ("queued", "unschedulable"):
+        if (inst.state == "running" and inst.health == "healthy") or inst.state == "succeeded":
             if args.json:
                 _print_json(inst)
             else:
-                print(f"{iid} placed on {inst.node_id}")
+                print(f"{iid} {inst.health if inst.state == 'running' else inst.state} on "
+                      f"{inst.node_id}")
             return 0
+        if inst.health == "unhealthy" and inst.check:
+            unhealthy = inst.check
+        if inst.state in _ENDED:
+            raise Refused(f"{iid} {inst.state}: " + ": ".join(
+                p for p in (inst.reason, inst.detail) if p), inst)
         remaining = deadline - time.monotonic()
         if remaining <= 0:
-            raise Refused(f"{iid} not placed within {args.timeout:g}s: "
-                          f"{inst.state} {inst.detail or inst.reason}".rstrip())
+            now = f"unhealthy: {unhealthy}" if unhealthy else " ".join(
+                p for p in (inst.state, inst.health, inst.detail or inst.reason) if p)
+            raise Refused(f"{iid} not healthy within {args.timeout:g}s: {now}", inst)
         try:
             msg = await sub.next_msg(timeout=min(remaining, 1.0))
         except Exception:
@@ -142,9 +201,11 @@ async def _wait_placed(nc: Any, sub: Any, iid: str, args: argparse.Namespace) ->
         except (msgspec.DecodeError, RecursionError):
             continue  # not an event: garbage on the subject changes nothing
         if ev.type == EventType.UNSCHEDULABLE:
-            raise Refused(f"{iid} is unschedulable: {ev.detail or ev.reason}")
+            raise Refused(f"{iid} is unschedulable: {ev.detail or ev.reason}", inst)
         if ev.type == EventType.ERROR:
-            raise Refused(f"{iid}: {ev.reason} {ev.detail}".rstrip())
+            raise Refused(f"{iid}: {ev.reason} {ev.detail}".rstrip(), inst)
+        if ev.type == EventType.UNHEALTHY:
+            unhealthy = f"{ev.check}: {ev.detail}" if ev.detail else ev.check
 
 
 async def status(args: argparse.Namespace) -> int:
@@ -156,10 +217,11 @@ async def status(args: argparse.Namespace) -> int:
     if args.json:
         _print_json(reply.instances)
         return 0
-    rows = [("INSTANCE", "STATE", "NODE", "ATTEMPT", "REASON")]
+    rows = [("INSTANCE", "STATE", "HEALTH", "NODE", "ATTEMPT", "RESTARTS", "REASON")]
     for i in reply.instances:
-        why = i.detail if i.state == "unschedulable" else (i.reason or "")
-        rows.append((i.instance_id, i.state, i.node_id or "-", str(i.attempt), why))
+        why = i.detail if i.state == "unschedulable" else (i.reason or i.check or "")
+        rows.append((i.instance_id, i.state, i.health or "-", i.node_id or "-", str(i.attempt),
+                     str(i.restarts), " ".join(why.split())))
     _table(rows)
     return 0
 
@@ -173,10 +235,12 @@ async def nodes(args: argparse.Namespace) -> int:
     if args.json:
         _print_json(reply)
         return 0
-    rows = [("NODE", "HEALTH", "STRATEGY", "CPU", "MEMORY MB", "INSTANCES", "LABELS")]
+    rows = [("NODE", "HEALTH", "ADDRESS", "STRATEGY", "CPU", "MEMORY MB", "INSTANCES",
+             "LABELS")]
     for n in reply.nodes:
         labels = ",".join(f"{k}={v}" for k, v in sorted(n.labels.items()))
-        rows.append((n.node_id, n.health + (" draining" if n.draining else ""), n.strategy,
+        rows.append((n.node_id, n.health + (" draining" if n.draining else ""),
+                     n.advertise or "-", n.strategy,
                      f"{n.committed.cpu:g}/{n.capacity.cpu:g}",
                      f"{n.committed.memory_mb}/{n.capacity.memory_mb}",
                      str(n.instances), labels or "-"))
@@ -195,8 +259,13 @@ async def why(args: argparse.Namespace) -> int:
         return 0
     i = reply.instance
     print(f"{i.instance_id}: {i.state}" + (f" on {i.node_id}" if i.node_id else "")
+          + (f", {i.health}" if i.health else "")
+          + (f", {i.restarts} restart{'' if i.restarts == 1 else 's'} in place"
+             if i.restarts else "")
           + (f" — {i.detail or i.reason}" if i.state in ("unschedulable", "failed", "lost")
              else ""))
+    if i.check:
+        print(f"  check {i.check}")
     for a in reply.auctions:
         head = (f"auction {a.auction_id}: won by {a.winner} at load {a.load:.3f}"
                 + (" (tie broken on node id)" if a.tie_broken else "")
@@ -220,6 +289,10 @@ def _fmt_event(e: Event) -> str:
         parts.append(f"exit={e.exit_code}")
     if e.reason:
         parts.append(f"reason={e.reason!r}")
+    if e.restarts:
+        parts.append(f"restarts={e.restarts}")
+    if e.check:
+        parts.append(f"check={e.check!r}")
     if e.detail:
         parts.append(e.detail)
     return " ".join(parts)
@@ -278,6 +351,40 @@ async def drain(args: argparse.Namespace) -> int:
         what = "draining" if reply.draining else "back in service"
         extra = f"; moving {reply.migrating} instances one by one" if reply.migrating else ""
         print(f"{reply.node_id}: {what}{extra}")
+    return 0
+
+
+async def routes(args: argparse.Namespace) -> int:
+    """The route table a gateway derives from the broker's endpoints, derived here the same
+    way (`gavel.shared.routes`): what is routed where, and what leads nowhere now."""
+    nc = await connect(args.nats, args.creds)
+    try:
+        reply = await call(nc, "endpoints", EndpointsRequest(), EndpointsReply)
+    finally:
+        await nc.close()
+    table = derive(reply.endpoints, reply.nodes)
+    if args.json:
+        _print_json(table)
+        return 0
+    if not table:
+        print("no live instance declares a route")
+        return 0
+    rows = [("NAME", "MATCH", "TARGET", "LEADS TO", "REPLICAS")]
+    for e in table:
+        if e.port:
+            target = f"port {e.port}"
+            leads = ", ".join(u.dial for u in e.upstreams)
+            serving = len(e.upstreams)
+        else:
+            target = f"files {e.files}"
+            leads, serving = e.root, int(bool(e.root))
+        if e.strip_prefix:
+            target += " (prefix stripped)"
+        leads = leads or "nothing (no healthy running replica)"
+        if e.shadowed_by:
+            leads += f" (shadowed by {e.shadowed_by})"
+        rows.append((e.name, f"{e.host}{e.path}", target, leads, f"{serving}/{e.replicas}"))
+    _table(rows)
     return 0
 
 

@@ -22,6 +22,8 @@ from gavel.transport import eventloop
 
 __all__ = ["main"]
 
+DAEMONS = ("broker", "worker", "gateway")
+
 def _client(p: argparse.ArgumentParser, json_flag: bool = True) -> None:
     p.add_argument("--nats", default=os.environ.get("GAVEL_NATS_URL", DEFAULT_NATS),
                    help="NATS URL (env GAVEL_NATS_URL; default %(default)s)")
@@ -59,6 +61,12 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--log-format", choices=("text", "json"), default=None,
                     help="log format of the broker and workers (env GAVEL_LOG_FORMAT; "
                     "default text)")
+    up.add_argument("--no-gateway", dest="gateway", action="store_false",
+                    help="run no gateway (default: an embedded Caddy, its admin API on "
+                    "loopback, kept by `gavel gateway`, routes every spec that declares "
+                    "routes)")
+    up.add_argument("--gateway-port", type=_port, default=None, metavar="PORT",
+                    help="loopback port the gateway serves on (default: a free port)")
 
     br = sub.add_parser("broker", help="run the broker", description=(
         "Run the broker. Settings come from --config FILE, then GAVEL_* environment "
@@ -70,6 +78,14 @@ def build_parser() -> argparse.ArgumentParser:
         "variables, then flags, each overriding the one before."))
     config.add_options(wk, config.WORKER_OPTIONS)
 
+    gw = sub.add_parser("gateway", help="keep a Caddy's routes following every placement",
+                        description=(
+        "Run the gateway: an operator client of the broker that routes, through Caddy's "
+        "admin API, every spec that declares routes to its healthy running replicas. "
+        "Settings come from --config FILE, then GAVEL_* environment variables, then flags, "
+        "each overriding the one before."))
+    config.add_options(gw, config.GATEWAY_OPTIONS)
+
     au = sub.add_parser("auth", help="NATS identities: nkeys and the server's permissions")
     auth.add_arguments(au)
 
@@ -78,16 +94,21 @@ def build_parser() -> argparse.ArgumentParser:
     ck = cfs.add_parser("check", help="print the effective config (file, then GAVEL_* "
                         "environment), or exit 2 naming the bad field")
     ck.add_argument("file", help="TOML config file")
-    ck.add_argument("--kind", choices=("broker", "worker"), default=None,
+    ck.add_argument("--kind", choices=("broker", "worker", "gateway"), default=None,
                     help="which daemon reads it (default: worker if the file sets node_id, "
-                    "else broker)")
+                    "gateway if it sets admin, else broker)")
 
     sm = sub.add_parser("submit", help="submit a workload spec (TOML or JSON)")
     _client(sm)
     sm.add_argument("spec", type=Path, help="spec file")
     sm.add_argument("--id", default="", help="instance id (default NAME-random)")
+    sm.add_argument("--key", default="",
+                    help="idempotency key (default: a new uuid4 per invocation); the request "
+                    "is retried with it when the broker does not answer in time, and a "
+                    "submission that landed under it is answered again, never made twice")
     sm.add_argument("--wait", action="store_true",
-                    help="wait until placed (exit 0) or unschedulable (exit 3 with the reason)")
+                    help="wait until running and healthy (exit 0), or exit 3 with the reason: "
+                    "unschedulable, failed, or not healthy within --timeout")
     sm.add_argument("--timeout", type=positive_float, default=30.0,
                     help="seconds --wait waits (default %(default)s)")
 
@@ -110,6 +131,10 @@ def build_parser() -> argparse.ArgumentParser:
     cn = sub.add_parser("cancel", help="stop an instance (SIGTERM, then SIGKILL after grace)")
     _client(cn)
     cn.add_argument("instance")
+
+    rt = sub.add_parser("routes", help="what the gateway routes where: every route of every "
+                        "live spec, and the replicas or directory it leads to")
+    _client(rt)
 
     dr = sub.add_parser("drain", help="make a node decline all new work")
     _client(dr)
@@ -144,6 +169,8 @@ async def _dispatch(args: argparse.Namespace) -> int:
             return await daemons.run_broker(args)
         case "worker":
             return await daemons.run_worker(args)
+        case "gateway":
+            return await daemons.run_gateway(args)
         case "up":
             from gavel.cli.up import up
 
@@ -154,7 +181,7 @@ async def _dispatch(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    if args.command not in ("broker", "worker"):  # the daemons configure logs from settings
+    if args.command not in DAEMONS:  # the daemons configure logs from settings
         logs.configure(getattr(args, "log_format", None)
                        or _env_choice("GAVEL_LOG_FORMAT", ("text", "json"), "text"),
                        _env_choice("GAVEL_LOG_LEVEL", ("DEBUG", "INFO", "WARNING", "ERROR"),
@@ -172,7 +199,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return daemons.config_check(args)
         if args.command == "auth":
             return auth.run_cli(args)
-        if args.command in ("broker", "worker"):
+        if args.command in DAEMONS:
             args.settings = daemons.settings(args)
             if args.check:
                 return daemons.check(args)
@@ -185,7 +212,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BadInput as exc:
         print(f"gavel {args.command}: {exc}", file=sys.stderr)
         return 2
-    except commands.ClientError as exc:
+    except (commands.ClientError, daemons.Stopped) as exc:
         print(f"gavel {args.command}: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

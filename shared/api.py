@@ -6,33 +6,53 @@ Rule: one request Struct and one reply Struct per verb; any verb may instead ans
 
 from __future__ import annotations
 
+import re
 from typing import Annotated
 
 import msgspec
 
 from gavel.shared.messages import Capacity, Event, Message, Spec
-from gavel.shared.records import AuctionRecord
+from gavel.shared.records import AuctionRecord, Deployment
+from gavel.shared.spec import Route
 
 __all__ = [
     "INSTANCE_ID",
+    "SUBMIT_KEY",
     "CancelReply",
     "CancelRequest",
+    "DeployReply",
+    "DeployRequest",
     "DrainReply",
     "DrainRequest",
+    "Endpoint",
+    "EndpointsReply",
+    "EndpointsRequest",
     "EventsReply",
     "EventsRequest",
     "InstanceStatus",
+    "NodeAddress",
     "NodeStatus",
     "NodesReply",
     "NodesRequest",
+    "RollbackRequest",
+    "ScaleRequest",
+    "ServiceReply",
+    "ServiceRequest",
+    "ServiceStatus",
+    "ServicesReply",
+    "ServicesRequest",
     "StatsReply",
     "StatsRequest",
     "StatusReply",
     "StatusRequest",
+    "StopServiceRequest",
     "SubmitReply",
     "SubmitRequest",
+    "VersionStatus",
     "WhyReply",
     "WhyRequest",
+    "counted_ids",
+    "key_problem",
 ]
 
 #: What an operator may name an instance (or "": the broker names it): a letter or digit,
@@ -40,6 +60,18 @@ __all__ = [
 #: git and as the worker's directory name for it.
 INSTANCE_ID = r"^([A-Za-z0-9][A-Za-z0-9_-]*(\.[A-Za-z0-9_-]+)*)?$"
 InstanceId = Annotated[str, msgspec.Meta(max_length=128, pattern=INSTANCE_ID)]
+#: An idempotency key (or "": none): 8 to 64 letters, digits, ``_ -``; a uuid4 as the CLI
+#: makes one fits. It is stored in every record the submission makes (`InstanceRecord.key`).
+SUBMIT_KEY = r"^([A-Za-z0-9_-]{8,64})?$"
+SubmitKey = Annotated[str, msgspec.Meta(max_length=64, pattern=SUBMIT_KEY)]
+
+
+def key_problem(key: str) -> str:
+    """Why `key` cannot be a submission's idempotency key, in one sentence; "" if it can."""
+    if key and not re.match(SUBMIT_KEY, key):
+        return (f"key {key[:80]!r} is not usable: expected 8 to 64 letters, digits, '_' or "
+                "'-' (a uuid4 fits)")
+    return ""
 
 
 class SubmitRequest(Message, tag="submit"):
@@ -48,6 +80,15 @@ class SubmitRequest(Message, tag="submit"):
     instance_id: InstanceId = ""
     #: Submit this many instances of the spec in one commit (ids get a -N suffix).
     count: Annotated[int, msgspec.Meta(ge=1, le=100_000)] = 1
+    #: Idempotency key: a request retried with the same key makes nothing new and gets the
+    #: first try's answer (the same instance ids) once that landed; "" for none.
+    key: SubmitKey = ""
+
+
+def counted_ids(base: str, count: int) -> list[str]:
+    """The ids a submission of `count` instances named `base` gets: `base` alone, or
+    `base-1` .. `base-count` (the broker names them so; a client can check its reply)."""
+    return [base] if count == 1 else [f"{base}-{k}" for k in range(1, count + 1)]
 
 
 class SubmitReply(Message, tag="submitted"):
@@ -92,6 +133,14 @@ class InstanceStatus(msgspec.Struct, kw_only=True):
     reason: str = ""
     detail: str = ""
     ports: dict[str, int] = {}
+    #: A running instance's `Health` ("" when none is known yet) and the failing check.
+    health: str = ""
+    check: str = ""
+    #: In-place restarts of the attempt running now (its node's restart policy).
+    restarts: int = 0
+    #: A service's replica: the service and the version it runs.
+    service: str = ""
+    version: int = 0
 
 
 class StatusReply(Message, tag="statuses"):
@@ -112,6 +161,8 @@ class NodeStatus(msgspec.Struct, kw_only=True):
     draining: bool = False
     instances: int = 0
     last_seen_s: float = 0.0
+    #: The address the node's instances are reached at (its heartbeat's `advertise`).
+    advertise: str = ""
 
 
 class NodesReply(Message, tag="node-list"):
@@ -156,3 +207,109 @@ class DrainReply(Message, tag="drained"):
     node_id: str
     draining: bool
     migrating: int = 0
+
+
+# -- services --------------------------------------------------------------------------------
+class DeployRequest(Message, tag="deploy"):
+    """Create the service `spec` names, or deploy `spec` as its next version."""
+
+    spec: Spec
+    #: An idempotency key: a retried request with the same key is answered with the first
+    #: request's outcome.
+    key: Annotated[str, msgspec.Meta(max_length=128)] = ""
+
+
+class DeployReply(Message, tag="deployed"):
+    name: str
+    version: int
+    #: False when the spec equals the version already deployed (nothing changed).
+    changed: bool = True
+
+
+class VersionStatus(msgspec.Struct, kw_only=True):
+    version: int
+    replicas: int = 0
+    healthy: int = 0
+
+
+class ServiceStatus(msgspec.Struct, kw_only=True):
+    name: str
+    version: int
+    count: int
+    stopped: bool = False
+    healthy_version: int = 0
+    #: The deployment in progress or the last one (state, versions, reason).
+    deployment: Deployment | None = None
+    versions: list[VersionStatus] = msgspec.field(default_factory=list)
+    replicas: list[InstanceStatus] = msgspec.field(default_factory=list)
+
+
+class ServiceRequest(Message, tag="service"):
+    """A service's status (`gavel status NAME`, `gavel deploy status NAME`)."""
+
+    name: str
+
+
+class ServiceReply(Message, tag="service-status"):
+    service: ServiceStatus
+
+
+class ServicesRequest(Message, tag="services"):
+    pass
+
+
+class ServicesReply(Message, tag="service-list"):
+    services: list[ServiceStatus]
+
+
+class ScaleRequest(Message, tag="scale"):
+    name: str
+    count: Annotated[int, msgspec.Meta(ge=0, le=100_000)]
+
+
+class StopServiceRequest(Message, tag="stop-service"):
+    name: str
+
+
+class RollbackRequest(Message, tag="rollback"):
+    name: str
+    #: The version to go back to (0: the last version that was healthy).
+    to_version: Annotated[int, msgspec.Meta(ge=0)] = 0
+
+
+# -- the gateway -----------------------------------------------------------------------------
+class EndpointsRequest(Message, tag="endpoints"):
+    """Every live instance whose spec declares routes, and where each node is reached: what
+    a gateway derives its route table from (`gavel.shared.routes`)."""
+
+
+class Endpoint(msgspec.Struct, kw_only=True):
+    """One instance a route may lead to: where it runs, on which ports, how healthy."""
+
+    instance_id: str
+    name: str
+    #: `InstanceStatus.state` (queued, placed, provisioning, running, ...).
+    state: str
+    node_id: str = ""
+    ports: dict[str, int] = {}
+    #: A running instance's `Health` ("" when none is known).
+    health: str = ""
+    #: A service's replica: the service and the version it runs ("" and 0 for a job).
+    service: str = ""
+    version: int = 0
+    routes: list[Route] = []
+
+
+class NodeAddress(msgspec.Struct, kw_only=True):
+    """How a gateway reaches a node's instances: its advertised address and its instances'
+    directory (a heartbeat's `advertise` and `workdir`), and whether it is heard from."""
+
+    node_id: str
+    address: str = ""
+    workdir: str = ""
+    health: str = ""
+
+
+class EndpointsReply(Message, tag="endpoint-list"):
+    endpoints: list[Endpoint]
+    nodes: list[NodeAddress] = msgspec.field(default_factory=list)

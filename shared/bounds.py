@@ -35,8 +35,9 @@ HEARTBEAT_MAX_BYTES = 1 << 20
 #: Rule 2: a heartbeat without instances (labels and all), generously.
 FIXED_BYTES = 64 << 10
 #: Rule 2: one instance report without its ports: an id (an operator's is at most 128
-#: characters, with ``-N`` for a batch), its state, pid, attempt and the field names.
-INSTANCE_BYTES = 256
+#: characters, with ``-N`` for a batch), its state, pid, attempt, health, restarts and the
+#: field names.
+INSTANCE_BYTES = 320
 #: Rule 2: one port of an instance report: its name (at most 32 characters) and number.
 PORT_BYTES = 40
 #: Rule 1: instances (and ports) a node may list beyond twice its most.

@@ -8,11 +8,12 @@ spec is an error, not a silently ignored key.
 
 from __future__ import annotations
 
-import math
 from enum import StrEnum
 from typing import Annotated, Protocol
 
 import msgspec
+
+from gavel.shared.spec import Spec
 
 __all__ = [
     "RFB",
@@ -28,6 +29,7 @@ __all__ = [
     "Decline",
     "Event",
     "EventType",
+    "Health",
     "Heartbeat",
     "HostStats",
     "InstanceReport",
@@ -37,14 +39,10 @@ __all__ = [
     "Shape",
     "Spec",
 ]
+# `Spec` lives in `gavel.shared.spec` (a workload as the operator writes it); it is named here
+# too, beside the wire messages that carry one (`Award`, the API's submit).
 
-NonNegFloat = Annotated[float, msgspec.Meta(ge=0.0)]
-PosFloat = Annotated[float, msgspec.Meta(gt=0.0)]
 NonNegInt = Annotated[int, msgspec.Meta(ge=0)]
-#: A spec's name starts the ids of its instances, NATS subject tokens: no ".." (an empty token).
-Name = Annotated[str, msgspec.Meta(min_length=1, max_length=63,
-                                   pattern=r"^[a-z0-9](?:[a-z0-9_-]|\.(?!\.))*$")]
-PortName = Annotated[str, msgspec.Meta(min_length=1, max_length=32, pattern=r"^[a-z][a-z0-9_]*$")]
 
 
 class InstanceState(StrEnum):
@@ -80,42 +78,21 @@ class EventType(StrEnum):
     LOST = "lost"
     CANCELLED = "cancelled"
     ERROR = "error"
+    #: A running instance's health checks all pass / one failed past its threshold.
+    HEALTHY = "healthy"
+    UNHEALTHY = "unhealthy"
+    #: The worker restarted the process in place (`Spec.restart`).
+    RESTARTED = "restarted"
 
 
-class Spec(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    """A workload as the operator writes it (TOML or JSON)."""
+class Health(StrEnum):
+    """A running instance's health, from the checks its worker runs next to it. An instance
+    with no checks is healthy once it runs."""
 
-    name: Name
-    command: Annotated[list[str], msgspec.Meta(min_length=1)]
-    env: dict[str, str] = {}
-    cpu: PosFloat = 0.1
-    memory_mb: Annotated[int, msgspec.Meta(ge=1)] = 64
-    ports: list[PortName] = []
-    labels: dict[str, str] = {}
-    timeout_s: PosFloat | None = None
-    attempts: Annotated[int, msgspec.Meta(ge=1, le=100)] = 3
-    secrets: list[str] = []
-
-    def __post_init__(self) -> None:
-        # What exec would refuse only on the node (after an award, as "driver failed to
-        # start") is refused here, where the operator submits it.
-        if len(set(self.ports)) != len(self.ports):
-            raise ValueError("ports must have distinct names")
-        if len(set(self.secrets)) != len(self.secrets):
-            raise ValueError("secrets must have distinct names")
-        if not math.isfinite(self.cpu):
-            raise ValueError("cpu must be a finite number")
-        if self.timeout_s is not None and not math.isfinite(self.timeout_s):
-            raise ValueError("timeout_s must be a finite number of seconds (leave it out for "
-                             "no timeout)")
-        if any("\0" in arg for arg in self.command):
-            raise ValueError("command arguments must not contain a NUL character")
-        for key, value in self.env.items():
-            if not key or "=" in key or "\0" in key or "\0" in value:
-                raise ValueError(f"env name {key!r} is not usable: a name is not empty and has "
-                                 "no '=' or NUL, a value has no NUL")
-        if any(not key for key in self.labels):
-            raise ValueError("label names must not be empty")
+    UNKNOWN = ""
+    CHECKING = "checking"
+    HEALTHY = "healthy"
+    UNHEALTHY = "unhealthy"
 
 
 #: The wire protocol's version, carried by every message. 1 was the first release (one
@@ -286,6 +263,10 @@ class InstanceReport(msgspec.Struct, kw_only=True, gc=False):
     pid: int = 0
     attempt: int = 1
     ports: dict[str, int] = {}
+    #: `Health` of a running instance ("" when the worker runs no checks for it yet).
+    health: str = ""
+    #: In-place restarts of this attempt on this node.
+    restarts: int = 0
 
 
 class Heartbeat(Message, tag="heartbeat"):
@@ -303,6 +284,11 @@ class Heartbeat(Message, tag="heartbeat"):
     #: Ports node.json blocks (found taken outside gavel) that bind again now: the broker
     #: unblocks them, so a port someone borrowed is not lost to gavel for ever.
     freed_ports: list[int] = []
+    #: The address the gateway reaches this node's instances at (`WorkerConfig.advertise`).
+    advertise: Annotated[str, msgspec.Meta(max_length=253)] = ""
+    #: The absolute directory holding each instance's own directory on this node (a
+    #: gateway on a host that sees it serves files an instance writes there).
+    workdir: Annotated[str, msgspec.Meta(max_length=4096)] = ""
 
 
 class Event(Message, tag="event"):
@@ -318,6 +304,10 @@ class Event(Message, tag="event"):
     ports: dict[str, int] = {}
     #: Ports of the award found taken by something outside gavel (bind check failed).
     taken: list[int] = []
+    #: With ``healthy``/``unhealthy``: the check that decided and its last output.
+    check: str = ""
+    #: In-place restarts of this attempt so far (``restarted`` and every later event).
+    restarts: int = 0
 
 
 class AssignmentRequest(Message, tag="assignment"):

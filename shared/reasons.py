@@ -40,6 +40,18 @@ class Reason(StrEnum):
     PORT_TAKEN = "port taken by a process outside gavel"
     WORKER_STOPPED = "stopped: the worker shut down"
     FENCED = "instance was moved to another node while this node was offline"
+    RESTARTS_EXHAUSTED = "restarted on its node as often as its restart policy allows"
+    MEMORY_EXCEEDED = "exceeded its memory reservation"
+    UNHEALTHY = "health check failing"
+    # Why a service's replica stopped or was replaced.
+    SCALED_DOWN = "stopped: the service was scaled down"
+    SERVICE_STOPPED = "stopped: the service was stopped"
+    SUPERSEDED = "stopped: replaced by a replica of another version"
+    SPREAD = "no node that bid keeps the service spread over its label"
+    DEPLOY_UNHEALTHY = "a new replica was not healthy within the deploy's deadline"
+    ROLLED_BACK = "rolled back to the last version that was healthy"
+    UNKNOWN_SERVICE = "no such service"
+    NOT_A_SERVICE = "the spec is a job, not a service"
     # Errors the broker reports.
     PINNED = "deployment is pinned: the active ref is a tag or a commit, nothing was written"
     LEDGER_UNWRITABLE = "state repository is locked or unwritable; will retry"
@@ -47,6 +59,7 @@ class Reason(StrEnum):
     UNKNOWN_NODE = "no such node"
     BAD_SPEC = "the spec is invalid"
     DUPLICATE = "an instance with that id already exists"
+    KEY_REUSED = "that submission key was already used for a different submission"
     UNREADABLE_FILE = "a file in the state repository is not a usable gavel file; fix it in git"
     # Housekeeping the broker commits.
     RETAINED = "ended longer ago than the retention time; git history keeps the record"

@@ -17,7 +17,7 @@ instance.
 from __future__ import annotations
 
 import hashlib
-from typing import Annotated
+from typing import Annotated, Literal
 
 import msgspec
 
@@ -29,16 +29,20 @@ __all__ = [
     "Assignment",
     "AuctionRecord",
     "BatchRecord",
+    "Deployment",
     "InstanceRecord",
     "NodeFile",
     "Outcome",
     "Placement",
+    "ServiceRecord",
+    "ServiceVersion",
     "ShapeRecord",
     "auction_trailer",
     "flat_instance_path",
     "instance_path",
     "node_path",
     "parse_trailers",
+    "service_path",
 ]
 
 
@@ -55,6 +59,11 @@ def flat_instance_path(instance_id: str) -> str:
 
 def node_path(node_id: str) -> str:
     return f"nodes/{node_id}/node.json"
+
+
+def service_path(name: str) -> str:
+    """Where a service's intent lives: ``services/<name>.json``."""
+    return f"services/{name}.json"
 
 
 class Placement(msgspec.Struct, kw_only=True):
@@ -125,6 +134,62 @@ class InstanceRecord(msgspec.Struct, kw_only=True, gc=False):
     #: ("" until then); `timing.retention_s` later the record leaves the tree (git history
     #: keeps it). A string, not a datetime: the core never touches clock types.
     ended_at: Annotated[str, msgspec.Meta(pattern=STAMP_PATTERN)] = ""
+    #: The idempotency key of the submission that made it (`SubmitRequest.key`), "" for
+    #: none: every record of one submission carries it, so a retried request finds what its
+    #: first try made - across broker restarts - until retention forgets the records.
+    key: str = ""
+    #: A service's replica: the service's name and the version of it this replica runs
+    #: ("" and 0 for a job).
+    service: str = ""
+    version: int = 0
+
+
+class ServiceVersion(msgspec.Struct, kw_only=True, gc=False):
+    """One version of a service, as `gavel deploy` made it."""
+
+    version: Annotated[int, msgspec.Meta(ge=1)]
+    spec: Spec
+    #: When its commit was written (an end stamp's format: RFC 3339, UTC).
+    at: Annotated[str, msgspec.Meta(pattern=STAMP_PATTERN)] = ""
+
+
+class Deployment(msgspec.Struct, kw_only=True, gc=False):
+    """A rolling replacement of a service's replicas by another version."""
+
+    #: The version replicas move to, and the one they come from.
+    to_version: int
+    from_version: int = 0
+    #: ``running``, ``succeeded``, ``failed`` (not healthy in time: the service stays on
+    #: `from_version` when `auto_revert`), ``rolled-back``, ``cancelled`` (superseded).
+    state: Literal["running", "succeeded", "failed", "rolled-back", "cancelled"] = "running"
+    started_at: Annotated[str, msgspec.Meta(pattern=STAMP_PATTERN)] = ""
+    ended_at: Annotated[str, msgspec.Meta(pattern=STAMP_PATTERN)] = ""
+    #: Why it ended as it did (a fixed reason, and its detail).
+    reason: str = ""
+    detail: str = ""
+
+
+class ServiceRecord(msgspec.Struct, kw_only=True, gc=False):
+    """``services/<name>.json``: a service's intent. Its replicas are ordinary instances
+    (`InstanceRecord.service`); the broker keeps `count` of them running `version`."""
+
+    name: str
+    #: Every version deployed, oldest first.
+    versions: list[ServiceVersion]
+    #: The version replicas should run now (the newest, or the one a rollback chose).
+    version: int
+    count: Annotated[int, msgspec.Meta(ge=0, le=100_000)] = 1
+    #: `gavel stop NAME`: no replica is kept; the record stays (deploy starts it again).
+    stopped: bool = False
+    #: The last version whose replicas were all healthy at once (0: none yet).
+    healthy_version: int = 0
+    deployment: Deployment | None = None
+
+    def spec_of(self, version: int) -> Spec | None:
+        for v in self.versions:
+            if v.version == version:
+                return v.spec
+        return None
 
 
 class AuctionRecord(msgspec.Struct, kw_only=True):

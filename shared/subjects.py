@@ -1,21 +1,31 @@
 """NATS subject names, in one place.
 
-Rule: every subject a node publishes on carries its own node id as a token, so per-node
-credentials can allow exactly that node's subjects (identity is a transport property), and
-the broker checks the token against the message's ``node_id``.
+Rules:
+1. Every subject a node publishes on carries its own node id as a token, so per-node
+   credentials can allow exactly that node's subjects (identity is a transport property),
+   and the broker checks the token against the message's ``node_id``.
+2. Every requester has an inbox prefix of its own: operators ``_INBOX``, node N
+   ``_INBOX_N``, the broker ``_INBOX_broker`` (`broker` is no node id: `gavel auth init`
+   reserves it). The broker answers a request only under its requester's prefix.
+3. `matches` is NATS's own rule (``*`` one token, ``>`` one or more trailing ones): a message
+   a subscription hears on a subject its pattern does not match is no message published there
+   (a JetStream push delivery keeps the subject its stream stored it under).
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 
 __all__ = [
     "API",
+    "API_ALL",
     "ASSIGN",
     "ASSIGN_ALL",
     "AWARD",
     "BIDS",
     "BIDS_ALL",
+    "BROKER_INBOX",
     "CANCEL",
     "EVENTS",
     "EVENTS_ALL",
@@ -25,13 +35,20 @@ __all__ = [
     "HEARTBEAT_PROBE_ALL",
     "HEARTBEAT_STREAM",
     "NODES_BUCKET",
+    "NODES_STREAM",
     "NODE_INBOX",
+    "NODE_KEY",
+    "NODE_WATCH",
+    "OPERATOR_INBOX",
     "REPORT",
     "REPORT_ALL",
     "RFB",
     "RFB_NODE",
     "is_node_id",
+    "matcher",
+    "matches",
     "node_of",
+    "peer_of",
 ]
 
 PREFIX = "gavel"
@@ -56,14 +73,24 @@ CANCEL = f"{PREFIX}.cancel.{{node}}"  # broker -> node: Cancel
 EVENTS = f"{PREFIX}.events.{{instance}}"  # broker -> anyone: Event
 EVENTS_ALL = f"{PREFIX}.events.>"
 API = f"{PREFIX}.api.{{verb}}"  # request/reply, see broker.api
+API_ALL = f"{PREFIX}.api.*"
 ASSIGN = f"{PREFIX}.assign.{{node}}"  # worker -> broker request: AssignmentRequest -> Award
 ASSIGN_ALL = f"{PREFIX}.assign.*"
 #: JetStream KV bucket: key <node-id> -> that node's node.json at the active ref.
 NODES_BUCKET = "gavel-nodes"
+#: The bucket's stream, and the subject a node's key is stored under.
+NODES_STREAM = f"KV_{NODES_BUCKET}"
+NODE_KEY = f"$KV.{NODES_BUCKET}.{{node}}"
+#: Creating a consumer of one node's key, the filter in the subject (nats-server checks the
+#: request's filter against it), so permissions can hold a node to its own key.
+NODE_WATCH = f"$JS.API.CONSUMER.CREATE.{NODES_STREAM}.{{name}}.{NODE_KEY}"
 #: A worker's inbox prefix (nats-py's ``inbox_prefix``): replies to its own requests, above
 #: all the broker's answers to its assignment requests (which carry secrets), land under
 #: ``_INBOX_<node>.>``, a prefix per-node credentials let no other node subscribe to.
 NODE_INBOX = "_INBOX_{node}"
+#: Operators' inbox prefix (nats-py's default) and the broker's own (rule 2).
+OPERATOR_INBOX = "_INBOX"
+BROKER_INBOX = "_INBOX_broker"
 
 
 def node_of(subject: str) -> str:
@@ -78,3 +105,44 @@ _NODE_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
 def is_node_id(token: str) -> bool:
     """True for a usable node id (letters, digits, ``-`` and ``_``; 1 to 64 of them)."""
     return _NODE_ID.fullmatch(token) is not None
+
+
+#: The subjects whose last token is the node that sent the message.
+_FROM_NODE = tuple(f"{PREFIX}.{kind}." for kind in ("bids", "hb", "report", "assign"))
+
+
+def peer_of(subject: str) -> str:
+    """The node a message on `subject` came from, when the subject names it ("" otherwise):
+    bids, heartbeats, reports and assignment requests carry their sender's id."""
+    if subject.startswith(_FROM_NODE):
+        node = subject.rsplit(".", 1)[-1]
+        if subject.count(".") == 2 and is_node_id(node):
+            return node
+    return ""
+
+
+def matcher(pattern: str) -> Callable[[str], bool]:
+    """`matches` for one pattern, with the common shapes (a literal subject, a prefix and
+    ``*``, a prefix and ``>``) checked without splitting the subject."""
+    head, _, last = pattern.rpartition(".")
+    if head and "*" not in head and ">" not in head:
+        if last == "*":
+            n = len(head) + 1
+            return lambda s: s.startswith(pattern[:n]) and len(s) > n and "." not in s[n:]
+        if last == ">":
+            n = len(head) + 1
+            return lambda s: (s.startswith(pattern[:n]) and len(s) > n and ".." not in s
+                              and not s.endswith("."))
+        return pattern.__eq__  # a literal subject (a wildcard is a whole token, never part)
+    return lambda s: matches(pattern, s)
+
+
+def matches(pattern: str, subject: str) -> bool:
+    """NATS's wildcard rule (module rule 3)."""
+    p, s = pattern.split("."), subject.split(".")
+    for i, tok in enumerate(p):
+        if tok == ">":
+            return len(s) > i and all(s[i:])
+        if i >= len(s) or not s[i] or (tok != "*" and tok != s[i]):
+            return False
+    return len(p) == len(s)

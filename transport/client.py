@@ -18,7 +18,7 @@ from gavel.shared import subjects
 from gavel.shared.messages import ApiError, Message
 from gavel.transport.creds import connect_options
 
-__all__ = ["BrokerRefused", "ClientError", "call", "connect", "wait_healthy"]
+__all__ = ["BrokerRefused", "ClientError", "NoAnswer", "call", "connect", "wait_healthy"]
 
 T = TypeVar("T", bound=Message)
 _enc = msgspec.msgpack.Encoder()
@@ -30,6 +30,10 @@ class ClientError(Exception):
 
 class BrokerRefused(ClientError):
     """The broker answered with `ApiError`: it was reached, and it said no."""
+
+
+class NoAnswer(ClientError):
+    """The broker did not answer in time: what it did with the request is unknown."""
 
 
 async def _quiet(exc: Exception) -> None:
@@ -66,7 +70,7 @@ async def call(nc: Any, verb: str, request: Message, reply_type: type[T],
         if err is not None and "permissions violation" in str(err).lower():
             raise ClientError(f"NATS did not let this credential call {verb} ({err}); the "
                               "API takes an operator credential") from None
-        raise ClientError(f"the broker did not answer {verb} within {timeout:g}s") from None
+        raise NoAnswer(f"the broker did not answer {verb} within {timeout:g}s") from None
     try:
         reply = msgspec.msgpack.decode(msg.data, type=reply_type | ApiError)
     except (msgspec.DecodeError, RecursionError) as exc:  # not our broker, or not a broker

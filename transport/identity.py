@@ -5,12 +5,24 @@ Rules:
 1. A node publishes only on subjects that end in its own id (bids, heartbeats, reports,
    assignment requests), subscribes only to what is addressed to it and to its own inbox
    (``_INBOX_<node>.>``: the broker's answers to other nodes' assignment requests carry their
-   secrets), and reads — never writes — the KV bucket where the broker mirrors node.json.
-2. Only the broker publishes RFBs, awards, cancels and KV writes. Operators call the API and
-   read events; they cannot bid, award or speak as a node. The broker's heartbeat stream
-   (`heartbeat_stream_permissions`) needs nothing from the nodes: the server stores their
-   heartbeats as they publish them.
-3. `init` is idempotent: a seed that exists is reused, never rewritten. The config authorizes
+   secrets), and never writes the KV bucket where the broker mirrors node.json.
+2. The broker holds the least it needs: it publishes RFBs, awards, cancels, events and the
+   KV mirror's puts, one JetStream call (creating the bucket) and those of its heartbeat
+   stream (`heartbeat_stream_permissions`: nodes need nothing for it, the server stores
+   their heartbeats as they publish them), and answers only under the
+   operators' inbox and each node's own (listed per node: a NATS wildcard is a whole
+   token, so ``_INBOX_*`` is no pattern); it subscribes to what it serves and its own inbox
+   (``_INBOX_broker``). No ``allow_responses``: it would let the broker publish to any reply
+   subject a request names, the very thing `transport.inbound` rule 5 refuses, and an
+   explicit list is checked by the server whatever the broker's code does.
+3. Operators call the API and read events; they cannot bid, award or speak as a node.
+4. Of JetStream, a node may only create a consumer of its own key, on the create subject
+   that carries the filter (`gavel.shared.subjects.NODE_WATCH`; the server refuses a request
+   whose filter differs from the subject's): no stream or consumer info, no gets, no
+   deletes, no flow-control answers. The deliver subject is in the request's payload, which
+   permissions cannot see, so such a consumer may deliver that node's own node.json to any
+   subject; every handler drops what is no message of gavel's (`transport.inbound` rule 4).
+5. `init` is idempotent: a seed that exists is reused, never rewritten. The config authorizes
    every node seed in the directory, so revoking a node is deleting its seed and running
    `init` again (then reloading nats-server).
 """
@@ -54,13 +66,11 @@ class IdentityError(BadInput):
 
 
 _SEED = re.compile(r"SU[A-Z2-7]{56}")
-_KV_STREAM = f"KV_{subjects.NODES_BUCKET}"
-_HB_STREAM = subjects.HEARTBEAT_STREAM
 
 
 def worker_permissions(node: str) -> dict[str, Any]:
-    """Node `node`: its own subjects out, what is addressed to it in, KV read-only."""
-    kv_key = f"$KV.{subjects.NODES_BUCKET}.{node}"
+    """Node `node`: its own subjects out, what is addressed to it in, and of JetStream only
+    the watch of its own key (rule 4)."""
     inbox = f"{subjects.NODE_INBOX.format(node=node)}.>"
     return {
         "publish": {"allow": [
@@ -69,16 +79,7 @@ def worker_permissions(node: str) -> dict[str, Any]:
             subjects.REPORT.format(node=node),
             subjects.ASSIGN.format(node=node),
             inbox,  # the worker's subscription barrier: a message to itself
-            # Reading its node.json: bucket info, a watch (an ordered consumer: nats-py
-            # creates it without a name; a named one may only filter on its own key), gets.
-            f"$JS.API.STREAM.INFO.{_KV_STREAM}",
-            f"$JS.API.CONSUMER.CREATE.{_KV_STREAM}",
-            f"$JS.API.CONSUMER.CREATE.{_KV_STREAM}.*.{kv_key}",
-            f"$JS.API.CONSUMER.INFO.{_KV_STREAM}.*",
-            f"$JS.API.CONSUMER.DELETE.{_KV_STREAM}.*",
-            f"$JS.API.DIRECT.GET.{_KV_STREAM}.{kv_key}",
-            f"$JS.API.STREAM.MSG.GET.{_KV_STREAM}",
-            f"$JS.FC.{_KV_STREAM}.>",  # the ordered consumer's flow-control answers
+            subjects.NODE_WATCH.format(name="*", node=node),
         ]},
         "subscribe": {"allow": [
             subjects.RFB,
@@ -92,37 +93,61 @@ def worker_permissions(node: str) -> dict[str, Any]:
 
 def operator_permissions() -> dict[str, Any]:
     """Operators and CI: the request/reply API and the event stream, nothing else."""
-    return {"publish": {"allow": [subjects.API.format(verb=">")]},
-            "subscribe": {"allow": ["_INBOX.>", subjects.EVENTS_ALL]}}
+    return {"publish": {"allow": [subjects.API_ALL]},
+            "subscribe": {"allow": [f"{subjects.OPERATOR_INBOX}.>", subjects.EVENTS_ALL]}}
 
 
 def heartbeat_stream_permissions() -> dict[str, Any]:
     """What the broker's heartbeat stream (`gavel.broker.heartbeat_stream`) calls: make or
     update the stream, make, pull from and delete its own consumers, publish its probe and
-    purge probes of brokers long gone;
-    the API's answers and the pulled messages come to its inbox. Without JetStream it
-    subscribes to the heartbeat subjects themselves."""
+    purge probes of brokers long gone; the API's answers and the pulled messages come to
+    its own inbox. Without JetStream it subscribes to the heartbeat subjects and its probe
+    themselves."""
+    stream = subjects.HEARTBEAT_STREAM
     return {
         "publish": {"allow": [
-            f"$JS.API.STREAM.CREATE.{_HB_STREAM}",
-            f"$JS.API.STREAM.UPDATE.{_HB_STREAM}",
-            f"$JS.API.CONSUMER.CREATE.{_HB_STREAM}.*",
-            f"$JS.API.CONSUMER.MSG.NEXT.{_HB_STREAM}.*",
-            f"$JS.API.CONSUMER.DELETE.{_HB_STREAM}.*",
-            f"$JS.API.STREAM.PURGE.{_HB_STREAM}",
+            f"$JS.API.STREAM.CREATE.{stream}",
+            f"$JS.API.STREAM.UPDATE.{stream}",
+            f"$JS.API.STREAM.PURGE.{stream}",
+            f"$JS.API.CONSUMER.CREATE.{stream}.*",
+            f"$JS.API.CONSUMER.MSG.NEXT.{stream}.*",
+            f"$JS.API.CONSUMER.DELETE.{stream}.*",
             subjects.HEARTBEAT_PROBE_ALL,
         ]},
-        "subscribe": {"allow": ["_INBOX.>", subjects.HEARTBEAT_ALL,
+        "subscribe": {"allow": [f"{subjects.BROKER_INBOX}.>", subjects.HEARTBEAT_ALL,
                                 subjects.HEARTBEAT_PROBE_ALL]},
     }
 
 
-def broker_permissions() -> dict[str, Any]:
-    """The broker runs auctions, awards, the KV mirror, the heartbeat stream and the API:
-    every subject (the heartbeat stream's are named too, for a list narrower than ``>``)."""
+def broker_permissions(nodes: Iterable[str] = ()) -> dict[str, Any]:
+    """The broker (rule 2): what it publishes, the answers it gives (to operators' inbox and
+    to each of `nodes`' own), the subjects it serves, and its heartbeat stream's calls."""
+    own = f"{subjects.BROKER_INBOX}.>"
     stream = heartbeat_stream_permissions()
-    return {"publish": {"allow": [">", *stream["publish"]["allow"]]},
-            "subscribe": {"allow": [">", *stream["subscribe"]["allow"]]}}
+    return {
+        "publish": {"allow": [
+            subjects.RFB,
+            subjects.RFB_NODE.format(node="*"),
+            subjects.AWARD.format(node="*"),
+            subjects.CANCEL.format(node="*"),
+            subjects.EVENTS_ALL,
+            subjects.NODE_KEY.format(node="*"),  # the KV mirror's puts
+            f"$JS.API.STREAM.CREATE.{subjects.NODES_STREAM}",  # making sure the bucket exists
+            f"{subjects.OPERATOR_INBOX}.>",  # answers to the API
+            *(f"{subjects.NODE_INBOX.format(node=n)}.>" for n in nodes),  # to assign requests
+            own,  # its subscription barrier
+            *stream["publish"]["allow"],
+        ]},
+        "subscribe": {"allow": [
+            subjects.HEARTBEAT_ALL,
+            subjects.BIDS_ALL,
+            subjects.REPORT_ALL,
+            subjects.ASSIGN_ALL,
+            subjects.API_ALL,
+            own,  # JetStream's answers, its subscription barrier
+            *(s for s in stream["subscribe"]["allow"] if s not in (own, subjects.HEARTBEAT_ALL)),
+        ]},
+    }
 
 
 # -- keys --------------------------------------------------------------------------------------
@@ -243,14 +268,15 @@ def init(state: Path, nodes: Iterable[str] = ()) -> Identities:
         directory.mkdir(parents=True, exist_ok=True, mode=0o700)
         broker = directory / f"{BROKER}.nk"
         operator = directory / f"{OPERATOR}.nk"
-        users = [("broker: every subject", public_key(_seed(broker)), broker_permissions()),
-                 ("operators: the API and events", public_key(_seed(operator)),
-                  operator_permissions())]
+        broker_key, operator_key = public_key(_seed(broker)), public_key(_seed(operator))
         for name in nodes:
             _seed(directory / f"{name}.nk")
         known = sorted(p.stem for p in directory.glob("*.nk")
                        if p.stem not in (BROKER, OPERATOR) and subjects.is_node_id(p.stem))
         paths = {name: directory / f"{name}.nk" for name in known}
+        users = [("broker: what it publishes, serves and answers", broker_key,
+                  broker_permissions(known)),
+                 ("operators: the API and events", operator_key, operator_permissions())]
         for name in known:
             users.append((f"node {name}", public_key(_read_seed(paths[name])),
                           worker_permissions(name)))

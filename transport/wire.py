@@ -19,9 +19,11 @@ Rules:
    placement, one from every node a broadcast round) are handled as nats-py's parser hands
    each message over (`Client.subscribe_direct`), not through a `Msg`, a queue and the
    subscription's task, whose object and wake-up are a large share of a message's cost
-   (docs/performance.md). Handlers are plain functions that never wait; one that raises is
-   logged and the next message is handled. A client whose `_process_msg` is not the one
-   this was written against (`DIRECT`) subscribes them the ordinary way.
+   (docs/performance.md). Handlers are plain functions that never wait and never raise
+   (`transport.inbound` refuses what they cannot serve); one that raises all the same is a
+   bug, logged with its traceback at most once a minute per subject, and the next message
+   is handled. A client whose `_process_msg` is not the one this was written against
+   (`DIRECT`) subscribes them the ordinary way.
 5. `write_now` puts a batch on the socket there and then, behind what the client already
    holds (its pending buffer first: order is kept), instead of handing it to nats-py's
    flusher task, which writes it a loop turn or two later (the broker's sender writes its
@@ -45,31 +47,29 @@ import contextlib
 import inspect
 import logging
 from collections.abc import Callable, Sequence
-from typing import Any, NamedTuple, Protocol
+from typing import Any, NamedTuple
 
 import nats.errors
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 from nats.aio.transport import TcpTransport
 
+from gavel.transport.inbound import Received
+from gavel.transport.rejects import Throttle
+
 __all__ = ["DIRECT", "Client", "Inbound", "Received", "fast", "send", "subscribed", "write_now"]
 
 log = logging.getLogger("gavel.broker")
 
 
-class Received(Protocol):
-    """What a handler reads of a message: nats-py's `Msg` and `Inbound` both have it."""
-
-    @property
-    def subject(self) -> str: ...
-
-    @property
-    def data(self) -> bytes: ...
-
-
 class Inbound(NamedTuple):
+    """A message as a direct subscription hands it over (`transport.inbound.Received`)."""
+
     subject: str
     data: bytes
+    reply: str = ""
+    #: The raw header block (``NATS/1.0...``), or None: gavel's own messages have none.
+    headers: bytes | None = None
 
 
 Handler = Callable[[Received], None]
@@ -192,6 +192,8 @@ class Client(NatsClient):
     def __init__(self) -> None:
         super().__init__()
         self._direct: dict[int, Handler] = {}
+        #: A handler that raises is a bug; its traceback is logged, but not per message.
+        self._failures = Throttle()
 
     async def subscribe_direct(self, subject: str, handler: Handler) -> None:
         """Subscribe `handler` (a function that never waits) to `subject` (rule 4)."""
@@ -213,6 +215,10 @@ class Client(NatsClient):
         self.stats["in_msgs"] += 1
         self.stats["in_bytes"] += len(data)
         try:
-            handler(Inbound(subject.decode(), data))
+            handler(Inbound(subject.decode(), data, reply.decode() if reply else "",
+                            headers or None))
         except Exception:  # one broken message must not stop the connection's reader
-            log.exception("handling a message on %s failed; it is dropped", subject.decode())
+            where = subject.decode(errors="replace")
+            if self._failures.admit("handler failed", where) is not None:
+                log.exception("handling a message on %s failed; it is dropped (one line a "
+                              "subject every %gs)", where, self._failures.interval_s)

@@ -4,9 +4,11 @@ Rules: a bid is `shared.strategies.answer` against a cached view of this node, r
 something changes (an instance comes or goes, host stats are sampled, draining flips), so
 the RFB path makes no system calls and creates no tasks. Everything this node sends carries
 its own node id on its own subjects; a message addressed to another node is counted and
-dropped, a malformed one is counted and logged once per kind. What the node runs is the
-`Supervisor`'s business, making it match node.json the `Converger`'s (see worker.converge
-for the award/KV ordering and for self-fencing); this module is the NATS shell around them.
+dropped, a malformed one or one that is no message of gavel's (a JetStream delivery, flow
+control, a heartbeat: `transport.inbound`) is counted and logged once per kind a minute.
+What the node runs is the `Supervisor`'s business, making it match node.json the
+`Converger`'s (see worker.converge for the award/KV ordering and for self-fencing); this
+module is the NATS shell around them.
 """
 
 from __future__ import annotations
@@ -43,9 +45,10 @@ from gavel.shared.messages import (
 from gavel.shared.strategies import Strategy, answer
 from gavel.shared.timing import Timing
 from gavel.transport import wire
-from gavel.transport.inbound import Guard
+from gavel.transport.inbound import Door, Guard
+from gavel.transport.rejects import Throttle
 from gavel.worker.converge import Converger
-from gavel.worker.hoststats import Sampler, detect_capacity
+from gavel.worker.hoststats import Sampler, detect_capacity, primary_address
 from gavel.worker.ports import bindable
 from gavel.worker.supervisor import Supervisor
 
@@ -61,7 +64,7 @@ class Agent:
                  labels: dict[str, str], state_dir: Path, timing: Timing,
                  cpu: float | None = None, memory_mb: int | None = None,
                  port_range: tuple[int, int] = (20000, 20999),
-                 nats_options: dict[str, Any] | None = None) -> None:
+                 nats_options: dict[str, Any] | None = None, advertise: str = "") -> None:
         self.node_id = node_id
         self.strategy = strategy
         self.labels = dict(labels)
@@ -69,6 +72,10 @@ class Agent:
         self.timing = timing
         self.port_range = port_range
         self.capacity = detect_capacity(cpu, memory_mb, port_range)
+        #: Where a gateway reaches this node's instances (the heartbeat carries it), and the
+        #: directory each instance's own directory is in.
+        self.advertise = advertise or primary_address()
+        self.workdir = str((self.state_dir / "instances").resolve())
         self._refused = _Refused()
         #: Undecodable messages per endpoint ("rfb", "award", "cancel").
         self.malformed = self._refused.malformed_kinds
@@ -84,12 +91,13 @@ class Agent:
         self._supervisor = Supervisor(
             node_id=node_id, state_dir=self.state_dir, timing=timing, port_range=port_range,
             report=self._report, on_change=self._refresh_view,
-            reserved=lambda iid: self.converger.reserved(iid))
+            reserved=lambda iid: self.converger.reserved(iid),
+            secrets=lambda iid, attempt: self.converger.secrets(iid, attempt))
         #: Makes this node match its node.json (KV); its counters say what it did.
         self.converger = Converger(node_id=node_id, timing=timing,
                                     supervisor=self._supervisor,
                                     set_draining=self.set_draining,
-                                    on_node=self._refresh_view)
+                                    on_node=self._refresh_view, sink=self._refused)
         self._view: NodeView
         self._refresh_view()
         self._seq = 0
@@ -99,9 +107,13 @@ class Agent:
         self._loops: list[asyncio.Task[None]] = []
         self._encoder = msgspec.msgpack.Encoder()
         mine: Callable[[str], str] = lambda _subject: node_id  # noqa: E731 - for the guards
-        self._rfb = Guard("rfb", RFB, self._refused)
-        self._award = Guard("award", Award, self._refused, node=mine)
-        self._cancel = Guard("cancel", Cancel, self._refused, node=mine)
+        refused = self._refused
+        self._rfb = Guard("rfb", RFB, refused, door=Door(
+            refused, (subjects.RFB, subjects.RFB_NODE.format(node=node_id))))
+        self._award = Guard("award", Award, refused, node=mine,
+                            door=Door(refused, subjects.AWARD.format(node=node_id)))
+        self._cancel = Guard("cancel", Cancel, refused, node=mine,
+                             door=Door(refused, subjects.CANCEL.format(node=node_id)))
         self._bids_subject = subjects.BIDS.format(node=node_id)
         self._hb_subject = subjects.HEARTBEAT.format(node=node_id)
         self._report_subject = subjects.REPORT.format(node=node_id)
@@ -140,6 +152,7 @@ class Agent:
             labels=self.labels, capacity=view.capacity, committed=view.committed,
             stats=view.stats, draining=view.draining, instances=self.instances(),
             port_range=list(self.port_range), freed_ports=self._freed_ports(),
+            advertise=self.advertise, workdir=self.workdir,
         )
 
     def _freed_ports(self) -> list[int]:
@@ -290,7 +303,7 @@ class Agent:
     # -- inbound ----------------------------------------------------------------------------
 
     async def _on_rfb(self, msg: Msg) -> None:
-        rfb = self._rfb(msg.subject, msg.data)
+        rfb = self._rfb(msg)
         if rfb is None:
             return
         view, strategy = self._view, self.strategy
@@ -300,7 +313,7 @@ class Agent:
         await self._send(self._bids_subject, reply)
 
     async def _on_award(self, msg: Msg) -> None:
-        award = self._award(msg.subject, msg.data)
+        award = self._award(msg)
         if award is None:
             return
         ignored = await self._supervisor.award(award)
@@ -308,7 +321,7 @@ class Agent:
             self._refused.count(ignored, award.instance_id)
 
     async def _on_cancel(self, msg: Msg) -> None:
-        cancel = self._cancel(msg.subject, msg.data)
+        cancel = self._cancel(msg)
         if cancel is not None:
             await self._supervisor.cancel(cancel.instance_id)
 
@@ -317,12 +330,15 @@ class Agent:
     async def _report(self, instance_id: str, attempt: int, type_: str, reason: str,
                       detail: str, exit_code: int | None, *,
                       ports: dict[str, int] | None = None,
-                      taken: list[int] | None = None) -> None:
-        log.info("instance %s attempt %d: %s %s %s", instance_id, attempt, type_, reason, detail)
+                      taken: list[int] | None = None, check: str = "",
+                      restarts: int = 0) -> None:
+        log.info("instance %s attempt %d: %s %s %s%s", instance_id, attempt, type_, reason,
+                 f"{check}: " if check else "", detail)
         await self._send(self._report_subject, Event(
             instance_id=instance_id, type=type_, node_id=self.node_id, reason=reason,
             detail=detail, exit_code=exit_code, attempt=attempt, at=time.time(),
-            ports=dict(ports or {}), taken=list(taken or [])))
+            ports=dict(ports or {}), taken=list(taken or []), check=check,
+            restarts=restarts))
 
     async def _send(self, subject: str, message: Message) -> None:
         """Publish now, or keep it for when the connection exists; log what NATS refuses."""
@@ -338,21 +354,26 @@ class Agent:
 
 class _Refused:
     """The guards' sink on a node (`transport.inbound.Sink`): counted per endpoint and per
-    reason, the first of each logged."""
+    reason; the log gets one line per reason (and peer, where one is named) a minute
+    (`transport.rejects.Throttle`)."""
 
     def __init__(self) -> None:
         self.malformed_kinds: collections.Counter[str] = collections.Counter()
         self.ignored: collections.Counter[str] = collections.Counter()
+        self.throttle = Throttle()
 
-    def malformed(self, what: str, subject: str, exc: Exception) -> None:
+    def malformed(self, what: str, subject: str, exc: Exception, peer: str = "") -> None:
         self.malformed_kinds[what] += 1
-        if self.malformed_kinds[what] == 1:
-            log.warning("malformed %s on %s dropped (%s); further ones are only counted",
-                        what, subject, exc)
+        line = self.throttle.admit(f"malformed {what}", peer)
+        if line is not None:
+            log.warning("malformed %s on %s dropped (%s); %s", what, subject, exc,
+                        self.throttle.note(line[0]))
 
-    def count(self, why: str, what: str) -> None:
+    def count(self, why: str, what: str, peer: str = "") -> None:
         self.ignored[why] += 1
-        if self.ignored[why] == 1:
-            log.info("ignored %s: %s; further ones are only counted", why, what)
+        line = self.throttle.admit(why, peer)
+        if line is not None:
+            log.info("ignored %s: %s; %s", why, what, self.throttle.note(line[0]))
         else:
             log.debug("ignored %s: %s", why, what)
+

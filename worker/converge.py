@@ -1,9 +1,9 @@
 """Convergence: this node runs what its node.json lists — no more, no less.
 
 The broker mirrors every node's node.json into the JetStream KV bucket ``gavel-nodes``
-(key: the node id) after each commit. The node watches its own key (and re-reads it every
-heartbeat interval, in case the watch died with a connection) and acts on the newest
-revision it has seen.
+(key: the node id) after each commit. The node watches its own key (`worker.watch`: a watch
+that skips a delivery or goes silent is made anew, which reads the key again) and acts on
+the newest revision it has seen.
 
 Rules:
 1. Listed but not held: the node asks the broker for the award (`AssignmentRequest` on
@@ -54,7 +54,9 @@ from gavel.shared import subjects
 from gavel.shared.messages import ApiError, AssignmentRequest, Award
 from gavel.shared.records import NodeFile
 from gavel.shared.timing import Timing
+from gavel.transport.inbound import Sink
 from gavel.worker.supervisor import Supervisor
+from gavel.worker.watch import Entry, NodeWatch
 
 __all__ = ["Converger"]
 
@@ -71,6 +73,7 @@ class Converger:
     def __init__(self, *, node_id: str, timing: Timing, supervisor: Supervisor,
                  set_draining: Callable[[bool], None],
                  on_node: Callable[[], None] = lambda: None,
+                 sink: Sink | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.node_id = node_id
         self.timing = timing
@@ -83,7 +86,12 @@ class Converger:
         self.revision = 0
         self._draining_seen: bool | None = None
         self._nc: NATS | None = None
-        self._kv: Any = None
+        #: What the KV watch refuses is counted here (the agent's guards' sink).
+        self._sink: Sink = sink or _Quiet()
+        #: The watch of this node's key, once started.
+        self.watch: NodeWatch | None = None
+        #: Set once connected (`start`): what asks the broker before that waits for it.
+        self._connected = asyncio.Event()
         self._wake = asyncio.Event()
         self._loops: list[asyncio.Task[None]] = []
         self._asking: dict[tuple[str, str], asyncio.Task[None]] = {}
@@ -108,6 +116,7 @@ class Converger:
     def start(self, nc: NATS) -> None:
         """Start watching node.json once connected and subscribed."""
         self._nc = nc
+        self._connected.set()
         self._loops += [asyncio.create_task(self._watch()),
                         asyncio.create_task(self._reconcile_loop())]
 
@@ -148,51 +157,13 @@ class Converger:
             self._warned.add(key)
             log.warning(text, *args)
 
-    async def _open(self) -> Any:
-        """The KV bucket, waiting for the broker to create it (retry every heartbeat)."""
-        assert self._nc is not None
-        js = self._nc.jetstream()
-        while True:
-            try:
-                kv = await js.key_value(subjects.NODES_BUCKET)
-                self._warned.discard("bucket")
-                return kv
-            except (nats.errors.Error, TimeoutError) as exc:
-                self._warn_once("bucket", "no KV bucket %s yet (%s); retrying",
-                                subjects.NODES_BUCKET, exc)
-            await asyncio.sleep(self.timing.heartbeat_s)
-
     async def _watch(self) -> None:
-        while True:
-            self._kv = kv = await self._open()
-            try:
-                watcher = await kv.watch(self.node_id)
-            except (nats.errors.Error, TimeoutError) as exc:
-                self._warn_once("watch", "cannot watch %s in KV (%s); retrying",
-                                self.node_id, exc)
-                await asyncio.sleep(self.timing.heartbeat_s)
-                continue
-            try:
-                async for entry in watcher:
-                    if entry is not None:
-                        self._observe(entry)
-            finally:
-                with contextlib.suppress(nats.errors.Error, TimeoutError):
-                    await watcher.stop()
+        assert self._nc is not None
+        self.watch = NodeWatch(self._nc, self.node_id, self._observe,
+                               heartbeat_s=self.timing.heartbeat_s, sink=self._sink)
+        await self.watch.run()
 
-    async def _read(self) -> None:
-        """The current entry, in case the watch missed it (a reconnect, a dead consumer).
-        Bounded like every question to the broker: nats-py's own 5 s timeout would hold up
-        the reconcile loop past the provisioning deadline when a reply is lost to a
-        reconnect."""
-        if self._kv is None:
-            return
-        with contextlib.suppress(nats.errors.Error, TimeoutError):
-            async with asyncio.timeout(max(1.0, self.timing.heartbeat_s)):
-                entry = await self._kv.get(self.node_id)
-            self._observe(entry)
-
-    def _observe(self, entry: Any) -> None:
+    def _observe(self, entry: Entry) -> None:
         revision = entry.revision or 0
         if revision <= self.revision:
             return
@@ -219,8 +190,6 @@ class Converger:
             with contextlib.suppress(TimeoutError):  # not wait_for: it can swallow a cancel
                 async with asyncio.timeout(self.timing.heartbeat_s):
                     await self._wake.wait()
-            if not self._wake.is_set():
-                await self._read()
 
     # -- making reality match -------------------------------------------------------------
 
@@ -277,6 +246,22 @@ class Converger:
                             reply.node_id, reply.instance_id)
             return None
         return reply
+
+    async def secrets(self, iid: str, attempt: int) -> dict[str, str] | None:
+        """The secret values of the award of `iid` at `attempt`, asked of the broker (a
+        re-adopted instance needs them to restart, maybe before this node has connected:
+        it waits for the connection up to `offline_s`, after which the node would fence
+        itself anyway); None when the broker did not give them (no answer, not placed
+        here, or another attempt)."""
+        try:
+            async with asyncio.timeout(self.timing.offline_s):
+                await self._connected.wait()
+        except TimeoutError:
+            return None
+        reply = await self._assignment(iid)
+        if isinstance(reply, Award) and reply.attempt == attempt:
+            return dict(reply.secret_env)
+        return None
 
     async def _fetch(self, iid: str) -> None:
         # The award message is usually on its way too (the KV copy and the message race):
@@ -338,3 +323,16 @@ class Converger:
                 log.warning("self-fenced: no contact with NATS for %.1fs (> offline %gs); "
                             "stopped %d instances", silent, self.timing.offline_s, n)
             await asyncio.sleep(interval)
+
+
+class _Quiet:
+    """A sink that only counts (a converger run without an agent's)."""
+
+    def __init__(self) -> None:
+        self.counts: collections.Counter[str] = collections.Counter()
+
+    def malformed(self, what: str, subject: str, exc: Exception, peer: str = "") -> None:
+        self.counts[f"malformed {what}"] += 1
+
+    def count(self, kind: str, subject: str, peer: str = "") -> None:
+        self.counts[kind] += 1

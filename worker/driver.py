@@ -25,12 +25,20 @@ from pathlib import Path
 
 from gavel.worker.localstate import process_alive, process_start_time
 
-__all__ = ["BASE_ENV_KEYS", "Process", "instance_env", "terminate"]
+__all__ = ["BASE_ENV_KEYS", "STDERR_TAIL", "Process", "SecretsUnavailable", "instance_env",
+           "stderr_tail", "terminate"]
 
 log = logging.getLogger("gavel.worker.driver")
 
 BASE_ENV_KEYS = ("PATH", "HOME", "LANG")
 _DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
+#: How much of the end of ``stderr.log`` a failure's detail quotes.
+STDERR_TAIL = 1024
+
+
+class SecretsUnavailable(Exception):
+    """The secret values an instance's environment needs are not known here (a re-adopted
+    instance: secrets are never written to disk) and the broker did not give them."""
 
 
 def instance_env(
@@ -60,6 +68,22 @@ def instance_env(
     if first is not None:
         env["PORT"] = str(first)
     return env
+
+
+def stderr_tail(cwd: Path, limit: int = STDERR_TAIL) -> str:
+    """The last lines of ``stderr.log`` in `cwd`, at most `limit` bytes of them (a line cut
+    by the limit is left out unless it is the only one); "" when there is none."""
+    try:
+        with open(cwd / "stderr.log", "rb") as f:
+            size = f.seek(0, os.SEEK_END)
+            f.seek(max(0, size - limit))
+            data = f.read(limit)
+    except OSError:
+        return ""
+    text = data.decode("utf-8", "replace").rstrip()
+    if size > limit and "\n" in text:
+        text = text.split("\n", 1)[1]
+    return text
 
 
 class Process:

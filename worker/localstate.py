@@ -2,8 +2,9 @@
 
 Rules: the file is replaced atomically (temp file, fsync, ``os.replace``), so a crash leaves
 either the old or the new file, never half of one. It holds placements (the spec, which
-names secrets but never carries their values), ports, attempt, state, and the pid together
-with the process start time: a pid is only trusted if the process with that pid still has
+names secrets but never carries their values), ports, attempt, state, the restarts in place
+so far (so a restart policy's count survives a worker restart), and the pid together with the
+process start time: a pid is only trusted if the process with that pid still has
 that start time, so a recycled pid is never adopted, signalled or reported.
 """
 
@@ -47,8 +48,16 @@ class LocalInstance(msgspec.Struct, kw_only=True):
     state: str
     pid: int = 0
     create_time: float = 0.0
-    #: Wall-clock time the process started; a re-adopted instance keeps its timeout budget.
+    #: Wall-clock time the process first started; a re-adopted instance keeps its timeout
+    #: budget, and restarts in place do not renew it.
     started_at: float = 0.0
+    #: In-place restarts of this attempt so far (`worker.restarts`).
+    restarts: int = 0
+    #: Wall-clock times of the restarts still inside the restart policy's interval.
+    restart_times: list[float] = []
+    #: While the process waits out a restart's back-off: the wall-clock time it starts
+    #: again (0: not waiting). `pid` is 0 meanwhile.
+    restart_at: float = 0.0
 
 
 class AgentFile(msgspec.Struct, kw_only=True):

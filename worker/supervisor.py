@@ -3,7 +3,7 @@
 Rules: an award is recorded and persisted before ``provisioning`` is reported, and one
 instance never runs twice (it is held, or that attempt already ended here); nothing awaits
 between the "held?" check and holding it, so an award message and the same award fetched by
-convergence cannot both start it. Every instance ends exactly once, through `_end`, which
+convergence cannot both start it. Every instance ends exactly once, through `end`, which
 reports how it ended and then persists (a crash in between repeats the report after a
 restart rather than losing it) — except a fenced one: the broker moved it away, so its end
 is logged, not reported, and the attempt is not remembered as run (if the broker places it
@@ -11,6 +11,9 @@ here again, convergence may start it again). Ports are checked before the proces
 (`worker.ports`); ``provisioning`` and ``running`` carry the real ports and the ones found
 taken. Secret values go to the child's environment only: never into a log line, never into
 ``agent.json``.
+
+What happens between an instance's start and its end (restarts in place, health checks) is
+its `worker.instance.Life`.
 """
 
 from __future__ import annotations
@@ -18,19 +21,17 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
-import os
 import re
 import time
 from collections.abc import Callable, Collection
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
 
 from gavel.shared.messages import Award, Capacity, EventType, InstanceReport, InstanceState
 from gavel.shared.reasons import Reason
 from gavel.shared.records import Placement
 from gavel.shared.timing import Timing
-from gavel.worker.driver import Process, instance_env, terminate
+from gavel.worker.driver import Process, terminate
+from gavel.worker.instance import Begin, Held, Life, Report, Secrets
 from gavel.worker.localstate import FINISHED_KEPT, AgentFile, LocalInstance, load, save
 from gavel.worker.ports import assign
 
@@ -39,37 +40,11 @@ __all__ = ["Report", "Supervisor"]
 log = logging.getLogger("gavel.worker")
 
 
-class Report(Protocol):
-    """One event out: ``report(instance_id, attempt, type, reason, detail, exit_code)``,
-    with the instance's real ports and the awarded ports found taken, when there are any."""
-
-    async def __call__(self, instance_id: str, attempt: int, type_: str, reason: str,
-                      detail: str, exit_code: int | None, *,
-                      ports: dict[str, int] | None = None,
-                      taken: list[int] | None = None) -> None: ...
+async def _no_secrets(_iid: str, _attempt: int) -> dict[str, str] | None:
+    return None
 
 
 _SAFE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
-
-
-@dataclass(eq=False)
-class _Held:
-    local: LocalInstance
-    proc: Process | None = None
-    task: asyncio.Task[None] | None = None
-    timer: asyncio.TimerHandle | None = None
-    #: Reason.CANCELLED, TIMEOUT, WORKER_STOPPED or FENCED once the stop has begun.
-    stopping: str | None = None
-    #: Ports of the award found taken outside gavel (reported with provisioning, running).
-    taken: list[int] = field(default_factory=list)
-
-    @property
-    def id(self) -> str:
-        return self.local.placement.instance_id
-
-    @property
-    def attempt(self) -> int:
-        return self.local.placement.attempt
 
 
 class Supervisor:
@@ -79,7 +54,8 @@ class Supervisor:
     def __init__(self, *, node_id: str, state_dir: Path, timing: Timing,
                  port_range: tuple[int, int], report: Report,
                  on_change: Callable[[], None],
-                 reserved: Callable[[str], Collection[int]] = lambda _iid: ()) -> None:
+                 reserved: Callable[[str], Collection[int]] = lambda _iid: (),
+                 secrets: Secrets = _no_secrets) -> None:
         self.node_id = node_id
         self.state_dir = state_dir
         self.timing = timing
@@ -88,8 +64,9 @@ class Supervisor:
         self._on_change = on_change
         #: Ports node.json gives to instances other than the one named, or blocks.
         self._reserved = reserved
+        self._secrets = secrets
         self._path = state_dir / "agent.json"
-        self._held: dict[str, _Held] = {}
+        self._held: dict[str, Held] = {}
         self._finished: collections.deque[str] = collections.deque(maxlen=FINISHED_KEPT)
         self._stoppers: set[asyncio.Task[int | None]] = set()
 
@@ -104,7 +81,8 @@ class Supervisor:
     def reports(self) -> list[InstanceReport]:
         return [
             InstanceReport(instance_id=h.id, state=h.local.state, pid=h.local.pid,
-                           attempt=h.attempt, ports=dict(h.local.placement.ports))
+                           attempt=h.attempt, ports=dict(h.local.placement.ports),
+                           health=h.health, restarts=h.local.restarts)
             for h in self._held.values()
         ]
 
@@ -151,24 +129,32 @@ class Supervisor:
                                  f"not {self.node_id!r}")
             self._finished.extend(saved.finished)
             for local in saved.instances.values():
-                await self._readopt(_Held(local))
-        self._persist()
+                await self._readopt(Held(local))
+        self.persist()
         self._on_change()
 
-    async def _readopt(self, held: _Held) -> None:
+    async def _readopt(self, held: Held) -> None:
         local = held.local
-        held.proc = Process.adopt(local.pid, local.create_time, poll_s=self.timing.tick_s)
-        if held.proc is None and local.pid:
-            await self._end(held, EventType.EXITED, "",
-                            "exit status unknown: process ended while the worker was down")
-        elif held.proc is None:
-            await self._end(held, EventType.FAILED, Reason.DRIVER_FAILED,
-                            "the worker restarted before the process started")
+        if local.restart_at:
+            begin = Begin.BACKOFF
         else:
-            log.info("re-adopted instance %s (pid %d)", held.id, local.pid)
-            self._held[held.id] = held
-            held.task = asyncio.get_running_loop().create_task(self._watch(held))
-            self._arm_timeout(held)
+            held.proc = Process.adopt(local.pid, local.create_time, poll_s=self.timing.tick_s)
+            if held.proc is not None:
+                begin = Begin.WATCH
+            elif local.pid and local.placement.spec.service:
+                begin = Begin.ENDED  # a service's end restarts it, seen late or not
+            elif local.pid:
+                await self.end(held, EventType.EXITED, "",
+                               "exit status unknown: process ended while the worker was down")
+                return
+            else:
+                await self.end(held, EventType.FAILED, Reason.DRIVER_FAILED,
+                               "the worker restarted before the process started")
+                return
+        log.info("re-adopted instance %s (%s, pid %d)", held.id, begin.value, local.pid)
+        self._held[held.id] = held
+        held.task = asyncio.get_running_loop().create_task(Life(self, held).run(begin))
+        self.arm_timeout(held)
 
     # -- awards and cancels -----------------------------------------------------------------
 
@@ -193,19 +179,18 @@ class Supervisor:
             return None
         placement = Placement(instance_id=iid, spec=award.spec, auction_id=award.auction_id,
                               attempt=award.attempt, ports=got.ports)
-        held = _Held(LocalInstance(placement=placement, state=InstanceState.PROVISIONING),
-                     taken=got.taken)
+        held = Held(LocalInstance(placement=placement, state=InstanceState.PROVISIONING),
+                    taken=got.taken, secret_env=dict(award.secret_env))
         self._held[iid] = held
         self._on_change()
-        self._persist()
+        self.persist()
         if got.taken:
             log.warning("instance %s: %s: %s; got %s instead", iid, Reason.PORT_TAKEN,
                         got.taken, got.ports)
         await self._report(iid, award.attempt, EventType.PROVISIONING, "",
                            f"commit {award.commit}" if award.commit else "", None,
                            ports=got.ports, taken=got.taken)
-        held.task = asyncio.get_running_loop().create_task(
-            self._supervise(held, award.secret_env))
+        held.task = asyncio.get_running_loop().create_task(Life(self, held).run(Begin.SPAWN))
         return None
 
     async def cancel(self, instance_id: str) -> None:
@@ -216,65 +201,21 @@ class Supervisor:
             await self._report(instance_id, 0, EventType.CANCELLED, Reason.CANCELLED,
                                "not running on this node", None)
 
-    # -- one instance's life ----------------------------------------------------------------
+    # -- stopping and ending -----------------------------------------------------------------
 
-    async def _supervise(self, held: _Held, secret_env: dict[str, str]) -> None:
-        placement = held.local.placement
-        if held.stopping is None:
-            env = instance_env(
-                base=os.environ, spec_env=placement.spec.env, secret_env=secret_env,
-                instance_id=held.id, node_id=self.node_id, attempt=held.attempt,
-                ports=placement.ports, port_order=placement.spec.ports)
-            try:
-                held.proc = Process.spawn(placement.spec.command, env=env,
-                                          cwd=self.state_dir / "instances" / held.id,
-                                          poll_s=self.timing.tick_s)
-            except (OSError, ValueError) as exc:  # missing binary, not executable, NUL byte
-                await self._end(held, EventType.FAILED, Reason.DRIVER_FAILED, str(exc))
-                return
-            local = held.local
-            local.pid, local.create_time = held.proc.pid, held.proc.create_time
-            local.started_at, local.state = time.time(), InstanceState.RUNNING
-            self._persist()
-            self._arm_timeout(held)
-            await self._report(held.id, held.attempt, EventType.RUNNING, "",
-                               f"pid {local.pid}", None, ports=dict(placement.ports),
-                               taken=list(held.taken))
-        await self._watch(held)
-
-    async def _watch(self, held: _Held) -> None:
-        """Wait for the process to end and report how; an unstarted one was stopped."""
-        code = await held.proc.wait() if held.proc is not None else None
-        why, spec = held.stopping, held.local.placement.spec
-        if why == Reason.CANCELLED:
-            await self._end(held, EventType.CANCELLED, Reason.CANCELLED, "", code)
-        elif why == Reason.TIMEOUT:
-            await self._end(held, EventType.FAILED, Reason.TIMEOUT,
-                            f"ran longer than {spec.timeout_s:g}s", code)
-        elif why == Reason.WORKER_STOPPED:
-            await self._end(held, EventType.FAILED, Reason.WORKER_STOPPED,
-                            "the worker shut down", code)
-        elif why == Reason.FENCED:
-            await self._end(held, EventType.FAILED, Reason.FENCED, "", code, report=False)
-        elif held.proc is not None and held.proc.adopted:
-            await self._end(held, EventType.EXITED, "", "exit status unknown: re-adopted process")
-        elif code == 0:
-            await self._end(held, EventType.EXITED, "", "", 0)
-        else:
-            await self._end(held, EventType.FAILED, Reason.EXITED_NONZERO, "", code)
-
-    def _arm_timeout(self, held: _Held) -> None:
+    def arm_timeout(self, held: Held) -> None:
         timeout = held.local.placement.spec.timeout_s
         if timeout is not None:
             left = max(0.0, timeout - (time.time() - held.local.started_at))
             held.timer = asyncio.get_running_loop().call_later(
                 left, self._stop, held, Reason.TIMEOUT)
 
-    def _stop(self, held: _Held, why: str) -> None:
-        """Begin ending `held` (SIGTERM, SIGKILL after the grace); `_watch` reports the end."""
+    def _stop(self, held: Held, why: str) -> None:
+        """Begin ending `held` (SIGTERM, SIGKILL after the grace); its life reports the end."""
         if held.stopping is not None:
             return
         held.stopping = why
+        held.stopped.set()
         log.info("stopping instance %s: %s", held.id, why)
         if held.proc is not None:
             task = asyncio.get_running_loop().create_task(
@@ -282,20 +223,38 @@ class Supervisor:
             self._stoppers.add(task)
             task.add_done_callback(self._stoppers.discard)
 
-    async def _end(self, held: _Held, type_: str, reason: str, detail: str,
-                   exit_code: int | None = None, *, report: bool = True) -> None:
+    async def end(self, held: Held, type_: str, reason: str, detail: str,
+                  exit_code: int | None = None, *, report: bool = True) -> None:
+        """The one way an instance ends: let go of it, report how it ended, persist."""
         if held.timer is not None:
             held.timer.cancel()
         if self._held.get(held.id) is held:
             del self._held[held.id]
         self._on_change()
+        if held.prober is not None:
+            held.prober.stop()
         if report:
             self._finished.append(f"{held.id}/{held.attempt}")
-            await self._report(held.id, held.attempt, type_, reason, detail, exit_code)
+            await self.emit(held, type_, reason, detail, exit_code)
         else:  # fenced: nothing the broker would count against the instance
             log.info("fenced instance %s attempt %d ended (exit %s)", held.id, held.attempt,
                      exit_code)
-        self._persist()
+        self.persist()
+
+    # -- what an instance's life uses (`worker.instance.Host`) ------------------------------
+
+    def instance_dir(self, instance_id: str) -> Path:
+        return self.state_dir / "instances" / instance_id
+
+    async def secrets(self, instance_id: str, attempt: int) -> dict[str, str] | None:
+        return await self._secrets(instance_id, attempt)
+
+    async def emit(self, held: Held, type_: str, reason: str, detail: str,
+                   exit_code: int | None, *, ports: dict[str, int] | None = None,
+                   taken: list[int] | None = None, check: str = "") -> None:
+        await self._report(held.id, held.attempt, type_, reason, detail, exit_code,
+                           ports=ports, taken=taken, check=check,
+                           restarts=held.local.restarts)
 
     # -- the worker stops -------------------------------------------------------------------
 
@@ -311,6 +270,8 @@ class Supervisor:
                 h.timer.cancel()
             if h.task is not None:
                 h.task.cancel()
+            if h.prober is not None:
+                h.prober.stop()
             if h.proc is not None:
                 h.proc.detach()
         if not kill:
@@ -318,9 +279,9 @@ class Supervisor:
                 task.cancel()
         await asyncio.gather(*(h.task for h in held if h.task), *self._stoppers,
                              return_exceptions=True)
-        self._persist()
+        self.persist()
 
-    def _persist(self) -> None:
+    def persist(self) -> None:
         save(self._path, AgentFile(
             node_id=self.node_id,
             instances={iid: h.local for iid, h in self._held.items()},

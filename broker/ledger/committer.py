@@ -11,8 +11,10 @@ Rules:
    planned and written: the writer does not wait for the awards of the last commit to go
    out. Until its callback runs, an award's capacity is still reserved, so the broker only
    ever under-counts a node's room.
-4. Pinned or unwritable repository: nothing is written, every item hears why (`failed`), and
-   unwritable batches are retried after a back-off while the broker keeps serving.
+4. Pinned or unwritable repository: nothing is written, and unwritable batches are retried
+   after a back-off while the broker keeps serving. An item hears `failed` only when it is
+   given up for good (pinned, or an item that is not retried): what heard it never lands.
+   A retried item is planned afresh on the next try and hears nothing of the failed one.
 5. The commit that records an instance's end stamps it (`ended_at`, UTC, milliseconds): the
    retention of ended instances counts from there (`broker.retention`).
 6. The broker encodes a commit's records as compact JSON; the writer formats them pretty
@@ -23,6 +25,13 @@ Rules:
    is mostly per commit, so under sustained load fewer, bigger commits leave the cores to
    the bid rounds; at light load the bigger bursts of awards lengthen rounds, hence off by
    default (docs/performance.md).
+8. One outcome per commit: a write that failed after the ref may have moved (its writer
+   died, an error past the compare-and-swap) is settled by reading the ref
+   (`Ledger.landed`): if the branch holds the commit, it landed and is adopted as if the
+   write had returned; only if it does not is anyone told it failed.
+9. A damaged repository (`Damaged`: an object missing or unreadable) stops the committer,
+   and `on_damaged` hears it. Items whose commit surely did not land hear that they failed;
+   when the ref cannot even be read to tell, they hear nothing: no answer, not a wrong one.
 """
 
 from __future__ import annotations
@@ -41,7 +50,7 @@ import msgspec
 
 from gavel.broker.ledger.gitwriter import commit_files, make_executor
 from gavel.broker.ledger.plan import View
-from gavel.broker.ledger.repository import Conflict, Ledger, LedgerError, Pinned
+from gavel.broker.ledger.repository import Conflict, Damaged, Ledger, Pinned
 from gavel.broker.ledger.state import Change, stamp
 from gavel.shared.reasons import Reason
 
@@ -91,6 +100,9 @@ class Committer:
         self.idle.set()
         self.metrics: Any = None
         self.closed = False
+        #: Told when the repository turned out damaged (rule 9); the committer stops.
+        self.on_damaged: Callable[[Damaged], None] | None = None
+        self.damaged: Damaged | None = None
 
     def submit(self, item: Item) -> None:
         self._queue.append(item)
@@ -109,6 +121,12 @@ class Committer:
                 if items:
                     try:
                         wrote = await self._commit(items)
+                    except Damaged as exc:  # rule 9
+                        log.error("%s", exc)
+                        self.damaged = exc
+                        if self.on_damaged is not None:
+                            self.on_damaged(exc)
+                        return
                     except Exception:  # a bug in one plan must not stop every later commit
                         log.exception("commit of %d items failed; they are dropped", len(items))
                         for item in items:
@@ -178,16 +196,18 @@ class Committer:
                 for item in items:
                     item.failed(Reason.PINNED, self.ledger.ref)
                 return False
-            except (LedgerError, OSError, BrokenExecutor) as exc:
+            except Exception as exc:  # rule 8: the ref says whether it landed
                 if isinstance(exc, BrokenExecutor):  # the writer died: start a new one
                     self._pool = make_executor(self.writer)
-                log.warning("%s: %s", Reason.LEDGER_UNWRITABLE, exc)
-                for item in items:
-                    item.failed(Reason.LEDGER_UNWRITABLE, str(exc))
-                retry = [i for i in items if i.retry]
-                if retry:
-                    loop.call_later(self.retry_s, self._requeue, retry)
-                return False
+                got = self.ledger.landed(state.head, message)
+                if got is None:
+                    self._unwritable(items, exc)
+                    if isinstance(exc, Damaged):
+                        raise
+                    return False
+                log.warning("the write of commit %s reported %s after the ref moved; it "
+                            "landed", got[:12], exc)
+                sha = got
             finally:  # no await between here and adopt(): nobody sees the ref move early
                 self.ledger.writing = False
             elapsed = time.perf_counter() - started
@@ -203,10 +223,19 @@ class Committer:
                 self.on_commit(view.change, sha)
             self._landed(planned, sha)
             return True
-        for item in items:
-            item.failed(Reason.LEDGER_UNWRITABLE, "the branch kept moving; giving up this batch")
-        loop.call_later(self.retry_s, self._requeue, [i for i in items if i.retry])
+        self._unwritable(items, "the branch kept moving; giving up this batch")
         return False
+
+    def _unwritable(self, items: list[Item], why: object) -> None:
+        """Nothing of `items` landed: the retried ones go again after the back-off, the others
+        hear that they failed (rule 4)."""
+        log.warning("%s: %s", Reason.LEDGER_UNWRITABLE, why)
+        retry = [i for i in items if i.retry]
+        for item in items:
+            if not item.retry:
+                item.failed(Reason.LEDGER_UNWRITABLE, str(why))
+        if retry:
+            asyncio.get_running_loop().call_later(self.retry_s, self._requeue, retry)
 
     def _requeue(self, items: list[Item]) -> None:
         for item in items:

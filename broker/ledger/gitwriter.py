@@ -4,7 +4,9 @@ Rule: libgit2 holds the GIL while it compresses and writes objects, so under loa
 written on a thread steals the event loop's core. A single writer process gets the second
 core; it receives encoded files, writes blobs, trees and the commit, and moves the ref by
 compare-and-swap exactly as `Ledger.write` does (it *is* `Ledger.write_files`, in the
-child). Errors (`Conflict`, `Pinned`, `LedgerError`) come back as themselves.
+child). Errors (`Conflict`, `Pinned`, `LedgerError`) come back as themselves. A writer
+that dies in a commit leaves its outcome to the ref: the broker reads whether the branch
+holds that commit (`Ledger.landed`) before it tells anyone the commit failed.
 
 The writer dies with its broker: a broker killed outright (kill -9, the OOM killer) never
 tells it to stop, and it would wait on its call queue for ever. It checks once a second

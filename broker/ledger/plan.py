@@ -41,6 +41,7 @@ __all__ = [
     "place",
     "record_ports",
     "requeue",
+    "rewrite",
     "set_cancelling",
     "set_draining",
     "submit",
@@ -275,6 +276,21 @@ def set_draining(view: View, node_id: str, draining: bool) -> NodeFile | None:
     new = msgspec.structs.replace(nf, draining=draining)
     view.put_node(new)
     return new
+
+
+def rewrite(view: View, node_ids: Sequence[str]) -> list[str]:
+    """Write these nodes' node.json as the view holds them: the correction of a tree that
+    listed an instance where the broker had not placed it (`broker.ledger.integrity`),
+    whose `State` already holds the broker's placement. Writing what the state holds is
+    always safe, whether or not another commit wrote it first; the nodes written (never a
+    file the broker cannot read: `State.unreadable`)."""
+    out = []
+    for nid in node_ids:
+        if nid in view.state.unusable_nodes:
+            continue
+        view.put_node(view.node(nid) or NodeFile(node_id=nid))
+        out.append(nid)
+    return out
 
 
 def block_ports(view: View, node_id: str, awarded: Assignment, taken: list[int]) -> list[int]:

@@ -12,7 +12,10 @@ Rules:
    ``instances/`` or ``nodes/`` file that does not decode is left out, and the merge commit's
    message names it.
 4. All git work runs on one thread with its own repository handle. To the ledger a merge is
-   just "the ref moved": it re-reads the tree and re-plans whatever was in flight.
+   just "the ref moved": it re-reads the tree and re-plans whatever was in flight. What the
+   merge took is not mirrored as they wrote it: the broker's next pass mirrors the state it
+   read, which holds one placement per instance (`broker.ledger.integrity`), so a node file
+   of theirs that lists an instance on a second node never reaches that node's worker.
 """
 
 from __future__ import annotations
@@ -122,12 +125,11 @@ class Pusher:
                wake: Callable[[], None], registry: CollectorRegistry | None = None,
                **kw: Any) -> Pusher:
         """A pusher for `ledger`, notified after each commit `committer` writes; `wake` is
-        called after a merge of what others pushed (there may be new work)."""
+        called after a merge of what others pushed: there may be new work, and the broker's
+        pass mirrors the nodes the merge changed, as its state holds them (rule 4)."""
         prev = committer.on_commit
 
         def merged(change: Change, sha: str) -> None:
-            if prev is not None:
-                prev(change, sha)  # mirrors the nodes they changed to the KV bucket
             wake()
 
         pusher = cls(ledger.path, ledger.ref, remote, on_merged=merged, registry=registry, **kw)

@@ -9,23 +9,33 @@ Rules:
 3. If the active ref is a tag or a commit id the deployment is pinned: `apply` raises
    `Pinned` and writes nothing.
 4. The in-memory `State` mirrors the tree at the head; it is re-read whenever the ref moved
-   under us (another writer) and updated in place after our own commits.
+   under us (another writer) and updated in place after our own commits. A broker's ledger
+   (`settle=True`) holds one placement per instance in what it read: the keep rule of
+   `broker.ledger.integrity`, against the State it had (none at the first read).
+5. A commit's outcome is the ref's: once the ref moved, the commit has landed, and nothing
+   after that (merging packs, re-opening the repository) can make `write` report a failure.
+   A write that failed in a way that leaves the outcome open (the writer process died, an
+   error past the compare-and-swap) is settled by reading the ref (`landed`).
+6. An object the tree or the history needs that is missing or does not read raises
+   `Damaged`: one sentence naming the object and what to do. Nothing is guessed around it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import TypeVar
 
 import msgspec
 import pygit2
 
+from gavel.broker.ledger.integrity import settle as settle_disputes
 from gavel.broker.ledger.objects import Batch, Entries, ObjectStore, Trees, commit_body, git_order
 from gavel.broker.ledger.packs import merge_small_packs
 from gavel.broker.ledger.state import Change, State, compact, encode, parse_stamp, pretty, stamp
@@ -39,13 +49,18 @@ from gavel.shared.records import (
 
 # `State`, `Change` and the encodings live in `broker.state`; they are re-exported here, where
 # most callers met them first.
-__all__ = ["Change", "Conflict", "Ledger", "LedgerError", "Pinned", "State", "compact",
-           "encode", "parse_stamp", "pretty", "stamp"]
+__all__ = ["Change", "Conflict", "Damaged", "Ledger", "LedgerError", "Pinned", "State",
+           "compact", "encode", "parse_stamp", "pretty", "stamp"]
 
 _SHA = re.compile(r"^[0-9a-f]{7,40}$")
+_OID = re.compile(r"[0-9a-f]{40}")
 _instance_dec = msgspec.json.Decoder(InstanceRecord)
 _node_dec = msgspec.json.Decoder(NodeFile)
-_SIGNATURE = b"gavel-broker <broker@gavel.local>"
+_EMAIL = "broker@gavel.local"
+_SIGNATURE = b"gavel-broker <%s>" % _EMAIL.encode()
+#: How many commits others may have put on top of ours before `landed` looks (a merge of
+#: a push, a hand commit): it walks no further back.
+_LANDED_DEPTH = 64
 T = TypeVar("T")
 #: How long a checked head is trusted without looking at the ref's files again. The broker
 #: asks several times per placement; a move by someone else is noticed this much later at
@@ -76,9 +91,34 @@ class Pinned(LedgerError):
     """The active ref is a tag or a commit: nothing may be written."""
 
 
+class Damaged(LedgerError):
+    """An object the state repository needs is missing or corrupt: the broker cannot know
+    what its branch says, and stops (the sentence names the object and what to do)."""
+
+
+def damaged(path: Path, exc: BaseException) -> Damaged:
+    """`exc` (libgit2's KeyError for a missing object, GitError for one that does not read)
+    as one sentence for the operator."""
+    if isinstance(exc, KeyError) and exc.args:
+        oid, why = str(exc.args[0]), "is missing"
+    else:
+        text = str(exc)
+        found = _OID.search(text)
+        oid = found.group(0) if found else "an object"
+        why = f"does not read ({text.replace(oid, '').strip(' :') or type(exc).__name__})"
+    return Damaged(f"object {oid} in the state repository {path} {why}: restore state.git "
+                   f"from the push remote, or run `git fsck --full` in {path} to see what is "
+                   "damaged")
+
+
 class Ledger:
-    def __init__(self, path: Path, ref: str = "refs/heads/main") -> None:
+    def __init__(self, path: Path, ref: str = "refs/heads/main", *, settle: bool = False
+                 ) -> None:
         self.path = path
+        #: Hold one placement per instance in what is read (rule 4): the broker's ledger.
+        self.settle = settle
+        #: Whether the State is the broker's own history yet (it has looked at the ref once).
+        self._seen = False
         try:
             if (path / "HEAD").exists():
                 self.repo = pygit2.Repository(str(path))
@@ -185,12 +225,24 @@ class Ledger:
         try:
             head = self.head()
             if head != self._state.head and head != self._landed:
-                self._state = self._retrying(lambda: self._read(head))
+                history = self._state if self._seen else None
+                try:
+                    st = self._retrying(lambda: self._read(head, history))
+                except (pygit2.GitError, KeyError) as exc:
+                    raise damaged(self.path, exc) from exc
+                self._state = st
+            self._seen = True
             return self._state
         finally:
             self._lock.release()
 
-    def _read(self, head: str | None) -> State:
+    def _read(self, head: str | None, history: State | None = None) -> State:
+        st = self._read_tree(head)
+        if self.settle:  # rule 4
+            settle_disputes(st, history, self._winners)
+        return st
+
+    def _read_tree(self, head: str | None) -> State:
         st = State(head=head)
         if head is None:
             return st
@@ -266,6 +318,23 @@ class Ledger:
                 return
             yield commit
 
+    def _winners(self, iids: Iterable[str], limit: int = 10_000) -> dict[str, str]:
+        """The winner the newest recorded auction of each instance names (one walk of the
+        history for all of them; those without a recorded winner are left out)."""
+        wanted = set(iids)
+        out: dict[str, str] = {}
+        for commit in self.history(limit):
+            message = commit.message
+            if not any(iid in message for iid in wanted):
+                continue
+            for r in parse_trailers(message):
+                if r.instance_id in wanted and r.winner:
+                    out.setdefault(r.instance_id, r.winner)
+                    wanted.discard(r.instance_id)
+            if not wanted:
+                break
+        return out
+
     def auctions_for(self, instance_id: str, limit: int = 10_000) -> list[AuctionRecord]:
         """Every recorded auction for the instance, newest first."""
         def scan() -> list[AuctionRecord]:
@@ -314,7 +383,13 @@ class Ledger:
             files = {**files, **{path: pretty(data) for path, data in compact.items()}}
         with self._lock:
             try:
-                sha = self._commit(files, message, planned_on)
+                try:
+                    sha = self._commit(files, message, planned_on)
+                except KeyError:  # a tree it builds on is in a pack someone else removed
+                    self._reopen()  # (git gc): nothing moved yet, so try on a fresh handle
+                    sha = self._commit(files, message, planned_on)
+            except KeyError as exc:  # the tree it builds on does not read
+                raise damaged(self.path, exc) from exc
             except (pygit2.GitError, OSError) as exc:
                 raise LedgerError(str(exc)) from exc
             self._landed = sha
@@ -369,9 +444,49 @@ class Ledger:
             if current_sha != planned_on:
                 raise Conflict(f"{self.ref} moved to {current_sha}, planned on {planned_on}")
             txn.set_target(self.ref, commit_id, message=message.splitlines()[0][:200])
-        if packed and merge_small_packs(Path(repo.path) / "objects" / "pack", self._raw_object):
-            self._reopen()  # our handle still lists the packs just removed
+        # The ref has moved: the commit has landed, whatever happens from here (rule 5).
+        if packed:
+            self._tidy_packs()
         return str(commit_id)
+
+    def _tidy_packs(self) -> None:
+        """Merge small packs (`broker.packs`): housekeeping after a commit landed, so a
+        failure here (a full disk) is logged and left for the next commit to try again."""
+        try:
+            if merge_small_packs(Path(self.repo.path) / "objects" / "pack", self._raw_object):
+                self._reopen()  # our handle still lists the packs just removed
+        except (OSError, ValueError, KeyError, pygit2.GitError) as exc:
+            log.warning("could not merge the small packs of %s (%s); the commit landed, the "
+                        "next one tries again", self.path, exc)
+            with contextlib.suppress(OSError, pygit2.GitError):
+                self._reopen()  # packs may have gone before the failure
+
+    def landed(self, planned_on: str | None, message: str) -> str | None:
+        """After a write whose outcome is open (rule 5): the commit that write made if the
+        branch holds it - on top of `planned_on`, with `message`, by the broker, at the head
+        or under what others put on top since (a merge of a push) - or None: the ref did not
+        move with it, and never will, as the writer is done."""
+        self.forget_head()
+
+        def look() -> str | None:
+            sha = self._resolve()
+            want = message.encode()
+            for _ in range(_LANDED_DEPTH):  # first parents: a merge puts ours first
+                if sha is None or sha == planned_on:
+                    return None
+                commit = self.repo[sha].peel(pygit2.Commit)
+                parents = [str(p) for p in commit.parent_ids]
+                if parents[:1] == ([planned_on] if planned_on else []) \
+                        and commit.raw_message == want and commit.author.email == _EMAIL:
+                    return sha
+                sha = parents[0] if parents else None
+            return None
+
+        with self._lock:
+            try:
+                return self._retrying(look)
+            except (pygit2.GitError, KeyError) as exc:
+                raise damaged(self.path, exc) from exc
 
     def _raw_object(self, raw: bytes) -> tuple[bytes, bytes]:
         kind, data = self.repo.odb.read(pygit2.Oid(raw=raw))

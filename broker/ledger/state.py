@@ -10,6 +10,10 @@ Rules:
    placement is the broker's decision and lives only in ``nodes/``.
 3. End stamps (`InstanceRecord.ended_at`) are RFC 3339 in UTC; `shared/` keeps them as
    strings (the core touches no clock types), this module reads and writes them.
+4. A `State` read from a tree someone else wrote may differ from that tree where it listed
+   an instance on a node the broker did not place it on (`broker.ledger.integrity`): the
+   State then holds the broker's placements, and each `Dispute` says which node files the
+   correction rewrites.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from enum import StrEnum
 
 import msgspec
 
@@ -24,8 +29,8 @@ from gavel.shared.lifecycle import PENDING
 from gavel.shared.messages import Capacity, InstanceState
 from gavel.shared.records import Assignment, InstanceRecord, NodeFile, instance_path, node_path
 
-__all__ = ["Change", "Ready", "State", "committed_by", "compact", "encode", "parse_stamp",
-           "pretty", "ready", "stamp"]
+__all__ = ["Change", "Dispute", "Keep", "Ready", "State", "committed_by", "compact", "encode",
+           "parse_stamp", "pretty", "ready", "stamp"]
 
 _enc = msgspec.json.Encoder()
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
@@ -70,6 +75,49 @@ def ready(rec: InstanceRecord) -> Ready:
     return rec, instance_path(rec.instance_id), compact(rec)
 
 
+class Keep(StrEnum):
+    """Which rule chose the placement a dispute keeps (`broker.ledger.integrity`)."""
+
+    HISTORY = "the broker's own placement"
+    NOWHERE = "the broker placed it on no node"
+    NO_RECORD = "its record is gone from instances/"
+    AUCTION = "the winner of its newest recorded auction"
+    ATTEMPT = "the highest attempt"
+    NODE_ID = "the lowest node id"
+
+
+@dataclass(frozen=True)
+class Dispute:
+    """An instance the tree listed where the broker had not placed it, and its correction:
+    `kept` ("" for no node) by `rule`; `held`: the nodes whose node.json in the tree listed
+    it; `dropped`: those it is taken out of; `restored`: the node whose entry is put back as
+    the broker had it ("" for none)."""
+
+    instance_id: str
+    kept: str
+    rule: Keep
+    held: tuple[str, ...]
+    dropped: tuple[str, ...]
+    restored: str = ""
+
+    @property
+    def rewrite(self) -> tuple[str, ...]:
+        """The nodes whose node.json the correction writes (as the State holds them)."""
+        return tuple(sorted({*self.dropped, *([self.restored] if self.restored else [])}))
+
+    def sentence(self) -> str:
+        """One line for the log and the correction's commit message, naming every node file
+        involved and the instance."""
+        listed = " and ".join(node_path(n) for n in self.held) or "no node file"
+        where = f"on {self.kept}" if self.kept else "on no node"
+        out = f"{self.instance_id} was listed in {listed}: kept {where} ({self.rule})"
+        if self.dropped:
+            out += f", taken out of {' and '.join(node_path(n) for n in self.dropped)}"
+        if self.restored:
+            out += f", put back in {node_path(self.restored)} as the broker had it"
+        return out
+
+
 @dataclass
 class State:
     """The tree at `head`, plus indexes kept in step with it so the hot path never scans
@@ -103,13 +151,28 @@ class State:
     #: Compact JSON of node files as our own commits wrote them, by node: the next change
     #: that only adds placements to one appends them to these bytes (`Change`).
     encoded: dict[str, tuple[NodeFile, bytes]] = field(default_factory=dict, repr=False)
+    #: Instances the tree listed where the broker had not placed them, by id (rule 4): the
+    #: State already holds the kept placement; the correction is still to be committed.
+    disputes: dict[str, Dispute] = field(default_factory=dict)
+    #: Submissions by idempotency key (`InstanceRecord.key`): their instance ids, an ordered
+    #: set in the order they were recorded.
+    keys: dict[str, dict[str, None]] = field(default_factory=dict)
 
     def put_instance(self, iid: str, rec: InstanceRecord | None) -> None:
+        old = self.instances.get(iid)
+        if old is not None and old.key and (rec is None or rec.key != old.key):
+            ids = self.keys.get(old.key)
+            if ids is not None:
+                ids.pop(iid, None)
+                if not ids:
+                    del self.keys[old.key]
         if rec is None:
             self.instances.pop(iid, None)
             self.pending.pop(iid, None)
             self.ended.pop(iid, None)
             return
+        if rec.key:
+            self.keys.setdefault(rec.key, {})[iid] = None
         self.instances[iid] = rec
         if rec.state in PENDING and iid not in self.where:
             self.pending.setdefault(iid, None)
@@ -165,6 +228,12 @@ class State:
             self.draining.discard(nid)
         self.committed[nid] = committed if committed is not None else committed_by(nf)
 
+    def submitted(self, key: str) -> list[str]:
+        """The instance ids the submission with idempotency `key` made, in the order the
+        broker named them (`broker.api`: ``base`` or ``base-1 .. base-N``); [] if none."""
+        ids = self.keys.get(key)
+        return sorted(ids, key=_submission_order) if ids else []
+
     def placement_of(self, instance_id: str) -> str | None:
         """The node whose node.json holds the instance, if any."""
         return self.where.get(instance_id)
@@ -181,6 +250,12 @@ class State:
         if rec.state in PENDING and instance_id in self.where:
             return InstanceState.PLACED
         return rec.state
+
+
+def _submission_order(iid: str) -> tuple[str, int]:
+    """``web-7`` before ``web-10``: a submission of many names them base-1 .. base-N."""
+    base, _, n = iid.rpartition("-")
+    return (base, int(n)) if base and n.isdigit() else (iid, 0)
 
 
 def committed_by(nf: NodeFile) -> Capacity:

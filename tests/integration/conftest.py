@@ -5,7 +5,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.integration.authed import authed
 from tests.integration.harness import Cluster
+
+__all__ = ["authed", "cluster"]
 
 pytestmark = pytest.mark.integration
 

@@ -11,21 +11,19 @@ permissions violation in the server's log; a broker the server turns away says w
 still stops on SIGTERM.
 
 Every refusal is proven twice: nats-py's error callback names the subject, and a subscriber
-with the broker's credential never sees the message — checked after the same connection's
-next, permitted message arrived there, so "not yet" cannot pass for "never".
+that may hear every subject (the tests' witness, `tests/integration/authed.py`) never sees
+the message — checked after the same connection's next, permitted message arrived there, so
+"not yet" cannot pass for "never".
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
 import signal
 import subprocess
 import sys
-from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -60,8 +58,8 @@ from gavel.shared.strategies import make_strategy
 from gavel.transport import identity as auth
 from gavel.transport import wire
 from gavel.transport.client import ClientError, call, connect
-from gavel.transport.natsserver import NatsServer
 from gavel.worker.agent import Agent
+from tests.integration.authed import WITNESS, Authed
 from tests.integration.harness import TIMING, gavel_process, sleeper_spec, wait_for
 
 pytestmark = pytest.mark.integration
@@ -86,74 +84,15 @@ BROKER_ONLY: dict[str, Message] = {
 }
 
 
-@dataclass
-class Authed:
-    server: NatsServer
-    ids: auth.Identities
-    root: Path
-    errors: dict[str, list[str]] = field(default_factory=dict)
-    conns: list[Any] = field(default_factory=list)
-
-    @property
-    def url(self) -> str:
-        return self.server.url
-
-    def seed(self, who: str) -> str:
-        if who == auth.BROKER:
-            return str(self.ids.broker)
-        if who == auth.OPERATOR:
-            return str(self.ids.operator)
-        return str(self.ids.nodes[who])
-
-    async def connect(self, who: str, **kw: Any) -> Any:
-        """A connection as `who` whose refusals are collected in `errors[who]`."""
-        errors = self.errors.setdefault(who, [])
-
-        async def on_error(exc: Exception) -> None:
-            errors.append(str(exc).lower())
-
-        if who not in (auth.BROKER, auth.OPERATOR):
-            kw.setdefault("inbox_prefix", subjects.NODE_INBOX.format(node=who))
-        nc = await nats.connect(self.url, nkeys_seed=self.seed(who), error_cb=on_error,
-                                allow_reconnect=False, **kw)
-        self.conns.append(nc)
-        return nc
-
-    def refused(self, who: str, action: str, subject: str) -> bool:
-        return any(f"permissions violation for {action} to \"{subject.lower()}\"" in e
-                   for e in self.errors.get(who, []))
-
-    def violations(self) -> list[str]:
-        log = self.root / "nats.log"
-        return [line for line in log.read_text().splitlines() if "Violation" in line]
-
-
-@pytest.fixture
-async def authed(tmp_path: Path) -> AsyncIterator[Authed]:
-    ids = auth.init(tmp_path, ["a", "b"])
-    server = NatsServer(store_dir=tmp_path / "js", config=ids.config, log=tmp_path / "nats.log")
-    server.start()
-    a = Authed(server, ids, tmp_path)
-    try:
-        yield a
-    finally:
-        try:
-            for nc in a.conns:
-                if not nc.is_closed:
-                    with contextlib.suppress(Exception):
-                        await nc.close()
-        finally:
-            server.stop()
-
-
 class Spy:
-    """A subscriber with the broker's credential on every subject a test forges."""
+    """A subscriber that may hear every subject (`authed.WITNESS`) on every subject a test
+    forges."""
 
     def __init__(self) -> None:
         self.seen: list[tuple[str, bytes]] = []
 
     async def start(self, authed: Authed, patterns: list[str]) -> Spy:
-        nc = await authed.connect(auth.BROKER)
+        nc = await authed.connect(WITNESS)
 
         async def cb(msg: Any) -> None:
             self.seen.append((msg.subject, msg.data))

@@ -12,21 +12,25 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
+
+from gavel.bench.run import peak_rss_mb
 
 #: Refusals a busy machine can cause on its own (a reply after its round closed); any other
 #: kind is a bug in the broker or the bench agents.
 TIMING_ONLY = {"late bid", "bid for an unknown auction"}
 
 
-def _bench(tmp_path: Path, *flags: str, keep: bool = True) -> dict[str, Any]:
+def _bench(tmp_path: Path, *flags: str, keep: bool = True, idle_s: str = "0"
+           ) -> dict[str, Any]:
     # The bench's own clocks (a 2 s bid deadline), not the suite's tenfold-fast ones.
     env = {k: v for k, v in os.environ.items() if k != "GAVEL_FAST_TIMERS"}
     env["TMPDIR"] = str(tmp_path / "tmp")
     (tmp_path / "tmp").mkdir(exist_ok=True)
     state = ["--state", str(tmp_path / "run")] if keep else []
     proc = subprocess.run([sys.executable, "-m", "gavel", "bench", "--json", "--agents",
-                           "20", "--processes", "2", "--idle-s", "0", *state, *flags],
+                           "20", "--processes", "2", "--idle-s", idle_s, *state, *flags],
                           capture_output=True, text=True, timeout=170, check=False, env=env)
     assert proc.returncode == 0, proc.stderr[-2000:]
     out: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -35,7 +39,9 @@ def _bench(tmp_path: Path, *flags: str, keep: bool = True) -> dict[str, Any]:
 
 def test_a_small_broadcast_run_verifies_itself_and_reports_its_ceilings(
         tmp_path: Path) -> None:
-    r = _bench(tmp_path, "--placements", "300", "--mode", "broadcast", keep=False)
+    """... and measures the idle worker for real (a short window) beside its broker."""
+    r = _bench(tmp_path, "--placements", "300", "--mode", "broadcast", keep=False,
+               idle_s="1")
     assert r["verified"] is True and r["placements"] == 300 and r["mode"] == "broadcast"
     assert r["agent_client"] == "lite"  # the default: bench.natslite
     assert r["placements_per_s"] > 0 and r["nats_reqreply_per_s"] > 0
@@ -47,6 +53,7 @@ def test_a_small_broadcast_run_verifies_itself_and_reports_its_ceilings(
         if per_reply else 0.0)
     assert r["forgotten"] == 0 and r["lifetime_s"] == 0
     assert set(r["rejected"]) <= TIMING_ONLY  # nothing malformed the broker had to refuse
+    assert r["idle_worker_rss_mb"] > 0 and r["idle_worker_cpu_pct"] >= 0  # a live worker
     # Without --state the run worked in a temporary directory, and removed it.
     assert [p.name for p in (tmp_path / "tmp").iterdir()] == []
 
@@ -84,6 +91,45 @@ def test_a_run_that_breaks_says_what_and_keeps_its_directory(tmp_path: Path) -> 
     (kept,) = (tmp_path / "tmp").iterdir()
     assert f"(the run's state is kept in {kept})" in proc.stderr
     assert (kept / "logs").is_dir()
+
+
+def test_an_idle_worker_that_dies_at_start_fails_the_run(tmp_path: Path) -> None:
+    """A `gavel worker` that exits at once (here: a strategy no worker knows, from the
+    environment only the worker reads) is no idle figure of 0% and 0 MB that reads "met":
+    the run fails with one sentence and keeps its directory, the worker's log in it."""
+    env = {k: v for k, v in os.environ.items() if k != "GAVEL_FAST_TIMERS"}
+    env["TMPDIR"] = str(tmp_path / "tmp")
+    env["GAVEL_STRATEGY"] = "no-such-strategy"
+    (tmp_path / "tmp").mkdir()
+    proc = subprocess.run([sys.executable, "-m", "gavel", "bench", "--json", "--agents",
+                           "4", "--processes", "1", "--idle-s", "1", "--placements", "40"],
+                          capture_output=True, text=True, timeout=170, check=False, env=env)
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    (kept,) = (tmp_path / "tmp").iterdir()
+    log = kept / "logs" / "idle-worker.log"
+    assert proc.stderr == (
+        "gavel bench: the run failed: IdleWorkerFailed: the idle worker exited with status 2 "
+        f"before the broker heard its heartbeat (see {log}) (the run's state is kept in "
+        f"{kept})\n"), proc.stderr[-2000:]
+    assert "GAVEL_STRATEGY" in log.read_text()
+    assert proc.stdout == ""
+
+
+def test_the_memory_figure_is_the_peak_not_what_is_left_at_the_end() -> None:
+    """`bench.run.peak_rss_mb`, which the run reports as `broker_rss_mb`, on a real process
+    that took 200 MB and gave it back: the figure is the most it held, not what it holds."""
+    code = ("import sys; b = b'x' * (200 << 20); del b; print('freed', flush=True); "
+            "sys.stdin.read()")
+    proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline() == b"freed\n"
+        now = psutil.Process(proc.pid).memory_info().rss / 2**20
+        assert now < 100  # it gave the memory back ...
+        assert peak_rss_mb(proc.pid) >= 200  # ... and the figure still says it took it
+    finally:
+        proc.kill()
+        proc.wait()
 
 
 def test_a_scaled_target_run_checks_its_own_figures(tmp_path: Path) -> None:

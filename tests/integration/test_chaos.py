@@ -45,6 +45,10 @@ def test_chaos_keeps_every_invariant(tmp_path: Path) -> None:
     assert proc.returncode == 0
     assert summary["lost"] == 0 and summary["duplicated"] == 0
     assert summary["submitted"] > 0
-    assert summary["placed_once"] + sum(summary["terminal"].values()) == summary["submitted"]
+    # Instances the broker ended lost are counted on their own, never among "terminal".
+    assert "lost" not in summary["terminal"]
+    assert summary["placed_once"] + sum(summary["terminal"].values()) \
+        + summary["ended_lost"] == summary["submitted"]
+    assert summary["clean"] == (summary["ended_lost"] == 0)
     assert set(summary["faults"]) == set(FAULTS)
     assert all(n >= 1 for n in summary["faults"].values()), summary["faults"]

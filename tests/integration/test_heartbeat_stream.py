@@ -58,7 +58,8 @@ async def test_the_stream_needs_only_its_own_subjects(tmp_path: Path) -> None:
         for generation in range(2):
             heard: list[str] = []
             nc = wire.Client()
-            await nc.connect(server.url, nkeys_seed=str(ids.broker))
+            await nc.connect(server.url, nkeys_seed=str(ids.broker),
+                             inbox_prefix=subjects.BROKER_INBOX)
             feed = HeartbeatStream(timing=quick, deliver=lambda m, h=heard: h.append(m.subject),
                                    deaf=lambda _at: None, hearing=lambda: None,
                                    now=time.monotonic, log=logging.getLogger("test"))

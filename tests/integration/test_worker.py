@@ -37,6 +37,7 @@ from gavel.shared.messages import (
     Spec,
 )
 from gavel.shared.reasons import Reason
+from gavel.shared.spec import Restart
 from gavel.shared.strategies import make_strategy
 from gavel.shared.timing import Timing
 from gavel.transport import wire
@@ -266,8 +267,9 @@ async def test_secret_never_in_state_file_while_running(
 
 
 async def test_nonzero_exit_is_failed(start: Start, broker: FakeBroker) -> None:
-    await start()
-    await broker.award("bad", Spec(name="bad", command=py("raise SystemExit(3)")))
+    await start()  # no restart policy: the exit is the instance's end, where it ran
+    await broker.award("bad", Spec(name="bad", command=py("raise SystemExit(3)"),
+                                   restart=Restart(attempts=0)))
     await broker.started("bad")
     failed = await broker.event("bad")
     assert (failed.type, failed.reason, failed.exit_code) == (

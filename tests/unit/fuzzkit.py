@@ -1,8 +1,9 @@
 """What the fuzz suites share: a stand-in NATS message and connection, byte mutations, and
 a deterministic hypothesis profile.
 
-Rule: the stand-ins replace NATS only (a message is subject, data, reply; a connection
-records what it would publish) — every piece of gavel's own logic under test is the real one.
+Rule: the stand-ins replace NATS only (a message is subject, data, reply, headers; a
+connection records what it would publish) — every piece of gavel's own logic under test is
+the real one.
 """
 
 from __future__ import annotations
@@ -46,12 +47,14 @@ bombs = st.builds(lambda depth, unit: unit * depth + b"\xc0",
 
 
 class Msg:
-    """The three things a handler reads from a `nats.aio.msg.Msg`, and `respond`."""
+    """The four things a handler reads from a `nats.aio.msg.Msg`, and `respond`."""
 
-    def __init__(self, subject: str, data: bytes, reply: str = "") -> None:
+    def __init__(self, subject: str, data: bytes, reply: str = "",
+                 headers: dict[str, str] | None = None) -> None:
         self.subject = subject
         self.data = data
         self.reply = reply
+        self.headers = headers
         self.responses: list[bytes] = []
 
     async def respond(self, data: bytes) -> None:

@@ -46,9 +46,9 @@ def test_a_big_submission_is_encoded_in_slices_and_committed_from_them(
     msg = Msg(subjects.API.format(verb="submit"),
               msgspec.msgpack.encode(SubmitRequest(spec=SMALL, count=n, instance_id="big")),
               reply="_INBOX.api")
-    rig.run(rig.api._serve(msg))  # the request's own task, as `_handle` starts it
+    rig.run(rig.api._serve("submit", msg))  # the request's own task, as `_handle` starts it
     watcher.cancel()
-    reply = msgspec.msgpack.decode(msg.responses[0], type=SubmitReply)
+    reply = msgspec.msgpack.decode(rig.answers("_INBOX.api")[0], type=SubmitReply)
     assert len(reply.instance_ids) == n
     assert len({t for t in turns if 0 < t < n}) >= 3, "the loop never ran between slices"
     assert sorted(encoded) == sorted(reply.instance_ids)  # once each: the commit reused them

@@ -136,13 +136,39 @@ def _strings(block: str) -> set[str]:
     return set(re.findall(r'"([^"]+)"', block))
 
 
-def test_compose_grants_each_worker_what_auth_init_grants_a_node() -> None:
+def test_compose_grants_each_user_what_auth_init_grants_its_role() -> None:
     text = (ROOT / "compose" / "nats.conf").read_text()
-    for node in ("worker-1", "worker-2", "worker-3"):
-        m = re.search(r"\{ user: " + node + r",.*?subscribe: \[(?P<sub>.*?)\] \} \}", text,
+    workers = ["worker-1", "worker-2", "worker-3"]
+    roles = {auth.BROKER: auth.broker_permissions(workers),
+             auth.OPERATOR: auth.operator_permissions(),
+             **{node: auth.worker_permissions(node) for node in workers}}
+    for user, perms in roles.items():
+        m = re.search(r"\{ user: " + user + r",.*?subscribe: \[(?P<sub>.*?)\] \} \}", text,
                       re.S)
-        assert m is not None, node
+        assert m is not None, user
         publish = _strings(m.group(0)[: m.start("sub") - m.start()])
-        perms = auth.worker_permissions(node)
-        assert publish == set(perms["publish"]["allow"])
-        assert _strings(m.group("sub")) == set(perms["subscribe"]["allow"])
+        assert publish == set(perms["publish"]["allow"]), user
+        assert _strings(m.group("sub")) == set(perms["subscribe"]["allow"]), user
+
+
+def test_the_broker_answers_only_inboxes_and_a_node_reads_only_its_own_key() -> None:
+    """The permission lists themselves (tests/integration/test_auth.py puts them to a real
+    server): no wildcard grant for the broker, a reply inbox per known node, and of
+    JetStream only the bucket's creation and the heartbeat stream's own calls for the broker,
+    one call for a node."""
+    broker = auth.broker_permissions(["a", "b"])
+    assert ">" not in broker["publish"]["allow"] and ">" not in broker["subscribe"]["allow"]
+    assert {"_INBOX.>", "_INBOX_a.>", "_INBOX_b.>", "_INBOX_broker.>"} <= set(
+        broker["publish"]["allow"])
+    assert [s for s in broker["publish"]["allow"] if s.startswith("$JS.")] == [
+        "$JS.API.STREAM.CREATE.KV_gavel-nodes",
+        # the heartbeat stream's (broker.heartbeat_stream), on that stream only
+        "$JS.API.STREAM.CREATE.gavel-heartbeats", "$JS.API.STREAM.UPDATE.gavel-heartbeats",
+        "$JS.API.STREAM.PURGE.gavel-heartbeats", "$JS.API.CONSUMER.CREATE.gavel-heartbeats.*",
+        "$JS.API.CONSUMER.MSG.NEXT.gavel-heartbeats.*",
+        "$JS.API.CONSUMER.DELETE.gavel-heartbeats.*"]
+    node = auth.worker_permissions("a")
+    assert [s for s in node["publish"]["allow"] if s.startswith("$")] == [
+        "$JS.API.CONSUMER.CREATE.KV_gavel-nodes.*.$KV.gavel-nodes.a"]
+    ids_conf = auth.render_config([("broker", "UKEY", broker)])
+    assert "allow_responses" not in ids_conf

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from gavel.bench.verify import VerifyError, verify, verify_churn
+from gavel.bench.verify import VerifyError, answered, verify, verify_churn
 from gavel.broker.ledger.repository import Ledger, encode
 from gavel.shared.messages import InstanceState, Spec
 from gavel.shared.records import (
@@ -40,7 +40,7 @@ def _award(*iids: str) -> str:
 
 def _repo(tmp_path: Path, commits: list[tuple[dict[str, bytes | None], str]]) -> Path:
     ledger = Ledger(tmp_path / "state.git")
-    head = None
+    head = ledger.head()
     for files, message in commits:
         head = ledger.write_files(files, message, head)
     return tmp_path
@@ -51,7 +51,27 @@ def test_every_placement_in_exactly_one_node_file(tmp_path: Path) -> None:
                               node_path("n2"): _node("n2", "c")}, "placed")])
     verify(root, ["a", "b", "c"])
     with pytest.raises(VerifyError, match=re.escape("1 placements are in no node.json, e.g. d")):
-        verify(root, ["a", "d"])
+        verify(root, ["a", "b", "c", "d"])
+
+
+def test_the_tree_must_hold_the_ids_asked_for_and_no_other(tmp_path: Path) -> None:
+    """What the bench asked for against what git holds, both ways: a state that lacks one
+    id fails, and so does one that holds an extra (in a node.json, or only as a record)."""
+    root = _repo(tmp_path, [({instance_path(i): _rec(i) for i in "abc"}, "submit"),
+                            ({node_path("n1"): _node("n1", "a", "b", "c")}, "placed")])
+    verify(root, ["a", "b", "c"])
+    with pytest.raises(VerifyError, match=re.escape("1 placements are in no node.json, e.g. "
+                                                    "b0000009")):
+        verify(root, ["a", "b", "c", "b0000009"])
+    with pytest.raises(VerifyError, match=re.escape(
+            "1 instances in node.json files were never submitted, e.g. c")):
+        verify(root, ["a", "b"])
+    _repo(tmp_path, [({instance_path("x"): _rec("x")}, "someone else's")])
+    with pytest.raises(VerifyError, match=re.escape(
+            "1 instances in instance records were never submitted, e.g. x")):
+        verify(root, ["a", "b", "c"])
+    with pytest.raises(VerifyError, match=re.escape("the bench asked for a twice")):
+        verify(root, ["a", "a", "b", "c", "x"])
 
 
 def test_an_instance_in_two_node_files_fails(tmp_path: Path) -> None:
@@ -59,6 +79,21 @@ def test_an_instance_in_two_node_files_fails(tmp_path: Path) -> None:
                               node_path("n2"): _node("n2", "a")}, "twice")])
     with pytest.raises(VerifyError, match=re.escape("a is in two node.json files: n1 and n2")):
         verify(root, ["a"])
+
+
+def test_a_reply_must_name_the_ids_asked_for() -> None:
+    asked = ["b0000000-1", "b0000000-2", "b0000000-3"]
+    answered(asked, list(asked))
+    answered(["b0000003"], ["b0000003"])
+    with pytest.raises(VerifyError, match=re.escape(
+            "the broker named 2 instances for a submission of 3 (b0000000-1 ..)")):
+        answered(asked, asked[:2])
+    with pytest.raises(VerifyError, match=re.escape(
+            "named 4 instances for a submission of 3 (b0000000-1 ..), among them x, never "
+            "asked for")):
+        answered(asked, [*asked, "x"])
+    with pytest.raises(VerifyError, match="named 3 instances for a submission of 3"):
+        answered(asked, asked[::-1])
 
 
 def _churned(tmp_path: Path, extra: list[tuple[dict[str, bytes | None], str]]) -> Path:
@@ -79,13 +114,19 @@ def test_a_consistent_churn_run_passes_and_is_counted(tmp_path: Path) -> None:
     assert (churn.running, churn.ended_kept, churn.forgotten) == (1, 1, 1)
 
 
+ALL = ["run", "done", "gone"]
+
+
 @pytest.mark.parametrize(("extra", "ids", "words"), [
-    ([], ["run", "done", "gone", "never"], "never won 0 awards in git history"),
-    ([({}, "again\n\n" + _award("run"))], ["run"], "run won 2 awards"),
-    ([({instance_path("gone"): _rec("gone", InstanceState.SUCCEEDED)}, "back")], ["gone"],
+    ([], [*ALL, "never"], "never won 0 awards in git history"),
+    ([({}, "again\n\n" + _award("run"))], ALL, "run won 2 awards"),
+    ([({instance_path("gone"): _rec("gone", InstanceState.SUCCEEDED)}, "back")], ALL,
      "gone was forgotten but its record is still in the tree"),
-    ([({node_path("n1"): None}, "lost it")], ["run"],
+    ([({node_path("n1"): None}, "lost it")], ALL,
      "run is in no node.json, did not succeed and was not forgotten"),
+    ([], ["run", "gone"], "1 instances in instance records were never submitted, e.g. done"),
+    ([({node_path("n2"): _node("n2", "stray")}, "someone else's")], ALL,
+     "1 instances in node.json files were never submitted, e.g. stray"),
 ])
 def test_each_inconsistency_of_a_churn_run_fails(
         tmp_path: Path, extra: list[tuple[dict[str, bytes | None], str]], ids: list[str],

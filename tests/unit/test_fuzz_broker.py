@@ -25,6 +25,7 @@ from hypothesis import event, given, settings
 from hypothesis import strategies as st
 from hypothesis.control import currently_in_test_context as currently_fuzzing
 
+from gavel.broker.heartbeats import TOO_LARGE
 from gavel.broker.ledger.plan import View, place, submit
 from gavel.broker.service import Broker
 from gavel.shared import subjects
@@ -62,11 +63,11 @@ _enc = msgspec.msgpack.Encoder()
 class Rig:
     """One broker, its event loop and a fixed clock; `feed` runs one handler call."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, writer: str = "process") -> None:
         self.loop = asyncio.new_event_loop()
         self.now = 1000.0
         self.b = Broker(nats_url="nats://127.0.0.1:1", state_dir=root,
-                        timing=Timing().scaled(10), clock=lambda: self.now)
+                        timing=Timing().scaled(10), clock=lambda: self.now, writer=writer)
         self.wire = Wire()
         self.b.nc = self.b.outbox.nc = self.wire
         self.api = self.b.api
@@ -107,6 +108,10 @@ class Rig:
             self.loop.run_until_complete(asyncio.sleep(0))
         return out
 
+    def answers(self, reply: str) -> list[bytes]:
+        """What the broker published on `reply`, oldest first."""
+        return [data for subject, data in self.wire.sent if subject == reply]
+
     def rejected(self) -> int:
         return sum(self.b.rejects.counts.values())
 
@@ -125,7 +130,7 @@ class Rig:
             "timers": vars(b.timers), "live": b.promises.live, "acting": b.promises.acting,
             "migrating": b.promises.migrating, "events": list(b.events),
             "queued": not b.committer.idle.is_set(),
-            "sent": [m for m in self.wire.sent if not m[0].startswith("_INBOX.")],  # not replies
+            "sent": [m for m in self.wire.sent if not m[0].startswith("_INBOX")],  # not replies
         }
         return {k: msgspec.json.encode(v, order="deterministic") for k, v in parts.items()}
 
@@ -366,11 +371,12 @@ def test_a_hand_back_blocks_only_the_awarded_ports_it_names(rig: Rig) -> None:
               st.sampled_from(["web-1", "tiny-1", "ghost"]), st.sampled_from(NODES))))
 def test_assignment_requests_always_get_an_answer_and_change_nothing(
         rig: Rig, subject_node: str, data: bytes) -> None:
-    msg = Msg(subjects.ASSIGN.format(node=subject_node), data, reply="_INBOX.x")
+    inbox = f"_INBOX_{subject_node}.x"  # the asking node's own inbox
+    msg = Msg(subjects.ASSIGN.format(node=subject_node), data, reply=inbox)
     before = rig.snapshot()
     sent = len(rig.wire.sent)
     rig.feed(rig.b.assignments.on_request, msg)
-    assert [s for s, _ in rig.wire.sent[sent:]] == ["_INBOX.x"]  # never left waiting
+    assert [s for s, _ in rig.wire.sent[sent:]] == [inbox]  # never left waiting
     answer = msgspec.msgpack.decode(rig.wire.sent[-1][1], type=Award | ApiError)
     if isinstance(answer, Award):
         assert (answer.instance_id, answer.node_id, subject_node) == ("web-1", "n1", "n1")
@@ -392,11 +398,12 @@ def test_api_answers_garbage_with_an_error_and_changes_nothing(
         rig: Rig, verb: str, data: st.DataObject) -> None:
     template = VERB_TEMPLATES[verb] or SubmitRequest(spec=SPEC)
     payload = data.draw(st.one_of(garbage_for(template), st.binary(max_size=32), bombs))
-    msg = Msg(subjects.API.format(verb=verb), payload, reply="_INBOX.api")
-    rejected = rig.feed(rig.api._handle, msg)
-    assert len(msg.responses) == 1
+    reply_to = f"_INBOX.api.{len(rig.wire.sent)}"
+    msg = Msg(subjects.API.format(verb=verb), payload, reply=reply_to)
+    rejected = rig.feed(rig.api._handler(verb), msg)
+    assert len(rig.answers(reply_to)) == 1
     if rejected:
-        reply = msgspec.msgpack.decode(msg.responses[0], type=ApiError)
+        reply = msgspec.msgpack.decode(rig.answers(reply_to)[0], type=ApiError)
         assert reply.error.startswith(f"malformed {verb} request")
 
 
@@ -414,8 +421,8 @@ def test_submit_refuses_a_spec_no_node_could_ever_hold(rig: Rig) -> None:
             payload = _enc.encode(SubmitRequest(spec=spec))
         msg = Msg(subjects.API.format(verb="submit"), payload, reply="_INBOX.api")
         before = rig.snapshot()
-        rig.run(rig.api._handle(msg))
-        reply = msgspec.msgpack.decode(msg.responses[0], type=SubmitReply | ApiError)
+        rig.run(rig.api._handler("submit")(msg))
+        reply = msgspec.msgpack.decode(rig.answers("_INBOX.api")[-1], type=SubmitReply | ApiError)
         assert isinstance(reply, ApiError)
         assert what in reply.error, reply.error
         assert rig.snapshot() == before
@@ -428,8 +435,8 @@ def test_submit_refuses_an_instance_id_that_is_no_subject_token_or_file_name(
     msg = Msg(subjects.API.format(verb="submit"),
               _enc.encode(SubmitRequest(spec=SMALL, instance_id=iid)), reply="_INBOX.api")
     before = rig.snapshot()
-    rig.run(rig.api._handle(msg))
-    reply = msgspec.msgpack.decode(msg.responses[0], type=SubmitReply | ApiError)
+    rig.run(rig.api._handler("submit")(msg))
+    reply = msgspec.msgpack.decode(rig.answers("_INBOX.api")[-1], type=SubmitReply | ApiError)
     assert isinstance(reply, ApiError) and "instance_id" in reply.error
     assert rig.snapshot() == before
 
@@ -437,9 +444,9 @@ def test_submit_refuses_an_instance_id_that_is_no_subject_token_or_file_name(
 def test_nodes_reply_exposes_the_reject_counts(rig: Rig) -> None:
     rig.feed(rig.b._on_heartbeat, Msg("gavel.hb.n1", b"\xc1"))
     rig.feed(rig.b.auctioneer.on_bids, Msg("gavel.bids.n1", b"\xc1"))
-    msg = Msg(subjects.API.format(verb="nodes"), _enc.encode(NodesRequest()), reply="_I.n")
-    rig.run(rig.api._handle(msg))
-    reply = msgspec.msgpack.decode(msg.responses[0], type=NodesReply)
+    msg = Msg(subjects.API.format(verb="nodes"), _enc.encode(NodesRequest()), reply="_INBOX.n")
+    rig.run(rig.api._handler("nodes")(msg))
+    reply = msgspec.msgpack.decode(rig.answers("_INBOX.n")[-1], type=NodesReply)
     assert reply.rejected["malformed heartbeat"] == 1
     assert reply.rejected["malformed bid reply"] == 1
 
@@ -457,8 +464,8 @@ def test_a_flood_of_one_garbage_kind_logs_one_line(rig: Rig,
         (rig.b.promises.on_report, Msg("gavel.report.n1", b"")),
         (rig.b.promises.on_report, Msg("gavel.report.n2", _enc.encode(
             Event(instance_id="web-1", type="running", node_id="n2")))),
-        (rig.b.assignments.on_request, Msg("gavel.assign.n1", b"\xff")),
-        (rig.api._handle, Msg("gavel.api.status", b"\xff", reply="_I.s")),
+        (rig.b.assignments.on_request, Msg("gavel.assign.n1", b"\xff", reply="_INBOX_n1.f")),
+        (rig.api._handler("status"), Msg("gavel.api.status", b"\xff", reply="_INBOX.s")),
     ]
     with caplog.at_level(logging.DEBUG, logger="gavel"):
         for handler, msg in floods:
@@ -495,17 +502,34 @@ def test_worker_text_cannot_forge_lines_in_the_commit_message(rig: Rig) -> None:
 
 
 @FUZZ
-@given(payload=st.one_of(wire_values.map(msgspec.msgpack.encode), bombs,
-                         st.binary(min_size=1, max_size=16)))
-def test_oversized_and_deep_payloads_are_counted_on_every_endpoint(rig: Rig,
-                                                                   payload: bytes) -> None:
-    big = payload + b"\x00" * 900_000  # NATS's default max payload is 1 MB
-    for handler, subject in ((rig.b._on_heartbeat, "gavel.hb.n1"),
-                             (rig.b.auctioneer.on_bids, "gavel.bids.n1"),
-                             (rig.b.promises.on_report, "gavel.report.n1"),
-                             (rig.b.assignments.on_request, "gavel.assign.n1")):
-        for data in (payload, big):
-            rig.feed(handler, Msg(subject, data))
+@given(drawn=st.one_of(st.tuples(wire_values.map(msgspec.msgpack.encode), st.just(False)),
+                       st.tuples(bombs, st.just(True)),
+                       st.tuples(st.binary(min_size=1, max_size=16), st.just(False))))
+def test_oversized_and_deep_payloads_are_counted_on_every_endpoint(
+        rig: Rig, drawn: tuple[bytes, bool]) -> None:
+    """Counted, not merely survived: a payload nearly NATS's default 1 MB limit (trailing
+    bytes after a value: never one message) counts once under its endpoint's malformed
+    kind - a heartbeat that large, before it is decoded, as larger than its node could
+    send - and so does a nesting bomb; anything else is accepted or counted once."""
+    payload, deep = drawn
+    big = payload + b"\x00" * 900_000
+    for handler, subject, kind, big_kind, reply in (
+            (rig.b._on_heartbeat, "gavel.hb.n1", "malformed heartbeat", TOO_LARGE, ""),
+            (rig.b.auctioneer.on_bids, "gavel.bids.n1", "malformed bid reply", "", ""),
+            (rig.b.promises.on_report, "gavel.report.n1", "malformed event", "", ""),
+            (rig.b.assignments.on_request, "gavel.assign.n1", "malformed assignment request",
+             "", "_INBOX_n1.r"),
+            (rig.api._handler("submit"), "gavel.api.submit", "malformed submit request", "",
+             "_INBOX.x")):
+        for data, must in ((payload, deep), (big, True)):
+            # a heartbeat larger than its node could send is refused before it is decoded
+            k = big_kind if big_kind and len(data) > rig.b.heartbeats.bound("n1").size \
+                else kind
+            counted = rig.b.rejects.counts.get(k, 0)
+            rejected = rig.feed(handler, Msg(subject, data, reply=reply))
+            if must:
+                assert rejected, f"{len(data)} bytes on {subject} were not counted"
+                assert rig.b.rejects.counts[k] == counted + 1, rig.b.rejects.counts
 
 
 answer_lists = st.lists(st.integers(0, 1), unique=True, max_size=2).flatmap(

@@ -34,6 +34,9 @@ from gavel.worker.agent import Agent
 from tests.unit.fuzzkit import FUZZ, Msg, bombs, floats_hostile, garbage_for
 
 NODE = "n1"
+#: Each handler's subscription (the RFB handler also serves ``gavel.rfb.<node>``).
+SUBJECT = {"rfb": subjects.RFB, "award": subjects.AWARD.format(node=NODE),
+           "cancel": subjects.CANCEL.format(node=NODE)}
 SPEC = Spec(name="web", command=[sys.executable, "-c", "pass"], cpu=0.5, memory_mb=64,
             ports=["http"])
 _enc = msgspec.msgpack.Encoder()
@@ -170,6 +173,17 @@ def test_cancels_are_counted_or_confirmed_never_raise(rig: Rig, data: bytes) -> 
 def test_deeply_nested_payloads_count_as_malformed(rig: Rig, payload: bytes) -> None:
     for handler, kind in ((rig.agent._on_rfb, "rfb"), (rig.agent._on_award, "award"),
                           (rig.agent._on_cancel, "cancel")):
+        assert rig.feed(handler, Msg(SUBJECT[kind], payload))
+        assert rig.agent.malformed[kind] == 1
+
+
+@pytest.mark.parametrize("payload", [b"\x00" * 900_000,
+                                     _enc.encode(TEMPLATE_RFB) + b"\x00" * 900_000])
+def test_oversized_payloads_count_as_malformed(rig: Rig, payload: bytes) -> None:
+    """Nearly NATS's default 1 MB limit, and a valid message with the rest of it trailing:
+    counted once as malformed on each subject, not merely survived."""
+    for handler, kind in ((rig.agent._on_rfb, "rfb"), (rig.agent._on_award, "award"),
+                          (rig.agent._on_cancel, "cancel")):
         assert rig.feed(handler, Msg(f"gavel.{kind}.{NODE}", payload))
         assert rig.agent.malformed[kind] == 1
 
@@ -177,23 +191,24 @@ def test_deeply_nested_payloads_count_as_malformed(rig: Rig, payload: bytes) -> 
 @FUZZ
 @given(payload=bombs)
 def test_bombs_never_escape_a_handler(rig: Rig, payload: bytes) -> None:
-    for handler in (rig.agent._on_rfb, rig.agent._on_award, rig.agent._on_cancel):
-        assert rig.feed(handler, Msg(f"gavel.x.{NODE}", payload))
+    for handler, kind in ((rig.agent._on_rfb, "rfb"), (rig.agent._on_award, "award"),
+                          (rig.agent._on_cancel, "cancel")):
+        assert rig.feed(handler, Msg(SUBJECT[kind], payload))
 
 
 def test_a_flood_of_one_kind_logs_one_line(rig: Rig, caplog: pytest.LogCaptureFixture) -> None:
     floods = [
-        (rig.agent._on_rfb, b"\xc1garbage"),
-        (rig.agent._on_award, b"\x93\x01\x02"),
-        (rig.agent._on_award, _enc.encode(AWARD)),  # for another node
-        (rig.agent._on_cancel, b""),
-        (rig.agent._on_cancel, _enc.encode(Cancel(instance_id="web-1", node_id="n2"))),
+        (rig.agent._on_rfb, "rfb", b"\xc1garbage"),
+        (rig.agent._on_award, "award", b"\x93\x01\x02"),
+        (rig.agent._on_award, "award", _enc.encode(AWARD)),  # for another node
+        (rig.agent._on_cancel, "cancel", b""),
+        (rig.agent._on_cancel, "cancel", _enc.encode(Cancel(instance_id="web-1", node_id="n2"))),
     ]
     with caplog.at_level(logging.DEBUG, logger="gavel"):
-        for handler, data in floods:
+        for handler, kind, data in floods:
             caplog.clear()
             for _ in range(50):
-                assert rig.feed(handler, Msg(f"gavel.x.{NODE}", data))
+                assert rig.feed(handler, Msg(SUBJECT[kind], data))
             lines = [r.getMessage() for r in caplog.records if r.levelno >= logging.INFO]
             assert len(lines) == 1, lines
     assert set(rig.agent.malformed.values()) == {50}

@@ -34,7 +34,8 @@ from gavel.shared.messages import (
     Shape,
     Spec,
 )
-from gavel.shared.records import AuctionRecord
+from gavel.shared.records import AuctionRecord, Deployment
+from gavel.shared.spec import Check, Restart, Route
 
 SPEC = Spec(name="web-1", command=["python", "-m", "http.server"], env={"A": "b"}, cpu=0.5,
             memory_mb=256, ports=["http", "admin"], labels={"region": "eu"}, timeout_s=30.0,
@@ -271,6 +272,9 @@ def _filled(cls: type[Message]) -> Message:
 
 _STATUS = api.InstanceStatus(instance_id="i-1", name="web-1", state="running", node_id="n1",
                              attempt=1, reason="", detail="", ports={"http": 8080})
+SERVICE = Spec(name="web", command=["python3", "-m", "http.server"], type="service", count=3,
+               ports=["http"], checks=[Check(type="http", port="http", path="/health")],
+               restart=Restart(attempts=1), spread="zone")
 API_SAMPLES: list[Message] = [
     api.SubmitRequest(spec=SPEC, instance_id="i-1", count=3),
     api.SubmitReply(instance_id="i-1", instance_ids=["i-1-1", "i-1-2", "i-1-3"]),
@@ -294,6 +298,26 @@ API_SAMPLES: list[Message] = [
     api.CancelReply(instance_id="i-1", state="cancelled"),
     api.DrainRequest(node_id="n1", undo=True, migrate=True),
     api.DrainReply(node_id="n1", draining=True, migrating=2),
+    api.DeployRequest(spec=SERVICE, key="k-1"),
+    api.DeployReply(name="web", version=2, changed=False),
+    api.ServiceRequest(name="web"),
+    api.ServiceReply(service=api.ServiceStatus(
+        name="web", version=2, count=3, healthy_version=1,
+        deployment=Deployment(to_version=2, from_version=1, state="running"),
+        versions=[api.VersionStatus(version=1, replicas=2, healthy=2)], replicas=[_STATUS])),
+    api.ServicesRequest(),
+    api.ServicesReply(services=[api.ServiceStatus(name="web", version=1, count=0,
+                                                  stopped=True)]),
+    api.ScaleRequest(name="web", count=5),
+    api.StopServiceRequest(name="web"),
+    api.RollbackRequest(name="web", to_version=1),
+    api.EndpointsRequest(),
+    api.EndpointsReply(
+        endpoints=[api.Endpoint(instance_id="web-1", name="web", state="running", node_id="n1",
+                                ports={"http": 8080}, health="healthy", service="web",
+                                version=2, routes=[Route(path="/web", port="http")])],
+        nodes=[api.NodeAddress(node_id="n1", address="10.0.0.1", health="healthy",
+                               workdir="/var/lib/gavel/instances")]),
     ApiError(error="no such instance"),
 ]
 _api_types = tuple({type(m) for m in API_SAMPLES})

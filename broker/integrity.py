@@ -1,0 +1,84 @@
+"""Corrections: the broker commits what `broker.ledger.integrity` kept.
+
+Rules:
+1. Every pass of the broker's loop looks at the state's open disputes (an instance a tree
+   someone else wrote listed where the broker had not placed it); each new one is logged at
+   ERROR, naming the instance and every node file involved, and its correction goes to the
+   group committer: the node files involved, written as the broker's state holds them, in a
+   commit whose message says the same sentence.
+2. The state already holds only the kept placement while the correction is on its way, so
+   nothing waits for it: no award, no KV put, no capacity count sees the dropped copy.
+3. A dispute is committed once (the same dispute stays the same object across re-reads); a
+   correction that could not be written is tried again on a later pass. A pinned deployment
+   writes nothing: the dispute is logged, and the state keeps the broker's placement.
+"""
+
+from __future__ import annotations
+
+import functools
+
+from gavel.broker.context import Context
+from gavel.broker.ledger.committer import Item, Planned
+from gavel.broker.ledger.plan import View, rewrite
+from gavel.broker.ledger.state import Dispute
+from gavel.shared.reasons import Reason
+
+__all__ = ["Integrity"]
+
+
+class Integrity:
+    def __init__(self, ctx: Context) -> None:
+        self.ctx = ctx
+        #: Disputes whose correction is queued or being written, by instance.
+        self._sent: dict[str, Dispute] = {}
+        self.corrected = 0
+
+    def watch(self) -> None:
+        """One pass (rule 1)."""
+        disputes = self.ctx.ledger.state().disputes
+        if not disputes:
+            return
+        new = [d for iid, d in disputes.items() if self._sent.get(iid) is not d]
+        if not new:
+            return
+        pinned = self.ctx.ledger.pinned
+        for d in new:
+            self._sent[d.instance_id] = d
+            self.ctx.log.error("%s; %s", d.sentence(),
+                               f"{Reason.PINNED}: the broker keeps it so in memory only"
+                               if pinned else "correcting it in git",
+                               extra={"instance": d.instance_id, "kept": d.kept,
+                                      "listed": list(d.held)})
+        if pinned:
+            return  # rule 2 still holds: the state keeps only the broker's placement
+        self.ctx.committer.submit(Item(plan=functools.partial(self._plan, disputes=new),
+                                       failed=functools.partial(self._failed, disputes=new),
+                                       retry=False))
+
+    def _plan(self, view: View, disputes: list[Dispute]) -> Planned | None:
+        open_now = view.state.disputes
+        gone = [d for d in disputes if open_now.get(d.instance_id) is not d]
+        if gone:  # the tree moved again meanwhile: what is open now is sent afresh
+            self._failed(Reason.LEDGER_UNWRITABLE, "", gone)
+            disputes = [d for d in disputes if open_now.get(d.instance_id) is d]
+        nodes = sorted({n for d in disputes for n in d.rewrite})
+        if not disputes or not rewrite(view, nodes):
+            return None
+        return Planned(lines=[f"correct: {d.sentence()}" for d in disputes],
+                       after=[functools.partial(self._landed, disputes=disputes)])
+
+    def _landed(self, sha: str, disputes: list[Dispute]) -> None:
+        open_now = self.ctx.ledger.state().disputes
+        for d in disputes:
+            if open_now.get(d.instance_id) is d:
+                del open_now[d.instance_id]
+            if self._sent.get(d.instance_id) is d:
+                del self._sent[d.instance_id]
+            self.corrected += 1
+        self.ctx.log.info("corrected %d placements someone else wrote, in commit %s",
+                          len(disputes), sha[:12])
+
+    def _failed(self, reason: Reason, detail: str, disputes: list[Dispute]) -> None:
+        for d in disputes:  # rule 3: the next pass sends it again
+            if self._sent.get(d.instance_id) is d:
+                del self._sent[d.instance_id]

@@ -1,0 +1,326 @@
+"""A workload as the operator writes it: a job that runs to completion, or a service kept
+running at its count.
+
+Rules:
+1. A spec is user input: every struct here forbids unknown fields (a typo is an error, not a
+   silently ignored key) and every value is checked where the operator submits it, with a
+   sentence naming the field, never on a node after an award.
+2. Everything after the first release has a default, so a spec written before a field
+   existed still means what it meant: a job (`type`), one instance (`count`), no health
+   checks, the restart policy of its type.
+3. Defaults follow Nomad's, which its users know: a job restarts in place up to 3 times in a
+   day, a service up to 2 times in 30 minutes, each after a delay of 15 s that doubles (up to
+   5 minutes); a check runs every 10 s with a 2 s timeout and fails the instance's health
+   after 3 consecutive failures; a deploy replaces one replica at a time, each healthy for
+   10 s before an old one stops, and rolls back when a new one is not healthy within 5
+   minutes.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Annotated, Literal
+
+import msgspec
+
+__all__ = [
+    "JOB",
+    "SERVICE",
+    "Check",
+    "Restart",
+    "Route",
+    "Spec",
+    "Update",
+    "restart_policy",
+]
+
+NonNegFloat = Annotated[float, msgspec.Meta(ge=0.0)]
+PosFloat = Annotated[float, msgspec.Meta(gt=0.0)]
+#: A spec's name starts the ids of its instances, NATS subject tokens: no ".." (an empty token).
+Name = Annotated[str, msgspec.Meta(min_length=1, max_length=63,
+                                   pattern=r"^[a-z0-9](?:[a-z0-9_-]|\.(?!\.))*$")]
+PortName = Annotated[str, msgspec.Meta(min_length=1, max_length=32, pattern=r"^[a-z][a-z0-9_]*$")]
+#: A label name (what `spread` names): what a node's labels may hold as a key.
+LabelName = Annotated[str, msgspec.Meta(min_length=1, max_length=63)]
+
+JOB = "job"
+SERVICE = "service"
+
+
+def _finite(name: str, value: float) -> None:
+    if not math.isfinite(value):
+        raise ValueError(f"{name} must be a finite number")
+
+
+class Restart(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, frozen=True):
+    """How a worker restarts a process in place before it hands the instance back.
+
+    A job's process is restarted when it exits non-zero, a service's whenever it exits (or
+    its checks fail past their threshold): up to `attempts` times within `interval_s`, the
+    k-th restart after ``delay_s * backoff**(k-1)`` seconds (at most `max_delay_s`). Past
+    that the instance is handed back to the broker, which re-auctions it elsewhere. A field
+    left out takes its type's default (`restart_policy`)."""
+
+    attempts: Annotated[int, msgspec.Meta(ge=0, le=100)] | None = None
+    interval_s: PosFloat | None = None
+    delay_s: NonNegFloat | None = None
+    backoff: Annotated[float, msgspec.Meta(ge=1.0, le=10.0)] | None = None
+    max_delay_s: NonNegFloat | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("interval_s", "delay_s", "max_delay_s"):
+            value = getattr(self, name)
+            if value is not None:
+                _finite(f"restart.{name}", value)
+
+    def delay(self, k: int) -> float:
+        """The wait before the `k`-th restart within the interval (k >= 1), of a resolved
+        policy (`restart_policy`)."""
+        assert self.delay_s is not None and self.backoff is not None \
+            and self.max_delay_s is not None, "a policy resolved by restart_policy"
+        return min(self.max_delay_s, self.delay_s * self.backoff ** max(0, k - 1))
+
+
+#: The restart policy of each type, field by field, where the spec leaves one out (rule 3).
+DEFAULT_RESTART = {JOB: Restart(attempts=3, interval_s=86_400.0, delay_s=15.0, backoff=2.0,
+                                max_delay_s=300.0),
+                   SERVICE: Restart(attempts=2, interval_s=1_800.0, delay_s=15.0, backoff=2.0,
+                                    max_delay_s=300.0)}
+
+
+class Check(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, frozen=True):
+    """A health check the worker runs next to the process.
+
+    ``http``: a GET of `path` on the instance's port `port` answers `status`; ``tcp``: the
+    port accepts a connection; ``exec``: `command` exits 0. Each runs every `interval_s`,
+    at most `timeout_s`, the first `grace_s` after the process started; `failures`
+    consecutive failures make the instance unhealthy."""
+
+    type: Literal["http", "tcp", "exec"]
+    name: Annotated[str, msgspec.Meta(max_length=63)] = ""
+    port: PortName | None = None
+    path: Annotated[str, msgspec.Meta(max_length=1024)] = "/"
+    status: Annotated[int, msgspec.Meta(ge=100, le=599)] = 200
+    command: list[str] = []
+    interval_s: PosFloat = 10.0
+    timeout_s: PosFloat = 2.0
+    grace_s: NonNegFloat = 0.0
+    failures: Annotated[int, msgspec.Meta(ge=1, le=100)] = 3
+
+    def __post_init__(self) -> None:
+        for name in ("interval_s", "timeout_s", "grace_s"):
+            _finite(f"checks.{name}", getattr(self, name))
+        if self.type in ("http", "tcp") and self.port is None:
+            raise ValueError(f"a {self.type} check names the port it checks (port = \"...\")")
+        if self.type == "exec" and not self.command:
+            raise ValueError("an exec check names its command (command = [...])")
+        if self.type != "exec" and self.command:
+            raise ValueError(f"a {self.type} check takes no command")
+        if self.type == "http" and not self.path.startswith("/"):
+            raise ValueError("an http check's path starts with /")
+        if any("\0" in arg for arg in self.command):
+            raise ValueError("check command arguments must not contain a NUL character")
+
+    @property
+    def label(self) -> str:
+        """How events and `status` name this check."""
+        if self.name:
+            return self.name
+        if self.type == "exec":
+            return f"exec {self.command[0]}"
+        return f"{self.type} {self.port}" + (self.path if self.type == "http" else "")
+
+
+class Update(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, frozen=True):
+    """How a new version of a service replaces the running one (a rolling deploy).
+
+    `max_parallel` replicas are replaced at a time: a new one is placed, and once it has been
+    healthy for `min_healthy_s` an old one stops. A new replica not healthy within
+    `healthy_deadline_s` fails the deploy; with `auto_revert` the service goes back to its
+    last version that was healthy."""
+
+    max_parallel: Annotated[int, msgspec.Meta(ge=1, le=1000)] = 1
+    min_healthy_s: NonNegFloat = 10.0
+    healthy_deadline_s: PosFloat = 300.0
+    auto_revert: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("min_healthy_s", "healthy_deadline_s"):
+            _finite(f"update.{name}", getattr(self, name))
+
+
+class Spec(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """A workload as the operator writes it (TOML or JSON)."""
+
+    name: Name
+    command: Annotated[list[str], msgspec.Meta(min_length=1)]
+    #: ``job`` runs to completion; ``service`` keeps `count` replicas running until stopped.
+    type: Literal["job", "service"] = "job"
+    #: A service's replicas; for a job, how many instances one submission makes.
+    count: Annotated[int, msgspec.Meta(ge=0, le=100_000)] = 1
+    env: dict[str, str] = {}
+    cpu: PosFloat = 0.1
+    memory_mb: Annotated[int, msgspec.Meta(ge=1)] = 64
+    ports: list[PortName] = []
+    labels: dict[str, str] = {}
+    timeout_s: PosFloat | None = None
+    #: Placements an instance may be given (re-auctions after a node failed it).
+    attempts: Annotated[int, msgspec.Meta(ge=1, le=100)] = 3
+    secrets: list[str] = []
+    #: In-place restarts on the node (None: the type's default, `restart_policy`).
+    restart: Restart | None = None
+    checks: list[Check] = []
+    #: A service's replicas spread evenly across this node label's values (they land on
+    #: distinct nodes when the fleet allows it, whatever this says).
+    spread: LabelName | None = None
+    #: When the fleet cannot satisfy the spread: place anyway (True) or wait (False).
+    spread_soft: bool = False
+    update: Update = msgspec.field(default_factory=Update)
+    #: How the gateway reaches this workload's replicas (`Route`, at the end of this file).
+    routes: list[Route] = []
+
+    def __post_init__(self) -> None:
+        # What exec would refuse only on the node (after an award, as "driver failed to
+        # start") is refused here, where the operator submits it.
+        if len(set(self.ports)) != len(self.ports):
+            raise ValueError("ports must have distinct names")
+        if len(set(self.secrets)) != len(self.secrets):
+            raise ValueError("secrets must have distinct names")
+        if not math.isfinite(self.cpu):
+            raise ValueError("cpu must be a finite number")
+        if self.timeout_s is not None and not math.isfinite(self.timeout_s):
+            raise ValueError("timeout_s must be a finite number of seconds (leave it out for "
+                             "no timeout)")
+        if any("\0" in arg for arg in self.command):
+            raise ValueError("command arguments must not contain a NUL character")
+        for key, value in self.env.items():
+            if not key or "=" in key or "\0" in key or "\0" in value:
+                raise ValueError(f"env name {key!r} is not usable: a name is not empty and has "
+                                 "no '=' or NUL, a value has no NUL")
+        if any(not key for key in self.labels):
+            raise ValueError("label names must not be empty")
+        for check in self.checks:
+            if check.port is not None and check.port not in self.ports:
+                raise ValueError(f"check {check.label!r} names port {check.port!r}, which the "
+                                 "spec does not declare in ports")
+        if self.type == JOB and (self.spread is not None or self.spread_soft):
+            raise ValueError("spread applies to a service's replicas (type = \"service\")")
+        if self.type == JOB and self.count == 0:
+            raise ValueError("a job's count is at least 1 (a service may have 0 replicas)")
+        seen: set[tuple[str, str]] = set()
+        for route in self.routes:
+            if route.port is not None and route.port not in self.ports:
+                raise ValueError(f"route {route.label!r} names port {route.port!r}, which the "
+                                 "spec does not declare in ports")
+            if route.key in seen:
+                raise ValueError(f"two routes of the spec match {route.label!r}: give each "
+                                 "route its own host or path")
+            seen.add(route.key)
+
+    @property
+    def service(self) -> bool:
+        return self.type == SERVICE
+
+
+def restart_policy(spec: Spec) -> Restart:
+    """The spec's restart policy with every field it leaves out taken from its type's default
+    (rule 3): every field of the answer is set."""
+    default = DEFAULT_RESTART[spec.type]
+    given = spec.restart
+    if given is None:
+        return default
+    return Restart(**{f: getattr(given, f) if getattr(given, f) is not None
+                      else getattr(default, f) for f in Restart.__struct_fields__})
+
+
+#: One DNS label: letters (lowercase), digits and '-', neither first nor last (RFC 1123).
+_LABEL = re.compile(r"^[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?$")
+#: What a path prefix may hold: an URL path's characters, never a pattern (``*``), a query
+#: (``?``), a fragment (``#``), an escape (``%``) or a blank.
+_PATH = re.compile(r"^/[A-Za-z0-9._~!$&'()+,;=:@/-]*$")
+
+
+def _dns_name(host: str) -> bool:
+    """A DNS name Caddy can match on: dot-separated labels, at most 253 characters; the first
+    label may be ``*`` (every name one label deeper)."""
+    labels = host.split(".")
+    if labels[0] == "*" and len(labels) > 1:
+        labels = labels[1:]
+    return len(host) <= 253 and all(_LABEL.match(label) for label in labels)
+
+
+def _segments(path: str) -> list[str]:
+    return [s for s in path.split("/") if s]
+
+
+class Route(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, frozen=True):
+    """How the gateway (`gavel gateway`, a Caddy) reaches this workload: a request for
+    `host` and/or under the path prefix `path` is proxied to the port `port` of every
+    healthy running replica (balanced across them), or answered from the directory `files`:
+    relative, a directory inside the instance's own directory on its node (what the
+    instance writes there); absolute, a static root on the gateway's host. `strip_prefix`
+    takes `path` off the request before it is proxied or looked up: by default a files
+    route's directory is mounted at its path (``/static/app.js`` is ``app.js`` in it) and a
+    port route's replicas see the path as it came.
+
+    Rules: a route names a host, a path or both, and exactly one of `port` and `files`; a
+    host is a DNS name, a path starts with ``/``; neither `path` nor `files` may climb out
+    with ``..``."""
+
+    host: Annotated[str, msgspec.Meta(max_length=253)] = ""
+    path: Annotated[str, msgspec.Meta(max_length=1024)] = ""
+    port: PortName | None = None
+    files: Annotated[str, msgspec.Meta(max_length=4096)] | None = None
+    strip_prefix: bool | None = None
+
+    def __post_init__(self) -> None:
+        if not self.host and not self.path:
+            raise ValueError("a route names a host, a path prefix or both (host = \"...\", "
+                             "path = \"/...\")")
+        if self.host and not _dns_name(self.host):
+            raise ValueError(f"route host {self.host!r} is not a valid DNS name (lowercase "
+                             "letters, digits and '-' in dot-separated labels of at most 63, "
+                             "'*.' may lead)")
+        if self.path and not self.path.startswith("/"):
+            raise ValueError(f"route path {self.path!r} must start with /")
+        if self.path and not _PATH.match(self.path):
+            raise ValueError(f"route path {self.path!r} may hold only the characters of an "
+                             "URL path: no blank, '*', '?', '#' or '%'")
+        if any(s in (".", "..") for s in _segments(self.path)):
+            raise ValueError(f"route path {self.path!r} must not hold a '.' or '..' segment")
+        if (self.port is None) == (self.files is None):
+            raise ValueError("a route reaches a port (port = \"...\") or serves files "
+                             f"(files = \"...\"): {'not both' if self.port else 'give it one'}")
+        if self.files is not None:
+            if not self.files.strip() or "\0" in self.files:
+                raise ValueError("a route's files name a directory (relative: inside the "
+                                 "instance's directory; absolute: a static root)")
+            if ".." in _segments(self.files):
+                raise ValueError(f"route files {self.files!r} must not climb out with '..'")
+        if self.strip_prefix and not self.path:
+            raise ValueError("strip_prefix takes a route's path off the request: give the "
+                             "route a path")
+
+    @property
+    def strips(self) -> bool:
+        """Whether the gateway takes the path prefix off (`strip_prefix`, or the default of
+        the route's kind)."""
+        if self.strip_prefix is not None:
+            return self.strip_prefix
+        return self.files is not None and bool(self.path)
+
+    @property
+    def prefix(self) -> str:
+        """The path prefix as matched: no trailing slash ("/" matches every path)."""
+        return (self.path.rstrip("/") or "/") if self.path else ""
+
+    @property
+    def key(self) -> tuple[str, str]:
+        """What the route matches: its host and its path prefix."""
+        return (self.host, self.prefix)
+
+    @property
+    def label(self) -> str:
+        """How `gavel routes` and refusals name the route: ``host/path``."""
+        return f"{self.host}{self.prefix}"
