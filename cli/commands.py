@@ -24,6 +24,7 @@ from typing import Any
 
 import msgspec
 
+from gavel.cli import services
 from gavel.cli.specfile import SpecError, load_spec
 from gavel.shared import subjects
 from gavel.shared.api import (
@@ -110,6 +111,14 @@ async def run(args: argparse.Namespace) -> int:
             return await drain(args)
         case "routes":
             return await routes(args)
+        case "deploy" | "services" | "scale" | "stop" | "rollback":
+            verb = getattr(services, args.command)
+            try:
+                code: int = await verb(args)
+            except services.Refused as exc:
+                print(f"gavel {args.command}: {exc}", file=sys.stderr)
+                return 3
+            return code
     raise UsageError(f"unknown command {args.command!r}")
 
 
@@ -209,6 +218,15 @@ async def _wait_healthy(nc: Any, sub: Any, iid: str, args: argparse.Namespace) -
 
 
 async def status(args: argparse.Namespace) -> int:
+    if args.instance:  # a service's name shows the service and its replicas
+        try:
+            svc = await services.service_status(args, args.instance)
+        except services.Refused as exc:
+            print(f"gavel status: {exc}", file=sys.stderr)
+            return 3
+        if svc is not None:
+            _print_json(svc) if args.json else services.print_service(svc)
+            return 0
     nc = await connect(args.nats, args.creds)
     try:
         reply = await call(nc, "status", StatusRequest(instance_id=args.instance), StatusReply)
@@ -262,8 +280,9 @@ async def why(args: argparse.Namespace) -> int:
           + (f", {i.health}" if i.health else "")
           + (f", {i.restarts} restart{'' if i.restarts == 1 else 's'} in place"
              if i.restarts else "")
+          + (f", replica of service {i.service} version {i.version}" if i.service else "")
           + (f" — {i.detail or i.reason}" if i.state in ("unschedulable", "failed", "lost")
-             else ""))
+             or (i.state == "cancelled" and i.service) else ""))
     if i.check:
         print(f"  check {i.check}")
     for a in reply.auctions:

@@ -15,8 +15,8 @@ from types import ModuleType
 
 from gavel.cli import auth, commands, config, daemons, logs
 from gavel.cli.config import DEFAULT_NATS
+from gavel.cli.parsers import non_negative_float, positive_float, positive_int, whole
 from gavel.cli.parsers import port as _port
-from gavel.cli.parsers import positive_float, positive_int
 from gavel.shared.errors import BadInput
 from gavel.transport import eventloop
 
@@ -112,9 +112,11 @@ def build_parser() -> argparse.ArgumentParser:
     sm.add_argument("--timeout", type=positive_float, default=30.0,
                     help="seconds --wait waits (default %(default)s)")
 
-    st = sub.add_parser("status", help="instances and their states")
+    st = sub.add_parser("status", help="instances and their states, or a service's replicas")
     _client(st)
-    st.add_argument("instance", nargs="?", default="")
+    st.add_argument("instance", nargs="?", default="",
+                    help="an instance id, or a service name (its replicas: node, state, "
+                    "version, health)")
 
     nd = sub.add_parser("nodes", help="nodes, their health and load")
     _client(nd)
@@ -142,6 +144,42 @@ def build_parser() -> argparse.ArgumentParser:
     dr.add_argument("--undo", action="store_true", help="take the node back into service")
     dr.add_argument("--migrate", action="store_true",
                     help="also move its instances elsewhere, one by one")
+
+    dp = sub.add_parser("deploy", help="create or update a service from its spec; "
+                        "`deploy status NAME` shows a deploy's progress", description=(
+                            "gavel deploy SPEC deploys a service (a spec with type = "
+                            "\"service\"): a new one, or a new version of a running one, "
+                            "rolled out update.max_parallel replicas at a time. gavel deploy "
+                            "status NAME shows the versions, their replicas and the deploy."))
+    _client(dp)
+    dp.add_argument("target", nargs="+", metavar="SPEC | status NAME",
+                    help="a service spec file (TOML or JSON), or `status` and a service name")
+    dp.add_argument("--wait", action="store_true",
+                    help="wait until every replica of the new version is healthy (exit 0), or "
+                    "exit 3 with the reason the deploy failed or was rolled back")
+    dp.add_argument("--timeout", type=non_negative_float, default=0.0,
+                    help="seconds --wait waits at most (default 0: until the deploy ends)")
+
+    sv = sub.add_parser("services", help="services, their versions, counts and deploys")
+    _client(sv)
+
+    sc = sub.add_parser("scale", help="set a service's number of replicas")
+    _client(sc)
+    sc.add_argument("name", help="service name")
+    sc.add_argument("count", type=whole, help="replicas to keep (0 or more)")
+
+    sp = sub.add_parser("stop", help="stop every replica of a service (its record stays; "
+                        "deploy starts it again)")
+    _client(sp)
+    sp.add_argument("name", help="service name")
+
+    rb = sub.add_parser("rollback", help="roll a service back: to its last healthy version, "
+                        "or the one its last deploy came from, or --to VERSION")
+    _client(rb)
+    rb.add_argument("name", help="service name")
+    rb.add_argument("--to", type=positive_int, default=0, metavar="VERSION",
+                    help="the version to go back to (default: the last healthy one while "
+                    "another runs, else the one the last deploy came from)")
 
     sim_cli: ModuleType | None
     try:

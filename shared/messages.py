@@ -83,6 +83,14 @@ class EventType(StrEnum):
     UNHEALTHY = "unhealthy"
     #: The worker restarted the process in place (`Spec.restart`).
     RESTARTED = "restarted"
+    #: A service's own story, on the service's name (`instance_id` is the service): a new
+    #: version is being rolled out (or back), it is deployed, its deploy failed; a replica
+    #: that ended was replaced (detail: which, by which); a replica is being stopped.
+    DEPLOYING = "deploying"
+    DEPLOYED = "deployed"
+    DEPLOY_FAILED = "deploy-failed"
+    REPLACED = "replaced"
+    STOPPING = "stopping"
 
 
 class Health(StrEnum):
