@@ -79,8 +79,11 @@ class Heartbeats:
         if impossible:
             ctx.rejects.count(impossible, msg.subject)
             return
+        last = ctx.liveness.heartbeats.get(hb.node_id)
+        if last is not None and hb.seq < last.seq:  # its agent started again: counts anew
+            self.promises.node_restarted(hb.node_id)
         before = ctx.liveness.record(hb, ctx.now())
-        self.promises.heartbeat_lists(hb.node_id, hb.instances)
+        self.promises.heartbeat_lists(hb.node_id, hb.instances, hb.reported)
         if hb.freed_ports:
             self.promises.ports_freed(hb.node_id, hb.freed_ports)
         if before is not Health.HEALTHY:

@@ -101,6 +101,7 @@ class Agent:
         self._view: NodeView
         self._refresh_view()
         self._seq = 0
+        self._reported = 0  # events sent (`Event.seq`), told in every heartbeat
         self._nc: NATS | None = None
         self._subs: list[Subscription] = []
         self._outbox: list[tuple[str, bytes]] = []
@@ -152,7 +153,7 @@ class Agent:
             labels=self.labels, capacity=view.capacity, committed=view.committed,
             stats=view.stats, draining=view.draining, instances=self.instances(),
             port_range=list(self.port_range), freed_ports=self._freed_ports(),
-            advertise=self.advertise, workdir=self.workdir,
+            advertise=self.advertise, workdir=self.workdir, reported=self._reported,
         )
 
     def _freed_ports(self) -> list[int]:
@@ -334,11 +335,12 @@ class Agent:
                       restarts: int = 0) -> None:
         log.info("instance %s attempt %d: %s %s %s%s", instance_id, attempt, type_, reason,
                  f"{check}: " if check else "", detail)
+        self._reported += 1
         await self._send(self._report_subject, Event(
             instance_id=instance_id, type=type_, node_id=self.node_id, reason=reason,
             detail=detail, exit_code=exit_code, attempt=attempt, at=time.time(),
             ports=dict(ports or {}), taken=list(taken or []), check=check,
-            restarts=restarts))
+            restarts=restarts, seq=self._reported))
 
     async def _send(self, subject: str, message: Message) -> None:
         """Publish now, or keep it for when the connection exists; log what NATS refuses."""

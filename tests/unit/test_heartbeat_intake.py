@@ -1,7 +1,8 @@
 """Heartbeats in: a heartbeat larger than its node could send is refused by its length,
 before it is decoded; one that decodes but lists more instances than the node could hold
 is refused next; a node with many placements may list them all, and still may while it
-stops them after git moved them away; forged node ids cost no memory.
+stops them after git moved them away; forged node ids cost no memory; and a heartbeat
+older than an event the broker heard says nothing of health.
 
 A real `Broker` on a real git repository, its heartbeat handler fed directly (no NATS)."""
 
@@ -18,7 +19,7 @@ from gavel.shared import subjects
 from gavel.shared.auction import Awarded
 from gavel.shared.award import NodeBid
 from gavel.shared.bounds import FIXED_BYTES, SPARE_INSTANCES
-from gavel.shared.messages import Capacity, Heartbeat, InstanceReport, Request, Spec
+from gavel.shared.messages import Capacity, Event, Heartbeat, InstanceReport, Request, Spec
 from gavel.shared.reasons import Reason
 from gavel.shared.records import InstanceRecord
 from gavel.shared.timing import Timing
@@ -104,3 +105,31 @@ def test_forged_node_ids_take_no_memory(tmp_path: Path) -> None:
     for k in range(1000):
         beat(b, f"forged-{k}", b"\xc1" * 10)
     assert b.heartbeats._most == {}
+
+
+def test_a_heartbeat_older_than_an_event_heard_says_nothing_of_health(tmp_path: Path) -> None:
+    """Heartbeats come through the stream, events straight: a heartbeat the node took
+    before its last event can arrive after it, and must not undo what the event said."""
+    b = broker(tmp_path)
+    (iid,) = place_many(b, "n1", 1)
+
+    def beat_saying(health: str, seq: int, reported: int) -> None:
+        beat(b, "n1", _enc.encode(Heartbeat(
+            node_id="n1", seq=seq, reported=reported, capacity=Capacity(cpu=4, memory_mb=64),
+            instances=[InstanceReport(instance_id=iid, state="running", health=health)])))
+
+    def event(type_: str, seq: int) -> None:
+        b.promises.on_report(Msg(subjects.REPORT.format(node="n1"), _enc.encode(Event(
+            instance_id=iid, type=type_, node_id="n1", attempt=1, seq=seq))))
+
+    beat_saying("checking", seq=1, reported=0)
+    event("running", seq=1)
+    event("healthy", seq=2)
+    beat_saying("checking", seq=2, reported=1)  # taken between the two events: stale
+    assert b.promises.health[iid].health == "healthy"
+    beat_saying("unhealthy", seq=3, reported=2)  # taken after both: the node's word
+    assert b.promises.health[iid].health == "unhealthy"
+    # The agent started again: it counts its events anew, and its heartbeats count again.
+    beat_saying("healthy", seq=1, reported=0)
+    assert b.promises.health[iid].health == "healthy"
+    assert b.rejects.counts == {}
