@@ -159,7 +159,7 @@ class Broker:
                        secrets=self.secrets, ended_max=ended_max)
         self.metrics.attach(now=clock, liveness=self.liveness, ledger=self.ledger,
                             in_flight=lambda: len(self.auctioneer.auctions),
-                            mirror=self.mirror)
+                            mirror=self.mirror, live_state=self.api.state_of)
         self.metrics.attach_services(self.services.counts)
         self.heartbeats = Heartbeats(ctx, self.promises, self.auctioneer.capacity_freed)
         #: Rule 7: why and since when the broker cannot hear.
