@@ -191,6 +191,7 @@ async def test_a_broker_running_through_a_nats_restart_hears_the_nodes_again(
         await wait_for(lambda: broker.liveness.last_seen["node-a"] > back, 30,
                        what="node-a heard through the stream made again")
         assert broker.feed.jetstream and not broker.deafness.deaf
+        assert broker.disconnects == {"nodes": 1, "api": 1}  # each lost once, each back
         assert cluster.holders(iid) == ["node-a"]
         status = await cluster.status(iid)  # the API connection is back too
         assert status.node_id == "node-a"
