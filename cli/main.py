@@ -17,6 +17,7 @@ from gavel.cli import auth, commands, config, daemons, logs
 from gavel.cli.config import DEFAULT_NATS
 from gavel.cli.parsers import port as _port
 from gavel.cli.parsers import positive_float, positive_int
+from gavel.cli.ui import app as ui_app
 from gavel.shared.errors import BadInput
 from gavel.transport import eventloop
 
@@ -59,6 +60,9 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--log-format", choices=("text", "json"), default=None,
                     help="log format of the broker and workers (env GAVEL_LOG_FORMAT; "
                     "default text)")
+    up.add_argument("--no-ui", dest="ui", action="store_false",
+                    help="do not serve the web dashboard (default: served, its URL printed)")
+    ui_app.add_options(up, prefix="ui-")
 
     br = sub.add_parser("broker", help="run the broker", description=(
         "Run the broker. Settings come from --config FILE, then GAVEL_* environment "
@@ -99,6 +103,14 @@ def build_parser() -> argparse.ArgumentParser:
     st = sub.add_parser("status", help="instances and their states")
     _client(st)
     st.add_argument("instance", nargs="?", default="")
+
+    ui = sub.add_parser("ui", help="serve a live web dashboard of the cluster (read-only)",
+                        description="Serve a read-only web dashboard of the cluster: nodes, "
+                        "instances, services, live events, and every instance's auctions. It "
+                        "listens on loopback unless --addr says otherwise; on any other address "
+                        "it requires a token.")
+    _client(ui, json_flag=False)
+    ui_app.add_options(ui)
 
     nd = sub.add_parser("nodes", help="nodes, their health and load")
     _client(nd)
@@ -153,6 +165,8 @@ async def _dispatch(args: argparse.Namespace) -> int:
             from gavel.cli.up import up
 
             return await up(args)
+        case "ui":
+            return await ui_app.run(args)
     return await commands.run(args)
 
 
