@@ -5,7 +5,8 @@ is a real child process speaking real NATS, exactly as it would on separate host
 own nkey and only its own subjects (`gavel auth init`, reusing the keys of an earlier run;
 ``--no-auth`` leaves NATS open). ``--demo`` submits a few workloads, prints where each went
 and why, and exits. ``--metrics-port`` serves the broker's metrics; ``--log-format`` (or
-GAVEL_LOG_FORMAT) reaches every child.
+GAVEL_LOG_FORMAT) reaches every child. Unless ``--no-ui``, the web dashboard (`gavel ui`)
+runs in this process as an operator client, and its URL is printed.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from typing import Any
 
 from gavel.cli.commands import UsageError
 from gavel.cli.parsers import unusable_dir
+from gavel.cli.ui import app as ui_app
 from gavel.shared.api import (
     EventsReply,
     EventsRequest,
@@ -172,6 +174,7 @@ async def up(args: argparse.Namespace) -> int:
           if ids else "NATS auth: off (--no-auth); anyone who reaches the server may use it")
     if args.metrics_port is not None:
         print(f"broker metrics: http://{args.metrics_addr}:{args.metrics_port}/metrics")
+    dashboard: ui_app.Dashboard | None = None
     try:
         if args.demo:
             nc = await connect(server.url, operator)
@@ -183,6 +186,11 @@ async def up(args: argparse.Namespace) -> int:
         hint = f"GAVEL_CREDS={operator} " if operator else ""
         print(f"try: GAVEL_NATS_URL={server.url} {hint}gavel nodes   "
               "(Ctrl-C stops the cluster)")
+        if args.ui:
+            dashboard = await ui_app.start(server.url, operator, addr=args.ui_addr,
+                                           port=args.ui_port, token=args.ui_token)
+            print(f"dashboard: {dashboard.announce()}")
+        sys.stdout.flush()
         done = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -190,5 +198,7 @@ async def up(args: argparse.Namespace) -> int:
         await done.wait()
         return 0
     finally:
+        if dashboard is not None:
+            await dashboard.close()
         _stop(procs)
         server.stop()
