@@ -76,8 +76,11 @@ class Events:
 
     async def frame(self, timeout: float = 30.0) -> tuple[str, Any]:
         """The next frame that is an event (comments and retry lines skipped)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
         while True:
-            raw = await asyncio.wait_for(self.reader.readuntil(b"\n\n"), timeout)
+            raw = await asyncio.wait_for(self.reader.readuntil(b"\n\n"),
+                                         max(0.1, deadline - loop.time()))
             event, data = "", b""
             for line in raw.split(b"\n"):
                 if line.startswith(b"event: "):
