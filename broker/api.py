@@ -1,4 +1,6 @@
-"""The broker's request/reply API over NATS: submit, status, nodes, why, events, cancel, drain.
+"""The broker's request/reply API over NATS: submit, status, nodes, why, events, cancel, drain,
+and endpoints (what a gateway routes to), and the service verbs: deploy, service, services,
+scale, stop, rollback (`broker.deploys`).
 
 Rules:
 1. One decoder per verb; a request that does not decode, or that cannot be honoured, gets
@@ -32,6 +34,7 @@ Rules:
 from __future__ import annotations
 
 import asyncio
+import itertools
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
@@ -42,29 +45,45 @@ from nats.aio.msg import Msg
 
 from gavel.broker.auctioneer import Auctioneer
 from gavel.broker.context import Context
+from gavel.broker.deploys import Deploys
 from gavel.broker.ledger.committer import Item, Planned
 from gavel.broker.ledger.plan import View, submit
 from gavel.broker.ledger.state import Ready, ready
 from gavel.broker.mirror import Mirror
 from gavel.broker.promises import Promises
+from gavel.broker.services import Services
 from gavel.shared import subjects
 from gavel.shared.api import (
     CancelReply,
     CancelRequest,
+    DeployRequest,
     DrainReply,
     DrainRequest,
+    Endpoint,
+    EndpointsReply,
+    EndpointsRequest,
     EventsReply,
     EventsRequest,
     InstanceStatus,
+    NodeAddress,
     NodesReply,
     NodesRequest,
     NodeStatus,
+    RollbackRequest,
+    ScaleRequest,
+    ServiceReply,
+    ServiceRequest,
+    ServicesReply,
+    ServicesRequest,
+    ServiceStatus,
     StatsReply,
     StatsRequest,
     StatusReply,
     StatusRequest,
+    StopServiceRequest,
     SubmitReply,
     SubmitRequest,
+    VersionStatus,
     WhyReply,
     WhyRequest,
     counted_ids,
@@ -74,7 +93,8 @@ from gavel.shared.lifecycle import PENDING
 from gavel.shared.messages import ApiError, Capacity, InstanceState, Message
 from gavel.shared.messages import Health as InstanceHealth
 from gavel.shared.reasons import Reason
-from gavel.shared.records import InstanceRecord
+from gavel.shared.records import InstanceRecord, ServiceRecord
+from gavel.shared.spec import Spec
 from gavel.transport.inbound import Door, Guard
 
 __all__ = ["Api"]
@@ -90,10 +110,13 @@ SUBMIT_SLICE = 128
 
 class Api:
     def __init__(self, ctx: Context, *, auctioneer: Auctioneer, promises: Promises,
-                 mirror: Mirror, secrets: Mapping[str, str], ended_max: int) -> None:
+                 services: Services, deploys: Deploys, mirror: Mirror,
+                 secrets: Mapping[str, str], ended_max: int) -> None:
         self.ctx = ctx
         self.auctioneer = auctioneer
         self.promises = promises
+        self.services = services
+        self.deploys = deploys
         self.mirror = mirror
         #: The names submissions may ask for (values are resolved only into awards).
         self.secrets = secrets
@@ -111,6 +134,13 @@ class Api:
             "stats": (StatsRequest, self.stats),
             "cancel": (CancelRequest, self.cancel),
             "drain": (DrainRequest, self.drain),
+            "endpoints": (EndpointsRequest, self.endpoints),
+            "deploy": (DeployRequest, self.deploy),
+            "service": (ServiceRequest, self.service),
+            "services": (ServicesRequest, self.list_services),
+            "scale": (ScaleRequest, self.scale),
+            "stop": (StopServiceRequest, self.stop),
+            "rollback": (RollbackRequest, self.rollback),
         }
         #: Per verb: its guard (rules 1 and 5) and its handler.
         self.verbs: dict[str, tuple[Guard[Any], Handler]] = {
@@ -200,15 +230,9 @@ class Api:
         spec = req.spec
         base = req.instance_id or f"{spec.name}-{uuid.uuid4().hex[:6]}"
         ids = counted_ids(base, req.count)
-        missing = [s for s in spec.secrets if s not in self.secrets]
-        if missing:
-            return ApiError(error=f"unknown secret {missing[0]!r}: it is not in the broker's "
-                                  "secrets file")
-        never = self._never_fits(spec.cpu, spec.memory_mb, len(spec.ports))
-        if never:
-            return ApiError(error=f"{Reason.NEVER_FITS}: {never}")
-        if self.ctx.ledger.pinned:
-            return ApiError(error=f"{Reason.PINNED} ({self.ctx.ledger.ref})")
+        refused = self._refused(spec)
+        if refused is not None:
+            return refused
         made: list[Ready] = []
         for start in range(0, len(ids), SUBMIT_SLICE):  # rule 3
             if start:
@@ -263,6 +287,19 @@ class Api:
             commit_p99_ms=_pct(commits, 99),
             rss_mb=psutil.Process().memory_info().rss / 2**20, kv_puts=self.mirror.puts)
 
+    def _refused(self, spec: Spec) -> ApiError | None:
+        """Why no instance of `spec` can be accepted at all (None: it can)."""
+        missing = [s for s in spec.secrets if s not in self.secrets]
+        if missing:
+            return ApiError(error=f"unknown secret {missing[0]!r}: it is not in the broker's "
+                                  "secrets file")
+        never = self._never_fits(spec.cpu, spec.memory_mb, len(spec.ports))
+        if never:
+            return ApiError(error=f"{Reason.NEVER_FITS}: {never}")
+        if self.ctx.ledger.pinned:
+            return ApiError(error=f"{Reason.PINNED} ({self.ctx.ledger.ref})")
+        return None
+
     def _never_fits(self, cpu: float, memory_mb: int, ports: int) -> str:
         caps = [hb.capacity for hb in self.ctx.liveness.heartbeats.values()]
         if not caps:
@@ -298,11 +335,13 @@ class Api:
                  else InstanceHealth.UNKNOWN, "", 0)
             return InstanceStatus(instance_id=iid, name=rec.spec.name, state=st,
                                   node_id=node, attempt=pl.attempt, ports=dict(pl.ports),
-                                  health=health, check=check, restarts=restarts)
+                                  health=health, check=check, restarts=restarts,
+                                  reason=rec.reason if rec.cancelling else "",
+                                  service=rec.service, version=rec.version)
         st = self.auctioneer.status_of(iid, rec.state)
         return InstanceStatus(instance_id=iid, name=rec.spec.name, state=st,
                               node_id=rec.node_id, attempt=rec.attempt, reason=rec.reason,
-                              detail=rec.detail)
+                              detail=rec.detail, service=rec.service, version=rec.version)
 
     async def status(self, req: StatusRequest) -> Message:
         state = self.ctx.ledger.state()
@@ -329,7 +368,7 @@ class Api:
                                   draining=hb.draining or bool(nf and nf.draining),
                                   instances=len(nf.instances) if nf else 0,
                                   last_seen_s=round(now - self.ctx.liveness.last_seen[node_id],
-                                                    3)))
+                                                    3), advertise=hb.advertise))
         return NodesReply(nodes=out, rejected=dict(self.ctx.rejects.counts))
 
     async def why(self, req: WhyRequest) -> Message:
@@ -370,6 +409,91 @@ class Api:
                             f"({state.unreadable.get(path, '')})")
         moving = self.promises.drain(req.node_id, req.undo, req.migrate)
         return DrainReply(node_id=req.node_id, draining=not req.undo, migrating=moving)
+
+    async def endpoints(self, req: EndpointsRequest) -> Message:
+        """Every live instance (placed or waiting) whose spec declares routes, as `status`
+        tells it, with the health its node last reported, and how each known node is
+        reached: a gateway's inputs (`gavel.shared.routes`). Read-only, from memory: the
+        placed and the pending indexes, never the ended records."""
+        state = self.ctx.ledger.state()
+        out: list[Endpoint] = []
+        for iid in itertools.chain(state.where, state.pending):
+            rec = state.instances.get(iid)
+            if rec is None or not rec.spec.routes:
+                continue
+            st = self.instance_status(rec)
+            note = self.promises.health.get(iid)
+            out.append(Endpoint(instance_id=iid, name=rec.spec.name, state=st.state,
+                                node_id=st.node_id, ports=st.ports,
+                                health=st.health or (str(note.health) if note else ""),
+                                service=rec.service, version=rec.version,
+                                routes=list(rec.spec.routes)))
+        now = self.ctx.now()
+        liveness = self.ctx.liveness
+        nodes = [NodeAddress(node_id=n, address=liveness.heartbeats[n].advertise,
+                             workdir=liveness.heartbeats[n].workdir,
+                             health=liveness.health(n, now)) for n in liveness.known()]
+        return EndpointsReply(endpoints=out, nodes=nodes)
+
+    # -- services ------------------------------------------------------------------------
+    async def deploy(self, req: DeployRequest) -> Message:
+        spec = req.spec
+        if not spec.service:
+            return ApiError(error=f"{Reason.NOT_A_SERVICE}: {spec.name} (type = \"service\" "
+                                  "makes it one; `gavel submit` runs a job)")
+        refused = self._refused(spec) or self.deploys.refused(spec.name)
+        if refused is not None:
+            return refused
+        return await self.deploys.deploy(spec, req.key)
+
+    def service_status(self, svc: ServiceRecord) -> ServiceStatus:
+        """A service and its live replicas: each one's state, node, version and health."""
+        state = self.ctx.ledger.state()
+        replicas = [self.instance_status(r) for r in state.replicas_of(svc.name)
+                    if not r.state.terminal]
+        replicas.sort(key=lambda r: (r.version, r.instance_id))
+        versions: dict[int, VersionStatus] = {svc.version: VersionStatus(version=svc.version)}
+        for r in replicas:
+            if r.state == "cancelling":
+                continue
+            vs = versions.setdefault(r.version, VersionStatus(version=r.version))
+            vs.replicas += 1
+            vs.healthy += r.health == InstanceHealth.HEALTHY
+        return ServiceStatus(name=svc.name, version=svc.version, count=svc.count,
+                             stopped=svc.stopped, healthy_version=svc.healthy_version,
+                             deployment=svc.deployment,
+                             versions=[versions[v] for v in sorted(versions)],
+                             replicas=replicas)
+
+    def _service_reply(self, name: str) -> Message:
+        svc = self.ctx.ledger.state().services.get(name)
+        if svc is None:
+            return self.deploys.refused(name) or \
+                ApiError(error=f"{Reason.UNKNOWN_SERVICE}: {name}")
+        return ServiceReply(service=self.service_status(svc))
+
+    async def service(self, req: ServiceRequest) -> Message:
+        return self._service_reply(req.name)
+
+    async def list_services(self, req: ServicesRequest) -> Message:
+        state = self.ctx.ledger.state()
+        return ServicesReply(services=[self.service_status(state.services[n])
+                                       for n in sorted(state.services)])
+
+    async def scale(self, req: ScaleRequest) -> Message:
+        refused = self.deploys.refused(req.name)
+        got = refused or await self.deploys.scale(req.name, req.count)
+        return got or self._service_reply(req.name)
+
+    async def stop(self, req: StopServiceRequest) -> Message:
+        refused = self.deploys.refused(req.name)
+        got = refused or await self.deploys.stop_service(req.name)
+        return got or self._service_reply(req.name)
+
+    async def rollback(self, req: RollbackRequest) -> Message:
+        refused = self.deploys.refused(req.name)
+        got = refused or await self.deploys.rollback(req.name, req.to_version)
+        return got or self._service_reply(req.name)
 
 
 def _operators(_subject: str) -> str:

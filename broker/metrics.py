@@ -8,7 +8,7 @@ state) are computed at scrape time from the broker's own view, so they can never
 from __future__ import annotations
 
 from collections import Counter as Tally
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
@@ -53,12 +53,40 @@ class Metrics:
         self.rejected = Counter("gavel_messages_rejected_total",
                                 "Messages from the wire refused, by kind", ["kind"],
                                 registry=r)
+        self.deploys = Counter("gavel_deploys_total",
+                               "Service deployments ended, by outcome (succeeded, failed, "
+                               "rolled-back, cancelled)", ["outcome"], registry=r)
 
     def attach(self, *, now: Callable[[], float], liveness: Liveness, ledger: Ledger,
                in_flight: Callable[[], int], mirror: Mirror) -> None:
         """Register the scrape-time view (node health, instances by state, open auctions,
         the KV mirror's puts)."""
         self.registry.register(_StateCollector(now, liveness, ledger, in_flight, mirror))
+
+
+    def attach_services(self, counts: Callable[[], tuple[Mapping[str, int],
+                                                         Mapping[str, int]]]) -> None:
+        """Register the scrape-time view of services: by state, and their live replicas by
+        health (`broker.services.Services.counts`)."""
+        self.registry.register(_ServiceCollector(counts))
+
+
+class _ServiceCollector(Collector):
+    def __init__(self, counts: Callable[[], tuple[Mapping[str, int],
+                                                  Mapping[str, int]]]) -> None:
+        self.counts = counts
+
+    def collect(self) -> Iterator[Metric]:
+        by_state, by_health = self.counts()
+        services = GaugeMetricFamily("gavel_services", "Services by state", labels=["state"])
+        for state, n in by_state.items():
+            services.add_metric([state], n)
+        yield services
+        replicas = GaugeMetricFamily("gavel_service_replicas",
+                                     "Live service replicas by health", labels=["health"])
+        for health, n in by_health.items():
+            replicas.add_metric([health], n)
+        yield replicas
 
 
 class _StateCollector(Collector):

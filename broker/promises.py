@@ -12,6 +12,9 @@ Rules:
 4. A running instance's health is what its node last said, in an event (``healthy``,
    ``unhealthy`` with the check and its output, ``restarted``) or a heartbeat; a heartbeat
    keeps the check an event named while the health it says is the same.
+5. A cancel records why it was asked (the operator, or a service scaling down, stopping or
+   replacing a replica): the end its node confirms keeps that reason, and one the broker
+   overrules after the grace keeps it as its detail.
 """
 
 from __future__ import annotations
@@ -198,10 +201,15 @@ class Promises:
         self._submit(plan)
 
     def _end(self, ev: Event, to: InstanceState) -> None:
-        reason = ev.reason or ("" if to is InstanceState.SUCCEEDED else
-                               Reason.EXITED_NONZERO)
+        reported = ev.reason or ("" if to is InstanceState.SUCCEEDED else
+                                 Reason.EXITED_NONZERO)
 
         def plan(view: View) -> Planned | None:
+            reason = reported
+            rec = view.instance(ev.instance_id)
+            if to is InstanceState.CANCELLED and rec is not None and rec.cancelling \
+                    and rec.reason:
+                reason = rec.reason  # rule 5: the cancel's own reason
             if finish(view, ev.instance_id, ev.node_id, to, reason, ev.detail) is None:
                 return None
             code = "" if ev.exit_code is None else f" (exit {ev.exit_code})"
@@ -279,8 +287,10 @@ class Promises:
 
     def _finish(self, view: View, a: Action, to: InstanceState,
                 reason: Reason, stop: bool = False) -> Planned | None:
-        if finish(view, a.instance_id, a.node_id, to, reason) is None:
-            return None
+        rec = view.instance(a.instance_id)
+        asked = rec.reason if a.kind is Kind.CANCEL_EXPIRED and rec is not None else ""
+        if finish(view, a.instance_id, a.node_id, to, reason, asked) is None:
+            return None  # (rule 5: an overruled cancel keeps why it was asked as its detail)
 
         def after(_sha: str) -> None:
             if stop:
@@ -313,12 +323,13 @@ class Promises:
                 if set_cancelling(view, iid) is None:
                     return None
                 return Planned(lines=[f"cancel {iid} on {node}"],
-                               after=[lambda _s: self._send_cancel(iid, node)])
+                               after=[lambda _s: self.send_cancel(iid, node)])
             self._submit(plan_live)
             return "cancelling"
         return str(rec.state)
 
-    def _send_cancel(self, iid: str, node: str) -> None:
+    def send_cancel(self, iid: str, node: str) -> None:
+        """Tell `node` to stop `iid` (its cancel has been committed) and start the grace."""
         self.ctx.timers.cancelling(iid, node, self.ctx.now())
         self.ctx.outbox.publish(subjects.CANCEL.format(node=node),
                                 Cancel(instance_id=iid, node_id=node))

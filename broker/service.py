@@ -40,6 +40,7 @@ from gavel.broker.api import Api
 from gavel.broker.assign import Assignments
 from gavel.broker.auctioneer import Auctioneer
 from gavel.broker.context import Context
+from gavel.broker.deploys import Deploys
 from gavel.broker.events import Events
 from gavel.broker.integrity import Integrity
 from gavel.broker.ledger.committer import Committer
@@ -50,6 +51,7 @@ from gavel.broker.mirror import Mirror
 from gavel.broker.outbox import Outbox
 from gavel.broker.promises import Promises
 from gavel.broker.retention import Retention
+from gavel.broker.services import Services
 from gavel.broker.watchdog import Timers
 from gavel.shared import subjects
 from gavel.shared.health import Health, Liveness
@@ -134,6 +136,8 @@ class Broker:
                                      rng=random.Random(seed))
         self.promises = Promises(ctx, capacity_freed=self.auctioneer.capacity_freed)
         self.retention = Retention(ctx, wall, ended_max)
+        self.services = Services(ctx, self.promises, wall)
+        self.deploys = Deploys(ctx, self.services, wall)
         self.integrity = Integrity(ctx)
         #: Why the broker stopped on its own, raised by `run` (rule 5).
         self.fatal: Damaged | None = None
@@ -144,10 +148,12 @@ class Broker:
         #: timed by the event loop, so on the machine's clock, not an injected one.
         self.mirror = Mirror(self.outbox.publish_raw, timing.mirror_s, time.monotonic)
         self.api = Api(ctx, auctioneer=self.auctioneer, promises=self.promises,
-                       mirror=self.mirror, secrets=self.secrets, ended_max=ended_max)
+                       services=self.services, deploys=self.deploys, mirror=self.mirror,
+                       secrets=self.secrets, ended_max=ended_max)
         self.metrics.attach(now=clock, liveness=self.liveness, ledger=self.ledger,
                             in_flight=lambda: len(self.auctioneer.auctions),
                             mirror=self.mirror)
+        self.metrics.attach_services(self.services.counts)
         self._heartbeat = Guard("heartbeat", Heartbeat, self.rejects, node=subjects.node_of,
                                 door=Door(self.rejects, subjects.HEARTBEAT_ALL))
         self.nats_options = dict(nats_options or {})
@@ -286,6 +292,7 @@ class Broker:
                 if self.deaf_since is None and now - watched >= self.timing.tick_s / 2:
                     watched = now
                     self.promises.watch(now)
+                    self.services.watch(now)
                     self.retention.watch()
             except Damaged as exc:
                 self._damaged(exc)

@@ -24,6 +24,7 @@ from typing import Any
 
 import msgspec
 
+from gavel.cli import services
 from gavel.cli.specfile import SpecError, load_spec
 from gavel.shared import subjects
 from gavel.shared.api import (
@@ -32,6 +33,8 @@ from gavel.shared.api import (
     CancelRequest,
     DrainReply,
     DrainRequest,
+    EndpointsReply,
+    EndpointsRequest,
     EventsReply,
     EventsRequest,
     InstanceStatus,
@@ -48,6 +51,7 @@ from gavel.shared.api import (
 from gavel.shared.errors import BadInput
 from gavel.shared.messages import Event, EventType
 from gavel.shared.reasons import render as render_reason
+from gavel.shared.routes import derive
 from gavel.transport.client import BrokerRefused, ClientError, NoAnswer, call, connect
 
 __all__ = ["SUBMIT_TRIES", "SUBMIT_TRY_S", "ClientError", "Refused", "UsageError", "run"]
@@ -105,6 +109,16 @@ async def run(args: argparse.Namespace) -> int:
             return await cancel(args)
         case "drain":
             return await drain(args)
+        case "routes":
+            return await routes(args)
+        case "deploy" | "services" | "scale" | "stop" | "rollback":
+            verb = getattr(services, args.command)
+            try:
+                code: int = await verb(args)
+            except services.Refused as exc:
+                print(f"gavel {args.command}: {exc}", file=sys.stderr)
+                return 3
+            return code
     raise UsageError(f"unknown command {args.command!r}")
 
 
@@ -204,6 +218,15 @@ async def _wait_healthy(nc: Any, sub: Any, iid: str, args: argparse.Namespace) -
 
 
 async def status(args: argparse.Namespace) -> int:
+    if args.instance:  # a service's name shows the service and its replicas
+        try:
+            svc = await services.service_status(args, args.instance)
+        except services.Refused as exc:
+            print(f"gavel status: {exc}", file=sys.stderr)
+            return 3
+        if svc is not None:
+            _print_json(svc) if args.json else services.print_service(svc)
+            return 0
     nc = await connect(args.nats, args.creds)
     try:
         reply = await call(nc, "status", StatusRequest(instance_id=args.instance), StatusReply)
@@ -230,10 +253,12 @@ async def nodes(args: argparse.Namespace) -> int:
     if args.json:
         _print_json(reply)
         return 0
-    rows = [("NODE", "HEALTH", "STRATEGY", "CPU", "MEMORY MB", "INSTANCES", "LABELS")]
+    rows = [("NODE", "HEALTH", "ADDRESS", "STRATEGY", "CPU", "MEMORY MB", "INSTANCES",
+             "LABELS")]
     for n in reply.nodes:
         labels = ",".join(f"{k}={v}" for k, v in sorted(n.labels.items()))
-        rows.append((n.node_id, n.health + (" draining" if n.draining else ""), n.strategy,
+        rows.append((n.node_id, n.health + (" draining" if n.draining else ""),
+                     n.advertise or "-", n.strategy,
                      f"{n.committed.cpu:g}/{n.capacity.cpu:g}",
                      f"{n.committed.memory_mb}/{n.capacity.memory_mb}",
                      str(n.instances), labels or "-"))
@@ -255,8 +280,9 @@ async def why(args: argparse.Namespace) -> int:
           + (f", {i.health}" if i.health else "")
           + (f", {i.restarts} restart{'' if i.restarts == 1 else 's'} in place"
              if i.restarts else "")
+          + (f", replica of service {i.service} version {i.version}" if i.service else "")
           + (f" — {i.detail or i.reason}" if i.state in ("unschedulable", "failed", "lost")
-             else ""))
+             or (i.state == "cancelled" and i.service) else ""))
     if i.check:
         print(f"  check {i.check}")
     for a in reply.auctions:
@@ -344,6 +370,40 @@ async def drain(args: argparse.Namespace) -> int:
         what = "draining" if reply.draining else "back in service"
         extra = f"; moving {reply.migrating} instances one by one" if reply.migrating else ""
         print(f"{reply.node_id}: {what}{extra}")
+    return 0
+
+
+async def routes(args: argparse.Namespace) -> int:
+    """The route table a gateway derives from the broker's endpoints, derived here the same
+    way (`gavel.shared.routes`): what is routed where, and what leads nowhere now."""
+    nc = await connect(args.nats, args.creds)
+    try:
+        reply = await call(nc, "endpoints", EndpointsRequest(), EndpointsReply)
+    finally:
+        await nc.close()
+    table = derive(reply.endpoints, reply.nodes)
+    if args.json:
+        _print_json(table)
+        return 0
+    if not table:
+        print("no live instance declares a route")
+        return 0
+    rows = [("NAME", "MATCH", "TARGET", "LEADS TO", "REPLICAS")]
+    for e in table:
+        if e.port:
+            target = f"port {e.port}"
+            leads = ", ".join(u.dial for u in e.upstreams)
+            serving = len(e.upstreams)
+        else:
+            target = f"files {e.files}"
+            leads, serving = e.root, int(bool(e.root))
+        if e.strip_prefix:
+            target += " (prefix stripped)"
+        leads = leads or "nothing (no healthy running replica)"
+        if e.shadowed_by:
+            leads += f" (shadowed by {e.shadowed_by})"
+        rows.append((e.name, f"{e.host}{e.path}", target, leads, f"{serving}/{e.replicas}"))
+    _table(rows)
     return 0
 
 

@@ -23,8 +23,12 @@ from typing import Annotated, Any, Literal, TypeVar
 import msgspec
 
 from gavel.cli.parsers import (
+    absolute_paths,
+    address,
+    admin_url,
     choice,
     labels,
+    listen_addresses,
     node_id,
     non_negative_float,
     port,
@@ -42,11 +46,14 @@ from gavel.shared.timing import FAST_FACTOR, Timing
 
 __all__ = [
     "BROKER_OPTIONS",
+    "DEFAULT_ADMIN",
     "DEFAULT_NATS",
+    "GATEWAY_OPTIONS",
     "WORKER_OPTIONS",
     "BrokerConfig",
     "ConfigError",
     "DaemonConfig",
+    "GatewayConfig",
     "Option",
     "WorkerConfig",
     "add_options",
@@ -57,6 +64,8 @@ __all__ = [
 ]
 
 DEFAULT_NATS = "nats://127.0.0.1:4222"
+#: Caddy's own default admin address.
+DEFAULT_ADMIN = "http://127.0.0.1:2019"
 Port = Annotated[int, msgspec.Meta(ge=1, le=65535)]
 NodeId = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9_-]{1,64}$")]
 LogFormat = Literal["text", "json"]
@@ -107,9 +116,23 @@ class WorkerConfig(DaemonConfig, kw_only=True, forbid_unknown_fields=True):
     cpu: Annotated[float, msgspec.Meta(gt=0)] | None = None
     memory_mb: Annotated[int, msgspec.Meta(gt=0)] | None = None
     ports: tuple[Port, Port] = (20000, 20999)
+    #: The address a gateway reaches this node's instances at ("": the host's primary one).
+    advertise: str = ""
 
 
-C = TypeVar("C", BrokerConfig, WorkerConfig)
+class GatewayConfig(DaemonConfig, kw_only=True, forbid_unknown_fields=True):
+    """`gavel gateway`: where Caddy's admin API is, and the server gavel's routes go in."""
+
+    admin: str = DEFAULT_ADMIN
+    #: The Caddy server (``apps.http.servers.<name>``) gavel's routes go in; gavel creates
+    #: it, listening on `listen`, when Caddy has none of that name.
+    server: Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9_-]{1,64}$")] = "gavel"
+    listen: list[str] = msgspec.field(default_factory=lambda: [":8080"])
+    #: Directories a files route with a static root may serve from (none: no static roots).
+    static_roots: list[str] = []
+
+
+C = TypeVar("C", BrokerConfig, WorkerConfig, GatewayConfig)
 
 
 @dataclass(frozen=True)
@@ -204,6 +227,25 @@ WORKER_OPTIONS: list[Option] = [
            "port range to assign from (default 20000-20999)", "FIRST-LAST"),
     Option("state", "--state", "GAVEL_STATE", str,
            "local state directory (default ./.gavel-worker-NODE)", "DIR"),
+    Option("advertise", "--advertise", "GAVEL_ADVERTISE", address,
+           "the address a gateway reaches this node's instances at: an IP address or DNS "
+           "name (default: the host's primary address)", "ADDR"),
+]
+
+
+GATEWAY_OPTIONS: list[Option] = [
+    *_common("gateway"),
+    Option("admin", "--admin", "GAVEL_CADDY_ADMIN", admin_url,
+           f"Caddy's admin API, an http:// URL (default {DEFAULT_ADMIN})", "URL"),
+    Option("server", "--server", "GAVEL_GATEWAY_SERVER", str,
+           "the Caddy server gavel's routes go in; created when Caddy has none of that name "
+           "(default gavel)", "NAME"),
+    Option("listen", "--listen", "GAVEL_GATEWAY_LISTEN", listen_addresses,
+           "where a server gavel creates listens: a comma list of [HOST]:PORT (default "
+           ":8080)", "ADDRS"),
+    Option("static_roots", "--static-roots", "GAVEL_STATIC_ROOTS", absolute_paths,
+           "directories a files route with a static root may serve from, a comma list of "
+           "absolute paths (default: none)", "DIRS"),
 ]
 
 
@@ -308,6 +350,17 @@ def _finish(cfg: C, source: Mapping[str, str]) -> C:
     problem = cfg.timing.problem() if cfg.timing is not None else None
     if problem:
         raise ConfigError(f"{src('timing')}: {problem}")
+    if isinstance(cfg, GatewayConfig):
+        for name, parse, value in (("admin", admin_url, cfg.admin),
+                                   ("listen", listen_addresses, ",".join(cfg.listen)),
+                                   ("static_roots", absolute_paths, ",".join(cfg.static_roots))):
+            try:
+                parse(value)
+            except argparse.ArgumentTypeError as exc:
+                raise ConfigError(f"{src(name)}: field `{name}`: {exc}.") from None
+        if not cfg.listen:
+            raise ConfigError(f"{src('listen')}: field `listen` names at least one address.")
+        return cfg
     if isinstance(cfg, BrokerConfig):
         if not cfg.state:
             raise ConfigError("field `state` is required: set it in the config file, "
@@ -321,6 +374,11 @@ def _finish(cfg: C, source: Mapping[str, str]) -> C:
                           f"{', '.join(strategy_names())}, got {cfg.strategy!r}.")
     if cfg.cpu is not None and not math.isfinite(cfg.cpu):
         raise ConfigError(f"{src('cpu')}: field `cpu` expected a finite number, got {cfg.cpu}.")
+    if cfg.advertise:
+        try:
+            cfg.advertise = address(cfg.advertise)
+        except argparse.ArgumentTypeError as exc:
+            raise ConfigError(f"{src('advertise')}: field `advertise`: {exc}.") from None
     lo, hi = cfg.ports
     if lo > hi:
         raise ConfigError(f"{src('ports')}: field `ports` expected FIRST <= LAST, got "
@@ -330,7 +388,7 @@ def _finish(cfg: C, source: Mapping[str, str]) -> C:
     return cfg
 
 
-def effective_timing(cfg: BrokerConfig | WorkerConfig, env: Mapping[str, str]) -> Timing:
+def effective_timing(cfg: DaemonConfig, env: Mapping[str, str]) -> Timing:
     """The config's `[timing]` table (or the defaults), tenfold faster under
     GAVEL_FAST_TIMERS=1."""
     base = cfg.timing or Timing()
@@ -354,7 +412,7 @@ def _toml(value: Any) -> str:
     raise TypeError(f"cannot render {type(value).__name__} as TOML")
 
 
-def render(cfg: BrokerConfig | WorkerConfig) -> str:
+def render(cfg: DaemonConfig) -> str:
     """The config as TOML that `--config` reads back (URL passwords masked)."""
     lines: list[str] = []
     tables: list[str] = []

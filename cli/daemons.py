@@ -1,4 +1,5 @@
-"""The daemons, `gavel broker` and `gavel worker`: settings in, a running service out.
+"""The daemons, `gavel broker`, `gavel worker` and `gavel gateway`: settings in, a running
+service out.
 
 Rules:
 1. Settings are resolved before anything starts (`settings`): --config FILE < GAVEL_*
@@ -28,9 +29,12 @@ from urllib.parse import quote, urlsplit
 from gavel.cli import logs
 from gavel.cli.config import (
     BROKER_OPTIONS,
+    GATEWAY_OPTIONS,
     WORKER_OPTIONS,
     BrokerConfig,
     ConfigError,
+    DaemonConfig,
+    GatewayConfig,
     WorkerConfig,
     effective_timing,
     flags_of,
@@ -45,7 +49,8 @@ from gavel.transport.creds import connect_options
 if TYPE_CHECKING:
     from gavel.broker.service import Broker
 
-__all__ = ["Stopped", "check", "config_check", "run_broker", "run_worker", "settings"]
+__all__ = ["Stopped", "check", "config_check", "run_broker", "run_gateway", "run_worker",
+           "settings"]
 
 log = logging.getLogger("gavel.cli")
 
@@ -74,12 +79,15 @@ def _secrets(path: str) -> dict[str, str]:
     return {k: str(v) for k, v in data.items()}
 
 
-def settings(args: argparse.Namespace) -> BrokerConfig | WorkerConfig:
+def settings(args: argparse.Namespace) -> DaemonConfig:
     """The daemon's effective config: --config FILE < GAVEL_* environment < flags."""
     file = args.config or os.environ.get("GAVEL_CONFIG") or None
     if args.command == "broker":
         return load(BrokerConfig, BROKER_OPTIONS, file=file, env=os.environ,
                     flags=flags_of(args, BROKER_OPTIONS))
+    if args.command == "gateway":
+        return load(GatewayConfig, GATEWAY_OPTIONS, file=file, env=os.environ,
+                    flags=flags_of(args, GATEWAY_OPTIONS))
     return load(WorkerConfig, WORKER_OPTIONS, file=file, env=os.environ,
                 flags=flags_of(args, WORKER_OPTIONS))
 
@@ -89,7 +97,7 @@ def check(args: argparse.Namespace) -> int:
     cfg = args.settings
     if isinstance(cfg, BrokerConfig):
         _secrets(cfg.secrets)
-    else:
+    elif isinstance(cfg, WorkerConfig):
         _strategy(cfg)
     _nats_options(cfg)
     print(render(cfg), end="")
@@ -104,11 +112,13 @@ def config_check(args: argparse.Namespace) -> int:
             data = tomllib.loads(Path(args.file).read_text())
         except (OSError, ValueError, RecursionError):  # not UTF-8, not TOML, too deep
             data = {}  # `load` names the problem
-        kind = "worker" if "node_id" in data else "broker"
-    cfg: BrokerConfig | WorkerConfig
+        kind = "worker" if "node_id" in data else "gateway" if "admin" in data else "broker"
+    cfg: DaemonConfig
     if kind == "broker":
         cfg = load(BrokerConfig, BROKER_OPTIONS, file=args.file, env=os.environ)
         _secrets(cfg.secrets)
+    elif kind == "gateway":
+        cfg = load(GatewayConfig, GATEWAY_OPTIONS, file=args.file, env=os.environ)
     else:
         cfg = load(WorkerConfig, WORKER_OPTIONS, file=args.file, env=os.environ)
         _strategy(cfg)
@@ -117,7 +127,7 @@ def config_check(args: argparse.Namespace) -> int:
     return 0
 
 
-def _nats_options(cfg: BrokerConfig | WorkerConfig) -> dict[str, Any]:
+def _nats_options(cfg: DaemonConfig) -> dict[str, Any]:
     """Credentials (a .creds file or an nkey seed, told apart by content) and TLS for
     nats.connect; a tls:// URL alone uses the system CA store."""
     out: dict[str, Any] = connect_options(cfg.creds) if cfg.creds else {}
@@ -261,7 +271,7 @@ async def run_worker(args: argparse.Namespace) -> int:
                           labels=cfg.labels, state_dir=Path(cfg.state),
                           timing=effective_timing(cfg, os.environ), cpu=cfg.cpu,
                           memory_mb=cfg.memory_mb, port_range=cfg.ports,
-                          nats_options=_nats_options(cfg))
+                          nats_options=_nats_options(cfg), advertise=cfg.advertise)
     loop = asyncio.get_running_loop()
     agent.metrics.attach(agent, loop)
     server = None
@@ -278,3 +288,60 @@ async def run_worker(args: argparse.Namespace) -> int:
         if server is not None:
             server.close()
     return 0
+
+
+async def run_gateway(args: argparse.Namespace) -> int:
+    """`gavel gateway`: an operator client of the broker that keeps Caddy's routes."""
+    import nats
+
+    from gavel.cli.metrics_http import MetricsUnavailable, serve
+    from gavel.gateway.admin import Admin
+    from gavel.gateway.keeper import Keeper
+    from gavel.gateway.metrics import GatewayMetrics
+
+    cfg: GatewayConfig = args.settings
+    logs.configure(cfg.log_format, cfg.log_level, secrets=_url_secrets(cfg.nats, cfg.admin))
+    timing = effective_timing(cfg, os.environ)
+    stopping = asyncio.Event()
+    _on_signal(stopping.set)
+    options: dict[str, Any] = {"name": "gavel-gateway", "max_reconnect_attempts": -1,
+                               "reconnect_time_wait": 0.5, "error_cb": _gateway_nats_error,
+                               **_nats_options(cfg)}
+    nc, said = None, False
+    while nc is None:  # a gateway started before NATS waits for it, saying so once
+        try:
+            nc = await nats.connect(cfg.nats, **options)
+        except Exception as exc:
+            if not said:
+                log.warning("cannot reach NATS at %s (%s); retrying", mask_url(cfg.nats), exc)
+                said = True
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(1.0):
+                    await stopping.wait()
+            if stopping.is_set():
+                return 0
+    keeper = Keeper(nc=nc, admin=Admin(cfg.admin), timing=timing, server=cfg.server,
+                    listen=cfg.listen, static_roots=cfg.static_roots)
+    server = None
+    if cfg.metrics_port is not None:
+        try:
+            server = serve(GatewayMetrics(keeper).registry, cfg.metrics_port, cfg.metrics_addr)
+        except MetricsUnavailable as exc:
+            await nc.close()
+            raise ConfigError(f"{exc}.") from None
+        log.info("metrics at %s", server.url)
+    log.info("gateway: routes into Caddy server %r through %s", cfg.server, mask_url(cfg.admin))
+    running = asyncio.ensure_future(keeper.run())
+    try:
+        await stopping.wait()
+    finally:
+        keeper.stop()
+        await running
+        await nc.close()
+        if server is not None:
+            server.close()
+    return 0
+
+
+async def _gateway_nats_error(exc: Exception) -> None:
+    log.warning("nats: %s", str(exc) or type(exc).__name__)

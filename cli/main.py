@@ -15,13 +15,15 @@ from types import ModuleType
 
 from gavel.cli import auth, commands, config, daemons, logs
 from gavel.cli.config import DEFAULT_NATS
+from gavel.cli.parsers import non_negative_float, positive_float, positive_int, whole
 from gavel.cli.parsers import port as _port
-from gavel.cli.parsers import positive_float, positive_int
 from gavel.cli.ui import app as ui_app
 from gavel.shared.errors import BadInput
 from gavel.transport import eventloop
 
 __all__ = ["main"]
+
+DAEMONS = ("broker", "worker", "gateway")
 
 def _client(p: argparse.ArgumentParser, json_flag: bool = True) -> None:
     p.add_argument("--nats", default=os.environ.get("GAVEL_NATS_URL", DEFAULT_NATS),
@@ -63,6 +65,12 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--no-ui", dest="ui", action="store_false",
                     help="do not serve the web dashboard (default: served, its URL printed)")
     ui_app.add_options(up, prefix="ui-")
+    up.add_argument("--no-gateway", dest="gateway", action="store_false",
+                    help="run no gateway (default: an embedded Caddy, its admin API on "
+                    "loopback, kept by `gavel gateway`, routes every spec that declares "
+                    "routes)")
+    up.add_argument("--gateway-port", type=_port, default=None, metavar="PORT",
+                    help="loopback port the gateway serves on (default: a free port)")
 
     br = sub.add_parser("broker", help="run the broker", description=(
         "Run the broker. Settings come from --config FILE, then GAVEL_* environment "
@@ -74,6 +82,14 @@ def build_parser() -> argparse.ArgumentParser:
         "variables, then flags, each overriding the one before."))
     config.add_options(wk, config.WORKER_OPTIONS)
 
+    gw = sub.add_parser("gateway", help="keep a Caddy's routes following every placement",
+                        description=(
+        "Run the gateway: an operator client of the broker that routes, through Caddy's "
+        "admin API, every spec that declares routes to its healthy running replicas. "
+        "Settings come from --config FILE, then GAVEL_* environment variables, then flags, "
+        "each overriding the one before."))
+    config.add_options(gw, config.GATEWAY_OPTIONS)
+
     au = sub.add_parser("auth", help="NATS identities: nkeys and the server's permissions")
     auth.add_arguments(au)
 
@@ -82,9 +98,9 @@ def build_parser() -> argparse.ArgumentParser:
     ck = cfs.add_parser("check", help="print the effective config (file, then GAVEL_* "
                         "environment), or exit 2 naming the bad field")
     ck.add_argument("file", help="TOML config file")
-    ck.add_argument("--kind", choices=("broker", "worker"), default=None,
+    ck.add_argument("--kind", choices=("broker", "worker", "gateway"), default=None,
                     help="which daemon reads it (default: worker if the file sets node_id, "
-                    "else broker)")
+                    "gateway if it sets admin, else broker)")
 
     sm = sub.add_parser("submit", help="submit a workload spec (TOML or JSON)")
     _client(sm)
@@ -100,9 +116,11 @@ def build_parser() -> argparse.ArgumentParser:
     sm.add_argument("--timeout", type=positive_float, default=30.0,
                     help="seconds --wait waits (default %(default)s)")
 
-    st = sub.add_parser("status", help="instances and their states")
+    st = sub.add_parser("status", help="instances and their states, or a service's replicas")
     _client(st)
-    st.add_argument("instance", nargs="?", default="")
+    st.add_argument("instance", nargs="?", default="",
+                    help="an instance id, or a service name (its replicas: node, state, "
+                    "version, health)")
 
     ui = sub.add_parser("ui", help="serve a live web dashboard of the cluster (read-only)",
                         description="Serve a read-only web dashboard of the cluster: nodes, "
@@ -128,12 +146,52 @@ def build_parser() -> argparse.ArgumentParser:
     _client(cn)
     cn.add_argument("instance")
 
+    rt = sub.add_parser("routes", help="what the gateway routes where: every route of every "
+                        "live spec, and the replicas or directory it leads to")
+    _client(rt)
+
     dr = sub.add_parser("drain", help="make a node decline all new work")
     _client(dr)
     dr.add_argument("node")
     dr.add_argument("--undo", action="store_true", help="take the node back into service")
     dr.add_argument("--migrate", action="store_true",
                     help="also move its instances elsewhere, one by one")
+
+    dp = sub.add_parser("deploy", help="create or update a service from its spec; "
+                        "`deploy status NAME` shows a deploy's progress", description=(
+                            "gavel deploy SPEC deploys a service (a spec with type = "
+                            "\"service\"): a new one, or a new version of a running one, "
+                            "rolled out update.max_parallel replicas at a time. gavel deploy "
+                            "status NAME shows the versions, their replicas and the deploy."))
+    _client(dp)
+    dp.add_argument("target", nargs="+", metavar="SPEC | status NAME",
+                    help="a service spec file (TOML or JSON), or `status` and a service name")
+    dp.add_argument("--wait", action="store_true",
+                    help="wait until every replica of the new version is healthy (exit 0), or "
+                    "exit 3 with the reason the deploy failed or was rolled back")
+    dp.add_argument("--timeout", type=non_negative_float, default=0.0,
+                    help="seconds --wait waits at most (default 0: until the deploy ends)")
+
+    sv = sub.add_parser("services", help="services, their versions, counts and deploys")
+    _client(sv)
+
+    sc = sub.add_parser("scale", help="set a service's number of replicas")
+    _client(sc)
+    sc.add_argument("name", help="service name")
+    sc.add_argument("count", type=whole, help="replicas to keep (0 or more)")
+
+    sp = sub.add_parser("stop", help="stop every replica of a service (its record stays; "
+                        "deploy starts it again)")
+    _client(sp)
+    sp.add_argument("name", help="service name")
+
+    rb = sub.add_parser("rollback", help="roll a service back: to its last healthy version, "
+                        "or the one its last deploy came from, or --to VERSION")
+    _client(rb)
+    rb.add_argument("name", help="service name")
+    rb.add_argument("--to", type=positive_int, default=0, metavar="VERSION",
+                    help="the version to go back to (default: the last healthy one while "
+                    "another runs, else the one the last deploy came from)")
 
     sim_cli: ModuleType | None
     try:
@@ -161,6 +219,8 @@ async def _dispatch(args: argparse.Namespace) -> int:
             return await daemons.run_broker(args)
         case "worker":
             return await daemons.run_worker(args)
+        case "gateway":
+            return await daemons.run_gateway(args)
         case "up":
             from gavel.cli.up import up
 
@@ -173,7 +233,7 @@ async def _dispatch(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    if args.command not in ("broker", "worker"):  # the daemons configure logs from settings
+    if args.command not in DAEMONS:  # the daemons configure logs from settings
         logs.configure(getattr(args, "log_format", None)
                        or _env_choice("GAVEL_LOG_FORMAT", ("text", "json"), "text"),
                        _env_choice("GAVEL_LOG_LEVEL", ("DEBUG", "INFO", "WARNING", "ERROR"),
@@ -191,7 +251,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return daemons.config_check(args)
         if args.command == "auth":
             return auth.run_cli(args)
-        if args.command in ("broker", "worker"):
+        if args.command in DAEMONS:
             args.settings = daemons.settings(args)
             if args.check:
                 return daemons.check(args)

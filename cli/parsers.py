@@ -7,14 +7,22 @@ Rule: each takes the text an operator typed and returns the typed value, or rais
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import math
 import re
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from urllib.parse import urlsplit
+
+from gavel.shared.routes import usable_address
 
 __all__ = [
+    "absolute_paths",
+    "address",
+    "admin_url",
     "choice",
     "labels",
+    "listen_addresses",
     "node_id",
     "non_negative_float",
     "port",
@@ -35,6 +43,62 @@ def labels(text: str) -> dict[str, str]:
             raise argparse.ArgumentTypeError(f"label {part!r} is not of the form key=value")
         out[key] = value
     return out
+
+
+def address(text: str) -> str:
+    """An address other hosts reach this one at: an IPv4 or IPv6 address, or a DNS name."""
+    if not usable_address(text):
+        raise argparse.ArgumentTypeError(
+            f"address {text!r} is neither an IP address nor a DNS name")
+    try:
+        return str(ipaddress.ip_address(text))  # one spelling of each address
+    except ValueError:
+        return text
+
+
+def admin_url(text: str) -> str:
+    """Caddy's admin API: ``http://HOST:PORT`` (a path after it is refused)."""
+    try:
+        parts = urlsplit(text)
+        good = parts.scheme in ("http", "https") and bool(parts.hostname) and \
+            parts.path in ("", "/") and not parts.query and not parts.fragment
+        parts.port  # noqa: B018 - raises ValueError for a port that is not one
+    except ValueError:
+        good = False
+    if not good:
+        raise argparse.ArgumentTypeError(
+            f"admin URL {text!r} is not of the form http://HOST:PORT")
+    return text.rstrip("/")
+
+
+def listen_addresses(text: str) -> list[str]:
+    """Caddy listen addresses, a comma list of ``[HOST]:PORT`` (``:8080``, ``[::1]:80``)."""
+    out = []
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        host, sep, number = part.rpartition(":")
+        bare = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+        if not sep or not number.isdigit() or not 1 <= int(number) <= 65535 or (
+                bare and not _is_address(bare)):
+            raise argparse.ArgumentTypeError(
+                f"listen address {part!r} is not of the form [HOST]:PORT")
+        out.append(part)
+    return out
+
+
+def absolute_paths(text: str) -> list[str]:
+    out = [p.strip() for p in text.split(",") if p.strip()]
+    for p in out:
+        if not p.startswith("/"):
+            raise argparse.ArgumentTypeError(f"{p!r} is not an absolute path")
+    return out
+
+
+def _is_address(text: str) -> bool:
+    try:
+        address(text)
+    except argparse.ArgumentTypeError:
+        return False
+    return True
 
 
 def node_id(text: str) -> str:

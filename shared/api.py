@@ -13,6 +13,7 @@ import msgspec
 
 from gavel.shared.messages import Capacity, Event, HostStats, Message, Spec
 from gavel.shared.records import AuctionRecord, Deployment
+from gavel.shared.spec import Route
 
 __all__ = [
     "INSTANCE_ID",
@@ -23,9 +24,13 @@ __all__ = [
     "DeployRequest",
     "DrainReply",
     "DrainRequest",
+    "Endpoint",
+    "EndpointsReply",
+    "EndpointsRequest",
     "EventsReply",
     "EventsRequest",
     "InstanceStatus",
+    "NodeAddress",
     "NodeStatus",
     "NodesReply",
     "NodesRequest",
@@ -158,6 +163,8 @@ class NodeStatus(msgspec.Struct, kw_only=True):
     draining: bool = False
     instances: int = 0
     last_seen_s: float = 0.0
+    #: The address the node's instances are reached at (its heartbeat's `advertise`).
+    advertise: str = ""
 
 
 class NodesReply(Message, tag="node-list"):
@@ -270,3 +277,41 @@ class RollbackRequest(Message, tag="rollback"):
     name: str
     #: The version to go back to (0: the last version that was healthy).
     to_version: Annotated[int, msgspec.Meta(ge=0)] = 0
+
+
+# -- the gateway -----------------------------------------------------------------------------
+class EndpointsRequest(Message, tag="endpoints"):
+    """Every live instance whose spec declares routes, and where each node is reached: what
+    a gateway derives its route table from (`gavel.shared.routes`)."""
+
+
+class Endpoint(msgspec.Struct, kw_only=True):
+    """One instance a route may lead to: where it runs, on which ports, how healthy."""
+
+    instance_id: str
+    name: str
+    #: `InstanceStatus.state` (queued, placed, provisioning, running, ...).
+    state: str
+    node_id: str = ""
+    ports: dict[str, int] = {}
+    #: A running instance's `Health` ("" when none is known).
+    health: str = ""
+    #: A service's replica: the service and the version it runs ("" and 0 for a job).
+    service: str = ""
+    version: int = 0
+    routes: list[Route] = []
+
+
+class NodeAddress(msgspec.Struct, kw_only=True):
+    """How a gateway reaches a node's instances: its advertised address and its instances'
+    directory (a heartbeat's `advertise` and `workdir`), and whether it is heard from."""
+
+    node_id: str
+    address: str = ""
+    workdir: str = ""
+    health: str = ""
+
+
+class EndpointsReply(Message, tag="endpoint-list"):
+    endpoints: list[Endpoint]
+    nodes: list[NodeAddress] = msgspec.field(default_factory=list)

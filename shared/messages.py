@@ -83,6 +83,14 @@ class EventType(StrEnum):
     UNHEALTHY = "unhealthy"
     #: The worker restarted the process in place (`Spec.restart`).
     RESTARTED = "restarted"
+    #: A service's own story, on the service's name (`instance_id` is the service): a new
+    #: version is being rolled out (or back), it is deployed, its deploy failed; a replica
+    #: that ended was replaced (detail: which, by which); a replica is being stopped.
+    DEPLOYING = "deploying"
+    DEPLOYED = "deployed"
+    DEPLOY_FAILED = "deploy-failed"
+    REPLACED = "replaced"
+    STOPPING = "stopping"
 
 
 class Health(StrEnum):
@@ -284,6 +292,11 @@ class Heartbeat(Message, tag="heartbeat"):
     #: Ports node.json blocks (found taken outside gavel) that bind again now: the broker
     #: unblocks them, so a port someone borrowed is not lost to gavel for ever.
     freed_ports: list[int] = []
+    #: The address the gateway reaches this node's instances at (`WorkerConfig.advertise`).
+    advertise: Annotated[str, msgspec.Meta(max_length=253)] = ""
+    #: The absolute directory holding each instance's own directory on this node (a
+    #: gateway on a host that sees it serves files an instance writes there).
+    workdir: Annotated[str, msgspec.Meta(max_length=4096)] = ""
 
 
 class Event(Message, tag="event"):

@@ -19,6 +19,7 @@ Rules:
 from __future__ import annotations
 
 import math
+import re
 from typing import Annotated, Literal
 
 import msgspec
@@ -28,6 +29,7 @@ __all__ = [
     "SERVICE",
     "Check",
     "Restart",
+    "Route",
     "Spec",
     "Update",
     "restart_policy",
@@ -175,6 +177,8 @@ class Spec(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     #: When the fleet cannot satisfy the spread: place anyway (True) or wait (False).
     spread_soft: bool = False
     update: Update = msgspec.field(default_factory=Update)
+    #: How the gateway reaches this workload's replicas (`Route`, at the end of this file).
+    routes: list[Route] = []
 
     def __post_init__(self) -> None:
         # What exec would refuse only on the node (after an award, as "driver failed to
@@ -204,6 +208,15 @@ class Spec(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             raise ValueError("spread applies to a service's replicas (type = \"service\")")
         if self.type == JOB and self.count == 0:
             raise ValueError("a job's count is at least 1 (a service may have 0 replicas)")
+        seen: set[tuple[str, str]] = set()
+        for route in self.routes:
+            if route.port is not None and route.port not in self.ports:
+                raise ValueError(f"route {route.label!r} names port {route.port!r}, which the "
+                                 "spec does not declare in ports")
+            if route.key in seen:
+                raise ValueError(f"two routes of the spec match {route.label!r}: give each "
+                                 "route its own host or path")
+            seen.add(route.key)
 
     @property
     def service(self) -> bool:
@@ -219,3 +232,95 @@ def restart_policy(spec: Spec) -> Restart:
         return default
     return Restart(**{f: getattr(given, f) if getattr(given, f) is not None
                       else getattr(default, f) for f in Restart.__struct_fields__})
+
+
+#: One DNS label: letters (lowercase), digits and '-', neither first nor last (RFC 1123).
+_LABEL = re.compile(r"^[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?$")
+#: What a path prefix may hold: an URL path's characters, never a pattern (``*``), a query
+#: (``?``), a fragment (``#``), an escape (``%``) or a blank.
+_PATH = re.compile(r"^/[A-Za-z0-9._~!$&'()+,;=:@/-]*$")
+
+
+def _dns_name(host: str) -> bool:
+    """A DNS name Caddy can match on: dot-separated labels, at most 253 characters; the first
+    label may be ``*`` (every name one label deeper)."""
+    labels = host.split(".")
+    if labels[0] == "*" and len(labels) > 1:
+        labels = labels[1:]
+    return len(host) <= 253 and all(_LABEL.match(label) for label in labels)
+
+
+def _segments(path: str) -> list[str]:
+    return [s for s in path.split("/") if s]
+
+
+class Route(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, frozen=True):
+    """How the gateway (`gavel gateway`, a Caddy) reaches this workload: a request for
+    `host` and/or under the path prefix `path` is proxied to the port `port` of every
+    healthy running replica (balanced across them), or answered from the directory `files`:
+    relative, a directory inside the instance's own directory on its node (what the
+    instance writes there); absolute, a static root on the gateway's host. `strip_prefix`
+    takes `path` off the request before it is proxied or looked up: by default a files
+    route's directory is mounted at its path (``/static/app.js`` is ``app.js`` in it) and a
+    port route's replicas see the path as it came.
+
+    Rules: a route names a host, a path or both, and exactly one of `port` and `files`; a
+    host is a DNS name, a path starts with ``/``; neither `path` nor `files` may climb out
+    with ``..``."""
+
+    host: Annotated[str, msgspec.Meta(max_length=253)] = ""
+    path: Annotated[str, msgspec.Meta(max_length=1024)] = ""
+    port: PortName | None = None
+    files: Annotated[str, msgspec.Meta(max_length=4096)] | None = None
+    strip_prefix: bool | None = None
+
+    def __post_init__(self) -> None:
+        if not self.host and not self.path:
+            raise ValueError("a route names a host, a path prefix or both (host = \"...\", "
+                             "path = \"/...\")")
+        if self.host and not _dns_name(self.host):
+            raise ValueError(f"route host {self.host!r} is not a valid DNS name (lowercase "
+                             "letters, digits and '-' in dot-separated labels of at most 63, "
+                             "'*.' may lead)")
+        if self.path and not self.path.startswith("/"):
+            raise ValueError(f"route path {self.path!r} must start with /")
+        if self.path and not _PATH.match(self.path):
+            raise ValueError(f"route path {self.path!r} may hold only the characters of an "
+                             "URL path: no blank, '*', '?', '#' or '%'")
+        if any(s in (".", "..") for s in _segments(self.path)):
+            raise ValueError(f"route path {self.path!r} must not hold a '.' or '..' segment")
+        if (self.port is None) == (self.files is None):
+            raise ValueError("a route reaches a port (port = \"...\") or serves files "
+                             f"(files = \"...\"): {'not both' if self.port else 'give it one'}")
+        if self.files is not None:
+            if not self.files.strip() or "\0" in self.files:
+                raise ValueError("a route's files name a directory (relative: inside the "
+                                 "instance's directory; absolute: a static root)")
+            if ".." in _segments(self.files):
+                raise ValueError(f"route files {self.files!r} must not climb out with '..'")
+        if self.strip_prefix and not self.path:
+            raise ValueError("strip_prefix takes a route's path off the request: give the "
+                             "route a path")
+
+    @property
+    def strips(self) -> bool:
+        """Whether the gateway takes the path prefix off (`strip_prefix`, or the default of
+        the route's kind)."""
+        if self.strip_prefix is not None:
+            return self.strip_prefix
+        return self.files is not None and bool(self.path)
+
+    @property
+    def prefix(self) -> str:
+        """The path prefix as matched: no trailing slash ("/" matches every path)."""
+        return (self.path.rstrip("/") or "/") if self.path else ""
+
+    @property
+    def key(self) -> tuple[str, str]:
+        """What the route matches: its host and its path prefix."""
+        return (self.host, self.prefix)
+
+    @property
+    def label(self) -> str:
+        """How `gavel routes` and refusals name the route: ``host/path``."""
+        return f"{self.host}{self.prefix}"

@@ -48,7 +48,7 @@ from gavel.transport import wire
 from gavel.transport.inbound import Door, Guard
 from gavel.transport.rejects import Throttle
 from gavel.worker.converge import Converger
-from gavel.worker.hoststats import Sampler, detect_capacity
+from gavel.worker.hoststats import Sampler, detect_capacity, primary_address
 from gavel.worker.ports import bindable
 from gavel.worker.supervisor import Supervisor
 
@@ -64,7 +64,7 @@ class Agent:
                  labels: dict[str, str], state_dir: Path, timing: Timing,
                  cpu: float | None = None, memory_mb: int | None = None,
                  port_range: tuple[int, int] = (20000, 20999),
-                 nats_options: dict[str, Any] | None = None) -> None:
+                 nats_options: dict[str, Any] | None = None, advertise: str = "") -> None:
         self.node_id = node_id
         self.strategy = strategy
         self.labels = dict(labels)
@@ -72,6 +72,10 @@ class Agent:
         self.timing = timing
         self.port_range = port_range
         self.capacity = detect_capacity(cpu, memory_mb, port_range)
+        #: Where a gateway reaches this node's instances (the heartbeat carries it), and the
+        #: directory each instance's own directory is in.
+        self.advertise = advertise or primary_address()
+        self.workdir = str((self.state_dir / "instances").resolve())
         self._refused = _Refused()
         #: Undecodable messages per endpoint ("rfb", "award", "cancel").
         self.malformed = self._refused.malformed_kinds
@@ -148,6 +152,7 @@ class Agent:
             labels=self.labels, capacity=view.capacity, committed=view.committed,
             stats=view.stats, draining=view.draining, instances=self.instances(),
             port_range=list(self.port_range), freed_ports=self._freed_ports(),
+            advertise=self.advertise, workdir=self.workdir,
         )
 
     def _freed_ports(self) -> list[int]:

@@ -1,20 +1,24 @@
-"""What this host offers and how busy it is, from psutil.
+"""What this host offers and how busy it is, from psutil; and the address it is reached at.
 
 Rules: capacity is what the operator configured (``--cpu``, ``--memory-mb``) and otherwise
 what the host has (the CPUs this process may run on, total memory); ports are the size of the
 node's port range. Host stats are sampled on a timer by the agent, never per request for
-bids, so answering an RFB costs no system calls.
+bids, so answering an RFB costs no system calls. The address a gateway reaches this node's
+instances at is what the operator configured (``--advertise``), otherwise the host's primary
+address: the source address of its default route, found without sending a packet.
 """
 
 from __future__ import annotations
 
 import os
+import socket
 
 import psutil
 
 from gavel.shared.messages import Capacity, HostStats
 
-__all__ = ["Sampler", "detect_capacity", "detected_cpus", "detected_memory_mb"]
+__all__ = ["Sampler", "detect_capacity", "detected_cpus", "detected_memory_mb",
+           "primary_address"]
 
 
 def detected_cpus() -> int:
@@ -27,6 +31,24 @@ def detected_cpus() -> int:
 
 def detected_memory_mb() -> int:
     return int(psutil.virtual_memory().total // (1024 * 1024))
+
+
+def primary_address() -> str:
+    """The host's primary IPv4 address: the one its default route leaves from (a UDP socket
+    "connected" to a public address sends nothing, but the kernel picks the source address
+    it would use), else its hostname's address, else loopback."""
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect(("192.0.2.1", 9))  # TEST-NET-1 (RFC 5737): never routed anywhere real
+            address = str(s.getsockname()[0])
+            if address and address != "0.0.0.0":
+                return address
+    except OSError:
+        pass
+    try:
+        return socket.gethostbyname(socket.gethostname())
+    except OSError:
+        return "127.0.0.1"
 
 
 def detect_capacity(

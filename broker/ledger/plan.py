@@ -31,7 +31,7 @@ from gavel.shared.messages import Capacity
 from gavel.shared.messages import InstanceState as S
 from gavel.shared.ports import allocate
 from gavel.shared.reasons import Reason
-from gavel.shared.records import Assignment, InstanceRecord, NodeFile
+from gavel.shared.records import Assignment, InstanceRecord, NodeFile, ServiceRecord
 
 __all__ = [
     "View",
@@ -44,6 +44,7 @@ __all__ = [
     "rewrite",
     "set_cancelling",
     "set_draining",
+    "stop",
     "submit",
     "unschedulable",
 ]
@@ -67,6 +68,29 @@ class View:
         if nid in self.change.nodes:
             return self.change.nodes[nid]
         return self.state.nodes.get(nid)
+
+    def service(self, name: str) -> ServiceRecord | None:
+        if name in self.change.services:
+            return self.change.services[name]
+        return self.state.services.get(name)
+
+    def put_service(self, rec: ServiceRecord) -> None:
+        self.change.services[rec.name] = rec
+
+    def replicas(self, name: str) -> list[InstanceRecord]:
+        """Every replica record of the service `name` as this view has them: the state's,
+        as changed here, and those made here (a scan of this change's records: a service's
+        plans are few, and it keeps the hot path's plans free of a second index)."""
+        out: list[InstanceRecord] = []
+        known = self.state.replicas.get(name, {})
+        for iid in known:
+            rec = self.instance(iid)
+            if rec is not None and rec.service == name:
+                out.append(rec)
+        for iid, made in self.change.instances.items():
+            if made is not None and made.service == name and iid not in known:
+                out.append(made)
+        return out
 
     def put_instance(self, rec: InstanceRecord) -> None:
         self.change.instances[rec.instance_id] = rec
@@ -258,13 +282,31 @@ def requeue(view: View, iid: str, node_id: str, reason: Reason, detail: str = ""
     return new
 
 
-def set_cancelling(view: View, iid: str) -> InstanceRecord | None:
+def set_cancelling(view: View, iid: str, reason: Reason = Reason.CANCELLED
+                   ) -> InstanceRecord | None:
+    """Mark a placed instance as being cancelled, and why: the end its node confirms keeps
+    that reason (`Promises`), so a replica a service stopped reads as stopped by it."""
     rec = view.instance(iid)
     if rec is None or rec.cancelling or view.placed_on(iid) is None:
         return None
-    new = msgspec.structs.replace(rec, cancelling=True)
+    new = msgspec.structs.replace(rec, cancelling=True, reason=str(reason), detail="")
     view.put_instance(new)
     return new
+
+
+def stop(view: View, iid: str, reason: Reason) -> tuple[InstanceRecord, str] | None:
+    """Stop a live instance for `reason`: one still waiting for a node is cancelled at once,
+    a placed one is marked cancelling (its node is told after the commit). The new record
+    and the node it is on ("" for none); None when it is not live or already stopping."""
+    rec = view.instance(iid)
+    if rec is None or rec.state.terminal or rec.cancelling:
+        return None
+    node = view.placed_on(iid)
+    if node is None:
+        new = finish(view, iid, "", S.CANCELLED, str(reason))
+    else:
+        new = set_cancelling(view, iid, reason)
+    return None if new is None else (new, node or "")
 
 
 def set_draining(view: View, node_id: str, draining: bool) -> NodeFile | None:

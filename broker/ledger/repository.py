@@ -43,6 +43,7 @@ from gavel.shared.records import (
     AuctionRecord,
     InstanceRecord,
     NodeFile,
+    ServiceRecord,
     instance_path,
     parse_trailers,
 )
@@ -50,12 +51,13 @@ from gavel.shared.records import (
 # `State`, `Change` and the encodings live in `broker.state`; they are re-exported here, where
 # most callers met them first.
 __all__ = ["Change", "Conflict", "Damaged", "Ledger", "LedgerError", "Pinned", "State",
-           "compact", "encode", "parse_stamp", "pretty", "stamp"]
+           "compact", "encode", "parse_stamp", "pretty", "service_problem", "stamp"]
 
 _SHA = re.compile(r"^[0-9a-f]{7,40}$")
 _OID = re.compile(r"[0-9a-f]{40}")
 _instance_dec = msgspec.json.Decoder(InstanceRecord)
 _node_dec = msgspec.json.Decoder(NodeFile)
+_service_dec = msgspec.json.Decoder(ServiceRecord)
 _EMAIL = "broker@gavel.local"
 _SIGNATURE = b"gavel-broker <%s>" % _EMAIL.encode()
 #: How many commits others may have put on top of ours before `landed` looks (a merge of
@@ -77,6 +79,20 @@ def _person(now: float | None = None) -> bytes:
     off = time.localtime(secs).tm_gmtoff // 60
     sign = "-" if off < 0 else "+"
     return b"%s %d %s%02d%02d" % (_SIGNATURE, secs, sign.encode(), abs(off) // 60, abs(off) % 60)
+
+
+def service_problem(svc: ServiceRecord, name: str) -> str:
+    """Why a decoded ``services/<name>.json`` is not a usable service record ("" if it is):
+    it names its own file, lists the version it runs, and every version is a service of
+    that name (its replicas' ids start with the name)."""
+    if svc.name != name:
+        return f"it names service {svc.name!r}"
+    if svc.spec_of(svc.version) is None:
+        return f"it runs version {svc.version}, which it does not list"
+    for v in svc.versions:
+        if not v.spec.service or v.spec.name != name:
+            return f"version {v.version} is not a service named {name!r}"
+    return ""
 
 
 class LedgerError(Exception):
@@ -290,6 +306,22 @@ class Ledger:
                         st.unusable_nodes.add(entry.name or "")
                         continue
                     st.put_node(nf.node_id, nf)
+        if "services" in tree:
+            for entry in self._tree(tree["services"].id):
+                name = entry.name or ""
+                if not name.endswith(".json") or entry.type_str != "blob":
+                    continue
+                path = f"services/{name}"
+                try:
+                    svc = _service_dec.decode(self._data(entry.id))
+                except (msgspec.DecodeError, RecursionError) as exc:  # by hand: anything
+                    st.unreadable[path] = str(exc) or "nested too deeply"
+                    continue
+                problem = service_problem(svc, name.removesuffix(".json"))
+                if problem:
+                    st.unreadable[path] = problem
+                    continue
+                st.put_service(svc.name, svc)
         for path, why in st.unreadable.items():
             log.error("%s is not a usable gavel file (%s): left as it is and ignored; fix or "
                       "remove it in git", path, why)
@@ -408,6 +440,8 @@ class Ledger:
         for iid, rec in change.instances.items():
             st.put_instance(iid, rec)
             st.flat.pop(iid, None)  # `files` moved it into its shard
+        for name, svc in change.services.items():
+            st.put_service(name, svc)
         for nid, nf in change.nodes.items():
             st.put_node(nid, nf, change.committed.get(nid), change.grown.get(nid))
             data = change.encoded_of(nid, nf) if nf is not None else None

@@ -14,6 +14,9 @@ Rules:
    an instance on a node the broker did not place it on (`broker.ledger.integrity`): the
    State then holds the broker's placements, and each `Dispute` says which node files the
    correction rewrites.
+5. A service's intent is ``services/<name>.json`` (`ServiceRecord`); its replicas are ordinary
+   instance records naming it (`InstanceRecord.service`), indexed by service so a service's
+   keeper reads its own replicas, never every instance.
 """
 
 from __future__ import annotations
@@ -27,7 +30,15 @@ import msgspec
 
 from gavel.shared.lifecycle import PENDING
 from gavel.shared.messages import Capacity, InstanceState
-from gavel.shared.records import Assignment, InstanceRecord, NodeFile, instance_path, node_path
+from gavel.shared.records import (
+    Assignment,
+    InstanceRecord,
+    NodeFile,
+    ServiceRecord,
+    instance_path,
+    node_path,
+    service_path,
+)
 
 __all__ = ["Change", "Dispute", "Keep", "Ready", "State", "committed_by", "compact", "encode",
            "parse_stamp", "pretty", "ready", "stamp"]
@@ -157,15 +168,17 @@ class State:
     #: Submissions by idempotency key (`InstanceRecord.key`): their instance ids, an ordered
     #: set in the order they were recorded.
     keys: dict[str, dict[str, None]] = field(default_factory=dict)
+    #: Services by name (rule 5), and the ids of every replica record naming each (live or
+    #: ended: an ordered set, in the order they were read or written).
+    services: dict[str, ServiceRecord] = field(default_factory=dict)
+    replicas: dict[str, dict[str, None]] = field(default_factory=dict)
 
     def put_instance(self, iid: str, rec: InstanceRecord | None) -> None:
         old = self.instances.get(iid)
         if old is not None and old.key and (rec is None or rec.key != old.key):
-            ids = self.keys.get(old.key)
-            if ids is not None:
-                ids.pop(iid, None)
-                if not ids:
-                    del self.keys[old.key]
+            _unindex(self.keys, old.key, iid)
+        if old is not None and old.service and (rec is None or rec.service != old.service):
+            _unindex(self.replicas, old.service, iid)
         if rec is None:
             self.instances.pop(iid, None)
             self.pending.pop(iid, None)
@@ -173,6 +186,8 @@ class State:
             return
         if rec.key:
             self.keys.setdefault(rec.key, {})[iid] = None
+        if rec.service:
+            self.replicas.setdefault(rec.service, {})[iid] = None
         self.instances[iid] = rec
         if rec.state in PENDING and iid not in self.where:
             self.pending.setdefault(iid, None)
@@ -234,6 +249,16 @@ class State:
         ids = self.keys.get(key)
         return sorted(ids, key=_submission_order) if ids else []
 
+    def replicas_of(self, name: str) -> list[InstanceRecord]:
+        """Every replica record of the service `name` (live or ended)."""
+        return [self.instances[iid] for iid in self.replicas.get(name, ())]
+
+    def put_service(self, name: str, rec: ServiceRecord | None) -> None:
+        if rec is None:
+            self.services.pop(name, None)
+        else:
+            self.services[name] = rec
+
     def placement_of(self, instance_id: str) -> str | None:
         """The node whose node.json holds the instance, if any."""
         return self.where.get(instance_id)
@@ -258,6 +283,14 @@ def _submission_order(iid: str) -> tuple[str, int]:
     return (base, int(n)) if base and n.isdigit() else (iid, 0)
 
 
+def _unindex(index: dict[str, dict[str, None]], key: str, iid: str) -> None:
+    ids = index.get(key)
+    if ids is not None:
+        ids.pop(iid, None)
+        if not ids:
+            del index[key]
+
+
 def committed_by(nf: NodeFile) -> Capacity:
     """What a node's placements reserve there, summed in the node file's order."""
     total = Capacity()
@@ -272,6 +305,7 @@ class Change:
 
     instances: dict[str, InstanceRecord | None] = field(default_factory=dict)
     nodes: dict[str, NodeFile | None] = field(default_factory=dict)
+    services: dict[str, ServiceRecord | None] = field(default_factory=dict)
     #: What each changed node's placements add up to, where a plan worked it out without
     #: a sum over the node (`State.put_node`'s `committed`).
     committed: dict[str, Capacity] = field(default_factory=dict, repr=False, compare=False)
@@ -289,7 +323,7 @@ class Change:
                                                          compare=False)
 
     def __bool__(self) -> bool:
-        return bool(self.instances or self.nodes)
+        return bool(self.instances or self.nodes or self.services)
 
     #: node.json bytes by node - (record, compact JSON, pretty JSON or None until asked) -
     #: for git (pretty, for people) and the KV mirror (compact: machines read it, and it is
@@ -326,6 +360,11 @@ class Change:
                 out[node_path(nid)] = None
             else:
                 raw[node_path(nid)] = self.node_compact(nid, nf)
+        for name, svc in self.services.items():
+            if svc is None:
+                out[service_path(name)] = None
+            else:
+                raw[service_path(name)] = compact(svc)
         return out, raw
 
     def forget_encoding(self, nid: str) -> None:

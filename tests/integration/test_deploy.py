@@ -5,7 +5,8 @@ installed `gavel` (or nats-server) in check mode, with the service's environment
 mounts mapped to the files in compose/; so a renamed flag, a config key that no longer exists
 or a broken nats.conf fails here. The NATS config is also run for real: the broker and a
 worker place an instance through its per-node permissions, and a worker cannot speak as
-another node. deploy/gavel-worker.service's ExecStart is checked the same way.
+another node; so is the Caddy config, by the Caddy from the wheel. deploy/gavel-worker.service's
+ExecStart is checked the same way.
 """
 
 from __future__ import annotations
@@ -126,30 +127,101 @@ def test_dockerfile_builds_the_gavel_image() -> None:
             assert (context / src).exists(), f"COPY {src}: not in the build context"
 
 
+#: Services that run another image than gavel's: checked by their own tests below.
+OTHER_IMAGES = ("nats", "caddy")
+
+
+def published(service: dict[str, Any]) -> set[str]:
+    """The container ports a service publishes."""
+    return {p.rsplit(":", 1)[1] for p in service.get("ports", [])}
+
+
 def test_every_compose_service_runs_its_command(tmp_path: Path) -> None:
     top = compose()
     services = top["services"]
-    assert {"nats", "broker"} <= set(services)
+    assert {"nats", "broker", "caddy", "gateway"} <= set(services)
     workers = {name: s for name, s in services.items() if s["command"][0] == "worker"}
     strategies, node_ids = set(), set()
     for name, service in services.items():
-        if name == "nats":
+        if name in OTHER_IMAGES:
             continue
         assert service["build"]["dockerfile"] == "compose/Dockerfile"
         mapping = mounts(service, top)
         cfg = check(service["command"], environment(service), mapping, tmp_path)
-        # The state lives on the service's named volume.
-        named = {v.split(":")[1] for v in service["volumes"] if not v.startswith(".")}
-        assert cfg["state"] in named
+        if service["command"][0] != "gateway":  # the gateway keeps no state (it re-derives)
+            # The state lives on the service's named volume.
+            named = {v.split(":")[1] for v in service["volumes"] if not v.startswith(".")}
+            assert cfg["state"] in named
         assert cfg["log_format"] == "json" and cfg["metrics_addr"] == "0.0.0.0"
-        published = {p.rsplit(":", 1)[1] for p in service["ports"]}
-        assert str(cfg["metrics_port"]) in published
+        assert str(cfg["metrics_port"]) in published(service)
         assert "***" in cfg["nats"]  # a password in the URL, and never printed
         if name in workers:
             strategies.add(cfg["strategy"])
             node_ids.add(cfg["node_id"])
             assert cfg["node_id"] == name
+            assert cfg["advertise"] == name  # the name the caddy service dials
     assert len(workers) == 3 and len(strategies) == 3 and len(node_ids) == 3
+
+
+def test_the_gateway_service_reaches_the_caddy_service(tmp_path: Path) -> None:
+    """The gateway names the caddy service's admin API, as the operator user, and the port
+    of the server it creates is the one the caddy service publishes."""
+    top = compose()
+    gateway, caddy = top["services"]["gateway"], top["services"]["caddy"]
+    cfg = check(gateway["command"], environment(gateway), mounts(gateway, top), tmp_path)
+    assert cfg["admin"] == "http://caddy:2019" and cfg["server"] == "gavel"
+    assert {a.rsplit(":", 1)[1] for a in cfg["listen"]} <= published(caddy)
+    assert cfg["nats"].startswith("nats://operator:")
+    assert {"nats", "caddy"} <= set(gateway["depends_on"])
+    admin = json.loads((COMPOSE / "caddy.json").read_text())["admin"]
+    assert admin["listen"] == "0.0.0.0:2019" and "2019" not in published(caddy)
+    assert "caddy:2019" in admin["origins"]
+
+
+async def test_caddy_service_config_runs_and_admits_only_the_gateway(tmp_path: Path) -> None:
+    """compose/caddy.json, run by the real Caddy (its port moved to a free one on loopback):
+    the admin API answers a request that names the caddy service as its host, as the
+    gateway's do, and refuses any other host."""
+    from gavel.gateway.caddyserver import find_binary as caddy_binary
+
+    service = compose()["services"]["caddy"]
+    mapping = mounts(service, compose())
+    argv = [str(mapping.get(a, a)) for a in service["command"]]
+    assert argv[:2] == ["caddy", "run"]
+    port = free_port()
+    conf = tmp_path / "caddy.json"
+    conf.write_text(Path(argv[argv.index("--config") + 1]).read_text()
+                    .replace("0.0.0.0:2019", f"127.0.0.1:{port}")
+                    .replace("caddy:2019", f"caddy:{port}"))
+    env = {**os.environ, "XDG_DATA_HOME": str(tmp_path / "data"),
+           "XDG_CONFIG_HOME": str(tmp_path / "config")}
+    proc = subprocess.Popen([caddy_binary(), "run", "--config", str(conf)], env=env,
+                            stdout=subprocess.DEVNULL,
+                            stderr=open(tmp_path / "caddy.log", "wb"))  # noqa: SIM115
+
+    def status(host: str) -> int:
+        import urllib.error
+        import urllib.request
+        req = urllib.request.Request(f"http://127.0.0.1:{port}/config/",
+                                     headers={"Host": host})
+        try:
+            with urllib.request.urlopen(req, timeout=2) as resp:
+                return int(resp.status)
+        except urllib.error.HTTPError as exc:
+            return exc.code
+
+    def answering() -> bool:
+        assert proc.poll() is None, (tmp_path / "caddy.log").read_text()
+        try:
+            return status(f"caddy:{port}") == 200
+        except OSError:
+            return False
+    try:
+        await wait_for(answering, 15, what="caddy with the compose config")
+        assert status(f"elsewhere:{port}") == 403
+    finally:
+        proc.terminate()
+        proc.wait(10)
 
 
 def test_nats_service_config_is_valid(tmp_path: Path) -> None:

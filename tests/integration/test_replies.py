@@ -28,13 +28,20 @@ from gavel.broker.service import Broker
 from gavel.shared import subjects
 from gavel.shared.api import (
     CancelRequest,
+    DeployRequest,
     DrainReply,
     DrainRequest,
+    EndpointsRequest,
     EventsRequest,
     NodesRequest,
+    RollbackRequest,
+    ScaleRequest,
+    ServiceRequest,
+    ServicesRequest,
     StatsRequest,
     StatusReply,
     StatusRequest,
+    StopServiceRequest,
     SubmitReply,
     SubmitRequest,
     WhyRequest,
@@ -142,7 +149,12 @@ async def test_no_request_is_answered_outside_its_requesters_inbox(authed: Authe
             "submit": SubmitRequest(spec=spec), "status": StatusRequest(),
             "nodes": NodesRequest(), "why": WhyRequest(instance_id=iid),
             "events": EventsRequest(), "stats": StatsRequest(),
-            "cancel": CancelRequest(instance_id=iid), "drain": DrainRequest(node_id="a")}
+            "cancel": CancelRequest(instance_id=iid), "drain": DrainRequest(node_id="a"),
+            "endpoints": EndpointsRequest(),
+            "deploy": DeployRequest(spec=Spec(name="web", type="service", command=["true"])),
+            "service": ServiceRequest(name="web"), "services": ServicesRequest(),
+            "scale": ScaleRequest(name="web", count=2), "stop": StopServiceRequest(name="web"),
+            "rollback": RollbackRequest(name="web")}
         assert set(requests) == set(broker.api.verbs), "a verb this test does not try"
         for verb, request in requests.items():
             subject = subjects.API.format(verb=verb)
@@ -172,6 +184,7 @@ async def test_no_request_is_answered_outside_its_requesters_inbox(authed: Authe
         # Nothing was acted on: no submission, cancel or drain ...
         await op.flush()
         assert len(broker.ledger.state().instances) == instances_before
+        assert broker.ledger.state().services == {}
         assert broker.ledger.state().placement_of(iid) == "a"
         assert not agents["a"].draining and "a" not in broker.ledger.state().draining
         # ... nothing answered where it asked (what is on those subjects is the broker's

@@ -11,9 +11,11 @@ import pytest
 from gavel.cli import main as cli
 from gavel.cli.config import (
     BROKER_OPTIONS,
+    GATEWAY_OPTIONS,
     WORKER_OPTIONS,
     BrokerConfig,
     ConfigError,
+    GatewayConfig,
     WorkerConfig,
     effective_timing,
     flags_of,
@@ -304,3 +306,82 @@ def test_an_output_directory_that_is_a_file_exits_2_with_one_sentence(
     assert cli.main([*argv, str(f)]) == 2
     err = capsys.readouterr().err
     assert err.strip() == words.format(f=f)
+
+
+# -- the address a worker advertises, and the gateway's settings -----------------------------
+def test_a_worker_advertises_the_address_it_is_given_or_the_hosts(tmp_path: Path) -> None:
+    assert worker(["--node-id", "n"]).advertise == ""  # the agent asks the host
+    assert worker(["--node-id", "n"], env={"GAVEL_ADVERTISE": "10.1.2.3"}).advertise == \
+        "10.1.2.3"
+    file = write(tmp_path, 'node_id = "n"\nadvertise = "worker-1.internal"\n')
+    assert worker([], file=file).advertise == "worker-1.internal"
+    assert worker(["--advertise", "fd00::0:1"], file=file).advertise == "fd00::1"
+    with pytest.raises(ConfigError, match=r"environment variable GAVEL_ADVERTISE: address "
+                                          r"'a b' is neither an IP address nor a DNS name"):
+        worker(["--node-id", "n"], env={"GAVEL_ADVERTISE": "a b"})
+    bad = write(tmp_path, 'node_id = "n"\nadvertise = "-x-"\n', "bad.toml")
+    with pytest.raises(ConfigError, match=rf"config file {re.escape(bad)}: field `advertise`"):
+        worker([], file=bad)
+
+
+def test_the_host_has_a_primary_address() -> None:
+    import ipaddress
+
+    from gavel.worker.hoststats import primary_address
+
+    assert ipaddress.ip_address(primary_address()).version == 4
+
+
+def gateway(argv: list[str], file: str | None = None, env: dict[str, str] | None = None
+            ) -> GatewayConfig:
+    args = cli.build_parser().parse_args(["gateway", *argv])
+    return load(GatewayConfig, GATEWAY_OPTIONS, file=file, env=env or {},
+                flags=flags_of(args, GATEWAY_OPTIONS))
+
+
+def test_gateway_settings_file_then_env_then_flags(tmp_path: Path) -> None:
+    plain = gateway([])
+    assert (plain.admin, plain.server, plain.listen, plain.static_roots) == (
+        "http://127.0.0.1:2019", "gavel", [":8080"], [])
+    file = write(tmp_path, 'admin = "http://caddy:2019"\nlisten = ["127.0.0.1:80"]\n'
+                 'static_roots = ["/srv/www"]\n')
+    cfg = gateway(["--listen", ":8081,[::1]:8082"], file=file,
+                  env={"GAVEL_GATEWAY_SERVER": "edge", "GAVEL_STATIC_ROOTS": "/srv/a,/srv/b"})
+    assert (cfg.admin, cfg.server, cfg.listen, cfg.static_roots) == (
+        "http://caddy:2019", "edge", [":8081", "[::1]:8082"], ["/srv/a", "/srv/b"])
+    out = tomllib.loads(render(cfg))
+    assert out["admin"] == "http://caddy:2019" and out["listen"] == [":8081", "[::1]:8082"]
+
+
+@pytest.mark.parametrize(("argv", "text", "words"), [
+    (["--admin", "caddy:2019"], "", "admin URL 'caddy:2019' is not of the form http://HOST:PORT"),
+    (["--admin", "http://caddy:99999"], "", "is not of the form http://HOST:PORT"),
+    (["--listen", "8080"], "", "listen address '8080' is not of the form [HOST]:PORT"),
+    (["--listen", "a b:80"], "", "is not of the form [HOST]:PORT"),
+    (["--static-roots", "srv"], "", "'srv' is not an absolute path"),
+    ([], 'admin = "ftp://x"\n', "field `admin`: admin URL 'ftp://x' is not of the form"),
+    ([], "listen = []\n", "field `listen` names at least one address"),
+    ([], 'server = "a.b"\n', "field `server`"),
+    ([], 'static_roots = ["rel"]\n', "field `static_roots`: 'rel' is not an absolute path"),
+])
+def test_bad_gateway_settings_exit_2_naming_the_field(
+        tmp_path: Path, argv: list[str], text: str, words: str,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    if argv:
+        with pytest.raises(SystemExit) as exc:
+            cli.main(["gateway", *argv, "--check"])
+        assert exc.value.code == 2
+        assert words in capsys.readouterr().err
+        return
+    file = write(tmp_path, text)
+    with pytest.raises(ConfigError) as err:
+        gateway([], file=file)
+    assert words in str(err.value)
+    assert cli.main(["gateway", "--config", file, "--check"]) == 2
+    assert words in capsys.readouterr().err
+
+
+def test_a_gateway_config_checks_and_renders(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["gateway", "--check", "--listen", "127.0.0.1:8088"]) == 0
+    out = capsys.readouterr().out
+    assert 'listen = ["127.0.0.1:8088"]' in out and 'admin = "http://127.0.0.1:2019"' in out

@@ -28,7 +28,17 @@ from hypothesis.control import currently_in_test_context as currently_fuzzing
 from gavel.broker.ledger.plan import View, place, submit
 from gavel.broker.service import Broker
 from gavel.shared import subjects
-from gavel.shared.api import NodesReply, NodesRequest, SubmitReply, SubmitRequest
+from gavel.shared.api import (
+    DeployRequest,
+    NodesReply,
+    NodesRequest,
+    RollbackRequest,
+    ScaleRequest,
+    ServiceRequest,
+    StopServiceRequest,
+    SubmitReply,
+    SubmitRequest,
+)
 from gavel.shared.auction import Auction, Awarded
 from gavel.shared.award import NodeBid
 from gavel.shared.messages import (
@@ -384,11 +394,19 @@ def test_assignment_requests_always_get_an_answer_and_change_nothing(
 
 # -- the API ---------------------------------------------------------------------------------
 
+SERVICE = Spec(name="svc", type="service", command=["true"], cpu=0.1, memory_mb=16, count=2)
 VERB_TEMPLATES: dict[str, Any] = {
     "submit": SubmitRequest(spec=SMALL, instance_id="tiny-9"),
     "status": None, "nodes": None, "why": None, "events": None, "stats": None,
-    "cancel": None, "drain": None,
+    "cancel": None, "drain": None, "endpoints": None,
+    "deploy": DeployRequest(spec=SERVICE), "service": ServiceRequest(name="svc"),
+    "services": None, "scale": ScaleRequest(name="svc", count=1),
+    "stop": StopServiceRequest(name="svc"), "rollback": RollbackRequest(name="svc"),
 }
+
+
+def test_every_verb_is_fuzzed(rig: Rig) -> None:
+    assert set(VERB_TEMPLATES) == set(rig.api.verbs)
 
 
 @FUZZ

@@ -38,10 +38,13 @@ from gavel.shared.records import (
     Assignment,
     AuctionRecord,
     BatchRecord,
+    Deployment,
     InstanceRecord,
     NodeFile,
     Outcome,
     Placement,
+    ServiceRecord,
+    ServiceVersion,
     ShapeRecord,
     auction_trailer,
     parse_trailers,
@@ -56,6 +59,13 @@ SHAPE = Shape(cpu=0.5, memory_mb=128, ports=1, labels={"zone": "a"})
 PLACEMENT = Placement(instance_id="web-1", spec=SPEC, auction_id="a1", ports={"http": 20000})
 ASSIGNMENT = Assignment(instance_id="web-1", auction_id="a1", cpu=SPEC.cpu,
                         memory_mb=SPEC.memory_mb, ports={"http": 20000})
+SERVICE = Spec(name="web", type="service", count=3, command=["serve"], ports=["http"])
+SERVICE_RECORD = ServiceRecord(name="web", versions=[ServiceVersion(version=1, spec=SERVICE)],
+                               version=1, count=3, healthy_version=1, deployment=Deployment(
+                                   to_version=1, state="succeeded", reason="x"))
+SERVICE_STATUS = api.ServiceStatus(name="web", version=1, count=3,
+                                   deployment=SERVICE_RECORD.deployment,
+                                   versions=[api.VersionStatus(version=1, replicas=3)])
 
 #: One valid sample of every message that crosses NATS, per decoder type.
 WIRE: dict[Any, list[msgspec.Struct]] = {
@@ -90,6 +100,12 @@ API_REQUESTS: dict[Any, list[msgspec.Struct]] = {
     api.StatsRequest: [api.StatsRequest()],
     api.CancelRequest: [api.CancelRequest(instance_id="web-1")],
     api.DrainRequest: [api.DrainRequest(node_id="n1", undo=False, migrate=True)],
+    api.DeployRequest: [api.DeployRequest(spec=SERVICE, key="k")],
+    api.ServiceRequest: [api.ServiceRequest(name="web")],
+    api.ServicesRequest: [api.ServicesRequest()],
+    api.ScaleRequest: [api.ScaleRequest(name="web", count=2)],
+    api.StopServiceRequest: [api.StopServiceRequest(name="web")],
+    api.RollbackRequest: [api.RollbackRequest(name="web", to_version=1)],
 }
 STATUS = api.InstanceStatus(instance_id="web-1", name="web", state="running", node_id="n1")
 API_REPLIES: dict[Any, list[msgspec.Struct]] = {
@@ -105,11 +121,15 @@ API_REPLIES: dict[Any, list[msgspec.Struct]] = {
     api.EventsReply | ApiError: [api.EventsReply(events=WIRE[Event])],  # type: ignore[arg-type]
     api.CancelReply | ApiError: [api.CancelReply(instance_id="web-1", state="cancelling")],
     api.DrainReply | ApiError: [api.DrainReply(node_id="n1", draining=True)],
+    api.DeployReply | ApiError: [api.DeployReply(name="web", version=2, changed=False)],
+    api.ServiceReply | ApiError: [api.ServiceReply(service=SERVICE_STATUS)],
+    api.ServicesReply | ApiError: [api.ServicesReply(services=[SERVICE_STATUS])],
 }
 #: Files gavel reads back: git's JSON records, the worker's own state file.
 FILES: dict[Any, list[msgspec.Struct]] = {
     InstanceRecord: [InstanceRecord(instance_id="web-1", spec=SPEC, excluded=("n2",))],
     NodeFile: [NodeFile(node_id="n1", instances={"web-1": ASSIGNMENT}, blocked_ports=[20000])],
+    ServiceRecord: [SERVICE_RECORD],
     AuctionRecord: API_REPLIES[api.WhyReply | ApiError][0].auctions,  # type: ignore[attr-defined]
     BatchRecord: [BatchRecord(auction_id="a1", shapes=[ShapeRecord(shape=SHAPE)],
                               outcomes=[Outcome(instance_id="web-1", winner="n1", load=0.5)])],

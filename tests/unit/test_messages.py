@@ -35,7 +35,7 @@ from gavel.shared.messages import (
     Spec,
 )
 from gavel.shared.records import AuctionRecord, Deployment
-from gavel.shared.spec import Check, Restart
+from gavel.shared.spec import Check, Restart, Route
 
 SPEC = Spec(name="web-1", command=["python", "-m", "http.server"], env={"A": "b"}, cpu=0.5,
             memory_mb=256, ports=["http", "admin"], labels={"region": "eu"}, timeout_s=30.0,
@@ -311,6 +311,13 @@ API_SAMPLES: list[Message] = [
     api.ScaleRequest(name="web", count=5),
     api.StopServiceRequest(name="web"),
     api.RollbackRequest(name="web", to_version=1),
+    api.EndpointsRequest(),
+    api.EndpointsReply(
+        endpoints=[api.Endpoint(instance_id="web-1", name="web", state="running", node_id="n1",
+                                ports={"http": 8080}, health="healthy", service="web",
+                                version=2, routes=[Route(path="/web", port="http")])],
+        nodes=[api.NodeAddress(node_id="n1", address="10.0.0.1", health="healthy",
+                               workdir="/var/lib/gavel/instances")]),
     ApiError(error="no such instance"),
 ]
 _api_types = tuple({type(m) for m in API_SAMPLES})

@@ -9,7 +9,7 @@ import msgspec
 import pytest
 
 from gavel.cli.specfile import SpecError, load_spec
-from gavel.shared.spec import Check, Restart, Spec, Update, restart_policy
+from gavel.shared.spec import Check, Restart, Route, Spec, Update, restart_policy
 
 
 def spec(**kw: object) -> Spec:
@@ -105,3 +105,81 @@ min_healthy_s = 5
     assert s.checks == [Check(type="http", port="http", path="/", interval_s=2.0)]
     assert (s.update.max_parallel, s.update.min_healthy_s, s.update.auto_revert) == (2, 5.0,
                                                                                     True)
+
+
+# -- routes --------------------------------------------------------------------------------
+def test_routes_in_toml_reach_a_port_or_serve_files(tmp_path: Path) -> None:
+    path = tmp_path / "web.toml"
+    path.write_text('''
+name = "web"
+type = "service"
+command = ["python3", "-m", "http.server"]
+ports = ["http"]
+
+[[routes]]
+host = "web.example.com"
+path = "/api/"
+port = "http"
+strip_prefix = true
+
+[[routes]]
+path = "/static"
+files = "public"
+
+[[routes]]
+host = "*.docs.example.com"
+files = "/srv/docs"
+''')
+    s = load_spec(path)
+    assert s.routes == [
+        Route(host="web.example.com", path="/api/", port="http", strip_prefix=True),
+        Route(path="/static", files="public"), Route(host="*.docs.example.com",
+                                                      files="/srv/docs")]
+    assert [r.key for r in s.routes] == [("web.example.com", "/api"), ("", "/static"),
+                                         ("*.docs.example.com", "")]
+    # A files route's directory is mounted at its path; a port route's replicas see the
+    # path as it came, unless the route says otherwise.
+    assert [r.strips for r in s.routes] == [True, True, False]
+    assert not Route(path="/api", port="http").strips
+    assert not Route(path="/static", files="www", strip_prefix=False).strips
+    assert spec().routes == []  # a spec written before routes has none
+
+
+@pytest.mark.parametrize(("route", "words"), [
+    ({"host": "Web.Example", "port": "http"}, "is not a valid DNS name"),
+    ({"host": "web..example", "port": "http"}, "is not a valid DNS name"),
+    ({"host": "-web.example", "port": "http"}, "is not a valid DNS name"),
+    ({"host": "web_1.example", "port": "http"}, "is not a valid DNS name"),
+    ({"host": "a." + "b" * 64, "port": "http"}, "is not a valid DNS name"),
+    ({"path": "api", "port": "http"}, "must start with /"),
+    ({"path": "/a b", "port": "http"}, "only the characters of an URL path"),
+    ({"path": "/api/*", "port": "http"}, "only the characters of an URL path"),
+    ({"path": "/a/../b", "port": "http"}, "'.' or '..' segment"),
+    ({"path": "/api", "port": "admin"}, "names port 'admin', which the spec does not declare"),
+    ({"path": "/api"}, "or serves files (files = \"...\"): give it one"),
+    ({"path": "/api", "port": "http", "files": "www"}, "not both"),
+    ({"port": "http"}, "a route names a host, a path prefix or both"),
+    ({"path": "/files", "files": "../etc"}, "must not climb out"),
+    ({"path": "/files", "files": " "}, "a route's files name a directory"),
+    ({"host": "web.example", "port": "http", "strip_prefix": True}, "give the route a path"),
+    ({"path": "/api", "port": "http", "weight": 2}, "unknown field"),
+])
+def test_a_bad_route_is_refused_with_a_sentence(tmp_path: Path, route: dict[str, object],
+                                                words: str) -> None:
+    path = tmp_path / "web.json"
+    path.write_bytes(msgspec.json.encode({"name": "web", "command": ["true"],
+                                          "ports": ["http"], "routes": [route]}))
+    with pytest.raises(SpecError) as err:
+        load_spec(path)
+    text = str(err.value)
+    assert words in text and text.startswith(f"{path}: invalid spec"), text
+    assert "\n" not in text
+
+
+def test_two_routes_of_one_spec_may_not_match_the_same_thing() -> None:
+    with pytest.raises(msgspec.ValidationError, match="two routes of the spec match '/api'"):
+        spec(ports=["http"], routes=[{"path": "/api", "port": "http"},
+                                     {"path": "/api/", "files": "www"}])
+    ok = spec(ports=["http"], routes=[{"path": "/api", "port": "http"},
+                                      {"host": "a.example", "path": "/api", "port": "http"}])
+    assert len(ok.routes) == 2

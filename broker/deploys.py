@@ -1,0 +1,245 @@
+"""The operator's changes to a service: deploy (a new service, or its next version), scale,
+stop and rollback - each a plan that writes ``services/<name>.json`` and takes the keeper's
+first steps in the same commit (`Services.keep`), so a deploy's first replicas are in the
+commit that made its version.
+
+Rules:
+1. A spec equal to the running version but for its count is that version (a count alone
+   is a scale, not a deploy); equal in all, on a service that runs, it changes nothing.
+   Otherwise it becomes the next version, and a deployment to it begins; one that was
+   running is cancelled (superseded). `deploy` sets the count to the spec's.
+2. A deploy request with an idempotency key is answered, when retried, what the first was
+   (the newest `KEYS_KEPT` keys, in memory: a broker started again finds the version
+   deployed and changes nothing).
+3. `stop` keeps the record (``stopped``): every replica stops, a running deployment is
+   cancelled; a deploy starts it again. `rollback` goes back to a version the service had,
+   in a deployment of its own: by default its last healthy version while it runs another,
+   or, on its healthy version, the version its last deploy came from (`_back`).
+4. A service whose file is not readable (`State.unreadable`) is never written: every verb
+   is refused with the file's path and why.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from collections import OrderedDict
+from collections.abc import Callable
+from datetime import datetime
+
+import msgspec
+
+from gavel.broker.context import Context
+from gavel.broker.ledger.committer import Item, Planned
+from gavel.broker.ledger.plan import View
+from gavel.broker.ledger.state import stamp
+from gavel.broker.services import Services
+from gavel.shared.api import DeployReply
+from gavel.shared.messages import ApiError, EventType, Message, Spec
+from gavel.shared.reasons import Reason
+from gavel.shared.records import Deployment, ServiceRecord, ServiceVersion, service_path
+
+__all__ = ["KEYS_KEPT", "Deploys"]
+
+#: Idempotency keys of deploy requests remembered, newest last (rule 2).
+KEYS_KEPT = 1024
+
+#: What a verb's plan returns: the commit (None: nothing to write) and the reply to give
+#: once it has landed (or at once, for no commit; None: the service's status).
+Outcome = tuple[Planned | None, Callable[[], Message | None]]
+
+
+class Deploys:
+    def __init__(self, ctx: Context, services: Services,
+                 wall: Callable[[], datetime]) -> None:
+        self.ctx = ctx
+        self.services = services
+        self.wall = wall
+        self._keys: OrderedDict[str, asyncio.Future[Message | None]] = OrderedDict()
+
+    def refused(self, name: str, view: View | None = None) -> ApiError | None:
+        """Why `name` cannot be changed: pinned, or its file is not readable (rule 4)."""
+        ctx = self.ctx
+        if ctx.ledger.pinned:
+            return ApiError(error=f"{Reason.PINNED} ({ctx.ledger.ref})")
+        state = view.state if view is not None else ctx.ledger.state()
+        path = service_path(name)
+        if path in state.unreadable:
+            return ApiError(error=f"{Reason.UNREADABLE_FILE}: {path} "
+                                  f"({state.unreadable[path]})")
+        return None
+
+    async def deploy(self, spec: Spec, key: str = "") -> Message:
+        """Create the service, or deploy `spec` as its next version (the API checked it)."""
+        done = self._keys.get(key) if key else None
+        if done is None:
+            done = asyncio.ensure_future(self._commit(spec.name, functools.partial(
+                self._deploy, spec=spec)))
+            if key:  # a retry with this key is answered what this request is
+                self._keys[key] = done
+                while len(self._keys) > KEYS_KEPT:
+                    self._keys.popitem(last=False)
+        got = await asyncio.shield(done)
+        if isinstance(got, ApiError) and self._keys.get(key) is done:
+            del self._keys[key]  # nothing landed: a retry may try again
+        return got if got is not None else ApiError(error="deploy failed")
+
+    def _deploy(self, view: View, spec: Spec) -> Outcome:
+        name = spec.name
+        cur = view.service(name)
+        at = stamp(self.wall())
+        out = Planned(lines=[])
+        if cur is None:
+            rec = ServiceRecord(name=name, versions=[ServiceVersion(version=1, spec=spec, at=at)],
+                                version=1, count=spec.count,
+                                deployment=Deployment(to_version=1, started_at=at))
+            out.lines.append(f"service {name}: deploy version 1 ({spec.count} replicas)")
+        else:
+            running = cur.spec_of(cur.version)
+            if running is not None and _same(running, spec):
+                if not cur.stopped and cur.count == spec.count:
+                    return None, lambda: DeployReply(name=name, version=cur.version,
+                                                     changed=False)
+                rec = msgspec.structs.replace(cur, stopped=False, count=spec.count)
+                out.lines.append(f"service {name}: version {cur.version} with {spec.count} "
+                                 "replicas" + (", started again" if cur.stopped else ""))
+            else:
+                v = max(x.version for x in cur.versions) + 1
+                rec = msgspec.structs.replace(
+                    cur, versions=[*cur.versions, ServiceVersion(version=v, spec=spec, at=at)],
+                    version=v, count=spec.count, stopped=False,
+                    deployment=Deployment(to_version=v, from_version=cur.version,
+                                          started_at=at))
+                out.lines.append(f"service {name}: deploy version {v} over version "
+                                 f"{cur.version} ({spec.count} replicas, "
+                                 f"{spec.update.max_parallel} at a time)")
+                self._supersede(out, cur, at)
+        view.put_service(rec)
+        if rec.deployment is not None and rec.deployment.state == "running" and \
+                (cur is None or rec.version != cur.version):
+            out.after.append(functools.partial(
+                self.services.emit, name, EventType.DEPLOYING,
+                detail=f"version {rec.version}" + (f" (from {cur.version})" if cur else "")))
+        self._then_keep(view, name, out)
+        return out, lambda: DeployReply(name=name, version=rec.version)
+
+    def _supersede(self, out: Planned, cur: ServiceRecord, at: str,
+                   reason: str = "") -> Deployment | None:
+        """A running deployment `cur` had is cancelled by the change being planned."""
+        dep = cur.deployment
+        if dep is None or dep.state != "running":
+            return dep
+        ended = msgspec.structs.replace(dep, state="cancelled", ended_at=at, reason=reason)
+        out.lines.append(f"service {cur.name}: the deployment of version {dep.to_version} "
+                         "is cancelled")
+        out.after.append(lambda _sha: self.ctx.metrics.deploys.labels(outcome="cancelled").inc())
+        return ended
+
+    def _then_keep(self, view: View, name: str, out: Planned) -> None:
+        """The keeper's first steps for the changed service, in the verb's own commit."""
+        kept = self.services.keep(view, name)
+        if kept is not None:
+            out.lines += kept.lines
+            out.after += kept.after
+
+    async def scale(self, name: str, count: int) -> Message | None:
+        def plan(view: View) -> Outcome:
+            cur = view.service(name)
+            if cur is None:
+                return None, lambda: _unknown(name)
+            if cur.count == count:
+                return None, lambda: None
+            out = Planned(lines=[f"service {name}: scale from {cur.count} to {count} replicas"
+                                 + (" (stopped: none run until it is deployed again)"
+                                    if cur.stopped else "")])
+            view.put_service(msgspec.structs.replace(cur, count=count))
+            self._then_keep(view, name, out)
+            return out, lambda: None
+        return await self._commit(name, plan)
+
+    async def stop_service(self, name: str) -> Message | None:
+        def plan(view: View) -> Outcome:
+            cur = view.service(name)
+            if cur is None:
+                return None, lambda: _unknown(name)
+            if cur.stopped:
+                return None, lambda: None
+            out = Planned(lines=[f"service {name}: stop every replica"])
+            dep = self._supersede(out, cur, stamp(self.wall()), Reason.SERVICE_STOPPED)
+            view.put_service(msgspec.structs.replace(cur, stopped=True, deployment=dep))
+            self._then_keep(view, name, out)
+            return out, lambda: None
+        return await self._commit(name, plan)
+
+    async def rollback(self, name: str, to_version: int) -> Message | None:
+        def plan(view: View) -> Outcome:
+            cur = view.service(name)
+            if cur is None:
+                return None, lambda: _unknown(name)
+            target = to_version or _back(cur)
+            if not target:
+                return None, lambda: ApiError(error=f"{name} has no version to go back to "
+                                                    "yet: name one (--to VERSION)")
+            if cur.spec_of(target) is None:
+                return None, lambda: ApiError(error=f"{name} has no version {target}")
+            if target == cur.version:
+                return None, lambda: ApiError(error=f"{name} runs version {target} already")
+            at = stamp(self.wall())
+            out = Planned(lines=[f"service {name}: roll back from version {cur.version} to "
+                                 f"version {target}"])
+            self._supersede(out, cur, at)
+            view.put_service(msgspec.structs.replace(cur, version=target, deployment=Deployment(
+                to_version=target, from_version=cur.version, started_at=at,
+                reason=str(Reason.ROLLED_BACK), detail="asked by the operator")))
+            out.after.append(functools.partial(
+                self.services.emit, name, EventType.DEPLOYING, reason=Reason.ROLLED_BACK,
+                detail=f"version {target} (from {cur.version})"))
+            self._then_keep(view, name, out)
+            return out, lambda: None
+        return await self._commit(name, plan)
+
+    async def _commit(self, name: str, plan: Callable[[View], Outcome]) -> Message | None:
+        """Run a verb's plan on `name` in the group committer; its reply once the commit
+        landed. The plan runs only while the service's file is readable (rule 4)."""
+        done: asyncio.Future[Message | None] = asyncio.get_running_loop().create_future()
+
+        def item(view: View) -> Planned | None:
+            refused = self.refused(name, view)
+            planned, reply = (None, lambda: refused) if refused is not None else plan(view)
+            if planned is None:
+                if not done.done():
+                    done.set_result(reply())
+                return None
+
+            def landed(_sha: str) -> None:
+                if not done.done():
+                    done.set_result(reply())
+                self.ctx.wake()
+            planned.after.append(landed)
+            return planned
+
+        def failed(reason: Reason, detail: str) -> None:
+            if not done.done():
+                done.set_result(ApiError(error=f"{reason} ({detail})"))
+
+        self.ctx.committer.submit(Item(plan=item, failed=failed, retry=False))
+        return await done
+
+
+def _same(a: Spec, b: Spec) -> bool:
+    """The same version: equal but for the count (a count alone is a scale, not a deploy)."""
+    return msgspec.structs.replace(a, count=0) == msgspec.structs.replace(b, count=0)
+
+
+def _back(svc: ServiceRecord) -> int:
+    """Where `rollback` goes unless told (rule 3): the last healthy version while the service
+    runs another one; on its healthy version, the version its last deploy came from; 0 for
+    none."""
+    if svc.healthy_version and svc.healthy_version != svc.version:
+        return svc.healthy_version
+    dep = svc.deployment
+    return dep.from_version if dep is not None and dep.to_version == svc.version else 0
+
+
+def _unknown(name: str) -> ApiError:
+    return ApiError(error=f"{Reason.UNKNOWN_SERVICE}: {name}")

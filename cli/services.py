@@ -1,0 +1,287 @@
+"""The service verbs of `gavel`: deploy (and deploy status), services, scale, stop, rollback,
+and `status NAME` when NAME names a service. `gavel.cli.commands` dispatches to them.
+
+Rules:
+1. As every client verb: a table or ``--json``; exit 0 done, 1 unreachable, 2 bad input,
+   3 refused - and ``deploy --wait`` exits 3 with the reason when the deploy failed, was
+   rolled back or was cancelled by another change.
+2. `deploy` sends an idempotency key and asks again with it, up to `DEPLOY_TRIES` times,
+   when the broker does not answer within `DEPLOY_TRY_S`: a deploy whose answer was lost is
+   not made twice (and a spec equal to the running version changes nothing anyway).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import time
+import uuid
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from gavel.cli.specfile import SpecError, load_spec
+from gavel.shared import subjects
+from gavel.shared.api import (
+    DeployReply,
+    DeployRequest,
+    RollbackRequest,
+    ScaleRequest,
+    ServiceReply,
+    ServiceRequest,
+    ServicesReply,
+    ServicesRequest,
+    ServiceStatus,
+    StopServiceRequest,
+)
+from gavel.shared.errors import BadInput
+from gavel.shared.reasons import Reason
+from gavel.transport.client import BrokerRefused, NoAnswer, call, connect
+
+__all__ = ["Refused", "deploy", "rollback", "scale", "service_status", "services", "stop"]
+
+#: How often `deploy --wait` looks again (it also wakes on the service's events).
+_POLL_S = 0.5
+#: How long `deploy` waits for each answer, and how many times it asks (rule 2).
+DEPLOY_TRY_S = 10.0
+DEPLOY_TRIES = 3
+
+
+class Refused(Exception):
+    """The broker answered, but no; or the deploy did not succeed: exit code 3."""
+
+
+def _print_json(obj: object) -> None:
+    print(msgspec.json.format(msgspec.json.encode(obj), indent=2).decode())
+
+
+def _table(rows: Sequence[tuple[str, ...]]) -> None:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for r in rows:
+        print("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip())
+
+
+async def _call(args: argparse.Namespace, verb: str, request: Any, reply: type[Any]) -> Any:
+    nc = await connect(args.nats, args.creds)
+    try:
+        return await call(nc, verb, request, reply)
+    except BrokerRefused as exc:
+        raise Refused(str(exc)) from None
+    finally:
+        await nc.close()
+
+
+def _state(st: ServiceStatus) -> str:
+    dep = st.deployment
+    if st.stopped:
+        return "stopped"
+    if dep is not None and dep.state == "running":
+        return "rolling back" if dep.reason == Reason.ROLLED_BACK else "deploying"
+    if dep is not None and dep.state == "failed":
+        return "deploy failed"
+    return "running"
+
+
+def _deployment_line(st: ServiceStatus) -> str:
+    dep = st.deployment
+    if dep is None:
+        return "deployment: none"
+    head = f"deployment: version {dep.from_version or '-'} -> {dep.to_version} {dep.state}"
+    why = f"{dep.reason} ({dep.detail})" if dep.reason and dep.detail else dep.reason
+    return head + (f": {why}" if why else "") + (f", started {dep.started_at}"
+                                                  if dep.started_at else "") \
+        + (f", ended {dep.ended_at}" if dep.ended_at else "")
+
+
+def print_service(st: ServiceStatus, deployment: bool = False) -> None:
+    """A service, its versions (with `deployment`) and its replicas, as tables."""
+    print(f"service {st.name}: version {st.version}, {st.count} replicas, {_state(st)}"
+          + (f", last healthy version {st.healthy_version}" if st.healthy_version else ""))
+    if deployment:
+        print(_deployment_line(st))
+        rows = [("VERSION", "REPLICAS", "HEALTHY")]
+        rows += [(str(v.version), str(v.replicas), str(v.healthy)) for v in st.versions]
+        _table(rows)
+    replicas = [("INSTANCE", "VERSION", "STATE", "NODE", "HEALTH")]
+    for r in st.replicas:
+        health = r.health + (f" ({r.check})" if r.check else "")
+        replicas.append((r.instance_id, str(r.version), r.state, r.node_id or "-",
+                         health or "-"))
+    if len(replicas) > 1:
+        _table(replicas)
+
+
+async def service_status(args: argparse.Namespace, name: str) -> ServiceStatus | None:
+    """The service `name`, or None when no service has that name (it may be an instance)."""
+    try:
+        reply = await _call(args, "service", ServiceRequest(name=name), ServiceReply)
+    except Refused as exc:
+        if str(exc).startswith(Reason.UNKNOWN_SERVICE):
+            return None
+        raise
+    st: ServiceStatus = reply.service
+    return st
+
+
+async def deploy(args: argparse.Namespace) -> int:
+    target: list[str] = args.target
+    if target[0] == "status" and len(target) == 2:
+        return await deploy_status(args, target[1])
+    if len(target) != 1:
+        raise BadInput("deploy takes one spec file, or `status NAME`")
+    try:
+        spec = load_spec(Path(target[0]))
+    except SpecError as exc:
+        raise BadInput(str(exc)) from None
+    if not spec.service:
+        raise BadInput(f"{target[0]}: {Reason.NOT_A_SERVICE} (type = \"service\" makes it "
+                       "one; `gavel submit` runs a job)")
+    reply = await _deploy_once(args, DeployRequest(spec=spec, key=uuid.uuid4().hex))
+    if not args.wait:
+        if args.json:
+            _print_json(reply)
+        else:
+            print(f"{reply.name}: version {reply.version}"
+                  + ("" if reply.changed else " (unchanged)"))
+        return 0
+    return await _wait_deployed(args, reply)
+
+
+async def _deploy_once(args: argparse.Namespace, req: DeployRequest) -> DeployReply:
+    """Rule 2: the deploy, asked again with its key while the broker does not answer. A
+    retry is answered what the first try was; by a broker that restarted meanwhile, it finds
+    the version deployed and changes nothing."""
+    nc = await connect(args.nats, args.creds)
+    try:
+        for n in range(1, DEPLOY_TRIES + 1):
+            try:
+                got: DeployReply = await call(nc, "deploy", req, DeployReply,
+                                              timeout=DEPLOY_TRY_S)
+                return got
+            except BrokerRefused as exc:
+                raise Refused(str(exc)) from None
+            except NoAnswer as exc:
+                if n == DEPLOY_TRIES:
+                    raise
+                print(f"gavel deploy: {exc}; asking again with the same key", file=sys.stderr)
+        raise AssertionError("unreachable")
+    finally:
+        await nc.close()
+
+
+def _verdict(st: ServiceStatus, version: int) -> tuple[int, str] | None:
+    """How a deploy of `version` ended, as an exit code and a sentence; None while it runs."""
+    dep = st.deployment
+    if dep is not None and dep.from_version == version and dep.reason == Reason.ROLLED_BACK:
+        return 3, (f"{st.name} version {version} was rolled back to version {dep.to_version}: "
+                   f"{dep.detail or dep.reason}")
+    if dep is not None and dep.to_version == version:
+        match dep.state:
+            case "succeeded" | "rolled-back":
+                return 0, f"{st.name} version {version} deployed: {st.count} replicas healthy"
+            case "failed":
+                return 3, (f"deploy of {st.name} version {version} failed: {dep.reason}"
+                           + (f" ({dep.detail})" if dep.detail else ""))
+            case "cancelled":
+                return 3, (f"the deploy of {st.name} version {version} was cancelled"
+                           + (f": {dep.reason}" if dep.reason else ""))
+        return None
+    if st.version != version:
+        return 3, f"the deploy of {st.name} version {version} was replaced by version {st.version}"
+    if st.stopped:
+        return 3, f"{st.name} was stopped"
+    mine = [v for v in st.versions if v.version == version]
+    if mine and mine[0].healthy == st.count and \
+            all(v.replicas == 0 for v in st.versions if v.version != version):
+        return 0, f"{st.name} version {version} is running: {st.count} replicas healthy"
+    return None
+
+
+async def _wait_deployed(args: argparse.Namespace, reply: DeployReply) -> int:
+    deadline = time.monotonic() + args.timeout if args.timeout else None
+    nc = await connect(args.nats, args.creds)
+    try:
+        sub = await nc.subscribe(subjects.EVENTS.format(instance=reply.name))
+        while True:
+            try:
+                got = await call(nc, "service", ServiceRequest(name=reply.name), ServiceReply)
+            except BrokerRefused as exc:
+                raise Refused(str(exc)) from None
+            verdict = _verdict(got.service, reply.version)
+            if verdict is not None:
+                code, sentence = verdict
+                if args.json:
+                    _print_json(got.service)
+                if code:
+                    raise Refused(sentence)
+                if not args.json:
+                    print(sentence)
+                return code
+            if deadline is not None and time.monotonic() >= deadline:
+                raise Refused(f"the deploy of {reply.name} version {reply.version} did not "
+                              f"end within {args.timeout:g}s; see `gavel deploy status "
+                              f"{reply.name}`")
+            try:  # an event of the service's is a reason to look again at once
+                await sub.next_msg(timeout=_POLL_S)
+            except Exception:  # nats-py's timeout, or the subscription went
+                await asyncio.sleep(0)
+    finally:
+        await nc.close()
+
+
+async def deploy_status(args: argparse.Namespace, name: str) -> int:
+    reply = await _call(args, "service", ServiceRequest(name=name), ServiceReply)
+    if args.json:
+        _print_json(reply.service)
+    else:
+        print_service(reply.service, deployment=True)
+    return 0
+
+
+async def services(args: argparse.Namespace) -> int:
+    reply = await _call(args, "services", ServicesRequest(), ServicesReply)
+    if args.json:
+        _print_json(reply.services)
+        return 0
+    rows = [("SERVICE", "VERSION", "COUNT", "HEALTHY", "STATE", "DEPLOYMENT")]
+    for st in reply.services:
+        healthy = sum(v.healthy for v in st.versions)
+        dep = st.deployment
+        rows.append((st.name, str(st.version), str(st.count), str(healthy), _state(st),
+                     f"{dep.from_version or '-'} -> {dep.to_version} {dep.state}"
+                     if dep is not None else "-"))
+    _table(rows)
+    return 0
+
+
+async def _change(args: argparse.Namespace, verb: str, request: Any, said: str) -> int:
+    reply = await _call(args, verb, request, ServiceReply)
+    if args.json:
+        _print_json(reply.service)
+    else:
+        print(said)
+    return 0
+
+
+async def scale(args: argparse.Namespace) -> int:
+    return await _change(args, "scale", ScaleRequest(name=args.name, count=args.count),
+                         f"{args.name}: {args.count} replicas")
+
+
+async def stop(args: argparse.Namespace) -> int:
+    return await _change(args, "stop", StopServiceRequest(name=args.name),
+                         f"{args.name}: stopping every replica")
+
+
+async def rollback(args: argparse.Namespace) -> int:
+    reply = await _call(args, "rollback", RollbackRequest(name=args.name,
+                                                          to_version=args.to), ServiceReply)
+    st: ServiceStatus = reply.service
+    if args.json:
+        _print_json(st)
+    else:
+        print(f"{st.name}: rolling back to version {st.version}")
+    return 0
