@@ -154,7 +154,24 @@ def test_the_page_lists_the_nodes_of_a_live_gavel_up(up: Up, page: Any) -> None:
     assert [meters.nth(k).get_attribute("data-meter") for k in range(meters.count())] == [
         "committed cpu", "committed memory", "host cpu load", "host memory in use"]
     page.wait_for_selector("#live.on", timeout=WAIT_MS)
-    assert page.locator("#services-section").is_hidden()  # no service verbs: nothing said
+
+
+def test_a_service_deployed_with_the_cli_is_shown_with_its_replicas(up: Up, page: Any) -> None:
+    page.goto(up.url)
+    page.wait_for_selector("#services-section:not([hidden])", timeout=WAIT_MS)
+    spec = up.dir / "svc.json"
+    spec.write_text(json.dumps({"name": "ui-svc", "type": "service", "count": 2, "cpu": 0.25,
+                                "memory_mb": 64, "command": [
+                                    sys.executable, "-c", "import time; time.sleep(300)"]}))
+    done = up.gavel("deploy", str(spec))
+    assert done.returncode == 0, done.stderr
+    row = page.locator('#services tr[data-service="ui-svc"]')
+    row.wait_for(timeout=WAIT_MS)
+    page.wait_for_function(
+        "() => document.querySelector('#services tr[data-service=\"ui-svc\"] td:nth-child(3)')"
+        ".textContent === '2 / 2'", timeout=WAIT_MS)
+    assert row.locator("td").nth(1).inner_text() == "v1"
+    page.wait_for_selector('#instances tr[data-state="running"] .sub', timeout=WAIT_MS)
 
 
 def test_an_instance_submitted_with_the_cli_appears_without_a_reload(up: Up,

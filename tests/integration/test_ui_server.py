@@ -19,7 +19,13 @@ import pytest
 
 from gavel.cli.ui import app, logs
 from gavel.shared import subjects
-from gavel.shared.api import ServicesReply, ServiceStatus
+from gavel.shared.api import (
+    DeployReply,
+    DeployRequest,
+    EventsReply,
+    NodesReply,
+    StatusReply,
+)
 from gavel.shared.messages import ApiError, Spec
 from gavel.shared.reasons import Reason
 from gavel.transport import wire
@@ -144,8 +150,8 @@ async def test_the_overview_lists_every_node_with_its_committed_room_and_host_lo
     assert all(n["stats"]["cpu_count"] >= 1 and n["stats"]["memory_total_mb"] > 0
                for n in nodes.values())
     assert [i["instance_id"] for i in o["instances"]] == [iid]
-    # This broker has no service verbs: the overview says nothing of services.
-    assert o["services"] is None and o["services_error"] == "" and o["error"] == ""
+    # This broker serves the service verbs, and has none.
+    assert o["services"] == [] and o["services_error"] == "" and o["error"] == ""
 
 
 async def test_the_event_stream_opens_with_the_overview_and_carries_every_event_live(
@@ -198,42 +204,67 @@ async def test_an_instance_page_has_its_auction_ranked_with_the_winner_flagged(
     assert status == 404
 
 
-async def test_services_are_shown_when_the_broker_serves_them_and_not_when_it_does_not(
-        three: Cluster, dash: app.Dashboard) -> None:
-    nc = await nats.connect(three.url)
-    enc = msgspec.msgpack.Encoder()
-    answer: list[Any] = [ServicesReply(services=[ServiceStatus(name="web", version=2,
-                                                                count=3)])]
+async def test_services_are_shown_with_their_replicas(three: Cluster,
+                                                     dash: app.Dashboard) -> None:
+    spec = sleeper_spec("web", type="service", count=2, cpu=0.25, memory_mb=64)
+    await three.call("deploy", DeployRequest(spec=spec), DeployReply)
 
-    async def broker_side(msg: Any) -> None:
-        await msg.respond(enc.encode(answer[0]))
-    sub = await nc.subscribe(subjects.API.format(verb="services"), cb=broker_side)
+    async def kept() -> bool:
+        services = (await overview(dash.port))["services"] or []
+        return any(s["name"] == "web" and len(s["replicas"]) == 2 for s in services)
+    await wait_for(kept, 60, what="the service and its two replicas in the overview")
+    o = await overview(dash.port)
+    web = next(s for s in o["services"] if s["name"] == "web")
+    assert web["version"] == 1 and web["count"] == 2 and o["services_error"] == ""
+    replicas = {r["instance_id"] for r in web["replicas"]}
+    assert replicas <= {i["instance_id"] for i in o["instances"] if i["service"] == "web"}
+
+
+async def test_a_broker_without_the_service_verbs_has_no_services_on_the_page(
+        nats_url: str) -> None:
+    """Played by the test: an older broker, answering what it knows (nodes, status, events)
+    and either not hearing the service verbs or answering that it does not know them."""
+    nc = await nats.connect(nats_url)
+    enc = msgspec.msgpack.Encoder()
+    services: list[Any] = [None]  # None: the verb is unknown
+    asked: list[str] = []
+
+    async def older_broker(msg: Any) -> None:
+        verb = msg.subject.rsplit(".", 1)[-1]
+        asked.append(verb)
+        replies: dict[str, Any] = {"nodes": NodesReply(nodes=[]),
+                                   "status": StatusReply(instances=[]),
+                                   "events": EventsReply(events=[]),
+                                   "services": services[0]}
+        await msg.respond(enc.encode(replies.get(verb) or ApiError(error=f"unknown verb "
+                                                                         f"{verb}")))
+    subs = [await nc.subscribe(subjects.API.format(verb=v), cb=older_broker)
+            for v in ("nodes", "status", "events")]
     await wire.subscribed(nc)
+    d = await app.start(nats_url, None, port=0)
     try:
-        async def services() -> Any:
-            return (await overview(dash.port))["services"]
-        await wait_for(lambda: _eq(services(), [["web", 2, 3]]), 30,
-                       what="the service in the overview")
-        answer[0] = ApiError(error="unknown verb services")
-        await wait_for(lambda: _eq(services(), None), 30,
-                       what="an unknown verb to hide the services")
-        answer[0] = ApiError(error="services failed: the state repository is locked")
-        await wait_for(lambda: _error(dash.port), 30, what="the refusal in the overview")
+        async def shown() -> Any:
+            o = await overview(d.port)
+            return o["error"], o["services"], o["services_error"]
+        await wait_for(lambda: _is(shown(), ("", None, "")), 30,
+                       what="no services while nobody answers the verb")
+        subs.append(await nc.subscribe(subjects.API.format(verb="services"), cb=older_broker))
+        await wire.subscribed(nc)
+        await wait_for(lambda: asked.count("services") >= 2, 30,
+                       what="the dashboard to ask the verb's responder twice")
+        assert await shown() == ("", None, "")  # it says the verb is unknown: still none
+        services[0] = ApiError(error="services failed: the state repository is locked")
+        await wait_for(lambda: _is(shown(), ("", None, services[0].error)), 30,
+                       what="another refusal, said as it was said")
     finally:
-        await sub.unsubscribe()
+        await d.close()
+        for sub in subs:
+            await sub.unsubscribe()
         await nc.close()
 
 
-async def _eq(services: Any, want: Any) -> bool:
-    got = await services
-    if got is None or want is None:
-        return got is want
-    return [[s["name"], s["version"], s["count"]] for s in got] == want
-
-
-async def _error(port: int) -> bool:
-    return (await overview(port))["services_error"] == \
-        "services failed: the state repository is locked"
+async def _is(got: Any, want: Any) -> bool:
+    return bool(await got == want)
 
 
 async def test_on_another_address_every_request_needs_the_token(three: Cluster) -> None:

@@ -50,7 +50,8 @@ function fmtTime(at) {
 }
 
 function fmtNumber(x, digits) {
-  return Number(x).toFixed(digits).replace(/\.?0+$/, "") || "0";
+  const text = Number(x).toFixed(digits);
+  return text.includes(".") ? text.replace(/\.?0+$/, "") : text;
 }
 
 function badge(text, kind) {
@@ -141,6 +142,8 @@ function renderServices(services, error) {
   section.hidden = services === null && !error;  // no service verbs: say nothing
   $("services-error").hidden = !error;
   $("services-error").textContent = error || "";
+  $("services").hidden = !(services && services.length);
+  $("services-empty").hidden = !(services && !services.length);
   const body = clear($("services").tBodies[0]);
   for (const s of services || []) {
     const d = s.deployment;
