@@ -254,7 +254,7 @@ def test_a_screenshot_of_the_dashboard_when_asked(up: Up, page: Any) -> None:
     for iid, spec in [("web-1", {"ports": ["http"], "cpu": 1.0, "memory_mb": 512}),
                       ("web-2", {"ports": ["http"], "cpu": 1.0, "memory_mb": 512}),
                       ("report-eu", {"labels": {"zone": "b"}, "memory_mb": 256}),
-                      ("big", {"cpu": 6.0, "memory_mb": 4096}),
+                      ("big", {"cpu": 3.0, "memory_mb": 3072}),
                       ("needs-gpu", {"labels": {"gpu": "true"}})]:
         up.submit(iid.split("-")[0], iid, **spec)
     page.goto(up.url)

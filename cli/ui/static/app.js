@@ -153,8 +153,9 @@ function renderServices(services, error) {
       el("td", {text: `v${s.version}`}),
       el("td", {text: s.stopped ? "stopped" : `${(s.replicas || []).length} / ${s.count}`}),
       el("td", {text: String(healthy)}),
-      el("td", {text: d ? `${d.state} v${d.from_version}→v${d.to_version}` +
-                         (d.reason ? `: ${d.reason}` : "") : "-"})));
+      el("td", {text: d ? `${d.state} ` +
+                         (d.from_version ? `v${d.from_version}\u2192` : "") +
+                         `v${d.to_version}` + (d.reason ? `: ${d.reason}` : "") : "-"})));
   }
 }
 
@@ -193,11 +194,19 @@ function renderInstances(o) {
   }
 }
 
+// A service's own events (a deploy) carry the service's name where an instance id would be.
+function isService(name) {
+  const services = (state.overview && state.overview.services) || [];
+  return services.some((s) => s.name === name);
+}
+
 function eventItem(e, withInstance) {
   return el("li", {class: `event t-${e.type}`, "data-event-instance": e.instance_id,
                    "data-event-type": e.type},
     el("time", {text: fmtTime(e.at)}),
-    withInstance ? instanceLink(e.instance_id) : null,
+    withInstance ? (isService(e.instance_id) ?
+      el("span", {class: "mono service-name", text: e.instance_id}) :
+      instanceLink(e.instance_id)) : null,
     badge(e.type, "event-type"),
     e.node_id ? el("span", {class: "mono", text: e.node_id}) : null,
     e.exit_code !== null && e.exit_code !== undefined ?
