@@ -17,6 +17,17 @@ Rules:
    the gap between rounds is throughput lost; closing that gap places more a second without
    lengthening the rounds (docs/performance.md). An auction that closes as it opens (no
    candidate) does not open others from inside the pass that opened it.
+6. A broadcast RFB reaches every node, also one whose first heartbeat the broker has not
+   heard yet (it just started, or the node did), and an auction closes once its candidates
+   have answered or at its deadline: an answer from a node that was not a candidate, or one
+   after the deadline or the close of one of the last `CLOSED_KEPT` auctions from a node it
+   asked and that had not answered, is left out and counted in `late_total`, but it is not a
+   rejected message - nothing on the wire was wrong. A second answer from the same node (a
+   replay), an answer to a sampled auction from a node it did not ask, or one for an auction
+   this broker never opened, is a reject.
+7. An instance that waits is auctioned again every heartbeat interval; its ``unschedulable``
+   event is emitted when its record changes (a new reason or summary), not every round:
+   the same sentence every few seconds would bury the events an operator follows.
 """
 
 from __future__ import annotations
@@ -28,6 +39,7 @@ import random
 import uuid
 from collections import deque
 from collections.abc import Callable, Iterable
+from collections.abc import Set as AbstractSet
 from itertools import filterfalse
 
 import msgspec
@@ -37,6 +49,7 @@ from gavel.broker.ledger.committer import Item, Planned
 from gavel.broker.ledger.plan import View, place, unschedulable
 from gavel.shared import subjects
 from gavel.shared.auction import Auction, Awarded, Decision, Unschedulable, Verdict
+from gavel.shared.award import NodeDecline
 from gavel.shared.lifecycle import PENDING
 from gavel.shared.messages import (
     Award,
@@ -52,9 +65,11 @@ from gavel.shared.records import AuctionRecord, BatchRecord, Outcome, ShapeRecor
 from gavel.transport.inbound import Door, Guard
 from gavel.transport.wire import Received
 
-__all__ = ["RECENT_KEPT", "ROUNDS_KEPT", "Auctioneer"]
+__all__ = ["CLOSED_KEPT", "RECENT_KEPT", "ROUNDS_KEPT", "Auctioneer"]
 
 RECENT_KEPT = 2048
+#: Closed auctions whose late answers are recognised (rule 6).
+CLOSED_KEPT = 256
 #: Bid-round durations kept for the API's percentiles.
 ROUNDS_KEPT = 10_000
 
@@ -81,6 +96,11 @@ class Auctioneer:
         self.pinned_reported: set[str] = set()
         self.round_times: deque[float] = deque(maxlen=ROUNDS_KEPT)
         self.auctions: dict[str, Auction] = {}
+        #: Open auctions whose RFB went to every node, the last auctions closed, and the
+        #: answers that came too late for theirs or from a node not yet heard (rule 6).
+        self._broadcast: set[str] = set()
+        self._closed: dict[str, tuple[AbstractSet[str], AbstractSet[str] | None]] = {}
+        self.late_total = 0
         self.inflight: set[str] = set()
         self.reserved: dict[str, Capacity] = {}
         self.retry_at: dict[str, float] = {}
@@ -172,6 +192,8 @@ class Auctioneer:
             candidates = sorted(self.rng.sample(candidates, (d or 1) * len(requests)))
         auction = Auction(aid, requests, candidates, now, deadline)
         self.auctions[aid] = auction
+        if not sampled:
+            self._broadcast.add(aid)
         self.auctions_total += 1
         self.inflight.update(r.instance_id for r in requests)
         if not candidates:
@@ -200,7 +222,11 @@ class Auctioneer:
         self.replies_total += 1
         auction = self.auctions.get(reply.auction_id)
         if auction is None:
-            ctx.rejects.count(Verdict.WRONG_AUCTION, msg.subject)
+            closed = self._closed.get(reply.auction_id)
+            if closed is not None and _late(reply.node_id, *closed):
+                self.late_total += 1  # rule 6: an answer after the close
+            else:  # never opened, or a replay of an answer taken
+                ctx.rejects.count(Verdict.WRONG_AUCTION, msg.subject)
             return
         draining = ctx.ledger.state().draining
         if draining and reply.node_id in draining:
@@ -210,7 +236,11 @@ class Auctioneer:
                 Decline(shape=a.shape, reason=Reason.DRAINING) for a in reply.answers])
         now = ctx.now()
         verdict = auction.receive(reply, now)
-        if verdict is not Verdict.ACCEPTED:
+        if verdict in (Verdict.LATE, Verdict.NOT_ELIGIBLE) and _late(
+                reply.node_id, auction.answered,
+                None if reply.auction_id in self._broadcast else auction.eligible):
+            self.late_total += 1  # rule 6
+        elif verdict is not Verdict.ACCEPTED:
             ctx.rejects.count(verdict, msg.subject)
         if auction.done(now):
             self.close(auction)
@@ -236,7 +266,13 @@ class Auctioneer:
 
     # -- closing -------------------------------------------------------------------------
     def close(self, auction: Auction) -> None:
-        del self.auctions[auction.auction_id]
+        aid = auction.auction_id
+        del self.auctions[aid]
+        self._closed[aid] = (auction.answered,
+                             None if aid in self._broadcast else auction.eligible)
+        self._broadcast.discard(aid)
+        if len(self._closed) > CLOSED_KEPT:
+            del self._closed[next(iter(self._closed))]
         now = self.ctx.now()
         decisions = auction.decide(now, self.free(auction.eligible))
         round_s = now - auction.opened_at
@@ -289,11 +325,12 @@ class Auctioneer:
                 out.after.append(functools.partial(self._placed, d, aid, placement.attempt,
                                                    round_s=round_s))
             else:
-                if unschedulable(view, d):
+                changed = unschedulable(view, d)
+                if changed:
                     out.lines.append(f"unschedulable {iid}: {d.summary}")
                     outcomes.append(Outcome(instance_id=iid, shape=shape, reason=d.reason,
                                             summary=d.summary))
-                out.after.append(functools.partial(self._unschedulable, d, aid))
+                out.after.append(functools.partial(self._unschedulable, d, aid, changed))
         if outcomes:
             out.trailers.append(auction_trailer(_batch_record(auction, decisions, outcomes)))
         return out
@@ -329,12 +366,15 @@ class Auctioneer:
         if not placed:
             self.ctx.wake()
 
-    def _unschedulable(self, d: Unschedulable, aid: str, _sha: str = "") -> None:
+    def _unschedulable(self, d: Unschedulable, aid: str, changed: bool, _sha: str = "") -> None:
+        """Rule 7: the event only when the reason or summary changed (the record did)."""
         iid = d.request.instance_id
         self.inflight.discard(iid)
         self._remember(iid, aid, d)
         self.retry_at[iid] = self.ctx.now() + self.ctx.timing.heartbeat_s
-        self.ctx.events.emit(iid, EventType.UNSCHEDULABLE, reason=d.reason, detail=d.summary)
+        if changed:
+            self.ctx.events.emit(iid, EventType.UNSCHEDULABLE, reason=d.reason,
+                                 detail=d.summary)
 
     def _failed(self, decisions: list[Decision], reason: Reason, detail: str) -> None:
         for d in decisions:
@@ -352,6 +392,19 @@ class Auctioneer:
         if len(recent) > RECENT_KEPT:
             del recent[next(iter(recent))]
 
+    def declines_by(self, node_id: str, limit: int) -> list[tuple[str, str, NodeDecline]]:
+        """(instance, auction, decline) of `node_id` in the last decisions remembered,
+        newest first, at most `limit`."""
+        out: list[tuple[str, str, NodeDecline]] = []
+        for iid, (aid, d) in reversed(self._recent.items()):
+            for dec in d.declines:
+                if dec.node_id == node_id:
+                    out.append((iid, aid, dec))
+                    break
+            if len(out) >= limit:
+                break
+        return out
+
     def recent(self, iid: str) -> AuctionRecord | None:
         got = self._recent.get(iid)
         return None if got is None else _record(*got)
@@ -365,6 +418,12 @@ class Auctioneer:
         if state in PENDING and iid in self.inflight:
             return InstanceState.SCHEDULED if state is InstanceState.QUEUED else state
         return state
+
+
+def _late(node: str, answered: AbstractSet[str], asked: AbstractSet[str] | None) -> bool:
+    """Rule 6: an answer that came too late for its auction, from a node that had not
+    answered it and that it asked (`asked` None: a broadcast asks every node)."""
+    return node not in answered and (asked is None or node in asked)
 
 
 def _record(aid: str, d: Decision) -> AuctionRecord:

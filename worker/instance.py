@@ -118,7 +118,8 @@ class Host(Protocol):
     def arm_timeout(self, held: Held) -> None: ...
 
     async def end(self, held: Held, type_: str, reason: str, detail: str,
-                  exit_code: int | None = None, *, report: bool = True) -> None: ...
+                  exit_code: int | None = None, *, report: bool = True,
+                  remember: bool = True) -> None: ...
 
     async def emit(self, held: Held, type_: str, reason: str, detail: str,
                    exit_code: int | None, *, ports: dict[str, int] | None = None,
@@ -281,9 +282,9 @@ class Life:
         elif why == Reason.TIMEOUT:
             await end(held, EventType.FAILED, Reason.TIMEOUT,
                       f"ran longer than {spec.timeout_s:g}s", code)
-        elif why == Reason.WORKER_STOPPED:
+        elif why == Reason.WORKER_STOPPED:  # not the instance's end: not remembered as run
             await end(held, EventType.FAILED, Reason.WORKER_STOPPED, "the worker shut down",
-                      code)
+                      code, remember=False)
         else:
             await end(held, EventType.FAILED, Reason.FENCED, "", code, report=False)
 

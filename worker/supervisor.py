@@ -7,10 +7,12 @@ convergence cannot both start it. Every instance ends exactly once, through `end
 reports how it ended and then persists (a crash in between repeats the report after a
 restart rather than losing it) — except a fenced one: the broker moved it away, so its end
 is logged, not reported, and the attempt is not remembered as run (if the broker places it
-here again, convergence may start it again). Ports are checked before the process starts
-(`worker.ports`); ``provisioning`` and ``running`` carry the real ports and the ones found
-taken. Secret values go to the child's environment only: never into a log line, never into
-``agent.json``.
+here again, convergence may start it again). An instance stopped because the worker shuts
+down is reported but not remembered as run either: if no broker heard the report, its
+node.json still lists it, and the next worker on this node starts that attempt again. Ports
+are checked before the process starts (`worker.ports`); ``provisioning`` and ``running``
+carry the real ports and the ones found taken. Secret values go to the child's environment
+only: never into a log line, never into ``agent.json``.
 
 What happens between an instance's start and its end (restarts in place, health checks) is
 its `worker.instance.Life`.
@@ -224,8 +226,10 @@ class Supervisor:
             task.add_done_callback(self._stoppers.discard)
 
     async def end(self, held: Held, type_: str, reason: str, detail: str,
-                  exit_code: int | None = None, *, report: bool = True) -> None:
-        """The one way an instance ends: let go of it, report how it ended, persist."""
+                  exit_code: int | None = None, *, report: bool = True,
+                  remember: bool = True) -> None:
+        """The one way an instance ends: let go of it, report how it ended, persist. An end
+        that is not `remember`-ed (the worker shut down) may run again here."""
         if held.timer is not None:
             held.timer.cancel()
         if self._held.get(held.id) is held:
@@ -234,7 +238,8 @@ class Supervisor:
         if held.prober is not None:
             held.prober.stop()
         if report:
-            self._finished.append(f"{held.id}/{held.attempt}")
+            if remember:
+                self._finished.append(f"{held.id}/{held.attempt}")
             await self.emit(held, type_, reason, detail, exit_code)
         else:  # fenced: nothing the broker would count against the instance
             log.info("fenced instance %s attempt %d ended (exit %s)", held.id, held.attempt,
