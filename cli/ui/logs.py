@@ -5,43 +5,33 @@ Rules:
    ``gavel.logs.<node>``, chunks on the asker's inbox), never through the broker or git.
    Where to ask is the instance's node in the status API.
 2. The panel asks for the last `TAIL` lines of stdout and stderr and, while the instance
-   runs, follows what it writes next. Lines are sent whole (a chunk's unfinished last line
-   waits for the rest), as frames of ``{"stream", "lines"}``.
-3. When no lines can be had - this gavel has no logs API, the instance has not run on a
-   node yet, the node does not answer - the panel is sent one ``unavailable`` frame with the
-   sentence why; when the output ends, an ``end`` frame. The page stops listening at either.
+   may still write, follows what it writes next. Lines are sent whole (a chunk's unfinished
+   last line waits for the rest, or for the end), as frames of ``{"stream", "lines"}``.
+3. When no lines can be had - the instance has not run on a node yet, the node does not
+   answer - the panel is sent one ``unavailable`` frame with the sentence why; when the
+   output ends, an ``end`` frame. The page stops listening at either.
 """
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Awaitable, Callable
-from types import ModuleType
 from typing import Any
 
 from gavel.cli.ui.feed import encode
 from gavel.shared.api import StatusReply, StatusRequest
+from gavel.shared.logstream import LogChunk, LogsRequest
+from gavel.shared.messages import InstanceState
 from gavel.transport.client import ClientError, call
+from gavel.transport.logclient import read
 
-__all__ = ["TAIL", "follow", "logs_api"]
+__all__ = ["TAIL", "follow"]
 
 #: Lines of each stream the panel opens with (rule 2).
 TAIL = 200
-STREAMS = ["stdout", "stderr"]
-NO_API = ("this gavel has no logs API yet (`gavel logs`, gavel.transport.logclient): the "
-          "panel fills in once it has")
+#: States in which an instance may still write (rule 2).
+_WRITING = frozenset({InstanceState.PLACED, InstanceState.PROVISIONING, InstanceState.RUNNING})
 
 Send = Callable[[str, bytes], Awaitable[None]]
-
-
-def logs_api() -> tuple[ModuleType, ModuleType] | None:
-    """Rule 1: (`transport.logclient`, `shared.logstream`), or None when this gavel has no
-    logs API yet."""
-    try:
-        return (importlib.import_module("gavel.transport.logclient"),
-                importlib.import_module("gavel.shared.logstream"))
-    except ImportError:
-        return None
 
 
 async def follow(nc: Any, instance_id: str, send: Send) -> None:
@@ -49,11 +39,6 @@ async def follow(nc: Any, instance_id: str, send: Send) -> None:
     async def unavailable(why: str) -> None:
         await send("unavailable", encode({"text": why}))
 
-    api = logs_api()
-    if api is None:
-        await unavailable(NO_API)
-        return
-    logclient, logstream = api
     try:
         reply = await call(nc, "status", StatusRequest(instance_id=instance_id), StatusReply)
     except ClientError as exc:
@@ -66,25 +51,26 @@ async def follow(nc: Any, instance_id: str, send: Send) -> None:
         return
     rest: dict[str, bytes] = {}
 
-    async def chunk(c: Any) -> None:
-        *lines, tail = (rest.pop(c.stream, b"") + bytes(c.data)).split(b"\n")
+    async def lines(stream: str, found: list[bytes]) -> None:
+        if found:
+            await send("lines", encode({"stream": stream, "lines": [
+                ln.decode(errors="replace") for ln in found]}))
+
+    async def chunk(c: LogChunk) -> None:
+        *whole, tail = (rest.pop(c.stream, b"") + c.data).split(b"\n")
         if tail:
             rest[c.stream] = tail
-        if lines:
-            await send("lines", encode({"stream": c.stream, "lines": [
-                ln.decode(errors="replace") for ln in lines]}))
+        await lines(c.stream, whole)
 
-    running = inst.state in ("placed", "provisioning", "running")
-    request = logstream.LogsRequest(node_id=inst.node_id, instance_id=instance_id,
-                                    streams=STREAMS, tail=TAIL, follow=running)
+    request = LogsRequest(node_id=inst.node_id, instance_id=instance_id,
+                          streams=["stdout", "stderr"], tail=TAIL,
+                          follow=inst.state in _WRITING)
     try:
-        done = await logclient.read(nc, request, chunk)
+        done = await read(nc, request, chunk)
     except ClientError as exc:  # the node does not answer, or refused
         await unavailable(str(exc))
         return
     for stream, tail in rest.items():
-        await send("lines", encode({"stream": stream, "lines": [
-            tail.decode(errors="replace")]}))
-    ended = getattr(done, "ended", "")
-    await send("end", encode({"text": f"the output ended ({ended})" if ended
+        await lines(stream, [tail])
+    await send("end", encode({"text": f"the output ended ({done.ended})" if done.ended
                               else "no more output for now"}))

@@ -1,8 +1,8 @@
 """The dashboard in a real headless Chromium, against a live `gavel up` (a real child process
 of ``python -m gavel up``: nats-server with nkeys, a broker, three workers, the dashboard it
 serves) and the real CLI: the page lists the nodes, shows an instance the CLI submits without
-a reload, draws its auction with the winner marked, and on another address lets in only the
-holder of the token.
+a reload, draws its auction with the winner marked beside its log lines, shows a service the
+CLI deploys, and on another address lets in only the holder of the token.
 
 Skipped when playwright (the test extras) or a Chromium (``apt-get install -y chromium``; or
 GAVEL_CHROMIUM=/path) is missing. GAVEL_UI_SCREENSHOT=FILE also saves a screenshot of the
@@ -210,6 +210,9 @@ def test_clicking_an_instance_shows_its_auction_with_the_winner_marked(up: Up,
     assert loads == sorted(loads)
     assert page.locator("#auctions .auction").first.locator(".bid:not(.winner) "
                                                             ".winner-mark").count() == 0
+    # Its recent log lines, read from its node through `gavel logs`'s API.
+    page.wait_for_selector("#logs .line.stdout", timeout=WAIT_MS)
+    assert page.locator("#logs .line.stdout").first.inner_text().strip() == "up"
     # Another instance, through the page's own link: the nodes that declined, and why.
     page.click('a[href="#/"]')
     page.click('#instances tr[data-instance="ui-eu-1"] a')

@@ -17,7 +17,7 @@ import msgspec
 import nats
 import pytest
 
-from gavel.cli.ui import app, logs
+from gavel.cli.ui import app
 from gavel.shared import subjects
 from gavel.shared.api import (
     DeployReply,
@@ -359,12 +359,20 @@ async def test_the_logs_panel_streams_the_instances_lines_or_says_why_it_cannot(
     await wait_for(running, 30, what="the instance to run")
     stream = await Events.open(dash.port, f"/api/logs/{iid}")
     try:
-        if logs.logs_api() is None:  # this gavel has no logs API yet
-            got = await stream.until("unavailable")
-            assert got["text"] == logs.NO_API
-        else:
-            got = await stream.until("lines", lambda f: "hello from the log" in f["lines"])
-            assert got["stream"] == "stdout"
+        got = await stream.until("lines", lambda f: "hello from the log" in f["lines"])
+        assert got["stream"] == "stdout"
+    finally:
+        stream.close()
+    # An instance that never ran on a node has no output, and the panel says so.
+    never = await three.submit(sleeper_spec("nowhere", labels={"gpu": "true"}))
+
+    async def unschedulable() -> bool:
+        return (await three.status(never)).state == "unschedulable"
+    await wait_for(unschedulable, 30, what="an unschedulable instance")
+    stream = await Events.open(dash.port, f"/api/logs/{never}")
+    try:
+        got = await stream.until("unavailable")
+        assert got["text"].startswith(f"{never} has not run on a node yet")
     finally:
         stream.close()
 
