@@ -1,8 +1,9 @@
 """`gavel ui` (and `gavel up`'s dashboard): the routes, the static page, the command.
 
 Rules:
-1. The page is three files in the package (``static/``): no CDN, no build step, nothing
-   fetched from the internet. Everything else is JSON the page asks for, or an event stream.
+1. The page is files in the package (``static/``: HTML, CSS, JavaScript, an icon): no CDN,
+   no build step, nothing fetched from the internet. Everything else is JSON the page asks
+   for, or an event stream.
 2. Routes: ``/`` the page; ``/static/NAME`` its files; ``/api/overview`` nodes, instances
    and services; ``/api/events`` the event stream (the overview, the recent events, then
    every event and every new overview as they come); ``/api/instances/ID`` one instance's

@@ -3,11 +3,12 @@
 Rules:
 1. The dashboard is an operator client like the CLI: it asks the broker's API (`nodes`,
    `status`, `services`, `events`) through `transport.client.call` and subscribes to the
-   events the broker publishes (``gavel.events.>``). It never speaks to a node or to git.
+   events the broker publishes (``gavel.events.>``). It never reads git, and speaks to a
+   node only to ask for an instance's lines, through `gavel logs`' API (`ui.logs`).
 2. The overview is asked again every `REFRESH_S` (heartbeats change loads without an
    event), and `SETTLE_S` after an event (it changed a state): a burst of events is one
-   refresh. Each page is pushed the overview after every refresh,
-   and every event as it is heard.
+   refresh. Each page is pushed the overview after every refresh, and every event as it is
+   heard.
 3. A page that cannot keep up (its queue of `QUEUE_MAX` frames is full) is dropped, never
    waited for: its browser reconnects and starts again from the overview.
 4. A broker that does not serve the service verbs (no responder on the verb's subject, or
