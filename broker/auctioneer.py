@@ -28,6 +28,10 @@ Rules:
 7. An instance that waits is auctioned again every heartbeat interval; its ``unschedulable``
    event is emitted when its record changes (a new reason or summary), not every round:
    the same sentence every few seconds would bury the events an operator follows.
+8. A service's replica is auctioned with its group (`InstanceRecord.service`), and its round
+   is decided knowing how many of the group's replicas each node holds - in git, or awarded
+   and not yet committed - and every node's labels, from its heartbeats
+   (`shared.auction` rule 5); a round without replicas is told nothing of the kind.
 """
 
 from __future__ import annotations
@@ -109,6 +113,8 @@ class Auctioneer:
         self.placed_total = 0
         self.auctions_total = 0
         self.replies_total = 0
+        #: Replicas awarded and not yet released: instance -> (service, winner) (rule 8).
+        self.awarding: dict[str, tuple[str, str]] = {}
         #: When the waiting (not yet auctioned) work began to wait; None: nothing waits.
         self.waiting_since: float | None = None
         self._wait_timer: asyncio.TimerHandle | None = None
@@ -163,7 +169,8 @@ class Auctioneer:
             eligible = [n for n in eligible if n not in state.unusable_nodes]
         groups: dict[tuple[str, ...], list[Request]] = {}
         for r in pending:
-            groups.setdefault(tuple(r.excluded), []).append(Request.of(r.instance_id, r.spec))
+            groups.setdefault(tuple(r.excluded), []).append(
+                Request.of(r.instance_id, r.spec, r.service))
         for excluded, requests in groups.items():
             candidates = ([n for n in eligible if n not in excluded] or eligible) \
                 if excluded else eligible
@@ -274,7 +281,12 @@ class Auctioneer:
         if len(self._closed) > CLOSED_KEPT:
             del self._closed[next(iter(self._closed))]
         now = self.ctx.now()
-        decisions = auction.decide(now, self.free(auction.eligible))
+        if auction.groups:
+            held, labels = self._spread_of(auction.groups)
+            decisions = auction.decide(now, self.free(auction.eligible), held=held,
+                                       labels=labels)
+        else:
+            decisions = auction.decide(now, self.free(auction.eligible))
         round_s = now - auction.opened_at
         self.round_times.append(round_s)
         m = self.ctx.metrics
@@ -291,6 +303,8 @@ class Auctioneer:
         for d in decisions:
             if isinstance(d, Awarded):
                 self._reserve(d.winner.node_id, d.request, +1)
+                if d.request.group:
+                    self.awarding[d.request.instance_id] = (d.request.group, d.winner.node_id)
                 self.ctx.events.emit(d.request.instance_id, EventType.SCHEDULED,
                             node_id=d.winner.node_id,
                             detail=f"load {d.winner.load:.3f} ({d.winner.strategy})")
@@ -302,6 +316,20 @@ class Auctioneer:
             self.ctx.wake()  # pass has its room
         else:  # the next round goes out now, not after the loop's other work (rule 5)
             self.reconcile(now)
+
+    def _spread_of(self, groups: Iterable[str]
+                   ) -> tuple[dict[str, dict[str, int]], dict[str, dict[str, str]]]:
+        """What a round placing replicas of `groups` is told (rule 8): per group, the
+        replicas each node holds (git's, plus awards whose commit has not landed), and each
+        node's labels."""
+        state = self.ctx.ledger.state()
+        held = {g: state.held_by(g) for g in groups}
+        for iid, (group, node) in self.awarding.items():
+            counts = held.get(group)
+            if counts is not None and iid not in state.where:
+                counts[node] = counts.get(node, 0) + 1
+        labels = {n: hb.labels for n, hb in self.ctx.liveness.heartbeats.items()}
+        return held, labels
 
     def _reserve(self, node_id: str, req: Request, sign: int) -> None:
         self.reserved.setdefault(node_id, Capacity()).charge(req, sign)
@@ -363,6 +391,7 @@ class Auctioneer:
     def _released(self, d: Awarded, placed: bool) -> None:
         self._reserve(d.winner.node_id, d.request, -1)
         self.inflight.discard(d.request.instance_id)
+        self.awarding.pop(d.request.instance_id, None)
         if not placed:
             self.ctx.wake()
 
@@ -381,6 +410,7 @@ class Auctioneer:
             iid = d.request.instance_id
             if isinstance(d, Awarded):
                 self._reserve(d.winner.node_id, d.request, -1)
+                self.awarding.pop(iid, None)
             self.inflight.discard(iid)
             self.retry_at[iid] = self.ctx.now() + self.ctx.timing.tick_s
             self.ctx.events.emit(iid, EventType.ERROR, reason=reason, detail=detail)

@@ -117,6 +117,12 @@ class WorkerConfig(DaemonConfig, kw_only=True, forbid_unknown_fields=True):
     cpu: Annotated[float, msgspec.Meta(gt=0)] | None = None
     memory_mb: Annotated[int, msgspec.Meta(gt=0)] | None = None
     ports: tuple[Port, Port] = (20000, 20999)
+    #: Enforce each instance's cpu and memory with cgroups (`worker.cgroups`): v2, v1, auto
+    #: (whichever the host offers, else nothing, said at start) or off.
+    cgroups: Literal["auto", "v1", "v2", "off"] = "auto"
+    #: Cpu as a weight in proportion to the award (used when others want the cpu), or also a
+    #: quota capping the instance at its award.
+    cgroup_cpu: Literal["weight", "quota"] = "weight"
     #: The address a gateway reaches this node's instances at ("": the host's primary one).
     advertise: str = ""
     #: An instance's stdout.log / stderr.log is rotated past this size (`worker.logfiles`).
@@ -236,6 +242,13 @@ WORKER_OPTIONS: list[Option] = [
            "port range to assign from (default 20000-20999)", "FIRST-LAST"),
     Option("state", "--state", "GAVEL_STATE", str,
            "local state directory (default ./.gavel-worker-NODE)", "DIR"),
+    Option("cgroups", "--cgroups", "GAVEL_CGROUPS", choice(("auto", "v1", "v2", "off")),
+           "enforce each instance's cpu and memory with cgroups: auto (v2, else v1, else "
+           "nothing, said at start), v1, v2 (refuse to start without it) or off (default auto)",
+           choices=("auto", "v1", "v2", "off")),
+    Option("cgroup_cpu", "--cgroup-cpu", "GAVEL_CGROUP_CPU", choice(("weight", "quota")),
+           "cpu as a weight in proportion to the award, or also a quota capping the instance "
+           "at it (default weight)", choices=("weight", "quota")),
     Option("advertise", "--advertise", "GAVEL_ADVERTISE", address,
            "the address a gateway reaches this node's instances at: an IP address or DNS "
            "name (default: the host's primary address)", "ADDR"),

@@ -55,6 +55,7 @@ from gavel.transport.creds import connect_options
 
 if TYPE_CHECKING:
     from gavel.broker.service import Broker
+    from gavel.worker.cgroups import Enforcement
     from gavel.worker.logfiles import LogLimits
 
 __all__ = ["BROKER_ONLY", "GATEWAY_ONLY", "WORKER_ONLY", "Stopped", "check", "config_check",
@@ -340,6 +341,17 @@ def _strategy(cfg: WorkerConfig) -> Strategy:
         raise ConfigError(f"field `strategy_params`: {exc}.") from None
 
 
+def _cgroups(cfg: WorkerConfig) -> Enforcement:
+    """What the worker enforces (`worker.cgroups`); a hierarchy named but unusable is a
+    `ConfigError` sentence saying why."""
+    from gavel.worker.cgroups import Unavailable, detect
+
+    try:
+        return detect(cfg.cgroups, cfg.node_id, cpu_limit=cfg.cgroup_cpu)
+    except Unavailable as exc:
+        raise ConfigError(f"field `cgroups`: {exc}.") from None
+
+
 def _writable_dir(path: Path) -> None:
     """The worker's state directory exists (made if need be) and takes files - or a
     `ConfigError` sentence now, not a traceback at the first write."""
@@ -373,7 +385,8 @@ async def run_worker(args: argparse.Namespace) -> int:
                           timing=effective_timing(cfg, os.environ), cpu=cfg.cpu,
                           memory_mb=cfg.memory_mb, port_range=cfg.ports,
                           nats_options={"error_cb": refusals.on_error, **_nats_options(cfg)},
-                          advertise=cfg.advertise, log_limits=log_limits(cfg))
+                          advertise=cfg.advertise, log_limits=log_limits(cfg),
+                          cgroups=_cgroups(cfg))
     stopping.append(lambda: asyncio.ensure_future(agent.stop(kill_children=False)))
     loop = asyncio.get_running_loop()
     agent.metrics.attach(agent, loop)

@@ -49,6 +49,7 @@ from gavel.shared.timing import Timing
 from gavel.transport import wire
 from gavel.transport.inbound import Door, Guard
 from gavel.transport.rejects import Throttle
+from gavel.worker.cgroups import Enforcement
 from gavel.worker.converge import Converger
 from gavel.worker.hoststats import Sampler, detect_capacity, primary_address
 from gavel.worker.logfiles import LogLimits, Outputs
@@ -70,8 +71,8 @@ class Agent:
                  cpu: float | None = None, memory_mb: int | None = None,
                  port_range: tuple[int, int] = (20000, 20999),
                  nats_options: dict[str, Any] | None = None, advertise: str = "",
-                 log_limits: LogLimits | None = None, logs_window_s: float = WINDOW_S
-                 ) -> None:
+                 log_limits: LogLimits | None = None, logs_window_s: float = WINDOW_S,
+                 cgroups: Enforcement | None = None) -> None:
         self.node_id = node_id
         self.strategy = strategy
         self.labels = dict(labels)
@@ -79,6 +80,8 @@ class Agent:
         self.timing = timing
         self.port_range = port_range
         self.capacity = detect_capacity(cpu, memory_mb, port_range)
+        #: What this node enforces of each award (`worker.cgroups`); said once at start.
+        self.enforcement = cgroups or Enforcement.off()
         #: Where a gateway reaches this node's instances (the heartbeat carries it), and the
         #: directory each instance's own directory is in.
         self.advertise = advertise or primary_address()
@@ -99,7 +102,8 @@ class Agent:
             node_id=node_id, state_dir=self.state_dir, timing=timing, port_range=port_range,
             report=self._report, on_change=self._refresh_view,
             reserved=lambda iid: self.converger.reserved(iid),
-            secrets=lambda iid, attempt: self.converger.secrets(iid, attempt))
+            secrets=lambda iid, attempt: self.converger.secrets(iid, attempt),
+            cgroups=self.enforcement.hierarchy)
         #: Makes this node match its node.json (KV); its counters say what it did.
         self.converger = Converger(node_id=node_id, timing=timing,
                                     supervisor=self._supervisor,
@@ -186,6 +190,9 @@ class Agent:
         try:
             if self._stop_requested.is_set():
                 return
+            enforcement = self.enforcement
+            (log.warning if enforcement.missing else log.info)(
+                "node %s: %s", self.node_id, enforcement.summary)
             await self._supervisor.restore()  # events wait in the outbox until connected
             self._loops.append(asyncio.create_task(logs_tick(self.outputs, self.timing.tick_s)))
             self.converger.start_link_watch(lambda: self._nc)
@@ -268,6 +275,8 @@ class Agent:
             for task in stuck:
                 log.error("worker task %s did not stop", task.get_name())
         await self._supervisor.shutdown(kill=self._kill_children)
+        if self.enforcement.hierarchy is not None:
+            self.enforcement.hierarchy.close()
         nc, self._nc = self._nc, None
         if nc is not None:
             try:  # flushes what is still buffered: the last events matter

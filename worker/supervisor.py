@@ -12,10 +12,13 @@ down is reported but not remembered as run either: if no broker heard the report
 node.json still lists it, and the next worker on this node starts that attempt again. Ports
 are checked before the process starts (`worker.ports`); ``provisioning`` and ``running``
 carry the real ports and the ones found taken. Secret values go to the child's environment
-only: never into a log line, never into ``agent.json``.
+only: never into a log line, never into ``agent.json``. With a cgroup hierarchy
+(`worker.cgroups`) each instance has a cgroup of its own, limited to its award, that every
+run of its process enters; the cgroup goes once the instance has ended (never between
+restarts in place), and a process left running for the next worker keeps it.
 
-What happens between an instance's start and its end (restarts in place, health checks) is
-its `worker.instance.Life`.
+What happens between an instance's start and its end (restarts in place, health checks, a
+process the kernel killed for its memory) is its `worker.instance.Life`.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from gavel.shared.messages import Award, Capacity, EventType, InstanceReport, In
 from gavel.shared.reasons import Reason
 from gavel.shared.records import Placement
 from gavel.shared.timing import Timing
+from gavel.worker.cgroups import Hierarchy, release
 from gavel.worker.driver import Process, terminate
 from gavel.worker.instance import Begin, Held, Life, Report, Secrets
 from gavel.worker.localstate import FINISHED_KEPT, AgentFile, LocalInstance, load, save
@@ -57,7 +61,8 @@ class Supervisor:
                  port_range: tuple[int, int], report: Report,
                  on_change: Callable[[], None],
                  reserved: Callable[[str], Collection[int]] = lambda _iid: (),
-                 secrets: Secrets = _no_secrets) -> None:
+                 secrets: Secrets = _no_secrets,
+                 cgroups: Hierarchy | None = None) -> None:
         self.node_id = node_id
         self.state_dir = state_dir
         self.timing = timing
@@ -67,6 +72,8 @@ class Supervisor:
         #: Ports node.json gives to instances other than the one named, or blocks.
         self._reserved = reserved
         self._secrets = secrets
+        #: Where instances' cgroups live (None: resources are not enforced).
+        self.cgroups = cgroups
         self._path = state_dir / "agent.json"
         self._held: dict[str, Held] = {}
         self._finished: collections.deque[str] = collections.deque(maxlen=FINISHED_KEPT)
@@ -137,6 +144,8 @@ class Supervisor:
 
     async def _readopt(self, held: Held) -> None:
         local = held.local
+        if self.cgroups is not None:  # it keeps its cgroup; an ended one's goes in `end`
+            held.cgroup = self.cgroups.find(held.id, local.placement.spec.memory_mb)
         if local.restart_at:
             begin = Begin.BACKOFF
         else:
@@ -245,6 +254,8 @@ class Supervisor:
             log.info("fenced instance %s attempt %d ended (exit %s)", held.id, held.attempt,
                      exit_code)
         self.persist()
+        if held.cgroup is not None:  # what the process left behind in it goes too
+            await release(held.cgroup)
 
     # -- what an instance's life uses (`worker.instance.Host`) ------------------------------
 
