@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import re
 import subprocess
 import sys
@@ -328,6 +329,20 @@ async def test_the_gavel_ui_command_prints_its_token_once(three: Cluster, tmp_pa
         proc.terminate()
         rest = (await asyncio.to_thread(proc.communicate, timeout=30))[0].decode()
     assert proc.returncode == 0 and token not in rest
+
+
+async def test_a_dashboard_stopped_with_a_page_open_ends_it_quietly(
+        three: Cluster, caplog: pytest.LogCaptureFixture) -> None:
+    d = await app.start(three.url, None, port=0)
+    try:
+        events = await Events.open(d.port, "/api/events")
+        assert (await events.frame())[0] == "overview"
+    finally:
+        await d.close()  # as Ctrl-C on `gavel up` or `gavel ui` does, a browser still on it
+    await asyncio.wait_for(events.reader.read(), 30)  # the rest, to its end: it ended
+    assert events.reader.at_eof()
+    events.close()
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
 
 
 async def test_on_loopback_a_page_elsewhere_cannot_read_it_and_nothing_is_written(
