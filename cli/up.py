@@ -21,7 +21,10 @@ Rules:
    stay in git: started again on the same state, each worker fetches what its node.json
    still lists and runs that same attempt again (a worker's shutdown is not the instance's
    failure), instead of the broker re-placing work it saw fail as the workers went.
-4. ``--ha`` runs three clustered nats-servers, a bare state remote and three brokers, one
+4. Unless ``--no-ui``, the web dashboard (`gavel ui`) runs in this process once the cluster
+   is up, an operator client of it like the CLI, and its URL is printed; it stops before the
+   children do.
+5. ``--ha`` runs three clustered nats-servers, a bare state remote and three brokers, one
    of which leads (`gavel.cli.upha`), and says which; the state is then the remote's.
 """
 
@@ -43,6 +46,7 @@ from typing import Any
 
 from gavel.cli.commands import UsageError
 from gavel.cli.parsers import unusable_dir
+from gavel.cli.ui import app as ui_app
 from gavel.cli.upha import BROKERS, SERVERS, HaUp
 from gavel.gateway.caddyserver import Caddy
 from gavel.shared.api import (
@@ -165,7 +169,7 @@ async def _until_up(children: list[_Child], url: str, operator: str | None,
 
 
 async def _who_leads(url: str, operator: str | None) -> str:
-    """Rule 4's line: which broker leads, in which epoch."""
+    """Rule 5's line: which broker leads, in which epoch."""
     nc = await connect(url, operator)
     try:
         reply = await call(nc, "nodes", NodesRequest(), NodesReply, timeout=5)
@@ -310,7 +314,7 @@ async def up(args: argparse.Namespace) -> int:
     if args.log_format:
         env["GAVEL_LOG_FORMAT"] = args.log_format
     broker_creds = creds(ids.broker if ids else None)
-    if ha is not None:  # rule 4
+    if ha is not None:  # rule 5
         children = [_spawn(f"broker-{k}", ha.broker_args(k, broker_creds, args.metrics_port,
                                                          args.metrics_addr),
                            state / "logs" / f"broker-{k}.log", env)
@@ -361,6 +365,7 @@ async def up(args: argparse.Namespace) -> int:
                                            "--admin", caddy.admin_url, "--listen",
                                            gateway.removeprefix("http://")],
                                state / "logs" / "gateway.log", env))
+    dashboard: ui_app.Dashboard | None = None
     try:
         starting = asyncio.ensure_future(start())
         stopping = asyncio.ensure_future(done.wait())
@@ -399,9 +404,14 @@ async def up(args: argparse.Namespace) -> int:
             return 0
         hint = f"GAVEL_CREDS={operator} " if operator else ""
         print(f"try: GAVEL_NATS_URL={url} {hint}gavel nodes   "
-              "(Ctrl-C stops the cluster)", flush=True)
+              "(Ctrl-C stops the cluster)")
+        if args.ui:  # rule 4
+            dashboard = await ui_app.start(url, operator, addr=args.ui_addr,
+                                           port=args.ui_port, token=args.ui_token)
+            print(f"dashboard: {dashboard.announce()}")
+        sys.stdout.flush()
         while not done.is_set():  # rule 2, for as long as it runs
-            if ha is not None:  # rule 4
+            if ha is not None:  # rule 5
                 said, fatal = ha.losses({c.name: c.proc.poll() for c in children[:n_brokers]})
                 for line in said:
                     print(line, flush=True)
@@ -417,6 +427,8 @@ async def up(args: argparse.Namespace) -> int:
                     await done.wait()
         return 0
     finally:
+        if dashboard is not None:
+            await dashboard.close()
         _stop(children, brokers=n_brokers)  # rule 3: the brokers first
         if caddy is not None:
             caddy.stop()
