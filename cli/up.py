@@ -402,14 +402,13 @@ async def up(args: argparse.Namespace) -> int:
             finally:
                 await nc.close()
             return 0
-        hint = f"GAVEL_CREDS={operator} " if operator else ""
-        print(f"try: GAVEL_NATS_URL={url} {hint}gavel nodes   "
-              "(Ctrl-C stops the cluster)")
         if args.ui:  # rule 4
             dashboard = await ui_app.start(url, operator, addr=args.ui_addr,
                                            port=args.ui_port, token=args.ui_token)
             print(f"dashboard: {dashboard.announce()}")
-        sys.stdout.flush()
+        hint = f"GAVEL_CREDS={operator} " if operator else ""
+        print(f"try: GAVEL_NATS_URL={url} {hint}gavel nodes   "
+              "(Ctrl-C stops the cluster)", flush=True)  # the last line: everything is up
         while not done.is_set():  # rule 2, for as long as it runs
             if ha is not None:  # rule 5
                 said, fatal = ha.losses({c.name: c.proc.poll() for c in children[:n_brokers]})
