@@ -56,12 +56,12 @@ def test_results_cover_every_policy_on_the_same_arrivals(smoke_out: Path) -> Non
 
 def test_plots_exist_are_substantial_and_distinct(smoke_out: Path) -> None:
     pngs = sorted(smoke_out.glob("*.png"))
-    assert [p.name for p in pngs] == ["stranded.png", "unschedulable.png", "utilisation.png",
-                                      "winshare.png"]
+    assert [p.name for p in pngs] == ["classes.png", "packing.png", "utilisation.png",
+                                      "waits.png", "winshare.png"]
     for png in pngs:
         data = png.read_bytes()
         assert data.startswith(b"\x89PNG") and len(data) > 10_000, png.name
-    assert len({hashlib.sha256(p.read_bytes()).hexdigest() for p in pngs}) == 4
+    assert len({hashlib.sha256(p.read_bytes()).hexdigest() for p in pngs}) == 5
     report = (smoke_out / "report.md").read_text()
     for png in pngs:
         assert f"]({png.name})" in report
