@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import time
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
@@ -66,9 +67,11 @@ from gavel.shared.api import (
     EventsRequest,
     InstanceStatus,
     NodeAddress,
+    NodeDetail,
     NodesReply,
     NodesRequest,
     NodeStatus,
+    RecentDecline,
     RollbackRequest,
     ScaleRequest,
     ServiceReply,
@@ -106,6 +109,8 @@ MAX_IN_FLIGHT = 1024
 #: Records a submission makes and encodes between two turns of the loop (rule 3): a slice
 #: short enough that a bid reply waiting behind it is not held up for long.
 SUBMIT_SLICE = 128
+#: Recent declines `gavel nodes NODE` shows at most.
+DECLINES_SHOWN = 20
 
 
 class Api:
@@ -321,14 +326,23 @@ class Api:
                 "; git history keeps it)") if rules else ""
         return ApiError(error=f"{Reason.UNKNOWN_INSTANCE}: {iid}{hint}")
 
+    def state_of(self, rec: InstanceRecord) -> str:
+        """The state an operator reads in `gavel status` (and the metrics count): a placed
+        instance is what its node last reported (provisioning, running), or cancelling, or
+        placed; a waiting one is scheduled while in an auction; else the record's state."""
+        iid = rec.instance_id
+        if rec.state in PENDING and self.ctx.ledger.state().placement_of(iid) is not None:
+            return "cancelling" if rec.cancelling else \
+                self.promises.live.get(iid, InstanceState.PLACED)
+        return self.auctioneer.status_of(iid, rec.state)
+
     def instance_status(self, rec: InstanceRecord) -> InstanceStatus:
         iid = rec.instance_id
         state = self.ctx.ledger.state()
         pl = state.placement(iid)
         node = state.placement_of(iid)
+        st = self.state_of(rec)
         if pl is not None and node is not None and rec.state in PENDING:
-            st = "cancelling" if rec.cancelling else \
-                self.promises.live.get(iid, InstanceState.PLACED)
             note = self.promises.health.get(iid)
             health, check, restarts = (note.health, note.check, note.restarts) if note else \
                 (InstanceHealth.HEALTHY if st == InstanceState.RUNNING and not rec.spec.checks
@@ -338,7 +352,6 @@ class Api:
                                   health=health, check=check, restarts=restarts,
                                   reason=rec.reason if rec.cancelling else "",
                                   service=rec.service, version=rec.version)
-        st = self.auctioneer.status_of(iid, rec.state)
         return InstanceStatus(instance_id=iid, name=rec.spec.name, state=st,
                               node_id=rec.node_id, attempt=rec.attempt, reason=rec.reason,
                               detail=rec.detail, service=rec.service, version=rec.version)
@@ -357,6 +370,8 @@ class Api:
         now = self.ctx.now()
         state = self.ctx.ledger.state()
         out = []
+        if req.node_id:
+            return self._node(req.node_id)
         for node_id in self.ctx.liveness.known():
             hb = self.ctx.liveness.heartbeats[node_id]
             nf = state.nodes.get(node_id)
@@ -369,6 +384,36 @@ class Api:
                                   last_seen_s=round(now - self.ctx.liveness.last_seen[node_id],
                                                     3), advertise=hb.advertise))
         return NodesReply(nodes=out, rejected=dict(self.ctx.rejects.counts))
+
+    def _node(self, node_id: str) -> Message:
+        """One node in detail: its status, what runs there, its ports and recent declines."""
+        ctx = self.ctx
+        state = ctx.ledger.state()
+        liveness = ctx.liveness
+        hb = liveness.heartbeats.get(node_id)
+        nf = state.nodes.get(node_id)
+        if hb is None and nf is None:
+            return ApiError(error=f"{Reason.UNKNOWN_NODE}: {node_id}")
+        now = ctx.now()
+        seen = liveness.last_seen.get(node_id)
+        status = NodeStatus(
+            node_id=node_id, health=liveness.health(node_id, now),
+            strategy=hb.strategy if hb else "", labels=hb.labels if hb else {},
+            capacity=hb.capacity if hb else Capacity(),
+            committed=state.committed.get(node_id) or Capacity(),
+            draining=bool(hb and hb.draining) or bool(nf and nf.draining),
+            instances=len(nf.instances) if nf else 0,
+            last_seen_s=round(now - seen, 3) if seen is not None else 0.0)
+        running = [self.instance_status(rec) for iid in sorted(nf.instances if nf else ())
+                   if (rec := state.instances.get(iid)) is not None]
+        declines = [RecentDecline(instance_id=iid, auction_id=aid, reason=d.reason,
+                                  detail=d.detail)
+                    for iid, aid, d in self.auctioneer.declines_by(node_id, DECLINES_SHOWN)]
+        detail = NodeDetail(node_id=node_id, instances=running,
+                            port_range=list(hb.port_range) if hb else [],
+                            blocked_ports=list(nf.blocked_ports) if nf else [],
+                            declines=declines, drain_deadline=self._drain_deadline(node_id))
+        return NodesReply(nodes=[status], detail=detail)
 
     async def why(self, req: WhyRequest) -> Message:
         rec = self.ctx.ledger.state().instances.get(req.instance_id)
@@ -383,7 +428,8 @@ class Api:
 
     async def events(self, req: EventsRequest) -> Message:
         evs = [e for e in self.ctx.events
-               if not req.instance_id or e.instance_id == req.instance_id]
+               if (not req.instance_id or e.instance_id == req.instance_id)
+               and e.at >= req.since]
         return EventsReply(events=evs[-req.limit:] if req.limit > 0 else evs)
 
     async def cancel(self, req: CancelRequest) -> Message:
@@ -406,8 +452,14 @@ class Api:
             path = f"nodes/{req.node_id}/node.json"
             return ApiError(error=f"{Reason.UNREADABLE_FILE}: {path} "
                             f"({state.unreadable.get(path, '')})")
-        moving = self.promises.drain(req.node_id, req.undo, req.migrate)
-        return DrainReply(node_id=req.node_id, draining=not req.undo, migrating=moving)
+        moving = self.promises.drain(req.node_id, req.undo, req.migrate, req.deadline_s)
+        return DrainReply(node_id=req.node_id, draining=not req.undo, migrating=moving,
+                          deadline=self._drain_deadline(req.node_id))
+
+    def _drain_deadline(self, node_id: str) -> float:
+        """The node's drain deadline as Unix time (0: none)."""
+        at = self.promises.drain_deadlines.get(node_id)
+        return 0.0 if at is None else round(time.time() + (at - self.ctx.now()), 3)
 
     async def endpoints(self, req: EndpointsRequest) -> Message:
         """Every live instance (placed or waiting) whose spec declares routes, as `status`

@@ -17,6 +17,21 @@ Rules:
    the gap between rounds is throughput lost; closing that gap places more a second without
    lengthening the rounds (docs/performance.md). An auction that closes as it opens (no
    candidate) does not open others from inside the pass that opened it.
+6. A broadcast RFB reaches every node, also one whose first heartbeat the broker has not
+   heard yet (it just started, or the node did), and an auction closes once its candidates
+   have answered or at its deadline: an answer from a node that was not a candidate, or one
+   after the deadline or the close of one of the last `CLOSED_KEPT` auctions from a node it
+   asked and that had not answered, is left out and counted in `late_total`, but it is not a
+   rejected message - nothing on the wire was wrong. A second answer from the same node (a
+   replay), an answer to a sampled auction from a node it did not ask, or one for an auction
+   this broker never opened, is a reject.
+7. An instance that waits is auctioned again every heartbeat interval; its ``unschedulable``
+   event is emitted when its record changes (a new reason or summary), not every round:
+   the same sentence every few seconds would bury the events an operator follows.
+8. A service's replica is auctioned with its group (`InstanceRecord.service`), and its round
+   is decided knowing how many of the group's replicas each node holds - in git, or awarded
+   and not yet committed - and every node's labels, from its heartbeats
+   (`shared.auction` rule 5); a round without replicas is told nothing of the kind.
 """
 
 from __future__ import annotations
@@ -28,6 +43,7 @@ import random
 import uuid
 from collections import deque
 from collections.abc import Callable, Iterable
+from collections.abc import Set as AbstractSet
 from itertools import filterfalse
 
 import msgspec
@@ -37,6 +53,7 @@ from gavel.broker.ledger.committer import Item, Planned
 from gavel.broker.ledger.plan import View, place, unschedulable
 from gavel.shared import subjects
 from gavel.shared.auction import Auction, Awarded, Decision, Unschedulable, Verdict
+from gavel.shared.award import NodeDecline
 from gavel.shared.lifecycle import PENDING
 from gavel.shared.messages import (
     Award,
@@ -52,9 +69,11 @@ from gavel.shared.records import AuctionRecord, BatchRecord, Outcome, ShapeRecor
 from gavel.transport.inbound import Door, Guard
 from gavel.transport.wire import Received
 
-__all__ = ["RECENT_KEPT", "ROUNDS_KEPT", "Auctioneer"]
+__all__ = ["CLOSED_KEPT", "RECENT_KEPT", "ROUNDS_KEPT", "Auctioneer"]
 
 RECENT_KEPT = 2048
+#: Closed auctions whose late answers are recognised (rule 6).
+CLOSED_KEPT = 256
 #: Bid-round durations kept for the API's percentiles.
 ROUNDS_KEPT = 10_000
 
@@ -81,6 +100,11 @@ class Auctioneer:
         self.pinned_reported: set[str] = set()
         self.round_times: deque[float] = deque(maxlen=ROUNDS_KEPT)
         self.auctions: dict[str, Auction] = {}
+        #: Open auctions whose RFB went to every node, the last auctions closed, and the
+        #: answers that came too late for theirs or from a node not yet heard (rule 6).
+        self._broadcast: set[str] = set()
+        self._closed: dict[str, tuple[AbstractSet[str], AbstractSet[str] | None]] = {}
+        self.late_total = 0
         self.inflight: set[str] = set()
         self.reserved: dict[str, Capacity] = {}
         self.retry_at: dict[str, float] = {}
@@ -89,6 +113,8 @@ class Auctioneer:
         self.placed_total = 0
         self.auctions_total = 0
         self.replies_total = 0
+        #: Replicas awarded and not yet released: instance -> (service, winner) (rule 8).
+        self.awarding: dict[str, tuple[str, str]] = {}
         #: When the waiting (not yet auctioned) work began to wait; None: nothing waits.
         self.waiting_since: float | None = None
         self._wait_timer: asyncio.TimerHandle | None = None
@@ -143,7 +169,8 @@ class Auctioneer:
             eligible = [n for n in eligible if n not in state.unusable_nodes]
         groups: dict[tuple[str, ...], list[Request]] = {}
         for r in pending:
-            groups.setdefault(tuple(r.excluded), []).append(Request.of(r.instance_id, r.spec))
+            groups.setdefault(tuple(r.excluded), []).append(
+                Request.of(r.instance_id, r.spec, r.service))
         for excluded, requests in groups.items():
             candidates = ([n for n in eligible if n not in excluded] or eligible) \
                 if excluded else eligible
@@ -172,6 +199,8 @@ class Auctioneer:
             candidates = sorted(self.rng.sample(candidates, (d or 1) * len(requests)))
         auction = Auction(aid, requests, candidates, now, deadline)
         self.auctions[aid] = auction
+        if not sampled:
+            self._broadcast.add(aid)
         self.auctions_total += 1
         self.inflight.update(r.instance_id for r in requests)
         if not candidates:
@@ -200,7 +229,11 @@ class Auctioneer:
         self.replies_total += 1
         auction = self.auctions.get(reply.auction_id)
         if auction is None:
-            ctx.rejects.count(Verdict.WRONG_AUCTION, msg.subject)
+            closed = self._closed.get(reply.auction_id)
+            if closed is not None and _late(reply.node_id, *closed):
+                self.late_total += 1  # rule 6: an answer after the close
+            else:  # never opened, or a replay of an answer taken
+                ctx.rejects.count(Verdict.WRONG_AUCTION, msg.subject)
             return
         draining = ctx.ledger.state().draining
         if draining and reply.node_id in draining:
@@ -210,7 +243,11 @@ class Auctioneer:
                 Decline(shape=a.shape, reason=Reason.DRAINING) for a in reply.answers])
         now = ctx.now()
         verdict = auction.receive(reply, now)
-        if verdict is not Verdict.ACCEPTED:
+        if verdict in (Verdict.LATE, Verdict.NOT_ELIGIBLE) and _late(
+                reply.node_id, auction.answered,
+                None if reply.auction_id in self._broadcast else auction.eligible):
+            self.late_total += 1  # rule 6
+        elif verdict is not Verdict.ACCEPTED:
             ctx.rejects.count(verdict, msg.subject)
         if auction.done(now):
             self.close(auction)
@@ -236,9 +273,20 @@ class Auctioneer:
 
     # -- closing -------------------------------------------------------------------------
     def close(self, auction: Auction) -> None:
-        del self.auctions[auction.auction_id]
+        aid = auction.auction_id
+        del self.auctions[aid]
+        self._closed[aid] = (auction.answered,
+                             None if aid in self._broadcast else auction.eligible)
+        self._broadcast.discard(aid)
+        if len(self._closed) > CLOSED_KEPT:
+            del self._closed[next(iter(self._closed))]
         now = self.ctx.now()
-        decisions = auction.decide(now, self.free(auction.eligible))
+        if auction.groups:
+            held, labels = self._spread_of(auction.groups)
+            decisions = auction.decide(now, self.free(auction.eligible), held=held,
+                                       labels=labels)
+        else:
+            decisions = auction.decide(now, self.free(auction.eligible))
         round_s = now - auction.opened_at
         self.round_times.append(round_s)
         m = self.ctx.metrics
@@ -255,6 +303,8 @@ class Auctioneer:
         for d in decisions:
             if isinstance(d, Awarded):
                 self._reserve(d.winner.node_id, d.request, +1)
+                if d.request.group:
+                    self.awarding[d.request.instance_id] = (d.request.group, d.winner.node_id)
                 self.ctx.events.emit(d.request.instance_id, EventType.SCHEDULED,
                             node_id=d.winner.node_id,
                             detail=f"load {d.winner.load:.3f} ({d.winner.strategy})")
@@ -266,6 +316,20 @@ class Auctioneer:
             self.ctx.wake()  # pass has its room
         else:  # the next round goes out now, not after the loop's other work (rule 5)
             self.reconcile(now)
+
+    def _spread_of(self, groups: Iterable[str]
+                   ) -> tuple[dict[str, dict[str, int]], dict[str, dict[str, str]]]:
+        """What a round placing replicas of `groups` is told (rule 8): per group, the
+        replicas each node holds (git's, plus awards whose commit has not landed), and each
+        node's labels."""
+        state = self.ctx.ledger.state()
+        held = {g: state.held_by(g) for g in groups}
+        for iid, (group, node) in self.awarding.items():
+            counts = held.get(group)
+            if counts is not None and iid not in state.where:
+                counts[node] = counts.get(node, 0) + 1
+        labels = {n: hb.labels for n, hb in self.ctx.liveness.heartbeats.items()}
+        return held, labels
 
     def _reserve(self, node_id: str, req: Request, sign: int) -> None:
         self.reserved.setdefault(node_id, Capacity()).charge(req, sign)
@@ -289,11 +353,12 @@ class Auctioneer:
                 out.after.append(functools.partial(self._placed, d, aid, placement.attempt,
                                                    round_s=round_s))
             else:
-                if unschedulable(view, d):
+                changed = unschedulable(view, d)
+                if changed:
                     out.lines.append(f"unschedulable {iid}: {d.summary}")
                     outcomes.append(Outcome(instance_id=iid, shape=shape, reason=d.reason,
                                             summary=d.summary))
-                out.after.append(functools.partial(self._unschedulable, d, aid))
+                out.after.append(functools.partial(self._unschedulable, d, aid, changed))
         if outcomes:
             out.trailers.append(auction_trailer(_batch_record(auction, decisions, outcomes)))
         return out
@@ -326,21 +391,26 @@ class Auctioneer:
     def _released(self, d: Awarded, placed: bool) -> None:
         self._reserve(d.winner.node_id, d.request, -1)
         self.inflight.discard(d.request.instance_id)
+        self.awarding.pop(d.request.instance_id, None)
         if not placed:
             self.ctx.wake()
 
-    def _unschedulable(self, d: Unschedulable, aid: str, _sha: str = "") -> None:
+    def _unschedulable(self, d: Unschedulable, aid: str, changed: bool, _sha: str = "") -> None:
+        """Rule 7: the event only when the reason or summary changed (the record did)."""
         iid = d.request.instance_id
         self.inflight.discard(iid)
         self._remember(iid, aid, d)
         self.retry_at[iid] = self.ctx.now() + self.ctx.timing.heartbeat_s
-        self.ctx.events.emit(iid, EventType.UNSCHEDULABLE, reason=d.reason, detail=d.summary)
+        if changed:
+            self.ctx.events.emit(iid, EventType.UNSCHEDULABLE, reason=d.reason,
+                                 detail=d.summary)
 
     def _failed(self, decisions: list[Decision], reason: Reason, detail: str) -> None:
         for d in decisions:
             iid = d.request.instance_id
             if isinstance(d, Awarded):
                 self._reserve(d.winner.node_id, d.request, -1)
+                self.awarding.pop(iid, None)
             self.inflight.discard(iid)
             self.retry_at[iid] = self.ctx.now() + self.ctx.timing.tick_s
             self.ctx.events.emit(iid, EventType.ERROR, reason=reason, detail=detail)
@@ -351,6 +421,19 @@ class Auctioneer:
         recent[iid] = (aid, d)
         if len(recent) > RECENT_KEPT:
             del recent[next(iter(recent))]
+
+    def declines_by(self, node_id: str, limit: int) -> list[tuple[str, str, NodeDecline]]:
+        """(instance, auction, decline) of `node_id` in the last decisions remembered,
+        newest first, at most `limit`."""
+        out: list[tuple[str, str, NodeDecline]] = []
+        for iid, (aid, d) in reversed(self._recent.items()):
+            for dec in d.declines:
+                if dec.node_id == node_id:
+                    out.append((iid, aid, dec))
+                    break
+            if len(out) >= limit:
+                break
+        return out
 
     def recent(self, iid: str) -> AuctionRecord | None:
         got = self._recent.get(iid)
@@ -365,6 +448,12 @@ class Auctioneer:
         if state in PENDING and iid in self.inflight:
             return InstanceState.SCHEDULED if state is InstanceState.QUEUED else state
         return state
+
+
+def _late(node: str, answered: AbstractSet[str], asked: AbstractSet[str] | None) -> bool:
+    """Rule 6: an answer that came too late for its auction, from a node that had not
+    answered it and that it asked (`asked` None: a broadcast asks every node)."""
+    return node not in answered and (asked is None or node in asked)
 
 
 def _record(aid: str, d: Decision) -> AuctionRecord:

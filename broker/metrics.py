@@ -3,6 +3,8 @@
 Rule: counters and histograms are observed where things happen (one call each, no
 allocation beyond the label lookup); gauges that describe state (node health, instances by
 state) are computed at scrape time from the broker's own view, so they can never drift.
+Instances are counted by the state `gavel status` shows (`live_state`), not by the record's
+state in git, which says ``queued`` for every placed instance (placement lives in node.json).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ if TYPE_CHECKING:
     from gavel.broker.ledger.repository import Ledger
     from gavel.broker.mirror import Mirror
     from gavel.shared.health import Liveness
+    from gavel.shared.records import InstanceRecord
 
 __all__ = ["Metrics"]
 
@@ -58,10 +61,12 @@ class Metrics:
                                "rolled-back, cancelled)", ["outcome"], registry=r)
 
     def attach(self, *, now: Callable[[], float], liveness: Liveness, ledger: Ledger,
-               in_flight: Callable[[], int], mirror: Mirror) -> None:
+               in_flight: Callable[[], int], mirror: Mirror,
+               live_state: Callable[[InstanceRecord], str] | None = None) -> None:
         """Register the scrape-time view (node health, instances by state, open auctions,
-        the KV mirror's puts)."""
-        self.registry.register(_StateCollector(now, liveness, ledger, in_flight, mirror))
+        the KV mirror's puts); `live_state` is the state `gavel status` shows a record in."""
+        self.registry.register(_StateCollector(now, liveness, ledger, in_flight, mirror,
+                                               live_state or (lambda r: str(r.state))))
 
 
     def attach_services(self, counts: Callable[[], tuple[Mapping[str, int],
@@ -91,12 +96,14 @@ class _ServiceCollector(Collector):
 
 class _StateCollector(Collector):
     def __init__(self, now: Callable[[], float], liveness: Liveness, ledger: Ledger,
-                 in_flight: Callable[[], int], mirror: Mirror) -> None:
+                 in_flight: Callable[[], int], mirror: Mirror,
+                 live_state: Callable[[InstanceRecord], str]) -> None:
         self.now = now
         self.liveness = liveness
         self.ledger = ledger
         self.in_flight = in_flight
         self.mirror = mirror
+        self.live_state = live_state
 
     def collect(self) -> Iterator[Metric]:
         now = self.now()
@@ -106,9 +113,10 @@ class _StateCollector(Collector):
         for h in ("healthy", "unreachable", "offline"):
             health.add_metric([h], counts.get(h, 0))
         yield health
-        states = GaugeMetricFamily("gavel_instances", "Instances by state in git",
-                                   labels=["state"])
-        by_state = Tally(str(r.state) for r in self.ledger.state().instances.values())
+        states = GaugeMetricFamily("gavel_instances", "Instances by state, as gavel status "
+                                   "shows them", labels=["state"])
+        live = self.live_state
+        by_state = Tally(live(r) for r in self.ledger.state().instances.values())
         for state, n in sorted(by_state.items()):
             states.add_metric([state], n)
         yield states

@@ -8,13 +8,18 @@ Rules:
    group committer: a late event racing an expiry resolves to exactly one of them.
 3. Only failures that could succeed elsewhere (driver failed to start, its node restarted it
    as often as its restart policy allows) spend an attempt and re-auction; a process that
-   ran and failed with no restarts allowed, or timed out, fails.
+   ran and failed with no restarts allowed, or timed out, fails. An instance its worker
+   stopped as it shut down is re-auctioned without spending one: not the instance's fault.
 4. A running instance's health is what its node last said, in an event (``healthy``,
    ``unhealthy`` with the check and its output, ``restarted``) or a heartbeat; a heartbeat
    keeps the check an event named while the health it says is the same.
 5. A cancel records why it was asked (the operator, or a service scaling down, stopping or
    replacing a replica): the end its node confirms keeps that reason, and one the broker
    overrules after the grace keeps it as its detail.
+6. A drain with a deadline moves, at the deadline, whatever still runs on the node (one by
+   one, as ``--migrate`` does); the deadline lives in the broker's memory, so a broker
+   restarted before it passes forgets it (the node stays drained). Undraining a node takes
+   it out of every instance's exclusion list: the reason it was excluded is gone.
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ from gavel.broker.ledger.plan import (
     set_cancelling,
     set_draining,
     unblock_ports,
+    unexclude,
 )
 from gavel.broker.watchdog import Action, Kind, due
 from gavel.shared import subjects
@@ -87,6 +93,8 @@ class Promises:
                             door=Door(ctx.rejects, subjects.REPORT_ALL))
         self.acting: set[tuple[Kind, str]] = set()
         self.migrating: dict[str, list[str]] = {}
+        #: Draining node -> the broker's clock when what still runs there is moved (rule 6).
+        self.drain_deadlines: dict[str, float] = {}
         self.live: dict[str, str] = {}  # instance -> provisioning/running, from reports
         #: Instance -> its health, from reports and heartbeats (memory only: re-heard).
         self.health: dict[str, HealthNote] = {}
@@ -127,8 +135,9 @@ class Promises:
             case EventType.CANCELLED:
                 self._end(ev, InstanceState.CANCELLED)
             case EventType.FAILED if ev.reason in RETRYABLE:
-                self._submit(lambda v: self._requeue(v, iid, node, Reason(ev.reason),
-                                                     ev.detail, taken=ev.taken))
+                self._submit(lambda v: self._requeue(
+                    v, iid, node, Reason(ev.reason), ev.detail, taken=ev.taken,
+                    free=ev.reason == Reason.WORKER_STOPPED))
             case EventType.FAILED:
                 self._end(ev, InstanceState.FAILED)
 
@@ -265,7 +274,20 @@ class Promises:
             ctx.committer.submit(Item(plan=functools.partial(self._act, a=action),
                                     failed=functools.partial(self._act_failed, key),
                                     retry=False))
+        self._drain_deadlines(now)
         self._migrate_next()
+
+    def _drain_deadlines(self, now: float) -> None:
+        """Rule 6: at its drain's deadline, what still runs on a draining node is moved."""
+        for node, at in list(self.drain_deadlines.items()):
+            if now < at:
+                continue
+            del self.drain_deadlines[node]
+            nf = self.ctx.ledger.state().nodes.get(node)
+            if nf is not None and nf.draining and nf.instances and node not in self.migrating:
+                self.ctx.log.info("drain deadline of %s: moving its %d instances", node,
+                                  len(nf.instances))
+                self.migrating[node] = sorted(nf.instances)
 
     def _act_failed(self, key: tuple[Kind, str], _reason: Reason, _detail: str) -> None:
         self.acting.discard(key)
@@ -334,15 +356,28 @@ class Promises:
         self.ctx.outbox.publish(subjects.CANCEL.format(node=node),
                                 Cancel(instance_id=iid, node_id=node))
 
-    def drain(self, node: str, undo: bool, migrate: bool) -> int:
+    def drain(self, node: str, undo: bool, migrate: bool, deadline_s: float = 0.0) -> int:
+        """Drain `node` (or `undo` it, which also clears it from every exclusion list); with
+        `migrate` move its instances now, with `deadline_s` those still there then."""
         def plan(view: View) -> Planned | None:
             if set_draining(view, node, not undo) is None:
                 return None
-            return Planned(lines=[f"{'undrain' if undo else 'drain'} {node}"])
+            lines = [f"{'undrain' if undo else 'drain'} {node}"]
+            if undo:
+                back = unexclude(view, node)
+                if back:
+                    lines.append(f"{node} is back in service: no longer excluded for "
+                                 f"{len(back)} instance{'s' if len(back) != 1 else ''}")
+            return Planned(lines=lines)
         self._submit(plan)
         if undo:
             self.migrating.pop(node, None)
+            self.drain_deadlines.pop(node, None)
             return 0
+        if deadline_s > 0 and not migrate:
+            self.drain_deadlines[node] = self.ctx.now() + deadline_s
+            return 0
+        self.drain_deadlines.pop(node, None)
         if migrate:
             nf = self.ctx.ledger.state().nodes.get(node)
             self.migrating[node] = sorted(nf.instances) if nf else []

@@ -152,7 +152,7 @@ class Broker:
                        secrets=self.secrets, ended_max=ended_max)
         self.metrics.attach(now=clock, liveness=self.liveness, ledger=self.ledger,
                             in_flight=lambda: len(self.auctioneer.auctions),
-                            mirror=self.mirror)
+                            mirror=self.mirror, live_state=self.api.state_of)
         self.metrics.attach_services(self.services.counts)
         self._heartbeat = Guard("heartbeat", Heartbeat, self.rejects, node=subjects.node_of,
                                 door=Door(self.rejects, subjects.HEARTBEAT_ALL))

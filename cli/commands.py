@@ -38,8 +38,10 @@ from gavel.shared.api import (
     EventsReply,
     EventsRequest,
     InstanceStatus,
+    NodeDetail,
     NodesReply,
     NodesRequest,
+    NodeStatus,
     StatusReply,
     StatusRequest,
     SubmitReply,
@@ -95,7 +97,7 @@ async def run(args: argparse.Namespace) -> int:
                 print(f"gavel submit: {exc}", file=sys.stderr)
                 if args.json:  # JSON on every outcome: the instance as last seen, and why
                     seen = msgspec.to_builtins(exc.status) if exc.status is not None else {}
-                    _print_json({**seen, "error": str(exc)})
+                    _print_json({**seen, "error": f"gavel submit: {exc}", "exit_code": 3})
                 return 3
         case "status":
             return await status(args)
@@ -189,7 +191,8 @@ async def _wait_healthy(nc: Any, sub: Any, iid: str, args: argparse.Namespace) -
                 _print_json(inst)
             else:
                 print(f"{iid} {inst.health if inst.state == 'running' else inst.state} on "
-                      f"{inst.node_id}")
+                      f"{inst.node_id}" + (f" (ports {_ports(inst.ports)})" if inst.ports
+                                           else ""))
             return 0
         if inst.health == "unhealthy" and inst.check:
             unhealthy = inst.check
@@ -210,7 +213,9 @@ async def _wait_healthy(nc: Any, sub: Any, iid: str, args: argparse.Namespace) -
         except (msgspec.DecodeError, RecursionError):
             continue  # not an event: garbage on the subject changes nothing
         if ev.type == EventType.UNSCHEDULABLE:
-            raise Refused(f"{iid} is unschedulable: {ev.detail or ev.reason}", inst)
+            raise Refused(f"{iid} is unschedulable: {ev.detail or ev.reason}",
+                          msgspec.structs.replace(inst, state="unschedulable",
+                                                  reason=ev.reason, detail=ev.detail))
         if ev.type == EventType.ERROR:
             raise Refused(f"{iid}: {ev.reason} {ev.detail}".rstrip(), inst)
         if ev.type == EventType.UNHEALTHY:
@@ -235,23 +240,31 @@ async def status(args: argparse.Namespace) -> int:
     if args.json:
         _print_json(reply.instances)
         return 0
-    rows = [("INSTANCE", "STATE", "HEALTH", "NODE", "ATTEMPT", "RESTARTS", "REASON")]
+    rows = [("INSTANCE", "STATE", "HEALTH", "NODE", "ATTEMPT", "RESTARTS", "PORTS", "REASON")]
     for i in reply.instances:
         why = i.detail if i.state == "unschedulable" else (i.reason or i.check or "")
         rows.append((i.instance_id, i.state, i.health or "-", i.node_id or "-", str(i.attempt),
-                     str(i.restarts), " ".join(why.split())))
+                     str(i.restarts), _ports(i.ports) or "-", " ".join(why.split())))
     _table(rows)
     return 0
+
+
+def _ports(ports: dict[str, int]) -> str:
+    """``http=21003,admin=21004`` (as the spec names them), or ""."""
+    return ",".join(f"{name}={port}" for name, port in ports.items())
 
 
 async def nodes(args: argparse.Namespace) -> int:
     nc = await connect(args.nats, args.creds)
     try:
-        reply = await call(nc, "nodes", NodesRequest(), NodesReply)
+        reply = await call(nc, "nodes", NodesRequest(node_id=args.node), NodesReply)
     finally:
         await nc.close()
     if args.json:
         _print_json(reply)
+        return 0
+    if reply.detail is not None:
+        _node_detail(reply.nodes[0], reply.detail)
         return 0
     rows = [("NODE", "HEALTH", "ADDRESS", "STRATEGY", "CPU", "MEMORY MB", "INSTANCES",
              "LABELS")]
@@ -264,6 +277,33 @@ async def nodes(args: argparse.Namespace) -> int:
                      str(n.instances), labels or "-"))
     _table(rows)
     return 0
+
+
+def _node_detail(n: NodeStatus, d: NodeDetail) -> None:
+    """`gavel nodes NODE`: its health, commitments and ports, what runs there, its declines."""
+    labels = ",".join(f"{k}={v}" for k, v in sorted(n.labels.items())) or "-"
+    print(f"{n.node_id}: {n.health}" + (" draining" if n.draining else "")
+          + (f", seen {n.last_seen_s:g}s ago" if n.health != "healthy" else "")
+          + f"; strategy {n.strategy or '-'}; labels {labels}")
+    if d.drain_deadline:
+        at = time.strftime("%H:%M:%S", time.localtime(d.drain_deadline))
+        print(f"  drain deadline {at}: what still runs here then is moved")
+    c, cap = n.committed, n.capacity
+    print(f"  committed: cpu {c.cpu:g}/{cap.cpu:g}, memory {c.memory_mb}/{cap.memory_mb} MB, "
+          f"ports {c.ports}/{cap.ports}"
+          + (f" (range {d.port_range[0]}-{d.port_range[1]})" if len(d.port_range) == 2
+             else ""))
+    if d.blocked_ports:
+        print(f"  blocked ports (taken outside gavel): {', '.join(map(str, d.blocked_ports))}")
+    print(f"  instances ({len(d.instances)}):" if d.instances else "  instances: none")
+    if d.instances:
+        rows = [("    INSTANCE", "STATE", "ATTEMPT", "PORTS")]
+        rows += [(f"    {i.instance_id}", i.state, str(i.attempt), _ports(i.ports) or "-")
+                 for i in d.instances]
+        _table(rows)
+    print(f"  recent declines ({len(d.declines)}):" if d.declines else "  recent declines: none")
+    for x in d.declines:
+        print(f"    {x.instance_id:<20} {render_reason(x.reason, x.detail)}")
 
 
 async def why(args: argparse.Namespace) -> int:
@@ -320,7 +360,10 @@ def _fmt_event(e: Event) -> str:
 async def events(args: argparse.Namespace) -> int:
     nc = await connect(args.nats, args.creds)
     try:
-        reply = await call(nc, "events", EventsRequest(instance_id=args.instance), EventsReply)
+        since = time.time() - args.since if args.since else 0.0
+        reply = await call(nc, "events", EventsRequest(instance_id=args.instance,
+                                                       limit=args.limit, since=since),
+                           EventsReply)
         for e in reply.events:
             print(msgspec.json.encode(e).decode() if args.json else _fmt_event(e))
         if not args.follow:
@@ -356,12 +399,16 @@ async def cancel(args: argparse.Namespace) -> int:
 
 
 async def drain(args: argparse.Namespace) -> int:
-    if args.undo and args.migrate:
-        raise UsageError("--undo and --migrate cannot be combined")
+    if args.undo and (args.migrate or args.deadline):
+        raise UsageError("--undo cannot be combined with --migrate or --deadline")
+    if args.migrate and args.deadline:
+        raise UsageError("--migrate moves the instances now, --deadline later: give one")
     nc = await connect(args.nats, args.creds)
     try:
         reply = await call(nc, "drain", DrainRequest(node_id=args.node, undo=args.undo,
-                                                     migrate=args.migrate), DrainReply)
+                                                     migrate=args.migrate,
+                                                     deadline_s=args.deadline or 0.0),
+                           DrainReply)
     finally:
         await nc.close()
     if args.json:
@@ -369,6 +416,9 @@ async def drain(args: argparse.Namespace) -> int:
     else:
         what = "draining" if reply.draining else "back in service"
         extra = f"; moving {reply.migrating} instances one by one" if reply.migrating else ""
+        if reply.deadline:
+            at = time.strftime("%H:%M:%S", time.localtime(reply.deadline))
+            extra += f"; what still runs there at {at} is moved"
         print(f"{reply.node_id}: {what}{extra}")
     return 0
 

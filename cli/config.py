@@ -57,6 +57,7 @@ __all__ = [
     "Option",
     "WorkerConfig",
     "add_options",
+    "check_common",
     "effective_timing",
     "flags_of",
     "load",
@@ -116,8 +117,22 @@ class WorkerConfig(DaemonConfig, kw_only=True, forbid_unknown_fields=True):
     cpu: Annotated[float, msgspec.Meta(gt=0)] | None = None
     memory_mb: Annotated[int, msgspec.Meta(gt=0)] | None = None
     ports: tuple[Port, Port] = (20000, 20999)
+    #: Enforce each instance's cpu and memory with cgroups (`worker.cgroups`): v2, v1, auto
+    #: (whichever the host offers, else nothing, said at start) or off.
+    cgroups: Literal["auto", "v1", "v2", "off"] = "auto"
+    #: Cpu as a weight in proportion to the award (used when others want the cpu), or also a
+    #: quota capping the instance at its award.
+    cgroup_cpu: Literal["weight", "quota"] = "weight"
     #: The address a gateway reaches this node's instances at ("": the host's primary one).
     advertise: str = ""
+    #: An instance's stdout.log / stderr.log is rotated past this size (`worker.logfiles`).
+    instance_log_mb: Annotated[float, msgspec.Meta(gt=0, le=1_000_000)] = 10.0
+    #: Files kept per stream, the live one included.
+    instance_log_files: Annotated[int, msgspec.Meta(ge=1, le=1000)] = 3
+    #: An ended instance's directory (its logs) is removed this long after it ended ...
+    ended_logs_s: Annotated[float, msgspec.Meta(ge=0)] = 86_400.0
+    #: ... or once this many newer ended ones are kept.
+    ended_logs_max: Annotated[int, msgspec.Meta(ge=0)] = 100
 
 
 class GatewayConfig(DaemonConfig, kw_only=True, forbid_unknown_fields=True):
@@ -227,9 +242,28 @@ WORKER_OPTIONS: list[Option] = [
            "port range to assign from (default 20000-20999)", "FIRST-LAST"),
     Option("state", "--state", "GAVEL_STATE", str,
            "local state directory (default ./.gavel-worker-NODE)", "DIR"),
+    Option("cgroups", "--cgroups", "GAVEL_CGROUPS", choice(("auto", "v1", "v2", "off")),
+           "enforce each instance's cpu and memory with cgroups: auto (v2, else v1, else "
+           "nothing, said at start), v1, v2 (refuse to start without it) or off (default auto)",
+           choices=("auto", "v1", "v2", "off")),
+    Option("cgroup_cpu", "--cgroup-cpu", "GAVEL_CGROUP_CPU", choice(("weight", "quota")),
+           "cpu as a weight in proportion to the award, or also a quota capping the instance "
+           "at it (default weight)", choices=("weight", "quota")),
     Option("advertise", "--advertise", "GAVEL_ADVERTISE", address,
            "the address a gateway reaches this node's instances at: an IP address or DNS "
            "name (default: the host's primary address)", "ADDR"),
+    Option("instance_log_mb", "--instance-log-mb", "GAVEL_INSTANCE_LOG_MB", positive_float,
+           "rotate an instance's stdout.log and stderr.log past this many MB (default 10)",
+           "MB"),
+    Option("instance_log_files", "--instance-log-files", "GAVEL_INSTANCE_LOG_FILES",
+           positive_int, "files kept per stream of an instance, the live one included "
+           "(default 3: at most 30 MB of stdout and 30 MB of stderr)", "N"),
+    Option("ended_logs_s", "--ended-logs-s", "GAVEL_ENDED_LOGS_S", non_negative_float,
+           "keep an ended instance's directory, and its logs, this many seconds (default "
+           "86400: a day)", "SECONDS"),
+    Option("ended_logs_max", "--ended-logs-max", "GAVEL_ENDED_LOGS_MAX", whole,
+           "keep the directories of at most N ended instances, the newest (default 100)",
+           "N"),
 ]
 
 
@@ -304,6 +338,19 @@ def load(cls: type[C], options: Sequence[Option], *, file: str | None,
         source[name] = "flag"
     cfg = _convert(cls, layers, "the merged config")
     return _finish(cfg, source)
+
+
+def check_common(data: Mapping[str, Any], file: str) -> None:
+    """The keys both daemons read, checked as either daemon would check them: a
+    `ConfigError` naming the field, or nothing."""
+    where = f"config file {file}"
+    try:
+        cfg = msgspec.convert(dict(data), DaemonConfig)
+    except msgspec.ValidationError as exc:
+        raise ConfigError(_explain(str(exc), where, DaemonConfig)) from None
+    problem = cfg.timing.problem() if cfg.timing is not None else None
+    if problem:
+        raise ConfigError(f"{where}: {problem}")
 
 
 def _read(file: str) -> dict[str, Any]:

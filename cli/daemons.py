@@ -9,6 +9,11 @@ Rules:
 3. The metrics endpoint and the git pusher live exactly as long as the daemon.
 4. A broker whose state repository is damaged (an object missing or unreadable) stops with
    `Stopped`: one sentence naming the object and what to do, exit status 1, no traceback.
+5. A credential NATS refuses is retried `AUTH_TRIES` times, then the daemon exits 1 with one
+   error line; one that is not the daemon's own (NATS refuses a worker its own node's
+   subjects, or the broker any subject) stops it at once. A worker stopped so leaves its
+   instances running. NATS itself not answering is retried for ever (it may start later).
+6. `gavel config check` tells a file's daemon by the keys only that daemon reads.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import re
 import signal
 import ssl
 import tomllib
@@ -36,6 +42,7 @@ from gavel.cli.config import (
     DaemonConfig,
     GatewayConfig,
     WorkerConfig,
+    check_common,
     effective_timing,
     flags_of,
     load,
@@ -48,9 +55,11 @@ from gavel.transport.creds import connect_options
 
 if TYPE_CHECKING:
     from gavel.broker.service import Broker
+    from gavel.worker.cgroups import Enforcement
+    from gavel.worker.logfiles import LogLimits
 
-__all__ = ["Stopped", "check", "config_check", "run_broker", "run_gateway", "run_worker",
-           "settings"]
+__all__ = ["BROKER_ONLY", "GATEWAY_ONLY", "WORKER_ONLY", "Stopped", "check", "config_check",
+           "config_kind", "run_broker", "run_gateway", "run_worker", "settings"]
 
 log = logging.getLogger("gavel.cli")
 
@@ -112,7 +121,7 @@ def config_check(args: argparse.Namespace) -> int:
             data = tomllib.loads(Path(args.file).read_text())
         except (OSError, ValueError, RecursionError):  # not UTF-8, not TOML, too deep
             data = {}  # `load` names the problem
-        kind = "worker" if "node_id" in data else "gateway" if "admin" in data else "broker"
+        kind = config_kind(data, args.file)
     cfg: DaemonConfig
     if kind == "broker":
         cfg = load(BrokerConfig, BROKER_OPTIONS, file=args.file, env=os.environ)
@@ -125,6 +134,32 @@ def config_check(args: argparse.Namespace) -> int:
     print(f"# effective {kind} config: {args.file}, then GAVEL_* environment")
     print(render(cfg), end="")
     return 0
+
+
+#: The keys only one of the daemons reads (the rest, `DaemonConfig`'s, all of them do).
+_COMMON = set(DaemonConfig.__struct_fields__)
+WORKER_ONLY = frozenset(WorkerConfig.__struct_fields__) - _COMMON
+BROKER_ONLY = frozenset(BrokerConfig.__struct_fields__) - _COMMON
+GATEWAY_ONLY = frozenset(GatewayConfig.__struct_fields__) - _COMMON
+
+
+def config_kind(data: dict[str, Any], file: str) -> str:
+    """Rule 6: which daemon reads a config file, from the keys only one of them has; a file
+    with keys of two, or only keys all of them read, is a `ConfigError` asking for --kind."""
+    found = {kind: sorted(only & data.keys()) for kind, only in (
+        ("worker", WORKER_ONLY), ("broker", BROKER_ONLY), ("gateway", GATEWAY_ONLY))}
+    kinds = [kind for kind, keys in found.items() if keys]
+    if len(kinds) > 1:
+        which = " and ".join(f"keys only a {k} reads ({', '.join(found[k])})" for k in kinds)
+        raise ConfigError(f"config file {file} sets {which}: give --kind "
+                          f"{' or --kind '.join(kinds)}.")
+    if kinds:
+        return kinds[0]
+    if not data:
+        return "broker"  # nothing to go by (or unreadable): `load` names any problem
+    check_common(data, file)  # a bad field is the same mistake for any daemon
+    raise ConfigError(f"config file {file} sets only keys every daemon reads: give --kind "
+                      "broker, --kind worker or --kind gateway.")
 
 
 def _nats_options(cfg: DaemonConfig) -> dict[str, Any]:
@@ -151,29 +186,79 @@ def _url_secrets(*urls: str) -> list[str]:
     return out
 
 
-def _nats_errors(cfg: BrokerConfig) -> Callable[[Exception], Awaitable[None]]:
-    """The broker's nats-py error callback: each error as one log line, repeats of the same
-    one in a row dropped (a refused credential is retried every half second, forever)."""
-    last = ""
+#: Refusals of the credential in a row after which a daemon gives up (rule 4).
+AUTH_TRIES = 5
 
-    async def on_error(exc: Exception) -> None:
-        nonlocal last
+
+class Refusals:
+    """A daemon's nats-py error callback (rule 4): each error one log line, repeats of the
+    same one in a row dropped; a refused credential retried `AUTH_TRIES` times, then the
+    daemon is stopped with one error line; a credential that is not this daemon's (NATS
+    refuses it the subjects of its own role) stops it at once. `fatal` keeps the sentence."""
+
+    def __init__(self, cfg: BrokerConfig | WorkerConfig, stop: Callable[[], object]) -> None:
+        self.cfg = cfg
+        self._stop = stop
+        self._last = ""
+        self.refused = 0
+        self.fatal = ""
+
+    def _who(self) -> str:
+        if self.cfg.creds:
+            return f"the credentials in {self.cfg.creds}"
+        daemon = "worker" if isinstance(self.cfg, WorkerConfig) else "broker"
+        return f"a {daemon} without credentials (--creds FILE or GAVEL_CREDS)"
+
+    def _mine(self, subject: str) -> bool:
+        """A subject of this daemon's own role: every one for the broker, the node's own
+        (its id is a token) for a worker."""
+        if not isinstance(self.cfg, WorkerConfig):
+            return True
+        node = self.cfg.node_id.lower()
+        return any(tok in (node, f"_inbox_{node}") for tok in subject.lower().split("."))
+
+    def _give_up(self, sentence: str) -> None:
+        if not self.fatal:
+            self.fatal = sentence
+            log.error("%s", sentence)
+            self._stop()
+
+    async def on_error(self, exc: Exception) -> None:
+        """The callback itself (nats-py takes only a coroutine function)."""
         text = (str(exc) or type(exc).__name__).removeprefix("nats: ")
-        if text == last:
+        low = text.lower()
+        url = mask_url(self.cfg.nats)
+        if "authorization violation" in low:
+            self.refused += 1
+            if self.refused >= AUTH_TRIES:
+                self._give_up(f"NATS at {url} refused {self._who()} {self.refused} times "
+                              "in a row; stopping")
+            elif self.refused == 1:
+                log.error("NATS at %s refused %s; retrying", url, self._who())
             return
-        last = text
-        if "authorization violation" in text.lower():
-            who = f"the credentials in {cfg.creds}" if cfg.creds else \
-                "a broker without credentials (--creds FILE or GAVEL_CREDS)"
-            log.error("NATS at %s refused %s; retrying", mask_url(cfg.nats), who)
-        else:
-            log.warning("nats: %s", text)
+        violation = re.search(r'permissions violation for (\w+) to "([^"]*)"', low)
+        if violation and violation.group(2).startswith("gavel.logs."):
+            # A server config from before logs: the node works on, unreadable by gavel logs.
+            log.warning("NATS refused %s the log subject %s: `gavel logs` cannot reach this "
+                        "node until `gavel auth init` is run again and nats-server reloaded",
+                        self._who(), violation.group(2))
+            return
+        if violation and self._mine(violation.group(2)):
+            role = (f"node {self.cfg.node_id}'s" if isinstance(self.cfg, WorkerConfig)
+                    else "the broker's")
+            self._give_up(f"{self._who()} are not {role}: NATS refused "
+                          f"{violation.group(1)} to {violation.group(2)}; stopping")
+            return
+        if text == self._last:
+            return
+        self._last = text
+        log.warning("nats: %s", text)
 
-    return on_error
 
-
-def make_broker(cfg: BrokerConfig, secrets: dict[str, str]) -> Broker:
-    """The daemon's broker, as its config says (it keeps trying to reach NATS for ever)."""
+def make_broker(cfg: BrokerConfig, secrets: dict[str, str],
+                errors: Callable[[Exception], Awaitable[None]] | None = None) -> Broker:
+    """The daemon's broker, as its config says (it keeps trying to reach NATS for ever, but
+    for a refused credential: `Refusals`)."""
     from gavel.broker.ledger.repository import LedgerError
     from gavel.broker.service import Broker
 
@@ -184,7 +269,8 @@ def make_broker(cfg: BrokerConfig, secrets: dict[str, str]) -> Broker:
                       max_auctions=cfg.max_auctions, batch_wait_s=cfg.batch_wait_ms / 1000,
                       commit_gap_s=cfg.commit_gap_ms / 1000,
                       ended_max=cfg.ended_max,
-                      nats_options={"error_cb": _nats_errors(cfg), **_nats_options(cfg)},
+                      nats_options={"error_cb": errors or Refusals(cfg, lambda: None).on_error,
+                                    **_nats_options(cfg)},
                       connect_wait_s=None)
     except LedgerError as exc:  # a state path that is a file, a ref git cannot hold
         raise ConfigError(f"{exc}.") from None
@@ -201,7 +287,9 @@ async def run_broker(args: argparse.Namespace) -> int:
     logs.configure(cfg.log_format, cfg.log_level,
                    secrets=[*secrets.values(), *_url_secrets(cfg.nats, cfg.push),
                             os.environ.get("GAVEL_PUSH_TOKEN", "")])
-    broker = make_broker(cfg, secrets)
+    stopping: list[Callable[[], None]] = []
+    refusals = Refusals(cfg, lambda: [f() for f in stopping])
+    broker = make_broker(cfg, secrets, refusals.on_error)
     pusher = None
     if cfg.push:
         from gavel.broker.ledger.remote import Pusher
@@ -226,6 +314,7 @@ async def run_broker(args: argparse.Namespace) -> int:
             running.cancel()
 
     _on_signal(stop)
+    stopping.append(stop)
     pushing = asyncio.ensure_future(pusher.run()) if pusher is not None else None
     try:
         await running
@@ -240,7 +329,7 @@ async def run_broker(args: argparse.Namespace) -> int:
             await pusher.close(pushing, timeout=5.0)
         if server is not None:
             server.close()
-    return 0
+    return 1 if refusals.fatal else 0
 
 
 def _strategy(cfg: WorkerConfig) -> Strategy:
@@ -252,12 +341,32 @@ def _strategy(cfg: WorkerConfig) -> Strategy:
         raise ConfigError(f"field `strategy_params`: {exc}.") from None
 
 
+def _cgroups(cfg: WorkerConfig) -> Enforcement:
+    """What the worker enforces (`worker.cgroups`); a hierarchy named but unusable is a
+    `ConfigError` sentence saying why."""
+    from gavel.worker.cgroups import Unavailable, detect
+
+    try:
+        return detect(cfg.cgroups, cfg.node_id, cpu_limit=cfg.cgroup_cpu)
+    except Unavailable as exc:
+        raise ConfigError(f"field `cgroups`: {exc}.") from None
+
+
 def _writable_dir(path: Path) -> None:
     """The worker's state directory exists (made if need be) and takes files - or a
     `ConfigError` sentence now, not a traceback at the first write."""
     why = unusable_dir(path, write=True)
     if why:
         raise ConfigError(f"field `state`: cannot keep the worker's state in {path} ({why}).")
+
+
+def log_limits(cfg: WorkerConfig) -> LogLimits:
+    """What the worker keeps of its instances' output (`worker.logfiles` rule 4)."""
+    from gavel.worker.logfiles import LogLimits
+
+    return LogLimits(max_bytes=max(1, int(cfg.instance_log_mb * 2**20)),
+                     files=cfg.instance_log_files, keep_s=cfg.ended_logs_s,
+                     keep_max=cfg.ended_logs_max)
 
 
 async def run_worker(args: argparse.Namespace) -> int:
@@ -267,11 +376,18 @@ async def run_worker(args: argparse.Namespace) -> int:
     cfg: WorkerConfig = args.settings
     logs.configure(cfg.log_format, cfg.log_level, secrets=_url_secrets(cfg.nats))
     _writable_dir(Path(cfg.state))
+    stopping: list[Callable[[], object]] = []
+    # A credential that is refused, or is another node's: the worker stops, leaving what runs
+    # here running for a worker with the right one to adopt.
+    refusals = Refusals(cfg, lambda: [f() for f in stopping])
     agent = ObservedAgent(nats_url=cfg.nats, node_id=cfg.node_id, strategy=_strategy(cfg),
                           labels=cfg.labels, state_dir=Path(cfg.state),
                           timing=effective_timing(cfg, os.environ), cpu=cfg.cpu,
                           memory_mb=cfg.memory_mb, port_range=cfg.ports,
-                          nats_options=_nats_options(cfg), advertise=cfg.advertise)
+                          nats_options={"error_cb": refusals.on_error, **_nats_options(cfg)},
+                          advertise=cfg.advertise, log_limits=log_limits(cfg),
+                          cgroups=_cgroups(cfg))
+    stopping.append(lambda: asyncio.ensure_future(agent.stop(kill_children=False)))
     loop = asyncio.get_running_loop()
     agent.metrics.attach(agent, loop)
     server = None
@@ -287,7 +403,7 @@ async def run_worker(args: argparse.Namespace) -> int:
     finally:
         if server is not None:
             server.close()
-    return 0
+    return 1 if refusals.fatal else 0
 
 
 async def run_gateway(args: argparse.Namespace) -> int:

@@ -1,26 +1,50 @@
 """The `gavel` command line: the embedded default (`up`), the daemons, and the client verbs.
 
-Rule: bad flags and bad spec files exit 2 with one sentence naming the problem; a broker
-that cannot be reached exits 1 with a sentence naming the URL; no traceback reaches a user.
+Rules:
+1. Bad flags, bad spec files, a NATS URL that is not one or where nothing answers exit 2
+   with one sentence naming the problem; a broker (or node) that cannot be reached exits 1
+   with a sentence naming it; no traceback reaches a user.
+2. With ``--json`` every exit that is not a success also prints one JSON object on stdout,
+   ``{"error": SENTENCE, "exit_code": N}``, so a script reads JSON whatever happened.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 from types import ModuleType
+from typing import NoReturn
 
-from gavel.cli import auth, commands, config, daemons, logs
+from gavel import __version__
+from gavel.cli import auth, commands, completion, config, daemons, logs, logscmd
 from gavel.cli.config import DEFAULT_NATS
-from gavel.cli.parsers import non_negative_float, positive_float, positive_int, whole
+from gavel.cli.parsers import duration, non_negative_float, positive_float, positive_int, whole
 from gavel.cli.parsers import port as _port
 from gavel.shared.errors import BadInput
 from gavel.transport import eventloop
 
-__all__ = ["main"]
+__all__ = ["build_parser", "main"]
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse, with rule 2 for its own usage errors (every subparser is one of these)."""
+
+    json_errors = False
+
+    def error(self, message: str) -> NoReturn:
+        if Parser.json_errors:
+            print_error_json(f"{self.prog}: {message}", 2)
+        super().error(message)
+
+
+def print_error_json(sentence: str, code: int) -> None:
+    """Rule 2's object, on stdout."""
+    print(json.dumps({"error": sentence, "exit_code": code}), flush=True)
+
 
 DAEMONS = ("broker", "worker", "gateway")
 
@@ -35,9 +59,10 @@ def _client(p: argparse.ArgumentParser, json_flag: bool = True) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="gavel", description=(
+    parser = Parser(prog="gavel", description=(
         "A decentralized bidding scheduler: nodes bid over NATS, the broker awards the "
         "lowest load and commits the placement to git."))
+    parser.add_argument("--version", action="version", version=f"gavel {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     up = sub.add_parser("up", help="run a local cluster: nats-server, a broker and workers")
@@ -95,8 +120,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "environment), or exit 2 naming the bad field")
     ck.add_argument("file", help="TOML config file")
     ck.add_argument("--kind", choices=("broker", "worker", "gateway"), default=None,
-                    help="which daemon reads it (default: worker if the file sets node_id, "
-                    "gateway if it sets admin, else broker)")
+                    help="which daemon reads it (default: told by the keys only one of them "
+                    "reads: node_id or ports for a worker, ref or secrets for a broker, admin "
+                    "for a gateway)")
 
     sm = sub.add_parser("submit", help="submit a workload spec (TOML or JSON)")
     _client(sm)
@@ -118,8 +144,11 @@ def build_parser() -> argparse.ArgumentParser:
                     help="an instance id, or a service name (its replicas: node, state, "
                     "version, health)")
 
-    nd = sub.add_parser("nodes", help="nodes, their health and load")
+    nd = sub.add_parser("nodes", help="nodes, their health and load; one NODE in detail")
     _client(nd)
+    nd.add_argument("node", nargs="?", default="",
+                    help="show this node in detail: what runs there, its commitments and "
+                    "ports, its recent declines")
 
     wy = sub.add_parser("why", help="why an instance is where it is: every bid and decline")
     _client(wy)
@@ -129,6 +158,18 @@ def build_parser() -> argparse.ArgumentParser:
     _client(ev)
     ev.add_argument("instance", nargs="?", default="")
     ev.add_argument("--follow", action="store_true", help="stream events until interrupted")
+    ev.add_argument("--since", type=duration, default=None, metavar="DURATION",
+                    help="only events of the last DURATION (30s, 5m, 1h30m, 2d)")
+    ev.add_argument("--limit", type=whole, default=100, metavar="N",
+                    help="the newest N events the broker keeps (default %(default)s; 0: all)")
+
+    lg = sub.add_parser("logs", help="an instance's output (a service's: every replica's), "
+                        "read from its node", description=(
+                            "Print an instance's stdout (or --stderr, or --all), read over NATS "
+                            "from the node that holds it. A service's name prints every "
+                            "replica's, each line prefixed with its instance id."))
+    _client(lg)
+    logscmd.add_arguments(lg)
 
     cn = sub.add_parser("cancel", help="stop an instance (SIGTERM, then SIGKILL after grace)")
     _client(cn)
@@ -144,6 +185,9 @@ def build_parser() -> argparse.ArgumentParser:
     dr.add_argument("--undo", action="store_true", help="take the node back into service")
     dr.add_argument("--migrate", action="store_true",
                     help="also move its instances elsewhere, one by one")
+    dr.add_argument("--deadline", type=duration, default=None, metavar="DURATION",
+                    help="move the instances still there after DURATION (30s, 5m, 1h), one "
+                    "by one as --migrate does")
 
     dp = sub.add_parser("deploy", help="create or update a service from its spec; "
                         "`deploy status NAME` shows a deploy's progress", description=(
@@ -193,6 +237,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     bn = sub.add_parser("bench", help="measure placements/s against the machine's ceilings")
     bench_cli.add_arguments(bn)
+
+    co = sub.add_parser("completion", help="print a shell completion script (bash or zsh)",
+                        description="Print a completion script for SHELL, made from this "
+                        "command line's own parser. bash: eval \"$(gavel completion bash)\" "
+                        "in ~/.bashrc; zsh: eval \"$(gavel completion zsh)\" in ~/.zshrc.")
+    co.add_argument("shell", choices=completion.SHELLS)
     return parser
 
 
@@ -213,18 +263,40 @@ async def _dispatch(args: argparse.Namespace) -> int:
             from gavel.cli.up import up
 
             return await up(args)
+        case "logs":
+            return await logscmd.run(args)
     return await commands.run(args)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    Parser.json_errors = "--json" in argv
     parser = build_parser()
     args = parser.parse_args(argv)
+    code = _main(parser, args)
+    sentence = getattr(args, "error_sentence", "")
+    if code and sentence and getattr(args, "json", False):  # rule 2
+        print_error_json(sentence, code)
+    return code
+
+
+def _fail(args: argparse.Namespace, sentence: str, code: int) -> int:
+    """Print `sentence` for the operator (and keep it for rule 2's object); `code`."""
+    print(f"gavel {args.command}: {sentence}", file=sys.stderr)
+    args.error_sentence = f"gavel {args.command}: {sentence}"
+    return code
+
+
+def _main(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     if args.command not in DAEMONS:  # the daemons configure logs from settings
         logs.configure(getattr(args, "log_format", None)
                        or _env_choice("GAVEL_LOG_FORMAT", ("text", "json"), "text"),
                        _env_choice("GAVEL_LOG_LEVEL", ("DEBUG", "INFO", "WARNING", "ERROR"),
                                    "INFO"))
     try:
+        if args.command == "completion":
+            print(completion.script(parser, args.shell), end="")
+            return 0
         if args.command == "sim":
             from gavel.cli import sim as sim_cli
 
@@ -244,15 +316,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             eventloop.choose(os.environ)
         except ValueError as exc:
-            print(f"gavel {args.command}: {exc}", file=sys.stderr)
-            return 2
+            return _fail(args, str(exc), 2)
         return eventloop.run(_dispatch(args))
     except BadInput as exc:
-        print(f"gavel {args.command}: {exc}", file=sys.stderr)
-        return 2
+        return _fail(args, str(exc), 2)
     except (commands.ClientError, daemons.Stopped) as exc:
-        print(f"gavel {args.command}: {exc}", file=sys.stderr)
-        return 1
+        return _fail(args, str(exc), 1)
     except KeyboardInterrupt:
         return 130
 

@@ -21,6 +21,7 @@ __all__ = [
     "address",
     "admin_url",
     "choice",
+    "duration",
     "labels",
     "listen_addresses",
     "node_id",
@@ -139,6 +140,25 @@ def positive_int(text: str) -> int:
 def whole(text: str) -> int:
     """A whole number, 0 or more."""
     return int(_number(text, int, zero_ok=True))
+
+
+_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
+
+
+def duration(text: str) -> float:
+    """``90s``, ``5m``, ``1h30m``, ``2d`` (or plain seconds: ``90``) as seconds above 0."""
+    t = text.strip().lower()
+    try:
+        seconds = float(t) if re.fullmatch(r"\d+(?:\.\d+)?", t) else None
+    except ValueError:
+        seconds = None
+    if seconds is None and t and _PART.sub("", t) == "":
+        seconds = sum(float(n) * _UNITS[u] for n, u in _PART.findall(t))
+    if seconds is None or not math.isfinite(seconds) or seconds <= 0:
+        raise argparse.ArgumentTypeError(
+            f"duration {text!r} is not of the form 30s, 5m, 1h30m or 2d (above 0)")
+    return seconds
 
 
 def unusable_dir(path: Path, write: bool = False) -> str | None:

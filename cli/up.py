@@ -1,21 +1,33 @@
 """`gavel up`: the embedded default — nats-server from the wheel, a broker, N workers, and a
 gateway (a Caddy from the wheel, kept by `gavel gateway`).
 
-Rule: everything lives under ``--state`` (state.git, auth/, nats/, workers/, caddy/, logs/);
-every part is a real child process speaking real NATS, exactly as it would on separate hosts
-— with its own nkey and only its own subjects (`gavel auth init`, reusing the keys of an
-earlier run; ``--no-auth`` leaves NATS open). The gateway listens on a free loopback port
-(``--gateway-port``), Caddy's admin API on another, loopback only; the workers advertise
-127.0.0.1; ``--no-gateway`` runs neither. ``--demo`` submits a few workloads, prints where
-each went and why, asks one of them something through the gateway, and exits.
-``--metrics-port`` serves the broker's metrics; ``--log-format`` (or GAVEL_LOG_FORMAT)
-reaches every child.
+Rules:
+1. Everything lives under ``--state`` (state.git, auth/, nats/, workers/, caddy/, logs/);
+   every part is a real child process speaking real NATS, exactly as it would on separate
+   hosts — with its own nkey and only its own subjects (`gavel auth init`, reusing the keys
+   of an earlier run; ``--no-auth`` leaves NATS open). The gateway listens on a free loopback
+   port (``--gateway-port``), Caddy's admin API on another, loopback only; the workers
+   advertise 127.0.0.1; ``--no-gateway`` runs neither. ``--demo`` submits a few workloads,
+   prints where each went and why, asks one of them something through the gateway, and
+   exits. ``--metrics-port`` serves the broker's metrics; ``--log-format`` (or
+   GAVEL_LOG_FORMAT) reaches every child.
+2. Up means up: the nats-server is ours (`NatsServer.start`: not merely something on the
+   port), the broker answers and every worker is healthy before the cluster is announced.
+   A child that exits - while starting or later - stops everything this command started,
+   and the command exits 1 with one sentence naming the child and what it said last (a
+   ``--nats-port`` that is taken: exit 2).
+3. Stopping (Ctrl-C, SIGTERM) stops the broker first, then the other children, then Caddy
+   and NATS. The workers stop their instances, but with no broker to hear it the placements
+   stay in git: started again on the same state, each worker fetches what its node.json
+   still lists and runs that same attempt again (a worker's shutdown is not the instance's
+   failure), instead of the broker re-placing work it saw fail as the workers went.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import signal
 import subprocess
@@ -23,6 +35,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -46,11 +59,14 @@ from gavel.shared.reasons import render
 from gavel.shared.spec import Route
 from gavel.transport import identity
 from gavel.transport.client import BrokerRefused, ClientError, call, connect, wait_healthy
-from gavel.transport.natsserver import NatsServer, free_port
+from gavel.transport.natsserver import NatsServer, NatsServerError, free_port
 
 __all__ = ["up"]
 
 STRATEGIES = ["least-loaded", "binpack", "spread", "headroom"]
+#: How long the cluster may take to come up, and how often its children are looked at.
+UP_TIMEOUT_S = 60.0
+WATCH_S = 0.5
 #: The demo's web workload: answers every GET with its instance and node, on its $PORT.
 WEB = ("import http.server as h, os\n"
        "class H(h.BaseHTTPRequestHandler):\n"
@@ -67,24 +83,82 @@ WEB = ("import http.server as h, os\n"
 SIZES = [(4.0, 4096), (2.0, 2048), (8.0, 8192), (4.0, 8192)]
 
 
-def _spawn(args: list[str], log: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
-    out = open(log, "ab")  # noqa: SIM115 - the child owns it
-    return subprocess.Popen([sys.executable, "-m", "gavel", *args], stdout=out,
-                            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
-                            start_new_session=True)
+@dataclass
+class _Child:
+    name: str
+    log: Path
+    proc: subprocess.Popen[bytes]
 
-
-def _stop(procs: list[subprocess.Popen[bytes]]) -> None:
-    for p in procs:
-        if p.poll() is None:
-            p.send_signal(signal.SIGTERM)
-    deadline = time.monotonic() + 10
-    for p in procs:
+    def last_words(self) -> str:
+        """The last line the child wrote to its log (what it said on its way out)."""
         try:
-            p.wait(max(0.1, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait()
+            lines = [ln.strip() for ln in self.log.read_text(errors="replace").splitlines()
+                     if ln.strip()]
+        except OSError:
+            return ""
+        return lines[-1] if lines else ""
+
+
+def _spawn(name: str, args: list[str], log: Path, env: dict[str, str]) -> _Child:
+    with open(log, "ab") as out:  # the child holds its own copy
+        proc = subprocess.Popen([sys.executable, "-m", "gavel", *args], stdout=out,
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+                                start_new_session=True)
+    return _Child(name, log, proc)
+
+
+def _stop(children: list[_Child], grace_s: float = 15.0) -> None:
+    """Rule 3: SIGTERM the first (the broker) and wait for it to go, then the rest together;
+    SIGKILL whatever is still there after `grace_s`."""
+    for group in (children[:1], children[1:]):
+        for c in group:
+            if c.proc.poll() is None:
+                c.proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        for c in group:
+            try:
+                c.proc.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                c.proc.kill()
+                c.proc.wait()
+
+
+def _exited(children: list[_Child]) -> str:
+    """Rule 2: a sentence about the first child that is no longer running, or ""."""
+    for c in children:
+        code = c.proc.poll()
+        if code is not None:
+            said = c.last_words()
+            return (f"the {c.name} exited with status {code}"
+                    + (f" ({said})" if said else "") + f"; its log is {c.log}")
+    return ""
+
+
+async def _until_up(children: list[_Child], url: str, operator: str | None,
+                    workers: int, timeout: float) -> None:
+    """Rule 2: until the broker answers and counts `workers` healthy nodes, watching the
+    children."""
+    deadline = time.monotonic() + timeout
+    nc = None
+    try:
+        while time.monotonic() < deadline:
+            gone = _exited(children)
+            if gone:
+                raise ClientError(gone)
+            try:
+                if nc is None:
+                    nc = await connect(url, operator)
+                reply = await call(nc, "nodes", NodesRequest(), NodesReply, timeout=2)
+                if sum(1 for x in reply.nodes if x.health == "healthy") >= workers:
+                    return
+            except ClientError:
+                pass
+            await asyncio.sleep(0.2)
+    finally:
+        if nc is not None:
+            await nc.close()
+    raise ClientError(f"the cluster did not come up within {timeout:g}s; see the logs under "
+                      f"{children[0].log.parent}")
 
 
 def demo_specs() -> list[Spec]:
@@ -193,7 +267,13 @@ async def up(args: argparse.Namespace) -> int:
     ids = identity.init(state, nodes) if args.auth else None
     server = NatsServer(port=args.nats_port, store_dir=state / "nats",
                         config=ids.config if ids else None, log=state / "logs" / "nats.log")
-    server.start()
+    try:
+        server.start()
+    except NatsServerError as exc:
+        if exc.port_taken and args.nats_port is not None:
+            raise UsageError(f"--nats-port {args.nats_port} is taken by another process; "
+                             "choose another, or leave it out for a free one.") from None
+        raise ClientError(f"{exc}; its log is {server.log}") from None
     env = {**os.environ, "GAVEL_NATS_URL": server.url}
     env.pop("GAVEL_CREDS", None)  # each child gets its own, below
 
@@ -205,40 +285,66 @@ async def up(args: argparse.Namespace) -> int:
     broker = ["broker", "--state", str(state), *creds(ids.broker if ids else None)]
     if args.metrics_port is not None:
         broker += ["--metrics-port", str(args.metrics_port), "--metrics-addr", args.metrics_addr]
-    procs = [_spawn(broker, state / "logs" / "broker.log", env)]
-    for i, node in enumerate(nodes):
-        cpu, mem = SIZES[i % len(SIZES)]
-        procs.append(_spawn(
-            ["worker", "--node-id", node, *creds(ids.nodes[node] if ids else None),
-             "--strategy", STRATEGIES[i % len(STRATEGIES)],
-             "--labels", f"zone={'ab'[i % 2]}", "--cpu", str(cpu), "--memory-mb", str(mem),
-             "--ports", f"{21000 + 100 * i}-{21000 + 100 * i + 99}",
-             "--state", str(state / "workers" / node), "--advertise", "127.0.0.1"],
-            state / "logs" / f"{node}.log", env))
+    children = [_spawn("broker", broker, state / "logs" / "broker.log", env)]
     operator = str(ids.operator) if ids else None
     caddy = None
     gateway = None
+
+    async def start() -> None:
+        """The broker, then (once it answers, so it hears their first heartbeats) the
+        workers, until all of them are up."""
+        await _until_up(children, server.url, operator, 0, UP_TIMEOUT_S)
+        for i, node in enumerate(nodes):
+            cpu, mem = SIZES[i % len(SIZES)]
+            children.append(_spawn(
+                f"worker {node}",
+                ["worker", "--node-id", node, *creds(ids.nodes[node] if ids else None),
+                 "--strategy", STRATEGIES[i % len(STRATEGIES)],
+                 "--labels", f"zone={'ab'[i % 2]}", "--cpu", str(cpu),
+                 "--memory-mb", str(mem),
+                 "--ports", f"{21000 + 100 * i}-{21000 + 100 * i + 99}",
+                 "--state", str(state / "workers" / node), "--advertise", "127.0.0.1"],
+                state / "logs" / f"{node}.log", env))
+        await _until_up(children, server.url, operator, args.workers, UP_TIMEOUT_S)
+
+    done = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, done.set)
     if getattr(args, "gateway", True):
         try:
             caddy = Caddy(state / "caddy", log=state / "logs" / "caddy.log").start()
         except (OSError, RuntimeError) as exc:  # no binary, or it would not start
-            _stop(procs)
+            _stop(children)
             server.stop()
             raise ClientError(f"cannot run the gateway's Caddy: {exc} (--no-gateway runs "
                               "without one)") from None
         gateway = f"http://127.0.0.1:{getattr(args, 'gateway_port', None) or free_port()}"
-        procs.append(_spawn(["gateway", *creds(ids.operator if ids else None), "--admin",
-                             caddy.admin_url, "--listen", gateway.removeprefix("http://")],
-                            state / "logs" / "gateway.log", env))
-    print(f"gavel up: nats-server at {server.url}, broker and {args.workers} workers"
-          + (", gateway" if gateway else "") + f"; state and logs under {state}")
-    if caddy is not None:
-        print(f"gateway: {gateway} (Caddy; its admin API at {caddy.admin_url}, loopback only)")
-    print(f"NATS auth: one nkey per worker, the broker and operators in {ids.directory}"
-          if ids else "NATS auth: off (--no-auth); anyone who reaches the server may use it")
-    if args.metrics_port is not None:
-        print(f"broker metrics: http://{args.metrics_addr}:{args.metrics_port}/metrics")
+        children.append(_spawn("gateway", ["gateway", *creds(ids.operator if ids else None),
+                                           "--admin", caddy.admin_url, "--listen",
+                                           gateway.removeprefix("http://")],
+                               state / "logs" / "gateway.log", env))
     try:
+        starting = asyncio.ensure_future(start())
+        stopping = asyncio.ensure_future(done.wait())
+        await asyncio.wait({starting, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        if not starting.done():  # Ctrl-C (or SIGTERM) while starting: a clean stop
+            starting.cancel()
+            with contextlib.suppress(asyncio.CancelledError, ClientError):
+                await starting
+            return 0
+        stopping.cancel()
+        starting.result()  # ClientError: a child exited, or the cluster did not come up
+        print(f"gavel up: nats-server at {server.url}, broker and {args.workers} workers"
+              + (", gateway" if gateway else "") + f" up; state and logs under {state}")
+        if caddy is not None:
+            print(f"gateway: {gateway} (Caddy; its admin API at {caddy.admin_url}, loopback "
+                  "only)")
+        print(f"NATS auth: one nkey per worker, the broker and operators in {ids.directory}"
+              if ids else "NATS auth: off (--no-auth); anyone who reaches the server may "
+              "use it")
+        if args.metrics_port is not None:
+            print(f"broker metrics: http://{args.metrics_addr}:{args.metrics_port}/metrics")
         if args.demo:
             nc = await connect(server.url, operator)
             try:
@@ -248,15 +354,17 @@ async def up(args: argparse.Namespace) -> int:
             return 0
         hint = f"GAVEL_CREDS={operator} " if operator else ""
         print(f"try: GAVEL_NATS_URL={server.url} {hint}gavel nodes   "
-              "(Ctrl-C stops the cluster)")
-        done = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, done.set)
-        await done.wait()
+              "(Ctrl-C stops the cluster)", flush=True)
+        while not done.is_set():  # rule 2, for as long as it runs
+            gone = _exited(children)
+            if gone or server.proc is None or server.proc.poll() is not None:
+                raise ClientError(gone or f"the nats-server exited; its log is {server.log}")
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(WATCH_S):
+                    await done.wait()
         return 0
     finally:
-        _stop(procs)
+        _stop(children)  # rule 3: the broker first
         if caddy is not None:
             caddy.stop()
         server.stop()

@@ -31,9 +31,11 @@ __all__ = [
     "EventsRequest",
     "InstanceStatus",
     "NodeAddress",
+    "NodeDetail",
     "NodeStatus",
     "NodesReply",
     "NodesRequest",
+    "RecentDecline",
     "RollbackRequest",
     "ScaleRequest",
     "ServiceReply",
@@ -148,7 +150,8 @@ class StatusReply(Message, tag="statuses"):
 
 
 class NodesRequest(Message, tag="nodes"):
-    pass
+    #: One node in detail (`NodesReply.detail`); "": every node, in brief.
+    node_id: str = ""
 
 
 class NodeStatus(msgspec.Struct, kw_only=True):
@@ -165,9 +168,33 @@ class NodeStatus(msgspec.Struct, kw_only=True):
     advertise: str = ""
 
 
+class RecentDecline(msgspec.Struct, kw_only=True):
+    """A node's answer "no" to one of the last auctions the broker remembers."""
+
+    instance_id: str
+    auction_id: str
+    reason: str
+    detail: str = ""
+
+
+class NodeDetail(msgspec.Struct, kw_only=True):
+    """`gavel nodes NODE`: what runs there, what it has committed, what it declined."""
+
+    node_id: str
+    instances: list[InstanceStatus] = msgspec.field(default_factory=list)
+    port_range: list[int] = msgspec.field(default_factory=list)
+    #: Ports in its range taken by something outside gavel.
+    blocked_ports: list[int] = msgspec.field(default_factory=list)
+    #: Newest first.
+    declines: list[RecentDecline] = msgspec.field(default_factory=list)
+    #: A drain's deadline: Unix time after which what still runs there is moved (0: none).
+    drain_deadline: float = 0.0
+
+
 class NodesReply(Message, tag="node-list"):
     nodes: list[NodeStatus]
     rejected: dict[str, int] = msgspec.field(default_factory=dict)
+    detail: NodeDetail | None = None
 
 
 class WhyRequest(Message, tag="why"):
@@ -181,7 +208,10 @@ class WhyReply(Message, tag="because"):
 
 class EventsRequest(Message, tag="events"):
     instance_id: str = ""
+    #: The newest this many of those that match (0: every one kept).
     limit: int = 100
+    #: Only events at or after this time (Unix seconds; 0: from the oldest kept).
+    since: float = 0.0
 
 
 class EventsReply(Message, tag="event-list"):
@@ -201,12 +231,16 @@ class DrainRequest(Message, tag="drain"):
     node_id: str
     undo: bool = False
     migrate: bool = False
+    #: Move what still runs there this many seconds from now (0: never, unless `migrate`).
+    deadline_s: Annotated[float, msgspec.Meta(ge=0, le=10 * 365 * 86400)] = 0.0
 
 
 class DrainReply(Message, tag="drained"):
     node_id: str
     draining: bool
     migrating: int = 0
+    #: Unix time of the drain's deadline (0: none).
+    deadline: float = 0.0
 
 
 # -- services --------------------------------------------------------------------------------

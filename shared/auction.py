@@ -14,6 +14,10 @@ Rules:
    against the winner's free capacity — so a batch decides as a sequence of single
    auctions would (exactly so for strategies linear in what a node holds), and never
    over-commits a node.
+5. A service's replica (a request with a `group`) is awarded by the spread rule instead
+   (`shared.spread`): told how many replicas of each group each node holds now and each
+   node's labels, `decide` counts its own awards as it goes. Its requests share shapes only
+   with their own group's, and a batch without replicas is decided exactly as rule 4 says.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from gavel.shared.award import NodeBid, NodeDecline, order
 from gavel.shared.feasibility import shortfall
 from gavel.shared.messages import RFB, Bid, BidReply, Capacity, Request, Shape
 from gavel.shared.reasons import DECLINES, Reason, render, summarize_declines
+from gavel.shared.spread import Rank, Tally, rank
 
 __all__ = ["Auction", "Awarded", "Decision", "Unschedulable", "Verdict"]
 
@@ -101,8 +106,14 @@ class Auction:
         index: dict[object, int] = {}
         self._shape_of: list[int] = []
         self._books: list[_ShapeBook] = []
+        #: The groups whose replicas this auction places (rule 5).
+        self.groups: set[str] = set()
         for r in self.requests:
-            s = index.setdefault(r.key(), len(index))
+            if r.group:  # a group's requests share shapes with their own group's only
+                self.groups.add(r.group)
+                s = index.setdefault((r.key(), r.group), len(index))
+            else:
+                s = index.setdefault(r.key(), len(index))
             if s == len(self._books):
                 self._books.append(_ShapeBook(r.shape()))
             self._shape_of.append(s)
@@ -191,8 +202,11 @@ class Auction:
         return dict(out)
 
     # -- output --------------------------------------------------------------------------
-    def decide(self, now: float, free: Mapping[str, Capacity] | None = None) -> list[Decision]:
-        """Close the auction and award every request (see rule 4)."""
+    def decide(self, now: float, free: Mapping[str, Capacity] | None = None, *,
+               held: Mapping[str, Mapping[str, int]] | None = None,
+               labels: Mapping[str, Mapping[str, str]] | None = None) -> list[Decision]:
+        """Close the auction and award every request (rules 4 and 5). `held`: group -> node
+        -> replicas the node holds now; `labels`: each node's labels (both for replicas)."""
         self.closed_at = now
         remaining = {n: c.copy() for n, c in (free or {}).items()}
         extra: dict[str, float] = {}
@@ -213,7 +227,12 @@ class Auction:
             spoke = book.bids.keys() | {d.node_id for d in book.declines}
             silent.append(sorted(self.eligible - spoke))
         decisions: list[Decision] = []
+        tally = Tally(held or {}, labels or {}) if self.groups else None
         for request, s in zip(self.requests, self._shape_of, strict=True):
+            if tally is not None and request.group:
+                decisions.append(self._replica(request, s, tally, remaining, extra, version,
+                                               live, heaps, ranked, declines, silent))
+                continue
             book, heap = self._books[s], heaps[s]
             winner = self._top(heap, book, extra, version, live[s], remaining, declines, s,
                                request)
@@ -234,17 +253,94 @@ class Auction:
             extra[node] = extra.get(node, 0.0) + step
             version[node] = ver = version.get(node, 0) + 1
             if step < 0.0:
-                # Its load fell: a stale entry would sit too deep for the lazy refresh to
-                # reach, so re-key the node now in every shape it still competes in.
-                for t, alive in enumerate(live):
-                    if node in alive:
-                        alive[node] = ver
-                        fresh = self._books[t].bids[node].load + extra[node]
-                        heapq.heappush(heaps[t], (fresh, node, ver))
+                self._rekey(node, ver, live, heaps, extra)
             won = NodeBid(node_id=node, load=load, strategy=book.bids[node].strategy)
             decisions.append(Awarded(request=request, winner=won, tie_broken=tied,
                                      bids=ranked[s], declines=declines[s], silent=silent[s]))
         return decisions
+
+    def _rekey(self, node: str, ver: int, live: list[dict[str, int]],
+               heaps: list[list[tuple[float, str, int]]], extra: dict[str, float]) -> None:
+        """The node's load fell: a stale entry would sit too deep for the lazy refresh to
+        reach, so re-key the node now in every shape it still competes in."""
+        for t, alive in enumerate(live):
+            if node in alive:
+                alive[node] = ver
+                fresh = self._books[t].bids[node].load + extra[node]
+                heapq.heappush(heaps[t], (fresh, node, ver))
+
+    def _replica(self, request: Request, s: int, tally: Tally,
+                 remaining: dict[str, Capacity], extra: dict[str, float],
+                 version: dict[str, int], live: list[dict[str, int]],
+                 heaps: list[list[tuple[float, str, int]]], ranked: list[list[NodeBid]],
+                 declines: list[tuple[NodeDecline, ...]], silent: list[list[str]]) -> Decision:
+        """Award one replica by the spread rule (rule 5, `shared.spread`): a scan of its
+        shape's bidders still in the running, those out of room leaving it as in `_top`."""
+        book, alive = self._books[s], live[s]
+        best: Rank | None = None
+        second: Rank | None = None
+        for node in list(alive):
+            room = remaining.get(node)
+            short = shortfall(request, room) if room is not None else None
+            if short is not None:
+                del alive[node]
+                declines[s] = tuple(sorted(
+                    (*declines[s], NodeDecline(node_id=node, reason=short.reason,
+                                               detail=short.detail)),
+                    key=lambda d: d.node_id))
+                continue
+            load = book.bids[node].load + extra.get(node, 0.0)
+            if not math.isfinite(load):  # the strategy refuses another one
+                continue
+            key = rank(request, node, load, tally)
+            if best is None or key < best:
+                best, second = key, best
+            elif second is None or key < second:
+                second = key
+        if best is None:
+            return self._unschedulable(request, ranked[s], declines[s], silent[s])
+        label = request.spread
+        if label and not request.spread_soft:
+            values = self._spread_values(s, label, tally)
+            floor = tally.floor(request.group, label, values)
+            if floor is None or best[0] > floor:
+                return self._unspread(request, tally, values, ranked[s], declines[s],
+                                      silent[s])
+        _, _, load, node = best
+        room = remaining.get(node)
+        if room is not None:
+            room.charge(request, -1)
+        step = book.steps[node]
+        extra[node] = extra.get(node, 0.0) + step
+        version[node] = ver = version.get(node, 0) + 1
+        if step < 0.0:
+            self._rekey(node, ver, live, heaps, extra)
+        tally.add(request.group, node)
+        won = NodeBid(node_id=node, load=load, strategy=book.bids[node].strategy)
+        tied = second is not None and second[:3] == best[:3]
+        return Awarded(request=request, winner=won, tie_broken=tied, bids=ranked[s],
+                       declines=declines[s], silent=silent[s])
+
+    def _spread_values(self, s: int, label: str, tally: Tally) -> set[str]:
+        """The label's values among the nodes that could take shape `s` (`shared.spread`
+        rule 3): its bidders, and the nodes that declined it for want of room."""
+        book = self._books[s]
+        nodes = [*book.bids, *(d.node_id for d in book.declines if d.reason in _CAPACITY)]
+        return {v for n in nodes if (v := tally.label(n, label)) is not None}
+
+    def _unspread(self, request: Request, tally: Tally, values: set[str],
+                  bids: Sequence[NodeBid], declines: Sequence[NodeDecline],
+                  silent: Sequence[str]) -> Unschedulable:
+        """A hard spread no fitting bidder keeps: the replica waits, the label named with
+        how many replicas each of its values holds."""
+        label = request.spread
+        rendered = [render(d.reason, d.detail) for d in declines] + [_NO_ANSWER] * len(silent)
+        head = summarize_declines(len(self.eligible), len(bids), rendered)
+        counts = ", ".join(f"{v} {tally.in_value(request.group, label, v)}"
+                           for v in sorted(values)) or "no node has it"
+        return Unschedulable(request=request, reason=Reason.SPREAD,
+                             summary=f"{head}; {Reason.SPREAD} ({label}: {counts})",
+                             bids=bids, declines=declines, silent=silent)
 
     @staticmethod
     def _top(heap: list[tuple[float, str, int]], book: _ShapeBook, extra: dict[str, float],

@@ -136,18 +136,33 @@ class Shape(msgspec.Struct, kw_only=True, frozen=True):
 
 
 class Request(Shape, kw_only=True, frozen=True):
-    """One instance to place: its shape plus its id (the id never leaves the broker)."""
+    """One instance to place: its shape plus its id (the id never leaves the broker).
+
+    A service's replica also names its `group` (the service) and how the group spreads
+    (`shared.spread`): the broker's award order, not the bidders', so none of it is asked
+    on the wire. Requests of different groups never share a shape in an auction."""
 
     instance_id: str
+    #: The service this request is a replica of ("" for a job: today's award rule exactly).
+    group: str = ""
+    #: The node label the group spreads evenly over ("" for distinct nodes only).
+    spread: str = ""
+    #: Place anyway when no bidder keeps the spread (best available) instead of waiting.
+    spread_soft: bool = False
 
     @classmethod
-    def of(cls, instance_id: str, spec: Spec) -> Request:
+    def of(cls, instance_id: str, spec: Spec, group: str = "") -> Request:
+        """The request for an instance of `spec`; `group`: the service it is a replica of
+        (`InstanceRecord.service`), whose spread it then follows."""
         return cls(
             instance_id=instance_id,
             cpu=spec.cpu,
             memory_mb=spec.memory_mb,
             ports=len(spec.ports),
             labels=dict(spec.labels),
+            group=group,
+            spread=(spec.spread or "") if group else "",
+            spread_soft=spec.spread_soft if group else False,
         )
 
     def shape(self) -> Shape:

@@ -31,6 +31,8 @@ __all__ = [
     "EVENTS_ALL",
     "HEARTBEAT",
     "HEARTBEAT_ALL",
+    "LOGS",
+    "LOGS_ALL",
     "NODES_BUCKET",
     "NODES_STREAM",
     "NODE_INBOX",
@@ -65,6 +67,10 @@ API = f"{PREFIX}.api.{{verb}}"  # request/reply, see broker.api
 API_ALL = f"{PREFIX}.api.*"
 ASSIGN = f"{PREFIX}.assign.{{node}}"  # worker -> broker request: AssignmentRequest -> Award
 ASSIGN_ALL = f"{PREFIX}.assign.*"
+#: operator -> node request: LogsRequest -> LogChunk..., LogsDone (`shared.logstream`). The
+#: node answers on the asker's inbox, only as the server's response permission allows.
+LOGS = f"{PREFIX}.logs.{{node}}"
+LOGS_ALL = f"{PREFIX}.logs.*"
 #: JetStream KV bucket: key <node-id> -> that node's node.json at the active ref.
 NODES_BUCKET = "gavel-nodes"
 #: The bucket's stream, and the subject a node's key is stored under.

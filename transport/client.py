@@ -1,6 +1,9 @@
 """The CLI's side of the API: one request, one typed reply (or `ApiError`).
 
-Rule: a broker that does not answer is a clear error naming the URL, never a traceback.
+Rules:
+1. A broker that does not answer is a clear error naming the URL, never a traceback.
+2. A NATS URL that is not one, or one where nothing answers, is the operator's to fix: one
+   `BadInput` sentence (exit 2) naming it, before and instead of a retry loop.
 """
 
 from __future__ import annotations
@@ -8,17 +11,21 @@ from __future__ import annotations
 import asyncio
 import time
 from typing import Any, TypeVar
+from urllib.parse import urlsplit
 
 import msgspec
 import nats
-from nats.errors import NoRespondersError
+from nats.errors import NoRespondersError, NoServersError
 from nats.errors import TimeoutError as NatsTimeout
 
 from gavel.shared import subjects
+from gavel.shared.errors import BadInput
 from gavel.shared.messages import ApiError, Message
+from gavel.shared.redact import mask_url
 from gavel.transport.creds import connect_options
 
-__all__ = ["BrokerRefused", "ClientError", "NoAnswer", "call", "connect", "wait_healthy"]
+__all__ = ["BadNatsUrl", "BrokerRefused", "ClientError", "NoAnswer", "NoNats", "call",
+           "check_url", "connect", "wait_healthy"]
 
 T = TypeVar("T", bound=Message)
 _enc = msgspec.msgpack.Encoder()
@@ -32,6 +39,30 @@ class BrokerRefused(ClientError):
     """The broker answered with `ApiError`: it was reached, and it said no."""
 
 
+class BadNatsUrl(BadInput):
+    """The NATS URL is not of the form nats://HOST:PORT (exit 2)."""
+
+
+class NoNats(BadInput):
+    """Nothing answers at the NATS URL (exit 2): the URL is wrong, or NATS is not running."""
+
+
+_SCHEMES = ("nats", "tls", "ws", "wss")
+
+
+def check_url(url: str) -> None:
+    """Rule 2: every server of `url` (a comma list, as nats-py takes it) is a URL with a
+    NATS scheme, a host and a port number; else `BadNatsUrl`."""
+    for part in url.split(","):
+        text = part.strip()
+        try:
+            u = urlsplit(text if "://" in text else f"nats://{text}")  # as nats-py reads it
+            ok = u.scheme in _SCHEMES and bool(u.hostname) and (u.port or 1) > 0
+        except ValueError:  # a port that is not a number, or out of range
+            ok = False
+        if not ok:
+            raise BadNatsUrl(f"{mask_url(part.strip())!r} is not a NATS URL: expected "
+                             "nats://HOST:PORT (or tls://, ws://, wss://).")
 class NoAnswer(ClientError):
     """The broker did not answer in time: what it did with the request is unknown."""
 
@@ -43,6 +74,7 @@ async def _quiet(exc: Exception) -> None:
 async def connect(url: str, creds: str | None = None, **options: Any) -> Any:
     """A connection for one command; `creds` is a .creds file or an nkey seed file (a
     `CredsError`, exit 2, if it is neither or cannot be read)."""
+    check_url(url)
     kwargs: dict[str, Any] = {"connect_timeout": 3, "max_reconnect_attempts": 2,
                               "allow_reconnect": False, "error_cb": _quiet, **options}
     if creds:
@@ -53,8 +85,11 @@ async def connect(url: str, creds: str | None = None, **options: Any) -> Any:
         if "authorization violation" in str(exc).lower():
             which = f"the credentials in {creds}" if creds else \
                 "a client without credentials (give --creds FILE or GAVEL_CREDS)"
-            raise ClientError(f"NATS at {url} refused {which}") from exc
-        raise ClientError(f"cannot connect to NATS at {url}: {exc}") from exc
+            raise ClientError(f"NATS at {mask_url(url)} refused {which}") from exc
+        if isinstance(exc, NoServersError | OSError | TimeoutError):
+            raise NoNats(f"nothing answers at {mask_url(url)}: start NATS there (`gavel up` "
+                         "runs one) or give its URL with --nats or GAVEL_NATS_URL.") from exc
+        raise ClientError(f"cannot connect to NATS at {mask_url(url)}: {exc}") from exc
 
 
 async def call(nc: Any, verb: str, request: Message, reply_type: type[T],

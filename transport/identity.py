@@ -13,7 +13,8 @@ Rules:
    (``_INBOX_broker``). No ``allow_responses``: it would let the broker publish to any reply
    subject a request names, the very thing `transport.inbound` rule 5 refuses, and an
    explicit list is checked by the server whatever the broker's code does.
-3. Operators call the API and read events; they cannot bid, award or speak as a node.
+3. Operators call the API, read events and ask nodes for logs (rule 6); they cannot bid,
+   award or speak as a node.
 4. Of JetStream, a node may only create a consumer of its own key, on the create subject
    that carries the filter (`gavel.shared.subjects.NODE_WATCH`; the server refuses a request
    whose filter differs from the subject's): no stream or consumer info, no gets, no
@@ -23,6 +24,13 @@ Rules:
 5. `init` is idempotent: a seed that exists is reused, never rewritten. The config authorizes
    every node seed in the directory, so revoking a node is deleting its seed and running
    `init` again (then reloading nats-server).
+6. Operators may ask any node for an instance's output (``gavel.logs.<node>``); only that
+   node hears it, and it answers on the operator's inbox through the server's response
+   permission (``allow_responses``: at most `shared.logstream.REPLIES_MAX` replies within
+   `shared.logstream.WINDOW_S` of each request it received) - the one grant of a reply
+   subject named by the request, because a node may answer any operator's inbox this way
+   and no other: listing the operators' inbox for nodes would let every node publish into
+   it, answering for another node's logs. A node may publish into no inbox otherwise.
 """
 
 from __future__ import annotations
@@ -36,7 +44,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gavel.shared import subjects
+from gavel.shared import logstream, subjects
 from gavel.shared.errors import BadInput
 
 __all__ = [
@@ -83,14 +91,18 @@ def worker_permissions(node: str) -> dict[str, Any]:
             subjects.RFB_NODE.format(node=node),
             subjects.AWARD.format(node=node),
             subjects.CANCEL.format(node=node),
+            subjects.LOGS.format(node=node),
             inbox,
         ]},
+        # Rule 6: answers to the log requests it received, and only those.
+        "allow_responses": {"max": logstream.REPLIES_MAX,
+                            "expires": f"{logstream.WINDOW_S:g}s"},
     }
 
 
 def operator_permissions() -> dict[str, Any]:
-    """Operators and CI: the request/reply API and the event stream, nothing else."""
-    return {"publish": {"allow": [subjects.API_ALL]},
+    """Operators and CI: the request/reply API, the event stream, and nodes' logs."""
+    return {"publish": {"allow": [subjects.API_ALL, subjects.LOGS_ALL]},
             "subscribe": {"allow": [f"{subjects.OPERATOR_INBOX}.>", subjects.EVENTS_ALL]}}
 
 

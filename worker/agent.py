@@ -31,6 +31,7 @@ from nats.aio.subscription import Subscription
 
 from gavel.shared import subjects
 from gavel.shared.feasibility import NodeView
+from gavel.shared.logstream import WINDOW_S
 from gavel.shared.messages import (
     RFB,
     Award,
@@ -38,6 +39,7 @@ from gavel.shared.messages import (
     Cancel,
     Capacity,
     Event,
+    EventType,
     Heartbeat,
     InstanceReport,
     Message,
@@ -47,8 +49,12 @@ from gavel.shared.timing import Timing
 from gavel.transport import wire
 from gavel.transport.inbound import Door, Guard
 from gavel.transport.rejects import Throttle
+from gavel.worker.cgroups import Enforcement
 from gavel.worker.converge import Converger
 from gavel.worker.hoststats import Sampler, detect_capacity, primary_address
+from gavel.worker.logfiles import LogLimits, Outputs
+from gavel.worker.logserver import LogServer
+from gavel.worker.logserver import tick as logs_tick
 from gavel.worker.ports import bindable
 from gavel.worker.supervisor import Supervisor
 
@@ -64,7 +70,9 @@ class Agent:
                  labels: dict[str, str], state_dir: Path, timing: Timing,
                  cpu: float | None = None, memory_mb: int | None = None,
                  port_range: tuple[int, int] = (20000, 20999),
-                 nats_options: dict[str, Any] | None = None, advertise: str = "") -> None:
+                 nats_options: dict[str, Any] | None = None, advertise: str = "",
+                 log_limits: LogLimits | None = None, logs_window_s: float = WINDOW_S,
+                 cgroups: Enforcement | None = None) -> None:
         self.node_id = node_id
         self.strategy = strategy
         self.labels = dict(labels)
@@ -72,6 +80,8 @@ class Agent:
         self.timing = timing
         self.port_range = port_range
         self.capacity = detect_capacity(cpu, memory_mb, port_range)
+        #: What this node enforces of each award (`worker.cgroups`); said once at start.
+        self.enforcement = cgroups or Enforcement.off()
         #: Where a gateway reaches this node's instances (the heartbeat carries it), and the
         #: directory each instance's own directory is in.
         self.advertise = advertise or primary_address()
@@ -92,12 +102,20 @@ class Agent:
             node_id=node_id, state_dir=self.state_dir, timing=timing, port_range=port_range,
             report=self._report, on_change=self._refresh_view,
             reserved=lambda iid: self.converger.reserved(iid),
-            secrets=lambda iid, attempt: self.converger.secrets(iid, attempt))
+            secrets=lambda iid, attempt: self.converger.secrets(iid, attempt),
+            cgroups=self.enforcement.hierarchy)
         #: Makes this node match its node.json (KV); its counters say what it did.
         self.converger = Converger(node_id=node_id, timing=timing,
                                     supervisor=self._supervisor,
                                     set_draining=self.set_draining,
                                     on_node=self._refresh_view, sink=self._refused)
+        #: Each instance's output: rotated while the worker lives, served to operators.
+        self.outputs = Outputs(self.state_dir / "instances", log_limits or LogLimits(),
+                               held=lambda: [r.instance_id for r in self.instances()])
+        self.logserver = LogServer(node_id=node_id, outputs=self.outputs,
+                                   holds=self._supervisor.holds, sink=self._refused,
+                                   nc=lambda: self._nc, poll_s=min(0.25, timing.tick_s),
+                                   window_s=logs_window_s)
         self._view: NodeView
         self._refresh_view()
         self._seq = 0
@@ -172,12 +190,16 @@ class Agent:
         try:
             if self._stop_requested.is_set():
                 return
+            enforcement = self.enforcement
+            (log.warning if enforcement.missing else log.info)(
+                "node %s: %s", self.node_id, enforcement.summary)
             await self._supervisor.restore()  # events wait in the outbox until connected
+            self._loops.append(asyncio.create_task(logs_tick(self.outputs, self.timing.tick_s)))
             self.converger.start_link_watch(lambda: self._nc)
             if await self._connect():
                 await self._subscribe()
-                self._loops = [asyncio.create_task(self._heartbeats()),
-                               asyncio.create_task(self._sample_stats())]
+                self._loops += [asyncio.create_task(self._heartbeats()),
+                                asyncio.create_task(self._sample_stats())]
                 assert self._nc is not None
                 self.converger.start(self._nc)
                 self.ready.set()
@@ -230,6 +252,7 @@ class Agent:
             (subjects.RFB_NODE.format(node=node), self._on_rfb),
             (subjects.AWARD.format(node=node), self._on_award),
             (subjects.CANCEL.format(node=node), self._on_cancel),
+            (subjects.LOGS.format(node=node), self.logserver.on_request),
         ):
             self._subs.append(await self._nc.subscribe(subject, cb=cb))
         try:  # no RFB or award sent after the first heartbeat can pass this node by
@@ -243,6 +266,7 @@ class Agent:
             with contextlib.suppress(nats.errors.Error):
                 await sub.unsubscribe()
         self._subs.clear()
+        await self.logserver.close()
         await self.converger.close()
         for task in self._loops:
             task.cancel()
@@ -251,6 +275,8 @@ class Agent:
             for task in stuck:
                 log.error("worker task %s did not stop", task.get_name())
         await self._supervisor.shutdown(kill=self._kill_children)
+        if self.enforcement.hierarchy is not None:
+            self.enforcement.hierarchy.close()
         nc, self._nc = self._nc, None
         if nc is not None:
             try:  # flushes what is still buffered: the last events matter
@@ -334,6 +360,11 @@ class Agent:
                       restarts: int = 0) -> None:
         log.info("instance %s attempt %d: %s %s %s%s", instance_id, attempt, type_, reason,
                  f"{check}: " if check else "", detail)
+        if type_ == EventType.RUNNING:
+            self.outputs.started(instance_id)
+        elif type_ in _ENDS:  # what `gavel logs` says of it, and when its retention starts
+            self.outputs.ended(instance_id, f"{type_}" + (f": {reason}" if reason else "")
+                               + (f" (exit {exit_code})" if exit_code is not None else ""))
         await self._send(self._report_subject, Event(
             instance_id=instance_id, type=type_, node_id=self.node_id, reason=reason,
             detail=detail, exit_code=exit_code, attempt=attempt, at=time.time(),
@@ -350,6 +381,9 @@ class Agent:
             await self._nc.publish(subject, data)
         except nats.errors.Error as exc:
             log.warning("dropped %s on %s: %s", type(message).__name__, subject, exc)
+
+
+_ENDS = frozenset({EventType.EXITED, EventType.FAILED, EventType.CANCELLED})
 
 
 class _Refused:

@@ -7,6 +7,9 @@ Stopping is SIGTERM to the group, SIGKILL after the grace period. A process adop
 earlier worker is watched by polling (it is no longer our child) and is only ever signalled
 after its pid and start time are checked again, so a recycled pid is never hit.
 
+A child given a cgroup (`worker.cgroups`) enters it between fork and exec, so its command
+runs under its limits from the first instruction; one that cannot enter never runs.
+
 Children are `subprocess.Popen` objects watched through a pidfd, not asyncio subprocess
 transports: a transport kills its child when it is closed or garbage-collected, and an
 instance must outlive the worker that started it (``Agent.stop(kill_children=False)``).
@@ -15,6 +18,7 @@ instance must outlive the worker that started it (``Agent.stop(kill_children=Fal
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import signal
@@ -23,6 +27,7 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from gavel.worker.cgroups import Cgroup
 from gavel.worker.localstate import process_alive, process_start_time
 
 __all__ = ["BASE_ENV_KEYS", "STDERR_TAIL", "Process", "SecretsUnavailable", "instance_env",
@@ -110,16 +115,19 @@ class Process:
 
     @classmethod
     def spawn(cls, command: Sequence[str], *, env: Mapping[str, str], cwd: Path,
-              poll_s: float) -> Process:
-        """Start `command`; raises OSError (or ValueError) when it cannot be executed.
+              poll_s: float, cgroup: Cgroup | None = None) -> Process:
+        """Start `command` (in `cgroup`, when given); raises OSError (or ValueError, or
+        SubprocessError when the child cannot enter its cgroup) when it cannot be executed.
 
         stdout and stderr are appended to ``stdout.log`` / ``stderr.log`` in `cwd`.
         """
         cwd.mkdir(parents=True, exist_ok=True)
-        with open(cwd / "stdout.log", "ab") as out, open(cwd / "stderr.log", "ab") as err:
+        with open(cwd / "stdout.log", "ab") as out, open(cwd / "stderr.log", "ab") as err, \
+                (cgroup.entry() if cgroup is not None else contextlib.nullcontext()) as enter:
             popen = subprocess.Popen(
                 list(command), env=dict(env), cwd=cwd, stdin=subprocess.DEVNULL,
                 stdout=out, stderr=err, start_new_session=True, close_fds=True,
+                preexec_fn=enter,
             )
         create_time = process_start_time(popen.pid)
         return cls(popen.pid, create_time if create_time is not None else time.time(),

@@ -19,6 +19,12 @@ Rules:
    of the instance carries its restarts so far.
 5. Secret values live in memory only; an instance re-adopted after a worker restart asks
    the broker for them again when it needs them (to restart, or to run an exec check).
+6. Where the node enforces resources (`worker.cgroups`), every run of the process enters
+   the instance's one cgroup (made at its first start, or when a re-adopted instance's is
+   gone), its OOM kills counted from that run's start. A run the kernel killed for its
+   memory is `Reason.MEMORY_EXCEEDED`: restarted like any non-zero exit (the reason on the
+   ``restarted`` event), and past the policy handed back with that reason in the detail.
+   The cgroup stays between restarts; `Host.end` removes it.
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ import enum
 import logging
 import os
 import signal
+import subprocess
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -39,6 +46,7 @@ from gavel.shared.messages import EventType, Health, InstanceState
 from gavel.shared.reasons import Reason
 from gavel.shared.spec import restart_policy
 from gavel.shared.timing import Timing
+from gavel.worker.cgroups import Cgroup, Hierarchy
 from gavel.worker.checks import Change
 from gavel.worker.driver import Process, SecretsUnavailable, instance_env, stderr_tail, terminate
 from gavel.worker.localstate import LocalInstance
@@ -95,6 +103,8 @@ class Held:
     #: The checks of the current run of the process (None: no checks, or not running).
     prober: Prober | None = None
     health: Health = Health.UNKNOWN
+    #: The instance's cgroup, when the node enforces resources (rule 6).
+    cgroup: Cgroup | None = None
 
     @property
     def id(self) -> str:
@@ -110,6 +120,8 @@ class Host(Protocol):
 
     node_id: str
     timing: Timing
+    #: Where instances' cgroups live (None: resources are not enforced).
+    cgroups: Hierarchy | None
 
     def instance_dir(self, instance_id: str) -> Path: ...
 
@@ -118,7 +130,8 @@ class Host(Protocol):
     def arm_timeout(self, held: Held) -> None: ...
 
     async def end(self, held: Held, type_: str, reason: str, detail: str,
-                  exit_code: int | None = None, *, report: bool = True) -> None: ...
+                  exit_code: int | None = None, *, report: bool = True,
+                  remember: bool = True) -> None: ...
 
     async def emit(self, held: Held, type_: str, reason: str, detail: str,
                    exit_code: int | None, *, ports: dict[str, int] | None = None,
@@ -170,9 +183,26 @@ class Life:
             if held.stopping is not None:
                 await self._stopped(None)
                 return False
+        except (OSError, ValueError, SecretsUnavailable) as exc:
+            await host.end(held, EventType.FAILED, Reason.DRIVER_FAILED, str(exc))
+            return False
+        cgroup = held.cgroup
+        if cgroup is None and host.cgroups is not None:  # rule 6
+            try:
+                cgroup = held.cgroup = host.cgroups.create(held.id, placement.spec.cpu,
+                                                           placement.spec.memory_mb)
+            except OSError as exc:
+                await host.end(held, EventType.FAILED, Reason.DRIVER_FAILED,
+                               f"cannot make its cgroup: {exc.strerror or exc}")
+                return False
+        if cgroup is not None:
+            cgroup.started()  # this run's OOM kills count from here
+        try:
             held.proc = Process.spawn(placement.spec.command, env=env,
-                                      cwd=host.instance_dir(held.id), poll_s=host.timing.tick_s)
-        except (OSError, ValueError, SecretsUnavailable) as exc:  # missing binary, NUL byte
+                                      cwd=host.instance_dir(held.id), poll_s=host.timing.tick_s,
+                                      cgroup=cgroup)
+        except (OSError, ValueError, subprocess.SubprocessError) as exc:
+            # missing binary, not executable, NUL byte, could not enter its cgroup
             await host.end(held, EventType.FAILED, Reason.DRIVER_FAILED, str(exc))
             return False
         local = held.local
@@ -222,20 +252,24 @@ class Life:
         local = held.local
         spec = local.placement.spec
         policy = restart_policy(spec)
+        oom = unhealthy is None and held.cgroup is not None and held.cgroup.exceeded(code)
         if unhealthy is None and (not restarts_on_exit(spec, code) or not policy.attempts):
-            await self._exited(code)
+            await self._exited(code, oom)
             return False
         if unhealthy is None and held.proc is not None and not held.proc.adopted:
             held.proc.signal(signal.SIGKILL)  # what the leader left in its group
         now = time.time()
         delay, window = plan(policy, local.restart_times, now)
-        why = describe_exit(code) if unhealthy is None else \
-            f"unhealthy: {unhealthy.check}: {unhealthy.output}"
-        if delay is None:  # rule 2
+        if unhealthy is not None:
+            why = f"unhealthy: {unhealthy.check}: {unhealthy.output}"
+        else:
+            why = _killed(spec.memory_mb) if oom else describe_exit(code)
+        if delay is None:  # rule 2 (and rule 6: the memory named)
             tail = stderr_tail(host.instance_dir(held.id))
             n = len(window)
             await host.end(held, EventType.FAILED, Reason.RESTARTS_EXHAUSTED,
-                           f"{why}, after {n} restart{'' if n == 1 else 's'} within "
+                           (f"{Reason.MEMORY_EXCEEDED}: " if oom else "")
+                           + f"{why}, after {n} restart{'' if n == 1 else 's'} within "
                            f"{policy.interval_s:g}s" + (f"; stderr:\n{tail}" if tail else ""),
                            code)
             return False
@@ -245,7 +279,7 @@ class Life:
         local.pid, local.create_time = 0, 0.0
         held.proc, held.health = None, Health.CHECKING
         host.persist()  # rule 1: counted before the wait begins
-        await host.emit(held, EventType.RESTARTED, "",
+        await host.emit(held, EventType.RESTARTED, Reason.MEMORY_EXCEEDED if oom else "",
                         f"{why}; restart {len(window) + 1} of {policy.attempts} within "
                         f"{policy.interval_s:g}s, in {delay:g}s", code)
         return await self._back_off()
@@ -260,10 +294,14 @@ class Life:
                     await held.stopped.wait()
         return await self._start(first=False)
 
-    async def _exited(self, code: int | None) -> None:
-        """The process ended and is not restarted: the instance ends as its exit says."""
+    async def _exited(self, code: int | None, oom: bool) -> None:
+        """The process ended and is not restarted: the instance ends as its exit says (or
+        the kernel, when it was killed for its memory: rule 6)."""
         held, end = self.held, self.host.end
-        if code is None:
+        if oom:
+            await end(held, EventType.FAILED, Reason.MEMORY_EXCEEDED,
+                      _killed(held.local.placement.spec.memory_mb), code)
+        elif code is None:
             await end(held, EventType.EXITED, "",
                       "exit status unknown: re-adopted process" if held.proc is not None
                       else "exit status unknown: process ended while the worker was down")
@@ -281,9 +319,9 @@ class Life:
         elif why == Reason.TIMEOUT:
             await end(held, EventType.FAILED, Reason.TIMEOUT,
                       f"ran longer than {spec.timeout_s:g}s", code)
-        elif why == Reason.WORKER_STOPPED:
+        elif why == Reason.WORKER_STOPPED:  # not the instance's end: not remembered as run
             await end(held, EventType.FAILED, Reason.WORKER_STOPPED, "the worker shut down",
-                      code)
+                      code, remember=False)
         else:
             await end(held, EventType.FAILED, Reason.FENCED, "", code, report=False)
 
@@ -331,3 +369,8 @@ class Life:
             base=os.environ, spec_env=placement.spec.env, secret_env=held.secret_env,
             instance_id=held.id, node_id=self.host.node_id, attempt=held.attempt,
             ports=placement.ports, port_order=placement.spec.ports)
+
+
+def _killed(memory_mb: int) -> str:
+    """How a run the kernel killed for its memory ended (rule 6)."""
+    return f"killed by the kernel at its {memory_mb} MB limit"

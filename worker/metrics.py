@@ -5,8 +5,9 @@ Rules:
    leaves: `ObservedAgent` wraps the agent's one outbound path, `_send`, and adds one counter
    increment per answer; the RFB path itself is untouched.
 2. What the node *is* (instances by state, committed and total capacity, draining, messages
-   refused) is read at scrape time from the agent, on the agent's own event loop, so a
-   scrape from the HTTP thread never races the loop that changes that state.
+   refused, the cgroup hierarchy that enforces its awards or "none") is read at scrape time
+   from the agent, on the agent's own event loop, so a scrape from the HTTP thread never
+   races the loop that changes that state.
 """
 
 from __future__ import annotations
@@ -90,6 +91,7 @@ class _Snapshot:
     draining: bool = False
     malformed: dict[str, int] = field(default_factory=dict)
     ignored: dict[str, int] = field(default_factory=dict)
+    cgroups: str = "none"
 
 
 class _AgentCollector(Collector):
@@ -103,7 +105,8 @@ class _AgentCollector(Collector):
         return _Snapshot(states=Tally(str(r.state) for r in a.instances()),
                          capacity=(cap.cpu, cap.memory_mb),
                          committed=(com.cpu, com.memory_mb), draining=a.draining,
-                         malformed=dict(a.malformed), ignored=dict(a.ignored))
+                         malformed=dict(a.malformed), ignored=dict(a.ignored),
+                         cgroups=a.enforcement.version)
 
     def _snapshot(self) -> _Snapshot:
         loop = self.loop
@@ -142,6 +145,12 @@ class _AgentCollector(Collector):
         d = GaugeMetricFamily("gavel_worker_draining", "1 while the node declines all work")
         d.add_metric([], 1 if s.draining else 0)
         yield d
+        cg = GaugeMetricFamily("gavel_worker_cgroups",
+                               "1 for the cgroup hierarchy enforcing each instance's cpu and "
+                               "memory (version v1, v2; none: reservations are bookkeeping "
+                               "only)", labels=["version"])
+        cg.add_metric([s.cgroups], 1)
+        yield cg
         bad = CounterMetricFamily("gavel_worker_messages_malformed",
                                   "Undecodable messages, by endpoint", labels=["endpoint"])
         for k, n in sorted(s.malformed.items()):

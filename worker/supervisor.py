@@ -7,13 +7,18 @@ convergence cannot both start it. Every instance ends exactly once, through `end
 reports how it ended and then persists (a crash in between repeats the report after a
 restart rather than losing it) — except a fenced one: the broker moved it away, so its end
 is logged, not reported, and the attempt is not remembered as run (if the broker places it
-here again, convergence may start it again). Ports are checked before the process starts
-(`worker.ports`); ``provisioning`` and ``running`` carry the real ports and the ones found
-taken. Secret values go to the child's environment only: never into a log line, never into
-``agent.json``.
+here again, convergence may start it again). An instance stopped because the worker shuts
+down is reported but not remembered as run either: if no broker heard the report, its
+node.json still lists it, and the next worker on this node starts that attempt again. Ports
+are checked before the process starts (`worker.ports`); ``provisioning`` and ``running``
+carry the real ports and the ones found taken. Secret values go to the child's environment
+only: never into a log line, never into ``agent.json``. With a cgroup hierarchy
+(`worker.cgroups`) each instance has a cgroup of its own, limited to its award, that every
+run of its process enters; the cgroup goes once the instance has ended (never between
+restarts in place), and a process left running for the next worker keeps it.
 
-What happens between an instance's start and its end (restarts in place, health checks) is
-its `worker.instance.Life`.
+What happens between an instance's start and its end (restarts in place, health checks, a
+process the kernel killed for its memory) is its `worker.instance.Life`.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ from gavel.shared.messages import Award, Capacity, EventType, InstanceReport, In
 from gavel.shared.reasons import Reason
 from gavel.shared.records import Placement
 from gavel.shared.timing import Timing
+from gavel.worker.cgroups import Hierarchy, release
 from gavel.worker.driver import Process, terminate
 from gavel.worker.instance import Begin, Held, Life, Report, Secrets
 from gavel.worker.localstate import FINISHED_KEPT, AgentFile, LocalInstance, load, save
@@ -55,7 +61,8 @@ class Supervisor:
                  port_range: tuple[int, int], report: Report,
                  on_change: Callable[[], None],
                  reserved: Callable[[str], Collection[int]] = lambda _iid: (),
-                 secrets: Secrets = _no_secrets) -> None:
+                 secrets: Secrets = _no_secrets,
+                 cgroups: Hierarchy | None = None) -> None:
         self.node_id = node_id
         self.state_dir = state_dir
         self.timing = timing
@@ -65,6 +72,8 @@ class Supervisor:
         #: Ports node.json gives to instances other than the one named, or blocks.
         self._reserved = reserved
         self._secrets = secrets
+        #: Where instances' cgroups live (None: resources are not enforced).
+        self.cgroups = cgroups
         self._path = state_dir / "agent.json"
         self._held: dict[str, Held] = {}
         self._finished: collections.deque[str] = collections.deque(maxlen=FINISHED_KEPT)
@@ -135,6 +144,8 @@ class Supervisor:
 
     async def _readopt(self, held: Held) -> None:
         local = held.local
+        if self.cgroups is not None:  # it keeps its cgroup; an ended one's goes in `end`
+            held.cgroup = self.cgroups.find(held.id, local.placement.spec.memory_mb)
         if local.restart_at:
             begin = Begin.BACKOFF
         else:
@@ -224,8 +235,10 @@ class Supervisor:
             task.add_done_callback(self._stoppers.discard)
 
     async def end(self, held: Held, type_: str, reason: str, detail: str,
-                  exit_code: int | None = None, *, report: bool = True) -> None:
-        """The one way an instance ends: let go of it, report how it ended, persist."""
+                  exit_code: int | None = None, *, report: bool = True,
+                  remember: bool = True) -> None:
+        """The one way an instance ends: let go of it, report how it ended, persist. An end
+        that is not `remember`-ed (the worker shut down) may run again here."""
         if held.timer is not None:
             held.timer.cancel()
         if self._held.get(held.id) is held:
@@ -234,12 +247,15 @@ class Supervisor:
         if held.prober is not None:
             held.prober.stop()
         if report:
-            self._finished.append(f"{held.id}/{held.attempt}")
+            if remember:
+                self._finished.append(f"{held.id}/{held.attempt}")
             await self.emit(held, type_, reason, detail, exit_code)
         else:  # fenced: nothing the broker would count against the instance
             log.info("fenced instance %s attempt %d ended (exit %s)", held.id, held.attempt,
                      exit_code)
         self.persist()
+        if held.cgroup is not None:  # what the process left behind in it goes too
+            await release(held.cgroup)
 
     # -- what an instance's life uses (`worker.instance.Host`) ------------------------------
 

@@ -46,6 +46,7 @@ __all__ = [
     "set_draining",
     "stop",
     "submit",
+    "unexclude",
     "unschedulable",
 ]
 
@@ -214,11 +215,14 @@ def unschedulable(view: View, decision: Unschedulable) -> bool:
     rec = view.instance(iid)
     if rec is None or rec.state not in PENDING or view.placed_on(iid) is not None:
         return False
-    if rec.state is S.UNSCHEDULABLE and rec.reason == decision.reason \
-            and rec.detail == decision.summary:
-        return False
-    new = transition(rec, PENDING, S.UNSCHEDULABLE, reason=str(decision.reason),
-                     detail=decision.summary)
+    if rec.state is S.UNSCHEDULABLE:  # still waiting: only a new reason or summary is news
+        if rec.reason == decision.reason and rec.detail == decision.summary:
+            return False
+        new: InstanceRecord | None = msgspec.structs.replace(
+            rec, reason=str(decision.reason), detail=decision.summary)
+    else:
+        new = transition(rec, PENDING, S.UNSCHEDULABLE, reason=str(decision.reason),
+                         detail=decision.summary)
     if new is None:
         return False
     view.put_instance(new)
@@ -320,6 +324,17 @@ def set_draining(view: View, node_id: str, draining: bool) -> NodeFile | None:
     return new
 
 
+def unexclude(view: View, node_id: str) -> list[str]:
+    """Take `node_id` out of every record's exclusion list (the node is back in service: the
+    drain, or the failure, that put it there no longer holds); the instances changed."""
+    changed = []
+    for iid in sorted(view.state.instances.keys() | view.change.instances.keys()):
+        rec = view.instance(iid)
+        if rec is not None and node_id in rec.excluded:
+            view.put_instance(msgspec.structs.replace(
+                rec, excluded=tuple(n for n in rec.excluded if n != node_id)))
+            changed.append(iid)
+    return changed
 def rewrite(view: View, node_ids: Sequence[str]) -> list[str]:
     """Write these nodes' node.json as the view holds them: the correction of a tree that
     listed an instance where the broker had not placed it (`broker.ledger.integrity`),

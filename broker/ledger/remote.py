@@ -16,6 +16,8 @@ Rules:
    merge took is not mirrored as they wrote it: the broker's next pass mirrors the state it
    read, which holds one placement per instance (`broker.ledger.integrity`), so a node file
    of theirs that lists an instance on a second node never reaches that node's worker.
+5. A remote on this machine whose HEAD names a branch without commits is given HEAD on the
+   pushed branch (`ledger.repository.name_head`).
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ import pygit2
 from prometheus_client import Counter
 from prometheus_client.registry import CollectorRegistry
 
+from gavel.broker.ledger.repository import name_head
 from gavel.broker.ledger.state import Change
 from gavel.shared.records import InstanceRecord, NodeFile
 from gavel.shared.redact import mask_url
@@ -220,6 +223,7 @@ class Pusher:
                 self.pushes += 1
                 self.pushed = ours
                 self._count("pushed")
+                self._name_remote_head()
                 return ours
             theirs = self._fetch(repo)
             if theirs is None or theirs == ours or repo.descendant_of(ours, theirs):
@@ -251,6 +255,17 @@ class Pusher:
         self._remote(repo).push([f"{self.ref}:{self.ref}"], callbacks=cb)
         if cb.rejected:
             raise PushError(f"the remote refused {cb.rejected}")
+
+    def _name_remote_head(self) -> None:
+        """Rule 5: a remote on this machine (a path or file:// URL) whose HEAD names a branch
+        without commits gets HEAD on ours, so ``git log`` there shows the history; a remote
+        across the network keeps the default branch its server was given."""
+        path = self.remote.removeprefix("file://")
+        if self.remote.startswith(("file://", "/", ".")) and os.path.isdir(path):
+            try:
+                name_head(pygit2.Repository(path), self.ref)
+            except pygit2.GitError as exc:
+                log.debug("left HEAD of %s alone: %s", self.url, exc)
 
     def _fetch(self, repo: pygit2.Repository) -> str | None:
         tracking = "refs/gavel/remote/" + self.ref.removeprefix("refs/heads/")

@@ -18,6 +18,7 @@ Rules:
    error past the compare-and-swap) is settled by reading the ref (`landed`).
 6. An object the tree or the history needs that is missing or does not read raises
    `Damaged`: one sentence naming the object and what to do. Nothing is guessed around it.
+7. HEAD names the active branch when it named a branch without commits (`name_head`).
 """
 
 from __future__ import annotations
@@ -51,7 +52,8 @@ from gavel.shared.records import (
 # `State`, `Change` and the encodings live in `broker.state`; they are re-exported here, where
 # most callers met them first.
 __all__ = ["Change", "Conflict", "Damaged", "Ledger", "LedgerError", "Pinned", "State",
-           "compact", "encode", "parse_stamp", "pretty", "service_problem", "stamp"]
+           "compact", "encode", "name_head", "parse_stamp", "pretty", "service_problem",
+           "stamp"]
 
 _SHA = re.compile(r"^[0-9a-f]{7,40}$")
 _OID = re.compile(r"[0-9a-f]{40}")
@@ -125,6 +127,20 @@ def damaged(path: Path, exc: BaseException) -> Damaged:
     return Damaged(f"object {oid} in the state repository {path} {why}: restore state.git "
                    f"from the push remote, or run `git fsck --full` in {path} to see what is "
                    "damaged")
+def name_head(repo: pygit2.Repository, ref: str) -> None:
+    """Rule 7: a HEAD that names a branch with no commits (``git init``'s default, or the
+    ``main`` this module creates) is pointed at the active branch `ref`, so plain ``git log``
+    shows the deployment's history. A HEAD on a branch that exists is the owner's choice and
+    stays; a pinned ref (a tag, a commit) changes nothing."""
+    if not ref.startswith("refs/heads/"):
+        return
+    try:
+        head = repo.references.get("HEAD")
+        target = head.target if head is not None else None
+        if isinstance(target, str) and target != ref and target not in repo.references:
+            repo.set_head(ref)
+    except (pygit2.GitError, OSError, ValueError) as exc:  # a read-only or odd repository
+        log.debug("left HEAD of %s alone: %s", repo.path, exc)
 
 
 class Ledger:
@@ -147,6 +163,7 @@ class Ledger:
         self.ref = self._qualify(ref)
         if not _SHA.match(self.ref) and not pygit2.reference_is_valid_name(self.ref):
             raise LedgerError(f"active ref {ref!r} is not a valid git ref name")
+        name_head(self.repo, self.ref)
         self._state = State()
         self._lock = threading.RLock()
         self._landed: str | None = None  # our commit, written but not yet adopted

@@ -15,8 +15,8 @@ Rules:
    State then holds the broker's placements, and each `Dispute` says which node files the
    correction rewrites.
 5. A service's intent is ``services/<name>.json`` (`ServiceRecord`); its replicas are ordinary
-   instance records naming it (`InstanceRecord.service`), indexed by service so a service's
-   keeper reads its own replicas, never every instance.
+   instance records naming it (`InstanceRecord.service`), indexed by service so what reads
+   one service's replicas (its keeper, the spread of its awards) never walks every instance.
 """
 
 from __future__ import annotations
@@ -169,7 +169,9 @@ class State:
     #: set in the order they were recorded.
     keys: dict[str, dict[str, None]] = field(default_factory=dict)
     #: Services by name (rule 5), and the ids of every replica record naming each (live or
-    #: ended: an ordered set, in the order they were read or written).
+    #: ended: an ordered set, in the order they were read or written). A record rewritten to
+    #: name another service moves to its list (`put_instance`); readers still check
+    #: `InstanceRecord.service` (`replicas_of`).
     services: dict[str, ServiceRecord] = field(default_factory=dict)
     replicas: dict[str, dict[str, None]] = field(default_factory=dict)
 
@@ -251,7 +253,22 @@ class State:
 
     def replicas_of(self, name: str) -> list[InstanceRecord]:
         """Every replica record of the service `name` (live or ended)."""
-        return [self.instances[iid] for iid in self.replicas.get(name, ())]
+        out = []
+        for iid in self.replicas.get(name, ()):
+            rec = self.instances.get(iid)
+            if rec is not None and rec.service == name:
+                out.append(rec)
+        return out
+
+    def held_by(self, name: str) -> dict[str, int]:
+        """How many live replicas of the service `name` each node's node.json holds."""
+        out: dict[str, int] = {}
+        where = self.where
+        for rec in self.replicas_of(name):
+            node = where.get(rec.instance_id)
+            if node is not None and not rec.state.terminal:
+                out[node] = out.get(node, 0) + 1
+        return out
 
     def put_service(self, name: str, rec: ServiceRecord | None) -> None:
         if rec is None:

@@ -323,7 +323,8 @@ async def test_a_refused_broker_says_why_and_still_stops(authed: Authed) -> None
         await wait_for(lambda: "refused a broker without credentials" in log.read_text(), 15,
                        what="the broker to name the refusal")
         proc.send_signal(signal.SIGTERM)  # it never connected; it must not hang
-        assert await asyncio.to_thread(proc.wait, 15) == 0
+        # 0: stopped by the signal; 1: it gave up on the refusal first (`daemons.Refusals`)
+        assert await asyncio.to_thread(proc.wait, 15) in (0, 1)
         assert "Traceback" not in log.read_text()
     finally:
         if proc.poll() is None:

@@ -80,8 +80,9 @@ failures = 100
     assert table.returncode == 0, table.stderr
     head, row = table.stdout.splitlines()
     assert head.split() == ["INSTANCE", "STATE", "HEALTH", "NODE", "ATTEMPT", "RESTARTS",
-                            "REASON"]
-    assert row.split() == ["web-1", "running", "checking", "node-a", "1", "0"]
+                            "PORTS", "REASON"]
+    port = f"web={(await cluster.status('web-1')).ports['web']}"
+    assert row.split() == ["web-1", "running", "checking", "node-a", "1", "0", port]
     assert not waiting.done()  # --wait waits for healthy, not merely placed or running
 
     gate.touch()  # the server starts listening: the check passes
@@ -95,14 +96,14 @@ failures = 100
 
     table = await gavel("status", "web-1", "--nats", url)
     assert table.stdout.splitlines()[1].split() == ["web-1", "running", "healthy", "node-a",
-                                                    "1", "0"]
+                                                    "1", "0", port]
     (st,) = json.loads((await gavel("status", "web-1", "--json", "--nats", url)).stdout)
     assert (st["health"], st["check"], st["restarts"]) == ("healthy", "", 0)
     why = await gavel("why", "web-1", "--nats", url)
     assert why.stdout.splitlines()[0] == "web-1: running on node-a, healthy"
     again = await gavel("submit", str(spec), "--wait", "--timeout", "60", "--nats", url)
     assert again.returncode == 0, again.stderr
-    assert again.stdout.strip().endswith("healthy on node-a")
+    assert " healthy on node-a (ports web=" in again.stdout.strip()
 
 
 def _health(cluster: Cluster, iid: str) -> tuple[str, str]:

@@ -309,13 +309,13 @@ def test_a_missing_spec_file_and_a_bad_instance_id_exit_2(tmp_path: Path) -> Non
         assert line.startswith(f"gavel submit: --id {bad!r}: expected letters, digits"), line
 
 
-def test_an_unreachable_broker_is_one_sentence_and_exit_1(tmp_path: Path) -> None:
+def test_a_nats_where_nothing_answers_is_one_sentence_and_exit_2(tmp_path: Path) -> None:
     spec = tmp_path / "ok.toml"
     spec.write_text('name = "x"\ncommand = ["true"]\n')
     proc = gavel("submit", str(spec), "--nats", "nats://127.0.0.1:9")
-    line = refused(proc, 1)
+    line = refused(proc, 2)
     assert proc.stderr.strip() == line
-    assert line.startswith("gavel submit: cannot connect to NATS at nats://127.0.0.1:9")
+    assert line.startswith("gavel submit: nothing answers at nats://127.0.0.1:9: ")
 
 
 WORKER_FLAGS = [

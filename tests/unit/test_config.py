@@ -107,6 +107,20 @@ def test_bad_environment_value_names_the_variable() -> None:
         worker(["--node-id", "n"], env={"GAVEL_METRICS_PORT": "abc"})
 
 
+def test_cgroups_settings_come_from_file_env_and_flags(tmp_path: Path) -> None:
+    cfg = worker(["--node-id", "n"])
+    assert (cfg.cgroups, cfg.cgroup_cpu) == ("auto", "weight")  # enforce what the host has
+    file = write(tmp_path, 'node_id = "n"\ncgroups = "v1"\ncgroup_cpu = "quota"\n')
+    assert (worker([], file).cgroups, worker([], file).cgroup_cpu) == ("v1", "quota")
+    assert worker([], file, {"GAVEL_CGROUPS": "off"}).cgroups == "off"
+    assert worker(["--cgroups", "v2"], file, {"GAVEL_CGROUPS": "off"}).cgroups == "v2"
+    with pytest.raises(ConfigError, match=r"config file .*: field `cgroups` invalid enum "
+                       r"value 'v3'"):
+        worker([], write(tmp_path, 'node_id = "n"\ncgroups = "v3"\n', "bad.toml"))
+    with pytest.raises(ConfigError, match="environment variable GAVEL_CGROUP_CPU: "):
+        worker(["--node-id", "n"], env={"GAVEL_CGROUP_CPU": "hard"})
+
+
 def test_broker_requires_state(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="field `state` is required"):
         load(BrokerConfig, BROKER_OPTIONS, file=None, env={})

@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from gavel.cli.specfile import SpecError, load_spec
 from gavel.shared import api
 from gavel.shared.award import NodeBid, NodeDecline
+from gavel.shared.logstream import LogChunk, LogsDone, LogsRequest
 from gavel.shared.messages import (
     RFB,
     ApiError,
@@ -89,6 +90,11 @@ WIRE: dict[Any, list[msgspec.Struct]] = {
                   ports={"http": 20000}, attempt=1, commit="abc", secret_env={"S": "x"})],
     Cancel: [Cancel(instance_id="web-1", node_id="n1")],
     Award | ApiError: [ApiError(error="no")],
+    LogsRequest: [LogsRequest(node_id="n1", instance_id="web-1", streams=["stdout", "stderr"],
+                              tail=10, since=1.5, follow=True, cursor={"stdout": 7})],
+    LogChunk | LogsDone | ApiError: [
+        LogChunk(instance_id="web-1", stream="stderr", data=b"x\n", end=2),
+        LogsDone(instance_id="web-1", cursor={"stdout": 2}, more=True, skipped=3)],
 }
 #: The API: each verb's request, and each reply as the CLI decodes it (reply | ApiError).
 API_REQUESTS: dict[Any, list[msgspec.Struct]] = {

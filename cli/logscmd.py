@@ -1,0 +1,151 @@
+"""`gavel logs ID`: an instance's output, read from its node (`transport.logclient`).
+
+Rules:
+1. Where to ask comes from the status API: the instance's node; for a name that is no
+   instance, every instance whose ``service`` is that name (each line then prefixed with its
+   instance id); ``--node`` asks one node directly (an ended instance whose record left the
+   state tree keeps its logs on the node until the node's retention removes them).
+2. One stream is written to stdout as the instance wrote it; with ``--all`` the instance's
+   stdout goes to stdout and its stderr to stderr. ``--json`` writes one object per line
+   instead: instance, stream, line.
+3. ``--follow`` ends when every instance asked has ended (exit 0), or at Ctrl-C (exit 0).
+   A node that does not answer is one sentence naming it (exit 1).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import signal
+import sys
+import time
+from typing import Any, BinaryIO
+
+from gavel.cli.parsers import duration, whole
+from gavel.shared.api import InstanceStatus, StatusReply, StatusRequest
+from gavel.shared.logstream import LogChunk, LogsDone, LogsRequest
+from gavel.shared.reasons import Reason
+from gavel.transport.client import BrokerRefused, ClientError, call, connect
+from gavel.transport.logclient import read
+
+__all__ = ["add_arguments", "run"]
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("instance", help="instance id, or a service's name (every replica)")
+    p.add_argument("--follow", "-f", action="store_true",
+                   help="keep printing new output until the instance ends (or Ctrl-C)")
+    which = p.add_mutually_exclusive_group()
+    which.add_argument("--stderr", dest="streams", action="store_const", const=["stderr"],
+                       help="the instance's stderr instead of its stdout")
+    which.add_argument("--all", dest="streams", action="store_const",
+                       const=["stdout", "stderr"],
+                       help="both: its stdout to stdout, its stderr to stderr")
+    p.set_defaults(streams=["stdout"])
+    p.add_argument("--tail", type=whole, default=None, metavar="N",
+                   help="only the last N lines (of each stream)")
+    p.add_argument("--since", type=duration, default=None, metavar="DURATION",
+                   help="only output of the last DURATION (30s, 5m, 1h30m), to the second")
+    p.add_argument("--node", default="", metavar="NODE",
+                   help="ask this node directly, without the status API")
+
+
+async def _targets(nc: Any, args: argparse.Namespace) -> list[tuple[str, str]]:
+    """Rule 1: (instance, node) to ask."""
+    if args.node:
+        return [(args.instance, args.node)]
+    try:
+        reply = await call(nc, "status", StatusRequest(instance_id=args.instance), StatusReply)
+        found: list[InstanceStatus] = reply.instances
+    except BrokerRefused as exc:
+        if Reason.UNKNOWN_INSTANCE not in str(exc):
+            raise
+        everything = await call(nc, "status", StatusRequest(), StatusReply)
+        found = [i for i in everything.instances if i.service == args.instance]
+        if not found:
+            raise ClientError(f"no instance or service named {args.instance} (give --node "
+                              "NODE for an instance whose record is gone)") from None
+    placed = [(i.instance_id, i.node_id) for i in found if i.node_id]
+    if not placed:
+        i = found[0]
+        raise ClientError(f"{i.instance_id} has not run on a node yet ({i.state}): it has "
+                          "no output")
+    return placed
+
+
+class _Printer:
+    """Rule 2: where each chunk goes, whole lines only when lines are prefixed."""
+
+    def __init__(self, args: argparse.Namespace, prefixed: bool) -> None:
+        self.json = bool(args.json)
+        self.prefixed = prefixed
+        self.both = len(args.streams) > 1
+        self._rest: dict[tuple[str, str], bytes] = {}
+
+    def _out(self, stream: str) -> BinaryIO:
+        return sys.stderr.buffer if self.both and stream == "stderr" else sys.stdout.buffer
+
+    def chunk(self, c: LogChunk) -> None:
+        if not (self.json or self.prefixed):
+            out = self._out(c.stream)
+            out.write(c.data)
+            out.flush()
+            return
+        key = (c.instance_id, c.stream)
+        *lines, rest = (self._rest.pop(key, b"") + c.data).split(b"\n")
+        if rest:
+            self._rest[key] = rest
+        self._write(c.instance_id, c.stream, lines)
+
+    def flush(self, instance_id: str) -> None:
+        for key in [k for k in self._rest if k[0] == instance_id]:
+            self._write(key[0], key[1], [self._rest.pop(key)])
+
+    def _write(self, iid: str, stream: str, lines: list[bytes]) -> None:
+        if not lines:
+            return
+        out = self._out(stream)
+        if self.json:
+            text = "".join(json.dumps({"instance_id": iid, "stream": stream,
+                                       "line": ln.decode(errors="replace")}) + "\n"
+                           for ln in lines)
+            sys.stdout.write(text)
+            sys.stdout.flush()
+            return
+        out.write(b"".join(b"[" + iid.encode() + b"] " + ln + b"\n" for ln in lines))
+        out.flush()
+
+
+async def run(args: argparse.Namespace) -> int:
+    nc = await connect(args.nats, args.creds)
+    try:
+        targets = await _targets(nc, args)
+        printer = _Printer(args, prefixed=len(targets) > 1)
+        since = time.time() - args.since if args.since else 0.0
+
+        async def one(iid: str, node: str) -> LogsDone:
+            req = LogsRequest(node_id=node, instance_id=iid, streams=args.streams,
+                              tail=-1 if args.tail is None else args.tail, since=since,
+                              follow=args.follow)
+            try:
+                return await read(nc, req, printer.chunk)
+            finally:
+                printer.flush(iid)
+
+        work = asyncio.gather(*(one(iid, node) for iid, node in targets))
+        if args.follow:  # rule 3: Ctrl-C ends a follow quietly
+            loop = asyncio.get_running_loop()
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                loop.add_signal_handler(sig, work.cancel)
+        try:
+            dones = await work
+        except asyncio.CancelledError:
+            return 0
+        lost = sum(d.skipped for d in dones)
+        if lost:
+            print(f"gavel logs: {lost} bytes were rotated away before they could be read",
+                  file=sys.stderr)
+        return 0
+    finally:
+        await nc.close()

@@ -1,0 +1,83 @@
+"""A daemon whose credential NATS refuses, or whose credential is another's, says so in one
+error line and exits 1 on its own - after `daemons.AUTH_TRIES` refusals in a row, or at once
+for a credential that is not its own - instead of retrying, and warning, for ever. Real
+`gavel worker` / `gavel broker` processes against a nats-server run with `gavel auth init`'s
+config."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from gavel.transport import identity
+from gavel.transport.natsserver import NatsServer
+from tests.integration.harness import gavel_process
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[tuple[NatsServer, identity.Identities]]:
+    ids = identity.init(tmp_path / "cluster", ["node-a", "node-b"])
+    s = NatsServer(store_dir=tmp_path / "js", config=ids.config, log=tmp_path / "nats.log")
+    s.start()
+    try:
+        yield s, ids
+    finally:
+        s.stop()
+
+
+async def exits(args: list[str], log: Path) -> tuple[int, list[str]]:
+    """Run `gavel ARGS` until it exits by itself; its status and its ERROR lines."""
+    proc = gavel_process(args, log)
+    try:
+        code = await asyncio.to_thread(proc.wait, 60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        raise AssertionError(f"gavel {args[0]} did not give up: {log.read_text()[-2000:]}") \
+            from None
+    text = log.read_text()
+    assert "Traceback" not in text, text
+    return code, [line for line in text.splitlines() if " ERROR " in line]
+
+
+async def test_a_worker_with_a_refused_credential_gives_up(
+        server: tuple[NatsServer, identity.Identities], tmp_path: Path) -> None:
+    s, _ = server
+    stranger = identity.init(tmp_path / "elsewhere", ["node-a"]).nodes["node-a"]
+    code, errors = await exits(["worker", "--node-id", "node-a", "--nats", s.url, "--creds",
+                                str(stranger), "--state", str(tmp_path / "w")],
+                               tmp_path / "worker.log")
+    assert code == 1
+    assert errors[-1].endswith(f"NATS at {s.url} refused the credentials in {stranger} 5 "
+                               "times in a row; stopping")
+    assert len(errors) == 2  # the first refusal ("retrying"), and giving up
+
+
+async def test_a_worker_with_another_nodes_credential_stops_at_once(
+        server: tuple[NatsServer, identity.Identities], tmp_path: Path) -> None:
+    s, ids = server
+    code, errors = await exits(["worker", "--node-id", "node-a", "--nats", s.url, "--creds",
+                                str(ids.nodes["node-b"]), "--state", str(tmp_path / "w")],
+                               tmp_path / "worker.log")
+    assert code == 1 and len(errors) == 1
+    assert f"the credentials in {ids.nodes['node-b']} are not node node-a's: NATS refused " \
+        in errors[0]
+
+
+async def test_a_broker_with_a_refused_or_foreign_credential_gives_up(
+        server: tuple[NatsServer, identity.Identities], tmp_path: Path) -> None:
+    s, ids = server
+    stranger = identity.init(tmp_path / "elsewhere", []).broker
+    code, errors = await exits(["broker", "--state", str(tmp_path / "b1"), "--nats", s.url,
+                                "--creds", str(stranger)], tmp_path / "broker1.log")
+    assert code == 1 and errors[-1].endswith("5 times in a row; stopping")
+    code, errors = await exits(["broker", "--state", str(tmp_path / "b2"), "--nats", s.url,
+                                "--creds", str(ids.operator)], tmp_path / "broker2.log")
+    assert code == 1 and len(errors) == 1
+    assert f"the credentials in {ids.operator} are not the broker's" in errors[0]

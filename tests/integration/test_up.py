@@ -1,0 +1,198 @@
+"""`gavel up` as a new user runs it: the real command as a child process, and its children.
+
+What must hold: a `--nats-port` another server holds is refused in one sentence (never
+joining that other cluster); a broker that exits (its `--metrics-port` taken) or a child that
+dies later stops everything `gavel up` started, exit 1 naming the child and what it said;
+and Ctrl-C then `gavel up` again on the same state brings running work back on its node at
+the same attempt - no re-placement, no cancel claimed in a worker's log, no rejected message
+counted, the metrics saying running.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from gavel.transport.natsserver import NatsServer, free_port
+from tests.integration.harness import wait_for
+
+pytestmark = pytest.mark.integration
+SLEEPER = f'command = ["{sys.executable}", "-c", "import time; time.sleep(600)"]\n'
+
+
+def leftovers(state: Path) -> list[str]:
+    """Processes still running whose command line names `state` (gavel up's children)."""
+    out = []
+    for p in psutil.process_iter(["cmdline"]):
+        cmd = " ".join(p.info["cmdline"] or [])
+        if str(state) in cmd:
+            out.append(f"{p.pid}: {cmd}")
+    return out
+
+
+class Up:
+    """One `gavel up` child process and what it printed."""
+
+    def __init__(self, state: Path, *flags: str) -> None:
+        self.state = state
+        self.out = state.parent / f"{state.name}-up.out"
+        with open(self.out, "wb") as out:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "gavel", "up", "--state", str(state), *flags],
+                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        self.url = ""
+
+    def text(self) -> str:
+        return self.out.read_text()
+
+    async def ready(self) -> str:
+        def printed() -> bool:
+            assert self.proc.poll() is None, self.text()
+            return "try: " in self.text()
+        await wait_for(printed, 60, every=0.1, what="gavel up to say it is up")
+        m = re.search(r"GAVEL_NATS_URL=(\S+)", self.text())
+        assert m is not None, self.text()
+        self.url = m.group(1)
+        return self.url
+
+    async def exit(self, sig: signal.Signals | None = None) -> int:
+        if sig is not None:
+            self.proc.send_signal(sig)
+        return await asyncio.to_thread(self.proc.wait, 60)
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+    async def gavel(self, *args: str) -> subprocess.CompletedProcess[str]:
+        env = {**os.environ, "GAVEL_NATS_URL": self.url,
+               "GAVEL_CREDS": str(self.state / "auth" / "operator.nk")}
+        return await asyncio.to_thread(
+            subprocess.run, [sys.executable, "-m", "gavel", *args], capture_output=True,
+            text=True, timeout=60, env=env)
+
+    async def status(self, iid: str) -> dict[str, Any]:
+        proc = await self.gavel("status", iid, "--json")
+        assert proc.returncode == 0, proc.stderr
+        got: list[dict[str, Any]] = json.loads(proc.stdout)
+        return got[0]
+
+
+@pytest.fixture
+def ups() -> Iterator[list[Up]]:
+    started: list[Up] = []
+    yield started
+    for up in started:
+        up.kill()
+
+
+async def test_a_taken_nats_port_is_refused_in_one_sentence(
+        nats_server: NatsServer, tmp_path: Path, ups: list[Up]) -> None:
+    state = tmp_path / "s"
+    up = Up(state, "--workers", "1", "--nats-port", str(nats_server.port))
+    ups.append(up)
+    assert await up.exit() == 2
+    assert up.text().strip() == (f"gavel up: --nats-port {nats_server.port} is taken by "
+                                 "another process; choose another, or leave it out for a "
+                                 "free one.")
+    assert leftovers(state) == []
+    assert not (state / "logs" / "broker.log").exists()  # no broker joined the other server
+
+
+async def test_a_broker_that_exits_stops_the_cluster_in_one_sentence(
+        tmp_path: Path, ups: list[Up]) -> None:
+    state = tmp_path / "s"
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        up = Up(state, "--workers", "1", "--metrics-port", str(port))
+        ups.append(up)
+        assert await up.exit() == 1
+    line = up.text().strip()
+    assert line.startswith("gavel up: the broker exited with status 2 (gavel broker: cannot "
+                           f"serve metrics on 127.0.0.1:{port}: "), line
+    assert line.endswith(f"its log is {state / 'logs' / 'broker.log'}")
+    assert "\n" not in line
+    assert leftovers(state) == []
+
+
+def scrape(port: int) -> dict[str, dict[tuple[tuple[str, str], ...], float]]:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
+        text = resp.read().decode()
+    out: dict[str, dict[tuple[tuple[str, str], ...], float]] = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            out.setdefault(s.name, {})[tuple(sorted(s.labels.items()))] = s.value
+    return out
+
+
+async def test_ctrl_c_and_up_again_brings_running_work_back(
+        tmp_path: Path, ups: list[Up]) -> None:
+    state, metrics = tmp_path / "s", free_port()
+    spec = tmp_path / "sleepy.toml"
+    spec.write_text(f'name = "sleepy"\n{SLEEPER}cpu = 0.5\nports = ["http"]\n')
+    first = Up(state, "--workers", "2", "--metrics-port", str(metrics))
+    ups.append(first)
+    await first.ready()
+    proc = await first.gavel("submit", str(spec), "--id", "sleepy-1", "--wait")
+    assert proc.returncode == 0, proc.stderr
+
+    async def running(up: Up) -> bool:
+        return (await up.status("sleepy-1"))["state"] == "running"
+    await wait_for(lambda: running(first), 30, what="the instance to run")
+    before = await first.status("sleepy-1")
+    node = before["node_id"]
+    pid = json.loads((state / "workers" / node / "agent.json").read_text()
+                     )["instances"]["sleepy-1"]["pid"]
+
+    assert await first.exit(signal.SIGINT) == 0  # Ctrl-C
+    assert leftovers(state) == []
+    assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    history = subprocess.run(["git", "--git-dir", str(state / "state.git"), "log",
+                              "--format=%s"], capture_output=True, text=True, check=True)
+
+    again = Up(state, "--workers", "2", "--metrics-port", str(metrics))
+    ups.append(again)
+    await again.ready()
+    await wait_for(lambda: running(again), 30, what="the instance to run again")
+    after = await again.status("sleepy-1")
+    assert (after["node_id"], after["attempt"]) == (node, before["attempt"]) == (node, 1)
+    assert after["ports"] == before["ports"]
+    now = subprocess.run(["git", "--git-dir", str(state / "state.git"), "log",
+                          "--format=%s"], capture_output=True, text=True, check=True)
+    assert now.stdout == history.stdout  # nothing was re-placed, requeued or ended
+    for log in (state / "logs").glob("node-*.log"):
+        assert "cancelled by operator" not in log.read_text(), log.read_text()
+    got = scrape(metrics)
+    assert got["gavel_instances"] == {(("state", "running"),): 1.0}
+    assert {k: v for k, v in got.get("gavel_messages_rejected_total", {}).items() if v} == {}
+
+    # A child that dies while the cluster runs stops the whole of it, in one sentence.
+    worker = next(p for p in psutil.process_iter(["cmdline"])
+                  if "worker" in (p.info["cmdline"] or []) and
+                  str(state / "workers" / "node-2") in " ".join(p.info["cmdline"] or []))
+    worker.kill()
+    assert await again.exit() == 1
+    assert again.text().strip().splitlines()[-1].startswith(
+        "gavel up: the worker node-2 exited with status -9")
+    assert leftovers(state) == []
