@@ -17,6 +17,11 @@ rule's winner over all bids of the shape.
 Rule 3: labels are checked before anything else and a node's labels never change, so a shape
 asking for a label the node lacks gets the same missing-label decline in every state: it is
 asked once per (strategy, labels) and never priced again.
+Rule 4: after labels, `shared.feasibility.check` declines a draining node, then the first of
+cpu, memory, ports that does not fit, with a detail that names only the request. So a shape
+that does not fit a state gets a decline fixed by (shape, which check failed): a new state
+finds those shapes with one array comparison (the same float arithmetic as `shortfall`),
+asks `answer` once per (shape, failed check) ever, and prices only the shapes that fit.
 """
 
 from __future__ import annotations
@@ -42,6 +47,13 @@ _CODES = {r: i for i, r in enumerate(REASONS)}
 
 #: states the memo holds before it starts again (rule 1)
 MEMO_LIMIT = 150_000
+
+#: `shared.feasibility`'s cpu rounding allowance, which rule 4 must apply the same way
+_EPS = 1e-9
+# which check refused a shape (rule 4)
+_DRAINING, _CPU, _MEMORY, _PORTS = range(4)
+_REFUSED = {_DRAINING: Reason.DRAINING, _CPU: Reason.NO_ROOM_CPU,
+            _MEMORY: Reason.NO_ROOM_MEMORY, _PORTS: Reason.NO_ROOM_PORTS}
 
 Answer = Bid | Decline
 StateKey = tuple[object, ...]
@@ -167,6 +179,10 @@ class Books:
         self.memo: dict[StateKey, _State] = {}
         self._declines: dict[tuple[object, ...], Decline] = {}
         self._fixed: dict[tuple[object, ...], dict[int, Answer]] = {}
+        self._refused: dict[tuple[int, int], Decline] = {}
+        self._cpu = np.array([r.cpu for r in self.requests], dtype=np.float64)
+        self._mem = np.array([r.memory_mb for r in self.requests], dtype=np.int64)
+        self._ports = np.array([r.ports for r in self.requests], dtype=np.int64)
         self.books = [BidBook(r, self, k) for k, r in enumerate(self.requests)]
         #: states priced (memo misses) and node changes looked up, for the speed report
         self.priced = 0
@@ -199,15 +215,41 @@ class Books:
     def _price(self, strategy: Strategy, view: NodeView) -> _State:
         self.priced += 1
         fixed = self._unlabelled(strategy, view)
+        refused = self._refusals(view)
         answers: list[Answer] = []
         for k, request in enumerate(self.requests):
             ans = fixed.get(k)
             if ans is None:
-                ans = answer(strategy, request, view)
-                if isinstance(ans, Decline):  # equal declines share one object (memory)
-                    ans = self._declines.setdefault(msgspec.structs.astuple(ans), ans)
+                failed = refused[k]
+                if failed >= 0:
+                    ans = self._refusal(strategy, k, int(failed), view)
+                else:
+                    ans = answer(strategy, request, view)
+                    if isinstance(ans, Decline):  # equal declines share one object (memory)
+                        ans = self._declines.setdefault(msgspec.structs.astuple(ans), ans)
             answers.append(ans)
         return _State(tuple(answers))
+
+    def _refusals(self, view: NodeView) -> npt.NDArray[np.int8]:
+        """Rule 4: per shape, the check it fails in `view`, labels aside (-1: none)."""
+        failed = np.full(len(self.requests), -1, dtype=np.int8)
+        if view.draining:
+            failed[:] = _DRAINING
+            return failed
+        free = view.capacity - view.committed
+        failed[self._ports > free.ports] = _PORTS
+        failed[self._mem > free.memory_mb] = _MEMORY
+        failed[self._cpu > free.cpu + _EPS] = _CPU
+        return failed
+
+    def _refusal(self, strategy: Strategy, k: int, failed: int, view: NodeView) -> Decline:
+        """Rule 4: the one decline shape `k` gets wherever check `failed` refuses it."""
+        ans = self._refused.get((k, failed))
+        if ans is None:
+            got = answer(strategy, self.requests[k], view)
+            assert isinstance(got, Decline) and got.reason == _REFUSED[failed], got
+            ans = self._refused[(k, failed)] = got
+        return ans
 
     def _unlabelled(self, strategy: Strategy, view: NodeView) -> dict[int, Answer]:
         """Rule 3: the shapes whose labels the node lacks, and their (fixed) answers."""
