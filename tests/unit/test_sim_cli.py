@@ -245,3 +245,23 @@ def test_a_run_stopped_after_the_first_policy_keeps_its_results(tmp_path: Path) 
     assert len(result["policies"][0]["intervals"]["util_cv"]["values"]) == 8
     assert "gavel:mixed" in (out / "report.md").read_text()
     assert not list(out.glob(".*.part"))
+
+
+def test_the_heterogeneous_scenarios_are_labelled_multi_class_and_a_tenth_apart() -> None:
+    from gavel.sim.workload import Catalogue
+
+    big = load_scenario(SCENARIOS / "heterogeneous.toml")
+    small = load_scenario(SCENARIOS / "heterogeneous-1k.toml")
+    for s in (big, small):
+        shapes = Catalogue(s.workload.classes).shapes
+        assert len(shapes) >= 30
+        assert {label for shape in shapes for label, _ in shape.labels} == {"gpu", "zone"}
+        assert {g.labels.get("zone") for g in s.nodes} == {"a", "b", "c"}
+        assert {g.cpu for g in s.nodes} == {8.0, 16.0, 32.0}
+        assert [c.name for c in s.workload.classes] == [
+            "service", "batch", "big", "gpu", "pinned-a", "pinned-b", "pinned-c"]
+        assert [(e.strategy, e.share) for e in s.gavel[0].mix] == [
+            ("least-loaded", 0.4), ("binpack", 0.3), ("spread", 0.2), ("headroom", 0.1)]
+    assert (big.initial_nodes(), small.initial_nodes()) == (10_000, 1_000)
+    assert (big.workload.max_arrivals, small.workload.max_arrivals) == (1_000_000, 100_000)
+    assert big.workload.rate == pytest.approx(10 * small.workload.rate)
