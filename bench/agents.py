@@ -75,9 +75,12 @@ class BenchAgent:
         self.replies = 0
         self.seq = 0
 
-    def bids(self, data: bytes) -> bytes:
-        """An RFB in, the node's bid reply out."""
+    def bids(self, data: bytes) -> bytes | None:
+        """An RFB in, the node's bid reply out (None for a new leadership's hello: an RFB
+        of no shapes asks for a heartbeat, which the agent sends on its own clock anyway)."""
         rfb = _rfb_dec.decode(data)
+        if not rfb.shapes:
+            return None
         view, strategy = self.view, self.strategy
         reply = BidReply(auction_id=rfb.auction_id, node_id=self.node_id,
                          answers=[answer(strategy, s, view, i) for i, s in enumerate(rfb.shapes)])
@@ -148,7 +151,9 @@ class LiteLink:
 
     def _on_rfb(self, data: bytes) -> None:
         assert self.client is not None
-        self.client.publish(self.agent.bids_subject, self.agent.bids(data))
+        reply = self.agent.bids(data)
+        if reply is not None:
+            self.client.publish(self.agent.bids_subject, reply)
 
     def _on_award(self, data: bytes) -> None:
         assert self.client is not None
@@ -198,7 +203,9 @@ class NatsPyLink:
         await wire.subscribed(self.nc)  # the broker's first RFB must not pass it by
 
     async def _on_rfb(self, msg: Any) -> None:
-        await self.nc.publish(self.agent.bids_subject, self.agent.bids(msg.data))
+        reply = self.agent.bids(msg.data)
+        if reply is not None:
+            await self.nc.publish(self.agent.bids_subject, reply)
 
     async def _on_award(self, msg: Any) -> None:
         taken = self.agent.take(msg.data)

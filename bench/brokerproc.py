@@ -1,6 +1,8 @@
 """The broker as `gavel bench` runs it: a child process, so its CPU and RSS are its own.
 
-``python -m gavel.bench.brokerproc --url URL --state DIR [--sample-d D] [--batch-max B]``.
+``python -m gavel.bench.brokerproc --url URL --state DIR [--sample-d D] [--batch-max B]``;
+with ``--ha-remote GIT_DIR`` it is one leader of `broker.ha` (a lease on the one server, R1)
+pushing every commit to that bare repository before it tells anybody.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import signal
 import sys
 from pathlib import Path
 
+from gavel.broker.ha import HaBroker, HaSettings
 from gavel.broker.service import Broker, tune_gc
 from gavel.shared.timing import Timing
 from gavel.transport import eventloop
@@ -28,15 +31,22 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch-wait-ms", type=float, default=0.0)
     p.add_argument("--commit-gap-ms", type=float, default=0.0)
     p.add_argument("--ended-max", type=int, default=100_000)
+    p.add_argument("--ha-remote", type=Path, default=None)
     args = p.parse_args(argv)
     logging.basicConfig(level=os.environ.get("GAVEL_LOG_LEVEL", "WARNING"))
 
     async def run() -> None:
-        broker = Broker(nats_url=args.url, state_dir=args.state,
-                        timing=Timing.from_env(os.environ), batch_max=args.batch_max,
-                        sample_d=args.sample_d, max_auctions=args.max_auctions,
-                        batch_wait_s=args.batch_wait_ms / 1000,
-                        commit_gap_s=args.commit_gap_ms / 1000, ended_max=args.ended_max)
+        options = {"timing": Timing.from_env(os.environ), "batch_max": args.batch_max,
+                   "sample_d": args.sample_d, "max_auctions": args.max_auctions,
+                   "batch_wait_s": args.batch_wait_ms / 1000,
+                   "commit_gap_s": args.commit_gap_ms / 1000, "ended_max": args.ended_max}
+        broker: Broker | HaBroker
+        if args.ha_remote is not None:
+            broker = HaBroker(nats_url=args.url, state_dir=args.state, broker_id="bench",
+                              settings=HaSettings(remote=str(args.ha_remote), replicas=1),
+                              **options)
+        else:
+            broker = Broker(nats_url=args.url, state_dir=args.state, **options)
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, broker.stop)

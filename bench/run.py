@@ -11,6 +11,12 @@ Rules:
 3. The bench checks what it asked for: each submission's reply names exactly the ids the
    bench asked for, and the verification compares the tree with those ids
    (`bench.verify`, rules 3 and 4).
+4. With `ha` the broker leads as one of several would (`broker.ha`): its lease on the one
+   server, every commit pushed to a bare repository under the run's directory before its
+   awards go out. The placements are counted as without it (committed), `push_lag_ms` is
+   how long after the last one the remote held them all, `durable_per_s` counts up to then
+   (without HA a commit is durable where it lands: the same as `placements_per_s`), and the
+   verification reads the remote.
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+import pygit2
 
 from gavel.bench.ceilings import git_cli_commits_per_s, nats_reqreply_per_s
 from gavel.bench.idle import IdleWorkerFailed, idle_worker
@@ -75,6 +82,8 @@ class Options:
     idle_s: float = 10.0
     progress: bool = True
     state: Path | None = None
+    #: Rule 4.
+    ha: bool = False
 
 
 @dataclass
@@ -123,6 +132,10 @@ class Result:
     #: Messages the broker refused during the run, by kind (a healthy run has none: a late
     #: bid or a bid the broker cannot accept shows here before it shows in the latencies).
     rejected: dict[str, int] = field(default_factory=dict)
+    #: Rule 4: whether the broker led as with HA, and how long the remote lagged at the end.
+    ha: bool = False
+    push_lag_ms: float = 0.0
+    durable_per_s: float = 0.0
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -211,6 +224,10 @@ async def _run_in(opts: Options, root: Path) -> Result:
                        "--ended-max", str(opts.ended_max)]
         if opts.mode == "sampled":
             broker_args += ["--sample-d", str(opts.d)]
+        if opts.ha:  # rule 4
+            remote = root / "remote.git"
+            pygit2.init_repository(str(remote), bare=True, initial_head="main")
+            broker_args += ["--ha-remote", str(remote)]
         broker = _spawn("gavel.bench.brokerproc", broker_args, root / "logs" / "broker.log")
         heartbeat_s = Timing.from_env(os.environ).heartbeat_s
         procs.append(broker)
@@ -327,11 +344,12 @@ async def _drive(nc: Any, opts: Options, root: Path, broker: subprocess.Popen[by
     broker_rss = peak_rss_mb(broker.pid)
     agent_rss = sum(psutil.Process(p.pid).memory_info().rss for p in agent_procs) / 2**20
     nodes = await call(nc, "nodes", NodesRequest(), NodesReply, timeout=30)
+    lag = await _remote_lag(root, elapsed + started) if opts.ha else 0.0
     churn = None
     if opts.lifetime_s > 0:
         churn = await asyncio.to_thread(verify_churn, root, ids)
     else:
-        verify(root, ids)
+        verify(root, ids, root / "remote.git" if opts.ha else None)
     rate = opts.placements / elapsed
     agent_reply_us = 1e6 * agent_cpu / max(1, stats.bids_received - replies0)
     return Result(
@@ -355,7 +373,23 @@ async def _drive(nc: Any, opts: Options, root: Path, broker: subprocess.Popen[by
         ratio_to_git_cli=round(rate / git_cli, 1) if git_cli else 0.0, verified=True,
         lifetime_s=opts.lifetime_s, running_at_end=churn.running if churn else 0,
         ended_kept=churn.ended_kept if churn else 0, forgotten=churn.forgotten if churn else 0,
-        rejected=dict(nodes.rejected))
+        rejected=dict(nodes.rejected), ha=opts.ha, push_lag_ms=round(1000 * lag, 1),
+        durable_per_s=round(opts.placements / (elapsed + lag), 1))
+
+
+async def _remote_lag(root: Path, placed_at: float, timeout: float = 120.0) -> float:
+    """Rule 4: seconds from `placed_at` (perf_counter) until the remote's branch is the
+    broker's (each looked at every 10 ms)."""
+    ref = "refs/heads/main"
+    local, remote = pygit2.Repository(str(root / "state.git")), pygit2.Repository(
+        str(root / "remote.git"))
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        ours, theirs = local.references.get(ref), remote.references.get(ref)
+        if ours is not None and theirs is not None and ours.target == theirs.target:
+            return max(0.0, time.perf_counter() - placed_at)
+        await asyncio.sleep(0.01)
+    raise VerifyError(f"the remote did not hold the broker's branch within {timeout:g}s")
 
 
 def main_env() -> dict[str, str]:

@@ -78,9 +78,9 @@ def _only(st: State, seen: dict[str, str], ids: list[str]) -> set[str]:
     return ours
 
 
-def verify(state: Path, ids: list[str]) -> None:
-    """Rules 1 and 3."""
-    st = Ledger(state / "state.git").state()
+def verify(state: Path, ids: list[str], git_dir: Path | None = None) -> None:
+    """Rules 1 and 3 (`git_dir`: another repository than the broker's, its remote's)."""
+    st = Ledger(git_dir or state / "state.git").state()
     seen = _holders(st)
     _only(st, seen, ids)
     missing = [i for i in ids if i not in seen]

@@ -29,6 +29,9 @@ Rules:
    drops what is no request of gavel's (a JetStream delivery, flow control, a heartbeat,
    headers) and any request without a reply subject or with one outside the operators'
    inbox (``_INBOX.``): such a request is never served and never answered.
+6. Status and nodes answers name the leading broker, its epoch and since when; a broker that
+   no longer leads (`broker.ha`) answers nothing more: its client hears no answer, or no
+   responders, and asks again (a submission with its key: rule 4).
 """
 
 from __future__ import annotations
@@ -188,6 +191,8 @@ class Api:
                 self.ctx.rejects.count(f"failed {verb} request", msg.subject,
                                        _operator(msg.subject))
                 reply = ApiError(error=f"{verb} failed: {exc}")
+        if not self.ctx.leader.leading():
+            return  # rule 6: no longer the leader; the client asks again
         try:
             await self.ctx.outbox.nc.publish(answer_to, _enc.encode(reply))
         except Exception as exc:  # the connection went: the client will time out
@@ -362,9 +367,14 @@ class Api:
             rec = state.instances.get(req.instance_id)
             if rec is None:
                 return self._unknown(req.instance_id)
-            return StatusReply(instances=[self.instance_status(rec)])
+            return StatusReply(instances=[self.instance_status(rec)], **self._leader())
         recs = sorted(state.instances.values(), key=lambda r: r.instance_id)
-        return StatusReply(instances=[self.instance_status(r) for r in recs])
+        return StatusReply(instances=[self.instance_status(r) for r in recs], **self._leader())
+
+    def _leader(self) -> dict[str, Any]:
+        """Who answers (rule 6)."""
+        lead = self.ctx.leader
+        return {"leader": lead.broker_id, "epoch": lead.epoch, "leader_since": lead.since}
 
     async def nodes(self, req: NodesRequest) -> Message:
         now = self.ctx.now()
@@ -384,7 +394,7 @@ class Api:
                                   instances=len(nf.instances) if nf else 0,
                                   last_seen_s=round(now - self.ctx.liveness.last_seen[node_id],
                                                     3), advertise=hb.advertise))
-        return NodesReply(nodes=out, rejected=dict(self.ctx.rejects.counts))
+        return NodesReply(nodes=out, rejected=dict(self.ctx.rejects.counts), **self._leader())
 
     def _node(self, node_id: str) -> Message:
         """One node in detail: its status, what runs there, its ports and recent declines."""
@@ -414,7 +424,7 @@ class Api:
                             port_range=list(hb.port_range) if hb else [],
                             blocked_ports=list(nf.blocked_ports) if nf else [],
                             declines=declines, drain_deadline=self._drain_deadline(node_id))
-        return NodesReply(nodes=[status], detail=detail)
+        return NodesReply(nodes=[status], detail=detail, **self._leader())
 
     async def why(self, req: WhyRequest) -> Message:
         rec = self.ctx.ledger.state().instances.get(req.instance_id)

@@ -12,6 +12,10 @@ Rules:
    its credential may read and no other node's may): a request whose reply subject lies
    anywhere else is counted and never answered (`transport.inbound` rule 5), since the
    answer carries that node's secrets and the broker may publish where the node may not.
+4. Awards and refusals carry the leadership's epoch. With HA (`broker.ha`) the answer,
+   worked out from the state as it is, waits until every commit so far is on the remote
+   (`broker.ledger.committer` rule 10): a node never starts what a failover could undo. A
+   broker that no longer leads answers nothing.
 """
 
 from __future__ import annotations
@@ -48,7 +52,7 @@ class Assignments:
         secret_env = {n: self.secrets[n] for n in rec.spec.secrets if n in self.secrets}
         return Award(auction_id=pl.auction_id, instance_id=iid, node_id=node, spec=rec.spec,
                      ports=dict(pl.ports), attempt=pl.attempt, commit=sha,
-                     secret_env=secret_env)
+                     secret_env=secret_env, epoch=self.ctx.leader.epoch)
 
     async def on_request(self, msg: Msg) -> None:
         """Rules 2 and 3."""
@@ -56,13 +60,19 @@ class Assignments:
         answer_to = self._guard.reply  # "" unless rule 3 allows an answer
         if not answer_to:
             return
+        epoch = self.ctx.leader.epoch
         if req is None:
-            reply: ApiError | Award = ApiError(error=self._guard.refused)
+            reply: ApiError | Award = ApiError(error=self._guard.refused, epoch=epoch)
         else:
             node = req.node_id
             sha = self.ctx.ledger.state().head or ""
             reply = self.award_for(req.instance_id, node, sha) or ApiError(
-                error=f"{req.instance_id} is not placed on {node}")
+                error=f"{req.instance_id} is not placed on {node}", epoch=epoch)
+        durable = self.ctx.durable
+        if durable is not None:  # rule 4
+            await durable.wait(durable.mark())
+        if not self.ctx.leader.leading():
+            return
         await self.ctx.outbox.nc.publish(answer_to, self.ctx.outbox.encode(reply))
 
 

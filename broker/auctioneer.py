@@ -32,6 +32,10 @@ Rules:
    is decided knowing how many of the group's replicas each node holds - in git, or awarded
    and not yet committed - and every node's labels, from its heartbeats
    (`shared.auction` rule 5); a round without replicas is told nothing of the kind.
+9. Until `hold_until`, no auction opens while no node is eligible: a new leadership
+   (`broker.ha`) has asked every node for a heartbeat and gives them that long to answer,
+   rather than find its queued work "unschedulable: no nodes connected" in its first pass.
+   The first heartbeat ends the wait.
 """
 
 from __future__ import annotations
@@ -119,6 +123,8 @@ class Auctioneer:
         self.waiting_since: float | None = None
         self._wait_timer: asyncio.TimerHandle | None = None
         self._opening = False
+        #: Rule 6 (-inf: never hold).
+        self.hold_until = float("-inf")
 
     # -- opening -------------------------------------------------------------------------
     def reconcile(self, now: float) -> None:
@@ -165,6 +171,9 @@ class Auctioneer:
         if room <= 0:
             return
         eligible = ctx.liveness.eligible(now)
+        if not eligible and now < self.hold_until:  # rule 9
+            self._wake_at(self.hold_until - now)
+            return
         if state.unusable_nodes:  # a node.json we cannot read: that node wins nothing
             eligible = [n for n in eligible if n not in state.unusable_nodes]
         groups: dict[tuple[str, ...], list[Request]] = {}

@@ -9,11 +9,11 @@ all (the service imports the parts, never the other way round).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
 
 from gavel.broker.events import Events
-from gavel.broker.ledger.committer import Committer
+from gavel.broker.ledger.committer import Committer, Durable
 from gavel.broker.ledger.repository import Ledger
 from gavel.broker.metrics import Metrics
 from gavel.broker.outbox import Outbox
@@ -22,7 +22,33 @@ from gavel.shared.health import Liveness
 from gavel.shared.timing import Timing
 from gavel.transport.rejects import Rejects
 
-__all__ = ["Context"]
+__all__ = ["Context", "Leadership"]
+
+
+def _always() -> bool:
+    return True
+
+
+async def _confirmed() -> bool:
+    return True
+
+
+@dataclass(eq=False)
+class Leadership:
+    """Who leads, since when (UTC, ISO 8601) and in which epoch: what the API and the metrics
+    say. Without HA the broker leads alone, in epoch 0, for as long as it runs; with HA
+    (`broker.ha`) `leading` is its lease's own-clock verdict, asked before the broker
+    speaks for the leader at all, and `epoch` goes on every award, cancel and KV entry."""
+
+    broker_id: str
+    epoch: int = 0
+    since: str = ""
+    leading: Callable[[], bool] = field(default=_always)
+    #: With HA, asks the lease server whether we still lead (a renewal now): for a
+    #: surprise that may mean another broker leads (`broker.fencedkv` rule 3).
+    confirm: Callable[[], Awaitable[bool]] = field(default=_confirmed)
+    #: Set with HA: the broker answers and publishes only while `leading()`.
+    ha: bool = False
 
 
 @dataclass(eq=False)
@@ -44,3 +70,7 @@ class Context:
     now: Callable[[], float]
     wake: Callable[[], None]
     log: logging.Logger
+    #: Who leads (`Leadership`), and with HA where commits become durable off this host:
+    #: what the broker tells a node waits for it (`broker.ledger.committer` rule 10).
+    leader: Leadership = field(default_factory=lambda: Leadership(broker_id=""))
+    durable: Durable | None = None

@@ -2,15 +2,18 @@
 
 Rule: counters and histograms are observed where things happen (one call each, no
 allocation beyond the label lookup); gauges that describe state (node health, instances by
-state) are computed at scrape time from the broker's own view, so they can never drift.
-Instances are counted by the state `gavel status` shows (`live_state`), not by the record's
-state in git, which says ``queued`` for every placed instance (placement lives in node.json).
+state, who leads) are computed at scrape time from the broker's own view, so they can never
+drift. Instances are counted by the state `gavel status` shows (`live_state`), not by the
+record's state in git, which says ``queued`` for every placed instance (placement lives in
+node.json). One `Metrics` outlives the leaderships of a broker that runs several
+(`broker.ha`): each leadership `attach`-es its view to the same registry.
 """
 
 from __future__ import annotations
 
 from collections import Counter as Tally
 from collections.abc import Callable, Iterator, Mapping
+from datetime import datetime
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
@@ -23,7 +26,11 @@ if TYPE_CHECKING:
     from gavel.shared.health import Liveness
     from gavel.shared.records import InstanceRecord
 
-__all__ = ["Metrics"]
+__all__ = ["LeaderView", "Metrics"]
+
+#: What the leadership gauges read: whether this broker leads now, the id of the broker that
+#: leads (as far as it knows; "" for none), that leadership's epoch, since when (ISO 8601).
+LeaderView = tuple[bool, str, int, str]
 
 _LATENCY = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 
@@ -59,21 +66,87 @@ class Metrics:
         self.deploys = Counter("gavel_deploys_total",
                                "Service deployments ended, by outcome (succeeded, failed, "
                                "rolled-back, cancelled)", ["outcome"], registry=r)
+        self._state: _StateCollector | None = None
+        self._services: _ServiceCollector | None = None
+        self._leader: _LeaderCollector | None = None
+        self._pushes: Counter | None = None
 
     def attach(self, *, now: Callable[[], float], liveness: Liveness, ledger: Ledger,
                in_flight: Callable[[], int], mirror: Mirror,
                live_state: Callable[[InstanceRecord], str] | None = None) -> None:
         """Register the scrape-time view (node health, instances by state, open auctions,
-        the KV mirror's puts); `live_state` is the state `gavel status` shows a record in."""
-        self.registry.register(_StateCollector(now, liveness, ledger, in_flight, mirror,
-                                               live_state or (lambda r: str(r.state))))
-
+        the KV mirror's puts); `live_state` is the state `gavel status` shows a record in. A
+        later leadership's view replaces an earlier one's."""
+        live = live_state or (lambda r: str(r.state))
+        if self._state is None:
+            self._state = _StateCollector(now, liveness, ledger, in_flight, mirror, live)
+            self.registry.register(self._state)
+        else:
+            st = self._state
+            st.now, st.liveness, st.ledger, st.in_flight, st.mirror, st.live_state = (
+                now, liveness, ledger, in_flight, mirror, live)
 
     def attach_services(self, counts: Callable[[], tuple[Mapping[str, int],
                                                          Mapping[str, int]]]) -> None:
         """Register the scrape-time view of services: by state, and their live replicas by
-        health (`broker.services.Services.counts`)."""
-        self.registry.register(_ServiceCollector(counts))
+        health (`broker.services.Services.counts`); a later leadership's replaces it."""
+        if self._services is None:
+            self._services = _ServiceCollector(counts)
+            self.registry.register(self._services)
+        else:
+            self._services.counts = counts
+
+    def leadership(self, view: Callable[[], LeaderView],
+                   extra: Callable[[], Iterator[Metric]] | None = None) -> None:
+        """Register the leadership gauges (once), read from `view` at scrape time; `extra`:
+        more metrics of the lease (`broker.ha`)."""
+        if self._leader is None:
+            self._leader = _LeaderCollector(view, extra)
+            self.registry.register(self._leader)
+
+    @property
+    def pushes(self) -> Counter:
+        """The pushes counter (`broker.ledger.remote`), made once for every pusher."""
+        if self._pushes is None:
+            from gavel.broker.ledger.remote import pushes_counter
+
+            self._pushes = pushes_counter(self.registry)
+        return self._pushes
+
+
+class _LeaderCollector(Collector):
+    def __init__(self, view: Callable[[], LeaderView],
+                 extra: Callable[[], Iterator[Metric]] | None) -> None:
+        self.view = view
+        self.extra = extra
+
+    def collect(self) -> Iterator[Metric]:
+        leading, leader, epoch, since = self.view()
+        g = GaugeMetricFamily("gavel_broker_leading", "1 while this broker leads, else 0")
+        g.add_metric([], 1 if leading else 0)
+        yield g
+        who = GaugeMetricFamily("gavel_broker_leader", "The broker that leads, by id (1)",
+                                labels=["leader"])
+        if leader:
+            who.add_metric([leader], 1)
+        yield who
+        e = GaugeMetricFamily("gavel_broker_leader_epoch",
+                              "The epoch of the leadership now (0: no HA)")
+        e.add_metric([], epoch)
+        yield e
+        at = GaugeMetricFamily("gavel_broker_leader_since_seconds",
+                               "When the leadership now began (Unix time)")
+        at.add_metric([], _unix(since))
+        yield at
+        if self.extra is not None:
+            yield from self.extra()
+
+
+def _unix(stamp: str) -> float:
+    try:
+        return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return 0.0
 
 
 class _ServiceCollector(Collector):

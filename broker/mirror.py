@@ -17,7 +17,8 @@ Rules:
    after it. Workers tolerate a mirror that lags its award (converge rule 2) and re-read
    their key every heartbeat; `window_s` is far below a heartbeat.
 4. `start` puts every node (the mirror is rebuilt in full at every broker start, so puts a
-   dead broker still held are not lost); `flush` sends everything pending now (on close).
+   dead broker still held are not lost); `flush` sends everything pending now (on close),
+   `stop` drops it (a broker that no longer leads: `broker.ha`).
 """
 
 from __future__ import annotations
@@ -108,6 +109,15 @@ class Mirror:
         pending, self._pending = self._pending, {}
         for node_id, data in pending.items():
             self._put(node_id, data, now)
+
+    def stop(self) -> None:
+        """Put nothing more, not even what is pending (a broker that no longer leads)."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self._due.clear()
+        self._pending.clear()
+        self.enabled = False
 
     def _put(self, node_id: str, data: bytes, now: float) -> None:
         self.puts += 1

@@ -7,6 +7,8 @@ Rules:
    (`transport.wire.write_now`): an auction's RFBs, whose round is already being timed. Never
    while the sender is mid-batch, whose messages must go first.
 3. A message that cannot be published is handed to `failed` (counted), never raised.
+4. With a `gate` (a leader of several brokers: its lease's verdict, `broker.ha`), nothing
+   goes out while the gate is shut: what is queued then is dropped, never sent late.
 """
 
 from __future__ import annotations
@@ -34,6 +36,17 @@ class Outbox:
         self._ready = asyncio.Event()
         #: The sender is handing a batch over the slow way (`flush` waits for it).
         self._sending = False
+        #: Rule 4 (None: always open).
+        self.gate: Callable[[], bool] | None = None
+        self.dropped = 0
+
+    def _shut(self) -> bool:
+        """Rule 4: the gate is shut; what is queued is dropped."""
+        if self.gate is None or self.gate():
+            return False
+        self.dropped += len(self._queue)
+        self._queue = []
+        return True
 
     @staticmethod
     def encode(msg: msgspec.Struct) -> bytes:
@@ -54,6 +67,8 @@ class Outbox:
 
     def flush(self) -> None:
         """Rule 2."""
+        if self.gate is not None and self._shut():
+            return
         if self._queue and not self._sending and wire.write_now(self.nc, self._queue):
             self._queue = []
 
@@ -62,6 +77,8 @@ class Outbox:
         while True:
             await self._ready.wait()
             self._ready.clear()
+            if self.gate is not None and self._shut():
+                continue
             batch, self._queue = self._queue, []
             if wire.write_now(self.nc, batch):
                 continue
@@ -73,6 +90,8 @@ class Outbox:
 
     async def drain(self) -> None:
         """Publish what the sender had not sent yet (on close, after it was cancelled)."""
+        if self.gate is not None and self._shut():
+            return
         with contextlib.suppress(Exception):
             for subject, payload in self._queue:
                 await self.nc.publish(subject, payload)

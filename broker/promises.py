@@ -262,7 +262,8 @@ class Promises:
         def after(_sha: str) -> None:
             if stop:
                 self.ctx.outbox.publish(subjects.CANCEL.format(node=node),
-                                        Cancel(instance_id=iid, node_id=node))
+                                        Cancel(instance_id=iid, node_id=node,
+                                               epoch=self.ctx.leader.epoch))
             self.ended(iid)
             if new.state is not InstanceState.QUEUED:
                 self.ctx.events.emit(iid, EventType(new.state), node_id=node,
@@ -331,7 +332,8 @@ class Promises:
         def after(_sha: str) -> None:
             if stop:
                 self.ctx.outbox.publish(subjects.CANCEL.format(node=a.node_id),
-                               Cancel(instance_id=a.instance_id, node_id=a.node_id))
+                               Cancel(instance_id=a.instance_id, node_id=a.node_id,
+                                      epoch=self.ctx.leader.epoch))
             self.ended(a.instance_id)
             self.ctx.events.emit(a.instance_id, EventType(to), node_id=a.node_id, reason=reason)
         return Planned(lines=[f"{to} {a.instance_id} on {a.node_id}: {reason}"],
@@ -368,7 +370,8 @@ class Promises:
         """Tell `node` to stop `iid` (its cancel has been committed) and start the grace."""
         self.ctx.timers.cancelling(iid, node, self.ctx.now())
         self.ctx.outbox.publish(subjects.CANCEL.format(node=node),
-                                Cancel(instance_id=iid, node_id=node))
+                                Cancel(instance_id=iid, node_id=node,
+                                       epoch=self.ctx.leader.epoch))
 
     def drain(self, node: str, undo: bool, migrate: bool, deadline_s: float = 0.0) -> int:
         """Drain `node` (or `undo` it, which also clears it from every exclusion list); with

@@ -26,6 +26,12 @@ Rules:
 7. While the broker cannot hear (its node connection down, or its heartbeat feed losing
    its own probes) no promise is judged, and afterwards every node's clock is shifted by
    the outage: nothing it failed to hear counts against a node.
+8. As one leadership of several brokers (`leader.ha`, run by `broker.ha`) the broker is
+   the same, but: it tells a node nothing (awards, cancels, KV entries, assignment
+   answers) before the commit behind it is on the remote (`attach_pusher`); every award,
+   cancel and KV entry carries its epoch; KV puts are checked against the key's revision
+   (`broker.fencedkv`); nothing goes out once its lease's own-clock verdict says no; and
+   `abort` ends it at once, sending nothing it still holds.
 """
 
 from __future__ import annotations
@@ -46,13 +52,15 @@ import nats.errors
 from gavel.broker.api import Api
 from gavel.broker.assign import Assignments
 from gavel.broker.auctioneer import Auctioneer
-from gavel.broker.context import Context
+from gavel.broker.context import Context, Leadership
 from gavel.broker.deploys import Deploys
 from gavel.broker.events import Events
+from gavel.broker.fencedkv import FencedPuts
 from gavel.broker.heartbeat_stream import HeartbeatStream
 from gavel.broker.heartbeats import Heartbeats
 from gavel.broker.integrity import Integrity
 from gavel.broker.ledger.committer import Committer
+from gavel.broker.ledger.remote import Pusher
 from gavel.broker.ledger.repository import Damaged, Ledger
 from gavel.broker.ledger.state import Change, State, compact
 from gavel.broker.metrics import Metrics
@@ -64,10 +72,12 @@ from gavel.broker.services import Services
 from gavel.broker.watchdog import Timers
 from gavel.shared import subjects
 from gavel.shared.health import Deafness, Liveness, silences
+from gavel.shared.messages import RFB
 from gavel.shared.records import NodeFile
 from gavel.shared.timing import Timing
 from gavel.transport import wire
 from gavel.transport.rejects import Rejects
+from gavel.transport.urls import servers
 
 __all__ = ["Broker", "NatsUnreachable", "tune_gc"]
 
@@ -115,26 +125,42 @@ class Broker:
         writer: str = "process",
         nats_options: Mapping[str, Any] | None = None,
         connect_wait_s: float | None = 30.0,
+        broker_id: str = "broker",
+        leader: Leadership | None = None,
+        metrics: Metrics | None = None,
+        kv_replicas: int = 1,
     ) -> None:
         self.log = logging.getLogger("gavel.broker")
         self.nats_url = nats_url
         self.timing = timing = timing or Timing()
         self.now = clock
+        #: Rule 8: who leads, and with HA this leadership's epoch and its lease's verdict.
+        self.leader = leader or Leadership(broker_id=broker_id, since=_stamp(wall()))
+        self.ha = self.leader.ha
+        self.kv_replicas = kv_replicas
         self.ledger = Ledger(state_dir / "state.git", ref, settle=True)
         self.committer = Committer(self.ledger, retry_s=timing.tick_s,
-                                   on_commit=self._mirror, writer=writer, wall=wall,
-                                   gap_s=commit_gap_s)
+                                   on_commit=None if self.ha else self._mirror,
+                                   writer=writer, wall=wall, gap_s=commit_gap_s)
+        if self.ha:  # rule 8: mirrored once the push landed
+            self.committer.on_durable = self._mirror
         self.liveness = Liveness(timing)
         self.timers = Timers(started=clock())
-        self.metrics = Metrics()
+        self.metrics = metrics or Metrics()
+        if metrics is None:
+            self.metrics.leadership(lambda: (True, self.leader.broker_id, 0,
+                                             self.leader.since))
         self.committer.metrics = self.metrics
         self.rejects = Rejects(self.log, self.metrics.rejected, clock)
         self.outbox = Outbox(self._publish_failed)
+        if self.ha:
+            self.outbox.gate = self.leader.leading
         self.events = Events(self.outbox)
         self.ctx = ctx = Context(timing=timing, ledger=self.ledger, committer=self.committer,
                                  liveness=self.liveness, timers=self.timers,
                                  outbox=self.outbox, events=self.events, rejects=self.rejects,
-                                 metrics=self.metrics, now=clock, wake=self.wake, log=self.log)
+                                 metrics=self.metrics, now=clock, wake=self.wake, log=self.log,
+                                 leader=self.leader)
         self.secrets = dict(secrets or {})
         self.assignments = Assignments(ctx, self.secrets)
         self.auctioneer = Auctioneer(ctx, award_for=self.assignments.award_for,
@@ -152,15 +178,17 @@ class Broker:
         #: The state the KV mirror was last brought in line with (rule 4).
         self._mirrored: State | None = None
         #: node.json in KV for the workers, coalesced (`broker.mirror`). Its windows are
-        #: timed by the event loop, so on the machine's clock, not an injected one.
-        self.mirror = Mirror(self.outbox.publish_raw, timing.mirror_s, time.monotonic)
+        #: timed by the event loop, so on the machine's clock, not an injected one. With HA
+        #: its puts are checked ones carrying the epoch (rule 8).
+        self.fenced: FencedPuts | None = FencedPuts(self.leader) if self.ha \
+            else None
+        self.mirror = Mirror(self.fenced.put if self.fenced is not None
+                             else self.outbox.publish_raw, timing.mirror_s, time.monotonic)
         self.api = Api(ctx, auctioneer=self.auctioneer, promises=self.promises,
                        services=self.services, deploys=self.deploys, mirror=self.mirror,
                        secrets=self.secrets, ended_max=ended_max)
-        self.metrics.attach(now=clock, liveness=self.liveness, ledger=self.ledger,
-                            in_flight=lambda: len(self.auctioneer.auctions),
-                            mirror=self.mirror, live_state=self.api.state_of)
-        self.metrics.attach_services(self.services.counts)
+        if not self.ha:  # a leadership's view is attached as it starts (`start`)
+            self._attach_metrics()
         self.heartbeats = Heartbeats(ctx, self.promises, self.auctioneer.capacity_freed)
         #: Rule 7: why and since when the broker cannot hear.
         self.deafness = Deafness()
@@ -181,8 +209,17 @@ class Broker:
         self.nc: Any = None
         self.api_nc: Any = None
 
+    def _attach_metrics(self) -> None:
+        self.metrics.attach(now=self.now, liveness=self.liveness, ledger=self.ledger,
+                            in_flight=lambda: len(self.auctioneer.auctions),
+                            mirror=self.mirror, live_state=self.api.state_of)
+        self.metrics.attach_services(self.services.counts)
+
     # -- lifecycle -----------------------------------------------------------------------
     async def start(self) -> None:
+        if self.ha:  # rule 8: derived from the remote's branch alone, then shown
+            self.ledger.forget()
+            self._attach_metrics()
         nc = api_nc = None
         try:
             self.ledger.state()  # a damaged repository stops the broker before it connects
@@ -196,6 +233,8 @@ class Broker:
             raise
         self.nc, self.api_nc = nc, api_nc
         self.outbox.nc = nc
+        if self.fenced is not None:
+            self.fenced.nc = nc
         state = self._mirrored = self.ledger.state()
         stamps = await self.feed.start(nc)
         now = self.now()
@@ -218,11 +257,24 @@ class Broker:
             except nats.errors.Error as exc:
                 self.log.warning("nats did not confirm the subscriptions (%s); carrying on",
                                  exc)
+        if self.ha:  # a new leadership's hello: every node heartbeats now (`messages.RFB`),
+            # and no auction finds "no nodes connected" before they could have: every live
+            # node heartbeats within a heartbeat interval anyway (`broker.auctioneer` rule 9)
+            self.auctioneer.hold_until = self.now() + self.timing.heartbeat_s
+            self.outbox.publish(subjects.RFB, RFB(auction_id=f"hello-{self.leader.epoch}",
+                                                  shapes=[], deadline_s=0.0))
         self._tasks = [asyncio.create_task(self.outbox.run(), name="outbox"),
                        asyncio.create_task(self.committer.run(), name="committer"),
                        asyncio.create_task(self.feed.run(), name="heartbeats"),
                        asyncio.create_task(self._loop(), name="reconcile")]
-        self.log.info("broker up: state %s ref %s", self.ledger.path, self.ledger.ref)
+        self.log.info("broker up: state %s ref %s%s", self.ledger.path, self.ledger.ref,
+                      f", leading in epoch {self.leader.epoch}" if self.ha else "")
+
+    def attach_pusher(self, pusher: Pusher) -> None:
+        """Rule 8: `pusher` pushes every commit, and what a commit promises waits for it."""
+        pusher.on_merged = lambda change, sha: self.wake()
+        self.committer.on_commit = lambda change, sha: pusher.notify()
+        self.committer.durable = self.ctx.durable = pusher
 
     async def run(self) -> None:
         await self.start()
@@ -240,6 +292,11 @@ class Broker:
 
     def stop(self) -> None:
         self._stopped.set()
+
+    @property
+    def stopped(self) -> asyncio.Event:
+        """Set once the broker is told to stop, or stops on its own (rule 5)."""
+        return self._stopped
 
     async def _connect(self, name: str, role: str) -> Any:
         """A first connection, with a deadline: nats-py's own initial connect retries a
@@ -265,7 +322,7 @@ class Broker:
         while True:
             nc = wire.Client()
             try:
-                await nc.connect(self.nats_url, **options)
+                await nc.connect(servers(self.nats_url), **options)
             except Exception as exc:
                 with contextlib.suppress(Exception):
                     await nc.close()
@@ -306,6 +363,22 @@ class Broker:
             if not conn.is_closed:
                 with contextlib.suppress(Exception):
                     await conn.close()
+        self.committer.close()
+
+    async def abort(self) -> None:
+        """Rule 8: stop at once and say nothing more - nothing queued or pending is sent,
+        no request is answered; both connections, and with them every subscription, end."""
+        for t in self._tasks:
+            t.cancel()
+        self.api.close()
+        if self.fenced is not None:
+            self.fenced.close()
+        self.mirror.stop()
+        self.outbox.gate = lambda: False
+        await wire.abort(self.api_nc)
+        await wire.abort(self.nc)
+        if self._tasks:
+            await asyncio.wait(self._tasks, timeout=_CLOSE_S)
         self.committer.close()
 
     def wake(self) -> None:
@@ -380,10 +453,16 @@ class Broker:
     async def _open_kv(self, nodes: Mapping[str, NodeFile]) -> None:
         try:
             js = self.nc.jetstream()
-            await js.create_key_value(bucket=subjects.NODES_BUCKET, history=1)
+            await js.create_key_value(bucket=subjects.NODES_BUCKET, history=1,
+                                      replicas=self.kv_replicas)
         except Exception as exc:  # JetStream off: awards still flow, convergence is off
-            self.log.warning("no JetStream KV (%s); workers converge from awards only", exc)
-            return
+            if not (self.ha and "already in use" in str(exc)):
+                self.log.warning("no JetStream KV (%s); workers converge from awards only",
+                                 exc)
+                return
+            self.log.warning("the KV bucket %s exists with other settings than %d replicas "
+                             "(%s); using it as it is", subjects.NODES_BUCKET, self.kv_replicas,
+                             exc)
         self.mirror.start(nodes)
 
     def _remirror(self) -> None:
@@ -407,3 +486,7 @@ class Broker:
     # -- inbound -------------------------------------------------------------------------
     def _on_heartbeat(self, msg: wire.Received) -> None:
         self.heartbeats.on_heartbeat(msg)
+
+
+def _stamp(at: datetime) -> str:
+    return at.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"

@@ -1,4 +1,10 @@
-"""`gavel bench`: flags in, numbers out (a table, or JSON with --json)."""
+"""`gavel bench`: flags in, numbers out (a table, or JSON with --json).
+
+With ``--ha`` the same run is made twice in one go, the broker alone and then leading as
+with HA (`gavel.bench.run` rule 4), and the figures are shown side by side with the ratio
+of placements a second (committed, and durable: on the remote), and of the round p99 (HA
+over alone).
+"""
 
 from __future__ import annotations
 
@@ -7,6 +13,7 @@ import asyncio
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 from gavel.cli.parsers import (
     non_negative_float,
@@ -54,6 +61,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="seconds to measure one idle `gavel worker` (0 skips; default 10)")
     p.add_argument("--state", type=Path, default=None,
                    help="keep the run's state (git repo, logs) here")
+    p.add_argument("--ha", action="store_true",
+                   help="run twice: the broker alone, then leading with HA (a lease, every "
+                   "commit pushed to a local bare remote before it is told); side by side")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     t = p.add_argument_group("targets", "check the throughput targets, each with the settings "
                              "docs/performance.md reports for it (bench/targets.py)")
@@ -101,6 +111,8 @@ def run_cli(args: argparse.Namespace) -> int:
         print(f"gavel bench: --state {args.state}: cannot keep the run's state there ({why}).",
               file=sys.stderr)
         return 2
+    if args.ha:
+        return _run_ha(args, Options, run, (VerifyError, RunFailed))
     opts = Options(agents=args.agents, placements=args.placements, mode=args.mode, d=args.d,
                    processes=args.processes, batch_max=args.batch_max,
                    max_auctions=args.max_auctions, rate=float(args.rate or 0),
@@ -125,6 +137,44 @@ def run_cli(args: argparse.Namespace) -> int:
     for key, value in rows.items():
         print(f"  {key:<{width}}  {value:,}" if isinstance(value, int | float)
               and not isinstance(value, bool) else f"  {key:<{width}}  {value}")
+    return 0
+
+
+def _options(args: argparse.Namespace, cls: Any, **extra: Any) -> Any:
+    return cls(agents=args.agents, placements=args.placements, mode=args.mode, d=args.d,
+               processes=args.processes, batch_max=args.batch_max,
+               max_auctions=args.max_auctions, rate=float(args.rate or 0),
+               batch_wait_ms=args.batch_wait_ms, commit_gap_ms=args.commit_gap_ms,
+               lifetime_s=args.lifetime_s, ended_max=args.ended_max,
+               agent_client=args.agent_client, progress=not args.json, idle_s=args.idle_s,
+               **extra)
+
+
+def _run_ha(args: argparse.Namespace, cls: Any, run: Any,
+            failures: tuple[type[Exception], ...]) -> int:
+    """The module docstring's two runs (each state under --state/alone and --state/ha)."""
+    results = {}
+    for name, ha in (("alone", False), ("ha", True)):
+        state = args.state / name if args.state is not None else None
+        try:
+            results[name] = asyncio.run(run(_options(args, cls, ha=ha, state=state))).as_dict()
+        except failures as exc:
+            print(f"gavel bench: the {name} run failed: {exc}", file=sys.stderr)
+            return 1
+    alone, ha_run = results["alone"], results["ha"]
+    ratio = {k: round(ha_run[k] / alone[k], 3) if alone[k] else 0.0
+             for k in ("placements_per_s", "durable_per_s", "round_p99_ms")}
+    if args.json:
+        print(json.dumps({"alone": alone, "ha": ha_run, "ratio": ratio}))
+        return 0
+    width = max(len(k) for k in alone)
+    print(f"  {'':<{width}}  {'alone':>14}  {'ha':>14}")
+    for key in alone:
+        a, h = alone[key], ha_run[key]
+        if isinstance(a, int | float) and not isinstance(a, bool):
+            print(f"  {key:<{width}}  {a:>14,}  {h:>14,}")
+    print(f"ha / alone: placements/s {ratio['placements_per_s']:g} (durable: "
+          f"{ratio['durable_per_s']:g}), round p99 {ratio['round_p99_ms']:g}")
     return 0
 
 

@@ -7,7 +7,11 @@ Rules:
    again with the same key, up to `SUBMIT_TRIES` times, when the broker does not answer
    within `SUBMIT_TRY_S`: a request whose answer was lost is answered again, never
    submitted twice (`broker.api` rule 4). When no try is answered, the sentence names the
-   key to submit with again.
+   key to submit with again. While no broker answers at all (none leads: a failover), it
+   asks again every `SUBMIT_PAUSE_S`, for as long as its tries would have waited.
+3. With several brokers (`gavel.broker.ha`) `status` and `nodes` name the leader, its epoch
+   and since when, in a first line (JSON: `nodes` has the fields `leader`, `epoch` and
+   `leader_since`); a broker alone prints what it always did.
 """
 
 from __future__ import annotations
@@ -54,13 +58,15 @@ from gavel.shared.errors import BadInput
 from gavel.shared.messages import Event, EventType
 from gavel.shared.reasons import render as render_reason
 from gavel.shared.routes import derive
-from gavel.transport.client import BrokerRefused, ClientError, NoAnswer, call, connect
+from gavel.transport.client import BrokerRefused, ClientError, NoAnswer, NoBroker, call, connect
 
 __all__ = ["SUBMIT_TRIES", "SUBMIT_TRY_S", "ClientError", "Refused", "UsageError", "run"]
 
 #: How long `submit` waits for each answer, and how many times it asks (rule 2).
 SUBMIT_TRY_S = 10.0
 SUBMIT_TRIES = 3
+#: How long `submit` waits before asking again when no broker answers at all (rule 2).
+SUBMIT_PAUSE_S = 1.0
 
 
 class UsageError(BadInput):
@@ -158,16 +164,28 @@ async def submit(args: argparse.Namespace) -> int:
 
 async def _submit_once(nc: Any, req: SubmitRequest) -> SubmitReply:
     """Rule 2: the request, asked again with its key while the broker does not answer."""
-    for n in range(1, SUBMIT_TRIES + 1):
+    n = 0
+    deadline = time.monotonic() + SUBMIT_TRIES * SUBMIT_TRY_S
+    said = False
+    while True:
         try:
             return await call(nc, "submit", req, SubmitReply, timeout=SUBMIT_TRY_S)
         except NoAnswer as exc:
+            n += 1
             if n == SUBMIT_TRIES:
                 raise NoAnswer(f"{exc} ({n} tries with key {req.key}); submit again with "
                                f"--key {req.key}: a submission that landed is answered "
                                "again, not made twice") from None
             print(f"gavel submit: {exc}; asking again with the same key", file=sys.stderr)
-    raise AssertionError("unreachable")
+        except NoBroker as exc:
+            if time.monotonic() + SUBMIT_PAUSE_S > deadline:
+                raise NoBroker(f"{exc}; submit again with --key {req.key}: a submission "
+                               "that landed is answered again, not made twice") from None
+            if not said:
+                said = True
+                print(f"gavel submit: {exc}; asking again with the same key",
+                      file=sys.stderr)
+            await asyncio.sleep(SUBMIT_PAUSE_S)
 
 
 #: States an instance never leaves: --wait gives up on them at once (succeeded is success).
@@ -240,6 +258,7 @@ async def status(args: argparse.Namespace) -> int:
     if args.json:
         _print_json(reply.instances)
         return 0
+    _leader_line(reply.leader, reply.epoch, reply.leader_since)
     rows = [("INSTANCE", "STATE", "HEALTH", "NODE", "ATTEMPT", "RESTARTS", "PORTS", "REASON")]
     for i in reply.instances:
         why = i.detail if i.state == "unschedulable" else (i.reason or i.check or "")
@@ -263,6 +282,7 @@ async def nodes(args: argparse.Namespace) -> int:
     if args.json:
         _print_json(reply)
         return 0
+    _leader_line(reply.leader, reply.epoch, reply.leader_since)
     if reply.detail is not None:
         _node_detail(reply.nodes[0], reply.detail)
         return 0
@@ -455,6 +475,12 @@ async def routes(args: argparse.Namespace) -> int:
         rows.append((e.name, f"{e.host}{e.path}", target, leads, f"{serving}/{e.replicas}"))
     _table(rows)
     return 0
+
+
+def _leader_line(leader: str, epoch: int, since: str) -> None:
+    """Rule 3 (nothing for a broker alone: epoch 0)."""
+    if epoch:
+        print(f"leader: {leader} since {since} (epoch {epoch})")
 
 
 def _table(rows: Sequence[tuple[str, ...]]) -> None:

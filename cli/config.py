@@ -7,6 +7,9 @@ Rules:
    fields; an environment value is parsed by the same function as its flag. Every mistake is
    one `ConfigError` sentence naming where it came from, the field, and what was expected.
 3. The effective config renders back to TOML (`render`) with passwords in URLs masked.
+4. A field of a table (``ha.lease_ttl_s``) is set by its flag or variable inside that table,
+   beside what the file's table holds; a switch (``--ha``) makes the table with its
+   defaults, or (``GAVEL_HA=0``) takes it away.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from __future__ import annotations
 import argparse
 import math
 import re
+import socket
 import tomllib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -26,6 +30,8 @@ from gavel.cli.parsers import (
     absolute_paths,
     address,
     admin_url,
+    boolean,
+    broker_id,
     choice,
     labels,
     listen_addresses,
@@ -58,6 +64,7 @@ __all__ = [
     "WorkerConfig",
     "add_options",
     "check_common",
+    "default_broker_id",
     "effective_timing",
     "flags_of",
     "load",
@@ -94,7 +101,24 @@ class DaemonConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     timing: Timing | None = None
 
 
+class HaConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """``[ha]``: several brokers, one leader (`gavel.broker.ha`); `push` names the remote
+    they share. Every broker must hold the same values: they are the lease bucket's."""
+
+    #: How long a leader's lease lasts without a renewal: a dead leader is replaced this
+    #: long after its last renewal (plus the takeover).
+    lease_ttl_s: Annotated[float, msgspec.Meta(gt=0, le=3600)] = 10.0
+    #: How often the leader renews it: well inside the TTL.
+    renew_s: Annotated[float, msgspec.Meta(gt=0)] = 2.0
+    #: Copies of the lease bucket and of the node.json mirror the NATS cluster keeps.
+    replicas: Annotated[int, msgspec.Meta(ge=1, le=5)] = 3
+
+
 class BrokerConfig(DaemonConfig, kw_only=True, forbid_unknown_fields=True):
+    #: This broker's id, as `gavel nodes` names the leader ("": the host's name).
+    broker_id: Annotated[str, msgspec.Meta(pattern=r"^([A-Za-z0-9_-]{1,64})?$")] = ""
+    #: Several brokers, one leader (None: this broker alone, as ever).
+    ha: HaConfig | None = None
     ref: str = "refs/heads/main"
     secrets: str = ""
     push: str = ""
@@ -164,6 +188,8 @@ class Option:
     #: The flag repeats (KEY=VALUE each time); the environment variable holds a comma list.
     repeat: bool = False
     env_parse: Callable[[str], Any] | None = None
+    #: A flag without a value (rule 4); its variable takes `boolean`'s words.
+    switch: bool = False
 
 
 def _common(daemon: str) -> list[Option]:
@@ -196,6 +222,18 @@ def _common(daemon: str) -> list[Option]:
 
 BROKER_OPTIONS: list[Option] = [
     *_common("broker"),
+    Option("broker_id", "--broker-id", "GAVEL_BROKER_ID", broker_id,
+           "this broker's id: letters, digits, '-' and '_' (default: the host's name)", "ID"),
+    Option("ha", "--ha", "GAVEL_HA", boolean,
+           "run as one of several brokers against one NATS cluster and the --push remote; "
+           "one leads (config table [ha]; default: off)", switch=True),
+    Option("ha.lease_ttl_s", "--lease-ttl-s", "GAVEL_LEASE_TTL_S", positive_float,
+           "HA: how long the leader's lease lasts unrenewed (default 10)", "S"),
+    Option("ha.renew_s", "--lease-renew-s", "GAVEL_LEASE_RENEW_S", positive_float,
+           "HA: how often the leader renews its lease (default 2)", "S"),
+    Option("ha.replicas", "--ha-replicas", "GAVEL_HA_REPLICAS", positive_int,
+           "HA: copies of the lease and of the KV mirror the NATS cluster keeps (default 3)",
+           "N"),
     Option("state", "--state", "GAVEL_STATE", str,
            "state directory; holds the state repository state.git (required)", "DIR"),
     Option("ref", "--ref", "GAVEL_REF", str, "active ref (default refs/heads/main); a tag or "
@@ -293,7 +331,10 @@ def add_options(parser: argparse.ArgumentParser, options: Sequence[Option]) -> N
                         "effective config and exit (2 naming the bad field)")
     for o in options:
         help_ = f"{o.help} (env {o.env}; config key {o.field})"
-        if o.repeat:
+        if o.switch:
+            parser.add_argument(o.flag, dest=o.field, action="store_const", const=True,
+                                default=None, help=help_)
+        elif o.repeat:
             parser.add_argument(o.flag, dest=o.field, type=o.parse, action="append",
                                 default=None, metavar=o.metavar, help=help_)
         else:
@@ -329,15 +370,36 @@ def load(cls: type[C], options: Sequence[Option], *, file: str | None,
         if text is None or text == "":
             continue
         try:
-            layers[o.field] = (o.env_parse or o.parse)(text)
+            _set(layers, o.field, (o.env_parse or o.parse)(text))
         except (argparse.ArgumentTypeError, ValueError) as exc:
             raise ConfigError(f"environment variable {o.env}: {exc}.") from None
         source[o.field] = f"environment variable {o.env}"
     for name, value in (flags or {}).items():
-        layers[name] = value
+        _set(layers, name, value)
         source[name] = "flag"
     cfg = _convert(cls, layers, "the merged config")
     return _finish(cfg, source)
+
+
+def _set(layers: dict[str, Any], field: str, value: Any) -> None:
+    """Rule 4: a table's field inside its table; a switch makes or removes the table."""
+    table, dot, name = field.partition(".")
+    if dot:
+        inner = layers.get(table)
+        layers[table] = {**(inner if isinstance(inner, dict) else {}), name: value}
+    elif value is True:
+        inner = layers.get(table)
+        layers[table] = inner if isinstance(inner, dict) else {}
+    elif value is False:
+        layers[table] = None
+    else:
+        layers[table] = value
+
+
+def default_broker_id() -> str:
+    """This host's name as a broker id (letters, digits, ``-`` and ``_``; at most 64)."""
+    name = re.sub(r"[^A-Za-z0-9_-]", "-", socket.gethostname().split(".")[0])[:64]
+    return name.strip("-") or "broker"
 
 
 def check_common(data: Mapping[str, Any], file: str) -> None:
@@ -390,7 +452,7 @@ def _explain(text: str, where: str, cls: type[msgspec.Struct]) -> str:
 
 def _finish(cfg: C, source: Mapping[str, str]) -> C:
     def src(name: str) -> str:
-        return source.get(name, "the defaults")
+        return source.get(name) or source.get(name.partition(".")[0], "the defaults")
 
     if bool(cfg.tls_cert) != bool(cfg.tls_key):
         raise ConfigError("fields `tls_cert` and `tls_key` go together: set both or neither.")
@@ -412,6 +474,20 @@ def _finish(cfg: C, source: Mapping[str, str]) -> C:
         if not cfg.state:
             raise ConfigError("field `state` is required: set it in the config file, "
                               "GAVEL_STATE or --state.")
+        if not cfg.broker_id:
+            cfg.broker_id = default_broker_id()
+        if cfg.ha is not None:
+            if not cfg.push:
+                raise ConfigError(f"{src('ha')}: field `ha` needs `push`: the git remote every "
+                                  "broker reads and writes (a bare repository on shared "
+                                  "storage, git daemon or a git server).")
+            if not cfg.ha.renew_s < cfg.ha.lease_ttl_s / 2:
+                raise ConfigError(f"{src('ha.renew_s')}: field `ha.renew_s` must be under half "
+                                  f"of `ha.lease_ttl_s` (a renewal well inside the lease), got "
+                                  f"{cfg.ha.renew_s:g} and {cfg.ha.lease_ttl_s:g}.")
+            if not cfg.ref.startswith("refs/heads/") and "/" in cfg.ref:
+                raise ConfigError(f"{src('ref')}: field `ref` must be a branch with `ha`: the "
+                                  f"leader writes it, got {cfg.ref!r}.")
         return cfg
     if not cfg.node_id:
         raise ConfigError("field `node_id` is required: set it in the config file, "

@@ -14,6 +14,8 @@ Rules:
    subjects, or the broker any subject) stops it at once. A worker stopped so leaves its
    instances running. NATS itself not answering is retried for ever (it may start later).
 6. `gavel config check` tells a file's daemon by the keys only that daemon reads.
+7. With ``[ha]`` the broker is one of several (`gavel.broker.ha`): it stands by until it
+   holds the lease, and each of its leaderships pushes to `push` itself.
 """
 
 from __future__ import annotations
@@ -52,8 +54,10 @@ from gavel.cli.parsers import unusable_dir
 from gavel.shared.redact import mask_url
 from gavel.shared.strategies import Strategy
 from gavel.transport.creds import connect_options
+from gavel.transport.urls import servers
 
 if TYPE_CHECKING:
+    from gavel.broker.ha import HaBroker
     from gavel.broker.service import Broker
     from gavel.worker.cgroups import Enforcement
     from gavel.worker.logfiles import LogLimits
@@ -256,29 +260,41 @@ class Refusals:
 
 
 def make_broker(cfg: BrokerConfig, secrets: dict[str, str],
-                errors: Callable[[Exception], Awaitable[None]] | None = None) -> Broker:
+                 errors: Callable[[Exception], Awaitable[None]] | None = None
+                 ) -> Broker | HaBroker:
     """The daemon's broker, as its config says (it keeps trying to reach NATS for ever, but
     for a refused credential: `Refusals`)."""
-    from gavel.broker.ledger.repository import LedgerError
+    from gavel.broker.ha import HaBroker, HaSettings
+    from gavel.broker.ledger.repository import Ledger, LedgerError
     from gavel.broker.service import Broker
 
+    options: dict[str, Any] = {
+        "timing": effective_timing(cfg, os.environ), "secrets": secrets,
+        "sample_d": cfg.sample_d or None, "batch_max": cfg.batch_max,
+        "max_auctions": cfg.max_auctions, "batch_wait_s": cfg.batch_wait_ms / 1000,
+        "commit_gap_s": cfg.commit_gap_ms / 1000, "ended_max": cfg.ended_max}
+    nats_options = {"error_cb": errors or Refusals(cfg, lambda: None).on_error,
+                    **_nats_options(cfg)}
     try:
+        if cfg.ha is not None:  # rule 7
+            Ledger(Path(cfg.state) / "state.git", cfg.ref)  # the state path and ref are usable
+            return HaBroker(nats_url=cfg.nats, state_dir=Path(cfg.state), ref=cfg.ref,
+                            broker_id=cfg.broker_id, nats_options=nats_options,
+                            connect_wait_s=None, settings=HaSettings(
+                                remote=cfg.push, ttl_s=cfg.ha.lease_ttl_s,
+                                renew_s=cfg.ha.renew_s, replicas=cfg.ha.replicas),
+                            **options)
         return Broker(nats_url=cfg.nats, state_dir=Path(cfg.state), ref=cfg.ref,
-                      timing=effective_timing(cfg, os.environ), secrets=secrets,
-                      sample_d=cfg.sample_d or None, batch_max=cfg.batch_max,
-                      max_auctions=cfg.max_auctions, batch_wait_s=cfg.batch_wait_ms / 1000,
-                      commit_gap_s=cfg.commit_gap_ms / 1000,
-                      ended_max=cfg.ended_max,
-                      nats_options={"error_cb": errors or Refusals(cfg, lambda: None).on_error,
-                                    **_nats_options(cfg)},
-                      connect_wait_s=None)
+                      nats_options=nats_options, connect_wait_s=None,
+                      broker_id=cfg.broker_id, **options)
     except LedgerError as exc:  # a state path that is a file, a ref git cannot hold
         raise ConfigError(f"{exc}.") from None
 
 
 async def run_broker(args: argparse.Namespace) -> int:
+    from gavel.broker.lease import LeaseError
     from gavel.broker.ledger.repository import LedgerError
-    from gavel.broker.service import tune_gc
+    from gavel.broker.service import Broker, tune_gc
     from gavel.cli.metrics_http import MetricsUnavailable, serve
 
     tune_gc()
@@ -291,7 +307,7 @@ async def run_broker(args: argparse.Namespace) -> int:
     refusals = Refusals(cfg, lambda: [f() for f in stopping])
     broker = make_broker(cfg, secrets, refusals.on_error)
     pusher = None
-    if cfg.push:
+    if cfg.push and isinstance(broker, Broker):  # with HA each leadership pushes (rule 7)
         from gavel.broker.ledger.remote import Pusher
 
         pusher = Pusher.attach(broker.ledger, broker.committer, cfg.push, wake=broker.wake,
@@ -322,7 +338,7 @@ async def run_broker(args: argparse.Namespace) -> int:
         if not connecting:
             raise
         await broker.close()
-    except LedgerError as exc:  # rule 4: Damaged, at start or later
+    except (LedgerError, LeaseError) as exc:  # rule 4: Damaged, at start or later
         raise Stopped(str(exc)) from None
     finally:
         if pusher is not None and pushing is not None:
@@ -426,7 +442,7 @@ async def run_gateway(args: argparse.Namespace) -> int:
     nc, said = None, False
     while nc is None:  # a gateway started before NATS waits for it, saying so once
         try:
-            nc = await nats.connect(cfg.nats, **options)
+            nc = await nats.connect(servers(cfg.nats), **options)
         except Exception as exc:
             if not said:
                 log.warning("cannot reach NATS at %s (%s); retrying", mask_url(cfg.nats), exc)

@@ -96,6 +96,9 @@ def build_parser() -> argparse.ArgumentParser:
                     "routes)")
     up.add_argument("--gateway-port", type=_port, default=None, metavar="PORT",
                     help="loopback port the gateway serves on (default: a free port)")
+    up.add_argument("--ha", action="store_true",
+                    help="several brokers, one leader: three clustered nats-servers, a bare "
+                    "state remote under STATE and three brokers (default: one of each)")
 
     br = sub.add_parser("broker", help="run the broker", description=(
         "Run the broker. Settings come from --config FILE, then GAVEL_* environment "

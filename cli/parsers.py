@@ -20,6 +20,8 @@ __all__ = [
     "absolute_paths",
     "address",
     "admin_url",
+    "boolean",
+    "broker_id",
     "choice",
     "duration",
     "labels",
@@ -108,6 +110,24 @@ def node_id(text: str) -> str:
             f"node id {text!r} must be 1-64 letters, digits, '-' or '_' (it becomes one NATS "
             "subject token)")
     return text
+
+
+def broker_id(text: str) -> str:
+    if not re.match(r"^[A-Za-z0-9_-]{1,64}$", text):
+        raise argparse.ArgumentTypeError(
+            f"broker id {text!r} must be 1-64 letters, digits, '-' or '_'")
+    return text
+
+
+def boolean(text: str) -> bool:
+    """A switch's value in the environment: 1/true/yes/on or 0/false/no/off."""
+    low = text.strip().lower()
+    if low in ("1", "true", "yes", "on"):
+        return True
+    if low in ("0", "false", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"{text!r} is not one of 1, true, yes, on, 0, false, "
+                                     "no, off")
 
 
 def _number(text: str, kind: type[float] | type[int], zero_ok: bool) -> float:

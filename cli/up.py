@@ -24,6 +24,8 @@ Rules:
 4. Unless ``--no-ui``, the web dashboard (`gavel ui`) runs in this process once the cluster
    is up, an operator client of it like the CLI, and its URL is printed; it stops before the
    children do.
+5. ``--ha`` runs three clustered nats-servers, a bare state remote and three brokers, one
+   of which leads (`gavel.cli.upha`), and says which; the state is then the remote's.
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ from typing import Any
 from gavel.cli.commands import UsageError
 from gavel.cli.parsers import unusable_dir
 from gavel.cli.ui import app as ui_app
+from gavel.cli.upha import BROKERS, SERVERS, HaUp
 from gavel.gateway.caddyserver import Caddy
 from gavel.shared.api import (
     EventsReply,
@@ -111,10 +114,10 @@ def _spawn(name: str, args: list[str], log: Path, env: dict[str, str]) -> _Child
     return _Child(name, log, proc)
 
 
-def _stop(children: list[_Child], grace_s: float = 15.0) -> None:
-    """Rule 3: SIGTERM the first (the broker) and wait for it to go, then the rest together;
-    SIGKILL whatever is still there after `grace_s`."""
-    for group in (children[:1], children[1:]):
+def _stop(children: list[_Child], grace_s: float = 15.0, brokers: int = 1) -> None:
+    """Rule 3: SIGTERM the first `brokers` (the brokers) and wait for them to go, then the
+    rest together; SIGKILL whatever is still there after `grace_s`."""
+    for group in (children[:brokers], children[brokers:]):
         for c in group:
             if c.proc.poll() is None:
                 c.proc.send_signal(signal.SIGTERM)
@@ -165,6 +168,18 @@ async def _until_up(children: list[_Child], url: str, operator: str | None,
                       f"{children[0].log.parent}")
 
 
+async def _who_leads(url: str, operator: str | None) -> str:
+    """Rule 5's line: which broker leads, in which epoch."""
+    nc = await connect(url, operator)
+    try:
+        reply = await call(nc, "nodes", NodesRequest(), NodesReply, timeout=5)
+    except ClientError as exc:
+        return f"no leader yet: {exc}"
+    finally:
+        await nc.close()
+    return f"{reply.leader} leads, epoch {reply.epoch}"
+
+
 def demo_specs() -> list[Spec]:
     py = sys.executable
     return [
@@ -210,7 +225,7 @@ async def _through_gateway(url: str, timeout: float = 20.0) -> None:
               f"({status or 'unreachable'} {body.strip()[:80]}); see logs/gateway.log")
 
 
-async def _demo(nc: Any, workers: int, state: Path, gateway: str | None = None) -> None:
+async def _demo(nc: Any, workers: int, git_dir: Path, gateway: str | None = None) -> None:
     await wait_healthy(nc, workers, 30)
     nodes = await call(nc, "nodes", NodesRequest(), NodesReply)
     print(f"\n{len(nodes.nodes)} workers bidding:")
@@ -259,7 +274,7 @@ async def _demo(nc: Any, workers: int, state: Path, gateway: str | None = None) 
         if e.type in ("running", "exited", "failed"):
             extra = f" exit {e.exit_code}" if e.exit_code is not None else ""
             print(f"  {e.instance_id:<18} {e.type:<8} on {e.node_id}{extra}")
-    print(f"\nthe deployment is in git: git --git-dir {state / 'state.git'} log --stat")
+    print(f"\nthe deployment is in git: git --git-dir {git_dir} log --stat")
 
 
 async def up(args: argparse.Namespace) -> int:
@@ -267,18 +282,30 @@ async def up(args: argparse.Namespace) -> int:
     why = unusable_dir(state / "logs")
     if why:
         raise UsageError(f"--state {state}: cannot keep gavel's state there ({why}).")
+    ha_on = bool(getattr(args, "ha", False))
+    if ha_on and args.nats_port is not None:
+        raise UsageError(f"--nats-port names one server, and --ha runs {SERVERS} on free "
+                         "ports: leave --nats-port out.")
     nodes = [f"node-{i + 1}" for i in range(args.workers)]
     ids = identity.init(state, nodes) if args.auth else None
+    ha = HaUp(state, ids.config.read_text() if ids else "") if ha_on else None
     server = NatsServer(port=args.nats_port, store_dir=state / "nats",
                         config=ids.config if ids else None, log=state / "logs" / "nats.log")
+    servers = ha.cluster.servers if ha is not None else [server]
+    url = ha.cluster.url if ha is not None else server.url
     try:
-        server.start()
+        if ha is not None:
+            ha.make_remote()
+        for one in servers:
+            one.start()
     except NatsServerError as exc:
+        for one in servers:
+            one.stop()
         if exc.port_taken and args.nats_port is not None:
             raise UsageError(f"--nats-port {args.nats_port} is taken by another process; "
                              "choose another, or leave it out for a free one.") from None
-        raise ClientError(f"{exc}; its log is {server.log}") from None
-    env = {**os.environ, "GAVEL_NATS_URL": server.url}
+        raise ClientError(f"{exc}; its log is {servers[0].log}") from None
+    env = {**os.environ, "GAVEL_NATS_URL": url}
     env.pop("GAVEL_CREDS", None)  # each child gets its own, below
 
     def creds(path: Path | None) -> list[str]:
@@ -286,10 +313,19 @@ async def up(args: argparse.Namespace) -> int:
 
     if args.log_format:
         env["GAVEL_LOG_FORMAT"] = args.log_format
-    broker = ["broker", "--state", str(state), *creds(ids.broker if ids else None)]
-    if args.metrics_port is not None:
-        broker += ["--metrics-port", str(args.metrics_port), "--metrics-addr", args.metrics_addr]
-    children = [_spawn("broker", broker, state / "logs" / "broker.log", env)]
+    broker_creds = creds(ids.broker if ids else None)
+    if ha is not None:  # rule 5
+        children = [_spawn(f"broker-{k}", ha.broker_args(k, broker_creds, args.metrics_port,
+                                                         args.metrics_addr),
+                           state / "logs" / f"broker-{k}.log", env)
+                    for k in range(1, BROKERS + 1)]
+    else:
+        broker = ["broker", "--state", str(state), *broker_creds]
+        if args.metrics_port is not None:
+            broker += ["--metrics-port", str(args.metrics_port), "--metrics-addr",
+                       args.metrics_addr]
+        children = [_spawn("broker", broker, state / "logs" / "broker.log", env)]
+    n_brokers = len(children)
     operator = str(ids.operator) if ids else None
     caddy = None
     gateway = None
@@ -297,7 +333,7 @@ async def up(args: argparse.Namespace) -> int:
     async def start() -> None:
         """The broker, then (once it answers, so it hears their first heartbeats) the
         workers, until all of them are up."""
-        await _until_up(children, server.url, operator, 0, UP_TIMEOUT_S)
+        await _until_up(children, url, operator, 0, UP_TIMEOUT_S)
         for i, node in enumerate(nodes):
             cpu, mem = SIZES[i % len(SIZES)]
             children.append(_spawn(
@@ -309,7 +345,7 @@ async def up(args: argparse.Namespace) -> int:
                  "--ports", f"{21000 + 100 * i}-{21000 + 100 * i + 99}",
                  "--state", str(state / "workers" / node), "--advertise", "127.0.0.1"],
                 state / "logs" / f"{node}.log", env))
-        await _until_up(children, server.url, operator, args.workers, UP_TIMEOUT_S)
+        await _until_up(children, url, operator, args.workers, UP_TIMEOUT_S)
 
     done = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -319,8 +355,9 @@ async def up(args: argparse.Namespace) -> int:
         try:
             caddy = Caddy(state / "caddy", log=state / "logs" / "caddy.log").start()
         except (OSError, RuntimeError) as exc:  # no binary, or it would not start
-            _stop(children)
-            server.stop()
+            _stop(children, brokers=n_brokers)
+            for one in servers:
+                one.stop()
             raise ClientError(f"cannot run the gateway's Caddy: {exc} (--no-gateway runs "
                               "without one)") from None
         gateway = f"http://127.0.0.1:{getattr(args, 'gateway_port', None) or free_port()}"
@@ -340,8 +377,14 @@ async def up(args: argparse.Namespace) -> int:
             return 0
         stopping.cancel()
         starting.result()  # ClientError: a child exited, or the cluster did not come up
-        print(f"gavel up: nats-server at {server.url}, broker and {args.workers} workers"
-              + (", gateway" if gateway else "") + f" up; state and logs under {state}")
+        if ha is not None:
+            print(f"gavel up: {SERVERS} clustered nats-servers at {url}, {BROKERS} brokers "
+                  f"({await _who_leads(url, operator)}) and {args.workers} workers"
+                  + (", gateway" if gateway else "") + f" up; state in {ha.remote}, logs "
+                  f"under {state / 'logs'}")
+        else:
+            print(f"gavel up: nats-server at {url}, broker and {args.workers} workers"
+                  + (", gateway" if gateway else "") + f" up; state and logs under {state}")
         if caddy is not None:
             print(f"gateway: {gateway} (Caddy; its admin API at {caddy.admin_url}, loopback "
                   "only)")
@@ -349,26 +392,36 @@ async def up(args: argparse.Namespace) -> int:
               if ids else "NATS auth: off (--no-auth); anyone who reaches the server may "
               "use it")
         if args.metrics_port is not None:
-            print(f"broker metrics: http://{args.metrics_addr}:{args.metrics_port}/metrics")
+            print(f"broker metrics: http://{args.metrics_addr}:{args.metrics_port}/metrics"
+                  + (f" (broker-k: port {args.metrics_port} + k - 1)" if ha else ""))
         if args.demo:
-            nc = await connect(server.url, operator)
+            nc = await connect(url, operator)
             try:
-                await _demo(nc, args.workers, state, gateway)
+                await _demo(nc, args.workers, ha.remote if ha else state / "state.git",
+                            gateway)
             finally:
                 await nc.close()
             return 0
         hint = f"GAVEL_CREDS={operator} " if operator else ""
-        print(f"try: GAVEL_NATS_URL={server.url} {hint}gavel nodes   "
+        print(f"try: GAVEL_NATS_URL={url} {hint}gavel nodes   "
               "(Ctrl-C stops the cluster)")
         if args.ui:  # rule 4
-            dashboard = await ui_app.start(server.url, operator, addr=args.ui_addr,
+            dashboard = await ui_app.start(url, operator, addr=args.ui_addr,
                                            port=args.ui_port, token=args.ui_token)
             print(f"dashboard: {dashboard.announce()}")
         sys.stdout.flush()
         while not done.is_set():  # rule 2, for as long as it runs
-            gone = _exited(children)
-            if gone or server.proc is None or server.proc.poll() is not None:
-                raise ClientError(gone or f"the nats-server exited; its log is {server.log}")
+            if ha is not None:  # rule 5
+                said, fatal = ha.losses({c.name: c.proc.poll() for c in children[:n_brokers]})
+                for line in said:
+                    print(line, flush=True)
+                gone = fatal or _exited(children[n_brokers:])
+            else:
+                gone = _exited(children)
+                if not gone and (server.proc is None or server.proc.poll() is not None):
+                    gone = f"the nats-server exited; its log is {server.log}"
+            if gone:
+                raise ClientError(gone)
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(WATCH_S):
                     await done.wait()
@@ -376,7 +429,8 @@ async def up(args: argparse.Namespace) -> int:
     finally:
         if dashboard is not None:
             await dashboard.close()
-        _stop(children)  # rule 3: the broker first
+        _stop(children, brokers=n_brokers)  # rule 3: the brokers first
         if caddy is not None:
             caddy.stop()
-        server.stop()
+        for one in servers:
+            one.stop()

@@ -147,6 +147,11 @@ class InstanceStatus(msgspec.Struct, kw_only=True):
 
 class StatusReply(Message, tag="statuses"):
     instances: list[InstanceStatus]
+    #: Who answered: the leading broker's id, its leadership's epoch (0 without HA) and
+    #: since when it leads (UTC, ISO 8601).
+    leader: str = ""
+    epoch: int = 0
+    leader_since: str = ""
 
 
 class NodesRequest(Message, tag="nodes"):
@@ -196,6 +201,10 @@ class NodeDetail(msgspec.Struct, kw_only=True):
 class NodesReply(Message, tag="node-list"):
     nodes: list[NodeStatus]
     rejected: dict[str, int] = msgspec.field(default_factory=dict)
+    #: As `StatusReply`: the broker that leads, its epoch, since when.
+    leader: str = ""
+    epoch: int = 0
+    leader_since: str = ""
     detail: NodeDetail | None = None
 
 

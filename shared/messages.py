@@ -171,7 +171,10 @@ class Request(Shape, kw_only=True, frozen=True):
 
 
 class RFB(Message, tag="rfb"):
-    """Request for bids: one auction over one or many instances, asked per shape."""
+    """Request for bids: one auction over one or many instances, asked per shape. One that
+    asks for nothing (no shapes) is a hello: a new leadership (`broker.ha`) asks every node
+    for a heartbeat now, so it knows who is there without waiting a heartbeat interval;
+    nobody bids."""
 
     auction_id: str
     shapes: list[Shape]
@@ -221,11 +224,16 @@ class Award(Message, tag="award"):
     attempt: int = 1
     commit: str = ""
     secret_env: dict[str, str] = {}
+    #: The leadership that awarded it (`broker.ha`: it only grows); 0 for a broker without
+    #: HA. A worker ignores an award of an epoch below the newest it has seen.
+    epoch: NonNegInt = 0
 
 
 class Cancel(Message, tag="cancel"):
     instance_id: str
     node_id: str
+    #: As `Award.epoch`: a worker ignores a cancel of an older leadership.
+    epoch: NonNegInt = 0
 
 
 class Amounts(Protocol):
@@ -350,3 +358,6 @@ class AssignmentRequest(Message, tag="assignment"):
 
 class ApiError(Message, tag="error"):
     error: str
+    #: The leadership that answered (`Award.epoch`): a worker told "not placed here" by a
+    #: broker of an older leadership than it has seen takes it for no answer.
+    epoch: NonNegInt = 0

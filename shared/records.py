@@ -31,6 +31,7 @@ __all__ = [
     "BatchRecord",
     "Deployment",
     "InstanceRecord",
+    "NodeEntry",
     "NodeFile",
     "Outcome",
     "Placement",
@@ -107,6 +108,14 @@ class NodeFile(msgspec.Struct, kw_only=True):
     @property
     def empty(self) -> bool:
         return not (self.instances or self.draining or self.blocked_ports)
+
+
+class NodeEntry(NodeFile, kw_only=True):
+    """A node.json as the KV mirror holds it: the file, and the leadership that put it
+    (`gavel.shared.messages.Award.epoch`; 0 for a broker without HA). Git's node.json never
+    carries an epoch: a new leadership changes no file."""
+
+    epoch: int = 0
 
 
 #: An end stamp: ``2026-11-29T23:59:01.123Z`` (UTC, optional fraction), or "" for none.

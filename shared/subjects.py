@@ -34,6 +34,10 @@ __all__ = [
     "HEARTBEAT_PROBE",
     "HEARTBEAT_PROBE_ALL",
     "HEARTBEAT_STREAM",
+    "LEADER_BUCKET",
+    "LEADER_KEY",
+    "LEADER_STREAM",
+    "LEADER_WATCH",
     "LOGS",
     "LOGS_ALL",
     "NODES_BUCKET",
@@ -90,6 +94,12 @@ NODE_KEY = f"$KV.{NODES_BUCKET}.{{node}}"
 #: Creating a consumer of one node's key, the filter in the subject (nats-server checks the
 #: request's filter against it), so permissions can hold a node to its own key.
 NODE_WATCH = f"$JS.API.CONSUMER.CREATE.{NODES_STREAM}.{{name}}.{NODE_KEY}"
+#: JetStream KV bucket of the brokers' leadership lease (`broker.lease`): one key, `leader`.
+LEADER_BUCKET = "gavel-leader"
+LEADER_STREAM = f"KV_{LEADER_BUCKET}"
+LEADER_KEY = f"$KV.{LEADER_BUCKET}.leader"
+#: Creating a consumer of the lease key, the filter in the subject (as `NODE_WATCH`).
+LEADER_WATCH = f"$JS.API.CONSUMER.CREATE.{LEADER_STREAM}.{{name}}.{LEADER_KEY}"
 #: A worker's inbox prefix (nats-py's ``inbox_prefix``): replies to its own requests, above
 #: all the broker's answers to its assignment requests (which carry secrets), land under
 #: ``_INBOX_<node>.>``, a prefix per-node credentials let no other node subscribe to.

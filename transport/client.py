@@ -2,6 +2,8 @@
 
 Rules:
 1. A broker that does not answer is a clear error naming the URL, never a traceback.
+   "No responders" (`NoBroker`) means nobody got the request: no broker runs, or, with
+   several, none leads at this moment (one is taking over); asking again is always safe.
 2. A NATS URL that is not one, or one where nothing answers, is the operator's to fix: one
    `BadInput` sentence (exit 2) naming it, before and instead of a retry loop.
 """
@@ -23,9 +25,10 @@ from gavel.shared.errors import BadInput
 from gavel.shared.messages import ApiError, Message
 from gavel.shared.redact import mask_url
 from gavel.transport.creds import connect_options
+from gavel.transport.urls import servers
 
-__all__ = ["BadNatsUrl", "BrokerRefused", "ClientError", "NoAnswer", "NoNats", "call",
-           "check_url", "connect", "wait_healthy"]
+__all__ = ["BadNatsUrl", "BrokerRefused", "ClientError", "NoAnswer", "NoBroker", "NoNats",
+           "call", "check_url", "connect", "wait_healthy"]
 
 T = TypeVar("T", bound=Message)
 _enc = msgspec.msgpack.Encoder()
@@ -63,8 +66,14 @@ def check_url(url: str) -> None:
         if not ok:
             raise BadNatsUrl(f"{mask_url(part.strip())!r} is not a NATS URL: expected "
                              "nats://HOST:PORT (or tls://, ws://, wss://).")
+
+
 class NoAnswer(ClientError):
     """The broker did not answer in time: what it did with the request is unknown."""
+
+
+class NoBroker(ClientError):
+    """Nobody received the request (rule 1): nothing was done with it."""
 
 
 async def _quiet(exc: Exception) -> None:
@@ -80,7 +89,7 @@ async def connect(url: str, creds: str | None = None, **options: Any) -> Any:
     if creds:
         kwargs.update(connect_options(creds))
     try:
-        return await nats.connect(url, **kwargs)
+        return await nats.connect(servers(url), **kwargs)
     except Exception as exc:
         if "authorization violation" in str(exc).lower():
             which = f"the credentials in {creds}" if creds else \
@@ -98,8 +107,9 @@ async def call(nc: Any, verb: str, request: Message, reply_type: type[T],
         msg = await nc.request(subjects.API.format(verb=verb), _enc.encode(request),
                                timeout=timeout)
     except NoRespondersError:
-        raise ClientError("no broker is answering: start one with `gavel broker` or "
-                          "`gavel up`") from None
+        raise NoBroker("no broker is answering: start one with `gavel broker` or `gavel up` "
+                       "(with several brokers, none leads at this moment: ask again in a few "
+                       "seconds)") from None
     except NatsTimeout:
         err = getattr(nc, "last_error", None)
         if err is not None and "permissions violation" in str(err).lower():

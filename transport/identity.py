@@ -7,9 +7,10 @@ Rules:
    (``_INBOX_<node>.>``: the broker's answers to other nodes' assignment requests carry their
    secrets), and never writes the KV bucket where the broker mirrors node.json.
 2. The broker holds the least it needs: it publishes RFBs, awards, cancels, events and the
-   KV mirror's puts, one JetStream call (creating the bucket) and those of its heartbeat
-   stream (`heartbeat_stream_permissions`: nodes need nothing for it, the server stores
-   their heartbeats as they publish them), and answers only under the
+   KV mirror's puts, creates the mirror's bucket and the leadership lease's, writes the
+   lease's one key and watches it (`broker.lease`), makes the JetStream calls of its
+   heartbeat stream (`heartbeat_stream_permissions`: nodes need nothing for it, the server
+   stores their heartbeats as they publish them), and answers only under the
    operators' inbox and each node's own (listed per node: a NATS wildcard is a whole
    token, so ``_INBOX_*`` is no pattern); it subscribes to what it serves and its own inbox
    (``_INBOX_broker``). No ``allow_responses``: it would let the broker publish to any reply
@@ -145,6 +146,11 @@ def broker_permissions(nodes: Iterable[str] = ()) -> dict[str, Any]:
             subjects.EVENTS_ALL,
             subjects.NODE_KEY.format(node="*"),  # the KV mirror's puts
             f"$JS.API.STREAM.CREATE.{subjects.NODES_STREAM}",  # making sure the bucket exists
+            # The leadership lease (`broker.lease`): its bucket, its one key (create, renew,
+            # release), and a consumer of that key alone, for the standbys' watch.
+            f"$JS.API.STREAM.CREATE.{subjects.LEADER_STREAM}",
+            subjects.LEADER_KEY,
+            subjects.LEADER_WATCH.format(name="*"),
             f"{subjects.OPERATOR_INBOX}.>",  # answers to the API
             *(f"{subjects.NODE_INBOX.format(node=n)}.>" for n in nodes),  # to assign requests
             own,  # its subscription barrier

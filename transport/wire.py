@@ -39,6 +39,8 @@ Rules:
    come back before the server has read them, and a message another connection publishes
    in that moment reaches no one (tests/integration/test_wire.py shows the order on the
    socket). A message to ourselves, published after them, travels behind them.
+7. `abort(nc)` closes a connection without sending what it still holds: a broker that no
+   longer leads says nothing more (`broker.ha`). Its subscriptions end with it.
 """
 
 from __future__ import annotations
@@ -57,7 +59,8 @@ from nats.aio.transport import TcpTransport
 from gavel.transport.inbound import Received
 from gavel.transport.rejects import Throttle
 
-__all__ = ["DIRECT", "Client", "Inbound", "Received", "fast", "send", "subscribed", "write_now"]
+__all__ = ["DIRECT", "Client", "Inbound", "Received", "abort", "fast", "send", "subscribed",
+           "write_now"]
 
 log = logging.getLogger("gavel.broker")
 
@@ -184,6 +187,17 @@ async def subscribed(nc: Any, timeout: float = 5.0) -> None:
     finally:
         with contextlib.suppress(nats.errors.Error):
             await sub.unsubscribe()
+
+
+async def abort(nc: Any) -> None:
+    """Rule 7: drop the client's pending buffer, then close."""
+    if nc is None or nc.is_closed:
+        return
+    if isinstance(getattr(nc, "_pending", None), list):
+        nc._pending = []
+        nc._pending_data_size = 0
+    with contextlib.suppress(Exception):
+        await nc.close()
 
 
 class Client(NatsClient):

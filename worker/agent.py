@@ -8,7 +8,9 @@ dropped, a malformed one or one that is no message of gavel's (a JetStream deliv
 control, a heartbeat: `transport.inbound`) is counted and logged once per kind a minute.
 What the node runs is the `Supervisor`'s business, making it match node.json the
 `Converger`'s (see worker.converge for the award/KV ordering and for self-fencing); this
-module is the NATS shell around them.
+module is the NATS shell around them. An award or cancel of an older leadership than the
+newest heard from is counted and ignored (`Supervisor.admit`); an RFB that asks for nothing
+is a new leader's hello, answered with a heartbeat at once.
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ from gavel.shared.timing import Timing
 from gavel.transport import wire
 from gavel.transport.inbound import Door, Guard
 from gavel.transport.rejects import Throttle
+from gavel.transport.urls import servers
 from gavel.worker.cgroups import Enforcement
 from gavel.worker.converge import Converger
 from gavel.worker.hoststats import Sampler, detect_capacity, primary_address
@@ -56,7 +59,7 @@ from gavel.worker.logfiles import LogLimits, Outputs
 from gavel.worker.logserver import LogServer
 from gavel.worker.logserver import tick as logs_tick
 from gavel.worker.ports import bindable
-from gavel.worker.supervisor import Supervisor
+from gavel.worker.supervisor import OLDER_AWARD, OLDER_CANCEL, Supervisor
 
 __all__ = ["Agent"]
 
@@ -230,7 +233,7 @@ class Agent:
             "inbox_prefix": subjects.NODE_INBOX.format(node=self.node_id),
         }
         options.update(self._nats_options)
-        connecting = asyncio.ensure_future(nats.connect(self._nats_url, **options))
+        connecting = asyncio.ensure_future(nats.connect(servers(self._nats_url), **options))
         stopping = asyncio.ensure_future(self._stop_requested.wait())
         await asyncio.wait({connecting, stopping}, return_when=asyncio.FIRST_COMPLETED)
         stopping.cancel()
@@ -333,6 +336,9 @@ class Agent:
         rfb = self._rfb(msg)
         if rfb is None:
             return
+        if not rfb.shapes:  # a hello from a new leadership: a heartbeat now, no bids
+            self._wake.set()
+            return
         view, strategy = self._view, self.strategy
         reply = BidReply(auction_id=rfb.auction_id, node_id=self.node_id,
                          answers=[answer(strategy, shape, view, i)
@@ -343,14 +349,21 @@ class Agent:
         award = self._award(msg)
         if award is None:
             return
+        if not self._supervisor.admit(award.epoch):
+            self._refused.count(OLDER_AWARD, f"{award.instance_id} (epoch {award.epoch})")
+            return
         ignored = await self._supervisor.award(award)
         if ignored is not None:
             self._refused.count(ignored, award.instance_id)
 
     async def _on_cancel(self, msg: Msg) -> None:
         cancel = self._cancel(msg)
-        if cancel is not None:
-            await self._supervisor.cancel(cancel.instance_id)
+        if cancel is None:
+            return
+        if not self._supervisor.admit(cancel.epoch):
+            self._refused.count(OLDER_CANCEL, f"{cancel.instance_id} (epoch {cancel.epoch})")
+            return
+        await self._supervisor.cancel(cancel.instance_id)
 
     # -- outbound ---------------------------------------------------------------------------
 

@@ -34,6 +34,9 @@ Rules:
    window (how late the node notices, plus one auction) in which an instance may run on two
    nodes; closing it needs leases the node can check. After contact returns, anything
    node.json still lists here is fetched and started again (rule 1).
+7. A KV entry or an assignment answer of an older leadership than the newest this node has
+   heard from (`Supervisor.admit`: a deposed broker, paused or cut off, speaking late) is
+   counted and ignored: the entry as if it never came, the answer as no answer.
 """
 
 from __future__ import annotations
@@ -52,17 +55,17 @@ from nats.aio.client import Client as NATS
 
 from gavel.shared import subjects
 from gavel.shared.messages import ApiError, AssignmentRequest, Award
-from gavel.shared.records import NodeFile
+from gavel.shared.records import NodeEntry, NodeFile
 from gavel.shared.timing import Timing
 from gavel.transport.inbound import Sink
-from gavel.worker.supervisor import Supervisor
+from gavel.worker.supervisor import OLDER_ANSWER, OLDER_NODE, Supervisor
 from gavel.worker.watch import Entry, NodeWatch
 
 __all__ = ["Converger"]
 
 log = logging.getLogger("gavel.worker.converge")
 
-_node_dec = msgspec.json.Decoder(NodeFile)
+_node_dec = msgspec.json.Decoder(NodeEntry)
 _reply_dec = msgspec.msgpack.Decoder(Award | ApiError)
 _enc = msgspec.msgpack.Encoder()
 
@@ -168,13 +171,16 @@ class Converger:
         if revision <= self.revision:
             return
         if entry.operation in ("DEL", "PURGE") or not entry.value:
-            nf = NodeFile(node_id=self.node_id)
+            nf = NodeEntry(node_id=self.node_id)
         else:
             try:
                 nf = _node_dec.decode(entry.value)
             except (msgspec.DecodeError, RecursionError) as exc:  # deep nesting: no DecodeError
                 self._warn_once("decode", "unreadable node.json revision %d in KV (%s)",
                                 revision, exc)
+                return
+            if not self.supervisor.admit(nf.epoch):  # rule 7
+                self._sink.count(OLDER_NODE, f"revision {revision} (epoch {nf.epoch})")
                 return
         blocked_before = self.blocked()
         self.node, self.revision = nf, revision
@@ -244,6 +250,9 @@ class Converger:
                                          or reply.instance_id != iid):
             self._warn_once("mismatch", "assignment reply for %s/%s dropped",
                             reply.node_id, reply.instance_id)
+            return None
+        if not self.supervisor.admit(reply.epoch):  # rule 7: as no answer
+            self._sink.count(OLDER_ANSWER, f"{iid} (epoch {reply.epoch})")
             return None
         return reply
 

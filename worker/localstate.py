@@ -65,6 +65,9 @@ class AgentFile(msgspec.Struct, kw_only=True):
     instances: dict[str, LocalInstance] = {}
     #: ``"<instance_id>/<attempt>"`` of the most recent attempts that ended here, oldest first.
     finished: list[str] = []
+    #: The newest leadership epoch this node has heard from (`worker.supervisor.admit`):
+    #: kept across restarts, so a deposed broker is not believed again after one.
+    epoch: int = 0
 
 
 _decoder = msgspec.json.Decoder(AgentFile)

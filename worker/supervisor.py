@@ -19,6 +19,12 @@ restarts in place), and a process left running for the next worker keeps it.
 
 What happens between an instance's start and its end (restarts in place, health checks, a
 process the kernel killed for its memory) is its `worker.instance.Life`.
+
+Epochs: with several brokers (`broker.ha`) every award, cancel, KV entry and assignment
+answer names the leadership that sent it. `admit` refuses one of an older epoch than the
+newest this node has heard from (a deposed leader, paused or cut off, speaking late), and
+remembers a newer one in ``agent.json`` before anything acts on it. Epoch 0 is a broker
+without HA: there is nothing to compare, and it is admitted.
 """
 
 from __future__ import annotations
@@ -41,7 +47,8 @@ from gavel.worker.instance import Begin, Held, Life, Report, Secrets
 from gavel.worker.localstate import FINISHED_KEPT, AgentFile, LocalInstance, load, save
 from gavel.worker.ports import assign
 
-__all__ = ["Report", "Supervisor"]
+__all__ = ["OLDER_ANSWER", "OLDER_AWARD", "OLDER_CANCEL", "OLDER_NODE", "Report",
+           "Supervisor"]
 
 log = logging.getLogger("gavel.worker")
 
@@ -51,6 +58,11 @@ async def _no_secrets(_iid: str, _attempt: int) -> dict[str, str] | None:
 
 
 _SAFE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+#: What a node ignores from a broker of an older leadership (the kinds it counts).
+OLDER_AWARD = "award from an older leadership"
+OLDER_CANCEL = "cancel from an older leadership"
+OLDER_NODE = "node.json from an older leadership"
+OLDER_ANSWER = "assignment answer from an older leadership"
 
 
 class Supervisor:
@@ -78,6 +90,19 @@ class Supervisor:
         self._held: dict[str, Held] = {}
         self._finished: collections.deque[str] = collections.deque(maxlen=FINISHED_KEPT)
         self._stoppers: set[asyncio.Task[int | None]] = set()
+        #: The newest leadership epoch heard from (module docstring).
+        self.epoch = 0
+
+    def admit(self, epoch: int) -> bool:
+        """Whether a message of leadership `epoch` may be acted on (module docstring)."""
+        if epoch == 0 or epoch == self.epoch:
+            return True
+        if epoch < self.epoch:
+            return False
+        log.info("leadership epoch %d (was %d)", epoch, self.epoch)
+        self.epoch = epoch
+        self.persist()
+        return True
 
     # -- what the node holds ----------------------------------------------------------------
 
@@ -137,6 +162,7 @@ class Supervisor:
                 raise ValueError(f"{self._path} belongs to node {saved.node_id!r}, "
                                  f"not {self.node_id!r}")
             self._finished.extend(saved.finished)
+            self.epoch = max(self.epoch, saved.epoch)
             for local in saved.instances.values():
                 await self._readopt(Held(local))
         self.persist()
@@ -301,4 +327,4 @@ class Supervisor:
         save(self._path, AgentFile(
             node_id=self.node_id,
             instances={iid: h.local for iid, h in self._held.items()},
-            finished=list(self._finished)))
+            finished=list(self._finished), epoch=self.epoch))

@@ -32,6 +32,11 @@ Rules:
 9. A damaged repository (`Damaged`: an object missing or unreadable) stops the committer,
    and `on_damaged` hears it. Items whose commit surely did not land hear that they failed;
    when the ref cannot even be read to tell, they hear nothing: no answer, not a wrong one.
+10. With `durable` (a leader of several brokers, `broker.ha`) a commit has landed only once
+   it is on the remote every broker reads: its `after` callbacks, and `on_durable` before
+   them (the KV mirror), wait until a push covering it was accepted. Commits go on being
+   written meanwhile, and one push carries all of them (`broker.ledger.remote` rule 6);
+   without `durable` nothing waits.
 """
 
 from __future__ import annotations
@@ -44,7 +49,7 @@ from collections.abc import Callable
 from concurrent.futures import BrokenExecutor, ProcessPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Protocol
 
 import msgspec
 
@@ -54,7 +59,7 @@ from gavel.broker.ledger.repository import Conflict, Damaged, Ledger, Pinned
 from gavel.broker.ledger.state import Change, stamp
 from gavel.shared.reasons import Reason
 
-__all__ = ["Committer", "Item", "Planned"]
+__all__ = ["Committer", "Durable", "Item", "Planned"]
 
 log = logging.getLogger("gavel.ledger")
 
@@ -64,6 +69,18 @@ class Planned:
     lines: list[str]
     trailers: list[str] = field(default_factory=list)
     after: list[Callable[[str], None]] = field(default_factory=list)
+
+
+class Durable(Protocol):
+    """Rule 10: where commits become durable off this host (the pusher)."""
+
+    def mark(self) -> int:
+        """A token for every commit written so far."""
+        ...
+
+    async def wait(self, mark: int) -> None:
+        """Return once the commits `mark` covers are durable."""
+        ...
 
 
 @dataclass
@@ -88,8 +105,12 @@ class Committer:
         self.max_conflicts = max_conflicts
         self._queue: list[Item] = []
         self._kick = asyncio.Event()
-        #: Landed commits whose `after` callbacks have not all run yet, oldest first.
-        self._afters: deque[tuple[list[Planned], str]] = deque()
+        #: Landed commits whose `after` callbacks have not all run yet, oldest first: what
+        #: they promised, the commit, its change and its `durable` mark (rule 10).
+        self._afters: deque[tuple[list[Planned], str, Change | None, int]] = deque()
+        #: Rule 10: off-host durability, and who hears of a commit once it is durable.
+        self.durable: Durable | None = None
+        self.on_durable: Callable[[Change, str], None] | None = None
         self._afters_kick = asyncio.Event()
         self._committing = False
         self._pool = make_executor(writer)
@@ -144,8 +165,9 @@ class Committer:
         if not self._queue and not self._committing and not self._afters:
             self.idle.set()
 
-    def _landed(self, planned: list[Planned], sha: str) -> None:
-        self._afters.append((planned, sha))
+    def _landed(self, planned: list[Planned], sha: str, change: Change | None = None) -> None:
+        mark = self.durable.mark() if self.durable is not None else 0
+        self._afters.append((planned, sha, change, mark))
         self._afters_kick.set()
 
     async def _run_afters(self) -> None:
@@ -153,7 +175,11 @@ class Committer:
             await self._afters_kick.wait()
             self._afters_kick.clear()
             while self._afters:
-                planned, sha = self._afters[0]
+                planned, sha, change, mark = self._afters[0]
+                if self.durable is not None:  # rule 10
+                    await self.durable.wait(mark)
+                    if change is not None and self.on_durable is not None:
+                        self.on_durable(change, sha)
                 await _run_after(planned, sha)
                 self._afters.popleft()
             self._maybe_idle()
@@ -221,7 +247,7 @@ class Committer:
             self.commits += 1
             if self.on_commit is not None:
                 self.on_commit(view.change, sha)
-            self._landed(planned, sha)
+            self._landed(planned, sha, view.change)
             return True
         self._unwritable(items, "the branch kept moving; giving up this batch")
         return False

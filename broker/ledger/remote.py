@@ -7,16 +7,23 @@ Rules:
 2. Never a force push. When the remote has commits we lack, they are fetched and merged into
    our branch as a commit with two parents (ours first), and our branch moves by
    compare-and-swap like any other ledger write; then the push is tried again.
-3. The merge rule: a file only they changed is taken from them; a file both sides changed
-   keeps our version, because the broker is the single writer of placements. A taken
-   ``instances/`` or ``nodes/`` file that does not decode is left out, and the merge commit's
-   message names it.
+3. The merge rule (`broker.ledger.merge`): a file only they changed is taken from them; a
+   file both sides changed keeps our version, because the broker is the single writer of
+   placements. A taken ``instances/`` or ``nodes/`` file that does not decode is left out,
+   and the merge commit's message names it.
 4. All git work runs on one thread with its own repository handle. To the ledger a merge is
    just "the ref moved": it re-reads the tree and re-plans whatever was in flight. What the
    merge took is not mirrored as they wrote it: the broker's next pass mirrors the state it
    read, which holds one placement per instance (`broker.ledger.integrity`), so a node file
    of theirs that lists an instance on a second node never reaches that node's worker.
-5. A remote on this machine whose HEAD names a branch without commits is given HEAD on the
+5. A leader (`epoch` set: `broker.ha`) pushes by compare-and-swap (`broker.ledger.caspush`)
+   and only while `leading()` says its lease holds. Refused, it fetches: a remote branch of
+   another epoch (`broker.ledger.takeover`: every leadership's first commit names its own)
+   means another broker leads - `Fenced`, nothing is merged and nothing is retried; a
+   branch of its own epoch with commits it lacks is a hand commit, merged as in rule 2.
+6. `mark()` names every commit notified so far; `wait(mark)` returns once a push that
+   started after them landed (the committer's "durable": `broker.ledger.committer` rule 10).
+7. A remote on this machine whose HEAD names a branch without commits is given HEAD on the
    pushed branch (`ledger.repository.name_head`).
 """
 
@@ -26,44 +33,32 @@ import asyncio
 import contextlib
 import logging
 import os
-import re
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import msgspec
 import pygit2
 from prometheus_client import Counter
 from prometheus_client.registry import CollectorRegistry
 
+from gavel.broker.ledger import caspush, merge, takeover
+from gavel.broker.ledger.caspush import PushError, Refused
 from gavel.broker.ledger.repository import name_head
 from gavel.broker.ledger.state import Change
-from gavel.shared.records import InstanceRecord, NodeFile
 from gavel.shared.redact import mask_url
 
 if TYPE_CHECKING:
     from gavel.broker.ledger.committer import Committer
     from gavel.broker.ledger.repository import Ledger
 
-__all__ = ["PushError", "Pusher"]
+__all__ = ["Fenced", "PushError", "Pusher"]
 
 log = logging.getLogger("gavel.remote")
-_SIGNATURE = ("gavel-broker", "broker@gavel.local")
-#: A record in its shard, or put flat by hand (`shared.records.instance_path`).
-_INSTANCE = re.compile(r"^instances/(?:[0-9a-f]{2}/)?(?P<id>[^/]+)\.json$")
-_NODE = re.compile(r"^nodes/(?P<id>[^/]+)/node\.json$")
-_instance_dec = msgspec.json.Decoder(InstanceRecord)
-_node_dec = msgspec.json.Decoder(NodeFile)
-Files = dict[str, tuple[str, int]]  # path -> (blob id, file mode)
 
 
-class PushError(Exception):
-    """The push did not land; the sentence says why."""
-
-
-class _Moved(Exception):
-    """Our branch moved while we merged: merge again on the new head."""
+class Fenced(PushError):
+    """Rule 5: this broker may not push any more (another leads, or its lease ran out)."""
 
 
 class _Callbacks(pygit2.RemoteCallbacks):
@@ -100,8 +95,22 @@ class Pusher:
     def __init__(self, repo_path: Path, ref: str, remote: str, *, backoff_s: float = 0.5,
                  max_backoff_s: float = 60.0, max_rounds: int = 5,
                  on_merged: Callable[[Change, str], None] | None = None,
-                 registry: CollectorRegistry | None = None) -> None:
+                 registry: CollectorRegistry | None = None, epoch: int = 0,
+                 leading: Callable[[], bool] | None = None,
+                 on_fenced: Callable[[str], None] | None = None,
+                 outcomes: Counter | None = None) -> None:
         self.repo_path = Path(repo_path)
+        #: Rule 5: the leadership this pusher writes for (0: no HA), whether its lease still
+        #: holds, and who hears that it may push no more.
+        self.epoch = epoch
+        self.leading = leading
+        self.on_fenced = on_fenced
+        self.fenced = ""
+        #: Rule 6: commits notified, and the count a landed push covered.
+        self._notified = 0
+        self._synced = 0
+        self._pushed = 0
+        self._progress = asyncio.Event()
         self.ref = ref
         self.remote = remote
         self.backoff_s = backoff_s
@@ -119,9 +128,8 @@ class Pusher:
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gavel-push")
         self._repo: pygit2.Repository | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._outcomes = Counter("gavel_git_pushes_total",
-                                 "Pushes of the state branch, by outcome", ["outcome"],
-                                 registry=registry) if registry is not None else None
+        self._outcomes = outcomes if outcomes is not None else pushes_counter(registry) \
+            if registry is not None else None
 
     @classmethod
     def attach(cls, ledger: Ledger, committer: Committer, remote: str, *,
@@ -152,8 +160,24 @@ class Pusher:
     # -- the loop ------------------------------------------------------------------------
     def notify(self) -> None:
         """A commit landed: push it (with anything else that lands before the push starts)."""
+        self._notified += 1
         self.idle.clear()
         self._kick.set()
+
+    def mark(self) -> int:
+        """Rule 6: a token for every commit notified so far."""
+        return self._notified
+
+    async def wait(self, mark: int) -> None:
+        """Rule 6: until the commits `mark` covers are on the remote (for ever if fenced)."""
+        while self._pushed < mark:
+            await self._progress.wait()
+
+    def _landed(self) -> None:
+        if self._synced > self._pushed:
+            self._pushed = self._synced
+            self._progress.set()
+            self._progress = asyncio.Event()
 
     async def run(self) -> None:
         """Push once at start, then after every `notify`, until cancelled."""
@@ -166,6 +190,14 @@ class Pusher:
                 self._kick.clear()
                 try:
                     await self._loop.run_in_executor(self._pool, self.sync)
+                except Fenced as fenced:  # rule 5: for good
+                    self._count("fenced")
+                    self.fenced = str(fenced)
+                    log.warning("%s; this broker pushes no more", fenced,
+                                extra={"remote": self.url})
+                    if self.on_fenced is not None:
+                        self.on_fenced(str(fenced))
+                    return
                 except Exception as failure:  # never let one bad attempt end the pusher
                     self._repo = None  # the next try on a fresh handle (packs may be merged)
                     exc = failure if isinstance(failure, PushError) else PushError(
@@ -182,10 +214,20 @@ class Pusher:
                     continue
                 delay = 0.0
                 self.last_error = ""
+                self._landed()
                 if not self._kick.is_set():
                     self.idle.set()
         finally:
             self._pool.shutdown(wait=False)
+
+    async def lead(self, broker_id: str, at_least: int, since: str) -> takeover.Taken:
+        """`take_over` on the pusher's thread (before `run`)."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._pool, self.take_over, broker_id, at_least, since)
+
+    def shutdown(self) -> None:
+        """Let the pusher's thread go (`run` does it too when cancelled)."""
+        self._pool.shutdown(wait=False)
 
     async def flush(self) -> None:
         """Wait until everything notified so far has landed on the remote."""
@@ -211,29 +253,77 @@ class Pusher:
             return None  # pinned: nothing is ever written, so nothing to push
         repo = self._open()
         error = ""
+        covered = self._notified  # before the head is read: these commits are under it
         for _ in range(self.max_rounds):
             ours = self._head(repo)
             if ours is None:
                 return None
             try:
                 self._push(repo)
+            except Fenced:
+                raise
             except (pygit2.GitError, PushError) as exc:
+                if self.epoch and not isinstance(exc, Refused):
+                    raise  # rule 5: only a refusal says something of the remote's branch
                 error = str(exc)
             else:
                 self.pushes += 1
                 self.pushed = ours
+                self._synced = covered
                 self._count("pushed")
                 self._name_remote_head()
                 return ours
             theirs = self._fetch(repo)
+            if self.epoch and theirs is not None:
+                held = takeover.epoch_of(repo, theirs)
+                if held != self.epoch:
+                    raise Fenced(f"the remote {self.url} holds the branch of epoch {held}, "
+                                 f"not ours ({self.epoch}): another broker leads")
             if theirs is None or theirs == ours or repo.descendant_of(ours, theirs):
                 raise PushError(f"push to {self.url} failed: {error}")
             try:
                 self._merge(repo, ours, theirs)
-            except (_Moved, pygit2.GitError) as exc:  # the ref moved, or its lock was taken
+            except (merge.Moved, pygit2.GitError) as exc:  # the ref moved, or its lock was taken
                 error = str(exc) or "our branch moved during the merge"
                 continue
         raise PushError(f"push to {self.url} failed {self.max_rounds} times: {error}")
+
+    def take_over(self, broker_id: str, at_least: int, since: str) -> takeover.Taken:
+        """`broker.ledger.takeover`: the remote's branch made ours, our epoch commit on it,
+        pushed by compare-and-swap; started over while an older leader's push gets in
+        first. Blocking: on the pusher's thread, before `run`."""
+        repo = self._open()
+        error = "no round was tried"
+        for _ in range(self.max_rounds):
+            if self.leading is not None and not self.leading():
+                raise takeover.TakeoverError("the lease ran out during the takeover")
+            try:
+                theirs = self._fetch(repo)
+            except PushError as exc:
+                raise takeover.TakeoverError(str(exc)) from None
+            if theirs is not None:
+                takeover.set_branch(repo, self.ref, theirs, f"takeover: {self.url} holds this")
+            base = theirs if theirs is not None else self._head(repo)
+            held = takeover.epoch_of(repo, base)
+            epoch = takeover.next_epoch(at_least, held)
+            head = takeover.epoch_commit(repo, self.ref, base, takeover.LeaderFile(
+                epoch=epoch, broker_id=broker_id, since=since))
+            self.epoch = epoch
+            try:
+                self._push(repo)
+            except Refused as exc:
+                error = str(exc)
+                continue
+            except (pygit2.GitError, PushError) as exc:
+                raise takeover.TakeoverError(str(exc)) from None
+            self.pushes += 1
+            self.pushed = head
+            self._count("pushed")
+            log.info("epoch %d: broker %s leads from commit %s (the branch held epoch %d)",
+                     epoch, broker_id, head[:12], held, extra={"remote": self.url})
+            return takeover.Taken(epoch=epoch, head=head, previous=held)
+        raise takeover.TakeoverError(f"the epoch commit was refused {self.max_rounds} times: "
+                                     f"{error}")
 
     def _open(self) -> pygit2.Repository:
         if self._repo is None:
@@ -251,13 +341,39 @@ class Pusher:
         return repo.remotes.create_anonymous(self.remote)
 
     def _push(self, repo: pygit2.Repository) -> None:
+        if self.epoch:  # rule 5
+            if self.leading is not None and not self.leading():
+                raise Fenced("the lease ran out before the push: another broker may lead")
+            url = self._url(repo)
+            if caspush.is_local(url):
+                caspush.push_local(Path(repo.path), url, self.ref)
+                return
         cb = _Callbacks()
-        self._remote(repo).push([f"{self.ref}:{self.ref}"], callbacks=cb)
+        try:
+            self._remote(repo).push([f"{self.ref}:{self.ref}"], callbacks=cb)
+        except pygit2.GitError as exc:
+            if "fastforward" not in str(exc).replace("-", ""):
+                raise
+            raise Refused(f"the remote {self.url} refused {self.ref}: {exc}") from None
         if cb.rejected:
-            raise PushError(f"the remote refused {cb.rejected}")
+            raise Refused(f"the remote refused {cb.rejected}")
+
+    def _url(self, repo: pygit2.Repository) -> str:
+        """The remote's URL (`remote` may name a remote of the state repository)."""
+        names = {r.name for r in repo.remotes}
+        return str(repo.remotes[self.remote].url) if self.remote in names else self.remote
+
+    def refresh(self) -> str | None:
+        """Fetch the remote's branch (ours is left alone): a standby keeps its copy fresh, so
+        that a takeover fetches only what is new. Blocking: on the pusher's thread."""
+        return self._fetch(self._open())
+
+    async def refreshing(self) -> str | None:
+        """`refresh` on the pusher's thread."""
+        return await asyncio.get_running_loop().run_in_executor(self._pool, self.refresh)
 
     def _name_remote_head(self) -> None:
-        """Rule 5: a remote on this machine (a path or file:// URL) whose HEAD names a branch
+        """Rule 7: a remote on this machine (a path or file:// URL) whose HEAD names a branch
         without commits gets HEAD on ours, so ``git log`` there shows the history; a remote
         across the network keeps the default branch its server was given."""
         path = self.remote.removeprefix("file://")
@@ -268,9 +384,12 @@ class Pusher:
                 log.debug("left HEAD of %s alone: %s", self.url, exc)
 
     def _fetch(self, repo: pygit2.Repository) -> str | None:
+        """The remote's branch, fetched into a tracking ref (None: the remote has none;
+        pruned, so a branch gone from the remote is gone from the tracking ref too)."""
         tracking = "refs/gavel/remote/" + self.ref.removeprefix("refs/heads/")
         try:
-            self._remote(repo).fetch([f"+{self.ref}:{tracking}"], callbacks=_Callbacks())
+            self._remote(repo).fetch([f"+{self.ref}:{tracking}"], callbacks=_Callbacks(),
+                                     prune=pygit2.enums.FetchPrune.PRUNE)
         except pygit2.GitError as exc:
             raise PushError(f"fetch from {self.url} failed: {exc}") from None
         ref = repo.references.get(tracking)
@@ -278,110 +397,17 @@ class Pusher:
 
     # -- the merge -----------------------------------------------------------------------
     def _merge(self, repo: pygit2.Repository, ours: str, theirs: str) -> str:
-        base_id = repo.merge_base(ours, theirs)
-        base = _files(repo, repo[base_id].peel(pygit2.Tree)) if base_id else {}
-        mine = _files(repo, repo[ours].peel(pygit2.Tree))
-        their = _files(repo, repo[theirs].peel(pygit2.Tree))
-        result = dict(mine)
-        took: list[str] = []
-        kept: list[str] = []
-        ignored: list[str] = []
-        change = Change()
-        for path in sorted(set(base) | set(their)):
-            b, t, o = base.get(path), their.get(path), mine.get(path)
-            if t == b or o == t:
-                continue  # they did not change it, or made the same change as we did
-            if o != b:
-                kept.append(path)  # both changed it: ours wins
-                continue
-            problem = _take(repo, path, t, change)
-            if problem:
-                ignored.append(f"{path} ({problem})")
-                continue
-            if t is None:
-                result.pop(path, None)
-            else:
-                result[path] = t
-            took.append(path)
-        branch = self.ref.removeprefix("refs/heads/")
-        lines = [f"merge {branch} from {self.url}: took {len(took)} of their changes, "
-                 f"kept ours on {len(kept)}", ""]
-        lines += [f"Gavel-Merge-Took: {p}" for p in took]
-        lines += [f"Gavel-Merge-Kept-Ours: {p}" for p in kept]
-        lines += [f"Gavel-Merge-Ignored: {p}" for p in ignored]
-        message = "\n".join(lines) + "\n"
-        sig = pygit2.Signature(*_SIGNATURE)
-        commit = repo.create_commit(None, sig, sig, message, _build(repo, result),
-                                    [pygit2.Oid(hex=ours), pygit2.Oid(hex=theirs)])
-        with repo.transaction() as txn:
-            txn.lock_ref(self.ref)
-            current = repo.references.get(self.ref)
-            if current is None or str(current.target) != ours:
-                raise _Moved()
-            txn.set_target(self.ref, commit, message=lines[0][:200])
-        sha = str(commit)
+        got = merge.merge(repo, self.ref, ours, theirs, self.url)
         self.merges += 1
         self._count("merged")
-        log.info("%s", lines[0], extra={"remote": self.url, "commit": sha[:12],
-                                        "took": took, "kept_ours": kept, "ignored": ignored})
-        if self.on_merged is not None and self._loop is not None and change:
-            self._loop.call_soon_threadsafe(self.on_merged, change, sha)
-        return sha
+        log.info("%s", got.summary, extra={"remote": self.url, "commit": got.sha[:12],
+                                           "took": got.took, "kept_ours": got.kept,
+                                           "ignored": got.ignored})
+        if self.on_merged is not None and self._loop is not None and got.change:
+            self._loop.call_soon_threadsafe(self.on_merged, got.change, got.sha)
+        return got.sha
 
 
-def _files(repo: pygit2.Repository, tree: pygit2.Tree, prefix: str = "") -> Files:
-    out: Files = {}
-    for entry in tree:
-        path = prefix + str(entry.name)
-        obj = repo[entry.id]
-        if isinstance(obj, pygit2.Tree):
-            out.update(_files(repo, obj, path + "/"))
-        else:
-            out[path] = (str(entry.id), int(entry.filemode))
-    return out
-
-
-def _build(repo: pygit2.Repository, files: Files) -> pygit2.Oid:
-    nested: dict[str, Any] = {}
-    for path, blob in files.items():
-        *dirs, name = path.split("/")
-        cur = nested
-        for d in dirs:
-            cur = cur.setdefault(d, {})
-        cur[name] = blob
-
-    def write(level: dict[str, Any]) -> pygit2.Oid:
-        tb = repo.TreeBuilder()
-        for name, value in sorted(level.items()):
-            if isinstance(value, dict):
-                tb.insert(name, write(value), pygit2.enums.FileMode.TREE)
-            else:
-                tb.insert(name, pygit2.Oid(hex=value[0]), value[1])
-        return tb.write()
-
-    return write(nested)
-
-
-def _take(repo: pygit2.Repository, path: str, blob: tuple[str, int] | None,
-          change: Change) -> str:
-    """Check a file of theirs and note it in `change`; a non-empty answer says why not."""
-    inst, node = _INSTANCE.match(path), _NODE.match(path)
-    if inst is None and node is None:
-        return ""
-    data = b"" if blob is None else repo[pygit2.Oid(hex=blob[0])].read_raw()
-    try:
-        if inst is not None:
-            key = inst.group("id")
-            rec = None if blob is None else _instance_dec.decode(data)
-            if rec is not None and rec.instance_id != key:
-                return f"instance_id {rec.instance_id!r} does not match the file name"
-            change.instances[key] = rec
-        elif node is not None:
-            key = node.group("id")
-            nf = None if blob is None else _node_dec.decode(data)
-            if nf is not None and nf.node_id != key:
-                return f"node_id {nf.node_id!r} does not match the directory"
-            change.nodes[key] = nf
-    except (msgspec.DecodeError, RecursionError) as exc:
-        return str(exc)
-    return ""
+def pushes_counter(registry: CollectorRegistry) -> Counter:
+    return Counter("gavel_git_pushes_total", "Pushes of the state branch, by outcome",
+                   ["outcome"], registry=registry)

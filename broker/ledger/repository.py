@@ -221,6 +221,14 @@ class Ledger:
             return sha
         return self._resolve()
 
+    def forget(self) -> None:
+        """Read the branch afresh, as at a broker's start: no history to compare with (a
+        takeover moved it to the remote's, which the state read before never was)."""
+        with self._lock:
+            self._state = State()
+            self._seen = False
+            self._head_cache = None
+
     def forget_head(self) -> None:
         """Resolve the ref afresh next time (after a conflict: the stat fingerprint of the
         ref file could, in theory, repeat across fast rewrites on a coarse clock)."""

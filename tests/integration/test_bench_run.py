@@ -155,3 +155,20 @@ def test_a_scaled_target_run_checks_its_own_figures(tmp_path: Path) -> None:
     assert p99["met"] == (r["round_p99_ms"] <= 20)
     assert run["met"] == (rate["met"] and p99["met"]) and out["all_met"] == run["met"]
     assert [p.name for p in (tmp_path / "tmp").iterdir()] == []
+
+
+def test_bench_ha_runs_alone_then_leading_and_the_remote_holds_every_placement(
+        tmp_path: Path) -> None:
+    """`gavel bench --ha`: both runs verify (the HA one from the remote it pushed to), and
+    the ratio is of the two runs' own figures."""
+    r = _bench(tmp_path, "--ha", "--placements", "300")
+    alone, ha = r["alone"], r["ha"]
+    assert alone["verified"] and ha["verified"] and not alone["ha"] and ha["ha"]
+    assert r["ratio"]["placements_per_s"] == round(
+        ha["placements_per_s"] / alone["placements_per_s"], 3)
+    assert set(alone["rejected"]) <= TIMING_ONLY and set(ha["rejected"]) <= TIMING_ONLY
+    from gavel.broker.ledger.repository import Ledger
+    remote = Ledger(tmp_path / "run" / "ha" / "remote.git", "refs/heads/main").state()
+    placed = [i for nf in remote.nodes.values() for i in nf.instances]
+    assert len(placed) == len(set(placed)) == 300
+    assert not (tmp_path / "run" / "alone" / "remote.git").exists()

@@ -168,11 +168,16 @@ def test_the_broker_answers_only_inboxes_and_a_node_reads_only_its_own_key() -> 
         broker["publish"]["allow"])
     assert [s for s in broker["publish"]["allow"] if s.startswith("$JS.")] == [
         "$JS.API.STREAM.CREATE.KV_gavel-nodes",
+        # the leadership lease of several brokers: its bucket and a watch of its one key
+        "$JS.API.STREAM.CREATE.KV_gavel-leader",
+        "$JS.API.CONSUMER.CREATE.KV_gavel-leader.*.$KV.gavel-leader.leader",
         # the heartbeat stream's (broker.heartbeat_stream), on that stream only
         "$JS.API.STREAM.CREATE.gavel-heartbeats", "$JS.API.STREAM.UPDATE.gavel-heartbeats",
         "$JS.API.STREAM.PURGE.gavel-heartbeats", "$JS.API.CONSUMER.CREATE.gavel-heartbeats.*",
         "$JS.API.CONSUMER.MSG.NEXT.gavel-heartbeats.*",
         "$JS.API.CONSUMER.DELETE.gavel-heartbeats.*"]
+    assert [s for s in broker["publish"]["allow"] if s.startswith("$KV.")] == [
+        "$KV.gavel-nodes.*", "$KV.gavel-leader.leader"]
     node = auth.worker_permissions("a")
     assert [s for s in node["publish"]["allow"] if s.startswith("$")] == [
         "$JS.API.CONSUMER.CREATE.KV_gavel-nodes.*.$KV.gavel-nodes.a"]

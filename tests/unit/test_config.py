@@ -149,6 +149,13 @@ def test_mask_url() -> None:
         "https://oauth2:***@gitlab.example/x.git"
 
 
+def test_mask_url_masks_each_server_of_a_cluster_list() -> None:
+    urls = "nats://b:pw1@nats-1:4222,nats://b:pw2@nats-2:4222,nats://nats-3:4222"
+    assert mask_url(urls) == \
+        "nats://b:***@nats-1:4222,nats://b:***@nats-2:4222,nats://nats-3:4222"
+    assert mask_url("nats://b:pw@h:port") == "nats://b:***@h:port"  # no number: still masked
+
+
 def test_retention_zero_is_allowed_and_stays_zero_under_fast_timers(tmp_path: Path) -> None:
     file = write(tmp_path, 'state = "s"\n[timing]\nretention_s = 0.0\n')
     cfg = load(BrokerConfig, BROKER_OPTIONS, file=file, env={})

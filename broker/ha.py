@@ -1,0 +1,312 @@
+"""Several brokers, one leader: a standby until the lease is its, then a leadership - a
+`Broker` of its own - until it is not.
+
+Rules:
+1. Any number of brokers run against one NATS cluster and one git remote; the one holding
+   the lease (`broker.lease`) leads. A standby holds nothing else: it subscribes to none of
+   the node protocol or the API, puts nothing in KV, commits nothing. NATS hands every
+   request, bid and heartbeat to the leader alone, and a request sent while none leads is
+   told "no responders" at once. Not queue groups: they would hand half the requests to
+   standbys, which could only answer them from a stale state.
+2. Taking over is the lease first, then the remote (`broker.ledger.takeover`): the remote's
+   branch becomes ours and our epoch commit lands on it. Only then does the leadership
+   start, with a connection of its own, deriving everything from that branch. What can be
+   readied before is readied while standing by: the next leadership's parts and its writer
+   process, and a copy of the remote fetched every `renew_s` (at least a second), so the
+   takeover fetches only the last moments.
+3. A leadership ends when the lease is lost, when its pusher is fenced (the remote's branch
+   names another epoch), or when it stopped on its own (a damaged repository): it is
+   aborted (`Broker.abort`: nothing more is sent) and the broker stands by again; a damaged
+   repository stops the broker. Stopping (SIGTERM) ends it cleanly: the commits in hand get
+   `_FLUSH_S` to reach the remote, the leadership closes, and the lease is let go, so a
+   standby takes over at once.
+4. A takeover that cannot land its epoch commit (the remote unreachable, refused time after
+   time) lets the lease go and stands by for a TTL: another broker may reach the remote.
+5. One `Metrics` for every leadership (its endpoint outlives them): who leads as the lease's
+   watch sees it, since when, the epoch, renewals by outcome, leaderships taken.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import nats
+from prometheus_client.core import CounterMetricFamily, Metric
+
+from gavel.broker.context import Leadership
+from gavel.broker.lease import Lease
+from gavel.broker.ledger.remote import Pusher
+from gavel.broker.ledger.repository import Damaged, LedgerError
+from gavel.broker.ledger.takeover import TakeoverError
+from gavel.broker.metrics import LeaderView, Metrics
+from gavel.broker.service import Broker, NatsUnreachable
+from gavel.shared import subjects
+from gavel.transport.urls import servers
+
+__all__ = ["HaBroker", "HaSettings"]
+
+log = logging.getLogger("gavel.broker.ha")
+
+#: How long a clean stop gives the commits in hand to reach the remote (rule 3).
+_FLUSH_S = 5.0
+
+
+@dataclass(frozen=True)
+class HaSettings:
+    """The lease and the remote every broker shares (`cli.config.HaConfig`)."""
+
+    remote: str
+    ttl_s: float = 10.0
+    renew_s: float = 2.0
+    replicas: int = 3
+
+
+class HaBroker:
+    """Rule 1's broker: ``await run()`` until `stop`. `broker` holds the `Broker` options
+    of every leadership (timing, secrets, batching...)."""
+
+    def __init__(self, *, nats_url: str, state_dir: Path, broker_id: str, settings: HaSettings,
+                 ref: str = "refs/heads/main", nats_options: Mapping[str, Any] | None = None,
+                 connect_wait_s: float | None = 30.0,
+                 wall: Callable[[], datetime] = lambda: datetime.now(UTC),
+                 **broker: Any) -> None:
+        self.nats_url = nats_url
+        self.state_dir = Path(state_dir)
+        self.broker_id = broker_id
+        self.settings = settings
+        self.ref = ref
+        self.nats_options = dict(nats_options or {})
+        self.connect_wait_s = connect_wait_s
+        self.wall = wall
+        self.options = broker
+        self.metrics = Metrics()
+        self.metrics.leadership(self._view, self._extra)
+        #: The leadership now, if this broker leads; how many it has had.
+        self.current: Broker | None = None
+        self.terms = 0
+        #: Why the broker stopped on its own (a damaged repository), raised by `run`.
+        self.fatal: Exception | None = None
+        self.lease: Lease | None = None
+        self.nc: Any = None
+        self._stopped = asyncio.Event()
+        self._fenced = asyncio.Event()
+        self._said = ""
+
+    # -- lifecycle -----------------------------------------------------------------------
+    def stop(self) -> None:
+        self._stopped.set()
+
+    async def run(self) -> None:
+        await self.start()
+        try:
+            while not self._stopped.is_set():
+                await self._stand_by_then_lead()
+        finally:
+            await self.close()
+        if self.fatal is not None:
+            raise self.fatal
+
+    async def start(self) -> None:
+        """Connect (the lease's own connection) and open the lease bucket and its watch."""
+        self.nc = await self._connect()
+        self.lease = Lease(self.nc, broker_id=self.broker_id, ttl_s=self.settings.ttl_s,
+                           renew_s=self.settings.renew_s, replicas=self.settings.replicas,
+                           wall=self.wall)
+        await self.lease.open()
+        log.info("broker %s stands by (lease TTL %gs, renewed every %gs, %d replicas)",
+                 self.broker_id, self.settings.ttl_s, self.settings.renew_s,
+                 self.settings.replicas)
+
+    async def close(self) -> None:
+        if self.lease is not None:
+            await self.lease.close()
+        if self.nc is not None and not self.nc.is_closed:
+            with contextlib.suppress(Exception):
+                await self.nc.close()
+
+    async def _connect(self) -> Any:
+        options: dict[str, Any] = {
+            "name": f"gavel-broker-{self.broker_id}-lease", "reconnect_time_wait": 0.5,
+            "inbox_prefix": subjects.BROKER_INBOX, "max_reconnect_attempts": -1,
+            **self.nats_options, "allow_reconnect": False}
+        deadline = None if self.connect_wait_s is None else \
+            time.monotonic() + self.connect_wait_s
+        while True:
+            try:
+                nc = await nats.connect(servers(self.nats_url), **options)
+            except Exception as exc:
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise NatsUnreachable(
+                        f"the broker could not connect to NATS at {self.nats_url} within "
+                        f"{self.connect_wait_s:g}s: {str(exc) or type(exc).__name__}") from exc
+                await asyncio.sleep(0.5)
+                continue
+            nc.options["allow_reconnect"] = True
+            return nc
+
+    # -- one turn: stand by, then lead -------------------------------------------------------
+    async def _stand_by_then_lead(self) -> None:
+        lease = self.lease
+        assert lease is not None
+        broker, pusher, leader = self._prepare(lease)
+        acquiring = asyncio.ensure_future(lease.acquire())
+        tasks = [asyncio.ensure_future(self._say_who_leads()),
+                 asyncio.ensure_future(self._keep_fresh(pusher))]
+        stopping = asyncio.ensure_future(self._stopped.wait())
+        try:
+            await asyncio.wait({acquiring, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for t in (*tasks, stopping):
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+        if not acquiring.done():
+            acquiring.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await acquiring
+            broker.committer.close()
+            pusher.shutdown()
+            return
+        revision = acquiring.result()
+        held = lease.held
+        leader.since = held.since if held is not None else ""
+        await self._lead(lease, revision, broker, pusher, leader)
+
+    def _prepare(self, lease: Lease) -> tuple[Broker, Pusher, Leadership]:
+        """Rule 2's next leadership, built while standing by: its writer process starts now,
+        not after a takeover."""
+        leader = Leadership(broker_id=self.broker_id, leading=lease.valid,
+                            confirm=lease.confirm, ha=True)
+        broker = Broker(nats_url=self.nats_url, state_dir=self.state_dir, ref=self.ref,
+                        nats_options=self.nats_options, connect_wait_s=self.settings.ttl_s,
+                        broker_id=self.broker_id, leader=leader, metrics=self.metrics,
+                        kv_replicas=self.settings.replicas, wall=self.wall, **self.options)
+        self._fenced.clear()
+        pusher = Pusher(broker.ledger.path, broker.ledger.ref, self.settings.remote,
+                        leading=lease.valid, on_fenced=lambda why: self._fenced.set(),
+                        outcomes=self.metrics.pushes)
+        return broker, pusher, leader
+
+    async def _keep_fresh(self, pusher: Pusher) -> None:
+        """Rule 2: a standby's copy of the remote follows it, so a takeover fetches little."""
+        said = False
+        while True:
+            try:
+                await pusher.refreshing()
+                said = False
+            except Exception as exc:  # the remote may be away for now: the takeover will tell
+                if not said:
+                    log.warning("standby %s cannot fetch %s: %s", self.broker_id,
+                                pusher.url, exc)
+                    said = True
+            await asyncio.sleep(max(1.0, self.settings.renew_s))
+
+    async def _say_who_leads(self) -> None:
+        """One log line each time the leader a standby sees changes."""
+        while True:
+            lease = self.lease
+            holder = lease.holder if lease is not None else None
+            said = f"{holder.broker_id} (epoch {holder.epoch})" if holder else "nobody"
+            if said != self._said:
+                self._said = said
+                log.info("standing by: %s leads", said)
+            await asyncio.sleep(max(0.5, self.settings.renew_s))
+
+    async def _lead(self, lease: Lease, revision: int, broker: Broker, pusher: Pusher,
+                    leader: Leadership) -> None:
+        """Rules 2 and 3: one leadership, from the takeover to its end."""
+        try:
+            taken = await pusher.lead(self.broker_id, revision, leader.since)
+        except (TakeoverError, LedgerError) as exc:  # rule 4
+            log.error("broker %s could not take over: %s; letting the lease go", self.broker_id,
+                      exc)
+            broker.committer.close()
+            pusher.shutdown()
+            await lease.release()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self.settings.ttl_s):
+                    await self._stopped.wait()
+            return
+        leader.epoch = taken.epoch
+        await lease.announce(taken.epoch)
+        broker.attach_pusher(pusher)
+        pushing: asyncio.Task[None] | None = None
+        try:
+            await broker.start()
+            pushing = asyncio.create_task(pusher.run(), name="pusher")
+            self.current = broker
+            self.terms += 1
+            log.info("broker %s leads in epoch %d (the remote's branch was epoch %d)",
+                     self.broker_id, taken.epoch, taken.previous)
+            await self._until_the_end(lease, broker)
+        except (NatsUnreachable, Damaged, LedgerError) as exc:
+            self.fatal = exc if isinstance(exc, Damaged) else None
+            log.error("leadership of broker %s ended: %s", self.broker_id, exc)
+        finally:
+            self.current = None
+            await self._end(lease, broker, pusher, pushing)
+
+    async def _until_the_end(self, lease: Lease, broker: Broker) -> None:
+        ends = [asyncio.ensure_future(e.wait())
+                for e in (lease.lost, self._fenced, self._stopped, broker.stopped)]
+        try:
+            await asyncio.wait(ends, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for e in ends:
+                e.cancel()
+
+    async def _end(self, lease: Lease, broker: Broker, pusher: Pusher,
+                   pushing: asyncio.Task[None] | None) -> None:
+        """Rule 3."""
+        if broker.fatal is not None:
+            self.fatal = broker.fatal
+            self.stop()
+        if self._stopped.is_set() and lease.valid() and pushing is not None:
+            with contextlib.suppress(TimeoutError):  # the commits in hand reach the remote
+                await asyncio.wait_for(pusher.flush(), _FLUSH_S)
+            await broker.close()
+            await pusher.close(pushing, timeout=0.0)
+            await lease.release()
+            log.info("broker %s stopped leading and let the lease go", self.broker_id)
+            return
+        why = lease.why_lost or pusher.fenced or "it stopped"
+        log.warning("broker %s stops leading (epoch %d): %s", self.broker_id,
+                    broker.leader.epoch, why)
+        await broker.abort()
+        if pushing is not None:
+            pushing.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await pushing
+        pusher.shutdown()
+        if lease.valid():
+            await lease.release()
+
+    # -- metrics ---------------------------------------------------------------------------
+    def _view(self) -> LeaderView:
+        lease = self.lease
+        if lease is None:
+            return (False, "", 0, "")
+        if lease.valid() and lease.held is not None:
+            return (True, self.broker_id, lease.held.epoch, lease.held.since)
+        holder = lease.holder
+        if holder is None:
+            return (False, "", 0, "")
+        return (False, holder.broker_id, holder.epoch, holder.since)
+
+    def _extra(self) -> Iterator[Metric]:
+        lease = self.lease
+        renewals = CounterMetricFamily("gavel_lease_renewals", "Lease renewals, by outcome",
+                                       labels=["outcome"])
+        for outcome, n in (lease.renewals.items() if lease is not None else ()):
+            renewals.add_metric([outcome], n)
+        yield renewals
+        taken = CounterMetricFamily("gavel_leaderships", "Leaderships this broker took")
+        taken.add_metric([], lease.taken if lease is not None else 0)
+        yield taken

@@ -1,0 +1,73 @@
+"""Pushing the branch so that the remote moves it only from the commit we built on.
+
+Rules:
+1. A push is a compare-and-swap on the remote's ref: git's receive-pack moves it from the
+   value it advertised to us, under its lock, or refuses; never forced. Two pushers that
+   race cannot both land, and the later one hears `Refused`.
+2. A remote on a local path (a bare repository on shared storage, ``file://``) is pushed by
+   the `git` command, which runs receive-pack: libgit2's own local transport writes the
+   remote's ref over whatever it holds by then, so two brokers pushing at once could both
+   "land", the later over the earlier. Any other remote (``git://``, ssh, https) runs
+   receive-pack on its server, and libgit2 pushes there (`broker.ledger.remote`).
+3. `Refused` means the remote's branch is not what we built on (someone else moved it);
+   any other failure is `PushError` with the sentence git gave (unreachable, no such
+   repository, no `git` command on this host).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+from gavel.shared.redact import mask_url
+
+__all__ = ["PushError", "Refused", "is_local", "push_local"]
+
+#: How long one `git push` may take before it counts as failed.
+PUSH_TIMEOUT_S = 60.0
+
+
+class PushError(Exception):
+    """The push did not land; the sentence says why."""
+
+
+class Refused(PushError):
+    """The remote's branch has moved away from what we built on: nothing was written."""
+
+
+def is_local(url: str) -> bool:
+    """A remote git reaches on this host's file system (rule 2): ``file://``, or a path."""
+    if url.startswith("file://"):
+        return True
+    if "://" in url:
+        return False
+    head = url.split("/", 1)[0]
+    return ":" not in head  # ``host:path`` is ssh's scp-like syntax
+
+
+def push_local(git_dir: Path, url: str, ref: str) -> None:
+    """Rule 2: `ref` of the repository `git_dir` to the same ref of `url`, by `git push`."""
+    git = shutil.which("git")
+    if git is None:
+        raise PushError(f"push to {mask_url(url)} failed: a remote on a local path is pushed "
+                        "with the git command, and this host has none")
+    env = {**os.environ, "GIT_TERMINAL_PROMPT": "0", "LC_ALL": "C"}
+    env.pop("GIT_DIR", None)
+    try:
+        done = subprocess.run(
+            [git, f"--git-dir={git_dir}", "push", "--porcelain", "--quiet", url,
+             f"{ref}:{ref}"],
+            capture_output=True, text=True, timeout=PUSH_TIMEOUT_S, env=env,
+            stdin=subprocess.DEVNULL, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise PushError(f"push to {mask_url(url)} failed: {exc}") from None
+    if done.returncode == 0:
+        return
+    refused = [line for line in done.stdout.splitlines() if line.startswith("!")]
+    if refused:
+        why = refused[0].split("\t")[-1]
+        raise Refused(f"the remote {mask_url(url)} refused {ref}: {why}")
+    text = " ".join((done.stderr or done.stdout).split()) or f"git exited {done.returncode}"
+    raise PushError(f"push to {mask_url(url)} failed: {text}")
