@@ -2,7 +2,7 @@
 
 Rules: each baseline sees the seed rule's (least-loaded's) order books, so feasibility is
 exactly `shared.feasibility.check`; they differ only in which feasible node they take.
-- random: a uniformly random node that fits.
+- random: a uniformly random node that fits (drawn from the bidders in index order).
 - nomad-binpack: Nomad's ``ScoreFitBinPack`` (``20 - (10^free_cpu + 10^free_mem)`` after
   placement, higher is better) over ``max(2, ceil(log2 n))`` random feasible nodes, the
   way Nomad's limit iterator visits a shuffled node list; ties go to the lower node id.
@@ -39,10 +39,10 @@ class RandomPlacer(Placer):
 
     def place(self, shape: int, now: float) -> Outcome:
         self.next_round()
-        ranked = self.books[shape].ranked
-        if not ranked:
+        bidders = self.books[shape].ranked.bidders()
+        if not len(bidders):
             return self.unschedulable(shape, now, False)
-        return Outcome(ranked[self.rng.randrange(len(ranked))][1])
+        return Outcome(int(bidders[self.rng.randrange(len(bidders))]))
 
 
 def nomad_score(cpu_free: float, memory_free: float) -> float:
@@ -58,14 +58,14 @@ class NomadPlacer(Placer):
 
     def place(self, shape: int, now: float) -> Outcome:
         self.next_round()
-        ranked = self.books[shape].ranked
-        if not ranked:
+        bidders = self.books[shape].ranked.bidders()
+        if not len(bidders):
             return self.unschedulable(shape, now, False)
         limit = max(2, math.ceil(math.log2(max(len(self.cluster.alive), 1))))
         want = self.catalogue.shapes[shape]
         best: tuple[float, int] | None = None
-        for pos in self.rng.sample(range(len(ranked)), min(limit, len(ranked))):
-            idx = ranked[pos][1]
+        for pos in self.rng.sample(range(len(bidders)), min(limit, len(bidders))):
+            idx = int(bidders[pos])
             node = self.cluster.nodes[idx]
             cpu_free = 1.0 - (node.used_milli + want.cpu_milli) / node.cap_milli
             mem_free = 1.0 - (node.used_memory + want.memory_mb) / node.group.memory_mb

@@ -1,21 +1,36 @@
-"""The order book: every node's cached answer to every request shape, bidders in award order.
+"""The order book: every node's answer to every request shape, kept as arrays.
 
-Rule 1: a cached answer is exactly what `shared.strategies.answer` returned for the node's
-current view — `answer` is a pure function of (strategy, request, view), and the request
-enters it only through its shape (cpu, memory, ports, labels), so the answer stays valid
-until that node's own state changes. Then, and only then, `Books.update` asks again.
-Rule 2: ``ranked`` holds ``(load, node index)`` of every bidding node, sorted; since index
-order is id order, ``ranked[0]`` is the award rule's winner over all bids of the shape.
-``codes`` mirrors the declines as an array (the reason's index in `REASONS`, -1 for none),
-so a round can ask which declines the network lost without a Python loop over nodes.
+Rule 1: a node's answers are exactly what `shared.strategies.answer` returns for its current
+view. `answer` is a pure function of (strategy, request, view) that reads, of the view, its
+capacity, commitments, host stats, labels and draining flag — never the node id — so every
+node in the same state under the same strategy gives the same answers. `Books.update` looks
+that state (`state_key`) up in a memo and asks `answer` only for a state no node has been in
+before; a node's change re-prices nothing when it lands in a known state. The memo is
+bounded: past `MEMO_LIMIT` states it is emptied (nodes keep their own answers), which
+changes only speed, never an answer.
+Rule 2: ``loads[shape, node]`` holds the bid's load, +inf for a decline or no answer;
+``codes[shape, node]`` the decline's reason code (its index in `REASONS`, -1 for none). A
+node's change writes its column; nothing is sorted. The award rule ranks ``(load,
+node_id)`` and index order is id order, so `Ranked` yields a row's bidders lowest load
+first and, among equal loads, lowest index first — ``next(iter(ranked))`` is the award
+rule's winner over all bids of the shape.
+Rule 3: labels are checked before anything else and a node's labels never change, so a shape
+asking for a label the node lacks gets the same missing-label decline in every state: it is
+asked once per (strategy, labels) and never priced again.
+Rule 4: after labels, `shared.feasibility.check` declines a draining node, then the first of
+cpu, memory, ports that does not fit, with a detail that names only the request. So a shape
+that does not fit a state gets a decline fixed by (shape, which check failed): a new state
+finds those shapes with one array comparison (the same float arithmetic as `shortfall`),
+asks `answer` once per (shape, failed check) ever, and prices only the shapes that fit.
 """
 
 from __future__ import annotations
 
-from bisect import bisect_left, insort
-from collections import Counter
-from collections.abc import Sequence
+import heapq
+import math
+from collections.abc import Iterator, Sequence
 
+import msgspec
 import numpy as np
 import numpy.typing as npt
 
@@ -24,11 +39,24 @@ from gavel.shared.messages import Bid, Decline, Request
 from gavel.shared.reasons import Reason
 from gavel.shared.strategies import Strategy, answer
 
-__all__ = ["REASONS", "BidBook", "Books", "reason_code"]
+__all__ = ["MEMO_LIMIT", "REASONS", "BidBook", "Books", "Ranked", "reason_code", "state_key"]
 
 #: decline reasons by code; a reason outside `Reason` gets a new code when first seen
 REASONS: list[str] = [r.value for r in Reason]
 _CODES = {r: i for i, r in enumerate(REASONS)}
+
+#: states the memo holds before it starts again (rule 1)
+MEMO_LIMIT = 150_000
+
+#: `shared.feasibility`'s cpu rounding allowance, which rule 4 must apply the same way
+_EPS = 1e-9
+# which check refused a shape (rule 4)
+_DRAINING, _CPU, _MEMORY, _PORTS = range(4)
+_REFUSED = {_DRAINING: Reason.DRAINING, _CPU: Reason.NO_ROOM_CPU,
+            _MEMORY: Reason.NO_ROOM_MEMORY, _PORTS: Reason.NO_ROOM_PORTS}
+
+Answer = Bid | Decline
+StateKey = tuple[object, ...]
 
 
 def reason_code(reason: str) -> int:
@@ -38,56 +66,201 @@ def reason_code(reason: str) -> int:
         REASONS.append(reason)
     return code
 
-Answer = Bid | Decline
+
+def state_key(strategy: Strategy, view: NodeView) -> StateKey:
+    """Everything `answer` may read: the strategy and the view without its node id."""
+    cap, used, stats = view.capacity, view.committed, view.stats
+    return (id(strategy), cap.cpu, cap.memory_mb, cap.ports, used.cpu, used.memory_mb,
+            used.ports, stats.cpu_ratio, stats.memory_ratio, stats.cpu_count,
+            stats.memory_total_mb, tuple(view.labels.items()), view.draining)
+
+
+class _State:
+    """One memoised state: the answer to every shape, and the columns they write."""
+
+    __slots__ = ("answers", "codes", "loads")
+
+    def __init__(self, answers: tuple[Answer, ...]) -> None:
+        self.answers = answers
+        self.loads = np.array([a.load if isinstance(a, Bid) else math.inf for a in answers],
+                              dtype=np.float64)
+        self.codes = np.array([-1 if isinstance(a, Bid) else reason_code(a.reason)
+                               for a in answers], dtype=np.int16)
+
+
+class Ranked:
+    """One shape's bidders in award order, computed from its row of loads on demand.
+
+    Iterating costs two `argmin` calls over parts of the row per bidder yielded: the
+    best of a span of the row is its first minimum (lowest load, then lowest index), and
+    once it is taken the next best is the best of the two spans either side of it."""
+
+    __slots__ = ("row",)
+
+    def __init__(self, row: npt.NDArray[np.float64]) -> None:
+        self.row = row
+
+    def __bool__(self) -> bool:
+        return bool(self.row[self.row.argmin()] < math.inf)
+
+    def __len__(self) -> int:
+        return int(np.count_nonzero(self.row < math.inf))
+
+    def _span(self, spans: list[tuple[float, int, int, int]], lo: int, hi: int) -> None:
+        if lo < hi:
+            best = lo + int(self.row[lo:hi].argmin())
+            heapq.heappush(spans, (float(self.row[best]), best, lo, hi))
+
+    def __iter__(self) -> Iterator[tuple[float, int]]:
+        spans: list[tuple[float, int, int, int]] = []
+        self._span(spans, 0, len(self.row))
+        while spans:
+            load, idx, lo, hi = heapq.heappop(spans)
+            if load == math.inf:
+                return
+            yield load, idx
+            self._span(spans, lo, idx)
+            self._span(spans, idx + 1, hi)
+
+    def __getitem__(self, k: int) -> tuple[float, int]:
+        for pos, item in enumerate(self):
+            if pos == k:
+                return item
+        raise IndexError(k)
+
+    def bidders(self) -> npt.NDArray[np.intp]:
+        """Every bidding node, in index order."""
+        return np.flatnonzero(self.row < math.inf)
+
+
+class _Answers:
+    """``book.answers[idx]``: the node's current answer to this shape (None: no answer)."""
+
+    __slots__ = ("shape", "states")
+
+    def __init__(self, states: list[_State | None], shape: int) -> None:
+        self.states = states
+        self.shape = shape
+
+    def __getitem__(self, idx: int) -> Answer | None:
+        state = self.states[idx]
+        return None if state is None else state.answers[self.shape]
 
 
 class BidBook:
-    """One request shape: each node's answer, the bidders ranked, declines counted."""
+    """One request shape: its row of the order book."""
 
-    __slots__ = ("answers", "codes", "declines", "ranked", "request")
+    __slots__ = ("answers", "codes", "ranked", "request")
 
-    def __init__(self, request: Request, size: int) -> None:
+    def __init__(self, request: Request, books: Books, shape: int) -> None:
         self.request = request
-        self.answers: list[Answer | None] = [None] * size
-        self.ranked: list[tuple[float, int]] = []
-        self.declines: Counter[str] = Counter()
-        self.codes: npt.NDArray[np.int16] = np.full(size, -1, dtype=np.int16)
+        self.ranked = Ranked(books.loads[shape])
+        self.codes: npt.NDArray[np.int16] = books.codes[shape]
+        self.answers = _Answers(books.states, shape)
 
-    def set(self, idx: int, new: Answer | None) -> None:
-        old = self.answers[idx]
-        if old is not None:
-            if isinstance(old, Bid):
-                ranked = self.ranked
-                del ranked[bisect_left(ranked, (old.load, idx))]
-            else:
-                self.declines[old.reason] -= 1
-                self.codes[idx] = -1
-        self.answers[idx] = new
-        if new is not None:
-            if isinstance(new, Bid):
-                insort(self.ranked, (new.load, idx))
-            else:
-                self.declines[new.reason] += 1
-                self.codes[idx] = reason_code(new.reason)
+    @property
+    def declines(self) -> dict[str, int]:
+        """How many nodes decline, per reason."""
+        counts = np.bincount(self.codes[self.codes >= 0], minlength=len(REASONS))
+        return {REASONS[c]: int(n) for c, n in enumerate(counts) if n}
 
     def decline_counts(self) -> dict[str, int]:
-        return {r: n for r, n in self.declines.items() if n > 0}
+        return self.declines
 
 
 class Books:
-    """One `BidBook` per shape, kept current node by node."""
+    """Every shape's row, kept current node by node (rules 1 and 2)."""
 
     def __init__(self, requests: Sequence[Request], size: int) -> None:
-        self.books = [BidBook(r, size) for r in requests]
+        self.requests = list(requests)
+        self.loads: npt.NDArray[np.float64] = np.full((len(requests), size), math.inf)
+        self.codes: npt.NDArray[np.int16] = np.full((len(requests), size), -1, dtype=np.int16)
+        self.states: list[_State | None] = [None] * size
+        self.memo: dict[StateKey, _State] = {}
+        self._declines: dict[tuple[object, ...], Decline] = {}
+        self._fixed: dict[tuple[object, ...], dict[int, Answer]] = {}
+        self._refused: dict[tuple[int, int], Decline] = {}
+        self._cpu = np.array([r.cpu for r in self.requests], dtype=np.float64)
+        self._mem = np.array([r.memory_mb for r in self.requests], dtype=np.int64)
+        self._ports = np.array([r.ports for r in self.requests], dtype=np.int64)
+        self.books = [BidBook(r, self, k) for k, r in enumerate(self.requests)]
+        #: states priced (memo misses) and node changes looked up, for the speed report
+        self.priced = 0
+        self.updates = 0
 
     def __getitem__(self, shape: int) -> BidBook:
         return self.books[shape]
 
     def update(self, idx: int, strategy: Strategy, view: NodeView | None) -> None:
-        """Re-ask node `idx` for every shape; None removes it (it cannot answer)."""
+        """Node `idx` is now in `view` (None: it cannot answer); write its column."""
+        self.updates += 1
         if view is None:
-            for book in self.books:
-                book.set(idx, None)
+            self.states[idx] = None
+            self.loads[:, idx] = math.inf
+            self.codes[:, idx] = -1
             return
-        for book in self.books:
-            book.set(idx, answer(strategy, book.request, view))
+        key = state_key(strategy, view)
+        state = self.memo.get(key)
+        if state is None:
+            state = self._price(strategy, view)
+            if len(self.memo) >= MEMO_LIMIT:
+                self.memo.clear()
+            self.memo[key] = state
+        if self.states[idx] is state:
+            return
+        self.states[idx] = state
+        self.loads[:, idx] = state.loads
+        self.codes[:, idx] = state.codes
+
+    def _price(self, strategy: Strategy, view: NodeView) -> _State:
+        self.priced += 1
+        fixed = self._unlabelled(strategy, view)
+        refused = self._refusals(view)
+        answers: list[Answer] = []
+        for k, request in enumerate(self.requests):
+            ans = fixed.get(k)
+            if ans is None:
+                failed = refused[k]
+                if failed >= 0:
+                    ans = self._refusal(strategy, k, int(failed), view)
+                else:
+                    ans = answer(strategy, request, view)
+                    if isinstance(ans, Decline):  # equal declines share one object (memory)
+                        ans = self._declines.setdefault(msgspec.structs.astuple(ans), ans)
+            answers.append(ans)
+        return _State(tuple(answers))
+
+    def _refusals(self, view: NodeView) -> npt.NDArray[np.int8]:
+        """Rule 4: per shape, the check it fails in `view`, labels aside (-1: none)."""
+        failed = np.full(len(self.requests), -1, dtype=np.int8)
+        if view.draining:
+            failed[:] = _DRAINING
+            return failed
+        free = view.capacity - view.committed
+        failed[self._ports > free.ports] = _PORTS
+        failed[self._mem > free.memory_mb] = _MEMORY
+        failed[self._cpu > free.cpu + _EPS] = _CPU
+        return failed
+
+    def _refusal(self, strategy: Strategy, k: int, failed: int, view: NodeView) -> Decline:
+        """Rule 4: the one decline shape `k` gets wherever check `failed` refuses it."""
+        ans = self._refused.get((k, failed))
+        if ans is None:
+            got = answer(strategy, self.requests[k], view)
+            assert isinstance(got, Decline) and got.reason == _REFUSED[failed], got
+            ans = self._refused[(k, failed)] = got
+        return ans
+
+    def _unlabelled(self, strategy: Strategy, view: NodeView) -> dict[int, Answer]:
+        """Rule 3: the shapes whose labels the node lacks, and their (fixed) answers."""
+        key = (id(strategy), tuple(view.labels.items()))
+        fixed = self._fixed.get(key)
+        if fixed is None:
+            fixed = {}
+            for k, request in enumerate(self.requests):
+                if any(view.labels.get(name) != value for name, value in request.labels.items()):
+                    ans = answer(strategy, request, view)
+                    assert isinstance(ans, Decline) and ans.reason == Reason.MISSING_LABEL
+                    fixed[k] = ans
+            self._fixed[key] = fixed
+        return fixed

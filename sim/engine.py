@@ -36,11 +36,12 @@ _SCRIPT, _UNREACHABLE, _OFFLINE, _FINISH, _TICK, _RETRY, _ARRIVAL, _SAMPLE = ran
 
 
 class _Instance:
-    __slots__ = ("awards", "cls", "duration", "epoch", "kind", "node", "queued_at", "seq",
-                 "shape", "waited")
+    __slots__ = ("arrived", "awards", "cls", "duration", "epoch", "kind", "node", "queued_at",
+                 "seq", "shape", "waited")
 
     def __init__(self, arrival: Arrival) -> None:
         self.seq = arrival.seq
+        self.arrived = arrival.at
         self.shape = arrival.shape
         self.cls = arrival.cls
         self.duration = arrival.duration
@@ -70,8 +71,8 @@ class Engine:
         self.active: dict[int, _Instance] = {}
         self.queues: dict[int, deque[_Instance]] = {}
         self.pending = 0
+        self.queued = [0] * len(scenario.workload.classes)  # waiting instances per class
         self.retry_armed = False
-        self.class_names = [c.name for c in scenario.workload.classes]
 
     def _push(self, at: float, kind: int, a: int = 0, b: int = 0) -> None:
         self.seq += 1
@@ -96,7 +97,7 @@ class Engine:
             elif kind == _FINISH:
                 self._finish(at, a, b)
             elif kind == _SAMPLE:
-                self.rec.sample(at, self.pending, self._waiting())
+                self.rec.sample(at, self.pending, self._waiting(), self.queued)
                 if at + self.s.interval_s <= end:
                     self._push(at + self.s.interval_s, _SAMPLE)
             elif kind == _RETRY:
@@ -111,10 +112,11 @@ class Engine:
                 self.progress(min(at / end, 0.999))
                 next_report = at + step
         if not self.rec.samples or self.rec.samples[-1][0] < end:
-            self.rec.sample(end, self.pending, self._waiting())
+            self.rec.sample(end, self.pending, self._waiting(), self.queued)
         if self.progress:
             self.progress(1.0)
-        return self.rec.finish(self.pending)
+        waiting = [(inst.cls, inst.arrived) for q in self.queues.values() for inst in q]
+        return self.rec.finish(self.pending, waiting)
 
     def _waiting(self) -> list[int]:
         return sorted(shape for shape, queue in self.queues.items() if queue)
@@ -130,6 +132,7 @@ class Engine:
         arrival = self._upcoming
         assert arrival.seq == seq
         self.rec.result.arrivals += 1
+        self.rec.arrived(arrival.cls, arrival.at)
         inst = _Instance(arrival)
         self.active[inst.seq] = inst
         self._next_arrival()
@@ -140,7 +143,7 @@ class Engine:
         out = self.placer.place(inst.shape, now)
         self.rec.result.rejections += out.rejections
         if out.node < 0:
-            self.rec.unschedulable(out.reason, self.class_names[inst.cls], not inst.waited)
+            self.rec.unschedulable(out.reason, inst.cls, not inst.waited, inst.arrived)
             inst.waited = True
             return False
         node = self.cluster.nodes[out.node]
@@ -150,7 +153,8 @@ class Engine:
         inst.epoch += 1
         inst.awards += 1
         self.placer.changed(out.node, Why.COMMIT)
-        self.rec.placed(out.node, now - inst.queued_at + out.latency, out.tie_broken, kind)
+        self.rec.placed(out.node, now - inst.queued_at + out.latency, out.tie_broken, kind,
+                        inst.cls, inst.arrived, not inst.waited)
         if math.isfinite(inst.duration):
             self._push(now + inst.duration, _FINISH, inst.seq, inst.epoch)
         return True
@@ -158,6 +162,7 @@ class Engine:
     def _enqueue(self, inst: _Instance, now: float) -> None:
         self.queues.setdefault(inst.shape, deque()).append(inst)
         self.pending += 1
+        self.queued[inst.cls] += 1
         if not self.retry_armed:
             self.retry_armed = True
             self._push(now + self.timing.tick_s, _RETRY)
@@ -173,7 +178,8 @@ class Engine:
                 if patience is not None and now - inst.queued_at > patience:
                     queue.popleft()
                     self.pending -= 1
-                    self.rec.result.abandoned += 1
+                    self.queued[inst.cls] -= 1
+                    self.rec.abandoned(inst.cls, inst.arrived)
                     del self.active[inst.seq]
                     continue
                 if not self.placer.may_fit(shape):
@@ -182,6 +188,7 @@ class Engine:
                     break
                 queue.popleft()
                 self.pending -= 1
+                self.queued[inst.cls] -= 1
         if self.pending and not self.retry_armed:
             self.retry_armed = True
             self._push(now + self.timing.tick_s, _RETRY)

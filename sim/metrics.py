@@ -1,12 +1,17 @@
 """What a run measures, and the result it reports.
 
-Rules: utilisation is a node's committed share (mean of cpu and memory reserved); node
-statistics are taken every ``sample_s`` over live nodes and averaged over the samples.
-Capacity is *stranded* when it is free on a live, non-draining node while requests wait in
-the queue and none of the waiting shapes fits that node (`shared.feasibility.check`): free,
-yet no pending request can use it — the bin-packing question. ``largest_fits`` is the
-share of nodes that could still take the workload's largest shape. Every number is rounded
-to 6 places, so ``results.json`` is stable.
+Rules:
+1. Node statistics are taken every ``sample_s`` (`sim.snapshot`). The whole-run figures
+   (``util_mean``, ``stranded_cpu``, ``imbalance``, ...) average every sample over live
+   nodes, as they always have: ``stranded_cpu`` there is free cpu on nodes no waiting
+   shape fits, for whatever reason, and ``imbalance`` is max over mean utilisation, which
+   the fullest node sets — a curiosity, not a verdict. The figures that decide are in
+   ``steady`` (`sim.steady`): the steady-state window only, stranded capacity counted only
+   where a waiting request could run, evenness and packing measured against the fleet.
+2. ``largest_fits`` is the share of nodes that could still take the workload's largest
+   shape. Every number is rounded to 6 places, so ``results.json`` is stable.
+3. Per class, the series hold what is queued, how many were ever unschedulable, and the
+   p50 and p99 wait of the first placements made since the previous sample (None: none).
 """
 
 from __future__ import annotations
@@ -15,13 +20,22 @@ from array import array
 from collections import Counter
 
 import msgspec
+import numpy as np
 
-from gavel.shared.feasibility import check
-from gavel.shared.messages import Request
 from gavel.sim.cluster import Cluster
-from gavel.sim.workload import Catalogue, Shape
+from gavel.sim.snapshot import Fleet, take
+from gavel.sim.stats import Interval
+from gavel.sim.steady import ClassSteady, Steady
+from gavel.sim.workload import Catalogue
 
-__all__ = ["PolicyResult", "Recorder", "Series", "StrategyShare", "percentile"]
+__all__ = ["ClassSeries", "PolicyResult", "Recorder", "Series", "StrategyShare", "percentile"]
+
+
+class ClassSeries(msgspec.Struct, kw_only=True):
+    queued: list[float] = []
+    unschedulable: list[float] = []
+    wait_p50: list[float | None] = []
+    wait_p99: list[float | None] = []
 
 
 class Series(msgspec.Struct, kw_only=True):
@@ -34,6 +48,13 @@ class Series(msgspec.Struct, kw_only=True):
     stranded_memory: list[float] = []
     empty_nodes: list[float] = []
     largest_fits: list[float] = []
+    util_cv: list[float] = []
+    util_jain: list[float] = []
+    #: stranded as `sim.snapshot` rule 3 counts it (free where a waiting request could run)
+    stranded_usable_cpu: list[float] = []
+    nodes_in_use: list[float] = []
+    packing_bound: list[float] = []
+    classes: dict[str, ClassSeries] = {}
 
 
 class StrategyShare(msgspec.Struct, kw_only=True):
@@ -80,6 +101,10 @@ class PolicyResult(msgspec.Struct, kw_only=True):
     node_utilisation: list[float] = []
     strategies: dict[str, StrategyShare] = {}
     series: Series = msgspec.field(default_factory=Series)
+    #: the steady-state figures of this run (the first seed's, with several)
+    steady: Steady = msgspec.field(default_factory=Steady)
+    #: every steady figure over the seeds run (`sim.steady.flatten` names them)
+    intervals: dict[str, Interval] = {}
 
 
 def percentile(sorted_xs: list[float] | array[float], q: float) -> float:
@@ -93,50 +118,77 @@ def _r(x: float) -> float:
     return round(x, 6)
 
 
-def _minimal(catalogue: Catalogue, wanted: list[int]) -> list[Request]:
-    """The wanted shapes no other wanted shape covers: if any fits a node, one of these does."""
-    shapes = catalogue.shapes
-
-    def covers(a: Shape, b: Shape) -> bool:  # a fits wherever b fits
-        return (a.cpu_milli <= b.cpu_milli and a.memory_mb <= b.memory_mb
-                and a.ports <= b.ports and set(a.labels) <= set(b.labels))
-
-    keep = [i for i in wanted
-            if not any(j != i and covers(shapes[j], shapes[i])
-                       and (not covers(shapes[i], shapes[j]) or j < i) for j in wanted)]
-    return [catalogue.requests[i] for i in keep]
+def _largest(catalogue: Catalogue) -> int:
+    return max(range(len(catalogue)),
+               key=lambda i: (catalogue.shapes[i].cpu_milli, catalogue.shapes[i].memory_mb, i))
 
 
-def _largest(catalogue: Catalogue) -> Request:
-    biggest = max(range(len(catalogue)),
-                  key=lambda i: (catalogue.shapes[i].cpu_milli, catalogue.shapes[i].memory_mb, i))
-    return catalogue.requests[biggest]
+class _ClassWindow:
+    """One class's instances that arrived in the steady window (`sim.steady` rule 2)."""
+
+    __slots__ = ("abandoned", "arrivals", "first", "unschedulable", "waits")
+
+    def __init__(self) -> None:
+        self.arrivals = self.first = self.unschedulable = self.abandoned = 0
+        self.waits: array[float] = array("d")
+
+    def result(self, queued: int) -> ClassSteady:
+        waits = array("d", sorted(self.waits))
+        return ClassSteady(
+            arrivals=self.arrivals, placed=len(waits),
+            first_auction=_r(self.first / self.arrivals) if self.arrivals else 0.0,
+            wait_p50=_r(percentile(waits, 0.5)), wait_p99=_r(percentile(waits, 0.99)),
+            unschedulable=self.unschedulable, abandoned=self.abandoned, queued_end=queued)
 
 
 class Recorder:
     def __init__(self, name: str, kind: str, description: str, cluster: Cluster,
-                 catalogue: Catalogue, labels: list[str]) -> None:
+                 catalogue: Catalogue, labels: list[str], class_names: list[str],
+                 window: tuple[float, float]) -> None:
         self.result = PolicyResult(policy=name, kind=kind, description=description)
         self.cluster = cluster
         self.catalogue = catalogue
         self.labels = labels
+        self.class_names = class_names
+        self.start, self.end = window
+        self.fleet = Fleet(cluster, catalogue)
         self.reasons: Counter[str] = Counter()
         self.by_class: Counter[str] = Counter()
         self.wins: Counter[str] = Counter()
         self.latencies: array[float] = array("d")
-        self.series = Series()
+        self.series = Series(classes={c: ClassSeries() for c in class_names})
         self.samples: list[tuple[float, ...]] = []
+        self.steady_samples: list[tuple[float, ...]] = []
         self._largest = _largest(catalogue)
         size = len(cluster)
-        self._util_sum = [0.0] * size
-        self._util_n = [0] * size
+        self._util_sum = np.zeros(size)
+        self._util_n = np.zeros(size, dtype=np.int64)
+        self._steady_sum = np.zeros(size)
+        self._steady_n = np.zeros(size, dtype=np.int64)
         self._free_sum = [0.0, 0.0]
+        self._window = [_ClassWindow() for _ in class_names]
+        self._recent: list[array[float]] = [array("d") for _ in class_names]
+        self._ever: list[int] = [0] * len(class_names)
+
+    def _in_window(self, arrived: float) -> bool:
+        return self.start <= arrived <= self.end
 
     # -- events -----------------------------------------------------------------------------
-    def placed(self, node: int, latency: float, tie: bool, kind: str) -> None:
+    def arrived(self, cls: int, at: float) -> None:
+        if self._in_window(at):
+            self._window[cls].arrivals += 1
+
+    def placed(self, node: int, latency: float, tie: bool, kind: str, cls: int = 0,
+               arrived: float = -1.0, first_auction: bool = False) -> None:
+        """An award; for a first placement `latency` is the instance's wait."""
         r = self.result
         if kind == "first":
             r.placements += 1
+            self._recent[cls].append(latency)
+            if self._in_window(arrived):
+                window = self._window[cls]
+                window.waits.append(latency)
+                window.first += first_auction
         elif kind == "replace":
             r.replacements += 1
         else:
@@ -145,51 +197,56 @@ class Recorder:
         self.wins[self.labels[node]] += 1
         self.latencies.append(latency)
 
-    def unschedulable(self, reason: str, cls: str, first: bool) -> None:
+    def unschedulable(self, reason: str, cls: int, first: bool, arrived: float = -1.0) -> None:
         self.result.unschedulable_rounds += 1
         self.reasons[reason] += 1
         if first:
             self.result.unschedulable += 1
-            self.by_class[cls] += 1
+            self.by_class[self.class_names[cls]] += 1
+            self._ever[cls] += 1
+            if self._in_window(arrived):
+                self._window[cls].unschedulable += 1
+
+    def abandoned(self, cls: int, arrived: float) -> None:
+        self.result.abandoned += 1
+        if self._in_window(arrived):
+            self._window[cls].abandoned += 1
 
     # -- samples ----------------------------------------------------------------------------
-    def sample(self, now: float, pending: int, waiting: list[int]) -> None:
-        """Node statistics now; `waiting` lists the shapes with queued requests."""
-        utils: list[float] = []
-        cap_cpu = cap_mem = free_cpu = free_mem = lost_cpu = lost_mem = 0.0
-        empty = big = 0
-        wanted = _minimal(self.catalogue, waiting)
-        nodes = self.cluster.nodes
-        for idx in sorted(self.cluster.alive.items):
-            node = nodes[idx]
-            u = node.utilisation()
-            utils.append(u)
-            self._util_sum[idx] += u
-            self._util_n[idx] += 1
-            if node.draining:
-                continue
-            empty += node.used_milli == 0 and node.used_memory == 0
-            cap_cpu += node.cap_milli
-            cap_mem += node.group.memory_mb
-            fc, fm = node.cap_milli - node.used_milli, node.group.memory_mb - node.used_memory
-            free_cpu += fc
-            free_mem += fm
-            view = node.view()
-            big += check(self._largest, view) is None
-            if wanted and all(check(r, view) is not None for r in wanted):
-                lost_cpu += fc
-                lost_mem += fm
-        utils.sort()
-        n = len(utils)
+    def sample(self, now: float, pending: int, waiting: list[int],
+               queued: list[int] | None = None) -> None:
+        """Node statistics now; `waiting` lists the shapes with queued requests and
+        `queued` how many instances of each class wait."""
+        snap = take(self.fleet, self.cluster, waiting, self._largest)
+        n = len(snap.nodes)
+        utils = np.sort(snap.util).tolist()
+        self._util_sum[snap.nodes] += snap.util
+        self._util_n[snap.nodes] += 1
         mean = sum(utils) / n if n else 0.0
+        cap_cpu, cap_mem = snap.cap_cpu, snap.cap_mem
         point = (now, float(pending), float(self.result.unschedulable), mean,
                  percentile(utils, 0.5), percentile(utils, 0.99),
                  utils[-1] / mean if n and mean > 0 else 0.0,
-                 lost_cpu / cap_cpu if cap_cpu else 0.0, lost_mem / cap_mem if cap_mem else 0.0,
-                 empty / n if n else 0.0, big / n if n else 0.0)
+                 snap.unfit_cpu / cap_cpu if cap_cpu else 0.0,
+                 snap.unfit_mem / cap_mem if cap_mem else 0.0,
+                 snap.empty / n if n else 0.0, snap.largest_fits / n if n else 0.0)
         self.samples.append(point)
-        self._free_sum[0] += free_cpu / cap_cpu if cap_cpu else 0.0
-        self._free_sum[1] += free_mem / cap_mem if cap_mem else 0.0
+        self._free_sum[0] += snap.free_cpu / cap_cpu if cap_cpu else 0.0
+        self._free_sum[1] += snap.free_mem / cap_mem if cap_mem else 0.0
+        o_cap = self.fleet.cap_cpu[snap.nodes[snap.open]]
+        o_mem = self.fleet.cap_mem[snap.nodes[snap.open]]
+        o_util = snap.util[snap.open]
+        weighted = ((float((o_cap * o_util).sum()) / cap_cpu if cap_cpu else 0.0)
+                    + (float((o_mem * o_util).sum()) / cap_mem if cap_mem else 0.0)) / 2.0
+        stranded = (snap.stranded_cpu / cap_cpu if cap_cpu else 0.0,
+                    snap.stranded_mem / cap_mem if cap_mem else 0.0)
+        if self.start <= now <= self.end:
+            self._steady_sum[snap.nodes[snap.open]] += o_util
+            self._steady_n[snap.nodes[snap.open]] += 1
+            self.steady_samples.append((
+                weighted, snap.util_cv, snap.util_jain, *stranded, snap.empty / n if n else 0.0,
+                float(snap.in_use), float(snap.bound),
+                snap.in_use / snap.bound if snap.bound else 1.0))
         s = self.series
         s.t.append(_r(now))
         s.pending.append(float(pending))
@@ -200,9 +257,24 @@ class Recorder:
         s.stranded_memory.append(_r(point[8]))
         s.empty_nodes.append(_r(point[9]))
         s.largest_fits.append(_r(point[10]))
+        s.util_cv.append(_r(snap.util_cv))
+        s.util_jain.append(_r(snap.util_jain))
+        s.stranded_usable_cpu.append(_r(stranded[0]))
+        s.nodes_in_use.append(float(snap.in_use))
+        s.packing_bound.append(float(snap.bound))
+        for k, name in enumerate(self.class_names):
+            series = s.classes[name]
+            series.queued.append(float(queued[k]) if queued else 0.0)
+            series.unschedulable.append(float(self._ever[k]))
+            recent = sorted(self._recent[k])
+            series.wait_p50.append(_r(percentile(recent, 0.5)) if recent else None)
+            series.wait_p99.append(_r(percentile(recent, 0.99)) if recent else None)
+            self._recent[k] = array("d")
 
     # -- the result -------------------------------------------------------------------------
-    def finish(self, pending: int) -> PolicyResult:
+    def finish(self, pending: int, queued_arrivals: list[tuple[int, float]] | None = None
+               ) -> PolicyResult:
+        """The result; `queued_arrivals` is (class, arrival time) of what still waits."""
         r = self.result
         r.pending_end = pending
         r.reasons = dict(sorted(self.reasons.items()))
@@ -226,21 +298,50 @@ class Recorder:
         r.node_utilisation = [_r(percentile(per_node, q / 20)) for q in range(21)]
         r.strategies = self._shares()
         r.series = self.series
+        r.steady = self._steady(queued_arrivals or [])
         return r
+
+    def _steady(self, queued_arrivals: list[tuple[int, float]]) -> Steady:
+        queued = [0] * len(self.class_names)
+        for cls, at in queued_arrivals:
+            queued[cls] += self._in_window(at)
+        classes = {name: w.result(queued[k])
+                   for k, (name, w) in enumerate(zip(self.class_names, self._window,
+                                                     strict=True))}
+        every = _ClassWindow()
+        for w in self._window:
+            every.arrivals += w.arrivals
+            every.first += w.first
+            every.unschedulable += w.unschedulable
+            every.abandoned += w.abandoned
+            every.waits.extend(w.waits)
+        k = len(self.steady_samples)
+        avg = [sum(p[i] for p in self.steady_samples) / k if k else 0.0 for i in range(9)]
+        seen = self._steady_n > 0
+        per_node = np.sort(self._steady_sum[seen] / self._steady_n[seen]).tolist()
+        return Steady(
+            start_s=self.start, end_s=self.end, samples=k,
+            util_mean=_r(avg[0]), util_cv=_r(avg[1]), util_jain=_r(avg[2]),
+            stranded_cpu=_r(avg[3]), stranded_memory=_r(avg[4]), empty_nodes=_r(avg[5]),
+            nodes_in_use=_r(avg[6]), packing_bound=_r(avg[7]), packing_ratio=_r(avg[8]),
+            all=every.result(sum(queued)), classes=classes,
+            node_utilisation=[_r(percentile(per_node, q / 100)) for q in range(101)])
 
     def node_utilisation(self) -> list[float]:
         """Each node's utilisation averaged over the samples it was alive for, sorted."""
-        return sorted(s / n for s, n in zip(self._util_sum, self._util_n, strict=True) if n)
+        seen = self._util_n > 0
+        per_node: list[float] = np.sort(self._util_sum[seen] / self._util_n[seen]).tolist()
+        return per_node
 
     def _shares(self) -> dict[str, StrategyShare]:
-        present = [i for i, n in enumerate(self._util_n) if n]
+        present = [i for i, n in enumerate(self._util_n.tolist()) if n]
         total_nodes = len(present) or 1
         total_wins = sum(self.wins.values()) or 1
         out: dict[str, StrategyShare] = {}
         for label in sorted(set(self.labels[i] for i in present) | set(self.wins)):
             members = [i for i in present if self.labels[i] == label]
-            util = (sum(self._util_sum[i] / self._util_n[i] for i in members) / len(members)
-                    if members else 0.0)
+            util = (sum(float(self._util_sum[i] / self._util_n[i]) for i in members)
+                    / len(members) if members else 0.0)
             out[label] = StrategyShare(nodes=len(members),
                                        node_share=_r(len(members) / total_nodes),
                                        wins=self.wins[label],

@@ -1,13 +1,18 @@
-"""The pictures: utilisation, unschedulable over time, win share, stranded capacity.
+"""The pictures: how load is spread, how well work is packed, how each class waits.
 
 Rules: matplotlib with the Agg backend only (no display, no GUI toolkit); every plot is
 drawn from a `SimResult` alone, so a saved ``results.json`` can be drawn again; file names
-are fixed (`sim.report.PLOTS`), so ``report.md`` can embed them.
+are fixed (`sim.report.PLOTS`), so ``report.md`` can embed them. Every axis carries one
+quantity and says which; a policy keeps its colour in every plot; time plots shade the
+warm-up; bars carry the 95% interval over seeds when there is one.
 """
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import matplotlib
 
@@ -15,61 +20,169 @@ matplotlib.use("Agg")
 
 import matplotlib.pyplot as plt
 
+from gavel.sim.metrics import PolicyResult
 from gavel.sim.policies import SimResult
 
 __all__ = ["draw_all"]
 
 _DPI = 110
+Axes = Any
 
 
-def _save(fig: object, path: Path) -> None:
-    fig.savefig(path, dpi=_DPI, bbox_inches="tight",  # type: ignore[attr-defined]
-                metadata={"Software": None})
-    plt.close(fig)  # type: ignore[arg-type]
+def _save(fig: Any, path: Path) -> None:
+    fig.savefig(path, dpi=_DPI, bbox_inches="tight", metadata={"Software": None})
+    plt.close(fig)
+
+
+def _colour(k: int) -> Any:
+    return plt.get_cmap("tab10")(k % 10)
+
+
+def _style(p: PolicyResult) -> str:
+    return "-" if p.kind == "gavel" else "--"
+
+
+def _warmup(ax: Axes, result: SimResult) -> None:
+    start = result.window_s[0]
+    if start > 0:
+        ax.axvspan(0, start, color="0.92", zorder=0, label="_warm-up")
+
+
+def _bars(ax: Axes, result: SimResult, figure: str, ylabel: str, title: str) -> None:
+    """One bar per policy: the mean of `figure`, with its interval when it has one."""
+    names = [p.policy for p in result.policies]
+    means = [p.intervals[figure].mean if figure in p.intervals else 0.0
+             for p in result.policies]
+    errors = [[0.0 if (i := p.intervals.get(figure)) is None or i.low is None
+               else i.mean - i.low for p in result.policies],
+              [0.0 if (i := p.intervals.get(figure)) is None or i.high is None
+               else i.high - i.mean for p in result.policies]]
+    ax.bar(range(len(names)), means, yerr=errors, capsize=4,
+           color=[_colour(k) for k in range(len(names))])
+    ax.set_xticks(range(len(names)), names, rotation=30, ha="right", fontsize=8)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=10)
+    ax.grid(axis="y", alpha=0.3)
+
+
+def _over_time(ax: Axes, result: SimResult, values: Callable[[PolicyResult], list[Any]],
+               ylabel: str, title: str, legend: bool = False) -> None:
+    _warmup(ax, result)
+    for k, p in enumerate(result.policies):
+        ys = [math.nan if v is None else v for v in values(p)]
+        ax.plot(p.series.t, ys, _style(p), color=_colour(k), label=p.policy, linewidth=1.2,
+                marker=".", markersize=2.5)
+    ax.set_xlabel("virtual time (s)")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=10)
+    ax.grid(alpha=0.3)
+    if legend:
+        ax.legend(fontsize=7)
 
 
 def _utilisation(result: SimResult, path: Path) -> None:
-    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5), width_ratios=[3, 2])
-    xs = [q / 20 for q in range(21)]
-    for p in result.policies:
-        style = "-" if p.kind == "gavel" else "--"
-        left.plot([x * 100 for x in xs], p.node_utilisation, style, marker=".", label=p.policy)
-    left.set_xlabel("nodes, least to most utilised (percentile)")
-    left.set_ylabel("time-averaged utilisation (committed share)")
-    left.set_ylim(0, 1.02)
-    left.grid(alpha=0.3)
-    left.legend(fontsize=8)
-    left.set_title("How load is spread across nodes")
-    names = [p.policy for p in result.policies]
-    pos = range(len(names))
-    width = 0.27
-    right.bar([i - width for i in pos], [p.util_mean for p in result.policies], width,
-              label="mean")
-    right.bar(list(pos), [p.util_p99 for p in result.policies], width, label="p99")
-    right.bar([i + width for i in pos], [p.imbalance for p in result.policies], width,
-              label="max/mean")
-    right.set_xticks(list(pos), names, rotation=30, ha="right", fontsize=8)
-    right.grid(axis="y", alpha=0.3)
-    right.legend(fontsize=8)
-    right.set_title("Utilisation per policy (averaged over samples)")
-    fig.suptitle(f"{result.scenario}: utilisation by policy")
+    fig, (cdf, cv, jain) = plt.subplots(1, 3, figsize=(15, 4.5), width_ratios=[3, 2, 2],
+                                       layout="constrained")
+    shares = [q / 100 for q in range(101)]
+    for k, p in enumerate(result.policies):
+        cdf.step(p.steady.node_utilisation, shares, _style(p), where="post", color=_colour(k),
+                 label=p.policy)
+    cdf.set_xlabel("node utilisation, averaged over the steady state (committed share)")
+    cdf.set_ylabel("share of nodes at or below it")
+    cdf.set_xlim(0, 1.02)
+    cdf.set_ylim(0, 1.0)
+    cdf.grid(alpha=0.3)
+    cdf.legend(fontsize=8)
+    cdf.set_title("Utilisation across nodes (CDF)", fontsize=10)
+    _bars(cv, result, "util_cv", "coefficient of variation (capacity-weighted)",
+          "Unevenness: CV of utilisation (lower is more even)")
+    _bars(jain, result, "util_jain", "Jain's index", "Evenness: Jain's index (1 is equal)")
+    fig.suptitle(f"{result.scenario}: how load is spread (steady state)")
     _save(fig, path)
 
 
-def _unschedulable(result: SimResult, path: Path) -> None:
-    fig, (top, bottom) = plt.subplots(2, 1, figsize=(10, 6.5), sharex=True)
-    for p in result.policies:
-        style = "-" if p.kind == "gavel" else "--"
-        top.plot(p.series.t, p.series.pending, style, label=p.policy)
-        bottom.plot(p.series.t, p.series.unschedulable, style, label=p.policy)
-    top.set_ylabel("instances queued")
-    top.set_title("Queued (unschedulable, waiting for room)")
-    bottom.set_ylabel("instances ever unschedulable")
-    bottom.set_xlabel("virtual time (s)")
-    for ax in (top, bottom):
-        ax.grid(alpha=0.3)
-    top.legend(fontsize=8)
-    fig.suptitle(f"{result.scenario}: unschedulable over time")
+def _packing(result: SimResult, path: Path) -> None:
+    fig, axes = plt.subplots(2, 2, figsize=(13, 8), layout="constrained")
+    (nodes, ratio), (empty, stranded) = axes
+    _warmup(nodes, result)
+    for k, p in enumerate(result.policies):
+        nodes.plot(p.series.t, p.series.nodes_in_use, _style(p), color=_colour(k),
+                   label=f"{p.policy}: in use", linewidth=1.2)
+        nodes.plot(p.series.t, p.series.packing_bound, ":", color=_colour(k),
+                   label=f"{p.policy}: packing bound", linewidth=1.0)
+    nodes.set_xlabel("virtual time (s)")
+    nodes.set_ylabel("nodes")
+    nodes.set_title("Nodes in use (solid or dashed) and the packing bound (dotted)",
+                    fontsize=10)
+    nodes.grid(alpha=0.3)
+    nodes.legend(fontsize=6, ncol=2)
+    _bars(ratio, result, "packing_ratio", "nodes in use / packing bound",
+          "Packing: nodes in use over the bound (1 is perfect)")
+    ratio.axhline(1.0, color="0.3", linewidth=0.8)
+    _over_time(empty, result, lambda p: p.series.empty_nodes, "empty nodes (share of live nodes)",
+               "Empty nodes")
+    _over_time(stranded, result, lambda p: p.series.stranded_usable_cpu,
+               "stranded cpu (share of capacity)",
+               "Stranded cpu: free where a waiting request could run, yet none fits",
+               legend=True)
+    fig.suptitle(f"{result.scenario}: packing against the bound (grey: warm-up)")
+    _save(fig, path)
+
+
+def _classes(result: SimResult, path: Path) -> None:
+    names = list(result.policies[0].series.classes)
+    fig, axes = plt.subplots(len(names), 3, figsize=(15, 2.6 * len(names) + 0.8),
+                             squeeze=False, layout="constrained")
+    for row, name in zip(axes, names, strict=True):
+        wait, queued, unsched = row
+
+        def p99(p: PolicyResult, n: str = name) -> list[Any]:
+            return list(p.series.classes[n].wait_p99)
+
+        def waiting(p: PolicyResult, n: str = name) -> list[Any]:
+            return list(p.series.classes[n].queued)
+
+        def ever(p: PolicyResult, n: str = name) -> list[Any]:
+            return list(p.series.classes[n].unschedulable)
+
+        _over_time(wait, result, p99, "p99 wait (s)", f"{name}: p99 wait of placements per sample")
+        wait.set_yscale("symlog", linthresh=1.0)
+        _over_time(queued, result, waiting, "instances queued", f"{name}: queued now")
+        _over_time(unsched, result, ever, "instances ever unschedulable",
+                   f"{name}: unschedulable so far", legend=row is axes[0])
+    fig.suptitle(f"{result.scenario}: each workload class over time (grey: warm-up)")
+    _save(fig, path)
+
+
+def _waits(result: SimResult, path: Path) -> None:
+    names = list(result.policies[0].steady.classes)
+    fig, (wait, first) = plt.subplots(2, 1, figsize=(max(8.0, 1.6 * len(names) + 3), 8),
+                                   layout="constrained")
+    count = len(result.policies)
+    width = 0.8 / max(count, 1)
+    for k, p in enumerate(result.policies):
+        for ax, leaf in ((wait, "wait_p99"), (first, "first_auction")):
+            xs, ys, lo, hi = [], [], [], []
+            for c, name in enumerate(names):
+                i = p.intervals.get(f"classes.{name}.{leaf}")
+                if i is None:
+                    continue
+                xs.append(c - 0.4 + (k + 0.5) * width)
+                ys.append(i.mean)
+                lo.append(0.0 if i.low is None else i.mean - i.low)
+                hi.append(0.0 if i.high is None else i.high - i.mean)
+            ax.bar(xs, ys, width, yerr=[lo, hi], capsize=2, color=_colour(k), label=p.policy)
+    wait.set_ylabel("p99 wait, arrival to award (s)")
+    wait.set_yscale("symlog", linthresh=1.0)
+    wait.set_title("Steady-state p99 wait per workload class", fontsize=10)
+    first.set_ylabel("share placed on its first auction")
+    first.set_ylim(0, 1.05)
+    first.set_title("Steady-state share placed on arrival, per workload class", fontsize=10)
+    for ax in (wait, first):
+        ax.set_xticks(range(len(names)), names)
+        ax.grid(axis="y", alpha=0.3)
+    wait.legend(fontsize=7, ncol=3)
+    fig.suptitle(f"{result.scenario}: how each class waits")
     _save(fig, path)
 
 
@@ -83,52 +196,24 @@ def _winshare(result: SimResult, path: Path) -> None:
         shares = [p.strategies[n] for n in names]
         ax.bar([i - 0.2 for i in pos], [s.node_share for s in shares], 0.4, label="share of nodes")
         ax.bar([i + 0.2 for i in pos], [s.win_share for s in shares], 0.4, label="share of wins")
-        ax.plot(list(pos), [s.utilisation for s in shares], "ko", label="mean utilisation")
         ax.set_xticks(list(pos), names)
         ax.set_xlim(-0.8, len(names) - 0.2)
         ax.set_ylim(0, 1.0)
+        ax.set_ylabel("share (of nodes, of wins)")
         ax.grid(axis="y", alpha=0.3)
         ax.set_title(p.policy)
         ax.legend(fontsize=8)
-    fig.suptitle(f"{result.scenario}: who wins the auctions")
-    _save(fig, path)
-
-
-def _stranded(result: SimResult, path: Path) -> None:
-    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
-    names = [p.policy for p in result.policies]
-    pos = range(len(names))
-    width = 0.16
-    bars = [("stranded cpu", [p.stranded_cpu for p in result.policies]),
-            ("stranded memory", [p.stranded_memory for p in result.policies]),
-            ("free cpu", [p.free_cpu for p in result.policies]),
-            ("empty nodes", [p.empty_nodes for p in result.policies]),
-            ("nodes the largest shape fits", [p.largest_fits for p in result.policies])]
-    for k, (label, values) in enumerate(bars):
-        left.bar([i + (k - 2) * width for i in pos], values, width, label=label)
-    left.set_xticks(list(pos), names, rotation=30, ha="right", fontsize=8)
-    left.set_ylabel("fraction of capacity / of nodes")
-    left.set_ylim(0, max([0.05, *(v for _, vs in bars for v in vs)]) * 1.45)
-    left.grid(axis="y", alpha=0.3)
-    left.legend(fontsize=7, ncol=2, loc="upper center")
-    left.set_title("Averaged over the run")
-    for p in result.policies:
-        style = "-" if p.kind == "gavel" else "--"
-        right.plot(p.series.t, p.series.stranded_cpu, style, label=p.policy)
-    right.set_xlabel("virtual time (s)")
-    right.set_ylabel("stranded cpu (share of capacity)")
-    right.grid(alpha=0.3)
-    right.legend(fontsize=8)
-    right.set_title("Stranded cpu over time")
-    fig.suptitle(f"{result.scenario}: free capacity no waiting request can use")
+    fig.suptitle(f"{result.scenario}: who wins the auctions (first seed)")
     _save(fig, path)
 
 
 def draw_all(result: SimResult, out: Path) -> list[str]:
     """Draw every plot into `out`; returns the file names written."""
     out.mkdir(parents=True, exist_ok=True)
-    drawers = {"utilisation.png": _utilisation, "unschedulable.png": _unschedulable,
-               "winshare.png": _winshare, "stranded.png": _stranded}
+    if not result.policies:
+        return []
+    drawers = {"utilisation.png": _utilisation, "packing.png": _packing,
+               "classes.png": _classes, "waits.png": _waits, "winshare.png": _winshare}
     for name, draw in drawers.items():
         draw(result, out / name)
     return list(drawers)

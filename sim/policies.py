@@ -4,7 +4,9 @@ Rules: every policy gets a fresh cluster, the same arrival stream and the same f
 script (same seed); its own randomness comes from streams named after it, so adding or
 removing one policy never changes another's numbers. A mix is dealt to nodes by largest
 remainder (40% of 10 nodes is exactly 4), shuffled by the policy's own stream; nodes that
-join later draw their strategy by the shares.
+join later draw their strategy by the shares. With several seeds, each policy runs once
+per seed (seed, seed+1, ...); its result is the first seed's run with every steady-state
+figure's interval over all of them, and is handed to ``done`` as soon as it is complete.
 """
 
 from __future__ import annotations
@@ -25,11 +27,16 @@ from gavel.sim.metrics import PolicyResult, Recorder
 from gavel.sim.network import NetworkModel
 from gavel.sim.placer import Placer
 from gavel.sim.scenario import GavelPolicy, Scenario
+from gavel.sim.stats import interval
+from gavel.sim.steady import flatten
+from gavel.sim.verdicts import Verdict, judge, questions
 from gavel.sim.workload import Catalogue, stream
 
 __all__ = ["PolicySpec", "SimResult", "assign_mix", "plan", "run_policy", "simulate"]
 
 Build = Callable[[Cluster, Catalogue], Placer]
+#: (policy, seed) -> where that run reports how far it is
+Progresses = Callable[[str, int], Progress | None]
 
 
 class PolicySpec(NamedTuple):
@@ -48,6 +55,11 @@ class SimResult(msgspec.Struct, kw_only=True):
     duration_s: float
     shapes: list[str]
     policies: list[PolicyResult]
+    #: every seed run, the first of them `seed`
+    seeds: list[int] = []
+    #: the steady-state window the steady figures and verdicts use
+    window_s: tuple[float, float] = (0.0, 0.0)
+    verdicts: list[Verdict] = []
 
 
 def assign_mix(policy: GavelPolicy, initial: int, total: int,
@@ -130,24 +142,36 @@ def run_policy(s: Scenario, seed: int, spec: PolicySpec,
     catalogue, arrivals = stream(s, seed)
     placer = spec.build(cluster, catalogue)
     recorder = Recorder(spec.name, spec.kind, spec.description, cluster, catalogue,
-                        placer.labels)
+                        placer.labels, [c.name for c in s.workload.classes], s.window)
     engine = Engine(s, cluster, catalogue, arrivals, script(s, seed), placer, recorder,
                     progress)
     return engine.run()
 
 
 def simulate(s: Scenario, seed: int, only: set[str] | None = None,
-             progress: Callable[[str], Progress | None] | None = None,
-             naive: bool = False) -> SimResult:
-    """Every policy of `s` on the same arrivals; `only` keeps the named ones."""
-    results = []
-    for spec in plan(s, seed, naive):
+             progress: Progresses | None = None, naive: bool = False, seeds: int = 1,
+             done: Callable[[SimResult], None] | None = None) -> SimResult:
+    """Every policy of `s` on the same arrivals, for `seeds` seeds from `seed`; `only`
+    keeps the named policies; `done` sees the result after each policy completes."""
+    catalogue = Catalogue(s.workload.classes)
+    result = SimResult(scenario=s.name, description=s.description, seed=seed,
+                       nodes=s.initial_nodes(), total_nodes=s.total_nodes(),
+                       duration_s=s.duration_s,
+                       shapes=[shape.describe() for shape in catalogue.shapes],
+                       policies=[], seeds=[seed + k for k in range(seeds)],
+                       window_s=s.window)
+    plans = [plan(s, k, naive) for k in result.seeds]
+    asked = questions([c.name for c in s.workload.classes])
+    for i, spec in enumerate(plans[0]):
         if only is not None and spec.name not in only:
             continue
-        results.append(run_policy(s, seed, spec, progress(spec.name) if progress else None))
-    catalogue = Catalogue(s.workload.classes)
-    return SimResult(scenario=s.name, description=s.description, seed=seed,
-                     nodes=s.initial_nodes(), total_nodes=s.total_nodes(),
-                     duration_s=s.duration_s,
-                     shapes=[shape.describe() for shape in catalogue.shapes],
-                     policies=results)
+        runs = [run_policy(s, k, specs[i], progress(spec.name, k) if progress else None)
+                for k, specs in zip(result.seeds, plans, strict=True)]
+        figures = [flatten(r.steady) for r in runs]
+        first = runs[0]
+        first.intervals = {key: interval([f[key] for f in figures]) for key in figures[0]}
+        result.policies.append(first)
+        result.verdicts = [judge(q, result.policies, seeds) for q in asked]
+        if done is not None:
+            done(result)
+    return result

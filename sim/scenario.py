@@ -166,6 +166,8 @@ class Scenario(_Config, kw_only=True):
     duration_s: PosFloat
     #: metrics sampling interval (default: duration_s / 200)
     sample_s: PosFloat | None = None
+    #: the warm-up the steady-state metrics leave out (default: a fifth of duration_s)
+    warmup_s: NonNegFloat | None = None
     timing: Timing = Timing()
     nodes: Annotated[list[NodeGroup], msgspec.Meta(min_length=1)]
     gavel: Annotated[list[GavelPolicy], msgspec.Meta(min_length=1)]
@@ -181,6 +183,12 @@ class Scenario(_Config, kw_only=True):
     @property
     def interval_s(self) -> float:
         return self.sample_s or self.duration_s / 200.0
+
+    @property
+    def window(self) -> tuple[float, float]:
+        """The steady-state window: from the end of the warm-up to the end of the run."""
+        warmup = self.duration_s / 5.0 if self.warmup_s is None else self.warmup_s
+        return warmup, self.duration_s
 
     def initial_nodes(self) -> int:
         return sum(g.count for g in self.nodes)
@@ -256,6 +264,8 @@ def _check(s: Scenario) -> str | None:
                     f"{', '.join(sorted(classes))}, got {burst.workload_class!r}.")
     if s.sample_s is not None and s.sample_s > s.duration_s:
         return "field sample_s: expected at most duration_s."
+    if s.warmup_s is not None and s.warmup_s >= s.duration_s:
+        return "field warmup_s: expected less than duration_s (the steady state must last)."
     if not math.isfinite(s.duration_s):
         return "field duration_s: expected a finite number of seconds."
     return None

@@ -6,6 +6,11 @@ import argparse
 import csv
 import hashlib
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -56,12 +61,12 @@ def test_results_cover_every_policy_on_the_same_arrivals(smoke_out: Path) -> Non
 
 def test_plots_exist_are_substantial_and_distinct(smoke_out: Path) -> None:
     pngs = sorted(smoke_out.glob("*.png"))
-    assert [p.name for p in pngs] == ["stranded.png", "unschedulable.png", "utilisation.png",
-                                      "winshare.png"]
+    assert [p.name for p in pngs] == ["classes.png", "packing.png", "utilisation.png",
+                                      "waits.png", "winshare.png"]
     for png in pngs:
         data = png.read_bytes()
         assert data.startswith(b"\x89PNG") and len(data) > 10_000, png.name
-    assert len({hashlib.sha256(p.read_bytes()).hexdigest() for p in pngs}) == 4
+    assert len({hashlib.sha256(p.read_bytes()).hexdigest() for p in pngs}) == 5
     report = (smoke_out / "report.md").read_text()
     for png in pngs:
         assert f"]({png.name})" in report
@@ -78,7 +83,8 @@ def test_progress_goes_to_stderr_and_the_table_to_stdout(
     assert [p["policy"] for p in result["policies"]] == ["gavel:mixed", "random"]
 
 
-@pytest.mark.parametrize("name", ["smoke", "binpacking", "failure-storm", "large-fleet"])
+@pytest.mark.parametrize("name", ["smoke", "binpacking", "failure-storm", "large-fleet",
+                                  "heterogeneous", "heterogeneous-1k"])
 def test_shipped_scenarios_parse(name: str) -> None:
     assert load_scenario(SCENARIOS / f"{name}.toml").name == name
 
@@ -152,3 +158,110 @@ def test_bench_prints_numbers(capsys: pytest.CaptureFixture[str]) -> None:
     assert _run(["--bench", "--nodes", "40", "--placements", "500"]) == 0
     out = capsys.readouterr().out
     assert "placements/s" in out and "gavel:mixed" in out
+
+
+def test_bench_runs_a_shipped_scenario_scaled(capsys: pytest.CaptureFixture[str]) -> None:
+    assert _run(["--bench", "--scenario", "heterogeneous-1k", "--nodes", "60",
+                 "--placements", "400"]) == 0
+    out = capsys.readouterr().out
+    assert "bench heterogeneous-1k: 60 nodes, up to 400 arrivals, 7 classes" in out
+    assert "request shapes" in out and "gavel:mixed" in out and "400 arrivals" in out
+
+
+#: the fields results.json had per policy before the steady-state metrics; scripts read them
+OLD_FIELDS = {"policy", "kind", "description", "arrivals", "placements", "replacements",
+              "migrations", "lost", "abandoned", "pending_end", "unschedulable",
+              "unschedulable_rounds", "reasons", "unschedulable_by_class", "rejections", "ties",
+              "latency_mean", "latency_p50", "latency_p99", "latency_max", "util_mean",
+              "util_p50", "util_p99", "util_max", "imbalance", "stranded_cpu",
+              "stranded_memory", "free_cpu", "free_memory", "empty_nodes", "largest_fits",
+              "node_utilisation", "strategies", "series"}
+
+
+@pytest.fixture(scope="module")
+def seeds_out(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("seeds")
+    assert _run(["smoke", "--seeds", "3", "--out", str(out), "--quiet", "--no-plots"]) == 0
+    return out
+
+
+def test_seeds_give_every_policy_intervals_and_verdicts(seeds_out: Path) -> None:
+    result = json.loads((seeds_out / "results.json").read_text())
+    assert result["seeds"] == [7, 8, 9] and result["seed"] == 7
+    start, end = result["window_s"]
+    assert 0 < start < end == result["duration_s"]
+    for p in result["policies"]:
+        assert set(p) >= OLD_FIELDS, p["policy"]
+        cv = p["intervals"]["util_cv"]
+        assert len(cv["values"]) == 3 and cv["low"] <= cv["mean"] <= cv["high"]
+        assert cv["values"][0] == p["steady"]["util_cv"]  # the first seed's run
+        assert set(p["steady"]["classes"]) == {"web", "db"}
+        assert "classes.web.wait_p99" in p["intervals"]
+    questions = [v["figure"] for v in result["verdicts"]]
+    assert questions[:4] == ["util_cv", "packing_ratio", "stranded_cpu", "all.first_auction"]
+    assert "classes.db.wait_p99" in questions
+    for v in result["verdicts"]:
+        assert v["best"] or "no difference at 3 seeds" in v["sentence"]
+    report = (seeds_out / "report.md").read_text()
+    assert "3 seeds (7..9)" in report and "## Verdicts" in report
+    assert "max/mean (curiosity)" in report
+    with (seeds_out / "results.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    assert rows[0]["steady.util_cv.low"] != ""
+
+
+def test_seeds_give_the_same_bytes_twice(tmp_path: Path, seeds_out: Path) -> None:
+    assert _run(["smoke", "--seeds", "3", "--out", str(tmp_path), "--quiet",
+                 "--no-plots"]) == 0
+    for name in ("results.json", "results.csv", "report.md"):
+        assert (tmp_path / name).read_bytes() == (seeds_out / name).read_bytes(), name
+
+
+def test_a_run_stopped_after_the_first_policy_keeps_its_results(tmp_path: Path) -> None:
+    """A real `gavel sim` process, interrupted once it has written its first policy."""
+    out = tmp_path / "out"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gavel.cli", "sim", "smoke", "--seeds", "8", "--out", str(out),
+         "--no-plots"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env=os.environ.copy())
+    assert proc.stderr is not None
+    lines: list[str] = []
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        line = proc.stderr.readline()
+        if not line:
+            break
+        lines.append(line)
+        if "gavel:mixed: results written" in line:
+            proc.send_signal(signal.SIGINT)
+            break
+    rest = proc.communicate(timeout=300)[1]
+    err = "".join(lines) + rest
+    assert "ETA" in err and "gavel:mixed seed 7" in err
+    assert proc.returncode == 130, err
+    assert "stopped; 1 finished policy kept" in err
+    result = json.loads((out / "results.json").read_text())
+    assert [p["policy"] for p in result["policies"]] == ["gavel:mixed"]
+    assert len(result["policies"][0]["intervals"]["util_cv"]["values"]) == 8
+    assert "gavel:mixed" in (out / "report.md").read_text()
+    assert not list(out.glob(".*.part"))
+
+
+def test_the_heterogeneous_scenarios_are_labelled_multi_class_and_a_tenth_apart() -> None:
+    from gavel.sim.workload import Catalogue
+
+    big = load_scenario(SCENARIOS / "heterogeneous.toml")
+    small = load_scenario(SCENARIOS / "heterogeneous-1k.toml")
+    for s in (big, small):
+        shapes = Catalogue(s.workload.classes).shapes
+        assert len(shapes) >= 30
+        assert {label for shape in shapes for label, _ in shape.labels} == {"gpu", "zone"}
+        assert {g.labels.get("zone") for g in s.nodes} == {"a", "b", "c"}
+        assert {g.cpu for g in s.nodes} == {8.0, 16.0, 32.0}
+        assert [c.name for c in s.workload.classes] == [
+            "service", "batch", "big", "gpu", "pinned-a", "pinned-b", "pinned-c"]
+        assert [(e.strategy, e.share) for e in s.gavel[0].mix] == [
+            ("least-loaded", 0.4), ("binpack", 0.3), ("spread", 0.2), ("headroom", 0.1)]
+    assert (big.initial_nodes(), small.initial_nodes()) == (10_000, 1_000)
+    assert (big.workload.max_arrivals, small.workload.max_arrivals) == (1_000_000, 100_000)
+    assert big.workload.rate == pytest.approx(10 * small.workload.rate)
