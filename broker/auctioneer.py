@@ -32,6 +32,11 @@ Rules:
    is decided knowing how many of the group's replicas each node holds - in git, or awarded
    and not yet committed - and every node's labels, from its heartbeats
    (`shared.auction` rule 5); a round without replicas is told nothing of the kind.
+9. A sampled auction asks d nodes per request of each shape among the healthy nodes that
+   could ever take it - its hard labels, not draining, its total capacity (`shared.candidates`)
+   - or all of them when there are no more: d random nodes of a fleet where few carry a label
+   would mostly decline, and the request fail a round it could have won. A request no node
+   could ever take is decided at once with the declines the nodes would have sent.
 """
 
 from __future__ import annotations
@@ -54,15 +59,18 @@ from gavel.broker.ledger.plan import View, place, unschedulable
 from gavel.shared import subjects
 from gavel.shared.auction import Auction, Awarded, Decision, Unschedulable, Verdict
 from gavel.shared.award import NodeDecline
+from gavel.shared.candidates import Candidates
 from gavel.shared.lifecycle import PENDING
 from gavel.shared.messages import (
     Award,
+    Bid,
     BidReply,
     Capacity,
     Decline,
     EventType,
     InstanceState,
     Request,
+    Shape,
 )
 from gavel.shared.reasons import Reason, render
 from gavel.shared.records import AuctionRecord, BatchRecord, Outcome, ShapeRecord, auction_trailer
@@ -94,6 +102,8 @@ class Auctioneer:
         #: How long waiting work may wait for a fuller batch (rule 4).
         self.batch_wait_s = batch_wait_s
         self.rng = rng or random.Random()
+        #: Which nodes could ever take which shape, fed by every heartbeat (rule 9).
+        self.candidates = Candidates()
         self._guard = Guard("bid reply", BidReply, ctx.rejects, node=subjects.node_of,
                             foreign="bid", door=Door(ctx.rejects, subjects.BIDS_ALL))
         #: Instances whose pinned-deployment error was reported (once each).
@@ -167,6 +177,9 @@ class Auctioneer:
         eligible = ctx.liveness.eligible(now)
         if state.unusable_nodes:  # a node.json we cannot read: that node wins nothing
             eligible = [n for n in eligible if n not in state.unusable_nodes]
+        if self.sample_d is not None:  # rule 9: the index asks only nodes that could fit
+            self.candidates.live(eligible)
+            self.candidates.drained(state.draining)
         groups: dict[tuple[str, ...], list[Request]] = {}
         for r in pending:
             groups.setdefault(tuple(r.excluded), []).append(
@@ -177,7 +190,7 @@ class Auctioneer:
             for i in range(0, len(requests), self.batch_max):
                 if room <= 0:
                     return  # what is left has waited already: it goes when room frees
-                self.open(requests[i:i + self.batch_max], candidates, now)
+                self.open(requests[i:i + self.batch_max], candidates, now, set(excluded))
                 room -= 1
         self.waiting_since = None
 
@@ -186,17 +199,29 @@ class Auctioneer:
                 or self._wait_timer.when() <= asyncio.get_running_loop().time():
             self._wait_timer = asyncio.get_running_loop().call_later(delay, self.ctx.wake)
 
-    def open(self, requests: list[Request], candidates: list[str], now: float) -> None:
-        """One auction: broadcast to every candidate, or — with sampling on and a cluster
-        larger than d per request — to d·len(requests) sampled nodes (Sparrow's batch
-        sampling), each addressed on its own subject."""
+    def open(self, requests: list[Request], candidates: list[str], now: float,
+             excluded: AbstractSet[str] = frozenset()) -> None:
+        """One auction: broadcast to every candidate, or - with sampling on - to d nodes per
+        request of each shape among the nodes that could ever take it (rule 9), each
+        addressed on its own subject; when those are all the candidates, a broadcast."""
         ctx = self.ctx
         aid = uuid.uuid4().hex[:12]
         deadline = ctx.timing.bid_deadline_s
         d = self.sample_d
-        sampled = d is not None and len(candidates) > d * len(requests)
-        if sampled:
-            candidates = sorted(self.rng.sample(candidates, (d or 1) * len(requests)))
+        sampled = False
+        if d is not None:
+            shapes, counts = _shapes(requests)
+            draw = self.candidates.draw(shapes, counts, d, self.rng, excluded)
+            if draw.hopeless:
+                keys = {shapes[i].key() for i in draw.hopeless}
+                self._refuse([r for r in requests if r.key() in keys], now)
+                requests = [r for r in requests if r.key() not in keys]
+                if not requests:
+                    return
+            sampled = not (all(draw.whole) and len(draw.asked) == len(candidates)
+                           and set(draw.asked) == set(candidates))
+            if sampled:
+                candidates = draw.asked
         auction = Auction(aid, requests, candidates, now, deadline)
         self.auctions[aid] = auction
         if not sampled:
@@ -214,6 +239,26 @@ class Auctioneer:
             ctx.outbox.publish_raw(subjects.RFB, payload)
         ctx.outbox.flush()  # the round is being timed: its RFBs do not wait for the sender
         asyncio.get_running_loop().call_later(deadline, self._deadline, aid)
+
+    def _refuse(self, requests: list[Request], now: float) -> None:
+        """Rule 9: requests no live node could ever take are decided at once, each node
+        declining as it would (from what its heartbeats say it is); nothing is sent."""
+        aid = uuid.uuid4().hex[:12]
+        index = self.candidates
+        nodes = index.asked()
+        auction = Auction(aid, requests, nodes, now, self.ctx.timing.bid_deadline_s)
+        shapes = auction.shapes
+        for node in nodes:
+            answers: list[Bid | Decline] = []
+            for i, shape in enumerate(shapes):
+                why = index.refusal(node, shape)
+                assert why is not None, "a hopeless shape has no candidate"
+                answers.append(Decline(shape=i, reason=why.reason, detail=why.detail))
+            auction.receive(BidReply(auction_id=aid, node_id=node, answers=answers), now)
+        self.auctions[aid] = auction
+        self.auctions_total += 1
+        self.inflight.update(r.instance_id for r in requests)
+        self.close(auction)
 
     def _deadline(self, aid: str) -> None:
         auction = self.auctions.get(aid)
@@ -448,6 +493,20 @@ class Auctioneer:
         if state in PENDING and iid in self.inflight:
             return InstanceState.SCHEDULED if state is InstanceState.QUEUED else state
         return state
+
+
+def _shapes(requests: Iterable[Request]) -> tuple[list[Shape], list[int]]:
+    """The distinct shapes of `requests` (first seen first) and how many ask for each."""
+    index: dict[object, int] = {}
+    shapes: list[Shape] = []
+    counts: list[int] = []
+    for r in requests:
+        i = index.setdefault(r.key(), len(shapes))
+        if i == len(shapes):
+            shapes.append(r)
+            counts.append(0)
+        counts[i] += 1
+    return shapes, counts
 
 
 def _late(node: str, answered: AbstractSet[str], asked: AbstractSet[str] | None) -> bool:

@@ -347,6 +347,7 @@ class Broker:
             self.rejects.count(impossible, msg.subject)
             return
         before = self.liveness.record(hb, self.now())
+        self.auctioneer.candidates.update(hb.node_id, hb.labels, hb.capacity, hb.draining)
         self.promises.heartbeat_lists(hb.node_id, hb.instances)
         if hb.freed_ports:
             self.promises.ports_freed(hb.node_id, hb.freed_ports)
