@@ -37,6 +37,9 @@ Rules:
    - or all of them when there are no more: d random nodes of a fleet where few carry a label
    would mostly decline, and the request fail a round it could have won. A request no node
    could ever take is decided at once with the declines the nodes would have sent.
+10. A request the d sampled nodes could not place is asked again at once of every node that
+   could take it, before it is declared unschedulable: two busy nodes say little about a
+   fleet, and waiting a heartbeat interval for another two is how a big request starves.
 """
 
 from __future__ import annotations
@@ -114,6 +117,9 @@ class Auctioneer:
         #: answers that came too late for theirs or from a node not yet heard (rule 6).
         self._broadcast: set[str] = set()
         self._closed: dict[str, tuple[AbstractSet[str], AbstractSet[str] | None]] = {}
+        #: Sampled auctions that asked some shape's candidates in part: the keys of those
+        #: shapes, the auction's candidates and excluded nodes, for the wider ask (rule 10).
+        self._partial: dict[str, tuple[frozenset[object], list[str], AbstractSet[str]]] = {}
         self.late_total = 0
         self.inflight: set[str] = set()
         self.reserved: dict[str, Capacity] = {}
@@ -200,10 +206,11 @@ class Auctioneer:
             self._wait_timer = asyncio.get_running_loop().call_later(delay, self.ctx.wake)
 
     def open(self, requests: list[Request], candidates: list[str], now: float,
-             excluded: AbstractSet[str] = frozenset()) -> None:
+             excluded: AbstractSet[str] = frozenset(), wide: bool = False) -> None:
         """One auction: broadcast to every candidate, or - with sampling on - to d nodes per
         request of each shape among the nodes that could ever take it (rule 9), each
-        addressed on its own subject; when those are all the candidates, a broadcast."""
+        addressed on its own subject; when those are all the candidates, a broadcast.
+        `wide`: every node that could take each request (rule 10)."""
         ctx = self.ctx
         aid = uuid.uuid4().hex[:12]
         deadline = ctx.timing.bid_deadline_s
@@ -211,6 +218,8 @@ class Auctioneer:
         sampled = False
         if d is not None:
             shapes, counts = _shapes(requests)
+            if wide:
+                d = len(self.candidates) + 1
             draw = self.candidates.draw(shapes, counts, d, self.rng, excluded)
             if draw.hopeless:
                 keys = {shapes[i].key() for i in draw.hopeless}
@@ -220,6 +229,10 @@ class Auctioneer:
                     return
             sampled = not (all(draw.whole) and len(draw.asked) == len(candidates)
                            and set(draw.asked) == set(candidates))
+            if not all(draw.whole):
+                self._partial[aid] = (frozenset(shapes[i].key() for i, w in
+                                                enumerate(draw.whole) if not w),
+                                      candidates, excluded)
             if sampled:
                 candidates = draw.asked
         auction = Auction(aid, requests, candidates, now, deadline)
@@ -332,6 +345,15 @@ class Auctioneer:
                                        labels=labels)
         else:
             decisions = auction.decide(now, self.free(auction.eligible))
+        wider: list[Request] = []
+        partial = self._partial.pop(aid, None)
+        if partial is not None:  # rule 10: what d nodes could not place, every candidate may
+            keys = partial[0]
+            wider = [d.request for d in decisions
+                     if isinstance(d, Unschedulable) and d.request.key() in keys]
+            if wider:
+                again = {r.instance_id for r in wider}
+                decisions = [d for d in decisions if d.request.instance_id not in again]
         round_s = now - auction.opened_at
         self.round_times.append(round_s)
         m = self.ctx.metrics
@@ -353,10 +375,14 @@ class Auctioneer:
                 self.ctx.events.emit(d.request.instance_id, EventType.SCHEDULED,
                             node_id=d.winner.node_id,
                             detail=f"load {d.winner.load:.3f} ({d.winner.strategy})")
-        self.ctx.committer.submit(Item(
-            plan=lambda view: self._plan(view, auction, decisions, round_s),
-            failed=lambda reason, detail: self._failed(decisions, reason, detail),
-            retry=False))
+        if decisions:
+            self.ctx.committer.submit(Item(
+                plan=lambda view: self._plan(view, auction, decisions, round_s),
+                failed=lambda reason, detail: self._failed(decisions, reason, detail),
+                retry=False))
+        if wider:  # still in flight: asked again at once, of every node that could take them
+            self.open(wider, partial[1] if partial else [], now, partial[2] if partial
+                      else frozenset(), wide=True)
         if self._opening:  # closed as it opened: the pass under way counted it; the next
             self.ctx.wake()  # pass has its room
         else:  # the next round goes out now, not after the loop's other work (rule 5)
@@ -384,7 +410,7 @@ class Auctioneer:
         out = Planned(lines=[])
         outcomes: list[Outcome] = []
         aid = auction.auction_id
-        for d, shape in zip(decisions, auction.shape_of, strict=True):
+        for d, shape in zip(decisions, _shapes_of(auction, decisions), strict=True):
             iid = d.request.instance_id
             if isinstance(d, Awarded):
                 hb = self.ctx.liveness.heartbeats.get(d.winner.node_id)
@@ -509,6 +535,15 @@ def _shapes(requests: Iterable[Request]) -> tuple[list[Shape], list[int]]:
     return shapes, counts
 
 
+def _shapes_of(auction: Auction, decisions: list[Decision]) -> list[int]:
+    """Each decision's shape index: all the auction's requests, or those left after some were
+    asked again of every candidate (rule 10)."""
+    if len(decisions) == len(auction.requests):
+        return auction.shape_of
+    index = {r.instance_id: s for r, s in zip(auction.requests, auction.shape_of, strict=True)}
+    return [index[d.request.instance_id] for d in decisions]
+
+
 def _late(node: str, answered: AbstractSet[str], asked: AbstractSet[str] | None) -> bool:
     """Rule 6: an answer that came too late for its auction, from a node that had not
     answered it and that it asked (`asked` None: a broadcast asks every node)."""
@@ -531,11 +566,11 @@ def _batch_record(auction: Auction, decisions: list[Decision],
     """One trailer for the auction: each shape's bids once (from the last decision made
     for it, whose declines include any node that ran out of room during the batch)."""
     last: dict[int, Decision] = {}
-    for d, s in zip(decisions, auction.shape_of, strict=True):
+    for d, s in zip(decisions, _shapes_of(auction, decisions), strict=True):
         last[s] = d
     shapes = [ShapeRecord(shape=shape, bids=list(last[i].bids),
                           declines=list(last[i].declines), silent=list(last[i].silent))
-              for i, shape in enumerate(auction.shapes)]
+              for i, shape in enumerate(auction.shapes) if i in last]
     return BatchRecord(auction_id=auction.auction_id, shapes=shapes, outcomes=outcomes)
 
 

@@ -15,7 +15,7 @@ import pytest
 from gavel.broker.ledger.plan import View, set_draining, submit
 from gavel.broker.service import Broker
 from gavel.shared import subjects
-from gavel.shared.messages import Capacity, Heartbeat, Spec
+from gavel.shared.messages import BidReply, Capacity, Decline, Heartbeat, Spec
 from gavel.shared.reasons import Reason
 from gavel.shared.records import InstanceRecord
 from gavel.shared.timing import Timing
@@ -25,6 +25,7 @@ from tests.unit.fuzzkit import Msg
 NODES = tuple(f"n{i:02d}" for i in range(40))
 GPUS = ("n07", "n23", "n31")
 GPU_JOB = Spec(name="train", command=["true"], cpu=1.0, memory_mb=64, labels={"gpu": "yes"})
+WEB = Spec(name="web", command=["true"], cpu=1.0, memory_mb=64)
 _enc = msgspec.msgpack.Encoder()
 
 
@@ -104,3 +105,34 @@ async def test_a_request_no_node_can_take_is_unschedulable_at_once_with_their_re
     assert record is not None and record.reason == Reason.MISSING_LABEL
     assert record.summary == f"0/{len(NODES)} nodes bid: {len(NODES)} missing label tpu=v5"
     assert b.ledger.state().instances["infer-1"].state == "unschedulable"
+
+
+async def test_what_the_sampled_nodes_cannot_place_is_asked_of_every_candidate_at_once(
+        tmp_path: Path, written: list[str]) -> None:
+    b = sampled_broker(tmp_path, {"train-1": GPU_JOB, "web-1": WEB})
+    a = b.auctioneer
+    a.reconcile(b.now())
+    [(first, auction)] = a.auctions.items()
+    assert len(auction.eligible) == 4  # d = 2 for each of two shapes
+    gpu = next(i for i, s in enumerate(auction.shapes) if s.labels)
+    for n in sorted(auction.eligible):  # the sampled nodes are all full
+        a.on_bids(Msg(subjects.BIDS.format(node=n), _enc.encode(BidReply(
+            auction_id=first, node_id=n, answers=[
+                Decline(shape=i, reason=Reason.NO_ROOM_CPU, detail="1")
+                if i != gpu or n in GPUS else
+                Decline(shape=i, reason=Reason.MISSING_LABEL, detail="gpu=yes")
+                for i in range(len(auction.shapes))]))))
+    [(second, wider)] = a.auctions.items()
+    assert second != first and {r.instance_id for r in wider.requests} == {"train-1", "web-1"}
+    assert wider.eligible == set(NODES) and written[-1] == subjects.RFB  # all: a broadcast
+    assert a.inflight == {"train-1", "web-1"}
+    written.clear()
+    b2 = sampled_broker(tmp_path / "b", {"train-1": GPU_JOB})
+    b2.auctioneer.reconcile(b2.now())
+    [(aid, only)] = b2.auctioneer.auctions.items()
+    for n in sorted(only.eligible):
+        b2.auctioneer.on_bids(Msg(subjects.BIDS.format(node=n), _enc.encode(BidReply(
+            auction_id=aid, node_id=n,
+            answers=[Decline(shape=0, reason=Reason.NO_ROOM_CPU, detail="1")]))))
+    [again] = b2.auctioneer.auctions.values()
+    assert again.eligible == set(GPUS) and rfbs(written[-3:]) == list(GPUS)
