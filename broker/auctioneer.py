@@ -40,6 +40,8 @@ Rules:
 10. A request the d sampled nodes could not place is asked again at once of every node that
    could take it, before it is declared unschedulable: two busy nodes say little about a
    fleet, and waiting a heartbeat interval for another two is how a big request starves.
+   The last winner of each shape is asked beside the sampled nodes (`shared.candidates`
+   rule 3).
 """
 
 from __future__ import annotations
@@ -105,8 +107,10 @@ class Auctioneer:
         #: How long waiting work may wait for a fuller batch (rule 4).
         self.batch_wait_s = batch_wait_s
         self.rng = rng or random.Random()
-        #: Which nodes could ever take which shape, fed by every heartbeat (rule 9).
+        #: Which nodes could ever take which shape, fed by every heartbeat (rule 9), and
+        #: the last winner per shape key, asked beside the sampled nodes.
         self.candidates = Candidates()
+        self.last_winner: dict[object, str] = {}
         self._guard = Guard("bid reply", BidReply, ctx.rejects, node=subjects.node_of,
                             foreign="bid", door=Door(ctx.rejects, subjects.BIDS_ALL))
         #: Instances whose pinned-deployment error was reported (once each).
@@ -220,7 +224,8 @@ class Auctioneer:
             shapes, counts = _shapes(requests)
             if wide:
                 d = len(self.candidates) + 1
-            draw = self.candidates.draw(shapes, counts, d, self.rng, excluded)
+            draw = self.candidates.draw(shapes, counts, d, self.rng, excluded,
+                                        self.last_winner)
             if draw.hopeless:
                 keys = {shapes[i].key() for i in draw.hopeless}
                 self._refuse([r for r in requests if r.key() in keys], now)
@@ -367,8 +372,12 @@ class Auctioneer:
             m.bids.labels(strategy=strategy).inc(n)
         for reason, n in auction.decline_counts().items():
             m.declines.labels(reason=reason).inc(n)
+        if self.sample_d is not None and len(self.last_winner) > RECENT_KEPT:
+            self.last_winner.clear()  # shapes are few; a flood of distinct ones starts again
         for d in decisions:
             if isinstance(d, Awarded):
+                if self.sample_d is not None:
+                    self.last_winner[d.request.key()] = d.winner.node_id
                 self._reserve(d.winner.node_id, d.request, +1)
                 if d.request.group:
                     self.awarding[d.request.instance_id] = (d.request.group, d.winner.node_id)

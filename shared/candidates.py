@@ -14,7 +14,9 @@ Rules:
 3. `draw` asks, per shape, d nodes for each of its requests among that shape's candidates
    (Sparrow's batch sampling, d·m for m requests of one shape), or all of them when there
    are no more than that; the nodes are drawn from the sorted candidates with the injected
-   `random.Random`, so the same index and seed ask the same nodes.
+   `random.Random`, so the same index and seed ask the same nodes. The last winner of a
+   shape, when it is still a candidate, is asked beside them: it was the best of the last
+   round, and one node more is cheap next to a round lost to two busy ones.
 4. A shape no node can take is hopeless: `refusals` gives the decline each live node would
    send for it, so the request is unschedulable at once, for the reason the nodes would give.
 """
@@ -142,11 +144,18 @@ class Candidates:
                 out.append((n, why))
         return out
 
+    def candidate(self, node_id: str, shape: Shape) -> bool:
+        """Whether a live node the index knows could take `shape`, in O(1)."""
+        live = self._live
+        return node_id in self._views and (live is None or node_id in live) \
+            and self.refusal(node_id, shape) is None
+
     def draw(self, shapes: Sequence[Shape], counts: Sequence[int], d: int,
-             rng: random.Random, excluded: AbstractSet[str] = frozenset()) -> Draw:
+             rng: random.Random, excluded: AbstractSet[str] = frozenset(),
+             last: Mapping[object, str] | None = None) -> Draw:
         """Rule 3: the nodes to ask for `counts[i]` requests of each `shapes[i]`; a shape's
         `excluded` candidates are left out unless no other is left (`broker.auctioneer`
-        rule 2)."""
+        rule 2); `last`: the last winner per shape key, asked too while a candidate."""
         asked: set[str] = set()
         whole: list[bool] = []
         hopeless: list[int] = []
@@ -165,6 +174,9 @@ class Candidates:
             else:
                 asked.update(rng.sample(pool, k))
                 whole.append(False)
+                best = last.get(shape.key()) if last else None
+                if best is not None and best not in excluded and self.candidate(best, shape):
+                    asked.add(best)
         return Draw(sorted(asked), whole, hopeless)
 
 

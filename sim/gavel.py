@@ -15,9 +15,10 @@ Rules:
    all to the `Auction`: same winners, ties and reasons — a test holds the two to that.
 3. ``omniscient=True`` is the central scheduler on fresh state: only live nodes are asked,
    nothing is lost, no time passes.
-4. Two known refinements of power-of-d can be switched on to measure them: ``retry_all``
-   asks every candidate when the d sampled nodes place nothing (a second round, its time
-   added), ``sticky`` asks the last winner of the shape beside the d drawn nodes.
+4. The broker's two refinements of power-of-d, on by default and switched off to measure
+   plain sampling: ``retry_all`` asks every candidate when the d sampled nodes place nothing
+   (a second round, its time added), ``sticky`` asks the last winner of the shape beside the
+   d drawn nodes (`shared.candidates` rule 3).
 """
 
 from __future__ import annotations
@@ -44,8 +45,8 @@ class GavelPlacer(Placer):
     def __init__(self, name: str, cluster: Cluster, catalogue: Catalogue,
                  strategies: list[Strategy], labels: list[str], *, network: NetworkModel,
                  rng: random.Random, mode: str = "broadcast", d: int = 2,
-                 omniscient: bool = False, naive: bool = False, retry_all: bool = False,
-                 sticky: bool = False) -> None:
+                 omniscient: bool = False, naive: bool = False, retry_all: bool = True,
+                 sticky: bool = True) -> None:
         super().__init__(name, cluster, catalogue, strategies, labels)
         self.net = network
         self.rng = rng
@@ -57,8 +58,8 @@ class GavelPlacer(Placer):
         self.index = Candidates() if mode == "sample" and not omniscient else None
         self.retry_all = retry_all
         self.sticky = sticky
-        #: The last winner of a sampled round per shape (rule 4).
-        self.last_winner: dict[int, int] = {}
+        #: The last winner of a sampled round per shape key (rule 4).
+        self.last_winner: dict[object, str] = {}
 
     def changed(self, idx: int, why: str) -> None:
         super().changed(idx, why)
@@ -156,16 +157,12 @@ class GavelPlacer(Placer):
             asked = self.cluster.alive if self.omniscient else self.cluster.eligible
             picks = asked.sample(self.rng, self.d)
         else:
-            draw = index.draw([book.request], [1], self.d, self.rng)
+            draw = index.draw([book.request], [1], self.d, self.rng,
+                              last=self.last_winner if self.sticky else None)
             if draw.hopeless:  # no node could ever take it: no round (rule 1)
                 return self.unschedulable(shape, now, False, self.net.deadline)
             by_id = self.cluster.by_id
             picks = [by_id[n] for n in draw.asked]
-            last = self.last_winner.get(shape)
-            if self.sticky and last is not None and last not in picks \
-                    and self.cluster.nodes[last].eligible \
-                    and index.refusal(self.cluster.ids[last], book.request) is None:
-                picks.append(last)
         nodes = self.cluster.nodes
         lossy = self.net.lossy and not self.omniscient
         replies: list[tuple[str, Answer]] = []
@@ -186,7 +183,7 @@ class GavelPlacer(Placer):
         decision = run_round(f"{self.name}-{no}", book.request, replies, silent, now,
                              self.net.deadline, now + latency)
         if isinstance(decision, Awarded):
-            self.last_winner[shape] = self.cluster.by_id[decision.winner.node_id]
+            self.last_winner[book.request.key()] = decision.winner.node_id
         elif self.retry_all and index is not None and not draw.whole[0]:
             # rule 4: every candidate, in a second round (those that cannot fit decline)
             second = self._naive(self.next_round(), shape, now + latency) if self.naive \

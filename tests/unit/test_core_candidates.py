@@ -137,3 +137,18 @@ def test_excluded_nodes_are_left_out_unless_no_other_is_left() -> None:
     assert got.asked == ["n001", "n002"]
     got = index.draw([GPU], [1], 2, random.Random(1), excluded={"n000", "n001", "n002"})
     assert len(got.asked) == 2 and not got.hopeless
+
+
+def test_the_last_winner_of_a_shape_is_asked_beside_the_drawn_nodes_while_it_could_fit() -> None:
+    index = fleet()
+    last: dict[object, str] = {PLAIN.key(): "n050", GPU.key(): "n050"}
+    for seed in range(20):
+        got = index.draw([PLAIN, GPU], [1, 1], 2, random.Random(seed), last=last)
+        assert "n050" in got.asked  # a candidate for PLAIN (n050 carries no gpu label)
+        assert len(got.asked) <= 5
+        assert "n050" not in index.draw([GPU], [1], 2, random.Random(seed), last=last).asked
+    index.update("n050", {"zone": "c"}, SMALL, draining=True)
+    assert all("n050" not in index.draw([PLAIN], [1], 2, random.Random(s), last=last).asked
+               for s in range(20))
+    got = index.draw([PLAIN], [1], 2, random.Random(1), last={PLAIN.key(): "gone"})
+    assert len(got.asked) == 2

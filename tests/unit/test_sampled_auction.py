@@ -15,7 +15,7 @@ import pytest
 from gavel.broker.ledger.plan import View, set_draining, submit
 from gavel.broker.service import Broker
 from gavel.shared import subjects
-from gavel.shared.messages import BidReply, Capacity, Decline, Heartbeat, Spec
+from gavel.shared.messages import Bid, BidReply, Capacity, Decline, Heartbeat, Spec
 from gavel.shared.reasons import Reason
 from gavel.shared.records import InstanceRecord
 from gavel.shared.timing import Timing
@@ -136,3 +136,20 @@ async def test_what_the_sampled_nodes_cannot_place_is_asked_of_every_candidate_a
             answers=[Decline(shape=0, reason=Reason.NO_ROOM_CPU, detail="1")]))))
     [again] = b2.auctioneer.auctions.values()
     assert again.eligible == set(GPUS) and rfbs(written[-3:]) == list(GPUS)
+
+
+async def test_the_last_winner_of_a_shape_is_asked_in_its_next_round(
+        tmp_path: Path, written: list[str]) -> None:
+    b = sampled_broker(tmp_path, {"web-1": WEB, "web-2": WEB})
+    b.auctioneer.batch_max = 1
+    b.auctioneer.max_auctions = 1
+    b.auctioneer.reconcile(b.now())
+    [(first, auction)] = b.auctioneer.auctions.items()
+    winner = min(auction.eligible)
+    for n in sorted(auction.eligible):
+        b.auctioneer.on_bids(Msg(subjects.BIDS.format(node=n), _enc.encode(BidReply(
+            auction_id=first, node_id=n,
+            answers=[Bid(shape=0, load=0.1 if n == winner else 0.5, strategy="x")]))))
+    [nxt] = b.auctioneer.auctions.values()
+    assert [r.instance_id for r in nxt.requests] == ["web-2"]
+    assert winner in nxt.eligible and len(nxt.eligible) in (2, 3)
