@@ -372,12 +372,10 @@ class Auctioneer:
             m.bids.labels(strategy=strategy).inc(n)
         for reason, n in auction.decline_counts().items():
             m.declines.labels(reason=reason).inc(n)
-        if self.sample_d is not None and len(self.last_winner) > RECENT_KEPT:
-            self.last_winner.clear()  # shapes are few; a flood of distinct ones starts again
+        if self.sample_d is not None:
+            self._remember_winners(auction, decisions)
         for d in decisions:
             if isinstance(d, Awarded):
-                if self.sample_d is not None:
-                    self.last_winner[d.request.key()] = d.winner.node_id
                 self._reserve(d.winner.node_id, d.request, +1)
                 if d.request.group:
                     self.awarding[d.request.instance_id] = (d.request.group, d.winner.node_id)
@@ -396,6 +394,18 @@ class Auctioneer:
             self.ctx.wake()  # pass has its room
         else:  # the next round goes out now, not after the loop's other work (rule 5)
             self.reconcile(now)
+
+    def _remember_winners(self, auction: Auction, decisions: list[Decision]) -> None:
+        """The last winner of each shape, asked in its next sampled round (rule 10)."""
+        won: dict[int, str] = {}
+        for d, s in zip(decisions, _shapes_of(auction, decisions), strict=True):
+            if isinstance(d, Awarded):
+                won[s] = d.winner.node_id
+        if won and len(self.last_winner) > RECENT_KEPT:
+            self.last_winner.clear()  # shapes are few; a flood of distinct ones starts again
+        shapes = auction.shapes
+        for s, node in won.items():
+            self.last_winner[shapes[s].key()] = node
 
     def _spread_of(self, groups: Iterable[str]
                    ) -> tuple[dict[str, dict[str, int]], dict[str, dict[str, str]]]:
@@ -530,8 +540,14 @@ class Auctioneer:
         return state
 
 
-def _shapes(requests: Iterable[Request]) -> tuple[list[Shape], list[int]]:
+def _shapes(requests: list[Request]) -> tuple[list[Shape], list[int]]:
     """The distinct shapes of `requests` (first seen first) and how many ask for each."""
+    if not requests:
+        return [], []
+    first = requests[0]
+    if all(r.cpu == first.cpu and r.memory_mb == first.memory_mb and r.ports == first.ports
+           and r.labels == first.labels for r in requests):  # the common batch: one shape
+        return [first], [len(requests)]
     index: dict[object, int] = {}
     shapes: list[Shape] = []
     counts: list[int] = []

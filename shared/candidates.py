@@ -156,6 +156,8 @@ class Candidates:
         """Rule 3: the nodes to ask for `counts[i]` requests of each `shapes[i]`; a shape's
         `excluded` candidates are left out unless no other is left (`broker.auctioneer`
         rule 2); `last`: the last winner per shape key, asked too while a candidate."""
+        if len(shapes) == 1 and not excluded:  # the common batch: one shape, a list will do
+            return self._draw_one(shapes[0], counts[0], d, rng, last)
         asked: set[str] = set()
         whole: list[bool] = []
         hopeless: list[int] = []
@@ -178,6 +180,22 @@ class Candidates:
                 if best is not None and best not in excluded and self.candidate(best, shape):
                     asked.add(best)
         return Draw(sorted(asked), whole, hopeless)
+
+
+    def _draw_one(self, shape: Shape, m: int, d: int, rng: random.Random,
+                  last: Mapping[object, str] | None) -> Draw:
+        """`draw` for one shape and nothing excluded, without a set."""
+        pool = self.pool(shape)
+        if not pool:
+            return Draw([], [True], [0])
+        if len(pool) <= d * m:
+            return Draw(list(pool), [True], [])
+        asked = rng.sample(pool, d * m)
+        best = last.get(shape.key()) if last else None
+        if best is not None and best not in asked and self.candidate(best, shape):
+            asked.append(best)
+        asked.sort()
+        return Draw(asked, [False], [])
 
 
 def _same(a: Capacity, b: Capacity) -> bool:
