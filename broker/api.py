@@ -379,6 +379,7 @@ class Api:
             health: Health = self.ctx.liveness.health(node_id, now)
             out.append(NodeStatus(node_id=node_id, health=health, strategy=hb.strategy,
                                   labels=hb.labels, capacity=hb.capacity, committed=committed,
+                                  stats=hb.stats,
                                   draining=hb.draining or bool(nf and nf.draining),
                                   instances=len(nf.instances) if nf else 0,
                                   last_seen_s=round(now - self.ctx.liveness.last_seen[node_id],

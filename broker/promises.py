@@ -12,7 +12,10 @@ Rules:
    stopped as it shut down is re-auctioned without spending one: not the instance's fault.
 4. A running instance's health is what its node last said, in an event (``healthy``,
    ``unhealthy`` with the check and its output, ``restarted``) or a heartbeat; a heartbeat
-   keeps the check an event named while the health it says is the same.
+   keeps the check an event named while the health it says is the same. Heartbeats and
+   events reach the broker by different ways (the heartbeat stream, the report subject),
+   so a heartbeat the node took before an event the broker has heard (it counts fewer
+   events than that one's `seq`) says nothing of health.
 5. A cancel records why it was asked (the operator, or a service scaling down, stopping or
    replacing a replica): the end its node confirms keeps that reason, and one the broker
    overrules after the grace keeps it as its detail.
@@ -98,6 +101,8 @@ class Promises:
         self.live: dict[str, str] = {}  # instance -> provisioning/running, from reports
         #: Instance -> its health, from reports and heartbeats (memory only: re-heard).
         self.health: dict[str, HealthNote] = {}
+        #: Node -> the highest `Event.seq` heard from it since it last started (rule 4).
+        self.reported: dict[str, int] = {}
         self._unblocking: set[str] = set()  # nodes with an unblocking commit in flight
 
     # -- reports -------------------------------------------------------------------------
@@ -114,6 +119,8 @@ class Promises:
             ctx.rejects.count("event of an unknown type", msg.subject)
             return
         ctx.events.record(ev)
+        if ev.seq > self.reported.get(node, 0):
+            self.reported[node] = ev.seq
         iid = ev.instance_id
         match ev.type:
             case EventType.PROVISIONING | EventType.RUNNING:
@@ -151,11 +158,14 @@ class Promises:
             return
         self.health[iid] = HealthNote(health, check, self.ctx.now(), restarts)
 
-    def heartbeat_lists(self, node_id: str, instances: Sequence[InstanceReport]) -> None:
+    def heartbeat_lists(self, node_id: str, instances: Sequence[InstanceReport],
+                        reported: int = 0) -> None:
         """A heartbeat listing an instance git places there confirms the node holds it, and
-        says its health (rule 4); what the node held when the broker started and does not
-        list starts its provisioning clock now (`Timers.heard`)."""
+        says its health unless it is older than an event heard (rule 4: `reported`, the
+        events the node had sent when it took it); what the node held when the broker
+        started and does not list starts its provisioning clock now (`Timers.heard`)."""
         state = self.ctx.ledger.state()
+        current = reported >= self.reported.get(node_id, 0)
         for report in instances:
             iid, st = report.instance_id, report.state
             if state.placement_of(iid) == node_id:
@@ -164,13 +174,17 @@ class Promises:
                     if iid not in self.ctx.timers.running:  # every heartbeat lists it again
                         self._running(iid, node_id)
                     self.live.setdefault(iid, st)
-                if report.health in _HEALTHS:
+                if current and report.health in _HEALTHS:
                     health = Health(report.health)
                     was = self.health.get(iid)
                     check = was.check if was is not None and was.health == health else ""
                     self.note_health(iid, health, check, report.restarts)
         if self.ctx.timers.resumed_on:
             self.ctx.timers.heard(node_id, {r.instance_id for r in instances}, self.ctx.now())
+
+    def node_restarted(self, node_id: str) -> None:
+        """The node's agent started again: it counts its events from 1 anew (rule 4)."""
+        self.reported.pop(node_id, None)
 
     def _running(self, iid: str, node: str) -> None:
         rec = self.ctx.ledger.state().instances.get(iid)

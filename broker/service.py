@@ -2,8 +2,10 @@
 
 Rules:
 1. The broker keeps nothing it cannot re-derive: pending work is "desired instances with no
-   placement" read from git each tick; liveness comes from heartbeats; in-flight auctions are
-   simply re-run after a restart; every promise clock restarts with the broker.
+   placement" read from git each tick; liveness comes from heartbeats, and how long each
+   node had been silent when the broker started from the heartbeat stream NATS keeps
+   (`broker.heartbeat_stream`); in-flight auctions are simply re-run after a restart; every
+   other promise clock restarts with the broker.
 2. An award is durable in git before its winner hears of it; each node's node.json is
    mirrored to a JetStream KV entry after every commit that touches it, so workers converge
    onto the ref even when they missed the award message.
@@ -18,6 +20,12 @@ Rules:
    holds one placement per instance (`broker.ledger.integrity`).
 5. A damaged state repository (`Damaged`) stops the broker: `run` raises it once the broker
    is closed, and the daemon prints its one sentence.
+6. The API has a NATS connection of its own: whatever nodes send (or fail to read) on the
+   node connection, operators' requests and their answers never queue behind it, and a
+   node connection the server cuts off leaves the API answering.
+7. While the broker cannot hear (its node connection down, or its heartbeat feed losing
+   its own probes) no promise is judged, and afterwards every node's clock is shifted by
+   the outage: nothing it failed to hear counts against a node.
 """
 
 from __future__ import annotations
@@ -26,7 +34,6 @@ import asyncio
 import contextlib
 import gc
 import logging
-import math
 import random
 import time
 from collections.abc import Callable, Mapping
@@ -42,6 +49,8 @@ from gavel.broker.auctioneer import Auctioneer
 from gavel.broker.context import Context
 from gavel.broker.deploys import Deploys
 from gavel.broker.events import Events
+from gavel.broker.heartbeat_stream import HeartbeatStream
+from gavel.broker.heartbeats import Heartbeats
 from gavel.broker.integrity import Integrity
 from gavel.broker.ledger.committer import Committer
 from gavel.broker.ledger.repository import Damaged, Ledger
@@ -54,12 +63,10 @@ from gavel.broker.retention import Retention
 from gavel.broker.services import Services
 from gavel.broker.watchdog import Timers
 from gavel.shared import subjects
-from gavel.shared.health import Health, Liveness
-from gavel.shared.messages import Heartbeat
+from gavel.shared.health import Deafness, Liveness, silences
 from gavel.shared.records import NodeFile
 from gavel.shared.timing import Timing
 from gavel.transport import wire
-from gavel.transport.inbound import Door, Guard
 from gavel.transport.rejects import Rejects
 
 __all__ = ["Broker", "NatsUnreachable", "tune_gc"]
@@ -154,44 +161,67 @@ class Broker:
                             in_flight=lambda: len(self.auctioneer.auctions),
                             mirror=self.mirror, live_state=self.api.state_of)
         self.metrics.attach_services(self.services.counts)
-        self._heartbeat = Guard("heartbeat", Heartbeat, self.rejects, node=subjects.node_of,
-                                door=Door(self.rejects, subjects.HEARTBEAT_ALL))
+        self.heartbeats = Heartbeats(ctx, self.promises, self.auctioneer.capacity_freed,
+                                     self.auctioneer.candidates)
+        #: Rule 7: why and since when the broker cannot hear.
+        self.deafness = Deafness()
+        self.feed = HeartbeatStream(timing=timing, deliver=self._on_heartbeat,
+                                    deaf=self._feed_deaf, hearing=self._feed_hearing,
+                                    now=clock, log=self.log)
         self.nats_options = dict(nats_options or {})
         #: How long `start` keeps trying to reach NATS before it raises `NatsUnreachable`
         #: (None: for ever, as the daemon does - see `gavel.cli.daemons`).
         self.connect_wait_s = connect_wait_s
-        self.deaf_since: float | None = None  # our own NATS connection is down since
+        #: Disconnects seen, per connection ("nodes", "api").
+        self.disconnects: dict[str, int] = {"nodes": 0, "api": 0}
         self._wake = asyncio.Event()
         self._stopped = asyncio.Event()
+        self._closing = False
         self._tasks: list[asyncio.Task[None]] = []
+        #: The node connection (rule 6: `api_nc` is the API's); set once both are up.
         self.nc: Any = None
+        self.api_nc: Any = None
 
     # -- lifecycle -----------------------------------------------------------------------
     async def start(self) -> None:
+        nc = api_nc = None
         try:
             self.ledger.state()  # a damaged repository stops the broker before it connects
-            self.nc = await self._connect()
+            nc = await self._connect("gavel-broker", "nodes")
+            api_nc = await self._connect("gavel-broker-api", "api")
         except BaseException:
+            if nc is not None:
+                with contextlib.suppress(Exception):
+                    await nc.close()
             self.committer.close()
             raise
-        self.outbox.nc = self.nc
+        self.nc, self.api_nc = nc, api_nc
+        self.outbox.nc = nc
         state = self._mirrored = self.ledger.state()
+        stamps = await self.feed.start(nc)
         now = self.now()
+        silent = silences(stamps, state.nodes)
         for node_id in state.nodes:
-            self.liveness.presume(node_id, now)
+            self.liveness.presume(node_id, now, silent.get(node_id, 0.0))
+        if silent:
+            self.log.info("%d of %d nodes with placements found in the heartbeat stream; "
+                          "the quietest had been silent %.1fs", len(silent), len(state.nodes),
+                          max(silent.values()))
         self.timers.resume(state, self.timing)
         await self._open_kv(state.nodes)
-        await self.nc.subscribe_direct(subjects.HEARTBEAT_ALL, self._on_heartbeat)
-        await self.nc.subscribe_direct(subjects.BIDS_ALL, self.auctioneer.on_bids)
-        await self.nc.subscribe_direct(subjects.REPORT_ALL, self.promises.on_report)
-        await self.nc.subscribe(subjects.ASSIGN_ALL, cb=self.assignments.on_request)
-        await self.api.start(self.nc)
-        try:  # "up" means heard: an API call or a report sent from now on reaches us
-            await wire.subscribed(self.nc)
-        except nats.errors.Error as exc:
-            self.log.warning("nats did not confirm the subscriptions (%s); carrying on", exc)
+        await nc.subscribe_direct(subjects.BIDS_ALL, self.auctioneer.on_bids)
+        await nc.subscribe_direct(subjects.REPORT_ALL, self.promises.on_report)
+        await nc.subscribe(subjects.ASSIGN_ALL, cb=self.assignments.on_request)
+        await self.api.start(api_nc)
+        for conn in (nc, api_nc):
+            try:  # "up" means heard: an API call or a report sent from now on reaches us
+                await wire.subscribed(conn)
+            except nats.errors.Error as exc:
+                self.log.warning("nats did not confirm the subscriptions (%s); carrying on",
+                                 exc)
         self._tasks = [asyncio.create_task(self.outbox.run(), name="outbox"),
                        asyncio.create_task(self.committer.run(), name="committer"),
+                       asyncio.create_task(self.feed.run(), name="heartbeats"),
                        asyncio.create_task(self._loop(), name="reconcile")]
         self.log.info("broker up: state %s ref %s", self.ledger.path, self.ledger.ref)
 
@@ -212,16 +242,24 @@ class Broker:
     def stop(self) -> None:
         self._stopped.set()
 
-    async def _connect(self) -> Any:
-        """The first connection, with a deadline: nats-py's own initial connect retries a
+    async def _connect(self, name: str, role: str) -> Any:
+        """A first connection, with a deadline: nats-py's own initial connect retries a
         refused credential for ever in silence when reconnects are unbounded. So each first
-        attempt is a single try, and only an established connection reconnects for ever."""
+        attempt is a single try, and only an established connection reconnects for ever.
+        `role` is "nodes" (its outage makes the broker deaf, rule 7) or "api"."""
+        async def disconnected() -> None:
+            await self._on_disconnect(role)
+
+        async def reconnected() -> None:
+            await self._on_reconnect(role)
+
         options: dict[str, Any] = {
-            "name": "gavel-broker", "reconnect_time_wait": 0.5,
-            # Its own requests' answers (JetStream's, its subscription barrier) under a prefix
-            # of its own, which operators' `_INBOX.>` does not cover.
+            "name": name, "reconnect_time_wait": 0.5,
+            # Its own requests' answers (JetStream's, its subscription barrier, the heartbeat
+            # stream's pulls) under a prefix of its own, which operators' `_INBOX.>` does
+            # not cover.
             "inbox_prefix": subjects.BROKER_INBOX,
-            "disconnected_cb": self._on_disconnect, "reconnected_cb": self._on_reconnect,
+            "disconnected_cb": disconnected, "reconnected_cb": reconnected,
             **self.nats_options, "allow_reconnect": False}
         deadline = None if self.connect_wait_s is None else \
             time.monotonic() + self.connect_wait_s
@@ -246,6 +284,7 @@ class Broker:
     async def close(self) -> None:
         """Stop every loop, send what is queued, drain; bounded, so a stuck part is logged
         rather than holding its caller for ever."""
+        self._closing = True  # from now on a connection that goes is one we close
         for t in self._tasks:
             t.cancel()
         self.api.close()  # requests waiting for a commit that will not come now
@@ -258,28 +297,57 @@ class Broker:
             await self.outbox.drain()
             with contextlib.suppress(Exception):
                 async with asyncio.timeout(_CLOSE_S):
-                    await self.nc.drain()
-            if not self.nc.is_closed:
+                    await self.feed.close()
+        for conn in (self.api_nc, self.nc):
+            if conn is None or conn.is_closed:
+                continue
+            with contextlib.suppress(Exception):
+                async with asyncio.timeout(_CLOSE_S):
+                    await conn.drain()
+            if not conn.is_closed:
                 with contextlib.suppress(Exception):
-                    await self.nc.close()
+                    await conn.close()
         self.committer.close()
 
     def wake(self) -> None:
         self._wake.set()
 
-    async def _on_disconnect(self) -> None:
-        if self.deaf_since is None:
-            self.deaf_since = self.now()
+    @property
+    def deaf_since(self) -> float | None:
+        """Since when the broker cannot hear (rule 7), or None."""
+        return self.deafness.since
+
+    async def _on_disconnect(self, role: str) -> None:
+        if self._closing:
+            return
+        self.disconnects[role] += 1
+        if role != "nodes":
+            self.log.warning("lost NATS on the API connection; reconnecting")
+        elif self.deafness.begin("connection", self.now()):
             self.log.warning("lost NATS; node clocks pause until it is back")
 
-    async def _on_reconnect(self) -> None:
+    async def _on_reconnect(self, role: str) -> None:
         """A broker that could not hear must not declare nodes offline for its own outage:
         every node's silence is shifted by how long the broker was deaf."""
-        if self.deaf_since is not None:
-            outage = self.now() - self.deaf_since
-            self.deaf_since = None
+        if role != "nodes":
+            self.log.info("the API connection is back")
+            return
+        outage = self.deafness.end("connection", self.now())
+        if outage is not None:
             self.liveness.shift(outage)
             self.log.warning("NATS is back after %.1fs; node clocks shifted by it", outage)
+
+    def _feed_deaf(self, since: float) -> None:
+        if self.deafness.begin("feed", since):
+            self.log.warning("the heartbeat feed lost its own probe; node clocks pause "
+                             "until it is back")
+
+    def _feed_hearing(self) -> None:
+        outage = self.deafness.end("feed", self.now())
+        if outage is not None:
+            self.liveness.shift(outage)
+            self.log.warning("the heartbeat feed is back after %.1fs; node clocks shifted "
+                             "by it", outage)
 
     async def _loop(self) -> None:
         watched = float("-inf")
@@ -289,7 +357,7 @@ class Broker:
                 self.integrity.watch()
                 self._remirror()
                 self.auctioneer.reconcile(now)
-                if self.deaf_since is None and now - watched >= self.timing.tick_s / 2:
+                if not self.deafness.deaf and now - watched >= self.timing.tick_s / 2:
                     watched = now
                     self.promises.watch(now)
                     self.services.watch(now)
@@ -339,33 +407,4 @@ class Broker:
 
     # -- inbound -------------------------------------------------------------------------
     def _on_heartbeat(self, msg: wire.Received) -> None:
-        hb = self._heartbeat(msg)
-        if hb is None:
-            return
-        impossible = _impossible(hb)
-        if impossible:
-            self.rejects.count(impossible, msg.subject)
-            return
-        before = self.liveness.record(hb, self.now())
-        self.auctioneer.candidates.update(hb.node_id, hb.labels, hb.capacity, hb.draining)
-        self.promises.heartbeat_lists(hb.node_id, hb.instances)
-        if hb.freed_ports:
-            self.promises.ports_freed(hb.node_id, hb.freed_ports)
-        if before is not Health.HEALTHY:
-            self.log.info("node %s is %s", hb.node_id, "up" if before is None else "back")
-            self.auctioneer.capacity_freed()
-
-
-def _impossible(hb: Heartbeat) -> str:
-    """Why a well-formed heartbeat cannot be true (the reject kind), or "" when it can: the
-    node id must be usable as a subject token and a git path, the capacity finite and not
-    negative, the port range empty or [first, last] within 1-65535."""
-    if not subjects.is_node_id(hb.node_id):
-        return "heartbeat from an unusable node id"
-    cap = hb.capacity
-    if not (math.isfinite(cap.cpu) and cap.cpu >= 0 and cap.memory_mb >= 0 and cap.ports >= 0):
-        return "heartbeat with an impossible capacity"
-    pr = hb.port_range
-    if pr and not (len(pr) == 2 and 1 <= pr[0] <= pr[1] <= 65535):
-        return "heartbeat with an impossible port range"
-    return ""
+        self.heartbeats.on_heartbeat(msg)

@@ -24,6 +24,7 @@ from gavel.cli import auth, commands, completion, config, daemons, logs, logscmd
 from gavel.cli.config import DEFAULT_NATS
 from gavel.cli.parsers import duration, non_negative_float, positive_float, positive_int, whole
 from gavel.cli.parsers import port as _port
+from gavel.cli.ui import app as ui_app
 from gavel.shared.errors import BadInput
 from gavel.transport import eventloop
 
@@ -86,6 +87,9 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--log-format", choices=("text", "json"), default=None,
                     help="log format of the broker and workers (env GAVEL_LOG_FORMAT; "
                     "default text)")
+    up.add_argument("--no-ui", dest="ui", action="store_false",
+                    help="do not serve the web dashboard (default: served, its URL printed)")
+    ui_app.add_options(up, prefix="ui-")
     up.add_argument("--no-gateway", dest="gateway", action="store_false",
                     help="run no gateway (default: an embedded Caddy, its admin API on "
                     "loopback, kept by `gavel gateway`, routes every spec that declares "
@@ -143,6 +147,14 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("instance", nargs="?", default="",
                     help="an instance id, or a service name (its replicas: node, state, "
                     "version, health)")
+
+    ui = sub.add_parser("ui", help="serve a live web dashboard of the cluster (read-only)",
+                        description="Serve a read-only web dashboard of the cluster: nodes, "
+                        "instances, services, live events, and every instance's auctions. It "
+                        "listens on loopback unless --addr says otherwise; on any other address "
+                        "it requires a token.")
+    _client(ui, json_flag=False)
+    ui_app.add_options(ui)
 
     nd = sub.add_parser("nodes", help="nodes, their health and load; one NODE in detail")
     _client(nd)
@@ -263,6 +275,8 @@ async def _dispatch(args: argparse.Namespace) -> int:
             from gavel.cli.up import up
 
             return await up(args)
+        case "ui":
+            return await ui_app.run(args)
         case "logs":
             return await logscmd.run(args)
     return await commands.run(args)

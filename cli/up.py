@@ -21,6 +21,9 @@ Rules:
    stay in git: started again on the same state, each worker fetches what its node.json
    still lists and runs that same attempt again (a worker's shutdown is not the instance's
    failure), instead of the broker re-placing work it saw fail as the workers went.
+4. Unless ``--no-ui``, the web dashboard (`gavel ui`) runs in this process once the cluster
+   is up, an operator client of it like the CLI, and its URL is printed; it stops before the
+   children do.
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ from typing import Any
 
 from gavel.cli.commands import UsageError
 from gavel.cli.parsers import unusable_dir
+from gavel.cli.ui import app as ui_app
 from gavel.gateway.caddyserver import Caddy
 from gavel.shared.api import (
     EventsReply,
@@ -324,6 +328,7 @@ async def up(args: argparse.Namespace) -> int:
                                            "--admin", caddy.admin_url, "--listen",
                                            gateway.removeprefix("http://")],
                                state / "logs" / "gateway.log", env))
+    dashboard: ui_app.Dashboard | None = None
     try:
         starting = asyncio.ensure_future(start())
         stopping = asyncio.ensure_future(done.wait())
@@ -354,7 +359,12 @@ async def up(args: argparse.Namespace) -> int:
             return 0
         hint = f"GAVEL_CREDS={operator} " if operator else ""
         print(f"try: GAVEL_NATS_URL={server.url} {hint}gavel nodes   "
-              "(Ctrl-C stops the cluster)", flush=True)
+              "(Ctrl-C stops the cluster)")
+        if args.ui:  # rule 4
+            dashboard = await ui_app.start(server.url, operator, addr=args.ui_addr,
+                                           port=args.ui_port, token=args.ui_token)
+            print(f"dashboard: {dashboard.announce()}")
+        sys.stdout.flush()
         while not done.is_set():  # rule 2, for as long as it runs
             gone = _exited(children)
             if gone or server.proc is None or server.proc.poll() is not None:
@@ -364,6 +374,8 @@ async def up(args: argparse.Namespace) -> int:
                     await done.wait()
         return 0
     finally:
+        if dashboard is not None:
+            await dashboard.close()
         _stop(children)  # rule 3: the broker first
         if caddy is not None:
             caddy.stop()

@@ -11,7 +11,7 @@ from typing import Annotated
 
 import msgspec
 
-from gavel.shared.messages import Capacity, Event, Message, Spec
+from gavel.shared.messages import Capacity, Event, HostStats, Message, Spec
 from gavel.shared.records import AuctionRecord, Deployment
 from gavel.shared.spec import Route
 
@@ -161,6 +161,8 @@ class NodeStatus(msgspec.Struct, kw_only=True):
     labels: dict[str, str] = {}
     capacity: Capacity = msgspec.field(default_factory=Capacity)
     committed: Capacity = msgspec.field(default_factory=Capacity)
+    #: How busy the host is, as its last heartbeat measured it (the dashboard's load bars).
+    stats: HostStats = msgspec.field(default_factory=HostStats)
     draining: bool = False
     instances: int = 0
     last_seen_s: float = 0.0

@@ -1,9 +1,19 @@
 """Node liveness from heartbeats, as a pure function of the last time each node was heard.
 
-Rules: heard within `unreachable_s` → healthy (eligible for auctions); then unreachable (its
-instances keep running and are not re-placed); past `offline_s` → offline (its leases
-expire). Only healthy nodes are asked to bid: waiting on a node that stopped talking would
-stretch every round to the bid deadline.
+Rules:
+1. Heard within `unreachable_s` → healthy (eligible for auctions); then unreachable (its
+   instances keep running and are not re-placed); past `offline_s` → offline (its leases
+   expire). Only healthy nodes are asked to bid: waiting on a node that stopped talking
+   would stretch every round to the bid deadline.
+2. A broker that starts presumes each node it holds placements for heard as long before
+   now as the node had been silent when the broker started (`silences`: from the
+   heartbeat stream's server timestamps, relative to the freshest of them, so an outage
+   that silenced everyone counts against no one), but never less than `heartbeat_s` before
+   it would be offline: a stored heartbeat may be older than the node's last (one too big
+   to store, one stored just before an outage), and a live node is heard within a
+   heartbeat. A node the stream does not know is presumed heard at start.
+3. Time the broker could not hear (`Deafness`: its connection down, its heartbeat feed
+   losing its own probes) counts against no node: every clock is shifted by it.
 
 `eligible` is asked on every auction, so it is kept, not recomputed: the sorted list stays
 true until the quietest eligible node crosses `unreachable_s` (times only grow: a heartbeat
@@ -12,12 +22,13 @@ moves a node's time later, `shift` moves every time later) or a node outside it 
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from enum import StrEnum
 
 from gavel.shared.messages import Heartbeat
 from gavel.shared.timing import Timing
 
-__all__ = ["Health", "Liveness"]
+__all__ = ["Deafness", "Health", "Liveness", "silences"]
 
 
 class Health(StrEnum):
@@ -47,11 +58,12 @@ class Liveness:
             self._valid_until = float("-inf")  # a new or returning node: look again
         return before
 
-    def presume(self, node_id: str, now: float) -> None:
-        """Count a node we hold placements for as heard at `now` (a broker that just started
-        must give every node the full thresholds before declaring it offline). A presumed
-        node is not eligible until a real heartbeat arrives."""
-        self.presumed.setdefault(node_id, now)
+    def presume(self, node_id: str, now: float, silent_s: float = 0.0) -> None:
+        """Count a node we hold placements for as heard `silent_s` before `now`, and at
+        least `heartbeat_s` short of offline (rule 2). A presumed node is not eligible
+        until a real heartbeat arrives; the first presumption stands."""
+        most = max(0.0, self.timing.offline_s - self.timing.heartbeat_s)
+        self.presumed.setdefault(node_id, now - min(max(0.0, silent_s), most))
 
     def health(self, node_id: str, now: float) -> Health:
         seen = self.last_seen.get(node_id, self.presumed.get(node_id))
@@ -87,3 +99,41 @@ class Liveness:
             for node in table:
                 table[node] += seconds
         self._valid_until = float("-inf")
+
+
+def silences(stamps: Mapping[str, float], nodes: Iterable[str]) -> dict[str, float]:
+    """Rule 2: how long each of `nodes` that has a stamp had been silent when the freshest
+    stamp was taken. `stamps`: subject token -> the server time its newest heartbeat (or
+    the broker's probe) was stored, seconds; only stamps are compared, never a local clock."""
+    if not stamps:
+        return {}
+    freshest = max(stamps.values())
+    return {n: freshest - stamps[n] for n in nodes if n in stamps}
+
+
+class Deafness:
+    """Rule 3: since when the observer could not hear, for each cause (its connection, its
+    feed), and what it owes the nodes once every cause has ended."""
+
+    def __init__(self) -> None:
+        self._causes: dict[str, float] = {}
+        self.since: float | None = None
+
+    @property
+    def deaf(self) -> bool:
+        return self.since is not None
+
+    def begin(self, cause: str, at: float) -> bool:
+        """`cause` stops the observer hearing from `at`; True if it was hearing until now."""
+        self._causes.setdefault(cause, at)
+        was = self.since is None
+        self.since = at if self.since is None else min(self.since, at)
+        return was
+
+    def end(self, cause: str, now: float) -> float | None:
+        """`cause` is over; the seconds to shift every node's clock by once no cause is
+        left (None while another goes on, or if `cause` had not begun)."""
+        if self._causes.pop(cause, None) is None or self._causes or self.since is None:
+            return None
+        outage, self.since = max(0.0, now - self.since), None
+        return outage

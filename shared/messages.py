@@ -312,6 +312,10 @@ class Heartbeat(Message, tag="heartbeat"):
     #: The absolute directory holding each instance's own directory on this node (a
     #: gateway on a host that sees it serves files an instance writes there).
     workdir: Annotated[str, msgspec.Meta(max_length=4096)] = ""
+    #: How many events this node had reported (`Event.seq`) when it took this heartbeat:
+    #: the two travel apart (heartbeats through the broker's heartbeat stream), so a
+    #: heartbeat older than an event the broker has heard says nothing of health.
+    reported: NonNegInt = 0
 
 
 class Event(Message, tag="event"):
@@ -331,6 +335,9 @@ class Event(Message, tag="event"):
     check: str = ""
     #: In-place restarts of this attempt so far (``restarted`` and every later event).
     restarts: int = 0
+    #: This event's number among the events its node has reported since it started (1 for
+    #: the first; 0 from a node that does not count them).
+    seq: NonNegInt = 0
 
 
 class AssignmentRequest(Message, tag="assignment"):

@@ -31,6 +31,9 @@ __all__ = [
     "EVENTS_ALL",
     "HEARTBEAT",
     "HEARTBEAT_ALL",
+    "HEARTBEAT_PROBE",
+    "HEARTBEAT_PROBE_ALL",
+    "HEARTBEAT_STREAM",
     "LOGS",
     "LOGS_ALL",
     "NODES_BUCKET",
@@ -57,6 +60,14 @@ BIDS = f"{PREFIX}.bids.{{node}}"  # worker -> broker: BidReply
 BIDS_ALL = f"{PREFIX}.bids.*"
 HEARTBEAT = f"{PREFIX}.hb.{{node}}"
 HEARTBEAT_ALL = f"{PREFIX}.hb.*"
+#: JetStream stream: the newest heartbeat of each node, kept between brokers
+#: (`broker.heartbeat_stream`).
+HEARTBEAT_STREAM = "gavel-heartbeats"
+#: A broker's probe of its own heartbeat feed, one subject per running broker: stored in the
+#: heartbeat stream beside the heartbeats, never on a heartbeat subject (whoever listens to
+#: those hears nodes only), and never in another broker's way.
+HEARTBEAT_PROBE = f"{PREFIX}.hbprobe.{{broker}}"
+HEARTBEAT_PROBE_ALL = f"{PREFIX}.hbprobe.*"
 REPORT = f"{PREFIX}.report.{{node}}"  # worker -> broker: Event about its instances
 REPORT_ALL = f"{PREFIX}.report.*"
 AWARD = f"{PREFIX}.award.{{node}}"  # broker -> winner: Award

@@ -7,7 +7,9 @@ Rules:
    (``_INBOX_<node>.>``: the broker's answers to other nodes' assignment requests carry their
    secrets), and never writes the KV bucket where the broker mirrors node.json.
 2. The broker holds the least it needs: it publishes RFBs, awards, cancels, events and the
-   KV mirror's puts, one JetStream call (creating the bucket), and answers only under the
+   KV mirror's puts, one JetStream call (creating the bucket) and those of its heartbeat
+   stream (`heartbeat_stream_permissions`: nodes need nothing for it, the server stores
+   their heartbeats as they publish them), and answers only under the
    operators' inbox and each node's own (listed per node: a NATS wildcard is a whole
    token, so ``_INBOX_*`` is no pattern); it subscribes to what it serves and its own inbox
    (``_INBOX_broker``). No ``allow_responses``: it would let the broker publish to any reply
@@ -53,6 +55,7 @@ __all__ = [
     "Identities",
     "IdentityError",
     "broker_permissions",
+    "heartbeat_stream_permissions",
     "init",
     "operator_permissions",
     "public_key",
@@ -106,10 +109,33 @@ def operator_permissions() -> dict[str, Any]:
             "subscribe": {"allow": [f"{subjects.OPERATOR_INBOX}.>", subjects.EVENTS_ALL]}}
 
 
+def heartbeat_stream_permissions() -> dict[str, Any]:
+    """What the broker's heartbeat stream (`gavel.broker.heartbeat_stream`) calls: make or
+    update the stream, make, pull from and delete its own consumers, publish its probe and
+    purge probes of brokers long gone; the API's answers and the pulled messages come to
+    its own inbox. Without JetStream it subscribes to the heartbeat subjects and its probe
+    themselves."""
+    stream = subjects.HEARTBEAT_STREAM
+    return {
+        "publish": {"allow": [
+            f"$JS.API.STREAM.CREATE.{stream}",
+            f"$JS.API.STREAM.UPDATE.{stream}",
+            f"$JS.API.STREAM.PURGE.{stream}",
+            f"$JS.API.CONSUMER.CREATE.{stream}.*",
+            f"$JS.API.CONSUMER.MSG.NEXT.{stream}.*",
+            f"$JS.API.CONSUMER.DELETE.{stream}.*",
+            subjects.HEARTBEAT_PROBE_ALL,
+        ]},
+        "subscribe": {"allow": [f"{subjects.BROKER_INBOX}.>", subjects.HEARTBEAT_ALL,
+                                subjects.HEARTBEAT_PROBE_ALL]},
+    }
+
+
 def broker_permissions(nodes: Iterable[str] = ()) -> dict[str, Any]:
     """The broker (rule 2): what it publishes, the answers it gives (to operators' inbox and
-    to each of `nodes`' own), and the subjects it serves."""
+    to each of `nodes`' own), the subjects it serves, and its heartbeat stream's calls."""
     own = f"{subjects.BROKER_INBOX}.>"
+    stream = heartbeat_stream_permissions()
     return {
         "publish": {"allow": [
             subjects.RFB,
@@ -122,6 +148,7 @@ def broker_permissions(nodes: Iterable[str] = ()) -> dict[str, Any]:
             f"{subjects.OPERATOR_INBOX}.>",  # answers to the API
             *(f"{subjects.NODE_INBOX.format(node=n)}.>" for n in nodes),  # to assign requests
             own,  # its subscription barrier
+            *stream["publish"]["allow"],
         ]},
         "subscribe": {"allow": [
             subjects.HEARTBEAT_ALL,
@@ -130,6 +157,7 @@ def broker_permissions(nodes: Iterable[str] = ()) -> dict[str, Any]:
             subjects.ASSIGN_ALL,
             subjects.API_ALL,
             own,  # JetStream's answers, its subscription barrier
+            *(s for s in stream["subscribe"]["allow"] if s not in (own, subjects.HEARTBEAT_ALL)),
         ]},
     }
 

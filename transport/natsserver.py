@@ -50,12 +50,13 @@ class NatsServerError(RuntimeError):
 
 
 class NatsServer:
-    """A nats-server child process on loopback with JetStream on."""
+    """A nats-server child process on loopback, with JetStream on unless told otherwise."""
 
     def __init__(self, port: int | None = None, store_dir: Path | None = None,
                  config: Path | None = None, log: Path | None = None,
-                 max_payload_mb: int | None = None) -> None:
+                 max_payload_mb: int | None = None, jetstream: bool = True) -> None:
         self.max_payload_mb = max_payload_mb
+        self.jetstream = jetstream
         self.port = port or free_port()
         self.store_dir = store_dir or Path(tempfile.mkdtemp(prefix="gavel-js-"))
         self.config = config
@@ -69,8 +70,10 @@ class NatsServer:
 
     def start(self, timeout: float = 10.0) -> NatsServer:
         ports_dir = Path(tempfile.mkdtemp(prefix="gavel-nats-ports-"))
-        args = [find_binary(), "-a", "127.0.0.1", "-p", str(self.port), "-js",
-                "-sd", str(self.store_dir), "--ports_file_dir", str(ports_dir)]
+        args = [find_binary(), "-a", "127.0.0.1", "-p", str(self.port),
+                "--ports_file_dir", str(ports_dir)]
+        if self.jetstream:
+            args += ["-js", "-sd", str(self.store_dir)]
         if self.config is not None:
             args += ["-c", str(self.config)]
         elif self.max_payload_mb is not None:

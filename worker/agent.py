@@ -119,6 +119,7 @@ class Agent:
         self._view: NodeView
         self._refresh_view()
         self._seq = 0
+        self._reported = 0  # events sent (`Event.seq`), told in every heartbeat
         self._nc: NATS | None = None
         self._subs: list[Subscription] = []
         self._outbox: list[tuple[str, bytes]] = []
@@ -170,7 +171,7 @@ class Agent:
             labels=self.labels, capacity=view.capacity, committed=view.committed,
             stats=view.stats, draining=view.draining, instances=self.instances(),
             port_range=list(self.port_range), freed_ports=self._freed_ports(),
-            advertise=self.advertise, workdir=self.workdir,
+            advertise=self.advertise, workdir=self.workdir, reported=self._reported,
         )
 
     def _freed_ports(self) -> list[int]:
@@ -365,11 +366,12 @@ class Agent:
         elif type_ in _ENDS:  # what `gavel logs` says of it, and when its retention starts
             self.outputs.ended(instance_id, f"{type_}" + (f": {reason}" if reason else "")
                                + (f" (exit {exit_code})" if exit_code is not None else ""))
+        self._reported += 1
         await self._send(self._report_subject, Event(
             instance_id=instance_id, type=type_, node_id=self.node_id, reason=reason,
             detail=detail, exit_code=exit_code, attempt=attempt, at=time.time(),
             ports=dict(ports or {}), taken=list(taken or []), check=check,
-            restarts=restarts))
+            restarts=restarts, seq=self._reported))
 
     async def _send(self, subject: str, message: Message) -> None:
         """Publish now, or keep it for when the connection exists; log what NATS refuses."""

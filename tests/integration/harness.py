@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -212,3 +213,78 @@ class FakeNode:
             self._task.cancel()
         if self.nc is not None:
             await self.nc.close()
+
+
+class Daemons:
+    """`gavel broker` and `gavel worker` as child processes on one state directory, each
+    with its log in `root` and, if `creds` names them, its own credential - for the tests
+    that kill, pause or flood a real process."""
+
+    def __init__(self, url: str, root: Path, creds: dict[str, Path] | None = None) -> None:
+        self.url, self.root, self.creds = url, root, creds or {}
+        self.state = root / "state"
+        self.brokers: list[subprocess.Popen[bytes]] = []
+        self.workers: dict[str, subprocess.Popen[bytes]] = {}
+
+    def _creds(self, who: str) -> list[str]:
+        return ["--creds", str(self.creds[who])] if who in self.creds else []
+
+    def broker(self) -> subprocess.Popen[bytes]:
+        proc = gavel_process(["broker", "--state", str(self.state), *self._creds("broker")],
+                             self.root / "broker.log", env={"GAVEL_NATS_URL": self.url})
+        self.brokers.append(proc)
+        return proc
+
+    def worker(self, node: str, *, labels: str = "", cpu: float = 4.0,
+               ports: str = "") -> subprocess.Popen[bytes]:
+        n = len(self.workers)
+        args = ["worker", "--node-id", node, "--state", str(self.root / "workers" / node),
+                "--cpu", str(cpu), "--memory-mb", "4096",
+                "--ports", ports or f"{24000 + 100 * n}-{24000 + 100 * n + 99}",
+                *self._creds(node)]
+        if labels:
+            args += ["--labels", labels]
+        proc = gavel_process(args, self.root / f"{node}.log", env={"GAVEL_NATS_URL": self.url})
+        self.workers[node] = proc
+        return proc
+
+    @staticmethod
+    def kill(proc: subprocess.Popen[bytes], children: bool = False) -> None:
+        """SIGKILL, with every process it started if `children` (instances run in sessions
+        of their own, so they outlive their worker otherwise)."""
+        import psutil
+
+        kids = []
+        if children:
+            with contextlib.suppress(psutil.Error):
+                kids = psutil.Process(proc.pid).children(recursive=True)
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(10)
+        for kid in kids:
+            with contextlib.suppress(psutil.Error):
+                kid.kill()
+
+    def close(self) -> None:
+        for proc in [*self.workers.values(), *self.brokers]:
+            if proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(proc.pid, signal.SIGCONT)  # a paused one must hear the TERM
+                proc.terminate()
+        for proc in [*self.workers.values(), *self.brokers]:
+            try:
+                proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.kill(proc, children=True)
+
+
+async def healthy_nodes(nc: Any) -> set[str]:
+    """The nodes the broker answering `nc`'s API counts healthy (empty: no answer)."""
+    from gavel.shared.api import NodesReply, NodesRequest
+    from gavel.transport.client import ClientError
+
+    try:
+        reply = await call(nc, "nodes", NodesRequest(), NodesReply, timeout=2.0)
+    except ClientError:
+        return set()
+    return {n.node_id for n in reply.nodes if n.health == "healthy"}

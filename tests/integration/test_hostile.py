@@ -24,6 +24,7 @@ import msgspec
 import nats
 import pytest
 
+from gavel.broker.heartbeats import TOO_LARGE
 from gavel.shared import subjects
 from gavel.shared.messages import (
     PROTOCOL,
@@ -76,12 +77,23 @@ async def test_garbage_on_every_subject_is_counted_changes_nothing_and_placing_g
     head = broker.ledger.head()
     n = len(GARBAGE)
 
-    wire_subjects = ["gavel.hb.node-a", "gavel.bids.node-a", "gavel.report.node-a",
-                     "gavel.assign.node-a", subjects.RFB, "gavel.award.node-a",
-                     "gavel.cancel.node-a"]
+    wire_subjects = ["gavel.bids.node-a", "gavel.report.node-a", "gavel.assign.node-a",
+                     subjects.RFB, "gavel.award.node-a", "gavel.cancel.node-a"]
     for data in GARBAGE:
         for subject in wire_subjects:
             await nc.publish(subject, data)
+    # The heartbeat stream keeps a subject's newest message only, so garbage heartbeats go
+    # one at a time, each read before the next, on a subject no real node publishes on.
+    # The largest is refused by its size alone, before anyone decodes it.
+    def heartbeats_refused() -> int:
+        return sum(broker.rejects.counts.get(kind, 0)
+                   for kind in ("malformed heartbeat", TOO_LARGE))
+
+    for data in GARBAGE:
+        before = heartbeats_refused()
+        await nc.publish("gavel.hb.node-g", data)
+        await wait_for(lambda b=before: heartbeats_refused() == b + 1,  # type: ignore[misc]
+                       10, what="the garbage heartbeat read")
     forged: list[tuple[str, msgspec.Struct]] = [
         ("gavel.hb.node-x", Heartbeat(node_id="node-a")),  # impersonation
         ("gavel.hb.node-y", Heartbeat(node_id="node-y", capacity=Capacity(cpu=float("nan")))),
@@ -116,7 +128,8 @@ async def test_garbage_on_every_subject_is_counted_changes_nothing_and_placing_g
     await nc.flush()
 
     expected = {
-        "malformed heartbeat": n, "malformed bid reply": n, "malformed event": n,
+        "malformed heartbeat": n - 1, TOO_LARGE: 1, "malformed bid reply": n,
+        "malformed event": n,
         "assignment request without a reply subject": n, "malformed assignment request": 1,
         "malformed submit request": n,
         "heartbeat for another node": 1, "heartbeat with an impossible capacity": 1,

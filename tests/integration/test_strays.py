@@ -15,6 +15,12 @@ JetStream itself can give: nats-server refuses it from any client).
 What must hold: nothing raises (no ERROR line, no traceback, anywhere); each is counted,
 under its fixed kind; the broker and node a change nothing for them; and the broker places
 the next valid submission.
+
+Heartbeats reach the broker through the heartbeat stream (`broker.heartbeat_stream`), which
+keeps each subject's newest message: what strays there is stored and read like a heartbeat
+(the stream keeps its headers, not its reply, and keeps nothing with a status line), so
+the witness puts those strays one at a time, each read before the next, on the subject of
+a node that does not run.
 """
 
 from __future__ import annotations
@@ -48,7 +54,6 @@ from gavel.shared.messages import (
     Award,
     BidReply,
     Cancel,
-    Capacity,
     Event,
     Heartbeat,
     Message,
@@ -77,8 +82,6 @@ VERBS: dict[str, Message] = {
     "stats": StatsRequest(), "cancel": CancelRequest(instance_id="x"),
     "drain": DrainRequest(node_id="a")}
 BROKER_SUBJECTS: dict[str, tuple[Message, str]] = {
-    subjects.HEARTBEAT.format(node="b"): (Heartbeat(node_id="b", capacity=Capacity(cpu=99)),
-                                          ""),
     subjects.BIDS.format(node="b"): (BidReply(auction_id="x", node_id="b", answers=[]), ""),
     subjects.REPORT.format(node="b"): (Event(instance_id="x", type="running", node_id="b"),
                                        ""),
@@ -180,7 +183,7 @@ async def test_every_stray_on_every_subject_is_counted_and_nothing_raises(
         await wait_for(lambda: rejected.get(HEADERS) == n
                        and rejected.get(CONTROL, 0) >= control + 2 * n, 15,
                        what="every stray counted")
-        for what in ("heartbeat", "bid reply", "event", "assignment request",
+        for what in ("bid reply", "event", "assignment request",
                      *(f"{v} request" for v in VERBS)):
             assert rejected.get(f"malformed {what}") == 1, (what, rejected)
         for what in ("assignment request", *(f"{v} request" for v in VERBS)):
@@ -194,9 +197,26 @@ async def test_every_stray_on_every_subject_is_counted_and_nothing_raises(
         await wait_for(lambda: dict(malformed) == {"rfb": 2, "award": 1, "cancel": 1}, 15,
                        what=f"a's empty payloads counted, have {malformed}")
 
+        # Through the heartbeat stream: a stray it stores is read as what it is now (its
+        # headers kept, its reply not); one with a status line it does not store at all.
+        silent = subjects.HEARTBEAT.format(node="c")
+        headers = rejected.get(HEADERS, 0)
+        await witness.nc.publish(silent, _enc.encode(Heartbeat(node_id="c")),
+                                 headers={"Nats-Msg-Id": "x"})
+        await wait_for(lambda: rejected.get(HEADERS) == headers + 1, 15,
+                       what=f"a stored heartbeat with headers refused, have {rejected}")
+        await hpub(witness.nc, silent, FC, FLOW)
+        await hpub(witness.nc, silent, "", BEAT)
+        await witness.nc.publish(silent, b"")
+        await wait_for(lambda: rejected.get("malformed heartbeat") == 1, 15,
+                       what=f"a stored empty heartbeat refused, have {rejected}")
+        assert rejected.get(HEADERS) == headers + 1
+
         # Nothing was served: no heartbeat from the witness as b, no submission, no
         # instance on a; nothing raised anywhere; and the cluster places the next one.
         assert broker.liveness.heartbeats["b"].capacity.cpu == 2.0
+        assert "c" not in broker.liveness.known()
+        assert rejected.get("malformed heartbeat") == 1
         assert broker.ledger.state().instances == {}
         assert agents["a"].instances() == []
         assert failures(caplog) == []

@@ -160,13 +160,19 @@ def test_compose_grants_each_user_what_auth_init_grants_its_role() -> None:
 def test_the_broker_answers_only_inboxes_and_a_node_reads_only_its_own_key() -> None:
     """The permission lists themselves (tests/integration/test_auth.py puts them to a real
     server): no wildcard grant for the broker, a reply inbox per known node, and of
-    JetStream one call each."""
+    JetStream only the bucket's creation and the heartbeat stream's own calls for the broker,
+    one call for a node."""
     broker = auth.broker_permissions(["a", "b"])
     assert ">" not in broker["publish"]["allow"] and ">" not in broker["subscribe"]["allow"]
     assert {"_INBOX.>", "_INBOX_a.>", "_INBOX_b.>", "_INBOX_broker.>"} <= set(
         broker["publish"]["allow"])
     assert [s for s in broker["publish"]["allow"] if s.startswith("$JS.")] == [
-        "$JS.API.STREAM.CREATE.KV_gavel-nodes"]
+        "$JS.API.STREAM.CREATE.KV_gavel-nodes",
+        # the heartbeat stream's (broker.heartbeat_stream), on that stream only
+        "$JS.API.STREAM.CREATE.gavel-heartbeats", "$JS.API.STREAM.UPDATE.gavel-heartbeats",
+        "$JS.API.STREAM.PURGE.gavel-heartbeats", "$JS.API.CONSUMER.CREATE.gavel-heartbeats.*",
+        "$JS.API.CONSUMER.MSG.NEXT.gavel-heartbeats.*",
+        "$JS.API.CONSUMER.DELETE.gavel-heartbeats.*"]
     node = auth.worker_permissions("a")
     assert [s for s in node["publish"]["allow"] if s.startswith("$")] == [
         "$JS.API.CONSUMER.CREATE.KV_gavel-nodes.*.$KV.gavel-nodes.a"]

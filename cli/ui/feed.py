@@ -1,0 +1,199 @@
+"""The dashboard's view of the cluster: one operator connection, asked and listened to.
+
+Rules:
+1. The dashboard is an operator client like the CLI: it asks the broker's API (`nodes`,
+   `status`, `services`, `events`) through `transport.client.call` and subscribes to the
+   events the broker publishes (``gavel.events.>``). It never reads git, and speaks to a
+   node only to ask for an instance's lines, through `gavel logs`' API (`ui.logs`).
+2. The overview is asked again every `REFRESH_S` (heartbeats change loads without an
+   event), and `SETTLE_S` after an event (it changed a state): a burst of events is one
+   refresh. Each page is pushed the overview after every refresh, and every event as it is
+   heard.
+3. A page that cannot keep up (its queue of `QUEUE_MAX` frames is full) is dropped, never
+   waited for: its browser reconnects and starts again from the overview.
+4. A broker that does not serve the service verbs (no responder on the verb's subject, or
+   an answer that the verb is unknown) has no services: the overview says None (views
+   rule 3). Any other refusal is shown as it was said.
+5. A broker that does not answer leaves the last overview standing, with the sentence why.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import deque
+from typing import Any
+
+import msgspec
+from nats.errors import NoRespondersError
+
+from gavel.cli.ui import views
+from gavel.shared import subjects
+from gavel.shared.api import (
+    EventsReply,
+    EventsRequest,
+    InstanceStatus,
+    NodesReply,
+    NodesRequest,
+    NodeStatus,
+    ServicesReply,
+    ServicesRequest,
+    ServiceStatus,
+    StatusReply,
+    StatusRequest,
+)
+from gavel.shared.messages import Event
+from gavel.transport.client import BrokerRefused, ClientError, call
+
+__all__ = ["EVENTS_KEPT", "QUEUE_MAX", "REFRESH_S", "SETTLE_S", "Feed", "Page"]
+
+log = logging.getLogger("gavel.ui")
+
+#: Rule 2.
+REFRESH_S = 2.0
+SETTLE_S = 0.1
+#: Events a page is shown when it opens.
+EVENTS_KEPT = 200
+#: Rule 3.
+QUEUE_MAX = 512
+#: How long one API call may take before the overview says the broker did not answer.
+CALL_S = 5.0
+
+_json = msgspec.json.Encoder()
+_events = msgspec.msgpack.Decoder(Event)
+
+
+def encode(obj: Any) -> bytes:
+    return _json.encode(obj)
+
+
+class Page:
+    """One open event stream: the frames waiting for it (rule 3)."""
+
+    def __init__(self) -> None:
+        self.queue: asyncio.Queue[tuple[str, bytes]] = asyncio.Queue(QUEUE_MAX)
+        self.dropped = False
+
+    def put(self, event: str, data: bytes) -> None:
+        if self.dropped:
+            return
+        try:
+            self.queue.put_nowait((event, data))
+        except asyncio.QueueFull:
+            self.dropped = True
+            # Wake the stream so it notices it was dropped and ends.
+            with contextlib.suppress(asyncio.QueueEmpty):
+                self.queue.get_nowait()
+            self.queue.put_nowait(("dropped", b"{}"))
+
+
+def unknown_verb(exc: ClientError) -> bool:
+    """Rule 4: the broker does not serve the verb it was asked."""
+    if isinstance(exc.__context__, NoRespondersError):  # `call` says so in a sentence
+        return True
+    text = str(exc).lower()
+    return isinstance(exc, BrokerRefused) and "unknown" in text and (
+        "verb" in text or "request" in text)
+
+
+class Feed:
+    def __init__(self, nc: Any, *, refresh_s: float = REFRESH_S) -> None:
+        self.nc = nc
+        self.refresh_s = refresh_s
+        self.events: deque[bytes] = deque(maxlen=EVENTS_KEPT)
+        self.overview = encode(views.overview(nodes=[], instances=[], services=None,
+                                              error="asking the broker ..."))
+        self.pages: set[Page] = set()
+        self._nodes: list[NodeStatus] = []
+        self._instances: list[InstanceStatus] = []
+        self._services: list[ServiceStatus] | None = None
+        self._changed = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._sub: Any = None
+
+    async def start(self) -> None:
+        self._sub = await self.nc.subscribe(subjects.EVENTS_ALL, cb=self._on_event)
+        try:
+            recent = await call(self.nc, "events", EventsRequest(limit=EVENTS_KEPT),
+                                EventsReply, timeout=CALL_S)
+            heard = list(self.events)
+            self.events.clear()
+            self.events.extend(encode(views.event(e)) for e in recent.events)
+            self.events.extend(e for e in heard if e not in self.events)
+        except ClientError:
+            pass  # the broker is not up yet: events come as they happen
+        await self.refresh()
+        self._task = asyncio.ensure_future(self._run())
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        if self._sub is not None:
+            with contextlib.suppress(Exception):
+                await self._sub.unsubscribe()
+
+    def open_page(self) -> Page:
+        page = Page()
+        self.pages.add(page)
+        return page
+
+    def close_page(self, page: Page) -> None:
+        self.pages.discard(page)
+
+    def _push(self, event: str, data: bytes) -> None:
+        for page in list(self.pages):
+            page.put(event, data)
+            if page.dropped:
+                self.pages.discard(page)
+
+    async def _on_event(self, msg: Any) -> None:
+        try:
+            ev = _events.decode(msg.data)
+        except (msgspec.DecodeError, RecursionError):
+            return  # not an event: nothing to show
+        data = encode(views.event(ev))
+        self.events.append(data)
+        self._push("event", data)
+        self._changed.set()
+
+    async def _run(self) -> None:
+        """Rule 2."""
+        while True:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self.refresh_s):
+                    await self._changed.wait()
+            await asyncio.sleep(SETTLE_S)
+            self._changed.clear()
+            try:
+                await self.refresh()
+            except Exception:  # one failed refresh must not end the dashboard's updates
+                log.exception("the dashboard could not refresh its overview")
+
+    async def refresh(self) -> None:
+        """Ask the broker again; push the overview to every page."""
+        error = services_error = ""
+        try:
+            nodes = await call(self.nc, "nodes", NodesRequest(), NodesReply, timeout=CALL_S)
+            status = await call(self.nc, "status", StatusRequest(), StatusReply,
+                                timeout=CALL_S)
+            self._nodes, self._instances = nodes.nodes, status.instances
+            try:
+                services = await call(self.nc, "services", ServicesRequest(), ServicesReply,
+                                      timeout=CALL_S)
+                self._services = services.services
+            except ClientError as exc:  # rule 4
+                if unknown_verb(exc):
+                    self._services = None
+                else:
+                    services_error = str(exc)
+        except ClientError as exc:  # rule 5
+            error = str(exc)
+        data = encode(views.overview(nodes=self._nodes, instances=self._instances,
+                                     services=self._services, error=error,
+                                     services_error=services_error, at=time.time()))
+        self.overview = data
+        self._push("overview", data)

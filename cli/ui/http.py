@@ -1,0 +1,231 @@
+"""A small HTTP/1.1 server on asyncio streams: the dashboard's pages, JSON and event streams.
+
+Rules:
+1. Read-only: GET and HEAD are served, every other method is 405. One request per
+   connection (``Connection: close``); a request head larger than `HEAD_MAX` is 431, one not
+   read within `HEAD_S` is dropped.
+2. Every response carries a Content-Security-Policy that lets the page load scripts, styles
+   and data from this server only, and no-store caching: the page works with no internet
+   and nothing it shows outlives the page.
+3. A `Stream` answer is server-sent events: the server writes its headers, then hands the
+   stream to the answer, which writes ``event:``/``data:`` frames until it returns or the
+   browser goes away (the connection reads end-of-file): the answer is then cancelled, so
+   nothing keeps working for a page that is closed.
+5. Closing the server ends every connection still open (an event stream never ends of
+   itself): each one's task is cancelled and ends quietly, as a connection the browser
+   closed does, so a dashboard stopped with pages open prints nothing.
+4. Access (`access` rules) is checked before any route: 401 without the token, 403 for a
+   Host that is not this machine's when there is no token.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from http import HTTPStatus
+from typing import Any
+from urllib.parse import parse_qsl, unquote, urlsplit
+
+from gavel.cli.ui import access
+
+__all__ = ["HEAD_MAX", "HEAD_S", "Request", "Response", "Server", "Stream"]
+
+log = logging.getLogger("gavel.ui")
+
+#: The largest request head read, and how long a client may take to send it (rule 1).
+HEAD_MAX = 16 * 1024
+HEAD_S = 10.0
+#: Rule 2.
+SECURITY = {
+    "Content-Security-Policy": "default-src 'none'; script-src 'self'; style-src 'self'; "
+    "img-src 'self' data:; connect-src 'self'; base-uri 'none'; form-action 'none'; "
+    "frame-ancestors 'none'",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+    "Cache-Control": "no-store",
+}
+
+
+@dataclass(frozen=True)
+class Request:
+    method: str
+    path: str
+    query: dict[str, str]
+    #: Lower-cased names; a repeated header keeps its first value.
+    headers: dict[str, str]
+
+
+@dataclass
+class Response:
+    status: int = 200
+    body: bytes = b""
+    content_type: str = "text/plain; charset=utf-8"
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+class Sse:
+    """The writing end of an event stream (rule 3)."""
+
+    def __init__(self, writer: asyncio.StreamWriter) -> None:
+        self._writer = writer
+
+    async def send(self, event: str, data: bytes) -> None:
+        """One frame; `data` is one line of JSON (it holds no newline)."""
+        self._writer.write(b"event: " + event.encode() + b"\ndata: " + data + b"\n\n")
+        await self._writer.drain()
+
+    async def comment(self) -> None:
+        """A frame the browser ignores: it finds out early that the connection is gone."""
+        self._writer.write(b": keep-alive\n\n")
+        await self._writer.drain()
+
+
+@dataclass
+class Stream:
+    """An answer of server-sent events: `run` writes frames until it returns."""
+
+    run: Callable[[Sse], Awaitable[None]]
+
+
+Handler = Callable[[Request], Awaitable[Response | Stream]]
+
+
+class Server:
+    """Serves `handler` on (addr, port) to whoever holds `token` (rule 4)."""
+
+    def __init__(self, handler: Handler, token: str) -> None:
+        self.handler = handler
+        self.token = token
+        self.port = 0
+        self._server: asyncio.Server | None = None
+        self._clients: set[asyncio.Task[Any]] = set()
+        self._closing = False
+
+    async def start(self, addr: str, port: int) -> int:
+        """Listen; the port listened on (`port` 0: a free one). OSError if it cannot."""
+        self._server = await asyncio.start_server(self._client, addr, port, limit=HEAD_MAX)
+        self.port = int(self._server.sockets[0].getsockname()[1])
+        return self.port
+
+    async def close(self) -> None:
+        """Rule 5."""
+        self._closing = True
+        if self._server is not None:
+            self._server.close()
+        for task in list(self._clients):
+            task.cancel()
+        for task in list(self._clients):
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        if self._server is not None:
+            with contextlib.suppress(Exception):
+                await self._server.wait_closed()
+
+    async def _client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        if task is not None:
+            self._clients.add(task)
+        try:
+            await self._serve(reader, writer)
+        except (ConnectionError, asyncio.IncompleteReadError, TimeoutError):
+            pass
+        except asyncio.CancelledError:
+            # Rule 5: asyncio's server reads a cancelled connection's task as an error.
+            if not self._closing:
+                raise
+        except Exception:  # a bug in one answer must not take the dashboard down
+            log.exception("the dashboard failed to answer a request")
+        finally:
+            if task is not None:
+                self._clients.discard(task)
+            writer.close()
+            with contextlib.suppress(Exception):
+                await writer.wait_closed()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            async with asyncio.timeout(HEAD_S):
+                head = await reader.readuntil(b"\r\n\r\n")
+        except (asyncio.LimitOverrunError, ValueError):
+            await _write(writer, Response(431, b"request head too large\n"))
+            return
+        req = _parse(head)
+        if req is None:
+            await _write(writer, Response(400, b"not an HTTP request\n"))
+            return
+        if req.method not in ("GET", "HEAD"):
+            await _write(writer, Response(405, b"the dashboard is read-only\n",
+                                          headers={"Allow": "GET, HEAD"}))
+            return
+        if not access.authorized(self.token, self.port, req.headers, req.query):
+            await _write(writer, Response(401, b"this dashboard needs its token: open the URL "
+                                          b"`gavel ui` printed (it ends in ?token=...)\n",
+                                          headers={"WWW-Authenticate": "Bearer"}))
+            return
+        if not self.token and not access.host_is_loopback(req.headers.get("host", "")):
+            await _write(writer, Response(403, b"this dashboard answers only to this "
+                                          b"machine's own names\n"))
+            return
+        answer = await self.handler(req)
+        if isinstance(answer, Response):
+            await _write(writer, answer, head_only=req.method == "HEAD")
+            return
+        await _stream(reader, writer, answer)
+
+
+def _parse(head: bytes) -> Request | None:
+    try:
+        text = head.decode("latin-1")
+    except UnicodeDecodeError:  # pragma: no cover - latin-1 decodes every byte
+        return None
+    lines = text.split("\r\n")
+    parts = lines[0].split(" ")
+    if len(parts) != 3 or not parts[2].startswith("HTTP/1."):
+        return None
+    method, target, _ = parts
+    headers: dict[str, str] = {}
+    for line in lines[1:]:
+        name, sep, value = line.partition(":")
+        if sep:
+            headers.setdefault(name.strip().lower(), value.strip())
+    url = urlsplit(target)
+    return Request(method=method, path=unquote(url.path), headers=headers,
+                   query=dict(parse_qsl(url.query)))
+
+
+def _head(status: int, headers: dict[str, str]) -> bytes:
+    try:
+        phrase = HTTPStatus(status).phrase
+    except ValueError:
+        phrase = ""
+    lines = [f"HTTP/1.1 {status} {phrase}", *(f"{k}: {v}" for k, v in headers.items())]
+    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+
+
+async def _write(writer: asyncio.StreamWriter, resp: Response, head_only: bool = False) -> None:
+    headers = {**SECURITY, "Content-Type": resp.content_type,
+               "Content-Length": str(len(resp.body)), "Connection": "close", **resp.headers}
+    writer.write(_head(resp.status, headers) + (b"" if head_only else resp.body))
+    await writer.drain()
+
+
+async def _stream(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                  answer: Stream) -> None:
+    """Rule 3."""
+    writer.write(_head(200, {**SECURITY, "Content-Type": "text/event-stream",
+                             "Connection": "close", "X-Accel-Buffering": "no"}))
+    writer.write(b"retry: 2000\n\n")
+    await writer.drain()
+    running = asyncio.ensure_future(answer.run(Sse(writer)))
+    gone = asyncio.ensure_future(reader.read(1))  # a browser sends nothing more: EOF is gone
+    try:
+        await asyncio.wait({running, gone}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in (running, gone):
+            task.cancel()
+        for task in (running, gone):
+            with contextlib.suppress(asyncio.CancelledError, ConnectionError):
+                await task

@@ -1,0 +1,400 @@
+// gavel's dashboard. Rules:
+// 1. Everything it shows comes from its own server: /api/events (server-sent events: the
+//    overview, the recent events, then every event and overview as they come) and, for one
+//    instance, /api/instances/ID (asked again when an event about it arrives) and the event
+//    stream /api/logs/ID. The page never polls.
+// 2. Text from the cluster (ids, reasons, log lines) is set as text, never as HTML.
+// 3. Two views, by the address's fragment: "#/" the cluster, "#/instance/ID" one instance.
+"use strict";
+
+const EVENTS_SHOWN = 200;
+const LOG_LINES_KEPT = 2000;
+
+const state = {
+  overview: null,
+  events: [],  // newest first
+  instance: null,  // the id the instance view shows
+  logs: null,  // its EventSource
+  refetch: null,  // a pending fetch of the instance view
+  instancesKey: "",  // what the instances table shows now
+};
+
+// -- building the DOM (rule 2) ------------------------------------------------------------
+function el(tag, attrs, ...children) {
+  const node = document.createElement(tag);
+  for (const [key, value] of Object.entries(attrs || {})) {
+    if (value === null || value === undefined || value === false) continue;
+    if (key === "class") node.className = value;
+    else if (key === "text") node.textContent = value;
+    else if (key.startsWith("data-")) node.setAttribute(key, value);
+    else if (key === "href" || key === "title" || key === "role" || key.startsWith("aria-"))
+      node.setAttribute(key, value);
+    else if (key === "onclick") node.addEventListener("click", value);
+    else node[key] = value;
+  }
+  for (const child of children) {
+    if (child === null || child === undefined || child === false) continue;
+    node.append(typeof child === "string" ? document.createTextNode(child) : child);
+  }
+  return node;
+}
+
+function $(id) { return document.getElementById(id); }
+
+function clear(node) { node.replaceChildren(); return node; }
+
+function fmtTime(at) {
+  if (!at) return "";
+  const d = new Date(at * 1000);
+  return d.toLocaleTimeString([], {hour12: false});
+}
+
+function fmtNumber(x, digits) {
+  const text = Number(x).toFixed(digits);
+  return text.includes(".") ? text.replace(/\.?0+$/, "") : text;
+}
+
+function badge(text, kind) {
+  return el("span", {class: `badge ${kind || ""} ${text ? "b-" + text.replace(/\s+/g, "-") : ""}`,
+                     text: text || "-"});
+}
+
+function bar(label, used, total, detail, what) {
+  const share = total > 0 ? Math.max(0, Math.min(1, used / total)) : 0;
+  const fill = el("span", {class: "fill"});
+  fill.style.width = `${(share * 100).toFixed(1)}%`;
+  const level = share >= 0.9 ? "high" : share >= 0.7 ? "mid" : "low";
+  return el("div", {class: `meter ${level}`, title: `${what}: ${detail}`,
+                    "data-meter": what, "data-share": share.toFixed(3)},
+            el("span", {class: "meter-label", text: label}),
+            el("span", {class: "track"}, fill),
+            el("span", {class: "meter-value", text: detail}));
+}
+
+function portsText(ports) {
+  return Object.entries(ports || {}).map(([name, port]) => `${name}:${port}`).join(" ");
+}
+
+function instanceLink(id) {
+  return el("a", {href: `#/instance/${encodeURIComponent(id)}`, class: "instance-link",
+                  text: id});
+}
+
+// -- the cluster view -------------------------------------------------------------------
+function renderOverview() {
+  const o = state.overview;
+  if (!o) return;
+  const banner = $("banner");
+  banner.hidden = !o.error;
+  banner.textContent = o.error ? `broker: ${o.error}` : "";
+  renderSummary(o);
+  renderNodes(o.nodes);
+  renderServices(o.services, o.services_error);
+  renderInstances(o);
+}
+
+function renderSummary(o) {
+  const healthy = o.nodes.filter((n) => n.health === "healthy").length;
+  const running = o.counts.running || 0;
+  $("summary").textContent =
+    `${healthy}/${o.nodes.length} nodes healthy · ${o.instances_total} instances · ` +
+    `${running} running` + (o.at ? ` · ${fmtTime(o.at)}` : "");
+}
+
+function renderNodes(nodes) {
+  $("nodes-count").textContent = String(nodes.length);
+  const box = clear($("nodes"));
+  if (!nodes.length) box.append(el("p", {class: "note", text: "No node has been heard yet."}));
+  for (const n of nodes) {
+    const labels = Object.entries(n.labels || {}).sort()
+      .map(([k, v]) => el("span", {class: "chip", text: `${k}=${v}`}));
+    const cap = n.capacity || {}, com = n.committed || {}, stats = n.stats;
+    // Committed: what the broker placed there; load: what the host measures.
+    const meters = [
+      bar("cpu", com.cpu || 0, cap.cpu || 0,
+          `${fmtNumber(com.cpu || 0, 2)} / ${fmtNumber(cap.cpu || 0, 2)}`, "committed cpu"),
+      bar("memory", com.memory_mb || 0, cap.memory_mb || 0,
+          `${com.memory_mb || 0} / ${cap.memory_mb || 0} MB`, "committed memory"),
+    ];
+    if (stats) {
+      meters.push(bar("load", stats.cpu_ratio || 0, 1,
+                      `${Math.round((stats.cpu_ratio || 0) * 100)}%`, "host cpu load"));
+      meters.push(bar("host mem", stats.memory_ratio || 0, 1,
+                      `${Math.round((stats.memory_ratio || 0) * 100)}%`, "host memory in use"));
+    }
+    box.append(el("article", {class: `node h-${n.health}${n.draining ? " draining" : ""}`,
+                              "data-node": n.node_id},
+      el("div", {class: "node-head"},
+         el("span", {class: "node-name", text: n.node_id}),
+         badge(n.health, "health"),
+         n.draining ? badge("draining", "warn") : null),
+      el("div", {class: "node-meta"},
+         el("span", {class: "strategy", text: n.strategy || "?"}),
+         el("span", {text: `${n.instances} instance${n.instances === 1 ? "" : "s"}`}),
+         el("span", {class: "seen", text: `seen ${fmtNumber(n.last_seen_s, 1)} s ago`})),
+      el("div", {class: "labels"}, ...labels),
+      el("div", {class: "meters"}, ...meters)));
+  }
+}
+
+function renderServices(services, error) {
+  const section = $("services-section");
+  section.hidden = services === null && !error;  // no service verbs: say nothing
+  $("services-error").hidden = !error;
+  $("services-error").textContent = error || "";
+  $("services").hidden = !(services && services.length);
+  $("services-empty").hidden = !(services && !services.length);
+  const body = clear($("services").tBodies[0]);
+  for (const s of services || []) {
+    const d = s.deployment;
+    const healthy = (s.versions || []).reduce((sum, v) => sum + (v.healthy || 0), 0);
+    body.append(el("tr", {"data-service": s.name},
+      el("td", {text: s.name}),
+      el("td", {text: `v${s.version}`}),
+      el("td", {text: s.stopped ? "stopped" : `${(s.replicas || []).length} / ${s.count}`}),
+      el("td", {text: String(healthy)}),
+      el("td", {text: d ? `${d.state} ` +
+                         (d.from_version ? `v${d.from_version}\u2192` : "") +
+                         `v${d.to_version}` + (d.reason ? `: ${d.reason}` : "") : "-"})));
+  }
+}
+
+function reasonOf(i) {
+  const why = i.state === "unschedulable" ? (i.detail || i.reason) : (i.reason || i.check);
+  return (why || "").replace(/\s+/g, " ");
+}
+
+function renderInstances(o) {
+  // Rebuilt only when it changed: a row is not replaced under the pointer clicking it.
+  const key = JSON.stringify([o.instances, o.instances_total]);
+  if (key === state.instancesKey) return;
+  state.instancesKey = key;
+  const counts = Object.entries(o.counts).map(([s, n]) => `${n} ${s}`).join(" · ");
+  $("counts").textContent = counts;
+  const body = clear($("instances").tBodies[0]);
+  $("instances-empty").hidden = o.instances.length > 0;
+  const more = o.instances_total - o.instances.length;
+  $("instances-more").hidden = more <= 0;
+  $("instances-more").textContent = more > 0 ? `and ${more} more (gavel status lists all)` : "";
+  for (const i of o.instances) {
+    const row = el("tr", {class: `instance s-${i.state}`, "data-instance": i.instance_id,
+                          "data-state": i.state, "data-node": i.node_id || null,
+                          onclick: () => { location.hash = `#/instance/${encodeURIComponent(i.instance_id)}`; }},
+      el("td", {}, instanceLink(i.instance_id),
+         i.service ? el("span", {class: "sub", text: ` ${i.service} v${i.version}`}) :
+           (i.name && !i.instance_id.startsWith(i.name) ?
+             el("span", {class: "sub", text: ` ${i.name}`}) : null)),
+      el("td", {}, badge(i.state, "state")),
+      el("td", {}, i.health ? badge(i.health, "health") : "-"),
+      el("td", {class: "mono", text: i.node_id || "-"}),
+      el("td", {class: "mono", text: portsText(i.ports) || "-"}),
+      el("td", {class: "reason", text: reasonOf(i) +
+                (i.restarts ? ` (${i.restarts} restarts)` : "")}));
+    body.append(row);
+  }
+}
+
+// A service's own events (a deploy) carry the service's name where an instance id would be.
+function isService(name) {
+  const services = (state.overview && state.overview.services) || [];
+  return services.some((s) => s.name === name);
+}
+
+function eventItem(e, withInstance) {
+  return el("li", {class: `event t-${e.type}`, "data-event-instance": e.instance_id,
+                   "data-event-type": e.type},
+    el("time", {text: fmtTime(e.at)}),
+    withInstance ? (isService(e.instance_id) ?
+      el("span", {class: "mono service-name", text: e.instance_id}) :
+      instanceLink(e.instance_id)) : null,
+    badge(e.type, "event-type"),
+    e.node_id ? el("span", {class: "mono", text: e.node_id}) : null,
+    e.exit_code !== null && e.exit_code !== undefined ?
+      el("span", {class: "mono", text: `exit ${e.exit_code}`}) : null,
+    e.check ? el("span", {class: "sub", text: `check ${e.check}`}) : null,
+    e.repeat ? el("span", {class: "repeat", title: "said again this many times",
+                           text: `\u00d7${e.repeat}`}) : null,
+    e.text ? el("span", {class: "reason", text: e.text}) : null);
+}
+
+function renderEvents() {
+  const list = clear($("events"));
+  for (const e of state.events.slice(0, EVENTS_SHOWN)) list.append(eventItem(e, true));
+  if (!state.events.length) list.append(el("li", {class: "note", text: "No events yet."}));
+  if (state.instance) renderInstanceEvents();
+}
+
+function renderInstanceEvents() {
+  const list = clear($("instance-events"));
+  for (const e of state.events.filter((x) => x.instance_id === state.instance))
+    list.append(eventItem(e, false));
+}
+
+// -- one instance (its auctions and log) --------------------------------------------------
+function renderAuction(a) {
+  const head = a.winner ?
+    el("h3", {}, "won by ", el("span", {class: "mono", text: a.winner}),
+       ` at load ${fmtNumber(a.load, 3)} — `,
+       el("span", {class: a.tie_broken ? "tie-note" : "rule-note", text: a.decided_by})) :
+    el("h3", {class: "unschedulable", text: a.summary || a.reason || "no winner"});
+  const bids = a.bids.map((b) => {
+    const fill = el("span", {class: "fill"});
+    fill.style.width = `${Math.max(2, b.share * 100).toFixed(1)}%`;
+    return el("div", {class: `bid${b.winner ? " winner" : ""}${b.tied ? " tied" : ""}`,
+                      "data-node": b.node_id, "data-load": String(b.load)},
+      el("span", {class: "who mono", text: b.node_id}),
+      el("span", {class: "track"}, fill),
+      el("span", {class: "load mono", text: fmtNumber(b.load, 3)}),
+      el("span", {class: "strategy", text: b.strategy}),
+      b.winner ? el("span", {class: "winner-mark", "aria-label": "winner",
+                             text: "\u2605 winner"}) : null,
+      b.tied ? el("span", {class: "tie-mark", text: "tied"}) : null);
+  });
+  const declines = a.declines.map((d) => el("li", {class: "decline", "data-node": d.node_id},
+    el("span", {class: "who mono", text: d.node_id}),
+    el("span", {class: "reason", text: d.text})));
+  const silent = a.silent.map((n) => el("li", {class: "silent", "data-node": n},
+    el("span", {class: "who mono", text: n}),
+    el("span", {class: "reason", text: "silent: no answer before the deadline"})));
+  return el("article", {class: "auction", "data-auction": a.auction_id},
+    el("div", {class: "auction-id mono", text: a.auction_id}),
+    head,
+    bids.length ? el("div", {class: "bids"}, ...bids) :
+      el("p", {class: "note", text: "No node bid."}),
+    declines.length || silent.length ?
+      el("ul", {class: "declines"}, ...declines, ...silent) : null);
+}
+
+function renderInstance(data) {
+  const i = data.instance;
+  $("instance-error").hidden = true;
+  $("instance-title").textContent = i.instance_id;
+  const parts = [badge(i.state, "state")];
+  if (i.health) parts.push(badge(i.health, "health"));
+  if (i.node_id) parts.push(el("span", {}, "on ", el("span", {class: "mono", text: i.node_id})));
+  if (i.attempt) parts.push(el("span", {text: `attempt ${i.attempt}`}));
+  if (i.restarts) parts.push(el("span", {text: `${i.restarts} restarts in place`}));
+  if (Object.keys(i.ports || {}).length) parts.push(el("span", {class: "mono", text: portsText(i.ports)}));
+  if (i.service) parts.push(el("span", {text: `service ${i.service} v${i.version}`}));
+  const why = reasonOf(i);
+  if (why) parts.push(el("span", {class: "reason", text: why}));
+  clear($("instance-status")).append(...parts);
+  const box = clear($("auctions"));
+  if (!data.auctions.length) box.append(el("p", {class: "note", text: "No auction recorded yet."}));
+  for (const a of data.auctions) box.append(renderAuction(a));
+}
+
+async function fetchInstance(id) {
+  try {
+    const resp = await fetch(`/api/instances/${encodeURIComponent(id)}`,
+                             {credentials: "same-origin"});
+    const data = await resp.json();
+    if (state.instance !== id) return;
+    if (!resp.ok) {
+      $("instance-error").hidden = false;
+      $("instance-error").textContent = data.error || `the dashboard answered ${resp.status}`;
+      return;
+    }
+    renderInstance(data);
+  } catch (err) {
+    $("instance-error").hidden = false;
+    $("instance-error").textContent = `cannot reach the dashboard: ${err}`;
+  }
+}
+
+function refetchSoon(id) {
+  if (state.refetch) return;
+  state.refetch = setTimeout(() => { state.refetch = null; fetchInstance(id); }, 250);
+}
+
+function openLogs(id) {
+  closeLogs();
+  const pre = clear($("logs"));
+  $("logs-note").textContent = "asking the node for its output ...";
+  $("logs-count").textContent = "";
+  let count = 0;
+  const src = new EventSource(`/api/logs/${encodeURIComponent(id)}`);
+  state.logs = src;
+  src.addEventListener("lines", (msg) => {
+    const data = JSON.parse(msg.data);
+    $("logs-note").textContent = "";
+    for (const line of data.lines) {
+      pre.append(el("span", {class: `line ${data.stream}`, text: line + "\n"}));
+      count += 1;
+    }
+    while (pre.childNodes.length > LOG_LINES_KEPT) pre.firstChild.remove();
+    $("logs-count").textContent = `${count} lines`;
+    pre.scrollTop = pre.scrollHeight;
+  });
+  for (const kind of ["unavailable", "end"]) {
+    src.addEventListener(kind, (msg) => {
+      $("logs-note").textContent = JSON.parse(msg.data).text;
+      $("logs-note").dataset.kind = kind;
+      src.close();
+    });
+  }
+}
+
+function closeLogs() {
+  if (state.logs) state.logs.close();
+  state.logs = null;
+}
+
+// -- views and the live stream (rules 1 and 3) --------------------------------------------
+// An event that says again what one of the last few said (an instance still unschedulable,
+// asked for again) moves that one to the top with a count, instead of being listed again.
+const REPEATS_LOOKED_AT = 10;
+function addEvent(e) {
+  const same = state.events.slice(0, REPEATS_LOOKED_AT).findIndex((x) =>
+    x.instance_id === e.instance_id && x.type === e.type && x.text === e.text &&
+    x.node_id === e.node_id);
+  if (same >= 0) {
+    e.repeat = (state.events[same].repeat || 1) + 1;
+    state.events.splice(same, 1);
+  }
+  state.events.unshift(e);
+  if (state.events.length > EVENTS_SHOWN) state.events.length = EVENTS_SHOWN;
+}
+
+function route() {
+  const m = location.hash.match(/^#\/instance\/(.+)$/);
+  const id = m ? decodeURIComponent(m[1]) : null;
+  $("overview-page").hidden = id !== null;
+  $("instance-page").hidden = id === null;
+  if (id === state.instance) return;
+  state.instance = id;
+  closeLogs();
+  if (id === null) { document.title = "gavel"; return; }
+  document.title = `${id} · gavel`;
+  $("instance-title").textContent = id;
+  clear($("instance-status"));
+  clear($("auctions"));
+  renderInstanceEvents();
+  fetchInstance(id);
+  openLogs(id);
+}
+
+function connect() {
+  const src = new EventSource("/api/events");
+  const live = $("live");
+  src.onopen = () => { live.className = "live on"; live.textContent = "live"; };
+  src.onerror = () => { live.className = "live off"; live.textContent = "reconnecting"; };
+  src.addEventListener("overview", (msg) => {
+    state.overview = JSON.parse(msg.data);
+    renderOverview();
+  });
+  src.addEventListener("history", (msg) => {
+    state.events = [];
+    for (const e of JSON.parse(msg.data)) addEvent(e);
+    renderEvents();
+  });
+  src.addEventListener("event", (msg) => {
+    const e = JSON.parse(msg.data);
+    addEvent(e);
+    renderEvents();
+    if (state.instance === e.instance_id) refetchSoon(e.instance_id);
+  });
+}
+
+window.addEventListener("hashchange", route);
+document.addEventListener("DOMContentLoaded", () => { route(); connect(); });

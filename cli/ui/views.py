@@ -1,0 +1,106 @@
+"""What the page is sent: the API's replies shaped into plain JSON the browser draws.
+
+Rules:
+1. Plain data only, built from the API's Structs: the page does no arithmetic the award rule
+   owns. Bids come ranked by `shared.award.order` (the winner first), each flagged as the
+   winner or as tied with it; a decline carries its sentence (`shared.reasons.render`).
+2. The overview lists at most `INSTANCES_SHOWN` instances, the ones still to run or running
+   first (a broker keeps ended ones too), and counts every instance by state: a large
+   cluster is a summary, never a page that grows without end.
+3. `services` is None when the broker does not serve the service verbs: the page then says
+   nothing about services (an empty list is a broker that has none).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+import msgspec
+
+from gavel.shared.api import InstanceStatus, NodeStatus, ServiceStatus, WhyReply
+from gavel.shared.award import order
+from gavel.shared.messages import Event, InstanceState
+from gavel.shared.reasons import render
+from gavel.shared.records import AuctionRecord
+
+__all__ = ["INSTANCES_SHOWN", "auction", "event", "instance_page", "overview"]
+
+#: Rule 2.
+INSTANCES_SHOWN = 500
+
+_ENDED = frozenset(s.value for s in InstanceState if s.terminal)
+
+
+def _plain(obj: Any) -> Any:
+    return msgspec.to_builtins(obj)
+
+
+def overview(*, nodes: list[NodeStatus], instances: list[InstanceStatus],
+             services: list[ServiceStatus] | None, error: str = "",
+             services_error: str = "", at: float = 0.0) -> dict[str, Any]:
+    """Rules 2 and 3: the dashboard's front page."""
+    live = [i for i in instances if i.state not in _ENDED]
+    ended = [i for i in instances if i.state in _ENDED]
+    shown = (live + ended)[:INSTANCES_SHOWN]
+    return {
+        "at": at,
+        "error": error,
+        "nodes": [_plain(n) for n in sorted(nodes, key=lambda n: n.node_id)],
+        "instances": [_plain(i) for i in shown],
+        "instances_total": len(instances),
+        "counts": dict(sorted(Counter(i.state for i in instances).items())),
+        "services": None if services is None else [_plain(s) for s in services],
+        "services_error": services_error,
+    }
+
+
+def auction(a: AuctionRecord) -> dict[str, Any]:
+    """Rule 1: one auction, ready to draw as bars."""
+    bids = sorted(a.bids, key=order)
+    top = max((b.load for b in bids), default=0.0)
+    won_at = a.load
+    decided = ""
+    if a.winner:
+        decided = "tie broken on node id (the lower id wins)" if a.tie_broken else \
+            "lowest load"
+    return {
+        "auction_id": a.auction_id,
+        "winner": a.winner,
+        "load": won_at,
+        "tie_broken": a.tie_broken,
+        "decided_by": decided,
+        "bids": [{
+            "node_id": b.node_id,
+            "load": b.load,
+            "strategy": b.strategy,
+            "share": b.load / top if top > 0 else 0.0,
+            "winner": bool(a.winner) and b.node_id == a.winner,
+            "tied": a.tie_broken and b.node_id != a.winner and won_at is not None
+            and b.load == won_at,
+        } for b in bids],
+        "declines": [{"node_id": d.node_id, "reason": d.reason, "detail": d.detail,
+                      "text": render(d.reason, d.detail)}
+                     for d in sorted(a.declines, key=lambda d: d.node_id)],
+        "silent": sorted(a.silent),
+        "reason": a.reason,
+        "summary": a.summary,
+    }
+
+
+def instance_page(why: WhyReply) -> dict[str, Any]:
+    """One instance: its status and every auction it went through, newest first."""
+    return {"instance": _plain(why.instance), "auctions": [auction(a) for a in why.auctions]}
+
+
+def event(e: Event) -> dict[str, Any]:
+    """An event as the page lists it; `text` is its reason and detail in one line (the
+    detail alone when it already says the reason, as an unschedulable summary does)."""
+    out: dict[str, Any] = _plain(e)
+    out.pop("v", None)
+    out.pop("kind", None)
+    if e.reason and e.detail:
+        out["text"] = e.detail if e.reason in e.detail else f"{e.reason}: {e.detail}"
+    else:
+        out["text"] = e.reason or e.detail
+    return out

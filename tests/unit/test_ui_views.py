@@ -1,0 +1,77 @@
+"""What the dashboard's page is sent (`gavel.cli.ui.views`): auctions ranked by the award rule
+with the winner flagged, ties and declines said, and an overview that stays a summary."""
+
+from __future__ import annotations
+
+from gavel.cli.ui import views
+from gavel.shared.api import InstanceStatus, NodeStatus
+from gavel.shared.award import NodeBid, NodeDecline
+from gavel.shared.messages import Event
+from gavel.shared.reasons import Reason
+from gavel.shared.records import AuctionRecord
+
+
+def test_bids_are_ranked_by_the_award_rule_and_the_winner_is_flagged() -> None:
+    a = AuctionRecord(auction_id="a1", instance_id="i", winner="n2", load=0.2, bids=[
+        NodeBid(node_id="n3", load=0.9, strategy="binpack"),
+        NodeBid(node_id="n2", load=0.2, strategy="spread"),
+        NodeBid(node_id="n1", load=0.45, strategy="least-loaded")],
+        declines=[NodeDecline(node_id="n5", reason=Reason.NO_ROOM_CPU, detail="6.0"),
+                  NodeDecline(node_id="n4", reason=Reason.DRAINING)],
+        silent=["n7", "n6"])
+    v = views.auction(a)
+    assert [b["node_id"] for b in v["bids"]] == ["n2", "n1", "n3"]
+    assert [b["winner"] for b in v["bids"]] == [True, False, False]
+    assert not any(b["tied"] for b in v["bids"])
+    assert v["bids"][2]["share"] == 1.0 and 0 < v["bids"][0]["share"] < 1
+    assert v["decided_by"] == "lowest load"
+    assert [(d["node_id"], d["text"]) for d in v["declines"]] == [
+        ("n4", "draining"), ("n5", "no room for 6.0 cpu")]
+    assert v["silent"] == ["n6", "n7"]
+
+
+def test_a_tie_says_the_node_id_decided_and_marks_who_tied() -> None:
+    a = AuctionRecord(auction_id="a1", instance_id="i", winner="a", load=0.5, tie_broken=True,
+                      bids=[NodeBid(node_id="b", load=0.5), NodeBid(node_id="a", load=0.5),
+                            NodeBid(node_id="c", load=0.7)])
+    v = views.auction(a)
+    assert [(b["node_id"], b["winner"], b["tied"]) for b in v["bids"]] == [
+        ("a", True, False), ("b", False, True), ("c", False, False)]
+    assert "tie broken on node id" in v["decided_by"]
+
+
+def test_an_auction_nobody_won_has_no_winner_and_says_why() -> None:
+    a = AuctionRecord(auction_id="a1", instance_id="i", reason=Reason.ALL_FULL,
+                      summary="0/2 nodes bid: 2 no room for 9.0 cpu", declines=[
+                          NodeDecline(node_id="x", reason=Reason.NO_ROOM_CPU, detail="9.0")])
+    v = views.auction(a)
+    assert v["winner"] == "" and v["decided_by"] == "" and v["bids"] == []
+    assert v["summary"].startswith("0/2 nodes bid")
+
+
+def test_the_overview_lists_running_work_first_and_counts_everything() -> None:
+    ended = [InstanceStatus(instance_id=f"old-{k}", name="old", state="succeeded")
+             for k in range(views.INSTANCES_SHOWN)]
+    live = [InstanceStatus(instance_id="new", name="new", state="running", node_id="n1")]
+    o = views.overview(nodes=[NodeStatus(node_id="n2", health="healthy"),
+                              NodeStatus(node_id="n1", health="healthy")],
+                       instances=ended + live, services=None)
+    assert [n["node_id"] for n in o["nodes"]] == ["n1", "n2"]
+    assert o["instances"][0]["instance_id"] == "new"
+    assert len(o["instances"]) == views.INSTANCES_SHOWN
+    assert o["instances_total"] == views.INSTANCES_SHOWN + 1
+    assert o["counts"] == {"running": 1, "succeeded": views.INSTANCES_SHOWN}
+    assert o["services"] is None  # no service verbs: the page says nothing of services
+    assert views.overview(nodes=[], instances=[], services=[])["services"] == []
+
+
+def test_an_event_reads_as_one_line() -> None:
+    summary = "0/3 nodes bid: 3 missing label gpu=true"
+    e = views.event(Event(instance_id="i", type="unschedulable", reason=Reason.MISSING_LABEL,
+                          detail=summary, at=1.0))
+    assert e["text"] == summary and "kind" not in e and e["instance_id"] == "i"
+    e = views.event(Event(instance_id="i", type="failed", reason=Reason.EXITED_NONZERO,
+                          detail="exit 3"))
+    assert e["text"] == f"{Reason.EXITED_NONZERO}: exit 3"
+    assert views.event(Event(instance_id="i", type="running", detail="pid 7"))["text"] == \
+        "pid 7"
