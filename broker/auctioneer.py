@@ -36,6 +36,17 @@ Rules:
    (`broker.ha`) has asked every node for a heartbeat and gives them that long to answer,
    rather than find its queued work "unschedulable: no nodes connected" in its first pass.
    The first heartbeat ends the wait.
+10. A sampled auction asks d nodes per request of each shape among the healthy nodes that
+    could ever take it - its hard labels, not draining, its total capacity
+    (`shared.candidates`) - or all of them when there are no more: d random nodes of a fleet
+    where few carry a label would mostly decline, and the request fail a round it could have
+    won. A request no node could ever take is decided at once with the declines the nodes
+    would have sent.
+11. A request the d sampled nodes could not place is asked again at once of every node that
+    could take it, before it is declared unschedulable: two busy nodes say little about a
+    fleet, and waiting a heartbeat interval for another two is how a big request starves.
+    The last winner of each shape is asked beside the sampled nodes (`shared.candidates`
+    rule 3).
 """
 
 from __future__ import annotations
@@ -58,15 +69,18 @@ from gavel.broker.ledger.plan import View, place, unschedulable
 from gavel.shared import subjects
 from gavel.shared.auction import Auction, Awarded, Decision, Unschedulable, Verdict
 from gavel.shared.award import NodeDecline
+from gavel.shared.candidates import Candidates
 from gavel.shared.lifecycle import PENDING
 from gavel.shared.messages import (
     Award,
+    Bid,
     BidReply,
     Capacity,
     Decline,
     EventType,
     InstanceState,
     Request,
+    Shape,
 )
 from gavel.shared.reasons import Reason, render
 from gavel.shared.records import AuctionRecord, BatchRecord, Outcome, ShapeRecord, auction_trailer
@@ -98,6 +112,10 @@ class Auctioneer:
         #: How long waiting work may wait for a fuller batch (rule 4).
         self.batch_wait_s = batch_wait_s
         self.rng = rng or random.Random()
+        #: Which nodes could ever take which shape, fed by every heartbeat (rule 10), and
+        #: the last winner per shape key, asked beside the sampled nodes.
+        self.candidates = Candidates()
+        self.last_winner: dict[object, str] = {}
         self._guard = Guard("bid reply", BidReply, ctx.rejects, node=subjects.node_of,
                             foreign="bid", door=Door(ctx.rejects, subjects.BIDS_ALL))
         #: Instances whose pinned-deployment error was reported (once each).
@@ -108,6 +126,9 @@ class Auctioneer:
         #: answers that came too late for theirs or from a node not yet heard (rule 6).
         self._broadcast: set[str] = set()
         self._closed: dict[str, tuple[AbstractSet[str], AbstractSet[str] | None]] = {}
+        #: Sampled auctions that asked some shape's candidates in part: the keys of those
+        #: shapes, the auction's candidates and excluded nodes, for the wider ask (rule 11).
+        self._partial: dict[str, tuple[frozenset[object], list[str], AbstractSet[str]]] = {}
         self.late_total = 0
         self.inflight: set[str] = set()
         self.reserved: dict[str, Capacity] = {}
@@ -176,6 +197,9 @@ class Auctioneer:
             return
         if state.unusable_nodes:  # a node.json we cannot read: that node wins nothing
             eligible = [n for n in eligible if n not in state.unusable_nodes]
+        if self.sample_d is not None:  # rule 10: the index asks only nodes that could fit
+            self.candidates.live(eligible)
+            self.candidates.drained(state.draining)
         groups: dict[tuple[str, ...], list[Request]] = {}
         for r in pending:
             groups.setdefault(tuple(r.excluded), []).append(
@@ -186,7 +210,7 @@ class Auctioneer:
             for i in range(0, len(requests), self.batch_max):
                 if room <= 0:
                     return  # what is left has waited already: it goes when room frees
-                self.open(requests[i:i + self.batch_max], candidates, now)
+                self.open(requests[i:i + self.batch_max], candidates, now, set(excluded))
                 room -= 1
         self.waiting_since = None
 
@@ -195,17 +219,37 @@ class Auctioneer:
                 or self._wait_timer.when() <= asyncio.get_running_loop().time():
             self._wait_timer = asyncio.get_running_loop().call_later(delay, self.ctx.wake)
 
-    def open(self, requests: list[Request], candidates: list[str], now: float) -> None:
-        """One auction: broadcast to every candidate, or — with sampling on and a cluster
-        larger than d per request — to d·len(requests) sampled nodes (Sparrow's batch
-        sampling), each addressed on its own subject."""
+    def open(self, requests: list[Request], candidates: list[str], now: float,
+             excluded: AbstractSet[str] = frozenset(), wide: bool = False) -> None:
+        """One auction: broadcast to every candidate, or - with sampling on - to d nodes per
+        request of each shape among the nodes that could ever take it (rule 10), each
+        addressed on its own subject; when those are all the candidates, a broadcast.
+        `wide`: every node that could take each request (rule 11)."""
         ctx = self.ctx
         aid = uuid.uuid4().hex[:12]
         deadline = ctx.timing.bid_deadline_s
         d = self.sample_d
-        sampled = d is not None and len(candidates) > d * len(requests)
-        if sampled:
-            candidates = sorted(self.rng.sample(candidates, (d or 1) * len(requests)))
+        sampled = False
+        if d is not None:
+            shapes, counts = _shapes(requests)
+            if wide:
+                d = len(self.candidates) + 1
+            draw = self.candidates.draw(shapes, counts, d, self.rng, excluded,
+                                        self.last_winner)
+            if draw.hopeless:
+                keys = {shapes[i].key() for i in draw.hopeless}
+                self._refuse([r for r in requests if r.key() in keys], now)
+                requests = [r for r in requests if r.key() not in keys]
+                if not requests:
+                    return
+            sampled = not (all(draw.whole) and len(draw.asked) == len(candidates)
+                           and set(draw.asked) == set(candidates))
+            if not all(draw.whole):
+                self._partial[aid] = (frozenset(shapes[i].key() for i, w in
+                                                enumerate(draw.whole) if not w),
+                                      candidates, excluded)
+            if sampled:
+                candidates = draw.asked
         auction = Auction(aid, requests, candidates, now, deadline)
         self.auctions[aid] = auction
         if not sampled:
@@ -223,6 +267,26 @@ class Auctioneer:
             ctx.outbox.publish_raw(subjects.RFB, payload)
         ctx.outbox.flush()  # the round is being timed: its RFBs do not wait for the sender
         asyncio.get_running_loop().call_later(deadline, self._deadline, aid)
+
+    def _refuse(self, requests: list[Request], now: float) -> None:
+        """Rule 9: requests no live node could ever take are decided at once, each node
+        declining as it would (from what its heartbeats say it is); nothing is sent."""
+        aid = uuid.uuid4().hex[:12]
+        index = self.candidates
+        nodes = index.asked()
+        auction = Auction(aid, requests, nodes, now, self.ctx.timing.bid_deadline_s)
+        shapes = auction.shapes
+        for node in nodes:
+            answers: list[Bid | Decline] = []
+            for i, shape in enumerate(shapes):
+                why = index.refusal(node, shape)
+                assert why is not None, "a hopeless shape has no candidate"
+                answers.append(Decline(shape=i, reason=why.reason, detail=why.detail))
+            auction.receive(BidReply(auction_id=aid, node_id=node, answers=answers), now)
+        self.auctions[aid] = auction
+        self.auctions_total += 1
+        self.inflight.update(r.instance_id for r in requests)
+        self.close(auction)
 
     def _deadline(self, aid: str) -> None:
         auction = self.auctions.get(aid)
@@ -296,6 +360,15 @@ class Auctioneer:
                                        labels=labels)
         else:
             decisions = auction.decide(now, self.free(auction.eligible))
+        wider: list[Request] = []
+        partial = self._partial.pop(aid, None)
+        if partial is not None:  # rule 11: what d nodes could not place, every candidate may
+            keys = partial[0]
+            wider = [d.request for d in decisions
+                     if isinstance(d, Unschedulable) and d.request.key() in keys]
+            if wider:
+                again = {r.instance_id for r in wider}
+                decisions = [d for d in decisions if d.request.instance_id not in again]
         round_s = now - auction.opened_at
         self.round_times.append(round_s)
         m = self.ctx.metrics
@@ -309,6 +382,8 @@ class Auctioneer:
             m.bids.labels(strategy=strategy).inc(n)
         for reason, n in auction.decline_counts().items():
             m.declines.labels(reason=reason).inc(n)
+        if self.sample_d is not None:
+            self._remember_winners(auction, decisions)
         for d in decisions:
             if isinstance(d, Awarded):
                 self._reserve(d.winner.node_id, d.request, +1)
@@ -317,14 +392,30 @@ class Auctioneer:
                 self.ctx.events.emit(d.request.instance_id, EventType.SCHEDULED,
                             node_id=d.winner.node_id,
                             detail=f"load {d.winner.load:.3f} ({d.winner.strategy})")
-        self.ctx.committer.submit(Item(
-            plan=lambda view: self._plan(view, auction, decisions, round_s),
-            failed=lambda reason, detail: self._failed(decisions, reason, detail),
-            retry=False))
+        if decisions:
+            self.ctx.committer.submit(Item(
+                plan=lambda view: self._plan(view, auction, decisions, round_s),
+                failed=lambda reason, detail: self._failed(decisions, reason, detail),
+                retry=False))
+        if wider:  # still in flight: asked again at once, of every node that could take them
+            self.open(wider, partial[1] if partial else [], now, partial[2] if partial
+                      else frozenset(), wide=True)
         if self._opening:  # closed as it opened: the pass under way counted it; the next
             self.ctx.wake()  # pass has its room
         else:  # the next round goes out now, not after the loop's other work (rule 5)
             self.reconcile(now)
+
+    def _remember_winners(self, auction: Auction, decisions: list[Decision]) -> None:
+        """The last winner of each shape, asked in its next sampled round (rule 11)."""
+        won: dict[int, str] = {}
+        for d, s in zip(decisions, _shapes_of(auction, decisions), strict=True):
+            if isinstance(d, Awarded):
+                won[s] = d.winner.node_id
+        if won and len(self.last_winner) > RECENT_KEPT:
+            self.last_winner.clear()  # shapes are few; a flood of distinct ones starts again
+        shapes = auction.shapes
+        for s, node in won.items():
+            self.last_winner[shapes[s].key()] = node
 
     def _spread_of(self, groups: Iterable[str]
                    ) -> tuple[dict[str, dict[str, int]], dict[str, dict[str, str]]]:
@@ -348,7 +439,7 @@ class Auctioneer:
         out = Planned(lines=[])
         outcomes: list[Outcome] = []
         aid = auction.auction_id
-        for d, shape in zip(decisions, auction.shape_of, strict=True):
+        for d, shape in zip(decisions, _shapes_of(auction, decisions), strict=True):
             iid = d.request.instance_id
             if isinstance(d, Awarded):
                 hb = self.ctx.liveness.heartbeats.get(d.winner.node_id)
@@ -459,6 +550,35 @@ class Auctioneer:
         return state
 
 
+def _shapes(requests: list[Request]) -> tuple[list[Shape], list[int]]:
+    """The distinct shapes of `requests` (first seen first) and how many ask for each."""
+    if not requests:
+        return [], []
+    first = requests[0]
+    if all(r.cpu == first.cpu and r.memory_mb == first.memory_mb and r.ports == first.ports
+           and r.labels == first.labels for r in requests):  # the common batch: one shape
+        return [first], [len(requests)]
+    index: dict[object, int] = {}
+    shapes: list[Shape] = []
+    counts: list[int] = []
+    for r in requests:
+        i = index.setdefault(r.key(), len(shapes))
+        if i == len(shapes):
+            shapes.append(r)
+            counts.append(0)
+        counts[i] += 1
+    return shapes, counts
+
+
+def _shapes_of(auction: Auction, decisions: list[Decision]) -> list[int]:
+    """Each decision's shape index: all the auction's requests, or those left after some were
+    asked again of every candidate (rule 11)."""
+    if len(decisions) == len(auction.requests):
+        return auction.shape_of
+    index = {r.instance_id: s for r, s in zip(auction.requests, auction.shape_of, strict=True)}
+    return [index[d.request.instance_id] for d in decisions]
+
+
 def _late(node: str, answered: AbstractSet[str], asked: AbstractSet[str] | None) -> bool:
     """Rule 6: an answer that came too late for its auction, from a node that had not
     answered it and that it asked (`asked` None: a broadcast asks every node)."""
@@ -481,11 +601,11 @@ def _batch_record(auction: Auction, decisions: list[Decision],
     """One trailer for the auction: each shape's bids once (from the last decision made
     for it, whose declines include any node that ran out of room during the batch)."""
     last: dict[int, Decision] = {}
-    for d, s in zip(decisions, auction.shape_of, strict=True):
+    for d, s in zip(decisions, _shapes_of(auction, decisions), strict=True):
         last[s] = d
     shapes = [ShapeRecord(shape=shape, bids=list(last[i].bids),
                           declines=list(last[i].declines), silent=list(last[i].silent))
-              for i, shape in enumerate(auction.shapes)]
+              for i, shape in enumerate(auction.shapes) if i in last]
     return BatchRecord(auction_id=auction.auction_id, shapes=shapes, outcomes=outcomes)
 
 

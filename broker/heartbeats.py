@@ -9,9 +9,10 @@ Rules:
 2. Then the guard (it decodes, and names its subject's node), then what cannot be true
    (a node id unusable as a subject token or a git path, a capacity that is not a finite
    amount, a port range outside 1-65535).
-3. What passes is the node's word: liveness records it, the instances it lists confirm
-   their placements, ports it reports free are unblocked, and a node that comes (back) up
-   makes waiting work worth another auction.
+3. What passes is the node's word: liveness records it, the candidate index learns its
+   labels, total capacity and drain (`shared.candidates`: whom a sampled auction may ask),
+   the instances it lists confirm their placements, ports it reports free are unblocked,
+   and a node that comes (back) up makes waiting work worth another auction.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from gavel.broker.context import Context
 from gavel.broker.promises import Promises
 from gavel.shared import subjects
 from gavel.shared.bounds import HeartbeatBound, heartbeat_bound
+from gavel.shared.candidates import Candidates
 from gavel.shared.health import Health
 from gavel.shared.messages import Heartbeat
 from gavel.transport.inbound import Door, Guard, Received
@@ -36,10 +38,12 @@ TOO_MANY = "heartbeat listing more instances than its node could hold"
 
 class Heartbeats:
     def __init__(self, ctx: Context, promises: Promises,
-                 capacity_freed: Callable[[], None]) -> None:
+                 capacity_freed: Callable[[], None],
+                 candidates: Candidates | None = None) -> None:
         self.ctx = ctx
         self.promises = promises
         self.capacity_freed = capacity_freed
+        self.candidates = candidates
         self._door = Door(ctx.rejects, subjects.HEARTBEAT_ALL)
         self._guard = Guard("heartbeat", Heartbeat, ctx.rejects, node=subjects.node_of)
         #: Node -> the most instances and ports git has placed on it since this broker
@@ -83,6 +87,8 @@ class Heartbeats:
         if last is not None and hb.seq < last.seq:  # its agent started again: counts anew
             self.promises.node_restarted(hb.node_id)
         before = ctx.liveness.record(hb, ctx.now())
+        if self.candidates is not None:
+            self.candidates.update(hb.node_id, hb.labels, hb.capacity, hb.draining)
         self.promises.heartbeat_lists(hb.node_id, hb.instances, hb.reported)
         if hb.freed_ports:
             self.promises.ports_freed(hb.node_id, hb.freed_ports)

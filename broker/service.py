@@ -189,7 +189,8 @@ class Broker:
                        secrets=self.secrets, ended_max=ended_max)
         if not self.ha:  # a leadership's view is attached as it starts (`start`)
             self._attach_metrics()
-        self.heartbeats = Heartbeats(ctx, self.promises, self.auctioneer.capacity_freed)
+        self.heartbeats = Heartbeats(ctx, self.promises, self.auctioneer.capacity_freed,
+                                     self.auctioneer.candidates)
         #: Rule 7: why and since when the broker cannot hear.
         self.deafness = Deafness()
         self.feed = HeartbeatStream(timing=timing, deliver=self._on_heartbeat,

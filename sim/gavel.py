@@ -1,8 +1,11 @@
 """gavel's own placement: every node bids through its strategy, the real auction awards.
 
 Rules:
-1. Broadcast asks every eligible node; sample asks d random eligible nodes. Failed nodes
-   stay eligible until liveness marks them unreachable, and say nothing meanwhile.
+1. Broadcast asks every eligible node; sample asks d random eligible nodes among those that
+   could ever take the request, through the broker's own index (`shared.candidates`): a
+   shape no node could take is unschedulable without a round. Failed nodes stay eligible
+   until liveness marks them unreachable, and say nothing meanwhile. The central baselines
+   (``omniscient=True``) sample blind: power-of-d is d of all live nodes.
 2. The fast broadcast path reads the order book (`sim.book`): it walks the ranked bids from
    the best, skipping replies the network lost (`sim.network`, rule 1), until it has the
    winner and knows whether the next bid ties it; then it runs the real `Auction` on those
@@ -12,6 +15,10 @@ Rules:
    all to the `Auction`: same winners, ties and reasons — a test holds the two to that.
 3. ``omniscient=True`` is the central scheduler on fresh state: only live nodes are asked,
    nothing is lost, no time passes.
+4. The broker's two refinements of power-of-d, on by default and switched off to measure
+   plain sampling: ``retry_all`` asks every candidate when the d sampled nodes place nothing
+   (a second round, its time added), ``sticky`` asks the last winner of the shape beside the
+   d drawn nodes (`shared.candidates` rule 3).
 """
 
 from __future__ import annotations
@@ -22,11 +29,12 @@ from collections.abc import Mapping
 import numpy as np
 
 from gavel.shared.auction import Awarded, Decision
+from gavel.shared.candidates import Candidates
 from gavel.shared.strategies import Strategy, answer
 from gavel.sim.book import REASONS
 from gavel.sim.cluster import Cluster
 from gavel.sim.network import NetworkModel
-from gavel.sim.placer import Outcome, Placer
+from gavel.sim.placer import Outcome, Placer, Why
 from gavel.sim.rounds import Answer, run_round
 from gavel.sim.workload import Catalogue
 
@@ -37,7 +45,8 @@ class GavelPlacer(Placer):
     def __init__(self, name: str, cluster: Cluster, catalogue: Catalogue,
                  strategies: list[Strategy], labels: list[str], *, network: NetworkModel,
                  rng: random.Random, mode: str = "broadcast", d: int = 2,
-                 omniscient: bool = False, naive: bool = False) -> None:
+                 omniscient: bool = False, naive: bool = False, retry_all: bool = True,
+                 sticky: bool = True) -> None:
         super().__init__(name, cluster, catalogue, strategies, labels)
         self.net = network
         self.rng = rng
@@ -45,6 +54,23 @@ class GavelPlacer(Placer):
         self.d = d
         self.omniscient = omniscient
         self.naive = naive
+        #: The nodes that could ever take each shape (rule 1), None when sampling blind.
+        self.index = Candidates() if mode == "sample" and not omniscient else None
+        self.retry_all = retry_all
+        self.sticky = sticky
+        #: The last winner of a sampled round per shape key (rule 4).
+        self.last_winner: dict[object, str] = {}
+
+    def changed(self, idx: int, why: str) -> None:
+        super().changed(idx, why)
+        index = self.index
+        if index is None:
+            return
+        node = self.cluster.nodes[idx]
+        if why in (Why.JOIN, Why.DRAIN):
+            index.update(node.node_id, node.labels, node.capacity, node.draining)
+        elif why == Why.UNREACHABLE:
+            index.remove(node.node_id)
 
     def place(self, shape: int, now: float) -> Outcome:
         no = self.next_round()
@@ -126,8 +152,17 @@ class GavelPlacer(Placer):
     # -- rule 1, sampling --------------------------------------------------------------------
     def _sample(self, no: int, shape: int, now: float) -> Outcome:
         book = self.books[shape]
-        asked = self.cluster.alive if self.omniscient else self.cluster.eligible
-        picks = asked.sample(self.rng, self.d)
+        index = self.index
+        if index is None:
+            asked = self.cluster.alive if self.omniscient else self.cluster.eligible
+            picks = asked.sample(self.rng, self.d)
+        else:
+            draw = index.draw([book.request], [1], self.d, self.rng,
+                              last=self.last_winner if self.sticky else None)
+            if draw.hopeless:  # no node could ever take it: no round (rule 1)
+                return self.unschedulable(shape, now, False, self.net.deadline)
+            by_id = self.cluster.by_id
+            picks = [by_id[n] for n in draw.asked]
         nodes = self.cluster.nodes
         lossy = self.net.lossy and not self.omniscient
         replies: list[tuple[str, Answer]] = []
@@ -147,6 +182,13 @@ class GavelPlacer(Placer):
         latency = 0.0 if self.omniscient else self.net.round_s(answering, bool(silent))
         decision = run_round(f"{self.name}-{no}", book.request, replies, silent, now,
                              self.net.deadline, now + latency)
+        if isinstance(decision, Awarded):
+            self.last_winner[book.request.key()] = decision.winner.node_id
+        elif self.retry_all and index is not None and not draw.whole[0]:
+            # rule 4: every candidate, in a second round (those that cannot fit decline)
+            second = self._naive(self.next_round(), shape, now + latency) if self.naive \
+                else self._broadcast(self.next_round(), shape, now + latency)
+            return second._replace(latency=latency + second.latency)
         return self._outcome(decision, latency, None)
 
     def _outcome(self, decision: Decision, latency: float, expected: int | None) -> Outcome:

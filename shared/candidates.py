@@ -1,0 +1,202 @@
+"""Which nodes a sampled auction may ask: only those that could ever take the request.
+
+Rules:
+1. A node can possibly take a shape when it carries the shape's hard labels, is not
+   draining, and its total capacity (cpu, memory, ports - what its heartbeats say it has, not
+   what is free now) holds the shape: `shared.feasibility.check` against an empty node, the
+   one fit check in its fixed order. A node that is merely full now stays a candidate: its
+   room may be back by the time it answers, and its decline says so.
+2. The index is told of every change (`update` as a node is heard or changes, `remove` as it
+   leaves, `live` for the nodes that may be asked now, `drained` for the drains git records);
+   a change that changes nothing costs a comparison. The nodes that can take a shape are
+   derived once per shape and kept until the next real change, so an auction costs a
+   dictionary look-up and the draw, never a pass over every node.
+3. `draw` asks, per shape, d nodes for each of its requests among that shape's candidates
+   (Sparrow's batch sampling, d·m for m requests of one shape), or all of them when there
+   are no more than that; the nodes are drawn from the sorted candidates with the injected
+   `random.Random`, so the same index and seed ask the same nodes. The last winner of a
+   shape, when it is still a candidate, is asked beside them: it was the best of the last
+   round, and one node more is cheap next to a round lost to two busy ones.
+4. A shape no node can take is hopeless: `refusals` gives the decline each live node would
+   send for it, so the request is unschedulable at once, for the reason the nodes would give.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Mapping, Sequence
+from collections.abc import Set as AbstractSet
+from typing import NamedTuple
+
+from gavel.shared.feasibility import NodeView, Refusal, check
+from gavel.shared.messages import Capacity, Shape
+
+__all__ = ["Candidates", "Draw"]
+
+#: Shapes whose candidates are kept at once; past it the cache starts again (shapes are few).
+SHAPES_KEPT = 4096
+
+
+class Draw(NamedTuple):
+    #: The nodes to ask, sorted and distinct.
+    asked: list[str]
+    #: Per shape drawn for: True when its candidates were all asked (no more than d·m).
+    whole: list[bool]
+    #: Indexes of the shapes no live node can ever take (rule 4).
+    hopeless: list[int]
+
+
+class Candidates:
+    def __init__(self) -> None:
+        #: Each node as an empty node of its total capacity: what `check` is asked (rule 1).
+        self._views: dict[str, NodeView] = {}
+        self._draining: dict[str, bool] = {}
+        self._drained: frozenset[str] = frozenset()
+        #: The nodes that may be asked now (None: every node the index knows).
+        self._live: frozenset[str] | None = None
+        self._live_seen: Sequence[str] | None = None
+        self._members: list[str] | None = None
+        self._pools: dict[object, list[str]] = {}
+        #: Real changes so far (a test and the simulator can tell a rebuild from a hit).
+        self.version = 0
+
+    def __len__(self) -> int:
+        return len(self._views)
+
+    # -- changes (rule 2) ----------------------------------------------------------------
+    def update(self, node_id: str, labels: Mapping[str, str], capacity: Capacity,
+               draining: bool = False) -> None:
+        """The node as its last heartbeat describes it (its total capacity, not its free)."""
+        view = self._views.get(node_id)
+        if view is not None and self._draining[node_id] == draining \
+                and view.labels == labels and _same(view.capacity, capacity):
+            return
+        self._views[node_id] = NodeView(node_id=node_id, capacity=capacity.copy(),
+                                        labels=dict(labels))
+        self._draining[node_id] = draining
+        self._changed(membership=view is None)
+
+    def remove(self, node_id: str) -> None:
+        if self._views.pop(node_id, None) is not None:
+            del self._draining[node_id]
+            self._changed(membership=True)
+
+    def drained(self, nodes: AbstractSet[str]) -> None:
+        """The nodes git records as draining (a node may not know yet)."""
+        if nodes != self._drained:
+            self._drained = frozenset(nodes)
+            self._changed()
+
+    def live(self, nodes: Sequence[str]) -> None:
+        """The nodes that may be asked now (the same list again costs nothing)."""
+        if nodes is self._live_seen:
+            return
+        self._live_seen = nodes
+        live = frozenset(nodes)
+        if live != self._live:
+            self._live = live
+            self._changed()
+
+    def _changed(self, membership: bool = False) -> None:
+        self.version += 1
+        self._pools.clear()
+        if membership:
+            self._members = None
+
+    # -- reading ---------------------------------------------------------------------------
+    def _sorted(self) -> list[str]:
+        if self._members is None:
+            self._members = sorted(self._views)
+        return self._members
+
+    def asked(self) -> list[str]:
+        """The live nodes the index knows, sorted."""
+        live = self._live
+        members = self._sorted()
+        return members if live is None else [n for n in members if n in live]
+
+    def refusal(self, node_id: str, shape: Shape) -> Refusal | None:
+        """Why the node can never take `shape` (None: it could; rule 1)."""
+        view = self._views[node_id]
+        if self._draining[node_id] or node_id in self._drained:
+            view = NodeView(node_id=node_id, capacity=view.capacity, labels=view.labels,
+                            draining=True)
+        return check(shape, view)
+
+    def pool(self, shape: Shape) -> list[str]:
+        """The live nodes that can possibly take `shape`, sorted (shared: do not change)."""
+        key = shape.key()
+        got = self._pools.get(key)
+        if got is None:
+            if len(self._pools) >= SHAPES_KEPT:
+                self._pools.clear()
+            got = [n for n in self.asked() if self.refusal(n, shape) is None]
+            self._pools[key] = got
+        return got
+
+    def refusals(self, shape: Shape) -> list[tuple[str, Refusal]]:
+        """Rule 4: each live node's decline for a shape, in node order (its candidates,
+        if it has any, are left out)."""
+        out = []
+        for n in self.asked():
+            why = self.refusal(n, shape)
+            if why is not None:
+                out.append((n, why))
+        return out
+
+    def candidate(self, node_id: str, shape: Shape) -> bool:
+        """Whether a live node the index knows could take `shape`, in O(1)."""
+        live = self._live
+        return node_id in self._views and (live is None or node_id in live) \
+            and self.refusal(node_id, shape) is None
+
+    def draw(self, shapes: Sequence[Shape], counts: Sequence[int], d: int,
+             rng: random.Random, excluded: AbstractSet[str] = frozenset(),
+             last: Mapping[object, str] | None = None) -> Draw:
+        """Rule 3: the nodes to ask for `counts[i]` requests of each `shapes[i]`; a shape's
+        `excluded` candidates are left out unless no other is left (`broker.auctioneer`
+        rule 2); `last`: the last winner per shape key, asked too while a candidate."""
+        if len(shapes) == 1 and not excluded:  # the common batch: one shape, a list will do
+            return self._draw_one(shapes[0], counts[0], d, rng, last)
+        asked: set[str] = set()
+        whole: list[bool] = []
+        hopeless: list[int] = []
+        for i, (shape, m) in enumerate(zip(shapes, counts, strict=True)):
+            pool = self.pool(shape)
+            if excluded:
+                pool = [n for n in pool if n not in excluded] or pool
+            if not pool:
+                hopeless.append(i)
+                whole.append(True)
+                continue
+            k = d * m
+            if len(pool) <= k:
+                asked.update(pool)
+                whole.append(True)
+            else:
+                asked.update(rng.sample(pool, k))
+                whole.append(False)
+                best = last.get(shape.key()) if last else None
+                if best is not None and best not in excluded and self.candidate(best, shape):
+                    asked.add(best)
+        return Draw(sorted(asked), whole, hopeless)
+
+
+    def _draw_one(self, shape: Shape, m: int, d: int, rng: random.Random,
+                  last: Mapping[object, str] | None) -> Draw:
+        """`draw` for one shape and nothing excluded, without a set."""
+        pool = self.pool(shape)
+        if not pool:
+            return Draw([], [True], [0])
+        if len(pool) <= d * m:
+            return Draw(list(pool), [True], [])
+        asked = rng.sample(pool, d * m)
+        best = last.get(shape.key()) if last else None
+        if best is not None and best not in asked and self.candidate(best, shape):
+            asked.append(best)
+        asked.sort()
+        return Draw(asked, [False], [])
+
+
+def _same(a: Capacity, b: Capacity) -> bool:
+    return a.cpu == b.cpu and a.memory_mb == b.memory_mb and a.ports == b.ports
