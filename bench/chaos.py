@@ -294,15 +294,26 @@ class Chaos:
 
     async def _freeze(self, f: Fault) -> None:
         """SIGSTOP past the offline threshold; at SIGCONT, what the node holds but git has
-        moved away must stop — the worker learns it from its node.json in KV."""
+        moved away must stop — the worker learns it from its node.json in KV. The node
+        frozen is one the broker counts healthy and that runs something (waited for a few
+        heartbeats: a broker just restarted may not know every node yet), and it stays
+        frozen past its planned hold until what it runs has been re-placed (bounded), so
+        each freeze tests a move and the rejoin after it."""
         c = self.cluster
-        node = self._target(f.node)
+        node = await self._freeze_target(f.node)
         if c.workers[node] is None or node in c.frozen:
             return
         self.seen.faults[f.kind] += 1
         self.say(f"worker_freeze: SIGSTOP {node} for {f.hold:.1f}s")
         c.freeze(node)
+        held = held_by(self.root / "workers" / node)
         await asyncio.sleep(max(0.0, f.hold - TIMING.heartbeat_s))
+        deadline = time.monotonic() + TIMING.offline_s
+        while held and time.monotonic() < deadline:
+            where = self.ledger.state().where
+            if all(where.get(i) != node for i in held):
+                break
+            await asyncio.sleep(0.25)
         offline = await self._health(node)
         await asyncio.sleep(min(f.hold, TIMING.heartbeat_s))
         held = held_by(self.root / "workers" / node)
@@ -316,19 +327,37 @@ class Chaos:
         self.seen.freezes.append(freeze)
         self._spawn(self._tasks, self._watch_fencing(freeze))
 
-    def _target(self, seeded: str) -> str:
-        """The seeded node if git places something on it, else the node holding the most
-        (ties: the nodes after the seeded one first), so a kill has something to re-adopt
-        and a freeze something to move away and stop. A node the other lane holds (frozen,
-        or down) is never the target while another is free (`chaosplan` rule 2)."""
+    async def _freeze_target(self, seeded: str) -> str:
+        """The node running the most that the broker counts healthy, waited for at most a
+        few heartbeats; else `_target`'s pick."""
+        c = self.cluster
+        deadline = time.monotonic() + 5 * TIMING.heartbeat_s
+        while time.monotonic() < deadline:
+            try:
+                reply = await call(self.nc, "nodes", NodesRequest(), NodesReply, timeout=2.0)
+                healthy = {n.node_id for n in reply.nodes if n.health == "healthy"}
+            except Exception:
+                healthy = set()
+            runs = {n: len(held_by(self.root / "workers" / n)) for n in c.nodes
+                    if n in healthy and c.workers[n] is not None and n not in c.frozen}
+            if any(runs.values()):
+                return max(runs, key=lambda n: (runs[n], n == seeded))
+            await asyncio.sleep(0.25)
+        return self._target(seeded, most=True)
+
+    def _target(self, seeded: str, most: bool = False) -> str:
+        """The seeded node if it runs something (its agent.json; unless `most`: a freeze),
+        else the node running the most (ties: the nodes after the seeded one first), so a kill has
+        something to re-adopt and a freeze the most to move away and stop. A node the other
+        lane holds (frozen, or down) is never the target while another is free
+        (`chaosplan` rule 2)."""
         c = self.cluster
         nodes = c.nodes
         k = nodes.index(seeded)
         order = [n for n in nodes[k:] + nodes[:k]
                  if c.workers[n] is not None and n not in c.frozen] or nodes[k:] + nodes[:k]
-        st = self.ledger.state()
-        counts = {n: len(st.nodes[n].instances) if n in st.nodes else 0 for n in order}
-        if counts.get(seeded):
+        counts = {n: len(held_by(self.root / "workers" / n)) for n in order}
+        if counts.get(seeded) and not most:
             return seeded
         return max(order, key=lambda n: (counts[n], -order.index(n)))
 

@@ -137,6 +137,9 @@ def schedule(seed: int, duration: float, nodes: Sequence[str], timing: Timing = 
     rng = random.Random(f"gavel-chaos/faults/{seed}")
     cluster = [k for k in CLUSTER_LANE for _ in range(need.get(k, 0))]
     rng.shuffle(cluster)
+    if cluster and cluster[0] == "worker_freeze":  # something placed by then, to move away
+        k = next((i for i, kind in enumerate(cluster) if kind != "worker_freeze"), 0)
+        cluster[0], cluster[k] = cluster[k], cluster[0]
     kills = need.get("worker_kill", 0)
     long = set(rng.sample(range(kills), _long_kills(kills))) if kills else set()
     out = _lane(rng, cluster, ("broker_kill", "nats_restart", "worker_freeze"), (3, 2, 1),
