@@ -16,9 +16,13 @@ Rules:
 3. The fleet has room for what is submitted even then: `room` sizes each node so the
    sleepers fit, twice over, on the nodes left when one is frozen and one is down. Work the
    broker still leaves unschedulable for want of room is counted on its own, never as lost.
-4. The specs pick their restart policy deliberately: none in place. A sleeper never exits
+4. The specs pick their policies deliberately. No restart in place: a sleeper never exits
    under chaos (a worker's kill -9 leaves its children running), a blip exits 0; any other
    exit is a finding, handed back to the broker and seen, never hidden by a quiet restart.
+   And the most placements a spec may have (`Spec.attempts`, 100): a sleeper lives through
+   every node outage of the run, and each one past offline spends a placement; with the
+   default budget the broker would end it `lost` for attempts spent on faults the run
+   injected, not on anything the workload did.
 """
 
 from __future__ import annotations
@@ -48,10 +52,11 @@ DURATION = 420.0
 FULL: Mapping[str, int] = {"broker_kill": 20, "nats_restart": 5, "worker_kill": 50,
                            "worker_freeze": 4}
 _NO_RESTART = Restart(attempts=0)
+_PLACEMENTS = 100  # the most `Spec.attempts` allows (rule 4)
 SLEEPER = Spec(name="sleeper", command=["sleep", "3600"], cpu=0.05, memory_mb=16,
-               restart=_NO_RESTART)
+               attempts=_PLACEMENTS, restart=_NO_RESTART)
 BLIP = Spec(name="blip", command=["sh", "-c", "exit 0"], cpu=0.05, memory_mb=16,
-            restart=_NO_RESTART)
+            attempts=_PLACEMENTS, restart=_NO_RESTART)
 #: Of the worker kills, one in this many stays down past offline (re-placed, then fenced).
 _LONG_KILL_EVERY = 5
 
@@ -142,7 +147,7 @@ def schedule(seed: int, duration: float, nodes: Sequence[str], timing: Timing = 
         cluster[0], cluster[k] = cluster[k], cluster[0]
     kills = need.get("worker_kill", 0)
     long = set(rng.sample(range(kills), _long_kills(kills))) if kills else set()
-    out = _lane(rng, cluster, ("broker_kill", "nats_restart", "worker_freeze"), (3, 2, 1),
+    out = _lane(rng, cluster, ("broker_kill", "nats_restart", "worker_freeze"), (1, 1, 1),
                 "cluster", duration, nodes, timing, overlap)
     kill_plan = ["long_kill" if i in long else "worker_kill" for i in range(kills)]
     out += _lane(rng, kill_plan, ("worker_kill", "long_kill"), (_LONG_KILL_EVERY - 1, 1),

@@ -92,11 +92,17 @@ def test_the_fleet_has_room_for_every_sleeper_with_two_nodes_out(seed: int) -> N
     assert left * r.memory_mb >= 2 * sleepers * SLEEPER.memory_mb
 
 
-def test_the_specs_restart_nothing_in_place() -> None:
+def test_the_specs_restart_nothing_in_place_and_outlive_every_outage() -> None:
     """A sleeper never exits under chaos and a blip exits 0: any other exit is handed back
-    at once, seen by the run, never hidden by a restart on the node."""
+    at once, seen by the run, never hidden by a restart on the node. Their placement budget
+    outlasts every outage the default run injects past offline (each spends one), so no
+    instance is ended `lost` for faults the run itself caused."""
     assert restart_policy(SLEEPER).attempts == 0
     assert restart_policy(BLIP).attempts == 0
+    for seed in SEEDS:
+        outages = [f for f in schedule(seed, DURATION, NODES)
+                   if f.kind.startswith("worker") and f.hold > TIMING.offline_s]
+        assert min(SLEEPER.attempts, BLIP.attempts) > len(outages), seed
 
 
 @pytest.mark.parametrize("duration", [40.0, DURATION])
