@@ -2,8 +2,12 @@
 cancel, drain and migration.
 
 Rules:
-1. A worker's report counts only for an instance git places on that very node; anything
-   else is counted and dropped (a fenced or impersonating node changes nothing).
+1. A worker's report counts only for an instance git places on that very node, and only for
+   the attempt placed there: anything else is counted and dropped (a fenced or
+   impersonating node changes nothing, and neither does the late end of an earlier attempt
+   on the same node - a copy the broker gave up on, stopping after the instance was placed
+   there again - which would otherwise end the attempt that runs now). A report that names
+   no attempt (0) is taken as the current one's.
 2. Every change goes through a plan (compare-and-swap on the instance's state) and the
    group committer: a late event racing an expiry resolves to exactly one of them.
 3. Only failures that could succeed elsewhere (driver failed to start, its node restarted it
@@ -53,6 +57,7 @@ from gavel.shared.messages import (
     InstanceState,
 )
 from gavel.shared.reasons import Reason
+from gavel.shared.records import Assignment
 from gavel.transport.inbound import Door, Guard
 from gavel.transport.wire import Received
 
@@ -107,8 +112,12 @@ class Promises:
         if ev is None:
             return
         node = ev.node_id
-        if ctx.ledger.state().placement_of(ev.instance_id) != node:
+        state = ctx.ledger.state()
+        if state.placement_of(ev.instance_id) != node:
             ctx.rejects.count("event for an instance not placed on that node", msg.subject)
+            return
+        if not _current(ev, state.placement(ev.instance_id)):
+            ctx.rejects.count("event for an earlier attempt of the instance", msg.subject)
             return
         if ev.type not in REPORTED:  # checked before it is recorded or published
             ctx.rejects.count("event of an unknown type", msg.subject)
@@ -137,7 +146,8 @@ class Promises:
             case EventType.FAILED if ev.reason in RETRYABLE:
                 self._submit(lambda v: self._requeue(
                     v, iid, node, Reason(ev.reason), ev.detail, taken=ev.taken,
-                    free=ev.reason == Reason.WORKER_STOPPED))
+                    free=ev.reason == Reason.WORKER_STOPPED) if _current(
+                        ev, v.placement(iid)) else None)
             case EventType.FAILED:
                 self._end(ev, InstanceState.FAILED)
 
@@ -216,6 +226,8 @@ class Promises:
         def plan(view: View) -> Planned | None:
             reason = reported
             rec = view.instance(ev.instance_id)
+            if not _current(ev, view.placement(ev.instance_id)):
+                return None  # placed again since the report was read (rule 1)
             if to is InstanceState.CANCELLED and rec is not None and rec.cancelling \
                     and rec.reason:
                 reason = rec.reason  # rule 5: the cancel's own reason
@@ -408,3 +420,8 @@ class Promises:
                 self.acting.discard(k)
                 return self._requeue(v, i, n, Reason.MIGRATED, free=True, stop=True)
             self._submit(plan)
+
+
+def _current(ev: Event, placement: Assignment | None) -> bool:
+    """The report is of the attempt placed now, or names none (rule 1)."""
+    return not ev.attempt or placement is None or placement.attempt == ev.attempt
