@@ -107,6 +107,8 @@ class Freeze:
     node: str
     moved: list[str]
     offline_seen: bool | None
+    #: Of `moved`, how many git had placed on another node at the thaw.
+    replaced: int = 0
     #: The thawed node stopped every copy of what was moved away while it was frozen.
     stopped: bool = False
     #: The broker counted it healthy again after the thaw.
@@ -323,7 +325,8 @@ class Chaos:
         self.say(f"worker_freeze: SIGCONT {node}; broker saw it "
                  f"{'offline' if offline else 'not offline' if offline is False else '(?)'}"
                  f"; {len(moved)}/{len(held)} of its instances were moved away")
-        freeze = Freeze(node, moved, offline)
+        freeze = Freeze(node, moved, offline,
+                        replaced=sum(where.get(i) not in (None, node) for i in moved))
         self.seen.freezes.append(freeze)
         self._spawn(self._tasks, self._watch_fencing(freeze))
 
@@ -423,7 +426,7 @@ class Chaos:
             if still:
                 errors.append(f"{fr.node} still runs {len(still)} instances moved away while "
                               f"it was frozen, e.g. {still[0]}")
-            elif fr.moved and fr.rejoined:
+            elif fr.replaced and fr.rejoined:
                 rejoined += 1
         for kind, least in self.least.items():
             if seen.faults[kind] < least:
