@@ -245,7 +245,8 @@ class Promises:
         """Off `node` and back in the queue (or out of attempts); `stop` also tells the node
         to stop its copy once the commit has landed; `taken`: awarded ports the node found
         taken outside gavel (it handed the instance back for want of others), blocked there."""
-        awarded = view.placement(iid) if taken else None
+        given_up = view.placement(iid)
+        awarded = given_up if taken else None
         new = requeue(view, iid, node, reason, detail, exhausted, free)
         if new is None:
             return None
@@ -259,8 +260,9 @@ class Promises:
 
         def after(_sha: str) -> None:
             if stop:
-                self.ctx.outbox.publish(subjects.CANCEL.format(node=node),
-                                        Cancel(instance_id=iid, node_id=node))
+                self.ctx.outbox.publish(subjects.CANCEL.format(node=node), Cancel(
+                    instance_id=iid, node_id=node,
+                    attempt=given_up.attempt if given_up is not None else 0))
             self.ended(iid)
             if new.state is not InstanceState.QUEUED:
                 self.ctx.events.emit(iid, EventType(new.state), node_id=node,
@@ -323,13 +325,15 @@ class Promises:
                 reason: Reason, stop: bool = False) -> Planned | None:
         rec = view.instance(a.instance_id)
         asked = rec.reason if a.kind is Kind.CANCEL_EXPIRED and rec is not None else ""
+        ended = view.placement(a.instance_id)
         if finish(view, a.instance_id, a.node_id, to, reason, asked) is None:
             return None  # (rule 5: an overruled cancel keeps why it was asked as its detail)
 
         def after(_sha: str) -> None:
             if stop:
-                self.ctx.outbox.publish(subjects.CANCEL.format(node=a.node_id),
-                               Cancel(instance_id=a.instance_id, node_id=a.node_id))
+                self.ctx.outbox.publish(subjects.CANCEL.format(node=a.node_id), Cancel(
+                    instance_id=a.instance_id, node_id=a.node_id,
+                    attempt=ended.attempt if ended is not None else 0))
             self.ended(a.instance_id)
             self.ctx.events.emit(a.instance_id, EventType(to), node_id=a.node_id, reason=reason)
         return Planned(lines=[f"{to} {a.instance_id} on {a.node_id}: {reason}"],
@@ -365,8 +369,9 @@ class Promises:
     def send_cancel(self, iid: str, node: str) -> None:
         """Tell `node` to stop `iid` (its cancel has been committed) and start the grace."""
         self.ctx.timers.cancelling(iid, node, self.ctx.now())
-        self.ctx.outbox.publish(subjects.CANCEL.format(node=node),
-                                Cancel(instance_id=iid, node_id=node))
+        placed = self.ctx.ledger.state().placement(iid)
+        self.ctx.outbox.publish(subjects.CANCEL.format(node=node), Cancel(
+            instance_id=iid, node_id=node, attempt=placed.attempt if placed is not None else 0))
 
     def drain(self, node: str, undo: bool, migrate: bool, deadline_s: float = 0.0) -> int:
         """Drain `node` (or `undo` it, which also clears it from every exclusion list); with

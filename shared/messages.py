@@ -226,6 +226,9 @@ class Award(Message, tag="award"):
 class Cancel(Message, tag="cancel"):
     instance_id: str
     node_id: str
+    #: The attempt to stop (0: whichever the node holds). A stop sent as the broker gives an
+    #: attempt up can arrive after the instance was placed on that node again.
+    attempt: int = 0
 
 
 class Amounts(Protocol):

@@ -349,7 +349,7 @@ class Agent:
     async def _on_cancel(self, msg: Msg) -> None:
         cancel = self._cancel(msg)
         if cancel is not None:
-            await self._supervisor.cancel(cancel.instance_id)
+            await self._supervisor.cancel(cancel.instance_id, cancel.attempt)
 
     # -- outbound ---------------------------------------------------------------------------
 

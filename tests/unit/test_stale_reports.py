@@ -5,9 +5,17 @@ Found by the full-size chaos run: an instance handed back because its node did n
 the assignment in time was told to stop there, placed elsewhere, then placed on the same
 node again; the first copy's stop, confirmed after that, ended the attempt running now as
 `cancelled` - git said it had ended while its process ran on (fenced later, or alive on two
-nodes). A report counts only for the attempt git places on the node."""
+nodes). A report counts only for the attempt git places on the node; and a node's stop
+names the attempt it stops, so the late stop of the attempt given up leaves the one placed
+there since running."""
 
 from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+from pathlib import Path
 
 import msgspec
 import pytest
@@ -16,7 +24,7 @@ from gavel.broker.ledger.plan import View, place, requeue
 from gavel.shared import subjects
 from gavel.shared.auction import Awarded
 from gavel.shared.award import NodeBid
-from gavel.shared.messages import Event, Request
+from gavel.shared.messages import Award, Cancel, Event, Request, Spec
 from gavel.shared.messages import InstanceState as S
 from gavel.shared.reasons import Reason
 from tests.unit.fuzzkit import Msg
@@ -75,3 +83,36 @@ def test_the_late_end_of_an_earlier_attempt_leaves_the_current_one_placed(
     state = rig.b.ledger.state()
     assert state.placement_of("web-1") is None
     assert state.instances["web-1"].state is then
+
+
+def test_a_stop_of_an_earlier_attempt_leaves_the_attempt_held_running(tmp_path: Path) -> None:
+    """The node's side: the stop the broker sent as it gave attempt 1 up arrives after
+    attempt 2 was awarded here; attempt 2 keeps running, and a stop of attempt 2 (or of no
+    attempt named) stops it."""
+    from tests.unit.test_fuzz_worker import Rig as WorkerRig
+
+    w = WorkerRig(tmp_path, "least-loaded")
+    spec = Spec(name="sleeper", command=["sleep", "60"], cpu=0.1, memory_mb=16)
+    cancel = subjects.CANCEL.format(node="n1")
+    try:
+        w.run(w.agent._on_award(Msg(subjects.AWARD.format(node="n1"), _enc.encode(Award(
+            auction_id="a2", instance_id="s-1", node_id="n1", spec=spec, attempt=2)))))
+        held = w.agent._supervisor._held["s-1"]
+        assert held.attempt == 2
+        w.run(w.agent._on_cancel(Msg(cancel, _enc.encode(
+            Cancel(instance_id="s-1", node_id="n1", attempt=1)))))
+        assert held.stopping is None, "a stale stop stopped the attempt held now"
+        w.run(w.agent._on_cancel(Msg(cancel, _enc.encode(
+            Cancel(instance_id="s-1", node_id="n1", attempt=2)))))
+        assert held.stopping == Reason.CANCELLED
+    finally:
+        tasks = []
+        for h in list(w.agent._supervisor._held.values()):
+            if h.proc is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(h.proc.pid, signal.SIGKILL)
+            if h.task is not None:
+                h.task.cancel()
+                tasks.append(h.task)
+        w.run(asyncio.gather(*tasks, *w.agent._supervisor._stoppers, return_exceptions=True))
+        w.loop.close()
