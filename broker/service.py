@@ -169,6 +169,7 @@ class Broker:
     # -- lifecycle -----------------------------------------------------------------------
     async def start(self) -> None:
         try:
+            await asyncio.to_thread(self.ledger.clear_stale_lock)  # (ledger rule 8)
             self.ledger.state()  # a damaged repository stops the broker before it connects
             self.nc = await self._connect()
         except BaseException:
