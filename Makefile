@@ -31,7 +31,7 @@ bench-targets: $(STAMP)
 	$(BIN)/gavel bench --targets
 
 chaos: $(STAMP)
-	$(BIN)/python -m gavel.bench.chaos --duration 120
+	$(BIN)/python -m gavel.bench.chaos
 
 clean:
 	rm -rf $(VENV) .gavel-demo .pytest_cache .mypy_cache

@@ -1,5 +1,7 @@
 """Chaos: a real cluster under a steady stream of submissions while faults are injected; once
-the faults stop and the cluster settles, the invariants are checked from the outside.
+the faults stop and the cluster settles, the invariants are checked from the outside. By
+default (`make chaos`) at full size: `chaosplan.FULL` faults at least in `chaosplan.DURATION`
+seconds, every part on its own NATS identity.
 
 Rules:
 1. Every fault, pause, submission and foreign commit comes from the seed (`schedule`,
@@ -10,18 +12,25 @@ Rules:
    restarted on the same state dir after a pause (it re-adopts its children); a worker frozen
    with SIGSTOP past the offline threshold, then SIGCONT (it must stop what was moved away);
    a commit by someone else on the state branch (`bench.chaoscheck.foreign_commit`).
-3. A submission that fails (broker or NATS down) is retried with the same instance id; a
-   duplicate reply means an earlier try was accepted.
+3. A submission that fails (broker or NATS down) is retried with the same instance id and
+   the same idempotency key (`SubmitRequest.key`): the broker answers a retry of a try that
+   landed as it answered that try; a duplicate reply (the id without the key's record)
+   also means an earlier try was accepted.
 4. The checks (`bench.chaoscheck`) are invariants, never timings: every instance placed in
    exactly one node.json or honestly terminal; none alive on two nodes; every foreign commit
    in the final history with its file intact; the heads observed over time form a chain.
 5. The summary's ``lost`` counts submitted work that is neither placed nor honestly ended
    (gavel lost it); instances the broker itself ended `lost` are counted on their own
    (``ended_lost``), apart from the other terminal states: an honest outcome, which keeps
-   ``ok`` but not ``clean``.
+   ``ok`` but not ``clean``. Work still unschedulable for want of room is counted on its own
+   too (``unschedulable``), never as lost.
+6. What the plan schedules is checked as reached: fewer faults of a kind than its minimum,
+   fewer freezes whose node rejoined after its instances were re-placed and stopped its
+   copies (``rejoined_after_move``) than freezes scheduled, or any permissions violation
+   in nats-server's log (``auth.violations``) is an error.
 
-``python -m gavel.bench.chaos --duration S [--workers N] [--seed N] [--json]``: progress on
-stderr, the JSON summary as the last line of stdout, exit 0 only when every check holds.
+``python -m gavel.bench.chaos [--duration S] [--workers N] [--seed N] [--json]``: progress
+on stderr, the JSON summary as the last line of stdout, exit 0 only when every check holds.
 """
 
 from __future__ import annotations
@@ -53,14 +62,18 @@ from gavel.bench.chaoscheck import (
 from gavel.bench.chaoscluster import Cluster
 from gavel.bench.chaosplan import (
     BLIP,
+    DURATION,
     FAULTS,
+    KILL_LANE,
     KINDS,
     SLEEPER,
     TIMING,
     Fault,
     Submission,
     foreign_times,
+    minimums,
     node_ids,
+    room,
     schedule,
     submissions,
 )
@@ -74,7 +87,7 @@ __all__ = ["KINDS", "Fault", "Options", "Submission", "foreign_times", "main", "
 
 @dataclass
 class Options:
-    duration: float = 120.0
+    duration: float = DURATION
     workers: int = 4
     seed: int = 1
     state: Path | None = None
@@ -94,6 +107,12 @@ class Freeze:
     node: str
     moved: list[str]
     offline_seen: bool | None
+    #: Of `moved`, how many git had placed on another node at the thaw.
+    replaced: int = 0
+    #: The thawed node stopped every copy of what was moved away while it was frozen.
+    stopped: bool = False
+    #: The broker counted it healthy again after the thaw.
+    rejoined: bool = False
 
 
 @dataclass
@@ -122,6 +141,8 @@ class Chaos:
         self.seen = Run()
         self.started = time.monotonic()
         self.stop_at = float("inf")  # submissions give up retrying after this
+        #: What the plan injects at least, by kind (set by `drive`; rule 6).
+        self.least: dict[str, int] = {}
         self.verdict = Verdict()
         self._submits: set[asyncio.Task[None]] = set()
         self._faults: set[asyncio.Task[None]] = set()
@@ -141,8 +162,10 @@ class Chaos:
     async def drive(self) -> None:
         o = self.opts
         nodes = self.cluster.nodes
-        faults = schedule(o.seed, o.duration, nodes, overlap=o.overlap)
-        self.say(f"seed {o.seed}: {len(faults)} faults: "
+        self.least = minimums(o.duration)
+        faults = schedule(o.seed, o.duration, nodes, overlap=o.overlap, least=self.least)
+        self.say(f"seed {o.seed}: {len(faults)} faults ({dict(Counter(f.kind for f in faults))}"
+                 f", at least {self.least}): "
                  + ", ".join(f"{f.kind}{'(' + f.node + ')' if f.node else ''}@{f.at:g}s"
                              for f in faults))
         self.started = t0 = time.monotonic()
@@ -150,14 +173,10 @@ class Chaos:
         stream = asyncio.ensure_future(self._stream(submissions(o.seed, o.duration), t0))
         notes = asyncio.ensure_future(self._foreign(foreign_times(o.seed, o.duration), t0))
         progress = asyncio.ensure_future(self._progress())
+        lanes = [asyncio.ensure_future(self._lane([f for f in faults if (f.kind in KILL_LANE)
+                                                   == kill], t0)) for kill in (False, True)]
         try:
-            for f in faults:
-                await _until(t0 + f.at)
-                if o.overlap:
-                    self._spawn(self._faults, self._inject(f))
-                else:
-                    await self._inject(f)
-                    self.cluster.revive()
+            await asyncio.gather(*lanes)
             await _until(t0 + o.duration)
             while self._faults:  # every overlapping fault has restarted what it stopped
                 await asyncio.wait(set(self._faults))
@@ -168,11 +187,22 @@ class Chaos:
                      f"(at most {o.settle_s:g}s)")
             self.verdict = await self._settle()
         finally:
-            rest = [watcher, stream, notes, progress, *self._submits, *self._faults,
+            rest = [watcher, stream, notes, progress, *lanes, *self._submits, *self._faults,
                     *self._tasks]
             for t in rest:
                 t.cancel()
             await asyncio.gather(*rest, return_exceptions=True)
+
+    async def _lane(self, faults: list[Fault], t0: float) -> None:
+        """One lane of the plan (`chaosplan` rule 2): each fault in turn, or each started at
+        its time when they may overlap."""
+        for f in faults:
+            await _until(t0 + f.at)
+            if self.opts.overlap:
+                self._spawn(self._faults, self._inject(f))
+            else:
+                await self._inject(f)
+                self.cluster.revive()
 
     async def _progress(self) -> None:
         while True:
@@ -198,7 +228,7 @@ class Chaos:
 
     async def _submit(self, s: Submission) -> None:
         spec = SLEEPER if s.long else BLIP
-        req = SubmitRequest(spec=spec, instance_id=s.instance_id)
+        req = SubmitRequest(spec=spec, instance_id=s.instance_id, key=f"key-{s.instance_id}")
         while True:
             try:
                 await call(self.nc, "submit", req, SubmitReply, timeout=3.0)
@@ -252,7 +282,7 @@ class Chaos:
                 await asyncio.to_thread(c.nats.start)
         elif f.kind == "worker_kill":
             node = self._target(f.node)
-            if c.workers[node] is None:
+            if c.workers[node] is None or node in c.frozen:
                 return
             self.seen.faults[f.kind] += 1
             held = held_by(self.root / "workers" / node)
@@ -266,15 +296,26 @@ class Chaos:
 
     async def _freeze(self, f: Fault) -> None:
         """SIGSTOP past the offline threshold; at SIGCONT, what the node holds but git has
-        moved away must stop — the worker learns it from its node.json in KV."""
+        moved away must stop — the worker learns it from its node.json in KV. The node
+        frozen is one the broker counts healthy and that runs something (waited for a few
+        heartbeats: a broker just restarted may not know every node yet), and it stays
+        frozen past its planned hold until what it runs has been re-placed (bounded), so
+        each freeze tests a move and the rejoin after it."""
         c = self.cluster
-        node = self._target(f.node)
+        node = await self._freeze_target(f.node)
         if c.workers[node] is None or node in c.frozen:
             return
         self.seen.faults[f.kind] += 1
         self.say(f"worker_freeze: SIGSTOP {node} for {f.hold:.1f}s")
         c.freeze(node)
+        held = held_by(self.root / "workers" / node)
         await asyncio.sleep(max(0.0, f.hold - TIMING.heartbeat_s))
+        deadline = time.monotonic() + TIMING.offline_s
+        while held and time.monotonic() < deadline:
+            where = self.ledger.state().where
+            if all(where.get(i) != node for i in held):
+                break
+            await asyncio.sleep(0.25)
         offline = await self._health(node)
         await asyncio.sleep(min(f.hold, TIMING.heartbeat_s))
         held = held_by(self.root / "workers" / node)
@@ -284,42 +325,74 @@ class Chaos:
         self.say(f"worker_freeze: SIGCONT {node}; broker saw it "
                  f"{'offline' if offline else 'not offline' if offline is False else '(?)'}"
                  f"; {len(moved)}/{len(held)} of its instances were moved away")
-        self.seen.freezes.append(Freeze(node, moved, offline))
-        self._spawn(self._tasks, self._watch_fencing(node, moved))
+        freeze = Freeze(node, moved, offline,
+                        replaced=sum(where.get(i) not in (None, node) for i in moved))
+        self.seen.freezes.append(freeze)
+        self._spawn(self._tasks, self._watch_fencing(freeze))
 
-    def _target(self, seeded: str) -> str:
-        """The seeded node if git places something on it, else the node holding the most
-        (ties: the nodes after the seeded one first), so a kill has something to re-adopt
-        and a freeze something to move away and stop."""
-        nodes = self.cluster.nodes
+    async def _freeze_target(self, seeded: str) -> str:
+        """The node running the most that the broker counts healthy, waited for at most a
+        few heartbeats; else `_target`'s pick."""
+        c = self.cluster
+        deadline = time.monotonic() + 5 * TIMING.heartbeat_s
+        while time.monotonic() < deadline:
+            try:
+                reply = await call(self.nc, "nodes", NodesRequest(), NodesReply, timeout=2.0)
+                healthy = {n.node_id for n in reply.nodes if n.health == "healthy"}
+            except Exception:
+                healthy = set()
+            runs = {n: len(held_by(self.root / "workers" / n)) for n in c.nodes
+                    if n in healthy and c.workers[n] is not None and n not in c.frozen}
+            if any(runs.values()):
+                return max(runs, key=lambda n: (runs[n], n == seeded))
+            await asyncio.sleep(0.25)
+        return self._target(seeded, most=True)
+
+    def _target(self, seeded: str, most: bool = False) -> str:
+        """The seeded node if it runs something (its agent.json; unless `most`: a freeze),
+        else the node running the most (ties: the nodes after the seeded one first), so a kill has
+        something to re-adopt and a freeze the most to move away and stop. A node the other
+        lane holds (frozen, or down) is never the target while another is free
+        (`chaosplan` rule 2)."""
+        c = self.cluster
+        nodes = c.nodes
         k = nodes.index(seeded)
-        order = nodes[k:] + nodes[:k]
-        st = self.ledger.state()
-        counts = {n: len(st.nodes[n].instances) if n in st.nodes else 0 for n in order}
-        if counts[seeded]:
+        order = [n for n in nodes[k:] + nodes[:k]
+                 if c.workers[n] is not None and n not in c.frozen] or nodes[k:] + nodes[:k]
+        counts = {n: len(held_by(self.root / "workers" / n)) for n in order}
+        if counts.get(seeded) and not most:
             return seeded
         return max(order, key=lambda n: (counts[n], -order.index(n)))
 
-    async def _health(self, node: str) -> bool | None:
+    async def _health(self, node: str, health: str = "offline") -> bool | None:
+        """Whether the broker counts `node` as `health` (None: it did not answer)."""
         try:
             reply = await call(self.nc, "nodes", NodesRequest(), NodesReply, timeout=2.0)
         except Exception:
             return None
-        return any(n.node_id == node and n.health == "offline" for n in reply.nodes)
+        return any(n.node_id == node and n.health == health for n in reply.nodes)
 
-    async def _watch_fencing(self, node: str, moved: list[str]) -> None:
-        """Progress only: when the thawed node has stopped what was moved away (the final
-        check is what counts)."""
+    async def _watch_fencing(self, fr: Freeze) -> None:
+        """When the thawed node has stopped what was moved away, and when the broker counts
+        it healthy again (`rejoined_after_move`; the final check of the copies is in
+        `summary`)."""
         thawed = time.monotonic()
-        while moved:
+        node, moved = fr.node, fr.moved
+        while moved and not fr.stopped:
             alive = await asyncio.to_thread(alive_by_node, self.root / "workers")
             where = self.ledger.state().where
             left = [i for i in moved if node in alive.get(i, ()) and where.get(i) != node]
             if not left:
+                fr.stopped = True
                 self.say(f"{node} stopped the {len(moved)} instances moved away while it was "
                          f"frozen, {time.monotonic() - thawed:.1f}s after SIGCONT")
-                return
+                break
             await asyncio.sleep(0.25)
+        while not fr.rejoined:
+            fr.rejoined = bool(await self._health(node, "healthy"))
+            if not fr.rejoined:
+                await asyncio.sleep(0.25)
+        self.say(f"{node} rejoined, {time.monotonic() - thawed:.1f}s after SIGCONT")
 
     # -- settling and checking -------------------------------------------------------------
     def _verdict(self) -> Verdict:
@@ -330,7 +403,7 @@ class Chaos:
         while True:
             self.cluster.revive()
             v = await asyncio.to_thread(self._verdict)
-            if v.settled and not self._submits:
+            if v.settled and not self._submits and not self._tasks:
                 self.say("settled")
                 return v
             if time.monotonic() > self.stop_at:
@@ -347,11 +420,26 @@ class Chaos:
                   *chain_errors(self.repo, heads, seen.foreign, final)]
         alive = alive_by_node(self.root / "workers")
         where = self.ledger.state().where
+        rejoined = 0
         for fr in seen.freezes:
             still = [i for i in fr.moved if fr.node in alive.get(i, ()) and where.get(i) != fr.node]
             if still:
                 errors.append(f"{fr.node} still runs {len(still)} instances moved away while "
                               f"it was frozen, e.g. {still[0]}")
+            elif fr.replaced and fr.rejoined:
+                rejoined += 1
+        for kind, least in self.least.items():
+            if seen.faults[kind] < least:
+                errors.append(f"{kind}: {seen.faults[kind]} injected, the plan's minimum is "
+                              f"{least}")
+        if self.least and rejoined < self.least.get("worker_freeze", 0):
+            errors.append(f"only {rejoined} of the {len(seen.freezes)} frozen nodes rejoined "
+                          "after their instances were re-placed; the plan's minimum is "
+                          f"{self.least['worker_freeze']}")
+        violations = self.cluster.violations()
+        if violations:
+            errors.append(f"nats-server logged {violations} permissions violations "
+                          f"(see {self.cluster.nats.log})")
         return {
             "submitted": len(seen.submitted),
             "placed_once": v.placed_once,
@@ -360,7 +448,11 @@ class Chaos:
             "lost": len(v.missing),
             "duplicated": len(v.duplicated),
             "ended_lost": len(v.ended_lost),
+            # Still waiting for room: the fleet was too small, nothing was lost (rule 5).
+            "unschedulable": len(v.unschedulable),
             "faults": {k: seen.faults[k] for k in FAULTS},
+            "minimums": dict(self.least),
+            "rejoined_after_move": rejoined,
             "ok": not errors,
             "clean": not errors and not v.ended_lost,
             "accepted": len(seen.accepted),
@@ -370,6 +462,8 @@ class Chaos:
             "cas_conflicts": _count(self.root / "logs" / "broker.log",
                                     b"state branch moved under us"),
             "moved_while_frozen": sum(len(f.moved) for f in seen.freezes),
+            "room": {"cpu": self.cluster.room.cpu, "memory_mb": self.cluster.room.memory_mb},
+            "auth": {"nodes": len(self.cluster.ids.nodes), "violations": violations},
             "seed": self.opts.seed,
             "overlap": self.opts.overlap,
             "errors": errors[:20],
@@ -395,7 +489,8 @@ async def run(opts: Options) -> dict[str, Any]:
     root = (opts.state or Path(tempfile.mkdtemp(prefix="gavel-chaos-"))).resolve()
     root.mkdir(parents=True, exist_ok=True)
     Ledger(root / "state.git")  # the bare state repository, before anyone writes to it
-    cluster = Cluster(root, node_ids(opts.workers))
+    cluster = Cluster(root, node_ids(opts.workers),
+                      room(submissions(opts.seed, opts.duration), opts.workers))
     say(f"state and logs under {root}")
     await asyncio.to_thread(cluster.nats.start)
     nc: Any = None
@@ -403,8 +498,8 @@ async def run(opts: Options) -> dict[str, Any]:
         cluster.start_broker()
         for node in cluster.nodes:
             cluster.start_worker(node)
-        nc = await connect(cluster.nats.url, allow_reconnect=True, max_reconnect_attempts=-1,
-                           reconnect_time_wait=0.25)
+        nc = await connect(cluster.nats.url, cluster.operator_creds, allow_reconnect=True,
+                           max_reconnect_attempts=-1, reconnect_time_wait=0.25)
         await wait_healthy(nc, opts.workers, 60)
         chaos = Chaos(opts, root, cluster, nc)
         await chaos.drive()
@@ -425,8 +520,10 @@ async def run(opts: Options) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m gavel.bench.chaos", description=__doc__.split(
         "\n\n")[0] if __doc__ else None)
-    p.add_argument("--duration", type=float, required=True, metavar="S",
-                   help="seconds of faults and submissions")
+    p.add_argument("--duration", type=float, default=DURATION, metavar="S",
+                   help="seconds of faults and submissions (default %(default)g: the full "
+                        "minimums; a shorter run injects proportionally fewer, one of each "
+                        "at least)")
     p.add_argument("--workers", type=int, default=4, metavar="N")
     p.add_argument("--seed", type=int, default=1, metavar="N")
     p.add_argument("--settle", type=float, default=60.0, metavar="S",
@@ -448,15 +545,17 @@ def main(argv: list[str] | None = None) -> int:
     except (Exception, KeyboardInterrupt) as exc:  # the run itself broke: still a summary
         say(f"FAILED: the run stopped: {exc!r}")
         summary = {"submitted": 0, "placed_once": 0, "lost": 0, "duplicated": 0,
-                   "ended_lost": 0, "faults": dict.fromkeys(FAULTS, 0), "ok": False,
+                   "ended_lost": 0, "unschedulable": 0, "rejoined_after_move": 0,
+                   "faults": dict.fromkeys(FAULTS, 0), "ok": False,
                    "clean": False, "terminal": {},
                    "seed": args.seed, "errors": [f"the run stopped: {exc!r}"]}
     if not args.json:
         print(f"chaos, seed {summary['seed']}: {summary['submitted']} submitted, "
               f"{summary['placed_once']} placed once, {summary['terminal']} terminal, "
-              f"{summary['ended_lost']} ended lost by the broker, {summary['lost']} "
-              f"lost, {summary['duplicated']} duplicated; faults "
-              f"{summary['faults']}: "
+              f"{summary['ended_lost']} ended lost by the broker, {summary['unschedulable']} "
+              f"unschedulable, {summary['lost']} lost, {summary['duplicated']} duplicated; "
+              f"faults {summary['faults']}, {summary['rejoined_after_move']} rejoined after "
+              f"their instances moved: "
               f"{'clean' if summary['clean'] else 'ok' if summary['ok'] else 'FAILED'}")
     print(json.dumps(summary), flush=True)
     return 0 if summary["ok"] else 1

@@ -14,6 +14,10 @@ Rules:
    honest outcome, never a clean one: the verdict counts it on its own (`ended_lost`), not
    among the other terminal states, so a run that lost instances never reads as one that
    lost none.
+3. Work the broker keeps unschedulable for want of room (every node that bid had no room,
+   `_ROOM`) is accounted for and counted on its own (`unschedulable`): the fleet was too
+   small, nothing was lost. Unschedulable for any other reason (no bids, no nodes) is a
+   wait the broker must end by itself once nodes answer, so it stays missing until then.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ import pygit2
 from gavel.broker.ledger.state import State
 from gavel.shared.lifecycle import PENDING
 from gavel.shared.messages import InstanceState
+from gavel.shared.reasons import Reason
 from gavel.shared.records import instance_path
 from gavel.worker.localstate import AgentFile, process_alive
 
@@ -52,6 +57,9 @@ __all__ = [
 REF = "refs/heads/main"
 _agent_dec = msgspec.json.Decoder(AgentFile)
 _SIGNATURE = ("someone-else", "someone@elsewhere.example")
+#: The reasons an instance waits for want of room (rule 3).
+_ROOM = frozenset({Reason.NO_ROOM_CPU, Reason.NO_ROOM_MEMORY, Reason.NO_ROOM_PORTS,
+                   Reason.OVER_CEILING, Reason.ALL_FULL})
 
 
 @dataclass(frozen=True)
@@ -196,6 +204,8 @@ class Verdict:
     terminal: Counter[str] = field(default_factory=Counter)
     #: Ended `lost` by the broker (its lease ran out, its attempts were spent).
     ended_lost: list[str] = field(default_factory=list)
+    #: Waiting for room (rule 3): accounted for, counted on its own.
+    unschedulable: list[str] = field(default_factory=list)
     missing: list[str] = field(default_factory=list)
     duplicated: list[str] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
@@ -258,6 +268,8 @@ def verify(state: State, submitted: Mapping[str, bool], accepted: Iterable[str],
                                 f"({rec.detail or 'no detail'})")
             if nodes:
                 v.errors.append(f"{iid}: {rec.state} in git but alive on {sorted(nodes)}")
+        elif rec.state is InstanceState.UNSCHEDULABLE and rec.reason in _ROOM:
+            v.unschedulable.append(iid)
         else:
             v.missing.append(iid)
             v.errors.append(f"{iid}: {rec.state} and in no node.json"

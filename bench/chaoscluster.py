@@ -1,6 +1,14 @@
 """The chaos run's processes: nats-server, the broker and the workers as real children, each
 killable, freezable and restartable on its own state. A process that exits without being
 killed by the run is recorded as a crash — a finding, not noise.
+
+Rules:
+1. Every part runs on its own identity, as `gavel up --auth` runs them: nats-server with the
+   config `gavel auth init` writes (`transport.identity.init`), each worker with its node's
+   seed, the broker with ``broker.nk``; the driver calls the API with ``operator.nk``
+   (`operator_creds`). The server's log then counts any permissions violation (`violations`).
+2. A process the run holds down (killed, its restart still to come) is not revived by
+   `revive`: only what died by itself is, and that is recorded as a crash.
 """
 
 from __future__ import annotations
@@ -14,7 +22,8 @@ import time
 from pathlib import Path
 
 from gavel.bench.chaoscheck import kill_instances
-from gavel.bench.chaosplan import STRATEGIES
+from gavel.bench.chaosplan import STRATEGIES, Room
+from gavel.transport import identity
 from gavel.transport.natsserver import NatsServer
 
 __all__ = ["Cluster"]
@@ -23,12 +32,17 @@ __all__ = ["Cluster"]
 class Cluster:
     """The child processes: nats-server, the broker and the workers, each restartable."""
 
-    def __init__(self, root: Path, nodes: list[str]) -> None:
+    def __init__(self, root: Path, nodes: list[str], room: Room | None = None) -> None:
         self.root = root
         self.logs = root / "logs"
         self.logs.mkdir(parents=True, exist_ok=True)
-        self.nats = NatsServer(store_dir=root / "nats", log=self.logs / "nats.log")
+        self.ids = identity.init(root, nodes)
+        self.nats = NatsServer(store_dir=root / "nats", config=self.ids.config,
+                               log=self.logs / "nats.log")
         self.nodes = nodes
+        self.room = room or Room(cpu=8.0, memory_mb=8192)
+        #: What the run holds down on purpose ("broker" or a node id), until its restart.
+        self.down: set[str] = set()
         self.broker: subprocess.Popen[bytes] | None = None
         self.workers: dict[str, subprocess.Popen[bytes] | None] = dict.fromkeys(nodes)
         self.frozen: set[str] = set()
@@ -49,8 +63,22 @@ class Cluster:
     def start_broker(self) -> None:
         if self.broker is not None and self.broker.poll() is None:
             return  # already up (overlapping faults)
-        self.broker = self._spawn(["broker", "--state", str(self.root),
-                                   "--nats", self.nats.url], "broker.log")
+        self.down.discard("broker")
+        self.broker = self._spawn(["broker", "--state", str(self.root), "--nats",
+                                   self.nats.url, "--creds", str(self.ids.broker)],
+                                  "broker.log")
+
+    @property
+    def operator_creds(self) -> str:
+        return str(self.ids.operator)
+
+    def violations(self) -> int:
+        """Permissions violations in nats-server's log (rule 1: there should be none)."""
+        try:
+            return self.nats.log.read_text(errors="replace").count("Violation") \
+                if self.nats.log else 0
+        except OSError:
+            return 0
 
     def kill_broker(self) -> None:
         """kill -9 of the broker's process group: the broker and its git writer die at once."""
@@ -58,17 +86,21 @@ class Cluster:
             _killpg(self.broker.pid, signal.SIGKILL)
             self.broker.wait()
             self.broker = None
+            self.down.add("broker")
 
     def start_worker(self, node: str) -> None:
         p = self.workers[node]
         if p is not None and p.poll() is None:
             return  # already up (overlapping faults)
         i = self.nodes.index(node)
+        self.down.discard(node)
         self.workers[node] = self._spawn(
             ["worker", "--node-id", node, "--strategy", STRATEGIES[i % len(STRATEGIES)],
-             "--labels", f"zone={'ab'[i % 2]}", "--cpu", "8", "--memory-mb", "8192",
+             "--labels", f"zone={'ab'[i % 2]}", "--cpu", f"{self.room.cpu:g}",
+             "--memory-mb", str(self.room.memory_mb),
              "--ports", f"{41000 + 100 * i}-{41000 + 100 * i + 99}",
-             "--state", str(self.root / "workers" / node), "--nats", self.nats.url],
+             "--state", str(self.root / "workers" / node), "--nats", self.nats.url,
+             "--creds", str(self.ids.nodes[node])],
             f"{node}.log")
 
     def kill_worker(self, node: str) -> None:
@@ -79,6 +111,7 @@ class Cluster:
             p.wait()
             self.workers[node] = None
             self.frozen.discard(node)
+            self.down.add(node)
 
     def freeze(self, node: str) -> None:
         p = self.workers[node]
@@ -93,17 +126,18 @@ class Cluster:
         self.frozen.discard(node)
 
     def revive(self) -> None:
-        """Restart anything that is down; note what died without being killed."""
+        """Restart anything that is down and not held down (rule 2); note what died without
+        being killed."""
         if self.broker is not None and self.broker.poll() is not None:
             self.crashes.append(f"the broker exited by itself (status {self.broker.returncode})")
             self.broker = None
-        if self.broker is None:
+        if self.broker is None and "broker" not in self.down:
             self.start_broker()
         for node, p in self.workers.items():
             if p is not None and p.poll() is not None:
                 self.crashes.append(f"{node} exited by itself (status {p.returncode})")
-                p = None
-            if p is None:
+                self.workers[node] = p = None
+            if p is None and node not in self.down:
                 self.start_worker(node)
 
     def stop(self) -> None:

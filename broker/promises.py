@@ -2,8 +2,12 @@
 cancel, drain and migration.
 
 Rules:
-1. A worker's report counts only for an instance git places on that very node; anything
-   else is counted and dropped (a fenced or impersonating node changes nothing).
+1. A worker's report counts only for an instance git places on that very node, and only for
+   the attempt placed there: anything else is counted and dropped (a fenced or
+   impersonating node changes nothing, and neither does the late end of an earlier attempt
+   on the same node - a copy the broker gave up on, stopping after the instance was placed
+   there again - which would otherwise end the attempt that runs now). A report that names
+   no attempt (0) is taken as the current one's.
 2. Every change goes through a plan (compare-and-swap on the instance's state) and the
    group committer: a late event racing an expiry resolves to exactly one of them.
 3. Only failures that could succeed elsewhere (driver failed to start, its node restarted it
@@ -56,6 +60,7 @@ from gavel.shared.messages import (
     InstanceState,
 )
 from gavel.shared.reasons import Reason
+from gavel.shared.records import Assignment
 from gavel.transport.inbound import Door, Guard
 from gavel.transport.wire import Received
 
@@ -112,8 +117,12 @@ class Promises:
         if ev is None:
             return
         node = ev.node_id
-        if ctx.ledger.state().placement_of(ev.instance_id) != node:
+        state = ctx.ledger.state()
+        if state.placement_of(ev.instance_id) != node:
             ctx.rejects.count("event for an instance not placed on that node", msg.subject)
+            return
+        if not _current(ev, state.placement(ev.instance_id)):
+            ctx.rejects.count("event for an earlier attempt of the instance", msg.subject)
             return
         if ev.type not in REPORTED:  # checked before it is recorded or published
             ctx.rejects.count("event of an unknown type", msg.subject)
@@ -144,7 +153,8 @@ class Promises:
             case EventType.FAILED if ev.reason in RETRYABLE:
                 self._submit(lambda v: self._requeue(
                     v, iid, node, Reason(ev.reason), ev.detail, taken=ev.taken,
-                    free=ev.reason == Reason.WORKER_STOPPED))
+                    free=ev.reason == Reason.WORKER_STOPPED) if _current(
+                        ev, v.placement(iid)) else None)
             case EventType.FAILED:
                 self._end(ev, InstanceState.FAILED)
 
@@ -230,6 +240,8 @@ class Promises:
         def plan(view: View) -> Planned | None:
             reason = reported
             rec = view.instance(ev.instance_id)
+            if not _current(ev, view.placement(ev.instance_id)):
+                return None  # placed again since the report was read (rule 1)
             if to is InstanceState.CANCELLED and rec is not None and rec.cancelling \
                     and rec.reason:
                 reason = rec.reason  # rule 5: the cancel's own reason
@@ -247,7 +259,8 @@ class Promises:
         """Off `node` and back in the queue (or out of attempts); `stop` also tells the node
         to stop its copy once the commit has landed; `taken`: awarded ports the node found
         taken outside gavel (it handed the instance back for want of others), blocked there."""
-        awarded = view.placement(iid) if taken else None
+        given_up = view.placement(iid)
+        awarded = given_up if taken else None
         new = requeue(view, iid, node, reason, detail, exhausted, free)
         if new is None:
             return None
@@ -261,9 +274,9 @@ class Promises:
 
         def after(_sha: str) -> None:
             if stop:
-                self.ctx.outbox.publish(subjects.CANCEL.format(node=node),
-                                        Cancel(instance_id=iid, node_id=node,
-                                               epoch=self.ctx.leader.epoch))
+                self.ctx.outbox.publish(subjects.CANCEL.format(node=node), Cancel(
+                    instance_id=iid, node_id=node, epoch=self.ctx.leader.epoch,
+                    attempt=given_up.attempt if given_up is not None else 0))
             self.ended(iid)
             if new.state is not InstanceState.QUEUED:
                 self.ctx.events.emit(iid, EventType(new.state), node_id=node,
@@ -326,14 +339,15 @@ class Promises:
                 reason: Reason, stop: bool = False) -> Planned | None:
         rec = view.instance(a.instance_id)
         asked = rec.reason if a.kind is Kind.CANCEL_EXPIRED and rec is not None else ""
+        ended = view.placement(a.instance_id)
         if finish(view, a.instance_id, a.node_id, to, reason, asked) is None:
             return None  # (rule 5: an overruled cancel keeps why it was asked as its detail)
 
         def after(_sha: str) -> None:
             if stop:
-                self.ctx.outbox.publish(subjects.CANCEL.format(node=a.node_id),
-                               Cancel(instance_id=a.instance_id, node_id=a.node_id,
-                                      epoch=self.ctx.leader.epoch))
+                self.ctx.outbox.publish(subjects.CANCEL.format(node=a.node_id), Cancel(
+                    instance_id=a.instance_id, node_id=a.node_id, epoch=self.ctx.leader.epoch,
+                    attempt=ended.attempt if ended is not None else 0))
             self.ended(a.instance_id)
             self.ctx.events.emit(a.instance_id, EventType(to), node_id=a.node_id, reason=reason)
         return Planned(lines=[f"{to} {a.instance_id} on {a.node_id}: {reason}"],
@@ -369,9 +383,10 @@ class Promises:
     def send_cancel(self, iid: str, node: str) -> None:
         """Tell `node` to stop `iid` (its cancel has been committed) and start the grace."""
         self.ctx.timers.cancelling(iid, node, self.ctx.now())
-        self.ctx.outbox.publish(subjects.CANCEL.format(node=node),
-                                Cancel(instance_id=iid, node_id=node,
-                                       epoch=self.ctx.leader.epoch))
+        placed = self.ctx.ledger.state().placement(iid)
+        self.ctx.outbox.publish(subjects.CANCEL.format(node=node), Cancel(
+            instance_id=iid, node_id=node, epoch=self.ctx.leader.epoch,
+            attempt=placed.attempt if placed is not None else 0))
 
     def drain(self, node: str, undo: bool, migrate: bool, deadline_s: float = 0.0) -> int:
         """Drain `node` (or `undo` it, which also clears it from every exclusion list); with
@@ -425,3 +440,8 @@ class Promises:
                 self.acting.discard(k)
                 return self._requeue(v, i, n, Reason.MIGRATED, free=True, stop=True)
             self._submit(plan)
+
+
+def _current(ev: Event, placement: Assignment | None) -> bool:
+    """The report is of the attempt placed now, or names none (rule 1)."""
+    return not ev.attempt or placement is None or placement.attempt == ev.attempt

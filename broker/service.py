@@ -223,6 +223,7 @@ class Broker:
             self._attach_metrics()
         nc = api_nc = None
         try:
+            await asyncio.to_thread(self.ledger.clear_stale_lock)  # (ledger rule 8)
             self.ledger.state()  # a damaged repository stops the broker before it connects
             nc = await self._connect("gavel-broker", "nodes")
             api_nc = await self._connect("gavel-broker-api", "api")

@@ -234,6 +234,9 @@ class Cancel(Message, tag="cancel"):
     node_id: str
     #: As `Award.epoch`: a worker ignores a cancel of an older leadership.
     epoch: NonNegInt = 0
+    #: The attempt to stop (0: whichever the node holds). A stop sent as the broker gives an
+    #: attempt up can arrive after the instance was placed on that node again.
+    attempt: NonNegInt = 0
 
 
 class Amounts(Protocol):

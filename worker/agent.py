@@ -363,7 +363,7 @@ class Agent:
         if not self._supervisor.admit(cancel.epoch):
             self._refused.count(OLDER_CANCEL, f"{cancel.instance_id} (epoch {cancel.epoch})")
             return
-        await self._supervisor.cancel(cancel.instance_id)
+        await self._supervisor.cancel(cancel.instance_id, cancel.attempt)
 
     # -- outbound ---------------------------------------------------------------------------
 

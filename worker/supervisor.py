@@ -230,12 +230,19 @@ class Supervisor:
         held.task = asyncio.get_running_loop().create_task(Life(self, held).run(Begin.SPAWN))
         return None
 
-    async def cancel(self, instance_id: str) -> None:
+    async def cancel(self, instance_id: str, attempt: int = 0) -> None:
+        """Stop `attempt` (0: whichever is held). A stop of an earlier attempt than the one
+        held - sent as the broker gave that one up, arriving after the instance was placed
+        here again - leaves the held one running."""
         held = self._held.get(instance_id)
-        if held is not None:
+        if held is not None and attempt and held.attempt > attempt:
+            log.info("instance %s: cancel of attempt %d ignored, attempt %d runs here",
+                     instance_id, attempt, held.attempt)
+        elif held is not None:
             self._stop(held, Reason.CANCELLED)
-        else:  # confirm at once, so the broker need not wait out its grace period
-            await self._report(instance_id, 0, EventType.CANCELLED, Reason.CANCELLED,
+        else:  # confirm at once, so the broker need not wait out its grace period; the
+            # attempt lets the broker drop a confirmation of one it already gave up
+            await self._report(instance_id, attempt, EventType.CANCELLED, Reason.CANCELLED,
                                "not running on this node", None)
 
     # -- stopping and ending -----------------------------------------------------------------

@@ -19,6 +19,13 @@ Rules:
 6. An object the tree or the history needs that is missing or does not read raises
    `Damaged`: one sentence naming the object and what to do. Nothing is guessed around it.
 7. HEAD names the active branch when it named a branch without commits (`name_head`).
+8. A broker starting finds no writer of its own alive (there is one broker, and the last
+   one's writer died with it), so a lock on the ref that outlives a short wait was left by a
+   writer killed between locking the ref and moving it: `clear_stale_lock` removes it,
+   logged, instead of leaving every commit to fail "locked" for good. git and libgit2 hold
+   a ref's lock for one write; a lock that is still there, unchanged, after `LOCK_WAIT_S`
+   is no one's write in flight. Only at the start: a lock taken while the broker runs is
+   someone's, waited out and retried.
 """
 
 from __future__ import annotations
@@ -55,6 +62,8 @@ __all__ = ["Change", "Conflict", "Damaged", "Ledger", "LedgerError", "Pinned", "
            "compact", "encode", "name_head", "parse_stamp", "pretty", "service_problem",
            "stamp"]
 
+#: How long a lock on the ref must stay unchanged at a broker's start to be stale (rule 8).
+LOCK_WAIT_S = 1.0
 _SHA = re.compile(r"^[0-9a-f]{7,40}$")
 _OID = re.compile(r"[0-9a-f]{40}")
 _instance_dec = msgspec.json.Decoder(InstanceRecord)
@@ -416,6 +425,27 @@ class Ledger:
             return read()
 
     # -- writing -------------------------------------------------------------------------
+    def clear_stale_lock(self, wait_s: float = LOCK_WAIT_S) -> Path | None:
+        """Rule 8, at a broker's start: remove the ref's lock file if it is still there,
+        unchanged, after `wait_s`; the path removed, or None."""
+        lock = Path(self.repo.path) / f"{self.ref}.lock"
+        try:
+            before = lock.stat()
+        except OSError:
+            return None
+        time.sleep(wait_s)
+        try:
+            now = lock.stat()
+        except OSError:
+            return None  # someone's write finished
+        if (now.st_ino, now.st_mtime_ns) != (before.st_ino, before.st_mtime_ns):
+            return None  # a new lock: someone is writing
+        with contextlib.suppress(FileNotFoundError):
+            lock.unlink()
+        log.warning("removed %s: a lock on the state branch left by a writer that died "
+                    "holding it (no write holds it for %gs)", lock, wait_s)
+        return lock
+
     def apply(self, change: Change, message: str, planned_on: str | None) -> str:
         """`write`, then `adopt`: the synchronous path for callers on one thread."""
         sha = self.write(change, message, planned_on)

@@ -2,6 +2,9 @@
 (nats-server, a broker, three workers) with every kind of fault injected at least once, then
 the invariants — never timings — checked from git, agent.json and the live processes.
 
+Every part runs on its own identity (`gavel auth init`'s seeds and nats-server config), and
+the server's log holds no permissions violation at the end.
+
 The faults come from the seed, so a failure here replays with
 ``python -m gavel.bench.chaos --duration 40 --workers 3 --seed 4 --state DIR``.
 """
@@ -16,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from gavel.bench.chaos import FAULTS, KINDS, foreign_times, node_ids, schedule, submissions
+from gavel.bench.chaosplan import minimums
 
 pytestmark = pytest.mark.integration
 
@@ -48,7 +52,16 @@ def test_chaos_keeps_every_invariant(tmp_path: Path) -> None:
     # Instances the broker ended lost are counted on their own, never among "terminal".
     assert "lost" not in summary["terminal"]
     assert summary["placed_once"] + sum(summary["terminal"].values()) \
-        + summary["ended_lost"] == summary["submitted"]
+        + summary["ended_lost"] + summary["unschedulable"] == summary["submitted"]
     assert summary["clean"] == (summary["ended_lost"] == 0)
     assert set(summary["faults"]) == set(FAULTS)
     assert all(n >= 1 for n in summary["faults"].values()), summary["faults"]
+    assert all(summary["faults"][k] >= n for k, n in minimums(DURATION).items())
+    assert summary["rejoined_after_move"] >= 1
+    # Per-node identities: the config init wrote has one nkey user per node beside the
+    # broker's and the operators', and nats-server logged no permissions violation.
+    conf = (state / "auth" / "nats.conf").read_text()
+    assert conf.count("{ nkey: ") == WORKERS + 2
+    assert all(f"# node {n}\n" in conf for n in node_ids(WORKERS))
+    assert summary["auth"] == {"nodes": WORKERS, "violations": 0}
+    assert "Violation" not in (state / "logs" / "nats.log").read_text()

@@ -23,6 +23,7 @@ from gavel.bench.chaoscluster import Cluster
 from gavel.bench.chaosplan import BLIP, SLEEPER
 from gavel.broker.ledger.repository import Ledger, encode
 from gavel.shared.messages import InstanceState
+from gavel.shared.reasons import Reason
 from gavel.shared.records import (
     Assignment,
     InstanceRecord,
@@ -243,3 +244,29 @@ def test_the_summary_carries_the_lost_count(scene: Scene) -> None:
         + summary["ended_lost"] == summary["submitted"] == 5
     assert summary["ok"] is True and summary["clean"] is False
     assert summary["errors"] == []
+
+
+@pytest.mark.parametrize("reason", [Reason.ALL_FULL, Reason.NO_ROOM_CPU, Reason.NO_ROOM_MEMORY])
+def test_work_waiting_for_room_is_unschedulable_not_lost(scene: Scene, reason: Reason) -> None:
+    """An instance the broker keeps unschedulable because every node that bid had no room
+    is accounted for - the fleet was too small, gavel lost nothing - and counted on its
+    own in the summary, beside the placed, terminal and ended-lost ones."""
+    _clean(scene)
+    scene.submit("u1", S.UNSCHEDULABLE, reason=str(reason))
+    scene.submit("w1", S.UNSCHEDULABLE, reason=str(Reason.NO_BIDS))  # a wait, not want of room
+    v = scene.verdict()
+    assert v.unschedulable == ["u1"]
+    assert v.missing == ["w1"] and not v.settled
+    del scene.submitted["w1"]
+    scene.files.pop(instance_path("w1"))
+    scene.build()
+    chaos = Chaos(Options(), scene.root, Cluster(scene.root, ["n1"]), nc=None)
+    chaos.seen.submitted = dict(scene.submitted)
+    chaos.seen.accepted = set(scene.submitted)
+    chaos.verdict = chaos._verdict()
+    assert chaos.verdict.settled
+    summary = json.loads(json.dumps(chaos.summary()))
+    assert (summary["unschedulable"], summary["lost"], summary["duplicated"]) == (1, 0, 0)
+    assert summary["placed_once"] + sum(summary["terminal"].values()) + summary["ended_lost"] \
+        + summary["unschedulable"] == summary["submitted"] == 4
+    assert summary["ok"] is True and summary["errors"] == []

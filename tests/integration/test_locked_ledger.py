@@ -64,3 +64,20 @@ async def test_locked_repo_errors_then_recovers(cluster: Cluster) -> None:
 
     lock.unlink()
     await wait_for(lambda: cluster.holders(iid) == ["node-a"], 15, what="placed after unlock")
+
+
+async def test_a_lock_left_by_a_writer_killed_mid_commit_is_cleared_at_start(
+        cluster: Cluster) -> None:
+    """Found by the chaos run: a broker killed -9 between locking the ref and moving it
+    leaves ``main.lock`` behind, and every broker after it failed every commit "locked" for
+    good. A broker starting waits a moment for the lock to go, then removes it (ledger rule
+    8) and places as before."""
+    await cluster.start_broker()
+    iid = await cluster.submit(sleeper_spec("svc"))  # queued: no node yet
+    await cluster.stop_broker()
+    lock = cluster.state / "state.git" / "refs" / "heads" / "main.lock"
+    lock.write_bytes(b"")  # what libgit2's lock looks like until the ref is written
+    await cluster.start_broker()
+    assert not lock.exists()
+    await cluster.start_agent("node-a")
+    await wait_for(lambda: cluster.holders(iid) == ["node-a"], 15, what="placed after start")
