@@ -31,14 +31,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import nats
+from nats.aio.client import Client as NatsClient
 from prometheus_client.core import CounterMetricFamily, Metric
 
 from gavel.broker.context import Leadership
@@ -47,9 +46,8 @@ from gavel.broker.ledger.remote import Pusher
 from gavel.broker.ledger.repository import Damaged, LedgerError
 from gavel.broker.ledger.takeover import TakeoverError
 from gavel.broker.metrics import LeaderView, Metrics
-from gavel.broker.service import Broker, NatsUnreachable
+from gavel.broker.service import Broker, NatsUnreachable, connect_within
 from gavel.shared import subjects
-from gavel.transport.urls import servers
 
 __all__ = ["HaBroker", "HaSettings"]
 
@@ -137,20 +135,7 @@ class HaBroker:
             "name": f"gavel-broker-{self.broker_id}-lease", "reconnect_time_wait": 0.5,
             "inbox_prefix": subjects.BROKER_INBOX, "max_reconnect_attempts": -1,
             **self.nats_options, "allow_reconnect": False}
-        deadline = None if self.connect_wait_s is None else \
-            time.monotonic() + self.connect_wait_s
-        while True:
-            try:
-                nc = await nats.connect(servers(self.nats_url), **options)
-            except Exception as exc:
-                if deadline is not None and time.monotonic() >= deadline:
-                    raise NatsUnreachable(
-                        f"the broker could not connect to NATS at {self.nats_url} within "
-                        f"{self.connect_wait_s:g}s: {str(exc) or type(exc).__name__}") from exc
-                await asyncio.sleep(0.5)
-                continue
-            nc.options["allow_reconnect"] = True
-            return nc
+        return await connect_within(NatsClient, self.nats_url, options, self.connect_wait_s)
 
     # -- one turn: stand by, then lead -------------------------------------------------------
     async def _stand_by_then_lead(self) -> None:

@@ -101,6 +101,29 @@ class NatsUnreachable(Exception):
     """`Broker.start` gave up on its first connection; the message says to where and why."""
 
 
+async def connect_within(make: Callable[[], Any], url: str, options: dict[str, Any],
+                         wait_s: float | None) -> Any:
+    """A connection made by `make()` to `url`, asked again every 0.5 s until `wait_s` has
+    passed (None: for ever), then `NatsUnreachable` naming the server and the last error.
+    Connected, it reconnects on its own (nats-py reads `allow_reconnect` when it drops)."""
+    deadline = None if wait_s is None else time.monotonic() + wait_s
+    while True:
+        nc = make()
+        try:
+            await nc.connect(servers(url), **options)
+        except Exception as exc:
+            with contextlib.suppress(Exception):
+                await nc.close()
+            if deadline is not None and time.monotonic() >= deadline:
+                raise NatsUnreachable(
+                    f"the broker could not connect to NATS at {url} within {wait_s:g}s: "
+                    f"{str(exc) or type(exc).__name__}") from exc
+            await asyncio.sleep(0.5)
+            continue
+        nc.options["allow_reconnect"] = True
+        return nc
+
+
 class Broker:
     """The broker process's composition: builds the shared `Context` and the parts on it,
     connects, subscribes each part to its subjects, and runs the reconcile loop."""
@@ -319,25 +342,9 @@ class Broker:
             "inbox_prefix": subjects.BROKER_INBOX,
             "disconnected_cb": disconnected, "reconnected_cb": reconnected,
             **self.nats_options, "allow_reconnect": False}
-        deadline = None if self.connect_wait_s is None else \
-            time.monotonic() + self.connect_wait_s
-        while True:
-            nc = wire.Client()
-            try:
-                await nc.connect(servers(self.nats_url), **options)
-            except Exception as exc:
-                with contextlib.suppress(Exception):
-                    await nc.close()
-                if deadline is not None and time.monotonic() >= deadline:
-                    raise NatsUnreachable(
-                        f"the broker could not connect to NATS at {self.nats_url} within "
-                        f"{self.connect_wait_s:g}s: {str(exc) or type(exc).__name__}") from exc
-                await asyncio.sleep(0.5)
-                continue
-            # nats-py reads these when a connection drops: from now on, reconnect for ever.
-            nc.options["allow_reconnect"] = True
-            nc.options["max_reconnect_attempts"] = -1
-            return nc
+        nc = await connect_within(wire.Client, self.nats_url, options, self.connect_wait_s)
+        nc.options["max_reconnect_attempts"] = -1
+        return nc
 
     async def close(self) -> None:
         """Stop every loop, send what is queued, drain; bounded, so a stuck part is logged
