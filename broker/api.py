@@ -55,7 +55,9 @@ from gavel.broker.ledger.plan import View, submit
 from gavel.broker.ledger.state import Ready, ready
 from gavel.broker.mirror import Mirror
 from gavel.broker.promises import Promises
+from gavel.broker.serviceapi import ServiceVerbs
 from gavel.broker.services import Services
+from gavel.broker.views import Views
 from gavel.shared import subjects
 from gavel.shared.api import (
     CancelReply,
@@ -68,7 +70,6 @@ from gavel.shared.api import (
     EndpointsRequest,
     EventsReply,
     EventsRequest,
-    InstanceStatus,
     NodeAddress,
     NodeDetail,
     NodesReply,
@@ -77,11 +78,8 @@ from gavel.shared.api import (
     RecentDecline,
     RollbackRequest,
     ScaleRequest,
-    ServiceReply,
     ServiceRequest,
-    ServicesReply,
     ServicesRequest,
-    ServiceStatus,
     StatsReply,
     StatsRequest,
     StatusReply,
@@ -89,17 +87,14 @@ from gavel.shared.api import (
     StopServiceRequest,
     SubmitReply,
     SubmitRequest,
-    VersionStatus,
     WhyReply,
     WhyRequest,
     counted_ids,
 )
 from gavel.shared.health import Health
-from gavel.shared.lifecycle import PENDING
-from gavel.shared.messages import ApiError, Capacity, InstanceState, Message
-from gavel.shared.messages import Health as InstanceHealth
+from gavel.shared.messages import ApiError, Capacity, Message
 from gavel.shared.reasons import Reason
-from gavel.shared.records import InstanceRecord, ServiceRecord
+from gavel.shared.records import InstanceRecord
 from gavel.shared.spec import Spec
 from gavel.transport.inbound import Door, Guard
 
@@ -133,6 +128,9 @@ class Api:
         self._serving: set[asyncio.Task[None]] = set()
         #: Keyed submissions on their way to a commit, by key (rule 4): done when settled.
         self._keyed: dict[str, asyncio.Future[None]] = {}
+        self.views = Views(ctx, auctioneer, promises)
+        self.service_verbs = ServiceVerbs(ctx, deploys, refused=self._refused,
+                                          instance_status=self.views.instance_status)
         kinds: dict[str, tuple[type[Any], Handler]] = {
             "submit": (SubmitRequest, self.submit),
             "status": (StatusRequest, self.status),
@@ -143,12 +141,12 @@ class Api:
             "cancel": (CancelRequest, self.cancel),
             "drain": (DrainRequest, self.drain),
             "endpoints": (EndpointsRequest, self.endpoints),
-            "deploy": (DeployRequest, self.deploy),
-            "service": (ServiceRequest, self.service),
-            "services": (ServicesRequest, self.list_services),
-            "scale": (ScaleRequest, self.scale),
-            "stop": (StopServiceRequest, self.stop),
-            "rollback": (RollbackRequest, self.rollback),
+            "deploy": (DeployRequest, self.service_verbs.deploy),
+            "service": (ServiceRequest, self.service_verbs.service),
+            "services": (ServicesRequest, self.service_verbs.list_services),
+            "scale": (ScaleRequest, self.service_verbs.scale),
+            "stop": (StopServiceRequest, self.service_verbs.stop),
+            "rollback": (RollbackRequest, self.service_verbs.rollback),
         }
         #: Per verb: its guard (rules 1 and 5) and its handler.
         self.verbs: dict[str, tuple[Guard[Any], Handler]] = {
@@ -331,45 +329,16 @@ class Api:
                 "; git history keeps it)") if rules else ""
         return ApiError(error=f"{Reason.UNKNOWN_INSTANCE}: {iid}{hint}")
 
-    def state_of(self, rec: InstanceRecord) -> str:
-        """The state an operator reads in `gavel status` (and the metrics count): a placed
-        instance is what its node last reported (provisioning, running), or cancelling, or
-        placed; a waiting one is scheduled while in an auction; else the record's state."""
-        iid = rec.instance_id
-        if rec.state in PENDING and self.ctx.ledger.state().placement_of(iid) is not None:
-            return "cancelling" if rec.cancelling else \
-                self.promises.live.get(iid, InstanceState.PLACED)
-        return self.auctioneer.status_of(iid, rec.state)
-
-    def instance_status(self, rec: InstanceRecord) -> InstanceStatus:
-        iid = rec.instance_id
-        state = self.ctx.ledger.state()
-        pl = state.placement(iid)
-        node = state.placement_of(iid)
-        st = self.state_of(rec)
-        if pl is not None and node is not None and rec.state in PENDING:
-            note = self.promises.health.get(iid)
-            health, check, restarts = (note.health, note.check, note.restarts) if note else \
-                (InstanceHealth.HEALTHY if st == InstanceState.RUNNING and not rec.spec.checks
-                 else InstanceHealth.UNKNOWN, "", 0)
-            return InstanceStatus(instance_id=iid, name=rec.spec.name, state=st,
-                                  node_id=node, attempt=pl.attempt, ports=dict(pl.ports),
-                                  health=health, check=check, restarts=restarts,
-                                  reason=rec.reason if rec.cancelling else "",
-                                  service=rec.service, version=rec.version)
-        return InstanceStatus(instance_id=iid, name=rec.spec.name, state=st,
-                              node_id=rec.node_id, attempt=rec.attempt, reason=rec.reason,
-                              detail=rec.detail, service=rec.service, version=rec.version)
-
     async def status(self, req: StatusRequest) -> Message:
         state = self.ctx.ledger.state()
         if req.instance_id:
             rec = state.instances.get(req.instance_id)
             if rec is None:
                 return self._unknown(req.instance_id)
-            return StatusReply(instances=[self.instance_status(rec)], **self._leader())
+            return StatusReply(instances=[self.views.instance_status(rec)], **self._leader())
         recs = sorted(state.instances.values(), key=lambda r: r.instance_id)
-        return StatusReply(instances=[self.instance_status(r) for r in recs], **self._leader())
+        return StatusReply(instances=[self.views.instance_status(r) for r in recs],
+                           **self._leader())
 
     def _leader(self) -> dict[str, Any]:
         """Who answers (rule 6)."""
@@ -415,7 +384,7 @@ class Api:
             draining=bool(hb and hb.draining) or bool(nf and nf.draining),
             instances=len(nf.instances) if nf else 0,
             last_seen_s=round(now - seen, 3) if seen is not None else 0.0)
-        running = [self.instance_status(rec) for iid in sorted(nf.instances if nf else ())
+        running = [self.views.instance_status(rec) for iid in sorted(nf.instances if nf else ())
                    if (rec := state.instances.get(iid)) is not None]
         declines = [RecentDecline(instance_id=iid, auction_id=aid, reason=d.reason,
                                   detail=d.detail)
@@ -435,7 +404,7 @@ class Api:
         recent = self.auctioneer.recent(req.instance_id)
         if recent is not None and all(a.auction_id != recent.auction_id for a in auctions):
             auctions.insert(0, recent)
-        return WhyReply(instance=self.instance_status(rec), auctions=auctions)
+        return WhyReply(instance=self.views.instance_status(rec), auctions=auctions)
 
     async def events(self, req: EventsRequest) -> Message:
         evs = [e for e in self.ctx.events
@@ -483,7 +452,7 @@ class Api:
             rec = state.instances.get(iid)
             if rec is None or not rec.spec.routes:
                 continue
-            st = self.instance_status(rec)
+            st = self.views.instance_status(rec)
             note = self.promises.health.get(iid)
             out.append(Endpoint(instance_id=iid, name=rec.spec.name, state=st.state,
                                 node_id=st.node_id, ports=st.ports,
@@ -496,67 +465,6 @@ class Api:
                              workdir=liveness.heartbeats[n].workdir,
                              health=liveness.health(n, now)) for n in liveness.known()]
         return EndpointsReply(endpoints=out, nodes=nodes)
-
-    # -- services ------------------------------------------------------------------------
-    async def deploy(self, req: DeployRequest) -> Message:
-        spec = req.spec
-        if not spec.service:
-            return ApiError(error=f"{Reason.NOT_A_SERVICE}: {spec.name} (type = \"service\" "
-                                  "makes it one; `gavel submit` runs a job)")
-        refused = self._refused(spec) or self.deploys.refused(spec.name)
-        if refused is not None:
-            return refused
-        return await self.deploys.deploy(spec, req.key)
-
-    def service_status(self, svc: ServiceRecord) -> ServiceStatus:
-        """A service and its live replicas: each one's state, node, version and health."""
-        state = self.ctx.ledger.state()
-        replicas = [self.instance_status(r) for r in state.replicas_of(svc.name)
-                    if not r.state.terminal]
-        replicas.sort(key=lambda r: (r.version, r.instance_id))
-        versions: dict[int, VersionStatus] = {svc.version: VersionStatus(version=svc.version)}
-        for r in replicas:
-            if r.state == "cancelling":
-                continue
-            vs = versions.setdefault(r.version, VersionStatus(version=r.version))
-            vs.replicas += 1
-            vs.healthy += r.health == InstanceHealth.HEALTHY
-        return ServiceStatus(name=svc.name, version=svc.version, count=svc.count,
-                             stopped=svc.stopped, healthy_version=svc.healthy_version,
-                             deployment=svc.deployment,
-                             versions=[versions[v] for v in sorted(versions)],
-                             replicas=replicas)
-
-    def _service_reply(self, name: str) -> Message:
-        svc = self.ctx.ledger.state().services.get(name)
-        if svc is None:
-            return self.deploys.refused(name) or \
-                ApiError(error=f"{Reason.UNKNOWN_SERVICE}: {name}")
-        return ServiceReply(service=self.service_status(svc))
-
-    async def service(self, req: ServiceRequest) -> Message:
-        return self._service_reply(req.name)
-
-    async def list_services(self, req: ServicesRequest) -> Message:
-        state = self.ctx.ledger.state()
-        return ServicesReply(services=[self.service_status(state.services[n])
-                                       for n in sorted(state.services)])
-
-    async def scale(self, req: ScaleRequest) -> Message:
-        refused = self.deploys.refused(req.name)
-        got = refused or await self.deploys.scale(req.name, req.count)
-        return got or self._service_reply(req.name)
-
-    async def stop(self, req: StopServiceRequest) -> Message:
-        refused = self.deploys.refused(req.name)
-        got = refused or await self.deploys.stop_service(req.name)
-        return got or self._service_reply(req.name)
-
-    async def rollback(self, req: RollbackRequest) -> Message:
-        refused = self.deploys.refused(req.name)
-        got = refused or await self.deploys.rollback(req.name, req.to_version)
-        return got or self._service_reply(req.name)
-
 
 def _operators(_subject: str) -> str:
     """Every API request is an operator's: it is answered under the operators' inbox."""

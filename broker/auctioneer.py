@@ -63,11 +63,19 @@ from itertools import filterfalse
 
 import msgspec
 
+from gavel.broker.auctionlog import Recent, batch_record, count, place_line, shapes_of
 from gavel.broker.context import Context
 from gavel.broker.ledger.committer import Item, Planned
 from gavel.broker.ledger.plan import View, place, unschedulable
 from gavel.shared import subjects
-from gavel.shared.auction import Auction, Awarded, Decision, Unschedulable, Verdict
+from gavel.shared.auction import (
+    Auction,
+    Awarded,
+    Decision,
+    Unschedulable,
+    Verdict,
+    group_shapes,
+)
 from gavel.shared.award import NodeDecline
 from gavel.shared.candidates import Candidates
 from gavel.shared.lifecycle import PENDING
@@ -80,10 +88,9 @@ from gavel.shared.messages import (
     EventType,
     InstanceState,
     Request,
-    Shape,
 )
-from gavel.shared.reasons import Reason, render
-from gavel.shared.records import AuctionRecord, BatchRecord, Outcome, ShapeRecord, auction_trailer
+from gavel.shared.reasons import Reason
+from gavel.shared.records import AuctionRecord, Outcome, auction_trailer
 from gavel.transport.inbound import Door, Guard
 from gavel.transport.wire import Received
 
@@ -134,7 +141,7 @@ class Auctioneer:
         self.reserved: dict[str, Capacity] = {}
         self.retry_at: dict[str, float] = {}
         #: The last decisions, for `why` before git is walked (bounded; shares bid lists).
-        self._recent: dict[str, tuple[str, Decision]] = {}
+        self._recent = Recent(RECENT_KEPT)
         self.placed_total = 0
         self.auctions_total = 0
         self.replies_total = 0
@@ -231,7 +238,7 @@ class Auctioneer:
         d = self.sample_d
         sampled = False
         if d is not None:
-            shapes, counts = _shapes(requests)
+            shapes, counts = group_shapes(requests)
             if wide:
                 d = len(self.candidates) + 1
             draw = self.candidates.draw(shapes, counts, d, self.rng, excluded,
@@ -371,17 +378,7 @@ class Auctioneer:
                 decisions = [d for d in decisions if d.request.instance_id not in again]
         round_s = now - auction.opened_at
         self.round_times.append(round_s)
-        m = self.ctx.metrics
-        m.round_seconds.observe(round_s)
-        awarded = sum(1 for d in decisions if isinstance(d, Awarded))
-        if awarded:
-            m.auctions.labels(outcome="awarded").inc(awarded)
-        if awarded < len(decisions):
-            m.auctions.labels(outcome="unschedulable").inc(len(decisions) - awarded)
-        for strategy, n in auction.bid_counts().items():
-            m.bids.labels(strategy=strategy).inc(n)
-        for reason, n in auction.decline_counts().items():
-            m.declines.labels(reason=reason).inc(n)
+        count(self.ctx.metrics, auction, decisions, round_s)
         if self.sample_d is not None:
             self._remember_winners(auction, decisions)
         for d in decisions:
@@ -408,7 +405,7 @@ class Auctioneer:
     def _remember_winners(self, auction: Auction, decisions: list[Decision]) -> None:
         """The last winner of each shape, asked in its next sampled round (rule 11)."""
         won: dict[int, str] = {}
-        for d, s in zip(decisions, _shapes_of(auction, decisions), strict=True):
+        for d, s in zip(decisions, shapes_of(auction, decisions), strict=True):
             if isinstance(d, Awarded):
                 won[s] = d.winner.node_id
         if won and len(self.last_winner) > RECENT_KEPT:
@@ -439,7 +436,7 @@ class Auctioneer:
         out = Planned(lines=[])
         outcomes: list[Outcome] = []
         aid = auction.auction_id
-        for d, shape in zip(decisions, _shapes_of(auction, decisions), strict=True):
+        for d, shape in zip(decisions, shapes_of(auction, decisions), strict=True):
             iid = d.request.instance_id
             if isinstance(d, Awarded):
                 hb = self.ctx.liveness.heartbeats.get(d.winner.node_id)
@@ -447,7 +444,7 @@ class Auctioneer:
                 if placement is None:
                     out.after.append(functools.partial(self._not_placed, d))
                     continue
-                out.lines.append(_place_line(d))
+                out.lines.append(place_line(d))
                 outcomes.append(Outcome(instance_id=iid, shape=shape, winner=d.winner.node_id,
                                         load=d.winner.load, tie_broken=d.tie_broken))
                 out.after.append(functools.partial(self._placed, d, aid, placement.attempt,
@@ -460,7 +457,7 @@ class Auctioneer:
                                             summary=d.summary))
                 out.after.append(functools.partial(self._unschedulable, d, aid, changed))
         if outcomes:
-            out.trailers.append(auction_trailer(_batch_record(auction, decisions, outcomes)))
+            out.trailers.append(auction_trailer(batch_record(auction, decisions, outcomes)))
         return out
 
     def _not_placed(self, d: Awarded, _sha: str) -> None:
@@ -472,7 +469,7 @@ class Auctioneer:
         self._released(d, placed=True)
         self.placed_total += 1
         ctx.metrics.placements.inc()
-        self._remember(iid, aid, d)
+        self._recent.remember(iid, aid, d)
         rec = ctx.ledger.state().instances.get(iid)
         ctx.timers.placed(iid, node, ctx.now(), ctx.timing, rec.spec.timeout_s if rec else None)
         award = self.award_for(iid, node, sha)
@@ -499,7 +496,7 @@ class Auctioneer:
         """Rule 7: the event only when the reason or summary changed (the record did)."""
         iid = d.request.instance_id
         self.inflight.discard(iid)
-        self._remember(iid, aid, d)
+        self._recent.remember(iid, aid, d)
         self.retry_at[iid] = self.ctx.now() + self.ctx.timing.heartbeat_s
         if changed:
             self.ctx.events.emit(iid, EventType.UNSCHEDULABLE, reason=d.reason,
@@ -515,29 +512,11 @@ class Auctioneer:
             self.retry_at[iid] = self.ctx.now() + self.ctx.timing.tick_s
             self.ctx.events.emit(iid, EventType.ERROR, reason=reason, detail=detail)
 
-    def _remember(self, iid: str, aid: str, d: Decision) -> None:
-        recent = self._recent  # a dict keeps insertion order: the oldest is first
-        recent.pop(iid, None)
-        recent[iid] = (aid, d)
-        if len(recent) > RECENT_KEPT:
-            del recent[next(iter(recent))]
-
     def declines_by(self, node_id: str, limit: int) -> list[tuple[str, str, NodeDecline]]:
-        """(instance, auction, decline) of `node_id` in the last decisions remembered,
-        newest first, at most `limit`."""
-        out: list[tuple[str, str, NodeDecline]] = []
-        for iid, (aid, d) in reversed(self._recent.items()):
-            for dec in d.declines:
-                if dec.node_id == node_id:
-                    out.append((iid, aid, dec))
-                    break
-            if len(out) >= limit:
-                break
-        return out
+        return self._recent.declines_by(node_id, limit)
 
     def recent(self, iid: str) -> AuctionRecord | None:
-        got = self._recent.get(iid)
-        return None if got is None else _record(*got)
+        return self._recent.record(iid)
 
     def capacity_freed(self) -> None:
         """Waiting instances may fit now: retry them on the next pass."""
@@ -550,72 +529,7 @@ class Auctioneer:
         return state
 
 
-def _shapes(requests: list[Request]) -> tuple[list[Shape], list[int]]:
-    """The distinct shapes of `requests` (first seen first) and how many ask for each."""
-    if not requests:
-        return [], []
-    first = requests[0]
-    if all(r.cpu == first.cpu and r.memory_mb == first.memory_mb and r.ports == first.ports
-           and r.labels == first.labels for r in requests):  # the common batch: one shape
-        return [first], [len(requests)]
-    index: dict[object, int] = {}
-    shapes: list[Shape] = []
-    counts: list[int] = []
-    for r in requests:
-        i = index.setdefault(r.key(), len(shapes))
-        if i == len(shapes):
-            shapes.append(r)
-            counts.append(0)
-        counts[i] += 1
-    return shapes, counts
-
-
-def _shapes_of(auction: Auction, decisions: list[Decision]) -> list[int]:
-    """Each decision's shape index: all the auction's requests, or those left after some were
-    asked again of every candidate (rule 11)."""
-    if len(decisions) == len(auction.requests):
-        return auction.shape_of
-    index = {r.instance_id: s for r, s in zip(auction.requests, auction.shape_of, strict=True)}
-    return [index[d.request.instance_id] for d in decisions]
-
-
 def _late(node: str, answered: AbstractSet[str], asked: AbstractSet[str] | None) -> bool:
     """Rule 6: an answer that came too late for its auction, from a node that had not
     answered it and that it asked (`asked` None: a broadcast asks every node)."""
     return node not in answered and (asked is None or node in asked)
-
-
-def _record(aid: str, d: Decision) -> AuctionRecord:
-    if isinstance(d, Awarded):
-        return AuctionRecord(auction_id=aid, instance_id=d.request.instance_id,
-                             winner=d.winner.node_id, load=d.winner.load,
-                             tie_broken=d.tie_broken, bids=list(d.bids),
-                             declines=list(d.declines), silent=list(d.silent))
-    return AuctionRecord(auction_id=aid, instance_id=d.request.instance_id, bids=list(d.bids),
-                         declines=list(d.declines), silent=list(d.silent), reason=d.reason,
-                         summary=d.summary)
-
-
-def _batch_record(auction: Auction, decisions: list[Decision],
-                  outcomes: list[Outcome]) -> BatchRecord:
-    """One trailer for the auction: each shape's bids once (from the last decision made
-    for it, whose declines include any node that ran out of room during the batch)."""
-    last: dict[int, Decision] = {}
-    for d, s in zip(decisions, _shapes_of(auction, decisions), strict=True):
-        last[s] = d
-    shapes = [ShapeRecord(shape=shape, bids=list(last[i].bids),
-                          declines=list(last[i].declines), silent=list(last[i].silent))
-              for i, shape in enumerate(auction.shapes) if i in last]
-    return BatchRecord(auction_id=auction.auction_id, shapes=shapes, outcomes=outcomes)
-
-
-def _place_line(d: Awarded) -> str:
-    w = d.winner
-    others = len(d.bids) - 1
-    tie = ", tie broken on node id" if d.tie_broken else ""
-    declines = "; ".join(f"{x.node_id} {render(x.reason, x.detail)}" for x in d.declines)
-    return (f"place {d.request.instance_id} on {w.node_id}: load {w.load:.3f} "
-            f"({w.strategy}) beat {others} other bid{'s' if others != 1 else ''}{tie}"
-            + (f"; declined: {declines}" if declines else ""))
-
-

@@ -40,13 +40,14 @@ from typing import Any
 from nats.aio.client import Client as NatsClient
 from prometheus_client.core import CounterMetricFamily, Metric
 
+from gavel.broker.connect import NatsUnreachable, connect_within
 from gavel.broker.context import Leadership
 from gavel.broker.lease import Lease
 from gavel.broker.ledger.remote import Pusher
 from gavel.broker.ledger.repository import Damaged, LedgerError
 from gavel.broker.ledger.takeover import TakeoverError
 from gavel.broker.metrics import LeaderView, Metrics
-from gavel.broker.service import Broker, NatsUnreachable, connect_within
+from gavel.broker.service import Broker
 from gavel.shared import subjects
 
 __all__ = ["HaBroker", "HaSettings"]

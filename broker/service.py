@@ -52,6 +52,7 @@ import nats.errors
 from gavel.broker.api import Api
 from gavel.broker.assign import Assignments
 from gavel.broker.auctioneer import Auctioneer
+from gavel.broker.connect import NatsUnreachable, connect_within
 from gavel.broker.context import Context, Leadership
 from gavel.broker.deploys import Deploys
 from gavel.broker.events import Events
@@ -77,7 +78,6 @@ from gavel.shared.records import NodeFile
 from gavel.shared.timing import Timing
 from gavel.transport import wire
 from gavel.transport.rejects import Rejects
-from gavel.transport.urls import servers
 
 __all__ = ["Broker", "NatsUnreachable", "tune_gc"]
 
@@ -95,33 +95,6 @@ def tune_gc() -> None:
     gc.collect()
     gc.freeze()
     gc.set_threshold(50_000, 20, 10)
-
-
-class NatsUnreachable(Exception):
-    """`Broker.start` gave up on its first connection; the message says to where and why."""
-
-
-async def connect_within(make: Callable[[], Any], url: str, options: dict[str, Any],
-                         wait_s: float | None) -> Any:
-    """A connection made by `make()` to `url`, asked again every 0.5 s until `wait_s` has
-    passed (None: for ever), then `NatsUnreachable` naming the server and the last error.
-    Connected, it reconnects on its own (nats-py reads `allow_reconnect` when it drops)."""
-    deadline = None if wait_s is None else time.monotonic() + wait_s
-    while True:
-        nc = make()
-        try:
-            await nc.connect(servers(url), **options)
-        except Exception as exc:
-            with contextlib.suppress(Exception):
-                await nc.close()
-            if deadline is not None and time.monotonic() >= deadline:
-                raise NatsUnreachable(
-                    f"the broker could not connect to NATS at {url} within {wait_s:g}s: "
-                    f"{str(exc) or type(exc).__name__}") from exc
-            await asyncio.sleep(0.5)
-            continue
-        nc.options["allow_reconnect"] = True
-        return nc
 
 
 class Broker:
@@ -236,7 +209,7 @@ class Broker:
     def _attach_metrics(self) -> None:
         self.metrics.attach(now=self.now, liveness=self.liveness, ledger=self.ledger,
                             in_flight=lambda: len(self.auctioneer.auctions),
-                            mirror=self.mirror, live_state=self.api.state_of)
+                            mirror=self.mirror, live_state=self.api.views.state_of)
         self.metrics.attach_services(self.services.counts)
 
     # -- lifecycle -----------------------------------------------------------------------

@@ -36,7 +36,7 @@ from gavel.shared.messages import RFB, Bid, BidReply, Capacity, Request, Shape
 from gavel.shared.reasons import DECLINES, Reason, render, summarize_declines
 from gavel.shared.spread import Rank, Tally, rank
 
-__all__ = ["Auction", "Awarded", "Decision", "Unschedulable", "Verdict"]
+__all__ = ["Auction", "Awarded", "Decision", "Unschedulable", "Verdict", "group_shapes"]
 
 
 class Verdict(StrEnum):
@@ -402,3 +402,23 @@ def _main_reason(declines: Sequence[NodeDecline]) -> Reason:
     if set(kinds) <= _CAPACITY:
         return Reason.ALL_FULL
     return min(kinds, key=lambda k: (-kinds[k], k.value))
+
+
+def group_shapes(requests: list[Request]) -> tuple[list[Shape], list[int]]:
+    """The distinct shapes of `requests` (first seen first) and how many ask for each."""
+    if not requests:
+        return [], []
+    first = requests[0]
+    if all(r.cpu == first.cpu and r.memory_mb == first.memory_mb and r.ports == first.ports
+           and r.labels == first.labels for r in requests):  # the common batch: one shape
+        return [first], [len(requests)]
+    index: dict[object, int] = {}
+    shapes: list[Shape] = []
+    counts: list[int] = []
+    for r in requests:
+        i = index.setdefault(r.key(), len(shapes))
+        if i == len(shapes):
+            shapes.append(r)
+            counts.append(0)
+        counts[i] += 1
+    return shapes, counts

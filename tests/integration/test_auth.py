@@ -31,7 +31,8 @@ import msgspec
 import nats
 import pytest
 
-from gavel.broker.service import Broker, NatsUnreachable
+from gavel.broker.connect import NatsUnreachable
+from gavel.broker.service import Broker
 from gavel.shared import subjects
 from gavel.shared.api import (
     NodesReply,

@@ -109,7 +109,7 @@ failures = 100
 def _health(cluster: Cluster, iid: str) -> tuple[str, str]:
     assert cluster.broker is not None
     rec = cluster.broker.ledger.state().instances[iid]
-    st = cluster.broker.api.instance_status(rec)
+    st = cluster.broker.api.views.instance_status(rec)
     return st.state, st.health
 
 
