@@ -9,12 +9,19 @@ Rules:
 2. Holding it is renewing it every `renew_s`: a put expecting the revision of our last
    one. The bucket's max age is the TTL: a key not renewed for `ttl_s` is gone, and a
    standby's create then succeeds. Every put carries a ``Nats-Msg-Id`` of its own, the
-   same on every retry of that put, so a put whose answer was lost is not made twice (the
-   server answers "duplicate" with the first revision).
+   same on every retry of that put, so a put whose answer was lost is not made twice. The
+   server checks the expected revision before the id, so the retry of a put that landed
+   is refused ("wrong last sequence"), not answered "duplicate": a refused put reads the
+   key's last message, and if that carries the put's own id the put landed, at that
+   revision (counted as a duplicate, rule 3) - else the refusal stands.
 3. The lease is lost - `lost` is set, and nothing more is done in its name - when a renewal
    is refused (someone else holds the key, or it lapsed and was taken), or when by this
    process's own clock `ttl_s` less a margin has passed since the last renewal that landed
-   was first sent (the server's clock starts later: at its write). `valid()` is that
+   was sent (the server's clock starts later: at its write). Which send: the one that was
+   stored - the attempt answered, unless the server answers "duplicate" (an earlier attempt
+   of that put, unanswered, was stored first), then the put's first attempt. A create
+   retried through a stream's election for longer than the TTL that lands fresh is a whole
+   lease, not one already run out. `valid()` is that
    clock's verdict, asked by every path that would speak for the leader. A renewal without
    an answer (NATS away, the stream electing a leader after a server died) is sent again
    until then: it may still land.
@@ -32,6 +39,7 @@ Rules:
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import json
 import logging
@@ -58,6 +66,7 @@ DRIFT = 0.05
 #: JetStream's "wrong last sequence" error codes: the expectation of rule 1 or 2 failed.
 _WRONG_LAST = (10071, 10164)
 _EXPECTED = "Nats-Expected-Last-Subject-Sequence"
+_MSG_ID = "Nats-Msg-Id"
 #: How long after a holder's lease should have lapsed a standby keeps trying closely.
 _CLOSE_S = 2.0
 
@@ -86,6 +95,8 @@ class _Answer:
     revision: int = 0
     refused: str = ""
     unanswered: str = ""
+    #: The server had stored this put already: an earlier attempt landed (rule 3).
+    duplicate: bool = False
 
 
 class Lease:
@@ -238,8 +249,8 @@ class Lease:
         term = secrets.token_hex(6)
         since = self.wall().strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
         mine = Holder(broker_id=self.broker_id, term=term, since=since)
-        #: When the create now being tried was first sent (rule 3: our clock starts there;
-        #: a create without an answer may have landed, and its retry is deduped).
+        #: When the create now being tried was first sent (rule 3: our clock starts there
+        #: if the answer is a duplicate - a create without an answer may have landed).
         first: float | None = None
         while True:
             wait = self._due() - self.clock()
@@ -251,11 +262,12 @@ class Lease:
                 continue
             self._tried_at = self.clock()
             for last in ([self.last_revision, 0] if self.deleted else [0]):
+                sent = self.clock()
                 if first is None:
-                    first = self.clock()
+                    first = sent
                 got = await self._put(_enc.encode(mine), last, f"{term}.create")
                 if got.revision:
-                    self._hold(mine, got.revision, first)
+                    self._hold(mine, got.revision, first if got.duplicate else sent)
                     self.taken += 1
                     log.info("broker %s holds the lease (revision %d)", self.broker_id,
                              got.revision)
@@ -327,14 +339,15 @@ class Lease:
         if held is None or self.lost.is_set():
             return
         self._msg += 1
-        msg_id, sent = f"{held.term}.{self._msg}", self.clock()
+        msg_id, first = f"{held.term}.{self._msg}", self.clock()
         while self.valid():
+            sent = self.clock()
             got = await self._put(_enc.encode(held), self.revision, msg_id,
-                                  timeout=max(0.1, min(self.renew_s, self.deadline - sent)))
+                                  timeout=max(0.1, min(self.renew_s, self.deadline - first)))
             if got.revision:
                 self.renewals["landed"] += 1
                 self.revision = got.revision
-                self._extend(sent)
+                self._extend(first if got.duplicate else sent)
                 return
             if got.refused:
                 self.renewals["refused"] += 1
@@ -374,7 +387,25 @@ class Lease:
             return _Answer(unanswered=str(exc) or type(exc).__name__)
         error = answer.get("error") if isinstance(answer, dict) else "not a JetStream answer"
         if not error:
-            return _Answer(revision=int(answer.get("seq", 0)))
+            return _Answer(revision=int(answer.get("seq", 0)),
+                           duplicate=bool(answer.get("duplicate")))
         if isinstance(error, dict) and error.get("err_code") in _WRONG_LAST:
+            landed = await self._landed(msg_id)
+            if landed is not None:
+                return landed
             return _Answer(refused=str(error.get("description", "wrong last sequence")))
         return _Answer(unanswered=str(error))
+
+    async def _landed(self, msg_id: str) -> _Answer | None:
+        """Rule 2: the key's last message, if it is the put `msg_id` (it landed, and the
+        refusal was of its retry); None if it is another's; unanswered if unknown."""
+        try:
+            msg = await self.nc.request(subjects.LEADER_GET, _enc.encode(
+                {"last_by_subj": subjects.LEADER_KEY}), timeout=max(0.5, self.renew_s))
+            got = json.loads(msg.data).get("message") or {}
+            head = base64.b64decode(got.get("hdrs") or "").decode(errors="replace")
+        except (nats.errors.Error, TimeoutError, ValueError, AttributeError) as exc:
+            return _Answer(unanswered=f"a refused put not yet checked ({exc})")
+        if f"{_MSG_ID}: {msg_id}" in head.split("\r\n"):
+            return _Answer(revision=int(got.get("seq", 0)), duplicate=True)
+        return None

@@ -35,6 +35,7 @@ __all__ = [
     "HEARTBEAT_PROBE_ALL",
     "HEARTBEAT_STREAM",
     "LEADER_BUCKET",
+    "LEADER_GET",
     "LEADER_KEY",
     "LEADER_STREAM",
     "LEADER_WATCH",
@@ -100,6 +101,8 @@ LEADER_STREAM = f"KV_{LEADER_BUCKET}"
 LEADER_KEY = f"$KV.{LEADER_BUCKET}.leader"
 #: Creating a consumer of the lease key, the filter in the subject (as `NODE_WATCH`).
 LEADER_WATCH = f"$JS.API.CONSUMER.CREATE.{LEADER_STREAM}.{{name}}.{LEADER_KEY}"
+#: Reading the lease key's last message (`broker.lease` rule 2: did a refused retry land?).
+LEADER_GET = f"$JS.API.STREAM.MSG.GET.{LEADER_STREAM}"
 #: A worker's inbox prefix (nats-py's ``inbox_prefix``): replies to its own requests, above
 #: all the broker's answers to its assignment requests (which carry secrets), land under
 #: ``_INBOX_<node>.>``, a prefix per-node credentials let no other node subscribe to.

@@ -150,6 +150,7 @@ def broker_permissions(nodes: Iterable[str] = ()) -> dict[str, Any]:
             # release), and a consumer of that key alone, for the standbys' watch.
             f"$JS.API.STREAM.CREATE.{subjects.LEADER_STREAM}",
             subjects.LEADER_KEY,
+            subjects.LEADER_GET,  # whether a put refused on its retry had landed
             subjects.LEADER_WATCH.format(name="*"),
             f"{subjects.OPERATOR_INBOX}.>",  # answers to the API
             *(f"{subjects.NODE_INBOX.format(node=n)}.>" for n in nodes),  # to assign requests

@@ -10,7 +10,10 @@ What the node runs is the `Supervisor`'s business, making it match node.json the
 `Converger`'s (see worker.converge for the award/KV ordering and for self-fencing); this
 module is the NATS shell around them. An award or cancel of an older leadership than the
 newest heard from is counted and ignored (`Supervisor.admit`); an RFB that asks for nothing
-is a new leader's hello, answered with a heartbeat at once.
+is a new leader's hello, answered with a heartbeat at once. A server that stops answering
+PINGs for two heartbeats is given up for the next server listed (a cluster's others), so a
+node cut off with its server is heard again through the rest of the cluster long before
+it would fence itself.
 """
 
 from __future__ import annotations
@@ -231,6 +234,10 @@ class Agent:
             # Replies to this node (assignments carry secrets) under a prefix only its
             # credential may subscribe to; see broker.auth.
             "inbox_prefix": subjects.NODE_INBOX.format(node=self.node_id),
+            # A server that goes silent (cut off, hung) is left for the next one in the list
+            # after two unanswered PINGs a heartbeat apart: about `unreachable_s`, well
+            # before `offline_s` would self-fence (nats-py's default waits minutes).
+            "ping_interval": self.timing.heartbeat_s, "max_outstanding_pings": 2,
         }
         options.update(self._nats_options)
         connecting = asyncio.ensure_future(nats.connect(servers(self._nats_url), **options))

@@ -9,14 +9,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import signal
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import nats
+import nats.js.api
 import pytest
 
 from gavel.broker.lease import Lease
 from gavel.shared import subjects
+from gavel.transport.natsserver import NatsServer
 from tests.integration.harness import wait_for
 
 pytestmark = pytest.mark.integration
@@ -107,3 +111,47 @@ async def test_letting_go_hands_the_lease_over_at_once(conns: Conns) -> None:
     await b.release()
     await a.close()
     await b.close()
+
+
+async def test_a_create_retried_past_the_ttl_that_lands_fresh_is_a_whole_lease(
+        conns: Conns) -> None:
+    """A standby's create goes unanswered for longer than the TTL (the stream electing a
+    leader after a partition) and then lands, stored by that very attempt (no duplicate):
+    the lease is the whole TTL from that attempt, not one that ran out before it began."""
+    now = [0.0]
+    a = await conns.lease("a", ttl=30.0, renew=0.3, clock=lambda: now[0])
+    js = a.nc.jetstream()
+    await js.delete_stream(subjects.LEADER_STREAM)  # nothing stores a create for now
+    acquiring = asyncio.ensure_future(a.acquire())
+    await wait_for(lambda: a._tried_at > float("-inf"), 10, what="a create sent, unanswered")
+    await asyncio.sleep(0.5)  # a few more, all unanswered ("no responders")
+    now[0] += 60.0  # longer than the TTL since the first
+    await js.create_key_value(bucket=subjects.LEADER_BUCKET, history=1, ttl=30.0, replicas=1,
+                              storage=nats.js.api.StorageType.FILE)
+    await asyncio.wait_for(acquiring, 20)
+    assert a.valid(), a.why_lost
+    await asyncio.sleep(1.0)
+    assert a.valid() and not a.lost.is_set()
+    await a.close()
+
+
+async def test_a_create_answered_as_a_duplicate_counts_from_its_first_send(
+        conns: Conns, nats_server: NatsServer) -> None:
+    """The other side of that rule: a create whose first attempt the server stored late
+    (it was frozen) is answered "duplicate" on a retry; the lease is counted from the first
+    send, so a create stored more than a TTL after it was sent holds nothing."""
+    now = [0.0]
+    a = await conns.lease("a", ttl=30.0, renew=0.3, clock=lambda: now[0])
+    assert nats_server.proc is not None
+    os.killpg(nats_server.proc.pid, signal.SIGSTOP)  # requests wait in the socket
+    try:
+        acquiring = asyncio.ensure_future(a.acquire())
+        await wait_for(lambda: a._tried_at > float("-inf"), 10, what="a create sent")
+        now[0] += 60.0
+        await asyncio.sleep(2.5)  # the first attempt times out; a retry is in flight
+    finally:
+        os.killpg(nats_server.proc.pid, signal.SIGCONT)
+    await asyncio.wait_for(acquiring, 20)
+    await wait_for(lambda: a.lost.is_set(), 10, what="the late lease counted as run out")
+    assert "own clock" in a.why_lost
+    await a.close()

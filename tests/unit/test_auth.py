@@ -168,8 +168,9 @@ def test_the_broker_answers_only_inboxes_and_a_node_reads_only_its_own_key() -> 
         broker["publish"]["allow"])
     assert [s for s in broker["publish"]["allow"] if s.startswith("$JS.")] == [
         "$JS.API.STREAM.CREATE.KV_gavel-nodes",
-        # the leadership lease of several brokers: its bucket and a watch of its one key
-        "$JS.API.STREAM.CREATE.KV_gavel-leader",
+        # the leadership lease of several brokers: its bucket, reading its one key's last
+        # message (did a refused retry land?) and a watch of that key
+        "$JS.API.STREAM.CREATE.KV_gavel-leader", "$JS.API.STREAM.MSG.GET.KV_gavel-leader",
         "$JS.API.CONSUMER.CREATE.KV_gavel-leader.*.$KV.gavel-leader.leader",
         # the heartbeat stream's (broker.heartbeat_stream), on that stream only
         "$JS.API.STREAM.CREATE.gavel-heartbeats", "$JS.API.STREAM.UPDATE.gavel-heartbeats",
