@@ -33,6 +33,7 @@ from gavel.cli.parsers import (
     boolean,
     broker_id,
     choice,
+    label_keys,
     labels,
     listen_addresses,
     node_id,
@@ -138,6 +139,10 @@ class WorkerConfig(DaemonConfig, kw_only=True, forbid_unknown_fields=True):
     strategy: str = "least-loaded"
     strategy_params: dict[str, float] = {}
     labels: dict[str, str] = {}
+    #: Label keys this node keeps itself for (`shared.strategies.reserve`): a request that
+    #: asks for none of them is priced one whole node higher, so it lands here only when no
+    #: other node bids.
+    reserve_for: list[str] = []
     cpu: Annotated[float, msgspec.Meta(gt=0)] | None = None
     memory_mb: Annotated[int, msgspec.Meta(gt=0)] | None = None
     ports: tuple[Port, Port] = (20000, 20999)
@@ -272,6 +277,10 @@ WORKER_OPTIONS: list[Option] = [
            "strategy parameter, e.g. ceiling=0.7 for headroom (repeatable; env: a comma "
            "list)", "KEY=VALUE", repeat=True, env_parse=strategy_params),
     Option("labels", "--labels", "GAVEL_LABELS", labels, "labels as k=v,k2=v2", "LABELS"),
+    Option("reserve_for", "--reserve-for", "GAVEL_RESERVE_FOR", label_keys,
+           "keep this node for requests that ask for one of these label keys (comma list, "
+           "e.g. gpu): any other request is priced one whole node higher, so it lands here "
+           "only when no other node bids", "KEYS"),
     Option("cpu", "--cpu", "GAVEL_CPU", positive_float, "cpu capacity (default: detected)",
            "N"),
     Option("memory_mb", "--memory-mb", "GAVEL_MEMORY_MB", positive_int,
@@ -495,6 +504,11 @@ def _finish(cfg: C, source: Mapping[str, str]) -> C:
     if cfg.strategy not in strategy_names():
         raise ConfigError(f"{src('strategy')}: field `strategy` expected one of "
                           f"{', '.join(strategy_names())}, got {cfg.strategy!r}.")
+    for key in cfg.reserve_for:
+        if key not in cfg.labels:
+            raise ConfigError(f"{src('reserve_for')}: field `reserve_for` names label key "
+                              f"{key!r}, which this node does not carry (its labels: "
+                              f"{', '.join(sorted(cfg.labels)) or 'none'}).")
     if cfg.cpu is not None and not math.isfinite(cfg.cpu):
         raise ConfigError(f"{src('cpu')}: field `cpu` expected a finite number, got {cfg.cpu}.")
     if cfg.advertise:

@@ -350,9 +350,10 @@ async def run_broker(args: argparse.Namespace) -> int:
 
 def _strategy(cfg: WorkerConfig) -> Strategy:
     from gavel.shared.strategies import make_strategy
+    from gavel.shared.strategies.reserve import reserve
 
     try:
-        return make_strategy(cfg.strategy, cfg.strategy_params)
+        return reserve(make_strategy(cfg.strategy, cfg.strategy_params), cfg.reserve_for)
     except ValueError as exc:
         raise ConfigError(f"field `strategy_params`: {exc}.") from None
 

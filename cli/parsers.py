@@ -24,6 +24,7 @@ __all__ = [
     "broker_id",
     "choice",
     "duration",
+    "label_keys",
     "labels",
     "listen_addresses",
     "node_id",
@@ -46,6 +47,16 @@ def labels(text: str) -> dict[str, str]:
             raise argparse.ArgumentTypeError(f"label {part!r} is not of the form key=value")
         out[key] = value
     return out
+
+
+def label_keys(text: str) -> list[str]:
+    """A comma list of label keys, e.g. ``gpu,ssd``: each as in ``--labels`` before its '='."""
+    keys = [k.strip() for k in text.split(",") if k.strip()]
+    for key in keys:
+        if "=" in key:
+            raise argparse.ArgumentTypeError(
+                f"{key!r} is a label, not a label key: name the key alone (gpu, not gpu=yes)")
+    return keys
 
 
 def address(text: str) -> str:

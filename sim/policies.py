@@ -18,6 +18,7 @@ from typing import NamedTuple
 import msgspec
 
 from gavel.shared.strategies import Strategy, make_strategy
+from gavel.shared.strategies.reserve import reserve
 from gavel.sim.baselines import NomadPlacer, RandomPlacer, StalePlacer
 from gavel.sim.cluster import Cluster, script
 from gavel.sim.distributions import pick_weighted
@@ -84,7 +85,26 @@ def _describe(policy: GavelPolicy) -> str:
     whole = sum(e.share for e in policy.mix)
     parts = ", ".join(f"{e.share / whole:.0%} {e.label}" for e in policy.mix)
     how = "broadcast" if policy.mode == "broadcast" else f"sample d={policy.d}"
+    if policy.reserve_for:
+        how += f"; nodes reserved for {', '.join(policy.reserve_for)}"
     return f"gavel bidding ({parts}); {how}"
+
+
+def reserved(strategies: list[Strategy], cluster: Cluster, keys: list[str]) -> list[Strategy]:
+    """Each node's strategy reserved for the `keys` it carries; one wrapper per strategy
+    and key set, so nodes alike stay alike to the order book's memo (`sim.book` rule 1)."""
+    made: dict[tuple[int, frozenset[str]], Strategy] = {}
+    out: list[Strategy] = []
+    for strategy, node in zip(strategies, cluster.nodes, strict=True):
+        kept = frozenset(k for k in keys if k in node.labels)
+        if not kept:
+            out.append(strategy)
+            continue
+        key = (id(strategy), kept)
+        if key not in made:
+            made[key] = reserve(strategy, kept)
+        out.append(made[key])
+    return out
 
 
 def plan(s: Scenario, seed: int, naive: bool = False) -> list[PolicySpec]:
@@ -97,6 +117,8 @@ def plan(s: Scenario, seed: int, naive: bool = False) -> list[PolicySpec]:
                   name: str = name) -> Placer:
             strategies, labels = assign_mix(p, cluster.initial, len(cluster),
                                             random.Random(f"{seed}/mix/{name}"))
+            if p.reserve_for:
+                strategies = reserved(strategies, cluster, p.reserve_for)
             net = NetworkModel(s.network.latency_s, s.network.loss, deadline,
                                random.Random(f"{seed}/network/{name}"))
             return GavelPlacer(name, cluster, catalogue, strategies, labels, network=net,

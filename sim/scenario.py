@@ -83,6 +83,10 @@ class GavelPolicy(_Config, kw_only=True):
     #: broadcast asks every eligible node; sample asks d random eligible nodes
     mode: Literal["broadcast", "sample"] = "broadcast"
     d: PosInt = 2
+    #: Label keys the nodes carrying them keep themselves for (`shared.strategies.reserve`):
+    #: each such node runs its strategy reserved for the keys it carries, as a worker with
+    #: ``reserve_for`` does.
+    reserve_for: list[Label] = []
 
 
 class Baselines(_Config, kw_only=True):

@@ -127,6 +127,10 @@ name = "sampled"
 mode = "sample"
 d = 4
 mix = [{{ strategy = "binpack", share = 1 }}, {{ strategy = "spread", share = 1 }}]
+[[gavel]]
+name = "reserved"
+reserve_for = ["gpu"]
+mix = [{{ strategy = "binpack", share = 1 }}, {{ strategy = "least-loaded", share = 1 }}]
 [baselines]
 run = ["central-fresh", "random", "nomad-binpack"]
 [workload]
