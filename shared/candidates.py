@@ -19,6 +19,21 @@ Rules:
    round, and one node more is cheap next to a round lost to two busy ones.
 4. A shape no node can take is hopeless: `refusals` gives the decline each live node would
    send for it, so the request is unschedulable at once, for the reason the nodes would give.
+5. Scarce nodes are spared: a label (key and value) fewer than `SCARCE_SHARE` of the live
+   nodes carry is scarce, and a shape that does not ask for it draws its d·m among the
+   candidates carrying no scarce label, when they are at least half of its candidates and at
+   least d·m. The few nodes with a rare label are the only home of the requests that need
+   it; work that could run anywhere, spread over them by a random draw, leaves them full
+   when those requests come. They stay candidates: asked when fewer than d·m are left, and
+   by the retry that asks every candidate (`broker.auctioneer` rule 11) when the drawn
+   nodes are full.
+6. The largest nodes are spared the same way: a shape that fits half of the largest of the
+   smaller candidates (cpu and memory) draws among the candidates smaller in cpu than the
+   largest, when they are at least half of what rule 5 left and at least d·m. Only the
+   largest nodes take the largest requests, and only while whole; small work spread over
+   them leaves none whole.
+7. The last winner (rule 3) is asked only when it is among the nodes drawn from: a scarce
+   or large node that won a retry does not keep drawing the shape's work to it.
 """
 
 from __future__ import annotations
@@ -35,6 +50,8 @@ __all__ = ["Candidates", "Draw"]
 
 #: Shapes whose candidates are kept at once; past it the cache starts again (shapes are few).
 SHAPES_KEPT = 4096
+#: A label carried by fewer than this share of the live nodes is scarce (rule 5).
+SCARCE_SHARE = 1 / 8
 
 
 class Draw(NamedTuple):
@@ -57,6 +74,9 @@ class Candidates:
         self._live_seen: Sequence[str] | None = None
         self._members: list[str] | None = None
         self._pools: dict[object, list[str]] = {}
+        #: Per shape, the candidates its draws come from and the same as a set (rules 5-6).
+        self._fields: dict[object, tuple[list[str], frozenset[str]]] = {}
+        self._scarce: frozenset[tuple[str, str]] | None = None
         #: Real changes so far (a test and the simulator can tell a rebuild from a hit).
         self.version = 0
 
@@ -100,6 +120,8 @@ class Candidates:
     def _changed(self, membership: bool = False) -> None:
         self.version += 1
         self._pools.clear()
+        self._fields.clear()
+        self._scarce = None
         if membership:
             self._members = None
 
@@ -150,12 +172,52 @@ class Candidates:
         return node_id in self._views and (live is None or node_id in live) \
             and self.refusal(node_id, shape) is None
 
+    def scarce(self) -> frozenset[tuple[str, str]]:
+        """Rule 5: the labels fewer than `SCARCE_SHARE` of the live nodes carry."""
+        if self._scarce is None:
+            live = self.asked()
+            seen: dict[tuple[str, str], int] = {}
+            for n in live:
+                for label in self._views[n].labels.items():
+                    seen[label] = seen.get(label, 0) + 1
+            self._scarce = frozenset(k for k, c in seen.items() if c < SCARCE_SHARE * len(live))
+        return self._scarce
+
+    def field(self, shape: Shape) -> list[str]:
+        """Rules 5-6: the candidates `shape`'s requests are drawn from, sorted (shared)."""
+        return self._field(shape, self.pool(shape))[0]
+
+    def _field(self, shape: Shape, pool: list[str]) -> tuple[list[str], frozenset[str]]:
+        key = shape.key()
+        got = self._fields.get(key)
+        if got is None:
+            if len(self._fields) >= SHAPES_KEPT:
+                self._fields.clear()
+            views = self._views
+            field = pool
+            rare = self.scarce() - shape.labels.items()
+            if rare:
+                plain = [n for n in field if rare.isdisjoint(views[n].labels.items())]
+                field = plain if 2 * len(plain) >= len(field) else field
+            if field:
+                top = max(views[n].capacity.cpu for n in field)
+                smaller = [n for n in field if views[n].capacity.cpu < top]
+                if smaller and 2 * len(smaller) >= len(field) \
+                        and 2 * shape.cpu <= max(views[n].capacity.cpu for n in smaller) \
+                        and 2 * shape.memory_mb <= max(views[n].capacity.memory_mb
+                                                       for n in smaller):
+                    field = smaller
+            got = (field, frozenset(field))
+            self._fields[key] = got
+        return got
+
     def draw(self, shapes: Sequence[Shape], counts: Sequence[int], d: int,
              rng: random.Random, excluded: AbstractSet[str] = frozenset(),
              last: Mapping[object, str] | None = None) -> Draw:
-        """Rule 3: the nodes to ask for `counts[i]` requests of each `shapes[i]`; a shape's
-        `excluded` candidates are left out unless no other is left (`broker.auctioneer`
-        rule 2); `last`: the last winner per shape key, asked too while a candidate."""
+        """Rule 3: the nodes to ask for `counts[i]` requests of each `shapes[i]`, drawn
+        among the nodes rules 5-6 leave; a shape's `excluded` candidates are left out unless
+        no other is left (`broker.auctioneer` rule 2); `last`: the last winner per shape
+        key, asked too while a candidate among those drawn from (rule 7)."""
         if len(shapes) == 1 and not excluded:  # the common batch: one shape, a list will do
             return self._draw_one(shapes[0], counts[0], d, rng, last)
         asked: set[str] = set()
@@ -163,24 +225,28 @@ class Candidates:
         hopeless: list[int] = []
         for i, (shape, m) in enumerate(zip(shapes, counts, strict=True)):
             pool = self.pool(shape)
-            if excluded:
-                pool = [n for n in pool if n not in excluded] or pool
             if not pool:
                 hopeless.append(i)
                 whole.append(True)
                 continue
+            field, inside = self._field(shape, pool)
+            if excluded:
+                pool = [n for n in pool if n not in excluded] or pool
+                field = [n for n in field if n not in excluded]
             k = d * m
             if len(pool) <= k:
                 asked.update(pool)
                 whole.append(True)
-            else:
-                asked.update(rng.sample(pool, k))
-                whole.append(False)
-                best = last.get(shape.key()) if last else None
-                if best is not None and best not in excluded and self.candidate(best, shape):
-                    asked.add(best)
+                continue
+            if len(field) < k:
+                field, inside = pool, frozenset()
+            asked.update(rng.sample(field, k))
+            whole.append(False)
+            best = last.get(shape.key()) if last else None
+            if best is not None and best not in excluded and (not inside or best in inside) \
+                    and self.candidate(best, shape):
+                asked.add(best)
         return Draw(sorted(asked), whole, hopeless)
-
 
     def _draw_one(self, shape: Shape, m: int, d: int, rng: random.Random,
                   last: Mapping[object, str] | None) -> Draw:
@@ -188,11 +254,16 @@ class Candidates:
         pool = self.pool(shape)
         if not pool:
             return Draw([], [True], [0])
-        if len(pool) <= d * m:
+        k = d * m
+        if len(pool) <= k:
             return Draw(list(pool), [True], [])
-        asked = rng.sample(pool, d * m)
+        field, inside = self._field(shape, pool)
+        if len(field) < k:
+            field, inside = pool, frozenset()
+        asked = rng.sample(field, k)
         best = last.get(shape.key()) if last else None
-        if best is not None and best not in asked and self.candidate(best, shape):
+        if best is not None and best not in asked and (not inside or best in inside) \
+                and self.candidate(best, shape):
             asked.append(best)
         asked.sort()
         return Draw(asked, [False], [])
