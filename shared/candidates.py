@@ -232,7 +232,8 @@ class Candidates:
             field, inside = self._field(shape, pool)
             if excluded:
                 pool = [n for n in pool if n not in excluded] or pool
-                field = [n for n in field if n not in excluded]
+                if not inside.isdisjoint(excluded):
+                    field = [n for n in field if n not in excluded]
             k = d * m
             if len(pool) <= k:
                 asked.update(pool)
