@@ -76,7 +76,8 @@ class Candidates:
         self._pools: dict[object, list[str]] = {}
         #: Per shape, the candidates its draws come from and the same as a set (rules 5-6).
         self._fields: dict[object, tuple[list[str], frozenset[str]]] = {}
-        self._scarce: frozenset[tuple[str, str]] | None = None
+        self._scarce: tuple[frozenset[tuple[str, str]],
+                            dict[str, frozenset[tuple[str, str]]]] | None = None
         #: Real changes so far (a test and the simulator can tell a rebuild from a hit).
         self.version = 0
 
@@ -174,13 +175,24 @@ class Candidates:
 
     def scarce(self) -> frozenset[tuple[str, str]]:
         """Rule 5: the labels fewer than `SCARCE_SHARE` of the live nodes carry."""
+        return self._rare()[0]
+
+    def _rare(self) -> tuple[frozenset[tuple[str, str]], dict[str, frozenset[tuple[str, str]]]]:
+        """The scarce labels, and the scarce labels of each live node carrying any."""
         if self._scarce is None:
             live = self.asked()
             seen: dict[tuple[str, str], int] = {}
             for n in live:
                 for label in self._views[n].labels.items():
                     seen[label] = seen.get(label, 0) + 1
-            self._scarce = frozenset(k for k, c in seen.items() if c < SCARCE_SHARE * len(live))
+            scarce = frozenset(k for k, c in seen.items() if c < SCARCE_SHARE * len(live))
+            carriers: dict[str, frozenset[tuple[str, str]]] = {}
+            if scarce:
+                for n in live:
+                    mine = scarce.intersection(self._views[n].labels.items())
+                    if mine:
+                        carriers[n] = mine
+            self._scarce = (scarce, carriers)
         return self._scarce
 
     def field(self, shape: Shape) -> list[str]:
@@ -195,17 +207,18 @@ class Candidates:
                 self._fields.clear()
             views = self._views
             field = pool
-            rare = self.scarce() - shape.labels.items()
-            if rare:
-                plain = [n for n in field if rare.isdisjoint(views[n].labels.items())]
+            carriers = self._rare()[1]
+            if carriers:
+                wanted = shape.labels.items()
+                plain = [n for n in field if n not in carriers or carriers[n].issubset(wanted)]
                 field = plain if 2 * len(plain) >= len(field) else field
-            if field:
-                top = max(views[n].capacity.cpu for n in field)
-                smaller = [n for n in field if views[n].capacity.cpu < top]
-                if smaller and 2 * len(smaller) >= len(field) \
-                        and 2 * shape.cpu <= max(views[n].capacity.cpu for n in smaller) \
-                        and 2 * shape.memory_mb <= max(views[n].capacity.memory_mb
-                                                       for n in smaller):
+            cpus = [views[n].capacity for n in field]
+            top = max((c.cpu for c in cpus), default=0.0)
+            smaller = [n for n, c in zip(field, cpus, strict=True) if c.cpu < top]
+            if smaller and 2 * len(smaller) >= len(field):
+                room = [views[n].capacity for n in smaller]
+                if 2 * shape.cpu <= max(c.cpu for c in room) \
+                        and 2 * shape.memory_mb <= max(c.memory_mb for c in room):
                     field = smaller
             got = (field, frozenset(field))
             self._fields[key] = got
