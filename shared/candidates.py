@@ -34,6 +34,11 @@ Rules:
    them leaves none whole.
 7. The last winner (rule 3) is asked only when it is among the nodes drawn from: a scarce
    or large node that won a retry does not keep drawing the shape's work to it.
+8. A request that needs half or more of the smallest node it is drawn among asks d more for
+   each such half (d·(1 + ⌊2·cpu / smallest cpu⌋) per request): the more of a node a request
+   needs, the fewer random nodes have that much free, and a round the drawn nodes cannot
+   place is asked again of every candidate, a round that waits for the slowest of hundreds.
+   The count decides whether every candidate is asked (rule 3).
 """
 
 from __future__ import annotations
@@ -74,8 +79,9 @@ class Candidates:
         self._live_seen: Sequence[str] | None = None
         self._members: list[str] | None = None
         self._pools: dict[object, list[str]] = {}
-        #: Per shape, the candidates its draws come from and the same as a set (rules 5-6).
-        self._fields: dict[object, tuple[list[str], frozenset[str]]] = {}
+        #: Per shape, the candidates its draws come from, the same as a set (rules 5-6), and
+        #: how many times d a request of it asks (rule 8).
+        self._fields: dict[object, tuple[list[str], frozenset[str], int]] = {}
         self._scarce: tuple[frozenset[tuple[str, str]],
                             dict[str, frozenset[tuple[str, str]]]] | None = None
         #: Real changes so far (a test and the simulator can tell a rebuild from a hit).
@@ -199,7 +205,11 @@ class Candidates:
         """Rules 5-6: the candidates `shape`'s requests are drawn from, sorted (shared)."""
         return self._field(shape, self.pool(shape))[0]
 
-    def _field(self, shape: Shape, pool: list[str]) -> tuple[list[str], frozenset[str]]:
+    def times(self, shape: Shape) -> int:
+        """Rule 8: how many times d nodes a request of `shape` asks."""
+        return self._field(shape, self.pool(shape))[2]
+
+    def _field(self, shape: Shape, pool: list[str]) -> tuple[list[str], frozenset[str], int]:
         key = shape.key()
         got = self._fields.get(key)
         if got is None:
@@ -220,17 +230,20 @@ class Candidates:
                 if 2 * shape.cpu <= max(c.cpu for c in room) \
                         and 2 * shape.memory_mb <= max(c.memory_mb for c in room):
                     field = smaller
-            got = (field, frozenset(field))
+            least = min((views[n].capacity.cpu for n in field), default=0.0)
+            times = 1 + int(2 * shape.cpu / least) if least > 0 else 1
+            got = (field, frozenset(field), times)
             self._fields[key] = got
         return got
 
     def draw(self, shapes: Sequence[Shape], counts: Sequence[int], d: int,
              rng: random.Random, excluded: AbstractSet[str] = frozenset(),
              last: Mapping[object, str] | None = None) -> Draw:
-        """Rule 3: the nodes to ask for `counts[i]` requests of each `shapes[i]`, drawn
-        among the nodes rules 5-6 leave; a shape's `excluded` candidates are left out unless
-        no other is left (`broker.auctioneer` rule 2); `last`: the last winner per shape
-        key, asked too while a candidate among those drawn from (rule 7)."""
+        """Rule 3: the nodes to ask for `counts[i]` requests of each `shapes[i]`, d each (or
+        more, rule 8), drawn among the nodes rules 5-6 leave; a shape's `excluded`
+        candidates are left out unless no other is left (`broker.auctioneer` rule 2);
+        `last`: the last winner per shape key, asked too while a candidate among those
+        drawn from (rule 7)."""
         if len(shapes) == 1 and not excluded:  # the common batch: one shape, a list will do
             return self._draw_one(shapes[0], counts[0], d, rng, last)
         asked: set[str] = set()
@@ -242,12 +255,12 @@ class Candidates:
                 hopeless.append(i)
                 whole.append(True)
                 continue
-            field, inside = self._field(shape, pool)
+            field, inside, times = self._field(shape, pool)
             if excluded:
                 pool = [n for n in pool if n not in excluded] or pool
                 if not inside.isdisjoint(excluded):
                     field = [n for n in field if n not in excluded]
-            k = d * m
+            k = d * times * m
             if len(pool) <= k:
                 asked.update(pool)
                 whole.append(True)
@@ -268,10 +281,10 @@ class Candidates:
         pool = self.pool(shape)
         if not pool:
             return Draw([], [True], [0])
-        k = d * m
+        field, inside, times = self._field(shape, pool)
+        k = d * times * m
         if len(pool) <= k:
             return Draw(list(pool), [True], [])
-        field, inside = self._field(shape, pool)
         if len(field) < k:
             field, inside = pool, frozenset()
         asked = rng.sample(field, k)

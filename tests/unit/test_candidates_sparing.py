@@ -12,8 +12,8 @@ from gavel.shared.messages import Capacity, Shape
 
 SMALL = Capacity(cpu=8.0, memory_mb=32768, ports=100)
 LARGE = Capacity(cpu=32.0, memory_mb=131072, ports=100)
-GPU = Shape(cpu=4.0, memory_mb=1024, labels={"gpu": "yes"})
-BIG = Shape(cpu=24.0, memory_mb=1024)
+GPU = Shape(cpu=2.0, memory_mb=1024, labels={"gpu": "yes"})
+BIG = Shape(cpu=12.0, memory_mb=1024)
 PLAIN = Shape(cpu=1.0, memory_mb=512)
 HALF = Shape(cpu=6.0, memory_mb=512)  # more than half of a small node
 
@@ -90,3 +90,20 @@ def test_the_last_winner_is_asked_only_when_among_the_nodes_drawn_from() -> None
         assert "n050" in index.draw([PLAIN], [1], 2, random.Random(seed), last=last).asked
         got = index.draw([PLAIN, BIG], [1, 1], 2, random.Random(seed), last=last)
         assert "n050" in got.asked
+
+
+def test_a_request_of_half_a_node_or_more_asks_d_more_for_each_half() -> None:
+    index = fleet(gpus=0, large=0)  # 100 nodes of 8 cpu
+
+    def count(cpu: float, m: int = 1) -> int:
+        got = index.draw([Shape(cpu=cpu, memory_mb=512)], [m], 2, random.Random(1))
+        return len(got.asked)
+    assert (count(1.0), count(3.9), count(4.0), count(8.0), count(4.0, m=3)) == (2, 2, 4, 6, 12)
+    assert index.times(Shape(cpu=4.0, memory_mb=512)) == 2
+    got = index.draw([Shape(cpu=8.0, memory_mb=512)], [17], 2, random.Random(1))
+    assert got.whole == [True] and len(got.asked) == 100  # 17 · 6 > 100: every candidate
+    large = fleet(gpus=0)  # measured against the smallest node drawn among: here 32 cpu
+    assert large.times(BIG) == 1 and large.times(Shape(cpu=24.0, memory_mb=512)) == 2
+    for shape, asked in ((BIG, 2), (Shape(cpu=16.0, memory_mb=512), 4)):
+        got = large.draw([shape, PLAIN], [1, 1], 2, random.Random(1), excluded={"n000"})
+        assert len([n for n in got.asked if int(n[1:]) >= 90]) == asked
