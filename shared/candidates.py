@@ -20,18 +20,18 @@ Rules:
 4. A shape no node can take is hopeless: `refusals` gives the decline each live node would
    send for it, so the request is unschedulable at once, for the reason the nodes would give.
 5. Scarce nodes are spared: a label (key and value) fewer than `SCARCE_SHARE` of the live
-   nodes carry is scarce, and a shape that does not ask for it draws its d·m among the
-   candidates carrying no scarce label, when they are at least half of its candidates and at
-   least d·m. The few nodes with a rare label are the only home of the requests that need
-   it; work that could run anywhere, spread over them by a random draw, leaves them full
-   when those requests come. They stay candidates: asked when fewer than d·m are left, and
-   by the retry that asks every candidate (`broker.auctioneer` rule 11) when the drawn
-   nodes are full.
+   nodes carry is scarce, and a shape that does not ask for it draws among the candidates
+   carrying no scarce label, when they are at least half of its candidates and at least as
+   many as it asks. The few nodes with a rare label are the only home of the requests that
+   need it; work that could run anywhere, spread over them by a random draw, leaves them
+   full when those requests come. They stay candidates: drawn from when too few others are
+   left, and asked by the retry to every candidate (`broker.auctioneer` rule 11) when the
+   drawn nodes are full.
 6. The largest nodes are spared the same way: a shape that fits half of the largest of the
    smaller candidates (cpu and memory) draws among the candidates smaller in cpu than the
-   largest, when they are at least half of what rule 5 left and at least d·m. Only the
+   largest, when they are at least half of what rule 5 left and as many as it asks. Only the
    largest nodes take the largest requests, and only while whole; small work spread over
-   them leaves none whole.
+   them leaves none whole. With fewer than it asks left, a shape draws among all candidates.
 7. The last winner (rule 3) is asked only when it is among the nodes drawn from: a scarce
    or large node that won a retry does not keep drawing the shape's work to it.
 8. A request that needs half or more of the smallest node it is drawn among asks d more for
