@@ -19,6 +19,26 @@ Rules:
    round, and one node more is cheap next to a round lost to two busy ones.
 4. A shape no node can take is hopeless: `refusals` gives the decline each live node would
    send for it, so the request is unschedulable at once, for the reason the nodes would give.
+5. Scarce nodes are spared: a label (key and value) fewer than `SCARCE_SHARE` of the live
+   nodes carry is scarce, and a shape that does not ask for it draws among the candidates
+   carrying no scarce label, when they are at least half of its candidates and at least as
+   many as it asks. The few nodes with a rare label are the only home of the requests that
+   need it; work that could run anywhere, spread over them by a random draw, leaves them
+   full when those requests come. They stay candidates: drawn from when too few others are
+   left, and asked by the retry to every candidate (`broker.auctioneer` rule 11) when the
+   drawn nodes are full.
+6. The largest nodes are spared the same way: a shape that fits half of the largest of the
+   smaller candidates (cpu and memory) draws among the candidates smaller in cpu than the
+   largest, when they are at least half of what rule 5 left and as many as it asks. Only the
+   largest nodes take the largest requests, and only while whole; small work spread over
+   them leaves none whole. With fewer than it asks left, a shape draws among all candidates.
+7. The last winner (rule 3) is asked only when it is among the nodes drawn from: a scarce
+   or large node that won a retry does not keep drawing the shape's work to it.
+8. A request that needs half or more of the smallest node it is drawn among asks d more for
+   each such half (d·(1 + ⌊2·cpu / smallest cpu⌋) per request): the more of a node a request
+   needs, the fewer random nodes have that much free, and a round the drawn nodes cannot
+   place is asked again of every candidate, a round that waits for the slowest of hundreds.
+   The count decides whether every candidate is asked (rule 3).
 """
 
 from __future__ import annotations
@@ -35,6 +55,8 @@ __all__ = ["Candidates", "Draw"]
 
 #: Shapes whose candidates are kept at once; past it the cache starts again (shapes are few).
 SHAPES_KEPT = 4096
+#: A label carried by fewer than this share of the live nodes is scarce (rule 5).
+SCARCE_SHARE = 1 / 8
 
 
 class Draw(NamedTuple):
@@ -57,6 +79,11 @@ class Candidates:
         self._live_seen: Sequence[str] | None = None
         self._members: list[str] | None = None
         self._pools: dict[object, list[str]] = {}
+        #: Per shape, the candidates its draws come from, the same as a set (rules 5-6), and
+        #: how many times d a request of it asks (rule 8).
+        self._fields: dict[object, tuple[list[str], frozenset[str], int]] = {}
+        self._scarce: tuple[frozenset[tuple[str, str]],
+                            dict[str, frozenset[tuple[str, str]]]] | None = None
         #: Real changes so far (a test and the simulator can tell a rebuild from a hit).
         self.version = 0
 
@@ -100,6 +127,8 @@ class Candidates:
     def _changed(self, membership: bool = False) -> None:
         self.version += 1
         self._pools.clear()
+        self._fields.clear()
+        self._scarce = None
         if membership:
             self._members = None
 
@@ -150,12 +179,71 @@ class Candidates:
         return node_id in self._views and (live is None or node_id in live) \
             and self.refusal(node_id, shape) is None
 
+    def scarce(self) -> frozenset[tuple[str, str]]:
+        """Rule 5: the labels fewer than `SCARCE_SHARE` of the live nodes carry."""
+        return self._rare()[0]
+
+    def _rare(self) -> tuple[frozenset[tuple[str, str]], dict[str, frozenset[tuple[str, str]]]]:
+        """The scarce labels, and the scarce labels of each live node carrying any."""
+        if self._scarce is None:
+            live = self.asked()
+            seen: dict[tuple[str, str], int] = {}
+            for n in live:
+                for label in self._views[n].labels.items():
+                    seen[label] = seen.get(label, 0) + 1
+            scarce = frozenset(k for k, c in seen.items() if c < SCARCE_SHARE * len(live))
+            carriers: dict[str, frozenset[tuple[str, str]]] = {}
+            if scarce:
+                for n in live:
+                    mine = scarce.intersection(self._views[n].labels.items())
+                    if mine:
+                        carriers[n] = mine
+            self._scarce = (scarce, carriers)
+        return self._scarce
+
+    def field(self, shape: Shape) -> list[str]:
+        """Rules 5-6: the candidates `shape`'s requests are drawn from, sorted (shared)."""
+        return self._field(shape, self.pool(shape))[0]
+
+    def times(self, shape: Shape) -> int:
+        """Rule 8: how many times d nodes a request of `shape` asks."""
+        return self._field(shape, self.pool(shape))[2]
+
+    def _field(self, shape: Shape, pool: list[str]) -> tuple[list[str], frozenset[str], int]:
+        key = shape.key()
+        got = self._fields.get(key)
+        if got is None:
+            if len(self._fields) >= SHAPES_KEPT:
+                self._fields.clear()
+            views = self._views
+            field = pool
+            carriers = self._rare()[1]
+            if carriers:
+                wanted = shape.labels.items()
+                plain = [n for n in field if n not in carriers or carriers[n].issubset(wanted)]
+                field = plain if 2 * len(plain) >= len(field) else field
+            cpus = [views[n].capacity for n in field]
+            top = max((c.cpu for c in cpus), default=0.0)
+            smaller = [n for n, c in zip(field, cpus, strict=True) if c.cpu < top]
+            if smaller and 2 * len(smaller) >= len(field):
+                room = [views[n].capacity for n in smaller]
+                if 2 * shape.cpu <= max(c.cpu for c in room) \
+                        and 2 * shape.memory_mb <= max(c.memory_mb for c in room):
+                    field = smaller
+            least = min((views[n].capacity.cpu for n in field), default=0.0)
+            times = 1 + int(2 * shape.cpu / least) if least > 0 else 1
+            got = (field, frozenset(field), times)
+            self._fields[key] = got
+        return got
+
     def draw(self, shapes: Sequence[Shape], counts: Sequence[int], d: int,
              rng: random.Random, excluded: AbstractSet[str] = frozenset(),
              last: Mapping[object, str] | None = None) -> Draw:
-        """Rule 3: the nodes to ask for `counts[i]` requests of each `shapes[i]`; a shape's
-        `excluded` candidates are left out unless no other is left (`broker.auctioneer`
-        rule 2); `last`: the last winner per shape key, asked too while a candidate."""
+        """Rule 3: the nodes to ask for `counts[i]` requests of each `shapes[i]`, d each (or
+        more, rule 8), drawn among the nodes rules 5-6 leave; a shape's `excluded`
+        candidates are left out unless no other is left (`broker.auctioneer` rule 2);
+        `last`: the last winner per shape key, asked too while a candidate among those
+        drawn from (rule 7)."""
         if len(shapes) == 1 and not excluded:  # the common batch: one shape, a list will do
             return self._draw_one(shapes[0], counts[0], d, rng, last)
         asked: set[str] = set()
@@ -163,24 +251,29 @@ class Candidates:
         hopeless: list[int] = []
         for i, (shape, m) in enumerate(zip(shapes, counts, strict=True)):
             pool = self.pool(shape)
-            if excluded:
-                pool = [n for n in pool if n not in excluded] or pool
             if not pool:
                 hopeless.append(i)
                 whole.append(True)
                 continue
-            k = d * m
+            field, inside, times = self._field(shape, pool)
+            if excluded:
+                pool = [n for n in pool if n not in excluded] or pool
+                if not inside.isdisjoint(excluded):
+                    field = [n for n in field if n not in excluded]
+            k = d * times * m
             if len(pool) <= k:
                 asked.update(pool)
                 whole.append(True)
-            else:
-                asked.update(rng.sample(pool, k))
-                whole.append(False)
-                best = last.get(shape.key()) if last else None
-                if best is not None and best not in excluded and self.candidate(best, shape):
-                    asked.add(best)
+                continue
+            if len(field) < k:
+                field, inside = pool, frozenset()
+            asked.update(rng.sample(field, k))
+            whole.append(False)
+            best = last.get(shape.key()) if last else None
+            if best is not None and best not in excluded and (not inside or best in inside) \
+                    and self.candidate(best, shape):
+                asked.add(best)
         return Draw(sorted(asked), whole, hopeless)
-
 
     def _draw_one(self, shape: Shape, m: int, d: int, rng: random.Random,
                   last: Mapping[object, str] | None) -> Draw:
@@ -188,11 +281,16 @@ class Candidates:
         pool = self.pool(shape)
         if not pool:
             return Draw([], [True], [0])
-        if len(pool) <= d * m:
+        field, inside, times = self._field(shape, pool)
+        k = d * times * m
+        if len(pool) <= k:
             return Draw(list(pool), [True], [])
-        asked = rng.sample(pool, d * m)
+        if len(field) < k:
+            field, inside = pool, frozenset()
+        asked = rng.sample(field, k)
         best = last.get(shape.key()) if last else None
-        if best is not None and best not in asked and self.candidate(best, shape):
+        if best is not None and best not in asked and (not inside or best in inside) \
+                and self.candidate(best, shape):
             asked.append(best)
         asked.sort()
         return Draw(asked, [False], [])

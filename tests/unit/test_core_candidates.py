@@ -13,8 +13,8 @@ from gavel.shared.reasons import Reason
 
 SMALL = Capacity(cpu=8.0, memory_mb=32768, ports=100)
 LARGE = Capacity(cpu=32.0, memory_mb=131072, ports=100)
-GPU = Shape(cpu=4.0, memory_mb=1024, labels={"gpu": "yes"})
-BIG = Shape(cpu=24.0, memory_mb=1024)
+GPU = Shape(cpu=2.0, memory_mb=1024, labels={"gpu": "yes"})
+BIG = Shape(cpu=12.0, memory_mb=1024)
 PLAIN = Shape(cpu=1.0, memory_mb=512)
 
 
