@@ -4,10 +4,11 @@ Rule 1: a node's answers are exactly what `shared.strategies.answer` returns for
 view. `answer` is a pure function of (strategy, request, view) that reads, of the view, its
 capacity, commitments, host stats, labels and draining flag — never the node id — so every
 node in the same state under the same strategy gives the same answers. `Books.update` looks
-that state (`state_key`) up in a memo and asks `answer` only for a state no node has been in
-before; a node's change re-prices nothing when it lands in a known state. The memo is
-bounded: past `MEMO_LIMIT` states it is emptied (nodes keep their own answers), which
-changes only speed, never an answer.
+that state (`state_key`) up in a memo and prices only a state no node has been in before; a
+node's change re-prices nothing when it lands in a known state. The memo is bounded: past
+`MEMO_LIMIT` states it is emptied (nodes keep their own answers), which changes only speed,
+never an answer. An answer *object* (`book.answers[idx]`, fed to the `Auction`) is `answer`
+itself, asked when first wanted and kept with the state.
 Rule 2: ``loads[shape, node]`` holds the bid's load, +inf for a decline or no answer;
 ``codes[shape, node]`` the decline's reason code (its index in `REASONS`, -1 for none). A
 node's change writes its column; nothing is sorted. The award rule ranks ``(load,
@@ -16,12 +17,15 @@ first and, among equal loads, lowest index first — ``next(iter(ranked))`` is t
 rule's winner over all bids of the shape.
 Rule 3: labels are checked before anything else and a node's labels never change, so a shape
 asking for a label the node lacks gets the same missing-label decline in every state: it is
-asked once per (strategy, labels) and never priced again.
+asked of `answer` once per (strategy, labels) and never priced again.
 Rule 4: after labels, `shared.feasibility.check` declines a draining node, then the first of
 cpu, memory, ports that does not fit, with a detail that names only the request. So a shape
 that does not fit a state gets a decline fixed by (shape, which check failed): a new state
 finds those shapes with one array comparison (the same float arithmetic as `shortfall`),
-asks `answer` once per (shape, failed check) ever, and prices only the shapes that fit.
+and `answer` confirms each (shape, failed check) the first time it occurs.
+Rule 5: a shape that passes every check gets what `answer` gives it then: the strategy's
+own `bid` on the view — its load, or its refusal as the decline. A strategy whose load
+ignores the request (``depends_on_request`` false) is asked once for all of them.
 """
 
 from __future__ import annotations
@@ -30,11 +34,10 @@ import heapq
 import math
 from collections.abc import Iterator, Sequence
 
-import msgspec
 import numpy as np
 import numpy.typing as npt
 
-from gavel.shared.feasibility import NodeView
+from gavel.shared.feasibility import NodeView, Refusal
 from gavel.shared.messages import Bid, Decline, Request
 from gavel.shared.reasons import Reason
 from gavel.shared.strategies import Strategy, answer
@@ -54,6 +57,7 @@ _EPS = 1e-9
 _DRAINING, _CPU, _MEMORY, _PORTS = range(4)
 _REFUSED = {_DRAINING: Reason.DRAINING, _CPU: Reason.NO_ROOM_CPU,
             _MEMORY: Reason.NO_ROOM_MEMORY, _PORTS: Reason.NO_ROOM_PORTS}
+_FAILED_CODE = np.array([_CODES[_REFUSED[f]] for f in range(len(_REFUSED))], dtype=np.int16)
 
 Answer = Bid | Decline
 StateKey = tuple[object, ...]
@@ -76,16 +80,28 @@ def state_key(strategy: Strategy, view: NodeView) -> StateKey:
 
 
 class _State:
-    """One memoised state: the answer to every shape, and the columns they write."""
+    """One memoised state: each shape's load and decline code, and its answers on demand.
 
-    __slots__ = ("answers", "codes", "loads")
+    ``answer(shape)`` is `shared.strategies.answer` itself, asked the first time the shape's
+    answer object is wanted (a round's winner, a sampled reply), with the view of the first
+    node seen in this state (rule 1: any node in it answers the same)."""
 
-    def __init__(self, answers: tuple[Answer, ...]) -> None:
-        self.answers = answers
-        self.loads = np.array([a.load if isinstance(a, Bid) else math.inf for a in answers],
-                              dtype=np.float64)
-        self.codes = np.array([-1 if isinstance(a, Bid) else reason_code(a.reason)
-                               for a in answers], dtype=np.int16)
+    __slots__ = ("_answers", "codes", "loads", "requests", "strategy", "view")
+
+    def __init__(self, strategy: Strategy, view: NodeView, requests: Sequence[Request],
+                 loads: npt.NDArray[np.float64], codes: npt.NDArray[np.int16]) -> None:
+        self.strategy = strategy
+        self.view = view
+        self.requests = requests
+        self.loads = loads
+        self.codes = codes
+        self._answers: dict[int, Answer] = {}
+
+    def answer(self, shape: int) -> Answer:
+        ans = self._answers.get(shape)
+        if ans is None:
+            ans = self._answers[shape] = answer(self.strategy, self.requests[shape], self.view)
+        return ans
 
 
 class Ranked:
@@ -144,7 +160,7 @@ class _Answers:
 
     def __getitem__(self, idx: int) -> Answer | None:
         state = self.states[idx]
-        return None if state is None else state.answers[self.shape]
+        return None if state is None else state.answer(self.shape)
 
 
 class BidBook:
@@ -177,9 +193,11 @@ class Books:
         self.codes: npt.NDArray[np.int16] = np.full((len(requests), size), -1, dtype=np.int16)
         self.states: list[_State | None] = [None] * size
         self.memo: dict[StateKey, _State] = {}
-        self._declines: dict[tuple[object, ...], Decline] = {}
-        self._fixed: dict[tuple[object, ...], dict[int, Answer]] = {}
-        self._refused: dict[tuple[int, int], Decline] = {}
+        self._fixed: dict[tuple[object, ...], npt.NDArray[np.int16]] = {}
+        #: (check, shape) pairs whose decline `answer` has confirmed (rule 4)
+        self._vouched = np.zeros((len(_REFUSED), len(requests)), dtype=np.bool_)
+        self._all_draining = np.full(len(requests), _DRAINING, dtype=np.intp)
+        self._shapes = np.arange(len(requests))
         self._cpu = np.array([r.cpu for r in self.requests], dtype=np.float64)
         self._mem = np.array([r.memory_mb for r in self.requests], dtype=np.int64)
         self._ports = np.array([r.ports for r in self.requests], dtype=np.int64)
@@ -213,54 +231,59 @@ class Books:
         self.codes[:, idx] = state.codes
 
     def _price(self, strategy: Strategy, view: NodeView) -> _State:
+        """Rules 3-5: one array for the declines checks make, then the strategy's own bids
+        for the shapes that pass them."""
         self.priced += 1
-        fixed = self._unlabelled(strategy, view)
-        refused = self._refusals(view)
-        answers: list[Answer] = []
-        for k, request in enumerate(self.requests):
-            ans = fixed.get(k)
-            if ans is None:
-                failed = refused[k]
-                if failed >= 0:
-                    ans = self._refusal(strategy, k, int(failed), view)
+        codes = self._unlabelled(strategy, view).copy()
+        failed = self._refusals(view)
+        refused = (codes < 0) & (failed >= 0)
+        for k in np.flatnonzero(refused & ~self._vouched[failed, self._shapes]):
+            self._vouch(strategy, int(k), int(failed[k]), view)
+        codes[refused] = _FAILED_CODE[failed[refused]]
+        loads = np.full(len(self.requests), math.inf)
+        fits = np.flatnonzero(codes < 0)
+        if len(fits):
+            requests = self.requests
+            if strategy.depends_on_request:
+                priced = [strategy.bid(requests[k], view) for k in fits]
+            else:  # the load ignores the request (`Strategy.depends_on_request`): bid once
+                priced = [strategy.bid(requests[fits[0]], view)] * len(fits)
+            for k, p in zip(fits, priced, strict=True):
+                if isinstance(p, Refusal):
+                    codes[k] = reason_code(p.reason)
                 else:
-                    ans = answer(strategy, request, view)
-                    if isinstance(ans, Decline):  # equal declines share one object (memory)
-                        ans = self._declines.setdefault(msgspec.structs.astuple(ans), ans)
-            answers.append(ans)
-        return _State(tuple(answers))
+                    loads[k] = p
+        return _State(strategy, view, self.requests, loads, codes)
 
-    def _refusals(self, view: NodeView) -> npt.NDArray[np.int8]:
+    def _refusals(self, view: NodeView) -> npt.NDArray[np.intp]:
         """Rule 4: per shape, the check it fails in `view`, labels aside (-1: none)."""
-        failed = np.full(len(self.requests), -1, dtype=np.int8)
         if view.draining:
-            failed[:] = _DRAINING
-            return failed
+            return self._all_draining
+        failed = np.full(len(self.requests), -1, dtype=np.intp)
         free = view.capacity - view.committed
         failed[self._ports > free.ports] = _PORTS
         failed[self._mem > free.memory_mb] = _MEMORY
         failed[self._cpu > free.cpu + _EPS] = _CPU
         return failed
 
-    def _refusal(self, strategy: Strategy, k: int, failed: int, view: NodeView) -> Decline:
-        """Rule 4: the one decline shape `k` gets wherever check `failed` refuses it."""
-        ans = self._refused.get((k, failed))
-        if ans is None:
-            got = answer(strategy, self.requests[k], view)
-            assert isinstance(got, Decline) and got.reason == _REFUSED[failed], got
-            ans = self._refused[(k, failed)] = got
-        return ans
+    def _vouch(self, strategy: Strategy, k: int, failed: int, view: NodeView) -> None:
+        """Rule 4, held to `answer`: the first time check `failed` refuses shape `k`, the
+        real answer must be that decline (then it is for every state that fails it)."""
+        got = answer(strategy, self.requests[k], view)
+        assert isinstance(got, Decline) and got.reason == _REFUSED[failed], got
+        self._vouched[failed, k] = True
 
-    def _unlabelled(self, strategy: Strategy, view: NodeView) -> dict[int, Answer]:
-        """Rule 3: the shapes whose labels the node lacks, and their (fixed) answers."""
+    def _unlabelled(self, strategy: Strategy, view: NodeView) -> npt.NDArray[np.int16]:
+        """Rule 3: per shape, the missing-label code where the node lacks its labels (asked
+        of `answer` once per strategy and labels), else -1."""
         key = (id(strategy), tuple(view.labels.items()))
-        fixed = self._fixed.get(key)
-        if fixed is None:
-            fixed = {}
+        codes = self._fixed.get(key)
+        if codes is None:
+            codes = np.full(len(self.requests), -1, dtype=np.int16)
             for k, request in enumerate(self.requests):
                 if any(view.labels.get(name) != value for name, value in request.labels.items()):
                     ans = answer(strategy, request, view)
                     assert isinstance(ans, Decline) and ans.reason == Reason.MISSING_LABEL
-                    fixed[k] = ans
-            self._fixed[key] = fixed
-        return fixed
+                    codes[k] = reason_code(ans.reason)
+            self._fixed[key] = codes
+        return codes
