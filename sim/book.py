@@ -21,8 +21,8 @@ asked of `answer` once per (strategy, labels) and never priced again.
 Rule 4: after labels, `shared.feasibility.check` declines a draining node, then the first of
 cpu, memory, ports that does not fit, with a detail that names only the request. So a shape
 that does not fit a state gets a decline fixed by (shape, which check failed): a new state
-finds those shapes with one array comparison (the same float arithmetic as `shortfall`),
-and `answer` confirms each (shape, failed check) the first time it occurs.
+finds those shapes with the comparisons of `shortfall` (the same float arithmetic), and
+`answer` confirms each (shape, failed check) the first time it occurs.
 Rule 5: a shape that passes every check gets what `answer` gives it then: the strategy's
 own `bid` on the view — its load, or its refusal as the decline. A strategy whose load
 ignores the request (``depends_on_request`` false) is asked once for all of them.
@@ -57,10 +57,11 @@ _EPS = 1e-9
 _DRAINING, _CPU, _MEMORY, _PORTS = range(4)
 _REFUSED = {_DRAINING: Reason.DRAINING, _CPU: Reason.NO_ROOM_CPU,
             _MEMORY: Reason.NO_ROOM_MEMORY, _PORTS: Reason.NO_ROOM_PORTS}
-_FAILED_CODE = np.array([_CODES[_REFUSED[f]] for f in range(len(_REFUSED))], dtype=np.int16)
+_FAILED_CODE = [_CODES[_REFUSED[f]] for f in range(len(_REFUSED))]
 
 Answer = Bid | Decline
 StateKey = tuple[object, ...]
+_Amounts = tuple[int, float, int, int]  # a shape's index, cpu, memory and ports
 
 
 def reason_code(reason: str) -> int:
@@ -193,14 +194,10 @@ class Books:
         self.codes: npt.NDArray[np.int16] = np.full((len(requests), size), -1, dtype=np.int16)
         self.states: list[_State | None] = [None] * size
         self.memo: dict[StateKey, _State] = {}
-        self._fixed: dict[tuple[object, ...], npt.NDArray[np.int16]] = {}
+        #: per (strategy, labels): the codes rule 3 fixes, and the shapes it leaves
+        self._fixed: dict[tuple[object, ...], tuple[list[int], list[_Amounts]]] = {}
         #: (check, shape) pairs whose decline `answer` has confirmed (rule 4)
-        self._vouched = np.zeros((len(_REFUSED), len(requests)), dtype=np.bool_)
-        self._all_draining = np.full(len(requests), _DRAINING, dtype=np.intp)
-        self._shapes = np.arange(len(requests))
-        self._cpu = np.array([r.cpu for r in self.requests], dtype=np.float64)
-        self._mem = np.array([r.memory_mb for r in self.requests], dtype=np.int64)
-        self._ports = np.array([r.ports for r in self.requests], dtype=np.int64)
+        self._vouched: set[tuple[int, int]] = set()
         self.books = [BidBook(r, self, k) for k, r in enumerate(self.requests)]
         #: states priced (memo misses) and node changes looked up, for the speed report
         self.priced = 0
@@ -231,18 +228,35 @@ class Books:
         self.codes[:, idx] = state.codes
 
     def _price(self, strategy: Strategy, view: NodeView) -> _State:
-        """Rules 3-5: one array for the declines checks make, then the strategy's own bids
-        for the shapes that pass them."""
+        """Rules 3-5: the declines the checks make, then the strategy's own bids for the
+        shapes that pass them. Plain lists: a few dozen shapes are too few for numpy."""
         self.priced += 1
-        codes = self._unlabelled(strategy, view).copy()
-        failed = self._refusals(view)
-        refused = (codes < 0) & (failed >= 0)
-        for k in np.flatnonzero(refused & ~self._vouched[failed, self._shapes]):
-            self._vouch(strategy, int(k), int(failed[k]), view)
-        codes[refused] = _FAILED_CODE[failed[refused]]
-        loads = np.full(len(self.requests), math.inf)
-        fits = np.flatnonzero(codes < 0)
-        if len(fits):
+        fixed, labelled = self._unlabelled(strategy, view)
+        codes = fixed.copy()
+        fits: list[int] = []
+        vouched = self._vouched
+        if view.draining:
+            for k, _, _, _ in labelled:
+                self._refuse(strategy, k, _DRAINING, view, codes)
+        else:
+            free = view.capacity - view.committed
+            cpu, memory, ports = free.cpu + _EPS, free.memory_mb, free.ports
+            for k, need_cpu, need_memory, need_ports in labelled:
+                if need_cpu > cpu:  # the order and arithmetic of `shortfall`
+                    failed = _CPU
+                elif need_memory > memory:
+                    failed = _MEMORY
+                elif need_ports > ports:
+                    failed = _PORTS
+                else:
+                    fits.append(k)
+                    continue
+                if (failed, k) in vouched:
+                    codes[k] = _FAILED_CODE[failed]
+                else:
+                    self._refuse(strategy, k, failed, view, codes)
+        loads = [math.inf] * len(codes)
+        if fits:
             requests = self.requests
             if strategy.depends_on_request:
                 priced = [strategy.bid(requests[k], view) for k in fits]
@@ -253,37 +267,34 @@ class Books:
                     codes[k] = reason_code(p.reason)
                 else:
                     loads[k] = p
-        return _State(strategy, view, self.requests, loads, codes)
+        return _State(strategy, view, self.requests, np.array(loads, dtype=np.float64),
+                      np.array(codes, dtype=np.int16))
 
-    def _refusals(self, view: NodeView) -> npt.NDArray[np.intp]:
-        """Rule 4: per shape, the check it fails in `view`, labels aside (-1: none)."""
-        if view.draining:
-            return self._all_draining
-        failed = np.full(len(self.requests), -1, dtype=np.intp)
-        free = view.capacity - view.committed
-        failed[self._ports > free.ports] = _PORTS
-        failed[self._mem > free.memory_mb] = _MEMORY
-        failed[self._cpu > free.cpu + _EPS] = _CPU
-        return failed
-
-    def _vouch(self, strategy: Strategy, k: int, failed: int, view: NodeView) -> None:
+    def _refuse(self, strategy: Strategy, k: int, failed: int, view: NodeView,
+                codes: list[int]) -> None:
         """Rule 4, held to `answer`: the first time check `failed` refuses shape `k`, the
         real answer must be that decline (then it is for every state that fails it)."""
-        got = answer(strategy, self.requests[k], view)
-        assert isinstance(got, Decline) and got.reason == _REFUSED[failed], got
-        self._vouched[failed, k] = True
+        if (failed, k) not in self._vouched:
+            got = answer(strategy, self.requests[k], view)
+            assert isinstance(got, Decline) and got.reason == _REFUSED[failed], got
+            self._vouched.add((failed, k))
+        codes[k] = _FAILED_CODE[failed]
 
-    def _unlabelled(self, strategy: Strategy, view: NodeView) -> npt.NDArray[np.int16]:
+    def _unlabelled(self, strategy: Strategy,
+                    view: NodeView) -> tuple[list[int], list[_Amounts]]:
         """Rule 3: per shape, the missing-label code where the node lacks its labels (asked
-        of `answer` once per strategy and labels), else -1."""
+        of `answer` once per strategy and labels), else -1; and the shapes left, with what
+        each asks for."""
         key = (id(strategy), tuple(view.labels.items()))
-        codes = self._fixed.get(key)
-        if codes is None:
-            codes = np.full(len(self.requests), -1, dtype=np.int16)
+        fixed = self._fixed.get(key)
+        if fixed is None:
+            codes = [-1] * len(self.requests)
             for k, request in enumerate(self.requests):
                 if any(view.labels.get(name) != value for name, value in request.labels.items()):
                     ans = answer(strategy, request, view)
                     assert isinstance(ans, Decline) and ans.reason == Reason.MISSING_LABEL
                     codes[k] = reason_code(ans.reason)
-            self._fixed[key] = codes
-        return codes
+            left = [(k, r.cpu, r.memory_mb, r.ports) for k, r in enumerate(self.requests)
+                    if codes[k] < 0]
+            fixed = self._fixed[key] = (codes, left)
+        return fixed
