@@ -258,15 +258,22 @@ class Books:
         loads = [math.inf] * len(codes)
         if fits:
             requests = self.requests
-            if strategy.depends_on_request:
-                priced = [strategy.bid(requests[k], view) for k in fits]
-            else:  # the load ignores the request (`Strategy.depends_on_request`): bid once
-                priced = [strategy.bid(requests[fits[0]], view)] * len(fits)
-            for k, p in zip(fits, priced, strict=True):
-                if isinstance(p, Refusal):
-                    codes[k] = reason_code(p.reason)
+            if not strategy.depends_on_request:  # the load ignores the request: bid once
+                once = strategy.bid(requests[fits[0]], view)
+                if isinstance(once, Refusal):
+                    refusal = reason_code(once.reason)
+                    for k in fits:
+                        codes[k] = refusal
                 else:
-                    loads[k] = p
+                    for k in fits:
+                        loads[k] = once
+            else:
+                for k in fits:
+                    p = strategy.bid(requests[k], view)
+                    if isinstance(p, Refusal):
+                        codes[k] = reason_code(p.reason)
+                    else:
+                        loads[k] = p
         return _State(strategy, view, self.requests, np.array(loads, dtype=np.float64),
                       np.array(codes, dtype=np.int16))
 
