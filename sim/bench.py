@@ -9,11 +9,16 @@ Rules:
    keeps its share of the fleet (largest remainder), the arrival rate grows with the
    fleet (so the load stays the same), the run lasts until ``placements`` arrivals, and
    the warm-up keeps its share of the run.
-3. It prints numbers and judges nothing: no test ever asserts a timing.
+3. It prints numbers and judges nothing: no test ever asserts a timing. Beside each wall
+   time it prints the process's cpu time and the machine's load average (the one-minute
+   figure when the run ends): on a shared machine wall time is contention, cpu time is
+   the simulator's own cost.
 """
 
 from __future__ import annotations
 
+import math
+import os
 import time
 from collections.abc import Callable
 
@@ -129,7 +134,9 @@ def run_bench(nodes: int | None, placements: int | None, policies: set[str] | No
         wall = time.perf_counter() - started
         cpu = time.process_time() - cpu
         placed = result.placements + result.replacements + result.migrations
-        say(f"  {spec.name:<16} {wall:8.2f} s wall ({cpu:.2f} s cpu)  {result.arrivals:>9} "
+        load = os.getloadavg()[0] if hasattr(os, "getloadavg") else math.nan
+        say(f"  {spec.name:<16} {wall:8.2f} s wall ({cpu:.2f} s cpu, load {load:.1f})  "
+            f"{result.arrivals:>9} "
             f"arrivals  {placed:>9} placements  {placed / wall:>9.0f} placements/s  "
             f"(unschedulable {result.unschedulable}, mean utilisation {result.util_mean:.2f})")
         out.append((spec.name, wall, placed))

@@ -4,10 +4,11 @@ Rule 1: a node's answers are exactly what `shared.strategies.answer` returns for
 view. `answer` is a pure function of (strategy, request, view) that reads, of the view, its
 capacity, commitments, host stats, labels and draining flag — never the node id — so every
 node in the same state under the same strategy gives the same answers. `Books.update` looks
-that state (`state_key`) up in a memo and asks `answer` only for a state no node has been in
-before; a node's change re-prices nothing when it lands in a known state. The memo is
-bounded: past `MEMO_LIMIT` states it is emptied (nodes keep their own answers), which
-changes only speed, never an answer.
+that state (`state_key`) up in a memo and prices only a state no node has been in before; a
+node's change re-prices nothing when it lands in a known state. The memo is bounded: past
+`MEMO_LIMIT` states it is emptied (nodes keep their own answers), which changes only speed,
+never an answer. An answer *object* (`book.answers[idx]`, fed to the `Auction`) is `answer`
+itself, asked when first wanted and kept with the state.
 Rule 2: ``loads[shape, node]`` holds the bid's load, +inf for a decline or no answer;
 ``codes[shape, node]`` the decline's reason code (its index in `REASONS`, -1 for none). A
 node's change writes its column; nothing is sorted. The award rule ranks ``(load,
@@ -16,12 +17,15 @@ first and, among equal loads, lowest index first — ``next(iter(ranked))`` is t
 rule's winner over all bids of the shape.
 Rule 3: labels are checked before anything else and a node's labels never change, so a shape
 asking for a label the node lacks gets the same missing-label decline in every state: it is
-asked once per (strategy, labels) and never priced again.
+asked of `answer` once per (strategy, labels) and never priced again.
 Rule 4: after labels, `shared.feasibility.check` declines a draining node, then the first of
 cpu, memory, ports that does not fit, with a detail that names only the request. So a shape
 that does not fit a state gets a decline fixed by (shape, which check failed): a new state
-finds those shapes with one array comparison (the same float arithmetic as `shortfall`),
-asks `answer` once per (shape, failed check) ever, and prices only the shapes that fit.
+finds those shapes with the comparisons of `shortfall` (the same float arithmetic), and
+`answer` confirms each (shape, failed check) the first time it occurs.
+Rule 5: a shape that passes every check gets what `answer` gives it then: the strategy's
+own `bid` on the view — its load, or its refusal as the decline. A strategy whose load
+ignores the request (``depends_on_request`` false) is asked once for all of them.
 """
 
 from __future__ import annotations
@@ -30,11 +34,10 @@ import heapq
 import math
 from collections.abc import Iterator, Sequence
 
-import msgspec
 import numpy as np
 import numpy.typing as npt
 
-from gavel.shared.feasibility import NodeView
+from gavel.shared.feasibility import NodeView, Refusal
 from gavel.shared.messages import Bid, Decline, Request
 from gavel.shared.reasons import Reason
 from gavel.shared.strategies import Strategy, answer
@@ -54,9 +57,11 @@ _EPS = 1e-9
 _DRAINING, _CPU, _MEMORY, _PORTS = range(4)
 _REFUSED = {_DRAINING: Reason.DRAINING, _CPU: Reason.NO_ROOM_CPU,
             _MEMORY: Reason.NO_ROOM_MEMORY, _PORTS: Reason.NO_ROOM_PORTS}
+_FAILED_CODE = [_CODES[_REFUSED[f]] for f in range(len(_REFUSED))]
 
 Answer = Bid | Decline
 StateKey = tuple[object, ...]
+_Amounts = tuple[int, float, int, int]  # a shape's index, cpu, memory and ports
 
 
 def reason_code(reason: str) -> int:
@@ -76,16 +81,28 @@ def state_key(strategy: Strategy, view: NodeView) -> StateKey:
 
 
 class _State:
-    """One memoised state: the answer to every shape, and the columns they write."""
+    """One memoised state: each shape's load and decline code, and its answers on demand.
 
-    __slots__ = ("answers", "codes", "loads")
+    ``answer(shape)`` is `shared.strategies.answer` itself, asked the first time the shape's
+    answer object is wanted (a round's winner, a sampled reply), with the view of the first
+    node seen in this state (rule 1: any node in it answers the same)."""
 
-    def __init__(self, answers: tuple[Answer, ...]) -> None:
-        self.answers = answers
-        self.loads = np.array([a.load if isinstance(a, Bid) else math.inf for a in answers],
-                              dtype=np.float64)
-        self.codes = np.array([-1 if isinstance(a, Bid) else reason_code(a.reason)
-                               for a in answers], dtype=np.int16)
+    __slots__ = ("_answers", "codes", "loads", "requests", "strategy", "view")
+
+    def __init__(self, strategy: Strategy, view: NodeView, requests: Sequence[Request],
+                 loads: npt.NDArray[np.float64], codes: npt.NDArray[np.int16]) -> None:
+        self.strategy = strategy
+        self.view = view
+        self.requests = requests
+        self.loads = loads
+        self.codes = codes
+        self._answers: dict[int, Answer] = {}
+
+    def answer(self, shape: int) -> Answer:
+        ans = self._answers.get(shape)
+        if ans is None:
+            ans = self._answers[shape] = answer(self.strategy, self.requests[shape], self.view)
+        return ans
 
 
 class Ranked:
@@ -144,7 +161,7 @@ class _Answers:
 
     def __getitem__(self, idx: int) -> Answer | None:
         state = self.states[idx]
-        return None if state is None else state.answers[self.shape]
+        return None if state is None else state.answer(self.shape)
 
 
 class BidBook:
@@ -177,12 +194,10 @@ class Books:
         self.codes: npt.NDArray[np.int16] = np.full((len(requests), size), -1, dtype=np.int16)
         self.states: list[_State | None] = [None] * size
         self.memo: dict[StateKey, _State] = {}
-        self._declines: dict[tuple[object, ...], Decline] = {}
-        self._fixed: dict[tuple[object, ...], dict[int, Answer]] = {}
-        self._refused: dict[tuple[int, int], Decline] = {}
-        self._cpu = np.array([r.cpu for r in self.requests], dtype=np.float64)
-        self._mem = np.array([r.memory_mb for r in self.requests], dtype=np.int64)
-        self._ports = np.array([r.ports for r in self.requests], dtype=np.int64)
+        #: per (strategy, labels): the codes rule 3 fixes, and the shapes it leaves
+        self._fixed: dict[tuple[object, ...], tuple[list[int], list[_Amounts]]] = {}
+        #: (check, shape) pairs whose decline `answer` has confirmed (rule 4)
+        self._vouched: set[tuple[int, int]] = set()
         self.books = [BidBook(r, self, k) for k, r in enumerate(self.requests)]
         #: states priced (memo misses) and node changes looked up, for the speed report
         self.priced = 0
@@ -213,54 +228,80 @@ class Books:
         self.codes[:, idx] = state.codes
 
     def _price(self, strategy: Strategy, view: NodeView) -> _State:
+        """Rules 3-5: the declines the checks make, then the strategy's own bids for the
+        shapes that pass them. Plain lists: a few dozen shapes are too few for numpy."""
         self.priced += 1
-        fixed = self._unlabelled(strategy, view)
-        refused = self._refusals(view)
-        answers: list[Answer] = []
-        for k, request in enumerate(self.requests):
-            ans = fixed.get(k)
-            if ans is None:
-                failed = refused[k]
-                if failed >= 0:
-                    ans = self._refusal(strategy, k, int(failed), view)
-                else:
-                    ans = answer(strategy, request, view)
-                    if isinstance(ans, Decline):  # equal declines share one object (memory)
-                        ans = self._declines.setdefault(msgspec.structs.astuple(ans), ans)
-            answers.append(ans)
-        return _State(tuple(answers))
-
-    def _refusals(self, view: NodeView) -> npt.NDArray[np.int8]:
-        """Rule 4: per shape, the check it fails in `view`, labels aside (-1: none)."""
-        failed = np.full(len(self.requests), -1, dtype=np.int8)
+        fixed, labelled = self._unlabelled(strategy, view)
+        codes = fixed.copy()
+        fits: list[int] = []
+        vouched = self._vouched
         if view.draining:
-            failed[:] = _DRAINING
-            return failed
-        free = view.capacity - view.committed
-        failed[self._ports > free.ports] = _PORTS
-        failed[self._mem > free.memory_mb] = _MEMORY
-        failed[self._cpu > free.cpu + _EPS] = _CPU
-        return failed
+            for k, _, _, _ in labelled:
+                self._refuse(strategy, k, _DRAINING, view, codes)
+        else:
+            free = view.capacity - view.committed
+            cpu, memory, ports = free.cpu + _EPS, free.memory_mb, free.ports
+            for k, need_cpu, need_memory, need_ports in labelled:
+                if need_cpu > cpu:  # the order and arithmetic of `shortfall`
+                    failed = _CPU
+                elif need_memory > memory:
+                    failed = _MEMORY
+                elif need_ports > ports:
+                    failed = _PORTS
+                else:
+                    fits.append(k)
+                    continue
+                if (failed, k) in vouched:
+                    codes[k] = _FAILED_CODE[failed]
+                else:
+                    self._refuse(strategy, k, failed, view, codes)
+        loads = [math.inf] * len(codes)
+        if fits:
+            requests = self.requests
+            if not strategy.depends_on_request:  # the load ignores the request: bid once
+                once = strategy.bid(requests[fits[0]], view)
+                if isinstance(once, Refusal):
+                    refusal = reason_code(once.reason)
+                    for k in fits:
+                        codes[k] = refusal
+                else:
+                    for k in fits:
+                        loads[k] = once
+            else:
+                for k in fits:
+                    p = strategy.bid(requests[k], view)
+                    if isinstance(p, Refusal):
+                        codes[k] = reason_code(p.reason)
+                    else:
+                        loads[k] = p
+        return _State(strategy, view, self.requests, np.array(loads, dtype=np.float64),
+                      np.array(codes, dtype=np.int16))
 
-    def _refusal(self, strategy: Strategy, k: int, failed: int, view: NodeView) -> Decline:
-        """Rule 4: the one decline shape `k` gets wherever check `failed` refuses it."""
-        ans = self._refused.get((k, failed))
-        if ans is None:
+    def _refuse(self, strategy: Strategy, k: int, failed: int, view: NodeView,
+                codes: list[int]) -> None:
+        """Rule 4, held to `answer`: the first time check `failed` refuses shape `k`, the
+        real answer must be that decline (then it is for every state that fails it)."""
+        if (failed, k) not in self._vouched:
             got = answer(strategy, self.requests[k], view)
             assert isinstance(got, Decline) and got.reason == _REFUSED[failed], got
-            ans = self._refused[(k, failed)] = got
-        return ans
+            self._vouched.add((failed, k))
+        codes[k] = _FAILED_CODE[failed]
 
-    def _unlabelled(self, strategy: Strategy, view: NodeView) -> dict[int, Answer]:
-        """Rule 3: the shapes whose labels the node lacks, and their (fixed) answers."""
+    def _unlabelled(self, strategy: Strategy,
+                    view: NodeView) -> tuple[list[int], list[_Amounts]]:
+        """Rule 3: per shape, the missing-label code where the node lacks its labels (asked
+        of `answer` once per strategy and labels), else -1; and the shapes left, with what
+        each asks for."""
         key = (id(strategy), tuple(view.labels.items()))
         fixed = self._fixed.get(key)
         if fixed is None:
-            fixed = {}
+            codes = [-1] * len(self.requests)
             for k, request in enumerate(self.requests):
                 if any(view.labels.get(name) != value for name, value in request.labels.items()):
                     ans = answer(strategy, request, view)
                     assert isinstance(ans, Decline) and ans.reason == Reason.MISSING_LABEL
-                    fixed[k] = ans
-            self._fixed[key] = fixed
+                    codes[k] = reason_code(ans.reason)
+            left = [(k, r.cpu, r.memory_mb, r.ports) for k, r in enumerate(self.requests)
+                    if codes[k] < 0]
+            fixed = self._fixed[key] = (codes, left)
         return fixed

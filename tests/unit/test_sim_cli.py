@@ -7,6 +7,7 @@ import csv
 import hashlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -159,6 +160,14 @@ def test_bench_prints_numbers(capsys: pytest.CaptureFixture[str]) -> None:
     assert _run(["--bench", "--nodes", "40", "--placements", "500"]) == 0
     out = capsys.readouterr().out
     assert "placements/s" in out and "gavel:mixed" in out
+
+
+def test_bench_prints_cpu_time_and_load_beside_wall_time(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """On a shared machine wall time is contention: the cpu figure and the load say so."""
+    assert _run(["--bench", "--nodes", "40", "--placements", "300"]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"gavel:mixed +[0-9.]+ s wall \([0-9.]+ s cpu, load [0-9.]+\)", out), out
 
 
 def test_bench_runs_a_shipped_scenario_scaled(capsys: pytest.CaptureFixture[str]) -> None:
