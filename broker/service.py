@@ -191,7 +191,7 @@ class Broker:
         self.deafness = Deafness()
         self.feed = HeartbeatStream(timing=timing, deliver=self._on_heartbeat,
                                     deaf=self._feed_deaf, hearing=self._feed_hearing,
-                                    now=clock, log=self.log)
+                                    now=clock, log=self.log, replicas=kv_replicas)
         self.nats_options = dict(nats_options or {})
         #: How long `start` keeps trying to reach NATS before it raises `NatsUnreachable`
         #: (None: for ever, as the daemon does - see `gavel.cli.daemons`).
