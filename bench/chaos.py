@@ -35,8 +35,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
-import shutil
 import sys
 import tempfile
 import time
@@ -47,7 +45,16 @@ from typing import Any
 
 from gavel.bench.chaoscheck import alive_by_node, foreign_commit, held_by
 from gavel.bench.chaoscluster import Cluster
-from gavel.bench.chaosdrive import Drive, count_in, say, until
+from gavel.bench.chaosdrive import (
+    Drive,
+    broken,
+    count_in,
+    finish,
+    options,
+    report,
+    say,
+    until,
+)
 from gavel.bench.chaosplan import (
     DURATION,
     FAULTS,
@@ -369,12 +376,7 @@ async def run(opts: Options) -> dict[str, Any]:
         if nc is not None:
             await nc.close()
         await asyncio.to_thread(cluster.stop)
-    for e in summary["errors"]:
-        say(f"FAILED: {e}")
-    if summary["ok"] and opts.state is None and not opts.keep:
-        shutil.rmtree(root, ignore_errors=True)
-    else:
-        say(f"kept {root}")
+    finish(summary, root, opts.state, opts.keep)
     return summary
 
 
@@ -385,16 +387,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="seconds of faults and submissions (default %(default)g: the full "
                         "minimums; a shorter run injects proportionally fewer, one of each "
                         "at least)")
-    p.add_argument("--workers", type=int, default=4, metavar="N")
-    p.add_argument("--seed", type=int, default=1, metavar="N")
-    p.add_argument("--settle", type=float, default=60.0, metavar="S",
-                   help="at most this long for the cluster to settle after the faults")
-    p.add_argument("--state", type=Path, default=None, metavar="DIR",
-                   help="keep state and logs here (default: a temp dir, removed if ok)")
-    p.add_argument("--keep", action="store_true", help="keep the temp dir even if ok")
+    options(p, workers=4, settle_s=60.0)
     p.add_argument("--overlap", action="store_true",
                    help="let faults overlap (a broker restart during a worker outage...)")
-    p.add_argument("--json", action="store_true", help="stdout is only the JSON summary")
     args = p.parse_args(argv)
     if args.duration <= 0 or args.workers < 2:
         p.error("--duration must be positive and --workers at least 2")
@@ -404,22 +399,14 @@ def main(argv: list[str] | None = None) -> int:
                                           settle_s=args.settle, keep=args.keep,
                                           overlap=args.overlap)))
     except (Exception, KeyboardInterrupt) as exc:  # the run itself broke: still a summary
-        say(f"FAILED: the run stopped: {exc!r}")
-        summary = {"submitted": 0, "placed_once": 0, "lost": 0, "duplicated": 0,
-                   "ended_lost": 0, "unschedulable": 0, "rejoined_after_move": 0,
-                   "faults": dict.fromkeys(FAULTS, 0), "ok": False,
-                   "clean": False, "terminal": {},
-                   "seed": args.seed, "errors": [f"the run stopped: {exc!r}"]}
-    if not args.json:
-        print(f"chaos, seed {summary['seed']}: {summary['submitted']} submitted, "
-              f"{summary['placed_once']} placed once, {summary['terminal']} terminal, "
-              f"{summary['ended_lost']} ended lost by the broker, {summary['unschedulable']} "
-              f"unschedulable, {summary['lost']} lost, {summary['duplicated']} duplicated; "
-              f"faults {summary['faults']}, {summary['rejoined_after_move']} rejoined after "
-              f"their instances moved: "
-              f"{'clean' if summary['clean'] else 'ok' if summary['ok'] else 'FAILED'}")
-    print(json.dumps(summary), flush=True)
-    return 0 if summary["ok"] else 1
+        summary = broken(exc, args.seed, dict.fromkeys(FAULTS, 0), rejoined_after_move=0)
+    return report(summary, f"chaos, seed {summary['seed']}: {summary['submitted']} submitted, "
+                  f"{summary['placed_once']} placed once, {summary['terminal']} terminal, "
+                  f"{summary['ended_lost']} ended lost by the broker, "
+                  f"{summary['unschedulable']} unschedulable, {summary['lost']} lost, "
+                  f"{summary['duplicated']} duplicated; faults {summary['faults']}, "
+                  f"{summary['rejoined_after_move']} rejoined after their instances moved",
+                  args.json)
 
 
 if __name__ == "__main__":

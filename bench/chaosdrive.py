@@ -17,7 +17,10 @@ Rules:
 
 from __future__ import annotations
 
+import argparse
 import asyncio
+import json
+import shutil
 import sys
 import time
 from collections import Counter
@@ -42,7 +45,8 @@ from gavel.shared.api import SubmitReply, SubmitRequest
 from gavel.shared.reasons import Reason
 from gavel.transport.client import BrokerRefused, call
 
-__all__ = ["Drive", "Run", "count_in", "say", "until"]
+__all__ = ["Drive", "Run", "broken", "count_in", "finish", "options", "report", "say",
+           "until"]
 
 
 def say(text: str, started: float | None = None) -> None:
@@ -63,6 +67,48 @@ def count_in(log: Path, needle: bytes) -> int:
         return log.read_bytes().count(needle)
     except OSError:
         return 0
+
+
+def options(p: argparse.ArgumentParser, workers: int, settle_s: float) -> None:
+    """The command-line options every chaos run takes."""
+    p.add_argument("--workers", type=int, default=workers, metavar="N")
+    p.add_argument("--seed", type=int, default=1, metavar="N")
+    p.add_argument("--settle", type=float, default=settle_s, metavar="S",
+                   help="at most this long for the cluster to settle after the faults")
+    p.add_argument("--state", type=Path, default=None, metavar="DIR",
+                   help="keep state and logs here (default: a temp dir, removed if ok)")
+    p.add_argument("--keep", action="store_true", help="keep the temp dir even if ok")
+    p.add_argument("--json", action="store_true", help="stdout is only the JSON summary")
+
+
+def finish(summary: dict[str, Any], root: Path, state: Path | None, keep: bool) -> None:
+    """Say what failed; remove the run's temp dir if every check held (and none was asked
+    to stay)."""
+    for e in summary["errors"]:
+        say(f"FAILED: {e}")
+    if summary["ok"] and state is None and not keep:
+        shutil.rmtree(root, ignore_errors=True)
+    else:
+        say(f"kept {root}")
+
+
+def broken(exc: BaseException, seed: int, faults: dict[str, int],
+           **extra: Any) -> dict[str, Any]:
+    """The summary of a run that itself broke (never ok)."""
+    say(f"FAILED: the run stopped: {exc!r}")
+    return {"submitted": 0, "placed_once": 0, "lost": 0, "duplicated": 0, "ended_lost": 0,
+            "unschedulable": 0, "faults": faults, "ok": False, "clean": False,
+            "terminal": {}, "seed": seed, **extra, "errors": [f"the run stopped: {exc!r}"]}
+
+
+def report(summary: dict[str, Any], line: str, json_only: bool) -> int:
+    """The summary on stdout (after `line` and its verdict, unless `json_only`), last; the
+    exit status: 0 only when every check held."""
+    if not json_only:
+        verdict = "clean" if summary["clean"] else "ok" if summary["ok"] else "FAILED"
+        print(f"{line}: {verdict}")
+    print(json.dumps(summary), flush=True)
+    return 0 if summary["ok"] else 1
 
 
 @dataclass

@@ -28,8 +28,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
-import shutil
 import sys
 import tempfile
 import time
@@ -40,7 +38,7 @@ from typing import Any
 
 from gavel.bench.chaoscheck import held_by
 from gavel.bench.chaoscluster import Fleet
-from gavel.bench.chaosdrive import Drive, say, until
+from gavel.bench.chaosdrive import Drive, broken, finish, options, report, say, until
 from gavel.bench.chaoshacluster import SERVERS, TTL_S, HaCluster
 from gavel.bench.chaosplan import (
     HA_DURATION,
@@ -263,12 +261,7 @@ async def run(opts: HaOptions) -> dict[str, Any]:
         if nc is not None:
             await nc.close()
         await asyncio.to_thread(cluster.stop)
-    for e in summary["errors"]:
-        say(f"FAILED: {e}")
-    if summary["ok"] and opts.state is None and not opts.keep:
-        shutil.rmtree(root, ignore_errors=True)
-    else:
-        say(f"kept {root}")
+    finish(summary, root, opts.state, opts.keep)
     return summary
 
 
@@ -292,17 +285,10 @@ def main(argv: list[str] | None = None) -> int:
         "\n\n")[0] if __doc__ else None)
     p.add_argument("--duration", type=float, default=HA_DURATION, metavar="S",
                    help="seconds of faults and submissions (default %(default)g)")
-    p.add_argument("--workers", type=int, default=3, metavar="N")
-    p.add_argument("--seed", type=int, default=1, metavar="N")
+    options(p, workers=3, settle_s=90.0)
     p.add_argument("--leader-kills", type=int, default=None, metavar="N",
                    help="at least this many leader kills (default: the plan's for the "
                         "duration)")
-    p.add_argument("--settle", type=float, default=90.0, metavar="S",
-                   help="at most this long for the cluster to settle after the faults")
-    p.add_argument("--state", type=Path, default=None, metavar="DIR",
-                   help="keep state and logs here (default: a temp dir, removed if ok)")
-    p.add_argument("--keep", action="store_true", help="keep the temp dir even if ok")
-    p.add_argument("--json", action="store_true", help="stdout is only the JSON summary")
     args = p.parse_args(argv)
     if args.duration <= 0 or args.workers < 2:
         p.error("--duration must be positive and --workers at least 2")
@@ -311,21 +297,13 @@ def main(argv: list[str] | None = None) -> int:
             duration=args.duration, workers=args.workers, seed=args.seed, state=args.state,
             settle_s=args.settle, keep=args.keep, leader_kills=args.leader_kills)))
     except (Exception, KeyboardInterrupt) as exc:  # the run itself broke: still a summary
-        say(f"FAILED: the run stopped: {exc!r}")
-        summary = {"submitted": 0, "placed_once": 0, "lost": 0, "duplicated": 0,
-                   "ended_lost": 0, "unschedulable": 0, "failovers": 0,
-                   "faults": dict.fromkeys(HA_KINDS, 0), "ok": False, "clean": False,
-                   "terminal": {}, "duration_s": 0, "seed": args.seed,
-                   "errors": [f"the run stopped: {exc!r}"]}
-    if not args.json:
-        print(f"chaos-ha, seed {summary['seed']}: {summary['submitted']} submitted, "
-              f"{summary['placed_once']} placed once, {summary['terminal']} terminal, "
-              f"{summary['lost']} lost, {summary['duplicated']} duplicated; "
-              f"{summary['failovers']} failovers; faults {summary['faults']}; "
-              f"{summary['duration_s']}s: "
-              f"{'clean' if summary['clean'] else 'ok' if summary['ok'] else 'FAILED'}")
-    print(json.dumps(summary), flush=True)
-    return 0 if summary["ok"] else 1
+        summary = broken(exc, args.seed, dict.fromkeys(HA_KINDS, 0), failovers=0,
+                         duration_s=0)
+    return report(summary, f"chaos-ha, seed {summary['seed']}: {summary['submitted']} "
+                  f"submitted, {summary['placed_once']} placed once, {summary['terminal']} "
+                  f"terminal, {summary['lost']} lost, {summary['duplicated']} duplicated; "
+                  f"{summary['failovers']} failovers; faults {summary['faults']}; "
+                  f"{summary['duration_s']}s", args.json)
 
 
 if __name__ == "__main__":

@@ -177,7 +177,7 @@ class HaBroker:
         self._fenced.clear()
         pusher = Pusher(broker.ledger.path, broker.ledger.ref, self.settings.remote,
                         leading=lease.valid, on_fenced=lambda why: self._fenced.set(),
-                        outcomes=self.metrics.pushes)
+                        outcomes=self.metrics.pushes, stale_lock_s=self.settings.ttl_s)
         return broker, pusher, leader
 
     async def _keep_fresh(self, pusher: Pusher) -> None:

@@ -98,8 +98,10 @@ class Pusher:
                  registry: CollectorRegistry | None = None, epoch: int = 0,
                  leading: Callable[[], bool] | None = None,
                  on_fenced: Callable[[str], None] | None = None,
-                 outcomes: Counter | None = None) -> None:
+                 outcomes: Counter | None = None, stale_lock_s: float | None = None) -> None:
         self.repo_path = Path(repo_path)
+        #: A lock in a local remote older than this is a dead pusher's (`caspush` rule 4).
+        self.stale_lock_s = stale_lock_s
         #: Rule 5: the leadership this pusher writes for (0: no HA), whether its lease still
         #: holds, and who hears that it may push no more.
         self.epoch = epoch
@@ -346,7 +348,7 @@ class Pusher:
                 raise Fenced("the lease ran out before the push: another broker may lead")
             url = self._url(repo)
             if caspush.is_local(url):
-                caspush.push_local(Path(repo.path), url, self.ref)
+                caspush.push_local(Path(repo.path), url, self.ref, self.stale_lock_s)
                 return
         cb = _Callbacks()
         try:

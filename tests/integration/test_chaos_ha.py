@@ -11,14 +11,12 @@ The faults come from the seed, so a failure here replays with
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from gavel.bench.chaosplan import HA_KINDS, ha_schedule, node_ids
+from tests.integration.test_chaos import chaos_summary
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
@@ -37,18 +35,10 @@ def test_the_seed_decides_every_ha_fault() -> None:
 
 
 def test_chaos_ha_fails_over_and_loses_and_doubles_nothing(tmp_path: Path) -> None:
-    state = tmp_path / "chaos-ha"
-    proc = subprocess.run(
-        [sys.executable, "-m", "gavel.bench.chaosha", "--duration", str(DURATION),
-         "--workers", str(WORKERS), "--leader-kills", str(LEADER_KILLS), "--seed", str(SEED),
-         "--settle", "60", "--state", str(state), "--json"],
-        capture_output=True, text=True, timeout=220, check=False)
-    lines = proc.stdout.strip().splitlines()
-    assert lines, f"no summary on stdout; stderr:\n{proc.stderr[-4000:]}"
-    summary = json.loads(lines[-1])
-    assert summary["ok"], f"{summary['errors']}\n{proc.stderr[-4000:]}"
-    assert proc.returncode == 0
-    assert summary["lost"] == 0 and summary["duplicated"] == 0
+    summary = chaos_summary("gavel.bench.chaosha", [
+        "--duration", str(DURATION), "--workers", str(WORKERS), "--leader-kills",
+        str(LEADER_KILLS), "--seed", str(SEED), "--settle", "60", "--state",
+        str(tmp_path / "chaos-ha")], timeout=220)
     assert summary["submitted"] > 0 and summary["accepted"] == summary["submitted"]
     assert summary["placed_once"] + sum(summary["terminal"].values()) \
         + summary["ended_lost"] + summary["unschedulable"] == summary["submitted"]
