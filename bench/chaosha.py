@@ -11,9 +11,10 @@ Rules:
    standby kill a broker that runs and does not lead, a nats-server kill the next of the
    three in turn. A fault whose target is not there (no leader answers in time) is skipped
    and not counted.
-2. A leader kill ends when another broker answers as leader; the killed one is restarted
-   after its hold and stands by. A nats-server's kill ends when the API answers again with
-   it back. So at most one broker or one server is down at once (`chaosplan` rule 5).
+2. A leader kill ends when a newer leadership (a higher epoch) answers; the killed broker
+   is restarted after its hold, and may be the one that takes the lease again. A
+   nats-server's kill ends when the API answers again with it back. So at most one broker
+   or one server is down at once (`chaosplan` rule 5).
 3. Failovers are counted from the remote's history: each leadership's first commit names
    its epoch, so a run's failovers are its leaderships less the first. Fewer than the plan's
    leader kills (or any kind fewer than its minimum) is an error, as is a permissions
@@ -122,41 +123,42 @@ class HaChaos(Drive):
             self.cluster.revive()
 
     # -- who leads -------------------------------------------------------------------------
-    async def leader(self, not_: str = "", wait_s: float = _LEADER_WAIT_S) -> str:
-        """The broker the API names as leader, other than `not_` ("" if none in `wait_s`)."""
+    async def leader(self, after: int = 0, wait_s: float = _LEADER_WAIT_S) -> tuple[str, int]:
+        """The broker the API names as leader and its epoch, once that epoch is above
+        `after` (("", 0) if none in `wait_s`)."""
         deadline = time.monotonic() + wait_s
         while time.monotonic() < deadline:
             try:
                 reply = await call(self.nc, "nodes", NodesRequest(), NodesReply, timeout=2.0)
-                if reply.leader and reply.leader != not_:
-                    return reply.leader
+                if reply.leader and reply.epoch > after:
+                    return reply.leader, reply.epoch
             except Exception:
                 pass
             await asyncio.sleep(0.2)
-        return ""
+        return "", 0
 
     # -- faults (rules 1, 2) ---------------------------------------------------------------
     async def _inject(self, f: Fault) -> None:
         c = self.cluster
         if f.kind == "leader_kill":
-            leader = await self.leader()
+            leader, epoch = await self.leader()
             if not leader or leader not in c.running_brokers():
                 self.say("leader_kill: no leader answered; skipped")
                 return
             self.seen.faults[f.kind] += 1
-            self.say(f"leader_kill: kill -9 {leader}, restart in {f.hold:.1f}s")
+            self.say(f"leader_kill: kill -9 {leader} (epoch {epoch}), restart in {f.hold:.1f}s")
             c.kill_broker(leader)
             await asyncio.sleep(f.hold)
             c.start_broker(leader)
-            after = await self.leader(not_=leader)
+            after, newer = await self.leader(after=epoch)
             if after:
                 self.takeovers += 1
-                self.say(f"leader_kill: {after} leads")
+                self.say(f"leader_kill: {after} leads (epoch {newer})")
             else:
                 self.seen.errors.append(f"no broker took over from {leader} within "
                                         f"{_LEADER_WAIT_S:g}s")
         elif f.kind == "standby_kill":
-            leader = await self.leader()
+            leader, _ = await self.leader()
             standbys = [n for n in c.running_brokers() if n != leader]
             if not leader or not standbys:
                 return
@@ -175,7 +177,7 @@ class HaChaos(Drive):
             await asyncio.to_thread(c.kill_server, i)
             await asyncio.sleep(f.hold)
             await asyncio.to_thread(c.start_server, i)
-            if not await self.leader():
+            if not (await self.leader())[0]:
                 self.seen.errors.append(f"no leader answered within {_LEADER_WAIT_S:g}s of "
                                         f"nats-server {i + 1}'s restart")
         else:
