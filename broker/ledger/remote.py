@@ -303,13 +303,17 @@ class Pusher:
                 theirs = self._fetch(repo)
             except PushError as exc:
                 raise takeover.TakeoverError(str(exc)) from None
-            if theirs is not None:
-                takeover.set_branch(repo, self.ref, theirs, f"takeover: {self.url} holds this")
-            base = theirs if theirs is not None else self._head(repo)
-            held = takeover.epoch_of(repo, base)
-            epoch = takeover.next_epoch(at_least, held)
-            head = takeover.epoch_commit(repo, self.ref, base, takeover.LeaderFile(
-                epoch=epoch, broker_id=broker_id, since=since))
+            try:  # our branch locked (by whom?): no takeover, never a crash
+                if theirs is not None:
+                    takeover.set_branch(repo, self.ref, theirs,
+                                        f"takeover: {self.url} holds this")
+                base = theirs if theirs is not None else self._head(repo)
+                held = takeover.epoch_of(repo, base)
+                epoch = takeover.next_epoch(at_least, held)
+                head = takeover.epoch_commit(repo, self.ref, base, takeover.LeaderFile(
+                    epoch=epoch, broker_id=broker_id, since=since))
+            except pygit2.GitError as exc:
+                raise takeover.TakeoverError(f"our copy's branch: {exc}") from None
             self.epoch = epoch
             try:
                 self._push(repo)
