@@ -241,6 +241,7 @@ class HeartbeatStream:
                 try:
                     if self.jetstream:
                         await self._read()
+                    self._check_probes()  # what was read back ends a deafness at once
                     self._broken = False
                 except Exception:  # never let the feed die: rule 4 notices what it misses
                     if not self._broken:
