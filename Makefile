@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint typecheck bench bench-targets chaos clean lock
+.PHONY: run test lint typecheck bench bench-targets chaos chaos-ha clean lock
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -32,6 +32,11 @@ bench-targets: $(STAMP)
 
 chaos: $(STAMP)
 	$(BIN)/python -m gavel.bench.chaos
+
+# Three clustered nats-servers, three brokers (one leads), a bare remote, workers: leader,
+# standby, nats-server and worker kills under submissions, then 0 lost / 0 duplicated.
+chaos-ha: $(STAMP)
+	$(BIN)/python -m gavel.bench.chaosha
 
 clean:
 	rm -rf $(VENV) .gavel-demo .pytest_cache .mypy_cache

@@ -12,10 +12,8 @@ Rules:
    restarted on the same state dir after a pause (it re-adopts its children); a worker frozen
    with SIGSTOP past the offline threshold, then SIGCONT (it must stop what was moved away);
    a commit by someone else on the state branch (`bench.chaoscheck.foreign_commit`).
-3. A submission that fails (broker or NATS down) is retried with the same instance id and
-   the same idempotency key (`SubmitRequest.key`): the broker answers a retry of a try that
-   landed as it answered that try; a duplicate reply (the id without the key's record)
-   also means an earlier try was accepted.
+3. Submissions, their retries and settling are `bench.chaosdrive`'s, read from the broker's
+   own state repository.
 4. The checks (`bench.chaoscheck`) are invariants, never timings: every instance placed in
    exactly one node.json or honestly terminal; none alive on two nodes; every foreign commit
    in the final history with its file intact; the heads observed over time form a chain.
@@ -37,36 +35,31 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
-import shutil
 import sys
 import tempfile
 import time
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import pygit2
-
-from gavel.bench.chaoscheck import (
-    Foreign,
-    Verdict,
-    alive_by_node,
-    chain_errors,
-    foreign_commit,
-    held_by,
-    read_head,
-    verify,
-)
+from gavel.bench.chaoscheck import alive_by_node, foreign_commit, held_by
 from gavel.bench.chaoscluster import Cluster
+from gavel.bench.chaosdrive import (
+    Drive,
+    broken,
+    count_in,
+    finish,
+    options,
+    report,
+    say,
+    until,
+)
 from gavel.bench.chaosplan import (
-    BLIP,
     DURATION,
     FAULTS,
     KILL_LANE,
     KINDS,
-    SLEEPER,
     TIMING,
     Fault,
     Submission,
@@ -78,12 +71,13 @@ from gavel.bench.chaosplan import (
     submissions,
 )
 from gavel.broker.ledger.repository import Ledger
-from gavel.shared.api import NodesReply, NodesRequest, SubmitReply, SubmitRequest
-from gavel.shared.reasons import Reason
-from gavel.transport.client import BrokerRefused, call, connect, wait_healthy
+from gavel.shared.api import NodesReply, NodesRequest
+from gavel.transport.client import call, connect, wait_healthy
 
 __all__ = ["KINDS", "Fault", "Options", "Submission", "foreign_times", "main", "run",
            "schedule", "submissions"]
+
+
 
 @dataclass
 class Options:
@@ -94,12 +88,6 @@ class Options:
     settle_s: float = 60.0
     keep: bool = False
     overlap: bool = False
-
-
-def say(text: str, started: float | None = None) -> None:
-    stamp = f"[{time.monotonic() - started:7.1f}s] " if started is not None else ""
-    sys.stderr.write(f"chaos: {stamp}{text}\n")
-    sys.stderr.flush()
 
 
 @dataclass
@@ -115,48 +103,16 @@ class Freeze:
     rejoined: bool = False
 
 
-@dataclass
-class Run:
-    """What one run saw while it drove the cluster."""
-
-    submitted: dict[str, bool] = field(default_factory=dict)
-    accepted: set[str] = field(default_factory=set)
-    retries: int = 0
-    heads: list[str] = field(default_factory=list)
-    foreign: list[Foreign] = field(default_factory=list)
-    faults: Counter[str] = field(default_factory=Counter)
-    freezes: list[Freeze] = field(default_factory=list)
-    errors: list[str] = field(default_factory=list)
-
-
-class Chaos:
+class Chaos(Drive):
     def __init__(self, opts: Options, root: Path, cluster: Cluster, nc: Any) -> None:
+        super().__init__(root=root, repo_path=root / "state.git", nc=nc,
+                         settle_s=opts.settle_s, revive=cluster.revive)
         self.opts = opts
-        self.root = root
         self.cluster = cluster
-        self.nc = nc
-        self.repo_path = root / "state.git"
-        self.repo = pygit2.Repository(str(self.repo_path))
-        self.ledger = Ledger(self.repo_path)
-        self.seen = Run()
-        self.started = time.monotonic()
-        self.stop_at = float("inf")  # submissions give up retrying after this
         #: What the plan injects at least, by kind (set by `drive`; rule 6).
         self.least: dict[str, int] = {}
-        self.verdict = Verdict()
-        self._submits: set[asyncio.Task[None]] = set()
-        self._faults: set[asyncio.Task[None]] = set()
-        self._tasks: set[asyncio.Task[None]] = set()
+        self.freezes: list[Freeze] = []
         self._nats = asyncio.Lock()  # two overlapping restarts must not start two servers
-
-    def say(self, text: str) -> None:
-        say(text, self.started)
-
-    @staticmethod
-    def _spawn(tasks: set[asyncio.Task[None]], coro: Any) -> None:
-        task = asyncio.ensure_future(coro)
-        tasks.add(task)
-        task.add_done_callback(tasks.discard)
 
     # -- the run ---------------------------------------------------------------------------
     async def drive(self) -> None:
@@ -169,15 +125,15 @@ class Chaos:
                  + ", ".join(f"{f.kind}{'(' + f.node + ')' if f.node else ''}@{f.at:g}s"
                              for f in faults))
         self.started = t0 = time.monotonic()
-        watcher = asyncio.ensure_future(self._watch_heads())
-        stream = asyncio.ensure_future(self._stream(submissions(o.seed, o.duration), t0))
+        watcher = asyncio.ensure_future(self.watch_heads())
+        stream = asyncio.ensure_future(self.stream(submissions(o.seed, o.duration), t0))
         notes = asyncio.ensure_future(self._foreign(foreign_times(o.seed, o.duration), t0))
-        progress = asyncio.ensure_future(self._progress())
+        progress = asyncio.ensure_future(self.progress())
         lanes = [asyncio.ensure_future(self._lane([f for f in faults if (f.kind in KILL_LANE)
                                                    == kill], t0)) for kill in (False, True)]
         try:
             await asyncio.gather(*lanes)
-            await _until(t0 + o.duration)
+            await until(t0 + o.duration)
             while self._faults:  # every overlapping fault has restarted what it stopped
                 await asyncio.wait(set(self._faults))
             await stream
@@ -185,10 +141,9 @@ class Chaos:
             await notes
             self.say(f"faults done: {dict(self.seen.faults)}; settling "
                      f"(at most {o.settle_s:g}s)")
-            self.verdict = await self._settle()
+            self.verdict = await self.settle()
         finally:
-            rest = [watcher, stream, notes, progress, *lanes, *self._submits, *self._faults,
-                    *self._tasks]
+            rest = [watcher, stream, notes, progress, *lanes, *self.pending()]
             for t in rest:
                 t.cancel()
             await asyncio.gather(*rest, return_exceptions=True)
@@ -197,59 +152,17 @@ class Chaos:
         """One lane of the plan (`chaosplan` rule 2): each fault in turn, or each started at
         its time when they may overlap."""
         for f in faults:
-            await _until(t0 + f.at)
+            await until(t0 + f.at)
             if self.opts.overlap:
-                self._spawn(self._faults, self._inject(f))
+                self.spawn(self._faults, self._inject(f))
             else:
                 await self._inject(f)
                 self.cluster.revive()
 
-    async def _progress(self) -> None:
-        while True:
-            await asyncio.sleep(10 * TIMING.heartbeat_s)
-            st = self.ledger.state()
-            self.say(f"{len(self.seen.accepted)}/{len(self.seen.submitted)} accepted, "
-                     f"{len(st.where)} placed, {len(self.seen.heads)} heads seen, "
-                     f"{self.seen.retries} submit retries")
-
-    async def _watch_heads(self) -> None:
-        while True:
-            head = read_head(self.repo)
-            if head is not None and (not self.seen.heads or self.seen.heads[-1] != head):
-                self.seen.heads.append(head)
-            await asyncio.sleep(0.02)
-
-    # -- submissions -----------------------------------------------------------------------
-    async def _stream(self, subs: list[Submission], t0: float) -> None:
-        for s in subs:
-            await _until(t0 + s.at)
-            self.seen.submitted[s.instance_id] = s.long
-            self._spawn(self._submits, self._submit(s))
-
-    async def _submit(self, s: Submission) -> None:
-        spec = SLEEPER if s.long else BLIP
-        req = SubmitRequest(spec=spec, instance_id=s.instance_id, key=f"key-{s.instance_id}")
-        while True:
-            try:
-                await call(self.nc, "submit", req, SubmitReply, timeout=3.0)
-                self.seen.accepted.add(s.instance_id)
-                return
-            except BrokerRefused as exc:
-                if str(exc).startswith(Reason.DUPLICATE):  # an earlier try landed
-                    self.seen.accepted.add(s.instance_id)
-                    return
-                self.say(f"submit {s.instance_id} refused: {exc}; retrying")
-            except Exception:  # broker down, NATS down or reconnecting: same id again
-                pass
-            self.seen.retries += 1
-            if time.monotonic() > self.stop_at:
-                return
-            await asyncio.sleep(0.3)
-
     # -- faults ----------------------------------------------------------------------------
     async def _foreign(self, times: list[float], t0: float) -> None:
         for n, at in enumerate(times, 1):
-            await _until(t0 + at)
+            await until(t0 + at)
             got = await asyncio.to_thread(foreign_commit, self.repo_path, n)
             if got is None:
                 self.seen.errors.append(f"could not land foreign commit {n}: the ref stayed "
@@ -327,8 +240,8 @@ class Chaos:
                  f"; {len(moved)}/{len(held)} of its instances were moved away")
         freeze = Freeze(node, moved, offline,
                         replaced=sum(where.get(i) not in (None, node) for i in moved))
-        self.seen.freezes.append(freeze)
-        self._spawn(self._tasks, self._watch_fencing(freeze))
+        self.freezes.append(freeze)
+        self.spawn(self._tasks, self._watch_fencing(freeze))
 
     async def _freeze_target(self, seeded: str) -> str:
         """The node running the most that the broker counts healthy, waited for at most a
@@ -394,34 +307,15 @@ class Chaos:
                 await asyncio.sleep(0.25)
         self.say(f"{node} rejoined, {time.monotonic() - thawed:.1f}s after SIGCONT")
 
-    # -- settling and checking -------------------------------------------------------------
-    def _verdict(self) -> Verdict:
-        alive = alive_by_node(self.root / "workers")
-        return verify(self.ledger.state(), self.seen.submitted, self.seen.accepted, alive)
-
-    async def _settle(self) -> Verdict:
-        while True:
-            self.cluster.revive()
-            v = await asyncio.to_thread(self._verdict)
-            if v.settled and not self._submits and not self._tasks:
-                self.say("settled")
-                return v
-            if time.monotonic() > self.stop_at:
-                self.say(f"did not settle: {len(v.errors)} problems left")
-                return v
-            await asyncio.sleep(0.5)
-
+    # -- the summary ------------------------------------------------------------------------
     def summary(self) -> dict[str, Any]:
-        v, seen = self.verdict, self.seen
-        final = read_head(self.repo)
-        heads = [*seen.heads, final] if final and (not seen.heads or seen.heads[-1] != final) \
-            else list(seen.heads)
-        errors = [*seen.errors, *self.cluster.crashes, *v.errors,
-                  *chain_errors(self.repo, heads, seen.foreign, final)]
+        seen = self.seen
+        errors = [*seen.errors, *self.cluster.crashes]
+        counts = self.counts(errors)
         alive = alive_by_node(self.root / "workers")
         where = self.ledger.state().where
         rejoined = 0
-        for fr in seen.freezes:
+        for fr in self.freezes:
             still = [i for i in fr.moved if fr.node in alive.get(i, ()) and where.get(i) != fr.node]
             if still:
                 errors.append(f"{fr.node} still runs {len(still)} instances moved away while "
@@ -433,7 +327,7 @@ class Chaos:
                 errors.append(f"{kind}: {seen.faults[kind]} injected, the plan's minimum is "
                               f"{least}")
         if self.least and rejoined < self.least.get("worker_freeze", 0):
-            errors.append(f"only {rejoined} of the {len(seen.freezes)} frozen nodes rejoined "
+            errors.append(f"only {rejoined} of the {len(self.freezes)} frozen nodes rejoined "
                           "after their instances were re-placed; the plan's minimum is "
                           f"{self.least['worker_freeze']}")
         violations = self.cluster.violations()
@@ -441,47 +335,21 @@ class Chaos:
             errors.append(f"nats-server logged {violations} permissions violations "
                           f"(see {self.cluster.nats.log})")
         return {
-            "submitted": len(seen.submitted),
-            "placed_once": v.placed_once,
-            # lost: submitted work gavel neither placed nor ended honestly (missing); what
-            # the broker itself ended `lost` is counted on its own (ended_lost).
-            "lost": len(v.missing),
-            "duplicated": len(v.duplicated),
-            "ended_lost": len(v.ended_lost),
-            # Still waiting for room: the fleet was too small, nothing was lost (rule 5).
-            "unschedulable": len(v.unschedulable),
+            **counts,
             "faults": {k: seen.faults[k] for k in FAULTS},
             "minimums": dict(self.least),
             "rejoined_after_move": rejoined,
             "ok": not errors,
-            "clean": not errors and not v.ended_lost,
-            "accepted": len(seen.accepted),
-            "terminal": dict(sorted(v.terminal.items())),
-            "submit_retries": seen.retries,
-            "heads_seen": len(heads),
-            "cas_conflicts": _count(self.root / "logs" / "broker.log",
-                                    b"state branch moved under us"),
-            "moved_while_frozen": sum(len(f.moved) for f in seen.freezes),
+            "clean": not errors and not self.verdict.ended_lost,
+            "cas_conflicts": count_in(self.root / "logs" / "broker.log",
+                                      b"state branch moved under us"),
+            "moved_while_frozen": sum(len(f.moved) for f in self.freezes),
             "room": {"cpu": self.cluster.room.cpu, "memory_mb": self.cluster.room.memory_mb},
             "auth": {"nodes": len(self.cluster.ids.nodes), "violations": violations},
             "seed": self.opts.seed,
             "overlap": self.opts.overlap,
             "errors": errors[:20],
         }
-
-
-def _count(log: Path, needle: bytes) -> int:
-    """How often the broker said it (its compare-and-swap saw the ref move)."""
-    try:
-        return log.read_bytes().count(needle)
-    except OSError:
-        return 0
-
-
-async def _until(when: float) -> None:
-    delay = when - time.monotonic()
-    if delay > 0:
-        await asyncio.sleep(delay)
 
 
 async def run(opts: Options) -> dict[str, Any]:
@@ -508,12 +376,7 @@ async def run(opts: Options) -> dict[str, Any]:
         if nc is not None:
             await nc.close()
         await asyncio.to_thread(cluster.stop)
-    for e in summary["errors"]:
-        say(f"FAILED: {e}")
-    if summary["ok"] and opts.state is None and not opts.keep:
-        shutil.rmtree(root, ignore_errors=True)
-    else:
-        say(f"kept {root}")
+    finish(summary, root, opts.state, opts.keep)
     return summary
 
 
@@ -524,16 +387,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="seconds of faults and submissions (default %(default)g: the full "
                         "minimums; a shorter run injects proportionally fewer, one of each "
                         "at least)")
-    p.add_argument("--workers", type=int, default=4, metavar="N")
-    p.add_argument("--seed", type=int, default=1, metavar="N")
-    p.add_argument("--settle", type=float, default=60.0, metavar="S",
-                   help="at most this long for the cluster to settle after the faults")
-    p.add_argument("--state", type=Path, default=None, metavar="DIR",
-                   help="keep state and logs here (default: a temp dir, removed if ok)")
-    p.add_argument("--keep", action="store_true", help="keep the temp dir even if ok")
+    options(p, workers=4, settle_s=60.0)
     p.add_argument("--overlap", action="store_true",
                    help="let faults overlap (a broker restart during a worker outage...)")
-    p.add_argument("--json", action="store_true", help="stdout is only the JSON summary")
     args = p.parse_args(argv)
     if args.duration <= 0 or args.workers < 2:
         p.error("--duration must be positive and --workers at least 2")
@@ -543,22 +399,14 @@ def main(argv: list[str] | None = None) -> int:
                                           settle_s=args.settle, keep=args.keep,
                                           overlap=args.overlap)))
     except (Exception, KeyboardInterrupt) as exc:  # the run itself broke: still a summary
-        say(f"FAILED: the run stopped: {exc!r}")
-        summary = {"submitted": 0, "placed_once": 0, "lost": 0, "duplicated": 0,
-                   "ended_lost": 0, "unschedulable": 0, "rejoined_after_move": 0,
-                   "faults": dict.fromkeys(FAULTS, 0), "ok": False,
-                   "clean": False, "terminal": {},
-                   "seed": args.seed, "errors": [f"the run stopped: {exc!r}"]}
-    if not args.json:
-        print(f"chaos, seed {summary['seed']}: {summary['submitted']} submitted, "
-              f"{summary['placed_once']} placed once, {summary['terminal']} terminal, "
-              f"{summary['ended_lost']} ended lost by the broker, {summary['unschedulable']} "
-              f"unschedulable, {summary['lost']} lost, {summary['duplicated']} duplicated; "
-              f"faults {summary['faults']}, {summary['rejoined_after_move']} rejoined after "
-              f"their instances moved: "
-              f"{'clean' if summary['clean'] else 'ok' if summary['ok'] else 'FAILED'}")
-    print(json.dumps(summary), flush=True)
-    return 0 if summary["ok"] else 1
+        summary = broken(exc, args.seed, dict.fromkeys(FAULTS, 0), rejoined_after_move=0)
+    return report(summary, f"chaos, seed {summary['seed']}: {summary['submitted']} submitted, "
+                  f"{summary['placed_once']} placed once, {summary['terminal']} terminal, "
+                  f"{summary['ended_lost']} ended lost by the broker, "
+                  f"{summary['unschedulable']} unschedulable, {summary['lost']} lost, "
+                  f"{summary['duplicated']} duplicated; faults {summary['faults']}, "
+                  f"{summary['rejoined_after_move']} rejoined after their instances moved",
+                  args.json)
 
 
 if __name__ == "__main__":

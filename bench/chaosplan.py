@@ -23,6 +23,11 @@ Rules:
    every node outage of the run, and each one past offline spends a placement; with the
    default budget the broker would end it `lost` for attempts spent on faults the run
    injected, not on anything the workload did.
+5. The HA run (`ha_schedule`, `bench.chaosha`) has the same two lanes: its cluster lane
+   kills the leading broker, kills a standby, or kills one nats-server of three, one at a
+   time (so a majority of servers and a broker to take over are always left); its kill
+   lane kills workers as above. Leader kills weigh double among the extras: failovers are
+   what the run is for.
 """
 
 from __future__ import annotations
@@ -36,9 +41,10 @@ from gavel.shared.messages import Spec
 from gavel.shared.spec import Restart
 from gavel.shared.timing import FAST_FACTOR, Timing
 
-__all__ = ["BLIP", "CLUSTER_LANE", "DURATION", "FAULTS", "FULL", "KILL_LANE", "KINDS",
-           "SLEEPER", "STRATEGIES", "TIMING", "Fault", "Room", "Submission", "foreign_times",
-           "minimums", "node_ids", "room", "schedule", "submissions", "worst_case"]
+__all__ = ["BLIP", "CLUSTER_LANE", "DURATION", "FAULTS", "FULL", "HA_DURATION", "HA_FULL",
+           "HA_KINDS", "KILL_LANE", "KINDS", "SLEEPER", "STRATEGIES", "TIMING", "Fault", "Room",
+           "Submission", "foreign_times", "ha_minimums", "ha_schedule", "minimums",
+           "node_ids", "room", "schedule", "submissions", "worst_case"]
 
 KINDS = ("broker_kill", "nats_restart", "worker_kill", "worker_freeze")
 FAULTS = (*KINDS, "foreign_commit")
@@ -51,6 +57,13 @@ TIMING = Timing().scaled(FAST_FACTOR)
 DURATION = 420.0
 FULL: Mapping[str, int] = {"broker_kill": 20, "nats_restart": 5, "worker_kill": 50,
                            "worker_freeze": 4}
+#: `make chaos-ha`: seconds of faults and submissions, and what that run injects at least
+#: (rule 5).
+HA_KINDS = ("leader_kill", "standby_kill", "nats_restart", "worker_kill")
+HA_CLUSTER_LANE = ("leader_kill", "standby_kill", "nats_restart")
+HA_DURATION = 240.0
+HA_FULL: Mapping[str, int] = {"leader_kill": 12, "standby_kill": 4, "nats_restart": 4,
+                              "worker_kill": 20}
 _NO_RESTART = Restart(attempts=0)
 _PLACEMENTS = 100  # the most `Spec.attempts` allows (rule 4)
 SLEEPER = Spec(name="sleeper", command=["sleep", "3600"], cpu=0.05, memory_mb=16,
@@ -94,10 +107,17 @@ def minimums(duration: float) -> dict[str, int]:
     return {k: max(1, math.floor(FULL[k] * scale + 1e-9)) for k in KINDS}
 
 
+def ha_minimums(duration: float) -> dict[str, int]:
+    """Rule 1 for the HA run (rule 5)."""
+    scale = min(1.0, duration / HA_DURATION)
+    return {k: max(1, math.floor(HA_FULL[k] * scale + 1e-9)) for k in HA_KINDS}
+
+
 # Each kind's hold and the gap after it, in heartbeats, as (low, high); a freeze and a long
 # kill hold past offline on top.
 _HOLD = {"broker_kill": (0.2, 2.0), "nats_restart": (0.5, 2.0), "worker_freeze": (5.0, 8.0),
-         "worker_kill": (0.5, 3.0), "long_kill": (1.0, 3.0)}
+         "worker_kill": (0.5, 3.0), "long_kill": (1.0, 3.0), "leader_kill": (0.2, 2.0),
+         "standby_kill": (0.2, 2.0)}
 _GAP = {"cluster": (1.5, 4.0), "kill": (1.0, 2.5)}
 _START = 4.0  # heartbeats before the first fault of a lane
 
@@ -152,6 +172,25 @@ def schedule(seed: int, duration: float, nodes: Sequence[str], timing: Timing = 
     kill_plan = ["long_kill" if i in long else "worker_kill" for i in range(kills)]
     out += _lane(rng, kill_plan, ("worker_kill", "long_kill"), (_LONG_KILL_EVERY - 1, 1),
                  "kill", duration, nodes, timing, overlap)
+    return sorted(out, key=lambda f: (f.at, f.kind, f.node))
+
+
+def ha_schedule(seed: int, duration: float, nodes: Sequence[str], timing: Timing = TIMING,
+                least: Mapping[str, int] | None = None) -> list[Fault]:
+    """Rule 5's faults, in order of time: each lane's minimums first in a seeded order, then
+    seeded picks while they fit. A broker fault's target (the leader, a standby) and a
+    nats-server's are chosen when it lands: who leads is known only then."""
+    need = dict(ha_minimums(duration) if least is None else least)
+    rng = random.Random(f"gavel-chaos-ha/faults/{seed}")
+    cluster = [k for k in HA_CLUSTER_LANE for _ in range(need.get(k, 0))]
+    rng.shuffle(cluster)
+    kills = need.get("worker_kill", 0)
+    long = set(rng.sample(range(kills), _long_kills(kills))) if kills else set()
+    out = _lane(rng, cluster, HA_CLUSTER_LANE, (2, 1, 1), "cluster", duration, nodes,
+                timing, False)
+    kill_plan = ["long_kill" if i in long else "worker_kill" for i in range(kills)]
+    out += _lane(rng, kill_plan, ("worker_kill", "long_kill"), (_LONG_KILL_EVERY - 1, 1),
+                 "kill", duration, nodes, timing, False)
     return sorted(out, key=lambda f: (f.at, f.kind, f.node))
 
 

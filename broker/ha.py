@@ -22,7 +22,11 @@ Rules:
    standby takes over at once.
 4. A takeover that cannot land its epoch commit (the remote unreachable, refused time after
    time) lets the lease go and stands by for a TTL: another broker may reach the remote.
-5. One `Metrics` for every leadership (its endpoint outlives them): who leads as the lease's
+5. At its start a broker clears the lock a writer of its last life left on its own working
+   copy's branch (`broker.ledger.repository` rule 8: one broker per working copy), before
+   any takeover moves that branch: killed -9 mid-commit, it would otherwise fail every
+   takeover for good.
+6. One `Metrics` for every leadership (its endpoint outlives them): who leads as the lease's
    watch sees it, since when, the epoch, renewals by outcome, leaderships taken.
 """
 
@@ -44,7 +48,7 @@ from gavel.broker.connect import NatsUnreachable, connect_within
 from gavel.broker.context import Leadership
 from gavel.broker.lease import Lease
 from gavel.broker.ledger.remote import Pusher
-from gavel.broker.ledger.repository import Damaged, LedgerError
+from gavel.broker.ledger.repository import Damaged, Ledger, LedgerError
 from gavel.broker.ledger.takeover import TakeoverError
 from gavel.broker.metrics import LeaderView, Metrics
 from gavel.broker.service import Broker
@@ -115,6 +119,8 @@ class HaBroker:
 
     async def start(self) -> None:
         """Connect (the lease's own connection) and open the lease bucket and its watch."""
+        # Rule 5.
+        await asyncio.to_thread(Ledger(self.state_dir / "state.git", self.ref).clear_stale_lock)
         self.nc = await self._connect()
         self.lease = Lease(self.nc, broker_id=self.broker_id, ttl_s=self.settings.ttl_s,
                            renew_s=self.settings.renew_s, replicas=self.settings.replicas,
@@ -177,7 +183,7 @@ class HaBroker:
         self._fenced.clear()
         pusher = Pusher(broker.ledger.path, broker.ledger.ref, self.settings.remote,
                         leading=lease.valid, on_fenced=lambda why: self._fenced.set(),
-                        outcomes=self.metrics.pushes)
+                        outcomes=self.metrics.pushes, stale_lock_s=self.settings.ttl_s)
         return broker, pusher, leader
 
     async def _keep_fresh(self, pusher: Pusher) -> None:

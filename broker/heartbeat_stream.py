@@ -7,6 +7,13 @@ Rules:
    `shared.bounds.HEARTBEAT_MAX_BYTES`, so it holds at most that much a node). Nodes publish
    as they would without it and need no permission for it. Memory, not a file: a flood is
    ingested without touching a disk, and a restarted nats-server starts it empty (rule 5).
+   On a NATS cluster (HA) it is kept on `replicas` servers (the brokers' `kv_replicas`, 3):
+   losing the one server that held an R1 stream would leave whoever leads deaf to every
+   heartbeat until that server returned, while a replicated stream elects another leader
+   among the survivors and keeps every node's newest stamp; a restarted replica catches
+   up from its peers. Still memory at R3: a heartbeat is worth only its freshness, every
+   one is written on each replica, and losing all replicas at once is rule 5's case. A
+   server outside a cluster refuses replicas, so there it is kept at one (said once).
    No total is set: one would be reserved out of JetStream's memory whether used or not,
    and what overflowed it would drop the oldest stamps, the silent nodes'.
 2. The broker reads it through a pull consumer of its own: every `poll_s`, what the stream
@@ -23,9 +30,10 @@ Rules:
 4. Every `poll_s` the broker publishes a probe (`subjects.HEARTBEAT_PROBE`, beside the
    heartbeat subjects, so no one listening to those hears it; its own subject, so another
    broker's never replaces it) into the same stream and reads it back like a heartbeat.
-   When the probe sent two polls ago is not back, the feed may be losing anyone's
-   heartbeats (an ingest that cannot keep up, a consumer gone, NATS away): the broker is
-   deaf from the last probe it read back until the next comes back
+   Probes keep a clock of their own, apart from the reads, so a read that hangs cannot
+   hold them back. When a probe older than the newest two is not back, the feed may be
+   losing anyone's heartbeats (an ingest that cannot keep up, a consumer gone, NATS
+   away): the broker is deaf from the last probe it read back until the next comes back
    (`shared.health.Deafness`). Probes of brokers long gone are purged at start.
 5. A pull that fails (the consumer or the stream gone: a restarted nats-server has emptied
    its memory; no answer in time) makes the stream again if need be and a new consumer,
@@ -57,7 +65,7 @@ from nats.js.api import (
     StorageType,
     StreamConfig,
 )
-from nats.js.errors import BadRequestError
+from nats.js.errors import APIError, BadRequestError
 
 from gavel.shared import subjects
 from gavel.shared.bounds import HEARTBEAT_MAX_BYTES
@@ -72,8 +80,10 @@ BATCH = 1024
 #: A JetStream API call (make the stream, make the consumer) or a pull unanswered this long
 #: has failed.
 _CALL_S = 5.0
-#: Error codes of JetStream's API: the stream exists with another configuration.
+#: Error codes of JetStream's API: the stream exists with another configuration; replicas
+#: asked of a server outside a cluster.
 _STREAM_NAME_IN_USE = 10058
+_REPLICAS_UNSUPPORTED = 10074
 _MSG_NEXT = f"$JS.API.CONSUMER.MSG.NEXT.{subjects.HEARTBEAT_STREAM}"
 _PULL = json.dumps({"batch": BATCH, "no_wait": True}).encode()
 #: The key of the probe's stamp in what `start` returns: no node id (`subjects.is_node_id`
@@ -81,6 +91,9 @@ _PULL = json.dumps({"batch": BATCH, "no_wait": True}).encode()
 PROBE = "@probe"
 _STORED = [subjects.HEARTBEAT_ALL, subjects.HEARTBEAT_PROBE_ALL]
 _PROBES = subjects.HEARTBEAT_PROBE_ALL.removesuffix("*")
+#: Probes that may be out at once before the feed counts as deaf (rule 4): the reads and
+#: the probes keep clocks of their own, so the newest two may still be on their way.
+_PROBE_LAG = 2
 
 
 _heartbeat = msgspec.msgpack.Decoder(Heartbeat).decode
@@ -94,11 +107,11 @@ def _heartbeat_of(node: str, data: bytes) -> bool:
         return False
 
 
-def stream_config() -> StreamConfig:
-    """Rule 1's stream."""
+def stream_config(replicas: int = 1) -> StreamConfig:
+    """Rule 1's stream, kept on `replicas` servers."""
     return StreamConfig(name=subjects.HEARTBEAT_STREAM, subjects=list(_STORED),
                         max_msgs_per_subject=1, max_msg_size=HEARTBEAT_MAX_BYTES,
-                        storage=StorageType.MEMORY, num_replicas=1)
+                        storage=StorageType.MEMORY, num_replicas=replicas)
 
 
 class _Pulled(NamedTuple):
@@ -120,8 +133,10 @@ class HeartbeatStream:
 
     def __init__(self, *, timing: Timing, deliver: Callable[[Received], None],
                  deaf: Callable[[float], None], hearing: Callable[[], None],
-                 now: Callable[[], float], log: logging.Logger) -> None:
+                 now: Callable[[], float], log: logging.Logger, replicas: int = 1) -> None:
         self.timing = timing
+        #: Rule 1: the stream's replicas (1 once a lone server refused more).
+        self.replicas = replicas
         self.poll_s = timing.tick_s / 2
         self._deliver = deliver
         self._deaf_cb = deaf
@@ -220,17 +235,34 @@ class HeartbeatStream:
     async def run(self) -> None:
         early, self._early = self._early, []
         self._hand_over(early)
+        probing = asyncio.create_task(self._probing(), name="heartbeat-probe")
+        try:
+            while True:
+                try:
+                    if self.jetstream:
+                        await self._read()
+                    self._check_probes()  # what was read back ends a deafness at once
+                    self._broken = False
+                except Exception:  # never let the feed die: rule 4 notices what it misses
+                    if not self._broken:
+                        self.log.exception("reading the heartbeat stream failed; retrying")
+                    self._broken = True
+                await asyncio.sleep(self.poll_s)
+        finally:
+            probing.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await probing
+
+    async def _probing(self) -> None:
+        """Rule 4 on a clock of its own: a pull that hangs (its consumer's server died, the
+        answer never comes) must not hold the probes back, else the broker would judge the
+        nodes by a feed that stopped, before it knew it was deaf."""
         while True:
             try:
-                if self.jetstream:
-                    await self._read()
                 self._check_probes()
                 await self._probe()
-                self._broken = False
-            except Exception:  # never let the feed die: rule 4 notices what it misses
-                if not self._broken:
-                    self.log.exception("reading the heartbeat stream failed; retrying")
-                self._broken = True
+            except Exception:
+                self.log.exception("probing the heartbeat stream failed; retrying")
             await asyncio.sleep(self.poll_s)
 
     async def _read(self) -> None:
@@ -278,7 +310,7 @@ class HeartbeatStream:
             self._back, self._back_sent_at = n, at
 
     def _check_probes(self) -> None:
-        if self._back >= self._sent - 1:
+        if self._back >= self._sent - _PROBE_LAG:
             if self._deaf:
                 self._deaf = False
                 self._hearing_cb()
@@ -290,14 +322,23 @@ class HeartbeatStream:
     async def _ensure_stream(self) -> int:
         """Rule 1's stream, made or brought to this configuration; its last sequence."""
         js = self.nc.jetstream(timeout=_CALL_S)
-        config = stream_config()
-        try:
-            info = await js.add_stream(config)
-        except BadRequestError as exc:
-            if exc.err_code != _STREAM_NAME_IN_USE:
-                raise
-            info = await js.update_stream(config)
-        return int(info.state.last_seq)
+        while True:
+            config = stream_config(self.replicas)
+            try:
+                try:
+                    info = await js.add_stream(config)
+                except BadRequestError as exc:
+                    if exc.err_code != _STREAM_NAME_IN_USE:
+                        raise
+                    info = await js.update_stream(config)
+            except APIError as exc:
+                if exc.err_code != _REPLICAS_UNSUPPORTED or self.replicas == 1:
+                    raise
+                self.log.warning("nats-server is not clustered: the heartbeat stream is kept "
+                                 "on it alone, not on %d replicas", self.replicas)
+                self.replicas = 1
+                continue
+            return int(info.state.last_seq)
 
     async def _make_consumer(self, deliver: DeliverPolicy) -> None:
         await self.nc.jetstream(timeout=_CALL_S).add_consumer(

@@ -191,7 +191,7 @@ class Broker:
         self.deafness = Deafness()
         self.feed = HeartbeatStream(timing=timing, deliver=self._on_heartbeat,
                                     deaf=self._feed_deaf, hearing=self._feed_hearing,
-                                    now=clock, log=self.log)
+                                    now=clock, log=self.log, replicas=kv_replicas)
         self.nats_options = dict(nats_options or {})
         #: How long `start` keeps trying to reach NATS before it raises `NatsUnreachable`
         #: (None: for ever, as the daemon does - see `gavel.cli.daemons`).
@@ -244,7 +244,12 @@ class Broker:
                           "the quietest had been silent %.1fs", len(silent), len(state.nodes),
                           max(silent.values()))
         self.timers.resume(state, self.timing)
-        await self._open_kv(state.nodes)
+        # A node heard but holding nothing in git gets its empty node.json mirrored too: a
+        # broker (or a leadership) killed between a commit that moved everything off a node
+        # and that node's KV put leaves the old list there, and the node would keep running
+        # what was moved away.
+        heard = {n: NodeFile(node_id=n) for n in stamps if subjects.is_node_id(n)}
+        await self._open_kv({**heard, **state.nodes})
         await nc.subscribe_direct(subjects.BIDS_ALL, self.auctioneer.on_bids)
         await nc.subscribe_direct(subjects.REPORT_ALL, self.promises.on_report)
         await nc.subscribe(subjects.ASSIGN_ALL, cb=self.assignments.on_request)

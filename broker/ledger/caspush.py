@@ -12,18 +12,30 @@ Rules:
 3. `Refused` means the remote's branch is not what we built on (someone else moved it);
    any other failure is `PushError` with the sentence git gave (unreachable, no such
    repository, no `git` command on this host).
+4. A pusher that dies inside receive-pack (its host lost, its process group killed) leaves
+   the ref's lock file in a remote on a local path, and git refuses every later push to
+   that ref for as long as it stays. A push that is refused while such a lock is older than
+   `stale_lock_s` (with HA, the lease TTL) removes it and tries once more: receive-pack
+   holds a lock for moments, so one that old belongs to a pusher that is dead or was
+   paused past its lease; if that one wakes, its ref update fails (its lock is gone) and
+   nothing of its lands. A younger lock is left alone: a live push holds it.
 """
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
 import shutil
 import subprocess
+import time
 from pathlib import Path
 
 from gavel.shared.redact import mask_url
 
-__all__ = ["PushError", "Refused", "is_local", "push_local"]
+__all__ = ["PushError", "Refused", "clear_stale_locks", "is_local", "push_local"]
+
+log = logging.getLogger("gavel.broker.ledger")
 
 #: How long one `git push` may take before it counts as failed.
 PUSH_TIMEOUT_S = 60.0
@@ -47,8 +59,41 @@ def is_local(url: str) -> bool:
     return ":" not in head  # ``host:path`` is ssh's scp-like syntax
 
 
-def push_local(git_dir: Path, url: str, ref: str) -> None:
-    """Rule 2: `ref` of the repository `git_dir` to the same ref of `url`, by `git push`."""
+def push_local(git_dir: Path, url: str, ref: str, stale_lock_s: float | None = None) -> None:
+    """Rule 2: `ref` of the repository `git_dir` to the same ref of `url`, by `git push`;
+    rule 4 once when refused."""
+    try:
+        _push_local(git_dir, url, ref)
+    except Refused:
+        if stale_lock_s is None or not clear_stale_locks(url, ref, stale_lock_s):
+            raise
+        _push_local(git_dir, url, ref)
+
+
+def clear_stale_locks(url: str, ref: str, older_than_s: float) -> list[str]:
+    """Rule 4: the lock files of `ref` (and of HEAD and packed-refs, which receive-pack
+    locks beside it) in the local remote `url` older than `older_than_s`, removed; their
+    names."""
+    root = Path(url.removeprefix("file://"))
+    if (root / ".git").is_dir():
+        root = root / ".git"
+    removed = []
+    for name in (f"{ref}.lock", "HEAD.lock", "packed-refs.lock"):
+        path = root / name
+        try:
+            age = time.time() - path.stat().st_mtime
+        except OSError:
+            continue
+        if age > older_than_s:
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+                removed.append(name)
+                log.warning("removed %s from %s: a lock %.0fs old is a dead pusher's", name,
+                            mask_url(url), age)
+    return removed
+
+
+def _push_local(git_dir: Path, url: str, ref: str) -> None:
     git = shutil.which("git")
     if git is None:
         raise PushError(f"push to {mask_url(url)} failed: a remote on a local path is pushed "

@@ -98,8 +98,10 @@ class Pusher:
                  registry: CollectorRegistry | None = None, epoch: int = 0,
                  leading: Callable[[], bool] | None = None,
                  on_fenced: Callable[[str], None] | None = None,
-                 outcomes: Counter | None = None) -> None:
+                 outcomes: Counter | None = None, stale_lock_s: float | None = None) -> None:
         self.repo_path = Path(repo_path)
+        #: A lock in a local remote older than this is a dead pusher's (`caspush` rule 4).
+        self.stale_lock_s = stale_lock_s
         #: Rule 5: the leadership this pusher writes for (0: no HA), whether its lease still
         #: holds, and who hears that it may push no more.
         self.epoch = epoch
@@ -301,13 +303,17 @@ class Pusher:
                 theirs = self._fetch(repo)
             except PushError as exc:
                 raise takeover.TakeoverError(str(exc)) from None
-            if theirs is not None:
-                takeover.set_branch(repo, self.ref, theirs, f"takeover: {self.url} holds this")
-            base = theirs if theirs is not None else self._head(repo)
-            held = takeover.epoch_of(repo, base)
-            epoch = takeover.next_epoch(at_least, held)
-            head = takeover.epoch_commit(repo, self.ref, base, takeover.LeaderFile(
-                epoch=epoch, broker_id=broker_id, since=since))
+            try:  # our branch locked (by whom?): no takeover, never a crash
+                if theirs is not None:
+                    takeover.set_branch(repo, self.ref, theirs,
+                                        f"takeover: {self.url} holds this")
+                base = theirs if theirs is not None else self._head(repo)
+                held = takeover.epoch_of(repo, base)
+                epoch = takeover.next_epoch(at_least, held)
+                head = takeover.epoch_commit(repo, self.ref, base, takeover.LeaderFile(
+                    epoch=epoch, broker_id=broker_id, since=since))
+            except pygit2.GitError as exc:
+                raise takeover.TakeoverError(f"our copy's branch: {exc}") from None
             self.epoch = epoch
             try:
                 self._push(repo)
@@ -346,7 +352,7 @@ class Pusher:
                 raise Fenced("the lease ran out before the push: another broker may lead")
             url = self._url(repo)
             if caspush.is_local(url):
-                caspush.push_local(Path(repo.path), url, self.ref)
+                caspush.push_local(Path(repo.path), url, self.ref, self.stale_lock_s)
                 return
         cb = _Callbacks()
         try:

@@ -236,7 +236,7 @@ def test_the_summary_carries_the_lost_count(scene: Scene) -> None:
     chaos = Chaos(Options(), scene.root, Cluster(scene.root, ["n1"]), nc=None)
     chaos.seen.submitted = dict(scene.submitted)
     chaos.seen.accepted = set(scene.submitted)
-    chaos.verdict = chaos._verdict()
+    chaos.verdict = chaos.check()
     summary = json.loads(json.dumps(chaos.summary()))
     assert (summary["ended_lost"], summary["lost"], summary["duplicated"]) == (2, 0, 0)
     assert summary["terminal"] == {"cancelled": 1, "succeeded": 1}
@@ -263,7 +263,7 @@ def test_work_waiting_for_room_is_unschedulable_not_lost(scene: Scene, reason: R
     chaos = Chaos(Options(), scene.root, Cluster(scene.root, ["n1"]), nc=None)
     chaos.seen.submitted = dict(scene.submitted)
     chaos.seen.accepted = set(scene.submitted)
-    chaos.verdict = chaos._verdict()
+    chaos.verdict = chaos.check()
     assert chaos.verdict.settled
     summary = json.loads(json.dumps(chaos.summary()))
     assert (summary["unschedulable"], summary["lost"], summary["duplicated"]) == (1, 0, 0)
