@@ -28,18 +28,30 @@ from gavel import __version__
 from gavel.cli.main import build_parser
 from gavel.shared.messages import Spec
 from gavel.transport.natsserver import free_port
+from tests.integration.clibatch import Line, run_all
 from tests.integration.harness import Cluster, sleeper_spec, wait_for
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def run(*args: str, env: dict[str, str] | None = None, timeout: float = 60
-        ) -> subprocess.CompletedProcess[str]:
+def _clean() -> dict[str, str]:
     clean = {k: v for k, v in os.environ.items() if not k.startswith("GAVEL_")}
     clean["GAVEL_FAST_TIMERS"] = os.environ.get("GAVEL_FAST_TIMERS", "1")
+    return clean
+
+
+def run(*args: str, env: dict[str, str] | None = None, timeout: float = 60
+        ) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "gavel", *args], capture_output=True,
-                          text=True, timeout=timeout, cwd=ROOT, env={**clean, **(env or {})})
+                          text=True, timeout=timeout, cwd=ROOT, env={**_clean(), **(env or {})})
+
+
+def run_many(tmp: Path, *lines: tuple[list[str], dict[str, str]]
+             ) -> list[subprocess.CompletedProcess[str]]:
+    """`run` for each (args, env), all in one child process (`tests.integration.clibatch`)."""
+    return run_all([Line(args, ROOT, env) for args, env in lines], tmp / "results.json",
+                   env=_clean())
 
 
 async def gavel(*args: str, **kw: Any) -> subprocess.CompletedProcess[str]:
@@ -108,8 +120,8 @@ def test_bash_completion_is_made_from_the_parser(tmp_path: Path) -> None:
         "--deadline" in _bash_complete(script, ["gavel", "drain", "n1", "--"])
 
 
-def test_zsh_completion_has_the_same_tables() -> None:
-    bash, zsh = run("completion", "bash"), run("completion", "zsh")
+def test_zsh_completion_has_the_same_tables(tmp_path: Path) -> None:
+    bash, zsh = run_many(tmp_path, (["completion", "bash"], {}), (["completion", "zsh"], {}))
     assert zsh.returncode == 0 and zsh.stdout.startswith("#compdef gavel")
     assert "compdef _gavel gavel" in zsh.stdout
 
@@ -122,39 +134,43 @@ def test_zsh_completion_has_the_same_tables() -> None:
         assert check.returncode == 0, check.stderr
 
 
-def test_a_nats_url_that_is_not_one_or_where_nothing_answers_exits_2() -> None:
-    bad = one_line(run("status", "--nats", "htp://foo:bar:baz"), 2)
+def test_a_nats_url_that_is_not_one_or_where_nothing_answers_exits_2(tmp_path: Path) -> None:
+    url = f"nats://127.0.0.1:{free_port()}"
+    not_one, nodes, status, drain = run_many(
+        tmp_path, (["status", "--nats", "htp://foo:bar:baz"], {}), (["nodes", "--nats", url], {}),
+        (["status", "--json", "--nats", url], {}), (["drain", "--json"], {}))
+    bad = one_line(not_one, 2)
     assert bad == ("gavel status: 'htp://foo:bar:baz' is not a NATS URL: expected "
                    "nats://HOST:PORT (or tls://, ws://, wss://).")
-    url = f"nats://127.0.0.1:{free_port()}"
-    nothing = one_line(run("nodes", "--nats", url), 2)
+    nothing = one_line(nodes, 2)
     assert nothing.startswith(f"gavel nodes: nothing answers at {url}: ")
     # --json: the same, as one JSON object on stdout.
-    proc = run("status", "--json", "--nats", url)
-    assert error_json(proc, 2)["error"].startswith(f"gavel status: nothing answers at {url}")
+    assert error_json(status, 2)["error"].startswith(f"gavel status: nothing answers at {url}")
     # argparse's own refusals too
-    proc = run("drain", "--json")
-    assert proc.returncode == 2 and "required" in error_json(proc, 2)["error"]
+    assert drain.returncode == 2 and "required" in error_json(drain, 2)["error"]
 
 
 def test_config_check_tells_a_worker_file_by_its_keys(tmp_path: Path) -> None:
-    proc = run("config", "check", str(ROOT / "compose" / "worker.toml"),
-               env={"GAVEL_NODE_ID": "worker-1"})
-    assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.startswith("# effective worker config")
     both = tmp_path / "both.toml"
     both.write_text('ports = [1, 2]\nref = "refs/heads/main"\n')
-    assert one_line(run("config", "check", str(both)), 2).endswith(
-        "sets keys only a worker reads (ports) and keys only a broker reads (ref): give "
-        "--kind worker or --kind broker.")
     common = tmp_path / "common.toml"
     common.write_text("metrics_port = 9100\n")
-    assert "only keys every daemon reads" in one_line(run("config", "check", str(common)), 2)
     gateway = tmp_path / "gateway.toml"
     gateway.write_text('admin = "http://127.0.0.1:2019"\n')
-    assert run("config", "check", str(gateway)).stdout.startswith("# effective gateway config")
-    assert run("config", "check", str(common), "--kind", "broker",
-               env={"GAVEL_STATE": str(tmp_path)}).returncode == 0
+    worker, mixed, shared, gw, broker = run_many(
+        tmp_path,
+        (["config", "check", str(ROOT / "compose" / "worker.toml")], {"GAVEL_NODE_ID": "worker-1"}),
+        (["config", "check", str(both)], {}), (["config", "check", str(common)], {}),
+        (["config", "check", str(gateway)], {}),
+        (["config", "check", str(common), "--kind", "broker"], {"GAVEL_STATE": str(tmp_path)}))
+    assert worker.returncode == 0, worker.stderr
+    assert worker.stdout.startswith("# effective worker config")
+    assert one_line(mixed, 2).endswith(
+        "sets keys only a worker reads (ports) and keys only a broker reads (ref): give "
+        "--kind worker or --kind broker.")
+    assert "only keys every daemon reads" in one_line(shared, 2)
+    assert gw.stdout.startswith("# effective gateway config")
+    assert broker.returncode == 0
 
 
 # -- against a cluster ------------------------------------------------------------------------
