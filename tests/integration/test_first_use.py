@@ -67,6 +67,11 @@ def one_line(proc: subprocess.CompletedProcess[str], code: int) -> str:
     return lines[0]
 
 
+async def gavel_many(tmp: Path, *lines: list[str]) -> list[subprocess.CompletedProcess[str]]:
+    """`run_many` in a thread, for commands that only read (nothing happens in between)."""
+    return await asyncio.to_thread(run_many, tmp, *((args, {}) for args in lines))
+
+
 def error_json(proc: subprocess.CompletedProcess[str], code: int) -> dict[str, Any]:
     out: dict[str, Any] = json.loads(proc.stdout)
     assert out["exit_code"] == code and out["error"].startswith("gavel ")
@@ -217,7 +222,9 @@ async def test_nodes_node_shows_what_runs_there_and_its_declines(
         running = (await two.status("on-a")).state == "running"
         return running and (await two.status("nowhere")).state == "unschedulable"
     await wait_for(seen, 15, what="one running, one unschedulable")
-    proc = await gavel("nodes", "node-a", "--nats", two.url)
+    proc, as_json, unknown = await gavel_many(
+        tmp_path, ["nodes", "node-a", "--nats", two.url],
+        ["nodes", "node-a", "--json", "--nats", two.url], ["nodes", "node-z", "--nats", two.url])
     assert proc.returncode == 0, proc.stderr
     text = proc.stdout
     assert text.startswith("node-a: healthy")
@@ -227,16 +234,14 @@ async def test_nodes_node_shows_what_runs_there_and_its_declines(
                for line in text.splitlines())
     assert any(line.split()[0] == "nowhere" and "missing label" in line
                for line in text.splitlines() if line.startswith("    "))
-    proc = await gavel("nodes", "node-a", "--json", "--nats", two.url)
-    detail = json.loads(proc.stdout)["detail"]
+    detail = json.loads(as_json.stdout)["detail"]
     assert [i["instance_id"] for i in detail["instances"]] == ["on-a"]
     assert detail["declines"][0]["instance_id"] == "nowhere"
-    proc = await gavel("nodes", "node-z", "--nats", two.url)
-    assert one_line(proc, 1) == "gavel nodes: no such node: node-z"
+    assert one_line(unknown, 1) == "gavel nodes: no such node: node-z"
 
 
 async def test_events_since_and_limit_and_unschedulable_said_once_per_reason(
-        two: Cluster) -> None:
+        two: Cluster, tmp_path: Path) -> None:
     broker = two.broker
     assert broker is not None
     await two.submit(Spec(name="g", command=["true"], labels={"gpu": "true"}), "gpu-2")
@@ -263,13 +268,21 @@ async def test_events_since_and_limit_and_unschedulable_said_once_per_reason(
     assert details[1] == "0/3 nodes bid: 3 missing label gpu=true"
     assert (await two.status("gpu-2")).detail == details[1]  # the record says it too
 
-    everything = await events("--limit", "0")
+    async def each(*flags: list[str]) -> list[list[dict[str, Any]]]:
+        out = []
+        for proc in await gavel_many(tmp_path, *([*f, "--json", "--nats", two.url]
+                                                 for f in flags)):
+            assert proc.returncode == 0, proc.stderr
+            out.append([json.loads(line) for line in proc.stdout.splitlines()])
+        return out
+
+    everything, last = await each(["events", "--limit", "0"], ["events", "--limit", "1"])
     assert len(everything) == 2
-    assert await events("--limit", "1") == everything[-1:]
+    assert last == everything[-1:]
     newest = everything[-1]["at"]
     await wait_for(lambda: time.time() > newest + 2, 10, what="two quiet seconds")
-    assert await events("--since", "1s") == []
-    assert await events("--since", "1h") == everything
+    assert await each(["events", "--since", "1s"], ["events", "--since", "1h"]) == [
+        [], everything]
 
 
 async def test_drain_deadline_moves_what_is_left_and_undrain_clears_exclusions(
