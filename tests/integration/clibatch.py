@@ -28,7 +28,9 @@ for case in json.load(sys.stdin):
     os.environ.update(base)
     os.environ.update(case["env"])
     os.chdir(case["cwd"])
-    out, err = io.StringIO(), io.StringIO()
+    # Text streams over bytes, as the real ones are (a command may write to `.buffer`).
+    out, err = (io.TextIOWrapper(io.BytesIO(), encoding="utf-8", write_through=True)
+                for _ in range(2))
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         try:
             code = main(case["argv"])
@@ -39,7 +41,10 @@ for case in json.load(sys.stdin):
         except BaseException:
             traceback.print_exc()
             code = 1
-    results.append({"code": code, "stdout": out.getvalue(), "stderr": err.getvalue()})
+    out.flush()
+    err.flush()
+    results.append({"code": code, "stdout": out.buffer.getvalue().decode(errors="replace"),
+                    "stderr": err.buffer.getvalue().decode(errors="replace")})
 with open(sys.argv[1], "w") as f:
     json.dump(results, f)
 """
