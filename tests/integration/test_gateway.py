@@ -41,7 +41,7 @@ from gavel.shared.routes import route_id
 from gavel.shared.spec import Route
 from gavel.transport.natsserver import free_port
 from gavel.worker.ports import bindable
-from tests.integration.harness import Cluster, UpDemo, gavel_process, sleeper_spec, wait_for
+from tests.integration.harness import TIMING, Cluster, UpDemo, gavel_process, sleeper_spec, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -241,7 +241,10 @@ async def upstreams_of(cluster: Cluster, ids: list[str]) -> set[str]:
 async def test_a_route_balances_follows_a_killed_node_and_goes_when_its_instances_end(
         cluster: Cluster, caddy: Caddy, tmp_path: Path, procs: list[subprocess.Popen[bytes]],
         gateways: list[Gateway]) -> None:
-    await cluster.start_broker()
+    # The broker's offline clock at half the suite's: the route follows the replacement,
+    # whenever the broker makes it.
+    await cluster.start_broker(timing=msgspec.structs.replace(
+        TIMING, offline_s=max(TIMING.unreachable_s, TIMING.offline_s / 2)))
     workers: dict[str, subprocess.Popen[bytes]] = {}
     start = 26000
     for node in ("n1", "n2", "n3"):
