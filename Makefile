@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint typecheck bench bench-targets chaos chaos-ha clean lock
+.PHONY: run test test-slow lint typecheck bench bench-targets chaos chaos-ha clean lock
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -19,6 +19,10 @@ run: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q --maxfail=10 --durations=10
+
+# The long versions the default suite keeps a smaller copy of (`@pytest.mark.slow`).
+test-slow: $(STAMP)
+	$(BIN)/python -m pytest -q -m slow --maxfail=10 --durations=10
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -41,6 +42,15 @@ async def wait_for(pred: Callable[[], Awaitable[bool] | bool], timeout: float = 
             return
         await asyncio.sleep(every)
     raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+@dataclass(frozen=True)
+class UpDemo:
+    """One finished `gavel up --demo --workers 2` (auth and gateway on, the defaults): what
+    it printed and the state directory it left (the `up_demo` fixture)."""
+
+    proc: subprocess.CompletedProcess[str]
+    state: Path
 
 
 class Cluster:

@@ -18,7 +18,6 @@ the message — checked after the same connection's next, permitted message arri
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import signal
@@ -61,7 +60,7 @@ from gavel.transport import wire
 from gavel.transport.client import ClientError, call, connect
 from gavel.worker.agent import Agent
 from tests.integration.authed import WITNESS, Authed
-from tests.integration.harness import TIMING, gavel_process, sleeper_spec, wait_for
+from tests.integration.harness import TIMING, UpDemo, gavel_process, sleeper_spec, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -292,26 +291,21 @@ async def test_a_cluster_places_with_every_part_on_its_own_credential(authed: Au
         await broker.close()
 
 
-def test_gavel_up_runs_with_auth_and_reuses_its_keys(tmp_path: Path,
-                                                     capsys: pytest.CaptureFixture[str]) -> None:
-    from gavel.cli.up import up
-
-    args = argparse.Namespace(state=tmp_path / "up", workers=2, nats_port=None, demo=True,
-                              auth=True, metrics_port=None, metrics_addr="127.0.0.1",
-                              log_format=None)
-    assert asyncio.run(up(args)) == 0
-    out = capsys.readouterr().out
+def test_gavel_up_runs_with_auth_and_reuses_its_keys(up_demo: UpDemo) -> None:
+    """`gavel up --demo` (auth is on by default), the run shared with test_gateway's."""
+    assert up_demo.proc.returncode == 0, up_demo.proc.stdout + up_demo.proc.stderr
+    out = up_demo.proc.stdout
     assert "NATS auth: one nkey per worker" in out
     assert "-> node-" in out  # placed
     assert "exited   on node-" in out  # and run, reported by a worker
-    auth_dir = tmp_path / "up" / "auth"
+    auth_dir = up_demo.state / "auth"
     seeds = {p.name: p.read_text() for p in auth_dir.glob("*.nk")}
     assert set(seeds) == {"broker.nk", "operator.nk", "node-1.nk", "node-2.nk"}
-    nats_log = (tmp_path / "up" / "logs" / "nats.log").read_text()
+    nats_log = (up_demo.state / "logs" / "nats.log").read_text()
     assert "Violation" not in nats_log
     # Idempotent: a second init keeps every key and writes the same config.
     conf = (auth_dir / "nats.conf").read_text()
-    auth.init(tmp_path / "up", ["node-1", "node-2"])
+    auth.init(up_demo.state, ["node-1", "node-2"])
     assert {p.name: p.read_text() for p in auth_dir.glob("*.nk")} == seeds
     assert (auth_dir / "nats.conf").read_text() == conf
 

@@ -40,9 +40,9 @@ def _bench(tmp_path: Path, *flags: str, keep: bool = True, idle_s: str = "0"
 def test_a_small_broadcast_run_verifies_itself_and_reports_its_ceilings(
         tmp_path: Path) -> None:
     """... and measures the idle worker for real (a short window) beside its broker."""
-    r = _bench(tmp_path, "--placements", "300", "--mode", "broadcast", keep=False,
+    r = _bench(tmp_path, "--placements", "100", "--mode", "broadcast", keep=False,
                idle_s="1")
-    assert r["verified"] is True and r["placements"] == 300 and r["mode"] == "broadcast"
+    assert r["verified"] is True and r["placements"] == 100 and r["mode"] == "broadcast"
     assert r["agent_client"] == "lite"  # the default: bench.natslite
     assert r["placements_per_s"] > 0 and r["nats_reqreply_per_s"] > 0
     assert r["git_cli_commits_per_s"] > 0 and r["bids_per_s"] > 0
@@ -102,7 +102,7 @@ def test_an_idle_worker_that_dies_at_start_fails_the_run(tmp_path: Path) -> None
     env["GAVEL_STRATEGY"] = "no-such-strategy"
     (tmp_path / "tmp").mkdir()
     proc = subprocess.run([sys.executable, "-m", "gavel", "bench", "--json", "--agents",
-                           "4", "--processes", "1", "--idle-s", "1", "--placements", "40"],
+                           "4", "--processes", "1", "--idle-s", "1", "--placements", "10"],
                           capture_output=True, text=True, timeout=170, check=False, env=env)
     assert proc.returncode == 1, proc.stderr[-2000:]
     (kept,) = (tmp_path / "tmp").iterdir()
@@ -133,21 +133,21 @@ def test_the_memory_figure_is_the_peak_not_what_is_left_at_the_end() -> None:
 
 
 def test_a_scaled_target_run_checks_its_own_figures(tmp_path: Path) -> None:
-    """`gavel bench --targets` end to end, one target at a fiftieth of its size: a real run
+    """`gavel bench --targets` end to end, one target at a hundredth of its size: a real run
     with the target's settings, and a verdict on exactly the figures that run reported."""
     env = {k: v for k, v in os.environ.items() if k != "GAVEL_FAST_TIMERS"}
     env["TMPDIR"] = str(tmp_path / "tmp")
     (tmp_path / "tmp").mkdir()
     proc = subprocess.run([sys.executable, "-m", "gavel", "bench", "--targets", "--only",
-                           "sampled", "--scale", "0.02", "--json"],
+                           "sampled", "--scale", "0.01", "--json"],
                           capture_output=True, text=True, timeout=170, check=False, env=env)
     assert proc.returncode == 0, proc.stderr[-2000:]  # scaled: a miss is not a failure
     out = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert out["scale"] == 0.02
+    assert out["scale"] == 0.01
     (run,) = out["runs"]
     r = run["result"]
     assert run["target"] == "sampled" and r["verified"] is True
-    assert (r["agents"], r["placements"], r["mode"]) == (20, 400, "sampled")
+    assert (r["agents"], r["placements"], r["mode"]) == (10, 200, "sampled")
     assert [(c["key"], c["value"]) for c in run["checks"]] == [
         ("placements_per_s", r["placements_per_s"]), ("round_p99_ms", r["round_p99_ms"])]
     rate, p99 = run["checks"]
@@ -161,7 +161,7 @@ def test_bench_ha_runs_alone_then_leading_and_the_remote_holds_every_placement(
         tmp_path: Path) -> None:
     """`gavel bench --ha`: both runs verify (the HA one from the remote it pushed to), and
     the ratio is of the two runs' own figures."""
-    r = _bench(tmp_path, "--ha", "--placements", "300")
+    r = _bench(tmp_path, "--ha", "--placements", "100")
     alone, ha = r["alone"], r["ha"]
     assert alone["verified"] and ha["verified"] and not alone["ha"] and ha["ha"]
     assert r["ratio"]["placements_per_s"] == round(
@@ -170,5 +170,5 @@ def test_bench_ha_runs_alone_then_leading_and_the_remote_holds_every_placement(
     from gavel.broker.ledger.repository import Ledger
     remote = Ledger(tmp_path / "run" / "ha" / "remote.git", "refs/heads/main").state()
     placed = [i for nf in remote.nodes.values() for i in nf.instances]
-    assert len(placed) == len(set(placed)) == 300
+    assert len(placed) == len(set(placed)) == 100
     assert not (tmp_path / "run" / "alone" / "remote.git").exists()

@@ -1,12 +1,14 @@
-"""Chaos, the short version: `python -m gavel.bench.chaos` for ~40 s against real child processes
+"""Chaos, the short version: `python -m gavel.bench.chaos` for 20 s against real child processes
 (nats-server, a broker, three workers) with every kind of fault injected at least once, then
-the invariants — never timings — checked from git, agent.json and the live processes.
+the invariants — never timings — checked from git, agent.json and the live processes. The
+slow suite runs it for 40 s as well, with more faults of each kind (`chaosplan.minimums`).
 
 Every part runs on its own identity (`gavel auth init`'s seeds and nats-server config), and
 the server's log holds no permissions violation at the end.
 
 The faults come from the seed, so a failure here replays with
-``python -m gavel.bench.chaos --duration 40 --workers 3 --seed 4 --state DIR``.
+``python -m gavel.bench.chaos --duration 20 --workers 3 --seed 5 --state DIR`` (or
+``--duration 40 --seed 4``).
 """
 
 from __future__ import annotations
@@ -24,17 +26,22 @@ from gavel.bench.chaosplan import minimums
 
 pytestmark = pytest.mark.integration
 
-SEED, DURATION, WORKERS = 4, 40.0, 3
+WORKERS = 3
+#: (seed, seconds): the default suite's run - a seed whose faults all end early - and the
+#: slow suite's longer one, with more of each kind.
+SHORT, LONG = (5, 20.0), (4, 40.0)
+RUNS = [pytest.param(*SHORT, id="20s"), pytest.param(*LONG, id="40s", marks=pytest.mark.slow)]
 
 
-def test_the_seed_decides_every_fault() -> None:
+@pytest.mark.parametrize(("seed", "duration"), [SHORT, LONG], ids=["20s", "40s"])
+def test_the_seed_decides_every_fault(seed: int, duration: float) -> None:
     nodes = node_ids(WORKERS)
-    first = schedule(SEED, DURATION, nodes)
-    assert first == schedule(SEED, DURATION, nodes)
-    assert foreign_times(SEED, DURATION) == foreign_times(SEED, DURATION)
-    assert submissions(SEED, DURATION) == submissions(SEED, DURATION)
+    first = schedule(seed, duration, nodes)
+    assert first == schedule(seed, duration, nodes)
+    assert foreign_times(seed, duration) == foreign_times(seed, duration)
+    assert submissions(seed, duration) == submissions(seed, duration)
     assert {f.kind for f in first} == set(KINDS), "each fault at least once, however short"
-    assert schedule(SEED + 1, DURATION, nodes) != first
+    assert schedule(seed + 1, duration, nodes) != first
 
 
 def chaos_summary(module: str, args: list[str], timeout: float) -> dict[str, Any]:
@@ -50,10 +57,11 @@ def chaos_summary(module: str, args: list[str], timeout: float) -> dict[str, Any
     return summary
 
 
-def test_chaos_keeps_every_invariant(tmp_path: Path) -> None:
+@pytest.mark.parametrize(("seed", "duration"), RUNS)
+def test_chaos_keeps_every_invariant(tmp_path: Path, seed: int, duration: float) -> None:
     state = tmp_path / "chaos"
     summary = chaos_summary("gavel.bench.chaos", [
-        "--duration", str(DURATION), "--workers", str(WORKERS), "--seed", str(SEED),
+        "--duration", str(duration), "--workers", str(WORKERS), "--seed", str(seed),
         "--settle", "90", "--state", str(state)], timeout=420)
     assert summary["submitted"] > 0
     # Instances the broker ended lost are counted on their own, never among "terminal".
@@ -63,7 +71,7 @@ def test_chaos_keeps_every_invariant(tmp_path: Path) -> None:
     assert summary["clean"] == (summary["ended_lost"] == 0)
     assert set(summary["faults"]) == set(FAULTS)
     assert all(n >= 1 for n in summary["faults"].values()), summary["faults"]
-    assert all(summary["faults"][k] >= n for k, n in minimums(DURATION).items())
+    assert all(summary["faults"][k] >= n for k, n in minimums(duration).items())
     assert summary["rejoined_after_move"] >= 1
     # Per-node identities: the config init wrote has one nkey user per node beside the
     # broker's and the operators', and nats-server logged no permissions violation.

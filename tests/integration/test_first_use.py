@@ -28,18 +28,30 @@ from gavel import __version__
 from gavel.cli.main import build_parser
 from gavel.shared.messages import Spec
 from gavel.transport.natsserver import free_port
+from tests.integration.clibatch import Line, run_all
 from tests.integration.harness import Cluster, sleeper_spec, wait_for
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def run(*args: str, env: dict[str, str] | None = None, timeout: float = 60
-        ) -> subprocess.CompletedProcess[str]:
+def _clean() -> dict[str, str]:
     clean = {k: v for k, v in os.environ.items() if not k.startswith("GAVEL_")}
     clean["GAVEL_FAST_TIMERS"] = os.environ.get("GAVEL_FAST_TIMERS", "1")
+    return clean
+
+
+def run(*args: str, env: dict[str, str] | None = None, timeout: float = 60
+        ) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "gavel", *args], capture_output=True,
-                          text=True, timeout=timeout, cwd=ROOT, env={**clean, **(env or {})})
+                          text=True, timeout=timeout, cwd=ROOT, env={**_clean(), **(env or {})})
+
+
+def run_many(tmp: Path, *lines: tuple[list[str], dict[str, str]]
+             ) -> list[subprocess.CompletedProcess[str]]:
+    """`run` for each (args, env), all in one child process (`tests.integration.clibatch`)."""
+    return run_all([Line(args, ROOT, env) for args, env in lines], tmp / "results.json",
+                   env=_clean())
 
 
 async def gavel(*args: str, **kw: Any) -> subprocess.CompletedProcess[str]:
@@ -53,6 +65,11 @@ def one_line(proc: subprocess.CompletedProcess[str], code: int) -> str:
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert len(lines) == 1, proc.stderr
     return lines[0]
+
+
+async def gavel_many(tmp: Path, *lines: list[str]) -> list[subprocess.CompletedProcess[str]]:
+    """`run_many` in a thread, for commands that only read (nothing happens in between)."""
+    return await asyncio.to_thread(run_many, tmp, *((args, {}) for args in lines))
 
 
 def error_json(proc: subprocess.CompletedProcess[str], code: int) -> dict[str, Any]:
@@ -108,8 +125,8 @@ def test_bash_completion_is_made_from_the_parser(tmp_path: Path) -> None:
         "--deadline" in _bash_complete(script, ["gavel", "drain", "n1", "--"])
 
 
-def test_zsh_completion_has_the_same_tables() -> None:
-    bash, zsh = run("completion", "bash"), run("completion", "zsh")
+def test_zsh_completion_has_the_same_tables(tmp_path: Path) -> None:
+    bash, zsh = run_many(tmp_path, (["completion", "bash"], {}), (["completion", "zsh"], {}))
     assert zsh.returncode == 0 and zsh.stdout.startswith("#compdef gavel")
     assert "compdef _gavel gavel" in zsh.stdout
 
@@ -122,39 +139,43 @@ def test_zsh_completion_has_the_same_tables() -> None:
         assert check.returncode == 0, check.stderr
 
 
-def test_a_nats_url_that_is_not_one_or_where_nothing_answers_exits_2() -> None:
-    bad = one_line(run("status", "--nats", "htp://foo:bar:baz"), 2)
+def test_a_nats_url_that_is_not_one_or_where_nothing_answers_exits_2(tmp_path: Path) -> None:
+    url = f"nats://127.0.0.1:{free_port()}"
+    not_one, nodes, status, drain = run_many(
+        tmp_path, (["status", "--nats", "htp://foo:bar:baz"], {}), (["nodes", "--nats", url], {}),
+        (["status", "--json", "--nats", url], {}), (["drain", "--json"], {}))
+    bad = one_line(not_one, 2)
     assert bad == ("gavel status: 'htp://foo:bar:baz' is not a NATS URL: expected "
                    "nats://HOST:PORT (or tls://, ws://, wss://).")
-    url = f"nats://127.0.0.1:{free_port()}"
-    nothing = one_line(run("nodes", "--nats", url), 2)
+    nothing = one_line(nodes, 2)
     assert nothing.startswith(f"gavel nodes: nothing answers at {url}: ")
     # --json: the same, as one JSON object on stdout.
-    proc = run("status", "--json", "--nats", url)
-    assert error_json(proc, 2)["error"].startswith(f"gavel status: nothing answers at {url}")
+    assert error_json(status, 2)["error"].startswith(f"gavel status: nothing answers at {url}")
     # argparse's own refusals too
-    proc = run("drain", "--json")
-    assert proc.returncode == 2 and "required" in error_json(proc, 2)["error"]
+    assert drain.returncode == 2 and "required" in error_json(drain, 2)["error"]
 
 
 def test_config_check_tells_a_worker_file_by_its_keys(tmp_path: Path) -> None:
-    proc = run("config", "check", str(ROOT / "compose" / "worker.toml"),
-               env={"GAVEL_NODE_ID": "worker-1"})
-    assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.startswith("# effective worker config")
     both = tmp_path / "both.toml"
     both.write_text('ports = [1, 2]\nref = "refs/heads/main"\n')
-    assert one_line(run("config", "check", str(both)), 2).endswith(
-        "sets keys only a worker reads (ports) and keys only a broker reads (ref): give "
-        "--kind worker or --kind broker.")
     common = tmp_path / "common.toml"
     common.write_text("metrics_port = 9100\n")
-    assert "only keys every daemon reads" in one_line(run("config", "check", str(common)), 2)
     gateway = tmp_path / "gateway.toml"
     gateway.write_text('admin = "http://127.0.0.1:2019"\n')
-    assert run("config", "check", str(gateway)).stdout.startswith("# effective gateway config")
-    assert run("config", "check", str(common), "--kind", "broker",
-               env={"GAVEL_STATE": str(tmp_path)}).returncode == 0
+    worker, mixed, shared, gw, broker = run_many(
+        tmp_path,
+        (["config", "check", str(ROOT / "compose" / "worker.toml")], {"GAVEL_NODE_ID": "worker-1"}),
+        (["config", "check", str(both)], {}), (["config", "check", str(common)], {}),
+        (["config", "check", str(gateway)], {}),
+        (["config", "check", str(common), "--kind", "broker"], {"GAVEL_STATE": str(tmp_path)}))
+    assert worker.returncode == 0, worker.stderr
+    assert worker.stdout.startswith("# effective worker config")
+    assert one_line(mixed, 2).endswith(
+        "sets keys only a worker reads (ports) and keys only a broker reads (ref): give "
+        "--kind worker or --kind broker.")
+    assert "only keys every daemon reads" in one_line(shared, 2)
+    assert gw.stdout.startswith("# effective gateway config")
+    assert broker.returncode == 0
 
 
 # -- against a cluster ------------------------------------------------------------------------
@@ -201,7 +222,9 @@ async def test_nodes_node_shows_what_runs_there_and_its_declines(
         running = (await two.status("on-a")).state == "running"
         return running and (await two.status("nowhere")).state == "unschedulable"
     await wait_for(seen, 15, what="one running, one unschedulable")
-    proc = await gavel("nodes", "node-a", "--nats", two.url)
+    proc, as_json, unknown = await gavel_many(
+        tmp_path, ["nodes", "node-a", "--nats", two.url],
+        ["nodes", "node-a", "--json", "--nats", two.url], ["nodes", "node-z", "--nats", two.url])
     assert proc.returncode == 0, proc.stderr
     text = proc.stdout
     assert text.startswith("node-a: healthy")
@@ -211,16 +234,14 @@ async def test_nodes_node_shows_what_runs_there_and_its_declines(
                for line in text.splitlines())
     assert any(line.split()[0] == "nowhere" and "missing label" in line
                for line in text.splitlines() if line.startswith("    "))
-    proc = await gavel("nodes", "node-a", "--json", "--nats", two.url)
-    detail = json.loads(proc.stdout)["detail"]
+    detail = json.loads(as_json.stdout)["detail"]
     assert [i["instance_id"] for i in detail["instances"]] == ["on-a"]
     assert detail["declines"][0]["instance_id"] == "nowhere"
-    proc = await gavel("nodes", "node-z", "--nats", two.url)
-    assert one_line(proc, 1) == "gavel nodes: no such node: node-z"
+    assert one_line(unknown, 1) == "gavel nodes: no such node: node-z"
 
 
 async def test_events_since_and_limit_and_unschedulable_said_once_per_reason(
-        two: Cluster) -> None:
+        two: Cluster, tmp_path: Path) -> None:
     broker = two.broker
     assert broker is not None
     await two.submit(Spec(name="g", command=["true"], labels={"gpu": "true"}), "gpu-2")
@@ -247,13 +268,21 @@ async def test_events_since_and_limit_and_unschedulable_said_once_per_reason(
     assert details[1] == "0/3 nodes bid: 3 missing label gpu=true"
     assert (await two.status("gpu-2")).detail == details[1]  # the record says it too
 
-    everything = await events("--limit", "0")
+    async def each(*flags: list[str]) -> list[list[dict[str, Any]]]:
+        out = []
+        for proc in await gavel_many(tmp_path, *([*f, "--json", "--nats", two.url]
+                                                 for f in flags)):
+            assert proc.returncode == 0, proc.stderr
+            out.append([json.loads(line) for line in proc.stdout.splitlines()])
+        return out
+
+    everything, last = await each(["events", "--limit", "0"], ["events", "--limit", "1"])
     assert len(everything) == 2
-    assert await events("--limit", "1") == everything[-1:]
+    assert last == everything[-1:]
     newest = everything[-1]["at"]
     await wait_for(lambda: time.time() > newest + 2, 10, what="two quiet seconds")
-    assert await events("--since", "1s") == []
-    assert await events("--since", "1h") == everything
+    assert await each(["events", "--since", "1s"], ["events", "--since", "1h"]) == [
+        [], everything]
 
 
 async def test_drain_deadline_moves_what_is_left_and_undrain_clears_exclusions(

@@ -41,6 +41,7 @@ from gavel.shared.messages import (
     Shape,
 )
 from gavel.transport import wire
+from tests.integration.clibatch import Line, run_all
 from tests.integration.harness import Cluster, sleeper_spec, wait_for
 
 pytestmark = pytest.mark.integration
@@ -53,8 +54,15 @@ GARBAGE = [b"", b"\xc1", b"\x93\x01\x02\x03", bytes(range(256)), b"\x81\xa1k" * 
 def gavel(*args: str, cwd: Path | None = None, timeout: float = 60
           ) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "gavel", *args], capture_output=True,
-                          text=True, timeout=timeout, cwd=cwd,
-                          env={**os.environ, "GAVEL_LOG_LEVEL": "WARNING"})
+                          text=True, timeout=timeout, cwd=cwd, env=ENV)
+
+
+ENV = {**os.environ, "GAVEL_LOG_LEVEL": "WARNING"}
+
+
+def gavel_all(lines: list[Line], results: Path) -> list[subprocess.CompletedProcess[str]]:
+    """`gavel` once per line, all in one child process (`tests.integration.clibatch`)."""
+    return run_all(lines, results, env=ENV)
 
 
 def refused(proc: subprocess.CompletedProcess[str], code: int = 2) -> str:
@@ -300,25 +308,42 @@ SPECS = [
 ]
 
 
-@pytest.mark.parametrize(("name", "body", "says"), SPECS, ids=[s[0] for s in SPECS])
-def test_a_malformed_spec_exits_2_with_one_sentence(tmp_path: Path, name: str,
-                                                    body: str | bytes, says: str) -> None:
-    path = tmp_path / name
-    path.write_bytes(body if isinstance(body, bytes) else body.encode())
-    # nothing listens there: a spec that got past validation would exit 1, not 2
-    proc = gavel("submit", str(path), "--nats", "nats://127.0.0.1:9")
+@pytest.fixture(scope="module")
+def submitted(tmp_path_factory: pytest.TempPathFactory
+              ) -> dict[str, subprocess.CompletedProcess[str]]:
+    """`gavel submit` of every malformed spec, by file name; nothing listens at the URL: a
+    spec that got past validation would exit 1, not 2."""
+    root = tmp_path_factory.mktemp("specs")
+    for name, body, _ in SPECS:
+        (root / name).write_bytes(body if isinstance(body, bytes) else body.encode())
+    runs = gavel_all([Line(["submit", str(root / name), "--nats", "nats://127.0.0.1:9"], root)
+                      for name, _, _ in SPECS], root / "results.json")
+    return {name: proc for (name, _, _), proc in zip(SPECS, runs, strict=True)}
+
+
+@pytest.mark.parametrize(("name", "says"), [(s[0], s[2]) for s in SPECS],
+                         ids=[s[0] for s in SPECS])
+def test_a_malformed_spec_exits_2_with_one_sentence(
+        submitted: dict[str, subprocess.CompletedProcess[str]], name: str, says: str) -> None:
+    proc = submitted[name]
+    path = Path(proc.args[2])
+    assert path.name == name
     line = refused(proc)
     assert proc.stderr.strip() == line, "one line, no more"
     assert line.startswith(f"gavel submit: {path}: ") and says in line, line
 
 
 def test_a_missing_spec_file_and_a_bad_instance_id_exit_2(tmp_path: Path) -> None:
-    line = refused(gavel("submit", str(tmp_path / "nope.toml"), "--nats", "nats://127.0.0.1:9"))
-    assert "cannot read the spec file" in line
     spec = tmp_path / "ok.toml"
     spec.write_text('name = "x"\ncommand = ["true"]\n')
-    for bad in ("a b", "../etc", "x..y", "-rf", "x" * 129):
-        line = refused(gavel("submit", str(spec), f"--id={bad}", "--nats", "nats://127.0.0.1:9"))
+    bads = ("a b", "../etc", "x..y", "-rf", "x" * 129)
+    missing, *ids = gavel_all(
+        [Line(["submit", str(tmp_path / "nope.toml"), "--nats", "nats://127.0.0.1:9"], tmp_path)]
+        + [Line(["submit", str(spec), f"--id={bad}", "--nats", "nats://127.0.0.1:9"], tmp_path)
+           for bad in bads], tmp_path / "results.json")
+    assert "cannot read the spec file" in refused(missing)
+    for bad, proc in zip(bads, ids, strict=True):
+        line = refused(proc)
         assert line.startswith(f"gavel submit: --id {bad!r}: expected letters, digits"), line
 
 
@@ -349,13 +374,30 @@ WORKER_FLAGS = [
 ]
 
 
-@pytest.mark.parametrize(("flags", "says"), WORKER_FLAGS,
+@pytest.fixture(scope="module")
+def worker_checks(tmp_path_factory: pytest.TempPathFactory
+                  ) -> list[tuple[Path, subprocess.CompletedProcess[str]]]:
+    """`gavel worker FLAGS --check` for each of `WORKER_FLAGS`, each in an empty directory of
+    its own: that directory, and the outcome."""
+    root = tmp_path_factory.mktemp("worker-flags")
+    dirs = [root / str(n) for n in range(len(WORKER_FLAGS))]
+    for d in dirs:
+        d.mkdir()
+    runs = gavel_all([Line(["worker", *flags, "--check"], d)
+                      for (flags, _), d in zip(WORKER_FLAGS, dirs, strict=True)],
+                     root / "results.json")
+    return list(zip(dirs, runs, strict=True))
+
+
+@pytest.mark.parametrize(("n", "says"), [(n, f[1]) for n, f in enumerate(WORKER_FLAGS)],
                          ids=[" ".join(f[0]) or "none" for f in WORKER_FLAGS])
-def test_a_worker_with_bad_flags_exits_2_naming_the_flag(tmp_path: Path, flags: list[str],
-                                                         says: str) -> None:
-    line = refused(gavel("worker", *flags, "--check", cwd=tmp_path))
+def test_a_worker_with_bad_flags_exits_2_naming_the_flag(
+        worker_checks: list[tuple[Path, subprocess.CompletedProcess[str]]], n: int,
+        says: str) -> None:
+    cwd, proc = worker_checks[n]
+    line = refused(proc)
     assert says in line, line
-    assert not any(tmp_path.iterdir()), "nothing written"
+    assert not any(cwd.iterdir()), "nothing written"
 
 
 CONFIGS = [
@@ -372,18 +414,36 @@ CONFIGS = [
 ]
 
 
-@pytest.mark.parametrize(("kind", "body", "says"), CONFIGS,
+@pytest.fixture(scope="module")
+def config_checks(tmp_path_factory: pytest.TempPathFactory
+                  ) -> list[list[subprocess.CompletedProcess[str]]]:
+    """For each of `CONFIGS`, in a directory of its own with the file as gavel.toml: `gavel
+    config check` of it, with `--kind`, and the daemon's own `--config FILE --check`."""
+    root = tmp_path_factory.mktemp("configs")
+    lines = []
+    for n, (kind, body, _) in enumerate(CONFIGS):
+        d = root / str(n)
+        d.mkdir()
+        path = d / "gavel.toml"
+        path.write_bytes(body if isinstance(body, bytes) else body.encode())
+        lines += [Line(["config", "check", str(path)], d),
+                  Line(["config", "check", str(path), "--kind", kind], d),
+                  Line([kind, "--config", str(path), "--check"], d)]
+    runs = gavel_all(lines, root / "results.json")
+    return [runs[i:i + 3] for i in range(0, len(runs), 3)]
+
+
+@pytest.mark.parametrize(("n", "says"), [(n, c[2]) for n, c in enumerate(CONFIGS)],
                          ids=[f"{c[0]}-{i}" for i, c in enumerate(CONFIGS)])
 def test_config_check_of_a_bad_file_exits_2_naming_the_field(
-        tmp_path: Path, kind: str, body: str | bytes, says: str) -> None:
-    path = tmp_path / "gavel.toml"
-    path.write_bytes(body if isinstance(body, bytes) else body.encode())
-    for argv in (["config", "check", str(path)], ["config", "check", str(path), "--kind", kind]):
-        proc = gavel(*argv, cwd=tmp_path)
+        config_checks: list[list[subprocess.CompletedProcess[str]]], n: int, says: str
+        ) -> None:
+    *checks, daemon = config_checks[n]
+    for proc in checks:
         line = refused(proc)
         assert proc.stderr.strip() == line, "one line, no more"
         assert says in line, line
-    line = refused(gavel(kind, "--config", str(path), "--check", cwd=tmp_path))
+    line = refused(daemon)
     assert says in line, line
 
 

@@ -44,6 +44,7 @@ from gavel.transport.logclient import read
 from gavel.transport.natsserver import NatsServer
 from gavel.worker.agent import Agent
 from gavel.worker.logfiles import LogLimits
+from tests.integration.clibatch import Line, run_all
 from tests.integration.harness import TIMING, Cluster, wait_for
 
 pytestmark = pytest.mark.integration
@@ -68,6 +69,14 @@ async def gavel(*args: str, creds: str | None = None, timeout: float = 90
     return await asyncio.to_thread(
         subprocess.run, [sys.executable, "-m", "gavel", *args], capture_output=True,
         text=True, timeout=timeout, env=env)
+
+
+async def gavel_many(tmp: Path, *lines: list[str]) -> list[subprocess.CompletedProcess[str]]:
+    """`gavel` once per line, all in one child process (`tests.integration.clibatch`): for
+    commands that only read, side by side."""
+    env = {k: v for k, v in os.environ.items() if k not in ("GAVEL_CREDS",)}
+    return await asyncio.to_thread(run_all, [Line(args, tmp) for args in lines],
+                                   tmp / "results.json", env)
 
 
 async def running(cluster: Cluster, iid: str, state: str = "running") -> None:
@@ -102,22 +111,24 @@ async def test_stdout_stderr_all_tail_since_and_follow(cluster: Cluster) -> None
     await wait_for(lambda: (out.parent / "stderr.log").read_text().count("\n") == 5, 10,
                    what="five lines on stderr")
 
-    proc = await gavel("logs", "done-5", "--nats", url)
+    tmp = cluster.root
+    proc, err, both, as_json = await gavel_many(
+        tmp, ["logs", "done-5", "--nats", url],
+        ["logs", "done-5", "--stderr", "--tail", "2", "--nats", url],
+        ["logs", "done-5", "--all", "--nats", url],
+        ["logs", "done-5", "--json", "--tail", "1", "--nats", url])
     assert proc.returncode == 0, proc.stderr
     assert numbers(proc.stdout) == [0, 1, 2, 3, 4] and proc.stderr == ""
-    proc = await gavel("logs", "done-5", "--stderr", "--tail", "2", "--nats", url)
-    assert proc.stdout.splitlines() == ["e3", "e4"]
-    proc = await gavel("logs", "done-5", "--all", "--nats", url)
-    assert numbers(proc.stdout) == [0, 1, 2, 3, 4]  # the instance's stdout to stdout,
-    assert proc.stderr.splitlines() == [f"e{i}" for i in range(5)]  # its stderr to stderr
-    proc = await gavel("logs", "done-5", "--json", "--tail", "1", "--nats", url)
-    assert [json.loads(x) for x in proc.stdout.splitlines()] == [
+    assert err.stdout.splitlines() == ["e3", "e4"]
+    assert numbers(both.stdout) == [0, 1, 2, 3, 4]  # the instance's stdout to stdout,
+    assert both.stderr.splitlines() == [f"e{i}" for i in range(5)]  # its stderr to stderr
+    assert [json.loads(x) for x in as_json.stdout.splitlines()] == [
         {"instance_id": "done-5", "stream": "stdout", "line": "line 4"}]
     await asyncio.sleep(2 * TIMING.tick_s + 1.0)  # quiet for over a second, to the tick
-    proc = await gavel("logs", "done-5", "--since", "1s", "--nats", url)
-    assert proc.returncode == 0 and proc.stdout == ""
-    proc = await gavel("logs", "done-5", "--since", "1h", "--nats", url)
-    assert numbers(proc.stdout) == [0, 1, 2, 3, 4]
+    recent, hour = await gavel_many(tmp, ["logs", "done-5", "--since", "1s", "--nats", url],
+                                    ["logs", "done-5", "--since", "1h", "--nats", url])
+    assert recent.returncode == 0 and recent.stdout == ""
+    assert numbers(hour.stdout) == [0, 1, 2, 3, 4]
 
     # --follow: new lines as they come, until the instance ends; exit 0.
     await cluster.submit(Spec(name="f", command=printer(30, every=0.05, err=False)), "follow-1")
@@ -126,10 +137,10 @@ async def test_stdout_stderr_all_tail_since_and_follow(cluster: Cluster) -> None
     assert numbers(proc.stdout) == list(range(30))
     await running(cluster, "follow-1", "succeeded")
     # Ended, and still readable until the node's retention removes its directory.
-    proc = await gavel("logs", "follow-1", "--tail", "3", "--nats", url)
-    assert numbers(proc.stdout) == [27, 28, 29]
-    proc = await gavel("logs", "follow-1", "--follow", "--nats", url)  # ended: returns
-    assert proc.returncode == 0 and numbers(proc.stdout) == list(range(30))
+    tail, again = await gavel_many(tmp, ["logs", "follow-1", "--tail", "3", "--nats", url],
+                                   ["logs", "follow-1", "--follow", "--nats", url])
+    assert numbers(tail.stdout) == [27, 28, 29]
+    assert again.returncode == 0 and numbers(again.stdout) == list(range(30))  # ended: returns
 
 
 async def test_a_follow_spans_many_answer_windows_without_a_gap(cluster: Cluster) -> None:

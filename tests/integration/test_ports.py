@@ -23,6 +23,7 @@ from gavel.shared import subjects
 from gavel.shared.api import SubmitReply, SubmitRequest
 from gavel.shared.messages import Award, Event, Heartbeat, Spec
 from gavel.shared.reasons import Reason
+from gavel.shared.records import NodeFile
 from gavel.shared.strategies import make_strategy
 from gavel.worker.agent import Agent
 from gavel.worker.ports import bindable
@@ -59,9 +60,15 @@ def listening(port: int) -> Iterator[socket.socket]:
         yield s
 
 
-async def test_hundreds_of_instances_never_share_a_port(cluster: Cluster) -> None:
+@pytest.mark.parametrize("count", [pytest.param(100, id="100"),
+                                   pytest.param(200, id="200", marks=pytest.mark.slow)])
+async def test_hundreds_of_instances_never_share_a_port(cluster: Cluster, count: int) -> None:
+    """`count` instances of three ports each on three nodes whose ranges hold 6 of every 5
+    ports asked for: ranges nearly full, so a node given the whole of its range hands the
+    last instance back."""
     await cluster.start_broker()
-    ranges = {f"node-{n}": free_range(start, 240)
+    size = count * len(PORTS) * 6 // 5 // 3  # 240 ports a node for 200 instances
+    ranges = {f"node-{n}": free_range(start, size)
               for n, start in (("a", 22000), ("b", 23000), ("c", 24000))}
     agents = {node: await cluster.start_agent(node, port_range=r) for node, r in ranges.items()}
     await cluster.wait_nodes(3)
@@ -75,7 +82,7 @@ async def test_hundreds_of_instances_never_share_a_port(cluster: Cluster) -> Non
 
     def all_running() -> bool:
         return sum(1 for a in agents.values() for r in a.instances()
-                   if r.state == "running") == 200
+                   if r.state == "running") == count
 
     spec = Spec(name="light", command=["sleep", "60"], cpu=0.01, memory_mb=1, ports=PORTS)
     outside = {node: [first + 5, first + 60] for node, (first, _) in ranges.items()}
@@ -85,13 +92,21 @@ async def test_hundreds_of_instances_never_share_a_port(cluster: Cluster) -> Non
         for ports in outside.values():
             for port in ports:
                 stack.enter_context(listening(port))
-        reply = await cluster.call("submit", SubmitRequest(spec=spec, count=200), SubmitReply)
+        reply = await cluster.call("submit", SubmitRequest(spec=spec, count=count),
+                                   SubmitReply)
         ids = set(reply.instance_ids)
-        assert len(ids) == 200
-        await wait_for(lambda: all_running(), 40, what="200 instances running")
+        assert len(ids) == count
+        # Generous: hundreds of processes start on a machine that may be busy.
+        await wait_for(lambda: all_running(), 120, what=f"{count} instances running")
+
+        def node_files() -> dict[str, NodeFile]:
+            """Each node's node.json; an empty one for a node that won none of the batch (a
+            late bid on a busy machine): git has no file for it."""
+            held = cluster.ledger().state().nodes
+            return {n: held.get(n) or NodeFile(node_id=n) for n in agents}
 
         def recorded() -> bool:  # node.json holds the ports every process really got
-            nodes = cluster.ledger().state().nodes
+            nodes = node_files()
             return all({i: pl.ports for i, pl in nodes[n].instances.items()}
                        == {r.instance_id: r.ports for r in a.instances()}
                        for n, a in agents.items())
@@ -110,7 +125,7 @@ async def test_hundreds_of_instances_never_share_a_port(cluster: Cluster) -> Non
         assert 1 <= changes <= sum(len(p) for p in outside.values()), changes
         blocks = [line for line in lines if line.startswith("block ports ")]
         assert all(line.endswith(f": {Reason.PORT_TAKEN}") for line in blocks), blocks
-        nodes = cluster.ledger().state().nodes
+        nodes = node_files()
         placed = [i for n in agents for i in nodes[n].instances]
         assert sorted(placed) == sorted(ids), "every instance on exactly one node"
         for node, agent in agents.items():

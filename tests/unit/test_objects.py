@@ -12,6 +12,7 @@ import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
+from gavel.broker.ledger import cascommit
 from gavel.broker.ledger.objects import (
     BLOB,
     TREE,
@@ -22,7 +23,7 @@ from gavel.broker.ledger.objects import (
     object_id,
     tree_body,
 )
-from gavel.broker.ledger.repository import Ledger, _person
+from gavel.broker.ledger.repository import Ledger
 
 
 @pytest.fixture
@@ -74,7 +75,7 @@ def test_commit_ids_match_libgit2(repo: pygit2.Repository, message: str) -> None
     assert pygit2.Oid(raw=object_id(b"commit", commit_body(tree.raw, [first.raw], person,
                                                            message))) == second
     # The ledger's own line: name, email, the second and the machine's offset, as git reads it.
-    line = _person(1764467000.7)
+    line = cascommit.person(1764467000.7)
     assert line.startswith(b"gavel-broker <broker@gavel.local> 1764467000 ")
     Batch().commit(commit_body(tree.raw, [], line, message))  # the batch takes a commit too
 

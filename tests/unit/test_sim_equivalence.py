@@ -212,24 +212,34 @@ def _comparable(p: PolicyResult) -> dict[str, object]:
     return data
 
 
-def test_fast_path_equals_naive_path_over_thousands_of_placements() -> None:
-    s = scenario()
+# (seconds, placements at least): past every event of the scenario either way; the slow
+# suite runs the longer one.
+@pytest.mark.parametrize(("duration", "least"), [
+    pytest.param(400.0, 5_000, id="400s"),
+    pytest.param(700.0, 10_000, id="700s", marks=pytest.mark.slow)])
+def test_fast_path_equals_naive_path_over_thousands_of_placements(duration: float,
+                                                                  least: int) -> None:
+    s = scenario(duration)
     fast = simulate(s, 11)
     naive = simulate(s, 11, naive=True)
     placed = sum(p.placements for p in fast.policies)
-    assert placed > 10_000
+    assert placed > least
     assert any(p.unschedulable for p in fast.policies)
     assert any(p.replacements for p in fast.policies)
     for a, b in zip(fast.policies, naive.policies, strict=True):
         assert _comparable(a) == _comparable(b), a.policy
 
 
-def test_fast_path_equals_naive_path_with_labels_and_many_shapes() -> None:
-    s = scenario(500.0, LABELLED)
+@pytest.mark.parametrize(("duration", "least"), [
+    pytest.param(250.0, 2_500, id="250s"),
+    pytest.param(500.0, 5_000, id="500s", marks=pytest.mark.slow)])
+def test_fast_path_equals_naive_path_with_labels_and_many_shapes(duration: float,
+                                                                 least: int) -> None:
+    s = scenario(duration, LABELLED)
     assert len(Catalogue(s.workload.classes)) >= 30
     fast = simulate(s, 4)
     naive = simulate(s, 4, naive=True)
-    assert sum(p.placements for p in fast.policies) > 5_000
+    assert sum(p.placements for p in fast.policies) > least
     reasons = {r for p in fast.policies for r in p.reasons}
     assert {Reason.MISSING_LABEL, Reason.NO_ROOM_CPU} <= reasons
     assert any(p.unschedulable_by_class.get("big") for p in fast.policies)
