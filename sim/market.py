@@ -301,6 +301,13 @@ class Market:
         self.views[idx] = None
         self.answers[idx].clear()
 
+    def _later(self, now: float, idx: int, shape: int, sign: int) -> None:
+        """The node learns of a change git made `staleness_s` from now (rule 3)."""
+        if self.stale:
+            self._push(now + self.stale, _VIEW, (idx, shape, sign))
+        else:
+            self._see(idx, shape, sign)
+
     def _view(self, now: float, data: Any) -> None:
         idx, shape, sign = data
         self._see(idx, shape, sign)
@@ -364,7 +371,7 @@ class Market:
         inst.awards += 1
         self.rec.placed(idx, now - inst.queued_at, d.tie_broken, inst.kind, inst.cls,
                         inst.arrived, not inst.waited)
-        self._push(now + self.stale, _VIEW, (idx, inst.shape, +1))
+        self._later(now, idx, inst.shape, +1)
         if not self._lost() and node.alive and not self.down[idx]:
             self._push(now + self._latency(), _AWARD, (inst.iid, inst.epoch))
         self._push(now + self.s.timing.provisioning_s, _REVOKE, (inst.iid, inst.epoch))
@@ -426,7 +433,7 @@ class Market:
     def _move(self, inst: _Inst, now: float, kind: str, exclude: bool) -> None:
         """Off its node: queued again (without that node), or lost out of attempts."""
         idx = self._release(inst)
-        self._push(now + self.stale, _VIEW, (idx, inst.shape, -1))
+        self._later(now, idx, inst.shape, -1)
         if kind == "replace" and inst.awards >= self.s.workload.attempts:
             self.rec.result.lost += 1
             del self.insts[inst.iid]
