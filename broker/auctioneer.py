@@ -1,9 +1,9 @@
 """Running auctions: the shell around `shared.auctioneer.Core`, which decides them.
 
 The core holds every rule below that decides what is auctioned, whom it asks and what is
-awarded; this shell gives it the real clock, git's state and the heartbeats (`_Git`), and
-does what it asks: RFBs on NATS through the outbox, the deadline timers, the commits (and
-`_plan`, what they write), events and metrics. The simulator drives the same core in
+awarded; this shell gives it the real clock, git's state and the heartbeats
+(`broker.auctionworld`), and does what it asks: RFBs on NATS through the outbox, the
+deadline timers, the commits (and `_plan`, what they write), events and metrics. The simulator drives the same core in
 virtual time (`sim.market`).
 
 Rules:
@@ -63,10 +63,10 @@ import logging
 import random
 import uuid
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from collections.abc import Set as AbstractSet
+from collections.abc import Callable, Iterable, Sequence
 
 from gavel.broker.auctionlog import Recent, batch_record, count, place_line, shapes_of
+from gavel.broker.auctionworld import Git
 from gavel.broker.context import Context
 from gavel.broker.ledger.committer import Item, Planned
 from gavel.broker.ledger.plan import View, place, unschedulable
@@ -78,7 +78,7 @@ from gavel.shared.candidates import Candidates
 from gavel.shared.lifecycle import PENDING
 from gavel.shared.messages import Award, BidReply, Capacity, EventType, InstanceState
 from gavel.shared.reasons import Reason
-from gavel.shared.records import AuctionRecord, InstanceRecord, Outcome, auction_trailer
+from gavel.shared.records import AuctionRecord, Outcome, auction_trailer
 from gavel.transport.inbound import Door, Guard
 from gavel.transport.wire import Received
 
@@ -87,59 +87,6 @@ __all__ = ["CLOSED_KEPT", "RECENT_KEPT", "ROUNDS_KEPT", "Auctioneer"]
 RECENT_KEPT = 2048
 #: Bid-round durations kept for the API's percentiles.
 ROUNDS_KEPT = 10_000
-
-
-class _Git:
-    """The core's `World`: git's state and the heartbeats, read as the core asks."""
-
-    __slots__ = ("ctx",)
-
-    def __init__(self, ctx: Context) -> None:
-        self.ctx = ctx
-
-    def pending(self) -> Iterable[str]:
-        return self.ctx.ledger.state().pending
-
-    def record(self, iid: str) -> InstanceRecord:
-        return self.ctx.ledger.state().instances[iid]
-
-    def eligible(self, now: float) -> list[str]:
-        eligible = self.ctx.liveness.eligible(now)
-        unusable = self.ctx.ledger.state().unusable_nodes
-        if unusable:  # a node.json we cannot read: that node wins nothing
-            eligible = [n for n in eligible if n not in unusable]
-        return eligible
-
-    def draining(self) -> AbstractSet[str]:
-        return self.ctx.ledger.state().draining
-
-    def free(self, nodes: Iterable[str]) -> dict[str, Capacity]:
-        committed = self.ctx.ledger.state().committed
-        beats = self.ctx.liveness.heartbeats
-        out: dict[str, Capacity] = {}
-        for node_id in nodes:
-            hb = beats.get(node_id)
-            if hb is None:
-                continue
-            free = hb.capacity.copy()
-            used = committed.get(node_id)
-            if used is not None:
-                free.charge(used, -1)
-            out[node_id] = free
-        return out
-
-    def held_by(self, group: str) -> dict[str, int]:
-        return self.ctx.ledger.state().held_by(group)
-
-    def placed(self, iid: str) -> bool:
-        return iid in self.ctx.ledger.state().where
-
-    def labels(self) -> Mapping[str, Mapping[str, str]]:
-        return {n: hb.labels for n, hb in self.ctx.liveness.heartbeats.items()}
-
-    @property
-    def pinned(self) -> bool:
-        return bool(self.ctx.ledger.pinned)
 
 
 def _aid() -> str:
@@ -154,7 +101,7 @@ class Auctioneer:
         #: The award a placed instance's winner is told (`broker.assign`).
         self.award_for = award_for
         t = ctx.timing
-        self.core = Core(_Git(ctx), deadline_s=t.bid_deadline_s, heartbeat_s=t.heartbeat_s,
+        self.core = Core(Git(ctx), deadline_s=t.bid_deadline_s, heartbeat_s=t.heartbeat_s,
                          tick_s=t.tick_s, batch_max=batch_max, sample_d=sample_d,
                          max_auctions=max_auctions, batch_wait_s=batch_wait_s, rng=rng,
                          ids=_aid)

@@ -3,9 +3,7 @@
 The broker (`broker.auctioneer`, with the real clock, NATS and git) and the simulator
 (`sim.market`, in virtual time) drive this one object. It is fed ``now``, a `World` (the
 pending work and the node views) and bid replies; it never reads a clock, sends or writes.
-What it wants done comes back as actions from `take`: `Open` (send an auction's RFB, to
-every node or to the listed ones), `Decided` (commit these decisions), `Pinned` (the ledger
-cannot be written: report these instances), `Wake` (run another pass soon). `timer` says
+What it wants done comes back as actions from `take` (`shared.auctionworld`); `timer` says
 when it wants `handle_timer` at the latest (an auction's deadline or the end of a wait).
 
 Rules (the numbers are `broker.auctioneer`'s, where operators read them):
@@ -43,11 +41,11 @@ import random
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from itertools import filterfalse
-from typing import NamedTuple, Protocol
 
 import msgspec
 
 from gavel.shared.auction import Auction, Awarded, Decision, Unschedulable, Verdict, group_shapes
+from gavel.shared.auctionworld import Action, Decided, Open, Pinned, Wake, World
 from gavel.shared.candidates import Candidates
 from gavel.shared.messages import Bid, BidReply, Capacity, Decline, Request
 from gavel.shared.reasons import Reason
@@ -59,59 +57,6 @@ __all__ = ["CLOSED_KEPT", "Core", "Decided", "Open", "Pinned", "Wake", "World"]
 CLOSED_KEPT = 256
 #: Last winners kept before the table starts again (shapes are few).
 WINNERS_KEPT = 2048
-
-
-class World(Protocol):
-    """What the auctioneer reads of the world: git's pending work and the nodes."""
-
-    def pending(self) -> Iterable[str]:
-        """Instance ids waiting for a node, oldest first."""
-
-    def record(self, iid: str) -> InstanceRecord: ...
-
-    def eligible(self, now: float) -> list[str]:
-        """The nodes that may be asked now (heard recently, usable), sorted."""
-
-    def draining(self) -> AbstractSet[str]: ...
-
-    def free(self, nodes: Iterable[str]) -> dict[str, Capacity]:
-        """Per node heard: heartbeat capacity minus what git commits there (fresh copies)."""
-
-    def held_by(self, group: str) -> dict[str, int]:
-        """Replicas of a service per node, in git."""
-
-    def placed(self, iid: str) -> bool:
-        """Whether git records a node for the instance."""
-
-    def labels(self) -> Mapping[str, Mapping[str, str]]:
-        """Every heard node's labels."""
-
-    @property
-    def pinned(self) -> bool:
-        """The ledger cannot be written (a pinned deployment)."""
-
-
-class Open(NamedTuple):
-    auction: Auction
-    #: The nodes to address one by one; None: broadcast.
-    to: list[str] | None
-
-
-class Decided(NamedTuple):
-    auction: Auction
-    decisions: list[Decision]
-    round_s: float
-
-
-class Pinned(NamedTuple):
-    instances: list[str]
-
-
-class Wake(NamedTuple):
-    pass
-
-
-Action = Open | Decided | Pinned | Wake
 
 
 class Core:

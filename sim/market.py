@@ -30,21 +30,17 @@ from __future__ import annotations
 import heapq
 import math
 import random
-from collections.abc import Callable, Iterable, Iterator, Mapping
-from collections.abc import Set as AbstractSet
+from collections.abc import Callable, Iterator
 from typing import Any
-
-import msgspec
 
 from gavel.shared.auction import Auction, Awarded, Decision
 from gavel.shared.auctioneer import Core, Decided, Open, Wake
-from gavel.shared.feasibility import NodeView
-from gavel.shared.messages import Bid, BidReply, Capacity, Decline
-from gavel.shared.messages import Shape as MShape
+from gavel.shared.messages import Bid, BidReply
 from gavel.shared.records import InstanceRecord
 from gavel.shared.spec import Spec
-from gavel.shared.strategies import Strategy, answer
+from gavel.shared.strategies import Strategy
 from gavel.sim.cluster import Cluster, ScriptEvent
+from gavel.sim.marketworld import Inst, Ledger, Views
 from gavel.sim.metrics import PolicyResult, Recorder
 from gavel.sim.scenario import GavelPolicy, Scenario
 from gavel.sim.workload import Arrival, Catalogue
@@ -54,71 +50,6 @@ __all__ = ["Market"]
 Progress = Callable[[float], None]
 (_SCRIPT, _UNREACHABLE, _OFFLINE, _FINISH, _COMMIT, _CLOSE, _AWARD, _ACK, _REVOKE, _RESTART,
  _TIMER, _PASS, _ARRIVAL, _VIEW, _SAMPLE, _PATIENCE) = range(16)
-
-
-class _Inst:
-    __slots__ = ("acked", "arrived", "awards", "cls", "duration", "epoch", "excluded", "iid",
-                 "kind", "node", "queued_at", "shape", "waited")
-
-    def __init__(self, a: Arrival) -> None:
-        self.iid = f"i{a.seq}"
-        self.arrived = self.queued_at = a.at
-        self.shape, self.cls, self.duration = a.shape, a.cls, a.duration
-        self.node = -1
-        self.epoch = self.awards = 0
-        self.acked = self.waited = False
-        self.kind = "first"
-        self.excluded: tuple[str, ...] = ()
-
-
-class _Ledger:
-    """The core's `World` over the simulator (rule 1)."""
-
-    def __init__(self, market: Market) -> None:
-        self.m = market
-        self.queue: dict[str, None] = {}  # pending, oldest first
-        self.records: dict[str, InstanceRecord] = {}
-        self._eligible: list[str] | None = None
-        self.drains: set[str] = set()
-        self.pinned = False
-        self._labels = {n.node_id: n.labels for n in market.cluster.nodes}
-
-    def changed(self) -> None:
-        self._eligible = None
-
-    def pending(self) -> Iterable[str]:
-        return self.queue
-
-    def record(self, iid: str) -> InstanceRecord:
-        return self.records[iid]
-
-    def eligible(self, now: float) -> list[str]:
-        if self._eligible is None:
-            ids = self.m.cluster.ids
-            self._eligible = [ids[i] for i in sorted(self.m.cluster.eligible.items)]
-        return self._eligible
-
-    def draining(self) -> AbstractSet[str]:
-        return self.drains
-
-    def free(self, nodes: Iterable[str]) -> dict[str, Capacity]:
-        by_id, all_nodes = self.m.cluster.by_id, self.m.cluster.nodes
-        out = {}
-        for node_id in nodes:
-            n = all_nodes[by_id[node_id]]
-            out[node_id] = Capacity(cpu=(n.cap_milli - n.used_milli) / 1000.0,
-                                    memory_mb=n.group.memory_mb - n.used_memory,
-                                    ports=n.group.ports - n.used_ports)
-        return out
-
-    def held_by(self, group: str) -> dict[str, int]:
-        return {}
-
-    def placed(self, iid: str) -> bool:
-        return iid not in self.queue
-
-    def labels(self) -> Mapping[str, Mapping[str, str]]:
-        return self._labels
 
 
 class Market:
@@ -135,7 +66,7 @@ class Market:
         name = recorder.result.policy
         self.rng = random.Random(f"{seed}/market/{name}")
         self.net = random.Random(f"{seed}/network/{name}")
-        self.world = _Ledger(self)
+        self.world = Ledger(cluster)
         t = s.timing
         self.core = Core(self.world, deadline_s=s.deadline_s, heartbeat_s=t.heartbeat_s,
                          tick_s=t.tick_s, batch_max=m.batch_max, max_auctions=m.max_auctions,
@@ -144,13 +75,9 @@ class Market:
         self.specs = [Spec(name=f"shape-{k}", command=["true"], cpu=sh.cpu_milli / 1000.0,
                            memory_mb=sh.memory_mb, ports=[f"p{i}" for i in range(sh.ports)],
                            labels=dict(sh.labels)) for k, sh in enumerate(catalogue.shapes)]
-        size = len(cluster)
-        #: Each node's own view of what it holds (rule 3), and its answers per shape key.
-        self.seen = [[0, 0, 0] for _ in range(size)]
-        self.views: list[NodeView | None] = [None] * size
-        self.answers: list[dict[object, Bid | Decline]] = [{} for _ in range(size)]
-        self.down = [False] * size  # restarting (rule 6)
-        self.insts: dict[str, _Inst] = {}
+        self.nodes = Views(cluster, catalogue, strategies)  # their own views (rule 3)
+        self.down = [False] * len(cluster)  # restarting (rule 6)
+        self.insts: dict[str, Inst] = {}
         self.queued = [0] * len(s.workload.classes)
         self.heap: list[tuple[float, int, int, Any]] = []
         self.seq = 0
@@ -250,10 +177,12 @@ class Market:
             if not nodes[idx].alive or self.down[idx] or self._lost():
                 continue
             at = now + self._latency()
-            reply = BidReply(auction_id=auction.auction_id, node_id=node_id,
-                             answers=[self._answer(idx, sh, k, i)
-                                      for i, (sh, k) in enumerate(zip(shapes, keys,
-                                                                      strict=True))])
+            answers = [self.nodes.answer(idx, sh, k, i)
+                       for i, (sh, k) in enumerate(zip(shapes, keys, strict=True))]
+            for sh, ans in zip(shapes, answers, strict=True):
+                if isinstance(ans, Bid) and not self.nodes.fits(idx, sh, self.core.reserved):
+                    self.counts["stale_bids"] += 1
+            reply = BidReply(auction_id=auction.auction_id, node_id=node_id, answers=answers)
             if self._lost():
                 continue
             at += self._latency()
@@ -264,53 +193,16 @@ class Market:
         replies.sort(key=lambda r: (r[0], r[1].node_id))
         self._push(min(close, auction.deadline), _CLOSE, (auction.auction_id, replies))
 
-    def _answer(self, idx: int, shape: MShape, key: object, i: int) -> Bid | Decline:
-        cache = self.answers[idx]
-        got = cache.get(key)
-        if got is None:
-            got = cache[key] = answer(self.strategies[idx], shape, self._own(idx))
-        if isinstance(got, Bid) and not self._fits(idx, shape):
-            self.counts["stale_bids"] += 1
-        return got if i == 0 else msgspec.structs.replace(got, shape=i)
-
-    def _fits(self, idx: int, shape: MShape) -> bool:
-        n = self.cluster.nodes[idx]
-        res = self.core.reserved.get(n.node_id)
-        cpu = n.used_milli / 1000.0 + (res.cpu if res else 0.0)
-        mem = n.used_memory + (res.memory_mb if res else 0)
-        return cpu + shape.cpu <= n.capacity.cpu + 1e-9 and \
-            mem + shape.memory_mb <= n.group.memory_mb
-
-    def _own(self, idx: int) -> NodeView:
-        view = self.views[idx]
-        if view is None:
-            n = self.cluster.nodes[idx]
-            cpu, mem, ports = self.seen[idx]
-            view = self.views[idx] = NodeView(
-                node_id=n.node_id, capacity=n.capacity, stats=n.stats, labels=n.labels,
-                committed=Capacity(cpu=cpu / 1000.0, memory_mb=mem, ports=ports),
-                draining=n.draining)
-        return view
-
-    def _see(self, idx: int, shape: int, sign: int) -> None:
-        sh = self.catalogue.shapes[shape]
-        seen = self.seen[idx]
-        seen[0] += sign * sh.cpu_milli
-        seen[1] += sign * sh.memory_mb
-        seen[2] += sign * sh.ports
-        self.views[idx] = None
-        self.answers[idx].clear()
-
     def _later(self, now: float, idx: int, shape: int, sign: int) -> None:
         """The node learns of a change git made `staleness_s` from now (rule 3)."""
         if self.stale:
             self._push(now + self.stale, _VIEW, (idx, shape, sign))
         else:
-            self._see(idx, shape, sign)
+            self.nodes.see(idx, shape, sign)
 
     def _view(self, now: float, data: Any) -> None:
         idx, shape, sign = data
-        self._see(idx, shape, sign)
+        self.nodes.see(idx, shape, sign)
 
     def _close(self, now: float, data: Any) -> None:
         aid, replies = data
@@ -377,7 +269,7 @@ class Market:
         self._push(now + self.s.timing.provisioning_s, _REVOKE, (inst.iid, inst.epoch))
 
     # -- the node's side (rule 5) ------------------------------------------------------------------
-    def _current(self, data: Any) -> _Inst | None:
+    def _current(self, data: Any) -> Inst | None:
         iid, epoch = data
         inst = self.insts.get(iid)
         return inst if inst is not None and inst.epoch == epoch and inst.node >= 0 else None
@@ -414,11 +306,11 @@ class Market:
         if inst is None or not self.cluster.nodes[inst.node].alive:
             return
         idx = self._release(inst)
-        self._see(idx, inst.shape, -1)
+        self.nodes.see(idx, inst.shape, -1)
         del self.insts[inst.iid]
         self._freed(now)
 
-    def _release(self, inst: _Inst) -> int:
+    def _release(self, inst: Inst) -> int:
         idx = inst.node
         node = self.cluster.nodes[idx]
         node.charge(self.catalogue.shapes[inst.shape], -1)
@@ -430,7 +322,7 @@ class Market:
         self.core.capacity_freed()
         self._push(now, _PASS)
 
-    def _move(self, inst: _Inst, now: float, kind: str, exclude: bool) -> None:
+    def _move(self, inst: Inst, now: float, kind: str, exclude: bool) -> None:
         """Off its node: queued again (without that node), or lost out of attempts."""
         idx = self._release(inst)
         self._later(now, idx, inst.shape, -1)
@@ -444,7 +336,7 @@ class Market:
             self._queue(inst)
         self._freed(now)
 
-    def _queue(self, inst: _Inst) -> None:
+    def _queue(self, inst: Inst) -> None:
         self.world.records[inst.iid] = InstanceRecord(
             instance_id=inst.iid, spec=self.specs[inst.shape], excluded=inst.excluded)
         self.world.queue[inst.iid] = None
@@ -460,7 +352,7 @@ class Market:
         a: Arrival = data
         self.rec.result.arrivals += 1
         self.rec.arrived(a.cls, a.at)
-        inst = _Inst(a)
+        inst = Inst(a)
         self.insts[inst.iid] = inst
         self._queue(inst)
         self._next_arrival()
@@ -519,8 +411,7 @@ class Market:
                 node.touch()
                 self.world.drains.add(node.node_id)
                 self._heard(idx)
-                self.views[idx] = None
-                self.answers[idx].clear()
+                self.nodes.forget(idx)
                 if ev.kind == "drain-migrate":
                     self._off(now, idx, "migrate")
         self._push(now, _PASS)
