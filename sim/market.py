@@ -37,10 +37,9 @@ from gavel.shared.auction import Auction, Awarded, Decision
 from gavel.shared.auctioneer import Core, Decided, Open, Wake
 from gavel.shared.messages import Bid, BidReply
 from gavel.shared.records import InstanceRecord
-from gavel.shared.spec import Spec
 from gavel.shared.strategies import Strategy
 from gavel.sim.cluster import Cluster, ScriptEvent
-from gavel.sim.marketworld import Inst, Ledger, Views
+from gavel.sim.marketworld import Inst, Ledger, Views, specs
 from gavel.sim.metrics import PolicyResult, Recorder
 from gavel.sim.scenario import GavelPolicy, Scenario
 from gavel.sim.workload import Arrival, Catalogue
@@ -72,9 +71,7 @@ class Market:
                          tick_s=t.tick_s, batch_max=m.batch_max, max_auctions=m.max_auctions,
                          batch_wait_s=m.batch_wait_s, rng=random.Random(f"{seed}/placer/{name}"),
                          sample_d=policy.d if policy.mode == "sample" else None)
-        self.specs = [Spec(name=f"shape-{k}", command=["true"], cpu=sh.cpu_milli / 1000.0,
-                           memory_mb=sh.memory_mb, ports=[f"p{i}" for i in range(sh.ports)],
-                           labels=dict(sh.labels)) for k, sh in enumerate(catalogue.shapes)]
+        self.specs = specs(catalogue)
         self.nodes = Views(cluster, catalogue, strategies)  # their own views (rule 3)
         self.down = [False] * len(cluster)  # restarting (rule 6)
         self.insts: dict[str, Inst] = {}
@@ -108,7 +105,7 @@ class Market:
         step, next_report = end / 100.0, end / 100.0
         heap = self.heap
         handlers: dict[int, Callable[[float, Any], None]] = {
-            _SCRIPT: self._script, _UNREACHABLE: self._unreachable, _OFFLINE: self._offline,
+            _SCRIPT: self._script, _UNREACHABLE: self._unreachable, _OFFLINE: self._off,
             _FINISH: self._finish, _COMMIT: self._landed, _CLOSE: self._close,
             _AWARD: self._award, _ACK: self._ack, _REVOKE: self._revoke,
             _RESTART: self._restart, _TIMER: self._timer, _PASS: self._pass,
@@ -125,8 +122,7 @@ class Market:
         if self.progress:
             self.progress(1.0)
         self.counts["late"] = self.core.late_total
-        waiting = [(i.cls, i.arrived) for iid in self.world.queue
-                   for i in (self.insts[iid],)]
+        waiting = [(self.insts[i].cls, self.insts[i].arrived) for i in self.world.queue]
         result = self.rec.finish(len(self.world.queue), waiting)
         result.market = dict(self.counts)
         return result
@@ -422,10 +418,7 @@ class Market:
         self.core.candidates.remove(self.cluster.ids[idx])
         self.world.changed()
 
-    def _offline(self, now: float, data: Any) -> None:
-        self._off(now, data, "replace")
-
-    def _off(self, now: float, idx: int, kind: str) -> None:
+    def _off(self, now: float, idx: int, kind: str = "replace") -> None:
         for seq in sorted(self.cluster.nodes[idx].instances):
             self._move(self.insts[f"i{seq}"], now, kind, exclude=False)
 

@@ -20,11 +20,12 @@ from gavel.shared.feasibility import NodeView
 from gavel.shared.messages import Bid, Capacity, Decline
 from gavel.shared.messages import Shape as MShape
 from gavel.shared.records import InstanceRecord
+from gavel.shared.spec import Spec
 from gavel.shared.strategies import Strategy, answer
 from gavel.sim.cluster import Cluster
 from gavel.sim.workload import Arrival, Catalogue
 
-__all__ = ["Inst", "Ledger", "Views"]
+__all__ = ["Inst", "Ledger", "Views", "specs"]
 
 
 class Inst:
@@ -141,3 +142,10 @@ class Views:
     def forget(self, idx: int) -> None:
         self.views[idx] = None
         self.answers[idx].clear()
+
+
+def specs(catalogue: Catalogue) -> list[Spec]:
+    """The spec an instance of each shape is submitted with."""
+    return [Spec(name=f"shape-{k}", command=["true"], cpu=sh.cpu_milli / 1000.0,
+                 memory_mb=sh.memory_mb, ports=[f"p{i}" for i in range(sh.ports)],
+                 labels=dict(sh.labels)) for k, sh in enumerate(catalogue.shapes)]
