@@ -3,8 +3,8 @@
 The core holds every rule below that decides what is auctioned, whom it asks and what is
 awarded; this shell gives it the real clock, git's state and the heartbeats
 (`broker.auctionworld`), and does what it asks: RFBs on NATS through the outbox, the
-deadline timers, the commits (and `_plan`, what they write), events and metrics. The simulator drives the same core in
-virtual time (`sim.market`).
+deadline timers, the commits (and `_plan`, what they write), events and metrics. The
+simulator drives the same core in virtual time (`sim.market`).
 
 Rules:
 1. Pending work is re-derived from git on every pass: desired instances that are queued or

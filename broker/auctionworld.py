@@ -1,6 +1,7 @@
 """The auctioneer core's world in the broker: git's state and the nodes' heartbeats.
 
-Rules: every read is of the state as it is now (`ledger.state()` is git's head, cached);
+Rules: every read is of the state as it is now (`ledger.state()` is git's head, cached),
+except `record`, which reads the state the pass's `pending` was read from;
 a node whose node.json cannot be read is never eligible (it wins nothing); `free` is a
 heartbeat's capacity minus what git commits on that node, a fresh copy the core may charge.
 """
@@ -20,16 +21,19 @@ __all__ = ["Git"]
 class Git:
     """The core's `World`: git's state and the heartbeats, read as the core asks."""
 
-    __slots__ = ("ctx",)
+    __slots__ = ("_instances", "ctx")
 
     def __init__(self, ctx: Context) -> None:
         self.ctx = ctx
+        self._instances: Mapping[str, InstanceRecord] = {}
 
     def pending(self) -> Iterable[str]:
-        return self.ctx.ledger.state().pending
+        state = self.ctx.ledger.state()
+        self._instances = state.instances  # what `record` reads in the same pass: one read
+        return state.pending
 
     def record(self, iid: str) -> InstanceRecord:
-        return self.ctx.ledger.state().instances[iid]
+        return self._instances[iid]
 
     def eligible(self, now: float) -> list[str]:
         eligible = self.ctx.liveness.eligible(now)
@@ -41,7 +45,8 @@ class Git:
     def draining(self) -> AbstractSet[str]:
         return self.ctx.ledger.state().draining
 
-    def free(self, nodes: Iterable[str]) -> dict[str, Capacity]:
+    def free(self, nodes: Iterable[str], reserved: Mapping[str, Capacity]
+             ) -> dict[str, Capacity]:
         committed = self.ctx.ledger.state().committed
         beats = self.ctx.liveness.heartbeats
         out: dict[str, Capacity] = {}
@@ -53,6 +58,9 @@ class Git:
             used = committed.get(node_id)
             if used is not None:
                 free.charge(used, -1)
+            res = reserved.get(node_id)
+            if res is not None:
+                free.charge(res, -1)
             out[node_id] = free
         return out
 

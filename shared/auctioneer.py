@@ -271,14 +271,7 @@ class Core:
 
     def free(self, nodes: Iterable[str]) -> dict[str, Capacity]:
         """Rule 3: per node, heartbeat capacity minus git's and the reserved."""
-        out = self.world.free(nodes)
-        reserved = self.reserved
-        if reserved:
-            for node_id, free in out.items():
-                res = reserved.get(node_id)
-                if res is not None:
-                    free.charge(res, -1)
-        return out
+        return self.world.free(nodes, self.reserved)
 
     # -- closing (rules 3, 5, 8, 11) ---------------------------------------------------------
     def close(self, auction: Auction, now: float) -> None:

@@ -35,8 +35,9 @@ class World(Protocol):
 
     def draining(self) -> AbstractSet[str]: ...
 
-    def free(self, nodes: Iterable[str]) -> dict[str, Capacity]:
-        """Per node heard: heartbeat capacity minus what git commits there (fresh copies)."""
+    def free(self, nodes: Iterable[str], reserved: Mapping[str, Capacity]
+             ) -> dict[str, Capacity]:
+        """Per node heard: heartbeat capacity minus what git commits there and `reserved`."""
 
     def held_by(self, group: str) -> dict[str, int]:
         """Replicas of a service per node, in git."""

@@ -73,14 +73,18 @@ class Ledger:
     def draining(self) -> AbstractSet[str]:
         return self.drains
 
-    def free(self, nodes: Iterable[str]) -> dict[str, Capacity]:
+    def free(self, nodes: Iterable[str], reserved: Mapping[str, Capacity]
+             ) -> dict[str, Capacity]:
         by_id, all_nodes = self.cluster.by_id, self.cluster.nodes
         out = {}
         for node_id in nodes:
             n = all_nodes[by_id[node_id]]
-            out[node_id] = Capacity(cpu=(n.cap_milli - n.used_milli) / 1000.0,
-                                    memory_mb=n.group.memory_mb - n.used_memory,
-                                    ports=n.group.ports - n.used_ports)
+            free = out[node_id] = Capacity(cpu=(n.cap_milli - n.used_milli) / 1000.0,
+                                           memory_mb=n.group.memory_mb - n.used_memory,
+                                           ports=n.group.ports - n.used_ports)
+            res = reserved.get(node_id)
+            if res is not None:
+                free.charge(res, -1)
         return out
 
     def held_by(self, group: str) -> dict[str, int]:

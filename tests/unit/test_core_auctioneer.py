@@ -46,9 +46,11 @@ class World:
     def draining(self) -> AbstractSet[str]:
         return frozenset()
 
-    def free(self, nodes: Iterable[str]) -> dict[str, Capacity]:
-        return {n: Capacity(cpu=self.cpu[n] - self.used.get(n, 0.0), memory_mb=4096, ports=10)
-                for n in nodes if n in self.cpu}
+    def free(self, nodes: Iterable[str], reserved: Mapping[str, Capacity]
+             ) -> dict[str, Capacity]:
+        return {n: Capacity(cpu=self.cpu[n] - self.used.get(n, 0.0)
+                            - (reserved[n].cpu if n in reserved else 0.0),
+                            memory_mb=4096, ports=10) for n in nodes if n in self.cpu}
 
     def held_by(self, group: str) -> dict[str, int]:
         return {}

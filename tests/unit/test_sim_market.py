@@ -102,7 +102,7 @@ def test_stale_bids_over_bid_a_node_and_the_reservation_stops_the_over_commit(
     assert stale.market["stale_bids"] > fresh.market["stale_bids"]
     assert stale.market["over_commits"] == 0  # the reservations and git stop them
     # without the reservations of awards whose commit has not landed, they do not
-    monkeypatch.setattr(Core, "free", lambda self, nodes: self.world.free(nodes))
+    monkeypatch.setattr(Core, "free", lambda self, nodes: self.world.free(nodes, {}))
     assert run(s).market["over_commits"] > 0
 
 
