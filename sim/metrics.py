@@ -105,6 +105,8 @@ class PolicyResult(msgspec.Struct, kw_only=True):
     steady: Steady = msgspec.field(default_factory=Steady)
     #: every steady figure over the seeds run (`sim.steady.flatten` names them)
     intervals: dict[str, Interval] = {}
+    #: the production auctioneer's own counts (`sim.market`; empty on the fast path)
+    market: dict[str, int] = {}
 
 
 def percentile(sorted_xs: list[float] | array[float], q: float) -> float:

@@ -24,6 +24,7 @@ from gavel.sim.cluster import Cluster, script
 from gavel.sim.distributions import pick_weighted
 from gavel.sim.engine import Engine, Progress
 from gavel.sim.gavel import GavelPlacer
+from gavel.sim.market import Market
 from gavel.sim.metrics import PolicyResult, Recorder
 from gavel.sim.network import NetworkModel
 from gavel.sim.placer import Placer
@@ -81,12 +82,23 @@ def assign_mix(policy: GavelPolicy, initial: int, total: int,
     return [made[i] for i in dealt], [policy.mix[i].label for i in dealt]
 
 
+class Production(Placer):
+    """A policy run by `sim.market` (``auctioneer = "production"``): it never places."""
+
+    def __init__(self, name: str, cluster: Cluster, catalogue: Catalogue,
+                 strategies: list[Strategy], labels: list[str], policy: GavelPolicy) -> None:
+        super().__init__(name, cluster, catalogue, strategies, labels)
+        self.policy = policy
+
+
 def _describe(policy: GavelPolicy) -> str:
     whole = sum(e.share for e in policy.mix)
     parts = ", ".join(f"{e.share / whole:.0%} {e.label}" for e in policy.mix)
     how = "broadcast" if policy.mode == "broadcast" else f"sample d={policy.d}"
     if policy.reserve_for:
         how += f"; nodes reserved for {', '.join(policy.reserve_for)}"
+    if policy.auctioneer == "production":
+        how += "; the production auctioneer"
     return f"gavel bidding ({parts}); {how}"
 
 
@@ -119,6 +131,8 @@ def plan(s: Scenario, seed: int, naive: bool = False) -> list[PolicySpec]:
                                             random.Random(f"{seed}/mix/{name}"))
             if p.reserve_for:
                 strategies = reserved(strategies, cluster, p.reserve_for)
+            if p.auctioneer == "production":
+                return Production(name, cluster, catalogue, strategies, labels, p)
             net = NetworkModel(s.network.latency_s, s.network.loss, deadline,
                                random.Random(f"{seed}/network/{name}"))
             return GavelPlacer(name, cluster, catalogue, strategies, labels, network=net,
@@ -165,6 +179,9 @@ def run_policy(s: Scenario, seed: int, spec: PolicySpec,
     placer = spec.build(cluster, catalogue)
     recorder = Recorder(spec.name, spec.kind, spec.description, cluster, catalogue,
                         placer.labels, [c.name for c in s.workload.classes], s.window)
+    if isinstance(placer, Production):  # the broker's auctioneer in virtual time
+        return Market(s, placer.policy, cluster, catalogue, arrivals, script(s, seed),
+                      placer.strategies, recorder, seed, progress).run()
     engine = Engine(s, cluster, catalogue, arrivals, script(s, seed), placer, recorder,
                     progress)
     return engine.run()

@@ -25,6 +25,7 @@ __all__ = [
     "Fail",
     "GavelPolicy",
     "Join",
+    "Market",
     "MixEntry",
     "Network",
     "NodeGroup",
@@ -87,6 +88,30 @@ class GavelPolicy(_Config, kw_only=True):
     #: each such node runs its strategy reserved for the keys it carries, as a worker with
     #: ``reserve_for`` does.
     reserve_for: list[Label] = []
+    #: fast: one request per round on the order book, awards at once (`sim.gavel`);
+    #: production: the broker's own auctioneer in virtual time (`sim.market`, `market`)
+    auctioneer: Literal["fast", "production"] = "fast"
+
+
+class Market(_Config, kw_only=True):
+    """What the production auctioneer (`auctioneer = "production"`) is run with: the
+    broker's knobs and the world the fast path leaves out, each at production's default."""
+
+    batch_max: PosInt = 256
+    batch_wait_s: NonNegFloat = 0.0
+    max_auctions: PosInt = 16
+    #: how long a round's commit takes to land; its awards stay reserved until then
+    commit_lag_s: NonNegFloat = 0.02
+    #: how long a node's view of its own state lags its awards (default: timing.mirror_s)
+    staleness_s: NonNegFloat | None = None
+    #: the chance each RFB, bid, award and acknowledgement is lost (default: network.loss)
+    loss: Ratio | None = None
+    #: node restarts over the run, at random times: each node is silent for restart_s and
+    #: rejoins under its own id, keeping its instances
+    restarts: NonNegInt = 0
+    restart_s: PosFloat = 10.0
+    #: the chance a node fails to start an instance it was awarded
+    provisioning_failure: Ratio = 0.0
 
 
 class Baselines(_Config, kw_only=True):
@@ -178,6 +203,7 @@ class Scenario(_Config, kw_only=True):
     baselines: Baselines = msgspec.field(default_factory=Baselines)
     workload: Workload
     network: Network = msgspec.field(default_factory=Network)
+    market: Market = msgspec.field(default_factory=Market)
     events: list[Event] = []
 
     @property

@@ -1,0 +1,372 @@
+"""The auctioneer's rules, sans-IO: which auctions to open, whom to ask, what was decided.
+
+The broker (`broker.auctioneer`, with the real clock, NATS and git) and the simulator
+(`sim.market`, in virtual time) drive this one object. It is fed ``now``, a `World` (the
+pending work and the node views) and bid replies; it never reads a clock, sends or writes.
+What it wants done comes back as actions from `take` (`shared.auctionworld`); `timer` says
+when it wants `handle_timer` at the latest (an auction's deadline or the end of a wait).
+
+Rules (the numbers are `broker.auctioneer`'s, where operators read them):
+1. Pending work is read from the world on every pass, oldest first: instances in flight
+   (auctioned, or awarded and not yet committed) and those whose retry time is still ahead
+   are skipped; no more than the room for auctions can take is read.
+2. Work is grouped by its excluded nodes; a group is auctioned without them unless no
+   other eligible node is left, then with them.
+3. An award reserves its winner's capacity until `released` (its commit landed, placed or
+   not) or `failed` (the commit failed): `free` is heartbeat capacity minus what the world
+   commits there minus these reservations, so rounds in flight together never over-commit.
+4. An auction opens once `batch_max` requests wait or the oldest has waited `batch_wait_s`;
+   no more than `max_auctions` are open at once.
+5. Closing an auction opens the next at once when work waits and there is room; an auction
+   that closes as it opens (no candidate) asks for another pass (`Wake`) instead of opening
+   others from inside the pass that opened it.
+6. A reply for an auction that closed (one of the last `CLOSED_KEPT`), or after its
+   deadline, from a node it asked that had not answered, is late: counted, not rejected.
+   A reply from a node the world says is draining is taken as the declines it should be.
+7. An unschedulable instance is retried a heartbeat interval later (`unschedulable`); one
+   whose commit failed a tick later; `capacity_freed` retries every one at once.
+8. A round placing replicas is told each group's replicas per node - the world's plus the
+   awards not yet committed - and every node's labels.
+9. Until `hold_until` no auction opens while no node is eligible.
+10. With `sample_d`, an auction asks d nodes per request of each shape among the nodes that
+    could ever take it (`shared.candidates`); a request none could ever take is decided at
+    once with the declines the nodes would send, and nothing is sent.
+11. What d sampled nodes could not place is asked at once of every candidate before it is
+    declared unschedulable; the last winner of each shape is asked beside the sampled ones.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Set as AbstractSet
+from itertools import filterfalse
+
+import msgspec
+
+from gavel.shared.auction import Auction, Awarded, Decision, Unschedulable, Verdict, group_shapes
+from gavel.shared.auctionworld import Action, Decided, Open, Pinned, Wake, World
+from gavel.shared.candidates import Candidates
+from gavel.shared.messages import Bid, BidReply, Capacity, Decline, Request
+from gavel.shared.reasons import Reason
+from gavel.shared.records import InstanceRecord
+
+__all__ = ["CLOSED_KEPT", "Core", "Decided", "Open", "Pinned", "Wake", "World"]
+
+#: Closed auctions whose late answers are recognised (rule 6).
+CLOSED_KEPT = 256
+#: Last winners kept before the table starts again (shapes are few).
+WINNERS_KEPT = 2048
+
+
+class Core:
+    def __init__(self, world: World, *, deadline_s: float, heartbeat_s: float, tick_s: float,
+                 batch_max: int = 256, sample_d: int | None = None, max_auctions: int = 16,
+                 batch_wait_s: float = 0.0, rng: random.Random | None = None,
+                 ids: Callable[[], str] | None = None) -> None:
+        self.world = world
+        self.deadline_s = deadline_s
+        self.heartbeat_s = heartbeat_s
+        self.tick_s = tick_s
+        self.batch_max = batch_max
+        self.sample_d = sample_d
+        self.max_auctions = max_auctions
+        self.batch_wait_s = batch_wait_s
+        self.rng = rng or random.Random()
+        #: Auction ids: the broker's are random, the simulator's a count.
+        self._ids = ids or _Count()
+        self.candidates = Candidates()
+        self.last_winner: dict[object, str] = {}
+        self.auctions: dict[str, Auction] = {}
+        self._broadcast: set[str] = set()
+        self._closed: dict[str, tuple[AbstractSet[str], AbstractSet[str] | None]] = {}
+        self._partial: dict[str, tuple[frozenset[object], list[str], AbstractSet[str]]] = {}
+        self.inflight: set[str] = set()
+        self.reserved: dict[str, Capacity] = {}
+        self.retry_at: dict[str, float] = {}
+        #: Replicas awarded and not yet released: instance -> (service, winner) (rule 8).
+        self.awarding: dict[str, tuple[str, str]] = {}
+        self.waiting_since: float | None = None
+        #: When the pass that found too little work wants to run again (rule 4, 9).
+        self.wake_at: float | None = None
+        self.hold_until = float("-inf")
+        self.late_total = 0
+        self.auctions_total = 0
+        self._opening = False
+        self._out: list[Action] = []
+
+    def take(self) -> list[Action]:
+        """What to do, in order, since the last `take`."""
+        out, self._out = self._out, []
+        return out
+
+    def _aid(self) -> str:
+        return self._ids()
+
+    # -- timers ----------------------------------------------------------------------------
+    def timer(self) -> float | None:
+        """When `handle_timer` must run at the latest (None: nothing is timed)."""
+        first = next(iter(self.auctions.values()), None)  # opened in order: the earliest
+        at = first.deadline if first is not None else None
+        if self.wake_at is not None and (at is None or self.wake_at < at):
+            at = self.wake_at
+        return at
+
+    def handle_timer(self, now: float) -> None:
+        for auction in [a for a in self.auctions.values() if a.deadline <= now]:
+            if auction.auction_id in self.auctions:
+                self.close(auction, now)
+        if self.wake_at is not None and self.wake_at <= now:
+            self.wake_at = None
+            self.reconcile(now)
+
+    def expire(self, aid: str, now: float) -> None:
+        """An auction's deadline came (the broker's per-auction timer)."""
+        auction = self.auctions.get(aid)
+        if auction is not None:
+            self.close(auction, now)
+
+    # -- opening (rules 1, 2, 4, 9, 10) ------------------------------------------------------
+    def reconcile(self, now: float) -> None:
+        if self._opening:  # an auction closed while opening (no candidates): once is enough
+            return
+        self._opening = True
+        try:
+            self._reconcile(now)
+        finally:
+            self._opening = False
+
+    def _reconcile(self, now: float) -> None:
+        world = self.world
+        room = self.max_auctions - len(self.auctions)
+        want = max(room, 1) * self.batch_max
+        pending: list[InstanceRecord] = []
+        waiting = filterfalse(self.inflight.__contains__, world.pending()) if self.inflight \
+            else iter(world.pending())
+        retry_at = self.retry_at
+        record = world.record
+        for iid in waiting:
+            if not retry_at or retry_at.get(iid, 0.0) <= now:
+                pending.append(record(iid))
+                if len(pending) >= want:
+                    break
+        if not pending:
+            self.waiting_since = None
+            return
+        if self.waiting_since is None:
+            self.waiting_since = now
+        if len(pending) < self.batch_max and now - self.waiting_since < self.batch_wait_s:
+            self.wake_at = self.waiting_since + self.batch_wait_s  # rule 4
+            return
+        if world.pinned:
+            self._out.append(Pinned([r.instance_id for r in pending]))
+            return
+        if room <= 0:
+            return
+        eligible = world.eligible(now)
+        if not eligible and now < self.hold_until:  # rule 9
+            self.wake_at = self.hold_until
+            return
+        if self.sample_d is not None:  # rule 10: the index asks only nodes that could fit
+            self.candidates.live(eligible)
+            self.candidates.drained(world.draining())
+        groups: dict[tuple[str, ...], list[Request]] = {}
+        for r in pending:
+            groups.setdefault(tuple(r.excluded), []).append(
+                Request.of(r.instance_id, r.spec, r.service))
+        for excluded, requests in groups.items():
+            candidates = ([n for n in eligible if n not in excluded] or eligible) \
+                if excluded else eligible
+            for i in range(0, len(requests), self.batch_max):
+                if room <= 0:
+                    return  # what is left has waited already: it goes when room frees
+                self.open(requests[i:i + self.batch_max], candidates, now, set(excluded))
+                room -= 1
+        self.waiting_since = None
+
+    def open(self, requests: list[Request], candidates: list[str], now: float,
+             excluded: AbstractSet[str] = frozenset(), wide: bool = False) -> None:
+        """One auction, broadcast or sampled (rule 10); `wide`: every candidate (rule 11)."""
+        aid = self._aid()
+        d = self.sample_d
+        sampled = False
+        if d is not None:
+            shapes, counts = group_shapes(requests)
+            if wide:
+                d = len(self.candidates) + 1
+            draw = self.candidates.draw(shapes, counts, d, self.rng, excluded,
+                                        self.last_winner)
+            if draw.hopeless:
+                keys = {shapes[i].key() for i in draw.hopeless}
+                self._refuse([r for r in requests if r.key() in keys], now)
+                requests = [r for r in requests if r.key() not in keys]
+                if not requests:
+                    return
+            sampled = not (all(draw.whole) and len(draw.asked) == len(candidates)
+                           and set(draw.asked) == set(candidates))
+            if not all(draw.whole):
+                self._partial[aid] = (frozenset(shapes[i].key() for i, w in
+                                                enumerate(draw.whole) if not w),
+                                      candidates, excluded)
+            if sampled:
+                candidates = draw.asked
+        auction = Auction(aid, requests, candidates, now, self.deadline_s)
+        self.auctions[aid] = auction
+        if not sampled:
+            self._broadcast.add(aid)
+        self.auctions_total += 1
+        self.inflight.update(r.instance_id for r in requests)
+        if not candidates:
+            self.close(auction, now)
+            return
+        self._out.append(Open(auction, candidates if sampled else None))
+
+    def _refuse(self, requests: list[Request], now: float) -> None:
+        """Rule 10: requests no live node could ever take, decided at once, each node
+        declining as it would (from what its heartbeats say it is); nothing is sent."""
+        aid = self._aid()
+        index = self.candidates
+        nodes = index.asked()
+        auction = Auction(aid, requests, nodes, now, self.deadline_s)
+        shapes = auction.shapes
+        for node in nodes:
+            answers: list[Bid | Decline] = []
+            for shape in shapes:
+                why = index.refusal(node, shape)
+                assert why is not None, "a hopeless shape has no candidate"
+                answers.append(Decline(shape=len(answers), reason=why.reason,
+                                       detail=why.detail))
+            auction.receive(BidReply(auction_id=aid, node_id=node, answers=answers), now)
+        self.auctions[aid] = auction
+        self.auctions_total += 1
+        self.inflight.update(r.instance_id for r in requests)
+        self.close(auction, now)
+
+    # -- bids (rule 6) -----------------------------------------------------------------------
+    def receive(self, reply: BidReply, now: float) -> Verdict | None:
+        """A decoded reply; the verdict to count as a reject, None when it was taken or was
+        only late (`late_total`)."""
+        auction = self.auctions.get(reply.auction_id)
+        if auction is None:
+            closed = self._closed.get(reply.auction_id)
+            if closed is not None and _late(reply.node_id, *closed):
+                self.late_total += 1
+                return None
+            return Verdict.WRONG_AUCTION
+        draining = self.world.draining()
+        if draining and reply.node_id in draining:
+            reply = msgspec.structs.replace(reply, answers=[
+                Decline(shape=a.shape, reason=Reason.DRAINING) for a in reply.answers])
+        verdict = auction.receive(reply, now)
+        out: Verdict | None = None
+        if verdict in (Verdict.LATE, Verdict.NOT_ELIGIBLE) and _late(
+                reply.node_id, auction.answered,
+                None if reply.auction_id in self._broadcast else auction.eligible):
+            self.late_total += 1
+        elif verdict is not Verdict.ACCEPTED:
+            out = verdict
+        if auction.done(now):
+            self.close(auction, now)
+        return out
+
+    def free(self, nodes: Iterable[str]) -> dict[str, Capacity]:
+        """Rule 3: per node, heartbeat capacity minus git's and the reserved."""
+        return self.world.free(nodes, self.reserved)
+
+    # -- closing (rules 3, 5, 8, 11) ---------------------------------------------------------
+    def close(self, auction: Auction, now: float) -> None:
+        aid = auction.auction_id
+        del self.auctions[aid]
+        self._closed[aid] = (auction.answered,
+                             None if aid in self._broadcast else auction.eligible)
+        self._broadcast.discard(aid)
+        if len(self._closed) > CLOSED_KEPT:
+            del self._closed[next(iter(self._closed))]
+        if auction.groups:
+            held, labels = self._spread_of(auction.groups)
+            decisions = auction.decide(now, self.free(auction.eligible), held=held,
+                                       labels=labels)
+        else:
+            decisions = auction.decide(now, self.free(auction.eligible))
+        wider: list[Request] = []
+        partial = self._partial.pop(aid, None)
+        if partial is not None:  # rule 11
+            keys = partial[0]
+            wider = [d.request for d in decisions
+                     if isinstance(d, Unschedulable) and d.request.key() in keys]
+            if wider:
+                again = {r.instance_id for r in wider}
+                decisions = [d for d in decisions if d.request.instance_id not in again]
+        if self.sample_d is not None:
+            self._remember_winners(auction, decisions)
+        for d in decisions:
+            if isinstance(d, Awarded):
+                self._reserve(d.winner.node_id, d.request, +1)
+                if d.request.group:
+                    self.awarding[d.request.instance_id] = (d.request.group, d.winner.node_id)
+        self._out.append(Decided(auction, decisions, now - auction.opened_at))
+        if wider and partial is not None:  # still in flight: asked again of every candidate
+            self.open(wider, partial[1], now, partial[2], wide=True)
+        if self._opening:  # closed as it opened: the pass under way counted it
+            self._out.append(Wake())
+        else:  # the next round goes out now (rule 5)
+            self.reconcile(now)
+
+    def _remember_winners(self, auction: Auction, decisions: list[Decision]) -> None:
+        won = [d for d in decisions if isinstance(d, Awarded)]
+        if won and len(self.last_winner) > WINNERS_KEPT:
+            self.last_winner.clear()
+        for d in won:
+            self.last_winner[d.request.key()] = d.winner.node_id
+
+    def _spread_of(self, groups: Iterable[str]
+                   ) -> tuple[dict[str, dict[str, int]], Mapping[str, Mapping[str, str]]]:
+        world = self.world
+        held = {g: world.held_by(g) for g in groups}
+        for iid, (group, node) in self.awarding.items():
+            counts = held.get(group)
+            if counts is not None and not world.placed(iid):
+                counts[node] = counts.get(node, 0) + 1
+        return held, world.labels()
+
+    def _reserve(self, node_id: str, req: Request, sign: int) -> None:
+        self.reserved.setdefault(node_id, Capacity()).charge(req, sign)
+
+    # -- what became of the decisions (rules 3, 7) ---------------------------------------------
+    def released(self, d: Awarded) -> None:
+        """The award's commit landed (placed, or the ledger refused the placement)."""
+        self._reserve(d.winner.node_id, d.request, -1)
+        self.inflight.discard(d.request.instance_id)
+        self.awarding.pop(d.request.instance_id, None)
+
+    def unschedulable(self, iid: str, now: float) -> None:
+        self.inflight.discard(iid)
+        self.retry_at[iid] = now + self.heartbeat_s
+
+    def failed(self, decisions: Sequence[Decision], now: float) -> None:
+        """The commit of these decisions failed: released, retried a tick later."""
+        for d in decisions:
+            iid = d.request.instance_id
+            if isinstance(d, Awarded):
+                self._reserve(d.winner.node_id, d.request, -1)
+                self.awarding.pop(iid, None)
+            self.inflight.discard(iid)
+            self.retry_at[iid] = now + self.tick_s
+
+    def capacity_freed(self) -> None:
+        self.retry_at.clear()
+
+
+class _Count:
+    def __init__(self) -> None:
+        self.n = 0
+
+    def __call__(self) -> str:
+        self.n += 1
+        return f"a{self.n}"
+
+
+def _late(node: str, answered: AbstractSet[str], asked: AbstractSet[str] | None) -> bool:
+    """Rule 6: an answer that came too late for its auction, from a node that had not
+    answered it and that it asked (`asked` None: a broadcast asks every node)."""
+    return node not in answered and (asked is None or node in asked)

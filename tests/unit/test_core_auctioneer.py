@@ -1,0 +1,276 @@
+"""The auctioneer's rules in memory (`shared.auctioneer.Core`): batching, the pipelining
+bound, reservations across rounds in flight, exclusion, retry timers, sampling only among
+the nodes that could take a request, asking all of them when there are fewer than d."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterable, Mapping
+from collections.abc import Set as AbstractSet
+
+from gavel.shared.auction import Auction, Awarded, Unschedulable
+from gavel.shared.auctioneer import Core, Decided, Open, Wake
+from gavel.shared.messages import Bid, BidReply, Capacity, Decline
+from gavel.shared.reasons import Reason
+from gavel.shared.records import InstanceRecord
+from gavel.shared.spec import Spec
+
+WEB = Spec(name="web", command=["true"], cpu=0.6, memory_mb=64)
+GPU = Spec(name="train", command=["true"], cpu=0.5, memory_mb=64, labels={"gpu": "yes"})
+HUGE = Spec(name="huge", command=["true"], cpu=64.0, memory_mb=64)
+
+
+class World:
+    """Git and the heartbeats, in a few dictionaries."""
+
+    def __init__(self, nodes: dict[str, float], labels: dict[str, dict[str, str]] | None = None
+                 ) -> None:
+        self.cpu = nodes
+        self.node_labels = labels or {}
+        self.queue: dict[str, InstanceRecord] = {}
+        self.used: dict[str, float] = {}
+        self.pinned = False
+
+    def add(self, iid: str, spec: Spec = WEB, excluded: tuple[str, ...] = ()) -> None:
+        self.queue[iid] = InstanceRecord(instance_id=iid, spec=spec, excluded=excluded)
+
+    def pending(self) -> Iterable[str]:
+        return list(self.queue)
+
+    def record(self, iid: str) -> InstanceRecord:
+        return self.queue[iid]
+
+    def eligible(self, now: float) -> list[str]:
+        return sorted(self.cpu)
+
+    def draining(self) -> AbstractSet[str]:
+        return frozenset()
+
+    def free(self, nodes: Iterable[str], reserved: Mapping[str, Capacity]
+             ) -> dict[str, Capacity]:
+        return {n: Capacity(cpu=self.cpu[n] - self.used.get(n, 0.0)
+                            - (reserved[n].cpu if n in reserved else 0.0),
+                            memory_mb=4096, ports=10) for n in nodes if n in self.cpu}
+
+    def held_by(self, group: str) -> dict[str, int]:
+        return {}
+
+    def placed(self, iid: str) -> bool:
+        return iid not in self.queue
+
+    def labels(self) -> Mapping[str, Mapping[str, str]]:
+        return self.node_labels
+
+
+def core(world: World, **kw: object) -> Core:
+    c = Core(world, deadline_s=2.0, heartbeat_s=10.0, tick_s=1.0, rng=random.Random(3),
+             **kw)  # type: ignore[arg-type]
+    for n, cpu in world.cpu.items():
+        c.candidates.update(n, world.node_labels.get(n, {}), Capacity(cpu=cpu, memory_mb=4096,
+                                                                       ports=10))
+    return c
+
+
+def opened(c: Core) -> list[Open]:
+    return [a for a in c.take() if isinstance(a, Open)]
+
+
+def bid_all(c: Core, auction: Auction, now: float, load: float = 0.1) -> list[Decided]:
+    """Every asked node bids for every shape; what was decided."""
+    for n in sorted(auction.eligible):
+        c.receive(BidReply(auction_id=auction.auction_id, node_id=n, answers=[
+            Bid(shape=i, load=load, step=0.0, strategy="x")
+            for i in range(len(auction.shapes))]), now)
+    return [a for a in c.take() if isinstance(a, Decided)]
+
+
+def test_an_auction_opens_at_batch_max_or_once_the_oldest_waited_batch_wait() -> None:
+    w = World({"n1": 4.0})
+    c = core(w, batch_max=3, batch_wait_s=1.0)
+    w.add("a")
+    w.add("b")
+    c.reconcile(0.0)
+    assert opened(c) == [] and c.timer() == 1.0  # two wait for a third, or a second
+    c.reconcile(0.5)
+    assert opened(c) == []
+    c.handle_timer(1.0)  # the oldest has waited batch_wait_s
+    [o] = opened(c)
+    assert [r.instance_id for r in o.auction.requests] == ["a", "b"]
+
+    w2 = World({"n1": 4.0})
+    c2 = core(w2, batch_max=3, batch_wait_s=1.0)
+    for iid in "abc":
+        w2.add(iid)
+    c2.reconcile(0.0)  # batch_max wait: at once
+    [o] = opened(c2)
+    assert len(o.auction.requests) == 3
+
+
+def test_no_more_than_max_auctions_are_in_flight_and_a_close_opens_the_next() -> None:
+    w = World({"n1": 8.0, "n2": 8.0})
+    c = core(w, batch_max=1, max_auctions=2)
+    for k in range(5):
+        w.add(f"i{k}")
+    c.reconcile(0.0)
+    first = opened(c)
+    assert [o.auction.requests[0].instance_id for o in first] == ["i0", "i1"]
+    c.reconcile(0.1)
+    assert opened(c) == []  # the bound holds
+    for n in ("n1", "n2"):
+        c.receive(BidReply(auction_id=first[0].auction.auction_id, node_id=n,
+                           answers=[Bid(shape=0, load=0.1, step=0.0, strategy="x")]), 0.2)
+    out = c.take()
+    assert [type(a) for a in out] == [Decided, Open]  # decided, and the next one went out
+    nxt = out[1]
+    assert isinstance(nxt, Open) and nxt.auction.requests[0].instance_id == "i2"
+    assert len(c.auctions) == 2
+
+
+def test_reservations_never_over_commit_a_node_across_rounds_in_flight() -> None:
+    """Two rounds priced on the same empty node: the second is decided against what the
+    first reserved, until the first's commit lands and git carries it."""
+    w = World({"n1": 1.0})
+    c = core(w, batch_max=1, max_auctions=2)
+    w.add("a")
+    w.add("b")
+    c.reconcile(0.0)
+    one, two = opened(c)
+    [d1] = bid_all(c, one.auction, 0.1)
+    [d2] = bid_all(c, two.auction, 0.1)
+    assert isinstance(d1.decisions[0], Awarded) and d1.decisions[0].winner.node_id == "n1"
+    assert isinstance(d2.decisions[0], Unschedulable)  # 0.6 + 0.6 > 1 cpu: not awarded
+    assert d2.decisions[0].reason is Reason.NO_ROOM_CPU
+    assert c.reserved["n1"].cpu == WEB.cpu
+    won = d1.decisions[0]
+    del w.queue["a"]
+    w.used["n1"] = WEB.cpu  # the commit landed: git holds it now, the reservation goes
+    c.released(won)
+    assert c.reserved["n1"].cpu == 0.0 and "a" not in c.inflight
+    assert c.free(["n1"])["n1"].cpu == 1.0 - WEB.cpu
+
+
+def test_a_failed_commit_releases_its_reservations_and_retries_a_tick_later() -> None:
+    w = World({"n1": 1.0})
+    c = core(w, batch_max=1)
+    w.add("a")
+    c.reconcile(0.0)
+    [o] = opened(c)
+    [d] = bid_all(c, o.auction, 0.1)
+    c.failed(d.decisions, 0.2)
+    assert c.reserved["n1"].cpu == 0.0 and c.inflight == set()
+    c.reconcile(1.1)
+    assert opened(c) == []  # its retry is a tick away
+    c.reconcile(1.2)
+    assert len(opened(c)) == 1
+
+
+def test_work_is_auctioned_without_the_nodes_it_failed_on_unless_none_is_left() -> None:
+    w = World({"n1": 4.0, "n2": 4.0, "n3": 4.0})
+    c = core(w, batch_max=8)
+    w.add("a", excluded=("n1",))
+    w.add("b")
+    w.add("c", excluded=("n1", "n2", "n3"))
+    c.reconcile(0.0)
+    by_req = {o.auction.requests[0].instance_id: o.auction for o in opened(c)}
+    assert by_req["a"].eligible == {"n2", "n3"}
+    assert by_req["b"].eligible == {"n1", "n2", "n3"}
+    assert by_req["c"].eligible == {"n1", "n2", "n3"}  # no other node: with them
+
+
+def test_an_unschedulable_instance_waits_a_heartbeat_unless_capacity_frees() -> None:
+    w = World({"n1": 4.0})
+    c = core(w, batch_max=1)
+    w.add("a")
+    c.reconcile(0.0)
+    [o] = opened(c)
+    c.receive(BidReply(auction_id=o.auction.auction_id, node_id="n1", answers=[
+        Decline(shape=0, reason=Reason.NO_ROOM_CPU)]), 0.1)
+    [d] = [a for a in c.take() if isinstance(a, Decided)]
+    assert isinstance(d.decisions[0], Unschedulable)
+    c.unschedulable("a", 0.2)  # its commit landed
+    c.reconcile(10.1)
+    assert opened(c) == []
+    c.reconcile(10.2)  # a heartbeat interval later
+    assert len(opened(c)) == 1
+    c2 = core(w, batch_max=1)
+    c2.unschedulable("a", 0.0)
+    c2.capacity_freed()
+    c2.reconcile(0.1)
+    assert len(opened(c2)) == 1  # capacity freed: at once
+
+
+def test_a_sampled_auction_asks_only_nodes_that_could_take_the_request() -> None:
+    nodes = {f"n{i:02d}": 4.0 for i in range(40)}
+    gpus = {"n07", "n23", "n31"}
+    w = World(nodes, {n: {"gpu": "yes"} for n in gpus})
+    c = core(w, batch_max=1, sample_d=2)
+    for k in range(10):
+        w.add(f"g{k}", GPU)
+    c.reconcile(0.0)
+    for o in opened(c):
+        assert o.to is not None and set(o.to) <= gpus and len(o.to) == 2
+        assert o.auction.eligible <= gpus
+
+
+def test_fewer_eligible_nodes_than_d_are_all_asked_and_none_is_no_round() -> None:
+    nodes = {f"n{i:02d}": 4.0 for i in range(40)}
+    w = World(nodes, {"n07": {"gpu": "yes"}})
+    c = core(w, batch_max=1, sample_d=2)
+    w.add("g", GPU)
+    c.reconcile(0.0)
+    [o] = opened(c)
+    assert o.to == ["n07"]  # the one node that could: asked alone
+    w2 = World(nodes)
+    c2 = core(w2, batch_max=1, sample_d=2)
+    w2.add("h", HUGE)
+    c2.reconcile(0.0)
+    out = c2.take()
+    assert not [a for a in out if isinstance(a, Open)]  # nothing is sent
+    [d] = [a for a in out if isinstance(a, Decided)]
+    assert isinstance(d.decisions[0], Unschedulable) and d.decisions[0].reason is Reason.NO_ROOM_CPU
+
+
+def test_what_d_nodes_could_not_place_is_asked_of_every_candidate() -> None:
+    nodes = {f"n{i:02d}": 4.0 for i in range(10)}
+    w = World(nodes)
+    c = core(w, batch_max=1, sample_d=2)
+    w.add("a")
+    c.reconcile(0.0)
+    [o] = opened(c)
+    assert o.to is not None and len(o.to) == 2
+    for n in o.to:
+        c.receive(BidReply(auction_id=o.auction.auction_id, node_id=n, answers=[
+            Decline(shape=0, reason=Reason.NO_ROOM_CPU)]), 0.1)
+    out = c.take()
+    wide = [a for a in out if isinstance(a, Open)]
+    assert [d.decisions for d in out if isinstance(d, Decided)] == [[]]  # not yet decided
+    assert len(wide) == 1 and wide[0].to is None  # every candidate: a broadcast
+    assert wide[0].auction.eligible == set(nodes)
+
+
+def test_no_auction_opens_during_the_hold_while_no_node_is_eligible() -> None:
+    w = World({})
+    c = core(w, batch_max=1)
+    c.hold_until = 5.0
+    w.add("a")
+    c.reconcile(0.0)
+    assert c.take() == [] and c.timer() == 5.0
+    c.handle_timer(5.0)  # the hold is over: "no nodes" it is
+    out = c.take()
+    assert [type(a) for a in out] == [Decided, Wake]
+
+
+def test_a_reply_after_the_close_is_late_a_replay_or_stranger_is_rejected() -> None:
+    w = World({"n1": 4.0, "n2": 4.0})
+    c = core(w, batch_max=1)
+    w.add("a")
+    c.reconcile(0.0)
+    [o] = opened(c)
+    aid = o.auction.auction_id
+    bid = [Bid(shape=0, load=0.1, step=0.0, strategy="x")]
+    assert c.receive(BidReply(auction_id=aid, node_id="n1", answers=bid), 0.1) is None
+    c.expire(aid, 2.0)
+    assert c.receive(BidReply(auction_id=aid, node_id="n2", answers=bid), 2.1) is None
+    assert c.late_total == 1
+    assert c.receive(BidReply(auction_id=aid, node_id="n1", answers=bid), 2.1) is not None
+    assert c.receive(BidReply(auction_id="nope", node_id="n1", answers=bid), 2.1) is not None
