@@ -42,9 +42,10 @@ Rules:
    (`broker.ha`) has asked every node for a heartbeat and gives them that long to answer,
    rather than find its queued work "unschedulable: no nodes connected" in its first pass.
    The first heartbeat ends the wait.
-10. A sampled auction asks d nodes per request of each shape among the healthy nodes that
-    could ever take it - its hard labels, not draining, its total capacity
-    (`shared.candidates`) - or all of them when there are no more: d random nodes of a fleet
+10. A sampled auction asks d or more nodes per request of each shape among the healthy nodes
+    that could ever take it - its hard labels, not draining, its total capacity - drawn away
+    from scarce-label and largest nodes (`shared.candidates` rules 5-8), or all of them when
+    there are no more: d random nodes of a fleet
     where few carry a label would mostly decline, and the request fail a round it could have
     won. A request no node could ever take is decided at once with the declines the nodes
     would have sent.
