@@ -179,6 +179,14 @@ class Auctioneer:
         self.core.max_auctions = value
 
     @property
+    def sample_d(self) -> int | None:
+        return self.core.sample_d
+
+    @property
+    def batch_wait_s(self) -> float:
+        return self.core.batch_wait_s
+
+    @property
     def rng(self) -> random.Random:
         return self.core.rng
 
