@@ -331,11 +331,13 @@ async def test_a_leader_cut_off_from_the_majority_stops_and_a_standby_takes_over
         return m.get("gavel_broker_leading") == 0.0 and \
             m.get(f'gavel_broker_leader{{leader="{second.leader}"}}') == 1.0
     await wait_for(standing_by, 90, every=0.5, what="the old leader to stand by, healed")
-    # The minority's client asks again with the same keys, now through the majority.
+    # The minority's client asks again with the same keys, now through the majority: all
+    # three (one the isolated leader pushed before its lease ran out is on the remote).
     again = Stream(op, "iso", pause_s=0.05).start(3)
     await before.stop()
-    await again.stop()
+    await again.finish()
     assert not before.refused and not again.refused, (before.refused, again.refused)
+    assert sorted(again.answered) == [f"iso-{n:04d}" for n in range(3)], again.answered
     submitted = {**before.answered, **again.answered}
     await wait_for(lambda: _placed_all(rig, submitted), 90, what="everything placed")
     await wait_for(lambda: placements.first_after(healed_at) is not None, 60,
