@@ -21,6 +21,7 @@ from typing import Any
 
 import msgspec
 import nats
+import nats.errors
 import nats.js.errors
 import nkeys
 import pygit2
@@ -310,13 +311,14 @@ def check_once(rig: HaRig, submitted: dict[str, str]) -> State:
 
 async def kv_epochs(nc: Any, nodes: list[str], timeout: float = 60) -> dict[str, int]:
     """The epoch each node's KV entry carries, for the nodes that have one (the witness may
-    read the bucket). Right after a heal JetStream may answer 503 (temporarily unavailable)
-    while its streams elect leaders: asked again until it answers, as an operator would."""
+    read the bucket). Right after a heal JetStream may answer 503 (temporarily unavailable),
+    or not at all, while its streams elect leaders: asked again until it answers, as an
+    operator would."""
     deadline = time.monotonic() + timeout
     while True:
         try:
             return await _kv_epochs(nc, nodes)
-        except nats.js.errors.ServiceUnavailableError:
+        except (nats.js.errors.ServiceUnavailableError, nats.errors.TimeoutError):
             if time.monotonic() >= deadline:
                 raise
             await asyncio.sleep(0.5)

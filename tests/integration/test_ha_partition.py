@@ -334,11 +334,16 @@ async def test_a_leader_cut_off_from_the_majority_stops_and_a_standby_takes_over
     # The minority's client asks again with the same keys, now through the majority: all
     # three (one the isolated leader pushed before its lease ran out is on the remote).
     again = Stream(op, "iso", pause_s=0.05).start(3)
+    # And new work after the heal (the first stream may have ended before it, and all three
+    # minority keys may already be on the remote: then nothing else would be placed).
+    after = Stream(op, "ah", pause_s=0.05).start(5)
     await before.stop()
     await again.finish()
-    assert not before.refused and not again.refused, (before.refused, again.refused)
+    await after.finish()
+    assert not before.refused and not again.refused and not after.refused, \
+        (before.refused, again.refused, after.refused)
     assert sorted(again.answered) == [f"iso-{n:04d}" for n in range(3)], again.answered
-    submitted = {**before.answered, **again.answered}
+    submitted = {**before.answered, **again.answered, **after.answered}
     await wait_for(lambda: _placed_all(rig, submitted), 90, what="everything placed")
     await wait_for(lambda: placements.first_after(healed_at) is not None, 60,
                    what="placements after the heal")
@@ -385,8 +390,8 @@ async def test_a_leader_cut_off_from_the_majority_stops_and_a_standby_takes_over
           f"{stopped_after:.2f}s after the cut (by its log); the next committed placement came "
           f"{took - cut_at:.2f}s after it, by {second.leader} (epoch {first.epoch} -> "
           f"{second.epoch}; {len(later)} leaderships after it); {len(submitted)} submitted, "
-          f"{before.retries + again.retries} client retries; {_local_only(rig, isolated)} "
-          f"commits of the isolated broker never landed; the minority side's client was "
-          f"told: {told_inside}; its log:\n" + "\n".join(
+          f"{before.retries + again.retries + after.retries} client retries; "
+          f"{_local_only(rig, isolated)} commits of the isolated broker never landed; the "
+          f"minority side's client was told: {told_inside}; its log:\n" + "\n".join(
               line for line in log.splitlines()
               if "lead" in line or "fenced" in line or "refused" in line)[-3000:])
