@@ -9,8 +9,9 @@ Rules:
 1. The plan comes from the seed (`chaosplan.ha_schedule`); whom a broker fault hits is
    decided when it lands: a leader kill kills whoever the API names as leader then, a
    standby kill a broker that runs and does not lead, a nats-server kill the next of the
-   three in turn. A fault whose target is not there (no leader answers in time) is skipped
-   and not counted.
+   three in turn. A leader kill whose target is not there (no leader answers in time) is
+   skipped and not counted; a standby kill waits for a leader with a standby running
+   beside it, and is an error if none comes in time - never a silent skip.
 2. A leader kill ends when a newer leadership (a higher epoch) answers; the killed broker
    is restarted after its hold, and may be the one that takes the lease again. A
    nats-server's kill ends when the API answers again with it back. So at most one broker
@@ -19,6 +20,9 @@ Rules:
    its epoch, so a run's failovers are its leaderships less the first. Fewer than the plan's
    leader kills (or any kind fewer than its minimum) is an error, as is a permissions
    violation in any server's log, a process that died by itself, or any invariant broken.
+4. The plan's minimums are injected even when earlier faults (each waits for a takeover or a
+   leader) push them past the run's duration (`chaosplan.due`, its rule 6); the extras are
+   dropped. Submissions still stop at the duration.
 
 ``python -m gavel.bench.chaosha [--duration S] [--workers N] [--seed N] [--leader-kills N]
 [--json]``: progress on stderr, the JSON summary as the last line of stdout, exit 0 only
@@ -46,6 +50,7 @@ from gavel.bench.chaosplan import (
     HA_KINDS,
     TIMING,
     Fault,
+    due,
     ha_minimums,
     ha_schedule,
     node_ids,
@@ -112,13 +117,13 @@ class HaChaos(Drive):
             await asyncio.gather(*rest, return_exceptions=True)
 
     async def _lane(self, faults: list[Fault], t0: float) -> None:
-        """Each fault in turn; none starts after the run's duration (one that waited for a
-        leader may have pushed the rest late: what is left is not injected, and a minimum
-        missed is an error, rule 3)."""
+        """Each fault in turn; past the run's duration only those the minimums still need
+        (rule 4)."""
         for f in faults:
             await until(t0 + f.at)
-            if time.monotonic() > t0 + self.opts.duration:
-                return
+            if not due(f.kind, time.monotonic() > t0 + self.opts.duration, self.seen.faults,
+                       self.least):
+                continue
             await self._inject(f)
             self.cluster.revive()
 
@@ -136,6 +141,20 @@ class HaChaos(Drive):
                 pass
             await asyncio.sleep(0.2)
         return "", 0
+
+    async def _standbys(self) -> tuple[str, list[str]]:
+        """The leader and the brokers that run beside it, once there is at least one (rule
+        1: a standby kill waits for one); ("", []) if none in `_LEADER_WAIT_S`."""
+        deadline = time.monotonic() + _LEADER_WAIT_S
+        while True:
+            leader, _ = await self.leader(wait_s=max(0.0, deadline - time.monotonic()))
+            standbys = [n for n in self.cluster.running_brokers() if n != leader]
+            if leader and standbys:
+                return leader, standbys
+            if time.monotonic() >= deadline:
+                return "", []
+            self.cluster.revive()
+            await asyncio.sleep(0.2)
 
     # -- faults (rules 1, 2) ---------------------------------------------------------------
     async def _inject(self, f: Fault) -> None:
@@ -158,9 +177,10 @@ class HaChaos(Drive):
                 self.seen.errors.append(f"no broker took over from {leader} within "
                                         f"{_LEADER_WAIT_S:g}s")
         elif f.kind == "standby_kill":
-            leader, _ = await self.leader()
-            standbys = [n for n in c.running_brokers() if n != leader]
-            if not leader or not standbys:
+            leader, standbys = await self._standbys()
+            if not standbys:
+                self.seen.errors.append(f"standby_kill: no leader with a running standby "
+                                        f"answered within {_LEADER_WAIT_S:g}s")
                 return
             victim = standbys[self.seen.faults[f.kind] % len(standbys)]
             self.seen.faults[f.kind] += 1

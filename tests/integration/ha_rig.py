@@ -21,6 +21,7 @@ from typing import Any
 
 import msgspec
 import nats
+import nats.errors
 import nats.js.errors
 import nkeys
 import pygit2
@@ -228,7 +229,12 @@ class Stream:
             await asyncio.sleep(self.pause_s)
 
     async def stop(self) -> None:
+        """No new submission after the one under way (answered before this returns)."""
         self._stop.set()
+        await self.finish()
+
+    async def finish(self) -> None:
+        """Until every one of the `count` submissions is answered."""
         if self.task is not None:
             await asyncio.wait_for(self.task, 120)
 
@@ -291,7 +297,9 @@ def check_once(rig: HaRig, submitted: dict[str, str]) -> State:
     """0 lost, 0 duplicated, from the remote: every submitted id exactly once, with its own
     key, in exactly one node.json; nothing else placed."""
     st = rig.remote_state()
-    assert sorted(st.instances) == sorted(submitted)
+    extra, missing = sorted(set(st.instances) - set(submitted)), \
+        sorted(set(submitted) - set(st.instances))
+    assert not extra and not missing, {"extra": extra, "missing": missing}
     for iid in submitted:
         assert st.instances[iid].key == f"key-{iid}"
         holders = [n for n, nf in st.nodes.items() if iid in nf.instances]
@@ -301,9 +309,22 @@ def check_once(rig: HaRig, submitted: dict[str, str]) -> State:
     return st
 
 
-async def kv_epochs(nc: Any, nodes: list[str]) -> dict[str, int]:
+async def kv_epochs(nc: Any, nodes: list[str], timeout: float = 60) -> dict[str, int]:
     """The epoch each node's KV entry carries, for the nodes that have one (the witness may
-    read the bucket)."""
+    read the bucket). Right after a heal JetStream may answer 503 (temporarily unavailable),
+    or not at all, while its streams elect leaders: asked again until it answers, as an
+    operator would."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return await _kv_epochs(nc, nodes)
+        except (nats.js.errors.ServiceUnavailableError, nats.errors.TimeoutError):
+            if time.monotonic() >= deadline:
+                raise
+            await asyncio.sleep(0.5)
+
+
+async def _kv_epochs(nc: Any, nodes: list[str]) -> dict[str, int]:
     kv = await nc.jetstream().key_value(subjects.NODES_BUCKET)
     out = {}
     for node in nodes:

@@ -19,6 +19,8 @@ from gavel.bench.chaosplan import (
     KINDS,
     SLEEPER,
     TIMING,
+    due,
+    ha_schedule,
     minimums,
     node_ids,
     room,
@@ -112,3 +114,22 @@ def test_no_freeze_opens_the_cluster_lane(duration: float) -> None:
     for seed in range(1, 40):
         lane = [f for f in schedule(seed, duration, NODES) if f.kind in CLUSTER_LANE]
         assert lane[0].kind != "worker_freeze", seed
+
+
+@pytest.mark.parametrize("seed", range(1, 21))
+def test_a_lane_that_runs_late_still_injects_the_ha_minimums(seed: int) -> None:
+    """Rule 6: every fault of the short HA run (`tests/integration/test_chaos_ha.py`'s plan)
+    landing past the duration - a loaded machine - still injects each kind's minimum, and
+    nothing beyond it; on time, every planned fault is injected."""
+    least = {"leader_kill": 2, "standby_kill": 1, "nats_restart": 1, "worker_kill": 1}
+    faults = ha_schedule(seed, 20.0, node_ids(2), least=least)
+    late: Counter[str] = Counter()
+    for f in faults:
+        if due(f.kind, True, late, least):
+            late[f.kind] += 1
+    assert dict(late) == least
+    on_time: Counter[str] = Counter()
+    for f in faults:
+        if due(f.kind, False, on_time, least):
+            on_time[f.kind] += 1
+    assert on_time == Counter(f.kind for f in faults)
