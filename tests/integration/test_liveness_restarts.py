@@ -103,9 +103,9 @@ async def test_a_dead_node_is_replaced_however_often_the_broker_restarts(
                                what="the restarted broker answering")
         assert moved, f"still on the dead node after {restarts} broker restarts"
         assert restarts <= allowed, f"moved only after {restarts} restarts ({allowed} allowed)"
-        await wait_for(lambda: holders(d.state, iid) == ["node-b"], 30,
+        await wait_for(lambda: holders(d.state, iid) == ["node-b"], 90,
                        what="the instance placed on the live node")
-        await wait_for(lambda: running_on(nc, iid, "node-b"), 30, what="running on node-b")
+        await wait_for(lambda: running_on(nc, iid, "node-b"), 90, what="running on node-b")
     finally:
         await nc.close()
         d.close()

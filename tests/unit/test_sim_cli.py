@@ -231,7 +231,7 @@ def test_a_run_stopped_after_the_first_policy_keeps_its_results(tmp_path: Path) 
     """A real `gavel sim` process, interrupted once it has written its first policy."""
     out = tmp_path / "out"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "gavel.cli", "sim", "smoke", "--seeds", "8", "--out", str(out),
+        [sys.executable, "-m", "gavel.cli", "sim", "smoke", "--seeds", "30", "--out", str(out),
          "--no-plots"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         env=os.environ.copy())
     assert proc.stderr is not None
@@ -252,7 +252,7 @@ def test_a_run_stopped_after_the_first_policy_keeps_its_results(tmp_path: Path) 
     assert "stopped; 1 finished policy kept" in err
     result = json.loads((out / "results.json").read_text())
     assert [p["policy"] for p in result["policies"]] == ["gavel:mixed"]
-    assert len(result["policies"][0]["intervals"]["util_cv"]["values"]) == 8
+    assert len(result["policies"][0]["intervals"]["util_cv"]["values"]) == 30
     assert "gavel:mixed" in (out / "report.md").read_text()
     assert not list(out.glob(".*.part"))
 
