@@ -234,8 +234,8 @@ def test_a_run_stopped_after_the_first_policy_keeps_its_results(tmp_path: Path) 
         [sys.executable, "-m", "gavel.cli", "sim", "smoke", "--seeds", "16", "--out", str(out),
          "--no-plots"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         env=os.environ.copy(),
-        # a suite started in the background inherits SIGINT ignored, and Python keeps an
-        # ignored SIGINT ignored: the child gets the default back, as a terminal's would have
+        # an ignored SIGINT is inherited (a shell's background job has one) and Python keeps
+        # it ignored: the child starts with the default, as one run from a terminal does
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     assert proc.stderr is not None
     lines: list[str] = []
