@@ -18,6 +18,9 @@ Rules:
    (`shared.spread`): told how many replicas of each group each node holds now and each
    node's labels, `decide` counts its own awards as it goes. Its requests share shapes only
    with their own group's, and a batch without replicas is decided exactly as rule 4 says.
+6. An auction of one request that is not a replica is decided by one walk down its bids in
+   award order — rule 4's award, tie and declines without building its heaps (one request
+   per round is the common case at low load, and every round of the simulator's fast path).
 """
 
 from __future__ import annotations
@@ -208,7 +211,14 @@ class Auction:
         """Close the auction and award every request (rules 4 and 5). `held`: group -> node
         -> replicas the node holds now; `labels`: each node's labels (both for replicas)."""
         self.closed_at = now
-        remaining = {n: c.copy() for n, c in (free or {}).items()}
+        if len(self.requests) == 1 and not self.groups:
+            return [self._single(free or {})]
+        return self._batch(free or {}, held or {}, labels or {})
+
+    def _batch(self, free: Mapping[str, Capacity], held: Mapping[str, Mapping[str, int]],
+               labels: Mapping[str, Mapping[str, str]]) -> list[Decision]:
+        """Rules 4 and 5 over any batch."""
+        remaining = {n: c.copy() for n, c in free.items()}
         extra: dict[str, float] = {}
         version: dict[str, int] = {}
         heaps: list[list[tuple[float, str, int]]] = []
@@ -227,7 +237,7 @@ class Auction:
             spoke = book.bids.keys() | {d.node_id for d in book.declines}
             silent.append(sorted(self.eligible - spoke))
         decisions: list[Decision] = []
-        tally = Tally(held or {}, labels or {}) if self.groups else None
+        tally = Tally(held, labels) if self.groups else None
         for request, s in zip(self.requests, self._shape_of, strict=True):
             if tally is not None and request.group:
                 decisions.append(self._replica(request, s, tally, remaining, extra, version,
@@ -258,6 +268,34 @@ class Auction:
             decisions.append(Awarded(request=request, winner=won, tie_broken=tied,
                                      bids=ranked[s], declines=declines[s], silent=silent[s]))
         return decisions
+
+    def _single(self, free: Mapping[str, Capacity]) -> Decision:
+        """Rule 6: the first two bids in award order that fit (and are finite) are the
+        winner and the bid that could tie it; the ones passed over for want of room join
+        the declines, as `_top` adds them."""
+        request, book = self.requests[0], self._books[0]
+        ranked = sorted(book.bids.values(), key=order)
+        found: list[NodeBid] = []
+        short_of: list[NodeDecline] = []
+        for bid in ranked:
+            room = free.get(bid.node_id)
+            short = shortfall(request, room) if room is not None else None
+            if short is not None:
+                short_of.append(NodeDecline(node_id=bid.node_id, reason=short.reason,
+                                            detail=short.detail))
+            elif math.isfinite(bid.load):
+                found.append(bid)
+                if len(found) == 2:
+                    break
+        declines = tuple(sorted((*book.declines, *short_of), key=lambda d: d.node_id))
+        spoke = book.bids.keys() | {d.node_id for d in book.declines}
+        silent = sorted(self.eligible - spoke) if len(spoke) < len(self.eligible) else []
+        if not found:
+            return self._unschedulable(request, ranked, declines, silent)
+        won = found[0]
+        tied = len(found) == 2 and found[1].load == won.load
+        return Awarded(request=request, winner=won, tie_broken=tied, bids=ranked,
+                       declines=declines, silent=silent)
 
     def _rekey(self, node: str, ver: int, live: list[dict[str, int]],
                heaps: list[list[tuple[float, str, int]]], extra: dict[str, float]) -> None:

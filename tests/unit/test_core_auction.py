@@ -8,14 +8,15 @@ from __future__ import annotations
 
 import copy
 import math
+import random
 
 import msgspec
 import pytest
 
 from gavel.shared.auction import Auction, Awarded, Decision, Unschedulable, Verdict
 from gavel.shared.award import NodeBid, NodeDecline
-from gavel.shared.messages import RFB, Bid, BidReply, Decline, Request, Shape
-from gavel.shared.reasons import Reason
+from gavel.shared.messages import RFB, Bid, BidReply, Capacity, Decline, Request, Shape
+from gavel.shared.reasons import DECLINES, Reason
 
 OPEN = 100.0
 DEADLINE_S = 2.0
@@ -262,3 +263,30 @@ def test_an_auction_of_one_request_asks_for_its_shape() -> None:
     rfb = new_auction(R2).rfb()
     assert rfb.shapes == [R2.shape()] and rfb.counts == [1]
     assert rfb.deadline_s == DEADLINE_S
+
+
+# -- rule 6: one request, one walk ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("seed", range(300))
+def test_one_request_is_decided_as_the_batch_rule_decides_it(seed: int) -> None:
+    """Winner, tie, declines (with those passed over for want of room), silent and the
+    unschedulable reason of rule 6's walk are rule 4's, over random rounds with ties."""
+    rng = random.Random(seed)
+    nodes = tuple(f"n{i}" for i in range(rng.randrange(0, 9)))
+    request = Request(instance_id="i-1", cpu=rng.choice([0.5, 1.0, 2.0]), memory_mb=256)
+    auction = new_auction(request, nodes=nodes)
+    free: dict[str, Capacity] = {}
+    for node in nodes:
+        kind = rng.random()
+        if kind < 0.55:
+            auction.receive(reply(node, bid(rng.choice([0.1, 0.2, 0.2, 0.5]),
+                                            step=rng.choice([0.0, -0.1, 0.1]))), OPEN)
+        elif kind < 0.8:
+            auction.receive(reply(node, decline(rng.choice(sorted(DECLINES)))), OPEN)
+        if rng.random() < 0.5:
+            free[node] = Capacity(cpu=rng.choice([0.0, 0.5, 4.0]),
+                                  memory_mb=rng.choice([128, 4096]))
+    general = copy.deepcopy(auction)
+    assert auction._single(free) == general._batch(free, {}, {})[0]
+    assert copy.deepcopy(general).decide(END, free) == general._batch(free, {}, {})
