@@ -36,9 +36,6 @@ from urllib.parse import quote, urlsplit
 
 from gavel.cli import logs
 from gavel.cli.config import (
-    BROKER_OPTIONS,
-    GATEWAY_OPTIONS,
-    WORKER_OPTIONS,
     BrokerConfig,
     ConfigError,
     DaemonConfig,
@@ -46,10 +43,10 @@ from gavel.cli.config import (
     WorkerConfig,
     check_common,
     effective_timing,
-    flags_of,
     load,
     render,
 )
+from gavel.cli.options import BROKER_OPTIONS, GATEWAY_OPTIONS, WORKER_OPTIONS, flags_of
 from gavel.cli.parsers import unusable_dir
 from gavel.shared.redact import mask_url
 from gavel.shared.strategies import Strategy

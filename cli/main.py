@@ -20,8 +20,8 @@ from types import ModuleType
 from typing import NoReturn
 
 from gavel import __version__
-from gavel.cli import auth, commands, completion, config, daemons, logs, logscmd
-from gavel.cli.config import DEFAULT_NATS
+from gavel.cli import auth, commands, completion, daemons, logs, logscmd, options
+from gavel.cli.options import DEFAULT_NATS
 from gavel.cli.parsers import duration, non_negative_float, positive_float, positive_int, whole
 from gavel.cli.parsers import port as _port
 from gavel.cli.ui import app as ui_app
@@ -103,12 +103,12 @@ def build_parser() -> argparse.ArgumentParser:
     br = sub.add_parser("broker", help="run the broker", description=(
         "Run the broker. Settings come from --config FILE, then GAVEL_* environment "
         "variables, then flags, each overriding the one before."))
-    config.add_options(br, config.BROKER_OPTIONS)
+    options.add_options(br, options.BROKER_OPTIONS)
 
     wk = sub.add_parser("worker", help="run a worker agent on this host", description=(
         "Run a worker agent. Settings come from --config FILE, then GAVEL_* environment "
         "variables, then flags, each overriding the one before."))
-    config.add_options(wk, config.WORKER_OPTIONS)
+    options.add_options(wk, options.WORKER_OPTIONS)
 
     gw = sub.add_parser("gateway", help="keep a Caddy's routes following every placement",
                         description=(
@@ -116,7 +116,7 @@ def build_parser() -> argparse.ArgumentParser:
         "admin API, every spec that declares routes to its healthy running replicas. "
         "Settings come from --config FILE, then GAVEL_* environment variables, then flags, "
         "each overriding the one before."))
-    config.add_options(gw, config.GATEWAY_OPTIONS)
+    options.add_options(gw, options.GATEWAY_OPTIONS)
 
     au = sub.add_parser("auth", help="NATS identities: nkeys and the server's permissions")
     auth.add_arguments(au)

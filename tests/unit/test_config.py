@@ -10,18 +10,15 @@ import pytest
 
 from gavel.cli import main as cli
 from gavel.cli.config import (
-    BROKER_OPTIONS,
-    GATEWAY_OPTIONS,
-    WORKER_OPTIONS,
     BrokerConfig,
     ConfigError,
     GatewayConfig,
     WorkerConfig,
     effective_timing,
-    flags_of,
     load,
     render,
 )
+from gavel.cli.options import BROKER_OPTIONS, GATEWAY_OPTIONS, WORKER_OPTIONS, flags_of
 from gavel.shared.redact import mask_url
 from gavel.shared.timing import Timing
 

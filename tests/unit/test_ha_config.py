@@ -9,15 +9,14 @@ import pytest
 
 from gavel.cli import main as cli
 from gavel.cli.config import (
-    BROKER_OPTIONS,
     BrokerConfig,
     ConfigError,
     HaConfig,
     default_broker_id,
-    flags_of,
     load,
     render,
 )
+from gavel.cli.options import BROKER_OPTIONS, flags_of
 
 
 def broker(argv: list[str], file: str | None = None, env: dict[str, str] | None = None

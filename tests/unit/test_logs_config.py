@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 
 from gavel.cli import main as cli
-from gavel.cli.config import WORKER_OPTIONS, ConfigError, WorkerConfig, flags_of, load
+from gavel.cli.config import ConfigError, WorkerConfig, load
 from gavel.cli.daemons import log_limits
+from gavel.cli.options import WORKER_OPTIONS, flags_of
 from gavel.worker.logfiles import LogLimits
 
 

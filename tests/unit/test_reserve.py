@@ -7,8 +7,9 @@ from pathlib import Path
 import pytest
 
 from gavel.cli import main as cli
-from gavel.cli.config import WORKER_OPTIONS, ConfigError, WorkerConfig, flags_of, load
+from gavel.cli.config import ConfigError, WorkerConfig, load
 from gavel.cli.daemons import _strategy
+from gavel.cli.options import WORKER_OPTIONS, flags_of
 from gavel.shared.auction import Auction, Awarded
 from gavel.shared.feasibility import NodeView
 from gavel.shared.messages import Bid, BidReply, Capacity, Request
