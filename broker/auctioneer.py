@@ -49,9 +49,10 @@ Rules:
     where few carry a label would mostly decline, and the request fail a round it could have
     won. A request no node could ever take is decided at once with the declines the nodes
     would have sent.
-11. A request the d sampled nodes could not place is asked again at once of every node that
-    could take it, before it is declared unschedulable: two busy nodes say little about a
-    fleet, and waiting a heartbeat interval for another two is how a big request starves.
+11. A request the d sampled nodes could not place is asked again at once of 8·d of the nodes
+    that could take it, and what those cannot place of every such node, before it is
+    declared unschedulable: two busy nodes say little about a fleet, and waiting a heartbeat
+    interval for another two is how a big request starves.
     The last winner of each shape is asked beside the sampled nodes (`shared.candidates`
     rule 3).
 """

@@ -31,8 +31,9 @@ Rules (the numbers are `broker.auctioneer`'s, where operators read them):
 10. With `sample_d`, an auction asks d nodes per request of each shape among the nodes that
     could ever take it (`shared.candidates`); a request none could ever take is decided at
     once with the declines the nodes would send, and nothing is sent.
-11. What d sampled nodes could not place is asked at once of every candidate before it is
-    declared unschedulable; the last winner of each shape is asked beside the sampled ones.
+11. What d sampled nodes could not place is asked at once of `RETRY_TIMES`·d, then of every
+    candidate, before it is declared unschedulable (`shared.candidates` rule 9); the last
+    winner of each shape is asked beside the sampled ones.
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ import msgspec
 
 from gavel.shared.auction import Auction, Awarded, Decision, Unschedulable, Verdict, group_shapes
 from gavel.shared.auctionworld import Action, Decided, Open, Pinned, Wake, World
-from gavel.shared.candidates import Candidates
+from gavel.shared.candidates import RETRY_TIMES, Candidates
 from gavel.shared.messages import Bid, BidReply, Capacity, Decline, Request
 from gavel.shared.reasons import Reason
 from gavel.shared.records import InstanceRecord
@@ -80,7 +81,10 @@ class Core:
         self.auctions: dict[str, Auction] = {}
         self._broadcast: set[str] = set()
         self._closed: dict[str, tuple[AbstractSet[str], AbstractSet[str] | None]] = {}
-        self._partial: dict[str, tuple[frozenset[object], list[str], AbstractSet[str]]] = {}
+        #: Sampled auctions that did not ask every candidate of some shape: those shapes'
+        #: keys, the auction's candidates and exclusions, and its retry stage (rule 11).
+        self._partial: dict[str, tuple[frozenset[object], list[str], AbstractSet[str],
+                                       int]] = {}
         self.inflight: set[str] = set()
         self.reserved: dict[str, Capacity] = {}
         self.retry_at: dict[str, float] = {}
@@ -185,14 +189,17 @@ class Core:
         self.waiting_since = None
 
     def open(self, requests: list[Request], candidates: list[str], now: float,
-             excluded: AbstractSet[str] = frozenset(), wide: bool = False) -> None:
-        """One auction, broadcast or sampled (rule 10); `wide`: every candidate (rule 11)."""
+             excluded: AbstractSet[str] = frozenset(), stage: int = 0) -> None:
+        """One auction, broadcast or sampled (rule 10); `stage` 1 asks `RETRY_TIMES`·d per
+        request, 2 every candidate (rule 11)."""
         aid = self._aid()
         d = self.sample_d
         sampled = False
         if d is not None:
             shapes, counts = group_shapes(requests)
-            if wide:
+            if stage == 1:
+                d *= RETRY_TIMES
+            elif stage > 1:
                 d = len(self.candidates) + 1
             draw = self.candidates.draw(shapes, counts, d, self.rng, excluded,
                                         self.last_winner)
@@ -207,7 +214,7 @@ class Core:
             if not all(draw.whole):
                 self._partial[aid] = (frozenset(shapes[i].key() for i, w in
                                                 enumerate(draw.whole) if not w),
-                                      candidates, excluded)
+                                      candidates, excluded, stage)
             if sampled:
                 candidates = draw.asked
         auction = Auction(aid, requests, candidates, now, self.deadline_s)
@@ -305,8 +312,8 @@ class Core:
                 if d.request.group:
                     self.awarding[d.request.instance_id] = (d.request.group, d.winner.node_id)
         self._out.append(Decided(auction, decisions, now - auction.opened_at))
-        if wider and partial is not None:  # still in flight: asked again of every candidate
-            self.open(wider, partial[1], now, partial[2], wide=True)
+        if wider and partial is not None:  # still in flight: asked again, of more nodes
+            self.open(wider, partial[1], now, partial[2], stage=partial[3] + 1)
         if self._opening:  # closed as it opened: the pass under way counted it
             self._out.append(Wake())
         else:  # the next round goes out now (rule 5)

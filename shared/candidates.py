@@ -39,6 +39,11 @@ Rules:
    needs, the fewer random nodes have that much free, and a round the drawn nodes cannot
    place is asked again of every candidate, a round that waits for the slowest of hundreds.
    The count decides whether every candidate is asked (rule 3).
+9. A retry widens in two steps (`broker.auctioneer` rule 11): first `RETRY_TIMES`·d per
+   request, drawn as rule 3 draws, then every candidate. A round that asks every candidate
+   of a large fleet waits for its slowest answer - the deadline, when one of a thousand
+   replies is lost - so most of what two busy nodes could not place is placed by the
+   sixteen asked next, and only what they cannot place waits for the whole fleet.
 """
 
 from __future__ import annotations
@@ -51,12 +56,14 @@ from typing import NamedTuple
 from gavel.shared.feasibility import NodeView, Refusal, check
 from gavel.shared.messages import Capacity, Shape
 
-__all__ = ["Candidates", "Draw"]
+__all__ = ["RETRY_TIMES", "Candidates", "Draw"]
 
 #: Shapes whose candidates are kept at once; past it the cache starts again (shapes are few).
 SHAPES_KEPT = 4096
 #: A label carried by fewer than this share of the live nodes is scarce (rule 5).
 SCARCE_SHARE = 1 / 8
+#: The first retry asks this many times d per request (rule 9).
+RETRY_TIMES = 8
 
 
 class Draw(NamedTuple):

@@ -16,9 +16,9 @@ Rules:
 3. ``omniscient=True`` is the central scheduler on fresh state: only live nodes are asked,
    nothing is lost, no time passes.
 4. The broker's two refinements of power-of-d, on by default and switched off to measure
-   plain sampling: ``retry_all`` asks every candidate when the d sampled nodes place nothing
-   (a second round, its time added), ``sticky`` asks the last winner of the shape beside the
-   d drawn nodes (`shared.candidates` rule 3).
+   plain sampling: ``retry_all`` asks `RETRY_TIMES`·d nodes when the d sampled nodes place
+   nothing, then every candidate (more rounds, their time added; `shared.candidates` rule 9),
+   ``sticky`` asks the last winner of the shape beside the d drawn nodes (rule 3).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from gavel.shared.auction import Awarded, Decision
-from gavel.shared.candidates import Candidates
+from gavel.shared.candidates import RETRY_TIMES, Candidates
 from gavel.shared.strategies import Strategy, answer
 from gavel.sim.book import REASONS
 from gavel.sim.cluster import Cluster
@@ -150,14 +150,16 @@ class GavelPlacer(Placer):
         return self._outcome(decision, latency, None)
 
     # -- rule 1, sampling --------------------------------------------------------------------
-    def _sample(self, no: int, shape: int, now: float) -> Outcome:
+    def _sample(self, no: int, shape: int, now: float, stage: int = 0) -> Outcome:
+        """One sampled round; `stage` 1 is the retry of `RETRY_TIMES`·d (rule 4)."""
         book = self.books[shape]
+        d = self.d * RETRY_TIMES if stage else self.d
         index = self.index
         if index is None:
             asked = self.cluster.alive if self.omniscient else self.cluster.eligible
-            picks = asked.sample(self.rng, self.d)
+            picks = asked.sample(self.rng, d)
         else:
-            draw = index.draw([book.request], [1], self.d, self.rng,
+            draw = index.draw([book.request], [1], d, self.rng,
                               last=self.last_winner if self.sticky else None)
             if draw.hopeless:  # no node could ever take it: no round (rule 1)
                 return self.unschedulable(shape, now, False, self.net.deadline)
@@ -185,9 +187,13 @@ class GavelPlacer(Placer):
         if isinstance(decision, Awarded):
             self.last_winner[book.request.key()] = decision.winner.node_id
         elif self.retry_all and index is not None and not draw.whole[0]:
-            # rule 4: every candidate, in a second round (those that cannot fit decline)
-            second = self._naive(self.next_round(), shape, now + latency) if self.naive \
-                else self._broadcast(self.next_round(), shape, now + latency)
+            # rule 4: more nodes, then every candidate (those that cannot fit decline)
+            if stage == 0:
+                second = self._sample(self.next_round(), shape, now + latency, 1)
+            elif self.naive:
+                second = self._naive(self.next_round(), shape, now + latency)
+            else:
+                second = self._broadcast(self.next_round(), shape, now + latency)
             return second._replace(latency=latency + second.latency)
         return self._outcome(decision, latency, None)
 

@@ -248,6 +248,26 @@ def test_what_d_nodes_could_not_place_is_asked_of_every_candidate() -> None:
     assert wide[0].auction.eligible == set(nodes)
 
 
+def test_a_fleet_larger_than_the_retry_is_asked_in_two_steps() -> None:
+    nodes = {f"n{i:02d}": 4.0 for i in range(40)}
+    w = World(nodes)
+    c = core(w, batch_max=1, sample_d=2)
+    w.add("a")
+    c.reconcile(0.0)
+    asked = []
+    for _ in range(2):
+        [o] = opened(c)
+        assert o.to is not None
+        asked.append(len(o.to))
+        for n in o.to:
+            c.receive(BidReply(auction_id=o.auction.auction_id, node_id=n, answers=[
+                Decline(shape=0, reason=Reason.NO_ROOM_CPU)]), 0.1)
+    out = c.take()
+    [wide] = [a for a in out if isinstance(a, Open)]
+    assert asked == [2, 16]  # d, then RETRY_TIMES · d
+    assert wide.to is None and wide.auction.eligible == set(nodes)  # then every candidate
+
+
 def test_no_auction_opens_during_the_hold_while_no_node_is_eligible() -> None:
     w = World({})
     c = core(w, batch_max=1)

@@ -12,9 +12,11 @@ from pathlib import Path
 import msgspec
 import pytest
 
+from gavel.broker.auctioneer import Auctioneer
 from gavel.broker.ledger.plan import View, set_draining, submit
 from gavel.broker.service import Broker
 from gavel.shared import subjects
+from gavel.shared.auction import Auction
 from gavel.shared.messages import Bid, BidReply, Capacity, Decline, Heartbeat, Spec
 from gavel.shared.reasons import Reason
 from gavel.shared.records import InstanceRecord
@@ -107,25 +109,34 @@ async def test_a_request_no_node_can_take_is_unschedulable_at_once_with_their_re
     assert b.ledger.state().instances["infer-1"].state == "unschedulable"
 
 
-async def test_what_the_sampled_nodes_cannot_place_is_asked_of_every_candidate_at_once(
+def _all_full(a: Auctioneer, aid: str, auction: Auction) -> None:
+    """Every node asked declines every shape: no room, or (off the gpu nodes) no gpu."""
+    gpu = next((i for i, s in enumerate(auction.shapes) if s.labels), None)
+    for n in sorted(auction.eligible):
+        a.on_bids(Msg(subjects.BIDS.format(node=n), _enc.encode(BidReply(
+            auction_id=aid, node_id=n, answers=[
+                Decline(shape=i, reason=Reason.NO_ROOM_CPU, detail="1")
+                if i != gpu or n in GPUS else
+                Decline(shape=i, reason=Reason.MISSING_LABEL, detail="gpu=yes")
+                for i in range(len(auction.shapes))]))))
+
+
+async def test_what_the_sampled_nodes_cannot_place_is_asked_of_more_then_of_every_candidate(
         tmp_path: Path, written: list[str]) -> None:
     b = sampled_broker(tmp_path, {"train-1": GPU_JOB, "web-1": WEB})
     a = b.auctioneer
     a.reconcile(b.now())
     [(first, auction)] = a.auctions.items()
     assert len(auction.eligible) == 4  # d = 2 for each of two shapes
-    gpu = next(i for i, s in enumerate(auction.shapes) if s.labels)
-    for n in sorted(auction.eligible):  # the sampled nodes are all full
-        a.on_bids(Msg(subjects.BIDS.format(node=n), _enc.encode(BidReply(
-            auction_id=first, node_id=n, answers=[
-                Decline(shape=i, reason=Reason.NO_ROOM_CPU, detail="1")
-                if i != gpu or n in GPUS else
-                Decline(shape=i, reason=Reason.MISSING_LABEL, detail="gpu=yes")
-                for i in range(len(auction.shapes))]))))
-    [(second, wider)] = a.auctions.items()
+    _all_full(a, first, auction)
+    [(second, wider)] = a.auctions.items()  # 8·d more: 16 of the 37 plain nodes, the 3 gpus
     assert second != first and {r.instance_id for r in wider.requests} == {"train-1", "web-1"}
-    assert wider.eligible == set(NODES) and written[-1] == subjects.RFB  # all: a broadcast
-    assert a.inflight == {"train-1", "web-1"}
+    assert set(GPUS) <= wider.eligible and len(wider.eligible) == 16 + len(GPUS)
+    assert written[-1] != subjects.RFB and a.inflight == {"train-1", "web-1"}
+    _all_full(a, second, wider)
+    [every] = a.auctions.values()  # the gpu job had every candidate asked: decided
+    assert {r.instance_id for r in every.requests} == {"web-1"}
+    assert every.eligible == set(NODES) and written[-1] == subjects.RFB  # all: a broadcast
     written.clear()
     b2 = sampled_broker(tmp_path / "b", {"train-1": GPU_JOB})
     b2.auctioneer.reconcile(b2.now())

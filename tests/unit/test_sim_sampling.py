@@ -84,3 +84,32 @@ def test_the_placer_keeps_the_index_as_nodes_drain_and_go_unreachable() -> None:
     rounds = placer.rounds
     assert placer.place(gpu, 0.0).reason == Reason.MISSING_LABEL  # what 60 of 63 would say
     assert placer.index.pool(request) == [] and placer.rounds == rounds + 1
+
+
+def test_a_round_the_sampled_nodes_cannot_place_is_asked_of_more_nodes_then_of_all() -> None:
+    """`shared.candidates` rule 9 in the fast path: with one plain node of 60 left with room,
+    a request two full nodes decline is asked of 16 more, and only when those are full too of
+    every node - three rounds; without the middle step every retry would be the second
+    round, and a broadcast."""
+    s = parse_scenario(FLEET)
+    spec = plan(s, 3)[0]
+    cluster = Cluster(s)
+    placer = spec.build(cluster, Catalogue(s.workload.classes))
+    assert isinstance(placer, GavelPlacer)
+    placer.start()
+    web = next(i for i, r in enumerate(placer.catalogue.requests) if not r.labels)
+    shape = placer.catalogue.shapes[web]
+    for idx in range(60):
+        node = cluster.nodes[idx]
+        while idx != 5 and node.used_milli + shape.cpu_milli <= node.cap_milli:
+            node.charge(shape, +1)
+        placer.changed(idx, Why.COMMIT)
+    took: list[tuple[int, int]] = []
+    for _ in range(60):
+        before = placer.rounds
+        out = placer.place(web, 0.0)
+        took.append((placer.rounds - before, out.node))
+    assert all(node >= 0 for _, node in took)
+    assert {rounds for rounds, node in took if rounds == 2} and \
+        all(node == 5 for rounds, node in took if rounds == 2)  # the 16 found the one node
+    assert {rounds for rounds, _ in took} == {1, 2, 3}
