@@ -104,13 +104,22 @@ class Auction:
         self.opened_at = opened_at
         self.deadline = opened_at + deadline_s
         self.deadline_s = deadline_s
-        if len({r.instance_id for r in self.requests}) != len(self.requests):
-            raise ValueError(f"auction {auction_id} lists an instance twice")
-        index: dict[object, int] = {}
         self._shape_of: list[int] = []
         self._books: list[_ShapeBook] = []
         #: The groups whose replicas this auction places (rule 5).
         self.groups: set[str] = set()
+        self._answered: set[str] = set()
+        self.closed_at: float | None = None
+        if len(self.requests) == 1:  # one request, one shape: nothing to group (rule 6)
+            only = self.requests[0]
+            if only.group:
+                self.groups.add(only.group)
+            self._shape_of.append(0)
+            self._books.append(_ShapeBook(only.shape()))
+            return
+        if len({r.instance_id for r in self.requests}) != len(self.requests):
+            raise ValueError(f"auction {auction_id} lists an instance twice")
+        index: dict[object, int] = {}
         for r in self.requests:
             if r.group:  # a group's requests share shapes with their own group's only
                 self.groups.add(r.group)
@@ -120,8 +129,6 @@ class Auction:
             if s == len(self._books):
                 self._books.append(_ShapeBook(r.shape()))
             self._shape_of.append(s)
-        self._answered: set[str] = set()
-        self.closed_at: float | None = None
 
     @property
     def shapes(self) -> list[Shape]:
