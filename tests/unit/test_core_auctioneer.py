@@ -8,6 +8,8 @@ import random
 from collections.abc import Iterable, Mapping
 from collections.abc import Set as AbstractSet
 
+import pytest
+
 from gavel.shared.auction import Auction, Awarded, Unschedulable
 from gavel.shared.auctioneer import Core, Decided, Open, Wake
 from gavel.shared.messages import Bid, BidReply, Capacity, Decline
@@ -230,42 +232,29 @@ def test_fewer_eligible_nodes_than_d_are_all_asked_and_none_is_no_round() -> Non
     assert isinstance(d.decisions[0], Unschedulable) and d.decisions[0].reason is Reason.NO_ROOM_CPU
 
 
-def test_what_d_nodes_could_not_place_is_asked_of_every_candidate() -> None:
-    nodes = {f"n{i:02d}": 4.0 for i in range(10)}
+@pytest.mark.parametrize(("fleet", "asked"), [(10, [2]), (40, [2, 16])])
+def test_what_d_nodes_could_not_place_is_asked_of_more_then_of_every_candidate(
+        fleet: int, asked: list[int]) -> None:
+    """d, then RETRY_TIMES · d (when the fleet has more), then every candidate."""
+    nodes = {f"n{i:02d}": 4.0 for i in range(fleet)}
     w = World(nodes)
     c = core(w, batch_max=1, sample_d=2)
     w.add("a")
     c.reconcile(0.0)
-    [o] = opened(c)
-    assert o.to is not None and len(o.to) == 2
-    for n in o.to:
-        c.receive(BidReply(auction_id=o.auction.auction_id, node_id=n, answers=[
-            Decline(shape=0, reason=Reason.NO_ROOM_CPU)]), 0.1)
     out = c.take()
-    wide = [a for a in out if isinstance(a, Open)]
-    assert [d.decisions for d in out if isinstance(d, Decided)] == [[]]  # not yet decided
-    assert len(wide) == 1 and wide[0].to is None  # every candidate: a broadcast
-    assert wide[0].auction.eligible == set(nodes)
-
-
-def test_a_fleet_larger_than_the_retry_is_asked_in_two_steps() -> None:
-    nodes = {f"n{i:02d}": 4.0 for i in range(40)}
-    w = World(nodes)
-    c = core(w, batch_max=1, sample_d=2)
-    w.add("a")
-    c.reconcile(0.0)
-    asked = []
-    for _ in range(2):
-        [o] = opened(c)
-        assert o.to is not None
-        asked.append(len(o.to))
+    got = []
+    while True:
+        [o] = [a for a in out if isinstance(a, Open)]
+        if o.to is None:
+            break
+        got.append(len(o.to))
         for n in o.to:
             c.receive(BidReply(auction_id=o.auction.auction_id, node_id=n, answers=[
                 Decline(shape=0, reason=Reason.NO_ROOM_CPU)]), 0.1)
-    out = c.take()
-    [wide] = [a for a in out if isinstance(a, Open)]
-    assert asked == [2, 16]  # d, then RETRY_TIMES · d
-    assert wide.to is None and wide.auction.eligible == set(nodes)  # then every candidate
+        out = c.take()
+        assert [d.decisions for d in out if isinstance(d, Decided)] == [[]]  # not yet decided
+    assert got == asked
+    assert o.auction.eligible == set(nodes)  # every candidate: a broadcast
 
 
 def test_no_auction_opens_during_the_hold_while_no_node_is_eligible() -> None:
