@@ -55,7 +55,7 @@ class Recent:
 
 def shapes_of(auction: Auction, decisions: list[Decision]) -> list[int]:
     """Each decision's shape index: all the auction's requests, or those left after some were
-    asked again of every candidate (rule 11)."""
+    asked again of more nodes (rule 11)."""
     if len(decisions) == len(auction.requests):
         return auction.shape_of
     index = {r.instance_id: s for r, s in zip(auction.requests, auction.shape_of, strict=True)}

@@ -37,7 +37,7 @@ Rules:
 8. A request that needs half or more of the smallest node it is drawn among asks d more for
    each such half (d·(1 + ⌊2·cpu / smallest cpu⌋) per request): the more of a node a request
    needs, the fewer random nodes have that much free, and a round the drawn nodes cannot
-   place is asked again of every candidate, a round that waits for the slowest of hundreds.
+   place is asked again of more (rule 9), a round that waits for the slowest of them.
    The count decides whether every candidate is asked (rule 3).
 9. A retry widens in two steps (`broker.auctioneer` rule 11): first `RETRY_TIMES`·d per
    request, drawn as rule 3 draws, then every candidate. A round that asks every candidate
