@@ -241,8 +241,7 @@ class Auction:
             live.append(dict.fromkeys(book.bids, 0))
             ranked.append(sorted(book.bids.values(), key=order))
             declines.append(tuple(sorted(book.declines, key=lambda d: d.node_id)))
-            spoke = book.bids.keys() | {d.node_id for d in book.declines}
-            silent.append(sorted(self.eligible - spoke))
+            silent.append(self._silent(book))
         decisions: list[Decision] = []
         tally = Tally(held, labels) if self.groups else None
         for request, s in zip(self.requests, self._shape_of, strict=True):
@@ -295,14 +294,18 @@ class Auction:
                 if len(found) == 2:
                     break
         declines = tuple(sorted((*book.declines, *short_of), key=lambda d: d.node_id))
-        spoke = book.bids.keys() | {d.node_id for d in book.declines}
-        silent = sorted(self.eligible - spoke) if len(spoke) < len(self.eligible) else []
+        silent = self._silent(book)
         if not found:
             return self._unschedulable(request, ranked, declines, silent)
         won = found[0]
         tied = len(found) == 2 and found[1].load == won.load
         return Awarded(request=request, winner=won, tie_broken=tied, bids=ranked,
                        declines=declines, silent=silent)
+
+    def _silent(self, book: _ShapeBook) -> list[str]:
+        """The eligible nodes that said nothing of the shape, sorted (rule 3)."""
+        spoke = book.bids.keys() | {d.node_id for d in book.declines}
+        return sorted(self.eligible - spoke) if len(spoke) < len(self.eligible) else []
 
     def _rekey(self, node: str, ver: int, live: list[dict[str, int]],
                heaps: list[list[tuple[float, str, int]]], extra: dict[str, float]) -> None:

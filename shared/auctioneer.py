@@ -42,6 +42,7 @@ import random
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from itertools import filterfalse
+from typing import NamedTuple
 
 import msgspec
 
@@ -53,6 +54,15 @@ from gavel.shared.reasons import Reason
 from gavel.shared.records import InstanceRecord
 
 __all__ = ["CLOSED_KEPT", "Core", "Decided", "Open", "Pinned", "Wake", "World"]
+
+class _Partial(NamedTuple):
+    """A sampled auction that did not ask every candidate of some shape (rule 11)."""
+
+    keys: frozenset[object]  # those shapes' keys
+    candidates: list[str]  # the auction's candidates and exclusions, for the retry
+    excluded: AbstractSet[str]
+    stage: int  # 0 the first draw, 1 the retry of RETRY_TIMES·d
+
 
 #: Closed auctions whose late answers are recognised (rule 6).
 CLOSED_KEPT = 256
@@ -81,10 +91,7 @@ class Core:
         self.auctions: dict[str, Auction] = {}
         self._broadcast: set[str] = set()
         self._closed: dict[str, tuple[AbstractSet[str], AbstractSet[str] | None]] = {}
-        #: Sampled auctions that did not ask every candidate of some shape: those shapes'
-        #: keys, the auction's candidates and exclusions, and its retry stage (rule 11).
-        self._partial: dict[str, tuple[frozenset[object], list[str], AbstractSet[str],
-                                       int]] = {}
+        self._partial: dict[str, _Partial] = {}
         self.inflight: set[str] = set()
         self.reserved: dict[str, Capacity] = {}
         self.retry_at: dict[str, float] = {}
@@ -212,7 +219,7 @@ class Core:
             sampled = not (all(draw.whole) and len(draw.asked) == len(candidates)
                            and set(draw.asked) == set(candidates))
             if not all(draw.whole):
-                self._partial[aid] = (frozenset(shapes[i].key() for i, w in
+                self._partial[aid] = _Partial(frozenset(shapes[i].key() for i, w in
                                                 enumerate(draw.whole) if not w),
                                       candidates, excluded, stage)
             if sampled:
@@ -298,7 +305,7 @@ class Core:
         wider: list[Request] = []
         partial = self._partial.pop(aid, None)
         if partial is not None:  # rule 11
-            keys = partial[0]
+            keys = partial.keys
             wider = [d.request for d in decisions
                      if isinstance(d, Unschedulable) and d.request.key() in keys]
             if wider:
@@ -313,7 +320,8 @@ class Core:
                     self.awarding[d.request.instance_id] = (d.request.group, d.winner.node_id)
         self._out.append(Decided(auction, decisions, now - auction.opened_at))
         if wider and partial is not None:  # still in flight: asked again, of more nodes
-            self.open(wider, partial[1], now, partial[2], stage=partial[3] + 1)
+            self.open(wider, partial.candidates, now, partial.excluded,
+                      stage=partial.stage + 1)
         if self._opening:  # closed as it opened: the pass under way counted it
             self._out.append(Wake())
         else:  # the next round goes out now (rule 5)
