@@ -162,6 +162,9 @@ class Spec(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     env: dict[str, str] = {}
     cpu: PosFloat = 0.1
     memory_mb: Annotated[int, msgspec.Meta(ge=1)] = 64
+    #: The most processes (threads included) the instance may hold at once: its cgroup's
+    #: ``pids.max`` for a process, the engine's pids limit for a container.
+    pids: Annotated[int, msgspec.Meta(ge=1, le=65_536)] = 512
     ports: list[PortName] = []
     labels: dict[str, str] = {}
     timeout_s: PosFloat | None = None
