@@ -2,11 +2,12 @@
 
 compose/compose.yaml is parsed, and every service's exact command line is run against the
 installed `gavel` (or nats-server) in check mode, with the service's environment and its bind
-mounts mapped to the files in compose/; so a renamed flag, a config key that no longer exists
-or a broken nats.conf fails here. The NATS config is also run for real: the broker and a
-worker place an instance through its per-node permissions, and a worker cannot speak as
-another node; so is the Caddy config, by the Caddy from the wheel. deploy/gavel-worker.service's
-ExecStart is checked the same way.
+mounts mapped to the files in compose/ and to the keys `gavel auth init` writes (compose/setup
+runs it), so a renamed flag, a config key that no longer exists or a broken nats.conf fails
+here. The NATS config is also run for real: the broker and a worker place an instance through
+their nkey identities' permissions, and a worker cannot speak as another node; so is the Caddy
+config, by the Caddy from the wheel. deploy/gavel-worker.service's ExecStart is checked the same
+way. Bringing the compose files up on an engine is test_compose.py's.
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ import pytest
 from gavel.broker.service import Broker
 from gavel.shared import subjects
 from gavel.shared.strategies import make_strategy
+from gavel.transport import identity
+from gavel.transport.creds import connect_options
 from gavel.transport.natsserver import find_binary, free_port
 from gavel.worker.agent import Agent
 from tests.integration.harness import TIMING, sleeper_spec, wait_for
@@ -50,6 +53,15 @@ def dotenv(path: Path) -> dict[str, str]:
 
 
 ENV = dotenv(COMPOSE / ".env.example")
+#: The identities compose/setup makes (`gavel auth init --node-ids ...`).
+NODES = ("worker-1", "worker-2", "worker-3")
+#: Whose seed each gavel service mounts at /etc/gavel/nats.nk.
+IDENTITY = {"broker": "broker", "gateway": "operator", **{n: n for n in NODES}}
+
+
+def keys(tmp: Path) -> Path:
+    """What compose/setup writes into compose/auth, written into `tmp`/auth."""
+    return identity.init(tmp, NODES).directory
 
 
 def interpolate(text: str, env: dict[str, str]) -> str:
@@ -75,12 +87,15 @@ def environment(service: dict[str, Any]) -> dict[str, str]:
     return {k: interpolate(str(v), ENV) for k, v in env.items()}
 
 
-def mounts(service: dict[str, Any], top: dict[str, Any]) -> dict[str, Path]:
-    """Container path -> host file, for bind mounts and compose secrets."""
+def mounts(service: dict[str, Any], top: dict[str, Any], auth: Path) -> dict[str, Path]:
+    """Container path -> host file, for bind mounts and compose secrets; ./auth/ is `auth`
+    (`keys`)."""
     out: dict[str, Path] = {}
     for vol in service.get("volumes", []):
         src, _, rest = vol.partition(":")
-        if src.startswith("."):
+        if src.startswith("./auth/"):
+            out[rest.split(":")[0]] = auth / src.removeprefix("./auth/")
+        elif src.startswith("."):
             out[rest.split(":")[0]] = (COMPOSE / src).resolve()
     for s in service.get("secrets", []):
         name = s["source"] if isinstance(s, dict) else s
@@ -117,17 +132,28 @@ def check(argv: list[str], env: dict[str, str], mapping: dict[str, Path], tmp: P
 
 
 def test_dockerfile_builds_the_gavel_image() -> None:
+    """The image compose/build-image builds: `gavel` behind tini, as a user of its own, with a
+    health check and its version labelled; its context is the wheelhouse and the files of
+    compose/ that build-image copies, and every service of both compose files runs it (none
+    builds, none pulls)."""
     text = (COMPOSE / "Dockerfile").read_text()
-    assert re.search(r'^ENTRYPOINT \["gavel"\]$', text, re.M)
-    context = (COMPOSE / compose()["x-gavel"]["build"]["context"]).resolve()
-    assert context == ROOT
+    assert re.search(r'^ENTRYPOINT \["tini", "--", "gavel"\]$', text, re.M)
+    assert re.search(r"^USER gavel$", text, re.M) and re.search(r"^HEALTHCHECK ", text, re.M)
+    assert 'org.opencontainers.image.version="${VERSION}"' in text
+    script = (COMPOSE / "build-image").read_text()
     for m in re.finditer(r"^COPY (?!--from)(.+)$", text, re.M):
         *sources, _dest = m.group(1).split()
         for src in sources:
-            assert (context / src).exists(), f"COPY {src}: not in the build context"
+            assert src == "wheelhouse" or f'"$root/compose/{src}"' in script, \
+                f"COPY {src}: build-image does not put it in the context"
+    for name in ("compose.yaml", "compose.ha.yaml"):
+        top = yaml.safe_load((COMPOSE / name).read_text())
+        for service, spec in top["services"].items():
+            assert spec["image"] == "${GAVEL_IMAGE:-gavel:local}", (name, service)
+            assert "build" not in spec, (name, service)
 
 
-#: Services that run another image than gavel's: checked by their own tests below.
+#: Services that run another program of the image than gavel: checked by their own tests.
 OTHER_IMAGES = ("nats", "caddy")
 
 
@@ -138,6 +164,7 @@ def published(service: dict[str, Any]) -> set[str]:
 
 def test_every_compose_service_runs_its_command(tmp_path: Path) -> None:
     top = compose()
+    auth = keys(tmp_path)
     services = top["services"]
     assert {"nats", "broker", "caddy", "gateway"} <= set(services)
     workers = {name: s for name, s in services.items() if s["command"][0] == "worker"}
@@ -145,8 +172,8 @@ def test_every_compose_service_runs_its_command(tmp_path: Path) -> None:
     for name, service in services.items():
         if name in OTHER_IMAGES:
             continue
-        assert service["build"]["dockerfile"] == "compose/Dockerfile"
-        mapping = mounts(service, top)
+        assert "entrypoint" not in service  # the image's: gavel
+        mapping = mounts(service, top, auth)
         cfg = check(service["command"], environment(service), mapping, tmp_path)
         if service["command"][0] != "gateway":  # the gateway keeps no state (it re-derives)
             # The state lives on the service's named volume.
@@ -154,7 +181,9 @@ def test_every_compose_service_runs_its_command(tmp_path: Path) -> None:
             assert cfg["state"] in named
         assert cfg["log_format"] == "json" and cfg["metrics_addr"] == "0.0.0.0"
         assert str(cfg["metrics_port"]) in published(service)
-        assert "***" in cfg["nats"]  # a password in the URL, and never printed
+        # Its own identity, an nkey seed from `gavel auth init`; no password anywhere.
+        assert Path(cfg["creds"]) == auth / f"{IDENTITY[name]}.nk"
+        assert cfg["nats"] == "nats://nats:4222"
         if name in workers:
             strategies.add(cfg["strategy"])
             node_ids.add(cfg["node_id"])
@@ -168,10 +197,11 @@ def test_the_gateway_service_reaches_the_caddy_service(tmp_path: Path) -> None:
     of the server it creates is the one the caddy service publishes."""
     top = compose()
     gateway, caddy = top["services"]["gateway"], top["services"]["caddy"]
-    cfg = check(gateway["command"], environment(gateway), mounts(gateway, top), tmp_path)
+    cfg = check(gateway["command"], environment(gateway), mounts(gateway, top, keys(tmp_path)),
+                tmp_path)
     assert cfg["admin"] == "http://caddy:2019" and cfg["server"] == "gavel"
     assert {a.rsplit(":", 1)[1] for a in cfg["listen"]} <= published(caddy)
-    assert cfg["nats"].startswith("nats://operator:")
+    assert Path(cfg["creds"]).name == "operator.nk"
     assert {"nats", "caddy"} <= set(gateway["depends_on"])
     admin = json.loads((COMPOSE / "caddy.json").read_text())["admin"]
     assert admin["listen"] == "0.0.0.0:2019" and "2019" not in published(caddy)
@@ -185,7 +215,8 @@ async def test_caddy_service_config_runs_and_admits_only_the_gateway(tmp_path: P
     from gavel.gateway.caddyserver import find_binary as caddy_binary
 
     service = compose()["services"]["caddy"]
-    mapping = mounts(service, compose())
+    assert service["entrypoint"] == ["tini", "--"]
+    mapping = mounts(service, compose(), keys(tmp_path))
     argv = [str(mapping.get(a, a)) for a in service["command"]]
     assert argv[:2] == ["caddy", "run"]
     port = free_port()
@@ -224,32 +255,51 @@ async def test_caddy_service_config_runs_and_admits_only_the_gateway(tmp_path: P
         proc.wait(10)
 
 
+def nats_files(service: dict[str, Any], auth: Path, tmp: Path,
+               store: Path | None = None) -> list[str]:
+    """The nats service's command line with its /etc/nats mounts laid out under `tmp` as the
+    container sees them (nats.conf includes auth/nats.conf beside it); its JetStream store
+    moved to `store` when given."""
+    mapping = mounts(service, compose(), auth)
+    etc = tmp / "etc-nats"
+    for container, host in mapping.items():
+        if container.startswith("/etc/nats/"):
+            target = etc / container.removeprefix("/etc/nats/")
+            target.parent.mkdir(parents=True, exist_ok=True)
+            text = host.read_text()
+            if store is not None:
+                text = text.replace('store_dir: "/var/lib/gavel/jetstream"',
+                                    f"store_dir: {json.dumps(str(store))}")
+            target.write_text(text)
+    return [str(etc / a.removeprefix("/etc/nats/")) if a.startswith("/etc/nats/") else a
+            for a in service["command"]]
+
+
 def test_nats_service_config_is_valid(tmp_path: Path) -> None:
     service = compose()["services"]["nats"]
-    mapping = mounts(service, compose())
-    argv = [mapping.get(a, a) for a in service["command"]]
+    assert service["entrypoint"] == ["tini", "--", "nats-server"]
+    argv = nats_files(service, keys(tmp_path), tmp_path)
     conf = Path(argv[argv.index("--config") + 1])
     text = conf.read_text()
-    assert "jetstream" in text and "authorization" in text
-    env = {**os.environ, **environment(service)}
-    proc = subprocess.run([find_binary(), *map(str, argv), "-t"], capture_output=True,
-                          text=True, env=env, timeout=30)
+    assert "jetstream" in text and 'include "auth/nats.conf"' in text
+    assert "authorization" in (conf.parent / "auth" / "nats.conf").read_text()
+    proc = subprocess.run([find_binary(), *argv, "-t"], capture_output=True,
+                          text=True, env=dict(os.environ), timeout=30)
     assert proc.returncode == 0, proc.stderr + proc.stdout
-    missing = {k: v for k, v in env.items() if k != "GAVEL_WORKER_2_PASSWORD"}
-    proc = subprocess.run([find_binary(), *map(str, argv), "-t"], capture_output=True,
-                          text=True, env=missing, timeout=30)
-    assert proc.returncode != 0  # a password that is not set is an error, never "no auth"
+    (conf.parent / "auth" / "nats.conf").unlink()
+    proc = subprocess.run([find_binary(), *argv, "-t"], capture_output=True,
+                          text=True, env=dict(os.environ), timeout=30)
+    assert proc.returncode != 0  # without `gavel auth init`'s users: an error, never "no auth"
 
 
 async def test_nats_permissions_carry_a_placement_and_stop_impersonation(
         tmp_path: Path) -> None:
-    env = {**os.environ, **environment(compose()["services"]["nats"])}
-    conf = tmp_path / "nats.conf"  # the compose file, with its store on this host
-    conf.write_text((COMPOSE / "nats.conf").read_text().replace(
-        'store_dir: "/data"', f"store_dir: {json.dumps(str(tmp_path / 'js'))}"))
+    auth = keys(tmp_path)
+    argv = nats_files(compose()["services"]["nats"], auth, tmp_path, store=tmp_path / "js")
+    conf = argv[argv.index("--config") + 1]
     port = free_port()
-    server = subprocess.Popen([find_binary(), "-c", str(conf), "-a", "127.0.0.1", "-p",
-                               str(port)], env=env, stdout=subprocess.DEVNULL,
+    server = subprocess.Popen([find_binary(), "-c", conf, "-a", "127.0.0.1", "-p",
+                               str(port)], stdout=subprocess.DEVNULL,
                               stderr=open(tmp_path / "nats.log", "wb"))  # noqa: SIM115
 
     def listening() -> bool:
@@ -261,14 +311,17 @@ async def test_nats_permissions_carry_a_placement_and_stop_impersonation(
             return False
     await wait_for(listening, 10, what="nats-server with the compose config")
 
-    def url(user: str) -> str:
-        key = f"GAVEL_{user.upper().replace('-', '_')}_PASSWORD"
-        return f"nats://{user}:{ENV[key]}@127.0.0.1:{port}"
+    url = f"nats://127.0.0.1:{port}"
 
-    broker = Broker(nats_url=url("broker"), state_dir=tmp_path / "state", timing=TIMING)
-    agent = Agent(nats_url=url("worker-1"), node_id="worker-1",
+    def seed(who: str) -> dict[str, Any]:
+        return connect_options(str(auth / f"{who}.nk"))
+
+    broker = Broker(nats_url=url, state_dir=tmp_path / "state", timing=TIMING,
+                    nats_options=seed("broker"))
+    agent = Agent(nats_url=url, node_id="worker-1",
                   strategy=make_strategy("least-loaded"), labels={},
-                  state_dir=tmp_path / "w1", timing=TIMING, cpu=2.0, memory_mb=2048)
+                  state_dir=tmp_path / "w1", timing=TIMING, cpu=2.0, memory_mb=2048,
+                  nats_options=seed("worker-1"))
     errors: list[str] = []
 
     async def on_error(exc: Exception) -> None:
@@ -283,7 +336,7 @@ async def test_nats_permissions_carry_a_placement_and_stop_impersonation(
                        what="worker-1 to heartbeat through its permissions")
         from gavel.shared.api import SubmitReply, SubmitRequest
         from gavel.transport.client import call
-        op = await nats.connect(url("operator"))
+        op = await nats.connect(url, **seed("operator"))
         try:
             reply = await call(op, "submit", SubmitRequest(spec=sleeper_spec("s", cpu=0.5)),
                                SubmitReply)
@@ -298,7 +351,7 @@ async def test_nats_permissions_carry_a_placement_and_stop_impersonation(
         await wait_for(lambda: any(r.instance_id == iid and r.state == "running"
                                    for r in agent.instances()), 15,
                        what="worker-1 to run its award")
-        spy = await nats.connect(url("worker-1"), error_cb=on_error)
+        spy = await nats.connect(url, error_cb=on_error, **seed("worker-1"))
         await spy.publish(subjects.HEARTBEAT.format(node="worker-2"), b"x")
         await spy.flush()
         await wait_for(lambda: any("permissions violation" in e.lower() for e in errors), 10,

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from gavel.transport.natsserver import find_binary
-from tests.integration.test_deploy import COMPOSE, check, environment, mounts
+from tests.integration.test_deploy import COMPOSE, check, environment, keys, mounts
 
 yaml = pytest.importorskip("yaml", reason="PyYAML is in the test extras")
 pytestmark = pytest.mark.integration
@@ -41,9 +41,18 @@ def test_three_nats_servers_make_one_cluster(tmp_path: Path) -> None:
     top = compose_ha()
     services = top["services"]
     names, stores = set(), set()
+    auth = keys(tmp_path)
     for name in SERVERS:
         service = services[name]
-        argv = [str(mounts(service, top).get(a, a)) for a in service["command"]]
+        assert service["entrypoint"] == ["tini", "--", "nats-server"]
+        mapping = mounts(service, top, auth)
+        assert mapping["/etc/nats/auth/nats.conf"] == auth / "nats.conf"
+        etc = tmp_path / name  # the conf with `gavel auth init`'s users beside it
+        (etc / "auth").mkdir(parents=True)
+        for container in ("nats.conf", "auth/nats.conf"):
+            (etc / container).write_text(mapping[f"/etc/nats/{container}"].read_text())
+        argv = [str(etc / "nats.conf") if a == "/etc/nats/nats.conf" else a
+                for a in service["command"]]
         assert flag(argv, "--server_name") == name
         names.add(flag(argv, "--server_name"))
         assert flag(argv, "--cluster_name") == "gavel"
@@ -61,17 +70,18 @@ def test_three_ha_brokers_share_the_remote_and_reach_every_server(tmp_path: Path
     top = compose_ha()
     services = top["services"]
     ids = set()
+    auth = keys(tmp_path)
     for name in BROKERS:
         service = services[name]
-        cfg = check(service["command"], environment(service), mounts(service, top), tmp_path)
+        cfg = check(service["command"], environment(service), mounts(service, top, auth),
+                    tmp_path)
         assert cfg["broker_id"] == name
         ids.add(cfg["broker_id"])
         assert cfg["ha"]["replicas"] == 3
         assert cfg["ha"]["renew_s"] < cfg["ha"]["lease_ttl_s"] / 2
         assert cfg["push"] == "git://remote/state.git"
-        assert [u.rsplit("@", 1)[1] for u in cfg["nats"].split(",")] == [
-            f"{s}:4222" for s in SERVERS]
-        assert "***" in cfg["nats"]  # a password in each URL, and never printed
+        assert cfg["nats"].split(",") == [f"nats://{s}:4222" for s in SERVERS]
+        assert Path(cfg["creds"]) == auth / "broker.nk"  # `gavel auth init`'s, as `gavel up`
         assert {"remote", *SERVERS} <= set(service["depends_on"])
         named = {v.split(":")[1] for v in service["volumes"] if not v.startswith(".")}
         assert cfg["state"] in named
@@ -84,17 +94,20 @@ def test_workers_and_the_gateway_reach_every_server(tmp_path: Path) -> None:
     others = [n for n, s in services.items()
               if s.get("command", [""])[0] in ("worker", "gateway")]
     assert len(others) == 4
+    auth = keys(tmp_path)
     for name in others:
         service = services[name]
-        cfg = check(service["command"], environment(service), mounts(service, top), tmp_path)
-        assert [u.rsplit("@", 1)[1] for u in cfg["nats"].split(",")] == [
-            f"{s}:4222" for s in SERVERS], name
+        cfg = check(service["command"], environment(service), mounts(service, top, auth),
+                    tmp_path)
+        assert cfg["nats"].split(",") == [f"nats://{s}:4222" for s in SERVERS], name
+        own = "operator" if name == "gateway" else name
+        assert Path(cfg["creds"]) == auth / f"{own}.nk", name
 
 
 def test_the_remote_serves_one_bare_repository_refusing_non_fast_forwards() -> None:
     remote = compose_ha()["services"]["remote"]
     script = " ".join(remote["command"])
-    assert "git init --bare --initial-branch=main /srv/git/state.git" in script
+    assert "git init --quiet --bare --initial-branch=main /var/lib/gavel/state.git" in script
     assert "receive.denyNonFastForwards true" in script
-    assert "--enable=receive-pack" in script and "--base-path=/srv/git" in script
-    assert remote["volumes"] == ["remote:/srv/git"]
+    assert "--enable=receive-pack" in script and "--base-path=/var/lib/gavel" in script
+    assert remote["volumes"] == ["remote:/var/lib/gavel"]
