@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test test-slow lint typecheck bench bench-targets chaos chaos-ha clean lock
+.PHONY: run test test-slow compose-test lint typecheck bench bench-targets chaos chaos-ha clean lock
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -24,6 +24,15 @@ test: $(STAMP)
 # The long versions the default suite keeps a smaller copy of (`@pytest.mark.slow`).
 test-slow: $(STAMP)
 	$(BIN)/python -m pytest -q -m slow --maxfail=10 --durations=10
+
+# The gavel image (compose/build-image: a Debian base made once by mmdebstrap, a wheelhouse
+# from this tree), then compose/compose.yaml and compose.ha.yaml brought up on it for real
+# (`@pytest.mark.compose`), each project torn down by its test, volumes and network included.
+# Without a Docker Engine the build is left out and the tests skip, saying why.
+compose-test: $(STAMP)
+	@if docker version >/dev/null 2>&1; then PYTHON=$(BIN)/python compose/build-image; \
+	else echo "compose-test: no Docker Engine answers: the image is not built, the tests skip"; fi
+	$(BIN)/python -m pytest -q -m compose --durations=5 tests/integration/test_compose.py
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
