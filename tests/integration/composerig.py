@@ -11,8 +11,10 @@ Rules:
 2. Nothing here builds or pulls: the image is compose/build-image's (`make compose-test`
    builds it). Without docker-compose, an engine that answers, or the image, the test skips
    with a sentence saying which.
-3. `down --volumes --remove-orphans` runs whatever happened in between; `leftovers` says what
-   of the project the engine still holds, so a test can check the teardown itself.
+3. `down --volumes --remove-orphans` runs whatever happened in between, a SIGTERM or SIGHUP
+   to the test run included (each becomes SystemExit while a project is up, so the teardown
+   runs); `leftovers` says what of the project the engine still holds, so a test can check
+   the teardown itself. Only SIGKILL leaves a project behind: its name says whose it was.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import json
 import os
 import secrets
 import shutil
+import signal
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -72,19 +75,30 @@ class Project:
         self.name = f"gavel-test-{os.getpid()}-{secrets.token_hex(3)}"
         self.ports = {key: free_port() for key in PUBLISH}
         self.all_services: list[str] = []
+        self.handlers: dict[int, Any] = {}
         self.env = {**{k: v for k, v in os.environ.items()
                        if not k.startswith(("GAVEL_", "COMPOSE_"))},
                     "GAVEL_IMAGE": IMAGE,
                     **{f"GAVEL_PUBLISH_{k}": str(v) for k, v in self.ports.items()}}
 
     def __enter__(self) -> Project:
+        def leave(signum: int, _frame: Any) -> None:
+            for sig in self.handlers:  # a second one must not cut the teardown short
+                signal.signal(sig, signal.SIG_IGN)
+            raise SystemExit(128 + signum)
+        for sig in (signal.SIGTERM, signal.SIGHUP):
+            self.handlers[sig] = signal.signal(sig, leave)
         return self
 
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
-        if exc is not None:
-            print(self.logs())  # pytest shows it with the failure
-        self.down()
+        try:
+            if exc is not None:
+                print(self.logs())  # pytest shows it with the failure
+            self.down()
+        finally:
+            for sig, handler in self.handlers.items():
+                signal.signal(sig, handler)
 
     def compose(self, *args: str, timeout: float = 300) -> str:
         """`docker-compose -p NAME -f FILE ARGS` in the project's directory; its output, or an
