@@ -10,6 +10,7 @@ sentence where docker-compose, an engine or the image is missing (tests/integrat
 from __future__ import annotations
 
 import json
+import tomllib
 import urllib.error
 import urllib.request
 import uuid
@@ -32,7 +33,7 @@ from gavel.shared.api import (
 from gavel.shared.messages import Message, Spec
 from gavel.shared.spec import Route
 from gavel.transport.client import ClientError, call, connect
-from tests.integration.composerig import Project, project
+from tests.integration.composerig import ROOT, Project, project
 from tests.integration.harness import wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.compose]
@@ -181,6 +182,12 @@ async def test_compose_yaml_places_serves_and_survives_a_broker_restart(
         single: Project) -> None:
     single.up()
     await healthy(single)
+    version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    for service in single.all_services:  # every role unprivileged, on the labelled image
+        config = single.inspect(service)["Config"]
+        assert config["User"] == "gavel", service
+        assert config["Labels"]["org.opencontainers.image.version"] == version, service
+    assert single.exec("worker-1", "id", "-u").strip() == "10001"
     async with operator(single, single.ports["NATS"]) as op:
         await op.healthy_nodes(3)
         iid = await op.submit(answering_spec("web"))
