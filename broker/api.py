@@ -55,6 +55,7 @@ from gavel.broker.ledger.plan import View, submit
 from gavel.broker.ledger.state import Ready, ready
 from gavel.broker.mirror import Mirror
 from gavel.broker.promises import Promises
+from gavel.broker.routeowners import refusal as route_refusal
 from gavel.broker.serviceapi import ServiceVerbs
 from gavel.broker.services import Services
 from gavel.broker.views import Views
@@ -306,7 +307,8 @@ class Api:
             return ApiError(error=f"{Reason.NEVER_FITS}: {never}")
         if self.ctx.ledger.pinned:
             return ApiError(error=f"{Reason.PINNED} ({self.ctx.ledger.ref})")
-        return None
+        owned = route_refusal(self.ctx.ledger.state(), spec)
+        return ApiError(error=owned) if owned else None
 
     def _never_fits(self, cpu: float, memory_mb: int, ports: int) -> str:
         caps = [hb.capacity for hb in self.ctx.liveness.heartbeats.values()]
@@ -458,7 +460,7 @@ class Api:
                                 node_id=st.node_id, ports=st.ports,
                                 health=st.health or (str(note.health) if note else ""),
                                 service=rec.service, version=rec.version,
-                                routes=list(rec.spec.routes)))
+                                routes=list(rec.spec.routes), checked=bool(rec.spec.checks)))
         now = self.ctx.now()
         liveness = self.ctx.liveness
         nodes = [NodeAddress(node_id=n, address=liveness.heartbeats[n].advertise,

@@ -343,6 +343,8 @@ class Endpoint(msgspec.Struct, kw_only=True):
     service: str = ""
     version: int = 0
     routes: list[Route] = []
+    #: Whether its spec declares checks: then only ``healthy`` lets it be routed to.
+    checked: bool = False
 
 
 class NodeAddress(msgspec.Struct, kw_only=True):

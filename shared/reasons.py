@@ -52,6 +52,7 @@ class Reason(StrEnum):
     ROLLED_BACK = "rolled back to the last version that was healthy"
     UNKNOWN_SERVICE = "no such service"
     NOT_A_SERVICE = "the spec is a job, not a service"
+    ROUTE_OWNED = "a route of the spec overlaps a route another workload owns"
     # Errors the broker reports.
     PINNED = "deployment is pinned: the active ref is a tag or a commit, nothing was written"
     LEDGER_UNWRITABLE = "state repository is locked or unwritable; will retry"

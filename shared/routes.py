@@ -6,19 +6,23 @@ Rules:
    otherwise a spec name (the instances of a job submitted with a count): each route its
    spec declares leads to all of them at once.
 2. A replica counts when it runs (state ``running``) on a node that is heard from (healthy)
-   and advertises a usable address (an IP address or a DNS name: anything else would make
-   Caddy refuse the whole table), and its own health is ``healthy`` or not known (no checks,
-   or none reported yet) - never ``checking`` or ``unhealthy``.
+   and has a usable address (an IP address or a DNS name: anything else would make Caddy
+   refuse the whole table), and its own health is ``healthy`` - or, only for a spec that
+   declares no checks, not known - never ``checking`` or ``unhealthy``: a replica whose
+   spec has checks gets traffic only once they pass, in a rollout too.
 3. A port route balances across every counting replica, at its node's address and the port
    the allocator gave it. A files route serves one directory: a static root (an absolute
    `Route.files`) as written, or the directory inside the instance's own directory on its
    node, of the first counting replica (lowest instance id) whose node names that directory.
    Either way a route leads somewhere only while a replica counts.
 4. The table is in the order a gateway must try it (the first route that matches wins): a
-   route with a host before one without, a longer path prefix before a shorter, then by
-   host, prefix and workload - a total order, so the same inputs give the same table
-   wherever it is derived. A route matching what an earlier one matches is kept, marked as
-   shadowed by that one's workload.
+   route with an exact host, then one with a wildcard host, then one without a host (an
+   exact host always beats a wildcard); a longer path prefix before a shorter (``/`` is no
+   prefix); then by host, prefix and workload - a total order, so the same inputs give the
+   same table wherever it is derived. A route matching exactly what an earlier one that
+   leads somewhere matches is kept, marked as shadowed by that one's workload: it is what
+   the gateway really serves (`gavel.shared.routeclaims` refuses such a claim at submit;
+   the rule covers claims that raced past it).
 5. A route with nowhere to lead stays in the table, with no upstream and no root: `gavel
    routes` shows it, a gateway leaves it out (a request for it is not found).
 6. A route's id is made from its workload, host and prefix, never from a position: a route
@@ -45,7 +49,8 @@ __all__ = ["RouteEntry", "Upstream", "counts", "derive", "route_id", "usable_add
 
 RUNNING = "running"
 #: The instance healths that let a running replica count (rule 2): healthy, or not known.
-ROUTABLE_HEALTH = frozenset({"", "healthy"})
+HEALTHY = "healthy"
+ROUTABLE_HEALTH = frozenset({"", HEALTHY})
 #: The node health whose instances can be reached (`gavel.shared.health.Health.HEALTHY`).
 NODE_HEARD = "healthy"
 _LABEL = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?$")
@@ -116,7 +121,8 @@ def route_id(name: str, host: str, prefix: str) -> str:
 def counts(ep: Endpoint, nodes: dict[str, NodeAddress]) -> bool:
     """Rule 2: the replica may be led to."""
     node = nodes.get(ep.node_id)
-    return (ep.state == RUNNING and ep.health in ROUTABLE_HEALTH and node is not None
+    healthy = ep.health == HEALTHY if ep.checked else ep.health in ROUTABLE_HEALTH
+    return (ep.state == RUNNING and healthy and node is not None
             and node.health == NODE_HEARD and usable_address(node.address))
 
 
@@ -130,9 +136,12 @@ def _root(route: Route, ep: Endpoint, nodes: dict[str, NodeAddress]) -> str:
     return posixpath.normpath(posixpath.join(workdir, ep.instance_id, files))
 
 
-def _order(entry: RouteEntry) -> tuple[bool, int, str, str, str]:
-    """Rule 4: hosts first, longer prefixes first, then host, prefix, workload."""
-    return (not entry.host, -len(entry.path), entry.host, entry.path, entry.name)
+def _order(entry: RouteEntry) -> tuple[int, int, str, str, str]:
+    """Rule 4: exact hosts, wildcards, no host; longer prefixes first; then host, prefix,
+    workload."""
+    kind = 2 if not entry.host else 1 if entry.host.startswith("*.") else 0
+    path = "" if entry.path == "/" else entry.path
+    return (kind, -len(path), entry.host, path, entry.name)
 
 
 def derive(endpoints: Iterable[Endpoint], nodes: Iterable[NodeAddress]) -> list[RouteEntry]:
@@ -165,9 +174,9 @@ def derive(endpoints: Iterable[Endpoint], nodes: Iterable[NodeAddress]) -> list[
     table.sort(key=_order)
     first_of: dict[tuple[str, str], str] = {}
     for entry in table:
-        match = (entry.host, entry.path)
+        match = (entry.host, "" if entry.path == "/" else entry.path)
         if match in first_of:
             entry.shadowed_by = first_of[match]
-        else:
+        elif entry.leads_somewhere:
             first_of[match] = entry.name
     return table

@@ -24,6 +24,8 @@ from typing import Annotated, Literal
 
 import msgspec
 
+from gavel.shared.suffixes import too_wide
+
 __all__ = [
     "JOB",
     "SERVICE",
@@ -285,6 +287,9 @@ class Route(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, frozen=Tru
             raise ValueError(f"route host {self.host!r} is not a valid DNS name (lowercase "
                              "letters, digits and '-' in dot-separated labels of at most 63, "
                              "'*.' may lead)")
+        if too_wide(self.host):
+            raise ValueError(f"route host {self.host!r} covers a public suffix: a wildcard "
+                             "covers one label under a domain of one's own (*.example.com)")
         if self.path and not self.path.startswith("/"):
             raise ValueError(f"route path {self.path!r} must start with /")
         if self.path and not _PATH.match(self.path):

@@ -29,6 +29,8 @@ from gavel.shared import subjects
 from gavel.shared.api import (
     CancelReply,
     CancelRequest,
+    DeployReply,
+    DeployRequest,
     NodesReply,
     NodesRequest,
     StatusReply,
@@ -39,6 +41,7 @@ from gavel.shared.api import (
 from gavel.shared.messages import Event, Spec
 from gavel.shared.routes import route_id
 from gavel.shared.spec import Route
+from gavel.transport.client import ClientError
 from gavel.transport.natsserver import free_port
 from gavel.worker.ports import bindable
 from tests.integration.harness import TIMING, Cluster, UpDemo, gavel_process, sleeper_spec, wait_for
@@ -579,3 +582,31 @@ def test_gavel_up_demo_without_a_gateway_runs_none(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "gateway" not in proc.stdout
     assert not (tmp_path / "up" / "logs" / "caddy.log").exists()
+
+
+async def test_a_route_another_service_owns_is_refused_at_deploy_naming_its_owner(
+        cluster: Cluster) -> None:
+    """Finding 4: a second service naming ``web.example.com`` (with path "/") took all its
+    traffic. Now the first claimant owns it: the thief's deploy and submit are refused with
+    the owner's name, the owner deploys again freely, and a wildcard above it is its own
+    claim (the exact host beats it)."""
+    await cluster.start_broker()
+
+    def svc(name: str, route: Route) -> Spec:
+        return Spec(name=name, type="service", command=["sleep", "600"], ports=["http"],
+                    routes=[route], cpu=0.1, memory_mb=16)
+
+    owner = svc("web", Route(host="web.example.com", port="http"))
+    await cluster.call("deploy", DeployRequest(spec=owner), DeployReply)
+    thief = svc("thief", Route(host="web.example.com", path="/", port="http"))
+    for verb, req in (("deploy", DeployRequest(spec=thief)),
+                      ("submit", SubmitRequest(spec=msgspec.structs.replace(thief,
+                                                                            type="job")))):
+        with pytest.raises(ClientError) as refused:
+            await cluster.call(verb, req, DeployReply)
+        assert "web.example.com overlaps web.example.com, owned by 'web'" in str(refused.value)
+    again = msgspec.structs.replace(owner, env={"V": "2"})
+    assert (await cluster.call("deploy", DeployRequest(spec=again), DeployReply)
+            ).version == 2
+    await cluster.call("deploy", DeployRequest(
+        spec=svc("wild", Route(host="*.example.com", port="http"))), DeployReply)

@@ -170,3 +170,39 @@ def test_a_static_root_is_served_while_a_replica_runs() -> None:
 def test_an_ipv6_address_is_dialled_in_brackets() -> None:
     (entry,) = derive([ep("web-1", port=30001)], [node("n1", address="fd00::1")])
     assert dials(entry) == ["[fd00::1]:30001"]
+
+
+def test_an_exact_host_beats_a_wildcard_and_slash_is_no_prefix() -> None:
+    """Finding 4: ``*.example.com`` sorted before the exact host, and ``host + "/"`` before
+    the bare host, so Caddy sent the exact host's traffic elsewhere."""
+    eps = [ep("wild-1", name="wild", routes=[Route(host="*.example.com", port="http")]),
+           ep("web-1", name="web", routes=[Route(host="web.example.com", port="http")]),
+           ep("slash-1", name="slash", routes=[Route(host="web.example.com", path="/",
+                                                     port="http")]),
+           ep("any-1", name="any", routes=[Route(path="/x", port="http")])]
+    table = derive(eps, NODES)
+    assert [(e.host, e.name) for e in table] == [
+        ("web.example.com", "slash"), ("web.example.com", "web"), ("*.example.com", "wild"),
+        ("", "any")]
+    # "/" and no path match the same requests: the second is shadowed by the first.
+    assert [e.shadowed_by for e in table] == ["", "slash", "", ""]
+
+
+def test_a_route_that_leads_nowhere_shadows_nothing_as_caddy_skips_it() -> None:
+    """`gavel routes` names the winner Caddy uses: a first claimant with no counting replica
+    is left out of Caddy, so the next one serves and is not marked shadowed."""
+    eps = [ep("a-1", name="a", state="placed", routes=[Route(host="h.example", port="http")]),
+           ep("b-1", name="b", routes=[Route(host="h.example", port="http")])]
+    table = derive(eps, NODES)
+    assert [(e.name, e.leads_somewhere, e.shadowed_by) for e in table] == [
+        ("a", False, ""), ("b", True, "")]
+
+
+@pytest.mark.parametrize(("health", "counts"), [
+    ("healthy", True), ("", False), ("checking", False), ("unhealthy", False)])
+def test_a_replica_whose_spec_has_checks_counts_only_once_they_pass(health: str,
+                                                                    counts: bool) -> None:
+    """Issue 30 item 2: a replica with checks whose health is not yet known got traffic."""
+    e = ep("web-1", health=health)
+    e.checked = True
+    assert derive([e], NODES)[0].leads_somewhere is counts
