@@ -8,9 +8,20 @@ from pathlib import Path
 
 from gavel.cli.parsers import positive_int
 from gavel.shared import subjects
+from gavel.shared.errors import BadInput
+from gavel.shared.nodebook import KnownNode, entry
+from gavel.transport import nodebook
 from gavel.transport.identity import init
 
-__all__ = ["add_arguments", "node_ids", "run_cli"]
+__all__ = ["add_arguments", "node_entry", "node_ids", "run_cli"]
+
+
+def node_entry(text: str) -> tuple[str, KnownNode]:
+    """``NAME=ADDRESS:FIRST-LAST`` (argparse ``type=``)."""
+    try:
+        return entry(text)
+    except BadInput as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def node_ids(text: str) -> list[str]:
@@ -44,12 +55,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help="nodes node-1 .. node-N (the names `gavel up` gives its workers)")
     which.add_argument("--node-ids", type=node_ids, default=None, metavar="A,B,C",
                        help="these node ids")
+    ini.add_argument("--node", type=node_entry, action="append", default=[],
+                     metavar="NAME=ADDRESS:FIRST-LAST",
+                     help="a node, and where the cluster knows it to be: the address a "
+                     "gateway reaches its instances at and its port range (repeatable; "
+                     "recorded in DIR/auth/nodes.json, which `gavel gateway --nodes` reads: "
+                     "routes then never follow what a node advertises)")
 
 
 def run_cli(args: argparse.Namespace) -> int:
     nodes: list[str] = (args.node_ids if args.node_ids is not None
                         else [f"node-{i + 1}" for i in range(args.nodes or 0)])
+    book = dict(args.node)
+    nodes += [name for name in book if name not in nodes]
     ids = init(args.state.resolve(), nodes)
+    if book:
+        print(f"node book: {nodebook.record(ids.directory, book)}   (gavel gateway --nodes)")
     print(f"nats-server config: {ids.config}")
     print(f"  run: nats-server -c {ids.config} -js -sd {args.state.resolve() / 'nats'}")
     print(f"broker:    --creds {ids.broker}")

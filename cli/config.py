@@ -145,6 +145,11 @@ class GatewayConfig(DaemonConfig, kw_only=True, forbid_unknown_fields=True):
     listen: list[str] = msgspec.field(default_factory=lambda: [":8080"])
     #: Directories a files route with a static root may serve from (none: no static roots).
     static_roots: list[str] = []
+    #: The node book (`gavel auth init --node`): upstreams only at the addresses and in the
+    #: port ranges it gives ("": the addresses nodes advertise).
+    nodes: str = ""
+    #: Ports of the cluster no route may lead to, beyond those the gateway sees itself.
+    reserved_ports: list[Annotated[int, msgspec.Meta(ge=1, le=65535)]] = []
 
 
 C = TypeVar("C", BrokerConfig, WorkerConfig, GatewayConfig)

@@ -426,8 +426,10 @@ async def run_gateway(args: argparse.Namespace) -> int:
 
     from gavel.cli.metrics_http import MetricsUnavailable, serve
     from gavel.gateway.admin import Admin
+    from gavel.gateway.files import FileServer
     from gavel.gateway.keeper import Keeper
     from gavel.gateway.metrics import GatewayMetrics
+    from gavel.gateway.trust import cluster_ports, load_book
 
     cfg: GatewayConfig = args.settings
     logs.configure(cfg.log_format, cfg.log_level, secrets=_url_secrets(cfg.nats, cfg.admin))
@@ -450,14 +452,23 @@ async def run_gateway(args: argparse.Namespace) -> int:
                     await stopping.wait()
             if stopping.is_set():
                 return 0
+    reserved = cluster_ports(nats=servers(cfg.nats), admin=cfg.admin, listen=cfg.listen,
+                             metrics_port=cfg.metrics_port, reserved=cfg.reserved_ports)
+    book = load_book(cfg.nodes)
+    files = FileServer(lambda rid: keeper.root_of(rid))
     keeper = Keeper(nc=nc, admin=Admin(cfg.admin), timing=timing, server=cfg.server,
-                    listen=cfg.listen, static_roots=cfg.static_roots)
+                    listen=cfg.listen, static_roots=cfg.static_roots, book=book,
+                    reserved=reserved, files_dial=files.dial)
+    if keeper.book is None:
+        log.warning("no node book (--nodes): routes lead to the addresses nodes advertise "
+                    "themselves; `gavel auth init --node NAME=ADDRESS:FIRST-LAST` writes one")
     server = None
     if cfg.metrics_port is not None:
         try:
             server = serve(GatewayMetrics(keeper).registry, cfg.metrics_port, cfg.metrics_addr)
         except MetricsUnavailable as exc:
             await nc.close()
+            files.close()
             raise ConfigError(f"{exc}.") from None
         log.info("metrics at %s", server.url)
     log.info("gateway: routes into Caddy server %r through %s", cfg.server, mask_url(cfg.admin))
@@ -468,6 +479,7 @@ async def run_gateway(args: argparse.Namespace) -> int:
         keeper.stop()
         await running
         await nc.close()
+        files.close()
         if server is not None:
             server.close()
     return 0

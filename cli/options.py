@@ -27,6 +27,7 @@ from gavel.cli.parsers import (
     node_id,
     non_negative_float,
     port,
+    port_list,
     port_range,
     positive_float,
     positive_int,
@@ -190,7 +191,8 @@ WORKER_OPTIONS: list[Option] = [
 GATEWAY_OPTIONS: list[Option] = [
     *_common("gateway"),
     Option("admin", "--admin", "GAVEL_CADDY_ADMIN", admin_url,
-           f"Caddy's admin API, an http:// URL (default {DEFAULT_ADMIN})", "URL"),
+           "Caddy's admin API, an http:// URL or a unix:///socket (default "
+           f"{DEFAULT_ADMIN})", "URL"),
     Option("server", "--server", "GAVEL_GATEWAY_SERVER", str,
            "the Caddy server gavel's routes go in; created when Caddy has none of that name "
            "(default gavel)", "NAME"),
@@ -200,6 +202,13 @@ GATEWAY_OPTIONS: list[Option] = [
     Option("static_roots", "--static-roots", "GAVEL_STATIC_ROOTS", absolute_paths,
            "directories a files route with a static root may serve from, a comma list of "
            "absolute paths (default: none)", "DIRS"),
+    Option("nodes", "--nodes", "GAVEL_GATEWAY_NODES", str,
+           "the node book `gavel auth init --node` writes (auth/nodes.json): upstreams only "
+           "at the addresses and in the port ranges it gives (default: the addresses nodes "
+           "advertise)", "FILE"),
+    Option("reserved_ports", "--reserved-ports", "GAVEL_RESERVED_PORTS", port_list,
+           "ports of the cluster no route may lead to (the dashboard, the broker's metrics), "
+           "a comma list; NATS's, Caddy's and the gateway's own are always reserved", "PORTS"),
 ]
 
 

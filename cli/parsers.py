@@ -30,6 +30,7 @@ __all__ = [
     "node_id",
     "non_negative_float",
     "port",
+    "port_list",
     "port_range",
     "positive_float",
     "positive_int",
@@ -71,7 +72,13 @@ def address(text: str) -> str:
 
 
 def admin_url(text: str) -> str:
-    """Caddy's admin API: ``http://HOST:PORT`` (a path after it is refused)."""
+    """Caddy's admin API: ``http://HOST:PORT`` (a path after it is refused), or its unix
+    socket ``unix:///absolute/path``."""
+    if text.startswith("unix://"):
+        if not text.removeprefix("unix://").startswith("/") or "\0" in text:
+            raise argparse.ArgumentTypeError(
+                f"admin URL {text!r} is not of the form unix:///absolute/path")
+        return text
     try:
         parts = urlsplit(text)
         good = parts.scheme in ("http", "https") and bool(parts.hostname) and \
@@ -81,7 +88,7 @@ def admin_url(text: str) -> str:
         good = False
     if not good:
         raise argparse.ArgumentTypeError(
-            f"admin URL {text!r} is not of the form http://HOST:PORT")
+            f"admin URL {text!r} is not of the form http://HOST:PORT or unix:///PATH")
     return text.rstrip("/")
 
 
@@ -211,6 +218,11 @@ def port(text: str) -> int:
     if value > 65535:
         raise argparse.ArgumentTypeError(f"{text!r} is not a TCP port (1-65535)")
     return value
+
+
+def port_list(text: str) -> list[int]:
+    """A comma list of TCP ports."""
+    return [port(p.strip()) for p in text.split(",") if p.strip()]
 
 
 def port_range(text: str) -> tuple[int, int]:

@@ -62,9 +62,10 @@ from gavel.shared.api import (
     WhyRequest,
 )
 from gavel.shared.messages import Spec
+from gavel.shared.nodebook import KnownNode
 from gavel.shared.reasons import render
 from gavel.shared.spec import Route
-from gavel.transport import identity
+from gavel.transport import identity, nodebook
 from gavel.transport.client import BrokerRefused, ClientError, call, connect, wait_healthy
 from gavel.transport.natsserver import NatsServer, NatsServerError, free_port
 
@@ -277,6 +278,20 @@ async def _demo(nc: Any, workers: int, git_dir: Path, gateway: str | None = None
     print(f"\nthe deployment is in git: git --git-dir {git_dir} log --stat")
 
 
+def _ports_of(i: int) -> tuple[int, int]:
+    """The port range of the i-th worker (from 0)."""
+    return 21000 + 100 * i, 21000 + 100 * i + 99
+
+
+def _reserved(args: argparse.Namespace) -> list[str]:
+    """The cluster's own ports the gateway cannot see for itself: the dashboard's and the
+    brokers' metrics, when they are fixed."""
+    ports = [p for p in (getattr(args, "ui_port", None), args.metrics_port) if p]
+    if args.metrics_port and getattr(args, "ha", False):
+        ports += [args.metrics_port + k for k in range(1, BROKERS)]
+    return ["--reserved-ports", ",".join(map(str, ports))] if ports else []
+
+
 async def up(args: argparse.Namespace) -> int:
     state: Path = args.state.resolve()
     why = unusable_dir(state / "logs")
@@ -326,6 +341,11 @@ async def up(args: argparse.Namespace) -> int:
                        args.metrics_addr]
         children = [_spawn("broker", broker, state / "logs" / "broker.log", env)]
     n_brokers = len(children)
+    # Where the cluster knows each worker to be (the gateway's node book): loopback and the
+    # port range it is started with, never what it advertises.
+    (state / "auth").mkdir(mode=0o700, parents=True, exist_ok=True)
+    book = nodebook.record(state / "auth", {
+        node: KnownNode(address="127.0.0.1", ports=_ports_of(i)) for i, node in enumerate(nodes)})
     operator = str(ids.operator) if ids else None
     caddy = None
     gateway = None
@@ -342,7 +362,7 @@ async def up(args: argparse.Namespace) -> int:
                  "--strategy", STRATEGIES[i % len(STRATEGIES)],
                  "--labels", f"zone={'ab'[i % 2]}", "--cpu", str(cpu),
                  "--memory-mb", str(mem),
-                 "--ports", f"{21000 + 100 * i}-{21000 + 100 * i + 99}",
+                 "--ports", "{}-{}".format(*_ports_of(i)),
                  "--state", str(state / "workers" / node), "--advertise", "127.0.0.1"],
                 state / "logs" / f"{node}.log", env))
         await _until_up(children, url, operator, args.workers, UP_TIMEOUT_S)
@@ -363,7 +383,8 @@ async def up(args: argparse.Namespace) -> int:
         gateway = f"http://127.0.0.1:{getattr(args, 'gateway_port', None) or free_port()}"
         children.append(_spawn("gateway", ["gateway", *creds(ids.operator if ids else None),
                                            "--admin", caddy.admin_url, "--listen",
-                                           gateway.removeprefix("http://")],
+                                           gateway.removeprefix("http://"), "--nodes",
+                                           str(book), *_reserved(args)],
                                state / "logs" / "gateway.log", env))
     dashboard: ui_app.Dashboard | None = None
     try:
@@ -386,8 +407,8 @@ async def up(args: argparse.Namespace) -> int:
             print(f"gavel up: nats-server at {url}, broker and {args.workers} workers"
                   + (", gateway" if gateway else "") + f" up; state and logs under {state}")
         if caddy is not None:
-            print(f"gateway: {gateway} (Caddy; its admin API at {caddy.admin_url}, loopback "
-                  "only)")
+            print(f"gateway: {gateway} (Caddy; its admin API on the unix socket "
+                  f"{caddy.admin_socket}, never on a port)")
         print(f"NATS auth: one nkey per worker, the broker and operators in {ids.directory}"
               if ids else "NATS auth: off (--no-auth); anyone who reaches the server may "
               "use it")

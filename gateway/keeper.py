@@ -20,6 +20,8 @@ Rules:
    (a spec may not make the gateway's host serve a directory its operator did not offer);
    one outside them is left out, and said once.
 7. Stopping the gateway leaves Caddy's routes in place: traffic never waits for a gateway.
+8. Upstreams come from the node book when it has one, and never lead to the cluster's own
+   ports (`gavel.shared.routes` rule 8, `gateway.trust`).
 """
 
 from __future__ import annotations
@@ -29,13 +31,14 @@ import contextlib
 import logging
 import posixpath
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
 from gavel.gateway.admin import Admin, AdminError
 from gavel.gateway.caddyconfig import desired, plan
 from gavel.shared import subjects
 from gavel.shared.api import EndpointsReply, EndpointsRequest
+from gavel.shared.nodebook import KnownNode
 from gavel.shared.routes import RouteEntry, derive
 from gavel.shared.timing import Timing
 from gavel.transport.client import ClientError, call
@@ -94,13 +97,20 @@ class Keeper:
     """``await run()`` until `stop()`; `step()` is one derivation and reconcile."""
 
     def __init__(self, *, nc: Any, admin: Admin, timing: Timing, server: str = "gavel",
-                 listen: Sequence[str] = (":8080",), static_roots: Sequence[str] = ()) -> None:
+                 listen: Sequence[str] = (":8080",), static_roots: Sequence[str] = (),
+                 book: Mapping[str, KnownNode] | None = None,
+                 reserved: Collection[int] = (), files_dial: str = "") -> None:
         self.nc = nc
         self.admin = admin
         self.tick = timing.tick_s
         self.server = server
         self.listen = tuple(listen)
         self.static_roots = tuple(posixpath.normpath(r) for r in static_roots)
+        self.book = book
+        self.reserved = frozenset(reserved)
+        #: The confined file server's upstream (`gateway.files`; "": none, so a files
+        #: route of an instance's directory is left out).
+        self.files_dial = files_dial
         #: The last table derived from a broker's answer (None: none yet, rule 4).
         self.table: list[RouteEntry] | None = None
         #: The routes Caddy holds since the last step that reached it.
@@ -158,7 +168,7 @@ class Keeper:
         if self.table is None:
             return broker_ok
         entries = self._allowed(self.table)
-        want = desired(entries, self.server, self.listen)
+        want = desired(entries, self.server, self.listen, self.files_dial)
         try:
             ops = plan(await self.admin.config(), want)
             for op in ops:
@@ -184,8 +194,22 @@ class Keeper:
             self._broker.failed(f"the broker did not give the endpoints: {exc}")
             return False
         self._broker.recovered()
-        self.table = derive(reply.endpoints, reply.nodes)
+        self.table = derive(reply.endpoints, reply.nodes, book=self.book,
+                            reserved=self.reserved)
         return True
+
+    def root_of(self, rid: str) -> tuple[str, str] | None:
+        """The directory a files route serves, split where the instance's own part starts
+        (`gateway.files` rules 1 and 3): from the routes Caddy holds, read in the file
+        server's thread (the list is replaced, never changed in place)."""
+        for e in self.applied:
+            if e.id == rid and e.root and not e.static and not e.port:
+                below = posixpath.normpath(e.files)
+                if below == ".":
+                    return e.root, ""
+                if e.root.endswith("/" + below):
+                    return e.root[:-len(below) - 1], below
+        return None
 
     def _allowed(self, table: list[RouteEntry]) -> list[RouteEntry]:
         """Rule 6."""

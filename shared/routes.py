@@ -30,19 +30,24 @@ Rules:
 7. When replicas of one workload run versions whose specs declare one route differently,
    the newest version's declaration (then the lowest instance id's) decides the route's
    kind, port name and prefix stripping; each replica is reached by its own spec's port.
+8. Given the cluster's node book (`gavel.shared.nodebook`), an upstream is only ever a
+   node's address as the book gives it and a port inside the book's range for that node:
+   what a node advertises in its heartbeats is not used, and a node the book does not name
+   leads nowhere. Without a book, the address the node advertises is used (a gateway says
+   so when it starts). A port in `reserved` - the cluster's own: Caddy's listeners and
+   admin, NATS, the dashboard, the API and metrics - is never an upstream, on any address.
 """
 
 from __future__ import annotations
 
 import hashlib
-import ipaddress
 import posixpath
-import re
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable, Mapping
 
 import msgspec
 
 from gavel.shared.api import Endpoint, NodeAddress
+from gavel.shared.nodebook import KnownNode, usable_address
 from gavel.shared.spec import Route
 
 __all__ = ["RouteEntry", "Upstream", "counts", "derive", "route_id", "usable_address"]
@@ -53,17 +58,6 @@ HEALTHY = "healthy"
 ROUTABLE_HEALTH = frozenset({"", HEALTHY})
 #: The node health whose instances can be reached (`gavel.shared.health.Health.HEALTHY`).
 NODE_HEARD = "healthy"
-_LABEL = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?$")
-
-
-def usable_address(address: str) -> bool:
-    """An IP address, or a DNS name (rule 2)."""
-    try:
-        ipaddress.ip_address(address)
-        return True
-    except ValueError:
-        pass
-    return 0 < len(address) <= 253 and all(_LABEL.match(x) for x in address.split("."))
 
 
 class Upstream(msgspec.Struct, kw_only=True, frozen=True):
@@ -144,9 +138,26 @@ def _order(entry: RouteEntry) -> tuple[int, int, str, str, str]:
     return (kind, -len(path), entry.host, path, entry.name)
 
 
-def derive(endpoints: Iterable[Endpoint], nodes: Iterable[NodeAddress]) -> list[RouteEntry]:
-    """The route table (rules 1-7), in the order a gateway tries it."""
-    where = {n.node_id: n for n in nodes}
+def _known(nodes: Iterable[NodeAddress],
+           book: Mapping[str, KnownNode] | None) -> dict[str, NodeAddress]:
+    """Rule 8: each node at the address the book gives it; a node it does not name, nowhere."""
+    if book is None:
+        return {n.node_id: n for n in nodes}
+    return {n.node_id: msgspec.structs.replace(n, address=book[n.node_id].address)
+            for n in nodes if n.node_id in book}
+
+
+def _allowed_port(port: int, node_id: str, book: Mapping[str, KnownNode] | None,
+                  reserved: Collection[int]) -> bool:
+    """Rule 8."""
+    return port not in reserved and (book is None or book[node_id].holds(port))
+
+
+def derive(endpoints: Iterable[Endpoint], nodes: Iterable[NodeAddress], *,
+           book: Mapping[str, KnownNode] | None = None,
+           reserved: Collection[int] = ()) -> list[RouteEntry]:
+    """The route table (rules 1-8), in the order a gateway tries it."""
+    where = _known(nodes, book)
     groups: dict[tuple[str, str, str], list[tuple[Endpoint, Route]]] = {}
     # Newest version first, then by id: the first of a group declares its route (rule 7),
     # and upstreams come out in instance-id order whatever order the broker answered in.
@@ -166,7 +177,8 @@ def derive(endpoints: Iterable[Endpoint], nodes: Iterable[NodeAddress]) -> list[
             entry.upstreams = [
                 Upstream(instance_id=ep.instance_id, node_id=ep.node_id,
                          address=where[ep.node_id].address, port=ep.ports[r.port])
-                for ep, r in live if r.port is not None and r.port in ep.ports]
+                for ep, r in live if r.port is not None and r.port in ep.ports
+                and _allowed_port(ep.ports[r.port], ep.node_id, book, reserved)]
         else:
             entry.root = next((root for ep, r in live if r.files is not None
                                and (root := _root(r, ep, where))), "")

@@ -24,6 +24,8 @@ import psutil
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from gavel.gateway.admin import Admin, AdminError
+from gavel.gateway.caddyconfig import Op
 from gavel.gateway.caddyserver import Caddy
 from gavel.shared import subjects
 from gavel.shared.api import (
@@ -93,17 +95,13 @@ async def get(url: str) -> tuple[int, str]:
 
 
 def _admin(caddy: Caddy, path: str, method: str = "GET", body: Any = None) -> Any:
-    data = None if body is None else json.dumps(body).encode()
-    req = urllib.request.Request(f"{caddy.admin_url}{path}", data=data, method=method,
-                                 headers={"Content-Type": "application/json"})
+    """One request to the Caddy's admin socket (None: not found)."""
     try:
-        with urllib.request.urlopen(req, timeout=3) as resp:
-            text = resp.read()
-    except urllib.error.HTTPError as exc:
-        if exc.code == 404:
+        return Admin(caddy.admin_url, timeout=3).request(Op(method, path, body))
+    except AdminError as exc:
+        if exc.status == 404:
             return None
-        raise
-    return json.loads(text) if text.strip() else None
+        raise OSError(str(exc)) from None
 
 
 async def admin(caddy: Caddy, path: str, method: str = "GET", body: Any = None) -> Any:
@@ -216,10 +214,10 @@ async def gateways() -> AsyncIterator[list[Gateway]]:
         g.stop()
 
 
-def start_caddy(tmp_path: Path, admin_port: int | None = None,
-                apps: dict[str, Any] | None = None) -> Caddy:
-    return Caddy(tmp_path / "caddy", admin_port=admin_port, log=tmp_path / "caddy.log",
-                 config=apps).start()
+def start_caddy(tmp_path: Path, apps: dict[str, Any] | None = None) -> Caddy:
+    """A Caddy whose state (and so its admin socket) lives under `tmp_path`: started again,
+    it is at the same address."""
+    return Caddy(tmp_path / "caddy", log=tmp_path / "caddy.log", config=apps).start()
 
 
 @pytest.fixture
@@ -402,7 +400,7 @@ async def test_the_same_routes_come_back_after_the_gateway_or_caddy_restarts(
         await wait_for(lambda: _state_is(cluster, job, "running"), 30,
                        what="a placement while Caddy is down")
         await wait_for(lambda: _errors(gw3), 30, what="the gateway to count admin errors")
-        caddy = start_caddy(tmp_path, admin_port=caddy.admin_port, apps=apps)
+        caddy = start_caddy(tmp_path, apps=apps)
         assert json.loads(await config(caddy))["apps"]["http"]["servers"]["gavel"][
             "routes"] == [HAND]
         await wait_for(lambda: _config_is(caddy, after), 30,
@@ -571,7 +569,7 @@ def test_gavel_up_demo_answers_through_its_gateway(up_demo: UpDemo) -> None:
     proc = up_demo.proc
     assert proc.returncode == 0, proc.stdout + proc.stderr
     out = proc.stdout
-    assert "gateway: http://127.0.0.1:" in out and "loopback only" in out
+    assert "gateway: http://127.0.0.1:" in out and "never on a port" in out
     assert "/web -> 200 hello from web-" in out, out
 
 
@@ -610,3 +608,152 @@ async def test_a_route_another_service_owns_is_refused_at_deploy_naming_its_owne
             ).version == 2
     await cluster.call("deploy", DeployRequest(
         spec=svc("wild", Route(host="*.example.com", port="http"))), DeployReply)
+
+
+def _listening(caddy: Caddy) -> set[int]:
+    assert caddy.proc is not None
+    return {c.laddr.port for c in psutil.Process(caddy.proc.pid).net_connections("tcp")
+            if c.status == psutil.CONN_LISTEN}
+
+
+def _post(url: str, body: bytes, headers: dict[str, str]) -> int:
+    req = urllib.request.Request(url, data=body, method="POST", headers=headers)
+    try:
+        with urllib.request.urlopen(req, timeout=3) as resp:
+            return int(resp.status)
+    except urllib.error.HTTPError as exc:
+        return exc.code
+
+
+async def test_caddys_admin_api_is_not_reachable_through_its_public_listener(
+        cluster: Cluster, caddy: Caddy, tmp_path: Path, gateways: list[Gateway]) -> None:
+    """Finding 3's end: ``POST /load`` through the gateway's public listener replaced Caddy's
+    config. The admin API is a unix socket now: Caddy listens on no TCP port but the public
+    one, and a ``POST /load`` there - with the Host an admin endpoint expects, too - is
+    answered by gavel's not-found route and changes nothing."""
+    await cluster.start_broker()
+    listen = free_port()
+    gateways.append(await Gateway(cluster.url, caddy, listen, tmp_path / "gw.log").start())
+    await wait_for(lambda: _status_is(f"http://127.0.0.1:{listen}/", 404), 30,
+                   what="gavel's server in Caddy")
+    before = await config(caddy)
+    assert _listening(caddy) == {listen}
+    evil = json.dumps({"apps": {"http": {"servers": {"x": {"listen": [":1"]}}}}}).encode()
+    for headers in ({}, {"Host": "localhost:2019"}, {"Host": "127.0.0.1:2019",
+                                                     "Origin": "http://localhost:2019"}):
+        status = await asyncio.to_thread(_post, f"http://127.0.0.1:{listen}/load", evil,
+                                         {"Content-Type": "application/json", **headers})
+        assert status == 404
+    assert await config(caddy) == before
+    assert _listening(caddy) == {listen}
+
+
+async def test_a_lying_node_cannot_steer_a_route_to_the_clusters_own_ports(
+        cluster: Cluster, caddy: Caddy, tmp_path: Path, gateways: list[Gateway],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Finding 3: with only its own identity, a node heartbeated a port range holding a port
+    of the cluster itself and advertised 127.0.0.1, so a route led there. Here the node's
+    worker accepts a port something else holds (it does not check), its range is the
+    gateway's own metrics port, and its instance declares a route to it: the gateway never
+    makes that port an upstream, so its metrics are not served through Caddy."""
+    from gavel.worker import ports, supervisor
+
+    def lying(*a: Any, **kw: Any) -> ports.Assigned:
+        return ports.assign(*a, **kw, free=lambda _port: True)
+
+    monkeypatch.setattr(supervisor, "assign", lying)
+    await cluster.start_broker()
+    listen = free_port()
+    gw = await Gateway(cluster.url, caddy, listen, tmp_path / "gw.log").start()
+    gateways.append(gw)
+    steal = gw.metrics_port
+    await cluster.start_agent("liar", advertise="127.0.0.1", port_range=(steal, steal))
+    await cluster.wait_nodes(1)
+    iid = await cluster.submit(Spec(
+        name="steal", command=["sleep", "600"], ports=["http"], cpu=0.1, memory_mb=16,
+        routes=[Route(path="/metrics", port="http")]))
+    await wait_for(lambda: _state_is(cluster, iid, "running"), 30, what="the liar's instance")
+    assert (await cluster.status(iid)).ports == {"http": steal}
+    seen = await gw.steps()
+    await wait_for(lambda: gw.stepped(seen + 2), 30, what="two gateway steps after it ran")
+    assert await dials(caddy, route_id("steal", "", "/metrics")) is None
+    status, body = await get(f"http://127.0.0.1:{listen}/metrics")
+    assert status == 404 and "gavel_gateway" not in body
+
+
+async def test_with_a_node_book_a_route_leads_only_where_the_cluster_knows_the_node(
+        cluster: Cluster, caddy: Caddy, tmp_path: Path, gateways: list[Gateway]) -> None:
+    """Finding 3: what a node advertises is self-reported. With the book `gavel auth init
+    --node` writes, a node whose heartbeats declare a port range outside the one the book
+    gives it leads nowhere, however well its instance answers; a node as the book says is
+    routed to."""
+    honest, lied = free_range(30400, 20), free_range(30600, 20)
+    init = subprocess.run(
+        [sys.executable, "-m", "gavel", "auth", "init", "--state", str(tmp_path / "c"),
+         "--node", "good=127.0.0.1:{}-{}".format(*honest),
+         "--node", "liar=127.0.0.1:{}-{}".format(*free_range(30800, 20))],
+        capture_output=True, text=True, timeout=60)
+    assert init.returncode == 0, init.stderr
+    book = tmp_path / "c" / "auth" / "nodes.json"
+    assert f"node book: {book}" in init.stdout
+    await cluster.start_broker()
+    await cluster.start_agent("good", advertise="127.0.0.1", port_range=honest,
+                              labels={"at": "good"})
+    await cluster.start_agent("liar", advertise="127.0.0.1", port_range=lied,
+                              labels={"at": "liar"})
+    await cluster.wait_nodes(2)
+    listen = free_port()
+    gateways.append(await Gateway(cluster.url, caddy, listen, tmp_path / "gw.log",
+                                  "--nodes", str(book)).start())
+    ids = [await cluster.submit(http_spec("hi", labels={"at": at})) for at in ("good", "liar")]
+    await wait_for(lambda: _all_running(cluster, ids), 45, what="both instances running")
+    on = {i.node_id: i for i in await running(cluster, ids)}
+    assert set(on) == {"good", "liar"}
+    want = {f"127.0.0.1:{i.ports['http']}" for i in await running(cluster, ids)
+            if i.node_id == "good"}
+    rid = route_id("hi", "", "/hi")
+    await wait_for(lambda: _dials_are(caddy, rid, want), 30,
+                   what="the route to lead to the book's node only")
+    liar_port = on["liar"].ports["http"]
+    assert lied[0] <= liar_port <= lied[1]
+    await wait_for(lambda: get_ok(f"http://127.0.0.1:{liar_port}/", on["liar"].instance_id),
+                   30, what="the liar's instance answering, unrouted")
+    assert await dials(caddy, rid) == want
+
+
+async def _all_running(cluster: Cluster, ids: list[str]) -> bool:
+    return len(await running(cluster, ids)) == len(ids)
+
+
+async def _dials_are(caddy: Caddy, rid: str, want: set[str]) -> bool:
+    return await dials(caddy, rid) == want
+
+
+async def test_a_files_route_never_follows_a_link_out_of_its_directory(
+        cluster: Cluster, caddy: Caddy, tmp_path: Path, gateways: list[Gateway]) -> None:
+    """Finding 2: an instance made ``pub/root -> /`` and read the broker's seed through the
+    public gateway. Every link below the instance's directory is refused now: one to ``/``,
+    one to a single secret file, and a route whose directory is itself a link."""
+    await cluster.start_broker()
+    await cluster.start_agent("n1", advertise="127.0.0.1", port_range=free_range(28400))
+    await cluster.wait_nodes(1)
+    secret = tmp_path / "broker.nk"
+    secret.write_text("SUSECRETSEED")
+    listen = free_port()
+    gateways.append(await Gateway(cluster.url, caddy, listen, tmp_path / "gw.log").start())
+    writes = ("import os, pathlib, time; d = pathlib.Path('www'); d.mkdir(); "
+              "(d / 'sub').mkdir(); (d / 'sub' / 'a.txt').write_text('inside');"
+              "(d / 'hello.txt').write_text('hello'); os.symlink('/', 'www/root'); "
+              f"os.symlink({str(secret)!r}, 'www/seed'); os.symlink('/', 'pub'); "
+              "time.sleep(600)")
+    await cluster.submit(Spec(
+        name="site", command=[sys.executable, "-c", writes], cpu=0.1, memory_mb=16,
+        routes=[Route(path="/site", files="www"), Route(path="/pub", files="pub")]))
+    base = f"http://127.0.0.1:{listen}"
+    await wait_for(lambda: get_ok(f"{base}/site/hello.txt", "hello"), 45,
+                   what="the instance's file, through the gateway")
+    assert await get(f"{base}/site/sub/a.txt") == (200, "inside")
+    for path in (f"/site/root{secret}", "/site/root/etc/hostname", "/site/seed",
+                 "/pub/etc/hostname", f"/pub{secret}", "/site/../../etc/hostname"):
+        status, body = await get(f"{base}{path}")
+        assert status == 404 and "SUSECRETSEED" not in body, (path, status, body)

@@ -151,11 +151,21 @@ def test_a_port_route_is_one_reverse_proxy_balancing_round_robin_over_every_repl
         "terminal": True}
 
 
-def test_a_files_route_is_a_file_server_at_its_root_and_a_catch_all_has_no_matcher() -> None:
+def test_a_files_route_goes_to_the_confined_file_server_and_a_catch_all_has_no_matcher(
+        ) -> None:
+    """An instance's directory is never Caddy's file_server's (it follows links out of it,
+    finding 2 of issue 29): its requests go to the gateway's own file server as
+    ``/<route id>/<path>``; an operator's static root stays a file_server."""
     entry = RouteEntry(id="gavel-site-x", name="site", path="/", files="www",
                        root="/w/instances/site-1/www", strip_prefix=True)
-    assert caddy_route(entry) == {"@id": "gavel-site-x", "terminal": True, "handle": [
-        {"handler": "file_server", "root": "/w/instances/site-1/www"}]}
+    assert caddy_route(entry, "unix//run/f.sock") == {
+        "@id": "gavel-site-x", "terminal": True, "handle": [
+            {"handler": "rewrite", "uri": "/gavel-site-x{http.request.uri.path}"},
+            {"handler": "reverse_proxy", "upstreams": [{"dial": "unix//run/f.sock"}]}]}
+    assert routes_object([entry]) == {"@id": ROUTES_ID, "handle": [{"handler": "subroute"}]}
+    static = RouteEntry(id="gavel-docs-x", name="docs", path="/", files="/srv/docs",
+                        root="/srv/docs")
+    assert caddy_route(static)["handle"] == [{"handler": "file_server", "root": "/srv/docs"}]
     host = RouteEntry(id="i", name="x", host="x.example", port="http",
                       upstreams=[Upstream(instance_id="x-1", node_id="n1", address="fd00::2",
                                           port=8)])

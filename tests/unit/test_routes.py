@@ -8,6 +8,7 @@ import random
 import pytest
 
 from gavel.shared.api import Endpoint, NodeAddress
+from gavel.shared.nodebook import KnownNode
 from gavel.shared.routes import RouteEntry, Upstream, derive, route_id
 from gavel.shared.spec import Route
 
@@ -206,3 +207,25 @@ def test_a_replica_whose_spec_has_checks_counts_only_once_they_pass(health: str,
     e = ep("web-1", health=health)
     e.checked = True
     assert derive([e], NODES)[0].leads_somewhere is counts
+
+
+def test_with_a_node_book_an_upstream_is_the_books_address_and_a_port_in_its_range() -> None:
+    """Finding 3: a node heartbeated a range holding the cluster's own ports and advertised
+    127.0.0.1. With the book the operator wrote, what it advertises is not used."""
+    book = {"n1": KnownNode(address="10.0.0.1", ports=(30000, 30099)),
+            "n2": KnownNode(address="10.0.0.2", ports=(30000, 30099))}
+    liars = [node("n1", "127.0.0.1"), node("n2", "10.0.0.2"), node("n3", "127.0.0.1")]
+    eps = [ep("web-1", "n1", port=30001), ep("web-2", "n2", port=4222),
+           ep("web-3", "n3", port=30003)]
+    (entry,) = derive(eps, liars, book=book)
+    assert dials(entry) == ["10.0.0.1:30001"]  # n2's port is outside its range, n3 unknown
+    (open_,) = derive(eps, liars)
+    assert dials(open_) == ["127.0.0.1:30001", "10.0.0.2:4222", "127.0.0.1:30003"]
+
+
+def test_a_reserved_port_of_the_cluster_is_never_an_upstream() -> None:
+    eps = [ep("web-1", "n1", port=2019), ep("web-2", "n2", port=30002)]
+    (entry,) = derive(eps, NODES, reserved={2019, 4222})
+    assert dials(entry) == ["10.0.0.2:30002"]
+    (alone,) = derive(eps[:1], NODES, reserved={2019})
+    assert not alone.leads_somewhere
