@@ -166,6 +166,7 @@ class FakeNode:
         self.heartbeating = True
         self.bidding = True
         self.confirm = False  # report provisioning+running for every award
+        self.advertise = ""  # the address its heartbeats advertise
         self.awards: list[Any] = []
         self.listed: list[str] = []
         self.nc: Any = None
@@ -211,7 +212,7 @@ class FakeNode:
             if self.heartbeating:
                 hb = Heartbeat(node_id=self.node_id, strategy="fake",
                                capacity=Capacity(cpu=self.cpu, memory_mb=65536, ports=100),
-                               port_range=[31000, 31099],
+                               port_range=[31000, 31099], advertise=self.advertise,
                                instances=[InstanceReport(instance_id=i, state="running")
                                           for i in self.listed])
                 await self.nc.publish(s.HEARTBEAT.format(node=self.node_id),

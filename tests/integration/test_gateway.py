@@ -42,11 +42,19 @@ from gavel.shared.api import (
 )
 from gavel.shared.messages import Event, Spec
 from gavel.shared.routes import route_id
-from gavel.shared.spec import Route
+from gavel.shared.spec import Check, Route
 from gavel.transport.client import ClientError
 from gavel.transport.natsserver import free_port
 from gavel.worker.ports import bindable
-from tests.integration.harness import TIMING, Cluster, UpDemo, gavel_process, sleeper_spec, wait_for
+from tests.integration.harness import (
+    TIMING,
+    Cluster,
+    FakeNode,
+    UpDemo,
+    gavel_process,
+    sleeper_spec,
+    wait_for,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -757,3 +765,41 @@ async def test_a_files_route_never_follows_a_link_out_of_its_directory(
                  "/pub/etc/hostname", f"/pub{secret}", "/site/../../etc/hostname"):
         status, body = await get(f"{base}{path}")
         assert status == 404 and "SUSECRETSEED" not in body, (path, status, body)
+
+
+async def test_a_replica_whose_checks_never_passed_gets_no_traffic(
+        cluster: Cluster, caddy: Caddy, tmp_path: Path, gateways: list[Gateway]) -> None:
+    """Issue 30 item 2: a service whose check never passes answered requests in its first
+    seconds, while its node had said nothing of its health. A spec with checks is routed to
+    only once they pass: a real replica whose check fails, and one on a node that reports it
+    running and nothing more (its health stays unknown), both lead nowhere."""
+    await cluster.start_broker()
+    await cluster.start_agent("n1", advertise="127.0.0.1", port_range=free_range(29400),
+                              labels={"at": "n1"})
+    quiet = FakeNode(cluster.url, "quiet")
+    quiet.confirm, quiet.advertise, quiet.bidding = True, "127.0.0.1", False
+    await quiet.start()
+    try:
+        await cluster.wait_nodes(2)
+        listen = free_port()
+        gw = await Gateway(cluster.url, caddy, listen, tmp_path / "gw.log").start()
+        gateways.append(gw)
+        never = Check(type="exec", command=["false"], grace_s=600.0)
+        real = await cluster.submit(http_spec("sick", checks=[never], labels={"at": "n1"}))
+        await wait_for(lambda: _state_is(cluster, real, "running"), 30, what="the replica")
+        port = (await cluster.status(real)).ports["http"]
+        await wait_for(lambda: get_ok(f"http://127.0.0.1:{port}/", real), 30,
+                       what="the replica answering on its own port")
+        quiet.bidding = True  # it bids on anything; the real node lacks the label
+        unknown = await cluster.submit(http_spec("mute", "/mute", checks=[never],
+                                                 labels={"at": "quiet"}))
+        await wait_for(lambda: _state_is(cluster, unknown, "running"), 30,
+                       what="the quiet node's replica running")
+        assert (await cluster.status(unknown)).node_id == "quiet"
+        seen = await gw.steps()
+        await wait_for(lambda: gw.stepped(seen + 2), 30, what="two gateway steps after both")
+        for name, path in (("sick", "/hi"), ("mute", "/mute")):
+            assert await dials(caddy, route_id(name, "", path)) is None, name
+            assert (await get(f"http://127.0.0.1:{listen}{path}"))[0] == 404
+    finally:
+        await quiet.close()
