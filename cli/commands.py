@@ -24,6 +24,7 @@ import sys
 import time
 import uuid
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -58,6 +59,7 @@ from gavel.shared.errors import BadInput
 from gavel.shared.messages import Event, EventType
 from gavel.shared.reasons import render as render_reason
 from gavel.shared.routes import derive
+from gavel.transport import nodebook
 from gavel.transport.client import BrokerRefused, ClientError, NoAnswer, NoBroker, call, connect
 
 __all__ = ["SUBMIT_TRIES", "SUBMIT_TRY_S", "ClientError", "Refused", "UsageError", "run"]
@@ -445,13 +447,15 @@ async def drain(args: argparse.Namespace) -> int:
 
 async def routes(args: argparse.Namespace) -> int:
     """The route table a gateway derives from the broker's endpoints, derived here the same
-    way (`gavel.shared.routes`): what is routed where, and what leads nowhere now."""
+    way (`gavel.shared.routes`, with the gateway's node book when given): what is routed
+    where, and what leads nowhere now."""
+    book = nodebook.load(Path(args.nodes)) if getattr(args, "nodes", "") else None
     nc = await connect(args.nats, args.creds)
     try:
         reply = await call(nc, "endpoints", EndpointsRequest(), EndpointsReply)
     finally:
         await nc.close()
-    table = derive(reply.endpoints, reply.nodes)
+    table = derive(reply.endpoints, reply.nodes, book=book)
     if args.json:
         _print_json(table)
         return 0

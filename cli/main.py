@@ -193,6 +193,9 @@ def build_parser() -> argparse.ArgumentParser:
     rt = sub.add_parser("routes", help="what the gateway routes where: every route of every "
                         "live spec, and the replicas or directory it leads to")
     _client(rt)
+    rt.add_argument("--nodes", default=os.environ.get("GAVEL_GATEWAY_NODES", ""),
+                    metavar="FILE", help="the gateway's node book (`gavel gateway --nodes`; "
+                    "env GAVEL_GATEWAY_NODES): upstreams as the gateway derives them with it")
 
     dr = sub.add_parser("drain", help="make a node decline all new work")
     _client(dr)

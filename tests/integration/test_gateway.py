@@ -727,6 +727,13 @@ async def test_with_a_node_book_a_route_leads_only_where_the_cluster_knows_the_n
     await wait_for(lambda: get_ok(f"http://127.0.0.1:{liar_port}/", on["liar"].instance_id),
                    30, what="the liar's instance answering, unrouted")
     assert await dials(caddy, rid) == want
+    # `gavel routes` with the same book names the same upstreams as Caddy holds.
+    shown = await asyncio.to_thread(subprocess.run, [
+        sys.executable, "-m", "gavel", "routes", "--json", "--nodes", str(book), "--nats",
+        cluster.url], capture_output=True, text=True, timeout=60)
+    assert shown.returncode == 0, shown.stderr
+    (row,) = [r for r in json.loads(shown.stdout) if r["id"] == rid]
+    assert {f"{u['address']}:{u['port']}" for u in row["upstreams"]} == want
 
 
 async def _all_running(cluster: Cluster, ids: list[str]) -> bool:
