@@ -24,11 +24,10 @@ def claims(state: State) -> list[tuple[str, Route]]:
     for name in sorted(state.services):
         spec = state.services[name].spec_of(state.services[name].version)
         out += [(name, r) for r in (spec.routes if spec else [])]
-    live = sorted(itertools.chain(state.where, state.pending))
-    for iid in live:
-        rec = state.instances.get(iid)
-        if rec is not None and rec.spec.routes:
-            out += [(rec.service or rec.spec.name, r) for r in rec.spec.routes]
+    routed = [(iid, rec) for iid in itertools.chain(state.where, state.pending)
+              if (rec := state.instances.get(iid)) is not None and rec.spec.routes]
+    for _, rec in sorted(routed, key=lambda pair: pair[0]):
+        out += [(rec.service or rec.spec.name, r) for r in rec.spec.routes]
     return out
 
 

@@ -810,3 +810,40 @@ async def test_a_replica_whose_checks_never_passed_gets_no_traffic(
             assert (await get(f"http://127.0.0.1:{listen}{path}"))[0] == 404
     finally:
         await quiet.close()
+
+
+def _get_host(url: str, host: str) -> tuple[int, str]:
+    req = urllib.request.Request(url, headers={"Host": host})
+    try:
+        with urllib.request.urlopen(req, timeout=3) as resp:
+            return int(resp.status), resp.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+    except OSError as exc:
+        return 0, str(exc)
+
+
+async def test_an_exact_host_beats_a_wildcard_of_one_label_through_caddy(
+        cluster: Cluster, caddy: Caddy, tmp_path: Path, gateways: list[Gateway]) -> None:
+    """Finding 4: ``*.example.com`` took the exact host's traffic. Through a real Caddy the
+    exact host's owner answers its name, the wildcard's every other name one label deep, and
+    a name two labels deep is nobody's."""
+    await cluster.start_broker()
+    await cluster.start_agent("n1", advertise="127.0.0.1", port_range=free_range(29600))
+    await cluster.wait_nodes(1)
+    listen = free_port()
+    gateways.append(await Gateway(cluster.url, caddy, listen, tmp_path / "gw.log").start())
+    wild = await cluster.submit(Spec(
+        name="wild", command=[sys.executable, "-c", ANSWER_ID], ports=["http"], cpu=0.1,
+        memory_mb=32, routes=[Route(host="*.example.com", port="http")]))
+    web = await cluster.submit(Spec(
+        name="web", command=[sys.executable, "-c", ANSWER_ID], ports=["http"], cpu=0.1,
+        memory_mb=32, routes=[Route(host="web.example.com", port="http")]))
+    base = f"http://127.0.0.1:{listen}/"
+
+    async def answers(host: str, want: str) -> bool:
+        return await asyncio.to_thread(_get_host, base, host) == (200, want)
+
+    await wait_for(lambda: answers("web.example.com", web), 45, what="the exact host's owner")
+    await wait_for(lambda: answers("shop.example.com", wild), 30, what="the wildcard's owner")
+    assert (await asyncio.to_thread(_get_host, base, "a.shop.example.com"))[0] == 404
