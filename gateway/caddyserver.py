@@ -47,11 +47,15 @@ SOCKET_PATH_MAX = 100
 
 
 class Caddy:
-    """A caddy child process, its admin API on the unix socket `admin_socket`."""
+    """A caddy child process, its admin API on the unix socket `admin_socket` (or on
+    127.0.0.1:`admin_port`)."""
 
     def __init__(self, state_dir: Path, log: Path | None = None,
-                 config: dict[str, Any] | None = None) -> None:
+                 config: dict[str, Any] | None = None, admin_port: int | None = None) -> None:
         self.state_dir = Path(state_dir)
+        #: A loopback TCP port for the admin API instead of the socket: how an operator's own
+        #: Caddy may run, which the tests play (never what `gavel up` runs).
+        self.admin_port = admin_port
         self.admin_socket = self.state_dir / "admin" / "caddy.sock"
         if len(str(self.admin_socket)) > SOCKET_PATH_MAX:  # a deep state directory
             self.admin_socket = Path(tempfile.mkdtemp(prefix="gavel-caddy-")) / "caddy.sock"
@@ -63,7 +67,9 @@ class Caddy:
 
     @property
     def admin_url(self) -> str:
-        """How `gavel gateway --admin` names the socket."""
+        """How `gavel gateway --admin` names the socket (or the TCP port)."""
+        if self.admin_port:
+            return f"http://127.0.0.1:{self.admin_port}"
         return f"unix://{self.admin_socket}"
 
     def start(self, timeout: float = 15.0) -> Caddy:
@@ -76,8 +82,8 @@ class Caddy:
         # Stopping waits this long for open connections, not for ever (Caddy's default).
         apps["http"] = {"grace_period": "2s", **apps.get("http", {})}
         boot.write_text(json.dumps({
-            "admin": {"listen": f"unix/{self.admin_socket}|0600",
-                      "config": {"persist": False}},
+            "admin": {"listen": f"127.0.0.1:{self.admin_port}" if self.admin_port
+                      else f"unix/{self.admin_socket}|0600", "config": {"persist": False}},
             "apps": apps}))
         env = {**os.environ, "XDG_DATA_HOME": str(self.state_dir / "data"),
                "XDG_CONFIG_HOME": str(self.state_dir / "config")}

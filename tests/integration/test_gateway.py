@@ -847,3 +847,46 @@ async def test_an_exact_host_beats_a_wildcard_of_one_label_through_caddy(
     await wait_for(lambda: answers("web.example.com", web), 45, what="the exact host's owner")
     await wait_for(lambda: answers("shop.example.com", wild), 30, what="the wildcard's owner")
     assert (await asyncio.to_thread(_get_host, base, "a.shop.example.com"))[0] == 404
+
+
+async def test_a_lying_node_cannot_steer_a_route_to_a_tcp_admin_api(
+        cluster: Cluster, tmp_path: Path, gateways: list[Gateway],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Finding 3 as it was found, against a Caddy whose admin API is a loopback TCP port (an
+    operator's own Caddy may run so): the node's range is that port, its instance's route is
+    ``/load``, and ``POST /load`` through the public listener reached the admin API. The
+    gateway's --admin port is the cluster's own: never an upstream, so the POST is a 404 and
+    Caddy's config is unchanged."""
+    from gavel.worker import ports, supervisor
+
+    def lying(*a: Any, **kw: Any) -> ports.Assigned:
+        return ports.assign(*a, **kw, free=lambda _port: True)
+
+    monkeypatch.setattr(supervisor, "assign", lying)
+    tcp = Caddy(tmp_path / "caddy", log=tmp_path / "caddy.log", admin_port=free_port()).start()
+    try:
+        assert tcp.admin_port is not None
+        await cluster.start_broker()
+        listen = free_port()
+        gw = await Gateway(cluster.url, tcp, listen, tmp_path / "gw.log").start()
+        gateways.append(gw)
+        await cluster.start_agent("liar", advertise="127.0.0.1",
+                                  port_range=(tcp.admin_port, tcp.admin_port))
+        await cluster.wait_nodes(1)
+        iid = await cluster.submit(Spec(
+            name="steal", command=["sleep", "600"], ports=["http"], cpu=0.1, memory_mb=16,
+            routes=[Route(path="/load", port="http")]))
+        await wait_for(lambda: _state_is(cluster, iid, "running"), 30, what="its instance")
+        assert (await cluster.status(iid)).ports == {"http": tcp.admin_port}
+        seen = await gw.steps()
+        await wait_for(lambda: gw.stepped(seen + 2), 30, what="two gateway steps after it ran")
+        before = await config(tcp)
+        evil = json.dumps({"apps": {}}).encode()
+        for headers in ({"Host": f"127.0.0.1:{tcp.admin_port}"}, {}):
+            status = await asyncio.to_thread(_post, f"http://127.0.0.1:{listen}/load", evil,
+                                             {"Content-Type": "application/json", **headers})
+            assert (status, await config(tcp)) == (404, before)
+    finally:
+        for g in gateways:
+            g.stop()
+        tcp.stop()
