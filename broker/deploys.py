@@ -33,6 +33,7 @@ from gavel.broker.context import Context
 from gavel.broker.ledger.committer import Item, Planned
 from gavel.broker.ledger.plan import View
 from gavel.broker.ledger.state import stamp
+from gavel.broker.routeowners import refusal_in
 from gavel.broker.services import Services
 from gavel.shared.api import DeployReply
 from gavel.shared.messages import ApiError, EventType, Message, Spec
@@ -86,6 +87,9 @@ class Deploys:
 
     def _deploy(self, view: View, spec: Spec) -> Outcome:
         name = spec.name
+        owned = refusal_in(view, spec)  # a deploy racing this one may have claimed it
+        if owned:
+            return None, lambda: ApiError(error=owned)
         cur = view.service(name)
         at = stamp(self.wall())
         out = Planned(lines=[])

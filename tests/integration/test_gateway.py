@@ -616,6 +616,14 @@ async def test_a_route_another_service_owns_is_refused_at_deploy_naming_its_owne
             ).version == 2
     await cluster.call("deploy", DeployRequest(
         spec=svc("wild", Route(host="*.example.com", port="http"))), DeployReply)
+    # Two deploys racing for one new host: both pass the API's check, one commit lands.
+    racers = [svc(f"racer{k}", Route(host="race.example.com", port="http")) for k in (1, 2)]
+    got = await asyncio.gather(*(cluster.call("deploy", DeployRequest(spec=r), DeployReply)
+                                 for r in racers), return_exceptions=True)
+    won = [r.name for r in got if isinstance(r, DeployReply)]
+    lost = [str(r) for r in got if isinstance(r, ClientError)]
+    assert len(won) == 1 and len(lost) == 1, got
+    assert f"owned by {won[0]!r}" in lost[0]
 
 
 def _listening(caddy: Caddy) -> set[int]:
