@@ -57,8 +57,12 @@ class Caddy:
         #: Caddy may run, which the tests play (never what `gavel up` runs).
         self.admin_port = admin_port
         self.admin_socket = self.state_dir / "admin" / "caddy.sock"
-        if len(str(self.admin_socket)) > SOCKET_PATH_MAX:  # a deep state directory
-            self.admin_socket = Path(tempfile.mkdtemp(prefix="gavel-caddy-")) / "caddy.sock"
+        #: A directory of its own for the socket when the state directory is too deep for
+        #: one; removed by `stop`.
+        self._temp: Path | None = None
+        if len(str(self.admin_socket)) > SOCKET_PATH_MAX:
+            self._temp = Path(tempfile.mkdtemp(prefix="gavel-caddy-"))
+            self.admin_socket = self._temp / "caddy.sock"
         self.log = log
         #: What the Caddy holds from the start besides its admin settings (an operator's
         #: own servers): its ``apps``.
@@ -113,6 +117,7 @@ class Caddy:
     def stop(self, kill: bool = False) -> None:
         """SIGTERM (SIGKILL with `kill`), and wait for it."""
         if self.proc is None or self.proc.poll() is not None:
+            self._clean()
             return
         self.proc.send_signal(signal.SIGKILL if kill else signal.SIGTERM)
         try:
@@ -120,3 +125,8 @@ class Caddy:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
+        self._clean()
+
+    def _clean(self) -> None:
+        if self._temp is not None:
+            shutil.rmtree(self._temp, ignore_errors=True)
