@@ -710,6 +710,10 @@ async def test_with_a_node_book_a_route_leads_only_where_the_cluster_knows_the_n
          "--node", "liar=127.0.0.1:{}-{}".format(*free_range(30800, 20))],
         capture_output=True, text=True, timeout=60)
     assert init.returncode == 0, init.stderr
+    bad = subprocess.run([sys.executable, "-m", "gavel", "auth", "init", "--state",
+                          str(tmp_path / "c"), "--node", "liar=127.0.0.1"],
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "is not of the form NAME=ADDRESS:FIRST-LAST" in bad.stderr
     book = tmp_path / "c" / "auth" / "nodes.json"
     assert f"node book: {book}" in init.stdout
     await cluster.start_broker()
