@@ -271,7 +271,8 @@ class Route(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, frozen=Tru
 
     Rules: a route names a host, a path or both, and exactly one of `port` and `files`; a
     host is a DNS name, a path starts with ``/``; neither `path` nor `files` may climb out
-    with ``..``."""
+    with ``..``; a wildcard host (``*.`` leading, one label) never covers a public suffix
+    alone (`gavel.shared.suffixes`)."""
 
     host: Annotated[str, msgspec.Meta(max_length=253)] = ""
     path: Annotated[str, msgspec.Meta(max_length=1024)] = ""
