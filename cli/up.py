@@ -345,7 +345,8 @@ async def up(args: argparse.Namespace) -> int:
     # port range it is started with, never what it advertises.
     (state / "auth").mkdir(mode=0o700, parents=True, exist_ok=True)
     book = nodebook.record(state / "auth", {
-        node: KnownNode(address="127.0.0.1", ports=_ports_of(i)) for i, node in enumerate(nodes)})
+        node: KnownNode(address="127.0.0.1", ports=_ports_of(i)) for i, node in enumerate(nodes)},
+        merge=False)
     operator = str(ids.operator) if ids else None
     caddy = None
     gateway = None

@@ -1,8 +1,9 @@
 """The node book on disk (`gavel.shared.nodebook`): ``auth/nodes.json`` beside the nodes'
 seeds, written by `gavel auth init --node` and read by `gavel gateway --nodes`.
 
-Rule: recording merges - an entry given again replaces that node's, the others stay - and
-the file is written whole, mode 0600, by rename, so a reader never sees half of it.
+Rule: recording merges - an entry given again replaces that node's, the others stay - unless
+told to write the book afresh (`gavel up`, whose workers are exactly the ones it names); the
+file is written whole, mode 0600, by rename, so a reader never sees half of it.
 """
 
 from __future__ import annotations
@@ -26,10 +27,10 @@ def load(path: Path) -> dict[str, KnownNode]:
     return decode(data, str(path))
 
 
-def record(directory: Path, entries: dict[str, KnownNode]) -> Path:
-    """Merge `entries` into ``directory/nodes.json``; its path."""
+def record(directory: Path, entries: dict[str, KnownNode], *, merge: bool = True) -> Path:
+    """Merge `entries` into ``directory/nodes.json`` (or make it of them alone); its path."""
     path = directory / FILE
-    book = load(path) if path.exists() else {}
+    book = load(path) if merge and path.exists() else {}
     book.update(entries)
     tmp = path.with_name(f".{FILE}.tmp")
     try:

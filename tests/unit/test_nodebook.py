@@ -38,6 +38,8 @@ def test_recording_merges_and_a_broken_book_is_refused_whole(tmp_path: Path) -> 
     assert nodebook.load(path) == {"a": KnownNode(address="10.0.0.9", ports=(20, 30)),
                                    "b": KnownNode(address="10.0.0.2", ports=(1, 10))}
     assert path.stat().st_mode & 0o777 == 0o600
+    afresh = nodebook.record(tmp_path, dict([entry("c=10.0.0.3:1-10")]), merge=False)
+    assert list(nodebook.load(afresh)) == ["c"]  # `gavel up`: exactly its workers
     path.write_text('{"a": {"address": "10.0.0.1", "ports": [1, 2], "extra": 1}}')
     with pytest.raises(BadInput, match="is not a node book"):
         nodebook.load(path)
