@@ -32,6 +32,7 @@ from gavel.shared.errors import BadInput
 from gavel.shared.redact import mask_url
 from gavel.shared.strategies import names as strategy_names
 from gavel.shared.timing import FAST_FACTOR, Timing
+from gavel.transport import nodebook
 
 __all__ = [
     "BrokerConfig",
@@ -270,6 +271,11 @@ def _finish(cfg: C, source: Mapping[str, str]) -> C:
                 raise ConfigError(f"{src(name)}: field `{name}`: {exc}.") from None
         if not cfg.listen:
             raise ConfigError(f"{src('listen')}: field `listen` names at least one address.")
+        if cfg.nodes:
+            try:
+                nodebook.load(Path(cfg.nodes))
+            except BadInput as exc:
+                raise ConfigError(f"{src('nodes')}: field `nodes`: {exc}.") from None
         return cfg
     if isinstance(cfg, BrokerConfig):
         if not cfg.state:

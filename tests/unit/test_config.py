@@ -381,6 +381,10 @@ def test_gateway_settings_file_then_env_then_flags(tmp_path: Path) -> None:
     ([], "listen = []\n", "field `listen` names at least one address"),
     ([], 'server = "a.b"\n', "field `server`"),
     ([], 'static_roots = ["rel"]\n', "field `static_roots`: 'rel' is not an absolute path"),
+    (["--admin", "unix://rel.sock"], "", "is not of the form unix:///absolute/path"),
+    (["--reserved-ports", "2019,0"], "", "'0' must be greater than 0"),
+    ([], 'nodes = "/nonexistent/nodes.json"\n', "field `nodes`: cannot read the node book"),
+    ([], "reserved_ports = [70000]\n", "reserved_ports"),
 ])
 def test_bad_gateway_settings_exit_2_naming_the_field(
         tmp_path: Path, argv: list[str], text: str, words: str,
