@@ -56,9 +56,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     which.add_argument("--node-ids", type=node_ids, default=None, metavar="A,B,C",
                        help="these node ids")
     ini.add_argument("--node", type=node_entry, action="append", default=[],
-                     metavar="NAME=ADDRESS:FIRST-LAST",
+                     metavar="NAME=ADDRESS:FIRST-LAST[:/WORKDIR]",
                      help="a node, and where the cluster knows it to be: the address a "
-                     "gateway reaches its instances at and its port range (repeatable; "
+                     "gateway reaches its instances at, its port range and, optionally, the "
+                     "directory it keeps its instances' directories in (repeatable; "
                      "recorded in DIR/auth/nodes.json, which `gavel gateway --nodes` reads: "
                      "routes then never follow what a node advertises)")
 

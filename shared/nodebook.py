@@ -4,9 +4,11 @@ for the node's identity (`gavel auth init --node NAME=ADDR:FIRST-LAST`), never a
 reports itself in its heartbeats.
 
 Rules:
-1. An entry is ``NAME=ADDRESS:FIRST-LAST``: a node id, an IP address (IPv6 in brackets) or a
-   DNS name, and a port range 1 <= FIRST <= LAST <= 65535. Anything else is one `BadInput`
-   sentence.
+1. An entry is ``NAME=ADDRESS:FIRST-LAST[:/WORKDIR]``: a node id, an IP address (IPv6 in
+   brackets) or a DNS name, a port range 1 <= FIRST <= LAST <= 65535, and optionally the
+   absolute directory the node keeps its instances' directories in (what a files route of
+   one of its instances serves from; without it, the directory the node reports). Anything
+   else is one `BadInput` sentence.
 2. The book is JSON, ``{"node": {"address": "...", "ports": [first, last]}}``; a book that is
    not is refused whole (a gateway must not guess which nodes to trust).
 """
@@ -41,6 +43,7 @@ class KnownNode(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, frozen
 
     address: str
     ports: tuple[int, int]
+    workdir: str = ""
 
     def holds(self, port: int) -> bool:
         return self.ports[0] <= port <= self.ports[1]
@@ -56,8 +59,12 @@ def _checked(name: str, node: KnownNode) -> KnownNode:
     if not 1 <= first <= last <= 65535:
         raise BadInput(f"node {name}'s port range {first}-{last} is not 1 <= first <= last "
                        "<= 65535")
+    if node.workdir and (not node.workdir.startswith("/") or "\0" in node.workdir
+                         or ".." in node.workdir.split("/")):
+        raise BadInput(f"node {name}'s directory {node.workdir!r} is not an absolute path "
+                       "without '..'")
     try:
-        return KnownNode(address=str(ipaddress.ip_address(node.address)), ports=node.ports)
+        return msgspec.structs.replace(node, address=str(ipaddress.ip_address(node.address)))
     except ValueError:
         return node
 
@@ -65,14 +72,16 @@ def _checked(name: str, node: KnownNode) -> KnownNode:
 def entry(text: str) -> tuple[str, KnownNode]:
     """Rule 1: ``NAME=ADDRESS:FIRST-LAST``."""
     name, eq, where = text.partition("=")
+    where, slash, workdir = where.partition(":/")
     address, colon, span = where.rpartition(":")
     first, dash, last = span.partition("-")
     if not (eq and colon and dash and first.isdigit() and last.isdigit()):
-        raise BadInput(f"node {text!r} is not of the form NAME=ADDRESS:FIRST-LAST "
+        raise BadInput(f"node {text!r} is not of the form NAME=ADDRESS:FIRST-LAST[:/WORKDIR] "
                        "(node-1=10.0.0.5:21000-21099)")
     if address.startswith("[") and address.endswith("]"):
         address = address[1:-1]
-    return name, _checked(name, KnownNode(address=address, ports=(int(first), int(last))))
+    return name, _checked(name, KnownNode(address=address, ports=(int(first), int(last)),
+                                          workdir=f"/{workdir}".rstrip("/") if slash else ""))
 
 
 def decode(data: bytes, where: str) -> dict[str, KnownNode]:

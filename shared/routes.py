@@ -31,7 +31,8 @@ Rules:
    the newest version's declaration (then the lowest instance id's) decides the route's
    kind, port name and prefix stripping; each replica is reached by its own spec's port.
 8. Given the cluster's node book (`gavel.shared.nodebook`), an upstream is only ever a
-   node's address as the book gives it and a port inside the book's range for that node:
+   node's address as the book gives it and a port inside the book's range for that node
+   (and a files route's directory is under the book's instance directory, when it names one):
    what a node advertises in its heartbeats is not used, and a node the book does not name
    leads nowhere. Without a book, the address the node advertises is used (a gateway says
    so when it starts). A port in `reserved` - the cluster's own: Caddy's listeners and
@@ -140,10 +141,12 @@ def _order(entry: RouteEntry) -> tuple[int, int, str, str, str]:
 
 def _known(nodes: Iterable[NodeAddress],
            book: Mapping[str, KnownNode] | None) -> dict[str, NodeAddress]:
-    """Rule 8: each node at the address the book gives it; a node it does not name, nowhere."""
+    """Rule 8: each node at the address (and instance directory, if it has one) the book
+    gives it; a node it does not name, nowhere."""
     if book is None:
         return {n.node_id: n for n in nodes}
-    return {n.node_id: msgspec.structs.replace(n, address=book[n.node_id].address)
+    return {n.node_id: msgspec.structs.replace(n, address=book[n.node_id].address,
+                                               workdir=book[n.node_id].workdir or n.workdir)
             for n in nodes if n.node_id in book}
 
 

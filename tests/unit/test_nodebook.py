@@ -17,6 +17,9 @@ def test_an_entry_names_a_node_an_address_and_a_port_range() -> None:
         "node-1", KnownNode(address="10.0.0.5", ports=(21000, 21099)))
     assert entry("v6=[fd00::0:1]:8000-8000")[1].address == "fd00::1"
     assert entry("n=host.example:1-2")[1].holds(2)
+    assert entry("n=10.0.0.5:1-2:/var/lib/gavel/instances/")[1] == KnownNode(
+        address="10.0.0.5", ports=(1, 2), workdir="/var/lib/gavel/instances")
+    assert entry("v6=[fd00::1]:1-2:/w")[1].workdir == "/w"
 
 
 @pytest.mark.parametrize(("text", "words"), [
@@ -26,6 +29,7 @@ def test_an_entry_names_a_node_an_address_and_a_port_range() -> None:
     ("node-1=10.0.0.5:0-10", "port range 0-10 is not"),
     ("bad id=10.0.0.5:1-2", "node id 'bad id' must be"),
     ("n=not_an address:1-2", "is neither an IP address nor a DNS name"),
+    ("n=10.0.0.5:1-2:/a/../b", "is not an absolute path without '..'"),
 ])
 def test_a_bad_entry_is_one_sentence(text: str, words: str) -> None:
     with pytest.raises(BadInput, match=words):

@@ -229,3 +229,15 @@ def test_a_reserved_port_of_the_cluster_is_never_an_upstream() -> None:
     assert dials(entry) == ["10.0.0.2:30002"]
     (alone,) = derive(eps[:1], NODES, reserved={2019})
     assert not alone.leads_somewhere
+
+
+def test_with_a_node_book_a_files_route_is_under_the_books_instance_directory() -> None:
+    """A node reports its own instance directory; the book's, when it names one, wins."""
+    site = [Route(path="/site", files="www")]
+    book = {"n1": KnownNode(address="10.0.0.1", ports=(1, 2), workdir="/srv/gavel"),
+            "n2": KnownNode(address="10.0.0.2", ports=(1, 2))}
+    lying = [node("n1", workdir="/etc"), node("n2", workdir="/var/n2")]
+    (one,) = derive([ep("site-1", "n1", routes=site)], lying, book=book)
+    assert one.root == "/srv/gavel/site-1/www"
+    (two,) = derive([ep("site-2", "n2", routes=site)], lying, book=book)
+    assert two.root == "/var/n2/site-2/www"
