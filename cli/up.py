@@ -109,7 +109,9 @@ class _Child:
 
 def _spawn(name: str, args: list[str], log: Path, env: dict[str, str]) -> _Child:
     with open(log, "ab") as out:  # the child holds its own copy
-        proc = subprocess.Popen([sys.executable, "-m", "gavel", *args], stdout=out,
+        # -P: the directory the user stands in is not on the child's sys.path, so a folder
+        # named gavel there (a clone's parent) cannot shadow the installed gavel.
+        proc = subprocess.Popen([sys.executable, "-P", "-m", "gavel", *args], stdout=out,
                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
                                 start_new_session=True)
     return _Child(name, log, proc)
