@@ -394,6 +394,7 @@ async def events(args: argparse.Namespace) -> int:
             else subjects.EVENTS_ALL
         dec = msgspec.msgpack.Decoder(Event)
         done = asyncio.Event()
+        gone: list[BrokenPipeError] = []  # the reader went: the command ends (main rule 3)
         await _until_signal(done.set)
 
         async def cb(msg: Any) -> None:
@@ -401,10 +402,17 @@ async def events(args: argparse.Namespace) -> int:
                 e = dec.decode(msg.data)
             except (msgspec.DecodeError, RecursionError):
                 return  # not an event: garbage on the subject is not printed
-            print(msgspec.json.encode(e).decode() if args.json else _fmt_event(e), flush=True)
+            try:
+                print(msgspec.json.encode(e).decode() if args.json else _fmt_event(e),
+                      flush=True)
+            except BrokenPipeError as exc:
+                gone.append(exc)
+                done.set()
 
         await nc.subscribe(subject, cb=cb)
         await done.wait()
+        if gone:
+            raise gone[0]
         return 0
     finally:
         await nc.close()

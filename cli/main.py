@@ -6,6 +6,10 @@ Rules:
    with a sentence naming it; no traceback reaches a user.
 2. With ``--json`` every exit that is not a success also prints one JSON object on stdout,
    ``{"error": SENTENCE, "exit_code": N}``, so a script reads JSON whatever happened.
+3. A reader that goes away (``gavel logs ID | head``) ends the command quietly, as it ends a
+   Unix tool: no traceback, exit 141 (128 + SIGPIPE, what a shell reports for a tool the
+   signal ended). The signal itself stays ignored: a NATS socket closing under a command
+   must be a sentence, not a silent death.
 """
 
 from __future__ import annotations
@@ -293,11 +297,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     Parser.json_errors = "--json" in argv
     parser = build_parser()
     args = parser.parse_args(argv)
-    code = _main(parser, args)
+    try:
+        code = _main(parser, args)
+    except BrokenPipeError:
+        return _reader_gone()
     sentence = getattr(args, "error_sentence", "")
     if code and sentence and getattr(args, "json", False):  # rule 2
         print_error_json(sentence, code)
     return code
+
+
+#: Rule 3's exit status.
+READER_GONE = 128 + 13
+
+
+def _reader_gone() -> int:
+    """Rule 3: stdout points at nothing from now on (the interpreter's last flush would
+    fail again and print its own complaint), and the status a shell knows."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):  # a stdout that is no file: nothing to flush into a pipe
+        pass
+    return READER_GONE
 
 
 def _fail(args: argparse.Namespace, sentence: str, code: int) -> int:
