@@ -65,6 +65,7 @@ from gavel.shared.messages import Spec
 from gavel.shared.nodebook import KnownNode
 from gavel.shared.reasons import render
 from gavel.shared.spec import Route
+from gavel.shared.timing import fast_banner
 from gavel.transport import identity, nodebook
 from gavel.transport.client import BrokerRefused, ClientError, call, connect, wait_healthy
 from gavel.transport.natsserver import NatsServer, NatsServerError, free_port
@@ -409,6 +410,8 @@ async def up(args: argparse.Namespace) -> int:
         else:
             print(f"gavel up: nats-server at {url}, broker and {args.workers} workers"
                   + (", gateway" if gateway else "") + f" up; state and logs under {state}")
+        if banner := fast_banner(os.environ):
+            print(banner)
         if caddy is not None:
             print(f"gateway: {gateway} (Caddy; its admin API on the unix socket "
                   f"{caddy.admin_socket}, never on a port)")

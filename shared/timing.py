@@ -17,7 +17,7 @@ from typing import Annotated
 
 import msgspec
 
-__all__ = ["FAST_FACTOR", "Timing"]
+__all__ = ["FAST_FACTOR", "Timing", "fast_banner"]
 
 FAST_FACTOR = 10.0
 
@@ -70,3 +70,14 @@ class Timing(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tr
         if flag in ("1", "true", "yes", "on"):
             return base.scaled(FAST_FACTOR)
         return base
+
+
+def fast_banner(env: Mapping[str, str]) -> str:
+    """The line a cluster started under ``GAVEL_FAST_TIMERS`` prints, so nobody takes its
+    clocks for production's (`make run` sets it); "" under production timers."""
+    fast = Timing.from_env(env)
+    if fast == Timing():
+        return ""
+    return (f"timers: fast, every clock {FAST_FACTOR:g}x shorter than production "
+            f"(GAVEL_FAST_TIMERS=1: heartbeat {fast.heartbeat_s:g}s, node offline after "
+            f"{fast.offline_s:g}s); unset it for production timers")

@@ -2,7 +2,8 @@
 child processes, a real nats-server, a broker and workers in this process.
 
 What must hold: `gavel up`'s children import the installed gavel wherever it runs; a reader
-that goes away (`| head`) ends `logs`, `events` and `services` quietly with 141.
+that goes away (`| head`) ends `logs`, `events` and `services` quietly with 141; `make run`
+says its timers are fast.
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ from gavel import __version__
 from gavel.cli import up
 from gavel.shared.api import DeployReply, DeployRequest
 from gavel.shared.messages import Spec
-from tests.integration.harness import Cluster, wait_for
+from gavel.shared.timing import fast_banner
+from tests.integration.harness import Cluster, UpDemo, wait_for
 
 pytestmark = pytest.mark.integration
 GAVEL = [sys.executable, "-m", "gavel"]
@@ -73,3 +75,13 @@ async def test_a_reader_that_goes_away_ends_the_command_quietly(cluster: Cluster
     for args in (["logs", "many-1"], ["events"], ["services"]):
         proc = await asyncio.to_thread(to_nobody, *args, "--nats", cluster.url)
         assert (proc.returncode, proc.stderr) == (141, ""), (args, proc.stderr[-3000:])
+
+
+def test_make_run_says_its_timers_are_fast(up_demo: UpDemo) -> None:
+    """`make run` (and the demo the suite runs, under the same ``GAVEL_FAST_TIMERS=1``)
+    says its clocks are not production's."""
+    assert up_demo.proc.returncode == 0, up_demo.proc.stdout + up_demo.proc.stderr
+    assert ("timers: fast, every clock 10x shorter than production (GAVEL_FAST_TIMERS=1: "
+            "heartbeat 1s, node offline after 12s); unset it for production timers"
+            ) in up_demo.proc.stdout.splitlines()
+    assert fast_banner({}) == "" and fast_banner({"GAVEL_FAST_TIMERS": "0"}) == ""
