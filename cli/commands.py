@@ -9,6 +9,8 @@ Rules:
    submitted twice (`broker.api` rule 4). When no try is answered, the sentence names the
    key to submit with again. While no broker answers at all (none leads: a failover), it
    asks again every `SUBMIT_PAUSE_S`, for as long as its tries would have waited.
+4. A job spec's `count` is how many instances `submit` makes (ids ``ID-1`` .. ``ID-N``), one
+   id a line; ``--wait`` waits for each.
 3. With several brokers (`gavel.broker.ha`) `status` and `nodes` name the leader, its epoch
    and since when, in a first line (JSON: `nodes` has the fields `leader`, `epoch` and
    `leader_since`); a broker alone prints what it always did.
@@ -53,6 +55,8 @@ from gavel.shared.api import (
     SubmitRequest,
     WhyReply,
     WhyRequest,
+    counted_id_problem,
+    counted_ids,
     key_problem,
 )
 from gavel.shared.errors import BadInput
@@ -143,23 +147,32 @@ async def submit(args: argparse.Namespace) -> int:
         spec = load_spec(args.spec)
     except SpecError as exc:
         raise UsageError(str(exc)) from None
+    count = 1 if spec.service else spec.count  # rule 4
+    if problem := counted_id_problem(args.id, count):
+        raise UsageError(f"--id: {problem}")
     nc = await connect(args.nats, args.creds)
     try:
-        sub = None
+        subs: dict[str, Any] = {}
         if args.wait and args.id:
-            sub = await nc.subscribe(subjects.EVENTS.format(instance=args.id))
+            for iid in counted_ids(args.id, count):
+                subs[iid] = await nc.subscribe(subjects.EVENTS.format(instance=iid))
         try:
             reply = await _submit_once(nc, SubmitRequest(spec=spec, instance_id=args.id,
-                                                         key=key))
+                                                         key=key, count=count))
         except BrokerRefused as exc:  # reached, and it said no (never fits, pinned, ...)
             raise Refused(str(exc)) from None
-        iid = reply.instance_id
+        ids = reply.instance_ids or [reply.instance_id]
         if not args.wait:
-            _print_json({"instance_id": iid}) if args.json else print(iid)
+            if args.json:
+                _print_json({"instance_id": ids[0]} if len(ids) == 1 else
+                            {"instance_id": ids[0], "instance_ids": ids})
+            else:
+                print("\n".join(ids))
             return 0
-        if sub is None:
-            sub = await nc.subscribe(subjects.EVENTS.format(instance=iid))
-        return await _wait_healthy(nc, sub, iid, args)
+        for iid in ids:
+            sub = subs.get(iid) or await nc.subscribe(subjects.EVENTS.format(instance=iid))
+            await _wait_healthy(nc, sub, iid, args)
+        return 0
     finally:
         await nc.close()
 

@@ -17,6 +17,7 @@ from gavel.shared.spec import Route
 
 __all__ = [
     "INSTANCE_ID",
+    "INSTANCE_ID_MAX",
     "SUBMIT_KEY",
     "CancelReply",
     "CancelRequest",
@@ -53,6 +54,7 @@ __all__ = [
     "VersionStatus",
     "WhyReply",
     "WhyRequest",
+    "counted_id_problem",
     "counted_ids",
     "key_problem",
 ]
@@ -61,7 +63,9 @@ __all__ = [
 #: then letters, digits, ``_ -`` and single dots — usable in a NATS subject, as a file name in
 #: git and as the worker's directory name for it.
 INSTANCE_ID = r"^([A-Za-z0-9][A-Za-z0-9_-]*(\.[A-Za-z0-9_-]+)*)?$"
-InstanceId = Annotated[str, msgspec.Meta(max_length=128, pattern=INSTANCE_ID)]
+#: The longest instance id: every verb that takes one (status, logs, cancel) takes this many.
+INSTANCE_ID_MAX = 128
+InstanceId = Annotated[str, msgspec.Meta(max_length=INSTANCE_ID_MAX, pattern=INSTANCE_ID)]
 #: An idempotency key (or "": none): 8 to 64 letters, digits, ``_ -``; a uuid4 as the CLI
 #: makes one fits. It is stored in every record the submission makes (`InstanceRecord.key`).
 SUBMIT_KEY = r"^([A-Za-z0-9_-]{8,64})?$"
@@ -85,6 +89,21 @@ class SubmitRequest(Message, tag="submit"):
     #: Idempotency key: a request retried with the same key makes nothing new and gets the
     #: first try's answer (the same instance ids) once that landed; "" for none.
     key: SubmitKey = ""
+
+    def __post_init__(self) -> None:
+        if problem := counted_id_problem(self.instance_id, self.count):
+            raise ValueError(problem)
+
+
+def counted_id_problem(base: str, count: int) -> str:
+    """Why the ids a submission of `count` named `base` makes (`counted_ids`) are not
+    instance ids every verb takes, in one sentence; "" if they are."""
+    last = counted_ids(base, count)[-1] if base and count > 1 else base
+    if len(last) <= INSTANCE_ID_MAX:
+        return ""
+    return (f"id {base[:40]!r}...: with the count's suffix -{count} the ids are {len(last)} "
+            f"characters, over the {INSTANCE_ID_MAX} an instance id may have; give a shorter "
+            "id")
 
 
 def counted_ids(base: str, count: int) -> list[str]:

@@ -28,6 +28,9 @@ from gavel.shared.suffixes import too_wide
 
 __all__ = [
     "JOB",
+    "MAX_ARG_BYTES",
+    "MAX_EXEC_BYTES",
+    "MIN_CPU",
     "SERVICE",
     "Check",
     "Restart",
@@ -48,6 +51,17 @@ LabelName = Annotated[str, msgspec.Meta(min_length=1, max_length=63)]
 
 JOB = "job"
 SERVICE = "service"
+
+#: The finest cpu a spec may ask for (a thousandth, as Kubernetes' millicpu): a node turns
+#: cpu into cgroup shares and weights, and less rounds to nothing it can enforce or count.
+MIN_CPU = 0.001
+#: Linux's limit on one argument or one environment string, NUL included (MAX_ARG_STRLEN,
+#: 32 pages): exec refuses a longer one with E2BIG whatever the stack allows.
+MAX_ARG_BYTES = 131_072
+#: What a spec's command and environment together may take (bytes, with each string's NUL):
+#: half of the 2 MiB that exec allows under the usual 8 MiB stack limit, so the variables
+#: the worker adds (ports, the instance's id and directory, its own environment) still fit.
+MAX_EXEC_BYTES = 1 << 20
 
 
 def _finite(name: str, value: float) -> None:
@@ -194,6 +208,9 @@ class Spec(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             raise ValueError("secrets must have distinct names")
         if not math.isfinite(self.cpu):
             raise ValueError("cpu must be a finite number")
+        if self.cpu < MIN_CPU:
+            raise ValueError(f"cpu {self.cpu:g} is below the finest a node divides: at least "
+                             f"{MIN_CPU:g}")
         if self.timeout_s is not None and not math.isfinite(self.timeout_s):
             raise ValueError("timeout_s must be a finite number of seconds (leave it out for "
                              "no timeout)")
@@ -205,6 +222,14 @@ class Spec(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
                                  "no '=' or NUL, a value has no NUL")
         if any(not key for key in self.labels):
             raise ValueError("label names must not be empty")
+        for key, value in self.labels.items():
+            if _control(key) or _control(value):
+                raise ValueError(f"label {key!r} = {value!r} holds a control character (a "
+                                 "newline, a tab, ...): no node's label can match it")
+        if self.spread is not None and _control(self.spread):
+            raise ValueError(f"spread {self.spread!r} holds a control character: no node's "
+                             "label can match it")
+        _exec_fits(self.command, self.env)
         for check in self.checks:
             if check.port is not None and check.port not in self.ports:
                 raise ValueError(f"check {check.label!r} names port {check.port!r}, which the "
@@ -226,6 +251,29 @@ class Spec(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     @property
     def service(self) -> bool:
         return self.type == SERVICE
+
+
+def _control(text: str) -> bool:
+    return any(ord(c) < 32 or ord(c) == 127 for c in text)
+
+
+def _exec_fits(command: list[str], env: dict[str, str]) -> None:
+    """What exec would refuse with E2BIG on every node, refused where it is submitted."""
+    for arg in command:
+        if len(arg.encode(errors="surrogatepass")) + 1 > MAX_ARG_BYTES:
+            raise ValueError(f"a command argument of {len(arg.encode(errors='surrogatepass'))} "
+                             f"bytes is over the kernel's limit for one argument "
+                             f"({MAX_ARG_BYTES - 1} bytes): exec would refuse it (E2BIG)")
+    for key, value in env.items():
+        if len(f"{key}={value}".encode(errors="surrogatepass")) + 1 > MAX_ARG_BYTES:
+            raise ValueError(f"env {key!r} is over the kernel's limit for one variable "
+                             f"({MAX_ARG_BYTES - 1} bytes): exec would refuse it (E2BIG)")
+    total = sum(len(a.encode(errors="surrogatepass")) + 1 for a in command) + sum(
+        len(f"{k}={v}".encode(errors="surrogatepass")) + 1 for k, v in env.items())
+    if total > MAX_EXEC_BYTES:
+        raise ValueError(f"the command and env take {total} bytes, over the {MAX_EXEC_BYTES} "
+                         "a spec may give exec (the kernel's limit, less room for the "
+                         "worker's variables): exec would refuse it (E2BIG)")
 
 
 def restart_policy(spec: Spec) -> Restart:

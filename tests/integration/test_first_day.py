@@ -3,24 +3,29 @@ child processes, a real nats-server, a broker and workers in this process.
 
 What must hold: `gavel up`'s children import the installed gavel wherever it runs; a reader
 that goes away (`| head`) ends `logs`, `events` and `services` quietly with 141; `make run`
-says its timers are fast.
+says its timers are fast; a job's `count` makes that many instances; what no node could run
+is refused at submit with a sentence (exit 2; from the API, an error naming it).
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import subprocess
 import sys
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from gavel import __version__
 from gavel.cli import up
-from gavel.shared.api import DeployReply, DeployRequest
-from gavel.shared.messages import Spec
+from gavel.shared import subjects
+from gavel.shared.api import DeployReply, DeployRequest, StatusReply, StatusRequest
+from gavel.shared.messages import ApiError, Spec
 from gavel.shared.timing import fast_banner
+from tests.integration.clibatch import Line, run_all
 from tests.integration.harness import Cluster, UpDemo, wait_for
 
 pytestmark = pytest.mark.integration
@@ -85,3 +90,51 @@ def test_make_run_says_its_timers_are_fast(up_demo: UpDemo) -> None:
             "heartbeat 1s, node offline after 12s); unset it for production timers"
             ) in up_demo.proc.stdout.splitlines()
     assert fast_banner({}) == "" and fast_banner({"GAVEL_FAST_TIMERS": "0"}) == ""
+
+
+async def test_a_jobs_count_makes_that_many_instances(cluster: Cluster, tmp_path: Path) -> None:
+    await cluster.start_broker()
+    await cluster.start_agent("node-a")
+    await cluster.wait_nodes(1)
+    spec = tmp_path / "six.toml"
+    spec.write_text(f'name = "six"\ncount = 6\ncommand = {json.dumps(lines_of(1))}\n')
+    proc = await asyncio.to_thread(subprocess.run, [*GAVEL, "submit", str(spec), "--id", "six",
+                                                    "--wait", "--nats", cluster.url],
+                                   capture_output=True, text=True, timeout=90, env=_env())
+    assert proc.returncode == 0, proc.stderr
+    ids = [f"six-{k}" for k in range(1, 7)]
+    assert [line.split()[0] for line in proc.stdout.splitlines()] == ids
+    reply = await cluster.call("status", StatusRequest(), StatusReply)
+    assert sorted(i.instance_id for i in reply.instances) == ids
+
+
+def test_what_no_node_could_run_is_refused_at_submit(tmp_path: Path) -> None:
+    cases = {
+        "argv": ('command = ["echo", "' + "x" * 900_000 + '"]\n', "over the kernel's limit for one "
+                 "argument (131071 bytes): exec would refuse it (E2BIG)"),
+        "label": ('command = ["true"]\n[labels]\n"zone\\n" = "a"\n',
+                  "holds a control character"),
+        "cpu": ('command = ["true"]\ncpu = 5e-324\n', "below the finest a node divides"),
+        "long": ('command = ["true"]\ncount = 10\n', "with the count's suffix -10 the ids "
+                 "are 129 characters, over the 128 an instance id may have"),
+    }
+    lines = []
+    for name, (body, _) in cases.items():
+        (tmp_path / f"{name}.toml").write_text(f'name = "{name}"\n{body}')
+        lines.append(Line(["submit", str(tmp_path / f"{name}.toml"), "--id", "a" * 126,
+                           "--nats", "nats://127.0.0.1:1"], tmp_path))
+    for proc, (name, (_, words)) in zip(run_all(lines, tmp_path / "out.json"), cases.items(),
+                                        strict=True):
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr, (name, proc.stderr)
+        assert words in proc.stderr and len(proc.stderr.splitlines()) == 1, (name, proc.stderr)
+
+
+async def test_the_broker_refuses_what_no_node_could_run(cluster: Cluster) -> None:
+    """A client that is not the CLI is told the same by the broker, not accepted."""
+    await cluster.start_broker()
+    nc = await cluster.client()
+    raw = msgspec.msgpack.encode({"kind": "submit", "spec": {
+        "name": "big", "command": ["echo", "x" * 900_000]}})
+    msg = await nc.request(subjects.API.format(verb="submit"), raw, timeout=10)
+    reply = msgspec.msgpack.decode(msg.data, type=ApiError)
+    assert "over the kernel's limit for one argument" in reply.error

@@ -15,7 +15,7 @@ from gavel.cli.specfile import load_spec
 from gavel.shared.messages import Spec
 
 ROOT = Path(__file__).resolve().parents[2]
-DOCS = sorted((ROOT / "docs").glob("*.md")) + [ROOT / "README.md"]
+DOCS = [*sorted((ROOT / "docs").glob("*.md")), ROOT / "README.md"]
 BLOCK = re.compile(r"```toml\n(.*?)```", re.S)
 INLINE = re.compile(r"`([^`\n]+=[^`\n]+)`")
 
