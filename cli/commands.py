@@ -2,7 +2,8 @@
 
 Rules:
 1. Daemons stop cleanly on SIGTERM/SIGINT; client verbs print a table, or JSON with
-   ``--json``, and map outcomes to exit codes (0 ok, 1 unreachable, 2 bad input, 3 refused).
+   ``--json``, and map outcomes to the exit codes of `EXIT_CODES`, the same for every verb
+   (the README's table).
 2. `submit` sends an idempotency key (``--key``, or a new uuid4 per invocation) and asks
    again with the same key, up to `SUBMIT_TRIES` times, when the broker does not answer
    within `SUBMIT_TRY_S`: a request whose answer was lost is answered again, never
@@ -49,6 +50,8 @@ from gavel.shared.api import (
     NodesReply,
     NodesRequest,
     NodeStatus,
+    ServiceReply,
+    ServiceRequest,
     StatusReply,
     StatusRequest,
     SubmitReply,
@@ -61,12 +64,30 @@ from gavel.shared.api import (
 )
 from gavel.shared.errors import BadInput
 from gavel.shared.messages import Event, EventType
+from gavel.shared.reasons import Reason
 from gavel.shared.reasons import render as render_reason
 from gavel.shared.routes import derive
 from gavel.transport import nodebook
 from gavel.transport.client import BrokerRefused, ClientError, NoAnswer, NoBroker, call, connect
 
-__all__ = ["SUBMIT_TRIES", "SUBMIT_TRY_S", "ClientError", "Refused", "UsageError", "run"]
+__all__ = ["EXIT_CODES", "SUBMIT_TRIES", "SUBMIT_TRY_S", "ClientError", "Refused", "Unknown",
+           "UsageError", "refusal_code", "run"]
+
+#: Every exit status of a client verb and what it means (rule 1; README.md shows this table).
+EXIT_CODES = {
+    0: "done",
+    1: "no answer to be had: no broker answers (none runs, none leads this moment, too "
+       "slow), a node does not answer or has no output for it, or NATS refused the credential",
+    2: "bad input: a flag, spec, config file, credential or NATS URL, or nothing answers at "
+       "the NATS URL",
+    3: "refused: the broker answered no (never fits, pinned, ...), or --wait ended without "
+       "success (failed, unschedulable, rolled back, not healthy in time)",
+    4: "unknown: no such instance, service or node",
+    130: "interrupted (Ctrl-C)",
+    141: "the reader of its output went away (| head)",
+}
+#: The sentences that mean "no such thing" (exit 4), as the broker says them.
+_UNKNOWN = (Reason.UNKNOWN_INSTANCE, Reason.UNKNOWN_SERVICE, Reason.UNKNOWN_NODE)
 
 #: How long `submit` waits for each answer, and how many times it asks (rule 2).
 SUBMIT_TRY_S = 10.0
@@ -77,6 +98,15 @@ SUBMIT_PAUSE_S = 1.0
 
 class UsageError(BadInput):
     """Bad input from the operator: exit code 2."""
+
+
+class Unknown(ClientError):
+    """No instance, service or node of that name: exit code 4."""
+
+
+def refusal_code(sentence: str) -> int:
+    """The exit status of a broker's no: 4 for "no such ...", else 3 (rule 1)."""
+    return 4 if sentence.startswith(_UNKNOWN) else 3
 
 
 class Refused(Exception):
@@ -131,7 +161,8 @@ async def run(args: argparse.Namespace) -> int:
                 code: int = await verb(args)
             except services.Refused as exc:
                 print(f"gavel {args.command}: {exc}", file=sys.stderr)
-                return 3
+                args.error_sentence = f"gavel {args.command}: {exc}"
+                return refusal_code(str(exc))
             return code
     raise UsageError(f"unknown command {args.command!r}")
 
@@ -261,7 +292,8 @@ async def status(args: argparse.Namespace) -> int:
             svc = await services.service_status(args, args.instance)
         except services.Refused as exc:
             print(f"gavel status: {exc}", file=sys.stderr)
-            return 3
+            args.error_sentence = f"gavel status: {exc}"
+            return refusal_code(str(exc))
         if svc is not None:
             _print_json(svc) if args.json else services.print_service(svc)
             return 0
@@ -399,6 +431,8 @@ async def events(args: argparse.Namespace) -> int:
         reply = await call(nc, "events", EventsRequest(instance_id=args.instance,
                                                        limit=args.limit, since=since),
                            EventsReply)
+        if args.instance and not reply.events:
+            await _known(nc, args.instance)
         for e in reply.events:
             print(msgspec.json.encode(e).decode() if args.json else _fmt_event(e))
         if not args.follow:
@@ -429,6 +463,20 @@ async def events(args: argparse.Namespace) -> int:
         return 0
     finally:
         await nc.close()
+
+
+async def _known(nc: Any, name: str) -> None:
+    """`Unknown` unless `name` is an instance or a service the broker knows (an `events`
+    without any is then an answer, not a typo)."""
+    for verb, request, reply in (("status", StatusRequest(instance_id=name), StatusReply),
+                                 ("service", ServiceRequest(name=name), ServiceReply)):
+        try:
+            await call(nc, verb, request, reply)
+            return
+        except BrokerRefused as exc:
+            if refusal_code(str(exc)) != 4:
+                raise
+    raise Unknown(f"no instance or service named {name}")
 
 
 async def cancel(args: argparse.Namespace) -> int:

@@ -22,6 +22,7 @@ import sys
 import time
 from typing import Any, BinaryIO
 
+from gavel.cli.commands import Unknown
 from gavel.cli.parsers import duration, whole
 from gavel.shared.api import InstanceStatus, StatusReply, StatusRequest
 from gavel.shared.logstream import LogChunk, LogsDone, LogsRequest
@@ -64,7 +65,7 @@ async def _targets(nc: Any, args: argparse.Namespace) -> list[tuple[str, str]]:
         everything = await call(nc, "status", StatusRequest(), StatusReply)
         found = [i for i in everything.instances if i.service == args.instance]
         if not found:
-            raise ClientError(f"no instance or service named {args.instance} (give --node "
+            raise Unknown(f"no instance or service named {args.instance} (give --node "
                               "NODE for an instance whose record is gone)") from None
     placed = [(i.instance_id, i.node_id) for i in found if i.node_id]
     if not placed:
@@ -130,6 +131,8 @@ async def run(args: argparse.Namespace) -> int:
                               follow=args.follow)
             try:
                 return await read(nc, req, printer.chunk)
+            except BrokerRefused as exc:  # the node has no output of it: no answer (exit 1)
+                raise ClientError(str(exc)) from None
             finally:
                 printer.flush(iid)
 

@@ -1,9 +1,11 @@
 """The `gavel` command line: the embedded default (`up`), the daemons, and the client verbs.
 
 Rules:
-1. Bad flags, bad spec files, a NATS URL that is not one or where nothing answers exit 2
-   with one sentence naming the problem; a broker (or node) that cannot be reached exits 1
-   with a sentence naming it; no traceback reaches a user.
+1. Every verb exits with a status of `commands.EXIT_CODES` (the README's table) and one
+   sentence naming the problem: bad flags, bad spec files, a NATS URL that is not one or
+   where nothing answers exit 2; a broker (or node) that cannot be reached exits 1; a
+   broker's no exits 3, and its "no such instance, service or node" 4. No traceback reaches
+   a user.
 2. With ``--json`` every exit that is not a success also prints one JSON object on stdout,
    ``{"error": SENTENCE, "exit_code": N}``, so a script reads JSON whatever happened.
 3. A reader that goes away (``gavel logs ID | head``) ends the command quietly, as it ends a
@@ -31,6 +33,7 @@ from gavel.cli.parsers import port as _port
 from gavel.cli.ui import app as ui_app
 from gavel.shared.errors import BadInput
 from gavel.transport import eventloop
+from gavel.transport.client import BrokerRefused
 
 __all__ = ["build_parser", "main"]
 
@@ -362,6 +365,10 @@ def _main(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         return eventloop.run(_dispatch(args))
     except BadInput as exc:
         return _fail(args, str(exc), 2)
+    except BrokerRefused as exc:
+        return _fail(args, str(exc), commands.refusal_code(str(exc)))
+    except commands.Unknown as exc:
+        return _fail(args, str(exc), 4)
     except (commands.ClientError, daemons.Stopped) as exc:
         return _fail(args, str(exc), 1)
     except KeyboardInterrupt:

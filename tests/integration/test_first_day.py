@@ -4,7 +4,8 @@ child processes, a real nats-server, a broker and workers in this process.
 What must hold: `gavel up`'s children import the installed gavel wherever it runs; a reader
 that goes away (`| head`) ends `logs`, `events` and `services` quietly with 141; `make run`
 says its timers are fast; a job's `count` makes that many instances; what no node could run
-is refused at submit with a sentence (exit 2; from the API, an error naming it).
+is refused at submit with a sentence (exit 2; from the API, an error naming it); every verb
+exits with the README's table of codes (an unknown name 4, a broker's no 3, no broker 1).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import pytest
 
 from gavel import __version__
 from gavel.cli import up
+from gavel.cli.commands import EXIT_CODES
 from gavel.shared import subjects
 from gavel.shared.api import DeployReply, DeployRequest, StatusReply, StatusRequest
 from gavel.shared.messages import ApiError, Spec
@@ -29,6 +31,7 @@ from tests.integration.clibatch import Line, run_all
 from tests.integration.harness import Cluster, UpDemo, wait_for
 
 pytestmark = pytest.mark.integration
+ROOT = Path(__file__).resolve().parents[2]
 GAVEL = [sys.executable, "-m", "gavel"]
 
 
@@ -138,3 +141,44 @@ async def test_the_broker_refuses_what_no_node_could_run(cluster: Cluster) -> No
     msg = await nc.request(subjects.API.format(verb="submit"), raw, timeout=10)
     reply = msgspec.msgpack.decode(msg.data, type=ApiError)
     assert "over the kernel's limit for one argument" in reply.error
+
+
+def test_the_readme_shows_the_exit_codes_every_verb_uses() -> None:
+    readme = (ROOT / "README.md").read_text()
+    rows = [line.split(" | ", 1) for line in readme.splitlines()
+            if line.startswith("| ") and line.split(" | ")[0][2:].isdigit()]
+    table = {int(code[2:]): text.removesuffix(" |").replace("\\|", "|") for code, text in rows}
+    assert table == EXIT_CODES
+
+
+def _one_sentence(proc: subprocess.CompletedProcess[str], code: int, words: str) -> None:
+    assert "Traceback" not in proc.stderr, proc.stderr
+    assert (proc.returncode, len(proc.stderr.splitlines())) == (code, 1), (
+        proc.args, proc.returncode, proc.stderr)
+    assert words in proc.stderr, (proc.args, proc.stderr)
+
+
+async def test_every_verb_exits_with_the_same_code_for_the_same_outcome(
+        cluster: Cluster, tmp_path: Path) -> None:
+    await cluster.start_broker()
+    await cluster.start_agent("node-a")
+    await cluster.wait_nodes(1)
+    huge = tmp_path / "huge.toml"
+    huge.write_text('name = "huge"\ncommand = ["true"]\ncpu = 64.0\n')
+    nats = ["--nats", cluster.url]
+    unknown = [["status", "nope"], ["why", "nope"], ["events", "nope"], ["cancel", "nope"],
+               ["logs", "nope"], ["nodes", "nope"], ["drain", "nope"],
+               ["deploy", "status", "nope"], ["scale", "nope", "2"], ["stop", "nope"],
+               ["rollback", "nope"]]
+    lines = [Line([*args, *nats], tmp_path) for args in [*unknown, ["submit", str(huge)]]]
+    lines.append(Line(["status", "nope", "--json", *nats], tmp_path))
+    *each, never, as_json = await asyncio.to_thread(run_all, lines, tmp_path / "out.json")
+    for proc in each:
+        _one_sentence(proc, 4, "no ")
+    _one_sentence(never, 3, "no node could ever offer the requested resources")
+    assert json.loads(as_json.stdout)["exit_code"] == 4
+    await cluster.stop_broker()  # NATS answers, no broker does: 1, for every verb alike
+    gone = [Line([*args, *nats], tmp_path) for args in (["status"], ["services"],
+                                                          ["events", "nope"])]
+    for proc in await asyncio.to_thread(run_all, gone, tmp_path / "gone.json"):
+        _one_sentence(proc, 1, "no broker is answering")

@@ -208,7 +208,7 @@ async def test_json_on_unschedulable_and_on_errors(two: Cluster, tmp_path: Path)
     assert out["instance_id"] == "gpu-1" and out["state"] == "unschedulable"
     assert "missing label gpu=true" in out["error"]
     proc = await gavel("status", "no-such", "--json", "--nats", two.url)
-    assert "no such instance: no-such" in error_json(proc, 1)["error"]
+    assert "no such instance: no-such" in error_json(proc, 4)["error"]
 
 
 async def test_nodes_node_shows_what_runs_there_and_its_declines(
@@ -237,7 +237,7 @@ async def test_nodes_node_shows_what_runs_there_and_its_declines(
     detail = json.loads(as_json.stdout)["detail"]
     assert [i["instance_id"] for i in detail["instances"]] == ["on-a"]
     assert detail["declines"][0]["instance_id"] == "nowhere"
-    assert one_line(unknown, 1) == "gavel nodes: no such node: node-z"
+    assert one_line(unknown, 4) == "gavel nodes: no such node: node-z"
 
 
 async def test_events_since_and_limit_and_unschedulable_said_once_per_reason(

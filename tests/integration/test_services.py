@@ -281,7 +281,7 @@ async def test_the_service_verbs_on_the_command_line(cluster: Cluster, tmp_path:
         f"{gone.version} — "
         f"{Reason.SUPERSEDED}\n"), out
     code, _, err = await gavel("scale", "nosuch", "1", *url)
-    assert code == 3 and f"{Reason.UNKNOWN_SERVICE}: nosuch" in err
+    assert code == 4 and f"{Reason.UNKNOWN_SERVICE}: nosuch" in err  # unknown: the README table
 
 
 async def test_a_service_runs_with_every_part_on_its_own_credential(authed: Authed) -> None:
