@@ -3,8 +3,10 @@ and `status NAME` when NAME names a service. `gavel.cli.commands` dispatches to 
 
 Rules:
 1. As every client verb: a table or ``--json``; exit 0 done, 1 unreachable, 2 bad input,
-   3 refused - and ``deploy --wait`` exits 3 with the reason when the deploy failed, was
-   rolled back or was cancelled by another change.
+   3 refused, 4 unknown - and ``deploy --wait`` exits 3 with the reason when the deploy
+   failed, was rolled back or was cancelled by another change. It says a version is
+   deployed only while `count` replicas of it are healthy and no other version runs: a
+   deployment recorded as succeeded is history (a stopped service started again keeps it).
 2. `deploy` sends an idempotency key and asks again with it, up to `DEPLOY_TRIES` times,
    when the broker does not answer within `DEPLOY_TRY_S`: a deploy whose answer was lost is
    not made twice (and a spec equal to the running version changes nothing anyway).
@@ -181,6 +183,8 @@ def _verdict(st: ServiceStatus, version: int) -> tuple[int, str] | None:
     if dep is not None and dep.to_version == version:
         match dep.state:
             case "succeeded" | "rolled-back":
+                if st.stopped or not _whole(st, version):
+                    return None if not st.stopped else (3, f"{st.name} was stopped")
                 return 0, f"{st.name} version {version} deployed: {st.count} replicas healthy"
             case "failed":
                 return 3, (f"deploy of {st.name} version {version} failed: {dep.reason}"
@@ -193,11 +197,16 @@ def _verdict(st: ServiceStatus, version: int) -> tuple[int, str] | None:
         return 3, f"the deploy of {st.name} version {version} was replaced by version {st.version}"
     if st.stopped:
         return 3, f"{st.name} was stopped"
-    mine = [v for v in st.versions if v.version == version]
-    if mine and mine[0].healthy == st.count and \
-            all(v.replicas == 0 for v in st.versions if v.version != version):
+    if _whole(st, version):
         return 0, f"{st.name} version {version} is running: {st.count} replicas healthy"
     return None
+
+
+def _whole(st: ServiceStatus, version: int) -> bool:
+    """`count` replicas of `version` are healthy and no other version has one (rule 1)."""
+    mine = [v for v in st.versions if v.version == version]
+    return bool(mine) and mine[0].healthy == st.count and \
+        all(v.replicas == 0 for v in st.versions if v.version != version)
 
 
 async def _wait_deployed(args: argparse.Namespace, reply: DeployReply) -> int:

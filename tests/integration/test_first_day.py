@@ -5,7 +5,8 @@ What must hold: `gavel up`'s children import the installed gavel wherever it run
 that goes away (`| head`) ends `logs`, `events` and `services` quietly with 141; `make run`
 says its timers are fast; a job's `count` makes that many instances; what no node could run
 is refused at submit with a sentence (exit 2; from the API, an error naming it); every verb
-exits with the README's table of codes (an unknown name 4, a broker's no 3, no broker 1).
+exits with the README's table of codes (an unknown name 4, a broker's no 3, no broker 1);
+`deploy --wait` of a stopped service says deployed only once its replicas are healthy.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import msgspec
 import pytest
@@ -24,7 +26,15 @@ from gavel import __version__
 from gavel.cli import up
 from gavel.cli.commands import EXIT_CODES
 from gavel.shared import subjects
-from gavel.shared.api import DeployReply, DeployRequest, StatusReply, StatusRequest
+from gavel.shared.api import (
+    DeployReply,
+    DeployRequest,
+    ServiceReply,
+    ServiceRequest,
+    StatusReply,
+    StatusRequest,
+    StopServiceRequest,
+)
 from gavel.shared.messages import ApiError, Spec
 from gavel.shared.timing import fast_banner
 from tests.integration.clibatch import Line, run_all
@@ -182,3 +192,47 @@ async def test_every_verb_exits_with_the_same_code_for_the_same_outcome(
                                                           ["events", "nope"])]
     for proc in await asyncio.to_thread(run_all, gone, tmp_path / "gone.json"):
         _one_sentence(proc, 1, "no broker is answering")
+
+
+async def test_deploy_wait_after_stop_waits_for_healthy_replicas(cluster: Cluster,
+                                                                 tmp_path: Path) -> None:
+    await cluster.start_broker()
+    await cluster.start_agent("node-a")
+    await cluster.wait_nodes(1)
+    go = tmp_path / "go"  # the replicas' check passes while this file exists
+    spec = tmp_path / "web.toml"
+    spec.write_text(
+        'name = "web"\ntype = "service"\ncount = 2\ncpu = 0.1\nmemory_mb = 16\n'
+        f'command = {json.dumps([sys.executable, "-c", "import time; time.sleep(600)"])}\n'
+        f'[update]\nmin_healthy_s = 0.1\n[[checks]]\ntype = "exec"\ninterval_s = 0.2\n'
+        f'failures = 100\ncommand = ["test", "-f", "{go}"]\n')
+
+    async def deploy_wait() -> subprocess.CompletedProcess[str]:
+        return await asyncio.to_thread(
+            subprocess.run, [*GAVEL, "deploy", str(spec), "--wait", "--nats", cluster.url],
+            capture_output=True, text=True, timeout=120, env=_env())
+
+    async def service() -> Any:
+        return (await cluster.call("service", ServiceRequest(name="web"), ServiceReply)).service
+
+    go.touch()
+    first = await deploy_wait()
+    assert first.returncode == 0, first.stderr
+    await cluster.call("stop", StopServiceRequest(name="web"), ServiceReply)
+
+    async def none_left() -> bool:
+        return not [r for r in (await service()).replicas if r.state in ("running",
+                                                                         "cancelling")]
+    await wait_for(none_left, 30, what="every replica stopped")
+    go.unlink()
+    again = asyncio.ensure_future(deploy_wait())
+
+    async def checking() -> bool:
+        return len([r for r in (await service()).replicas if r.state == "running"]) == 2
+    await wait_for(checking, 30, what="two replicas running, not yet healthy")
+    assert not again.done(), (await again).stdout  # it said deployed while none was healthy
+    go.touch()
+    proc = await again
+    assert proc.returncode == 0, proc.stderr
+    healthy = [r for r in (await service()).replicas if r.health == "healthy"]
+    assert len(healthy) == 2, proc.stdout
