@@ -14,7 +14,8 @@ Rules:
 3. `stop` keeps the record (``stopped``): every replica stops, a running deployment is
    cancelled; a deploy starts it again. `rollback` goes back to a version the service had,
    in a deployment of its own: by default its last healthy version while it runs another,
-   or, on its healthy version, the version its last deploy came from (`_back`).
+   or, on its healthy version, the version healthy most recently before it - never the
+   broken version an automatic revert left (`_back`).
 4. A service whose file is not readable (`State.unreadable`) is never written: every verb
    is refused with the file's path and why.
 """
@@ -237,12 +238,20 @@ def _same(a: Spec, b: Spec) -> bool:
 
 def _back(svc: ServiceRecord) -> int:
     """Where `rollback` goes unless told (rule 3): the last healthy version while the service
-    runs another one; on its healthy version, the version its last deploy came from; 0 for
-    none."""
+    runs another one; on its healthy version, the version that was healthy most recently
+    before it; 0 for none. Never the version a rollback (an automatic revert) left: that is
+    the broken one. A record written before versions kept when they were healthy goes to the
+    version its last deploy came from, unless that deploy was such a revert."""
     if svc.healthy_version and svc.healthy_version != svc.version:
         return svc.healthy_version
+    before = sorted((v.healthy_at, v.version) for v in svc.versions
+                    if v.healthy_at and v.version != svc.version)
+    if before:
+        return before[-1][1]
     dep = svc.deployment
-    return dep.from_version if dep is not None and dep.to_version == svc.version else 0
+    if dep is None or dep.to_version != svc.version or dep.reason == Reason.ROLLED_BACK:
+        return 0
+    return dep.from_version
 
 
 def _unknown(name: str) -> ApiError:

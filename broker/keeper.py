@@ -16,7 +16,8 @@ Rules:
 3. Surplus replicas stop (SCALED_DOWN), in `stop_order`: those still waiting for a node,
    then the unhealthy, then the least settled; ties on the id.
 4. A running deployment succeeds once `count` replicas of its version are settled and no
-   old one is left; that version becomes `healthy_version`. It fails (DEPLOY_UNHEALTHY) when
+   old one is left; that version becomes `healthy_version` (and its `healthy_at` the
+   time). It fails (DEPLOY_UNHEALTHY) when
    a new replica is not healthy `healthy_deadline_s` after it appeared, or one ended on its
    own (failed or exited) since the deployment began. With `auto_revert` and an earlier
    healthy version the service goes back to it, in a deployment of its own (ROLLED_BACK),
@@ -135,7 +136,9 @@ def decide(svc: ServiceRecord, replicas: Sequence[Replica], *, failed: Sequence[
     if not old and len(new) == n and len(settled) == n:  # rule 4: whole and settled
         rec = svc
         if n > 0 and svc.healthy_version != svc.version:
-            rec = msgspec.structs.replace(rec, healthy_version=svc.version)
+            rec = msgspec.structs.replace(rec, healthy_version=svc.version, versions=[
+                msgspec.structs.replace(v, healthy_at=stamp) if v.version == svc.version
+                else v for v in svc.versions])
         if deploying:
             assert dep is not None
             state = "rolled-back" if dep.reason == Reason.ROLLED_BACK else "succeeded"

@@ -160,6 +160,9 @@ class ServiceVersion(msgspec.Struct, kw_only=True, gc=False):
     spec: Spec
     #: When its commit was written (an end stamp's format: RFC 3339, UTC).
     at: Annotated[str, msgspec.Meta(pattern=STAMP_PATTERN)] = ""
+    #: When it last became the service's healthy version ("" for never): `rollback` goes to
+    #: the version healthy most recently before the one running.
+    healthy_at: Annotated[str, msgspec.Meta(pattern=STAMP_PATTERN)] = ""
 
 
 class Deployment(msgspec.Struct, kw_only=True, gc=False):

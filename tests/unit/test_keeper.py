@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+import msgspec
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -204,3 +205,25 @@ def test_a_rolling_deploy_never_holds_fewer_than_count_minus_max_parallel_health
     assert dep is not None and dep.state == "succeeded"
     assert started == count and sorted(r.version for r in sim.replicas) == [2] * count
     assert sim.svc.healthy_version == 2
+
+
+def test_a_rollback_never_reverts_in_turn() -> None:
+    """Rule 4: a rollback's deployment that fails stays failed on the version it went to; a
+    deploy's, in the same place, reverts (so this test sees the rule, not a missing version:
+    both records hold versions 1 and 2, and 2 was healthy)."""
+    def on_one(reason: str) -> ServiceRecord:
+        return msgspec.structs.replace(service(version=2, healthy=2), version=1,
+                                       deployment=deploying(1, 2, reason))
+    d = decide(on_one(Reason.ROLLED_BACK), [], failed=["x"], stamp=STAMP)
+    assert d.record is not None and d.record.deployment is not None
+    assert (d.record.version, d.record.deployment.state) == (1, "failed")
+    d = decide(on_one(""), [], failed=["x"], stamp=STAMP)
+    assert d.record is not None and d.record.deployment is not None
+    assert (d.record.version, d.record.deployment.reason) == (2, Reason.ROLLED_BACK)
+
+
+def test_the_healthy_version_keeps_when_it_became_healthy() -> None:
+    svc = service(version=2, count=1, healthy=1, deployment=deploying(2, 1))
+    d = decide(svc, [up("n0", 2)], stamp=STAMP)
+    assert d.record is not None
+    assert [(v.version, v.healthy_at) for v in d.record.versions] == [(1, ""), (2, STAMP)]

@@ -495,3 +495,32 @@ def test_rollback_goes_back_to_the_version_the_last_deploy_came_from(rig: Rig) -
     assert isinstance(got, ServiceReply) and got.service.version == 1
     dep = got.service.deployment
     assert dep is not None and (dep.to_version, dep.from_version) == (1, 2)
+
+
+def test_rollback_after_an_automatic_revert_goes_back_not_forward_to_the_broken_one(
+        rig: Rig) -> None:
+    """v3 failed and was reverted to v2: `rollback` goes to v1, the version healthy before
+    v2 - never to v3, which the revert left because it was broken."""
+    for version in ("1", "2"):
+        deployed(rig, web(count=1, version=version))
+        place_waiting(rig)
+        sweep(rig)
+        rig.now += 1
+        sweep(rig)
+        for r in live(rig):
+            if r.cancelling:
+                report(rig, r.instance_id, "cancelled", reason=Reason.CANCELLED)
+    deployed(rig, web(count=1, version="3"))
+    (bad,) = place_waiting(rig)
+    report(rig, bad, "unhealthy", check="exec true: exit 1")
+    rig.now += 5.1  # past healthy_deadline_s: v3 fails, the service reverts to v2
+    sweep(rig)
+    sweep(rig)
+    report(rig, bad, "cancelled", reason=Reason.CANCELLED)
+    rig.now += 0.1
+    sweep(rig)
+    svc = rig.b.ledger.state().services["web"]
+    assert svc.deployment is not None and svc.deployment.state == "rolled-back"
+    assert (svc.version, svc.healthy_version) == (2, 2)
+    got = call(rig, "rollback", RollbackRequest(name="web"), ServiceReply)
+    assert isinstance(got, ServiceReply) and got.service.version == 1
