@@ -500,27 +500,36 @@ def test_rollback_goes_back_to_the_version_the_last_deploy_came_from(rig: Rig) -
 def test_rollback_after_an_automatic_revert_goes_back_not_forward_to_the_broken_one(
         rig: Rig) -> None:
     """v3 failed and was reverted to v2: `rollback` goes to v1, the version healthy before
-    v2 - never to v3, which the revert left because it was broken."""
-    for version in ("1", "2"):
-        deployed(rig, web(count=1, version=version))
-        place_waiting(rig)
-        sweep(rig)
-        rig.now += 1
+    v2 - never to v3, which the revert left because it was broken - and the service ends
+    with its count of replicas, never more than count + max_parallel on the way."""
+    def step(seconds: float = 0.0) -> None:
+        rig.now += seconds
         sweep(rig)
         for r in live(rig):
             if r.cancelling:
                 report(rig, r.instance_id, "cancelled", reason=Reason.CANCELLED)
-    deployed(rig, web(count=1, version="3"))
+        running = [r for r in live(rig) if not r.cancelling]
+        assert len(running) <= 3 + 1, running  # count + max_parallel
+
+    for version in ("1", "2"):
+        deployed(rig, web(count=3, version=version))
+        for _ in range(8):
+            place_waiting(rig)
+            step(1)
+    deployed(rig, web(count=3, version="3"))
     (bad,) = place_waiting(rig)
     report(rig, bad, "unhealthy", check="exec true: exit 1")
-    rig.now += 5.1  # past healthy_deadline_s: v3 fails, the service reverts to v2
-    sweep(rig)
-    sweep(rig)
-    report(rig, bad, "cancelled", reason=Reason.CANCELLED)
-    rig.now += 0.1
-    sweep(rig)
+    step(5.1)  # past healthy_deadline_s: v3 fails, the service reverts to v2
+    for _ in range(3):
+        step(0.1)
     svc = rig.b.ledger.state().services["web"]
     assert svc.deployment is not None and svc.deployment.state == "rolled-back"
     assert (svc.version, svc.healthy_version) == (2, 2)
     got = call(rig, "rollback", RollbackRequest(name="web"), ServiceReply)
     assert isinstance(got, ServiceReply) and got.service.version == 1
+    for _ in range(8):
+        place_waiting(rig)
+        step(1)
+    svc = rig.b.ledger.state().services["web"]
+    assert svc.deployment is not None and svc.deployment.state == "rolled-back"
+    assert [r.version for r in live(rig)] == [1, 1, 1]
