@@ -21,8 +21,9 @@ Rules:
    so a heartbeat the node took before an event the broker has heard (it counts fewer
    events than that one's `seq`) says nothing of health.
 5. A cancel records why it was asked (the operator, or a service scaling down, stopping or
-   replacing a replica): the end its node confirms keeps that reason, and one the broker
-   overrules after the grace keeps it as its detail.
+   replacing a replica): the end its node confirms keeps that reason - in the record and in
+   the event everyone reads, where the node can only say it was cancelled - and one the
+   broker overrules after the grace keeps it as its detail.
 6. A drain with a deadline moves, at the deadline, whatever still runs on the node (one by
    one, as ``--migrate`` does); the deadline lives in the broker's memory, so a broker
    restarted before it passes forgets it (the node stays drained). Undraining a node takes
@@ -34,6 +35,8 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+
+import msgspec
 
 from gavel.broker.context import Context
 from gavel.broker.ledger.committer import Item, Planned
@@ -127,6 +130,10 @@ class Promises:
         if ev.type not in REPORTED:  # checked before it is recorded or published
             ctx.rejects.count("event of an unknown type", msg.subject)
             return
+        if ev.type == EventType.CANCELLED:  # rule 5: the stop's own reason
+            rec = state.instances.get(ev.instance_id)
+            if rec is not None and rec.cancelling and rec.reason and rec.reason != ev.reason:
+                ev = msgspec.structs.replace(ev, reason=rec.reason)
         ctx.events.record(ev)
         if ev.seq > self.reported.get(node, 0):
             self.reported[node] = ev.seq

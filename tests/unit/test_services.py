@@ -233,6 +233,8 @@ def test_a_rolling_deploy_waits_for_reported_health_at_every_step(rig: Rig) -> N
     report(rig, stopping[0].instance_id, "cancelled", reason=Reason.CANCELLED)
     rec = rig.b.ledger.state().instances[stopping[0].instance_id]
     assert (rec.state, rec.reason) == (S.CANCELLED, Reason.SUPERSEDED)  # the stop's reason
+    assert [e.reason for e in rig.b.events if e.instance_id == rec.instance_id
+            and e.type == "cancelled"] == [Reason.SUPERSEDED]  # in its event too
 
     for iid in place_waiting(rig, healthy=True):
         assert iid != first
@@ -341,6 +343,9 @@ def test_scale_down_and_stop_cancel_with_their_reasons_and_replace_nothing(rig: 
         (S.CANCELLED, Reason.CANCEL_UNANSWERED, Reason.SCALED_DOWN)
     sweep(rig)
     assert len(live(rig)) == 1 and not any(e.type == "replaced" for e in service_events(rig))
+    ends = [e for e in rig.b.events if e.instance_id == stopping[0].instance_id
+            and e.type == "cancelled"]  # what `gavel events` says, not the node's "cancelled"
+    assert [e.reason for e in ends] == [Reason.SCALED_DOWN]
 
     got = call(rig, "stop", StopServiceRequest(name="web"), ServiceReply)
     assert isinstance(got, ServiceReply) and got.service.stopped
