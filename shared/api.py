@@ -98,7 +98,9 @@ class SubmitRequest(Message, tag="submit"):
 def counted_id_problem(base: str, count: int) -> str:
     """Why the ids a submission of `count` named `base` makes (`counted_ids`) are not
     instance ids every verb takes, in one sentence; "" if they are."""
-    last = counted_ids(base, count)[-1] if base and count > 1 else base
+    if not base or count <= 1:
+        return ""  # the id's own type says what one id may be
+    last = counted_ids(base, count)[-1]
     if len(last) <= INSTANCE_ID_MAX:
         return ""
     return (f"id {base[:40]!r}...: with the count's suffix -{count} the ids are {len(last)} "
