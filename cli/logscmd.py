@@ -2,12 +2,14 @@
 
 Rules:
 1. Where to ask comes from the status API: the instance's node; for a name that is no
-   instance, every instance whose ``service`` is that name (each line then prefixed with its
+   instance, the service's current replicas - those that have not ended - or with
+   ``--history`` every replica it still has a record of (each line then prefixed with its
    instance id); ``--node`` asks one node directly (an ended instance whose record left the
    state tree keeps its logs on the node until the node's retention removes them).
 2. One stream is written to stdout as the instance wrote it; with ``--all`` the instance's
    stdout goes to stdout and its stderr to stderr. ``--json`` writes one object per line
-   instead: instance, stream, line.
+   instead: instance, stream, line. Several instances' lines are merged in the order they
+   were written (to the node's tick: `LogChunk.at`); a follow prints them as they come.
 3. ``--follow`` ends when every instance asked has ended (exit 0), or at Ctrl-C (exit 0).
    A node that does not answer is one sentence naming it (exit 1).
 """
@@ -32,6 +34,9 @@ from gavel.transport.logclient import read
 
 __all__ = ["add_arguments", "run"]
 
+#: The states of a replica that is no longer current (rule 1).
+_ENDED = frozenset({"succeeded", "failed", "lost", "cancelled"})
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("instance", help="instance id, or a service's name (every replica)")
@@ -50,6 +55,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="only output of the last DURATION (30s, 5m, 1h30m), to the second")
     p.add_argument("--node", default="", metavar="NODE",
                    help="ask this node directly, without the status API")
+    p.add_argument("--history", action="store_true",
+                   help="a service's every replica it has a record of, ended ones too "
+                   "(default: its current replicas)")
 
 
 async def _targets(nc: Any, args: argparse.Namespace) -> list[tuple[str, str]]:
@@ -66,7 +74,13 @@ async def _targets(nc: Any, args: argparse.Namespace) -> list[tuple[str, str]]:
         found = [i for i in everything.instances if i.service == args.instance]
         if not found:
             raise Unknown(f"no instance or service named {args.instance} (give --node "
-                              "NODE for an instance whose record is gone)") from None
+                          "NODE for an instance whose record is gone)") from None
+        current = [i for i in found if i.state not in _ENDED]
+        if not args.history:
+            if not current:
+                raise ClientError(f"service {args.instance} has no current replica "
+                                  "(--history: the replicas it had)") from None
+            found = current
     placed = [(i.instance_id, i.node_id) for i in found if i.node_id]
     if not placed:
         i = found[0]
@@ -78,11 +92,14 @@ async def _targets(nc: Any, args: argparse.Namespace) -> list[tuple[str, str]]:
 class _Printer:
     """Rule 2: where each chunk goes, whole lines only when lines are prefixed."""
 
-    def __init__(self, args: argparse.Namespace, prefixed: bool) -> None:
+    def __init__(self, args: argparse.Namespace, prefixed: bool, merge: bool = False) -> None:
         self.json = bool(args.json)
         self.prefixed = prefixed
         self.both = len(args.streams) > 1
-        self._rest: dict[tuple[str, str], bytes] = {}
+        self._rest: dict[tuple[str, str], tuple[bytes, float]] = {}
+        #: Rule 2's merge: (written by, arrival, instance, stream, lines) until `finish`.
+        self._held: list[tuple[float, int, str, str, list[bytes]]] | None = \
+            [] if merge else None
 
     def _out(self, stream: str) -> BinaryIO:
         return sys.stderr.buffer if self.both and stream == "stderr" else sys.stdout.buffer
@@ -94,14 +111,27 @@ class _Printer:
             out.flush()
             return
         key = (c.instance_id, c.stream)
-        *lines, rest = (self._rest.pop(key, b"") + c.data).split(b"\n")
+        *lines, rest = (self._rest.pop(key, (b"", 0.0))[0] + c.data).split(b"\n")
         if rest:
-            self._rest[key] = rest
-        self._write(c.instance_id, c.stream, lines)
+            self._rest[key] = (rest, c.at)
+        self._emit(c.instance_id, c.stream, lines, c.at)
 
     def flush(self, instance_id: str) -> None:
         for key in [k for k in self._rest if k[0] == instance_id]:
-            self._write(key[0], key[1], [self._rest.pop(key)])
+            rest, at = self._rest.pop(key)
+            self._emit(key[0], key[1], [rest], at)
+
+    def _emit(self, iid: str, stream: str, lines: list[bytes], at: float) -> None:
+        if self._held is None:
+            self._write(iid, stream, lines)
+        elif lines:  # 0: after the node's last mark, so newer than every mark
+            self._held.append((at or float("inf"), len(self._held), iid, stream, lines))
+
+    def finish(self) -> None:
+        """Rule 2: the merged lines, oldest first (each instance's in its own order)."""
+        held, self._held = self._held or [], None
+        for _, _, iid, stream, lines in sorted(held, key=lambda h: (h[0], h[1])):
+            self._write(iid, stream, lines)
 
     def _write(self, iid: str, stream: str, lines: list[bytes]) -> None:
         if not lines:
@@ -122,7 +152,8 @@ async def run(args: argparse.Namespace) -> int:
     nc = await connect(args.nats, args.creds)
     try:
         targets = await _targets(nc, args)
-        printer = _Printer(args, prefixed=len(targets) > 1)
+        printer = _Printer(args, prefixed=len(targets) > 1,
+                           merge=len(targets) > 1 and not args.follow)
         since = time.time() - args.since if args.since else 0.0
 
         async def one(iid: str, node: str) -> LogsDone:
@@ -145,6 +176,7 @@ async def run(args: argparse.Namespace) -> int:
             dones = await work
         except asyncio.CancelledError:
             return 0
+        printer.finish()
         lost = sum(d.skipped for d in dones)
         if lost:
             print(f"gavel logs: {lost} bytes were rotated away before they could be read",

@@ -59,6 +59,10 @@ class LogChunk(Message, tag="log-chunk"):
     data: bytes
     #: The position right after `data` (rule 2).
     end: int
+    #: By when its bytes were written (Unix seconds, to the node's tick: its time marks);
+    #: 0 for bytes after the node's last mark (written just now). What an asker merging
+    #: several instances' output in time order sorts on.
+    at: float = 0.0
 
 
 class LogsDone(Message, tag="logs-done"):

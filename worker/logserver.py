@@ -14,7 +14,8 @@ Rules:
    never overrun and the asker can ask again in time.
 3. History first: from the cursor, or from where ``tail`` and ``since`` start (the later of
    the two); several streams are merged by their time marks (`worker.logfiles` rule 3), so
-   stdout and stderr come back in the order they were written, to the tick. A follow then
+   stdout and stderr come back in the order they were written, to the tick; each chunk
+   says by when it was written (`LogChunk.at`, the mark it lies under). A follow then
    looks at the files every `poll_s`; once the instance no longer runs here it sends what
    the instance wrote last, and `LogsDone` says how it ended.
 4. A worker that stops ends each answer under way with ``more``: the asker asks again at
@@ -143,10 +144,10 @@ class _Answer:
     def _spent(self) -> bool:
         return self.budget <= 0 or self.s._clock() >= self.deadline
 
-    async def _chunk(self, stream: Stream, data: bytes, end: int) -> None:
+    async def _chunk(self, stream: Stream, data: bytes, end: int, at: float = 0.0) -> None:
         self.budget -= 1
         await self.s._send(self.reply, LogChunk(instance_id=self.iid, stream=stream, data=data,
-                                                end=end))
+                                                end=end, at=at))
 
     async def done(self, more: bool) -> None:
         """The last reply: where each stream stopped, and whether to ask again."""
@@ -209,7 +210,7 @@ class _Answer:
                 pos[stream] = nxt if nxt > pos[stream] else ends[stream]
                 continue
             pos[stream] = nxt
-            await self._chunk(stream, data, nxt)
+            await self._chunk(stream, data, nxt, mark[0] if mark else 0.0)
 
     async def _follow(self, out: Output, pos: dict[str, int]) -> None:
         """Rule 3: new output until the instance ends here, or the window closes."""

@@ -6,7 +6,8 @@ that goes away (`| head`) ends `logs`, `events` and `services` quietly with 141;
 says its timers are fast; a job's `count` makes that many instances; what no node could run
 is refused at submit with a sentence (exit 2; from the API, an error naming it); every verb
 exits with the README's table of codes (an unknown name 4, a broker's no 3, no broker 1);
-`deploy --wait` of a stopped service says deployed only once its replicas are healthy.
+`deploy --wait` of a stopped service says deployed only once its replicas are healthy;
+`logs SERVICE` reads its current replicas, `--history` every one it had, oldest first.
 """
 
 from __future__ import annotations
@@ -35,8 +36,10 @@ from gavel.shared.api import (
     StatusRequest,
     StopServiceRequest,
 )
+from gavel.shared.logstream import LogChunk, LogsRequest
 from gavel.shared.messages import ApiError, Spec
 from gavel.shared.timing import fast_banner
+from gavel.transport.logclient import read
 from tests.integration.clibatch import Line, run_all
 from tests.integration.harness import Cluster, UpDemo, wait_for
 
@@ -236,3 +239,54 @@ async def test_deploy_wait_after_stop_waits_for_healthy_replicas(cluster: Cluste
     assert proc.returncode == 0, proc.stderr
     healthy = [r for r in (await service()).replicas if r.health == "healthy"]
     assert len(healthy) == 2, proc.stdout
+
+
+async def test_logs_of_a_service_read_its_current_replicas_or_with_history_every_one(
+        cluster: Cluster, tmp_path: Path) -> None:
+    await cluster.start_broker()
+    await cluster.start_agent("node-a")
+    await cluster.wait_nodes(1)
+
+    def talker(version: str) -> Spec:
+        code = (f"import time\nfor k in range(3): print('{version} line', k, flush=True)\n"
+                "time.sleep(600)")
+        return Spec(name="talk", type="service", count=1, command=[sys.executable, "-c", code],
+                    cpu=0.1, memory_mb=16, env={"V": version})
+
+    async def current() -> list[str]:
+        st = (await cluster.call("service", ServiceRequest(name="talk"), ServiceReply)).service
+        return [r.instance_id for r in st.replicas if r.state == "running"]
+
+    async def dated(iid: str) -> bool:
+        """All three lines are out and the node has dated them (its tick's mark)."""
+        got: list[LogChunk] = []
+        await read(await cluster.client(), LogsRequest(node_id="node-a", instance_id=iid),
+                   got.append)
+        return b"line 2" in b"".join(c.data for c in got) and all(c.at for c in got)
+
+    versions = []
+    for version in ("v1", "v2"):
+        await cluster.call("deploy", DeployRequest(spec=talker(version)), DeployReply)
+
+        async def up(version: str = version) -> bool:
+            ids = await current()
+            st = (await cluster.call("service", ServiceRequest(name="talk"),
+                                     ServiceReply)).service
+            return len(ids) == 1 and st.version == len(versions) + 1 and all(
+                r.version == st.version for r in st.replicas if r.state == "running") \
+                and await dated(ids[0])
+        await wait_for(up, 60, what=f"{version}'s replica running, its output dated")
+        versions.append((await current())[0])
+    old, new = versions
+
+    async def old_gone() -> bool:
+        return (await cluster.status(old)).state == "cancelled"
+    await wait_for(old_gone, 60, what="the v1 replica cancelled")
+    lines = [Line(["logs", "talk", "--nats", cluster.url], tmp_path),
+             Line(["logs", "talk", "--history", "--nats", cluster.url], tmp_path)]
+    now, history = await asyncio.to_thread(run_all, lines, tmp_path / "out.json")
+    assert now.returncode == 0, now.stderr
+    assert now.stdout.splitlines() == [f"v2 line {k}" for k in range(3)]
+    assert history.returncode == 0, history.stderr
+    assert history.stdout.splitlines() == [f"[{old}] v1 line {k}" for k in range(3)] + [
+        f"[{new}] v2 line {k}" for k in range(3)]
