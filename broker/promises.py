@@ -85,6 +85,10 @@ class HealthNote:
     #: The broker's clock when the instance entered this health.
     since: float = 0.0
     restarts: int = 0
+    #: Why its last run ended, as the node said when it restarted it (a fixed reason and
+    #: its detail; "" before any restart): `status` says it while the instance runs again.
+    reason: str = ""
+    detail: str = ""
 
 #: Worker-reported failures that could succeed on another node: they consume an attempt.
 RETRYABLE = frozenset({Reason.DRIVER_FAILED.value, Reason.NO_ROOM_PORTS.value,
@@ -151,7 +155,8 @@ class Promises:
                     ev.check or ev.detail
                 self.note_health(iid, Health(ev.type), check, ev.restarts)
             case EventType.RESTARTED:
-                self.note_health(iid, Health.CHECKING, "", ev.restarts)
+                self.note_health(iid, Health.CHECKING, "", ev.restarts,
+                                 last_exit=(ev.reason, ev.detail))
             case EventType.EXITED:
                 self._end(ev, InstanceState.SUCCEEDED if ev.exit_code in (0, None)
                           else InstanceState.FAILED)
@@ -165,15 +170,20 @@ class Promises:
             case EventType.FAILED:
                 self._end(ev, InstanceState.FAILED)
 
-    def note_health(self, iid: str, health: Health, check: str = "", restarts: int = 0) -> None:
+    def note_health(self, iid: str, health: Health, check: str = "", restarts: int = 0,
+                    last_exit: tuple[str, str] | None = None) -> None:
         """Record what the node says of a running instance's health; `since` moves only
-        when the health changes."""
+        when the health changes; why the last run ended stays until the next restart says
+        (`last_exit`)."""
         was = self.health.get(iid)
+        reason, detail = last_exit if last_exit is not None else \
+            (was.reason, was.detail) if was is not None else ("", "")
         if was is not None and was.health == health and was.restarts == restarts:
-            if was.check != check:
-                self.health[iid] = HealthNote(health, check, was.since, restarts)
+            if was.check != check or (was.reason, was.detail) != (reason, detail):
+                self.health[iid] = HealthNote(health, check, was.since, restarts, reason,
+                                              detail)
             return
-        self.health[iid] = HealthNote(health, check, self.ctx.now(), restarts)
+        self.health[iid] = HealthNote(health, check, self.ctx.now(), restarts, reason, detail)
 
     def heartbeat_lists(self, node_id: str, instances: Sequence[InstanceReport],
                         reported: int = 0) -> None:

@@ -52,7 +52,9 @@ class Views:
             return InstanceStatus(instance_id=iid, name=rec.spec.name, state=st,
                                   node_id=node, attempt=pl.attempt, ports=dict(pl.ports),
                                   health=health, check=check, restarts=restarts,
-                                  reason=rec.reason if rec.cancelling else "",
+                                  reason=rec.reason if rec.cancelling else
+                                  note.reason if note else "",
+                                  detail="" if rec.cancelling or not note else note.detail,
                                   service=rec.service, version=rec.version)
         return InstanceStatus(instance_id=iid, name=rec.spec.name, state=st,
                               node_id=rec.node_id, attempt=rec.attempt, reason=rec.reason,

@@ -34,6 +34,8 @@ class Reason(StrEnum):
     ATTEMPTS_EXHAUSTED = "attempts exhausted"
     DRIVER_FAILED = "driver failed to start"
     EXITED_NONZERO = "process exited with a non-zero status"
+    #: Why a process restarted in place that ended with status 0 (a service's must not).
+    EXITED_ZERO = "process exited"
     CANCELLED = "cancelled by operator"
     CANCEL_UNANSWERED = "node did not confirm cancel within the grace period"
     MIGRATED = "moved off a draining node"

@@ -24,6 +24,9 @@ Rules:
    gone), its OOM kills counted from that run's start. A run the kernel killed for its
    memory is `Reason.MEMORY_EXCEEDED`: restarted like any non-zero exit (the reason on the
    ``restarted`` event), and past the policy handed back with that reason in the detail.
+7. Every ``restarted`` event names why the run ended with a fixed reason - the kernel's
+   memory kill, a failing check, a non-zero exit, an exit - and its detail, so status and
+   events say it while the instance restarts.
    The cgroup stays between restarts; `Host.end` removes it.
 """
 
@@ -279,7 +282,7 @@ class Life:
         local.pid, local.create_time = 0, 0.0
         held.proc, held.health = None, Health.CHECKING
         host.persist()  # rule 1: counted before the wait begins
-        await host.emit(held, EventType.RESTARTED, Reason.MEMORY_EXCEEDED if oom else "",
+        await host.emit(held, EventType.RESTARTED, _restart_reason(code, unhealthy, oom),
                         f"{why}; restart {len(window) + 1} of {policy.attempts} within "
                         f"{policy.interval_s:g}s, in {delay:g}s", code)
         return await self._back_off()
@@ -374,3 +377,12 @@ class Life:
 def _killed(memory_mb: int) -> str:
     """How a run the kernel killed for its memory ended (rule 6)."""
     return f"killed by the kernel at its {memory_mb} MB limit"
+
+
+def _restart_reason(code: int | None, unhealthy: Change | None, oom: bool) -> Reason:
+    """Rule 7: why a run that is restarted ended."""
+    if oom:
+        return Reason.MEMORY_EXCEEDED
+    if unhealthy is not None:
+        return Reason.UNHEALTHY
+    return Reason.EXITED_ZERO if code == 0 else Reason.EXITED_NONZERO

@@ -7,7 +7,8 @@ says its timers are fast; a job's `count` makes that many instances; what no nod
 is refused at submit with a sentence (exit 2; from the API, an error naming it); every verb
 exits with the README's table of codes (an unknown name 4, a broker's no 3, no broker 1);
 `deploy --wait` of a stopped service says deployed only once its replicas are healthy;
-`logs SERVICE` reads its current replicas, `--history` every one it had, oldest first.
+`logs SERVICE` reads its current replicas, `--history` every one it had, oldest first; an
+instance restarted in place says why its last run ended, in its event and in `status`.
 """
 
 from __future__ import annotations
@@ -38,6 +39,8 @@ from gavel.shared.api import (
 )
 from gavel.shared.logstream import LogChunk, LogsRequest
 from gavel.shared.messages import ApiError, Spec
+from gavel.shared.reasons import Reason
+from gavel.shared.spec import Restart
 from gavel.shared.timing import fast_banner
 from gavel.transport.logclient import read
 from tests.integration.clibatch import Line, run_all
@@ -290,3 +293,28 @@ async def test_logs_of_a_service_read_its_current_replicas_or_with_history_every
     assert history.returncode == 0, history.stderr
     assert history.stdout.splitlines() == [f"[{old}] v1 line {k}" for k in range(3)] + [
         f"[{new}] v2 line {k}" for k in range(3)]
+
+
+async def test_an_instance_restarted_in_place_says_why_its_last_run_ended(
+        cluster: Cluster, tmp_path: Path) -> None:
+    await cluster.start_broker()
+    await cluster.start_agent("node-a")
+    await cluster.wait_nodes(1)
+    spec = Spec(name="crash", command=[sys.executable, "-c", "import sys; sys.exit(3)"],
+                restart=Restart(attempts=2, delay_s=600.0))  # then a long back-off
+    iid = await cluster.submit(spec, "crash-1")
+
+    async def restarted() -> bool:
+        return bool((await cluster.status(iid)).restarts == 1)
+    await wait_for(restarted, 30, what="the first restart in place")
+    st = await cluster.status(iid)
+    assert (st.reason, st.restarts) == (Reason.EXITED_NONZERO, 1)
+    assert st.detail.startswith("exit status 3; restart 1 of 2 within ")
+    lines = [Line(["status", "--nats", cluster.url], tmp_path),
+             Line(["events", iid, "--json", "--nats", cluster.url], tmp_path)]
+    table, events = await asyncio.to_thread(run_all, lines, tmp_path / "out.json")
+    (row,) = [line for line in table.stdout.splitlines() if line.startswith(iid)]
+    assert row.endswith(Reason.EXITED_NONZERO), row
+    (ev,) = [json.loads(e) for e in events.stdout.splitlines()
+             if json.loads(e)["type"] == "restarted"]
+    assert (ev["reason"], ev["exit_code"]) == (Reason.EXITED_NONZERO, 3)

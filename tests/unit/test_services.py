@@ -27,6 +27,8 @@ from gavel.shared.api import (
     ServiceRequest,
     ServicesReply,
     ServicesRequest,
+    StatusReply,
+    StatusRequest,
     StopServiceRequest,
 )
 from gavel.shared.auction import Awarded
@@ -538,3 +540,29 @@ def test_rollback_after_an_automatic_revert_goes_back_not_forward_to_the_broken_
     svc = rig.b.ledger.state().services["web"]
     assert svc.deployment is not None and svc.deployment.state == "rolled-back"
     assert [r.version for r in live(rig)] == [1, 1, 1]
+
+
+def test_status_says_why_the_last_run_ended_while_it_restarts_in_place(rig: Rig) -> None:
+    """A replica its node restarted after the kernel killed it for memory shows running with
+    that reason and its detail, not an empty reason beside `restarts`; the next restart's
+    reason replaces it, and a health change keeps it."""
+    deployed(rig, web(count=1))
+    (iid,) = place_waiting(rig)
+
+    def shown() -> tuple[str, str, str, int]:
+        got = call(rig, "status", StatusRequest(instance_id=iid), StatusReply)
+        (st,) = got.instances
+        return st.state, st.reason, st.detail, st.restarts
+
+    assert shown() == ("running", "", "", 0)
+    report(rig, iid, "restarted", reason=Reason.MEMORY_EXCEEDED, restarts=1,
+           detail="killed by the kernel at its 16 MB limit; restart 1 of 2 within 1800s, in 15s")
+    assert shown() == ("running", Reason.MEMORY_EXCEEDED, "killed by the kernel at its 16 MB "
+                       "limit; restart 1 of 2 within 1800s, in 15s", 1)
+    report(rig, iid, "healthy", restarts=1)
+    assert shown()[1:] == (Reason.MEMORY_EXCEEDED, "killed by the kernel at its 16 MB limit; "
+                           "restart 1 of 2 within 1800s, in 15s", 1)
+    report(rig, iid, "restarted", reason=Reason.EXITED_NONZERO, restarts=2,
+           detail="exit status 3; restart 2 of 2 within 1800s, in 30s")
+    assert shown()[1:3] == (Reason.EXITED_NONZERO, "exit status 3; restart 2 of 2 within "
+                            "1800s, in 30s")
