@@ -6,17 +6,21 @@ Rules:
 1. The process writes straight into its files, which the driver opened with O_APPEND: no
    pipe, no reader the instance depends on, so it outlives its worker (``kill_children=
    False``) and keeps writing while no worker runs. Rotation is copy-and-truncate, done by
-   the worker on its tick while it lives (logrotate's ``copytruncate``): the live file's
+   the worker while it lives (logrotate's ``copytruncate``) as soon as it hears the file
+   pass its cap (`worker.logwatch`: the kernel says when a file is written), and on its
+   tick where it cannot hear: the live file's
    bytes are copied to ``<stream>.log.1`` (older copies move up to ``.2`` ..), then the live
    file is truncated, and the process's next O_APPEND write lands at its new start. A
    separate shipper process per instance would survive the worker too, but it costs a
    process per instance and becomes something the instance depends on (its pipe's reader
    dying would kill it with SIGPIPE).
 2. The price, said plainly: bytes the process writes between the last read of the copy and
-   the truncate are lost; a file is rotated at the first tick it is past the cap, so a file
-   may hold a tick's output more than the cap; and while no worker runs nothing rotates, so
-   a live file grows until a worker is back (then, if it is past twice the cap, the copy
-   keeps only the newest `max_bytes` and the rest counts as skipped).
+   the truncate are lost, and counted as skipped; a copy chases what arrives while it is
+   made only up to the cap (a writer faster than the copy would keep it chasing), and the
+   rest up to the truncate is skipped too; a file may hold what is written while the worker
+   hears it pass the cap (a tick's output where it cannot hear); and while no worker runs
+   nothing rotates, so a live file grows until a worker is back (then, if it is past twice
+   the cap, the copy keeps only the newest `max_bytes` and the rest counts as skipped).
 3. Positions (`shared.logstream` rule 2) are kept in ``output.json``: per stream the position
    of the live file's first byte and of each rotated copy's, and marks (time, position)
    taken on the tick whenever the stream grew - what ``--since`` is answered from, to the
@@ -170,6 +174,19 @@ class Output:
                 self._rotate(stream, m)
         self.save()
 
+    def check(self, stream: str, now: float) -> None:
+        """The stream was written: rotate it now if it is past the cap (rule 1), with a
+        mark for what it held."""
+        size = _size(self.live(stream))
+        if size is None or size <= self.limits.max_bytes:
+            return
+        m = self._stream(stream)
+        pos = m.base + size
+        if not m.marks or pos > m.marks[-1][1]:
+            m.marks.append((now, pos))
+        self._rotate(stream, m)
+        self.save()
+
     def _rotate(self, stream: str, m: _StreamMeta) -> None:
         keep = self.limits.files - 1
         live = self.live(stream)
@@ -188,13 +205,16 @@ class Output:
                 cut = os.pread(fd, CHUNK_MAX, start - 1).find(b"\n")
                 start += cut if cut >= 0 else 0
             copied = start
+            # Rule 2: what arrives while the copy is made is chased up to the cap, no more.
+            most = start + max(size - start, self.limits.max_bytes)
             if keep:
                 out = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
                 try:
                     while True:  # until no more arrives: the truncate follows at once
-                        block = os.pread(fd, _COPY_BLOCK, copied)
+                        block = os.pread(fd, min(_COPY_BLOCK, most - copied), copied)
                         if not block:
-                            os.ftruncate(fd, 0)  # rule 2: nothing in between but this
+                            cut = os.fstat(fd).st_size  # rule 2: the rest is skipped
+                            os.ftruncate(fd, 0)
                             break
                         while block:
                             block = block[os.write(out, block):]
@@ -202,7 +222,7 @@ class Output:
                 finally:
                     os.close(out)
             else:
-                copied = max(copied, os.fstat(fd).st_size)
+                cut = copied = max(copied, os.fstat(fd).st_size)
                 os.ftruncate(fd, 0)
         except OSError as exc:
             log.warning("cannot rotate %s: %s", live, exc)
@@ -212,7 +232,7 @@ class Output:
         finally:
             os.close(fd)
         new_start = m.base + start
-        m.base += copied
+        m.base += max(copied, cut)
         if keep:
             with contextlib.suppress(FileNotFoundError):
                 self.rotated(stream, keep).unlink()
@@ -337,6 +357,10 @@ class Outputs:
         self._clock = clock
         self._open: dict[str, Output] = {}
 
+    def held(self) -> list[str]:
+        """The instances this node holds (whose output may grow)."""
+        return list(self._held())
+
     def get(self, instance_id: str) -> Output | None:
         """The instance's output here, or None (no such directory, or an unusable id)."""
         if not _SAFE_ID.match(instance_id) or ".." in instance_id:
@@ -358,6 +382,15 @@ class Outputs:
             out = self.get(iid)
             if out is not None:
                 out.tick(now)
+
+    def written(self, instance_id: str, name: str) -> None:
+        """The kernel says the instance wrote the file `name` (`worker.logwatch`): rotate
+        it if it passed its cap (rule 1)."""
+        stream = name.removesuffix(".log")
+        if name.endswith(".log") and stream in STREAMS:
+            out = self.get(instance_id)
+            if out is not None:
+                out.check(stream, self._clock())
 
     def ended(self, instance_id: str, how: str) -> None:
         out = self.get(instance_id)

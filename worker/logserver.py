@@ -47,6 +47,7 @@ from gavel.shared.logstream import (
 from gavel.shared.messages import ApiError, Message
 from gavel.transport.inbound import Door, Guard, Sink
 from gavel.worker.logfiles import Output, Outputs
+from gavel.worker.logwatch import Watch
 
 __all__ = ["MAX_READERS", "WINDOW_USE", "LogServer", "tick"]
 
@@ -234,14 +235,32 @@ class _Answer:
 
 async def tick(outputs: Outputs, tick_s: float) -> None:
     """The worker's logs loop: marks and rotation every tick, the sweep every `SWEEP_TICKS`
-    (`worker.logfiles` rules 1-4). Runs for as long as the worker, connected or not."""
+    (`worker.logfiles` rules 1-4), and between ticks a rotation as soon as a file is heard
+    past its cap (`worker.logwatch`). Runs for as long as the worker, connected or not."""
+    watch = Watch.open(outputs.root)
+    loop = asyncio.get_running_loop()
+    if watch is not None:
+        def heard() -> None:
+            try:
+                for iid, name in watch.events():
+                    outputs.written(iid, name)
+            except Exception:  # a full disk must not end the worker
+                log.exception("a rotation on write failed; the tick tries again")
+        loop.add_reader(watch.fd, heard)
     n = 0
-    while True:
-        try:
-            outputs.tick()
-            if n % SWEEP_TICKS == 0:
-                outputs.sweep()
-        except Exception:  # a full disk must not end the worker
-            log.exception("the logs tick failed; trying again next tick")
-        n += 1
-        await asyncio.sleep(tick_s)
+    try:
+        while True:
+            try:
+                outputs.tick()
+                if watch is not None:
+                    watch.sync(outputs.held())
+                if n % SWEEP_TICKS == 0:
+                    outputs.sweep()
+            except Exception:  # a full disk must not end the worker
+                log.exception("the logs tick failed; trying again next tick")
+            n += 1
+            await asyncio.sleep(tick_s)
+    finally:
+        if watch is not None:
+            loop.remove_reader(watch.fd)
+            watch.close()

@@ -8,12 +8,14 @@ is refused at submit with a sentence (exit 2; from the API, an error naming it);
 exits with the README's table of codes (an unknown name 4, a broker's no 3, no broker 1);
 `deploy --wait` of a stopped service says deployed only once its replicas are healthy;
 `logs SERVICE` reads its current replicas, `--history` every one it had, oldest first; an
-instance restarted in place says why its last run ended, in its event and in `status`.
+instance restarted in place says why its last run ended, in its event and in `status`; a
+writer faster than any tick is rotated as it writes, its files kept near their cap.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import subprocess
@@ -43,6 +45,8 @@ from gavel.shared.reasons import Reason
 from gavel.shared.spec import Restart
 from gavel.shared.timing import fast_banner
 from gavel.transport.logclient import read
+from gavel.worker.logfiles import LogLimits, Outputs
+from gavel.worker.logserver import tick as logs_tick
 from tests.integration.clibatch import Line, run_all
 from tests.integration.harness import Cluster, UpDemo, wait_for
 
@@ -318,3 +322,39 @@ async def test_an_instance_restarted_in_place_says_why_its_last_run_ended(
     (ev,) = [json.loads(e) for e in events.stdout.splitlines()
              if json.loads(e)["type"] == "restarted"]
     assert (ev["reason"], ev["exit_code"]) == (Reason.EXITED_NONZERO, 3)
+
+
+FAST_WRITER = """
+import os, sys
+fd = os.open(sys.argv[1], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+line = b"x" * 99 + b"\\n"
+block = line * 640  # 64 KB a write, as fast as the disk takes it
+for _ in range(int(sys.argv[2]) // len(block)):
+    os.write(fd, block)
+"""
+
+
+async def test_a_fast_writer_is_rotated_as_it_writes_not_on_a_tick(tmp_path: Path) -> None:
+    """The tick is an hour here: only rotation on write can keep the files near their cap
+    while 200 MB arrive as fast as one process can write them."""
+    cap, total = 1 << 20, 200 << 20
+    (tmp_path / "w").mkdir()
+    outputs = Outputs(tmp_path, LogLimits(max_bytes=cap, files=3), held=lambda: ["w"])
+    loop = asyncio.create_task(logs_tick(outputs, 3600.0))
+    live = tmp_path / "w" / "stdout.log"
+    try:
+        await asyncio.sleep(0)  # the loop's first tick: the directory is watched
+        writer = await asyncio.create_subprocess_exec(sys.executable, "-c", FAST_WRITER,
+                                                      str(live), str(total))
+        assert await writer.wait() == 0
+        await wait_for(lambda: live.stat().st_size <= cap, 30, what="the last rotation")
+        kept = sorted((tmp_path / "w").glob("stdout.log*"))
+        sizes = {p.name: p.stat().st_size for p in kept}
+        assert set(sizes) <= {"stdout.log", "stdout.log.1", "stdout.log.2"}, sizes
+        assert all(size <= 2 * cap for size in sizes.values()), sizes
+        out = outputs.get("w")  # positions never run ahead of what was written
+        assert out is not None and 0 < out.end("stdout") <= total
+    finally:
+        loop.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await loop
