@@ -185,11 +185,13 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--limit", type=whole, default=100, metavar="N",
                     help="the newest N events the broker keeps (default %(default)s; 0: all)")
 
-    lg = sub.add_parser("logs", help="an instance's output (a service's: every replica's), "
+    lg = sub.add_parser("logs", help="an instance's output (a service's: its current "
+                        "replicas', merged in time order), "
                         "read from its node", description=(
                             "Print an instance's stdout (or --stderr, or --all), read over NATS "
-                            "from the node that holds it. A service's name prints every "
-                            "replica's, each line prefixed with its instance id."))
+                            "from the node that holds it. A service's name prints its current "
+                            "replicas' (--history: every replica it has a record of), merged "
+                            "in the order written, each line prefixed with its instance id."))
     _client(lg)
     logscmd.add_arguments(lg)
 
