@@ -280,7 +280,7 @@ async def test_a_run_after_a_memory_kill_is_judged_by_its_own_end(
                    what="restarted twice")
     restarted = events_of(cluster, iid, EventType.RESTARTED)
     assert [(e.reason, e.exit_code) for e in restarted] == [
-        (Reason.MEMORY_EXCEEDED, -signal.SIGKILL), ("", 3)]
+        (Reason.MEMORY_EXCEEDED, -signal.SIGKILL), (Reason.EXITED_NONZERO, 3)]
     assert restarted[1].detail.startswith("exit status 3; restart 2 of 2 within 60s")
     out = cluster.root / "workers" / node / "instances" / iid / "stdout.log"
     await wait_for(lambda: "allocated 1 " in out.read_text(), 30, what="the third run")
