@@ -176,6 +176,9 @@ async def run(args: argparse.Namespace) -> int:
             dones = await work
         except asyncio.CancelledError:
             return 0
+        except ClientError:  # one node did not answer: what the others said still shows
+            printer.finish()
+            raise
         printer.finish()
         lost = sum(d.skipped for d in dones)
         if lost:
