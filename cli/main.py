@@ -27,6 +27,7 @@ from typing import NoReturn
 
 from gavel import __version__
 from gavel.cli import auth, commands, completion, daemons, logs, logscmd, options
+from gavel.cli.api import app as api_app
 from gavel.cli.options import DEFAULT_NATS
 from gavel.cli.parsers import duration, non_negative_float, positive_float, positive_int, whole
 from gavel.cli.parsers import port as _port
@@ -97,6 +98,9 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--no-ui", dest="ui", action="store_false",
                     help="do not serve the web dashboard (default: served, its URL printed)")
     ui_app.add_options(up, prefix="ui-")
+    up.add_argument("--no-api", dest="api", action="store_false",
+                    help="do not serve the HTTP API (default: served, its URL printed)")
+    api_app.add_options(up)
     up.add_argument("--no-gateway", dest="gateway", action="store_false",
                     help="run no gateway (default: an embedded Caddy, its admin API on "
                     "loopback, kept by `gavel gateway`, routes every spec that declares "
@@ -165,6 +169,14 @@ def build_parser() -> argparse.ArgumentParser:
                         "it requires a token.")
     _client(ui, json_flag=False)
     ui_app.add_options(ui)
+
+    ap = sub.add_parser("api", help="serve the HTTP API (OpenAPI at /openapi.json)",
+                        description="Serve the cluster's API over HTTP: every verb of this "
+                        "command, resource-shaped under /v1, JSON in and out, its OpenAPI "
+                        "document at /openapi.json. It listens on loopback unless --api-addr "
+                        "says otherwise; on any other address it requires a bearer token.")
+    _client(ap, json_flag=False)
+    api_app.add_options(ap)
 
     nd = sub.add_parser("nodes", help="nodes, their health and load; one NODE in detail")
     _client(nd)
@@ -292,6 +304,8 @@ async def _dispatch(args: argparse.Namespace) -> int:
             return await up(args)
         case "ui":
             return await ui_app.run(args)
+        case "api":
+            return await api_app.run(args)
         case "logs":
             return await logscmd.run(args)
     return await commands.run(args)

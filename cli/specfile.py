@@ -13,7 +13,7 @@ import msgspec
 
 from gavel.shared.messages import Spec
 
-__all__ = ["SpecError", "load_spec"]
+__all__ = ["SpecError", "humanize", "load_spec"]
 
 
 class SpecError(ValueError):
@@ -35,12 +35,12 @@ def load_spec(path: Path) -> Spec:
     except RecursionError:  # tomllib, or msgspec on JSON, nested about a thousand deep
         raise SpecError(f"{path}: not a valid spec: nested too deeply") from None
     except msgspec.ValidationError as exc:
-        raise SpecError(f"{path}: invalid spec: {_humanize(str(exc))}") from None
+        raise SpecError(f"{path}: invalid spec: {humanize(str(exc))}") from None
     except msgspec.DecodeError as exc:
         raise SpecError(f"{path}: not valid JSON: {exc}") from None
 
 
-def _humanize(text: str) -> str:
+def humanize(text: str) -> str:
     """msgspec says ``Expected `float` >= 0.0 - at `$.cpu```; lead with the field."""
     if " - at `$." in text:
         what, where = text.rsplit(" - at `$.", 1)

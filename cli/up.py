@@ -23,7 +23,7 @@ Rules:
    failure), instead of the broker re-placing work it saw fail as the workers went.
 4. Unless ``--no-ui``, the web dashboard (`gavel ui`) runs in this process once the cluster
    is up, an operator client of it like the CLI, and its URL is printed; it stops before the
-   children do.
+   children do. So does the HTTP API (`gavel api`), unless ``--no-api``.
 5. ``--ha`` runs three clustered nats-servers, a bare state remote and three brokers, one
    of which leads (`gavel.cli.upha`), and says which; the state is then the remote's.
 """
@@ -44,6 +44,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from gavel.cli.api import app as api_app
 from gavel.cli.commands import UsageError
 from gavel.cli.parsers import unusable_dir
 from gavel.cli.ui import app as ui_app
@@ -391,6 +392,7 @@ async def up(args: argparse.Namespace) -> int:
                                            str(book), *_reserved(args)],
                                state / "logs" / "gateway.log", env))
     dashboard: ui_app.Dashboard | None = None
+    api: api_app.ApiServer | None = None
     try:
         starting = asyncio.ensure_future(start())
         stopping = asyncio.ensure_future(done.wait())
@@ -433,6 +435,11 @@ async def up(args: argparse.Namespace) -> int:
             dashboard = await ui_app.start(url, operator, addr=args.ui_addr,
                                            port=args.ui_port, token=args.ui_token)
             print(f"dashboard: {dashboard.announce()}")
+        if getattr(args, "api", False):  # rule 4: the HTTP API (`gavel api`) too
+            api = await api_app.start(url, operator, addr=args.api_addr, port=args.api_port,
+                                      token=args.api_token, tls_cert=args.api_tls_cert,
+                                      tls_key=args.api_tls_key)
+            print(f"HTTP API: {api.announce()}")
         hint = f"GAVEL_CREDS={operator} " if operator else ""
         print(f"try: GAVEL_NATS_URL={url} {hint}gavel nodes   "
               "(Ctrl-C stops the cluster)", flush=True)  # the last line: everything is up
@@ -455,6 +462,8 @@ async def up(args: argparse.Namespace) -> int:
     finally:
         if dashboard is not None:
             await dashboard.close()
+        if api is not None:
+            await api.close()
         _stop(children, brokers=n_brokers)  # rule 3: the brokers first
         if caddy is not None:
             caddy.stop()

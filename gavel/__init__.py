@@ -2,7 +2,8 @@
 lowest load and commits the placement to git.
 
 One import namespace: the repository keeps its rooms as top-level folders (`shared/`,
-`transport/`, `broker/`, `worker/`, `gateway/`, `cli/`, `sim/`, `bench/`) and this package
+`transport/`, `broker/`, `worker/`, `gateway/`, `client/`, `cli/`, `sim/`,
+`bench/`) and this package
 names each of them (``gavel.shared`` is ``shared/``, by a symbolic link), so nothing generic
 like ``shared`` or ``worker`` lands in site-packages.
 """

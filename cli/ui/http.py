@@ -1,9 +1,11 @@
 """A small HTTP/1.1 server on asyncio streams: the dashboard's pages, JSON and event streams.
 
 Rules:
-1. Read-only: GET and HEAD are served, every other method is 405. One request per
-   connection (``Connection: close``); a request head larger than `HEAD_MAX` is 431, one not
-   read within `HEAD_S` is dropped.
+1. Read-only by default: GET and HEAD are served, every other method is 405 (`Policy`
+   names the methods a server takes). One request per connection (``Connection: close``); a
+   request head larger than `HEAD_MAX` is 431, one not read within `HEAD_S` is dropped. A
+   body is read only where the policy allows one: up to `Policy.body_max` bytes, announced
+   by Content-Length (none: 411; more: 413), and within `HEAD_S`.
 2. Every response carries a Content-Security-Policy that lets the page load scripts, styles
    and data from this server only, and no-store caching: the page works with no internet
    and nothing it shows outlives the page.
@@ -15,7 +17,9 @@ Rules:
    itself): each one's task is cancelled and ends quietly, as a connection the browser
    closed does, so a dashboard stopped with pages open prints nothing.
 4. Access (`access` rules) is checked before any route: 401 without the token, 403 for a
-   Host that is not this machine's when there is no token.
+   Host that is not this machine's when there is no token. Every refusal the server makes
+   itself is one sentence, rendered by the policy (plain text for the dashboard).
+6. With an `ssl.SSLContext` the server speaks HTTPS only.
 """
 
 from __future__ import annotations
@@ -23,7 +27,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable
+import ssl
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from http import HTTPStatus
 from typing import Any
@@ -31,13 +36,16 @@ from urllib.parse import parse_qsl, unquote, urlsplit
 
 from gavel.cli.ui import access
 
-__all__ = ["HEAD_MAX", "HEAD_S", "Request", "Response", "Server", "Stream"]
+__all__ = ["DASHBOARD", "HEAD_MAX", "HEAD_S", "Policy", "Request", "Response", "Server",
+           "Stream"]
 
 log = logging.getLogger("gavel.ui")
 
 #: The largest request head read, and how long a client may take to send it (rule 1).
 HEAD_MAX = 16 * 1024
 HEAD_S = 10.0
+#: What a refused body may still send before the connection is closed (`_linger`).
+LINGER_MAX = 64 * 1024 * 1024
 #: Rule 2.
 SECURITY = {
     "Content-Security-Policy": "default-src 'none'; script-src 'self'; style-src 'self'; "
@@ -56,6 +64,7 @@ class Request:
     query: dict[str, str]
     #: Lower-cased names; a repeated header keeps its first value.
     headers: dict[str, str]
+    body: bytes = b""
 
 
 @dataclass
@@ -93,20 +102,54 @@ class Stream:
 Handler = Callable[[Request], Awaitable[Response | Stream]]
 
 
+def _text(status: int, sentence: str) -> Response:
+    return Response(status, sentence.encode() + b"\n")
+
+
+@dataclass(frozen=True)
+class Policy:
+    """What a server takes (rule 1) and how it says no (rule 4)."""
+
+    methods: frozenset[str] = frozenset({"GET", "HEAD"})
+    #: Bytes of body a request may carry (0: none is read).
+    body_max: int = 0
+    #: The sentence of each refusal the server makes itself, by status.
+    sentences: Mapping[int, str] = field(default_factory=dict)
+    render: Callable[[int, str], Response] = _text
+
+    def refuse(self, status: int, headers: Mapping[str, str] | None = None) -> Response:
+        resp = self.render(status, self.sentences.get(status, HTTPStatus(status).phrase))
+        resp.headers.update(headers or {})
+        return resp
+
+
+#: The dashboard's: read-only, its sentences in plain text.
+DASHBOARD = Policy(sentences={
+    400: "not an HTTP request",
+    401: "this dashboard needs its token: open the URL `gavel ui` printed (it ends in "
+         "?token=...)",
+    403: "this dashboard answers only to this machine's own names",
+    405: "the dashboard is read-only",
+    431: "request head too large",
+})
+
+
 class Server:
     """Serves `handler` on (addr, port) to whoever holds `token` (rule 4)."""
 
-    def __init__(self, handler: Handler, token: str) -> None:
+    def __init__(self, handler: Handler, token: str, policy: Policy = DASHBOARD) -> None:
         self.handler = handler
         self.token = token
+        self.policy = policy
         self.port = 0
         self._server: asyncio.Server | None = None
         self._clients: set[asyncio.Task[Any]] = set()
         self._closing = False
 
-    async def start(self, addr: str, port: int) -> int:
+    async def start(self, addr: str, port: int, tls: ssl.SSLContext | None = None) -> int:
         """Listen; the port listened on (`port` 0: a free one). OSError if it cannot."""
-        self._server = await asyncio.start_server(self._client, addr, port, limit=HEAD_MAX)
+        self._server = await asyncio.start_server(self._client, addr, port, limit=HEAD_MAX,
+                                                  ssl=tls)
         self.port = int(self._server.sockets[0].getsockname()[1])
         return self.port
 
@@ -146,34 +189,69 @@ class Server:
                 await writer.wait_closed()
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        policy = self.policy
         try:
             async with asyncio.timeout(HEAD_S):
                 head = await reader.readuntil(b"\r\n\r\n")
         except (asyncio.LimitOverrunError, ValueError):
-            await _write(writer, Response(431, b"request head too large\n"))
+            await _write(writer, policy.refuse(431))
             return
         req = _parse(head)
         if req is None:
-            await _write(writer, Response(400, b"not an HTTP request\n"))
+            await _write(writer, policy.refuse(400))
             return
-        if req.method not in ("GET", "HEAD"):
-            await _write(writer, Response(405, b"the dashboard is read-only\n",
-                                          headers={"Allow": "GET, HEAD"}))
+        if req.method not in policy.methods:
+            await _write(writer, policy.refuse(405, {"Allow": ", ".join(sorted(
+                policy.methods))}))
             return
         if not access.authorized(self.token, self.port, req.headers, req.query):
-            await _write(writer, Response(401, b"this dashboard needs its token: open the URL "
-                                          b"`gavel ui` printed (it ends in ?token=...)\n",
-                                          headers={"WWW-Authenticate": "Bearer"}))
+            await _write(writer, policy.refuse(401, {"WWW-Authenticate": "Bearer"}))
             return
         if not self.token and not access.host_is_loopback(req.headers.get("host", "")):
-            await _write(writer, Response(403, b"this dashboard answers only to this "
-                                          b"machine's own names\n"))
+            await _write(writer, policy.refuse(403))
             return
+        if policy.body_max and req.method not in ("GET", "HEAD"):
+            body = await _body(reader, req, policy.body_max)
+            if isinstance(body, int):
+                await _write(writer, policy.refuse(body))
+                await _linger(reader, writer)
+                return
+            req = Request(req.method, req.path, req.query, req.headers, body)
         answer = await self.handler(req)
         if isinstance(answer, Response):
             await _write(writer, answer, head_only=req.method == "HEAD")
             return
         await _stream(reader, writer, answer)
+
+
+async def _linger(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """After refusing a body unread: say we are done writing, then read and drop what the
+    client is still sending (up to `LINGER_MAX` bytes, for up to `HEAD_S`), so closing does
+    not reset the connection before the client has read the refusal."""
+    with contextlib.suppress(OSError, RuntimeError):
+        if writer.can_write_eof():
+            writer.write_eof()
+    dropped = 0
+    with contextlib.suppress(TimeoutError, ConnectionError):
+        async with asyncio.timeout(HEAD_S):
+            while dropped < LINGER_MAX and (got := await reader.read(64 * 1024)):
+                dropped += len(got)
+
+
+async def _body(reader: asyncio.StreamReader, req: Request, most: int) -> bytes | int:
+    """Rule 1: the request's body, or the status that refuses it."""
+    if "transfer-encoding" in req.headers:
+        return 411
+    text = req.headers.get("content-length", "0")
+    if not text.isdigit():
+        return 400
+    length = int(text)
+    if length > most:
+        return 413
+    if not length:
+        return b""
+    async with asyncio.timeout(HEAD_S):
+        return await reader.readexactly(length)
 
 
 def _parse(head: bytes) -> Request | None:

@@ -1,0 +1,299 @@
+"""`gavel api` (and `gavel up`'s API): the HTTP API, an operator client of the NATS API.
+
+Rules:
+1. It listens on ``--api-addr`` (loopback by default) and ``--api-port`` (`DEFAULT_PORT`, or
+   a free port when that one is taken and none was asked for; 0: a free one). Off loopback
+   it requires a bearer token (the operator's, ``--api-token``/GAVEL_API_TOKEN, or one made at
+   start and printed once); a token given on loopback is required there too (`ui.access`).
+   With ``--api-tls-cert`` and ``--api-tls-key`` it speaks HTTPS only.
+2. Each request is one verb of the NATS API through `gavel.client.Client` on the server's
+   own connection (`routes`); the answer is the reply struct as JSON, or `ApiError` with the
+   status `errors` gives it. Bad input is refused before the cluster is asked (400, 411,
+   413, 415), with one sentence; nothing a client sends makes a 500.
+3. ``/openapi.json`` is the document `openapi` makes; ``/v1/...`` the routes.
+4. The streaming routes write server-sent events: ``/v1/events/stream`` the events kept,
+   then each new one (subscribed before the kept ones are asked for, and a new one already
+   among those is not sent twice); ``/v1/instances/ID/logs`` the output's chunks, then
+   ``done``. A failure after the stream has begun is an ``error`` event with the sentence;
+   an idle stream gets a comment every `KEEPALIVE_S`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import errno
+import os
+import signal
+import socket
+import ssl
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+
+from gavel.cli.api import errors
+from gavel.cli.api.openapi import document
+from gavel.cli.api.routes import BODY_MAX, BadRequest, Route, build, find
+from gavel.cli.ui import access
+from gavel.cli.ui.http import Policy, Request, Response, Server, Sse, Stream
+from gavel.client import BrokerRefused, Client, ClientError, NoAnswer, NoBroker
+from gavel.shared.errors import BadInput
+from gavel.shared.logstream import LogsDone, LogsRequest
+from gavel.shared.messages import ApiError
+
+__all__ = ["DEFAULT_PORT", "KEEPALIVE_S", "ApiServer", "ApiUnavailable", "add_options",
+           "run", "start"]
+
+#: Rule 1.
+DEFAULT_PORT = 8471
+#: Rule 4.
+KEEPALIVE_S = 15.0
+_JSON = "application/json"
+_enc = msgspec.json.Encoder()
+
+
+class ApiUnavailable(BadInput):
+    """The API cannot listen where it was asked to, or its TLS files are unusable (exit 2)."""
+
+
+def _error(status: int, sentence: str) -> Response:
+    return Response(status, errors.body(sentence), _JSON)
+
+
+#: Rule 2: what the server itself refuses, in the API's own JSON.
+POLICY = Policy(methods=frozenset({"GET", "HEAD", "POST", "PUT", "DELETE"}), body_max=BODY_MAX,
+                render=_error, sentences={
+    400: "not an HTTP request, or a Content-Length that is not a number",
+    401: "this API needs its token: send Authorization: Bearer TOKEN",
+    403: "this API answers only to this machine's own names (give it a token to serve "
+         "others)",
+    405: "this API takes GET, HEAD, POST, PUT and DELETE",
+    411: "a request body must come with a Content-Length (chunked bodies are not read)",
+    413: f"the request body is larger than this API reads ({BODY_MAX} bytes)",
+    431: "request head too large",
+})
+
+
+def _port(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a TCP port (0-65535; 0: a free "
+                                         "one)")
+    return value
+
+
+def add_options(p: argparse.ArgumentParser) -> None:
+    """``--api-addr``, ``--api-port``, ``--api-token``, ``--api-tls-cert``, ``--api-tls-key``."""
+    p.add_argument("--api-addr", default="127.0.0.1", metavar="ADDR",
+                   help="address the HTTP API listens on (default %(default)s; any other "
+                   "needs a token)")
+    p.add_argument("--api-port", type=_port, default=None, metavar="PORT",
+                   help=f"port of the HTTP API (default {DEFAULT_PORT}, or a free one when "
+                   "that is taken; 0: a free one)")
+    p.add_argument("--api-token", default=os.environ.get("GAVEL_API_TOKEN", ""),
+                   metavar="TOKEN", help="require this bearer token (env GAVEL_API_TOKEN; "
+                   "default: none on loopback, a new one printed once on any other address)")
+    p.add_argument("--api-tls-cert", default="", metavar="FILE",
+                   help="serve HTTPS with this certificate (PEM; with --api-tls-key)")
+    p.add_argument("--api-tls-key", default="", metavar="FILE",
+                   help="the certificate's private key (PEM)")
+
+
+class Handler:
+    """Rules 2-4."""
+
+    def __init__(self, client: Client) -> None:
+        self.client = client
+        self.openapi = _enc.encode(document())
+
+    async def __call__(self, req: Request) -> Response | Stream:
+        if req.path == "/openapi.json" and req.method in ("GET", "HEAD"):
+            return Response(200, self.openapi, _JSON)
+        found = find(req.method, req.path)
+        if isinstance(found, int):
+            return _error(found, f"no such route: {req.method} {req.path}" if found == 404
+                          else f"{req.path} does not take {req.method}")
+        route, params = found
+        try:
+            request = build(route, params, req.query, req.headers, req.body)
+        except BadRequest as exc:
+            return _error(exc.status, str(exc))
+        if route.stream:
+            return await self._stream(route, request)
+        try:
+            reply = await route.ask(self.client, request)
+        except ClientError as exc:
+            return _error(_status(exc), str(exc))
+        return Response(200, _enc.encode(reply), _JSON)
+
+    async def _stream(self, route: Route, request: Any) -> Response | Stream:
+        if isinstance(request, LogsRequest):
+            node = request.node_id
+            if not node:
+                try:
+                    inst = await self.client.instance(request.instance_id)
+                except ClientError as exc:
+                    return _error(_status(exc), str(exc))
+                if not inst.node_id:
+                    return _error(409, f"{inst.instance_id} has not run on a node yet "
+                                  f"({inst.state}): it has no output")
+                node = inst.node_id
+            return Stream(lambda sse: self._logs(sse, msgspec.structs.replace(
+                request, node_id=node)))
+        feed = await self.client.follow_events(request.instance_id)
+        try:
+            kept = await self.client.events(request.instance_id, limit=request.limit,
+                                            since=request.since)
+        except ClientError as exc:
+            await feed.aclose()
+            return _error(_status(exc), str(exc))
+        return Stream(lambda sse: self._events(sse, feed, kept.events))
+
+    async def _events(self, sse: Sse, feed: Any, kept: list[Any]) -> None:
+        """Rule 4."""
+        seen = {_enc.encode(e) for e in kept}
+        try:
+            for e in kept:
+                await sse.send("event", _enc.encode(e))
+            it = aiter(feed)
+            while True:
+                try:
+                    async with asyncio.timeout(KEEPALIVE_S):
+                        e = await anext(it)
+                except TimeoutError:
+                    await sse.comment()
+                    continue
+                except StopAsyncIteration:
+                    return
+                data = _enc.encode(e)
+                if seen and data in seen:
+                    seen.discard(data)
+                    continue
+                await sse.send("event", data)
+        finally:
+            await feed.aclose()
+
+    async def _logs(self, sse: Sse, request: LogsRequest) -> None:
+        try:
+            async for got in self.client.logs(
+                    request.instance_id, node_id=request.node_id, streams=request.streams,
+                    tail=request.tail, since=request.since, follow=request.follow):
+                await sse.send("done" if isinstance(got, LogsDone) else "chunk",
+                               _enc.encode(got))
+        except ClientError as exc:
+            await sse.send("error", _enc.encode(ApiError(error=str(exc))))
+
+
+def _status(exc: ClientError) -> int:
+    """`errors` rule 2."""
+    if isinstance(exc, BrokerRefused):
+        return errors.status_for(str(exc))
+    if isinstance(exc, NoBroker):
+        return 503
+    if isinstance(exc, NoAnswer):
+        return 504
+    return 502
+
+
+@dataclass
+class ApiServer:
+    """A running HTTP API: where it listens, its token, what to close."""
+
+    addr: str
+    port: int
+    token: str
+    token_made: bool
+    tls: bool
+    server: Server
+    client: Client
+
+    @property
+    def url(self) -> str:
+        host = self.addr
+        if host in ("0.0.0.0", "::", ""):
+            host = socket.gethostname()
+        if ":" in host:
+            host = f"[{host}]"
+        return f"{'https' if self.tls else 'http'}://{host}:{self.port}/"
+
+    def announce(self) -> str:
+        """The address, and the token once when the server made it (rule 1)."""
+        if self.token_made:
+            return f"{self.url} (bearer token {self.token})"
+        if self.token:
+            return f"{self.url} (it asks for the token given with --api-token)"
+        return self.url
+
+    async def close(self) -> None:
+        await self.server.close()
+        await self.client.close()
+
+
+def _tls(cert: str, key: str) -> ssl.SSLContext | None:
+    if not cert and not key:
+        return None
+    if not (cert and key):
+        raise ApiUnavailable("--api-tls-cert and --api-tls-key go together: give both")
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    try:
+        ctx.load_cert_chain(cert, key)
+    except (OSError, ssl.SSLError) as exc:
+        raise ApiUnavailable(f"cannot use the TLS certificate {cert} with key {key}: "
+                             f"{getattr(exc, 'strerror', None) or exc}") from None
+    return ctx
+
+
+async def _listen(server: Server, addr: str, port: int | None,
+                  tls: ssl.SSLContext | None) -> int:
+    try:
+        return await server.start(addr, DEFAULT_PORT if port is None else port, tls)
+    except OSError as exc:
+        if port is None and exc.errno == errno.EADDRINUSE:
+            return await _listen(server, addr, 0, tls)
+        what = f"port {port}" if port else "a port"
+        raise ApiUnavailable(f"the HTTP API cannot listen on {addr}, {what}: "
+                             f"{exc.strerror or exc}") from None
+
+
+async def start(nats_url: str, creds: str | None, *, addr: str = "127.0.0.1",
+                port: int | None = None, token: str = "", tls_cert: str = "",
+                tls_key: str = "") -> ApiServer:
+    """An HTTP API for the cluster at `nats_url`, listening until `ApiServer.close`."""
+    tls = _tls(tls_cert, tls_key)
+    required = access.token_for(addr, token)
+    client = await Client.connect(nats_url, creds, allow_reconnect=True,
+                                  max_reconnect_attempts=-1, reconnect_time_wait=1)
+    server = Server(Handler(client), required, POLICY)
+    try:
+        bound = await _listen(server, addr, port, tls)
+    except BaseException:
+        await server.close()
+        await client.close()
+        raise
+    return ApiServer(addr=addr, port=bound, token=required,
+                     token_made=bool(required) and not token, tls=tls is not None,
+                     server=server, client=client)
+
+
+async def run(args: argparse.Namespace) -> int:
+    """`gavel api`: serve the HTTP API until SIGTERM or Ctrl-C."""
+    api = await start(args.nats, args.creds, addr=args.api_addr, port=args.api_port,
+                      token=args.api_token, tls_cert=args.api_tls_cert,
+                      tls_key=args.api_tls_key)
+    try:
+        print(f"gavel api: HTTP API at {api.announce()}; its OpenAPI document at "
+              f"{api.url}openapi.json   (Ctrl-C stops it)", flush=True)
+        done = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, done.set)
+        await done.wait()
+        return 0
+    finally:
+        with contextlib.suppress(Exception):
+            await api.close()

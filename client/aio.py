@@ -1,0 +1,305 @@
+"""The async client: one method per verb, over one NATS connection.
+
+Rules:
+1. Every method sends the verb's request struct and returns its reply struct; a broker that
+   says no raises `BrokerRefused` with its sentence, nobody answering raises `NoBroker`, no
+   answer in time `NoAnswer` (all `ClientError`, from `gavel.transport.client`).
+2. `submit` and `deploy` carry an idempotency key (the caller's, or a new uuid4) and ask
+   again with the same key when the broker does not answer within `TRY_S`, up to `TRIES`
+   times, and while no broker answers at all (a failover) for as long: a request whose
+   answer was lost is answered again, never carried out twice (`broker.api` rule 4).
+3. `follow_events` and `logs` are async iterators: events as the broker publishes them
+   (the subscription is made before the first is awaited), output as the node sends it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from typing import Any, TypeVar
+
+import msgspec
+
+from gavel.shared import subjects
+from gavel.shared.api import (
+    CancelReply,
+    CancelRequest,
+    DeployReply,
+    DeployRequest,
+    DrainReply,
+    DrainRequest,
+    EndpointsReply,
+    EndpointsRequest,
+    EventsReply,
+    EventsRequest,
+    InstanceStatus,
+    NodesReply,
+    NodesRequest,
+    RollbackRequest,
+    ScaleRequest,
+    ServiceReply,
+    ServiceRequest,
+    ServicesReply,
+    ServicesRequest,
+    StatsReply,
+    StatsRequest,
+    StatusReply,
+    StatusRequest,
+    StopServiceRequest,
+    SubmitReply,
+    SubmitRequest,
+    WhyReply,
+    WhyRequest,
+)
+from gavel.shared.logstream import LogChunk, LogsDone, LogsRequest, Stream
+from gavel.shared.messages import Event, Message, Spec
+from gavel.shared.routes import RouteEntry, derive
+from gavel.transport.client import ClientError, NoAnswer, NoBroker, call, connect
+from gavel.transport.logclient import read
+
+__all__ = ["PAUSE_S", "TRIES", "TRY_S", "Client", "Ended", "EventFeed"]
+
+T = TypeVar("T", bound=Message)
+#: Rule 2: how long each try waits, how many there are, the pause while no broker answers.
+TRY_S = 10.0
+TRIES = 3
+PAUSE_S = 1.0
+_events = msgspec.msgpack.Decoder(Event)
+#: States an instance never leaves.
+_ENDED = ("succeeded", "failed", "lost", "cancelled")
+
+
+class Ended(ClientError):
+    """`Client.wait`: the instance ended, or cannot be placed, before it was healthy."""
+
+    def __init__(self, message: str, status: InstanceStatus) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class EventFeed:
+    """Events as they are published on one subscription (rule 3); garbage is skipped."""
+
+    def __init__(self, sub: Any) -> None:
+        self._sub = sub
+
+    def __aiter__(self) -> EventFeed:
+        return self
+
+    async def __anext__(self) -> Event:
+        while True:
+            try:
+                msg = await self._sub.next_msg(timeout=None)
+            except Exception:  # the subscription or its connection went
+                raise StopAsyncIteration from None
+            try:
+                return _events.decode(msg.data)
+            except (msgspec.DecodeError, RecursionError):
+                continue
+
+    async def aclose(self) -> None:
+        with contextlib.suppress(Exception):
+            await self._sub.unsubscribe()
+
+
+class Client:
+    """A cluster's API over `nc` (a nats-py connection). `Client.connect` makes one that
+    owns its connection and closes it with `close` (or ``async with``)."""
+
+    def __init__(self, nc: Any, *, timeout: float = 10.0, owned: bool = False) -> None:
+        self.nc = nc
+        self.timeout = timeout
+        self._owned = owned
+
+    @classmethod
+    async def connect(cls, url: str = "nats://127.0.0.1:4222", creds: str | None = None,
+                      *, timeout: float = 10.0, **options: Any) -> Client:
+        """A client on a connection of its own (`creds`: an nkey seed or .creds file)."""
+        return cls(await connect(url, creds, **options), timeout=timeout, owned=True)
+
+    async def close(self) -> None:
+        if self._owned:
+            await self.nc.close()
+
+    async def __aenter__(self) -> Client:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def request(self, verb: str, request: Message, reply_type: type[T],
+                      timeout: float | None = None) -> T:
+        """Rule 1: any verb of the NATS API by name (``gavel.api.<verb>``)."""
+        return await call(self.nc, verb, request, reply_type, timeout or self.timeout)
+
+    async def _again(self, verb: str, request: Message, reply_type: type[T],
+                     on_retry: Callable[[str], None] | None) -> T:
+        """Rule 2: `request` (which carries its key) until it is answered."""
+        tries = 0
+        deadline = time.monotonic() + TRIES * TRY_S
+        while True:
+            try:
+                return await self.request(verb, request, reply_type, TRY_S)
+            except NoAnswer as exc:
+                tries += 1
+                if tries == TRIES:
+                    raise
+                if on_retry is not None:
+                    on_retry(str(exc))
+            except NoBroker as exc:
+                if time.monotonic() + PAUSE_S > deadline:
+                    raise
+                if on_retry is not None:
+                    on_retry(str(exc))
+                await asyncio.sleep(PAUSE_S)
+
+    # -- instances ------------------------------------------------------------------------
+    async def submit(self, spec: Spec, *, instance_id: str = "", count: int = 1,
+                     key: str = "", on_retry: Callable[[str], None] | None = None
+                     ) -> SubmitReply:
+        """Submit `spec` (`count` instances of it); rule 2 with `key` or a new one."""
+        req = SubmitRequest(spec=spec, instance_id=instance_id, count=count,
+                            key=key or uuid.uuid4().hex)
+        return await self._again("submit", req, SubmitReply, on_retry)
+
+    async def status(self, instance_id: str = "") -> StatusReply:
+        """Every instance, or the one named."""
+        return await self.request("status", StatusRequest(instance_id=instance_id),
+                                  StatusReply)
+
+    async def instance(self, instance_id: str) -> InstanceStatus:
+        """One instance's status."""
+        return (await self.status(instance_id)).instances[0]
+
+    async def why(self, instance_id: str) -> WhyReply:
+        """The instance and every auction for it: bids, declines, the winner."""
+        return await self.request("why", WhyRequest(instance_id=instance_id), WhyReply)
+
+    async def cancel(self, instance_id: str) -> CancelReply:
+        return await self.request("cancel", CancelRequest(instance_id=instance_id),
+                                  CancelReply)
+
+    async def wait(self, instance_id: str, timeout: float = 30.0) -> InstanceStatus:
+        """Until the instance runs healthy (or has succeeded): its status. `Ended` when it
+        ends otherwise, or is unschedulable; `NoAnswer` past `timeout`."""
+        deadline = time.monotonic() + timeout
+        sub = await self.nc.subscribe(subjects.EVENTS.format(instance=instance_id))
+        try:
+            while True:
+                inst = await self.instance(instance_id)
+                if (inst.state == "running" and inst.health == "healthy") \
+                        or inst.state == "succeeded":
+                    return inst
+                if inst.state in _ENDED or inst.state == "unschedulable":
+                    raise Ended(f"{instance_id} {inst.state}: " + ": ".join(
+                        p for p in (inst.reason, inst.detail) if p), inst)
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise NoAnswer(f"{instance_id} not healthy within {timeout:g}s: "
+                                   f"{inst.state} {inst.health}".rstrip())
+                with contextlib.suppress(Exception):  # an event is a reason to look again
+                    await sub.next_msg(timeout=min(left, 1.0))
+        finally:
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
+
+    # -- nodes ----------------------------------------------------------------------------
+    async def nodes(self, node_id: str = "") -> NodesReply:
+        """Every node in brief, or one in detail (`NodesReply.detail`)."""
+        return await self.request("nodes", NodesRequest(node_id=node_id), NodesReply)
+
+    async def drain(self, node_id: str, *, undo: bool = False, migrate: bool = False,
+                    deadline_s: float = 0.0) -> DrainReply:
+        return await self.request("drain", DrainRequest(node_id=node_id, undo=undo,
+                                                        migrate=migrate,
+                                                        deadline_s=deadline_s), DrainReply)
+
+    # -- events ---------------------------------------------------------------------------
+    async def events(self, instance_id: str = "", *, limit: int = 100,
+                     since: float = 0.0) -> EventsReply:
+        """The newest `limit` events the broker keeps (0: all), at or after `since`."""
+        return await self.request("events", EventsRequest(instance_id=instance_id,
+                                                          limit=limit, since=since),
+                                  EventsReply)
+
+    async def follow_events(self, instance_id: str = "") -> EventFeed:
+        """Rule 3: every event from now on (of one instance, or all), as an async iterator;
+        the subscription is in place when this returns. ``aclose()`` ends it."""
+        subject = subjects.EVENTS.format(instance=instance_id) if instance_id \
+            else subjects.EVENTS_ALL
+        return EventFeed(await self.nc.subscribe(subject))
+
+    # -- services -------------------------------------------------------------------------
+    async def deploy(self, spec: Spec, *, key: str = "",
+                     on_retry: Callable[[str], None] | None = None) -> DeployReply:
+        """Create the service `spec` names, or deploy it as its next version (rule 2)."""
+        return await self._again("deploy", DeployRequest(spec=spec, key=key or
+                                                         uuid.uuid4().hex),
+                                 DeployReply, on_retry)
+
+    async def service(self, name: str) -> ServiceReply:
+        return await self.request("service", ServiceRequest(name=name), ServiceReply)
+
+    async def services(self) -> ServicesReply:
+        return await self.request("services", ServicesRequest(), ServicesReply)
+
+    async def scale(self, name: str, count: int) -> ServiceReply:
+        return await self.request("scale", ScaleRequest(name=name, count=count), ServiceReply)
+
+    async def stop(self, name: str) -> ServiceReply:
+        return await self.request("stop", StopServiceRequest(name=name), ServiceReply)
+
+    async def rollback(self, name: str, to_version: int = 0) -> ServiceReply:
+        return await self.request("rollback", RollbackRequest(name=name,
+                                                              to_version=to_version),
+                                  ServiceReply)
+
+    # -- routes, logs, the broker ---------------------------------------------------------
+    async def endpoints(self) -> EndpointsReply:
+        return await self.request("endpoints", EndpointsRequest(), EndpointsReply)
+
+    async def routes(self) -> list[RouteEntry]:
+        """The route table a gateway derives from the endpoints (`gavel.shared.routes`)."""
+        reply = await self.endpoints()
+        return derive(reply.endpoints, reply.nodes)
+
+    async def stats(self) -> StatsReply:
+        return await self.request("stats", StatsRequest(), StatsReply)
+
+    async def logs(self, instance_id: str, *, node_id: str = "",
+                   streams: list[Stream] | None = None, tail: int = -1, since: float = 0.0,
+                   follow: bool = False) -> AsyncIterator[LogChunk | LogsDone]:
+        """Rule 3: the instance's output from its node (`node_id`: ask that node, without
+        the status API), chunk by chunk, then the `LogsDone` that ended it."""
+        if not node_id:
+            inst = await self.instance(instance_id)
+            if not inst.node_id:
+                raise ClientError(f"{instance_id} has not run on a node yet ({inst.state}): "
+                                  "it has no output")
+            node_id = inst.node_id
+        queue: asyncio.Queue[LogChunk | LogsDone | BaseException] = asyncio.Queue()
+        req = LogsRequest(node_id=node_id, instance_id=instance_id,
+                          streams=streams or ["stdout"], tail=tail, since=since, follow=follow)
+
+        async def pump() -> None:
+            try:
+                queue.put_nowait(await read(self.nc, req, queue.put))
+            except BaseException as exc:  # handed to the iterating caller
+                queue.put_nowait(exc)
+
+        task = asyncio.ensure_future(pump())
+        try:
+            while True:
+                got = await queue.get()
+                if isinstance(got, BaseException):
+                    raise got
+                yield got
+                if isinstance(got, LogsDone):
+                    return
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task

@@ -1,0 +1,155 @@
+"""The sync client: `Client`'s methods for code that is not async.
+
+Rule: one event loop on a thread of the client's own runs the async `Client`; each call waits
+for its answer there, so a script calls ``SyncClient(...).submit(spec)`` as it would any
+function. Iterating methods (`follow_events`, `logs`) yield as the async ones do; `close`
+stops the loop and its thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import AsyncIterator, Coroutine, Iterator
+from typing import Any, TypeVar
+
+from gavel.client.aio import Client
+from gavel.shared.api import (
+    CancelReply,
+    DeployReply,
+    DrainReply,
+    EndpointsReply,
+    EventsReply,
+    InstanceStatus,
+    NodesReply,
+    ServiceReply,
+    ServicesReply,
+    StatsReply,
+    StatusReply,
+    SubmitReply,
+    WhyReply,
+)
+from gavel.shared.logstream import LogChunk, LogsDone, Stream
+from gavel.shared.messages import Event, Spec
+from gavel.shared.routes import RouteEntry
+
+__all__ = ["SyncClient"]
+
+R = TypeVar("R")
+Y = TypeVar("Y")
+
+
+class SyncClient:
+    """`Client.connect(url, creds, ...)` behind plain calls; a context manager too."""
+
+    def __init__(self, url: str = "nats://127.0.0.1:4222", creds: str | None = None,
+                 **options: Any) -> None:
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="gavel-client",
+                                        daemon=True)
+        self._thread.start()
+        try:
+            self.client: Client = self._run(Client.connect(url, creds, **options))
+        except BaseException:
+            self._stop()
+            raise
+
+    def _run(self, coro: Coroutine[Any, Any, R]) -> R:
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+
+    def _iterate(self, agen: AsyncIterator[Y]) -> Iterator[Y]:
+        try:
+            while True:
+                try:
+                    yield self._run(agen.__anext__())  # type: ignore[arg-type]
+                except StopAsyncIteration:
+                    return
+        finally:
+            aclose = getattr(agen, "aclose", None)
+            if aclose is not None:
+                self._run(aclose())
+
+    def _stop(self) -> None:
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join()
+        self._loop.close()
+
+    def close(self) -> None:
+        try:
+            self._run(self.client.close())
+        finally:
+            self._stop()
+
+    def __enter__(self) -> SyncClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def submit(self, spec: Spec, *, instance_id: str = "", count: int = 1,
+               key: str = "") -> SubmitReply:
+        return self._run(self.client.submit(spec, instance_id=instance_id, count=count,
+                                            key=key))
+
+    def status(self, instance_id: str = "") -> StatusReply:
+        return self._run(self.client.status(instance_id))
+
+    def instance(self, instance_id: str) -> InstanceStatus:
+        return self._run(self.client.instance(instance_id))
+
+    def wait(self, instance_id: str, timeout: float = 30.0) -> InstanceStatus:
+        return self._run(self.client.wait(instance_id, timeout))
+
+    def why(self, instance_id: str) -> WhyReply:
+        return self._run(self.client.why(instance_id))
+
+    def cancel(self, instance_id: str) -> CancelReply:
+        return self._run(self.client.cancel(instance_id))
+
+    def nodes(self, node_id: str = "") -> NodesReply:
+        return self._run(self.client.nodes(node_id))
+
+    def drain(self, node_id: str, *, undo: bool = False, migrate: bool = False,
+              deadline_s: float = 0.0) -> DrainReply:
+        return self._run(self.client.drain(node_id, undo=undo, migrate=migrate,
+                                           deadline_s=deadline_s))
+
+    def events(self, instance_id: str = "", *, limit: int = 100,
+               since: float = 0.0) -> EventsReply:
+        return self._run(self.client.events(instance_id, limit=limit, since=since))
+
+    def follow_events(self, instance_id: str = "") -> Iterator[Event]:
+        return self._iterate(self._run(self.client.follow_events(instance_id)))
+
+    def deploy(self, spec: Spec, *, key: str = "") -> DeployReply:
+        return self._run(self.client.deploy(spec, key=key))
+
+    def service(self, name: str) -> ServiceReply:
+        return self._run(self.client.service(name))
+
+    def services(self) -> ServicesReply:
+        return self._run(self.client.services())
+
+    def scale(self, name: str, count: int) -> ServiceReply:
+        return self._run(self.client.scale(name, count))
+
+    def stop(self, name: str) -> ServiceReply:
+        return self._run(self.client.stop(name))
+
+    def rollback(self, name: str, to_version: int = 0) -> ServiceReply:
+        return self._run(self.client.rollback(name, to_version))
+
+    def endpoints(self) -> EndpointsReply:
+        return self._run(self.client.endpoints())
+
+    def routes(self) -> list[RouteEntry]:
+        return self._run(self.client.routes())
+
+    def stats(self) -> StatsReply:
+        return self._run(self.client.stats())
+
+    def logs(self, instance_id: str, *, node_id: str = "",
+             streams: list[Stream] | None = None, tail: int = -1, since: float = 0.0,
+             follow: bool = False) -> Iterator[LogChunk | LogsDone]:
+        return self._iterate(self.client.logs(instance_id, node_id=node_id, streams=streams,
+                                              tail=tail, since=since, follow=follow))
