@@ -26,6 +26,7 @@ from typing import Any
 import msgspec
 
 from gavel.cli.specfile import SpecError, load_spec
+from gavel.client import Client
 from gavel.shared import subjects
 from gavel.shared.api import (
     DeployReply,
@@ -67,13 +68,12 @@ def _table(rows: Sequence[tuple[str, ...]]) -> None:
 
 
 async def _call(args: argparse.Namespace, verb: str, request: Any, reply: type[Any]) -> Any:
-    nc = await connect(args.nats, args.creds)
-    try:
-        return await call(nc, verb, request, reply)
-    except BrokerRefused as exc:
-        raise Refused(str(exc)) from None
-    finally:
-        await nc.close()
+    """One verb through the Python client (`gavel.client`), as any program asks it."""
+    async with await Client.connect(args.nats, args.creds) as client:
+        try:
+            return await client.request(verb, request, reply)
+        except BrokerRefused as exc:
+            raise Refused(str(exc)) from None
 
 
 def _state(st: ServiceStatus) -> str:

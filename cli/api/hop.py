@@ -1,0 +1,127 @@
+"""What the HTTP hop costs: submit -> placed through the HTTP API and through the NATS API
+directly, side by side in one run (``python -m gavel.cli.api.hop``; docs/performance.md).
+
+Rules:
+1. One cluster for both: `gavel up` (no gateway, no dashboard, no NATS auth) on a temporary
+   state directory, its HTTP API served in its own process as `gavel up` serves it. This
+   process asks through both doors: `gavel.client.Client` on NATS, and plain HTTP/1.1 on a
+   fresh connection per request (as ``curl`` would).
+2. Submissions alternate between the two doors, one at a time, each a one-instance job with
+   an id of this run's: both see the same cluster at the same moments, and nothing queues.
+3. A submission's figures are from just before its request is sent to its answer (the
+   reply) and to its ``placed`` event (heard on a subscription made before the first).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from gavel.client import Client
+from gavel.shared import subjects
+from gavel.shared.messages import Event, Spec
+
+__all__ = ["main", "measure"]
+
+
+async def _post(port: int, path: str, body: bytes) -> tuple[int, bytes]:
+    r, w = await asyncio.open_connection("127.0.0.1", port)
+    w.write(f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: "
+            f"application/json\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body)
+    data = await r.read()
+    w.close()
+    head, _, rest = data.partition(b"\r\n\r\n")
+    return int(head.split(b" ")[1]), rest
+
+
+def _pct(values: list[float], pct: float) -> float:
+    """Nearest rank, in milliseconds."""
+    ranked = sorted(values)
+    k = max(0, min(len(ranked) - 1, round(pct / 100 * len(ranked) + 0.5) - 1))
+    return round(ranked[k] * 1000, 2)
+
+
+async def measure(nats_url: str, api_port: int, n: int) -> dict[str, Any]:
+    """Rules 2 and 3: `n` submissions through each door."""
+    spec = Spec(name="hop", command=[sys.executable, "-c", "pass"], cpu=0.01, memory_mb=16)
+    placed: dict[str, asyncio.Future[float]] = {}
+    dec = msgspec.msgpack.Decoder(Event)
+    figures: dict[str, dict[str, list[float]]] = {
+        door: {"reply": [], "placed": []} for door in ("nats", "http")}
+    async with await Client.connect(nats_url) as client:
+        async def heard(msg: Any) -> None:
+            e = dec.decode(msg.data)
+            got = placed.get(e.instance_id)
+            if e.type == "placed" and got is not None and not got.done():
+                got.set_result(time.perf_counter())
+
+        await client.nc.subscribe(subjects.EVENTS_ALL, cb=heard)
+        await client.nc.flush()
+        body_of = {"spec": msgspec.to_builtins(spec)}
+        for k in range(2 * n):
+            door = ("nats", "http")[k % 2]
+            iid = f"hop-{door}-{k}"
+            placed[iid] = asyncio.get_running_loop().create_future()
+            t0 = time.perf_counter()
+            if door == "nats":
+                await client.submit(spec, instance_id=iid)
+            else:
+                status, said = await _post(api_port, "/v1/instances", json.dumps(
+                    {**body_of, "instance_id": iid}).encode())
+                if status != 200:
+                    raise RuntimeError(f"POST /v1/instances: {status} {said.decode()}")
+            t1 = time.perf_counter()
+            t2 = await asyncio.wait_for(placed[iid], 60)
+            figures[door]["reply"].append(t1 - t0)
+            figures[door]["placed"].append(t2 - t0)
+    out: dict[str, Any] = {"submissions_each": n}
+    for door, f in figures.items():
+        out[door] = {"reply_p50_ms": _pct(f["reply"], 50), "reply_p99_ms": _pct(f["reply"], 99),
+                     "placed_p50_ms": _pct(f["placed"], 50),
+                     "placed_p99_ms": _pct(f["placed"], 99)}
+    out["hop_p50_ms"] = round(out["http"]["placed_p50_ms"] - out["nats"]["placed_p50_ms"], 2)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m gavel.cli.api.hop", description=__doc__)
+    p.add_argument("-n", type=int, default=200, help="submissions through each door")
+    p.add_argument("--workers", type=int, default=2)
+    args = p.parse_args(argv)
+    with tempfile.TemporaryDirectory(prefix="gavel-hop-") as tmp:
+        proc = subprocess.Popen([sys.executable, "-m", "gavel", "up", "--no-gateway",
+                                 "--no-ui", "--no-auth", "--workers", str(args.workers),
+                                 "--state", str(Path(tmp) / "up"), "--api-port", "0"],
+                                stdout=subprocess.PIPE, text=True)
+        try:
+            assert proc.stdout is not None
+            nats_url, port = "", 0
+            for line in proc.stdout:
+                if m := re.search(r"nats-server at (nats://\S+?),", line):
+                    nats_url = m.group(1)
+                if m := re.search(r"HTTP API: http://127\.0\.0\.1:(\d+)/", line):
+                    port = int(m.group(1))
+                if line.startswith("try:"):
+                    break
+            if not (nats_url and port):
+                print("gavel up did not come up with its HTTP API", file=sys.stderr)
+                return 1
+            print(json.dumps(asyncio.run(measure(nats_url, port, args.n)), indent=2))
+            return 0
+        finally:
+            proc.terminate()
+            proc.wait(60)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
