@@ -5,7 +5,7 @@ joining that other cluster); a broker that exits (its `--metrics-port` taken) or
 dies later stops everything `gavel up` started, exit 1 naming the child and what it said;
 and Ctrl-C then `gavel up` again on the same state brings running work back on its node at
 the same attempt - no re-placement, no cancel claimed in a worker's log, no rejected message
-counted, the metrics saying running.
+counted, the metrics saying running. It serves the HTTP API and prints its address.
 """
 
 from __future__ import annotations
@@ -162,6 +162,10 @@ async def test_ctrl_c_and_up_again_brings_running_work_back(
     await wait_for(lambda: running(first), 30, what="the instance to run")
     before = await first.status("sleepy-1")
     node = before["node_id"]
+    api = re.search(r"^HTTP API: (http://127\.0\.0\.1:\d+/)$", first.text(), re.M)
+    assert api is not None, first.text()  # it serves the HTTP API, and says where
+    with urllib.request.urlopen(f"{api.group(1)}v1/instances/sleepy-1", timeout=30) as resp:
+        assert json.loads(resp.read())["instances"] == [before]
     pid = json.loads((state / "workers" / node / "agent.json").read_text()
                      )["instances"]["sleepy-1"]["pid"]
 
