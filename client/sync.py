@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import AsyncIterator, Coroutine, Iterator
+import weakref
+from collections.abc import AsyncIterator, Coroutine, Generator, Iterator
 from typing import Any, TypeVar
 
 from gavel.client.aio import Client
@@ -48,6 +49,8 @@ class SyncClient:
         self._thread = threading.Thread(target=self._loop.run_forever, name="gavel-client",
                                         daemon=True)
         self._thread.start()
+        #: Iterations handed out and not yet closed (`close` ends them).
+        self._open: weakref.WeakSet[Generator[Any, None, None]] = weakref.WeakSet()
         try:
             self.client: Client = self._run(Client.connect(url, creds, **options))
         except BaseException:
@@ -58,6 +61,11 @@ class SyncClient:
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
 
     def _iterate(self, agen: AsyncIterator[Y]) -> Iterator[Y]:
+        gen = self._each(agen)
+        self._open.add(gen)
+        return gen
+
+    def _each(self, agen: AsyncIterator[Y]) -> Generator[Y, None, None]:
         try:
             while True:
                 try:
@@ -66,7 +74,7 @@ class SyncClient:
                     return
         finally:
             aclose = getattr(agen, "aclose", None)
-            if aclose is not None:
+            if aclose is not None and self._loop.is_running():
                 self._run(aclose())
 
     def _stop(self) -> None:
@@ -75,6 +83,10 @@ class SyncClient:
         self._loop.close()
 
     def close(self) -> None:
+        """Ends every iteration still open (its subscription too), the connection, the
+        loop."""
+        for gen in list(self._open):
+            gen.close()
         try:
             self._run(self.client.close())
         finally:

@@ -152,7 +152,7 @@ class Handler:
         except ClientError as exc:
             await feed.aclose()
             return _error(_status(exc), str(exc))
-        return Stream(lambda sse: self._events(sse, feed, kept.events))
+        return Stream(lambda sse: self._events(sse, feed, kept.events), abandon=feed.aclose)
 
     async def _events(self, sse: Sse, feed: Any, kept: list[Any]) -> None:
         """Rule 4."""

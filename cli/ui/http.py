@@ -94,9 +94,11 @@ class Sse:
 
 @dataclass
 class Stream:
-    """An answer of server-sent events: `run` writes frames until it returns."""
+    """An answer of server-sent events: `run` writes frames until it returns. `abandon`
+    releases what the answer holds when it never gets to run (the client went first)."""
 
     run: Callable[[Sse], Awaitable[None]]
+    abandon: Callable[[], Awaitable[None]] | None = None
 
 
 Handler = Callable[[Request], Awaitable[Response | Stream]]
@@ -293,10 +295,15 @@ async def _write(writer: asyncio.StreamWriter, resp: Response, head_only: bool =
 async def _stream(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
                   answer: Stream) -> None:
     """Rule 3."""
-    writer.write(_head(200, {**SECURITY, "Content-Type": "text/event-stream",
-                             "Connection": "close", "X-Accel-Buffering": "no"}))
-    writer.write(b"retry: 2000\n\n")
-    await writer.drain()
+    try:
+        writer.write(_head(200, {**SECURITY, "Content-Type": "text/event-stream",
+                                 "Connection": "close", "X-Accel-Buffering": "no"}))
+        writer.write(b"retry: 2000\n\n")
+        await writer.drain()
+    except BaseException:
+        if answer.abandon is not None:
+            await answer.abandon()
+        raise
     running = asyncio.ensure_future(answer.run(Sse(writer)))
     gone = asyncio.ensure_future(reader.read(1))  # a browser sends nothing more: EOF is gone
     try:

@@ -151,6 +151,16 @@ async def test_the_client_and_the_http_api_give_the_same_answers(
     status, theirs = await get_json(api.port, "/v1/instances/same-1")
     assert _steady(mine) == _steady(theirs)
 
+    def sync_follow() -> str:  # the sync client's event feed: subscribed when it returns
+        with SyncClient(two.url) as c:
+            feed = c.follow_events("same-1")
+            c.cancel("same-1")
+            for event in feed:
+                if event.type == "cancelled":
+                    return event.instance_id
+        return ""
+    assert await asyncio.to_thread(sync_follow) == "same-1"
+
 
 async def _healthy(client: Client, name: str) -> bool:
     svc = (await client.service(name)).service
@@ -185,6 +195,15 @@ async def test_an_idempotency_key_makes_one_submission_and_refuses_another_spec(
     status, _, got = await http(api.port, "POST", "/v1/instances", json_body=body,
                                 headers={"Idempotency-Key": "no!"})
     assert status == 400 and "Idempotency-Key" in json.loads(got)["error"]
+    # A deploy retried with its key is answered what the first was (without one, the same
+    # spec again would be "unchanged").
+    web = {"spec": spec_json(service_spec("keyed-web"))}
+    replies = [json.loads((await http(api.port, "POST", "/v1/services", json_body=web,
+                                      headers={"Idempotency-Key": "deploy-0001"}))[2])
+               for _ in range(2)]
+    assert replies[0] == replies[1] and replies[0]["changed"] is True
+    plain = json.loads((await http(api.port, "POST", "/v1/services", json_body=web))[2])
+    assert plain["changed"] is False and plain["version"] == replies[0]["version"]
 
 
 async def test_refusals_are_json_sentences_with_a_fitting_status(
