@@ -7,10 +7,12 @@ import json
 
 import msgspec
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from gavel.cli.api.errors import status_for
 from gavel.cli.api.openapi import document
-from gavel.cli.api.routes import ROUTES, BadRequest, build, find
+from gavel.cli.api.routes import ROUTES, BadRequest, Route, build, find
 from gavel.shared.api import DrainRequest, EventsRequest, SubmitRequest
 from gavel.shared.reasons import Reason
 
@@ -99,3 +101,30 @@ def test_the_document_is_json_and_names_the_struct_each_event_carries() -> None:
     doc = msgspec.json.decode(msgspec.json.encode(document()))
     stream = doc["paths"]["/v1/events/stream"]["get"]["responses"]["200"]
     assert "text/event-stream" in stream["content"] and "(Event)" in stream["description"]
+
+
+_json = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False)
+                     | st.text(max_size=20),
+                     lambda inner: st.lists(inner, max_size=4)
+                     | st.dictionaries(st.text(max_size=12), inner, max_size=4), max_leaves=20)
+_fields = st.sampled_from(["spec", "instance_id", "count", "key", "undo", "migrate",
+                           "deadline_s", "to_version", "kind", "name", "node_id"])
+
+
+@given(route=st.sampled_from([r for r in ROUTES if r.body]),
+       body=st.one_of(st.binary(max_size=64),
+                      st.dictionaries(_fields, _json, max_size=4).map(
+                          lambda d: json.dumps(d).encode())),
+       query=st.dictionaries(st.sampled_from(["limit", "since", "tail", "follow"]),
+                             st.text(max_size=8), max_size=2))
+def test_any_body_is_a_request_or_one_sentence_never_another_error(
+        route: object, body: bytes, query: dict[str, str]) -> None:
+    """What makes a 500 is an exception other than `BadRequest`: no body may raise one."""
+    assert isinstance(route, Route)
+    params = {name: "x1" for name in route.pattern.groupindex}
+    try:
+        got = build(route, params, query, JSON, body)
+    except BadRequest as exc:
+        assert 400 <= exc.status < 500 and "\n" not in str(exc)
+    else:
+        assert isinstance(got, route.request)
