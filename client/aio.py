@@ -55,7 +55,7 @@ from gavel.shared.api import (
     WhyRequest,
 )
 from gavel.shared.logstream import LogChunk, LogsDone, LogsRequest, Stream
-from gavel.shared.messages import Event, Message, Spec
+from gavel.shared.messages import Event, EventType, Message, Spec
 from gavel.shared.routes import RouteEntry, derive
 from gavel.transport.client import ClientError, NoAnswer, NoBroker, call, connect
 from gavel.transport.logclient import read
@@ -184,7 +184,8 @@ class Client:
 
     async def wait(self, instance_id: str, timeout: float = 30.0) -> InstanceStatus:
         """Until the instance runs healthy (or has succeeded): its status. `Ended` when it
-        ends otherwise, or is unschedulable; `NoAnswer` past `timeout`."""
+        ends otherwise, is unschedulable or meets an error (its events say so, as `gavel
+        submit --wait` hears them); `NoAnswer` past `timeout`."""
         deadline = time.monotonic() + timeout
         sub = await self.nc.subscribe(subjects.EVENTS.format(instance=instance_id))
         try:
@@ -200,8 +201,18 @@ class Client:
                 if left <= 0:
                     raise NoAnswer(f"{instance_id} not healthy within {timeout:g}s: "
                                    f"{inst.state} {inst.health}".rstrip())
-                with contextlib.suppress(Exception):  # an event is a reason to look again
-                    await sub.next_msg(timeout=min(left, 1.0))
+                try:  # an event is a reason to look again
+                    msg = await sub.next_msg(timeout=min(left, 1.0))
+                    ev = _events.decode(msg.data)
+                except Exception:  # no event yet, or garbage on the subject
+                    continue
+                if ev.type in (EventType.UNSCHEDULABLE, EventType.ERROR):
+                    said = ev.detail or ev.reason
+                    raise Ended(f"{instance_id} is unschedulable: {said}"
+                                if ev.type == EventType.UNSCHEDULABLE
+                                else f"{instance_id}: {ev.reason} {ev.detail}".rstrip(),
+                                msgspec.structs.replace(inst, state=str(ev.type),
+                                                        reason=ev.reason, detail=ev.detail))
         finally:
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()

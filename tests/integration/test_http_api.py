@@ -19,7 +19,7 @@ import pytest
 
 from gavel.cli.api import app
 from gavel.cli.api.routes import BODY_MAX, ROUTES
-from gavel.client import Client, SyncClient
+from gavel.client import Client, Ended, SyncClient
 from gavel.shared.messages import Spec
 from gavel.shared.reasons import Reason
 from tests.integration.harness import Cluster, sleeper_spec, wait_for
@@ -143,6 +143,10 @@ async def test_the_client_and_the_http_api_give_the_same_answers(
         assert status == 200
         assert [(n.node_id, msgspec.to_builtins(n.capacity), n.labels) for n in nodes.nodes] \
             == [(n["node_id"], n["capacity"], n["labels"]) for n in theirs["nodes"]]
+        # wait: a pipeline hears at once that what it submitted cannot be placed
+        nowhere = await client.submit(sleeper_spec("gpu", labels={"gpu": "yes"}))
+        with pytest.raises(Ended, match="is unschedulable"):
+            await client.wait(nowhere.instance_id, timeout=60)
     # The sync client, from a thread of its own (this loop runs the broker).
     def sync_status() -> Any:
         with SyncClient(two.url) as c:
