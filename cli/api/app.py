@@ -179,14 +179,34 @@ class Handler:
             await feed.aclose()
 
     async def _logs(self, sse: Sse, request: LogsRequest) -> None:
+        """Rule 4. The next chunk is awaited beside the keep-alive, never cancelled by it:
+        cancelling the iterator's step would end the read."""
+        chunks = aiter(self.client.logs(
+            request.instance_id, node_id=request.node_id, streams=request.streams,
+            tail=request.tail, since=request.since, follow=request.follow))
+        step: asyncio.Future[Any] | None = None
         try:
-            async for got in self.client.logs(
-                    request.instance_id, node_id=request.node_id, streams=request.streams,
-                    tail=request.tail, since=request.since, follow=request.follow):
+            while True:
+                if step is None:
+                    step = asyncio.ensure_future(anext(chunks))
+                done, _ = await asyncio.wait({step}, timeout=KEEPALIVE_S)
+                if not done:
+                    await sse.comment()
+                    continue
+                got, step = step.result(), None
                 await sse.send("done" if isinstance(got, LogsDone) else "chunk",
                                _enc.encode(got))
+        except StopAsyncIteration:
+            return
         except ClientError as exc:
             await sse.send("error", _enc.encode(ApiError(error=str(exc))))
+        finally:
+            if step is not None:
+                step.cancel()
+                with contextlib.suppress(BaseException):
+                    await step
+            with contextlib.suppress(Exception):
+                await chunks.aclose()  # type: ignore[attr-defined]
 
 
 def _status(exc: ClientError) -> int:

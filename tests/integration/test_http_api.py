@@ -383,3 +383,28 @@ async def test_gavel_api_serves_the_document_and_says_where(two: Cluster) -> Non
     finally:
         proc.terminate()
         assert proc.wait(30) == 0
+
+
+async def test_an_idle_follow_gets_keep_alives_and_goes_on(
+        two: Cluster, api: app.ApiServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(app, "KEEPALIVE_S", 0.1)
+    code = ("import time\nfor i in range(60):\n    print('tick', i, flush=True)\n"
+            "    time.sleep(1)")
+    spec = Spec(name="tick", command=[sys.executable, "-c", code], cpu=0.1, memory_mb=32)
+    assert (await http(api.port, "POST", "/v1/instances", json_body={
+        "spec": spec_json(spec), "instance_id": "tick-1"}))[0] == 200
+    await running(api.port, "tick-1")
+    sse = await Sse.open(api.port, "/v1/instances/tick-1/logs?follow=true&tail=0")
+    try:
+        raw = b""
+
+        def chunk_after_keep_alive() -> bool:  # a line, a keep-alive, then another line
+            first = raw.find(b"event: chunk")
+            alive = raw.find(b": keep-alive", first) if first >= 0 else -1
+            return alive >= 0 and raw.find(b"event: chunk", alive) >= 0
+
+        while not chunk_after_keep_alive():
+            raw += await asyncio.wait_for(sse.reader.read(4096), 30)
+        assert b"event: done" not in raw and b"event: error" not in raw
+    finally:
+        sse.close()
