@@ -237,6 +237,14 @@ async def test_refusals_are_json_sentences_with_a_fitting_status(
     assert status == 422 and said.startswith(Reason.NOT_A_SERVICE)
     status, said = await refused("GET", "/v1/nope")
     assert status == 404
+    status, headers, body = await http(api.port, "HEAD", "/v1/nodes")
+    assert status == 200 and body == b"" and int(headers["content-length"]) > 0
+    r, w = await asyncio.open_connection("127.0.0.1", api.port)
+    w.write(b"not http at all\r\n\r\n")
+    answer = await asyncio.wait_for(r.read(), 30)
+    w.close()
+    assert answer.startswith(b"HTTP/1.1 400 ")
+    assert json.loads(answer.partition(b"\r\n\r\n")[2])["kind"] == "error"
     status, said = await refused("PUT", "/v1/instances")
     assert status == 405
     await two.stop_broker()
