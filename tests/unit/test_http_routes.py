@@ -4,6 +4,7 @@ every request built from the verb's own struct, bad input refused with one sente
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import msgspec
 import pytest
@@ -128,3 +129,14 @@ def test_any_body_is_a_request_or_one_sentence_never_another_error(
         assert 400 <= exc.status < 500 and "\n" not in str(exc)
     else:
         assert isinstance(got, route.request)
+
+
+def test_tls_files_are_both_given_and_usable_or_one_sentence(tmp_path: Path) -> None:
+    from gavel.cli.api import app
+
+    assert app._tls("", "") is None
+    with pytest.raises(app.ApiUnavailable, match="go together"):
+        app._tls(str(tmp_path / "cert.pem"), "")
+    (tmp_path / "cert.pem").write_text("not a certificate\n")
+    with pytest.raises(app.ApiUnavailable, match="cannot use the TLS certificate"):
+        app._tls(str(tmp_path / "cert.pem"), str(tmp_path / "cert.pem"))
