@@ -48,6 +48,7 @@ __all__ = [
 ]
 
 Port = Annotated[int, msgspec.Meta(ge=1, le=65535)]
+Uid = Annotated[int, msgspec.Meta(ge=1, le=4_294_967_293)]
 NodeId = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9_-]{1,64}$")]
 LogFormat = Literal["text", "json"]
 LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR"]
@@ -124,6 +125,12 @@ class WorkerConfig(DaemonConfig, kw_only=True, forbid_unknown_fields=True):
     #: Cpu as a weight in proportion to the award (used when others want the cpu), or also a
     #: quota capping the instance at its award.
     cgroup_cpu: Literal["weight", "quota"] = "weight"
+    #: Run each instance as a uid of its own from `uids` (`worker.isolation`), or "off": as
+    #: the worker's user.
+    isolation: Literal["uids", "off"] = "uids"
+    uids: tuple[Uid, Uid] = (200_000, 265_535)
+    #: Whether a spec asking for root (``root = true``) may run as root here.
+    allow_root: bool = False
     #: The address a gateway reaches this node's instances at ("": the host's primary one).
     advertise: str = ""
     #: An instance's stdout.log / stderr.log is rotated past this size (`worker.logfiles`).
@@ -317,6 +324,10 @@ def _finish(cfg: C, source: Mapping[str, str]) -> C:
     lo, hi = cfg.ports
     if lo > hi:
         raise ConfigError(f"{src('ports')}: field `ports` expected FIRST <= LAST, got "
+                          f"{lo}-{hi}.")
+    lo, hi = cfg.uids
+    if lo > hi:
+        raise ConfigError(f"{src('uids')}: field `uids` expected FIRST <= LAST, got "
                           f"{lo}-{hi}.")
     if not cfg.state:
         cfg.state = f".gavel-worker-{cfg.node_id}"

@@ -58,6 +58,7 @@ from gavel.transport.urls import servers
 from gavel.worker.cgroups import Enforcement
 from gavel.worker.converge import Converger
 from gavel.worker.hoststats import Sampler, detect_capacity, primary_address
+from gavel.worker.isolation import Isolation, off
 from gavel.worker.logfiles import LogLimits, Outputs
 from gavel.worker.logserver import LogServer
 from gavel.worker.logserver import tick as logs_tick
@@ -78,7 +79,8 @@ class Agent:
                  port_range: tuple[int, int] = (20000, 20999),
                  nats_options: dict[str, Any] | None = None, advertise: str = "",
                  log_limits: LogLimits | None = None, logs_window_s: float = WINDOW_S,
-                 cgroups: Enforcement | None = None) -> None:
+                 cgroups: Enforcement | None = None,
+                 isolation: Isolation | None = None) -> None:
         self.node_id = node_id
         self.strategy = strategy
         self.labels = dict(labels)
@@ -88,6 +90,10 @@ class Agent:
         self.capacity = detect_capacity(cpu, memory_mb, port_range)
         #: What this node enforces of each award (`worker.cgroups`); said once at start.
         self.enforcement = cgroups or Enforcement.off()
+        #: Who instances run as and what they can reach (`worker.isolation`); said at start.
+        self.isolation = isolation or off()
+        #: Instances killed because a process of theirs was found outside their cgroup.
+        self.escapes = 0
         #: Where a gateway reaches this node's instances (the heartbeat carries it), and the
         #: directory each instance's own directory is in.
         self.advertise = advertise or primary_address()
@@ -109,7 +115,7 @@ class Agent:
             report=self._report, on_change=self._refresh_view,
             reserved=lambda iid: self.converger.reserved(iid),
             secrets=lambda iid, attempt: self.converger.secrets(iid, attempt),
-            cgroups=self.enforcement.hierarchy)
+            cgroups=self.enforcement.hierarchy, isolation=self.isolation)
         #: Makes this node match its node.json (KV); its counters say what it did.
         self.converger = Converger(node_id=node_id, timing=timing,
                                     supervisor=self._supervisor,
@@ -200,6 +206,7 @@ class Agent:
             enforcement = self.enforcement
             (log.warning if enforcement.missing else log.info)(
                 "node %s: %s", self.node_id, enforcement.summary)
+            log.info("node %s: %s", self.node_id, self.isolation.summary)
             await self._supervisor.restore()  # events wait in the outbox until connected
             self._loops.append(asyncio.create_task(logs_tick(self.outputs, self.timing.tick_s)))
             self.converger.start_link_watch(lambda: self._nc)
@@ -326,6 +333,7 @@ class Agent:
     async def _heartbeats(self) -> None:
         while True:
             self._wake.clear()
+            self.escapes += self._supervisor.escapes()
             await self._send(self._hb_subject, self.heartbeat())
             with contextlib.suppress(TimeoutError):  # not wait_for: it can swallow a cancel
                 async with asyncio.timeout(self.timing.heartbeat_s):

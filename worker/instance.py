@@ -28,6 +28,9 @@ Rules:
    memory kill, a failing check, a non-zero exit, an exit - and its detail, so status and
    events say it while the instance restarts.
    The cgroup stays between restarts; `Host.end` removes it.
+7. Every run, and every exec check, is confined as `Host.confine` says (`worker.isolation`):
+   a spec asking for root on a node that does not allow it ends `Reason.ROOT_REFUSED`; an
+   instance whose process was found outside its cgroup ends `Reason.ESCAPED_CGROUP`.
 """
 
 from __future__ import annotations
@@ -52,6 +55,7 @@ from gavel.shared.timing import Timing
 from gavel.worker.cgroups import Cgroup, Hierarchy
 from gavel.worker.checks import Change
 from gavel.worker.driver import Process, SecretsUnavailable, instance_env, stderr_tail, terminate
+from gavel.worker.isolation import RootRefused
 from gavel.worker.localstate import LocalInstance
 from gavel.worker.probes import Prober
 from gavel.worker.restarts import describe_exit, plan, restarts_on_exit
@@ -142,6 +146,10 @@ class Host(Protocol):
 
     async def secrets(self, instance_id: str, attempt: int) -> dict[str, str] | None: ...
 
+    def confine(self, held: Held, *, join: int | None = None) -> Callable[[], None] | None:
+        """What a child of `held` runs before its command (rule 7; `join`: an exec check
+        beside that process). Raises RootRefused, or OSError when it cannot be isolated."""
+
 
 class Life:
     """The life of `held` on `host`, from `run(begin)` until it has ended."""
@@ -189,11 +197,21 @@ class Life:
         except (OSError, ValueError, SecretsUnavailable) as exc:
             await host.end(held, EventType.FAILED, Reason.DRIVER_FAILED, str(exc))
             return False
+        try:  # rule 7
+            confine = host.confine(held)
+        except RootRefused:
+            await host.end(held, EventType.FAILED, Reason.ROOT_REFUSED, "")
+            return False
+        except OSError as exc:
+            await host.end(held, EventType.FAILED, Reason.DRIVER_FAILED,
+                           f"cannot isolate it: {exc.strerror or exc}")
+            return False
         cgroup = held.cgroup
         if cgroup is None and host.cgroups is not None:  # rule 6
             try:
                 cgroup = held.cgroup = host.cgroups.create(held.id, placement.spec.cpu,
-                                                           placement.spec.memory_mb)
+                                                           placement.spec.memory_mb,
+                                                           placement.spec.pids)
             except OSError as exc:
                 await host.end(held, EventType.FAILED, Reason.DRIVER_FAILED,
                                f"cannot make its cgroup: {exc.strerror or exc}")
@@ -203,7 +221,7 @@ class Life:
         try:
             held.proc = Process.spawn(placement.spec.command, env=env,
                                       cwd=host.instance_dir(held.id), poll_s=host.timing.tick_s,
-                                      cgroup=cgroup)
+                                      cgroup=cgroup, confine=confine)
         except (OSError, ValueError, subprocess.SubprocessError) as exc:
             # missing binary, not executable, NUL byte, could not enter its cgroup
             await host.end(held, EventType.FAILED, Reason.DRIVER_FAILED, str(exc))
@@ -322,6 +340,8 @@ class Life:
         elif why == Reason.TIMEOUT:
             await end(held, EventType.FAILED, Reason.TIMEOUT,
                       f"ran longer than {spec.timeout_s:g}s", code)
+        elif why == Reason.ESCAPED_CGROUP:  # rule 7
+            await end(held, EventType.FAILED, Reason.ESCAPED_CGROUP, "", code)
         elif why == Reason.WORKER_STOPPED:  # not the instance's end: not remembered as run
             await end(held, EventType.FAILED, Reason.WORKER_STOPPED, "the worker shut down",
                       code, remember=False)
@@ -351,7 +371,8 @@ class Life:
 
         held.prober = Prober(placement.spec.checks, started=held.proc.create_time,
                              ports=placement.ports, env=self.env,
-                             cwd=host.instance_dir(held.id), on_change=changed)
+                             cwd=host.instance_dir(held.id), on_change=changed,
+                             confine=host.confine(held, join=held.proc.pid))
         held.prober.start()
 
     async def env(self) -> dict[str, str]:

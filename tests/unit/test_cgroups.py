@@ -51,8 +51,10 @@ def test_v2_delegates_memory_and_cpu_down_to_the_nodes_parent(tmp_path: Path) ->
     got = detect("v2", "node-1", root=root)
     assert got.version == "v2" and not got.missing
     assert got.summary == (f"resources enforced: cgroup v2 at {root}/gavel/node-1: memory "
-                           "limit and cpu weight per instance")
-    for level in (root, root / "gavel", root / "gavel" / "node-1"):
+                           "limit and cpu weight, pids limit per instance")
+    # pids is delegated where the level offers it (the mount's root here)
+    assert (root / "cgroup.subtree_control").read_text() == "+memory +cpu +pids"
+    for level in (root / "gavel", root / "gavel" / "node-1"):
         assert (level / "cgroup.subtree_control").read_text() == "+memory +cpu"
 
 

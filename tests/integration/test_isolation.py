@@ -1,0 +1,212 @@
+"""Workloads are not the node, attacked by real instances through a real worker and broker:
+an instance cannot read another instance's environment, its worker's credential, the
+broker's seed, the worker's state or another instance's files; it cannot write itself into
+a root cgroup, and one moved out of its cgroup from outside is killed with the fixed reason;
+a fork bomb stops at its pids limit; two workers under one node id keep their own cgroup
+parents, and a parent removed from outside is made again. The attackers are shell scripts
+(any uid may run /bin/sh; this machine's Python lives under a directory only root may
+enter). Tests that need root, or a writable cgroup hierarchy, skip saying so."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import tempfile
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from gavel.shared.messages import InstanceState, Spec
+from gavel.shared.reasons import Reason
+from gavel.shared.spec import Restart
+from gavel.transport.identity import init
+from gavel.worker.cgroups import Enforcement, detect
+from gavel.worker.isolation import Isolation, configure
+from tests.integration.harness import Cluster, wait_for
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="isolation switches uids: it needs "
+                                "a worker running as root")
+
+#: Every root cgroup.procs an escaping process might write itself into.
+ROOT_PROCS = [p for p in (Path("/sys/fs/cgroup") / c / "cgroup.procs"
+                          for c in ("memory", "cpu", "pids", "unified")) if p.exists()]
+
+
+def node_id() -> str:
+    return f"iso-{uuid.uuid4().hex[:10]}"
+
+
+@pytest.fixture
+async def world(nats_url: str) -> AsyncIterator[Cluster]:
+    """A cluster whose files sit where any uid could reach them but for what the worker
+    sets (a pytest directory under /tmp is root's alone, and /tmp is private to an
+    isolated instance: a test there would prove nothing)."""
+    root = Path(tempfile.mkdtemp(prefix="gavel-iso-", dir="/var/tmp"))
+    root.chmod(0o755)
+    c = Cluster(nats_url, root)
+    try:
+        yield c
+    finally:
+        await c.close()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def isolation(cluster: Cluster, node: str) -> Isolation:
+    return configure("uids", (300_000, 365_535), allow_root=False, owner=node,
+                     leases=cluster.root / "leases")
+
+
+def enforced(node: str) -> Enforcement:
+    got = detect("auto", node)
+    if got.hierarchy is None:
+        pytest.skip(got.summary)
+    return got
+
+
+def sh(name: str, script: str, **kw: object) -> Spec:
+    return Spec(name=name, command=["/bin/sh", "-c", script], attempts=1,
+                restart=Restart(attempts=0), **kw)  # type: ignore[arg-type]
+
+
+async def running(cluster: Cluster, node: str, iid: str) -> int:
+    agent = cluster.agents[node]
+
+    def pid() -> int:
+        return next((r.pid for r in agent.instances()
+                     if r.instance_id == iid and r.state == InstanceState.RUNNING), 0)
+
+    await wait_for(lambda: pid() > 0, 30, what=f"{iid} running")
+    return pid()
+
+
+async def ended(cluster: Cluster, iid: str) -> object:
+    async def done() -> bool:
+        st = (await cluster.status(iid)).state
+        return bool(InstanceState(st).terminal)
+
+    await wait_for(done, 30, what=f"{iid} ended")
+    return await cluster.status(iid)
+
+
+def output(cluster: Cluster, node: str, iid: str, stream: str = "stdout") -> str:
+    return (cluster.root / "workers" / node / "instances" / iid / f"{stream}.log").read_text()
+
+
+async def test_an_instance_reads_nothing_of_another_instance_its_worker_or_the_broker(
+        world: Cluster) -> None:
+    node = node_id()
+    ids = init(world.root / "up", [node])
+    ids.directory.chmod(0o755)  # even a careless auth directory: the seeds are 0600
+    await world.start_broker()
+    await world.start_agent(node, isolation=isolation(world, node))
+    await world.wait_nodes(1)
+    victim = await world.submit(sh("victim", "sleep 60", env={"SECRET": "hunter2-victim"}))
+    victim_pid = await running(world, node, victim)
+    state = world.root / "workers" / node
+    script = (
+        'for f in "/proc/$VICTIM/environ" "$CREDS" "$SEED" "$STATE/agent.json" '
+        '"$STATE/instances/$VID/stdout.log"; do '
+        '  if cat "$f" >> stolen 2>/dev/null; then echo "READ $f"; else echo "DENIED $f"; fi; '
+        'done; '
+        'if ls "$STATE" "$STATE/instances" >/dev/null 2>&1; then echo "LISTED"; '
+        'else echo "DENIED listing"; fi; '
+        'if kill -0 "$VICTIM" 2>/dev/null; then echo "SIGNALLED"; else echo "DENIED kill"; fi; '
+        'id -u; cat stolen 2>/dev/null; true')
+    thief = await world.submit(sh("thief", script, env={
+        "VICTIM": str(victim_pid), "VID": victim, "CREDS": str(ids.nodes[node]),
+        "SEED": str(ids.broker), "STATE": str(state)}))
+    await ended(world, thief)
+    out = output(world, node, thief)
+    assert "READ" not in out and "LISTED" not in out and "SIGNALLED" not in out, out
+    assert out.count("DENIED") == 7, out
+    assert "hunter2-victim" not in out
+    assert ids.broker.read_text().strip() not in out
+    uid = int(out.split("DENIED kill\n", 1)[1].split()[0])
+    assert uid >= 300_000  # not root, not the worker
+    assert (await world.status(victim)).state == InstanceState.RUNNING
+    assert (state / "instances" / victim).stat().st_mode & 0o777 == 0o700
+
+
+async def test_an_instance_cannot_write_itself_into_a_root_cgroup(world: Cluster) -> None:
+    node = node_id()
+    await world.start_broker()
+    await world.start_agent(node, cgroups=enforced(node), isolation=isolation(world, node))
+    await world.wait_nodes(1)
+    script = " ".join(f'if echo $$ > {p} 2>/dev/null; then echo "MOVED {p}"; '
+                      f'else echo "DENIED {p}"; fi;' for p in ROOT_PROCS) + " cat /proc/self/cgroup"
+    iid = await world.submit(sh("climber", script))
+    st = await ended(world, iid)
+    out = output(world, node, iid)
+    assert "MOVED" not in out and out.count("DENIED") == len(ROOT_PROCS), out
+    assert f"/{node}/{iid}" in out  # still in its own cgroup
+    assert st.state == InstanceState.SUCCEEDED  # type: ignore[attr-defined]
+
+
+async def test_an_instance_moved_out_of_its_cgroup_is_killed_with_the_reason(
+        world: Cluster) -> None:
+    node = node_id()
+    await world.start_broker()
+    await world.start_agent(node, cgroups=enforced(node), isolation=isolation(world, node))
+    await world.wait_nodes(1)
+    iid = await world.submit(sh("escapee", "sleep 60 & sleep 60"))
+    pid = await running(world, node, iid)
+    for procs in ROOT_PROCS:  # what root could do for it, or an instance allowed root
+        procs.write_text(str(pid))
+    st = await ended(world, iid)
+    assert st.state == InstanceState.FAILED  # type: ignore[attr-defined]
+    assert st.reason == Reason.ESCAPED_CGROUP  # type: ignore[attr-defined]
+    await wait_for(lambda: not Path(f"/proc/{pid}").exists()
+                   or Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] in "ZX",
+                   10, what="the escaped process killed")
+
+
+async def test_a_fork_bomb_stops_at_its_pids_limit(world: Cluster) -> None:
+    node = node_id()
+    enforcement = enforced(node)
+    assert enforcement.hierarchy is not None
+    if not enforcement.hierarchy.limits_pids:
+        pytest.skip("this host's cgroups have no pids controller")
+    await world.start_broker()
+    await world.start_agent(node, cgroups=enforcement, isolation=isolation(world, node))
+    await world.wait_nodes(1)
+    # the subshell forks until the kernel refuses (dash then gives up); the shell goes on
+    # without forking again and replaces itself with a sleep
+    script = ('( i=0; while [ $i -lt 40 ]; do i=$((i+1)); sleep 30 & echo "started $i"; '
+              'done ); echo "bomb stopped"; exec sleep 30')
+    iid = await world.submit(sh("bomb", script, pids=8))
+    await running(world, node, iid)
+    await wait_for(lambda: "bomb stopped" in output(world, node, iid), 30,
+                   what="the bomb stopped")
+    started = [int(line.split()[1]) for line in output(world, node, iid).splitlines()
+               if line.startswith("started")]
+    assert max(started) < 8  # the shell and its subshell are two of the 8
+    assert "fork" in output(world, node, iid, "stderr").lower()
+    pids_dir = enforcement.hierarchy.parents["pids"] / iid
+    assert (pids_dir / "pids.max").read_text().strip() == "8"
+    assert int((pids_dir / "pids.current").read_text()) <= 8
+
+
+def test_two_workers_under_one_node_id_keep_their_own_cgroup_parents(tmp_path: Path) -> None:
+    node = node_id()
+    one = detect("auto", node, state_dir=tmp_path / "one").hierarchy
+    two = detect("auto", node, state_dir=tmp_path / "two").hierarchy
+    if one is None or two is None:
+        pytest.skip("no writable cgroup hierarchy here")
+    assert one.parents["memory"] != two.parents["memory"]
+    one.close()  # the first worker stops, with nothing running: its parent goes
+    assert not one.parents["memory"].exists()
+    assert two.parents["memory"].exists()
+    for parent in {*two.parents.values()}:  # removed from outside: made again at the next start
+        parent.rmdir()
+    cg = two.create("i1", cpu=0.1, memory_mb=32, pids=16)
+    with cg.entry() as enter:
+        proc = subprocess.Popen(["/bin/sh", "-c", "cat /proc/self/cgroup"], preexec_fn=enter,
+                                stdout=subprocess.PIPE, text=True)
+    out, _ = proc.communicate(timeout=30)
+    assert f"/gavel/{node}/{two.parents['memory'].name}/i1" in out
+    cg.remove()
+    two.close()
+    assert not (two.parents["memory"].parent).exists()  # the node's, left empty, goes too
