@@ -29,6 +29,9 @@ Rules:
 4. A stream keeps at most `files` files of `max_bytes` each, the live one included (1: the
    live file only, truncated when full). An ended instance's directory stays `keep_s` after
    it ended, and only the newest `keep_max` of them: then it is removed, its logs with it.
+5. The directory may belong to the instance (`worker.isolation`), which can put links or
+   FIFOs where the worker's files go: the worker opens nothing there through a link
+   (``O_NOFOLLOW``), makes its temporary files anew (``O_EXCL``) and never blocks on one.
 """
 
 from __future__ import annotations
@@ -134,7 +137,7 @@ class Output:
             return
         tmp = self.dir / f".{META}.tmp"
         try:
-            tmp.write_bytes(data)
+            _write_new(tmp, data)
             os.replace(tmp, self.dir / META)
         except OSError as exc:
             log.warning("cannot write %s: %s", self.dir / META, exc)
@@ -192,7 +195,7 @@ class Output:
         live = self.live(stream)
         tmp = self.dir / f".{stream}.log.rotating"
         try:
-            fd = os.open(live, os.O_RDWR)
+            fd = os.open(live, os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK)
         except OSError as exc:
             log.warning("cannot rotate %s: %s", live, exc)
             return
@@ -208,7 +211,9 @@ class Output:
             # Rule 2: what arrives while the copy is made is chased up to the cap, no more.
             most = start + max(size - start, self.limits.max_bytes)
             if keep:
-                out = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+                with contextlib.suppress(FileNotFoundError):
+                    tmp.unlink()
+                out = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
                 try:
                     while True:  # until no more arrives: the truncate follows at once
                         block = os.pread(fd, min(_COPY_BLOCK, most - copied), copied)
@@ -429,6 +434,18 @@ class Outputs:
             self._open.pop(iid, None)
             log.info("removed the output of ended instance %s", iid)
         return gone
+
+
+def _write_new(path: Path, data: bytes) -> None:
+    """`data` into a new file at `path`: whatever was there (a link the instance planted in
+    its own directory, rule 5) is replaced, never followed."""
+    with contextlib.suppress(FileNotFoundError):
+        path.unlink()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+    try:
+        os.write(fd, data)
+    finally:
+        os.close(fd)
 
 
 def _size(path: Path) -> int | None:
