@@ -35,6 +35,7 @@ import contextlib
 import ctypes
 import errno
 import hashlib
+import itertools
 import logging
 import os
 import resource
@@ -188,8 +189,8 @@ class Isolation:
         size = last - first + 1
         holder = self._holder(instance_id)
         start = int.from_bytes(hashlib.sha256(holder.encode()).digest()[:8], "big") % size
-        tries = [owner_uid] if first <= owner_uid <= last else []
-        tries += [first + (start + k) % size for k in range(size)]
+        tries = itertools.chain([owner_uid] if first <= owner_uid <= last else [],
+                                (first + (start + k) % size for k in range(size)))
         self.leases.mkdir(parents=True, exist_ok=True, mode=0o700)
         for uid in tries:
             lease = self.leases / str(uid)
