@@ -179,23 +179,27 @@ def load(cls: type[C], options: Sequence[Option], *, file: str | None,
         if text is None or text == "":
             continue
         try:
-            _set(layers, o.field, (o.env_parse or o.parse)(text))
+            _set(layers, o.field, (o.env_parse or o.parse)(text), o.switch)
         except (argparse.ArgumentTypeError, ValueError) as exc:
             raise ConfigError(f"environment variable {o.env}: {exc}.") from None
         source[o.field] = f"environment variable {o.env}"
+    switches = {o.field for o in options if o.switch}
     for name, value in (flags or {}).items():
-        _set(layers, name, value)
+        _set(layers, name, value, name in switches)
         source[name] = "flag"
     cfg = _convert(cls, layers, "the merged config")
     return _finish(cfg, source)
 
 
-def _set(layers: dict[str, Any], field: str, value: Any) -> None:
-    """Rule 4: a table's field inside its table; a switch makes or removes the table."""
+def _set(layers: dict[str, Any], field: str, value: Any, switch: bool) -> None:
+    """Rule 4: a table's field inside its table; a switch makes or removes the table (a
+    plain true/false setting is only its value)."""
     table, dot, name = field.partition(".")
     if dot:
         inner = layers.get(table)
         layers[table] = {**(inner if isinstance(inner, dict) else {}), name: value}
+    elif not switch:
+        layers[table] = value
     elif value is True:
         inner = layers.get(table)
         layers[table] = inner if isinstance(inner, dict) else {}

@@ -2,10 +2,12 @@
 an instance cannot read another instance's environment, its worker's credential, the
 broker's seed, the worker's state or another instance's files; it cannot write itself into
 a root cgroup, and one moved out of its cgroup from outside is killed with the fixed reason;
-a fork bomb stops at its pids limit; two workers under one node id keep their own cgroup
-parents, and a parent removed from outside is made again. The attackers are shell scripts
-(any uid may run /bin/sh; this machine's Python lives under a directory only root may
-enter). Tests that need root, or a writable cgroup hierarchy, skip saying so."""
+a fork bomb stops at its pids limit; root is only for a spec that asks, on a node that allows
+it; an exec check runs as its instance, seeing its private /tmp; two workers under one node
+id keep their own cgroup parents, and a parent removed from outside is made again. The
+attackers are shell scripts (any uid may run /bin/sh; this machine's Python lives under a
+directory only root may enter). Tests that need root, or a writable cgroup hierarchy, skip
+saying so."""
 
 from __future__ import annotations
 
@@ -21,7 +23,7 @@ import pytest
 
 from gavel.shared.messages import InstanceState, Spec
 from gavel.shared.reasons import Reason
-from gavel.shared.spec import Restart
+from gavel.shared.spec import Check, Restart
 from gavel.transport.identity import init
 from gavel.worker.cgroups import Enforcement, detect
 from gavel.worker.isolation import Isolation, configure
@@ -187,6 +189,41 @@ async def test_a_fork_bomb_stops_at_its_pids_limit(world: Cluster) -> None:
     pids_dir = enforcement.hierarchy.parents["pids"] / iid
     assert (pids_dir / "pids.max").read_text().strip() == "8"
     assert int((pids_dir / "pids.current").read_text()) <= 8
+
+
+async def test_root_only_on_a_node_that_allows_it(world: Cluster) -> None:
+    node, allowing = node_id(), node_id()
+    await world.start_broker()
+    await world.start_agent(node, isolation=isolation(world, node))
+    await world.wait_nodes(1)
+    iid = await world.submit(sh("wants-root", "id -u", root=True))
+    st = await ended(world, iid)
+    assert st.reason == Reason.ROOT_REFUSED  # type: ignore[attr-defined]
+    await world.stop_agent(node)
+    allowed = configure("uids", (300_000, 365_535), allow_root=True, owner=allowing,
+                        leases=world.root / "leases")
+    await world.start_agent(allowing, isolation=allowed)
+    iid = await world.submit(sh("root-ok", "id -u", root=True))
+    st = await ended(world, iid)
+    assert st.state == InstanceState.SUCCEEDED  # type: ignore[attr-defined]
+    assert output(world, allowing, iid).strip() == "0"
+
+
+async def test_an_exec_check_runs_as_the_instance_beside_its_private_tmp(
+        world: Cluster) -> None:
+    node = node_id()
+    await world.start_broker()
+    await world.start_agent(node, cgroups=enforced(node), isolation=isolation(world, node))
+    await world.wait_nodes(1)
+    # healthy only if the check sees the instance's own /tmp and runs as its uid
+    check = Check(type="exec", command=["/bin/sh", "-c", 'test "$(cat /tmp/me)" = "$(id -u)"'],
+                  interval_s=0.2, timeout_s=5.0)
+    iid = await world.submit(sh("checked", "id -u > /tmp/me; exec sleep 60", type="service",
+                                checks=[check]))
+    await running(world, node, iid)
+    await wait_for(lambda: any(r.instance_id == iid and r.health == "healthy"
+                               for r in world.agents[node].instances()), 30, what="healthy")
+    assert not Path("/tmp/me").exists()  # the instance wrote into its own /tmp, not the host's
 
 
 def test_two_workers_under_one_node_id_keep_their_own_cgroup_parents(tmp_path: Path) -> None:
