@@ -11,6 +11,7 @@ saying so."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shutil
 import subprocess
@@ -24,10 +25,12 @@ import pytest
 from gavel.shared.messages import InstanceState, Spec
 from gavel.shared.reasons import Reason
 from gavel.shared.spec import Check, Restart
+from gavel.shared.strategies import make_strategy
 from gavel.transport.identity import init
+from gavel.worker.agent import Agent
 from gavel.worker.cgroups import Enforcement, detect
 from gavel.worker.isolation import Isolation, configure
-from tests.integration.harness import Cluster, wait_for
+from tests.integration.harness import TIMING, Cluster, wait_for
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="isolation switches uids: it needs "
                                 "a worker running as root")
@@ -247,3 +250,41 @@ def test_two_workers_under_one_node_id_keep_their_own_cgroup_parents(tmp_path: P
     cg.remove()
     two.close()
     assert not (two.parents["memory"].parent).exists()  # the node's, left empty, goes too
+
+
+async def test_stopping_one_of_two_workers_under_one_node_id_leaves_the_other_starting(
+        world: Cluster) -> None:
+    node = node_id()
+    await world.start_broker()
+    agents, tasks = [], []
+    for name in ("one", "two"):  # as two test workers on one host, or a mistaken deploy
+        state = world.root / name
+        cgroups = detect("auto", node, state_dir=state)
+        if cgroups.hierarchy is None:
+            pytest.skip(cgroups.summary)
+        agent = Agent(nats_url=world.url, node_id=node, strategy=make_strategy("least-loaded"),
+                      labels={}, state_dir=state, timing=TIMING, cpu=4.0, memory_mb=4096,
+                      cgroups=cgroups, isolation=isolation(world, f"{node}-{name}"))
+        agents.append(agent)
+        tasks.append(asyncio.create_task(agent.run()))
+    await world.wait_nodes(1)
+    one, two = agents
+    assert one.enforcement.hierarchy is not None and two.enforcement.hierarchy is not None
+    await one.stop()  # nothing runs under it: its parent goes, and only its own
+    await tasks[0]
+    assert not one.enforcement.hierarchy.parents["memory"].exists()
+    parent = two.enforcement.hierarchy.parents["memory"]
+    assert parent.exists()
+    try:
+        iid = await world.submit(sh("after", "exec sleep 60"))
+
+        def pid() -> int:
+            return next((r.pid for r in two.instances()
+                         if r.instance_id == iid and r.state == InstanceState.RUNNING), 0)
+
+        await wait_for(lambda: pid() > 0, 30, what="the other worker started it")
+        assert (parent / iid).is_dir()
+        assert f"/{parent.name}/{iid}" in Path(f"/proc/{pid()}/cgroup").read_text()
+    finally:
+        await two.stop()
+        await tasks[1]
