@@ -30,7 +30,7 @@ from gavel.transport.identity import init
 from gavel.worker.agent import Agent
 from gavel.worker.cgroups import Enforcement, detect
 from gavel.worker.isolation import Isolation, configure
-from tests.integration.harness import TIMING, Cluster, wait_for
+from tests.integration.harness import TIMING, Cluster, UpDemo, wait_for
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="isolation switches uids: it needs "
                                 "a worker running as root")
@@ -288,3 +288,18 @@ async def test_stopping_one_of_two_workers_under_one_node_id_leaves_the_other_st
     finally:
         await two.stop()
         await tasks[1]
+
+
+def test_gavel_up_demo_runs_its_workloads_isolated(up_demo: UpDemo) -> None:
+    """`make run`'s shape: the demo's workloads run, each as a uid of its own."""
+    proc = up_demo.proc
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "/web -> 200 hello from web-" in proc.stdout
+    logs = "".join(p.read_text() for p in (up_demo.state / "logs").glob("node-*.log"))
+    assert logs.count("isolation: each instance runs as its own uid in 200000-265535") == 2
+    dirs = list((up_demo.state / "workers").glob("*/instances/*"))
+    assert dirs
+    for d in dirs:
+        st = d.stat()
+        assert 200_000 <= st.st_uid <= 265_535 and st.st_mode & 0o777 == 0o700, d
+    assert len({d.stat().st_uid for d in dirs}) == len(dirs)
