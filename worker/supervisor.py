@@ -343,7 +343,11 @@ class Supervisor:
         watched = [h for h in self._held.values()
                    if h.cgroup is not None and h.proc is not None and h.stopping is None]
         uids = {i.uid for h in watched if (i := self._identities.get(h.id)) is not None}
-        by_uid = processes(uids) if uids else {}
+        try:
+            by_uid = processes(uids) if uids else {}
+        except OSError as exc:  # no /proc to read: the kernel's refusal still holds
+            log.warning("cannot list processes to check cgroups: %s", exc)
+            return 0
         found = 0
         for held in watched:
             assert held.cgroup is not None and held.proc is not None
