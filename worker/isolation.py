@@ -9,7 +9,10 @@ Rules:
    keep one instance's secrets from another. A spec that asks for root (``root = true``)
    gets it only where the node's config allows it (``allow_root``); elsewhere it fails to
    start with `Reason.ROOT_REFUSED`. A worker that is not root cannot switch uids: its
-   instances run as its own user, and it says so once at start.
+   instances run as its own user, and it says so once at start. Root without the
+   capabilities (a container's root: no CAP_SYS_ADMIN, or no CAP_SETUID) is found by one
+   confined child at start, and does what it can (uids without a private /tmp, or neither),
+   said at start: never a start that fails for it.
 2. Leases. A uid is held by a file named after it in a host-wide directory (`LEASES`), made
    with O_EXCL and naming the worker and instance, so two workers on one host never hand out
    the same uid. The search starts at a hash of the worker and instance (a free uid is
@@ -39,6 +42,7 @@ import itertools
 import logging
 import os
 import resource
+import subprocess
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -221,11 +225,34 @@ def configure(mode: Mode, uids: tuple[int, int], *, allow_root: bool, owner: str
         return Isolation(None, allow_root, owner,
                          "isolation: the worker is not root and cannot switch uids: "
                          "instances run as the worker's own user", leases)
+    probe = Identity(uids[0], uids[0])
+    if not _works(probe, private_tmp=True):  # root without CAP_SYS_ADMIN (a container)
+        if not _works(probe, private_tmp=False):
+            return Isolation(None, allow_root, owner,
+                             "isolation: this root cannot switch uids here (no CAP_SETUID?): "
+                             "instances run as the worker's own user", leases)
+        return Isolation(uids, allow_root, owner,
+                         f"isolation: each instance runs as its own uid in {uids[0]}-{uids[1]}"
+                         " with no new privileges; no private /tmp (this root may not make "
+                         "a mount namespace)" + _root_note(allow_root), leases)
     return Isolation(uids, allow_root, owner,
                      f"isolation: each instance runs as its own uid in {uids[0]}-{uids[1]}, "
-                     "with a private /tmp and no new privileges"
-                     + ("; root allowed for specs that ask" if allow_root else ""),
+                     "with a private /tmp and no new privileges" + _root_note(allow_root),
                      leases, private_tmp=True)
+
+
+def _root_note(allow_root: bool) -> str:
+    return "; root allowed for specs that ask" if allow_root else ""
+
+
+def _works(identity: Identity, *, private_tmp: bool) -> bool:
+    """Whether a child can be confined so here (rule 4): one try at start, as root."""
+    try:
+        return subprocess.run(["/bin/true"], preexec_fn=confine(
+            identity, pids=64, tmp_mb=1, private_tmp=private_tmp), cwd="/",
+            stdin=subprocess.DEVNULL, timeout=30, check=False).returncode == 0
+    except (OSError, subprocess.SubprocessError):
+        return False
 
 
 def off() -> Isolation:

@@ -6,6 +6,9 @@ leases are made as root only (a uid is chown-ed to the instance's directory)."""
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -54,3 +57,18 @@ def test_off_confines_nothing(tmp_path: Path) -> None:
     off = configure("off", (1, 2), allow_root=False, owner="n")
     assert not off.enabled and off.child(None, pids=1, tmp_mb=1) is None
     assert off.identity("i", tmp_path / "i", root=True) is None  # as it always ran
+
+
+@pytest.mark.skipif(shutil.which("setpriv") is None, reason="setpriv (util-linux) drops a "
+                    "capability from a root process; it is not installed here")
+def test_a_root_without_the_capabilities_says_what_it_can_do() -> None:
+    """Root in a container without CAP_SYS_ADMIN keeps the uids, not the private /tmp;
+    without CAP_SETUID it runs instances as itself: each said at start, never a start that
+    fails."""
+    code = ("from gavel.worker.isolation import configure; i = configure('uids', (200000, "
+            "265535), allow_root=False, owner='x'); print(i.on, i.private_tmp, i.summary)")
+    for drop, on, tmp, said in (("-sys_admin", "True", "False", "no private /tmp"),
+                                ("-sys_admin,-setuid", "False", "False", "cannot switch uids")):
+        out = subprocess.run(["setpriv", "--bounding-set", drop, sys.executable, "-c", code],
+                             capture_output=True, text=True, check=True, timeout=60).stdout
+        assert out.split()[:2] == [on, tmp] and said in out, out
