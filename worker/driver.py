@@ -35,6 +35,7 @@ from pathlib import Path
 
 from gavel.worker.cgroups import Cgroup
 from gavel.worker.localstate import process_alive, process_start_time
+from gavel.worker.logfiles import open_regular
 
 __all__ = ["BASE_ENV_KEYS", "STDERR_TAIL", "Process", "SecretsUnavailable", "instance_env",
            "stderr_tail", "terminate"]
@@ -85,7 +86,7 @@ def stderr_tail(cwd: Path, limit: int = STDERR_TAIL) -> str:
     """The last lines of ``stderr.log`` in `cwd`, at most `limit` bytes of them (a line cut
     by the limit is left out unless it is the only one); "" when there is none."""
     try:
-        with open(cwd / "stderr.log", "rb") as f:
+        with open_regular(cwd / "stderr.log") as f:
             size = f.seek(0, os.SEEK_END)
             f.seek(max(0, size - limit))
             data = f.read(limit)

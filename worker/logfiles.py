@@ -31,27 +31,32 @@ Rules:
    it ended, and only the newest `keep_max` of them: then it is removed, its logs with it.
 5. The directory may belong to the instance (`worker.isolation`), which can put links or
    FIFOs where the worker's files go: the worker opens nothing there through a link
-   (``O_NOFOLLOW``), makes its temporary files anew (``O_EXCL``) and never blocks on one.
+   (``O_NOFOLLOW``), reads only regular files (what it serves as logs, or quotes in a
+   failure's detail, is the instance's own output and nothing else), makes its temporary
+   files anew (``O_EXCL``) and never blocks on one.
 """
 
 from __future__ import annotations
 
 import bisect
 import contextlib
+import errno
 import logging
 import os
 import re
 import shutil
+import stat
 import time
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 import msgspec
 
 from gavel.shared.logstream import CHUNK_MAX, STREAMS
 
-__all__ = ["MARKS_MAX", "META", "LogLimits", "Output", "Outputs"]
+__all__ = ["MARKS_MAX", "META", "LogLimits", "Output", "Outputs", "open_regular"]
 
 log = logging.getLogger("gavel.worker.logs")
 
@@ -262,7 +267,7 @@ class Output:
                 skipped += start - pos
                 pos = start
             try:
-                with open(path, "rb") as f:
+                with open_regular(path) as f:
                     f.seek(pos - start)
                     data = f.read(min(limit, end - pos))
             except OSError:
@@ -294,7 +299,7 @@ class Output:
             while top > start:
                 lo = max(start, top - CHUNK_MAX)
                 try:
-                    with open(path, "rb") as f:
+                    with open_regular(path) as f:
                         f.seek(lo - start)
                         block = f.read(top - lo)
                 except OSError:
@@ -434,6 +439,20 @@ class Outputs:
             self._open.pop(iid, None)
             log.info("removed the output of ended instance %s", iid)
         return gone
+
+
+def open_regular(path: Path) -> BinaryIO:
+    """`path` opened for reading only if it is a regular file reached without a link (rule
+    5): a link the instance planted never makes the worker serve a file it may not read."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, f"{path.name} is not a regular file")
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
 
 
 def _write_new(path: Path, data: bytes) -> None:

@@ -303,3 +303,24 @@ def test_gavel_up_demo_runs_its_workloads_isolated(up_demo: UpDemo) -> None:
         st = d.stat()
         assert 200_000 <= st.st_uid <= 265_535 and st.st_mode & 0o777 == 0o700, d
     assert len({d.stat().st_uid for d in dirs}) == len(dirs)
+
+
+async def test_a_link_planted_for_the_workers_log_is_never_followed(world: Cluster) -> None:
+    """The instance owns its directory, so it can put a link where the worker (root) opens
+    stderr.log: the restart refuses to start rather than write root's file, and the failure
+    quotes nothing of it."""
+    node = node_id()
+    secret = world.root / "root-only"
+    secret.write_text("TOPSECRET\n")
+    secret.chmod(0o600)
+    await world.start_broker()
+    await world.start_agent(node, isolation=isolation(world, node))
+    await world.wait_nodes(1)
+    script = f'echo oops >&2; rm -f stderr.log; ln -s {secret} stderr.log; exit 3'
+    iid = await world.submit(Spec(name="planter", command=["/bin/sh", "-c", script],
+                                  attempts=1, restart=Restart(attempts=2, delay_s=0.0)))
+    st = await ended(world, iid)
+    assert st.state == InstanceState.FAILED  # type: ignore[attr-defined]
+    assert st.reason == Reason.DRIVER_FAILED, st  # type: ignore[attr-defined]
+    assert "TOPSECRET" not in st.detail  # type: ignore[attr-defined]
+    assert secret.read_text() == "TOPSECRET\n"  # root's file untouched
