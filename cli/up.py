@@ -308,11 +308,23 @@ def _reserved(args: argparse.Namespace) -> list[str]:
     return ["--reserved-ports", ",".join(map(str, ports))] if ports else []
 
 
+def _private(state: Path) -> None:
+    """Nothing of the cluster's is an instance's to read (`worker.isolation`): the state
+    directory passable but not listable, everything in it but the workers' own directories
+    (which keep each instance's directory reachable, and private to it) root's alone."""
+    with contextlib.suppress(OSError):
+        state.chmod(0o711)
+        for entry in state.iterdir():
+            if entry.name != "workers" and entry.is_dir() and not entry.is_symlink():
+                entry.chmod(0o700)
+
+
 async def up(args: argparse.Namespace) -> int:
     state: Path = args.state.resolve()
     why = unusable_dir(state / "logs")
     if why:
         raise UsageError(f"--state {state}: cannot keep gavel's state there ({why}).")
+    _private(state)
     ha_on = bool(getattr(args, "ha", False))
     if ha_on and args.nats_port is not None:
         raise UsageError(f"--nats-port names one server, and --ha runs {SERVERS} on free "
@@ -371,6 +383,7 @@ async def up(args: argparse.Namespace) -> int:
         """The broker, then (once it answers, so it hears their first heartbeats) the
         workers, until all of them are up."""
         await _until_up(children, url, operator, 0, UP_TIMEOUT_S)
+        _private(state)  # the broker's repository exists now
         for i, node in enumerate(nodes):
             cpu, mem = SIZES[i % len(SIZES)]
             children.append(_spawn(

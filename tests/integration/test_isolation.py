@@ -303,6 +303,10 @@ def test_gavel_up_demo_runs_its_workloads_isolated(up_demo: UpDemo) -> None:
         st = d.stat()
         assert 200_000 <= st.st_uid <= 265_535 and st.st_mode & 0o777 == 0o700, d
     assert len({d.stat().st_uid for d in dirs}) == len(dirs)
+    # nothing else of the cluster's is an instance's to read: logs, the repository, seeds
+    for name in ("logs", "state.git", "auth"):
+        assert (up_demo.state / name).stat().st_mode & 0o777 == 0o700, name
+    assert up_demo.state.stat().st_mode & 0o777 == 0o711
 
 
 async def test_a_link_planted_for_the_workers_log_is_never_followed(world: Cluster) -> None:
