@@ -154,7 +154,8 @@ async def test_an_instance_moved_out_of_its_cgroup_is_killed_with_the_reason(
         world: Cluster) -> None:
     node = node_id()
     await world.start_broker()
-    await world.start_agent(node, cgroups=enforced(node), isolation=isolation(world, node))
+    agent = await world.start_agent(node, cgroups=enforced(node),
+                                    isolation=isolation(world, node))
     await world.wait_nodes(1)
     iid = await world.submit(sh("escapee", "sleep 60 & sleep 60"))
     pid = await running(world, node, iid)
@@ -166,6 +167,7 @@ async def test_an_instance_moved_out_of_its_cgroup_is_killed_with_the_reason(
     await wait_for(lambda: not Path(f"/proc/{pid}").exists()
                    or Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] in "ZX",
                    10, what="the escaped process killed")
+    assert agent.escapes == 1  # counted (the worker's gavel_worker_cgroup_escapes_total)
 
 
 async def test_a_fork_bomb_stops_at_its_pids_limit(world: Cluster) -> None:
