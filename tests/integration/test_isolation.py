@@ -330,3 +330,45 @@ async def test_a_link_planted_for_the_workers_log_is_never_followed(world: Clust
     assert st.reason == Reason.DRIVER_FAILED, st  # type: ignore[attr-defined]
     assert "TOPSECRET" not in st.detail  # type: ignore[attr-defined]
     assert secret.read_text() == "TOPSECRET\n"  # root's file untouched
+
+
+SYSTEM_PYTHON = "/usr/bin/python3"
+
+
+async def test_a_worker_that_is_not_root_runs_instances_as_itself_and_says_so(
+        world: Cluster) -> None:
+    """A developer's laptop: the worker cannot switch uids, so its instances run as its own
+    user, and it says so once at start. The worker runs as nobody, on the system's Python
+    (this one is under a directory nobody may enter) with this tree on its path."""
+    if shutil.which("setpriv") is None or not os.access(SYSTEM_PYTHON, os.X_OK):
+        pytest.skip("needs setpriv and a system python3 to run a worker as another user")
+    node = node_id()
+    state = world.root / "nobody-worker"
+    state.mkdir()
+    os.chown(state, 65534, 65534)
+    repo = Path(__file__).resolve().parents[2]
+    site = next((repo / ".venv" / "lib").glob("python3*/site-packages"))
+    log = world.root / "worker.log"
+    await world.start_broker()
+    env = {**os.environ, "PYTHONPATH": f"{repo}:{site}", "GAVEL_ISOLATION": "uids"}
+    with open(log, "ab") as out:
+        proc = subprocess.Popen(
+            ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "--inh-caps=-all",
+             SYSTEM_PYTHON, "-m", "gavel", "worker", "--node-id", node, "--nats", world.url,
+             "--state", str(state), "--cgroups", "off"],
+            stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+            start_new_session=True)
+    try:
+        await world.wait_nodes(1, timeout=60)
+        iid = await world.submit(sh("mine", "id -u"))
+        st = await ended(world, iid)
+        assert st.state == InstanceState.SUCCEEDED, st  # type: ignore[attr-defined]
+        assert (state / "instances" / iid / "stdout.log").read_text().strip() == "65534"
+        said = log.read_text()
+        assert said.count("isolation: the worker is not root and cannot switch uids") == 1
+        refused = await world.submit(sh("wants-root", "id -u", root=True))
+        st = await ended(world, refused)
+        assert st.reason == Reason.ROOT_REFUSED  # type: ignore[attr-defined]
+    finally:
+        proc.terminate()
+        proc.wait(30)
