@@ -30,7 +30,8 @@ Rules:
    The cgroup stays between restarts; `Host.end` removes it.
 7. Every run, and every exec check, is confined as `Host.confine` says (`worker.isolation`):
    a spec asking for root on a node that does not allow it ends `Reason.ROOT_REFUSED`; an
-   instance whose process was found outside its cgroup ends `Reason.ESCAPED_CGROUP`.
+   instance whose process was found outside its cgroup ends `Reason.ESCAPED_CGROUP`. One
+   running as a uid of its own has its directory as HOME (the worker's is not its to use).
 """
 
 from __future__ import annotations
@@ -149,6 +150,9 @@ class Host(Protocol):
     def confine(self, held: Held, *, join: int | None = None) -> Callable[[], None] | None:
         """What a child of `held` runs before its command (rule 7; `join`: an exec check
         beside that process). Raises RootRefused, or OSError when it cannot be isolated."""
+
+    def home(self, held: Held) -> str | None:
+        """The instance's HOME when it is not the worker's (rule 7)."""
 
 
 class Life:
@@ -389,8 +393,10 @@ class Life:
                 held.secret_env = got
             else:
                 held.secret_env = {}
+        home = self.host.home(held)
         return instance_env(
-            base=os.environ, spec_env=placement.spec.env, secret_env=held.secret_env,
+            base=os.environ if home is None else {**os.environ, "HOME": home},
+            spec_env=placement.spec.env, secret_env=held.secret_env,
             instance_id=held.id, node_id=self.host.node_id, attempt=held.attempt,
             ports=placement.ports, port_order=placement.spec.ports)
 

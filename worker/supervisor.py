@@ -335,6 +335,11 @@ class Supervisor:
         return iso.child(self._identities[held.id], pids=spec.pids, tmp_mb=spec.memory_mb,
                          join=join, enter=enter)
 
+    def home(self, held: Held) -> str | None:
+        if not self.isolation.on or held.local.placement.spec.root:
+            return None
+        return str(self.instance_dir(held.id))
+
     def escapes(self) -> int:
         """Kill every instance a process of which runs outside its cgroup (module
         docstring); how many there were."""

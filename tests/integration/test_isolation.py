@@ -223,9 +223,12 @@ async def test_an_exec_check_runs_as_the_instance_beside_its_private_tmp(
     # healthy only if the check sees the instance's own /tmp and runs as its uid
     check = Check(type="exec", command=["/bin/sh", "-c", 'test "$(cat /tmp/me)" = "$(id -u)"'],
                   interval_s=0.2, timeout_s=5.0)
-    iid = await world.submit(sh("checked", "id -u > /tmp/me; exec sleep 60", type="service",
-                                checks=[check]))
+    iid = await world.submit(sh("checked", 'id -u > /tmp/me; echo "$HOME"; exec sleep 60',
+                                type="service", checks=[check]))
     await running(world, node, iid)
+    home = world.root / "workers" / node / "instances" / iid
+    await wait_for(lambda: output(world, node, iid).strip() == str(home), 10,
+                   what="its own directory as HOME")
     await wait_for(lambda: any(r.instance_id == iid and r.health == "healthy"
                                for r in world.agents[node].instances()), 30, what="healthy")
     assert not Path("/tmp/me").exists()  # the instance wrote into its own /tmp, not the host's
