@@ -187,13 +187,17 @@ class Auction:
         (both for replicas)."""
         self.closed_at = now
         award = self._round(free or {}, held or {}, labels or {}).award
-        return [award(r, s) for r, s in zip(self.requests, self._shape_of, strict=True)]
+        last = len(self.requests) - 1
+        if not last:  # one request (the common case): nothing to loop over
+            return [award(self.requests[0], 0, last=True)]
+        return [award(r, s, last=k == last)
+                for k, (r, s) in enumerate(zip(self.requests, self._shape_of, strict=True))]
 
     def _round(self, free: Mapping[str, Capacity], held: Mapping[str, Mapping[str, int]],
                labels: Mapping[str, Mapping[str, str]]) -> Round:
         rows = [Row(b.bids, b.steps, b.declines, self._silent(b)) for b in self._books]
-        tally = Tally(held, labels) if self.groups else None
-        return Round(rows, free, len(self.eligible), tally)
+        return Round(rows, free, len(self.eligible), Tally(held, labels) if self.groups
+                     else None)
 
     def _silent(self, book: _ShapeBook) -> list[str]:
         """The eligible nodes that said nothing of the shape, sorted (rule 3)."""

@@ -26,7 +26,7 @@ Rules:
    it, a shape keeps a heap of ``(effective load, node_id, version)`` entries, built when
    first needed, whose stale entries are refreshed as they surface.
 6. A capacity is copied only when the round charges it: the caller's `free` is never
-   written.
+   written. The round's last award charges nothing: no award follows it to see the charge.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from collections.abc import Mapping, Sequence
 
 import msgspec
 
-from gavel.shared.feasibility import shortfall
+from gavel.shared.feasibility import Refusal, shortfall
 from gavel.shared.messages import Capacity, Request
 from gavel.shared.reasons import Reason, render, summarize_declines
 from gavel.shared.spread import Rank, Tally, rank
@@ -108,21 +108,19 @@ class Row:
         self.steps = steps
         self.sent = sent
         self.ranked = sorted(bids.values(), key=order)
-        self.declines: tuple[NodeDecline, ...] = tuple(sorted(sent, key=_by_node))
+        self.declines: tuple[NodeDecline, ...] = tuple(sorted(sent, key=_by_node)) if sent \
+            else ()
         self.silent = silent
         self.live: dict[str, int] = dict.fromkeys(bids, 0)
         self.heap: list[_Entry] | None = None
 
-    def drop(self, node: str, request: Request, room: Capacity | None) -> bool:
-        """Take `node` out of the running if it cannot fit `request` (rule 2); say so."""
-        short = shortfall(request, room) if room is not None else None
-        if short is None:
-            return False
+    def drop(self, node: str, short: Refusal) -> None:
+        """Take `node` out of the running for want of room, as the decline it would have sent
+        (rule 2)."""
         del self.live[node]
         self.declines = tuple(sorted(
             (*self.declines, NodeDecline(node_id=node, reason=short.reason, detail=short.detail)),
             key=_by_node))
-        return True
 
 
 class Round:
@@ -145,28 +143,34 @@ class Round:
         room = self.charged.get(node)
         return self.free.get(node) if room is None else room
 
-    def award(self, request: Request, s: int) -> Decision:
-        """Award `request`, of shape `s`, by rule 2 (rule 4 for a replica)."""
+    def award(self, request: Request, s: int, *, last: bool = False) -> Decision:
+        """Award `request`, of shape `s`, by rule 2 (rule 4 for a replica). The round's
+        `last` award is not charged: nothing follows it that the charge could change."""
         row = self.rows[s]
         if self.tally is not None and request.group:
-            return self._replica(request, row, self.tally)
+            return self._replica(request, row, self.tally, last)
         if self.extra:
             winner, tied = self._by_heap(request, row)
         else:
             winner, tied = self._by_walk(request, row)
         if winner is None:
             return self._unschedulable(request, row)
-        self._charge(request, row, winner.node_id)
+        if not last:
+            self._charge(request, row, winner.node_id)
         return Awarded(request=request, winner=winner, tie_broken=tied, bids=row.ranked,
                        declines=row.declines, silent=row.silent)
 
     def _by_walk(self, request: Request, row: Row) -> tuple[NodeBid | None, bool]:
         """Rule 5 before the first award: the first two fitting bids in award order."""
-        live = row.live
+        live, free = row.live, self.free  # nothing is charged before the first award
         winner: NodeBid | None = None
         for bid in row.ranked:
             node = bid.node_id
-            if node not in live or row.drop(node, request, self.room(node)):
+            if node not in live:
+                continue
+            room = free.get(node)
+            if room is not None and (short := shortfall(request, room)) is not None:
+                row.drop(node, short)
                 continue
             if not math.isfinite(bid.load):
                 del live[node]
@@ -180,10 +184,10 @@ class Round:
         """Rule 5 after the first award: the heap's best fitting entry, and the next."""
         heap = row.heap
         if heap is None:
-            version = self.version
-            for node in row.live:
-                row.live[node] = version.get(node, 0)
-            heap = row.heap = [(self._load(row, n), n, v) for n, v in row.live.items()]
+            live, version, extra, bids = row.live, self.version, self.extra, row.bids
+            for node in live:
+                live[node] = version.get(node, 0)
+            heap = row.heap = [(bids[n].load + extra.get(n, 0.0), n, v) for n, v in live.items()]
             heapq.heapify(heap)
         best = self._top(request, row, heap)
         if best is None:
@@ -215,8 +219,11 @@ class Round:
                 live[node] = current
                 heapq.heapreplace(heap, (self._load(row, node), node, current))
                 continue
-            if row.drop(node, request, self.room(node)):
+            room = self.room(node)
+            short = shortfall(request, room) if room is not None else None
+            if short is not None:
                 heapq.heappop(heap)
+                row.drop(node, short)
             elif math.isfinite(load):  # inf: "only one"; -inf: steps overflowed
                 return load, node
             else:
@@ -240,14 +247,17 @@ class Round:
                     other.live[node] = ver
                     heapq.heappush(other.heap, (self._load(other, node), node, ver))
 
-    def _replica(self, request: Request, row: Row, tally: Tally) -> Decision:
+    def _replica(self, request: Request, row: Row, tally: Tally, last: bool) -> Decision:
         """Rule 4: a scan of the shape's bidders still in the running."""
         best: Rank | None = None
         second: Rank | None = None
+        charged, free, extra, bids = self.charged, self.free, self.extra, row.bids
         for node in list(row.live):
-            if row.drop(node, request, self.room(node)):
+            room = charged.get(node) or free.get(node)
+            if room is not None and (short := shortfall(request, room)) is not None:
+                row.drop(node, short)
                 continue
-            load = self._load(row, node)
+            load = bids[node].load + extra.get(node, 0.0)
             if not math.isfinite(load):  # the strategy refuses another one
                 continue
             key = rank(request, node, load, tally)
@@ -264,8 +274,9 @@ class Round:
             if floor is None or best[0] > floor:
                 return self._unspread(request, row, tally, values)
         _, _, load, node = best
-        self._charge(request, row, node)
-        tally.add(request.group, node)
+        if not last:
+            self._charge(request, row, node)
+            tally.add(request.group, node)
         won = NodeBid(node_id=node, load=load, strategy=row.bids[node].strategy)
         tied = second is not None and second[:3] == best[:3]
         return Awarded(request=request, winner=won, tie_broken=tied, bids=row.ranked,
