@@ -4,8 +4,10 @@ Rules:
 1. Items queue up while a commit is being written; the next commit takes all of them.
 2. Each item plans against the freshest state (plan, then apply). If the branch moved under
    us (`Conflict`), the whole batch is re-planned on the new head, a bounded number of times.
-3. Nothing an item promises is published before its commit is durable: `after` callbacks
-   run only once the ref has moved, in commit order, on a task of their own in slices of
+3. Nothing an item promises is published before its commit is durable: a plan's effects
+   (`broker.effects`, carried out by `effects`) and its `after` callbacks (the shape the
+   parts not yet moved to effects still use) run only once the ref has moved, in commit
+   order, each plan's effects before its callbacks, on a task of their own in slices of
    `AFTER_SLICE_S` with the loop's other work between them (a commit of thousands of awards
    must not stall the bid replies of open auctions), while the next commit is already being
    planned and written: the writer does not wait for the awards of the last commit to go
@@ -53,6 +55,7 @@ from typing import Any, Protocol
 
 import msgspec
 
+from gavel.broker.effects import Effect, Effects
 from gavel.broker.ledger.gitwriter import commit_files, make_executor
 from gavel.broker.ledger.plan import View
 from gavel.broker.ledger.repository import Conflict, Damaged, Ledger, Pinned
@@ -66,9 +69,14 @@ log = logging.getLogger("gavel.ledger")
 
 @dataclass
 class Planned:
+    """What a plan made of its view: the message lines and trailers it adds, and what
+    follows once the commit is durable (rule 3) — `effects` as values; `after` callbacks
+    where a part is not yet moved to effects."""
+
     lines: list[str]
     trailers: list[str] = field(default_factory=list)
     after: list[Callable[[str], None]] = field(default_factory=list)
+    effects: list[Effect] = field(default_factory=list)
 
 
 class Durable(Protocol):
@@ -114,6 +122,8 @@ class Committer:
         self._afters_kick = asyncio.Event()
         self._committing = False
         self._pool = make_executor(writer)
+        #: Who carries out each kind of effect (rule 3).
+        self.effects = Effects()
         self.commits = 0
         self.conflicts = 0
         self.latencies: list[float] = []
@@ -180,7 +190,7 @@ class Committer:
                     await self.durable.wait(mark)
                     if change is not None and self.on_durable is not None:
                         self.on_durable(change, sha)
-                await _run_after(planned, sha)
+                await _run_after(planned, sha, self.effects)
                 self._afters.popleft()
             self._maybe_idle()
 
@@ -275,13 +285,21 @@ class Committer:
 AFTER_SLICE_S = 0.0005
 
 
-async def _run_after(planned: list[Planned], sha: str) -> None:
+async def _run_after(planned: list[Planned], sha: str, effects: Effects) -> None:
     deadline = time.perf_counter() + AFTER_SLICE_S
     for p in planned:
+        for effect in p.effects:
+            try:
+                effects.run(effect, sha)
+            except Exception:  # one broken promise must not keep the later ones back
+                log.exception("effect %r of %s failed", effect, sha[:12] or "no commit")
+            if time.perf_counter() >= deadline:
+                await asyncio.sleep(0)
+                deadline = time.perf_counter() + AFTER_SLICE_S
         for cb in p.after:
             try:
                 cb(sha)
-            except Exception:  # one broken promise must not keep the later ones back
+            except Exception:
                 log.exception("after-commit work for %s failed", sha[:12] or "no commit")
             if time.perf_counter() >= deadline:
                 await asyncio.sleep(0)
