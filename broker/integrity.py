@@ -19,6 +19,7 @@ Rules:
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from gavel.broker.context import Context
@@ -27,12 +28,19 @@ from gavel.broker.ledger.plan import View, rewrite
 from gavel.broker.ledger.state import Dispute
 from gavel.shared.reasons import Reason
 
-__all__ = ["Corrected", "Integrity", "plan_correction"]
+__all__ = ["Corrected", "Integrity", "Uncorrected", "plan_correction"]
 
 
 @dataclass(frozen=True)
 class Corrected:
     """The effect of a correction commit: these disputes' node files are rewritten."""
+
+    disputes: tuple[Dispute, ...]
+
+
+@dataclass(frozen=True)
+class Uncorrected:
+    """The correction of these disputes was given up: the next pass sends them again."""
 
     disputes: tuple[Dispute, ...]
 
@@ -58,6 +66,7 @@ class Integrity:
         self._sent: dict[str, Dispute] = {}
         self.corrected = 0
         ctx.committer.effects.on(Corrected, self._landed)
+        ctx.committer.effects.on(Uncorrected, lambda e, _sha: self._failed(e.disputes))
 
     def watch(self) -> None:
         """One pass (rule 1)."""
@@ -78,13 +87,12 @@ class Integrity:
         if pinned:
             return  # rule 2 still holds: the state keeps only the broker's placement
         self.ctx.committer.submit(Item(plan=functools.partial(self._plan, disputes=new),
-                                       failed=functools.partial(self._failed, disputes=new),
-                                       retry=False))
+                                       gave_up=[Uncorrected(tuple(new))], retry=False))
 
     def _plan(self, view: View, disputes: list[Dispute]) -> Planned | None:
         planned, gone = plan_correction(view, disputes)
         if gone:  # what is open now is sent afresh by the next pass
-            self._failed(Reason.LEDGER_UNWRITABLE, "", gone)
+            self._failed(gone)
         return planned
 
     def _landed(self, done: Corrected, sha: str) -> None:
@@ -98,7 +106,7 @@ class Integrity:
         self.ctx.log.info("corrected %d placements someone else wrote, in commit %s",
                           len(done.disputes), sha[:12])
 
-    def _failed(self, reason: Reason, detail: str, disputes: list[Dispute]) -> None:
+    def _failed(self, disputes: Sequence[Dispute]) -> None:
         for d in disputes:  # rule 3: the next pass sends it again
             if self._sent.get(d.instance_id) is d:
                 del self._sent[d.instance_id]

@@ -82,6 +82,13 @@ REPORTED = frozenset({EventType.PROVISIONING, EventType.RUNNING, EventType.EXITE
 
 
 @dataclass(frozen=True)
+class Unacted:
+    """The watchdog's verdict was given up before it landed: it may be acted on again."""
+
+    action: Action
+
+
+@dataclass(frozen=True)
 class HealthNote:
     """A running instance's health as its node last said (an event or a heartbeat)."""
 
@@ -126,6 +133,7 @@ class Promises:
         self.reported: dict[str, int] = {}
         self._unblocking: set[str] = set()  # nodes with an unblocking commit in flight
         ctx.committer.effects.on(Release, lambda e, _sha: self.ended(e.instance_id))
+        ctx.committer.effects.on(Unacted, self._unacted)
 
     # -- reports -------------------------------------------------------------------------
     def on_report(self, msg: Received) -> None:
@@ -277,8 +285,7 @@ class Promises:
                 continue
             self.acting.add(key)
             ctx.committer.submit(Item(plan=functools.partial(self._act, a=action),
-                                    failed=functools.partial(self._act_failed, key),
-                                    retry=False))
+                                      gave_up=[Unacted(action)], retry=False))
         self._drain_deadlines(now)
         self._migrate_next()
 
@@ -294,8 +301,8 @@ class Promises:
                                   len(nf.instances))
                 self.migrating[node] = sorted(nf.instances)
 
-    def _act_failed(self, key: tuple[Kind, str], _reason: Reason, _detail: str) -> None:
-        self.acting.discard(key)
+    def _unacted(self, e: Unacted, _sha: str) -> None:
+        self.acting.discard((e.action.kind, e.action.instance_id))
 
     def _act(self, view: View, a: Action) -> Planned | None:
         self.acting.discard((a.kind, a.instance_id))

@@ -52,7 +52,7 @@ Due = tuple[str, str, Reason]
 @dataclass(frozen=True)
 class Forgotten:
     """The effect of a forget commit: `batch` was due, and is out of the tree unless a plan
-    re-checking it kept it (rule 3)."""
+    re-checking it kept it (rule 3). Empty: the commit was given up, nothing left."""
 
     batch: tuple[Due, ...]
 
@@ -130,7 +130,7 @@ class Retention:
             return
         self._busy = True
         ctx.committer.submit(Item(plan=functools.partial(self._plan, batch=batch),
-                                failed=self._failed))
+                                  gave_up=[Forgotten(())]))
 
     def _plan(self, view: View, batch: list[Due]) -> Planned | None:
         planned = plan_forget(view, batch)
@@ -148,6 +148,3 @@ class Retention:
                 self.ctx.metrics.forgotten.inc()
         if len(done.batch) >= FORGET_MAX:
             self.watch()  # more may be due: keep up with ends faster than a batch a pass
-
-    def _failed(self, _reason: Reason, _detail: str) -> None:
-        self._busy = False

@@ -14,8 +14,9 @@ Rules:
    out. Until its callback runs, an award's capacity is still reserved, so the broker only
    ever under-counts a node's room.
 4. Pinned or unwritable repository: nothing is written, and unwritable batches are retried
-   after a back-off while the broker keeps serving. An item hears `failed` only when it is
-   given up for good (pinned, or an item that is not retried): what heard it never lands.
+   after a back-off while the broker keeps serving. An item hears `failed` (and its
+   `gave_up` effects run) only when it is given up for good (pinned, or an item that is not
+   retried): what heard it never lands.
    A retried item is planned afresh on the next try and hears nothing of the failed one.
 5. The commit that records an instance's end stamps it (`ended_at`, UTC, milliseconds): the
    retention of ended instances counts from there (`broker.retention`).
@@ -96,6 +97,8 @@ class Item:
     plan: Callable[[View], Planned | None]
     failed: Callable[[Reason, str], None] = lambda reason, detail: None
     retry: bool = True
+    #: Effects carried out when the item is given up for good (rule 4), after `failed`.
+    gave_up: list[Effect] = field(default_factory=list)
 
 
 class Committer:
@@ -161,7 +164,8 @@ class Committer:
                     except Exception:  # a bug in one plan must not stop every later commit
                         log.exception("commit of %d items failed; they are dropped", len(items))
                         for item in items:
-                            item.failed(Reason.LEDGER_UNWRITABLE, "internal error while planning")
+                            self._give_up(item, Reason.LEDGER_UNWRITABLE,
+                                          "internal error while planning")
                 self._committing = False
                 self._maybe_idle()
                 if wrote and self.gap_s > 0:
@@ -230,7 +234,7 @@ class Committer:
                 continue
             except Pinned:
                 for item in items:
-                    item.failed(Reason.PINNED, self.ledger.ref)
+                    self._give_up(item, Reason.PINNED, self.ledger.ref)
                 return False
             except Exception as exc:  # rule 8: the ref says whether it landed
                 if isinstance(exc, BrokenExecutor):  # the writer died: start a new one
@@ -269,9 +273,18 @@ class Committer:
         retry = [i for i in items if i.retry]
         for item in items:
             if not item.retry:
-                item.failed(Reason.LEDGER_UNWRITABLE, str(why))
+                self._give_up(item, Reason.LEDGER_UNWRITABLE, str(why))
         if retry:
             asyncio.get_running_loop().call_later(self.retry_s, self._requeue, retry)
+
+    def _give_up(self, item: Item, reason: Reason, detail: str) -> None:
+        """Rule 4: the item never lands; what heard of it hears so."""
+        item.failed(reason, detail)
+        for effect in item.gave_up:
+            try:
+                self.effects.run(effect, "")
+            except Exception:
+                log.exception("effect %r of a given-up item failed", effect)
 
     def _requeue(self, items: list[Item]) -> None:
         for item in items:

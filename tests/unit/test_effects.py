@@ -12,13 +12,17 @@ import pytest
 
 from gavel.broker.effects import Answer, Arm, Effects, Emit, Publish, Release, Timer, world
 from gavel.broker.events import Events
+from gavel.broker.integrity import Corrected, Uncorrected
 from gavel.broker.ledger.committer import Committer, Item, Planned
 from gavel.broker.ledger.plan import View, submit
 from gavel.broker.ledger.repository import Ledger
 from gavel.broker.outbox import Outbox
-from gavel.broker.watchdog import Timers
+from gavel.broker.promises import Unacted
+from gavel.broker.retention import Forgotten
+from gavel.broker.watchdog import Action, Kind, Timers
 from gavel.shared.messages import Cancel, EventType, Spec
 from gavel.shared.records import InstanceRecord
+from tests.unit.test_fuzz_broker import Rig
 
 SPEC = Spec(name="s", command=["true"])
 
@@ -62,7 +66,8 @@ async def test_effects_run_after_the_ref_moved_in_commit_then_plan_order(
     assert [h for w, h in seen if not w.endswith("c")] == [head] * 6  # durable first
 
 
-async def test_a_plan_that_fails_to_commit_carries_out_nothing(tmp_path: Path) -> None:
+async def test_a_plan_that_fails_to_commit_carries_out_only_what_giving_up_says(
+        tmp_path: Path) -> None:
     ledger = Ledger(tmp_path / "state.git", ref="refs/tags/pinned")
     committer = Committer(ledger, writer="thread")
     seen: list[str] = []
@@ -74,13 +79,14 @@ async def test_a_plan_that_fails_to_commit_carries_out_nothing(tmp_path: Path) -
         submit(view, InstanceRecord(instance_id="i", spec=SPEC))
         return Planned(lines=["submit i"], effects=[Noted("told")])
     try:
-        committer.submit(Item(plan=make, failed=lambda r, d: failed.append(str(r))))
+        committer.submit(Item(plan=make, failed=lambda r, d: failed.append(str(r)),
+                              gave_up=[Noted("given up")]))
         await asyncio.sleep(0)
         await asyncio.wait_for(committer.idle.wait(), 10)
     finally:
         runner.cancel()
         committer.close()
-    assert failed and not seen
+    assert failed and seen == ["given up"]  # never "told"
 
 
 def test_one_handler_per_kind_and_an_unhandled_effect_is_logged_not_raised(
@@ -117,3 +123,17 @@ async def test_the_worlds_effects_reach_the_outbox_the_events_and_the_clocks() -
         "i", EventType.LOST, "n1", "r", "d", 5.0)
     assert timers.cancel_at["i"] == ("n1", 42.0)
     assert waiter.result() is cancel  # the first answer stands
+
+
+def test_the_broker_handles_every_kind_of_effect_its_plans_return(rig: Rig) -> None:
+    """The composition registers a handler for each kind the moved parts' plans return (a
+    missing one would only be logged, after the commit landed)."""
+    effects = rig.b.committer.effects
+    for kind in (Publish, Emit, Answer, Arm, Release, Forgotten, Corrected, Uncorrected,
+                 Unacted):
+        assert effects.handles(kind), kind.__name__
+    promises = rig.b.promises
+    action = Action(Kind.REVOKE, "web-1", "n1")
+    promises.acting.add((action.kind, action.instance_id))
+    effects.run(Unacted(action), "")  # given up: the watchdog may act on it again
+    assert not promises.acting
