@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import random
 from collections.abc import Mapping
-from functools import partial
 
 import numpy as np
 
@@ -87,8 +86,7 @@ class GavelPlacer(Placer):
         book = self.books[shape]
         net = self.net
         lossy = net.lossy and not self.omniscient
-        winner, tie, walked, lost_any = leaders(book.ranked, partial(net.lost, no) if lossy
-                                                else None)
+        winner, tie, walked, lost_any = leaders(book.ranked, net.lost if lossy else None, no)
         latency = 0.0
         silent = False
         if not self.omniscient:

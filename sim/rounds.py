@@ -23,27 +23,22 @@ Rules:
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import NamedTuple
 
 from gavel.shared.auction import Auction, Awarded, Decision
 from gavel.shared.messages import Bid, BidReply, Decline, Request
 
-__all__ = ["Leaders", "leaders", "reduced_declines", "run_round", "winner_of"]
+__all__ = ["leaders", "reduced_declines", "run_round", "winner_of"]
 
 Answer = Bid | Decline
 
 
-class Leaders(NamedTuple):
-    winner: int  # the best bid's node index, -1 when no bid was heard
-    tie: int  # the next heard bid with the winner's load, -1 when none
-    walked: int  # bids looked at, the lost ones included
-    lost_any: bool  # a bid looked at was lost
-
-
-def leaders(ranked: Iterable[tuple[float, int]], lost: Callable[[int], bool] | None) -> Leaders:
+def leaders(ranked: Iterable[tuple[float, int]], lost: Callable[[int, int], bool] | None,
+            no: int = 0) -> tuple[int, int, int, bool]:
     """Rule 2: the winner and the bid that ties it among ``(load, index)`` bids in award
-    order, passing over those `lost` says the network lost; the walk ends at the first bid
-    that can no longer tie."""
+    order, passing over those ``lost(no, index)`` says the network lost in round `no`; the
+    walk ends at the first bid that can no longer tie. Returns the winner's index and the
+    tie's (-1: none), the bids looked at (the lost ones included), and whether one was
+    lost."""
     winner = tie = -1
     best = 0.0
     walked = 0
@@ -52,7 +47,7 @@ def leaders(ranked: Iterable[tuple[float, int]], lost: Callable[[int], bool] | N
         if winner >= 0 and load != best:
             break
         walked += 1
-        if lost is not None and lost(idx):
+        if lost is not None and lost(no, idx):
             lost_any = True
             continue
         if winner < 0:
@@ -60,7 +55,7 @@ def leaders(ranked: Iterable[tuple[float, int]], lost: Callable[[int], bool] | N
         else:
             tie = idx
             break
-    return Leaders(winner, tie, walked, lost_any)
+    return winner, tie, walked, lost_any
 
 
 def run_round(auction_id: str, request: Request, replies: Sequence[tuple[str, Answer]],

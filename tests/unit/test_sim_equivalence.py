@@ -310,11 +310,11 @@ def test_same_bids_same_winner_as_auction_decide(seed: int, loss: float) -> None
     heard = [r for i, r in enumerate(replies) if i not in lost]
     full = _decide_all(request, heard, [replies[i][0] for i in sorted(lost)])
     ranked = sorted((a.load, i) for i, (_, a) in enumerate(replies) if isinstance(a, Bid))
-    top = leaders(iter(ranked), lost.__contains__ if lost else None)
-    assert top.walked <= len(ranked) and top.lost_any == any(
-        i in lost for _, i in ranked[:top.walked])
-    if top.winner >= 0:
-        fast = run_round("fast", request, [replies[i] for i in (top.winner, top.tie) if i >= 0],
+    winner, tie, walked, lost_any = leaders(iter(ranked), (lambda no, i: i in lost)
+                                            if lost else None, 0)
+    assert walked <= len(ranked) and lost_any == any(i in lost for _, i in ranked[:walked])
+    if winner >= 0:
+        fast = run_round("fast", request, [replies[i] for i in (winner, tie) if i >= 0],
                          [], 0.0, 1.0, 0.5)
         assert isinstance(fast, Awarded) and isinstance(full, Awarded)
         assert fast.winner == full.winner
