@@ -25,8 +25,11 @@ Rules:
    permissions cannot see, so such a consumer may deliver that node's own node.json to any
    subject; every handler drops what is no message of gavel's (`transport.inbound` rule 4).
 5. `init` is idempotent: a seed that exists is reused, never rewritten. The config authorizes
-   every node seed in the directory, so revoking a node is deleting its seed and running
-   `init` again (then reloading nats-server).
+   the nodes named to this run and to earlier ones (recorded in ``auth/nodes``, which only
+   `init` writes), never a seed file merely found in the directory: a stray ``x.nk`` put
+   there by anyone who can write the directory is no node. Revoking a node is deleting its
+   seed and running `init` again (then reloading nats-server): a recorded node whose seed is
+   gone is dropped from the record.
 6. Operators may ask any node for an instance's output (``gavel.logs.<node>``); only that
    node hears it, and it answers on the operator's inbox through the server's response
    permission (``allow_responses``: at most `shared.logstream.REPLIES_MAX` replies within
@@ -256,6 +259,20 @@ def render_config(users: Sequence[tuple[str, str, dict[str, Any]]]) -> str:
     return "\n".join(lines)
 
 
+#: The nodes `init` was given, one id a line, in the key directory (rule 5).
+NODES_RECORD = "nodes"
+
+
+def _recorded(directory: Path) -> list[str]:
+    """The node ids earlier runs of `init` were given; a line that is no node id (a hand
+    edit) is no node."""
+    path = directory / NODES_RECORD
+    if not path.exists():
+        return []
+    names = [line.strip() for line in path.read_text().splitlines()]
+    return [n for n in names if subjects.is_node_id(n) and n not in (BROKER, OPERATOR)]
+
+
 @dataclass(frozen=True)
 class Identities:
     """What `init` wrote: the server config and each identity's seed file."""
@@ -277,7 +294,8 @@ def _write(path: Path, text: str) -> None:
 
 def init(state: Path, nodes: Iterable[str] = ()) -> Identities:
     """Seeds for the broker, operators and `nodes` under ``state/auth`` (existing ones kept),
-    and ``state/auth/nats.conf`` authorizing every node seed found there."""
+    and ``state/auth/nats.conf`` authorizing `nodes` and the nodes earlier runs were given
+    whose seeds remain (rule 5), never a seed file it was not given."""
     directory = state / "auth"
     for name in nodes:
         if name in (BROKER, OPERATOR):
@@ -288,10 +306,12 @@ def init(state: Path, nodes: Iterable[str] = ()) -> Identities:
         broker = directory / f"{BROKER}.nk"
         operator = directory / f"{OPERATOR}.nk"
         broker_key, operator_key = public_key(_seed(broker)), public_key(_seed(operator))
-        for name in nodes:
+        named = set(nodes)
+        for name in named:
             _seed(directory / f"{name}.nk")
-        known = sorted(p.stem for p in directory.glob("*.nk")
-                       if p.stem not in (BROKER, OPERATOR) and subjects.is_node_id(p.stem))
+        known = sorted(named | {n for n in _recorded(directory)
+                                if (directory / f"{n}.nk").exists()})
+        _write(directory / NODES_RECORD, "".join(f"{n}\n" for n in known))
         paths = {name: directory / f"{name}.nk" for name in known}
         users = [("broker: what it publishes, serves and answers", broker_key,
                   broker_permissions(known)),

@@ -66,6 +66,24 @@ def test_init_is_idempotent_and_revocation_is_deleting_a_seed(tmp_path: Path) ->
     assert set(after.nodes) == {"a", "c"} and b_key not in after.config.read_text()
 
 
+def test_init_makes_nodes_only_from_the_names_it_is_given(tmp_path: Path) -> None:
+    """A seed file dropped into the key directory (a valid one of its own, or a node's seed
+    copied under another name) is no node: the config names only what `init` was given."""
+    stranger = auth.init(tmp_path / "elsewhere", ["evil"]).nodes["evil"]
+    ids = auth.init(tmp_path, ["a"])
+    (ids.directory / "evil.nk").write_text(stranger.read_text())
+    (ids.directory / "a-copy.nk").write_text(ids.nodes["a"].read_text())
+    again = auth.init(tmp_path, ["b"])
+    assert set(again.nodes) == {"a", "b"}
+    conf = again.config.read_text()
+    assert auth.public_key(stranger.read_text().strip()) not in conf
+    assert "# node evil" not in conf and "# node a-copy" not in conf
+    assert auth.init(tmp_path).nodes.keys() == {"a", "b"}
+    # A name written into the record by hand that is no node id is ignored.
+    (ids.directory / auth.NODES_RECORD).write_text("a\nb\n../x\nbroker\n")
+    assert set(auth.init(tmp_path).nodes) == {"a", "b"}
+
+
 def test_init_refuses_reserved_names_and_keeps_a_damaged_seed(tmp_path: Path) -> None:
     with pytest.raises(IdentityError, match="reserved"):
         auth.init(tmp_path, ["broker"])
