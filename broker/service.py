@@ -71,6 +71,7 @@ from gavel.broker.promises import Promises
 from gavel.broker.retention import Retention
 from gavel.broker.services import Services
 from gavel.broker.watchdog import Timers
+from gavel.broker.watches import Watches
 from gavel.shared import subjects
 from gavel.shared.health import Deafness, Liveness, silences
 from gavel.shared.messages import RFB
@@ -159,6 +160,8 @@ class Broker:
                                  leader=self.leader)
         self.secrets = dict(secrets or {})
         self.assignments = Assignments(ctx, self.secrets)
+        self.watches = Watches(ctx, min_gap_s=timing.heartbeat_s / 2,
+                               inactive_s=10 * timing.heartbeat_s)
         self.auctioneer = Auctioneer(ctx, award_for=self.assignments.award_for,
                                      batch_max=batch_max, sample_d=sample_d,
                                      max_auctions=max_auctions, batch_wait_s=batch_wait_s,
@@ -255,6 +258,7 @@ class Broker:
         await nc.subscribe_direct(subjects.BIDS_ALL, self.auctioneer.on_bids)
         await nc.subscribe_direct(subjects.REPORT_ALL, self.promises.on_report)
         await nc.subscribe(subjects.ASSIGN_ALL, cb=self.assignments.on_request)
+        await nc.subscribe(subjects.WATCH_ALL, cb=self.watches.on_request)
         await self.api.start(api_nc)
         for conn in (nc, api_nc):
             try:  # "up" means heard: an API call or a report sent from now on reaches us

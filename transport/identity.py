@@ -18,12 +18,13 @@ Rules:
    explicit list is checked by the server whatever the broker's code does.
 3. Operators call the API, read events and ask nodes for logs (rule 6); they cannot bid,
    award or speak as a node.
-4. Of JetStream, a node may only create a consumer of its own key, on the create subject
-   that carries the filter (`gavel.shared.subjects.NODE_WATCH`; the server refuses a request
-   whose filter differs from the subject's): no stream or consumer info, no gets, no
-   deletes, no flow-control answers. The deliver subject is in the request's payload, which
-   permissions cannot see, so such a consumer may deliver that node's own node.json to any
-   subject; every handler drops what is no message of gavel's (`transport.inbound` rule 4).
+4. A node may call no JetStream subject at all: a consumer's deliver subject is in the
+   create request's payload, which permissions cannot see, and every JetStream answer goes
+   to the reply subject its request names, so any JetStream call would let a node make the
+   server publish wherever it chose. Its watch of its own key is a consumer the broker
+   makes on its request (``gavel.watch.<node>``, `broker.watches`), delivering into that
+   node's own inbox, one at a time per node; the broker may create consumers of node keys
+   and delete them, nothing else of the bucket.
 5. `init` is idempotent: a seed that exists is reused, never rewritten. The config authorizes
    the nodes named to this run and to earlier ones (recorded in ``auth/nodes``, which only
    `init` writes), never a seed file merely found in the directory: a stray ``x.nk`` put
@@ -81,8 +82,8 @@ _SEED = re.compile(r"SU[A-Z2-7]{56}")
 
 
 def worker_permissions(node: str) -> dict[str, Any]:
-    """Node `node`: its own subjects out, what is addressed to it in, and of JetStream only
-    the watch of its own key (rule 4)."""
+    """Node `node`: its own subjects out, what is addressed to it in, and nothing of
+    JetStream (rule 4)."""
     inbox = f"{subjects.NODE_INBOX.format(node=node)}.>"
     return {
         "publish": {"allow": [
@@ -91,7 +92,7 @@ def worker_permissions(node: str) -> dict[str, Any]:
             subjects.REPORT.format(node=node),
             subjects.ASSIGN.format(node=node),
             inbox,  # the worker's subscription barrier: a message to itself
-            subjects.NODE_WATCH.format(name="*", node=node),
+            subjects.WATCH.format(node=node),  # its KV watch, made by the broker (rule 4)
         ]},
         "subscribe": {"allow": [
             subjects.RFB,
@@ -148,6 +149,9 @@ def broker_permissions(nodes: Iterable[str] = ()) -> dict[str, Any]:
             subjects.CANCEL.format(node="*"),
             subjects.EVENTS_ALL,
             subjects.NODE_KEY.format(node="*"),  # the KV mirror's puts
+            # Nodes' watches (rule 4): a consumer of one node's key, and deleting one.
+            subjects.NODE_WATCH.format(name="*", node="*"),
+            subjects.NODE_WATCH_DELETE.format(name="*"),
             f"$JS.API.STREAM.CREATE.{subjects.NODES_STREAM}",  # making sure the bucket exists
             # The leadership lease (`broker.lease`): its bucket, its one key (create, renew,
             # release), and a consumer of that key alone, for the standbys' watch.
@@ -165,6 +169,7 @@ def broker_permissions(nodes: Iterable[str] = ()) -> dict[str, Any]:
             subjects.BIDS_ALL,
             subjects.REPORT_ALL,
             subjects.ASSIGN_ALL,
+            subjects.WATCH_ALL,
             subjects.API_ALL,
             own,  # JetStream's answers, its subscription barrier
             *(s for s in stream["subscribe"]["allow"] if s not in (own, subjects.HEARTBEAT_ALL)),

@@ -174,13 +174,17 @@ def test_compose_grants_each_user_what_auth_init_grants_its_role() -> None:
 def test_the_broker_answers_only_inboxes_and_a_node_reads_only_its_own_key() -> None:
     """The permission lists themselves (tests/integration/test_auth.py puts them to a real
     server): no wildcard grant for the broker, a reply inbox per known node, and of
-    JetStream only the bucket's creation and the heartbeat stream's own calls for the broker,
-    one call for a node."""
+    JetStream only the bucket's creation, nodes' watches and the heartbeat stream's own calls
+    for the broker, none for a node."""
     broker = auth.broker_permissions(["a", "b"])
     assert ">" not in broker["publish"]["allow"] and ">" not in broker["subscribe"]["allow"]
     assert {"_INBOX.>", "_INBOX_a.>", "_INBOX_b.>", "_INBOX_broker.>"} <= set(
         broker["publish"]["allow"])
     assert [s for s in broker["publish"]["allow"] if s.startswith("$JS.")] == [
+        # nodes' watches: a consumer of one node's key, delivering where the broker says
+        # (`broker.watches`), and deleting one
+        "$JS.API.CONSUMER.CREATE.KV_gavel-nodes.*.$KV.gavel-nodes.*",
+        "$JS.API.CONSUMER.DELETE.KV_gavel-nodes.*",
         "$JS.API.STREAM.CREATE.KV_gavel-nodes",
         # the leadership lease of several brokers: its bucket, reading its one key's last
         # message (did a refused retry land?) and a watch of that key
@@ -194,7 +198,7 @@ def test_the_broker_answers_only_inboxes_and_a_node_reads_only_its_own_key() -> 
     assert [s for s in broker["publish"]["allow"] if s.startswith("$KV.")] == [
         "$KV.gavel-nodes.*", "$KV.gavel-leader.leader"]
     node = auth.worker_permissions("a")
-    assert [s for s in node["publish"]["allow"] if s.startswith("$")] == [
-        "$JS.API.CONSUMER.CREATE.KV_gavel-nodes.*.$KV.gavel-nodes.a"]
+    assert [s for s in node["publish"]["allow"] if s.startswith("$")] == []  # no JetStream
+    assert "gavel.watch.a" in node["publish"]["allow"]
     ids_conf = auth.render_config([("broker", "UKEY", broker)])
     assert "allow_responses" not in ids_conf
