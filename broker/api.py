@@ -66,6 +66,7 @@ from gavel.broker.serviceapi import ServiceVerbs
 from gavel.broker.services import Services
 from gavel.broker.views import Views
 from gavel.shared import subjects
+from gavel.shared.admission import DEFAULT_CAPS, Caps, refusal
 from gavel.shared.api import (
     CancelReply,
     CancelRequest,
@@ -121,8 +122,11 @@ DECLINES_SHOWN = 20
 class Api:
     def __init__(self, ctx: Context, *, auctioneer: Auctioneer, promises: Promises,
                  services: Services, deploys: Deploys, mirror: Mirror,
-                 secrets: Mapping[str, str], ended_max: int) -> None:
+                 secrets: Mapping[str, str], ended_max: int,
+                 caps: Caps = DEFAULT_CAPS) -> None:
         self.ctx = ctx
+        #: What one service and the cluster may hold (`shared.admission`).
+        self.caps = caps
         self.auctioneer = auctioneer
         self.promises = promises
         self.services = services
@@ -139,7 +143,8 @@ class Api:
         self._keyed: dict[str, asyncio.Future[None]] = {}
         self.views = Views(ctx, auctioneer, promises)
         self.service_verbs = ServiceVerbs(ctx, deploys, refused=self._refused,
-                                          instance_status=self.views.instance_status)
+                                          instance_status=self.views.instance_status,
+                                          over_cap=self.over_cap)
         kinds: dict[str, tuple[type[Any], Handler]] = {
             "submit": (SubmitRequest, self.submit),
             "status": (StatusRequest, self.status),
@@ -249,7 +254,8 @@ class Api:
         spec = req.spec
         base = req.instance_id or f"{spec.name}-{uuid.uuid4().hex[:6]}"
         ids = counted_ids(base, req.count)
-        refused = self._refused(spec)
+        refused = self._refused(spec) or (None if spec.service else
+                                          self.over_cap(None, len(ids)))
         if refused is not None:
             return refused
         made: list[Ready] = []
@@ -318,7 +324,20 @@ class Api:
         if self.ctx.ledger.pinned:
             return ApiError(error=f"{Reason.PINNED} ({self.ctx.ledger.ref})")
         owned = route_refusal(self.ctx.ledger.state(), spec)
-        return ApiError(error=owned) if owned else None
+        if owned:
+            return ApiError(error=owned)
+        return self.over_cap(spec.name, spec.count) if spec.service else None
+
+    def over_cap(self, service: str | None, count: int) -> ApiError | None:
+        """`shared.admission`: `count` more live instances, or `service` at `count`
+        replicas (its own live ones replaced)."""
+        state = self.ctx.ledger.state()
+        live = sum(1 for r in state.instances.values() if not r.state.terminal)
+        if service is not None:
+            live -= sum(1 for r in state.replicas_of(service) if not r.state.terminal)
+        why = refusal(self.caps, live=live, adding=count,
+                      service_count=count if service is not None else None)
+        return ApiError(error=why) if why else None
 
     def _never_fits(self, cpu: float, memory_mb: int, ports: int) -> str:
         caps = [hb.capacity for hb in self.ctx.liveness.heartbeats.values()]

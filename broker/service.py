@@ -73,6 +73,7 @@ from gavel.broker.services import Services
 from gavel.broker.watchdog import Timers
 from gavel.broker.watches import Watches
 from gavel.shared import subjects
+from gavel.shared.admission import DEFAULT_CAPS, Caps
 from gavel.shared.health import Deafness, Liveness, silences
 from gavel.shared.messages import RFB
 from gavel.shared.records import NodeFile
@@ -119,6 +120,7 @@ class Broker:
         batch_wait_s: float = 0.0,
         commit_gap_s: float = 0.0,
         ended_max: int = 100_000,
+        caps: Caps = DEFAULT_CAPS,
         writer: str = "process",
         nats_options: Mapping[str, Any] | None = None,
         connect_wait_s: float | None = 30.0,
@@ -185,7 +187,7 @@ class Broker:
                              else self.outbox.publish_raw, timing.mirror_s, time.monotonic)
         self.api = Api(ctx, auctioneer=self.auctioneer, promises=self.promises,
                        services=self.services, deploys=self.deploys, mirror=self.mirror,
-                       secrets=self.secrets, ended_max=ended_max)
+                       secrets=self.secrets, ended_max=ended_max, caps=caps)
         if not self.ha:  # a leadership's view is attached as it starts (`start`)
             self._attach_metrics()
         self.heartbeats = Heartbeats(ctx, self.promises, self.auctioneer.capacity_freed,

@@ -40,8 +40,10 @@ __all__ = ["ServiceVerbs"]
 class ServiceVerbs:
     def __init__(self, ctx: Context, deploys: Deploys, *,
                  refused: Callable[[Spec], Message | None],
-                 instance_status: Callable[[InstanceRecord], InstanceStatus]) -> None:
+                 instance_status: Callable[[InstanceRecord], InstanceStatus],
+                 over_cap: Callable[[str, int], Message | None]) -> None:
         self.ctx = ctx
+        self._over_cap = over_cap  # `shared.admission`: a scale beyond the caps
         self.deploys = deploys
         self._refused = refused
         self._instance_status = instance_status
@@ -91,7 +93,7 @@ class ServiceVerbs:
                                        for n in sorted(state.services)])
 
     async def scale(self, req: ScaleRequest) -> Message:
-        refused = self.deploys.refused(req.name)
+        refused = self.deploys.refused(req.name) or self._over_cap(req.name, req.count)
         got = refused or await self.deploys.scale(req.name, req.count)
         return got or self._service_reply(req.name)
 

@@ -1,0 +1,60 @@
+"""Admission at the broker (`shared.admission`): a submit, deploy or scale beyond the
+operator's caps is refused whole with one sentence, and nothing of it is written.
+
+Real nats-server, real broker and git; no worker is needed (queued instances are live).
+"""
+
+from __future__ import annotations
+
+import msgspec
+import pytest
+
+from gavel.shared.admission import Caps
+from gavel.shared.api import (
+    DeployReply,
+    DeployRequest,
+    ScaleRequest,
+    ServiceReply,
+    SubmitReply,
+    SubmitRequest,
+)
+from gavel.shared.reasons import Reason
+from gavel.shared.spec import Spec
+from gavel.transport.client import BrokerRefused
+from tests.integration.harness import Cluster, sleeper_spec
+
+pytestmark = pytest.mark.integration
+
+
+async def test_counts_beyond_the_caps_are_refused_whole(cluster: Cluster) -> None:
+    broker = await cluster.start_broker(caps=Caps(per_service=5, instances=8))
+    job = sleeper_spec("many")
+    made = await cluster.call("submit", SubmitRequest(spec=job, count=6), SubmitReply)
+    assert len(made.instance_ids) == 6
+    head = broker.ledger.head()
+
+    async def refused(verb: str, req: object, reply: type, reason: Reason) -> None:
+        with pytest.raises(BrokerRefused) as exc:
+            await cluster.call(verb, req, reply)  # type: ignore[arg-type]
+        assert str(exc.value).startswith(reason), exc.value
+        assert broker.ledger.head() == head  # nothing written
+
+    await refused("submit", SubmitRequest(spec=job, count=3), SubmitReply,
+                  Reason.OVER_CLUSTER_CAP)
+    svc = Spec(name="svc", type="service", command=["true"], cpu=0.1, memory_mb=16, count=6)
+    await refused("deploy", DeployRequest(spec=svc), DeployReply, Reason.OVER_SERVICE_CAP)
+    await refused("deploy", DeployRequest(spec=_with_count(svc, 3)), DeployReply,
+                  Reason.OVER_CLUSTER_CAP)
+    await cluster.call("deploy", DeployRequest(spec=_with_count(svc, 2)), DeployReply)
+    head = broker.ledger.head()
+    await refused("scale", ScaleRequest(name="svc", count=6), ServiceReply,
+                  Reason.OVER_SERVICE_CAP)
+    await refused("scale", ScaleRequest(name="svc", count=3), ServiceReply,
+                  Reason.OVER_CLUSTER_CAP)
+    # Its own replicas are replaced, not added: down, and back to what it had, are fine.
+    await cluster.call("scale", ScaleRequest(name="svc", count=1), ServiceReply)
+    await cluster.call("scale", ScaleRequest(name="svc", count=2), ServiceReply)
+
+
+def _with_count(spec: Spec, count: int) -> Spec:
+    return msgspec.structs.replace(spec, count=count)
