@@ -38,11 +38,15 @@ Rules:
    interest on that one route, the answer always finds it; from another connection, on a
    third server, it raced the interest there and could be dropped as unwanted (the
    client's first request went unanswered).
+8. Every instance's status is paged: a reply holds what fits in half the server's max
+   payload (an answer larger than the payload limit is never delivered at all), in id
+   order, and names where the next page starts; a client asks until no page follows.
 """
 
 from __future__ import annotations
 
 import asyncio
+import bisect
 import itertools
 import time
 import uuid
@@ -78,6 +82,7 @@ from gavel.shared.api import (
     EndpointsRequest,
     EventsReply,
     EventsRequest,
+    InstanceStatus,
     NodeAddress,
     NodeDetail,
     NodesReply,
@@ -115,6 +120,8 @@ MAX_IN_FLIGHT = 1024
 #: Records a submission makes and encodes between two turns of the loop (rule 3): a slice
 #: short enough that a bid reply waiting behind it is not held up for long.
 SUBMIT_SLICE = 128
+#: Instances one page of `status` holds at most (rule 7).
+STATUS_PAGE_MAX = 5000
 #: Recent declines `gavel nodes NODE` shows at most.
 DECLINES_SHOWN = 20
 
@@ -367,9 +374,23 @@ class Api:
             if rec is None:
                 return self._unknown(req.instance_id)
             return StatusReply(instances=[self.views.instance_status(rec)], **self._leader())
-        recs = sorted(state.instances.values(), key=lambda r: r.instance_id)
-        return StatusReply(instances=[self.views.instance_status(r) for r in recs],
-                           **self._leader())
+        return self._status_page(state.instances, req.after)
+
+    def _status_page(self, instances: Mapping[str, InstanceRecord], after: str) -> StatusReply:
+        """Rule 8: instances in id order after `after`, as many as fit in half the server's
+        max payload (or `STATUS_PAGE_MAX`); `next` names the last one when more follow."""
+        ids = sorted(instances)
+        budget = int(getattr(self.ctx.outbox.nc, "max_payload", 0) or 1 << 20) // 2
+        out: list[InstanceStatus] = []
+        size = 0
+        for iid in ids[bisect.bisect_right(ids, after) if after else 0:]:
+            st = self.views.instance_status(instances[iid])
+            size += len(_enc.encode(st))
+            if out and (size > budget or len(out) == STATUS_PAGE_MAX):
+                return StatusReply(instances=out, next=out[-1].instance_id, total=len(ids),
+                                   **self._leader())
+            out.append(st)
+        return StatusReply(instances=out, total=len(ids), **self._leader())
 
     def _leader(self) -> dict[str, Any]:
         """Who answers (rule 6)."""

@@ -69,6 +69,7 @@ from gavel.shared.reasons import render as render_reason
 from gavel.shared.routes import derive
 from gavel.transport import nodebook
 from gavel.transport.client import BrokerRefused, ClientError, NoAnswer, NoBroker, call, connect
+from gavel.transport.client import status as status_of
 
 __all__ = ["EXIT_CODES", "SUBMIT_TRIES", "SUBMIT_TRY_S", "ClientError", "Refused", "Unknown",
            "UsageError", "refusal_code", "run"]
@@ -299,7 +300,7 @@ async def status(args: argparse.Namespace) -> int:
             return 0
     nc = await connect(args.nats, args.creds)
     try:
-        reply = await call(nc, "status", StatusRequest(instance_id=args.instance), StatusReply)
+        reply = await status_of(nc, args.instance)  # every page (`broker.api` rule 7)
     finally:
         await nc.close()
     if args.json:

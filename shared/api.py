@@ -145,6 +145,10 @@ class StatsReply(Message, tag="stats-reply", kw_only=True):
 
 class StatusRequest(Message, tag="status"):
     instance_id: str = ""
+    #: Every instance: the page that starts after this instance id ("" from the first). A
+    #: reply holds as many as fit in half the server's max payload; its `next` says where
+    #: the following page starts.
+    after: str = ""
 
 
 class InstanceStatus(msgspec.Struct, kw_only=True):
@@ -168,6 +172,10 @@ class InstanceStatus(msgspec.Struct, kw_only=True):
 
 class StatusReply(Message, tag="statuses"):
     instances: list[InstanceStatus]
+    #: More instances follow: ask again with ``after=next`` ("" when this page is the last).
+    next: str = ""
+    #: Instance records in the state tree (every page counts them all).
+    total: int = 0
     #: Who answered: the leading broker's id, its leadership's epoch (0 without HA) and
     #: since when it leads (UTC, ISO 8601).
     leader: str = ""

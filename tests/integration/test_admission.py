@@ -15,12 +15,15 @@ from gavel.shared.api import (
     DeployRequest,
     ScaleRequest,
     ServiceReply,
+    StatusReply,
+    StatusRequest,
     SubmitReply,
     SubmitRequest,
 )
 from gavel.shared.reasons import Reason
 from gavel.shared.spec import Spec
 from gavel.transport.client import BrokerRefused
+from gavel.transport.client import status as status_of
 from tests.integration.harness import Cluster, sleeper_spec
 
 pytestmark = pytest.mark.integration
@@ -58,3 +61,21 @@ async def test_counts_beyond_the_caps_are_refused_whole(cluster: Cluster) -> Non
 
 def _with_count(spec: Spec, count: int) -> Spec:
     return msgspec.structs.replace(spec, count=count)
+
+
+async def test_status_answers_every_instance_in_pages_within_the_max_payload(
+        cluster: Cluster) -> None:
+    """More instances than one answer of the server's max payload holds (status failed
+    with "maximum payload exceeded" at about 5,000): every page fits, and the client's
+    pages add up to every instance, each once, in id order."""
+    await cluster.start_broker()
+    nc = await cluster.client()
+    n = 6000
+    made = await cluster.call("submit", SubmitRequest(spec=sleeper_spec("lots"), count=n),
+                              SubmitReply)
+    first = await cluster.call("status", StatusRequest(), StatusReply)
+    assert first.next and first.total == n and len(first.instances) < n
+    assert len(msgspec.msgpack.encode(first)) <= nc.max_payload
+    everything = await status_of(nc)
+    ids = [i.instance_id for i in everything.instances]
+    assert ids == sorted(made.instance_ids) and everything.next == ""
