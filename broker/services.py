@@ -24,6 +24,10 @@ Rules:
    and why, a stop names its reason.
 5. A replica's end counts toward the back-off unless the service stopped it (scaled down,
    stopped, superseded); replicas whose service has no readable record are left alone.
+6. One pass starts at most `start_chunk` replicas (`START_CHUNK`): a service scaled to a
+   large count grows one commit of bounded size per pass, and between them the broker
+   serves the API, auctions and heartbeats as at any other time. The next pass decides
+   again on the branch and starts the next chunk (rule 1: nothing is started twice).
 """
 
 from __future__ import annotations
@@ -50,6 +54,8 @@ STOPS = frozenset({Reason.SCALED_DOWN.value, Reason.SERVICE_STOPPED.value,
                    Reason.SUPERSEDED.value})
 #: Ends a deploying version's replica may come to on its own (keeper rule 4).
 _OWN_ENDS = frozenset({InstanceState.FAILED, InstanceState.SUCCEEDED})
+#: Rule 6: replicas one pass starts at most.
+START_CHUNK = 2000
 
 
 class Services:
@@ -71,6 +77,8 @@ class Services:
         #: Service -> replicas that ended on their own and are not replaced yet, with why.
         self._ended: dict[str, list[tuple[str, str, str]]] = {}
         self._backoff: dict[str, Backoff] = {}
+        #: Rule 6.
+        self.start_chunk = START_CHUNK
 
     # -- what is known of replicas -------------------------------------------------------
     def health(self, rec: InstanceRecord, placed: bool = True) -> tuple[str, str]:
@@ -215,7 +223,8 @@ class Services:
         target = d.record or svc
         spec = target.spec_of(target.version)
         made: list[str] = []
-        for _ in range(d.start if spec is not None else 0):
+        starts = min(d.start, self.start_chunk) if spec is not None else 0  # rule 6
+        for _ in range(starts):
             assert spec is not None
             iid = self._new_id(view, name)
             submit(view, InstanceRecord(instance_id=iid, spec=spec, service=name,
@@ -229,7 +238,7 @@ class Services:
                                                    detail=f"{old} ({state}) by {iid}"))
             else:
                 out.lines.append(f"service {name}: start {iid} (version {target.version})")
-        if d.missing is not None and d.missing - d.start <= 0:
+        if d.missing is not None and d.missing - starts <= 0:
             ended.clear()
         for iid, reason in d.stop:
             got = stop(view, iid, reason)

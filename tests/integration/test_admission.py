@@ -7,12 +7,15 @@ Real nats-server, real broker and git; no worker is needed (queued instances are
 from __future__ import annotations
 
 import msgspec
+import pygit2
 import pytest
 
 from gavel.shared.admission import Caps
 from gavel.shared.api import (
     DeployReply,
     DeployRequest,
+    NodesReply,
+    NodesRequest,
     ScaleRequest,
     ServiceReply,
     StatusReply,
@@ -79,3 +82,32 @@ async def test_status_answers_every_instance_in_pages_within_the_max_payload(
     everything = await status_of(nc)
     ids = [i.instance_id for i in everything.instances]
     assert ids == sorted(made.instance_ids) and everything.next == ""
+
+
+async def test_a_large_scale_is_committed_in_chunks_while_the_api_answers(
+        cluster: Cluster) -> None:
+    """`broker.services` rule 6: a service scaled far up grows a bounded chunk per commit,
+    and the API answers between them - shown by answers that arrived while the service held
+    some of its replicas but not yet all (by condition, never by a clock)."""
+    broker = await cluster.start_broker()
+    broker.services.start_chunk = chunk = 40
+    n = 10 * chunk
+    svc = Spec(name="wide", type="service", command=["true"], cpu=0.1, memory_mb=16, count=0)
+    await cluster.call("deploy", DeployRequest(spec=svc), DeployReply)
+    await cluster.call("scale", ScaleRequest(name="wide", count=n), ServiceReply)
+
+    def replicas() -> int:
+        return len(broker.ledger.state().replicas_of("wide"))
+
+    between: list[int] = []
+    while (held := replicas()) < n:
+        await cluster.call("nodes", NodesRequest(), NodesReply)
+        if held > 0 and replicas() < n:  # answered while the scale was under way
+            between.append(held)
+    assert between, "no API answer came between two chunks"
+    assert replicas() == n
+    # No commit started more than one chunk of replicas.
+    repo = pygit2.Repository(str(broker.ledger.path))
+    head = repo.references[broker.ledger.ref].peel(pygit2.Commit)
+    starts = [c.message.count("service wide: start ") for c in repo.walk(head.id)]
+    assert max(starts) == chunk and sum(starts) == n
