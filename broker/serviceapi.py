@@ -7,6 +7,9 @@ Rules:
 2. Every answer about a service is its record in git and its live replicas as `status`
    shows them (not terminal), counted per version; a replica being cancelled counts for
    none. A name gavel does not know is `Reason.UNKNOWN_SERVICE`.
+3. An answer lists at most `REPLICAS_SHOWN` replicas of a service (the counts per version
+   cover them all, `replicas_total` says how many live): a service of a hundred thousand
+   replicas is still an answer the server's max payload lets through; `status` pages them.
 """
 
 from __future__ import annotations
@@ -34,7 +37,10 @@ from gavel.shared.reasons import Reason
 from gavel.shared.records import InstanceRecord, ServiceRecord
 from gavel.shared.spec import Spec
 
-__all__ = ["ServiceVerbs"]
+__all__ = ["REPLICAS_SHOWN", "ServiceVerbs"]
+
+#: Rule 3.
+REPLICAS_SHOWN = 100
 
 
 class ServiceVerbs:
@@ -75,7 +81,8 @@ class ServiceVerbs:
                              stopped=svc.stopped, healthy_version=svc.healthy_version,
                              deployment=svc.deployment,
                              versions=[versions[v] for v in sorted(versions)],
-                             replicas=replicas)
+                             replicas=replicas[:REPLICAS_SHOWN],
+                             replicas_total=len(replicas))
 
     def _service_reply(self, name: str) -> Message:
         svc = self.ctx.ledger.state().services.get(name)

@@ -315,7 +315,10 @@ class ServiceStatus(msgspec.Struct, kw_only=True):
     #: The deployment in progress or the last one (state, versions, reason).
     deployment: Deployment | None = None
     versions: list[VersionStatus] = msgspec.field(default_factory=list)
+    #: Its live replicas, the first `broker.serviceapi.REPLICAS_SHOWN` of them by version and
+    #: id (an answer must fit the server's max payload); `replicas_total` counts them all.
     replicas: list[InstanceStatus] = msgspec.field(default_factory=list)
+    replicas_total: int = 0
 
 
 class ServiceRequest(Message, tag="service"):

@@ -10,6 +10,7 @@ import msgspec
 import pygit2
 import pytest
 
+from gavel.broker.serviceapi import REPLICAS_SHOWN
 from gavel.shared.admission import Caps
 from gavel.shared.api import (
     DeployReply,
@@ -18,6 +19,7 @@ from gavel.shared.api import (
     NodesRequest,
     ScaleRequest,
     ServiceReply,
+    ServiceRequest,
     StatusReply,
     StatusRequest,
     SubmitReply,
@@ -27,7 +29,7 @@ from gavel.shared.reasons import Reason
 from gavel.shared.spec import Spec
 from gavel.transport.client import BrokerRefused
 from gavel.transport.client import status as status_of
-from tests.integration.harness import Cluster, sleeper_spec
+from tests.integration.harness import Cluster, sleeper_spec, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -37,13 +39,18 @@ async def test_counts_beyond_the_caps_are_refused_whole(cluster: Cluster) -> Non
     job = sleeper_spec("many")
     made = await cluster.call("submit", SubmitRequest(spec=job, count=6), SubmitReply)
     assert len(made.instance_ids) == 6
-    head = broker.ledger.head()
+
+    def intent() -> tuple[set[str], dict[str, int]]:
+        """What a request could have written: instance ids, and each service's count."""
+        state = broker.ledger.state()
+        return set(state.instances), {n: s.count for n, s in state.services.items()}
 
     async def refused(verb: str, req: object, reply: type, reason: Reason) -> None:
+        before = intent()
         with pytest.raises(BrokerRefused) as exc:
             await cluster.call(verb, req, reply)  # type: ignore[arg-type]
         assert str(exc.value).startswith(reason), exc.value
-        assert broker.ledger.head() == head  # nothing written
+        assert intent() == before  # nothing written
 
     await refused("submit", SubmitRequest(spec=job, count=3), SubmitReply,
                   Reason.OVER_CLUSTER_CAP)
@@ -52,7 +59,8 @@ async def test_counts_beyond_the_caps_are_refused_whole(cluster: Cluster) -> Non
     await refused("deploy", DeployRequest(spec=_with_count(svc, 3)), DeployReply,
                   Reason.OVER_CLUSTER_CAP)
     await cluster.call("deploy", DeployRequest(spec=_with_count(svc, 2)), DeployReply)
-    head = broker.ledger.head()
+    await wait_for(lambda: len(broker.ledger.state().replicas_of("svc")) == 2, 15,
+                   what="its two replicas")
     await refused("scale", ScaleRequest(name="svc", count=6), ServiceReply,
                   Reason.OVER_SERVICE_CAP)
     await refused("scale", ScaleRequest(name="svc", count=3), ServiceReply,
@@ -111,3 +119,7 @@ async def test_a_large_scale_is_committed_in_chunks_while_the_api_answers(
     head = repo.references[broker.ledger.ref].peel(pygit2.Commit)
     starts = [c.message.count("service wide: start ") for c in repo.walk(head.id)]
     assert max(starts) == chunk and sum(starts) == n
+    # Its answer lists a bounded few replicas and counts them all (serviceapi rule 3).
+    got = (await cluster.call("service", ServiceRequest(name="wide"), ServiceReply)).service
+    assert len(got.replicas) == REPLICAS_SHOWN < n and got.replicas_total == n
+    assert sum(v.replicas for v in got.versions) == n
