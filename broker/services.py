@@ -28,6 +28,11 @@ Rules:
    large count grows one commit of bounded size per pass, and between them the broker
    serves the API, auctions and heartbeats as at any other time. The next pass decides
    again on the branch and starts the next chunk (rule 1: nothing is started twice).
+7. A pass over one service that held the loop for t seconds is not run for that service
+   again within `PASS_SHARE` times t: a service of a hundred thousand replicas takes a
+   visible share of the loop per pass, and passing over it every tick would leave the API,
+   the auctions and the heartbeats no time at all. A small service's pass takes
+   microseconds and runs every tick as before.
 """
 
 from __future__ import annotations
@@ -56,6 +61,8 @@ STOPS = frozenset({Reason.SCALED_DOWN.value, Reason.SERVICE_STOPPED.value,
 _OWN_ENDS = frozenset({InstanceState.FAILED, InstanceState.SUCCEEDED})
 #: Rule 6: replicas one pass starts at most.
 START_CHUNK = 2000
+#: Rule 7: a service's passes take at most 1 / (1 + PASS_SHARE) of the loop.
+PASS_SHARE = 4.0
 
 
 class Services:
@@ -79,6 +86,8 @@ class Services:
         self._backoff: dict[str, Backoff] = {}
         #: Rule 6.
         self.start_chunk = START_CHUNK
+        #: Rule 7: service -> when its next pass may run.
+        self._next_pass: dict[str, float] = {}
 
     # -- what is known of replicas -------------------------------------------------------
     def health(self, rec: InstanceRecord, placed: bool = True) -> tuple[str, str]:
@@ -174,10 +183,16 @@ class Services:
                 self._healthy_since.pop(iid, None)
             self._ended.pop(name, None)
             self._backoff.pop(name, None)
+            self._next_pass.pop(name, None)
         for name, svc in state.services.items():
+            if self._next_pass.get(name, now) > now:  # rule 7
+                continue
+            began = ctx.now()
             recs = state.replicas_of(name)
             self._observe(name, svc, state, recs, now)
-            if name in self._busy or not self._decide(state, svc, recs, now):
+            decided = name not in self._busy and self._decide(state, svc, recs, now)
+            self._next_pass[name] = now + PASS_SHARE * max(0.0, ctx.now() - began)
+            if not decided:
                 continue
             self._busy.add(name)
             ctx.committer.submit(Item(plan=functools.partial(self._pass, name=name),
