@@ -46,7 +46,6 @@ Rules:
 from __future__ import annotations
 
 import asyncio
-import bisect
 import itertools
 import time
 import uuid
@@ -57,6 +56,7 @@ import msgspec
 import psutil
 from nats.aio.msg import Msg
 
+from gavel.broker.admission import Admission
 from gavel.broker.auctioneer import Auctioneer
 from gavel.broker.context import Context
 from gavel.broker.deploys import Deploys
@@ -70,7 +70,7 @@ from gavel.broker.serviceapi import ServiceVerbs
 from gavel.broker.services import Services
 from gavel.broker.views import Views
 from gavel.shared import subjects
-from gavel.shared.admission import DEFAULT_CAPS, Caps, refusal
+from gavel.shared.admission import DEFAULT_CAPS, Caps
 from gavel.shared.api import (
     CancelReply,
     CancelRequest,
@@ -82,7 +82,6 @@ from gavel.shared.api import (
     EndpointsRequest,
     EventsReply,
     EventsRequest,
-    InstanceStatus,
     NodeAddress,
     NodeDetail,
     NodesReply,
@@ -120,8 +119,6 @@ MAX_IN_FLIGHT = 1024
 #: Records a submission makes and encodes between two turns of the loop (rule 3): a slice
 #: short enough that a bid reply waiting behind it is not held up for long.
 SUBMIT_SLICE = 128
-#: Instances one page of `status` holds at most (rule 7).
-STATUS_PAGE_MAX = 5000
 #: Recent declines `gavel nodes NODE` shows at most.
 DECLINES_SHOWN = 20
 
@@ -132,8 +129,8 @@ class Api:
                  secrets: Mapping[str, str], ended_max: int,
                  caps: Caps = DEFAULT_CAPS) -> None:
         self.ctx = ctx
-        #: What one service and the cluster may hold (`shared.admission`).
-        self.caps = caps
+        #: What one service and the cluster may hold (`broker.admission`).
+        self.admission = Admission(ctx, caps)
         self.auctioneer = auctioneer
         self.promises = promises
         self.services = services
@@ -151,7 +148,7 @@ class Api:
         self.views = Views(ctx, auctioneer, promises)
         self.service_verbs = ServiceVerbs(ctx, deploys, refused=self._refused,
                                           instance_status=self.views.instance_status,
-                                          over_cap=self.over_cap)
+                                          over_cap=self.admission.over_cap)
         kinds: dict[str, tuple[type[Any], Handler]] = {
             "submit": (SubmitRequest, self.submit),
             "status": (StatusRequest, self.status),
@@ -262,7 +259,7 @@ class Api:
         base = req.instance_id or f"{spec.name}-{uuid.uuid4().hex[:6]}"
         ids = counted_ids(base, req.count)
         refused = self._refused(spec) or (None if spec.service else
-                                          self.over_cap(None, len(ids)))
+                                          self.admission.over_cap(None, len(ids)))
         if refused is not None:
             return refused
         made: list[Ready] = []
@@ -333,18 +330,7 @@ class Api:
         owned = route_refusal(self.ctx.ledger.state(), spec)
         if owned:
             return ApiError(error=owned)
-        return self.over_cap(spec.name, spec.count) if spec.service else None
-
-    def over_cap(self, service: str | None, count: int) -> ApiError | None:
-        """`shared.admission`: `count` more live instances, or `service` at `count`
-        replicas (its own live ones replaced)."""
-        state = self.ctx.ledger.state()
-        live = sum(1 for r in state.instances.values() if not r.state.terminal)
-        if service is not None:
-            live -= sum(1 for r in state.replicas_of(service) if not r.state.terminal)
-        why = refusal(self.caps, live=live, adding=count,
-                      service_count=count if service is not None else None)
-        return ApiError(error=why) if why else None
+        return self.admission.over_cap(spec.name, spec.count) if spec.service else None
 
     def _never_fits(self, cpu: float, memory_mb: int, ports: int) -> str:
         caps = [hb.capacity for hb in self.ctx.liveness.heartbeats.values()]
@@ -374,23 +360,10 @@ class Api:
             if rec is None:
                 return self._unknown(req.instance_id)
             return StatusReply(instances=[self.views.instance_status(rec)], **self._leader())
-        return self._status_page(state.instances, req.after)
-
-    def _status_page(self, instances: Mapping[str, InstanceRecord], after: str) -> StatusReply:
-        """Rule 8: instances in id order after `after`, as many as fit in half the server's
-        max payload (or `STATUS_PAGE_MAX`); `next` names the last one when more follow."""
-        ids = sorted(instances)
-        budget = int(getattr(self.ctx.outbox.nc, "max_payload", 0) or 1 << 20) // 2
-        out: list[InstanceStatus] = []
-        size = 0
-        for iid in ids[bisect.bisect_right(ids, after) if after else 0:]:
-            st = self.views.instance_status(instances[iid])
-            size += len(_enc.encode(st))
-            if out and (size > budget or len(out) == STATUS_PAGE_MAX):
-                return StatusReply(instances=out, next=out[-1].instance_id, total=len(ids),
-                                   **self._leader())
-            out.append(st)
-        return StatusReply(instances=out, total=len(ids), **self._leader())
+        budget = int(getattr(self.nc, "max_payload", 0) or 1 << 20) // 2  # where it leaves
+        out, more = self.views.status_page(state.instances, req.after, budget)
+        return StatusReply(instances=out, next=more, total=len(state.instances),
+                           **self._leader())
 
     def _leader(self) -> dict[str, Any]:
         """Who answers (rule 6)."""
