@@ -26,8 +26,8 @@ Rules:
    node's own inbox, one at a time per node; the broker may create consumers of node keys
    and delete them, nothing else of the bucket.
 5. `init` is idempotent: a seed that exists is reused, never rewritten. The config authorizes
-   the nodes named to this run and to earlier ones (recorded in ``auth/nodes``, which only
-   `init` writes), never a seed file merely found in the directory: a stray ``x.nk`` put
+   the nodes named to this run and to earlier ones (recorded in ``auth/node-ids``, which
+   only `init` writes), never a seed file merely found in the directory: a stray ``x.nk`` put
    there by anyone who can write the directory is no node. Revoking a node is deleting its
    seed and running `init` again (then reloading nats-server): a recorded node whose seed is
    gone is dropped from the record.
@@ -265,7 +265,7 @@ def render_config(users: Sequence[tuple[str, str, dict[str, Any]]]) -> str:
 
 
 #: The nodes `init` was given, one id a line, in the key directory (rule 5).
-NODES_RECORD = "nodes"
+NODES_RECORD = "node-ids"
 
 
 def _recorded(directory: Path) -> list[str]:
