@@ -252,7 +252,7 @@ class Api:
                 or not set(kept) <= set(ids) or (first and ids[0] != first):
             return ApiError(error=f"{Reason.KEY_REUSED}: {req.key} made {kept[0]}"
                                   + (f" .. {kept[-1]}" if len(kept) > 1 else ""))
-        return SubmitReply(instance_id=ids[0], instance_ids=ids if len(ids) > 1 else [])
+        return SubmitReply.of(ids)
 
     async def _submit(self, req: SubmitRequest) -> Message:
         spec = req.spec
@@ -290,8 +290,7 @@ class Api:
 
         def _ok() -> None:
             if not done.done():
-                done.set_result(SubmitReply(instance_id=ids[0],
-                                            instance_ids=ids if len(ids) > 1 else []))
+                done.set_result(SubmitReply.of(ids))
             self.ctx.wake()
 
         def failed(reason: Reason, detail: str) -> None:

@@ -193,7 +193,7 @@ async def submit(args: argparse.Namespace) -> int:
                                                          key=key, count=count))
         except BrokerRefused as exc:  # reached, and it said no (never fits, pinned, ...)
             raise Refused(str(exc)) from None
-        ids = reply.instance_ids or [reply.instance_id]
+        ids = reply.ids()
         if not args.wait:
             if args.json:
                 _print_json({"instance_id": ids[0]} if len(ids) == 1 else

@@ -114,9 +114,32 @@ def counted_ids(base: str, count: int) -> list[str]:
     return [base] if count == 1 else [f"{base}-{k}" for k in range(1, count + 1)]
 
 
+#: A submit's answer lists its ids up to this many; beyond, it gives the first and the count
+#: (``base-1 .. base-N``, `counted_ids`): a hundred thousand ids exceed the max payload.
+REPLY_IDS_MAX = 1000
+
+
 class SubmitReply(Message, tag="submitted"):
     instance_id: str
     instance_ids: list[str] = msgspec.field(default_factory=list)
+    #: Instances made when `instance_ids` is left out (more than `REPLY_IDS_MAX`): they are
+    #: `instance_id`'s base, ``-1`` .. ``-count``.
+    count: int = 0
+
+    def ids(self) -> list[str]:
+        """Every instance id the submission made."""
+        if self.instance_ids:
+            return list(self.instance_ids)
+        if self.count > 1:
+            return counted_ids(self.instance_id.rpartition("-")[0], self.count)
+        return [self.instance_id]
+
+    @classmethod
+    def of(cls, ids: list[str]) -> SubmitReply:
+        """The answer for a submission that made `ids` (`counted_ids`' order)."""
+        if len(ids) > REPLY_IDS_MAX:
+            return cls(instance_id=ids[0], count=len(ids))
+        return cls(instance_id=ids[0], instance_ids=ids if len(ids) > 1 else [])
 
 
 class StatsRequest(Message, tag="stats"):
