@@ -6,6 +6,7 @@ from __future__ import annotations
 from gavel.broker.context import Context
 from gavel.shared.admission import Caps, refusal
 from gavel.shared.messages import ApiError
+from gavel.shared.spec import Spec
 
 __all__ = ["Admission"]
 
@@ -25,3 +26,8 @@ class Admission:
         why = refusal(self.caps, live=live, adding=count,
                       service_count=count if service is not None else None)
         return ApiError(error=why) if why else None
+
+    def submitted(self, spec: Spec, count: int) -> ApiError | None:
+        """A submit of `count` instances of `spec`: a service's spec asks its own count."""
+        return self.over_cap(spec.name, spec.count) if spec.service else \
+            self.over_cap(None, count)

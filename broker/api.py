@@ -38,9 +38,7 @@ Rules:
    interest on that one route, the answer always finds it; from another connection, on a
    third server, it raced the interest there and could be dropped as unwanted (the
    client's first request went unanswered).
-8. Every instance's status is paged: a reply holds what fits in half the server's max
-   payload (an answer larger than the payload limit is never delivered at all), in id
-   order, and names where the next page starts; a client asks until no page follows.
+8. `status` of every instance comes in pages within the max payload (`broker.views` rule 3).
 """
 
 from __future__ import annotations
@@ -70,7 +68,6 @@ from gavel.broker.serviceapi import ServiceVerbs
 from gavel.broker.services import Services
 from gavel.broker.views import Views
 from gavel.shared import subjects
-from gavel.shared.admission import DEFAULT_CAPS, Caps
 from gavel.shared.api import (
     CancelReply,
     CancelRequest,
@@ -126,11 +123,9 @@ DECLINES_SHOWN = 20
 class Api:
     def __init__(self, ctx: Context, *, auctioneer: Auctioneer, promises: Promises,
                  services: Services, deploys: Deploys, mirror: Mirror,
-                 secrets: Mapping[str, str], ended_max: int,
-                 caps: Caps = DEFAULT_CAPS) -> None:
+                 secrets: Mapping[str, str], ended_max: int, admission: Admission) -> None:
         self.ctx = ctx
-        #: What one service and the cluster may hold (`broker.admission`).
-        self.admission = Admission(ctx, caps)
+        self.admission = admission  # the caps on counts
         self.auctioneer = auctioneer
         self.promises = promises
         self.services = services
@@ -258,8 +253,7 @@ class Api:
         spec = req.spec
         base = req.instance_id or f"{spec.name}-{uuid.uuid4().hex[:6]}"
         ids = counted_ids(base, req.count)
-        refused = self._refused(spec) or (None if spec.service else
-                                          self.admission.over_cap(None, len(ids)))
+        refused = self._refused(spec) or self.admission.submitted(spec, len(ids))
         if refused is not None:
             return refused
         made: list[Ready] = []
@@ -327,9 +321,7 @@ class Api:
         if self.ctx.ledger.pinned:
             return ApiError(error=f"{Reason.PINNED} ({self.ctx.ledger.ref})")
         owned = route_refusal(self.ctx.ledger.state(), spec)
-        if owned:
-            return ApiError(error=owned)
-        return self.admission.over_cap(spec.name, spec.count) if spec.service else None
+        return ApiError(error=owned) if owned else None
 
     def _never_fits(self, cpu: float, memory_mb: int, ports: int) -> str:
         caps = [hb.capacity for hb in self.ctx.liveness.heartbeats.values()]
@@ -359,8 +351,7 @@ class Api:
             if rec is None:
                 return self._unknown(req.instance_id)
             return StatusReply(instances=[self.views.instance_status(rec)], **self._leader())
-        budget = int(getattr(self.nc, "max_payload", 0) or 1 << 20) // 2  # where it leaves
-        out, more = self.views.status_page(state.instances, req.after, budget)
+        out, more = self.views.status_page(state.instances, req.after, self.nc)
         return StatusReply(instances=out, next=more, total=len(state.instances),
                            **self._leader())
 

@@ -49,6 +49,7 @@ from typing import Any
 
 import nats.errors
 
+from gavel.broker.admission import Admission
 from gavel.broker.api import Api
 from gavel.broker.assign import Assignments
 from gavel.broker.auctioneer import Auctioneer
@@ -187,7 +188,8 @@ class Broker:
                              else self.outbox.publish_raw, timing.mirror_s, time.monotonic)
         self.api = Api(ctx, auctioneer=self.auctioneer, promises=self.promises,
                        services=self.services, deploys=self.deploys, mirror=self.mirror,
-                       secrets=self.secrets, ended_max=ended_max, caps=caps)
+                       secrets=self.secrets, ended_max=ended_max,
+                       admission=Admission(ctx, caps))
         if not self.ha:  # a leadership's view is attached as it starts (`start`)
             self._attach_metrics()
         self.heartbeats = Heartbeats(ctx, self.promises, self.auctioneer.capacity_freed,

@@ -59,7 +59,8 @@ class ServiceVerbs:
         if not spec.service:
             return ApiError(error=f"{Reason.NOT_A_SERVICE}: {spec.name} (type = \"service\" "
                                   "makes it one; `gavel submit` runs a job)")
-        refused = self._refused(spec) or self.deploys.refused(spec.name)
+        refused = self._refused(spec) or self.deploys.refused(spec.name) or \
+            self._over_cap(spec.name, spec.count)
         if refused is not None:
             return refused
         return await self.deploys.deploy(spec, req.key)

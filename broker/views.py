@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Mapping
+from typing import Any
 
 import msgspec
 
@@ -112,8 +113,10 @@ class Views:
                               detail=rec.detail, service=rec.service, version=rec.version)
 
     def status_page(self, instances: Mapping[str, InstanceRecord], after: str,
-                    budget: int) -> tuple[list[InstanceStatus], str]:
-        """Rule 3: one page, and the id the next one starts after ("" when none follows)."""
+                    nc: Any) -> tuple[list[InstanceStatus], str]:
+        """Rule 3: one page, within half of what `nc`'s server takes in one message, and
+        the id the next one starts after ("" when none follows)."""
+        budget = int(getattr(nc, "max_payload", 0) or 1 << 20) // 2
         ids = sorted(instances)
         out: list[InstanceStatus] = []
         size = 0

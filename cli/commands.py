@@ -300,7 +300,7 @@ async def status(args: argparse.Namespace) -> int:
             return 0
     nc = await connect(args.nats, args.creds)
     try:
-        reply = await status_of(nc, args.instance)  # every page (`broker.api` rule 7)
+        reply = await status_of(nc, args.instance)  # every page (`broker.api` rule 8)
     finally:
         await nc.close()
     if args.json:

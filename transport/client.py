@@ -129,7 +129,7 @@ async def call(nc: Any, verb: str, request: Message, reply_type: type[T],
 
 
 async def status(nc: Any, instance_id: str = "", timeout: float = 10.0) -> StatusReply:
-    """`status` of one instance, or of every instance page by page (`broker.api` rule 7),
+    """`status` of one instance, or of every instance page by page (`broker.api` rule 8),
     as one `StatusReply`."""
     from gavel.shared.api import StatusReply, StatusRequest
 
