@@ -316,7 +316,7 @@ async def _drive(nc: Any, opts: Options, root: Path, broker: subprocess.Popen[by
             reply = await call(nc, "submit", SubmitRequest(spec=spec, instance_id=f"b{k:07d}",
                                                            count=len(asked)), SubmitReply,
                                timeout=60)
-        answered(asked, reply.instance_ids or [reply.instance_id])
+        answered(asked, reply.ids())
 
     submitting = asyncio.gather(*(submit(k, asked) for k, asked in chunks.items()))
     # With churn instances leave their node.json again: count awards committed instead.

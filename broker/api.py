@@ -38,6 +38,7 @@ Rules:
    interest on that one route, the answer always finds it; from another connection, on a
    third server, it raced the interest there and could be dropped as unwanted (the
    client's first request went unanswered).
+8. `status` of every instance comes in pages within the max payload (`broker.views` rule 3).
 """
 
 from __future__ import annotations
@@ -53,6 +54,7 @@ import msgspec
 import psutil
 from nats.aio.msg import Msg
 
+from gavel.broker.admission import Admission
 from gavel.broker.auctioneer import Auctioneer
 from gavel.broker.context import Context
 from gavel.broker.deploys import Deploys
@@ -121,8 +123,9 @@ DECLINES_SHOWN = 20
 class Api:
     def __init__(self, ctx: Context, *, auctioneer: Auctioneer, promises: Promises,
                  services: Services, deploys: Deploys, mirror: Mirror,
-                 secrets: Mapping[str, str], ended_max: int) -> None:
+                 secrets: Mapping[str, str], ended_max: int, admission: Admission) -> None:
         self.ctx = ctx
+        self.admission = admission  # the caps on counts
         self.auctioneer = auctioneer
         self.promises = promises
         self.services = services
@@ -139,7 +142,8 @@ class Api:
         self._keyed: dict[str, asyncio.Future[None]] = {}
         self.views = Views(ctx, auctioneer, promises)
         self.service_verbs = ServiceVerbs(ctx, deploys, refused=self._refused,
-                                          instance_status=self.views.instance_status)
+                                          instance_status=self.views.instance_status,
+                                          over_cap=self.admission.over_cap)
         kinds: dict[str, tuple[type[Any], Handler]] = {
             "submit": (SubmitRequest, self.submit),
             "status": (StatusRequest, self.status),
@@ -243,13 +247,13 @@ class Api:
                 or not set(kept) <= set(ids) or (first and ids[0] != first):
             return ApiError(error=f"{Reason.KEY_REUSED}: {req.key} made {kept[0]}"
                                   + (f" .. {kept[-1]}" if len(kept) > 1 else ""))
-        return SubmitReply(instance_id=ids[0], instance_ids=ids if len(ids) > 1 else [])
+        return SubmitReply.of(ids)
 
     async def _submit(self, req: SubmitRequest) -> Message:
         spec = req.spec
         base = req.instance_id or f"{spec.name}-{uuid.uuid4().hex[:6]}"
         ids = counted_ids(base, req.count)
-        refused = self._refused(spec)
+        refused = self._refused(spec) or self.admission.submitted(spec, len(ids))
         if refused is not None:
             return refused
         made: list[Ready] = []
@@ -280,8 +284,7 @@ class Api:
 
         def _ok() -> None:
             if not done.done():
-                done.set_result(SubmitReply(instance_id=ids[0],
-                                            instance_ids=ids if len(ids) > 1 else []))
+                done.set_result(SubmitReply.of(ids))
             self.ctx.wake()
 
         def failed(reason: Reason, detail: str) -> None:
@@ -348,8 +351,8 @@ class Api:
             if rec is None:
                 return self._unknown(req.instance_id)
             return StatusReply(instances=[self.views.instance_status(rec)], **self._leader())
-        recs = sorted(state.instances.values(), key=lambda r: r.instance_id)
-        return StatusReply(instances=[self.views.instance_status(r) for r in recs],
+        out, more = self.views.status_page(state.instances, req.after, self.nc)
+        return StatusReply(instances=out, next=more, total=len(state.instances),
                            **self._leader())
 
     def _leader(self) -> dict[str, Any]:

@@ -49,6 +49,7 @@ from typing import Any
 
 import nats.errors
 
+from gavel.broker.admission import Admission
 from gavel.broker.api import Api
 from gavel.broker.assign import Assignments
 from gavel.broker.auctioneer import Auctioneer
@@ -71,7 +72,9 @@ from gavel.broker.promises import Promises
 from gavel.broker.retention import Retention
 from gavel.broker.services import Services
 from gavel.broker.watchdog import Timers
+from gavel.broker.watches import Watches
 from gavel.shared import subjects
+from gavel.shared.admission import DEFAULT_CAPS, Caps
 from gavel.shared.health import Deafness, Liveness, silences
 from gavel.shared.messages import RFB
 from gavel.shared.records import NodeFile
@@ -118,6 +121,7 @@ class Broker:
         batch_wait_s: float = 0.0,
         commit_gap_s: float = 0.0,
         ended_max: int = 100_000,
+        caps: Caps = DEFAULT_CAPS,
         writer: str = "process",
         nats_options: Mapping[str, Any] | None = None,
         connect_wait_s: float | None = 30.0,
@@ -159,6 +163,8 @@ class Broker:
                                  leader=self.leader)
         self.secrets = dict(secrets or {})
         self.assignments = Assignments(ctx, self.secrets)
+        self.watches = Watches(ctx, min_gap_s=timing.heartbeat_s / 2,
+                               inactive_s=10 * timing.heartbeat_s)
         self.auctioneer = Auctioneer(ctx, award_for=self.assignments.award_for,
                                      batch_max=batch_max, sample_d=sample_d,
                                      max_auctions=max_auctions, batch_wait_s=batch_wait_s,
@@ -182,7 +188,8 @@ class Broker:
                              else self.outbox.publish_raw, timing.mirror_s, time.monotonic)
         self.api = Api(ctx, auctioneer=self.auctioneer, promises=self.promises,
                        services=self.services, deploys=self.deploys, mirror=self.mirror,
-                       secrets=self.secrets, ended_max=ended_max)
+                       secrets=self.secrets, ended_max=ended_max,
+                       admission=Admission(ctx, caps))
         if not self.ha:  # a leadership's view is attached as it starts (`start`)
             self._attach_metrics()
         self.heartbeats = Heartbeats(ctx, self.promises, self.auctioneer.capacity_freed,
@@ -255,6 +262,7 @@ class Broker:
         await nc.subscribe_direct(subjects.BIDS_ALL, self.auctioneer.on_bids)
         await nc.subscribe_direct(subjects.REPORT_ALL, self.promises.on_report)
         await nc.subscribe(subjects.ASSIGN_ALL, cb=self.assignments.on_request)
+        await nc.subscribe(subjects.WATCH_ALL, cb=self.watches.on_request)
         await self.api.start(api_nc)
         for conn in (nc, api_nc):
             try:  # "up" means heard: an API call or a report sent from now on reaches us

@@ -7,6 +7,9 @@ Rules:
 2. Every answer about a service is its record in git and its live replicas as `status`
    shows them (not terminal), counted per version; a replica being cancelled counts for
    none. A name gavel does not know is `Reason.UNKNOWN_SERVICE`.
+3. An answer lists at most `REPLICAS_SHOWN` replicas of a service (the counts per version
+   cover them all, `replicas_total` says how many live): a service of a hundred thousand
+   replicas is still an answer the server's max payload lets through; `status` pages them.
 """
 
 from __future__ import annotations
@@ -34,14 +37,19 @@ from gavel.shared.reasons import Reason
 from gavel.shared.records import InstanceRecord, ServiceRecord
 from gavel.shared.spec import Spec
 
-__all__ = ["ServiceVerbs"]
+__all__ = ["REPLICAS_SHOWN", "ServiceVerbs"]
+
+#: Rule 3.
+REPLICAS_SHOWN = 100
 
 
 class ServiceVerbs:
     def __init__(self, ctx: Context, deploys: Deploys, *,
                  refused: Callable[[Spec], Message | None],
-                 instance_status: Callable[[InstanceRecord], InstanceStatus]) -> None:
+                 instance_status: Callable[[InstanceRecord], InstanceStatus],
+                 over_cap: Callable[[str, int], Message | None]) -> None:
         self.ctx = ctx
+        self._over_cap = over_cap  # `shared.admission`: a scale beyond the caps
         self.deploys = deploys
         self._refused = refused
         self._instance_status = instance_status
@@ -51,7 +59,8 @@ class ServiceVerbs:
         if not spec.service:
             return ApiError(error=f"{Reason.NOT_A_SERVICE}: {spec.name} (type = \"service\" "
                                   "makes it one; `gavel submit` runs a job)")
-        refused = self._refused(spec) or self.deploys.refused(spec.name)
+        refused = self._refused(spec) or self.deploys.refused(spec.name) or \
+            self._over_cap(spec.name, spec.count)
         if refused is not None:
             return refused
         return await self.deploys.deploy(spec, req.key)
@@ -73,7 +82,8 @@ class ServiceVerbs:
                              stopped=svc.stopped, healthy_version=svc.healthy_version,
                              deployment=svc.deployment,
                              versions=[versions[v] for v in sorted(versions)],
-                             replicas=replicas)
+                             replicas=replicas[:REPLICAS_SHOWN],
+                             replicas_total=len(replicas))
 
     def _service_reply(self, name: str) -> Message:
         svc = self.ctx.ledger.state().services.get(name)
@@ -91,7 +101,7 @@ class ServiceVerbs:
                                        for n in sorted(state.services)])
 
     async def scale(self, req: ScaleRequest) -> Message:
-        refused = self.deploys.refused(req.name)
+        refused = self.deploys.refused(req.name) or self._over_cap(req.name, req.count)
         got = refused or await self.deploys.scale(req.name, req.count)
         return got or self._service_reply(req.name)
 

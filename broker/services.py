@@ -24,6 +24,15 @@ Rules:
    and why, a stop names its reason.
 5. A replica's end counts toward the back-off unless the service stopped it (scaled down,
    stopped, superseded); replicas whose service has no readable record are left alone.
+6. One pass starts at most `start_chunk` replicas (`START_CHUNK`): a service scaled to a
+   large count grows one commit of bounded size per pass, and between them the broker
+   serves the API, auctions and heartbeats as at any other time. The next pass decides
+   again on the branch and starts the next chunk (rule 1: nothing is started twice).
+7. A pass over one service that held the loop for t seconds is not run for that service
+   again within `PASS_SHARE` times t: a service of a hundred thousand replicas takes a
+   visible share of the loop per pass, and passing over it every tick would leave the API,
+   the auctions and the heartbeats no time at all. A small service's pass takes
+   microseconds and runs every tick as before.
 """
 
 from __future__ import annotations
@@ -50,6 +59,10 @@ STOPS = frozenset({Reason.SCALED_DOWN.value, Reason.SERVICE_STOPPED.value,
                    Reason.SUPERSEDED.value})
 #: Ends a deploying version's replica may come to on its own (keeper rule 4).
 _OWN_ENDS = frozenset({InstanceState.FAILED, InstanceState.SUCCEEDED})
+#: Rule 6: replicas one pass starts at most.
+START_CHUNK = 2000
+#: Rule 7: a service's passes take at most 1 / (1 + PASS_SHARE) of the loop.
+PASS_SHARE = 4.0
 
 
 class Services:
@@ -71,6 +84,10 @@ class Services:
         #: Service -> replicas that ended on their own and are not replaced yet, with why.
         self._ended: dict[str, list[tuple[str, str, str]]] = {}
         self._backoff: dict[str, Backoff] = {}
+        #: Rule 6.
+        self.start_chunk = START_CHUNK
+        #: Rule 7: service -> when its next pass may run.
+        self._next_pass: dict[str, float] = {}
 
     # -- what is known of replicas -------------------------------------------------------
     def health(self, rec: InstanceRecord, placed: bool = True) -> tuple[str, str]:
@@ -166,10 +183,16 @@ class Services:
                 self._healthy_since.pop(iid, None)
             self._ended.pop(name, None)
             self._backoff.pop(name, None)
+            self._next_pass.pop(name, None)
         for name, svc in state.services.items():
+            if self._next_pass.get(name, now) > now:  # rule 7
+                continue
+            began = ctx.now()
             recs = state.replicas_of(name)
             self._observe(name, svc, state, recs, now)
-            if name in self._busy or not self._decide(state, svc, recs, now):
+            decided = name not in self._busy and self._decide(state, svc, recs, now)
+            self._next_pass[name] = now + PASS_SHARE * max(0.0, ctx.now() - began)
+            if not decided:
                 continue
             self._busy.add(name)
             ctx.committer.submit(Item(plan=functools.partial(self._pass, name=name),
@@ -215,7 +238,8 @@ class Services:
         target = d.record or svc
         spec = target.spec_of(target.version)
         made: list[str] = []
-        for _ in range(d.start if spec is not None else 0):
+        starts = min(d.start, self.start_chunk) if spec is not None else 0  # rule 6
+        for _ in range(starts):
             assert spec is not None
             iid = self._new_id(view, name)
             submit(view, InstanceRecord(instance_id=iid, spec=spec, service=name,
@@ -229,7 +253,7 @@ class Services:
                                                    detail=f"{old} ({state}) by {iid}"))
             else:
                 out.lines.append(f"service {name}: start {iid} (version {target.version})")
-        if d.missing is not None and d.missing - d.start <= 0:
+        if d.missing is not None and d.missing - starts <= 0:
             ended.clear()
         for iid, reason in d.stop:
             got = stop(view, iid, reason)

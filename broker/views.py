@@ -11,9 +11,18 @@ Rules:
 2. A placed instance's health is its node's last word (`Promises.health`, else the
    recalled heartbeat's); without one, an instance running with no checks is healthy and
    any other unknown. An instance in `UNKNOWN` has no health.
+3. Every instance's status is shown a page at a time (`broker.api` rule 8): in id order
+   after a given id, as many as encode within a byte budget (at least one) and at most
+   `STATUS_PAGE_MAX`.
 """
 
 from __future__ import annotations
+
+import bisect
+from collections.abc import Mapping
+from typing import Any
+
+import msgspec
 
 from gavel.broker.auctioneer import Auctioneer
 from gavel.broker.context import Context
@@ -26,10 +35,13 @@ from gavel.shared.messages import InstanceState
 from gavel.shared.reasons import Reason
 from gavel.shared.records import InstanceRecord
 
-__all__ = ["UNKNOWN", "Views"]
+__all__ = ["STATUS_PAGE_MAX", "UNKNOWN", "Views"]
 
 #: Rule 1's state of an instance whose node is not heard.
 UNKNOWN = "unknown"
+#: Rule 3.
+STATUS_PAGE_MAX = 5000
+_enc = msgspec.msgpack.Encoder()
 
 
 class Views:
@@ -99,3 +111,19 @@ class Views:
         return InstanceStatus(instance_id=iid, name=rec.spec.name, state=st,
                               node_id=rec.node_id, attempt=rec.attempt, reason=rec.reason,
                               detail=rec.detail, service=rec.service, version=rec.version)
+
+    def status_page(self, instances: Mapping[str, InstanceRecord], after: str,
+                    nc: Any) -> tuple[list[InstanceStatus], str]:
+        """Rule 3: one page, within half of what `nc`'s server takes in one message, and
+        the id the next one starts after ("" when none follows)."""
+        budget = int(getattr(nc, "max_payload", 0) or 1 << 20) // 2
+        ids = sorted(instances)
+        out: list[InstanceStatus] = []
+        size = 0
+        for iid in ids[bisect.bisect_right(ids, after) if after else 0:]:
+            st = self.instance_status(instances[iid])
+            size += len(_enc.encode(st))
+            if out and (size > budget or len(out) == STATUS_PAGE_MAX):
+                return out, out[-1].instance_id
+            out.append(st)
+        return out, ""

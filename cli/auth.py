@@ -46,8 +46,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              description=(
                                  "Write DIR/auth/<node>.nk (one nkey seed per node, mode "
                                  "0600), broker.nk, operator.nk and DIR/auth/nats.conf. "
-                                 "Existing seeds are kept; the config lists every node seed "
-                                 "in DIR/auth."))
+                                 "Existing seeds are kept; the config lists the nodes named "
+                                 "now and by earlier runs (DIR/auth/node-ids), never a stray "
+                                 "seed file; delete a node's seed and run init to revoke it."))
     ini.add_argument("--state", type=Path, required=True, metavar="DIR",
                      help="state directory; the keys go to DIR/auth")
     which = ini.add_mutually_exclusive_group()

@@ -69,6 +69,7 @@ from gavel.shared.reasons import render as render_reason
 from gavel.shared.routes import derive
 from gavel.transport import nodebook
 from gavel.transport.client import BrokerRefused, ClientError, NoAnswer, NoBroker, call, connect
+from gavel.transport.client import status as status_of
 
 __all__ = ["EXIT_CODES", "SUBMIT_TRIES", "SUBMIT_TRY_S", "ClientError", "Refused", "Unknown",
            "UsageError", "refusal_code", "run"]
@@ -192,7 +193,7 @@ async def submit(args: argparse.Namespace) -> int:
                                                          key=key, count=count))
         except BrokerRefused as exc:  # reached, and it said no (never fits, pinned, ...)
             raise Refused(str(exc)) from None
-        ids = reply.instance_ids or [reply.instance_id]
+        ids = reply.ids()
         if not args.wait:
             if args.json:
                 _print_json({"instance_id": ids[0]} if len(ids) == 1 else
@@ -299,7 +300,7 @@ async def status(args: argparse.Namespace) -> int:
             return 0
     nc = await connect(args.nats, args.creds)
     try:
-        reply = await call(nc, "status", StatusRequest(instance_id=args.instance), StatusReply)
+        reply = await status_of(nc, args.instance)  # every page (`broker.api` rule 8)
     finally:
         await nc.close()
     if args.json:

@@ -28,6 +28,7 @@ import msgspec
 
 from gavel.cli.options import DEFAULT_ADMIN, DEFAULT_NATS, Option
 from gavel.cli.parsers import absolute_paths, address, admin_url, listen_addresses
+from gavel.shared.admission import DEFAULT_CAPS
 from gavel.shared.errors import BadInput
 from gavel.shared.redact import mask_url
 from gavel.shared.strategies import names as strategy_names
@@ -105,6 +106,10 @@ class BrokerConfig(DaemonConfig, kw_only=True, forbid_unknown_fields=True):
     commit_gap_ms: Annotated[float, msgspec.Meta(ge=0, le=10_000)] = 0.0
     #: Ended instance records kept in the tree at most (the oldest leave first); 0: no cap.
     ended_max: Annotated[int, msgspec.Meta(ge=0)] = 100_000
+    #: Replicas one service may ask for, and live instances in the cluster
+    #: (`gavel.shared.admission`); 0: no cap.
+    max_service_count: Annotated[int, msgspec.Meta(ge=0)] = DEFAULT_CAPS.per_service
+    max_instances: Annotated[int, msgspec.Meta(ge=0)] = DEFAULT_CAPS.instances
 
 
 class WorkerConfig(DaemonConfig, kw_only=True, forbid_unknown_fields=True):

@@ -51,6 +51,7 @@ from gavel.cli.config import (
 )
 from gavel.cli.options import BROKER_OPTIONS, GATEWAY_OPTIONS, WORKER_OPTIONS, flags_of
 from gavel.cli.parsers import unusable_dir
+from gavel.shared.admission import Caps
 from gavel.shared.redact import mask_url
 from gavel.shared.strategies import Strategy
 from gavel.transport.creds import connect_options
@@ -291,7 +292,8 @@ def make_broker(cfg: BrokerConfig, secrets: dict[str, str],
         "timing": effective_timing(cfg, os.environ), "secrets": secrets,
         "sample_d": cfg.sample_d or None, "batch_max": cfg.batch_max,
         "max_auctions": cfg.max_auctions, "batch_wait_s": cfg.batch_wait_ms / 1000,
-        "commit_gap_s": cfg.commit_gap_ms / 1000, "ended_max": cfg.ended_max}
+        "commit_gap_s": cfg.commit_gap_ms / 1000, "ended_max": cfg.ended_max,
+        "caps": Caps(per_service=cfg.max_service_count, instances=cfg.max_instances)}
     nats_options = {"error_cb": errors or Refusals(cfg, lambda: None).on_error,
                     **_nats_options(cfg)}
     try:

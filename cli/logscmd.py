@@ -30,6 +30,7 @@ from gavel.shared.api import InstanceStatus, StatusReply, StatusRequest
 from gavel.shared.logstream import LogChunk, LogsDone, LogsRequest
 from gavel.shared.reasons import Reason
 from gavel.transport.client import BrokerRefused, ClientError, call, connect
+from gavel.transport.client import status as status_of
 from gavel.transport.logclient import read
 
 __all__ = ["add_arguments", "run"]
@@ -70,7 +71,7 @@ async def _targets(nc: Any, args: argparse.Namespace) -> list[tuple[str, str]]:
     except BrokerRefused as exc:
         if Reason.UNKNOWN_INSTANCE not in str(exc):
             raise
-        everything = await call(nc, "status", StatusRequest(), StatusReply)
+        everything = await status_of(nc)
         found = [i for i in everything.instances if i.service == args.instance]
         if not found:
             raise Unknown(f"no instance or service named {args.instance} (give --node "

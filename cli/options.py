@@ -140,6 +140,12 @@ BROKER_OPTIONS: list[Option] = [
     Option("ended_max", "--ended-max", "GAVEL_ENDED_MAX", whole,
            "keep at most N ended instance records in the tree, the oldest leave first (git "
            "history keeps them; default 100000, 0: no cap)", "N"),
+    Option("max_service_count", "--max-service-count", "GAVEL_MAX_SERVICE_COUNT", whole,
+           "refuse a deploy or scale asking more than N replicas of one service (default "
+           "10000, 0: no cap)", "N"),
+    Option("max_instances", "--max-instances", "GAVEL_MAX_INSTANCES", whole,
+           "refuse a submit, deploy or scale that would make more than N live instances in "
+           "the cluster (default 50000, 0: no cap)", "N"),
 ]
 
 WORKER_OPTIONS: list[Option] = [

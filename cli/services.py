@@ -114,6 +114,9 @@ def print_service(st: ServiceStatus, deployment: bool = False) -> None:
                          health or "-"))
     if len(replicas) > 1:
         _table(replicas)
+    more = st.replicas_total - len(st.replicas)
+    if more > 0:
+        print(f"and {more} more replicas (`gavel status` lists every instance)")
 
 
 async def service_status(args: argparse.Namespace, name: str) -> ServiceStatus | None:

@@ -61,8 +61,6 @@ from gavel.shared.api import (
     EventsRequest,
     NodesReply,
     NodesRequest,
-    StatusReply,
-    StatusRequest,
     SubmitReply,
     SubmitRequest,
     WhyReply,
@@ -75,6 +73,7 @@ from gavel.shared.spec import Route
 from gavel.shared.timing import fast_banner
 from gavel.transport import identity, nodebook
 from gavel.transport.client import BrokerRefused, ClientError, call, connect, wait_healthy
+from gavel.transport.client import status as status_of
 from gavel.transport.natsserver import NatsServer, NatsServerError, free_port
 
 __all__ = ["up"]
@@ -213,7 +212,7 @@ async def _demo(nc: Any, workers: int, git_dir: Path, gateway: str | None = None
         ids.append(reply.instance_id)
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline:
-        st = await call(nc, "status", StatusRequest(), StatusReply)
+        st = await status_of(nc)
         if all(i.state not in ("queued", "scheduled") for i in st.instances):
             break
         await asyncio.sleep(0.2)

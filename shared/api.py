@@ -114,9 +114,32 @@ def counted_ids(base: str, count: int) -> list[str]:
     return [base] if count == 1 else [f"{base}-{k}" for k in range(1, count + 1)]
 
 
+#: A submit's answer lists its ids up to this many; beyond, it gives the first and the count
+#: (``base-1 .. base-N``, `counted_ids`): a hundred thousand ids exceed the max payload.
+REPLY_IDS_MAX = 1000
+
+
 class SubmitReply(Message, tag="submitted"):
     instance_id: str
     instance_ids: list[str] = msgspec.field(default_factory=list)
+    #: Instances made when `instance_ids` is left out (more than `REPLY_IDS_MAX`): they are
+    #: `instance_id`'s base, ``-1`` .. ``-count``.
+    count: int = 0
+
+    def ids(self) -> list[str]:
+        """Every instance id the submission made."""
+        if self.instance_ids:
+            return list(self.instance_ids)
+        if self.count > 1:
+            return counted_ids(self.instance_id.rpartition("-")[0], self.count)
+        return [self.instance_id]
+
+    @classmethod
+    def of(cls, ids: list[str]) -> SubmitReply:
+        """The answer for a submission that made `ids` (`counted_ids`' order)."""
+        if len(ids) > REPLY_IDS_MAX:
+            return cls(instance_id=ids[0], count=len(ids))
+        return cls(instance_id=ids[0], instance_ids=ids if len(ids) > 1 else [])
 
 
 class StatsRequest(Message, tag="stats"):
@@ -145,6 +168,10 @@ class StatsReply(Message, tag="stats-reply", kw_only=True):
 
 class StatusRequest(Message, tag="status"):
     instance_id: str = ""
+    #: Every instance: the page that starts after this instance id ("" from the first). A
+    #: reply holds as many as fit in half the server's max payload; its `next` says where
+    #: the following page starts.
+    after: str = ""
 
 
 class InstanceStatus(msgspec.Struct, kw_only=True):
@@ -168,6 +195,10 @@ class InstanceStatus(msgspec.Struct, kw_only=True):
 
 class StatusReply(Message, tag="statuses"):
     instances: list[InstanceStatus]
+    #: More instances follow: ask again with ``after=next`` ("" when this page is the last).
+    next: str = ""
+    #: Instance records in the state tree (every page counts them all).
+    total: int = 0
     #: Who answered: the leading broker's id, its leadership's epoch (0 without HA) and
     #: since when it leads (UTC, ISO 8601).
     leader: str = ""
@@ -307,7 +338,10 @@ class ServiceStatus(msgspec.Struct, kw_only=True):
     #: The deployment in progress or the last one (state, versions, reason).
     deployment: Deployment | None = None
     versions: list[VersionStatus] = msgspec.field(default_factory=list)
+    #: Its live replicas, the first `broker.serviceapi.REPLICAS_SHOWN` of them by version and
+    #: id (an answer must fit the server's max payload); `replicas_total` counts them all.
     replicas: list[InstanceStatus] = msgspec.field(default_factory=list)
+    replicas_total: int = 0
 
 
 class ServiceRequest(Message, tag="service"):

@@ -9,7 +9,11 @@ when it wants `handle_timer` at the latest (an auction's deadline or the end of 
 Rules (the numbers are `broker.auctioneer`'s, where operators read them):
 1. Pending work is read from the world on every pass, oldest first: instances in flight
    (auctioned, or awarded and not yet committed) and those whose retry time is still ahead
-   are skipped; no more than the room for auctions can take is read.
+   are skipped; no more than the room for auctions can take is read. A pass that read all
+   of it and found nothing due remembers the earliest retry time it skipped: until then, a
+   pass over the same pending work (its size and its newest entry unchanged, and nothing
+   released, failed, found unschedulable or freed since) finds nothing either, and is
+   skipped instead of reading every waiting instance again.
 2. Work is grouped by its excluded nodes; a group is auctioned without them unless no
    other eligible node is left, then with them.
 3. An award reserves its winner's capacity until `released` (its commit landed, placed or
@@ -95,6 +99,9 @@ class Core:
         self.inflight: set[str] = set()
         self.reserved: dict[str, Capacity] = {}
         self.retry_at: dict[str, float] = {}
+        #: Rule 1: the pending work a pass found nothing due in, and until when.
+        self._idle: tuple[int, object] | None = None
+        self._idle_until = float("-inf")
         #: Replicas awarded and not yet released: instance -> (service, winner) (rule 8).
         self.awarding: dict[str, tuple[str, str]] = {}
         self.waiting_since: float | None = None
@@ -152,17 +159,26 @@ class Core:
         room = self.max_auctions - len(self.auctions)
         want = max(room, 1) * self.batch_max
         pending: list[InstanceRecord] = []
-        waiting = filterfalse(self.inflight.__contains__, world.pending()) if self.inflight \
-            else iter(world.pending())
+        ids = world.pending()
+        tail = _tail(ids)
+        if tail is not None and tail == self._idle and now < self._idle_until:  # rule 1
+            self.waiting_since = None
+            return
+        waiting = filterfalse(self.inflight.__contains__, ids) if self.inflight else iter(ids)
         retry_at = self.retry_at
         record = world.record
+        due = float("inf")
         for iid in waiting:
-            if not retry_at or retry_at.get(iid, 0.0) <= now:
+            at = retry_at.get(iid, 0.0) if retry_at else 0.0
+            if at <= now:
                 pending.append(record(iid))
                 if len(pending) >= want:
                     break
+            elif at < due:
+                due = at
         if not pending:
             self.waiting_since = None
+            self._idle, self._idle_until = tail, due
             return
         if self.waiting_since is None:
             self.waiting_since = now
@@ -348,18 +364,25 @@ class Core:
         self.reserved.setdefault(node_id, Capacity()).charge(req, sign)
 
     # -- what became of the decisions (rules 3, 7) ---------------------------------------------
+    def _stir(self) -> None:
+        """Rule 1: something may be due that the last idle pass did not see."""
+        self._idle = None
+
     def released(self, d: Awarded) -> None:
         """The award's commit landed (placed, or the ledger refused the placement)."""
+        self._stir()
         self._reserve(d.winner.node_id, d.request, -1)
         self.inflight.discard(d.request.instance_id)
         self.awarding.pop(d.request.instance_id, None)
 
     def unschedulable(self, iid: str, now: float) -> None:
+        self._stir()
         self.inflight.discard(iid)
         self.retry_at[iid] = now + self.heartbeat_s
 
     def failed(self, decisions: Sequence[Decision], now: float) -> None:
         """The commit of these decisions failed: released, retried a tick later."""
+        self._stir()
         for d in decisions:
             iid = d.request.instance_id
             if isinstance(d, Awarded):
@@ -369,7 +392,16 @@ class Core:
             self.retry_at[iid] = now + self.tick_s
 
     def capacity_freed(self) -> None:
+        self._stir()
         self.retry_at.clear()
+
+
+def _tail(ids: Iterable[str]) -> tuple[int, object] | None:
+    """Rule 1: what tells one pending set from the next (its size and newest entry: work
+    is added at the end), or None for a world whose pending work is no sequence."""
+    if isinstance(ids, Mapping | Sequence):
+        return len(ids), next(reversed(ids), None)
+    return None
 
 
 class _Count:

@@ -38,6 +38,8 @@ __all__ = [
     "Request",
     "Shape",
     "Spec",
+    "WatchGrant",
+    "WatchRequest",
 ]
 # `Spec` lives in `gavel.shared.spec` (a workload as the operator writes it); it is named here
 # too, beside the wire messages that carry one (`Award`, the API's submit).
@@ -357,6 +359,25 @@ class AssignmentRequest(Message, tag="assignment"):
 
     instance_id: str
     node_id: str
+
+
+class WatchRequest(Message, tag="watch"):
+    """Worker → broker (on ``gavel.watch.<node>``): make me a consumer of my own key in the
+    KV bucket named `consumer` (``<node>_<16 hex digits>``: named by the node, so it knows the
+    first delivery, which may beat the answer), delivering to `deliver` (an inbox of mine,
+    ``_INBOX_<node>.<token>``, already subscribed). The node makes no JetStream call itself
+    (`broker.watches`)."""
+
+    node_id: str
+    deliver: str
+    consumer: str = ""
+
+
+class WatchGrant(Message, tag="watch-grant"):
+    """Broker → worker: the consumer made for a `WatchRequest`; its deliveries name it."""
+
+    consumer: str
+    epoch: NonNegInt = 0
 
 
 class ApiError(Message, tag="error"):

@@ -68,6 +68,14 @@ class Reason(StrEnum):
     DUPLICATE = "an instance with that id already exists"
     KEY_REUSED = "that submission key was already used for a different submission"
     UNREADABLE_FILE = "a file in the state repository is not a usable gavel file; fix it in git"
+    # Admission (`shared.admission`): a count beyond what the operator allows.
+    OVER_SERVICE_CAP = "more replicas than the broker admits for one service"
+    OVER_CLUSTER_CAP = "more live instances than the broker admits in the cluster"
+    # Why the broker made no KV watch for a node (`broker.watches`).
+    WATCH_DELIVER = "a node's watch delivers only into that node's own inbox"
+    WATCH_NAME = "a node's watch is named after that node and 16 hex digits"
+    WATCH_TOO_SOON = "a new watch was asked for too soon after the last one; ask again later"
+    WATCH_FAILED = "JetStream did not make the watch; ask again later"
     # Housekeeping the broker commits.
     RETAINED = "ended longer ago than the retention time; git history keeps the record"
     RETAINED_MAX = "more ended instances than the broker keeps; git history keeps the record"

@@ -46,11 +46,14 @@ __all__ = [
     "NODE_INBOX",
     "NODE_KEY",
     "NODE_WATCH",
+    "NODE_WATCH_DELETE",
     "OPERATOR_INBOX",
     "REPORT",
     "REPORT_ALL",
     "RFB",
     "RFB_NODE",
+    "WATCH",
+    "WATCH_ALL",
     "is_node_id",
     "matcher",
     "matches",
@@ -83,6 +86,10 @@ API = f"{PREFIX}.api.{{verb}}"  # request/reply, see broker.api
 API_ALL = f"{PREFIX}.api.*"
 ASSIGN = f"{PREFIX}.assign.{{node}}"  # worker -> broker request: AssignmentRequest -> Award
 ASSIGN_ALL = f"{PREFIX}.assign.*"
+#: worker -> broker request: WatchRequest -> WatchGrant (`broker.watches`): a consumer of the
+#: node's own key, made by the broker, delivering into the node's own inbox.
+WATCH = f"{PREFIX}.watch.{{node}}"
+WATCH_ALL = f"{PREFIX}.watch.*"
 #: operator -> node request: LogsRequest -> LogChunk..., LogsDone (`shared.logstream`). The
 #: node answers on the asker's inbox, only as the server's response permission allows.
 LOGS = f"{PREFIX}.logs.{{node}}"
@@ -93,8 +100,9 @@ NODES_BUCKET = "gavel-nodes"
 NODES_STREAM = f"KV_{NODES_BUCKET}"
 NODE_KEY = f"$KV.{NODES_BUCKET}.{{node}}"
 #: Creating a consumer of one node's key, the filter in the subject (nats-server checks the
-#: request's filter against it), so permissions can hold a node to its own key.
+#: request's filter against it), and deleting one: the broker's calls (`broker.watches`).
 NODE_WATCH = f"$JS.API.CONSUMER.CREATE.{NODES_STREAM}.{{name}}.{NODE_KEY}"
+NODE_WATCH_DELETE = f"$JS.API.CONSUMER.DELETE.{NODES_STREAM}.{{name}}"
 #: JetStream KV bucket of the brokers' leadership lease (`broker.lease`): one key, `leader`.
 LEADER_BUCKET = "gavel-leader"
 LEADER_STREAM = f"KV_{LEADER_BUCKET}"

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import urlsplit
 
 import msgspec
@@ -31,8 +31,11 @@ from gavel.shared.redact import mask_url
 from gavel.transport.creds import connect_options
 from gavel.transport.urls import servers
 
+if TYPE_CHECKING:
+    from gavel.shared.api import StatusReply
+
 __all__ = ["BadNatsUrl", "BrokerRefused", "ClientError", "NoAnswer", "NoBroker", "NoNats",
-           "call", "check_url", "connect", "wait_healthy"]
+           "call", "check_url", "connect", "status", "wait_healthy"]
 
 T = TypeVar("T", bound=Message)
 _enc = msgspec.msgpack.Encoder()
@@ -156,6 +159,21 @@ async def _answer(nc: Any, verb: str, request: Message, timeout: float) -> Any:
             raise NoAnswer(f"the broker did not answer {verb} within {timeout:g}s") from None
         await asyncio.sleep(pause)
         pause = min(pause * 2, _PAUSE_MAX_S)
+
+
+async def status(nc: Any, instance_id: str = "", timeout: float = 10.0) -> StatusReply:
+    """`status` of one instance, or of every instance page by page (`broker.api` rule 8),
+    as one `StatusReply`."""
+    from gavel.shared.api import StatusReply, StatusRequest
+
+    reply = await call(nc, "status", StatusRequest(instance_id=instance_id), StatusReply,
+                       timeout)
+    pages = reply
+    while pages.next:
+        pages = await call(nc, "status", StatusRequest(after=pages.next), StatusReply, timeout)
+        reply.instances += pages.instances
+    reply.next = ""
+    return reply
 
 
 async def wait_healthy(nc: Any, n: int, timeout: float) -> None:

@@ -18,15 +18,19 @@ Rules:
    explicit list is checked by the server whatever the broker's code does.
 3. Operators call the API, read events and ask nodes for logs (rule 6); they cannot bid,
    award or speak as a node.
-4. Of JetStream, a node may only create a consumer of its own key, on the create subject
-   that carries the filter (`gavel.shared.subjects.NODE_WATCH`; the server refuses a request
-   whose filter differs from the subject's): no stream or consumer info, no gets, no
-   deletes, no flow-control answers. The deliver subject is in the request's payload, which
-   permissions cannot see, so such a consumer may deliver that node's own node.json to any
-   subject; every handler drops what is no message of gavel's (`transport.inbound` rule 4).
+4. A node may call no JetStream subject at all: a consumer's deliver subject is in the
+   create request's payload, which permissions cannot see, and every JetStream answer goes
+   to the reply subject its request names, so any JetStream call would let a node make the
+   server publish wherever it chose. Its watch of its own key is a consumer the broker
+   makes on its request (``gavel.watch.<node>``, `broker.watches`), delivering into that
+   node's own inbox, one at a time per node; the broker may create consumers of node keys
+   and delete them, nothing else of the bucket.
 5. `init` is idempotent: a seed that exists is reused, never rewritten. The config authorizes
-   every node seed in the directory, so revoking a node is deleting its seed and running
-   `init` again (then reloading nats-server).
+   the nodes named to this run and to earlier ones (recorded in ``auth/node-ids``, which
+   only `init` writes), never a seed file merely found in the directory: a stray ``x.nk`` put
+   there by anyone who can write the directory is no node. Revoking a node is deleting its
+   seed and running `init` again (then reloading nats-server): a recorded node whose seed is
+   gone is dropped from the record.
 6. Operators may ask any node for an instance's output (``gavel.logs.<node>``); only that
    node hears it, and it answers on the operator's inbox through the server's response
    permission (``allow_responses``: at most `shared.logstream.REPLIES_MAX` replies within
@@ -78,8 +82,8 @@ _SEED = re.compile(r"SU[A-Z2-7]{56}")
 
 
 def worker_permissions(node: str) -> dict[str, Any]:
-    """Node `node`: its own subjects out, what is addressed to it in, and of JetStream only
-    the watch of its own key (rule 4)."""
+    """Node `node`: its own subjects out, what is addressed to it in, and nothing of
+    JetStream (rule 4)."""
     inbox = f"{subjects.NODE_INBOX.format(node=node)}.>"
     return {
         "publish": {"allow": [
@@ -88,7 +92,7 @@ def worker_permissions(node: str) -> dict[str, Any]:
             subjects.REPORT.format(node=node),
             subjects.ASSIGN.format(node=node),
             inbox,  # the worker's subscription barrier: a message to itself
-            subjects.NODE_WATCH.format(name="*", node=node),
+            subjects.WATCH.format(node=node),  # its KV watch, made by the broker (rule 4)
         ]},
         "subscribe": {"allow": [
             subjects.RFB,
@@ -145,6 +149,9 @@ def broker_permissions(nodes: Iterable[str] = ()) -> dict[str, Any]:
             subjects.CANCEL.format(node="*"),
             subjects.EVENTS_ALL,
             subjects.NODE_KEY.format(node="*"),  # the KV mirror's puts
+            # Nodes' watches (rule 4): a consumer of one node's key, and deleting one.
+            subjects.NODE_WATCH.format(name="*", node="*"),
+            subjects.NODE_WATCH_DELETE.format(name="*"),
             f"$JS.API.STREAM.CREATE.{subjects.NODES_STREAM}",  # making sure the bucket exists
             # The leadership lease (`broker.lease`): its bucket, its one key (create, renew,
             # release), and a consumer of that key alone, for the standbys' watch.
@@ -162,6 +169,7 @@ def broker_permissions(nodes: Iterable[str] = ()) -> dict[str, Any]:
             subjects.BIDS_ALL,
             subjects.REPORT_ALL,
             subjects.ASSIGN_ALL,
+            subjects.WATCH_ALL,
             subjects.API_ALL,
             own,  # JetStream's answers, its subscription barrier
             *(s for s in stream["subscribe"]["allow"] if s not in (own, subjects.HEARTBEAT_ALL)),
@@ -256,6 +264,20 @@ def render_config(users: Sequence[tuple[str, str, dict[str, Any]]]) -> str:
     return "\n".join(lines)
 
 
+#: The nodes `init` was given, one id a line, in the key directory (rule 5).
+NODES_RECORD = "node-ids"
+
+
+def _recorded(directory: Path) -> list[str]:
+    """The node ids earlier runs of `init` were given; a line that is no node id (a hand
+    edit) is no node."""
+    path = directory / NODES_RECORD
+    if not path.exists():
+        return []
+    names = [line.strip() for line in path.read_text().splitlines()]
+    return [n for n in names if subjects.is_node_id(n) and n not in (BROKER, OPERATOR)]
+
+
 @dataclass(frozen=True)
 class Identities:
     """What `init` wrote: the server config and each identity's seed file."""
@@ -277,7 +299,8 @@ def _write(path: Path, text: str) -> None:
 
 def init(state: Path, nodes: Iterable[str] = ()) -> Identities:
     """Seeds for the broker, operators and `nodes` under ``state/auth`` (existing ones kept),
-    and ``state/auth/nats.conf`` authorizing every node seed found there."""
+    and ``state/auth/nats.conf`` authorizing `nodes` and the nodes earlier runs were given
+    whose seeds remain (rule 5), never a seed file it was not given."""
     directory = state / "auth"
     for name in nodes:
         if name in (BROKER, OPERATOR):
@@ -288,10 +311,12 @@ def init(state: Path, nodes: Iterable[str] = ()) -> Identities:
         broker = directory / f"{BROKER}.nk"
         operator = directory / f"{OPERATOR}.nk"
         broker_key, operator_key = public_key(_seed(broker)), public_key(_seed(operator))
-        for name in nodes:
+        named = set(nodes)
+        for name in named:
             _seed(directory / f"{name}.nk")
-        known = sorted(p.stem for p in directory.glob("*.nk")
-                       if p.stem not in (BROKER, OPERATOR) and subjects.is_node_id(p.stem))
+        known = sorted(named | {n for n in _recorded(directory)
+                                if (directory / f"{n}.nk").exists()})
+        _write(directory / NODES_RECORD, "".join(f"{n}\n" for n in known))
         paths = {name: directory / f"{name}.nk" for name in known}
         users = [("broker: what it publishes, serves and answers", broker_key,
                   broker_permissions(known)),

@@ -1,14 +1,14 @@
 """The node's watch of its own node.json in the KV bucket the broker mirrors (`broker.mirror`).
 
 Rules:
-1. The watch is one JetStream push consumer at a time, created on the subject that names
-   the node's own key as its filter (`gavel.shared.subjects.NODE_WATCH`; nats-server refuses
-   a request whose filter differs from the subject's). That subject is the whole of what a
-   node's credential may ask of JetStream (`transport.identity`): no stream or consumer
-   info, no gets, no deletes, no flow-control answers, no other key.
+1. The watch is one JetStream push consumer at a time, made by the broker on this node's
+   request (``gavel.watch.<node>``, `broker.watches`): a node's credential grants no
+   JetStream call (`transport.identity` rule 4), so the server delivers its key nowhere but
+   into this node's own inbox. The node subscribes to a fresh inbox first, then asks.
 2. The consumer delivers the key's last value first, then every later one, unacknowledged,
-   to an inbox of this node's, with idle heartbeats; it is ephemeral, and the server drops
-   it `inactive_s` after nobody listens (a node may not delete consumers).
+   to that inbox, with idle heartbeats; it is ephemeral, and the server drops it soon after
+   nobody listens (the broker also deletes a node's previous consumer when it makes the
+   next).
 3. A delivery out of sequence (one lost to a reconnect), a heartbeat naming a later
    delivery than the last one seen, or silence for two heartbeats: the consumer is
    abandoned and a new one made, which delivers the last value again. A value's revision
@@ -18,27 +18,28 @@ Rules:
    no heartbeat) is counted and dropped, never raised. A heartbeat names no consumer: one
    on this inbox is taken for the current consumer's (only the server and this node know
    the inbox), and at worst makes a new consumer.
-5. A create that fails (the bucket does not exist yet, NATS is away) is retried every
-   heartbeat, with one warning until it works; a create whose answer never comes is given
-   up after a heartbeat.
+5. A request the broker refuses (the bucket does not exist yet, asked too soon) or that
+   nobody answers (no broker, NATS away) is retried every heartbeat, with one warning until
+   it works; an answer that never comes is given up after a heartbeat. A consumer already
+   made keeps delivering while the broker is away.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import secrets
 import time
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
+import msgspec
 import nats.errors
 from nats.aio.msg import Msg
-from nats.js import api
 
 from gavel.shared import subjects
+from gavel.shared.messages import ApiError, WatchGrant, WatchRequest
 from gavel.transport.inbound import Sink
 
 __all__ = ["Entry", "NodeWatch"]
@@ -53,6 +54,9 @@ OTHER_CONSUMER = "KV watch delivery by another consumer"
 OTHER_KEY = "KV watch delivery of another node's key"
 NOT_HEARTBEAT = "KV watch status message that is no heartbeat"
 
+_encode = msgspec.msgpack.Encoder().encode
+_decode = msgspec.msgpack.Decoder(WatchGrant | ApiError).decode
+
 
 class Entry(NamedTuple):
     """One value of the node's key: its revision, the KV operation (None for a put), the
@@ -64,7 +68,7 @@ class Entry(NamedTuple):
 
 
 class WatchError(Exception):
-    """JetStream refused to create the consumer; the message is its description."""
+    """The broker made no consumer; the message is its sentence."""
 
 
 class NodeWatch:
@@ -72,7 +76,7 @@ class NodeWatch:
     cancelled."""
 
     def __init__(self, nc: Any, node: str, observe: Callable[[Entry], None], *,
-                 heartbeat_s: float, sink: Sink, inactive_s: float = 120.0,
+                 heartbeat_s: float, sink: Sink,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.nc = nc
         self.sink = sink
@@ -80,7 +84,6 @@ class NodeWatch:
         self.key = subjects.NODE_KEY.format(node=node)
         self._observe = observe
         self.heartbeat_s = heartbeat_s
-        self.inactive_s = max(inactive_s, 10 * heartbeat_s)
         self._clock = clock
         self._sub: Any = None
         #: The current consumer, the last delivery it made, and when it was last heard.
@@ -112,33 +115,28 @@ class NodeWatch:
                 await self._stop()
 
     async def _start(self) -> None:
-        """Rules 1 and 2: listen on a fresh inbox, then create the consumer that feeds it."""
+        """Rules 1 and 2: listen on a fresh inbox, then ask the broker for the consumer that
+        feeds it."""
         self._stale.clear()
         self._delivered = 0
-        name = f"{self.node}_{secrets.token_hex(8)}"
-        self.consumer = name
+        # Named here, before it exists: its first delivery may arrive before the answer.
+        self.consumer = name = f"{self.node}_{secrets.token_hex(8)}"
         inbox = self.nc.new_inbox()
         self._sub = await self.nc.subscribe(inbox, cb=self._on_msg)
-        config = api.ConsumerConfig(
-            name=name, deliver_subject=inbox, filter_subject=self.key,
-            deliver_policy=api.DeliverPolicy.LAST_PER_SUBJECT, ack_policy=api.AckPolicy.NONE,
-            max_deliver=1, idle_heartbeat=self.heartbeat_s, inactive_threshold=self.inactive_s,
-            mem_storage=True, num_replicas=1)
-        request = json.dumps({"stream_name": subjects.NODES_STREAM,
-                              "config": config.as_dict()}).encode()
+        request = _encode(WatchRequest(node_id=self.node, deliver=inbox, consumer=name))
         self._heard = self._clock()
         bound = max(1.0, self.heartbeat_s)
         async with asyncio.timeout(bound):  # rule 5, whatever the client's own timeout does
-            msg = await self.nc.request(subjects.NODE_WATCH.format(name=name, node=self.node),
-                                        request, timeout=bound)
+            msg = await self.nc.request(subjects.WATCH.format(node=self.node), request,
+                                        timeout=bound)
         try:
-            answer = json.loads(msg.data)
-        except ValueError:
-            raise WatchError("not a JetStream answer") from None
-        error = answer.get("error") if isinstance(answer, dict) else "not a JetStream answer"
-        if error:
-            raise WatchError(error.get("description", error) if isinstance(error, dict)
-                             else error)
+            answer = _decode(msg.data)
+        except (msgspec.DecodeError, RecursionError):
+            raise WatchError("not an answer of the broker's") from None
+        if isinstance(answer, ApiError):
+            raise WatchError(answer.error)
+        if answer.consumer != name:
+            raise WatchError(f"the broker made {answer.consumer}, not {name}")
         self.created += 1
         self._heard = self._clock()
 

@@ -150,6 +150,7 @@ def _apply(st: State, found: list[tuple[Dispute, Assignment | None]]) -> None:
         nf = msgspec.structs.replace(old, instances=instances) if old is not None \
             else NodeFile(node_id=nid, instances=instances)
         st.put_node(nid, None if nf.empty else nf)
+    st.held.clear()  # placements move below, beside `put_node`
     for d, _entry in found:  # whatever order the files were read and rewritten in
         iid = d.instance_id
         if d.kept:

@@ -174,9 +174,16 @@ class State:
     #: `InstanceRecord.service` (`replicas_of`).
     services: dict[str, ServiceRecord] = field(default_factory=dict)
     replicas: dict[str, dict[str, None]] = field(default_factory=dict)
+    #: `held_by`'s answers, by service, until a record or a node file changes: every
+    #: auction of a service's replicas asks it, and a count over every replica for each
+    #: of them made a service of a hundred thousand queued replicas hold the loop.
+    held: dict[str, dict[str, int]] = field(default_factory=dict, repr=False, compare=False)
 
     def put_instance(self, iid: str, rec: InstanceRecord | None) -> None:
         old = self.instances.get(iid)
+        for named in (old, rec):
+            if named is not None and named.service:
+                self.held.pop(named.service, None)
         if old is not None and old.key and (rec is None or rec.key != old.key):
             _unindex(self.keys, old.key, iid)
         if old is not None and old.service and (rec is None or rec.service != old.service):
@@ -216,6 +223,7 @@ class State:
         the node's present record plus these placements (`Change.grown`), so only they move;
         otherwise the two files are compared, O(placements on the node)."""
         old = self.nodes.get(nid)
+        self.held.clear()  # placements move (`held_by`)
         if grown is not None and nf is not None and grown[0] is old:
             for iid in grown[1]:
                 self.where[iid] = nid
@@ -261,14 +269,19 @@ class State:
         return out
 
     def held_by(self, name: str) -> dict[str, int]:
-        """How many live replicas of the service `name` each node's node.json holds."""
+        """How many live replicas of the service `name` each node's node.json holds (a
+        fresh dict: the caller may change it)."""
+        known = self.held.get(name)
+        if known is not None:
+            return dict(known)
         out: dict[str, int] = {}
         where = self.where
         for rec in self.replicas_of(name):
             node = where.get(rec.instance_id)
             if node is not None and not rec.state.terminal:
                 out[node] = out.get(node, 0) + 1
-        return out
+        self.held[name] = out
+        return dict(out)
 
     def put_service(self, name: str, rec: ServiceRecord | None) -> None:
         if rec is None:

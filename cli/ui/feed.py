@@ -41,11 +41,10 @@ from gavel.shared.api import (
     ServicesReply,
     ServicesRequest,
     ServiceStatus,
-    StatusReply,
-    StatusRequest,
 )
 from gavel.shared.messages import Event
 from gavel.transport.client import BrokerRefused, ClientError, call
+from gavel.transport.client import status as status_of
 
 __all__ = ["EVENTS_KEPT", "QUEUE_MAX", "REFRESH_S", "SETTLE_S", "Feed", "Page"]
 
@@ -178,8 +177,7 @@ class Feed:
         error = services_error = ""
         try:
             nodes = await call(self.nc, "nodes", NodesRequest(), NodesReply, timeout=CALL_S)
-            status = await call(self.nc, "status", StatusRequest(), StatusReply,
-                                timeout=CALL_S)
+            status = await status_of(self.nc, timeout=CALL_S)  # every page
             self._nodes, self._instances = nodes.nodes, status.instances
             try:
                 services = await call(self.nc, "services", ServicesRequest(), ServicesReply,

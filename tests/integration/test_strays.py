@@ -1,12 +1,12 @@
 """A stray delivery never crashes a handler: every subject the broker and a worker
 subscribe to counts and drops what it cannot serve.
 
-A node may create JetStream consumers (its watch of the KV bucket is one), and a push
-consumer delivers wherever its creator said, with the subject its stream stored the message
-under, a ``$JS.ACK`` reply, and - with flow control or idle heartbeats - status messages
-with headers. Real nats-server with `gavel auth init`'s config, a real broker and agents on
-their own credentials: node b creates such consumers (of its own key, the one kind it may
-create) delivering to every subject the broker and node a subscribe to, with and without
+A push consumer delivers wherever its creator said, with the subject its stream stored the
+message under, a ``$JS.ACK`` reply, and - with flow control or idle heartbeats - status
+messages with headers. No gavel node may create one any more (`broker.watches`), but any
+identity with JetStream rights may. Real nats-server with `gavel auth init`'s config, a
+real broker and agents on their own credentials: the witness creates consumers of node b's
+key delivering to every subject the broker and node a subscribe to, with and without
 flow control and heartbeats; the witness (`tests/integration/authed.py`) puts on each of
 them what no gavel credential may: a message with headers, a flow-control request, an idle
 heartbeat, a request without a reply subject, an empty payload (a ``$JS.ACK`` reply only
@@ -58,13 +58,14 @@ from gavel.shared.messages import (
     Heartbeat,
     Message,
     Shape,
+    WatchRequest,
 )
 from gavel.shared.strategies import make_strategy
 from gavel.transport import identity as auth
 from gavel.transport.client import call
 from gavel.transport.inbound import CONTROL, HEADERS, JETSTREAM
 from gavel.worker.agent import Agent
-from tests.integration.authed import Authed, Witness
+from tests.integration.authed import WITNESS, Authed, Witness
 from tests.integration.harness import TIMING, sleeper_spec, wait_for
 
 pytestmark = pytest.mark.integration
@@ -87,6 +88,8 @@ BROKER_SUBJECTS: dict[str, tuple[Message, str]] = {
                                        ""),
     subjects.ASSIGN.format(node="b"): (AssignmentRequest(instance_id="x", node_id="b"),
                                        "_INBOX_b.stray"),
+    subjects.WATCH.format(node="b"): (WatchRequest(node_id="b", deliver="_INBOX_b.w"),
+                                      "_INBOX_b.stray"),
     **{subjects.API.format(verb=v): (m, "_INBOX.stray") for v, m in VERBS.items()},
 }
 #: Every subject node a subscribes to (`Agent._subscribe`), with a message it would act on.
@@ -146,9 +149,9 @@ async def test_every_stray_on_every_subject_is_counted_and_nothing_raises(
         await call(op, "drain", DrainRequest(node_id="b"), DrainReply)  # b's key in KV
         await wait_for(lambda: agents["b"].draining, 15, what="b's watch sees its key")
 
-        # Node b's consumers of its own key, delivering to every subject the broker and
-        # node a hear, plain and with flow control and idle heartbeats.
-        js = (await authed.connect("b")).jetstream()
+        # Consumers of b's key, delivering to every subject the broker and node a hear,
+        # plain and with flow control and idle heartbeats.
+        js = (await authed.connect(WITNESS)).jetstream()
         targets = [*BROKER_SUBJECTS, *WORKER_SUBJECTS]
         for n, target in enumerate(targets):
             for k, extra in enumerate(({}, {"flow_control": True, "idle_heartbeat": 0.2})):
@@ -183,12 +186,13 @@ async def test_every_stray_on_every_subject_is_counted_and_nothing_raises(
         await wait_for(lambda: rejected.get(HEADERS) == n
                        and rejected.get(CONTROL, 0) >= control + 2 * n, 15,
                        what="every stray counted")
-        for what in ("bid reply", "event", "assignment request",
+        for what in ("bid reply", "event", "assignment request", "watch request",
                      *(f"{v} request" for v in VERBS)):
             assert rejected.get(f"malformed {what}") == 1, (what, rejected)
-        for what in ("assignment request", *(f"{v} request" for v in VERBS)):
+        for what in ("assignment request", "watch request",
+                     *(f"{v} request" for v in VERBS)):
             assert rejected.get(f"{what} without a reply subject") == 1, (what, rejected)
-        assert len(requests) == 1 + len(VERBS)
+        assert len(requests) == 2 + len(VERBS)
         k = len(WORKER_SUBJECTS)
         await wait_for(lambda: ignored[HEADERS] == k and ignored[CONTROL] >= a_control + 2 * k,
                        15,

@@ -4,31 +4,37 @@ credential may touch for it (`transport.identity` rule 4).
 Real nats-server (with `gavel auth init`'s config where credentials matter), real broker
 and agents.
 
-What must hold: a node may create a consumer of its own key, on the create subject that
-names it, and nothing else of JetStream - no consumer of another key or of the whole
-bucket, no filter in the payload alone, no stream or consumer info, no gets, no deletes, no
-purge, no KV write; what such a consumer delivers is that node's own node.json and nothing
-else, and not into the bucket or the JetStream API. A watch whose consumer is deleted under
-it makes a new one and still sees the next change; a delivery on its inbox by another
-consumer, or of another key, is counted and changes nothing.
+What must hold: a node may call nothing of JetStream - no consumer of its own key or any
+other, wherever it delivers, no stream or consumer info, no gets (direct or not), no
+deletes, no purge, no KV write - whatever reply subject it names; the broker makes its watch
+on its request, delivering only into its own inbox (one token under ``_INBOX_<node>``),
+refuses any other deliver subject with a sentence, and holds one consumer per node however
+often the node asks; what that consumer delivers is that node's own node.json, and the
+server drops it once the node has gone. A watch whose consumer is deleted under it makes a
+new one and still sees the next change; a delivery on its inbox by another consumer, or of
+another key, is counted and changes nothing.
 """
 
 from __future__ import annotations
 
 import json
+import secrets
 from typing import Any
 
 import msgspec
 import pytest
 from nats.js.api import ConsumerConfig, DeliverPolicy
 
+from gavel.broker.service import Broker
 from gavel.shared import subjects
 from gavel.shared.api import DrainReply, DrainRequest
+from gavel.shared.messages import ApiError, WatchGrant, WatchRequest
+from gavel.shared.reasons import Reason
 from gavel.shared.records import NodeFile
 from gavel.transport import identity as auth
 from gavel.worker.watch import OTHER_CONSUMER, OTHER_KEY, NodeWatch
 from tests.integration.authed import Authed, Witness
-from tests.integration.harness import Cluster, wait_for
+from tests.integration.harness import TIMING, Cluster, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -43,91 +49,140 @@ def create(name: str, filter_subject: str | None, deliver: str, **extra: Any) ->
     return json.dumps({"stream_name": STREAM, "config": config}).encode()
 
 
-async def test_a_node_may_watch_its_own_key_and_touch_nothing_else_of_jetstream(
+#: Where a node once had the server deliver its KV watch: another node's awards, every
+#: node's RFBs, the broker's API, an operator's inbox, another node's inbox.
+ATTACKS = ("gavel.award.b", "gavel.rfb", "gavel.api.submit", "_INBOX.x", "_INBOX_b.x")
+
+
+async def consumers_of(js: Any, node: str) -> list[str]:
+    key = subjects.NODE_KEY.format(node=node)
+    return [c.name for c in await js.consumers_info(STREAM)
+            if c.config.filter_subject == key]
+
+
+async def test_a_node_calls_nothing_of_jetstream_and_its_watch_delivers_only_to_it(
         authed: Authed) -> None:
-    broker_js = (await authed.connect(auth.BROKER)).jetstream()
-    await broker_js.create_key_value(bucket=subjects.NODES_BUCKET, history=1)
-    broker = await authed.connect(auth.BROKER)
+    broker = Broker(nats_url=authed.url, state_dir=authed.root / "state", timing=TIMING,
+                    nats_options={"nkeys_seed": authed.seed(auth.BROKER)})
+    await broker.start()
+    try:
+        await _attacks_refused(authed, broker)
+    finally:
+        await broker.close()
+
+
+async def _attacks_refused(authed: Authed, broker: Broker) -> None:
+    mirror = await authed.connect(auth.BROKER)
     for node in ("a", "b"):
-        await broker.publish(subjects.NODE_KEY.format(node=node),
+        await mirror.publish(subjects.NODE_KEY.format(node=node),
                              msgspec.json.encode(NodeFile(node_id=node)))
-    await broker.flush()
-    witness = await Witness().start(authed, ("$JS.API.>", "$KV.>", "$JS.FC.>"))
+    await mirror.flush()
+    witness = await Witness().start(authed, ("$JS.API.>", "$KV.>", "$JS.FC.>", *ATTACKS))
+    wjs = witness.nc.jetstream()
     a = await authed.connect("a")
     own, other = subjects.NODE_KEY.format(node="a"), subjects.NODE_KEY.format(node="b")
 
-    # What a node's credential may not ask of JetStream, each with a payload that would do it.
+    # No JetStream call at all, each with a payload that would do harm, and each with a reply
+    # subject the server would answer on: consumers of its own key delivering elsewhere, a
+    # direct get answered onto another node's awards, and the rest.
     refused = {
         f"$JS.API.CONSUMER.CREATE.{STREAM}": create("x1", own, "_INBOX_a.x"),
-        f"$JS.API.CONSUMER.CREATE.{STREAM}.x2": create("x2", own, "_INBOX_a.x"),
         f"$JS.API.CONSUMER.CREATE.{STREAM}.x3.{other}": create("x3", other, "_INBOX_a.x"),
-        f"$JS.API.CONSUMER.CREATE.{STREAM}.x4.$KV.gavel-nodes.>": create(
-            "x4", "$KV.gavel-nodes.>", "_INBOX_a.x"),
         f"$JS.API.CONSUMER.DURABLE.CREATE.{STREAM}.x5": create("x5", own, "_INBOX_a.x"),
+        **{subjects.NODE_WATCH.format(name=f"d{n}", node="a"): create(f"d{n}", own, target)
+           for n, target in enumerate(ATTACKS)},
         f"$JS.API.CONSUMER.INFO.{STREAM}.x6": b"",
         f"$JS.API.CONSUMER.DELETE.{STREAM}.x6": b"",
-        f"$JS.API.CONSUMER.NAMES.{STREAM}": b"{}",
         f"$JS.API.CONSUMER.LIST.{STREAM}": b"{}",
         f"$JS.API.CONSUMER.MSG.NEXT.{STREAM}.x6": b"{}",
         f"$JS.API.STREAM.INFO.{STREAM}": b"",
-        f"$JS.API.STREAM.MSG.GET.{STREAM}": json.dumps({"last_by_subj": other}).encode(),
+        f"$JS.API.STREAM.MSG.GET.{STREAM}": json.dumps({"last_by_subj": own}).encode(),
         f"$JS.API.DIRECT.GET.{STREAM}.{own}": b"",
-        f"$JS.API.DIRECT.GET.{STREAM}.{other}": b"",
         f"$JS.API.STREAM.PURGE.{STREAM}": b"{}",
         f"$JS.API.STREAM.DELETE.{STREAM}": b"",
-        f"$JS.API.STREAM.UPDATE.{STREAM}": b"{}",
-        f"$JS.API.STREAM.CREATE.{STREAM}": b"{}",
         "$JS.API.INFO": b"",
         f"$JS.FC.{STREAM}.x.1": b"",
         own: b"{}",
         other: b"{}",
     }
     for subject, payload in refused.items():
-        await a.publish(subject, payload, reply="_INBOX_a.r")
+        await a.publish(subject, payload, reply="gavel.award.b")
 
-    # What it may: a consumer of its own key, the filter in the subject. It delivers only
-    # that key, and the server holds the payload's filter to the subject's.
+    # The broker makes the watch, and only into a's own inbox: every other deliver subject
+    # is refused with a sentence, and so is one that is more than one token under it.
+    for target in (*ATTACKS, "_INBOX_a.x.y", "_INBOX_a.*", "_INBOX_a.>", "_INBOX_a"):
+        answer = await ask(a, target)
+        assert isinstance(answer, ApiError) and answer.error == Reason.WATCH_DELIVER, target
+    for name in ("b_0123456789abcdef", "a_x", "a_0123456789abcdeff", "a_0123456789ABCDEF", ""):
+        answer = await ask(a, "_INBOX_a.x", consumer=name or "a")
+        assert isinstance(answer, ApiError) and answer.error == Reason.WATCH_NAME, name
     got: list[str] = []
 
     async def on_delivery(msg: Any) -> None:
         if msg.data:
             got.append(msg.subject)
 
-    await a.subscribe("_INBOX_a.watch", cb=on_delivery)
-    ok = await a.request(subjects.NODE_WATCH.format(name="mine", node="a"),
-                         create("mine", own, "_INBOX_a.watch"), timeout=5)
-    assert "error" not in json.loads(ok.data), ok.data
-    mismatch = await a.request(subjects.NODE_WATCH.format(name="wide", node="a"),
-                               create("wide", "$KV.gavel-nodes.>", "_INBOX_a.watch"), timeout=5)
-    assert json.loads(mismatch.data)["error"]["err_code"] == 10131  # filter != subject's
-    unfiltered = await a.request(subjects.NODE_WATCH.format(name="none", node="a"),
-                                 create("none", None, "_INBOX_a.watch"), timeout=5)
-    assert json.loads(unfiltered.data)["error"]["err_code"] == 10131
-
-    # Its consumer may name any deliver subject: not one inside the bucket (the server
-    # refuses the cycle), and one on the JetStream API purges nothing (the server pushes
-    # only to a subject subscribed by name: `tests/integration/test_strays.py` has those).
-    cycle = await a.request(subjects.NODE_WATCH.format(name="cycle", node="a"),
-                            create("cycle", own, other), timeout=5)
-    assert json.loads(cycle.data)["error"]["err_code"] == 10081
-    apis = (f"$JS.API.STREAM.PURGE.{STREAM}", f"$JS.API.STREAM.DELETE.{STREAM}")
-    for n, api in enumerate(apis):
-        made = await a.request(subjects.NODE_WATCH.format(name=f"api{n}", node="a"),
-                               create(f"api{n}", own, api), timeout=5)
-        assert "error" not in json.loads(made.data), made.data
-    await a.subscribe("_INBOX_a.late", cb=on_delivery)
-    await a.request(subjects.NODE_WATCH.format(name="late", node="a"),
-                    create("late", own, "_INBOX_a.late"), timeout=5)
-    await wait_for(lambda: got == [own, own], 10, what="its own node.json, delivered twice")
+    inbox = a.new_inbox()
+    await a.subscribe(inbox, cb=on_delivery)
+    first = await ask(a, inbox)
+    assert isinstance(first, WatchGrant), first
+    await wait_for(lambda: got == [own], 10, what="its own node.json, delivered")
     await wait_for(lambda: all(authed.refused("a", "publish", s) for s in refused), 10,
-                   what="every other JetStream call refused by the server")
-    assert not witness.subjects() & set(refused), witness.subjects() & set(refused)
-    await broker.publish(other, msgspec.json.encode(NodeFile(node_id="b", draining=True)))
-    await broker.publish(own, msgspec.json.encode(NodeFile(node_id="a", draining=True)))
-    await wait_for(lambda: got == [own, own, own, own], 10, what="its own next revision")
-    assert other not in got
-    info = await witness.nc.jetstream().stream_info(STREAM)
+                   what="every JetStream call refused by the server")
+
+    # Bound: one consumer per node. Asking again at once is too soon; asking until granted
+    # gives a new one and deletes the old, however often the node asks.
+    assert await ask(a, inbox) == ApiError(error=Reason.WATCH_TOO_SOON)
+    assert await consumers_of(wjs, "a") == [first.consumer]
+    grants: list[str] = []
+    later: list[tuple[str, str]] = []
+
+    async def on_latest(msg: Any) -> None:
+        if msg.data:
+            later.append((msg.metadata.consumer, msg.subject))
+
+    async def granted_again() -> bool:
+        inbox = a.new_inbox()
+        await a.subscribe(inbox, cb=on_latest)
+        answer = await ask(a, inbox)
+        if isinstance(answer, WatchGrant):
+            grants.append(answer.consumer)
+        return len(grants) >= 3
+
+    await wait_for(granted_again, 30, every=0.01, what="three more grants")
+    assert await consumers_of(wjs, "a") == [grants[-1]]
+    assert broker.watches.made == 4
+
+    # Nothing reached any target, and the bucket holds both keys still.
+    await mirror.publish(own, msgspec.json.encode(NodeFile(node_id="a", draining=True)))
+    await mirror.flush()
+    await wait_for(lambda: [k for c, k in later if c == grants[-1]] == [own, own], 10,
+                   what="its own next revision")
+    assert got == [own]  # the first consumer is gone
+    heard = {s for s, _ in witness.seen}
+    assert not heard & set(ATTACKS), heard & set(ATTACKS)
+    sent = set(refused.items())  # the witness's own calls and the mirror's puts aside
+    assert not sent & set(witness.seen), sent & set(witness.seen)
+    info = await wjs.stream_info(STREAM)
     assert info.state.messages == 2  # one per key: neither purged nor deleted
+
+    # A node gone leaves nothing behind: the server drops its consumer once nobody listens.
+    await a.close()
+    await wait_for(lambda: _none(consumers_of(wjs, "a")), 60,
+                   what="a's consumer dropped after a left")
+
+
+async def _none(names: Any) -> bool:
+    return not await names
+
+
+async def ask(nc: Any, deliver: str, consumer: str = "") -> WatchGrant | ApiError:
+    request = WatchRequest(node_id="a", deliver=deliver,
+                           consumer=consumer or f"a_{secrets.token_hex(8)}")
+    msg = await nc.request(subjects.WATCH.format(node="a"), msgspec.msgpack.encode(request),
+                           timeout=5)
+    answer: WatchGrant | ApiError = msgspec.msgpack.decode(msg.data, type=WatchGrant | ApiError)
+    return answer
 
 
 async def test_a_watch_whose_consumer_vanished_is_made_anew(cluster: Cluster) -> None:

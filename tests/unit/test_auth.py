@@ -66,6 +66,24 @@ def test_init_is_idempotent_and_revocation_is_deleting_a_seed(tmp_path: Path) ->
     assert set(after.nodes) == {"a", "c"} and b_key not in after.config.read_text()
 
 
+def test_init_makes_nodes_only_from_the_names_it_is_given(tmp_path: Path) -> None:
+    """A seed file dropped into the key directory (a valid one of its own, or a node's seed
+    copied under another name) is no node: the config names only what `init` was given."""
+    stranger = auth.init(tmp_path / "elsewhere", ["evil"]).nodes["evil"]
+    ids = auth.init(tmp_path, ["a"])
+    (ids.directory / "evil.nk").write_text(stranger.read_text())
+    (ids.directory / "a-copy.nk").write_text(ids.nodes["a"].read_text())
+    again = auth.init(tmp_path, ["b"])
+    assert set(again.nodes) == {"a", "b"}
+    conf = again.config.read_text()
+    assert auth.public_key(stranger.read_text().strip()) not in conf
+    assert "# node evil" not in conf and "# node a-copy" not in conf
+    assert auth.init(tmp_path).nodes.keys() == {"a", "b"}
+    # A name written into the record by hand that is no node id is ignored.
+    (ids.directory / auth.NODES_RECORD).write_text("a\nb\n../x\nbroker\n")
+    assert set(auth.init(tmp_path).nodes) == {"a", "b"}
+
+
 def test_init_refuses_reserved_names_and_keeps_a_damaged_seed(tmp_path: Path) -> None:
     with pytest.raises(IdentityError, match="reserved"):
         auth.init(tmp_path, ["broker"])
@@ -156,13 +174,17 @@ def test_compose_grants_each_user_what_auth_init_grants_its_role() -> None:
 def test_the_broker_answers_only_inboxes_and_a_node_reads_only_its_own_key() -> None:
     """The permission lists themselves (tests/integration/test_auth.py puts them to a real
     server): no wildcard grant for the broker, a reply inbox per known node, and of
-    JetStream only the bucket's creation and the heartbeat stream's own calls for the broker,
-    one call for a node."""
+    JetStream only the bucket's creation, nodes' watches and the heartbeat stream's own calls
+    for the broker, none for a node."""
     broker = auth.broker_permissions(["a", "b"])
     assert ">" not in broker["publish"]["allow"] and ">" not in broker["subscribe"]["allow"]
     assert {"_INBOX.>", "_INBOX_a.>", "_INBOX_b.>", "_INBOX_broker.>"} <= set(
         broker["publish"]["allow"])
     assert [s for s in broker["publish"]["allow"] if s.startswith("$JS.")] == [
+        # nodes' watches: a consumer of one node's key, delivering where the broker says
+        # (`broker.watches`), and deleting one
+        "$JS.API.CONSUMER.CREATE.KV_gavel-nodes.*.$KV.gavel-nodes.*",
+        "$JS.API.CONSUMER.DELETE.KV_gavel-nodes.*",
         "$JS.API.STREAM.CREATE.KV_gavel-nodes",
         # the leadership lease of several brokers: its bucket, reading its one key's last
         # message (did a refused retry land?) and a watch of that key
@@ -176,7 +198,7 @@ def test_the_broker_answers_only_inboxes_and_a_node_reads_only_its_own_key() -> 
     assert [s for s in broker["publish"]["allow"] if s.startswith("$KV.")] == [
         "$KV.gavel-nodes.*", "$KV.gavel-leader.leader"]
     node = auth.worker_permissions("a")
-    assert [s for s in node["publish"]["allow"] if s.startswith("$")] == [
-        "$JS.API.CONSUMER.CREATE.KV_gavel-nodes.*.$KV.gavel-nodes.a"]
+    assert [s for s in node["publish"]["allow"] if s.startswith("$")] == []  # no JetStream
+    assert "gavel.watch.a" in node["publish"]["allow"]
     ids_conf = auth.render_config([("broker", "UKEY", broker)])
     assert "allow_responses" not in ids_conf

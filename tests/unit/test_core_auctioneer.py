@@ -283,3 +283,48 @@ def test_a_reply_after_the_close_is_late_a_replay_or_stranger_is_rejected() -> N
     assert c.late_total == 1
     assert c.receive(BidReply(auction_id=aid, node_id="n1", answers=bid), 2.1) is not None
     assert c.receive(BidReply(auction_id="nope", node_id="n1", answers=bid), 2.1) is not None
+
+
+class Counting(World):
+    """A world that counts how many pending ids a pass reads."""
+
+    def __init__(self, nodes: dict[str, float]) -> None:
+        super().__init__(nodes)
+        self.read = 0
+
+    def pending(self) -> Iterable[str]:
+        world = self
+
+        class Ids(list[str]):
+            def __iter__(self):  # type: ignore[no-untyped-def]
+                for iid in super().__iter__():
+                    world.read += 1
+                    yield iid
+
+        return Ids(self.queue)
+
+
+def test_a_pass_over_waiting_work_none_of_it_due_is_not_read_again() -> None:
+    """Rule 1: a thousand unschedulable instances retried a heartbeat later are read once,
+    not on every pass before then; new work, a release or the retry time reads them again."""
+    w = Counting({})
+    c = core(w)
+    for k in range(1000):
+        w.add(f"i{k}")
+        c.unschedulable(f"i{k}", 0.0)  # retried at 10.0
+    c.reconcile(1.0)
+    assert w.read == 1000
+    for t in (1.1, 2.0, 9.9):
+        c.reconcile(t)
+    assert w.read == 1000  # nothing due, nothing new: not read again
+    w.add("new")
+    c.reconcile(9.9)
+    assert w.read == 2001  # new work: read, and found
+    w.queue.pop("new")  # placed: the same waiting work as before, still not due
+    c.reconcile(9.95)
+    assert w.read == 2001
+    c.reconcile(10.0)  # the retry time: read again
+    assert w.read == 3001
+    c.unschedulable("i0", 10.0)
+    c.reconcile(10.1)  # something came back: read again
+    assert w.read == 4001

@@ -483,6 +483,7 @@ def test_a_flood_of_one_garbage_kind_logs_one_line(rig: Rig,
         (rig.b.promises.on_report, Msg("gavel.report.n2", _enc.encode(
             Event(instance_id="web-1", type="running", node_id="n2")))),
         (rig.b.assignments.on_request, Msg("gavel.assign.n1", b"\xff", reply="_INBOX_n1.f")),
+        (rig.b.watches.on_request, Msg("gavel.watch.n1", b"\xff", reply="_INBOX_n1.f")),
         (rig.api._handler("status"), Msg("gavel.api.status", b"\xff", reply="_INBOX.s")),
     ]
     with caplog.at_level(logging.DEBUG, logger="gavel"):
@@ -537,6 +538,8 @@ def test_oversized_and_deep_payloads_are_counted_on_every_endpoint(
             (rig.b.promises.on_report, "gavel.report.n1", "malformed event", "", ""),
             (rig.b.assignments.on_request, "gavel.assign.n1", "malformed assignment request",
              "", "_INBOX_n1.r"),
+            (rig.b.watches.on_request, "gavel.watch.n1", "malformed watch request", "",
+             "_INBOX_n1.r"),
             (rig.api._handler("submit"), "gavel.api.submit", "malformed submit request", "",
              "_INBOX.x")):
         for data, must in ((payload, deep), (big, True)):

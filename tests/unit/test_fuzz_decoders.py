@@ -34,6 +34,8 @@ from gavel.shared.messages import (
     InstanceReport,
     Shape,
     Spec,
+    WatchGrant,
+    WatchRequest,
 )
 from gavel.shared.records import (
     Assignment,
@@ -78,6 +80,9 @@ WIRE: dict[Any, list[msgspec.Struct]] = {
                                                     ports={"http": 20000})],
                           port_range=[20000, 20999])],
     AssignmentRequest: [AssignmentRequest(instance_id="web-1", node_id="n1")],
+    WatchRequest: [WatchRequest(node_id="n1", deliver="_INBOX_n1.x",
+                                consumer="n1_0123456789abcdef")],
+    WatchGrant | ApiError: [WatchGrant(consumer="n1_0123456789abcdef", epoch=2)],
     BidReply: [BidReply(auction_id="a1", node_id="n1",
                         answers=[Bid(shape=0, load=0.25, step=0.1, strategy="binpack"),
                                  Decline(shape=1, reason="no room for cpu", detail="2")])],

@@ -58,3 +58,23 @@ def test_a_full_read_of_the_repository_indexes_the_replicas(tmp_path: Path) -> N
     fresh = Ledger(tmp_path / "state.git").state()
     assert fresh.held_by("web") == {"n1": 1}
     assert sorted(fresh.replicas["web"]) == ["w1", "w2"]
+
+
+def test_held_by_is_kept_until_a_record_or_a_node_file_changes() -> None:
+    """Asked once per auction, counted once per change: every way a count can move is
+    seen, and a caller that adds to the answer changes nothing kept."""
+    st = State()
+    for iid in ("w1", "w2", "w3"):
+        st.put_instance(iid, replica(iid))
+    st.put_node("n1", node("n1", "w1"))
+    first = st.held_by("web")
+    first["n9"] = 5  # the auctioneer adds awards in flight to its copy
+    assert st.held_by("web") == {"n1": 1}
+    st.put_node("n2", node("n2", "w2"))  # a placement
+    assert st.held_by("web") == {"n1": 1, "n2": 1}
+    st.put_instance("w1", replica("w1", state=InstanceState.FAILED))  # an end
+    assert st.held_by("web") == {"n2": 1}
+    st.put_node("n2", node("n2", "w2", "w3"))  # grown
+    assert st.held_by("web") == {"n2": 2}
+    st.put_node("n2", None)  # a node file gone
+    assert st.held_by("web") == {}

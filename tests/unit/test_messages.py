@@ -33,6 +33,8 @@ from gavel.shared.messages import (
     Request,
     Shape,
     Spec,
+    WatchGrant,
+    WatchRequest,
 )
 from gavel.shared.records import AuctionRecord, Deployment
 from gavel.shared.spec import Check, Restart, Route
@@ -65,11 +67,13 @@ SAMPLES: list[Message] = [
           detail="after 30 s", exit_code=137, attempt=2, at=1700000000.5,
           ports={"http": 8081}, taken=[8080]),
     AssignmentRequest(instance_id="i-1", node_id="n1"),
+    WatchRequest(node_id="n1", deliver="_INBOX_n1.x", consumer="n1_0123456789abcdef"),
+    WatchGrant(consumer="n1_0123456789abcdef", epoch=1),
     ApiError(error="no such instance"),
 ]
 
 WireMessage = (RFB | Bid | Decline | BidReply | Award | Cancel | Heartbeat | Event
-               | AssignmentRequest | ApiError)
+               | AssignmentRequest | WatchRequest | WatchGrant | ApiError)
 decoder = msgspec.msgpack.Decoder(WireMessage)
 
 
@@ -356,6 +360,8 @@ V2_KEYS: dict[type[Message], set[str]] = {
     Event: {"kind", "instance_id", "type", "node_id", "reason", "detail", "exit_code", "attempt",
             "at"},
     AssignmentRequest: {"kind", "instance_id", "node_id"},
+    WatchRequest: {"kind", "node_id", "deliver", "consumer"},
+    WatchGrant: {"kind", "consumer", "epoch"},
     ApiError: {"kind", "error"},
 }
 

@@ -170,7 +170,7 @@ function renderServices(services, error) {
     body.append(el("tr", {"data-service": s.name},
       el("td", {}, serviceLink(s.name)),
       el("td", {text: `v${s.version}`}),
-      el("td", {text: s.stopped ? "stopped" : `${(s.replicas || []).length} / ${s.count}`}),
+      el("td", {text: s.stopped ? "stopped" : `${s.replicas_total ?? (s.replicas || []).length} / ${s.count}`}),
       el("td", {text: String(healthy)}),
       el("td", {text: d ? `${d.state} ` +
                          (d.from_version ? `v${d.from_version}\u2192` : "") +
