@@ -40,9 +40,10 @@ from pathlib import Path
 from gavel.shared.messages import Award, Capacity, EventType, InstanceReport, InstanceState
 from gavel.shared.reasons import Reason
 from gavel.shared.records import Placement
+from gavel.shared.spec import Spec
 from gavel.shared.timing import Timing
 from gavel.worker.cgroups import Hierarchy, release
-from gavel.worker.driver import Process, terminate
+from gavel.worker.drivers import Driver, ProcessDriver
 from gavel.worker.instance import Begin, Held, Life, Report, Secrets
 from gavel.worker.localstate import FINISHED_KEPT, AgentFile, LocalInstance, load, save
 from gavel.worker.ports import assign
@@ -74,7 +75,8 @@ class Supervisor:
                  on_change: Callable[[], None],
                  reserved: Callable[[str], Collection[int]] = lambda _iid: (),
                  secrets: Secrets = _no_secrets,
-                 cgroups: Hierarchy | None = None) -> None:
+                 cgroups: Hierarchy | None = None,
+                 drivers: Callable[[Spec], Driver] | None = None) -> None:
         self.node_id = node_id
         self.state_dir = state_dir
         self.timing = timing
@@ -86,6 +88,9 @@ class Supervisor:
         self._secrets = secrets
         #: Where instances' cgroups live (None: resources are not enforced).
         self.cgroups = cgroups
+        process = ProcessDriver(poll_s=timing.tick_s, cgroups=cgroups)
+        #: Which driver runs a spec (`worker.drivers`): the exec driver unless told otherwise.
+        self._drivers: Callable[[Spec], Driver] = drivers or (lambda _spec: process)
         self._path = state_dir / "agent.json"
         self._held: dict[str, Held] = {}
         self._finished: collections.deque[str] = collections.deque(maxlen=FINISHED_KEPT)
@@ -170,12 +175,11 @@ class Supervisor:
 
     async def _readopt(self, held: Held) -> None:
         local = held.local
-        if self.cgroups is not None:  # it keeps its cgroup; an ended one's goes in `end`
-            held.cgroup = self.cgroups.find(held.id, local.placement.spec.memory_mb)
+        run = self.driver(local.placement.spec).adopt(held)  # finds its cgroup, if any
         if local.restart_at:
             begin = Begin.BACKOFF
         else:
-            held.proc = Process.adopt(local.pid, local.create_time, poll_s=self.timing.tick_s)
+            held.proc = run
             if held.proc is not None:
                 begin = Begin.WATCH
             elif local.pid and local.placement.spec.service:
@@ -263,7 +267,7 @@ class Supervisor:
         log.info("stopping instance %s: %s", held.id, why)
         if held.proc is not None:
             task = asyncio.get_running_loop().create_task(
-                terminate(held.proc, self.timing.kill_grace_s))
+                held.proc.stop(self.timing.kill_grace_s))
             self._stoppers.add(task)
             task.add_done_callback(self._stoppers.discard)
 
@@ -287,10 +291,15 @@ class Supervisor:
             log.info("fenced instance %s attempt %d ended (exit %s)", held.id, held.attempt,
                      exit_code)
         self.persist()
+        if held.proc is not None:
+            await held.proc.release()
         if held.cgroup is not None:  # what the process left behind in it goes too
             await release(held.cgroup)
 
     # -- what an instance's life uses (`worker.instance.Host`) ------------------------------
+
+    def driver(self, spec: Spec) -> Driver:
+        return self._drivers(spec)
 
     def instance_dir(self, instance_id: str) -> Path:
         return self.state_dir / "instances" / instance_id

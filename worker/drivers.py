@@ -1,0 +1,183 @@
+"""The driver interface: how an instance's workload starts, ends, stops and is found again,
+whatever runs it (STYLE rule 18, after Nomad's driver plugins).
+
+Rules:
+1. A `Driver` starts one run of an instance's workload (`start`) and finds a run an earlier
+   worker left behind (`adopt`); a `Run` is waited on, stopped with a grace period,
+   detached (left running for the next worker), and cleaned up once it has ended. The
+   lifecycle (`worker.instance`, `worker.supervisor`) only ever talks to these two.
+2. `start` raises `StartFailed` with the sentence the operator reads after "driver failed to
+   start"; nothing else escapes it.
+3. `Run.record` writes what finds the run again into the instance's local record (a pid and
+   its start time, a container id); `Driver.adopt` reads it back, and trusts it only after
+   checking the run is still the one recorded.
+4. `Run.exceeded(code)` says whether the kernel killed that run for its memory: the same
+   fixed reason (`Reason.MEMORY_EXCEEDED`) whatever ran it.
+5. The process driver (`ProcessDriver`) is the exec driver of `worker.driver`, unchanged;
+   with a cgroup hierarchy every run enters the instance's one cgroup (`worker.cgroups`).
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Protocol
+
+from gavel.shared.spec import Spec
+from gavel.worker.cgroups import Cgroup, Hierarchy
+from gavel.worker.driver import Process, terminate
+from gavel.worker.localstate import LocalInstance
+from gavel.worker.probes import Execute, exec_on_host
+
+if TYPE_CHECKING:
+    from gavel.worker.instance import Held
+
+__all__ = ["Driver", "Execute", "ProcessDriver", "ProcessRun", "Run", "StartFailed"]
+
+
+class StartFailed(Exception):
+    """The workload could not be started; the message says why (rule 2)."""
+
+
+class Run(Protocol):
+    """One run of an instance's workload (rule 1)."""
+
+    @property
+    def started(self) -> float:
+        """Wall-clock time the run began (a check's grace period counts from it)."""
+        ...
+
+    @property
+    def adopted(self) -> bool:
+        """Found again after a worker restart (its exit status may be unknown)."""
+        ...
+
+    def describe(self) -> str:
+        """How the ``running`` event names it: ``pid 123``, ``container 0123456789ab``."""
+        ...
+
+    def record(self, local: LocalInstance) -> None:
+        """Rule 3."""
+        ...
+
+    async def wait(self) -> int | None:
+        """The exit status once the run has ended (None: unknown)."""
+        ...
+
+    async def stop(self, grace_s: float) -> int | None:
+        """Ask it to stop, kill it after `grace_s`; its exit status."""
+        ...
+
+    def detach(self) -> None:
+        """Stop watching it without touching it: it keeps running for the next worker."""
+        ...
+
+    async def cleanup(self, stopped: bool) -> None:
+        """It ended (`stopped`: by `stop`) and runs again: remove what it left behind (a
+        process group's strays, the exited container)."""
+        ...
+
+    async def release(self) -> None:
+        """The instance has ended: let go of what outlives a run (an exited container)."""
+        ...
+
+    def exceeded(self, code: int | None) -> bool:
+        """Rule 4."""
+        ...
+
+    #: How its exec checks run.
+    execute: Execute
+
+
+class Driver(Protocol):
+    """Starts and re-adopts runs of one kind of workload (rule 1)."""
+
+    async def start(self, held: Held, env: Mapping[str, str], cwd: Path) -> Run:
+        """A new run of `held`'s workload with environment `env`, its directory `cwd`."""
+        ...
+
+    def adopt(self, held: Held) -> Run | None:
+        """The run an earlier worker recorded for `held` if it still runs, else None."""
+        ...
+
+
+class ProcessRun:
+    """A run of the exec driver: `worker.driver.Process`, in its cgroup when it has one."""
+
+    execute: Execute = staticmethod(exec_on_host)
+
+    def __init__(self, proc: Process, cgroup: Cgroup | None) -> None:
+        self.proc = proc
+        self.cgroup = cgroup
+
+    @property
+    def started(self) -> float:
+        return self.proc.create_time
+
+    @property
+    def adopted(self) -> bool:
+        return self.proc.adopted
+
+    def describe(self) -> str:
+        return f"pid {self.proc.pid}"
+
+    def record(self, local: LocalInstance) -> None:
+        local.pid, local.create_time = self.proc.pid, self.proc.create_time
+
+    async def wait(self) -> int | None:
+        return await self.proc.wait()
+
+    async def stop(self, grace_s: float) -> int | None:
+        return await terminate(self.proc, grace_s)
+
+    def detach(self) -> None:
+        self.proc.detach()
+
+    async def cleanup(self, stopped: bool) -> None:
+        if not stopped and not self.proc.adopted:  # `stop` already killed the group
+            self.proc.signal(signal.SIGKILL)  # what the leader left in its group
+
+    async def release(self) -> None:
+        """Nothing: the instance's cgroup, if it has one, goes with the instance
+        (`worker.supervisor`), and with it whatever its processes left."""
+
+    def exceeded(self, code: int | None) -> bool:
+        return self.cgroup is not None and self.cgroup.exceeded(code)
+
+
+class ProcessDriver:
+    """The exec driver behind the interface (rule 5)."""
+
+    def __init__(self, *, poll_s: float, cgroups: Hierarchy | None) -> None:
+        self.poll_s = poll_s
+        self.cgroups = cgroups
+
+    async def start(self, held: Held, env: Mapping[str, str], cwd: Path) -> ProcessRun:
+        spec: Spec = held.local.placement.spec
+        cgroup = held.cgroup
+        if cgroup is None and self.cgroups is not None:
+            try:
+                cgroup = held.cgroup = self.cgroups.create(held.id, spec.cpu, spec.memory_mb)
+            except OSError as exc:
+                raise StartFailed(f"cannot make its cgroup: {exc.strerror or exc}") from exc
+        if cgroup is not None:
+            cgroup.started()  # this run's OOM kills count from here
+        try:
+            proc = Process.spawn(spec.command, env=env, cwd=cwd, poll_s=self.poll_s,
+                                 cgroup=cgroup)
+        except (OSError, ValueError, subprocess.SubprocessError) as exc:
+            # missing binary, not executable, NUL byte, could not enter its cgroup
+            raise StartFailed(str(exc)) from exc
+        return ProcessRun(proc, cgroup)
+
+    def adopt(self, held: Held) -> ProcessRun | None:
+        local = held.local
+        if self.cgroups is not None and held.cgroup is None:
+            # it keeps its cgroup; an ended one's goes when the instance ends
+            held.cgroup = self.cgroups.find(held.id, local.placement.spec.memory_mb)
+        if not local.pid or local.restart_at:  # never started, or waiting to start again
+            return None
+        proc = Process.adopt(local.pid, local.create_time, poll_s=self.poll_s)
+        return None if proc is None else ProcessRun(proc, held.cgroup)
