@@ -23,7 +23,7 @@ import signal
 import subprocess
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 from gavel.shared.spec import Spec
 from gavel.worker.cgroups import Cgroup, Hierarchy
@@ -31,10 +31,23 @@ from gavel.worker.driver import Process, terminate
 from gavel.worker.localstate import LocalInstance
 from gavel.worker.probes import Execute, exec_on_host
 
-if TYPE_CHECKING:
-    from gavel.worker.instance import Held
+__all__ = ["Driver", "Execute", "Held", "ProcessDriver", "ProcessRun", "Run", "StartFailed"]
 
-__all__ = ["Driver", "Execute", "ProcessDriver", "ProcessRun", "Run", "StartFailed"]
+
+class Held(Protocol):
+    """What a driver reads of a held instance (`worker.instance.Held`)."""
+
+    local: LocalInstance
+    #: The award's secret values (None until asked of the broker again).
+    secret_env: dict[str, str] | None
+    #: The instance's cgroup, which the exec driver makes or finds.
+    cgroup: Cgroup | None
+
+    @property
+    def id(self) -> str: ...
+
+    @property
+    def attempt(self) -> int: ...
 
 
 class StartFailed(Exception):
