@@ -36,9 +36,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime
+import hashlib
 import logging
 import os
 import shutil
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -51,7 +53,7 @@ from gavel.worker.drivers import Held, StartFailed
 from gavel.worker.engine import ATTEMPT, HOME, INSTANCE, Engine
 from gavel.worker.localstate import LocalInstance
 
-__all__ = ["SECRETS_PATH", "ContainerDriver", "ContainerRun"]
+__all__ = ["SECRETS_PATH", "ContainerDriver", "ContainerRun", "secrets_root"]
 
 log = logging.getLogger("gavel.worker.containers")
 
@@ -59,6 +61,15 @@ log = logging.getLogger("gavel.worker.containers")
 SECRETS_PATH = "/run/secrets"
 _MB = 1024 * 1024
 _BASE_KEYS = ("PATH", "HOME", "LANG")
+
+
+def secrets_root(state_dir: Path) -> Path:
+    """Where this worker's containers' secrets live (rule 2): in memory (``/dev/shm``), one
+    directory per worker state directory, readable by root only."""
+    shm = Path("/dev/shm")
+    base = shm if shm.is_dir() else Path(tempfile.gettempdir())
+    tag = hashlib.sha256(str(state_dir.resolve()).encode()).hexdigest()[:16]
+    return base / f"gavel-secrets-{tag}"
 
 
 class ContainerRun:

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import signal
 import subprocess
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Protocol
 
@@ -29,9 +29,10 @@ from gavel.shared.spec import Spec
 from gavel.worker.cgroups import Cgroup, Hierarchy
 from gavel.worker.driver import Process, terminate
 from gavel.worker.localstate import LocalInstance
-from gavel.worker.probes import Execute, exec_on_host
+from gavel.worker.probes import exec_on_host
 
-__all__ = ["Driver", "Execute", "Held", "ProcessDriver", "ProcessRun", "Run", "StartFailed"]
+__all__ = ["Driver", "Held", "ProcessDriver", "ProcessRun", "Run", "StartFailed",
+           "Unavailable", "volume_env"]
 
 
 class Held(Protocol):
@@ -100,8 +101,10 @@ class Run(Protocol):
         """Rule 4."""
         ...
 
-    #: How its exec checks run.
-    execute: Execute
+    async def execute(self, command: Sequence[str], env: Mapping[str, str],
+                      cwd: Path) -> tuple[bool, str]:
+        """An exec check's command where the run is (`worker.probes.Execute`)."""
+        ...
 
 
 class Driver(Protocol):
@@ -118,8 +121,6 @@ class Driver(Protocol):
 
 class ProcessRun:
     """A run of the exec driver: `worker.driver.Process`, in its cgroup when it has one."""
-
-    execute: Execute = staticmethod(exec_on_host)
 
     def __init__(self, proc: Process, cgroup: Cgroup | None) -> None:
         self.proc = proc
@@ -159,13 +160,19 @@ class ProcessRun:
     def exceeded(self, code: int | None) -> bool:
         return self.cgroup is not None and self.cgroup.exceeded(code)
 
+    async def execute(self, command: Sequence[str], env: Mapping[str, str],
+                      cwd: Path) -> tuple[bool, str]:
+        return await exec_on_host(command, env, cwd)
+
 
 class ProcessDriver:
     """The exec driver behind the interface (rule 5)."""
 
-    def __init__(self, *, poll_s: float, cgroups: Hierarchy | None) -> None:
+    def __init__(self, *, poll_s: float, cgroups: Hierarchy | None,
+                 volumes: Mapping[str, str] | None = None) -> None:
         self.poll_s = poll_s
         self.cgroups = cgroups
+        self.volumes = dict(volumes or {})
 
     async def start(self, held: Held, env: Mapping[str, str], cwd: Path) -> ProcessRun:
         spec: Spec = held.local.placement.spec
@@ -177,6 +184,8 @@ class ProcessDriver:
                 raise StartFailed(f"cannot make its cgroup: {exc.strerror or exc}") from exc
         if cgroup is not None:
             cgroup.started()  # this run's OOM kills count from here
+        if spec.volumes:
+            env = {**env, **volume_env(spec, self.volumes)}
         try:
             proc = Process.spawn(spec.command, env=env, cwd=cwd, poll_s=self.poll_s,
                                  cgroup=cgroup)
@@ -194,3 +203,30 @@ class ProcessDriver:
             return None
         proc = Process.adopt(local.pid, local.create_time, poll_s=self.poll_s)
         return None if proc is None else ProcessRun(proc, held.cgroup)
+
+
+def volume_env(spec: Spec, volumes: Mapping[str, str]) -> dict[str, str]:
+    """A process's host volumes: ``GAVEL_VOLUME_<NAME>`` is the host path of each (a name's
+    '-' and '.' read as '_')."""
+    out = {}
+    for v in spec.volumes:
+        if v.name not in volumes:
+            raise StartFailed(f"this node holds no host volume {v.name!r}")
+        key = v.name.upper().replace("-", "_").replace(".", "_")
+        out[f"GAVEL_VOLUME_{key}"] = volumes[v.name]
+    return out
+
+
+class Unavailable:
+    """The driver of a kind of workload this node cannot run: every start fails with
+    `reason` (an award that bypassed the node's decline, a worker restarted without its
+    engine)."""
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+
+    async def start(self, held: Held, env: Mapping[str, str], cwd: Path) -> Run:
+        raise StartFailed(self.reason)
+
+    def adopt(self, held: Held) -> Run | None:
+        return None

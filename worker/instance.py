@@ -196,6 +196,9 @@ class Life:
         except StartFailed as exc:
             await host.end(held, EventType.FAILED, Reason.DRIVER_FAILED, str(exc))
             return False
+        if held.stopping is not None:  # stopped while the driver was starting it
+            await self._stopped(await held.proc.stop(host.timing.kill_grace_s))
+            return False
         local = held.local
         held.proc.record(local)
         local.restart_at = 0.0

@@ -1,0 +1,241 @@
+"""Image specs through the real Docker Engine: a real nats-server, real git, real containers
+of images built here FROM scratch with the static busybox (`tests.integration.dockerkit`).
+
+Each test skips with a sentence where no engine answers; nothing pulls an image, and every
+published port is on 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import urllib.request
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gavel.shared.messages import InstanceState, Spec
+from gavel.shared.reasons import Reason
+from gavel.shared.spec import Check, Restart, Volume
+from gavel.worker.agent import Agent
+from gavel.worker.engine import HOME, INSTANCE, Engine, connect
+from tests.integration.dockerkit import engine_client, image
+from tests.integration.harness import Cluster, wait_for
+from tests.integration.test_services import deploy, status, whole
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def docker() -> Iterator[Any]:
+    client = engine_client()
+    try:
+        yield client
+    finally:
+        client.close()
+
+
+@pytest.fixture
+async def engines(docker: Any, cluster: Cluster) -> AsyncIterator[list[Engine]]:
+    """The workers' engine clients, closed after the cluster (and its workers) stopped."""
+    made: list[Engine] = []
+    try:
+        yield made
+    finally:
+        await cluster.close()  # its workers first: they use the clients until they stop
+        for e in made:
+            e.close()
+
+
+async def start(cluster: Cluster, engines: list[Engine], node: str, **kw: Any) -> Agent:
+    """A worker with the engine (its containers labelled with its own state directory)."""
+    home = str((cluster.root / "workers" / node).resolve())
+    engine = connect("auto", node_id=node, home=home)
+    assert engine is not None, "the engine answered the fixture but not the worker"
+    engines.append(engine)
+    return await cluster.start_agent(node, engine=engine, **kw)
+
+
+def containers(docker: Any, cluster: Cluster, iid: str = "", all_: bool = False) -> list[Any]:
+    """This test's containers (of one instance): by the labels its workers gave them."""
+    home = str((cluster.root / "workers").resolve()) + "/"
+    found = docker.containers.list(all=all_, filters={"label": [f"{INSTANCE}={iid}" if iid
+                                                                else INSTANCE]})
+    return [c for c in found if c.labels.get(HOME, "").startswith(home)]
+
+
+def instance_dir(cluster: Cluster, node: str, iid: str) -> Path:
+    return cluster.root / "workers" / node / "instances" / iid
+
+
+async def ended(cluster: Cluster, iid: str, timeout: float = 60) -> Any:
+    async def done() -> bool:
+        return InstanceState((await cluster.status(iid)).state).terminal
+    await wait_for(done, timeout, what=f"{iid} to end")
+    return await cluster.status(iid)
+
+
+async def test_a_container_job_runs_with_its_output_in_the_logs_and_no_secret_in_inspect(
+        cluster: Cluster, engines: list[Engine], docker: Any) -> None:
+    """The image's ENTRYPOINT is kept and `command` replaces its CMD; stdout and stderr land
+    in the instance's log files; a secret is the file /run/secrets/<name>, never in the
+    container's environment or its inspect output, never in the logs."""
+    tag = image(docker, "v1")
+    secret = "s3cret-" + hashlib.sha256(str(cluster.root).encode()).hexdigest()[:16]
+    want = hashlib.sha256(secret.encode()).hexdigest()
+    await cluster.start_broker(secrets={"token": secret})
+    await start(cluster, engines, "n1")
+    await cluster.wait_nodes(1)
+    script = ('echo "out $GREETING port=$PORT"; echo err >&2; '
+              'test "$(sha256sum < /run/secrets/token | cut -d" " -f1)" = "$WANT" || exit 7; '
+              'test -z "$token" || exit 8; sleep 1')
+    spec = Spec(name="cjob", image=tag, command=["sh", "-c", script], ports=["http"],
+                env={"GREETING": "hello", "WANT": want}, secrets=["token"], memory_mb=32)
+    iid = await cluster.submit(spec)
+
+    async def one_running() -> bool:
+        return len(containers(docker, cluster, iid)) == 1
+    await wait_for(one_running, 60, what="its container to run")
+    (c,) = containers(docker, cluster, iid)
+    inspected = json.dumps(docker.api.inspect_container(c.id))
+    assert secret not in inspected
+    assert "/run/secrets" in inspected
+    host = c.attrs["HostConfig"]
+    assert host["Memory"] == 32 * 2**20 and host["PidsLimit"] == spec.pids
+    assert "no-new-privileges" in host["SecurityOpt"] and host["CapDrop"] == ["ALL"]
+    bindings = [b["HostIp"] for bs in host["PortBindings"].values() for b in bs]
+    assert bindings and "0.0.0.0" not in bindings and "" not in bindings
+    st = await ended(cluster, iid)
+    assert st.state == "succeeded", st
+    d = instance_dir(cluster, "n1", iid)
+    out = (d / "stdout.log").read_text()
+    assert out.startswith("out hello port=2") and (d / "stderr.log").read_text() == "err\n"
+    for f in d.iterdir():
+        assert secret.encode() not in f.read_bytes(), f
+    repo = cluster.ledger().repo
+    for oid in repo.odb:
+        assert secret.encode() not in repo.odb.read(oid)[1]
+    await wait_for(lambda: not containers(docker, cluster, iid, all_=True), 30,
+                   what="the ended instance's container to be removed")
+
+
+async def test_a_container_over_its_memory_is_killed_with_the_same_reason_as_a_process(
+        cluster: Cluster, engines: list[Engine], docker: Any) -> None:
+    tag = image(docker, "v1")
+    await cluster.start_broker()
+    await start(cluster, engines, "n1")
+    await cluster.wait_nodes(1)
+    iid = await cluster.submit(Spec(
+        name="hog", image=tag, memory_mb=16, restart=Restart(attempts=0),
+        command=["dd", "if=/dev/zero", "of=/dev/null", "bs=64M", "count=1"]))
+    st = await ended(cluster, iid)
+    assert (st.state, st.reason) == ("failed", Reason.MEMORY_EXCEEDED), st
+
+
+async def test_a_node_without_an_engine_declines_an_image_spec(
+        cluster: Cluster, engines: list[Engine], docker: Any) -> None:
+    await cluster.start_broker()
+    await cluster.start_agent("plain")  # no engine given: image specs are not for it
+    await cluster.wait_nodes(1)
+    iid = await cluster.submit(Spec(name="img", image=image(docker, "v1")))
+
+    async def refused() -> bool:
+        st = await cluster.status(iid)
+        return Reason.NO_ENGINE in (st.detail or "") + (st.reason or "")
+    await wait_for(refused, 30, what="the decline to reach the instance's status")
+
+
+async def test_a_containerised_service_of_three_is_checked_and_rolled_to_a_new_tag(
+        cluster: Cluster, engines: list[Engine], docker: Any) -> None:
+    v1, v2 = image(docker, "web1", "version one"), image(docker, "web2", "version two")
+    await cluster.start_broker()
+    for k, n in enumerate(("c1", "c2")):  # one host: the two nodes' port ranges apart
+        await start(cluster, engines, n, port_range=(free_range(k), free_range(k) + 49))
+    await cluster.wait_nodes(2)
+
+    def web(tag: str) -> Spec:
+        return Spec(name="web", type="service", count=3, image=tag, ports=["http"],
+                    memory_mb=32, restart=Restart(attempts=0),
+                    checks=[Check(type="http", port="http", path="/index.html",
+                                  interval_s=0.2, timeout_s=1.0, failures=2),
+                            # docker exec runs the command as given: no ENTRYPOINT before it
+                            Check(type="exec", command=["/bin/busybox", "test", "-f",
+                                                        "/www/index.html"],
+                                  interval_s=0.5, timeout_s=2.0)],
+                    update={"min_healthy_s": 0.3})  # type: ignore[arg-type]
+
+    await deploy(cluster, web(v1))
+
+    async def serving(version: int, page: str) -> bool:
+        st = await status(cluster)
+        if not whole(st, version):
+            return False
+        return sorted(_get(p) for p in _ports(cluster, st)) == [page] * 3
+    await wait_for(lambda: serving(1, "version one"), 90, what="three healthy v1 replicas")
+    await deploy(cluster, web(v2))
+    await wait_for(lambda: serving(2, "version two"), 120, what="three healthy v2 replicas")
+    await wait_for(lambda: len(containers(docker, cluster)) == 3, 60,
+                   what="the old version's containers to go")
+
+
+def free_range(k: int) -> int:
+    """The first of 50 ports for the k-th node of a test (others' tests use other ranges)."""
+    return 31000 + 50 * k
+
+
+def _ports(cluster: Cluster, st: Any) -> list[int]:
+    live = {r.instance_id for r in st.replicas if r.state == "running"}
+    return [r.ports["http"] for agent in cluster.agents.values() for r in agent.instances()
+            if r.instance_id in live]
+
+
+def _get(port: int) -> str:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=5) as r:
+        return str(r.read().decode())
+
+
+async def test_a_host_volume_keeps_its_data_across_a_redeploy(
+        cluster: Cluster, engines: list[Engine], docker: Any, tmp_path: Path) -> None:
+    tag = image(docker, "v1")
+    data = tmp_path / "vol-data"
+    data.mkdir()
+    await cluster.start_broker()
+    await start(cluster, engines, "holder", volumes={"data": str(data)})
+    await start(cluster, engines, "other")
+    await cluster.wait_nodes(2)
+
+    def svc(version: str) -> Spec:
+        return Spec(name="web", type="service", count=1, image=tag, ports=["http"],
+                    volumes=[Volume(name="data", path="/data")], env={"V": version},
+                    command=["sh", "-c", 'echo "$V" >> /data/runs; exec sleep 600'],
+                    restart=Restart(attempts=0), update={"min_healthy_s": 0.2})  # type: ignore[arg-type]
+
+    await deploy(cluster, svc("1"))
+    await wait_for(lambda: (data / "runs").exists(), 60, what="the first version to write")
+    await deploy(cluster, svc("2"))
+    await wait_for(lambda: (data / "runs").read_text() == "1\n2\n", 90,
+                   what="the second version to append to the first one's data")
+    assert not cluster.agents["other"].instances(), "only the node holding the volume bids"
+
+
+async def test_a_worker_restarted_readopts_its_container_without_a_second_copy(
+        cluster: Cluster, engines: list[Engine], docker: Any) -> None:
+    tag = image(docker, "v1")
+    await cluster.start_broker()
+    await start(cluster, engines, "n1")
+    await cluster.wait_nodes(1)
+    iid = await cluster.submit(Spec(name="long", image=tag, command=["sleep", "600"]))
+    await wait_for(lambda: len(containers(docker, cluster, iid)) == 1, 60,
+                   what="its container to run")
+    (before,) = containers(docker, cluster, iid)
+    await cluster.stop_agent("n1", kill_children=False)  # as a worker killed: it runs on
+    await start(cluster, engines, "n1")
+    await wait_for(lambda: any(r.instance_id == iid and r.state == "running"
+                               for r in cluster.agents["n1"].instances()), 30,
+                   what="the instance re-adopted")
+    await asyncio.sleep(0)
+    assert [c.id for c in containers(docker, cluster, iid)] == [before.id]
+    assert cluster.holders(iid) == ["n1"]
