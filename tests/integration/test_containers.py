@@ -15,15 +15,19 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
+import nats
 import pytest
 
+from gavel.shared.api import CancelReply, CancelRequest, SubmitReply, SubmitRequest
 from gavel.shared.messages import InstanceState, Spec
 from gavel.shared.reasons import Reason
 from gavel.shared.spec import Check, Restart, Volume
+from gavel.transport.client import call
+from gavel.transport.natsserver import NatsServer
 from gavel.worker.agent import Agent
 from gavel.worker.engine import HOME, INSTANCE, Engine, connect
 from tests.integration.dockerkit import engine_client, image
-from tests.integration.harness import Cluster, wait_for
+from tests.integration.harness import Cluster, Daemons, healthy_nodes, wait_for
 from tests.integration.test_services import deploy, status, whole
 
 pytestmark = pytest.mark.integration
@@ -221,6 +225,50 @@ async def test_a_host_volume_keeps_its_data_across_a_redeploy(
     assert not cluster.agents["other"].instances(), "only the node holding the volume bids"
 
 
+async def test_a_worker_killed_with_sigkill_readopts_its_container_without_a_second_copy(
+        nats_server: NatsServer, tmp_path: Path, docker: Any) -> None:
+    """`gavel worker` as a child process, killed with SIGKILL: its container runs on; the
+    next worker on its state directory re-adopts that container (the same one, no second
+    copy), and a cancel then stops it through the engine."""
+    tag = image(docker, "v1")
+    d = Daemons(nats_server.url, tmp_path)
+    nc = await nats.connect(nats_server.url)
+    home = str((tmp_path / "workers" / "k1").resolve())
+
+    def mine(iid: str) -> list[Any]:
+        return [c for c in docker.containers.list(filters={"label": [f"{INSTANCE}={iid}"]})
+                if c.labels.get(HOME) == home]
+    try:
+        d.broker()
+        d.worker("k1")
+        await wait_for(lambda: _healthy(nc, "k1"), 60, what="the worker healthy")
+        reply = await call(nc, "submit", SubmitRequest(spec=Spec(
+            name="long", image=tag, command=["sleep", "600"])), SubmitReply, timeout=10.0)
+        iid = reply.instance_id
+        await wait_for(lambda: len(mine(iid)) == 1, 60, what="its container to run")
+        (before,) = mine(iid)
+        d.kill(d.workers["k1"])  # SIGKILL: the container is no child of it, and runs on
+        assert [c.id for c in mine(iid)] == [before.id]
+        d.worker("k1")
+        await wait_for(lambda: _readopted(tmp_path / "k1.log", iid), 60,
+                       what="the new worker to re-adopt it")
+        await wait_for(lambda: _healthy(nc, "k1"), 60, what="the new worker healthy")
+        assert [c.id for c in mine(iid)] == [before.id], "a second copy started"
+        await call(nc, "cancel", CancelRequest(instance_id=iid), CancelReply, timeout=10.0)
+        await wait_for(lambda: not mine(iid), 60, what="the cancel to stop its container")
+    finally:
+        await nc.close()
+        d.close()
+
+
+async def _healthy(nc: Any, node: str) -> bool:
+    return node in await healthy_nodes(nc)
+
+
+def _readopted(log: Path, iid: str) -> bool:
+    return f"re-adopted instance {iid}" in log.read_text(errors="replace")
+
+
 async def test_a_worker_restarted_readopts_its_container_without_a_second_copy(
         cluster: Cluster, engines: list[Engine], docker: Any) -> None:
     tag = image(docker, "v1")
@@ -232,7 +280,12 @@ async def test_a_worker_restarted_readopts_its_container_without_a_second_copy(
                    what="its container to run")
     (before,) = containers(docker, cluster, iid)
     await cluster.stop_agent("n1", kill_children=False)  # as a worker killed: it runs on
+    # one that no instance of this node owns (a worker killed between create and record)
+    ghost = docker.containers.run(tag, ["sleep", "600"], detach=True,
+                                  labels=engines[-1].labels("ghost-1", 1))
     await start(cluster, engines, "n1")
+    await wait_for(lambda: not docker.containers.list(all=True, filters={"id": ghost.id}), 30,
+                   what="the container no held instance owns to be removed")
     await wait_for(lambda: any(r.instance_id == iid and r.state == "running"
                                for r in cluster.agents["n1"].instances()), 30,
                    what="the instance re-adopted")
