@@ -21,13 +21,14 @@ import pytest
 from gavel.shared.api import CancelReply, CancelRequest, SubmitReply, SubmitRequest
 from gavel.shared.messages import InstanceState, Spec
 from gavel.shared.reasons import Reason
-from gavel.shared.spec import Check, Restart, Volume
+from gavel.shared.spec import Check, Restart, Route, Update, Volume
 from gavel.transport.client import call
-from gavel.transport.natsserver import NatsServer
+from gavel.transport.natsserver import NatsServer, free_port
 from gavel.worker.agent import Agent
 from gavel.worker.engine import HOME, INSTANCE, Engine, connect
 from tests.integration.dockerkit import engine_client, image
 from tests.integration.harness import Cluster, Daemons, healthy_nodes, wait_for
+from tests.integration.test_gateway import Gateway, free_range, start_caddy
 from tests.integration.test_services import deploy, status, whole
 
 pytestmark = pytest.mark.integration
@@ -63,12 +64,13 @@ async def start(cluster: Cluster, engines: list[Engine], node: str, **kw: Any) -
     return await cluster.start_agent(node, engine=engine, **kw)
 
 
-def containers(docker: Any, cluster: Cluster, iid: str = "", all_: bool = False) -> list[Any]:
-    """This test's containers (of one instance): by the labels its workers gave them."""
+def containers(docker: Any, cluster: Cluster, iid: str = "", all_: bool = False) -> list[str]:
+    """The ids of this test's containers (of one instance), by the labels its workers gave
+    them (the engine's list alone: a container may go between a list and an inspect)."""
     home = str((cluster.root / "workers").resolve()) + "/"
-    found = docker.containers.list(all=all_, filters={"label": [f"{INSTANCE}={iid}" if iid
-                                                                else INSTANCE]})
-    return [c for c in found if c.labels.get(HOME, "").startswith(home)]
+    found = docker.api.containers(all=all_, filters={"label": [f"{INSTANCE}={iid}" if iid
+                                                               else INSTANCE]})
+    return [c["Id"] for c in found if (c.get("Labels") or {}).get(HOME, "").startswith(home)]
 
 
 def instance_dir(cluster: Cluster, node: str, iid: str) -> Path:
@@ -103,11 +105,11 @@ async def test_a_container_job_runs_with_its_output_in_the_logs_and_no_secret_in
     async def one_running() -> bool:
         return len(containers(docker, cluster, iid)) == 1
     await wait_for(one_running, 60, what="its container to run")
-    (c,) = containers(docker, cluster, iid)
-    inspected = json.dumps(docker.api.inspect_container(c.id))
+    (cid,) = containers(docker, cluster, iid)
+    inspected = json.dumps(docker.api.inspect_container(cid))
     assert secret not in inspected
     assert "/run/secrets" in inspected
-    host = c.attrs["HostConfig"]
+    host = docker.api.inspect_container(cid)["HostConfig"]
     assert host["Memory"] == 32 * 2**20 and host["PidsLimit"] == spec.pids
     assert "no-new-privileges" in host["SecurityOpt"] and host["CapDrop"] == ["ALL"]
     bindings = [b["HostIp"] for bs in host["PortBindings"].values() for b in bs]
@@ -152,42 +154,56 @@ async def test_a_node_without_an_engine_declines_an_image_spec(
     await wait_for(refused, 30, what="the decline to reach the instance's status")
 
 
-async def test_a_containerised_service_of_three_is_checked_and_rolled_to_a_new_tag(
-        cluster: Cluster, engines: list[Engine], docker: Any) -> None:
+async def test_a_containerised_service_of_three_is_checked_routed_and_rolled_to_a_new_tag(
+        cluster: Cluster, engines: list[Engine], docker: Any, tmp_path: Path) -> None:
+    """Three replicas of an http service in containers, an http check against the published
+    port and an exec check inside the container, a route through a real Caddy by `gavel
+    gateway`; then a deploy of a new image tag replaces every replica, healthy-gated."""
     v1, v2 = image(docker, "web1", "version one"), image(docker, "web2", "version two")
     await cluster.start_broker()
-    for k, n in enumerate(("c1", "c2")):  # one host: the two nodes' port ranges apart
-        await start(cluster, engines, n, port_range=(free_range(k), free_range(k) + 49))
+    start_port = 31000
+    for n in ("c1", "c2"):  # one host: the two nodes' port ranges apart
+        first, last = free_range(start_port)
+        start_port = last + 1
+        await start(cluster, engines, n, port_range=(first, last), advertise="127.0.0.1")
     await cluster.wait_nodes(2)
+    caddy = start_caddy(tmp_path)
+    gateway = None
+    try:
+        listen = free_port()
+        gateway = await Gateway(cluster.url, caddy, listen, tmp_path / "gw.log").start()
 
-    def web(tag: str) -> Spec:
-        return Spec(name="web", type="service", count=3, image=tag, ports=["http"],
-                    memory_mb=32, restart=Restart(attempts=0),
-                    checks=[Check(type="http", port="http", path="/index.html",
-                                  interval_s=0.2, timeout_s=1.0, failures=2),
-                            # docker exec runs the command as given: no ENTRYPOINT before it
-                            Check(type="exec", command=["/bin/busybox", "test", "-f",
-                                                        "/www/index.html"],
-                                  interval_s=0.5, timeout_s=2.0)],
-                    update={"min_healthy_s": 0.3})  # type: ignore[arg-type]
+        def web(tag: str) -> Spec:
+            return Spec(name="web", type="service", count=3, image=tag, ports=["http"],
+                        memory_mb=32, restart=Restart(attempts=0),
+                        routes=[Route(path="/", port="http")],
+                        checks=[Check(type="http", port="http", path="/index.html",
+                                      interval_s=0.2, timeout_s=1.0, failures=2),
+                                # docker exec runs the command as given: no ENTRYPOINT first
+                                Check(type="exec", command=["/bin/busybox", "test", "-f",
+                                                            "/www/index.html"],
+                                      interval_s=0.5, timeout_s=2.0)],
+                        update=Update(min_healthy_s=0.3))
 
-    await deploy(cluster, web(v1))
+        async def serving(version: int, page: str) -> bool:
+            st = await status(cluster)
+            if not whole(st, version):
+                return False
+            pages = [await _get(f"http://127.0.0.1:{p}/") for p in _ports(cluster, st)]
+            return pages == [page] * 3 and await _get(f"http://127.0.0.1:{listen}/") == page
 
-    async def serving(version: int, page: str) -> bool:
-        st = await status(cluster)
-        if not whole(st, version):
-            return False
-        return sorted(_get(p) for p in _ports(cluster, st)) == [page] * 3
-    await wait_for(lambda: serving(1, "version one"), 90, what="three healthy v1 replicas")
-    await deploy(cluster, web(v2))
-    await wait_for(lambda: serving(2, "version two"), 120, what="three healthy v2 replicas")
-    await wait_for(lambda: len(containers(docker, cluster)) == 3, 60,
-                   what="the old version's containers to go")
-
-
-def free_range(k: int) -> int:
-    """The first of 50 ports for the k-th node of a test (others' tests use other ranges)."""
-    return 31000 + 50 * k
+        await deploy(cluster, web(v1))
+        await wait_for(lambda: serving(1, "version one"), 90,
+                       what="three healthy v1 replicas, routed")
+        await deploy(cluster, web(v2))
+        await wait_for(lambda: serving(2, "version two"), 120,
+                       what="three healthy v2 replicas, routed")
+        await wait_for(lambda: len(containers(docker, cluster)) == 3, 60,
+                       what="the old version's containers to go")
+    finally:
+        if gateway is not None:
+            gateway.stop()
+        caddy.stop()
 
 
 def _ports(cluster: Cluster, st: Any) -> list[int]:
@@ -196,9 +212,15 @@ def _ports(cluster: Cluster, st: Any) -> list[int]:
             if r.instance_id in live]
 
 
-def _get(port: int) -> str:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=5) as r:
-        return str(r.read().decode())
+async def _get(url: str) -> str:
+    """The body at `url` ("" for none), fetched in a thread: the broker shares this loop."""
+    def fetch() -> str:
+        try:
+            with urllib.request.urlopen(url, timeout=5) as r:
+                return str(r.read().decode())
+        except OSError:
+            return ""
+    return await asyncio.to_thread(fetch)
 
 
 async def test_a_host_volume_keeps_its_data_across_a_redeploy(
@@ -215,7 +237,7 @@ async def test_a_host_volume_keeps_its_data_across_a_redeploy(
         return Spec(name="web", type="service", count=1, image=tag, ports=["http"],
                     volumes=[Volume(name="data", path="/data")], env={"V": version},
                     command=["sh", "-c", 'echo "$V" >> /data/runs; exec sleep 600'],
-                    restart=Restart(attempts=0), update={"min_healthy_s": 0.2})  # type: ignore[arg-type]
+                    restart=Restart(attempts=0), update=Update(min_healthy_s=0.2))
 
     await deploy(cluster, svc("1"))
     await wait_for(lambda: (data / "runs").exists(), 60, what="the first version to write")
@@ -235,9 +257,9 @@ async def test_a_worker_killed_with_sigkill_readopts_its_container_without_a_sec
     nc = await nats.connect(nats_server.url)
     home = str((tmp_path / "workers" / "k1").resolve())
 
-    def mine(iid: str) -> list[Any]:
-        return [c for c in docker.containers.list(filters={"label": [f"{INSTANCE}={iid}"]})
-                if c.labels.get(HOME) == home]
+    def mine(iid: str) -> list[str]:
+        return [c["Id"] for c in docker.api.containers(filters={"label": [f"{INSTANCE}={iid}"]})
+                if (c.get("Labels") or {}).get(HOME) == home]
     try:
         d.broker()
         d.worker("k1")
@@ -248,12 +270,12 @@ async def test_a_worker_killed_with_sigkill_readopts_its_container_without_a_sec
         await wait_for(lambda: len(mine(iid)) == 1, 60, what="its container to run")
         (before,) = mine(iid)
         d.kill(d.workers["k1"])  # SIGKILL: the container is no child of it, and runs on
-        assert [c.id for c in mine(iid)] == [before.id]
+        assert mine(iid) == [before]
         d.worker("k1")
         await wait_for(lambda: _readopted(tmp_path / "k1.log", iid), 60,
                        what="the new worker to re-adopt it")
         await wait_for(lambda: _healthy(nc, "k1"), 60, what="the new worker healthy")
-        assert [c.id for c in mine(iid)] == [before.id], "a second copy started"
+        assert mine(iid) == [before], "a second copy started"
         await call(nc, "cancel", CancelRequest(instance_id=iid), CancelReply, timeout=10.0)
         await wait_for(lambda: not mine(iid), 60, what="the cancel to stop its container")
     finally:
@@ -284,11 +306,11 @@ async def test_a_worker_restarted_readopts_its_container_without_a_second_copy(
     ghost = docker.containers.run(tag, ["sleep", "600"], detach=True,
                                   labels=engines[-1].labels("ghost-1", 1))
     await start(cluster, engines, "n1")
-    await wait_for(lambda: not docker.containers.list(all=True, filters={"id": ghost.id}), 30,
+    await wait_for(lambda: not docker.api.containers(all=True, filters={"id": ghost.id}), 30,
                    what="the container no held instance owns to be removed")
     await wait_for(lambda: any(r.instance_id == iid and r.state == "running"
                                for r in cluster.agents["n1"].instances()), 30,
                    what="the instance re-adopted")
     await asyncio.sleep(0)
-    assert [c.id for c in containers(docker, cluster, iid)] == [before.id]
+    assert containers(docker, cluster, iid) == [before]
     assert cluster.holders(iid) == ["n1"]
