@@ -23,7 +23,7 @@ Rules:
    only once its output is all written. A container re-adopted after a worker restart is
    attached again from then on: what it wrote while no worker ran is in the engine's own
    log only.
-6. Stop: the engine's stop (SIGTERM, SIGKILL after the grace). Each run is a new container
+6. Stop: SIGTERM, then SIGKILL after the grace, as for a process. Each run is a new container
    (a restart in place removes the old one first, as a fresh process starts from its
    image); an instance's containers go when it ends.
 7. Re-adoption: a container is found again by the id in the instance's local record, and
@@ -37,6 +37,7 @@ import asyncio
 import contextlib
 import datetime
 import hashlib
+import json
 import logging
 import os
 import shutil
@@ -46,11 +47,12 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlencode
 
 from gavel.shared.spec import Spec
 from gavel.worker.checks import OUTPUT_MAX
 from gavel.worker.drivers import Held, StartFailed
-from gavel.worker.engine import ATTEMPT, HOME, INSTANCE, Engine
+from gavel.worker.engine import ATTEMPT, HOME, INSTANCE, Engine, get
 from gavel.worker.localstate import LocalInstance
 
 __all__ = ["SECRETS_PATH", "ContainerDriver", "ContainerRun", "secrets_root"]
@@ -107,9 +109,17 @@ class ContainerRun:
         return await asyncio.shield(self._exited)
 
     async def stop(self, grace_s: float) -> int | None:
+        """SIGTERM, SIGKILL after `grace_s` (rule 6): two short calls, the grace waited here,
+        never on an engine thread (the engine's own ``stop`` would hold one through it)."""
         api = self.engine.client.api
         with contextlib.suppress(Exception):  # gone already: its wait says how it ended
-            await self._call(lambda: api.stop(self.id, timeout=max(1, round(grace_s))))
+            await self._call(lambda: api.kill(self.id, "SIGTERM"))
+        try:
+            return await asyncio.wait_for(self.wait(), grace_s)
+        except TimeoutError:
+            log.info("container %s ignored SIGTERM for %.1fs: SIGKILL", self.id[:12], grace_s)
+        with contextlib.suppress(Exception):
+            await self._call(lambda: api.kill(self.id, "SIGKILL"))
         return await self.wait()
 
     def detach(self) -> None:
@@ -245,22 +255,24 @@ class ContainerDriver:
 
     async def sweep(self, owned: Mapping[str, int]) -> int:
         """Remove this worker's containers that no held instance owns (`owned`: instance ->
-        attempt); how many went (rule 7)."""
-        api = self.engine.client.api
+        attempt); how many went (rule 7). Listed with a plain GET: an idle worker with
+        nothing to remove never loads the SDK (`worker.engine` rule 2)."""
+        engine = self.engine
 
         def run() -> int:
+            query = urlencode({"all": "1", "filters": json.dumps(engine.filters())})
             gone = 0
-            for c in api.containers(all=True, filters=self.engine.filters()):
+            for c in get(engine.url, f"/containers/json?{query}"):
                 labels = c.get("Labels") or {}
                 if owned.get(labels.get(INSTANCE, "")) == int(labels.get(ATTEMPT, "0") or 0) \
                         and c.get("State") == "running":
                     continue
                 with contextlib.suppress(Exception):
-                    api.remove_container(c["Id"], force=True)
+                    engine.client.api.remove_container(c["Id"], force=True)
                     gone += 1
             return gone
 
-        return int(await asyncio.get_running_loop().run_in_executor(self.engine.calls, run))
+        return int(await asyncio.get_running_loop().run_in_executor(engine.calls, run))
 
     # -- starting -----------------------------------------------------------------------------
 

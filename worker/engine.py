@@ -5,14 +5,19 @@ Rules:
 1. The engine is found at start: `connect` pings the configured socket (``auto``: the
    ``DOCKER_HOST`` of the worker's environment, else ``/var/run/docker.sock``) and gives
    None, said once, where none answers; a node without one declines image specs
-   (`Reason.NO_ENGINE`). The client is the Docker SDK for Python (``docker``): the Engine
-   API's own client, the one testcontainers drives, so the suite and the worker speak to the
-   engine through one well-kept library. Its calls block: they run on the engine's own
-   threads, never on the event loop.
-2. What the node holds is learned at start and after every start of a container: each image's
-   tags, repository digests and id. A bid says whether the node holds the spec's image
+   (`Reason.NO_ENGINE`). The client that runs containers is the Docker SDK for Python
+   (``docker``): the Engine API's own client, the one testcontainers drives, so the suite and
+   the worker speak to the engine through one well-kept library. Its calls block: they run
+   on the engine's own threads, never on the event loop.
+2. The SDK (and requests under it) costs an idle worker more memory than its target allows,
+   so it is imported when the first container starts or is re-adopted (`client`); until
+   then the two questions an idle worker asks - is there an engine, which images does it
+   hold - are plain GETs of the Engine API (``/version``, ``/images/json``) over the
+   standard library's http.client, which the worker has loaded anyway.
+3. What the node holds is learned at start and at every heartbeat: each image's tags,
+   repository digests and id. A bid says whether the node holds the spec's image
    (`shared.feasibility.NodeView.images`).
-3. Everything gavel creates in the engine carries the labels `LABELS`: the node, the
+4. Everything gavel creates in the engine carries the labels `LABELS`: the node, the
    worker's state directory (``home``: two clusters sharing one engine never touch each
    other's containers), the instance and its attempt.
 """
@@ -20,11 +25,15 @@ Rules:
 from __future__ import annotations
 
 import concurrent.futures
+import http.client
+import json
 import logging
 import os
+import socket
 from typing import Any
+from urllib.parse import urlsplit
 
-__all__ = ["ATTEMPT", "HOME", "INSTANCE", "NODE", "Engine", "connect"]
+__all__ = ["ATTEMPT", "HOME", "INSTANCE", "NODE", "Engine", "connect", "get"]
 
 log = logging.getLogger("gavel.worker.engine")
 
@@ -36,11 +45,10 @@ _CALL_THREADS = 8
 
 
 class Engine:
-    """A connected engine and what this node holds in it (rules 2, 3)."""
+    """A connected engine and what this node holds in it (rules 2-4)."""
 
-    def __init__(self, client: Any, *, node_id: str, home: str, version: str,
-                 url: str) -> None:
-        self.client = client
+    def __init__(self, *, node_id: str, home: str, version: str, url: str) -> None:
+        self._client: Any = None
         self.node_id = node_id
         self.home = home
         self.version = version
@@ -48,6 +56,16 @@ class Engine:
         self.images: frozenset[str] = frozenset()
         self.calls = concurrent.futures.ThreadPoolExecutor(
             _CALL_THREADS, thread_name_prefix="gavel-engine")
+
+    @property
+    def client(self) -> Any:
+        """The SDK's client, made at first use (rule 2); blocking: call it from a thread."""
+        if self._client is None:
+            import docker
+
+            self._client = docker.DockerClient(base_url=self.url, timeout=60,
+                                               max_pool_size=64)
+        return self._client
 
     def labels(self, instance_id: str = "", attempt: int = 0) -> dict[str, str]:
         out = {NODE: self.node_id, HOME: self.home}
@@ -63,18 +81,53 @@ class Engine:
         return {"label": [f"{k}={v}" for k, v in labels.items()]}
 
     def refresh_images(self) -> frozenset[str]:
-        """Rule 2 (blocking: call it from a thread, or at start)."""
+        """Rule 3 (blocking: call it from a thread, or at start)."""
         names: set[str] = set()
-        for image in self.client.images.list():
-            names.update(image.tags)
-            names.update(image.attrs.get("RepoDigests") or ())
-            names.add(image.id)
+        for image in get(self.url, "/images/json"):
+            names.update(t for t in image.get("RepoTags") or () if t != "<none>:<none>")
+            names.update(image.get("RepoDigests") or ())
+            names.add(image["Id"])
         self.images = frozenset(names)
         return self.images
 
     def close(self) -> None:
         self.calls.shutdown(wait=False, cancel_futures=True)
-        self.client.close()
+        if self._client is not None:
+            self._client.close()
+
+
+class _UnixConnection(http.client.HTTPConnection):
+    def __init__(self, path: str, timeout: float) -> None:
+        super().__init__("localhost", timeout=timeout)
+        self._path = path
+
+    def connect(self) -> None:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(self.timeout)
+        sock.connect(self._path)
+        self.sock = sock
+
+
+def get(url: str, path: str, timeout: float = 10.0) -> Any:
+    """One GET of the Engine API at `url` (``unix://`` or ``tcp://``/``http://``): its JSON
+    (rule 2). Raises OSError, or ValueError for an answer that is not a 200 with JSON."""
+    if url.startswith("unix://"):
+        conn: http.client.HTTPConnection = _UnixConnection(url[len("unix://"):], timeout)
+    else:
+        parts = urlsplit(url.replace("tcp://", "http://", 1))
+        conn = http.client.HTTPConnection(parts.hostname or "localhost", parts.port or 2375,
+                                          timeout=timeout)
+    try:
+        conn.request("GET", path, headers={"Host": "docker"})
+        resp = conn.getresponse()
+        body = resp.read()
+    except http.client.HTTPException as exc:
+        raise OSError(f"not an Engine API answer: {exc}") from exc
+    finally:
+        conn.close()
+    if resp.status != 200:
+        raise ValueError(f"{path}: HTTP {resp.status}")
+    return json.loads(body)
 
 
 def connect(setting: str, *, node_id: str, home: str,
@@ -87,19 +140,16 @@ def connect(setting: str, *, node_id: str, home: str,
     if url.startswith("unix://") and not os.path.exists(url[len("unix://"):]):
         log.info("no container engine: %s does not exist; image specs are declined", url)
         return None
-    import docker  # imported only where an engine may answer: the client costs memory
-
     try:
-        client = docker.DockerClient(base_url=url, timeout=60, max_pool_size=64)
-        version = str(client.version().get("Version", "?"))
-    except Exception as exc:  # the SDK raises DockerException, requests' and OSError's
+        version = str(get(url, "/version").get("Version", "?"))
+    except (OSError, ValueError) as exc:
         log.warning("no container engine answers at %s (%s); image specs are declined",
                     url, exc)
         return None
-    engine = Engine(client, node_id=node_id, home=home, version=version, url=url)
+    engine = Engine(node_id=node_id, home=home, version=version, url=url)
     try:
         engine.refresh_images()
-    except Exception as exc:
+    except (OSError, ValueError) as exc:
         log.warning("cannot list the engine's images: %s", exc)
     log.info("container engine %s at %s, %d image names held", version, url,
              len(engine.images))
