@@ -184,9 +184,11 @@ class Volume(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, frozen=Tr
     ``GAVEL_VOLUME_<NAME>``. Only nodes that hold every named volume bid."""
 
     name: VolumeName
-    path: Annotated[str, msgspec.Meta(max_length=1024, pattern=r"^/")] = ""
+    path: Annotated[str, msgspec.Meta(max_length=1024)] = ""
 
     def __post_init__(self) -> None:
+        if self.path and not self.path.startswith("/"):
+            raise ValueError(f"volume {self.name!r}: its path is absolute (starts with /)")
         if "\0" in self.path or "," in self.path or ":" in self.path:
             raise ValueError(f"volume {self.name!r}: its path has no NUL, ',' or ':'")
 

@@ -18,7 +18,14 @@ from typing import Any
 import nats
 import pytest
 
-from gavel.shared.api import CancelReply, CancelRequest, SubmitReply, SubmitRequest
+from gavel.shared.api import (
+    CancelReply,
+    CancelRequest,
+    SubmitReply,
+    SubmitRequest,
+    WhyReply,
+    WhyRequest,
+)
 from gavel.shared.messages import InstanceState, Spec
 from gavel.shared.reasons import Reason
 from gavel.shared.spec import Check, Restart, Route, Update, Volume
@@ -314,3 +321,38 @@ async def test_a_worker_restarted_readopts_its_container_without_a_second_copy(
     await asyncio.sleep(0)
     assert containers(docker, cluster, iid) == [before]
     assert cluster.holders(iid) == ["n1"]
+
+
+async def test_a_container_past_its_timeout_is_stopped_with_the_reason(
+        cluster: Cluster, engines: list[Engine], docker: Any) -> None:
+    """`timeout_s` holds for a container: stopped (SIGTERM, then SIGKILL after the grace: a
+    `sleep` as PID 1 ignores SIGTERM) and failed with the fixed reason."""
+    tag = image(docker, "v1")
+    await cluster.start_broker()
+    await start(cluster, engines, "n1")
+    await cluster.wait_nodes(1)
+    iid = await cluster.submit(Spec(name="slow", image=tag, command=["sleep", "600"],
+                                    timeout_s=1.0))
+    st = await ended(cluster, iid)
+    assert (st.state, st.reason) == ("failed", Reason.TIMEOUT), st
+    await wait_for(lambda: not containers(docker, cluster, iid, all_=True), 30,
+                   what="its container to be removed")
+
+
+async def test_a_process_gets_its_host_volume_and_only_a_node_holding_it_bids(
+        cluster: Cluster, tmp_path: Path) -> None:
+    """No engine needed: a process is told its volume's host path in GAVEL_VOLUME_<NAME>."""
+    data = tmp_path / "shared-data"
+    data.mkdir()
+    await cluster.start_broker()
+    await cluster.start_agent("without")
+    await cluster.start_agent("with", volumes={"shared-data": str(data)})
+    await cluster.wait_nodes(2)
+    iid = await cluster.submit(Spec(
+        name="writer", volumes=[Volume(name="shared-data")],
+        command=["/bin/sh", "-c", 'echo "$GAVEL_NODE_ID" > "$GAVEL_VOLUME_SHARED_DATA/who"']))
+    st = await ended(cluster, iid)
+    assert st.state == "succeeded" and (data / "who").read_text() == "with\n", st
+    why = await cluster.call("why", WhyRequest(instance_id=iid), WhyReply)
+    declines = {(d.node_id, d.reason, d.detail) for a in why.auctions for d in a.declines}
+    assert ("without", Reason.MISSING_VOLUME, "shared-data") in declines

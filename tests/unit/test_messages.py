@@ -421,6 +421,7 @@ def test_every_message_carries_the_protocol_version_and_refuses_another() -> Non
         ({"command": []}, "names neither"),
         ({"command": [], "image": "Web:1"}, "is not an image reference"),
         ({"image": "web:1", "volumes": [{"name": "data"}]}, "names the path it is mounted"),
+        ({"volumes": [{"name": "data", "path": "data"}]}, "its path is absolute"),
         ({"volumes": [{"name": "d", "path": "/a"}, {"name": "d", "path": "/b"}]},
          "distinct host volumes"),
     ],
