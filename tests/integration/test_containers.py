@@ -36,6 +36,7 @@ from gavel.worker.engine import HOME, INSTANCE, Engine, connect
 from tests.integration.dockerkit import engine_client, image
 from tests.integration.harness import Cluster, Daemons, healthy_nodes, wait_for
 from tests.integration.test_gateway import Gateway, free_range, start_caddy
+from tests.integration.test_logs import gavel
 from tests.integration.test_services import deploy, status, whole
 
 pytestmark = pytest.mark.integration
@@ -125,7 +126,10 @@ async def test_a_container_job_runs_with_its_output_in_the_logs_and_no_secret_in
     assert st.state == "succeeded", st
     d = instance_dir(cluster, "n1", iid)
     out = (d / "stdout.log").read_text()
-    assert out.startswith("out hello port=2") and (d / "stderr.log").read_text() == "err\n"
+    assert out.startswith("out hello port=") and (d / "stderr.log").read_text() == "err\n"
+    logs = await gavel("logs", iid, "--all", "--nats", cluster.url)  # as an operator reads
+    assert logs.returncode == 0, logs.stderr
+    assert logs.stdout == out and logs.stderr == "err\n"
     for f in d.iterdir():
         assert secret.encode() not in f.read_bytes(), f
     repo = cluster.ledger().repo
