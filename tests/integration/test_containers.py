@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import nats
 import pytest
 
@@ -34,7 +35,7 @@ from gavel.transport.natsserver import NatsServer, free_port
 from gavel.worker.agent import Agent
 from gavel.worker.engine import HOME, INSTANCE, Engine, connect
 from tests.integration.dockerkit import engine_client, image
-from tests.integration.harness import Cluster, Daemons, healthy_nodes, wait_for
+from tests.integration.harness import TIMING, Cluster, Daemons, healthy_nodes, wait_for
 from tests.integration.test_gateway import Gateway, free_range, start_caddy
 from tests.integration.test_logs import gavel
 from tests.integration.test_services import deploy, status, whole
@@ -360,3 +361,31 @@ async def test_a_process_gets_its_host_volume_and_only_a_node_holding_it_bids(
     why = await cluster.call("why", WhyRequest(instance_id=iid), WhyReply)
     declines = {(d.node_id, d.reason, d.detail) for a in why.auctions for d in a.declines}
     assert ("without", Reason.MISSING_VOLUME, "shared-data") in declines
+
+
+async def test_a_node_back_after_offline_fences_the_container_git_moved_away(
+        cluster: Cluster, engines: list[Engine], docker: Any) -> None:
+    """node-a falls silent with its container running; the broker moves the instance to
+    node-b; node-a comes back, re-adopts its container, sees node.json, and stops and removes
+    it without a report: one copy runs, node-b's."""
+    tag = image(docker, "v1")
+    broker = await cluster.start_broker(timing=msgspec.structs.replace(
+        TIMING, offline_s=max(TIMING.unreachable_s, TIMING.offline_s / 2)))
+    await start(cluster, engines, "node-a")
+    await cluster.wait_nodes(1)
+    iid = await cluster.submit(Spec(name="moved", image=tag, command=["sleep", "600"]))
+    await wait_for(lambda: len(containers(docker, cluster, iid)) == 1, 60, what="on node-a")
+    (old,) = containers(docker, cluster, iid)
+    await start(cluster, engines, "node-b")
+    await cluster.wait_nodes(2)
+    await cluster.stop_agent("node-a", kill_children=False)  # silent, its container lives on
+    await wait_for(lambda: broker.liveness.health("node-a", broker.now()) == "offline",
+                   TIMING.offline_s * 2, what="node-a offline")
+    await wait_for(lambda: len(containers(docker, cluster, iid)) == 2, 60,
+                   what="re-placed on node-b beside the old copy nobody stopped yet")
+    await start(cluster, engines, "node-a")  # same state dir: adopts, then sees node.json
+    await wait_for(lambda: old not in containers(docker, cluster, iid, all_=True), 60,
+                   what="the moved copy fenced and removed")
+    assert len(containers(docker, cluster, iid)) == 1 and cluster.holders(iid) == ["node-b"]
+    status = await cluster.status(iid)
+    assert (status.state, status.node_id, status.attempt) == ("running", "node-b", 2)
