@@ -389,3 +389,20 @@ async def test_a_node_back_after_offline_fences_the_container_git_moved_away(
     assert len(containers(docker, cluster, iid)) == 1 and cluster.holders(iid) == ["node-b"]
     status = await cluster.status(iid)
     assert (status.state, status.node_id, status.attempt) == ("running", "node-b", 2)
+
+
+async def test_an_image_that_cannot_be_pulled_fails_the_attempt_with_the_registrys_sentence(
+        cluster: Cluster, engines: list[Engine], docker: Any) -> None:
+    """The image's registry is a closed port on loopback (nothing leaves the machine): the
+    pull fails, the attempt ends with the engine's sentence, and the broker tries again
+    elsewhere until the attempts run out."""
+    await cluster.start_broker()
+    await start(cluster, engines, "n1")
+    await cluster.wait_nodes(1)
+    iid = await cluster.submit(Spec(name="nowhere", image=f"127.0.0.1:{free_port()}/none:1",
+                                    attempts=1))
+    st = await ended(cluster, iid)
+    assert st.state == "failed", st
+    why = await cluster.call("why", WhyRequest(instance_id=iid), WhyReply)
+    text = json.dumps(msgspec.to_builtins(why))
+    assert "is not on this node and cannot be pulled" in text, text
