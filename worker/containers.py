@@ -41,6 +41,7 @@ import json
 import logging
 import os
 import shutil
+import signal
 import tempfile
 import threading
 import time
@@ -142,21 +143,32 @@ class ContainerRun:
 
     async def execute(self, command: Sequence[str], env: Mapping[str, str],
                       cwd: Path) -> tuple[bool, str]:
-        """An exec check inside the container, with the container's own environment."""
+        """An exec check inside the container, with the container's own environment. The
+        engine cannot end an exec: one the probe gives up on (its timeout, the checks
+        stopping) is killed by its host pid, so it never outlives the check."""
         del env, cwd
         api = self.engine.client.api
-
-        def run() -> tuple[int | None, bytes]:
-            exec_id = api.exec_create(self.id, list(command), stdout=True, stderr=True)["Id"]
-            out = api.exec_start(exec_id)
-            return api.exec_inspect(exec_id).get("ExitCode"), out
-
         try:
-            code, out = await self._call(run)
+            exec_id = (await self._call(lambda: api.exec_create(
+                self.id, list(command), stdout=True, stderr=True)))["Id"]
+        except Exception as exc:
+            return False, f"cannot exec in the container: {_sentence(exc)}"
+        try:
+            out = await self._call(lambda: api.exec_start(exec_id))
+            code = (await self._call(lambda: api.exec_inspect(exec_id))).get("ExitCode")
+        except asyncio.CancelledError:
+            self.engine.calls.submit(self._kill_exec, exec_id)
+            raise
         except Exception as exc:
             return False, f"cannot exec in the container: {_sentence(exc)}"
         text = out[-OUTPUT_MAX:].decode("utf-8", "replace").strip()
         return code == 0, f"exit status {code}" + (f": {text}" if text else "")
+
+    def _kill_exec(self, exec_id: str) -> None:
+        with contextlib.suppress(Exception):  # ended meanwhile, or not ours to signal
+            info = self.engine.client.api.exec_inspect(exec_id)
+            if info.get("Running") and info.get("Pid"):
+                os.kill(int(info["Pid"]), signal.SIGKILL)
 
     # -- the engine's threads ---------------------------------------------------------------
 

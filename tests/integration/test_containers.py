@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import time
 import urllib.request
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -406,3 +407,29 @@ async def test_an_image_that_cannot_be_pulled_fails_the_attempt_with_the_registr
     why = await cluster.call("why", WhyRequest(instance_id=iid), WhyReply)
     text = json.dumps(msgspec.to_builtins(why))
     assert "is not on this node and cannot be pulled" in text, text
+
+
+async def test_an_exec_check_past_its_timeout_does_not_outlive_it(
+        cluster: Cluster, engines: list[Engine], docker: Any) -> None:
+    """The engine cannot end an exec: the driver kills one the probe gave up on, so however
+    many probes time out, at most the one under way runs in the container."""
+    tag = image(docker, "v1")
+    await cluster.start_broker()
+    await start(cluster, engines, "n1")
+    await cluster.wait_nodes(1)
+    iid = await cluster.submit(Spec(
+        name="hung", image=tag, command=["sleep", "600"],
+        checks=[Check(type="exec", command=["/bin/busybox", "sleep", "100"], interval_s=0.3,
+                      timeout_s=0.3, failures=100)]))
+    await wait_for(lambda: len(containers(docker, cluster, iid)) == 1, 60, what="running")
+    (cid,) = containers(docker, cluster, iid)
+    since = int(time.time()) - 60
+
+    def probes() -> int:  # the engine's record of every exec made in the container
+        until = int(time.time()) + 1
+        return sum(1 for _ in docker.api.events(since=since, until=until, decode=True,
+                                                filters={"container": cid,
+                                                         "event": "exec_create"}))
+    await wait_for(lambda: probes() >= 5, 60, what="five probes")
+    hung = [p for p in docker.api.top(cid)["Processes"] if p[-1].endswith("sleep 100")]
+    assert len(hung) <= 1, hung
