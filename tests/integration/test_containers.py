@@ -433,3 +433,23 @@ async def test_an_exec_check_past_its_timeout_does_not_outlive_it(
     await wait_for(lambda: probes() >= 5, 60, what="five probes")
     hung = [p for p in docker.api.top(cid)["Processes"] if p[-1].endswith("sleep 100")]
     assert len(hung) <= 1, hung
+
+
+async def test_a_failing_container_is_restarted_in_place_as_its_policy_says(
+        cluster: Cluster, engines: list[Engine], docker: Any) -> None:
+    """Each run is a new container from the image (the old one removed first); past the
+    policy the instance fails with the fixed reason and its stderr's tail."""
+    tag = image(docker, "v1")
+    await cluster.start_broker()
+    await start(cluster, engines, "n1")
+    await cluster.wait_nodes(1)
+    iid = await cluster.submit(Spec(
+        name="flaky", image=tag, attempts=1, command=["sh", "-c", "echo boom >&2; exit 3"],
+        restart=Restart(attempts=2, delay_s=0.0, interval_s=600.0)))
+    st = await ended(cluster, iid)
+    assert (st.state, st.reason) == ("failed", Reason.RESTARTS_EXHAUSTED), st
+    assert "exit status 3, after 2 restarts" in st.detail and "boom" in st.detail, st.detail
+    d = instance_dir(cluster, "n1", iid)
+    assert (d / "stderr.log").read_text() == "boom\n" * 3  # three runs, one log
+    await wait_for(lambda: not containers(docker, cluster, iid, all_=True), 30,
+                   what="every run's container removed")
