@@ -36,7 +36,14 @@ from gavel.transport.natsserver import NatsServer, free_port
 from gavel.worker.agent import Agent
 from gavel.worker.engine import HOME, INSTANCE, Engine, connect
 from tests.integration.dockerkit import engine_client, image
-from tests.integration.harness import TIMING, Cluster, Daemons, healthy_nodes, wait_for
+from tests.integration.harness import (
+    TIMING,
+    Cluster,
+    Daemons,
+    UpDemo,
+    healthy_nodes,
+    wait_for,
+)
 from tests.integration.test_gateway import Gateway, free_range, start_caddy
 from tests.integration.test_logs import gavel
 from tests.integration.test_services import deploy, status, whole
@@ -453,3 +460,12 @@ async def test_a_failing_container_is_restarted_in_place_as_its_policy_says(
     assert (d / "stderr.log").read_text() == "boom\n" * 3  # three runs, one log
     await wait_for(lambda: not containers(docker, cluster, iid, all_=True), 30,
                    what="every run's container removed")
+
+
+def test_the_demo_places_a_container_where_an_engine_answers(up_demo: UpDemo,
+                                                             docker: Any) -> None:
+    assert up_demo.proc.returncode == 0, up_demo.proc.stdout + up_demo.proc.stderr
+    lines = up_demo.proc.stdout.splitlines()
+    assert "a container: image gavel-demo-busybox:1, placed as hello-container above" in lines
+    assert any(line.strip().startswith("hello-container-") and " -> node-" in line
+               for line in lines), up_demo.proc.stdout
