@@ -48,6 +48,7 @@ __all__ = [
 ]
 
 Port = Annotated[int, msgspec.Meta(ge=1, le=65535)]
+Uid = Annotated[int, msgspec.Meta(ge=1, le=4_294_967_293)]
 NodeId = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9_-]{1,64}$")]
 LogFormat = Literal["text", "json"]
 LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR"]
@@ -124,6 +125,12 @@ class WorkerConfig(DaemonConfig, kw_only=True, forbid_unknown_fields=True):
     #: Cpu as a weight in proportion to the award (used when others want the cpu), or also a
     #: quota capping the instance at its award.
     cgroup_cpu: Literal["weight", "quota"] = "weight"
+    #: Run each instance as a uid of its own from `uids` (`worker.isolation`), or "off": as
+    #: the worker's user.
+    isolation: Literal["uids", "off"] = "uids"
+    uids: tuple[Uid, Uid] = (200_000, 265_535)
+    #: Whether a spec asking for root (``root = true``) may run as root here.
+    allow_root: bool = False
     #: The address a gateway reaches this node's instances at ("": the host's primary one).
     advertise: str = ""
     #: An instance's stdout.log / stderr.log is rotated past this size (`worker.logfiles`).
@@ -177,23 +184,27 @@ def load(cls: type[C], options: Sequence[Option], *, file: str | None,
         if text is None or text == "":
             continue
         try:
-            _set(layers, o.field, (o.env_parse or o.parse)(text))
+            _set(layers, o.field, (o.env_parse or o.parse)(text), o.switch)
         except (argparse.ArgumentTypeError, ValueError) as exc:
             raise ConfigError(f"environment variable {o.env}: {exc}.") from None
         source[o.field] = f"environment variable {o.env}"
+    switches = {o.field for o in options if o.switch}
     for name, value in (flags or {}).items():
-        _set(layers, name, value)
+        _set(layers, name, value, name in switches)
         source[name] = "flag"
     cfg = _convert(cls, layers, "the merged config")
     return _finish(cfg, source)
 
 
-def _set(layers: dict[str, Any], field: str, value: Any) -> None:
-    """Rule 4: a table's field inside its table; a switch makes or removes the table."""
+def _set(layers: dict[str, Any], field: str, value: Any, switch: bool) -> None:
+    """Rule 4: a table's field inside its table; a switch makes or removes the table (a
+    plain true/false setting is only its value)."""
     table, dot, name = field.partition(".")
     if dot:
         inner = layers.get(table)
         layers[table] = {**(inner if isinstance(inner, dict) else {}), name: value}
+    elif not switch:
+        layers[table] = value
     elif value is True:
         inner = layers.get(table)
         layers[table] = inner if isinstance(inner, dict) else {}
@@ -322,6 +333,10 @@ def _finish(cfg: C, source: Mapping[str, str]) -> C:
     lo, hi = cfg.ports
     if lo > hi:
         raise ConfigError(f"{src('ports')}: field `ports` expected FIRST <= LAST, got "
+                          f"{lo}-{hi}.")
+    lo, hi = cfg.uids
+    if lo > hi:
+        raise ConfigError(f"{src('uids')}: field `uids` expected FIRST <= LAST, got "
                           f"{lo}-{hi}.")
     if not cfg.state:
         cfg.state = f".gavel-worker-{cfg.node_id}"

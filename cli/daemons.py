@@ -58,6 +58,7 @@ if TYPE_CHECKING:
     from gavel.broker.service import Broker
     from gavel.worker.cgroups import Enforcement
     from gavel.worker.engine import Engine
+    from gavel.worker.isolation import Isolation
     from gavel.worker.logfiles import LogLimits
 
 __all__ = ["BROKER_ONLY", "GATEWAY_ONLY", "WORKER_ONLY", "Stopped", "check", "config_check",
@@ -362,9 +363,19 @@ def _cgroups(cfg: WorkerConfig) -> Enforcement:
     from gavel.worker.cgroups import Unavailable, detect
 
     try:
-        return detect(cfg.cgroups, cfg.node_id, cpu_limit=cfg.cgroup_cpu)
+        return detect(cfg.cgroups, cfg.node_id, cpu_limit=cfg.cgroup_cpu,
+                      state_dir=Path(cfg.state))
     except Unavailable as exc:
         raise ConfigError(f"field `cgroups`: {exc}.") from None
+
+
+def _isolation(cfg: WorkerConfig) -> Isolation:
+    """Who the worker's instances run as (`worker.isolation`)."""
+    from gavel.worker.cgroups import worker_key
+    from gavel.worker.isolation import configure
+
+    return configure(cfg.isolation, cfg.uids, allow_root=cfg.allow_root,
+                     owner=f"{cfg.node_id}.{worker_key(Path(cfg.state))}")
 
 
 def _writable_dir(path: Path) -> None:
@@ -414,7 +425,8 @@ async def run_worker(args: argparse.Namespace) -> int:
                           memory_mb=cfg.memory_mb, port_range=cfg.ports,
                           nats_options={"error_cb": refusals.on_error, **_nats_options(cfg)},
                           advertise=cfg.advertise, log_limits=log_limits(cfg),
-                          cgroups=_cgroups(cfg), engine=_engine(cfg), volumes=cfg.volumes)
+                          cgroups=_cgroups(cfg), isolation=_isolation(cfg),
+                          engine=_engine(cfg), volumes=cfg.volumes)
     stopping.append(lambda: asyncio.ensure_future(agent.stop(kill_children=False)))
     loop = asyncio.get_running_loop()
     agent.metrics.attach(agent, loop)

@@ -34,6 +34,7 @@ from gavel.cli.parsers import (
     positive_int,
     strategy_param,
     strategy_params,
+    uid_range,
     volumes,
     whole,
 )
@@ -172,6 +173,15 @@ WORKER_OPTIONS: list[Option] = [
     Option("cgroup_cpu", "--cgroup-cpu", "GAVEL_CGROUP_CPU", choice(("weight", "quota")),
            "cpu as a weight in proportion to the award, or also a quota capping the instance "
            "at it (default weight)", choices=("weight", "quota")),
+    Option("isolation", "--isolation", "GAVEL_ISOLATION", choice(("uids", "off")),
+           "run each instance as a uid of its own from --uids, with a private /tmp and no "
+           "new privileges (needs root; without it instances run as the worker's user, said "
+           "at start), or off: as the worker's user (default uids)", choices=("uids", "off")),
+    Option("uids", "--uids", "GAVEL_UIDS", uid_range,
+           "the uids instances run as, one each (default 200000-265535)", "FIRST-LAST"),
+    Option("allow_root", "--allow-root", "GAVEL_ALLOW_ROOT", boolean,
+           "let a spec that asks (root = true) run as root on this node (default false)",
+           "BOOL"),
     Option("advertise", "--advertise", "GAVEL_ADVERTISE", address,
            "the address a gateway reaches this node's instances at: an IP address or DNS "
            "name (default: the host's primary address)", "ADDR"),

@@ -260,6 +260,26 @@ def port_range(text: str) -> tuple[int, int]:
     return a, b
 
 
+#: The highest uid an instance may be given (below the kernel's (uid_t)-1 and -2).
+UID_MAX = 4_294_967_293
+
+
+def uid_range(text: str) -> tuple[int, int]:
+    """FIRST-LAST uids for instances (`worker.isolation`): never 0, FIRST <= LAST."""
+    lo, sep, hi = text.partition("-")
+    try:
+        if not sep:
+            raise ValueError
+        a, b = int(lo), int(hi)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"uid range {text!r} is not of the form FIRST-LAST"
+                                         ) from None
+    if not 1 <= a <= b <= UID_MAX:
+        raise argparse.ArgumentTypeError(f"uid range {text!r} must lie in 1-{UID_MAX} and "
+                                         "end at or after its start")
+    return a, b
+
+
 def strategy_param(text: str) -> tuple[str, float]:
     key, sep, value = text.partition("=")
     try:

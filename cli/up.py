@@ -34,6 +34,7 @@ import argparse
 import asyncio
 import contextlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -186,8 +187,19 @@ async def _who_leads(url: str, operator: str | None) -> str:
     return f"{reply.leader} leads, epoch {reply.epoch}"
 
 
+def any_user_python() -> str:
+    """An interpreter any uid may run (the demo's workloads run as uids of their own,
+    `worker.isolation`): this one if it and every directory to it are open to all, else
+    python3 on the system's path. The demo's workloads use the standard library only."""
+    real = Path(sys.executable).resolve()
+    with contextlib.suppress(OSError):
+        if all(p.stat().st_mode & 0o001 for p in (real, *real.parents)):
+            return sys.executable
+    return shutil.which("python3", path="/usr/local/bin:/usr/bin:/bin") or sys.executable
+
+
 def demo_specs() -> list[Spec]:
-    py = sys.executable
+    py = any_user_python()
     return [
         Spec(name="hello", command=[py, "-c", "print('hello from gavel')"], cpu=0.5,
              memory_mb=128),
@@ -300,11 +312,23 @@ def _reserved(args: argparse.Namespace) -> list[str]:
     return ["--reserved-ports", ",".join(map(str, ports))] if ports else []
 
 
+def _private(state: Path) -> None:
+    """Nothing of the cluster's is an instance's to read (`worker.isolation`): the state
+    directory passable but not listable, everything in it but the workers' own directories
+    (which keep each instance's directory reachable, and private to it) root's alone."""
+    with contextlib.suppress(OSError):
+        state.chmod(0o711)
+        for entry in state.iterdir():
+            if entry.name != "workers" and entry.is_dir() and not entry.is_symlink():
+                entry.chmod(0o700)
+
+
 async def up(args: argparse.Namespace) -> int:
     state: Path = args.state.resolve()
     why = unusable_dir(state / "logs")
     if why:
         raise UsageError(f"--state {state}: cannot keep gavel's state there ({why}).")
+    _private(state)
     ha_on = bool(getattr(args, "ha", False))
     if ha_on and args.nats_port is not None:
         raise UsageError(f"--nats-port names one server, and --ha runs {SERVERS} on free "
@@ -363,6 +387,7 @@ async def up(args: argparse.Namespace) -> int:
         """The broker, then (once it answers, so it hears their first heartbeats) the
         workers, until all of them are up."""
         await _until_up(children, url, operator, 0, UP_TIMEOUT_S)
+        _private(state)  # the broker's repository exists now
         for i, node in enumerate(nodes):
             cpu, mem = SIZES[i % len(SIZES)]
             children.append(_spawn(

@@ -47,6 +47,8 @@ class Reason(StrEnum):
     RESTARTS_EXHAUSTED = "restarted on its node as often as its restart policy allows"
     MEMORY_EXCEEDED = "exceeded its memory reservation"
     UNHEALTHY = "health check failing"
+    ESCAPED_CGROUP = "a process of the instance was found outside its cgroup: killed"
+    ROOT_REFUSED = "the spec asks to run as root and this node does not allow it"
     # Why a service's replica stopped or was replaced.
     SCALED_DOWN = "stopped: the service was scaled down"
     SERVICE_STOPPED = "stopped: the service was stopped"

@@ -212,6 +212,9 @@ class Spec(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     #: The most processes (threads included) the instance may hold at once: its cgroup's
     #: ``pids.max`` for a process, the engine's pids limit for a container.
     pids: Annotated[int, msgspec.Meta(ge=1, le=65_536)] = 512
+    #: Run as root rather than a uid of its own: only on a node whose config allows it
+    #: (``allow_root``); elsewhere the instance fails to start (`worker.isolation`).
+    root: bool = False
     ports: list[PortName] = []
     labels: dict[str, str] = {}
     timeout_s: PosFloat | None = None

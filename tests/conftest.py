@@ -17,6 +17,12 @@ import pytest
 from hypothesis import HealthCheck, settings
 
 os.environ.setdefault("GAVEL_FAST_TIMERS", "1")
+# Workers the tests start as child processes run their instances as the worker's user: the
+# tests' workloads run this interpreter (here under a directory only root may enter) and
+# write into pytest's directories under /tmp, which an isolated instance (a uid of its own,
+# a /tmp of its own) cannot reach. tests/integration/test_isolation.py and test_up's demo
+# run isolated.
+os.environ.setdefault("GAVEL_ISOLATION", "off")
 
 from gavel.transport.natsserver import NatsServer
 

@@ -60,9 +60,10 @@ from gavel.transport.urls import servers
 from gavel.worker.cgroups import Enforcement
 from gavel.worker.containers import ContainerDriver, secrets_root
 from gavel.worker.converge import Converger
-from gavel.worker.drivers import Driver, ProcessDriver, Unavailable
+from gavel.worker.drivers import Driver, Unavailable
 from gavel.worker.engine import Engine
 from gavel.worker.hoststats import Sampler, detect_capacity, primary_address
+from gavel.worker.isolation import Isolation, off
 from gavel.worker.logfiles import LogLimits, Outputs
 from gavel.worker.logserver import LogServer
 from gavel.worker.logserver import tick as logs_tick
@@ -83,7 +84,8 @@ class Agent:
                  port_range: tuple[int, int] = (20000, 20999),
                  nats_options: dict[str, Any] | None = None, advertise: str = "",
                  log_limits: LogLimits | None = None, logs_window_s: float = WINDOW_S,
-                 cgroups: Enforcement | None = None, engine: Engine | None = None,
+                 cgroups: Enforcement | None = None,
+                 isolation: Isolation | None = None, engine: Engine | None = None,
                  volumes: Mapping[str, str] | None = None) -> None:
         self.node_id = node_id
         self.strategy = strategy
@@ -94,6 +96,10 @@ class Agent:
         self.capacity = detect_capacity(cpu, memory_mb, port_range)
         #: What this node enforces of each award (`worker.cgroups`); said once at start.
         self.enforcement = cgroups or Enforcement.off()
+        #: Who instances run as and what they can reach (`worker.isolation`); said at start.
+        self.isolation = isolation or off()
+        #: Instances killed because a process of theirs was found outside their cgroup.
+        self.escapes = 0
         #: Where a gateway reaches this node's instances (the heartbeat carries it), and the
         #: directory each instance's own directory is in.
         self.advertise = advertise or primary_address()
@@ -114,14 +120,12 @@ class Agent:
         #: its host volumes (name -> path).
         self.engine = engine
         self.volumes = dict(volumes or {})
-        process = ProcessDriver(poll_s=timing.tick_s, cgroups=self.enforcement.hierarchy,
-                                volumes=self.volumes)
         no_engine = Unavailable(Reason.NO_ENGINE)
         self._containers: ContainerDriver | None = None
 
         def driver(spec: Spec) -> Driver:
             if spec.image is None:
-                return process
+                return self._supervisor.process
             return self._containers or no_engine
 
         self._supervisor = Supervisor(
@@ -129,7 +133,8 @@ class Agent:
             report=self._report, on_change=self._refresh_view,
             reserved=lambda iid: self.converger.reserved(iid),
             secrets=lambda iid, attempt: self.converger.secrets(iid, attempt),
-            cgroups=self.enforcement.hierarchy, drivers=driver)
+            cgroups=self.enforcement.hierarchy, isolation=self.isolation, drivers=driver,
+            volumes=self.volumes)
         if engine is not None:
             self._containers = ContainerDriver(
                 engine, addresses=["127.0.0.1", self.advertise], volumes=self.volumes,
@@ -225,6 +230,7 @@ class Agent:
             enforcement = self.enforcement
             (log.warning if enforcement.missing else log.info)(
                 "node %s: %s", self.node_id, enforcement.summary)
+            log.info("node %s: %s", self.node_id, self.isolation.summary)
             await self._supervisor.restore()  # events wait in the outbox until connected
             if self._containers is not None:  # what no held instance owns goes
                 gone = await self._containers.sweep(self._supervisor.held())
@@ -358,6 +364,7 @@ class Agent:
         while True:
             self._wake.clear()
             await self._learn_images()
+            self.escapes += self._supervisor.escapes()
             await self._send(self._hb_subject, self.heartbeat())
             with contextlib.suppress(TimeoutError):  # not wait_for: it can swallow a cancel
                 async with asyncio.timeout(self.timing.heartbeat_s):

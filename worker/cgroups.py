@@ -1,21 +1,28 @@
-"""Enforced resources: each instance's process runs in a cgroup of its own holding the cpu and
-memory it was awarded.
+"""Enforced resources: each instance's process runs in a cgroup of its own holding the cpu,
+memory and process count it was awarded.
 
 Rules:
 1. One hierarchy per worker, found at start (`detect`) as its ``cgroups`` setting says:
-   ``v2`` (the unified hierarchy, with its memory and cpu controllers), ``v1`` (a hierarchy
-   per controller: memory, cpu), ``auto`` (v2 when the host runs it with both controllers,
-   else v1, else none) or ``off``. A hierarchy asked for by name that is not usable is a
+   ``v2`` (the unified hierarchy, with its memory and cpu controllers, and pids where
+   offered), ``v1`` (a hierarchy per controller: memory, cpu, and pids where mounted),
+   ``auto`` (v2 when the host runs it with both controllers, else v1, else none) or
+   ``off``. A hierarchy asked for by name that is not usable is a
    sentence naming why (`Unavailable`); ``auto`` falls back to enforcing nothing.
-2. An instance's cgroup is ``gavel/<node-id>/<instance-id>`` under the hierarchy's root (each
-   v1 controller's). Gavel owns ``gavel/<node-id>`` and nothing above or beside it; the
-   parent keeps the default weight, so a node's instances share cpu by their awards among
-   themselves and as one group against everything else on the host.
+2. An instance's cgroup is ``gavel/<node-id>/<worker>/<instance-id>`` under the hierarchy's
+   root (each v1 controller's), where ``<worker>`` is a key of the worker's state directory
+   (`worker_key`; a worker built without one uses ``gavel/<node-id>`` itself):
+   two workers on one host under the same node id (tests, a mistaken deploy) each own a
+   parent of their own, and one stopping never removes the other's. A parent found missing
+   when an instance starts (removed from outside) is made again. Gavel owns
+   ``gavel/<node-id>`` and nothing above or beside it; the parents keep the default weight,
+   so a node's instances share cpu by their awards among themselves and as one group
+   against everything else on the host.
 3. Limits: memory at the award's memory_mb, swap included where the kernel accounts it (a
    process is killed at its limit, not paged out past it); cpu a weight in proportion to the
    award's cpu (v1 ``cpu.shares`` 1024 a cpu, v2 ``cpu.weight`` 100 a cpu), and with
    ``cpu = "quota"`` also a hard cap of that many cpus a period (``cpu.cfs_quota_us``,
-   ``cpu.max``).
+   ``cpu.max``); the process count at the spec's pids (``pids.max``), threads included, so
+   a fork bomb stops at its own limit.
 4. The process enters its cgroup before it runs its command: the child writes itself into
    ``cgroup.procs`` between fork and exec (`entry`, descriptors opened before the fork), so
    not one instruction of the command runs unlimited; a child that cannot enter never runs.
@@ -25,6 +32,10 @@ Rules:
    started, so a cgroup kept across restarts in place reports each run's own.
 6. A cgroup is removed once its process has ended, whatever it left behind killed first; a
    process re-adopted after a worker restart keeps the cgroup it runs in.
+7. Staying in: an unprivileged process cannot write any ``cgroup.procs`` (root owns them all,
+   0644), so it cannot leave. The worker still checks (`Cgroup.outside`, each heartbeat): a
+   process of the instance that the kernel places elsewhere (an instance allowed root, a
+   host admin's mistake) is found and its instance killed.
 """
 
 from __future__ import annotations
@@ -32,15 +43,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import hashlib
 import logging
 import os
 import signal
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-__all__ = ["MODES", "Cgroup", "Enforcement", "Hierarchy", "Unavailable", "detect", "release"]
+__all__ = ["MODES", "Cgroup", "Enforcement", "Hierarchy", "Unavailable", "detect", "release",
+           "worker_key"]
 
 log = logging.getLogger("gavel.worker.cgroups")
 
@@ -78,11 +91,14 @@ class Cgroup:
     """One instance's cgroup: a directory (v2) or one per controller (v1)."""
 
     def __init__(self, version: str, dirs: tuple[Path, ...], memory_dir: Path,
-                 memory_mb: int) -> None:
+                 memory_mb: int, where: tuple[tuple[str, str], ...] = ()) -> None:
         self.version = version
         self.dirs = dirs
         self.memory_dir = memory_dir
         self.memory_mb = memory_mb
+        #: (controller, path as ``/proc/PID/cgroup`` names it) a member is in; v2's
+        #: controller is "" (rule 7).
+        self.where = where
         #: The OOM kills counted when the process started (rule 5).
         self.baseline = self.oom_kills()
 
@@ -144,6 +160,19 @@ class Cgroup:
                 out.update(int(p) for p in _read(d / "cgroup.procs").split())
         return sorted(p for p in out if p > 0 and p != os.getpid())
 
+    def outside(self, pids: Iterable[int]) -> list[int]:
+        """The processes of `pids` that run outside this cgroup (rule 7); one that ended
+        meanwhile is neither in nor out."""
+        out = []
+        for pid in pids:
+            try:
+                text = _read(Path(f"/proc/{pid}/cgroup"))
+            except OSError:
+                continue
+            if not _inside(text, self.where):
+                out.append(pid)
+        return out
+
     def remove(self) -> bool:
         """Remove the cgroup; False while something still runs in it."""
         done = True
@@ -170,6 +199,17 @@ class Cgroup:
                 os.kill(pid, signal.SIGKILL)
 
 
+def _inside(text: str, where: tuple[tuple[str, str], ...]) -> bool:
+    """Whether ``/proc/PID/cgroup`` `text` puts the process in (or below) each of `where`."""
+    lines = [line.split(":", 2) for line in text.splitlines() if line.count(":") >= 2]
+    for controller, path in where:
+        got = next((p for _, names, p in lines
+                    if (controller in names.split(",") if controller else names == "")), None)
+        if got is None or not (got == path or got.startswith(path + "/")):
+            return False
+    return True
+
+
 async def release(cgroup: Cgroup, tries: int = 50, every_s: float = 0.02) -> bool:
     """Remove `cgroup` once its process ended (rule 6): whatever it left behind is killed,
     the removal retried while the kernel lets go of them. False if it never let go."""
@@ -192,28 +232,64 @@ class Hierarchy:
     """Where a worker's instance cgroups live, and how their limits are written."""
 
     def __init__(self, version: Literal["v1", "v2"], parents: dict[str, Path],
-                 cpu_limit: CpuLimit) -> None:
+                 cpu_limit: CpuLimit, mounts: dict[str, Path] | None = None,
+                 pids: bool = False) -> None:
         self.version = version
-        #: The node's own parent cgroup, per controller ("memory", "cpu"; v2: one for both).
+        #: The worker's own parent cgroup, per controller ("memory", "cpu" and "pids" where
+        #: limited; v2: one for all).
         self.parents = parents
         self.cpu_limit = cpu_limit
+        #: Where each controller's hierarchy is mounted (rule 7 reads paths against it).
+        self.mounts = mounts or {}
+        #: Whether each instance's process count is limited (rule 3).
+        self.limits_pids = pids
 
     def describe(self) -> str:
         where = ", ".join(sorted({str(p) for p in self.parents.values()}))
         cpu = "weight and quota" if self.cpu_limit == "quota" else "weight"
-        return f"cgroup {self.version} at {where}: memory limit and cpu {cpu} per instance"
+        pids = ", pids limit" if self.limits_pids else " (no pids controller: no pids limit)"
+        return f"cgroup {self.version} at {where}: memory limit and cpu {cpu}{pids} per instance"
 
     def _dirs(self, instance_id: str) -> tuple[tuple[Path, ...], Path]:
-        memory = self.parents["memory"] / instance_id
-        cpu = self.parents["cpu"] / instance_id
-        return (memory,) if cpu == memory else (memory, cpu), memory
+        dirs = tuple(dict.fromkeys(p / instance_id for p in self.parents.values()))
+        return dirs, self.parents["memory"] / instance_id
 
-    def create(self, instance_id: str, cpu: float, memory_mb: int) -> Cgroup:
+    def _where(self, instance_id: str) -> tuple[tuple[str, str], ...]:
+        if self.version == "v2":
+            mount = self.mounts.get("memory")
+            return () if mount is None else \
+                (("", "/" + str((self.parents["memory"] / instance_id).relative_to(mount))),)
+        return tuple((c, "/" + str((p / instance_id).relative_to(self.mounts[c])))
+                     for c, p in self.parents.items() if c in self.mounts)
+
+    def _remake(self) -> None:
+        """Make the parents again (rule 2: removed from outside while this worker ran)."""
+        for controller, parent in self.parents.items():
+            mount = self.mounts.get(controller)
+            if mount is None:
+                parent.mkdir(parents=True, exist_ok=True)
+                continue
+            level = mount
+            for name in parent.relative_to(mount).parts:
+                if self.version == "v2":
+                    _delegate(level)
+                level = level / name
+                level.mkdir(exist_ok=True)
+            if self.version == "v2":
+                _delegate(level)
+            log.warning("cgroup parent %s was missing: made again", parent)
+
+    def create(self, instance_id: str, cpu: float, memory_mb: int,
+               pids: int | None = None) -> Cgroup:
         """The instance's cgroup with its limits written (rule 3); an existing one (left by
         an earlier run) is reused with the limits written again. Raises OSError."""
         dirs, memory_dir = self._dirs(instance_id)
         for d in dirs:
-            d.mkdir(exist_ok=True)
+            try:
+                d.mkdir(exist_ok=True)
+            except FileNotFoundError:
+                self._remake()
+                d.mkdir(exist_ok=True)
         limit = memory_mb * _MB
         if self.version == "v2":
             d = dirs[0]
@@ -225,29 +301,39 @@ class Hierarchy:
             _write(d / "cpu.max", f"{quota_us(cpu) if self.cpu_limit == 'quota' else 'max'} "
                                   f"{PERIOD_US}")
         else:
-            mem, cpu_dir = memory_dir, dirs[-1]
+            mem, cpu_dir = memory_dir, self.parents["cpu"] / instance_id
             _limit_v1(mem, limit)
             _write(cpu_dir / "cpu.shares", str(shares_v1(cpu)))
             if self.cpu_limit == "quota":
                 _write(cpu_dir / "cpu.cfs_period_us", str(PERIOD_US))
                 _write(cpu_dir / "cpu.cfs_quota_us", str(quota_us(cpu)))
-        return Cgroup(self.version, dirs, memory_dir, memory_mb)
+        if self.limits_pids and pids is not None:
+            _write(self.parents["pids"] / instance_id / "pids.max", str(pids))
+        return Cgroup(self.version, dirs, memory_dir, memory_mb, self._where(instance_id))
 
     def find(self, instance_id: str, memory_mb: int) -> Cgroup | None:
         """The cgroup a re-adopted instance runs in, if it is there (rule 6)."""
         dirs, memory_dir = self._dirs(instance_id)
         if not all(d.is_dir() for d in dirs):
             return None
-        return Cgroup(self.version, dirs, memory_dir, memory_mb)
+        return Cgroup(self.version, dirs, memory_dir, memory_mb, self._where(instance_id))
 
     def close(self) -> None:
-        """Remove the node's parent cgroups if nothing is left in them (instances left
-        running for the next worker keep theirs, and so the parent)."""
-        for parent in {*self.parents.values()}:
-            with contextlib.suppress(OSError):
-                parent.rmdir()
-            with contextlib.suppress(OSError):
-                parent.parent.rmdir()  # gavel/ itself, when no other node uses it
+        """Remove this worker's parent cgroups if nothing is left in them (instances left
+        running for the next worker keep theirs, and so the parent); the node's and
+        ``gavel`` above it go only when no other worker uses them (rule 2: rmdir of a cgroup
+        with children fails)."""
+        for controller, parent in self.parents.items():
+            mount = self.mounts.get(controller, parent.parent.parent)
+            for level in (parent, *parent.parents):
+                if level == mount or mount not in level.parents:
+                    break
+                try:
+                    level.rmdir()
+                except FileNotFoundError:
+                    continue  # v2: the same directory, removed for another controller
+                except OSError:
+                    break
 
 
 def shares_v1(cpu: float) -> int:
@@ -297,18 +383,29 @@ class Enforcement:
                          "bookkeeping only", missing)
 
 
-def detect(mode: Mode, node_id: str, *, root: Path = ROOT,
-           cpu_limit: CpuLimit = "weight") -> Enforcement:
-    """The hierarchy `mode` names, made ready for `node_id` (rule 1). Raises `Unavailable`
-    when `mode` names one that is not usable."""
+def worker_key(state_dir: Path | None) -> str:
+    """The name of a worker's own parent under its node's (rule 2): the same state directory
+    (a restarted worker, re-adopting) gives the same one. Without one (a worker built in a
+    test that owns its node id alone) the instances sit in the node's parent itself."""
+    if state_dir is None:
+        return ""
+    return "w" + hashlib.sha256(str(state_dir.resolve()).encode()).hexdigest()[:10]
+
+
+def detect(mode: Mode, node_id: str, *, root: Path = ROOT, cpu_limit: CpuLimit = "weight",
+           state_dir: Path | None = None) -> Enforcement:
+    """The hierarchy `mode` names, made ready for `node_id`'s worker keeping its state in
+    `state_dir` (rules 1, 2). Raises `Unavailable` when `mode` names one that is not
+    usable."""
     if mode == "off":
         return Enforcement.off()
     problems: list[str] = []
+    where = "/".join(filter(None, (node_id, worker_key(state_dir))))
     for version, find in (("v2", _v2), ("v1", _v1)):
         if mode not in ("auto", version):
             continue
         try:
-            hierarchy = find(root, node_id, cpu_limit)
+            hierarchy = find(root, where, cpu_limit)
         except Unavailable as exc:
             if mode != "auto":
                 raise
@@ -318,9 +415,10 @@ def detect(mode: Mode, node_id: str, *, root: Path = ROOT,
     return Enforcement.off("; ".join(problems), missing=True)
 
 
-def _v2(root: Path, node_id: str, cpu_limit: CpuLimit) -> Hierarchy:
+def _v2(root: Path, where: str, cpu_limit: CpuLimit) -> Hierarchy:
     """The unified hierarchy at `root` (or, on a hybrid host, `root`/unified) with memory
-    and cpu, each level from the root down to the node's parent delegating both."""
+    and cpu, each level from the root down to the worker's parent delegating both (and
+    pids, where the kernel offers it)."""
     mount = next((m for m in (root, root / "unified") if _controllers(m) >= {"memory", "cpu"}),
                  None)
     if mount is None:
@@ -328,7 +426,7 @@ def _v2(root: Path, node_id: str, cpu_limit: CpuLimit) -> Hierarchy:
                           f"controllers at {root}")
     parent = mount
     try:
-        for name in ("gavel", node_id):
+        for name in ("gavel", *where.split("/")):
             _delegate(parent)
             parent = parent / name
             parent.mkdir(exist_ok=True)
@@ -336,7 +434,9 @@ def _v2(root: Path, node_id: str, cpu_limit: CpuLimit) -> Hierarchy:
     except OSError as exc:
         raise Unavailable(f"cgroup v2 at {mount} is not writable: {_why(exc)} ({parent})"
                           ) from None
-    return Hierarchy("v2", {"memory": parent, "cpu": parent}, cpu_limit)
+    pids = "pids" in _controllers(mount)
+    parents = {"memory": parent, "cpu": parent, **({"pids": parent} if pids else {})}
+    return Hierarchy("v2", parents, cpu_limit, dict.fromkeys(parents, mount), pids)
 
 
 def _controllers(path: Path) -> set[str]:
@@ -347,29 +447,38 @@ def _controllers(path: Path) -> set[str]:
 
 
 def _delegate(cgroup: Path) -> None:
-    """Let `cgroup`'s children use memory and cpu (cgroup.subtree_control)."""
+    """Let `cgroup`'s children use memory and cpu, and pids where offered
+    (cgroup.subtree_control)."""
     control = cgroup / "cgroup.subtree_control"
     enabled = set(_read(control).split()) if control.exists() else set()
-    if not {"memory", "cpu"} <= enabled:
-        _write(control, "+memory +cpu")
+    want = ["memory", "cpu", *(["pids"] if "pids" in _controllers(cgroup) else [])]
+    if not set(want) <= enabled:
+        _write(control, " ".join(f"+{c}" for c in want))
 
 
-def _v1(root: Path, node_id: str, cpu_limit: CpuLimit) -> Hierarchy:
-    """The v1 memory and cpu hierarchies under `root`, each with the node's parent made."""
+def _v1(root: Path, where: str, cpu_limit: CpuLimit) -> Hierarchy:
+    """The v1 memory and cpu hierarchies under `root` (and pids, where mounted), each with
+    the worker's parent made."""
     parents: dict[str, Path] = {}
-    for controller, probe in (("memory", "memory.limit_in_bytes"), ("cpu", "cpu.shares")):
+    mounts: dict[str, Path] = {}
+    for controller, probe in (("memory", "memory.limit_in_bytes"), ("cpu", "cpu.shares"),
+                              ("pids", "cgroup.procs")):
         mount = next((m for m in (root / controller, root / "cpu,cpuacct")
-                      if (m / probe).exists()), None)
+                      if (m / probe).exists() and controller in m.name.split(",")), None)
         if mount is None:
+            if controller == "pids":
+                continue
             raise Unavailable(f"cgroup v1: no {controller} hierarchy at {root}")
-        parent = mount / "gavel" / node_id
+        parent = mount / "gavel" / where
         try:
             parent.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
+            if controller == "pids":
+                continue
             raise Unavailable(f"cgroup v1 {controller} at {mount} is not writable: "
                               f"{_why(exc)}") from None
-        parents[controller] = parent
-    return Hierarchy("v1", parents, cpu_limit)
+        parents[controller], mounts[controller] = parent, mount
+    return Hierarchy("v1", parents, cpu_limit, mounts, "pids" in parents)
 
 
 def _why(exc: OSError) -> str:

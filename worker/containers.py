@@ -341,7 +341,8 @@ class ContainerDriver:
             ports=[(p, "tcp") for p in ports.values()], stdin_open=False, tty=False,
             detach=True)
         cid = created["Id"]
-        cwd.mkdir(parents=True, exist_ok=True)
+        cwd.mkdir(mode=0o700, parents=True, exist_ok=True)  # the worker's, not the container's
+        os.chmod(cwd, 0o700)
         try:
             stream = api.attach(cid, stdout=True, stderr=True, stream=True, logs=True,
                                 demux=True)

@@ -8,7 +8,11 @@ earlier worker is watched by polling (it is no longer our child) and is only eve
 after its pid and start time are checked again, so a recycled pid is never hit.
 
 A child given a cgroup (`worker.cgroups`) enters it between fork and exec, so its command
-runs under its limits from the first instruction; one that cannot enter never runs.
+runs under its limits from the first instruction; one that cannot enter never runs. Then it
+is confined (`worker.isolation`: its own uid, mount namespace, no new privileges), again
+before its command runs. Its log files are opened by the worker without following a link
+and only if they are regular files: the directory is the instance's own, and a link it
+planted there must not make the worker write elsewhere.
 
 Children are `subprocess.Popen` objects watched through a pidfd, not asyncio subprocess
 transports: a transport kills its child when it is closed or garbage-collected, and an
@@ -19,16 +23,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import logging
 import os
 import signal
+import stat
 import subprocess
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 
 from gavel.worker.cgroups import Cgroup
 from gavel.worker.localstate import process_alive, process_start_time
+from gavel.worker.logfiles import open_regular
 
 __all__ = ["BASE_ENV_KEYS", "STDERR_TAIL", "Process", "SecretsUnavailable", "instance_env",
            "stderr_tail", "terminate"]
@@ -79,7 +86,7 @@ def stderr_tail(cwd: Path, limit: int = STDERR_TAIL) -> str:
     """The last lines of ``stderr.log`` in `cwd`, at most `limit` bytes of them (a line cut
     by the limit is left out unless it is the only one); "" when there is none."""
     try:
-        with open(cwd / "stderr.log", "rb") as f:
+        with open_regular(cwd / "stderr.log") as f:
             size = f.seek(0, os.SEEK_END)
             f.seek(max(0, size - limit))
             data = f.read(limit)
@@ -115,19 +122,21 @@ class Process:
 
     @classmethod
     def spawn(cls, command: Sequence[str], *, env: Mapping[str, str], cwd: Path,
-              poll_s: float, cgroup: Cgroup | None = None) -> Process:
-        """Start `command` (in `cgroup`, when given); raises OSError (or ValueError, or
-        SubprocessError when the child cannot enter its cgroup) when it cannot be executed.
+              poll_s: float, cgroup: Cgroup | None = None,
+              confine: Callable[[], None] | None = None) -> Process:
+        """Start `command` (in `cgroup`, then `confine`-d, when given); raises OSError (or
+        ValueError, or SubprocessError when the child cannot enter its cgroup or be
+        confined) when it cannot be executed.
 
         stdout and stderr are appended to ``stdout.log`` / ``stderr.log`` in `cwd`.
         """
         cwd.mkdir(parents=True, exist_ok=True)
-        with open(cwd / "stdout.log", "ab") as out, open(cwd / "stderr.log", "ab") as err, \
+        with _log(cwd / "stdout.log") as out, _log(cwd / "stderr.log") as err, \
                 (cgroup.entry() if cgroup is not None else contextlib.nullcontext()) as enter:
             popen = subprocess.Popen(
                 list(command), env=dict(env), cwd=cwd, stdin=subprocess.DEVNULL,
                 stdout=out, stderr=err, start_new_session=True, close_fds=True,
-                preexec_fn=enter,
+                preexec_fn=_both(enter, confine),
             )
         create_time = process_start_time(popen.pid)
         return cls(popen.pid, create_time if create_time is not None else time.time(),
@@ -215,6 +224,34 @@ class Process:
         if self._poller is not None and not from_poller:
             self._poller.cancel()
         self._poller = None
+
+
+def _both(first: Callable[[], None] | None, then: Callable[[], None] | None
+          ) -> Callable[[], None] | None:
+    if first is None or then is None:
+        return first or then
+
+    def both() -> None:
+        first()
+        then()
+
+    return both
+
+
+@contextlib.contextmanager
+def _log(path: Path) -> Iterator[int]:
+    """`path` opened for appending: never through a link, never anything but a regular file
+    (a FIFO would block the worker), so a planted name cannot redirect the worker's write."""
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK
+                 | os.O_CLOEXEC, 0o644)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, f"{path.name} in the instance's directory is not a "
+                                        "regular file")
+        os.set_blocking(fd, True)
+        yield fd
+    finally:
+        os.close(fd)
 
 
 async def terminate(proc: Process, grace_s: float) -> int | None:

@@ -6,33 +6,47 @@ Rules:
    worker left behind (`adopt`); a `Run` is waited on, stopped with a grace period,
    detached (left running for the next worker), and cleaned up once it has ended. The
    lifecycle (`worker.instance`, `worker.supervisor`) only ever talks to these two.
-2. `start` raises `StartFailed` with the sentence the operator reads after "driver failed to
-   start"; nothing else escapes it.
+2. `start` raises `StartFailed` with the fixed reason and the sentence the operator reads
+   ("driver failed to start" and why, unless another reason says it); nothing else escapes
+   it.
 3. `Run.record` writes what finds the run again into the instance's local record (a pid and
    its start time, a container id); `Driver.adopt` reads it back, and trusts it only after
    checking the run is still the one recorded.
 4. `Run.exceeded(code)` says whether the kernel killed that run for its memory: the same
    fixed reason (`Reason.MEMORY_EXCEEDED`) whatever ran it.
 5. The process driver (`ProcessDriver`) is the exec driver of `worker.driver`, unchanged;
-   with a cgroup hierarchy every run enters the instance's one cgroup (`worker.cgroups`).
+   with a cgroup hierarchy every run enters the instance's one cgroup (`worker.cgroups`),
+   and every run and exec check is confined as the supervisor's `confine` says
+   (`worker.isolation`).
 """
 
 from __future__ import annotations
 
 import signal
 import subprocess
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
+from gavel.shared.reasons import Reason
 from gavel.shared.spec import Spec
 from gavel.worker.cgroups import Cgroup, Hierarchy
 from gavel.worker.driver import Process, terminate
+from gavel.worker.isolation import RootRefused
 from gavel.worker.localstate import LocalInstance
 from gavel.worker.probes import exec_on_host
 
-__all__ = ["Driver", "Held", "ProcessDriver", "ProcessRun", "Run", "StartFailed",
+__all__ = ["Confine", "Driver", "Held", "ProcessDriver", "ProcessRun", "Run", "StartFailed",
            "Unavailable", "volume_env"]
+
+
+class Confine(Protocol):
+    """What a child of a held instance runs before its command (`join`: an exec check
+    beside that process): `worker.supervisor.Supervisor.confine`. Raises RootRefused, or
+    OSError when it cannot be isolated."""
+
+    def __call__(self, held: Any, *, join: int | None = None
+                 ) -> Callable[[], None] | None: ...
 
 
 class Held(Protocol):
@@ -52,7 +66,13 @@ class Held(Protocol):
 
 
 class StartFailed(Exception):
-    """The workload could not be started; the message says why (rule 2)."""
+    """The workload could not be started: `reason` (a fixed one, `Reason.DRIVER_FAILED`
+    unless said) and `detail` (rule 2)."""
+
+    def __init__(self, detail: str, reason: str = Reason.DRIVER_FAILED) -> None:
+        super().__init__(detail)
+        self.detail = detail
+        self.reason = reason
 
 
 class Run(Protocol):
@@ -122,9 +142,13 @@ class Driver(Protocol):
 class ProcessRun:
     """A run of the exec driver: `worker.driver.Process`, in its cgroup when it has one."""
 
-    def __init__(self, proc: Process, cgroup: Cgroup | None) -> None:
+    def __init__(self, proc: Process, cgroup: Cgroup | None,
+                 check_confine: Callable[[], Callable[[], None] | None] | None = None) -> None:
         self.proc = proc
         self.cgroup = cgroup
+        #: What an exec check beside it runs before its command: asked once, at the first.
+        self._check_confine = check_confine
+        self._confined: tuple[Callable[[], None] | None] | None = None
 
     @property
     def started(self) -> float:
@@ -162,24 +186,35 @@ class ProcessRun:
 
     async def execute(self, command: Sequence[str], env: Mapping[str, str],
                       cwd: Path) -> tuple[bool, str]:
-        return await exec_on_host(command, env, cwd)
+        if self._confined is None:
+            self._confined = (self._check_confine() if self._check_confine else None,)
+        return await exec_on_host(command, env, cwd, self._confined[0])
 
 
 class ProcessDriver:
     """The exec driver behind the interface (rule 5)."""
 
     def __init__(self, *, poll_s: float, cgroups: Hierarchy | None,
-                 volumes: Mapping[str, str] | None = None) -> None:
+                 volumes: Mapping[str, str] | None = None, confine: Confine | None = None
+                 ) -> None:
         self.poll_s = poll_s
         self.cgroups = cgroups
         self.volumes = dict(volumes or {})
+        self.confine = confine
 
     async def start(self, held: Held, env: Mapping[str, str], cwd: Path) -> ProcessRun:
         spec: Spec = held.local.placement.spec
+        try:
+            confine = self.confine(held) if self.confine is not None else None
+        except RootRefused as exc:
+            raise StartFailed("", Reason.ROOT_REFUSED) from exc
+        except OSError as exc:
+            raise StartFailed(f"cannot isolate it: {exc.strerror or exc}") from exc
         cgroup = held.cgroup
         if cgroup is None and self.cgroups is not None:
             try:
-                cgroup = held.cgroup = self.cgroups.create(held.id, spec.cpu, spec.memory_mb)
+                cgroup = held.cgroup = self.cgroups.create(held.id, spec.cpu, spec.memory_mb,
+                                                           spec.pids)
             except OSError as exc:
                 raise StartFailed(f"cannot make its cgroup: {exc.strerror or exc}") from exc
         if cgroup is not None:
@@ -188,11 +223,17 @@ class ProcessDriver:
             env = {**env, **volume_env(spec, self.volumes)}
         try:
             proc = Process.spawn(spec.command, env=env, cwd=cwd, poll_s=self.poll_s,
-                                 cgroup=cgroup)
+                                 cgroup=cgroup, confine=confine)
         except (OSError, ValueError, subprocess.SubprocessError) as exc:
             # missing binary, not executable, NUL byte, could not enter its cgroup
             raise StartFailed(str(exc)) from exc
-        return ProcessRun(proc, cgroup)
+        return ProcessRun(proc, cgroup, self._check(held, proc))
+
+    def _check(self, held: Held, proc: Process
+               ) -> Callable[[], Callable[[], None] | None] | None:
+        """What an exec check beside `proc` runs first (asked at the first check)."""
+        confine = self.confine
+        return None if confine is None else (lambda: confine(held, join=proc.pid))
 
     def adopt(self, held: Held) -> ProcessRun | None:
         local = held.local
@@ -202,7 +243,7 @@ class ProcessDriver:
         if not local.pid or local.restart_at:  # never started, or waiting to start again
             return None
         proc = Process.adopt(local.pid, local.create_time, poll_s=self.poll_s)
-        return None if proc is None else ProcessRun(proc, held.cgroup)
+        return None if proc is None else ProcessRun(proc, held.cgroup, self._check(held, proc))
 
 
 def volume_env(spec: Spec, volumes: Mapping[str, str]) -> dict[str, str]:

@@ -29,6 +29,11 @@ Rules:
    memory kill, a failing check, a non-zero exit, an exit - and its detail, so status and
    events say it while the instance restarts.
    The cgroup stays between restarts; `Host.end` removes it.
+8. Every run of a process, and every exec check beside it, is confined as `Host.confine`
+   says (`worker.isolation`; the exec driver, `worker.drivers`, asks it):
+   a spec asking for root on a node that does not allow it ends `Reason.ROOT_REFUSED`; an
+   instance whose process was found outside its cgroup ends `Reason.ESCAPED_CGROUP`. One
+   running as a uid of its own has its directory as HOME (the worker's is not its to use).
 """
 
 from __future__ import annotations
@@ -143,6 +148,13 @@ class Host(Protocol):
 
     async def secrets(self, instance_id: str, attempt: int) -> dict[str, str] | None: ...
 
+    def confine(self, held: Held, *, join: int | None = None) -> Callable[[], None] | None:
+        """What a child of `held` runs before its command (rule 7; `join`: an exec check
+        beside that process). Raises RootRefused, or OSError when it cannot be isolated."""
+
+    def home(self, held: Held) -> str | None:
+        """The instance's HOME when it is not the worker's (rule 7)."""
+
 
 class Life:
     """The life of `held` on `host`, from `run(begin)` until it has ended."""
@@ -194,7 +206,7 @@ class Life:
             held.proc = await host.driver(placement.spec).start(held, env,
                                                                 host.instance_dir(held.id))
         except StartFailed as exc:
-            await host.end(held, EventType.FAILED, Reason.DRIVER_FAILED, str(exc))
+            await host.end(held, EventType.FAILED, exc.reason, exc.detail)
             return False
         if held.stopping is not None:  # stopped while the driver was starting it
             await self._stopped(await held.proc.stop(host.timing.kill_grace_s))
@@ -313,6 +325,8 @@ class Life:
         elif why == Reason.TIMEOUT:
             await end(held, EventType.FAILED, Reason.TIMEOUT,
                       f"ran longer than {spec.timeout_s:g}s", code)
+        elif why == Reason.ESCAPED_CGROUP:  # rule 7
+            await end(held, EventType.FAILED, Reason.ESCAPED_CGROUP, "", code)
         elif why == Reason.WORKER_STOPPED:  # not the instance's end: not remembered as run
             await end(held, EventType.FAILED, Reason.WORKER_STOPPED, "the worker shut down",
                       code, remember=False)
@@ -360,8 +374,10 @@ class Life:
                 held.secret_env = got
             else:
                 held.secret_env = {}
+        home = self.host.home(held)
         return instance_env(
-            base=os.environ, spec_env=placement.spec.env, secret_env=held.secret_env,
+            base=os.environ if home is None else {**os.environ, "HOME": home},
+            spec_env=placement.spec.env, secret_env=held.secret_env,
             instance_id=held.id, node_id=self.host.node_id, attempt=held.attempt,
             ports=placement.ports, port_order=placement.spec.ports)
 

@@ -29,26 +29,34 @@ Rules:
 4. A stream keeps at most `files` files of `max_bytes` each, the live one included (1: the
    live file only, truncated when full). An ended instance's directory stays `keep_s` after
    it ended, and only the newest `keep_max` of them: then it is removed, its logs with it.
+5. The directory may belong to the instance (`worker.isolation`), which can put links or
+   FIFOs where the worker's files go: the worker opens nothing there through a link
+   (``O_NOFOLLOW``), reads only regular files (what it serves as logs, or quotes in a
+   failure's detail, is the instance's own output and nothing else), makes its temporary
+   files anew (``O_EXCL``) and never blocks on one.
 """
 
 from __future__ import annotations
 
 import bisect
 import contextlib
+import errno
 import logging
 import os
 import re
 import shutil
+import stat
 import time
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 import msgspec
 
 from gavel.shared.logstream import CHUNK_MAX, STREAMS
 
-__all__ = ["MARKS_MAX", "META", "LogLimits", "Output", "Outputs"]
+__all__ = ["MARKS_MAX", "META", "LogLimits", "Output", "Outputs", "open_regular"]
 
 log = logging.getLogger("gavel.worker.logs")
 
@@ -134,7 +142,7 @@ class Output:
             return
         tmp = self.dir / f".{META}.tmp"
         try:
-            tmp.write_bytes(data)
+            _write_new(tmp, data)
             os.replace(tmp, self.dir / META)
         except OSError as exc:
             log.warning("cannot write %s: %s", self.dir / META, exc)
@@ -192,7 +200,7 @@ class Output:
         live = self.live(stream)
         tmp = self.dir / f".{stream}.log.rotating"
         try:
-            fd = os.open(live, os.O_RDWR)
+            fd = os.open(live, os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK)
         except OSError as exc:
             log.warning("cannot rotate %s: %s", live, exc)
             return
@@ -208,7 +216,9 @@ class Output:
             # Rule 2: what arrives while the copy is made is chased up to the cap, no more.
             most = start + max(size - start, self.limits.max_bytes)
             if keep:
-                out = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+                with contextlib.suppress(FileNotFoundError):
+                    tmp.unlink()
+                out = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
                 try:
                     while True:  # until no more arrives: the truncate follows at once
                         block = os.pread(fd, min(_COPY_BLOCK, most - copied), copied)
@@ -257,7 +267,7 @@ class Output:
                 skipped += start - pos
                 pos = start
             try:
-                with open(path, "rb") as f:
+                with open_regular(path) as f:
                     f.seek(pos - start)
                     data = f.read(min(limit, end - pos))
             except OSError:
@@ -289,7 +299,7 @@ class Output:
             while top > start:
                 lo = max(start, top - CHUNK_MAX)
                 try:
-                    with open(path, "rb") as f:
+                    with open_regular(path) as f:
                         f.seek(lo - start)
                         block = f.read(top - lo)
                 except OSError:
@@ -429,6 +439,32 @@ class Outputs:
             self._open.pop(iid, None)
             log.info("removed the output of ended instance %s", iid)
         return gone
+
+
+def open_regular(path: Path) -> BinaryIO:
+    """`path` opened for reading only if it is a regular file reached without a link (rule
+    5): a link the instance planted never makes the worker serve a file it may not read."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, f"{path.name} is not a regular file")
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def _write_new(path: Path, data: bytes) -> None:
+    """`data` into a new file at `path`: whatever was there (a link the instance planted in
+    its own directory, rule 5) is replaced, never followed."""
+    with contextlib.suppress(FileNotFoundError):
+        path.unlink()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+    try:
+        os.write(fd, data)
+    finally:
+        os.close(fd)
 
 
 def _size(path: Path) -> int | None:

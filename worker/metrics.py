@@ -92,6 +92,7 @@ class _Snapshot:
     malformed: dict[str, int] = field(default_factory=dict)
     ignored: dict[str, int] = field(default_factory=dict)
     cgroups: str = "none"
+    escapes: int = 0
 
 
 class _AgentCollector(Collector):
@@ -106,7 +107,7 @@ class _AgentCollector(Collector):
                          capacity=(cap.cpu, cap.memory_mb),
                          committed=(com.cpu, com.memory_mb), draining=a.draining,
                          malformed=dict(a.malformed), ignored=dict(a.ignored),
-                         cgroups=a.enforcement.version)
+                         cgroups=a.enforcement.version, escapes=a.escapes)
 
     def _snapshot(self) -> _Snapshot:
         loop = self.loop
@@ -151,6 +152,11 @@ class _AgentCollector(Collector):
                                "only)", labels=["version"])
         cg.add_metric([s.cgroups], 1)
         yield cg
+        esc = CounterMetricFamily("gavel_worker_cgroup_escapes",
+                                  "Instances killed because a process of theirs was found "
+                                  "outside their cgroup")
+        esc.add_metric([], s.escapes)
+        yield esc
         bad = CounterMetricFamily("gavel_worker_messages_malformed",
                                   "Undecodable messages, by endpoint", labels=["endpoint"])
         for k, n in sorted(s.malformed.items()):

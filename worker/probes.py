@@ -5,7 +5,8 @@ Rules:
 1. ``http``: a GET of the check's path on 127.0.0.1 at the instance's port, over a plain
    HTTP/1.1 connection (``Connection: close``); it passes when the status equals the
    check's `status`. ``tcp``: a connection to that port is accepted. ``exec``: the command
-   exits 0, run with the instance's environment and directory, in a session of its own.
+   exits 0, run with the instance's environment and directory, in a session of its own, as
+   the instance's own identity and in its mount namespace (`worker.isolation`).
 2. Every probe is bounded by the check's `timeout_s`; an exec probe still running then (or
    when the checks stop) is killed with its whole process group, so a check never outlives
    the run it watches.
@@ -49,12 +50,14 @@ Execute = Callable[[Sequence[str], Mapping[str, str], Path], Awaitable[tuple[boo
 
 
 async def probe(check: Check, *, ports: Mapping[str, int], env: Env, cwd: Path,
+                confine: Callable[[], None] | None = None,
                 execute: Execute | None = None) -> tuple[bool, str]:
     """Run `check` once (rules 1-3): whether it passed, and its output (truncated)."""
     try:
         async with asyncio.timeout(check.timeout_s):
             if check.type == "exec":
-                ok, out = await (execute or exec_on_host)(check.command, await env(), cwd)
+                ok, out = (await execute(check.command, await env(), cwd) if execute
+                           else await exec_on_host(check.command, await env(), cwd, confine))
             else:
                 port = ports.get(check.port or "")
                 if port is None:
@@ -122,13 +125,14 @@ async def _http(port: int, path: str, want: int) -> tuple[bool, str]:
             await writer.wait_closed()
 
 
-async def exec_on_host(command: Sequence[str], env: Mapping[str, str],
-                       cwd: Path) -> tuple[bool, str]:
-    """An exec check's command as a child of the worker (rules 1 and 2)."""
+async def exec_on_host(command: Sequence[str], env: Mapping[str, str], cwd: Path,
+                       confine: Callable[[], None] | None = None) -> tuple[bool, str]:
+    """An exec check's command as a child of the worker (rules 1 and 2), confined as
+    `confine` says (`worker.isolation`)."""
     proc = await asyncio.create_subprocess_exec(
         *command, env=dict(env), cwd=cwd, stdin=asyncio.subprocess.DEVNULL,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
-        start_new_session=True)
+        start_new_session=True, preexec_fn=confine)
     tail = b""
     try:
         assert proc.stdout is not None
@@ -154,8 +158,11 @@ class Prober:
 
     def __init__(self, checks: Sequence[Check], *, started: float, ports: Mapping[str, int],
                  env: Env, cwd: Path, on_change: Callable[[Change], Awaitable[None]],
+                 confine: Callable[[], None] | None = None,
                  execute: Execute | None = None) -> None:
         self._checks = list(checks)
+        #: What an exec check's child runs before its command (`worker.isolation`).
+        self._confine = confine
         ago = max(0.0, time.time() - started)
         self.machine = CheckMachine(self._checks, started=time.monotonic() - ago)
         self._ports = dict(ports)
@@ -190,6 +197,7 @@ class Prober:
                 for i in machine.due(time.monotonic()):
                     task = asyncio.ensure_future(probe(self._checks[i], ports=self._ports,
                                                        env=self._env, cwd=self._cwd,
+                                                       confine=self._confine,
                                                        execute=self._execute))
                     running[task] = i
                 wake = machine.wake_at()

@@ -31,10 +31,13 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import logging
+import os
 import re
+import signal
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
 
 from gavel.shared.messages import Award, Capacity, EventType, InstanceReport, InstanceState
@@ -45,6 +48,7 @@ from gavel.shared.timing import Timing
 from gavel.worker.cgroups import Hierarchy, release
 from gavel.worker.drivers import Driver, ProcessDriver
 from gavel.worker.instance import Begin, Held, Life, Report, Secrets
+from gavel.worker.isolation import Identity, Isolation, off, processes, zombie
 from gavel.worker.localstate import FINISHED_KEPT, AgentFile, LocalInstance, load, save
 from gavel.worker.ports import assign
 
@@ -76,7 +80,9 @@ class Supervisor:
                  reserved: Callable[[str], Collection[int]] = lambda _iid: (),
                  secrets: Secrets = _no_secrets,
                  cgroups: Hierarchy | None = None,
-                 drivers: Callable[[Spec], Driver] | None = None) -> None:
+                 isolation: Isolation | None = None,
+                 drivers: Callable[[Spec], Driver] | None = None,
+                 volumes: Mapping[str, str] | None = None) -> None:
         self.node_id = node_id
         self.state_dir = state_dir
         self.timing = timing
@@ -88,9 +94,14 @@ class Supervisor:
         self._secrets = secrets
         #: Where instances' cgroups live (None: resources are not enforced).
         self.cgroups = cgroups
-        process = ProcessDriver(poll_s=timing.tick_s, cgroups=cgroups)
-        #: Which driver runs a spec (`worker.drivers`): the exec driver unless told otherwise.
-        self._drivers: Callable[[Spec], Driver] = drivers or (lambda _spec: process)
+        self.isolation = isolation or off()
+        #: Who each held instance runs as, once its first run was confined.
+        self._identities: dict[str, Identity | None] = {}
+        #: The exec driver (`worker.drivers`), each run confined as `confine` says.
+        self.process = ProcessDriver(poll_s=timing.tick_s, cgroups=cgroups,
+                                     volumes=volumes, confine=self.confine)
+        #: Which driver runs a spec: the exec driver unless told otherwise.
+        self._drivers: Callable[[Spec], Driver] = drivers or (lambda _spec: self.process)
         self._path = state_dir / "agent.json"
         self._held: dict[str, Held] = {}
         self._finished: collections.deque[str] = collections.deque(maxlen=FINISHED_KEPT)
@@ -161,6 +172,7 @@ class Supervisor:
     async def restore(self) -> None:
         """Adopt the instances an earlier worker left running; report the ones that ended."""
         self.state_dir.mkdir(parents=True, exist_ok=True)
+        self.isolation.protect(self.state_dir)
         saved = load(self._path)
         if saved is not None:
             if saved.node_id != self.node_id:
@@ -175,6 +187,10 @@ class Supervisor:
 
     async def _readopt(self, held: Held) -> None:
         local = held.local
+        if self.isolation.on and not local.placement.spec.root:  # the uid it runs as
+            with contextlib.suppress(OSError):
+                self._identities[held.id] = self.isolation.identity(
+                    held.id, self.instance_dir(held.id), root=False)
         run = self.driver(local.placement.spec).adopt(held)  # finds its cgroup, if any
         if local.restart_at:
             begin = Begin.BACKOFF
@@ -295,6 +311,8 @@ class Supervisor:
             await held.proc.release()
         if held.cgroup is not None:  # what the process left behind in it goes too
             await release(held.cgroup)
+        if held.id in self._identities and self._held.get(held.id) is None:
+            self.isolation.release(held.id, self._identities.pop(held.id))
 
     # -- what an instance's life uses (`worker.instance.Host`) ------------------------------
 
@@ -306,6 +324,63 @@ class Supervisor:
 
     async def secrets(self, instance_id: str, attempt: int) -> dict[str, str] | None:
         return await self._secrets(instance_id, attempt)
+
+    def confine(self, held: Held, *, join: int | None = None) -> Callable[[], None] | None:
+        iso, spec = self.isolation, held.local.placement.spec
+        if not iso.enabled:
+            return None
+        if held.id not in self._identities:
+            try:
+                self._identities[held.id] = iso.identity(
+                    held.id, self.instance_dir(held.id), root=spec.root)
+            except Exception as exc:
+                if join is None:
+                    raise
+                why = str(exc) or type(exc).__name__
+
+                def refuse() -> None:  # a check is never run unconfined
+                    raise OSError(f"cannot isolate the check: {why}")
+
+                return refuse
+        enter = [d / "cgroup.procs" for d in held.cgroup.dirs] \
+            if join is not None and held.cgroup is not None else []
+        return iso.child(self._identities[held.id], pids=spec.pids, tmp_mb=spec.memory_mb,
+                         join=join, enter=enter)
+
+    def home(self, held: Held) -> str | None:
+        if not self.isolation.on or held.local.placement.spec.root:
+            return None
+        return str(self.instance_dir(held.id))
+
+    def escapes(self) -> int:
+        """Kill every instance a process of which runs outside its cgroup (module
+        docstring); how many there were."""
+        if self.cgroups is None:
+            return 0
+        watched = [h for h in self._held.values()
+                   if h.cgroup is not None and h.proc is not None and h.stopping is None]
+        uids = {i.uid for h in watched if (i := self._identities.get(h.id)) is not None}
+        try:
+            by_uid = processes(uids) if uids else {}
+        except OSError as exc:  # no /proc to read: the kernel's refusal still holds
+            log.warning("cannot list processes to check cgroups: %s", exc)
+            return 0
+        found = 0
+        for held in watched:
+            assert held.cgroup is not None and held.proc is not None
+            ident = self._identities.get(held.id)
+            mine = by_uid.get(ident.uid, []) if ident is not None else [held.local.pid]
+            out = [p for p in held.cgroup.outside(mine) if not zombie(p)]
+            if not out:
+                continue
+            found += 1
+            log.warning("instance %s: %s (pids %s)", held.id, Reason.ESCAPED_CGROUP, out)
+            for pid in out:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGKILL)
+            held.cgroup.kill()
+            self._stop(held, Reason.ESCAPED_CGROUP)
+        return found
 
     async def emit(self, held: Held, type_: str, reason: str, detail: str,
                    exit_code: int | None, *, ports: dict[str, int] | None = None,

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from collections.abc import AsyncIterator
@@ -30,5 +31,6 @@ def up_demo(tmp_path_factory: pytest.TempPathFactory) -> UpDemo:
     answer): the run is the expensive part, and the tests only read its output and files."""
     state = tmp_path_factory.mktemp("up-demo") / "up"
     proc = subprocess.run([sys.executable, "-m", "gavel", "up", "--demo", "--workers", "2",
-                           "--state", str(state)], capture_output=True, text=True, timeout=150)
+                           "--state", str(state)], capture_output=True, text=True, timeout=150,
+                          env={**os.environ, "GAVEL_ISOLATION": "uids"})  # as `make run`
     return UpDemo(proc, state)

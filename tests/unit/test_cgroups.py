@@ -6,6 +6,7 @@ The real kernel is exercised in tests/integration/test_cgroups.py."""
 from __future__ import annotations
 
 import asyncio
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -51,8 +52,10 @@ def test_v2_delegates_memory_and_cpu_down_to_the_nodes_parent(tmp_path: Path) ->
     got = detect("v2", "node-1", root=root)
     assert got.version == "v2" and not got.missing
     assert got.summary == (f"resources enforced: cgroup v2 at {root}/gavel/node-1: memory "
-                           "limit and cpu weight per instance")
-    for level in (root, root / "gavel", root / "gavel" / "node-1"):
+                           "limit and cpu weight, pids limit per instance")
+    # pids is delegated where the level offers it (the mount's root here)
+    assert (root / "cgroup.subtree_control").read_text() == "+memory +cpu +pids"
+    for level in (root / "gavel", root / "gavel" / "node-1"):
         assert (level / "cgroup.subtree_control").read_text() == "+memory +cpu"
 
 
@@ -251,3 +254,39 @@ def test_pids_never_name_the_worker_or_its_process_group(tmp_path: Path) -> None
     cg = hierarchy.create("i", cpu=1.0, memory_mb=16)
     (cg.dirs[0] / "cgroup.procs").write_text(f"0\n{os.getpid()}\n-1\n")
     assert cg.pids() == []  # so killing what is left can never hit this process or its group
+
+
+# -- staying in, and parents of one's own ------------------------------------------------------
+
+
+def test_membership_is_read_per_controller_v1_and_v2() -> None:
+    from gavel.worker.cgroups import _inside
+
+    v1 = (("memory", "/gavel/n/w1/i"), ("cpu", "/gavel/n/w1/i"), ("pids", "/gavel/n/w1/i"))
+    text = ("9:name=systemd:/\n8:pids:/gavel/n/w1/i\n4:memory:/gavel/n/w1/i\n"
+            "2:cpuacct:/\n1:cpu:/gavel/n/w1/i\n0::/\n")
+    assert _inside(text, v1)
+    assert not _inside(text.replace("4:memory:/gavel/n/w1/i", "4:memory:/"), v1)
+    assert not _inside(text.replace("8:pids:/gavel/n/w1/i", "8:pids:/gavel/n/w1/i2"), v1)
+    assert _inside(text.replace("1:cpu:", "1:cpu,cpuacct:"), v1)  # a joint mount
+    v2 = (("", "/gavel/n/w1/i"),)
+    assert _inside("0::/gavel/n/w1/i\n", v2) and _inside("0::/gavel/n/w1/i/sub\n", v2)
+    assert not _inside("0::/\n", v2) and not _inside("0::/gavel/n/w1/i2\n", v2)
+
+
+def test_each_worker_has_its_own_parent_and_a_removed_one_is_made_again(
+        tmp_path: Path) -> None:
+    root = v2_root(tmp_path)
+    one = detect("v2", "n", root=root, state_dir=tmp_path / "one").hierarchy
+    two = detect("v2", "n", root=root, state_dir=tmp_path / "two").hierarchy
+    assert one is not None and two is not None
+    assert one.parents["memory"].parent == two.parents["memory"].parent == root / "gavel" / "n"
+    assert one.parents["memory"] != two.parents["memory"]
+    again = detect("v2", "n", root=root, state_dir=tmp_path / "one").hierarchy
+    assert again is not None and again.parents == one.parents  # a restarted worker: the same
+    shutil.rmtree(root / "gavel")  # removed from outside while the worker runs
+    cg = two.create("i", cpu=0.5, memory_mb=32, pids=7)
+    assert (two.parents["memory"] / "i" / "memory.max").read_text() == str(32 * MB)
+    assert (two.parents["pids"] / "i" / "pids.max").read_text() == "7"
+    assert (root / "gavel" / "cgroup.subtree_control").read_text().startswith("+memory +cpu")
+    assert cg.where == (("", f"/gavel/n/{two.parents['memory'].name}/i"),)

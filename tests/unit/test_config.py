@@ -104,6 +104,26 @@ def test_bad_environment_value_names_the_variable() -> None:
         worker(["--node-id", "n"], env={"GAVEL_METRICS_PORT": "abc"})
 
 
+def test_isolation_settings_come_from_file_env_and_flags(tmp_path: Path) -> None:
+    cfg = worker(["--node-id", "n"], env={})
+    assert (cfg.isolation, cfg.uids, cfg.allow_root) == ("uids", (200_000, 265_535), False)
+    file = write(tmp_path, 'node_id = "n"\nuids = [5000, 5999]\nallow_root = true\n')
+    assert (worker([], file).uids, worker([], file).allow_root) == ((5000, 5999), True)
+    assert worker([], file, {"GAVEL_UIDS": "7000-7099"}).uids == (7000, 7099)
+    assert worker(["--uids", "8000-8000", "--allow-root", "no"], file).uids == (8000, 8000)
+    assert not worker(["--allow-root", "no"], file).allow_root
+    assert worker(["--isolation", "off"], file).isolation == "off"
+    for bad in ("0-10", "10-5", "ten-20", "5"):  # root never, and a range that ends after it starts
+        with pytest.raises(SystemExit):
+            worker(["--node-id", "n", "--uids", bad])
+    with pytest.raises(ConfigError, match="environment variable GAVEL_UIDS: uid range '9-1'"):
+        worker(["--node-id", "n"], env={"GAVEL_UIDS": "9-1"})
+    with pytest.raises(ConfigError, match=r"field `uids` expected FIRST <= LAST, got 9-1"):
+        worker([], write(tmp_path, 'node_id = "n"\nuids = [9, 1]\n', "bad.toml"))
+    with pytest.raises(ConfigError, match=r"field `uids\[0\]` expected `int` >= 1"):
+        worker([], write(tmp_path, 'node_id = "n"\nuids = [0, 1]\n', "root.toml"))
+
+
 def test_cgroups_settings_come_from_file_env_and_flags(tmp_path: Path) -> None:
     cfg = worker(["--node-id", "n"])
     assert (cfg.cgroups, cfg.cgroup_cpu) == ("auto", "weight")  # enforce what the host has
