@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import sys
 import tempfile
 import time
@@ -70,6 +71,7 @@ from gavel.bench.chaosplan import (
     schedule,
     submissions,
 )
+from gavel.bench.interrupt import stopped_by_signals
 from gavel.broker.ledger.repository import Ledger
 from gavel.shared.api import NodesReply, NodesRequest
 from gavel.transport.client import call, connect, wait_healthy
@@ -360,9 +362,9 @@ async def run(opts: Options) -> dict[str, Any]:
     cluster = Cluster(root, node_ids(opts.workers),
                       room(submissions(opts.seed, opts.duration), opts.workers))
     say(f"state and logs under {root}")
-    await asyncio.to_thread(cluster.nats.start)
     nc: Any = None
-    try:
+    try:  # the one way out (`bench.interrupt`)
+        await asyncio.to_thread(cluster.nats.start)
         cluster.start_broker()
         for node in cluster.nodes:
             cluster.start_worker(node)
@@ -374,8 +376,9 @@ async def run(opts: Options) -> dict[str, Any]:
         summary = await asyncio.to_thread(chaos.summary)
     finally:
         if nc is not None:
-            await nc.close()
-        await asyncio.to_thread(cluster.stop)
+            with contextlib.suppress(Exception):
+                await nc.close()
+        cluster.stop()  # blocking: a second signal cannot cut it short
     finish(summary, root, opts.state, opts.keep)
     return summary
 
@@ -394,10 +397,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.duration <= 0 or args.workers < 2:
         p.error("--duration must be positive and --workers at least 2")
     try:
-        summary = asyncio.run(run(Options(duration=args.duration, workers=args.workers,
-                                          seed=args.seed, state=args.state,
-                                          settle_s=args.settle, keep=args.keep,
-                                          overlap=args.overlap)))
+        summary = asyncio.run(stopped_by_signals(run(Options(
+            duration=args.duration, workers=args.workers, seed=args.seed, state=args.state,
+            settle_s=args.settle, keep=args.keep, overlap=args.overlap))))
     except (Exception, KeyboardInterrupt) as exc:  # the run itself broke: still a summary
         summary = broken(exc, args.seed, dict.fromkeys(FAULTS, 0), rejoined_after_move=0)
     return report(summary, f"chaos, seed {summary['seed']}: {summary['submitted']} submitted, "

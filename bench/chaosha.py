@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import sys
 import tempfile
 import time
@@ -57,6 +58,7 @@ from gavel.bench.chaosplan import (
     room,
     submissions,
 )
+from gavel.bench.interrupt import stopped_by_signals
 from gavel.shared.api import NodesReply, NodesRequest
 from gavel.transport.client import call, connect
 
@@ -284,10 +286,11 @@ async def run(opts: HaOptions) -> dict[str, Any]:
         await _ready(chaos, opts.workers)
         await chaos.drive()
         summary = await asyncio.to_thread(chaos.summary, time.monotonic() - began)
-    finally:
+    finally:  # the one way out (`bench.interrupt`)
         if nc is not None:
-            await nc.close()
-        await asyncio.to_thread(cluster.stop)
+            with contextlib.suppress(Exception):
+                await nc.close()
+        cluster.stop()  # blocking: a second signal cannot cut it short
     finish(summary, root, opts.state, opts.keep)
     return summary
 
@@ -320,9 +323,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.duration <= 0 or args.workers < 2:
         p.error("--duration must be positive and --workers at least 2")
     try:
-        summary = asyncio.run(run(HaOptions(
+        summary = asyncio.run(stopped_by_signals(run(HaOptions(
             duration=args.duration, workers=args.workers, seed=args.seed, state=args.state,
-            settle_s=args.settle, keep=args.keep, leader_kills=args.leader_kills)))
+            settle_s=args.settle, keep=args.keep, leader_kills=args.leader_kills))))
     except (Exception, KeyboardInterrupt) as exc:  # the run itself broke: still a summary
         summary = broken(exc, args.seed, dict.fromkeys(HA_KINDS, 0), failovers=0,
                          duration_s=0)

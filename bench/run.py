@@ -39,6 +39,7 @@ import pygit2
 
 from gavel.bench.ceilings import git_cli_commits_per_s, nats_reqreply_per_s
 from gavel.bench.idle import IdleWorkerFailed, idle_worker
+from gavel.bench.interrupt import Interrupted, stopped_by_signals
 from gavel.bench.verify import VerifyError, answered, verify, verify_churn
 from gavel.shared.api import (
     NodesReply,
@@ -192,7 +193,9 @@ async def run(opts: Options) -> Result:
     run's is kept, and the error names it."""
     root = opts.state if opts.state is not None else Path(tempfile.mkdtemp(prefix="gavel-bench-"))
     try:
-        result = await _run_in(opts, root)
+        result = await stopped_by_signals(_run_in(opts, root))  # its finally stops everything
+    except Interrupted as exc:
+        raise RunFailed(f"{exc} (the run's state is kept in {root})") from None
     except VerifyError as exc:
         raise VerifyError(f"{exc} (the run's state is kept in {root})") from exc
     except Exception as exc:  # whatever broke, the sentence says what and where to look

@@ -32,6 +32,12 @@ Rules:
 6. Status and nodes answers name the leading broker, its epoch and since when; a broker that
    no longer leads (`broker.ha`) answers nothing more: its client hears no answer, or no
    responders, and asks again (a submission with its key: rule 4).
+7. An answer leaves on the connection its request came in on. On a NATS cluster the
+   client's server tells each other server of the client's reply subscription on a route of
+   its own, while the request travels on the route to this connection's server: behind the
+   interest on that one route, the answer always finds it; from another connection, on a
+   third server, it raced the interest there and could be dropped as unwanted (the
+   client's first request went unanswered).
 """
 
 from __future__ import annotations
@@ -125,6 +131,8 @@ class Api:
         #: The names submissions may ask for (values are resolved only into awards).
         self.secrets = secrets
         self.ended_max = ended_max
+        #: The connection the requests come in on and their answers leave on (rule 7).
+        self.nc: Any = None
         #: Requests being served (rule 2); a reference keeps each task alive.
         self._serving: set[asyncio.Task[None]] = set()
         #: Keyed submissions on their way to a commit, by key (rule 4): done when settled.
@@ -157,7 +165,9 @@ class Api:
             for verb, (type_, handler) in kinds.items()}
 
     async def start(self, nc: Any) -> None:
-        """One subscription per verb, each bound to its verb (rule 5)."""
+        """One subscription per verb, each bound to its verb (rule 5), on `nc`, which
+        answers them too (rule 7)."""
+        self.nc = nc
         for verb in self.verbs:
             await nc.subscribe(subjects.API.format(verb=verb), cb=self._handler(verb))
 
@@ -193,7 +203,7 @@ class Api:
         if not self.ctx.leader.leading():
             return  # rule 6: no longer the leader; the client asks again
         try:
-            await self.ctx.outbox.nc.publish(answer_to, _enc.encode(reply))
+            await self.nc.publish(answer_to, _enc.encode(reply))  # rule 7
         except Exception as exc:  # the connection went: the client will time out
             self.ctx.log.warning("could not answer a %s request: %s", verb, exc)
 

@@ -26,7 +26,8 @@ Rules:
    silent is counted from them alone (`shared.health.silences`), never against the
    broker's clock, and only from what is that node's heartbeat (it decodes, names the
    node its subject does, has no headers): anything else stored there stamps nothing.
-   Those older than the consumer are not heartbeats heard now.
+   Those older than the consumer are not heartbeats heard now; the newest of each node's
+   is kept (`past`) for what it said.
 4. Every `poll_s` the broker publishes a probe (`subjects.HEARTBEAT_PROBE`, beside the
    heartbeat subjects, so no one listening to those hears it; its own subject, so another
    broker's never replaces it) into the same stream and reads it back like a heartbeat.
@@ -164,6 +165,9 @@ class HeartbeatStream:
         self._failing = False
         self._broken = False
         self.pulls = 0
+        #: Node -> its newest heartbeat stored before `start` (rule 3): what it last said,
+        #: for `status` alone (`broker.heartbeats` rule 4).
+        self.past: dict[str, _Pulled] = {}
 
     # -- start and stop -----------------------------------------------------------------
     async def start(self, nc: Any) -> dict[str, float]:
@@ -206,6 +210,8 @@ class HeartbeatStream:
                     key = subjects.node_of(m.subject)
                     if not _heartbeat_of(key, m.data):
                         continue
+                    if m.seq <= before and m.stamp >= stamps.get(key, m.stamp):
+                        self.past[key] = m
                 stamps[key] = max(stamps.get(key, m.stamp), m.stamp)
             if len(got) < BATCH:
                 break

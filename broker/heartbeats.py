@@ -13,6 +13,9 @@ Rules:
    labels, total capacity and drain (`shared.candidates`: whom a sampled auction may ask),
    the instances it lists confirm their placements, ports it reports free are unblocked,
    and a node that comes (back) up makes waiting work worth another auction.
+4. A heartbeat stored before the broker started passes the same checks and is only
+   recalled: what it says of instances is shown until the node is heard
+   (`broker.promises` rule 7), never recorded as heard now.
 """
 
 from __future__ import annotations
@@ -65,23 +68,37 @@ class Heartbeats:
             self._most[node_id] = most
         return heartbeat_bound(most[0], most[1], blocked)
 
-    def on_heartbeat(self, msg: Received) -> None:
+    def _checked(self, msg: Received) -> Heartbeat | None:
+        """Rules 1 and 2: the heartbeat, or None (counted) when it does not pass."""
         ctx = self.ctx
         if not self._door(msg):
-            return
+            return None
         bound = self.bound(subjects.node_of(msg.subject))
         if len(msg.data) > bound.size:
             ctx.rejects.count(TOO_LARGE, msg.subject)
-            return
+            return None
         hb = self._guard(msg)
         if hb is None:
-            return
+            return None
         if len(hb.instances) > bound.instances:
             ctx.rejects.count(TOO_MANY, msg.subject)
-            return
+            return None
         impossible = _impossible(hb)
         if impossible:
             ctx.rejects.count(impossible, msg.subject)
+            return None
+        return hb
+
+    def recall(self, msg: Received) -> None:
+        """Rule 4: a node's newest heartbeat stored before the broker started."""
+        hb = self._checked(msg)
+        if hb is not None:
+            self.promises.recall(hb.node_id, hb.instances)
+
+    def on_heartbeat(self, msg: Received) -> None:
+        ctx = self.ctx
+        hb = self._checked(msg)
+        if hb is None:
             return
         last = ctx.liveness.heartbeats.get(hb.node_id)
         if last is not None and hb.seq < last.seq:  # its agent started again: counts anew

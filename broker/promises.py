@@ -28,6 +28,11 @@ Rules:
    one, as ``--migrate`` does); the deadline lives in the broker's memory, so a broker
    restarted before it passes forgets it (the node stays drained). Undraining a node takes
    it out of every instance's exclusion list: the reason it was excluded is gone.
+7. What a node's newest stored heartbeat said when this broker started (the heartbeat
+   stream keeps it) is recalled for `status` alone, until the node is heard again: a
+   restarted broker shows running and healthy what its nodes last said was, not "placed"
+   for a heartbeat's time; it is no heartbeat heard now, so no clock and no decision
+   (a service's health, a provisioning deadline) takes it.
 """
 
 from __future__ import annotations
@@ -113,6 +118,9 @@ class Promises:
         self.live: dict[str, str] = {}  # instance -> provisioning/running, from reports
         #: Instance -> its health, from reports and heartbeats (memory only: re-heard).
         self.health: dict[str, HealthNote] = {}
+        #: Node -> what its newest heartbeat stored before this broker started said of each
+        #: instance (rule 7), until the node is heard now.
+        self.recalled: dict[str, dict[str, InstanceReport]] = {}
         #: Node -> the highest `Event.seq` heard from it since it last started (rule 4).
         self.reported: dict[str, int] = {}
         self._unblocking: set[str] = set()  # nodes with an unblocking commit in flight
@@ -191,6 +199,7 @@ class Promises:
         says its health unless it is older than an event heard (rule 4: `reported`, the
         events the node had sent when it took it); what the node held when the broker
         started and does not list starts its provisioning clock now (`Timers.heard`)."""
+        self.recalled.pop(node_id, None)  # rule 7: heard now
         state = self.ctx.ledger.state()
         current = reported >= self.reported.get(node_id, 0)
         for report in instances:
@@ -208,6 +217,13 @@ class Promises:
                     self.note_health(iid, health, check, report.restarts)
         if self.ctx.timers.resumed_on:
             self.ctx.timers.heard(node_id, {r.instance_id for r in instances}, self.ctx.now())
+
+    def recall(self, node_id: str, instances: Sequence[InstanceReport]) -> None:
+        """Rule 7: a node's newest heartbeat stored before this broker started, for what
+        `status` shows until the node is heard; it moves no clock and decides nothing."""
+        state = self.ctx.ledger.state()
+        self.recalled[node_id] = {r.instance_id: r for r in instances
+                                  if state.placement_of(r.instance_id) == node_id}
 
     def node_restarted(self, node_id: str) -> None:
         """The node's agent started again: it counts its events from 1 anew (rule 4)."""

@@ -239,6 +239,8 @@ class Broker:
         silent = silences(stamps, state.nodes)
         for node_id in state.nodes:
             self.liveness.presume(node_id, now, silent.get(node_id, 0.0))
+        for stored in self.feed.past.values():
+            self.heartbeats.recall(stored)
         if silent:
             self.log.info("%d of %d nodes with placements found in the heartbeat stream; "
                           "the quietest had been silent %.1fs", len(silent), len(state.nodes),

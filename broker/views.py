@@ -1,11 +1,16 @@
 """How the API shows an instance: its live state and health beside what git holds.
 
 Rules:
-1. A pending instance that a node file holds is placed, or what its node last reported
-   (`Promises.live`), or cancelling while its cancel is on its way; a waiting one is
-   scheduled while an auction holds it; anything else is the record's own state.
-2. A placed instance's health is its node's last word (`Promises.health`); without one, an
-   instance running with no checks is healthy and any other unknown.
+1. A pending instance that a node file holds is cancelling while its cancel is on its way;
+   else `UNKNOWN` while its node is not heard (unreachable or offline: what runs there is
+   not known, as Nomad says of a disconnected node's allocations), with the reason and the
+   node's health as its detail; else what its node last reported (`Promises.live`, or what
+   its newest stored heartbeat said when this broker started, `Promises.recalled`), or
+   placed. A waiting one is scheduled while an auction holds it; anything else is the
+   record's own state.
+2. A placed instance's health is its node's last word (`Promises.health`, else the
+   recalled heartbeat's); without one, an instance running with no checks is healthy and
+   any other unknown. An instance in `UNKNOWN` has no health.
 """
 
 from __future__ import annotations
@@ -14,12 +19,17 @@ from gavel.broker.auctioneer import Auctioneer
 from gavel.broker.context import Context
 from gavel.broker.promises import Promises
 from gavel.shared.api import InstanceStatus
+from gavel.shared.health import Health as NodeHealth
 from gavel.shared.lifecycle import PENDING
 from gavel.shared.messages import Health as InstanceHealth
 from gavel.shared.messages import InstanceState
+from gavel.shared.reasons import Reason
 from gavel.shared.records import InstanceRecord
 
-__all__ = ["Views"]
+__all__ = ["UNKNOWN", "Views"]
+
+#: Rule 1's state of an instance whose node is not heard.
+UNKNOWN = "unknown"
 
 
 class Views:
@@ -29,14 +39,39 @@ class Views:
         self.promises = promises
 
     def state_of(self, rec: InstanceRecord) -> str:
-        """The state an operator reads in `gavel status` (and the metrics count): a placed
-        instance is what its node last reported (provisioning, running), or cancelling, or
-        placed; a waiting one is scheduled while in an auction; else the record's state."""
+        """The state an operator reads in `gavel status` (and the metrics count): rule 1."""
         iid = rec.instance_id
-        if rec.state in PENDING and self.ctx.ledger.state().placement_of(iid) is not None:
-            return "cancelling" if rec.cancelling else \
-                self.promises.live.get(iid, InstanceState.PLACED)
-        return self.auctioneer.status_of(iid, rec.state)
+        node = self.ctx.ledger.state().placement_of(iid) if rec.state in PENDING else None
+        if node is None:
+            return self.auctioneer.status_of(iid, rec.state)
+        if rec.cancelling:
+            return "cancelling"
+        if self._silent(node):
+            return UNKNOWN
+        live = self.promises.live.get(iid)
+        if live is not None:
+            return live
+        recalled = self.promises.recalled.get(node, {}).get(iid)
+        if recalled is not None and recalled.state == InstanceState.RUNNING:
+            return InstanceState.RUNNING
+        return InstanceState.PLACED
+
+    def _silent(self, node: str) -> NodeHealth | None:
+        """The node's health when it is not heard (unreachable, offline), else None."""
+        health = self.ctx.liveness.health(node, self.ctx.now())
+        return None if health is NodeHealth.HEALTHY else health
+
+    def _health(self, iid: str, node: str, state: str,
+                rec: InstanceRecord) -> tuple[str, str, int]:
+        """Rule 2: health, the check that decided, restarts."""
+        note = self.promises.health.get(iid)
+        if note is not None:
+            return note.health, note.check, note.restarts
+        recalled = self.promises.recalled.get(node, {}).get(iid)
+        if recalled is not None and recalled.health:
+            return recalled.health, "", recalled.restarts
+        return (InstanceHealth.HEALTHY if state == InstanceState.RUNNING and not rec.spec.checks
+                else InstanceHealth.UNKNOWN, "", 0)
 
     def instance_status(self, rec: InstanceRecord) -> InstanceStatus:
         iid = rec.instance_id
@@ -45,10 +80,15 @@ class Views:
         node = state.placement_of(iid)
         st = self.state_of(rec)
         if pl is not None and node is not None and rec.state in PENDING:
+            if st == UNKNOWN:
+                silent = self._silent(node)
+                return InstanceStatus(instance_id=iid, name=rec.spec.name, state=st,
+                                      node_id=node, attempt=pl.attempt, ports=dict(pl.ports),
+                                      reason=Reason.NODE_NOT_HEARD,
+                                      detail=f"node {node} is {silent or 'unreachable'}",
+                                      service=rec.service, version=rec.version)
+            health, check, restarts = self._health(iid, node, st, rec)
             note = self.promises.health.get(iid)
-            health, check, restarts = (note.health, note.check, note.restarts) if note else \
-                (InstanceHealth.HEALTHY if st == InstanceState.RUNNING and not rec.spec.checks
-                 else InstanceHealth.UNKNOWN, "", 0)
             return InstanceStatus(instance_id=iid, name=rec.spec.name, state=st,
                                   node_id=node, attempt=pl.attempt, ports=dict(pl.ports),
                                   health=health, check=check, restarts=restarts,

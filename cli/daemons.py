@@ -16,6 +16,9 @@ Rules:
 6. `gavel config check` tells a file's daemon by the keys only that daemon reads.
 7. With ``[ha]`` the broker is one of several (`gavel.broker.ha`): it stands by until it
    holds the lease, and each of its leaderships pushes to `push` itself.
+8. Every exit of the broker is one log line saying why: the signal that stopped it, the
+   sentence it stopped with, or an unexpected exception with its traceback (only SIGKILL
+   goes unsaid).
 """
 
 from __future__ import annotations
@@ -72,10 +75,28 @@ class Stopped(Exception):
     command prints this one sentence and exits 1."""
 
 
-def _on_signal(stop: Callable[[], Any]) -> None:
+def _on_signal(stop: Callable[[], Any], got: list[str] | None = None) -> None:
+    """Stop on SIGTERM or SIGINT, adding the name of each signal received to `got`."""
     loop = asyncio.get_running_loop()
+    got = [] if got is None else got
+
+    def received(sig: signal.Signals) -> None:
+        got.append(sig.name)
+        stop()
+
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop)
+        loop.add_signal_handler(sig, received, sig)
+
+
+def _exit_cause(exc: BaseException) -> str:
+    """Rule 8's sentence for an exit by exception."""
+    if isinstance(exc, (Stopped, ConfigError)):
+        return str(exc)
+    if isinstance(exc, asyncio.CancelledError):
+        return "its main task was cancelled"
+    if isinstance(exc, KeyboardInterrupt):
+        return "interrupted"
+    return f"unexpected {type(exc).__name__}: {exc}"
 
 
 def _secrets(path: str) -> dict[str, str]:
@@ -291,6 +312,21 @@ def make_broker(cfg: BrokerConfig, secrets: dict[str, str],
 
 
 async def run_broker(args: argparse.Namespace) -> int:
+    """Rule 8: the broker and the line that says why it exits."""
+    signals: list[str] = []
+    try:
+        code = await _run_broker(args, signals)
+    except BaseException as exc:
+        expected = isinstance(exc, (Stopped, ConfigError, KeyboardInterrupt))
+        log.error("broker exits: %s", _exit_cause(exc), exc_info=not expected)
+        raise
+    why = (f"stopped on {signals[0]}" if signals
+           else "NATS refused its credentials" if code else "its run ended")
+    log.info("broker exits with status %d: %s", code, why)
+    return code
+
+
+async def _run_broker(args: argparse.Namespace, signals: list[str]) -> int:
     from gavel.broker.lease import LeaseError
     from gavel.broker.ledger.repository import LedgerError
     from gavel.broker.service import Broker, tune_gc
@@ -328,7 +364,7 @@ async def run_broker(args: argparse.Namespace) -> int:
             connecting = True
             running.cancel()
 
-    _on_signal(stop)
+    _on_signal(stop, signals)
     stopping.append(stop)
     pushing = asyncio.ensure_future(pusher.run()) if pusher is not None else None
     try:

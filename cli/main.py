@@ -80,6 +80,9 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--workers", type=positive_int, default=4, help="number of workers")
     up.add_argument("--nats-port", type=_port, default=None,
                     help="port for the embedded nats-server (default: a free port)")
+    up.add_argument("--restart-workers", action="store_true",
+                    help="start a worker that exits again on its state, where it re-adopts "
+                    "its running instances (default: its exit is said and the rest carry on)")
     up.add_argument("--demo", action="store_true",
                     help="submit demo workloads, show where they went and why, then exit")
     up.add_argument("--no-auth", dest="auth", action="store_false",

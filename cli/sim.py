@@ -105,6 +105,7 @@ def _simulate(args: argparse.Namespace, scenario: Scenario) -> int:
     from gavel.sim.policies import SimResult, plan, simulate
     from gavel.sim.report import write_results
     from gavel.sim.tables import table
+    from gavel.sim.verdicts import ONE_SEED
 
     seed = scenario.seed if args.seed is None else args.seed
     only = set(args.policies.split(",")) if args.policies else None
@@ -146,6 +147,8 @@ def _simulate(args: argparse.Namespace, scenario: Scenario) -> int:
     print(f"gavel sim {scenario.name}: {result.nodes} nodes, {seeds}, "
           f"{scenario.duration_s:g} s of virtual time")
     print(table(result))
+    if args.seeds == 1 and result.verdicts:
+        print(f"  {ONE_SEED}")
     for verdict in result.verdicts:
         print(f"  {verdict.sentence.replace('**', '')}")
     print(f"simulated {placed} placements (first seed) in {wall:.2f} s of wall time "

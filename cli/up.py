@@ -13,11 +13,16 @@ Rules:
    GAVEL_LOG_FORMAT) reaches every child.
 2. Up means up: the nats-server is ours (`NatsServer.start`: not merely something on the
    port), the broker answers and every worker is healthy before the cluster is announced.
-   A child that exits - while starting or later - stops everything this command started,
-   and the command exits 1 with one sentence naming the child and what it said last (a
-   ``--nats-port`` that is taken: exit 2).
-3. Stopping (Ctrl-C, SIGTERM) stops the broker first, then the other children, then Caddy
-   and NATS. The workers stop their instances, but with no broker to hear it the placements
+   A child that exits while starting stops everything this command started, and the
+   command exits 1 with one sentence naming the child and what it said last (a
+   ``--nats-port`` that is taken: exit 2); so does the broker, the nats-server or the
+   gateway exiting later. A worker that exits later is said in one such sentence and the
+   rest carry on, as a cluster does when it loses a node: its instances keep running
+   unmanaged until the broker re-places them; ``--restart-workers`` starts it again on its
+   state, and it re-adopts what still runs (`gavel.cli.supervise`).
+3. Every way out (Ctrl-C, SIGTERM, a child's exit, a failed start) takes one path: the
+   broker first, then the other children, then every instance a worker left running, then
+   Caddy and NATS. The workers stop their instances, but with no broker to hear it the placements
    stay in git: started again on the same state, each worker fetches what its node.json
    still lists and runs that same attempt again (a worker's shutdown is not the instance's
    failure), instead of the broker re-placing work it saw fail as the workers went.
@@ -36,7 +41,6 @@ import contextlib
 import os
 import shutil
 import signal
-import subprocess
 import sys
 import time
 import urllib.error
@@ -49,6 +53,7 @@ from gavel.cli.api import app as api_app
 from gavel.cli.commands import UsageError
 from gavel.cli.demoimage import IMAGE, container_spec
 from gavel.cli.parsers import unusable_dir
+from gavel.cli.supervise import OnExit, Supervisor
 from gavel.cli.ui import app as ui_app
 from gavel.cli.upha import BROKERS, SERVERS, HaUp
 from gavel.gateway.caddyserver import Caddy
@@ -95,68 +100,15 @@ WEB = ("import http.server as h, os\n"
 SIZES = [(4.0, 4096), (2.0, 2048), (8.0, 8192), (4.0, 8192)]
 
 
-@dataclass
-class _Child:
-    name: str
-    log: Path
-    proc: subprocess.Popen[bytes]
-
-    def last_words(self) -> str:
-        """The last line the child wrote to its log (what it said on its way out)."""
-        try:
-            lines = [ln.strip() for ln in self.log.read_text(errors="replace").splitlines()
-                     if ln.strip()]
-        except OSError:
-            return ""
-        return lines[-1] if lines else ""
-
-
-def _spawn(name: str, args: list[str], log: Path, env: dict[str, str]) -> _Child:
-    with open(log, "ab") as out:  # the child holds its own copy
-        # -P: the directory the user stands in is not on the child's sys.path, so a folder
-        # named gavel there (a clone's parent) cannot shadow the installed gavel.
-        proc = subprocess.Popen([sys.executable, "-P", "-m", "gavel", *args], stdout=out,
-                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
-                                start_new_session=True)
-    return _Child(name, log, proc)
-
-
-def _stop(children: list[_Child], grace_s: float = 15.0, brokers: int = 1) -> None:
-    """Rule 3: SIGTERM the first `brokers` (the brokers) and wait for them to go, then the
-    rest together; SIGKILL whatever is still there after `grace_s`."""
-    for group in (children[:brokers], children[brokers:]):
-        for c in group:
-            if c.proc.poll() is None:
-                c.proc.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + grace_s
-        for c in group:
-            try:
-                c.proc.wait(max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                c.proc.kill()
-                c.proc.wait()
-
-
-def _exited(children: list[_Child]) -> str:
-    """Rule 2: a sentence about the first child that is no longer running, or ""."""
-    for c in children:
-        code = c.proc.poll()
-        if code is not None:
-            said = c.last_words()
-            return (f"the {c.name} exited with status {code}"
-                    + (f" ({said})" if said else "") + f"; its log is {c.log}")
-    return ""
-
-
-async def _until_up(children: list[_Child], url: str, operator: str | None,
-                    workers: int, timeout: float) -> None:
-    """Rule 2: until the broker answers and counts `workers` healthy nodes, watching the
-    children."""
+async def _until_up(sup: Supervisor, url: str, operator: str | None, workers: int,
+                    timeout: float) -> None:
+    """Rule 2: until the broker answers and counts `workers` healthy nodes; any child that
+    exits meanwhile ends the start, whatever its exit would mean later."""
     deadline = time.monotonic() + timeout
     nc = None
     try:
         while time.monotonic() < deadline:
-            gone = _exited(children)
+            gone = sup.first_exit()
             if gone:
                 raise ClientError(gone)
             try:
@@ -172,7 +124,7 @@ async def _until_up(children: list[_Child], url: str, operator: str | None,
         if nc is not None:
             await nc.close()
     raise ClientError(f"the cluster did not come up within {timeout:g}s; see the logs under "
-                      f"{children[0].log.parent}")
+                      f"{sup.children[0].log.parent}")
 
 
 async def _who_leads(url: str, operator: str | None) -> str:
@@ -323,7 +275,164 @@ def _private(state: Path) -> None:
                 entry.chmod(0o700)
 
 
-async def up(args: argparse.Namespace) -> int:
+@dataclass
+class _Cluster:
+    """What one `gavel up` starts, in the order it starts it, and the one way out (`close`)."""
+
+    args: argparse.Namespace
+    state: Path
+    ids: identity.Identities | None
+    ha: HaUp | None
+    servers: list[NatsServer]
+    url: str
+    sup: Supervisor
+    brokers: int = 0
+    caddy: Caddy | None = None
+    gateway: str | None = None
+    dashboard: ui_app.Dashboard | None = None
+    api: api_app.ApiServer | None = None
+    book: Path | None = None
+
+    @property
+    def operator(self) -> str | None:
+        return str(self.ids.operator) if self.ids else None
+
+    def creds(self, path: Path | None) -> list[str]:
+        return ["--creds", str(path)] if path is not None else []
+
+    def start_nats(self) -> None:
+        try:
+            if self.ha is not None:
+                self.ha.make_remote()
+            for one in self.servers:
+                one.start()
+        except NatsServerError as exc:
+            port = self.args.nats_port
+            if exc.port_taken and port is not None:
+                raise UsageError(f"--nats-port {port} is taken by another process; choose "
+                                 "another, or leave it out for a free one.") from None
+            raise ClientError(f"{exc}; its log is {self.servers[0].log}") from None
+
+    def start_brokers(self) -> None:
+        args, logs = self.args, self.state / "logs"
+        broker_creds = self.creds(self.ids.broker if self.ids else None)
+        if self.ha is not None:  # rule 5
+            for k in range(1, BROKERS + 1):
+                self.sup.spawn(f"broker-{k}", self.ha.broker_args(
+                    k, broker_creds, args.metrics_port, args.metrics_addr),
+                    logs / f"broker-{k}.log")
+        else:
+            broker = ["broker", "--state", str(self.state), *broker_creds]
+            if args.metrics_port is not None:
+                broker += ["--metrics-port", str(args.metrics_port), "--metrics-addr",
+                           args.metrics_addr]
+            self.sup.spawn("broker", broker, logs / "broker.log")
+        self.brokers = len(self.sup.children)
+
+    def write_node_book(self) -> Path:
+        """Where the cluster knows each worker to be (the gateway's node book): loopback and
+        the port range it is started with, never what it advertises."""
+        (self.state / "auth").mkdir(mode=0o700, parents=True, exist_ok=True)
+        return nodebook.record(self.state / "auth", {
+            f"node-{i + 1}": KnownNode(address="127.0.0.1", ports=_ports_of(i))
+            for i in range(self.args.workers)}, merge=False)
+
+    def start_gateway(self) -> None:
+        if not getattr(self.args, "gateway", True):
+            return
+        book = self.book or self.write_node_book()
+        try:
+            self.caddy = Caddy(self.state / "caddy",
+                               log=self.state / "logs" / "caddy.log").start()
+        except (OSError, RuntimeError) as exc:  # no binary, or it would not start
+            raise ClientError(f"cannot run the gateway's Caddy: {exc} (--no-gateway runs "
+                              "without one)") from None
+        port = getattr(self.args, "gateway_port", None) or free_port()
+        self.gateway = f"http://127.0.0.1:{port}"
+        self.sup.spawn("gateway", ["gateway", *self.creds(self.ids.operator if self.ids else None),
+                                   "--admin", self.caddy.admin_url, "--listen",
+                                   self.gateway.removeprefix("http://"), "--nodes",
+                                   str(book), *_reserved(self.args)],
+                       self.state / "logs" / "gateway.log")
+
+    async def start_workers(self) -> None:
+        """The broker answers first (so it hears their first heartbeats), then the workers,
+        until all of them are healthy."""
+        await _until_up(self.sup, self.url, self.operator, 0, UP_TIMEOUT_S)
+        _private(self.state)  # the broker's repository exists now
+        on_exit = OnExit.RESTART if getattr(self.args, "restart_workers", False) else OnExit.SAY
+        for i in range(self.args.workers):
+            node = f"node-{i + 1}"
+            cpu, mem = SIZES[i % len(SIZES)]
+            where = self.state / "workers" / node
+            self.sup.spawn(
+                f"worker {node}",
+                ["worker", "--node-id", node,
+                 *self.creds(self.ids.nodes[node] if self.ids else None),
+                 "--strategy", STRATEGIES[i % len(STRATEGIES)],
+                 "--labels", f"zone={'ab'[i % 2]}", "--cpu", str(cpu),
+                 "--memory-mb", str(mem),
+                 "--ports", "{}-{}".format(*_ports_of(i)),
+                 "--state", str(where), "--advertise", "127.0.0.1"],
+                self.state / "logs" / f"{node}.log", on_exit, state=where)
+        await _until_up(self.sup, self.url, self.operator, self.args.workers, UP_TIMEOUT_S)
+
+    async def announce(self) -> None:
+        args, ids, url = self.args, self.ids, self.url
+        gw = ", gateway" if self.gateway else ""
+        if self.ha is not None:
+            print(f"gavel up: {SERVERS} clustered nats-servers at {url}, {BROKERS} brokers "
+                  f"({await _who_leads(url, self.operator)}) and {args.workers} workers"
+                  f"{gw} up; state in {self.ha.remote}, logs under {self.state / 'logs'}")
+        else:
+            print(f"gavel up: nats-server at {url}, broker and {args.workers} workers{gw} "
+                  f"up; state and logs under {self.state}")
+        if banner := fast_banner(os.environ):
+            print(banner)
+        if self.caddy is not None:
+            print(f"gateway: {self.gateway} (Caddy; its admin API on the unix socket "
+                  f"{self.caddy.admin_socket}, never on a port)")
+        print(f"NATS auth: one nkey per worker, the broker and operators in {ids.directory}"
+              if ids else "NATS auth: off (--no-auth); anyone who reaches the server may "
+              "use it")
+        if args.metrics_port is not None:
+            print(f"broker metrics: http://{args.metrics_addr}:{args.metrics_port}/metrics"
+                  + (f" (broker-k: port {args.metrics_port} + k - 1)" if self.ha else ""))
+
+    def watch(self) -> str:
+        """Rules 2 and 5, once: say what exited, and why everything must stop ("": go on)."""
+        now = time.monotonic()
+        if self.ha is not None:
+            said, fatal = self.ha.losses({c.name: c.proc.poll()
+                                          for c in self.sup.children[:self.brokers]})
+            more, gone = self.sup.check(now, self.sup.children[self.brokers:])
+            said += more
+            gone = fatal or gone
+        else:
+            said, gone = self.sup.check(now)
+            server = self.servers[0]
+            if not gone and (server.proc is None or server.proc.poll() is not None):
+                gone = f"the nats-server exited; its log is {server.log}"
+        for line in said:
+            print(line, flush=True)
+        return gone
+
+    async def close(self) -> None:
+        """Rule 3, whatever the way out: the dashboard, the brokers, the other children and
+        what their workers left running, Caddy, NATS."""
+        if self.dashboard is not None:
+            await self.dashboard.close()
+        if self.api is not None:
+            await self.api.close()
+        self.sup.stop(first=self.brokers)
+        if self.caddy is not None:
+            self.caddy.stop()
+        for one in self.servers:
+            one.stop()
+
+
+def _plan(args: argparse.Namespace) -> _Cluster:
+    """The refusals that come before anything starts, and what will be started."""
     state: Path = args.state.resolve()
     why = unusable_dir(state / "logs")
     if why:
@@ -340,148 +449,66 @@ async def up(args: argparse.Namespace) -> int:
                         config=ids.config if ids else None, log=state / "logs" / "nats.log")
     servers = ha.cluster.servers if ha is not None else [server]
     url = ha.cluster.url if ha is not None else server.url
-    try:
-        if ha is not None:
-            ha.make_remote()
-        for one in servers:
-            one.start()
-    except NatsServerError as exc:
-        for one in servers:
-            one.stop()
-        if exc.port_taken and args.nats_port is not None:
-            raise UsageError(f"--nats-port {args.nats_port} is taken by another process; "
-                             "choose another, or leave it out for a free one.") from None
-        raise ClientError(f"{exc}; its log is {servers[0].log}") from None
     env = {**os.environ, "GAVEL_NATS_URL": url}
-    env.pop("GAVEL_CREDS", None)  # each child gets its own, below
-
-    def creds(path: Path | None) -> list[str]:
-        return ["--creds", str(path)] if path is not None else []
-
+    env.pop("GAVEL_CREDS", None)  # each child gets its own
     if args.log_format:
         env["GAVEL_LOG_FORMAT"] = args.log_format
-    broker_creds = creds(ids.broker if ids else None)
-    if ha is not None:  # rule 5
-        children = [_spawn(f"broker-{k}", ha.broker_args(k, broker_creds, args.metrics_port,
-                                                         args.metrics_addr),
-                           state / "logs" / f"broker-{k}.log", env)
-                    for k in range(1, BROKERS + 1)]
-    else:
-        broker = ["broker", "--state", str(state), *broker_creds]
-        if args.metrics_port is not None:
-            broker += ["--metrics-port", str(args.metrics_port), "--metrics-addr",
-                       args.metrics_addr]
-        children = [_spawn("broker", broker, state / "logs" / "broker.log", env)]
-    n_brokers = len(children)
-    # Where the cluster knows each worker to be (the gateway's node book): loopback and the
-    # port range it is started with, never what it advertises.
-    (state / "auth").mkdir(mode=0o700, parents=True, exist_ok=True)
-    book = nodebook.record(state / "auth", {
-        node: KnownNode(address="127.0.0.1", ports=_ports_of(i)) for i, node in enumerate(nodes)},
-        merge=False)
-    operator = str(ids.operator) if ids else None
-    caddy = None
-    gateway = None
+    return _Cluster(args, state, ids, ha, servers, url, Supervisor(env))
 
-    async def start() -> None:
-        """The broker, then (once it answers, so it hears their first heartbeats) the
-        workers, until all of them are up."""
-        await _until_up(children, url, operator, 0, UP_TIMEOUT_S)
-        _private(state)  # the broker's repository exists now
-        for i, node in enumerate(nodes):
-            cpu, mem = SIZES[i % len(SIZES)]
-            children.append(_spawn(
-                f"worker {node}",
-                ["worker", "--node-id", node, *creds(ids.nodes[node] if ids else None),
-                 "--strategy", STRATEGIES[i % len(STRATEGIES)],
-                 "--labels", f"zone={'ab'[i % 2]}", "--cpu", str(cpu),
-                 "--memory-mb", str(mem),
-                 "--ports", "{}-{}".format(*_ports_of(i)),
-                 "--state", str(state / "workers" / node), "--advertise", "127.0.0.1"],
-                state / "logs" / f"{node}.log", env))
-        await _until_up(children, url, operator, args.workers, UP_TIMEOUT_S)
 
+async def _until_stopped(done: asyncio.Event, work: Any) -> bool:
+    """Run `work` unless `done` is set first (Ctrl-C or SIGTERM while starting): True when
+    the work finished, its exception raised."""
+    starting = asyncio.ensure_future(work)
+    stopping = asyncio.ensure_future(done.wait())
+    await asyncio.wait({starting, stopping}, return_when=asyncio.FIRST_COMPLETED)
+    if not starting.done():
+        starting.cancel()
+        with contextlib.suppress(asyncio.CancelledError, ClientError):
+            await starting
+        return False
+    stopping.cancel()
+    starting.result()
+    return True
+
+
+async def up(args: argparse.Namespace) -> int:
+    cluster = _plan(args)
     done = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, done.set)
-    if getattr(args, "gateway", True):
-        try:
-            caddy = Caddy(state / "caddy", log=state / "logs" / "caddy.log").start()
-        except (OSError, RuntimeError) as exc:  # no binary, or it would not start
-            _stop(children, brokers=n_brokers)
-            for one in servers:
-                one.stop()
-            raise ClientError(f"cannot run the gateway's Caddy: {exc} (--no-gateway runs "
-                              "without one)") from None
-        gateway = f"http://127.0.0.1:{getattr(args, 'gateway_port', None) or free_port()}"
-        children.append(_spawn("gateway", ["gateway", *creds(ids.operator if ids else None),
-                                           "--admin", caddy.admin_url, "--listen",
-                                           gateway.removeprefix("http://"), "--nodes",
-                                           str(book), *_reserved(args)],
-                               state / "logs" / "gateway.log", env))
-    dashboard: ui_app.Dashboard | None = None
-    api: api_app.ApiServer | None = None
     try:
-        starting = asyncio.ensure_future(start())
-        stopping = asyncio.ensure_future(done.wait())
-        await asyncio.wait({starting, stopping}, return_when=asyncio.FIRST_COMPLETED)
-        if not starting.done():  # Ctrl-C (or SIGTERM) while starting: a clean stop
-            starting.cancel()
-            with contextlib.suppress(asyncio.CancelledError, ClientError):
-                await starting
-            return 0
-        stopping.cancel()
-        starting.result()  # ClientError: a child exited, or the cluster did not come up
-        if ha is not None:
-            print(f"gavel up: {SERVERS} clustered nats-servers at {url}, {BROKERS} brokers "
-                  f"({await _who_leads(url, operator)}) and {args.workers} workers"
-                  + (", gateway" if gateway else "") + f" up; state in {ha.remote}, logs "
-                  f"under {state / 'logs'}")
-        else:
-            print(f"gavel up: nats-server at {url}, broker and {args.workers} workers"
-                  + (", gateway" if gateway else "") + f" up; state and logs under {state}")
-        if banner := fast_banner(os.environ):
-            print(banner)
-        if caddy is not None:
-            print(f"gateway: {gateway} (Caddy; its admin API on the unix socket "
-                  f"{caddy.admin_socket}, never on a port)")
-        print(f"NATS auth: one nkey per worker, the broker and operators in {ids.directory}"
-              if ids else "NATS auth: off (--no-auth); anyone who reaches the server may "
-              "use it")
-        if args.metrics_port is not None:
-            print(f"broker metrics: http://{args.metrics_addr}:{args.metrics_port}/metrics"
-                  + (f" (broker-k: port {args.metrics_port} + k - 1)" if ha else ""))
+        cluster.start_nats()
+        cluster.start_brokers()
+        cluster.book = cluster.write_node_book()
+        cluster.start_gateway()
+        if not await _until_stopped(done, cluster.start_workers()):
+            return 0  # stopped while starting: a clean stop
+        await cluster.announce()
         if args.demo:
-            nc = await connect(url, operator)
+            nc = await connect(cluster.url, cluster.operator)
             try:
-                await _demo(nc, args.workers, ha.remote if ha else state / "state.git",
-                            gateway)
+                await _demo(nc, args.workers, cluster.ha.remote if cluster.ha
+                            else cluster.state / "state.git", cluster.gateway)
             finally:
                 await nc.close()
             return 0
         if args.ui:  # rule 4
-            dashboard = await ui_app.start(url, operator, addr=args.ui_addr,
-                                           port=args.ui_port, token=args.ui_token)
-            print(f"dashboard: {dashboard.announce()}")
+            cluster.dashboard = await ui_app.start(cluster.url, cluster.operator,
+                                                   addr=args.ui_addr, port=args.ui_port,
+                                                   token=args.ui_token)
+            print(f"dashboard: {cluster.dashboard.announce()}")
         if getattr(args, "api", False):  # rule 4: the HTTP API (`gavel api`) too
-            api = await api_app.start(url, operator, addr=args.api_addr, port=args.api_port,
-                                      token=args.api_token, tls_cert=args.api_tls_cert,
-                                      tls_key=args.api_tls_key)
-            print(f"HTTP API: {api.announce()}")
-        hint = f"GAVEL_CREDS={operator} " if operator else ""
-        print(f"try: GAVEL_NATS_URL={url} {hint}gavel nodes   "
+            cluster.api = await api_app.start(
+                cluster.url, cluster.operator, addr=args.api_addr, port=args.api_port,
+                token=args.api_token, tls_cert=args.api_tls_cert, tls_key=args.api_tls_key)
+            print(f"HTTP API: {cluster.api.announce()}")
+        hint = f"GAVEL_CREDS={cluster.operator} " if cluster.operator else ""
+        print(f"try: GAVEL_NATS_URL={cluster.url} {hint}gavel nodes   "
               "(Ctrl-C stops the cluster)", flush=True)  # the last line: everything is up
         while not done.is_set():  # rule 2, for as long as it runs
-            if ha is not None:  # rule 5
-                said, fatal = ha.losses({c.name: c.proc.poll() for c in children[:n_brokers]})
-                for line in said:
-                    print(line, flush=True)
-                gone = fatal or _exited(children[n_brokers:])
-            else:
-                gone = _exited(children)
-                if not gone and (server.proc is None or server.proc.poll() is not None):
-                    gone = f"the nats-server exited; its log is {server.log}"
+            gone = cluster.watch()
             if gone:
                 raise ClientError(gone)
             with contextlib.suppress(TimeoutError):
@@ -489,12 +516,4 @@ async def up(args: argparse.Namespace) -> int:
                     await done.wait()
         return 0
     finally:
-        if dashboard is not None:
-            await dashboard.close()
-        if api is not None:
-            await api.close()
-        _stop(children, brokers=n_brokers)  # rule 3: the brokers first
-        if caddy is not None:
-            caddy.stop()
-        for one in servers:
-            one.stop()
+        await cluster.close()

@@ -8,10 +8,13 @@ Rules:
 2. A broker that starts presumes each node it holds placements for heard as long before
    now as the node had been silent when the broker started (`silences`: from the
    heartbeat stream's server timestamps, relative to the freshest of them, so an outage
-   that silenced everyone counts against no one), but never less than `heartbeat_s` before
-   it would be offline: a stored heartbeat may be older than the node's last (one too big
-   to store, one stored just before an outage), and a live node is heard within a
-   heartbeat. A node the stream does not know is presumed heard at start.
+   that silenced everyone counts against no one), but never less than `unreachable_s`
+   before it would be offline: a stored heartbeat may be older than the node's last (one
+   too big to store, one stored just before an outage), and a live node on a loaded
+   machine may be late by more than a heartbeat - what the cluster grants any node before
+   it stops counting on it, a starting broker grants every node before it declares one
+   offline (Nomad's failover heartbeat TTL). A node the stream does not know is presumed
+   heard at start.
 3. Time the broker could not hear (`Deafness`: its connection down, its heartbeat feed
    losing its own probes) counts against no node: every clock is shifted by it.
 
@@ -60,9 +63,9 @@ class Liveness:
 
     def presume(self, node_id: str, now: float, silent_s: float = 0.0) -> None:
         """Count a node we hold placements for as heard `silent_s` before `now`, and at
-        least `heartbeat_s` short of offline (rule 2). A presumed node is not eligible
+        least `unreachable_s` short of offline (rule 2). A presumed node is not eligible
         until a real heartbeat arrives; the first presumption stands."""
-        most = max(0.0, self.timing.offline_s - self.timing.heartbeat_s)
+        most = max(0.0, self.timing.offline_s - self.timing.unreachable_s)
         self.presumed.setdefault(node_id, now - min(max(0.0, silent_s), most))
 
     def health(self, node_id: str, now: float) -> Health:

@@ -49,6 +49,8 @@ class Reason(StrEnum):
     UNHEALTHY = "health check failing"
     ESCAPED_CGROUP = "a process of the instance was found outside its cgroup: killed"
     ROOT_REFUSED = "the spec asks to run as root and this node does not allow it"
+    # Why `status` cannot say how an instance is.
+    NODE_NOT_HEARD = "its node is not heard from: what runs there is unknown"
     # Why a service's replica stopped or was replaced.
     SCALED_DOWN = "stopped: the service was scaled down"
     SERVICE_STOPPED = "stopped: the service was stopped"

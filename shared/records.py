@@ -217,6 +217,9 @@ class AuctionRecord(msgspec.Struct, kw_only=True):
     silent: list[str] = []
     reason: str = ""
     summary: str = ""
+    #: When it was committed (Unix seconds, from its commit: never written in the trailer);
+    #: 0 when not known (an auction not committed yet).
+    at: float = 0.0
 
 
 class ShapeRecord(msgspec.Struct, kw_only=True):

@@ -23,6 +23,7 @@ import msgspec
 from gavel.sim.metrics import PolicyResult
 from gavel.sim.policies import SimResult
 from gavel.sim.tables import class_tables, markdown_table, run_table, steady_table
+from gavel.sim.verdicts import ONE_SEED
 
 __all__ = ["PLOTS", "csv_text", "report_md", "write_results"]
 
@@ -98,6 +99,7 @@ def report_md(result: SimResult, plots: list[str]) -> str:
         "## Policies", "",
         *[f"- **{p.policy}**: {p.description}" for p in result.policies], "",
         "## Verdicts", "",
+        *([ONE_SEED, ""] if len(result.seeds) < 2 and result.verdicts else []),
         *[f"- {v.sentence}" for v in result.verdicts], "",
         "## Summary", "", markdown_table(result), "",
         "## Steady state: evenness and packing", "", steady_table(result), "",

@@ -8,7 +8,8 @@ Rules:
 2. The best policy is the one with the best mean (ties to the earlier policy). It is named
    only when its 95% interval over seeds overlaps no other policy's (`sim.stats.differ`);
    otherwise the verdict is "no difference at N seeds" and lists the policies it cannot
-   tell apart. One seed has no intervals, so it decides nothing.
+   tell apart. One seed has no intervals, so it decides nothing: each verdict then names the
+   best mean alone, and `ONE_SEED` says why once, above them all.
 """
 
 from __future__ import annotations
@@ -21,7 +22,11 @@ import msgspec
 from gavel.sim.metrics import PolicyResult
 from gavel.sim.stats import Interval, differ
 
-__all__ = ["Question", "Verdict", "describe", "judge", "questions"]
+__all__ = ["ONE_SEED", "Question", "Verdict", "describe", "judge", "questions"]
+
+#: Rule 2's one sentence for a run of one seed, said once above its verdicts.
+ONE_SEED = ("No difference is told at 1 seed: one seed gives no interval (run --seeds 2 or "
+            "more); each line names the best mean only.")
 
 
 class Verdict(msgspec.Struct, kw_only=True):
@@ -99,8 +104,7 @@ def judge(q: Question, policies: Sequence[PolicyResult], seeds: int) -> Verdict:
     what = f"{best.policy} ({describe(q.figure, top)})"
     if seeds < 2:
         return Verdict(question=q.title, figure=q.figure, undecided=[p.policy for p in ranked],
-                       sentence=f"{q.title}: no difference at 1 seed (one seed gives no "
-                                f"interval; run --seeds 2 or more); best mean {what}.")
+                       sentence=f"{q.title}: best mean {what}.")
     if close:
         others = ", ".join(f"{p.policy} ({describe(q.figure, p.intervals[q.figure])})"
                            for p in close)

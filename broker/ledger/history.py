@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 
+import msgspec
 import pygit2
 
 from gavel.broker.ledger.cascommit import AUTHOR_EMAIL
@@ -64,7 +65,8 @@ def auctions(commits: Iterable[pygit2.Commit], instance_id: str) -> list[Auction
     for commit in commits:
         if instance_id not in commit.message:
             continue
-        out.extend(r for r in parse_trailers(commit.message) if r.instance_id == instance_id)
+        out.extend(msgspec.structs.replace(r, at=float(commit.commit_time))
+                   for r in parse_trailers(commit.message) if r.instance_id == instance_id)
     return out
 
 

@@ -9,6 +9,9 @@ Rules:
    cluster is a summary, never a page that grows without end.
 3. `services` is None when the broker does not serve the service verbs: the page then says
    nothing about services (an empty list is a broker that has none).
+4. An instance's auctions carry when each was committed; a run of auctions in a row that
+   came out the same (the same bids, declines, silences and outcome: an instance waiting
+   for room, asked again and again) is one entry with how many times and since when.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from gavel.shared.messages import Event, InstanceState
 from gavel.shared.reasons import render
 from gavel.shared.records import AuctionRecord
 
-__all__ = ["INSTANCES_SHOWN", "auction", "event", "instance_page", "overview"]
+__all__ = ["INSTANCES_SHOWN", "auction", "collapsed", "event", "instance_page", "overview"]
 
 #: Rule 2.
 INSTANCES_SHOWN = 500
@@ -85,12 +88,38 @@ def auction(a: AuctionRecord) -> dict[str, Any]:
         "silent": sorted(a.silent),
         "reason": a.reason,
         "summary": a.summary,
+        "at": a.at,
+        "repeat": 1,
+        "first_at": a.at,
     }
 
 
+def _outcome(a: AuctionRecord) -> tuple[Any, ...]:
+    """Rule 4: what makes two auctions come out the same (not their id or time)."""
+    return (a.winner, a.load, a.tie_broken, a.reason, a.summary,
+            sorted((b.node_id, b.load, b.strategy) for b in a.bids),
+            sorted((d.node_id, d.reason, d.detail) for d in a.declines), sorted(a.silent))
+
+
+def collapsed(auctions: list[AuctionRecord]) -> list[dict[str, Any]]:
+    """Rule 4, over auctions newest first: each run of the same outcome as its newest, with
+    `repeat` (how many) and `first_at` (when the oldest of them was committed)."""
+    out: list[dict[str, Any]] = []
+    last: tuple[Any, ...] | None = None
+    for a in auctions:
+        key = _outcome(a)
+        if out and key == last:
+            out[-1]["repeat"] += 1
+            out[-1]["first_at"] = a.at or out[-1]["first_at"]
+            continue
+        out.append(auction(a))
+        last = key
+    return out
+
+
 def instance_page(why: WhyReply) -> dict[str, Any]:
-    """One instance: its status and every auction it went through, newest first."""
-    return {"instance": _plain(why.instance), "auctions": [auction(a) for a in why.auctions]}
+    """One instance: its status and every auction it went through, newest first (rule 4)."""
+    return {"instance": _plain(why.instance), "auctions": collapsed(why.auctions)}
 
 
 def event(e: Event) -> dict[str, Any]:

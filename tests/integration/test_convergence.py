@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
+from collections.abc import Awaitable
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -210,18 +211,31 @@ async def test_commits_within_the_mirror_window_are_put_once_the_newest(
         await asyncio.sleep(0.1)
 
 
+async def _is(got: Awaitable[set[str]], want: set[str]) -> bool:
+    return await got == want
+
+
 async def test_a_broker_that_stops_puts_what_its_mirror_window_held(cluster: Cluster) -> None:
-    await cluster.start_broker(timing=msgspec.structs.replace(TIMING, mirror_s=60.0))
+    broker = await cluster.start_broker(timing=msgspec.structs.replace(TIMING, mirror_s=60.0))
     await cluster.start_agent("node-a")
     await cluster.wait_nodes(1)
     ids = []
     for n in range(2):
         ids.append(await cluster.submit(sleeper_spec(f"held-{n}")))
         await wait_for(lambda: cluster.holders(ids[-1]) == ["node-a"], 10, what="placed")
+    # Git holds it as soon as the writer is done; the broker hands the change to its mirror
+    # a moment later (a loaded machine's moment may outlast a stop that follows at once).
+    await wait_for(broker.committer.idle.is_set, 10, what="the broker done with the commit")
     await cluster.stop_broker()  # a minute before the window ends
     kv = await (await cluster.client()).jetstream().key_value(subjects.NODES_BUCKET)
-    mirrored = msgspec.json.decode((await kv.get("node-a")).value, type=NodeFile)
-    assert set(mirrored.instances) == set(ids)
+
+    async def mirrored() -> set[str]:
+        return set(msgspec.json.decode((await kv.get("node-a")).value, type=NodeFile
+                                       ).instances)
+    # The broker's last put is a publish the server stores when it gets to it (a loaded
+    # machine may read the key first): wait for it, as a worker's watch would.
+    await wait_for(lambda: _is(mirrored(), set(ids)), 10,
+                   what=f"the node's key to hold {sorted(ids)}")
 
 
 async def test_a_stale_node_json_never_stops_a_fresh_award(cluster: Cluster) -> None:

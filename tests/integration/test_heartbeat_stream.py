@@ -145,6 +145,21 @@ async def test_a_feed_that_loses_its_probe_judges_no_one(
         await node.close()
 
 
+async def last_heard(broker: Any, silent: str, live: str) -> Any:
+    """The silent node's last heartbeat as the broker holds it, once three of the live
+    node's have come after it (a condition, not a pause: on a loaded machine the last one
+    may still be on its way long after it was sent)."""
+    held, after = broker.liveness.heartbeats[silent], 0
+    seen = broker.liveness.heartbeats[live]
+    while after < 3:
+        await asyncio.sleep(TIMING.heartbeat_s / 4)
+        if broker.liveness.heartbeats[silent] is not held:
+            held, after = broker.liveness.heartbeats[silent], 0
+        if broker.liveness.heartbeats[live] is not seen:
+            seen, after = broker.liveness.heartbeats[live], after + 1
+    return held
+
+
 async def test_a_lost_consumer_or_stream_is_made_again_from_what_is_new(
         cluster: Cluster) -> None:
     """The broker's consumer deleted, then the whole stream: the broker hears the live node
@@ -155,8 +170,7 @@ async def test_a_lost_consumer_or_stream_is_made_again_from_what_is_new(
     try:
         await cluster.wait_nodes(2)
         silent.heartbeating = False
-        await asyncio.sleep(2 * TIMING.heartbeat_s)  # its last heartbeat, stored for good
-        last = broker.liveness.last_seen["node-silent"]
+        last = await asyncio.wait_for(last_heard(broker, "node-silent", "node-live"), 60)
         js: Any = broker.nc.jetstream()
         for lose in ("consumer", "stream"):
             before = broker.now()
@@ -166,7 +180,10 @@ async def test_a_lost_consumer_or_stream_is_made_again_from_what_is_new(
                 await js.delete_stream(subjects.HEARTBEAT_STREAM)
             await wait_for(lambda b=before: broker.liveness.last_seen["node-live"] > b,  # type: ignore[misc]
                            10, what=f"the live node heard again after losing the {lose}")
-            assert broker.liveness.last_seen["node-silent"] == last
+            # The same heartbeat, never its stored copy taken again as news. (Not its
+            # time: a loaded machine's late probe makes the broker deaf for a moment, and
+            # that moment is rightly given back to every node.)
+            assert broker.liveness.heartbeats["node-silent"] is last
         assert (await js.stream_info(subjects.HEARTBEAT_STREAM)).config.max_msgs_per_subject == 1
     finally:
         await live.close()

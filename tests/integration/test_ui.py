@@ -172,6 +172,14 @@ def test_a_service_deployed_with_the_cli_is_shown_with_its_replicas(up: Up, page
         ".textContent === '2 / 2'", timeout=WAIT_MS)
     assert row.locator("td").nth(1).inner_text() == "v1"
     page.wait_for_selector('#instances tr[data-state="running"] .sub', timeout=WAIT_MS)
+    # Its own page: each version and each replica, by the service's link.
+    row.locator("a.service-link").click()
+    page.wait_for_selector("#service-page:not([hidden])", timeout=WAIT_MS)
+    assert page.evaluate("location.hash") == "#/service/ui-svc"
+    page.wait_for_function(
+        "() => document.querySelectorAll('#service-replicas tbody tr').length === 2",
+        timeout=WAIT_MS)
+    assert page.locator('#service-versions tr[data-version="1"] td').nth(1).inner_text() == "2"
 
 
 def test_an_instance_submitted_with_the_cli_appears_without_a_reload(up: Up,
@@ -206,6 +214,9 @@ def test_clicking_an_instance_shows_its_auction_with_the_winner_marked(up: Up,
     assert winner.locator(".winner-mark").inner_text().strip().endswith("winner")
     bids = page.locator("#auctions .auction").first.locator(".bid")
     assert bids.count() == 3  # every node bid, each a bar
+    at = page.locator("#auctions .auction").first.locator(".auction-at")
+    assert abs(float(at.get_attribute("data-at")) - time.time()) < 3600  # when, committed
+    assert re.fullmatch(r"\d\d:\d\d:\d\d", at.inner_text().strip())
     loads = [float(bids.nth(k).get_attribute("data-load")) for k in range(3)]
     assert loads == sorted(loads)
     assert page.locator("#auctions .auction").first.locator(".bid:not(.winner) "
@@ -222,6 +233,44 @@ def test_clicking_an_instance_shows_its_auction_with_the_winner_marked(up: Up,
         "node-1", "node-3"]
     assert all(declines.nth(k).locator(".reason").inner_text() == "missing label zone=b"
                for k in range(2))
+
+
+def test_ended_instances_are_hidden_until_asked_for_and_a_node_has_its_page(
+        up: Up, page: Any, tmp_path: Path) -> None:
+    up.submit("live", "ui-live-1")
+    up.submit("gone", "ui-end-1")
+    page.goto(up.url)
+    page.wait_for_selector('#instances tr[data-instance="ui-live-1"][data-state="running"]',
+                           timeout=WAIT_MS)
+    page.wait_for_selector('#instances tr[data-instance="ui-end-1"][data-state="running"]',
+                           timeout=WAIT_MS)
+    done = up.gavel("cancel", "ui-end-1")
+    assert done.returncode == 0, done.stderr
+    page.wait_for_function(
+        "() => state.overview.instances.some("
+        "(i) => i.instance_id === 'ui-end-1' && i.state === 'cancelled')", timeout=WAIT_MS)
+    assert page.locator('#instances tr[data-instance="ui-end-1"]').count() == 0  # hidden
+    assert page.locator("#ended-count").inner_text() != "(0)"
+    page.check("#show-ended")
+    page.wait_for_selector('#instances tr[data-instance="ui-end-1"][data-state="cancelled"]',
+                           timeout=WAIT_MS)
+    page.uncheck("#show-ended")
+    page.wait_for_selector('#instances tr[data-instance="ui-end-1"]', state="detached",
+                           timeout=WAIT_MS)
+    if os.environ.get("GAVEL_UI_SCREENSHOT"):
+        page.screenshot(path=str(Path(os.environ["GAVEL_UI_SCREENSHOT"]).with_suffix(
+            ".overview.png")))
+    # A node's own page, by the link in the instance's row: its card and what runs there.
+    node = up.node_of("ui-live-1")
+    page.locator('#instances tr[data-instance="ui-live-1"] a.node-link').click()
+    page.wait_for_selector("#node-page:not([hidden])", timeout=WAIT_MS)
+    assert page.evaluate("location.hash") == f"#/node/{node}"
+    page.wait_for_selector(f'#node-card [data-node="{node}"] .meter', timeout=WAIT_MS)
+    page.wait_for_selector('#node-instances tr[data-instance="ui-live-1"]', timeout=WAIT_MS)
+    assert page.locator('#node-instances tr[data-instance="ui-end-1"]').count() == 0
+    if os.environ.get("GAVEL_UI_SCREENSHOT"):
+        page.screenshot(path=str(Path(os.environ["GAVEL_UI_SCREENSHOT"]).with_suffix(
+            ".node.png")))
 
 
 def test_the_token_is_required_on_a_non_loopback_address(up: Up, page: Any) -> None:

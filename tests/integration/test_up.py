@@ -1,11 +1,13 @@
 """`gavel up` as a new user runs it: the real command as a child process, and its children.
 
 What must hold: a `--nats-port` another server holds is refused in one sentence (never
-joining that other cluster); a broker that exits (its `--metrics-port` taken) or a child that
-dies later stops everything `gavel up` started, exit 1 naming the child and what it said;
-and Ctrl-C then `gavel up` again on the same state brings running work back on its node at
-the same attempt - no re-placement, no cancel claimed in a worker's log, no rejected message
-counted, the metrics saying running. It serves the HTTP API and prints its address.
+joining that other cluster); a broker that exits (its `--metrics-port` taken, or killed
+later) stops everything `gavel up` started, exit 1 naming the child and what it said; a
+worker that dies is said once and the rest carry on (with `--restart-workers` it comes back
+onto its running instances), and its instances stop with `gavel up`; and Ctrl-C then
+`gavel up` again on the same state brings running work back on its node at the same
+attempt - no re-placement, no cancel claimed in a worker's log, no rejected message counted,
+the metrics saying running. It serves the HTTP API and prints its address.
 """
 
 from __future__ import annotations
@@ -191,12 +193,84 @@ async def test_ctrl_c_and_up_again_brings_running_work_back(
     assert got["gavel_instances"] == {(("state", "running"),): 1.0}
     assert {k: v for k, v in got.get("gavel_messages_rejected_total", {}).items() if v} == {}
 
-    # A child that dies while the cluster runs stops the whole of it, in one sentence.
-    worker = next(p for p in psutil.process_iter(["cmdline"])
-                  if "worker" in (p.info["cmdline"] or []) and
-                  str(state / "workers" / "node-2") in " ".join(p.info["cmdline"] or []))
-    worker.kill()
+    # The broker dying while the cluster runs stops the whole of it, in one sentence.
+    child(state, "broker").kill()
     assert await again.exit() == 1
     assert again.text().strip().splitlines()[-1].startswith(
-        "gavel up: the worker node-2 exited with status -9")
+        "gavel up: the broker exited with status -9")
     assert leftovers(state) == []
+
+
+def child(state: Path, role: str, where: str = "") -> psutil.Process:
+    """The `gavel up` child of `role` (its first argument) whose command line names `where`."""
+    def role_of(cmd: list[str]) -> str:  # python [-P] -m gavel ROLE ...
+        return cmd[cmd.index("gavel") + 1] if "gavel" in cmd[:-1] else ""
+    return next(p for p in psutil.process_iter(["cmdline"])
+                if role_of(p.info["cmdline"] or []) == role
+                and str(state / where) in " ".join(p.info["cmdline"] or []))
+
+
+async def sleeper_on_a_node(up: Up, tmp_path: Path) -> tuple[str, int]:
+    """Submit one sleeping instance; the node it runs on and its pid, once it runs."""
+    spec = tmp_path / "sleepy.toml"
+    spec.write_text(f'name = "sleepy"\n{SLEEPER}cpu = 0.5\n')
+    proc = await up.gavel("submit", str(spec), "--id", "sleepy-1", "--wait")
+    assert proc.returncode == 0, proc.stderr
+
+    async def running() -> bool:
+        return (await up.status("sleepy-1"))["state"] == "running"
+    await wait_for(running, 30, what="the instance to run")
+    node = (await up.status("sleepy-1"))["node_id"]
+    agent = json.loads((up.state / "workers" / node / "agent.json").read_text())
+    return node, int(agent["instances"]["sleepy-1"]["pid"])
+
+
+def alive(pid: int) -> bool:
+    return psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+
+
+async def test_a_worker_that_dies_is_said_once_and_its_instances_stop_with_up(
+        tmp_path: Path, ups: list[Up]) -> None:
+    state = tmp_path / "s"
+    up = Up(state, "--workers", "2", "--no-ui", "--no-gateway")
+    ups.append(up)
+    await up.ready()
+    node, pid = await sleeper_on_a_node(up, tmp_path)
+    child(state, "worker", f"workers/{node}").kill()
+    said = f"gavel up: the worker {node} exited with status -9"
+    await wait_for(lambda: said in up.text(), 30, what="gavel up to say the worker died")
+    lines = [ln for ln in up.text().splitlines() if ln.startswith(said)]
+    assert len(lines) == 1 and lines[0].endswith(
+        "the rest carry on (--restart-workers starts a worker that exits again)"), lines
+    nodes = await up.gavel("nodes")  # the rest of the cluster still answers
+    assert nodes.returncode == 0, nodes.stderr
+    assert up.proc.poll() is None
+    assert alive(pid)  # a dead node's work runs on, unmanaged, as on a real host
+    assert await up.exit(signal.SIGTERM) == 0
+    assert leftovers(state) == []
+    assert not alive(pid)  # but not past `gavel up`
+
+
+async def test_restart_workers_brings_a_dead_worker_back_onto_its_instances(
+        tmp_path: Path, ups: list[Up]) -> None:
+    state = tmp_path / "s"
+    up = Up(state, "--workers", "2", "--no-ui", "--no-gateway", "--restart-workers")
+    ups.append(up)
+    await up.ready()
+    node, pid = await sleeper_on_a_node(up, tmp_path)
+    child(state, "worker", f"workers/{node}").kill()
+    await wait_for(lambda: f"gavel up: the worker {node} started again" in up.text(), 30,
+                   what="gavel up to start the worker again")
+    assert "exited with status -9 (" in up.text()
+    restarted = child(state, "worker", f"workers/{node}")
+
+    async def adopted() -> bool:
+        st = await up.status("sleepy-1")
+        agent = json.loads((state / "workers" / node / "agent.json").read_text())
+        return bool(st["state"] == "running" and restarted.is_running()
+                    and agent["instances"]["sleepy-1"]["pid"] == pid)
+    await wait_for(adopted, 30, what="the restarted worker to hold its instance again")
+    assert (await up.status("sleepy-1"))["attempt"] == 1
+    assert await up.exit(signal.SIGINT) == 0
+    assert leftovers(state) == []
+    assert not alive(pid)

@@ -75,3 +75,22 @@ def test_an_event_reads_as_one_line() -> None:
     assert e["text"] == f"{Reason.EXITED_NONZERO}: exit 3"
     assert views.event(Event(instance_id="i", type="running", detail="pid 7"))["text"] == \
         "pid 7"
+
+
+def test_auctions_that_came_out_the_same_in_a_row_are_one_entry_with_a_count() -> None:
+    """An instance waiting for room is asked again and again: one entry, how many times and
+    since when, not a page of identical auctions; a different outcome starts a new entry."""
+    def waiting(aid: str, at: float, silent: list[str]) -> AuctionRecord:
+        return AuctionRecord(auction_id=aid, instance_id="i", reason=Reason.ALL_FULL,
+                             summary="0/2 nodes bid: 2 no room for cpu", at=at, silent=silent,
+                             declines=[NodeDecline(node_id=n, reason=Reason.NO_ROOM_CPU)
+                                       for n in ("n1", "n2")])
+    won = AuctionRecord(auction_id="a9", instance_id="i", winner="n1", load=0.4, at=900.0,
+                        bids=[NodeBid(node_id="n1", load=0.4)])
+    newest_first = [won, waiting("a8", 800.0, []), waiting("a7", 700.0, []),
+                    waiting("a6", 600.0, []), waiting("a5", 500.0, ["n3"]),
+                    waiting("a4", 400.0, [])]
+    got = views.collapsed(newest_first)
+    assert [(a["auction_id"], a["repeat"], a["first_at"], a["at"]) for a in got] == [
+        ("a9", 1, 900.0, 900.0), ("a8", 3, 600.0, 800.0), ("a5", 1, 500.0, 500.0),
+        ("a4", 1, 400.0, 400.0)]

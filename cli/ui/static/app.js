@@ -4,16 +4,22 @@
 //    instance, /api/instances/ID (asked again when an event about it arrives) and the event
 //    stream /api/logs/ID. The page never polls.
 // 2. Text from the cluster (ids, reasons, log lines) is set as text, never as HTML.
-// 3. Two views, by the address's fragment: "#/" the cluster, "#/instance/ID" one instance.
+// 3. Views by the address's fragment: "#/" the cluster, "#/instance/ID" one instance,
+//    "#/node/ID" one node and what runs there, "#/service/NAME" one service and its replicas
+//    (the last two drawn from the overview the stream keeps sending).
+// 4. Ended instances (succeeded, failed, lost, cancelled) are hidden from the cluster's
+//    table unless "show ended" is ticked: the ones still to run or running are what matter.
 "use strict";
 
 const EVENTS_SHOWN = 200;
+const ENDED = new Set(["succeeded", "failed", "lost", "cancelled"]);
 const LOG_LINES_KEPT = 2000;
 
 const state = {
   overview: null,
   events: [],  // newest first
   instance: null,  // the id the instance view shows
+  page: {kind: "overview", id: null},  // the view the fragment names (rule 3)
   logs: null,  // its EventSource
   refetch: null,  // a pending fetch of the instance view
   instancesKey: "",  // what the instances table shows now
@@ -75,6 +81,15 @@ function portsText(ports) {
   return Object.entries(ports || {}).map(([name, port]) => `${name}:${port}`).join(" ");
 }
 
+function nodeLink(id) {
+  return el("a", {href: `#/node/${encodeURIComponent(id)}`, class: "node-link mono", text: id});
+}
+
+function serviceLink(name) {
+  return el("a", {href: `#/service/${encodeURIComponent(name)}`, class: "service-link",
+                  text: name});
+}
+
 function instanceLink(id) {
   return el("a", {href: `#/instance/${encodeURIComponent(id)}`, class: "instance-link",
                   text: id});
@@ -91,6 +106,8 @@ function renderOverview() {
   renderNodes(o.nodes);
   renderServices(o.services, o.services_error);
   renderInstances(o);
+  if (state.page.kind === "node") renderNodePage(state.page.id);
+  if (state.page.kind === "service") renderServicePage(state.page.id);
 }
 
 function renderSummary(o) {
@@ -105,36 +122,38 @@ function renderNodes(nodes) {
   $("nodes-count").textContent = String(nodes.length);
   const box = clear($("nodes"));
   if (!nodes.length) box.append(el("p", {class: "note", text: "No node has been heard yet."}));
-  for (const n of nodes) {
-    const labels = Object.entries(n.labels || {}).sort()
-      .map(([k, v]) => el("span", {class: "chip", text: `${k}=${v}`}));
-    const cap = n.capacity || {}, com = n.committed || {}, stats = n.stats;
-    // Committed: what the broker placed there; load: what the host measures.
-    const meters = [
-      bar("cpu", com.cpu || 0, cap.cpu || 0,
-          `${fmtNumber(com.cpu || 0, 2)} / ${fmtNumber(cap.cpu || 0, 2)}`, "committed cpu"),
-      bar("memory", com.memory_mb || 0, cap.memory_mb || 0,
-          `${com.memory_mb || 0} / ${cap.memory_mb || 0} MB`, "committed memory"),
-    ];
-    if (stats) {
-      meters.push(bar("load", stats.cpu_ratio || 0, 1,
-                      `${Math.round((stats.cpu_ratio || 0) * 100)}%`, "host cpu load"));
-      meters.push(bar("host mem", stats.memory_ratio || 0, 1,
-                      `${Math.round((stats.memory_ratio || 0) * 100)}%`, "host memory in use"));
-    }
-    box.append(el("article", {class: `node h-${n.health}${n.draining ? " draining" : ""}`,
-                              "data-node": n.node_id},
-      el("div", {class: "node-head"},
-         el("span", {class: "node-name", text: n.node_id}),
-         badge(n.health, "health"),
-         n.draining ? badge("draining", "warn") : null),
-      el("div", {class: "node-meta"},
-         el("span", {class: "strategy", text: n.strategy || "?"}),
-         el("span", {text: `${n.instances} instance${n.instances === 1 ? "" : "s"}`}),
-         el("span", {class: "seen", text: `seen ${fmtNumber(n.last_seen_s, 1)} s ago`})),
-      el("div", {class: "labels"}, ...labels),
-      el("div", {class: "meters"}, ...meters)));
+  for (const n of nodes) box.append(nodeCard(n));
+}
+
+function nodeCard(n) {
+  const labels = Object.entries(n.labels || {}).sort()
+    .map(([k, v]) => el("span", {class: "chip", text: `${k}=${v}`}));
+  const cap = n.capacity || {}, com = n.committed || {}, stats = n.stats;
+  // Committed: what the broker placed there; load: what the host measures.
+  const meters = [
+    bar("cpu", com.cpu || 0, cap.cpu || 0,
+        `${fmtNumber(com.cpu || 0, 2)} / ${fmtNumber(cap.cpu || 0, 2)}`, "committed cpu"),
+    bar("memory", com.memory_mb || 0, cap.memory_mb || 0,
+        `${com.memory_mb || 0} / ${cap.memory_mb || 0} MB`, "committed memory"),
+  ];
+  if (stats) {
+    meters.push(bar("load", stats.cpu_ratio || 0, 1,
+                    `${Math.round((stats.cpu_ratio || 0) * 100)}%`, "host cpu load"));
+    meters.push(bar("host mem", stats.memory_ratio || 0, 1,
+                    `${Math.round((stats.memory_ratio || 0) * 100)}%`, "host memory in use"));
   }
+  return el("article", {class: `node h-${n.health}${n.draining ? " draining" : ""}`,
+                        "data-node": n.node_id},
+    el("div", {class: "node-head"},
+       el("span", {class: "node-name"}, nodeLink(n.node_id)),
+       badge(n.health, "health"),
+       n.draining ? badge("draining", "warn") : null),
+    el("div", {class: "node-meta"},
+       el("span", {class: "strategy", text: n.strategy || "?"}),
+       el("span", {text: `${n.instances} instance${n.instances === 1 ? "" : "s"}`}),
+       el("span", {class: "seen", text: `seen ${fmtNumber(n.last_seen_s, 1)} s ago`})),
+    el("div", {class: "labels"}, ...labels),
+    el("div", {class: "meters"}, ...meters));
 }
 
 function renderServices(services, error) {
@@ -149,7 +168,7 @@ function renderServices(services, error) {
     const d = s.deployment;
     const healthy = (s.versions || []).reduce((sum, v) => sum + (v.healthy || 0), 0);
     body.append(el("tr", {"data-service": s.name},
-      el("td", {text: s.name}),
+      el("td", {}, serviceLink(s.name)),
       el("td", {text: `v${s.version}`}),
       el("td", {text: s.stopped ? "stopped" : `${(s.replicas || []).length} / ${s.count}`}),
       el("td", {text: String(healthy)}),
@@ -166,17 +185,25 @@ function reasonOf(i) {
 
 function renderInstances(o) {
   // Rebuilt only when it changed: a row is not replaced under the pointer clicking it.
-  const key = JSON.stringify([o.instances, o.instances_total]);
+  const showEnded = $("show-ended").checked;
+  const key = JSON.stringify([o.instances, o.instances_total, showEnded]);
   if (key === state.instancesKey) return;
   state.instancesKey = key;
   const counts = Object.entries(o.counts).map(([s, n]) => `${n} ${s}`).join(" · ");
   $("counts").textContent = counts;
   const body = clear($("instances").tBodies[0]);
-  $("instances-empty").hidden = o.instances.length > 0;
+  const shown = showEnded ? o.instances : o.instances.filter((i) => !ENDED.has(i.state));
+  const ended = Object.entries(o.counts).filter(([s]) => ENDED.has(s))
+    .reduce((sum, [, n]) => sum + n, 0);
+  $("ended-count").textContent = `(${ended})`;
+  $("instances-empty").hidden = shown.length > 0;
+  $("instances-empty").textContent = o.instances.length ?
+    "Every instance has ended: tick \u201cshow ended\u201d to list them." :
+    "No instances yet: gavel submit SPEC places one.";
   const more = o.instances_total - o.instances.length;
   $("instances-more").hidden = more <= 0;
   $("instances-more").textContent = more > 0 ? `and ${more} more (gavel status lists all)` : "";
-  for (const i of o.instances) {
+  for (const i of shown) {
     const row = el("tr", {class: `instance s-${i.state}`, "data-instance": i.instance_id,
                           "data-state": i.state, "data-node": i.node_id || null,
                           onclick: () => { location.hash = `#/instance/${encodeURIComponent(i.instance_id)}`; }},
@@ -186,12 +213,67 @@ function renderInstances(o) {
              el("span", {class: "sub", text: ` ${i.name}`}) : null)),
       el("td", {}, badge(i.state, "state")),
       el("td", {}, i.health ? badge(i.health, "health") : "-"),
-      el("td", {class: "mono", text: i.node_id || "-"}),
+      el("td", {}, i.node_id ? nodeLink(i.node_id) : "-"),
       el("td", {class: "mono", text: portsText(i.ports) || "-"}),
       el("td", {class: "reason", text: reasonOf(i) +
                 (i.restarts ? ` (${i.restarts} restarts)` : "")}));
     body.append(row);
   }
+}
+
+// -- one node, one service (rule 3) --------------------------------------------------------
+function instanceRow(i, columns) {
+  const cells = {
+    instance: () => el("td", {}, instanceLink(i.instance_id)),
+    version: () => el("td", {text: i.version ? `v${i.version}` : "-"}),
+    state: () => el("td", {}, badge(i.state, "state")),
+    health: () => el("td", {}, i.health ? badge(i.health, "health") : "-"),
+    node: () => el("td", {}, i.node_id ? nodeLink(i.node_id) : "-"),
+    ports: () => el("td", {class: "mono", text: portsText(i.ports) || "-"}),
+    reason: () => el("td", {class: "reason", text: reasonOf(i)}),
+  };
+  return el("tr", {class: `instance s-${i.state}`, "data-instance": i.instance_id,
+                   "data-state": i.state}, ...columns.map((c) => cells[c]()));
+}
+
+function renderNodePage(id) {
+  const o = state.overview;
+  if (!o) return;
+  const n = o.nodes.find((x) => x.node_id === id);
+  $("node-missing").hidden = Boolean(n);
+  clear($("node-card"));
+  if (n) $("node-card").append(nodeCard(n));
+  const mine = o.instances.filter((i) => i.node_id === id && !ENDED.has(i.state));
+  $("node-instances-count").textContent = String(mine.length);
+  const body = clear($("node-instances").tBodies[0]);
+  for (const i of mine)
+    body.append(instanceRow(i, ["instance", "state", "health", "ports", "reason"]));
+}
+
+function renderServicePage(name) {
+  const o = state.overview;
+  if (!o) return;
+  const s = (o.services || []).find((x) => x.name === name);
+  $("service-missing").hidden = Boolean(s);
+  const status = clear($("service-status"));
+  const versions = clear($("service-versions").tBodies[0]);
+  const replicas = clear($("service-replicas").tBodies[0]);
+  if (!s) return;
+  const d = s.deployment;
+  status.append(badge(s.stopped ? "stopped" : "running", "state"),
+    el("span", {text: `v${s.version}, ${s.count} wanted`}),
+    s.healthy_version ? el("span", {text: `last healthy v${s.healthy_version}`}) : null,
+    d ? el("span", {class: "reason", text: `deployment ${d.state} ` +
+          (d.from_version ? `v${d.from_version}\u2192` : "") + `v${d.to_version}` +
+          (d.reason ? `: ${d.reason}` : "")}) : null);
+  for (const v of s.versions || [])
+    versions.append(el("tr", {"data-version": String(v.version)},
+      el("td", {text: `v${v.version}`}), el("td", {text: String(v.replicas)}),
+      el("td", {text: String(v.healthy)})));
+  $("service-replicas-count").textContent = String((s.replicas || []).length);
+  for (const i of s.replicas || [])
+    replicas.append(instanceRow(i, ["instance", "version", "state", "health", "node",
+                                    "reason"]));
 }
 
 // A service's own events (a deploy) carry the service's name where an instance id would be.
@@ -256,8 +338,13 @@ function renderAuction(a) {
   const silent = a.silent.map((n) => el("li", {class: "silent", "data-node": n},
     el("span", {class: "who mono", text: n}),
     el("span", {class: "reason", text: "silent: no answer before the deadline"})));
+  const when = a.at ? el("time", {class: "auction-at", "data-at": String(a.at),
+                                  text: fmtTime(a.at)}) : null;
+  const again = a.repeat > 1 ? el("span", {class: "repeat", "data-repeat": String(a.repeat),
+    title: "auctions in a row that came out the same",
+    text: `\u00d7${a.repeat}` + (a.first_at ? ` since ${fmtTime(a.first_at)}` : "")}) : null;
   return el("article", {class: "auction", "data-auction": a.auction_id},
-    el("div", {class: "auction-id mono", text: a.auction_id}),
+    el("div", {class: "auction-id mono"}, when, ` ${a.auction_id} `, again),
     head,
     bids.length ? el("div", {class: "bids"}, ...bids) :
       el("p", {class: "note", text: "No node bid."}),
@@ -357,14 +444,22 @@ function addEvent(e) {
 }
 
 function route() {
-  const m = location.hash.match(/^#\/instance\/(.+)$/);
-  const id = m ? decodeURIComponent(m[1]) : null;
-  $("overview-page").hidden = id !== null;
-  $("instance-page").hidden = id === null;
+  const m = location.hash.match(/^#\/(instance|node|service)\/(.+)$/);
+  const kind = m ? m[1] : "overview";
+  const named = m ? decodeURIComponent(m[2]) : null;
+  state.page = {kind, id: named};
+  for (const view of ["overview", "instance", "node", "service"])
+    $(`${view}-page`).hidden = view !== kind;
+  if (kind === "node" || kind === "service") {
+    $(`${kind}-title`).textContent = `${kind} ${named}`;
+    document.title = `${named} · gavel`;
+    if (kind === "node") renderNodePage(named); else renderServicePage(named);
+  }
+  const id = kind === "instance" ? named : null;
   if (id === state.instance) return;
   state.instance = id;
   closeLogs();
-  if (id === null) { document.title = "gavel"; return; }
+  if (id === null) { if (kind === "overview") document.title = "gavel"; return; }
   document.title = `${id} · gavel`;
   $("instance-title").textContent = id;
   clear($("instance-status"));
@@ -397,4 +492,7 @@ function connect() {
 }
 
 window.addEventListener("hashchange", route);
+document.addEventListener("DOMContentLoaded", () => {
+  $("show-ended").addEventListener("change", () => { if (state.overview) renderInstances(state.overview); });
+});
 document.addEventListener("DOMContentLoaded", () => { route(); connect(); });
