@@ -12,6 +12,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
+from gavel.broker.effects import world
 from gavel.broker.events import Events
 from gavel.broker.ledger.committer import Committer, Durable
 from gavel.broker.ledger.repository import Ledger
@@ -74,3 +75,8 @@ class Context:
     #: what the broker tells a node waits for it (`broker.ledger.committer` rule 10).
     leader: Leadership = field(default_factory=lambda: Leadership(broker_id=""))
     durable: Durable | None = None
+
+    def __post_init__(self) -> None:
+        # The committer carries out the world's effects through this context's outbox,
+        # event log and promise clocks (`broker.effects` rule 3); the parts add their own.
+        world(self.committer.effects, self.outbox, self.events, self.timers, self.now)

@@ -11,11 +11,16 @@ Rules:
 3. A dispute is committed once (the same dispute stays the same object across re-reads); a
    correction that could not be written is tried again on a later pass. A pinned deployment
    writes nothing: the dispute is logged, and the state keeps the broker's placement.
+4. The correction is a pure plan (`plan_correction`): the node files it rewrites, the
+   disputes that closed meanwhile (sent afresh by the next pass), and one effect,
+   `Corrected`, which the part notes once the commit is durable (`broker.effects`).
 """
 
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 from gavel.broker.context import Context
 from gavel.broker.ledger.committer import Item, Planned
@@ -23,7 +28,35 @@ from gavel.broker.ledger.plan import View, rewrite
 from gavel.broker.ledger.state import Dispute
 from gavel.shared.reasons import Reason
 
-__all__ = ["Integrity"]
+__all__ = ["Corrected", "Integrity", "Uncorrected", "plan_correction"]
+
+
+@dataclass(frozen=True)
+class Corrected:
+    """The effect of a correction commit: these disputes' node files are rewritten."""
+
+    disputes: tuple[Dispute, ...]
+
+
+@dataclass(frozen=True)
+class Uncorrected:
+    """The correction of these disputes was given up: the next pass sends them again."""
+
+    disputes: tuple[Dispute, ...]
+
+
+def plan_correction(view: View,
+                    disputes: list[Dispute]) -> tuple[Planned | None, list[Dispute]]:
+    """Rule 4: rewrite the node files of the disputes still open in `view` as its state
+    holds them; and the disputes no longer open as they were (the tree moved again)."""
+    open_now = view.state.disputes
+    gone = [d for d in disputes if open_now.get(d.instance_id) is not d]
+    still = [d for d in disputes if open_now.get(d.instance_id) is d]
+    nodes = sorted({n for d in still for n in d.rewrite})
+    if not still or not rewrite(view, nodes):
+        return None, gone
+    return Planned(lines=[f"correct: {d.sentence()}" for d in still],
+                   effects=[Corrected(tuple(still))]), gone
 
 
 class Integrity:
@@ -32,6 +65,8 @@ class Integrity:
         #: Disputes whose correction is queued or being written, by instance.
         self._sent: dict[str, Dispute] = {}
         self.corrected = 0
+        ctx.committer.effects.on(Corrected, self._landed)
+        ctx.committer.effects.on(Uncorrected, lambda e, _sha: self._failed(e.disputes))
 
     def watch(self) -> None:
         """One pass (rule 1)."""
@@ -52,33 +87,26 @@ class Integrity:
         if pinned:
             return  # rule 2 still holds: the state keeps only the broker's placement
         self.ctx.committer.submit(Item(plan=functools.partial(self._plan, disputes=new),
-                                       failed=functools.partial(self._failed, disputes=new),
-                                       retry=False))
+                                       gave_up=[Uncorrected(tuple(new))], retry=False))
 
     def _plan(self, view: View, disputes: list[Dispute]) -> Planned | None:
-        open_now = view.state.disputes
-        gone = [d for d in disputes if open_now.get(d.instance_id) is not d]
-        if gone:  # the tree moved again meanwhile: what is open now is sent afresh
-            self._failed(Reason.LEDGER_UNWRITABLE, "", gone)
-            disputes = [d for d in disputes if open_now.get(d.instance_id) is d]
-        nodes = sorted({n for d in disputes for n in d.rewrite})
-        if not disputes or not rewrite(view, nodes):
-            return None
-        return Planned(lines=[f"correct: {d.sentence()}" for d in disputes],
-                       after=[functools.partial(self._landed, disputes=disputes)])
+        planned, gone = plan_correction(view, disputes)
+        if gone:  # what is open now is sent afresh by the next pass
+            self._failed(gone)
+        return planned
 
-    def _landed(self, sha: str, disputes: list[Dispute]) -> None:
+    def _landed(self, done: Corrected, sha: str) -> None:
         open_now = self.ctx.ledger.state().disputes
-        for d in disputes:
+        for d in done.disputes:
             if open_now.get(d.instance_id) is d:
                 del open_now[d.instance_id]
             if self._sent.get(d.instance_id) is d:
                 del self._sent[d.instance_id]
             self.corrected += 1
         self.ctx.log.info("corrected %d placements someone else wrote, in commit %s",
-                          len(disputes), sha[:12])
+                          len(done.disputes), sha[:12])
 
-    def _failed(self, reason: Reason, detail: str, disputes: list[Dispute]) -> None:
+    def _failed(self, disputes: Sequence[Dispute]) -> None:
         for d in disputes:  # rule 3: the next pass sends it again
             if self._sent.get(d.instance_id) is d:
                 del self._sent[d.instance_id]

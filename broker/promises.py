@@ -8,8 +8,9 @@ Rules:
    on the same node - a copy the broker gave up on, stopping after the instance was placed
    there again - which would otherwise end the attempt that runs now). A report that names
    no attempt (0) is taken as the current one's.
-2. Every change goes through a plan (compare-and-swap on the instance's state) and the
-   group committer: a late event racing an expiry resolves to exactly one of them.
+2. Every change goes through a plan (`broker.promiseplans`: pure, compare-and-swap on the
+   instance's state, its effects as values) and the group committer: a late event racing
+   an expiry resolves to exactly one of them.
 3. Only failures that could succeed elsewhere (driver failed to start, its node restarted it
    as often as its restart policy allows) spend an attempt and re-auction; a process that
    ran and failed with no restarts allowed, or timed out, fails. An instance its worker
@@ -44,17 +45,18 @@ from dataclasses import dataclass
 import msgspec
 
 from gavel.broker.context import Context
+from gavel.broker.effects import Release
 from gavel.broker.ledger.committer import Item, Planned
-from gavel.broker.ledger.plan import (
-    View,
-    block_ports,
-    finish,
-    record_ports,
-    requeue,
-    set_cancelling,
-    set_draining,
-    unblock_ports,
-    unexclude,
+from gavel.broker.ledger.plan import View
+from gavel.broker.promiseplans import (
+    current,
+    plan_action,
+    plan_cancel,
+    plan_drain,
+    plan_end,
+    plan_ports,
+    plan_requeue,
+    plan_unblock,
 )
 from gavel.broker.watchdog import Action, Kind, due
 from gavel.shared import subjects
@@ -68,7 +70,6 @@ from gavel.shared.messages import (
     InstanceState,
 )
 from gavel.shared.reasons import Reason
-from gavel.shared.records import Assignment
 from gavel.transport.inbound import Door, Guard
 from gavel.transport.wire import Received
 
@@ -78,6 +79,13 @@ __all__ = ["Promises"]
 REPORTED = frozenset({EventType.PROVISIONING, EventType.RUNNING, EventType.EXITED,
                       EventType.FAILED, EventType.CANCELLED, EventType.HEALTHY,
                       EventType.UNHEALTHY, EventType.RESTARTED})
+
+
+@dataclass(frozen=True)
+class Unacted:
+    """The watchdog's verdict was given up before it landed: it may be acted on again."""
+
+    action: Action
 
 
 @dataclass(frozen=True)
@@ -124,6 +132,8 @@ class Promises:
         #: Node -> the highest `Event.seq` heard from it since it last started (rule 4).
         self.reported: dict[str, int] = {}
         self._unblocking: set[str] = set()  # nodes with an unblocking commit in flight
+        ctx.committer.effects.on(Release, lambda e, _sha: self.ended(e.instance_id))
+        ctx.committer.effects.on(Unacted, self._unacted)
 
     # -- reports -------------------------------------------------------------------------
     def on_report(self, msg: Received) -> None:
@@ -136,7 +146,7 @@ class Promises:
         if state.placement_of(ev.instance_id) != node:
             ctx.rejects.count("event for an instance not placed on that node", msg.subject)
             return
-        if not _current(ev, state.placement(ev.instance_id)):
+        if not current(ev, state.placement(ev.instance_id)):
             ctx.rejects.count("event for an earlier attempt of the instance", msg.subject)
             return
         if ev.type not in REPORTED:  # checked before it is recorded or published
@@ -171,9 +181,9 @@ class Promises:
             case EventType.CANCELLED:
                 self._end(ev, InstanceState.CANCELLED)
             case EventType.FAILED if ev.reason in RETRYABLE:
-                self._submit(lambda v: self._requeue(
+                self._submit(lambda v: plan_requeue(
                     v, iid, node, Reason(ev.reason), ev.detail, taken=ev.taken,
-                    free=ev.reason == Reason.WORKER_STOPPED) if _current(
+                    free=ev.reason == Reason.WORKER_STOPPED) if current(
                         ev, v.placement(iid)) else None)
             case EventType.FAILED:
                 self._end(ev, InstanceState.FAILED)
@@ -234,8 +244,8 @@ class Promises:
         self.ctx.timers.started_running(iid, node, self.ctx.now(), self.ctx.timing,
                                       rec.spec.timeout_s if rec else None)
 
-    def _submit(self, plan: object) -> None:
-        self.ctx.committer.submit(Item(plan=plan))  # type: ignore[arg-type]
+    def _submit(self, plan: Callable[[View], Planned | None]) -> None:
+        self.ctx.committer.submit(Item(plan=plan))
 
     def ports_freed(self, node_id: str, ports: list[int]) -> None:
         """The node found ports its node.json blocks free again: unblock them (one commit in
@@ -249,72 +259,14 @@ class Promises:
 
         def plan(view: View) -> Planned | None:
             self._unblocking.discard(node_id)
-            freed = unblock_ports(view, node_id, wanted)
-            if not freed:
-                return None
-            listed = ", ".join(str(p) for p in freed)
-            return Planned(lines=[f"ports {listed} on {node_id} are free again: unblocked"])
+            return plan_unblock(view, node_id, wanted)
         self._submit(plan)
 
     def _ports(self, ev: Event) -> None:
-        def plan(view: View) -> Planned | None:
-            new = record_ports(view, ev.instance_id, ev.node_id, ev.ports, ev.taken)
-            if new is None:
-                return None
-            taken = ", ".join(str(p) for p in ev.taken)
-            return Planned(lines=[f"ports of {ev.instance_id} on {ev.node_id}: {new.ports}"
-                                  + (f" ({Reason.PORT_TAKEN}: {taken})" if taken else "")])
-        self._submit(plan)
+        self._submit(functools.partial(plan_ports, ev=ev))
 
     def _end(self, ev: Event, to: InstanceState) -> None:
-        reported = ev.reason or ("" if to is InstanceState.SUCCEEDED else
-                                 Reason.EXITED_NONZERO)
-
-        def plan(view: View) -> Planned | None:
-            reason = reported
-            rec = view.instance(ev.instance_id)
-            if not _current(ev, view.placement(ev.instance_id)):
-                return None  # placed again since the report was read (rule 1)
-            if to is InstanceState.CANCELLED and rec is not None and rec.cancelling \
-                    and rec.reason:
-                reason = rec.reason  # rule 5: the cancel's own reason
-            if finish(view, ev.instance_id, ev.node_id, to, reason, ev.detail) is None:
-                return None
-            code = "" if ev.exit_code is None else f" (exit {ev.exit_code})"
-            return Planned(lines=[f"{to} {ev.instance_id} on {ev.node_id}{code}"],
-                           after=[lambda _sha: self.ended(ev.instance_id)])
-        self._submit(plan)
-
-    def _requeue(self, view: View, iid: str, node: str, reason: Reason, detail: str = "",
-                 exhausted: InstanceState = InstanceState.FAILED,
-                 free: bool = False, stop: bool = False,
-                 taken: list[int] | None = None) -> Planned | None:
-        """Off `node` and back in the queue (or out of attempts); `stop` also tells the node
-        to stop its copy once the commit has landed; `taken`: awarded ports the node found
-        taken outside gavel (it handed the instance back for want of others), blocked there."""
-        given_up = view.placement(iid)
-        awarded = given_up if taken else None
-        new = requeue(view, iid, node, reason, detail, exhausted, free)
-        if new is None:
-            return None
-        line = (f"requeue {iid} off {node}: {reason}" if new.state is InstanceState.QUEUED
-                else f"{new.state} {iid} on {node}: {reason}; {new.detail}")
-        lines = [line]
-        blocked = block_ports(view, node, awarded, taken) if awarded and taken else []
-        if blocked:
-            lines.append(f"block ports {', '.join(map(str, blocked))} on {node}: "
-                         f"{Reason.PORT_TAKEN}")
-
-        def after(_sha: str) -> None:
-            if stop:
-                self.ctx.outbox.publish(subjects.CANCEL.format(node=node), Cancel(
-                    instance_id=iid, node_id=node, epoch=self.ctx.leader.epoch,
-                    attempt=given_up.attempt if given_up is not None else 0))
-            self.ended(iid)
-            if new.state is not InstanceState.QUEUED:
-                self.ctx.events.emit(iid, EventType(new.state), node_id=node,
-                                     reason=new.reason, detail=new.detail)
-        return Planned(lines=lines, after=[after])
+        self._submit(functools.partial(plan_end, ev=ev, to=to))
 
     def ended(self, iid: str) -> None:
         self.ctx.timers.forget(iid)
@@ -333,8 +285,7 @@ class Promises:
                 continue
             self.acting.add(key)
             ctx.committer.submit(Item(plan=functools.partial(self._act, a=action),
-                                    failed=functools.partial(self._act_failed, key),
-                                    retry=False))
+                                      gave_up=[Unacted(action)], retry=False))
         self._drain_deadlines(now)
         self._migrate_next()
 
@@ -350,66 +301,25 @@ class Promises:
                                   len(nf.instances))
                 self.migrating[node] = sorted(nf.instances)
 
-    def _act_failed(self, key: tuple[Kind, str], _reason: Reason, _detail: str) -> None:
-        self.acting.discard(key)
+    def _unacted(self, e: Unacted, _sha: str) -> None:
+        self.acting.discard((e.action.kind, e.action.instance_id))
 
     def _act(self, view: View, a: Action) -> Planned | None:
         self.acting.discard((a.kind, a.instance_id))
-        match a.kind:
-            case Kind.REVOKE:
-                return self._requeue(view, a.instance_id, a.node_id, Reason.NOT_ACCEPTED,
-                                     stop=True)
-            case Kind.EXPIRE:
-                return self._requeue(view, a.instance_id, a.node_id, Reason.NO_LEASE,
-                                     exhausted=InstanceState.LOST)
-            case Kind.TIMEOUT:
-                return self._finish(view, a, InstanceState.FAILED, Reason.TIMEOUT, stop=True)
-            case Kind.CANCEL_EXPIRED:
-                return self._finish(view, a, InstanceState.CANCELLED, Reason.CANCEL_UNANSWERED)
-        return None
-
-    def _finish(self, view: View, a: Action, to: InstanceState,
-                reason: Reason, stop: bool = False) -> Planned | None:
-        rec = view.instance(a.instance_id)
-        asked = rec.reason if a.kind is Kind.CANCEL_EXPIRED and rec is not None else ""
-        ended = view.placement(a.instance_id)
-        if finish(view, a.instance_id, a.node_id, to, reason, asked) is None:
-            return None  # (rule 5: an overruled cancel keeps why it was asked as its detail)
-
-        def after(_sha: str) -> None:
-            if stop:
-                self.ctx.outbox.publish(subjects.CANCEL.format(node=a.node_id), Cancel(
-                    instance_id=a.instance_id, node_id=a.node_id, epoch=self.ctx.leader.epoch,
-                    attempt=ended.attempt if ended is not None else 0))
-            self.ended(a.instance_id)
-            self.ctx.events.emit(a.instance_id, EventType(to), node_id=a.node_id, reason=reason)
-        return Planned(lines=[f"{to} {a.instance_id} on {a.node_id}: {reason}"],
-                       after=[after])
+        return plan_action(view, a, self.ctx.leader.epoch)
 
     # -- operator verbs ------------------------------------------------------------------
     def cancel(self, iid: str) -> str:
         """Returns the state the instance is in after the request (or raises KeyError)."""
-        ctx = self.ctx
-        state = ctx.ledger.state()
+        state = self.ctx.ledger.state()
         rec = state.instances[iid]
-        if rec.state in PENDING and state.placement_of(iid) is None:
-            def plan(view: View) -> Planned | None:
-                if finish(view, iid, "", InstanceState.CANCELLED, Reason.CANCELLED) is None:
-                    return None
-                return Planned(lines=[f"cancelled {iid}: {Reason.CANCELLED}"],
-                               after=[lambda _s: ctx.events.emit(iid, EventType.CANCELLED,
-                                                                 reason=Reason.CANCELLED)])
-            self._submit(plan)
-            return InstanceState.CANCELLED
         node = state.placement_of(iid)
+        if rec.state in PENDING and node is None:
+            self._submit(functools.partial(plan_cancel, iid=iid, node=None))
+            return InstanceState.CANCELLED
         if node is not None:
-
-            def plan_live(view: View) -> Planned | None:
-                if set_cancelling(view, iid) is None:
-                    return None
-                return Planned(lines=[f"cancel {iid} on {node}"],
-                               after=[lambda _s: self.send_cancel(iid, node)])
-            self._submit(plan_live)
+            self._submit(functools.partial(plan_cancel, iid=iid, node=node,
+                                           epoch=self.ctx.leader.epoch))
             return "cancelling"
         return str(rec.state)
 
@@ -424,17 +334,7 @@ class Promises:
     def drain(self, node: str, undo: bool, migrate: bool, deadline_s: float = 0.0) -> int:
         """Drain `node` (or `undo` it, which also clears it from every exclusion list); with
         `migrate` move its instances now, with `deadline_s` those still there then."""
-        def plan(view: View) -> Planned | None:
-            if set_draining(view, node, not undo) is None:
-                return None
-            lines = [f"{'undrain' if undo else 'drain'} {node}"]
-            if undo:
-                back = unexclude(view, node)
-                if back:
-                    lines.append(f"{node} is back in service: no longer excluded for "
-                                 f"{len(back)} instance{'s' if len(back) != 1 else ''}")
-            return Planned(lines=lines)
-        self._submit(plan)
+        self._submit(functools.partial(plan_drain, node=node, undo=undo))
         if undo:
             self.migrating.pop(node, None)
             self.drain_deadlines.pop(node, None)
@@ -471,10 +371,7 @@ class Promises:
             def plan(v: View, i: str = iid, n: str = node,
                      k: tuple[Kind, str] = key) -> Planned | None:
                 self.acting.discard(k)
-                return self._requeue(v, i, n, Reason.MIGRATED, free=True, stop=True)
+                return plan_requeue(v, i, n, Reason.MIGRATED, free=True, stop=True,
+                                    epoch=self.ctx.leader.epoch)
             self._submit(plan)
 
-
-def _current(ev: Event, placement: Assignment | None) -> bool:
-    """The report is of the attempt placed now, or names none (rule 1)."""
-    return not ev.attempt or placement is None or placement.attempt == ev.attempt

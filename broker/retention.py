@@ -19,12 +19,15 @@ Rules:
    meanwhile stays.
 4. ``retention_s = 0`` and ``ended_max = 0`` keep every record for ever; either alone
    bounds what is kept; a pinned deployment forgets nothing.
+5. The forget commit is a pure plan (`plan_forget`): the records it drops and one effect,
+   `Forgotten`, which the part notes once the commit is durable (`broker.effects`).
 """
 
 from __future__ import annotations
 
 import functools
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from gavel.broker.context import Context
@@ -33,7 +36,7 @@ from gavel.broker.ledger.plan import View, forget
 from gavel.broker.ledger.state import State, parse_stamp
 from gavel.shared.reasons import Reason
 
-__all__ = ["FORGET_MAX", "Retention", "due"]
+__all__ = ["FORGET_MAX", "Forgotten", "Retention", "due", "plan_forget"]
 
 #: Records one forget commit drops at most. A forget commit rewrites the shards it touches
 #: whatever it drops from each, so bigger batches are cheaper a record, while the cap bounds
@@ -42,9 +45,33 @@ __all__ = ["FORGET_MAX", "Retention", "due"]
 #: up far past `ended_max`; docs/performance.md).
 FORGET_MAX = 5000
 
+#: An ended instance due to leave the tree: its id, the stamp it was judged by, and why.
+Due = tuple[str, str, Reason]
+
+
+@dataclass(frozen=True)
+class Forgotten:
+    """The effect of a forget commit: `batch` was due, and is out of the tree unless a plan
+    re-checking it kept it (rule 3). Empty: the commit was given up, nothing left."""
+
+    batch: tuple[Due, ...]
+
+
+def plan_forget(view: View, batch: list[Due] | tuple[Due, ...]) -> Planned | None:
+    """Rule 3 and 5: drop each record of `batch` still as it was judged; None if none is."""
+    lines = []
+    for iid, stamp, why in batch:
+        rec = forget(view, iid, stamp)
+        if rec is not None:
+            at = f", ended {stamp}" if stamp else ""
+            lines.append(f"forget {iid} ({rec.state}{at}): {why}")
+    if not lines:
+        return None
+    return Planned(lines=lines, effects=[Forgotten(tuple(batch))])
+
 
 def due(state: State, now: datetime, keep_s: float, first_seen: dict[str, datetime],
-        limit: int = FORGET_MAX, keep_max: int = 0) -> list[tuple[str, str, Reason]]:
+        limit: int = FORGET_MAX, keep_max: int = 0) -> list[Due]:
     """The oldest ended instances past the window or beyond the newest `keep_max`, with the
     stamp each was judged by and why (rule 2); a record without a readable stamp is timed
     from `first_seen` (`now` when first met)."""
@@ -52,7 +79,7 @@ def due(state: State, now: datetime, keep_s: float, first_seen: dict[str, dateti
     if keep_s <= 0 and excess <= 0:
         return []
     cutoff = now - timedelta(seconds=keep_s)
-    out: list[tuple[str, str, Reason]] = []
+    out: list[Due] = []
     for i, iid in enumerate(state.ended):
         if len(out) >= limit:
             break
@@ -81,6 +108,7 @@ class Retention:
         self._first_seen: dict[str, datetime] = {}
         self._seen_state: State | None = None
         self._busy = False
+        ctx.committer.effects.on(Forgotten, self._forgotten)
 
     def watch(self) -> None:
         """One pass: submit a forget commit for what is due, unless one is in flight."""
@@ -102,30 +130,21 @@ class Retention:
             return
         self._busy = True
         ctx.committer.submit(Item(plan=functools.partial(self._plan, batch=batch),
-                                failed=self._failed))
+                                  gave_up=[Forgotten(())]))
 
-    def _plan(self, view: View, batch: list[tuple[str, str, Reason]]) -> Planned | None:
-        lines = []
-        for iid, stamp, why in batch:
-            rec = forget(view, iid, stamp)
-            if rec is not None:
-                at = f", ended {stamp}" if stamp else ""
-                lines.append(f"forget {iid} ({rec.state}{at}): {why}")
-        if not lines:
+    def _plan(self, view: View, batch: list[Due]) -> Planned | None:
+        planned = plan_forget(view, batch)
+        if planned is None:
             self._busy = False
-            return None
-        return Planned(lines=lines, after=[functools.partial(self._forgotten, batch=batch)])
+        return planned
 
-    def _forgotten(self, _sha: str, batch: list[tuple[str, str, Reason]]) -> None:
+    def _forgotten(self, done: Forgotten, _sha: str) -> None:
         self._busy = False
         state = self.ctx.ledger.state()
-        for iid, _stamp, _why in batch:
+        for iid, _stamp, _why in done.batch:
             if iid not in state.instances:
                 self._first_seen.pop(iid, None)
                 self.forgotten_total += 1
                 self.ctx.metrics.forgotten.inc()
-        if len(batch) >= FORGET_MAX:
+        if len(done.batch) >= FORGET_MAX:
             self.watch()  # more may be due: keep up with ends faster than a batch a pass
-
-    def _failed(self, _reason: Reason, _detail: str) -> None:
-        self._busy = False

@@ -8,36 +8,24 @@ Rules:
    for this auction, with one answer per shape at most; every other reply is rejected whole
    with a `Verdict` the shell counts. A node that answered but skipped a shape is silent
    for that shape.
-4. `decide` awards each request in order to the lowest ``(effective load, node_id)`` among
-   the bids for its shape that still fit. A node's effective load is its bid plus its
-   `step` for every instance it already won in this batch, and every award is charged
-   against the winner's free capacity — so a batch decides as a sequence of single
-   auctions would (exactly so for strategies linear in what a node holds), and never
-   over-commits a node.
-5. A service's replica (a request with a `group`) is awarded by the spread rule instead
-   (`shared.spread`): told how many replicas of each group each node holds now and each
-   node's labels, `decide` counts its own awards as it goes. Its requests share shapes only
-   with their own group's, and a batch without replicas is decided exactly as rule 4 says.
-6. An auction of one request that is not a replica is decided by one walk down its bids in
-   award order — rule 4's award, tie and declines without building its heaps (one request
-   per round is the common case at low load, and every round of the simulator's fast path).
+4. `decide` closes the auction and awards its requests in order by the award rule, the one
+   rule for a single request, a batch and a service's replicas (`shared.award`: lowest
+   effective load that still fits, each award charged to the winner; a replica by the
+   spread rule, told how many replicas of each group each node holds now and each node's
+   labels). A group's requests share shapes only with their own group's.
 """
 
 from __future__ import annotations
 
-import heapq
 import math
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from enum import StrEnum
 
-import msgspec
-
-from gavel.shared.award import NodeBid, NodeDecline, order
-from gavel.shared.feasibility import shortfall
+from gavel.shared.award import Awarded, Decision, NodeBid, NodeDecline, Round, Row, Unschedulable
 from gavel.shared.messages import RFB, Bid, BidReply, Capacity, Request, Shape
-from gavel.shared.reasons import DECLINES, Reason, render, summarize_declines
-from gavel.shared.spread import Rank, Tally, rank
+from gavel.shared.reasons import DECLINES
+from gavel.shared.spread import Tally
 
 __all__ = ["Auction", "Awarded", "Decision", "Unschedulable", "Verdict", "group_shapes"]
 
@@ -53,27 +41,6 @@ class Verdict(StrEnum):
     BAD_REASON = "decline with a reason outside the fixed set"
 
 
-class Awarded(msgspec.Struct, frozen=True, kw_only=True):
-    request: Request
-    winner: NodeBid  # load is the effective load the winner won at
-    tie_broken: bool
-    bids: Sequence[NodeBid]  # every bid for the request's shape, as received, best first
-    declines: Sequence[NodeDecline]
-    silent: Sequence[str]
-
-
-class Unschedulable(msgspec.Struct, frozen=True, kw_only=True):
-    request: Request
-    reason: Reason
-    summary: str
-    bids: Sequence[NodeBid]
-    declines: Sequence[NodeDecline]
-    silent: Sequence[str]
-
-
-Decision = Awarded | Unschedulable
-
-_NO_ANSWER = "no answer before the deadline"
 _REASONS = frozenset(r.value for r in DECLINES)
 
 
@@ -110,7 +77,7 @@ class Auction:
         self.groups: set[str] = set()
         self._answered: set[str] = set()
         self.closed_at: float | None = None
-        if len(self.requests) == 1:  # one request, one shape: nothing to group (rule 6)
+        if len(self.requests) == 1:  # one request, one shape: nothing to group
             only = self.requests[0]
             if only.group:
                 self.groups.add(only.group)
@@ -215,241 +182,27 @@ class Auction:
     def decide(self, now: float, free: Mapping[str, Capacity] | None = None, *,
                held: Mapping[str, Mapping[str, int]] | None = None,
                labels: Mapping[str, Mapping[str, str]] | None = None) -> list[Decision]:
-        """Close the auction and award every request (rules 4 and 5). `held`: group -> node
-        -> replicas the node holds now; `labels`: each node's labels (both for replicas)."""
+        """Close the auction and award every request in order by the award rule (rule 4).
+        `held`: group -> node -> replicas the node holds now; `labels`: each node's labels
+        (both for replicas)."""
         self.closed_at = now
-        if len(self.requests) == 1 and not self.groups:
-            return [self._single(free or {})]
-        return self._batch(free or {}, held or {}, labels or {})
+        award = self._round(free or {}, held or {}, labels or {}).award
+        last = len(self.requests) - 1
+        if not last:  # one request (the common case): nothing to loop over
+            return [award(self.requests[0], 0, last=True)]
+        return [award(r, s, last=k == last)
+                for k, (r, s) in enumerate(zip(self.requests, self._shape_of, strict=True))]
 
-    def _batch(self, free: Mapping[str, Capacity], held: Mapping[str, Mapping[str, int]],
-               labels: Mapping[str, Mapping[str, str]]) -> list[Decision]:
-        """Rules 4 and 5 over any batch."""
-        remaining = {n: c.copy() for n, c in free.items()}
-        extra: dict[str, float] = {}
-        version: dict[str, int] = {}
-        heaps: list[list[tuple[float, str, int]]] = []
-        # Per shape: node -> version of its one live heap entry (absent: out of the running).
-        live: list[dict[str, int]] = []
-        ranked: list[list[NodeBid]] = []
-        declines: list[tuple[NodeDecline, ...]] = []
-        silent: list[list[str]] = []
-        for book in self._books:
-            heap = [(b.load, n, 0) for n, b in book.bids.items()]
-            heapq.heapify(heap)
-            heaps.append(heap)
-            live.append(dict.fromkeys(book.bids, 0))
-            ranked.append(sorted(book.bids.values(), key=order))
-            declines.append(tuple(sorted(book.declines, key=lambda d: d.node_id)))
-            silent.append(self._silent(book))
-        decisions: list[Decision] = []
-        tally = Tally(held, labels) if self.groups else None
-        for request, s in zip(self.requests, self._shape_of, strict=True):
-            if tally is not None and request.group:
-                decisions.append(self._replica(request, s, tally, remaining, extra, version,
-                                               live, heaps, ranked, declines, silent))
-                continue
-            book, heap = self._books[s], heaps[s]
-            winner = self._top(heap, book, extra, version, live[s], remaining, declines, s,
-                               request)
-            if winner is None:
-                decisions.append(self._unschedulable(request, ranked[s], declines[s],
-                                                     silent[s]))
-                continue
-            load, node = winner
-            entry = heapq.heappop(heap)
-            nxt = self._top(heap, book, extra, version, live[s], remaining, declines, s,
-                            request)
-            tied = nxt is not None and nxt[0] == load
-            heapq.heappush(heap, entry)
-            room = remaining.get(node)
-            if room is not None:
-                room.charge(request, -1)
-            step = book.steps[node]
-            extra[node] = extra.get(node, 0.0) + step
-            version[node] = ver = version.get(node, 0) + 1
-            if step < 0.0:
-                self._rekey(node, ver, live, heaps, extra)
-            won = NodeBid(node_id=node, load=load, strategy=book.bids[node].strategy)
-            decisions.append(Awarded(request=request, winner=won, tie_broken=tied,
-                                     bids=ranked[s], declines=declines[s], silent=silent[s]))
-        return decisions
-
-    def _single(self, free: Mapping[str, Capacity]) -> Decision:
-        """Rule 6: the first two bids in award order that fit (and are finite) are the
-        winner and the bid that could tie it; the ones passed over for want of room join
-        the declines, as `_top` adds them."""
-        request, book = self.requests[0], self._books[0]
-        ranked = sorted(book.bids.values(), key=order)
-        found: list[NodeBid] = []
-        short_of: list[NodeDecline] = []
-        for bid in ranked:
-            room = free.get(bid.node_id)
-            short = shortfall(request, room) if room is not None else None
-            if short is not None:
-                short_of.append(NodeDecline(node_id=bid.node_id, reason=short.reason,
-                                            detail=short.detail))
-            elif math.isfinite(bid.load):
-                found.append(bid)
-                if len(found) == 2:
-                    break
-        declines = tuple(sorted((*book.declines, *short_of), key=lambda d: d.node_id))
-        silent = self._silent(book)
-        if not found:
-            return self._unschedulable(request, ranked, declines, silent)
-        won = found[0]
-        tied = len(found) == 2 and found[1].load == won.load
-        return Awarded(request=request, winner=won, tie_broken=tied, bids=ranked,
-                       declines=declines, silent=silent)
+    def _round(self, free: Mapping[str, Capacity], held: Mapping[str, Mapping[str, int]],
+               labels: Mapping[str, Mapping[str, str]]) -> Round:
+        rows = [Row(b.bids, b.steps, b.declines, self._silent(b)) for b in self._books]
+        return Round(rows, free, len(self.eligible), Tally(held, labels) if self.groups
+                     else None)
 
     def _silent(self, book: _ShapeBook) -> list[str]:
         """The eligible nodes that said nothing of the shape, sorted (rule 3)."""
         spoke = book.bids.keys() | {d.node_id for d in book.declines}
         return sorted(self.eligible - spoke) if len(spoke) < len(self.eligible) else []
-
-    def _rekey(self, node: str, ver: int, live: list[dict[str, int]],
-               heaps: list[list[tuple[float, str, int]]], extra: dict[str, float]) -> None:
-        """The node's load fell: a stale entry would sit too deep for the lazy refresh to
-        reach, so re-key the node now in every shape it still competes in."""
-        for t, alive in enumerate(live):
-            if node in alive:
-                alive[node] = ver
-                fresh = self._books[t].bids[node].load + extra[node]
-                heapq.heappush(heaps[t], (fresh, node, ver))
-
-    def _replica(self, request: Request, s: int, tally: Tally,
-                 remaining: dict[str, Capacity], extra: dict[str, float],
-                 version: dict[str, int], live: list[dict[str, int]],
-                 heaps: list[list[tuple[float, str, int]]], ranked: list[list[NodeBid]],
-                 declines: list[tuple[NodeDecline, ...]], silent: list[list[str]]) -> Decision:
-        """Award one replica by the spread rule (rule 5, `shared.spread`): a scan of its
-        shape's bidders still in the running, those out of room leaving it as in `_top`."""
-        book, alive = self._books[s], live[s]
-        best: Rank | None = None
-        second: Rank | None = None
-        for node in list(alive):
-            room = remaining.get(node)
-            short = shortfall(request, room) if room is not None else None
-            if short is not None:
-                del alive[node]
-                declines[s] = tuple(sorted(
-                    (*declines[s], NodeDecline(node_id=node, reason=short.reason,
-                                               detail=short.detail)),
-                    key=lambda d: d.node_id))
-                continue
-            load = book.bids[node].load + extra.get(node, 0.0)
-            if not math.isfinite(load):  # the strategy refuses another one
-                continue
-            key = rank(request, node, load, tally)
-            if best is None or key < best:
-                best, second = key, best
-            elif second is None or key < second:
-                second = key
-        if best is None:
-            return self._unschedulable(request, ranked[s], declines[s], silent[s])
-        label = request.spread
-        if label and not request.spread_soft:
-            values = self._spread_values(s, label, tally)
-            floor = tally.floor(request.group, label, values)
-            if floor is None or best[0] > floor:
-                return self._unspread(request, tally, values, ranked[s], declines[s],
-                                      silent[s])
-        _, _, load, node = best
-        room = remaining.get(node)
-        if room is not None:
-            room.charge(request, -1)
-        step = book.steps[node]
-        extra[node] = extra.get(node, 0.0) + step
-        version[node] = ver = version.get(node, 0) + 1
-        if step < 0.0:
-            self._rekey(node, ver, live, heaps, extra)
-        tally.add(request.group, node)
-        won = NodeBid(node_id=node, load=load, strategy=book.bids[node].strategy)
-        tied = second is not None and second[:3] == best[:3]
-        return Awarded(request=request, winner=won, tie_broken=tied, bids=ranked[s],
-                       declines=declines[s], silent=silent[s])
-
-    def _spread_values(self, s: int, label: str, tally: Tally) -> set[str]:
-        """The label's values among the nodes that could take shape `s` (`shared.spread`
-        rule 3): its bidders, and the nodes that declined it for want of room."""
-        book = self._books[s]
-        nodes = [*book.bids, *(d.node_id for d in book.declines if d.reason in _CAPACITY)]
-        return {v for n in nodes if (v := tally.label(n, label)) is not None}
-
-    def _unspread(self, request: Request, tally: Tally, values: set[str],
-                  bids: Sequence[NodeBid], declines: Sequence[NodeDecline],
-                  silent: Sequence[str]) -> Unschedulable:
-        """A hard spread no fitting bidder keeps: the replica waits, the label named with
-        how many replicas each of its values holds."""
-        label = request.spread
-        rendered = [render(d.reason, d.detail) for d in declines] + [_NO_ANSWER] * len(silent)
-        head = summarize_declines(len(self.eligible), len(bids), rendered)
-        counts = ", ".join(f"{v} {tally.in_value(request.group, label, v)}"
-                           for v in sorted(values)) or "no node has it"
-        return Unschedulable(request=request, reason=Reason.SPREAD,
-                             summary=f"{head}; {Reason.SPREAD} ({label}: {counts})",
-                             bids=bids, declines=declines, silent=silent)
-
-    @staticmethod
-    def _top(heap: list[tuple[float, str, int]], book: _ShapeBook, extra: dict[str, float],
-             version: dict[str, int], live: dict[str, int], remaining: dict[str, Capacity],
-             declines: list[tuple[NodeDecline, ...]], s: int,
-             request: Request) -> tuple[float, str] | None:
-        """The best fresh, fitting entry (left on top of the heap), or None.
-
-        A stale entry's key never exceeds the node's effective load (steps that lower it
-        re-key at once), so refreshing entries as they surface finds the true minimum."""
-        while heap:
-            load, node, ver = heap[0]
-            if live.get(node) != ver:  # superseded by a re-keyed entry, or out of the running
-                heapq.heappop(heap)
-                continue
-            current = version.get(node, 0)
-            if ver != current:
-                fresh = book.bids[node].load + extra.get(node, 0.0)
-                live[node] = current
-                heapq.heapreplace(heap, (fresh, node, current))
-                continue
-            room = remaining.get(node)
-            short = shortfall(request, room) if room is not None else None
-            if short is None and math.isfinite(load):  # inf: "only one"; -inf: steps overflowed
-                return load, node
-            heapq.heappop(heap)
-            del live[node]
-            if short is not None:
-                declines[s] = tuple(sorted(
-                    (*declines[s], NodeDecline(node_id=node, reason=short.reason,
-                                               detail=short.detail)),
-                    key=lambda d: d.node_id))
-        return None
-
-    def _unschedulable(self, request: Request, bids: Sequence[NodeBid],
-                       declines: Sequence[NodeDecline], silent: Sequence[str]) -> Unschedulable:
-        total = len(self.eligible)
-        rendered = [render(d.reason, d.detail) for d in declines] + [_NO_ANSWER] * len(silent)
-        if total == 0:
-            reason, summary = Reason.NO_NODES, f"0/0 nodes bid: {Reason.NO_NODES}"
-        else:
-            reason, summary = _main_reason(declines), summarize_declines(total, 0, rendered)
-        return Unschedulable(request=request, reason=reason, summary=summary, bids=bids,
-                             declines=declines, silent=silent)
-
-
-_CAPACITY = frozenset(
-    {Reason.NO_ROOM_CPU, Reason.NO_ROOM_MEMORY, Reason.NO_ROOM_PORTS, Reason.OVER_CEILING}
-)
-
-
-def _main_reason(declines: Sequence[NodeDecline]) -> Reason:
-    """One reason for the whole round: the shared one, "all full", or the most common."""
-    if not declines:
-        return Reason.NO_BIDS
-    kinds = Counter(Reason(d.reason) for d in declines)
-    if len(kinds) == 1:
-        return next(iter(kinds))
-    if set(kinds) <= _CAPACITY:
-        return Reason.ALL_FULL
-    return min(kinds, key=lambda k: (-kinds[k], k.value))
 
 
 def group_shapes(requests: list[Request]) -> tuple[list[Shape], list[int]]:

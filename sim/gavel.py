@@ -6,13 +6,14 @@ Rules:
    shape no node could take is unschedulable without a round. Failed nodes stay eligible
    until liveness marks them unreachable, and say nothing meanwhile. The central baselines
    (``omniscient=True``) sample blind: power-of-d is d of all live nodes.
-2. The fast broadcast path reads the order book (`sim.book`): it walks the ranked bids from
-   the best, skipping replies the network lost (`sim.network`, rule 1), until it has the
-   winner and knows whether the next bid ties it; then it runs the real `Auction` on those
-   replies (`sim.rounds`, rule 2). When nothing bids, it checks which declines the network
-   lost, so the unschedulable reason is exact too (`sim.rounds`, rule 3). The naive path
-   (``naive=True``) calls `shared.strategies.answer` for every eligible node and feeds them
-   all to the `Auction`: same winners, ties and reasons — a test holds the two to that.
+2. The fast broadcast path reads the order book (`sim.book`): `sim.rounds.leaders` walks
+   the ranked bids from the best, skipping replies the network lost (`sim.network`, rule
+   1), until it has the winner and knows whether the next bid ties it; then it runs the
+   real `Auction` on those replies (`sim.rounds`, rule 2). When nothing bids, it checks
+   which declines the network lost, so the unschedulable reason is exact too (`sim.rounds`,
+   rule 3). The naive path (``naive=True``) calls `shared.strategies.answer` for every
+   eligible node and feeds them all to the `Auction`: same winners, ties and reasons — a
+   test holds the two to that.
 3. ``omniscient=True`` is the central scheduler on fresh state: only live nodes are asked,
    nothing is lost, no time passes.
 4. The broker's two refinements of power-of-d, on by default and switched off to measure
@@ -35,7 +36,7 @@ from gavel.sim.book import REASONS
 from gavel.sim.cluster import Cluster
 from gavel.sim.network import NetworkModel
 from gavel.sim.placer import Outcome, Placer, Why
-from gavel.sim.rounds import Answer, run_round
+from gavel.sim.rounds import Answer, leaders, run_round
 from gavel.sim.workload import Catalogue
 
 __all__ = ["GavelPlacer"]
@@ -85,22 +86,7 @@ class GavelPlacer(Placer):
         book = self.books[shape]
         net = self.net
         lossy = net.lossy and not self.omniscient
-        winner = tie = -1
-        best = 0.0
-        walked = 0
-        lost_any = False
-        for load, idx in book.ranked:
-            if winner >= 0 and load != best:
-                break
-            walked += 1
-            if lossy and net.lost(no, idx):
-                lost_any = True
-                continue
-            if winner < 0:
-                winner, best = idx, load
-            else:
-                tie = idx
-                break
+        winner, tie, walked, lost_any = leaders(book.ranked, net.lost if lossy else None, no)
         latency = 0.0
         silent = False
         if not self.omniscient:

@@ -4,6 +4,10 @@ Rules:
 1. A broker that does not answer is a clear error naming the URL, never a traceback.
    "No responders" (`NoBroker`) means nobody got the request: no broker runs, or, with
    several, none leads at this moment (one is taking over); asking again is always safe.
+   `call` asks again itself, backing off, for up to `NO_RESPONDERS_S` within the request's
+   own timeout: right after a broker subscribes, or after a failover, its interest is still
+   travelling the routes to the client's server, which says no responders until it arrives.
+   Only after that is it `NoBroker`.
 2. A NATS URL that is not one, or one where nothing answers, is the operator's to fix: one
    `BadInput` sentence (exit 2) naming it, before and instead of a retry loop.
 """
@@ -32,6 +36,14 @@ __all__ = ["BadNatsUrl", "BrokerRefused", "ClientError", "NoAnswer", "NoBroker",
 
 T = TypeVar("T", bound=Message)
 _enc = msgspec.msgpack.Encoder()
+
+#: How long `call` keeps asking again while NATS says no responders (rule 1), at most the
+#: request's timeout: long enough for a subscription's interest to cross a cluster's routes,
+#: short enough that a cluster with no broker at all is told so promptly.
+NO_RESPONDERS_S = 2.0
+#: The first pause before asking again; each next one doubles, to at most `_PAUSE_MAX_S`.
+_PAUSE_S = 0.05
+_PAUSE_MAX_S = 0.5
 
 
 class ClientError(Exception):
@@ -103,19 +115,8 @@ async def connect(url: str, creds: str | None = None, **options: Any) -> Any:
 
 async def call(nc: Any, verb: str, request: Message, reply_type: type[T],
                timeout: float = 10.0) -> T:
-    try:
-        msg = await nc.request(subjects.API.format(verb=verb), _enc.encode(request),
-                               timeout=timeout)
-    except NoRespondersError:
-        raise NoBroker("no broker is answering: start one with `gavel broker` or `gavel up` "
-                       "(with several brokers, none leads at this moment: ask again in a few "
-                       "seconds)") from None
-    except NatsTimeout:
-        err = getattr(nc, "last_error", None)
-        if err is not None and "permissions violation" in str(err).lower():
-            raise ClientError(f"NATS did not let this credential call {verb} ({err}); the "
-                              "API takes an operator credential") from None
-        raise NoAnswer(f"the broker did not answer {verb} within {timeout:g}s") from None
+    """One request, answered within `timeout` (rule 1: no responders is asked again)."""
+    msg = await _answer(nc, verb, request, timeout)
     try:
         reply = msgspec.msgpack.decode(msg.data, type=reply_type | ApiError)
     except (msgspec.DecodeError, RecursionError) as exc:  # not our broker, or not a broker
@@ -123,6 +124,38 @@ async def call(nc: Any, verb: str, request: Message, reply_type: type[T],
     if isinstance(reply, ApiError):
         raise BrokerRefused(reply.error)
     return reply  # type: ignore[no-any-return]
+
+
+async def _answer(nc: Any, verb: str, request: Message, timeout: float) -> Any:
+    """The answer to `request`, asked again while no server knows of a broker (rule 1).
+
+    Asking again cannot do a thing twice, for any verb: no responders is the server saying
+    it delivered the request to nobody (it forwards a request only along routes that
+    reported interest, and answers no responders only when none did). Submit and deploy
+    carry an idempotency key besides, for the retries after a timeout, whose fate is unknown.
+    """
+    start = time.monotonic()
+    grace = start + min(timeout, NO_RESPONDERS_S)
+    pause = _PAUSE_S
+    data = _enc.encode(request)
+    while True:
+        left = start + timeout - time.monotonic()
+        try:
+            return await nc.request(subjects.API.format(verb=verb), data,
+                                    timeout=max(left, 0.001))
+        except NoRespondersError:
+            if time.monotonic() + pause > grace:
+                raise NoBroker("no broker is answering: start one with `gavel broker` or "
+                               "`gavel up` (with several brokers, none leads at this moment: "
+                               "ask again in a few seconds)") from None
+        except NatsTimeout:
+            err = getattr(nc, "last_error", None)
+            if err is not None and "permissions violation" in str(err).lower():
+                raise ClientError(f"NATS did not let this credential call {verb} ({err}); "
+                                  "the API takes an operator credential") from None
+            raise NoAnswer(f"the broker did not answer {verb} within {timeout:g}s") from None
+        await asyncio.sleep(pause)
+        pause = min(pause * 2, _PAUSE_MAX_S)
 
 
 async def wait_healthy(nc: Any, n: int, timeout: float) -> None:

@@ -4,16 +4,19 @@ Rules:
 1. Items queue up while a commit is being written; the next commit takes all of them.
 2. Each item plans against the freshest state (plan, then apply). If the branch moved under
    us (`Conflict`), the whole batch is re-planned on the new head, a bounded number of times.
-3. Nothing an item promises is published before its commit is durable: `after` callbacks
-   run only once the ref has moved, in commit order, on a task of their own in slices of
+3. Nothing an item promises is published before its commit is durable: a plan's effects
+   (`broker.effects`, carried out by `effects`) and its `after` callbacks (the shape the
+   parts not yet moved to effects still use) run only once the ref has moved, in commit
+   order, each plan's effects before its callbacks, on a task of their own in slices of
    `AFTER_SLICE_S` with the loop's other work between them (a commit of thousands of awards
    must not stall the bid replies of open auctions), while the next commit is already being
    planned and written: the writer does not wait for the awards of the last commit to go
    out. Until its callback runs, an award's capacity is still reserved, so the broker only
    ever under-counts a node's room.
 4. Pinned or unwritable repository: nothing is written, and unwritable batches are retried
-   after a back-off while the broker keeps serving. An item hears `failed` only when it is
-   given up for good (pinned, or an item that is not retried): what heard it never lands.
+   after a back-off while the broker keeps serving. An item hears `failed` (and its
+   `gave_up` effects run) only when it is given up for good (pinned, or an item that is not
+   retried): what heard it never lands.
    A retried item is planned afresh on the next try and hears nothing of the failed one.
 5. The commit that records an instance's end stamps it (`ended_at`, UTC, milliseconds): the
    retention of ended instances counts from there (`broker.retention`).
@@ -53,6 +56,7 @@ from typing import Any, Protocol
 
 import msgspec
 
+from gavel.broker.effects import Effect, Effects
 from gavel.broker.ledger.gitwriter import commit_files, make_executor
 from gavel.broker.ledger.plan import View
 from gavel.broker.ledger.repository import Conflict, Damaged, Ledger, Pinned
@@ -66,9 +70,14 @@ log = logging.getLogger("gavel.ledger")
 
 @dataclass
 class Planned:
+    """What a plan made of its view: the message lines and trailers it adds, and what
+    follows once the commit is durable (rule 3) — `effects` as values; `after` callbacks
+    where a part is not yet moved to effects."""
+
     lines: list[str]
     trailers: list[str] = field(default_factory=list)
     after: list[Callable[[str], None]] = field(default_factory=list)
+    effects: list[Effect] = field(default_factory=list)
 
 
 class Durable(Protocol):
@@ -88,6 +97,8 @@ class Item:
     plan: Callable[[View], Planned | None]
     failed: Callable[[Reason, str], None] = lambda reason, detail: None
     retry: bool = True
+    #: Effects carried out when the item is given up for good (rule 4), after `failed`.
+    gave_up: list[Effect] = field(default_factory=list)
 
 
 class Committer:
@@ -114,6 +125,8 @@ class Committer:
         self._afters_kick = asyncio.Event()
         self._committing = False
         self._pool = make_executor(writer)
+        #: Who carries out each kind of effect (rule 3).
+        self.effects = Effects()
         self.commits = 0
         self.conflicts = 0
         self.latencies: list[float] = []
@@ -151,7 +164,8 @@ class Committer:
                     except Exception:  # a bug in one plan must not stop every later commit
                         log.exception("commit of %d items failed; they are dropped", len(items))
                         for item in items:
-                            item.failed(Reason.LEDGER_UNWRITABLE, "internal error while planning")
+                            self._give_up(item, Reason.LEDGER_UNWRITABLE,
+                                          "internal error while planning")
                 self._committing = False
                 self._maybe_idle()
                 if wrote and self.gap_s > 0:
@@ -180,7 +194,7 @@ class Committer:
                     await self.durable.wait(mark)
                     if change is not None and self.on_durable is not None:
                         self.on_durable(change, sha)
-                await _run_after(planned, sha)
+                await _run_after(planned, sha, self.effects)
                 self._afters.popleft()
             self._maybe_idle()
 
@@ -220,7 +234,7 @@ class Committer:
                 continue
             except Pinned:
                 for item in items:
-                    item.failed(Reason.PINNED, self.ledger.ref)
+                    self._give_up(item, Reason.PINNED, self.ledger.ref)
                 return False
             except Exception as exc:  # rule 8: the ref says whether it landed
                 if isinstance(exc, BrokenExecutor):  # the writer died: start a new one
@@ -259,9 +273,18 @@ class Committer:
         retry = [i for i in items if i.retry]
         for item in items:
             if not item.retry:
-                item.failed(Reason.LEDGER_UNWRITABLE, str(why))
+                self._give_up(item, Reason.LEDGER_UNWRITABLE, str(why))
         if retry:
             asyncio.get_running_loop().call_later(self.retry_s, self._requeue, retry)
+
+    def _give_up(self, item: Item, reason: Reason, detail: str) -> None:
+        """Rule 4: the item never lands; what heard of it hears so."""
+        item.failed(reason, detail)
+        for effect in item.gave_up:
+            try:
+                self.effects.run(effect, "")
+            except Exception:
+                log.exception("effect %r of a given-up item failed", effect)
 
     def _requeue(self, items: list[Item]) -> None:
         for item in items:
@@ -275,13 +298,21 @@ class Committer:
 AFTER_SLICE_S = 0.0005
 
 
-async def _run_after(planned: list[Planned], sha: str) -> None:
+async def _run_after(planned: list[Planned], sha: str, effects: Effects) -> None:
     deadline = time.perf_counter() + AFTER_SLICE_S
     for p in planned:
+        for effect in p.effects:
+            try:
+                effects.run(effect, sha)
+            except Exception:  # one broken promise must not keep the later ones back
+                log.exception("effect %r of %s failed", effect, sha[:12] or "no commit")
+            if time.perf_counter() >= deadline:
+                await asyncio.sleep(0)
+                deadline = time.perf_counter() + AFTER_SLICE_S
         for cb in p.after:
             try:
                 cb(sha)
-            except Exception:  # one broken promise must not keep the later ones back
+            except Exception:
                 log.exception("after-commit work for %s failed", sha[:12] or "no commit")
             if time.perf_counter() >= deadline:
                 await asyncio.sleep(0)

@@ -9,6 +9,11 @@ dropped there as wanted by no one: the client waited out its timeout ("the broke
 answer status within 10s", on `gavel up --ha`). Here the routes of two of the three servers
 to each other are slowed down, so the race that a loaded machine loses now and then is lost
 every time.
+
+A client that asks before the broker's API interest has reached its server (the broker is
+still starting, or one is taking over) is told "no responders" at once; `call` asks again
+for a while (`transport.client` rule 1), so it is answered once a broker subscribes, and a
+cluster with no broker at all is still told so, within that while, not the request's timeout.
 """
 
 from __future__ import annotations
@@ -16,6 +21,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import subprocess
+import sys
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -28,7 +35,8 @@ import pytest
 from gavel.broker.service import Broker
 from gavel.shared import subjects
 from gavel.shared.api import NodesReply, NodesRequest
-from gavel.transport.client import call, connect
+from gavel.transport import client
+from gavel.transport.client import NoBroker, call, connect
 from gavel.transport.natscluster import NatsCluster
 from tests.integration.harness import TIMING
 
@@ -180,3 +188,60 @@ async def test_every_fresh_clients_first_request_is_answered(
     assert lost == [], (f"answers leave on {broker.api_nc.connected_url.port}, "
                         f"the node connection is on {broker.nc.connected_url.port}, "
                         f"the clients on {url}")
+
+
+async def asked(nc: object, times: int, task: asyncio.Task[object]) -> None:
+    """Until the client on `nc` has sent `times` requests, or `task` has ended."""
+    while nc.stats["out_msgs"] < times and not task.done():  # type: ignore[attr-defined]
+        await asyncio.sleep(0.01)
+
+
+async def test_a_request_asked_before_the_broker_subscribes_is_answered(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(client, "NO_RESPONDERS_S", 600.0)  # the broker's start decides
+    cluster = NatsCluster(tmp_path / "nats", 3)
+    cluster.start()
+    broker = None
+    try:
+        await cluster.wait_jetstream()
+        nc = await connect(cluster.url)
+        try:
+            asking = asyncio.create_task(call(nc, "nodes", NodesRequest(), NodesReply,
+                                              timeout=600))
+            await asked(nc, 2, asking)  # told no responders once, and asking again
+            assert not asking.done(), asking.exception()
+            broker = Broker(nats_url=cluster.url, state_dir=tmp_path / "state",
+                            timing=TIMING, writer="thread")
+            await broker.start()
+            reply = await asyncio.wait_for(asking, 120)
+            assert reply.nodes == []
+        finally:
+            await nc.close()
+    finally:
+        if broker is not None:
+            await broker.close()
+        cluster.stop()
+
+
+async def test_with_no_broker_a_request_fails_within_the_bound_not_its_timeout(
+        tmp_path: Path) -> None:
+    cluster = NatsCluster(tmp_path / "nats", 3)
+    cluster.start()
+    try:
+        await cluster.wait_jetstream()
+        nc = await connect(cluster.url)
+        try:
+            asking = asyncio.create_task(call(nc, "nodes", NodesRequest(), NodesReply,
+                                              timeout=3600))
+            with pytest.raises(NoBroker, match=r"^no broker is answering"):
+                await asyncio.wait_for(asking, 600)  # a guard against a hang, not a measure
+            assert nc.stats["out_msgs"] > 1  # it did ask again before giving up
+        finally:
+            await nc.close()
+        proc = await asyncio.to_thread(
+            subprocess.run, [sys.executable, "-m", "gavel", "nodes", "--nats", cluster.url],
+            capture_output=True, text=True, timeout=600)
+        assert (proc.returncode, len(proc.stderr.splitlines())) == (1, 1), proc.stderr
+        assert "no broker is answering" in proc.stderr
+    finally:
+        cluster.stop()

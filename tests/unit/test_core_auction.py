@@ -265,13 +265,14 @@ def test_an_auction_of_one_request_asks_for_its_shape() -> None:
     assert rfb.deadline_s == DEADLINE_S
 
 
-# -- rule 6: one request, one walk ---------------------------------------------------------
+# -- one request, one walk (`shared.award` rule 5) ------------------------------------------
 
 
 @pytest.mark.parametrize("seed", range(300))
 def test_one_request_is_decided_as_the_batch_rule_decides_it(seed: int) -> None:
     """Winner, tie, declines (with those passed over for want of room), silent and the
-    unschedulable reason of rule 6's walk are rule 4's, over random rounds with ties."""
+    unschedulable reason of the award rule's walk are its heap's, over random rounds with
+    ties."""
     rng = random.Random(seed)
     nodes = tuple(f"n{i}" for i in range(rng.randrange(0, 9)))
     request = Request(instance_id="i-1", cpu=rng.choice([0.5, 1.0, 2.0]), memory_mb=256)
@@ -288,5 +289,8 @@ def test_one_request_is_decided_as_the_batch_rule_decides_it(seed: int) -> None:
             free[node] = Capacity(cpu=rng.choice([0.0, 0.5, 4.0]),
                                   memory_mb=rng.choice([128, 4096]))
     general = copy.deepcopy(auction)
-    assert auction._single(free) == general._batch(free, {}, {})[0]
-    assert copy.deepcopy(general).decide(END, free) == general._batch(free, {}, {})
+    walked = auction._round(free, {}, {}).award(request, 0)
+    heaped = general._round(free, {}, {})
+    heaped.extra["~no-node"] = 0.0  # as if the round had awarded: the heap from the start
+    assert walked == heaped.award(request, 0)
+    assert copy.deepcopy(general).decide(END, free) == [walked]

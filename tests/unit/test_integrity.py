@@ -13,9 +13,11 @@ import msgspec
 import pygit2
 import pytest
 
+from gavel.broker.integrity import Corrected, plan_correction
 from gavel.broker.ledger.integrity import settle
+from gavel.broker.ledger.plan import View
 from gavel.broker.ledger.repository import Ledger
-from gavel.broker.ledger.state import Keep, State, committed_by, encode
+from gavel.broker.ledger.state import Change, Keep, State, committed_by, encode
 from gavel.shared.messages import Capacity, Spec
 from gavel.shared.records import (
     Assignment,
@@ -301,3 +303,30 @@ def test_the_broker_never_awards_the_dropped_copy_and_commits_the_correction(
     assert node_path("n2") not in [f"nodes/{e.name}/node.json" for e in fixed.tree / "nodes"]
     assert not b.ledger.state().disputes and b.integrity.corrected == 1
     assert b.ledger.state().placement_of("web-1") == "n1"
+
+
+# -- the correction as a pure plan (`broker.integrity` rule 4) --------------------------------
+
+def test_the_correction_plan_rewrites_the_node_files_and_names_its_effect() -> None:
+    history = tree({"node-3": {"web-1": entry("web-1")}, "node-1": {"db-1": entry("db-1")}})
+    read = tree({"node-3": {"web-1": entry("web-1")},
+                 "node-1": {"db-1": entry("db-1"), "web-1": entry("web-1")}})
+    (d,) = settle(read, history, no_auctions)
+    view = View(read, Change())
+    planned, gone = plan_correction(view, [d])
+    assert planned is not None and gone == []
+    assert planned.lines == [f"correct: {d.sentence()}"]
+    assert planned.effects == [Corrected((d,))]
+    written = view.change.nodes["node-1"]
+    assert written is not None and set(written.instances) == {"db-1"}
+    assert set(view.change.nodes) == {"node-1"}  # only the file the dispute rewrites
+
+
+def test_a_dispute_closed_before_the_correction_is_planned_is_handed_back() -> None:
+    history = tree({"node-3": {"web-1": entry("web-1")}})
+    read = tree({"node-3": {"web-1": entry("web-1")}, "node-1": {"web-1": entry("web-1")}})
+    (d,) = settle(read, history, no_auctions)
+    later = tree({"node-3": {"web-1": entry("web-1")}})  # the tree moved again meanwhile
+    view = View(later, Change())
+    assert plan_correction(view, [d]) == (None, [d])
+    assert not view.change

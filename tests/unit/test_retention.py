@@ -15,7 +15,7 @@ import pytest
 from gavel.broker.ledger.committer import Committer, Item, Planned
 from gavel.broker.ledger.plan import View, forget, submit
 from gavel.broker.ledger.repository import Ledger, State, parse_stamp, stamp
-from gavel.broker.retention import due
+from gavel.broker.retention import Forgotten, due, plan_forget
 from gavel.shared.messages import InstanceState as S
 from gavel.shared.messages import Spec
 from gavel.shared.reasons import Reason
@@ -120,6 +120,20 @@ def test_forget_rechecks_the_record() -> None:
     assert forget(view, "c", stamp(T0 + timedelta(seconds=1))) is None  # rewritten since
     assert forget(view, "zz", stamp(T0)) is None
     assert view.change.instances == {"a": None}
+
+
+def test_the_forget_plan_drops_what_is_still_due_and_names_its_effect() -> None:
+    st = _state(_rec("a", at=T0), _rec("b", S.RUNNING), _rec("c", S.FAILED, T0))
+    batch = [("a", stamp(T0), Reason.RETAINED), ("b", "", Reason.RETAINED),
+             ("c", stamp(T0), Reason.RETAINED_MAX)]
+    view = View(st)
+    planned = plan_forget(view, batch)
+    assert planned is not None
+    assert planned.lines == [f"forget a (succeeded, ended {stamp(T0)}): {Reason.RETAINED}",
+                             f"forget c (failed, ended {stamp(T0)}): {Reason.RETAINED_MAX}"]
+    assert planned.effects == [Forgotten(tuple(batch))]  # the part counts what left
+    assert view.change.instances == {"a": None, "c": None}
+    assert plan_forget(View(st), [("b", "", Reason.RETAINED)]) is None
 
 
 async def test_the_commit_stamps_ends_and_a_forget_commit_leaves_history_intact(

@@ -16,7 +16,7 @@ from gavel.sim.book import Books
 from gavel.sim.cluster import Cluster
 from gavel.sim.metrics import PolicyResult
 from gavel.sim.policies import plan, run_policy, simulate
-from gavel.sim.rounds import reduced_declines, run_round
+from gavel.sim.rounds import leaders, reduced_declines, run_round
 from gavel.sim.scenario import Scenario, parse_scenario
 from gavel.sim.workload import Catalogue
 
@@ -286,9 +286,15 @@ def _decide_all(request: Request, replies: list[tuple[str, Bid | Decline]],
     return auction.decide(0.5)[0]
 
 
-@pytest.mark.parametrize("seed", range(40))
-def test_same_bids_same_winner_as_auction_decide(seed: int) -> None:
-    """The book's best bid through `run_round` == `Auction.decide` over every bid."""
+@pytest.mark.parametrize(("seed", "loss"), [(s, 0.0) for s in range(40)]
+                         + [(s, 0.3) for s in range(40, 80)])
+def test_same_bids_same_winner_as_auction_decide(seed: int, loss: float) -> None:
+    """The book's best bid through `leaders` and `run_round` == `Auction.decide` over every
+    bid heard. This is the whole of what the fast path's walk may differ in from the award
+    rule's own (`sim.rounds` rule 2): it ranks ``(load, index)`` rows, not `NodeBid`s; it
+    feeds the `Auction` only the winner and the bid that ties it; it passes over the replies
+    the network lost, which the full round hears as silence; it never applies room (the
+    book priced each bid on its node's own free room, and neither round is given `free`)."""
     rng = random.Random(seed)
     request = Request(instance_id="i", cpu=1.0, memory_mb=512)
     n = rng.randrange(1, 60)
@@ -300,22 +306,26 @@ def test_same_bids_same_winner_as_auction_decide(seed: int) -> None:
             replies.append((node, Decline(shape=0, reason=reason)))
         else:  # coarse loads, so ties happen
             replies.append((node, Bid(shape=0, load=rng.randrange(8) / 8, strategy="s")))
-    full = _decide_all(request, replies, [])
-    ranked = sorted((a.load, node) for node, a in replies if isinstance(a, Bid))
-    if ranked:
-        best = ranked[0]
-        top = [best] + [r for r in ranked[1:2] if r[0] == best[0]]
-        by_node = dict(replies)
-        fast = run_round("fast", request, [(nd, by_node[nd]) for _, nd in top], [], 0.0, 1.0,
-                         0.5)
+    lost = {i for i in range(n) if rng.random() < loss}
+    heard = [r for i, r in enumerate(replies) if i not in lost]
+    full = _decide_all(request, heard, [replies[i][0] for i in sorted(lost)])
+    ranked = sorted((a.load, i) for i, (_, a) in enumerate(replies) if isinstance(a, Bid))
+    winner, tie, walked, lost_any = leaders(iter(ranked), (lambda no, i: i in lost)
+                                            if lost else None, 0)
+    assert walked <= len(ranked) and lost_any == any(i in lost for _, i in ranked[:walked])
+    if winner >= 0:
+        fast = run_round("fast", request, [replies[i] for i in (winner, tie) if i >= 0],
+                         [], 0.0, 1.0, 0.5)
         assert isinstance(fast, Awarded) and isinstance(full, Awarded)
         assert fast.winner == full.winner
         assert fast.tie_broken == full.tie_broken
-    else:
+    elif not lost:
         counts = Counter(a.reason for _, a in replies if isinstance(a, Decline))
         fast = run_round("fast", request, reduced_declines(counts, request), [], 0.0, 1.0, 0.5)
         assert isinstance(fast, Unschedulable) and isinstance(full, Unschedulable)
         assert fast.reason == full.reason
+    else:
+        assert isinstance(full, Unschedulable)
 
 
 @pytest.mark.parametrize("seed", range(60))
