@@ -146,6 +146,11 @@ class WorkerConfig(DaemonConfig, kw_only=True, forbid_unknown_fields=True):
     ended_logs_s: Annotated[float, msgspec.Meta(ge=0)] = 86_400.0
     #: ... or once this many newer ended ones are kept.
     ended_logs_max: Annotated[int, msgspec.Meta(ge=0)] = 100
+    #: The container engine image specs run on (`worker.engine`): auto, off, or its URL.
+    engine: str = "auto"
+    #: Host volumes a spec may name: name -> absolute path (`shared.spec.Volume`).
+    volumes: dict[Annotated[str, msgspec.Meta(pattern=r"^[a-z0-9][a-z0-9_.-]{0,62}$")],
+                  Annotated[str, msgspec.Meta(pattern=r"^/")]] = {}
 
 
 class GatewayConfig(DaemonConfig, kw_only=True, forbid_unknown_fields=True):

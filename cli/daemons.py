@@ -61,6 +61,7 @@ if TYPE_CHECKING:
     from gavel.broker.ha import HaBroker
     from gavel.broker.service import Broker
     from gavel.worker.cgroups import Enforcement
+    from gavel.worker.engine import Engine
     from gavel.worker.isolation import Isolation
     from gavel.worker.logfiles import LogLimits
 
@@ -432,6 +433,19 @@ def log_limits(cfg: WorkerConfig) -> LogLimits:
                      keep_max=cfg.ended_logs_max)
 
 
+def _engine(cfg: WorkerConfig) -> Engine | None:
+    """The node's container engine (`worker.engine`), its host volumes' directories made."""
+    for name, path in cfg.volumes.items():
+        try:
+            Path(path).mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise ConfigError(f"volume {name!r}: cannot make {path}: "
+                              f"{exc.strerror or exc}.") from None
+    from gavel.worker.engine import connect
+
+    return connect(cfg.engine, node_id=cfg.node_id, home=str(Path(cfg.state).resolve()))
+
+
 async def run_worker(args: argparse.Namespace) -> int:
     from gavel.cli.metrics_http import MetricsUnavailable, serve
     from gavel.worker.metrics import ObservedAgent
@@ -449,7 +463,8 @@ async def run_worker(args: argparse.Namespace) -> int:
                           memory_mb=cfg.memory_mb, port_range=cfg.ports,
                           nats_options={"error_cb": refusals.on_error, **_nats_options(cfg)},
                           advertise=cfg.advertise, log_limits=log_limits(cfg),
-                          cgroups=_cgroups(cfg), isolation=_isolation(cfg))
+                          cgroups=_cgroups(cfg), isolation=_isolation(cfg),
+                          engine=_engine(cfg), volumes=cfg.volumes)
     stopping.append(lambda: asyncio.ensure_future(agent.stop(kill_children=False)))
     loop = asyncio.get_running_loop()
     agent.metrics.attach(agent, loop)

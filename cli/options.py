@@ -21,6 +21,7 @@ from gavel.cli.parsers import (
     boolean,
     broker_id,
     choice,
+    engine,
     label_keys,
     labels,
     listen_addresses,
@@ -34,6 +35,7 @@ from gavel.cli.parsers import (
     strategy_param,
     strategy_params,
     uid_range,
+    volumes,
     whole,
 )
 from gavel.shared.strategies import names as strategy_names
@@ -201,6 +203,13 @@ WORKER_OPTIONS: list[Option] = [
     Option("ended_logs_max", "--ended-logs-max", "GAVEL_ENDED_LOGS_MAX", whole,
            "keep the directories of at most N ended instances, the newest (default 100)",
            "N"),
+    Option("engine", "--engine", "GAVEL_ENGINE", engine,
+           "the container engine image specs run on: auto (DOCKER_HOST, else "
+           "/var/run/docker.sock when it answers; none: image specs are declined), off, or "
+           "a Docker host URL (default auto)", "URL"),
+    Option("volumes", "--volumes", "GAVEL_VOLUMES", volumes,
+           "host volumes specs may name, as name=/abs/path,name2=/path (a spec's volumes "
+           "are bid for only by nodes holding every one)", "VOLUMES"),
 ]
 
 

@@ -24,6 +24,7 @@ __all__ = [
     "broker_id",
     "choice",
     "duration",
+    "engine",
     "label_keys",
     "labels",
     "listen_addresses",
@@ -37,6 +38,7 @@ __all__ = [
     "strategy_param",
     "strategy_params",
     "unusable_dir",
+    "volumes",
     "whole",
 ]
 
@@ -48,6 +50,29 @@ def labels(text: str) -> dict[str, str]:
             raise argparse.ArgumentTypeError(f"label {part!r} is not of the form key=value")
         out[key] = value
     return out
+
+
+def volumes(text: str) -> dict[str, str]:
+    """Host volumes as ``name=/abs/path,name2=/other``: what a spec's `volumes` may name."""
+    out: dict[str, str] = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        name, sep, path = part.partition("=")
+        if not sep or not re.fullmatch(r"[a-z0-9][a-z0-9_.-]{0,62}", name):
+            raise argparse.ArgumentTypeError(
+                f"volume {part!r} is not of the form name=/path (a lowercase name)")
+        if not path.startswith("/"):
+            raise argparse.ArgumentTypeError(f"volume {name!r}: {path!r} is not an absolute path")
+        out[name] = path
+    return out
+
+
+def engine(text: str) -> str:
+    """``auto``, ``off``, or the engine's URL (``unix:///path``, ``tcp://host:port``)."""
+    if text in ("auto", "off") or re.fullmatch(r"(unix://)?/\S+|(tcp|http|https)://\S+", text):
+        return text
+    raise argparse.ArgumentTypeError(
+        f"engine {text!r} is neither auto, off nor a Docker host URL (unix:///var/run/"
+        "docker.sock, tcp://host:port)")
 
 
 def label_keys(text: str) -> list[str]:

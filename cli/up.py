@@ -51,6 +51,7 @@ from typing import Any
 
 from gavel.cli.api import app as api_app
 from gavel.cli.commands import UsageError
+from gavel.cli.demoimage import IMAGE, container_spec
 from gavel.cli.parsers import unusable_dir
 from gavel.cli.supervise import OnExit, Supervisor
 from gavel.cli.ui import app as ui_app
@@ -203,7 +204,8 @@ async def _demo(nc: Any, workers: int, git_dir: Path, gateway: str | None = None
               f"{n.capacity.memory_mb} MB  {labels}")
     ids = []
     refused = []  # the broker turns away what no node could ever hold (--workers 2: big)
-    for spec in demo_specs():
+    container, no_container = await asyncio.to_thread(container_spec)
+    for spec in [*demo_specs(), *([container] if container else [])]:
         try:
             reply = await call(nc, "submit", SubmitRequest(spec=spec), SubmitReply)
         except BrokerRefused as exc:
@@ -233,6 +235,8 @@ async def _demo(nc: Any, workers: int, git_dir: Path, gateway: str | None = None
             print(f"  {iid:<18} unschedulable: {a.summary}")
     for line in refused:
         print(line)
+    print(f"\na container: image {IMAGE}, placed as hello-container above" if container
+          else f"\n{no_container}")
     if gateway is not None:
         await _through_gateway(f"{gateway}/web")
     await asyncio.sleep(2.5)

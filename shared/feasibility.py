@@ -1,8 +1,9 @@
 """Can this node take this request at all? Hard constraints, checked before any strategy.
 
-Rule: labels are hard constraints, draining declines everything, and cpu, memory and ports
-are reservations against capacity minus what is already committed. The first failing check
-is the decline, in that fixed order, so the same node state always gives the same reason.
+Rule: labels are hard constraints, draining declines everything, an image needs a container
+engine on the node, every named host volume must be held, and cpu, memory and ports are
+reservations against capacity minus what is already committed. The first failing check is
+the decline, in that fixed order, so the same node state always gives the same reason.
 """
 
 from __future__ import annotations
@@ -24,6 +25,12 @@ class NodeView(msgspec.Struct, kw_only=True):
     stats: HostStats = msgspec.field(default_factory=HostStats)
     labels: dict[str, str] = {}
     draining: bool = False
+    #: A container engine answers on this node (`worker.engine`).
+    engine: bool = False
+    #: The image names (tags, digests, ids) the engine holds.
+    images: frozenset[str] = frozenset()
+    #: The host volumes this node's worker config names.
+    volumes: frozenset[str] = frozenset()
 
 
 class Refusal(msgspec.Struct, frozen=True):
@@ -55,4 +62,9 @@ def check(request: Shape, node: NodeView) -> Refusal | None:
             return Refusal(Reason.MISSING_LABEL, f"{key}={value}")
     if node.draining:
         return Refusal(Reason.DRAINING)
+    if request.image and not node.engine:
+        return Refusal(Reason.NO_ENGINE)
+    for name in sorted(request.volumes):
+        if name not in node.volumes:
+            return Refusal(Reason.MISSING_VOLUME, name)
     return shortfall(request, node.capacity - node.committed)

@@ -132,9 +132,15 @@ class Shape(msgspec.Struct, kw_only=True, frozen=True):
     memory_mb: NonNegInt
     ports: NonNegInt = 0
     labels: dict[str, str] = {}
+    #: The OCI image it runs ("" for a process): only a node with an engine bids.
+    image: Annotated[str, msgspec.Meta(max_length=512)] = ""
+    #: The host volumes it needs, by name: only a node holding every one bids.
+    volumes: list[str] = []
 
-    def key(self) -> tuple[float, int, int, tuple[tuple[str, str], ...]]:
-        return (self.cpu, self.memory_mb, self.ports, tuple(sorted(self.labels.items())))
+    def key(self) -> tuple[float, int, int, tuple[tuple[str, str], ...], str,
+                           tuple[str, ...]]:
+        return (self.cpu, self.memory_mb, self.ports, tuple(sorted(self.labels.items())),
+                self.image, tuple(sorted(self.volumes)))
 
 
 class Request(Shape, kw_only=True, frozen=True):
@@ -162,6 +168,8 @@ class Request(Shape, kw_only=True, frozen=True):
             memory_mb=spec.memory_mb,
             ports=len(spec.ports),
             labels=dict(spec.labels),
+            image=spec.image or "",
+            volumes=sorted(v.name for v in spec.volumes),
             group=group,
             spread=(spec.spread or "") if group else "",
             spread_soft=spec.spread_soft if group else False,
@@ -169,7 +177,7 @@ class Request(Shape, kw_only=True, frozen=True):
 
     def shape(self) -> Shape:
         return Shape(cpu=self.cpu, memory_mb=self.memory_mb, ports=self.ports,
-                     labels=self.labels)
+                     labels=self.labels, image=self.image, volumes=self.volumes)
 
 
 class RFB(Message, tag="rfb"):
@@ -196,6 +204,9 @@ class Bid(Message, tag="bid"):
     load: float
     step: float = 0.0
     strategy: Annotated[str, msgspec.Meta(max_length=64)] = ""
+    #: The node already holds the shape's image: no pull before it starts (a cold node's
+    #: `load` is raised by `shared.strategies.WARM_BONUS`).
+    warm: bool = False
 
 
 class Decline(Message, tag="decline"):

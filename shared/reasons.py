@@ -22,6 +22,8 @@ class Reason(StrEnum):
     MISSING_LABEL = "missing label"
     DRAINING = "draining"
     OVER_CEILING = "utilisation above ceiling"
+    NO_ENGINE = "no container engine on this node"
+    MISSING_VOLUME = "missing host volume"
     # Why an instance is queued or unschedulable.
     NO_NODES = "no nodes connected"
     NO_BIDS = "no node answered before the bid deadline"
@@ -90,6 +92,8 @@ DECLINES = frozenset(
         Reason.MISSING_LABEL,
         Reason.DRAINING,
         Reason.OVER_CEILING,
+        Reason.NO_ENGINE,
+        Reason.MISSING_VOLUME,
     }
 )
 
@@ -97,6 +101,7 @@ _TEMPLATES: dict[str, str] = {
     Reason.NO_ROOM_CPU: "no room for {detail} cpu",
     Reason.NO_ROOM_MEMORY: "no room for {detail} MB memory",
     Reason.MISSING_LABEL: "missing label {detail}",
+    Reason.MISSING_VOLUME: "missing host volume {detail}",
     Reason.OVER_CEILING: "utilisation above ceiling {detail}",
 }
 

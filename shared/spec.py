@@ -37,6 +37,7 @@ __all__ = [
     "Route",
     "Spec",
     "Update",
+    "Volume",
     "restart_policy",
 ]
 
@@ -166,11 +167,41 @@ class Update(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, frozen=Tr
             _finite(f"update.{name}", getattr(self, name))
 
 
+#: An image reference as Docker reads one: ``[registry[:port]/]path[:tag][@algo:hex]``,
+#: lowercase path components (docker/distribution's reference grammar, simplified).
+_IMAGE_REF = re.compile(
+    r"^(?:[a-zA-Z0-9.-]+(?::[0-9]+)?/)?[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+    r"(?:/[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*)*"
+    r"(?::[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(?:@[a-z0-9]+:[a-f0-9]{32,})?$")
+#: A host volume's name, as a worker's config names it.
+VolumeName = Annotated[str, msgspec.Meta(min_length=1, max_length=63,
+                                         pattern=r"^[a-z0-9][a-z0-9_.-]*$")]
+
+
+class Volume(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, frozen=True):
+    """A host volume the workload uses: the node's directory named `name` in its worker's
+    config, mounted at `path` in a container; a process is told its host path in
+    ``GAVEL_VOLUME_<NAME>``. Only nodes that hold every named volume bid."""
+
+    name: VolumeName
+    path: Annotated[str, msgspec.Meta(max_length=1024)] = ""
+
+    def __post_init__(self) -> None:
+        if self.path and not self.path.startswith("/"):
+            raise ValueError(f"volume {self.name!r}: its path is absolute (starts with /)")
+        if "\0" in self.path or "," in self.path or ":" in self.path:
+            raise ValueError(f"volume {self.name!r}: its path has no NUL, ',' or ':'")
+
+
 class Spec(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    """A workload as the operator writes it (TOML or JSON)."""
+    """A workload as the operator writes it (TOML or JSON): a `command` run as a process, or
+    an `image` run as a container (then `command`, when given, replaces the image's CMD and
+    its ENTRYPOINT is kept, as ``docker run IMAGE COMMAND...`` does)."""
 
     name: Name
-    command: Annotated[list[str], msgspec.Meta(min_length=1)]
+    command: list[str] = []
+    #: An OCI image (``name:tag`` or a digest): the workload runs as a container.
+    image: Annotated[str, msgspec.Meta(max_length=512)] | None = None
     #: ``job`` runs to completion; ``service`` keeps `count` replicas running until stopped.
     type: Literal["job", "service"] = "job"
     #: A service's replicas; for a job, how many instances one submission makes.
@@ -201,8 +232,22 @@ class Spec(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     update: Update = msgspec.field(default_factory=Update)
     #: How the gateway reaches this workload's replicas (`Route`, at the end of this file).
     routes: list[Route] = []
+    #: Host volumes it uses (`Volume`).
+    volumes: list[Volume] = []
 
     def __post_init__(self) -> None:
+        if not self.command and self.image is None:
+            raise ValueError("a spec runs a command (command = [...]) or an image (image = "
+                             "\"name:tag\"); this one names neither")
+        if self.image is not None and not _IMAGE_REF.match(self.image):
+            raise ValueError(f"image {self.image!r} is not an image reference (name:tag, or "
+                             "name@sha256:<digest>, lowercase name)")
+        names = [v.name for v in self.volumes]
+        if len(set(names)) != len(names):
+            raise ValueError("volumes must name distinct host volumes")
+        if self.image is not None and any(not v.path for v in self.volumes):
+            raise ValueError("a container's volume names the path it is mounted at "
+                             "(path = \"/...\")")
         # What exec would refuse only on the node (after an award, as "driver failed to
         # start") is refused here, where the operator submits it.
         if len(set(self.ports)) != len(self.ports):

@@ -23,7 +23,7 @@ import collections
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +49,8 @@ from gavel.shared.messages import (
     InstanceReport,
     Message,
 )
+from gavel.shared.reasons import Reason
+from gavel.shared.spec import Spec
 from gavel.shared.strategies import Strategy, answer
 from gavel.shared.timing import Timing
 from gavel.transport import wire
@@ -56,7 +58,10 @@ from gavel.transport.inbound import Door, Guard
 from gavel.transport.rejects import Throttle
 from gavel.transport.urls import servers
 from gavel.worker.cgroups import Enforcement
+from gavel.worker.containers import ContainerDriver, secrets_root
 from gavel.worker.converge import Converger
+from gavel.worker.drivers import Driver, Unavailable
+from gavel.worker.engine import Engine
 from gavel.worker.hoststats import Sampler, detect_capacity, primary_address
 from gavel.worker.isolation import Isolation, off
 from gavel.worker.logfiles import LogLimits, Outputs
@@ -80,7 +85,8 @@ class Agent:
                  nats_options: dict[str, Any] | None = None, advertise: str = "",
                  log_limits: LogLimits | None = None, logs_window_s: float = WINDOW_S,
                  cgroups: Enforcement | None = None,
-                 isolation: Isolation | None = None) -> None:
+                 isolation: Isolation | None = None, engine: Engine | None = None,
+                 volumes: Mapping[str, str] | None = None) -> None:
         self.node_id = node_id
         self.strategy = strategy
         self.labels = dict(labels)
@@ -110,12 +116,30 @@ class Agent:
         self._sampler = Sampler()
         self._stats = self._sampler.sample()
         self._draining = False
+        #: The node's container engine (`worker.engine`; None: image specs are declined) and
+        #: its host volumes (name -> path).
+        self.engine = engine
+        self.volumes = dict(volumes or {})
+        no_engine = Unavailable(Reason.NO_ENGINE)
+        self._containers: ContainerDriver | None = None
+
+        def driver(spec: Spec) -> Driver:
+            if spec.image is None:
+                return self._supervisor.process
+            return self._containers or no_engine
+
         self._supervisor = Supervisor(
             node_id=node_id, state_dir=self.state_dir, timing=timing, port_range=port_range,
             report=self._report, on_change=self._refresh_view,
             reserved=lambda iid: self.converger.reserved(iid),
             secrets=lambda iid, attempt: self.converger.secrets(iid, attempt),
-            cgroups=self.enforcement.hierarchy, isolation=self.isolation)
+            cgroups=self.enforcement.hierarchy, isolation=self.isolation, drivers=driver,
+            volumes=self.volumes)
+        if engine is not None:
+            self._containers = ContainerDriver(
+                engine, addresses=["127.0.0.1", self.advertise], volumes=self.volumes,
+                secrets_root=secrets_root(self.state_dir),
+                instance_dir=self._supervisor.instance_dir)
         #: Makes this node match its node.json (KV); its counters say what it did.
         self.converger = Converger(node_id=node_id, timing=timing,
                                     supervisor=self._supervisor,
@@ -208,6 +232,10 @@ class Agent:
                 "node %s: %s", self.node_id, enforcement.summary)
             log.info("node %s: %s", self.node_id, self.isolation.summary)
             await self._supervisor.restore()  # events wait in the outbox until connected
+            if self._containers is not None:  # what no held instance owns goes
+                gone = await self._containers.sweep(self._supervisor.held())
+                if gone:
+                    log.info("removed %d container(s) no instance here owns", gone)
             self._loops.append(asyncio.create_task(logs_tick(self.outputs, self.timing.tick_s)))
             self.converger.start_link_watch(lambda: self._nc)
             if await self._connect():
@@ -327,17 +355,34 @@ class Agent:
         self._view = NodeView(
             node_id=self.node_id, capacity=capacity,
             committed=self._supervisor.committed(), stats=self._stats,
-            labels=self.labels, draining=self._draining,
+            labels=self.labels, draining=self._draining, engine=self.engine is not None,
+            images=self.engine.images if self.engine is not None else frozenset(),
+            volumes=frozenset(self.volumes),
         )
 
     async def _heartbeats(self) -> None:
         while True:
             self._wake.clear()
+            await self._learn_images()
             self.escapes += self._supervisor.escapes()
             await self._send(self._hb_subject, self.heartbeat())
             with contextlib.suppress(TimeoutError):  # not wait_for: it can swallow a cancel
                 async with asyncio.timeout(self.timing.heartbeat_s):
                     await self._wake.wait()
+
+    async def _learn_images(self) -> None:
+        """What the engine holds now (images built or pulled since the last look)."""
+        engine = self.engine
+        if engine is None:
+            return
+        before = engine.images
+        try:
+            await asyncio.get_running_loop().run_in_executor(engine.calls,
+                                                             engine.refresh_images)
+        except Exception as exc:  # the engine's, requests' or the socket's
+            log.warning("cannot list the engine's images: %s", exc)
+        if engine.images != before:
+            self._refresh_view()
 
     async def _sample_stats(self) -> None:
         while True:

@@ -1,5 +1,6 @@
-"""One instance's life on this node: start its process, watch it and its checks, restart it
-in place as its restart policy says, and end it once.
+"""One instance's life on this node: start its workload, watch it and its checks, restart it
+in place as its restart policy says, and end it once. Whatever runs it (a process, a
+container) is its driver's (`worker.drivers`): nothing here asks which.
 
 Rules:
 1. A process that ends as its restart policy says it should be restarted
@@ -28,7 +29,8 @@ Rules:
    memory kill, a failing check, a non-zero exit, an exit - and its detail, so status and
    events say it while the instance restarts.
    The cgroup stays between restarts; `Host.end` removes it.
-7. Every run, and every exec check, is confined as `Host.confine` says (`worker.isolation`):
+8. Every run of a process, and every exec check beside it, is confined as `Host.confine`
+   says (`worker.isolation`; the exec driver, `worker.drivers`, asks it):
    a spec asking for root on a node that does not allow it ends `Reason.ROOT_REFUSED`; an
    instance whose process was found outside its cgroup ends `Reason.ESCAPED_CGROUP`. One
    running as a uid of its own has its directory as HOME (the worker's is not its to use).
@@ -41,8 +43,6 @@ import contextlib
 import enum
 import logging
 import os
-import signal
-import subprocess
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -51,12 +51,12 @@ from typing import Protocol
 
 from gavel.shared.messages import EventType, Health, InstanceState
 from gavel.shared.reasons import Reason
-from gavel.shared.spec import restart_policy
+from gavel.shared.spec import Spec, restart_policy
 from gavel.shared.timing import Timing
-from gavel.worker.cgroups import Cgroup, Hierarchy
+from gavel.worker.cgroups import Cgroup
 from gavel.worker.checks import Change
-from gavel.worker.driver import Process, SecretsUnavailable, instance_env, stderr_tail, terminate
-from gavel.worker.isolation import RootRefused
+from gavel.worker.driver import SecretsUnavailable, instance_env, stderr_tail
+from gavel.worker.drivers import Driver, Run, StartFailed
 from gavel.worker.localstate import LocalInstance
 from gavel.worker.probes import Prober
 from gavel.worker.restarts import describe_exit, plan, restarts_on_exit
@@ -97,7 +97,8 @@ class Held:
     """An instance this node holds, and what its life needs in memory."""
 
     local: LocalInstance
-    proc: Process | None = None
+    #: The current run of its workload (`worker.drivers.Run`): a process, a container.
+    proc: Run | None = None
     task: asyncio.Task[None] | None = None
     timer: asyncio.TimerHandle | None = None
     #: Reason.CANCELLED, TIMEOUT, WORKER_STOPPED or FENCED once the stop has begun.
@@ -128,8 +129,8 @@ class Host(Protocol):
 
     node_id: str
     timing: Timing
-    #: Where instances' cgroups live (None: resources are not enforced).
-    cgroups: Hierarchy | None
+
+    def driver(self, spec: Spec) -> Driver: ...
 
     def instance_dir(self, instance_id: str) -> Path: ...
 
@@ -201,44 +202,24 @@ class Life:
         except (OSError, ValueError, SecretsUnavailable) as exc:
             await host.end(held, EventType.FAILED, Reason.DRIVER_FAILED, str(exc))
             return False
-        try:  # rule 7
-            confine = host.confine(held)
-        except RootRefused:
-            await host.end(held, EventType.FAILED, Reason.ROOT_REFUSED, "")
-            return False
-        except OSError as exc:
-            await host.end(held, EventType.FAILED, Reason.DRIVER_FAILED,
-                           f"cannot isolate it: {exc.strerror or exc}")
-            return False
-        cgroup = held.cgroup
-        if cgroup is None and host.cgroups is not None:  # rule 6
-            try:
-                cgroup = held.cgroup = host.cgroups.create(held.id, placement.spec.cpu,
-                                                           placement.spec.memory_mb,
-                                                           placement.spec.pids)
-            except OSError as exc:
-                await host.end(held, EventType.FAILED, Reason.DRIVER_FAILED,
-                               f"cannot make its cgroup: {exc.strerror or exc}")
-                return False
-        if cgroup is not None:
-            cgroup.started()  # this run's OOM kills count from here
         try:
-            held.proc = Process.spawn(placement.spec.command, env=env,
-                                      cwd=host.instance_dir(held.id), poll_s=host.timing.tick_s,
-                                      cgroup=cgroup, confine=confine)
-        except (OSError, ValueError, subprocess.SubprocessError) as exc:
-            # missing binary, not executable, NUL byte, could not enter its cgroup
-            await host.end(held, EventType.FAILED, Reason.DRIVER_FAILED, str(exc))
+            held.proc = await host.driver(placement.spec).start(held, env,
+                                                                host.instance_dir(held.id))
+        except StartFailed as exc:
+            await host.end(held, EventType.FAILED, exc.reason, exc.detail)
+            return False
+        if held.stopping is not None:  # stopped while the driver was starting it
+            await self._stopped(await held.proc.stop(host.timing.kill_grace_s))
             return False
         local = held.local
-        local.pid, local.create_time = held.proc.pid, held.proc.create_time
+        held.proc.record(local)
         local.restart_at = 0.0
         if first:
             local.started_at, local.state = time.time(), InstanceState.RUNNING
         host.persist()
         if first:
             host.arm_timeout(held)
-            await host.emit(held, EventType.RUNNING, "", f"pid {local.pid}", None,
+            await host.emit(held, EventType.RUNNING, "", held.proc.describe(), None,
                             ports=dict(placement.ports), taken=list(held.taken))
         self._start_checks()
         return True
@@ -260,7 +241,7 @@ class Life:
             if held.stopping is None:
                 log.info("instance %s is unhealthy (%s): stopping its process", held.id,
                          unhealthy.check)
-                return await terminate(proc, self.host.timing.kill_grace_s), unhealthy
+                return await proc.stop(self.host.timing.kill_grace_s), unhealthy
             return await exited, unhealthy
         finally:
             exited.cancel()
@@ -277,12 +258,12 @@ class Life:
         local = held.local
         spec = local.placement.spec
         policy = restart_policy(spec)
-        oom = unhealthy is None and held.cgroup is not None and held.cgroup.exceeded(code)
+        oom = unhealthy is None and held.proc is not None and held.proc.exceeded(code)
         if unhealthy is None and (not restarts_on_exit(spec, code) or not policy.attempts):
             await self._exited(code, oom)
             return False
-        if unhealthy is None and held.proc is not None and not held.proc.adopted:
-            held.proc.signal(signal.SIGKILL)  # what the leader left in its group
+        if held.proc is not None:
+            await held.proc.cleanup(unhealthy is not None)  # what the run left behind
         now = time.time()
         delay, window = plan(policy, local.restart_times, now)
         if unhealthy is not None:
@@ -373,10 +354,10 @@ class Life:
                 await host.emit(held, EventType.UNHEALTHY, Reason.UNHEALTHY, change.output,
                                 None, check=change.check)
 
-        held.prober = Prober(placement.spec.checks, started=held.proc.create_time,
+        held.prober = Prober(placement.spec.checks, started=held.proc.started,
                              ports=placement.ports, env=self.env,
                              cwd=host.instance_dir(held.id), on_change=changed,
-                             confine=host.confine(held, join=held.proc.pid))
+                             execute=held.proc.execute)
         held.prober.start()
 
     async def env(self) -> dict[str, str]:

@@ -48,6 +48,8 @@ class LocalInstance(msgspec.Struct, kw_only=True):
     state: str
     pid: int = 0
     create_time: float = 0.0
+    #: The engine's id of its container, for an image spec (`worker.containers`).
+    container: str = ""
     #: Wall-clock time the process first started; a re-adopted instance keeps its timeout
     #: budget, and restarts in place do not renew it.
     started_at: float = 0.0

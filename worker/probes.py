@@ -30,7 +30,7 @@ from gavel.shared.spec import Check
 from gavel.worker.checks import OUTPUT_MAX, Change, CheckMachine
 from gavel.worker.driver import SecretsUnavailable
 
-__all__ = ["HOST", "Prober", "probe"]
+__all__ = ["HOST", "Execute", "Prober", "exec_on_host", "probe"]
 
 log = logging.getLogger("gavel.worker.checks")
 
@@ -44,15 +44,20 @@ _BODY_QUOTED = 128
 _PATH_SAFE = "/?#[]@!$&'()*+,;=:-._~%"
 
 Env = Callable[[], Awaitable[Mapping[str, str]]]
+#: How an exec check's command runs: (command, env, cwd) -> (passed, output). On the host by
+#: default; a container's runs inside it.
+Execute = Callable[[Sequence[str], Mapping[str, str], Path], Awaitable[tuple[bool, str]]]
 
 
 async def probe(check: Check, *, ports: Mapping[str, int], env: Env, cwd: Path,
-                confine: Callable[[], None] | None = None) -> tuple[bool, str]:
+                confine: Callable[[], None] | None = None,
+                execute: Execute | None = None) -> tuple[bool, str]:
     """Run `check` once (rules 1-3): whether it passed, and its output (truncated)."""
     try:
         async with asyncio.timeout(check.timeout_s):
             if check.type == "exec":
-                ok, out = await _exec(check.command, await env(), cwd, confine)
+                ok, out = (await execute(check.command, await env(), cwd) if execute
+                           else await exec_on_host(check.command, await env(), cwd, confine))
             else:
                 port = ports.get(check.port or "")
                 if port is None:
@@ -120,8 +125,10 @@ async def _http(port: int, path: str, want: int) -> tuple[bool, str]:
             await writer.wait_closed()
 
 
-async def _exec(command: Sequence[str], env: Mapping[str, str], cwd: Path,
-                confine: Callable[[], None] | None = None) -> tuple[bool, str]:
+async def exec_on_host(command: Sequence[str], env: Mapping[str, str], cwd: Path,
+                       confine: Callable[[], None] | None = None) -> tuple[bool, str]:
+    """An exec check's command as a child of the worker (rules 1 and 2), confined as
+    `confine` says (`worker.isolation`)."""
     proc = await asyncio.create_subprocess_exec(
         *command, env=dict(env), cwd=cwd, stdin=asyncio.subprocess.DEVNULL,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
@@ -151,7 +158,8 @@ class Prober:
 
     def __init__(self, checks: Sequence[Check], *, started: float, ports: Mapping[str, int],
                  env: Env, cwd: Path, on_change: Callable[[Change], Awaitable[None]],
-                 confine: Callable[[], None] | None = None) -> None:
+                 confine: Callable[[], None] | None = None,
+                 execute: Execute | None = None) -> None:
         self._checks = list(checks)
         #: What an exec check's child runs before its command (`worker.isolation`).
         self._confine = confine
@@ -160,6 +168,7 @@ class Prober:
         self._ports = dict(ports)
         self._env = env
         self._cwd = cwd
+        self._execute = execute
         self._on_change = on_change
         self.verdict: asyncio.Future[Change] = asyncio.get_running_loop().create_future()
         self._task: asyncio.Task[None] | None = None
@@ -188,7 +197,8 @@ class Prober:
                 for i in machine.due(time.monotonic()):
                     task = asyncio.ensure_future(probe(self._checks[i], ports=self._ports,
                                                        env=self._env, cwd=self._cwd,
-                                                       confine=self._confine))
+                                                       confine=self._confine,
+                                                       execute=self._execute))
                     running[task] = i
                 wake = machine.wake_at()
                 timeout = None if wake is None else max(0.0, wake - time.monotonic())

@@ -37,15 +37,16 @@ import os
 import re
 import signal
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
 
 from gavel.shared.messages import Award, Capacity, EventType, InstanceReport, InstanceState
 from gavel.shared.reasons import Reason
 from gavel.shared.records import Placement
+from gavel.shared.spec import Spec
 from gavel.shared.timing import Timing
 from gavel.worker.cgroups import Hierarchy, release
-from gavel.worker.driver import Process, terminate
+from gavel.worker.drivers import Driver, ProcessDriver
 from gavel.worker.instance import Begin, Held, Life, Report, Secrets
 from gavel.worker.isolation import Identity, Isolation, off, processes, zombie
 from gavel.worker.localstate import FINISHED_KEPT, AgentFile, LocalInstance, load, save
@@ -79,7 +80,9 @@ class Supervisor:
                  reserved: Callable[[str], Collection[int]] = lambda _iid: (),
                  secrets: Secrets = _no_secrets,
                  cgroups: Hierarchy | None = None,
-                 isolation: Isolation | None = None) -> None:
+                 isolation: Isolation | None = None,
+                 drivers: Callable[[Spec], Driver] | None = None,
+                 volumes: Mapping[str, str] | None = None) -> None:
         self.node_id = node_id
         self.state_dir = state_dir
         self.timing = timing
@@ -94,6 +97,11 @@ class Supervisor:
         self.isolation = isolation or off()
         #: Who each held instance runs as, once its first run was confined.
         self._identities: dict[str, Identity | None] = {}
+        #: The exec driver (`worker.drivers`), each run confined as `confine` says.
+        self.process = ProcessDriver(poll_s=timing.tick_s, cgroups=cgroups,
+                                     volumes=volumes, confine=self.confine)
+        #: Which driver runs a spec: the exec driver unless told otherwise.
+        self._drivers: Callable[[Spec], Driver] = drivers or (lambda _spec: self.process)
         self._path = state_dir / "agent.json"
         self._held: dict[str, Held] = {}
         self._finished: collections.deque[str] = collections.deque(maxlen=FINISHED_KEPT)
@@ -179,16 +187,15 @@ class Supervisor:
 
     async def _readopt(self, held: Held) -> None:
         local = held.local
-        if self.cgroups is not None:  # it keeps its cgroup; an ended one's goes in `end`
-            held.cgroup = self.cgroups.find(held.id, local.placement.spec.memory_mb)
         if self.isolation.on and not local.placement.spec.root:  # the uid it runs as
             with contextlib.suppress(OSError):
                 self._identities[held.id] = self.isolation.identity(
                     held.id, self.instance_dir(held.id), root=False)
+        run = self.driver(local.placement.spec).adopt(held)  # finds its cgroup, if any
         if local.restart_at:
             begin = Begin.BACKOFF
         else:
-            held.proc = Process.adopt(local.pid, local.create_time, poll_s=self.timing.tick_s)
+            held.proc = run
             if held.proc is not None:
                 begin = Begin.WATCH
             elif local.pid and local.placement.spec.service:
@@ -276,7 +283,7 @@ class Supervisor:
         log.info("stopping instance %s: %s", held.id, why)
         if held.proc is not None:
             task = asyncio.get_running_loop().create_task(
-                terminate(held.proc, self.timing.kill_grace_s))
+                held.proc.stop(self.timing.kill_grace_s))
             self._stoppers.add(task)
             task.add_done_callback(self._stoppers.discard)
 
@@ -300,12 +307,17 @@ class Supervisor:
             log.info("fenced instance %s attempt %d ended (exit %s)", held.id, held.attempt,
                      exit_code)
         self.persist()
+        if held.proc is not None:
+            await held.proc.release()
         if held.cgroup is not None:  # what the process left behind in it goes too
             await release(held.cgroup)
         if held.id in self._identities and self._held.get(held.id) is None:
             self.isolation.release(held.id, self._identities.pop(held.id))
 
     # -- what an instance's life uses (`worker.instance.Host`) ------------------------------
+
+    def driver(self, spec: Spec) -> Driver:
+        return self._drivers(spec)
 
     def instance_dir(self, instance_id: str) -> Path:
         return self.state_dir / "instances" / instance_id
@@ -357,7 +369,7 @@ class Supervisor:
         for held in watched:
             assert held.cgroup is not None and held.proc is not None
             ident = self._identities.get(held.id)
-            mine = by_uid.get(ident.uid, []) if ident is not None else [held.proc.pid]
+            mine = by_uid.get(ident.uid, []) if ident is not None else [held.local.pid]
             out = [p for p in held.cgroup.outside(mine) if not zombie(p)]
             if not out:
                 continue

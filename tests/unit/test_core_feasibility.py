@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import msgspec
 import pytest
 
 from gavel.shared.feasibility import NodeView, Refusal, check, shortfall
-from gavel.shared.messages import Capacity, Request
-from gavel.shared.reasons import Reason
+from gavel.shared.messages import Bid, Capacity, Request
+from gavel.shared.reasons import DECLINES, Reason, render
+from gavel.shared.strategies import WARM_BONUS, answer, make_strategy
 
 
 def node(*, cpu: float = 4.0, memory_mb: int = 1024, ports: int = 4,
@@ -108,3 +110,34 @@ def test_the_fit_check_is_the_nodes_and_the_auctions_alike() -> None:
     assert shortfall(req(cpu=0.1, memory_mb=101, ports=9), free) == Refusal(
         Reason.NO_ROOM_MEMORY, "101")
     assert shortfall(req(cpu=0.1, memory_mb=1, ports=2), free) == Refusal(Reason.NO_ROOM_PORTS)
+
+
+def test_an_image_needs_a_container_engine_on_the_node() -> None:
+    image = Request(instance_id="i-1", cpu=1.0, memory_mb=128, image="gavel-web:v1")
+    assert check(image, node()) == Refusal(Reason.NO_ENGINE)
+    assert check(image, msgspec.structs.replace(node(), engine=True)) is None
+    assert check(req(), node()) is None  # a process needs none
+
+
+def test_every_named_volume_must_be_held_and_the_first_missing_is_named() -> None:
+    wants = Request(instance_id="i-1", cpu=1.0, memory_mb=128, volumes=["logs", "data"])
+    assert check(wants, node()) == Refusal(Reason.MISSING_VOLUME, "data")
+    held = msgspec.structs.replace(node(), volumes=frozenset({"data"}))
+    assert check(wants, held) == Refusal(Reason.MISSING_VOLUME, "logs")
+    assert check(wants, msgspec.structs.replace(held, volumes=frozenset({"data", "logs"}))) \
+        is None
+    assert Reason.MISSING_VOLUME in DECLINES and Reason.NO_ENGINE in DECLINES
+    assert render(Reason.MISSING_VOLUME, "data") == "missing host volume data"
+
+
+def test_a_warm_node_outbids_a_cold_one_by_the_documented_amount() -> None:
+    image = Request(instance_id="i-1", cpu=1.0, memory_mb=128, image="gavel-web:v1")
+    cold = msgspec.structs.replace(node(), engine=True)
+    warm = msgspec.structs.replace(cold, images=frozenset({"gavel-web:v1"}))
+    strategy = make_strategy("least-loaded")
+    a, b = answer(strategy, image.shape(), warm), answer(strategy, image.shape(), cold)
+    assert isinstance(a, Bid) and isinstance(b, Bid)
+    assert a.warm and not b.warm
+    assert b.load - a.load == pytest.approx(WARM_BONUS)
+    plain = answer(strategy, req().shape(), cold)  # no image: no price for one
+    assert isinstance(plain, Bid) and plain.load == a.load

@@ -210,7 +210,6 @@ def test_full_spec_round_trips_through_json() -> None:
         ({"name": "Web 1"}, "$.name"),
         ({"name": ""}, "$.name"),
         ({"name": "x" * 64}, "$.name"),
-        ({"command": []}, "$.command"),
         ({"command": "sleep 1"}, "$.command"),
         ({"ports": ["HTTP"]}, "$.ports[0]"),
         ({"ports": "http"}, "$.ports"),
@@ -240,7 +239,10 @@ def test_unknown_spec_fields_are_rejected_by_name(typo: str) -> None:
 
 
 def test_missing_required_spec_field_is_named() -> None:
-    with pytest.raises(msgspec.ValidationError, match="missing required field `command`"):
+    with pytest.raises(msgspec.ValidationError, match="missing required field `name`"):
+        msgspec.convert({"command": ["true"]}, Spec)
+    # command is optional beside an image: a spec with neither names both in one sentence
+    with pytest.raises(msgspec.ValidationError, match=r"a spec runs a command \(command"):
         msgspec.convert({"name": "web-1"}, Spec)
 
 
@@ -396,9 +398,10 @@ def test_request_keys_are_stable() -> None:
 def test_a_shape_is_a_request_without_its_id() -> None:
     req = Request(instance_id="i-1", cpu=1.5, memory_mb=64, ports=2, labels={"b": "2", "a": "1"})
     shape = req.shape()
-    assert set(msgspec.to_builtins(shape)) == {"cpu", "memory_mb", "ports", "labels"}
+    assert set(msgspec.to_builtins(shape)) == {"cpu", "memory_mb", "ports", "labels", "image",
+                                               "volumes"}
     assert shape == Shape(cpu=1.5, memory_mb=64, ports=2, labels={"a": "1", "b": "2"})
-    assert shape.key() == req.key() == (1.5, 64, 2, (("a", "1"), ("b", "2")))
+    assert shape.key() == req.key() == (1.5, 64, 2, (("a", "1"), ("b", "2")), "", ())
     assert isinstance(req, Shape)  # a request can be priced wherever a shape is
     with pytest.raises(AttributeError):
         shape.cpu = 2.0  # type: ignore[misc]
@@ -416,3 +419,28 @@ def test_every_message_carries_the_protocol_version_and_refuses_another() -> Non
     with pytest.raises(msgspec.ValidationError,
                        match=f"protocol version {PROTOCOL + 1}; this gavel speaks {PROTOCOL}"):
         msgspec.msgpack.decode(msgspec.msgpack.encode(other), type=Heartbeat)
+
+
+@pytest.mark.parametrize(
+    ("fields", "says"),
+    [
+        ({"command": []}, "names neither"),
+        ({"command": [], "image": "Web:1"}, "is not an image reference"),
+        ({"image": "web:1", "volumes": [{"name": "data"}]}, "names the path it is mounted"),
+        ({"volumes": [{"name": "data", "path": "data"}]}, "its path is absolute"),
+        ({"volumes": [{"name": "d", "path": "/a"}, {"name": "d", "path": "/b"}]},
+         "distinct host volumes"),
+    ],
+)
+def test_a_spec_runs_a_command_or_an_image(fields: dict[str, Any], says: str) -> None:
+    """`command` is optional beside `image`; a spec with neither, or with a malformed image
+    reference, is refused with a sentence."""
+    with pytest.raises(msgspec.ValidationError, match=says):
+        msgspec.convert(_spec(**fields), Spec)
+
+
+def test_an_image_spec_needs_no_command() -> None:
+    spec = msgspec.convert({"name": "web", "image": "gavel-web:v1@sha256:" + "a" * 64,
+                            "volumes": [{"name": "data", "path": "/data"}]}, Spec)
+    assert spec.command == [] and spec.volumes[0].name == "data"
+    assert Request.of("web-1", spec).shape().key()[-2:] == (spec.image, ("data",))
