@@ -318,8 +318,10 @@ async def run_broker(args: argparse.Namespace) -> int:
     signals: list[str] = []
     try:
         code = await _run_broker(args, signals)
+    except ConfigError:
+        raise  # bad input: the command prints its one sentence, which is the cause
     except BaseException as exc:
-        expected = isinstance(exc, (Stopped, ConfigError, KeyboardInterrupt))
+        expected = isinstance(exc, (Stopped, KeyboardInterrupt))
         log.error("broker exits: %s", _exit_cause(exc), exc_info=not expected)
         raise
     why = (f"stopped on {signals[0]}" if signals

@@ -81,6 +81,7 @@ class Rig:
         self.wire = Wire()
         self.b.nc = self.b.outbox.nc = self.wire
         self.api = self.b.api
+        self.api.nc = self.wire  # the API answers on the connection a request came in on
         self.tasks = [self.loop.create_task(self.b.committer.run()),
                       self.loop.create_task(self.b.outbox.run())]  # the broker's sender
         # git: "web-1" placed on n1, "tiny-1" queued
