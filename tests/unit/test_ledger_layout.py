@@ -118,7 +118,7 @@ def test_files_that_are_not_what_their_path_says_are_ignored_and_left_alone(
     assert set(state.instances) == {"good", "stray"} and set(state.nodes) == {"n4"}
     assert set(state.unreadable) == {"instances/bad.json", instance_path("mine"),
                                      node_path("n1"), node_path("n2")}
-    assert "missing required field `command`" in state.unreadable["instances/bad.json"]
+    assert "names neither" in state.unreadable["instances/bad.json"]
     assert state.unreadable[instance_path("mine")] == "it names instance 'other'"
     assert state.unreadable[node_path("n2")] == "it names node 'n3'"
     assert state.unusable_nodes == {"n1", "n2"}

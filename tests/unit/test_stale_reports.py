@@ -110,7 +110,7 @@ def test_a_stop_of_an_earlier_attempt_leaves_the_attempt_held_running(tmp_path: 
         for h in list(w.agent._supervisor._held.values()):
             if h.proc is not None:
                 with contextlib.suppress(ProcessLookupError):
-                    os.killpg(h.proc.pid, signal.SIGKILL)
+                    os.killpg(h.proc.proc.pid, signal.SIGKILL)  # the run's process
             if h.task is not None:
                 h.task.cancel()
                 tasks.append(h.task)
