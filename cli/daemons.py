@@ -16,9 +16,9 @@ Rules:
 6. `gavel config check` tells a file's daemon by the keys only that daemon reads.
 7. With ``[ha]`` the broker is one of several (`gavel.broker.ha`): it stands by until it
    holds the lease, and each of its leaderships pushes to `push` itself.
-8. Every exit of the broker is one log line saying why: the signal that stopped it, the
-   sentence it stopped with, or an unexpected exception with its traceback (only SIGKILL
-   goes unsaid).
+8. Every exit of the broker is one line on stderr saying why: a log line for the signal
+   that stopped it or an unexpected exception (with its traceback), the command's own
+   sentence for bad input or a stop it could not go on from (only SIGKILL goes unsaid).
 """
 
 from __future__ import annotations
@@ -91,8 +91,6 @@ def _on_signal(stop: Callable[[], Any], got: list[str] | None = None) -> None:
 
 def _exit_cause(exc: BaseException) -> str:
     """Rule 8's sentence for an exit by exception."""
-    if isinstance(exc, (Stopped, ConfigError)):
-        return str(exc)
     if isinstance(exc, asyncio.CancelledError):
         return "its main task was cancelled"
     if isinstance(exc, KeyboardInterrupt):
@@ -318,10 +316,10 @@ async def run_broker(args: argparse.Namespace) -> int:
     signals: list[str] = []
     try:
         code = await _run_broker(args, signals)
-    except ConfigError:
-        raise  # bad input: the command prints its one sentence, which is the cause
+    except (ConfigError, Stopped):
+        raise  # the command prints its one sentence on stderr, beside the log: the cause
     except BaseException as exc:
-        expected = isinstance(exc, (Stopped, KeyboardInterrupt))
+        expected = isinstance(exc, KeyboardInterrupt)
         log.error("broker exits: %s", _exit_cause(exc), exc_info=not expected)
         raise
     why = (f"stopped on {signals[0]}" if signals

@@ -27,8 +27,8 @@ import msgspec
 import pytest
 
 from gavel import __version__
-from gavel.cli import up
 from gavel.cli.commands import EXIT_CODES
+from gavel.cli.supervise import Supervisor
 from gavel.shared import subjects
 from gavel.shared.api import (
     DeployReply,
@@ -82,7 +82,7 @@ def test_up_children_import_the_installed_gavel_whatever_the_directory(
     (shadow / "__init__.py").write_text("")
     monkeypatch.chdir(tmp_path)
     log = tmp_path / "child.log"
-    child = up._spawn("version", ["--version"], log, dict(os.environ))
+    child = Supervisor(dict(os.environ)).spawn("version", ["--version"], log)
     assert child.proc.wait(60) == 0, log.read_text()
     assert log.read_text().strip() == f"gavel {__version__}"
 

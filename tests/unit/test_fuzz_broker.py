@@ -12,6 +12,7 @@ one garbage kind logs one line.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import math
 import re
@@ -68,6 +69,7 @@ SMALL = Spec(name="tiny", command=["true"], cpu=0.1, memory_mb=16)
 NODE_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 AID = "auction-1"
 _enc = msgspec.msgpack.Encoder()
+_EXTREME = itertools.count(1)
 
 
 class Rig:
@@ -573,7 +575,7 @@ def test_extreme_but_valid_bids_decide_commit_and_explain(
     for n in NODES:
         rig.b.liveness.record(heartbeat(n, capacity=Capacity(cpu=1e9, memory_mb=2**40,
                                                              ports=10**6)), rig.now)
-    k = len(rig.b.ledger.state().instances)
+    k = next(_EXTREME)  # ids never seen before in this rig, whatever earlier tests left
     ids = [f"a{k}", f"b{k}", f"c{k}"]
     specs = [SMALL, SMALL, SPEC]
     state = rig.b.ledger.state()
