@@ -69,6 +69,7 @@ from gavel.broker.services import Services
 from gavel.broker.views import Views
 from gavel.shared import subjects
 from gavel.shared.api import (
+    ArrayStatus,
     CancelReply,
     CancelRequest,
     DeployRequest,
@@ -100,6 +101,7 @@ from gavel.shared.api import (
     WhyRequest,
     counted_ids,
 )
+from gavel.shared.arrays import tally
 from gavel.shared.health import Health
 from gavel.shared.messages import ApiError, Capacity, Message
 from gavel.shared.reasons import Reason
@@ -260,8 +262,8 @@ class Api:
         for start in range(0, len(ids), SUBMIT_SLICE):  # rule 3
             if start:
                 await asyncio.sleep(0)
-            made += [ready(InstanceRecord(instance_id=iid, spec=spec, key=req.key))
-                     for iid in ids[start:start + SUBMIT_SLICE]]
+            made += [ready(_task(iid, spec, req.key, base if len(ids) > 1 else "", k))
+                     for k, iid in enumerate(ids[start:start + SUBMIT_SLICE], start + 1)]
         records = [rec for rec, _, _ in made]
         done: asyncio.Future[Message] = asyncio.get_running_loop().create_future()
 
@@ -348,12 +350,29 @@ class Api:
         state = self.ctx.ledger.state()
         if req.instance_id:
             rec = state.instances.get(req.instance_id)
+            if rec is None and state.arrays.get(req.instance_id):
+                return self._array_status(req)
             if rec is None:
                 return self._unknown(req.instance_id)
             return StatusReply(instances=[self.views.instance_status(rec)], **self._leader())
         out, more = self.views.status_page(state.instances, req.after, self.nc)
         return StatusReply(instances=out, next=more, total=len(state.instances),
                            **self._leader())
+
+    def _array_status(self, req: StatusRequest) -> Message:
+        """A batch array: its tally, and its tasks in index order unless `summary`."""
+        tasks = sorted(self.ctx.ledger.state().tasks_of(req.instance_id),
+                       key=lambda r: _index(r.instance_id))
+        if not tasks:
+            return self._unknown(req.instance_id)
+        t = tally(tasks[0].spec, tasks)
+        array = ArrayStatus(array_id=req.instance_id, count=t.count, parallelism=t.parallelism,
+                            max_failures=t.max_failures, succeeded=t.succeeded,
+                            failed=t.failed, cancelled=t.cancelled, running=t.running,
+                            pending=t.held, first_failure=t.first_failure, ended=t.ended,
+                            ok=t.ok, outcome=t.outcome())
+        shown = [] if req.summary else [self.views.instance_status(r) for r in tasks]
+        return StatusReply(instances=shown, array=array, **self._leader())
 
     def _leader(self) -> dict[str, Any]:
         """Who answers (rule 6)."""
@@ -480,6 +499,21 @@ class Api:
                              workdir=liveness.heartbeats[n].workdir,
                              health=liveness.health(n, now)) for n in liveness.known()]
         return EndpointsReply(endpoints=out, nodes=nodes)
+
+def _index(iid: str) -> int:
+    tail = iid.rpartition("-")[2]
+    return int(tail) if tail.isdigit() else 0
+
+
+def _task(iid: str, spec: Spec, key: str, array: str, k: int) -> InstanceRecord:
+    """The record of a submission's `k`-th instance: a batch array's task past its
+    parallelism is held (`gavel.shared.arrays` rule 1)."""
+    if not array:
+        return InstanceRecord(instance_id=iid, spec=spec, key=key)
+    held = spec.parallelism is not None and k > spec.parallelism
+    return InstanceRecord(instance_id=iid, spec=spec, key=key, array=array, held=held,
+                          reason=str(Reason.ARRAY_HELD) if held else "")
+
 
 def _operators(_subject: str) -> str:
     """Every API request is an operator's: it is answered under the operators' inbox."""

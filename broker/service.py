@@ -51,6 +51,7 @@ import nats.errors
 
 from gavel.broker.admission import Admission
 from gavel.broker.api import Api
+from gavel.broker.arrays import Arrays
 from gavel.broker.assign import Assignments
 from gavel.broker.auctioneer import Auctioneer
 from gavel.broker.connect import NatsUnreachable, connect_within
@@ -172,6 +173,7 @@ class Broker:
         self.promises = Promises(ctx, capacity_freed=self.auctioneer.capacity_freed)
         self.retention = Retention(ctx, wall, ended_max)
         self.services = Services(ctx, self.promises, wall)
+        self.arrays = Arrays(ctx)
         self.deploys = Deploys(ctx, self.services, wall)
         self.integrity = Integrity(ctx)
         #: Why the broker stopped on its own, raised by `run` (rule 5).
@@ -430,6 +432,7 @@ class Broker:
                     watched = now
                     self.promises.watch(now)
                     self.services.watch(now)
+                    self.arrays.watch()
                     self.retention.watch()
             except Damaged as exc:
                 self._damaged(exc)

@@ -29,7 +29,13 @@ from gavel import __version__
 from gavel.cli import auth, commands, completion, daemons, logs, logscmd, options
 from gavel.cli.api import app as api_app
 from gavel.cli.options import DEFAULT_NATS
-from gavel.cli.parsers import duration, non_negative_float, positive_float, positive_int, whole
+from gavel.cli.parsers import (
+    duration,
+    non_negative_float,
+    positive_int,
+    wait_mode,
+    whole,
+)
 from gavel.cli.parsers import port as _port
 from gavel.cli.ui import app as ui_app
 from gavel.shared.errors import BadInput
@@ -153,11 +159,16 @@ def build_parser() -> argparse.ArgumentParser:
                     help="idempotency key (default: a new uuid4 per invocation); the request "
                     "is retried with it when the broker does not answer in time, and a "
                     "submission that landed under it is answered again, never made twice")
-    sm.add_argument("--wait", action="store_true",
-                    help="wait until running and healthy (exit 0), or exit 3 with the reason: "
-                    "unschedulable, failed, or not healthy within --timeout")
-    sm.add_argument("--timeout", type=positive_float, default=30.0,
-                    help="seconds --wait waits (default %(default)s)")
+    sm.add_argument("--wait", nargs="?", const="end", default=None, type=wait_mode,
+                    metavar="running|end",
+                    help="a job: wait for its end (default; a batch array: every task), exit 0 "
+                    "when all succeeded, else 3 naming how many failed and the first "
+                    "failure's reason; --wait=running (and a service): until running and "
+                    "healthy (exit 0), or 3 with the reason: unschedulable, failed, or not "
+                    "healthy within --timeout")
+    sm.add_argument("--timeout", type=non_negative_float, default=None,
+                    help="seconds --wait waits (default 30 for running, 0 - no limit - for "
+                    "a job's end)")
 
     st = sub.add_parser("status", help="instances and their states, or a service's replicas")
     _client(st)

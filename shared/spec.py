@@ -204,8 +204,14 @@ class Spec(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     image: Annotated[str, msgspec.Meta(max_length=512)] | None = None
     #: ``job`` runs to completion; ``service`` keeps `count` replicas running until stopped.
     type: Literal["job", "service"] = "job"
-    #: A service's replicas; for a job, how many instances one submission makes.
+    #: A service's replicas; for a job, how many instances one submission makes (more than
+    #: one: a batch array, `gavel.shared.arrays`).
     count: Annotated[int, msgspec.Meta(ge=0, le=100_000)] = 1
+    #: A batch array's tasks running at once (None: all `count` at once); a job's only.
+    parallelism: int | None = None
+    #: A batch array's failure budget: tasks that may end failed (after their own restarts
+    #: and attempts) before the array releases no more (None: 0, `arrays.DEFAULT_MAX_FAILURES`).
+    max_failures: int | None = None
     env: dict[str, str] = {}
     cpu: PosFloat = 0.1
     memory_mb: Annotated[int, msgspec.Meta(ge=1)] = 64
@@ -286,6 +292,7 @@ class Spec(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             raise ValueError("spread applies to a service's replicas (type = \"service\")")
         if self.type == JOB and self.count == 0:
             raise ValueError("a job's count is at least 1 (a service may have 0 replicas)")
+        _array_fields(self.type, self.parallelism, self.max_failures)
         seen: set[tuple[str, str]] = set()
         for route in self.routes:
             if route.port is not None and route.port not in self.ports:
@@ -299,6 +306,19 @@ class Spec(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     @property
     def service(self) -> bool:
         return self.type == SERVICE
+
+
+def _array_fields(kind: str, parallelism: int | None, max_failures: int | None) -> None:
+    """A batch array's fields: a job's only, and each within its range."""
+    for field, value, least in (("parallelism", parallelism, 1),
+                                ("max_failures", max_failures, 0)):
+        if value is None:
+            continue
+        if kind != JOB:
+            raise ValueError(f"{field} applies to a job's batch array (type = \"job\"), not "
+                             f"to a {kind}")
+        if not least <= value <= 100_000:
+            raise ValueError(f"{field} {value} is out of range: {least} .. 100000")
 
 
 def _control(text: str) -> bool:

@@ -178,6 +178,9 @@ class State:
     #: auction of a service's replicas asks it, and a count over every replica for each
     #: of them made a service of a hundred thousand queued replicas hold the loop.
     held: dict[str, dict[str, int]] = field(default_factory=dict, repr=False, compare=False)
+    #: Batch arrays by id: the ids of every task record naming each (`InstanceRecord.array`),
+    #: an ordered set, as `replicas` is for services.
+    arrays: dict[str, dict[str, None]] = field(default_factory=dict)
 
     def put_instance(self, iid: str, rec: InstanceRecord | None) -> None:
         old = self.instances.get(iid)
@@ -188,6 +191,8 @@ class State:
             _unindex(self.keys, old.key, iid)
         if old is not None and old.service and (rec is None or rec.service != old.service):
             _unindex(self.replicas, old.service, iid)
+        if old is not None and old.array and (rec is None or rec.array != old.array):
+            _unindex(self.arrays, old.array, iid)
         if rec is None:
             self.instances.pop(iid, None)
             self.pending.pop(iid, None)
@@ -197,8 +202,10 @@ class State:
             self.keys.setdefault(rec.key, {})[iid] = None
         if rec.service:
             self.replicas.setdefault(rec.service, {})[iid] = None
+        if rec.array:
+            self.arrays.setdefault(rec.array, {})[iid] = None
         self.instances[iid] = rec
-        if rec.state in PENDING and iid not in self.where:
+        if rec.state in PENDING and not rec.held and iid not in self.where:
             self.pending.setdefault(iid, None)
         else:
             self.pending.pop(iid, None)
@@ -235,7 +242,7 @@ class State:
                 if self.where.get(iid) == nid:
                     del self.where[iid]
                     rec = self.instances.get(iid)
-                    if rec is not None and rec.state in PENDING:
+                    if rec is not None and rec.state in PENDING and not rec.held:
                         self.pending.setdefault(iid, None)
             for iid in after - before:
                 self.where[iid] = nid
@@ -265,6 +272,15 @@ class State:
         for iid in self.replicas.get(name, ()):
             rec = self.instances.get(iid)
             if rec is not None and rec.service == name:
+                out.append(rec)
+        return out
+
+    def tasks_of(self, array: str) -> list[InstanceRecord]:
+        """Every task record of the batch array `array` the state holds (live or ended)."""
+        out = []
+        for iid in self.arrays.get(array, ()):
+            rec = self.instances.get(iid)
+            if rec is not None and rec.array == array:
                 out.append(rec)
         return out
 

@@ -156,7 +156,7 @@ async def test_ctrl_c_and_up_again_brings_running_work_back(
     first = Up(state, "--workers", "2", "--metrics-port", str(metrics))
     ups.append(first)
     await first.ready()
-    proc = await first.gavel("submit", str(spec), "--id", "sleepy-1", "--wait")
+    proc = await first.gavel("submit", str(spec), "--id", "sleepy-1", "--wait=running")
     assert proc.returncode == 0, proc.stderr
 
     async def running(up: Up) -> bool:

@@ -1,0 +1,118 @@
+"""Arrays: the broker part that releases a batch array's held tasks as its running ones end
+(`gavel.shared.arrays` decides how many; this part commits it).
+
+Rules:
+1. An array's intent is its task records in git, held or not: what to release is decided
+   again on each plan's own view, so a pass run twice releases nothing twice, and a broker
+   started again carries on from the branch.
+2. One pass's commit in flight per array; a pass that would change nothing submits nothing.
+3. Each step is narrated: its commit lines start ``array <id>:``, and the array's own events
+   carry its id as their instance (`gavel events ID`): ``released`` for tasks let go, and
+   ``array-ended`` with the outcome once no task is held or running.
+"""
+
+from __future__ import annotations
+
+import functools
+
+from gavel.broker.context import Context
+from gavel.broker.ledger.committer import Item, Planned
+from gavel.broker.ledger.plan import View, finish, release
+from gavel.shared import arrays as core
+from gavel.shared.arrays import Tally, tally, to_release
+from gavel.shared.messages import EventType, InstanceState
+from gavel.shared.reasons import Reason
+from gavel.shared.records import InstanceRecord
+
+__all__ = ["Arrays"]
+
+
+class Arrays:
+    def __init__(self, ctx: Context) -> None:
+        self.ctx = ctx
+        self._busy: set[str] = set()
+        #: Arrays seen ended by this broker (their end was told once).
+        self._ended: set[str] = set()
+
+    def watch(self) -> None:
+        """One pass over every array with work: release or cancel held tasks (rule 2)."""
+        ctx = self.ctx
+        if ctx.ledger.pinned:
+            return
+        state = ctx.ledger.state()
+        for array in list(state.arrays):
+            if array in self._busy or array in self._ended:
+                continue
+            tasks = state.tasks_of(array)
+            if not tasks:
+                continue
+            t = tally(tasks[0].spec, tasks)
+            if t.ended:
+                self._ended.add(array)
+                ctx.events.emit(array, EventType.ARRAY_ENDED,
+                                reason="" if t.ok else str(Reason.ARRAY_TASKS_FAILED),
+                                detail=t.outcome())
+                continue
+            if not _work(t):
+                continue
+            self._busy.add(array)
+            ctx.committer.submit(Item(plan=functools.partial(self._pass, array=array),
+                                      failed=functools.partial(self._failed, array),
+                                      retry=False))
+
+    def _failed(self, array: str, _reason: Reason, _detail: str) -> None:
+        self._busy.discard(array)
+
+    def _pass(self, view: View, array: str) -> Planned | None:
+        planned = self.keep(view, array)
+        if planned is None:
+            self._busy.discard(array)
+            return None
+        planned.after.append(lambda _sha: self._busy.discard(array))
+        return planned
+
+    def keep(self, view: View, array: str) -> Planned | None:
+        """Release (or, past the failure budget, cancel) held tasks of `array` on `view`."""
+        tasks = _tasks(view, array)
+        if not tasks:
+            return None
+        t = tally(tasks[0].spec, tasks)
+        held = [r.instance_id for r in tasks if r.held and not r.state.terminal]
+        out = Planned(lines=[])
+        if t.spent:
+            for iid in held:
+                if finish(view, iid, "", InstanceState.CANCELLED,
+                          str(Reason.ARRAY_FAILED)) is not None:
+                    out.after.append(functools.partial(self._cancelled, iid))
+            if out.after:
+                out.lines.append(f"array {array}: {len(out.after)} held tasks cancelled: "
+                                 f"{Reason.ARRAY_FAILED} ({t.outcome()})")
+            return out if out.after else None
+        let_go = [iid for iid in to_release(held, core.release(t)) if release(view, iid)]
+        if not let_go:
+            return None
+        out.lines.append(f"array {array}: release {', '.join(let_go)} ({t.outcome()})")
+        out.after.append(lambda _sha: self._released(array, let_go))
+        return out
+
+    def _released(self, array: str, ids: list[str]) -> None:
+        self.ctx.events.emit(array, EventType.RELEASED, detail=", ".join(ids))
+        self.ctx.wake()
+
+    def _cancelled(self, iid: str, _sha: str) -> None:
+        self.ctx.events.emit(iid, EventType.CANCELLED, reason=Reason.ARRAY_FAILED)
+
+
+def _work(t: Tally) -> bool:
+    return (t.spent and t.held > 0) or core.release(t) > 0
+
+
+def _tasks(view: View, array: str) -> list[InstanceRecord]:
+    """The array's task records as `view` has them (a submission's own are in the state by
+    the time its array has work)."""
+    out = []
+    for iid in view.state.arrays.get(array, ()):
+        rec = view.instance(iid)
+        if rec is not None and rec.array == array:
+            out.append(rec)
+    return out
