@@ -20,8 +20,11 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from gavel.shared.arrays import tally as array_tally
+
 if TYPE_CHECKING:
     from gavel.broker.ledger.repository import Ledger
+    from gavel.broker.ledger.state import State
     from gavel.broker.mirror import Mirror
     from gavel.shared.health import Liveness
     from gavel.shared.records import InstanceRecord
@@ -167,6 +170,27 @@ class _ServiceCollector(Collector):
         yield replicas
 
 
+def _array_tasks(state: State) -> GaugeMetricFamily:
+    """Batch arrays' tasks by where they are (`gavel.shared.arrays.Tally`), all arrays
+    summed; an array counts until retention forgets its tasks."""
+    g = GaugeMetricFamily("gavel_array_tasks", "Batch array tasks: pending (held for a "
+                          "parallelism slot), running, succeeded, failed, cancelled",
+                          labels=["state"])
+    sums = dict.fromkeys(("pending", "running", "succeeded", "failed", "cancelled"), 0)
+    for array in state.arrays:
+        tasks = state.tasks_of(array)
+        if not tasks:
+            continue
+        t = array_tally(tasks[0].spec, tasks)
+        for key, n in (("pending", t.held), ("running", t.running),
+                       ("succeeded", t.succeeded), ("failed", t.failed),
+                       ("cancelled", t.cancelled)):
+            sums[key] += n
+    for key, n in sums.items():
+        g.add_metric([key], n)
+    return g
+
+
 class _StateCollector(Collector):
     def __init__(self, now: Callable[[], float], liveness: Liveness, ledger: Ledger,
                  in_flight: Callable[[], int], mirror: Mirror,
@@ -193,6 +217,7 @@ class _StateCollector(Collector):
         for state, n in sorted(by_state.items()):
             states.add_metric([state], n)
         yield states
+        yield _array_tasks(self.ledger.state())
         inflight = GaugeMetricFamily("gavel_auctions_in_flight", "Open auctions")
         inflight.add_metric([], self.in_flight())
         yield inflight

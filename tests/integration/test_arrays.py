@@ -13,9 +13,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from prometheus_client import generate_latest
 
-from gavel.shared.api import StatusReply, StatusRequest
-from gavel.shared.messages import EventType
+from gavel.shared.api import StatusReply, StatusRequest, SubmitReply, SubmitRequest
+from gavel.shared.messages import EventType, Spec
 from gavel.shared.reasons import Reason
 from tests.integration.harness import Cluster, wait_for
 
@@ -95,6 +96,36 @@ async def test_an_array_runs_count_tasks_never_more_than_parallelism_at_once(
     assert cluster.broker is not None
     assert any(e.instance_id == "arr" and e.type == EventType.ARRAY_ENDED
                for e in cluster.broker.events)
+    scraped = generate_latest(cluster.broker.metrics.registry).decode()
+    assert 'gavel_array_tasks{state="succeeded"} 5.0' in scraped
+    assert 'gavel_array_tasks{state="pending"} 0.0' in scraped
+
+
+async def test_a_broker_started_again_carries_the_array_on_from_git(
+        cluster: Cluster, tmp_path: Path) -> None:
+    await cluster.start_broker()
+    await cluster.start_agent("node-a", cpu=8.0)
+    await cluster.wait_nodes(1)
+    box = tmp_path / "box"
+    box.mkdir()
+    script = (f'touch "{box}/start-$GAVEL_INSTANCE_ID"; '
+              f'while [ ! -e "{box}/go-$GAVEL_INSTANCE_ID" ]; do sleep 0.02; done')
+    await cluster.call("submit", SubmitRequest(
+        spec=Spec(name="again", command=["sh", "-c", script], count=3, parallelism=1),
+        instance_id="again", count=3), SubmitReply)
+    await wait_for(lambda: started(box) == {"again-1"}, 30, what="the first task")
+    await cluster.stop_broker()
+    await cluster.start_broker()
+    for k in (1, 2, 3):
+        await wait_for(lambda k=k: f"again-{k}" in started(box), 60, what=f"task {k}")
+        assert len(started(box)) == k  # one at a time, across the restart
+        (box / f"go-again-{k}").touch()
+
+    async def ended() -> bool:
+        st = await cluster.call("status", StatusRequest(instance_id="again", summary=True),
+                                StatusReply)
+        return st.array is not None and st.array.ok and st.instances == []
+    await wait_for(ended, 60, what="the array to succeed")
 
 
 async def test_a_failing_array_ends_non_zero_naming_how_many_failed_and_why(

@@ -5,13 +5,16 @@ naming the field; the ledger never offers a held task to an auction."""
 from __future__ import annotations
 
 import re
+from datetime import UTC, datetime
 
 import msgspec
 import pytest
 
 from gavel.broker.ledger.plan import View, release
 from gavel.broker.ledger.state import State
-from gavel.shared.arrays import DEFAULT_MAX_FAILURES, release as how_many, tally, to_release
+from gavel.broker.retention import due
+from gavel.shared.arrays import DEFAULT_MAX_FAILURES, tally, to_release
+from gavel.shared.arrays import release as how_many
 from gavel.shared.messages import InstanceState as S
 from gavel.shared.records import InstanceRecord
 from gavel.shared.spec import Spec
@@ -109,3 +112,20 @@ def test_a_held_task_is_never_pending_until_it_is_released() -> None:
     assert release(view, "arr-1") is None  # not held: nothing to release
     st.put_instance("arr-2", got)
     assert list(st.pending) == ["arr-1", "arr-2"]
+
+
+def test_retention_keeps_the_ended_tasks_of_an_array_still_running() -> None:
+    sp = spec(count=3, parallelism=1)
+    st = State()
+    old = "2026-01-01T00:00:00.000Z"
+    st.put_instance("arr-1", task(1, sp, S.SUCCEEDED, ended_at=old))
+    st.put_instance("lone", InstanceRecord(instance_id="lone", spec=spec(), state=S.FAILED,
+                                           ended_at=old))
+    st.put_instance("arr-2", task(2, sp, S.RUNNING))
+    st.put_instance("arr-3", task(3, sp, held=True))
+    now = datetime(2026, 6, 1, tzinfo=UTC)
+    assert [iid for iid, _, _ in due(st, now, 60.0, {})] == ["lone"]
+    st.put_instance("arr-2", task(2, sp, S.SUCCEEDED, ended_at=old))
+    st.put_instance("arr-3", task(3, sp, S.SUCCEEDED, ended_at=old))
+    assert sorted(iid for iid, _, _ in due(st, now, 60.0, {})) == [
+        "arr-1", "arr-2", "arr-3", "lone"]
