@@ -72,6 +72,7 @@ from gavel.shared.api import (
     ArrayStatus,
     CancelReply,
     CancelRequest,
+    DeployReply,
     DeployRequest,
     DrainReply,
     DrainRequest,
@@ -219,6 +220,9 @@ class Api:
 
     # -- verbs ---------------------------------------------------------------------------
     async def submit(self, req: SubmitRequest) -> Message:
+        if req.spec.system:  # intent is a record of its own, as a service's (broker.systems)
+            got = await self.service_verbs.deploy(DeployRequest(spec=req.spec, key=req.key))
+            return SubmitReply(instance_id=got.name) if isinstance(got, DeployReply) else got
         if not req.key:
             return await self._submit(req)
         while (first := self._keyed.get(req.key)) is not None:  # rule 4: one at a time

@@ -72,6 +72,7 @@ from gavel.broker.outbox import Outbox
 from gavel.broker.promises import Promises
 from gavel.broker.retention import Retention
 from gavel.broker.services import Services
+from gavel.broker.systems import Systems
 from gavel.broker.watchdog import Timers
 from gavel.broker.watches import Watches
 from gavel.shared import subjects
@@ -174,6 +175,7 @@ class Broker:
         self.retention = Retention(ctx, wall, ended_max)
         self.services = Services(ctx, self.promises, wall)
         self.arrays = Arrays(ctx)
+        self.systems = Systems(ctx, self.promises, wall)
         self.deploys = Deploys(ctx, self.services, wall)
         self.integrity = Integrity(ctx)
         #: Why the broker stopped on its own, raised by `run` (rule 5).
@@ -433,6 +435,7 @@ class Broker:
                     self.promises.watch(now)
                     self.services.watch(now)
                     self.arrays.watch()
+                    self.systems.watch()
                     self.retention.watch()
             except Damaged as exc:
                 self._damaged(exc)

@@ -16,6 +16,8 @@ Rules:
    exits 0 only when all succeeded, else 3 naming how many failed and the first failure's
    reason; ``--wait=running``, and ``--wait`` on a service, waits until each instance runs
    and is healthy.
+6. A system job (``type = "system"``) is answered with its name: its instances come and go
+   with the fleet (`gavel status NAME` shows them), so there is nothing to wait for.
 3. With several brokers (`gavel.broker.ha`) `status` and `nodes` name the leader, its epoch
    and since when, in a first line (JSON: `nodes` has the fields `leader`, `epoch` and
    `leader_since`); a broker alone prints what it always did.
@@ -201,6 +203,9 @@ async def submit(args: argparse.Namespace) -> int:
         except BrokerRefused as exc:  # reached, and it said no (never fits, pinned, ...)
             raise Refused(str(exc)) from None
         ids = reply.ids()
+        if spec.system:  # rule 6: the job's name; its instances follow the fleet
+            _print_json({"name": reply.instance_id}) if args.json else print(reply.instance_id)
+            return 0
         if not args.wait:
             if args.json:
                 _print_json({"instance_id": ids[0]} if len(ids) == 1 else

@@ -1,0 +1,82 @@
+"""System jobs: one instance on every node that could run it, following the fleet. Pure: the
+broker passes in the nodes it knows and the job's live instances.
+
+Rules:
+1. A node is the job's when it is heard (not offline), not draining and carries every label
+   the spec asks for. Each such node that is healthy and lacks a live instance of the job's
+   version gets one, bound to it (`InstanceRecord.only_node`): its placement is still an
+   auction, among that node alone, and the node may decline with its reason (no room: the
+   instance waits, unschedulable, and `gavel why` shows the decline).
+2. An instance whose node is no longer the job's (drained, offline, gone, relabelled) is
+   stopped, never placed elsewhere; one of another version is stopped and its node gets
+   the new version's (a system job has no rolling deploy); a stopped job keeps none.
+3. Nodes and instances are visited in id order, so the same inputs give the same decision.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from gavel.shared.reasons import Reason
+
+__all__ = ["Decision", "Node", "Placed", "decide"]
+
+
+@dataclass(frozen=True)
+class Node:
+    """A node as the broker knows it now."""
+
+    labels: Mapping[str, str]
+    healthy: bool = True
+    offline: bool = False
+    draining: bool = False
+
+
+@dataclass(frozen=True)
+class Placed:
+    """A live instance of the job (not being stopped): the node it is bound to, its version."""
+
+    instance_id: str
+    node_id: str
+    version: int
+
+
+@dataclass
+class Decision:
+    #: Nodes that get a new instance now.
+    start: list[str] = field(default_factory=list)
+    stop: list[tuple[str, Reason]] = field(default_factory=list)
+
+    def __bool__(self) -> bool:
+        return bool(self.start or self.stop)
+
+
+def eligible(labels: Mapping[str, str], node: Node) -> bool:
+    """Rule 1: the node is the job's."""
+    return not node.offline and not node.draining and all(
+        node.labels.get(k) == v for k, v in labels.items())
+
+
+def decide(labels: Mapping[str, str], version: int, nodes: Mapping[str, Node],
+           live: Sequence[Placed], *, stopped: bool = False) -> Decision:
+    """What the job needs now (rules 1-3)."""
+    out = Decision()
+    if stopped:
+        out.stop = [(p.instance_id, Reason.SERVICE_STOPPED)
+                    for p in sorted(live, key=lambda p: p.instance_id)]
+        return out
+    covered: set[str] = set()
+    for p in sorted(live, key=lambda p: p.instance_id):
+        node = nodes.get(p.node_id)
+        if node is None or not eligible(labels, node):
+            out.stop.append((p.instance_id, Reason.SYSTEM_NODE_LEFT))
+        elif p.version != version:
+            out.stop.append((p.instance_id, Reason.SUPERSEDED))
+        elif p.node_id in covered:  # two on one node (a race of two brokers): keep one
+            out.stop.append((p.instance_id, Reason.SCALED_DOWN))
+        else:
+            covered.add(p.node_id)
+    out.start = [n for n in sorted(nodes) if n not in covered and nodes[n].healthy
+                 and eligible(labels, nodes[n])]
+    return out
