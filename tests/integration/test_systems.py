@@ -18,7 +18,7 @@ from gavel.shared.api import (
     WhyReply,
     WhyRequest,
 )
-from gavel.shared.messages import Spec
+from gavel.shared.messages import EventType, Spec
 from gavel.shared.reasons import Reason
 from tests.integration.harness import Cluster, wait_for
 
@@ -88,3 +88,17 @@ async def test_a_system_job_follows_the_fleet(cluster: Cluster, tmp_path: Path) 
     assert {n: len(ids) for n, ids in live(cluster).items()} == {
         "node-a": 1, "node-c": 1, "node-tiny": 1}
     assert "node-x" not in live(cluster)
+
+    await cluster.stop_agent("node-c")  # lost: offline, its instance is not moved
+    await wait_for(lambda: "node-c" not in live(cluster), 60, what="node-c's instance to end")
+    assert {n: len(ids) for n, ids in live(cluster).items()} == {"node-a": 1, "node-tiny": 1}
+    assert cluster.broker is not None
+    starts = sorted(e.node_id for e in cluster.broker.events
+                    if e.instance_id == "agent" and e.type == EventType.REPLACED)
+    assert starts == ["node-a", "node-b", "node-c", "node-tiny"]  # none made again or moved
+    recs = cluster.broker.ledger.state().replicas_of("agent")
+    for rec in recs:
+        placed = {e.node_id for e in cluster.broker.events
+                  if e.instance_id == rec.instance_id and e.type == EventType.PLACED}
+        assert placed == ({rec.only_node} if rec.only_node != "node-tiny" else set()), \
+            (rec.instance_id, placed)
