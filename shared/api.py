@@ -370,6 +370,8 @@ class ServiceStatus(msgspec.Struct, kw_only=True):
     #: id (an answer must fit the server's max payload); `replicas_total` counts them all.
     replicas: list[InstanceStatus] = msgspec.field(default_factory=list)
     replicas_total: int = 0
+    #: A system job (``type = "system"``): `count` is the nodes it has an instance on.
+    system: bool = False
 
 
 class ServiceRequest(Message, tag="service"):

@@ -5,6 +5,8 @@ labels gets none; a node without room declines, and `why` shows its reason."""
 
 from __future__ import annotations
 
+import asyncio
+import subprocess
 import sys
 from pathlib import Path
 
@@ -73,6 +75,11 @@ async def test_a_system_job_follows_the_fleet(cluster: Cluster, tmp_path: Path) 
     asked = {d.node_id for a in why.auctions for d in a.declines} | {
         b.node_id for a in why.auctions for b in a.bids}
     assert asked == {"node-tiny"}  # an auction among that node alone
+    shown = await asyncio.to_thread(
+        subprocess.run, [sys.executable, "-m", "gavel", "status", "agent", "--nats",
+                         cluster.url], capture_output=True, text=True, timeout=60)
+    assert shown.stdout.startswith("system job agent: version 1, on 4 nodes"), shown.stdout
+    assert "unschedulable" in shown.stdout
 
     drained = running_on(cluster)["node-b"]
     reply = await cluster.call("drain", DrainRequest(node_id="node-b"), DrainReply)
