@@ -60,10 +60,10 @@ class Systems:
         liveness = self.ctx.liveness
         now = self.ctx.now()
         out = {}
-        for nid in liveness.known():
+        for nid in sorted(set(liveness.known()) | set(liveness.presumed)):
             hb = liveness.heartbeats.get(nid)
             health = liveness.health(nid, now)
-            out[nid] = Node(labels=hb.labels if hb else {}, healthy=health == Health.HEALTHY,
+            out[nid] = Node(labels=hb.labels if hb else None, healthy=health == Health.HEALTHY,
                             offline=health == Health.OFFLINE,
                             draining=bool(hb and hb.draining) or nid in state.draining)
         return out

@@ -10,7 +10,9 @@ Rules:
 2. An instance whose node is no longer the job's (drained, offline, gone, relabelled) is
    stopped, never placed elsewhere; one of another version is stopped and its node gets
    the new version's (a system job has no rolling deploy); a stopped job keeps none.
-3. Nodes and instances are visited in id order, so the same inputs give the same decision.
+3. A node the broker has not heard since it started keeps its instance until it is heard
+   (then judged) or goes offline: a broker started again stops nothing on a guess.
+4. Nodes and instances are visited in id order, so the same inputs give the same decision.
 """
 
 from __future__ import annotations
@@ -27,7 +29,8 @@ __all__ = ["Decision", "Node", "Placed", "decide"]
 class Node:
     """A node as the broker knows it now."""
 
-    labels: Mapping[str, str]
+    #: Its labels as its heartbeat says them; None: not heard since the broker started.
+    labels: Mapping[str, str] | None
     healthy: bool = True
     offline: bool = False
     draining: bool = False
@@ -54,7 +57,19 @@ class Decision:
 
 def eligible(labels: Mapping[str, str], node: Node) -> bool:
     """Rule 1: the node is the job's."""
-    return not node.offline and not node.draining and all(
+    return node.labels is not None and not node.offline and not node.draining and all(
+        node.labels.get(k) == v for k, v in labels.items())
+
+
+def _left(labels: Mapping[str, str], node: Node | None) -> bool:
+    """Rule 2: the node is known to be no longer the job's. A node not heard since the broker
+    started (None, or no labels yet) is given the benefit of the doubt until it is heard or
+    goes offline: a broker started again stops nothing it has not seen."""
+    if node is None:
+        return False
+    if node.offline or node.draining:
+        return True
+    return node.labels is not None and not all(
         node.labels.get(k) == v for k, v in labels.items())
 
 
@@ -68,8 +83,7 @@ def decide(labels: Mapping[str, str], version: int, nodes: Mapping[str, Node],
         return out
     covered: set[str] = set()
     for p in sorted(live, key=lambda p: p.instance_id):
-        node = nodes.get(p.node_id)
-        if node is None or not eligible(labels, node):
+        if _left(labels, nodes.get(p.node_id)):
             out.stop.append((p.instance_id, Reason.SYSTEM_NODE_LEFT))
         elif p.version != version:
             out.stop.append((p.instance_id, Reason.SUPERSEDED))

@@ -109,3 +109,25 @@ async def test_a_system_job_follows_the_fleet(cluster: Cluster, tmp_path: Path) 
                   if e.instance_id == rec.instance_id and e.type == EventType.PLACED}
         assert placed == ({rec.only_node} if rec.only_node != "node-tiny" else set()), \
             (rec.instance_id, placed)
+
+
+async def test_a_broker_started_again_makes_no_second_instance_on_a_node(
+        cluster: Cluster) -> None:
+    await cluster.start_broker()
+    for node in ("node-a", "node-b"):
+        await cluster.start_agent(node, labels={"role": "edge"})
+    await cluster.wait_nodes(2)
+    await cluster.call("submit", SubmitRequest(spec=AGENT), SubmitReply)
+    await wait_for(lambda: set(running_on(cluster)) == {"node-a", "node-b"}, 30,
+                   what="one instance on each edge node")
+    before = running_on(cluster)
+    await cluster.stop_broker()
+    await cluster.start_broker()
+    await cluster.wait_nodes(2)
+    await cluster.start_agent("node-c", labels={"role": "edge"})  # a pass has surely run
+    await wait_for(lambda: set(running_on(cluster)) == {"node-a", "node-b", "node-c"}, 30,
+                   what="the joining node's instance after the restart")
+    after = running_on(cluster)
+    assert {n: after[n] for n in before} == before
+    assert {n: len(ids) for n, ids in live(cluster).items()} == {
+        "node-a": 1, "node-b": 1, "node-c": 1}

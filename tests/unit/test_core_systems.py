@@ -26,14 +26,15 @@ def test_every_healthy_matching_node_without_an_instance_gets_one() -> None:
     assert d.start == ["c"] and d.stop == []
 
 
-def test_a_drained_offline_gone_or_relabelled_nodes_instance_stops_and_is_not_replaced() -> None:
+def test_a_drained_offline_or_relabelled_nodes_instance_stops_and_is_not_replaced() -> None:
     fleet = nodes(a=Node(EDGE, draining=True), b=Node(EDGE, offline=True, healthy=False),
                   c=Node({"role": "db"}), e=Node(EDGE))
     live = [Placed("x-a", "a", 1), Placed("x-b", "b", 1), Placed("x-c", "c", 1),
             Placed("x-gone", "gone", 1), Placed("x-e", "e", 1)]
     d = decide(EDGE, 1, fleet, live)
     assert d.start == []
-    assert d.stop == [(i, Reason.SYSTEM_NODE_LEFT) for i in ("x-a", "x-b", "x-c", "x-gone")]
+    # x-gone's node is not known at all: kept until it is heard or goes offline (rule 3).
+    assert d.stop == [(i, Reason.SYSTEM_NODE_LEFT) for i in ("x-a", "x-b", "x-c")]
 
 
 def test_another_version_is_replaced_on_its_node_and_a_stopped_job_keeps_none() -> None:
@@ -60,3 +61,11 @@ def test_bad_system_fields_are_refused_naming_the_field(fields: dict[str, object
                                                         words: str) -> None:
     with pytest.raises(msgspec.ValidationError, match=re.escape(words)):
         msgspec.convert({"name": "x", "command": ["true"], "type": "system", **fields}, Spec)
+
+
+def test_a_node_not_heard_since_the_broker_started_keeps_its_instance_and_gets_none() -> None:
+    live = [Placed("x-a", "a", 1), Placed("x-b", "b", 1)]
+    d = decide(EDGE, 1, nodes(b=Node(None), c=Node(None)), live)  # a: not even presumed
+    assert not d
+    d = decide(EDGE, 1, nodes(b=Node(None, offline=True, healthy=False)), live)
+    assert d.stop == [("x-b", Reason.SYSTEM_NODE_LEFT)]
