@@ -102,7 +102,7 @@ from gavel.shared.api import (
     WhyRequest,
     counted_ids,
 )
-from gavel.shared.arrays import tally
+from gavel.shared.arrays import run_of, tally
 from gavel.shared.health import Health
 from gavel.shared.messages import ApiError, Capacity, Message
 from gavel.shared.reasons import Reason
@@ -366,15 +366,16 @@ class Api:
     def _array_status(self, req: StatusRequest) -> Message:
         """A batch array: its tally, and its tasks in index order unless `summary`."""
         tasks = sorted(self.ctx.ledger.state().tasks_of(req.instance_id),
-                       key=lambda r: _index(r.instance_id))
+                       key=lambda r: run_of(r.instance_id))
         if not tasks:
             return self._unknown(req.instance_id)
-        t = tally(tasks[0].spec, tasks)
+        t = tally(tasks[0].spec, tasks, req.instance_id)
         array = ArrayStatus(array_id=req.instance_id, count=t.count, parallelism=t.parallelism,
                             max_failures=t.max_failures, succeeded=t.succeeded,
                             failed=t.failed, cancelled=t.cancelled, running=t.running,
-                            pending=t.held, first_failure=t.first_failure, ended=t.ended,
-                            ok=t.ok, outcome=t.outcome())
+                            pending=t.held + len(t.retries),
+                            first_failure=t.first_failure, ended=t.ended, ok=t.ok,
+                            outcome=t.outcome())
         shown = [] if req.summary else [self.views.instance_status(r) for r in tasks]
         return StatusReply(instances=shown, array=array, **self._leader())
 
@@ -503,11 +504,6 @@ class Api:
                              workdir=liveness.heartbeats[n].workdir,
                              health=liveness.health(n, now)) for n in liveness.known()]
         return EndpointsReply(endpoints=out, nodes=nodes)
-
-def _index(iid: str) -> int:
-    tail = iid.rpartition("-")[2]
-    return int(tail) if tail.isdigit() else 0
-
 
 def _task(iid: str, spec: Spec, key: str, array: str, k: int) -> InstanceRecord:
     """The record of a submission's `k`-th instance: a batch array's task past its

@@ -17,7 +17,7 @@ import functools
 
 from gavel.broker.context import Context
 from gavel.broker.ledger.committer import Item, Planned
-from gavel.broker.ledger.plan import View, finish, release
+from gavel.broker.ledger.plan import View, finish, release, submit
 from gavel.shared import arrays as core
 from gavel.shared.arrays import Tally, tally, to_release
 from gavel.shared.messages import EventType, InstanceState
@@ -46,7 +46,7 @@ class Arrays:
             tasks = state.tasks_of(array)
             if not tasks:
                 continue
-            t = tally(tasks[0].spec, tasks)
+            t = tally(tasks[0].spec, tasks, array)
             if t.ended:
                 self._ended.add(array)
                 ctx.events.emit(array, EventType.ARRAY_ENDED,
@@ -72,14 +72,16 @@ class Arrays:
         return planned
 
     def keep(self, view: View, array: str) -> Planned | None:
-        """Release (or, past the failure budget, cancel) held tasks of `array` on `view`."""
+        """Run failed tasks again within the budget, release held tasks into free slots, or,
+        past the budget, cancel the held ones (`gavel.shared.arrays` rules 1-2)."""
         tasks = _tasks(view, array)
         if not tasks:
             return None
-        t = tally(tasks[0].spec, tasks)
-        held = [r.instance_id for r in tasks if r.held and not r.state.terminal]
+        spec = tasks[0].spec
+        t = tally(spec, tasks, array)
         out = Planned(lines=[])
         if t.spent:
+            held = [r.instance_id for r in tasks if r.held and not r.state.terminal]
             for iid in held:
                 if finish(view, iid, "", InstanceState.CANCELLED,
                           str(Reason.ARRAY_FAILED)) is not None:
@@ -88,12 +90,20 @@ class Arrays:
                 out.lines.append(f"array {array}: {len(out.after)} held tasks cancelled: "
                                  f"{Reason.ARRAY_FAILED} ({t.outcome()})")
             return out if out.after else None
+        again = [iid for iid in t.retries if submit(view, InstanceRecord(
+            instance_id=iid, spec=spec, array=array, held=True,
+            reason=str(Reason.ARRAY_HELD)))]  # no key: the submission made base-1 .. base-N
+        if again:
+            out.lines.append(f"array {array}: run again {', '.join(again)} (within "
+                             f"max_failures {t.max_failures}: {t.failures} failed)")
+            tasks = _tasks(view, array)
+            t = tally(spec, tasks, array)
+        held = [r.instance_id for r in tasks if r.held and not r.state.terminal]
         let_go = [iid for iid in to_release(held, core.release(t)) if release(view, iid)]
-        if not let_go:
-            return None
-        out.lines.append(f"array {array}: release {', '.join(let_go)} ({t.outcome()})")
-        out.after.append(lambda _sha: self._released(array, let_go))
-        return out
+        if let_go:
+            out.lines.append(f"array {array}: release {', '.join(let_go)} ({t.outcome()})")
+            out.after.append(lambda _sha: self._released(array, let_go))
+        return out if out.lines else None
 
     def _released(self, array: str, ids: list[str]) -> None:
         self.ctx.events.emit(array, EventType.RELEASED, detail=", ".join(ids))
@@ -104,15 +114,19 @@ class Arrays:
 
 
 def _work(t: Tally) -> bool:
-    return (t.spent and t.held > 0) or core.release(t) > 0
+    return (t.spent and t.held > 0) or bool(t.retries) or core.release(t) > 0
 
 
 def _tasks(view: View, array: str) -> list[InstanceRecord]:
-    """The array's task records as `view` has them (a submission's own are in the state by
-    the time its array has work)."""
+    """The array's task records as `view` has them: the state's, as changed here, and those
+    made here (a run again)."""
     out = []
-    for iid in view.state.arrays.get(array, ()):
+    known = view.state.arrays.get(array, {})
+    for iid in known:
         rec = view.instance(iid)
         if rec is not None and rec.array == array:
             out.append(rec)
+    for iid, made in view.change.instances.items():
+        if made is not None and made.array == array and iid not in known:
+            out.append(made)
     return out

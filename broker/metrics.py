@@ -181,8 +181,8 @@ def _array_tasks(state: State) -> GaugeMetricFamily:
         tasks = state.tasks_of(array)
         if not tasks:
             continue
-        t = array_tally(tasks[0].spec, tasks)
-        for key, n in (("pending", t.held), ("running", t.running),
+        t = array_tally(tasks[0].spec, tasks, array)
+        for key, n in (("pending", t.held + len(t.retries)), ("running", t.running),
                        ("succeeded", t.succeeded), ("failed", t.failed),
                        ("cancelled", t.cancelled)):
             sums[key] += n

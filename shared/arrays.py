@@ -8,12 +8,15 @@ Rules:
    bring the running tasks (released and not ended) back to `parallelism`, lowest index first.
 2. A task is retried as any job is: restarts in place, then new placements within its
    `attempts`. A task that still ends failed (or lost) spends one of the array's
-   `max_failures` (default `DEFAULT_MAX_FAILURES`: the first such failure stops the array -
-   a task that failed through all its own retries points at the job, not at luck). Past the
-   budget no task is released and the held ones are cancelled (`Reason.ARRAY_FAILED`); the
+   `max_failures` and, while the budget holds, runs again as a new instance ``ID-K-rM`` (its
+   M-th run), held like any task until a slot frees (`retries`). The default,
+   `DEFAULT_MAX_FAILURES`, is 0: the first such failure stops the array - a task that failed
+   through all its own retries points at the job, not at luck. Past the budget nothing is
+   released or run again, the held tasks are cancelled (`Reason.ARRAY_FAILED`), and the
    running ones finish.
-3. The array has ended when no task is held or running; it succeeded when every task did.
-   Its outcome names how many failed and the first failure's reason (the earliest end).
+3. A task is where its latest run is. The array has ended when no task is held, running or
+   due to run again; it succeeded when every task did. Its outcome names how many tasks
+   failed and the first failure's reason (the earliest end).
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from gavel.shared.reasons import render
 from gavel.shared.records import InstanceRecord
 from gavel.shared.spec import Spec
 
-__all__ = ["DEFAULT_MAX_FAILURES", "Tally", "release", "tally", "to_release"]
+__all__ = ["DEFAULT_MAX_FAILURES", "Tally", "release", "run_of", "tally", "to_release"]
 
 #: Tasks that may end failed before an array stops, when the spec does not say (rule 2).
 DEFAULT_MAX_FAILURES = 0
@@ -36,27 +39,32 @@ _FAILED = frozenset({InstanceState.FAILED, InstanceState.LOST})
 
 @dataclass(frozen=True)
 class Tally:
-    """An array's tasks by where they are (rule 3)."""
+    """An array's tasks by where their latest run is (rule 3)."""
 
     count: int
     parallelism: int
     max_failures: int
     succeeded: int = 0
+    #: Tasks whose latest run failed (or was lost).
     failed: int = 0
     cancelled: int = 0
     running: int = 0
     held: int = 0
-    #: The first task to fail, and why (its reason and detail as one sentence).
+    #: Failed runs, every one (what the budget counts, rule 2).
+    failures: int = 0
+    #: The first run to fail, and why (its id, reason and detail as one sentence).
     first_failure: str = ""
+    #: Tasks to run again (rule 2), as the id of their next run; none once spent.
+    retries: tuple[str, ...] = ()
 
     @property
     def spent(self) -> bool:
-        """More tasks failed than the budget allows (rule 2)."""
-        return self.failed > self.max_failures
+        """More runs failed than the budget allows (rule 2)."""
+        return self.failures > self.max_failures
 
     @property
     def ended(self) -> bool:
-        return self.held == 0 and self.running == 0
+        return self.held == 0 and self.running == 0 and not self.retries
 
     @property
     def ok(self) -> bool:
@@ -70,15 +78,39 @@ class Tally:
         if self.cancelled:
             parts += f", {self.cancelled} cancelled"
         if not self.ended:
-            parts += f", {self.running} running, {self.held} pending"
+            parts += f", {self.running} running, {self.held + len(self.retries)} pending"
         return parts
 
 
-def tally(spec: Spec, tasks: Iterable[InstanceRecord]) -> Tally:
-    """Count `tasks` (the array's records that the state still holds)."""
-    counts = {"succeeded": 0, "failed": 0, "cancelled": 0, "running": 0, "held": 0}
+def run_of(iid: str) -> tuple[int, int]:
+    """A task's index and run: ``ID-7`` is (7, 1), ``ID-7-r3`` (7, 3); (0, 0) for neither."""
+    head, _, tail = iid.rpartition("-")
+    run = 1
+    if tail.startswith("r") and tail[1:].isdigit():
+        run = int(tail[1:])
+        head, _, tail = head.rpartition("-")
+    return (int(tail), run) if tail.isdigit() else (0, 0)
+
+
+def tally(spec: Spec, tasks: Iterable[InstanceRecord], array: str = "") -> Tally:
+    """Count `tasks` (the array's records the state still holds), each task at its latest
+    run; `array`: the array's id, to name the retries (none without it)."""
+    latest: dict[int, tuple[int, InstanceRecord]] = {}
+    failures = 0
     first: tuple[str, str, str] | None = None
     for rec in tasks:
+        k, run = run_of(rec.instance_id)
+        if k not in latest or run > latest[k][0]:
+            latest[k] = (run, rec)
+        if rec.state in _FAILED:
+            failures += 1
+            key = (rec.ended_at or "~", rec.instance_id, render(rec.reason, rec.detail)
+                   or str(rec.state))
+            first = key if first is None or key < first else first
+    budget = spec.max_failures if spec.max_failures is not None else DEFAULT_MAX_FAILURES
+    counts = {"succeeded": 0, "failed": 0, "cancelled": 0, "running": 0, "held": 0}
+    retries: list[str] = []
+    for k, (run, rec) in sorted(latest.items()):
         if rec.held and not rec.state.terminal:
             counts["held"] += 1
         elif not rec.state.terminal:
@@ -87,15 +119,13 @@ def tally(spec: Spec, tasks: Iterable[InstanceRecord]) -> Tally:
             counts["succeeded"] += 1
         elif rec.state in _FAILED:
             counts["failed"] += 1
-            key = (rec.ended_at or "~", rec.instance_id, render(rec.reason, rec.detail)
-                   or str(rec.state))
-            first = key if first is None or key < first else first
+            if array and failures <= budget:
+                retries.append(f"{array}-{k}-r{run + 1}")
         else:
             counts["cancelled"] += 1
-    budget = spec.max_failures if spec.max_failures is not None else DEFAULT_MAX_FAILURES
     return Tally(count=spec.count, parallelism=spec.parallelism or spec.count,
-                 max_failures=budget, first_failure=f"{first[1]}: {first[2]}" if first else "",
-                 **counts)
+                 max_failures=budget, failures=failures, retries=tuple(retries),
+                 first_failure=f"{first[1]}: {first[2]}" if first else "", **counts)
 
 
 def release(t: Tally) -> int:
@@ -106,8 +136,6 @@ def release(t: Tally) -> int:
 
 
 def to_release(held: Iterable[str], n: int) -> list[str]:
-    """Which `n` of the held task ids go first: the lowest index (``ID-2`` before ``ID-10``)."""
-    def index(iid: str) -> tuple[int, str]:
-        tail = iid.rpartition("-")[2]
-        return (int(tail) if tail.isdigit() else 0, iid)
-    return sorted(held, key=index)[:max(0, n)]
+    """Which `n` of the held task ids go first: the lowest index (``ID-2`` before ``ID-10``,
+    a run again in its task's place)."""
+    return sorted(held, key=lambda iid: (run_of(iid), iid))[:max(0, n)]

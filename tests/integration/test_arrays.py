@@ -158,3 +158,27 @@ async def test_wait_running_still_returns_once_a_job_runs(
                        "--nats", cluster.url)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith("long-1 healthy on node-a"), proc.stdout
+
+
+async def test_a_task_that_failed_runs_again_within_max_failures_and_the_array_succeeds(
+        cluster: Cluster, tmp_path: Path) -> None:
+    await cluster.start_broker()
+    await cluster.start_agent("node-a", cpu=8.0)
+    await cluster.wait_nodes(1)
+    box = tmp_path / "box"
+    box.mkdir()
+    # Task 2's first run fails (it leaves a mark); every other run succeeds.
+    script = (f'case "$GAVEL_INSTANCE_ID" in flaky-2) touch "{box}/failed"; exit 1;; esac; '
+              "exit 0")
+    spec = tmp_path / "flaky.toml"
+    spec.write_text('name = "flaky"\ncount = 3\nparallelism = 1\nmax_failures = 1\n'
+                    'attempts = 1\n[restart]\nattempts = 0\n'
+                    .replace("[restart]", f"command = ['sh', '-c', '''{script}''']\n[restart]"))
+    proc = await gavel("submit", str(spec), "--id", "flaky", "--wait", "--nats", cluster.url)
+    assert proc.returncode == 0, (proc.stdout, proc.stderr)
+    assert proc.stdout.strip() == "flaky: 3/3 succeeded"
+    assert (box / "failed").exists()
+    st = await cluster.call("status", StatusRequest(instance_id="flaky"), StatusReply)
+    assert {i.instance_id: i.state for i in st.instances} == {
+        "flaky-1": "succeeded", "flaky-2": "failed", "flaky-2-r2": "succeeded",
+        "flaky-3": "succeeded"}

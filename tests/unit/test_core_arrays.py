@@ -129,3 +129,29 @@ def test_retention_keeps_the_ended_tasks_of_an_array_still_running() -> None:
     st.put_instance("arr-3", task(3, sp, S.SUCCEEDED, ended_at=old))
     assert sorted(iid for iid, _, _ in due(st, now, 60.0, {})) == [
         "arr-1", "arr-2", "arr-3", "lone"]
+
+
+def test_a_failed_task_runs_again_while_the_budget_holds_and_the_retry_counts_for_it() -> None:
+    sp = spec(count=2, parallelism=1, max_failures=1)
+    tasks = [task(1, sp, S.FAILED, reason="process exited with a non-zero status"),
+             task(2, sp, held=True)]
+    t = tally(sp, tasks, "arr")
+    assert t.retries == ("arr-1-r2",) and t.failed == 1 and not t.ended
+    retry = InstanceRecord(instance_id="arr-1-r2", spec=sp, array="arr", held=True)
+    t = tally(sp, [*tasks, retry], "arr")
+    assert (t.failed, t.held, t.retries, how_many(t)) == (0, 2, (), 1)
+    assert to_release(["arr-2", "arr-1-r2"], 1) == ["arr-1-r2"]  # in its task's place
+    done = [msgspec.structs.replace(retry, held=False, state=S.SUCCEEDED),
+            task(2, sp, S.SUCCEEDED)]
+    t = tally(sp, [tasks[0], *done], "arr")
+    assert t.ok and t.failures == 1 and t.outcome() == "2/2 succeeded"
+
+
+def test_past_the_budget_a_failed_task_is_not_run_again() -> None:
+    sp = spec(count=2, parallelism=2, max_failures=1)
+    tasks = [task(1, sp, S.FAILED), InstanceRecord(instance_id="arr-1-r2", spec=sp,
+                                                  array="arr", state=S.FAILED),
+             task(2, sp, S.SUCCEEDED)]
+    t = tally(sp, tasks, "arr")
+    assert t.spent and t.retries == () and t.ended and not t.ok
+    assert t.failed == 1 and t.failures == 2
