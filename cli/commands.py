@@ -216,7 +216,7 @@ async def submit(args: argparse.Namespace) -> int:
         if args.wait == "end" and not spec.service:  # rule 5
             return await _wait_end(nc, ids, reply.instance_id if len(ids) == 1 else
                                    ids[0].rpartition("-")[0], args)
-        args.timeout = 30.0 if args.timeout is None else args.timeout
+        args.timeout = 30.0 if args.timeout is None else args.timeout or float("inf")
         for iid in ids:
             sub = subs.get(iid) or await nc.subscribe(subjects.EVENTS.format(instance=iid))
             await _wait_healthy(nc, sub, iid, args)
