@@ -15,6 +15,9 @@ Rules:
    with the reason.
 5. The job's deployment (a `gavel deploy` of a new version) succeeds once every node of the
    job runs an instance of the version and no other is left.
+6. An instance that ended on its own backs its node off (`broker.keeper.Backoff`, in memory:
+   a broker started again lets the first replacement go at once); once an instance runs
+   there for `CALM_TICKS` ticks, the node's run of ends is forgotten.
 """
 
 from __future__ import annotations
@@ -27,17 +30,22 @@ from datetime import datetime
 import msgspec
 
 from gavel.broker.context import Context
+from gavel.broker.keeper import CALM_TICKS, Backoff
 from gavel.broker.ledger.committer import Item, Planned
 from gavel.broker.ledger.plan import View, stop, submit
 from gavel.broker.ledger.state import State, stamp
 from gavel.broker.promises import Promises
 from gavel.shared.health import Health
-from gavel.shared.messages import EventType
+from gavel.shared.messages import EventType, InstanceState
 from gavel.shared.reasons import Reason
 from gavel.shared.records import InstanceRecord, ServiceRecord
 from gavel.shared.systems import Decision, Node, Placed, decide
 
 __all__ = ["Systems", "is_system"]
+
+#: The reasons the job itself stops an instance for: such an end backs nothing off.
+_OURS = frozenset({Reason.SYSTEM_NODE_LEFT.value, Reason.SUPERSEDED.value,
+                   Reason.SERVICE_STOPPED.value, Reason.SCALED_DOWN.value})
 
 
 def is_system(svc: ServiceRecord) -> bool:
@@ -54,6 +62,10 @@ class Systems:
         #: Draws the random part of instance ids (OS-seeded, as a service's replicas').
         self.rng = rng or random.Random()
         self._busy: set[str] = set()
+        #: (job, node) -> the back-off of its instances' own ends (rule 6), and the
+        #: instances each job had live at the last pass, by node.
+        self._backoff: dict[tuple[str, str], Backoff] = {}
+        self._live: dict[str, dict[str, str]] = {}
 
     def nodes(self, state: State) -> dict[str, Node]:
         """Every node the broker has heard, as the decision sees it (rule 3)."""
@@ -76,7 +88,30 @@ class Systems:
         state = view.state if isinstance(view, View) else view
         live = [Placed(r.instance_id, r.only_node, r.version) for r in recs
                 if not r.state.terminal and not r.cancelling]
-        return decide(spec.labels, svc.version, self.nodes(state), live, stopped=svc.stopped)
+        now = self.ctx.now()
+        hold = {node for (name, node), b in self._backoff.items()
+                if name == svc.name and b.holds(now)}
+        return decide(spec.labels, svc.version, self.nodes(state), live, stopped=svc.stopped,
+                      hold=hold)
+
+    def _observe(self, name: str, recs: list[InstanceRecord]) -> None:
+        """Rule 6: an instance that ended on its own since the last pass backs its node off;
+        one running calms it."""
+        now, tick = self.ctx.now(), self.ctx.timing.tick_s
+        by_id = {r.instance_id: r for r in recs}
+        live = self._live.setdefault(name, {})
+        for iid, node in list(live.items()):
+            rec = by_id.get(iid)
+            if rec is None or not rec.state.terminal:
+                continue  # not yet in this pass's state (just started), or still live
+            del live[iid]
+            if rec.reason not in _OURS:
+                self._backoff.setdefault((name, node), Backoff()).ended(now, tick)
+        live.update((r.instance_id, r.only_node) for r in recs if not r.state.terminal)
+        running = {r.only_node for r in recs if r.state is InstanceState.RUNNING}
+        for (job, node), b in self._backoff.items():
+            if job == name:
+                b.observe(now, node in running, CALM_TICKS * tick)
 
     def watch(self) -> None:
         """One pass over every system job (rule 2)."""
@@ -85,7 +120,10 @@ class Systems:
             return
         state = ctx.ledger.state()
         for name, svc in state.services.items():
-            if not is_system(svc) or name in self._busy:
+            if not is_system(svc):
+                continue
+            self._observe(name, state.replicas_of(name))
+            if name in self._busy:
                 continue
             if not self._decide(state, svc, state.replicas_of(name)) and not _deploying(svc):
                 continue
@@ -121,6 +159,7 @@ class Systems:
             out.lines.append(f"system {name}: start {iid} on {node} (version {svc.version})")
             out.after.append(functools.partial(self._emit, name, EventType.REPLACED,
                                                detail=f"{iid} for {node}", node_id=node))
+            out.after.append(functools.partial(self._started, name, iid, node))
         for iid, reason in d.stop:
             got = stop(view, iid, reason)
             if got is None:
@@ -138,6 +177,10 @@ class Systems:
         if d.start:
             out.after.append(lambda _sha: self.ctx.wake())
         return out if out.lines else None
+
+    def _started(self, name: str, iid: str, node: str, _sha: str) -> None:
+        """An instance started: its end, even one before the next pass, is noticed (rule 6)."""
+        self._live.setdefault(name, {})[iid] = node
 
     def _new_id(self, view: View, name: str) -> str:
         while True:

@@ -13,11 +13,16 @@ Rules:
 3. A node the broker has not heard since it started keeps its instance until it is heard
    (then judged) or goes offline: a broker started again stops nothing on a guess.
 4. Nodes and instances are visited in id order, so the same inputs give the same decision.
+5. An instance that ended on its own (failed past its restarts and attempts, lost) is
+   replaced on its node after the back-off the broker keeps for that node (`hold`, as a
+   service's: `broker.keeper.Backoff`), so a job that cannot run there is not re-made every
+   tick.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 
 from gavel.shared.reasons import Reason
@@ -74,8 +79,9 @@ def _left(labels: Mapping[str, str], node: Node | None) -> bool:
 
 
 def decide(labels: Mapping[str, str], version: int, nodes: Mapping[str, Node],
-           live: Sequence[Placed], *, stopped: bool = False) -> Decision:
-    """What the job needs now (rules 1-3)."""
+           live: Sequence[Placed], *, stopped: bool = False,
+           hold: AbstractSet[str] = frozenset()) -> Decision:
+    """What the job needs now (rules 1-5); `hold`: nodes whose start the back-off holds."""
     out = Decision()
     if stopped:
         out.stop = [(p.instance_id, Reason.SERVICE_STOPPED)
@@ -91,6 +97,6 @@ def decide(labels: Mapping[str, str], version: int, nodes: Mapping[str, Node],
             out.stop.append((p.instance_id, Reason.SCALED_DOWN))
         else:
             covered.add(p.node_id)
-    out.start = [n for n in sorted(nodes) if n not in covered and nodes[n].healthy
-                 and eligible(labels, nodes[n])]
+    out.start = [n for n in sorted(nodes) if n not in covered and n not in hold
+                 and nodes[n].healthy and eligible(labels, nodes[n])]
     return out

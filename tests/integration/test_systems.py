@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from gavel.broker.keeper import Backoff
 from gavel.shared.api import (
     DrainReply,
     DrainRequest,
@@ -22,6 +23,7 @@ from gavel.shared.api import (
 )
 from gavel.shared.messages import EventType, Spec
 from gavel.shared.reasons import Reason
+from gavel.shared.spec import Restart
 from tests.integration.harness import Cluster, wait_for
 
 AGENT = Spec(name="agent", type="system", labels={"role": "edge"}, cpu=1.0,
@@ -131,3 +133,22 @@ async def test_a_broker_started_again_makes_no_second_instance_on_a_node(
     assert {n: after[n] for n in before} == before
     assert {n: len(ids) for n, ids in live(cluster).items()} == {
         "node-a": 1, "node-b": 1, "node-c": 1}
+
+
+async def test_an_instance_that_keeps_failing_is_replaced_on_its_node_after_a_back_off(
+        cluster: Cluster) -> None:
+    await cluster.start_broker()
+    await cluster.start_agent("node-a")
+    await cluster.wait_nodes(1)
+    crash = Spec(name="crash", type="system", attempts=1, restart=Restart(attempts=0),
+                 command=["sh", "-c", "exit 1"])
+    await cluster.call("submit", SubmitRequest(spec=crash), SubmitReply)
+    broker = cluster.broker
+    assert broker is not None
+    await wait_for(lambda: (b := broker.systems._backoff.get(("crash", "node-a"))) is not None
+                   and b.streak >= 3, 60, what="three ends in a row")
+    starts = [e.at for e in broker.events
+              if e.instance_id == "crash" and e.type == EventType.REPLACED]
+    tick = broker.timing.tick_s
+    for k in range(1, min(len(starts), 4)):  # the k-th start waited out the k-th back-off
+        assert starts[k] - starts[k - 1] >= Backoff.delay(k, tick) * 0.999, (k, starts)

@@ -69,3 +69,8 @@ def test_a_node_not_heard_since_the_broker_started_keeps_its_instance_and_gets_n
     assert not d
     d = decide(EDGE, 1, nodes(b=Node(None, offline=True, healthy=False)), live)
     assert d.stop == [("x-b", Reason.SYSTEM_NODE_LEFT)]
+
+
+def test_a_node_the_back_off_holds_gets_no_instance_yet() -> None:
+    d = decide(EDGE, 1, nodes(a=Node(EDGE), b=Node(EDGE)), [], hold={"a"})
+    assert d.start == ["b"]
