@@ -9,6 +9,10 @@ Rules:
 3. Each step is narrated: its commit lines start ``array <id>:``, and the array's own events
    carry its id as their instance (`gavel events ID`): ``released`` for tasks let go, and
    ``array-ended`` with the outcome once no task is held or running.
+4. An array with no failed task is judged from `State.array_kinds` and released from
+   `State.array_held`, in time independent of its size: a tick that changes nothing, and a
+   release, never walk its every task (a big array's walk would hold the event loop on every
+   tick). A failure, or the end, takes the full pass (`gavel.shared.arrays`).
 """
 
 from __future__ import annotations
@@ -18,11 +22,13 @@ import functools
 from gavel.broker.context import Context
 from gavel.broker.ledger.committer import Item, Planned
 from gavel.broker.ledger.plan import View, finish, release, submit
+from gavel.broker.ledger.state import State
 from gavel.shared import arrays as core
 from gavel.shared.arrays import Tally, tally, to_release
 from gavel.shared.messages import EventType, InstanceState
 from gavel.shared.reasons import Reason
 from gavel.shared.records import InstanceRecord
+from gavel.shared.spec import Spec
 
 __all__ = ["Arrays"]
 
@@ -41,7 +47,7 @@ class Arrays:
             return
         state = ctx.ledger.state()
         for array in list(state.arrays):
-            if array in self._busy or array in self._ended:
+            if array in self._busy or array in self._ended or _idle(state, array):
                 continue
             tasks = state.tasks_of(array)
             if not tasks:
@@ -74,6 +80,9 @@ class Arrays:
     def keep(self, view: View, array: str) -> Planned | None:
         """Run failed tasks again within the budget, release held tasks into free slots, or,
         past the budget, cancel the held ones (`gavel.shared.arrays` rules 1-2)."""
+        applies, planned = self._fast(view, array)
+        if applies:
+            return planned
         tasks = _tasks(view, array)
         if not tasks:
             return None
@@ -105,12 +114,60 @@ class Arrays:
             out.after.append(lambda _sha: self._released(array, let_go))
         return out if out.lines else None
 
+    def _fast(self, view: View, array: str) -> tuple[bool, Planned | None]:
+        """Rule 4: an array without a failure releases from its counts and its held index,
+        lowest recorded first, never walking every task; (False, None) when it has failed
+        tasks (the full pass decides)."""
+        state = view.state
+        kinds = state.array_kinds.get(array, {})
+        if kinds.get("failed", 0) or kinds.get("lost", 0):
+            return False, None
+        spec = _spec(state, array)
+        held, live = kinds.get("held", 0), kinds.get("live", 0)
+        if spec is None or held == 0:
+            return True, None
+        room = min(held, (spec.parallelism or spec.count) - live)
+        let_go: list[str] = []
+        for iid in state.array_held.get(array, ()):
+            if len(let_go) >= room:
+                break
+            if release(view, iid) is not None:
+                let_go.append(iid)
+        if not let_go:
+            return True, None
+        out = Planned(lines=[f"array {array}: release {', '.join(let_go)} ({live} running, "
+                             f"{held} pending)"])
+        out.after.append(lambda _sha: self._released(array, let_go))
+        return True, out
+
     def _released(self, array: str, ids: list[str]) -> None:
         self.ctx.events.emit(array, EventType.RELEASED, detail=", ".join(ids))
         self.ctx.wake()
 
     def _cancelled(self, iid: str, _sha: str) -> None:
         self.ctx.events.emit(iid, EventType.CANCELLED, reason=Reason.ARRAY_FAILED)
+
+
+def _spec(state: State, array: str) -> Spec | None:
+    for iid in state.arrays.get(array, ()):
+        rec = state.instances.get(iid)
+        if rec is not None:
+            return rec.spec
+    return None
+
+
+def _idle(state: State, array: str) -> bool:
+    """Nothing to do for an array without a failure, known from its counts alone (rule 4):
+    every slot busy, or nothing held, and something still running."""
+    kinds = state.array_kinds.get(array, {})
+    if kinds.get("failed", 0) or kinds.get("lost", 0):
+        return False
+    held, live = kinds.get("held", 0), kinds.get("live", 0)
+    if held == 0 and live == 0:
+        return False  # ended: the full pass tells it once
+    spec = _spec(state, array)
+    slots = (spec.parallelism or spec.count) if spec is not None else 0
+    return held == 0 or live >= slots
 
 
 def _work(t: Tally) -> bool:

@@ -155,3 +155,17 @@ def test_past_the_budget_a_failed_task_is_not_run_again() -> None:
     t = tally(sp, tasks, "arr")
     assert t.spent and t.retries == () and t.ended and not t.ok
     assert t.failed == 1 and t.failures == 2
+
+
+def test_the_state_counts_each_arrays_tasks_by_kind_and_keeps_its_held_in_index_order() -> None:
+    sp = spec(count=3, parallelism=1)
+    st = State()
+    for k in (3, 1, 2):  # read in path order, not index order
+        st.put_instance(f"arr-{k}", task(k, sp, held=k > 1))
+    st.order_ended()
+    assert st.array_kinds["arr"] == {"live": 0, "held": 2} | {"live": 1}
+    assert list(st.array_held["arr"]) == ["arr-2", "arr-3"]
+    st.put_instance("arr-1", task(1, sp, S.SUCCEEDED))
+    st.put_instance("arr-2", task(2, sp))  # released
+    assert st.array_kinds["arr"] == {"live": 1, "held": 1, "succeeded": 1}
+    assert list(st.array_held["arr"]) == ["arr-3"]
