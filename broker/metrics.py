@@ -20,8 +20,6 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from gavel.shared.arrays import tally as array_tally
-
 if TYPE_CHECKING:
     from gavel.broker.ledger.repository import Ledger
     from gavel.broker.ledger.state import State
@@ -171,21 +169,16 @@ class _ServiceCollector(Collector):
 
 
 def _array_tasks(state: State) -> GaugeMetricFamily:
-    """Batch arrays' tasks by where they are (`gavel.shared.arrays.Tally`), all arrays
-    summed; an array counts until retention forgets its tasks."""
-    g = GaugeMetricFamily("gavel_array_tasks", "Batch array tasks: pending (held for a "
+    """Batch arrays' task runs by where they are, all arrays summed, from the state's counts
+    (`State.array_kinds`: no walk of every task); a run counts until retention forgets it."""
+    g = GaugeMetricFamily("gavel_array_tasks", "Batch array task runs: pending (held for a "
                           "parallelism slot), running, succeeded, failed, cancelled",
                           labels=["state"])
     sums = dict.fromkeys(("pending", "running", "succeeded", "failed", "cancelled"), 0)
-    for array in state.arrays:
-        tasks = state.tasks_of(array)
-        if not tasks:
-            continue
-        t = array_tally(tasks[0].spec, tasks, array)
-        for key, n in (("pending", t.held + len(t.retries)), ("running", t.running),
-                       ("succeeded", t.succeeded), ("failed", t.failed),
-                       ("cancelled", t.cancelled)):
-            sums[key] += n
+    names = {"held": "pending", "live": "running", "lost": "failed"}
+    for kinds in state.array_kinds.values():
+        for kind, n in kinds.items():
+            sums[names.get(kind, kind)] += n
     for key, n in sums.items():
         g.add_metric([key], n)
     return g
