@@ -454,11 +454,23 @@ class Api:
     async def cancel(self, req: CancelRequest) -> Message:
         if self.ctx.ledger.pinned:
             return ApiError(error=f"{Reason.PINNED} ({self.ctx.ledger.ref})")
+        st = self.ctx.ledger.state()
+        if req.instance_id not in st.instances and st.arrays.get(req.instance_id):
+            return self._cancel_array(req.instance_id)
         try:
             state = self.promises.cancel(req.instance_id)
         except KeyError:
             return self._unknown(req.instance_id)
         return CancelReply(instance_id=req.instance_id, state=state)
+
+    def _cancel_array(self, array: str) -> Message:
+        """`gavel cancel ID` of a batch array: every task not ended is cancelled (held ones
+        at once, running ones through their nodes); the array then ends, not succeeded."""
+        live = [r.instance_id for r in self.ctx.ledger.state().tasks_of(array)
+                if not r.state.terminal and not r.cancelling]
+        for iid in live:
+            self.promises.cancel(iid)
+        return CancelReply(instance_id=array, state="cancelling" if live else "ended")
 
     async def drain(self, req: DrainRequest) -> Message:
         if self.ctx.ledger.pinned:

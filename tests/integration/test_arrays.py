@@ -182,3 +182,34 @@ async def test_a_task_that_failed_runs_again_within_max_failures_and_the_array_s
     assert {i.instance_id: i.state for i in st.instances} == {
         "flaky-1": "succeeded", "flaky-2": "failed", "flaky-2-r2": "succeeded",
         "flaky-3": "succeeded"}
+
+
+async def test_cancelling_an_array_cancels_its_running_and_held_tasks(
+        cluster: Cluster, tmp_path: Path) -> None:
+    await cluster.start_broker()
+    await cluster.start_agent("node-a", cpu=8.0)
+    await cluster.wait_nodes(1)
+    await cluster.call("submit", SubmitRequest(
+        spec=Spec(name="long", command=[PY, "-c", "import time; time.sleep(600)"], count=4,
+                  parallelism=2), instance_id="long", count=4), SubmitReply)
+
+    async def tally() -> StatusReply:
+        return await cluster.call("status", StatusRequest(instance_id="long", summary=True),
+                                  StatusReply)
+    await wait_for(lambda: _running(cluster, {"long-1", "long-2"}), 30, what="two running")
+    proc = await gavel("cancel", "long", "--nats", cluster.url)
+    assert proc.returncode == 0, proc.stderr
+
+    async def ended() -> bool:
+        a = (await tally()).array
+        return a is not None and a.ended
+    await wait_for(ended, 60, what="the array to end")
+    a = (await tally()).array
+    assert a is not None and not a.ok and (a.cancelled, a.succeeded) == (4, 0)
+
+
+def _running(cluster: Cluster, ids: set[str]) -> bool:
+    assert cluster.broker is not None
+    state = cluster.broker.ledger.state()
+    views = cluster.broker.api.views
+    return all(views.instance_status(state.instances[i]).state == "running" for i in ids)
