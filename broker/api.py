@@ -55,6 +55,7 @@ import psutil
 from nats.aio.msg import Msg
 
 from gavel.broker.admission import Admission
+from gavel.broker.arrays import array_status, cancel_array, task_record
 from gavel.broker.auctioneer import Auctioneer
 from gavel.broker.context import Context
 from gavel.broker.deploys import Deploys
@@ -69,7 +70,6 @@ from gavel.broker.services import Services
 from gavel.broker.views import Views
 from gavel.shared import subjects
 from gavel.shared.api import (
-    ArrayStatus,
     CancelReply,
     CancelRequest,
     DeployReply,
@@ -102,11 +102,9 @@ from gavel.shared.api import (
     WhyRequest,
     counted_ids,
 )
-from gavel.shared.arrays import run_of, tally
 from gavel.shared.health import Health
 from gavel.shared.messages import ApiError, Capacity, Message
 from gavel.shared.reasons import Reason
-from gavel.shared.records import InstanceRecord
 from gavel.shared.spec import Spec
 from gavel.transport.inbound import Door, Guard
 
@@ -266,7 +264,7 @@ class Api:
         for start in range(0, len(ids), SUBMIT_SLICE):  # rule 3
             if start:
                 await asyncio.sleep(0)
-            made += [ready(_task(iid, spec, req.key, base if len(ids) > 1 else "", k))
+            made += [ready(task_record(iid, spec, req.key, base if len(ids) > 1 else "", k))
                      for k, iid in enumerate(ids[start:start + SUBMIT_SLICE], start + 1)]
         records = [rec for rec, _, _ in made]
         done: asyncio.Future[Message] = asyncio.get_running_loop().create_future()
@@ -355,29 +353,14 @@ class Api:
         if req.instance_id:
             rec = state.instances.get(req.instance_id)
             if rec is None and state.arrays.get(req.instance_id):
-                return self._array_status(req)
+                return array_status(self.ctx.ledger.state(), req, self.views.instance_status,
+                                    self._leader()) or self._unknown(req.instance_id)
             if rec is None:
                 return self._unknown(req.instance_id)
             return StatusReply(instances=[self.views.instance_status(rec)], **self._leader())
         out, more = self.views.status_page(state.instances, req.after, self.nc)
         return StatusReply(instances=out, next=more, total=len(state.instances),
                            **self._leader())
-
-    def _array_status(self, req: StatusRequest) -> Message:
-        """A batch array: its tally, and its tasks in index order unless `summary`."""
-        tasks = sorted(self.ctx.ledger.state().tasks_of(req.instance_id),
-                       key=lambda r: run_of(r.instance_id))
-        if not tasks:
-            return self._unknown(req.instance_id)
-        t = tally(tasks[0].spec, tasks, req.instance_id)
-        array = ArrayStatus(array_id=req.instance_id, count=t.count, parallelism=t.parallelism,
-                            max_failures=t.max_failures, succeeded=t.succeeded,
-                            failed=t.failed, cancelled=t.cancelled, running=t.running,
-                            pending=t.held + len(t.retries),
-                            first_failure=t.first_failure, ended=t.ended, ok=t.ok,
-                            outcome=t.outcome())
-        shown = [] if req.summary else [self.views.instance_status(r) for r in tasks]
-        return StatusReply(instances=shown, array=array, **self._leader())
 
     def _leader(self) -> dict[str, Any]:
         """Who answers (rule 6)."""
@@ -456,21 +439,12 @@ class Api:
             return ApiError(error=f"{Reason.PINNED} ({self.ctx.ledger.ref})")
         st = self.ctx.ledger.state()
         if req.instance_id not in st.instances and st.arrays.get(req.instance_id):
-            return self._cancel_array(req.instance_id)
+            return cancel_array(self.ctx.ledger.state(), self.promises, req.instance_id)
         try:
             state = self.promises.cancel(req.instance_id)
         except KeyError:
             return self._unknown(req.instance_id)
         return CancelReply(instance_id=req.instance_id, state=state)
-
-    def _cancel_array(self, array: str) -> Message:
-        """`gavel cancel ID` of a batch array: every task not ended is cancelled (held ones
-        at once, running ones through their nodes); the array then ends, not succeeded."""
-        live = [r.instance_id for r in self.ctx.ledger.state().tasks_of(array)
-                if not r.state.terminal and not r.cancelling]
-        for iid in live:
-            self.promises.cancel(iid)
-        return CancelReply(instance_id=array, state="cancelling" if live else "ended")
 
     async def drain(self, req: DrainRequest) -> Message:
         if self.ctx.ledger.pinned:
@@ -516,16 +490,6 @@ class Api:
                              workdir=liveness.heartbeats[n].workdir,
                              health=liveness.health(n, now)) for n in liveness.known()]
         return EndpointsReply(endpoints=out, nodes=nodes)
-
-def _task(iid: str, spec: Spec, key: str, array: str, k: int) -> InstanceRecord:
-    """The record of a submission's `k`-th instance: a batch array's task past its
-    parallelism is held (`gavel.shared.arrays` rule 1)."""
-    if not array:
-        return InstanceRecord(instance_id=iid, spec=spec, key=key)
-    held = spec.parallelism is not None and k > spec.parallelism
-    return InstanceRecord(instance_id=iid, spec=spec, key=key, array=array, held=held,
-                          reason=str(Reason.ARRAY_HELD) if held else "")
-
 
 def _operators(_subject: str) -> str:
     """Every API request is an operator's: it is answered under the operators' inbox."""

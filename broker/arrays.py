@@ -18,19 +18,23 @@ Rules:
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
+from typing import Any
 
 from gavel.broker.context import Context
 from gavel.broker.ledger.committer import Item, Planned
 from gavel.broker.ledger.plan import View, finish, release, submit
 from gavel.broker.ledger.state import State
+from gavel.broker.promises import Promises
 from gavel.shared import arrays as core
-from gavel.shared.arrays import Tally, tally, to_release
+from gavel.shared.api import ArrayStatus, CancelReply, InstanceStatus, StatusReply, StatusRequest
+from gavel.shared.arrays import Tally, run_of, tally, to_release
 from gavel.shared.messages import EventType, InstanceState
 from gavel.shared.reasons import Reason
 from gavel.shared.records import InstanceRecord
 from gavel.shared.spec import Spec
 
-__all__ = ["Arrays"]
+__all__ = ["Arrays", "array_status", "cancel_array", "task_record"]
 
 
 class Arrays:
@@ -187,3 +191,42 @@ def _tasks(view: View, array: str) -> list[InstanceRecord]:
         if made is not None and made.array == array and iid not in known:
             out.append(made)
     return out
+
+
+# -- the API's part: a submission's records, an array's status, its cancel ---------------
+def task_record(iid: str, spec: Spec, key: str, array: str, k: int) -> InstanceRecord:
+    """The record of a submission's `k`-th instance: a batch array's task past its
+    parallelism is held (`gavel.shared.arrays` rule 1)."""
+    if not array:
+        return InstanceRecord(instance_id=iid, spec=spec, key=key)
+    held = spec.parallelism is not None and k > spec.parallelism
+    return InstanceRecord(instance_id=iid, spec=spec, key=key, array=array, held=held,
+                          reason=str(Reason.ARRAY_HELD) if held else "")
+
+
+def array_status(state: State, req: StatusRequest,
+                 show: Callable[[InstanceRecord], InstanceStatus],
+                 leader: dict[str, Any]) -> StatusReply | None:
+    """A batch array: its tally, and its tasks in index order unless `summary` (None: no
+    task of it is known)."""
+    tasks = sorted(state.tasks_of(req.instance_id), key=lambda r: run_of(r.instance_id))
+    if not tasks:
+        return None
+    t = tally(tasks[0].spec, tasks, req.instance_id)
+    array = ArrayStatus(array_id=req.instance_id, count=t.count, parallelism=t.parallelism,
+                        max_failures=t.max_failures, succeeded=t.succeeded, failed=t.failed,
+                        cancelled=t.cancelled, running=t.running,
+                        pending=t.held + len(t.retries), first_failure=t.first_failure,
+                        ended=t.ended, ok=t.ok, outcome=t.outcome())
+    shown = [] if req.summary else [show(r) for r in tasks]
+    return StatusReply(instances=shown, array=array, **leader)
+
+
+def cancel_array(state: State, promises: Promises, array: str) -> CancelReply:
+    """`gavel cancel ID` of a batch array: every task not ended is cancelled (held ones at
+    once, running ones through their nodes); the array then ends, not succeeded."""
+    live = [r.instance_id for r in state.tasks_of(array)
+            if not r.state.terminal and not r.cancelling]
+    for iid in live:
+        promises.cancel(iid)
+    return CancelReply(instance_id=array, state="cancelling" if live else "ended")
