@@ -55,6 +55,7 @@ import psutil
 from nats.aio.msg import Msg
 
 from gavel.broker.admission import Admission
+from gavel.broker.arrays import array_status, cancel_array, task_record
 from gavel.broker.auctioneer import Auctioneer
 from gavel.broker.context import Context
 from gavel.broker.deploys import Deploys
@@ -71,6 +72,7 @@ from gavel.shared import subjects
 from gavel.shared.api import (
     CancelReply,
     CancelRequest,
+    DeployReply,
     DeployRequest,
     DrainReply,
     DrainRequest,
@@ -103,7 +105,6 @@ from gavel.shared.api import (
 from gavel.shared.health import Health
 from gavel.shared.messages import ApiError, Capacity, Message
 from gavel.shared.reasons import Reason
-from gavel.shared.records import InstanceRecord
 from gavel.shared.spec import Spec
 from gavel.transport.inbound import Door, Guard
 
@@ -217,6 +218,9 @@ class Api:
 
     # -- verbs ---------------------------------------------------------------------------
     async def submit(self, req: SubmitRequest) -> Message:
+        if req.spec.system:  # intent is a record of its own, as a service's (broker.systems)
+            got = await self.service_verbs.deploy(DeployRequest(spec=req.spec, key=req.key))
+            return SubmitReply(instance_id=got.name) if isinstance(got, DeployReply) else got
         if not req.key:
             return await self._submit(req)
         while (first := self._keyed.get(req.key)) is not None:  # rule 4: one at a time
@@ -260,8 +264,8 @@ class Api:
         for start in range(0, len(ids), SUBMIT_SLICE):  # rule 3
             if start:
                 await asyncio.sleep(0)
-            made += [ready(InstanceRecord(instance_id=iid, spec=spec, key=req.key))
-                     for iid in ids[start:start + SUBMIT_SLICE]]
+            made += [ready(task_record(iid, spec, req.key, base if len(ids) > 1 else "", k))
+                     for k, iid in enumerate(ids[start:start + SUBMIT_SLICE], start + 1)]
         records = [rec for rec, _, _ in made]
         done: asyncio.Future[Message] = asyncio.get_running_loop().create_future()
 
@@ -348,6 +352,9 @@ class Api:
         state = self.ctx.ledger.state()
         if req.instance_id:
             rec = state.instances.get(req.instance_id)
+            if rec is None and state.arrays.get(req.instance_id):
+                return array_status(self.ctx.ledger.state(), req, self.views.instance_status,
+                                    self._leader()) or self._unknown(req.instance_id)
             if rec is None:
                 return self._unknown(req.instance_id)
             return StatusReply(instances=[self.views.instance_status(rec)], **self._leader())
@@ -430,6 +437,9 @@ class Api:
     async def cancel(self, req: CancelRequest) -> Message:
         if self.ctx.ledger.pinned:
             return ApiError(error=f"{Reason.PINNED} ({self.ctx.ledger.ref})")
+        st = self.ctx.ledger.state()
+        if req.instance_id not in st.instances and st.arrays.get(req.instance_id):
+            return cancel_array(self.ctx.ledger.state(), self.promises, req.instance_id)
         try:
             state = self.promises.cancel(req.instance_id)
         except KeyError:

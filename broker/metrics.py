@@ -22,6 +22,7 @@ from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:
     from gavel.broker.ledger.repository import Ledger
+    from gavel.broker.ledger.state import State
     from gavel.broker.mirror import Mirror
     from gavel.shared.health import Liveness
     from gavel.shared.records import InstanceRecord
@@ -167,6 +168,22 @@ class _ServiceCollector(Collector):
         yield replicas
 
 
+def _array_tasks(state: State) -> GaugeMetricFamily:
+    """Batch arrays' task runs by where they are, all arrays summed, from the state's counts
+    (`State.array_kinds`: no walk of every task); a run counts until retention forgets it."""
+    g = GaugeMetricFamily("gavel_array_tasks", "Batch array task runs: pending (held for a "
+                          "parallelism slot), running, succeeded, failed, cancelled",
+                          labels=["state"])
+    sums = dict.fromkeys(("pending", "running", "succeeded", "failed", "cancelled"), 0)
+    names = {"held": "pending", "live": "running", "lost": "failed"}
+    for kinds in state.array_kinds.values():
+        for kind, n in kinds.items():
+            sums[names.get(kind, kind)] += n
+    for key, n in sums.items():
+        g.add_metric([key], n)
+    return g
+
+
 class _StateCollector(Collector):
     def __init__(self, now: Callable[[], float], liveness: Liveness, ledger: Ledger,
                  in_flight: Callable[[], int], mirror: Mirror,
@@ -193,6 +210,7 @@ class _StateCollector(Collector):
         for state, n in sorted(by_state.items()):
             states.add_metric([state], n)
         yield states
+        yield _array_tasks(self.ledger.state())
         inflight = GaugeMetricFamily("gavel_auctions_in_flight", "Open auctions")
         inflight.add_metric([], self.in_flight())
         yield inflight

@@ -21,6 +21,8 @@ Rules:
    bounds what is kept; a pinned deployment forgets nothing.
 5. The forget commit is a pure plan (`plan_forget`): the records it drops and one effect,
    `Forgotten`, which the part notes once the commit is durable (`broker.effects`).
+6. The ended tasks of a batch array still running are kept (passed over, not a stop of the
+   walk): its tally - the failure budget, the outcome `submit --wait` reports - counts them.
 """
 
 from __future__ import annotations
@@ -80,10 +82,14 @@ def due(state: State, now: datetime, keep_s: float, first_seen: dict[str, dateti
         return []
     cutoff = now - timedelta(seconds=keep_s)
     out: list[Due] = []
+    live: dict[str, bool] = {}  # batch arrays by id: still running (rule 6)
     for i, iid in enumerate(state.ended):
         if len(out) >= limit:
             break
-        stamp = state.instances[iid].ended_at
+        rec = state.instances[iid]
+        if rec.array and live.setdefault(rec.array, _running(state, rec.array)):
+            continue
+        stamp = rec.ended_at
         if i < excess:
             out.append((iid, stamp, Reason.RETAINED_MAX))
             continue
@@ -96,6 +102,11 @@ def due(state: State, now: datetime, keep_s: float, first_seen: dict[str, dateti
             break
         out.append((iid, stamp, Reason.RETAINED))
     return out
+
+
+def _running(state: State, array: str) -> bool:
+    """A batch array with a task held or not yet ended."""
+    return any(r.held or not r.state.terminal for r in state.tasks_of(array))
 
 
 class Retention:

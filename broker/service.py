@@ -51,6 +51,7 @@ import nats.errors
 
 from gavel.broker.admission import Admission
 from gavel.broker.api import Api
+from gavel.broker.arrays import Arrays
 from gavel.broker.assign import Assignments
 from gavel.broker.auctioneer import Auctioneer
 from gavel.broker.connect import NatsUnreachable, connect_within
@@ -71,6 +72,7 @@ from gavel.broker.outbox import Outbox
 from gavel.broker.promises import Promises
 from gavel.broker.retention import Retention
 from gavel.broker.services import Services
+from gavel.broker.systems import Systems
 from gavel.broker.watchdog import Timers
 from gavel.broker.watches import Watches
 from gavel.shared import subjects
@@ -172,6 +174,8 @@ class Broker:
         self.promises = Promises(ctx, capacity_freed=self.auctioneer.capacity_freed)
         self.retention = Retention(ctx, wall, ended_max)
         self.services = Services(ctx, self.promises, wall)
+        self.arrays = Arrays(ctx)
+        self.systems = Systems(ctx, self.promises, wall)
         self.deploys = Deploys(ctx, self.services, wall)
         self.integrity = Integrity(ctx)
         #: Why the broker stopped on its own, raised by `run` (rule 5).
@@ -430,6 +434,8 @@ class Broker:
                     watched = now
                     self.promises.watch(now)
                     self.services.watch(now)
+                    self.arrays.watch()
+                    self.systems.watch()
                     self.retention.watch()
             except Damaged as exc:
                 self._damaged(exc)

@@ -78,7 +78,9 @@ class ServiceVerbs:
             vs = versions.setdefault(r.version, VersionStatus(version=r.version))
             vs.replicas += 1
             vs.healthy += r.health == InstanceHealth.HEALTHY
-        return ServiceStatus(name=svc.name, version=svc.version, count=svc.count,
+        system = bool((spec := svc.spec_of(svc.version)) and spec.system)
+        return ServiceStatus(name=svc.name, version=svc.version,
+                             count=len(replicas) if system else svc.count, system=system,
                              stopped=svc.stopped, healthy_version=svc.healthy_version,
                              deployment=svc.deployment,
                              versions=[versions[v] for v in sorted(versions)],

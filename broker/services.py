@@ -65,6 +65,12 @@ START_CHUNK = 2000
 PASS_SHARE = 4.0
 
 
+def _system(svc: ServiceRecord) -> bool:
+    """A system job's record: `broker.systems` keeps it, not the count keeper."""
+    spec = svc.spec_of(svc.version)
+    return spec is not None and spec.system
+
+
 class Services:
     def __init__(self, ctx: Context, promises: Promises, wall: Callable[[], datetime],
                  rng: random.Random | None = None) -> None:
@@ -185,6 +191,8 @@ class Services:
             self._backoff.pop(name, None)
             self._next_pass.pop(name, None)
         for name, svc in state.services.items():
+            if _system(svc):  # kept by `broker.systems`
+                continue
             if self._next_pass.get(name, now) > now:  # rule 7
                 continue
             began = ctx.now()
@@ -221,7 +229,7 @@ class Services:
     def keep(self, view: View, name: str) -> Planned | None:
         """The keeper's decision for `name` on `view`, applied to it (rule 1)."""
         svc = view.service(name)
-        if svc is None:
+        if svc is None or _system(svc):
             return None
         now = self.ctx.now()
         d = self._decide(view, svc, view.replicas(name), now)

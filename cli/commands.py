@@ -10,8 +10,14 @@ Rules:
    submitted twice (`broker.api` rule 4). When no try is answered, the sentence names the
    key to submit with again. While no broker answers at all (none leads: a failover), it
    asks again every `SUBMIT_PAUSE_S`, for as long as its tries would have waited.
-4. A job spec's `count` is how many instances `submit` makes (ids ``ID-1`` .. ``ID-N``), one
-   id a line; ``--wait`` waits for each.
+4. A job spec's `count` is how many instances `submit` makes (ids ``ID-1`` .. ``ID-N``, a
+   batch array named ``ID``: `gavel.shared.arrays`), one id a line.
+5. ``--wait`` on a job waits for its end (a batch array's: every task ended or cancelled) and
+   exits 0 only when all succeeded, else 3 naming how many failed and the first failure's
+   reason; ``--wait=running``, and ``--wait`` on a service, waits until each instance runs
+   and is healthy.
+6. A system job (``type = "system"``) is answered with its name: its instances come and go
+   with the fleet (`gavel status NAME` shows them), so there is nothing to wait for.
 3. With several brokers (`gavel.broker.ha`) `status` and `nodes` name the leader, its epoch
    and since when, in a first line (JSON: `nodes` has the fields `leader`, `epoch` and
    `leader_since`); a broker alone prints what it always did.
@@ -21,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import re
 import signal
 import sys
@@ -37,6 +44,7 @@ from gavel.cli.specfile import SpecError, load_spec
 from gavel.shared import subjects
 from gavel.shared.api import (
     INSTANCE_ID,
+    ArrayStatus,
     CancelReply,
     CancelRequest,
     DrainReply,
@@ -114,7 +122,8 @@ class Refused(Exception):
     """The broker answered, but no: exit code 3. `status`: the instance as last seen, when
     there is one (``--json`` prints it with the error)."""
 
-    def __init__(self, message: str, status: InstanceStatus | None = None) -> None:
+    def __init__(self, message: str, status: InstanceStatus | ArrayStatus | None = None
+                 ) -> None:
         super().__init__(message)
         self.status = status
 
@@ -194,6 +203,9 @@ async def submit(args: argparse.Namespace) -> int:
         except BrokerRefused as exc:  # reached, and it said no (never fits, pinned, ...)
             raise Refused(str(exc)) from None
         ids = reply.ids()
+        if spec.system:  # rule 6: the job's name; its instances follow the fleet
+            _print_json({"name": reply.instance_id}) if args.json else print(reply.instance_id)
+            return 0
         if not args.wait:
             if args.json:
                 _print_json({"instance_id": ids[0]} if len(ids) == 1 else
@@ -201,6 +213,10 @@ async def submit(args: argparse.Namespace) -> int:
             else:
                 print("\n".join(ids))
             return 0
+        if args.wait == "end" and not spec.service:  # rule 5
+            return await _wait_end(nc, ids, reply.instance_id if len(ids) == 1 else
+                                   ids[0].rpartition("-")[0], args)
+        args.timeout = 30.0 if args.timeout is None else args.timeout or float("inf")
         for iid in ids:
             sub = subs.get(iid) or await nc.subscribe(subjects.EVENTS.format(instance=iid))
             await _wait_healthy(nc, sub, iid, args)
@@ -233,6 +249,54 @@ async def _submit_once(nc: Any, req: SubmitRequest) -> SubmitReply:
                 print(f"gavel submit: {exc}; asking again with the same key",
                       file=sys.stderr)
             await asyncio.sleep(SUBMIT_PAUSE_S)
+
+
+#: How often `submit --wait` asks how a job stands (rule 5), besides each event it hears.
+END_POLL_S = 0.5
+
+
+async def _wait_end(nc: Any, ids: list[str], job: str, args: argparse.Namespace) -> int:
+    """``--wait`` on a job (rule 5): until it ended - a lone instance in a terminal state, a
+    batch array with no task held or running. Success is 0; otherwise `Refused` names how
+    many failed and the first failure's reason."""
+    limit = args.timeout or 0.0
+    deadline = time.monotonic() + limit if limit > 0 else None
+    sub = await nc.subscribe(subjects.EVENTS.format(instance=job))
+    try:
+        while True:
+            st = await call(nc, "status", StatusRequest(instance_id=job, summary=True),
+                            StatusReply)
+            ended, ok, line = _ended(st, job, len(ids))
+            if ended and ok:
+                _print_json(st.array or st.instances[0]) if args.json else print(line)
+                return 0
+            if ended:
+                raise Refused(line, st.array or st.instances[0])
+            if deadline is not None and time.monotonic() >= deadline:
+                raise Refused(f"{job} did not end within {limit:g}s: {line}",
+                              st.array or st.instances[0])
+            with contextlib.suppress(Exception):
+                await sub.next_msg(timeout=END_POLL_S)
+    finally:
+        with contextlib.suppress(Exception):
+            await sub.unsubscribe()
+
+
+def _ended(st: StatusReply, job: str, count: int) -> tuple[bool, bool, str]:
+    """Whether the job ended, whether it all succeeded, and the sentence that says how."""
+    if st.array is not None:
+        a = st.array
+        return a.ended, a.ok, f"{job}: {a.outcome}"
+    inst = st.instances[0]
+    if inst.state == "unschedulable":  # as --wait=running says it: no node would take it
+        raise Refused(f"{job} is unschedulable: {inst.detail or inst.reason}", inst)
+    why = ": ".join(p for p in (inst.reason, inst.detail) if p)
+    done = inst.state in ("succeeded", *_ENDED)
+    ok = inst.state == "succeeded"
+    line = f"{job} {inst.state}" + (f" on {inst.node_id}" if inst.node_id else "")
+    if done and not ok:
+        line = f"{job} {inst.state}: 1 of {count} failed (first: {job}: {why or inst.state})"
+    return done, ok, line
 
 
 #: States an instance never leaves: --wait gives up on them at once (succeeded is success).
@@ -304,9 +368,19 @@ async def status(args: argparse.Namespace) -> int:
     finally:
         await nc.close()
     if args.json:
-        _print_json(reply.instances)
+        _print_json({"array": reply.array, "instances": reply.instances}
+                    if reply.array is not None else reply.instances)
         return 0
     _leader_line(reply.leader, reply.epoch, reply.leader_since)
+    if (a := reply.array) is not None:  # a batch array: its tally, then its tasks
+        print(f"array {a.array_id}: {a.count} tasks, parallelism {a.parallelism}, "
+              f"max_failures {a.max_failures}")
+        print(f"done {a.succeeded}  running {a.running}  failed {a.failed}  "
+              f"pending {a.pending}" + (f"  cancelled {a.cancelled}" if a.cancelled else ""))
+        if a.first_failure:
+            print(f"first failure: {a.first_failure}")
+        if a.ended:
+            print("ended: " + ("every task succeeded" if a.ok else a.outcome))
     rows = [("INSTANCE", "STATE", "HEALTH", "NODE", "ATTEMPT", "RESTARTS", "PORTS", "REASON")]
     for i in reply.instances:
         why = i.detail if i.state == "unschedulable" else (i.reason or i.check or "")

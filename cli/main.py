@@ -29,7 +29,13 @@ from gavel import __version__
 from gavel.cli import auth, commands, completion, daemons, logs, logscmd, options
 from gavel.cli.api import app as api_app
 from gavel.cli.options import DEFAULT_NATS
-from gavel.cli.parsers import duration, non_negative_float, positive_float, positive_int, whole
+from gavel.cli.parsers import (
+    duration,
+    non_negative_float,
+    positive_int,
+    wait_mode,
+    whole,
+)
 from gavel.cli.parsers import port as _port
 from gavel.cli.ui import app as ui_app
 from gavel.shared.errors import BadInput
@@ -153,11 +159,17 @@ def build_parser() -> argparse.ArgumentParser:
                     help="idempotency key (default: a new uuid4 per invocation); the request "
                     "is retried with it when the broker does not answer in time, and a "
                     "submission that landed under it is answered again, never made twice")
-    sm.add_argument("--wait", action="store_true",
-                    help="wait until running and healthy (exit 0), or exit 3 with the reason: "
-                    "unschedulable, failed, or not healthy within --timeout")
-    sm.add_argument("--timeout", type=positive_float, default=30.0,
-                    help="seconds --wait waits (default %(default)s)")
+    sm.add_argument("--wait", action="store_const", const="end", default=None,
+                    help="a job: wait for its end (a batch array: every task), exit 0 when "
+                    "all succeeded, else 3 naming how many failed and the first failure's "
+                    "reason; --wait=running (and --wait on a service): until running and "
+                    "healthy (exit 0), or 3 with the reason: unschedulable, failed, or not "
+                    "healthy within --timeout; --wait=end is --wait")
+    # `--wait=MODE`, rewritten by `main` (a bare --wait must not take the spec for its value).
+    sm.add_argument(WAIT_AS, dest="wait", type=wait_mode, help=argparse.SUPPRESS)
+    sm.add_argument("--timeout", type=non_negative_float, default=None,
+                    help="seconds --wait waits, 0 for no limit (default 30 for running, no "
+                    "limit for a job's end)")
 
     st = sub.add_parser("status", help="instances and their states, or a service's replicas")
     _client(st)
@@ -314,8 +326,24 @@ async def _dispatch(args: argparse.Namespace) -> int:
     return await commands.run(args)
 
 
+#: The hidden option `submit --wait=MODE` becomes (`_wait_modes`).
+WAIT_AS = "--wait-mode"
+
+
+def _wait_modes(argv: list[str]) -> list[str]:
+    """`gavel submit ... --wait=MODE` as the hidden ``--wait-mode MODE``: `--wait` alone takes
+    no value, so ``submit --wait spec.toml`` still reads spec.toml as the spec."""
+    verb = next((a for a in argv if not a.startswith("-")), "")
+    if verb != "submit":
+        return argv
+    out: list[str] = []
+    for a in argv:
+        out += [WAIT_AS, a.partition("=")[2]] if a.startswith("--wait=") else [a]
+    return out
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
+    argv = _wait_modes(list(sys.argv[1:] if argv is None else argv))
     Parser.json_errors = "--json" in argv
     parser = build_parser()
     args = parser.parse_args(argv)

@@ -17,6 +17,7 @@ from urllib.parse import urlsplit
 from gavel.shared.routes import usable_address
 
 __all__ = [
+    "WAIT_MODES",
     "absolute_paths",
     "address",
     "admin_url",
@@ -39,6 +40,7 @@ __all__ = [
     "strategy_params",
     "unusable_dir",
     "volumes",
+    "wait_mode",
     "whole",
 ]
 
@@ -194,6 +196,18 @@ def positive_float(text: str) -> float:
 
 def non_negative_float(text: str) -> float:
     return float(_number(text, float, zero_ok=True))
+
+
+#: What `submit --wait` waits for: a job's end, or running and healthy.
+WAIT_MODES = ("end", "running")
+
+
+def wait_mode(text: str) -> str:
+    """`submit --wait=MODE`: ``end`` (a job's end) or ``running`` (running and healthy)."""
+    if text not in WAIT_MODES:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a wait: say --wait=end or "
+                                         "--wait=running")
+    return text
 
 
 def positive_int(text: str) -> int:

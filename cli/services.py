@@ -100,7 +100,9 @@ def _deployment_line(st: ServiceStatus) -> str:
 
 def print_service(st: ServiceStatus, deployment: bool = False) -> None:
     """A service, its versions (with `deployment`) and its replicas, as tables."""
-    print(f"service {st.name}: version {st.version}, {st.count} replicas, {_state(st)}"
+    head = f"system job {st.name}: version {st.version}, on {st.count} nodes" if st.system \
+        else f"service {st.name}: version {st.version}, {st.count} replicas"
+    print(f"{head}, {_state(st)}"
           + (f", last healthy version {st.healthy_version}" if st.healthy_version else ""))
     if deployment:
         print(_deployment_line(st))

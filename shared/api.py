@@ -19,6 +19,7 @@ __all__ = [
     "INSTANCE_ID",
     "INSTANCE_ID_MAX",
     "SUBMIT_KEY",
+    "ArrayStatus",
     "CancelReply",
     "CancelRequest",
     "DeployReply",
@@ -167,11 +168,14 @@ class StatsReply(Message, tag="stats-reply", kw_only=True):
 
 
 class StatusRequest(Message, tag="status"):
+    #: One instance, or a batch array's id (its tasks and their tally).
     instance_id: str = ""
     #: Every instance: the page that starts after this instance id ("" from the first). A
     #: reply holds as many as fit in half the server's max payload; its `next` says where
     #: the following page starts.
     after: str = ""
+    #: For an array: the tally alone, without its tasks (what `submit --wait` polls).
+    summary: bool = False
 
 
 class InstanceStatus(msgspec.Struct, kw_only=True):
@@ -193,12 +197,36 @@ class InstanceStatus(msgspec.Struct, kw_only=True):
     version: int = 0
 
 
+class ArrayStatus(msgspec.Struct, kw_only=True):
+    """A batch array as `gavel status ID` shows it (`gavel.shared.arrays.Tally`)."""
+
+    array_id: str
+    count: int
+    parallelism: int
+    max_failures: int
+    succeeded: int = 0
+    failed: int = 0
+    cancelled: int = 0
+    running: int = 0
+    #: Tasks held for a parallelism slot (not yet released).
+    pending: int = 0
+    first_failure: str = ""
+    #: No task held or running; `ok`: every task succeeded.
+    ended: bool = False
+    ok: bool = False
+    #: The whole story in one sentence.
+    outcome: str = ""
+
+
 class StatusReply(Message, tag="statuses"):
     instances: list[InstanceStatus]
     #: More instances follow: ask again with ``after=next`` ("" when this page is the last).
     next: str = ""
     #: Instance records in the state tree (every page counts them all).
     total: int = 0
+    #: `StatusRequest.instance_id` named a batch array: its tally (its tasks in `instances`,
+    #: unless the request asked for the summary alone).
+    array: ArrayStatus | None = None
     #: Who answered: the leading broker's id, its leadership's epoch (0 without HA) and
     #: since when it leads (UTC, ISO 8601).
     leader: str = ""
@@ -342,6 +370,8 @@ class ServiceStatus(msgspec.Struct, kw_only=True):
     #: id (an answer must fit the server's max payload); `replicas_total` counts them all.
     replicas: list[InstanceStatus] = msgspec.field(default_factory=list)
     replicas_total: int = 0
+    #: A system job (``type = "system"``): `count` is the nodes it has an instance on.
+    system: bool = False
 
 
 class ServiceRequest(Message, tag="service"):

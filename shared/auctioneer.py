@@ -38,6 +38,9 @@ Rules (the numbers are `broker.auctioneer`'s, where operators read them):
 11. What d sampled nodes could not place is asked at once of `RETRY_TIMES`·d, then of every
     candidate, before it is declared unschedulable (`shared.candidates` rule 9); the last
     winner of each shape is asked beside the sampled ones.
+12. An instance bound to one node (`InstanceRecord.only_node`: a system job's) is auctioned
+    among that node alone, never sampled; while the node is not eligible its auction has no
+    candidate and the instance waits, unschedulable - it is never placed elsewhere.
 """
 
 from __future__ import annotations
@@ -197,28 +200,33 @@ class Core:
         if self.sample_d is not None:  # rule 10: the index asks only nodes that could fit
             self.candidates.live(eligible)
             self.candidates.drained(world.draining())
-        groups: dict[tuple[str, ...], list[Request]] = {}
+        groups: dict[tuple[tuple[str, ...], str], list[Request]] = {}
         for r in pending:
-            groups.setdefault(tuple(r.excluded), []).append(
+            groups.setdefault((tuple(r.excluded), r.only_node), []).append(
                 Request.of(r.instance_id, r.spec, r.service))
-        for excluded, requests in groups.items():
-            candidates = ([n for n in eligible if n not in excluded] or eligible) \
-                if excluded else eligible
+        for (excluded, only), requests in groups.items():
+            if only:  # rule 12: that node alone, or nobody
+                candidates = [only] if only in eligible else []
+            else:
+                candidates = ([n for n in eligible if n not in excluded] or eligible) \
+                    if excluded else eligible
             for i in range(0, len(requests), self.batch_max):
                 if room <= 0:
                     return  # what is left has waited already: it goes when room frees
-                self.open(requests[i:i + self.batch_max], candidates, now, set(excluded))
+                self.open(requests[i:i + self.batch_max], candidates, now, set(excluded),
+                          whole=bool(only))
                 room -= 1
         self.waiting_since = None
 
     def open(self, requests: list[Request], candidates: list[str], now: float,
-             excluded: AbstractSet[str] = frozenset(), stage: int = 0) -> None:
+             excluded: AbstractSet[str] = frozenset(), stage: int = 0,
+             whole: bool = False) -> None:
         """One auction, broadcast or sampled (rule 10); `stage` 1 asks `RETRY_TIMES`·d per
-        request, 2 every candidate (rule 11)."""
+        request, 2 every candidate (rule 11); `whole`: ask every candidate (rule 12)."""
         aid = self._aid()
         d = self.sample_d
         sampled = False
-        if d is not None:
+        if d is not None and not whole:
             shapes, counts = group_shapes(requests)
             if stage == 1:
                 d *= RETRY_TIMES

@@ -93,6 +93,10 @@ class EventType(StrEnum):
     DEPLOY_FAILED = "deploy-failed"
     REPLACED = "replaced"
     STOPPING = "stopping"
+    #: A batch array's own story, on the array's id: held tasks released (detail: which),
+    #: and its end (detail: the outcome, `gavel.shared.arrays.Tally.outcome`).
+    RELEASED = "released"
+    ARRAY_ENDED = "array-ended"
 
 
 class Health(StrEnum):

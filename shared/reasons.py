@@ -53,6 +53,14 @@ class Reason(StrEnum):
     NODE_NOT_HEARD = "its node is not heard from: what runs there is unknown"
     # Why a service's replica stopped or was replaced.
     SCALED_DOWN = "stopped: the service was scaled down"
+    #: A system job's instance whose node left the job's nodes: it is not placed elsewhere.
+    SYSTEM_NODE_LEFT = "stopped: its node is drained, offline or no longer matches"
+    #: A batch array's task waiting for one of its array's `parallelism` slots.
+    ARRAY_HELD = "waiting for a slot of its array's parallelism"
+    #: A batch array's held task, never run: more tasks failed than `max_failures` allows.
+    ARRAY_FAILED = "cancelled: the array's failure budget is spent"
+    #: A batch array ended with tasks that did not succeed.
+    ARRAY_TASKS_FAILED = "tasks of the array did not succeed"
     SERVICE_STOPPED = "stopped: the service was stopped"
     SUPERSEDED = "stopped: replaced by a replica of another version"
     SPREAD = "no node that bid keeps the service spread over its label"

@@ -151,6 +151,15 @@ class InstanceRecord(msgspec.Struct, kw_only=True, gc=False):
     #: ("" and 0 for a job).
     service: str = ""
     version: int = 0
+    #: A batch array's task: the array's id (its tasks are ``array-1`` .. ``array-N``); ""
+    #: for a lone job or a replica.
+    array: str = ""
+    #: A batch array's task not yet released (its array's `parallelism` holds it): queued,
+    #: but never auctioned until the broker releases it (`gavel.shared.arrays`).
+    held: bool = False
+    #: A system job's instance: the one node whose auction it is (`shared.auctioneer` rule
+    #: 12); "" for any node.
+    only_node: str = ""
 
 
 class ServiceVersion(msgspec.Struct, kw_only=True, gc=False):

@@ -32,6 +32,7 @@ __all__ = [
     "MAX_EXEC_BYTES",
     "MIN_CPU",
     "SERVICE",
+    "SYSTEM",
     "Check",
     "Restart",
     "Route",
@@ -52,6 +53,8 @@ LabelName = Annotated[str, msgspec.Meta(min_length=1, max_length=63)]
 
 JOB = "job"
 SERVICE = "service"
+#: One instance on every node that could run it, following the fleet (`gavel.shared.systems`).
+SYSTEM = "system"
 
 #: The finest cpu a spec may ask for (a thousandth, as Kubernetes' millicpu): a node turns
 #: cpu into cgroup shares and weights, and less rounds to nothing it can enforce or count.
@@ -104,6 +107,7 @@ DEFAULT_RESTART = {JOB: Restart(attempts=3, interval_s=86_400.0, delay_s=15.0, b
                                 max_delay_s=300.0),
                    SERVICE: Restart(attempts=2, interval_s=1_800.0, delay_s=15.0, backoff=2.0,
                                     max_delay_s=300.0)}
+DEFAULT_RESTART[SYSTEM] = DEFAULT_RESTART[SERVICE]  # an agent on every node: kept running
 
 
 class Check(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, frozen=True):
@@ -203,9 +207,16 @@ class Spec(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     #: An OCI image (``name:tag`` or a digest): the workload runs as a container.
     image: Annotated[str, msgspec.Meta(max_length=512)] | None = None
     #: ``job`` runs to completion; ``service`` keeps `count` replicas running until stopped.
-    type: Literal["job", "service"] = "job"
-    #: A service's replicas; for a job, how many instances one submission makes.
+    #: ``system`` keeps one instance running on every node that could run it.
+    type: Literal["job", "service", "system"] = "job"
+    #: A service's replicas; for a job, how many instances one submission makes (more than
+    #: one: a batch array, `gavel.shared.arrays`).
     count: Annotated[int, msgspec.Meta(ge=0, le=100_000)] = 1
+    #: A batch array's tasks running at once (None: all `count` at once); a job's only.
+    parallelism: int | None = None
+    #: A batch array's failure budget: tasks that may end failed (after their own restarts
+    #: and attempts) before the array releases no more (None: 0, `arrays.DEFAULT_MAX_FAILURES`).
+    max_failures: int | None = None
     env: dict[str, str] = {}
     cpu: PosFloat = 0.1
     memory_mb: Annotated[int, msgspec.Meta(ge=1)] = 64
@@ -282,10 +293,14 @@ class Spec(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             if check.port is not None and check.port not in self.ports:
                 raise ValueError(f"check {check.label!r} names port {check.port!r}, which the "
                                  "spec does not declare in ports")
-        if self.type == JOB and (self.spread is not None or self.spread_soft):
+        if self.type != SERVICE and (self.spread is not None or self.spread_soft):
             raise ValueError("spread applies to a service's replicas (type = \"service\")")
+        if self.type == SYSTEM and self.count != 1:
+            raise ValueError("count does not apply to a system job (type = \"system\"): it "
+                             "runs one instance on every node that could run it")
         if self.type == JOB and self.count == 0:
             raise ValueError("a job's count is at least 1 (a service may have 0 replicas)")
+        _array_fields(self.type, self.parallelism, self.max_failures)
         seen: set[tuple[str, str]] = set()
         for route in self.routes:
             if route.port is not None and route.port not in self.ports:
@@ -298,7 +313,26 @@ class Spec(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
     @property
     def service(self) -> bool:
-        return self.type == SERVICE
+        """Kept running under a service record (``services/<name>.json``): a service, or a
+        system job (one instance a node instead of `count`)."""
+        return self.type in (SERVICE, SYSTEM)
+
+    @property
+    def system(self) -> bool:
+        return self.type == SYSTEM
+
+
+def _array_fields(kind: str, parallelism: int | None, max_failures: int | None) -> None:
+    """A batch array's fields: a job's only, and each within its range."""
+    for field, value, least in (("parallelism", parallelism, 1),
+                                ("max_failures", max_failures, 0)):
+        if value is None:
+            continue
+        if kind != JOB:
+            raise ValueError(f"{field} applies to a job's batch array (type = \"job\"), not "
+                             f"to a {kind}")
+        if not least <= value <= 100_000:
+            raise ValueError(f"{field} {value} is out of range: {least} .. 100000")
 
 
 def _control(text: str) -> bool:

@@ -159,5 +159,5 @@ def _apply(st: State, found: list[tuple[Dispute, Assignment | None]]) -> None:
         else:
             st.where.pop(iid, None)
             rec = st.instances.get(iid)
-            if rec is not None and rec.state in PENDING:
+            if rec is not None and rec.state in PENDING and not rec.held:
                 st.pending.setdefault(iid, None)

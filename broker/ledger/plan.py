@@ -40,6 +40,7 @@ __all__ = [
     "forget",
     "place",
     "record_ports",
+    "release",
     "requeue",
     "rewrite",
     "set_cancelling",
@@ -188,7 +189,7 @@ def place(view: View, decision: Awarded, auction_id: str,
     """Put the instance into the winner's node.json; None if it is no longer pending."""
     iid, winner = decision.request.instance_id, decision.winner.node_id
     rec = view.instance(iid)
-    if rec is None or rec.state not in PENDING or view.placed_on(iid) is not None \
+    if rec is None or rec.state not in PENDING or rec.held or view.placed_on(iid) is not None \
             or winner in view.state.unusable_nodes:  # never overwrite a file we cannot read
         return None
     nf = view.node(winner) or NodeFile(node_id=winner)
@@ -311,6 +312,17 @@ def stop(view: View, iid: str, reason: Reason) -> tuple[InstanceRecord, str] | N
     else:
         new = set_cancelling(view, iid, reason)
     return None if new is None else (new, node or "")
+
+
+def release(view: View, iid: str) -> InstanceRecord | None:
+    """Release a held task of a batch array (`gavel.shared.arrays`): it becomes an ordinary
+    queued instance, auctioned from the next round; None unless it is still held."""
+    rec = view.instance(iid)
+    if rec is None or not rec.held or rec.state.terminal:
+        return None
+    new = msgspec.structs.replace(rec, held=False, reason="", detail="")
+    view.put_instance(new)
+    return new
 
 
 def set_draining(view: View, node_id: str, draining: bool) -> NodeFile | None:

@@ -40,8 +40,21 @@ from gavel.shared.records import (
     service_path,
 )
 
-__all__ = ["Change", "Dispute", "Keep", "Ready", "State", "committed_by", "compact", "encode",
-           "parse_stamp", "pretty", "ready", "stamp"]
+__all__ = [
+    "Change",
+    "Dispute",
+    "Keep",
+    "Ready",
+    "State",
+    "array_kind",
+    "committed_by",
+    "compact",
+    "encode",
+    "parse_stamp",
+    "pretty",
+    "ready",
+    "stamp",
+]
 
 _enc = msgspec.json.Encoder()
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
@@ -178,6 +191,13 @@ class State:
     #: auction of a service's replicas asks it, and a count over every replica for each
     #: of them made a service of a hundred thousand queued replicas hold the loop.
     held: dict[str, dict[str, int]] = field(default_factory=dict, repr=False, compare=False)
+    #: Batch arrays by id: the ids of every task record naming each (`InstanceRecord.array`),
+    #: an ordered set, as `replicas` is for services.
+    arrays: dict[str, dict[str, None]] = field(default_factory=dict)
+    #: Per array: its task records by kind (`array_kind`), and its held tasks in the order
+    #: they were recorded - what a release needs without walking every task.
+    array_kinds: dict[str, dict[str, int]] = field(default_factory=dict)
+    array_held: dict[str, dict[str, None]] = field(default_factory=dict)
 
     def put_instance(self, iid: str, rec: InstanceRecord | None) -> None:
         old = self.instances.get(iid)
@@ -188,6 +208,19 @@ class State:
             _unindex(self.keys, old.key, iid)
         if old is not None and old.service and (rec is None or rec.service != old.service):
             _unindex(self.replicas, old.service, iid)
+        if old is not None and old.array and (rec is None or rec.array != old.array):
+            _unindex(self.arrays, old.array, iid)
+        if old is not None and old.array:
+            kinds = self.array_kinds[old.array]
+            kinds[array_kind(old)] -= 1
+            if old.held:
+                _unindex(self.array_held, old.array, iid)
+        if rec is not None and rec.array:
+            kinds = self.array_kinds.setdefault(rec.array, {})
+            kind = array_kind(rec)
+            kinds[kind] = kinds.get(kind, 0) + 1
+            if rec.held:
+                self.array_held.setdefault(rec.array, {})[iid] = None
         if rec is None:
             self.instances.pop(iid, None)
             self.pending.pop(iid, None)
@@ -197,8 +230,10 @@ class State:
             self.keys.setdefault(rec.key, {})[iid] = None
         if rec.service:
             self.replicas.setdefault(rec.service, {})[iid] = None
+        if rec.array:
+            self.arrays.setdefault(rec.array, {})[iid] = None
         self.instances[iid] = rec
-        if rec.state in PENDING and iid not in self.where:
+        if rec.state in PENDING and not rec.held and iid not in self.where:
             self.pending.setdefault(iid, None)
         else:
             self.pending.pop(iid, None)
@@ -209,11 +244,14 @@ class State:
 
     def order_ended(self) -> None:
         """Put `ended` in end order after a full read (read order is path order): stamped
-        records oldest first, then those without a (readable) stamp."""
+        records oldest first, then those without a (readable) stamp; and each array's held
+        tasks in index order."""
         def key(iid: str) -> tuple[bool, datetime]:
             at = parse_stamp(self.instances[iid].ended_at)
             return (at is None, at or _EPOCH)
         self.ended = dict.fromkeys(sorted(self.ended, key=key))
+        for array, ids in self.array_held.items():  # a release goes lowest index first
+            self.array_held[array] = dict.fromkeys(sorted(ids, key=_submission_order))
 
     def put_node(self, nid: str, nf: NodeFile | None, committed: Capacity | None = None,
                  grown: tuple[NodeFile, list[str]] | None = None) -> None:
@@ -235,7 +273,7 @@ class State:
                 if self.where.get(iid) == nid:
                     del self.where[iid]
                     rec = self.instances.get(iid)
-                    if rec is not None and rec.state in PENDING:
+                    if rec is not None and rec.state in PENDING and not rec.held:
                         self.pending.setdefault(iid, None)
             for iid in after - before:
                 self.where[iid] = nid
@@ -265,6 +303,15 @@ class State:
         for iid in self.replicas.get(name, ()):
             rec = self.instances.get(iid)
             if rec is not None and rec.service == name:
+                out.append(rec)
+        return out
+
+    def tasks_of(self, array: str) -> list[InstanceRecord]:
+        """Every task record of the batch array `array` the state holds (live or ended)."""
+        out = []
+        for iid in self.arrays.get(array, ()):
+            rec = self.instances.get(iid)
+            if rec is not None and rec.array == array:
                 out.append(rec)
         return out
 
@@ -305,6 +352,13 @@ class State:
         if rec.state in PENDING and instance_id in self.where:
             return InstanceState.PLACED
         return rec.state
+
+
+def array_kind(rec: InstanceRecord) -> str:
+    """A batch array's task record as its array counts it: ``held``, ``live`` or its end."""
+    if not rec.state.terminal:
+        return "held" if rec.held else "live"
+    return str(rec.state)
 
 
 def _submission_order(iid: str) -> tuple[str, int]:

@@ -122,7 +122,7 @@ async def test_a_jobs_count_makes_that_many_instances(cluster: Cluster, tmp_path
     spec = tmp_path / "six.toml"
     spec.write_text(f'name = "six"\ncount = 6\ncommand = {json.dumps(lines_of(1))}\n')
     proc = await asyncio.to_thread(subprocess.run, [*GAVEL, "submit", str(spec), "--id", "six",
-                                                    "--wait", "--nats", cluster.url],
+                                                    "--wait=running", "--nats", cluster.url],
                                    capture_output=True, text=True, timeout=90, env=_env())
     assert proc.returncode == 0, proc.stderr
     ids = [f"six-{k}" for k in range(1, 7)]

@@ -191,7 +191,7 @@ async def two(cluster: Cluster) -> Cluster:
 
 async def test_ports_show_in_submit_and_status(two: Cluster, tmp_path: Path) -> None:
     spec = write_spec(tmp_path, "web", SLEEPER + 'ports = ["http"]\ncpu = 0.5\n')
-    proc = await gavel("submit", str(spec), "--id", "web-1", "--wait", "--nats", two.url)
+    proc = await gavel("submit", str(spec), "--id", "web-1", "--wait=running", "--nats", two.url)
     assert proc.returncode == 0, proc.stderr
     port = (await two.status("web-1")).ports["http"]
     assert proc.stdout.strip().endswith(f"(ports http={port})")

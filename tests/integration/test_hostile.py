@@ -253,8 +253,8 @@ async def test_submit_wait_is_not_thrown_by_garbage_on_the_events_subject(
 
     flooding = asyncio.create_task(flood())
     try:
-        proc = await asyncio.to_thread(gavel, "submit", str(spec), "--wait", "--id",
-                                       "web-under-fire", "--timeout", "20", "--nats",
+        proc = await asyncio.to_thread(gavel, "submit", str(spec), "--wait=running",
+                                       "--id", "web-under-fire", "--timeout", "20", "--nats",
                                        cluster.url)
     finally:
         flooding.cancel()

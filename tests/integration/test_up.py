@@ -156,7 +156,7 @@ async def test_ctrl_c_and_up_again_brings_running_work_back(
     first = Up(state, "--workers", "2", "--metrics-port", str(metrics))
     ups.append(first)
     await first.ready()
-    proc = await first.gavel("submit", str(spec), "--id", "sleepy-1", "--wait")
+    proc = await first.gavel("submit", str(spec), "--id", "sleepy-1", "--wait=running")
     assert proc.returncode == 0, proc.stderr
 
     async def running(up: Up) -> bool:
@@ -214,7 +214,7 @@ async def sleeper_on_a_node(up: Up, tmp_path: Path) -> tuple[str, int]:
     """Submit one sleeping instance; the node it runs on and its pid, once it runs."""
     spec = tmp_path / "sleepy.toml"
     spec.write_text(f'name = "sleepy"\n{SLEEPER}cpu = 0.5\n')
-    proc = await up.gavel("submit", str(spec), "--id", "sleepy-1", "--wait")
+    proc = await up.gavel("submit", str(spec), "--id", "sleepy-1", "--wait=running")
     assert proc.returncode == 0, proc.stderr
 
     async def running() -> bool:

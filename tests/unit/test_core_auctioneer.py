@@ -328,3 +328,20 @@ def test_a_pass_over_waiting_work_none_of_it_due_is_not_read_again() -> None:
     c.unschedulable("i0", 10.0)
     c.reconcile(10.1)  # something came back: read again
     assert w.read == 4001
+
+
+def test_an_instance_bound_to_a_node_is_auctioned_among_that_node_alone() -> None:
+    for sample in (None, 1):  # never sampled (rule 12)
+        w = World({"n1": 4.0, "n2": 4.0, "n3": 4.0})
+        c = core(w, batch_max=8, sample_d=sample)
+        w.queue["a"] = InstanceRecord(instance_id="a", spec=WEB, only_node="n2")
+        w.queue["b"] = InstanceRecord(instance_id="b", spec=WEB, only_node="gone")
+        c.reconcile(0.0)
+        got = c.take()
+        by_req = {o.auction.requests[0].instance_id: o for o in got if isinstance(o, Open)}
+        assert by_req["a"].auction.eligible == {"n2"}
+        assert by_req["a"].to is None or by_req["a"].to == ["n2"]
+        # Its node not eligible: no candidate, decided at once - never placed elsewhere.
+        [d] = [a for a in got if isinstance(a, Decided)]
+        assert isinstance(d.decisions[0], Unschedulable)
+        assert d.decisions[0].request.instance_id == "b"

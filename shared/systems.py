@@ -1,0 +1,102 @@
+"""System jobs: one instance on every node that could run it, following the fleet. Pure: the
+broker passes in the nodes it knows and the job's live instances.
+
+Rules:
+1. A node is the job's when it is heard (not offline), not draining and carries every label
+   the spec asks for. Each such node that is healthy and lacks a live instance of the job's
+   version gets one, bound to it (`InstanceRecord.only_node`): its placement is still an
+   auction, among that node alone, and the node may decline with its reason (no room: the
+   instance waits, unschedulable, and `gavel why` shows the decline).
+2. An instance whose node is no longer the job's (drained, offline, gone, relabelled) is
+   stopped, never placed elsewhere; one of another version is stopped and its node gets
+   the new version's (a system job has no rolling deploy); a stopped job keeps none.
+3. A node the broker has not heard since it started keeps its instance until it is heard
+   (then judged) or goes offline: a broker started again stops nothing on a guess.
+4. Nodes and instances are visited in id order, so the same inputs give the same decision.
+5. An instance that ended on its own (failed past its restarts and attempts, lost) is
+   replaced on its node after the back-off the broker keeps for that node (`hold`, as a
+   service's: `broker.keeper.Backoff`), so a job that cannot run there is not re-made every
+   tick.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from collections.abc import Set as AbstractSet
+from dataclasses import dataclass, field
+
+from gavel.shared.reasons import Reason
+
+__all__ = ["Decision", "Node", "Placed", "decide"]
+
+
+@dataclass(frozen=True)
+class Node:
+    """A node as the broker knows it now."""
+
+    #: Its labels as its heartbeat says them; None: not heard since the broker started.
+    labels: Mapping[str, str] | None
+    healthy: bool = True
+    offline: bool = False
+    draining: bool = False
+
+
+@dataclass(frozen=True)
+class Placed:
+    """A live instance of the job (not being stopped): the node it is bound to, its version."""
+
+    instance_id: str
+    node_id: str
+    version: int
+
+
+@dataclass
+class Decision:
+    #: Nodes that get a new instance now.
+    start: list[str] = field(default_factory=list)
+    stop: list[tuple[str, Reason]] = field(default_factory=list)
+
+    def __bool__(self) -> bool:
+        return bool(self.start or self.stop)
+
+
+def eligible(labels: Mapping[str, str], node: Node) -> bool:
+    """Rule 1: the node is the job's."""
+    return node.labels is not None and not node.offline and not node.draining and all(
+        node.labels.get(k) == v for k, v in labels.items())
+
+
+def _left(labels: Mapping[str, str], node: Node | None) -> bool:
+    """Rule 2: the node is known to be no longer the job's. A node not heard since the broker
+    started (None, or no labels yet) is given the benefit of the doubt until it is heard or
+    goes offline: a broker started again stops nothing it has not seen."""
+    if node is None:
+        return False
+    if node.offline or node.draining:
+        return True
+    return node.labels is not None and not all(
+        node.labels.get(k) == v for k, v in labels.items())
+
+
+def decide(labels: Mapping[str, str], version: int, nodes: Mapping[str, Node],
+           live: Sequence[Placed], *, stopped: bool = False,
+           hold: AbstractSet[str] = frozenset()) -> Decision:
+    """What the job needs now (rules 1-5); `hold`: nodes whose start the back-off holds."""
+    out = Decision()
+    if stopped:
+        out.stop = [(p.instance_id, Reason.SERVICE_STOPPED)
+                    for p in sorted(live, key=lambda p: p.instance_id)]
+        return out
+    covered: set[str] = set()
+    for p in sorted(live, key=lambda p: p.instance_id):
+        if _left(labels, nodes.get(p.node_id)):
+            out.stop.append((p.instance_id, Reason.SYSTEM_NODE_LEFT))
+        elif p.version != version:
+            out.stop.append((p.instance_id, Reason.SUPERSEDED))
+        elif p.node_id in covered:  # two on one node (a race of two brokers): keep one
+            out.stop.append((p.instance_id, Reason.SCALED_DOWN))
+        else:
+            covered.add(p.node_id)
+    out.start = [n for n in sorted(nodes) if n not in covered and n not in hold
+                 and nodes[n].healthy and eligible(labels, nodes[n])]
+    return out

@@ -1,0 +1,76 @@
+"""System jobs in memory (`gavel.shared.systems`): which nodes lack an instance, which
+instances stop and why, in a fixed order; the spec's refusals naming the field."""
+
+from __future__ import annotations
+
+import re
+
+import msgspec
+import pytest
+
+from gavel.shared.reasons import Reason
+from gavel.shared.spec import Spec
+from gavel.shared.systems import Node, Placed, decide
+
+EDGE = {"role": "edge"}
+
+
+def nodes(**kw: Node) -> dict[str, Node]:
+    return dict(kw)
+
+
+def test_every_healthy_matching_node_without_an_instance_gets_one() -> None:
+    fleet = nodes(c=Node(EDGE), a=Node(EDGE), b=Node({"role": "db"}),
+                  d=Node(EDGE, healthy=False))  # unreachable: keeps what it has, gets none
+    d = decide(EDGE, 1, fleet, [Placed("x-1", "a", 1)])
+    assert d.start == ["c"] and d.stop == []
+
+
+def test_a_drained_offline_or_relabelled_nodes_instance_stops_and_is_not_replaced() -> None:
+    fleet = nodes(a=Node(EDGE, draining=True), b=Node(EDGE, offline=True, healthy=False),
+                  c=Node({"role": "db"}), e=Node(EDGE))
+    live = [Placed("x-a", "a", 1), Placed("x-b", "b", 1), Placed("x-c", "c", 1),
+            Placed("x-gone", "gone", 1), Placed("x-e", "e", 1)]
+    d = decide(EDGE, 1, fleet, live)
+    assert d.start == []
+    # x-gone's node is not known at all: kept until it is heard or goes offline (rule 3).
+    assert d.stop == [(i, Reason.SYSTEM_NODE_LEFT) for i in ("x-a", "x-b", "x-c")]
+
+
+def test_another_version_is_replaced_on_its_node_and_a_stopped_job_keeps_none() -> None:
+    fleet = nodes(a=Node(EDGE))
+    d = decide(EDGE, 2, fleet, [Placed("x-1", "a", 1)])
+    assert d.stop == [("x-1", Reason.SUPERSEDED)] and d.start == ["a"]
+    d = decide(EDGE, 2, fleet, [Placed("x-2", "a", 2)], stopped=True)
+    assert d.stop == [("x-2", Reason.SERVICE_STOPPED)] and d.start == []
+
+
+def test_two_on_one_node_keep_one() -> None:
+    d = decide({}, 1, nodes(a=Node({})), [Placed("x-2", "a", 1), Placed("x-1", "a", 1)])
+    assert d.stop == [("x-2", Reason.SCALED_DOWN)] and not d.start
+
+
+@pytest.mark.parametrize(("fields", "words"), [
+    ({"count": 3}, "count does not apply to a system job"),
+    ({"count": 0}, "count does not apply to a system job"),
+    ({"parallelism": 2}, "parallelism applies to a job's batch array (type = \"job\"), not "
+                         "to a system"),
+    ({"spread": "zone"}, "spread applies to a service's replicas"),
+])
+def test_bad_system_fields_are_refused_naming_the_field(fields: dict[str, object],
+                                                        words: str) -> None:
+    with pytest.raises(msgspec.ValidationError, match=re.escape(words)):
+        msgspec.convert({"name": "x", "command": ["true"], "type": "system", **fields}, Spec)
+
+
+def test_a_node_not_heard_since_the_broker_started_keeps_its_instance_and_gets_none() -> None:
+    live = [Placed("x-a", "a", 1), Placed("x-b", "b", 1)]
+    d = decide(EDGE, 1, nodes(b=Node(None), c=Node(None)), live)  # a: not even presumed
+    assert not d
+    d = decide(EDGE, 1, nodes(b=Node(None, offline=True, healthy=False)), live)
+    assert d.stop == [("x-b", Reason.SYSTEM_NODE_LEFT)]
+
+
+def test_a_node_the_back_off_holds_gets_no_instance_yet() -> None:
+    d = decide(EDGE, 1, nodes(a=Node(EDGE), b=Node(EDGE)), [], hold={"a"})
+    assert d.start == ["b"]
