@@ -242,6 +242,9 @@ class Broker:
             self.fenced.nc = nc
         state = self._mirrored = self.ledger.state()
         stamps = await self.feed.start(nc)
+        loaded = await self.events.load(nc, self.kv_replicas, self.log)
+        if loaded:
+            self.log.info("%d events loaded from the event history", loaded)
         now = self.now()
         silent = silences(stamps, state.nodes)
         for node_id in state.nodes:
