@@ -67,7 +67,7 @@ from gavel.shared.messages import Event, EventType
 from gavel.shared.reasons import Reason
 from gavel.shared.reasons import render as render_reason
 from gavel.shared.routes import derive
-from gavel.transport import nodebook
+from gavel.transport import eventstream, nodebook
 from gavel.transport.client import BrokerRefused, ClientError, NoAnswer, NoBroker, call, connect
 from gavel.transport.client import status as status_of
 
@@ -426,8 +426,14 @@ def _fmt_event(e: Event) -> str:
 
 
 async def events(args: argparse.Namespace) -> int:
+    """The events the broker keeps; with --follow, then every one stored after them, in
+    order and each once, across reconnects (`transport.eventstream` rule 3). The follower
+    is placed before the listing, so an event stored between the two is shown once."""
     nc = await connect(args.nats, args.creds)
+    feed: eventstream.Follower | None = None
     try:
+        if args.follow:
+            feed = await eventstream.follow(nc, args.instance).start()
         since = time.time() - args.since if args.since else 0.0
         reply = await call(nc, "events", EventsRequest(instance_id=args.instance,
                                                        limit=args.limit, since=since),
@@ -436,33 +442,32 @@ async def events(args: argparse.Namespace) -> int:
             await _known(nc, args.instance)
         for e in reply.events:
             print(msgspec.json.encode(e).decode() if args.json else _fmt_event(e))
-        if not args.follow:
+        if feed is None:
             return 0
-        subject = subjects.EVENTS.format(instance=args.instance) if args.instance \
-            else subjects.EVENTS_ALL
-        dec = msgspec.msgpack.Decoder(Event)
+        listed = reply.events[-64:]  # what the listing and the follower may both hold
         done = asyncio.Event()
-        gone: list[BrokenPipeError] = []  # the reader went: the command ends (main rule 3)
         await _until_signal(done.set)
 
-        async def cb(msg: Any) -> None:
-            try:
-                e = dec.decode(msg.data)
-            except (msgspec.DecodeError, RecursionError):
-                return  # not an event: garbage on the subject is not printed
-            try:
+        async def show() -> None:
+            async for stored in feed:
+                e = stored.event
+                if e in listed:
+                    continue
                 print(msgspec.json.encode(e).decode() if args.json else _fmt_event(e),
-                      flush=True)
-            except BrokenPipeError as exc:
-                gone.append(exc)
-                done.set()
+                      flush=True)  # BrokenPipeError: the reader went (main rule 3)
 
-        await nc.subscribe(subject, cb=cb)
-        await done.wait()
-        if gone:
-            raise gone[0]
+        shown = asyncio.create_task(show())
+        ended = asyncio.create_task(done.wait())
+        await asyncio.wait({shown, ended}, return_when=asyncio.FIRST_COMPLETED)
+        ended.cancel()
+        if shown.done():
+            shown.result()
+        else:
+            shown.cancel()
         return 0
     finally:
+        if feed is not None:
+            await feed.aclose()
         await nc.close()
 
 

@@ -24,7 +24,6 @@ import base64
 import contextlib
 import json
 import logging
-from collections.abc import AsyncIterator
 from typing import Any, NamedTuple
 
 import msgspec
@@ -34,8 +33,8 @@ from nats.js.errors import APIError, BadRequestError
 from gavel.shared import subjects
 from gavel.shared.messages import Event
 
-__all__ = ["MAX_AGE_S", "MAX_BYTES", "POLL_S", "Stored", "ensure", "follow", "last_seq",
-           "next_after", "recent", "stream_config"]
+__all__ = ["MAX_AGE_S", "MAX_BYTES", "POLL_S", "Follower", "NoHistory", "Stored", "ensure",
+           "follow", "last_seq", "next_after", "recent", "stream_config"]
 
 #: Events older than this leave the stream (seven days).
 MAX_AGE_S = 7 * 24 * 3600.0
@@ -142,45 +141,68 @@ async def recent(nc: Any, count: int) -> list[Stored]:
     return got
 
 
-async def follow(nc: Any, instance_id: str = "", after: int | None = None
-                 ) -> AsyncIterator[Stored]:
-    """Rule 3: every event (of `instance_id`, or all) stored after sequence `after` (None:
-    from now on), each once, in order, across reconnects; rule 4 without a stream."""
-    subject = subjects.EVENTS.format(instance=instance_id) if instance_id \
-        else subjects.EVENTS_ALL
-    bell = asyncio.Event()
-    heard: asyncio.Queue[bytes] = asyncio.Queue()
-    plain: list[bool] = []  # rule 4: what is heard is what is yielded
+class Follower:
+    """Rule 3 as an async iterator of `Stored`: `start` subscribes and fixes where it
+    begins (so nothing published after `start` returns is missed), ``aclose`` ends it."""
 
-    async def ring(msg: Any) -> None:
-        if plain:
-            heard.put_nowait(msg.data)
-        bell.set()
+    def __init__(self, nc: Any, instance_id: str = "", after: int | None = None) -> None:
+        self.nc = nc
+        self.subject = subjects.EVENTS.format(instance=instance_id) if instance_id \
+            else subjects.EVENTS_ALL
+        #: The sequence of the last event yielded (None until `start`).
+        self.last = after
+        #: Rule 4: no history, so what is heard is what is yielded.
+        self.plain = False
+        self._bell = asyncio.Event()
+        self._heard: asyncio.Queue[bytes] = asyncio.Queue()
+        self._sub: Any = None
 
-    sub = await nc.subscribe(subject, cb=ring)
-    try:
-        try:
-            last = await last_seq(nc) if after is None else after
-        except NoHistory:
-            plain.append(True)
-            while True:  # rule 4
-                data = await heard.get()
-                with contextlib.suppress(msgspec.DecodeError, RecursionError):
-                    yield Stored(0, _event(data))
-        while True:
-            bell.clear()
+    async def start(self) -> Follower:
+        self._sub = await self.nc.subscribe(self.subject, cb=self._ring)
+        if self.last is None:
             try:
-                got = await next_after(nc, last, subject)
+                self.last = await last_seq(self.nc)
+            except NoHistory:
+                self.plain = True
+        return self
+
+    async def _ring(self, msg: Any) -> None:
+        if self.plain:
+            self._heard.put_nowait(msg.data)
+        self._bell.set()
+
+    def __aiter__(self) -> Follower:
+        return self
+
+    async def __anext__(self) -> Stored:
+        if self._sub is None:
+            await self.start()
+        while self.plain:
+            data = await self._heard.get()
+            with contextlib.suppress(msgspec.DecodeError, RecursionError):
+                return Stored(0, _event(data))
+        while True:
+            self._bell.clear()
+            try:
+                got = await next_after(self.nc, self.last or 0, self.subject)
             except NoHistory:  # NATS away or restarting: look again
                 got = None
             if got is None:
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(POLL_S):
-                        await bell.wait()
+                        await self._bell.wait()
                 continue
-            last = got.seq
+            self.last = got.seq
             if got.event.instance_id:
-                yield got
-    finally:
-        with contextlib.suppress(Exception):
-            await sub.unsubscribe()
+                return got
+
+    async def aclose(self) -> None:
+        if self._sub is not None:
+            with contextlib.suppress(Exception):
+                await self._sub.unsubscribe()
+
+
+def follow(nc: Any, instance_id: str = "", after: int | None = None) -> Follower:
+    """Rule 3: every event (of `instance_id`, or all) stored after sequence `after` (None:
+    from `start` on), each once, in order, across reconnects; rule 4 without a stream."""
+    return Follower(nc, instance_id, after)

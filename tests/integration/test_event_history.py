@@ -6,15 +6,21 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import subprocess
+import sys
 from typing import Any
 
 import nats
 
+from gavel.broker.service import Broker
+from gavel.shared import subjects
 from gavel.shared.api import EventsReply, EventsRequest
 from gavel.shared.messages import EventType
 from gavel.transport import eventstream
+from gavel.transport import identity as auth
 from gavel.transport.natsserver import NatsServer
-from tests.integration.harness import Cluster, wait_for
+from tests.integration.authed import Authed
+from tests.integration.harness import TIMING, Cluster, wait_for
 
 
 def _emit(cluster: Cluster, iid: str, n: int, start: int = 0) -> None:
@@ -43,6 +49,11 @@ async def test_history_survives_a_broker_restart(cluster: Cluster) -> None:
     await cluster.stop_broker()
     await cluster.start_broker()
     assert await _listed(cluster, "i-old") == ["step 0", "step 1", "step 2"]
+    proc = await asyncio.to_thread(  # what an operator types
+        subprocess.run, [sys.executable, "-m", "gavel", "events", "i-old", "--since", "1h",
+                         "--nats", cluster.url], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert [line.split()[-1] for line in proc.stdout.splitlines()] == ["0", "1", "2"]
     _emit(cluster, "i-old", 1, start=3)  # what the new broker records follows the history
     await wait_for(lambda: _listed_is(cluster, "i-old", 4), what="the fourth event listed")
 
@@ -76,17 +87,17 @@ async def test_follow_resumes_across_a_nats_server_restart(cluster: Cluster,
     reader = await nats.connect(nats_server.url, max_reconnect_attempts=-1,
                                 reconnect_time_wait=5.0)
     got: list[str] = []
-    feed = eventstream.follow(reader, "i-f")
+    _emit(cluster, "i-before", 1)  # before the follower starts: not followed
+    await wait_for(lambda: _stored_at_least(reader, 1), what="the first event stored")
+    feed = await eventstream.follow(reader, "i-f").start()
 
     async def read() -> None:
         async for stored in feed:
+            assert stored.event.instance_id == "i-f"
             got.append(stored.event.detail)
 
-    _emit(cluster, "i-before", 1)  # another instance's event: not this follower's
     task = asyncio.create_task(read())
     try:
-        await asyncio.sleep(0)  # the follower takes its place before the first event
-        await wait_for(lambda: _stored_at_least(reader, 1), what="the follower's start")
         _emit(cluster, "i-f", 3)
         await wait_for(lambda: len(got) >= 3, what="the first three followed")
         nats_server.stop()
@@ -106,3 +117,41 @@ async def test_follow_resumes_across_a_nats_server_restart(cluster: Cluster,
         with contextlib.suppress(asyncio.CancelledError):
             await task
         await reader.close()
+
+
+async def test_operators_read_the_history_and_only_the_broker_writes_it(authed: Authed
+                                                                         ) -> None:
+    broker = Broker(nats_url=authed.url, state_dir=authed.root / "state", timing=TIMING,
+                    nats_options={"nkeys_seed": authed.seed(auth.BROKER)})
+    await broker.start()
+    try:
+        broker.events.emit("i-p", EventType.SCHEDULED, detail="by the broker")
+        op = await authed.connect(auth.OPERATOR)
+        await wait_for(lambda: _stored_at_least(op, 1), what="the operator reading it")
+        got = await eventstream.next_after(op, 0, subjects.EVENTS.format(instance="i-p"))
+        assert got is not None and got.event.detail == "by the broker"
+        # An operator may not write, purge or delete it; a node may not even read it.
+        for subject in (subjects.EVENTS.format(instance="i-p"),
+                        f"$JS.API.STREAM.PURGE.{subjects.EVENTS_STREAM}",
+                        f"$JS.API.STREAM.DELETE.{subjects.EVENTS_STREAM}",
+                        f"$JS.API.STREAM.MSG.DELETE.{subjects.EVENTS_STREAM}"):
+            await op.publish(subject, b"{}")
+        node = await authed.connect("a")
+        for subject in (subjects.EVENTS.format(instance="i-p"), subjects.EVENTS_GET,
+                        subjects.EVENTS_INFO):
+            await node.publish(subject, b"{}")
+        await op.flush()
+        await node.flush()
+        await wait_for(lambda: all(authed.refused(auth.OPERATOR, "publish", s) for s in (
+            subjects.EVENTS.format(instance="i-p"),
+            f"$JS.API.STREAM.PURGE.{subjects.EVENTS_STREAM}")), what="the operator refused")
+        await wait_for(lambda: all(authed.refused("a", "publish", s) for s in (
+            subjects.EVENTS.format(instance="i-p"), subjects.EVENTS_GET)),
+            what="the node refused")
+        assert await eventstream.last_seq(op) == 1  # nothing else landed, nothing went
+        # The broker's own calls for it are all in its permissions: the refusals the
+        # server logged are the seven provoked above.
+        await wait_for(lambda: len(authed.violations()) >= 7, what="the refusals logged")
+        assert len(authed.violations()) == 7, authed.violations()
+    finally:
+        await broker.close()
