@@ -8,9 +8,11 @@ import asyncio
 import contextlib
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 import nats
+import pytest
 
 from gavel.broker.service import Broker
 from gavel.shared import subjects
@@ -18,6 +20,7 @@ from gavel.shared.api import EventsReply, EventsRequest
 from gavel.shared.messages import EventType
 from gavel.transport import eventstream
 from gavel.transport import identity as auth
+from gavel.transport.natscluster import NatsCluster
 from gavel.transport.natsserver import NatsServer
 from tests.integration.authed import Authed
 from tests.integration.harness import TIMING, Cluster, wait_for
@@ -155,3 +158,53 @@ async def test_operators_read_the_history_and_only_the_broker_writes_it(authed: 
         assert len(authed.violations()) == 7, authed.violations()
     finally:
         await broker.close()
+
+
+async def test_the_history_is_bounded_and_kept_as_the_kv_is(cluster: Cluster) -> None:
+    """Bounded by age and size; a lone server refuses the cluster's three replicas, so it
+    keeps the history alone (a cluster keeps it on `kv_replicas`)."""
+    await cluster.start_broker(kv_replicas=3)
+    nc = await cluster.client()
+    info = await nc.jetstream().stream_info(subjects.EVENTS_STREAM)
+    assert info.config.max_age == eventstream.MAX_AGE_S
+    assert info.config.max_bytes == eventstream.MAX_BYTES
+    assert info.config.num_replicas == 1
+    assert info.config.subjects == [subjects.EVENTS_ALL]
+
+
+@pytest.mark.timeout(180)
+async def test_on_a_cluster_the_history_outlives_its_leaders_server(tmp_path: Path) -> None:
+    """Kept on three replicas: the server that led the stream killed, a new broker still
+    lists every event."""
+    servers = NatsCluster(tmp_path / "nats", 3).start()
+    cluster = Cluster(servers.url, tmp_path)
+    try:
+        await servers.wait_jetstream()
+        await cluster.start_broker(kv_replicas=3)
+        _emit(cluster, "i-r3", 3)
+        inspector = await nats.connect(servers.urls, max_reconnect_attempts=-1,
+                                       reconnect_time_wait=0.2)
+        cluster.nc = inspector
+        await wait_for(lambda: _stored_at_least(inspector, 3), 30, what="three stored")
+        info = await inspector.jetstream(timeout=5).stream_info(subjects.EVENTS_STREAM)
+        assert info.config.num_replicas == 3 and info.cluster is not None
+        await cluster.stop_broker()
+        names = [f"{servers.name}-{k}" for k in (1, 2, 3)]
+        victim = info.cluster.leader
+        servers.servers[names.index(victim)].kill()
+        await wait_for(lambda: _led_by_another(inspector, victim), 60,
+                       what="a survivor leading the stream")
+        await cluster.start_broker(kv_replicas=3)
+        await wait_for(lambda: _listed_is(cluster, "i-r3", 3), 60,
+                       what="the history listed from the survivors")
+    finally:
+        await cluster.close()
+        servers.stop()
+
+
+async def _led_by_another(nc: Any, victim: str | None) -> bool:
+    try:
+        info = await nc.jetstream(timeout=2).stream_info(subjects.EVENTS_STREAM)
+    except Exception:  # no leader yet
+        return False
+    return info.cluster is not None and info.cluster.leader not in (None, victim)
