@@ -307,13 +307,22 @@ async def status(args: argparse.Namespace) -> int:
         _print_json(reply.instances)
         return 0
     _leader_line(reply.leader, reply.epoch, reply.leader_since)
-    rows = [("INSTANCE", "STATE", "HEALTH", "NODE", "ATTEMPT", "RESTARTS", "PORTS", "REASON")]
+    rows = [("INSTANCE", "STATE", "HEALTH", "NODE", "ATTEMPT", "RESTARTS", "CPU", "MEM MB",
+             "PORTS", "REASON")]
     for i in reply.instances:
         why = i.detail if i.state == "unschedulable" else (i.reason or i.check or "")
         rows.append((i.instance_id, i.state, i.health or "-", i.node_id or "-", str(i.attempt),
-                     str(i.restarts), _ports(i.ports) or "-", " ".join(why.split())))
+                     str(i.restarts), *_usage(i.cpu_used, i.memory_used_mb, i.node_id),
+                     _ports(i.ports) or "-", " ".join(why.split())))
     _table(rows)
     return 0
+
+
+def _usage(cpu: float, memory_mb: float, where: str = "x") -> tuple[str, str]:
+    """What is measured, or "-" where nothing is (not placed, or no cgroup)."""
+    if not where or (not cpu and not memory_mb):
+        return "-", "-"
+    return f"{cpu:.2f}", f"{memory_mb:.1f}"
 
 
 def _ports(ports: dict[str, int]) -> str:
@@ -334,15 +343,15 @@ async def nodes(args: argparse.Namespace) -> int:
     if reply.detail is not None:
         _node_detail(reply.nodes[0], reply.detail)
         return 0
-    rows = [("NODE", "HEALTH", "ADDRESS", "STRATEGY", "CPU", "MEMORY MB", "INSTANCES",
-             "LABELS")]
+    rows = [("NODE", "HEALTH", "ADDRESS", "STRATEGY", "CPU", "MEMORY MB", "USED CPU",
+             "USED MB", "INSTANCES", "LABELS")]
     for n in reply.nodes:
         labels = ",".join(f"{k}={v}" for k, v in sorted(n.labels.items()))
         rows.append((n.node_id, n.health + (" draining" if n.draining else ""),
                      n.advertise or "-", n.strategy,
                      f"{n.committed.cpu:g}/{n.capacity.cpu:g}",
                      f"{n.committed.memory_mb}/{n.capacity.memory_mb}",
-                     str(n.instances), labels or "-"))
+                     *_usage(n.cpu_used, n.memory_used_mb), str(n.instances), labels or "-"))
     _table(rows)
     return 0
 
@@ -361,12 +370,15 @@ def _node_detail(n: NodeStatus, d: NodeDetail) -> None:
           f"ports {c.ports}/{cap.ports}"
           + (f" (range {d.port_range[0]}-{d.port_range[1]})" if len(d.port_range) == 2
              else ""))
+    print(f"  measured:  cpu {n.cpu_used:.2f} of the {c.cpu:g} held, memory "
+          f"{n.memory_used_mb:.1f} of the {c.memory_mb} MB held")
     if d.blocked_ports:
         print(f"  blocked ports (taken outside gavel): {', '.join(map(str, d.blocked_ports))}")
     print(f"  instances ({len(d.instances)}):" if d.instances else "  instances: none")
     if d.instances:
-        rows = [("    INSTANCE", "STATE", "ATTEMPT", "PORTS")]
-        rows += [(f"    {i.instance_id}", i.state, str(i.attempt), _ports(i.ports) or "-")
+        rows = [("    INSTANCE", "STATE", "ATTEMPT", "CPU", "MEM MB", "PORTS")]
+        rows += [(f"    {i.instance_id}", i.state, str(i.attempt),
+                  *_usage(i.cpu_used, i.memory_used_mb, i.node_id), _ports(i.ports) or "-")
                  for i in d.instances]
         _table(rows)
     print(f"  recent declines ({len(d.declines)}):" if d.declines else "  recent declines: none")
