@@ -282,6 +282,7 @@ class Broker:
         self._tasks = [asyncio.create_task(self.outbox.run(), name="outbox"),
                        asyncio.create_task(self.committer.run(), name="committer"),
                        asyncio.create_task(self.feed.run(), name="heartbeats"),
+                       asyncio.create_task(self.events.run(), name="events"),
                        asyncio.create_task(self._loop(), name="reconcile")]
         self.log.info("broker up: state %s ref %s%s", self.ledger.path, self.ledger.ref,
                       f", leading in epoch {self.leader.epoch}" if self.ha else "")

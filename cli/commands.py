@@ -420,6 +420,11 @@ async def why(args: argparse.Namespace) -> int:
     return 0
 
 
+#: A following command's connection: it reconnects for ever (a NATS restart is a pause).
+FOLLOWING: dict[str, Any] = {"allow_reconnect": True, "max_reconnect_attempts": -1,
+                             "reconnect_time_wait": 0.5}
+
+
 def _fmt_event(e: Event) -> str:
     parts = [time.strftime("%H:%M:%S", time.localtime(e.at)), e.instance_id, e.type]
     if e.node_id:
@@ -440,8 +445,9 @@ def _fmt_event(e: Event) -> str:
 async def events(args: argparse.Namespace) -> int:
     """The events the broker keeps; with --follow, then every one stored after them, in
     order and each once, across reconnects (`transport.eventstream` rule 3). The follower
-    is placed before the listing, so an event stored between the two is shown once."""
-    nc = await connect(args.nats, args.creds)
+    is placed before the listing, so an event stored between the two is shown once; its
+    connection reconnects for as long as it follows."""
+    nc = await connect(args.nats, args.creds, **(FOLLOWING if args.follow else {}))
     feed: eventstream.Follower | None = None
     try:
         if args.follow:

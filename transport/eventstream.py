@@ -11,8 +11,9 @@ Rules:
    (`subjects.EVENTS_GET`, `subjects.EVENTS_INFO`), and a reconnect loses nothing.
 3. `follow` yields every event after a sequence, in order, each once: it reads the next
    stored one after the last it yielded, so after a reconnect or a nats-server restart it
-   goes on where it left off, with no gap and no duplicate. A subscription to the events'
-   subject is only its doorbell; without one it looks again every `POLL_S`.
+   goes on where it left off, with no gap and no duplicate (on a connection that reconnects;
+   a closed one ends it). A subscription to the events' subject is only its doorbell;
+   without one it looks again every `POLL_S`.
 4. Without JetStream (or without the stream) there is no history: `follow` yields what
    the subscription hears, with sequence 0.
 """
@@ -182,6 +183,8 @@ class Follower:
             with contextlib.suppress(msgspec.DecodeError, RecursionError):
                 return Stored(0, _event(data))
         while True:
+            if self.nc.is_closed:  # closed, not reconnecting: nothing more will come
+                raise StopAsyncIteration
             self._bell.clear()
             try:
                 got = await next_after(self.nc, self.last or 0, self.subject)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -23,7 +24,7 @@ from gavel.transport import identity as auth
 from gavel.transport.natscluster import NatsCluster
 from gavel.transport.natsserver import NatsServer
 from tests.integration.authed import Authed
-from tests.integration.harness import TIMING, Cluster, wait_for
+from tests.integration.harness import TIMING, Cluster, gavel_process, wait_for
 
 
 def _emit(cluster: Cluster, iid: str, n: int, start: int = 0) -> None:
@@ -208,3 +209,33 @@ async def _led_by_another(nc: Any, victim: str | None) -> bool:
     except Exception:  # no leader yet
         return False
     return info.cluster is not None and info.cluster.leader not in (None, victim)
+
+
+async def test_gavel_events_follow_goes_on_after_a_nats_server_restart(
+        cluster: Cluster, nats_server: NatsServer) -> None:
+    """The command an operator leaves open: the listing, then every event once, in order,
+    across a restart of the server it is connected to."""
+    await cluster.start_broker()
+    _emit(cluster, "i-c", 1)
+    log = cluster.root / "follow.log"
+    proc = gavel_process(["events", "i-c", "--follow", "--json", "--nats", cluster.url], log)
+
+    def shown() -> list[str]:
+        return [json.loads(line)["detail"] for line in log.read_text().splitlines()
+                if line.startswith("{")]
+    try:
+        await wait_for(lambda: log.exists() and len(shown()) == 1, 60, what="the listing")
+        _emit(cluster, "i-c", 2, start=1)
+        await wait_for(lambda: len(shown()) >= 3, 30, what="two followed")
+        nats_server.stop()
+        nats_server.start()
+        broker = cluster.broker
+        assert broker is not None
+        await wait_for(lambda: broker.nc.is_connected, 30, what="the broker back on NATS")
+        _emit(cluster, "i-c", 2, start=3)
+        await wait_for(lambda: len(shown()) >= 5, 30, what=f"two more followed {proc.poll()}")
+        assert shown() == [f"step {i}" for i in range(5)]
+        assert proc.poll() is None  # still following
+    finally:
+        proc.terminate()
+        proc.wait(10)
