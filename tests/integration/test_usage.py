@@ -5,6 +5,8 @@ allowing what a quota lets through at the edges of one reading's window)."""
 
 from __future__ import annotations
 
+import asyncio
+import subprocess
 import sys
 
 from prometheus_client import generate_latest
@@ -55,6 +57,12 @@ async def test_a_busy_instance_shows_what_it_uses_within_its_cgroup(cluster: Clu
     assert f'gavel_instance_cpu_used{{instance="{iid}",node="{node}"}}' in text
     assert f'gavel_node_memory_used_bytes{{node="{node}"}}' in text
     assert "gavel_instance_usage_omitted 0.0" in text
+    proc = await asyncio.to_thread(subprocess.run, [
+        sys.executable, "-m", "gavel", "status", iid, "--nats", cluster.url],
+        capture_output=True, text=True, timeout=60)
+    head, row = proc.stdout.splitlines()[-2:]
+    cells = dict(zip(head.replace("MEM MB", "MEM_MB").split(), row.split(), strict=False))
+    assert float(cells["CPU"]) > 0 and 0 < float(cells["MEM_MB"]) <= 64, proc.stdout
 
 
 def _new_reading(cluster: Cluster, node: str, before: float) -> bool:
