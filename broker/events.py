@@ -53,6 +53,9 @@ class Events:
         #: Rule 3: (subject, payload, message id) waiting for the stream's acknowledgement.
         self.waiting: deque[tuple[str, bytes, str]] = deque()
         self.dropped = 0
+        #: How many of `recent` `load` read from the history (those first): the rest were
+        #: heard by this broker.
+        self.loaded = 0
         self._nc: Any = None
         self._more = asyncio.Event()
 
@@ -75,6 +78,7 @@ class Events:
         self._nc = nc
         since = list(self.recent)
         self.recent = deque([s.event for s in stored] + since, maxlen=KEPT)
+        self.loaded = min(len(stored), KEPT - len(since))
         return len(stored)
 
     def record(self, ev: Event) -> None:
