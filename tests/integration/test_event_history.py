@@ -16,6 +16,7 @@ import nats
 import pytest
 
 from gavel.broker.service import Broker
+from gavel.cli.ui.feed import Feed
 from gavel.shared import subjects
 from gavel.shared.api import EventsReply, EventsRequest
 from gavel.shared.messages import EventType
@@ -239,3 +240,37 @@ async def test_gavel_events_follow_goes_on_after_a_nats_server_restart(
     finally:
         proc.terminate()
         proc.wait(10)
+
+
+async def test_the_dashboard_shows_history_on_load_and_misses_nothing_across_a_restart(
+        cluster: Cluster, nats_server: NatsServer) -> None:
+    await cluster.start_broker()
+    _emit(cluster, "i-ui", 1)
+    await wait_for(lambda: _listed_is(cluster, "i-ui", 1), what="the first event kept")
+    await cluster.stop_broker()
+    await cluster.start_broker()  # what the dashboard loads is the history
+    nc = await nats.connect(nats_server.url, max_reconnect_attempts=-1,
+                            reconnect_time_wait=5.0)
+    feed = Feed(nc)
+    await feed.start()
+
+    def shown() -> list[str]:
+        return [json.loads(e)["detail"] for e in feed.events
+                if json.loads(e)["instance_id"] == "i-ui"]
+    try:
+        assert shown() == ["step 0"]
+        _emit(cluster, "i-ui", 1, start=1)
+        await wait_for(lambda: len(shown()) >= 2, 30, what="an event followed")
+        nats_server.stop()
+        await wait_for(lambda: not nc.is_connected, what="the dashboard to lose NATS")
+        nats_server.start()
+        broker = cluster.broker
+        assert broker is not None
+        await wait_for(lambda: broker.nc.is_connected, 20, what="the broker back on NATS")
+        assert not nc.is_connected  # published while the dashboard was away
+        _emit(cluster, "i-ui", 2, start=2)
+        await wait_for(lambda: len(shown()) >= 4, 30, what="every event shown")
+        assert shown() == [f"step {i}" for i in range(4)]
+    finally:
+        await feed.close()
+        await nc.close()
