@@ -14,7 +14,8 @@ Rules:
    again, never lost from the history, and carries a message id, so one whose
    acknowledgement was lost is stored once (the stream's duplicate window). At most `KEPT`
    wait; past that the oldest waiting is dropped (counted). A leader of several brokers
-   sends none while its lease says it does not lead (`Outbox.gate`).
+   sends none while its lease says it does not lead (`Outbox.gate`): what waits then is
+   dropped, never sent late.
 """
 
 from __future__ import annotations
@@ -103,6 +104,11 @@ class Events:
             await self._more.wait()
             self._more.clear()
             while self.waiting:
+                gate = self._outbox.gate
+                if gate is not None and not gate():  # no longer leading: never sent late
+                    self.dropped += len(self.waiting)
+                    self.waiting.clear()
+                    break
                 window = list(itertools.islice(self.waiting, _WINDOW))
                 stored = await asyncio.gather(*(self._store(*w) for w in window))
                 done = {w[2] for w, ok in zip(window, stored, strict=True) if ok}
