@@ -21,6 +21,7 @@ Rules:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import json
 import logging
@@ -115,6 +116,16 @@ class Events:
                 self.waiting = deque(w for w in self.waiting if w[2] not in done)
                 if len(done) < len(window):
                     await asyncio.sleep(_RETRY_S)
+
+    async def settle(self, within_s: float) -> None:
+        """Wait up to `within_s` for what waits to be stored (a broker closing): `run`
+        stores it; what is still waiting then, or while NATS is away, is lost from the
+        history."""
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(within_s):
+                while self.waiting and self._nc is not None and self._nc.is_connected:
+                    self._more.set()
+                    await asyncio.sleep(_RETRY_S / 4)
 
     async def _store(self, subject: str, data: bytes, msg_id: str) -> bool:
         try:

@@ -342,6 +342,7 @@ class Broker:
         """Stop every loop, send what is queued, drain; bounded, so a stuck part is logged
         rather than holding its caller for ever."""
         self._closing = True  # from now on a connection that goes is one we close
+        await self.events.settle(_CLOSE_S)  # stored before we go (`broker.events` rule 3)
         for t in self._tasks:
             t.cancel()
         self.api.close()  # requests waiting for a commit that will not come now

@@ -51,9 +51,11 @@ async def test_history_survives_a_broker_restart(cluster: Cluster) -> None:
     nc = await cluster.client()
     await wait_for(lambda: _stored(nc), what="the events to be stored")
     await wait_for(lambda: _stored_at_least(nc, 3), what="three events stored")
+    _emit(cluster, "i-late", 1)  # as it stops: stored before it goes
     await cluster.stop_broker()
     await cluster.start_broker()
     assert await _listed(cluster, "i-old") == ["step 0", "step 1", "step 2"]
+    assert await _listed(cluster, "i-late") == ["step 0"]
     proc = await asyncio.to_thread(  # what an operator types
         subprocess.run, [sys.executable, "-m", "gavel", "events", "i-old", "--since", "1h",
                          "--nats", cluster.url], capture_output=True, text=True, timeout=60)
