@@ -47,7 +47,7 @@ import asyncio
 import itertools
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 import msgspec
@@ -103,7 +103,7 @@ from gavel.shared.api import (
     counted_ids,
 )
 from gavel.shared.health import Health
-from gavel.shared.messages import ApiError, Capacity, Message
+from gavel.shared.messages import ApiError, Capacity, InstanceReport, Message
 from gavel.shared.reasons import Reason
 from gavel.shared.spec import Spec
 from gavel.transport.inbound import Door, Guard
@@ -384,7 +384,9 @@ class Api:
                                   draining=hb.draining or bool(nf and nf.draining),
                                   instances=len(nf.instances) if nf else 0,
                                   last_seen_s=round(now - self.ctx.liveness.last_seen[node_id],
-                                                    3), advertise=hb.advertise))
+                                                    3), advertise=hb.advertise,
+                                  cpu_used=_cpu(hb.instances),
+                                  memory_used_mb=_memory(hb.instances)))
         return NodesReply(nodes=out, rejected=dict(self.ctx.rejects.counts), **self._leader())
 
     def _node(self, node_id: str) -> Message:
@@ -405,7 +407,9 @@ class Api:
             committed=state.committed.get(node_id) or Capacity(),
             draining=bool(hb and hb.draining) or bool(nf and nf.draining),
             instances=len(nf.instances) if nf else 0,
-            last_seen_s=round(now - seen, 3) if seen is not None else 0.0)
+            last_seen_s=round(now - seen, 3) if seen is not None else 0.0,
+            cpu_used=_cpu(hb.instances) if hb else 0.0,
+            memory_used_mb=_memory(hb.instances) if hb else 0.0)
         running = [self.views.instance_status(rec) for iid in sorted(nf.instances if nf else ())
                    if (rec := state.instances.get(iid)) is not None]
         declines = [RecentDecline(instance_id=iid, auction_id=aid, reason=d.reason,
@@ -507,3 +511,12 @@ def _pct(sorted_values: list[float], pct: float) -> float:
         return 0.0
     k = max(0, min(len(sorted_values) - 1, round(pct / 100 * len(sorted_values) + 0.5) - 1))
     return sorted_values[k] * 1000.0
+
+
+def _cpu(reports: Sequence[InstanceReport]) -> float:
+    """A node's own load: the cpus its instances measurably use together."""
+    return round(sum(r.cpu_used for r in reports), 3)
+
+
+def _memory(reports: Sequence[InstanceReport]) -> float:
+    return round(sum(r.memory_used_mb for r in reports), 1)

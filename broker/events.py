@@ -1,24 +1,50 @@
 """Instance events: each published on its instance's subject and kept for `gavel events`.
 
-Rule: an event is published as it happens (``gavel.events.<instance>``, for whoever follows
-it) and the newest `KEPT` stay in memory for the API; events are not durable - git holds the
-outcomes, the events only narrate them.
+Rules:
+1. An event is published as it happens (``gavel.events.<instance>``, for whoever follows
+   it) and the newest `KEPT` stay in memory for the API.
+2. With JetStream, what is published is also stored in the event history
+   (`transport.eventstream`: bounded by age and size, replicated like the KV), and `load`
+   fills the memory from it at start, so a restarted broker (or nats-server, the history
+   being on file) answers `gavel events` with what happened before it. Without JetStream
+   the history starts empty at each start (said once); git holds the outcomes either way.
+3. With the history, an event is published as a JetStream publish, in order, one at a time,
+   until the stream acknowledges it (`run`): one published while NATS or its stream is away
+   (a nats-server restarting recovers its streams after it accepts connections) is sent
+   again, never lost from the history, and carries a message id, so one whose
+   acknowledgement was lost is stored once (the stream's duplicate window). At most `KEPT`
+   wait; past that the oldest waiting is dropped (counted). A leader of several brokers
+   sends none while its lease says it does not lead (`Outbox.gate`): what waits then is
+   dropped, never sent late.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import itertools
+import json
+import logging
 import time
+import uuid
 from collections import deque
 from collections.abc import Callable, Iterator
+from typing import Any
 
 from gavel.broker.outbox import Outbox
 from gavel.shared import subjects
 from gavel.shared.messages import Event, EventType
+from gavel.transport import eventstream
 
 __all__ = ["KEPT", "Events"]
 
-#: Events kept in memory for `gavel events`.
+#: Events kept in memory for `gavel events`, and the most waiting to be stored (rule 3).
 KEPT = 2000
+#: How long a store waits for its acknowledgement, and between tries (rule 3).
+_ACK_S = 2.0
+_RETRY_S = 0.2
+#: Stores on the wire at once (rule 3).
+_WINDOW = 64
 
 
 class Events:
@@ -26,6 +52,14 @@ class Events:
         self._outbox = outbox
         self._clock = clock
         self.recent: deque[Event] = deque(maxlen=KEPT)
+        #: Rule 3: (subject, payload, message id) waiting for the stream's acknowledgement.
+        self.waiting: deque[tuple[str, bytes, str]] = deque()
+        self.dropped = 0
+        #: How many of `recent` `load` read from the history (those first): the rest were
+        #: heard by this broker.
+        self.loaded = 0
+        self._nc: Any = None
+        self._more = asyncio.Event()
 
     def __iter__(self) -> Iterator[Event]:
         return iter(self.recent)
@@ -33,9 +67,74 @@ class Events:
     def __len__(self) -> int:
         return len(self.recent)
 
+    async def load(self, nc: Any, replicas: int, log: logging.Logger) -> int:
+        """Rule 2: the history made sure of, the newest `KEPT` of it put before what was
+        recorded since start; how many were loaded."""
+        try:
+            await eventstream.ensure(nc, replicas, log)
+            stored = await eventstream.recent(nc, KEPT)
+        except Exception as exc:  # JetStream off or refused: memory only
+            log.warning("no JetStream event history (%s): `gavel events` shows only what "
+                        "happened since this broker started", str(exc) or type(exc).__name__)
+            return 0
+        self._nc = nc
+        since = list(self.recent)
+        self.recent = deque([s.event for s in stored] + since, maxlen=KEPT)
+        self.loaded = min(len(stored), KEPT - len(since))
+        return len(stored)
+
     def record(self, ev: Event) -> None:
         self.recent.append(ev)
-        self._outbox.publish(subjects.EVENTS.format(instance=ev.instance_id), ev)
+        subject = subjects.EVENTS.format(instance=ev.instance_id)
+        if self._nc is None:
+            self._outbox.publish(subject, ev)
+            return
+        gate = self._outbox.gate
+        if gate is not None and not gate():
+            return  # rule 3: not leading, nothing goes out
+        if len(self.waiting) >= KEPT:
+            self.waiting.popleft()
+            self.dropped += 1
+        self.waiting.append((subject, self._outbox.encode(ev), uuid.uuid4().hex))
+        self._more.set()
+
+    async def run(self) -> None:
+        """Rule 3: store what waits, oldest first, up to `_WINDOW` on the wire at once
+        (one connection keeps their order), each again until acknowledged."""
+        while True:
+            await self._more.wait()
+            self._more.clear()
+            while self.waiting:
+                gate = self._outbox.gate
+                if gate is not None and not gate():  # no longer leading: never sent late
+                    self.dropped += len(self.waiting)
+                    self.waiting.clear()
+                    break
+                window = list(itertools.islice(self.waiting, _WINDOW))
+                stored = await asyncio.gather(*(self._store(*w) for w in window))
+                done = {w[2] for w, ok in zip(window, stored, strict=True) if ok}
+                self.waiting = deque(w for w in self.waiting if w[2] not in done)
+                if len(done) < len(window):
+                    await asyncio.sleep(_RETRY_S)
+
+    async def settle(self, within_s: float) -> None:
+        """Wait up to `within_s` for what waits to be stored (a broker closing): `run`
+        stores it; what is still waiting then, or while NATS is away, is lost from the
+        history."""
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(within_s):
+                while self.waiting and self._nc is not None and self._nc.is_connected:
+                    self._more.set()
+                    await asyncio.sleep(_RETRY_S / 4)
+
+    async def _store(self, subject: str, data: bytes, msg_id: str) -> bool:
+        try:
+            reply = await self._nc.request(subject, data, timeout=_ACK_S,
+                                           headers={"Nats-Msg-Id": msg_id})
+            ack = json.loads(reply.data)
+        except Exception:  # no responders (stream away), timeout, reconnecting, closed
+            return False
+        return isinstance(ack, dict) and "error" not in ack and "seq" in ack
 
     def emit(self, instance_id: str, type_: EventType, node_id: str = "",
              reason: str = "", detail: str = "", exit_code: int | None = None,
@@ -43,3 +142,4 @@ class Events:
         self.record(Event(instance_id=instance_id, type=type_, node_id=node_id,
                           reason=reason, detail=detail, exit_code=exit_code,
                           attempt=attempt, at=self._clock()))
+

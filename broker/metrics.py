@@ -5,8 +5,12 @@ allocation beyond the label lookup); gauges that describe state (node health, in
 state, who leads) are computed at scrape time from the broker's own view, so they can never
 drift. Instances are counted by the state `gavel status` shows (`live_state`), not by the
 record's state in git, which says ``queued`` for every placed instance (placement lives in
-node.json). One `Metrics` outlives the leaderships of a broker that runs several
-(`broker.ha`): each leadership `attach`-es its view to the same registry.
+node.json). What instances measurably use (their cgroups, as each node's last heartbeat
+said) is a gauge per node and one per instance for the `USAGE_SERIES_MAX` busiest (by cpu,
+then memory, then id): a cluster of many thousand instances must not make as many series;
+`gavel_instance_usage_omitted` counts those left out. One `Metrics` outlives the leaderships
+of a broker that runs several (`broker.ha`): each leadership `attach`-es its view to the
+same registry.
 """
 
 from __future__ import annotations
@@ -27,12 +31,16 @@ if TYPE_CHECKING:
     from gavel.shared.health import Liveness
     from gavel.shared.records import InstanceRecord
 
-__all__ = ["LeaderView", "Metrics"]
+__all__ = ["USAGE_SERIES_MAX", "LeaderView", "Metrics"]
+
+#: Instances given usage series of their own, at most (the busiest).
+USAGE_SERIES_MAX = 200
 
 #: What the leadership gauges read: whether this broker leads now, the id of the broker that
 #: leads (as far as it knows; "" for none), that leadership's epoch, since when (ISO 8601).
 LeaderView = tuple[bool, str, int, str]
 
+_MB = 1024 * 1024
 _LATENCY = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 
 
@@ -222,3 +230,35 @@ class _StateCollector(Collector):
                                      "same node (timing.mirror_s)")
         folded.add_metric([], self.mirror.coalesced)
         yield folded
+        yield from _usage(liveness)
+
+
+def _usage(liveness: Liveness) -> Iterator[Metric]:
+    """The module docstring's usage gauges, by node and for the busiest instances."""
+    node_cpu = GaugeMetricFamily("gavel_node_cpu_used", "Cpus a node's instances use, "
+                                 "measured in their cgroups", labels=["node"])
+    node_mem = GaugeMetricFamily("gavel_node_memory_used_bytes", "Memory charged to a "
+                                 "node's instances' cgroups", labels=["node"])
+    rows: list[tuple[float, float, str, str]] = []
+    for node_id in sorted(liveness.known()):
+        reports = liveness.heartbeats[node_id].instances
+        node_cpu.add_metric([node_id], sum(r.cpu_used for r in reports))
+        node_mem.add_metric([node_id], sum(r.memory_used_mb for r in reports) * _MB)
+        rows.extend((-r.cpu_used, -r.memory_used_mb, r.instance_id, node_id)
+                    for r in reports if r.cpu_used or r.memory_used_mb)
+    yield node_cpu
+    yield node_mem
+    rows.sort()
+    cpu = GaugeMetricFamily("gavel_instance_cpu_used", "Cpus an instance uses, measured in "
+                            "its cgroup (the busiest only)", labels=["instance", "node"])
+    mem = GaugeMetricFamily("gavel_instance_memory_used_bytes", "Memory charged to an "
+                            "instance's cgroup (the busiest only)", labels=["instance", "node"])
+    for neg_cpu, neg_mem, iid, node_id in rows[:USAGE_SERIES_MAX]:
+        cpu.add_metric([iid, node_id], -neg_cpu)
+        mem.add_metric([iid, node_id], -neg_mem * _MB)
+    yield cpu
+    yield mem
+    left = GaugeMetricFamily("gavel_instance_usage_omitted", "Instances measured but given "
+                             f"no usage series (past the busiest {USAGE_SERIES_MAX})")
+    left.add_metric([], max(0, len(rows) - USAGE_SERIES_MAX))
+    yield left

@@ -246,6 +246,9 @@ class Broker:
             self.fenced.nc = nc
         state = self._mirrored = self.ledger.state()
         stamps = await self.feed.start(nc)
+        loaded = await self.events.load(nc, self.kv_replicas, self.log)
+        if loaded:
+            self.log.info("%d events loaded from the event history", loaded)
         now = self.now()
         silent = silences(stamps, state.nodes)
         for node_id in state.nodes:
@@ -283,6 +286,7 @@ class Broker:
         self._tasks = [asyncio.create_task(self.outbox.run(), name="outbox"),
                        asyncio.create_task(self.committer.run(), name="committer"),
                        asyncio.create_task(self.feed.run(), name="heartbeats"),
+                       asyncio.create_task(self.events.run(), name="events"),
                        asyncio.create_task(self._loop(), name="reconcile")]
         self.log.info("broker up: state %s ref %s%s", self.ledger.path, self.ledger.ref,
                       f", leading in epoch {self.leader.epoch}" if self.ha else "")
@@ -342,6 +346,7 @@ class Broker:
         """Stop every loop, send what is queued, drain; bounded, so a stuck part is logged
         rather than holding its caller for ever."""
         self._closing = True  # from now on a connection that goes is one we close
+        await self.events.settle(_CLOSE_S)  # stored before we go (`broker.events` rule 3)
         for t in self._tasks:
             t.cancel()
         self.api.close()  # requests waiting for a commit that will not come now

@@ -14,6 +14,7 @@ Rules:
 3. Every instance's status is shown a page at a time (`broker.api` rule 8): in id order
    after a given id, as many as encode within a byte budget (at least one) and at most
    `STATUS_PAGE_MAX`.
+4. What a placed instance uses is what its node's last heartbeat measured of it.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from gavel.shared.api import InstanceStatus
 from gavel.shared.health import Health as NodeHealth
 from gavel.shared.lifecycle import PENDING
 from gavel.shared.messages import Health as InstanceHealth
-from gavel.shared.messages import InstanceState
+from gavel.shared.messages import Heartbeat, InstanceReport, InstanceState
 from gavel.shared.reasons import Reason
 from gavel.shared.records import InstanceRecord
 
@@ -49,6 +50,18 @@ class Views:
         self.ctx = ctx
         self.auctioneer = auctioneer
         self.promises = promises
+        self._used: dict[str, tuple[Heartbeat, dict[str, InstanceReport]]] = {}
+
+    def used(self, node_id: str) -> dict[str, InstanceReport]:
+        """Rule 4: what `node_id`'s last heartbeat said of each instance, indexed once a
+        heartbeat (a status of every instance looks up each in its node's list)."""
+        hb = self.ctx.liveness.heartbeats.get(node_id)
+        if hb is None:
+            return {}
+        cached = self._used.get(node_id)
+        if cached is None or cached[0] is not hb:
+            cached = self._used[node_id] = (hb, {r.instance_id: r for r in hb.instances})
+        return cached[1]
 
     def state_of(self, rec: InstanceRecord) -> str:
         """The state an operator reads in `gavel status` (and the metrics count): rule 1."""
@@ -101,13 +114,16 @@ class Views:
                                       service=rec.service, version=rec.version)
             health, check, restarts = self._health(iid, node, st, rec)
             note = self.promises.health.get(iid)
+            used = self.used(node).get(iid)
             return InstanceStatus(instance_id=iid, name=rec.spec.name, state=st,
                                   node_id=node, attempt=pl.attempt, ports=dict(pl.ports),
                                   health=health, check=check, restarts=restarts,
                                   reason=rec.reason if rec.cancelling else
                                   note.reason if note else "",
                                   detail="" if rec.cancelling or not note else note.detail,
-                                  service=rec.service, version=rec.version)
+                                  service=rec.service, version=rec.version,
+                                  cpu_used=used.cpu_used if used else 0.0,
+                                  memory_used_mb=used.memory_used_mb if used else 0.0)
         return InstanceStatus(instance_id=iid, name=rec.spec.name, state=st,
                               node_id=rec.node_id, attempt=rec.attempt, reason=rec.reason,
                               detail=rec.detail, service=rec.service, version=rec.version)

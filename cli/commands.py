@@ -75,7 +75,7 @@ from gavel.shared.messages import Event, EventType
 from gavel.shared.reasons import Reason
 from gavel.shared.reasons import render as render_reason
 from gavel.shared.routes import derive
-from gavel.transport import nodebook
+from gavel.transport import eventstream, nodebook
 from gavel.transport.client import BrokerRefused, ClientError, NoAnswer, NoBroker, call, connect
 from gavel.transport.client import status as status_of
 
@@ -381,13 +381,22 @@ async def status(args: argparse.Namespace) -> int:
             print(f"first failure: {a.first_failure}")
         if a.ended:
             print("ended: " + ("every task succeeded" if a.ok else a.outcome))
-    rows = [("INSTANCE", "STATE", "HEALTH", "NODE", "ATTEMPT", "RESTARTS", "PORTS", "REASON")]
+    rows = [("INSTANCE", "STATE", "HEALTH", "NODE", "ATTEMPT", "RESTARTS", "CPU", "MEM MB",
+             "PORTS", "REASON")]
     for i in reply.instances:
         why = i.detail if i.state == "unschedulable" else (i.reason or i.check or "")
         rows.append((i.instance_id, i.state, i.health or "-", i.node_id or "-", str(i.attempt),
-                     str(i.restarts), _ports(i.ports) or "-", " ".join(why.split())))
+                     str(i.restarts), *_usage(i.cpu_used, i.memory_used_mb, i.node_id),
+                     _ports(i.ports) or "-", " ".join(why.split())))
     _table(rows)
     return 0
+
+
+def _usage(cpu: float, memory_mb: float, where: str = "x") -> tuple[str, str]:
+    """What is measured, or "-" where nothing is (not placed, or no cgroup)."""
+    if not where or (not cpu and not memory_mb):
+        return "-", "-"
+    return f"{cpu:.2f}", f"{memory_mb:.1f}"
 
 
 def _ports(ports: dict[str, int]) -> str:
@@ -408,15 +417,15 @@ async def nodes(args: argparse.Namespace) -> int:
     if reply.detail is not None:
         _node_detail(reply.nodes[0], reply.detail)
         return 0
-    rows = [("NODE", "HEALTH", "ADDRESS", "STRATEGY", "CPU", "MEMORY MB", "INSTANCES",
-             "LABELS")]
+    rows = [("NODE", "HEALTH", "ADDRESS", "STRATEGY", "CPU", "MEMORY MB", "USED CPU",
+             "USED MB", "INSTANCES", "LABELS")]
     for n in reply.nodes:
         labels = ",".join(f"{k}={v}" for k, v in sorted(n.labels.items()))
         rows.append((n.node_id, n.health + (" draining" if n.draining else ""),
                      n.advertise or "-", n.strategy,
                      f"{n.committed.cpu:g}/{n.capacity.cpu:g}",
                      f"{n.committed.memory_mb}/{n.capacity.memory_mb}",
-                     str(n.instances), labels or "-"))
+                     *_usage(n.cpu_used, n.memory_used_mb), str(n.instances), labels or "-"))
     _table(rows)
     return 0
 
@@ -435,12 +444,15 @@ def _node_detail(n: NodeStatus, d: NodeDetail) -> None:
           f"ports {c.ports}/{cap.ports}"
           + (f" (range {d.port_range[0]}-{d.port_range[1]})" if len(d.port_range) == 2
              else ""))
+    print(f"  measured:  cpu {n.cpu_used:.2f} of the {c.cpu:g} held, memory "
+          f"{n.memory_used_mb:.1f} of the {c.memory_mb} MB held")
     if d.blocked_ports:
         print(f"  blocked ports (taken outside gavel): {', '.join(map(str, d.blocked_ports))}")
     print(f"  instances ({len(d.instances)}):" if d.instances else "  instances: none")
     if d.instances:
-        rows = [("    INSTANCE", "STATE", "ATTEMPT", "PORTS")]
-        rows += [(f"    {i.instance_id}", i.state, str(i.attempt), _ports(i.ports) or "-")
+        rows = [("    INSTANCE", "STATE", "ATTEMPT", "CPU", "MEM MB", "PORTS")]
+        rows += [(f"    {i.instance_id}", i.state, str(i.attempt),
+                  *_usage(i.cpu_used, i.memory_used_mb, i.node_id), _ports(i.ports) or "-")
                  for i in d.instances]
         _table(rows)
     print(f"  recent declines ({len(d.declines)}):" if d.declines else "  recent declines: none")
@@ -482,6 +494,11 @@ async def why(args: argparse.Namespace) -> int:
     return 0
 
 
+#: A following command's connection: it reconnects for ever (a NATS restart is a pause).
+FOLLOWING: dict[str, Any] = {"allow_reconnect": True, "max_reconnect_attempts": -1,
+                             "reconnect_time_wait": 0.5}
+
+
 def _fmt_event(e: Event) -> str:
     parts = [time.strftime("%H:%M:%S", time.localtime(e.at)), e.instance_id, e.type]
     if e.node_id:
@@ -500,8 +517,15 @@ def _fmt_event(e: Event) -> str:
 
 
 async def events(args: argparse.Namespace) -> int:
-    nc = await connect(args.nats, args.creds)
+    """The events the broker keeps; with --follow, then every one stored after them, in
+    order and each once, across reconnects (`transport.eventstream` rule 3). The follower
+    is placed before the listing, so an event stored between the two is shown once; its
+    connection reconnects for as long as it follows."""
+    nc = await connect(args.nats, args.creds, **(FOLLOWING if args.follow else {}))
+    feed: eventstream.Follower | None = None
     try:
+        if args.follow:
+            feed = await eventstream.follow(nc, args.instance).start()
         since = time.time() - args.since if args.since else 0.0
         reply = await call(nc, "events", EventsRequest(instance_id=args.instance,
                                                        limit=args.limit, since=since),
@@ -510,33 +534,32 @@ async def events(args: argparse.Namespace) -> int:
             await _known(nc, args.instance)
         for e in reply.events:
             print(msgspec.json.encode(e).decode() if args.json else _fmt_event(e))
-        if not args.follow:
+        if feed is None:
             return 0
-        subject = subjects.EVENTS.format(instance=args.instance) if args.instance \
-            else subjects.EVENTS_ALL
-        dec = msgspec.msgpack.Decoder(Event)
+        listed = reply.events[-64:]  # what the listing and the follower may both hold
         done = asyncio.Event()
-        gone: list[BrokenPipeError] = []  # the reader went: the command ends (main rule 3)
         await _until_signal(done.set)
 
-        async def cb(msg: Any) -> None:
-            try:
-                e = dec.decode(msg.data)
-            except (msgspec.DecodeError, RecursionError):
-                return  # not an event: garbage on the subject is not printed
-            try:
+        async def show() -> None:
+            async for stored in feed:
+                e = stored.event
+                if e in listed:
+                    continue
                 print(msgspec.json.encode(e).decode() if args.json else _fmt_event(e),
-                      flush=True)
-            except BrokenPipeError as exc:
-                gone.append(exc)
-                done.set()
+                      flush=True)  # BrokenPipeError: the reader went (main rule 3)
 
-        await nc.subscribe(subject, cb=cb)
-        await done.wait()
-        if gone:
-            raise gone[0]
+        shown = asyncio.create_task(show())
+        ended = asyncio.create_task(done.wait())
+        await asyncio.wait({shown, ended}, return_when=asyncio.FIRST_COMPLETED)
+        ended.cancel()
+        if shown.done():
+            shown.result()
+        else:
+            shown.cancel()
         return 0
     finally:
+        if feed is not None:
+            await feed.aclose()
         await nc.close()
 
 

@@ -8,8 +8,9 @@ Rules:
    again with the same key when the broker does not answer within `TRY_S`, up to `TRIES`
    times, and while no broker answers at all (a failover) for as long: a request whose
    answer was lost is answered again, never carried out twice (`broker.api` rule 4).
-3. `follow_events` and `logs` are async iterators: events as the broker publishes them
-   (the subscription is made before the first is awaited), output as the node sends it.
+3. `follow_events` and `logs` are async iterators: events as the broker stores them in its
+   history (in place before the first is awaited; in order, each once, across reconnects),
+   output as the node sends it.
 """
 
 from __future__ import annotations
@@ -57,6 +58,7 @@ from gavel.shared.api import (
 from gavel.shared.logstream import LogChunk, LogsDone, LogsRequest, Stream
 from gavel.shared.messages import Event, EventType, Message, Spec
 from gavel.shared.routes import RouteEntry, derive
+from gavel.transport import eventstream
 from gavel.transport.client import ClientError, NoAnswer, NoBroker, call, connect
 from gavel.transport.logclient import read
 
@@ -81,28 +83,30 @@ class Ended(ClientError):
 
 
 class EventFeed:
-    """Events as they are published on one subscription (rule 3); garbage is skipped."""
+    """Events in the order they were stored, each once, across reconnects (rule 3,
+    `gavel.transport.eventstream`); `last` is the history's sequence of the newest yielded,
+    to resume from with ``follow_events(after=...)``."""
 
-    def __init__(self, sub: Any) -> None:
-        self._sub = sub
+    def __init__(self, follower: eventstream.Follower) -> None:
+        self._follower = follower
+
+    @property
+    def last(self) -> int:
+        return self._follower.last or 0
 
     def __aiter__(self) -> EventFeed:
         return self
 
     async def __anext__(self) -> Event:
-        while True:
-            try:
-                msg = await self._sub.next_msg(timeout=None)
-            except Exception:  # the subscription or its connection went
-                raise StopAsyncIteration from None
-            try:
-                return _events.decode(msg.data)
-            except (msgspec.DecodeError, RecursionError):
-                continue
+        try:
+            return (await self._follower.__anext__()).event
+        except (asyncio.CancelledError, StopAsyncIteration):
+            raise
+        except Exception:  # the connection went for good
+            raise StopAsyncIteration from None
 
     async def aclose(self) -> None:
-        with contextlib.suppress(Exception):
-            await self._sub.unsubscribe()
+        await self._follower.aclose()
 
 
 class Client:
@@ -236,12 +240,12 @@ class Client:
                                                           limit=limit, since=since),
                                   EventsReply)
 
-    async def follow_events(self, instance_id: str = "") -> EventFeed:
-        """Rule 3: every event from now on (of one instance, or all), as an async iterator;
-        the subscription is in place when this returns. ``aclose()`` ends it."""
-        subject = subjects.EVENTS.format(instance=instance_id) if instance_id \
-            else subjects.EVENTS_ALL
-        return EventFeed(await self.nc.subscribe(subject))
+    async def follow_events(self, instance_id: str = "", *,
+                            after: int | None = None) -> EventFeed:
+        """Rule 3: every event from now on (or stored after sequence `after`), of one
+        instance or all, as an async iterator; it is in place when this returns, and goes
+        on where it left off after a reconnect. ``aclose()`` ends it."""
+        return EventFeed(await eventstream.follow(self.nc, instance_id, after).start())
 
     # -- services -------------------------------------------------------------------------
     async def deploy(self, spec: Spec, *, key: str = "",

@@ -130,8 +130,9 @@ class SyncClient:
                since: float = 0.0) -> EventsReply:
         return self._run(self.client.events(instance_id, limit=limit, since=since))
 
-    def follow_events(self, instance_id: str = "") -> Iterator[Event]:
-        return self._iterate(self._run(self.client.follow_events(instance_id)))
+    def follow_events(self, instance_id: str = "", *,
+                      after: int | None = None) -> Iterator[Event]:
+        return self._iterate(self._run(self.client.follow_events(instance_id, after=after)))
 
     def deploy(self, spec: Spec, *, key: str = "") -> DeployReply:
         return self._run(self.client.deploy(spec, key=key))

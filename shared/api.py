@@ -195,6 +195,10 @@ class InstanceStatus(msgspec.Struct, kw_only=True):
     #: A service's replica: the service and the version it runs.
     service: str = ""
     version: int = 0
+    #: What it measurably uses, as its node last reported (`InstanceReport`): cpus busy on
+    #: average, memory charged to its cgroup. 0 where its node measures nothing.
+    cpu_used: float = 0.0
+    memory_used_mb: float = 0.0
 
 
 class ArrayStatus(msgspec.Struct, kw_only=True):
@@ -253,6 +257,10 @@ class NodeStatus(msgspec.Struct, kw_only=True):
     last_seen_s: float = 0.0
     #: The address the node's instances are reached at (its heartbeat's `advertise`).
     advertise: str = ""
+    #: What its instances measurably use together (their cgroups), beside what it holds
+    #: (`committed`): the node's own load, not the host's.
+    cpu_used: float = 0.0
+    memory_used_mb: float = 0.0
 
 
 class RecentDecline(msgspec.Struct, kw_only=True):

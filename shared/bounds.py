@@ -35,7 +35,7 @@ HEARTBEAT_MAX_BYTES = 1 << 20
 #: Rule 2: a heartbeat without instances (labels and all), generously.
 FIXED_BYTES = 64 << 10
 #: Rule 2: one instance report without its ports: an id (an operator's is at most 128
-#: characters, with ``-N`` for a batch), its state, pid, attempt, health, restarts and the
+#: characters, with ``-N`` for a batch), its state, pid, attempt, health, restarts, usage and the
 #: field names.
 INSTANCE_BYTES = 320
 #: Rule 2: one port of an instance report: its name (at most 32 characters) and number.

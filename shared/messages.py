@@ -318,6 +318,10 @@ class InstanceReport(msgspec.Struct, kw_only=True, gc=False):
     health: str = ""
     #: In-place restarts of this attempt on this node.
     restarts: int = 0
+    #: What it measurably uses, from its cgroup (`worker.usage`; 0 where the node enforces
+    #: nothing): cpus busy on average since the node's previous reading, memory charged now.
+    cpu_used: float = 0.0
+    memory_used_mb: float = 0.0
 
 
 class Heartbeat(Message, tag="heartbeat"):

@@ -29,6 +29,9 @@ __all__ = [
     "CANCEL",
     "EVENTS",
     "EVENTS_ALL",
+    "EVENTS_GET",
+    "EVENTS_INFO",
+    "EVENTS_STREAM",
     "HEARTBEAT",
     "HEARTBEAT_ALL",
     "HEARTBEAT_PROBE",
@@ -82,6 +85,12 @@ AWARD = f"{PREFIX}.award.{{node}}"  # broker -> winner: Award
 CANCEL = f"{PREFIX}.cancel.{{node}}"  # broker -> node: Cancel
 EVENTS = f"{PREFIX}.events.{{instance}}"  # broker -> anyone: Event
 EVENTS_ALL = f"{PREFIX}.events.>"
+#: JetStream stream: every event the broker publishes, bounded by age and size
+#: (`transport.eventstream`); operators read it by sequence, nobody writes it but the broker.
+EVENTS_STREAM = "gavel-events"
+#: Reading one stored event by sequence, and the stream's bounds (operators' read calls).
+EVENTS_GET = f"$JS.API.STREAM.MSG.GET.{EVENTS_STREAM}"
+EVENTS_INFO = f"$JS.API.STREAM.INFO.{EVENTS_STREAM}"
 API = f"{PREFIX}.api.{{verb}}"  # request/reply, see broker.api
 API_ALL = f"{PREFIX}.api.*"
 ASSIGN = f"{PREFIX}.assign.{{node}}"  # worker -> broker request: AssignmentRequest -> Award

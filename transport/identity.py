@@ -16,8 +16,9 @@ Rules:
    (``_INBOX_broker``). No ``allow_responses``: it would let the broker publish to any reply
    subject a request names, the very thing `transport.inbound` rule 5 refuses, and an
    explicit list is checked by the server whatever the broker's code does.
-3. Operators call the API, read events and ask nodes for logs (rule 6); they cannot bid,
-   award or speak as a node.
+3. Operators call the API, read events and their history and ask nodes for logs (rule 6);
+   they cannot bid, award, speak as a node, or write, purge or delete the history. Nodes
+   cannot touch the history: only the broker publishes events.
 4. A node may call no JetStream subject at all: a consumer's deliver subject is in the
    create request's payload, which permissions cannot see, and every JetStream answer goes
    to the reply subject its request names, so any JetStream call would let a node make the
@@ -109,8 +110,10 @@ def worker_permissions(node: str) -> dict[str, Any]:
 
 
 def operator_permissions() -> dict[str, Any]:
-    """Operators and CI: the request/reply API, the event stream, and nodes' logs."""
-    return {"publish": {"allow": [subjects.API_ALL, subjects.LOGS_ALL]},
+    """Operators and CI: the request/reply API, the event stream and its history (read by
+    sequence, `transport.eventstream`: no write, purge or delete), and nodes' logs."""
+    return {"publish": {"allow": [subjects.API_ALL, subjects.LOGS_ALL, subjects.EVENTS_GET,
+                                  subjects.EVENTS_INFO]},
             "subscribe": {"allow": [f"{subjects.OPERATOR_INBOX}.>", subjects.EVENTS_ALL]}}
 
 
@@ -148,6 +151,11 @@ def broker_permissions(nodes: Iterable[str] = ()) -> dict[str, Any]:
             subjects.AWARD.format(node="*"),
             subjects.CANCEL.format(node="*"),
             subjects.EVENTS_ALL,
+            # The event history (`transport.eventstream`): made, kept in line, read at start.
+            f"$JS.API.STREAM.CREATE.{subjects.EVENTS_STREAM}",
+            f"$JS.API.STREAM.UPDATE.{subjects.EVENTS_STREAM}",
+            subjects.EVENTS_INFO,
+            subjects.EVENTS_GET,
             subjects.NODE_KEY.format(node="*"),  # the KV mirror's puts
             # Nodes' watches (rule 4): a consumer of one node's key, and deleting one.
             subjects.NODE_WATCH.format(name="*", node="*"),

@@ -51,6 +51,7 @@ from gavel.worker.instance import Begin, Held, Life, Report, Secrets
 from gavel.worker.isolation import Identity, Isolation, off, processes, zombie
 from gavel.worker.localstate import FINISHED_KEPT, AgentFile, LocalInstance, load, save
 from gavel.worker.ports import assign
+from gavel.worker.usage import Meter
 
 __all__ = ["OLDER_ANSWER", "OLDER_AWARD", "OLDER_CANCEL", "OLDER_NODE", "Report",
            "Supervisor"]
@@ -102,6 +103,7 @@ class Supervisor:
                                      volumes=volumes, confine=self.confine)
         #: Which driver runs a spec: the exec driver unless told otherwise.
         self._drivers: Callable[[Spec], Driver] = drivers or (lambda _spec: self.process)
+        self.meter = Meter()
         self._path = state_dir / "agent.json"
         self._held: dict[str, Held] = {}
         self._finished: collections.deque[str] = collections.deque(maxlen=FINISHED_KEPT)
@@ -129,11 +131,15 @@ class Supervisor:
         return total
 
     def reports(self) -> list[InstanceReport]:
+        """What each held instance is, and what it measurably uses (`worker.usage`)."""
+        self.meter.keep(self._held)
         return [
             InstanceReport(instance_id=h.id, state=h.local.state, pid=h.local.pid,
                            attempt=h.attempt, ports=dict(h.local.placement.ports),
-                           health=h.health, restarts=h.local.restarts)
+                           health=h.health, restarts=h.local.restarts,
+                           cpu_used=used.cpu, memory_used_mb=used.memory_mb)
             for h in self._held.values()
+            for used in (self.meter.measure(h.id, h.cgroup),)
         ]
 
     def held(self) -> dict[str, int]:

@@ -2,8 +2,9 @@
 
 Rules:
 1. The dashboard is an operator client like the CLI: it asks the broker's API (`nodes`,
-   `status`, `services`, `events`) through `transport.client.call` and subscribes to the
-   events the broker publishes (``gavel.events.>``). It never reads git, and speaks to a
+   `status`, `services`, `events`) through `transport.client.call` and follows the events
+   the broker stores (``gavel.events.>``, `transport.eventstream`: none missed or shown
+   twice across a reconnect). It never reads git, and speaks to a
    node only to ask for an instance's lines, through `gavel logs`' API (`ui.logs`).
 2. The overview is asked again every `REFRESH_S` (heartbeats change loads without an
    event), and `SETTLE_S` after an event (it changed a state): a burst of events is one
@@ -30,7 +31,6 @@ import msgspec
 from nats.errors import NoRespondersError
 
 from gavel.cli.ui import views
-from gavel.shared import subjects
 from gavel.shared.api import (
     EventsReply,
     EventsRequest,
@@ -42,7 +42,7 @@ from gavel.shared.api import (
     ServicesRequest,
     ServiceStatus,
 )
-from gavel.shared.messages import Event
+from gavel.transport import eventstream
 from gavel.transport.client import BrokerRefused, ClientError, call
 from gavel.transport.client import status as status_of
 
@@ -61,7 +61,6 @@ QUEUE_MAX = 512
 CALL_S = 5.0
 
 _json = msgspec.json.Encoder()
-_events = msgspec.msgpack.Decoder(Event)
 
 
 def encode(obj: Any) -> bytes:
@@ -110,30 +109,43 @@ class Feed:
         self._services: list[ServiceStatus] | None = None
         self._changed = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
-        self._sub: Any = None
+        self._following: asyncio.Task[None] | None = None
+        self._sub: eventstream.Follower | None = None
 
     async def start(self) -> None:
-        self._sub = await self.nc.subscribe(subjects.EVENTS_ALL, cb=self._on_event)
+        self._sub = await eventstream.follow(self.nc).start()
+        listed: set[bytes] = set()
         try:
             recent = await call(self.nc, "events", EventsRequest(limit=EVENTS_KEPT),
                                 EventsReply, timeout=CALL_S)
-            heard = list(self.events)
             self.events.clear()
             self.events.extend(encode(views.event(e)) for e in recent.events)
-            self.events.extend(e for e in heard if e not in self.events)
+            listed = set(self.events)
         except ClientError:
             pass  # the broker is not up yet: events come as they happen
         await self.refresh()
         self._task = asyncio.ensure_future(self._run())
+        self._following = asyncio.ensure_future(self._follow(self._sub, listed))
+
+    async def _follow(self, feed: eventstream.Follower, listed: set[bytes]) -> None:
+        """Rule 1: every event stored after the follower was placed, once, in order, across
+        reconnects (`transport.eventstream`); those the listing already showed are not
+        shown again."""
+        async for stored in feed:
+            data = encode(views.event(stored.event))
+            if data in listed:
+                listed.discard(data)
+                continue
+            self._heard(data)
 
     async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        for task in (self._task, self._following):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         if self._sub is not None:
-            with contextlib.suppress(Exception):
-                await self._sub.unsubscribe()
+            await self._sub.aclose()
 
     def open_page(self) -> Page:
         page = Page()
@@ -149,12 +161,7 @@ class Feed:
             if page.dropped:
                 self.pages.discard(page)
 
-    async def _on_event(self, msg: Any) -> None:
-        try:
-            ev = _events.decode(msg.data)
-        except (msgspec.DecodeError, RecursionError):
-            return  # not an event: nothing to show
-        data = encode(views.event(ev))
+    def _heard(self, data: bytes) -> None:
         self.events.append(data)
         self._push("event", data)
         self._changed.set()

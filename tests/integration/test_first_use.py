@@ -230,7 +230,8 @@ async def test_nodes_node_shows_what_runs_there_and_its_declines(
     assert text.startswith("node-a: healthy")
     assert "committed: cpu 0.5/4, memory 256/4096 MB, ports 1/100 (range 31200-31299)" in text
     port = (await two.status("on-a")).ports["http"]
-    assert any(line.split()[:4] == ["on-a", "running", "1", f"http={port}"]
+    assert "measured:  cpu 0.00 of the 0.5 held, memory 0.0 of the 256 MB held" in text
+    assert any(line.split()[:6] == ["on-a", "running", "1", "-", "-", f"http={port}"]
                for line in text.splitlines())
     assert any(line.split()[0] == "nowhere" and "missing label" in line
                for line in text.splitlines() if line.startswith("    "))

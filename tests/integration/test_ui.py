@@ -149,10 +149,10 @@ def test_the_page_lists_the_nodes_of_a_live_gavel_up(up: Up, page: Any) -> None:
     assert cards.count() == 3
     card = page.locator('#nodes [data-node="node-2"]')
     assert "binpack" in card.inner_text() and "zone=b" in card.inner_text()
-    # Committed cpu and memory, and the host's load, each as a bar.
+    # Committed cpu and memory, and what the node's instances use (its own load), as bars.
     meters = card.locator(".meter")
     assert [meters.nth(k).get_attribute("data-meter") for k in range(meters.count())] == [
-        "committed cpu", "committed memory", "host cpu load", "host memory in use"]
+        "committed cpu", "committed memory", "node cpu used", "node memory used"]
     page.wait_for_selector("#live.on", timeout=WAIT_MS)
 
 

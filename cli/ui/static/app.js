@@ -65,12 +65,12 @@ function badge(text, kind) {
                      text: text || "-"});
 }
 
-function bar(label, used, total, detail, what) {
+function bar(label, used, total, detail, what, title) {
   const share = total > 0 ? Math.max(0, Math.min(1, used / total)) : 0;
   const fill = el("span", {class: "fill"});
   fill.style.width = `${(share * 100).toFixed(1)}%`;
   const level = share >= 0.9 ? "high" : share >= 0.7 ? "mid" : "low";
-  return el("div", {class: `meter ${level}`, title: `${what}: ${detail}`,
+  return el("div", {class: `meter ${level}`, title: title || `${what}: ${detail}`,
                     "data-meter": what, "data-share": share.toFixed(3)},
             el("span", {class: "meter-label", text: label}),
             el("span", {class: "track"}, fill),
@@ -129,19 +129,22 @@ function nodeCard(n) {
   const labels = Object.entries(n.labels || {}).sort()
     .map(([k, v]) => el("span", {class: "chip", text: `${k}=${v}`}));
   const cap = n.capacity || {}, com = n.committed || {}, stats = n.stats;
-  // Committed: what the broker placed there; load: what the host measures.
+  // Committed: what the broker placed there; load: what its instances measurably use
+  // (their cgroups), the node's own figure, not the host's (the host's is the tooltip).
   const meters = [
     bar("cpu", com.cpu || 0, cap.cpu || 0,
         `${fmtNumber(com.cpu || 0, 2)} / ${fmtNumber(cap.cpu || 0, 2)}`, "committed cpu"),
     bar("memory", com.memory_mb || 0, cap.memory_mb || 0,
         `${com.memory_mb || 0} / ${cap.memory_mb || 0} MB`, "committed memory"),
   ];
-  if (stats) {
-    meters.push(bar("load", stats.cpu_ratio || 0, 1,
-                    `${Math.round((stats.cpu_ratio || 0) * 100)}%`, "host cpu load"));
-    meters.push(bar("host mem", stats.memory_ratio || 0, 1,
-                    `${Math.round((stats.memory_ratio || 0) * 100)}%`, "host memory in use"));
-  }
+  const used = n.cpu_used || 0, usedMb = n.memory_used_mb || 0;
+  const host = stats ? ` (host: cpu ${Math.round((stats.cpu_ratio || 0) * 100)}%, ` +
+    `memory ${Math.round((stats.memory_ratio || 0) * 100)}%)` : "";
+  meters.push(bar("load", used, cap.cpu || 0,
+                  `${fmtNumber(used, 2)} cpu`, "node cpu used", `cpu its instances use${host}`));
+  meters.push(bar("used mem", usedMb, cap.memory_mb || 0,
+                  `${fmtNumber(usedMb, 1)} MB`, "node memory used",
+                  `memory its instances use${host}`));
   return el("article", {class: `node h-${n.health}${n.draining ? " draining" : ""}`,
                         "data-node": n.node_id},
     el("div", {class: "node-head"},
@@ -176,6 +179,12 @@ function renderServices(services, error) {
                          (d.from_version ? `v${d.from_version}\u2192` : "") +
                          `v${d.to_version}` + (d.reason ? `: ${d.reason}` : "") : "-"})));
   }
+}
+
+// What an instance measurably uses (its cgroup, as its node last said), or "-".
+function usageText(i) {
+  if (!i.node_id || !(i.cpu_used || i.memory_used_mb)) return "-";
+  return `${fmtNumber(i.cpu_used || 0, 2)} cpu · ${fmtNumber(i.memory_used_mb || 0, 0)} MB`;
 }
 
 function reasonOf(i) {
@@ -214,6 +223,7 @@ function renderInstances(o) {
       el("td", {}, badge(i.state, "state")),
       el("td", {}, i.health ? badge(i.health, "health") : "-"),
       el("td", {}, i.node_id ? nodeLink(i.node_id) : "-"),
+      el("td", {class: "mono usage", text: usageText(i)}),
       el("td", {class: "mono", text: portsText(i.ports) || "-"}),
       el("td", {class: "reason", text: reasonOf(i) +
                 (i.restarts ? ` (${i.restarts} restarts)` : "")}));
