@@ -18,9 +18,7 @@ Rules:
    and is healthy.
 6. A system job (``type = "system"``) is answered with its name: its instances come and go
    with the fleet (`gavel status NAME` shows them), so there is nothing to wait for.
-3. With several brokers (`gavel.broker.ha`) `status` and `nodes` name the leader, its epoch
-   and since when, in a first line (JSON: `nodes` has the fields `leader`, `epoch` and
-   `leader_since`); a broker alone prints what it always did.
+3. The reading verbs and their tables live in `gavel.cli.readouts`.
 """
 
 from __future__ import annotations
@@ -33,18 +31,24 @@ import signal
 import sys
 import time
 import uuid
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import msgspec
 
 from gavel.cli import services
+from gavel.cli.outcomes import (
+    EXIT_CODES,
+    Refused,
+    Unknown,
+    UsageError,
+    refusal_code,
+)
+from gavel.cli.readouts import nodes, ports_cell, print_json, print_table, status, why
 from gavel.cli.specfile import SpecError, load_spec
 from gavel.shared import subjects
 from gavel.shared.api import (
     INSTANCE_ID,
-    ArrayStatus,
     CancelReply,
     CancelRequest,
     DrainReply,
@@ -53,83 +57,30 @@ from gavel.shared.api import (
     EndpointsRequest,
     EventsReply,
     EventsRequest,
-    InstanceStatus,
-    NodeDetail,
-    NodesReply,
-    NodesRequest,
-    NodeStatus,
     ServiceReply,
     ServiceRequest,
     StatusReply,
     StatusRequest,
     SubmitReply,
     SubmitRequest,
-    WhyReply,
-    WhyRequest,
     counted_id_problem,
     counted_ids,
     key_problem,
 )
-from gavel.shared.errors import BadInput
 from gavel.shared.messages import Event, EventType
-from gavel.shared.reasons import Reason
-from gavel.shared.reasons import render as render_reason
 from gavel.shared.routes import derive
 from gavel.transport import eventstream, nodebook
 from gavel.transport.client import BrokerRefused, ClientError, NoAnswer, NoBroker, call, connect
-from gavel.transport.client import status as status_of
 
 __all__ = ["EXIT_CODES", "SUBMIT_TRIES", "SUBMIT_TRY_S", "ClientError", "Refused", "Unknown",
            "UsageError", "refusal_code", "run"]
 
-#: Every exit status of a client verb and what it means (rule 1; README.md shows this table).
-EXIT_CODES = {
-    0: "done",
-    1: "no answer to be had: no broker answers (none runs, none leads this moment, too "
-       "slow), a node does not answer or has no output for it, or NATS refused the credential",
-    2: "bad input: a flag, spec, config file, credential or NATS URL, or nothing answers at "
-       "the NATS URL",
-    3: "refused: the broker answered no (never fits, pinned, ...), or --wait ended without "
-       "success (failed, unschedulable, rolled back, not healthy in time)",
-    4: "unknown: no such instance, service or node",
-    130: "interrupted (Ctrl-C)",
-    141: "the reader of its output went away (| head)",
-}
-#: The sentences that mean "no such thing" (exit 4), as the broker says them.
-_UNKNOWN = (Reason.UNKNOWN_INSTANCE, Reason.UNKNOWN_SERVICE, Reason.UNKNOWN_NODE)
 
 #: How long `submit` waits for each answer, and how many times it asks (rule 2).
 SUBMIT_TRY_S = 10.0
 SUBMIT_TRIES = 3
 #: How long `submit` waits before asking again when no broker answers at all (rule 2).
 SUBMIT_PAUSE_S = 1.0
-
-
-class UsageError(BadInput):
-    """Bad input from the operator: exit code 2."""
-
-
-class Unknown(ClientError):
-    """No instance, service or node of that name: exit code 4."""
-
-
-def refusal_code(sentence: str) -> int:
-    """The exit status of a broker's no: 4 for "no such ...", else 3 (rule 1)."""
-    return 4 if sentence.startswith(_UNKNOWN) else 3
-
-
-class Refused(Exception):
-    """The broker answered, but no: exit code 3. `status`: the instance as last seen, when
-    there is one (``--json`` prints it with the error)."""
-
-    def __init__(self, message: str, status: InstanceStatus | ArrayStatus | None = None
-                 ) -> None:
-        super().__init__(message)
-        self.status = status
-
-
-def _print_json(obj: object) -> None:
-    print(msgspec.json.format(msgspec.json.encode(obj), indent=2).decode())
 
 
 async def _until_signal(stop: Any) -> None:
@@ -149,7 +100,7 @@ async def run(args: argparse.Namespace) -> int:
                 print(f"gavel submit: {exc}", file=sys.stderr)
                 if args.json:  # JSON on every outcome: the instance as last seen, and why
                     seen = msgspec.to_builtins(exc.status) if exc.status is not None else {}
-                    _print_json({**seen, "error": f"gavel submit: {exc}", "exit_code": 3})
+                    print_json({**seen, "error": f"gavel submit: {exc}", "exit_code": 3})
                 return 3
         case "status":
             return await status(args)
@@ -204,11 +155,11 @@ async def submit(args: argparse.Namespace) -> int:
             raise Refused(str(exc)) from None
         ids = reply.ids()
         if spec.system:  # rule 6: the job's name; its instances follow the fleet
-            _print_json({"name": reply.instance_id}) if args.json else print(reply.instance_id)
+            print_json({"name": reply.instance_id}) if args.json else print(reply.instance_id)
             return 0
         if not args.wait:
             if args.json:
-                _print_json({"instance_id": ids[0]} if len(ids) == 1 else
+                print_json({"instance_id": ids[0]} if len(ids) == 1 else
                             {"instance_id": ids[0], "instance_ids": ids})
             else:
                 print("\n".join(ids))
@@ -268,7 +219,7 @@ async def _wait_end(nc: Any, ids: list[str], job: str, args: argparse.Namespace)
                             StatusReply)
             ended, ok, line = _ended(st, job, len(ids))
             if ended and ok:
-                _print_json(st.array or st.instances[0]) if args.json else print(line)
+                print_json(st.array or st.instances[0]) if args.json else print(line)
                 return 0
             if ended:
                 raise Refused(line, st.array or st.instances[0])
@@ -317,10 +268,10 @@ async def _wait_healthy(nc: Any, sub: Any, iid: str, args: argparse.Namespace) -
         inst = st.instances[0]
         if (inst.state == "running" and inst.health == "healthy") or inst.state == "succeeded":
             if args.json:
-                _print_json(inst)
+                print_json(inst)
             else:
                 print(f"{iid} {inst.health if inst.state == 'running' else inst.state} on "
-                      f"{inst.node_id}" + (f" (ports {_ports(inst.ports)})" if inst.ports
+                      f"{inst.node_id}" + (f" (ports {ports_cell(inst.ports)})" if inst.ports
                                            else ""))
             return 0
         if inst.health == "unhealthy" and inst.check:
@@ -349,149 +300,6 @@ async def _wait_healthy(nc: Any, sub: Any, iid: str, args: argparse.Namespace) -
             raise Refused(f"{iid}: {ev.reason} {ev.detail}".rstrip(), inst)
         if ev.type == EventType.UNHEALTHY:
             unhealthy = f"{ev.check}: {ev.detail}" if ev.detail else ev.check
-
-
-async def status(args: argparse.Namespace) -> int:
-    if args.instance:  # a service's name shows the service and its replicas
-        try:
-            svc = await services.service_status(args, args.instance)
-        except services.Refused as exc:
-            print(f"gavel status: {exc}", file=sys.stderr)
-            args.error_sentence = f"gavel status: {exc}"
-            return refusal_code(str(exc))
-        if svc is not None:
-            _print_json(svc) if args.json else services.print_service(svc)
-            return 0
-    nc = await connect(args.nats, args.creds)
-    try:
-        reply = await status_of(nc, args.instance)  # every page (`broker.api` rule 8)
-    finally:
-        await nc.close()
-    if args.json:
-        _print_json({"array": reply.array, "instances": reply.instances}
-                    if reply.array is not None else reply.instances)
-        return 0
-    _leader_line(reply.leader, reply.epoch, reply.leader_since)
-    if (a := reply.array) is not None:  # a batch array: its tally, then its tasks
-        print(f"array {a.array_id}: {a.count} tasks, parallelism {a.parallelism}, "
-              f"max_failures {a.max_failures}")
-        print(f"done {a.succeeded}  running {a.running}  failed {a.failed}  "
-              f"pending {a.pending}" + (f"  cancelled {a.cancelled}" if a.cancelled else ""))
-        if a.first_failure:
-            print(f"first failure: {a.first_failure}")
-        if a.ended:
-            print("ended: " + ("every task succeeded" if a.ok else a.outcome))
-    rows = [("INSTANCE", "STATE", "HEALTH", "NODE", "ATTEMPT", "RESTARTS", "CPU", "MEM MB",
-             "PORTS", "REASON")]
-    for i in reply.instances:
-        why = i.detail if i.state == "unschedulable" else (i.reason or i.check or "")
-        rows.append((i.instance_id, i.state, i.health or "-", i.node_id or "-", str(i.attempt),
-                     str(i.restarts), *_usage(i.cpu_used, i.memory_used_mb, i.node_id),
-                     _ports(i.ports) or "-", " ".join(why.split())))
-    _table(rows)
-    return 0
-
-
-def _usage(cpu: float, memory_mb: float, where: str = "x") -> tuple[str, str]:
-    """What is measured, or "-" where nothing is (not placed, or no cgroup)."""
-    if not where or (not cpu and not memory_mb):
-        return "-", "-"
-    return f"{cpu:.2f}", f"{memory_mb:.1f}"
-
-
-def _ports(ports: dict[str, int]) -> str:
-    """``http=21003,admin=21004`` (as the spec names them), or ""."""
-    return ",".join(f"{name}={port}" for name, port in ports.items())
-
-
-async def nodes(args: argparse.Namespace) -> int:
-    nc = await connect(args.nats, args.creds)
-    try:
-        reply = await call(nc, "nodes", NodesRequest(node_id=args.node), NodesReply)
-    finally:
-        await nc.close()
-    if args.json:
-        _print_json(reply)
-        return 0
-    _leader_line(reply.leader, reply.epoch, reply.leader_since)
-    if reply.detail is not None:
-        _node_detail(reply.nodes[0], reply.detail)
-        return 0
-    rows = [("NODE", "HEALTH", "ADDRESS", "STRATEGY", "CPU", "MEMORY MB", "USED CPU",
-             "USED MB", "INSTANCES", "LABELS")]
-    for n in reply.nodes:
-        labels = ",".join(f"{k}={v}" for k, v in sorted(n.labels.items()))
-        rows.append((n.node_id, n.health + (" draining" if n.draining else ""),
-                     n.advertise or "-", n.strategy,
-                     f"{n.committed.cpu:g}/{n.capacity.cpu:g}",
-                     f"{n.committed.memory_mb}/{n.capacity.memory_mb}",
-                     *_usage(n.cpu_used, n.memory_used_mb), str(n.instances), labels or "-"))
-    _table(rows)
-    return 0
-
-
-def _node_detail(n: NodeStatus, d: NodeDetail) -> None:
-    """`gavel nodes NODE`: its health, commitments and ports, what runs there, its declines."""
-    labels = ",".join(f"{k}={v}" for k, v in sorted(n.labels.items())) or "-"
-    print(f"{n.node_id}: {n.health}" + (" draining" if n.draining else "")
-          + (f", seen {n.last_seen_s:g}s ago" if n.health != "healthy" else "")
-          + f"; strategy {n.strategy or '-'}; labels {labels}")
-    if d.drain_deadline:
-        at = time.strftime("%H:%M:%S", time.localtime(d.drain_deadline))
-        print(f"  drain deadline {at}: what still runs here then is moved")
-    c, cap = n.committed, n.capacity
-    print(f"  committed: cpu {c.cpu:g}/{cap.cpu:g}, memory {c.memory_mb}/{cap.memory_mb} MB, "
-          f"ports {c.ports}/{cap.ports}"
-          + (f" (range {d.port_range[0]}-{d.port_range[1]})" if len(d.port_range) == 2
-             else ""))
-    print(f"  measured:  cpu {n.cpu_used:.2f} of the {c.cpu:g} held, memory "
-          f"{n.memory_used_mb:.1f} of the {c.memory_mb} MB held")
-    if d.blocked_ports:
-        print(f"  blocked ports (taken outside gavel): {', '.join(map(str, d.blocked_ports))}")
-    print(f"  instances ({len(d.instances)}):" if d.instances else "  instances: none")
-    if d.instances:
-        rows = [("    INSTANCE", "STATE", "ATTEMPT", "CPU", "MEM MB", "PORTS")]
-        rows += [(f"    {i.instance_id}", i.state, str(i.attempt),
-                  *_usage(i.cpu_used, i.memory_used_mb, i.node_id), _ports(i.ports) or "-")
-                 for i in d.instances]
-        _table(rows)
-    print(f"  recent declines ({len(d.declines)}):" if d.declines else "  recent declines: none")
-    for x in d.declines:
-        print(f"    {x.instance_id:<20} {render_reason(x.reason, x.detail)}")
-
-
-async def why(args: argparse.Namespace) -> int:
-    nc = await connect(args.nats, args.creds)
-    try:
-        reply = await call(nc, "why", WhyRequest(instance_id=args.instance), WhyReply)
-    finally:
-        await nc.close()
-    if args.json:
-        _print_json(reply)
-        return 0
-    i = reply.instance
-    print(f"{i.instance_id}: {i.state}" + (f" on {i.node_id}" if i.node_id else "")
-          + (f", {i.health}" if i.health else "")
-          + (f", {i.restarts} restart{'' if i.restarts == 1 else 's'} in place"
-             if i.restarts else "")
-          + (f", replica of service {i.service} version {i.version}" if i.service else "")
-          + (f" — {i.detail or i.reason}" if i.state in ("unschedulable", "failed", "lost")
-             or (i.state == "cancelled" and i.service) else ""))
-    if i.check:
-        print(f"  check {i.check}")
-    for a in reply.auctions:
-        head = (f"auction {a.auction_id}: won by {a.winner} at load {a.load:.3f}"
-                + (" (tie broken on node id)" if a.tie_broken else "")
-                if a.winner else f"auction {a.auction_id}: {a.summary}")
-        print(head)
-        for b in a.bids:
-            mark = "*" if b.node_id == a.winner else " "
-            print(f"  {mark} bid     {b.node_id:<16} load {b.load:.3f}  ({b.strategy})")
-        for d in a.declines:
-            print(f"    decline {d.node_id:<16} {render_reason(d.reason, d.detail)}")
-        for s in a.silent:
-            print(f"    silent  {s:<16} no answer before the deadline")
-    return 0
 
 
 #: A following command's connection: it reconnects for ever (a NATS restart is a pause).
@@ -583,7 +391,7 @@ async def cancel(args: argparse.Namespace) -> int:
         reply = await call(nc, "cancel", CancelRequest(instance_id=args.instance), CancelReply)
     finally:
         await nc.close()
-    _print_json(reply) if args.json else print(f"{reply.instance_id}: {reply.state}")
+    print_json(reply) if args.json else print(f"{reply.instance_id}: {reply.state}")
     return 0
 
 
@@ -601,7 +409,7 @@ async def drain(args: argparse.Namespace) -> int:
     finally:
         await nc.close()
     if args.json:
-        _print_json(reply)
+        print_json(reply)
     else:
         what = "draining" if reply.draining else "back in service"
         extra = f"; moving {reply.migrating} instances one by one" if reply.migrating else ""
@@ -624,7 +432,7 @@ async def routes(args: argparse.Namespace) -> int:
         await nc.close()
     table = derive(reply.endpoints, reply.nodes, book=book)
     if args.json:
-        _print_json(table)
+        print_json(table)
         return 0
     if not table:
         print("no live instance declares a route")
@@ -644,17 +452,7 @@ async def routes(args: argparse.Namespace) -> int:
         if e.shadowed_by:
             leads += f" (shadowed by {e.shadowed_by})"
         rows.append((e.name, f"{e.host}{e.path}", target, leads, f"{serving}/{e.replicas}"))
-    _table(rows)
+    print_table(rows)
     return 0
 
 
-def _leader_line(leader: str, epoch: int, since: str) -> None:
-    """Rule 3 (nothing for a broker alone: epoch 0)."""
-    if epoch:
-        print(f"leader: {leader} since {since} (epoch {epoch})")
-
-
-def _table(rows: Sequence[tuple[str, ...]]) -> None:
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    for r in rows:
-        print("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip())

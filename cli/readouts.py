@@ -1,0 +1,181 @@
+"""The reading verbs (`status`, `nodes`, `why`) and their tables: they print, never change.
+
+Rule: with several brokers (`gavel.broker.ha`) `status` and `nodes` name the leader, its
+epoch and since when, in a first line (JSON: `nodes` has the fields `leader`, `epoch` and
+`leader_since`); a broker alone prints what it always did.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Sequence
+
+import msgspec
+
+from gavel.cli import services
+from gavel.cli.outcomes import refusal_code
+from gavel.shared.api import NodeDetail, NodesReply, NodesRequest, NodeStatus, WhyReply, WhyRequest
+from gavel.shared.reasons import render as render_reason
+from gavel.transport.client import call, connect
+from gavel.transport.client import status as status_of
+
+
+def print_json(obj: object) -> None:
+    print(msgspec.json.format(msgspec.json.encode(obj), indent=2).decode())
+
+
+async def status(args: argparse.Namespace) -> int:
+    if args.instance:  # a service's name shows the service and its replicas
+        try:
+            svc = await services.service_status(args, args.instance)
+        except services.Refused as exc:
+            print(f"gavel status: {exc}", file=sys.stderr)
+            args.error_sentence = f"gavel status: {exc}"
+            return refusal_code(str(exc))
+        if svc is not None:
+            print_json(svc) if args.json else services.print_service(svc)
+            return 0
+    nc = await connect(args.nats, args.creds)
+    try:
+        reply = await status_of(nc, args.instance)  # every page (`broker.api` rule 8)
+    finally:
+        await nc.close()
+    if args.json:
+        print_json({"array": reply.array, "instances": reply.instances}
+                    if reply.array is not None else reply.instances)
+        return 0
+    leader_line(reply.leader, reply.epoch, reply.leader_since)
+    if (a := reply.array) is not None:  # a batch array: its tally, then its tasks
+        print(f"array {a.array_id}: {a.count} tasks, parallelism {a.parallelism}, "
+              f"max_failures {a.max_failures}")
+        print(f"done {a.succeeded}  running {a.running}  failed {a.failed}  "
+              f"pending {a.pending}" + (f"  cancelled {a.cancelled}" if a.cancelled else ""))
+        if a.first_failure:
+            print(f"first failure: {a.first_failure}")
+        if a.ended:
+            print("ended: " + ("every task succeeded" if a.ok else a.outcome))
+    rows = [("INSTANCE", "STATE", "HEALTH", "NODE", "ATTEMPT", "RESTARTS", "CPU", "MEM MB",
+             "PORTS", "REASON")]
+    for i in reply.instances:
+        why = i.detail if i.state == "unschedulable" else (i.reason or i.check or "")
+        rows.append((i.instance_id, i.state, i.health or "-", i.node_id or "-", str(i.attempt),
+                     str(i.restarts), *usage_cells(i.cpu_used, i.memory_used_mb, i.node_id),
+                     ports_cell(i.ports) or "-", " ".join(why.split())))
+    print_table(rows)
+    return 0
+
+
+def usage_cells(cpu: float, memory_mb: float, where: str = "x") -> tuple[str, str]:
+    """What is measured, or "-" where nothing is (not placed, or no cgroup)."""
+    if not where or (not cpu and not memory_mb):
+        return "-", "-"
+    return f"{cpu:.2f}", f"{memory_mb:.1f}"
+
+
+def ports_cell(ports: dict[str, int]) -> str:
+    """``http=21003,admin=21004`` (as the spec names them), or ""."""
+    return ",".join(f"{name}={port}" for name, port in ports.items())
+
+
+async def nodes(args: argparse.Namespace) -> int:
+    nc = await connect(args.nats, args.creds)
+    try:
+        reply = await call(nc, "nodes", NodesRequest(node_id=args.node), NodesReply)
+    finally:
+        await nc.close()
+    if args.json:
+        print_json(reply)
+        return 0
+    leader_line(reply.leader, reply.epoch, reply.leader_since)
+    if reply.detail is not None:
+        _node_detail(reply.nodes[0], reply.detail)
+        return 0
+    rows = [("NODE", "HEALTH", "ADDRESS", "STRATEGY", "CPU", "MEMORY MB", "USED CPU",
+             "USED MB", "INSTANCES", "LABELS")]
+    for n in reply.nodes:
+        labels = ",".join(f"{k}={v}" for k, v in sorted(n.labels.items()))
+        rows.append((n.node_id, n.health + (" draining" if n.draining else ""),
+                     n.advertise or "-", n.strategy,
+                     f"{n.committed.cpu:g}/{n.capacity.cpu:g}",
+                     f"{n.committed.memory_mb}/{n.capacity.memory_mb}",
+                     *usage_cells(n.cpu_used, n.memory_used_mb), str(n.instances), labels or "-"))
+    print_table(rows)
+    return 0
+
+
+def _node_detail(n: NodeStatus, d: NodeDetail) -> None:
+    """`gavel nodes NODE`: its health, commitments and ports, what runs there, its declines."""
+    labels = ",".join(f"{k}={v}" for k, v in sorted(n.labels.items())) or "-"
+    print(f"{n.node_id}: {n.health}" + (" draining" if n.draining else "")
+          + (f", seen {n.last_seen_s:g}s ago" if n.health != "healthy" else "")
+          + f"; strategy {n.strategy or '-'}; labels {labels}")
+    if d.drain_deadline:
+        at = time.strftime("%H:%M:%S", time.localtime(d.drain_deadline))
+        print(f"  drain deadline {at}: what still runs here then is moved")
+    c, cap = n.committed, n.capacity
+    print(f"  committed: cpu {c.cpu:g}/{cap.cpu:g}, memory {c.memory_mb}/{cap.memory_mb} MB, "
+          f"ports {c.ports}/{cap.ports}"
+          + (f" (range {d.port_range[0]}-{d.port_range[1]})" if len(d.port_range) == 2
+             else ""))
+    print(f"  measured:  cpu {n.cpu_used:.2f} of the {c.cpu:g} held, memory "
+          f"{n.memory_used_mb:.1f} of the {c.memory_mb} MB held")
+    if d.blocked_ports:
+        print(f"  blocked ports (taken outside gavel): {', '.join(map(str, d.blocked_ports))}")
+    print(f"  instances ({len(d.instances)}):" if d.instances else "  instances: none")
+    if d.instances:
+        rows = [("    INSTANCE", "STATE", "ATTEMPT", "CPU", "MEM MB", "PORTS")]
+        rows += [(f"    {i.instance_id}", i.state, str(i.attempt),
+                  *usage_cells(i.cpu_used, i.memory_used_mb, i.node_id), ports_cell(i.ports) or "-")
+                 for i in d.instances]
+        print_table(rows)
+    print(f"  recent declines ({len(d.declines)}):" if d.declines else "  recent declines: none")
+    for x in d.declines:
+        print(f"    {x.instance_id:<20} {render_reason(x.reason, x.detail)}")
+
+
+async def why(args: argparse.Namespace) -> int:
+    nc = await connect(args.nats, args.creds)
+    try:
+        reply = await call(nc, "why", WhyRequest(instance_id=args.instance), WhyReply)
+    finally:
+        await nc.close()
+    if args.json:
+        print_json(reply)
+        return 0
+    i = reply.instance
+    print(f"{i.instance_id}: {i.state}" + (f" on {i.node_id}" if i.node_id else "")
+          + (f", {i.health}" if i.health else "")
+          + (f", {i.restarts} restart{'' if i.restarts == 1 else 's'} in place"
+             if i.restarts else "")
+          + (f", replica of service {i.service} version {i.version}" if i.service else "")
+          + (f" — {i.detail or i.reason}" if i.state in ("unschedulable", "failed", "lost")
+             or (i.state == "cancelled" and i.service) else ""))
+    if i.check:
+        print(f"  check {i.check}")
+    for a in reply.auctions:
+        head = (f"auction {a.auction_id}: won by {a.winner} at load {a.load:.3f}"
+                + (" (tie broken on node id)" if a.tie_broken else "")
+                if a.winner else f"auction {a.auction_id}: {a.summary}")
+        print(head)
+        for b in a.bids:
+            mark = "*" if b.node_id == a.winner else " "
+            print(f"  {mark} bid     {b.node_id:<16} load {b.load:.3f}  ({b.strategy})")
+        for d in a.declines:
+            print(f"    decline {d.node_id:<16} {render_reason(d.reason, d.detail)}")
+        for s in a.silent:
+            print(f"    silent  {s:<16} no answer before the deadline")
+    return 0
+
+
+def leader_line(leader: str, epoch: int, since: str) -> None:
+    """The rule above (nothing for a broker alone: epoch 0)."""
+    if epoch:
+        print(f"leader: {leader} since {since} (epoch {epoch})")
+
+
+def print_table(rows: Sequence[tuple[str, ...]]) -> None:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for r in rows:
+        print("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip())
