@@ -50,7 +50,6 @@ from gavel.cli.config import (
     render,
 )
 from gavel.cli.options import BROKER_OPTIONS, GATEWAY_OPTIONS, WORKER_OPTIONS, flags_of
-from gavel.cli.parsers import unusable_dir
 from gavel.shared.admission import Caps
 from gavel.shared.redact import mask_url
 from gavel.shared.strategies import Strategy
@@ -60,13 +59,10 @@ from gavel.transport.urls import servers
 if TYPE_CHECKING:
     from gavel.broker.ha import HaBroker
     from gavel.broker.service import Broker
-    from gavel.worker.cgroups import Enforcement
-    from gavel.worker.engine import Engine
-    from gavel.worker.isolation import Isolation
-    from gavel.worker.logfiles import LogLimits
 
 __all__ = ["BROKER_ONLY", "GATEWAY_ONLY", "WORKER_ONLY", "Stopped", "check", "config_check",
-           "config_kind", "run_broker", "run_gateway", "run_worker", "settings"]
+           "config_kind", "run_broker", "run_gateway", "settings",
+           "worker_strategy"]
 
 log = logging.getLogger("gavel.cli")
 
@@ -76,7 +72,7 @@ class Stopped(Exception):
     command prints this one sentence and exits 1."""
 
 
-def _on_signal(stop: Callable[[], Any], got: list[str] | None = None) -> None:
+def on_signal(stop: Callable[[], Any], got: list[str] | None = None) -> None:
     """Stop on SIGTERM or SIGINT, adding the name of each signal received to `got`."""
     loop = asyncio.get_running_loop()
     got = [] if got is None else got
@@ -130,8 +126,8 @@ def check(args: argparse.Namespace) -> int:
     if isinstance(cfg, BrokerConfig):
         _secrets(cfg.secrets)
     elif isinstance(cfg, WorkerConfig):
-        _strategy(cfg)
-    _nats_options(cfg)
+        worker_strategy(cfg)
+    nats_options_of(cfg)
     print(render(cfg), end="")
     return 0
 
@@ -153,7 +149,7 @@ def config_check(args: argparse.Namespace) -> int:
         cfg = load(GatewayConfig, GATEWAY_OPTIONS, file=args.file, env=os.environ)
     else:
         cfg = load(WorkerConfig, WORKER_OPTIONS, file=args.file, env=os.environ)
-        _strategy(cfg)
+        worker_strategy(cfg)
     print(f"# effective {kind} config: {args.file}, then GAVEL_* environment")
     print(render(cfg), end="")
     return 0
@@ -185,7 +181,7 @@ def config_kind(data: dict[str, Any], file: str) -> str:
                       "broker, --kind worker or --kind gateway.")
 
 
-def _nats_options(cfg: DaemonConfig) -> dict[str, Any]:
+def nats_options_of(cfg: DaemonConfig) -> dict[str, Any]:
     """Credentials (a .creds file or an nkey seed, told apart by content) and TLS for
     nats.connect; a tls:// URL alone uses the system CA store."""
     out: dict[str, Any] = connect_options(cfg.creds) if cfg.creds else {}
@@ -200,7 +196,7 @@ def _nats_options(cfg: DaemonConfig) -> dict[str, Any]:
     return out
 
 
-def _url_secrets(*urls: str) -> list[str]:
+def url_secrets(*urls: str) -> list[str]:
     out = []
     for url in urls:
         with contextlib.suppress(ValueError):
@@ -294,7 +290,7 @@ def make_broker(cfg: BrokerConfig, secrets: dict[str, str],
         "commit_gap_s": cfg.commit_gap_ms / 1000, "ended_max": cfg.ended_max,
         "caps": Caps(per_service=cfg.max_service_count, instances=cfg.max_instances)}
     nats_options = {"error_cb": errors or Refusals(cfg, lambda: None).on_error,
-                    **_nats_options(cfg)}
+                    **nats_options_of(cfg)}
     try:
         if cfg.ha is not None:  # rule 7
             Ledger(Path(cfg.state) / "state.git", cfg.ref)  # the state path and ref are usable
@@ -338,7 +334,7 @@ async def _run_broker(args: argparse.Namespace, signals: list[str]) -> int:
     cfg: BrokerConfig = args.settings
     secrets = _secrets(cfg.secrets)
     logs.configure(cfg.log_format, cfg.log_level,
-                   secrets=[*secrets.values(), *_url_secrets(cfg.nats, cfg.push),
+                   secrets=[*secrets.values(), *url_secrets(cfg.nats, cfg.push),
                             os.environ.get("GAVEL_PUSH_TOKEN", "")])
     stopping: list[Callable[[], None]] = []
     refusals = Refusals(cfg, lambda: [f() for f in stopping])
@@ -366,7 +362,7 @@ async def _run_broker(args: argparse.Namespace, signals: list[str]) -> int:
             connecting = True
             running.cancel()
 
-    _on_signal(stop, signals)
+    on_signal(stop, signals)
     stopping.append(stop)
     pushing = asyncio.ensure_future(pusher.run()) if pusher is not None else None
     try:
@@ -385,7 +381,8 @@ async def _run_broker(args: argparse.Namespace, signals: list[str]) -> int:
     return 1 if refusals.fatal else 0
 
 
-def _strategy(cfg: WorkerConfig) -> Strategy:
+def worker_strategy(cfg: WorkerConfig) -> Strategy:
+    """The worker's strategy from its settings; unusable parameters are a `ConfigError`."""
     from gavel.shared.strategies import make_strategy
     from gavel.shared.strategies.reserve import reserve
 
@@ -393,95 +390,6 @@ def _strategy(cfg: WorkerConfig) -> Strategy:
         return reserve(make_strategy(cfg.strategy, cfg.strategy_params), cfg.reserve_for)
     except ValueError as exc:
         raise ConfigError(f"field `strategy_params`: {exc}.") from None
-
-
-def _cgroups(cfg: WorkerConfig) -> Enforcement:
-    """What the worker enforces (`worker.cgroups`); a hierarchy named but unusable is a
-    `ConfigError` sentence saying why."""
-    from gavel.worker.cgroups import Unavailable, detect
-
-    try:
-        return detect(cfg.cgroups, cfg.node_id, cpu_limit=cfg.cgroup_cpu,
-                      state_dir=Path(cfg.state))
-    except Unavailable as exc:
-        raise ConfigError(f"field `cgroups`: {exc}.") from None
-
-
-def _isolation(cfg: WorkerConfig) -> Isolation:
-    """Who the worker's instances run as (`worker.isolation`)."""
-    from gavel.worker.cgroups import worker_key
-    from gavel.worker.isolation import configure
-
-    return configure(cfg.isolation, cfg.uids, allow_root=cfg.allow_root,
-                     owner=f"{cfg.node_id}.{worker_key(Path(cfg.state))}")
-
-
-def _writable_dir(path: Path) -> None:
-    """The worker's state directory exists (made if need be) and takes files - or a
-    `ConfigError` sentence now, not a traceback at the first write."""
-    why = unusable_dir(path, write=True)
-    if why:
-        raise ConfigError(f"field `state`: cannot keep the worker's state in {path} ({why}).")
-
-
-def log_limits(cfg: WorkerConfig) -> LogLimits:
-    """What the worker keeps of its instances' output (`worker.logfiles` rule 4)."""
-    from gavel.worker.logfiles import LogLimits
-
-    return LogLimits(max_bytes=max(1, int(cfg.instance_log_mb * 2**20)),
-                     files=cfg.instance_log_files, keep_s=cfg.ended_logs_s,
-                     keep_max=cfg.ended_logs_max)
-
-
-def _engine(cfg: WorkerConfig) -> Engine | None:
-    """The node's container engine (`worker.engine`), its host volumes' directories made."""
-    for name, path in cfg.volumes.items():
-        try:
-            Path(path).mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise ConfigError(f"volume {name!r}: cannot make {path}: "
-                              f"{exc.strerror or exc}.") from None
-    from gavel.worker.engine import connect
-
-    return connect(cfg.engine, node_id=cfg.node_id, home=str(Path(cfg.state).resolve()))
-
-
-async def run_worker(args: argparse.Namespace) -> int:
-    from gavel.cli.metrics_http import MetricsUnavailable, serve
-    from gavel.worker.metrics import ObservedAgent
-
-    cfg: WorkerConfig = args.settings
-    logs.configure(cfg.log_format, cfg.log_level, secrets=_url_secrets(cfg.nats))
-    _writable_dir(Path(cfg.state))
-    stopping: list[Callable[[], object]] = []
-    # A credential that is refused, or is another node's: the worker stops, leaving what runs
-    # here running for a worker with the right one to adopt.
-    refusals = Refusals(cfg, lambda: [f() for f in stopping])
-    agent = ObservedAgent(nats_url=cfg.nats, node_id=cfg.node_id, strategy=_strategy(cfg),
-                          labels=cfg.labels, state_dir=Path(cfg.state),
-                          timing=effective_timing(cfg, os.environ), cpu=cfg.cpu,
-                          memory_mb=cfg.memory_mb, port_range=cfg.ports,
-                          nats_options={"error_cb": refusals.on_error, **_nats_options(cfg)},
-                          advertise=cfg.advertise, log_limits=log_limits(cfg),
-                          cgroups=_cgroups(cfg), isolation=_isolation(cfg),
-                          engine=_engine(cfg), volumes=cfg.volumes)
-    stopping.append(lambda: asyncio.ensure_future(agent.stop(kill_children=False)))
-    loop = asyncio.get_running_loop()
-    agent.metrics.attach(agent, loop)
-    server = None
-    if cfg.metrics_port is not None:
-        try:
-            server = serve(agent.metrics.registry, cfg.metrics_port, cfg.metrics_addr)
-        except MetricsUnavailable as exc:
-            raise ConfigError(f"{exc}.") from None
-        log.info("metrics at %s", server.url)
-    _on_signal(lambda: asyncio.ensure_future(agent.stop()))
-    try:
-        await agent.run()
-    finally:
-        if server is not None:
-            server.close()
-    return 1 if refusals.fatal else 0
 
 
 async def run_gateway(args: argparse.Namespace) -> int:
@@ -496,13 +404,13 @@ async def run_gateway(args: argparse.Namespace) -> int:
     from gavel.gateway.trust import cluster_ports, load_book
 
     cfg: GatewayConfig = args.settings
-    logs.configure(cfg.log_format, cfg.log_level, secrets=_url_secrets(cfg.nats, cfg.admin))
+    logs.configure(cfg.log_format, cfg.log_level, secrets=url_secrets(cfg.nats, cfg.admin))
     timing = effective_timing(cfg, os.environ)
     stopping = asyncio.Event()
-    _on_signal(stopping.set)
+    on_signal(stopping.set)
     options: dict[str, Any] = {"name": "gavel-gateway", "max_reconnect_attempts": -1,
                                "reconnect_time_wait": 0.5, "error_cb": _gateway_nats_error,
-                               **_nats_options(cfg)}
+                               **nats_options_of(cfg)}
     nc, said = None, False
     while nc is None:  # a gateway started before NATS waits for it, saying so once
         try:

@@ -26,7 +26,7 @@ from types import ModuleType
 from typing import NoReturn
 
 from gavel import __version__
-from gavel.cli import auth, commands, completion, daemons, logs, logscmd, options
+from gavel.cli import auth, commands, completion, daemons, logs, logscmd, options, workerdaemon
 from gavel.cli.api import app as api_app
 from gavel.cli.options import DEFAULT_NATS
 from gavel.cli.parsers import (
@@ -310,7 +310,7 @@ async def _dispatch(args: argparse.Namespace) -> int:
         case "broker":
             return await daemons.run_broker(args)
         case "worker":
-            return await daemons.run_worker(args)
+            return await workerdaemon.run_worker(args)
         case "gateway":
             return await daemons.run_gateway(args)
         case "up":

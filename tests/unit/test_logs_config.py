@@ -9,8 +9,8 @@ import pytest
 
 from gavel.cli import main as cli
 from gavel.cli.config import ConfigError, WorkerConfig, load
-from gavel.cli.daemons import log_limits
 from gavel.cli.options import WORKER_OPTIONS, flags_of
+from gavel.cli.workerdaemon import log_limits
 from gavel.worker.logfiles import LogLimits
 
 

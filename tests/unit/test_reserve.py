@@ -8,7 +8,7 @@ import pytest
 
 from gavel.cli import main as cli
 from gavel.cli.config import ConfigError, WorkerConfig, load
-from gavel.cli.daemons import _strategy
+from gavel.cli.daemons import worker_strategy
 from gavel.cli.options import WORKER_OPTIONS, flags_of
 from gavel.shared.auction import Auction, Awarded
 from gavel.shared.feasibility import NodeView
@@ -82,14 +82,14 @@ def _worker(argv: list[str], env: dict[str, str] | None = None) -> WorkerConfig:
 def test_the_worker_setting_from_flag_env_and_file(tmp_path: Path) -> None:
     cfg = _worker(["--node-id", "n", "--labels", "gpu=yes,zone=a", "--reserve-for", "gpu"])
     assert cfg.reserve_for == ["gpu"]
-    strategy = _strategy(cfg)
+    strategy = worker_strategy(cfg)
     assert isinstance(strategy, Reserved) and strategy.keys == {"gpu"}
     cfg = _worker(["--node-id", "n", "--labels", "gpu=yes"], env={"GAVEL_RESERVE_FOR": "gpu"})
     assert cfg.reserve_for == ["gpu"]
     file = tmp_path / "w.toml"
     file.write_text('node_id = "n"\nlabels = { gpu = "yes" }\nreserve_for = ["gpu"]\n')
     assert load(WorkerConfig, WORKER_OPTIONS, file=str(file), env={}).reserve_for == ["gpu"]
-    assert not isinstance(_strategy(_worker(["--node-id", "n"])), Reserved)
+    assert not isinstance(worker_strategy(_worker(["--node-id", "n"])), Reserved)
 
 
 @pytest.mark.parametrize(("argv", "expected"), [

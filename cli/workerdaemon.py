@@ -1,0 +1,120 @@
+"""`gavel worker`: a worker's settings made into its parts (strategy, cgroups, isolation,
+engine), each unusable one refused as a `ConfigError` sentence before the agent starts."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from gavel.cli import logs
+from gavel.cli.config import ConfigError, WorkerConfig, effective_timing
+from gavel.cli.daemons import (
+    Refusals,
+    log,
+    nats_options_of,
+    on_signal,
+    url_secrets,
+    worker_strategy,
+)
+from gavel.cli.parsers import unusable_dir
+
+if TYPE_CHECKING:
+    from gavel.worker.cgroups import Enforcement
+    from gavel.worker.engine import Engine
+    from gavel.worker.isolation import Isolation
+    from gavel.worker.logfiles import LogLimits
+
+__all__ = ["log_limits", "run_worker"]
+
+
+def _cgroups(cfg: WorkerConfig) -> Enforcement:
+    """What the worker enforces (`worker.cgroups`); a hierarchy named but unusable is a
+    `ConfigError` sentence saying why."""
+    from gavel.worker.cgroups import Unavailable, detect
+
+    try:
+        return detect(cfg.cgroups, cfg.node_id, cpu_limit=cfg.cgroup_cpu,
+                      state_dir=Path(cfg.state))
+    except Unavailable as exc:
+        raise ConfigError(f"field `cgroups`: {exc}.") from None
+
+
+def _isolation(cfg: WorkerConfig) -> Isolation:
+    """Who the worker's instances run as (`worker.isolation`)."""
+    from gavel.worker.cgroups import worker_key
+    from gavel.worker.isolation import configure
+
+    return configure(cfg.isolation, cfg.uids, allow_root=cfg.allow_root,
+                     owner=f"{cfg.node_id}.{worker_key(Path(cfg.state))}")
+
+
+def _writable_dir(path: Path) -> None:
+    """The worker's state directory exists (made if need be) and takes files - or a
+    `ConfigError` sentence now, not a traceback at the first write."""
+    why = unusable_dir(path, write=True)
+    if why:
+        raise ConfigError(f"field `state`: cannot keep the worker's state in {path} ({why}).")
+
+
+def log_limits(cfg: WorkerConfig) -> LogLimits:
+    """What the worker keeps of its instances' output (`worker.logfiles` rule 4)."""
+    from gavel.worker.logfiles import LogLimits
+
+    return LogLimits(max_bytes=max(1, int(cfg.instance_log_mb * 2**20)),
+                     files=cfg.instance_log_files, keep_s=cfg.ended_logs_s,
+                     keep_max=cfg.ended_logs_max)
+
+
+def _engine(cfg: WorkerConfig) -> Engine | None:
+    """The node's container engine (`worker.engine`), its host volumes' directories made."""
+    for name, path in cfg.volumes.items():
+        try:
+            Path(path).mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise ConfigError(f"volume {name!r}: cannot make {path}: "
+                              f"{exc.strerror or exc}.") from None
+    from gavel.worker.engine import connect
+
+    return connect(cfg.engine, node_id=cfg.node_id, home=str(Path(cfg.state).resolve()))
+
+
+async def run_worker(args: argparse.Namespace) -> int:
+    from gavel.cli.metrics_http import MetricsUnavailable, serve
+    from gavel.worker.metrics import ObservedAgent
+
+    cfg: WorkerConfig = args.settings
+    logs.configure(cfg.log_format, cfg.log_level, secrets=url_secrets(cfg.nats))
+    _writable_dir(Path(cfg.state))
+    stopping: list[Callable[[], object]] = []
+    # A credential that is refused, or is another node's: the worker stops, leaving what runs
+    # here running for a worker with the right one to adopt.
+    refusals = Refusals(cfg, lambda: [f() for f in stopping])
+    agent = ObservedAgent(nats_url=cfg.nats, node_id=cfg.node_id, strategy=worker_strategy(cfg),
+                          labels=cfg.labels, state_dir=Path(cfg.state),
+                          timing=effective_timing(cfg, os.environ), cpu=cfg.cpu,
+                          memory_mb=cfg.memory_mb, port_range=cfg.ports,
+                          nats_options={"error_cb": refusals.on_error, **nats_options_of(cfg)},
+                          advertise=cfg.advertise, log_limits=log_limits(cfg),
+                          cgroups=_cgroups(cfg), isolation=_isolation(cfg),
+                          engine=_engine(cfg), volumes=cfg.volumes)
+    stopping.append(lambda: asyncio.ensure_future(agent.stop(kill_children=False)))
+    loop = asyncio.get_running_loop()
+    agent.metrics.attach(agent, loop)
+    server = None
+    if cfg.metrics_port is not None:
+        try:
+            server = serve(agent.metrics.registry, cfg.metrics_port, cfg.metrics_addr)
+        except MetricsUnavailable as exc:
+            raise ConfigError(f"{exc}.") from None
+        log.info("metrics at %s", server.url)
+    on_signal(lambda: asyncio.ensure_future(agent.stop()))
+    try:
+        await agent.run()
+    finally:
+        if server is not None:
+            server.close()
+    return 1 if refusals.fatal else 0
