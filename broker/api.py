@@ -1,6 +1,7 @@
-"""The broker's request/reply API over NATS: submit, status, nodes, why, events, cancel, drain,
-and endpoints (what a gateway routes to), and the service verbs: deploy, service, services,
-scale, stop, rollback (`broker.deploys`).
+"""The broker's request/reply API over NATS: submit, status, why, events, stats, cancel; the
+node verbs: nodes, drain, and endpoints (what a gateway routes to: `broker.nodeapi`); and the
+service verbs: deploy, service, services, scale, stop, rollback (`broker.serviceapi`,
+`broker.deploys`).
 
 Rules:
 1. One decoder per verb; a request that does not decode, or that cannot be honoured, gets
@@ -44,10 +45,8 @@ Rules:
 from __future__ import annotations
 
 import asyncio
-import itertools
-import time
 import uuid
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 import msgspec
@@ -63,6 +62,7 @@ from gavel.broker.ledger.committer import Item, Planned
 from gavel.broker.ledger.plan import View, submit
 from gavel.broker.ledger.state import Ready, ready
 from gavel.broker.mirror import Mirror
+from gavel.broker.nodeapi import NodeVerbs
 from gavel.broker.promises import Promises
 from gavel.broker.routeowners import refusal as route_refusal
 from gavel.broker.serviceapi import ServiceVerbs
@@ -74,19 +74,11 @@ from gavel.shared.api import (
     CancelRequest,
     DeployReply,
     DeployRequest,
-    DrainReply,
     DrainRequest,
-    Endpoint,
-    EndpointsReply,
     EndpointsRequest,
     EventsReply,
     EventsRequest,
-    NodeAddress,
-    NodeDetail,
-    NodesReply,
     NodesRequest,
-    NodeStatus,
-    RecentDecline,
     RollbackRequest,
     ScaleRequest,
     ServiceRequest,
@@ -102,8 +94,7 @@ from gavel.shared.api import (
     WhyRequest,
     counted_ids,
 )
-from gavel.shared.health import Health
-from gavel.shared.messages import ApiError, Capacity, InstanceReport, Message
+from gavel.shared.messages import ApiError, Message
 from gavel.shared.reasons import Reason
 from gavel.shared.spec import Spec
 from gavel.transport.inbound import Door, Guard
@@ -117,8 +108,6 @@ MAX_IN_FLIGHT = 1024
 #: Records a submission makes and encodes between two turns of the loop (rule 3): a slice
 #: short enough that a bid reply waiting behind it is not held up for long.
 SUBMIT_SLICE = 128
-#: Recent declines `gavel nodes NODE` shows at most.
-DECLINES_SHOWN = 20
 
 
 class Api:
@@ -145,16 +134,17 @@ class Api:
         self.service_verbs = ServiceVerbs(ctx, deploys, refused=self._refused,
                                           instance_status=self.views.instance_status,
                                           over_cap=self.admission.over_cap)
+        self.node_verbs = NodeVerbs(ctx, auctioneer, promises, self.views, self._leader)
         kinds: dict[str, tuple[type[Any], Handler]] = {
             "submit": (SubmitRequest, self.submit),
             "status": (StatusRequest, self.status),
-            "nodes": (NodesRequest, self.nodes),
+            "nodes": (NodesRequest, self.node_verbs.nodes),
             "why": (WhyRequest, self.why),
             "events": (EventsRequest, self.events),
             "stats": (StatsRequest, self.stats),
             "cancel": (CancelRequest, self.cancel),
-            "drain": (DrainRequest, self.drain),
-            "endpoints": (EndpointsRequest, self.endpoints),
+            "drain": (DrainRequest, self.node_verbs.drain),
+            "endpoints": (EndpointsRequest, self.node_verbs.endpoints),
             "deploy": (DeployRequest, self.service_verbs.deploy),
             "service": (ServiceRequest, self.service_verbs.service),
             "services": (ServicesRequest, self.service_verbs.list_services),
@@ -367,60 +357,6 @@ class Api:
         lead = self.ctx.leader
         return {"leader": lead.broker_id, "epoch": lead.epoch, "leader_since": lead.since}
 
-    async def nodes(self, req: NodesRequest) -> Message:
-        now = self.ctx.now()
-        state = self.ctx.ledger.state()
-        out = []
-        if req.node_id:
-            return self._node(req.node_id)
-        for node_id in self.ctx.liveness.known():
-            hb = self.ctx.liveness.heartbeats[node_id]
-            nf = state.nodes.get(node_id)
-            committed = state.committed.get(node_id) or Capacity()
-            health: Health = self.ctx.liveness.health(node_id, now)
-            out.append(NodeStatus(node_id=node_id, health=health, strategy=hb.strategy,
-                                  labels=hb.labels, capacity=hb.capacity, committed=committed,
-                                  stats=hb.stats,
-                                  draining=hb.draining or bool(nf and nf.draining),
-                                  instances=len(nf.instances) if nf else 0,
-                                  last_seen_s=round(now - self.ctx.liveness.last_seen[node_id],
-                                                    3), advertise=hb.advertise,
-                                  cpu_used=_cpu(hb.instances),
-                                  memory_used_mb=_memory(hb.instances)))
-        return NodesReply(nodes=out, rejected=dict(self.ctx.rejects.counts), **self._leader())
-
-    def _node(self, node_id: str) -> Message:
-        """One node in detail: its status, what runs there, its ports and recent declines."""
-        ctx = self.ctx
-        state = ctx.ledger.state()
-        liveness = ctx.liveness
-        hb = liveness.heartbeats.get(node_id)
-        nf = state.nodes.get(node_id)
-        if hb is None and nf is None:
-            return ApiError(error=f"{Reason.UNKNOWN_NODE}: {node_id}")
-        now = ctx.now()
-        seen = liveness.last_seen.get(node_id)
-        status = NodeStatus(
-            node_id=node_id, health=liveness.health(node_id, now),
-            strategy=hb.strategy if hb else "", labels=hb.labels if hb else {},
-            capacity=hb.capacity if hb else Capacity(),
-            committed=state.committed.get(node_id) or Capacity(),
-            draining=bool(hb and hb.draining) or bool(nf and nf.draining),
-            instances=len(nf.instances) if nf else 0,
-            last_seen_s=round(now - seen, 3) if seen is not None else 0.0,
-            cpu_used=_cpu(hb.instances) if hb else 0.0,
-            memory_used_mb=_memory(hb.instances) if hb else 0.0)
-        running = [self.views.instance_status(rec) for iid in sorted(nf.instances if nf else ())
-                   if (rec := state.instances.get(iid)) is not None]
-        declines = [RecentDecline(instance_id=iid, auction_id=aid, reason=d.reason,
-                                  detail=d.detail)
-                    for iid, aid, d in self.auctioneer.declines_by(node_id, DECLINES_SHOWN)]
-        detail = NodeDetail(node_id=node_id, instances=running,
-                            port_range=list(hb.port_range) if hb else [],
-                            blocked_ports=list(nf.blocked_ports) if nf else [],
-                            declines=declines, drain_deadline=self._drain_deadline(node_id))
-        return NodesReply(nodes=[status], detail=detail, **self._leader())
-
     async def why(self, req: WhyRequest) -> Message:
         rec = self.ctx.ledger.state().instances.get(req.instance_id)
         if rec is None:
@@ -450,50 +386,6 @@ class Api:
             return self._unknown(req.instance_id)
         return CancelReply(instance_id=req.instance_id, state=state)
 
-    async def drain(self, req: DrainRequest) -> Message:
-        if self.ctx.ledger.pinned:
-            return ApiError(error=f"{Reason.PINNED} ({self.ctx.ledger.ref})")
-        state = self.ctx.ledger.state()
-        known = set(self.ctx.liveness.known()) | set(state.nodes)
-        if req.node_id not in known:
-            return ApiError(error=f"{Reason.UNKNOWN_NODE}: {req.node_id}")
-        if req.node_id in state.unusable_nodes:
-            path = f"nodes/{req.node_id}/node.json"
-            return ApiError(error=f"{Reason.UNREADABLE_FILE}: {path} "
-                            f"({state.unreadable.get(path, '')})")
-        moving = self.promises.drain(req.node_id, req.undo, req.migrate, req.deadline_s)
-        return DrainReply(node_id=req.node_id, draining=not req.undo, migrating=moving,
-                          deadline=self._drain_deadline(req.node_id))
-
-    def _drain_deadline(self, node_id: str) -> float:
-        """The node's drain deadline as Unix time (0: none)."""
-        at = self.promises.drain_deadlines.get(node_id)
-        return 0.0 if at is None else round(time.time() + (at - self.ctx.now()), 3)
-
-    async def endpoints(self, req: EndpointsRequest) -> Message:
-        """Every live instance (placed or waiting) whose spec declares routes, as `status`
-        tells it, with the health its node last reported, and how each known node is
-        reached: a gateway's inputs (`gavel.shared.routes`). Read-only, from memory: the
-        placed and the pending indexes, never the ended records."""
-        state = self.ctx.ledger.state()
-        out: list[Endpoint] = []
-        for iid in itertools.chain(state.where, state.pending):
-            rec = state.instances.get(iid)
-            if rec is None or not rec.spec.routes:
-                continue
-            st = self.views.instance_status(rec)
-            note = self.promises.health.get(iid)
-            out.append(Endpoint(instance_id=iid, name=rec.spec.name, state=st.state,
-                                node_id=st.node_id, ports=st.ports,
-                                health=st.health or (str(note.health) if note else ""),
-                                service=rec.service, version=rec.version,
-                                routes=list(rec.spec.routes), checked=bool(rec.spec.checks)))
-        now = self.ctx.now()
-        liveness = self.ctx.liveness
-        nodes = [NodeAddress(node_id=n, address=liveness.heartbeats[n].advertise,
-                             workdir=liveness.heartbeats[n].workdir,
-                             health=liveness.health(n, now)) for n in liveness.known()]
-        return EndpointsReply(endpoints=out, nodes=nodes)
 
 def _operators(_subject: str) -> str:
     """Every API request is an operator's: it is answered under the operators' inbox."""
@@ -511,12 +403,3 @@ def _pct(sorted_values: list[float], pct: float) -> float:
         return 0.0
     k = max(0, min(len(sorted_values) - 1, round(pct / 100 * len(sorted_values) + 0.5) - 1))
     return sorted_values[k] * 1000.0
-
-
-def _cpu(reports: Sequence[InstanceReport]) -> float:
-    """A node's own load: the cpus its instances measurably use together."""
-    return round(sum(r.cpu_used for r in reports), 3)
-
-
-def _memory(reports: Sequence[InstanceReport]) -> float:
-    return round(sum(r.memory_used_mb for r in reports), 1)
