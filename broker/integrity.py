@@ -24,8 +24,8 @@ from dataclasses import dataclass
 
 from gavel.broker.context import Context
 from gavel.broker.ledger.committer import Item, Planned
+from gavel.broker.ledger.disputes import Dispute
 from gavel.broker.ledger.plan import View, rewrite
-from gavel.broker.ledger.state import Dispute
 from gavel.shared.reasons import Reason
 
 __all__ = ["Corrected", "Integrity", "Uncorrected", "plan_correction"]

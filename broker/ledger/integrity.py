@@ -35,7 +35,8 @@ from collections.abc import Callable, Collection, Mapping
 
 import msgspec
 
-from gavel.broker.ledger.state import Dispute, Keep, State
+from gavel.broker.ledger.disputes import Dispute, Keep
+from gavel.broker.ledger.state import State
 from gavel.shared.lifecycle import PENDING
 from gavel.shared.records import Assignment, NodeFile
 

@@ -14,10 +14,11 @@ import pygit2
 import pytest
 
 from gavel.broker.integrity import Corrected, plan_correction
+from gavel.broker.ledger.disputes import Keep
 from gavel.broker.ledger.integrity import settle
 from gavel.broker.ledger.plan import View
 from gavel.broker.ledger.repository import Ledger
-from gavel.broker.ledger.state import Change, Keep, State, committed_by, encode
+from gavel.broker.ledger.state import Change, State, committed_by, encode
 from gavel.shared.messages import Capacity, Spec
 from gavel.shared.records import (
     Assignment,
