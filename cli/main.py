@@ -79,7 +79,18 @@ def build_parser() -> argparse.ArgumentParser:
         "lowest load and commits the placement to git."))
     parser.add_argument("--version", action="version", version=f"gavel {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    _up_parser(sub)
+    _daemon_parsers(sub)
+    _workload_parsers(sub)
+    _server_parsers(sub)
+    _cluster_parsers(sub)
+    _service_parsers(sub)
+    _tool_parsers(sub)
+    return parser
 
+
+def _up_parser(sub: argparse._SubParsersAction[Parser]) -> None:
+    """`gavel up`: the embedded default."""
     up = sub.add_parser("up", help="run a local cluster: nats-server, a broker and workers")
     up.add_argument("--state", type=Path, default=Path(".gavel"),
                     help="directory for all state (default %(default)s)")
@@ -120,6 +131,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="several brokers, one leader: three clustered nats-servers, a bare "
                     "state remote under STATE and three brokers (default: one of each)")
 
+
+def _daemon_parsers(sub: argparse._SubParsersAction[Parser]) -> None:
+    """The daemons, their identities and their config files."""
     br = sub.add_parser("broker", help="run the broker", description=(
         "Run the broker. Settings come from --config FILE, then GAVEL_* environment "
         "variables, then flags, each overriding the one before."))
@@ -151,6 +165,9 @@ def build_parser() -> argparse.ArgumentParser:
                     "reads: node_id or ports for a worker, ref or secrets for a broker, admin "
                     "for a gateway)")
 
+
+def _workload_parsers(sub: argparse._SubParsersAction[Parser]) -> None:
+    """Submitting work and reading its state."""
     sm = sub.add_parser("submit", help="submit a workload spec (TOML or JSON)")
     _client(sm)
     sm.add_argument("spec", type=Path, help="spec file")
@@ -177,6 +194,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="an instance id, or a service name (its replicas: node, state, "
                     "version, health)")
 
+
+def _server_parsers(sub: argparse._SubParsersAction[Parser]) -> None:
+    """The dashboard and the HTTP API, each an operator client."""
     ui = sub.add_parser("ui", help="serve a live web dashboard of the cluster (read-only)",
                         description="Serve a read-only web dashboard of the cluster: nodes, "
                         "instances, services, live events, and every instance's auctions. It "
@@ -193,6 +213,9 @@ def build_parser() -> argparse.ArgumentParser:
     _client(ap, json_flag=False)
     api_app.add_options(ap)
 
+
+def _cluster_parsers(sub: argparse._SubParsersAction[Parser]) -> None:
+    """The cluster's nodes, instances, events, output, routes and drains."""
     nd = sub.add_parser("nodes", help="nodes, their health and load; one NODE in detail")
     _client(nd)
     nd.add_argument("node", nargs="?", default="",
@@ -243,6 +266,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="move the instances still there after DURATION (30s, 5m, 1h), one "
                     "by one as --migrate does")
 
+
+def _service_parsers(sub: argparse._SubParsersAction[Parser]) -> None:
+    """The service verbs."""
     dp = sub.add_parser("deploy", help="create or update a service from its spec; "
                         "`deploy status NAME` shows a deploy's progress", description=(
                             "gavel deploy SPEC deploys a service (a spec with type = "
@@ -279,6 +305,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="the version to go back to (default: the last healthy one while "
                     "another runs, else the one the last deploy came from)")
 
+
+def _tool_parsers(sub: argparse._SubParsersAction[Parser]) -> None:
+    """The simulator, the benchmark and shell completion."""
     sim_cli: ModuleType | None
     try:
         from gavel.cli import sim as sim_cli
@@ -297,7 +326,6 @@ def build_parser() -> argparse.ArgumentParser:
                         "command line's own parser. bash: eval \"$(gavel completion bash)\" "
                         "in ~/.bashrc; zsh: eval \"$(gavel completion zsh)\" in ~/.zshrc.")
     co.add_argument("shell", choices=completion.SHELLS)
-    return parser
 
 
 def _env_choice(name: str, choices: tuple[str, ...], default: str) -> str:
