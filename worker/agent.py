@@ -120,6 +120,29 @@ class Agent:
         #: its host volumes (name -> path).
         self.engine = engine
         self.volumes = dict(volumes or {})
+        self._make_parts(timing, log_limits, logs_window_s)
+        self._view: NodeView
+        self._refresh_view()
+        self._seq = 0
+        self._reported = 0  # events sent (`Event.seq`), told in every heartbeat
+        self._nc: NATS | None = None
+        self._subs: list[Subscription] = []
+        self._outbox: list[tuple[str, bytes]] = []
+        self._loops: list[asyncio.Task[None]] = []
+        self._encoder = msgspec.msgpack.Encoder()
+        self._make_guards()
+        self._wake = asyncio.Event()
+        self._stop_requested = asyncio.Event()
+        self._done = asyncio.Event()
+        self._kill_children = True
+        self._started = False
+
+    def _make_parts(self, timing: Timing, log_limits: LogLimits | None,
+                    logs_window_s: float) -> None:
+        """The parts that run instances (`__init__`): supervisor, drivers, converger,
+        outputs and the log server, each wired to the others."""
+        node_id, engine = self.node_id, self.engine
+        port_range = self.port_range
         no_engine = Unavailable(Reason.NO_ENGINE)
         self._containers: ContainerDriver | None = None
 
@@ -152,15 +175,11 @@ class Agent:
                                    holds=self._supervisor.holds, sink=self._refused,
                                    nc=lambda: self._nc, poll_s=min(0.25, timing.tick_s),
                                    window_s=logs_window_s)
-        self._view: NodeView
-        self._refresh_view()
-        self._seq = 0
-        self._reported = 0  # events sent (`Event.seq`), told in every heartbeat
-        self._nc: NATS | None = None
-        self._subs: list[Subscription] = []
-        self._outbox: list[tuple[str, bytes]] = []
-        self._loops: list[asyncio.Task[None]] = []
-        self._encoder = msgspec.msgpack.Encoder()
+
+    def _make_guards(self) -> None:
+        """The guards of what the broker sends this node, and the subjects it sends on
+        (`__init__`)."""
+        node_id = self.node_id
         mine: Callable[[str], str] = lambda _subject: node_id  # noqa: E731 - for the guards
         refused = self._refused
         self._rfb = Guard("rfb", RFB, refused, door=Door(
@@ -172,11 +191,6 @@ class Agent:
         self._bids_subject = subjects.BIDS.format(node=node_id)
         self._hb_subject = subjects.HEARTBEAT.format(node=node_id)
         self._report_subject = subjects.REPORT.format(node=node_id)
-        self._wake = asyncio.Event()
-        self._stop_requested = asyncio.Event()
-        self._done = asyncio.Event()
-        self._kill_children = True
-        self._started = False
 
     # -- public surface ---------------------------------------------------------------------
 
