@@ -30,6 +30,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -278,9 +279,10 @@ async def _run_in(opts: Options, root: Path) -> Result:
         server.stop()
 
 
-async def _drive(nc: Any, opts: Options, root: Path, broker: subprocess.Popen[bytes],
-                 agent_procs: list[subprocess.Popen[bytes]], nats_pid: int, nats_rr: float,
-                 git_cli: float) -> Result:
+async def _until_healthy(nc: Any, opts: Options, root: Path,
+                         broker: subprocess.Popen[bytes]) -> StatsReply:
+    """The broker's stats once every agent is healthy (60 s at most; a broker that exits
+    meanwhile is said)."""
     deadline = time.monotonic() + 60
     while True:
         try:
@@ -292,10 +294,33 @@ async def _drive(nc: Any, opts: Options, root: Path, broker: subprocess.Popen[by
             await asyncio.sleep(0.2)
             continue
         if stats.nodes_healthy >= opts.agents:
-            break
+            return stats
         if time.monotonic() > deadline:
             raise RuntimeError(f"only {stats.nodes_healthy}/{opts.agents} agents are healthy")
         await asyncio.sleep(0.2)
+
+
+async def _until_placed(nc: Any, opts: Options, started: float,
+                        placed: Callable[[StatsReply], int], base: int) -> StatsReply:
+    """The broker's stats once `opts.placements` more are placed than `base` (at most
+    `opts.timeout_s`)."""
+    limit = time.monotonic() + opts.timeout_s
+    while True:
+        await asyncio.sleep(0.25)
+        stats = await call(nc, "stats", StatsRequest(), StatsReply, timeout=10)
+        done = placed(stats) - base
+        if opts.progress:
+            _bar(done, opts.placements, started)
+        if done >= opts.placements:
+            return stats
+        if time.monotonic() > limit:
+            raise VerifyError(f"only {done}/{opts.placements} placed in {opts.timeout_s:g}s")
+
+
+async def _drive(nc: Any, opts: Options, root: Path, broker: subprocess.Popen[bytes],
+                 agent_procs: list[subprocess.Popen[bytes]], nats_pid: int, nats_rr: float,
+                 git_cli: float) -> Result:
+    stats = await _until_healthy(nc, opts, root, broker)
     spec = Spec(name="noop", command=["true"], cpu=0.01, memory_mb=16)
     cpu0 = _cpu(broker), sum(_cpu(p) for p in agent_procs), _cpu(broker, children=True)
     nats0, self0 = _cpu(nats_pid), time.process_time()
@@ -324,17 +349,7 @@ async def _drive(nc: Any, opts: Options, root: Path, broker: subprocess.Popen[by
         return s.placed_total if opts.lifetime_s > 0 else s.placed_now
     base = placed(stats)
     replies0 = stats.bids_received
-    limit = time.monotonic() + opts.timeout_s
-    while True:
-        await asyncio.sleep(0.25)
-        stats = await call(nc, "stats", StatsRequest(), StatsReply, timeout=10)
-        done = placed(stats) - base
-        if opts.progress:
-            _bar(done, opts.placements, started)
-        if done >= opts.placements:
-            break
-        if time.monotonic() > limit:
-            raise VerifyError(f"only {done}/{opts.placements} placed in {opts.timeout_s:g}s")
+    stats = await _until_placed(nc, opts, started, placed, base)
     elapsed = time.perf_counter() - started
     await submitting
     if opts.progress:
