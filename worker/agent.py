@@ -139,10 +139,8 @@ class Agent:
 
     def _make_parts(self, timing: Timing, log_limits: LogLimits | None,
                     logs_window_s: float) -> None:
-        """The parts that run instances (`__init__`): supervisor, drivers, converger,
-        outputs and the log server, each wired to the others."""
-        node_id, engine = self.node_id, self.engine
-        port_range = self.port_range
+        """The parts that run instances, each wired to the others (`__init__`)."""
+        node_id, engine, port_range = self.node_id, self.engine, self.port_range
         no_engine = Unavailable(Reason.NO_ENGINE)
         self._containers: ContainerDriver | None = None
 
@@ -177,8 +175,7 @@ class Agent:
                                    window_s=logs_window_s)
 
     def _make_guards(self) -> None:
-        """The guards of what the broker sends this node, and the subjects it sends on
-        (`__init__`)."""
+        """The guards of what the broker sends here, the subjects this node sends on."""
         node_id = self.node_id
         mine: Callable[[str], str] = lambda _subject: node_id  # noqa: E731 - for the guards
         refused = self._refused
