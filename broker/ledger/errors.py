@@ -39,7 +39,9 @@ def damaged(path: Path, exc: BaseException) -> Damaged:
     """`exc` (libgit2's KeyError for a missing object, GitError for one that does not read)
     as one sentence for the operator."""
     if isinstance(exc, KeyError) and exc.args:
-        oid, why = str(exc.args[0]), "is missing"
+        # the id alone, or a sentence around it ("... of id '<oid>' can not be peeled ...")
+        found = _OID.search(str(exc.args[0]))
+        oid, why = (found.group(0) if found else str(exc.args[0])), "is missing"
     else:
         text = str(exc)
         found = _OID.search(text)

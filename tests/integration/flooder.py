@@ -1,5 +1,5 @@
 """A node flooding its own heartbeat subject as fast as it can, until SIGTERM: heartbeats far
-larger than anything it could hold (10,000 made-up instances, about 800 KB) and valid-size
+larger than anything it could hold (5,500 made-up instances, about 800 KB) and valid-size
 ones, a quarter of a second of each in turn (so that either kind is, in turn, the newest).
 Run as ``python -m tests.integration.flooder URL SEED NODE``; prints ``flooding`` once it
 is, and its counts as JSON when it stops."""
@@ -27,7 +27,7 @@ async def flood(url: str, seed: str, node: str) -> dict[str, int]:
         node_id=node, strategy="flood", capacity=Capacity(cpu=4, memory_mb=4096),
         instances=[InstanceReport(instance_id=f"made-up-instance-{k:06d}", state="running",
                                   pid=100_000 + k, ports={"http": 20_000 + k % 1000})
-                   for k in range(10_000)]))
+                   for k in range(5_500)]))
     small = msgspec.msgpack.encode(Heartbeat(node_id=node, strategy="flood",
                                              capacity=Capacity(cpu=4, memory_mb=4096)))
     stop = asyncio.Event()

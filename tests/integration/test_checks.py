@@ -244,6 +244,8 @@ async def test_health_and_restarts_ride_in_heartbeats(cluster: Cluster) -> None:
         restart=Restart(attempts=2, delay_s=0.2, interval_s=60.0),
         checks=[Check(type="exec", command=["true"], interval_s=0.2)]))
     await wait_for(lambda: events(cluster, iid, "healthy") != [], 30, what="healthy")
+    # the event may be heard before the broker's own view has taken it in
+    await wait_for(lambda: _health(cluster, iid)[1] == "healthy", 30, what="healthy in status")
     status = await cluster.status(iid)
     assert (status.health, status.restarts) == ("healthy", 1)
 

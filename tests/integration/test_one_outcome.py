@@ -5,6 +5,7 @@ state repository stops `gavel broker` with one sentence, never a traceback."""
 from __future__ import annotations
 
 import argparse
+import asyncio
 import os
 import re
 import subprocess
@@ -153,17 +154,24 @@ async def test_a_running_broker_that_finds_its_repository_damaged_stops(
     broker = await cluster.start_broker()
     await cluster.submit(sleeper_spec("before"), "before-1")
     repo = pygit2.Repository(str(cluster.state / "state.git"))
-    head = repo.references["refs/heads/main"].target
-    index = pygit2.Index()
-    index.read_tree(repo[head].peel(pygit2.Tree))
     rec = InstanceRecord(instance_id="gone-1", spec=sleeper_spec("gone"))
-    blob = repo.create_blob(msgspec.json.encode(rec))
-    index.add(pygit2.IndexEntry(instance_path("gone-1"), blob, pygit2.enums.FileMode.BLOB))
     sig = pygit2.Signature("someone", "someone@example.com")
-    commit = repo.create_commit(None, sig, sig, "by hand\n", index.write_tree(repo), [head])
-    (cluster.state / "state.git" / "objects" / str(blob)[:2] / str(blob)[2:]).unlink()
     with caplog.at_level("ERROR", logger="gavel.broker"):
-        repo.references["refs/heads/main"].set_target(commit)
+        for _ in range(100):  # as someone would: again while the broker holds the branch
+            blob = repo.create_blob(msgspec.json.encode(rec))
+            head = repo.references["refs/heads/main"].target
+            index = pygit2.Index()
+            index.read_tree(repo[head].peel(pygit2.Tree))
+            index.add(pygit2.IndexEntry(instance_path("gone-1"), blob,
+                                        pygit2.enums.FileMode.BLOB))
+            commit = repo.create_commit(None, sig, sig, "by hand\n", index.write_tree(repo),
+                                        [head])
+            (cluster.state / "state.git" / "objects" / str(blob)[:2] / str(blob)[2:]).unlink()
+            try:
+                repo.references["refs/heads/main"].set_target(commit)
+                break
+            except (OSError, pygit2.GitError):
+                await asyncio.sleep(0.05)
         await wait_for(lambda: broker.fatal is not None, 15, what="the broker stopped")
     assert isinstance(broker.fatal, Damaged)
     assert f"object {blob} in the state repository" in str(broker.fatal)

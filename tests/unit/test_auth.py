@@ -174,13 +174,16 @@ def test_compose_grants_each_user_what_auth_init_grants_its_role() -> None:
 def test_the_broker_answers_only_inboxes_and_a_node_reads_only_its_own_key() -> None:
     """The permission lists themselves (tests/integration/test_auth.py puts them to a real
     server): no wildcard grant for the broker, a reply inbox per known node, and of
-    JetStream only the bucket's creation, nodes' watches and the heartbeat stream's own calls
-    for the broker, none for a node."""
+    JetStream only the event history's, the bucket's creation, nodes' watches and the
+    heartbeat stream's own calls for the broker, none for a node."""
     broker = auth.broker_permissions(["a", "b"])
     assert ">" not in broker["publish"]["allow"] and ">" not in broker["subscribe"]["allow"]
     assert {"_INBOX.>", "_INBOX_a.>", "_INBOX_b.>", "_INBOX_broker.>"} <= set(
         broker["publish"]["allow"])
     assert [s for s in broker["publish"]["allow"] if s.startswith("$JS.")] == [
+        # the event history (transport.eventstream): made, kept in line, read at start
+        "$JS.API.STREAM.CREATE.gavel-events", "$JS.API.STREAM.UPDATE.gavel-events",
+        "$JS.API.STREAM.INFO.gavel-events", "$JS.API.STREAM.MSG.GET.gavel-events",
         # nodes' watches: a consumer of one node's key, delivering where the broker says
         # (`broker.watches`), and deleting one
         "$JS.API.CONSUMER.CREATE.KV_gavel-nodes.*.$KV.gavel-nodes.*",

@@ -319,10 +319,21 @@ def test_a_bid_replayed_after_its_auction_closed_is_counted_and_changes_nothing(
     for subject, data in frames:
         assert not rig.feed(rig.b.auctioneer.on_bids, Msg(subject, data))
     assert AID not in rig.b.auctioneer.auctions  # every node answered: closed and decided
-    rig.run(rig.b.committer.idle.wait())
+    quiesce(rig)  # what the award set going (its commit, what follows it) has run
     for subject, data in frames:
         assert rig.feed(rig.b.auctioneer.on_bids, Msg(subject, data))
     assert rig.b.rejects.counts["bid for an unknown auction"] == len(frames)
+
+
+def quiesce(rig: Rig) -> None:
+    """Until the broker stands still: two snapshots alike around a turn of its loop."""
+    for _ in range(100):
+        rig.run(rig.b.committer.idle.wait())
+        before = rig.snapshot()
+        rig.run(asyncio.sleep(0.01))
+        rig.run(rig.b.committer.idle.wait())
+        if rig.snapshot() == before:
+            return
 
 
 # -- reports ---------------------------------------------------------------------------------
