@@ -48,6 +48,7 @@ from gavel.broker.ledger.committer import Item, Planned
 from gavel.broker.ledger.plan import View, stop, submit
 from gavel.broker.ledger.state import State, parse_stamp, stamp
 from gavel.broker.promises import Promises
+from gavel.broker.systems import is_system
 from gavel.shared.messages import EventType, Health, InstanceState
 from gavel.shared.reasons import Reason, render
 from gavel.shared.records import InstanceRecord, ServiceRecord
@@ -63,12 +64,6 @@ _OWN_ENDS = frozenset({InstanceState.FAILED, InstanceState.SUCCEEDED})
 START_CHUNK = 2000
 #: Rule 7: a service's passes take at most 1 / (1 + PASS_SHARE) of the loop.
 PASS_SHARE = 4.0
-
-
-def _system(svc: ServiceRecord) -> bool:
-    """A system job's record: `broker.systems` keeps it, not the count keeper."""
-    spec = svc.spec_of(svc.version)
-    return spec is not None and spec.system
 
 
 class Services:
@@ -191,7 +186,7 @@ class Services:
             self._backoff.pop(name, None)
             self._next_pass.pop(name, None)
         for name, svc in state.services.items():
-            if _system(svc):  # kept by `broker.systems`
+            if is_system(svc):  # kept by `broker.systems`
                 continue
             if self._next_pass.get(name, now) > now:  # rule 7
                 continue
@@ -229,7 +224,7 @@ class Services:
     def keep(self, view: View, name: str) -> Planned | None:
         """The keeper's decision for `name` on `view`, applied to it (rule 1)."""
         svc = view.service(name)
-        if svc is None or _system(svc):
+        if svc is None or is_system(svc):
             return None
         now = self.ctx.now()
         d = self._decide(view, svc, view.replicas(name), now)

@@ -49,6 +49,7 @@ _OURS = frozenset({Reason.SYSTEM_NODE_LEFT.value, Reason.SUPERSEDED.value,
 
 
 def is_system(svc: ServiceRecord) -> bool:
+    """A system job's record: this module keeps it, not the count keeper (`broker.services`)."""
     spec = svc.spec_of(svc.version)
     return spec is not None and spec.system
 
