@@ -54,6 +54,8 @@ async def test_an_ended_instance_is_forgotten_after_retention_and_history_keeps_
         f"{Reason.RETAINED}" in _messages(cluster.state)
     repo = pygit2.Repository(str(cluster.state / "state.git"))
     assert instance_path(iid) in repo[ended_commit].peel(pygit2.Tree)  # history keeps it
+    # counted by the commit's effects, which run once it is durable: soon after the tree moved
+    await wait_for(lambda: broker.retention.forgotten_total >= 1, 15, what="counted")
     assert broker.retention.forgotten_total == 1
     assert iid not in broker.ledger.state().instances and not broker.ledger.state().ended
     with pytest.raises(ClientError, match=f"no such instance: {iid} \\(the record of an ended "
