@@ -277,10 +277,22 @@ def processes(uids: Collection[int]) -> dict[int, list[int]]:
     return out
 
 
+#: The kernel's flag of a task on its way out (PF_EXITING): it has left its cgroup already
+#: (a cgroup v1 exit moves it to the root) before it shows as a zombie.
+_PF_EXITING = 0x4
+
+
 def zombie(pid: int) -> bool:
-    """Whether `pid` has ended and waits to be reaped (or is gone): nothing of it runs."""
+    """Whether `pid` has ended or is ending (a zombie, a task past its exit's cgroup step, or
+    gone): nothing of it runs, and where its cgroup file says it is means nothing."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return True
-    return stat.rpartition(")")[2].split()[:1] in (["Z"], ["X"])
+    fields = stat.rpartition(")")[2].split()  # state, ppid, pgrp, session, tty, tpgid, flags
+    if fields[:1] in (["Z"], ["X"]):
+        return True
+    try:
+        return bool(int(fields[6]) & _PF_EXITING)
+    except (IndexError, ValueError):
+        return False

@@ -147,7 +147,7 @@ async def test_an_instance_cannot_write_itself_into_a_root_cgroup(world: Cluster
     out = output(world, node, iid)
     assert "MOVED" not in out and out.count("DENIED") == len(ROOT_PROCS), out
     assert f"/{node}/{iid}" in out  # still in its own cgroup
-    assert st.state == InstanceState.SUCCEEDED  # type: ignore[attr-defined]
+    assert st.state == InstanceState.SUCCEEDED, (st.reason, st.detail)  # type: ignore[attr-defined]
 
 
 async def test_an_instance_moved_out_of_its_cgroup_is_killed_with_the_reason(
