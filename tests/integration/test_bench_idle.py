@@ -20,6 +20,16 @@ from tests.integration.harness import Cluster, wait_for
 pytestmark = pytest.mark.integration
 
 
+def _is_idle_worker(process: psutil.Process) -> bool:
+    """Other tests in this pytest process leave children behind that may be zombies or gone
+    by the time their command line is read: those are not the idle worker."""
+    try:
+        cmdline = process.cmdline()
+    except (psutil.ZombieProcess, psutil.NoSuchProcess):
+        return False
+    return NODE_ID in cmdline and "worker" in cmdline
+
+
 def _paths(cluster: Cluster) -> tuple[Path, Path]:
     return cluster.root / "idle-worker", cluster.root / "idle-worker.log"
 
@@ -67,8 +77,7 @@ async def test_a_worker_that_dies_during_the_window_is_not_measured(cluster: Clu
                                                   log, seconds=120, settle_s=0.5))
     await wait_for(lambda: NODE_ID in broker.liveness.eligible(broker.now()), 30,
                    what="the broker to hear the idle worker")
-    (worker,) = [p for p in psutil.Process().children()
-                 if NODE_ID in p.cmdline() and "worker" in p.cmdline()]
+    (worker,) = [p for p in psutil.Process().children() if _is_idle_worker(p)]
     worker.send_signal(signal.SIGKILL)
     with pytest.raises(IdleWorkerFailed, match=re.escape(
             f"the idle worker exited with status -9 during its measurement (see {log})")):
