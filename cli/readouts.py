@@ -17,6 +17,7 @@ import msgspec
 from gavel.cli import services
 from gavel.cli.outcomes import refusal_code
 from gavel.shared.api import NodeDetail, NodesReply, NodesRequest, NodeStatus, WhyReply, WhyRequest
+from gavel.shared.award import NodeBid
 from gavel.shared.reasons import render as render_reason
 from gavel.transport.client import call, connect
 from gavel.transport.client import status as status_of
@@ -161,12 +162,21 @@ async def why(args: argparse.Namespace) -> int:
         print(head)
         for b in a.bids:
             mark = "*" if b.node_id == a.winner else " "
-            print(f"  {mark} bid     {b.node_id:<16} load {b.load:.3f}  ({b.strategy})")
+            print(f"  {mark} bid     {b.node_id:<16} {bid_cell(b)}")
         for d in a.declines:
             print(f"    decline {d.node_id:<16} {render_reason(d.reason, d.detail)}")
         for s in a.silent:
             print(f"    silent  {s:<16} no answer before the deadline")
     return 0
+
+
+def bid_cell(b: NodeBid) -> str:
+    """A bid as `why` and `plan` show it: the load the award ranked, and where soft
+    affinities moved it, the node's own bid and the adjustment."""
+    if not b.affinity:
+        return f"load {b.load:.3f}  ({b.strategy})"
+    return (f"load {b.load:.3f} = bid {b.load - b.affinity:.3f} {b.affinity:+.3f} affinity  "
+            f"({b.strategy})")
 
 
 def leader_line(leader: str, epoch: int, since: str) -> None:

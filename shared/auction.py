@@ -13,6 +13,10 @@ Rules:
    effective load that still fits, each award charged to the winner; a replica by the
    spread rule, told how many replicas of each group each node holds now and each node's
    labels). A group's requests share shapes only with their own group's.
+5. A request with soft affinities (`shared.affinity`) shares shapes only with requests of
+   the same affinities; its shape's bids are ranked at their loads adjusted by the
+   affinities their nodes' labels match, so every part of the award rule (the walk, the
+   heap, the spread) sees the adjusted load, and each bid says how much was added.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from enum import StrEnum
 
+from gavel.shared.affinity import Affinity, adjustment
 from gavel.shared.award import Awarded, Decision, NodeBid, NodeDecline, Round, Row, Unschedulable
 from gavel.shared.messages import RFB, Bid, BidReply, Capacity, Request, Shape
 from gavel.shared.reasons import DECLINES
@@ -47,10 +52,11 @@ _REASONS = frozenset(r.value for r in DECLINES)
 class _ShapeBook:
     """Answers for one shape."""
 
-    __slots__ = ("bids", "declines", "shape", "steps")
+    __slots__ = ("affinities", "bids", "declines", "shape", "steps")
 
-    def __init__(self, shape: Shape) -> None:
+    def __init__(self, shape: Shape, affinities: tuple[Affinity, ...] = ()) -> None:
         self.shape = shape
+        self.affinities = affinities
         self.bids: dict[str, NodeBid] = {}
         self.steps: dict[str, float] = {}
         self.declines: list[NodeDecline] = []
@@ -82,7 +88,7 @@ class Auction:
             if only.group:
                 self.groups.add(only.group)
             self._shape_of.append(0)
-            self._books.append(_ShapeBook(only.shape()))
+            self._books.append(_ShapeBook(only.shape(), only.affinities))
             return
         if len({r.instance_id for r in self.requests}) != len(self.requests):
             raise ValueError(f"auction {auction_id} lists an instance twice")
@@ -90,16 +96,23 @@ class Auction:
         for r in self.requests:
             if r.group:  # a group's requests share shapes with their own group's only
                 self.groups.add(r.group)
-                s = index.setdefault((r.key(), r.group), len(index))
+                s = index.setdefault((r.key(), r.group, r.affinities), len(index))
+            elif r.affinities:  # rule 5
+                s = index.setdefault((r.key(), r.affinities), len(index))
             else:
                 s = index.setdefault(r.key(), len(index))
             if s == len(self._books):
-                self._books.append(_ShapeBook(r.shape()))
+                self._books.append(_ShapeBook(r.shape(), r.affinities))
             self._shape_of.append(s)
 
     @property
     def shapes(self) -> list[Shape]:
         return [b.shape for b in self._books]
+
+    @property
+    def affine(self) -> bool:
+        """Whether a request has soft affinities: its round needs the nodes' labels."""
+        return any(b.affinities for b in self._books)
 
     @property
     def shape_of(self) -> list[int]:
@@ -195,7 +208,8 @@ class Auction:
 
     def _round(self, free: Mapping[str, Capacity], held: Mapping[str, Mapping[str, int]],
                labels: Mapping[str, Mapping[str, str]]) -> Round:
-        rows = [Row(b.bids, b.steps, b.declines, self._silent(b)) for b in self._books]
+        rows = [Row(_adjusted(b.bids, b.affinities, labels) if b.affinities else b.bids,
+                    b.steps, b.declines, self._silent(b)) for b in self._books]
         return Round(rows, free, len(self.eligible), Tally(held, labels) if self.groups
                      else None)
 
@@ -203,6 +217,17 @@ class Auction:
         """The eligible nodes that said nothing of the shape, sorted (rule 3)."""
         spoke = book.bids.keys() | {d.node_id for d in book.declines}
         return sorted(self.eligible - spoke) if len(spoke) < len(self.eligible) else []
+
+
+def _adjusted(bids: Mapping[str, NodeBid], affinities: tuple[Affinity, ...],
+              labels: Mapping[str, Mapping[str, str]]) -> dict[str, NodeBid]:
+    """Rule 5: each bid at its load plus what its node's labels match of the affinities."""
+    out: dict[str, NodeBid] = {}
+    for node, bid in bids.items():
+        adj = adjustment(affinities, labels.get(node, {}))
+        out[node] = NodeBid(node_id=node, load=bid.load + adj, strategy=bid.strategy,
+                            affinity=adj) if adj else bid
+    return out
 
 
 def group_shapes(requests: list[Request]) -> tuple[list[Shape], list[int]]:

@@ -320,7 +320,7 @@ class Core:
         self._broadcast.discard(aid)
         if len(self._closed) > CLOSED_KEPT:
             del self._closed[next(iter(self._closed))]
-        if auction.groups:
+        if auction.groups or auction.affine:  # rule 8; affinities need the labels too
             held, labels = self._spread_of(auction.groups)
             decisions = auction.decide(now, self.free(auction.eligible), held=held,
                                        labels=labels)

@@ -51,6 +51,9 @@ class NodeBid(msgspec.Struct, frozen=True, kw_only=True):
     node_id: str
     load: float
     strategy: str = ""
+    #: What the request's soft affinities added to the node's own bid (`shared.affinity`):
+    #: `load` is the bid plus this, the load the award ranks.
+    affinity: float = 0.0
 
 
 class NodeDecline(msgspec.Struct, frozen=True, kw_only=True):
@@ -196,7 +199,8 @@ class Round:
         nxt = self._top(request, row, heap)
         heapq.heappush(heap, entry)
         load, node = best
-        winner = NodeBid(node_id=node, load=load, strategy=row.bids[node].strategy)
+        winner = NodeBid(node_id=node, load=load, strategy=row.bids[node].strategy,
+                         affinity=row.bids[node].affinity)
         return winner, nxt is not None and nxt[0] == load
 
     def _load(self, row: Row, node: str) -> float:
@@ -277,7 +281,8 @@ class Round:
         if not last:
             self._charge(request, row, node)
             tally.add(request.group, node)
-        won = NodeBid(node_id=node, load=load, strategy=row.bids[node].strategy)
+        won = NodeBid(node_id=node, load=load, strategy=row.bids[node].strategy,
+                      affinity=row.bids[node].affinity)
         tied = second is not None and second[:3] == best[:3]
         return Awarded(request=request, winner=won, tie_broken=tied, bids=row.ranked,
                        declines=row.declines, silent=row.silent)

@@ -13,6 +13,7 @@ from typing import Annotated, Protocol
 
 import msgspec
 
+from gavel.shared.affinity import Affinity
 from gavel.shared.spec import Spec
 
 __all__ = [
@@ -161,6 +162,9 @@ class Request(Shape, kw_only=True, frozen=True):
     spread: str = ""
     #: Place anyway when no bidder keeps the spread (best available) instead of waiting.
     spread_soft: bool = False
+    #: The spec's soft preferences (`shared.affinity`): the broker's award order, never
+    #: asked on the wire either.
+    affinities: tuple[Affinity, ...] = ()
 
     @classmethod
     def of(cls, instance_id: str, spec: Spec, group: str = "") -> Request:
@@ -177,6 +181,7 @@ class Request(Shape, kw_only=True, frozen=True):
             group=group,
             spread=(spec.spread or "") if group else "",
             spread_soft=spec.spread_soft if group else False,
+            affinities=tuple(spec.affinities),
         )
 
     def shape(self) -> Shape:

@@ -24,6 +24,7 @@ from typing import Annotated, Literal
 
 import msgspec
 
+from gavel.shared.affinity import Affinity
 from gavel.shared.suffixes import too_wide
 
 __all__ = [
@@ -245,6 +246,8 @@ class Spec(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     routes: list[Route] = []
     #: Host volumes it uses (`Volume`).
     volumes: list[Volume] = []
+    #: Soft preferences for nodes by label (`gavel.shared.affinity`): never a constraint.
+    affinities: list[Affinity] = []
 
     def __post_init__(self) -> None:
         if not self.command and self.image is None:
@@ -285,6 +288,8 @@ class Spec(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             if _control(key) or _control(value):
                 raise ValueError(f"label {key!r} = {value!r} holds a control character (a "
                                  "newline, a tab, ...): no node's label can match it")
+        if len({(a.label, a.value) for a in self.affinities}) != len(self.affinities):
+            raise ValueError("affinities must name distinct label and value pairs")
         if self.spread is not None and _control(self.spread):
             raise ValueError(f"spread {self.spread!r} holds a control character: no node's "
                              "label can match it")
