@@ -1,4 +1,5 @@
-"""The broker's request/reply API over NATS: submit, status, why, events, stats, cancel; the
+"""The broker's request/reply API over NATS: submit, status, why, events, stats, cancel, plan
+(`broker.planner`: a dry run of a submission or deploy); the
 node verbs: nodes, drain, and endpoints (what a gateway routes to: `broker.nodeapi`); and the
 service verbs: deploy, service, services, scale, stop, rollback (`broker.serviceapi`,
 `broker.deploys`).
@@ -45,6 +46,7 @@ Rules:
 from __future__ import annotations
 
 import asyncio
+import functools
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
@@ -63,12 +65,14 @@ from gavel.broker.ledger.plan import View, submit
 from gavel.broker.ledger.state import Ready, ready
 from gavel.broker.mirror import Mirror
 from gavel.broker.nodeapi import NodeVerbs
+from gavel.broker.planner import Planner
 from gavel.broker.promises import Promises
 from gavel.broker.routeowners import refusal as route_refusal
 from gavel.broker.serviceapi import ServiceVerbs
 from gavel.broker.services import Services
 from gavel.broker.views import Views
 from gavel.shared import subjects
+from gavel.shared.affinity import warnings
 from gavel.shared.api import (
     CancelReply,
     CancelRequest,
@@ -95,6 +99,7 @@ from gavel.shared.api import (
     counted_ids,
 )
 from gavel.shared.messages import ApiError, Message
+from gavel.shared.planning import PlanRequest
 from gavel.shared.reasons import Reason
 from gavel.shared.spec import Spec
 from gavel.transport.inbound import Door, Guard
@@ -135,8 +140,10 @@ class Api:
                                           instance_status=self.views.instance_status,
                                           over_cap=self.admission.over_cap)
         self.node_verbs = NodeVerbs(ctx, auctioneer, promises, self.views, self._leader)
+        self.planner = Planner(ctx, auctioneer, refused=self._plan_refused,
+                               instance_status=self.views.instance_status)
         kinds: dict[str, tuple[type[Any], Handler]] = {
-            "submit": (SubmitRequest, self.submit),
+            "submit": (SubmitRequest, functools.partial(self._warned, self.submit)),
             "status": (StatusRequest, self.status),
             "nodes": (NodesRequest, self.node_verbs.nodes),
             "why": (WhyRequest, self.why),
@@ -145,12 +152,14 @@ class Api:
             "cancel": (CancelRequest, self.cancel),
             "drain": (DrainRequest, self.node_verbs.drain),
             "endpoints": (EndpointsRequest, self.node_verbs.endpoints),
-            "deploy": (DeployRequest, self.service_verbs.deploy),
+            "deploy": (DeployRequest, functools.partial(self._warned,
+                                                        self.service_verbs.deploy)),
             "service": (ServiceRequest, self.service_verbs.service),
             "services": (ServicesRequest, self.service_verbs.list_services),
             "scale": (ScaleRequest, self.service_verbs.scale),
             "stop": (StopServiceRequest, self.service_verbs.stop),
             "rollback": (RollbackRequest, self.service_verbs.rollback),
+            "plan": (PlanRequest, self.planner.plan),
         }
         #: Per verb: its guard (rules 1 and 5) and its handler.
         self.verbs: dict[str, tuple[Guard[Any], Handler]] = {
@@ -287,6 +296,22 @@ class Api:
 
         self.ctx.committer.submit(Item(plan=plan, failed=failed, retry=False))
         return await done
+
+    async def _warned(self, handler: Handler, req: SubmitRequest | DeployRequest) -> Message:
+        """`handler`'s answer, with a warning for each affinity no node carries the label of
+        (`shared.affinity` rule 4): taken, but preferring nothing yet."""
+        got = await handler(req)
+        if req.spec.affinities and isinstance(got, SubmitReply | DeployReply):
+            said = warnings(req.spec.affinities,
+                            (hb.labels for hb in self.ctx.liveness.heartbeats.values()))
+            if said:
+                got = msgspec.structs.replace(got, warnings=said)
+        return got
+
+    def _plan_refused(self, spec: Spec) -> Message | None:
+        """Why `spec` cannot be planned: what would refuse it at submit or deploy."""
+        return self._refused(spec) or (self.deploys.refused(spec.name) if spec.service
+                                       else None)
 
     async def stats(self, req: StatsRequest) -> Message:
         ctx = self.ctx

@@ -116,6 +116,8 @@ class Auctioneer:
         self._recent = Recent(RECENT_KEPT)
         self.placed_total = 0
         self.replies_total = 0
+        #: Dry runs' auctions (`broker.planner`): a reply for one of these ids is the plan's.
+        self.dry: dict[str, Callable[[BidReply, float], None]] = {}
         self._wait_timer: asyncio.TimerHandle | None = None
 
     # -- the core's state, as the broker's other parts and the tests read it ---------------
@@ -203,6 +205,9 @@ class Auctioneer:
     def on_bids(self, msg: Received) -> None:
         reply = self._guard(msg)
         if reply is None:
+            return
+        if self.dry and (dry := self.dry.get(reply.auction_id)) is not None:
+            dry(reply, self.ctx.now())
             return
         self.replies_total += 1
         now = self.ctx.now()

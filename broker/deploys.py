@@ -18,6 +18,10 @@ Rules:
    broken version an automatic revert left (`_back`).
 4. A service whose file is not readable (`State.unreadable`) is never written: every verb
    is refused with the file's path and why.
+5. A deploy with a version index (`gavel deploy --check-index N`, from `gavel plan`) is
+   decided in its own commit's plan, on the view it writes: applied only while the
+   service's index is still N (`shared.planning.version_index`), else refused with
+   `Reason.STALE_INDEX` and nothing written.
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ from gavel.broker.routeowners import refusal_in
 from gavel.broker.services import Services
 from gavel.shared.api import DeployReply
 from gavel.shared.messages import ApiError, EventType, Message, Spec
+from gavel.shared.planning import version_index
 from gavel.shared.reasons import Reason
 from gavel.shared.records import Deployment, ServiceRecord, ServiceVersion, service_path
 
@@ -71,12 +76,14 @@ class Deploys:
                                   f"({state.unreadable[path]})")
         return None
 
-    async def deploy(self, spec: Spec, key: str = "") -> Message:
-        """Create the service, or deploy `spec` as its next version (the API checked it)."""
+    async def deploy(self, spec: Spec, key: str = "", check_index: int | None = None
+                     ) -> Message:
+        """Create the service, or deploy `spec` as its next version (the API checked it);
+        with `check_index`, only while the service's version index is that (rule 5)."""
         done = self._keys.get(key) if key else None
         if done is None:
             done = asyncio.ensure_future(self._commit(spec.name, functools.partial(
-                self._deploy, spec=spec)))
+                self._deploy, spec=spec, check_index=check_index)))
             if key:  # a retry with this key is answered what this request is
                 self._keys[key] = done
                 while len(self._keys) > KEYS_KEPT:
@@ -86,12 +93,15 @@ class Deploys:
             del self._keys[key]  # nothing landed: a retry may try again
         return got if got is not None else ApiError(error="deploy failed")
 
-    def _deploy(self, view: View, spec: Spec) -> Outcome:
+    def _deploy(self, view: View, spec: Spec, check_index: int | None = None) -> Outcome:
         name = spec.name
         owned = refusal_in(view, spec)  # a deploy racing this one may have claimed it
         if owned:
             return None, lambda: ApiError(error=owned)
         cur = view.service(name)
+        if check_index is not None and (index := version_index(cur)) != check_index:
+            return None, lambda: ApiError(error=f"{Reason.STALE_INDEX} ({name}'s version "
+                                                f"index is {index}, the plan's {check_index})")
         at = stamp(self.wall())
         out = Planned(lines=[])
         if cur is None:

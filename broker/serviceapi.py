@@ -63,7 +63,7 @@ class ServiceVerbs:
             self._over_cap(spec.name, spec.count)
         if refused is not None:
             return refused
-        return await self.deploys.deploy(spec, req.key)
+        return await self.deploys.deploy(spec, req.key, req.check_index)
 
     def service_status(self, svc: ServiceRecord) -> ServiceStatus:
         """A service and its live replicas: each one's state, node, version and health."""

@@ -36,7 +36,7 @@ from typing import Any
 
 import msgspec
 
-from gavel.cli import services
+from gavel.cli import plancmd, services
 from gavel.cli.outcomes import (
     EXIT_CODES,
     Refused,
@@ -116,6 +116,8 @@ async def run(args: argparse.Namespace) -> int:
             return await drain(args)
         case "routes":
             return await routes(args)
+        case "plan":
+            return await plancmd.plan(args)
         case "deploy" | "services" | "scale" | "stop" | "rollback":
             verb = getattr(services, args.command)
             try:
@@ -153,6 +155,8 @@ async def submit(args: argparse.Namespace) -> int:
                                                          key=key, count=count))
         except BrokerRefused as exc:  # reached, and it said no (never fits, pinned, ...)
             raise Refused(str(exc)) from None
+        for w in reply.warnings:  # taken, but not quite as meant (an affinity on no label)
+            print(f"gavel submit: warning: {w}", file=sys.stderr)
         ids = reply.ids()
         if spec.system:  # rule 6: the job's name; its instances follow the fleet
             print_json({"name": reply.instance_id}) if args.json else print(reply.instance_id)

@@ -26,7 +26,17 @@ from types import ModuleType
 from typing import NoReturn
 
 from gavel import __version__
-from gavel.cli import auth, commands, completion, daemons, logs, logscmd, options, workerdaemon
+from gavel.cli import (
+    auth,
+    commands,
+    completion,
+    daemons,
+    logs,
+    logscmd,
+    options,
+    plancmd,
+    workerdaemon,
+)
 from gavel.cli.api import app as api_app
 from gavel.cli.options import DEFAULT_NATS
 from gavel.cli.parsers import (
@@ -283,6 +293,17 @@ def _service_parsers(sub: argparse._SubParsersAction[Parser]) -> None:
                     "exit 3 with the reason the deploy failed or was rolled back")
     dp.add_argument("--timeout", type=non_negative_float, default=0.0,
                     help="seconds --wait waits at most (default 0: until the deploy ends)")
+
+    dp.add_argument("--check-index", type=whole, default=None, metavar="N",
+                    help="apply only if the service's version index is still N, as `gavel "
+                    "plan` printed it (0: only if there is no such service)")
+    pl = sub.add_parser("plan", help="where a spec would go and what it would change: a dry "
+                        "run of the auction, nothing committed", description=(
+                            "gavel plan SPEC asks the nodes for bids as a dry run and prints "
+                            "where each instance would go and why, what a deploy would change "
+                            "and stop, and the service's version index."))
+    _client(pl)
+    plancmd.add_arguments(pl)
 
     sv = sub.add_parser("services", help="services, their versions, counts and deploys")
     _client(sv)

@@ -146,7 +146,10 @@ async def deploy(args: argparse.Namespace) -> int:
     if not spec.service:
         raise BadInput(f"{target[0]}: {Reason.NOT_A_SERVICE} (type = \"service\" makes it "
                        "one; `gavel submit` runs a job)")
-    reply = await _deploy_once(args, DeployRequest(spec=spec, key=uuid.uuid4().hex))
+    reply = await _deploy_once(args, DeployRequest(spec=spec, key=uuid.uuid4().hex,
+                                                   check_index=args.check_index))
+    for w in reply.warnings:
+        print(f"gavel deploy: warning: {w}", file=sys.stderr)
     if not args.wait:
         if args.json:
             _print_json(reply)

@@ -24,7 +24,9 @@ from typing import Annotated
 
 import msgspec
 
-__all__ = ["SCALE", "Affinity", "adjustment", "unmatched"]
+from gavel.shared.reasons import Reason
+
+__all__ = ["SCALE", "Affinity", "adjustment", "unmatched", "warnings"]
 
 #: What weight 100 is worth in load (rule 3).
 SCALE = 1.0
@@ -63,3 +65,11 @@ def unmatched(affinities: Sequence[Affinity],
     for labels in node_labels:
         carried.update(labels)
     return [a for a in affinities if a.label not in carried]
+
+
+def warnings(affinities: Sequence[Affinity],
+             node_labels: Iterable[Mapping[str, str]]) -> list[str]:
+    """One sentence for each affinity no node carries the label of (rule 4)."""
+    return [f"{Reason.AFFINITY_UNMATCHED}: {a.label} (affinity {a.label} = {a.value!r}, "
+            f"weight {a.weight}, prefers nothing until a node carries it)"
+            for a in unmatched(affinities, node_labels)]

@@ -126,6 +126,9 @@ class SubmitReply(Message, tag="submitted"):
     #: Instances made when `instance_ids` is left out (more than `REPLY_IDS_MAX`): they are
     #: `instance_id`'s base, ``-1`` .. ``-count``.
     count: int = 0
+    #: What the submission may not do as meant, though it was taken (an affinity on a label
+    #: no node carries), one sentence each.
+    warnings: list[str] = msgspec.field(default_factory=list)
 
     def ids(self) -> list[str]:
         """Every instance id the submission made."""
@@ -350,6 +353,10 @@ class DeployRequest(Message, tag="deploy"):
     #: An idempotency key: a retried request with the same key is answered with the first
     #: request's outcome.
     key: Annotated[str, msgspec.Meta(max_length=128)] = ""
+    #: Apply only if the service's version index (`gavel.shared.planning.version_index`)
+    #: is still this one, as `gavel plan` printed it (0: only if there is no such service);
+    #: None applies whatever changed.
+    check_index: Annotated[int, msgspec.Meta(ge=0)] | None = None
 
 
 class DeployReply(Message, tag="deployed"):
@@ -357,6 +364,8 @@ class DeployReply(Message, tag="deployed"):
     version: int
     #: False when the spec equals the version already deployed (nothing changed).
     changed: bool = True
+    #: As `SubmitReply.warnings`.
+    warnings: list[str] = msgspec.field(default_factory=list)
 
 
 class VersionStatus(msgspec.Struct, kw_only=True):

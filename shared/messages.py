@@ -200,6 +200,10 @@ class RFB(Message, tag="rfb"):
     deadline_s: float
     #: How many instances of each shape the auction places (informational).
     counts: list[int] = []
+    #: A dry run (`gavel plan`, `gavel.shared.planning`): answer as for a real request;
+    #: nothing will be awarded, and a bid holds nothing on its node in any case (no
+    #: reservation, no offer kept), so a node answers it the same.
+    dry_run: bool = False
 
 
 class Bid(Message, tag="bid"):

@@ -69,6 +69,10 @@ class Reason(StrEnum):
     UNKNOWN_SERVICE = "no such service"
     NOT_A_SERVICE = "the spec is a job, not a service"
     ROUTE_OWNED = "a route of the spec overlaps a route another workload owns"
+    #: A warning, not a refusal: the affinity prefers nothing until a node carries its label.
+    AFFINITY_UNMATCHED = "no node carries the label an affinity names"
+    #: `gavel deploy --check-index N`: the service changed since `gavel plan` printed N.
+    STALE_INDEX = "the service changed since the plan: plan again"
     # Errors the broker reports.
     PINNED = "deployment is pinned: the active ref is a tag or a commit, nothing was written"
     LEDGER_UNWRITABLE = "state repository is locked or unwritable; will retry"

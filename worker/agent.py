@@ -10,7 +10,9 @@ What the node runs is the `Supervisor`'s business, making it match node.json the
 `Converger`'s (see worker.converge for the award/KV ordering and for self-fencing); this
 module is the NATS shell around them. An award or cancel of an older leadership than the
 newest heard from is counted and ignored (`Supervisor.admit`); an RFB that asks for nothing
-is a new leader's hello, answered with a heartbeat at once. A server that stops answering
+is a new leader's hello, answered with a heartbeat at once. A dry-run RFB (`gavel plan`) is
+answered as any other: a bid reserves nothing here and keeps no offer, so answering one
+changes nothing on this node. A server that stops answering
 PINGs for two heartbeats is given up for the next server listed (a cluster's others), so a
 node cut off with its server is heard again through the rest of the cluster long before
 it would fence itself.
