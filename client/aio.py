@@ -57,6 +57,7 @@ from gavel.shared.api import (
 )
 from gavel.shared.logstream import LogChunk, LogsDone, LogsRequest, Stream
 from gavel.shared.messages import Event, EventType, Message, Spec
+from gavel.shared.planning import PlanReply, PlanRequest
 from gavel.shared.routes import RouteEntry, derive
 from gavel.transport import eventstream
 from gavel.transport.client import ClientError, NoAnswer, NoBroker, call, connect
@@ -249,11 +250,19 @@ class Client:
 
     # -- services -------------------------------------------------------------------------
     async def deploy(self, spec: Spec, *, key: str = "",
-                     on_retry: Callable[[str], None] | None = None) -> DeployReply:
-        """Create the service `spec` names, or deploy it as its next version (rule 2)."""
+                     on_retry: Callable[[str], None] | None = None,
+                     check_index: int | None = None) -> DeployReply:
+        """Create the service `spec` names, or deploy it as its next version (rule 2); with
+        `check_index`, only while the service's version index is still that (`plan`)."""
         return await self._again("deploy", DeployRequest(spec=spec, key=key or
-                                                         uuid.uuid4().hex),
+                                                         uuid.uuid4().hex,
+                                                         check_index=check_index),
                                  DeployReply, on_retry)
+
+    async def plan(self, spec: Spec) -> PlanReply:
+        """Where `spec` would go and what submitting or deploying it would change, asked of
+        the nodes as a dry run: nothing is committed or reserved (`gavel.shared.planning`)."""
+        return await self.request("plan", PlanRequest(spec=spec), PlanReply)
 
     async def service(self, name: str) -> ServiceReply:
         return await self.request("service", ServiceRequest(name=name), ServiceReply)

@@ -32,6 +32,7 @@ from gavel.shared.api import (
 )
 from gavel.shared.logstream import LogChunk, LogsDone, Stream
 from gavel.shared.messages import Event, Spec
+from gavel.shared.planning import PlanReply
 from gavel.shared.routes import RouteEntry
 
 __all__ = ["SyncClient"]
@@ -134,8 +135,12 @@ class SyncClient:
                       after: int | None = None) -> Iterator[Event]:
         return self._iterate(self._run(self.client.follow_events(instance_id, after=after)))
 
-    def deploy(self, spec: Spec, *, key: str = "") -> DeployReply:
-        return self._run(self.client.deploy(spec, key=key))
+    def deploy(self, spec: Spec, *, key: str = "", check_index: int | None = None
+               ) -> DeployReply:
+        return self._run(self.client.deploy(spec, key=key, check_index=check_index))
+
+    def plan(self, spec: Spec) -> PlanReply:
+        return self._run(self.client.plan(spec))
 
     def service(self, name: str) -> ServiceReply:
         return self._run(self.client.service(name))

@@ -60,6 +60,7 @@ from gavel.shared.api import (
 )
 from gavel.shared.logstream import LogsRequest
 from gavel.shared.messages import Message, Spec
+from gavel.shared.planning import PlanReply, PlanRequest
 from gavel.shared.routes import RouteEntry
 
 __all__ = ["BODY_MAX", "ROUTES", "BadRequest", "Route", "build", "find"]
@@ -117,7 +118,7 @@ def _submit(c: Client, r: SubmitRequest) -> Awaitable[SubmitReply]:
 
 
 def _deploy(c: Client, r: DeployRequest) -> Awaitable[DeployReply]:
-    return c.deploy(r.spec, key=r.key)
+    return c.deploy(r.spec, key=r.key, check_index=r.check_index)
 
 
 def _routes(c: Client, _r: EndpointsRequest) -> Awaitable[list[RouteEntry]]:
@@ -157,6 +158,10 @@ ROUTES: tuple[Route, ...] = (
     Route("POST", "/v1/services", "deploy", DeployRequest, DeployReply,
           "Create a service, or deploy its spec as the next version", body=True,
           keyed=True, call=_deploy),
+    Route("POST", "/v1/plan", "plan", PlanRequest, PlanReply,
+          "Plan a spec: where each instance would go and why, what a deploy would change "
+          "and stop, and the service's version index; nothing is committed or reserved",
+          body=True),
     Route("GET", "/v1/services/{name}", "service", ServiceRequest, ServiceReply,
           "One service: its versions, its deploy, its replicas"),
     Route("POST", "/v1/services/{name}/scale", "scale", ScaleRequest, ServiceReply,

@@ -13,10 +13,9 @@ from pathlib import Path
 import msgspec
 import pytest
 
+from gavel.client import Client
 from gavel.shared.affinity import Affinity
 from gavel.shared.api import (
-    DeployReply,
-    DeployRequest,
     ScaleRequest,
     ServiceReply,
     SubmitReply,
@@ -27,6 +26,7 @@ from gavel.shared.api import (
 from gavel.shared.messages import Capacity, Spec
 from gavel.shared.planning import PlanReply, PlanRequest
 from gavel.shared.reasons import Reason
+from gavel.transport.client import BrokerRefused
 from tests.integration.harness import Cluster, wait_for
 
 pytestmark = pytest.mark.integration
@@ -113,9 +113,13 @@ async def test_deploy_check_index_refuses_a_stale_plan_and_applies_a_fresh_one(
     await start(cluster)
     v1 = Spec(name="web", type="service", count=2, command=SLEEP, cpu=0.1, memory_mb=16,
               env={"V": "1"})
-    fresh = await cluster.call("plan", PlanRequest(spec=v1), PlanReply)
-    assert fresh.index == 0 and fresh.next_version == 1 and len(fresh.placements) == 2
-    await cluster.call("deploy", DeployRequest(spec=v1, check_index=0), DeployReply)
+    async with await Client.connect(cluster.url) as client:  # the typed client's verbs
+        fresh = await client.plan(v1)
+        assert fresh.index == 0 and fresh.next_version == 1 and len(fresh.placements) == 2
+        assert len({p.winner for p in fresh.placements} - {""}) == 2  # on distinct nodes
+        await client.deploy(v1, check_index=0)  # 0: only a new service
+        with pytest.raises(BrokerRefused, match=Reason.STALE_INDEX):
+            await client.deploy(v1, check_index=0)  # no longer new
     await wait_for(lambda: len(cluster.ledger().state().where) == 2, 20, what="2 replicas")
     v2 = Spec(name="web", type="service", count=2, command=SLEEP, cpu=0.2, memory_mb=16,
               env={"V": "2"})

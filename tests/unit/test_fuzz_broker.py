@@ -58,6 +58,7 @@ from gavel.shared.messages import (
     Request,
     Spec,
 )
+from gavel.shared.planning import PlanRequest
 from gavel.shared.reasons import DECLINES, Reason
 from gavel.shared.records import InstanceRecord
 from gavel.shared.timing import Timing
@@ -417,6 +418,7 @@ VERB_TEMPLATES: dict[str, Any] = {
     "deploy": DeployRequest(spec=SERVICE), "service": ServiceRequest(name="svc"),
     "services": None, "scale": ScaleRequest(name="svc", count=1),
     "stop": StopServiceRequest(name="svc"), "rollback": RollbackRequest(name="svc"),
+    "plan": PlanRequest(spec=SMALL),
 }
 
 
