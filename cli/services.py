@@ -147,7 +147,7 @@ async def deploy(args: argparse.Namespace) -> int:
         raise BadInput(f"{target[0]}: {Reason.NOT_A_SERVICE} (type = \"service\" makes it "
                        "one; `gavel submit` runs a job)")
     reply = await _deploy_once(args, DeployRequest(spec=spec, key=uuid.uuid4().hex,
-                                                   check_index=args.check_index))
+                                                   check_index=getattr(args, "check_index", None)))
     for w in reply.warnings:
         print(f"gavel deploy: warning: {w}", file=sys.stderr)
     if not args.wait:

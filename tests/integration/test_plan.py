@@ -142,3 +142,20 @@ async def test_deploy_check_index_refuses_a_stale_plan_and_applies_a_fresh_one(
                                  "--check-index", str(again.index))
     assert code == 0, (out, err)
     assert cluster.ledger().state().services["web"].version == 2
+
+
+async def test_a_system_job_plan_names_the_nodes_that_would_run_one_and_why_not(
+        cluster: Cluster) -> None:
+    await start(cluster)
+    before = commits(cluster)
+    agent = Spec(name="agent", type="system", command=SLEEP, cpu=0.1, memory_mb=16,
+                 labels={"zone": "east"})
+    plan = await cluster.call("plan", PlanRequest(spec=agent), PlanReply)
+    assert plan.type == "system" and plan.next_version == 1 and plan.index == 0
+    assert [p.winner for p in plan.placements if p.winner] == ["n1", "n3"]
+    [refused] = [p for p in plan.placements if not p.winner]
+    assert [(d.node_id, d.reason) for d in refused.declines] == [("n2", Reason.MISSING_LABEL)]
+    array = Spec(name="batch", command=SLEEP, cpu=0.1, memory_mb=16, count=5, parallelism=2)
+    plan = await cluster.call("plan", PlanRequest(spec=array), PlanReply)
+    assert plan.placements_total == 2 and all(p.winner for p in plan.placements)
+    assert commits(cluster) == before
