@@ -77,7 +77,8 @@ def auction(a: AuctionRecord) -> dict[str, Any]:
             "node_id": b.node_id,
             "load": b.load,
             "strategy": b.strategy,
-            "share": b.load / top if top > 0 else 0.0,
+            "affinity": b.affinity,  # what soft affinities added (`gavel.shared.affinity`)
+            "share": max(0.0, b.load / top) if top > 0 else 0.0,
             "winner": bool(a.winner) and b.node_id == a.winner,
             "tied": a.tie_broken and b.node_id != a.winner and won_at is not None
             and b.load == won_at,

@@ -94,3 +94,12 @@ def test_auctions_that_came_out_the_same_in_a_row_are_one_entry_with_a_count() -
     assert [(a["auction_id"], a["repeat"], a["first_at"], a["at"]) for a in got] == [
         ("a9", 1, 900.0, 900.0), ("a8", 3, 600.0, 800.0), ("a5", 1, 500.0, 500.0),
         ("a4", 1, 400.0, 400.0)]
+
+
+def test_a_bid_moved_by_an_affinity_says_by_how_much_and_draws_no_negative_bar() -> None:
+    a = AuctionRecord(auction_id="a1", instance_id="i", winner="n2", load=-0.5, bids=[
+        NodeBid(node_id="n1", load=0.3, strategy="least-loaded"),
+        NodeBid(node_id="n2", load=-0.5, strategy="least-loaded", affinity=-1.0)])
+    v = views.auction(a)
+    assert [(b["node_id"], b["affinity"]) for b in v["bids"]] == [("n2", -1.0), ("n1", 0.0)]
+    assert v["bids"][0]["winner"] and v["bids"][0]["share"] == 0.0

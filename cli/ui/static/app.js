@@ -338,6 +338,10 @@ function renderAuction(a) {
       el("span", {class: "track"}, fill),
       el("span", {class: "load mono", text: fmtNumber(b.load, 3)}),
       el("span", {class: "strategy", text: b.strategy}),
+      b.affinity ? el("span", {class: "affinity", "data-affinity": String(b.affinity),
+                               text: `bid ${fmtNumber(b.load - b.affinity, 3)} ` +
+                                     `${b.affinity > 0 ? "+" : "\u2212"}` +
+                                     `${fmtNumber(Math.abs(b.affinity), 3)} affinity`}) : null,
       b.winner ? el("span", {class: "winner-mark", "aria-label": "winner",
                              text: "\u2605 winner"}) : null,
       b.tied ? el("span", {class: "tie-mark", text: "tied"}) : null);
