@@ -10,8 +10,9 @@ Rules:
 2. A plan is always a broadcast (never sampled): it answers "where could this go" for the
    whole fleet, and its cost is one operator's request, not the hot path.
 3. Its replies come in on the bid subject with the real auctions' (the auctioneer hands a
-   reply for a plan's auction id to the plan: `Auctioneer.dry`). One that arrives after the
-   plan closed, for one of the last `CLOSED_KEPT` plans, is late, not a reject.
+   reply for a plan's auction id to the plan: `Auctioneer.dry`) and are judged as theirs: a
+   duplicate, a bad load or reason is a reject; one from a node not asked, or one after the
+   plan closed (for one of the last `CLOSED_KEPT` plans), is late, not a reject.
 4. What is placed: a job's first wave (`count`, or `parallelism` of an array); a new
    service's `count` replicas; a service's new version, `count` replicas (and every live
    replica is stopped as they become healthy); a service's new count, the replicas it adds
@@ -37,7 +38,7 @@ from gavel.broker.keeper import Replica, stop_order
 from gavel.shared import subjects
 from gavel.shared.affinity import warnings
 from gavel.shared.api import InstanceStatus
-from gavel.shared.auction import Auction, Decision
+from gavel.shared.auction import Auction, Decision, Verdict
 from gavel.shared.messages import BidReply, Decline, Message, Request
 from gavel.shared.planning import (
     PLACEMENTS_SHOWN,
@@ -168,7 +169,11 @@ class Planner:
             if draining and reply.node_id in draining:  # as the core takes it (its rule 6)
                 reply = msgspec.structs.replace(reply, answers=[
                     Decline(shape=a.shape, reason=Reason.DRAINING) for a in reply.answers])
-            auction.receive(reply, at)
+            verdict = auction.receive(reply, at)
+            if verdict in (Verdict.LATE, Verdict.NOT_ELIGIBLE):
+                self.auctioneer.core.late_total += 1
+            elif verdict is not Verdict.ACCEPTED:
+                ctx.rejects.count(verdict, subjects.BIDS.format(node=reply.node_id))
             if auction.done(at) and not answered.done():
                 answered.set_result(None)
 

@@ -80,3 +80,19 @@ def test_a_plan_the_broker_would_refuse_is_refused_with_the_submit_sentence(rig:
     assert isinstance(got, ApiError)
     assert "no node could ever offer the requested resources" in got.error
     assert not [s for s, _ in rig.wire.sent if s == subjects.RFB]
+
+
+def test_a_replayed_answer_to_an_open_plan_is_a_reject(rig: Rig) -> None:
+    task = rig.loop.create_task(rig.api.planner.plan(PlanRequest(spec=SMALL)))
+    for _ in range(5):
+        rig.loop.run_until_complete(asyncio.sleep(0))
+    [rfb] = [msgspec.msgpack.decode(d, type=RFB) for s, d in rig.wire.sent
+             if s == subjects.RFB]
+    rejected = rig.rejected()
+    rig.b.auctioneer.on_bids(reply(rfb.auction_id, "n1", 0.1))
+    rig.b.auctioneer.on_bids(reply(rfb.auction_id, "n1", 0.1))  # a replay
+    assert rig.rejected() == rejected + 1
+    for node in ("n2", "n3"):
+        rig.b.auctioneer.on_bids(reply(rfb.auction_id, node, 0.3))
+    got = rig.run(task)
+    assert isinstance(got, PlanReply) and got.placements[0].winner == "n1"
