@@ -94,6 +94,7 @@ class Planner:
     def _requests(self, spec: Spec, out: PlanReply) -> list[Request]:
         name = spec.name
         if not spec.service:
+            out.count = spec.count
             n = min(spec.count, spec.parallelism or spec.count, PLANNED_MAX)
             return [Request.of(f"{name}[{k}]", spec) for k in range(1, n + 1)]
         svc = self.ctx.ledger.state().services.get(name)

@@ -55,8 +55,10 @@ def print_plan(p: PlanReply, path: str) -> None:
     """Rule 1, as text."""
     kind = {"job": "job", "service": "service", "system": "system job"}.get(p.type, p.type)
     if p.type == "job":
-        print(f"plan for job {p.name}: {p.placements_total} instance"
-              f"{'' if p.placements_total == 1 else 's'} (nothing committed)")
+        first = "" if p.placements_total >= p.count else \
+            f", the first {p.placements_total} planned (as many as run at once)"
+        print(f"plan for job {p.name}: {p.count} instance{'' if p.count == 1 else 's'}"
+              f"{first} (nothing committed)")
     elif not p.version:
         print(f"plan for {kind} {p.name}: a new {kind}, version 1 (nothing committed)")
     elif not p.changed:

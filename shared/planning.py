@@ -68,6 +68,8 @@ class PlanReply(Message, tag="planned"):
     placements: list[AuctionRecord] = msgspec.field(default_factory=list)
     #: How many instances would be placed in all (more than `placements` lists).
     placements_total: int = 0
+    #: A job's instances in all (an array's `count`: `placements_total` is its first wave).
+    count: int = 0
     warnings: list[str] = msgspec.field(default_factory=list)
 
 
