@@ -8,6 +8,8 @@ import random
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from gavel.cli.specfile import SpecError, load_spec
 from gavel.shared.affinity import Affinity, adjustment, unmatched
@@ -127,3 +129,29 @@ def test_two_affinities_on_one_label_and_value_are_refused(tmp_path: Path) -> No
     path.write_text(f'name = "web"\ncommand = ["true"]\n{one}{one}')
     with pytest.raises(SpecError, match="distinct label and value"):
         load_spec(path)
+
+
+NODE_IDS = [f"n{i}" for i in range(6)]
+
+
+@given(loads=st.lists(st.floats(0.0, 1.0), min_size=6, max_size=6),
+       zones=st.lists(st.sampled_from(["east", "west", ""]), min_size=6, max_size=6),
+       weights=st.lists(st.integers(-100, 100).filter(bool), min_size=1, max_size=2),
+       seed=st.integers(0, 1000))
+def test_the_winner_is_the_lowest_adjusted_load_then_node_id_in_any_order(
+        loads: list[float], zones: list[str], weights: list[int], seed: int) -> None:
+    labels = {n: ({"zone": z} if z else {}) for n, z in zip(NODE_IDS, zones, strict=True)}
+    affs = [Affinity(label="zone", value=v, weight=w)
+            for v, w in zip(["east", "west"], weights, strict=False)]
+    req = Request.of("i", spec(*affs))
+    order = list(NODE_IDS)
+    random.Random(seed).shuffle(order)
+    auction = Auction("x", [req], NODE_IDS, 0.0, 1.0)
+    for node in order:
+        auction.receive(BidReply(auction_id="x", node_id=node, answers=[
+            Bid(shape=0, load=loads[NODE_IDS.index(node)], strategy="s")]), 0.0)
+    [got] = auction.decide(0.5, {}, labels=labels)
+    assert isinstance(got, Awarded)
+    want = min(NODE_IDS, key=lambda n: (loads[NODE_IDS.index(n)]
+                                        + adjustment(affs, labels[n]), n))
+    assert got.winner.node_id == want
