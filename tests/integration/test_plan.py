@@ -156,7 +156,10 @@ async def test_a_system_job_plan_names_the_nodes_that_would_run_one_and_why_not(
     [refused] = [p for p in plan.placements if not p.winner]
     assert [(d.node_id, d.reason) for d in refused.declines] == [("n2", Reason.MISSING_LABEL)]
     array = Spec(name="batch", command=SLEEP, cpu=0.1, memory_mb=16, count=5, parallelism=2)
-    plan = await cluster.call("plan", PlanRequest(spec=array), PlanReply)
+    code, out, err = await gavel("plan", "--json", "--nats", cluster.url,
+                                 str(_spec_file(cluster, array)))
+    assert code == 0, err
+    plan = msgspec.json.decode(out, type=PlanReply)
     assert plan.placements_total == 2 and plan.count == 5
     assert all(p.winner for p in plan.placements)
     assert commits(cluster) == before
