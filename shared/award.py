@@ -47,7 +47,10 @@ __all__ = ["Awarded", "Decision", "NodeBid", "NodeDecline", "Round", "Row", "Uns
            "order"]
 
 
-class NodeBid(msgspec.Struct, frozen=True, kw_only=True):
+class NodeBid(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """A node's bid as the award ranks it. Encoded without its defaults: every commit's
+    trailer carries every bid, and a bid no affinity moved reads as it always did."""
+
     node_id: str
     load: float
     strategy: str = ""
