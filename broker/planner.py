@@ -68,7 +68,6 @@ class Planner:
         self._refused = refused
         self._instance_status = instance_status
         self._closed: deque[str] = deque()
-        self.plans_total = 0
 
     async def plan(self, req: PlanRequest) -> Message:
         spec = req.spec
@@ -85,7 +84,6 @@ class Planner:
         held = {spec.name: world.held_by(spec.name)} if auction.groups else {}
         decisions = auction.decide(self.ctx.now(), self.auctioneer.free(auction.eligible),
                                    held=held, labels=world.labels())
-        self.plans_total += 1
         out.placements_total = len(decisions)
         out.placements = _shown(auction.auction_id, decisions, system=spec.system)
         return out
