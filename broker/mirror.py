@@ -17,8 +17,9 @@ Rules:
    after it. Workers tolerate a mirror that lags its award (converge rule 2) and re-read
    their key every heartbeat; `window_s` is far below a heartbeat.
 4. `start` puts every node (the mirror is rebuilt in full at every broker start, so puts a
-   dead broker still held are not lost); `flush` sends everything pending now (on close),
-   `stop` drops it (a broker that no longer leads: `broker.ha`).
+   dead broker still held are not lost), once the bucket can be made (`broker.kvbucket`:
+   a JetStream still electing its leaders is asked again, not given up on); `flush` sends
+   everything pending now (on close), `stop` drops it (a broker that no longer leads: `broker.ha`).
 """
 
 from __future__ import annotations

@@ -49,6 +49,7 @@ from typing import Any
 
 import nats.errors
 
+from gavel.broker import kvbucket
 from gavel.broker.admission import Admission
 from gavel.broker.api import Api
 from gavel.broker.arrays import Arrays
@@ -265,7 +266,7 @@ class Broker:
         # and that node's KV put leaves the old list there, and the node would keep running
         # what was moved away.
         heard = {n: NodeFile(node_id=n) for n in stamps if subjects.is_node_id(n)}
-        await self._open_kv({**heard, **state.nodes})
+        opening = await self._open_kv({**heard, **state.nodes})
         await nc.subscribe_direct(subjects.BIDS_ALL, self.auctioneer.on_bids)
         await nc.subscribe_direct(subjects.REPORT_ALL, self.promises.on_report)
         await nc.subscribe(subjects.ASSIGN_ALL, cb=self.assignments.on_request)
@@ -288,6 +289,8 @@ class Broker:
                        asyncio.create_task(self.feed.run(), name="heartbeats"),
                        asyncio.create_task(self.events.run(), name="events"),
                        asyncio.create_task(self._loop(), name="reconcile")]
+        if opening is not None:
+            self._tasks.append(opening)
         self.log.info("broker up: state %s ref %s%s", self.ledger.path, self.ledger.ref,
                       f", leading in epoch {self.leader.epoch}" if self.ha else "")
 
@@ -458,20 +461,29 @@ class Broker:
         self.rejects.count("publish failed", f"{subject}: {exc}")  # count it, carry on
 
     # -- node state in KV ----------------------------------------------------------------
-    async def _open_kv(self, nodes: Mapping[str, NodeFile]) -> None:
-        try:
-            js = self.nc.jetstream()
-            await js.create_key_value(bucket=subjects.NODES_BUCKET, history=1,
-                                      replicas=self.kv_replicas)
-        except Exception as exc:  # JetStream off: awards still flow, convergence is off
-            if not (self.ha and "already in use" in str(exc)):
-                self.log.warning("no JetStream KV (%s); workers converge from awards only",
-                                 exc)
-                return
-            self.log.warning("the KV bucket %s exists with other settings than %d replicas "
-                             "(%s); using it as it is", subjects.NODES_BUCKET, self.kv_replicas,
-                             exc)
-        self.mirror.start(nodes)
+    async def _open_kv(self, nodes: Mapping[str, NodeFile]) -> asyncio.Task[None] | None:
+        """The mirror starts once its bucket is made (`broker.kvbucket`); a JetStream that
+        cannot answer yet is asked again by the task returned. A leadership's puts are
+        answered ones, sent again until the bucket takes them, so it mirrors `nodes` (what
+        the remote holds) at once; a lone broker's are not, so it starts the mirror from
+        the state it holds when the bucket answers."""
+        made, why = await kvbucket.make_bucket(self.nc, self.kv_replicas, self.ha, self.log)
+        if made is kvbucket.Made.NEVER:
+            self.log.warning("no JetStream KV (%s); workers converge from awards only", why)
+            return None
+        if made is kvbucket.Made.MADE or self.ha:
+            self.mirror.start(nodes)
+        if made is kvbucket.Made.MADE:
+            return None
+        self.log.warning("JetStream cannot make the KV bucket yet (%s); asked again every "
+                         "%gs", why, self.timing.tick_s)
+
+        async def later() -> None:
+            if await kvbucket.until_made(self.nc, self.kv_replicas, self.ha, self.log,
+                                         self.timing.tick_s) and not self.ha:
+                self.mirror.start({**{n: NodeFile(node_id=n) for n in nodes},
+                                   **self.ledger.state().nodes})
+        return asyncio.create_task(later(), name="kv-bucket")
 
     def _remirror(self) -> None:
         """Rule 4: after a re-read, mirror the nodes the state now holds differently."""
