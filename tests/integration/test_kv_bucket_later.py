@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
+from typing import Any
 
 import nats
 import nats.js.errors
@@ -28,7 +29,7 @@ async def test_a_broker_started_before_jetstream_answers_mirrors_once_it_does(
     nats_cluster = NatsCluster(tmp_path / "nats", 3)
     nats_cluster.servers[0].start()
     cluster = Cluster(nats_cluster.servers[0].url, tmp_path)
-    witness: nats.NATS | None = None
+    witness: Any = None
     try:
         with caplog.at_level(logging.WARNING, logger="gavel.broker"):
             broker = await cluster.start_broker()
