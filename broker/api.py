@@ -68,6 +68,7 @@ from gavel.broker.nodeapi import NodeVerbs
 from gavel.broker.planner import Planner
 from gavel.broker.promises import Promises
 from gavel.broker.routeowners import refusal as route_refusal
+from gavel.broker.routeowners import refusal_in as route_refusal_in
 from gavel.broker.serviceapi import ServiceVerbs
 from gavel.broker.services import Services
 from gavel.broker.views import Views
@@ -277,6 +278,11 @@ class Api:
             if taken:
                 if not done.done():
                     done.set_result(ApiError(error=f"{Reason.DUPLICATE}: {taken[0]}"))
+                return None
+            owned = route_refusal_in(view, spec)  # another submit's claim may have landed
+            if owned:
+                if not done.done():
+                    done.set_result(ApiError(error=owned))
                 return None
             for r in records:
                 submit(view, r)

@@ -7,9 +7,9 @@ Rules:
    version it rolls from (whose replicas may still run); a job's spec name owns the routes
    of its live instances (placed or waiting). Services come first, by name, then jobs by
    their lowest instance id (`routeclaims` rule 4).
-2. The API refuses a claim against the state it reads (`refusal`); a deploy checks again in
-   its commit's plan, against the state as that commit changes it (`refusal_in`), so two
-   deploys racing for one route cannot both land.
+2. The API refuses a claim against the state it reads (`refusal`); a deploy or a submit
+   checks again in its commit's plan, against the state as that commit changes it
+   (`refusal_in`), so two deploys or submits racing for one route cannot both land.
 3. Each (owner, route) is one claim however many instances make it, and the claims of a
    state are read once per commit (its `head`): a submit with routes scans the live
    instances only after the state changed, never on every call.

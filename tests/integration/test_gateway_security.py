@@ -22,8 +22,9 @@ import psutil
 import pytest
 
 from gavel.gateway.caddyserver import Caddy
-from gavel.shared.api import DeployReply, DeployRequest, SubmitRequest
-from gavel.shared.messages import Spec
+from gavel.shared.api import DeployReply, DeployRequest, SubmitReply, SubmitRequest
+from gavel.shared.messages import ApiError, Spec
+from gavel.shared.reasons import Reason
 from gavel.shared.routes import route_id
 from gavel.shared.spec import Check, Route
 from gavel.transport.client import ClientError
@@ -98,6 +99,24 @@ async def test_a_route_another_service_owns_is_refused_at_deploy_naming_its_owne
     lost = [str(r) for r in got if isinstance(r, ClientError)]
     assert len(won) == 1 and len(lost) == 1, got
     assert f"owned by {won[0]!r}" in lost[0]
+
+
+async def test_two_job_submits_racing_for_one_route_land_once(cluster: Cluster) -> None:
+    """Two jobs of different names claim one new host at once: both pass the API's check
+    (neither claim has landed when the other is read), and the commit's own check lets one
+    land and refuses the other, naming the owner."""
+    broker = await cluster.start_broker()
+    jobs = [Spec(name=f"job{k}", command=["sleep", "600"], ports=["http"],
+                 routes=[Route(host="jobs.example.com", port="http")], cpu=0.1, memory_mb=16)
+            for k in (1, 2)]
+    got = await asyncio.gather(*(broker.api.submit(SubmitRequest(spec=j)) for j in jobs))
+    won = [r.instance_id for r in got if isinstance(r, SubmitReply)]
+    lost = [r.error for r in got if isinstance(r, ApiError)]
+    assert len(won) == 1 and len(lost) == 1, got
+    owner = won[0].rsplit("-", 1)[0]
+    assert f"owned by {owner!r}" in lost[0] and str(Reason.ROUTE_OWNED) in lost[0], lost
+    claimed = [rec.spec.name for rec in cluster.ledger().state().instances.values()]
+    assert claimed == [owner], claimed
 
 
 def _listening(caddy: Caddy) -> set[int]:
