@@ -1,9 +1,11 @@
 """Can this node take this request at all? Hard constraints, checked before any strategy.
 
-Rule: labels are hard constraints, draining declines everything, an image needs a container
-engine on the node, every named host volume must be held, and cpu, memory and ports are
-reservations against capacity minus what is already committed. The first failing check is
-the decline, in that fixed order, so the same node state always gives the same reason.
+Rule: labels are hard constraints, draining declines everything, a process that asks for
+root needs a node whose config allows it (a container's user is its engine's business), an
+image needs a container engine on the node, every named host volume must be held, and cpu,
+memory and ports are reservations against capacity minus what is already committed. The
+first failing check is the decline, in that fixed order, so the same node state always gives
+the same reason.
 """
 
 from __future__ import annotations
@@ -31,6 +33,10 @@ class NodeView(msgspec.Struct, kw_only=True):
     images: frozenset[str] = frozenset()
     #: The host volumes this node's worker config names.
     volumes: frozenset[str] = frozenset()
+    #: Whether a process asking for root may run here (the worker's ``allow_root``, or its
+    #: isolation off). A view that cannot know (the broker's candidate index, the
+    #: simulator) says yes: the node's own bid declines.
+    allow_root: bool = True
 
 
 class Refusal(msgspec.Struct, frozen=True):
@@ -62,6 +68,8 @@ def check(request: Shape, node: NodeView) -> Refusal | None:
             return Refusal(Reason.MISSING_LABEL, f"{key}={value}")
     if node.draining:
         return Refusal(Reason.DRAINING)
+    if request.root and not request.image and not node.allow_root:
+        return Refusal(Reason.ROOT_REFUSED)
     if request.image and not node.engine:
         return Refusal(Reason.NO_ENGINE)
     for name in sorted(request.volumes):

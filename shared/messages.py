@@ -141,11 +141,13 @@ class Shape(msgspec.Struct, kw_only=True, frozen=True):
     image: Annotated[str, msgspec.Meta(max_length=512)] = ""
     #: The host volumes it needs, by name: only a node holding every one bids.
     volumes: list[str] = []
+    #: It asks to run as root (`Spec.root`): only a node whose config allows it bids.
+    root: bool = False
 
     def key(self) -> tuple[float, int, int, tuple[tuple[str, str], ...], str,
-                           tuple[str, ...]]:
+                           tuple[str, ...], bool]:
         return (self.cpu, self.memory_mb, self.ports, tuple(sorted(self.labels.items())),
-                self.image, tuple(sorted(self.volumes)))
+                self.image, tuple(sorted(self.volumes)), self.root)
 
 
 class Request(Shape, kw_only=True, frozen=True):
@@ -178,6 +180,7 @@ class Request(Shape, kw_only=True, frozen=True):
             labels=dict(spec.labels),
             image=spec.image or "",
             volumes=sorted(v.name for v in spec.volumes),
+            root=spec.root,
             group=group,
             spread=(spec.spread or "") if group else "",
             spread_soft=spec.spread_soft if group else False,
@@ -186,7 +189,8 @@ class Request(Shape, kw_only=True, frozen=True):
 
     def shape(self) -> Shape:
         return Shape(cpu=self.cpu, memory_mb=self.memory_mb, ports=self.ports,
-                     labels=self.labels, image=self.image, volumes=self.volumes)
+                     labels=self.labels, image=self.image, volumes=self.volumes,
+                     root=self.root)
 
 
 class RFB(Message, tag="rfb"):

@@ -106,6 +106,7 @@ DECLINES = frozenset(
         Reason.OVER_CEILING,
         Reason.NO_ENGINE,
         Reason.MISSING_VOLUME,
+        Reason.ROOT_REFUSED,
     }
 )
 

@@ -371,6 +371,7 @@ class Agent:
             labels=self.labels, draining=self._draining, engine=self.engine is not None,
             images=self.engine.images if self.engine is not None else frozenset(),
             volumes=frozenset(self.volumes),
+            allow_root=self.isolation.allow_root or not self.isolation.enabled,
         )
 
     async def _heartbeats(self) -> None:

@@ -196,22 +196,34 @@ async def test_a_fork_bomb_stops_at_its_pids_limit(world: Cluster) -> None:
     assert int((pids_dir / "pids.current").read_text()) <= 8
 
 
+async def declined_for_root(cluster: Cluster, iid: str) -> object:
+    """Until `iid` waits unschedulable, every node having declined it for root at bid time
+    (`shared.feasibility`): never placed, so never started and failed."""
+    async def declined() -> bool:
+        st = await cluster.status(iid)
+        return st.state == InstanceState.UNSCHEDULABLE and Reason.ROOT_REFUSED in st.reason
+
+    await wait_for(declined, 30, what=f"{iid} declined for root")
+    st = await cluster.status(iid)
+    assert not cluster.holders(iid), cluster.holders(iid)
+    return st
+
+
 async def test_root_only_on_a_node_that_allows_it(world: Cluster) -> None:
     node, allowing = node_id(), node_id()
     await world.start_broker()
     await world.start_agent(node, isolation=isolation(world, node))
     await world.wait_nodes(1)
     iid = await world.submit(sh("wants-root", "id -u", root=True))
-    st = await ended(world, iid)
-    assert st.reason == Reason.ROOT_REFUSED  # type: ignore[attr-defined]
+    await declined_for_root(world, iid)
     await world.stop_agent(node)
     allowed = configure("uids", (300_000, 365_535), allow_root=True, owner=allowing,
                         leases=world.root / "leases")
     await world.start_agent(allowing, isolation=allowed)
-    iid = await world.submit(sh("root-ok", "id -u", root=True))
-    st = await ended(world, iid)
-    assert st.state == InstanceState.SUCCEEDED  # type: ignore[attr-defined]
-    assert output(world, allowing, iid).strip() == "0"
+    for waited in (iid, await world.submit(sh("root-ok", "id -u", root=True))):
+        st = await ended(world, waited)
+        assert st.state == InstanceState.SUCCEEDED  # type: ignore[attr-defined]
+        assert output(world, allowing, waited).strip() == "0"
 
 
 async def test_an_exec_check_runs_as_the_instance_beside_its_private_tmp(
@@ -375,8 +387,7 @@ async def test_a_worker_that_is_not_root_runs_instances_as_itself_and_says_so(
         said = log.read_text()
         assert said.count("isolation: the worker is not root and cannot switch uids") == 1
         refused = await world.submit(sh("wants-root", "id -u", root=True))
-        st = await ended(world, refused)
-        assert st.reason == Reason.ROOT_REFUSED  # type: ignore[attr-defined]
+        await declined_for_root(world, refused)
     finally:
         proc.terminate()
         proc.wait(30)

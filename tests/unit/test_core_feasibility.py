@@ -6,7 +6,7 @@ import msgspec
 import pytest
 
 from gavel.shared.feasibility import NodeView, Refusal, check, shortfall
-from gavel.shared.messages import Bid, Capacity, Request
+from gavel.shared.messages import Bid, Capacity, Request, Spec
 from gavel.shared.reasons import DECLINES, Reason, render
 from gavel.shared.strategies import WARM_BONUS, answer, make_strategy
 
@@ -117,6 +117,20 @@ def test_an_image_needs_a_container_engine_on_the_node() -> None:
     assert check(image, node()) == Refusal(Reason.NO_ENGINE)
     assert check(image, msgspec.structs.replace(node(), engine=True)) is None
     assert check(req(), node()) is None  # a process needs none
+
+
+def test_a_process_asking_for_root_is_declined_at_bid_time_where_root_is_refused() -> None:
+    """Issue 29: declined in the auction (so placed where root is allowed, or waiting),
+    not won and then failed at start."""
+    root = Request.of("i-1", Spec(name="r", command=["id"], root=True, cpu=1.0))
+    refusing = msgspec.structs.replace(node(), allow_root=False)
+    assert root.shape().root and root.shape().key() != req().shape().key()
+    assert check(root, refusing) == Refusal(Reason.ROOT_REFUSED)
+    assert Reason.ROOT_REFUSED in DECLINES
+    assert check(root, node()) is None  # a view that cannot know (the broker's) says yes
+    assert check(req(), refusing) is None  # only a spec that asks
+    container = Request.of("i-2", Spec(name="c", image="gavel-web:v1", root=True, cpu=1.0))
+    assert check(container, msgspec.structs.replace(refusing, engine=True)) is None
 
 
 def test_every_named_volume_must_be_held_and_the_first_missing_is_named() -> None:
