@@ -18,7 +18,9 @@ Rules:
    the same uid. The search starts at a hash of the worker and instance (a free uid is
    usually the first tried). The owner of the instance's directory records its uid: a
    restart in place, or a restarted worker re-adopting it, keeps the same one. The lease
-   goes when the instance ends.
+   goes when the instance ends; a worker that starts takes back its own leases of
+   instances it did not re-adopt (`reclaim`: it crashed, or was killed, before it could
+   give them back), and leaves every other worker's alone.
 3. Files. The instance's directory is owned by its uid, mode 0700; the worker's state
    directory and its ``instances/`` are 0711 (passable, not listable) and its own files 0600,
    so an instance reads nothing of the worker's (``agent.json``, credentials, logs) and
@@ -183,6 +185,21 @@ class Isolation:
         with contextlib.suppress(OSError):
             if lease.read_text() == self._holder(instance_id):
                 lease.unlink()
+
+    def reclaim(self, keep: Collection[str]) -> list[int]:
+        """Rule 2 at start: remove this worker's leases of instances not in `keep` (the
+        ones it re-adopted); the uids given back, in order."""
+        if not self.on or not self.leases.is_dir():
+            return []
+        mine, freed = f"{self.owner}/", []
+        for lease in sorted(self.leases.iterdir(), key=lambda p: p.name):
+            with contextlib.suppress(OSError, UnicodeDecodeError):
+                holder = lease.read_text()
+                if holder.startswith(mine) and holder[len(mine):] not in keep \
+                        and lease.name.isdigit():
+                    lease.unlink()
+                    freed.append(int(lease.name))
+        return freed
 
     def _holder(self, instance_id: str) -> str:
         return f"{self.owner}/{instance_id}"

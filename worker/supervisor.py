@@ -188,6 +188,10 @@ class Supervisor:
             self.epoch = max(self.epoch, saved.epoch)
             for local in saved.instances.values():
                 await self._readopt(Held(local))
+        freed = self.isolation.reclaim(keep=set(self._held))
+        if freed:
+            log.info("took back %d uid lease(s) of instances no longer here: %s", len(freed),
+                     ", ".join(map(str, freed)))
         self.persist()
         self._on_change()
 

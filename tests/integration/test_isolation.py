@@ -196,6 +196,21 @@ async def test_a_fork_bomb_stops_at_its_pids_limit(world: Cluster) -> None:
     assert int((pids_dir / "pids.current").read_text()) <= 8
 
 
+async def test_a_starting_worker_takes_back_its_stale_uid_leases(world: Cluster) -> None:
+    """A lease of an instance the worker does not hold (it crashed before it could give it
+    back) is removed at its start; another worker's lease on the host is left alone."""
+    node = node_id()
+    leases = world.root / "leases"
+    leases.mkdir(mode=0o700, parents=True, exist_ok=True)
+    (leases / "300001").write_text(f"{node}/gone-1")
+    (leases / "300002").write_text("another-node/alive-1")
+    await world.start_broker()
+    await world.start_agent(node, isolation=isolation(world, node))
+    await world.wait_nodes(1)
+    assert not (leases / "300001").exists()
+    assert (leases / "300002").read_text() == "another-node/alive-1"
+
+
 async def declined_for_root(cluster: Cluster, iid: str) -> object:
     """Until `iid` waits unschedulable, every node having declined it for root at bid time
     (`shared.feasibility`): never placed, so never started and failed."""

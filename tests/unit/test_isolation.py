@@ -47,6 +47,19 @@ def test_an_instance_keeps_its_uid_and_its_directory_is_its_own(tmp_path: Path) 
     assert again.identity("i", tmp_path / "i", root=False) == got
 
 
+def test_a_worker_takes_back_only_its_own_stale_leases(tmp_path: Path) -> None:
+    a, b = iso(tmp_path, "node.a", (500_000, 500_009)), iso(tmp_path, "node.b", (500_000, 500_009))
+    kept = a.identity("kept", tmp_path / "a" / "kept", root=False)
+    gone = a.identity("gone", tmp_path / "a" / "gone", root=False)
+    other = b.identity("gone", tmp_path / "b" / "gone", root=False)
+    assert kept is not None and gone is not None and other is not None
+    restarted = iso(tmp_path, "node.a", (500_000, 500_009))  # after a crash: "kept" re-adopted
+    assert restarted.reclaim(keep={"kept"}) == [gone.uid]
+    held = sorted(p.name for p in (tmp_path / "leases").iterdir())
+    assert held == sorted(str(i.uid) for i in (kept, other))
+    assert restarted.reclaim(keep={"kept"}) == []  # nothing more to take back
+
+
 def test_root_only_where_the_node_allows_it(tmp_path: Path) -> None:
     with pytest.raises(RootRefused):
         iso(tmp_path, "n").identity("i", tmp_path / "i", root=True)
