@@ -47,6 +47,9 @@ from tests.integration.test_gateway import (
 
 pytestmark = pytest.mark.integration
 
+#: What a gateway started without a node book says once (`gavel.cli.daemons`).
+NO_BOOK = "no node book (--nodes): routes lead to the addresses nodes advertise themselves"
+
 
 @pytest.fixture
 def caddy(tmp_path: Path) -> Iterator[Caddy]:
@@ -91,6 +94,10 @@ async def test_a_route_another_service_owns_is_refused_at_deploy_naming_its_owne
             ).version == 2
     await cluster.call("deploy", DeployRequest(
         spec=svc("wild", Route(host="*.example.com", port="http"))), DeployReply)
+    # ...and an exact host inside another's wildcard, claimed after it, is accepted too: the
+    # exact host wins its one name (docs/gateway.md, "Who owns a route").
+    await cluster.call("deploy", DeployRequest(
+        spec=svc("api", Route(host="api.example.com", port="http"))), DeployReply)
     # Two deploys racing for one new host: both pass the API's check, one commit lands.
     racers = [svc(f"racer{k}", Route(host="race.example.com", port="http")) for k in (1, 2)]
     got = await asyncio.gather(*(cluster.call("deploy", DeployRequest(spec=r), DeployReply)
@@ -188,6 +195,8 @@ async def test_a_lying_node_cannot_steer_a_route_to_the_clusters_own_ports(
     assert await dials(caddy, route_id("steal", "", "/metrics")) is None
     status, body = await get(f"http://127.0.0.1:{listen}/metrics")
     assert status == 404 and "gavel_gateway" not in body
+    # Without a node book the operator is told once, at start, where routes lead.
+    assert gw.log.read_text().count(NO_BOOK) == 1, gw.log.read_text()
 
 
 async def test_with_a_node_book_a_route_leads_only_where_the_cluster_knows_the_node(
@@ -232,6 +241,7 @@ async def test_with_a_node_book_a_route_leads_only_where_the_cluster_knows_the_n
     await wait_for(lambda: get_ok(f"http://127.0.0.1:{liar_port}/", on["liar"].instance_id),
                    30, what="the liar's instance answering, unrouted")
     assert await dials(caddy, rid) == want
+    assert NO_BOOK not in gateways[-1].log.read_text()
     # `gavel routes` with the same book names the same upstreams as Caddy holds.
     shown = await asyncio.to_thread(subprocess.run, [
         sys.executable, "-m", "gavel", "routes", "--json", "--nodes", str(book), "--nats",
