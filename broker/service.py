@@ -49,7 +49,6 @@ from typing import Any
 
 import nats.errors
 
-from gavel.broker import kvbucket
 from gavel.broker.admission import Admission
 from gavel.broker.api import Api
 from gavel.broker.arrays import Arrays
@@ -63,6 +62,7 @@ from gavel.broker.fencedkv import FencedPuts
 from gavel.broker.heartbeat_stream import HeartbeatStream
 from gavel.broker.heartbeats import Heartbeats
 from gavel.broker.integrity import Integrity
+from gavel.broker.kvbucket import Made, make_bucket, until_made
 from gavel.broker.ledger.committer import Committer
 from gavel.broker.ledger.remote import Pusher
 from gavel.broker.ledger.repository import Damaged, Ledger
@@ -467,19 +467,19 @@ class Broker:
         answered ones, sent again until the bucket takes them, so it mirrors `nodes` (what
         the remote holds) at once; a lone broker's are not, so it starts the mirror from
         the state it holds when the bucket answers."""
-        made, why = await kvbucket.make_bucket(self.nc, self.kv_replicas, self.ha, self.log)
-        if made is kvbucket.Made.NEVER:
+        made, why = await make_bucket(self.nc, self.kv_replicas, self.ha, self.log)
+        if made is Made.NEVER:
             self.log.warning("no JetStream KV (%s); workers converge from awards only", why)
             return None
-        if made is kvbucket.Made.MADE or self.ha:
+        if made is Made.MADE or self.ha:
             self.mirror.start(nodes)
-        if made is kvbucket.Made.MADE:
+        if made is Made.MADE:
             return None
         self.log.warning("JetStream cannot make the KV bucket yet (%s); asked again every "
                          "%gs", why, self.timing.tick_s)
 
         async def later() -> None:
-            if await kvbucket.until_made(self.nc, self.kv_replicas, self.ha, self.log,
+            if await until_made(self.nc, self.kv_replicas, self.ha, self.log,
                                          self.timing.tick_s) and not self.ha:
                 self.mirror.start({**{n: NodeFile(node_id=n) for n in nodes},
                                    **self.ledger.state().nodes})
