@@ -72,7 +72,7 @@ async def until_made(nc: Any, replicas: int, ha: bool, log: logging.Logger,
         await asyncio.sleep(retry_s)
         made, why = await make_bucket(nc, replicas, ha, log)
         if made is Made.MADE:
-            log.info("the KV bucket %s answers now; the mirror starts", subjects.NODES_BUCKET)
+            log.info("the KV bucket %s is made now", subjects.NODES_BUCKET)
             return True
         if made is Made.NEVER:
             log.warning("no JetStream KV (%s); workers converge from awards only", why)

@@ -479,8 +479,9 @@ class Broker:
                          "%gs", why, self.timing.tick_s)
 
         async def later() -> None:
-            if await until_made(self.nc, self.kv_replicas, self.ha, self.log,
-                                         self.timing.tick_s) and not self.ha:
+            made = await until_made(self.nc, self.kv_replicas, self.ha, self.log,
+                                    self.timing.tick_s)
+            if made and not self.ha:
                 self.mirror.start({**{n: NodeFile(node_id=n) for n in nodes},
                                    **self.ledger.state().nodes})
         return asyncio.create_task(later(), name="kv-bucket")
