@@ -65,6 +65,7 @@ from gavel.broker.ledger.plan import View, submit
 from gavel.broker.ledger.state import Ready, ready
 from gavel.broker.mirror import Mirror
 from gavel.broker.nodeapi import NodeVerbs
+from gavel.broker.periodic import Periodic, status_of
 from gavel.broker.planner import Planner
 from gavel.broker.promises import Promises
 from gavel.broker.routeowners import refusal as route_refusal
@@ -119,8 +120,10 @@ SUBMIT_SLICE = 128
 class Api:
     def __init__(self, ctx: Context, *, auctioneer: Auctioneer, promises: Promises,
                  services: Services, deploys: Deploys, mirror: Mirror,
-                 secrets: Mapping[str, str], ended_max: int, admission: Admission) -> None:
+                 secrets: Mapping[str, str], ended_max: int, admission: Admission,
+                 periodic: Periodic) -> None:
         self.ctx = ctx
+        self.periodic = periodic  # periodic jobs: their submit, status and cancel
         self.admission = admission  # the caps on counts
         self.auctioneer = auctioneer
         self.promises = promises
@@ -221,6 +224,8 @@ class Api:
         if req.spec.system:  # intent is a record of its own, as a service's (broker.systems)
             got = await self.service_verbs.deploy(DeployRequest(spec=req.spec, key=req.key))
             return SubmitReply(instance_id=got.name) if isinstance(got, DeployReply) else got
+        if req.spec.schedule is not None:  # intent is its record (broker.periodic)
+            return self._refused(req.spec) or await self.periodic.submit(req.spec)
         if not req.key:
             return await self._submit(req)
         while (first := self._keyed.get(req.key)) is not None:  # rule 4: one at a time
@@ -373,6 +378,9 @@ class Api:
         state = self.ctx.ledger.state()
         if req.instance_id:
             rec = state.instances.get(req.instance_id)
+            if rec is None and (job := state.periodic.get(req.instance_id)) is not None:
+                return status_of(state, job, self.periodic.now(), self._leader(),
+                                 self.views.instance_status)
             if rec is None and state.arrays.get(req.instance_id):
                 return array_status(self.ctx.ledger.state(), req, self.views.instance_status,
                                     self._leader()) or self._unknown(req.instance_id)
@@ -409,6 +417,8 @@ class Api:
         if self.ctx.ledger.pinned:
             return ApiError(error=f"{Reason.PINNED} ({self.ctx.ledger.ref})")
         st = self.ctx.ledger.state()
+        if req.instance_id not in st.instances and req.instance_id in st.periodic:
+            return await self.periodic.cancel(req.instance_id)
         if req.instance_id not in st.instances and st.arrays.get(req.instance_id):
             return cancel_array(self.ctx.ledger.state(), self.promises, req.instance_id)
         try:

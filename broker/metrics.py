@@ -75,6 +75,10 @@ class Metrics:
         self.deploys = Counter("gavel_deploys_total",
                                "Service deployments ended, by outcome (succeeded, failed, "
                                "rolled-back, cancelled)", ["outcome"], registry=r)
+        self.periodic_runs = Counter("gavel_periodic_runs_total",
+                                     "Periodic jobs' fire times, by outcome: run (a run made),"
+                                     " skipped (overlap), missed (collapsed into a later one "
+                                     "while no broker led)", ["outcome"], registry=r)
         self._state: _StateCollector | None = None
         self._services: _ServiceCollector | None = None
         self._leader: _LeaderCollector | None = None

@@ -70,6 +70,7 @@ from gavel.broker.ledger.state import Change, State, compact
 from gavel.broker.metrics import Metrics
 from gavel.broker.mirror import Mirror
 from gavel.broker.outbox import Outbox
+from gavel.broker.periodic import Periodic
 from gavel.broker.promises import Promises
 from gavel.broker.retention import Retention
 from gavel.broker.services import Services
@@ -87,8 +88,7 @@ from gavel.transport.rejects import Rejects
 
 __all__ = ["Broker", "NatsUnreachable", "tune_gc"]
 
-#: How long `close` waits for each of its steps.
-_CLOSE_S = 10.0
+_CLOSE_S = 10.0  # how long `close` waits for each of its steps
 
 
 def tune_gc() -> None:
@@ -175,8 +175,8 @@ class Broker:
         self.promises = Promises(ctx, capacity_freed=self.auctioneer.capacity_freed)
         self.retention = Retention(ctx, wall, ended_max)
         self.services = Services(ctx, self.promises, wall)
-        self.arrays = Arrays(ctx)
-        self.systems = Systems(ctx, self.promises, wall)
+        self.arrays, self.systems = Arrays(ctx), Systems(ctx, self.promises, wall)
+        self.periodic = Periodic(ctx, self.promises, wall)
         self.deploys = Deploys(ctx, self.services, wall)
         self.integrity = Integrity(ctx)
         #: Why the broker stopped on its own, raised by `run` (rule 5).
@@ -187,14 +187,13 @@ class Broker:
         #: node.json in KV for the workers, coalesced (`broker.mirror`). Its windows are
         #: timed by the event loop, so on the machine's clock, not an injected one. With HA
         #: its puts are checked ones carrying the epoch (rule 8).
-        self.fenced: FencedPuts | None = FencedPuts(self.leader) if self.ha \
-            else None
+        self.fenced: FencedPuts | None = FencedPuts(self.leader) if self.ha else None
         self.mirror = Mirror(self.fenced.put if self.fenced is not None
                              else self.outbox.publish_raw, timing.mirror_s, time.monotonic)
         self.api = Api(ctx, auctioneer=self.auctioneer, promises=self.promises,
                        services=self.services, deploys=self.deploys, mirror=self.mirror,
                        secrets=self.secrets, ended_max=ended_max,
-                       admission=Admission(ctx, caps))
+                       admission=Admission(ctx, caps), periodic=self.periodic)
         if not self.ha:  # a leadership's view is attached as it starts (`start`)
             self._attach_metrics()
         self.heartbeats = Heartbeats(ctx, self.promises, self.auctioneer.capacity_freed,
@@ -444,6 +443,7 @@ class Broker:
                     self.services.watch(now)
                     self.arrays.watch()
                     self.systems.watch()
+                    self.periodic.watch()
                     self.retention.watch()
             except Damaged as exc:
                 self._damaged(exc)

@@ -17,7 +17,8 @@ Rules:
    reason; ``--wait=running``, and ``--wait`` on a service, waits until each instance runs
    and is healthy.
 6. A system job (``type = "system"``) is answered with its name: its instances come and go
-   with the fleet (`gavel status NAME` shows them), so there is nothing to wait for.
+   with the fleet (`gavel status NAME` shows them), so there is nothing to wait for. So is
+   a periodic job (a `schedule`): its runs are made at their times, each its own instance.
 3. The reading verbs and their tables live in `gavel.cli.readouts`.
 """
 
@@ -158,7 +159,7 @@ async def submit(args: argparse.Namespace) -> int:
         for w in reply.warnings:  # taken, but not quite as meant (an affinity on no label)
             print(f"gavel submit: warning: {w}", file=sys.stderr)
         ids = reply.ids()
-        if spec.system:  # rule 6: the job's name; its instances follow the fleet
+        if spec.system or spec.schedule is not None:  # rule 6: the job's name
             print_json({"name": reply.instance_id}) if args.json else print(reply.instance_id)
             return 0
         if not args.wait:

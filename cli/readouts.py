@@ -16,7 +16,15 @@ import msgspec
 
 from gavel.cli import services
 from gavel.cli.outcomes import refusal_code
-from gavel.shared.api import NodeDetail, NodesReply, NodesRequest, NodeStatus, WhyReply, WhyRequest
+from gavel.shared.api import (
+    NodeDetail,
+    NodesReply,
+    NodesRequest,
+    NodeStatus,
+    PeriodicStatus,
+    WhyReply,
+    WhyRequest,
+)
 from gavel.shared.award import NodeBid
 from gavel.shared.reasons import render as render_reason
 from gavel.transport.client import call, connect
@@ -45,9 +53,13 @@ async def status(args: argparse.Namespace) -> int:
         await nc.close()
     if args.json:
         print_json({"array": reply.array, "instances": reply.instances}
-                    if reply.array is not None else reply.instances)
+                    if reply.array is not None else
+                    {"periodic": reply.periodic, "instances": reply.instances}
+                    if reply.periodic is not None else reply.instances)
         return 0
     leader_line(reply.leader, reply.epoch, reply.leader_since)
+    if reply.periodic is not None:
+        periodic(reply.periodic)
     if (a := reply.array) is not None:  # a batch array: its tally, then its tasks
         print(f"array {a.array_id}: {a.count} tasks, parallelism {a.parallelism}, "
               f"max_failures {a.max_failures}")
@@ -66,6 +78,22 @@ async def status(args: argparse.Namespace) -> int:
                      ports_cell(i.ports) or "-", " ".join(why.split())))
     print_table(rows)
     return 0
+
+
+def periodic(p: PeriodicStatus) -> None:
+    """A periodic job: its schedule, where it stands, and its latest fire times."""
+    print(f"periodic job {p.name}: schedule {p.schedule!r} ({p.time_zone}), overlap "
+          f"{p.overlap}" + (", cancelled" if p.stopped else ""))
+    print(f"last run {p.last_run or '-'}  next run {p.next_run or '-'}")
+    rows = [("FIRE TIME", "RUN", "OUTCOME")]
+    for h in p.history:
+        outcome = h.outcome or ("pending" if h.instance_id else h.skipped)
+        if h.missed:
+            outcome += f" ({h.missed} earlier fire times missed)"
+        rows.append((h.at, h.instance_id or "-", outcome))
+    print_table(rows)
+    if p.history:
+        print()
 
 
 def usage_cells(cpu: float, memory_mb: float, where: str = "x") -> tuple[str, str]:

@@ -12,7 +12,7 @@ from typing import Annotated
 import msgspec
 
 from gavel.shared.messages import Capacity, Event, HostStats, Message, Spec
-from gavel.shared.records import AuctionRecord, Deployment
+from gavel.shared.records import AuctionRecord, Deployment, PeriodicRun
 from gavel.shared.spec import Route
 
 __all__ = [
@@ -37,6 +37,7 @@ __all__ = [
     "NodeStatus",
     "NodesReply",
     "NodesRequest",
+    "PeriodicStatus",
     "RecentDecline",
     "RollbackRequest",
     "ScaleRequest",
@@ -225,6 +226,22 @@ class ArrayStatus(msgspec.Struct, kw_only=True):
     outcome: str = ""
 
 
+class PeriodicStatus(msgspec.Struct, kw_only=True):
+    """A periodic job as `gavel status NAME` shows it (`gavel.shared.periodic`)."""
+
+    name: str
+    schedule: str
+    time_zone: str = "UTC"
+    overlap: str = "skip"
+    #: Cancelled: no run is made.
+    stopped: bool = False
+    #: The latest fire time acted on, and the next one (RFC 3339, UTC; "" for none).
+    last_run: str = ""
+    next_run: str = ""
+    #: The latest fire times, oldest first: each run (its outcome as known) or skip.
+    history: list[PeriodicRun] = []
+
+
 class StatusReply(Message, tag="statuses"):
     instances: list[InstanceStatus]
     #: More instances follow: ask again with ``after=next`` ("" when this page is the last).
@@ -234,6 +251,9 @@ class StatusReply(Message, tag="statuses"):
     #: `StatusRequest.instance_id` named a batch array: its tally (its tasks in `instances`,
     #: unless the request asked for the summary alone).
     array: ArrayStatus | None = None
+    #: `StatusRequest.instance_id` named a periodic job: its schedule and history (its runs
+    #: the state still holds in `instances`).
+    periodic: PeriodicStatus | None = None
     #: Who answered: the leading broker's id, its leadership's epoch (0 without HA) and
     #: since when it leads (UTC, ISO 8601).
     leader: str = ""

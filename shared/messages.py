@@ -98,6 +98,10 @@ class EventType(StrEnum):
     #: and its end (detail: the outcome, `gavel.shared.arrays.Tally.outcome`).
     RELEASED = "released"
     ARRAY_ENDED = "array-ended"
+    #: A periodic job's own story, on its name: a run made for a fire time (detail: the run's
+    #: id and time), a fire time skipped (reason: why), the schedule cancelled.
+    PERIODIC_RUN = "periodic-run"
+    PERIODIC_SKIPPED = "periodic-skipped"
 
 
 class Health(StrEnum):

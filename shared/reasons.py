@@ -62,6 +62,10 @@ class Reason(StrEnum):
     #: A batch array ended with tasks that did not succeed.
     ARRAY_TASKS_FAILED = "tasks of the array did not succeed"
     SERVICE_STOPPED = "stopped: the service was stopped"
+    # A periodic job's fire time that made no run (`gavel.shared.periodic` rules 3-5).
+    PERIODIC_OVERLAP = "skipped: the previous run is still running (overlap = \"skip\")"
+    PERIODIC_MISSED = "missed while no broker led: only the latest missed run is made"
+    PERIODIC_STOPPED = "cancelled: the periodic job was cancelled"
     SUPERSEDED = "stopped: replaced by a replica of another version"
     SPREAD = "no node that bid keeps the service spread over its label"
     DEPLOY_UNHEALTHY = "a new replica was not healthy within the deploy's deadline"

@@ -34,6 +34,8 @@ __all__ = [
     "NodeEntry",
     "NodeFile",
     "Outcome",
+    "PeriodicRecord",
+    "PeriodicRun",
     "Placement",
     "ServiceRecord",
     "ServiceVersion",
@@ -43,6 +45,7 @@ __all__ = [
     "instance_path",
     "node_path",
     "parse_trailers",
+    "periodic_path",
     "service_path",
 ]
 
@@ -211,6 +214,43 @@ class ServiceRecord(msgspec.Struct, kw_only=True, gc=False):
             if v.version == version:
                 return v.spec
         return None
+
+
+def periodic_path(name: str) -> str:
+    """Where a periodic job's intent lives: ``periodic/<name>.json``."""
+    return f"periodic/{name}.json"
+
+
+class PeriodicRun(msgspec.Struct, kw_only=True, gc=False):
+    """One fire time of a periodic job, as its history keeps it (`gavel.shared.periodic`)."""
+
+    #: The fire time (RFC 3339, UTC).
+    at: Annotated[str, msgspec.Meta(pattern=STAMP_PATTERN)]
+    #: The run made for it; "" when it was skipped.
+    instance_id: str = ""
+    #: Why no run was made (a fixed reason), "" for a run.
+    skipped: str = ""
+    #: Earlier fire times that passed while no broker led, collapsed into this one.
+    missed: int = 0
+    #: How the run ended (its terminal state), once the broker saw it end; "" until then.
+    outcome: str = ""
+
+
+class PeriodicRecord(msgspec.Struct, kw_only=True, gc=False):
+    """``periodic/<name>.json``: a periodic job's intent - its spec (with a `schedule`), where
+    its schedule stands (`last_run`) and its latest runs. Each run is an ordinary job
+    instance whose record the same commit writes (`gavel.shared.periodic` rule 1)."""
+
+    name: str
+    spec: Spec
+    #: When it was submitted: no fire time before it is due.
+    since: Annotated[str, msgspec.Meta(pattern=STAMP_PATTERN)] = ""
+    #: The fire time of the latest run made or skipped ("" for none yet).
+    last_run: Annotated[str, msgspec.Meta(pattern=STAMP_PATTERN)] = ""
+    #: `gavel cancel NAME`: no run is made; the record and its history stay.
+    stopped: bool = False
+    #: The latest fire times, oldest first (`gavel.shared.periodic.HISTORY` of them).
+    history: list[PeriodicRun] = []
 
 
 class AuctionRecord(msgspec.Struct, kw_only=True):

@@ -31,7 +31,13 @@ from gavel.shared.messages import Capacity
 from gavel.shared.messages import InstanceState as S
 from gavel.shared.ports import allocate
 from gavel.shared.reasons import Reason
-from gavel.shared.records import Assignment, InstanceRecord, NodeFile, ServiceRecord
+from gavel.shared.records import (
+    Assignment,
+    InstanceRecord,
+    NodeFile,
+    PeriodicRecord,
+    ServiceRecord,
+)
 
 __all__ = [
     "View",
@@ -78,6 +84,14 @@ class View:
 
     def put_service(self, rec: ServiceRecord) -> None:
         self.change.services[rec.name] = rec
+
+    def periodic(self, name: str) -> PeriodicRecord | None:
+        if name in self.change.periodic:
+            return self.change.periodic[name]
+        return self.state.periodic.get(name)
+
+    def put_periodic(self, rec: PeriodicRecord) -> None:
+        self.change.periodic[rec.name] = rec
 
     def replicas(self, name: str) -> list[InstanceRecord]:
         """Every replica record of the service `name` as this view has them: the state's,

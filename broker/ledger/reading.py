@@ -1,5 +1,5 @@
-"""The tree at a commit, read into a `State`: the records under ``instances/``, ``nodes/``
-and ``services/``.
+"""The tree at a commit, read into a `State`: the records under ``instances/``, ``nodes/``,
+``services/`` and ``periodic/``.
 
 Rules:
 1. A file that does not decode, or names another instance, node or service than its path,
@@ -21,13 +21,20 @@ import pygit2
 
 from gavel.broker.ledger.errors import LedgerError
 from gavel.broker.ledger.state import State
-from gavel.shared.records import InstanceRecord, NodeFile, ServiceRecord, instance_path
+from gavel.shared.records import (
+    InstanceRecord,
+    NodeFile,
+    PeriodicRecord,
+    ServiceRecord,
+    instance_path,
+)
 
 __all__ = ["read_tree", "service_problem"]
 
 _instance_dec = msgspec.json.Decoder(InstanceRecord)
 _node_dec = msgspec.json.Decoder(NodeFile)
 _service_dec = msgspec.json.Decoder(ServiceRecord)
+_periodic_dec = msgspec.json.Decoder(PeriodicRecord)
 log = logging.getLogger("gavel.ledger")
 
 
@@ -110,11 +117,33 @@ def read_tree(repo: pygit2.Repository, head: str | None) -> State:
                 st.unreadable[path] = problem
                 continue
             st.put_service(svc.name, svc)
+    if "periodic" in tree:
+        _read_periodic(repo, tree["periodic"].id, st)
     for path, why in st.unreadable.items():
         log.error("%s is not a usable gavel file (%s): left as it is and ignored; fix or "
                   "remove it in git", path, why)
     st.order_ended()
     return st
+
+
+def _read_periodic(repo: pygit2.Repository, oid: pygit2.Oid, st: State) -> None:
+    """``periodic/<name>.json``: a periodic job's record, usable when it decodes, names its
+    own file and holds a job with a schedule (rule 1)."""
+    for entry in _tree(repo, oid):
+        name = entry.name or ""
+        if not name.endswith(".json") or entry.type_str != "blob":
+            continue
+        path = f"periodic/{name}"
+        try:
+            job = _periodic_dec.decode(_data(repo, entry.id))
+        except (msgspec.DecodeError, RecursionError) as exc:  # by hand: anything
+            st.unreadable[path] = str(exc) or "nested too deeply"
+            continue
+        if job.name != name.removesuffix(".json") or job.spec.schedule is None:
+            st.unreadable[path] = f"it names periodic job {job.name!r}" if job.spec.schedule \
+                else "its spec has no schedule"
+            continue
+        st.put_periodic(job.name, job)
 
 
 def _tree(repo: pygit2.Repository, oid: pygit2.Oid) -> pygit2.Tree:

@@ -301,6 +301,8 @@ class Ledger:
             st.flat.pop(iid, None)  # `files` moved it into its shard
         for name, svc in change.services.items():
             st.put_service(name, svc)
+        for name, job in change.periodic.items():
+            st.put_periodic(name, job)
         for nid, nf in change.nodes.items():
             st.put_node(nid, nf, change.committed.get(nid), change.grown.get(nid))
             data = change.encoded_of(nid, nf) if nf is not None else None

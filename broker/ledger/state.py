@@ -34,9 +34,11 @@ from gavel.shared.records import (
     Assignment,
     InstanceRecord,
     NodeFile,
+    PeriodicRecord,
     ServiceRecord,
     instance_path,
     node_path,
+    periodic_path,
     service_path,
 )
 
@@ -153,6 +155,8 @@ class State:
     #: they were recorded - what a release needs without walking every task.
     array_kinds: dict[str, dict[str, int]] = field(default_factory=dict)
     array_held: dict[str, dict[str, None]] = field(default_factory=dict)
+    #: Periodic jobs by name (``periodic/<name>.json``, `gavel.shared.periodic`).
+    periodic: dict[str, PeriodicRecord] = field(default_factory=dict)
 
     def put_instance(self, iid: str, rec: InstanceRecord | None) -> None:
         old = self.instances.get(iid)
@@ -291,6 +295,12 @@ class State:
         else:
             self.services[name] = rec
 
+    def put_periodic(self, name: str, rec: PeriodicRecord | None) -> None:
+        if rec is None:
+            self.periodic.pop(name, None)
+        else:
+            self.periodic[name] = rec
+
     def placement_of(self, instance_id: str) -> str | None:
         """The node whose node.json holds the instance, if any."""
         return self.where.get(instance_id)
@@ -345,6 +355,7 @@ class Change:
     instances: dict[str, InstanceRecord | None] = field(default_factory=dict)
     nodes: dict[str, NodeFile | None] = field(default_factory=dict)
     services: dict[str, ServiceRecord | None] = field(default_factory=dict)
+    periodic: dict[str, PeriodicRecord | None] = field(default_factory=dict)
     #: What each changed node's placements add up to, where a plan worked it out without
     #: a sum over the node (`State.put_node`'s `committed`).
     committed: dict[str, Capacity] = field(default_factory=dict, repr=False, compare=False)
@@ -362,7 +373,7 @@ class Change:
                                                          compare=False)
 
     def __bool__(self) -> bool:
-        return bool(self.instances or self.nodes or self.services)
+        return bool(self.instances or self.nodes or self.services or self.periodic)
 
     #: node.json bytes by node - (record, compact JSON, pretty JSON or None until asked) -
     #: for git (pretty, for people) and the KV mirror (compact: machines read it, and it is
@@ -404,6 +415,11 @@ class Change:
                 out[service_path(name)] = None
             else:
                 raw[service_path(name)] = compact(svc)
+        for name, job in self.periodic.items():
+            if job is None:
+                out[periodic_path(name)] = None
+            else:
+                raw[periodic_path(name)] = compact(job)
         return out, raw
 
     def forget_encoding(self, nid: str) -> None:

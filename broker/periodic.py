@@ -1,0 +1,267 @@
+"""Periodic: the broker part that makes a periodic job's runs at their times
+(`gavel.shared.periodic` decides; this part commits it, ticked on the broker's wall clock).
+
+Rules:
+1. A periodic job's intent is ``periodic/<name>.json`` (`PeriodicRecord`): `gavel submit` of
+   a spec with a `schedule` makes it (or, submitted again with another spec, starts it
+   afresh from now), `gavel cancel NAME` stops it and cancels its runs not yet ended.
+2. Each run is an ordinary job instance: its record is written by the commit that moves
+   the schedule's position (`last_run`), and it is auctioned like any instance. Each plan
+   decides again on its own view (compare-and-swap on the position), so a pass run twice,
+   or a broker started again, makes no run twice (`gavel.shared.periodic` rule 1).
+3. One commit in flight per job; a pass with nothing due submits nothing.
+4. Each step is narrated: commit lines start ``periodic <name>:``; the job's events carry
+   its name: ``periodic-run`` (detail: the run and its fire time) and ``periodic-skipped``
+   (reason: why); `gavel_periodic_runs_total{outcome="run|skipped|missed"}` counts them.
+5. The plans are pure functions of their view, `now` (whole POSIX seconds) and the request:
+   they return the change and its effects as values (`broker.effects`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import msgspec
+
+from gavel.broker.context import Context
+from gavel.broker.effects import Answer, Emit
+from gavel.broker.ledger.committer import Item, Planned
+from gavel.broker.ledger.plan import View, submit
+from gavel.broker.ledger.state import State
+from gavel.broker.promises import Promises
+from gavel.shared import cron
+from gavel.shared.api import (
+    CancelReply,
+    InstanceStatus,
+    PeriodicStatus,
+    StatusReply,
+    SubmitReply,
+)
+from gavel.shared.messages import ApiError, EventType, Message
+from gavel.shared.periodic import HISTORY, Due, decide, next_fire, run_id
+from gavel.shared.reasons import Reason
+from gavel.shared.records import InstanceRecord, PeriodicRecord, PeriodicRun
+from gavel.shared.spec import Spec
+
+__all__ = ["Periodic", "Ran", "plan_cancel", "plan_run", "plan_submit", "status_of"]
+
+
+@dataclass(frozen=True)
+class Ran:
+    """A pass landed for job `name`: its fire time made a run, or was skipped, and `missed`
+    earlier ones were collapsed into it (rule 4)."""
+
+    name: str
+    made: bool
+    missed: int = 0
+
+
+def position(job: PeriodicRecord) -> int:
+    """Where the schedule stands: its last fire time acted on, or when it was (re)submitted,
+    whichever is later (`gavel.shared.periodic` rule 1)."""
+    return max(cron.unstamp(job.last_run) or 0, cron.unstamp(job.since) or 0)
+
+
+def live_run(view: View | State, job: PeriodicRecord) -> bool:
+    """An earlier run of the job has not ended (overlap, `gavel.shared.periodic` rule 4); a
+    run whose record retention forgot has ended."""
+    for entry in job.history:
+        if entry.instance_id:
+            rec = view.instance(entry.instance_id) if isinstance(view, View) \
+                else view.instances.get(entry.instance_id)
+            if rec is not None and not rec.state.terminal:
+                return True
+    return False
+
+
+def due(view: View | State, job: PeriodicRecord, now: int) -> Due | None:
+    spec = job.spec
+    assert spec.schedule is not None  # reading refuses a periodic record without one
+    return decide(spec.schedule, spec.time_zone, spec.overlap, position(job), now,
+                  live=live_run(view, job), stopped=job.stopped)
+
+
+def run_spec(spec: Spec) -> Spec:
+    """A run's spec: the job's, without its schedule - a run is an ordinary job."""
+    return msgspec.structs.replace(spec, schedule=None, time_zone=None, overlap=None)
+
+
+def _outcomes(view: View, history: list[PeriodicRun]) -> list[PeriodicRun]:
+    """The history with each ended run's outcome noted (its record may be forgotten later)."""
+    out = []
+    for entry in history:
+        rec = view.instance(entry.instance_id) if entry.instance_id else None
+        if rec is not None and rec.state.terminal and entry.outcome != str(rec.state):
+            entry = msgspec.structs.replace(entry, outcome=str(rec.state))
+        out.append(entry)
+    return out
+
+
+def plan_run(view: View, name: str, now: int) -> Planned | None:
+    """The job's due fire time at `now`, on `view`: a run made (its record and the new
+    position in one change) or a skip recorded; None when nothing is due (rule 2)."""
+    job = view.periodic(name)
+    if job is None:
+        return None
+    got = due(view, job, now)
+    if got is None:
+        return None
+    spec = job.spec
+    when = cron.local(got.at, spec.time_zone)
+    entry = PeriodicRun(at=cron.stamp(got.at), skipped=str(got.skipped or ""),
+                        missed=got.missed)
+    effects: list[object] = []
+    if got.missed:
+        effects.append(Emit(name, EventType.PERIODIC_SKIPPED, reason=Reason.PERIODIC_MISSED,
+                            detail=f"{got.missed} fire times before {when}"))
+    if got.skipped is None:
+        iid = run_id(name, got.at)
+        if not submit(view, InstanceRecord(instance_id=iid, spec=run_spec(spec))):
+            return None  # made already: the position is behind its own run (never written)
+        entry = msgspec.structs.replace(entry, instance_id=iid)
+        line = f"periodic {name}: run {iid} for {when}"
+        effects.append(Emit(name, EventType.PERIODIC_RUN, detail=f"{iid} for {when}"))
+    else:
+        line = f"periodic {name}: skip {when}: {got.skipped}"
+        effects.append(Emit(name, EventType.PERIODIC_SKIPPED, reason=got.skipped,
+                            detail=when))
+    if got.missed:
+        line += f" ({got.missed} earlier fire times missed)"
+    history = _outcomes(view, [*job.history, entry])[-HISTORY:]
+    view.put_periodic(msgspec.structs.replace(job, last_run=cron.stamp(got.at),
+                                              history=history))
+    effects.append(Ran(name, made=got.skipped is None, missed=got.missed))
+    return Planned(lines=[line], effects=effects)
+
+
+def plan_submit(view: View, spec: Spec, now: int, waiter: asyncio.Future[Message]
+                ) -> Planned | None:
+    """`gavel submit` of a periodic job (rule 1): a new record, or the job started afresh
+    from `now` with `spec`; the same spec of a job not stopped changes nothing."""
+    name = spec.name
+    old = view.periodic(name)
+    answer = SubmitReply(instance_id=name)
+    if old is not None and old.spec == spec and not old.stopped:
+        return Planned(lines=[], effects=[Answer(waiter, answer)])
+    job = PeriodicRecord(name=name, spec=spec, since=cron.stamp(now)) if old is None else \
+        msgspec.structs.replace(old, spec=spec, since=cron.stamp(now), stopped=False)
+    view.put_periodic(job)
+    assert spec.schedule is not None
+    verb = "submit" if old is None else "submit again"
+    return Planned(lines=[f"periodic {name}: {verb}, schedule {spec.schedule!r} "
+                          f"({spec.time_zone or 'UTC'})"], effects=[Answer(waiter, answer)])
+
+
+def plan_cancel(view: View, name: str, waiter: asyncio.Future[Message]) -> Planned | None:
+    """`gavel cancel NAME` of a periodic job: stopped, so no run is made (rule 1)."""
+    job = view.periodic(name)
+    if job is None:
+        return Planned(lines=[], effects=[Answer(waiter, ApiError(
+            error=f"{Reason.UNKNOWN_INSTANCE}: {name}"))])
+    effects: list[object] = [Answer(waiter, CancelReply(instance_id=name, state="cancelled"))]
+    if job.stopped:
+        return Planned(lines=[], effects=effects)
+    view.put_periodic(msgspec.structs.replace(job, stopped=True))
+    effects.insert(0, Emit(name, EventType.CANCELLED, reason=Reason.PERIODIC_STOPPED))
+    return Planned(lines=[f"periodic {name}: cancelled"], effects=effects)
+
+
+def status_of(state: State, job: PeriodicRecord, now: int, leader: dict[str, Any],
+              show: Callable[[InstanceRecord], InstanceStatus]) -> StatusReply:
+    """`gavel status NAME` of a periodic job: its schedule, its next fire time, its history
+    (each run's outcome as its record says now, or as noted when it ended) and its runs
+    the state still holds."""
+    spec = job.spec
+    assert spec.schedule is not None
+    runs = []
+    history = []
+    for entry in job.history:
+        rec = state.instances.get(entry.instance_id) if entry.instance_id else None
+        if rec is not None:
+            runs.append(rec)
+            entry = msgspec.structs.replace(entry, outcome=str(state.effective(
+                entry.instance_id) or rec.state))
+        history.append(entry)
+    nxt = None if job.stopped else next_fire(spec.schedule, spec.time_zone, position(job), now)
+    status = PeriodicStatus(name=job.name, schedule=spec.schedule,
+                            time_zone=spec.time_zone or "UTC", overlap=spec.overlap or "skip",
+                            stopped=job.stopped, last_run=job.last_run,
+                            next_run=cron.stamp(nxt) if nxt is not None else "",
+                            history=history)
+    return StatusReply(instances=[show(r) for r in runs], periodic=status, **leader)
+
+
+class Periodic:
+    def __init__(self, ctx: Context, promises: Promises, wall: Callable[[], datetime]) -> None:
+        self.ctx = ctx
+        self.promises = promises
+        self.wall = wall
+        self._busy: set[str] = set()
+        self.runs = ctx.metrics.periodic_runs
+        ctx.committer.effects.on(Ran, self._ran)
+
+    def now(self) -> int:
+        return int(self.wall().timestamp())
+
+    def watch(self) -> None:
+        """One pass over every periodic job with a fire time due (rule 3)."""
+        ctx = self.ctx
+        if ctx.ledger.pinned:
+            return
+        state = ctx.ledger.state()
+        now = self.now()
+        for name, job in state.periodic.items():
+            if name in self._busy or due(state, job, now) is None:
+                continue
+            self._busy.add(name)
+            ctx.committer.submit(Item(plan=functools.partial(self._pass, name=name, now=now),
+                                      failed=functools.partial(self._failed, name),
+                                      retry=False))
+
+    def _pass(self, view: View, name: str, now: int) -> Planned | None:
+        planned = plan_run(view, name, now)
+        if planned is None:
+            self._busy.discard(name)
+        return planned
+
+    def _failed(self, name: str, _reason: Reason, _detail: str) -> None:
+        self._busy.discard(name)
+
+    def _ran(self, ran: Ran, _sha: str) -> None:
+        self._busy.discard(ran.name)
+        self.runs.labels("run" if ran.made else "skipped").inc()
+        if ran.missed:
+            self.runs.labels("missed").inc(ran.missed)
+        if ran.made:
+            self.ctx.wake()
+
+    async def submit(self, spec: Spec) -> Message:
+        return await self._commit(functools.partial(plan_submit, spec=spec, now=self.now()))
+
+    async def cancel(self, name: str) -> Message:
+        """Rule 1: the schedule stops, and its runs not yet ended are cancelled."""
+        got = await self._commit(functools.partial(plan_cancel, name=name))
+        state = self.ctx.ledger.state()
+        job = state.periodic.get(name)
+        for entry in job.history if job is not None else ():
+            rec = state.instances.get(entry.instance_id) if entry.instance_id else None
+            if rec is not None and not rec.state.terminal and not rec.cancelling:
+                self.promises.cancel(entry.instance_id)
+        return got
+
+    async def _commit(self, plan: Callable[..., Planned | None]) -> Message:
+        waiter: asyncio.Future[Message] = asyncio.get_running_loop().create_future()
+
+        def failed(reason: Reason, detail: str) -> None:
+            if not waiter.done():
+                waiter.set_result(ApiError(error=f"{reason} ({detail})"))
+
+        self.ctx.committer.submit(Item(plan=functools.partial(plan, waiter=waiter),
+                                       failed=failed, retry=False))
+        return await waiter
+
