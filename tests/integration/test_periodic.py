@@ -1,0 +1,166 @@
+"""Periodic jobs against a real broker, real workers and real processes: a job scheduled
+every second runs again and again, each run an ordinary instance placed by an auction;
+with overlap = "skip" a fire time that comes while the last run still runs is skipped,
+with "allow" runs overlap; a broker started again neither loses nor doubles a fire time;
+`gavel cancel NAME` stops the schedule; `gavel status NAME` shows the history."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from gavel.shared.api import (
+    CancelReply,
+    CancelRequest,
+    StatusReply,
+    StatusRequest,
+    SubmitReply,
+    SubmitRequest,
+)
+from gavel.shared.messages import EventType, Spec
+from gavel.shared.reasons import Reason
+from gavel.shared.records import PeriodicRecord, PeriodicRun
+from tests.integration.harness import Cluster, wait_for
+
+EVERY_SECOND = "* * * * * *"
+
+
+def job(cluster: Cluster, name: str) -> PeriodicRecord:
+    assert cluster.broker is not None
+    return cluster.broker.ledger.state().periodic[name]
+
+
+def runs(cluster: Cluster, name: str) -> list[PeriodicRun]:
+    return [h for h in job(cluster, name).history if h.instance_id]
+
+
+def ended(cluster: Cluster, iid: str) -> str:
+    """The run's state if it ended (its record's terminal state), else ""."""
+    assert cluster.broker is not None
+    rec = cluster.broker.ledger.state().instances.get(iid)
+    return str(rec.state) if rec is not None and rec.state.terminal else ""
+
+
+def gate_spec(name: str, gate: Path, **kw: object) -> Spec:
+    """A run that lasts until the file `gate` exists."""
+    code = f"import pathlib, time\nwhile not pathlib.Path({str(gate)!r}).exists(): time.sleep(0.05)"
+    return Spec(name=name, command=[sys.executable, "-c", code], schedule=EVERY_SECOND,
+                **kw)  # type: ignore[arg-type]
+
+
+async def test_a_periodic_job_runs_twice_shows_its_history_and_cancel_stops_it(
+        cluster: Cluster) -> None:
+    await cluster.start_broker()
+    await cluster.start_agent("node-a")
+    await cluster.wait_nodes(1)
+    spec = Spec(name="tick", command=["true"], schedule=EVERY_SECOND)
+    got = await cluster.call("submit", SubmitRequest(spec=spec), SubmitReply)
+    assert got.instance_id == "tick"
+    await wait_for(lambda: sum(1 for r in runs(cluster, "tick")
+                               if ended(cluster, r.instance_id) == "succeeded") >= 2, 60,
+                   what="two runs that succeeded")
+    made = runs(cluster, "tick")
+    assert len({r.instance_id for r in made}) == len(made)  # each run its own instance
+    assert cluster.broker is not None
+    for r in made[:2]:  # each placed by an auction like any instance
+        assert any(e.instance_id == r.instance_id and e.type == EventType.PLACED
+                   for e in cluster.broker.events)
+    assert any(e.instance_id == "tick" and e.type == EventType.PERIODIC_RUN
+               and e.detail.startswith(made[0].instance_id) for e in cluster.broker.events)
+
+    shown = await asyncio.to_thread(
+        subprocess.run, [sys.executable, "-m", "gavel", "status", "tick", "--nats",
+                         cluster.url], capture_output=True, text=True, timeout=60)
+    assert shown.returncode == 0, shown.stderr
+    assert shown.stdout.startswith("periodic job tick: schedule '* * * * * *' (UTC), overlap "
+                                   "skip\n"), shown.stdout
+    assert f"{made[0].instance_id}  succeeded" in shown.stdout.replace("   ", "  ")
+
+    reply = await cluster.call("cancel", CancelRequest(instance_id="tick"), CancelReply)
+    assert reply.state == "cancelled"
+    assert job(cluster, "tick").stopped
+    last = job(cluster, "tick").last_run
+    t0 = time.time()
+    await wait_for(lambda: time.time() >= t0 + 3, 10, what="three more fire times")
+    await asyncio.sleep(0.5)  # a tick of the broker's loop after them
+    assert job(cluster, "tick").last_run == last  # no fire time was acted on since
+    st = await cluster.call("status", StatusRequest(instance_id="tick"), StatusReply)
+    assert st.periodic is not None and st.periodic.stopped and st.periodic.next_run == ""
+
+
+async def test_overlap_skip_skips_while_the_run_still_runs_and_allow_overlaps(
+        cluster: Cluster, tmp_path: Path) -> None:
+    await cluster.start_broker()
+    await cluster.start_agent("node-a")
+    await cluster.wait_nodes(1)
+    gate = tmp_path / "gate"
+    await cluster.call("submit", SubmitRequest(spec=gate_spec("slow", gate)), SubmitReply)
+    await wait_for(lambda: any(h.skipped for h in job(cluster, "slow").history), 60,
+                   what="a fire time skipped while the first run runs")
+    history = job(cluster, "slow").history
+    assert len(runs(cluster, "slow")) == 1  # one run made, the rest skipped
+    assert {h.skipped for h in history if not h.instance_id} == {Reason.PERIODIC_OVERLAP}
+    assert cluster.broker is not None
+    assert any(e.instance_id == "slow" and e.type == EventType.PERIODIC_SKIPPED
+               and e.reason == Reason.PERIODIC_OVERLAP for e in cluster.broker.events)
+    first = runs(cluster, "slow")[0].instance_id
+    gate.touch()  # the first run ends: the next fire time makes a run again
+    await wait_for(lambda: len(runs(cluster, "slow")) >= 2, 60, what="the second run")
+    assert ended(cluster, first) == "succeeded"
+    await cluster.call("cancel", CancelRequest(instance_id="slow"), CancelReply)
+
+    gate2 = tmp_path / "gate2"
+    await cluster.call("submit", SubmitRequest(spec=gate_spec("both", gate2,
+                                                              overlap="allow")), SubmitReply)
+
+    def live_at_once() -> int:
+        return sum(1 for r in runs(cluster, "both") if not ended(cluster, r.instance_id))
+    await wait_for(lambda: live_at_once() >= 2, 60, what="two runs live at once")
+    assert not any(h.skipped for h in job(cluster, "both").history)
+    reply = await cluster.call("cancel", CancelRequest(instance_id="both"), CancelReply)
+    assert reply.state == "cancelled"
+    await wait_for(lambda: live_at_once() == 0, 60, what="cancel to end the live runs")
+    assert {ended(cluster, r.instance_id) for r in runs(cluster, "both")} == {"cancelled"}
+
+
+def accounted(history: list[PeriodicRun]) -> None:
+    """Every fire time between the first and the last entry is in the history once: a run,
+    a skip, or counted as missed into the next entry (an every-second schedule)."""
+    from gavel.shared.cron import unstamp
+
+    times = [unstamp(h.at) or 0 for h in history]
+    assert times == sorted(set(times)), times  # none twice
+    for before, entry, at in zip(times, history[1:], times[1:], strict=False):
+        assert at - before == 1 + entry.missed, (before, entry)  # none lost
+
+
+async def test_a_broker_started_again_neither_loses_nor_doubles_a_fire_time(
+        cluster: Cluster) -> None:
+    await cluster.start_broker()
+    await cluster.start_agent("node-a")
+    await cluster.wait_nodes(1)
+    spec = Spec(name="beat", command=["true"], schedule=EVERY_SECOND, overlap="allow")
+    await cluster.call("submit", SubmitRequest(spec=spec), SubmitReply)
+    await wait_for(lambda: len(runs(cluster, "beat")) >= 2, 60, what="two runs")
+    await cluster.stop_broker()
+    before = cluster.ledger().state().periodic["beat"]
+    t0 = time.time()
+    await wait_for(lambda: time.time() >= t0 + 3, 10, what="fire times while no broker runs")
+    await cluster.start_broker()
+    await wait_for(lambda: job(cluster, "beat").last_run > before.last_run, 60,
+                   what="the schedule to go on")
+    resumed = next(h for h in job(cluster, "beat").history if h.at > before.last_run)
+    assert resumed.missed >= 2 and resumed.instance_id, resumed  # the latest ran once
+    await wait_for(lambda: len([h for h in job(cluster, "beat").history
+                                if h.at > before.last_run]) >= 3, 60, what="more runs")
+    accounted(job(cluster, "beat").history)
+    made = [h.instance_id for h in job(cluster, "beat").history if h.instance_id]
+    assert len(made) == len(set(made))
+    # Every run the branch ever made, once: one commit line each, never made again.
+    lines = [c.message for c in cluster.ledger().history() if "periodic beat: run" in
+             c.message]
+    ids = [m.split("periodic beat: run ", 1)[1].split()[0] for m in lines]
+    assert len(ids) == len(set(ids)), ids
