@@ -23,6 +23,7 @@ from gavel.shared.api import (
 from gavel.shared.messages import EventType, Spec
 from gavel.shared.reasons import Reason
 from gavel.shared.records import PeriodicRecord, PeriodicRun
+from tests.integration.clibatch import Line, run_all
 from tests.integration.harness import Cluster, wait_for
 
 EVERY_SECOND = "* * * * * *"
@@ -164,3 +165,26 @@ async def test_a_broker_started_again_neither_loses_nor_doubles_a_fire_time(
              c.message]
     ids = [m.split("periodic beat: run ", 1)[1].split()[0] for m in lines]
     assert len(ids) == len(set(ids)), ids
+
+
+def test_bad_periodic_specs_are_refused_at_submit_naming_the_field(tmp_path: Path) -> None:
+    cases = {
+        "cron": ('schedule = "61 * * * *"', "schedule '61 * * * *' is not a cron expression"),
+        "zone": ('schedule = "@daily"\ntime_zone = "Mars/Olympus"',
+                 "time_zone 'Mars/Olympus' is not a time zone"),
+        "service": ('type = "service"\nschedule = "@daily"',
+                    "schedule applies to a job (type = \"job\"), not to a service"),
+        "system": ('type = "system"\nschedule = "@daily"', "not to a system job"),
+        "overlap": ('schedule = "@daily"\noverlap = "queue"',
+                    "overlap 'queue' is not one of: skip, allow"),
+    }
+    lines = []
+    for name, (fields, _) in cases.items():
+        path = tmp_path / f"{name}.toml"
+        path.write_text(f'name = "p"\ncommand = ["true"]\n{fields}\n')
+        lines.append(Line(["submit", str(path), "--nats", "nats://127.0.0.1:1"], tmp_path))
+    for proc, (name, (_, words)) in zip(run_all(lines, tmp_path / "out.json"), cases.items(),
+                                        strict=True):
+        assert proc.returncode == 2, (name, proc.stderr)
+        assert words in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, \
+            (name, proc.stderr)
