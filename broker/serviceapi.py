@@ -18,6 +18,7 @@ from collections.abc import Callable
 
 from gavel.broker.context import Context
 from gavel.broker.deploys import Deploys
+from gavel.broker.systems import job_nodes
 from gavel.shared.api import (
     DeployRequest,
     InstanceStatus,
@@ -79,7 +80,12 @@ class ServiceVerbs:
             vs.replicas += 1
             vs.healthy += r.health == InstanceHealth.HEALTHY
         system = bool((spec := svc.spec_of(svc.version)) and spec.system)
+        nodes = job_nodes(self.ctx, state, svc) if system else []
+        up = {r.node_id for r in replicas if r.version == svc.version and r.state == "running"
+              and r.health == InstanceHealth.HEALTHY}
         return ServiceStatus(name=svc.name, version=svc.version,
+                             nodes=nodes[:REPLICAS_SHOWN],
+                             waiting=[n for n in nodes if n not in up][:REPLICAS_SHOWN],
                              count=len(replicas) if system else svc.count, system=system,
                              stopped=svc.stopped, healthy_version=svc.healthy_version,
                              deployment=svc.deployment,

@@ -39,9 +39,9 @@ from gavel.shared.health import Health
 from gavel.shared.messages import EventType, InstanceState
 from gavel.shared.reasons import Reason
 from gavel.shared.records import InstanceRecord, ServiceRecord
-from gavel.shared.systems import Decision, Node, Placed, decide
+from gavel.shared.systems import Decision, Node, Placed, decide, eligible
 
-__all__ = ["Systems", "is_system"]
+__all__ = ["Systems", "fleet", "is_system", "job_nodes"]
 
 #: The reasons the job itself stops an instance for: such an end backs nothing off.
 _OURS = frozenset({Reason.SYSTEM_NODE_LEFT.value, Reason.SUPERSEDED.value,
@@ -70,16 +70,7 @@ class Systems:
 
     def nodes(self, state: State) -> dict[str, Node]:
         """Every node the broker has heard, as the decision sees it (rule 3)."""
-        liveness = self.ctx.liveness
-        now = self.ctx.now()
-        out = {}
-        for nid in sorted(set(liveness.known()) | set(liveness.presumed)):
-            hb = liveness.heartbeats.get(nid)
-            health = liveness.health(nid, now)
-            out[nid] = Node(labels=hb.labels if hb else None, healthy=health == Health.HEALTHY,
-                            offline=health == Health.OFFLINE,
-                            draining=bool(hb and hb.draining) or nid in state.draining)
-        return out
+        return fleet(self.ctx, state)
 
     def _decide(self, view: View | State, svc: ServiceRecord,
                 recs: list[InstanceRecord]) -> Decision:
@@ -200,6 +191,30 @@ class Systems:
     def _emit(self, name: str, kind: EventType, _sha: str = "", reason: str = "",
               detail: str = "", node_id: str = "") -> None:
         self.ctx.events.emit(name, kind, node_id=node_id, reason=reason, detail=detail)
+
+
+def fleet(ctx: Context, state: State) -> dict[str, Node]:
+    """Every node the broker has heard, as a system job's decision sees it (rule 3)."""
+    liveness = ctx.liveness
+    now = ctx.now()
+    out = {}
+    for nid in sorted(set(liveness.known()) | set(liveness.presumed)):
+        hb = liveness.heartbeats.get(nid)
+        health = liveness.health(nid, now)
+        out[nid] = Node(labels=hb.labels if hb else None, healthy=health == Health.HEALTHY,
+                        offline=health == Health.OFFLINE,
+                        draining=bool(hb and hb.draining) or nid in state.draining)
+    return out
+
+
+def job_nodes(ctx: Context, state: State, svc: ServiceRecord) -> list[str]:
+    """The nodes the system job `svc` is to run on now: healthy and the job's (what `gavel
+    submit --wait` waits for an instance running on)."""
+    spec = svc.spec_of(svc.version)
+    if spec is None or svc.stopped:
+        return []
+    return [n for n, node in fleet(ctx, state).items()
+            if node.healthy and eligible(spec.labels, node)]
 
 
 def _deploying(svc: ServiceRecord) -> bool:

@@ -17,8 +17,9 @@ Rules:
    reason; ``--wait=running``, and ``--wait`` on a service, waits until each instance runs
    and is healthy.
 6. A system job (``type = "system"``) is answered with its name: its instances come and go
-   with the fleet (`gavel status NAME` shows them), so there is nothing to wait for. So is
-   a periodic job (a `schedule`): its runs are made at their times, each its own instance.
+   with the fleet (`gavel status NAME` shows them); ``--wait`` waits until one runs healthy
+   on every node that could run it (`gavel.cli.systemwait`). A periodic job (a `schedule`)
+   is answered with its name at once: its runs are made at their times.
 3. The reading verbs and their tables live in `gavel.cli.readouts`.
 """
 
@@ -47,6 +48,7 @@ from gavel.cli.outcomes import (
 )
 from gavel.cli.readouts import nodes, ports_cell, print_json, print_table, status, why
 from gavel.cli.specfile import SpecError, load_spec
+from gavel.cli.systemwait import wait_system
 from gavel.shared import subjects
 from gavel.shared.api import (
     INSTANCE_ID,
@@ -159,6 +161,8 @@ async def submit(args: argparse.Namespace) -> int:
         for w in reply.warnings:  # taken, but not quite as meant (an affinity on no label)
             print(f"gavel submit: warning: {w}", file=sys.stderr)
         ids = reply.ids()
+        if spec.system and args.wait:  # rule 6
+            return await wait_system(nc, reply.instance_id, args)
         if spec.system or spec.schedule is not None:  # rule 6: the job's name
             print_json({"name": reply.instance_id}) if args.json else print(reply.instance_id)
             return 0

@@ -409,6 +409,11 @@ class ServiceStatus(msgspec.Struct, kw_only=True):
     replicas_total: int = 0
     #: A system job (``type = "system"``): `count` is the nodes it has an instance on.
     system: bool = False
+    #: A system job's nodes now (healthy, not draining, carrying its labels), and those of
+    #: them where no instance of its version runs healthy yet (the first 100 of each):
+    #: `gavel submit --wait` on a system job waits for `waiting` to empty.
+    nodes: list[str] = msgspec.field(default_factory=list)
+    waiting: list[str] = msgspec.field(default_factory=list)
 
 
 class ServiceRequest(Message, tag="service"):
