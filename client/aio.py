@@ -24,6 +24,7 @@ from typing import Any, TypeVar
 
 import msgspec
 
+from gavel.client.jobwait import Ended, job_end, system_running
 from gavel.shared import subjects
 from gavel.shared.api import (
     CancelReply,
@@ -45,6 +46,7 @@ from gavel.shared.api import (
     ServiceRequest,
     ServicesReply,
     ServicesRequest,
+    ServiceStatus,
     StatsReply,
     StatsRequest,
     StatusReply,
@@ -73,14 +75,6 @@ PAUSE_S = 1.0
 _events = msgspec.msgpack.Decoder(Event)
 #: States an instance never leaves.
 _ENDED = ("succeeded", "failed", "lost", "cancelled")
-
-
-class Ended(ClientError):
-    """`Client.wait`: the instance ended, or cannot be placed, before it was healthy."""
-
-    def __init__(self, message: str, status: InstanceStatus) -> None:
-        super().__init__(message)
-        self.status = status
 
 
 class EventFeed:
@@ -221,6 +215,18 @@ class Client:
         finally:
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()
+
+    async def wait_job(self, job_id: str, timeout: float | None = None) -> StatusReply:
+        """Until the job ends - a lone instance in a terminal state, a batch array with no
+        task held or running - its status; `Ended` unless it all succeeded (or when no node
+        will take a lone instance); `NoAnswer` past `timeout` (None: no limit)."""
+        return await job_end(self, job_id, timeout)
+
+    async def wait_system(self, name: str, timeout: float | None = 30.0) -> ServiceStatus:
+        """Until an instance of the system job `name` runs healthy on every node that could
+        run it now: its status; `Ended` when it is stopped or a node declines its instance;
+        `NoAnswer` past `timeout`."""
+        return await system_running(self, name, timeout)
 
     # -- nodes ----------------------------------------------------------------------------
     async def nodes(self, node_id: str = "") -> NodesReply:

@@ -25,6 +25,7 @@ from gavel.shared.api import (
     NodesReply,
     ServiceReply,
     ServicesReply,
+    ServiceStatus,
     StatsReply,
     StatusReply,
     SubmitReply,
@@ -112,6 +113,12 @@ class SyncClient:
 
     def wait(self, instance_id: str, timeout: float = 30.0) -> InstanceStatus:
         return self._run(self.client.wait(instance_id, timeout))
+
+    def wait_job(self, job_id: str, timeout: float | None = None) -> StatusReply:
+        return self._run(self.client.wait_job(job_id, timeout))
+
+    def wait_system(self, name: str, timeout: float | None = 30.0) -> ServiceStatus:
+        return self._run(self.client.wait_system(name, timeout))
 
     def why(self, instance_id: str) -> WhyReply:
         return self._run(self.client.why(instance_id))

@@ -1,0 +1,115 @@
+"""The typed client's waits for the kinds of work beyond one instance: a job's end (a lone
+instance, or a batch array) and a system job running on every node that could run it - what
+`gavel submit --wait` waits for, for a program.
+
+Rules:
+1. A job has ended when its lone instance is in a terminal state, or its batch array has no
+   task held, running or due to run again; it succeeded when every task did. An end without
+   success, and a lone instance no node will take (unschedulable), raise `Ended` with the
+   sentence `gavel submit --wait` prints.
+2. A system job is running once an instance of its version runs healthy on every node that
+   could run it now (`ServiceStatus.waiting` empty); it being stopped, or a node declining
+   its instance (unschedulable), raises `Ended`.
+3. Each event of the job is a reason to look again; it also looks every `POLL_S`; past the
+   timeout, `NoAnswer`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol, TypeVar
+
+from gavel.shared import subjects
+from gavel.shared.api import (
+    ArrayStatus,
+    InstanceStatus,
+    ServiceReply,
+    ServiceRequest,
+    ServiceStatus,
+    StatusReply,
+)
+from gavel.shared.messages import Message
+from gavel.transport.client import ClientError, NoAnswer
+
+__all__ = ["POLL_S", "Ended", "job_end", "system_running"]
+
+#: How often a wait asks again, besides each event it hears (rule 3).
+POLL_S = 0.5
+R = TypeVar("R")
+T = TypeVar("T", bound=Message)
+
+
+class Client(Protocol):
+    """What a wait asks of `gavel.client.Client`."""
+
+    nc: Any
+
+    async def status(self, instance_id: str = "") -> StatusReply: ...
+
+    async def request(self, verb: str, request: Message, reply_type: type[T],
+                      timeout: float | None = None) -> T: ...
+
+
+class Ended(ClientError):
+    """A wait is over without what it waited for (`Client.wait`, `wait_job`,
+    `wait_system`): the status says how it stands."""
+
+    def __init__(self, message: str,
+                 status: InstanceStatus | ArrayStatus | ServiceStatus) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+async def _until(client: Client, subject_of: str, timeout: float | None, what: str,
+                 look: Callable[[], Awaitable[R | None]]) -> R:
+    """`look` until it answers (rule 3)."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    sub = await client.nc.subscribe(subjects.EVENTS.format(instance=subject_of))
+    try:
+        while True:
+            got = await look()
+            if got is not None:
+                return got
+            if deadline is not None and time.monotonic() >= deadline:
+                raise NoAnswer(f"{subject_of} {what} within {timeout:g}s")
+            with contextlib.suppress(Exception):
+                await sub.next_msg(timeout=POLL_S)
+    finally:
+        with contextlib.suppress(Exception):
+            await sub.unsubscribe()
+
+
+async def job_end(client: Client, job_id: str, timeout: float | None) -> StatusReply:
+    """Rule 1: the job's status once it ended, every task succeeded."""
+    async def look() -> StatusReply | None:
+        st = await client.status(job_id)
+        if st.array is not None:
+            a = st.array
+            if a.ended and not a.ok:
+                raise Ended(f"{job_id}: {a.outcome}", a)
+            return st if a.ended else None
+        inst = st.instances[0]
+        if inst.state == "unschedulable":
+            raise Ended(f"{job_id} is unschedulable: {inst.detail or inst.reason}", inst)
+        if inst.state in ("failed", "lost", "cancelled"):
+            raise Ended(f"{job_id} {inst.state}: " + ": ".join(
+                p for p in (inst.reason, inst.detail) if p), inst)
+        return st if inst.state == "succeeded" else None
+    return await _until(client, job_id, timeout, "did not end", look)
+
+
+async def system_running(client: Client, name: str, timeout: float | None) -> ServiceStatus:
+    """Rule 2: the system job's status once it runs on every node that could run it."""
+    async def look() -> ServiceStatus | None:
+        st = (await client.request("service", ServiceRequest(name=name),
+                                   ServiceReply)).service
+        if st.stopped:
+            raise Ended(f"{name} was stopped", st)
+        for r in st.replicas:
+            if r.version == st.version and r.state == "unschedulable":
+                raise Ended(f"{name}: {r.instance_id} is unschedulable: "
+                            f"{r.detail or r.reason}", st)
+        return None if st.waiting else st
+    return await _until(client, name, timeout, "not running on every node", look)
