@@ -202,6 +202,9 @@ class Periodic:
         self.promises = promises
         self.wall = wall
         self._busy: set[str] = set()
+        #: Per job: the record it was last judged on and its next fire time then (None:
+        #: never, it is stopped): until then a tick asks no cron of it.
+        self._next: dict[str, tuple[PeriodicRecord, int | None]] = {}
         self.runs = ctx.metrics.periodic_runs
         ctx.committer.effects.on(Ran, self._ran)
 
@@ -216,7 +219,14 @@ class Periodic:
         state = ctx.ledger.state()
         now = self.now()
         for name, job in state.periodic.items():
-            if name in self._busy or due(state, job, now) is None:
+            known = self._next.get(name)
+            if name in self._busy or (known is not None and known[0] is job and (
+                    known[1] is None or now < known[1])):
+                continue
+            if due(state, job, now) is None:
+                schedule = job.spec.schedule or ""
+                self._next[name] = (job, None if job.stopped else next_fire(
+                    schedule, job.spec.time_zone, position(job), now))
                 continue
             self._busy.add(name)
             ctx.committer.submit(Item(plan=functools.partial(self._pass, name=name, now=now),
