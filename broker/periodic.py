@@ -145,6 +145,9 @@ def plan_submit(view: View, spec: Spec, now: int, waiter: asyncio.Future[Message
     from `now` with `spec`; the same spec of a job not stopped changes nothing."""
     name = spec.name
     old = view.periodic(name)
+    if view.service(name) is not None:  # `gavel status NAME` must name one thing
+        return Planned(lines=[], effects=[Answer(waiter, ApiError(
+            error=f"{Reason.NAME_TAKEN}: {name} is a service or a system job"))])
     answer = SubmitReply(instance_id=name)
     if old is not None and old.spec == spec and not old.stopped:
         return Planned(lines=[], effects=[Answer(waiter, answer)])

@@ -66,6 +66,7 @@ class Reason(StrEnum):
     PERIODIC_OVERLAP = "skipped: the previous run is still running (overlap = \"skip\")"
     PERIODIC_MISSED = "missed while no broker led: only the latest missed run is made"
     PERIODIC_STOPPED = "cancelled: the periodic job was cancelled"
+    NAME_TAKEN = "a workload of another kind already has that name"
     SUPERSEDED = "stopped: replaced by a replica of another version"
     SPREAD = "no node that bid keeps the service spread over its label"
     DEPLOY_UNHEALTHY = "a new replica was not healthy within the deploy's deadline"

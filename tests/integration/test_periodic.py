@@ -71,6 +71,9 @@ async def test_a_periodic_job_runs_twice_shows_its_history_and_cancel_stops_it(
                    for e in cluster.broker.events)
     assert any(e.instance_id == "tick" and e.type == EventType.PERIODIC_RUN
                and e.detail.startswith(made[0].instance_id) for e in cluster.broker.events)
+    counted = cluster.broker.metrics.registry.get_sample_value(
+        "gavel_periodic_runs_total", {"outcome": "run"})
+    assert counted is not None and counted >= 2
 
     shown = await asyncio.to_thread(
         subprocess.run, [sys.executable, "-m", "gavel", "status", "tick", "--nats",
@@ -107,6 +110,8 @@ async def test_overlap_skip_skips_while_the_run_still_runs_and_allow_overlaps(
     assert cluster.broker is not None
     assert any(e.instance_id == "slow" and e.type == EventType.PERIODIC_SKIPPED
                and e.reason == Reason.PERIODIC_OVERLAP for e in cluster.broker.events)
+    assert (cluster.broker.metrics.registry.get_sample_value(
+        "gavel_periodic_runs_total", {"outcome": "skipped"}) or 0) >= 1
     first = runs(cluster, "slow")[0].instance_id
     gate.touch()  # the first run ends: the next fire time makes a run again
     await wait_for(lambda: len(runs(cluster, "slow")) >= 2, 60, what="the second run")

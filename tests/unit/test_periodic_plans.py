@@ -15,10 +15,10 @@ from gavel.broker.ledger.state import Change, State
 from gavel.broker.periodic import Ran, plan_cancel, plan_run, plan_submit, status_of
 from gavel.shared import cron
 from gavel.shared.api import CancelReply, InstanceStatus, SubmitReply
-from gavel.shared.messages import EventType
+from gavel.shared.messages import ApiError, EventType
 from gavel.shared.messages import InstanceState as S
 from gavel.shared.reasons import Reason
-from gavel.shared.records import PeriodicRecord, PeriodicRun
+from gavel.shared.records import PeriodicRecord, PeriodicRun, ServiceRecord, ServiceVersion
 from gavel.shared.spec import Spec
 
 T = 1_796_191_200  # 2026-12-02T06:00:00Z
@@ -168,3 +168,19 @@ def test_a_record_forgotten_is_a_run_that_ended() -> None:
     view = View(st, Change())
     assert plan_run(view, "tick", T + 10) is not None
     assert "tick-20261202t060010z" in view.change.instances
+
+
+def test_a_name_a_service_has_is_refused() -> None:
+    async def go() -> None:
+        waiter: asyncio.Future[object] = asyncio.get_running_loop().create_future()
+        st = State(head="h")
+        web = Spec(name="tick", type="service", command=["true"])
+        st.put_service("tick", ServiceRecord(name="tick", version=1, versions=[
+            ServiceVersion(version=1, spec=web)]))
+        view = View(st, Change())
+        planned = plan_submit(view, SPEC, T, waiter)  # type: ignore[arg-type]
+        assert planned is not None and not view.change
+        (answer,) = planned.effects
+        assert isinstance(answer, Answer) and answer.message == ApiError(
+            error=f"{Reason.NAME_TAKEN}: tick is a service or a system job")
+    asyncio.run(go())
