@@ -317,3 +317,19 @@ def test_a_screenshot_of_the_dashboard_when_asked(up: Up, page: Any) -> None:
                            '[data-state="unschedulable"]', timeout=WAIT_MS)
     page.wait_for_timeout(2500)  # another overview or two: the loads settle
     page.screenshot(path=out, full_page=False)
+
+
+def test_a_system_job_shows_on_how_many_of_its_nodes_it_runs(up: Up, page: Any) -> None:
+    page.goto(up.url)
+    page.wait_for_selector("#services-section:not([hidden])", timeout=WAIT_MS)
+    spec = up.dir / "agent.json"
+    spec.write_text(json.dumps({"name": "ui-agent", "type": "system", "cpu": 0.1,
+                                "memory_mb": 32, "command": [
+                                    sys.executable, "-c", "import time; time.sleep(300)"]}))
+    done = up.gavel("submit", str(spec), "--wait", "--timeout", "110")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("ui-agent running on 3 nodes"), done.stdout
+    page.wait_for_function(
+        "() => { const td = document.querySelector("
+        "'#services tr[data-service=\"ui-agent\"] td:nth-child(3)');"
+        " return td && td.textContent === 'system: 3 / 3 nodes'; }", timeout=WAIT_MS)

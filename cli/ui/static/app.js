@@ -173,12 +173,19 @@ function renderServices(services, error) {
     body.append(el("tr", {"data-service": s.name},
       el("td", {}, serviceLink(s.name)),
       el("td", {text: `v${s.version}`}),
-      el("td", {text: s.stopped ? "stopped" : `${s.replicas_total ?? (s.replicas || []).length} / ${s.count}`}),
+      el("td", {text: s.stopped ? "stopped" : countText(s)}),
       el("td", {text: String(healthy)}),
       el("td", {text: d ? `${d.state} ` +
                          (d.from_version ? `v${d.from_version}\u2192` : "") +
                          `v${d.to_version}` + (d.reason ? `: ${d.reason}` : "") : "-"})));
   }
+}
+
+// Replicas of a service; a system job: on how many of its nodes an instance runs healthy.
+function countText(s) {
+  if (!s.system) return `${s.replicas_total ?? (s.replicas || []).length} / ${s.count}`;
+  const nodes = (s.nodes || []).length;
+  return `system: ${nodes - (s.waiting || []).length} / ${nodes} nodes`;
 }
 
 // What an instance measurably uses (its cgroup, as its node last said), or "-".
