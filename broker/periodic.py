@@ -102,6 +102,20 @@ def _outcomes(view: View, history: list[PeriodicRun]) -> list[PeriodicRun]:
     return out
 
 
+def _trim(view: View, history: list[PeriodicRun]) -> list[PeriodicRun]:
+    """The latest `HISTORY` entries, and every older run not yet ended: overlap is judged
+    from the history, so a long run must not fall out of it behind its own skips."""
+    out = list(history)
+    k = 0
+    while len(out) > HISTORY and k < len(out):
+        rec = view.instance(out[k].instance_id) if out[k].instance_id else None
+        if rec is not None and not rec.state.terminal:
+            k += 1
+        else:
+            del out[k]
+    return out
+
+
 def plan_run(view: View, name: str, now: int) -> Planned | None:
     """The job's due fire time at `now`, on `view`: a run made (its record and the new
     position in one change) or a skip recorded; None when nothing is due (rule 2)."""
@@ -132,7 +146,7 @@ def plan_run(view: View, name: str, now: int) -> Planned | None:
                             detail=when))
     if got.missed:
         line += f" ({got.missed} earlier fire times missed)"
-    history = _outcomes(view, [*job.history, entry])[-HISTORY:]
+    history = _trim(view, _outcomes(view, [*job.history, entry]))
     view.put_periodic(msgspec.structs.replace(job, last_run=cron.stamp(got.at),
                                               history=history))
     effects.append(Ran(name, made=got.skipped is None, missed=got.missed))

@@ -21,7 +21,9 @@ Rules:
    a run that takes longer than its period does not pile up copies of itself. With
    ``allow`` it runs all the same.
 5. A stopped job (`gavel cancel NAME`) makes nothing; its history stays.
-6. The history keeps the latest `HISTORY` entries, newest last.
+6. The history keeps the latest `HISTORY` entries, newest last, and every older run that
+   has not ended (overlap is judged from it: a long run must not fall out of the history
+   behind its own skips).
 """
 
 from __future__ import annotations

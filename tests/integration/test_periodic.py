@@ -7,11 +7,14 @@ with "allow" runs overlap; a broker started again neither loses nor doubles a fi
 from __future__ import annotations
 
 import asyncio
+import itertools
+import re
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+from gavel.broker.ledger.repository import Ledger
 from gavel.shared.api import (
     CancelReply,
     CancelRequest,
@@ -20,6 +23,7 @@ from gavel.shared.api import (
     SubmitReply,
     SubmitRequest,
 )
+from gavel.shared.cron import unstamp
 from gavel.shared.messages import EventType, Spec
 from gavel.shared.reasons import Reason
 from gavel.shared.records import PeriodicRecord, PeriodicRun
@@ -69,11 +73,11 @@ async def test_a_periodic_job_runs_twice_shows_its_history_and_cancel_stops_it(
     for r in made[:2]:  # each placed by an auction like any instance
         assert any(e.instance_id == r.instance_id and e.type == EventType.PLACED
                    for e in cluster.broker.events)
+    broker = cluster.broker
     assert any(e.instance_id == "tick" and e.type == EventType.PERIODIC_RUN
-               and e.detail.startswith(made[0].instance_id) for e in cluster.broker.events)
-    counted = cluster.broker.metrics.registry.get_sample_value(
-        "gavel_periodic_runs_total", {"outcome": "run"})
-    assert counted is not None and counted >= 2
+               and e.detail.startswith(made[0].instance_id) for e in broker.events)
+    await wait_for(lambda: (broker.metrics.registry.get_sample_value(
+        "gavel_periodic_runs_total", {"outcome": "run"}) or 0) >= 2, 30, what="runs counted")
 
     shown = await asyncio.to_thread(
         subprocess.run, [sys.executable, "-m", "gavel", "status", "tick", "--nats",
@@ -108,9 +112,12 @@ async def test_overlap_skip_skips_while_the_run_still_runs_and_allow_overlaps(
     assert len(runs(cluster, "slow")) == 1  # one run made, the rest skipped
     assert {h.skipped for h in history if not h.instance_id} == {Reason.PERIODIC_OVERLAP}
     assert cluster.broker is not None
-    assert any(e.instance_id == "slow" and e.type == EventType.PERIODIC_SKIPPED
-               and e.reason == Reason.PERIODIC_OVERLAP for e in cluster.broker.events)
-    assert (cluster.broker.metrics.registry.get_sample_value(
+    broker = cluster.broker
+    await wait_for(lambda: any(  # told once the commit is durable
+        e.instance_id == "slow" and e.type == EventType.PERIODIC_SKIPPED
+        and e.reason == Reason.PERIODIC_OVERLAP for e in broker.events), 30,
+        what="the periodic-skipped event")
+    assert (broker.metrics.registry.get_sample_value(
         "gavel_periodic_runs_total", {"outcome": "skipped"}) or 0) >= 1
     first = runs(cluster, "slow")[0].instance_id
     gate.touch()  # the first run ends: the next fire time makes a run again
@@ -132,15 +139,36 @@ async def test_overlap_skip_skips_while_the_run_still_runs_and_allow_overlaps(
     assert {ended(cluster, r.instance_id) for r in runs(cluster, "both")} == {"cancelled"}
 
 
-def accounted(history: list[PeriodicRun]) -> None:
-    """Every fire time between the first and the last entry is in the history once: a run,
-    a skip, or counted as missed into the next entry (an every-second schedule)."""
-    from gavel.shared.cron import unstamp
+#: A commit line of a run or a skip (`broker.periodic`) and the missed count it ends with.
+LINE = r"^periodic {name}: (?:run (?P<id>{name}-\S+) for|skip) (?P<when>[\d-]+ [\d:]+) UTC"
+MISSED = re.compile(r"\((\d+) earlier fire times missed\)$")
 
-    times = [unstamp(h.at) or 0 for h in history]
-    assert times == sorted(set(times)), times  # none twice
-    for before, entry, at in zip(times, history[1:], times[1:], strict=False):
-        assert at - before == 1 + entry.missed, (before, entry)  # none lost
+
+def recorded(state: Path, name: str) -> list[tuple[int, int, str]]:
+    """Every fire time of job `name` the branch's commits acted on, read afresh from git:
+    (the time, the fire times missed before it, the run's id or "" for a skip)."""
+    line_of = re.compile(LINE.format(name=re.escape(name)))
+    out = []
+    for commit in Ledger(state / "state.git").history():
+        for line in commit.message.splitlines():
+            m = line_of.match(line.strip())
+            if m is not None:
+                at = unstamp(m["when"].replace(" ", "T") + "Z")
+                assert at is not None
+                missed = MISSED.search(line.strip())
+                out.append((at, int(missed[1]) if missed else 0, m["id"] or ""))
+    return sorted(out)
+
+
+def accounted(got: list[tuple[int, int, str]]) -> None:
+    """Every fire time of an every-second schedule from the first recorded to the last is
+    recorded once: a run, a skip, or counted as missed in the next one recorded; no run twice."""
+    times = [at for at, _, _ in got]
+    assert len(times) == len(set(times)), got  # none twice
+    runs = [iid for _, _, iid in got if iid]
+    assert len(runs) == len(set(runs))
+    for (before, _, _), (at, missed, _) in itertools.pairwise(got):
+        assert at - before == 1 + missed, (before, at, missed)  # none lost
 
 
 async def test_a_broker_started_again_neither_loses_nor_doubles_a_fire_time(
@@ -162,14 +190,7 @@ async def test_a_broker_started_again_neither_loses_nor_doubles_a_fire_time(
     assert resumed.missed >= 2 and resumed.instance_id, resumed  # the latest ran once
     await wait_for(lambda: len([h for h in job(cluster, "beat").history
                                 if h.at > before.last_run]) >= 3, 60, what="more runs")
-    accounted(job(cluster, "beat").history)
-    made = [h.instance_id for h in job(cluster, "beat").history if h.instance_id]
-    assert len(made) == len(set(made))
-    # Every run the branch ever made, once: one commit line each, never made again.
-    lines = [c.message for c in cluster.ledger().history() if "periodic beat: run" in
-             c.message]
-    ids = [m.split("periodic beat: run ", 1)[1].split()[0] for m in lines]
-    assert len(ids) == len(set(ids)), ids
+    accounted(recorded(cluster.state, "beat"))
 
 
 def test_bad_periodic_specs_are_refused_at_submit_naming_the_field(tmp_path: Path) -> None:

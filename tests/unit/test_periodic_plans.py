@@ -17,6 +17,7 @@ from gavel.shared import cron
 from gavel.shared.api import CancelReply, InstanceStatus, SubmitReply
 from gavel.shared.messages import ApiError, EventType
 from gavel.shared.messages import InstanceState as S
+from gavel.shared.periodic import HISTORY
 from gavel.shared.reasons import Reason
 from gavel.shared.records import PeriodicRecord, PeriodicRun, ServiceRecord, ServiceVersion
 from gavel.shared.spec import Spec
@@ -184,3 +185,25 @@ def test_a_name_a_service_has_is_refused() -> None:
         assert isinstance(answer, Answer) and answer.message == ApiError(
             error=f"{Reason.NAME_TAKEN}: tick is a service or a system job")
     asyncio.run(go())
+
+
+def test_a_long_run_stays_in_the_history_behind_its_skips_and_is_never_overlapped() -> None:
+    st = _state()
+    view = View(st, Change())
+    plan_run(view, "tick", T + 10)  # a run that will not end
+    st = _adopt(st, view)
+    for k in range(2, HISTORY + 5):  # more skips than the history keeps
+        view = View(st, Change())
+        planned = plan_run(view, "tick", T + 10 * k)
+        assert planned is not None and set(view.change.instances) == set(), k
+        st = _adopt(st, view)
+    job = st.periodic["tick"]
+    assert job.history[0].instance_id == "tick-20261202t060010z"
+    assert len(job.history) == HISTORY and all(h.skipped for h in job.history[1:])
+    first = st.instances["tick-20261202t060010z"]
+    st.put_instance(first.instance_id, msgspec.structs.replace(first, state=S.FAILED))
+    view = View(st, Change())
+    plan_run(view, "tick", T + 10 * (HISTORY + 5))
+    job2 = view.change.periodic["tick"]
+    assert job2 is not None and len(job2.history) == HISTORY
+    assert job2.history[0].skipped and job2.history[-1].instance_id  # the ended run aged out
