@@ -60,6 +60,8 @@ class ServiceVerbs:
         if not spec.service:
             return ApiError(error=f"{Reason.NOT_A_SERVICE}: {spec.name} (type = \"service\" "
                                   "makes it one; `gavel submit` runs a job)")
+        if spec.name in self.ctx.ledger.state().periodic:  # status NAME names one thing
+            return ApiError(error=f"{Reason.NAME_TAKEN}: {spec.name} is a periodic job")
         refused = self._refused(spec) or self.deploys.refused(spec.name) or \
             self._over_cap(spec.name, spec.count)
         if refused is not None:

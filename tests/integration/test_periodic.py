@@ -14,10 +14,14 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from gavel.broker.ledger.repository import Ledger
 from gavel.shared.api import (
     CancelReply,
     CancelRequest,
+    DeployReply,
+    DeployRequest,
     StatusReply,
     StatusRequest,
     SubmitReply,
@@ -27,6 +31,7 @@ from gavel.shared.cron import unstamp
 from gavel.shared.messages import EventType, Spec
 from gavel.shared.reasons import Reason
 from gavel.shared.records import PeriodicRecord, PeriodicRun
+from gavel.transport.client import BrokerRefused
 from tests.integration.clibatch import Line, run_all
 from tests.integration.harness import Cluster, wait_for
 
@@ -86,6 +91,10 @@ async def test_a_periodic_job_runs_twice_shows_its_history_and_cancel_stops_it(
     assert shown.stdout.startswith("periodic job tick: schedule '* * * * * *' (UTC), overlap "
                                    "skip\n"), shown.stdout
     assert f"{made[0].instance_id}  succeeded" in shown.stdout.replace("   ", "  ")
+
+    web = Spec(name="tick", type="service", command=["sleep", "60"])  # one name, one thing
+    with pytest.raises(BrokerRefused, match=f"{Reason.NAME_TAKEN}: tick is a periodic job"):
+        await cluster.call("deploy", DeployRequest(spec=web), DeployReply)
 
     reply = await cluster.call("cancel", CancelRequest(instance_id="tick"), CancelReply)
     assert reply.state == "cancelled"
