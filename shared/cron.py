@@ -1,4 +1,5 @@
-"""The calendar of a periodic job: when a cron expression fires, in a time zone.
+"""A periodic job's schedule: its fields as the operator writes them, and when its cron
+expression fires, in a time zone.
 
 Rules:
 1. An expression is cron's five fields (minute hour day-of-month month day-of-week), or six
@@ -10,6 +11,8 @@ Rules:
    clock: every answer is about the `now` it is given.
 3. An expression that never fires within cronsim's horizon (50 years) is refused like a
    malformed one: a schedule that never runs is a mistake, not a job.
+4. The fields are a job's only (a service or system job runs all the time), one instance a
+   run (no `count`), and `time_zone` and `overlap` mean nothing without a `schedule`.
 """
 
 from __future__ import annotations
@@ -19,13 +22,41 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from cronsim import CronSim, CronSimError
 
-__all__ = ["MACROS", "fires_after", "latest_at_or_before", "local", "problem", "stamp",
-           "unstamp", "zone"]
+__all__ = ["MACROS", "OVERLAP", "fields_problem", "fires_after", "latest_at_or_before",
+           "local", "problem", "stamp", "unstamp", "zone"]
 
 #: The macros rule 1 accepts, as the five fields they stand for.
 MACROS = {"@yearly": "0 0 1 1 *", "@annually": "0 0 1 1 *", "@monthly": "0 0 1 * *",
           "@weekly": "0 0 * * 0", "@daily": "0 0 * * *", "@midnight": "0 0 * * *",
           "@hourly": "0 * * * *"}
+
+
+#: What a periodic job's `overlap` may say; the first is the default
+#: (`gavel.shared.periodic` rule 4).
+OVERLAP = ("skip", "allow")
+#: Any time a schedule is tried from, to find it never fires (rule 3).
+_TRY_FROM = 1_767_225_600  # 2026-01-01T00:00:00Z
+
+
+def fields_problem(kind: str, count: int, schedule: str | None, time_zone: str | None,
+                   overlap: str | None) -> str:
+    """Why a spec's periodic fields are not usable (rule 4), as one sentence naming the
+    field; "" when they are (or it has none)."""
+    if schedule is None:
+        for field, value in (("time_zone", time_zone), ("overlap", overlap)):
+            if value is not None:
+                return f"{field} applies to a periodic job: give the job a schedule " \
+                       "(schedule = \"0 2 * * *\")"
+        return ""
+    if kind != "job":
+        what = "system job" if kind == "system" else kind
+        return f"schedule applies to a job (type = \"job\"), not to a {what}: a service or " \
+               "a system job runs all the time"
+    if count != 1:
+        return "count does not apply to a periodic job: each run is one instance"
+    if overlap is not None and overlap not in OVERLAP:
+        return f"overlap {overlap!r} is not one of: {', '.join(OVERLAP)}"
+    return problem(schedule, time_zone, _TRY_FROM)
 
 
 def zone(name: str | None) -> tzinfo:

@@ -30,9 +30,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gavel.shared.cron import fires_after, latest_at_or_before, stamp
+from gavel.shared.cron import OVERLAP, fires_after, latest_at_or_before, stamp
 from gavel.shared.reasons import Reason
-from gavel.shared.spec import OVERLAP
 
 __all__ = ["HISTORY", "MISSED_MAX", "OVERLAP", "Due", "decide", "next_fire", "run_id"]
 

@@ -25,7 +25,7 @@ from typing import Annotated, Literal
 import msgspec
 
 from gavel.shared.affinity import Affinity
-from gavel.shared.cron import problem as schedule_problem
+from gavel.shared.cron import fields_problem as schedule_fields
 from gavel.shared.suffixes import too_wide
 
 __all__ = [
@@ -315,7 +315,10 @@ class Spec(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         if self.type == JOB and self.count == 0:
             raise ValueError("a job's count is at least 1 (a service may have 0 replicas)")
         _array_fields(self.type, self.parallelism, self.max_failures)
-        _periodic_fields(self)
+        problem = schedule_fields(self.type, self.count, self.schedule, self.time_zone,
+                                  self.overlap)
+        if problem:
+            raise ValueError(problem)
         seen: set[tuple[str, str]] = set()
         for route in self.routes:
             if route.port is not None and route.port not in self.ports:
@@ -348,34 +351,6 @@ def _array_fields(kind: str, parallelism: int | None, max_failures: int | None) 
                              f"to a {kind}")
         if not least <= value <= 100_000:
             raise ValueError(f"{field} {value} is out of range: {least} .. 100000")
-
-
-#: What a periodic job's `overlap` may say; the first is the default
-#: (`gavel.shared.periodic` rule 4).
-OVERLAP = ("skip", "allow")
-#: Any time a schedule is tried from, to find it never fires (`gavel.shared.cron` rule 3).
-_TRY_FROM = 1_767_225_600  # 2026-01-01T00:00:00Z
-
-
-def _periodic_fields(spec: Spec) -> None:
-    """A periodic job's fields: a job's only, one instance a run, each value usable."""
-    if spec.schedule is None:
-        for field in ("time_zone", "overlap"):
-            if getattr(spec, field) is not None:
-                raise ValueError(f"{field} applies to a periodic job: give the job a schedule "
-                                 "(schedule = \"0 2 * * *\")")
-        return
-    if spec.type != JOB:
-        kind = "system job" if spec.type == SYSTEM else spec.type
-        raise ValueError(f"schedule applies to a job (type = \"job\"), not to a {kind}: a "
-                         "service or a system job runs all the time")
-    if spec.count != 1:
-        raise ValueError("count does not apply to a periodic job: each run is one instance")
-    if spec.overlap is not None and spec.overlap not in OVERLAP:
-        raise ValueError(f"overlap {spec.overlap!r} is not one of: {', '.join(OVERLAP)}")
-    problem = schedule_problem(spec.schedule, spec.time_zone, _TRY_FROM)
-    if problem:
-        raise ValueError(problem)
 
 
 def _control(text: str) -> bool:
