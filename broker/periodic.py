@@ -214,6 +214,9 @@ def status_of(state: State, job: PeriodicRecord, now: int, leader: dict[str, Any
 
 
 class Periodic:
+    """The shell: ticks each job's decision on the broker's wall clock and commits what is
+    due (rules 2-3); serves the API's submit and cancel of a periodic job (rule 1)."""
+
     def __init__(self, ctx: Context, promises: Promises, wall: Callable[[], datetime]) -> None:
         self.ctx = ctx
         self.promises = promises
