@@ -65,7 +65,7 @@ from gavel.broker.ledger.plan import View, submit
 from gavel.broker.ledger.state import Ready, ready
 from gavel.broker.mirror import Mirror
 from gavel.broker.nodeapi import NodeVerbs
-from gavel.broker.periodic import Periodic, status_of
+from gavel.broker.periodic import Periodic, status_of, summary
 from gavel.broker.planner import Planner
 from gavel.broker.promises import Promises
 from gavel.broker.routeowners import refusal as route_refusal
@@ -85,6 +85,8 @@ from gavel.shared.api import (
     EventsReply,
     EventsRequest,
     NodesRequest,
+    PeriodicJobsReply,
+    PeriodicJobsRequest,
     RollbackRequest,
     ScaleRequest,
     ServiceRequest,
@@ -163,6 +165,7 @@ class Api:
             "scale": (ScaleRequest, self.service_verbs.scale),
             "stop": (StopServiceRequest, self.service_verbs.stop),
             "rollback": (RollbackRequest, self.service_verbs.rollback),
+            "periodic": (PeriodicJobsRequest, self.periodic_jobs),
             "plan": (PlanRequest, self.planner.plan),
         }
         #: Per verb: its guard (rules 1 and 5) and its handler.
@@ -390,6 +393,12 @@ class Api:
         out, more = self.views.status_page(state.instances, req.after, self.nc)
         return StatusReply(instances=out, next=more, total=len(state.instances),
                            **self._leader())
+
+    async def periodic_jobs(self, _req: PeriodicJobsRequest) -> Message:
+        state = self.ctx.ledger.state()
+        now = self.periodic.now()
+        return PeriodicJobsReply(jobs=[summary(state, state.periodic[n], now)[0]
+                                       for n in sorted(state.periodic)])
 
     def _leader(self) -> dict[str, Any]:
         """Who answers (rule 6)."""

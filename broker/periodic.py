@@ -48,7 +48,7 @@ from gavel.shared.reasons import Reason
 from gavel.shared.records import InstanceRecord, PeriodicRecord, PeriodicRun
 from gavel.shared.spec import Spec
 
-__all__ = ["Periodic", "Ran", "plan_cancel", "plan_run", "plan_submit", "status_of"]
+__all__ = ["Periodic", "Ran", "plan_cancel", "plan_run", "plan_submit", "status_of", "summary"]
 
 
 @dataclass(frozen=True)
@@ -188,10 +188,10 @@ def plan_cancel(view: View, name: str, waiter: asyncio.Future[Message]) -> Plann
     return Planned(lines=[f"periodic {name}: cancelled"], effects=effects)
 
 
-def status_of(state: State, job: PeriodicRecord, now: int, leader: dict[str, Any],
-              show: Callable[[InstanceRecord], InstanceStatus]) -> StatusReply:
-    """`gavel status NAME` of a periodic job: its schedule, its next fire time, its history
-    (each run's outcome as its record says now, or as noted when it ended) and its runs
+def summary(state: State, job: PeriodicRecord, now: int
+            ) -> tuple[PeriodicStatus, list[InstanceRecord]]:
+    """A periodic job as status shows it - its schedule, its next fire time, its history
+    (each run's outcome as its record says now, or as noted when it ended) - and its runs
     the state still holds."""
     spec = job.spec
     assert spec.schedule is not None
@@ -205,11 +205,17 @@ def status_of(state: State, job: PeriodicRecord, now: int, leader: dict[str, Any
                 entry.instance_id) or rec.state))
         history.append(entry)
     nxt = None if job.stopped else next_fire(spec.schedule, spec.time_zone, position(job), now)
-    status = PeriodicStatus(name=job.name, schedule=spec.schedule,
-                            time_zone=spec.time_zone or "UTC", overlap=spec.overlap or "skip",
-                            stopped=job.stopped, last_run=job.last_run,
-                            next_run=cron.stamp(nxt) if nxt is not None else "",
-                            history=history)
+    return PeriodicStatus(name=job.name, schedule=spec.schedule,
+                          time_zone=spec.time_zone or "UTC", overlap=spec.overlap or "skip",
+                          stopped=job.stopped, last_run=job.last_run,
+                          next_run=cron.stamp(nxt) if nxt is not None else "",
+                          history=history), runs
+
+
+def status_of(state: State, job: PeriodicRecord, now: int, leader: dict[str, Any],
+              show: Callable[[InstanceRecord], InstanceStatus]) -> StatusReply:
+    """`gavel status NAME` of a periodic job: its `summary` and its runs' statuses."""
+    status, runs = summary(state, job, now)
     return StatusReply(instances=[show(r) for r in runs], periodic=status, **leader)
 
 

@@ -40,6 +40,8 @@ from gavel.shared.api import (
     InstanceStatus,
     NodesReply,
     NodesRequest,
+    PeriodicJobsReply,
+    PeriodicJobsRequest,
     RollbackRequest,
     ScaleRequest,
     ServiceReply,
@@ -275,6 +277,10 @@ class Client:
 
     async def services(self) -> ServicesReply:
         return await self.request("services", ServicesRequest(), ServicesReply)
+
+    async def periodic_jobs(self) -> PeriodicJobsReply:
+        """Every periodic job: its schedule, next fire time and latest runs."""
+        return await self.request("periodic", PeriodicJobsRequest(), PeriodicJobsReply)
 
     async def scale(self, name: str, count: int) -> ServiceReply:
         return await self.request("scale", ScaleRequest(name=name, count=count), ServiceReply)

@@ -23,6 +23,7 @@ from gavel.shared.api import (
     EventsReply,
     InstanceStatus,
     NodesReply,
+    PeriodicJobsReply,
     ServiceReply,
     ServicesReply,
     ServiceStatus,
@@ -154,6 +155,9 @@ class SyncClient:
 
     def services(self) -> ServicesReply:
         return self._run(self.client.services())
+
+    def periodic_jobs(self) -> PeriodicJobsReply:
+        return self._run(self.client.periodic_jobs())
 
     def scale(self, name: str, count: int) -> ServiceReply:
         return self._run(self.client.scale(name, count))

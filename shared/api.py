@@ -37,6 +37,8 @@ __all__ = [
     "NodeStatus",
     "NodesReply",
     "NodesRequest",
+    "PeriodicJobsReply",
+    "PeriodicJobsRequest",
     "PeriodicStatus",
     "RecentDecline",
     "RollbackRequest",
@@ -432,6 +434,15 @@ class ServicesRequest(Message, tag="services"):
 
 class ServicesReply(Message, tag="service-list"):
     services: list[ServiceStatus]
+
+
+class PeriodicJobsRequest(Message, tag="periodic-jobs"):
+    """Every periodic job (`gavel.shared.periodic`): the dashboard's list."""
+
+
+class PeriodicJobsReply(Message, tag="periodic-list"):
+    #: Each job's schedule, position and history, by name (their runs: `status NAME`).
+    jobs: list[PeriodicStatus]
 
 
 class ScaleRequest(Message, tag="scale"):

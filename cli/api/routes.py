@@ -41,6 +41,8 @@ from gavel.shared.api import (
     EventsRequest,
     NodesReply,
     NodesRequest,
+    PeriodicJobsReply,
+    PeriodicJobsRequest,
     RollbackRequest,
     ScaleRequest,
     ServiceReply,
@@ -177,6 +179,8 @@ ROUTES: tuple[Route, ...] = (
           "Every live instance that declares routes, and where each node is reached"),
     Route("GET", "/v1/stats", "stats", StatsRequest, StatsReply,
           "The broker's own measurements"),
+    Route("GET", "/v1/periodic", "periodic", PeriodicJobsRequest, PeriodicJobsReply,
+          "Every periodic job: its schedule, next fire time and latest runs"),
 )
 
 

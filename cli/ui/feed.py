@@ -38,6 +38,9 @@ from gavel.shared.api import (
     NodesReply,
     NodesRequest,
     NodeStatus,
+    PeriodicJobsReply,
+    PeriodicJobsRequest,
+    PeriodicStatus,
     ServicesReply,
     ServicesRequest,
     ServiceStatus,
@@ -107,6 +110,7 @@ class Feed:
         self._nodes: list[NodeStatus] = []
         self._instances: list[InstanceStatus] = []
         self._services: list[ServiceStatus] | None = None
+        self._periodic: list[PeriodicStatus] = []
         self._changed = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._following: asyncio.Task[None] | None = None
@@ -195,10 +199,16 @@ class Feed:
                     self._services = None
                 else:
                     services_error = str(exc)
+            try:  # periodic jobs: a broker without the verb has none to show (rule 4)
+                self._periodic = (await call(self.nc, "periodic", PeriodicJobsRequest(),
+                                             PeriodicJobsReply, timeout=CALL_S)).jobs
+            except ClientError:
+                self._periodic = []
         except ClientError as exc:  # rule 5
             error = str(exc)
         data = encode(views.overview(nodes=self._nodes, instances=self._instances,
-                                     services=self._services, error=error,
+                                     services=self._services, periodic=self._periodic,
+                                     error=error,
                                      services_error=services_error, at=time.time()))
         self.overview = data
         self._push("overview", data)

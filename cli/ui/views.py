@@ -21,7 +21,13 @@ from typing import Any
 
 import msgspec
 
-from gavel.shared.api import InstanceStatus, NodeStatus, ServiceStatus, WhyReply
+from gavel.shared.api import (
+    InstanceStatus,
+    NodeStatus,
+    PeriodicStatus,
+    ServiceStatus,
+    WhyReply,
+)
 from gavel.shared.award import order
 from gavel.shared.messages import Event, InstanceState
 from gavel.shared.reasons import render
@@ -41,7 +47,8 @@ def _plain(obj: Any) -> Any:
 
 def overview(*, nodes: list[NodeStatus], instances: list[InstanceStatus],
              services: list[ServiceStatus] | None, error: str = "",
-             services_error: str = "", at: float = 0.0) -> dict[str, Any]:
+             services_error: str = "", at: float = 0.0,
+             periodic: list[PeriodicStatus] | None = None) -> dict[str, Any]:
     """Rules 2 and 3: the dashboard's front page."""
     live = [i for i in instances if i.state not in _ENDED]
     ended = [i for i in instances if i.state in _ENDED]
@@ -55,6 +62,7 @@ def overview(*, nodes: list[NodeStatus], instances: list[InstanceStatus],
         "counts": dict(sorted(Counter(i.state for i in instances).items())),
         "services": None if services is None else [_plain(s) for s in services],
         "services_error": services_error,
+        "periodic": [_plain(p) for p in periodic or []],
     }
 
 

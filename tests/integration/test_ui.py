@@ -333,3 +333,22 @@ def test_a_system_job_shows_on_how_many_of_its_nodes_it_runs(up: Up, page: Any) 
         "() => { const td = document.querySelector("
         "'#services tr[data-service=\"ui-agent\"] td:nth-child(3)');"
         " return td && td.textContent === 'system: 3 / 3 nodes'; }", timeout=WAIT_MS)
+
+
+def test_a_periodic_job_shows_its_schedule_and_latest_run(up: Up, page: Any) -> None:
+    page.goto(up.url)
+    _nodes_listed(page)
+    spec = up.dir / "tick.json"
+    spec.write_text(json.dumps({"name": "ui-tick", "command": ["true"], "cpu": 0.1,
+                                "memory_mb": 32, "schedule": "* * * * * *"}))
+    done = up.gavel("submit", str(spec))
+    assert done.returncode == 0 and done.stdout.strip() == "ui-tick", done.stderr
+    page.wait_for_selector('#periodic-section:not([hidden]) tr[data-periodic="ui-tick"]',
+                           timeout=WAIT_MS)
+    cells = "document.querySelectorAll('#periodic tr[data-periodic=\"ui-tick\"] td')"
+    page.wait_for_function(f"() => {cells}[3].textContent.endsWith(': succeeded')",
+                           timeout=WAIT_MS)
+    assert page.evaluate(f"{cells}[1].textContent") == "* * * * * * (UTC)"
+    done = up.gavel("cancel", "ui-tick")
+    assert done.returncode == 0, done.stderr
+    page.wait_for_function(f"() => {cells}[4].textContent === 'cancelled'", timeout=WAIT_MS)

@@ -418,7 +418,7 @@ VERB_TEMPLATES: dict[str, Any] = {
     "deploy": DeployRequest(spec=SERVICE), "service": ServiceRequest(name="svc"),
     "services": None, "scale": ScaleRequest(name="svc", count=1),
     "stop": StopServiceRequest(name="svc"), "rollback": RollbackRequest(name="svc"),
-    "plan": PlanRequest(spec=SMALL),
+    "plan": PlanRequest(spec=SMALL), "periodic": None,
 }
 
 

@@ -105,6 +105,7 @@ function renderOverview() {
   renderSummary(o);
   renderNodes(o.nodes);
   renderServices(o.services, o.services_error);
+  renderPeriodic(o.periodic || []);
   renderInstances(o);
   if (state.page.kind === "node") renderNodePage(state.page.id);
   if (state.page.kind === "service") renderServicePage(state.page.id);
@@ -178,6 +179,23 @@ function renderServices(services, error) {
       el("td", {text: d ? `${d.state} ` +
                          (d.from_version ? `v${d.from_version}\u2192` : "") +
                          `v${d.to_version}` + (d.reason ? `: ${d.reason}` : "") : "-"})));
+  }
+}
+
+// Periodic jobs: each one's schedule, its latest fire time and how that went, its next.
+function renderPeriodic(jobs) {
+  $("periodic-section").hidden = !jobs.length;
+  const body = clear($("periodic").tBodies[0]);
+  for (const p of jobs) {
+    const last = (p.history || []).slice(-1)[0];
+    const outcome = !last ? "-" : last.instance_id ?
+      `${last.instance_id}: ${last.outcome || "pending"}` : last.skipped;
+    body.append(el("tr", {"data-periodic": p.name},
+      el("td", {text: p.name}),
+      el("td", {class: "mono", text: `${p.schedule} (${p.time_zone})`}),
+      el("td", {class: "mono", text: p.last_run || "-"}),
+      el("td", {text: outcome}),
+      el("td", {class: "mono", text: p.stopped ? "cancelled" : (p.next_run || "-")})));
   }
 }
 
