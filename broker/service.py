@@ -88,7 +88,8 @@ from gavel.transport.rejects import Rejects
 
 __all__ = ["Broker", "NatsUnreachable", "tune_gc"]
 
-_CLOSE_S = 10.0  # how long `close` waits for each of its steps
+#: How long `close` waits for each of its steps.
+_CLOSE_S = 10.0
 
 
 def tune_gc() -> None:
@@ -175,7 +176,8 @@ class Broker:
         self.promises = Promises(ctx, capacity_freed=self.auctioneer.capacity_freed)
         self.retention = Retention(ctx, wall, ended_max)
         self.services = Services(ctx, self.promises, wall)
-        self.arrays, self.systems = Arrays(ctx), Systems(ctx, self.promises, wall)
+        self.arrays = Arrays(ctx)
+        self.systems = Systems(ctx, self.promises, wall)
         self.periodic = Periodic(ctx, self.promises, wall)
         self.deploys = Deploys(ctx, self.services, wall)
         self.integrity = Integrity(ctx)
@@ -187,7 +189,8 @@ class Broker:
         #: node.json in KV for the workers, coalesced (`broker.mirror`). Its windows are
         #: timed by the event loop, so on the machine's clock, not an injected one. With HA
         #: its puts are checked ones carrying the epoch (rule 8).
-        self.fenced: FencedPuts | None = FencedPuts(self.leader) if self.ha else None
+        self.fenced: FencedPuts | None = FencedPuts(self.leader) if self.ha \
+            else None
         self.mirror = Mirror(self.fenced.put if self.fenced is not None
                              else self.outbox.publish_raw, timing.mirror_s, time.monotonic)
         self.api = Api(ctx, auctioneer=self.auctioneer, promises=self.promises,
