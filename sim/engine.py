@@ -12,6 +12,9 @@ Rules:
    once, unreachable after ``timing.unreachable_s`` (no longer asked) and offline after
    ``timing.offline_s``: then its instances are re-placed while their attempts last,
    else lost. A drained node declines everything; with ``migrate`` its instances move.
+4. A policy with ``rebalance`` re-auctions running work every ``every_s`` and when nodes
+   join (`sim.rebalance`): a move takes the instance to its new node at once and frees
+   its old room ``settle_s`` later. These events come last at equal times.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from collections.abc import Callable, Iterator
 from gavel.sim.cluster import Cluster, ScriptEvent
 from gavel.sim.metrics import PolicyResult, Recorder
 from gavel.sim.placer import Placer, Why
+from gavel.sim.rebalance import Rebalancer, Running
 from gavel.sim.scenario import Scenario
 from gavel.sim.workload import Arrival, Catalogue
 
@@ -33,11 +37,12 @@ Progress = Callable[[float], None]
 
 # event kinds, in priority order at equal times (rule 1)
 _SCRIPT, _UNREACHABLE, _OFFLINE, _FINISH, _TICK, _RETRY, _ARRIVAL, _SAMPLE = range(8)
+_REBALANCE, _SETTLE = 8, 9  # rule 4
 
 
 class _Instance:
-    __slots__ = ("arrived", "awards", "cls", "duration", "epoch", "kind", "node", "queued_at",
-                 "seq", "shape", "waited")
+    __slots__ = ("arrived", "awards", "cls", "duration", "epoch", "kind", "node", "placed_at",
+                 "queued_at", "seq", "shape", "waited")
 
     def __init__(self, arrival: Arrival) -> None:
         self.seq = arrival.seq
@@ -47,6 +52,7 @@ class _Instance:
         self.duration = arrival.duration
         self.queued_at = arrival.at
         self.node = -1
+        self.placed_at = 0.0  # its last award or move (re-auction's cool-down)
         self.epoch = 0
         self.awards = 0
         self.waited = False  # has been unschedulable at least once
@@ -56,7 +62,8 @@ class _Instance:
 class Engine:
     def __init__(self, scenario: Scenario, cluster: Cluster, catalogue: Catalogue,
                  arrivals: Iterator[Arrival], script: list[ScriptEvent], placer: Placer,
-                 recorder: Recorder, progress: Progress | None = None) -> None:
+                 recorder: Recorder, progress: Progress | None = None,
+                 rebalancer: Rebalancer | None = None) -> None:
         self.s = scenario
         self.cluster = cluster
         self.catalogue = catalogue
@@ -73,6 +80,7 @@ class Engine:
         self.pending = 0
         self.queued = [0] * len(scenario.workload.classes)  # waiting instances per class
         self.retry_armed = False
+        self.rebalancer = rebalancer
 
     def _push(self, at: float, kind: int, a: int = 0, b: int = 0) -> None:
         self.seq += 1
@@ -87,6 +95,8 @@ class Engine:
         self._push(0.0, _SAMPLE)
         if self.placer.period:
             self._push(self.placer.period, _TICK)
+        if self.rebalancer is not None:
+            self._push(self.rebalancer.s.every_s, _REBALANCE, 1)
         step = end / 100.0
         next_report = step
         heap = self.heap
@@ -102,6 +112,8 @@ class Engine:
                     self._push(at + self.s.interval_s, _SAMPLE)
             elif kind == _RETRY:
                 self._retry(at)
+            elif kind >= _REBALANCE:
+                self._rebalance_event(at, kind, a, b)
             elif kind == _TICK:
                 self.placer.tick(at)
                 assert self.placer.period
@@ -116,6 +128,8 @@ class Engine:
         if self.progress:
             self.progress(1.0)
         waiting = [(inst.cls, inst.arrived) for q in self.queues.values() for inst in q]
+        if self.rebalancer is not None:
+            self.rec.result.rebalance = dict(sorted(self.rebalancer.outcomes.items()))
         return self.rec.finish(self.pending, waiting)
 
     def _waiting(self) -> list[int]:
@@ -150,6 +164,7 @@ class Engine:
         node.charge(self.catalogue.shapes[inst.shape], +1)
         node.instances.add(inst.seq)
         inst.node = out.node
+        inst.placed_at = now
         inst.epoch += 1
         inst.awards += 1
         self.placer.changed(out.node, Why.COMMIT)
@@ -226,6 +241,8 @@ class Engine:
             if ev.kind == "join":
                 self.cluster.join(idx)
                 self.placer.changed(idx, Why.JOIN)
+                if self.rebalancer is not None and idx == ev.nodes[-1]:
+                    self._push(now, _REBALANCE)  # an extra round: capacity came
             elif ev.kind == "fail":
                 self.cluster.fail(idx)
                 self.placer.changed(idx, Why.FAIL)
@@ -255,3 +272,31 @@ class Engine:
             if not self._attempt(inst, now, kind):
                 self._enqueue(inst, now)
         self.placer.changed(idx, Why.RELEASE)
+
+    # -- re-auction (rule 4) -------------------------------------------------------------------
+    def _rebalance_event(self, now: float, kind: int, a: int, b: int) -> None:
+        if kind == _SETTLE:  # the old copy stops: its room is free
+            self.cluster.nodes[a].charge(self.catalogue.shapes[b], -1)
+            self.placer.changed(a, Why.RELEASE)
+            return
+        assert self.rebalancer is not None
+        running: list[Running] = [inst for inst in self.active.values() if inst.node >= 0
+                                  and self.cluster.nodes[inst.node].alive]
+        self.rebalancer.round(now, running, self._waiting(), self._move)
+        if a:  # the periodic chain (a join's extra round schedules nothing)
+            self._push(now + self.rebalancer.s.every_s, _REBALANCE, 1)
+
+    def _move(self, running: Running, to: int, now: float) -> None:
+        """Start the instance on node `to`; its old copy keeps its room until it settles."""
+        inst = self.active[running.seq]
+        old = self.cluster.nodes[inst.node]
+        new = self.cluster.nodes[to]
+        old.instances.discard(inst.seq)
+        new.charge(self.catalogue.shapes[inst.shape], +1)
+        new.instances.add(inst.seq)
+        inst.node = to
+        inst.placed_at = now
+        self.placer.changed(to, Why.COMMIT)
+        self.rec.moved(now)
+        assert self.rebalancer is not None
+        self._push(now + self.rebalancer.s.settle_s, _SETTLE, old.idx, inst.shape)

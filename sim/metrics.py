@@ -107,6 +107,8 @@ class PolicyResult(msgspec.Struct, kw_only=True):
     intervals: dict[str, Interval] = {}
     #: the production auctioneer's own counts (`sim.market`; empty on the fast path)
     market: dict[str, int] = {}
+    #: re-auctions by how they ended (`shared.reauction.Outcome`; empty without rebalance)
+    rebalance: dict[str, int] = {}
 
 
 def percentile(sorted_xs: list[float] | array[float], q: float) -> float:
@@ -171,6 +173,7 @@ class Recorder:
         self._window = [_ClassWindow() for _ in class_names]
         self._recent: list[array[float]] = [array("d") for _ in class_names]
         self._ever: list[int] = [0] * len(class_names)
+        self._moves = 0  # re-auction moves in the steady window
 
     def _in_window(self, arrived: float) -> bool:
         return self.start <= arrived <= self.end
@@ -198,6 +201,11 @@ class Recorder:
         r.ties += tie
         self.wins[self.labels[node]] += 1
         self.latencies.append(latency)
+
+    def moved(self, at: float) -> None:
+        """A re-auction moved a running instance (counted in ``migrations`` too)."""
+        self.result.migrations += 1
+        self._moves += self.start <= at <= self.end
 
     def unschedulable(self, reason: str, cls: int, first: bool, arrived: float = -1.0) -> None:
         self.result.unschedulable_rounds += 1
@@ -326,6 +334,8 @@ class Recorder:
             util_mean=_r(avg[0]), util_cv=_r(avg[1]), util_jain=_r(avg[2]),
             stranded_cpu=_r(avg[3]), stranded_memory=_r(avg[4]), empty_nodes=_r(avg[5]),
             nodes_in_use=_r(avg[6]), packing_bound=_r(avg[7]), packing_ratio=_r(avg[8]),
+            moves_per_hour=_r(self._moves * 3600.0 / (self.end - self.start))
+            if self.end > self.start else 0.0,
             all=every.result(sum(queued)), classes=classes,
             node_utilisation=[_r(percentile(per_node, q / 100)) for q in range(101)])
 

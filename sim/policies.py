@@ -28,7 +28,8 @@ from gavel.sim.market import Market
 from gavel.sim.metrics import PolicyResult, Recorder
 from gavel.sim.network import NetworkModel
 from gavel.sim.placer import Placer
-from gavel.sim.scenario import GavelPolicy, Scenario
+from gavel.sim.rebalance import Rebalancer
+from gavel.sim.scenario import GavelPolicy, Rebalance, Scenario
 from gavel.sim.stats import interval
 from gavel.sim.steady import flatten
 from gavel.sim.verdicts import Verdict, judge, questions
@@ -46,6 +47,8 @@ class PolicySpec(NamedTuple):
     kind: str  # "gavel" | "baseline"
     description: str
     build: Build
+    #: re-auction of running work (`sim.rebalance`), for a gavel policy that asks for it
+    rebalance: Rebalance | None = None
 
 
 class SimResult(msgspec.Struct, kw_only=True):
@@ -99,6 +102,10 @@ def _describe(policy: GavelPolicy) -> str:
         how += f"; nodes reserved for {', '.join(policy.reserve_for)}"
     if policy.auctioneer == "production":
         how += "; the production auctioneer"
+    if policy.rebalance is not None:
+        r = policy.rebalance
+        how += (f"; re-auction every {r.every_s:g} s ({r.sample} looked at, margin "
+                f"{r.margin:g}, {r.budget} moves a minute)")
     return f"gavel bidding ({parts}); {how}"
 
 
@@ -139,7 +146,7 @@ def plan(s: Scenario, seed: int, naive: bool = False) -> list[PolicySpec]:
                                rng=random.Random(f"{seed}/placer/{name}"), mode=p.mode,
                                d=p.d, naive=naive)
 
-        specs.append(PolicySpec(name, "gavel", _describe(p), gavel))
+        specs.append(PolicySpec(name, "gavel", _describe(p), gavel, p.rebalance))
     d = s.baselines.d
 
     def fresh(name: str, mode: str) -> Build:
@@ -182,8 +189,11 @@ def run_policy(s: Scenario, seed: int, spec: PolicySpec,
     if isinstance(placer, Production):  # the broker's auctioneer in virtual time
         return Market(s, placer.policy, cluster, catalogue, arrivals, script(s, seed),
                       placer.strategies, recorder, seed, progress).run()
+    rebalancer = None if spec.rebalance is None else Rebalancer(
+        spec.rebalance, [c.name for c in s.workload.classes], cluster, catalogue, placer,
+        random.Random(f"{seed}/rebalance/{spec.name}"))
     engine = Engine(s, cluster, catalogue, arrivals, script(s, seed), placer, recorder,
-                    progress)
+                    progress, rebalancer)
     return engine.run()
 
 

@@ -13,6 +13,7 @@ from typing import Annotated, Literal
 
 import msgspec
 
+from gavel.shared.reauction import Settings
 from gavel.shared.strategies import make_strategy
 from gavel.shared.timing import Timing
 from gavel.sim.distributions import Choice, Constant, DurationDist, LatencyDist
@@ -29,6 +30,7 @@ __all__ = [
     "MixEntry",
     "Network",
     "NodeGroup",
+    "Rebalance",
     "Scenario",
     "ScenarioError",
     "Workload",
@@ -78,6 +80,18 @@ class MixEntry(_Config, kw_only=True):
         return self.name or self.strategy
 
 
+class Rebalance(Settings, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Re-auction of running work (`shared.reauction`'s settings, and what the simulator
+    must be told of the workload): a ``rebalance = { ... }`` on a ``[[gavel]]`` policy."""
+
+    #: the workload classes whose instances are service replicas (they may move); the
+    #: others are jobs, which stay (`shared.reauction` rule 1)
+    classes: list[Label] = msgspec.field(default_factory=lambda: ["service"])
+    #: how long a move holds room on both nodes: the new copy starts, must be healthy this
+    #: long, then the old one stops (a service's ``update.min_healthy_s``)
+    settle_s: NonNegFloat = 10.0
+
+
 class GavelPolicy(_Config, kw_only=True):
     name: Label
     mix: Annotated[list[MixEntry], msgspec.Meta(min_length=1)]
@@ -91,6 +105,8 @@ class GavelPolicy(_Config, kw_only=True):
     #: fast: one request per round on the order book, awards at once (`sim.gavel`);
     #: production: the broker's own auctioneer in virtual time (`sim.market`, `market`)
     auctioneer: Literal["fast", "production"] = "fast"
+    #: re-auction running work that may move (`sim.rebalance`; the fast auctioneer only)
+    rebalance: Rebalance | None = None
 
 
 class Market(_Config, kw_only=True):
@@ -283,6 +299,16 @@ def _check(s: Scenario) -> str | None:
             except ValueError as exc:
                 return f"field gavel[{i}].mix[{j}]: {exc}."
     classes = {c.name for c in s.workload.classes}
+    for i, policy in enumerate(s.gavel):
+        if policy.rebalance is None:
+            continue
+        if policy.auctioneer == "production":
+            return (f"field gavel[{i}].rebalance: re-auction runs on the fast auctioneer "
+                    "only (auctioneer = \"fast\").")
+        unknown = sorted(set(policy.rebalance.classes) - classes)
+        if unknown:
+            return (f"field gavel[{i}].rebalance.classes: expected workload classes "
+                    f"({', '.join(sorted(classes))}), got {unknown[0]!r}.")
     for i, cls in enumerate(s.workload.classes):
         for field in ("cpu", "memory_mb"):
             size = getattr(cls, field)

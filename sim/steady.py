@@ -44,6 +44,8 @@ class Steady(msgspec.Struct, kw_only=True):
     nodes_in_use: float = 0.0
     packing_bound: float = 0.0
     packing_ratio: float = 0.0
+    #: running instances a re-auction moved, per hour of the window (`sim.rebalance`)
+    moves_per_hour: float = 0.0
     #: every class together (rule 2)
     all: ClassSteady = msgspec.field(default_factory=ClassSteady)
     classes: dict[str, ClassSteady] = {}
@@ -53,7 +55,7 @@ class Steady(msgspec.Struct, kw_only=True):
 
 #: node figures compared across policies (lower is better unless marked in the report)
 COMPARED = ("util_mean", "util_cv", "util_jain", "stranded_cpu", "stranded_memory",
-            "empty_nodes", "nodes_in_use", "packing_bound", "packing_ratio")
+            "empty_nodes", "nodes_in_use", "packing_bound", "packing_ratio", "moves_per_hour")
 #: instance figures, overall (``all.``) and per class (``classes.NAME.``)
 CLASS_COMPARED = ("first_auction", "wait_p50", "wait_p99", "unschedulable", "abandoned",
                   "queued_end")
