@@ -71,6 +71,8 @@ class _Holdings(Sequence[Holding]):
         self.running = running
         self.service = service
         self.ids = ids
+        #: instance id -> its index, for the holdings built so far
+        self.index: dict[str, int] = {}
 
     def __len__(self) -> int:
         return len(self.running)
@@ -83,7 +85,9 @@ class _Holdings(Sequence[Holding]):
         if isinstance(i, slice):
             return [self[k] for k in range(*i.indices(len(self)))]
         inst = self.running[i]
-        return Holding(instance_id=str(inst.seq), node_id=self.ids[inst.node],
+        iid = str(inst.seq)
+        self.index[iid] = i
+        return Holding(instance_id=iid, node_id=self.ids[inst.node],
                        kind=SERVICE if self.service[inst.cls] else JOB,
                        placed_at=inst.placed_at)
 
@@ -121,11 +125,10 @@ class Rebalancer:
         chosen = choose(holdings, now, self.s, self.budget, self.rng,
                         in_flight=dict.fromkeys(self.in_flight, 1), draining=draining,
                         prefer=prefer)
-        by_seq = {str(inst.seq): inst for inst in running}
         shapes = [self.catalogue.requests[w] for w in waiting]
         moved = 0
         for h in chosen:
-            inst = by_seq[h.instance_id]
+            inst = running[holdings.index[h.instance_id]]
             to = self._auction(now, inst, shapes)
             if to < 0:
                 continue
