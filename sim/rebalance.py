@@ -72,7 +72,7 @@ class _Holdings(Sequence[Holding]):
         self.service = service
         self.ids = ids
         #: instance id -> its index, for the holdings built so far
-        self.index: dict[str, int] = {}
+        self.built: dict[str, int] = {}
 
     def __len__(self) -> int:
         return len(self.running)
@@ -86,7 +86,7 @@ class _Holdings(Sequence[Holding]):
             return [self[k] for k in range(*i.indices(len(self)))]
         inst = self.running[i]
         iid = str(inst.seq)
-        self.index[iid] = i
+        self.built[iid] = i
         return Holding(instance_id=iid, node_id=self.ids[inst.node],
                        kind=SERVICE if self.service[inst.cls] else JOB,
                        placed_at=inst.placed_at)
@@ -128,7 +128,7 @@ class Rebalancer:
         shapes = [self.catalogue.requests[w] for w in waiting]
         moved = 0
         for h in chosen:
-            inst = running[holdings.index[h.instance_id]]
+            inst = running[holdings.built[h.instance_id]]
             to = self._auction(now, inst, shapes)
             if to < 0:
                 continue
