@@ -119,6 +119,9 @@ class Auctioneer:
         #: Dry runs' auctions (`broker.planner`): a reply for one of these ids is the plan's.
         self.dry: dict[str, Callable[[BidReply, float], None]] = {}
         self._wait_timer: asyncio.TimerHandle | None = None
+        #: Takes the replies of auctions that are not this auctioneer's (re-auctions,
+        #: `broker.reauction`): True when it took the reply.
+        self.divert: Callable[[BidReply], bool] | None = None
 
     # -- the core's state, as the broker's other parts and the tests read it ---------------
     @property
@@ -208,6 +211,8 @@ class Auctioneer:
             return
         if self.dry and (dry := self.dry.get(reply.auction_id)) is not None:
             dry(reply, self.ctx.now())
+            return
+        if self.divert is not None and self.divert(reply):
             return
         self.replies_total += 1
         now = self.ctx.now()

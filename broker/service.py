@@ -72,6 +72,7 @@ from gavel.broker.mirror import Mirror
 from gavel.broker.outbox import Outbox
 from gavel.broker.periodic import Periodic
 from gavel.broker.promises import Promises
+from gavel.broker.reauction import Rebalancer
 from gavel.broker.retention import Retention
 from gavel.broker.services import Services
 from gavel.broker.systems import Systems
@@ -81,6 +82,7 @@ from gavel.shared import subjects
 from gavel.shared.admission import DEFAULT_CAPS, Caps
 from gavel.shared.health import Deafness, Liveness, silences
 from gavel.shared.messages import RFB
+from gavel.shared.reauction import Settings
 from gavel.shared.records import NodeFile
 from gavel.shared.timing import Timing
 from gavel.transport import wire
@@ -133,6 +135,7 @@ class Broker:
         leader: Leadership | None = None,
         metrics: Metrics | None = None,
         kv_replicas: int = 1,
+        rebalance: Settings | None = None,
     ) -> None:
         self.log = logging.getLogger("gavel.broker")
         self.nats_url = nats_url
@@ -175,7 +178,14 @@ class Broker:
                                      rng=random.Random(seed))
         self.promises = Promises(ctx, capacity_freed=self.auctioneer.capacity_freed)
         self.retention = Retention(ctx, wall, ended_max)
-        self.services = Services(ctx, self.promises, wall)
+        #: Re-auction's new copies, not counted by the keeper until they settle.
+        moving: set[str] = set()
+        self.services = Services(ctx, self.promises, wall, moving=moving)
+        self.rebalancer = Rebalancer(ctx, rebalance, promises=self.promises,
+                                     award_for=self.assignments.award_for,
+                                     free=self.auctioneer.free, moving=moving,
+                                     rng=random.Random(seed))
+        self.auctioneer.divert = self.rebalancer.divert
         self.arrays = Arrays(ctx)
         self.systems = Systems(ctx, self.promises, wall)
         self.periodic = Periodic(ctx, self.promises, wall)
@@ -354,6 +364,7 @@ class Broker:
         await self.events.settle(_CLOSE_S)  # stored before we go (`broker.events` rule 3)
         for t in self._tasks:
             t.cancel()
+        await self.rebalancer.close()
         self.api.close()  # requests waiting for a commit that will not come now
         if self._tasks:
             _, stuck = await asyncio.wait(self._tasks, timeout=_CLOSE_S)
@@ -444,6 +455,7 @@ class Broker:
                     watched = now
                     self.promises.watch(now)
                     self.services.watch(now)
+                    self.rebalancer.watch(now)
                     self.arrays.watch()
                     self.systems.watch()
                     self.periodic.watch()

@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import functools
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from datetime import datetime
 
 from gavel.broker.context import Context
@@ -57,7 +57,8 @@ __all__ = ["STOPS", "Services"]
 
 #: The reasons the service itself stops a replica for: such an end is not replaced.
 STOPS = frozenset({Reason.SCALED_DOWN.value, Reason.SERVICE_STOPPED.value,
-                   Reason.SUPERSEDED.value})
+                   Reason.SUPERSEDED.value, Reason.REBALANCED.value,
+                   Reason.MOVE_ABANDONED.value})
 #: Ends a deploying version's replica may come to on its own (keeper rule 4).
 _OWN_ENDS = frozenset({InstanceState.FAILED, InstanceState.SUCCEEDED})
 #: Rule 6: replicas one pass starts at most.
@@ -68,8 +69,11 @@ PASS_SHARE = 4.0
 
 class Services:
     def __init__(self, ctx: Context, promises: Promises, wall: Callable[[], datetime],
-                 rng: random.Random | None = None) -> None:
+                 rng: random.Random | None = None, moving: Collection[str] = ()) -> None:
         self.ctx = ctx
+        #: New copies a re-auction is moving replicas to (`broker.reauction`): the keeper
+        #: counts them once they stand for the replica they replace, not before.
+        self.moving = moving
         self.promises = promises
         self.wall = wall
         #: Draws the random part of replica ids (OS-seeded: a broker started again with a
@@ -109,7 +113,7 @@ class Services:
         out = []
         placed_on = view.placed_on if isinstance(view, View) else view.placement_of
         for r in recs:
-            if r.state.terminal or r.cancelling:
+            if r.state.terminal or r.cancelling or r.instance_id in self.moving:
                 continue
             iid = r.instance_id
             waiting = placed_on(iid) is None

@@ -102,6 +102,8 @@ class BrokerConfig(DaemonConfig, kw_only=True, forbid_unknown_fields=True):
     batch_max: Annotated[int, msgspec.Meta(ge=1, le=10_000)] = 256
     max_auctions: Annotated[int, msgspec.Meta(ge=1, le=1000)] = 16
     batch_wait_ms: Annotated[float, msgspec.Meta(ge=0, le=60_000)] = 0.0
+    #: Re-auction of running replicas every this many seconds (`broker.reauction`); 0: off.
+    rebalance_every_s: Annotated[float, msgspec.Meta(ge=0, le=86_400)] = 0.0
     #: The least time between one commit and the next (`broker.committer` rule 7).
     commit_gap_ms: Annotated[float, msgspec.Meta(ge=0, le=10_000)] = 0.0
     #: Ended instance records kept in the tree at most (the oldest leave first); 0: no cap.

@@ -51,6 +51,7 @@ from gavel.cli.config import (
 )
 from gavel.cli.options import BROKER_OPTIONS, GATEWAY_OPTIONS, WORKER_OPTIONS, flags_of
 from gavel.shared.admission import Caps
+from gavel.shared.reauction import Settings
 from gavel.shared.redact import mask_url
 from gavel.shared.strategies import Strategy
 from gavel.transport.creds import connect_options
@@ -288,7 +289,9 @@ def make_broker(cfg: BrokerConfig, secrets: dict[str, str],
         "sample_d": cfg.sample_d or None, "batch_max": cfg.batch_max,
         "max_auctions": cfg.max_auctions, "batch_wait_s": cfg.batch_wait_ms / 1000,
         "commit_gap_s": cfg.commit_gap_ms / 1000, "ended_max": cfg.ended_max,
-        "caps": Caps(per_service=cfg.max_service_count, instances=cfg.max_instances)}
+        "caps": Caps(per_service=cfg.max_service_count, instances=cfg.max_instances),
+        "rebalance": Settings(every_s=cfg.rebalance_every_s) if cfg.rebalance_every_s
+        else None}
     nats_options = {"error_cb": errors or Refusals(cfg, lambda: None).on_error,
                     **nats_options_of(cfg)}
     try:

@@ -135,6 +135,10 @@ BROKER_OPTIONS: list[Option] = [
     Option("batch_wait_ms", "--batch-wait-ms", "GAVEL_BATCH_WAIT_MS", non_negative_float,
            "let waiting requests wait this long for a fuller batch before an auction opens "
            "(default 0: at once; a broadcast round costs a reply from every node)", "MS"),
+    Option("rebalance_every_s", "--rebalance-every-s", "GAVEL_REBALANCE_EVERY_S",
+           non_negative_float, "re-auction running service replicas every S seconds and "
+           "move those another node bids enough better for, health-gated (default 0: off; "
+           "a spec's move = false pins its own)", "S"),
     Option("commit_gap_ms", "--commit-gap-ms", "GAVEL_COMMIT_GAP_MS", non_negative_float,
            "start the next commit no sooner than this long after the last was written: "
            "fewer, bigger commits under sustained load, burstier awards at light load "

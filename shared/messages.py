@@ -212,6 +212,9 @@ class RFB(Message, tag="rfb"):
     #: nothing will be awarded, and a bid holds nothing on its node in any case (no
     #: reservation, no offer kept), so a node answers it the same.
     dry_run: bool = False
+    #: A re-auction's holder (`shared.reauction` rule 3): the node that runs the instance
+    #: already answers on its view without it, so its bid is what keeping it costs.
+    keep: Annotated[str, msgspec.Meta(max_length=253)] = ""
 
 
 class Bid(Message, tag="bid"):

@@ -68,6 +68,10 @@ class Reason(StrEnum):
     PERIODIC_STOPPED = "cancelled: the periodic job was cancelled"
     NAME_TAKEN = "a workload of another kind already has that name"
     SUPERSEDED = "stopped: replaced by a replica of another version"
+    #: A replica a re-auction moved (`shared.reauction`): its new copy is healthy elsewhere.
+    REBALANCED = "stopped: moved by a re-auction to a node that bid better"
+    #: A re-auction's new copy that did not become healthy in time: the old one stays.
+    MOVE_ABANDONED = "stopped: the re-auction's new copy was not healthy in time"
     SPREAD = "no node that bid keeps the service spread over its label"
     DEPLOY_UNHEALTHY = "a new replica was not healthy within the deploy's deadline"
     ROLLED_BACK = "rolled back to the last version that was healthy"

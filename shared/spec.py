@@ -257,6 +257,10 @@ class Spec(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     #: A fire time while an earlier run still runs: ``skip`` it (None: the default) or
     #: ``allow`` the runs to overlap.
     overlap: Annotated[str, msgspec.Meta(max_length=16)] | None = None
+    #: May a re-auction move it once it runs (`shared.reauction` rule 1)? None: a service's
+    #: replicas may, jobs, system instances and those using volumes stay; true opts them
+    #: in; false pins it where it runs.
+    move: bool | None = None
 
     def __post_init__(self) -> None:
         if not self.command and self.image is None:

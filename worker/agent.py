@@ -52,6 +52,7 @@ from gavel.shared.messages import (
     Message,
 )
 from gavel.shared.reasons import Reason
+from gavel.shared.reauction import keep_view
 from gavel.shared.spec import Spec
 from gavel.shared.strategies import Strategy, answer
 from gavel.shared.timing import Timing
@@ -414,8 +415,10 @@ class Agent:
             self._wake.set()
             return
         view, strategy = self._view, self.strategy
+        keeps = rfb.keep == self.node_id  # a re-auction of what this node runs: keep-bid
         reply = BidReply(auction_id=rfb.auction_id, node_id=self.node_id,
-                         answers=[answer(strategy, shape, view, i)
+                         answers=[answer(strategy, shape, keep_view(view, shape) if keeps
+                                         else view, i)
                                   for i, shape in enumerate(rfb.shapes)])
         await self._send(self._bids_subject, reply)
 

@@ -1,0 +1,391 @@
+"""Re-auction in the broker: running replicas move when the market says a move pays
+(`shared.reauction`), health-gated the way a rolling deploy replaces a replica.
+
+Rules:
+1. Off unless the broker is given settings (``--rebalance-every-s``): the cluster-wide
+   switch. A spec's ``move = false`` pins its instances; a draining node's instances are
+   the drain's to move. A round runs every ``every_s``, and a tick after a node the broker
+   did not know before becomes eligible; one round at a time, its candidates one after
+   another, each decided on the state its predecessors' moves left (`shared.reauction`
+   rule 6).
+2. Candidates come from git: placed replicas, running and healthy (one that is not is the
+   keeper's), of a service that is not deploying. The cool-down runs from when this broker
+   first saw the replica or last moved it — memory only, like the keeper's clocks: a
+   restarted broker waits a cool-down before it moves anything.
+3. A candidate's re-auction is an ordinary broadcast auction of its request among the
+   eligible, non-draining nodes, its RFB naming the holder (``keep``) so the holder prices
+   keeping it. It is decided by the award rule with the group's replicas per node (the
+   candidate left out of its holder's count) and judged with the shapes of the work that
+   waits unschedulable.
+4. A move is a commit (`plan_move`): a new replica of the same version placed on the
+   winner, the re-auction's record as its trailer and the judgement as its line, so
+   ``gavel why NEW`` says why it is there. The keeper does not count the new copy
+   (`Services.moving`) until it has been healthy for the spec's ``update.min_healthy_s``;
+   then one commit stops the old replica (REBALANCED) and the new one counts. A new copy
+   that ends, or is not healthy within ``update.healthy_deadline_s``, is stopped
+   (MOVE_ABANDONED) and the old one stays. A service's moves in flight count against its
+   ``update.max_parallel``, and every move spends the cluster-wide budget.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+import uuid
+from collections import Counter
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+import msgspec
+
+from gavel.broker.context import Context
+from gavel.broker.ledger.committer import Item, Planned
+from gavel.broker.ledger.plan import View, place, stop, submit
+from gavel.broker.ledger.state import State
+from gavel.broker.promises import Promises
+from gavel.shared import subjects
+from gavel.shared.auction import Auction, Awarded
+from gavel.shared.messages import Award, BidReply, Capacity, EventType, Health, InstanceState
+from gavel.shared.messages import Request as Req
+from gavel.shared.reasons import Reason
+from gavel.shared.reauction import Budget, Holding, Judgement, Room, Settings, choose, judge
+from gavel.shared.records import AuctionRecord, InstanceRecord, auction_trailer
+from gavel.shared.spread import Tally
+
+__all__ = ["PREFIX", "Moved", "Rebalancer", "plan_move"]
+
+#: Re-auctions' ids start so: their replies are this part's, not the auctioneer's.
+PREFIX = "re-"
+
+
+@dataclass(frozen=True)
+class Moved:
+    """A move's commit landed: tell the winner, start the new copy's clocks."""
+
+    old: str
+    new: str
+    holder: str
+    winner: str
+
+
+@dataclass
+class _Move:
+    service: str
+    old: str
+    new: str
+    holder: str
+    winner: str
+    started: float
+    deadline_s: float
+    settle_s: float
+    committing: bool = False
+
+
+def plan_move(view: View, *, old: str, holder: str, new: str, decision: Awarded,
+              auction_id: str, port_range: list[int], judgement: Judgement) -> Planned | None:
+    """Rule 4's first commit: the new copy of `old` placed on the winner; None when `old`
+    no longer runs on `holder` or the winner can no longer take it."""
+    rec = view.instance(old)
+    if rec is None or rec.state.terminal or rec.cancelling or view.placed_on(old) != holder \
+            or view.instance(new) is not None:
+        return None
+    copy = InstanceRecord(instance_id=new, spec=rec.spec, service=rec.service,
+                          version=rec.version)
+    submit(view, copy)
+    awarded = msgspec.structs.replace(decision, request=msgspec.structs.replace(
+        decision.request, instance_id=new))
+    if place(view, awarded, auction_id, port_range) is None:
+        view.drop_instance(new)
+        return None
+    winner = decision.winner.node_id
+    line = (f"service {rec.service}: re-auction moves {old} from {holder} to {winner} as "
+            f"{new}: {judgement.sentence(holder)}")
+    record = AuctionRecord(auction_id=auction_id, instance_id=new, winner=winner,
+                           load=decision.winner.load, tie_broken=decision.tie_broken,
+                           bids=list(decision.bids), declines=list(decision.declines),
+                           silent=list(decision.silent),
+                           summary=f"moved {old} from {holder}: {judgement.sentence(holder)}")
+    return Planned(lines=[line], trailers=[auction_trailer(record)],
+                   effects=[Moved(old=old, new=new, holder=holder, winner=winner)])
+
+
+class Rebalancer:
+    def __init__(self, ctx: Context, settings: Settings | None, *, promises: Promises,
+                 award_for: Callable[[str, str, str], Award | None],
+                 free: Callable[[Iterable[str]], dict[str, Capacity]],
+                 moving: set[str], rng: random.Random | None = None) -> None:
+        self.ctx = ctx
+        self.settings = settings
+        self.promises = promises
+        self.award_for = award_for
+        self.free = free
+        #: The new copies in flight, shared with `Services` (rule 4).
+        self.moving = moving
+        self.rng = rng or random.Random()
+        self.budget = Budget(settings.budget if settings else 0)
+        self.moves: dict[str, _Move] = {}  # new copy -> its move
+        self._seen: dict[str, float] = {}  # replica -> first seen or last moved (rule 2)
+        self._known: set[str] | None = None
+        self._next = ctx.now() + (settings.every_s if settings else 0.0)
+        self._task: asyncio.Task[None] | None = None
+        self._auction: Auction | None = None
+        self._answered: asyncio.Event = asyncio.Event()
+        #: Re-auctions by how they ended, and moves finished or abandoned.
+        self.outcomes: Counter[str] = Counter()
+        self.moved_total = 0
+        self.abandoned_total = 0
+        ctx.committer.effects.on(Moved, self._moved)
+
+    # -- the loop's pass -----------------------------------------------------------------
+    def watch(self, now: float) -> None:
+        """Rule 1: settle the moves in flight; start a round when one is due."""
+        s = self.settings
+        if s is None or self.ctx.ledger.pinned:
+            return
+        state = self.ctx.ledger.state()
+        self._settle(state, now)
+        nodes = set(self.ctx.liveness.eligible(now))
+        if self._known is not None and nodes - self._known:
+            self._next = min(self._next, now + self.ctx.timing.tick_s)
+        self._known = nodes
+        if now < self._next or (self._task is not None and not self._task.done()):
+            return
+        self._next = now + s.every_s
+        self._task = asyncio.get_running_loop().create_task(self._round(s))
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    def divert(self, reply: BidReply) -> bool:
+        """The auctioneer's replies to re-auctions come here (rule 3)."""
+        if not reply.auction_id.startswith(PREFIX):
+            return False
+        auction = self._auction
+        if auction is not None and auction.auction_id == reply.auction_id:
+            auction.receive(reply, self.ctx.now())
+            if auction.done(self.ctx.now()):
+                self._answered.set()
+        return True
+
+    # -- a round -------------------------------------------------------------------------
+    async def _round(self, s: Settings) -> None:
+        try:
+            now = self.ctx.now()
+            state = self.ctx.ledger.state()
+            holdings = self._holdings(state, now)
+            flying = Counter(m.service for m in self.moves.values())
+            draining = {nid for nid, nf in state.nodes.items() if nf.draining}
+            for h in choose(holdings, now, s, self.budget, self.rng, in_flight=flying,
+                            draining=draining):
+                if self.budget.left(self.ctx.now()) == 0:
+                    break
+                await self._reauction(s, h)
+        except Exception:
+            self.ctx.log.exception("re-auction round failed; the next one tries again")
+
+    def _holdings(self, state: State, now: float) -> list[Holding]:
+        """Rule 2: the placed, healthy replicas of services that are not deploying."""
+        out: list[Holding] = []
+        seen = self._seen
+        for name, svc in state.services.items():
+            dep = svc.deployment
+            if dep is not None and dep.state == "running":
+                continue
+            for rec in state.replicas_of(name):
+                iid = rec.instance_id
+                node = state.placement_of(iid)
+                if node is None or rec.state.terminal or rec.cancelling or iid in self.moving:
+                    continue
+                placed = seen.setdefault(iid, now)
+                note = self.promises.health.get(iid)
+                healthy = note.health == Health.HEALTHY if note is not None else (
+                    not rec.spec.checks and rec.state is InstanceState.RUNNING)
+                if not healthy:
+                    continue
+                out.append(Holding(
+                    instance_id=iid, node_id=node, kind=rec.spec.type, group=name,
+                    move=rec.spec.move, volumes=bool(rec.spec.volumes), placed_at=placed,
+                    max_parallel=rec.spec.update.max_parallel))
+        return out
+
+    async def _reauction(self, s: Settings, h: Holding) -> None:
+        """Rule 3, and rule 4's first commit when the move pays."""
+        ctx = self.ctx
+        now = ctx.now()
+        state = ctx.ledger.state()
+        rec = state.instances.get(h.instance_id)
+        if rec is None or state.placement_of(h.instance_id) != h.node_id:
+            return
+        draining = {nid for nid, nf in state.nodes.items() if nf.draining}
+        beats = ctx.liveness.heartbeats
+        eligible = [n for n in ctx.liveness.eligible(now)
+                    if n not in draining and not (n in beats and beats[n].draining)]
+        if h.node_id not in eligible or len(eligible) < 2:
+            return
+        request = Req.of(rec.instance_id, rec.spec, group=rec.service)
+        aid = f"{PREFIX}{uuid.uuid4().hex[:12]}"
+        auction = Auction(aid, [request], eligible, now, ctx.timing.bid_deadline_s)
+        self._auction = auction
+        self._answered.clear()
+        ctx.outbox.publish(subjects.RFB, msgspec.structs.replace(auction.rfb(),
+                                                                 keep=h.node_id))
+        ctx.outbox.flush()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._answered.wait(), auction.deadline_s)
+        self._auction = None
+        state = ctx.ledger.state()
+        free = self.free(eligible)
+        if h.node_id in free:
+            free[h.node_id] = free[h.node_id] + request
+        held = self._held(state, rec.service, h)
+        labels = {n: dict(beats[n].labels) for n in eligible if n in beats}
+        decision = auction.decide(ctx.now(), free, held=held, labels=labels)[0]
+        waiting = [Req.of(r.instance_id, r.spec) for r in state.instances.values()
+                   if r.state is InstanceState.UNSCHEDULABLE]
+        winner = decision.winner.node_id if isinstance(decision, Awarded) else ""
+        verdict = judge(request, h.node_id, decision, margin=s.margin,
+                        holder_room=self._room(state, h.node_id),
+                        winner_room=self._room(state, winner) if winner else None,
+                        waiting=waiting, tally=Tally(held, labels))
+        self.outcomes[verdict.outcome] += 1
+        if not verdict.moves or not isinstance(decision, Awarded):
+            return
+        await self._commit_move(s, h, rec, decision, aid, verdict)
+
+    @staticmethod
+    def _held(state: State, service: str, h: Holding) -> dict[str, dict[str, int]]:
+        """The service's live replicas per node, the candidate left out (rule 3)."""
+        per = state.held_by(service)
+        per[h.node_id] = per.get(h.node_id, 1) - 1
+        return {service: per}
+
+    def _room(self, state: State, node: str) -> Room:
+        hb = self.ctx.liveness.heartbeats.get(node)
+        capacity = hb.capacity if hb is not None else Capacity()
+        return Room(capacity, state.committed.get(node) or Capacity(),
+                    dict(hb.labels) if hb else {})
+
+    async def _commit_move(self, s: Settings, h: Holding, rec: InstanceRecord,
+                           decision: Awarded, aid: str, verdict: Judgement) -> None:
+        ctx = self.ctx
+        new = self._new_id(ctx.ledger.state(), rec.service)
+        winner = decision.winner.node_id
+        hb = ctx.liveness.heartbeats.get(winner)
+        update = rec.spec.update
+        self.moves[new] = _Move(service=rec.service, old=h.instance_id, new=new,
+                                holder=h.node_id, winner=winner, started=ctx.now(),
+                                deadline_s=update.healthy_deadline_s,
+                                settle_s=update.min_healthy_s)
+        self.moving.add(new)
+        landed: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+
+        def plan(view: View) -> Planned | None:
+            got = plan_move(view, old=h.instance_id, holder=h.node_id, new=new,
+                            decision=decision, auction_id=aid,
+                            port_range=list(hb.port_range) if hb else [], judgement=verdict)
+            if got is None:
+                _settle_future(landed, False)
+            elif got is not None:
+                got.after.append(lambda _sha: _settle_future(landed, True))
+            return got
+
+        def failed(_reason: Reason, _detail: str) -> None:
+            _settle_future(landed, False)
+
+        ctx.committer.submit(Item(plan=plan, failed=failed, retry=False))
+        if await landed:
+            self.budget.spend(ctx.now())
+            self._seen[h.instance_id] = ctx.now()
+            self._seen[new] = ctx.now()
+        else:
+            self.moves.pop(new, None)
+            self.moving.discard(new)
+
+    def _new_id(self, state: State, name: str) -> str:
+        while True:
+            iid = f"{name}-{self.rng.getrandbits(24):06x}"
+            if iid not in state.instances and iid not in self.moves:
+                return iid
+
+    def _moved(self, e: Moved, sha: str) -> None:
+        """The move's commit is durable: the winner is told, the new copy's clocks start."""
+        ctx = self.ctx
+        rec = ctx.ledger.state().instances.get(e.new)
+        ctx.timers.placed(e.new, e.winner, ctx.now(), ctx.timing,
+                          rec.spec.timeout_s if rec else None)
+        award = self.award_for(e.new, e.winner, sha)
+        if award is not None:
+            ctx.outbox.publish(subjects.AWARD.format(node=e.winner), award)
+        ctx.events.emit(e.new, EventType.PLACED, node_id=e.winner,
+                        detail=f"commit {sha[:12]}; moved here from {e.holder} "
+                               f"(replaces {e.old})")
+
+    # -- rule 4: a move in flight settles, or is abandoned ----------------------------
+    def _settle(self, state: State, now: float) -> None:
+        for m in list(self.moves.values()):
+            if m.committing:
+                continue
+            old = state.instances.get(m.old)
+            new = state.instances.get(m.new)
+            if new is None:
+                continue  # its commit has not landed yet
+            note = self.promises.health.get(m.new)
+            healthy_for = now - note.since if note is not None and \
+                note.health == Health.HEALTHY else None
+            if new.state.terminal or new.cancelling or (
+                    healthy_for is None and now - m.started >= m.deadline_s):
+                self._finish(m, stop_id=m.new, reason=Reason.MOVE_ABANDONED)
+            elif old is None or old.state.terminal or old.cancelling:
+                self._finish(m, stop_id="", reason=Reason.REBALANCED)  # gone anyway
+            elif healthy_for is not None and healthy_for >= m.settle_s:
+                self._finish(m, stop_id=m.old, reason=Reason.REBALANCED)
+
+    def _finish(self, m: _Move, *, stop_id: str, reason: Reason) -> None:
+        """One commit: stop `stop_id` (none: nothing to stop) and let the keeper count the
+        new copy if it stays."""
+        def done() -> None:
+            self.moves.pop(m.new, None)
+            self.moving.discard(m.new)
+            if reason is Reason.REBALANCED:
+                self.moved_total += 1
+            else:
+                self.abandoned_total += 1
+
+        if not stop_id:
+            done()
+            return
+        m.committing = True
+
+        def plan(view: View) -> Planned | None:
+            got = stop(view, stop_id, reason)
+            if got is None:
+                done()
+                return None
+            _rec, node = got
+            line = (f"service {m.service}: re-auction stops {stop_id}"
+                    + (f" on {node}" if node else "") + f": {reason}")
+            out = Planned(lines=[line])
+            out.after.append(lambda _sha: self._stopped(stop_id, node, reason))
+            out.after.append(lambda _sha: done())
+            return out
+
+        def failed(_reason: Reason, _detail: str) -> None:
+            m.committing = False
+
+        self.ctx.committer.submit(Item(plan=plan, failed=failed, retry=False))
+
+    def _stopped(self, iid: str, node: str, reason: Reason) -> None:
+        if node:
+            self.promises.send_cancel(iid, node)
+        else:
+            self.ctx.events.emit(iid, EventType.CANCELLED, reason=reason)
+            self.promises.ended(iid)
+
+
+def _settle_future(future: asyncio.Future[bool], value: bool) -> None:
+    if not future.done():
+        future.set_result(value)
