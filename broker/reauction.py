@@ -179,11 +179,15 @@ class Rebalancer:
             holdings = self._holdings(state, now)
             flying = Counter(m.service for m in self.moves.values())
             draining = {nid for nid, nf in state.nodes.items() if nf.draining}
-            for h in choose(holdings, now, s, self.budget, self.rng, in_flight=flying,
-                            draining=draining):
+            chosen = choose(holdings, now, s, self.budget, self.rng, in_flight=flying,
+                            draining=draining)
+            # what waits for room, once a round (not a scan of every record per candidate)
+            waiting = [Req.of(r.instance_id, r.spec) for r in state.instances.values()
+                       if r.state is InstanceState.UNSCHEDULABLE] if chosen else []
+            for h in chosen:
                 if self.budget.left(self.ctx.now()) == 0:
                     break
-                await self._reauction(s, h)
+                await self._reauction(s, h, waiting)
         except Exception:
             self.ctx.log.exception("re-auction round failed; the next one tries again")
 
@@ -212,7 +216,7 @@ class Rebalancer:
                     max_parallel=rec.spec.update.max_parallel))
         return out
 
-    async def _reauction(self, s: Settings, h: Holding) -> None:
+    async def _reauction(self, s: Settings, h: Holding, waiting: list[Req]) -> None:
         """Rule 3, and rule 4's first commit when the move pays."""
         ctx = self.ctx
         now = ctx.now()
@@ -244,8 +248,6 @@ class Rebalancer:
         held = self._held(state, rec.service, h)
         labels = {n: dict(beats[n].labels) for n in eligible if n in beats}
         decision = auction.decide(ctx.now(), free, held=held, labels=labels)[0]
-        waiting = [Req.of(r.instance_id, r.spec) for r in state.instances.values()
-                   if r.state is InstanceState.UNSCHEDULABLE]
         winner = decision.winner.node_id if isinstance(decision, Awarded) else ""
         verdict = judge(request, h.node_id, decision, margin=s.margin,
                         holder_room=self._room(state, h.node_id),

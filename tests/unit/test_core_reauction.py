@@ -198,3 +198,13 @@ def test_crowded_replicas_spread_onto_an_empty_node_by_the_spread_rule() -> None
     got = judge(replica, "n1", decision, margin=0.05, holder_room=_room(_view("n1", 0.3)),
                 winner_room=_room(_view("n2", 0.6)), tally=Tally(even, {}))
     assert got.outcome is Outcome.KEPT
+
+
+def test_the_reauction_bench_runs_both_rounds() -> None:
+    from gavel.bench.reauction import Fixture, measure
+
+    f = Fixture(nodes=30, waiting=3)
+    f.auction()
+    f.reauction()
+    ordinary, again = measure(30, 3, pairs=1, rounds=1)
+    assert ordinary >= 0.0 and again >= 0.0
