@@ -367,6 +367,8 @@ class Rebalancer:
             if got is None:
                 done()
                 return None
+            if stop_id == m.old:  # the keeper counts the new copy from this commit on:
+                self.moving.discard(m.new)  # its plans decide on this view, old one stopping
             _rec, node = got
             line = (f"service {m.service}: re-auction stops {stop_id}"
                     + (f" on {node}" if node else "") + f": {reason}")
@@ -377,6 +379,8 @@ class Rebalancer:
 
         def failed(_reason: Reason, _detail: str) -> None:
             m.committing = False
+            if m.new in self.moves:
+                self.moving.add(m.new)
 
         self.ctx.committer.submit(Item(plan=plan, failed=failed, retry=False))
 

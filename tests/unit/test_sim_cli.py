@@ -86,7 +86,8 @@ def test_progress_goes_to_stderr_and_the_table_to_stdout(
 
 @pytest.mark.parametrize("name", ["smoke", "binpacking", "failure-storm", "large-fleet",
                                   "heterogeneous", "heterogeneous-1k", "heterogeneous-1k-sampling",
-                                  "constrained-sampling", "strategy-mix"])
+                                  "constrained-sampling", "strategy-mix", "rebalance",
+                                  "rebalance-drift"])
 def test_shipped_scenarios_parse(name: str) -> None:
     assert load_scenario(SCENARIOS / f"{name}.toml").name == name
 
