@@ -187,6 +187,8 @@ async def why(args: argparse.Namespace) -> int:
         head = (f"auction {a.auction_id}: won by {a.winner} at load {a.load:.3f}"
                 + (" (tie broken on node id)" if a.tie_broken else "")
                 if a.winner else f"auction {a.auction_id}: {a.summary}")
+        if a.winner and a.summary:  # a re-auction's move says why it moved
+            head += f"; {a.summary}"
         print(head)
         for b in a.bids:
             mark = "*" if b.node_id == a.winner else " "

@@ -5,6 +5,9 @@ its spec pins never moves."""
 
 from __future__ import annotations
 
+import asyncio
+import os
+import subprocess
 import sys
 from collections import Counter
 
@@ -98,6 +101,12 @@ async def test_crowded_replicas_spread_onto_joining_nodes_health_gated(
     assert any(str(Outcome.SPREAD) in a.summary and "from n1" in a.summary
                for a in why.auctions), why.auctions
     assert any(b.node_id == "n1" for a in why.auctions for b in a.bids)  # the keep-bid
+    said = await asyncio.to_thread(
+        subprocess.run, [sys.executable, "-m", "gavel", "why", new, "--nats", cluster.url],
+        capture_output=True, text=True, timeout=120,
+        env={**os.environ, "GAVEL_LOG_LEVEL": "WARNING"})
+    assert said.returncode == 0 and f"moved {first_moved(moved, why)} from n1" in said.stdout \
+        and str(Outcome.SPREAD) in said.stdout, said
     broker = cluster.broker
     assert broker is not None and broker.rebalancer.moved_total == len(moved)
     log = messages(cluster)
@@ -122,3 +131,9 @@ def messages(cluster: Cluster) -> list[str]:
     """Every commit message on the state repository's branch, newest first."""
     repo = pygit2.Repository(str(cluster.state / "state.git"))
     return [c.message for c in repo.walk(repo.references["refs/heads/main"].target)]
+
+
+def first_moved(moved: list[str], why: WhyReply) -> str:
+    """The old replica `why`'s re-auction record names as the one it replaced."""
+    return next(iid for iid in moved if any(f"moved {iid} " in a.summary
+                                            for a in why.auctions))
