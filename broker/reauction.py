@@ -4,8 +4,9 @@
 Rules:
 1. Off unless the broker is given settings (``--rebalance-every-s``): the cluster-wide
    switch. A spec's ``move = false`` pins its instances; a draining node's instances are
-   the drain's to move. A round runs every ``every_s``, and a tick after a node the broker
-   did not know before becomes eligible; one round at a time, its candidates one after
+   the drain's to move. A round runs every ``every_s``, and a tick after capacity changes:
+   a node the broker did not know becomes eligible, or a request newly waits unschedulable
+   (looked for when the state changed); one round at a time, its candidates one after
    another, each decided on the state its predecessors' moves left (`shared.reauction`
    rule 6).
 2. Candidates come from git: placed replicas, running and healthy (one that is not is the
@@ -127,6 +128,8 @@ class Rebalancer:
         self.moves: dict[str, _Move] = {}  # new copy -> its move
         self._seen: dict[str, float] = {}  # replica -> first seen or last moved (rule 2)
         self._known: set[str] | None = None
+        self._state: State | None = None  # the state the waiting work was read from
+        self._waiting: set[str] = set()
         self._next = ctx.now() + (settings.every_s if settings else 0.0)
         self._task: asyncio.Task[None] | None = None
         self._auction: Auction | None = None
@@ -146,9 +149,16 @@ class Rebalancer:
         state = self.ctx.ledger.state()
         self._settle(state, now)
         nodes = set(self.ctx.liveness.eligible(now))
+        soon = now + self.ctx.timing.tick_s
         if self._known is not None and nodes - self._known:
-            self._next = min(self._next, now + self.ctx.timing.tick_s)
+            self._next = min(self._next, soon)
         self._known = nodes
+        if state is not self._state:
+            self._state = state
+            waiting = set(_waiting(state))
+            if waiting - self._waiting:
+                self._next = min(self._next, soon)
+            self._waiting = waiting
         if now < self._next or (self._task is not None and not self._task.done()):
             return
         self._next = now + s.every_s
@@ -182,8 +192,8 @@ class Rebalancer:
             chosen = choose(holdings, now, s, self.budget, self.rng, in_flight=flying,
                             draining=draining)
             # what waits for room, once a round (not a scan of every record per candidate)
-            waiting = [Req.of(r.instance_id, r.spec) for r in state.instances.values()
-                       if r.state is InstanceState.UNSCHEDULABLE] if chosen else []
+            waiting = [Req.of(iid, state.instances[iid].spec) for iid in _waiting(state)] \
+                if chosen else []
             for h in chosen:
                 if self.budget.left(self.ctx.now()) == 0:
                     break
@@ -395,3 +405,10 @@ class Rebalancer:
 def _settle_future(future: asyncio.Future[bool], value: bool) -> None:
     if not future.done():
         future.set_result(value)
+
+
+def _waiting(state: State) -> list[str]:
+    """The instances that wait unschedulable: pending, and found no room."""
+    instances = state.instances
+    return [iid for iid in state.pending if (rec := instances.get(iid)) is not None
+            and rec.state is InstanceState.UNSCHEDULABLE]

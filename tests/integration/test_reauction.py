@@ -11,6 +11,7 @@ import subprocess
 import sys
 from collections import Counter
 
+import msgspec
 import pygit2
 import pytest
 
@@ -60,9 +61,9 @@ def where(cluster: Cluster, name: str) -> dict[str, str]:
             if not r.state.terminal and (node := st.placement_of(r.instance_id)) is not None}
 
 
-async def crowd(cluster: Cluster, *specs: Spec) -> None:
+async def crowd(cluster: Cluster, *specs: Spec, settings: Settings = FAST) -> None:
     """Every replica of `specs` healthy on n1, the only node."""
-    await cluster.start_broker(rebalance=FAST)
+    await cluster.start_broker(rebalance=settings)
     await cluster.start_agent("n1")
     await cluster.wait_nodes(1)
     for spec in specs:
@@ -112,6 +113,20 @@ async def test_crowded_replicas_spread_onto_joining_nodes_health_gated(
     log = messages(cluster)
     assert any("re-auction moves" in m for m in log)
     assert any("re-auction stops" in m and str(Reason.REBALANCED) in m for m in log)
+
+
+async def test_a_joining_node_starts_a_round_before_the_period_is_up(
+        cluster: Cluster) -> None:
+    hourly = msgspec.structs.replace(FAST, every_s=3600.0)
+    await crowd(cluster, service("web", 2), settings=hourly)
+
+    def deployed() -> bool:  # a deploying service's replicas are the deployment's to move
+        dep = cluster.ledger().state().services["web"].deployment
+        return dep is not None and dep.state == "succeeded"
+    await wait_for(deployed, 30, what="web's first deployment done")
+    await cluster.start_agent("n2")
+    await wait_for(lambda: sorted(where(cluster, "web").values()) == ["n1", "n2"], 60,
+                   what="one replica moved to n2 by the round the join started")
 
 
 async def test_a_pinned_replica_never_moves(cluster: Cluster) -> None:
