@@ -22,7 +22,9 @@ Rules:
    winner, the re-auction's record as its trailer and the judgement as its line, so
    ``gavel why NEW`` says why it is there. The keeper does not count the new copy
    (`Services.moving`) until it has been healthy for the spec's ``update.min_healthy_s``;
-   then one commit stops the old replica (REBALANCED) and the new one counts. A new copy
+   then one commit stops the old replica (REBALANCED) and the new one counts; the old
+   one's node is told `ROUTE_DRAIN_TICKS` ticks after it (its event steps the gateways,
+   whose routes lead to no cancelling replica), so traffic leaves it before it stops. A new copy
    that ends, or is not healthy within ``update.healthy_deadline_s``, is stopped
    (MOVE_ABANDONED) and the old one stays. A service's moves in flight count against its
    ``update.max_parallel``, and every move spends the cluster-wide budget.
@@ -58,6 +60,9 @@ __all__ = ["PREFIX", "Moved", "Rebalancer", "plan_move"]
 
 #: Re-auctions' ids start so: their replies are this part's, not the auctioneer's.
 PREFIX = "re-"
+#: Ticks between a moved replica's stop commit and its node's cancel (rule 4): a gateway
+#: steps a tick after an event (more on a loaded host), so its routes leave the old copy first.
+ROUTE_DRAIN_TICKS = 10
 
 
 @dataclass(frozen=True)
@@ -132,6 +137,8 @@ class Rebalancer:
         self._waiting: set[str] = set()
         self._next = ctx.now() + (settings.every_s if settings else 0.0)
         self._task: asyncio.Task[None] | None = None
+        #: Cancels waiting for the gateways to route around the old copy (rule 4).
+        self._drains: list[asyncio.TimerHandle] = []
         self._auction: Auction | None = None
         self._answered: asyncio.Event = asyncio.Event()
         #: Re-auctions by how they ended, and moves finished or abandoned.
@@ -165,6 +172,8 @@ class Rebalancer:
         self._task = asyncio.get_running_loop().create_task(self._round(s))
 
     async def close(self) -> None:
+        for handle in self._drains:  # a broker started again tells the node (its watchdog)
+            handle.cancel()
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -395,7 +404,17 @@ class Rebalancer:
         self.ctx.committer.submit(Item(plan=plan, failed=failed, retry=False))
 
     def _stopped(self, iid: str, node: str, reason: Reason) -> None:
-        if node:
+        if node and reason is Reason.REBALANCED:
+            # The old copy leaves the routes first: its event steps the gateways (a
+            # cancelling replica leads nowhere), and its node is told a few ticks later, so
+            # no request is sent to a process that is stopping.
+            self.ctx.events.emit(iid, EventType.STOPPING, node_id=node, reason=reason)
+            self._drains = [h for h in self._drains if not h.cancelled()
+                            and h.when() > asyncio.get_running_loop().time()]
+            self._drains.append(asyncio.get_running_loop().call_later(
+                ROUTE_DRAIN_TICKS * self.ctx.timing.tick_s, self.promises.send_cancel, iid,
+                node))
+        elif node:
             self.promises.send_cancel(iid, node)
         else:
             self.ctx.events.emit(iid, EventType.CANCELLED, reason=reason)
