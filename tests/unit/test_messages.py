@@ -36,7 +36,7 @@ from gavel.shared.messages import (
     WatchGrant,
     WatchRequest,
 )
-from gavel.shared.records import AuctionRecord, Deployment
+from gavel.shared.records import AuctionRecord, Deployment, PeriodicRun
 from gavel.shared.spec import Check, Restart, Route
 
 SPEC = Spec(name="web-1", command=["python", "-m", "http.server"], env={"A": "b"}, cpu=0.5,
@@ -324,6 +324,12 @@ API_SAMPLES: list[Message] = [
                                 version=2, routes=[Route(path="/web", port="http")])],
         nodes=[api.NodeAddress(node_id="n1", address="10.0.0.1", health="healthy",
                                workdir="/var/lib/gavel/instances")]),
+    api.PeriodicJobsRequest(),
+    api.PeriodicJobsReply(jobs=[api.PeriodicStatus(
+        name="nightly", schedule="0 2 * * *", last_run="2026-12-02T02:00:00Z",
+        next_run="2026-12-03T02:00:00Z",
+        history=[PeriodicRun(at="2026-12-02T02:00:00Z", instance_id="nightly-20261202t020000z",
+                             outcome="succeeded")])]),
     ApiError(error="no such instance"),
 ]
 _api_types = tuple({type(m) for m in API_SAMPLES})
