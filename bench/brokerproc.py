@@ -13,10 +13,11 @@ import logging
 import os
 import signal
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 from gavel.broker.ha import HaBroker, HaSettings
-from gavel.broker.service import Broker, tune_gc
+from gavel.broker.service import Broker, Config, tune_gc
 from gavel.shared.timing import Timing
 from gavel.transport import eventloop
 
@@ -36,17 +37,17 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=os.environ.get("GAVEL_LOG_LEVEL", "WARNING"))
 
     async def run() -> None:
-        options = {"timing": Timing.from_env(os.environ), "batch_max": args.batch_max,
-                   "sample_d": args.sample_d, "max_auctions": args.max_auctions,
-                   "batch_wait_s": args.batch_wait_ms / 1000,
-                   "commit_gap_s": args.commit_gap_ms / 1000, "ended_max": args.ended_max}
+        config = Config(nats_url=args.url, state_dir=args.state,
+                        timing=Timing.from_env(os.environ), batch_max=args.batch_max,
+                        sample_d=args.sample_d, max_auctions=args.max_auctions,
+                        batch_wait_s=args.batch_wait_ms / 1000,
+                        commit_gap_s=args.commit_gap_ms / 1000, ended_max=args.ended_max)
         broker: Broker | HaBroker
         if args.ha_remote is not None:
-            broker = HaBroker(nats_url=args.url, state_dir=args.state, broker_id="bench",
-                              settings=HaSettings(remote=str(args.ha_remote), replicas=1),
-                              **options)
+            broker = HaBroker(replace(config, broker_id="bench"),
+                              settings=HaSettings(remote=str(args.ha_remote), replicas=1))
         else:
-            broker = Broker(nats_url=args.url, state_dir=args.state, **options)
+            broker = Broker(config)
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, broker.stop)

@@ -30,7 +30,7 @@ from typing import Any
 import msgspec
 import nats
 
-from gavel.broker.service import Broker
+from gavel.broker.service import Broker, Config
 from gavel.shared import subjects
 from gavel.shared.api import CancelReply, CancelRequest, SubmitReply, SubmitRequest
 from gavel.shared.messages import Event, Spec
@@ -77,8 +77,7 @@ async def measure(n: int, root: Path) -> list[dict[str, Any]]:
     client = docker.from_env()
     server = NatsServer(store_dir=root / "js", log=root / "nats.log").start()
     timing = Timing()
-    broker = Broker(nats_url=server.url, state_dir=root / "state", ref="refs/heads/main",
-                    timing=timing)
+    broker = Broker(Config(nats_url=server.url, state_dir=root / "state", timing=timing))
     await broker.start()
     engine = connect("auto", node_id="bench", home=str(root / "worker"))
     if engine is None:

@@ -35,15 +35,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
-from datetime import UTC, datetime
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from nats.aio.client import Client as NatsClient
 from prometheus_client.core import CounterMetricFamily, Metric
 
+from gavel.broker.config import Config
 from gavel.broker.connect import NatsUnreachable, connect_within
 from gavel.broker.context import Leadership
 from gavel.broker.lease import Lease
@@ -73,23 +73,20 @@ class HaSettings:
 
 
 class HaBroker:
-    """Rule 1's broker: ``await run()`` until `stop`. `broker` holds the `Broker` options
-    of every leadership (timing, secrets, batching...)."""
+    """Rule 1's broker: ``await run()`` until `stop`."""
 
-    def __init__(self, *, nats_url: str, state_dir: Path, broker_id: str, settings: HaSettings,
-                 ref: str = "refs/heads/main", nats_options: Mapping[str, Any] | None = None,
-                 connect_wait_s: float | None = 30.0,
-                 wall: Callable[[], datetime] = lambda: datetime.now(UTC),
-                 **broker: Any) -> None:
-        self.nats_url = nats_url
-        self.state_dir = Path(state_dir)
-        self.broker_id = broker_id
+    def __init__(self, config: Config, *, settings: HaSettings) -> None:
+        #: What every leadership is started with; `config.connect_wait_s` bounds this
+        #: broker's own first connect, a leadership's is the lease's TTL.
+        self.config = config
+        self.nats_url = config.nats_url
+        self.state_dir = Path(config.state_dir)
+        self.broker_id = config.broker_id
         self.settings = settings
-        self.ref = ref
-        self.nats_options = dict(nats_options or {})
-        self.connect_wait_s = connect_wait_s
-        self.wall = wall
-        self.options = broker
+        self.ref = config.ref
+        self.nats_options = dict(config.nats_options)
+        self.connect_wait_s = config.connect_wait_s
+        self.wall = config.wall
         self.metrics = Metrics()
         self.metrics.leadership(self._view, self._extra)
         #: The leadership now, if this broker leads; how many it has had.
@@ -176,14 +173,19 @@ class HaBroker:
         not after a takeover."""
         leader = Leadership(broker_id=self.broker_id, leading=lease.valid,
                             confirm=lease.confirm, ha=True)
-        broker = Broker(nats_url=self.nats_url, state_dir=self.state_dir, ref=self.ref,
-                        nats_options=self.nats_options, connect_wait_s=self.settings.ttl_s,
-                        broker_id=self.broker_id, leader=leader, metrics=self.metrics,
-                        kv_replicas=self.settings.replicas, wall=self.wall, **self.options)
         self._fenced.clear()
-        pusher = Pusher(broker.ledger.path, broker.ledger.ref, self.settings.remote,
-                        leading=lease.valid, on_fenced=lambda why: self._fenced.set(),
-                        outcomes=self.metrics.pushes, stale_lock_s=self.settings.ttl_s)
+
+        def pusher_of(ledger: Ledger, wake: Callable[[], None]) -> Pusher:
+            return Pusher(ledger.path, ledger.ref, self.settings.remote,
+                          on_merged=lambda change, sha: wake(), leading=lease.valid,
+                          on_fenced=lambda why: self._fenced.set(),
+                          outcomes=self.metrics.pushes, stale_lock_s=self.settings.ttl_s)
+
+        broker = Broker(replace(self.config, connect_wait_s=self.settings.ttl_s,
+                                kv_replicas=self.settings.replicas),
+                        leader=leader, metrics=self.metrics, pusher=pusher_of)
+        assert broker.pusher is not None
+        pusher = broker.pusher
         return broker, pusher, leader
 
     async def _keep_fresh(self, pusher: Pusher) -> None:
@@ -228,7 +230,6 @@ class HaBroker:
             return
         leader.epoch = taken.epoch
         await lease.announce(taken.epoch)
-        broker.attach_pusher(pusher)
         pushing: asyncio.Task[None] | None = None
         try:
             await broker.start()

@@ -28,7 +28,8 @@ _enc = msgspec.msgpack.Encoder()
 
 
 class Outbox:
-    def __init__(self, failed: Callable[[str, Exception], None]) -> None:
+    def __init__(self, failed: Callable[[str, Exception], None], *,
+                 gate: Callable[[], bool] | None = None) -> None:
         self._failed = failed
         #: The connection the sender writes to (set once connected).
         self.nc: Any = None
@@ -37,7 +38,7 @@ class Outbox:
         #: The sender is handing a batch over the slow way (`flush` waits for it).
         self._sending = False
         #: Rule 4 (None: always open).
-        self.gate: Callable[[], bool] | None = None
+        self.gate = gate
         self.dropped = 0
 
     def _shut(self) -> bool:

@@ -28,7 +28,7 @@ Rules:
    the outage: nothing it failed to hear counts against a node.
 8. As one leadership of several brokers (`leader.ha`, run by `broker.ha`) the broker is
    the same, but: it tells a node nothing (awards, cancels, KV entries, assignment
-   answers) before the commit behind it is on the remote (`attach_pusher`); every award,
+   answers) before the commit behind it is on the remote (`MakePusher`); every award,
    cancel and KV entry carries its epoch; KV puts are checked against the key's revision
    (`broker.fencedkv`); nothing goes out once its lease's own-clock verdict says no; and
    `abort` ends it at once, sending nothing it still holds.
@@ -38,13 +38,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import gc
 import logging
 import random
 import time
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
 import nats.errors
@@ -54,11 +54,13 @@ from gavel.broker.api import Api
 from gavel.broker.arrays import Arrays
 from gavel.broker.assign import Assignments
 from gavel.broker.auctioneer import Auctioneer
+from gavel.broker.config import Config
 from gavel.broker.connect import NatsUnreachable, connect_within
 from gavel.broker.context import Context, Leadership
 from gavel.broker.deploys import Deploys
 from gavel.broker.events import Events
 from gavel.broker.fencedkv import FencedPuts
+from gavel.broker.hearing import Hearing
 from gavel.broker.heartbeat_stream import HeartbeatStream
 from gavel.broker.heartbeats import Heartbeats
 from gavel.broker.integrity import Integrity
@@ -79,16 +81,13 @@ from gavel.broker.systems import Systems
 from gavel.broker.watchdog import Timers
 from gavel.broker.watches import Watches
 from gavel.shared import subjects
-from gavel.shared.admission import DEFAULT_CAPS, Caps
-from gavel.shared.health import Deafness, Liveness, silences
+from gavel.shared.health import Liveness, silences
 from gavel.shared.messages import RFB
-from gavel.shared.reauction import Settings
 from gavel.shared.records import NodeFile
-from gavel.shared.timing import Timing
 from gavel.transport import wire
 from gavel.transport.rejects import Rejects
 
-__all__ = ["Broker", "NatsUnreachable", "tune_gc"]
+__all__ = ["Broker", "Config", "MakePusher", "NatsUnreachable", "tune_gc"]
 
 #: How long `close` waits for each of its steps.
 _CLOSE_S = 10.0
@@ -106,131 +105,126 @@ def tune_gc() -> None:
     gc.set_threshold(50_000, 20, 10)
 
 
-class Broker:
-    """The broker process's composition: builds the shared `Context` and the parts on it,
-    connects, subscribes each part to its subjects, and runs the reconcile loop."""
+#: How a broker gets the pusher of its commits to a remote, from its ledger and what wakes
+#: it (a merge of what others pushed may bring work): with HA, what it tells a node waits
+#: for the push (rule 8); without, the push follows the commit and nothing waits for it.
+MakePusher = Callable[[Ledger, Callable[[], None]], Pusher]
 
-    def __init__(
-        self,
-        *,
-        nats_url: str,
-        state_dir: Path,
-        ref: str = "refs/heads/main",
-        timing: Timing | None = None,
-        secrets: Mapping[str, str] | None = None,
-        clock: Callable[[], float] = time.monotonic,
-        wall: Callable[[], datetime] = lambda: datetime.now(UTC),
-        batch_max: int = 256,
-        sample_d: int | None = None,
-        seed: int | None = None,
-        max_auctions: int = 16,
-        batch_wait_s: float = 0.0,
-        commit_gap_s: float = 0.0,
-        ended_max: int = 100_000,
-        caps: Caps = DEFAULT_CAPS,
-        writer: str = "process",
-        nats_options: Mapping[str, Any] | None = None,
-        connect_wait_s: float | None = 30.0,
-        broker_id: str = "broker",
-        leader: Leadership | None = None,
-        metrics: Metrics | None = None,
-        kv_replicas: int = 1,
-        rebalance: Settings | None = None,
-    ) -> None:
+
+class Broker:
+    """The broker process's composition root: `__init__` builds every part once, in
+    dependency order, each handed only what it uses; `start` connects and subscribes each
+    part to its subjects; `_loop` is the reconcile pass."""
+
+    def __init__(self, config: Config, *, leader: Leadership | None = None,
+                 metrics: Metrics | None = None, pusher: MakePusher | None = None) -> None:
+        self.config = config
         self.log = logging.getLogger("gavel.broker")
-        self.nats_url = nats_url
-        self.timing = timing = timing or Timing()
-        self.now = clock
+        self.timing = timing = config.timing
+        self.now = clock = config.clock
         #: Rule 8: who leads, and with HA this leadership's epoch and its lease's verdict.
-        self.leader = leader or Leadership(broker_id=broker_id, since=_stamp(wall()))
+        self.leader = leader or Leadership(broker_id=config.broker_id,
+                                           since=_stamp(config.wall()))
         self.ha = self.leader.ha
-        self.kv_replicas = kv_replicas
-        self.ledger = Ledger(state_dir / "state.git", ref, settle=True)
-        self.committer = Committer(self.ledger, retry_s=timing.tick_s,
-                                   on_commit=None if self.ha else self._mirror,
-                                   writer=writer, wall=wall, gap_s=commit_gap_s)
-        if self.ha:  # rule 8: mirrored once the push landed
-            self.committer.on_durable = self._mirror
-        self.liveness = Liveness(timing)
-        self.timers = Timers(started=clock())
+        # The broker's own controls, which the parts are handed: the reconcile kick, and
+        # why the broker stopped on its own (rule 5), raised by `run`.
+        self._wake = asyncio.Event()
+        self._stopped = asyncio.Event()
+        self.fatal: Damaged | None = None
+        # Out: what is counted, what is published, node.json in KV for the workers. The
+        # mirror's windows are timed by the event loop, so on the machine's clock; with HA
+        # its puts are checked ones carrying the epoch, and the outbox's gate is the lease.
         self.metrics = metrics or Metrics()
-        if metrics is None:
+        if not self.ha:  # a leadership's view is attached as it starts (`start`)
             self.metrics.leadership(lambda: (True, self.leader.broker_id, 0,
                                              self.leader.since))
-        self.committer.metrics = self.metrics
         self.rejects = Rejects(self.log, self.metrics.rejected, clock)
-        self.outbox = Outbox(self._publish_failed)
-        if self.ha:
-            self.outbox.gate = self.leader.leading
+        self.outbox = Outbox(self._publish_failed,
+                             gate=self.leader.leading if self.ha else None)
+        self.fenced = FencedPuts(self.leader) if self.ha else None
+        self.mirror = Mirror(self.fenced.put if self.fenced is not None
+                             else self.outbox.publish_raw, timing.mirror_s, time.monotonic)
+        # Git: the state repository, its pusher, and the one committer that writes it.
+        self.ledger = Ledger(config.state_dir / "state.git", config.ref, settle=True)
+        self.pusher = pusher(self.ledger, self.wake) if pusher is not None else None
+        self.committer = self._committer()
+        # The parts, on the context they share.
+        self.liveness = Liveness(timing)
+        self.timers = Timers(started=clock())
         self.events = Events(self.outbox)
         self.ctx = ctx = Context(timing=timing, ledger=self.ledger, committer=self.committer,
                                  liveness=self.liveness, timers=self.timers,
                                  outbox=self.outbox, events=self.events, rejects=self.rejects,
                                  metrics=self.metrics, now=clock, wake=self.wake, log=self.log,
-                                 leader=self.leader)
-        self.secrets = dict(secrets or {})
+                                 leader=self.leader, durable=self.committer.durable)
+        self.secrets = dict(config.secrets)
         self.assignments = Assignments(ctx, self.secrets)
         self.watches = Watches(ctx, min_gap_s=timing.heartbeat_s / 2,
                                inactive_s=10 * timing.heartbeat_s)
         self.auctioneer = Auctioneer(ctx, award_for=self.assignments.award_for,
-                                     batch_max=batch_max, sample_d=sample_d,
-                                     max_auctions=max_auctions, batch_wait_s=batch_wait_s,
-                                     rng=random.Random(seed))
+                                     batch_max=config.batch_max, sample_d=config.sample_d,
+                                     max_auctions=config.max_auctions,
+                                     batch_wait_s=config.batch_wait_s,
+                                     rng=random.Random(config.seed))
         self.promises = Promises(ctx, capacity_freed=self.auctioneer.capacity_freed)
-        self.retention = Retention(ctx, wall, ended_max)
-        #: Re-auction's new copies, not counted by the keeper until they settle.
-        moving: set[str] = set()
-        self.services = Services(ctx, self.promises, wall, moving=moving)
-        self.rebalancer = Rebalancer(ctx, rebalance, promises=self.promises,
-                                     award_for=self.assignments.award_for,
-                                     free=self.auctioneer.free, moving=moving,
-                                     rng=random.Random(seed))
-        self.auctioneer.divert = self.rebalancer.divert
-        self.arrays = Arrays(ctx)
-        self.systems = Systems(ctx, self.promises, wall)
-        self.periodic = Periodic(ctx, self.promises, wall)
-        self.deploys = Deploys(ctx, self.services, wall)
-        self.integrity = Integrity(ctx)
-        #: Why the broker stopped on its own, raised by `run` (rule 5).
-        self.fatal: Damaged | None = None
-        self.committer.on_damaged = self._damaged
-        #: The state the KV mirror was last brought in line with (rule 4).
-        self._mirrored: State | None = None
-        #: node.json in KV for the workers, coalesced (`broker.mirror`). Its windows are
-        #: timed by the event loop, so on the machine's clock, not an injected one. With HA
-        #: its puts are checked ones carrying the epoch (rule 8).
-        self.fenced: FencedPuts | None = FencedPuts(self.leader) if self.ha \
-            else None
-        self.mirror = Mirror(self.fenced.put if self.fenced is not None
-                             else self.outbox.publish_raw, timing.mirror_s, time.monotonic)
+        self._keepers(ctx, config)
         self.api = Api(ctx, auctioneer=self.auctioneer, promises=self.promises,
                        services=self.services, deploys=self.deploys, mirror=self.mirror,
-                       secrets=self.secrets, ended_max=ended_max,
-                       admission=Admission(ctx, caps), periodic=self.periodic)
-        if not self.ha:  # a leadership's view is attached as it starts (`start`)
-            self._attach_metrics()
+                       secrets=self.secrets, ended_max=config.ended_max,
+                       admission=Admission(ctx, config.caps), periodic=self.periodic)
+        if not self.ha:
+            self._show_metrics()
         self.heartbeats = Heartbeats(ctx, self.promises, self.auctioneer.capacity_freed,
                                      self.auctioneer.candidates)
-        #: Rule 7: why and since when the broker cannot hear.
-        self.deafness = Deafness()
+        # In: rule 7's hearing, and the heartbeat feed it watches.
+        self.hearing = Hearing(self.liveness, clock, self.log)
+        self.deafness, self.disconnects = self.hearing.deafness, self.hearing.disconnects
         self.feed = HeartbeatStream(timing=timing, deliver=self._on_heartbeat,
-                                    deaf=self._feed_deaf, hearing=self._feed_hearing,
-                                    now=clock, log=self.log, replicas=kv_replicas)
-        self.nats_options = dict(nats_options or {})
-        #: How long `start` keeps trying to reach NATS before it raises `NatsUnreachable`
-        #: (None: for ever, as the daemon does - see `gavel.cli.daemons`).
-        self.connect_wait_s = connect_wait_s
-        #: Disconnects seen, per connection ("nodes", "api").
-        self.disconnects: dict[str, int] = {"nodes": 0, "api": 0}
-        self._wake = asyncio.Event()
-        self._stopped = asyncio.Event()
-        self._closing = False
+                                    deaf=self.hearing.feed_deaf,
+                                    hearing=self.hearing.feed_hearing, now=clock, log=self.log,
+                                    replicas=config.kv_replicas)
+        #: The state the KV mirror was last brought in line with (rule 4).
+        self._mirrored: State | None = None
         self._tasks: list[asyncio.Task[None]] = []
         #: The node connection (rule 6: `api_nc` is the API's); set once both are up.
         self.nc: Any = None
         self.api_nc: Any = None
 
-    def _attach_metrics(self) -> None:
+    def _keepers(self, ctx: Context, config: Config) -> None:
+        """The parts that keep each kind of work, on the promises and the auctioneer, in the
+        order they depend on each other."""
+        self.retention = Retention(ctx, config.wall, config.ended_max)
+        #: Re-auction's new copies, not counted by the keeper until they settle.
+        moving: set[str] = set()
+        self.services = Services(ctx, self.promises, config.wall, moving=moving)
+        self.rebalancer = Rebalancer(ctx, config.rebalance, promises=self.promises,
+                                     award_for=self.assignments.award_for,
+                                     free=self.auctioneer.free, moving=moving,
+                                     rng=random.Random(config.seed))
+        self.auctioneer.divert = self.rebalancer.divert
+        self.arrays = Arrays(ctx)
+        self.systems = Systems(ctx, self.promises, config.wall)
+        self.periodic = Periodic(ctx, self.promises, config.wall)
+        self.deploys = Deploys(ctx, self.services, config.wall)
+        self.integrity = Integrity(ctx)
+
+    def _committer(self) -> Committer:
+        """The group committer, and who hears of each commit: the pusher, if any, at once;
+        the KV mirror at once, or with HA once the push landed (rule 8)."""
+        mirror = functools.partial(_mirror_change, self.mirror)
+        pusher = self.pusher
+        heard: list[Callable[[Change, str], None]] = [] if self.ha else [mirror]
+        if pusher is not None:
+            heard.append(lambda change, sha: pusher.notify())
+        return Committer(self.ledger, retry_s=self.timing.tick_s,
+                         on_commit=functools.partial(_tell, heard) if heard else None,
+                         writer=self.config.writer, wall=self.config.wall,
+                         gap_s=self.config.commit_gap_s, metrics=self.metrics,
+                         on_damaged=self._damaged, durable=pusher if self.ha else None,
+                         on_durable=mirror if self.ha else None)
+
+    def _show_metrics(self) -> None:
+        """The scrape-time view of this broker's parts (with HA, of the leadership now)."""
         self.metrics.attach(now=self.now, liveness=self.liveness, ledger=self.ledger,
                             in_flight=lambda: len(self.auctioneer.auctions),
                             mirror=self.mirror, live_state=self.api.views.state_of)
@@ -240,7 +234,7 @@ class Broker:
     async def start(self) -> None:
         if self.ha:  # rule 8: derived from the remote's branch alone, then shown
             self.ledger.forget()
-            self._attach_metrics()
+            self._show_metrics()
         nc = api_nc = None
         try:
             await asyncio.to_thread(self.ledger.clear_stale_lock)  # (ledger rule 8)
@@ -259,7 +253,7 @@ class Broker:
             self.fenced.nc = nc
         state = self._mirrored = self.ledger.state()
         stamps = await self.feed.start(nc)
-        loaded = await self.events.load(nc, self.kv_replicas, self.log)
+        loaded = await self.events.load(nc, self.config.kv_replicas, self.log)
         if loaded:
             self.log.info("%d events loaded from the event history", loaded)
         now = self.now()
@@ -306,12 +300,6 @@ class Broker:
         self.log.info("broker up: state %s ref %s%s", self.ledger.path, self.ledger.ref,
                       f", leading in epoch {self.leader.epoch}" if self.ha else "")
 
-    def attach_pusher(self, pusher: Pusher) -> None:
-        """Rule 8: `pusher` pushes every commit, and what a commit promises waits for it."""
-        pusher.on_merged = lambda change, sha: self.wake()
-        self.committer.on_commit = lambda change, sha: pusher.notify()
-        self.committer.durable = self.ctx.durable = pusher
-
     async def run(self) -> None:
         await self.start()
         await self._stopped.wait()
@@ -340,10 +328,10 @@ class Broker:
         attempt is a single try, and only an established connection reconnects for ever.
         `role` is "nodes" (its outage makes the broker deaf, rule 7) or "api"."""
         async def disconnected() -> None:
-            await self._on_disconnect(role)
+            await self.hearing.disconnected(role)
 
         async def reconnected() -> None:
-            await self._on_reconnect(role)
+            await self.hearing.reconnected(role)
 
         options: dict[str, Any] = {
             "name": name, "reconnect_time_wait": 0.5,
@@ -352,15 +340,16 @@ class Broker:
             # not cover.
             "inbox_prefix": subjects.BROKER_INBOX,
             "disconnected_cb": disconnected, "reconnected_cb": reconnected,
-            **self.nats_options, "allow_reconnect": False}
-        nc = await connect_within(wire.Client, self.nats_url, options, self.connect_wait_s)
+            **self.config.nats_options, "allow_reconnect": False}
+        nc = await connect_within(wire.Client, self.config.nats_url, options,
+                                  self.config.connect_wait_s)
         nc.options["max_reconnect_attempts"] = -1
         return nc
 
     async def close(self) -> None:
         """Stop every loop, send what is queued, drain; bounded, so a stuck part is logged
         rather than holding its caller for ever."""
-        self._closing = True  # from now on a connection that goes is one we close
+        self.hearing.closing = True  # from now on a connection that goes is one we close
         await self.events.settle(_CLOSE_S)  # stored before we go (`broker.events` rule 3)
         for t in self._tasks:
             t.cancel()
@@ -411,38 +400,6 @@ class Broker:
         """Since when the broker cannot hear (rule 7), or None."""
         return self.deafness.since
 
-    async def _on_disconnect(self, role: str) -> None:
-        if self._closing:
-            return
-        self.disconnects[role] += 1
-        if role != "nodes":
-            self.log.warning("lost NATS on the API connection; reconnecting")
-        elif self.deafness.begin("connection", self.now()):
-            self.log.warning("lost NATS; node clocks pause until it is back")
-
-    async def _on_reconnect(self, role: str) -> None:
-        """A broker that could not hear must not declare nodes offline for its own outage:
-        every node's silence is shifted by how long the broker was deaf."""
-        if role != "nodes":
-            self.log.info("the API connection is back")
-            return
-        outage = self.deafness.end("connection", self.now())
-        if outage is not None:
-            self.liveness.shift(outage)
-            self.log.warning("NATS is back after %.1fs; node clocks shifted by it", outage)
-
-    def _feed_deaf(self, since: float) -> None:
-        if self.deafness.begin("feed", since):
-            self.log.warning("the heartbeat feed lost its own probe; node clocks pause "
-                             "until it is back")
-
-    def _feed_hearing(self) -> None:
-        outage = self.deafness.end("feed", self.now())
-        if outage is not None:
-            self.liveness.shift(outage)
-            self.log.warning("the heartbeat feed is back after %.1fs; node clocks shifted "
-                             "by it", outage)
-
     async def _loop(self) -> None:
         watched = float("-inf")
         while True:
@@ -482,7 +439,7 @@ class Broker:
         answered ones, sent again until the bucket takes them, so it mirrors `nodes` (what
         the remote holds) at once; a lone broker's are not, so it starts the mirror from
         the state it holds when the bucket answers."""
-        made, why = await make_bucket(self.nc, self.kv_replicas, self.ha, self.log)
+        made, why = await make_bucket(self.nc, self.config.kv_replicas, self.ha, self.log)
         if made is Made.NEVER:
             self.log.warning("no JetStream KV (%s); workers converge from awards only", why)
             return None
@@ -494,7 +451,7 @@ class Broker:
                          "%gs", why, self.timing.tick_s)
 
         async def later() -> None:
-            made = await until_made(self.nc, self.kv_replicas, self.ha, self.log,
+            made = await until_made(self.nc, self.config.kv_replicas, self.ha, self.log,
                                     self.timing.tick_s)
             if made and not self.ha:
                 self.mirror.start({**{n: NodeFile(node_id=n) for n in nodes},
@@ -513,15 +470,21 @@ class Broker:
         if changed:
             self.mirror.changed(changed)
 
-    def _mirror(self, change: Change, sha: str) -> None:
-        if self.mirror.enabled and change.nodes:
-            self.mirror.changed({
-                nid: change.node_compact(nid, nf) if nf is not None
-                else compact(NodeFile(node_id=nid)) for nid, nf in change.nodes.items()})
-
     # -- inbound -------------------------------------------------------------------------
     def _on_heartbeat(self, msg: wire.Received) -> None:
         self.heartbeats.on_heartbeat(msg)
+
+
+def _tell(heard: list[Callable[[Change, str], None]], change: Change, sha: str) -> None:
+    for one in heard:
+        one(change, sha)
+
+
+def _mirror_change(mirror: Mirror, change: Change, sha: str) -> None:
+    """Rule 2: the nodes a commit changed, mirrored to KV."""
+    if mirror.enabled and change.nodes:
+        mirror.changed({nid: change.node_compact(nid, nf) if nf is not None
+                        else compact(NodeFile(node_id=nid)) for nid, nf in change.nodes.items()})
 
 
 def _stamp(at: datetime) -> str:

@@ -59,7 +59,9 @@ from gavel.transport.urls import servers
 
 if TYPE_CHECKING:
     from gavel.broker.ha import HaBroker
-    from gavel.broker.service import Broker
+    from gavel.broker.ledger.repository import Ledger
+    from gavel.broker.metrics import Metrics
+    from gavel.broker.service import Broker, MakePusher
 
 __all__ = ["BROKER_ONLY", "GATEWAY_ONLY", "WORKER_ONLY", "Stopped", "check", "config_check",
            "config_kind", "run_broker", "run_gateway", "settings",
@@ -279,35 +281,46 @@ def make_broker(cfg: BrokerConfig, secrets: dict[str, str],
                  errors: Callable[[Exception], Awaitable[None]] | None = None
                  ) -> Broker | HaBroker:
     """The daemon's broker, as its config says (it keeps trying to reach NATS for ever, but
-    for a refused credential: `Refusals`)."""
+    for a refused credential: `Refusals`); without HA, with `push` its commits are pushed
+    to that remote (the daemon runs its pusher)."""
+    from gavel.broker.config import Config
     from gavel.broker.ha import HaBroker, HaSettings
     from gavel.broker.ledger.repository import Ledger, LedgerError
+    from gavel.broker.metrics import Metrics
     from gavel.broker.service import Broker
 
-    options: dict[str, Any] = {
-        "timing": effective_timing(cfg, os.environ), "secrets": secrets,
-        "sample_d": cfg.sample_d or None, "batch_max": cfg.batch_max,
-        "max_auctions": cfg.max_auctions, "batch_wait_s": cfg.batch_wait_ms / 1000,
-        "commit_gap_s": cfg.commit_gap_ms / 1000, "ended_max": cfg.ended_max,
-        "caps": Caps(per_service=cfg.max_service_count, instances=cfg.max_instances),
-        "rebalance": Settings(every_s=cfg.rebalance_every_s) if cfg.rebalance_every_s
-        else None}
-    nats_options = {"error_cb": errors or Refusals(cfg, lambda: None).on_error,
-                    **nats_options_of(cfg)}
+    config = Config(
+        nats_url=cfg.nats, state_dir=Path(cfg.state), ref=cfg.ref, broker_id=cfg.broker_id,
+        timing=effective_timing(cfg, os.environ), secrets=secrets,
+        sample_d=cfg.sample_d or None, batch_max=cfg.batch_max,
+        max_auctions=cfg.max_auctions, batch_wait_s=cfg.batch_wait_ms / 1000,
+        commit_gap_s=cfg.commit_gap_ms / 1000, ended_max=cfg.ended_max,
+        caps=Caps(per_service=cfg.max_service_count, instances=cfg.max_instances),
+        nats_options={"error_cb": errors or Refusals(cfg, lambda: None).on_error,
+                      **nats_options_of(cfg)},
+        connect_wait_s=None,
+        rebalance=Settings(every_s=cfg.rebalance_every_s) if cfg.rebalance_every_s else None)
     try:
         if cfg.ha is not None:  # rule 7
             Ledger(Path(cfg.state) / "state.git", cfg.ref)  # the state path and ref are usable
-            return HaBroker(nats_url=cfg.nats, state_dir=Path(cfg.state), ref=cfg.ref,
-                            broker_id=cfg.broker_id, nats_options=nats_options,
-                            connect_wait_s=None, settings=HaSettings(
-                                remote=cfg.push, ttl_s=cfg.ha.lease_ttl_s,
-                                renew_s=cfg.ha.renew_s, replicas=cfg.ha.replicas),
-                            **options)
-        return Broker(nats_url=cfg.nats, state_dir=Path(cfg.state), ref=cfg.ref,
-                      nats_options=nats_options, connect_wait_s=None,
-                      broker_id=cfg.broker_id, **options)
+            return HaBroker(config, settings=HaSettings(
+                remote=cfg.push, ttl_s=cfg.ha.lease_ttl_s, renew_s=cfg.ha.renew_s,
+                replicas=cfg.ha.replicas))
+        metrics = Metrics()
+        return Broker(config, metrics=metrics,
+                      pusher=_pusher_of(cfg.push, metrics) if cfg.push else None)
     except LedgerError as exc:  # a state path that is a file, a ref git cannot hold
         raise ConfigError(f"{exc}.") from None
+
+
+def _pusher_of(remote: str, metrics: Metrics) -> MakePusher:
+    """A broker's pusher to `remote` without HA: its outcomes in the broker's metrics."""
+    from gavel.broker.ledger.remote import Pusher
+
+    def make(ledger: Ledger, wake: Callable[[], None]) -> Pusher:
+        return Pusher(ledger.path, ledger.ref, remote, on_merged=lambda change, sha: wake(),
+                      registry=metrics.registry)
+    return make
 
 
 async def run_broker(args: argparse.Namespace) -> int:
@@ -342,12 +355,8 @@ async def _run_broker(args: argparse.Namespace, signals: list[str]) -> int:
     stopping: list[Callable[[], None]] = []
     refusals = Refusals(cfg, lambda: [f() for f in stopping])
     broker = make_broker(cfg, secrets, refusals.on_error)
-    pusher = None
-    if cfg.push and isinstance(broker, Broker):  # with HA each leadership pushes (rule 7)
-        from gavel.broker.ledger.remote import Pusher
-
-        pusher = Pusher.attach(broker.ledger, broker.committer, cfg.push, wake=broker.wake,
-                               registry=broker.metrics.registry)
+    # with HA each leadership pushes (rule 7)
+    pusher = broker.pusher if isinstance(broker, Broker) else None
     server = None
     if cfg.metrics_port is not None:
         try:

@@ -105,7 +105,11 @@ class Committer:
     def __init__(self, ledger: Ledger, *, retry_s: float = 1.0, max_conflicts: int = 8,
                  on_commit: Callable[[Change, str], None] | None = None,
                  writer: str = "thread", gap_s: float = 0.0,
-                 wall: Callable[[], datetime] = lambda: datetime.now(UTC)) -> None:
+                 wall: Callable[[], datetime] = lambda: datetime.now(UTC),
+                 durable: Durable | None = None,
+                 on_durable: Callable[[Change, str], None] | None = None,
+                 on_damaged: Callable[[Damaged], None] | None = None,
+                 metrics: Any = None) -> None:
         self.ledger = ledger
         #: The least time between one commit's write and the next one's start (rule 7).
         self.gap_s = gap_s
@@ -120,8 +124,8 @@ class Committer:
         #: they promised, the commit, its change and its `durable` mark (rule 10).
         self._afters: deque[tuple[list[Planned], str, Change | None, int]] = deque()
         #: Rule 10: off-host durability, and who hears of a commit once it is durable.
-        self.durable: Durable | None = None
-        self.on_durable: Callable[[Change, str], None] | None = None
+        self.durable = durable
+        self.on_durable = on_durable
         self._afters_kick = asyncio.Event()
         self._committing = False
         self._pool = make_executor(writer)
@@ -132,10 +136,10 @@ class Committer:
         self.latencies: list[float] = []
         self.idle = asyncio.Event()
         self.idle.set()
-        self.metrics: Any = None
+        self.metrics = metrics
         self.closed = False
         #: Told when the repository turned out damaged (rule 9); the committer stops.
-        self.on_damaged: Callable[[Damaged], None] | None = None
+        self.on_damaged = on_damaged
         self.damaged: Damaged | None = None
 
     def submit(self, item: Item) -> None:

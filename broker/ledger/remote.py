@@ -36,7 +36,7 @@ import os
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pygit2
 from prometheus_client import Counter
@@ -47,10 +47,6 @@ from gavel.broker.ledger.caspush import PushError, Refused
 from gavel.broker.ledger.repository import name_head
 from gavel.broker.ledger.state import Change
 from gavel.shared.redact import mask_url
-
-if TYPE_CHECKING:
-    from gavel.broker.ledger.committer import Committer
-    from gavel.broker.ledger.repository import Ledger
 
 __all__ = ["Fenced", "PushError", "Pusher"]
 
@@ -132,28 +128,6 @@ class Pusher:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._outcomes = outcomes if outcomes is not None else pushes_counter(registry) \
             if registry is not None else None
-
-    @classmethod
-    def attach(cls, ledger: Ledger, committer: Committer, remote: str, *,
-               wake: Callable[[], None], registry: CollectorRegistry | None = None,
-               **kw: Any) -> Pusher:
-        """A pusher for `ledger`, notified after each commit `committer` writes; `wake` is
-        called after a merge of what others pushed: there may be new work, and the broker's
-        pass mirrors the nodes the merge changed, as its state holds them (rule 4)."""
-        prev = committer.on_commit
-
-        def merged(change: Change, sha: str) -> None:
-            wake()
-
-        pusher = cls(ledger.path, ledger.ref, remote, on_merged=merged, registry=registry, **kw)
-
-        def committed(change: Change, sha: str) -> None:
-            if prev is not None:
-                prev(change, sha)
-            pusher.notify()
-
-        committer.on_commit = committed
-        return pusher
 
     @property
     def url(self) -> str:

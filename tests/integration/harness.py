@@ -19,7 +19,8 @@ from typing import Any, TypeVar
 import nats
 
 from gavel.broker.ledger.repository import Ledger
-from gavel.broker.service import Broker
+from gavel.broker.metrics import Metrics
+from gavel.broker.service import Broker, Config, MakePusher
 from gavel.shared.api import StatusReply, StatusRequest, SubmitReply, SubmitRequest
 from gavel.shared.messages import Message, Spec
 from gavel.shared.strategies import make_strategy
@@ -66,9 +67,11 @@ class Cluster:
 
     async def start_broker(self, ref: str = "refs/heads/main",
                            secrets: dict[str, str] | None = None,
-                           timing: Timing = TIMING, **kw: Any) -> Broker:
-        self.broker = Broker(nats_url=self.url, state_dir=self.state, ref=ref, timing=timing,
-                             secrets=secrets, **kw)
+                           timing: Timing = TIMING, metrics: Metrics | None = None,
+                           pusher: MakePusher | None = None, **kw: Any) -> Broker:
+        self.broker = Broker(Config(nats_url=self.url, state_dir=self.state, ref=ref,
+                                    timing=timing, secrets=secrets or {}, **kw),
+                             metrics=metrics, pusher=pusher)
         await self.broker.start()
         return self.broker
 

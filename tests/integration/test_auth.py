@@ -31,7 +31,7 @@ import nats
 import pytest
 
 from gavel.broker.connect import NatsUnreachable
-from gavel.broker.service import Broker
+from gavel.broker.service import Broker, Config
 from gavel.shared import subjects
 from gavel.shared.api import (
     NodesReply,
@@ -141,8 +141,8 @@ async def test_no_credential_no_connection(authed: Authed, tmp_path: Path) -> No
 
 
 async def test_a_node_cannot_speak_as_another(authed: Authed) -> None:
-    broker = Broker(nats_url=authed.url, state_dir=authed.root / "state", timing=TIMING,
-                    nats_options={"nkeys_seed": authed.seed(auth.BROKER)})
+    broker = Broker(Config(nats_url=authed.url, state_dir=authed.root / "state", timing=TIMING,
+                           nats_options={"nkeys_seed": authed.seed(auth.BROKER)}))
     await broker.start()
     try:
         spy = await Spy().start(authed, ["gavel.>"])
@@ -204,8 +204,8 @@ async def test_a_worker_cannot_read_another_nodes_inbox_or_traffic(authed: Authe
 
 
 async def test_operators_use_the_api_but_cannot_bid_or_award(authed: Authed) -> None:
-    broker = Broker(nats_url=authed.url, state_dir=authed.root / "state", timing=TIMING,
-                    nats_options={"nkeys_seed": authed.seed(auth.BROKER)})
+    broker = Broker(Config(nats_url=authed.url, state_dir=authed.root / "state", timing=TIMING,
+                           nats_options={"nkeys_seed": authed.seed(auth.BROKER)}))
     await broker.start()
     try:
         op = await connect(authed.url, authed.seed(auth.OPERATOR))
@@ -234,9 +234,9 @@ async def test_operators_use_the_api_but_cannot_bid_or_award(authed: Authed) -> 
 
 async def test_a_cluster_places_with_every_part_on_its_own_credential(authed: Authed) -> None:
     secret = "s3cret-for-b-only"
-    broker = Broker(nats_url=authed.url, state_dir=authed.root / "state", timing=TIMING,
-                    secrets={"SECRET_TOKEN": secret},
-                    nats_options={"nkeys_seed": authed.seed(auth.BROKER)})
+    broker = Broker(Config(nats_url=authed.url, state_dir=authed.root / "state", timing=TIMING,
+                           secrets={"SECRET_TOKEN": secret},
+                           nats_options={"nkeys_seed": authed.seed(auth.BROKER)}))
     agents: dict[str, Agent] = {}
     tasks: list[asyncio.Task[None]] = []
     await broker.start()
@@ -330,8 +330,8 @@ async def test_a_refused_broker_says_why_and_still_stops(authed: Authed) -> None
 async def test_an_embedded_broker_gives_up_on_a_refusal_with_a_sentence(authed: Authed) -> None:
     """The library's first connect has a deadline (nats-py's own would retry a refused
     credential for ever in silence), and giving up lets the git writer go."""
-    broker = Broker(nats_url=authed.url, state_dir=authed.root / "state", timing=TIMING,
-                    connect_wait_s=1.0)
+    broker = Broker(Config(nats_url=authed.url, state_dir=authed.root / "state", timing=TIMING,
+                           connect_wait_s=1.0))
     with pytest.raises(NatsUnreachable, match=r"could not connect to NATS at .* within 1s: "
                                               r".*(?i:authorization)"):
         await asyncio.wait_for(broker.start(), 30)

@@ -26,7 +26,7 @@ from typing import Any
 import nats
 import pytest
 
-from gavel.broker.service import Broker
+from gavel.broker.service import Broker, Config
 from gavel.shared import subjects
 from gavel.shared.strategies import make_strategy
 from gavel.transport import identity
@@ -316,8 +316,8 @@ async def test_nats_permissions_carry_a_placement_and_stop_impersonation(
     def seed(who: str) -> dict[str, Any]:
         return connect_options(str(auth / f"{who}.nk"))
 
-    broker = Broker(nats_url=url, state_dir=tmp_path / "state", timing=TIMING,
-                    nats_options=seed("broker"))
+    broker = Broker(Config(nats_url=url, state_dir=tmp_path / "state", timing=TIMING,
+                           nats_options=seed("broker")))
     agent = Agent(nats_url=url, node_id="worker-1",
                   strategy=make_strategy("least-loaded"), labels={},
                   state_dir=tmp_path / "w1", timing=TIMING, cpu=2.0, memory_mb=2048,

@@ -15,7 +15,7 @@ from typing import Any
 import nats
 import pytest
 
-from gavel.broker.service import Broker
+from gavel.broker.service import Broker, Config
 from gavel.cli.ui.feed import Feed
 from gavel.shared import subjects
 from gavel.shared.api import EventsReply, EventsRequest
@@ -128,8 +128,8 @@ async def test_follow_resumes_across_a_nats_server_restart(cluster: Cluster,
 
 async def test_operators_read_the_history_and_only_the_broker_writes_it(authed: Authed
                                                                          ) -> None:
-    broker = Broker(nats_url=authed.url, state_dir=authed.root / "state", timing=TIMING,
-                    nats_options={"nkeys_seed": authed.seed(auth.BROKER)})
+    broker = Broker(Config(nats_url=authed.url, state_dir=authed.root / "state", timing=TIMING,
+                           nats_options={"nkeys_seed": authed.seed(auth.BROKER)}))
     await broker.start()
     try:
         broker.events.emit("i-p", EventType.SCHEDULED, detail="by the broker")

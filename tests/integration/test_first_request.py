@@ -32,7 +32,7 @@ import nats
 import nats.errors
 import pytest
 
-from gavel.broker.service import Broker
+from gavel.broker.service import Broker, Config
 from gavel.shared import subjects
 from gavel.shared.api import NodesReply, NodesRequest
 from gavel.transport import client
@@ -151,8 +151,8 @@ async def split_broker(tmp_path: Path) -> AsyncIterator[tuple[NatsCluster, Broke
     try:
         await cluster.wait_jetstream()
         for _ in range(30):  # each connection picks a server at random
-            broker = Broker(nats_url=cluster.url, state_dir=tmp_path / "state", timing=TIMING,
-                            writer="thread")
+            broker = Broker(Config(nats_url=cluster.url, state_dir=tmp_path / "state",
+                                   timing=TIMING, writer="thread"))
             await broker.start()
             port = broker.nc.connected_url.port
             if port in (cluster.servers[1].port, cluster.servers[2].port):
@@ -210,8 +210,8 @@ async def test_a_request_asked_before_the_broker_subscribes_is_answered(
                                               timeout=600))
             await asked(nc, 2, asking)  # told no responders once, and asking again
             assert not asking.done(), asking.exception()
-            broker = Broker(nats_url=cluster.url, state_dir=tmp_path / "state",
-                            timing=TIMING, writer="thread")
+            broker = Broker(Config(nats_url=cluster.url, state_dir=tmp_path / "state",
+                                   timing=TIMING, writer="thread"))
             await broker.start()
             reply = await asyncio.wait_for(asking, 120)
             assert reply.nodes == []

@@ -18,7 +18,7 @@ import pytest
 from gavel.broker.context import Leadership
 from gavel.broker.ledger.remote import Pusher
 from gavel.broker.ledger.repository import Change, Ledger
-from gavel.broker.service import Broker
+from gavel.broker.service import Broker, Config
 from gavel.shared.messages import InstanceState, Spec
 from gavel.shared.records import Assignment, InstanceRecord, NodeFile
 from tests.integration.harness import TIMING
@@ -55,8 +55,8 @@ async def test_a_takeover_does_not_undo_what_another_leadership_moved(
     Pusher(a_path, REF, url, epoch=2).sync()
 
     leader = Leadership(broker_id="b", ha=True)  # b stands by again, readied
-    broker = Broker(nats_url=nats_url, state_dir=tmp_path / "b", timing=TIMING,
-                    writer="thread", leader=leader)
+    broker = Broker(Config(nats_url=nats_url, state_dir=tmp_path / "b", timing=TIMING,
+                           writer="thread"), leader=leader)
     assert broker.ledger.state().placement_of("x") == "n1"  # its stale copy, read
     taken = Pusher(b_path, REF, url).take_over("b", 3, "t2")
     leader.epoch = taken.epoch

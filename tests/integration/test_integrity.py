@@ -172,9 +172,11 @@ async def test_the_same_duplicate_pushed_to_the_remote_is_undone_after_the_merge
     caplog.set_level(logging.INFO, logger="gavel")
     remote = pygit2.init_repository(str(tmp_path / "remote.git"), bare=True,
                                     initial_head="main")
-    broker = await cluster.start_broker()
-    pusher = Pusher.attach(broker.ledger, broker.committer, f"file://{tmp_path / 'remote.git'}",
-                           wake=broker.wake, backoff_s=0.01)
+    broker = await cluster.start_broker(pusher=lambda ledger, wake: Pusher(
+        ledger.path, ledger.ref, f"file://{tmp_path / 'remote.git'}",
+        on_merged=lambda change, sha: wake(), backoff_s=0.01))
+    pusher = broker.pusher
+    assert pusher is not None
     pushing = asyncio.create_task(pusher.run())
     try:
         out, other_out = tmp_path / "web", tmp_path / "other"

@@ -25,7 +25,7 @@ import msgspec
 import nats
 import pytest
 
-from gavel.broker.service import Broker
+from gavel.broker.service import Broker, Config
 from gavel.shared import subjects
 from gavel.shared.api import (
     CancelReply,
@@ -241,8 +241,8 @@ async def test_only_the_node_reads_and_answers_for_its_logs(tmp_path: Path) -> N
     ids = identity.init(tmp_path, ["node-a", "node-b"])
     server = NatsServer(store_dir=tmp_path / "js", config=ids.config,
                         log=tmp_path / "nats.log").start()
-    broker = Broker(nats_url=server.url, state_dir=tmp_path / "state", timing=TIMING,
-                    nats_options={"nkeys_seed": str(ids.broker)})
+    broker = Broker(Config(nats_url=server.url, state_dir=tmp_path / "state", timing=TIMING,
+                           nats_options={"nkeys_seed": str(ids.broker)}))
     agents: list[tuple[Agent, asyncio.Task[None]]] = []
     conns: list[Any] = []
     errors: dict[str, list[str]] = {}

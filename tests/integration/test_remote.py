@@ -20,6 +20,7 @@ import pytest
 
 from gavel.broker.ledger.remote import Pusher, PushError
 from gavel.broker.ledger.repository import Change, Ledger, encode
+from gavel.broker.metrics import Metrics
 from gavel.shared.messages import Spec
 from gavel.shared.records import Assignment, InstanceRecord, NodeFile, instance_path
 from gavel.transport.natsserver import free_port
@@ -219,9 +220,12 @@ async def test_broker_pushes_after_commits_and_takes_their_instances(
     remote = pygit2.init_repository(str(tmp_path / "remote.git"), bare=True,
                                     initial_head="main")
     cluster = Cluster(nats_url, tmp_path)
-    broker = await cluster.start_broker()
-    pusher = Pusher.attach(broker.ledger, broker.committer, f"file://{tmp_path / 'remote.git'}",
-                           wake=broker.wake, registry=broker.metrics.registry, backoff_s=0.01)
+    metrics = Metrics()
+    broker = await cluster.start_broker(metrics=metrics, pusher=lambda ledger, wake: Pusher(
+        ledger.path, ledger.ref, f"file://{tmp_path / 'remote.git'}",
+        on_merged=lambda change, sha: wake(), registry=metrics.registry, backoff_s=0.01))
+    pusher = broker.pusher
+    assert pusher is not None
     task = asyncio.create_task(pusher.run())
     try:
         await cluster.start_agent("n1")

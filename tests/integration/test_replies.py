@@ -24,7 +24,7 @@ import msgspec
 import nats.js.errors
 import pytest
 
-from gavel.broker.service import Broker
+from gavel.broker.service import Broker, Config
 from gavel.shared import subjects
 from gavel.shared.api import (
     CancelRequest,
@@ -111,9 +111,9 @@ async def kv_state(witness: Witness) -> dict[str, tuple[int, bytes]]:
 
 
 async def test_no_request_is_answered_outside_its_requesters_inbox(authed: Authed) -> None:
-    broker = Broker(nats_url=authed.url, state_dir=authed.root / "state", timing=TIMING,
-                    secrets={"SECRET_TOKEN": SECRET},
-                    nats_options={"nkeys_seed": authed.seed(auth.BROKER)})
+    broker = Broker(Config(nats_url=authed.url, state_dir=authed.root / "state", timing=TIMING,
+                           secrets={"SECRET_TOKEN": SECRET},
+                           nats_options={"nkeys_seed": authed.seed(auth.BROKER)}))
     await broker.start()
     agents: dict[str, Agent] = {}
     tasks: list[asyncio.Task[None]] = []

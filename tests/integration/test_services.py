@@ -17,7 +17,7 @@ from typing import Any
 import msgspec
 import pytest
 
-from gavel.broker.service import Broker
+from gavel.broker.service import Broker, Config
 from gavel.shared import subjects
 from gavel.shared.api import (
     DeployReply,
@@ -287,8 +287,8 @@ async def test_the_service_verbs_on_the_command_line(cluster: Cluster, tmp_path:
 async def test_a_service_runs_with_every_part_on_its_own_credential(authed: Authed) -> None:
     """Least privilege holds for services: an operator deploys and follows the service's
     events, each node runs its replicas and reports them, and nobody is refused anything."""
-    broker = Broker(nats_url=authed.url, state_dir=authed.root / "state", timing=TIMING,
-                    nats_options={"nkeys_seed": authed.seed(auth.BROKER)})
+    broker = Broker(Config(nats_url=authed.url, state_dir=authed.root / "state", timing=TIMING,
+                           nats_options={"nkeys_seed": authed.seed(auth.BROKER)}))
     agents: list[Agent] = []
     tasks: list[asyncio.Task[None]] = []
     await broker.start()

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from gavel.broker.service import Broker
+from gavel.broker.service import Broker, Config
 from gavel.shared.strategies import make_strategy
 from gavel.worker.agent import Agent
 from tests.integration.harness import TIMING
@@ -27,8 +27,8 @@ pytestmark = pytest.mark.integration
 
 async def test_broker_close_right_after_a_wake(nats_url: str, tmp_path: Path,
                                                caplog: pytest.LogCaptureFixture) -> None:
-    broker = Broker(nats_url=nats_url, state_dir=tmp_path / "state", timing=TIMING,
-                    writer="thread")
+    broker = Broker(Config(nats_url=nats_url, state_dir=tmp_path / "state", timing=TIMING,
+                           writer="thread"))
     await broker.start()
     await asyncio.sleep(0.2)  # the reconcile loop is parked on its wake event
     loops = list(broker._tasks)

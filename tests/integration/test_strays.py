@@ -33,7 +33,7 @@ import msgspec
 import pytest
 from nats.js.api import ConsumerConfig, DeliverPolicy
 
-from gavel.broker.service import Broker
+from gavel.broker.service import Broker, Config
 from gavel.shared import subjects
 from gavel.shared.api import (
     CancelRequest,
@@ -131,8 +131,8 @@ def failures(caplog: pytest.LogCaptureFixture) -> list[str]:
 async def test_every_stray_on_every_subject_is_counted_and_nothing_raises(
         authed: Authed, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO)
-    broker = Broker(nats_url=authed.url, state_dir=authed.root / "state", timing=TIMING,
-                    nats_options={"nkeys_seed": authed.seed(auth.BROKER)})
+    broker = Broker(Config(nats_url=authed.url, state_dir=authed.root / "state", timing=TIMING,
+                           nats_options={"nkeys_seed": authed.seed(auth.BROKER)}))
     await broker.start()
     agents: dict[str, Agent] = {}
     tasks: list[asyncio.Task[None]] = []

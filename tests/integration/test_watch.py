@@ -25,7 +25,7 @@ import msgspec
 import pytest
 from nats.js.api import ConsumerConfig, DeliverPolicy
 
-from gavel.broker.service import Broker
+from gavel.broker.service import Broker, Config
 from gavel.shared import subjects
 from gavel.shared.api import DrainReply, DrainRequest
 from gavel.shared.messages import ApiError, WatchGrant, WatchRequest
@@ -62,8 +62,8 @@ async def consumers_of(js: Any, node: str) -> list[str]:
 
 async def test_a_node_calls_nothing_of_jetstream_and_its_watch_delivers_only_to_it(
         authed: Authed) -> None:
-    broker = Broker(nats_url=authed.url, state_dir=authed.root / "state", timing=TIMING,
-                    nats_options={"nkeys_seed": authed.seed(auth.BROKER)})
+    broker = Broker(Config(nats_url=authed.url, state_dir=authed.root / "state", timing=TIMING,
+                           nats_options={"nkeys_seed": authed.seed(auth.BROKER)}))
     await broker.start()
     try:
         await _attacks_refused(authed, broker)

@@ -46,10 +46,10 @@ def test_tune_gc_is_the_process_owners_choice(tmp_path: Path) -> None:
     import subprocess
     import sys
 
-    code = ("import gc; from gavel.broker.service import Broker, tune_gc; "
+    code = ("import gc; from gavel.broker.service import Broker, Config, tune_gc; "
             "from pathlib import Path; before = gc.get_threshold(); "
-            f"Broker(nats_url='nats://127.0.0.1:1', state_dir=Path({str(tmp_path)!r}), "
-            "writer='thread'); assert gc.get_threshold() == before, before; "
+            f"Broker(Config(nats_url='nats://127.0.0.1:1', state_dir=Path({str(tmp_path)!r}), "
+            "writer='thread')); assert gc.get_threshold() == before, before; "
             "tune_gc(); print(gc.get_threshold(), gc.get_freeze_count() > 0)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True, timeout=60)

@@ -28,7 +28,7 @@ from hypothesis.control import currently_in_test_context as currently_fuzzing
 
 from gavel.broker.heartbeats import TOO_LARGE
 from gavel.broker.ledger.plan import View, place, submit
-from gavel.broker.service import Broker
+from gavel.broker.service import Broker, Config
 from gavel.shared import subjects
 from gavel.shared.api import (
     DeployRequest,
@@ -79,8 +79,8 @@ class Rig:
     def __init__(self, root: Path, writer: str = "process") -> None:
         self.loop = asyncio.new_event_loop()
         self.now = 1000.0
-        self.b = Broker(nats_url="nats://127.0.0.1:1", state_dir=root,
-                        timing=Timing().scaled(10), clock=lambda: self.now, writer=writer)
+        self.b = Broker(Config(nats_url="nats://127.0.0.1:1", state_dir=root,
+                               timing=Timing().scaled(10), clock=lambda: self.now, writer=writer))
         self.wire = Wire()
         self.b.nc = self.b.outbox.nc = self.wire
         self.api = self.b.api

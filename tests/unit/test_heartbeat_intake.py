@@ -14,7 +14,7 @@ import msgspec
 
 from gavel.broker.heartbeats import TOO_LARGE, TOO_MANY
 from gavel.broker.ledger.plan import View, place, requeue, submit
-from gavel.broker.service import Broker
+from gavel.broker.service import Broker, Config
 from gavel.shared import subjects
 from gavel.shared.auction import Awarded
 from gavel.shared.award import NodeBid
@@ -30,7 +30,7 @@ SPEC = Spec(name="web", command=["true"], cpu=0.01, memory_mb=1, ports=["http"])
 
 
 def broker(root: Path) -> Broker:
-    return Broker(nats_url="nats://127.0.0.1:1", state_dir=root, timing=Timing())
+    return Broker(Config(nats_url="nats://127.0.0.1:1", state_dir=root, timing=Timing()))
 
 
 def beat(b: Broker, node: str, data: bytes) -> None:

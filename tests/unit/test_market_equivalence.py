@@ -17,7 +17,7 @@ import msgspec
 import pytest
 
 from gavel.broker.ledger.plan import View, submit
-from gavel.broker.service import Broker
+from gavel.broker.service import Broker, Config
 from gavel.shared import subjects
 from gavel.shared.auction import Auction, Awarded, Decision
 from gavel.shared.auctioneer import Decided
@@ -121,10 +121,11 @@ async def brokered(root: Path, monkeypatch: pytest.MonkeyPatch, mode: str) -> Ou
     cluster = Cluster(s)
     catalogue = Catalogue(s.workload.classes)
     strategies = {n.node_id: make_strategy(STRATEGIES[n.idx]) for n in cluster.nodes}
-    b = Broker(nats_url="nats://127.0.0.1:1", state_dir=root, timing=Timing(bid_deadline_s=600.0),
-               clock=lambda: 1000.0,
-               batch_max=s.market.batch_max, max_auctions=s.market.max_auctions,
-               sample_d=s.gavel[0].d if mode == "sample" else None)
+    b = Broker(Config(nats_url="nats://127.0.0.1:1", state_dir=root,
+                      timing=Timing(bid_deadline_s=600.0),
+                      clock=lambda: 1000.0,
+                      batch_max=s.market.batch_max, max_auctions=s.market.max_auctions,
+                      sample_d=s.gavel[0].d if mode == "sample" else None))
     b.auctioneer.rng = random.Random("1/placer/gavel:mixed")  # the simulator's stream
     rfbs = msgspec.msgpack.Decoder(RFB)
     enc = msgspec.msgpack.Encoder()

@@ -11,7 +11,7 @@ import msgspec
 import pytest
 
 from gavel.broker.ledger.plan import View, submit
-from gavel.broker.service import Broker
+from gavel.broker.service import Broker, Config
 from gavel.shared import subjects
 from gavel.shared.messages import Bid, BidReply, Capacity, Heartbeat, Spec
 from gavel.shared.records import InstanceRecord
@@ -25,7 +25,7 @@ _enc = msgspec.msgpack.Encoder()
 
 
 def _broker(root: Path, queued: int, nodes: tuple[str, ...], **kw: int) -> Broker:
-    b = Broker(nats_url="nats://127.0.0.1:1", state_dir=root, timing=Timing(), **kw)
+    b = Broker(Config(nats_url="nats://127.0.0.1:1", state_dir=root, timing=Timing(), **kw))
     view = View(b.ledger.state())
     for k in range(queued):
         submit(view, InstanceRecord(instance_id=f"web-{k}", spec=SPEC))

@@ -14,7 +14,7 @@ import pytest
 
 from gavel.broker.auctioneer import Auctioneer
 from gavel.broker.ledger.plan import View, set_draining, submit
-from gavel.broker.service import Broker
+from gavel.broker.service import Broker, Config
 from gavel.shared import subjects
 from gavel.shared.auction import Auction
 from gavel.shared.messages import Bid, BidReply, Capacity, Decline, Heartbeat, Spec
@@ -39,8 +39,8 @@ def beat(b: Broker, node: str, draining: bool = False) -> None:
 
 
 def sampled_broker(root: Path, specs: dict[str, Spec]) -> Broker:
-    b = Broker(nats_url="nats://127.0.0.1:1", state_dir=root, timing=Timing(), sample_d=2,
-               batch_max=8)
+    b = Broker(Config(nats_url="nats://127.0.0.1:1", state_dir=root, timing=Timing(), sample_d=2,
+                      batch_max=8))
     b.auctioneer.rng = random.Random(7)
     view = View(b.ledger.state())
     for iid, spec in specs.items():

@@ -16,7 +16,7 @@ import pytest
 
 from gavel.broker.ledger.plan import View, place
 from gavel.broker.ledger.repository import Ledger
-from gavel.broker.service import Broker
+from gavel.broker.service import Broker, Config
 from gavel.shared import subjects
 from gavel.shared.api import (
     DeployReply,
@@ -137,8 +137,8 @@ def test_deploy_writes_the_service_and_its_replicas_and_a_pass_twice_changes_not
     fresh = Ledger(rig.b.ledger.path).state()  # what git holds, read afresh
     assert fresh.services["web"] == svc and sorted(fresh.replicas["web"]) == \
         sorted(r.instance_id for r in live(rig))
-    again = Broker(nats_url="nats://127.0.0.1:1", state_dir=tmp_path, writer="thread",
-                   timing=Timing().scaled(10), clock=lambda: rig.now)
+    again = Broker(Config(nats_url="nats://127.0.0.1:1", state_dir=tmp_path, writer="thread",
+                          timing=Timing().scaled(10), clock=lambda: rig.now))
     again.services.watch(rig.now)  # a broker started again: the count is met in git
     assert again.committer.idle.is_set(), "it submitted a change"
     again.committer.close()
@@ -147,8 +147,8 @@ def test_deploy_writes_the_service_and_its_replicas_and_a_pass_twice_changes_not
 def restart(rig: Rig, tmp_path: Path) -> Broker:
     """A new broker on the same repository (the old one is dropped as if killed), on the
     rig's wire and clock, its node heard again by its first heartbeat."""
-    again = Broker(nats_url="nats://127.0.0.1:1", state_dir=tmp_path, writer="thread",
-                   timing=Timing().scaled(10), clock=lambda: rig.now)
+    again = Broker(Config(nats_url="nats://127.0.0.1:1", state_dir=tmp_path, writer="thread",
+                          timing=Timing().scaled(10), clock=lambda: rig.now))
     again.nc = again.outbox.nc = rig.wire
     rig.tasks += [rig.loop.create_task(again.committer.run()),
                   rig.loop.create_task(again.outbox.run())]

@@ -16,7 +16,7 @@ import pytest
 
 from gavel.broker.ledger import objects, packs
 from gavel.broker.ledger.repository import Ledger
-from gavel.broker.service import Broker
+from gavel.broker.service import Broker, Config
 from gavel.cli import commands
 from gavel.shared.api import SubmitReply, SubmitRequest, key_problem
 from gavel.shared.messages import ApiError, Message, Spec
@@ -54,8 +54,8 @@ def test_the_key_is_durable_a_broker_started_afresh_answers_the_same(rig: Rig,
     req = SubmitRequest(spec=SMALL, key=KEY)
     first = ask(rig, req)
     assert isinstance(first, SubmitReply)
-    fresh = Broker(nats_url="nats://127.0.0.1:1", state_dir=tmp_path,
-                   timing=Timing().scaled(10), writer="thread")
+    fresh = Broker(Config(nats_url="nats://127.0.0.1:1", state_dir=tmp_path,
+                          timing=Timing().scaled(10), writer="thread"))
     try:
         again = rig.loop.run_until_complete(fresh.api.submit(req))  # answered from git alone
     finally:
