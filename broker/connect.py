@@ -26,8 +26,8 @@ class NatsUnreachable(Exception):
 
 
 async def connect_within(make: Callable[[], Any], url: str, options: dict[str, Any],
-                         wait_s: float | None) -> Any:
-    """A connection made by `make()` to `url`, asked again every 0.5 s until `wait_s` has
+                         wait_s: float | None, retry_s: float) -> Any:
+    """A connection made by `make()` to `url`, asked again every `retry_s` until `wait_s` has
     passed (None: for ever), then `NatsUnreachable` naming the server and the last error.
     Connected, it reconnects on its own (nats-py reads `allow_reconnect` when it drops)."""
     deadline = None if wait_s is None else time.monotonic() + wait_s
@@ -42,7 +42,7 @@ async def connect_within(make: Callable[[], Any], url: str, options: dict[str, A
                 raise NatsUnreachable(
                     f"the broker could not connect to NATS at {url} within {wait_s:g}s: "
                     f"{str(exc) or type(exc).__name__}") from exc
-            await asyncio.sleep(0.5)
+            await asyncio.sleep(retry_s)
             continue
         nc.options["allow_reconnect"] = True
         return nc

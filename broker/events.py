@@ -34,22 +34,25 @@ from typing import Any
 from gavel.broker.outbox import Outbox
 from gavel.shared import subjects
 from gavel.shared.messages import Event, EventType
+from gavel.shared.timing import Timing
 from gavel.transport import eventstream
 
 __all__ = ["KEPT", "Events"]
 
 #: Events kept in memory for `gavel events`, and the most waiting to be stored (rule 3).
 KEPT = 2000
-#: How long a store waits for its acknowledgement, and between tries (rule 3).
-_ACK_S = 2.0
-_RETRY_S = 0.2
 #: Stores on the wire at once (rule 3).
 _WINDOW = 64
+_TIMING = Timing()
 
 
 class Events:
-    def __init__(self, outbox: Outbox, clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, outbox: Outbox, clock: Callable[[], float] = time.time, *,
+                 timing: Timing = _TIMING) -> None:
         self._outbox = outbox
+        #: How long a store waits for its acknowledgement, and between tries (rule 3).
+        self._ack_s = timing.ack_s
+        self._retry_s = timing.retry_s
         self._clock = clock
         self.recent: deque[Event] = deque(maxlen=KEPT)
         #: Rule 3: (subject, payload, message id) waiting for the stream's acknowledgement.
@@ -115,7 +118,7 @@ class Events:
                 done = {w[2] for w, ok in zip(window, stored, strict=True) if ok}
                 self.waiting = deque(w for w in self.waiting if w[2] not in done)
                 if len(done) < len(window):
-                    await asyncio.sleep(_RETRY_S)
+                    await asyncio.sleep(self._retry_s)
 
     async def settle(self, within_s: float) -> None:
         """Wait up to `within_s` for what waits to be stored (a broker closing): `run`
@@ -125,11 +128,11 @@ class Events:
             async with asyncio.timeout(within_s):
                 while self.waiting and self._nc is not None and self._nc.is_connected:
                     self._more.set()
-                    await asyncio.sleep(_RETRY_S / 4)
+                    await asyncio.sleep(self._retry_s / 4)
 
     async def _store(self, subject: str, data: bytes, msg_id: str) -> bool:
         try:
-            reply = await self._nc.request(subject, data, timeout=_ACK_S,
+            reply = await self._nc.request(subject, data, timeout=self._ack_s,
                                            headers={"Nats-Msg-Id": msg_id})
             ack = json.loads(reply.data)
         except Exception:  # no responders (stream away), timeout, reconnecting, closed

@@ -32,6 +32,7 @@ import nats.errors
 
 from gavel.broker.context import Leadership
 from gavel.shared import subjects
+from gavel.shared.timing import Timing
 
 __all__ = ["FencedPuts", "with_epoch"]
 
@@ -42,6 +43,7 @@ MAX_IN_FLIGHT = 256
 #: JetStream's "wrong last sequence" error codes.
 _WRONG_LAST = (10071, 10164)
 _EXPECTED = "Nats-Expected-Last-Subject-Sequence"
+_TIMING = Timing()
 
 
 def with_epoch(data: bytes, epoch: int) -> bytes:
@@ -54,12 +56,12 @@ class FencedPuts:
     """Rules 1-4 for the leadership `leader` (its epoch is read at each put: it is settled
     once the takeover landed, before the first)."""
 
-    def __init__(self, leader: Leadership, *, timeout_s: float = 2.0,
-                 retry_s: float = 0.5) -> None:
+    def __init__(self, leader: Leadership, *, timing: Timing = _TIMING) -> None:
         self.leader = leader
         self.leading: Callable[[], bool] = leader.leading
-        self.timeout_s = timeout_s
-        self.retry_s = retry_s
+        #: How long a put waits for its answer, and before it is tried again.
+        self.timeout_s = timing.ack_s
+        self.retry_s = timing.retry_s
         #: The connection the puts go on (set once the broker connected).
         self.nc: Any = None
         #: Node id -> the revision our last put of its key made (rule 1).

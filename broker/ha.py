@@ -18,7 +18,7 @@ Rules:
    names another epoch), or when it stopped on its own (a damaged repository): it is
    aborted (`Broker.abort`: nothing more is sent) and the broker stands by again; a damaged
    repository stops the broker. Stopping (SIGTERM) ends it cleanly: the commits in hand get
-   `_FLUSH_S` to reach the remote, the leadership closes, and the lease is let go, so a
+   `Timing.flush_s` to reach the remote, the leadership closes, and the lease is let go, so a
    standby takes over at once.
 4. A takeover that cannot land its epoch commit (the remote unreachable, refused time after
    time) lets the lease go and stands by for a TTL: another broker may reach the remote.
@@ -57,9 +57,6 @@ from gavel.shared import subjects
 __all__ = ["HaBroker", "HaSettings"]
 
 log = logging.getLogger("gavel.broker.ha")
-
-#: How long a clean stop gives the commits in hand to reach the remote (rule 3).
-_FLUSH_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -121,7 +118,7 @@ class HaBroker:
         self.nc = await self._connect()
         self.lease = Lease(self.nc, broker_id=self.broker_id, ttl_s=self.settings.ttl_s,
                            renew_s=self.settings.renew_s, replicas=self.settings.replicas,
-                           wall=self.wall)
+                           wall=self.wall, timing=self.config.timing)
         await self.lease.open()
         log.info("broker %s stands by (lease TTL %gs, renewed every %gs, %d replicas)",
                  self.broker_id, self.settings.ttl_s, self.settings.renew_s,
@@ -139,7 +136,8 @@ class HaBroker:
             "name": f"gavel-broker-{self.broker_id}-lease", "reconnect_time_wait": 0.5,
             "inbox_prefix": subjects.BROKER_INBOX, "max_reconnect_attempts": -1,
             **self.nats_options, "allow_reconnect": False}
-        return await connect_within(NatsClient, self.nats_url, options, self.connect_wait_s)
+        return await connect_within(NatsClient, self.nats_url, options, self.connect_wait_s,
+                                    self.config.timing.retry_s)
 
     # -- one turn: stand by, then lead -------------------------------------------------------
     async def _stand_by_then_lead(self) -> None:
@@ -179,7 +177,8 @@ class HaBroker:
             return Pusher(ledger.path, ledger.ref, self.settings.remote,
                           on_merged=lambda change, sha: wake(), leading=lease.valid,
                           on_fenced=lambda why: self._fenced.set(),
-                          outcomes=self.metrics.pushes, stale_lock_s=self.settings.ttl_s)
+                          outcomes=self.metrics.pushes, stale_lock_s=self.settings.ttl_s,
+                          push_s=self.config.timing.push_s)
 
         broker = Broker(replace(self.config, connect_wait_s=self.settings.ttl_s,
                                 kv_replicas=self.settings.replicas),
@@ -263,7 +262,7 @@ class HaBroker:
             self.stop()
         if self._stopped.is_set() and lease.valid() and pushing is not None:
             with contextlib.suppress(TimeoutError):  # the commits in hand reach the remote
-                await asyncio.wait_for(pusher.flush(), _FLUSH_S)
+                await asyncio.wait_for(pusher.flush(), self.config.timing.flush_s)
             await broker.close()
             await pusher.close(pushing, timeout=0.0)
             await lease.release()

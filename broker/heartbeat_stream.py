@@ -78,9 +78,6 @@ __all__ = ["BATCH", "PROBE", "HeartbeatStream", "stream_config"]
 
 #: Messages one pull asks for (rule 2); a full batch is followed by another at once.
 BATCH = 1024
-#: A JetStream API call (make the stream, make the consumer) or a pull unanswered this long
-#: has failed.
-_CALL_S = 5.0
 #: Error codes of JetStream's API: the stream exists with another configuration; replicas
 #: asked of a server outside a cluster.
 _STREAM_NAME_IN_USE = 10058
@@ -221,7 +218,7 @@ class HeartbeatStream:
     async def _forget(self, probes: dict[str, float], freshest: float) -> None:
         """Probe subjects of brokers gone (none probed for `offline_s` before the freshest
         stamp) leave the stream: one would be left by every broker that ever ran."""
-        js = self.nc.jetstream(timeout=_CALL_S)
+        js = self.nc.jetstream(timeout=self.timing.call_s)
         for subject, stamp in probes.items():
             if stamp < freshest - self.timing.offline_s:
                 with contextlib.suppress(Exception):
@@ -327,7 +324,7 @@ class HeartbeatStream:
     # -- JetStream ----------------------------------------------------------------------
     async def _ensure_stream(self) -> int:
         """Rule 1's stream, made or brought to this configuration; its last sequence."""
-        js = self.nc.jetstream(timeout=_CALL_S)
+        js = self.nc.jetstream(timeout=self.timing.call_s)
         while True:
             config = stream_config(self.replicas)
             try:
@@ -347,7 +344,7 @@ class HeartbeatStream:
             return int(info.state.last_seq)
 
     async def _make_consumer(self, deliver: DeliverPolicy) -> None:
-        await self.nc.jetstream(timeout=_CALL_S).add_consumer(
+        await self.nc.jetstream(timeout=self.timing.call_s).add_consumer(
             subjects.HEARTBEAT_STREAM, ConsumerConfig(
                 name=self._consumer, deliver_policy=deliver, ack_policy=AckPolicy.NONE,
                 filter_subjects=list(_STORED), mem_storage=True,
@@ -368,7 +365,7 @@ class HeartbeatStream:
             self._failing = True
             return
         with contextlib.suppress(Exception):  # gone already, most likely
-            await self.nc.jetstream(timeout=_CALL_S).delete_consumer(
+            await self.nc.jetstream(timeout=self.timing.call_s).delete_consumer(
                 subjects.HEARTBEAT_STREAM, old)
 
     async def _pull(self) -> list[_Pulled] | None:
@@ -379,7 +376,7 @@ class HeartbeatStream:
         done = self._done = asyncio.get_running_loop().create_future()
         try:
             await self.nc.publish(f"{_MSG_NEXT}.{self._consumer}", _PULL, reply=self._round)
-            async with asyncio.timeout(_CALL_S):
+            async with asyncio.timeout(self.timing.call_s):
                 ok = await done
         except Exception:  # not connected, or no answer in time
             return None

@@ -55,6 +55,7 @@ import nats.errors
 from nats.js import api
 
 from gavel.shared import subjects
+from gavel.shared.timing import Timing
 
 __all__ = ["Holder", "Lease", "LeaseError"]
 
@@ -67,6 +68,7 @@ DRIFT = 0.05
 _WRONG_LAST = (10071, 10164)
 _EXPECTED = "Nats-Expected-Last-Subject-Sequence"
 _MSG_ID = "Nats-Msg-Id"
+_TIMING = Timing()
 #: How long after a holder's lease should have lapsed a standby keeps trying closely.
 _CLOSE_S = 2.0
 
@@ -102,8 +104,13 @@ class _Answer:
 class Lease:
     def __init__(self, nc: Any, *, broker_id: str, ttl_s: float, renew_s: float,
                  replicas: int, clock: Callable[[], float] = time.monotonic,
-                 wall: Callable[[], datetime] = lambda: datetime.now(UTC)) -> None:
+                 wall: Callable[[], datetime] = lambda: datetime.now(UTC),
+                 timing: Timing = _TIMING) -> None:
         self.nc = nc
+        #: How long a put of the key, or its release, waits for JetStream's answer, and how
+        #: long `close` waits between cancels of its tasks.
+        self.ack_s = timing.ack_s
+        self.retry_s = timing.retry_s
         self.broker_id = broker_id
         self.ttl_s = ttl_s
         self.renew_s = renew_s
@@ -164,7 +171,7 @@ class Lease:
         while left:
             for task in left:
                 task.cancel()
-            await asyncio.wait(left, timeout=0.5)
+            await asyncio.wait(left, timeout=self.retry_s)
             left = [t for t in left if not t.done()]
         for task in tasks:
             if not task.cancelled():
@@ -369,7 +376,7 @@ class Lease:
             return
         self.held, revision = None, self.revision
         with contextlib.suppress(Exception):
-            await self.nc.request(subjects.LEADER_KEY, b"", timeout=1.0, headers={
+            await self.nc.request(subjects.LEADER_KEY, b"", timeout=self.ack_s, headers={
                 "KV-Operation": "DEL", _EXPECTED: str(revision),
                 "Nats-Msg-Id": f"{secrets.token_hex(6)}.release"})
         if self._expiry is not None:
@@ -377,10 +384,10 @@ class Lease:
         self.lost.set()
         self.why_lost = "it let go"
 
-    async def _put(self, value: bytes, last: int, msg_id: str, timeout: float = 2.0
+    async def _put(self, value: bytes, last: int, msg_id: str, timeout: float | None = None
                    ) -> _Answer:
         try:
-            msg = await self.nc.request(subjects.LEADER_KEY, value, timeout=timeout,
+            msg = await self.nc.request(subjects.LEADER_KEY, value, timeout=timeout or self.ack_s,
                                         headers={_EXPECTED: str(last), "Nats-Msg-Id": msg_id})
             answer = json.loads(msg.data)
         except (nats.errors.Error, TimeoutError, ValueError) as exc:

@@ -89,10 +89,6 @@ from gavel.transport.rejects import Rejects
 
 __all__ = ["Broker", "Config", "MakePusher", "NatsUnreachable", "tune_gc"]
 
-#: How long `close` waits for each of its steps.
-_CLOSE_S = 10.0
-
-
 def tune_gc() -> None:
     """For a process whose main job is the broker (the daemon, the bench's broker): what is
     loaded at start is never scanned again, and young collections run every 50,000
@@ -141,7 +137,7 @@ class Broker:
         self.rejects = Rejects(self.log, self.metrics.rejected, clock)
         self.outbox = Outbox(self._publish_failed,
                              gate=self.leader.leading if self.ha else None)
-        self.fenced = FencedPuts(self.leader) if self.ha else None
+        self.fenced = FencedPuts(self.leader, timing=timing) if self.ha else None
         self.mirror = Mirror(self.fenced.put if self.fenced is not None
                              else self.outbox.publish_raw, timing.mirror_s, time.monotonic)
         # Git: the state repository, its pusher, and the one committer that writes it.
@@ -151,7 +147,7 @@ class Broker:
         # The parts, on the context they share.
         self.liveness = Liveness(timing)
         self.timers = Timers(started=clock())
-        self.events = Events(self.outbox)
+        self.events = Events(self.outbox, timing=timing)
         self.ctx = ctx = Context(timing=timing, ledger=self.ledger, committer=self.committer,
                                  liveness=self.liveness, timers=self.timers,
                                  outbox=self.outbox, events=self.events, rejects=self.rejects,
@@ -280,7 +276,7 @@ class Broker:
         await self.api.start(api_nc)
         for conn in (nc, api_nc):
             try:  # "up" means heard: an API call or a report sent from now on reaches us
-                await wire.subscribed(conn)
+                await wire.subscribed(conn, self.timing.call_s)
             except nats.errors.Error as exc:
                 self.log.warning("nats did not confirm the subscriptions (%s); carrying on",
                                  exc)
@@ -342,7 +338,7 @@ class Broker:
             "disconnected_cb": disconnected, "reconnected_cb": reconnected,
             **self.config.nats_options, "allow_reconnect": False}
         nc = await connect_within(wire.Client, self.config.nats_url, options,
-                                  self.config.connect_wait_s)
+                                  self.config.connect_wait_s, self.timing.retry_s)
         nc.options["max_reconnect_attempts"] = -1
         return nc
 
@@ -350,26 +346,27 @@ class Broker:
         """Stop every loop, send what is queued, drain; bounded, so a stuck part is logged
         rather than holding its caller for ever."""
         self.hearing.closing = True  # from now on a connection that goes is one we close
-        await self.events.settle(_CLOSE_S)  # stored before we go (`broker.events` rule 3)
+        close_s = self.timing.close_s
+        await self.events.settle(close_s)  # stored before we go (`broker.events` rule 3)
         for t in self._tasks:
             t.cancel()
         await self.rebalancer.close()
         self.api.close()  # requests waiting for a commit that will not come now
         if self._tasks:
-            _, stuck = await asyncio.wait(self._tasks, timeout=_CLOSE_S)
+            _, stuck = await asyncio.wait(self._tasks, timeout=close_s)
             for t in stuck:
-                self.log.error("broker task %s did not stop within %gs", t.get_name(), _CLOSE_S)
+                self.log.error("broker task %s did not stop within %gs", t.get_name(), close_s)
         if self.nc is not None and not self.nc.is_closed:
             self.mirror.flush()  # puts still waiting for their window
             await self.outbox.drain()
             with contextlib.suppress(Exception):
-                async with asyncio.timeout(_CLOSE_S):
+                async with asyncio.timeout(close_s):
                     await self.feed.close()
         for conn in (self.api_nc, self.nc):
             if conn is None or conn.is_closed:
                 continue
             with contextlib.suppress(Exception):
-                async with asyncio.timeout(_CLOSE_S):
+                async with asyncio.timeout(close_s):
                     await conn.drain()
             if not conn.is_closed:
                 with contextlib.suppress(Exception):
@@ -389,7 +386,7 @@ class Broker:
         await wire.abort(self.api_nc)
         await wire.abort(self.nc)
         if self._tasks:
-            await asyncio.wait(self._tasks, timeout=_CLOSE_S)
+            await asyncio.wait(self._tasks, timeout=self.timing.close_s)
         self.committer.close()
 
     def wake(self) -> None:

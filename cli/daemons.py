@@ -62,6 +62,7 @@ if TYPE_CHECKING:
     from gavel.broker.ledger.repository import Ledger
     from gavel.broker.metrics import Metrics
     from gavel.broker.service import Broker, MakePusher
+    from gavel.shared.timing import Timing
 
 __all__ = ["BROKER_ONLY", "GATEWAY_ONLY", "WORKER_ONLY", "Stopped", "check", "config_check",
            "config_kind", "run_broker", "run_gateway", "settings",
@@ -308,18 +309,18 @@ def make_broker(cfg: BrokerConfig, secrets: dict[str, str],
                 replicas=cfg.ha.replicas))
         metrics = Metrics()
         return Broker(config, metrics=metrics,
-                      pusher=_pusher_of(cfg.push, metrics) if cfg.push else None)
+                      pusher=_pusher_of(cfg.push, metrics, config.timing) if cfg.push else None)
     except LedgerError as exc:  # a state path that is a file, a ref git cannot hold
         raise ConfigError(f"{exc}.") from None
 
 
-def _pusher_of(remote: str, metrics: Metrics) -> MakePusher:
+def _pusher_of(remote: str, metrics: Metrics, timing: Timing) -> MakePusher:
     """A broker's pusher to `remote` without HA: its outcomes in the broker's metrics."""
     from gavel.broker.ledger.remote import Pusher
 
     def make(ledger: Ledger, wake: Callable[[], None]) -> Pusher:
         return Pusher(ledger.path, ledger.ref, remote, on_merged=lambda change, sha: wake(),
-                      registry=metrics.registry)
+                      registry=metrics.registry, push_s=timing.push_s)
     return make
 
 
@@ -387,7 +388,7 @@ async def _run_broker(args: argparse.Namespace, signals: list[str]) -> int:
         raise Stopped(str(exc)) from None
     finally:
         if pusher is not None and pushing is not None:
-            await pusher.close(pushing, timeout=5.0)
+            await pusher.close(pushing, timeout=broker.config.timing.flush_s)
         if server is not None:
             server.close()
     return 1 if refusals.fatal else 0

@@ -1,12 +1,19 @@
 """Every clock gavel keeps, in one struct.
 
 Rules:
-1. No module picks its own timeout; it takes a `Timing`. ``GAVEL_FAST_TIMERS=1`` divides
-   every value by ten so tests and demos run the same code at ten times the speed.
+1. No module picks its own timeout; it takes a `Timing` (or, where it is built without one,
+   defaults to `Timing()`'s value). ``GAVEL_FAST_TIMERS=1`` divides every clock of the
+   protocol by ten so tests and demos run the same code at ten times the speed
+   (`tests/unit/test_timeouts.py` finds a module that sets its own).
 2. Every clock is a finite number of seconds above zero (`retention_s` may be 0: keep ended
    instances for ever), and a node is heard from before it counts as unreachable, and is
    unreachable before it is offline: heartbeat_s < unreachable_s <= offline_s. Decoding
    refuses a value at or below zero; `problem` names the rest in one sentence.
+3. The machine's waits (`MACHINE`: how long an answer from another process, a git push or
+   a part's shutdown may take before it counts as failed) are not shrunk by fast timers:
+   they measure the machine, not the protocol, and a loaded machine answers no faster
+   because the protocol's clocks run ten times faster; shrunk, they would only fail what
+   works.
 """
 
 from __future__ import annotations
@@ -17,11 +24,14 @@ from typing import Annotated
 
 import msgspec
 
-__all__ = ["FAST_FACTOR", "Timing", "fast_banner"]
+__all__ = ["FAST_FACTOR", "MACHINE", "Timing", "fast_banner"]
 
 FAST_FACTOR = 10.0
 
 Seconds = Annotated[float, msgspec.Meta(gt=0)]
+
+#: Rule 3: the fields fast timers leave as they are.
+MACHINE = frozenset({"call_s", "ack_s", "push_s", "close_s", "flush_s"})
 
 
 class Timing(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -41,6 +51,23 @@ class Timing(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tr
     #: How long the record of an ended instance (succeeded, failed, lost, cancelled) stays
     #: in the state repository after it ended; git history keeps it after that. 0: for ever.
     retention_s: Annotated[float, msgspec.Meta(ge=0)] = 86_400.0
+    #: How long a part waits before trying again what failed for now: a first connection
+    #: to NATS, storing an event, a checked KV put.
+    retry_s: Seconds = 0.5
+    # -- the machine's waits (rule 3) ---------------------------------------------------
+    #: A JetStream API call (make a stream or a consumer, a pull) or the subscription
+    #: barrier unanswered this long has failed.
+    call_s: Seconds = 5.0
+    #: A store unacknowledged this long has failed: an event into the event history, a
+    #: checked KV put, a lease put or its release.
+    ack_s: Seconds = 2.0
+    #: One `git push` to the state remote taking longer than this has failed.
+    push_s: Seconds = 60.0
+    #: How long the broker's `close` waits for each of its steps, and a worker's parts for
+    #: their tasks once told to stop; a part stuck past it is logged, not waited for.
+    close_s: Seconds = 10.0
+    #: How long the commits in hand get to reach the remote when a broker stops cleanly.
+    flush_s: Seconds = 5.0
 
     def problem(self) -> str | None:
         """What makes these clocks unusable, as a sentence naming the field; None if none."""
@@ -58,8 +85,9 @@ class Timing(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tr
         return None
 
     def scaled(self, factor: float) -> Timing:
-        """Every interval divided by `factor`."""
-        fields = {f: getattr(self, f) / factor for f in self.__struct_fields__}
+        """Every clock of the protocol divided by `factor`; the machine's waits kept."""
+        fields = {f: getattr(self, f) / (1.0 if f in MACHINE else factor)
+                  for f in self.__struct_fields__}
         return Timing(**fields)
 
     @classmethod

@@ -56,6 +56,7 @@ from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 from nats.aio.transport import TcpTransport
 
+from gavel.shared.timing import Timing
 from gavel.transport.inbound import Received
 from gavel.transport.rejects import Throttle
 
@@ -63,6 +64,7 @@ __all__ = ["DIRECT", "Client", "Inbound", "Received", "abort", "fast", "send", "
            "write_now"]
 
 log = logging.getLogger("gavel.broker")
+_TIMING = Timing()
 
 
 class Inbound(NamedTuple):
@@ -177,7 +179,7 @@ async def _one_by_one(nc: Any, batch: Sequence[tuple[str, bytes]],
             failed(subject, exc)
 
 
-async def subscribed(nc: Any, timeout: float = 5.0) -> None:
+async def subscribed(nc: Any, timeout: float = _TIMING.call_s) -> None:
     """Rule 6: the server has every subscription `nc` sent before this call. Raises
     nats-py's TimeoutError if the message to ourselves is not back within `timeout`."""
     sub = await nc.subscribe(nc.new_inbox())

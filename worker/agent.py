@@ -175,7 +175,7 @@ class Agent:
         self.logserver = LogServer(node_id=node_id, outputs=self.outputs,
                                    holds=self._supervisor.holds, sink=self._refused,
                                    nc=lambda: self._nc, poll_s=min(0.25, timing.tick_s),
-                                   window_s=logs_window_s)
+                                   window_s=logs_window_s, close_s=timing.close_s)
 
     def _make_guards(self) -> None:
         """The guards of what the broker sends here, the subjects this node sends on."""

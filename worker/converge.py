@@ -129,7 +129,7 @@ class Converger:
         for task in tasks:
             task.cancel()
         if tasks:  # bounded: a task that swallowed its cancel must not hold the worker
-            _, stuck = await asyncio.wait(tasks, timeout=5.0)
+            _, stuck = await asyncio.wait(tasks, timeout=self.timing.close_s)
             for task in stuck:
                 log.error("converger task %s did not stop", task.get_name())
         self._loops.clear()

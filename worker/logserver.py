@@ -45,6 +45,7 @@ from gavel.shared.logstream import (
     Stream,
 )
 from gavel.shared.messages import ApiError, Message
+from gavel.shared.timing import Timing
 from gavel.transport.inbound import Door, Guard, Sink
 from gavel.worker.logfiles import Output, Outputs
 from gavel.worker.logwatch import Watch
@@ -60,14 +61,18 @@ WINDOW_USE = 0.8
 #: The ended instances' directories are swept every this many ticks.
 SWEEP_TICKS = 60
 _enc = msgspec.msgpack.Encoder()
+_TIMING = Timing()
 
 
 class LogServer:
     def __init__(self, *, node_id: str, outputs: Outputs, holds: Callable[[str], bool],
                  sink: Sink, nc: Callable[[], Any], poll_s: float,
                  window_s: float = WINDOW_S, replies_max: int = REPLIES_MAX,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 close_s: float = _TIMING.close_s) -> None:
         self.node_id = node_id
+        #: How long `close` waits for the answers under way, and each for its last word.
+        self.close_s = close_s
         self.outputs = outputs
         self._holds = holds
         self._nc = nc
@@ -107,7 +112,7 @@ class LogServer:
         for task in tasks:
             task.cancel()
         if tasks:
-            await asyncio.wait(tasks, timeout=5.0)
+            await asyncio.wait(tasks, timeout=self.close_s)
 
     async def _send(self, reply: str, message: Message) -> None:
         nc = self._nc()
@@ -121,7 +126,7 @@ class LogServer:
         except asyncio.CancelledError:  # the worker stops: the asker should ask again (and
             if answer.out is not None:   # learn at once that nobody answers any more)
                 with contextlib.suppress(Exception):
-                    await asyncio.wait_for(answer.done(more=True), 1.0)
+                    await asyncio.wait_for(answer.done(more=True), self.close_s)
             raise
         except Exception as exc:  # a file that vanished, a connection that went
             log.warning("log request for %s ended early: %s", req.instance_id, exc)

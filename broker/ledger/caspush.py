@@ -32,13 +32,13 @@ import time
 from pathlib import Path
 
 from gavel.shared.redact import mask_url
+from gavel.shared.timing import Timing
 
 __all__ = ["PushError", "Refused", "clear_stale_locks", "is_local", "push_local"]
 
 log = logging.getLogger("gavel.broker.ledger")
+_TIMING = Timing()
 
-#: How long one `git push` may take before it counts as failed.
-PUSH_TIMEOUT_S = 60.0
 
 
 class PushError(Exception):
@@ -59,15 +59,16 @@ def is_local(url: str) -> bool:
     return ":" not in head  # ``host:path`` is ssh's scp-like syntax
 
 
-def push_local(git_dir: Path, url: str, ref: str, stale_lock_s: float | None = None) -> None:
-    """Rule 2: `ref` of the repository `git_dir` to the same ref of `url`, by `git push`;
-    rule 4 once when refused."""
+def push_local(git_dir: Path, url: str, ref: str, stale_lock_s: float | None = None,
+               timeout_s: float = _TIMING.push_s) -> None:
+    """Rule 2: `ref` of the repository `git_dir` to the same ref of `url`, by `git push`
+    (one that takes longer than `timeout_s` has failed); rule 4 once when refused."""
     try:
-        _push_local(git_dir, url, ref)
+        _push_local(git_dir, url, ref, timeout_s)
     except Refused:
         if stale_lock_s is None or not clear_stale_locks(url, ref, stale_lock_s):
             raise
-        _push_local(git_dir, url, ref)
+        _push_local(git_dir, url, ref, timeout_s)
 
 
 def clear_stale_locks(url: str, ref: str, older_than_s: float) -> list[str]:
@@ -93,7 +94,7 @@ def clear_stale_locks(url: str, ref: str, older_than_s: float) -> list[str]:
     return removed
 
 
-def _push_local(git_dir: Path, url: str, ref: str) -> None:
+def _push_local(git_dir: Path, url: str, ref: str, timeout_s: float) -> None:
     git = shutil.which("git")
     if git is None:
         raise PushError(f"push to {mask_url(url)} failed: a remote on a local path is pushed "
@@ -104,7 +105,7 @@ def _push_local(git_dir: Path, url: str, ref: str) -> None:
         done = subprocess.run(
             [git, f"--git-dir={git_dir}", "push", "--porcelain", "--quiet", url,
              f"{ref}:{ref}"],
-            capture_output=True, text=True, timeout=PUSH_TIMEOUT_S, env=env,
+            capture_output=True, text=True, timeout=timeout_s, env=env,
             stdin=subprocess.DEVNULL, check=False)
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise PushError(f"push to {mask_url(url)} failed: {exc}") from None

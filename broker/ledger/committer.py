@@ -62,10 +62,12 @@ from gavel.broker.ledger.plan import View
 from gavel.broker.ledger.repository import Conflict, Damaged, Ledger, Pinned
 from gavel.broker.ledger.state import Change, stamp
 from gavel.shared.reasons import Reason
+from gavel.shared.timing import Timing
 
 __all__ = ["Committer", "Durable", "Item", "Planned"]
 
 log = logging.getLogger("gavel.ledger")
+_TIMING = Timing()
 
 
 @dataclass
@@ -102,7 +104,7 @@ class Item:
 
 
 class Committer:
-    def __init__(self, ledger: Ledger, *, retry_s: float = 1.0, max_conflicts: int = 8,
+    def __init__(self, ledger: Ledger, *, retry_s: float = _TIMING.tick_s, max_conflicts: int = 8,
                  on_commit: Callable[[Change, str], None] | None = None,
                  writer: str = "thread", gap_s: float = 0.0,
                  wall: Callable[[], datetime] = lambda: datetime.now(UTC),

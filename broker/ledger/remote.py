@@ -47,10 +47,12 @@ from gavel.broker.ledger.caspush import PushError, Refused
 from gavel.broker.ledger.repository import name_head
 from gavel.broker.ledger.state import Change
 from gavel.shared.redact import mask_url
+from gavel.shared.timing import Timing
 
 __all__ = ["Fenced", "PushError", "Pusher"]
 
 log = logging.getLogger("gavel.remote")
+_TIMING = Timing()
 
 
 class Fenced(PushError):
@@ -88,16 +90,20 @@ class _Callbacks(pygit2.RemoteCallbacks):
 class Pusher:
     """Keeps `remote`'s copy of `ref` up to date with the state repository at `repo_path`."""
 
-    def __init__(self, repo_path: Path, ref: str, remote: str, *, backoff_s: float = 0.5,
-                 max_backoff_s: float = 60.0, max_rounds: int = 5,
+    def __init__(self, repo_path: Path, ref: str, remote: str, *,
+                 backoff_s: float = _TIMING.retry_s, max_backoff_s: float = 60.0,
+                 max_rounds: int = 5,
                  on_merged: Callable[[Change, str], None] | None = None,
                  registry: CollectorRegistry | None = None, epoch: int = 0,
                  leading: Callable[[], bool] | None = None,
                  on_fenced: Callable[[str], None] | None = None,
-                 outcomes: Counter | None = None, stale_lock_s: float | None = None) -> None:
+                 outcomes: Counter | None = None, stale_lock_s: float | None = None,
+                 push_s: float = _TIMING.push_s) -> None:
         self.repo_path = Path(repo_path)
         #: A lock in a local remote older than this is a dead pusher's (`caspush` rule 4).
         self.stale_lock_s = stale_lock_s
+        #: One push to a local remote taking longer than this has failed.
+        self.push_s = push_s
         #: Rule 5: the leadership this pusher writes for (0: no HA), whether its lease still
         #: holds, and who hears that it may push no more.
         self.epoch = epoch
@@ -209,7 +215,7 @@ class Pusher:
         """Wait until everything notified so far has landed on the remote."""
         await self.idle.wait()
 
-    async def close(self, task: asyncio.Future[None], timeout: float = 5.0) -> None:
+    async def close(self, task: asyncio.Future[None], timeout: float) -> None:
         """Give pending commits `timeout` seconds to land, then stop `task` (our `run`)."""
         if not task.done() and not self.idle.is_set():
             with contextlib.suppress(TimeoutError):
@@ -326,7 +332,8 @@ class Pusher:
                 raise Fenced("the lease ran out before the push: another broker may lead")
             url = self._url(repo)
             if caspush.is_local(url):
-                caspush.push_local(Path(repo.path), url, self.ref, self.stale_lock_s)
+                caspush.push_local(Path(repo.path), url, self.ref, self.stale_lock_s,
+                                   self.push_s)
                 return
         cb = _Callbacks()
         try:

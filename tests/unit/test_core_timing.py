@@ -1,11 +1,12 @@
-"""Timing: one struct of clocks; ``GAVEL_FAST_TIMERS=1`` shrinks every one tenfold."""
+"""Timing: one struct of clocks; ``GAVEL_FAST_TIMERS=1`` shrinks every clock of the protocol
+tenfold, and leaves the machine's waits (rule 3)."""
 
 from __future__ import annotations
 
 import msgspec
 import pytest
 
-from gavel.shared.timing import FAST_FACTOR, Timing
+from gavel.shared.timing import FAST_FACTOR, MACHINE, Timing
 
 
 def test_defaults_are_the_documented_clocks() -> None:
@@ -24,7 +25,20 @@ def test_fast_timers_shrink_every_clock_tenfold(flag: str) -> None:
         1.0, 3.0, 12.0, 1.5)
     base = Timing()
     for name in Timing.__struct_fields__:
-        assert getattr(fast, name) == pytest.approx(getattr(base, name) / 10.0), name
+        shrunk = 1.0 if name in MACHINE else 10.0  # rule 3: the machine's waits stay
+        assert getattr(fast, name) == pytest.approx(getattr(base, name) / shrunk), name
+
+
+def test_the_machine_waits_are_the_answers_pushes_and_shutdowns() -> None:
+    """Rule 3: only waits on another process or a shutdown are kept from fast timers; every
+    clock that existed before them (the protocol's) is still shrunk."""
+    assert frozenset({"call_s", "ack_s", "push_s", "close_s", "flush_s"}) == MACHINE
+    assert set(Timing.__struct_fields__) >= MACHINE
+    protocol = {"heartbeat_s", "unreachable_s", "offline_s", "provisioning_s", "bid_deadline_s",
+                "lease_grace_s", "cancel_grace_s", "kill_grace_s", "tick_s", "mirror_s",
+                "retention_s", "retry_s"}
+    assert protocol | MACHINE == set(Timing.__struct_fields__)
+    assert not protocol & MACHINE
 
 
 @pytest.mark.parametrize("env", [{}, {"GAVEL_FAST_TIMERS": ""}, {"GAVEL_FAST_TIMERS": "0"},
