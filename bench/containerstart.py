@@ -27,7 +27,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import msgspec
 import nats
 
 from gavel.broker.service import Broker, Config
@@ -37,6 +36,7 @@ from gavel.shared.messages import Event, Spec
 from gavel.shared.strategies import make_strategy
 from gavel.shared.timing import Timing
 from gavel.transport.client import call
+from gavel.transport.inbound import Decode, Malformed
 from gavel.transport.natsserver import NatsServer
 from gavel.worker.agent import Agent
 from gavel.worker.engine import connect
@@ -90,12 +90,11 @@ async def measure(n: int, root: Path) -> list[dict[str, Any]]:
     built: list[str] = []
     times: dict[str, list[float]] = {"process": [], "container-warm": [], "container-cold": []}
     running: dict[str, asyncio.Future[float]] = {}
-    decode = msgspec.msgpack.Decoder(Event)
+    decode: Decode[Event] = Decode(Event)
 
     async def on_event(msg: Any) -> None:
-        try:
-            event = decode.decode(msg.data)
-        except msgspec.DecodeError:
+        event = decode(msg.data)
+        if isinstance(event, Malformed):
             return
         fut = running.get(event.instance_id)
         if event.type == "running" and fut is not None and not fut.done():

@@ -56,7 +56,6 @@ import uuid
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
-import msgspec
 import nats.errors
 from nats.aio.msg import Msg
 from nats.js.api import (
@@ -72,7 +71,7 @@ from gavel.shared import subjects
 from gavel.shared.bounds import HEARTBEAT_MAX_BYTES
 from gavel.shared.messages import Heartbeat
 from gavel.shared.timing import Timing
-from gavel.transport.inbound import Received
+from gavel.transport.inbound import Decode, Malformed, Received
 
 __all__ = ["BATCH", "PROBE", "HeartbeatStream", "stream_config"]
 
@@ -94,15 +93,13 @@ _PROBES = subjects.HEARTBEAT_PROBE_ALL.removesuffix("*")
 _PROBE_LAG = 2
 
 
-_heartbeat = msgspec.msgpack.Decoder(Heartbeat).decode
+_heartbeat: Decode[Heartbeat] = Decode(Heartbeat)
 
 
 def _heartbeat_of(node: str, data: bytes) -> bool:
     """Rule 3: `data` is a heartbeat of `node`'s."""
-    try:
-        return _heartbeat(data).node_id == node
-    except (msgspec.DecodeError, RecursionError, ValueError):
-        return False
+    heartbeat = _heartbeat(data)
+    return not isinstance(heartbeat, Malformed) and heartbeat.node_id == node
 
 
 def stream_config(replicas: int = 1) -> StreamConfig:

@@ -56,6 +56,7 @@ from nats.js import api
 
 from gavel.shared import subjects
 from gavel.shared.timing import Timing
+from gavel.transport.inbound import Decode, Malformed
 
 __all__ = ["Holder", "Lease", "LeaseError"]
 
@@ -86,7 +87,7 @@ class Holder(msgspec.Struct, kw_only=True, frozen=True):
     since: str = ""
 
 
-_holder_dec = msgspec.json.Decoder(Holder)
+_holder: Decode[Holder] = Decode(Holder, json=True)
 _enc = msgspec.json.Encoder()
 
 
@@ -237,10 +238,9 @@ class Lease:
         if headers.get("KV-Operation") in ("DEL", "PURGE") or not msg.data:
             self.deleted, self.holder = True, None
         else:
-            try:
-                self.deleted, self.holder = False, _holder_dec.decode(msg.data)
-            except (msgspec.DecodeError, RecursionError):
-                self.deleted, self.holder = False, Holder(broker_id="?")
+            holder = _holder(msg.data)
+            self.deleted = False
+            self.holder = Holder(broker_id="?") if isinstance(holder, Malformed) else holder
         self._seen.set()
 
     # -- taking and holding --------------------------------------------------------------

@@ -74,6 +74,7 @@ from gavel.shared.messages import Event, EventType
 from gavel.shared.routes import derive
 from gavel.transport import eventstream, nodebook
 from gavel.transport.client import BrokerRefused, ClientError, NoAnswer, NoBroker, call, connect
+from gavel.transport.inbound import Decode, Malformed
 
 __all__ = ["EXIT_CODES", "SUBMIT_TRIES", "SUBMIT_TRY_S", "ClientError", "Refused", "Unknown",
            "UsageError", "refusal_code", "run"]
@@ -269,7 +270,7 @@ async def _wait_healthy(nc: Any, sub: Any, iid: str, args: argparse.Namespace) -
     timeout passing first is `Refused`, with the reason: the check's output for an unhealthy
     instance, the detail of a failed one."""
     deadline = time.monotonic() + args.timeout
-    dec = msgspec.msgpack.Decoder(Event)
+    dec: Decode[Event] = Decode(Event)
     unhealthy = ""  # the last check failure heard of: the instance may recover, or not
     while True:
         # What happened before we subscribed is in the status: ask it too.
@@ -297,9 +298,8 @@ async def _wait_healthy(nc: Any, sub: Any, iid: str, args: argparse.Namespace) -
             msg = await sub.next_msg(timeout=min(remaining, 1.0))
         except Exception:
             continue
-        try:
-            ev = dec.decode(msg.data)
-        except (msgspec.DecodeError, RecursionError):
+        ev = dec(msg.data)
+        if isinstance(ev, Malformed):
             continue  # not an event: garbage on the subject changes nothing
         if ev.type == EventType.UNSCHEDULABLE:
             raise Refused(f"{iid} is unschedulable: {ev.detail or ev.reason}",

@@ -15,6 +15,7 @@ Rules:
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import urlsplit
@@ -29,6 +30,7 @@ from gavel.shared.errors import BadInput
 from gavel.shared.messages import ApiError, Message
 from gavel.shared.redact import mask_url
 from gavel.transport.creds import connect_options
+from gavel.transport.inbound import Decode, Malformed
 from gavel.transport.urls import servers
 
 if TYPE_CHECKING:
@@ -120,13 +122,18 @@ async def call(nc: Any, verb: str, request: Message, reply_type: type[T],
                timeout: float = 10.0) -> T:
     """One request, answered within `timeout` (rule 1: no responders is asked again)."""
     msg = await _answer(nc, verb, request, timeout)
-    try:
-        reply = msgspec.msgpack.decode(msg.data, type=reply_type | ApiError)
-    except (msgspec.DecodeError, RecursionError) as exc:  # not our broker, or not a broker
-        raise ClientError(f"the answer to {verb} is not a gavel reply: {exc}") from None
+    reply = _answer_of(reply_type)(msg.data)
+    if isinstance(reply, Malformed):  # not our broker, or not a broker
+        raise ClientError(f"the answer to {verb} is not a gavel reply: {reply.why}")
     if isinstance(reply, ApiError):
         raise BrokerRefused(reply.error)
     return reply  # type: ignore[no-any-return]
+
+
+@functools.cache
+def _answer_of(reply_type: Any) -> Decode[Any]:
+    """One decoder per kind of answer, built once (`transport.inbound` rule 1)."""
+    return Decode(reply_type | ApiError)
 
 
 async def _answer(nc: Any, verb: str, request: Message, timeout: float) -> Any:

@@ -27,12 +27,12 @@ import json
 import logging
 from typing import Any, NamedTuple
 
-import msgspec
 from nats.js.api import DiscardPolicy, StorageType, StreamConfig
 from nats.js.errors import APIError, BadRequestError
 
 from gavel.shared import subjects
 from gavel.shared.messages import Event
+from gavel.transport.inbound import Decode, Malformed
 
 __all__ = ["MAX_AGE_S", "MAX_BYTES", "POLL_S", "Follower", "NoHistory", "Stored", "ensure",
            "follow", "last_seq", "next_after", "recent", "stream_config"]
@@ -50,7 +50,7 @@ _STREAM_NAME_IN_USE = 10058
 _REPLICAS_UNSUPPORTED = 10074
 #: Reads in flight at once while `recent` loads the newest events.
 _AT_ONCE = 64
-_event = msgspec.msgpack.Decoder(Event).decode
+_event: Decode[Event] = Decode(Event)
 
 
 class Stored(NamedTuple):
@@ -120,9 +120,12 @@ async def _get(nc: Any, body: dict[str, Any]) -> Stored | None:
     msg = answer.get("message") or {}
     seq = int(msg.get("seq", 0))
     try:
-        return Stored(seq, _event(base64.b64decode(msg.get("data", ""))))
-    except (msgspec.DecodeError, RecursionError, ValueError):  # not an event: skip it
-        return Stored(seq, Event(instance_id="", type="error"))
+        event = _event(base64.b64decode(msg.get("data", "")))
+    except ValueError:  # not base64
+        event = Malformed("not base64")
+    # Not an event: skipped.
+    return Stored(seq, Event(instance_id="", type="error") if isinstance(event, Malformed)
+                  else event)
 
 
 async def next_after(nc: Any, seq: int, subject: str = subjects.EVENTS_ALL) -> Stored | None:
@@ -180,8 +183,9 @@ class Follower:
             await self.start()
         while self.plain:
             data = await self._heard.get()
-            with contextlib.suppress(msgspec.DecodeError, RecursionError):
-                return Stored(0, _event(data))
+            event = _event(data)
+            if not isinstance(event, Malformed):
+                return Stored(0, event)
         while True:
             if self.nc.is_closed:  # closed, not reconnecting: nothing more will come
                 raise StopAsyncIteration

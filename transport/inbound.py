@@ -3,7 +3,11 @@
 Rules:
 1. Each endpoint has one typed decoder, built once. A message that does not decode (or nests
    deeper than the decoder will follow) is handed to the sink as malformed - which says "of
-   another protocol version" when that is why - and dropped.
+   another protocol version" when that is why - and dropped. What comes off the wire without
+   a subscription's message around it - a KV entry, a message a stream stored, the answer to
+   a request - is decoded by a `Decode`, which hands back a `Malformed` instead of raising:
+   this module is the one place that catches a decoder's errors, and its caller decides
+   what a refusal means there (count it, skip it, or tell an operator in one sentence).
 2. Identity is the subject's: a message that names a node id other than the one its subject
    stands for (the broker's view: ``gavel.bids.<node>`` carries that node's bids) or other
    than this node (a worker's view: an award for someone else) is counted as
@@ -30,6 +34,7 @@ Rules:
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
 
 import msgspec
@@ -41,8 +46,10 @@ __all__ = [
     "HEADERS",
     "JETSTREAM",
     "OUTSIDE_INBOX",
+    "Decode",
     "Door",
     "Guard",
+    "Malformed",
     "Received",
     "Sink",
     "answerable",
@@ -170,6 +177,34 @@ class Door:
 
 M = TypeVar("M")
 
+#: What decoding raises: msgspec's error, or the depth guard's (no DecodeError).
+_UNDECODABLE = (msgspec.DecodeError, RecursionError)
+
+
+@dataclass(frozen=True, slots=True)
+class Malformed:
+    """What a `Decode` refused, and the decoder's sentence saying why."""
+
+    why: str
+
+
+class Decode(Generic[M]):
+    """Rule 1's typed decoder for data with no subscription's message around it: msgpack,
+    or JSON (``json=True``: a KV value, a stored record). ``Decode[A | B](A | B)`` for a
+    union of answers."""
+
+    __slots__ = ("_decode",)
+
+    def __init__(self, type_: Any, *, json: bool = False) -> None:
+        decoder = msgspec.json.Decoder(type_) if json else msgspec.msgpack.Decoder(type_)
+        self._decode: Callable[[bytes], M] = decoder.decode
+
+    def __call__(self, data: bytes) -> M | Malformed:
+        try:
+            return self._decode(data)
+        except _UNDECODABLE as exc:
+            return Malformed(str(exc) or type(exc).__name__)
+
 
 class Guard(Generic[M]):
     """Decode `data` as `type_` and hold it to its subject's node (rules 1 and 2), behind
@@ -208,7 +243,7 @@ class Guard(Generic[M]):
         subject = msg.subject
         try:
             decoded = self._decode(msg.data)
-        except (msgspec.DecodeError, RecursionError) as exc:  # depth guard: no DecodeError
+        except _UNDECODABLE as exc:
             self.refused = f"malformed {self.what}: {exc}"
             self.sink.malformed(self.what, subject, exc)
             return None

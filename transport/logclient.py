@@ -27,11 +27,12 @@ from gavel.shared import subjects
 from gavel.shared.logstream import WINDOW_S, LogChunk, LogsDone, LogsRequest
 from gavel.shared.messages import ApiError
 from gavel.transport.client import BrokerRefused, ClientError
+from gavel.transport.inbound import Decode, Malformed
 
 __all__ = ["NodeUnreachable", "read"]
 
 _enc = msgspec.msgpack.Encoder()
-_dec = msgspec.msgpack.Decoder(LogChunk | LogsDone | ApiError)
+_dec: Decode[LogChunk | LogsDone | ApiError] = Decode(LogChunk | LogsDone | ApiError)
 #: How much longer than a window the asker waits for the next reply (rule 2).
 MARGIN_S = 10.0
 
@@ -76,11 +77,10 @@ async def _once(nc: Any, request: LogsRequest, on_chunk: OnChunk, first_s: float
                                       f"{request.instance_id}: its worker is not connected "
                                       "to NATS.")
             wait = idle_s if request.follow else first_s
-            try:
-                reply = _dec.decode(msg.data)
-            except (msgspec.DecodeError, RecursionError) as exc:
+            reply = _dec(msg.data)
+            if isinstance(reply, Malformed):
                 raise ClientError(f"node {node} answered with something that is not a gavel "
-                                  f"reply: {exc}") from None
+                                  f"reply: {reply.why}")
             if isinstance(reply, ApiError):
                 raise BrokerRefused(reply.error)
             if isinstance(reply, LogsDone):

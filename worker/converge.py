@@ -57,7 +57,7 @@ from gavel.shared import subjects
 from gavel.shared.messages import ApiError, AssignmentRequest, Award
 from gavel.shared.records import NodeEntry, NodeFile
 from gavel.shared.timing import Timing
-from gavel.transport.inbound import Sink
+from gavel.transport.inbound import Decode, Malformed, Sink
 from gavel.worker.supervisor import OLDER_ANSWER, OLDER_NODE, Supervisor
 from gavel.worker.watch import Entry, NodeWatch
 
@@ -65,8 +65,8 @@ __all__ = ["Converger"]
 
 log = logging.getLogger("gavel.worker.converge")
 
-_node_dec = msgspec.json.Decoder(NodeEntry)
-_reply_dec = msgspec.msgpack.Decoder(Award | ApiError)
+_node_entry: Decode[NodeEntry] = Decode(NodeEntry, json=True)
+_reply: Decode[Award | ApiError] = Decode(Award | ApiError)
 _enc = msgspec.msgpack.Encoder()
 
 
@@ -173,12 +173,12 @@ class Converger:
         if entry.operation in ("DEL", "PURGE") or not entry.value:
             nf = NodeEntry(node_id=self.node_id)
         else:
-            try:
-                nf = _node_dec.decode(entry.value)
-            except (msgspec.DecodeError, RecursionError) as exc:  # deep nesting: no DecodeError
+            read = _node_entry(entry.value)
+            if isinstance(read, Malformed):
                 self._warn_once("decode", "unreadable node.json revision %d in KV (%s)",
-                                revision, exc)
+                                revision, read.why)
                 return
+            nf = read
             if not self.supervisor.admit(nf.epoch):  # rule 7
                 self._sink.count(OLDER_NODE, f"revision {revision} (epoch {nf.epoch})")
                 return
@@ -241,10 +241,9 @@ class Converger:
         except (nats.errors.Error, TimeoutError) as exc:
             log.info("no answer about %s from the broker (%s)", iid, exc)
             return None
-        try:
-            reply = _reply_dec.decode(msg.data)
-        except (msgspec.DecodeError, RecursionError) as exc:  # deep nesting: no DecodeError
-            self._warn_once("reply", "malformed assignment reply dropped (%s)", exc)
+        reply = _reply(msg.data)
+        if isinstance(reply, Malformed):
+            self._warn_once("reply", "malformed assignment reply dropped (%s)", reply.why)
             return None
         if isinstance(reply, Award) and (reply.node_id != self.node_id
                                          or reply.instance_id != iid):

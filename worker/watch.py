@@ -40,7 +40,7 @@ from nats.aio.msg import Msg
 
 from gavel.shared import subjects
 from gavel.shared.messages import ApiError, WatchGrant, WatchRequest
-from gavel.transport.inbound import Sink
+from gavel.transport.inbound import Decode, Malformed, Sink
 
 __all__ = ["Entry", "NodeWatch"]
 
@@ -55,7 +55,7 @@ OTHER_KEY = "KV watch delivery of another node's key"
 NOT_HEARTBEAT = "KV watch status message that is no heartbeat"
 
 _encode = msgspec.msgpack.Encoder().encode
-_decode = msgspec.msgpack.Decoder(WatchGrant | ApiError).decode
+_decode: Decode[WatchGrant | ApiError] = Decode(WatchGrant | ApiError)
 
 
 class Entry(NamedTuple):
@@ -129,10 +129,9 @@ class NodeWatch:
         async with asyncio.timeout(bound):  # rule 5, whatever the client's own timeout does
             msg = await self.nc.request(subjects.WATCH.format(node=self.node), request,
                                         timeout=bound)
-        try:
-            answer = _decode(msg.data)
-        except (msgspec.DecodeError, RecursionError):
-            raise WatchError("not an answer of the broker's") from None
+        answer = _decode(msg.data)
+        if isinstance(answer, Malformed):
+            raise WatchError("not an answer of the broker's")
         if isinstance(answer, ApiError):
             raise WatchError(answer.error)
         if answer.consumer != name:
