@@ -35,10 +35,12 @@ from datetime import datetime
 import msgspec
 
 from gavel.broker.context import Context
+from gavel.broker.effects import Answer, Emit
 from gavel.broker.ledger.committer import Item, Planned
 from gavel.broker.ledger.plan import View
 from gavel.broker.ledger.state import stamp
 from gavel.broker.routeowners import refusal_in
+from gavel.broker.serviceplans import DeployEnded, Wake
 from gavel.broker.services import Services
 from gavel.shared.api import DeployReply
 from gavel.shared.messages import ApiError, EventType, Message, Spec
@@ -63,6 +65,7 @@ class Deploys:
         self.services = services
         self.wall = wall
         self._keys: OrderedDict[str, asyncio.Future[Message | None]] = OrderedDict()
+        ctx.committer.effects.on(Wake, lambda _e, _sha: ctx.wake())
 
     def refused(self, name: str, view: View | None = None) -> ApiError | None:
         """Why `name` cannot be changed: pinned, or its file is not readable (rule 4)."""
@@ -132,8 +135,8 @@ class Deploys:
         view.put_service(rec)
         if rec.deployment is not None and rec.deployment.state == "running" and \
                 (cur is None or rec.version != cur.version):
-            out.after.append(functools.partial(
-                self.services.emit, name, EventType.DEPLOYING,
+            out.effects.append(Emit(
+                name, EventType.DEPLOYING,
                 detail=f"version {rec.version}" + (f" (from {cur.version})" if cur else "")))
         self._then_keep(view, name, out)
         return out, lambda: DeployReply(name=name, version=rec.version)
@@ -147,7 +150,7 @@ class Deploys:
         ended = msgspec.structs.replace(dep, state="cancelled", ended_at=at, reason=reason)
         out.lines.append(f"service {cur.name}: the deployment of version {dep.to_version} "
                          "is cancelled")
-        out.after.append(lambda _sha: self.ctx.metrics.deploys.labels(outcome="cancelled").inc())
+        out.effects.append(DeployEnded("cancelled"))
         return ended
 
     def _then_keep(self, view: View, name: str, out: Planned) -> None:
@@ -155,7 +158,7 @@ class Deploys:
         kept = self.services.keep(view, name)
         if kept is not None:
             out.lines += kept.lines
-            out.after += kept.after
+            out.effects += kept.effects
 
     async def scale(self, name: str, count: int) -> Message | None:
         def plan(view: View) -> Outcome:
@@ -206,9 +209,8 @@ class Deploys:
             view.put_service(msgspec.structs.replace(cur, version=target, deployment=Deployment(
                 to_version=target, from_version=cur.version, started_at=at,
                 reason=str(Reason.ROLLED_BACK), detail="asked by the operator")))
-            out.after.append(functools.partial(
-                self.services.emit, name, EventType.DEPLOYING, reason=Reason.ROLLED_BACK,
-                detail=f"version {target} (from {cur.version})"))
+            out.effects.append(Emit(name, EventType.DEPLOYING, reason=Reason.ROLLED_BACK,
+                                    detail=f"version {target} (from {cur.version})"))
             self._then_keep(view, name, out)
             return out, lambda: None
         return await self._commit(name, plan)
@@ -225,12 +227,7 @@ class Deploys:
                 if not done.done():
                     done.set_result(reply())
                 return None
-
-            def landed(_sha: str) -> None:
-                if not done.done():
-                    done.set_result(reply())
-                self.ctx.wake()
-            planned.after.append(landed)
+            planned.effects += [Answer(done, reply()), Wake()]
             return planned
 
         def failed(reason: Reason, detail: str) -> None:

@@ -61,7 +61,7 @@ class Answer:
     """Answer a request that waits for the commit (unless it was answered already)."""
 
     waiter: asyncio.Future[Any]
-    message: msgspec.Struct
+    message: msgspec.Struct | None
 
 
 @dataclass(frozen=True)

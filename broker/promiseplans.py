@@ -35,7 +35,7 @@ from gavel.shared.reasons import Reason
 from gavel.shared.records import Assignment
 
 __all__ = ["current", "plan_action", "plan_cancel", "plan_drain", "plan_end", "plan_finish",
-           "plan_ports", "plan_requeue", "plan_unblock"]
+           "plan_ports", "plan_requeue", "plan_unblock", "stop_message"]
 
 
 def current(ev: Event, placement: Assignment | None) -> bool:
@@ -43,7 +43,7 @@ def current(ev: Event, placement: Assignment | None) -> bool:
     return not ev.attempt or placement is None or placement.attempt == ev.attempt
 
 
-def _stop(iid: str, node: str, placed: Assignment | None, epoch: int) -> Publish:
+def stop_message(iid: str, node: str, placed: Assignment | None, epoch: int) -> Publish:
     """Tell `node` to stop its copy of `iid` (the attempt `placed` there)."""
     return Publish(subjects.CANCEL.format(node=node), Cancel(
         instance_id=iid, node_id=node, epoch=epoch,
@@ -69,7 +69,7 @@ def plan_requeue(view: View, iid: str, node: str, reason: Reason, detail: str = 
     if blocked:
         lines.append(f"block ports {', '.join(map(str, blocked))} on {node}: "
                      f"{Reason.PORT_TAKEN}")
-    effects: list[Effect] = [_stop(iid, node, given_up, epoch)] if stop else []
+    effects: list[Effect] = [stop_message(iid, node, given_up, epoch)] if stop else []
     effects.append(Release(iid))
     if new.state is not InstanceState.QUEUED:
         effects.append(Emit(iid, EventType(new.state), node_id=node, reason=new.reason,
@@ -86,7 +86,7 @@ def plan_finish(view: View, a: Action, to: InstanceState, reason: Reason, *,
     ended = view.placement(a.instance_id)
     if finish(view, a.instance_id, a.node_id, to, reason, asked) is None:
         return None
-    effects: list[Effect] = [_stop(a.instance_id, a.node_id, ended, epoch)] if stop else []
+    effects: list[Effect] = [stop_message(a.instance_id, a.node_id, ended, epoch)] if stop else []
     effects += [Release(a.instance_id), Emit(a.instance_id, EventType(to), node_id=a.node_id,
                                              reason=reason)]
     return Planned(lines=[f"{to} {a.instance_id} on {a.node_id}: {reason}"], effects=effects)
@@ -137,7 +137,7 @@ def plan_cancel(view: View, iid: str, node: str | None, epoch: int = 0) -> Plann
         return None
     return Planned(lines=[f"cancel {iid} on {node}"],
                    effects=[Arm(Timer.CANCEL_GRACE, iid, node),
-                            _stop(iid, node, view.placement(iid), epoch)])
+                            stop_message(iid, node, view.placement(iid), epoch)])
 
 
 def plan_ports(view: View, ev: Event) -> Planned | None:

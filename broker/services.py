@@ -43,13 +43,24 @@ from collections.abc import Callable, Collection
 from datetime import datetime
 
 from gavel.broker.context import Context
-from gavel.broker.keeper import CALM_TICKS, Backoff, Decision, Replica, decide
-from gavel.broker.ledger.committer import Item, Planned
-from gavel.broker.ledger.plan import View, stop, submit
-from gavel.broker.ledger.state import State, parse_stamp, stamp
+from gavel.broker.keeper import CALM_TICKS, Backoff, Decision
+from gavel.broker.ledger.committer import Planned
+from gavel.broker.ledger.plan import View
+from gavel.broker.ledger.state import State, stamp
+from gavel.broker.onepass import OnePass
 from gavel.broker.promises import Promises
-from gavel.broker.systems import is_system
-from gavel.shared.messages import EventType, Health, InstanceState
+from gavel.broker.serviceplans import (
+    Clocks,
+    DeployEnded,
+    Ended,
+    EndsTaken,
+    Started,
+    decision,
+    is_system,
+    plan_keep,
+    replicas,
+)
+from gavel.shared.messages import Health, InstanceState
 from gavel.shared.reasons import Reason, render
 from gavel.shared.records import InstanceRecord, ServiceRecord
 
@@ -59,8 +70,6 @@ __all__ = ["STOPS", "Services"]
 STOPS = frozenset({Reason.SCALED_DOWN.value, Reason.SERVICE_STOPPED.value,
                    Reason.SUPERSEDED.value, Reason.REBALANCED.value,
                    Reason.MOVE_ABANDONED.value})
-#: Ends a deploying version's replica may come to on its own (keeper rule 4).
-_OWN_ENDS = frozenset({InstanceState.FAILED, InstanceState.SUCCEEDED})
 #: Rule 6: replicas one pass starts at most.
 START_CHUNK = 2000
 #: Rule 7: a service's passes take at most 1 / (1 + PASS_SHARE) of the loop.
@@ -79,20 +88,27 @@ class Services:
         #: Draws the random part of replica ids (OS-seeded: a broker started again with a
         #: seed must not draw the ids of replicas it made before).
         self.rng = rng or random.Random()
-        self._busy: set[str] = set()
-        #: Replica -> when this broker first knew it, and since when it is healthy.
+        #: Rule 2.
+        self.passes = OnePass(ctx.committer)
+        #: Replica -> when this broker first knew it, and since when it is healthy (what
+        #: `_clocks` lends each plan, read only).
         self._first_seen: dict[str, float] = {}
         self._healthy_since: dict[str, float] = {}
+        self._clocks = Clocks(self._first_seen, self._healthy_since, moving)
         #: Service -> its replicas not yet ended, as the last pass saw them (plus those
         #: started since): a replica missing from the next pass has ended.
         self._live: dict[str, set[str]] = {}
         #: Service -> replicas that ended on their own and are not replaced yet, with why.
-        self._ended: dict[str, list[tuple[str, str, str]]] = {}
+        self._ended: dict[str, list[Ended]] = {}
         self._backoff: dict[str, Backoff] = {}
         #: Rule 6.
         self.start_chunk = START_CHUNK
         #: Rule 7: service -> when its next pass may run.
         self._next_pass: dict[str, float] = {}
+        ctx.committer.effects.on(Started, self._started)
+        ctx.committer.effects.on(EndsTaken, self._ends_taken)
+        ctx.committer.effects.on(DeployEnded, lambda e, _sha: ctx.metrics.deploys.labels(
+            outcome=e.outcome).inc())
 
     # -- what is known of replicas -------------------------------------------------------
     def health(self, rec: InstanceRecord, placed: bool = True) -> tuple[str, str]:
@@ -106,38 +122,6 @@ class Services:
                 InstanceState.RUNNING:
             return str(Health.HEALTHY), ""
         return "", ""
-
-    def _replicas(self, view: View | State, recs: list[InstanceRecord],
-                  now: float) -> list[Replica]:
-        """The keeper's view of the live replicas not being stopped."""
-        out = []
-        placed_on = view.placed_on if isinstance(view, View) else view.placement_of
-        for r in recs:
-            if r.state.terminal or r.cancelling or r.instance_id in self.moving:
-                continue
-            iid = r.instance_id
-            waiting = placed_on(iid) is None
-            since = None if waiting else self._healthy_since.get(iid)
-            out.append(Replica(instance_id=iid, version=r.version, waiting=waiting,
-                               healthy_for=None if since is None else now - since,
-                               age=now - self._first_seen.get(iid, now)))
-        return out
-
-    @staticmethod
-    def _failed_new(svc: ServiceRecord, recs: list[InstanceRecord]) -> list[str]:
-        """Replicas of the deploying version that ended on their own since it began."""
-        dep = svc.deployment
-        if dep is None or dep.state != "running":
-            return []
-        began = parse_stamp(dep.started_at)
-        out = []
-        for r in recs:
-            if r.version != dep.to_version or r.state not in _OWN_ENDS:
-                continue
-            at = parse_stamp(r.ended_at)  # none yet: it ended in the commit being planned
-            if at is None or began is None or at >= began:
-                out.append(r.instance_id)
-        return out
 
     def _observe(self, name: str, svc: ServiceRecord, state: State,
                  recs: list[InstanceRecord], now: float) -> None:
@@ -170,7 +154,7 @@ class Services:
             else:
                 self._healthy_since.pop(iid, None)
         spec = svc.spec_of(svc.version)
-        mine = self._replicas(state, recs, now)
+        mine = replicas(state, recs, self._clocks, now)
         calm_s = max(CALM_TICKS * tick, spec.update.min_healthy_s if spec else 0.0)
         backoff.observe(now, not svc.stopped and len(mine) == svc.count and all(
             r.version == svc.version and r.healthy_for is not None for r in mine), calm_s)
@@ -197,144 +181,47 @@ class Services:
             began = ctx.now()
             recs = state.replicas_of(name)
             self._observe(name, svc, state, recs, now)
-            decided = name not in self._busy and self._decide(state, svc, recs, now)
+            d = None if self.passes.busy(name) else self._decide(state, svc, recs, now)
             self._next_pass[name] = now + PASS_SHARE * max(0.0, ctx.now() - began)
-            if not decided:
-                continue
-            self._busy.add(name)
-            ctx.committer.submit(Item(plan=functools.partial(self._pass, name=name),
-                                      failed=functools.partial(self._pass_failed, name),
-                                      retry=False))
+            if d is not None and not d and d.missing is not None and d.missing <= 0:
+                self._ended.pop(name, None)  # nothing missing: those ends need no replacement
+            if d:
+                self.passes.submit(name, functools.partial(self.keep, name=name))
 
     def _decide(self, view: View | State, svc: ServiceRecord, recs: list[InstanceRecord],
                 now: float) -> Decision:
-        backoff = self._backoff.get(svc.name)
-        return decide(svc, self._replicas(view, recs, now),
-                      failed=self._failed_new(svc, recs),
-                      hold=backoff is not None and backoff.holds(now),
-                      stamp=stamp(self.wall()))
+        return decision(view, svc, recs, self._clocks, hold=self._holds(svc.name, now),
+                        now=now, stamp=stamp(self.wall()))
 
-    def _pass_failed(self, name: str, _reason: Reason, _detail: str) -> None:
-        self._busy.discard(name)
-
-    def _pass(self, view: View, name: str) -> Planned | None:
-        planned = self.keep(view, name)
-        if planned is None:
-            self._busy.discard(name)
-            return None
-        planned.after.append(lambda _sha: self._busy.discard(name))
-        return planned
+    def _holds(self, name: str, now: float) -> bool:
+        backoff = self._backoff.get(name)
+        return backoff is not None and backoff.holds(now)
 
     def keep(self, view: View, name: str) -> Planned | None:
-        """The keeper's decision for `name` on `view`, applied to it (rule 1)."""
-        svc = view.service(name)
-        if svc is None or is_system(svc):
-            return None
+        """The keeper's decision for `name` on `view`, applied to it (rule 1), as a pure plan
+        (`broker.serviceplans.plan_keep`) of what this part knows now."""
         now = self.ctx.now()
-        d = self._decide(view, svc, view.replicas(name), now)
-        ended = self._ended.get(name, [])
-        if not d:
-            if d.missing is not None and d.missing <= 0:
-                ended.clear()  # nothing missing: those ends need no replacement
-            return None
-        out = Planned(lines=[])
-        verdict = Planned(lines=[])
-        if d.record is not None:
-            view.put_service(d.record)
-            self._narrate(verdict, svc, d)
-        target = d.record or svc
-        spec = target.spec_of(target.version)
-        made: list[str] = []
-        starts = min(d.start, self.start_chunk) if spec is not None else 0  # rule 6
-        for _ in range(starts):
-            assert spec is not None
-            iid = self._new_id(view, name)
-            submit(view, InstanceRecord(instance_id=iid, spec=spec, service=name,
-                                        version=target.version))
-            made.append(iid)
-            if ended:
-                old, state, why = ended.pop(0)
-                out.lines.append(f"service {name}: replace {old} ({state}: {why}) with {iid}")
-                out.after.append(functools.partial(self.emit, name, EventType.REPLACED,
-                                                   reason=why,
-                                                   detail=f"{old} ({state}) by {iid}"))
-            else:
-                out.lines.append(f"service {name}: start {iid} (version {target.version})")
-        if d.missing is not None and d.missing - starts <= 0:
-            ended.clear()
-        for iid, reason in d.stop:
-            got = stop(view, iid, reason)
-            if got is None:
-                continue
-            rec, node = got
-            out.lines.append(f"service {name}: stop {iid} (version {rec.version}"
-                             + (f" on {node}" if node else "") + f"): {reason}")
-            out.after.append(functools.partial(self._stopped, name, iid, node, reason))
-        out.after.append(functools.partial(self._started, name, made, now))
-        out.lines += verdict.lines  # the steps, then what they came to
-        out.after += verdict.after
-        return out
+        return plan_keep(view, name, clocks=self._clocks, hold=self._holds(name, now),
+                         ended=tuple(self._ended.get(name, ())), rng=self.rng,
+                         start_chunk=self.start_chunk, now=now, stamp=stamp(self.wall()),
+                         epoch=self.ctx.leader.epoch)
 
-    def _new_id(self, view: View, name: str) -> str:
-        while True:
-            iid = f"{name}-{self.rng.getrandbits(24):06x}"
-            if view.instance(iid) is None:
-                return iid
-
-    def _started(self, name: str, made: list[str], now: float, _sha: str) -> None:
-        """Replicas started: their deadline clocks run from now, and an end of theirs before
-        the next pass is still noticed."""
-        live = self._live.setdefault(name, set())
-        for iid in made:
-            self._first_seen.setdefault(iid, now)
+    def _started(self, e: Started, _sha: str) -> None:
+        """Replicas started: their deadline clocks run from when they were planned, and an
+        end of theirs before the next pass is still noticed."""
+        live = self._live.setdefault(e.name, set())
+        for iid in e.made:
+            self._first_seen.setdefault(iid, e.at)
             live.add(iid)
-        if made:
+        if e.made:
             self.ctx.wake()
 
-    def _stopped(self, name: str, iid: str, node: str, reason: Reason, _sha: str) -> None:
-        if node:
-            self.promises.send_cancel(iid, node)
-        else:
-            self.ctx.events.emit(iid, EventType.CANCELLED, reason=reason)
-            self.promises.ended(iid)
-        self.emit(name, EventType.STOPPING, reason=reason, detail=iid, node_id=node)
-
-    def emit(self, name: str, kind: EventType, _sha: str = "", reason: str = "",
-             detail: str = "", node_id: str = "") -> None:
-        """An event of the service's own (rule 4), as an after-commit callback takes it."""
-        self.ctx.events.emit(name, kind, node_id=node_id, reason=reason, detail=detail)
-
-    def _narrate(self, out: Planned, before: ServiceRecord, d: Decision) -> None:
-        """Lines, events and metrics for a change of the service record itself."""
-        after = d.record
-        assert after is not None
-        name, ended = after.name, d.ended
-        if ended is not None and ended.state == "failed":
-            line = (f"service {name}: deploy of version {ended.to_version} failed: "
-                    f"{Reason.DEPLOY_UNHEALTHY} ({ended.detail})")
-            out.after.append(functools.partial(
-                self.emit, name, EventType.DEPLOY_FAILED, reason=Reason.DEPLOY_UNHEALTHY,
-                detail=f"version {ended.to_version}: {ended.detail}"))
-            if after.version != before.version:
-                line += f"; rolling back to version {after.version}"
-                out.after.append(functools.partial(
-                    self.emit, name, EventType.DEPLOYING, reason=Reason.ROLLED_BACK,
-                    detail=f"version {after.version} (from {before.version})"))
-            out.lines.append(line)
-        elif ended is not None:
-            what = "rolled back to" if ended.state == "rolled-back" else "deployed"
-            out.lines.append(f"service {name}: {what} version {ended.to_version}: "
-                             f"{after.count} replicas healthy")
-            out.after.append(functools.partial(
-                self.emit, name, EventType.DEPLOYED,
-                reason=Reason.ROLLED_BACK if ended.state == "rolled-back" else "",
-                detail=f"version {ended.to_version}"))
-        elif after.healthy_version != before.healthy_version:
-            out.lines.append(f"service {name}: version {after.healthy_version} is healthy "
-                             f"({after.count} replicas)")
+    def _ends_taken(self, e: EndsTaken, _sha: str) -> None:
+        ended = self._ended.get(e.name)
         if ended is not None:
-            out.after.append(lambda _sha: self.ctx.metrics.deploys.labels(
-                outcome=ended.state).inc())
+            del ended[:e.taken]
+            if e.settled:
+                ended.clear()
 
     # -- metrics -------------------------------------------------------------------------
     def counts(self) -> tuple[dict[str, int], dict[str, int]]:

@@ -27,31 +27,25 @@ import random
 from collections.abc import Callable
 from datetime import datetime
 
-import msgspec
-
 from gavel.broker.context import Context
 from gavel.broker.keeper import CALM_TICKS, Backoff
-from gavel.broker.ledger.committer import Item, Planned
-from gavel.broker.ledger.plan import View, stop, submit
+from gavel.broker.ledger.committer import Planned
+from gavel.broker.ledger.plan import View
 from gavel.broker.ledger.state import State, stamp
+from gavel.broker.onepass import OnePass
 from gavel.broker.promises import Promises
+from gavel.broker.serviceplans import SystemStarted, is_system, plan_system, system_decision
 from gavel.shared.health import Health
-from gavel.shared.messages import EventType, InstanceState
+from gavel.shared.messages import InstanceState
 from gavel.shared.reasons import Reason
 from gavel.shared.records import InstanceRecord, ServiceRecord
-from gavel.shared.systems import Decision, Node, Placed, decide, eligible
+from gavel.shared.systems import Node, eligible
 
 __all__ = ["Systems", "fleet", "is_system", "job_nodes"]
 
 #: The reasons the job itself stops an instance for: such an end backs nothing off.
 _OURS = frozenset({Reason.SYSTEM_NODE_LEFT.value, Reason.SUPERSEDED.value,
                    Reason.SERVICE_STOPPED.value, Reason.SCALED_DOWN.value})
-
-
-def is_system(svc: ServiceRecord) -> bool:
-    """A system job's record: this module keeps it, not the count keeper (`broker.services`)."""
-    spec = svc.spec_of(svc.version)
-    return spec is not None and spec.system
 
 
 class Systems:
@@ -62,29 +56,21 @@ class Systems:
         self.wall = wall
         #: Draws the random part of instance ids (OS-seeded, as a service's replicas').
         self.rng = rng or random.Random()
-        self._busy: set[str] = set()
+        #: One pass in flight per job (`broker.onepass`).
+        self.passes = OnePass(ctx.committer)
         #: (job, node) -> the back-off of its instances' own ends (rule 6), and the
         #: instances each job had live at the last pass, by node.
         self._backoff: dict[tuple[str, str], Backoff] = {}
         self._live: dict[str, dict[str, str]] = {}
+        ctx.committer.effects.on(SystemStarted, self._started)
 
     def nodes(self, state: State) -> dict[str, Node]:
         """Every node the broker has heard, as the decision sees it (rule 3)."""
         return fleet(self.ctx, state)
 
-    def _decide(self, view: View | State, svc: ServiceRecord,
-                recs: list[InstanceRecord]) -> Decision:
-        spec = svc.spec_of(svc.version)
-        if spec is None:
-            return Decision()
-        state = view.state if isinstance(view, View) else view
-        live = [Placed(r.instance_id, r.only_node, r.version) for r in recs
-                if not r.state.terminal and not r.cancelling]
+    def _hold(self, name: str) -> set[str]:
         now = self.ctx.now()
-        hold = {node for (name, node), b in self._backoff.items()
-                if name == svc.name and b.holds(now)}
-        return decide(spec.labels, svc.version, self.nodes(state), live, stopped=svc.stopped,
-                      hold=hold)
+        return {node for (job, node), b in self._backoff.items() if job == name and b.holds(now)}
 
     def _observe(self, name: str, recs: list[InstanceRecord]) -> None:
         """Rule 6: an instance that ended on its own since the last pass backs its node off;
@@ -114,83 +100,27 @@ class Systems:
         for name, svc in state.services.items():
             if not is_system(svc):
                 continue
-            self._observe(name, state.replicas_of(name))
-            if name in self._busy:
+            recs = state.replicas_of(name)
+            self._observe(name, recs)
+            if self.passes.busy(name):
                 continue
-            if not self._decide(state, svc, state.replicas_of(name)) and not _deploying(svc):
+            if not system_decision(state, svc, recs, self.nodes(state), self._hold(name)) \
+                    and not _deploying(svc):
                 continue
-            self._busy.add(name)
-            ctx.committer.submit(Item(plan=functools.partial(self._pass, name=name),
-                                      failed=functools.partial(self._failed, name),
-                                      retry=False))
-
-    def _failed(self, name: str, _reason: Reason, _detail: str) -> None:
-        self._busy.discard(name)
-
-    def _pass(self, view: View, name: str) -> Planned | None:
-        planned = self.keep(view, name)
-        if planned is None:
-            self._busy.discard(name)
-            return None
-        planned.after.append(lambda _sha: self._busy.discard(name))
-        return planned
+            self.passes.submit(name, functools.partial(self.keep, name=name))
 
     def keep(self, view: View, name: str) -> Planned | None:
-        """The decision for the system job `name` on `view`, applied to it."""
-        svc = view.service(name)
-        if svc is None or not is_system(svc):
-            return None
-        spec = svc.spec_of(svc.version)
-        assert spec is not None
-        d = self._decide(view, svc, view.replicas(name))
-        out = Planned(lines=[])
-        for node in d.start:
-            iid = self._new_id(view, name)
-            submit(view, InstanceRecord(instance_id=iid, spec=spec, service=name,
-                                        version=svc.version, only_node=node))
-            out.lines.append(f"system {name}: start {iid} on {node} (version {svc.version})")
-            out.after.append(functools.partial(self._emit, name, EventType.REPLACED,
-                                               detail=f"{iid} for {node}", node_id=node))
-            out.after.append(functools.partial(self._started, name, iid, node))
-        for iid, reason in d.stop:
-            got = stop(view, iid, reason)
-            if got is None:
-                continue
-            _rec, node = got
-            out.lines.append(f"system {name}: stop {iid}"
-                             + (f" on {node}" if node else "") + f": {reason}")
-            out.after.append(functools.partial(self._stopped, name, iid, node, reason))
-        dep = svc.deployment
-        if not d and dep is not None and dep.state == "running":  # rule 5
-            ended = msgspec.structs.replace(dep, state="succeeded", ended_at=stamp(self.wall()))
-            view.put_service(msgspec.structs.replace(svc, deployment=ended,
-                                                     healthy_version=svc.version))
-            out.lines.append(f"system {name}: deployed version {svc.version}")
-        if d.start:
-            out.after.append(lambda _sha: self.ctx.wake())
-        return out if out.lines else None
+        """The decision for the system job `name` on `view`, applied to it, as a pure plan
+        (`broker.serviceplans.plan_system`) of the nodes as the broker hears them now."""
+        return plan_system(view, name, nodes=self.nodes(view.state), hold=self._hold(name),
+                           rng=self.rng, stamp=stamp(self.wall()),
+                           epoch=self.ctx.leader.epoch)
 
-    def _started(self, name: str, iid: str, node: str, _sha: str) -> None:
-        """An instance started: its end, even one before the next pass, is noticed (rule 6)."""
-        self._live.setdefault(name, {})[iid] = node
-
-    def _new_id(self, view: View, name: str) -> str:
-        while True:
-            iid = f"{name}-{self.rng.getrandbits(24):06x}"
-            if view.instance(iid) is None:
-                return iid
-
-    def _stopped(self, name: str, iid: str, node: str, reason: Reason, _sha: str) -> None:
-        if node:
-            self.promises.send_cancel(iid, node)
-        else:
-            self.ctx.events.emit(iid, EventType.CANCELLED, reason=reason)
-            self.promises.ended(iid)
-        self._emit(name, EventType.STOPPING, reason=reason, detail=iid, node_id=node)
-
-    def _emit(self, name: str, kind: EventType, _sha: str = "", reason: str = "",
-              detail: str = "", node_id: str = "") -> None:
-        self.ctx.events.emit(name, kind, node_id=node_id, reason=reason, detail=detail)
+    def _started(self, e: SystemStarted, _sha: str) -> None:
+        """Instances started: an end of theirs, even before the next pass, is noticed
+        (rule 6); the next pass places them."""
+        self._live.setdefault(e.name, {}).update(e.on)
+        self.ctx.wake()
 
 
 def fleet(ctx: Context, state: State) -> dict[str, Node]:

@@ -1,0 +1,301 @@
+"""The pure plans of services and system jobs: a pass's decision applied to the view it
+reads, returning the change and the effects that follow it (`broker.effects`).
+
+Rules:
+1. A plan reads nothing but its arguments - the view, what the part remembers of each
+   replica (`Clocks`, read only), the back-off's verdict, the time, the epoch, the ids'
+   `random.Random` - and decides again on its own view, so two plans in one commit, or a
+   pass and an operator's change, start nothing twice (`broker.services` rule 1).
+2. Everything a pass tells or notes waits for its commit, as values: the service's events
+   (`Emit`, named as the service), a stopped replica's cancel and grace or its end
+   (`stop_replica`), and the part's own notes - the replicas started (`Started`,
+   `SystemStarted`), the ends replaced (`EndsTaken`), a deployment's outcome counted
+   (`DeployEnded`), another pass asked for (`Wake`) - which the parts handle once the
+   commit is durable.
+3. A stopped replica on a node is told to stop and its cancel grace armed, in that order of
+   arming then telling (`promiseplans.plan_cancel`'s); one on no node ends at once.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass, field
+
+import msgspec
+
+from gavel.broker.effects import Arm, Effect, Emit, Release, Timer
+from gavel.broker.keeper import Decision, Replica, decide
+from gavel.broker.ledger.committer import Planned
+from gavel.broker.ledger.plan import View, stop, submit
+from gavel.broker.ledger.state import State, parse_stamp
+from gavel.broker.promiseplans import stop_message
+from gavel.shared.messages import EventType, InstanceState
+from gavel.shared.reasons import Reason
+from gavel.shared.records import InstanceRecord, ServiceRecord
+from gavel.shared.systems import Decision as SystemDecision
+from gavel.shared.systems import Node, Placed
+from gavel.shared.systems import decide as decide_system
+
+__all__ = ["Clocks", "DeployEnded", "Ended", "EndsTaken", "Started", "SystemStarted", "Wake",
+           "decision", "is_system", "plan_keep", "plan_system", "stop_replica",
+           "system_decision"]
+
+#: Ends a deploying version's replica may come to on its own (keeper rule 4).
+_OWN_ENDS = frozenset({InstanceState.FAILED, InstanceState.SUCCEEDED})
+
+
+def is_system(svc: ServiceRecord) -> bool:
+    """A system job's record: `broker.systems` keeps it, not the count keeper."""
+    spec = svc.spec_of(svc.version)
+    return spec is not None and spec.system
+
+
+# -- the parts' own effects ----------------------------------------------------------------
+@dataclass(frozen=True)
+class Started:
+    """Replicas of the service `name` started at `at` (their deadline clocks run from
+    then)."""
+
+    name: str
+    made: tuple[str, ...]
+    at: float
+
+
+@dataclass(frozen=True)
+class SystemStarted:
+    """Instances of the system job `name` started, each bound to its node."""
+
+    name: str
+    on: tuple[tuple[str, str], ...]
+
+
+@dataclass(frozen=True)
+class EndsTaken:
+    """The first `taken` ends of `name` waiting for a replacement were replaced; `settled`:
+    nothing is missing any more, so the rest need none."""
+
+    name: str
+    taken: int
+    settled: bool
+
+
+@dataclass(frozen=True)
+class DeployEnded:
+    """A deployment ended so (`succeeded`, `failed`, `rolled-back`, `cancelled`)."""
+
+    outcome: str
+
+
+@dataclass(frozen=True)
+class Wake:
+    """Run the broker's next pass now: the commit may leave work for it."""
+
+
+#: A replica that ended on its own and waits for its replacement: id, state, why.
+Ended = tuple[str, str, str]
+
+
+@dataclass(frozen=True)
+class Clocks:
+    """What a part remembers of its replicas, read by a plan and never changed by it."""
+
+    first_seen: Mapping[str, float] = field(default_factory=dict)
+    healthy_since: Mapping[str, float] = field(default_factory=dict)
+    #: New copies a re-auction is moving replicas to (`broker.reauction`): counted once
+    #: they stand for the replica they replace, not before.
+    moving: Collection[str] = ()
+
+
+# -- shared steps --------------------------------------------------------------------------
+def stop_replica(view: View, name: str, iid: str, reason: Reason,
+                 epoch: int) -> tuple[InstanceRecord, str, list[Effect]] | None:
+    """Rule 3: stop `iid` of `name` in `view`; its record, the node it was on ("" none) and
+    what follows (ending with the service's own ``stopping`` event), or None if it ended
+    already."""
+    got = stop(view, iid, reason)
+    if got is None:
+        return None
+    rec, node = got
+    told: list[Effect] = [Arm(Timer.CANCEL_GRACE, iid, node),
+                          stop_message(iid, node, view.placement(iid), epoch)] if node else \
+        [Emit(iid, EventType.CANCELLED, reason=reason), Release(iid)]
+    return rec, node, [*told, Emit(name, EventType.STOPPING, node_id=node, reason=reason,
+                                   detail=iid)]
+
+
+def new_id(view: View, name: str, rng: random.Random) -> str:
+    while True:
+        iid = f"{name}-{rng.getrandbits(24):06x}"
+        if view.instance(iid) is None:
+            return iid
+
+
+# -- services ------------------------------------------------------------------------------
+def replicas(view: View | State, recs: list[InstanceRecord], clocks: Clocks,
+             now: float) -> list[Replica]:
+    """The keeper's view of the live replicas not being stopped."""
+    out = []
+    placed_on = view.placed_on if isinstance(view, View) else view.placement_of
+    for r in recs:
+        if r.state.terminal or r.cancelling or r.instance_id in clocks.moving:
+            continue
+        iid = r.instance_id
+        waiting = placed_on(iid) is None
+        since = None if waiting else clocks.healthy_since.get(iid)
+        out.append(Replica(instance_id=iid, version=r.version, waiting=waiting,
+                           healthy_for=None if since is None else now - since,
+                           age=now - clocks.first_seen.get(iid, now)))
+    return out
+
+
+def failed_new(svc: ServiceRecord, recs: list[InstanceRecord]) -> list[str]:
+    """Replicas of the deploying version that ended on their own since it began."""
+    dep = svc.deployment
+    if dep is None or dep.state != "running":
+        return []
+    began = parse_stamp(dep.started_at)
+    out = []
+    for r in recs:
+        if r.version != dep.to_version or r.state not in _OWN_ENDS:
+            continue
+        at = parse_stamp(r.ended_at)  # none yet: it ended in the commit being planned
+        if at is None or began is None or at >= began:
+            out.append(r.instance_id)
+    return out
+
+
+def decision(view: View | State, svc: ServiceRecord, recs: list[InstanceRecord],
+             clocks: Clocks, *, hold: bool, now: float, stamp: str) -> Decision:
+    return decide(svc, replicas(view, recs, clocks, now), failed=failed_new(svc, recs),
+                  hold=hold, stamp=stamp)
+
+
+def plan_keep(view: View, name: str, *, clocks: Clocks, hold: bool, ended: Sequence[Ended],
+              rng: random.Random, start_chunk: int, now: float, stamp: str,
+              epoch: int) -> Planned | None:
+    """The keeper's decision for the service `name` on `view`, applied to it: at most
+    `start_chunk` starts, each replacing the next of `ended` while there are some."""
+    svc = view.service(name)
+    if svc is None or is_system(svc):
+        return None
+    d = decision(view, svc, view.replicas(name), clocks, hold=hold, now=now, stamp=stamp)
+    if not d:
+        return None
+    out = Planned(lines=[])
+    verdict = Planned(lines=[])
+    if d.record is not None:
+        view.put_service(d.record)
+        _narrate(verdict, svc, d)
+    target = d.record or svc
+    spec = target.spec_of(target.version)
+    made: list[str] = []
+    starts = min(d.start, start_chunk) if spec is not None else 0  # services rule 6
+    for _ in range(starts):
+        assert spec is not None
+        iid = new_id(view, name, rng)
+        submit(view, InstanceRecord(instance_id=iid, spec=spec, service=name,
+                                    version=target.version))
+        if len(made) < len(ended):
+            old, state, why = ended[len(made)]
+            out.lines.append(f"service {name}: replace {old} ({state}: {why}) with {iid}")
+            out.effects.append(Emit(name, EventType.REPLACED, reason=why,
+                                    detail=f"{old} ({state}) by {iid}"))
+        else:
+            out.lines.append(f"service {name}: start {iid} (version {target.version})")
+        made.append(iid)
+    settled = d.missing is not None and d.missing - starts <= 0
+    if ended and (made or settled):
+        out.effects.append(EndsTaken(name, min(len(made), len(ended)), settled))
+    for iid, reason in d.stop:
+        got = stop_replica(view, name, iid, reason, epoch)
+        if got is None:
+            continue
+        rec, node, effects = got
+        out.lines.append(f"service {name}: stop {iid} (version {rec.version}"
+                         + (f" on {node}" if node else "") + f"): {reason}")
+        out.effects += effects
+    out.effects.append(Started(name, tuple(made), now))
+    out.lines += verdict.lines  # the steps, then what they came to
+    out.effects += verdict.effects
+    return out
+
+
+def _narrate(out: Planned, before: ServiceRecord, d: Decision) -> None:
+    """Lines, events and the outcome's count for a change of the service record itself."""
+    after = d.record
+    assert after is not None
+    name, ended = after.name, d.ended
+    if ended is not None and ended.state == "failed":
+        line = (f"service {name}: deploy of version {ended.to_version} failed: "
+                f"{Reason.DEPLOY_UNHEALTHY} ({ended.detail})")
+        out.effects.append(Emit(name, EventType.DEPLOY_FAILED, reason=Reason.DEPLOY_UNHEALTHY,
+                                detail=f"version {ended.to_version}: {ended.detail}"))
+        if after.version != before.version:
+            line += f"; rolling back to version {after.version}"
+            out.effects.append(Emit(name, EventType.DEPLOYING, reason=Reason.ROLLED_BACK,
+                                    detail=f"version {after.version} (from {before.version})"))
+        out.lines.append(line)
+    elif ended is not None:
+        what = "rolled back to" if ended.state == "rolled-back" else "deployed"
+        out.lines.append(f"service {name}: {what} version {ended.to_version}: "
+                         f"{after.count} replicas healthy")
+        out.effects.append(Emit(name, EventType.DEPLOYED,
+                                reason=Reason.ROLLED_BACK if ended.state == "rolled-back"
+                                else "", detail=f"version {ended.to_version}"))
+    elif after.healthy_version != before.healthy_version:
+        out.lines.append(f"service {name}: version {after.healthy_version} is healthy "
+                         f"({after.count} replicas)")
+    if ended is not None:
+        out.effects.append(DeployEnded(ended.state))
+
+
+# -- system jobs ---------------------------------------------------------------------------
+def system_decision(view: View | State, svc: ServiceRecord, recs: list[InstanceRecord],
+                    nodes: Mapping[str, Node], hold: set[str]) -> SystemDecision:
+    spec = svc.spec_of(svc.version)
+    if spec is None:
+        return SystemDecision()
+    live = [Placed(r.instance_id, r.only_node, r.version) for r in recs
+            if not r.state.terminal and not r.cancelling]
+    return decide_system(spec.labels, svc.version, dict(nodes), live, stopped=svc.stopped,
+                         hold=hold)
+
+
+def plan_system(view: View, name: str, *, nodes: Mapping[str, Node], hold: set[str],
+                rng: random.Random, stamp: str, epoch: int) -> Planned | None:
+    """The decision for the system job `name` on `view` (`nodes` as the broker hears them,
+    `hold`: nodes backed off), applied to it."""
+    svc = view.service(name)
+    if svc is None or not is_system(svc):
+        return None
+    spec = svc.spec_of(svc.version)
+    assert spec is not None
+    d = system_decision(view, svc, view.replicas(name), nodes, hold)
+    out = Planned(lines=[])
+    made: list[str] = []
+    for node in d.start:
+        iid = new_id(view, name, rng)
+        submit(view, InstanceRecord(instance_id=iid, spec=spec, service=name,
+                                    version=svc.version, only_node=node))
+        made.append(iid)
+        out.lines.append(f"system {name}: start {iid} on {node} (version {svc.version})")
+        out.effects.append(Emit(name, EventType.REPLACED, node_id=node,
+                                detail=f"{iid} for {node}"))
+    if made:
+        out.effects.append(SystemStarted(name, tuple(zip(made, d.start, strict=True))))
+    for iid, reason in d.stop:
+        got = stop_replica(view, name, iid, reason, epoch)
+        if got is None:
+            continue
+        _rec, node, effects = got
+        out.lines.append(f"system {name}: stop {iid}" + (f" on {node}" if node else "")
+                         + f": {reason}")
+        out.effects += effects
+    dep = svc.deployment
+    if not d and dep is not None and dep.state == "running":  # systems rule 5
+        done = msgspec.structs.replace(dep, state="succeeded", ended_at=stamp)
+        view.put_service(msgspec.structs.replace(svc, deployment=done,
+                                                 healthy_version=svc.version))
+        out.lines.append(f"system {name}: deployed version {svc.version}")
+    return out if out.lines else None

@@ -1,0 +1,143 @@
+"""The services' and system jobs' plans as pure functions: a `View` of an in-memory `State`
+in, the change and its effects out - no committer, no writer, no NATS, no clock."""
+
+from __future__ import annotations
+
+import random
+
+from gavel.broker.effects import Arm, Emit, Publish, Release, Timer
+from gavel.broker.ledger.committer import Planned
+from gavel.broker.ledger.plan import View
+from gavel.broker.ledger.state import Change, State
+from gavel.broker.serviceplans import (
+    Clocks,
+    EndsTaken,
+    Started,
+    SystemStarted,
+    plan_keep,
+    plan_system,
+)
+from gavel.shared import subjects
+from gavel.shared.messages import Cancel, EventType, Spec
+from gavel.shared.reasons import Reason
+from gavel.shared.records import (
+    Assignment,
+    InstanceRecord,
+    NodeFile,
+    ServiceRecord,
+    ServiceVersion,
+)
+from gavel.shared.systems import Node
+
+EPOCH = 3
+NOW = 100.0
+STAMP = "2026-01-01T00:00:00.000Z"
+
+
+def _service(count: int, replicas: dict[str, str], system: bool = False) -> View:
+    """Service ``web`` of `count`, with live replicas by id -> node ("" for none yet)."""
+    spec = Spec(name="web", command=["true"], count=1 if system else count,
+                type="system" if system else "service")
+    st = State(head="h")
+    st.put_service("web", ServiceRecord(
+        name="web", versions=[ServiceVersion(version=1, spec=spec)], version=1, count=count))
+    nodes: dict[str, dict[str, Assignment]] = {}
+    for iid, node in replicas.items():
+        st.put_instance(iid, InstanceRecord(instance_id=iid, spec=spec, service="web",
+                                            version=1, only_node=node if system else ""))
+        if node:
+            nodes.setdefault(node, {})[iid] = Assignment(instance_id=iid, auction_id="a",
+                                                         attempt=1)
+    for node, held in nodes.items():
+        st.put_node(node, NodeFile(node_id=node, instances=held))
+    return View(st, Change())
+
+
+def _keep(view: View, ended: tuple[tuple[str, str, str], ...] = (),
+          seed: int = 1) -> Planned | None:
+    return plan_keep(view, "web", clocks=Clocks(), hold=False, ended=ended,
+                     rng=random.Random(seed), start_chunk=100, now=NOW, stamp=STAMP,
+                     epoch=EPOCH)
+
+
+def _ids(seed: int, n: int) -> tuple[str, ...]:
+    rng = random.Random(seed)
+    return tuple(f"web-{rng.getrandbits(24):06x}" for _ in range(n))
+
+
+def test_missing_replicas_start_and_their_clocks_are_noted_once_landed() -> None:
+    view = _service(2, {})
+    planned = _keep(view)
+    assert planned is not None
+    made = _ids(1, 2)
+    assert sorted(k for k, v in view.change.instances.items() if v is not None) == sorted(made)
+    assert planned.lines == [f"service web: start {iid} (version 1)" for iid in made]
+    assert planned.effects == [Started("web", made, NOW)]
+    assert planned.after == []
+
+
+def test_a_replacement_names_the_replica_that_ended_and_takes_it_off_the_list() -> None:
+    view = _service(2, {"web-old": "n1"})
+    planned = _keep(view, ended=(("web-gone", "failed", "exited 1"),))
+    assert planned is not None
+    new = _ids(1, 1)[0]
+    assert planned.lines[0] == f"service web: replace web-gone (failed: exited 1) with {new}"
+    assert planned.effects == [
+        Emit("web", EventType.REPLACED, reason="exited 1", detail=f"web-gone (failed) by {new}"),
+        EndsTaken("web", 1, True), Started("web", (new,), NOW)]
+
+
+def test_a_surplus_replica_on_a_node_is_cancelled_there_with_its_grace_armed() -> None:
+    view = _service(1, {"web-a": "n1", "web-b": "n1"})
+    planned = _keep(view)
+    assert planned is not None
+    # The keeper's stop order: the unhealthy first, then the least settled; ties on the id.
+    stopped = [iid for iid in ("web-a", "web-b")
+               if (rec := view.change.instances.get(iid)) is not None and rec.cancelling]
+    assert len(stopped) == 1
+    iid = stopped[0]
+    assert planned.effects == [
+        Arm(Timer.CANCEL_GRACE, iid, "n1"),
+        Publish(subjects.CANCEL.format(node="n1"),
+                Cancel(instance_id=iid, node_id="n1", epoch=EPOCH, attempt=1)),
+        Emit("web", EventType.STOPPING, node_id="n1", reason=Reason.SCALED_DOWN, detail=iid),
+        Started("web", (), NOW)]
+
+
+def test_a_surplus_replica_on_no_node_ends_at_once() -> None:
+    view = _service(0, {"web-a": ""})
+    planned = _keep(view)
+    assert planned is not None
+    assert planned.effects == [
+        Emit("web-a", EventType.CANCELLED, reason=Reason.SCALED_DOWN), Release("web-a"),
+        Emit("web", EventType.STOPPING, node_id="", reason=Reason.SCALED_DOWN,
+             detail="web-a"),
+        Started("web", (), NOW)]
+
+
+def test_a_whole_service_plans_nothing() -> None:
+    assert _keep(_service(1, {"web-a": "n1"})) is None
+
+
+def test_two_plans_on_one_view_start_a_replacement_once() -> None:
+    view = _service(1, {})
+    first = _keep(view, ended=(("web-gone", "failed", "x"),))
+    second = _keep(view, ended=(("web-gone", "failed", "x"),), seed=2)
+    assert first is not None and len(first.lines) == 1
+    assert second is None
+
+
+def test_a_system_job_starts_one_instance_on_each_node_and_none_twice() -> None:
+    view = _service(1, {"web-a": "n1"}, system=True)
+    nodes = {"n1": Node(labels={}), "n2": Node(labels={}), "n3": Node(labels=None)}
+    planned = plan_system(view, "web", nodes=nodes, hold=set(), rng=random.Random(1),
+                          stamp=STAMP, epoch=EPOCH)
+    assert planned is not None
+    new = _ids(1, 1)[0]
+    assert planned.lines == [f"system web: start {new} on n2 (version 1)"]
+    assert planned.effects == [Emit("web", EventType.REPLACED, node_id="n2",
+                                    detail=f"{new} for n2"),
+                               SystemStarted("web", ((new, "n2"),))]
+    again = plan_system(view, "web", nodes=nodes, hold=set(), rng=random.Random(2),
+                        stamp=STAMP, epoch=EPOCH)
+    assert again is None
