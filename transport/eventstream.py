@@ -32,6 +32,7 @@ from nats.js.errors import APIError, BadRequestError
 
 from gavel.shared import subjects
 from gavel.shared.messages import Event
+from gavel.shared.timing import Timing
 from gavel.transport.inbound import Decode, Malformed
 
 __all__ = ["MAX_AGE_S", "MAX_BYTES", "POLL_S", "Follower", "NoHistory", "Stored", "ensure",
@@ -45,7 +46,9 @@ MAX_BYTES = 64 * 1024 * 1024
 MAX_MSG_BYTES = 64 * 1024
 #: How often `follow` looks again when its doorbell is silent (rule 3).
 POLL_S = 1.0
-_CALL_S = 5.0
+#: A JetStream call unanswered this long has failed: `Timing`'s, for the operator's commands
+#: and the broker's load of the history alike.
+_CALL_S = Timing().call_s
 _STREAM_NAME_IN_USE = 10058
 _REPLICAS_UNSUPPORTED = 10074
 #: Reads in flight at once while `recent` loads the newest events.

@@ -67,7 +67,6 @@ ALLOWED = {
     "transport/eventstream.py::<module>::MAX_AGE_S=expr":
         "how long the event history keeps an event: a stream setting",
     "transport/eventstream.py::<module>::POLL_S=1.0": _CLIENT,
-    "transport/eventstream.py::<module>::_CALL_S=5.0": _CLIENT,
     "transport/logclient.py::<module>::MARGIN_S=10.0": _CLIENT,
     "transport/logclient.py::read::param first_s=5.0": _CLIENT,
     "transport/natscluster.py::NatsCluster.start::param timeout=10.0": _SERVERS,
