@@ -60,6 +60,7 @@ from gavel.broker.arrays import array_status, cancel_array, task_record
 from gavel.broker.auctioneer import Auctioneer
 from gavel.broker.context import Context
 from gavel.broker.deploys import Deploys
+from gavel.broker.effects import Answer, Wake
 from gavel.broker.ledger.committer import Item, Planned
 from gavel.broker.ledger.plan import View, submit
 from gavel.broker.ledger.state import Ready, ready
@@ -297,12 +298,7 @@ class Api:
             view.change.ready.update((got[0].instance_id, got) for got in made)
             line = f"submit {ids[0]}" if len(ids) == 1 else \
                 f"submit {len(ids)} instances of {spec.name}: {ids[0]} .. {ids[-1]}"
-            return Planned(lines=[line], after=[lambda _sha: _ok()])
-
-        def _ok() -> None:
-            if not done.done():
-                done.set_result(SubmitReply.of(ids))
-            self.ctx.wake()
+            return Planned(lines=[line], effects=[Answer(done, SubmitReply.of(ids)), Wake()])
 
         def failed(reason: Reason, detail: str) -> None:
             if not done.done():

@@ -22,9 +22,11 @@ from collections.abc import Callable
 from typing import Any
 
 from gavel.broker.context import Context
-from gavel.broker.ledger.committer import Item, Planned
+from gavel.broker.effects import Effect, Emit, Wake
+from gavel.broker.ledger.committer import Planned
 from gavel.broker.ledger.plan import View, finish, release, submit
 from gavel.broker.ledger.state import State
+from gavel.broker.onepass import OnePass
 from gavel.broker.promises import Promises
 from gavel.shared import arrays as core
 from gavel.shared.api import ArrayStatus, CancelReply, InstanceStatus, StatusReply, StatusRequest
@@ -34,13 +36,14 @@ from gavel.shared.reasons import Reason
 from gavel.shared.records import InstanceRecord
 from gavel.shared.spec import Spec
 
-__all__ = ["Arrays", "array_status", "cancel_array", "task_record"]
+__all__ = ["Arrays", "array_status", "cancel_array", "plan_array", "task_record"]
 
 
 class Arrays:
     def __init__(self, ctx: Context) -> None:
         self.ctx = ctx
-        self._busy: set[str] = set()
+        #: Rule 2 (`broker.onepass`).
+        self.passes = OnePass(ctx.committer)
         #: Arrays seen ended by this broker (their end was told once).
         self._ended: set[str] = set()
 
@@ -51,7 +54,7 @@ class Arrays:
             return
         state = ctx.ledger.state()
         for array in list(state.arrays):
-            if array in self._busy or array in self._ended or _idle(state, array):
+            if self.passes.busy(array) or array in self._ended or _idle(state, array):
                 continue
             tasks = state.tasks_of(array)
             if not tasks:
@@ -65,91 +68,76 @@ class Arrays:
                 continue
             if not _work(t):
                 continue
-            self._busy.add(array)
-            ctx.committer.submit(Item(plan=functools.partial(self._pass, array=array),
-                                      failed=functools.partial(self._failed, array),
-                                      retry=False))
+            self.passes.submit(array, functools.partial(plan_array, array=array))
 
-    def _failed(self, array: str, _reason: Reason, _detail: str) -> None:
-        self._busy.discard(array)
 
-    def _pass(self, view: View, array: str) -> Planned | None:
-        planned = self.keep(view, array)
-        if planned is None:
-            self._busy.discard(array)
-            return None
-        planned.after.append(lambda _sha: self._busy.discard(array))
+def plan_array(view: View, array: str) -> Planned | None:
+    """Run failed tasks again within the budget, release held tasks into free slots, or,
+    past the budget, cancel the held ones (`gavel.shared.arrays` rules 1-2): a pure plan of
+    the view, whose events (and the next pass, for released tasks) follow its commit."""
+    applies, planned = _fast(view, array)
+    if applies:
         return planned
-
-    def keep(self, view: View, array: str) -> Planned | None:
-        """Run failed tasks again within the budget, release held tasks into free slots, or,
-        past the budget, cancel the held ones (`gavel.shared.arrays` rules 1-2)."""
-        applies, planned = self._fast(view, array)
-        if applies:
-            return planned
-        tasks = _tasks(view, array)
-        if not tasks:
-            return None
-        spec = tasks[0].spec
-        t = tally(spec, tasks, array)
-        out = Planned(lines=[])
-        if t.spent:
-            held = [r.instance_id for r in tasks if r.held and not r.state.terminal]
-            for iid in held:
-                if finish(view, iid, "", InstanceState.CANCELLED,
-                          str(Reason.ARRAY_FAILED)) is not None:
-                    out.after.append(functools.partial(self._cancelled, iid))
-            if out.after:
-                out.lines.append(f"array {array}: {len(out.after)} held tasks cancelled: "
-                                 f"{Reason.ARRAY_FAILED} ({t.outcome()})")
-            return out if out.after else None
-        again = [iid for iid in t.retries if submit(view, InstanceRecord(
-            instance_id=iid, spec=spec, array=array, held=True,
-            reason=str(Reason.ARRAY_HELD)))]  # no key: the submission made base-1 .. base-N
-        if again:
-            out.lines.append(f"array {array}: run again {', '.join(again)} (within "
-                             f"max_failures {t.max_failures}: {t.failures} failed)")
-            tasks = _tasks(view, array)
-            t = tally(spec, tasks, array)
+    tasks = _tasks(view, array)
+    if not tasks:
+        return None
+    spec = tasks[0].spec
+    t = tally(spec, tasks, array)
+    out = Planned(lines=[])
+    if t.spent:
         held = [r.instance_id for r in tasks if r.held and not r.state.terminal]
-        let_go = [iid for iid in to_release(held, core.release(t)) if release(view, iid)]
-        if let_go:
-            out.lines.append(f"array {array}: release {', '.join(let_go)} ({t.outcome()})")
-            out.after.append(lambda _sha: self._released(array, let_go))
-        return out if out.lines else None
+        for iid in held:
+            if finish(view, iid, "", InstanceState.CANCELLED,
+                      str(Reason.ARRAY_FAILED)) is not None:
+                out.effects.append(Emit(iid, EventType.CANCELLED, reason=Reason.ARRAY_FAILED))
+        if out.effects:
+            out.lines.append(f"array {array}: {len(out.effects)} held tasks cancelled: "
+                             f"{Reason.ARRAY_FAILED} ({t.outcome()})")
+        return out if out.effects else None
+    again = [iid for iid in t.retries if submit(view, InstanceRecord(
+        instance_id=iid, spec=spec, array=array, held=True,
+        reason=str(Reason.ARRAY_HELD)))]  # no key: the submission made base-1 .. base-N
+    if again:
+        out.lines.append(f"array {array}: run again {', '.join(again)} (within "
+                         f"max_failures {t.max_failures}: {t.failures} failed)")
+        tasks = _tasks(view, array)
+        t = tally(spec, tasks, array)
+    held = [r.instance_id for r in tasks if r.held and not r.state.terminal]
+    let_go = [iid for iid in to_release(held, core.release(t)) if release(view, iid)]
+    if let_go:
+        out.lines.append(f"array {array}: release {', '.join(let_go)} ({t.outcome()})")
+        out.effects += _released(array, let_go)
+    return out if out.lines else None
 
-    def _fast(self, view: View, array: str) -> tuple[bool, Planned | None]:
-        """Rule 4: an array without a failure releases from its counts and its held index,
-        lowest recorded first, never walking every task; (False, None) when it has failed
-        tasks (the full pass decides)."""
-        state = view.state
-        kinds = state.array_kinds.get(array, {})
-        if kinds.get("failed", 0) or kinds.get("lost", 0):
-            return False, None
-        spec = _spec(state, array)
-        held, live = kinds.get("held", 0), kinds.get("live", 0)
-        if spec is None or held == 0:
-            return True, None
-        room = min(held, (spec.parallelism or spec.count) - live)
-        let_go: list[str] = []
-        for iid in state.array_held.get(array, ()):
-            if len(let_go) >= room:
-                break
-            if release(view, iid) is not None:
-                let_go.append(iid)
-        if not let_go:
-            return True, None
-        out = Planned(lines=[f"array {array}: release {', '.join(let_go)} ({live} running, "
-                             f"{held} pending)"])
-        out.after.append(lambda _sha: self._released(array, let_go))
-        return True, out
 
-    def _released(self, array: str, ids: list[str]) -> None:
-        self.ctx.events.emit(array, EventType.RELEASED, detail=", ".join(ids))
-        self.ctx.wake()
+def _fast(view: View, array: str) -> tuple[bool, Planned | None]:
+    """Rule 4: an array without a failure releases from its counts and its held index,
+    lowest recorded first, never walking every task; (False, None) when it has failed
+    tasks (the full pass decides)."""
+    state = view.state
+    kinds = state.array_kinds.get(array, {})
+    if kinds.get("failed", 0) or kinds.get("lost", 0):
+        return False, None
+    spec = _spec(state, array)
+    held, live = kinds.get("held", 0), kinds.get("live", 0)
+    if spec is None or held == 0:
+        return True, None
+    room = min(held, (spec.parallelism or spec.count) - live)
+    let_go: list[str] = []
+    for iid in state.array_held.get(array, ()):
+        if len(let_go) >= room:
+            break
+        if release(view, iid) is not None:
+            let_go.append(iid)
+    if not let_go:
+        return True, None
+    return True, Planned(lines=[f"array {array}: release {', '.join(let_go)} ({live} running, "
+                                f"{held} pending)"], effects=_released(array, let_go))
 
-    def _cancelled(self, iid: str, _sha: str) -> None:
-        self.ctx.events.emit(iid, EventType.CANCELLED, reason=Reason.ARRAY_FAILED)
+
+def _released(array: str, ids: list[str]) -> list[Effect]:
+    """The array's ``released`` event, and the next pass: the released tasks wait for it."""
+    return [Emit(array, EventType.RELEASED, detail=", ".join(ids)), Wake()]
 
 
 def _spec(state: State, array: str) -> Spec | None:

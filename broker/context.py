@@ -79,4 +79,5 @@ class Context:
     def __post_init__(self) -> None:
         # The committer carries out the world's effects through this context's outbox,
         # event log and promise clocks (`broker.effects` rule 3); the parts add their own.
-        world(self.committer.effects, self.outbox, self.events, self.timers, self.now)
+        world(self.committer.effects, self.outbox, self.events, self.timers, self.now,
+              self.wake)

@@ -35,12 +35,12 @@ from datetime import datetime
 import msgspec
 
 from gavel.broker.context import Context
-from gavel.broker.effects import Answer, Emit
+from gavel.broker.effects import Answer, Emit, Wake
 from gavel.broker.ledger.committer import Item, Planned
 from gavel.broker.ledger.plan import View
 from gavel.broker.ledger.state import stamp
 from gavel.broker.routeowners import refusal_in
-from gavel.broker.serviceplans import DeployEnded, Wake
+from gavel.broker.serviceplans import DeployEnded
 from gavel.broker.services import Services
 from gavel.shared.api import DeployReply
 from gavel.shared.messages import ApiError, EventType, Message, Spec
@@ -65,7 +65,6 @@ class Deploys:
         self.services = services
         self.wall = wall
         self._keys: OrderedDict[str, asyncio.Future[Message | None]] = OrderedDict()
-        ctx.committer.effects.on(Wake, lambda _e, _sha: ctx.wake())
 
     def refused(self, name: str, view: View | None = None) -> ApiError | None:
         """Why `name` cannot be changed: pinned, or its file is not readable (rule 4)."""

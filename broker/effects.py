@@ -32,7 +32,8 @@ from gavel.broker.outbox import Outbox
 from gavel.broker.watchdog import Timers
 from gavel.shared.messages import EventType
 
-__all__ = ["Answer", "Arm", "Effect", "Effects", "Emit", "Publish", "Release", "Timer", "world"]
+__all__ = ["Answer", "Arm", "Effect", "Effects", "Emit", "Publish", "Release", "Timer", "Wake",
+           "world"]
 
 log = logging.getLogger("gavel.broker")
 
@@ -86,6 +87,12 @@ class Arm:
     node_id: str
 
 
+@dataclass(frozen=True)
+class Wake:
+    """Run the broker's next pass now: the commit may leave work for it (a submission to
+    auction, a service to keep)."""
+
+
 #: Any effect: the world's kinds above, or a part's own frozen dataclass.
 Effect = object
 E = TypeVar("E")
@@ -115,13 +122,15 @@ class Effects:
 
 
 def world(effects: Effects, outbox: Outbox, events: Events, timers: Timers,
-          now: Callable[[], float]) -> None:
-    """Register the handlers of the world's effects: messages, events, answers, clocks."""
+          now: Callable[[], float], wake: Callable[[], None] = lambda: None) -> None:
+    """Register the handlers of the world's effects: messages, events, answers, clocks,
+    and the broker's next pass."""
     effects.on(Publish, lambda e, _sha: outbox.publish(e.subject, e.message))
     effects.on(Emit, lambda e, _sha: events.emit(e.instance_id, e.type, node_id=e.node_id,
                                                  reason=e.reason, detail=e.detail))
     effects.on(Answer, _answer)
     effects.on(Arm, lambda e, _sha: _arm(timers, e, now()))
+    effects.on(Wake, lambda _e, _sha: wake())
 
 
 def _answer(e: Answer, _sha: str) -> None:

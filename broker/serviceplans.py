@@ -10,8 +10,7 @@ Rules:
    (`Emit`, named as the service), a stopped replica's cancel and grace or its end
    (`stop_replica`), and the part's own notes - the replicas started (`Started`,
    `SystemStarted`), the ends replaced (`EndsTaken`), a deployment's outcome counted
-   (`DeployEnded`), another pass asked for (`Wake`) - which the parts handle once the
-   commit is durable.
+   (`DeployEnded`) - which the parts handle once the commit is durable.
 3. A stopped replica on a node is told to stop and its cancel grace armed, in that order of
    arming then telling (`promiseplans.plan_cancel`'s); one on no node ends at once.
 """
@@ -37,7 +36,7 @@ from gavel.shared.systems import Decision as SystemDecision
 from gavel.shared.systems import Node, Placed
 from gavel.shared.systems import decide as decide_system
 
-__all__ = ["Clocks", "DeployEnded", "Ended", "EndsTaken", "Started", "SystemStarted", "Wake",
+__all__ = ["Clocks", "DeployEnded", "Ended", "EndsTaken", "Started", "SystemStarted",
            "decision", "is_system", "plan_keep", "plan_system", "stop_replica",
            "system_decision"]
 
@@ -85,11 +84,6 @@ class DeployEnded:
     """A deployment ended so (`succeeded`, `failed`, `rolled-back`, `cancelled`)."""
 
     outcome: str
-
-
-@dataclass(frozen=True)
-class Wake:
-    """Run the broker's next pass now: the commit may leave work for it."""
 
 
 #: A replica that ended on its own and waits for its replacement: id, state, why.

@@ -10,15 +10,27 @@ from pathlib import Path
 
 import pytest
 
-from gavel.broker.effects import Answer, Arm, Effects, Emit, Publish, Release, Timer, world
+from gavel.broker.effects import (
+    Answer,
+    Arm,
+    Effects,
+    Emit,
+    Publish,
+    Release,
+    Timer,
+    Wake,
+    world,
+)
 from gavel.broker.events import Events
 from gavel.broker.integrity import Corrected, Uncorrected
 from gavel.broker.ledger.committer import Committer, Item, Planned
 from gavel.broker.ledger.plan import View, submit
 from gavel.broker.ledger.repository import Ledger
+from gavel.broker.onepass import Passed
 from gavel.broker.outbox import Outbox
 from gavel.broker.promises import Unacted
 from gavel.broker.retention import Forgotten
+from gavel.broker.serviceplans import DeployEnded, EndsTaken, Started, SystemStarted
 from gavel.broker.watchdog import Action, Kind, Timers
 from gavel.shared.messages import Cancel, EventType, Spec
 from gavel.shared.records import InstanceRecord
@@ -107,7 +119,10 @@ async def test_the_worlds_effects_reach_the_outbox_the_events_and_the_clocks() -
     events = Events(outbox, clock=lambda: 5.0)
     timers = Timers(started=0.0)
     effects = Effects()
-    world(effects, outbox, events, timers, now=lambda: 42.0)
+    woken: list[bool] = []
+    world(effects, outbox, events, timers, now=lambda: 42.0, wake=lambda: woken.append(True))
+    effects.run(Wake(), "sha")
+    assert woken == [True]
     waiter: asyncio.Future[object] = asyncio.get_running_loop().create_future()
     cancel = Cancel(instance_id="i", node_id="n1", epoch=3, attempt=2)
     for effect in (Publish("gavel.cancel.n1", cancel),
@@ -129,8 +144,8 @@ def test_the_broker_handles_every_kind_of_effect_its_plans_return(rig: Rig) -> N
     """The composition registers a handler for each kind the moved parts' plans return (a
     missing one would only be logged, after the commit landed)."""
     effects = rig.b.committer.effects
-    for kind in (Publish, Emit, Answer, Arm, Release, Forgotten, Corrected, Uncorrected,
-                 Unacted):
+    for kind in (Publish, Emit, Answer, Arm, Release, Wake, Forgotten, Corrected, Uncorrected,
+                 Unacted, Started, SystemStarted, EndsTaken, DeployEnded, Passed):
         assert effects.handles(kind), kind.__name__
     promises = rig.b.promises
     action = Action(Kind.REVOKE, "web-1", "n1")

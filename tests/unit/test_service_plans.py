@@ -1,11 +1,13 @@
-"""The services' and system jobs' plans as pure functions: a `View` of an in-memory `State`
-in, the change and its effects out - no committer, no writer, no NATS, no clock."""
+"""The plans of services, system jobs and batch arrays as pure functions: a `View` of an
+in-memory `State` in, the change and its effects out - no committer, no writer, no NATS, no
+clock."""
 
 from __future__ import annotations
 
 import random
 
-from gavel.broker.effects import Arm, Emit, Publish, Release, Timer
+from gavel.broker.arrays import plan_array
+from gavel.broker.effects import Arm, Emit, Publish, Release, Timer, Wake
 from gavel.broker.ledger.committer import Planned
 from gavel.broker.ledger.plan import View
 from gavel.broker.ledger.state import Change, State
@@ -18,7 +20,7 @@ from gavel.broker.serviceplans import (
     plan_system,
 )
 from gavel.shared import subjects
-from gavel.shared.messages import Cancel, EventType, Spec
+from gavel.shared.messages import Cancel, EventType, InstanceState, Spec
 from gavel.shared.reasons import Reason
 from gavel.shared.records import (
     Assignment,
@@ -141,3 +143,34 @@ def test_a_system_job_starts_one_instance_on_each_node_and_none_twice() -> None:
     again = plan_system(view, "web", nodes=nodes, hold=set(), rng=random.Random(2),
                         stamp=STAMP, epoch=EPOCH)
     assert again is None
+
+
+# -- batch arrays --------------------------------------------------------------------------
+def _array(done: InstanceState) -> View:
+    """Array ``job`` of two tasks, one at a time: ``job-1`` has come to `done`, ``job-2``
+    is held."""
+    spec = Spec(name="job", command=["true"], count=2, parallelism=1)
+    st = State(head="h")
+    st.put_instance("job-1", InstanceRecord(instance_id="job-1", spec=spec, array="job",
+                                            state=done))
+    st.put_instance("job-2", InstanceRecord(instance_id="job-2", spec=spec, array="job",
+                                            held=True, reason=str(Reason.ARRAY_HELD)))
+    return View(st, Change())
+
+
+def test_an_array_releases_a_held_task_into_a_free_slot_and_asks_for_the_next_pass() -> None:
+    view = _array(InstanceState.SUCCEEDED)
+    planned = plan_array(view, "job")
+    assert planned is not None
+    released = view.change.instances["job-2"]
+    assert released is not None and not released.held
+    assert planned.effects == [Emit("job", EventType.RELEASED, detail="job-2"), Wake()]
+
+
+def test_an_array_past_its_failures_cancels_its_held_tasks() -> None:
+    view = _array(InstanceState.FAILED)
+    planned = plan_array(view, "job")
+    assert planned is not None
+    cancelled = view.change.instances["job-2"]
+    assert cancelled is not None and cancelled.state is InstanceState.CANCELLED
+    assert planned.effects == [Emit("job-2", EventType.CANCELLED, reason=Reason.ARRAY_FAILED)]
