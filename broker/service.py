@@ -215,7 +215,7 @@ class Broker:
         self.deafness = Deafness()
         self.feed = HeartbeatStream(timing=timing, deliver=self._on_heartbeat,
                                     deaf=self._feed_deaf, hearing=self._feed_hearing,
-                                    now=clock, log=self.log, replicas=kv_replicas)
+                                    now=clock, log=self.log, replicas=kv_replicas, ha=self.ha)
         self.nats_options = dict(nats_options or {})
         #: How long `start` keeps trying to reach NATS before it raises `NatsUnreachable`
         #: (None: for ever, as the daemon does - see `gavel.cli.daemons`).
@@ -259,7 +259,8 @@ class Broker:
             self.fenced.nc = nc
         state = self._mirrored = self.ledger.state()
         stamps = await self.feed.start(nc)
-        loaded = await self.events.load(nc, self.kv_replicas, self.log)
+        loaded = await self.events.load(nc, self.kv_replicas, self.log, ha=self.ha,
+                                        retry_s=self.timing.tick_s)
         if loaded:
             self.log.info("%d events loaded from the event history", loaded)
         now = self.now()
