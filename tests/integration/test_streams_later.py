@@ -80,9 +80,22 @@ async def test_a_broker_started_before_jetstream_answers_reads_heartbeats_from_t
         await wait_for(lambda: broker.feed.jetstream, 90, every=0.5,
                        what="the broker reading the heartbeat stream")
         js = witness.jetstream(timeout=5)
+        # The broker's consumer was made before this: what the stream stores after it is
+        # the consumer's to deliver.
+        seen: list[int] = []
+
+        async def last_seq() -> bool:
+            try:
+                seen.append((await js.stream_info(subjects.HEARTBEAT_STREAM)).state.last_seq)
+            except (nats.js.errors.Error, nats.errors.Error):
+                return False
+            return True
+        await wait_for(last_seq, 30, every=0.5, what="the heartbeat stream's last sequence")
+        made_at = seen[0]
 
         async def read_through_the_stream() -> bool:
-            """node-a's newest stored heartbeat was delivered to the broker's consumer."""
+            """A heartbeat of node-a's stored after the switch reached the broker's
+            consumer."""
             try:
                 stored = await js.get_last_msg(subjects.HEARTBEAT_STREAM,
                                                subjects.HEARTBEAT.format(node="node-a"))
@@ -90,8 +103,9 @@ async def test_a_broker_started_before_jetstream_answers_reads_heartbeats_from_t
                                               broker.feed._consumer)
             except (nats.js.errors.Error, nats.errors.Error):
                 return False
-            return info.delivered is not None and \
-                (info.delivered.stream_seq or 0) >= (stored.seq or 0) > 0
+            seq = stored.seq or 0
+            return seq > made_at and info.delivered is not None and \
+                (info.delivered.stream_seq or 0) >= seq
         await wait_for(read_through_the_stream, 60, every=0.5,
                        what="node-a's heartbeat read from the stream")
         # Heard through the stream alone now: the direct subscriptions are gone (rule 2's
