@@ -21,8 +21,9 @@ Rules:
    `retry_s` (`run`), and meanwhile each event is published as without JetStream (for
    whoever follows it now) and also waits to be stored (rule 3): once the history is
    made, it is loaded as at start and what waited is stored, in order, so nothing
-   recorded meanwhile is lost from it. A follower without a history (`transport.eventstream`
-   rule 4) hears those events again as they are stored. Else a broker (a leadership)
+   recorded meanwhile is lost from it. Those are stored marked (`eventstream.STORED_LATE`):
+   a follower without a history (`transport.eventstream` rule 4), which heard them as they
+   were published, does not take them again. Else a broker (a leadership)
    begun while JetStream elects would keep no history for its whole run.
 """
 
@@ -62,8 +63,9 @@ class Events:
         self._outbox = outbox
         self._clock = clock
         self.recent: deque[Event] = deque(maxlen=KEPT)
-        #: Rule 3: (subject, payload, message id) waiting for the stream's acknowledgement.
-        self.waiting: deque[tuple[str, bytes, str]] = deque()
+        #: Rule 3: (subject, payload, message id, published already: rule 4) waiting for the
+        #: stream's acknowledgement.
+        self.waiting: deque[tuple[str, bytes, str, bool]] = deque()
         self.dropped = 0
         #: How many of `recent` `load` read from the history (those first): the rest were
         #: heard by this broker.
@@ -141,7 +143,8 @@ class Events:
         if len(self.waiting) >= KEPT:
             self.waiting.popleft()
             self.dropped += 1
-        self.waiting.append((subject, self._outbox.encode(ev), uuid.uuid4().hex))
+        self.waiting.append((subject, self._outbox.encode(ev), uuid.uuid4().hex,
+                             self._nc is None))
         self._more.set()
 
     async def run(self) -> None:
@@ -176,10 +179,12 @@ class Events:
                     self._more.set()
                     await asyncio.sleep(_RETRY_S / 4)
 
-    async def _store(self, subject: str, data: bytes, msg_id: str) -> bool:
+    async def _store(self, subject: str, data: bytes, msg_id: str, published: bool) -> bool:
+        headers = {"Nats-Msg-Id": msg_id}
+        if published:  # rule 4: a follower without a history heard it already
+            headers[eventstream.STORED_LATE] = "1"
         try:
-            reply = await self._nc.request(subject, data, timeout=_ACK_S,
-                                           headers={"Nats-Msg-Id": msg_id})
+            reply = await self._nc.request(subject, data, timeout=_ACK_S, headers=headers)
             ack = json.loads(reply.data)
         except Exception:  # no responders (stream away), timeout, reconnecting, closed
             return False

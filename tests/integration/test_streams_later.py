@@ -124,6 +124,15 @@ async def test_a_broker_started_before_jetstream_answers_stores_its_events_once_
     nats_cluster, cluster = without_quorum
     broker = await _started(cluster, caplog, "cannot make the event history yet")
     await _works(cluster)
+    # A follower started now has no history to read: it yields what it hears.
+    live = await eventstream.follow(await cluster.client(), "i-early").start()
+    assert live.plain
+    heard: list[str] = []
+
+    async def follow() -> None:
+        async for got in live:
+            heard.append(got.event.detail)
+    following = asyncio.create_task(follow())
     for i in range(3):  # recorded before the history can be made
         broker.events.emit("i-early", EventType.SCHEDULED, detail=f"step {i}")
     witness = await _healed(nats_cluster)
@@ -141,7 +150,13 @@ async def test_a_broker_started_before_jetstream_answers_stores_its_events_once_
                        what="the early events in the history")
         broker.events.emit("i-early", EventType.SCHEDULED, detail="step 3")
         await wait_for(lambda: stored_are(4), 30, every=0.5, what="the fourth, after them")
+        # Stored in order after the early three: once the follower heard the fourth, it
+        # had been sent those three again too - and took each once, as published.
+        await wait_for(lambda: "step 3" in heard, 30, what="the follower hearing the fourth")
+        assert heard == [f"step {i}" for i in range(4)]
     finally:
+        following.cancel()
+        await live.aclose()
         await witness.close()
     await cluster.stop_broker()  # a broker started now loads them from the history
     await cluster.start_broker()
