@@ -16,19 +16,29 @@ Rules:
    wait; past that the oldest waiting is dropped (counted). A leader of several brokers
    sends none while its lease says it does not lead (`Outbox.gate`): what waits then is
    dropped, never sent late.
+4. JetStream that cannot answer yet (`transport.asklater` rules 2 and 3: electing its
+   leaders, or any failure with several brokers) is asked again for the history every
+   `retry_s` (`run`), and meanwhile each event is published as without JetStream (for
+   whoever follows it now) and also waits to be stored (rule 3): once the history is
+   made, it is loaded as at start and what waited is stored, in order, so nothing
+   recorded meanwhile is lost from it. Those are stored marked (`eventstream.STORED_LATE`):
+   a follower without a history (`transport.eventstream` rule 4), which heard them as they
+   were published, does not take them again. Else a broker (a leadership)
+   begun while JetStream elects would keep no history for its whole run.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import itertools
 import json
 import logging
 import time
 import uuid
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 from gavel.broker.outbox import Outbox
@@ -36,6 +46,7 @@ from gavel.shared import subjects
 from gavel.shared.messages import Event, EventType
 from gavel.shared.timing import Timing
 from gavel.transport import eventstream
+from gavel.transport.asklater import Made, again, verdict, why
 
 __all__ = ["KEPT", "Events"]
 
@@ -55,14 +66,19 @@ class Events:
         self._retry_s = timing.retry_s
         self._clock = clock
         self.recent: deque[Event] = deque(maxlen=KEPT)
-        #: Rule 3: (subject, payload, message id) waiting for the stream's acknowledgement.
-        self.waiting: deque[tuple[str, bytes, str]] = deque()
+        #: Rule 3: (subject, payload, message id, published already: rule 4) waiting for the
+        #: stream's acknowledgement.
+        self.waiting: deque[tuple[str, bytes, str, bool]] = deque()
         self.dropped = 0
         #: How many of `recent` `load` read from the history (those first): the rest were
         #: heard by this broker.
         self.loaded = 0
         self._nc: Any = None
         self._more = asyncio.Event()
+        #: Rule 4: while set, the history is asked for again by `run`, with this.
+        self._later: Callable[[], Awaitable[tuple[Made, str]]] | None = None
+        self._retry_s = 1.0
+        self._log = logging.getLogger("gavel.broker")
 
     def __iter__(self) -> Iterator[Event]:
         return iter(self.recent)
@@ -70,40 +86,76 @@ class Events:
     def __len__(self) -> int:
         return len(self.recent)
 
-    async def load(self, nc: Any, replicas: int, log: logging.Logger) -> int:
+    async def load(self, nc: Any, replicas: int, log: logging.Logger, *, ha: bool = False,
+                   retry_s: float = 1.0) -> int:
         """Rule 2: the history made sure of, the newest `KEPT` of it put before what was
-        recorded since start; how many were loaded."""
+        recorded since start; how many were loaded. Rule 4 when JetStream cannot answer
+        yet (`ha`: one leadership of several brokers)."""
+        made, reason = await self._open(nc, replicas, log, ha)
+        if made is Made.NEVER:
+            _no_history(log, reason)
+        elif made is Made.LATER:
+            log.warning("JetStream cannot make the event history yet (%s): events wait "
+                        "to be stored in it; asked again every %gs", reason, retry_s)
+            self._later = functools.partial(self._open, nc, replicas, log, ha)
+            self._retry_s, self._log = retry_s, log
+        return self.loaded
+
+    async def _open(self, nc: Any, replicas: int, log: logging.Logger, ha: bool
+                    ) -> tuple[Made, str]:
+        """One try of rule 2 (or 4): the history made and loaded."""
         try:
             await eventstream.ensure(nc, replicas, log)
+        except Exception as exc:  # JetStream off or refused: memory only (rule 2)
+            return verdict(exc, ha), why(exc)
+        try:
             stored = await eventstream.recent(nc, KEPT)
-        except Exception as exc:  # JetStream off or refused: memory only
-            log.warning("no JetStream event history (%s): `gavel events` shows only what "
-                        "happened since this broker started", str(exc) or type(exc).__name__)
-            return 0
+        except Exception as exc:  # JetStream just answered: it is there, so later
+            return Made.LATER, why(exc)
         self._nc = nc
         since = list(self.recent)
         self.recent = deque([s.event for s in stored] + since, maxlen=KEPT)
         self.loaded = min(len(stored), KEPT - len(since))
-        return len(stored)
+        return Made.MADE, ""
+
+    async def _until_history(self, later: Callable[[], Awaitable[tuple[Made, str]]]
+                             ) -> None:
+        """Rule 4: asked again until made (then what waited is stored) or never."""
+        made, reason = await again(later, self._retry_s)
+        self._later = None
+        log = self._log
+        if made:
+            log.info("the event history is made now; %d events loaded from it",
+                     self.loaded)
+            self._more.set()
+        else:
+            _no_history(log, reason)
+            self.dropped += len(self.waiting)
+            self.waiting.clear()
 
     def record(self, ev: Event) -> None:
         self.recent.append(ev)
         subject = subjects.EVENTS.format(instance=ev.instance_id)
         if self._nc is None:
             self._outbox.publish(subject, ev)
-            return
+            if self._later is None:
+                return
         gate = self._outbox.gate
         if gate is not None and not gate():
             return  # rule 3: not leading, nothing goes out
         if len(self.waiting) >= KEPT:
             self.waiting.popleft()
             self.dropped += 1
-        self.waiting.append((subject, self._outbox.encode(ev), uuid.uuid4().hex))
+        self.waiting.append((subject, self._outbox.encode(ev), uuid.uuid4().hex,
+                             self._nc is None))
         self._more.set()
 
     async def run(self) -> None:
         """Rule 3: store what waits, oldest first, up to `_WINDOW` on the wire at once
-        (one connection keeps their order), each again until acknowledged."""
+        (one connection keeps their order), each again until acknowledged; first rule 4's
+        asking, if `load` left the history for later."""
+        if self._later is not None:
+            await self._until_history(self._later)
         while True:
             await self._more.wait()
             self._more.clear()
@@ -130,10 +182,12 @@ class Events:
                     self._more.set()
                     await asyncio.sleep(self._retry_s / 4)
 
-    async def _store(self, subject: str, data: bytes, msg_id: str) -> bool:
+    async def _store(self, subject: str, data: bytes, msg_id: str, published: bool) -> bool:
+        headers = {"Nats-Msg-Id": msg_id}
+        if published:  # rule 4: a follower without a history heard it already
+            headers[eventstream.STORED_LATE] = "1"
         try:
-            reply = await self._nc.request(subject, data, timeout=self._ack_s,
-                                           headers={"Nats-Msg-Id": msg_id})
+            reply = await self._nc.request(subject, data, timeout=self._ack_s, headers=headers)
             ack = json.loads(reply.data)
         except Exception:  # no responders (stream away), timeout, reconnecting, closed
             return False
@@ -146,3 +200,7 @@ class Events:
                           reason=reason, detail=detail, exit_code=exit_code,
                           attempt=attempt, at=self._clock()))
 
+
+def _no_history(log: logging.Logger, reason: str) -> None:
+    log.warning("no JetStream event history (%s): `gavel events` shows only what happened "
+                "since this broker started", reason)

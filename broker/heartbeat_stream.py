@@ -44,6 +44,12 @@ Rules:
 6. Without JetStream the broker subscribes to the heartbeat subjects directly (logged once):
    a restart then presumes every node heard at start, and a node flooding its subject faster
    than the broker reads can make nats-server cut the broker off. The probe works the same.
+7. JetStream that cannot answer yet (`transport.asklater` rules 2 and 3: electing its
+   leaders, or any failure with several brokers) is rule 6 only until it answers: asked
+   again every tick, and once the stream and a consumer of what is new are made the
+   broker reads the stream and stops hearing the subjects directly (the consumer first,
+   so nothing falls between; a heartbeat heard both ways only says again what it said).
+   Else a leadership begun while JetStream elects would stay on rule 6 for its whole term.
 """
 
 from __future__ import annotations
@@ -71,6 +77,7 @@ from gavel.shared import subjects
 from gavel.shared.bounds import HEARTBEAT_MAX_BYTES
 from gavel.shared.messages import Heartbeat
 from gavel.shared.timing import Timing
+from gavel.transport.asklater import Made, again, verdict, why
 from gavel.transport.inbound import Decode, Malformed, Received
 
 __all__ = ["BATCH", "PROBE", "HeartbeatStream", "stream_config"]
@@ -122,14 +129,16 @@ class _Pulled(NamedTuple):
 
 
 class HeartbeatStream:
-    """Rules 1-6 for one broker: `start` once connected, then `run` as a task; `deliver`
+    """Rules 1-7 for one broker: `start` once connected, then `run` as a task; `deliver`
     gets every heartbeat heard, `deaf` (when the feed went deaf) and `hearing` (it hears
-    again) follow rule 4."""
+    again) follow rule 4. `ha`: one leadership of several brokers (rule 7)."""
 
     def __init__(self, *, timing: Timing, deliver: Callable[[Received], None],
                  deaf: Callable[[float], None], hearing: Callable[[], None],
-                 now: Callable[[], float], log: logging.Logger, replicas: int = 1) -> None:
+                 now: Callable[[], float], log: logging.Logger, replicas: int = 1,
+                 ha: bool = False) -> None:
         self.timing = timing
+        self.ha = ha
         #: Rule 1: the stream's replicas (1 once a lone server refused more).
         self.replicas = replicas
         self.poll_s = timing.tick_s / 2
@@ -140,6 +149,9 @@ class HeartbeatStream:
         self.log = log
         #: True while heartbeats come through the stream (rule 6: False without JetStream).
         self.jetstream = False
+        #: Rule 7: the stream is asked for again (`run`), and these are heard meanwhile.
+        self._later = False
+        self._direct: list[Any] = []
         self.nc: Any = None
         self._id = uuid.uuid4().hex[:12]
         self._consumer = f"broker-{self._id}"
@@ -170,20 +182,24 @@ class HeartbeatStream:
         (rule 6)."""
         self.nc = nc
         self._back_sent_at = self.now()
+        self._inbox = nc.new_inbox()
         try:
             before = await self._ensure_stream()
-            self._inbox = nc.new_inbox()
             self._pull_sub = await nc.subscribe(f"{self._inbox}.*", cb=self._on_pulled)
             await self._make_consumer(DeliverPolicy.LAST_PER_SUBJECT)
-        except Exception as exc:  # JetStream off or refused: rule 6
-            self.log.warning("no JetStream heartbeat stream (%s): heartbeats are heard "
-                             "directly, and a broker restart presumes every node heard at "
-                             "start", str(exc) or type(exc).__name__)
-            if self._pull_sub is not None:
+        except Exception as exc:  # rule 6, or rule 7 until JetStream answers
+            self._later = verdict(exc, self.ha) is Made.LATER
+            if self._later:
+                self.log.warning("JetStream cannot make the heartbeat stream yet (%s): "
+                                 "heartbeats are heard directly meanwhile; asked again "
+                                 "every %gs", why(exc), self.timing.tick_s)
+            else:
+                self._no_stream(why(exc))
+            if self._pull_sub is not None and not self._later:
                 with contextlib.suppress(Exception):
                     await self._pull_sub.unsubscribe()
-            for subject in (subjects.HEARTBEAT_ALL, self._probe_subject):
-                await nc.subscribe_direct(subject, self._on_direct)
+            self._direct = [await nc.subscribe_direct(subject, self._on_direct)
+                            for subject in (subjects.HEARTBEAT_ALL, self._probe_subject)]
             return {}
         self.jetstream = True
         stamps: dict[str, float] = {}
@@ -212,6 +228,11 @@ class HeartbeatStream:
         await self._forget(probes, max(stamps.values(), default=0.0))
         return stamps
 
+    def _no_stream(self, reason: str) -> None:
+        self.log.warning("no JetStream heartbeat stream (%s): heartbeats are heard "
+                         "directly, and a broker restart presumes every node heard at "
+                         "start", reason)
+
     async def _forget(self, probes: dict[str, float], freshest: float) -> None:
         """Probe subjects of brokers gone (none probed for `offline_s` before the freshest
         stamp) leave the stream: one would be left by every broker that ever ran."""
@@ -236,6 +257,8 @@ class HeartbeatStream:
         early, self._early = self._early, []
         self._hand_over(early)
         probing = asyncio.create_task(self._probing(), name="heartbeat-probe")
+        later = asyncio.create_task(self._until_stream(), name="heartbeat-stream-later") \
+            if self._later else None
         try:
             while True:
                 try:
@@ -249,9 +272,41 @@ class HeartbeatStream:
                     self._broken = True
                 await asyncio.sleep(self.poll_s)
         finally:
-            probing.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await probing
+            for task in (probing, later):
+                if task is not None:
+                    task.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await task
+
+    async def _until_stream(self) -> None:
+        """Rule 7: the stream asked for every tick; once made, read instead of the direct
+        subscriptions."""
+        made, reason = await again(self._attempt, self.timing.tick_s)
+        self._later = False
+        if not made:
+            self._no_stream(reason)
+            return
+        self.jetstream = True
+        direct, self._direct = self._direct, []
+        for sub in direct:
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
+        self.log.info("the heartbeat stream is made now; heartbeats are read from it")
+
+    async def _attempt(self) -> tuple[Made, str]:
+        """One try of rule 7: the stream, and a consumer of what is new from now on (what
+        it held before was heard directly, or not at all - never as heard now)."""
+        self._consumers += 1
+        self._consumer = f"broker-{self._id}-{self._consumers}"
+        try:
+            await self._ensure_stream()
+            if self._pull_sub is None:
+                self._pull_sub = await self.nc.subscribe(f"{self._inbox}.*",
+                                                         cb=self._on_pulled)
+            await self._make_consumer(DeliverPolicy.NEW)
+        except Exception as exc:
+            return verdict(exc, self.ha), why(exc)
+        return Made.MADE, ""
 
     async def _probing(self) -> None:
         """Rule 4 on a clock of its own: a pull that hangs (its consumer's server died, the

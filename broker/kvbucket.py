@@ -1,6 +1,6 @@
 """Making the KV mirror's bucket (`broker.mirror`) as a broker or a leadership starts.
 
-Rules:
+Rules (`transport.asklater`'s, which decides and loops, applied to the bucket):
 1. JetStream that is off (nobody answers its API) is final: the broker runs without the
    mirror and workers converge from awards alone. So is a bucket that exists with other
    settings, except for a leadership of several brokers, which uses it as it is (the
@@ -16,28 +16,13 @@ Rules:
 
 from __future__ import annotations
 
-import asyncio
 import logging
-from enum import StrEnum
 from typing import Any
 
-import nats.errors
-import nats.js.errors
-
 from gavel.shared import subjects
+from gavel.transport.asklater import Made, again, verdict, why
 
 __all__ = ["Made", "make_bucket", "until_made"]
-
-#: JetStream's "temporarily unavailable" (no meta leader yet).
-_UNAVAILABLE = 10008
-
-
-class Made(StrEnum):
-    MADE = "made"
-    #: Rule 1: no mirror in this run.
-    NEVER = "never"
-    #: Rule 2: ask again.
-    LATER = "later"
 
 
 async def make_bucket(nc: Any, replicas: int, ha: bool, log: logging.Logger
@@ -47,33 +32,23 @@ async def make_bucket(nc: Any, replicas: int, ha: bool, log: logging.Logger
         await nc.jetstream().create_key_value(bucket=subjects.NODES_BUCKET, history=1,
                                               replicas=replicas)
     except Exception as exc:
-        why = str(exc) or type(exc).__name__
-        if "already in use" in why:
+        reason = why(exc)
+        if "already in use" in reason:
             if not ha:
-                return Made.NEVER, why
+                return Made.NEVER, reason
             log.warning("the KV bucket %s exists with other settings than %d replicas (%s); "
-                        "using it as it is", subjects.NODES_BUCKET, replicas, why)
+                        "using it as it is", subjects.NODES_BUCKET, replicas, reason)
             return Made.MADE, ""
-        return (Made.LATER if ha or _transient(exc) else Made.NEVER), why
+        return verdict(exc, ha), reason
     return Made.MADE, ""
-
-
-def _transient(exc: Exception) -> bool:
-    """Rule 2: JetStream answers, just not yet."""
-    if isinstance(exc, nats.js.errors.APIError):
-        return exc.err_code == _UNAVAILABLE
-    return isinstance(exc, (nats.errors.TimeoutError, TimeoutError))
 
 
 async def until_made(nc: Any, replicas: int, ha: bool, log: logging.Logger,
                      retry_s: float) -> bool:
     """Rule 2's loop: True once made, False if rule 1 ends it."""
-    while True:
-        await asyncio.sleep(retry_s)
-        made, why = await make_bucket(nc, replicas, ha, log)
-        if made is Made.MADE:
-            log.info("the KV bucket %s is made now", subjects.NODES_BUCKET)
-            return True
-        if made is Made.NEVER:
-            log.warning("no JetStream KV (%s); workers converge from awards only", why)
-            return False
+    made, reason = await again(lambda: make_bucket(nc, replicas, ha, log), retry_s)
+    if made:
+        log.info("the KV bucket %s is made now", subjects.NODES_BUCKET)
+    else:
+        log.warning("no JetStream KV (%s); workers converge from awards only", reason)
+    return made

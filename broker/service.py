@@ -178,7 +178,7 @@ class Broker:
         self.feed = HeartbeatStream(timing=timing, deliver=self._on_heartbeat,
                                     deaf=self.hearing.feed_deaf,
                                     hearing=self.hearing.feed_hearing, now=clock, log=self.log,
-                                    replicas=config.kv_replicas)
+                                    replicas=config.kv_replicas, ha=self.ha)
         #: The state the KV mirror was last brought in line with (rule 4).
         self._mirrored: State | None = None
         self._tasks: list[asyncio.Task[None]] = []
@@ -249,7 +249,8 @@ class Broker:
             self.fenced.nc = nc
         state = self._mirrored = self.ledger.state()
         stamps = await self.feed.start(nc)
-        loaded = await self.events.load(nc, self.config.kv_replicas, self.log)
+        loaded = await self.events.load(nc, self.config.kv_replicas, self.log, ha=self.ha,
+                                        retry_s=self.timing.tick_s)
         if loaded:
             self.log.info("%d events loaded from the event history", loaded)
         now = self.now()

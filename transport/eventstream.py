@@ -15,7 +15,10 @@ Rules:
    a closed one ends it). A subscription to the events' subject is only its doorbell;
    without one it looks again every `POLL_S`.
 4. Without JetStream (or without the stream) there is no history: `follow` yields what
-   the subscription hears, with sequence 0.
+   the subscription hears, with sequence 0 - but not an event stored late (its header
+   `STORED_LATE`: the broker stores what it published while the history could not be
+   made once it can, `broker.events` rule 4), which such a follower heard when it was
+   published.
 """
 
 from __future__ import annotations
@@ -35,8 +38,8 @@ from gavel.shared.messages import Event
 from gavel.shared.timing import Timing
 from gavel.transport.inbound import Decode, Malformed
 
-__all__ = ["MAX_AGE_S", "MAX_BYTES", "POLL_S", "Follower", "NoHistory", "Stored", "ensure",
-           "follow", "last_seq", "next_after", "recent", "stream_config"]
+__all__ = ["MAX_AGE_S", "MAX_BYTES", "POLL_S", "STORED_LATE", "Follower", "NoHistory",
+           "Stored", "ensure", "follow", "last_seq", "next_after", "recent", "stream_config"]
 
 #: Events older than this leave the stream (seven days).
 MAX_AGE_S = 7 * 24 * 3600.0
@@ -49,6 +52,8 @@ POLL_S = 1.0
 #: A JetStream call unanswered this long has failed: `Timing`'s, for the operator's commands
 #: and the broker's load of the history alike.
 _CALL_S = Timing().call_s
+#: The header of an event stored after it was published (rule 4).
+STORED_LATE = "Gavel-Stored-Late"
 _STREAM_NAME_IN_USE = 10058
 _REPLICAS_UNSUPPORTED = 10074
 #: Reads in flight at once while `recent` loads the newest events.
@@ -174,7 +179,7 @@ class Follower:
         return self
 
     async def _ring(self, msg: Any) -> None:
-        if self.plain:
+        if self.plain and not (msg.headers and STORED_LATE in msg.headers):  # rule 4
             self._heard.put_nowait(msg.data)
         self._bell.set()
 

@@ -54,6 +54,7 @@ from typing import Any, NamedTuple
 import nats.errors
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
 from nats.aio.transport import TcpTransport
 
 from gavel.shared.timing import Timing
@@ -211,16 +212,17 @@ class Client(NatsClient):
         #: A handler that raises is a bug; its traceback is logged, but not per message.
         self._failures = Throttle()
 
-    async def subscribe_direct(self, subject: str, handler: Handler) -> None:
-        """Subscribe `handler` (a function that never waits) to `subject` (rule 4)."""
+    async def subscribe_direct(self, subject: str, handler: Handler) -> Subscription:
+        """Subscribe `handler` (a function that never waits) to `subject` (rule 4); the
+        subscription, to unsubscribe."""
         if not DIRECT:
             async def cb(msg: Msg) -> None:
                 handler(msg)
 
-            await self.subscribe(subject, cb=cb)
-            return
+            return await self.subscribe(subject, cb=cb)
         sub = await self.subscribe(subject)  # no callback: no task, its queue stays empty
         self._direct[sub._id] = handler
+        return sub
 
     async def _process_msg(self, sid: int, subject: bytes, reply: bytes, data: bytes,
                            headers: bytes | None) -> None:
