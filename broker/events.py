@@ -77,7 +77,6 @@ class Events:
         self._more = asyncio.Event()
         #: Rule 4: while set, the history is asked for again by `run`, with this.
         self._later: Callable[[], Awaitable[tuple[Made, str]]] | None = None
-        self._retry_s = 1.0
         self._log = logging.getLogger("gavel.broker")
 
     def __iter__(self) -> Iterator[Event]:
@@ -86,8 +85,8 @@ class Events:
     def __len__(self) -> int:
         return len(self.recent)
 
-    async def load(self, nc: Any, replicas: int, log: logging.Logger, *, ha: bool = False,
-                   retry_s: float = 1.0) -> int:
+    async def load(self, nc: Any, replicas: int, log: logging.Logger, *,
+                   ha: bool = False) -> int:
         """Rule 2: the history made sure of, the newest `KEPT` of it put before what was
         recorded since start; how many were loaded. Rule 4 when JetStream cannot answer
         yet (`ha`: one leadership of several brokers)."""
@@ -96,9 +95,9 @@ class Events:
             _no_history(log, reason)
         elif made is Made.LATER:
             log.warning("JetStream cannot make the event history yet (%s): events wait "
-                        "to be stored in it; asked again every %gs", reason, retry_s)
+                        "to be stored in it; asked again every %gs", reason, self._retry_s)
             self._later = functools.partial(self._open, nc, replicas, log, ha)
-            self._retry_s, self._log = retry_s, log
+            self._log = log
         return self.loaded
 
     async def _open(self, nc: Any, replicas: int, log: logging.Logger, ha: bool

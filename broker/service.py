@@ -249,8 +249,7 @@ class Broker:
             self.fenced.nc = nc
         state = self._mirrored = self.ledger.state()
         stamps = await self.feed.start(nc)
-        loaded = await self.events.load(nc, self.config.kv_replicas, self.log, ha=self.ha,
-                                        retry_s=self.timing.tick_s)
+        loaded = await self.events.load(nc, self.config.kv_replicas, self.log, ha=self.ha)
         if loaded:
             self.log.info("%d events loaded from the event history", loaded)
         now = self.now()
