@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from gavel.shared.api import StatusReply
 
 __all__ = ["BadNatsUrl", "BrokerRefused", "ClientError", "NoAnswer", "NoBroker", "NoNats",
-           "call", "check_url", "connect", "status", "wait_healthy"]
+           "call", "check_url", "connect", "operator_of", "status", "wait_healthy"]
 
 T = TypeVar("T", bound=Message)
 _enc = msgspec.msgpack.Encoder()
@@ -114,6 +114,12 @@ async def connect(url: str, creds: str | None = None, **options: Any) -> Any:
             raise NoNats(f"nothing answers at {mask_url(url)}: start NATS there (`gavel up` "
                          "runs one) or give its URL with --nats or GAVEL_NATS_URL.") from exc
         raise ClientError(f"cannot connect to NATS at {mask_url(url)}: {exc}") from exc
+
+
+def operator_of(nc: Any) -> str:
+    """Who connection `nc` asks as: the operator whose inbox prefix it has (`connect` gives a
+    named operator's, `shared.subjects` rule 4)."""
+    return subjects.operator_of_inbox(nc.new_inbox()) or subjects.OPERATOR
 
 
 async def call(nc: Any, verb: str, request: Message, reply_type: type[T],

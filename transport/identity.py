@@ -32,7 +32,8 @@ Rules:
    there by anyone who can write the directory is no node. Revoking a node is deleting its
    seed and running `init` again (then reloading nats-server): a recorded node whose seed is
    gone is dropped from the record.
-6. Operators may ask any node for an instance's output (``gavel.logs.<node>``); only that
+6. Operators may ask any node for an instance's output (``gavel.logs.<node>``), and run a
+   command in an instance (``gavel.exec.<node>.<operator>``, `shared.execstream`); only that
    node hears it, and it answers on the operator's inbox through the server's response
    permission (``allow_responses``: at most `shared.logstream.REPLIES_MAX` replies within
    `shared.logstream.WINDOW_S` of each request it received) - the one grant of a reply
@@ -101,6 +102,7 @@ def worker_permissions(node: str) -> dict[str, Any]:
             subjects.AWARD.format(node=node),
             subjects.CANCEL.format(node=node),
             subjects.LOGS.format(node=node),
+            subjects.EXEC_NODE.format(node=node),  # `gavel exec` in its instances (rule 6)
             inbox,
         ]},
         # Rule 6: answers to the log requests it received, and only those.
@@ -113,7 +115,8 @@ def operator_permissions() -> dict[str, Any]:
     """Operators and CI: the request/reply API, the event stream and its history (read by
     sequence, `transport.eventstream`: no write, purge or delete), and nodes' logs."""
     return {"publish": {"allow": [subjects.API_ALL, subjects.LOGS_ALL, subjects.EVENTS_GET,
-                                  subjects.EVENTS_INFO]},
+                                  subjects.EVENTS_INFO,
+                                  subjects.EXEC.format(node="*", operator=subjects.OPERATOR)]},
             "subscribe": {"allow": [f"{subjects.OPERATOR_INBOX}.>", subjects.EVENTS_ALL]}}
 
 

@@ -65,6 +65,7 @@ from gavel.worker.containers import ContainerDriver, secrets_root
 from gavel.worker.converge import Converger
 from gavel.worker.drivers import Driver, Unavailable
 from gavel.worker.engine import Engine
+from gavel.worker.execserver import ExecServer
 from gavel.worker.hoststats import Sampler, detect_capacity, primary_address
 from gavel.worker.isolation import Isolation, off
 from gavel.worker.logfiles import LogLimits, Outputs
@@ -176,6 +177,9 @@ class Agent:
                                    holds=self._supervisor.holds, sink=self._refused,
                                    nc=lambda: self._nc, poll_s=min(0.25, timing.tick_s),
                                    window_s=logs_window_s)
+        #: `gavel exec` sessions in the instances this node runs.
+        self.execs = ExecServer(node_id=node_id, target=self._supervisor.exec_target,
+                                report=self._report, sink=self._refused, nc=lambda: self._nc)
 
     def _make_guards(self) -> None:
         """The guards of what the broker sends here, the subjects this node sends on."""
@@ -313,6 +317,7 @@ class Agent:
             (subjects.AWARD.format(node=node), self._on_award),
             (subjects.CANCEL.format(node=node), self._on_cancel),
             (subjects.LOGS.format(node=node), self.logserver.on_request),
+            (subjects.EXEC_NODE.format(node=node), self.execs.on_message),
         ):
             self._subs.append(await self._nc.subscribe(subject, cb=cb))
         try:  # no RFB or award sent after the first heartbeat can pass this node by
@@ -327,6 +332,7 @@ class Agent:
                 await sub.unsubscribe()
         self._subs.clear()
         await self.logserver.close()
+        await self.execs.close()
         await self.converger.close()
         for task in self._loops:
             task.cancel()
