@@ -29,8 +29,9 @@ Rules:
    delivery keeps the subject its stream stored it under, so the subject a message carries
    need not be the one it was heard on. Each verb's `transport.inbound.Door` counts and
    drops what is no request of gavel's (a JetStream delivery, flow control, a heartbeat,
-   headers) and any request without a reply subject or with one outside the operators'
-   inbox (``_INBOX.``): such a request is never served and never answered.
+   headers) and any request without a reply subject or with one outside its operator's own
+   inbox (``_INBOX.`` for ``gavel.api.<verb>``, ``_GAVEL_OP.<name>.`` for
+   ``gavel.api.<verb>.<name>``): such a request is never served and never answered.
 6. Status and nodes answers name the leading broker, its epoch and since when; a broker that
    no longer leads (`broker.ha`) answers nothing more: its client hears no answer, or no
    responders, and asks again (a submission with its key: rule 4).
@@ -171,7 +172,7 @@ class Api:
         #: Per verb: its guard (rules 1 and 5) and its handler.
         self.verbs: dict[str, tuple[Guard[Any], Handler]] = {
             verb: (Guard(f"{verb} request", type_, ctx.rejects, door=Door(
-                ctx.rejects, subjects.API.format(verb=verb), what=f"{verb} request",
+                ctx.rejects, _subjects(verb), what=f"{verb} request",
                 inbox=_operators, owner=_operator)), handler)
             for verb, (type_, handler) in kinds.items()}
 
@@ -180,7 +181,8 @@ class Api:
         answers them too (rule 7)."""
         self.nc = nc
         for verb in self.verbs:
-            await nc.subscribe(subjects.API.format(verb=verb), cb=self._handler(verb))
+            for subject in _subjects(verb):
+                await nc.subscribe(subject, cb=self._handler(verb))
 
     def _handler(self, verb: str) -> Callable[[Msg], Awaitable[None]]:
         async def handle(msg: Msg) -> None:
@@ -437,14 +439,20 @@ class Api:
         return CancelReply(instance_id=req.instance_id, state=state)
 
 
-def _operators(_subject: str) -> str:
-    """Every API request is an operator's: it is answered under the operators' inbox."""
-    return subjects.OPERATOR_INBOX
+def _subjects(verb: str) -> tuple[str, str]:
+    """A verb's subjects: the shared operator's, and each named operator's (its name last:
+    `shared.subjects` rule 4, the server holding each to its own)."""
+    return subjects.API.format(verb=verb), subjects.API_AS.format(verb=verb, operator="*")
 
 
-def _operator(_subject: str) -> str:
-    """Who asked, for the log: operators share one credential, so no one in particular."""
-    return "an operator"
+def _operators(subject: str) -> str:
+    """Every API request is an operator's: it is answered under that operator's inbox."""
+    return subjects.inbox_of(subjects.asker(subject, 3))
+
+
+def _operator(subject: str) -> str:
+    """Who asked, for the log: the operator its subject names."""
+    return f"operator {subjects.asker(subject, 3) or '?'}"
 
 
 def _pct(sorted_values: list[float], pct: float) -> float:

@@ -24,6 +24,8 @@ from collections.abc import Callable
 __all__ = [
     "API",
     "API_ALL",
+    "API_AS",
+    "API_AS_ALL",
     "ASSIGN",
     "ASSIGN_ALL",
     "AWARD",
@@ -51,6 +53,7 @@ __all__ = [
     "LEADER_WATCH",
     "LOGS",
     "LOGS_ALL",
+    "LOGS_AS",
     "NODES_BUCKET",
     "NODES_STREAM",
     "NODE_INBOX",
@@ -65,6 +68,8 @@ __all__ = [
     "RFB_NODE",
     "WATCH",
     "WATCH_ALL",
+    "asker",
+    "inbox_of",
     "is_node_id",
     "matcher",
     "matches",
@@ -104,6 +109,9 @@ EVENTS_GET = f"$JS.API.STREAM.MSG.GET.{EVENTS_STREAM}"
 EVENTS_INFO = f"$JS.API.STREAM.INFO.{EVENTS_STREAM}"
 API = f"{PREFIX}.api.{{verb}}"  # request/reply, see broker.api
 API_ALL = f"{PREFIX}.api.*"
+#: A named operator's request (rule 4): the verb, then who asks.
+API_AS = f"{PREFIX}.api.{{verb}}.{{operator}}"
+API_AS_ALL = f"{PREFIX}.api.*.*"
 ASSIGN = f"{PREFIX}.assign.{{node}}"  # worker -> broker request: AssignmentRequest -> Award
 ASSIGN_ALL = f"{PREFIX}.assign.*"
 #: worker -> broker request: WatchRequest -> WatchGrant (`broker.watches`): a consumer of the
@@ -114,6 +122,8 @@ WATCH_ALL = f"{PREFIX}.watch.*"
 #: node answers on the asker's inbox, only as the server's response permission allows.
 LOGS = f"{PREFIX}.logs.{{node}}"
 LOGS_ALL = f"{PREFIX}.logs.*"
+#: A named operator's log request (rule 4).
+LOGS_AS = f"{PREFIX}.logs.{{node}}.{{operator}}"
 #: operator -> node: ExecStart, ExecInput -> ExecOutput..., ExecExit (`shared.execstream`). The
 #: last token is the operator asking (rule 4); the node answers as it answers a log request.
 EXEC = f"{PREFIX}.exec.{{node}}.{{operator}}"
@@ -169,6 +179,21 @@ def operator_of(subject: str) -> str:
     no operator name."""
     name = subject.rsplit(".", 1)[-1]
     return name if is_node_id(name) else ""
+
+
+def asker(subject: str, tokens: int) -> str:
+    """Who asks on an operator's subject of a kind with `tokens` tokens when unnamed
+    (``gavel.api.<verb>``: 3): `OPERATOR` when it has that many, the name in its last token
+    when it has one more, "" otherwise."""
+    n = subject.count(".") + 1
+    if n == tokens:
+        return OPERATOR
+    return operator_of(subject) if n == tokens + 1 else ""
+
+
+def inbox_of(name: str) -> str:
+    """`operator_inbox` of an `asker` ("" no one: an inbox nothing lies under)."""
+    return operator_inbox(name) if name else "\0"
 
 
 def node_of(subject: str) -> str:

@@ -28,7 +28,7 @@ from gavel.shared import subjects
 from gavel.shared.errors import BadInput
 from gavel.shared.messages import ApiError, Message
 from gavel.shared.redact import mask_url
-from gavel.transport.creds import connect_options
+from gavel.transport.creds import connect_options, operator_name
 from gavel.transport.urls import servers
 
 if TYPE_CHECKING:
@@ -103,6 +103,9 @@ async def connect(url: str, creds: str | None = None, **options: Any) -> Any:
                               "allow_reconnect": False, "error_cb": _quiet, **options}
     if creds:
         kwargs.update(connect_options(creds))
+    name = operator_name(creds)
+    if name != subjects.OPERATOR:  # its answers under its own inbox (`shared.subjects` rule 4)
+        kwargs.setdefault("inbox_prefix", subjects.operator_inbox(name))
     try:
         return await nats.connect(servers(url), **kwargs)
     except Exception as exc:
@@ -147,10 +150,13 @@ async def _answer(nc: Any, verb: str, request: Message, timeout: float) -> Any:
     grace = start + min(timeout, NO_RESPONDERS_S)
     pause = _PAUSE_S
     data = _enc.encode(request)
+    who = operator_of(nc)
+    subject = subjects.API.format(verb=verb) if who == subjects.OPERATOR else \
+        subjects.API_AS.format(verb=verb, operator=who)
     while True:
         left = start + timeout - time.monotonic()
         try:
-            return await nc.request(subjects.API.format(verb=verb), data,
+            return await nc.request(subject, data,
                                     timeout=max(left, 0.001))
         except NoRespondersError:
             if time.monotonic() + pause > grace:

@@ -317,6 +317,7 @@ class Agent:
             (subjects.AWARD.format(node=node), self._on_award),
             (subjects.CANCEL.format(node=node), self._on_cancel),
             (subjects.LOGS.format(node=node), self.logserver.on_request),
+            (subjects.LOGS_AS.format(node=node, operator="*"), self.logserver.on_request),
             (subjects.EXEC_NODE.format(node=node), self.execs.on_message),
         ):
             self._subs.append(await self._nc.subscribe(subject, cb=cb))
