@@ -42,6 +42,10 @@ Rules:
    third server, it raced the interest there and could be dropped as unwanted (the
    client's first request went unanswered).
 8. `status` of every instance comes in pages within the max payload (`broker.views` rule 3).
+9. Who asks is the subject's: ``gavel.api.<verb>`` is the shared operator's, and
+   ``gavel.api.<verb>.<name>`` operator name's, the server holding each named operator to its
+   own name and its role's verbs (`transport.identity` rule 7). Each request that changes
+   something is logged with who asked.
 """
 
 from __future__ import annotations
@@ -106,6 +110,7 @@ from gavel.shared.api import (
 from gavel.shared.messages import ApiError, Message
 from gavel.shared.planning import PlanRequest
 from gavel.shared.reasons import Reason
+from gavel.shared.roles import READ_VERBS
 from gavel.shared.spec import Spec
 from gavel.transport.inbound import Door, Guard
 
@@ -207,6 +212,8 @@ class Api:
         if request is None:
             reply: Message = ApiError(error=refused)
         else:
+            if verb not in READ_VERBS:  # who changed what: the subject names them (rule 9)
+                self.ctx.log.info("%s request from %s", verb, _operator(msg.subject))
             try:
                 reply = await handler(request)
             except Exception as exc:  # an API bug must not kill the broker

@@ -12,6 +12,7 @@ server held the writer to.
 from __future__ import annotations
 
 import asyncio
+import logging
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -111,7 +112,9 @@ async def test_a_reader_reads_and_is_refused_every_write(world: World) -> None:
         "gavel.exec.a.writer")), 10, what="every forged publish refused")
 
 
-async def test_no_operator_reads_another_operator_s_answers(world: World) -> None:
+async def test_no_operator_reads_another_operator_s_answers(
+        world: World, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO)
     reader = await world.operator("reader")
     writer = await world.operator("writer")
     for stolen in ("_GAVEL_OP.writer.>", "_INBOX.>", "_GAVEL_OP.>", ">"):
@@ -127,6 +130,7 @@ async def test_no_operator_reads_another_operator_s_answers(world: World) -> Non
     reply = await call(writer, "submit", SubmitRequest(spec=sleeper_spec("mine")), SubmitReply)
     await call(writer, "status", StatusRequest(instance_id=reply.instance_id), StatusReply)
     assert heard == []
+    assert "submit request from operator writer" in caplog.text  # the broker knows who
 
 
 async def test_a_writer_execs_and_the_node_knows_who(world: World) -> None:
