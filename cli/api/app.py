@@ -13,9 +13,12 @@ Rules:
 3. ``/openapi.json`` is the document `openapi` makes; ``/v1/...`` the routes.
 4. The streaming routes write server-sent events: ``/v1/events/stream`` the events kept,
    then each new one (subscribed before the kept ones are asked for, and a new one already
-   among those is not sent twice); ``/v1/instances/ID/logs`` the output's chunks, then
-   ``done``. A failure after the stream has begun is an ``error`` event with the sentence;
-   an idle stream gets a comment every `KEEPALIVE_S`.
+   among those is not sent twice), each new one with its sequence in the event history as
+   its ``id:``; a request with ``Last-Event-ID`` (a reconnecting client's) gets instead
+   every event stored after that one, in order, each once, then each new one;
+   ``/v1/instances/ID/logs`` the output's chunks, then ``done``. A failure after the stream
+   has begun is an ``error`` event with the sentence; an idle stream gets a comment every
+   `KEEPALIVE_S`.
 """
 
 from __future__ import annotations
@@ -50,6 +53,8 @@ __all__ = ["DEFAULT_PORT", "KEEPALIVE_S", "ApiServer", "ApiUnavailable", "add_op
 DEFAULT_PORT = 8471
 #: Rule 4.
 KEEPALIVE_S = 15.0
+#: The header a reconnecting event-stream client sends: the last ``id:`` it heard (rule 4).
+LAST_EVENT_ID = "last-event-id"
 _JSON = "application/json"
 _enc = msgspec.json.Encoder()
 
@@ -124,14 +129,15 @@ class Handler:
         except BadRequest as exc:
             return _error(exc.status, str(exc))
         if route.stream:
-            return await self._stream(route, request)
+            return await self._stream(route, request, req.headers.get(LAST_EVENT_ID, ""))
         try:
             reply = await route.ask(self.client, request)
         except ClientError as exc:
             return _error(_status(exc), str(exc))
         return Response(200, _enc.encode(reply), _JSON)
 
-    async def _stream(self, route: Route, request: Any) -> Response | Stream:
+    async def _stream(self, route: Route, request: Any, last_id: str = ""
+                      ) -> Response | Stream:
         if isinstance(request, LogsRequest):
             node = request.node_id
             if not node:
@@ -145,6 +151,13 @@ class Handler:
                 node = inst.node_id
             return Stream(lambda sse: self._logs(sse, msgspec.structs.replace(
                 request, node_id=node)))
+        if last_id:  # rule 4: resumed from the history, nothing kept sent again
+            if not last_id.isdigit() or len(last_id) > 19:
+                return _error(400, "Last-Event-ID must be the id of an event this stream "
+                              "sent (a sequence number)")
+            resumed = await self.client.follow_events(request.instance_id,
+                                                      after=int(last_id))
+            return Stream(lambda sse: self._events(sse, resumed, []), abandon=resumed.aclose)
         feed = await self.client.follow_events(request.instance_id)
         try:
             kept = await self.client.events(request.instance_id, limit=request.limit,
@@ -174,7 +187,8 @@ class Handler:
                 if seen and data in seen:
                     seen.discard(data)
                     continue
-                await sse.send("event", data)
+                seq = getattr(feed, "last", 0)  # 0: no history to resume from
+                await sse.send("event", data, str(seq) if seq else "")
         finally:
             await feed.aclose()
 

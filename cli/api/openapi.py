@@ -18,6 +18,7 @@ import msgspec
 
 from gavel import __version__
 from gavel.cli.api.routes import IDEMPOTENCY, ROUTES, Route
+from gavel.shared.api import EventsRequest
 from gavel.shared.logstream import LogChunk, LogsDone
 from gavel.shared.messages import ApiError, Event
 
@@ -43,6 +44,11 @@ def _operation(route: Route, schemas: dict[str, Any], refs: dict[Any, Any]) -> d
     params += [{"name": name, "in": "query", "required": False, "schema": props[name],
                 **({"style": "form", "explode": False} if name == "streams" else {})}
                for name in route.query]
+    if route.stream and route.request is EventsRequest:
+        params.append({"name": "Last-Event-ID", "in": "header", "required": False,
+                       "schema": {"type": "string", "pattern": "^[0-9]+$"},
+                       "description": "Resume after the event with this id: every event "
+                       "stored since, in order, each once (a reconnecting client's)."})
     if route.keyed:
         params.append({"name": "Idempotency-Key", "in": "header", "required": False,
                        "schema": {"type": "string"}, "description": "A retry with the same "

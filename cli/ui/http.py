@@ -81,9 +81,11 @@ class Sse:
     def __init__(self, writer: asyncio.StreamWriter) -> None:
         self._writer = writer
 
-    async def send(self, event: str, data: bytes) -> None:
-        """One frame; `data` is one line of JSON (it holds no newline)."""
-        self._writer.write(b"event: " + event.encode() + b"\ndata: " + data + b"\n\n")
+    async def send(self, event: str, data: bytes, id: str = "") -> None:
+        """One frame; `data` is one line of JSON (it holds no newline); with `id`, the frame's
+        id, which a client that reconnects sends back as ``Last-Event-ID``."""
+        head = b"id: " + id.encode() + b"\n" if id else b""
+        self._writer.write(head + b"event: " + event.encode() + b"\ndata: " + data + b"\n\n")
         await self._writer.drain()
 
     async def comment(self) -> None:

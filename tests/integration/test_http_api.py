@@ -311,6 +311,46 @@ async def test_events_stream_the_kept_ones_then_each_new_one(
         sse.close()
 
 
+async def test_a_reconnecting_events_stream_resumes_after_its_last_id_from_the_history(
+        two: Cluster, api: app.ApiServer) -> None:
+    """Each new event carries its sequence in the history as its ``id:``; a client that comes
+    back with ``Last-Event-ID`` gets what happened meanwhile, in order, each once, and
+    nothing it had."""
+    sse = await Sse.open(api.port, "/v1/events/stream?instance_id=rs-1&limit=0")
+    try:
+        body = {"spec": spec_json(sleeper_spec("rs", cpu=0.1, memory_mb=32)),
+                "instance_id": "rs-1"}
+        assert (await http(api.port, "POST", "/v1/instances", json_body=body))[0] == 200
+        await sse.until("event", lambda e: e["type"] == "running")
+        assert sse.id.isdigit(), "a new event carries its history sequence"
+        last = sse.last_id
+    finally:
+        sse.close()
+    # Gone while the instance is cancelled; back with the last id heard.
+    assert (await http(api.port, "DELETE", "/v1/instances/rs-1"))[0] == 200
+    async def ended() -> bool:
+        return (await two.status("rs-1")).state == "cancelled"
+    await wait_for(ended, 30, what="rs-1 cancelled")
+    sse = await Sse.open(api.port, "/v1/events/stream?instance_id=rs-1&limit=0",
+                         last_id=last)
+    try:
+        assert sse.status == 200
+        ids, types = [], []
+        while "cancelled" not in types:
+            event, data = await sse.frame()
+            assert event == "event" and data["instance_id"] == "rs-1"
+            ids.append(int(sse.id))
+            types.append(data["type"])
+        assert "running" not in types and ids == sorted(set(ids)) and ids[0] > int(last)
+    finally:
+        sse.close()
+    bad = await Sse.open(api.port, "/v1/events/stream?instance_id=rs-1", last_id="soon")
+    try:
+        assert bad.status == 400
+    finally:
+        bad.close()
+
+
 async def test_logs_stream_an_instances_output_then_done(
         two: Cluster, api: app.ApiServer) -> None:
     code = "import sys, time\nfor i in range(3): print('line', i, flush=True)\ntime.sleep(60)"
