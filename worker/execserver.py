@@ -79,13 +79,14 @@ class ExecServer:
     def __init__(self, *, node_id: str, target: Callable[[str], Target | Ended],
                  report: Report, sink: Sink, nc: Callable[[], Any],
                  max_sessions: int = MAX_SESSIONS, idle_s: float = execstream.IDLE_S,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 output_max: int = OUTPUT_MAX, clock: Callable[[], float] = time.monotonic) -> None:
         self.node_id = node_id
         self._target = target
         self._report = report
         self._nc = nc
         self.max_sessions = max_sessions
         self.idle_s = idle_s
+        self.output_max = output_max
         self._clock = clock
         door = Door(sink, subjects.EXEC_NODE.format(node=node_id), what="exec message",
                     inbox=_inbox, owner=subjects.operator_of)
@@ -243,7 +244,7 @@ class ExecServer:
         while (chunk := await proc.read()) is not None:
             stream, data = chunk
             sent += len(data)
-            if sent > OUTPUT_MAX:
+            if sent > self.output_max:
                 return Ended.OUTPUT
             while seq - sess.acked >= WINDOW:
                 sess.more.clear()

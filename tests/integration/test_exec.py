@@ -150,6 +150,24 @@ async def test_the_time_limit_kills_the_command_and_says_so(world: Cluster) -> N
     (event,) = await exec_events(world, iid, 1)
     assert event.reason == Ended.TIMEOUT  # type: ignore[attr-defined]
 
+    agent = world.agents[node]
+    agent.execs.output_max = 100_000  # the output limit, as production's but smaller
+    flood = ExecStart(node_id=node, instance_id=iid, session=new_session(),
+                      command=["/bin/sh", "-c", "yes; sleep 100"])
+    out.clear()
+    ended = await asyncio.wait_for(run(await world.client(), flood, out.append), 30)
+    assert ended.reason == Ended.OUTPUT and ended.exit_code is None
+    assert sum(len(o.data) for o in out) <= 100_000
+
+    hung = ExecStart(node_id=node, instance_id=iid, session=new_session(),
+                     command=["/bin/sh", "-c", "echo ready; exec sleep 100"])
+    out.clear()
+    session = asyncio.ensure_future(run(await world.client(), hung, out.append))
+    await wait_for(lambda: bool(out), 15, what="the command started")
+    session.cancel()  # Ctrl-C: the operator hangs up
+    events = await exec_events(world, iid, 3)
+    assert [e.reason for e in events][-2:] == [Ended.OUTPUT, Ended.HUNG_UP]  # type: ignore[attr-defined]
+
     nowhere = ExecStart(node_id=node, instance_id="no-such-instance", session=new_session(),
                         command=["true"])
     refused = await asyncio.wait_for(run(await world.client(), nowhere, out.append), 30)
