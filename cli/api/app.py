@@ -5,7 +5,10 @@ Rules:
    a free port when that one is taken and none was asked for; 0: a free one). Off loopback
    it requires a bearer token (the operator's, ``--api-token``/GAVEL_API_TOKEN, or one made at
    start and printed once); a token given on loopback is required there too (`ui.access`).
-   With ``--api-tls-cert`` and ``--api-tls-key`` it speaks HTTPS only.
+   With ``--api-tls-cert`` and ``--api-tls-key`` it speaks HTTPS only. A second token,
+   ``--api-read-token``, is a reader's (`shared.roles`): its requests are served for the
+   reading verbs and the streams only, anything else 403 with a sentence. What the API may
+   do at all is its NATS identity's (``--creds``: a named operator's role holds it to that).
 2. Each request is one verb of the NATS API through `gavel.client.Client` on the server's
    own connection (`routes`); the answer is the reply struct as JSON, or `ApiError` with the
    status `errors` gives it. Bad input is refused before the cluster is asked (400, 411,
@@ -45,6 +48,7 @@ from gavel.client import BrokerRefused, Client, ClientError, NoAnswer, NoBroker
 from gavel.shared.errors import BadInput
 from gavel.shared.logstream import LogsDone, LogsRequest
 from gavel.shared.messages import ApiError
+from gavel.shared.roles import READ_VERBS
 
 __all__ = ["DEFAULT_PORT", "KEEPALIVE_S", "ApiServer", "ApiUnavailable", "add_options",
            "run", "start"]
@@ -103,6 +107,10 @@ def add_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--api-token", default=os.environ.get("GAVEL_API_TOKEN", ""),
                    metavar="TOKEN", help="require this bearer token (env GAVEL_API_TOKEN; "
                    "default: none on loopback, a new one printed once on any other address)")
+    p.add_argument("--api-read-token", default=os.environ.get("GAVEL_API_READ_TOKEN", ""),
+                   metavar="TOKEN", help="also accept this bearer token, for the reading "
+                   "routes only (env GAVEL_API_READ_TOKEN; a full token is then required "
+                   "too, made at start if not given)")
     p.add_argument("--api-tls-cert", default="", metavar="FILE",
                    help="serve HTTPS with this certificate (PEM; with --api-tls-key)")
     p.add_argument("--api-tls-key", default="", metavar="FILE",
@@ -124,6 +132,9 @@ class Handler:
             return _error(found, f"no such route: {req.method} {req.path}" if found == 404
                           else f"{req.path} does not take {req.method}")
         route, params = found
+        if req.reader and route.verb not in READ_VERBS and not route.stream:
+            return _error(403, f"this token may only read: {route.method} {route.path} "
+                          "changes the cluster (give the API's full token)")
         try:
             request = build(route, params, req.query, req.headers, req.body)
         except BadRequest as exc:
@@ -296,13 +307,13 @@ async def _listen(server: Server, addr: str, port: int | None,
 
 async def start(nats_url: str, creds: str | None, *, addr: str = "127.0.0.1",
                 port: int | None = None, token: str = "", tls_cert: str = "",
-                tls_key: str = "") -> ApiServer:
+                tls_key: str = "", read_token: str = "") -> ApiServer:
     """An HTTP API for the cluster at `nats_url`, listening until `ApiServer.close`."""
     tls = _tls(tls_cert, tls_key)
-    required = access.token_for(addr, token)
+    required = access.token_for(addr, token) or (access.make_token() if read_token else "")
     client = await Client.connect(nats_url, creds, allow_reconnect=True,
                                   max_reconnect_attempts=-1, reconnect_time_wait=1)
-    server = Server(Handler(client), required, POLICY)
+    server = Server(Handler(client), required, POLICY, read_token=read_token)
     try:
         bound = await _listen(server, addr, port, tls)
     except BaseException:
@@ -318,7 +329,7 @@ async def run(args: argparse.Namespace) -> int:
     """`gavel api`: serve the HTTP API until SIGTERM or Ctrl-C."""
     api = await start(args.nats, args.creds, addr=args.api_addr, port=args.api_port,
                       token=args.api_token, tls_cert=args.api_tls_cert,
-                      tls_key=args.api_tls_key)
+                      tls_key=args.api_tls_key, read_token=args.api_read_token)
     try:
         print(f"gavel api: HTTP API at {api.announce()}; its OpenAPI document at "
               f"{api.url}openapi.json   (Ctrl-C stops it)", flush=True)

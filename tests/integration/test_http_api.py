@@ -386,6 +386,30 @@ async def test_logs_stream_an_instances_output_then_done(
     assert status == 404 and json.loads(body)["error"].startswith(Reason.UNKNOWN_INSTANCE)
 
 
+async def test_a_read_token_serves_the_reading_routes_and_refuses_every_change(
+        two: Cluster) -> None:
+    server = await app.start(two.url, None, port=0, token="full-token",
+                             read_token="reader-token")
+    try:
+        def bearer(token: str) -> dict[str, str]:
+            return {"Authorization": f"Bearer {token}"}
+        status, _, _ = await http(server.port, "GET", "/v1/nodes",
+                                  headers=bearer("reader-token"))
+        assert status == 200
+        body = {"spec": spec_json(sleeper_spec("ro", cpu=0.1, memory_mb=32))}
+        status, _, said = await http(server.port, "POST", "/v1/instances", json_body=body,
+                                     headers=bearer("reader-token"))
+        assert status == 403
+        assert json.loads(said)["error"].startswith("this token may only read")
+        status, _, _ = await http(server.port, "POST", "/v1/instances", json_body=body,
+                                  headers=bearer("full-token"))
+        assert status == 200
+        status, _, _ = await http(server.port, "GET", "/v1/nodes")
+        assert status == 401
+    finally:
+        await server.close()
+
+
 async def test_a_token_is_required_where_given_and_tls_where_a_cert_is(
         two: Cluster, tmp_path: Path) -> None:
     from tests.integration.test_tls import make_certs
