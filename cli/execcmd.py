@@ -2,7 +2,8 @@
 streamed through NATS from the node that runs it (`transport.execclient`).
 
 Rules:
-1. The node comes from the status API (the instance's node; ``--node`` asks one directly).
+1. It is `gavel.client.Client.exec`: the node comes from the status API (the instance's
+   node; ``--node`` asks one directly).
    An instance that does not run is one sentence (exit 1); an unknown one exits 4.
 2. This process's stdin is the command's (to its end); its stdout and stderr are printed as
    they come. With ``--tty`` the local terminal is put in raw mode for the session and put
@@ -24,16 +25,12 @@ import termios
 import threading
 import tty
 from collections.abc import AsyncIterator
-from typing import Any
 
 from gavel.cli.outcomes import Unknown
 from gavel.cli.parsers import duration
-from gavel.shared.api import StatusReply, StatusRequest
-from gavel.shared.execstream import TIMEOUT_MAX_S, ExecOutput, ExecStart
-from gavel.shared.messages import InstanceState
+from gavel.client import BrokerRefused, Client, ClientError
+from gavel.shared.execstream import TIMEOUT_MAX_S, ExecOutput
 from gavel.shared.reasons import Reason
-from gavel.transport.client import BrokerRefused, ClientError, call, connect, operator_of
-from gavel.transport.execclient import new_session, run
 
 __all__ = ["add_arguments", "run_cli", "split"]
 
@@ -57,23 +54,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="end the session after DURATION (default: the node's, one hour)")
     p.add_argument("--node", default="", metavar="NODE",
                    help="ask this node directly, without the status API")
-
-
-async def _node(nc: Any, args: argparse.Namespace) -> str:
-    """Rule 1."""
-    if args.node:
-        return str(args.node)
-    try:
-        reply = await call(nc, "status", StatusRequest(instance_id=args.instance), StatusReply)
-    except BrokerRefused as exc:
-        if Reason.UNKNOWN_INSTANCE in str(exc):
-            raise Unknown(str(exc)) from None
-        raise
-    found = [i for i in reply.instances if i.instance_id == args.instance] or reply.instances
-    if not found or not found[0].node_id or found[0].state != InstanceState.RUNNING:
-        state = found[0].state if found else "unknown"
-        raise ClientError(f"{args.instance} is not running ({state}): nothing to exec into")
-    return found[0].node_id
 
 
 async def _stdin() -> AsyncIterator[bytes]:
@@ -111,20 +91,18 @@ async def run_cli(args: argparse.Namespace) -> int:
         raise ClientError("give the command to run after --: gavel exec ID -- CMD ...")
     if args.timeout > TIMEOUT_MAX_S:
         raise ClientError(f"an exec session lasts at most {TIMEOUT_MAX_S:g} seconds")
-    nc = await connect(args.nats, args.creds)
+    client = await Client.connect(args.nats, args.creds)
     saved = None
     try:
-        node = await _node(nc, args)
+        await _known(client, args)
         rows = cols = 0
         if args.tty and sys.stdin.isatty():
             cols, rows = shutil.get_terminal_size()
             saved = termios.tcgetattr(0)
             tty.setraw(0)
-        start = ExecStart(node_id=node, instance_id=args.instance, session=new_session(),
-                          command=command, tty=args.tty, timeout_s=args.timeout,
-                          rows=rows, cols=cols)
-        session = asyncio.ensure_future(run(nc, start, _write, stdin=_stdin(),
-                                            operator=operator_of(nc)))
+        session = asyncio.ensure_future(client.exec(
+            args.instance, command, on_output=_write, stdin=_stdin(), node_id=args.node,
+            tty=args.tty, timeout_s=args.timeout, rows=rows, cols=cols))
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):  # rule 3: hang up
             loop.add_signal_handler(sig, session.cancel)
@@ -136,9 +114,21 @@ async def run_cli(args: argparse.Namespace) -> int:
         if saved is not None:
             with contextlib.suppress(termios.error):
                 termios.tcsetattr(0, termios.TCSADRAIN, saved)
-        await nc.close()
+        await client.close()
     if ended.reason:
         detail = f": {ended.detail}" if ended.detail else ""
         print(f"gavel exec: {ended.reason}{detail}", file=sys.stderr)
         return 1 if ended.exit_code is None else ended.exit_code
     return ended.exit_code if ended.exit_code is not None else 1
+
+
+async def _known(client: Client, args: argparse.Namespace) -> None:
+    """Rule 1: an unknown instance exits 4 (the client says when it is not running)."""
+    if args.node:
+        return
+    try:
+        await client.status(args.instance)
+    except BrokerRefused as exc:
+        if Reason.UNKNOWN_INSTANCE in str(exc):
+            raise Unknown(str(exc)) from None
+        raise

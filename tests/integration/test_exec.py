@@ -24,6 +24,7 @@ from typing import Any
 
 import pytest
 
+from gavel.client import Client
 from gavel.shared.api import EventsReply, EventsRequest
 from gavel.shared.execstream import Ended, ExecOutput, ExecStart
 from gavel.shared.messages import InstanceState
@@ -184,13 +185,18 @@ async def test_output_past_the_window_waits_for_acknowledgements_and_all_arrives
     await running_pid(world, node, iid)
     out: list[ExecOutput] = []
     code = "import sys\nfor i in range(3000): sys.stdout.write(f'{i}\\n'); sys.stdout.flush()"
-    start = ExecStart(node_id=node, instance_id=iid, session=new_session(),
-                      command=[sys.executable, "-c", code])
-    ended = await asyncio.wait_for(run(await world.client(), start, out.append), 60)
+    client = Client(await world.client())  # the typed client's exec: the CLI's own path
+    ended = await asyncio.wait_for(client.exec(iid, [sys.executable, "-c", code],
+                                               on_output=out.append), 60)
     assert ended.exit_code == 0 and ended.reason == ""
     assert [o.seq for o in out] == list(range(1, len(out) + 1))
     text = b"".join(o.data for o in out).decode()
     assert text.split() == [str(i) for i in range(3000)]
+    env = {k: v for k, v in os.environ.items() if k != "GAVEL_CREDS"}
+    unknown = await asyncio.to_thread(
+        subprocess.run, [sys.executable, "-m", "gavel", "exec", "no-such", "--nats", world.url,
+                         "--", "true"], capture_output=True, text=True, timeout=60, env=env)
+    assert unknown.returncode == 4, unknown.stderr
 
 
 async def test_a_terminal_is_the_command_s_controlling_terminal(world: Cluster) -> None:
