@@ -49,15 +49,10 @@ from gavel.cli.outcomes import (
 from gavel.cli.readouts import nodes, ports_cell, print_json, print_table, status, why
 from gavel.cli.specfile import SpecError, load_spec
 from gavel.cli.systemwait import wait_system
+from gavel.client import Client
 from gavel.shared import subjects
 from gavel.shared.api import (
     INSTANCE_ID,
-    CancelReply,
-    CancelRequest,
-    DrainReply,
-    DrainRequest,
-    EndpointsReply,
-    EndpointsRequest,
     EventsReply,
     EventsRequest,
     ServiceReply,
@@ -395,11 +390,8 @@ async def _known(nc: Any, name: str) -> None:
 
 
 async def cancel(args: argparse.Namespace) -> int:
-    nc = await connect(args.nats, args.creds)
-    try:
-        reply = await call(nc, "cancel", CancelRequest(instance_id=args.instance), CancelReply)
-    finally:
-        await nc.close()
+    async with await Client.connect(args.nats, args.creds) as client:
+        reply = await client.cancel(args.instance)
     print_json(reply) if args.json else print(f"{reply.instance_id}: {reply.state}")
     return 0
 
@@ -409,14 +401,9 @@ async def drain(args: argparse.Namespace) -> int:
         raise UsageError("--undo cannot be combined with --migrate or --deadline")
     if args.migrate and args.deadline:
         raise UsageError("--migrate moves the instances now, --deadline later: give one")
-    nc = await connect(args.nats, args.creds)
-    try:
-        reply = await call(nc, "drain", DrainRequest(node_id=args.node, undo=args.undo,
-                                                     migrate=args.migrate,
-                                                     deadline_s=args.deadline or 0.0),
-                           DrainReply)
-    finally:
-        await nc.close()
+    async with await Client.connect(args.nats, args.creds) as client:
+        reply = await client.drain(args.node, undo=args.undo, migrate=args.migrate,
+                                   deadline_s=args.deadline or 0.0)
     if args.json:
         print_json(reply)
     else:
@@ -434,11 +421,8 @@ async def routes(args: argparse.Namespace) -> int:
     way (`gavel.shared.routes`, with the gateway's node book when given): what is routed
     where, and what leads nowhere now."""
     book = nodebook.load(Path(args.nodes)) if getattr(args, "nodes", "") else None
-    nc = await connect(args.nats, args.creds)
-    try:
-        reply = await call(nc, "endpoints", EndpointsRequest(), EndpointsReply)
-    finally:
-        await nc.close()
+    async with await Client.connect(args.nats, args.creds) as client:
+        reply = await client.endpoints()
     table = derive(reply.endpoints, reply.nodes, book=book)
     if args.json:
         print_json(table)

@@ -54,7 +54,6 @@ from gavel.shared.api import (
     StatsReply,
     StatsRequest,
     StatusReply,
-    StatusRequest,
     StopServiceRequest,
     SubmitReply,
     SubmitRequest,
@@ -75,6 +74,7 @@ from gavel.transport.client import (
     connect,
     operator_of,
 )
+from gavel.transport.client import status as status_of
 from gavel.transport.execclient import new_session
 from gavel.transport.logclient import read
 
@@ -178,9 +178,8 @@ class Client:
         return await self._again("submit", req, SubmitReply, on_retry)
 
     async def status(self, instance_id: str = "") -> StatusReply:
-        """Every instance, or the one named."""
-        return await self.request("status", StatusRequest(instance_id=instance_id),
-                                  StatusReply)
+        """Every instance (every page: `broker.api` rule 8), or the one named."""
+        return await status_of(self.nc, instance_id, self.timeout)
 
     async def instance(self, instance_id: str) -> InstanceStatus:
         """One instance's status."""

@@ -119,7 +119,7 @@ def test_bash_completion_is_made_from_the_parser(tmp_path: Path) -> None:
     assert _bash_complete(script, ["gavel", "--version"]) == ["--version"]
     assert _bash_complete(script, ["gavel", "worker", "--strategy", "bin"]) == ["binpack"]
     assert _bash_complete(script, ["gavel", "completion", ""]) == ["bash", "zsh"]
-    assert _bash_complete(script, ["gavel", "auth", ""]) == ["init"]
+    assert _bash_complete(script, ["gavel", "auth", ""]) == ["init", "operator"]
     # A flag's value is skipped: the verb after it still counts.
     assert "--deadline" in _bash_complete(script, ["gavel", "--", "drain", "--"]) or \
         "--deadline" in _bash_complete(script, ["gavel", "drain", "n1", "--"])
