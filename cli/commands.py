@@ -50,11 +50,10 @@ from gavel.cli.readouts import nodes, ports_cell, print_json, print_table, statu
 from gavel.cli.specfile import SpecError, load_spec
 from gavel.cli.systemwait import wait_system
 from gavel.client import Client
+from gavel.client.aio import EventFeed
 from gavel.shared import subjects
 from gavel.shared.api import (
     INSTANCE_ID,
-    EventsReply,
-    EventsRequest,
     ServiceReply,
     ServiceRequest,
     StatusReply,
@@ -67,7 +66,7 @@ from gavel.shared.api import (
 )
 from gavel.shared.messages import Event, EventType
 from gavel.shared.routes import derive
-from gavel.transport import eventstream, nodebook
+from gavel.transport import nodebook
 from gavel.transport.client import BrokerRefused, ClientError, NoAnswer, NoBroker, call, connect
 
 __all__ = ["EXIT_CODES", "SUBMIT_TRIES", "SUBMIT_TRY_S", "ClientError", "Refused", "Unknown",
@@ -333,17 +332,16 @@ async def events(args: argparse.Namespace) -> int:
     order and each once, across reconnects (`transport.eventstream` rule 3). The follower
     is placed before the listing, so an event stored between the two is shown once; its
     connection reconnects for as long as it follows."""
-    nc = await connect(args.nats, args.creds, **(FOLLOWING if args.follow else {}))
-    feed: eventstream.Follower | None = None
+    client = await Client.connect(args.nats, args.creds,
+                                  **(FOLLOWING if args.follow else {}))
+    feed: EventFeed | None = None
     try:
         if args.follow:
-            feed = await eventstream.follow(nc, args.instance).start()
+            feed = await client.follow_events(args.instance)
         since = time.time() - args.since if args.since else 0.0
-        reply = await call(nc, "events", EventsRequest(instance_id=args.instance,
-                                                       limit=args.limit, since=since),
-                           EventsReply)
+        reply = await client.events(args.instance, limit=args.limit, since=since)
         if args.instance and not reply.events:
-            await _known(nc, args.instance)
+            await _known(client, args.instance)
         for e in reply.events:
             print(msgspec.json.encode(e).decode() if args.json else _fmt_event(e))
         if feed is None:
@@ -353,8 +351,7 @@ async def events(args: argparse.Namespace) -> int:
         await _until_signal(done.set)
 
         async def show() -> None:
-            async for stored in feed:
-                e = stored.event
+            async for e in feed:
                 if e in listed:
                     continue
                 print(msgspec.json.encode(e).decode() if args.json else _fmt_event(e),
@@ -372,16 +369,16 @@ async def events(args: argparse.Namespace) -> int:
     finally:
         if feed is not None:
             await feed.aclose()
-        await nc.close()
+        await client.close()
 
 
-async def _known(nc: Any, name: str) -> None:
+async def _known(client: Client, name: str) -> None:
     """`Unknown` unless `name` is an instance or a service the broker knows (an `events`
     without any is then an answer, not a typo)."""
     for verb, request, reply in (("status", StatusRequest(instance_id=name), StatusReply),
                                  ("service", ServiceRequest(name=name), ServiceReply)):
         try:
-            await call(nc, verb, request, reply)
+            await client.request(verb, request, reply)
             return
         except BrokerRefused as exc:
             if refusal_code(str(exc)) != 4:
