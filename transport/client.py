@@ -15,6 +15,7 @@ Rules:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import urlsplit
@@ -138,6 +139,36 @@ async def call(nc: Any, verb: str, request: Message, reply_type: type[T],
     return reply  # type: ignore[no-any-return]
 
 
+#: How often a request in flight looks whether the server refused to take it.
+_REFUSAL_POLL_S = 0.05
+
+
+async def _unless_refused(nc: Any, subject: str, verb: str, who: str, asking: Any) -> Any:
+    """`asking`'s answer, or at once a sentence when the server refuses to take the request
+    (its permissions: nothing was delivered, so nothing was done): a named operator's role
+    that does not allow the verb."""
+    before = getattr(nc, "last_error", None)
+    task = asyncio.ensure_future(asking)
+    refused = f'permissions violation for publish to "{subject.lower()}"'
+    try:
+        while True:
+            done, _ = await asyncio.wait({task}, timeout=_REFUSAL_POLL_S)
+            if done:
+                return task.result()
+            err = getattr(nc, "last_error", None)
+            if err is not before and err is not None and refused in str(err).lower():
+                if who == subjects.OPERATOR:  # the shared one's, or no operator's at all
+                    raise ClientError(f"NATS did not let this credential call {verb} "
+                                      f"({err}); the API takes an operator credential")
+                raise ClientError(f"NATS refused operator {who}'s {verb}: its role does not "
+                                  "allow it (`gavel auth operator add` gives a role)")
+    finally:
+        if not task.done():
+            task.cancel()
+            with contextlib.suppress(BaseException):
+                await task
+
+
 async def _answer(nc: Any, verb: str, request: Message, timeout: float) -> Any:
     """The answer to `request`, asked again while no server knows of a broker (rule 1).
 
@@ -156,8 +187,8 @@ async def _answer(nc: Any, verb: str, request: Message, timeout: float) -> Any:
     while True:
         left = start + timeout - time.monotonic()
         try:
-            return await nc.request(subject, data,
-                                    timeout=max(left, 0.001))
+            return await _unless_refused(nc, subject, verb, who, nc.request(
+                subject, data, timeout=max(left, 0.001)))
         except NoRespondersError:
             if time.monotonic() + pause > grace:
                 raise NoBroker("no broker is answering: start one with `gavel broker` or "
