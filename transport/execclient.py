@@ -7,8 +7,10 @@ Rules:
    rule 2): input as it comes, an acknowledgement every half `WINDOW` chunks, a keepalive
    every `KEEPALIVE_S` otherwise.
 2. Nobody answering the start (no responders, or nothing within `first_s`) is
-   `NodeUnreachable`, one sentence naming the node; a node that falls silent for longer than
-   its own idle limit is too. Output is handed over in the node's order (`ExecOutput.seq`).
+   `NodeUnreachable`, one sentence naming the node (or, when the server refused to take it,
+   a sentence saying the operator's role does not allow exec); a node that falls silent for
+   longer than its own idle limit is too. Output is handed over in the node's order
+   (`ExecOutput.seq`).
 3. Cancelling `run` (Ctrl-C) hangs up: the node kills the command and says so.
 """
 
@@ -34,6 +36,7 @@ from gavel.shared.execstream import (
     ExecOutput,
     ExecStart,
 )
+from gavel.transport.client import ClientError
 from gavel.transport.logclient import NodeUnreachable
 
 __all__ = ["NodeUnreachable", "new_session", "run"]
@@ -92,6 +95,11 @@ async def run(nc: Any, start: ExecStart, on_output: OnOutput, *,
             try:
                 msg = await sub.next_msg(timeout=wait)
             except nats.errors.TimeoutError:
+                err = str(getattr(nc, "last_error", "") or "").lower()
+                if f'permissions violation for publish to "{subject.lower()}"' in err:
+                    raise ClientError(f"NATS refused operator {operator}'s exec: its role "
+                                      "does not allow it (`gavel auth operator add` gives "
+                                      "a role)") from None
                 raise NodeUnreachable(f"node {node} did not answer for exec in "
                                       f"{start.instance_id}: is its worker running?") from None
             if msg.headers and msg.headers.get("Status") == "503":
