@@ -266,6 +266,13 @@ async def test_a_command_runs_inside_a_container_instance(world: Cluster, docker
         assert b"".join(o.data for o in out if o.stream == "stderr") == b"e\n"
         events = await exec_events(world, iid, 1)
         assert events[-1].exit_code == 3  # type: ignore[attr-defined]
+        out.clear()  # and with a terminal: the engine's tty, one stream
+        shell = ExecStart(node_id=node, instance_id=iid, session=new_session(), tty=True,
+                          command=["/bin/busybox", "sh", "-c", "tty; exit 4"])
+        ended = await asyncio.wait_for(run(nc, shell, out.append), 60)
+        assert ended.exit_code == 4
+        assert b"/dev/pts/" in b"".join(o.data for o in out)
+        assert {o.stream for o in out} == {"stdout"}
     finally:
         await world.close()
         engine.close()
