@@ -7,11 +7,13 @@ Rules:
    session. The subject's last token is who asks (`transport.identity` lets each operator
    publish there under its own name only), so the node knows who ran what without trusting
    the message, and a session answers only the operator that opened it.
-2. The node answers on the reply subject of the operator's messages, under that operator's
-   own inbox, through the server's response permission (`transport.identity` rule 6): every
-   message of the operator's renews the grant, so the operator sends one at least every
-   `KEEPALIVE_S` (its acknowledgements usually are) and the node never sends more than
-   `WINDOW` chunks past the last acknowledged one (`ExecInput.acked`): far below the grant's
+2. The node answers on the reply subject of the operator's newest message, under that
+   operator's own inbox, through the server's response permission (`transport.identity`
+   rule 6). The server counts a grant's replies from the message that made it and never
+   starts again for the same reply subject, so each operator message carries a reply subject
+   of its own (a fresh grant); the operator sends one at least every `KEEPALIVE_S` (its
+   acknowledgements usually are) and the node never sends more than `WINDOW` chunks past the
+   last acknowledged one (`ExecInput.acked`): far below a grant's
    `shared.logstream.REPLIES_MAX`, and the command's output waits rather than piling up.
 3. Bounded: a session ends at its time limit (`ExecStart.timeout_s`, at most `TIMEOUT_MAX_S`,
    `TIMEOUT_S` when unsaid) or once it has streamed `OUTPUT_MAX` bytes, and when its operator

@@ -2,10 +2,10 @@
 the instance.
 
 Rules:
-1. Every message goes to ``gavel.exec.<node>.<operator>`` with the session's own inbox as its
-   reply subject, so each renews the node's grant to answer there (`shared.execstream`
-   rule 2): input as it comes, an acknowledgement every half `WINDOW` chunks, a keepalive
-   every `KEEPALIVE_S` otherwise.
+1. Every message goes to ``gavel.exec.<node>.<operator>`` with a reply subject of its own under
+   the session's inbox (``<inbox>.<n>``), so each gives the node a fresh grant to answer
+   (`shared.execstream` rule 2): input as it comes, an acknowledgement every half `WINDOW`
+   chunks, a keepalive every `KEEPALIVE_S` otherwise.
 2. Nobody answering the start (no responders, or nothing within `first_s`) is
    `NodeUnreachable`, one sentence naming the node (or, when the server refused to take it,
    a sentence saying the operator's role does not allow exec); a node that falls silent for
@@ -59,12 +59,15 @@ async def run(nc: Any, start: ExecStart, on_output: OnOutput, *,
     None: no input at all). The node's `ExecExit`."""
     node, session = start.node_id, start.session
     subject = subjects.EXEC.format(node=node, operator=operator)
-    sub = await nc.subscribe(nc.new_inbox())
+    inbox = nc.new_inbox()
+    sub = await nc.subscribe(f"{inbox}.*")
     lock = asyncio.Lock()
+    sent = [0]
 
     async def send(msg: ExecStart | ExecInput) -> None:
         async with lock:
-            await nc.publish(subject, _enc.encode(msg), reply=sub.subject)
+            sent[0] += 1
+            await nc.publish(subject, _enc.encode(msg), reply=f"{inbox}.{sent[0]}")
 
     def inp(**kw: Any) -> ExecInput:
         return ExecInput(node_id=node, session=session, **kw)

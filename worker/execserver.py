@@ -8,7 +8,8 @@ Rules:
    naming it from anyone else is counted and dropped.
 2. At most `MAX_SESSIONS` at once; a start past that, for an instance this node does not
    run, or that cannot be started, is answered with one `ExecExit` saying why.
-3. Output goes to the start's reply subject in order, `WINDOW` chunks past the last
+3. Output goes in order to the reply subject of the operator's newest message (each one a
+   fresh response grant), `WINDOW` chunks past the last
    acknowledged at most (`shared.execstream` rule 2); the session's limits (time, output,
    the operator's silence, a hang-up) kill the command (rule 3). Every session that ran a
    command ends with `ExecExit`, is logged here and is reported as an ``exec`` event (rule 5).
@@ -111,6 +112,7 @@ class ExecServer:
                 self._sink.count("exec input for no session of its operator's", msg.subject)
                 return
             sess.heard = self._clock()
+            sess.reply = reply  # a fresh grant to answer on (`shared.execstream` rule 2)
             if got.acked > sess.acked:
                 sess.acked = got.acked
                 sess.more.set()

@@ -22,7 +22,7 @@ import msgspec
 import pytest
 
 from gavel.broker.service import Broker
-from gavel.shared import subjects
+from gavel.shared import logstream, subjects
 from gavel.shared.api import (
     EventsReply,
     EventsRequest,
@@ -64,8 +64,14 @@ class World:
                    for e in self.errors.get(name, []))
 
 
+#: The nodes' response grant in this test's server config: a little over what the exec window
+#: lets a node send between two of the operator's messages, far under what an answer needs.
+GRANT = 48
+
+
 @pytest.fixture
-async def world(tmp_path: Path) -> AsyncIterator[World]:
+async def world(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[World]:
+    monkeypatch.setattr(logstream, "REPLIES_MAX", GRANT)
     auth.init(tmp_path, ["a"])
     auth.add_operator(tmp_path, "reader", "read")
     ids = auth.add_operator(tmp_path, "writer", "write")
@@ -155,6 +161,19 @@ async def test_a_writer_execs_and_the_node_knows_who(world: World) -> None:
     await wait_for(lambda: _some(exec_event()), 15, what="the exec event")
     (event,) = await exec_event()
     assert event.detail.startswith("writer ran ")
+
+    # More replies than the node's response grant allows one message (`GRANT` here): every
+    # acknowledgement renews it, so nothing is lost under the server's real permissions.
+    out.clear()
+    code = ("import sys, time\nfor i in range(1500):\n    print(i, flush=True)\n"
+            "    time.sleep(0.001)")
+    start = ExecStart(node_id="a", instance_id=iid, session=new_session(),
+                      command=[sys.executable, "-c", code])
+    ended = await asyncio.wait_for(run(writer, start, out.append, operator="writer"), 120)
+    assert ended.exit_code == 0
+    assert b"".join(o.data for o in out).split() == [str(i).encode() for i in range(1500)]
+    assert len(out) > GRANT  # past one grant: the acknowledgements renewed it
+    assert [o.seq for o in out] == list(range(1, len(out) + 1))
 
     reader = await world.operator("reader")  # a reader's exec never reaches the node
     sneaky = ExecStart(node_id="a", instance_id=iid, session=new_session(),
