@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     from gavel.shared.api import StatusReply
 
 __all__ = ["BadNatsUrl", "BrokerRefused", "ClientError", "NoAnswer", "NoBroker", "NoNats",
-           "call", "check_url", "connect", "operator_of", "status", "wait_healthy"]
+           "NotAllowed", "call", "check_url", "connect", "operator_of", "status", "wait_healthy"]
 
 T = TypeVar("T", bound=Message)
 _enc = msgspec.msgpack.Encoder()
@@ -82,6 +82,11 @@ def check_url(url: str) -> None:
         if not ok:
             raise BadNatsUrl(f"{mask_url(part.strip())!r} is not a NATS URL: expected "
                              "nats://HOST:PORT (or tls://, ws://, wss://).")
+
+
+class NotAllowed(ClientError):
+    """NATS refused to take the request: the credential's permissions (a named operator's
+    role) do not allow the verb. Nothing was delivered, so nothing was done."""
 
 
 class NoAnswer(ClientError):
@@ -158,10 +163,10 @@ async def _unless_refused(nc: Any, subject: str, verb: str, who: str, asking: An
             err = getattr(nc, "last_error", None)
             if err is not before and err is not None and refused in str(err).lower():
                 if who == subjects.OPERATOR:  # the shared one's, or no operator's at all
-                    raise ClientError(f"NATS did not let this credential call {verb} "
-                                      f"({err}); the API takes an operator credential")
-                raise ClientError(f"NATS refused operator {who}'s {verb}: its role does not "
-                                  "allow it (`gavel auth operator add` gives a role)")
+                    raise NotAllowed(f"NATS did not let this credential call {verb} "
+                                     f"({err}); the API takes an operator credential")
+                raise NotAllowed(f"NATS refused operator {who}'s {verb}: its role does not "
+                                 "allow it (`gavel auth operator add` gives a role)")
     finally:
         if not task.done():
             task.cancel()

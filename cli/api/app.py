@@ -44,7 +44,7 @@ from gavel.cli.api.openapi import document
 from gavel.cli.api.routes import BODY_MAX, BadRequest, Route, build, find
 from gavel.cli.ui import access
 from gavel.cli.ui.http import Policy, Request, Response, Server, Sse, Stream
-from gavel.client import BrokerRefused, Client, ClientError, NoAnswer, NoBroker
+from gavel.client import BrokerRefused, Client, ClientError, NoAnswer, NoBroker, NotAllowed
 from gavel.shared.errors import BadInput
 from gavel.shared.logstream import LogsDone, LogsRequest
 from gavel.shared.messages import ApiError
@@ -238,6 +238,8 @@ def _status(exc: ClientError) -> int:
     """`errors` rule 2."""
     if isinstance(exc, BrokerRefused):
         return errors.status_for(str(exc))
+    if isinstance(exc, NotAllowed):  # the API's own NATS identity may not (its role)
+        return 403
     if isinstance(exc, NoBroker):
         return 503
     if isinstance(exc, NoAnswer):

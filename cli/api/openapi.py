@@ -29,6 +29,7 @@ REF = "#/components/schemas/{name}"
 STREAMED: dict[str, Any] = {"event": Event, "chunk": LogChunk, "done": LogsDone,
                             "error": ApiError}
 _REFUSALS = {"400": "The request is malformed (one sentence says what is wrong)",
+             "403": "This token, or the API's own NATS identity, may only read",
              "404": "No such instance, node or service", "409": "The cluster refused it",
              "503": "No broker answers"}
 

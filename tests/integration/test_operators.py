@@ -187,3 +187,19 @@ async def test_a_writer_execs_and_the_node_knows_who(world: World) -> None:
 
 async def _some(events: Any) -> bool:
     return bool(await events)
+
+
+async def test_an_http_api_on_a_reader_s_identity_refuses_a_write_with_403(world: World) -> None:
+    from gavel.cli.api import app
+    from tests.integration.httpclient import http
+
+    server = await app.start(world.server.url, str(world.ids.operators["reader"]), port=0)
+    try:
+        status, _, _ = await http(server.port, "GET", "/v1/nodes")
+        assert status == 200
+        body = {"spec": msgspec.to_builtins(sleeper_spec("ro"))}
+        status, _, said = await http(server.port, "POST", "/v1/instances", json_body=body)
+        assert status == 403
+        assert "NATS refused operator reader's submit" in msgspec.json.decode(said)["error"]
+    finally:
+        await server.close()
