@@ -20,4 +20,4 @@ WRITE: Role = "write"
 ROLES: tuple[Role, ...] = (READ, WRITE)
 #: The API verbs a reader may call (rule 2).
 READ_VERBS = frozenset({"status", "nodes", "why", "events", "stats", "endpoints", "service",
-                        "services", "plan"})
+                        "services", "plan", "periodic"})
