@@ -45,7 +45,8 @@ Rules:
 9. Who asks is the subject's: ``gavel.api.<verb>`` is the shared operator's, and
    ``gavel.api.<verb>.<name>`` operator name's, the server holding each named operator to its
    own name and its role's verbs (`transport.identity` rule 7). Each request that changes
-   something is logged with who asked.
+   something is logged with who asked, and one taken for an instance or a service is a
+   ``requested`` event of it naming the verb and the operator, kept in the history.
 """
 
 from __future__ import annotations
@@ -107,7 +108,7 @@ from gavel.shared.api import (
     WhyRequest,
     counted_ids,
 )
-from gavel.shared.messages import ApiError, Message
+from gavel.shared.messages import ApiError, EventType, Message
 from gavel.shared.planning import PlanRequest
 from gavel.shared.reasons import Reason
 from gavel.shared.roles import READ_VERBS
@@ -216,6 +217,8 @@ class Api:
                 self.ctx.log.info("%s request from %s", verb, _operator(msg.subject))
             try:
                 reply = await handler(request)
+                if verb not in READ_VERBS and not isinstance(reply, ApiError):
+                    self._asked(verb, request, reply, msg.subject)
             except Exception as exc:  # an API bug must not kill the broker
                 self.ctx.rejects.count(f"failed {verb} request", msg.subject,
                                        _operator(msg.subject))
@@ -226,6 +229,17 @@ class Api:
             await self.nc.publish(answer_to, _enc.encode(reply))  # rule 7
         except Exception as exc:  # the connection went: the client will time out
             self.ctx.log.warning("could not answer a %s request: %s", verb, exc)
+
+    def _asked(self, verb: str, request: Any, reply: Any, subject: str) -> None:
+        """Rule 9's event, on what the request named (the submission's id, the instance, the
+        service)."""
+        spec = getattr(request, "spec", None)
+        for value in (getattr(reply, "instance_id", ""), getattr(request, "instance_id", ""),
+                      getattr(request, "name", ""), getattr(spec, "name", "")):
+            if isinstance(value, str) and value:
+                self.ctx.events.emit(value, EventType.REQUESTED,
+                                     detail=f"{verb} by {_operator(subject)}")
+                return
 
     def close(self) -> None:
         for task in list(self._serving):

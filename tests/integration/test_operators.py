@@ -137,6 +137,10 @@ async def test_no_operator_reads_another_operator_s_answers(
     await call(writer, "status", StatusRequest(instance_id=reply.instance_id), StatusReply)
     assert heard == []
     assert "submit request from operator writer" in caplog.text  # the broker knows who
+    said = await call(writer, "events", EventsRequest(instance_id=reply.instance_id, limit=0),
+                      EventsReply)  # and so does the history
+    assert [e.detail for e in said.events if e.type == "requested"] == [
+        "submit by operator writer"]
 
 
 async def test_a_writer_execs_and_the_node_knows_who(world: World) -> None:
