@@ -29,8 +29,9 @@ Rules:
    delivery keeps the subject its stream stored it under, so the subject a message carries
    need not be the one it was heard on. Each verb's `transport.inbound.Door` counts and
    drops what is no request of gavel's (a JetStream delivery, flow control, a heartbeat,
-   headers) and any request without a reply subject or with one outside the operators'
-   inbox (``_INBOX.``): such a request is never served and never answered.
+   headers) and any request without a reply subject or with one outside its operator's own
+   inbox (``_INBOX.`` for ``gavel.api.<verb>``, ``_GAVEL_OP.<name>.`` for
+   ``gavel.api.<verb>.<name>``): such a request is never served and never answered.
 6. Status and nodes answers name the leading broker, its epoch and since when; a broker that
    no longer leads (`broker.ha`) answers nothing more: its client hears no answer, or no
    responders, and asks again (a submission with its key: rule 4).
@@ -41,6 +42,11 @@ Rules:
    third server, it raced the interest there and could be dropped as unwanted (the
    client's first request went unanswered).
 8. `status` of every instance comes in pages within the max payload (`broker.views` rule 3).
+9. Who asks is the subject's: ``gavel.api.<verb>`` is the shared operator's, and
+   ``gavel.api.<verb>.<name>`` operator name's, the server holding each named operator to its
+   own name and its role's verbs (`transport.identity` rule 7). Each request that changes
+   something is logged with who asked, and one taken for an instance or a service is a
+   ``requested`` event of it naming the verb and the operator, kept in the history.
 """
 
 from __future__ import annotations
@@ -103,9 +109,10 @@ from gavel.shared.api import (
     WhyRequest,
     counted_ids,
 )
-from gavel.shared.messages import ApiError, Message
+from gavel.shared.messages import ApiError, EventType, Message
 from gavel.shared.planning import PlanRequest
 from gavel.shared.reasons import Reason
+from gavel.shared.roles import READ_VERBS
 from gavel.shared.spec import Spec
 from gavel.transport.inbound import Door, Guard
 
@@ -172,7 +179,7 @@ class Api:
         #: Per verb: its guard (rules 1 and 5) and its handler.
         self.verbs: dict[str, tuple[Guard[Any], Handler]] = {
             verb: (Guard(f"{verb} request", type_, ctx.rejects, door=Door(
-                ctx.rejects, subjects.API.format(verb=verb), what=f"{verb} request",
+                ctx.rejects, _subjects(verb), what=f"{verb} request",
                 inbox=_operators, owner=_operator)), handler)
             for verb, (type_, handler) in kinds.items()}
 
@@ -181,7 +188,8 @@ class Api:
         answers them too (rule 7)."""
         self.nc = nc
         for verb in self.verbs:
-            await nc.subscribe(subjects.API.format(verb=verb), cb=self._handler(verb))
+            for subject in _subjects(verb):
+                await nc.subscribe(subject, cb=self._handler(verb))
 
     def _handler(self, verb: str) -> Callable[[Msg], Awaitable[None]]:
         async def handle(msg: Msg) -> None:
@@ -206,8 +214,12 @@ class Api:
         if request is None:
             reply: Message = ApiError(error=refused)
         else:
+            if verb not in READ_VERBS:  # who changed what: the subject names them (rule 9)
+                self.ctx.log.info("%s request from %s", verb, _operator(msg.subject))
             try:
                 reply = await handler(request)
+                if verb not in READ_VERBS and not isinstance(reply, ApiError):
+                    self._asked(verb, request, reply, msg.subject)
             except Exception as exc:  # an API bug must not kill the broker
                 self.ctx.rejects.count(f"failed {verb} request", msg.subject,
                                        _operator(msg.subject))
@@ -218,6 +230,17 @@ class Api:
             await self.nc.publish(answer_to, _enc.encode(reply))  # rule 7
         except Exception as exc:  # the connection went: the client will time out
             self.ctx.log.warning("could not answer a %s request: %s", verb, exc)
+
+    def _asked(self, verb: str, request: Any, reply: Any, subject: str) -> None:
+        """Rule 9's event, on what the request named (the submission's id, the instance, the
+        service)."""
+        spec = getattr(request, "spec", None)
+        for value in (getattr(reply, "instance_id", ""), getattr(request, "instance_id", ""),
+                      getattr(request, "name", ""), getattr(spec, "name", "")):
+            if isinstance(value, str) and value:
+                self.ctx.events.emit(value, EventType.REQUESTED,
+                                     detail=f"{verb} by {_operator(subject)}")
+                return
 
     def close(self) -> None:
         for task in list(self._serving):
@@ -433,14 +456,20 @@ class Api:
         return CancelReply(instance_id=req.instance_id, state=state)
 
 
-def _operators(_subject: str) -> str:
-    """Every API request is an operator's: it is answered under the operators' inbox."""
-    return subjects.OPERATOR_INBOX
+def _subjects(verb: str) -> tuple[str, str]:
+    """A verb's subjects: the shared operator's, and each named operator's (its name last:
+    `shared.subjects` rule 4, the server holding each to its own)."""
+    return subjects.API.format(verb=verb), subjects.API_AS.format(verb=verb, operator="*")
 
 
-def _operator(_subject: str) -> str:
-    """Who asked, for the log: operators share one credential, so no one in particular."""
-    return "an operator"
+def _operators(subject: str) -> str:
+    """Every API request is an operator's: it is answered under that operator's inbox."""
+    return subjects.inbox_of(subjects.asker(subject, 3))
+
+
+def _operator(subject: str) -> str:
+    """Who asked, for the log: the operator its subject names."""
+    return f"operator {subjects.asker(subject, 3) or '?'}"
 
 
 def _pct(sorted_values: list[float], pct: float) -> float:

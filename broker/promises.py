@@ -78,7 +78,7 @@ __all__ = ["Promises"]
 #: The event types a worker reports about its own instances; any other is rejected.
 REPORTED = frozenset({EventType.PROVISIONING, EventType.RUNNING, EventType.EXITED,
                       EventType.FAILED, EventType.CANCELLED, EventType.HEALTHY,
-                      EventType.UNHEALTHY, EventType.RESTARTED})
+                      EventType.UNHEALTHY, EventType.RESTARTED, EventType.EXEC})
 
 
 @dataclass(frozen=True)

@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import Any
 
 from gavel.cli.parsers import positive_int
 from gavel.shared import subjects
 from gavel.shared.errors import BadInput
 from gavel.shared.nodebook import KnownNode, entry
+from gavel.shared.roles import ROLES
 from gavel.transport import nodebook
-from gavel.transport.identity import init
+from gavel.transport.identity import add_operator, init
 
 __all__ = ["add_arguments", "node_entry", "node_ids", "run_cli"]
 
@@ -63,9 +65,35 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                      "directory it keeps its instances' directories in (repeatable; "
                      "recorded in DIR/auth/nodes.json, which `gavel gateway --nodes` reads: "
                      "routes then never follow what a node advertises)")
+    _operator_arguments(actions)
+
+
+def _operator_arguments(actions: Any) -> None:
+    """`gavel auth operator add NAME --role read|write`."""
+    op = actions.add_parser("operator", help="operators of their own: one identity each, "
+                            "with a role")
+    verbs = op.add_subparsers(dest="operator_command", required=True, metavar="ACTION")
+    add = verbs.add_parser("add", help="make (or re-role) operator NAME's identity",
+                           description=(
+                               "Write DIR/auth/operators/NAME.nk (kept if it exists), record "
+                               "NAME's role in DIR/auth/operators.json and write "
+                               "DIR/auth/nats.conf again (reload nats-server). A reader calls "
+                               "only the verbs that change nothing; a writer calls every verb "
+                               "and may exec. Each operator's answers come to an inbox only "
+                               "it may read."))
+    add.add_argument("name", metavar="NAME", help="the operator's name (letters, digits, "
+                     "'-', '_')")
+    add.add_argument("--role", choices=ROLES, required=True, help="what it may do")
+    add.add_argument("--state", type=Path, required=True, metavar="DIR",
+                     help="state directory; the keys go to DIR/auth")
 
 
 def run_cli(args: argparse.Namespace) -> int:
+    if args.auth_command == "operator":
+        ids = add_operator(args.state.resolve(), args.name, args.role)
+        print(f"operator {args.name} ({args.role}): --creds {ids.operators[args.name]}")
+        print(f"nats-server config: {ids.config}   (reload nats-server to apply it)")
+        return 0
     nodes: list[str] = (args.node_ids if args.node_ids is not None
                         else [f"node-{i + 1}" for i in range(args.nodes or 0)])
     book = dict(args.node)

@@ -49,17 +49,11 @@ from gavel.cli.outcomes import (
 from gavel.cli.readouts import nodes, ports_cell, print_json, print_table, status, why
 from gavel.cli.specfile import SpecError, load_spec
 from gavel.cli.systemwait import wait_system
+from gavel.client import Client
+from gavel.client.aio import EventFeed
 from gavel.shared import subjects
 from gavel.shared.api import (
     INSTANCE_ID,
-    CancelReply,
-    CancelRequest,
-    DrainReply,
-    DrainRequest,
-    EndpointsReply,
-    EndpointsRequest,
-    EventsReply,
-    EventsRequest,
     ServiceReply,
     ServiceRequest,
     StatusReply,
@@ -72,7 +66,7 @@ from gavel.shared.api import (
 )
 from gavel.shared.messages import Event, EventType
 from gavel.shared.routes import derive
-from gavel.transport import eventstream, nodebook
+from gavel.transport import nodebook
 from gavel.transport.client import BrokerRefused, ClientError, NoAnswer, NoBroker, call, connect
 from gavel.transport.inbound import Decode, Malformed
 
@@ -338,17 +332,16 @@ async def events(args: argparse.Namespace) -> int:
     order and each once, across reconnects (`transport.eventstream` rule 3). The follower
     is placed before the listing, so an event stored between the two is shown once; its
     connection reconnects for as long as it follows."""
-    nc = await connect(args.nats, args.creds, **(FOLLOWING if args.follow else {}))
-    feed: eventstream.Follower | None = None
+    client = await Client.connect(args.nats, args.creds,
+                                  **(FOLLOWING if args.follow else {}))
+    feed: EventFeed | None = None
     try:
         if args.follow:
-            feed = await eventstream.follow(nc, args.instance).start()
+            feed = await client.follow_events(args.instance)
         since = time.time() - args.since if args.since else 0.0
-        reply = await call(nc, "events", EventsRequest(instance_id=args.instance,
-                                                       limit=args.limit, since=since),
-                           EventsReply)
+        reply = await client.events(args.instance, limit=args.limit, since=since)
         if args.instance and not reply.events:
-            await _known(nc, args.instance)
+            await _known(client, args.instance)
         for e in reply.events:
             print(msgspec.json.encode(e).decode() if args.json else _fmt_event(e))
         if feed is None:
@@ -358,8 +351,7 @@ async def events(args: argparse.Namespace) -> int:
         await _until_signal(done.set)
 
         async def show() -> None:
-            async for stored in feed:
-                e = stored.event
+            async for e in feed:
                 if e in listed:
                     continue
                 print(msgspec.json.encode(e).decode() if args.json else _fmt_event(e),
@@ -377,16 +369,16 @@ async def events(args: argparse.Namespace) -> int:
     finally:
         if feed is not None:
             await feed.aclose()
-        await nc.close()
+        await client.close()
 
 
-async def _known(nc: Any, name: str) -> None:
+async def _known(client: Client, name: str) -> None:
     """`Unknown` unless `name` is an instance or a service the broker knows (an `events`
     without any is then an answer, not a typo)."""
     for verb, request, reply in (("status", StatusRequest(instance_id=name), StatusReply),
                                  ("service", ServiceRequest(name=name), ServiceReply)):
         try:
-            await call(nc, verb, request, reply)
+            await client.request(verb, request, reply)
             return
         except BrokerRefused as exc:
             if refusal_code(str(exc)) != 4:
@@ -395,11 +387,8 @@ async def _known(nc: Any, name: str) -> None:
 
 
 async def cancel(args: argparse.Namespace) -> int:
-    nc = await connect(args.nats, args.creds)
-    try:
-        reply = await call(nc, "cancel", CancelRequest(instance_id=args.instance), CancelReply)
-    finally:
-        await nc.close()
+    async with await Client.connect(args.nats, args.creds) as client:
+        reply = await client.cancel(args.instance)
     print_json(reply) if args.json else print(f"{reply.instance_id}: {reply.state}")
     return 0
 
@@ -409,14 +398,9 @@ async def drain(args: argparse.Namespace) -> int:
         raise UsageError("--undo cannot be combined with --migrate or --deadline")
     if args.migrate and args.deadline:
         raise UsageError("--migrate moves the instances now, --deadline later: give one")
-    nc = await connect(args.nats, args.creds)
-    try:
-        reply = await call(nc, "drain", DrainRequest(node_id=args.node, undo=args.undo,
-                                                     migrate=args.migrate,
-                                                     deadline_s=args.deadline or 0.0),
-                           DrainReply)
-    finally:
-        await nc.close()
+    async with await Client.connect(args.nats, args.creds) as client:
+        reply = await client.drain(args.node, undo=args.undo, migrate=args.migrate,
+                                   deadline_s=args.deadline or 0.0)
     if args.json:
         print_json(reply)
     else:
@@ -434,11 +418,8 @@ async def routes(args: argparse.Namespace) -> int:
     way (`gavel.shared.routes`, with the gateway's node book when given): what is routed
     where, and what leads nowhere now."""
     book = nodebook.load(Path(args.nodes)) if getattr(args, "nodes", "") else None
-    nc = await connect(args.nats, args.creds)
-    try:
-        reply = await call(nc, "endpoints", EndpointsRequest(), EndpointsReply)
-    finally:
-        await nc.close()
+    async with await Client.connect(args.nats, args.creds) as client:
+        reply = await client.endpoints()
     table = derive(reply.endpoints, reply.nodes, book=book)
     if args.json:
         print_json(table)

@@ -22,16 +22,14 @@ import json
 import signal
 import sys
 import time
-from typing import Any, BinaryIO
+from typing import BinaryIO
 
 from gavel.cli.commands import Unknown
 from gavel.cli.parsers import duration, whole
-from gavel.shared.api import InstanceStatus, StatusReply, StatusRequest
-from gavel.shared.logstream import LogChunk, LogsDone, LogsRequest
+from gavel.client import BrokerRefused, Client, ClientError
+from gavel.shared.api import InstanceStatus
+from gavel.shared.logstream import LogChunk, LogsDone
 from gavel.shared.reasons import Reason
-from gavel.transport.client import BrokerRefused, ClientError, call, connect
-from gavel.transport.client import status as status_of
-from gavel.transport.logclient import read
 
 __all__ = ["add_arguments", "run"]
 
@@ -61,17 +59,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "(default: its current replicas)")
 
 
-async def _targets(nc: Any, args: argparse.Namespace) -> list[tuple[str, str]]:
+async def _targets(client: Client, args: argparse.Namespace) -> list[tuple[str, str]]:
     """Rule 1: (instance, node) to ask."""
     if args.node:
         return [(args.instance, args.node)]
     try:
-        reply = await call(nc, "status", StatusRequest(instance_id=args.instance), StatusReply)
+        reply = await client.status(args.instance)
         found: list[InstanceStatus] = reply.instances
     except BrokerRefused as exc:
         if Reason.UNKNOWN_INSTANCE not in str(exc):
             raise
-        everything = await status_of(nc)
+        everything = await client.status()
         found = [i for i in everything.instances if i.service == args.instance]
         if not found:
             raise Unknown(f"no instance or service named {args.instance} (give --node "
@@ -150,19 +148,22 @@ class _Printer:
 
 
 async def run(args: argparse.Namespace) -> int:
-    nc = await connect(args.nats, args.creds)
+    client = await Client.connect(args.nats, args.creds)
     try:
-        targets = await _targets(nc, args)
+        targets = await _targets(client, args)
         printer = _Printer(args, prefixed=len(targets) > 1,
                            merge=len(targets) > 1 and not args.follow)
         since = time.time() - args.since if args.since else 0.0
 
         async def one(iid: str, node: str) -> LogsDone:
-            req = LogsRequest(node_id=node, instance_id=iid, streams=args.streams,
-                              tail=-1 if args.tail is None else args.tail, since=since,
-                              follow=args.follow)
             try:
-                return await read(nc, req, printer.chunk)
+                async for got in client.logs(iid, node_id=node, streams=args.streams,
+                                             tail=-1 if args.tail is None else args.tail,
+                                             since=since, follow=args.follow):
+                    if isinstance(got, LogsDone):
+                        return got
+                    printer.chunk(got)
+                raise ClientError(f"node {node} ended the logs of {iid} without saying so")
             except BrokerRefused as exc:  # the node has no output of it: no answer (exit 1)
                 raise ClientError(str(exc)) from None
             finally:
@@ -187,4 +188,4 @@ async def run(args: argparse.Namespace) -> int:
                   file=sys.stderr)
         return 0
     finally:
-        await nc.close()
+        await client.close()

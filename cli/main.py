@@ -31,6 +31,7 @@ from gavel.cli import (
     commands,
     completion,
     daemons,
+    execcmd,
     logs,
     logscmd,
     options,
@@ -255,6 +256,15 @@ def _cluster_parsers(sub: argparse._SubParsersAction[Parser]) -> None:
     _client(lg)
     logscmd.add_arguments(lg)
 
+    ex = sub.add_parser("exec", help="run a command inside a running instance, its input and "
+                        "output streamed from its node", description=(
+                            "Run CMD in the instance's directory, environment (less its "
+                            "secret values), cgroup and uid, or inside its container, on the "
+                            "node that runs it; stdin, stdout and stderr are streamed, and "
+                            "the exit status is the command's."))
+    _client(ex, json_flag=False)
+    execcmd.add_arguments(ex)
+
     cn = sub.add_parser("cancel", help="stop an instance (SIGTERM, then SIGKILL after grace)")
     _client(cn)
     cn.add_argument("instance")
@@ -372,6 +382,8 @@ async def _dispatch(args: argparse.Namespace) -> int:
             return await api_app.run(args)
         case "logs":
             return await logscmd.run(args)
+        case "exec":
+            return await execcmd.run_cli(args)
     return await commands.run(args)
 
 
@@ -395,7 +407,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = _wait_modes(list(sys.argv[1:] if argv is None else argv))
     Parser.json_errors = "--json" in argv
     parser = build_parser()
+    argv, command = execcmd.split(argv)
     args = parser.parse_args(argv)
+    if args.command == "exec":
+        args.argv = command
     try:
         code = _main(parser, args)
     except BrokenPipeError:

@@ -1,6 +1,7 @@
 """The reading verbs (`status`, `nodes`, `why`) and their tables: they print, never change.
 
-Rule: with several brokers (`gavel.broker.ha`) `status` and `nodes` name the leader, its
+Rules: each asks through `gavel.client.Client`, the one code path to the API; with several
+brokers (`gavel.broker.ha`) `status` and `nodes` name the leader, its
 epoch and since when, in a first line (JSON: `nodes` has the fields `leader`, `epoch` and
 `leader_since`); a broker alone prints what it always did.
 """
@@ -16,19 +17,14 @@ import msgspec
 
 from gavel.cli import services
 from gavel.cli.outcomes import refusal_code
+from gavel.client import Client
 from gavel.shared.api import (
     NodeDetail,
-    NodesReply,
-    NodesRequest,
     NodeStatus,
     PeriodicStatus,
-    WhyReply,
-    WhyRequest,
 )
 from gavel.shared.award import NodeBid
 from gavel.shared.reasons import render as render_reason
-from gavel.transport.client import call, connect
-from gavel.transport.client import status as status_of
 
 
 def print_json(obj: object) -> None:
@@ -46,11 +42,8 @@ async def status(args: argparse.Namespace) -> int:
         if svc is not None:
             print_json(svc) if args.json else services.print_service(svc)
             return 0
-    nc = await connect(args.nats, args.creds)
-    try:
-        reply = await status_of(nc, args.instance)  # every page (`broker.api` rule 8)
-    finally:
-        await nc.close()
+    async with await Client.connect(args.nats, args.creds) as client:
+        reply = await client.status(args.instance)  # every page (`broker.api` rule 8)
     if args.json:
         print_json({"array": reply.array, "instances": reply.instances}
                     if reply.array is not None else
@@ -109,11 +102,8 @@ def ports_cell(ports: dict[str, int]) -> str:
 
 
 async def nodes(args: argparse.Namespace) -> int:
-    nc = await connect(args.nats, args.creds)
-    try:
-        reply = await call(nc, "nodes", NodesRequest(node_id=args.node), NodesReply)
-    finally:
-        await nc.close()
+    async with await Client.connect(args.nats, args.creds) as client:
+        reply = await client.nodes(args.node)
     if args.json:
         print_json(reply)
         return 0
@@ -165,11 +155,8 @@ def _node_detail(n: NodeStatus, d: NodeDetail) -> None:
 
 
 async def why(args: argparse.Namespace) -> int:
-    nc = await connect(args.nats, args.creds)
-    try:
-        reply = await call(nc, "why", WhyRequest(instance_id=args.instance), WhyReply)
-    finally:
-        await nc.close()
+    async with await Client.connect(args.nats, args.creds) as client:
+        reply = await client.why(args.instance)
     if args.json:
         print_json(reply)
         return 0

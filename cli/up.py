@@ -363,7 +363,8 @@ async def up(args: argparse.Namespace) -> int:
         if getattr(args, "api", False):  # rule 4: the HTTP API (`gavel api`) too
             cluster.api = await api_app.start(
                 cluster.url, cluster.operator, addr=args.api_addr, port=args.api_port,
-                token=args.api_token, tls_cert=args.api_tls_cert, tls_key=args.api_tls_key)
+                token=args.api_token, tls_cert=args.api_tls_cert, tls_key=args.api_tls_key,
+                read_token=args.api_read_token)
             print(f"HTTP API: {cluster.api.announce()}")
         hint = f"GAVEL_CREDS={cluster.operator} " if cluster.operator else ""
         print(f"try: GAVEL_NATS_URL={cluster.url} {hint}gavel nodes   "

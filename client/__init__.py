@@ -11,7 +11,14 @@ runs one in a thread of its own for code that is not. docs/api.md has examples.
 
 from gavel.client.aio import Client, Ended
 from gavel.client.sync import SyncClient
-from gavel.transport.client import BrokerRefused, ClientError, NoAnswer, NoBroker, NoNats
+from gavel.transport.client import (
+    BrokerRefused,
+    ClientError,
+    NoAnswer,
+    NoBroker,
+    NoNats,
+    NotAllowed,
+)
 
 __all__ = ["BrokerRefused", "Client", "ClientError", "Ended", "NoAnswer", "NoBroker",
-           "NoNats", "SyncClient"]
+           "NoNats", "NotAllowed", "SyncClient"]

@@ -8,7 +8,9 @@ Rules:
    again with the same key when the broker does not answer within `TRY_S`, up to `TRIES`
    times, and while no broker answers at all (a failover) for as long: a request whose
    answer was lost is answered again, never carried out twice (`broker.api` rule 4).
-3. `follow_events` and `logs` are async iterators: events as the broker stores them in its
+3. `exec` runs a command in a running instance and returns how it ended, its output handed
+   to a callback as it comes (`transport.execclient`). `follow_events` and `logs` are async
+   iterators: events as the broker stores them in its
    history (in place before the first is awaited; in order, each once, across reconnects),
    output as the node sends it.
 """
@@ -52,19 +54,28 @@ from gavel.shared.api import (
     StatsReply,
     StatsRequest,
     StatusReply,
-    StatusRequest,
     StopServiceRequest,
     SubmitReply,
     SubmitRequest,
     WhyReply,
     WhyRequest,
 )
+from gavel.shared.execstream import ExecExit, ExecOutput, ExecStart
 from gavel.shared.logstream import LogChunk, LogsDone, LogsRequest, Stream
 from gavel.shared.messages import Event, EventType, Message, Spec
 from gavel.shared.planning import PlanReply, PlanRequest
 from gavel.shared.routes import RouteEntry, derive
-from gavel.transport import eventstream
-from gavel.transport.client import ClientError, NoAnswer, NoBroker, call, connect
+from gavel.transport import eventstream, execclient
+from gavel.transport.client import (
+    ClientError,
+    NoAnswer,
+    NoBroker,
+    call,
+    connect,
+    operator_of,
+)
+from gavel.transport.client import status as status_of
+from gavel.transport.execclient import new_session
 from gavel.transport.logclient import read
 
 __all__ = ["PAUSE_S", "TRIES", "TRY_S", "Client", "Ended", "EventFeed"]
@@ -167,9 +178,8 @@ class Client:
         return await self._again("submit", req, SubmitReply, on_retry)
 
     async def status(self, instance_id: str = "") -> StatusReply:
-        """Every instance, or the one named."""
-        return await self.request("status", StatusRequest(instance_id=instance_id),
-                                  StatusReply)
+        """Every instance (every page: `broker.api` rule 8), or the one named."""
+        return await status_of(self.nc, instance_id, self.timeout)
 
     async def instance(self, instance_id: str) -> InstanceStatus:
         """One instance's status."""
@@ -304,6 +314,27 @@ class Client:
 
     async def stats(self) -> StatsReply:
         return await self.request("stats", StatsRequest(), StatsReply)
+
+    async def exec(self, instance_id: str, command: list[str], *,
+                   on_output: Callable[[ExecOutput], Any],
+                   stdin: AsyncIterator[bytes] | None = None, node_id: str = "",
+                   tty: bool = False, timeout_s: float = 0.0, rows: int = 0,
+                   cols: int = 0) -> ExecExit:
+        """`command` inside the running instance (`gavel exec`, `shared.execstream`): each
+        output chunk handed to `on_output`, `stdin`'s bytes as its input; the node's
+        `ExecExit` (its ``exit_code``, and ``reason`` when the session ended it early).
+        `node_id`: ask that node, without the status API."""
+        if not node_id:
+            inst = await self.instance(instance_id)
+            if not inst.node_id or inst.state != "running":
+                raise ClientError(f"{instance_id} is not running ({inst.state}): nothing to "
+                                  "exec into")
+            node_id = inst.node_id
+        start = ExecStart(node_id=node_id, instance_id=instance_id, session=new_session(),
+                          command=list(command), tty=tty, timeout_s=timeout_s, rows=rows,
+                          cols=cols)
+        return await execclient.run(self.nc, start, on_output, stdin=stdin,
+                                    operator=operator_of(self.nc))
 
     async def logs(self, instance_id: str, *, node_id: str = "",
                    streams: list[Stream] | None = None, tail: int = -1, since: float = 0.0,

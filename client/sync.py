@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import weakref
-from collections.abc import AsyncIterator, Coroutine, Generator, Iterator
+from collections.abc import AsyncIterator, Callable, Coroutine, Generator, Iterator
 from typing import Any, TypeVar
 
 from gavel.client.aio import Client
@@ -32,6 +32,7 @@ from gavel.shared.api import (
     SubmitReply,
     WhyReply,
 )
+from gavel.shared.execstream import ExecExit, ExecOutput
 from gavel.shared.logstream import LogChunk, LogsDone, Stream
 from gavel.shared.messages import Event, Spec
 from gavel.shared.planning import PlanReply
@@ -176,6 +177,13 @@ class SyncClient:
 
     def stats(self) -> StatsReply:
         return self._run(self.client.stats())
+
+    def exec(self, instance_id: str, command: list[str], *,
+             on_output: Callable[[ExecOutput], Any], node_id: str = "",
+             timeout_s: float = 0.0) -> ExecExit:
+        """`Client.exec` without input (`on_output` is called on the client's thread)."""
+        return self._run(self.client.exec(instance_id, command, on_output=on_output,
+                                          node_id=node_id, timeout_s=timeout_s))
 
     def logs(self, instance_id: str, *, node_id: str = "",
              streams: list[Stream] | None = None, tail: int = -1, since: float = 0.0,

@@ -86,6 +86,12 @@ class EventType(StrEnum):
     UNHEALTHY = "unhealthy"
     #: The worker restarted the process in place (`Spec.restart`).
     RESTARTED = "restarted"
+    #: An operator ran a command inside the instance (`shared.execstream` rule 5): who and
+    #: what in `detail`, its exit status, why it ended early in `reason`.
+    EXEC = "exec"
+    #: An operator asked for a change to the instance or service (`broker.api` rule 9): the
+    #: verb and who asked in `detail`.
+    REQUESTED = "requested"
     #: A service's own story, on the service's name (`instance_id` is the service): a new
     #: version is being rolled out (or back), it is deployed, its deploy failed; a replica
     #: that ended was replaced (detail: which, by which); a replica is being stopped.

@@ -10,6 +10,10 @@ Rules:
 3. `matches` is NATS's own rule (``*`` one token, ``>`` one or more trailing ones): a message
    a subscription hears on a subject its pattern does not match is no message published there
    (a JetStream push delivery keeps the subject its stream stored it under).
+4. Operators have names (one identity each, `transport.identity`): a subject an operator
+   publishes on that must say who asks ends in the operator's name, and each named operator's
+   inbox prefix is ``_GAVEL_OP.<name>``, a token no node's ``_INBOX_<node>`` can be, so no
+   operator subscribes to another's answers, nor to a node's.
 """
 
 from __future__ import annotations
@@ -20,6 +24,8 @@ from collections.abc import Callable
 __all__ = [
     "API",
     "API_ALL",
+    "API_AS",
+    "API_AS_ALL",
     "ASSIGN",
     "ASSIGN_ALL",
     "AWARD",
@@ -32,6 +38,9 @@ __all__ = [
     "EVENTS_GET",
     "EVENTS_INFO",
     "EVENTS_STREAM",
+    "EXEC",
+    "EXEC_ALL",
+    "EXEC_NODE",
     "HEARTBEAT",
     "HEARTBEAT_ALL",
     "HEARTBEAT_PROBE",
@@ -44,12 +53,14 @@ __all__ = [
     "LEADER_WATCH",
     "LOGS",
     "LOGS_ALL",
+    "LOGS_AS",
     "NODES_BUCKET",
     "NODES_STREAM",
     "NODE_INBOX",
     "NODE_KEY",
     "NODE_WATCH",
     "NODE_WATCH_DELETE",
+    "OPERATOR",
     "OPERATOR_INBOX",
     "REPORT",
     "REPORT_ALL",
@@ -57,10 +68,15 @@ __all__ = [
     "RFB_NODE",
     "WATCH",
     "WATCH_ALL",
+    "asker",
+    "inbox_of",
     "is_node_id",
     "matcher",
     "matches",
     "node_of",
+    "operator_inbox",
+    "operator_of",
+    "operator_of_inbox",
     "peer_of",
 ]
 
@@ -93,6 +109,9 @@ EVENTS_GET = f"$JS.API.STREAM.MSG.GET.{EVENTS_STREAM}"
 EVENTS_INFO = f"$JS.API.STREAM.INFO.{EVENTS_STREAM}"
 API = f"{PREFIX}.api.{{verb}}"  # request/reply, see broker.api
 API_ALL = f"{PREFIX}.api.*"
+#: A named operator's request (rule 4): the verb, then who asks.
+API_AS = f"{PREFIX}.api.{{verb}}.{{operator}}"
+API_AS_ALL = f"{PREFIX}.api.*.*"
 ASSIGN = f"{PREFIX}.assign.{{node}}"  # worker -> broker request: AssignmentRequest -> Award
 ASSIGN_ALL = f"{PREFIX}.assign.*"
 #: worker -> broker request: WatchRequest -> WatchGrant (`broker.watches`): a consumer of the
@@ -103,6 +122,13 @@ WATCH_ALL = f"{PREFIX}.watch.*"
 #: node answers on the asker's inbox, only as the server's response permission allows.
 LOGS = f"{PREFIX}.logs.{{node}}"
 LOGS_ALL = f"{PREFIX}.logs.*"
+#: A named operator's log request (rule 4).
+LOGS_AS = f"{PREFIX}.logs.{{node}}.{{operator}}"
+#: operator -> node: ExecStart, ExecInput -> ExecOutput..., ExecExit (`shared.execstream`). The
+#: last token is the operator asking (rule 4); the node answers as it answers a log request.
+EXEC = f"{PREFIX}.exec.{{node}}.{{operator}}"
+EXEC_NODE = f"{PREFIX}.exec.{{node}}.*"
+EXEC_ALL = f"{PREFIX}.exec.*.*"
 #: JetStream KV bucket: key <node-id> -> that node's node.json at the active ref.
 NODES_BUCKET = "gavel-nodes"
 #: The bucket's stream, and the subject a node's key is stored under.
@@ -127,6 +153,47 @@ NODE_INBOX = "_INBOX_{node}"
 #: Operators' inbox prefix (nats-py's default) and the broker's own (rule 2).
 OPERATOR_INBOX = "_INBOX"
 BROKER_INBOX = "_INBOX_broker"
+#: The operator identity every cluster has (`gavel auth init`'s ``operator.nk``): its inbox is
+#: `OPERATOR_INBOX`. A named operator's is ``_GAVEL_OP.<name>`` (rule 4).
+OPERATOR = "operator"
+_NAMED_INBOX = "_GAVEL_OP"
+
+
+def operator_inbox(name: str) -> str:
+    """The inbox prefix of operator `name` (rule 4)."""
+    return OPERATOR_INBOX if name == OPERATOR else f"{_NAMED_INBOX}.{name}"
+
+
+def operator_of_inbox(inbox: str) -> str:
+    """The operator whose inbox `inbox` lies in (rule 4): ``operator`` for `OPERATOR_INBOX`,
+    "" for an inbox of no operator's."""
+    head, _, rest = inbox.partition(".")
+    if head == OPERATOR_INBOX:
+        return OPERATOR
+    name = rest.partition(".")[0]
+    return name if head == _NAMED_INBOX and is_node_id(name) else ""
+
+
+def operator_of(subject: str) -> str:
+    """The operator a subject that ends in one names (its last token), "" when that token is
+    no operator name."""
+    name = subject.rsplit(".", 1)[-1]
+    return name if is_node_id(name) else ""
+
+
+def asker(subject: str, tokens: int) -> str:
+    """Who asks on an operator's subject of a kind with `tokens` tokens when unnamed
+    (``gavel.api.<verb>``: 3): `OPERATOR` when it has that many, the name in its last token
+    when it has one more, "" otherwise."""
+    n = subject.count(".") + 1
+    if n == tokens:
+        return OPERATOR
+    return operator_of(subject) if n == tokens + 1 else ""
+
+
+def inbox_of(name: str) -> str:
+    """`operator_inbox` of an `asker` ("" no one: an inbox nothing lies under)."""
+    return operator_inbox(name) if name else "\0"
 
 
 def node_of(subject: str) -> str:

@@ -15,6 +15,7 @@ Rules:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import time
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -29,7 +30,7 @@ from gavel.shared import subjects
 from gavel.shared.errors import BadInput
 from gavel.shared.messages import ApiError, Message
 from gavel.shared.redact import mask_url
-from gavel.transport.creds import connect_options
+from gavel.transport.creds import connect_options, operator_name
 from gavel.transport.inbound import Decode, Malformed
 from gavel.transport.urls import servers
 
@@ -37,7 +38,7 @@ if TYPE_CHECKING:
     from gavel.shared.api import StatusReply
 
 __all__ = ["BadNatsUrl", "BrokerRefused", "ClientError", "NoAnswer", "NoBroker", "NoNats",
-           "call", "check_url", "connect", "status", "wait_healthy"]
+           "NotAllowed", "call", "check_url", "connect", "operator_of", "status", "wait_healthy"]
 
 T = TypeVar("T", bound=Message)
 _enc = msgspec.msgpack.Encoder()
@@ -85,6 +86,11 @@ def check_url(url: str) -> None:
                              "nats://HOST:PORT (or tls://, ws://, wss://).")
 
 
+class NotAllowed(ClientError):
+    """NATS refused to take the request: the credential's permissions (a named operator's
+    role) do not allow the verb. Nothing was delivered, so nothing was done."""
+
+
 class NoAnswer(ClientError):
     """The broker did not answer in time: what it did with the request is unknown."""
 
@@ -105,6 +111,9 @@ async def connect(url: str, creds: str | None = None, **options: Any) -> Any:
                               "allow_reconnect": False, "error_cb": _quiet, **options}
     if creds:
         kwargs.update(connect_options(creds))
+    name = operator_name(creds)
+    if name != subjects.OPERATOR:  # its answers under its own inbox (`shared.subjects` rule 4)
+        kwargs.setdefault("inbox_prefix", subjects.operator_inbox(name))
     try:
         return await nats.connect(servers(url), **kwargs)
     except Exception as exc:
@@ -116,6 +125,12 @@ async def connect(url: str, creds: str | None = None, **options: Any) -> Any:
             raise NoNats(f"nothing answers at {mask_url(url)}: start NATS there (`gavel up` "
                          "runs one) or give its URL with --nats or GAVEL_NATS_URL.") from exc
         raise ClientError(f"cannot connect to NATS at {mask_url(url)}: {exc}") from exc
+
+
+def operator_of(nc: Any) -> str:
+    """Who connection `nc` asks as: the operator whose inbox prefix it has (`connect` gives a
+    named operator's, `shared.subjects` rule 4)."""
+    return subjects.operator_of_inbox(nc.new_inbox()) or subjects.OPERATOR
 
 
 async def call(nc: Any, verb: str, request: Message, reply_type: type[T],
@@ -136,6 +151,36 @@ def _answer_of(reply_type: Any) -> Decode[Any]:
     return Decode(reply_type | ApiError)
 
 
+#: How often a request in flight looks whether the server refused to take it.
+_REFUSAL_POLL_S = 0.05
+
+
+async def _unless_refused(nc: Any, subject: str, verb: str, who: str, asking: Any) -> Any:
+    """`asking`'s answer, or at once a sentence when the server refuses to take the request
+    (its permissions: nothing was delivered, so nothing was done): a named operator's role
+    that does not allow the verb."""
+    before = getattr(nc, "last_error", None)
+    task = asyncio.ensure_future(asking)
+    refused = f'permissions violation for publish to "{subject.lower()}"'
+    try:
+        while True:
+            done, _ = await asyncio.wait({task}, timeout=_REFUSAL_POLL_S)
+            if done:
+                return task.result()
+            err = getattr(nc, "last_error", None)
+            if err is not before and err is not None and refused in str(err).lower():
+                if who == subjects.OPERATOR:  # the shared one's, or no operator's at all
+                    raise NotAllowed(f"NATS did not let this credential call {verb} "
+                                     f"({err}); the API takes an operator credential")
+                raise NotAllowed(f"NATS refused operator {who}'s {verb}: its role does not "
+                                 "allow it (`gavel auth operator add` gives a role)")
+    finally:
+        if not task.done():
+            task.cancel()
+            with contextlib.suppress(BaseException):
+                await task
+
+
 async def _answer(nc: Any, verb: str, request: Message, timeout: float) -> Any:
     """The answer to `request`, asked again while no server knows of a broker (rule 1).
 
@@ -148,11 +193,14 @@ async def _answer(nc: Any, verb: str, request: Message, timeout: float) -> Any:
     grace = start + min(timeout, NO_RESPONDERS_S)
     pause = _PAUSE_S
     data = _enc.encode(request)
+    who = operator_of(nc)
+    subject = subjects.API.format(verb=verb) if who == subjects.OPERATOR else \
+        subjects.API_AS.format(verb=verb, operator=who)
     while True:
         left = start + timeout - time.monotonic()
         try:
-            return await nc.request(subjects.API.format(verb=verb), data,
-                                    timeout=max(left, 0.001))
+            return await _unless_refused(nc, subject, verb, who, nc.request(
+                subject, data, timeout=max(left, 0.001)))
         except NoRespondersError:
             if time.monotonic() + pause > grace:
                 raise NoBroker("no broker is answering: start one with `gavel broker` or "

@@ -8,13 +8,19 @@ read, or is neither, is one sentence naming the file (never its content): exit 2
 
 from __future__ import annotations
 
+import os
 import re
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from gavel.shared import subjects
 from gavel.shared.errors import BadInput
 
-__all__ = ["CredsError", "connect_options"]
+__all__ = ["OPERATORS_DIR", "CredsError", "connect_options", "operator_name"]
+
+#: Where `gavel auth operator add` writes each named operator's seed: ``operators/<name>.nk``.
+OPERATORS_DIR = "operators"
 
 _JWT = "-----BEGIN NATS USER JWT-----"
 _CREDS_SEED = "BEGIN USER NKEY SEED"
@@ -23,6 +29,21 @@ _SEED = re.compile(r"SU[A-Z2-7]{56}")
 
 class CredsError(BadInput):
     """The credential file is missing, unreadable or not a credential."""
+
+
+def operator_name(path: str | None, env: Mapping[str, str] | None = None) -> str:
+    """Who an operator's client asks as (`shared.subjects` rule 4): ``GAVEL_OPERATOR`` when
+    set, else the name of a seed file in an ``operators`` directory (``operators/alice.nk``:
+    alice), else the shared operator. A name that is not one is bad input."""
+    environ = os.environ if env is None else env
+    name = environ.get("GAVEL_OPERATOR", "")
+    if not name and path and Path(path).parent.name == OPERATORS_DIR:
+        name = Path(path).stem
+    if not name:
+        return subjects.OPERATOR
+    if not subjects.is_node_id(name):
+        raise CredsError(f"operator name {name!r} must be 1-64 letters, digits, '-' or '_'.")
+    return name
 
 
 def connect_options(path: str) -> dict[str, Any]:

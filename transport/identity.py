@@ -32,13 +32,20 @@ Rules:
    there by anyone who can write the directory is no node. Revoking a node is deleting its
    seed and running `init` again (then reloading nats-server): a recorded node whose seed is
    gone is dropped from the record.
-6. Operators may ask any node for an instance's output (``gavel.logs.<node>``); only that
+6. Operators may ask any node for an instance's output (``gavel.logs.<node>``), and run a
+   command in an instance (``gavel.exec.<node>.<operator>``, `shared.execstream`); only that
    node hears it, and it answers on the operator's inbox through the server's response
    permission (``allow_responses``: at most `shared.logstream.REPLIES_MAX` replies within
    `shared.logstream.WINDOW_S` of each request it received) - the one grant of a reply
    subject named by the request, because a node may answer any operator's inbox this way
    and no other: listing the operators' inbox for nodes would let every node publish into
    it, answering for another node's logs. A node may publish into no inbox otherwise.
+7. Operators are not all one: besides the shared ``operator.nk``, `add_operator` makes one
+   identity per person or pipeline, ``operators/<name>.nk``, with a role (`shared.roles`),
+   recorded in ``operators.json`` (only `add_operator` writes it) and given to the server by
+   `init`. A named operator publishes only on subjects ending in its own name, so whoever
+   hears its request knows who asked; a reader may call only the reading verbs and cannot
+   exec; its answers come under ``_GAVEL_OP.<name>``, which only it may subscribe to.
 """
 
 from __future__ import annotations
@@ -48,18 +55,21 @@ import json
 import os
 import re
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from gavel.shared import logstream, subjects
 from gavel.shared.errors import BadInput
+from gavel.shared.roles import READ_VERBS, ROLES, WRITE, Role
+from gavel.transport.creds import OPERATORS_DIR
 
 __all__ = [
     "BROKER",
     "OPERATOR",
     "Identities",
     "IdentityError",
+    "add_operator",
     "broker_permissions",
     "heartbeat_stream_permissions",
     "init",
@@ -101,6 +111,8 @@ def worker_permissions(node: str) -> dict[str, Any]:
             subjects.AWARD.format(node=node),
             subjects.CANCEL.format(node=node),
             subjects.LOGS.format(node=node),
+            subjects.LOGS_AS.format(node=node, operator="*"),
+            subjects.EXEC_NODE.format(node=node),  # `gavel exec` in its instances (rule 6)
             inbox,
         ]},
         # Rule 6: answers to the log requests it received, and only those.
@@ -109,12 +121,24 @@ def worker_permissions(node: str) -> dict[str, Any]:
     }
 
 
-def operator_permissions() -> dict[str, Any]:
+def operator_permissions(name: str = subjects.OPERATOR, role: Role = WRITE) -> dict[str, Any]:
     """Operators and CI: the request/reply API, the event stream and its history (read by
-    sequence, `transport.eventstream`: no write, purge or delete), and nodes' logs."""
-    return {"publish": {"allow": [subjects.API_ALL, subjects.LOGS_ALL, subjects.EVENTS_GET,
-                                  subjects.EVENTS_INFO]},
-            "subscribe": {"allow": [f"{subjects.OPERATOR_INBOX}.>", subjects.EVENTS_ALL]}}
+    sequence, `transport.eventstream`: no write, purge or delete), and nodes' logs. The
+    shared operator calls the API on ``gavel.api.<verb>`` and answers come to ``_INBOX``; a
+    named one (rule 7) only on subjects that end in its name, for the verbs its role allows
+    (`shared.roles`), its answers under its own inbox, which no one else may read."""
+    history = [subjects.EVENTS_GET, subjects.EVENTS_INFO]
+    if name == subjects.OPERATOR:
+        return {"publish": {"allow": [subjects.API_ALL, subjects.LOGS_ALL, *history,
+                                      subjects.EXEC.format(node="*", operator=name)]},
+                "subscribe": {"allow": [f"{subjects.OPERATOR_INBOX}.>", subjects.EVENTS_ALL]}}
+    verbs = [subjects.API_AS.format(verb="*", operator=name),
+             subjects.EXEC.format(node="*", operator=name)] if role == WRITE else \
+        [subjects.API_AS.format(verb=v, operator=name) for v in sorted(READ_VERBS)]
+    return {"publish": {"allow": [*verbs, subjects.LOGS_AS.format(node="*", operator=name),
+                                  *history]},
+            "subscribe": {"allow": [f"{subjects.operator_inbox(name)}.>",
+                                    subjects.EVENTS_ALL]}}
 
 
 def heartbeat_stream_permissions() -> dict[str, Any]:
@@ -168,6 +192,7 @@ def broker_permissions(nodes: Iterable[str] = ()) -> dict[str, Any]:
             subjects.LEADER_GET,  # whether a put refused on its retry had landed
             subjects.LEADER_WATCH.format(name="*"),
             f"{subjects.OPERATOR_INBOX}.>",  # answers to the API
+            f"{subjects.operator_inbox('*')}.>",  # to named operators' (rule 7)
             *(f"{subjects.NODE_INBOX.format(node=n)}.>" for n in nodes),  # to assign requests
             own,  # its subscription barrier
             *stream["publish"]["allow"],
@@ -179,6 +204,7 @@ def broker_permissions(nodes: Iterable[str] = ()) -> dict[str, Any]:
             subjects.ASSIGN_ALL,
             subjects.WATCH_ALL,
             subjects.API_ALL,
+            subjects.API_AS_ALL,
             own,  # JetStream's answers, its subscription barrier
             *(s for s in stream["subscribe"]["allow"] if s not in (own, subjects.HEARTBEAT_ALL)),
         ]},
@@ -295,6 +321,8 @@ class Identities:
     broker: Path
     operator: Path
     nodes: dict[str, Path]
+    #: Each named operator's seed (rule 7).
+    operators: dict[str, Path] = field(default_factory=dict)
 
 
 def _write(path: Path, text: str) -> None:
@@ -332,10 +360,49 @@ def init(state: Path, nodes: Iterable[str] = ()) -> Identities:
         for name in known:
             users.append((f"node {name}", public_key(_read_seed(paths[name])),
                           worker_permissions(name)))
+        roles = _operators(directory)
+        operators = {n: directory / OPERATORS_DIR / f"{n}.nk" for n in roles
+                     if (directory / OPERATORS_DIR / f"{n}.nk").exists()}
+        for name, seed in operators.items():
+            users.append((f"operator {name} ({roles[name]})", public_key(_read_seed(seed)),
+                          operator_permissions(name, roles[name])))
         config = directory / "nats.conf"
         _write(config, render_config(users))
     except OSError as exc:
         raise IdentityError(f"cannot write the keys under {directory}: "
                           f"{exc.strerror or exc}.") from None
     return Identities(directory=directory, config=config, broker=broker, operator=operator,
-                      nodes=paths)
+                      nodes=paths, operators=operators)
+
+
+#: Each named operator's role, in the key directory (rule 7).
+OPERATORS_RECORD = "operators.json"
+
+
+def _operators(directory: Path) -> dict[str, Role]:
+    path = directory / OPERATORS_RECORD
+    try:
+        got = json.loads(path.read_text()) if path.exists() else {}
+    except (OSError, ValueError) as exc:
+        raise IdentityError(f"cannot read {path}: {exc}; run `gavel auth operator add` "
+                            "again for each operator.") from None
+    return {str(n): r for n, r in got.items()
+            if subjects.is_node_id(str(n)) and n != subjects.OPERATOR and r in ROLES}
+
+
+def add_operator(state: Path, name: str, role: Role) -> Identities:
+    """Operator `name` with `role` (rule 7): its seed made if it has none (kept if it has),
+    its role recorded, the server config written again."""
+    if not subjects.is_node_id(name) or name in (BROKER, OPERATOR):
+        raise IdentityError(f"operator name {name!r} must be 1-64 letters, digits, '-' or "
+                            f"'_', and not {BROKER!r} or {OPERATOR!r}.")
+    directory = state / "auth"
+    try:
+        (directory / OPERATORS_DIR).mkdir(parents=True, exist_ok=True, mode=0o700)
+        _seed(directory / OPERATORS_DIR / f"{name}.nk")
+        roles = {**_operators(directory), name: role}
+        _write(directory / OPERATORS_RECORD, json.dumps(roles, indent=2, sort_keys=True) + "\n")
+    except OSError as exc:
+        raise IdentityError(f"cannot write the keys under {directory}: "
+                            f"{exc.strerror or exc}.") from None
+    return init(state)

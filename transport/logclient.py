@@ -63,8 +63,10 @@ async def _once(nc: Any, request: LogsRequest, on_chunk: OnChunk, first_s: float
     node = request.node_id
     sub = await nc.subscribe(nc.new_inbox())
     try:
-        await nc.publish(subjects.LOGS.format(node=node), _enc.encode(request),
-                         reply=sub.subject)
+        who = subjects.operator_of_inbox(sub.subject) or subjects.OPERATOR
+        subject = subjects.LOGS.format(node=node) if who == subjects.OPERATOR else \
+            subjects.LOGS_AS.format(node=node, operator=who)
+        await nc.publish(subject, _enc.encode(request), reply=sub.subject)
         wait = first_s
         while True:
             try:

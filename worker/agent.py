@@ -21,7 +21,6 @@ it would fence itself.
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import logging
 import time
@@ -58,19 +57,20 @@ from gavel.shared.strategies import Strategy, answer
 from gavel.shared.timing import Timing
 from gavel.transport import wire
 from gavel.transport.inbound import Door, Guard
-from gavel.transport.rejects import Throttle
 from gavel.transport.urls import servers
 from gavel.worker.cgroups import Enforcement
 from gavel.worker.containers import ContainerDriver, secrets_root
 from gavel.worker.converge import Converger
 from gavel.worker.drivers import Driver, Unavailable
 from gavel.worker.engine import Engine
+from gavel.worker.execserver import ExecServer
 from gavel.worker.hoststats import Sampler, detect_capacity, primary_address
 from gavel.worker.isolation import Isolation, off
 from gavel.worker.logfiles import LogLimits, Outputs
 from gavel.worker.logserver import LogServer
 from gavel.worker.logserver import tick as logs_tick
 from gavel.worker.ports import bindable
+from gavel.worker.refused import Refused
 from gavel.worker.supervisor import OLDER_AWARD, OLDER_CANCEL, Supervisor
 
 __all__ = ["Agent"]
@@ -107,7 +107,7 @@ class Agent:
         #: directory each instance's own directory is in.
         self.advertise = advertise or primary_address()
         self.workdir = str((self.state_dir / "instances").resolve())
-        self._refused = _Refused()
+        self._refused = Refused(log)
         #: Undecodable messages per endpoint ("rfb", "award", "cancel").
         self.malformed = self._refused.malformed_kinds
         #: Well-formed messages dropped on purpose, per reason.
@@ -176,6 +176,8 @@ class Agent:
                                    holds=self._supervisor.holds, sink=self._refused,
                                    nc=lambda: self._nc, poll_s=min(0.25, timing.tick_s),
                                    window_s=logs_window_s, close_s=timing.close_s)
+        self.execs = ExecServer(node_id=node_id, target=self._supervisor.exec_target,
+                                report=self._report, sink=self._refused, nc=lambda: self._nc)
 
     def _make_guards(self) -> None:
         """The guards of what the broker sends here, the subjects this node sends on."""
@@ -313,6 +315,8 @@ class Agent:
             (subjects.AWARD.format(node=node), self._on_award),
             (subjects.CANCEL.format(node=node), self._on_cancel),
             (subjects.LOGS.format(node=node), self.logserver.on_request),
+            (subjects.LOGS_AS.format(node=node, operator="*"), self.logserver.on_request),
+            (subjects.EXEC_NODE.format(node=node), self.execs.on_message),
         ):
             self._subs.append(await self._nc.subscribe(subject, cb=cb))
         try:  # no RFB or award sent after the first heartbeat can pass this node by
@@ -327,6 +331,7 @@ class Agent:
                 await sub.unsubscribe()
         self._subs.clear()
         await self.logserver.close()
+        await self.execs.close()
         await self.converger.close()
         for task in self._loops:
             task.cancel()
@@ -476,30 +481,3 @@ class Agent:
 
 
 _ENDS = frozenset({EventType.EXITED, EventType.FAILED, EventType.CANCELLED})
-
-
-class _Refused:
-    """The guards' sink on a node (`transport.inbound.Sink`): counted per endpoint and per
-    reason; the log gets one line per reason (and peer, where one is named) a minute
-    (`transport.rejects.Throttle`)."""
-
-    def __init__(self) -> None:
-        self.malformed_kinds: collections.Counter[str] = collections.Counter()
-        self.ignored: collections.Counter[str] = collections.Counter()
-        self.throttle = Throttle()
-
-    def malformed(self, what: str, subject: str, exc: Exception, peer: str = "") -> None:
-        self.malformed_kinds[what] += 1
-        line = self.throttle.admit(f"malformed {what}", peer)
-        if line is not None:
-            log.warning("malformed %s on %s dropped (%s); %s", what, subject, exc,
-                        self.throttle.note(line[0]))
-
-    def count(self, why: str, what: str, peer: str = "") -> None:
-        self.ignored[why] += 1
-        line = self.throttle.admit(why, peer)
-        if line is not None:
-            log.info("ignored %s: %s; %s", why, what, self.throttle.note(line[0]))
-        else:
-            log.debug("ignored %s: %s", why, what)
-

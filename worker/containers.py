@@ -54,6 +54,7 @@ from gavel.shared.spec import Spec
 from gavel.worker.checks import OUTPUT_MAX
 from gavel.worker.drivers import Held, StartFailed
 from gavel.worker.engine import ATTEMPT, HOME, INSTANCE, Engine, get
+from gavel.worker.execsession import ContainerSession
 from gavel.worker.localstate import LocalInstance
 
 __all__ = ["SECRETS_PATH", "ContainerDriver", "ContainerRun", "secrets_root"]
@@ -163,6 +164,13 @@ class ContainerRun:
             return False, f"cannot exec in the container: {_sentence(exc)}"
         text = out[-OUTPUT_MAX:].decode("utf-8", "replace").strip()
         return code == 0, f"exit status {code}" + (f": {text}" if text else "")
+
+    async def open(self, command: Sequence[str], env: Mapping[str, str], cwd: Path, *,
+                   tty: bool = False, rows: int = 0, cols: int = 0) -> ContainerSession:
+        """A `gavel exec` command inside the container, with its own environment."""
+        del env, cwd
+        return await ContainerSession.open(self.engine.client.api, self.id, command, tty=tty,
+                                           rows=rows, cols=cols)
 
     def _kill_exec(self, exec_id: str) -> None:
         with contextlib.suppress(Exception):  # ended meanwhile, or not ours to signal

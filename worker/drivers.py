@@ -26,18 +26,19 @@ import signal
 import subprocess
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from gavel.shared.reasons import Reason
 from gavel.shared.spec import Spec
 from gavel.worker.cgroups import Cgroup, Hierarchy
 from gavel.worker.driver import Process, terminate
+from gavel.worker.execsession import ProcessSession, Session
 from gavel.worker.isolation import RootRefused
 from gavel.worker.localstate import LocalInstance
 from gavel.worker.probes import exec_on_host
 
 __all__ = ["Confine", "Driver", "Held", "ProcessDriver", "ProcessRun", "Run", "StartFailed",
-           "Unavailable", "volume_env"]
+           "Target", "Unavailable", "volume_env"]
 
 
 class Confine(Protocol):
@@ -126,6 +127,23 @@ class Run(Protocol):
         """An exec check's command where the run is (`worker.probes.Execute`)."""
         ...
 
+    async def open(self, command: Sequence[str], env: Mapping[str, str], cwd: Path, *,
+                   tty: bool = False, rows: int = 0, cols: int = 0) -> Session:
+        """A `gavel exec` command where the run is, confined as its exec checks are
+        (`worker.execsession`); raises OSError, or the engine's error, when it cannot
+        start."""
+        ...
+
+
+class Target(NamedTuple):
+    """Where a `gavel exec` command runs (`worker.execsession` rule 1): the instance's
+    current run and attempt, its environment less its secret values, its directory."""
+
+    run: Run
+    attempt: int
+    env: dict[str, str]
+    cwd: Path
+
 
 class Driver(Protocol):
     """Starts and re-adopts runs of one kind of workload (rule 1)."""
@@ -189,6 +207,13 @@ class ProcessRun:
         if self._confined is None:
             self._confined = (self._check_confine() if self._check_confine else None,)
         return await exec_on_host(command, env, cwd, self._confined[0])
+
+    async def open(self, command: Sequence[str], env: Mapping[str, str], cwd: Path, *,
+                   tty: bool = False, rows: int = 0, cols: int = 0) -> Session:
+        if self._confined is None:
+            self._confined = (self._check_confine() if self._check_confine else None,)
+        return await ProcessSession.spawn(command, env, cwd, confine=self._confined[0],
+                                          tty=tty, rows=rows, cols=cols)
 
 
 class ProcessDriver:

@@ -5,11 +5,12 @@ Rules:
    a `Guard`: one naming another node, or that does not decode, is counted and answered
    with `ApiError`; so is one for an instance with no output here. Each request is served
    on a task of its own, at most `MAX_READERS` at once (past that: `ApiError`).
-2. Every reply goes to the request's reply subject, and only when that lies under the
-   operators' inbox (`transport.inbound` rule 5: the server's response permission would let
-   a node answer wherever a request asked, an award subject included); a request without
-   one is counted and never answered. One request gets at most `replies_max` replies
-   within `window_s` (`shared.logstream` rule 1), the last a `LogsDone`; the node stops a
+2. Every reply goes to the request's reply subject, and only when that lies under its
+   operator's own inbox (``gavel.logs.<node>.<name>``: operator name's; `transport.inbound`
+   rule 5: the server's response permission would let a node answer wherever a request
+   asked, an award subject included); a request without one is counted and never
+   answered. One request gets at most `replies_max` replies within `window_s`
+   (`shared.logstream` rule 1), the last a `LogsDone`; the node stops a
    little before the window closes (`WINDOW_USE`), so the server's response permission is
    never overrun and the asker can ask again in time.
 3. History first: from the cursor, or from where ``tail`` and ``since`` start (the later of
@@ -81,10 +82,12 @@ class LogServer:
         self.replies_max = replies_max
         self._clock = clock
         self._guard = Guard("logs request", LogsRequest, sink, node=lambda _s: node_id,
-                            door=Door(sink, subjects.LOGS.format(node=node_id),
+                            door=Door(sink, (subjects.LOGS.format(node=node_id),
+                                             subjects.LOGS_AS.format(node=node_id,
+                                                                     operator="*")),
                                       what="logs request",
-                                      inbox=lambda _s: subjects.OPERATOR_INBOX,
-                                      owner=lambda _s: "operator"))
+                                      inbox=lambda s: subjects.inbox_of(subjects.asker(s, 3)),
+                                      owner=lambda s: subjects.asker(s, 3)))
         self._serving: set[asyncio.Task[None]] = set()
 
     async def on_request(self, msg: Msg) -> None:

@@ -40,13 +40,15 @@ import time
 from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
 
+from gavel.shared.execstream import Ended
 from gavel.shared.messages import Award, Capacity, EventType, InstanceReport, InstanceState
 from gavel.shared.reasons import Reason
 from gavel.shared.records import Placement
 from gavel.shared.spec import Spec
 from gavel.shared.timing import Timing
 from gavel.worker.cgroups import Hierarchy, release
-from gavel.worker.drivers import Driver, ProcessDriver
+from gavel.worker.driver import instance_env
+from gavel.worker.drivers import Driver, ProcessDriver, Target
 from gavel.worker.instance import Begin, Held, Life, Report, Secrets
 from gavel.worker.isolation import Identity, Isolation, off, processes, zombie
 from gavel.worker.localstate import FINISHED_KEPT, AgentFile, LocalInstance, load, save
@@ -356,6 +358,24 @@ class Supervisor:
             if join is not None and held.cgroup is not None else []
         return iso.child(self._identities[held.id], pids=spec.pids, tmp_mb=spec.memory_mb,
                          join=join, enter=enter)
+
+    def exec_target(self, instance_id: str) -> Target | Ended:
+        """Where a `gavel exec` command runs in `instance_id` (`worker.execsession` rule 1):
+        its current run and attempt, its environment less its secret values, its directory;
+        or why there is none."""
+        held = self._held.get(instance_id)
+        if held is None:
+            return Ended.NOT_HELD
+        if held.proc is None or held.stopping is not None or \
+                held.local.state != InstanceState.RUNNING:
+            return Ended.NOT_RUNNING
+        placement, home = held.local.placement, self.home(held)
+        env = instance_env(
+            base=os.environ if home is None else {**os.environ, "HOME": home},
+            spec_env=placement.spec.env, secret_env={}, instance_id=held.id,
+            node_id=self.node_id, attempt=held.attempt, ports=placement.ports,
+            port_order=placement.spec.ports)
+        return Target(held.proc, held.attempt, env, self.instance_dir(held.id))
 
     def home(self, held: Held) -> str | None:
         if not self.isolation.on or held.local.placement.spec.root:

@@ -5,7 +5,10 @@ Rules:
    a free port when that one is taken and none was asked for; 0: a free one). Off loopback
    it requires a bearer token (the operator's, ``--api-token``/GAVEL_API_TOKEN, or one made at
    start and printed once); a token given on loopback is required there too (`ui.access`).
-   With ``--api-tls-cert`` and ``--api-tls-key`` it speaks HTTPS only.
+   With ``--api-tls-cert`` and ``--api-tls-key`` it speaks HTTPS only. A second token,
+   ``--api-read-token``, is a reader's (`shared.roles`): its requests are served for the
+   reading verbs and the streams only, anything else 403 with a sentence. What the API may
+   do at all is its NATS identity's (``--creds``: a named operator's role holds it to that).
 2. Each request is one verb of the NATS API through `gavel.client.Client` on the server's
    own connection (`routes`); the answer is the reply struct as JSON, or `ApiError` with the
    status `errors` gives it. Bad input is refused before the cluster is asked (400, 411,
@@ -13,9 +16,12 @@ Rules:
 3. ``/openapi.json`` is the document `openapi` makes; ``/v1/...`` the routes.
 4. The streaming routes write server-sent events: ``/v1/events/stream`` the events kept,
    then each new one (subscribed before the kept ones are asked for, and a new one already
-   among those is not sent twice); ``/v1/instances/ID/logs`` the output's chunks, then
-   ``done``. A failure after the stream has begun is an ``error`` event with the sentence;
-   an idle stream gets a comment every `KEEPALIVE_S`.
+   among those is not sent twice), each new one with its sequence in the event history as
+   its ``id:``; a request with ``Last-Event-ID`` (a reconnecting client's) gets instead
+   every event stored after that one, in order, each once, then each new one;
+   ``/v1/instances/ID/logs`` the output's chunks, then ``done``. A failure after the stream
+   has begun is an ``error`` event with the sentence; an idle stream gets a comment every
+   `KEEPALIVE_S`.
 """
 
 from __future__ import annotations
@@ -38,10 +44,11 @@ from gavel.cli.api.openapi import document
 from gavel.cli.api.routes import BODY_MAX, BadRequest, Route, build, find
 from gavel.cli.ui import access
 from gavel.cli.ui.http import Policy, Request, Response, Server, Sse, Stream
-from gavel.client import BrokerRefused, Client, ClientError, NoAnswer, NoBroker
+from gavel.client import BrokerRefused, Client, ClientError, NoAnswer, NoBroker, NotAllowed
 from gavel.shared.errors import BadInput
 from gavel.shared.logstream import LogsDone, LogsRequest
 from gavel.shared.messages import ApiError
+from gavel.shared.roles import READ_VERBS
 
 __all__ = ["DEFAULT_PORT", "KEEPALIVE_S", "ApiServer", "ApiUnavailable", "add_options",
            "run", "start"]
@@ -50,6 +57,8 @@ __all__ = ["DEFAULT_PORT", "KEEPALIVE_S", "ApiServer", "ApiUnavailable", "add_op
 DEFAULT_PORT = 8471
 #: Rule 4.
 KEEPALIVE_S = 15.0
+#: The header a reconnecting event-stream client sends: the last ``id:`` it heard (rule 4).
+LAST_EVENT_ID = "last-event-id"
 _JSON = "application/json"
 _enc = msgspec.json.Encoder()
 
@@ -98,6 +107,10 @@ def add_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--api-token", default=os.environ.get("GAVEL_API_TOKEN", ""),
                    metavar="TOKEN", help="require this bearer token (env GAVEL_API_TOKEN; "
                    "default: none on loopback, a new one printed once on any other address)")
+    p.add_argument("--api-read-token", default=os.environ.get("GAVEL_API_READ_TOKEN", ""),
+                   metavar="TOKEN", help="also accept this bearer token, for the reading "
+                   "routes only (env GAVEL_API_READ_TOKEN; a full token is then required "
+                   "too, made at start if not given)")
     p.add_argument("--api-tls-cert", default="", metavar="FILE",
                    help="serve HTTPS with this certificate (PEM; with --api-tls-key)")
     p.add_argument("--api-tls-key", default="", metavar="FILE",
@@ -119,19 +132,23 @@ class Handler:
             return _error(found, f"no such route: {req.method} {req.path}" if found == 404
                           else f"{req.path} does not take {req.method}")
         route, params = found
+        if req.reader and route.verb not in READ_VERBS and not route.stream:
+            return _error(403, f"this token may only read: {route.method} {route.path} "
+                          "changes the cluster (give the API's full token)")
         try:
             request = build(route, params, req.query, req.headers, req.body)
         except BadRequest as exc:
             return _error(exc.status, str(exc))
         if route.stream:
-            return await self._stream(route, request)
+            return await self._stream(route, request, req.headers.get(LAST_EVENT_ID, ""))
         try:
             reply = await route.ask(self.client, request)
         except ClientError as exc:
             return _error(_status(exc), str(exc))
         return Response(200, _enc.encode(reply), _JSON)
 
-    async def _stream(self, route: Route, request: Any) -> Response | Stream:
+    async def _stream(self, route: Route, request: Any, last_id: str = ""
+                      ) -> Response | Stream:
         if isinstance(request, LogsRequest):
             node = request.node_id
             if not node:
@@ -145,6 +162,13 @@ class Handler:
                 node = inst.node_id
             return Stream(lambda sse: self._logs(sse, msgspec.structs.replace(
                 request, node_id=node)))
+        if last_id:  # rule 4: resumed from the history, nothing kept sent again
+            if not last_id.isdigit() or len(last_id) > 19:
+                return _error(400, "Last-Event-ID must be the id of an event this stream "
+                              "sent (a sequence number)")
+            resumed = await self.client.follow_events(request.instance_id,
+                                                      after=int(last_id))
+            return Stream(lambda sse: self._events(sse, resumed, []), abandon=resumed.aclose)
         feed = await self.client.follow_events(request.instance_id)
         try:
             kept = await self.client.events(request.instance_id, limit=request.limit,
@@ -174,7 +198,8 @@ class Handler:
                 if seen and data in seen:
                     seen.discard(data)
                     continue
-                await sse.send("event", data)
+                seq = getattr(feed, "last", 0)  # 0: no history to resume from
+                await sse.send("event", data, str(seq) if seq else "")
         finally:
             await feed.aclose()
 
@@ -213,6 +238,8 @@ def _status(exc: ClientError) -> int:
     """`errors` rule 2."""
     if isinstance(exc, BrokerRefused):
         return errors.status_for(str(exc))
+    if isinstance(exc, NotAllowed):  # the API's own NATS identity may not (its role)
+        return 403
     if isinstance(exc, NoBroker):
         return 503
     if isinstance(exc, NoAnswer):
@@ -282,13 +309,13 @@ async def _listen(server: Server, addr: str, port: int | None,
 
 async def start(nats_url: str, creds: str | None, *, addr: str = "127.0.0.1",
                 port: int | None = None, token: str = "", tls_cert: str = "",
-                tls_key: str = "") -> ApiServer:
+                tls_key: str = "", read_token: str = "") -> ApiServer:
     """An HTTP API for the cluster at `nats_url`, listening until `ApiServer.close`."""
     tls = _tls(tls_cert, tls_key)
-    required = access.token_for(addr, token)
+    required = access.token_for(addr, token) or (access.make_token() if read_token else "")
     client = await Client.connect(nats_url, creds, allow_reconnect=True,
                                   max_reconnect_attempts=-1, reconnect_time_wait=1)
-    server = Server(Handler(client), required, POLICY)
+    server = Server(Handler(client), required, POLICY, read_token=read_token)
     try:
         bound = await _listen(server, addr, port, tls)
     except BaseException:
@@ -304,7 +331,7 @@ async def run(args: argparse.Namespace) -> int:
     """`gavel api`: serve the HTTP API until SIGTERM or Ctrl-C."""
     api = await start(args.nats, args.creds, addr=args.api_addr, port=args.api_port,
                       token=args.api_token, tls_cert=args.api_tls_cert,
-                      tls_key=args.api_tls_key)
+                      tls_key=args.api_tls_key, read_token=args.api_read_token)
     try:
         print(f"gavel api: HTTP API at {api.announce()}; its OpenAPI document at "
               f"{api.url}openapi.json   (Ctrl-C stops it)", flush=True)

@@ -18,6 +18,7 @@ import msgspec
 
 from gavel import __version__
 from gavel.cli.api.routes import IDEMPOTENCY, ROUTES, Route
+from gavel.shared.api import EventsRequest
 from gavel.shared.logstream import LogChunk, LogsDone
 from gavel.shared.messages import ApiError, Event
 
@@ -28,6 +29,7 @@ REF = "#/components/schemas/{name}"
 STREAMED: dict[str, Any] = {"event": Event, "chunk": LogChunk, "done": LogsDone,
                             "error": ApiError}
 _REFUSALS = {"400": "The request is malformed (one sentence says what is wrong)",
+             "403": "This token, or the API's own NATS identity, may only read",
              "404": "No such instance, node or service", "409": "The cluster refused it",
              "503": "No broker answers"}
 
@@ -43,6 +45,11 @@ def _operation(route: Route, schemas: dict[str, Any], refs: dict[Any, Any]) -> d
     params += [{"name": name, "in": "query", "required": False, "schema": props[name],
                 **({"style": "form", "explode": False} if name == "streams" else {})}
                for name in route.query]
+    if route.stream and route.request is EventsRequest:
+        params.append({"name": "Last-Event-ID", "in": "header", "required": False,
+                       "schema": {"type": "string", "pattern": "^[0-9]+$"},
+                       "description": "Resume after the event with this id: every event "
+                       "stored since, in order, each once (a reconnecting client's)."})
     if route.keyed:
         params.append({"name": "Idempotency-Key", "in": "header", "required": False,
                        "schema": {"type": "string"}, "description": "A retry with the same "

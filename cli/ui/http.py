@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import ssl
 from collections.abc import Awaitable, Callable, Mapping
@@ -65,6 +66,8 @@ class Request:
     #: Lower-cased names; a repeated header keeps its first value.
     headers: dict[str, str]
     body: bytes = b""
+    #: Admitted on the server's read token (`Server.read_token`), not its full one.
+    reader: bool = False
 
 
 @dataclass
@@ -81,9 +84,11 @@ class Sse:
     def __init__(self, writer: asyncio.StreamWriter) -> None:
         self._writer = writer
 
-    async def send(self, event: str, data: bytes) -> None:
-        """One frame; `data` is one line of JSON (it holds no newline)."""
-        self._writer.write(b"event: " + event.encode() + b"\ndata: " + data + b"\n\n")
+    async def send(self, event: str, data: bytes, id: str = "") -> None:
+        """One frame; `data` is one line of JSON (it holds no newline); with `id`, the frame's
+        id, which a client that reconnects sends back as ``Last-Event-ID``."""
+        head = b"id: " + id.encode() + b"\n" if id else b""
+        self._writer.write(head + b"event: " + event.encode() + b"\ndata: " + data + b"\n\n")
         await self._writer.drain()
 
     async def comment(self) -> None:
@@ -139,9 +144,13 @@ DASHBOARD = Policy(sentences={
 class Server:
     """Serves `handler` on (addr, port) to whoever holds `token` (rule 4)."""
 
-    def __init__(self, handler: Handler, token: str, policy: Policy = DASHBOARD) -> None:
+    def __init__(self, handler: Handler, token: str, policy: Policy = DASHBOARD,
+                 read_token: str = "") -> None:
         self.handler = handler
         self.token = token
+        #: A second token whose requests are marked `Request.reader` (the handler decides
+        #: what a reader may do); only beside a full `token`.
+        self.read_token = read_token if token else ""
         self.policy = policy
         self.port = 0
         self._server: asyncio.Server | None = None
@@ -207,8 +216,11 @@ class Server:
                 policy.methods))}))
             return
         if not access.authorized(self.token, self.port, req.headers, req.query):
-            await _write(writer, policy.refuse(401, {"WWW-Authenticate": "Bearer"}))
-            return
+            if not (self.read_token and access.authorized(self.read_token, self.port,
+                                                           req.headers, req.query)):
+                await _write(writer, policy.refuse(401, {"WWW-Authenticate": "Bearer"}))
+                return
+            req = dataclasses.replace(req, reader=True)
         if not self.token and not access.host_is_loopback(req.headers.get("host", "")):
             await _write(writer, policy.refuse(403))
             return
@@ -218,7 +230,7 @@ class Server:
                 await _write(writer, policy.refuse(body))
                 await _linger(reader, writer)
                 return
-            req = Request(req.method, req.path, req.query, req.headers, body)
+            req = Request(req.method, req.path, req.query, req.headers, body, req.reader)
         answer = await self.handler(req)
         if isinstance(answer, Response):
             await _write(writer, answer, head_only=req.method == "HEAD")

@@ -45,12 +45,17 @@ class Sse:
     def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
                  status: int, headers: bytes) -> None:
         self.reader, self.writer, self.status, self.head = reader, writer, status, headers
+        #: The ``id:`` of the last frame read that had one ("" none yet).
+        self.last_id = ""
+        #: The ``id:`` of the last frame read ("" it had none).
+        self.id = ""
 
     @classmethod
-    async def open(cls, port: int, path: str) -> Sse:
+    async def open(cls, port: int, path: str, last_id: str = "") -> Sse:
         r, w = await asyncio.open_connection("127.0.0.1", port)
+        resume = f"Last-Event-ID: {last_id}\r\n" if last_id else ""
         w.write((f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
-                 "Accept: text/event-stream\r\n\r\n").encode())
+                 f"Accept: text/event-stream\r\n{resume}\r\n").encode())
         head = await asyncio.wait_for(r.readuntil(b"\r\n\r\n"), 30)
         return cls(r, w, int(head.split(b" ")[1]), head)
 
@@ -61,9 +66,11 @@ class Sse:
         while True:
             raw = await asyncio.wait_for(self.reader.readuntil(b"\n\n"),
                                          max(0.1, deadline - loop.time()))
-            event, data = "", b""
+            event, data, self.id = "", b"", ""
             for line in raw.split(b"\n"):
-                if line.startswith(b"event: "):
+                if line.startswith(b"id: "):
+                    self.id = self.last_id = line[4:].decode()
+                elif line.startswith(b"event: "):
                     event = line[7:].decode()
                 elif line.startswith(b"data: "):
                     data = line[6:]

@@ -311,6 +311,46 @@ async def test_events_stream_the_kept_ones_then_each_new_one(
         sse.close()
 
 
+async def test_a_reconnecting_events_stream_resumes_after_its_last_id_from_the_history(
+        two: Cluster, api: app.ApiServer) -> None:
+    """Each new event carries its sequence in the history as its ``id:``; a client that comes
+    back with ``Last-Event-ID`` gets what happened meanwhile, in order, each once, and
+    nothing it had."""
+    sse = await Sse.open(api.port, "/v1/events/stream?instance_id=rs-1&limit=0")
+    try:
+        body = {"spec": spec_json(sleeper_spec("rs", cpu=0.1, memory_mb=32)),
+                "instance_id": "rs-1"}
+        assert (await http(api.port, "POST", "/v1/instances", json_body=body))[0] == 200
+        await sse.until("event", lambda e: e["type"] == "running")
+        assert sse.id.isdigit(), "a new event carries its history sequence"
+        last = sse.last_id
+    finally:
+        sse.close()
+    # Gone while the instance is cancelled; back with the last id heard.
+    assert (await http(api.port, "DELETE", "/v1/instances/rs-1"))[0] == 200
+    async def ended() -> bool:
+        return (await two.status("rs-1")).state == "cancelled"
+    await wait_for(ended, 30, what="rs-1 cancelled")
+    sse = await Sse.open(api.port, "/v1/events/stream?instance_id=rs-1&limit=0",
+                         last_id=last)
+    try:
+        assert sse.status == 200
+        ids, types = [], []
+        while "cancelled" not in types:
+            event, data = await sse.frame()
+            assert event == "event" and data["instance_id"] == "rs-1"
+            ids.append(int(sse.id))
+            types.append(data["type"])
+        assert "running" not in types and ids == sorted(set(ids)) and ids[0] > int(last)
+    finally:
+        sse.close()
+    bad = await Sse.open(api.port, "/v1/events/stream?instance_id=rs-1", last_id="soon")
+    try:
+        assert bad.status == 400
+    finally:
+        bad.close()
+
+
 async def test_logs_stream_an_instances_output_then_done(
         two: Cluster, api: app.ApiServer) -> None:
     code = "import sys, time\nfor i in range(3): print('line', i, flush=True)\ntime.sleep(60)"
@@ -344,6 +384,30 @@ async def test_logs_stream_an_instances_output_then_done(
         follow.close()
     status, _, body = await http(api.port, "GET", "/v1/instances/ghost/logs")
     assert status == 404 and json.loads(body)["error"].startswith(Reason.UNKNOWN_INSTANCE)
+
+
+async def test_a_read_token_serves_the_reading_routes_and_refuses_every_change(
+        two: Cluster) -> None:
+    server = await app.start(two.url, None, port=0, token="full-token",
+                             read_token="reader-token")
+    try:
+        def bearer(token: str) -> dict[str, str]:
+            return {"Authorization": f"Bearer {token}"}
+        status, _, _ = await http(server.port, "GET", "/v1/nodes",
+                                  headers=bearer("reader-token"))
+        assert status == 200
+        body = {"spec": spec_json(sleeper_spec("ro", cpu=0.1, memory_mb=32))}
+        status, _, said = await http(server.port, "POST", "/v1/instances", json_body=body,
+                                     headers=bearer("reader-token"))
+        assert status == 403
+        assert json.loads(said)["error"].startswith("this token may only read")
+        status, _, _ = await http(server.port, "POST", "/v1/instances", json_body=body,
+                                  headers=bearer("full-token"))
+        assert status == 200
+        status, _, _ = await http(server.port, "GET", "/v1/nodes")
+        assert status == 401
+    finally:
+        await server.close()
 
 
 async def test_a_token_is_required_where_given_and_tls_where_a_cert_is(

@@ -1,0 +1,136 @@
+"""The operator's side of `shared.execstream`: one `gavel exec` session with the node that runs
+the instance.
+
+Rules:
+1. Every message goes to ``gavel.exec.<node>.<operator>`` with a reply subject of its own under
+   the session's inbox (``<inbox>.<n>``), so each gives the node a fresh grant to answer
+   (`shared.execstream` rule 2): input as it comes, an acknowledgement every half `WINDOW`
+   chunks, a keepalive every `KEEPALIVE_S` otherwise.
+2. Nobody answering the start (no responders, or nothing within `first_s`) is
+   `NodeUnreachable`, one sentence naming the node (or, when the server refused to take it,
+   a sentence saying the operator's role does not allow exec); a node that falls silent for
+   longer than its own idle limit is too. Output is handed over in the node's order
+   (`ExecOutput.seq`).
+3. Cancelling `run` (Ctrl-C) hangs up: the node kills the command and says so.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import secrets
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import msgspec
+import nats.errors
+
+from gavel.shared import subjects
+from gavel.shared.execstream import (
+    IDLE_S,
+    KEEPALIVE_S,
+    WINDOW,
+    ExecExit,
+    ExecInput,
+    ExecOutput,
+    ExecStart,
+)
+from gavel.transport.client import ClientError
+from gavel.transport.logclient import NodeUnreachable
+
+__all__ = ["NodeUnreachable", "new_session", "run"]
+
+_enc = msgspec.msgpack.Encoder()
+_dec = msgspec.msgpack.Decoder(ExecOutput | ExecExit)
+
+OnOutput = Callable[[ExecOutput], Awaitable[None] | None]
+
+
+def new_session() -> str:
+    return secrets.token_hex(16)
+
+
+async def run(nc: Any, start: ExecStart, on_output: OnOutput, *,
+              stdin: AsyncIterator[bytes] | None = None, operator: str = subjects.OPERATOR,
+              first_s: float = 5.0, keepalive_s: float = KEEPALIVE_S) -> ExecExit:
+    """The session `start` opens, to its end (rules 1-3): each output chunk handed to
+    `on_output`, `stdin`'s bytes sent as the command's input (its end closes the input;
+    None: no input at all). The node's `ExecExit`."""
+    node, session = start.node_id, start.session
+    subject = subjects.EXEC.format(node=node, operator=operator)
+    inbox = nc.new_inbox()
+    sub = await nc.subscribe(f"{inbox}.*")
+    lock = asyncio.Lock()
+    sent = [0]
+
+    async def send(msg: ExecStart | ExecInput) -> None:
+        async with lock:
+            sent[0] += 1
+            await nc.publish(subject, _enc.encode(msg), reply=f"{inbox}.{sent[0]}")
+
+    def inp(**kw: Any) -> ExecInput:
+        return ExecInput(node_id=node, session=session, **kw)
+
+    acked = [0]
+    feeding: asyncio.Task[None] | None = None
+    alive: asyncio.Task[None] | None = None
+    try:
+        await send(start)
+
+        async def feed() -> None:
+            if stdin is None:
+                await send(inp(eof=True, acked=acked[0]))
+                return
+            async for data in stdin:
+                await send(inp(data=data, acked=acked[0]))
+            await send(inp(eof=True, acked=acked[0]))
+
+        async def keepalive() -> None:
+            while True:
+                await asyncio.sleep(keepalive_s)
+                await send(inp(acked=acked[0]))
+
+        feeding = asyncio.ensure_future(feed())
+        alive = asyncio.ensure_future(keepalive())
+        wait = first_s
+        while True:
+            try:
+                msg = await sub.next_msg(timeout=wait)
+            except nats.errors.TimeoutError:
+                err = str(getattr(nc, "last_error", "") or "").lower()
+                if f'permissions violation for publish to "{subject.lower()}"' in err:
+                    raise ClientError(f"NATS refused operator {operator}'s exec: its role "
+                                      "does not allow it (`gavel auth operator add` gives "
+                                      "a role)") from None
+                raise NodeUnreachable(f"node {node} did not answer for exec in "
+                                      f"{start.instance_id}: is its worker running?") from None
+            if msg.headers and msg.headers.get("Status") == "503":
+                raise NodeUnreachable(f"node {node} is not answering for exec in "
+                                      f"{start.instance_id}: its worker is not connected to "
+                                      "NATS.")
+            wait = IDLE_S + keepalive_s
+            try:
+                reply = _dec.decode(msg.data)
+            except msgspec.DecodeError:
+                continue
+            if reply.session != session:
+                continue
+            if isinstance(reply, ExecExit):
+                return reply
+            acked[0] = reply.seq
+            got = on_output(reply)
+            if inspect.isawaitable(got):
+                await got
+            if reply.seq % (WINDOW // 2) == 0:
+                await send(inp(acked=reply.seq))
+    except asyncio.CancelledError:  # rule 3
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(send(inp(hangup=True, acked=acked[0])), 1.0)
+        raise
+    finally:
+        for task in (feeding, alive):
+            if task is not None:
+                task.cancel()
+        with contextlib.suppress(nats.errors.Error):
+            await sub.unsubscribe()
