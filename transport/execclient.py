@@ -37,14 +37,25 @@ from gavel.shared.execstream import (
     ExecStart,
 )
 from gavel.transport.client import ClientError
+from gavel.transport.inbound import Decode, Malformed
 from gavel.transport.logclient import NodeUnreachable
 
 __all__ = ["NodeUnreachable", "new_session", "run"]
 
 _enc = msgspec.msgpack.Encoder()
-_dec = msgspec.msgpack.Decoder(ExecOutput | ExecExit)
+_dec: Decode[ExecOutput | ExecExit] = Decode(ExecOutput | ExecExit)
 
 OnOutput = Callable[[ExecOutput], Awaitable[None] | None]
+
+
+def _silence(nc: Any, subject: str, operator: str, start: ExecStart) -> Exception:
+    """Why the node said nothing: the server refused the operator's request, or no worker."""
+    err = str(getattr(nc, "last_error", "") or "").lower()
+    if f'permissions violation for publish to "{subject.lower()}"' in err:
+        return ClientError(f"NATS refused operator {operator}'s exec: its role does not "
+                           "allow it (`gavel auth operator add` gives a role)")
+    return NodeUnreachable(f"node {start.node_id} did not answer for exec in "
+                           f"{start.instance_id}: is its worker running?")
 
 
 def new_session() -> str:
@@ -98,23 +109,14 @@ async def run(nc: Any, start: ExecStart, on_output: OnOutput, *,
             try:
                 msg = await sub.next_msg(timeout=wait)
             except nats.errors.TimeoutError:
-                err = str(getattr(nc, "last_error", "") or "").lower()
-                if f'permissions violation for publish to "{subject.lower()}"' in err:
-                    raise ClientError(f"NATS refused operator {operator}'s exec: its role "
-                                      "does not allow it (`gavel auth operator add` gives "
-                                      "a role)") from None
-                raise NodeUnreachable(f"node {node} did not answer for exec in "
-                                      f"{start.instance_id}: is its worker running?") from None
+                raise _silence(nc, subject, operator, start) from None
             if msg.headers and msg.headers.get("Status") == "503":
                 raise NodeUnreachable(f"node {node} is not answering for exec in "
                                       f"{start.instance_id}: its worker is not connected to "
                                       "NATS.")
             wait = IDLE_S + keepalive_s
-            try:
-                reply = _dec.decode(msg.data)
-            except msgspec.DecodeError:
-                continue
-            if reply.session != session:
+            reply = _dec(msg.data)
+            if isinstance(reply, Malformed) or reply.session != session:
                 continue
             if isinstance(reply, ExecExit):
                 return reply

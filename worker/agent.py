@@ -177,7 +177,8 @@ class Agent:
                                    nc=lambda: self._nc, poll_s=min(0.25, timing.tick_s),
                                    window_s=logs_window_s, close_s=timing.close_s)
         self.execs = ExecServer(node_id=node_id, target=self._supervisor.exec_target,
-                                report=self._report, sink=self._refused, nc=lambda: self._nc)
+                                report=self._report, sink=self._refused, nc=lambda: self._nc,
+                                poll_s=min(0.2, timing.tick_s), close_s=timing.close_s)
 
     def _make_guards(self) -> None:
         """The guards of what the broker sends here, the subjects this node sends on."""

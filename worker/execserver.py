@@ -40,6 +40,7 @@ from gavel.shared.execstream import (
     ExecStart,
 )
 from gavel.shared.messages import EventType, Message
+from gavel.shared.timing import Timing
 from gavel.transport.inbound import Door, Guard, Sink
 from gavel.worker.drivers import Target
 from gavel.worker.execsession import Session
@@ -50,8 +51,7 @@ log = logging.getLogger("gavel.worker.exec")
 
 #: Exec sessions one node runs at once.
 MAX_SESSIONS = 16
-#: How often a session looks at its limits.
-_TICK_S = 0.2
+_TIMING = Timing()
 _enc = msgspec.msgpack.Encoder()
 
 #: (instance, attempt, type, reason, detail, exit code): the worker's report of an event.
@@ -80,8 +80,11 @@ class ExecServer:
     def __init__(self, *, node_id: str, target: Callable[[str], Target | Ended],
                  report: Report, sink: Sink, nc: Callable[[], Any],
                  max_sessions: int = MAX_SESSIONS, idle_s: float = execstream.IDLE_S,
-                 output_max: int = OUTPUT_MAX, clock: Callable[[], float] = time.monotonic) -> None:
+                 output_max: int = OUTPUT_MAX, clock: Callable[[], float] = time.monotonic,
+                 poll_s: float = _TIMING.tick_s, close_s: float = _TIMING.close_s) -> None:
         self.node_id = node_id
+        #: How often a session looks at its limits; how long `close` waits for sessions.
+        self._poll_s, self._close_s = poll_s, close_s
         self._target = target
         self._report = report
         self._nc = nc
@@ -139,7 +142,7 @@ class ExecServer:
             sess.stopping = True
         tasks = list(self._tasks)
         if tasks:
-            await asyncio.wait(tasks, timeout=5.0)
+            await asyncio.wait(tasks, timeout=self._close_s)
         for task in tasks:
             task.cancel()
 
@@ -214,7 +217,7 @@ class ExecServer:
         life = asyncio.ensure_future(ended())
         try:
             while True:
-                done, _ = await asyncio.wait({life}, timeout=_TICK_S)
+                done, _ = await asyncio.wait({life}, timeout=self._poll_s)
                 if done:
                     code, why = life.result()
                     if not why:
@@ -225,7 +228,7 @@ class ExecServer:
                     break
             proc.kill()
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(proc.wait(), 5.0)
+                await asyncio.wait_for(proc.wait(), self._close_s)
             return None, why
         finally:
             for task in (feed, pump, life):

@@ -21,6 +21,15 @@ _CLIENT = "the operator's client, not a daemon: its waits are the command's"
 _SERVERS = "starting a nats-server child (dev, tests, `gavel up`): the process's start, no " \
            "protocol clock"
 ALLOWED = {
+    # The operator's client.
+    "transport/client.py::<module>::_REFUSAL_POLL_S=0.05": _CLIENT,
+    "transport/execclient.py::run::param first_s=5.0": _CLIENT,
+    "transport/execclient.py::run::wait_for(1.0)": _CLIENT,
+    # Pacing of another program's I/O, not a wait of the protocol.
+    "worker/execsession.py::ProcessSession.write::sleep(0.01)":
+        "a full terminal is written again at the kernel's pace",
+    "worker/execsession.py::ContainerSession.wait::sleep(0.05)":
+        "the Docker Engine API has no wait for an exec: its inspect is polled",
     # Settings of their own table, not timeouts written in code.
     "broker/config.py::Config::field connect_wait_s=30.0":
         "a setting of the broker's Config (the daemon passes None: for ever)",
