@@ -26,6 +26,7 @@ from gavel.shared.api import (
     WhyRequest,
 )
 from gavel.shared.award import NodeBid
+from gavel.shared.reasons import Reason
 from gavel.shared.reasons import render as render_reason
 from gavel.transport.client import call, connect
 from gavel.transport.client import status as status_of
@@ -180,7 +181,9 @@ async def why(args: argparse.Namespace) -> int:
              if i.restarts else "")
           + (f", replica of service {i.service} version {i.version}" if i.service else "")
           + (f" — {i.detail or i.reason}" if i.state in ("unschedulable", "failed", "lost")
-             or (i.state == "cancelled" and i.service) else ""))
+             or (i.state == "cancelled" and i.service) else "")
+          + (f" — {render_reason(i.reason, i.detail)}"
+             if i.reason == Reason.PREEMPTED and i.state not in ("failed", "lost") else ""))
     if i.check:
         print(f"  check {i.check}")
     for a in reply.auctions:
@@ -197,6 +200,13 @@ async def why(args: argparse.Namespace) -> int:
             print(f"    decline {d.node_id:<16} {render_reason(d.reason, d.detail)}")
         for s in a.silent:
             print(f"    silent  {s:<16} no answer before the deadline")
+        for o in a.offers:  # no bid fitted: the nodes' preempting offers, best first
+            mark = "*" if o.node_id == a.winner else " "
+            stops = ", ".join(f"{v.instance_id} (priority {v.priority})" for v in o.victims)
+            print(f"  {mark} preempt {o.node_id:<16} load {o.load:.3f}  would stop {stops}")
+        if a.displaced:
+            print("    displaced " + ", ".join(f"{v.instance_id} (priority {v.priority})"
+                                             for v in a.displaced))
     return 0
 
 
