@@ -5,6 +5,10 @@ commit, `why`), its process is stopped, and it runs again once room appears."""
 
 from __future__ import annotations
 
+import asyncio
+import subprocess
+import sys
+
 import pytest
 
 from gavel.shared.api import EventsReply, EventsRequest, WhyReply, WhyRequest
@@ -51,6 +55,12 @@ async def test_a_high_priority_job_preempts_and_the_evicted_job_is_requeued(
     won = why.auctions[0]
     assert won.winner == "node-a" and [v.instance_id for v in won.displaced] == [low]
     assert [o.node_id for o in won.offers] == ["node-a"]
+    proc = await asyncio.to_thread(subprocess.run, [sys.executable, "-m", "gavel", "why",
+                                                    urgent, "--nats", cluster.url],
+                                   capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert "* preempt node-a" in proc.stdout and f"would stop {low} (priority 10)" in proc.stdout
+    assert f"displaced {low} (priority 10)" in proc.stdout
     # The evicted job waits (node-a is full of higher-priority work), then runs again.
     st = await cluster.status(low)
     assert st.state in ("queued", "scheduled", "unschedulable")
