@@ -74,6 +74,8 @@ async def status(args: argparse.Namespace) -> int:
              "PORTS", "REASON")]
     for i in reply.instances:
         why = i.detail if i.state == "unschedulable" else (i.reason or i.check or "")
+        if i.reason == Reason.PREEMPTED and i.state != "unschedulable":
+            why = render_reason(i.reason, i.detail)  # preempted by <instance> (priority N)
         rows.append((i.instance_id, i.state, i.health or "-", i.node_id or "-", str(i.attempt),
                      str(i.restarts), *usage_cells(i.cpu_used, i.memory_used_mb, i.node_id),
                      ports_cell(i.ports) or "-", " ".join(why.split())))
