@@ -33,7 +33,7 @@ import random
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
 import msgspec
 
@@ -65,6 +65,8 @@ class Kind(_Config, kw_only=True):
 
 
 class PreemptionScenario(_Config, kw_only=True):
+    #: What `gavel sim` tells this kind of scenario from the others by.
+    kind: Literal["preemption"] = "preemption"
     name: str
     description: str = ""
     seed: int = 1
@@ -293,7 +295,7 @@ def load(path: Path) -> PreemptionScenario:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m gavel.sim.preemption",
+    parser = argparse.ArgumentParser(prog="gavel sim",
                                      description="urgent work arriving at a full fleet")
     parser.add_argument("scenario", type=Path)
     parser.add_argument("--json", action="store_true")

@@ -3,10 +3,13 @@ preemption it is compared with (`sim.baselines.central_preempting`)."""
 
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
 
 import pytest
 
+from gavel.cli.sim import add_arguments
+from gavel.cli.sim import run as run_cli
 from gavel.shared.feasibility import NodeView
 from gavel.shared.messages import Capacity, Shape, Victim
 from gavel.sim.baselines import central_preempting
@@ -75,7 +78,11 @@ def test_the_command_prints_the_three_schedulers(tmp_path: Path,
     small.write_text(text.replace("duration_s = 3600.0", "duration_s = 700.0")
                      .replace("nodes = 40", "nodes = 4"))
     assert main([str(small)]) == 0
-    out = capsys.readouterr().out
+    direct = capsys.readouterr().out
     for policy in ("gavel, no preemption", "gavel, preemption by bids",
                    "central, preemption"):
-        assert policy in out
+        assert policy in direct
+    parser = argparse.ArgumentParser(prog="gavel sim")
+    add_arguments(parser)
+    assert run_cli(parser.parse_args([str(small)])) == 0  # `gavel sim FILE` runs it too
+    assert capsys.readouterr().out == direct
