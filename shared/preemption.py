@@ -36,8 +36,11 @@ __all__ = ["EXACT_SETS", "GAP", "Offer", "displaceable", "freed", "offer_key", "
 
 #: The least priority difference that lets work displace other work (rule 1).
 GAP = 10
-#: How many candidate sets the exact search may try before it turns greedy (rule 3).
-EXACT_SETS = 2_000
+#: How many candidate sets the exact search may try before it turns greedy (rule 3): it runs
+#: in the node's answer to a request for bids, so its cost is bounded.
+EXACT_SETS = 500
+#: As `shared.feasibility`'s: a cpu sum that fits exactly is not refused for rounding.
+_EPS = 1e-9
 
 
 class Offer(msgspec.Struct, frozen=True, kw_only=True):
@@ -70,30 +73,39 @@ def freed(room: Capacity, gone: Sequence[Victim]) -> Capacity:
     return out
 
 
-def _cost(chosen: Sequence[Victim]) -> tuple[int, float, int, tuple[str, ...]]:
+def _cost(chosen: Sequence[Victim]) -> tuple[int, float, int]:
     return (sum(v.priority for v in chosen), sum(v.cpu for v in chosen),
-            sum(v.memory_mb for v in chosen), tuple(sorted(v.instance_id for v in chosen)))
+            sum(v.memory_mb for v in chosen))
 
 
 def victims(shape: Shape, node: NodeView) -> list[Victim] | None:
     """Rule 3: the instances to stop so `shape` fits on `node`, or None when no set of
     displaceable instances makes room."""
-    pool = [v for v in node.residents if displaceable(shape.priority, v.priority)]
+    pool = sorted((v for v in node.residents if displaceable(shape.priority, v.priority)),
+                  key=lambda v: v.instance_id)
     if not pool:
         return None
     room = node.capacity - node.committed
     if shortfall(shape, freed(room, pool)) is not None:
         return None  # all of them would not be enough
+    # What the victims must free at least, in each of cpu, memory and ports.
+    cpu = shape.cpu - room.cpu - _EPS
+    memory = shape.memory_mb - room.memory_mb
+    ports = shape.ports - room.ports
     tried = 0
     for k in range(1, len(pool) + 1):
         best: tuple[Victim, ...] | None = None
+        best_cost: tuple[int, float, int] | None = None
         for chosen in combinations(pool, k):
             tried += 1
             if tried > EXACT_SETS:
                 return _greedy(shape, room, pool)
-            if shortfall(shape, freed(room, chosen)) is None and (
-                    best is None or _cost(chosen) < _cost(best)):
-                best = chosen
+            if sum(v.cpu for v in chosen) >= cpu \
+                    and sum(v.memory_mb for v in chosen) >= memory \
+                    and sum(v.ports for v in chosen) >= ports:
+                cost = _cost(chosen)  # ties: the first in id order (the pool is sorted)
+                if best_cost is None or cost < best_cost:
+                    best, best_cost = chosen, cost
         if best is not None:
             return sorted(best, key=lambda v: (v.priority, v.instance_id))
     return None  # unreachable: the whole pool fits
