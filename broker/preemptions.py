@@ -2,9 +2,9 @@
 
 Rules:
 1. The node's word is never taken for what it may stop: every victim must be placed on the
-   winner in the view, not being stopped, and at least `shared.preemption.GAP` below the
-   preemptor's priority in its own record. One that is not spoils the whole award (nothing
-   is evicted, the instance is auctioned again).
+   winner in the view, not being stopped, not a system job's (bound to its node), and at
+   least `shared.preemption.GAP` below the preemptor's priority in its own record. One that
+   is not spoils the whole award (nothing is evicted, the instance is auctioned again).
 2. The preemptor's own placement is checked before anything is evicted (still pending, the
    winner usable and not draining, ports to be had once the victims' are free): a plan never
    evicts for an award it then cannot place.
@@ -41,7 +41,7 @@ def plan_evictions(view: View, d: Awarded, port_range: Sequence[int],
         return None
     for v in d.displaced:
         got = view.live(v.instance_id, node)
-        if got is None or got[0].cancelling \
+        if got is None or got[0].cancelling or got[0].only_node \
                 or not displaceable(d.request.priority, got[0].spec.priority):
             return None
     detail = preempted_by(d.request.instance_id, d.request.priority)

@@ -3,6 +3,8 @@ with the award in one change, re-queued with the fixed reason, or nothing change
 
 from __future__ import annotations
 
+import msgspec
+
 from gavel.broker.effects import Emit, Publish, Release
 from gavel.broker.ledger.plan import View, place
 from gavel.broker.ledger.state import Change, State
@@ -67,6 +69,13 @@ def test_the_nodes_word_is_not_taken_for_the_victims_priority() -> None:
     view = _state(low_priority=75)  # git says 75: not 10 below 80, whatever the node says
     assert plan_evictions(view, _award(priority_claimed=10), [], EPOCH) is None
     assert not view.change.instances and not view.change.nodes
+
+
+def test_a_system_jobs_instance_is_never_a_victim() -> None:
+    view = _state()
+    rec = view.state.instances["low-1"]
+    view.state.put_instance("low-1", msgspec.structs.replace(rec, only_node="n1"))
+    assert plan_evictions(view, _award(), [], EPOCH) is None
 
 
 def test_a_victim_no_longer_there_spoils_the_award_and_nothing_changes() -> None:
