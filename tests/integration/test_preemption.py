@@ -9,10 +9,12 @@ import asyncio
 import subprocess
 import sys
 
+import msgspec
 import pytest
 
 from gavel.shared.api import EventsReply, EventsRequest, WhyReply, WhyRequest
 from gavel.shared.messages import EventType
+from gavel.shared.planning import PlanReply, PlanRequest
 from gavel.shared.reasons import Reason, render
 from tests.integration.harness import TIMING, Cluster, sleeper_spec, wait_for
 
@@ -36,6 +38,22 @@ async def test_a_high_priority_job_preempts_and_the_evicted_job_is_requeued(
     await cluster.wait_nodes(1)
     low = await cluster.submit(sleeper_spec("low", cpu=2.0, priority=10))
     await wait_for(lambda: _running(cluster, low, "node-a"), 15, what="low runs on node-a")
+
+    # `gavel plan` says what the urgent job would preempt, and changes nothing.
+    commits = len(list(cluster.ledger().history()))
+    plan = await cluster.call("plan", PlanRequest(spec=sleeper_spec("urgent", cpu=2.0,
+                                                                    priority=80)), PlanReply)
+    [planned] = plan.placements
+    assert planned.winner == "node-a" and [v.instance_id for v in planned.displaced] == [low]
+    assert len(list(cluster.ledger().history())) == commits
+    assert cluster.holders(low) == ["node-a"]
+    spec_file = cluster.root / "urgent.json"
+    spec_file.write_bytes(msgspec.json.encode(sleeper_spec("urgent", cpu=2.0, priority=80)))
+    shown = await asyncio.to_thread(subprocess.run, [sys.executable, "-m", "gavel", "plan",
+                                                     "--nats", cluster.url, str(spec_file)],
+                                    capture_output=True, text=True, timeout=60)
+    assert shown.returncode == 0, shown.stderr
+    assert f"would preempt {low} (priority 10)" in shown.stdout
 
     urgent = await cluster.submit(sleeper_spec("urgent", cpu=2.0, priority=80))
     await wait_for(lambda: _running(cluster, urgent, "node-a"), 15 + TIMING.kill_grace_s,
