@@ -7,7 +7,9 @@ Rules:
 3. A reply counts once per node, only from an eligible node, only before the deadline, only
    for this auction, with one answer per shape at most; every other reply is rejected whole
    with a `Verdict` the shell counts. A node that answered but skipped a shape is silent
-   for that shape.
+   for that shape. A decline's preempting offer (`shared.preemption`) counts only if it
+   displaces work at least the gap below the shape's priority, each instance once, at a
+   finite non-negative price; it is kept beside the decline for the award (rule 4).
 4. `decide` closes the auction and awards its requests in order by the award rule, the one
    rule for a single request, a batch and a service's replicas (`shared.award`: lowest
    effective load that still fits, each award charged to the winner; a replica by the
