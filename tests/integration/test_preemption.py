@@ -12,7 +12,14 @@ import sys
 import msgspec
 import pytest
 
-from gavel.shared.api import EventsReply, EventsRequest, WhyReply, WhyRequest
+from gavel.shared.api import (
+    DeployReply,
+    DeployRequest,
+    EventsReply,
+    EventsRequest,
+    WhyReply,
+    WhyRequest,
+)
 from gavel.shared.messages import EventType
 from gavel.shared.planning import PlanReply, PlanRequest
 from gavel.shared.reasons import Reason, render
@@ -103,3 +110,28 @@ async def test_equal_priority_never_preempts(cluster: Cluster) -> None:
 
 async def _unschedulable(cluster: Cluster, iid: str) -> bool:
     return bool((await cluster.status(iid)).state == "unschedulable")
+
+
+async def test_a_services_replica_preempted_is_placed_again_and_the_count_holds(
+        cluster: Cluster) -> None:
+    await cluster.start_broker()
+    await cluster.start_agent("node-a", cpu=2.0)
+    await cluster.wait_nodes(1)
+    web = sleeper_spec("web", cpu=2.0, priority=20, type="service", count=1)
+    await cluster.call("deploy", DeployRequest(spec=web), DeployReply)
+
+    def replicas() -> list[tuple[str, str]]:
+        st = cluster.ledger().state()
+        return sorted((r.instance_id, st.placement_of(r.instance_id) or "")
+                      for r in st.replicas_of("web") if not r.state.terminal)
+    await wait_for(lambda: [n for _, n in replicas()] == ["node-a"], 15, what="web on node-a")
+    [(replica, _)] = replicas()
+    urgent = await cluster.submit(sleeper_spec("urgent", cpu=2.0, priority=90))
+    await wait_for(lambda: _running(cluster, urgent, "node-a"), 15 + TIMING.kill_grace_s,
+                   what="urgent runs on node-a")
+    assert (EventType.PREEMPTED, Reason.PREEMPTED, f"{urgent} (priority 90)") in \
+        await _events(cluster, replica)
+    await cluster.start_agent("node-b", cpu=2.0)
+    await wait_for(lambda: _running(cluster, replica, "node-b"), 15 + TIMING.heartbeat_s * 2,
+                   what="the replica placed again on node-b")
+    assert replicas() == [(replica, "node-b")]  # the same replica: the count holds, no second
