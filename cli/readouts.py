@@ -17,6 +17,7 @@ import msgspec
 from gavel.cli import services
 from gavel.cli.outcomes import refusal_code
 from gavel.shared.api import (
+    InstanceStatus,
     NodeDetail,
     NodesReply,
     NodesRequest,
@@ -73,9 +74,7 @@ async def status(args: argparse.Namespace) -> int:
     rows = [("INSTANCE", "STATE", "HEALTH", "NODE", "ATTEMPT", "RESTARTS", "CPU", "MEM MB",
              "PORTS", "REASON")]
     for i in reply.instances:
-        why = i.detail if i.state == "unschedulable" else (i.reason or i.check or "")
-        if i.reason == Reason.PREEMPTED and i.state != "unschedulable":
-            why = render_reason(i.reason, i.detail)  # preempted by <instance> (priority N)
+        why = reason_cell(i)
         rows.append((i.instance_id, i.state, i.health or "-", i.node_id or "-", str(i.attempt),
                      str(i.restarts), *usage_cells(i.cpu_used, i.memory_used_mb, i.node_id),
                      ports_cell(i.ports) or "-", " ".join(why.split())))
@@ -210,6 +209,16 @@ async def why(args: argparse.Namespace) -> int:
             print("    displaced " + ", ".join(f"{v.instance_id} (priority {v.priority})"
                                              for v in a.displaced))
     return 0
+
+
+def reason_cell(i: InstanceStatus) -> str:
+    """Why an instance is as it is, as `status` shows it: an unschedulable one's summary, a
+    preempted one's ``preempted by <instance> (priority N)``, else its reason or check."""
+    if i.state == "unschedulable":
+        return i.detail
+    if i.reason == Reason.PREEMPTED:
+        return render_reason(i.reason, i.detail)
+    return i.reason or i.check or ""
 
 
 def bid_cell(b: NodeBid) -> str:

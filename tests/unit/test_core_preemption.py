@@ -185,3 +185,4 @@ def test_priority_is_one_to_a_hundred(tmp_path: Path) -> None:
     path.write_text('{"name": "job", "command": ["true"]}')
     assert load_spec(path).priority == 50
     assert Request.of("job-1", load_spec(path)).priority == 50
+

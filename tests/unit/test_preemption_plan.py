@@ -1,5 +1,6 @@
 """The commit of a displacing award as a pure plan (`broker.preemptions`): the victims leave
-with the award in one change, re-queued with the fixed reason, or nothing changes."""
+with the award in one change, re-queued with the fixed reason, or nothing changes; `status`
+shows who preempted a waiting instance."""
 
 from __future__ import annotations
 
@@ -9,12 +10,14 @@ from gavel.broker.effects import Emit, Publish, Release
 from gavel.broker.ledger.plan import View, place
 from gavel.broker.ledger.state import Change, State
 from gavel.broker.preemptions import plan_evictions
+from gavel.cli.readouts import reason_cell
 from gavel.shared import subjects
+from gavel.shared.api import InstanceStatus
 from gavel.shared.auction import Awarded
 from gavel.shared.award import NodeBid
 from gavel.shared.messages import Cancel, EventType, Request, Spec, Victim
 from gavel.shared.messages import InstanceState as S
-from gavel.shared.reasons import Reason
+from gavel.shared.reasons import Reason, preempted_by
 from gavel.shared.records import Assignment, InstanceRecord, NodeFile
 
 EPOCH = 3
@@ -93,3 +96,12 @@ def test_no_eviction_for_an_award_that_could_not_be_placed() -> None:
                                                state=S.CANCELLED))
     assert plan_evictions(view, _award(), [], EPOCH) is None
     assert not view.change.instances
+
+
+def test_status_shows_who_preempted_a_waiting_instance() -> None:
+    waiting = InstanceStatus(instance_id="low-1", name="low", state="queued",
+                             reason=Reason.PREEMPTED, detail=preempted_by("urgent-1", 80))
+    assert reason_cell(waiting) == "preempted by urgent-1 (priority 80)"
+    stuck = InstanceStatus(instance_id="low-1", name="low", state="unschedulable",
+                           reason=Reason.ALL_FULL, detail="0/1 nodes bid: 1 no room for 1 cpu")
+    assert reason_cell(stuck) == "0/1 nodes bid: 1 no room for 1 cpu"
