@@ -14,6 +14,7 @@ from gavel.shared.feasibility import NodeView
 from gavel.shared.messages import Bid, BidReply, Capacity, Decline, Request, Shape, Victim
 from gavel.shared.preemption import GAP, displaceable, victims
 from gavel.shared.reasons import Reason, preempted_by, render
+from gavel.shared.reauction import Outcome, Room, judge
 from gavel.shared.strategies import answer, make_strategy
 
 CAP = Capacity(cpu=4.0, memory_mb=1000, ports=10)
@@ -186,3 +187,10 @@ def test_priority_is_one_to_a_hundred(tmp_path: Path) -> None:
     assert load_spec(path).priority == 50
     assert Request.of("job-1", load_spec(path)).priority == 50
 
+
+
+def test_a_re_auction_never_moves_work_by_preempting() -> None:
+    [d] = decide([URGENT], {"n1": [offer(0.0, vic("x", 10))], "n2": [offer(0.1, vic("y", 10))]})
+    assert isinstance(d, Awarded) and d.displaced
+    room = Room(capacity=CAP, committed=Capacity(cpu=1.0, memory_mb=100))
+    assert judge(URGENT, "n2", d, margin=0.05, holder_room=room).outcome is Outcome.NO_BIDS
