@@ -72,6 +72,7 @@ from gavel.broker.auctionworld import Git
 from gavel.broker.context import Context
 from gavel.broker.ledger.committer import Item, Planned
 from gavel.broker.ledger.plan import View, place, unschedulable
+from gavel.broker.preemptions import plan_evictions
 from gavel.shared import subjects
 from gavel.shared.auction import Auction, Awarded, Decision, Unschedulable
 from gavel.shared.auctioneer import CLOSED_KEPT, Core, Decided, Open, Pinned, Wake
@@ -289,13 +290,22 @@ class Auctioneer:
             iid = d.request.instance_id
             if isinstance(d, Awarded):
                 hb = self.ctx.liveness.heartbeats.get(d.winner.node_id)
+                if d.displaced:  # its victims leave in this commit, or nothing happens
+                    evicted = plan_evictions(view, d, hb.port_range if hb else [],
+                                             self.ctx.leader.epoch)
+                    if evicted is None:
+                        out.after.append(functools.partial(self._not_placed, d))
+                        continue
+                    out.lines += evicted.lines
+                    out.effects += evicted.effects
                 placement = place(view, d, aid, hb.port_range if hb else [])
                 if placement is None:
                     out.after.append(functools.partial(self._not_placed, d))
                     continue
                 out.lines.append(place_line(d))
                 outcomes.append(Outcome(instance_id=iid, shape=shape, winner=d.winner.node_id,
-                                        load=d.winner.load, tie_broken=d.tie_broken))
+                                        load=d.winner.load, tie_broken=d.tie_broken,
+                                        displaced=list(d.displaced)))
                 out.after.append(functools.partial(self._placed, d, aid, placement.attempt,
                                                    round_s=round_s))
             else:
@@ -324,9 +334,13 @@ class Auctioneer:
         award = self.award_for(iid, node, sha)
         if award is not None:
             ctx.outbox.publish(subjects.AWARD.format(node=node), award)
+        displacing = ""
+        if d.displaced:
+            ctx.metrics.preemptions.inc(len(d.displaced))
+            displacing = f"; displacing {', '.join(v.instance_id for v in d.displaced)}"
         ctx.events.emit(iid, EventType.PLACED, node_id=node, attempt=attempt,
                detail=f"commit {sha[:12]}; {len(d.bids)} bids, load {d.winner.load:.3f}"
-               f"{' (tie broken on node id)' if d.tie_broken else ''}")
+               f"{' (tie broken on node id)' if d.tie_broken else ''}{displacing}")
         if ctx.log.isEnabledFor(logging.INFO):
             ctx.log.info("placed %s on %s: %d bids, load %.3f, round %.3fs, commit %s", iid,
                        node, len(d.bids), d.winner.load, round_s, sha[:12],

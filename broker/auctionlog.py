@@ -67,7 +67,8 @@ def record(aid: str, d: Decision) -> AuctionRecord:
         return AuctionRecord(auction_id=aid, instance_id=d.request.instance_id,
                              winner=d.winner.node_id, load=d.winner.load,
                              tie_broken=d.tie_broken, bids=list(d.bids),
-                             declines=list(d.declines), silent=list(d.silent))
+                             declines=list(d.declines), silent=list(d.silent),
+                             offers=list(d.offers), displaced=list(d.displaced))
     return AuctionRecord(auction_id=aid, instance_id=d.request.instance_id, bids=list(d.bids),
                          declines=list(d.declines), silent=list(d.silent), reason=d.reason,
                          summary=d.summary)
@@ -80,8 +81,12 @@ def batch_record(auction: Auction, decisions: list[Decision],
     last: dict[int, Decision] = {}
     for d, s in zip(decisions, shapes_of(auction, decisions), strict=True):
         last[s] = d
+    offers = {s: list(d.offers) for d, s in zip(decisions, shapes_of(auction, decisions),
+                                                 strict=True)
+              if isinstance(d, Awarded) and d.offers}
     shapes = [ShapeRecord(shape=shape, bids=list(last[i].bids),
-                          declines=list(last[i].declines), silent=list(last[i].silent))
+                          declines=list(last[i].declines), silent=list(last[i].silent),
+                          offers=offers.get(i, []))
               for i, shape in enumerate(auction.shapes) if i in last]
     return BatchRecord(auction_id=auction.auction_id, shapes=shapes, outcomes=outcomes)
 
@@ -91,6 +96,12 @@ def place_line(d: Awarded) -> str:
     others = len(d.bids) - 1
     tie = ", tie broken on node id" if d.tie_broken else ""
     declines = "; ".join(f"{x.node_id} {render(x.reason, x.detail)}" for x in d.declines)
+    if d.displaced:
+        gone = ", ".join(f"{v.instance_id} (priority {v.priority})" for v in d.displaced)
+        return (f"place {d.request.instance_id} (priority {d.request.priority}) on "
+                f"{w.node_id} displacing {gone}: no node bid, {len(d.offers)} preempting "
+                f"offer{'s' if len(d.offers) != 1 else ''}, the cheapest displacement"
+                + (f"; declined: {declines}" if declines else ""))
     return (f"place {d.request.instance_id} on {w.node_id}: load {w.load:.3f} "
             f"({w.strategy}) beat {others} other bid{'s' if others != 1 else ''}{tie}"
             + (f"; declined: {declines}" if declines else ""))

@@ -56,6 +56,9 @@ class Metrics:
                                 ["reason"], registry=r)
         self.placements = Counter("gavel_placements_total", "Placements committed to git",
                                   registry=r)
+        self.preemptions = Counter("gavel_preemptions_total",
+                                   "Instances stopped to make room for higher-priority work",
+                                   registry=r)
         self.round_seconds = Histogram("gavel_bid_round_seconds",
                                        "From RFB to the auction's close", buckets=_LATENCY,
                                        registry=r)

@@ -94,6 +94,9 @@ def _placement(a: AuctionRecord, same: bool) -> None:
     else:
         print(f"  {'' if a.summary.startswith('the nodes') else 'unplaced '}{a.instance_id}: "
               f"{a.summary}")
+    if a.displaced:  # priority work no node has room for: what it would stop there
+        print("    would preempt " + ", ".join(f"{v.instance_id} (priority {v.priority})"
+                                           for v in a.displaced))
     if same:  # a shape's answers once (rule 1)
         return
     for b in a.bids:

@@ -19,11 +19,13 @@ from gavel.cli import services
 from gavel.cli.outcomes import refusal_code
 from gavel.client import Client
 from gavel.shared.api import (
+    InstanceStatus,
     NodeDetail,
     NodeStatus,
     PeriodicStatus,
 )
 from gavel.shared.award import NodeBid
+from gavel.shared.reasons import Reason
 from gavel.shared.reasons import render as render_reason
 
 
@@ -65,7 +67,7 @@ async def status(args: argparse.Namespace) -> int:
     rows = [("INSTANCE", "STATE", "HEALTH", "NODE", "ATTEMPT", "RESTARTS", "CPU", "MEM MB",
              "PORTS", "REASON")]
     for i in reply.instances:
-        why = i.detail if i.state == "unschedulable" else (i.reason or i.check or "")
+        why = reason_cell(i)
         rows.append((i.instance_id, i.state, i.health or "-", i.node_id or "-", str(i.attempt),
                      str(i.restarts), *usage_cells(i.cpu_used, i.memory_used_mb, i.node_id),
                      ports_cell(i.ports) or "-", " ".join(why.split())))
@@ -167,7 +169,9 @@ async def why(args: argparse.Namespace) -> int:
              if i.restarts else "")
           + (f", replica of service {i.service} version {i.version}" if i.service else "")
           + (f" — {i.detail or i.reason}" if i.state in ("unschedulable", "failed", "lost")
-             or (i.state == "cancelled" and i.service) else ""))
+             or (i.state == "cancelled" and i.service) else "")
+          + (f" — {render_reason(i.reason, i.detail)}"
+             if i.reason == Reason.PREEMPTED and i.state not in ("failed", "lost") else ""))
     if i.check:
         print(f"  check {i.check}")
     for a in reply.auctions:
@@ -184,7 +188,24 @@ async def why(args: argparse.Namespace) -> int:
             print(f"    decline {d.node_id:<16} {render_reason(d.reason, d.detail)}")
         for s in a.silent:
             print(f"    silent  {s:<16} no answer before the deadline")
+        for o in a.offers:  # no bid fitted: the nodes' preempting offers, best first
+            mark = "*" if o.node_id == a.winner else " "
+            stops = ", ".join(f"{v.instance_id} (priority {v.priority})" for v in o.victims)
+            print(f"  {mark} preempt {o.node_id:<16} load {o.load:.3f}  would stop {stops}")
+        if a.displaced:
+            print("    displaced " + ", ".join(f"{v.instance_id} (priority {v.priority})"
+                                             for v in a.displaced))
     return 0
+
+
+def reason_cell(i: InstanceStatus) -> str:
+    """Why an instance is as it is, as `status` shows it: an unschedulable one's summary, a
+    preempted one's ``preempted by <instance> (priority N)``, else its reason or check."""
+    if i.state == "unschedulable":
+        return i.detail
+    if i.reason == Reason.PREEMPTED:
+        return render_reason(i.reason, i.detail)
+    return i.reason or i.check or ""
 
 
 def bid_cell(b: NodeBid) -> str:

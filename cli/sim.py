@@ -87,10 +87,26 @@ def run(args: argparse.Namespace) -> int:
             print("gavel sim: expected a scenario file (or --replay STATE_REPO, or --bench).",
                   file=sys.stderr)
             return 2
-        return _simulate(args, load_scenario(_resolve(args.target)))
+        target = _resolve(args.target)
+        if _preemption(target):  # its own kind of run (`gavel.sim.preemption`)
+            from gavel.sim.preemption import main as preemption
+
+            return preemption([str(target)])
+        return _simulate(args, load_scenario(target))
     except ScenarioError as exc:
         print(f"gavel sim: {exc}", file=sys.stderr)
         return 2
+
+
+def _preemption(path: Path) -> bool:
+    """A preemption scenario says so (``kind = "preemption"``); anything else, readable or
+    not, is left to `load_scenario` and its sentences."""
+    import tomllib
+
+    try:
+        return bool(tomllib.loads(path.read_text()).get("kind") == "preemption")
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
+        return False
 
 
 def _resolve(target: str) -> Path:

@@ -7,7 +7,9 @@ Rules:
 3. A reply counts once per node, only from an eligible node, only before the deadline, only
    for this auction, with one answer per shape at most; every other reply is rejected whole
    with a `Verdict` the shell counts. A node that answered but skipped a shape is silent
-   for that shape.
+   for that shape. A decline's preempting offer (`shared.preemption`) counts only if it
+   displaces work at least the gap below the shape's priority, each instance once, at a
+   finite non-negative price; it is kept beside the decline for the award (rule 4).
 4. `decide` closes the auction and awards its requests in order by the award rule, the one
    rule for a single request, a batch and a service's replicas (`shared.award`: lowest
    effective load that still fits, each award charged to the winner; a replica by the
@@ -28,7 +30,8 @@ from enum import StrEnum
 
 from gavel.shared.affinity import Affinity, adjustment
 from gavel.shared.award import Awarded, Decision, NodeBid, NodeDecline, Round, Row, Unschedulable
-from gavel.shared.messages import RFB, Bid, BidReply, Capacity, Request, Shape
+from gavel.shared.messages import RFB, Bid, BidReply, Capacity, Decline, Request, Shape
+from gavel.shared.preemption import Offer, displaceable
 from gavel.shared.reasons import DECLINES
 from gavel.shared.spread import Tally
 
@@ -44,6 +47,8 @@ class Verdict(StrEnum):
     BAD_LOAD = "bid load is not a finite non-negative number"
     UNKNOWN_REQUEST = "answer for a shape not in the auction"
     BAD_REASON = "decline with a reason outside the fixed set"
+    BAD_OFFER = "preempting offer that displaces work not far enough below the request's " \
+        "priority, or at a price that is not a finite non-negative number"
 
 
 _REASONS = frozenset(r.value for r in DECLINES)
@@ -52,7 +57,7 @@ _REASONS = frozenset(r.value for r in DECLINES)
 class _ShapeBook:
     """Answers for one shape."""
 
-    __slots__ = ("affinities", "bids", "declines", "shape", "steps")
+    __slots__ = ("affinities", "bids", "declines", "offers", "shape", "steps")
 
     def __init__(self, shape: Shape, affinities: tuple[Affinity, ...] = ()) -> None:
         self.shape = shape
@@ -60,6 +65,7 @@ class _ShapeBook:
         self.bids: dict[str, NodeBid] = {}
         self.steps: dict[str, float] = {}
         self.declines: list[NodeDecline] = []
+        self.offers: list[Offer] = []
 
 
 class Auction:
@@ -150,6 +156,8 @@ class Auction:
                     return Verdict.BAD_LOAD
             elif ans.reason not in _REASONS:
                 return Verdict.BAD_REASON
+            elif ans.evict and not self._fair(ans):
+                return Verdict.BAD_OFFER
         for ans in reply.answers:
             book = self._books[ans.shape]
             if isinstance(ans, Bid):
@@ -158,8 +166,20 @@ class Auction:
             else:
                 book.declines.append(NodeDecline(node_id=node, reason=ans.reason,
                                                  detail=ans.detail))
+                if ans.evict:
+                    book.offers.append(Offer(node_id=node, load=ans.evict_load,
+                                             victims=tuple(ans.evict)))
         self._answered.add(node)
         return Verdict.ACCEPTED
+
+    def _fair(self, ans: Decline) -> bool:
+        """A preempting offer displaces only work `GAP` below the shape's priority, once
+        each, at a finite non-negative price (`shared.preemption` rule 1)."""
+        priority = self._books[ans.shape].shape.priority
+        ids = {v.instance_id for v in ans.evict}
+        return math.isfinite(ans.evict_load) and ans.evict_load >= 0.0 \
+            and len(ids) == len(ans.evict) \
+            and all(displaceable(priority, v.priority) for v in ans.evict)
 
     # -- timers --------------------------------------------------------------------------
     def done(self, now: float) -> bool:
@@ -209,7 +229,7 @@ class Auction:
     def _round(self, free: Mapping[str, Capacity], held: Mapping[str, Mapping[str, int]],
                labels: Mapping[str, Mapping[str, str]]) -> Round:
         rows = [Row(_adjusted(b.bids, b.affinities, labels) if b.affinities else b.bids,
-                    b.steps, b.declines, self._silent(b)) for b in self._books]
+                    b.steps, b.declines, self._silent(b), b.offers) for b in self._books]
         return Round(rows, free, len(self.eligible), Tally(held, labels) if self.groups
                      else None)
 
@@ -236,7 +256,8 @@ def group_shapes(requests: list[Request]) -> tuple[list[Shape], list[int]]:
         return [], []
     first = requests[0]
     if all(r.cpu == first.cpu and r.memory_mb == first.memory_mb and r.ports == first.ports
-           and r.labels == first.labels for r in requests):  # the common batch: one shape
+           and r.labels == first.labels and r.priority == first.priority
+           for r in requests):  # the common batch: one shape
         return [first], [len(requests)]
     index: dict[object, int] = {}
     shapes: list[Shape] = []

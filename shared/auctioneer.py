@@ -37,7 +37,9 @@ Rules (the numbers are `broker.auctioneer`'s, where operators read them):
     once with the declines the nodes would send, and nothing is sent.
 11. What d sampled nodes could not place is asked at once of `RETRY_TIMES`·d, then of every
     candidate, before it is declared unschedulable (`shared.candidates` rule 9); the last
-    winner of each shape is asked beside the sampled ones.
+    winner of each shape is asked beside the sampled ones. What they could place only by
+    displacing other work (`shared.preemption`) is asked again the same way: a node with
+    room that was not asked comes before any eviction.
 12. An instance bound to one node (`InstanceRecord.only_node`: a system job's) is auctioned
     among that node alone, never sampled; while the node is not eligible its auction has no
     candidate and the instance waits, unschedulable - it is never placed elsewhere.
@@ -330,8 +332,9 @@ class Core:
         partial = self._partial.pop(aid, None)
         if partial is not None:  # rule 11
             keys = partial.keys
-            wider = [d.request for d in decisions
-                     if isinstance(d, Unschedulable) and d.request.key() in keys]
+            wider = [d.request for d in decisions  # a displacement waits for the wider ask
+                     if (isinstance(d, Unschedulable) or d.displaced)
+                     and d.request.key() in keys]
             if wider:
                 again = {r.instance_id for r in wider}
                 decisions = [d for d in decisions if d.request.instance_id not in again]

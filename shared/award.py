@@ -27,6 +27,10 @@ Rules:
    first needed, whose stale entries are refreshed as they surface.
 6. A capacity is copied only when the round charges it: the caller's `free` is never
    written. The round's last award charges nothing: no award follows it to see the charge.
+7. Only when no bid fits does a request take a preempting offer (`shared.preemption`): the
+   lowest by `offer_key` whose node has not displaced for another request of the round and
+   whose room, once its victims are gone, fits the request. The award names the victims
+   (`Awarded.displaced`); its room is charged as the room freed less the request.
 """
 
 from __future__ import annotations
@@ -39,7 +43,8 @@ from collections.abc import Mapping, Sequence
 import msgspec
 
 from gavel.shared.feasibility import Refusal, shortfall
-from gavel.shared.messages import Capacity, Request
+from gavel.shared.messages import Capacity, Request, Victim
+from gavel.shared.preemption import Offer, freed, offer_key
 from gavel.shared.reasons import Reason, render, summarize_declines
 from gavel.shared.spread import Rank, Tally, rank
 
@@ -77,6 +82,10 @@ class Awarded(msgspec.Struct, frozen=True, kw_only=True):
     bids: Sequence[NodeBid]  # every bid for the request's shape, as received, best first
     declines: Sequence[NodeDecline]
     silent: Sequence[str]
+    #: The instances the winner stops to make room (rule 7); empty for an ordinary award.
+    displaced: Sequence[Victim] = ()
+    #: Every preempting offer for the shape, best first, when the award displaced.
+    offers: Sequence[Offer] = ()
 
 
 class Unschedulable(msgspec.Struct, frozen=True, kw_only=True):
@@ -106,10 +115,13 @@ class Row:
     then those passed over for room, sorted by node), its silent nodes, and the bidders still
     in the running (node -> version of its heap entry)."""
 
-    __slots__ = ("bids", "declines", "heap", "live", "ranked", "sent", "silent", "steps")
+    __slots__ = ("bids", "declines", "heap", "live", "offers", "ranked", "sent", "silent",
+                 "steps")
 
     def __init__(self, bids: Mapping[str, NodeBid], steps: Mapping[str, float],
-                 sent: Sequence[NodeDecline], silent: Sequence[str]) -> None:
+                 sent: Sequence[NodeDecline], silent: Sequence[str],
+                 offers: Sequence[Offer] = ()) -> None:
+        self.offers = sorted(offers, key=offer_key) if offers else ()
         self.bids = bids
         self.steps = steps
         self.sent = sent
@@ -133,7 +145,8 @@ class Round:
     """One `decide`: the rows of an auction's shapes, what the round has charged, and the
     spread tally when it places replicas."""
 
-    __slots__ = ("charged", "eligible", "extra", "free", "rows", "tally", "version")
+    __slots__ = ("charged", "displacing", "eligible", "extra", "free", "rows", "tally",
+                 "version")
 
     def __init__(self, rows: Sequence[Row], free: Mapping[str, Capacity], eligible: int,
                  tally: Tally | None = None) -> None:
@@ -144,6 +157,7 @@ class Round:
         self.charged: dict[str, Capacity] = {}  # rule 6
         self.extra: dict[str, float] = {}  # node -> the steps of what it won (rule 2)
         self.version: dict[str, int] = {}  # node -> awards it won, to tell stale heap entries
+        self.displacing: set[str] = set()  # nodes that displace for a request (rule 7)
 
     def room(self, node: str) -> Capacity | None:
         room = self.charged.get(node)
@@ -160,7 +174,7 @@ class Round:
         else:
             winner, tied = self._by_walk(request, row)
         if winner is None:
-            return self._unschedulable(request, row)
+            return self._displace(request, row, last) or self._unschedulable(request, row)
         if not last:
             self._charge(request, row, winner.node_id)
         return Awarded(request=request, winner=winner, tie_broken=tied, bids=row.ranked,
@@ -273,7 +287,10 @@ class Round:
             elif second is None or key < second:
                 second = key
         if best is None:
-            return self._unschedulable(request, row)
+            displacing = self._displace(request, row, last)
+            if displacing is not None and not last:
+                tally.add(request.group, displacing.winner.node_id)
+            return displacing or self._unschedulable(request, row)
         label = request.spread
         if label and not request.spread_soft:
             values = _spread_values(row, label, tally)
@@ -289,6 +306,40 @@ class Round:
         tied = second is not None and second[:3] == best[:3]
         return Awarded(request=request, winner=won, tie_broken=tied, bids=row.ranked,
                        declines=row.declines, silent=row.silent)
+
+    def _displace(self, request: Request, row: Row, last: bool) -> Awarded | None:
+        """Rule 7: the best preempting offer that still makes room, or None."""
+        if not row.offers:
+            return None
+        best: Offer | None = None
+        tied = False
+        for offer in row.offers:
+            node = offer.node_id
+            if node in self.displacing:
+                continue
+            room = self.room(node)
+            if room is not None and shortfall(request, freed(room, offer.victims)) is not None:
+                continue
+            if best is not None:
+                tied = offer_key(offer)[:3] == offer_key(best)[:3]
+                break
+            best = offer
+        if best is None:
+            return None
+        node = best.node_id
+        self.displacing.add(node)
+        if not last:
+            room = self.room(node)
+            if room is not None:  # never more room than before: the victims are gone only
+                after = freed(room, best.victims)  # if this award's commit lands
+                after.charge(request, -1)
+                self.charged[node] = Capacity(cpu=min(after.cpu, room.cpu),
+                                              memory_mb=min(after.memory_mb, room.memory_mb),
+                                              ports=min(after.ports, room.ports))
+        won = NodeBid(node_id=node, load=best.load, strategy="preempting")
+        return Awarded(request=request, winner=won, tie_broken=tied, bids=row.ranked,
+                       declines=row.declines, silent=row.silent, displaced=best.victims,
+                       offers=row.offers)
 
     def _rendered(self, row: Row) -> list[str]:
         return [render(d.reason, d.detail) for d in row.declines] + [_NO_ANSWER] * len(

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import msgspec
 
-from gavel.shared.messages import Amounts, Capacity, HostStats, Shape
+from gavel.shared.messages import Amounts, Capacity, HostStats, Shape, Victim
 from gavel.shared.reasons import Reason
 
 __all__ = ["NodeView", "Refusal", "check", "shortfall"]
@@ -37,6 +37,9 @@ class NodeView(msgspec.Struct, kw_only=True):
     #: isolation off). A view that cannot know (the broker's candidate index, the
     #: simulator) says yes: the node's own bid declines.
     allow_root: bool = True
+    #: The instances this node runs that it may stop for higher-priority work
+    #: (`gavel.shared.preemption`): not those being stopped, not a system job's.
+    residents: tuple[Victim, ...] = ()
 
 
 class Refusal(msgspec.Struct, frozen=True):

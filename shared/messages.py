@@ -39,6 +39,7 @@ __all__ = [
     "Request",
     "Shape",
     "Spec",
+    "Victim",
     "WatchGrant",
     "WatchRequest",
 ]
@@ -108,6 +109,9 @@ class EventType(StrEnum):
     #: id and time), a fire time skipped (reason: why), the schedule cancelled.
     PERIODIC_RUN = "periodic-run"
     PERIODIC_SKIPPED = "periodic-skipped"
+    #: Stopped and queued again to make room for higher-priority work (detail: which,
+    #: `gavel.shared.reasons.preempted_by`).
+    PREEMPTED = "preempted"
 
 
 class Health(StrEnum):
@@ -153,11 +157,14 @@ class Shape(msgspec.Struct, kw_only=True, frozen=True):
     volumes: list[str] = []
     #: It asks to run as root (`Spec.root`): only a node whose config allows it bids.
     root: bool = False
+    #: The work's priority (`Spec.priority`): a node that has no room may offer to stop
+    #: instances far enough below it (`gavel.shared.preemption`).
+    priority: Annotated[int, msgspec.Meta(ge=1, le=100)] = 50
 
     def key(self) -> tuple[float, int, int, tuple[tuple[str, str], ...], str,
-                           tuple[str, ...], bool]:
+                           tuple[str, ...], bool, int]:
         return (self.cpu, self.memory_mb, self.ports, tuple(sorted(self.labels.items())),
-                self.image, tuple(sorted(self.volumes)), self.root)
+                self.image, tuple(sorted(self.volumes)), self.root, self.priority)
 
 
 class Request(Shape, kw_only=True, frozen=True):
@@ -195,12 +202,13 @@ class Request(Shape, kw_only=True, frozen=True):
             spread=(spec.spread or "") if group else "",
             spread_soft=spec.spread_soft if group else False,
             affinities=tuple(spec.affinities),
+            priority=spec.priority,
         )
 
     def shape(self) -> Shape:
         return Shape(cpu=self.cpu, memory_mb=self.memory_mb, ports=self.ports,
                      labels=self.labels, image=self.image, volumes=self.volumes,
-                     root=self.root)
+                     root=self.root, priority=self.priority)
 
 
 class RFB(Message, tag="rfb"):
@@ -239,10 +247,28 @@ class Bid(Message, tag="bid"):
     warm: bool = False
 
 
+class Victim(msgspec.Struct, kw_only=True, frozen=True):
+    """An instance a node runs, as a preempting offer names it: its id, its priority and
+    what it reserves (so the broker can check the room it would free without asking)."""
+
+    instance_id: Annotated[str, msgspec.Meta(max_length=256)]
+    priority: Annotated[int, msgspec.Meta(ge=1, le=100)]
+    cpu: Annotated[float, msgspec.Meta(ge=0.0)] = 0.0
+    memory_mb: NonNegInt = 0
+    ports: NonNegInt = 0
+
+
 class Decline(Message, tag="decline"):
+    """No bid for one shape, and why. A node with no room may add a preempting offer
+    (`gavel.shared.preemption`): the lower-priority instances it would stop to make room
+    (`evict`) and its price once they are gone (`evict_load`). It stays a decline on the
+    wire, so a broker that knows nothing of preemption reads it as one."""
+
     shape: int
     reason: str
     detail: Annotated[str, msgspec.Meta(max_length=256)] = ""
+    evict: Annotated[list[Victim], msgspec.Meta(max_length=64)] = []
+    evict_load: float = 0.0
 
 
 Answer = Bid | Decline

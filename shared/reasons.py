@@ -11,7 +11,7 @@ from collections import Counter
 from collections.abc import Iterable
 from enum import StrEnum
 
-__all__ = ["DECLINES", "Reason", "render", "summarize_declines"]
+__all__ = ["DECLINES", "Reason", "preempted_by", "render", "summarize_declines"]
 
 
 class Reason(StrEnum):
@@ -41,6 +41,9 @@ class Reason(StrEnum):
     CANCELLED = "cancelled by operator"
     CANCEL_UNANSWERED = "node did not confirm cancel within the grace period"
     MIGRATED = "moved off a draining node"
+    #: Stopped to make room for higher-priority work (`gavel.shared.preemption`); the detail
+    #: names it: ``preempted by web-3 (priority 80)``.
+    PREEMPTED = "preempted by higher-priority work"
     PORT_TAKEN = "port taken by a process outside gavel"
     WORKER_STOPPED = "stopped: the worker shut down"
     FENCED = "instance was moved to another node while this node was offline"
@@ -125,7 +128,14 @@ _TEMPLATES: dict[str, str] = {
     Reason.MISSING_LABEL: "missing label {detail}",
     Reason.MISSING_VOLUME: "missing host volume {detail}",
     Reason.OVER_CEILING: "utilisation above ceiling {detail}",
+    Reason.PREEMPTED: "preempted by {detail}",
 }
+
+
+def preempted_by(instance_id: str, priority: int) -> str:
+    """The detail of `Reason.PREEMPTED`: ``render`` makes it ``preempted by <instance>
+    (priority N)``."""
+    return f"{instance_id} (priority {priority})"
 
 
 def render(reason: str, detail: str = "") -> str:

@@ -260,7 +260,7 @@ def judge(request: Request, holder: str, decision: Decision, *, margin: float,
     holder with the instance still on it; `winner_room` the winner's as it bid; `waiting`
     the shapes queued for want of room; `tally` the group's replicas per node without the
     instance (a replica's spread)."""
-    if not isinstance(decision, Awarded):
+    if not isinstance(decision, Awarded) or decision.displaced:  # a move never preempts
         return Judgement(Outcome.NO_BIDS)
     winner = decision.winner
     keep = next((b.load for b in decision.bids if b.node_id == holder), math.inf)

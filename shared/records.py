@@ -22,7 +22,8 @@ from typing import Annotated, Literal
 import msgspec
 
 from gavel.shared.award import NodeBid, NodeDecline
-from gavel.shared.messages import Capacity, InstanceState, Shape, Spec
+from gavel.shared.messages import Capacity, InstanceState, Shape, Spec, Victim
+from gavel.shared.preemption import Offer
 
 __all__ = [
     "STAMP_PATTERN",
@@ -269,6 +270,10 @@ class AuctionRecord(msgspec.Struct, kw_only=True):
     #: When it was committed (Unix seconds, from its commit: never written in the trailer);
     #: 0 when not known (an auction not committed yet).
     at: float = 0.0
+    #: The preempting offers of a round no bid could win, best first (`shared.preemption`).
+    offers: list[Offer] = []
+    #: The instances the winner stopped to make room (empty: an ordinary award).
+    displaced: list[Victim] = []
 
 
 class ShapeRecord(msgspec.Struct, kw_only=True):
@@ -278,6 +283,7 @@ class ShapeRecord(msgspec.Struct, kw_only=True):
     bids: list[NodeBid] = []
     declines: list[NodeDecline] = []
     silent: list[str] = []
+    offers: list[Offer] = []
 
 
 class Outcome(msgspec.Struct, kw_only=True):
@@ -291,6 +297,7 @@ class Outcome(msgspec.Struct, kw_only=True):
     tie_broken: bool = False
     reason: str = ""
     summary: str = ""
+    displaced: list[Victim] = []
 
 
 class BatchRecord(msgspec.Struct, kw_only=True):
@@ -307,7 +314,9 @@ class BatchRecord(msgspec.Struct, kw_only=True):
             out.append(AuctionRecord(auction_id=self.auction_id, instance_id=o.instance_id,
                                      winner=o.winner, load=o.load, tie_broken=o.tie_broken,
                                      bids=sr.bids, declines=sr.declines, silent=sr.silent,
-                                     reason=o.reason, summary=o.summary))
+                                     reason=o.reason, summary=o.summary,
+                                     offers=sr.offers if o.displaced else [],
+                                     displaced=o.displaced))
         return out
 
 

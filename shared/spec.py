@@ -261,6 +261,9 @@ class Spec(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     #: replicas may, jobs, system instances and those using volumes stay; true opts them
     #: in; false pins it where it runs.
     move: bool | None = None
+    #: 1 (least) to 100 (most urgent): work that finds no room may displace work at least
+    #: `gavel.shared.preemption.GAP` below it (`gavel.shared.preemption`).
+    priority: Annotated[int, msgspec.Meta(ge=1, le=100)] = 50
 
     def __post_init__(self) -> None:
         if not self.command and self.image is None:

@@ -12,6 +12,9 @@ exactly `shared.feasibility.check`; they differ only in which feasible node they
   (no room, or the node is dead) returns the node's true state and the scheduler retries,
   up to `ATTEMPTS` times. Drains and joins reach the scheduler at once (it is told).
 (central-fresh and power-of-d are `sim.gavel.GavelPlacer` with ``omniscient=True``.)
+- central-preempting (`central_preempting`, for `sim.preemption`): a scheduler that sees every
+  node's instances; the least-utilised node that fits, else the cheapest displacement over
+  every node (`shared.preemption.offer_key` over what `shared.preemption.victims` frees).
 """
 
 from __future__ import annotations
@@ -19,13 +22,16 @@ from __future__ import annotations
 import math
 import random
 
-from gavel.shared.feasibility import check
+from gavel.shared.feasibility import NodeView, check, shortfall
+from gavel.shared.messages import Shape
+from gavel.shared.preemption import Offer, offer_key, victims
 from gavel.shared.reasons import Reason
 from gavel.sim.cluster import Cluster
 from gavel.sim.placer import Outcome, Placer, Why
 from gavel.sim.workload import Catalogue
 
-__all__ = ["ATTEMPTS", "NomadPlacer", "RandomPlacer", "StalePlacer", "nomad_score"]
+__all__ = ["ATTEMPTS", "NomadPlacer", "RandomPlacer", "StalePlacer", "central_preempting",
+           "nomad_score"]
 
 ATTEMPTS = 5
 _PHASES = 10
@@ -120,3 +126,22 @@ class StalePlacer(Placer):
         if not book.ranked:
             return self.unschedulable(shape, now, False)._replace(rejections=refused)
         return Outcome(-1, Reason.NOT_ACCEPTED, rejections=refused)
+
+
+def central_preempting(views: dict[str, NodeView], shape: Shape
+                       ) -> tuple[str, list[str]] | None:
+    """The central scheduler with preemption: (node, instances to evict) or None."""
+    best: tuple[float, str] | None = None
+    for node, view in views.items():
+        if shortfall(shape, view.capacity - view.committed) is None:
+            key = (view.committed.cpu / view.capacity.cpu if view.capacity.cpu else 1.0, node)
+            if best is None or key < best:
+                best = key
+    if best is not None:
+        return best[1], []
+    offers = [Offer(node_id=node, load=0.0, victims=tuple(chosen))
+              for node, view in views.items() if (chosen := victims(shape, view))]
+    if not offers:
+        return None
+    cheapest = min(offers, key=offer_key)
+    return cheapest.node_id, [v.instance_id for v in cheapest.victims]

@@ -377,7 +377,7 @@ class Agent:
             committed=self._supervisor.committed(), stats=self._stats,
             labels=self.labels, draining=self._draining, engine=self.engine is not None,
             images=self.engine.images if self.engine is not None else frozenset(),
-            volumes=frozenset(self.volumes),
+            volumes=frozenset(self.volumes), residents=self._supervisor.residents(),
             allow_root=self.isolation.allow_root or not self.isolation.enabled,
         )
 

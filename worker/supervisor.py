@@ -41,7 +41,14 @@ from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
 
 from gavel.shared.execstream import Ended
-from gavel.shared.messages import Award, Capacity, EventType, InstanceReport, InstanceState
+from gavel.shared.messages import (
+    Award,
+    Capacity,
+    EventType,
+    InstanceReport,
+    InstanceState,
+    Victim,
+)
 from gavel.shared.reasons import Reason
 from gavel.shared.records import Placement
 from gavel.shared.spec import Spec
@@ -131,6 +138,16 @@ class Supervisor:
         for h in self._held.values():
             total.charge(h.local.placement.reserves())
         return total
+
+    def residents(self) -> tuple[Victim, ...]:
+        """What this node may offer to stop for higher-priority work (`shared.preemption`
+        rule 2): every held instance but those being stopped and a system job's, whose
+        instance belongs on this node alone."""
+        return tuple(
+            Victim(instance_id=h.id, priority=spec.priority, cpu=spec.cpu,
+                   memory_mb=spec.memory_mb, ports=len(h.local.placement.ports))
+            for h in self._held.values()
+            if h.stopping is None and not (spec := h.local.placement.spec).system)
 
     def reports(self) -> list[InstanceReport]:
         """What each held instance is, and what it measurably uses (`worker.usage`)."""
@@ -292,6 +309,7 @@ class Supervisor:
             return
         held.stopping = why
         held.stopped.set()
+        self._on_change()  # no longer offered as a victim (`residents`)
         log.info("stopping instance %s: %s", held.id, why)
         if held.proc is not None:
             task = asyncio.get_running_loop().create_task(

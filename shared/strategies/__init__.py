@@ -1,7 +1,10 @@
 """Bidding strategies: a Protocol, a registry, and the one function every shell calls.
 
 Rule: `answer` is the only path from an RFB request to a Bid or Decline — the worker, the
-broker's tests and the simulator all go through it, so they cannot disagree.
+broker's tests and the simulator all go through it, so they cannot disagree. A decline for
+want of room carries a preempting offer when the node could make room by stopping
+lower-priority work (`gavel.shared.preemption`); a strategy may choose its own victims with a
+``victims(shape, node)`` method, as `gavel.shared.preemption.victims` does for the rest.
 """
 
 from __future__ import annotations
@@ -11,8 +14,10 @@ from collections.abc import Callable
 
 import msgspec
 
+from gavel.shared import preemption
 from gavel.shared.feasibility import NodeView, Refusal, check
 from gavel.shared.messages import Bid, Decline, Shape
+from gavel.shared.reasons import Reason
 from gavel.shared.strategies.base import Params, Strategy
 from gavel.shared.strategies.binpack import Binpack
 from gavel.shared.strategies.headroom import Headroom
@@ -72,6 +77,31 @@ def answer(strategy: Strategy, shape: Shape, node: NodeView, index: int = 0) -> 
             return Bid(shape=index, load=priced + (WARM_BONUS if cold else 0.0),
                        step=_step(strategy, shape, node, priced), strategy=strategy.name,
                        warm=warm)
+    elif node.residents and refusal.reason in _ROOM:
+        return _preempting(strategy, shape, node, index, refusal)
+    return Decline(shape=index, reason=refusal.reason, detail=refusal.detail)
+
+
+_ROOM = frozenset({Reason.NO_ROOM_CPU, Reason.NO_ROOM_MEMORY, Reason.NO_ROOM_PORTS})
+
+
+def _preempting(strategy: Strategy, shape: Shape, node: NodeView, index: int,
+                refusal: Refusal) -> Decline:
+    """The decline for want of room, with the node's preempting offer when it has one
+    (`gavel.shared.preemption` rules 2-4)."""
+    choose = getattr(strategy, "victims", None) or preemption.victims
+    chosen = choose(shape, node)
+    if chosen:
+        left = node.committed.copy()
+        for v in chosen:
+            left.charge(v, -1)
+        after = msgspec.structs.replace(node, committed=left)
+        priced = strategy.bid(shape, after)
+        if not isinstance(priced, Refusal):
+            cold = bool(shape.image) and shape.image not in node.images
+            return Decline(shape=index, reason=refusal.reason, detail=refusal.detail,
+                           evict=list(chosen),
+                           evict_load=priced + (WARM_BONUS if cold else 0.0))
     return Decline(shape=index, reason=refusal.reason, detail=refusal.detail)
 
 

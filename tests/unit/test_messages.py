@@ -405,9 +405,10 @@ def test_a_shape_is_a_request_without_its_id() -> None:
     req = Request(instance_id="i-1", cpu=1.5, memory_mb=64, ports=2, labels={"b": "2", "a": "1"})
     shape = req.shape()
     assert set(msgspec.to_builtins(shape)) == {"cpu", "memory_mb", "ports", "labels", "image",
-                                               "volumes", "root"}
+                                               "volumes", "root", "priority"}
     assert shape == Shape(cpu=1.5, memory_mb=64, ports=2, labels={"a": "1", "b": "2"})
-    assert shape.key() == req.key() == (1.5, 64, 2, (("a", "1"), ("b", "2")), "", (), False)
+    assert shape.key() == req.key() == (1.5, 64, 2, (("a", "1"), ("b", "2")), "", (), False,
+                                        50)
     assert isinstance(req, Shape)  # a request can be priced wherever a shape is
     with pytest.raises(AttributeError):
         shape.cpu = 2.0  # type: ignore[misc]
@@ -449,4 +450,4 @@ def test_an_image_spec_needs_no_command() -> None:
     spec = msgspec.convert({"name": "web", "image": "gavel-web:v1@sha256:" + "a" * 64,
                             "volumes": [{"name": "data", "path": "/data"}]}, Spec)
     assert spec.command == [] and spec.volumes[0].name == "data"
-    assert Request.of("web-1", spec).shape().key()[-3:] == (spec.image, ("data",), False)
+    assert Request.of("web-1", spec).shape().key()[-4:-1] == (spec.image, ("data",), False)
