@@ -33,6 +33,7 @@ NOT_THE_WIRE = {
     "cli/api/routes.py": "an HTTP request's body, refused as a 400 with its sentence",
     "sim/replay.py": "records of a state repository replayed",
     "sim/scenario.py": "a scenario file (BadInput)",
+    "sim/preemption.py": "its scenario file, refused with a sentence",
     "bench/chaoscheck.py": "the chaos run's files on disk",
 }
 
