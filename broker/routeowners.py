@@ -60,19 +60,21 @@ def _job_claim(rec: InstanceRecord) -> bool:
     return not rec.service and bool(rec.spec.routes) and not rec.state.terminal
 
 
-#: The claims of the last state read, by its identity and head (rule 3).
-_last: tuple[int, str, list[tuple[str, Route]]] | None = None
+#: The claims of the last state read, with that state and its head (rule 3). The state
+#: itself, not its id(): a freed state's id is given to the next one made.
+_last: tuple[State, str, list[tuple[str, Route]]] | None = None
 
 
 def claims(state: State) -> list[tuple[str, Route]]:
     """Rule 1, of `state` (rule 3: once per head)."""
     global _last
-    if _last is not None and state.head is not None and _last[:2] == (id(state), state.head):
+    if _last is not None and state.head is not None and _last[0] is state \
+            and _last[1] == state.head:
         return _last[2]
     jobs = [(rec.instance_id, rec) for rec in state.instances.values() if _job_claim(rec)]
     got = _claims(state.services.values(), jobs)
     if state.head is not None:
-        _last = (id(state), state.head, got)
+        _last = (state, state.head, got)
     return got
 
 

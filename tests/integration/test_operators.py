@@ -21,6 +21,7 @@ from typing import Any
 import msgspec
 import pytest
 
+from gavel.broker.config import Config
 from gavel.broker.service import Broker
 from gavel.shared import logstream, subjects
 from gavel.shared.api import (
@@ -77,8 +78,8 @@ async def world(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterato
     ids = auth.add_operator(tmp_path, "writer", "write")
     server = NatsServer(store_dir=tmp_path / "js", config=ids.config, log=tmp_path / "nats.log")
     server.start()
-    broker = Broker(nats_url=server.url, state_dir=tmp_path / "state", timing=TIMING,
-                    nats_options={"nkeys_seed": str(ids.broker)})
+    broker = Broker(Config(nats_url=server.url, state_dir=tmp_path / "state", timing=TIMING,
+                           nats_options={"nkeys_seed": str(ids.broker)}))
     agent = Agent(nats_url=server.url, node_id="a", strategy=make_strategy("least-loaded"),
                   labels={}, state_dir=tmp_path / "workers" / "a", timing=TIMING,
                   cpu=4.0, memory_mb=4096, nats_options={"nkeys_seed": str(ids.nodes["a"])})

@@ -34,6 +34,7 @@ from gavel.shared.api import (
     EndpointsRequest,
     EventsRequest,
     NodesRequest,
+    PeriodicJobsRequest,
     RollbackRequest,
     ScaleRequest,
     ServiceRequest,
@@ -56,6 +57,7 @@ from gavel.shared.messages import (
     Message,
     Spec,
 )
+from gavel.shared.planning import PlanRequest
 from gavel.shared.records import NodeFile
 from gavel.shared.strategies import make_strategy
 from gavel.transport import identity as auth
@@ -154,7 +156,8 @@ async def test_no_request_is_answered_outside_its_requesters_inbox(authed: Authe
             "deploy": DeployRequest(spec=Spec(name="web", type="service", command=["true"])),
             "service": ServiceRequest(name="web"), "services": ServicesRequest(),
             "scale": ScaleRequest(name="web", count=2), "stop": StopServiceRequest(name="web"),
-            "rollback": RollbackRequest(name="web")}
+            "rollback": RollbackRequest(name="web"), "periodic": PeriodicJobsRequest(),
+            "plan": PlanRequest(spec=spec)}
         assert set(requests) == set(broker.api.verbs), "a verb this test does not try"
         for verb, request in requests.items():
             subject = subjects.API.format(verb=verb)
