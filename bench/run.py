@@ -67,10 +67,11 @@ class Options:
     mode: str = "sampled"
     d: int = 2
     processes: int = 4
-    batch_max: int = 256
-    max_auctions: int = 16
+    #: None: the broker tunes it (`shared.tuning`); a value pins it.
+    batch_max: int | None = None
+    max_auctions: int | None = None
     batch_wait_ms: float = 0.0
-    commit_gap_ms: float = 0.0
+    commit_gap_ms: float | None = None
     #: Instances end (status 0) this long after they start (0: they run for ever), and the
     #: broker keeps at most `ended_max` ended records: a run with churn and retention.
     lifetime_s: float = 0.0
@@ -221,11 +222,14 @@ async def _run_in(opts: Options, root: Path) -> Result:
     try:
         nats_rr = await nats_reqreply_per_s(server.url)
         git_cli = await asyncio.to_thread(git_cli_commits_per_s)
-        broker_args = ["--url", server.url, "--state", str(root), "--batch-max",
-                       str(opts.batch_max), "--max-auctions", str(opts.max_auctions),
+        broker_args = ["--url", server.url, "--state", str(root),
                        "--batch-wait-ms", str(opts.batch_wait_ms),
-                       "--commit-gap-ms", str(opts.commit_gap_ms),
                        "--ended-max", str(opts.ended_max)]
+        for flag, value in (("--batch-max", opts.batch_max),
+                            ("--max-auctions", opts.max_auctions),
+                            ("--commit-gap-ms", opts.commit_gap_ms)):
+            if value is not None:  # otherwise the broker tunes it
+                broker_args += [flag, str(value)]
         if opts.mode == "sampled":
             broker_args += ["--sample-d", str(opts.d)]
         if opts.ha:  # rule 4

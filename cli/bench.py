@@ -36,16 +36,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--d", type=positive_int, default=2, help="nodes sampled per request")
     p.add_argument("--processes", type=positive_int, default=4,
                    help="processes the agents are spread over (default 4)")
-    p.add_argument("--batch-max", type=positive_int, default=256,
-                   help="requests per auction at most (default 256)")
-    p.add_argument("--max-auctions", type=positive_int, default=16,
-                   help="auctions in flight at once (default 16)")
+    p.add_argument("--batch-max", type=positive_int, default=None,
+                   help="requests per auction at most (default: the broker tunes it)")
+    p.add_argument("--max-auctions", type=positive_int, default=None,
+                   help="auctions in flight at once (default: the broker tunes it)")
     p.add_argument("--batch-wait-ms", type=non_negative_float, default=0.0,
                    help="the broker's batch wait: requests wait up to this long for a fuller "
                    "auction (default 0)")
-    p.add_argument("--commit-gap-ms", type=non_negative_float, default=0.0,
+    p.add_argument("--commit-gap-ms", type=non_negative_float, default=None,
                    help="the broker's commit gap: the next commit starts no sooner than this "
-                   "long after the last (default 0)")
+                   "long after the last (default: the broker tunes it)")
     p.add_argument("--lifetime-s", type=non_negative_float, default=0.0,
                    help="each instance ends (status 0) this long after it starts: a run "
                    "with churn and retention (default 0: instances run for ever)")
