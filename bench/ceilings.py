@@ -1,9 +1,10 @@
 """The machine's own ceilings, measured in the same run as the broker.
 
-Rules: `nats_reqreply_per_s` is raw nats-py request/reply echo (one responder, many
-requests in flight) — the most a Python NATS client on this machine can exchange.
-`git_cli_commits_per_s` is the naive ledger: one `git commit` subprocess per placement in a
-working tree. Both are bounded in count and time.
+Rules: `nats_reqreply` is raw nats-py request/reply echo: its rate with many requests in
+flight (one responder) — the most a Python NATS client on this machine can exchange — and
+the p99 of one request at a time, the least a bid round (a request and its replies) can
+take on this machine as loaded now. `git_cli_commits_per_s` is the naive ledger: one
+`git commit` subprocess per placement in a working tree. Each is bounded in count and time.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import asyncio
 import subprocess
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -19,10 +21,19 @@ import nats
 
 from gavel.transport import wire
 
-__all__ = ["git_cli_commits_per_s", "nats_reqreply_per_s"]
+__all__ = ["ReqReply", "git_cli_commits_per_s", "nats_reqreply"]
 
 
-async def nats_reqreply_per_s(url: str, seconds: float = 2.0, in_flight: int = 64) -> float:
+@dataclass(frozen=True)
+class ReqReply:
+    per_s: float
+    p99_ms: float
+
+
+async def nats_reqreply(url: str, seconds: float = 2.0, in_flight: int = 64,
+                        one_s: float = 1.0) -> ReqReply:
+    """The rate over `seconds` with `in_flight` requests out, then the p99 of requests made
+    one at a time over `one_s` (at most 2,000)."""
     server: Any = await nats.connect(url)
     client: Any = await nats.connect(url)
 
@@ -46,9 +57,16 @@ async def nats_reqreply_per_s(url: str, seconds: float = 2.0, in_flight: int = 6
     start = time.perf_counter()
     await asyncio.gather(*(worker() for _ in range(in_flight)))
     elapsed = time.perf_counter() - start
+    took: list[float] = []
+    stop = time.perf_counter() + one_s
+    while time.perf_counter() < stop and len(took) < 2000:
+        sent = time.perf_counter()
+        await client.request("bench.echo", b"x" * 64, timeout=5)
+        took.append(time.perf_counter() - sent)
     await client.close()
     await server.close()
-    return done / elapsed
+    took.sort()
+    return ReqReply(done / elapsed, 1000 * took[min(len(took) - 1, int(0.99 * len(took)))])
 
 
 def git_cli_commits_per_s(count: int = 40) -> float:
