@@ -153,6 +153,7 @@ def run_cli(args: argparse.Namespace) -> int:
     for key, value in rows.items():
         print(f"  {key:<{width}}  {value:,}" if isinstance(value, int | float)
               and not isinstance(value, bool) else f"  {key:<{width}}  {value}")
+    print(f"ratios to this run's ceilings: {result.ratios()}")
     return 0
 
 
@@ -251,6 +252,7 @@ def _run_targets(args: argparse.Namespace) -> int:
                            "result": result.as_dict()})
             if not args.json:
                 print("  " + report_line(target, k, args.repeat, found), flush=True)
+                print(f"  {'':<10} ratios: {result.ratios()}", flush=True)
     scaled = args.scale != 1.0
     met = sum(1 for r in report if r["met"])
     if args.json:
