@@ -38,7 +38,7 @@ from typing import Any
 import psutil
 import pygit2
 
-from gavel.bench.ceilings import ReqReply, git_cli_commits_per_s, nats_reqreply
+from gavel.bench.ceilings import Probe, git_cli_commits_per_s, nats_reqreply_per_s
 from gavel.bench.idle import IdleWorkerFailed, idle_worker
 from gavel.bench.interrupt import Interrupted, stopped_by_signals
 from gavel.bench.verify import VerifyError, answered, verify, verify_churn
@@ -127,10 +127,15 @@ class Result:
     ratio_to_nats_reqreply: float
     ratio_to_git_cli: float
     verified: bool
-    #: Rule 1: the round p99 over one raw nats-py request/reply's p99, measured beside it
-    #: (`bench.ceilings`): how many raw round trips a bid round's tail is.
+    #: Rule 1: the round p99 over the p99 of raw nats-py request/replies made one at a time
+    #: during the same seconds (`bench.ceilings.Probe`): how many raw round trips under the
+    #: same load a bid round's tail is.
     nats_reqreply_p99_ms: float = 0.0
     round_p99_in_reqreply_p99: float = 0.0
+    #: Where the broker's tuning ended (`shared.tuning`: 0 the latency end) and how often
+    #: it moved (what it pins moved nothing).
+    tuned_level: int = 0
+    tuned_changes: int = 0
     #: With churn (`lifetime_s`): instances still placed, ended records kept, forgotten.
     lifetime_s: float = 0.0
     running_at_end: int = 0
@@ -231,7 +236,7 @@ async def _run_in(opts: Options, root: Path) -> Result:
     server.start()
     procs: list[subprocess.Popen[bytes]] = []
     try:
-        ceiling = await nats_reqreply(server.url)
+        nats_rr = await nats_reqreply_per_s(server.url)
         git_cli = await asyncio.to_thread(git_cli_commits_per_s)
         broker_args = ["--url", server.url, "--state", str(root),
                        "--batch-wait-ms", str(opts.batch_wait_ms),
@@ -273,7 +278,7 @@ async def _run_in(opts: Options, root: Path) -> Result:
         try:
             assert server.proc is not None
             result = await _drive(nc, opts, root, broker, agent_procs, server.proc.pid,
-                                  ceiling, git_cli)
+                                  nats_rr, git_cli, Probe(server.url))
             if opts.idle_s > 0:  # the broker still listens; nothing is left to place
                 cpu, rss = await idle_worker(nc, server.url, root / "idle-worker",
                                              root / "logs" / "idle-worker.log", opts.idle_s)
@@ -333,12 +338,13 @@ async def _until_placed(nc: Any, opts: Options, started: float,
 
 
 async def _drive(nc: Any, opts: Options, root: Path, broker: subprocess.Popen[bytes],
-                 agent_procs: list[subprocess.Popen[bytes]], nats_pid: int,
-                 ceiling: ReqReply, git_cli: float) -> Result:
+                 agent_procs: list[subprocess.Popen[bytes]], nats_pid: int, nats_rr: float,
+                 git_cli: float, probe: Probe) -> Result:
     stats = await _until_healthy(nc, opts, root, broker)
     spec = Spec(name="noop", command=["true"], cpu=0.01, memory_mb=16)
     cpu0 = _cpu(broker), sum(_cpu(p) for p in agent_procs), _cpu(broker, children=True)
     nats0, self0 = _cpu(nats_pid), time.process_time()
+    await probe.start()
     started = time.perf_counter()
     # Paced (`rate`): small chunks, each sent when its first placement is due, so the broker
     # sees a steady arrival rate and the round times are those of that load.
@@ -364,7 +370,10 @@ async def _drive(nc: Any, opts: Options, root: Path, broker: subprocess.Popen[by
         return s.placed_total if opts.lifetime_s > 0 else s.placed_now
     base = placed(stats)
     replies0 = stats.bids_received
-    stats = await _until_placed(nc, opts, started, placed, base)
+    try:
+        stats = await _until_placed(nc, opts, started, placed, base)
+    finally:
+        rr_p99 = await probe.stop()
     elapsed = time.perf_counter() - started
     await submitting
     if opts.progress:
@@ -384,7 +393,6 @@ async def _drive(nc: Any, opts: Options, root: Path, broker: subprocess.Popen[by
     else:
         verify(root, ids, root / "remote.git" if opts.ha else None)
     rate = opts.placements / elapsed
-    nats_rr, rr_p99 = ceiling.per_s, ceiling.p99_ms
     agent_reply_us = 1e6 * agent_cpu / max(1, stats.bids_received - replies0)
     return Result(
         agents=opts.agents, placements=opts.placements, mode=opts.mode, d=opts.d,
@@ -405,7 +413,8 @@ async def _drive(nc: Any, opts: Options, root: Path, broker: subprocess.Popen[by
         idle_worker_cpu_pct=0.0, idle_worker_rss_mb=0.0,  # measured after (`run`)
         ratio_to_nats_reqreply=round(rate / nats_rr, 3) if nats_rr else 0.0,
         ratio_to_git_cli=round(rate / git_cli, 1) if git_cli else 0.0, verified=True,
-        nats_reqreply_p99_ms=round(rr_p99, 3),
+        nats_reqreply_p99_ms=round(rr_p99, 3), tuned_level=stats.tuned_level,
+        tuned_changes=stats.tuned_changes,
         round_p99_in_reqreply_p99=round(stats.round_p99_ms / rr_p99, 2) if rr_p99 else 0.0,
         lifetime_s=opts.lifetime_s, running_at_end=churn.running if churn else 0,
         ended_kept=churn.ended_kept if churn else 0, forgotten=churn.forgotten if churn else 0,

@@ -12,6 +12,7 @@ from gavel.broker.auctioneer import Auctioneer
 from gavel.broker.ledger.plan import View, submit
 from gavel.broker.service import Broker
 from gavel.shared import subjects
+from gavel.shared.api import StatsReply, StatsRequest
 from gavel.shared.messages import Bid, BidReply, Capacity, Heartbeat, Spec
 from gavel.shared.records import InstanceRecord
 from gavel.shared.timing import Timing
@@ -65,6 +66,9 @@ async def test_rounds_that_leave_work_waiting_climb_the_ladder(tmp_path: Path) -
         assert a.tuner.changes == 1
         _answer_rounds(a, 1)
         assert len(next(iter(a.auctions.values())).requests) == LADDER[1].batch_max
+        stats = await b.api.stats(StatsRequest())  # what `gavel bench` reports of it
+        assert isinstance(stats, StatsReply)
+        assert (stats.tuned_level, stats.tuned_changes) == (1, 1)
     finally:
         b.committer.close()
 
