@@ -14,7 +14,6 @@ Rules:
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import subprocess
 import tempfile
 import time
@@ -68,6 +67,7 @@ class Probe:
     took: list[float] = field(default_factory=list)
     _conns: list[Any] = field(default_factory=list)
     _task: asyncio.Task[None] | None = None
+    _stopping: bool = False
 
     async def start(self) -> None:
         server: Any = await nats.connect(self.url)
@@ -83,17 +83,18 @@ class Probe:
         self._task = asyncio.create_task(self._loop(client), name="reqreply-probe")
 
     async def _loop(self, client: Any) -> None:
-        while True:
+        # Stopped by a flag, not a cancel: on this Python a cancel that lands as nats-py's
+        # `wait_for` gets its reply is lost, and the loop would run on for ever.
+        while not self._stopping:
             sent = time.perf_counter()
             await client.request("bench.probe", b"x" * 64, timeout=5)
             self.took.append(time.perf_counter() - sent)
             await asyncio.sleep(self.every_s)
 
     async def stop(self) -> float:
+        self._stopping = True
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task  # a request that failed meanwhile is raised here
+            await self._task  # ends after the request in flight; one that failed is raised
         for conn in self._conns:
             await conn.close()
         took = sorted(self.took)
