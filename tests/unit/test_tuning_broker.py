@@ -10,7 +10,7 @@ import msgspec
 
 from gavel.broker.auctioneer import Auctioneer
 from gavel.broker.ledger.plan import View, submit
-from gavel.broker.service import Broker
+from gavel.broker.service import Broker, Config
 from gavel.shared import subjects
 from gavel.shared.api import StatsReply, StatsRequest
 from gavel.shared.messages import Bid, BidReply, Capacity, Heartbeat, Spec
@@ -25,7 +25,7 @@ _enc = msgspec.msgpack.Encoder()
 
 
 def _broker(root: Path, queued: int, **kw: int) -> Broker:
-    b = Broker(nats_url="nats://127.0.0.1:1", state_dir=root, timing=Timing(), **kw)
+    b = Broker(Config(nats_url="nats://127.0.0.1:1", state_dir=root, timing=Timing(), **kw))
     view = View(b.ledger.state())
     for k in range(queued):
         submit(view, InstanceRecord(instance_id=f"web-{k:05d}", spec=SPEC))
