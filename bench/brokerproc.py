@@ -27,10 +27,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--url", required=True)
     p.add_argument("--state", type=Path, required=True)
     p.add_argument("--sample-d", type=int, default=None)
-    p.add_argument("--batch-max", type=int, default=256)
-    p.add_argument("--max-auctions", type=int, default=16)
+    p.add_argument("--batch-max", type=int, default=None)  # None: tuned (`shared.tuning`)
+    p.add_argument("--max-auctions", type=int, default=None)
     p.add_argument("--batch-wait-ms", type=float, default=0.0)
-    p.add_argument("--commit-gap-ms", type=float, default=0.0)
+    p.add_argument("--commit-gap-ms", type=float, default=None)
     p.add_argument("--ended-max", type=int, default=100_000)
     p.add_argument("--ha-remote", type=Path, default=None)
     args = p.parse_args(argv)
@@ -41,7 +41,8 @@ def main(argv: list[str] | None = None) -> int:
                         timing=Timing.from_env(os.environ), batch_max=args.batch_max,
                         sample_d=args.sample_d, max_auctions=args.max_auctions,
                         batch_wait_s=args.batch_wait_ms / 1000,
-                        commit_gap_s=args.commit_gap_ms / 1000, ended_max=args.ended_max)
+                        commit_gap_s=None if args.commit_gap_ms is None
+                        else args.commit_gap_ms / 1000, ended_max=args.ended_max)
         broker: Broker | HaBroker
         if args.ha_remote is not None:
             broker = HaBroker(replace(config, broker_id="bench"),

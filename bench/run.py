@@ -38,7 +38,7 @@ from typing import Any
 import psutil
 import pygit2
 
-from gavel.bench.ceilings import git_cli_commits_per_s, nats_reqreply_per_s
+from gavel.bench.ceilings import Probe, git_cli_commits_per_s, nats_reqreply_per_s
 from gavel.bench.idle import IdleWorkerFailed, idle_worker
 from gavel.bench.interrupt import Interrupted, stopped_by_signals
 from gavel.bench.verify import VerifyError, answered, verify, verify_churn
@@ -67,10 +67,11 @@ class Options:
     mode: str = "sampled"
     d: int = 2
     processes: int = 4
-    batch_max: int = 256
-    max_auctions: int = 16
+    #: None: the broker tunes it (`shared.tuning`); a value pins it.
+    batch_max: int | None = None
+    max_auctions: int | None = None
     batch_wait_ms: float = 0.0
-    commit_gap_ms: float = 0.0
+    commit_gap_ms: float | None = None
     #: Instances end (status 0) this long after they start (0: they run for ever), and the
     #: broker keeps at most `ended_max` ended records: a run with churn and retention.
     lifetime_s: float = 0.0
@@ -126,6 +127,15 @@ class Result:
     ratio_to_nats_reqreply: float
     ratio_to_git_cli: float
     verified: bool
+    #: Rule 1: the round p99 over the p99 of raw nats-py request/replies made one at a time
+    #: during the same seconds (`bench.ceilings.Probe`): how many raw round trips under the
+    #: same load a bid round's tail is.
+    nats_reqreply_p99_ms: float = 0.0
+    round_p99_in_reqreply_p99: float = 0.0
+    #: Where the broker's tuning ended (`shared.tuning`: 0 the latency end) and how often
+    #: it moved (what it pins moved nothing).
+    tuned_level: int = 0
+    tuned_changes: int = 0
     #: With churn (`lifetime_s`): instances still placed, ended records kept, forgotten.
     lifetime_s: float = 0.0
     running_at_end: int = 0
@@ -141,6 +151,13 @@ class Result:
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    def ratios(self) -> str:
+        """Rule 1's ratios in one line: what holds from hour to hour."""
+        return (f"placements/s / nats req-reply/s {self.ratio_to_nats_reqreply:g}, round p99 "
+                f"/ req-reply p99 {self.round_p99_in_reqreply_p99:g}, broker CPU a placement "
+                f"in agent replies {self.broker_cpu_in_agent_replies:g}, / naive git commits "
+                f"{self.ratio_to_git_cli:g}")
 
 
 def _spawn(module: str, args: list[str], log: Path) -> subprocess.Popen[bytes]:
@@ -221,11 +238,14 @@ async def _run_in(opts: Options, root: Path) -> Result:
     try:
         nats_rr = await nats_reqreply_per_s(server.url)
         git_cli = await asyncio.to_thread(git_cli_commits_per_s)
-        broker_args = ["--url", server.url, "--state", str(root), "--batch-max",
-                       str(opts.batch_max), "--max-auctions", str(opts.max_auctions),
+        broker_args = ["--url", server.url, "--state", str(root),
                        "--batch-wait-ms", str(opts.batch_wait_ms),
-                       "--commit-gap-ms", str(opts.commit_gap_ms),
                        "--ended-max", str(opts.ended_max)]
+        for flag, value in (("--batch-max", opts.batch_max),
+                            ("--max-auctions", opts.max_auctions),
+                            ("--commit-gap-ms", opts.commit_gap_ms)):
+            if value is not None:  # otherwise the broker tunes it
+                broker_args += [flag, str(value)]
         if opts.mode == "sampled":
             broker_args += ["--sample-d", str(opts.d)]
         if opts.ha:  # rule 4
@@ -258,7 +278,7 @@ async def _run_in(opts: Options, root: Path) -> Result:
         try:
             assert server.proc is not None
             result = await _drive(nc, opts, root, broker, agent_procs, server.proc.pid,
-                                  nats_rr, git_cli)
+                                  nats_rr, git_cli, Probe(server.url))
             if opts.idle_s > 0:  # the broker still listens; nothing is left to place
                 cpu, rss = await idle_worker(nc, server.url, root / "idle-worker",
                                              root / "logs" / "idle-worker.log", opts.idle_s)
@@ -319,11 +339,12 @@ async def _until_placed(nc: Any, opts: Options, started: float,
 
 async def _drive(nc: Any, opts: Options, root: Path, broker: subprocess.Popen[bytes],
                  agent_procs: list[subprocess.Popen[bytes]], nats_pid: int, nats_rr: float,
-                 git_cli: float) -> Result:
+                 git_cli: float, probe: Probe) -> Result:
     stats = await _until_healthy(nc, opts, root, broker)
     spec = Spec(name="noop", command=["true"], cpu=0.01, memory_mb=16)
     cpu0 = _cpu(broker), sum(_cpu(p) for p in agent_procs), _cpu(broker, children=True)
     nats0, self0 = _cpu(nats_pid), time.process_time()
+    await probe.start()
     started = time.perf_counter()
     # Paced (`rate`): small chunks, each sent when its first placement is due, so the broker
     # sees a steady arrival rate and the round times are those of that load.
@@ -349,7 +370,10 @@ async def _drive(nc: Any, opts: Options, root: Path, broker: subprocess.Popen[by
         return s.placed_total if opts.lifetime_s > 0 else s.placed_now
     base = placed(stats)
     replies0 = stats.bids_received
-    stats = await _until_placed(nc, opts, started, placed, base)
+    try:
+        stats = await _until_placed(nc, opts, started, placed, base)
+    finally:
+        rr_p99 = await probe.stop()
     elapsed = time.perf_counter() - started
     await submitting
     if opts.progress:
@@ -389,6 +413,9 @@ async def _drive(nc: Any, opts: Options, root: Path, broker: subprocess.Popen[by
         idle_worker_cpu_pct=0.0, idle_worker_rss_mb=0.0,  # measured after (`run`)
         ratio_to_nats_reqreply=round(rate / nats_rr, 3) if nats_rr else 0.0,
         ratio_to_git_cli=round(rate / git_cli, 1) if git_cli else 0.0, verified=True,
+        nats_reqreply_p99_ms=round(rr_p99, 3), tuned_level=stats.tuned_level,
+        tuned_changes=stats.tuned_changes,
+        round_p99_in_reqreply_p99=round(stats.round_p99_ms / rr_p99, 2) if rr_p99 else 0.0,
         lifetime_s=opts.lifetime_s, running_at_end=churn.running if churn else 0,
         ended_kept=churn.ended_kept if churn else 0, forgotten=churn.forgotten if churn else 0,
         rejected=dict(nodes.rejected), ha=opts.ha, push_lag_ms=round(1000 * lag, 1),

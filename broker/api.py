@@ -359,7 +359,8 @@ class Api:
             commits=ctx.committer.commits, round_p50_ms=_pct(rounds, 50),
             round_p99_ms=_pct(rounds, 99), commit_p50_ms=_pct(commits, 50),
             commit_p99_ms=_pct(commits, 99),
-            rss_mb=psutil.Process().memory_info().rss / 2**20, kv_puts=self.mirror.puts)
+            rss_mb=psutil.Process().memory_info().rss / 2**20, kv_puts=self.mirror.puts,
+            tuned_level=auctioneer.tuner.level, tuned_changes=auctioneer.tuner.changes)
 
     def _refused(self, spec: Spec) -> ApiError | None:
         """Why no instance of `spec` can be accepted at all (None: it can)."""

@@ -55,6 +55,11 @@ Rules:
     interval for another two is how a big request starves.
     The last winner of each shape is asked beside the sampled nodes (`shared.candidates`
     rule 3).
+12. Unless given, the batch size, the rounds in flight and the committer's gap are the
+    `shared.tuning.Tuner`'s: told of every round that closes (its time, whether work was
+    left waiting), every commit's time and every pass, it moves them between the latency
+    end and the throughput end as the load asks. A value given is pinned, also one set on
+    `batch_max` or `max_auctions` later.
 """
 
 from __future__ import annotations
@@ -76,12 +81,14 @@ from gavel.broker.preemptions import plan_evictions
 from gavel.shared import subjects
 from gavel.shared.auction import Auction, Awarded, Decision, Unschedulable
 from gavel.shared.auctioneer import CLOSED_KEPT, Core, Decided, Open, Pinned, Wake
+from gavel.shared.auctionworld import Action
 from gavel.shared.award import NodeDecline
 from gavel.shared.candidates import Candidates
 from gavel.shared.lifecycle import PENDING
 from gavel.shared.messages import Award, BidReply, Capacity, EventType, InstanceState
 from gavel.shared.reasons import Reason
 from gavel.shared.records import AuctionRecord, Outcome, auction_trailer
+from gavel.shared.tuning import Tuner
 from gavel.transport.inbound import Door, Guard
 from gavel.transport.wire import Received
 
@@ -98,16 +105,23 @@ def _aid() -> str:
 
 class Auctioneer:
     def __init__(self, ctx: Context, *, award_for: Callable[[str, str, str], Award | None],
-                 batch_max: int = 256, sample_d: int | None = None, max_auctions: int = 16,
-                 batch_wait_s: float = 0.0, rng: random.Random | None = None) -> None:
+                 batch_max: int | None = None, sample_d: int | None = None,
+                 max_auctions: int | None = None, batch_wait_s: float = 0.0,
+                 commit_gap_s: float | None = None,
+                 rng: random.Random | None = None) -> None:
         self.ctx = ctx
         #: The award a placed instance's winner is told (`broker.assign`).
         self.award_for = award_for
         t = ctx.timing
+        #: Rule 12: what is not given is tuned.
+        self.tuner = Tuner(batch_max=batch_max, max_auctions=max_auctions,
+                           commit_gap_s=commit_gap_s)
         self.core = Core(Git(ctx), deadline_s=t.bid_deadline_s, heartbeat_s=t.heartbeat_s,
-                         tick_s=t.tick_s, batch_max=batch_max, sample_d=sample_d,
-                         max_auctions=max_auctions, batch_wait_s=batch_wait_s, rng=rng,
-                         ids=_aid)
+                         tick_s=t.tick_s, batch_max=self.tuner.batch_max, sample_d=sample_d,
+                         max_auctions=self.tuner.max_auctions, batch_wait_s=batch_wait_s,
+                         rng=rng, ids=_aid)
+        ctx.committer.gap_s = self.tuner.commit_gap_s
+        self._commits_seen = ctx.committer.commits
         self._guard = Guard("bid reply", BidReply, ctx.rejects, node=subjects.node_of,
                             foreign="bid", door=Door(ctx.rejects, subjects.BIDS_ALL))
         #: Instances whose pinned-deployment error was reported (once each).
@@ -175,7 +189,7 @@ class Auctioneer:
 
     @batch_max.setter
     def batch_max(self, value: int) -> None:
-        self.core.batch_max = value
+        self.core.batch_max = self.tuner.pinned_batch_max = value  # rule 12
 
     @property
     def max_auctions(self) -> int:
@@ -183,7 +197,7 @@ class Auctioneer:
 
     @max_auctions.setter
     def max_auctions(self, value: int) -> None:
-        self.core.max_auctions = value
+        self.core.max_auctions = self.tuner.pinned_max_auctions = value  # rule 12
 
     @property
     def sample_d(self) -> int | None:
@@ -203,6 +217,8 @@ class Auctioneer:
 
     # -- driving the core ------------------------------------------------------------------
     def reconcile(self, now: float) -> None:
+        if self.tuner.passed(now, len(self.core.auctions)):  # rule 12
+            self._tuned()
         self.core.reconcile(now)
         self._act(now)
 
@@ -230,7 +246,8 @@ class Auctioneer:
     def _act(self, now: float) -> None:
         """Do what the core asked, in its order."""
         ctx = self.ctx
-        for action in self.core.take():
+        actions = self.core.take()
+        for action in actions:
             if isinstance(action, Open):
                 auction = action.auction
                 payload = ctx.outbox.encode(auction.rfb())
@@ -252,10 +269,29 @@ class Auctioneer:
                         self.pinned_reported.add(iid)
                         ctx.events.emit(iid, EventType.ERROR, reason=Reason.PINNED,
                                         detail=ctx.ledger.ref)
+        self._observe(actions, now)
         at = self.core.wake_at
         if at is not None:  # rule 4, 9: the pass that found too little runs again then
             self.core.wake_at = None
             self._wake_at(at - now)
+
+    def _observe(self, actions: Sequence[Action], now: float) -> None:
+        """Rule 12: the tuner hears of the commits written and the rounds closed since it
+        last heard, and what it chose applies from the next pass."""
+        tuner, committer = self.tuner, self.ctx.committer
+        if committer.commits != self._commits_seen and committer.latencies:
+            self._commits_seen = committer.commits
+            tuner.committed(committer.latencies[-1])
+            committer.gap_s = tuner.commit_gap_s
+        if tuner.took(actions, len(self.core.auctions), now):
+            self._tuned()
+
+    def _tuned(self) -> None:
+        core, tuner = self.core, self.tuner
+        core.batch_max, core.max_auctions = tuner.batch_max, tuner.max_auctions
+        self.ctx.committer.gap_s = tuner.commit_gap_s
+        self.ctx.log.debug("tuned: %d rounds of %d in flight, commits %.1f ms apart",
+                           core.max_auctions, core.batch_max, 1000 * tuner.commit_gap_s)
 
     def _wake_at(self, delay: float) -> None:
         if self._wait_timer is None or self._wait_timer.cancelled() \

@@ -42,13 +42,15 @@ class Config:
     wall: Callable[[], datetime] = _utc_now
     #: The auctioneer: awards per batch, sampled auctions (d nodes asked; None: all),
     #: its seed, auctions open at once, and how long a batch waits for more requests.
-    batch_max: int = 256
+    #: `batch_max`, `max_auctions` and `commit_gap_s` None: tuned to the load
+    #: (`shared.tuning`); a value pins it.
+    batch_max: int | None = None
     sample_d: int | None = None
     seed: int | None = None
-    max_auctions: int = 16
+    max_auctions: int | None = None
     batch_wait_s: float = 0.0
     #: The committer: the least gap between commits, and its writer ("process" or "thread").
-    commit_gap_s: float = 0.0
+    commit_gap_s: float | None = None
     writer: str = "process"
     #: Retention: ended instances kept; the caps on counts admission holds.
     ended_max: int = 100_000

@@ -161,6 +161,7 @@ class Broker:
                                      batch_max=config.batch_max, sample_d=config.sample_d,
                                      max_auctions=config.max_auctions,
                                      batch_wait_s=config.batch_wait_s,
+                                     commit_gap_s=config.commit_gap_s,
                                      rng=random.Random(config.seed))
         self.promises = Promises(ctx, capacity_freed=self.auctioneer.capacity_freed)
         self._keepers(ctx, config)
@@ -215,7 +216,7 @@ class Broker:
         return Committer(self.ledger, retry_s=self.timing.tick_s,
                          on_commit=functools.partial(_tell, heard) if heard else None,
                          writer=self.config.writer, wall=self.config.wall,
-                         gap_s=self.config.commit_gap_s, metrics=self.metrics,
+                         gap_s=self.config.commit_gap_s or 0.0, metrics=self.metrics,
                          on_damaged=self._damaged, durable=pusher if self.ha else None,
                          on_durable=mirror if self.ha else None)
 

@@ -36,16 +36,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--d", type=positive_int, default=2, help="nodes sampled per request")
     p.add_argument("--processes", type=positive_int, default=4,
                    help="processes the agents are spread over (default 4)")
-    p.add_argument("--batch-max", type=positive_int, default=256,
-                   help="requests per auction at most (default 256)")
-    p.add_argument("--max-auctions", type=positive_int, default=16,
-                   help="auctions in flight at once (default 16)")
+    p.add_argument("--batch-max", type=positive_int, default=None,
+                   help="requests per auction at most (default: the broker tunes it)")
+    p.add_argument("--max-auctions", type=positive_int, default=None,
+                   help="auctions in flight at once (default: the broker tunes it)")
     p.add_argument("--batch-wait-ms", type=non_negative_float, default=0.0,
                    help="the broker's batch wait: requests wait up to this long for a fuller "
                    "auction (default 0)")
-    p.add_argument("--commit-gap-ms", type=non_negative_float, default=0.0,
+    p.add_argument("--commit-gap-ms", type=non_negative_float, default=None,
                    help="the broker's commit gap: the next commit starts no sooner than this "
-                   "long after the last (default 0)")
+                   "long after the last (default: the broker tunes it)")
     p.add_argument("--lifetime-s", type=non_negative_float, default=0.0,
                    help="each instance ends (status 0) this long after it starts: a run "
                    "with churn and retention (default 0: instances run for ever)")
@@ -70,6 +70,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     t.add_argument("--targets", action="store_true",
                    help="run each target's own bench and say met or missed (exit 3 if any "
                    "bound is missed); the run flags above are its, not yours")
+    t.add_argument("--tuning", action="store_true",
+                   help="the defaults against the latency-tuned settings open loop at 20, 50 "
+                   "and 80%% of capacity (round p99) and the throughput-tuned closed loop "
+                   "(placements/s), side by side; prints the ratios (exit 3 if one misses "
+                   "its target); takes --agents, --placements, --mode, --repeat (pairs)")
     t.add_argument("--only", action="append", default=[], metavar="NAME",
                    help="only this target (repeatable): sampled, broadcast, 10k, idle")
     t.add_argument("--repeat", type=positive_int, default=1,
@@ -82,6 +87,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 #: The flags only --targets takes; every other flag but --json sets up one run, and with
 #: --targets each target's own settings are used instead.
 _TARGET_FLAGS = ("only", "repeat", "scale")
+#: What --tuning takes: the sitting's size and mode (the rest is each run's own).
+_TUNING_FLAGS = ("agents", "placements", "mode", "d", "processes", "repeat", "json",
+                 "tuning")
 
 
 def _clashing(args: argparse.Namespace) -> list[str]:
@@ -90,8 +98,12 @@ def _clashing(args: argparse.Namespace) -> list[str]:
     ref = argparse.ArgumentParser()
     add_arguments(ref)
     defaults = vars(ref.parse_args([]))
-    dests = [d for d in defaults if d not in ("json", "targets", *_TARGET_FLAGS)] \
-        if args.targets else list(_TARGET_FLAGS)
+    if args.tuning:
+        dests = [d for d in defaults if d not in _TUNING_FLAGS]
+    elif args.targets:
+        dests = [d for d in defaults if d not in ("json", "targets", *_TARGET_FLAGS)]
+    else:
+        dests = list(_TARGET_FLAGS)
     return ["--" + d.replace("_", "-") for d in dests if getattr(args, d) != defaults[d]]
 
 
@@ -101,9 +113,13 @@ def run_cli(args: argparse.Namespace) -> int:
     clash = _clashing(args)
     if clash:
         print(f"gavel bench: {clash[0]} " + (
+            "cannot go with --tuning: each run of the comparison has its own settings."
+            if args.tuning else
             "cannot go with --targets: each target runs with its own settings."
             if args.targets else "only goes with --targets."), file=sys.stderr)
         return 2
+    if args.tuning:
+        return _run_tuning(args)
     if args.targets:
         return _run_targets(args)
     why = unusable_dir(args.state / "logs") if args.state is not None else None
@@ -137,6 +153,7 @@ def run_cli(args: argparse.Namespace) -> int:
     for key, value in rows.items():
         print(f"  {key:<{width}}  {value:,}" if isinstance(value, int | float)
               and not isinstance(value, bool) else f"  {key:<{width}}  {value}")
+    print(f"ratios to this run's ceilings: {result.ratios()}")
     return 0
 
 
@@ -178,6 +195,35 @@ def _run_ha(args: argparse.Namespace, cls: Any, run: Any,
     return 0
 
 
+def _run_tuning(args: argparse.Namespace) -> int:
+    """`bench.tuning`'s comparison, its ratios printed (or one JSON object)."""
+    from gavel.bench.run import Options, RunFailed, VerifyError, run
+    from gavel.bench.tuning import compare
+
+    base = Options(agents=args.agents, placements=args.placements, mode=args.mode, d=args.d,
+                   processes=args.processes, progress=False, idle_s=0.0)
+
+    def say(name: str) -> None:
+        if not args.json:
+            print(f"  running {name}", file=sys.stderr, flush=True)
+
+    try:
+        report = compare(base, lambda opts: asyncio.run(run(opts)), args.repeat, say)
+    except (VerifyError, RunFailed) as exc:
+        print(f"gavel bench: --tuning: {exc}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps(report.as_dict()))
+    else:
+        caps = "/".join(f"{r.placements_per_s:,.1f}" for r in report.capacity_runs)
+        print(f"capacity (latency-tuned, closed loop): {report.capacity:,.1f}/s ({caps})")
+        for c in report.comparisons:
+            print("  " + c.line())
+        print("the defaults met every target" if report.met else
+              "the defaults MISSED a target")
+    return 0 if report.met else 3
+
+
 def _run_targets(args: argparse.Namespace) -> int:
     from gavel.bench.run import RunFailed, VerifyError, run
     from gavel.bench.targets import by_name, checks, report_line
@@ -206,6 +252,7 @@ def _run_targets(args: argparse.Namespace) -> int:
                            "result": result.as_dict()})
             if not args.json:
                 print("  " + report_line(target, k, args.repeat, found), flush=True)
+                print(f"  {'':<10} ratios: {result.ratios()}", flush=True)
     scaled = args.scale != 1.0
     met = sum(1 for r in report if r["met"])
     if args.json:

@@ -129,9 +129,10 @@ BROKER_OPTIONS: list[Option] = [
            "ask D sampled nodes per request instead of every node (Sparrow's batch "
            "sampling; default 0: broadcast to every node)", "D"),
     Option("batch_max", "--batch-max", "GAVEL_BATCH_MAX", positive_int,
-           "requests one auction carries at most (default 256)", "N"),
+           "requests one auction carries at most (default: tuned to the load, 24 to 256)",
+           "N"),
     Option("max_auctions", "--max-auctions", "GAVEL_MAX_AUCTIONS", positive_int,
-           "auctions in flight at once (default 16)", "N"),
+           "auctions in flight at once (default: tuned to the load, 1 to 16)", "N"),
     Option("batch_wait_ms", "--batch-wait-ms", "GAVEL_BATCH_WAIT_MS", non_negative_float,
            "let waiting requests wait this long for a fuller batch before an auction opens "
            "(default 0: at once; a broadcast round costs a reply from every node)", "MS"),
@@ -142,7 +143,7 @@ BROKER_OPTIONS: list[Option] = [
     Option("commit_gap_ms", "--commit-gap-ms", "GAVEL_COMMIT_GAP_MS", non_negative_float,
            "start the next commit no sooner than this long after the last was written: "
            "fewer, bigger commits under sustained load, burstier awards at light load "
-           "(default 0: at once)", "MS"),
+           "(default: tuned, the last commits' time up to 20 ms)", "MS"),
     Option("ended_max", "--ended-max", "GAVEL_ENDED_MAX", whole,
            "keep at most N ended instance records in the tree, the oldest leave first (git "
            "history keeps them; default 100000, 0: no cap)", "N"),

@@ -171,6 +171,9 @@ class StatsReply(Message, tag="stats-reply", kw_only=True):
     rss_mb: float
     #: node.json puts into the KV mirror since the broker started (`broker.mirror`).
     kv_puts: int = 0
+    #: The auctioneer's tuning (`shared.tuning`): its level now and how often it changed.
+    tuned_level: int = 0
+    tuned_changes: int = 0
 
 
 class StatusRequest(Message, tag="status"):

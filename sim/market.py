@@ -23,6 +23,9 @@ Rules:
    scenario's script as on the fast path (`sim.engine` rule 3).
 7. Events at equal times run in a fixed kind order, then by sequence; every random draw
    comes from a stream named after the policy: a run is a pure function of scenario and seed.
+8. With ``market.tune`` the broker's `shared.tuning.Tuner` chooses the batch size and the
+   rounds in flight from the rounds it sees close, and paces the commits: the next one
+   starts its gap after the last landed.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ from gavel.shared.auctioneer import Core, Decided, Open, Wake
 from gavel.shared.messages import Bid, BidReply
 from gavel.shared.records import InstanceRecord
 from gavel.shared.strategies import Strategy
+from gavel.shared.tuning import Tuner
 from gavel.sim.cluster import Cluster, ScriptEvent
 from gavel.sim.marketworld import Inst, Ledger, Views, specs
 from gavel.sim.metrics import PolicyResult, Recorder
@@ -67,8 +71,12 @@ class Market:
         self.net = random.Random(f"{seed}/network/{name}")
         self.world = Ledger(cluster)
         t = s.timing
+        #: Rule 8.
+        self.tuner = Tuner() if m.tune else None
         self.core = Core(self.world, deadline_s=s.deadline_s, heartbeat_s=t.heartbeat_s,
-                         tick_s=t.tick_s, batch_max=m.batch_max, max_auctions=m.max_auctions,
+                         tick_s=t.tick_s,
+                         batch_max=self.tuner.batch_max if self.tuner else m.batch_max,
+                         max_auctions=self.tuner.max_auctions if self.tuner else m.max_auctions,
                          batch_wait_s=m.batch_wait_s, rng=random.Random(f"{seed}/placer/{name}"),
                          sample_d=policy.d if policy.mode == "sample" else None)
         self.specs = specs(catalogue)
@@ -81,6 +89,7 @@ class Market:
         self.timer_at = math.inf
         self.committing: list[Decided] | None = None  # the commit in flight (rule 4)
         self.next_commit: list[Decided] = []
+        self.commit_free = -math.inf  # when the gap after the last commit ends (rule 8)
         self.counts = dict.fromkeys(("rounds", "replies", "stale_bids", "over_commits",
                                      "lost_messages", "revoked", "provisioning_failed",
                                      "restarts", "late"), 0)
@@ -128,8 +137,15 @@ class Market:
         return result
 
     def _pass(self, now: float, _: Any = None) -> None:
+        if self.tuner is not None and self.tuner.passed(now, len(self.core.auctions)):
+            self._tuned()
         self.core.reconcile(now)
         self._act(now)
+
+    def _tuned(self) -> None:
+        assert self.tuner is not None
+        self.core.batch_max, self.core.max_auctions = self.tuner.batch_max, \
+            self.tuner.max_auctions
 
     def _timer(self, now: float, _: Any) -> None:
         if now >= self.timer_at:
@@ -139,13 +155,16 @@ class Market:
 
     def _act(self, now: float) -> None:
         """Do what the core asked, in its order (rule 1)."""
-        for action in self.core.take():
+        actions = self.core.take()
+        for action in actions:
             if isinstance(action, Open):
                 self._send(action.auction, now)
             elif isinstance(action, Decided):
                 self._submit(action, now)
             elif isinstance(action, Wake):
                 self._push(now, _PASS)
+        if self.tuner is not None and self.tuner.took(actions, len(self.core.auctions), now):
+            self._tuned()
         at = self.core.timer()
         if at is not None and at < self.timer_at:
             self.timer_at = at
@@ -219,7 +238,7 @@ class Market:
             return
         if self.committing is None:
             self.committing = [decided]
-            self._push(now + self.lag, _COMMIT)
+            self._push(max(now, self.commit_free) + self.lag, _COMMIT)
         else:
             self.next_commit.append(decided)
 
@@ -228,9 +247,14 @@ class Market:
         for decided in batch:
             for d in decided.decisions:
                 self._commit(d, now)
+        gap = 0.0
+        if self.tuner is not None:  # rule 8
+            self.tuner.committed(self.lag)
+            gap = self.tuner.commit_gap_s
+        self.commit_free = now + gap
         if self.next_commit:
             self.committing, self.next_commit = self.next_commit, []
-            self._push(now + self.lag, _COMMIT)
+            self._push(self.commit_free + self.lag, _COMMIT)
         self._pass(now)
 
     def _commit(self, d: Decision, now: float) -> None:

@@ -116,6 +116,10 @@ class Market(_Config, kw_only=True):
     batch_max: PosInt = 256
     batch_wait_s: NonNegFloat = 0.0
     max_auctions: PosInt = 16
+    #: the auctioneer tunes batch_max, max_auctions and the commit gap to the load itself
+    #: (`shared.tuning`, as the broker does when they are not given); the two above are
+    #: then unused
+    tune: bool = False
     #: how long a round's commit takes to land; its awards stay reserved until then
     commit_lag_s: NonNegFloat = 0.02
     #: how long a node's view of its own state lags its awards (default: timing.mirror_s)

@@ -46,6 +46,12 @@ def test_a_small_broadcast_run_verifies_itself_and_reports_its_ceilings(
     assert r["agent_client"] == "lite"  # the default: bench.natslite
     assert r["placements_per_s"] > 0 and r["nats_reqreply_per_s"] > 0
     assert r["git_cli_commits_per_s"] > 0 and r["bids_per_s"] > 0
+    # the ratios to the same run's ceilings, beside the absolute figures
+    assert r["nats_reqreply_p99_ms"] > 0
+    assert r["ratio_to_nats_reqreply"] == pytest.approx(
+        r["placements_per_s"] / r["nats_reqreply_per_s"], rel=0.02, abs=0.002)
+    assert r["round_p99_in_reqreply_p99"] == pytest.approx(
+        r["round_p99_ms"] / r["nats_reqreply_p99_ms"], rel=0.05, abs=0.01)
     per_reply = r["agent_cpu_us_per_reply"]  # may round to 0 at 20 agents (10 ms ticks)
     # The ratio is printed to two decimals (0.0666 shows as 0.07): allow that rounding too.
     assert r["broker_cpu_in_agent_replies"] == (pytest.approx(

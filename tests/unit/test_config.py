@@ -21,6 +21,7 @@ from gavel.cli.config import (
 from gavel.cli.options import BROKER_OPTIONS, GATEWAY_OPTIONS, WORKER_OPTIONS, flags_of
 from gavel.shared.redact import mask_url
 from gavel.shared.timing import Timing
+from gavel.shared.tuning import LADDER
 
 
 def write(tmp_path: Path, text: str, name: str = "gavel.toml") -> str:
@@ -270,15 +271,21 @@ def test_auction_settings_reach_the_broker(tmp_path: Path,
         a = b.auctioneer
         assert (a.sample_d, a.batch_max, a.max_auctions, a.batch_wait_s, b.retention.ended_max,
                 b.committer.gap_s) == (3, 64, 4, 0.005, 7, 0.025)
+        # each value given is pinned: the tuner leaves it alone
+        t = a.tuner
+        assert (t.pinned_batch_max, t.pinned_max_auctions, t.pinned_gap_s) == (64, 4, 0.025)
     finally:
         b.committer.close()
     plain = make_broker(load(BrokerConfig, BROKER_OPTIONS, file=None, env={"GAVEL_STATE": "s"}),
                         {})
-    try:  # the defaults: broadcast, batches of 256, 16 auctions in flight, no waits
+    try:  # the defaults: broadcast, no batch wait, and the rest tuned from the latency end
         a = plain.auctioneer
+        first = LADDER[0]
         assert (a.sample_d, a.batch_max, a.max_auctions, a.batch_wait_s,
-                plain.retention.ended_max, plain.committer.gap_s) == (None, 256, 16, 0.0,
-                                                                      100_000, 0.0)
+                plain.retention.ended_max, plain.committer.gap_s) == (
+                    None, first.batch_max, first.max_auctions, 0.0, 100_000, first.gap_cap_s)
+        t = a.tuner
+        assert (t.pinned_batch_max, t.pinned_max_auctions, t.pinned_gap_s) == (None,) * 3
     finally:
         plain.committer.close()
 

@@ -1,0 +1,190 @@
+"""The auctioneer's self-tuning, sans-IO: how many requests a round carries, how many rounds
+are in flight and how long the committer paces its commits, chosen from what the shell
+measures (round time, commit time, whether work waits), never from a clock of its own.
+
+A `Tuner` walks a ladder of settings (`LADDER`) from the latency end (one round of 24 in
+flight, commits paced up to 20 ms apart: the setting that keeps a bid round shortest) to
+the throughput end (sixteen rounds of 256, commits back to back: the setting that places
+most a second when work queues). The shell tells it of every round that closes, of every
+commit and of every pass, and reads `batch_max`, `max_auctions` and `commit_gap_s` back.
+
+Rules:
+1. A round that closes is *saturated* when the pass after it left no room for another round
+   and the last round it opened was full: work was still waiting. Otherwise the work
+   *drained* (`saturated`).
+2. Every `WINDOW` rounds closed at one level, the window is judged: if every one of its
+   rounds was saturated the work never drained, so the level is too small for the load and
+   the tuner climbs one step; if the work drained at half of its closes or more, the step
+   below would have kept up and it steps down. Between the two it holds: the two tests
+   leave a band where a steady load stays put, so the tuner does not hunt.
+3. It backs off under queueing: at a level with more than one round in flight, a window
+   whose work drained at least once and whose median round took `QUEUED` times the latency
+   end's median or longer steps down - rounds that wait behind each other while the work
+   drains are depth that only lengthens them.
+4. Commits are paced by what they cost: the gap before the next commit is the recent commit
+   time (a moving average), at most the level's cap - a writer busy at most half the time
+   leaves the cores to the rounds under load, and a light load's small, quick commits wait
+   little. The cap bounds the feedback between gap and commit size (a longer gap makes a
+   bigger commit, which takes longer), and the throughput end has none.
+5. A pass with no round in flight `IDLE_S` after the last round closed returns the tuner to
+   the latency end: the next burst after a quiet spell starts from the shortest rounds.
+6. A value given (`batch_max`, `max_auctions`, `commit_gap_s`) is pinned: the tuner never
+   changes it, and tunes only the others.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import NamedTuple
+
+from gavel.shared.auctionworld import Action, Decided, Open
+
+__all__ = ["IDLE_S", "LADDER", "QUEUED", "WINDOW", "Setting", "Tuner", "saturated"]
+
+
+class Setting(NamedTuple):
+    """One step of the ladder: rounds in flight, requests a round, the commit gap's cap."""
+
+    max_auctions: int
+    batch_max: int
+    gap_cap_s: float
+
+
+#: From the latency end to the throughput end (rule 2); each step about doubles what the
+#: auctioneer holds in flight.
+LADDER: tuple[Setting, ...] = (
+    Setting(1, 24, 0.020),
+    Setting(1, 48, 0.020),
+    Setting(2, 64, 0.020),
+    Setting(4, 128, 0.010),
+    Setting(8, 256, 0.0),
+    Setting(16, 256, 0.0),
+)
+#: Rounds closed per judgement (rule 2).
+WINDOW = 16
+#: Rounds this many times the latency end's are queueing (rule 3).
+QUEUED = 4.0
+#: Seconds without a round that return the tuner to the latency end (rule 5).
+IDLE_S = 1.0
+#: Weight of the newest commit time in the moving average (rule 4).
+_COMMIT_WEIGHT = 0.2
+
+
+def saturated(opened: Sequence[int], open_rounds: int, max_auctions: int,
+              batch_max: int) -> bool:
+    """Rule 1: after a round closed, the pass opened rounds of `opened` requests (in order)
+    and `open_rounds` are now open: whether work was left waiting."""
+    return bool(opened) and open_rounds >= max_auctions and opened[-1] >= batch_max
+
+
+class Tuner:
+    def __init__(self, *, batch_max: int | None = None, max_auctions: int | None = None,
+                 commit_gap_s: float | None = None,
+                 ladder: Sequence[Setting] = LADDER, window: int = WINDOW) -> None:
+        self.ladder = tuple(ladder)
+        self.window = window
+        self.pinned_batch_max = batch_max
+        self.pinned_max_auctions = max_auctions
+        self.pinned_gap_s = commit_gap_s
+        self.level = 0
+        #: How many times the level changed (a steady load should leave it alone).
+        self.changes = 0
+        self.commit_s: float | None = None
+        #: The latency end's median round (rule 3), once a window there was judged.
+        self.base_round_s: float | None = None
+        self._rounds: list[float] = []
+        self._saturated = 0
+        self._last_close: float | None = None
+
+    # -- what the shell reads ------------------------------------------------------------------
+    @property
+    def setting(self) -> Setting:
+        return self.ladder[self.level]
+
+    @property
+    def batch_max(self) -> int:
+        return self.pinned_batch_max or self.setting.batch_max
+
+    @property
+    def max_auctions(self) -> int:
+        return self.pinned_max_auctions or self.setting.max_auctions
+
+    @property
+    def commit_gap_s(self) -> float:
+        """Rule 4 (or the pinned gap)."""
+        if self.pinned_gap_s is not None:
+            return self.pinned_gap_s
+        cap = self.setting.gap_cap_s
+        return cap if self.commit_s is None else min(cap, self.commit_s)
+
+    @property
+    def tuning(self) -> bool:
+        """Whether anything is left to tune (a fully pinned tuner only reports)."""
+        return self.pinned_batch_max is None or self.pinned_max_auctions is None \
+            or self.pinned_gap_s is None
+
+    # -- what the shell tells it ---------------------------------------------------------------
+    def committed(self, commit_s: float) -> None:
+        """A commit took `commit_s` to write (rule 4)."""
+        last = self.commit_s
+        self.commit_s = commit_s if last is None else \
+            last + _COMMIT_WEIGHT * (commit_s - last)
+
+    def closed(self, round_s: float, saturated: bool, now: float) -> bool:
+        """A round closed after `round_s`, `saturated` or not (rule 1); whether the level
+        changed (rules 2, 3)."""
+        self._last_close = now
+        self._rounds.append(round_s)
+        self._saturated += saturated
+        if len(self._rounds) < self.window:
+            return False
+        rounds, sat = sorted(self._rounds), self._saturated
+        self._rounds, self._saturated = [], 0
+        median = rounds[len(rounds) // 2]
+        if self.level == 0:
+            self.base_round_s = median
+        drained = len(rounds) - sat
+        if sat == len(rounds):
+            return self._step(+1)
+        if 2 * drained >= len(rounds):
+            return self._step(-1)
+        if self.max_auctions > 1 and self.base_round_s is not None \
+                and median >= QUEUED * self.base_round_s:
+            return self._step(-1)  # rule 3: drained at least once, and the rounds queue
+        return False
+
+    def took(self, actions: Sequence[Action], open_rounds: int, now: float) -> bool:
+        """What the core asked for in one `take`, with `open_rounds` open after it: each
+        round it decided is told to `closed`, saturated by rule 1 (the rounds opened after
+        the last one decided); whether the level changed."""
+        rounds: list[float] = []
+        opened: list[int] = []
+        for action in actions:
+            if isinstance(action, Open):
+                opened.append(len(action.auction.requests))
+            elif isinstance(action, Decided):
+                rounds.append(action.round_s)
+                opened.clear()
+        if not rounds:
+            return False
+        full = saturated(opened, open_rounds, self.max_auctions, self.batch_max)
+        changed = False
+        for round_s in rounds:
+            changed = self.closed(round_s, full, now) or changed
+        return changed
+
+    def passed(self, now: float, in_flight: int) -> bool:
+        """A pass ran with `in_flight` rounds open; whether the level changed (rule 5)."""
+        if in_flight or self.level == 0 or self._last_close is None \
+                or now - self._last_close < IDLE_S:
+            return False
+        self._rounds, self._saturated = [], 0
+        return self._step(-self.level)
+
+    def _step(self, by: int) -> bool:
+        level = min(max(self.level + by, 0), len(self.ladder) - 1)
+        if level == self.level:
+            return False
+        self.level = level
+        self.changes += 1
+        return True

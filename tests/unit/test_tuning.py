@@ -1,0 +1,205 @@
+"""The auctioneer's self-tuning (`shared.tuning`), in memory: it climbs to the throughput
+end while work never drains, comes back to the latency end as the queue drains or rounds
+queue behind each other, holds still under a steady load, paces commits by what they cost,
+pins what is given, and the simulator's production auctioneer drives it."""
+
+from __future__ import annotations
+
+import msgspec
+
+from gavel.shared.auction import Auction
+from gavel.shared.auctionworld import Decided, Open
+from gavel.shared.messages import Request, Spec
+from gavel.shared.tuning import IDLE_S, LADDER, QUEUED, WINDOW, Tuner, saturated
+from gavel.sim.policies import plan, run_policy
+from gavel.sim.scenario import parse_scenario
+
+TOP = len(LADDER) - 1
+
+
+def windows(t: Tuner, n: int, pattern: list[bool], round_s: float = 0.004,
+            start: float = 0.0) -> list[int]:
+    """`n` windows of closes saturated as `pattern` repeats; the level after each."""
+    levels, now = [], start
+    for _ in range(n):
+        for k in range(t.window):
+            now += round_s
+            t.closed(round_s, pattern[k % len(pattern)], now)
+        levels.append(t.level)
+    return levels
+
+
+def test_a_round_is_saturated_when_no_room_is_left_and_the_last_round_opened_was_full(
+        ) -> None:
+    assert saturated([24], 1, 1, 24)
+    assert not saturated([10], 1, 1, 24)  # the work drained into a partial round
+    assert not saturated([24], 1, 2, 24)  # room was left: nothing waited for it
+    assert not saturated([], 0, 1, 24)  # nothing opened after the close
+    assert saturated([24, 24], 2, 2, 24) and not saturated([24, 3], 2, 2, 24)
+
+
+def test_work_that_never_drains_climbs_one_step_a_window_to_the_throughput_end() -> None:
+    t = Tuner()
+    assert (t.max_auctions, t.batch_max, t.commit_gap_s) == (1, 24, 0.020)
+    levels = windows(t, TOP + 5, [True])
+    assert levels == [*range(1, TOP + 1), *[TOP] * 5]  # converges, and stays
+    assert (t.max_auctions, t.batch_max, t.commit_gap_s) == (16, 256, 0.0)
+    assert t.changes == TOP
+
+
+def test_it_backs_off_one_step_a_window_as_the_queue_drains() -> None:
+    t = Tuner()
+    windows(t, TOP, [True])
+    assert t.level == TOP
+    assert windows(t, TOP + 3, [False]) == [*range(TOP - 1, -1, -1), 0, 0, 0]
+
+
+def test_a_steady_load_between_the_two_tests_holds_its_level() -> None:
+    # Bursts that take a few full rounds, then drain (an open loop near capacity): the work
+    # drains at a quarter of the closes, neither never nor half the time.
+    t = Tuner()
+    assert windows(t, 50, [True, True, True, False]) == [0] * 50
+    t2 = Tuner()
+    windows(t2, 3, [True])
+    assert windows(t2, 50, [True, True, True, False]) == [3] * 50
+    assert t.changes == 0 and t2.changes == 3
+
+
+def test_a_window_is_judged_only_when_full() -> None:
+    t = Tuner()
+    for k in range(WINDOW - 1):
+        assert not t.closed(0.004, True, k * 0.004)
+    assert t.level == 0
+    assert t.closed(0.004, True, 1.0) and t.level == 1
+
+
+def test_rounds_queueing_behind_each_other_back_off_although_work_mostly_waits() -> None:
+    t = Tuner()
+    windows(t, 1, [True, True, True, False], round_s=0.004)  # the latency end's rounds
+    assert t.base_round_s == 0.004
+    windows(t, 2, [True])
+    assert t.level == 2 and t.max_auctions > 1
+    # mostly saturated, drained once, and rounds QUEUED times as long: one step down
+    assert windows(t, 1, [*[True] * (WINDOW - 1), False], round_s=QUEUED * 0.004) == [1]
+    # at one round in flight there is nothing to queue behind: it holds
+    assert windows(t, 3, [*[True] * (WINDOW - 1), False], round_s=QUEUED * 0.004) == [1] * 3
+
+
+def test_commits_are_paced_by_their_cost_up_to_the_levels_cap() -> None:
+    t = Tuner()
+    t.committed(0.004)
+    assert t.commit_gap_s == 0.004  # a quick commit waits little
+    for _ in range(50):
+        t.committed(0.100)
+    assert t.commit_gap_s == LADDER[0].gap_cap_s  # a slow one at most the cap
+    windows(t, TOP, [True])
+    assert t.commit_gap_s == 0.0  # the throughput end has none
+
+
+def test_a_quiet_spell_returns_to_the_latency_end() -> None:
+    t = Tuner()
+    windows(t, 3, [True])
+    last = WINDOW * 3 * 0.004
+    assert not t.passed(last + IDLE_S / 2, 0)  # not quiet long enough
+    assert not t.passed(last + 2 * IDLE_S, 1)  # a round is still open
+    assert t.passed(last + 2 * IDLE_S, 0) and t.level == 0
+
+
+def test_what_is_given_is_pinned_and_the_rest_is_tuned() -> None:
+    t = Tuner(batch_max=32, commit_gap_s=0.0)
+    windows(t, TOP, [True])
+    assert (t.batch_max, t.commit_gap_s, t.max_auctions) == (32, 0.0, LADDER[TOP].max_auctions)
+    everything = Tuner(batch_max=32, max_auctions=2, commit_gap_s=0.005)
+    windows(everything, TOP, [True])
+    assert (everything.batch_max, everything.max_auctions, everything.commit_gap_s) == (
+        32, 2, 0.005)
+    assert not everything.tuning and Tuner(batch_max=1).tuning
+
+
+def _auction(aid: str, n: int) -> Auction:
+    spec = Spec(name="w", command=["true"], cpu=0.1, memory_mb=16)
+    return Auction(aid, [Request.of(f"{aid}-{k}", spec) for k in range(n)], ["n1"], 0.0,
+                   1.0)
+
+
+def test_it_reads_the_cores_actions_rounds_decided_and_those_opened_after_each() -> None:
+    t = Tuner()
+    full, part = _auction("a", 24), _auction("b", 5)
+    for k in range(WINDOW - 1):  # each close followed by a full round, no room left
+        t.took([Decided(full, [], 0.004), Open(full, None)], 1, k * 0.004)
+    assert t.level == 0
+    # a round opened before the close does not count: after it, nothing opened
+    assert not t.took([Open(full, None), Decided(full, [], 0.004)], 0, 1.0)
+    assert t.level == 0 and t.changes == 0  # judged: drained once, so it held
+    t2 = Tuner()
+    for k in range(WINDOW):
+        t2.took([Decided(full, [], 0.004), Open(part, None)], 1, k * 0.004)
+    assert t2.level == 0  # every close drained into a partial round
+
+
+SCENARIO = b"""
+name = "tuned"
+seed = 5
+duration_s = %(duration)s
+[[nodes]]
+count = 40
+cpu = 64.0
+memory_mb = 262144
+[[gavel]]
+name = "tuned"
+mix = [{ strategy = "least-loaded", share = 1.0 }]
+auctioneer = "production"
+mode = "sample"
+[baselines]
+run = []
+[market]
+tune = true
+commit_lag_s = 0.01
+[workload]
+rate = %(rate)s
+[[workload.classes]]
+name = "tiny"
+cpu = 0.01
+memory_mb = 1.0
+duration_s = { dist = "constant", value = 20.0 }
+[network]
+latency_s = { dist = "constant", value = 0.002 }
+"""
+
+
+def _simulate(rate: float, duration: float = 3.0) -> tuple[int, int]:
+    """The tuned market's level and level changes at the end of a run at `rate`."""
+    from gavel.sim.market import Market
+
+    seen: list[Market] = []
+    real = Market.run
+
+    def keep(self: Market) -> object:
+        seen.append(self)
+        return real(self)
+
+    s = parse_scenario(SCENARIO % {b"rate": str(rate).encode(),
+                                   b"duration": str(duration).encode()})
+    [spec] = plan(s, s.seed)
+    Market.run = keep  # type: ignore[method-assign, assignment]
+    try:
+        run_policy(s, s.seed, spec)
+    finally:
+        Market.run = real  # type: ignore[method-assign]
+    [market] = seen
+    assert market.tuner is not None
+    return market.tuner.level, market.tuner.changes
+
+
+def test_the_simulators_production_auctioneer_drives_the_tuner() -> None:
+    # A trickle is placed at the latency end; arrivals far beyond what rounds of 24 take
+    # (about 24 / 4 ms = 6,000/s at this latency) climb the ladder.
+    assert _simulate(rate=200.0) == (0, 0)
+    level, changes = _simulate(rate=30_000.0, duration=0.5)
+    assert level >= 2 and changes >= 2
+
+
+def test_a_tuned_scenario_field_defaults_off() -> None:
+    s = parse_scenario(SCENARIO % {b"rate": b"1", b"duration": b"1"})
+    assert s.market.tune
+    assert not msgspec.structs.replace(s.market, tune=False).tune

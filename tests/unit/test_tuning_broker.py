@@ -1,0 +1,85 @@
+"""The broker's auctioneer feeds its tuner (`broker.auctioneer` rule 12): with nothing
+given, rounds that close with work still waiting move the batch size and rounds in flight
+up the ladder as they close; a value given stays where it was put."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import msgspec
+
+from gavel.broker.auctioneer import Auctioneer
+from gavel.broker.ledger.plan import View, submit
+from gavel.broker.service import Broker, Config
+from gavel.shared import subjects
+from gavel.shared.api import StatsReply, StatsRequest
+from gavel.shared.messages import Bid, BidReply, Capacity, Heartbeat, Spec
+from gavel.shared.records import InstanceRecord
+from gavel.shared.timing import Timing
+from gavel.shared.tuning import LADDER, WINDOW
+from tests.unit.fuzzkit import Msg
+
+SPEC = Spec(name="web", command=["true"], cpu=0.001, memory_mb=1)
+NODES = ("n1", "n2", "n3")
+_enc = msgspec.msgpack.Encoder()
+
+
+def _broker(root: Path, queued: int, **kw: int) -> Broker:
+    b = Broker(Config(nats_url="nats://127.0.0.1:1", state_dir=root, timing=Timing(), **kw))
+    view = View(b.ledger.state())
+    for k in range(queued):
+        submit(view, InstanceRecord(instance_id=f"web-{k:05d}", spec=SPEC))
+    b.ledger.apply(view.change, "seed", None)
+    for n in NODES:
+        b._on_heartbeat(Msg(subjects.HEARTBEAT.format(node=n), _enc.encode(Heartbeat(
+            node_id=n, strategy="least-loaded", port_range=[20000, 20999],
+            capacity=Capacity(cpu=64.0, memory_mb=65536, ports=1000)))))
+    return b
+
+
+def _answer_rounds(a: Auctioneer, rounds: int) -> list[int]:
+    """Every node bids on every open round, `rounds` times; the batch size after each."""
+    sizes = []
+    for _ in range(rounds):
+        aid, auction = next(iter(a.auctions.items()))
+        for n in NODES:
+            a.on_bids(Msg(subjects.BIDS.format(node=n), _enc.encode(BidReply(
+                auction_id=aid, node_id=n,
+                answers=[Bid(shape=i, load=0.1, step=0.01, strategy="x")
+                         for i in range(len(auction.shapes))]))))
+        sizes.append(a.batch_max)
+    return sizes
+
+
+async def test_rounds_that_leave_work_waiting_climb_the_ladder(tmp_path: Path) -> None:
+    b = _broker(tmp_path, queued=2000)
+    a = b.auctioneer
+    try:
+        a.reconcile(b.now())
+        assert (a.batch_max, a.max_auctions) == (LADDER[0].batch_max, LADDER[0].max_auctions)
+        assert b.committer.gap_s == LADDER[0].gap_cap_s
+        sizes = _answer_rounds(a, WINDOW)
+        # one window of saturated rounds: the next step, from the round after the one that
+        # opened as the window's last closed
+        assert sizes[:-1] == [LADDER[0].batch_max] * (WINDOW - 1)
+        assert (a.batch_max, a.max_auctions) == (LADDER[1].batch_max, LADDER[1].max_auctions)
+        assert a.tuner.changes == 1
+        _answer_rounds(a, 1)
+        assert len(next(iter(a.auctions.values())).requests) == LADDER[1].batch_max
+        stats = await b.api.stats(StatsRequest())  # what `gavel bench` reports of it
+        assert isinstance(stats, StatsReply)
+        assert (stats.tuned_level, stats.tuned_changes) == (1, 1)
+    finally:
+        b.committer.close()
+
+
+async def test_values_given_are_pinned(tmp_path: Path) -> None:
+    b = _broker(tmp_path, queued=2000, batch_max=10, max_auctions=1)
+    a = b.auctioneer
+    try:
+        a.reconcile(b.now())
+        assert _answer_rounds(a, 2 * WINDOW) == [10] * (2 * WINDOW)
+        assert a.max_auctions == 1 and a.tuner.level == 2  # the level moved; nothing it pins
+        assert b.committer.gap_s == LADDER[2].gap_cap_s  # the gap, not given, is tuned
+    finally:
+        b.committer.close()
