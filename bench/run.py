@@ -337,23 +337,16 @@ async def _until_placed(nc: Any, opts: Options, started: float,
             raise VerifyError(f"only {done}/{opts.placements} placed in {opts.timeout_s:g}s")
 
 
-async def _drive(nc: Any, opts: Options, root: Path, broker: subprocess.Popen[bytes],
-                 agent_procs: list[subprocess.Popen[bytes]], nats_pid: int, nats_rr: float,
-                 git_cli: float, probe: Probe) -> Result:
-    stats = await _until_healthy(nc, opts, root, broker)
+def _submit_all(nc: Any, opts: Options,
+                started: float) -> tuple[list[str], asyncio.Future[list[None]]]:
+    """Every placement asked for (rule 3: the ids asked for, in order) and the submits'
+    future. Paced (`rate`): small chunks, each sent when its first placement is due, so the
+    broker sees a steady arrival rate and the round times are those of that load."""
     spec = Spec(name="noop", command=["true"], cpu=0.01, memory_mb=16)
-    cpu0 = _cpu(broker), sum(_cpu(p) for p in agent_procs), _cpu(broker, children=True)
-    nats0, self0 = _cpu(nats_pid), time.process_time()
-    await probe.start()
-    started = time.perf_counter()
-    # Paced (`rate`): small chunks, each sent when its first placement is due, so the broker
-    # sees a steady arrival rate and the round times are those of that load.
     chunk = max(1, round(opts.rate / 50)) if opts.rate else opts.chunk
     sem = asyncio.Semaphore(64 if opts.rate else 4)
-
     chunks = {k: counted_ids(f"b{k:07d}", min(chunk, opts.placements - k))
               for k in range(0, opts.placements, chunk)}
-    ids = [iid for asked in chunks.values() for iid in asked]  # rule 3: what was asked for
 
     async def submit(k: int, asked: list[str]) -> None:
         if opts.rate:
@@ -364,7 +357,19 @@ async def _drive(nc: Any, opts: Options, root: Path, broker: subprocess.Popen[by
                                timeout=60)
         answered(asked, reply.ids())
 
-    submitting = asyncio.gather(*(submit(k, asked) for k, asked in chunks.items()))
+    ids = [iid for asked in chunks.values() for iid in asked]
+    return ids, asyncio.gather(*(submit(k, asked) for k, asked in chunks.items()))
+
+
+async def _drive(nc: Any, opts: Options, root: Path, broker: subprocess.Popen[bytes],
+                 agent_procs: list[subprocess.Popen[bytes]], nats_pid: int, nats_rr: float,
+                 git_cli: float, probe: Probe) -> Result:
+    stats = await _until_healthy(nc, opts, root, broker)
+    cpu0 = _cpu(broker), sum(_cpu(p) for p in agent_procs), _cpu(broker, children=True)
+    nats0, self0 = _cpu(nats_pid), time.process_time()
+    await probe.start()
+    started = time.perf_counter()
+    ids, submitting = _submit_all(nc, opts, started)
     # With churn instances leave their node.json again: count awards committed instead.
     def placed(s: StatsReply) -> int:
         return s.placed_total if opts.lifetime_s > 0 else s.placed_now

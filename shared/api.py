@@ -6,11 +6,20 @@ Rule: one request Struct and one reply Struct per verb; any verb may instead ans
 
 from __future__ import annotations
 
-import re
 from typing import Annotated
 
 import msgspec
 
+from gavel.shared.ids import (
+    INSTANCE_ID,
+    INSTANCE_ID_MAX,
+    SUBMIT_KEY,
+    InstanceId,
+    SubmitKey,
+    counted_id_problem,
+    counted_ids,
+    key_problem,
+)
 from gavel.shared.messages import Capacity, Event, HostStats, Message, Spec
 from gavel.shared.records import AuctionRecord, Deployment, PeriodicRun
 from gavel.shared.spec import Route
@@ -63,27 +72,6 @@ __all__ = [
     "key_problem",
 ]
 
-#: What an operator may name an instance (or "": the broker names it): a letter or digit,
-#: then letters, digits, ``_ -`` and single dots — usable in a NATS subject, as a file name in
-#: git and as the worker's directory name for it.
-INSTANCE_ID = r"^([A-Za-z0-9][A-Za-z0-9_-]*(\.[A-Za-z0-9_-]+)*)?$"
-#: The longest instance id: every verb that takes one (status, logs, cancel) takes this many.
-INSTANCE_ID_MAX = 128
-InstanceId = Annotated[str, msgspec.Meta(max_length=INSTANCE_ID_MAX, pattern=INSTANCE_ID)]
-#: An idempotency key (or "": none): 8 to 64 letters, digits, ``_ -``; a uuid4 as the CLI
-#: makes one fits. It is stored in every record the submission makes (`InstanceRecord.key`).
-SUBMIT_KEY = r"^([A-Za-z0-9_-]{8,64})?$"
-SubmitKey = Annotated[str, msgspec.Meta(max_length=64, pattern=SUBMIT_KEY)]
-
-
-def key_problem(key: str) -> str:
-    """Why `key` cannot be a submission's idempotency key, in one sentence; "" if it can."""
-    if key and not re.match(SUBMIT_KEY, key):
-        return (f"key {key[:80]!r} is not usable: expected 8 to 64 letters, digits, '_' or "
-                "'-' (a uuid4 fits)")
-    return ""
-
-
 class SubmitRequest(Message, tag="submit"):
     spec: Spec
     #: Empty: the broker names it. It becomes a NATS subject token and a file name in git.
@@ -97,25 +85,6 @@ class SubmitRequest(Message, tag="submit"):
     def __post_init__(self) -> None:
         if problem := counted_id_problem(self.instance_id, self.count):
             raise ValueError(problem)
-
-
-def counted_id_problem(base: str, count: int) -> str:
-    """Why the ids a submission of `count` named `base` makes (`counted_ids`) are not
-    instance ids every verb takes, in one sentence; "" if they are."""
-    if not base or count <= 1:
-        return ""  # the id's own type says what one id may be
-    last = counted_ids(base, count)[-1]
-    if len(last) <= INSTANCE_ID_MAX:
-        return ""
-    return (f"id {base[:40]!r}...: with the count's suffix -{count} the ids are {len(last)} "
-            f"characters, over the {INSTANCE_ID_MAX} an instance id may have; give a shorter "
-            "id")
-
-
-def counted_ids(base: str, count: int) -> list[str]:
-    """The ids a submission of `count` instances named `base` gets: `base` alone, or
-    `base-1` .. `base-count` (the broker names them so; a client can check its reply)."""
-    return [base] if count == 1 else [f"{base}-{k}" for k in range(1, count + 1)]
 
 
 #: A submit's answer lists its ids up to this many; beyond, it gives the first and the count
