@@ -17,13 +17,12 @@ from __future__ import annotations
 import argparse
 import contextlib
 import time
-from typing import Any
 
 from gavel.cli.outcomes import Refused
 from gavel.cli.readouts import print_json
+from gavel.client import Client
 from gavel.shared import subjects
-from gavel.shared.api import ServiceReply, ServiceRequest, ServiceStatus
-from gavel.transport.client import call
+from gavel.shared.api import ServiceStatus
 
 __all__ = ["POLL_S", "wait_system"]
 
@@ -31,13 +30,13 @@ __all__ = ["POLL_S", "wait_system"]
 POLL_S = 0.5
 
 
-async def wait_system(nc: Any, name: str, args: argparse.Namespace) -> int:
+async def wait_system(client: Client, name: str, args: argparse.Namespace) -> int:
     limit = 30.0 if args.timeout is None else args.timeout or float("inf")
     deadline = time.monotonic() + limit
-    sub = await nc.subscribe(subjects.EVENTS.format(instance=name))
+    sub = await client.nc.subscribe(subjects.EVENTS.format(instance=name))
     try:
         while True:
-            st = (await call(nc, "service", ServiceRequest(name=name), ServiceReply)).service
+            st = (await client.service(name)).service
             done, line = judged(st)
             if done:
                 print_json(st) if args.json else print(line)
