@@ -249,13 +249,14 @@ class Client:
     async def wait_job(self, job_id: str, timeout: float | None = None) -> StatusReply:
         """Until the job ends - a lone instance in a terminal state, a batch array with no
         task held or running - its status; `Ended` unless it all succeeded (or when no node
-        will take a lone instance); `NoAnswer` past `timeout` (None: no limit)."""
+        will take a lone instance); `TimedOut` (a `NoAnswer`, with the status) past
+        `timeout` (None: no limit)."""
         return await job_end(self, job_id, timeout)
 
     async def wait_system(self, name: str, timeout: float | None = 30.0) -> ServiceStatus:
         """Until an instance of the system job `name` runs healthy on every node that could
         run it now: its status; `Ended` when it is stopped or a node declines its instance;
-        `NoAnswer` past `timeout`."""
+        `TimedOut` (a `NoAnswer`, with the status) past `timeout`."""
         return await system_running(self, name, timeout)
 
     # -- nodes ----------------------------------------------------------------------------
