@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import re
 import signal
 import sys
@@ -49,13 +48,24 @@ from gavel.cli.outcomes import (
 from gavel.cli.readouts import nodes, ports_cell, print_json, print_table, status, why
 from gavel.cli.specfile import SpecError, load_spec
 from gavel.cli.systemwait import wait_system
-from gavel.client import BrokerRefused, Client, ClientError, NoAnswer, NoBroker, Retries
+from gavel.client import (
+    BrokerRefused,
+    Client,
+    ClientError,
+    Ended,
+    NoAnswer,
+    NoBroker,
+    Retries,
+    TimedOut,
+)
 from gavel.client.aio import EventFeed
 from gavel.shared import subjects
 from gavel.shared.api import (
     INSTANCE_ID,
+    InstanceStatus,
     ServiceReply,
     ServiceRequest,
+    ServiceStatus,
     StatusReply,
     StatusRequest,
     SubmitReply,
@@ -204,52 +214,43 @@ async def _submit_once(client: Client, spec: Spec, instance_id: str, key: str,
         raise NoBroker(f"{exc}; submit again with --key {key}: {again}") from None
 
 
-#: How often `submit --wait` asks how a job stands (rule 5), besides each event it hears.
-END_POLL_S = 0.5
-
-
-async def _wait_end(client: Client, ids: list[str], job: str, args: argparse.Namespace) -> int:
-    """``--wait`` on a job (rule 5): until it ended - a lone instance in a terminal state, a
-    batch array with no task held or running. Success is 0; otherwise `Refused` names how
-    many failed and the first failure's reason."""
+async def _wait_end(client: Client, ids: list[str], job: str,
+                    args: argparse.Namespace) -> int:
+    """``--wait`` on a job (rule 5): the client's wait for its end (`Client.wait_job`) - a
+    lone instance in a terminal state, a batch array with no task held or running. Success
+    is 0; otherwise `Refused` names how many failed and the first failure's reason."""
     limit = args.timeout or 0.0
-    deadline = time.monotonic() + limit if limit > 0 else None
-    sub = await client.nc.subscribe(subjects.EVENTS.format(instance=job))
     try:
-        while True:
-            st = await client.request("status", StatusRequest(instance_id=job, summary=True),
-                                      StatusReply)
-            ended, ok, line = _ended(st, job, len(ids))
-            if ended and ok:
-                print_json(st.array or st.instances[0]) if args.json else print(line)
-                return 0
-            if ended:
-                raise Refused(line, st.array or st.instances[0])
-            if deadline is not None and time.monotonic() >= deadline:
-                raise Refused(f"{job} did not end within {limit:g}s: {line}",
-                              st.array or st.instances[0])
-            with contextlib.suppress(Exception):
-                await sub.next_msg(timeout=END_POLL_S)
-    finally:
-        with contextlib.suppress(Exception):
-            await sub.unsubscribe()
+        st = await client.wait_job(job, limit if limit > 0 else None)
+    except Ended as exc:
+        if isinstance(exc.status, ServiceStatus):  # a job's wait never ends on a service
+            raise
+        raise Refused(_failed(exc, job, len(ids)), exc.status) from None
+    except TimedOut as exc:
+        seen: StatusReply = exc.status
+        raise Refused(f"{job} did not end within {limit:g}s: {_line(seen, job)}",
+                      seen.array or seen.instances[0]) from None
+    print_json(st.array or st.instances[0]) if args.json else print(_line(st, job))
+    return 0
 
 
-def _ended(st: StatusReply, job: str, count: int) -> tuple[bool, bool, str]:
-    """Whether the job ended, whether it all succeeded, and the sentence that says how."""
+def _line(st: StatusReply, job: str) -> str:
+    """How the job stands, in a line."""
     if st.array is not None:
-        a = st.array
-        return a.ended, a.ok, f"{job}: {a.outcome}"
+        return f"{job}: {st.array.outcome}"
     inst = st.instances[0]
-    if inst.state == "unschedulable":  # as --wait=running says it: no node would take it
-        raise Refused(f"{job} is unschedulable: {inst.detail or inst.reason}", inst)
+    return f"{job} {inst.state}" + (f" on {inst.node_id}" if inst.node_id else "")
+
+
+def _failed(exc: Ended, job: str, count: int) -> str:
+    """The sentence of a job that ended without success: a lone instance's names how many
+    failed and the first failure's reason; an array's and an unschedulable instance's are
+    the wait's own."""
+    inst = exc.status
+    if not isinstance(inst, InstanceStatus) or inst.state not in _ENDED:
+        return str(exc)
     why = ": ".join(p for p in (inst.reason, inst.detail) if p)
-    done = inst.state in ("succeeded", *_ENDED)
-    ok = inst.state == "succeeded"
-    line = f"{job} {inst.state}" + (f" on {inst.node_id}" if inst.node_id else "")
-    if done and not ok:
-        line = f"{job} {inst.state}: 1 of {count} failed (first: {job}: {why or inst.state})"
-    return done, ok, line
+    return f"{job} {inst.state}: 1 of {count} failed (first: {job}: {why or inst.state})"
 
 
 #: States an instance never leaves: --wait gives up on them at once (succeeded is success).

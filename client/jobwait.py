@@ -6,7 +6,9 @@ Rules:
 1. A job has ended when its lone instance is in a terminal state, or its batch array has no
    task held, running or due to run again; it succeeded when every task did. An end without
    success, and a lone instance no node will take (unschedulable), raise `Ended` with the
-   sentence `gavel submit --wait` prints.
+   sentence `gavel submit --wait` prints. While it waits it asks for an array's summary
+   alone (its tally, not its tasks: the cost of a look does not grow with the array); the
+   status it returns is whole.
 2. A system job is running once an instance of its version runs healthy on every node that
    could run it now (`ServiceStatus.waiting` empty); it being stopped, or a node declining
    its instance (unschedulable), raises `Ended`.
@@ -29,6 +31,7 @@ from gavel.shared.api import (
     ServiceRequest,
     ServiceStatus,
     StatusReply,
+    StatusRequest,
 )
 from gavel.shared.messages import Message
 from gavel.transport.client import ClientError, NoAnswer
@@ -93,7 +96,8 @@ async def _until(client: Client, subject_of: str, timeout: float | None, what: s
 async def job_end(client: Client, job_id: str, timeout: float | None) -> StatusReply:
     """Rule 1: the job's status once it ended, every task succeeded."""
     async def look() -> tuple[StatusReply | None, StatusReply]:
-        st = await client.status(job_id)
+        st = await client.request("status", StatusRequest(instance_id=job_id, summary=True),
+                                  StatusReply)
         if st.array is not None:
             a = st.array
             if a.ended and not a.ok:
@@ -106,7 +110,8 @@ async def job_end(client: Client, job_id: str, timeout: float | None) -> StatusR
             raise Ended(f"{job_id} {inst.state}: " + ": ".join(
                 p for p in (inst.reason, inst.detail) if p), inst)
         return (st if inst.state == "succeeded" else None), st
-    return await _until(client, job_id, timeout, "did not end", look)
+    done = await _until(client, job_id, timeout, "did not end", look)
+    return done if done.array is None else await client.status(job_id)
 
 
 async def system_running(client: Client, name: str, timeout: float | None) -> ServiceStatus:
