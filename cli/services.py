@@ -15,9 +15,7 @@ Rules:
 from __future__ import annotations
 
 import argparse
-import asyncio
 import sys
-import time
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
@@ -26,8 +24,8 @@ from typing import TypeVar
 import msgspec
 
 from gavel.cli.specfile import SpecError, load_spec
-from gavel.client import BrokerRefused, Client, ClientError, Retries
-from gavel.shared import subjects
+from gavel.client import BrokerRefused, Client, ClientError, Ended, Retries, TimedOut
+from gavel.client.deploywait import verdict
 from gavel.shared.api import DeployReply, ServiceReply, ServiceStatus
 from gavel.shared.errors import BadInput
 from gavel.shared.messages import Spec
@@ -35,8 +33,6 @@ from gavel.shared.reasons import Reason
 
 __all__ = ["Refused", "deploy", "rollback", "scale", "service_status", "services", "stop"]
 
-#: How often `deploy --wait` looks again (it also wakes on the service's events).
-_POLL_S = 0.5
 #: How long `deploy` waits for each answer, and how many times it asks (rule 2).
 DEPLOY_TRY_S = 10.0
 DEPLOY_TRIES = 3
@@ -163,71 +159,28 @@ async def _deploy_once(args: argparse.Namespace, spec: Spec,
         retries=Retries(try_s=DEPLOY_TRY_S, tries=DEPLOY_TRIES, failover=False)))
 
 
-def _verdict(st: ServiceStatus, version: int) -> tuple[int, str] | None:
-    """How a deploy of `version` ended, as an exit code and a sentence; None while it runs."""
-    dep = st.deployment
-    if dep is not None and dep.from_version == version and dep.reason == Reason.ROLLED_BACK:
-        return 3, (f"{st.name} version {version} was rolled back to version {dep.to_version}: "
-                   f"{dep.detail or dep.reason}")
-    if dep is not None and dep.to_version == version:
-        match dep.state:
-            case "succeeded" | "rolled-back":
-                if st.stopped or not _whole(st, version):
-                    return None if not st.stopped else (3, f"{st.name} was stopped")
-                return 0, f"{st.name} version {version} deployed: {st.count} replicas healthy"
-            case "failed":
-                return 3, (f"deploy of {st.name} version {version} failed: {dep.reason}"
-                           + (f" ({dep.detail})" if dep.detail else ""))
-            case "cancelled":
-                return 3, (f"the deploy of {st.name} version {version} was cancelled"
-                           + (f": {dep.reason}" if dep.reason else ""))
-        return None
-    if st.version != version:
-        return 3, f"the deploy of {st.name} version {version} was replaced by version {st.version}"
-    if st.stopped:
-        return 3, f"{st.name} was stopped"
-    if _whole(st, version):
-        return 0, f"{st.name} version {version} is running: {st.count} replicas healthy"
-    return None
-
-
-def _whole(st: ServiceStatus, version: int) -> bool:
-    """`count` replicas of `version` are healthy and no other version has one (rule 1)."""
-    mine = [v for v in st.versions if v.version == version]
-    return bool(mine) and mine[0].healthy == st.count and \
-        all(v.replicas == 0 for v in st.versions if v.version != version)
-
-
 async def _wait_deployed(args: argparse.Namespace, reply: DeployReply) -> int:
-    deadline = time.monotonic() + args.timeout if args.timeout else None
-    client = await Client.connect(args.nats, args.creds)
-    try:
-        sub = await client.nc.subscribe(subjects.EVENTS.format(instance=reply.name))
-        while True:
-            try:
-                got = await client.service(reply.name)
-            except BrokerRefused as exc:
-                raise Refused(str(exc)) from None
-            verdict = _verdict(got.service, reply.version)
-            if verdict is not None:
-                code, sentence = verdict
-                if args.json:
-                    _print_json(got.service)
-                if code:
-                    raise Refused(sentence)
-                if not args.json:
-                    print(sentence)
-                return code
-            if deadline is not None and time.monotonic() >= deadline:
-                raise Refused(f"the deploy of {reply.name} version {reply.version} did not "
-                              f"end within {args.timeout:g}s; see `gavel deploy status "
-                              f"{reply.name}`")
-            try:  # an event of the service's is a reason to look again at once
-                await sub.next_msg(timeout=_POLL_S)
-            except Exception:  # nats-py's timeout, or the subscription went
-                await asyncio.sleep(0)
-    finally:
-        await client.close()
+    """``--wait``: the client's wait (`Client.wait_deployed`), its ends said as this command
+    says them (rule 1)."""
+    async with await Client.connect(args.nats, args.creds) as client:
+        try:
+            st = await client.wait_deployed(reply.name, reply.version, args.timeout or None)
+        except BrokerRefused as exc:
+            raise Refused(str(exc)) from None
+        except Ended as exc:
+            if args.json:
+                _print_json(exc.status)
+            raise Refused(str(exc)) from None
+        except TimedOut:
+            raise Refused(f"the deploy of {reply.name} version {reply.version} did not end "
+                          f"within {args.timeout:g}s; see `gavel deploy status "
+                          f"{reply.name}`") from None
+    said = verdict(st, reply.version)
+    if args.json:
+        _print_json(st)
+    elif said is not None:
+        print(said[1])
+    return 0
 
 
 async def deploy_status(args: argparse.Namespace, name: str) -> int:

@@ -28,6 +28,7 @@ from typing import Any, TypeVar
 
 import msgspec
 
+from gavel.client.deploywait import deployed
 from gavel.client.jobwait import Ended, job_end, system_running
 from gavel.shared import subjects
 from gavel.shared.api import (
@@ -295,6 +296,14 @@ class Client:
                                                          uuid.uuid4().hex,
                                                          check_index=check_index),
                                  DeployReply, on_retry, retries)
+
+    async def wait_deployed(self, name: str, version: int,
+                            timeout: float | None = None) -> ServiceStatus:
+        """Until `version` of the service `name` is deployed (`count` replicas of it healthy,
+        no other version running): its status; `Ended` with the sentence when the deploy
+        failed, was rolled back, cancelled or replaced, or the service stopped; `TimedOut`
+        past `timeout` (None: no limit). `gavel deploy --wait` is this wait."""
+        return await deployed(self, name, version, timeout)
 
     async def plan(self, spec: Spec) -> PlanReply:
         """Where `spec` would go and what submitting or deploying it would change, asked of
