@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import re
 import signal
 import sys
@@ -49,25 +48,34 @@ from gavel.cli.outcomes import (
 from gavel.cli.readouts import nodes, ports_cell, print_json, print_table, status, why
 from gavel.cli.specfile import SpecError, load_spec
 from gavel.cli.systemwait import wait_system
-from gavel.client import Client
+from gavel.client import (
+    BrokerRefused,
+    Client,
+    ClientError,
+    Ended,
+    NoAnswer,
+    NoBroker,
+    Retries,
+    TimedOut,
+)
 from gavel.client.aio import EventFeed
 from gavel.shared import subjects
 from gavel.shared.api import (
     INSTANCE_ID,
+    InstanceStatus,
     ServiceReply,
     ServiceRequest,
+    ServiceStatus,
     StatusReply,
     StatusRequest,
     SubmitReply,
-    SubmitRequest,
     counted_id_problem,
     counted_ids,
     key_problem,
 )
-from gavel.shared.messages import Event, EventType
+from gavel.shared.messages import Event, EventType, Spec
 from gavel.shared.routes import derive
 from gavel.transport import nodebook
-from gavel.transport.client import BrokerRefused, ClientError, NoAnswer, NoBroker, call, connect
 from gavel.transport.inbound import Decode, Malformed
 
 __all__ = ["EXIT_CODES", "SUBMIT_TRIES", "SUBMIT_TRY_S", "ClientError", "Refused", "Unknown",
@@ -142,22 +150,21 @@ async def submit(args: argparse.Namespace) -> int:
     count = 1 if spec.service else spec.count  # rule 4
     if problem := counted_id_problem(args.id, count):
         raise UsageError(f"--id: {problem}")
-    nc = await connect(args.nats, args.creds)
+    client = await Client.connect(args.nats, args.creds)
     try:
         subs: dict[str, Any] = {}
         if args.wait and args.id:
             for iid in counted_ids(args.id, count):
-                subs[iid] = await nc.subscribe(subjects.EVENTS.format(instance=iid))
+                subs[iid] = await client.nc.subscribe(subjects.EVENTS.format(instance=iid))
         try:
-            reply = await _submit_once(nc, SubmitRequest(spec=spec, instance_id=args.id,
-                                                         key=key, count=count))
+            reply = await _submit_once(client, spec, args.id, key, count)
         except BrokerRefused as exc:  # reached, and it said no (never fits, pinned, ...)
             raise Refused(str(exc)) from None
         for w in reply.warnings:  # taken, but not quite as meant (an affinity on no label)
             print(f"gavel submit: warning: {w}", file=sys.stderr)
         ids = reply.ids()
         if spec.system and args.wait:  # rule 6
-            return await wait_system(nc, reply.instance_id, args)
+            return await wait_system(client, reply.instance_id, args)
         if spec.system or spec.schedule is not None:  # rule 6: the job's name
             print_json({"name": reply.instance_id}) if args.json else print(reply.instance_id)
             return 0
@@ -169,96 +176,88 @@ async def submit(args: argparse.Namespace) -> int:
                 print("\n".join(ids))
             return 0
         if args.wait == "end" and not spec.service:  # rule 5
-            return await _wait_end(nc, ids, reply.instance_id if len(ids) == 1 else
+            return await _wait_end(client, ids, reply.instance_id if len(ids) == 1 else
                                    ids[0].rpartition("-")[0], args)
         args.timeout = 30.0 if args.timeout is None else args.timeout or float("inf")
         for iid in ids:
-            sub = subs.get(iid) or await nc.subscribe(subjects.EVENTS.format(instance=iid))
-            await _wait_healthy(nc, sub, iid, args)
+            sub = subs.get(iid) or await client.nc.subscribe(
+                subjects.EVENTS.format(instance=iid))
+            await _wait_healthy(client, sub, iid, args)
         return 0
     finally:
-        await nc.close()
+        await client.close()
 
 
-async def _submit_once(nc: Any, req: SubmitRequest) -> SubmitReply:
-    """Rule 2: the request, asked again with its key while the broker does not answer."""
-    n = 0
-    deadline = time.monotonic() + SUBMIT_TRIES * SUBMIT_TRY_S
-    said = False
-    while True:
-        try:
-            return await call(nc, "submit", req, SubmitReply, timeout=SUBMIT_TRY_S)
-        except NoAnswer as exc:
-            n += 1
-            if n == SUBMIT_TRIES:
-                raise NoAnswer(f"{exc} ({n} tries with key {req.key}); submit again with "
-                               f"--key {req.key}: a submission that landed is answered "
-                               "again, not made twice") from None
-            print(f"gavel submit: {exc}; asking again with the same key", file=sys.stderr)
-        except NoBroker as exc:
-            if time.monotonic() + SUBMIT_PAUSE_S > deadline:
-                raise NoBroker(f"{exc}; submit again with --key {req.key}: a submission "
-                               "that landed is answered again, not made twice") from None
-            if not said:
-                said = True
-                print(f"gavel submit: {exc}; asking again with the same key",
-                      file=sys.stderr)
-            await asyncio.sleep(SUBMIT_PAUSE_S)
+async def _submit_once(client: Client, spec: Spec, instance_id: str, key: str,
+                       count: int) -> SubmitReply:
+    """Rule 2: the submission through the client, asked again with its key while the broker
+    does not answer; each retry said once (a failover's pause once in all), and the last
+    failure naming the key to submit with again."""
+    said: set[type[ClientError]] = set()
 
+    def retrying(exc: ClientError) -> None:
+        if isinstance(exc, NoBroker) and NoBroker in said:
+            return
+        said.add(type(exc))
+        print(f"gavel submit: {exc}; asking again with the same key", file=sys.stderr)
 
-#: How often `submit --wait` asks how a job stands (rule 5), besides each event it hears.
-END_POLL_S = 0.5
-
-
-async def _wait_end(nc: Any, ids: list[str], job: str, args: argparse.Namespace) -> int:
-    """``--wait`` on a job (rule 5): until it ended - a lone instance in a terminal state, a
-    batch array with no task held or running. Success is 0; otherwise `Refused` names how
-    many failed and the first failure's reason."""
-    limit = args.timeout or 0.0
-    deadline = time.monotonic() + limit if limit > 0 else None
-    sub = await nc.subscribe(subjects.EVENTS.format(instance=job))
+    again = "a submission that landed is answered again, not made twice"
     try:
-        while True:
-            st = await call(nc, "status", StatusRequest(instance_id=job, summary=True),
-                            StatusReply)
-            ended, ok, line = _ended(st, job, len(ids))
-            if ended and ok:
-                print_json(st.array or st.instances[0]) if args.json else print(line)
-                return 0
-            if ended:
-                raise Refused(line, st.array or st.instances[0])
-            if deadline is not None and time.monotonic() >= deadline:
-                raise Refused(f"{job} did not end within {limit:g}s: {line}",
-                              st.array or st.instances[0])
-            with contextlib.suppress(Exception):
-                await sub.next_msg(timeout=END_POLL_S)
-    finally:
-        with contextlib.suppress(Exception):
-            await sub.unsubscribe()
+        return await client.submit(spec, instance_id=instance_id, count=count, key=key,
+                                   on_retry=retrying,
+                                   retries=Retries(try_s=SUBMIT_TRY_S, tries=SUBMIT_TRIES,
+                                                   pause_s=SUBMIT_PAUSE_S))
+    except NoAnswer as exc:
+        raise NoAnswer(f"{exc} ({SUBMIT_TRIES} tries with key {key}); submit again with "
+                       f"--key {key}: {again}") from None
+    except NoBroker as exc:
+        raise NoBroker(f"{exc}; submit again with --key {key}: {again}") from None
 
 
-def _ended(st: StatusReply, job: str, count: int) -> tuple[bool, bool, str]:
-    """Whether the job ended, whether it all succeeded, and the sentence that says how."""
+async def _wait_end(client: Client, ids: list[str], job: str,
+                    args: argparse.Namespace) -> int:
+    """``--wait`` on a job (rule 5): the client's wait for its end (`Client.wait_job`) - a
+    lone instance in a terminal state, a batch array with no task held or running. Success
+    is 0; otherwise `Refused` names how many failed and the first failure's reason."""
+    limit = args.timeout or 0.0
+    try:
+        st = await client.wait_job(job, limit if limit > 0 else None)
+    except Ended as exc:
+        if isinstance(exc.status, ServiceStatus):  # a job's wait never ends on a service
+            raise
+        raise Refused(_failed(exc, job, len(ids)), exc.status) from None
+    except TimedOut as exc:
+        seen: StatusReply = exc.status
+        raise Refused(f"{job} did not end within {limit:g}s: {_line(seen, job)}",
+                      seen.array or seen.instances[0]) from None
+    print_json(st.array or st.instances[0]) if args.json else print(_line(st, job))
+    return 0
+
+
+def _line(st: StatusReply, job: str) -> str:
+    """How the job stands, in a line."""
     if st.array is not None:
-        a = st.array
-        return a.ended, a.ok, f"{job}: {a.outcome}"
+        return f"{job}: {st.array.outcome}"
     inst = st.instances[0]
-    if inst.state == "unschedulable":  # as --wait=running says it: no node would take it
-        raise Refused(f"{job} is unschedulable: {inst.detail or inst.reason}", inst)
+    return f"{job} {inst.state}" + (f" on {inst.node_id}" if inst.node_id else "")
+
+
+def _failed(exc: Ended, job: str, count: int) -> str:
+    """The sentence of a job that ended without success: a lone instance's names how many
+    failed and the first failure's reason; an array's and an unschedulable instance's are
+    the wait's own."""
+    inst = exc.status
+    if not isinstance(inst, InstanceStatus) or inst.state not in _ENDED:
+        return str(exc)
     why = ": ".join(p for p in (inst.reason, inst.detail) if p)
-    done = inst.state in ("succeeded", *_ENDED)
-    ok = inst.state == "succeeded"
-    line = f"{job} {inst.state}" + (f" on {inst.node_id}" if inst.node_id else "")
-    if done and not ok:
-        line = f"{job} {inst.state}: 1 of {count} failed (first: {job}: {why or inst.state})"
-    return done, ok, line
+    return f"{job} {inst.state}: 1 of {count} failed (first: {job}: {why or inst.state})"
 
 
 #: States an instance never leaves: --wait gives up on them at once (succeeded is success).
 _ENDED = ("failed", "lost", "cancelled")
 
 
-async def _wait_healthy(nc: Any, sub: Any, iid: str, args: argparse.Namespace) -> int:
+async def _wait_healthy(client: Client, sub: Any, iid: str, args: argparse.Namespace) -> int:
     """``--wait``: until the instance runs and is healthy (which an instance without checks
     is once it runs), or has succeeded. It ending otherwise, being unschedulable, or the
     timeout passing first is `Refused`, with the reason: the check's output for an unhealthy
@@ -268,8 +267,7 @@ async def _wait_healthy(nc: Any, sub: Any, iid: str, args: argparse.Namespace) -
     unhealthy = ""  # the last check failure heard of: the instance may recover, or not
     while True:
         # What happened before we subscribed is in the status: ask it too.
-        st = await call(nc, "status", StatusRequest(instance_id=iid), StatusReply)
-        inst = st.instances[0]
+        inst = await client.instance(iid)
         if (inst.state == "running" and inst.health == "healthy") or inst.state == "succeeded":
             if args.json:
                 print_json(inst)

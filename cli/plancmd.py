@@ -19,11 +19,11 @@ from pathlib import Path
 
 from gavel.cli.readouts import bid_cell, print_json
 from gavel.cli.specfile import SpecError, load_spec
+from gavel.client import Client
 from gavel.shared.errors import BadInput
-from gavel.shared.planning import PlanReply, PlanRequest
+from gavel.shared.planning import PlanReply
 from gavel.shared.reasons import render as render_reason
 from gavel.shared.records import AuctionRecord
-from gavel.transport.client import call, connect
 
 __all__ = ["add_arguments", "plan", "print_plan"]
 
@@ -37,11 +37,8 @@ async def plan(args: argparse.Namespace) -> int:
         spec = load_spec(Path(args.spec))
     except SpecError as exc:
         raise BadInput(str(exc)) from None
-    nc = await connect(args.nats, args.creds)
-    try:
-        reply = await call(nc, "plan", PlanRequest(spec=spec), PlanReply)
-    finally:
-        await nc.close()
+    async with await Client.connect(args.nats, args.creds) as client:
+        reply = await client.plan(spec)
     if args.json:
         print_json(reply)
     else:

@@ -15,42 +15,28 @@ Rules:
 from __future__ import annotations
 
 import argparse
-import asyncio
 import sys
-import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TypeVar
 
 import msgspec
 
 from gavel.cli.specfile import SpecError, load_spec
-from gavel.client import Client
-from gavel.shared import subjects
-from gavel.shared.api import (
-    DeployReply,
-    DeployRequest,
-    RollbackRequest,
-    ScaleRequest,
-    ServiceReply,
-    ServiceRequest,
-    ServicesReply,
-    ServicesRequest,
-    ServiceStatus,
-    StopServiceRequest,
-)
+from gavel.client import BrokerRefused, Client, ClientError, Ended, Retries, TimedOut
+from gavel.client.deploywait import verdict
+from gavel.shared.api import DeployReply, ServiceReply, ServiceStatus
 from gavel.shared.errors import BadInput
+from gavel.shared.messages import Spec
 from gavel.shared.reasons import Reason
-from gavel.transport.client import BrokerRefused, NoAnswer, call, connect
 
 __all__ = ["Refused", "deploy", "rollback", "scale", "service_status", "services", "stop"]
 
-#: How often `deploy --wait` looks again (it also wakes on the service's events).
-_POLL_S = 0.5
 #: How long `deploy` waits for each answer, and how many times it asks (rule 2).
 DEPLOY_TRY_S = 10.0
 DEPLOY_TRIES = 3
+R = TypeVar("R")
 
 
 class Refused(Exception):
@@ -67,11 +53,12 @@ def _table(rows: Sequence[tuple[str, ...]]) -> None:
         print("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip())
 
 
-async def _call(args: argparse.Namespace, verb: str, request: Any, reply: type[Any]) -> Any:
-    """One verb through the Python client (`gavel.client`), as any program asks it."""
+async def _ask(args: argparse.Namespace, ask: Callable[[Client], Awaitable[R]]) -> R:
+    """One verb through the Python client (`gavel.client`), as any program asks it; the
+    broker's no is `Refused`."""
     async with await Client.connect(args.nats, args.creds) as client:
         try:
-            return await client.request(verb, request, reply)
+            return await ask(client)
         except BrokerRefused as exc:
             raise Refused(str(exc)) from None
 
@@ -124,13 +111,12 @@ def print_service(st: ServiceStatus, deployment: bool = False) -> None:
 async def service_status(args: argparse.Namespace, name: str) -> ServiceStatus | None:
     """The service `name`, or None when no service has that name (it may be an instance)."""
     try:
-        reply = await _call(args, "service", ServiceRequest(name=name), ServiceReply)
+        reply = await _ask(args, lambda c: c.service(name))
     except Refused as exc:
         if str(exc).startswith(Reason.UNKNOWN_SERVICE):
             return None
         raise
-    st: ServiceStatus = reply.service
-    return st
+    return reply.service
 
 
 async def deploy(args: argparse.Namespace) -> int:
@@ -146,8 +132,7 @@ async def deploy(args: argparse.Namespace) -> int:
     if not spec.service:
         raise BadInput(f"{target[0]}: {Reason.NOT_A_SERVICE} (type = \"service\" makes it "
                        "one; `gavel submit` runs a job)")
-    reply = await _deploy_once(args, DeployRequest(spec=spec, key=uuid.uuid4().hex,
-                                                   check_index=getattr(args, "check_index", None)))
+    reply = await _deploy_once(args, spec, getattr(args, "check_index", None))
     for w in reply.warnings:
         print(f"gavel deploy: warning: {w}", file=sys.stderr)
     if not args.wait:
@@ -160,97 +145,46 @@ async def deploy(args: argparse.Namespace) -> int:
     return await _wait_deployed(args, reply)
 
 
-async def _deploy_once(args: argparse.Namespace, req: DeployRequest) -> DeployReply:
-    """Rule 2: the deploy, asked again with its key while the broker does not answer. A
-    retry is answered what the first try was; by a broker that restarted meanwhile, it finds
-    the version deployed and changes nothing."""
-    nc = await connect(args.nats, args.creds)
-    try:
-        for n in range(1, DEPLOY_TRIES + 1):
-            try:
-                got: DeployReply = await call(nc, "deploy", req, DeployReply,
-                                              timeout=DEPLOY_TRY_S)
-                return got
-            except BrokerRefused as exc:
-                raise Refused(str(exc)) from None
-            except NoAnswer as exc:
-                if n == DEPLOY_TRIES:
-                    raise
-                print(f"gavel deploy: {exc}; asking again with the same key", file=sys.stderr)
-        raise AssertionError("unreachable")
-    finally:
-        await nc.close()
+async def _deploy_once(args: argparse.Namespace, spec: Spec,
+                       check_index: int | None) -> DeployReply:
+    """Rule 2: the deploy through the client, asked again with its key while the broker does
+    not answer (not while none answers at all: that is said at once). A retry is answered
+    what the first try was; by a broker that restarted meanwhile, it finds the version
+    deployed and changes nothing."""
+    def retrying(exc: ClientError) -> None:
+        print(f"gavel deploy: {exc}; asking again with the same key", file=sys.stderr)
 
-
-def _verdict(st: ServiceStatus, version: int) -> tuple[int, str] | None:
-    """How a deploy of `version` ended, as an exit code and a sentence; None while it runs."""
-    dep = st.deployment
-    if dep is not None and dep.from_version == version and dep.reason == Reason.ROLLED_BACK:
-        return 3, (f"{st.name} version {version} was rolled back to version {dep.to_version}: "
-                   f"{dep.detail or dep.reason}")
-    if dep is not None and dep.to_version == version:
-        match dep.state:
-            case "succeeded" | "rolled-back":
-                if st.stopped or not _whole(st, version):
-                    return None if not st.stopped else (3, f"{st.name} was stopped")
-                return 0, f"{st.name} version {version} deployed: {st.count} replicas healthy"
-            case "failed":
-                return 3, (f"deploy of {st.name} version {version} failed: {dep.reason}"
-                           + (f" ({dep.detail})" if dep.detail else ""))
-            case "cancelled":
-                return 3, (f"the deploy of {st.name} version {version} was cancelled"
-                           + (f": {dep.reason}" if dep.reason else ""))
-        return None
-    if st.version != version:
-        return 3, f"the deploy of {st.name} version {version} was replaced by version {st.version}"
-    if st.stopped:
-        return 3, f"{st.name} was stopped"
-    if _whole(st, version):
-        return 0, f"{st.name} version {version} is running: {st.count} replicas healthy"
-    return None
-
-
-def _whole(st: ServiceStatus, version: int) -> bool:
-    """`count` replicas of `version` are healthy and no other version has one (rule 1)."""
-    mine = [v for v in st.versions if v.version == version]
-    return bool(mine) and mine[0].healthy == st.count and \
-        all(v.replicas == 0 for v in st.versions if v.version != version)
+    return await _ask(args, lambda c: c.deploy(
+        spec, key=uuid.uuid4().hex, check_index=check_index, on_retry=retrying,
+        retries=Retries(try_s=DEPLOY_TRY_S, tries=DEPLOY_TRIES, failover=False)))
 
 
 async def _wait_deployed(args: argparse.Namespace, reply: DeployReply) -> int:
-    deadline = time.monotonic() + args.timeout if args.timeout else None
-    nc = await connect(args.nats, args.creds)
-    try:
-        sub = await nc.subscribe(subjects.EVENTS.format(instance=reply.name))
-        while True:
-            try:
-                got = await call(nc, "service", ServiceRequest(name=reply.name), ServiceReply)
-            except BrokerRefused as exc:
-                raise Refused(str(exc)) from None
-            verdict = _verdict(got.service, reply.version)
-            if verdict is not None:
-                code, sentence = verdict
-                if args.json:
-                    _print_json(got.service)
-                if code:
-                    raise Refused(sentence)
-                if not args.json:
-                    print(sentence)
-                return code
-            if deadline is not None and time.monotonic() >= deadline:
-                raise Refused(f"the deploy of {reply.name} version {reply.version} did not "
-                              f"end within {args.timeout:g}s; see `gavel deploy status "
-                              f"{reply.name}`")
-            try:  # an event of the service's is a reason to look again at once
-                await sub.next_msg(timeout=_POLL_S)
-            except Exception:  # nats-py's timeout, or the subscription went
-                await asyncio.sleep(0)
-    finally:
-        await nc.close()
+    """``--wait``: the client's wait (`Client.wait_deployed`), its ends said as this command
+    says them (rule 1)."""
+    async with await Client.connect(args.nats, args.creds) as client:
+        try:
+            st = await client.wait_deployed(reply.name, reply.version, args.timeout or None)
+        except BrokerRefused as exc:
+            raise Refused(str(exc)) from None
+        except Ended as exc:
+            if args.json:
+                _print_json(exc.status)
+            raise Refused(str(exc)) from None
+        except TimedOut:
+            raise Refused(f"the deploy of {reply.name} version {reply.version} did not end "
+                          f"within {args.timeout:g}s; see `gavel deploy status "
+                          f"{reply.name}`") from None
+    said = verdict(st, reply.version)
+    if args.json:
+        _print_json(st)
+    elif said is not None:
+        print(said[1])
+    return 0
 
 
 async def deploy_status(args: argparse.Namespace, name: str) -> int:
-    reply = await _call(args, "service", ServiceRequest(name=name), ServiceReply)
+    reply = await _ask(args, lambda c: c.service(name))
     if args.json:
         _print_json(reply.service)
     else:
@@ -259,7 +193,7 @@ async def deploy_status(args: argparse.Namespace, name: str) -> int:
 
 
 async def services(args: argparse.Namespace) -> int:
-    reply = await _call(args, "services", ServicesRequest(), ServicesReply)
+    reply = await _ask(args, lambda c: c.services())
     if args.json:
         _print_json(reply.services)
         return 0
@@ -274,8 +208,9 @@ async def services(args: argparse.Namespace) -> int:
     return 0
 
 
-async def _change(args: argparse.Namespace, verb: str, request: Any, said: str) -> int:
-    reply = await _call(args, verb, request, ServiceReply)
+async def _change(args: argparse.Namespace, ask: Callable[[Client], Awaitable[ServiceReply]],
+                  said: str) -> int:
+    reply = await _ask(args, ask)
     if args.json:
         _print_json(reply.service)
     else:
@@ -284,19 +219,18 @@ async def _change(args: argparse.Namespace, verb: str, request: Any, said: str) 
 
 
 async def scale(args: argparse.Namespace) -> int:
-    return await _change(args, "scale", ScaleRequest(name=args.name, count=args.count),
+    return await _change(args, lambda c: c.scale(args.name, args.count),
                          f"{args.name}: {args.count} replicas")
 
 
 async def stop(args: argparse.Namespace) -> int:
-    return await _change(args, "stop", StopServiceRequest(name=args.name),
+    return await _change(args, lambda c: c.stop(args.name),
                          f"{args.name}: stopping every replica")
 
 
 async def rollback(args: argparse.Namespace) -> int:
-    reply = await _call(args, "rollback", RollbackRequest(name=args.name,
-                                                          to_version=args.to), ServiceReply)
-    st: ServiceStatus = reply.service
+    reply = await _ask(args, lambda c: c.rollback(args.name, args.to))
+    st = reply.service
     if args.json:
         _print_json(st)
     else:

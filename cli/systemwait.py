@@ -9,59 +9,31 @@ Rules:
    declines its instance (unschedulable, with the node's reason: it would wait for ever),
    or when `--timeout` passes first (default 30 s, as ``--wait=running``; 0: no limit).
 3. Each event of the job (an instance made or stopped) is a reason to look again; it also
-   looks every `POLL_S`.
+   looks every `gavel.client.jobwait.POLL_S`: the wait is the client's (`wait_system`).
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
-import time
-from typing import Any
 
 from gavel.cli.outcomes import Refused
 from gavel.cli.readouts import print_json
-from gavel.shared import subjects
-from gavel.shared.api import ServiceReply, ServiceRequest, ServiceStatus
-from gavel.transport.client import call
+from gavel.client import Client, Ended, TimedOut
 
-__all__ = ["POLL_S", "wait_system"]
-
-#: How often it asks how the job stands, besides each event it hears (rule 3).
-POLL_S = 0.5
+__all__ = ["wait_system"]
 
 
-async def wait_system(nc: Any, name: str, args: argparse.Namespace) -> int:
+async def wait_system(client: Client, name: str, args: argparse.Namespace) -> int:
+    """The client's own wait (`gavel.client.Client.wait_system`, rules 1 to 3), its ends said
+    as this command says them."""
     limit = 30.0 if args.timeout is None else args.timeout or float("inf")
-    deadline = time.monotonic() + limit
-    sub = await nc.subscribe(subjects.EVENTS.format(instance=name))
     try:
-        while True:
-            st = (await call(nc, "service", ServiceRequest(name=name), ServiceReply)).service
-            done, line = judged(st)
-            if done:
-                print_json(st) if args.json else print(line)
-                return 0
-            if time.monotonic() >= deadline:
-                raise Refused(f"{name} not running on every node within {limit:g}s: "
-                              f"waiting for {', '.join(st.waiting)}")
-            with contextlib.suppress(Exception):
-                await sub.next_msg(timeout=POLL_S)
-    finally:
-        with contextlib.suppress(Exception):
-            await sub.unsubscribe()
-
-
-def judged(st: ServiceStatus) -> tuple[bool, str]:
-    """Whether the wait is over with success, and the sentence that says so; `Refused`
-    when it is over without (rule 2)."""
-    if st.stopped:
-        raise Refused(f"{st.name} was stopped")
-    for r in st.replicas:
-        if r.version == st.version and r.state == "unschedulable":
-            raise Refused(f"{st.name}: {r.instance_id} is unschedulable: "
-                          f"{r.detail or r.reason}")
-    if st.waiting:
-        return False, ""
+        st = await client.wait_system(name, None if limit == float("inf") else limit)
+    except Ended as exc:  # stopped, or a node declined its instance: the sentence is said
+        raise Refused(str(exc)) from None
+    except TimedOut as exc:
+        raise Refused(f"{name} not running on every node within {limit:g}s: "
+                      f"waiting for {', '.join(exc.status.waiting)}") from None
     where = f": {', '.join(st.nodes)}" if st.nodes else ""
-    return True, f"{st.name} running on {len(st.nodes)} nodes{where}"
+    print_json(st) if args.json else print(f"{st.name} running on {len(st.nodes)} nodes{where}")
+    return 0

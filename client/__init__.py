@@ -9,7 +9,8 @@ runs one in a thread of its own for code that is not. docs/api.md has examples.
         inst = await c.wait(reply.instance_id)
 """
 
-from gavel.client.aio import Client, Ended
+from gavel.client.aio import Client, Ended, Retries
+from gavel.client.jobwait import TimedOut
 from gavel.client.sync import SyncClient
 from gavel.transport.client import (
     BrokerRefused,
@@ -21,4 +22,4 @@ from gavel.transport.client import (
 )
 
 __all__ = ["BrokerRefused", "Client", "ClientError", "Ended", "NoAnswer", "NoBroker",
-           "NoNats", "NotAllowed", "SyncClient"]
+           "NoNats", "NotAllowed", "Retries", "SyncClient", "TimedOut"]

@@ -7,7 +7,8 @@ Rules:
 2. `submit` and `deploy` carry an idempotency key (the caller's, or a new uuid4) and ask
    again with the same key when the broker does not answer within `TRY_S`, up to `TRIES`
    times, and while no broker answers at all (a failover) for as long: a request whose
-   answer was lost is answered again, never carried out twice (`broker.api` rule 4).
+   answer was lost is answered again, never carried out twice (`broker.api` rule 4). A
+   caller may give its own figures (`Retries`); `on_retry` hears each error asked past.
 3. `exec` runs a command in a running instance and returns how it ended, its output handed
    to a callback as it comes (`transport.execclient`). `follow_events` and `logs` are async
    iterators: events as the broker stores them in its
@@ -22,10 +23,12 @@ import contextlib
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import msgspec
 
+from gavel.client.deploywait import deployed
 from gavel.client.jobwait import Ended, job_end, system_running
 from gavel.shared import subjects
 from gavel.shared.api import (
@@ -78,14 +81,29 @@ from gavel.transport.client import status as status_of
 from gavel.transport.execclient import new_session
 from gavel.transport.logclient import read
 
-__all__ = ["PAUSE_S", "TRIES", "TRY_S", "Client", "Ended", "EventFeed"]
+__all__ = ["PAUSE_S", "TRIES", "TRY_S", "Client", "Ended", "EventFeed", "OnRetry", "Retries"]
 
 T = TypeVar("T", bound=Message)
 #: Rule 2: how long each try waits, how many there are, the pause while no broker answers.
 TRY_S = 10.0
 TRIES = 3
 PAUSE_S = 1.0
+#: Rule 2: what hears each error a request is asked again past (`NoAnswer` or `NoBroker`).
+OnRetry = Callable[[ClientError], None]
 _events = msgspec.msgpack.Decoder(Event)
+
+
+@dataclass(frozen=True)
+class Retries:
+    """Rule 2's figures: how long each try waits, how many there are, the pause while no
+    broker answers, and whether to ask again then at all (`failover`; without it, `NoBroker`
+    is raised at once)."""
+
+    try_s: float = TRY_S
+    tries: int = TRIES
+    pause_s: float = PAUSE_S
+    failover: bool = True
+
 #: States an instance never leaves.
 _ENDED = ("succeeded", "failed", "lost", "cancelled")
 
@@ -148,34 +166,35 @@ class Client:
         return await call(self.nc, verb, request, reply_type, timeout or self.timeout)
 
     async def _again(self, verb: str, request: Message, reply_type: type[T],
-                     on_retry: Callable[[str], None] | None) -> T:
+                     on_retry: OnRetry | None, retries: Retries | None) -> T:
         """Rule 2: `request` (which carries its key) until it is answered."""
+        r = retries or Retries()
         tries = 0
-        deadline = time.monotonic() + TRIES * TRY_S
+        deadline = time.monotonic() + r.tries * r.try_s
         while True:
             try:
-                return await self.request(verb, request, reply_type, TRY_S)
+                return await self.request(verb, request, reply_type, r.try_s)
             except NoAnswer as exc:
                 tries += 1
-                if tries == TRIES:
+                if tries >= r.tries:
                     raise
                 if on_retry is not None:
-                    on_retry(str(exc))
+                    on_retry(exc)
             except NoBroker as exc:
-                if time.monotonic() + PAUSE_S > deadline:
+                if not r.failover or time.monotonic() + r.pause_s > deadline:
                     raise
                 if on_retry is not None:
-                    on_retry(str(exc))
-                await asyncio.sleep(PAUSE_S)
+                    on_retry(exc)
+                await asyncio.sleep(r.pause_s)
 
     # -- instances ------------------------------------------------------------------------
     async def submit(self, spec: Spec, *, instance_id: str = "", count: int = 1,
-                     key: str = "", on_retry: Callable[[str], None] | None = None
-                     ) -> SubmitReply:
+                     key: str = "", on_retry: OnRetry | None = None,
+                     retries: Retries | None = None) -> SubmitReply:
         """Submit `spec` (`count` instances of it); rule 2 with `key` or a new one."""
         req = SubmitRequest(spec=spec, instance_id=instance_id, count=count,
                             key=key or uuid.uuid4().hex)
-        return await self._again("submit", req, SubmitReply, on_retry)
+        return await self._again("submit", req, SubmitReply, on_retry, retries)
 
     async def status(self, instance_id: str = "") -> StatusReply:
         """Every instance (every page: `broker.api` rule 8), or the one named."""
@@ -231,13 +250,14 @@ class Client:
     async def wait_job(self, job_id: str, timeout: float | None = None) -> StatusReply:
         """Until the job ends - a lone instance in a terminal state, a batch array with no
         task held or running - its status; `Ended` unless it all succeeded (or when no node
-        will take a lone instance); `NoAnswer` past `timeout` (None: no limit)."""
+        will take a lone instance); `TimedOut` (a `NoAnswer`, with the status) past
+        `timeout` (None: no limit)."""
         return await job_end(self, job_id, timeout)
 
     async def wait_system(self, name: str, timeout: float | None = 30.0) -> ServiceStatus:
         """Until an instance of the system job `name` runs healthy on every node that could
         run it now: its status; `Ended` when it is stopped or a node declines its instance;
-        `NoAnswer` past `timeout`."""
+        `TimedOut` (a `NoAnswer`, with the status) past `timeout`."""
         return await system_running(self, name, timeout)
 
     # -- nodes ----------------------------------------------------------------------------
@@ -268,14 +288,22 @@ class Client:
 
     # -- services -------------------------------------------------------------------------
     async def deploy(self, spec: Spec, *, key: str = "",
-                     on_retry: Callable[[str], None] | None = None,
-                     check_index: int | None = None) -> DeployReply:
+                     on_retry: OnRetry | None = None, check_index: int | None = None,
+                     retries: Retries | None = None) -> DeployReply:
         """Create the service `spec` names, or deploy it as its next version (rule 2); with
         `check_index`, only while the service's version index is still that (`plan`)."""
         return await self._again("deploy", DeployRequest(spec=spec, key=key or
                                                          uuid.uuid4().hex,
                                                          check_index=check_index),
-                                 DeployReply, on_retry)
+                                 DeployReply, on_retry, retries)
+
+    async def wait_deployed(self, name: str, version: int,
+                            timeout: float | None = None) -> ServiceStatus:
+        """Until `version` of the service `name` is deployed (`count` replicas of it healthy,
+        no other version running): its status; `Ended` with the sentence when the deploy
+        failed, was rolled back, cancelled or replaced, or the service stopped; `TimedOut`
+        past `timeout` (None: no limit). `gavel deploy --wait` is this wait."""
+        return await deployed(self, name, version, timeout)
 
     async def plan(self, spec: Spec) -> PlanReply:
         """Where `spec` would go and what submitting or deploying it would change, asked of

@@ -6,12 +6,14 @@ Rules:
 1. A job has ended when its lone instance is in a terminal state, or its batch array has no
    task held, running or due to run again; it succeeded when every task did. An end without
    success, and a lone instance no node will take (unschedulable), raise `Ended` with the
-   sentence `gavel submit --wait` prints.
+   sentence `gavel submit --wait` prints. While it waits it asks for an array's summary
+   alone (its tally, not its tasks: the cost of a look does not grow with the array); the
+   status it returns is whole.
 2. A system job is running once an instance of its version runs healthy on every node that
    could run it now (`ServiceStatus.waiting` empty); it being stopped, or a node declining
    its instance (unschedulable), raises `Ended`.
 3. Each event of the job is a reason to look again; it also looks every `POLL_S`; past the
-   timeout, `NoAnswer`.
+   timeout, `TimedOut` (a `NoAnswer`) with the status as it stood at the last look.
 """
 
 from __future__ import annotations
@@ -29,11 +31,12 @@ from gavel.shared.api import (
     ServiceRequest,
     ServiceStatus,
     StatusReply,
+    StatusRequest,
 )
 from gavel.shared.messages import Message
 from gavel.transport.client import ClientError, NoAnswer
 
-__all__ = ["POLL_S", "Ended", "job_end", "system_running"]
+__all__ = ["POLL_S", "Ended", "TimedOut", "job_end", "system_running"]
 
 #: How often a wait asks again, besides each event it hears (rule 3).
 POLL_S = 0.5
@@ -62,18 +65,27 @@ class Ended(ClientError):
         self.status = status
 
 
+class TimedOut(NoAnswer):
+    """A wait's time passed first (rule 3): `status` is how it stood at the last look."""
+
+    def __init__(self, message: str, status: Any) -> None:
+        super().__init__(message)
+        self.status = status
+
+
 async def _until(client: Client, subject_of: str, timeout: float | None, what: str,
-                 look: Callable[[], Awaitable[R | None]]) -> R:
-    """`look` until it answers (rule 3)."""
+                 look: Callable[[], Awaitable[tuple[R | None, Any]]]) -> R:
+    """`look` until it answers (rule 3); it hands back its answer (None: not yet) and what
+    it saw."""
     deadline = None if timeout is None else time.monotonic() + timeout
     sub = await client.nc.subscribe(subjects.EVENTS.format(instance=subject_of))
     try:
         while True:
-            got = await look()
+            got, seen = await look()
             if got is not None:
                 return got
             if deadline is not None and time.monotonic() >= deadline:
-                raise NoAnswer(f"{subject_of} {what} within {timeout:g}s")
+                raise TimedOut(f"{subject_of} {what} within {timeout:g}s", seen)
             with contextlib.suppress(Exception):
                 await sub.next_msg(timeout=POLL_S)
     finally:
@@ -83,26 +95,28 @@ async def _until(client: Client, subject_of: str, timeout: float | None, what: s
 
 async def job_end(client: Client, job_id: str, timeout: float | None) -> StatusReply:
     """Rule 1: the job's status once it ended, every task succeeded."""
-    async def look() -> StatusReply | None:
-        st = await client.status(job_id)
+    async def look() -> tuple[StatusReply | None, StatusReply]:
+        st = await client.request("status", StatusRequest(instance_id=job_id, summary=True),
+                                  StatusReply)
         if st.array is not None:
             a = st.array
             if a.ended and not a.ok:
                 raise Ended(f"{job_id}: {a.outcome}", a)
-            return st if a.ended else None
+            return (st if a.ended else None), st
         inst = st.instances[0]
         if inst.state == "unschedulable":
             raise Ended(f"{job_id} is unschedulable: {inst.detail or inst.reason}", inst)
         if inst.state in ("failed", "lost", "cancelled"):
             raise Ended(f"{job_id} {inst.state}: " + ": ".join(
                 p for p in (inst.reason, inst.detail) if p), inst)
-        return st if inst.state == "succeeded" else None
-    return await _until(client, job_id, timeout, "did not end", look)
+        return (st if inst.state == "succeeded" else None), st
+    done = await _until(client, job_id, timeout, "did not end", look)
+    return done if done.array is None else await client.status(job_id)
 
 
 async def system_running(client: Client, name: str, timeout: float | None) -> ServiceStatus:
     """Rule 2: the system job's status once it runs on every node that could run it."""
-    async def look() -> ServiceStatus | None:
+    async def look() -> tuple[ServiceStatus | None, ServiceStatus]:
         st = (await client.request("service", ServiceRequest(name=name),
                                    ServiceReply)).service
         if st.stopped:
@@ -111,5 +125,5 @@ async def system_running(client: Client, name: str, timeout: float | None) -> Se
             if r.version == st.version and r.state == "unschedulable":
                 raise Ended(f"{name}: {r.instance_id} is unschedulable: "
                             f"{r.detail or r.reason}", st)
-        return None if st.waiting else st
+        return (None if st.waiting else st), st
     return await _until(client, name, timeout, "not running on every node", look)

@@ -148,6 +148,10 @@ class SyncClient:
                ) -> DeployReply:
         return self._run(self.client.deploy(spec, key=key, check_index=check_index))
 
+    def wait_deployed(self, name: str, version: int,
+                      timeout: float | None = None) -> ServiceStatus:
+        return self._run(self.client.wait_deployed(name, version, timeout))
+
     def plan(self, spec: Spec) -> PlanReply:
         return self._run(self.client.plan(spec))
 
