@@ -196,6 +196,9 @@ async def test_compose_yaml_places_serves_and_survives_a_broker_restart(
         # It runs in that worker's container: it answers with the container's host name.
         host = single.inspect(where.node_id)["Config"]["Hostname"]
         await through_gateway(single, "/web", f"{iid} {host}")
+        # ... by the address compose/setup's node book gives it, not what the worker says.
+        gateway_log = single.compose("logs", "--no-color", "gateway")
+        assert "no node book" not in gateway_log, gateway_log[-2000:]
 
         # A new broker container on the same volume: what it knows is what state.git holds.
         old = single.container("broker")
