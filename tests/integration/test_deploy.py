@@ -28,8 +28,9 @@ import pytest
 
 from gavel.broker.service import Broker, Config
 from gavel.shared import subjects
+from gavel.shared.nodebook import KnownNode
 from gavel.shared.strategies import make_strategy
-from gavel.transport import identity
+from gavel.transport import identity, nodebook
 from gavel.transport.creds import connect_options
 from gavel.transport.natsserver import find_binary, free_port
 from gavel.worker.agent import Agent
@@ -60,8 +61,11 @@ IDENTITY = {"broker": "broker", "gateway": "operator", **{n: n for n in NODES}}
 
 
 def keys(tmp: Path) -> Path:
-    """What compose/setup writes into compose/auth, written into `tmp`/auth."""
-    return identity.init(tmp, NODES).directory
+    """What compose/setup writes into compose/auth, written into `tmp`/auth: the identities
+    and the node book (each worker at its service name and worker.toml's port range)."""
+    directory = identity.init(tmp, NODES).directory
+    nodebook.record(directory, {n: KnownNode(address=n, ports=(20000, 20999)) for n in NODES})
+    return directory
 
 
 def interpolate(text: str, env: dict[str, str]) -> str:
