@@ -47,6 +47,7 @@ from gavel.broker.ledger.committer import Item, Planned
 from gavel.broker.ledger.plan import View, place, stop, submit
 from gavel.broker.ledger.state import State
 from gavel.broker.promises import Promises
+from gavel.broker.replyroutes import ReplyRoutes
 from gavel.shared import subjects
 from gavel.shared.auction import Auction, Awarded
 from gavel.shared.messages import Award, BidReply, Capacity, EventType, Health, InstanceState
@@ -120,7 +121,8 @@ class Rebalancer:
     def __init__(self, ctx: Context, settings: Settings | None, *, promises: Promises,
                  award_for: Callable[[str, str, str], Award | None],
                  free: Callable[[Iterable[str]], dict[str, Capacity]],
-                 moving: set[str], rng: random.Random | None = None) -> None:
+                 moving: set[str], routes: ReplyRoutes,
+                 rng: random.Random | None = None) -> None:
         self.ctx = ctx
         self.settings = settings
         self.promises = promises
@@ -146,6 +148,7 @@ class Rebalancer:
         self.moved_total = 0
         self.abandoned_total = 0
         ctx.committer.effects.on(Moved, self._moved)
+        routes.add(self.divert)
 
     # -- the loop's pass -----------------------------------------------------------------
     def watch(self, now: float) -> None:
