@@ -78,6 +78,7 @@ from gavel.broker.context import Context
 from gavel.broker.ledger.committer import Item, Planned
 from gavel.broker.ledger.plan import View, place, unschedulable
 from gavel.broker.preemptions import plan_evictions
+from gavel.broker.replyroutes import ReplyRoutes
 from gavel.shared import subjects
 from gavel.shared.auction import Auction, Awarded, Decision, Unschedulable
 from gavel.shared.auctioneer import CLOSED_KEPT, Core, Decided, Open, Pinned, Wake
@@ -107,8 +108,8 @@ class Auctioneer:
     def __init__(self, ctx: Context, *, award_for: Callable[[str, str, str], Award | None],
                  batch_max: int | None = None, sample_d: int | None = None,
                  max_auctions: int | None = None, batch_wait_s: float = 0.0,
-                 commit_gap_s: float | None = None,
-                 rng: random.Random | None = None) -> None:
+                 commit_gap_s: float | None = None, rng: random.Random | None = None,
+                 routes: ReplyRoutes | None = None) -> None:
         self.ctx = ctx
         #: The award a placed instance's winner is told (`broker.assign`).
         self.award_for = award_for
@@ -131,12 +132,12 @@ class Auctioneer:
         self._recent = Recent(RECENT_KEPT)
         self.placed_total = 0
         self.replies_total = 0
+        #: Replies to auctions not this auctioneer's: dry runs' (`broker.planner`) and the
+        #: takers registered at construction (re-auctions, `broker.reauction`).
+        self.routes = routes if routes is not None else ReplyRoutes()
         #: Dry runs' auctions (`broker.planner`): a reply for one of these ids is the plan's.
-        self.dry: dict[str, Callable[[BidReply, float], None]] = {}
+        self.dry = self.routes.dry
         self._wait_timer: asyncio.TimerHandle | None = None
-        #: Takes the replies of auctions that are not this auctioneer's (re-auctions,
-        #: `broker.reauction`): True when it took the reply.
-        self.divert: Callable[[BidReply], bool] | None = None
 
     # -- the core's state, as the broker's other parts and the tests read it ---------------
     @property
@@ -226,10 +227,7 @@ class Auctioneer:
         reply = self._guard(msg)
         if reply is None:
             return
-        if self.dry and (dry := self.dry.get(reply.auction_id)) is not None:
-            dry(reply, self.ctx.now())
-            return
-        if self.divert is not None and self.divert(reply):
+        if self.routes.take(reply, self.ctx.now):
             return
         self.replies_total += 1
         now = self.ctx.now()

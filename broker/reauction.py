@@ -47,6 +47,7 @@ from gavel.broker.ledger.committer import Item, Planned
 from gavel.broker.ledger.plan import View, place, stop, submit
 from gavel.broker.ledger.state import State
 from gavel.broker.promises import Promises
+from gavel.broker.replyroutes import ReplyRoutes
 from gavel.shared import subjects
 from gavel.shared.auction import Auction, Awarded
 from gavel.shared.messages import Award, BidReply, Capacity, EventType, Health, InstanceState
@@ -56,7 +57,7 @@ from gavel.shared.reauction import Budget, Holding, Judgement, Room, Settings, c
 from gavel.shared.records import AuctionRecord, InstanceRecord, auction_trailer
 from gavel.shared.spread import Tally
 
-__all__ = ["PREFIX", "Moved", "Rebalancer", "plan_move"]
+__all__ = ["PREFIX", "Finished", "Moved", "Rebalancer", "plan_finish", "plan_move"]
 
 #: Re-auctions' ids start so: their replies are this part's, not the auctioneer's.
 PREFIX = "re-"
@@ -73,6 +74,17 @@ class Moved:
     new: str
     holder: str
     winner: str
+
+
+@dataclass(frozen=True)
+class Finished:
+    """A move's stop commit landed: `stop_id` (the old copy, or an abandoned new one) on
+    `node` is stopped for `reason`, and the move of `new` is over."""
+
+    new: str
+    stop_id: str
+    node: str
+    reason: Reason
 
 
 @dataclass
@@ -116,11 +128,26 @@ def plan_move(view: View, *, old: str, holder: str, new: str, decision: Awarded,
                    effects=[Moved(old=old, new=new, holder=holder, winner=winner)])
 
 
+def plan_finish(view: View, *, service: str, new: str, stop_id: str,
+                reason: Reason) -> Planned | None:
+    """Rule 4's last commit: `stop_id` stopped for `reason` (a move settled: the old copy;
+    abandoned: the new one); None when it is no longer live."""
+    got = stop(view, stop_id, reason)
+    if got is None:
+        return None
+    _rec, node = got
+    line = (f"service {service}: re-auction stops {stop_id}"
+            + (f" on {node}" if node else "") + f": {reason}")
+    return Planned(lines=[line],
+                   effects=[Finished(new=new, stop_id=stop_id, node=node, reason=reason)])
+
+
 class Rebalancer:
     def __init__(self, ctx: Context, settings: Settings | None, *, promises: Promises,
                  award_for: Callable[[str, str, str], Award | None],
                  free: Callable[[Iterable[str]], dict[str, Capacity]],
-                 moving: set[str], rng: random.Random | None = None) -> None:
+                 moving: set[str], routes: ReplyRoutes,
+                 rng: random.Random | None = None) -> None:
         self.ctx = ctx
         self.settings = settings
         self.promises = promises
@@ -145,7 +172,11 @@ class Rebalancer:
         self.outcomes: Counter[str] = Counter()
         self.moved_total = 0
         self.abandoned_total = 0
+        #: Moves waiting for their first commit to land (`Moved`) or be given up.
+        self._landing: dict[str, asyncio.Future[bool]] = {}
         ctx.committer.effects.on(Moved, self._moved)
+        ctx.committer.effects.on(Finished, self._finished)
+        routes.add(self.divert)
 
     # -- the loop's pass -----------------------------------------------------------------
     def watch(self, now: float) -> None:
@@ -303,6 +334,7 @@ class Rebalancer:
                                 settle_s=update.min_healthy_s)
         self.moving.add(new)
         landed: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        self._landing[new] = landed
 
         def plan(view: View) -> Planned | None:
             got = plan_move(view, old=h.instance_id, holder=h.node_id, new=new,
@@ -310,15 +342,17 @@ class Rebalancer:
                             port_range=list(hb.port_range) if hb else [], judgement=verdict)
             if got is None:
                 _settle_future(landed, False)
-            elif got is not None:
-                got.after.append(lambda _sha: _settle_future(landed, True))
             return got
 
         def failed(_reason: Reason, _detail: str) -> None:
             _settle_future(landed, False)
 
         ctx.committer.submit(Item(plan=plan, failed=failed, retry=False))
-        if await landed:
+        try:
+            ok = await landed
+        finally:
+            self._landing.pop(new, None)
+        if ok:
             self.budget.spend(ctx.now())
             self._seen[h.instance_id] = ctx.now()
             self._seen[new] = ctx.now()
@@ -344,6 +378,8 @@ class Rebalancer:
         ctx.events.emit(e.new, EventType.PLACED, node_id=e.winner,
                         detail=f"commit {sha[:12]}; moved here from {e.holder} "
                                f"(replaces {e.old})")
+        if (landed := self._landing.get(e.new)) is not None:
+            _settle_future(landed, True)
 
     # -- rule 4: a move in flight settles, or is abandoned ----------------------------
     def _settle(self, state: State, now: float) -> None:
@@ -368,33 +404,19 @@ class Rebalancer:
     def _finish(self, m: _Move, *, stop_id: str, reason: Reason) -> None:
         """One commit: stop `stop_id` (none: nothing to stop) and let the keeper count the
         new copy if it stays."""
-        def done() -> None:
-            self.moves.pop(m.new, None)
-            self.moving.discard(m.new)
-            if reason is Reason.REBALANCED:
-                self.moved_total += 1
-            else:
-                self.abandoned_total += 1
-
         if not stop_id:
-            done()
+            self._done(m.new, reason)
             return
         m.committing = True
 
         def plan(view: View) -> Planned | None:
-            got = stop(view, stop_id, reason)
+            got = plan_finish(view, service=m.service, new=m.new, stop_id=stop_id,
+                              reason=reason)
             if got is None:
-                done()
-                return None
-            if stop_id == m.old:  # the keeper counts the new copy from this commit on:
+                self._done(m.new, reason)
+            elif stop_id == m.old:  # the keeper counts the new copy from this commit on:
                 self.moving.discard(m.new)  # its plans decide on this view, old one stopping
-            _rec, node = got
-            line = (f"service {m.service}: re-auction stops {stop_id}"
-                    + (f" on {node}" if node else "") + f": {reason}")
-            out = Planned(lines=[line])
-            out.after.append(lambda _sha: self._stopped(stop_id, node, reason))
-            out.after.append(lambda _sha: done())
-            return out
+            return got
 
         def failed(_reason: Reason, _detail: str) -> None:
             m.committing = False
@@ -402,6 +424,20 @@ class Rebalancer:
                 self.moving.add(m.new)
 
         self.ctx.committer.submit(Item(plan=plan, failed=failed, retry=False))
+
+    def _done(self, new: str, reason: Reason) -> None:
+        """The move of `new` is over: the keeper counts the new copy if it stays."""
+        self.moves.pop(new, None)
+        self.moving.discard(new)
+        if reason is Reason.REBALANCED:
+            self.moved_total += 1
+        else:
+            self.abandoned_total += 1
+
+    def _finished(self, e: Finished, _sha: str) -> None:
+        """The stop commit is durable: the stopped copy's node is told, the move ends."""
+        self._stopped(e.stop_id, e.node, e.reason)
+        self._done(e.new, e.reason)
 
     def _stopped(self, iid: str, node: str, reason: Reason) -> None:
         if node and reason is Reason.REBALANCED:

@@ -75,6 +75,7 @@ from gavel.broker.outbox import Outbox
 from gavel.broker.periodic import Periodic
 from gavel.broker.promises import Promises
 from gavel.broker.reauction import Rebalancer
+from gavel.broker.replyroutes import ReplyRoutes
 from gavel.broker.retention import Retention
 from gavel.broker.services import Services
 from gavel.broker.systems import Systems
@@ -157,12 +158,14 @@ class Broker:
         self.assignments = Assignments(ctx, self.secrets)
         self.watches = Watches(ctx, min_gap_s=timing.heartbeat_s / 2,
                                inactive_s=10 * timing.heartbeat_s)
+        #: Replies to auctions not the auctioneer's; the re-auctioner registers with it.
+        self.routes = ReplyRoutes()
         self.auctioneer = Auctioneer(ctx, award_for=self.assignments.award_for,
                                      batch_max=config.batch_max, sample_d=config.sample_d,
                                      max_auctions=config.max_auctions,
                                      batch_wait_s=config.batch_wait_s,
                                      commit_gap_s=config.commit_gap_s,
-                                     rng=random.Random(config.seed))
+                                     rng=random.Random(config.seed), routes=self.routes)
         self.promises = Promises(ctx, capacity_freed=self.auctioneer.capacity_freed)
         self._keepers(ctx, config)
         self.api = Api(ctx, auctioneer=self.auctioneer, promises=self.promises,
@@ -197,8 +200,7 @@ class Broker:
         self.rebalancer = Rebalancer(ctx, config.rebalance, promises=self.promises,
                                      award_for=self.assignments.award_for,
                                      free=self.auctioneer.free, moving=moving,
-                                     rng=random.Random(config.seed))
-        self.auctioneer.divert = self.rebalancer.divert
+                                     routes=self.routes, rng=random.Random(config.seed))
         self.arrays = Arrays(ctx)
         self.systems = Systems(ctx, self.promises, config.wall)
         self.periodic = Periodic(ctx, self.promises, config.wall)
