@@ -9,11 +9,12 @@ when it wants `handle_timer` at the latest (an auction's deadline or the end of 
 Rules (the numbers are `broker.auctioneer`'s, where operators read them):
 1. Pending work is read from the world on every pass, oldest first: instances in flight
    (auctioned, or awarded and not yet committed) and those whose retry time is still ahead
-   are skipped; no more than the room for auctions can take is read. A pass that read all
-   of it and found nothing due remembers the earliest retry time it skipped: until then, a
-   pass over the same pending work (its size and its newest entry unchanged, and nothing
-   released, failed, found unschedulable or freed since) finds nothing either, and is
-   skipped instead of reading every waiting instance again.
+   are skipped; of what is due, no more than the room for auctions can take is kept - the
+   highest priority first (`Spec.priority`), the oldest first within a priority. A pass
+   that read all of it and found nothing due remembers the earliest retry time it skipped:
+   until then, a pass over the same pending work (its size and its newest entry unchanged,
+   and nothing released, failed, found unschedulable or freed since) finds nothing either,
+   and is skipped instead of reading every waiting instance again.
 2. Work is grouped by its excluded nodes; a group is auctioned without them unless no
    other eligible node is left, then with them.
 3. An award reserves its winner's capacity until `released` (its commit landed, placed or
@@ -163,24 +164,12 @@ class Core:
         world = self.world
         room = self.max_auctions - len(self.auctions)
         want = max(room, 1) * self.batch_max
-        pending: list[InstanceRecord] = []
         ids = world.pending()
         tail = _tail(ids)
         if tail is not None and tail == self._idle and now < self._idle_until:  # rule 1
             self.waiting_since = None
             return
-        waiting = filterfalse(self.inflight.__contains__, ids) if self.inflight else iter(ids)
-        retry_at = self.retry_at
-        record = world.record
-        due = float("inf")
-        for iid in waiting:
-            at = retry_at.get(iid, 0.0) if retry_at else 0.0
-            if at <= now:
-                pending.append(record(iid))
-                if len(pending) >= want:
-                    break
-            elif at < due:
-                due = at
+        pending, due = self._due(ids, now, want)
         if not pending:
             self.waiting_since = None
             self._idle, self._idle_until = tail, due
@@ -219,6 +208,42 @@ class Core:
                           whole=bool(only))
                 room -= 1
         self.waiting_since = None
+
+    def _due(self, ids: Iterable[str], now: float, want: int
+             ) -> tuple[list[InstanceRecord], float]:
+        """Rule 1: the first `want` due instances by priority, highest first, oldest first
+        within a priority; and the earliest retry time skipped. Past the first `want`
+        only work above the lowest priority taken can enter, so with one priority for all
+        (the default) nothing past them is kept and nothing is sorted."""
+        waiting = filterfalse(self.inflight.__contains__, ids) if self.inflight else iter(ids)
+        retry_at = self.retry_at
+        record = self.world.record
+        pending: list[InstanceRecord] = []
+        due = float("inf")
+        low = high = 0
+        for iid in waiting:
+            at = retry_at.get(iid, 0.0) if retry_at else 0.0
+            if at > now:
+                if at < due:
+                    due = at
+                continue
+            rec = record(iid)
+            p = rec.spec.priority
+            if len(pending) < want:
+                if not pending:
+                    low = high = p
+                elif p < low:
+                    low = p
+                elif p > high:
+                    high = p
+                pending.append(rec)
+            elif p > low:  # more urgent than some of what is taken: it may displace it
+                high = max(high, p)
+                pending.append(rec)
+        if high != low:
+            pending.sort(key=_urgency)  # stable: oldest first within a priority
+            del pending[want:]
+        return pending, due
 
     def open(self, requests: list[Request], candidates: list[str], now: float,
              excluded: AbstractSet[str] = frozenset(), stage: int = 0,
@@ -413,6 +438,10 @@ def _tail(ids: Iterable[str]) -> tuple[int, object] | None:
     if isinstance(ids, Mapping | Sequence):
         return len(ids), next(reversed(ids), None)
     return None
+
+
+def _urgency(r: InstanceRecord) -> int:
+    return -r.spec.priority
 
 
 class _Count:
