@@ -49,10 +49,10 @@ Rules (the numbers are `broker.auctioneer`'s, where operators read them):
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Iterable, Mapping, Reversible, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from itertools import filterfalse
-from typing import NamedTuple, cast
+from typing import NamedTuple
 
 import msgspec
 
@@ -62,6 +62,7 @@ from gavel.shared.candidates import RETRY_TIMES, Candidates
 from gavel.shared.messages import Bid, BidReply, Capacity, Decline, Request
 from gavel.shared.reasons import Reason
 from gavel.shared.records import InstanceRecord
+from gavel.shared.urgency import DEFAULT_PRIORITY, Urgent, ranked
 
 __all__ = ["CLOSED_KEPT", "Core", "Decided", "Open", "Pinned", "Wake", "World"]
 
@@ -74,8 +75,6 @@ class _Partial(NamedTuple):
     stage: int  # 0 the first draw, 1 the retry of RETRY_TIMES·d
 
 
-#: The priority a spec has when it names none (`Spec.priority`).
-DEFAULT_PRIORITY = 50
 #: Closed auctions whose late answers are recognised (rule 6).
 CLOSED_KEPT = 256
 #: Last winners kept before the table starts again (shapes are few).
@@ -110,10 +109,8 @@ class Core:
         #: Rule 1: the pending work a pass found nothing due in, and until when.
         self._idle: tuple[int, object] | None = None
         self._idle_until = float("-inf")
-        #: Pending work above the default priority, oldest first, and the newest pending
-        #: id looked at for it (rule 1, `_note_urgent`).
-        self._urgent: dict[str, None] = {}
-        self._seen: str | None = None
+        #: Pending work above the default priority (rule 1, `shared.urgency`).
+        self._urgent = Urgent()
         #: Replicas awarded and not yet released: instance -> (service, winner) (rule 8).
         self.awarding: dict[str, tuple[str, str]] = {}
         self.waiting_since: float | None = None
@@ -218,11 +215,9 @@ class Core:
     def _due(self, ids: Iterable[str], now: float, want: int
              ) -> tuple[list[InstanceRecord], float]:
         """Rule 1: the first `want` due instances by priority, highest first, oldest first
-        within a priority; and the earliest retry time skipped. The oldest `want` are read
-        as they come; past them only work above the lowest priority taken may displace
-        some. When that lowest is the default or above, such work is among `_urgent` (kept
-        by `_note_urgent`) and nothing else past them is read, so a queue at the default
-        priority costs what reading `want` of it costs."""
+        within a priority (`shared.urgency`); and the earliest retry time skipped. The
+        oldest `want` are read as they come; past them, when the lowest priority taken is
+        the default or above, only the urgent work is read (`shared.urgency` rule 2)."""
         waiting = filterfalse(self.inflight.__contains__, ids) if self.inflight else iter(ids)
         retry_at = self.retry_at
         record = self.world.record
@@ -247,46 +242,20 @@ class Core:
             if len(pending) >= want:
                 break
         else:
-            return self._ranked(pending, want, low, high), due
+            return ranked(pending, want, high != low), due
         if low < DEFAULT_PRIORITY or not isinstance(ids, Mapping | Sequence):
             rest: Iterable[str] = waiting  # the remainder, read whole
         else:
-            self._note_urgent(ids)
-            taken = {r.instance_id for r in pending} if self._urgent else set()
-            rest = [i for i in self._urgent if i not in taken and i not in self.inflight]
+            urgent = self._urgent.note(ids, record)
+            taken = {r.instance_id for r in pending} if urgent else set()
+            rest = [i for i in urgent if i not in taken and i not in self.inflight]
         for iid in rest:
             if (retry_at.get(iid, 0.0) if retry_at else 0.0) <= now:
                 rec = record(iid)
                 if rec.spec.priority > low:  # it displaces some of what was taken
                     high = max(high, rec.spec.priority)
                     pending.append(rec)
-        return self._ranked(pending, want, low, high), due
-
-    @staticmethod
-    def _ranked(pending: list[InstanceRecord], want: int, low: int, high: int
-                ) -> list[InstanceRecord]:
-        if high != low:
-            pending.sort(key=_urgency)  # stable: oldest first within a priority
-            del pending[want:]
-        return pending
-
-    def _note_urgent(self, ids: Mapping[str, object] | Sequence[str]) -> None:
-        """Rule 1: keep `_urgent`, the pending ids above the default priority in the order
-        they came, reading only what was added since the last look (work is added at the
-        end; should the newest seen have left, everything is read once)."""
-        if self._urgent:
-            self._urgent = {i: None for i in self._urgent if i in ids}
-        record = self.world.record
-        seen, new = self._seen, []
-        newest_first = reversed(cast("Reversible[str]", ids))  # a dict or a list (rule 1)
-        for iid in newest_first:
-            if iid == seen:
-                break
-            if record(iid).spec.priority > DEFAULT_PRIORITY:
-                new.append(iid)
-        self._seen = next(reversed(cast("Reversible[str]", ids)), None)
-        for iid in reversed(new):
-            self._urgent.setdefault(iid, None)
+        return ranked(pending, want, high != low), due
 
     def open(self, requests: list[Request], candidates: list[str], now: float,
              excluded: AbstractSet[str] = frozenset(), stage: int = 0,
@@ -481,10 +450,6 @@ def _tail(ids: Iterable[str]) -> tuple[int, object] | None:
     if isinstance(ids, Mapping | Sequence):
         return len(ids), next(reversed(ids), None)
     return None
-
-
-def _urgency(r: InstanceRecord) -> int:
-    return -r.spec.priority
 
 
 class _Count:
