@@ -9,11 +9,12 @@ when it wants `handle_timer` at the latest (an auction's deadline or the end of 
 Rules (the numbers are `broker.auctioneer`'s, where operators read them):
 1. Pending work is read from the world on every pass, oldest first: instances in flight
    (auctioned, or awarded and not yet committed) and those whose retry time is still ahead
-   are skipped; no more than the room for auctions can take is read. A pass that read all
-   of it and found nothing due remembers the earliest retry time it skipped: until then, a
-   pass over the same pending work (its size and its newest entry unchanged, and nothing
-   released, failed, found unschedulable or freed since) finds nothing either, and is
-   skipped instead of reading every waiting instance again.
+   are skipped; of what is due, no more than the room for auctions can take is kept - the
+   highest priority first (`Spec.priority`), the oldest first within a priority. A pass
+   that read all of it and found nothing due remembers the earliest retry time it skipped:
+   until then, a pass over the same pending work (its size and its newest entry unchanged,
+   and nothing released, failed, found unschedulable or freed since) finds nothing either,
+   and is skipped instead of reading every waiting instance again.
 2. Work is grouped by its excluded nodes; a group is auctioned without them unless no
    other eligible node is left, then with them.
 3. An award reserves its winner's capacity until `released` (its commit landed, placed or
@@ -61,6 +62,7 @@ from gavel.shared.candidates import RETRY_TIMES, Candidates
 from gavel.shared.messages import Bid, BidReply, Capacity, Decline, Request
 from gavel.shared.reasons import Reason
 from gavel.shared.records import InstanceRecord
+from gavel.shared.urgency import DEFAULT_PRIORITY, Urgent, ranked
 
 __all__ = ["CLOSED_KEPT", "Core", "Decided", "Open", "Pinned", "Wake", "World"]
 
@@ -107,6 +109,8 @@ class Core:
         #: Rule 1: the pending work a pass found nothing due in, and until when.
         self._idle: tuple[int, object] | None = None
         self._idle_until = float("-inf")
+        #: Pending work above the default priority (rule 1, `shared.urgency`).
+        self._urgent = Urgent()
         #: Replicas awarded and not yet released: instance -> (service, winner) (rule 8).
         self.awarding: dict[str, tuple[str, str]] = {}
         self.waiting_since: float | None = None
@@ -163,24 +167,12 @@ class Core:
         world = self.world
         room = self.max_auctions - len(self.auctions)
         want = max(room, 1) * self.batch_max
-        pending: list[InstanceRecord] = []
         ids = world.pending()
         tail = _tail(ids)
         if tail is not None and tail == self._idle and now < self._idle_until:  # rule 1
             self.waiting_since = None
             return
-        waiting = filterfalse(self.inflight.__contains__, ids) if self.inflight else iter(ids)
-        retry_at = self.retry_at
-        record = world.record
-        due = float("inf")
-        for iid in waiting:
-            at = retry_at.get(iid, 0.0) if retry_at else 0.0
-            if at <= now:
-                pending.append(record(iid))
-                if len(pending) >= want:
-                    break
-            elif at < due:
-                due = at
+        pending, due = self._due(ids, now, want)
         if not pending:
             self.waiting_since = None
             self._idle, self._idle_until = tail, due
@@ -219,6 +211,51 @@ class Core:
                           whole=bool(only))
                 room -= 1
         self.waiting_since = None
+
+    def _due(self, ids: Iterable[str], now: float, want: int
+             ) -> tuple[list[InstanceRecord], float]:
+        """Rule 1: the first `want` due instances by priority, highest first, oldest first
+        within a priority (`shared.urgency`); and the earliest retry time skipped. The
+        oldest `want` are read as they come; past them, when the lowest priority taken is
+        the default or above, only the urgent work is read (`shared.urgency` rule 2)."""
+        waiting = filterfalse(self.inflight.__contains__, ids) if self.inflight else iter(ids)
+        retry_at = self.retry_at
+        record = self.world.record
+        pending: list[InstanceRecord] = []
+        due = float("inf")
+        low = high = 0
+        for iid in waiting:
+            at = retry_at.get(iid, 0.0) if retry_at else 0.0
+            if at > now:
+                if at < due:
+                    due = at
+                continue
+            rec = record(iid)
+            p = rec.spec.priority
+            if not pending:
+                low = high = p
+            elif p < low:
+                low = p
+            elif p > high:
+                high = p
+            pending.append(rec)
+            if len(pending) >= want:
+                break
+        else:
+            return ranked(pending, want, high != low), due
+        if low < DEFAULT_PRIORITY or not isinstance(ids, Mapping | Sequence):
+            rest: Iterable[str] = waiting  # the remainder, read whole
+        else:
+            urgent = self._urgent.note(ids, record)
+            taken = {r.instance_id for r in pending} if urgent else set()
+            rest = [i for i in urgent if i not in taken and i not in self.inflight]
+        for iid in rest:
+            if (retry_at.get(iid, 0.0) if retry_at else 0.0) <= now:
+                rec = record(iid)
+                if rec.spec.priority > low:  # it displaces some of what was taken
+                    high = max(high, rec.spec.priority)
+                    pending.append(rec)
+        return ranked(pending, want, high != low), due
 
     def open(self, requests: list[Request], candidates: list[str], now: float,
              excluded: AbstractSet[str] = frozenset(), stage: int = 0,

@@ -8,6 +8,7 @@ import random
 from collections.abc import Iterable, Mapping
 from collections.abc import Set as AbstractSet
 
+import msgspec
 import pytest
 
 from gavel.shared.auction import Auction, Awarded, Unschedulable
@@ -345,3 +346,56 @@ def test_an_instance_bound_to_a_node_is_auctioned_among_that_node_alone() -> Non
         [d] = [a for a in got if isinstance(a, Decided)]
         assert isinstance(d.decisions[0], Unschedulable)
         assert d.decisions[0].request.instance_id == "b"
+
+
+def test_higher_priority_work_is_auctioned_first_oldest_first_within_a_priority() -> None:
+    """A later high-priority request goes before earlier low ones when a batch cannot take
+    them all; equal priorities keep their age order; past the room nothing low is read in."""
+    low = msgspec.structs.replace(WEB, name="batch", priority=20)
+    high = msgspec.structs.replace(WEB, name="urgent", priority=90)
+    w = World({"n1": 4.0})
+    for iid, spec in [("old-low", low), ("mid", WEB), ("new-high", high), ("late", WEB),
+                      ("last-high", high)]:
+        w.add(iid, spec)
+    c = core(w, batch_max=2, max_auctions=1)
+    c.reconcile(0.0)
+    [first] = opened(c)
+    assert [r.instance_id for r in first.auction.requests] == ["new-high", "last-high"]
+    for n in sorted(first.auction.eligible):
+        c.receive(BidReply(auction_id=first.auction.auction_id, node_id=n, answers=[
+            Bid(shape=0, load=0.1, step=0.0, strategy="x")]), 0.1)
+    [second] = [a for a in c.take() if isinstance(a, Open)]  # the close opens the next
+    assert [r.instance_id for r in second.auction.requests] == ["mid", "late"]
+
+
+def test_with_one_priority_for_all_the_queue_stays_oldest_first() -> None:
+    w = World({"n1": 4.0})
+    for i in range(5):
+        w.add(f"i{i}")
+    c = core(w, batch_max=2, max_auctions=1)
+    c.reconcile(0.0)
+    [first] = opened(c)
+    assert [r.instance_id for r in first.auction.requests] == ["i0", "i1"]
+
+
+def test_urgent_work_that_arrives_behind_a_default_backlog_goes_next() -> None:
+    """Past the work a pass can take, only the urgent is looked for (rule 1): what came
+    since the last pass, or everything once the newest it saw has left the queue."""
+    high = msgspec.structs.replace(WEB, name="urgent", priority=90)
+    w = World({"n1": 4.0})
+    for i in range(5):
+        w.add(f"i{i}")
+    c = core(w, batch_max=2, max_auctions=1)
+    c.reconcile(0.0)
+    [first] = opened(c)
+    w.add("urgent", high)
+    w.add("i5")
+    c.reconcile(0.05)  # no room: it notes only what came since
+    del w.queue["i5"]  # the newest it saw leaves: the next pass looks at all of it
+    w.add("urgent-2", high)
+    w.add("i6")
+    for n in sorted(first.auction.eligible):
+        c.receive(BidReply(auction_id=first.auction.auction_id, node_id=n, answers=[
+            Bid(shape=0, load=0.1, step=0.0, strategy="x")]), 0.1)
+    [second] = [a for a in c.take() if isinstance(a, Open)]
+    assert [r.instance_id for r in second.auction.requests] == ["urgent", "urgent-2"]
