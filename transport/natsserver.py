@@ -59,6 +59,9 @@ class NatsServer:
         self.max_payload_mb = max_payload_mb
         self.jetstream = jetstream
         self.port = port or free_port()
+        #: A port chosen here (not given) that no start has listened on yet may be chosen
+        #: again: nobody was told it (`start`).
+        self._port_chosen = port is None
         self.store_dir = store_dir or Path(tempfile.mkdtemp(prefix="gavel-js-"))
         self.config = config
         self.log = log
@@ -70,6 +73,23 @@ class NatsServer:
         return f"nats://127.0.0.1:{self.port}"
 
     def start(self, timeout: float = 10.0) -> NatsServer:
+        """Start it and wait until it listens. A port this server chose for itself and never
+        listened on is chosen again when something took it meanwhile (a free port picked long
+        before the start may be any connection's ephemeral port by then): up to three times."""
+        for _ in range(3):
+            try:
+                started = self._start(timeout)
+            except NatsServerError as exc:
+                if not (exc.port_taken and self._port_chosen and
+                        f"127.0.0.1:{self.port}:" in str(exc)):
+                    raise
+                self.port = free_port()
+                continue
+            self._port_chosen = False
+            return started
+        return self._start(timeout)
+
+    def _start(self, timeout: float) -> NatsServer:
         ports_dir = Path(tempfile.mkdtemp(prefix="gavel-nats-ports-"))
         args = [find_binary(), "-a", "127.0.0.1", "-p", str(self.port),
                 "--ports_file_dir", str(ports_dir)]
