@@ -24,6 +24,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
@@ -87,13 +88,13 @@ async def measure(nats_url: str, api_port: int, n: int) -> dict[str, Any]:
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m gavel.bench.statushop", description=__doc__)
-    p.add_argument("-n", type=int, default=500, help="counted asks through each door")
-    args = p.parse_args(argv)
-    with tempfile.TemporaryDirectory(prefix="gavel-statushop-") as tmp:
+def with_api(workers: int, run: Callable[[str, int], Coroutine[Any, Any, dict[str, Any]]]) -> int:
+    """Rule 1's cluster: `gavel up` with `workers` workers and its HTTP API on a temporary
+    state directory; `run(nats_url, api_port)`'s figures printed as JSON. 1 when it did not
+    come up with its API."""
+    with tempfile.TemporaryDirectory(prefix="gavel-hop-") as tmp:
         proc = subprocess.Popen([sys.executable, "-m", "gavel", "up", "--no-gateway",
-                                 "--no-ui", "--no-auth", "--workers", "1",
+                                 "--no-ui", "--no-auth", "--workers", str(workers),
                                  "--state", str(Path(tmp) / "up"), "--api-port", "0"],
                                 stdout=subprocess.PIPE, text=True)
         try:
@@ -109,11 +110,18 @@ def main(argv: list[str] | None = None) -> int:
             if not (nats_url and port):
                 print("gavel up did not come up with its HTTP API", file=sys.stderr)
                 return 1
-            print(json.dumps(asyncio.run(measure(nats_url, port, args.n)), indent=2))
+            print(json.dumps(asyncio.run(run(nats_url, port)), indent=2))
             return 0
         finally:
             proc.terminate()
             proc.wait(60)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m gavel.bench.statushop", description=__doc__)
+    p.add_argument("-n", type=int, default=500, help="counted asks through each door")
+    args = p.parse_args(argv)
+    return with_api(1, lambda url, port: measure(url, port, args.n))
 
 
 if __name__ == "__main__":

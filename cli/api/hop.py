@@ -17,16 +17,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import re
-import subprocess
 import sys
-import tempfile
 import time
-from pathlib import Path
 from typing import Any
 
 import msgspec
 
+from gavel.bench.statushop import with_api
 from gavel.client import Client
 from gavel.shared import subjects
 from gavel.shared.messages import Event, Spec
@@ -98,29 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("-n", type=int, default=200, help="submissions through each door")
     p.add_argument("--workers", type=int, default=2)
     args = p.parse_args(argv)
-    with tempfile.TemporaryDirectory(prefix="gavel-hop-") as tmp:
-        proc = subprocess.Popen([sys.executable, "-m", "gavel", "up", "--no-gateway",
-                                 "--no-ui", "--no-auth", "--workers", str(args.workers),
-                                 "--state", str(Path(tmp) / "up"), "--api-port", "0"],
-                                stdout=subprocess.PIPE, text=True)
-        try:
-            assert proc.stdout is not None
-            nats_url, port = "", 0
-            for line in proc.stdout:
-                if m := re.search(r"nats-server at (nats://\S+?),", line):
-                    nats_url = m.group(1)
-                if m := re.search(r"HTTP API: http://127\.0\.0\.1:(\d+)/", line):
-                    port = int(m.group(1))
-                if line.startswith("try:"):
-                    break
-            if not (nats_url and port):
-                print("gavel up did not come up with its HTTP API", file=sys.stderr)
-                return 1
-            print(json.dumps(asyncio.run(measure(nats_url, port, args.n)), indent=2))
-            return 0
-        finally:
-            proc.terminate()
-            proc.wait(60)
+    return with_api(args.workers, lambda url, port: measure(url, port, args.n))
 
 
 if __name__ == "__main__":
