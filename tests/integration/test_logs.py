@@ -197,7 +197,12 @@ async def test_output_outlives_its_worker_and_the_next_worker_rotates_it(
     # instance writes between the copy's last read and the truncate (`worker.logfiles`
     # rule 2), and this instance writes all the time; tests/unit/test_logfiles.py shows
     # every position kept when no write races the truncate.
-    seen = numbers(proc.stdout)
+    # A line the truncate cut leaves its head in the copy and loses its tail, so the next
+    # line read follows that head ("li" + "line 711"): the whole line is the one after it.
+    lines = proc.stdout.splitlines()
+    joined = [x for x in lines if not x.startswith("line ")]
+    assert len(joined) <= 3, joined[:5]  # only at a rotation: a few in this run
+    seen = [int(x.rpartition("line ")[2]) for x in lines]
     assert seen == sorted(set(seen))
     assert seen[0] > 0  # the oldest lines were rotated away: the cap held
     await cluster.call("cancel", CancelRequest(instance_id="long-1"), CancelReply)

@@ -85,8 +85,8 @@ ALLOWED = {
     "transport/natscluster.py::NatsCluster.wait_jetstream::sleep(0.2)": _SERVERS,
     "transport/natscluster.py::NatsCluster.wait_jetstream::request(timeout=2)": _SERVERS,
     "transport/natsserver.py::NatsServer.start::param timeout=10.0": _SERVERS,
-    "transport/natsserver.py::NatsServer.start::create_connection(timeout=0.2)": _SERVERS,
-    "transport/natsserver.py::NatsServer.start::sleep(0.05)": _SERVERS,
+    "transport/natsserver.py::NatsServer._start::create_connection(timeout=0.2)": _SERVERS,
+    "transport/natsserver.py::NatsServer._start::sleep(0.05)": _SERVERS,
 }
 
 _PACED = {"wait_for": slice(1, None), "timeout": slice(0, None), "sleep": slice(0, None)}
