@@ -38,18 +38,21 @@ __all__ = ["main", "measure"]
 WARM = 20
 
 
-async def _get(port: int, path: str) -> tuple[int, bytes]:
-    """One GET on a connection of its own (rule 1)."""
+async def http(port: int, method: str, path: str, body: bytes = b"") -> tuple[int, bytes]:
+    """One request on a connection of its own, as ``curl`` would (rule 1): its status and
+    body. A `body` goes as JSON."""
     r, w = await asyncio.open_connection("127.0.0.1", port)
-    w.write(f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: close\r\n\r\n"
-            .encode())
+    sent = f"{method} {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: close\r\n"
+    if body:
+        sent += f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n"
+    w.write(f"{sent}\r\n".encode() + body)
     data = await r.read()
     w.close()
     head, _, rest = data.partition(b"\r\n\r\n")
     return int(head.split(b" ")[1]), rest
 
 
-def _pct(values: list[float], pct: float) -> float:
+def pct(values: list[float], pct: float) -> float:
     """Nearest rank, in milliseconds."""
     ranked = sorted(values)
     k = max(0, min(len(ranked) - 1, round(pct / 100 * len(ranked) + 0.5) - 1))
@@ -72,7 +75,7 @@ async def measure(nats_url: str, api_port: int, n: int) -> dict[str, Any]:
             if door == "nats":
                 await status(nc, iid)
             else:
-                code, said = await _get(api_port, f"/v1/instances/{iid}")
+                code, said = await http(api_port, "GET", f"/v1/instances/{iid}")
                 if code != 200:
                     raise RuntimeError(f"GET /v1/instances/{iid}: {code} {said.decode()}")
                 json.loads(said)
@@ -82,7 +85,7 @@ async def measure(nats_url: str, api_port: int, n: int) -> dict[str, Any]:
         await nc.close()
     out: dict[str, Any] = {"asks_each": n}
     for door, f in figures.items():
-        out[door] = {"p50_ms": _pct(f, 50), "p99_ms": _pct(f, 99)}
+        out[door] = {"p50_ms": pct(f, 50), "p99_ms": pct(f, 99)}
     out["hop_p50_ms"] = round(out["http"]["p50_ms"] - out["nats"]["p50_ms"], 2)
     out["hop_p99_ms"] = round(out["http"]["p99_ms"] - out["nats"]["p99_ms"], 2)
     return out

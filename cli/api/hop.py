@@ -23,29 +23,12 @@ from typing import Any
 
 import msgspec
 
-from gavel.bench.statushop import with_api
+from gavel.bench.statushop import http, pct, with_api
 from gavel.client import Client
 from gavel.shared import subjects
 from gavel.shared.messages import Event, Spec
 
 __all__ = ["main", "measure"]
-
-
-async def _post(port: int, path: str, body: bytes) -> tuple[int, bytes]:
-    r, w = await asyncio.open_connection("127.0.0.1", port)
-    w.write(f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: "
-            f"application/json\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body)
-    data = await r.read()
-    w.close()
-    head, _, rest = data.partition(b"\r\n\r\n")
-    return int(head.split(b" ")[1]), rest
-
-
-def _pct(values: list[float], pct: float) -> float:
-    """Nearest rank, in milliseconds."""
-    ranked = sorted(values)
-    k = max(0, min(len(ranked) - 1, round(pct / 100 * len(ranked) + 0.5) - 1))
-    return round(ranked[k] * 1000, 2)
 
 
 async def measure(nats_url: str, api_port: int, n: int) -> dict[str, Any]:
@@ -73,7 +56,7 @@ async def measure(nats_url: str, api_port: int, n: int) -> dict[str, Any]:
             if door == "nats":
                 await client.submit(spec, instance_id=iid)
             else:
-                status, said = await _post(api_port, "/v1/instances", json.dumps(
+                status, said = await http(api_port, "POST", "/v1/instances", json.dumps(
                     {**body_of, "instance_id": iid}).encode())
                 if status != 200:
                     raise RuntimeError(f"POST /v1/instances: {status} {said.decode()}")
@@ -83,9 +66,9 @@ async def measure(nats_url: str, api_port: int, n: int) -> dict[str, Any]:
             figures[door]["placed"].append(t2 - t0)
     out: dict[str, Any] = {"submissions_each": n}
     for door, f in figures.items():
-        out[door] = {"reply_p50_ms": _pct(f["reply"], 50), "reply_p99_ms": _pct(f["reply"], 99),
-                     "placed_p50_ms": _pct(f["placed"], 50),
-                     "placed_p99_ms": _pct(f["placed"], 99)}
+        out[door] = {"reply_p50_ms": pct(f["reply"], 50), "reply_p99_ms": pct(f["reply"], 99),
+                     "placed_p50_ms": pct(f["placed"], 50),
+                     "placed_p99_ms": pct(f["placed"], 99)}
     out["hop_p50_ms"] = round(out["http"]["placed_p50_ms"] - out["nats"]["placed_p50_ms"], 2)
     return out
 
