@@ -354,6 +354,8 @@ def test_scale_down_and_stop_cancel_with_their_reasons_and_replace_nothing(rig: 
     (last,) = live(rig)
     assert last.cancelling and last.reason == Reason.SERVICE_STOPPED
     report(rig, last.instance_id, "cancelled", reason=Reason.CANCELLED)
+    assert [e.reason for e in rig.b.events if e.instance_id == last.instance_id
+            and e.type == "cancelled"] == [Reason.SERVICE_STOPPED]
     sweep(rig)
     assert live(rig) == [] and rig.b.ledger.state().services["web"].stopped
     reply = deployed(rig, web(count=2))  # the same spec starts it again
