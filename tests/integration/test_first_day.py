@@ -45,6 +45,7 @@ from gavel.shared.reasons import Reason
 from gavel.shared.spec import Restart
 from gavel.shared.timing import fast_banner
 from gavel.transport.logclient import read
+from gavel.transport.natsserver import free_port
 from gavel.worker.logfiles import LogLimits, Outputs
 from gavel.worker.logserver import tick as logs_tick
 from tests.integration.clibatch import Line, run_all
@@ -202,6 +203,20 @@ async def test_every_verb_exits_with_the_same_code_for_the_same_outcome(
                                                           ["events", "nope"])]
     for proc in await asyncio.to_thread(run_all, gone, tmp_path / "gone.json"):
         _one_sentence(proc, 1, "no broker is answering")
+
+
+def test_every_verb_exits_2_when_nothing_answers_at_the_nats_url(tmp_path: Path) -> None:
+    """Where no NATS answers, every verb says so with 2 (the README's table), not one 2 and
+    another 1; `nodes` and `status` are checked in test_first_use."""
+    url = f"nats://127.0.0.1:{free_port()}"
+    spec = tmp_path / "s.toml"
+    spec.write_text('name = "s"\ncommand = ["true"]\n')
+    verbs = [["events", "nope"], ["logs", "nope"], ["cancel", "nope"], ["submit", str(spec)],
+             ["scale", "nope", "2"], ["rollback", "nope"]]
+    procs = run_all([Line([*args, "--nats", url], tmp_path) for args in verbs],
+                    tmp_path / "out.json")
+    for proc in procs:
+        _one_sentence(proc, 2, f"nothing answers at {url}")
 
 
 async def test_deploy_wait_after_stop_waits_for_healthy_replicas(cluster: Cluster,
