@@ -19,6 +19,9 @@ Rules:
 8. Every exit of the broker is one line on stderr saying why: a log line for the signal
    that stopped it or an unexpected exception (with its traceback), the command's own
    sentence for bad input or a stop it could not go on from (only SIGKILL goes unsaid).
+   A signal is also said as it arrives, so a stop cut short by SIGKILL (a supervisor's
+   grace run out) has said its cause; SIGHUP (its terminal gone) stops it as SIGTERM does,
+   and the signals are caught before the broker is built, not left to kill it unsaid.
 """
 
 from __future__ import annotations
@@ -76,8 +79,9 @@ class Stopped(Exception):
     command prints this one sentence and exits 1."""
 
 
-def on_signal(stop: Callable[[], Any], got: list[str] | None = None) -> None:
-    """Stop on SIGTERM or SIGINT, adding the name of each signal received to `got`."""
+def on_signal(stop: Callable[[], Any], got: list[str] | None = None,
+              signals: tuple[signal.Signals, ...] = (signal.SIGTERM, signal.SIGINT)) -> None:
+    """Stop on each of `signals`, adding the name of each signal received to `got`."""
     loop = asyncio.get_running_loop()
     got = [] if got is None else got
 
@@ -85,7 +89,7 @@ def on_signal(stop: Callable[[], Any], got: list[str] | None = None) -> None:
         got.append(sig.name)
         stop()
 
-    for sig in (signal.SIGTERM, signal.SIGINT):
+    for sig in signals:
         loop.add_signal_handler(sig, received, sig)
 
 
@@ -355,6 +359,13 @@ async def _run_broker(args: argparse.Namespace, signals: list[str]) -> int:
                    secrets=[*secrets.values(), *url_secrets(cfg.nats, cfg.push),
                             os.environ.get("GAVEL_PUSH_TOKEN", "")])
     stopping: list[Callable[[], None]] = []
+
+    def signalled() -> None:  # rule 8: said as it arrives; it runs once the loop is awaited
+        log.info("broker stopping on %s", signals[-1])
+        for f in stopping:
+            f()
+
+    on_signal(signalled, signals, (signal.SIGTERM, signal.SIGINT, signal.SIGHUP))
     refusals = Refusals(cfg, lambda: [f() for f in stopping])
     broker = make_broker(cfg, secrets, refusals.on_error)
     # with HA each leadership pushes (rule 7)
@@ -376,7 +387,6 @@ async def _run_broker(args: argparse.Namespace, signals: list[str]) -> int:
             connecting = True
             running.cancel()
 
-    on_signal(stop, signals)
     stopping.append(stop)
     pushing = asyncio.ensure_future(pusher.run()) if pusher is not None else None
     try:
