@@ -167,7 +167,7 @@ async def test_a_worker_cannot_act_as_broker_or_operator(authed: Authed) -> None
     # The API says so in a sentence instead of timing out in silence.
     nc = await authed.connect("a")
     with pytest.raises(ClientError, match=r"permissions violation.*operator credential"):
-        await call(nc, "submit", SubmitRequest(spec=sleeper_spec("x")), SubmitReply, timeout=1)
+        await call(nc, "submit", SubmitRequest(spec=sleeper_spec("x")), SubmitReply, timeout=30)
 
 
 async def test_a_worker_cannot_read_another_nodes_inbox_or_traffic(authed: Authed) -> None:
