@@ -259,9 +259,15 @@ async def test_a_cluster_places_with_every_part_on_its_own_credential(authed: Au
                     secrets=["SECRET_TOKEN"])
         reply = await call(op, "submit", SubmitRequest(spec=spec), SubmitReply)
         iid = reply.instance_id
-        await wait_for(out.exists, 15, what="the instance to run on b")
-        await asyncio.sleep(0.1)  # written, not only created
-        assert json.loads(out.read_text()) == {"GAVEL_NODE_ID": "b", "SECRET_TOKEN": secret}
+        def seen() -> dict[str, str] | None:
+            """What the instance wrote, once the file is written, not only created."""
+            try:
+                got: dict[str, str] = json.loads(out.read_text())
+            except (OSError, ValueError):
+                return None
+            return got
+        await wait_for(lambda: seen() is not None, 15, what="the instance to run on b")
+        assert seen() == {"GAVEL_NODE_ID": "b", "SECRET_TOKEN": secret}
         # b's KV watch read its node.json through the read-only JetStream permissions.
         def in_kv() -> bool:
             nf = agents["b"].converger.node
