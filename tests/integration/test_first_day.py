@@ -5,11 +5,12 @@ What must hold: `gavel up`'s children import the installed gavel wherever it run
 that goes away (`| head`) ends `logs`, `events` and `services` quietly with 141; `make run`
 says its timers are fast; a job's `count` makes that many instances; what no node could run
 is refused at submit with a sentence (exit 2; from the API, an error naming it); every verb
-exits with the README's table of codes (an unknown name 4, a broker's no 3, no broker 1);
-`deploy --wait` of a stopped service says deployed only once its replicas are healthy;
-`logs SERVICE` reads its current replicas, `--history` every one it had, oldest first; an
-instance restarted in place says why its last run ended, in its event and in `status`; a
-writer faster than any tick is rotated as it writes, its files kept near their cap.
+exits with the README's table of codes (an unknown name 4, a broker's no 3, no broker 1,
+nothing at the NATS URL 2); `deploy --wait` of a stopped service says deployed only once its
+replicas are healthy; `logs SERVICE` reads its current replicas, `--history` every one it
+had, oldest first; an instance restarted in place says why its last run ended, in its event
+and in `status`; a writer faster than any tick is rotated as it writes, its files kept near
+their cap.
 """
 
 from __future__ import annotations
