@@ -14,8 +14,8 @@ Rules:
    the instances it lists confirm their placements, ports it reports free are unblocked,
    and a node that comes (back) up makes waiting work worth another auction.
 4. A heartbeat stored before the broker started passes the same checks and is only
-   recalled: what it says of instances is shown until the node is heard
-   (`broker.promises` rule 7), never recorded as heard now.
+   recalled: what it says of instances, and where the node is reached, is shown until the
+   node is heard (`broker.promises` rule 7), never recorded as heard now.
 """
 
 from __future__ import annotations
@@ -93,7 +93,7 @@ class Heartbeats:
         """Rule 4: a node's newest heartbeat stored before the broker started."""
         hb = self._checked(msg)
         if hb is not None:
-            self.promises.recall(hb.node_id, hb.instances)
+            self.promises.recall(hb.node_id, hb.instances, (hb.advertise, hb.workdir))
 
     def on_heartbeat(self, msg: Received) -> None:
         ctx = self.ctx

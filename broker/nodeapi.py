@@ -144,6 +144,12 @@ class NodeVerbs:
         nodes = [NodeAddress(node_id=n, address=liveness.heartbeats[n].advertise,
                              workdir=liveness.heartbeats[n].workdir,
                              health=liveness.health(n, now)) for n in liveness.known()]
+        # A node not heard since this broker started is reached where its stored heartbeat
+        # said (`broker.promises` rule 7), as healthy as the broker presumes it.
+        nodes += [NodeAddress(node_id=n, address=address, workdir=workdir,
+                              health=liveness.health(n, now))
+                  for n, (address, workdir) in sorted(self.promises.recalled_at.items())
+                  if n not in liveness.heartbeats]
         return EndpointsReply(endpoints=out, nodes=nodes)
 
 

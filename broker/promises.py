@@ -30,10 +30,11 @@ Rules:
    restarted before it passes forgets it (the node stays drained). Undraining a node takes
    it out of every instance's exclusion list: the reason it was excluded is gone.
 7. What a node's newest stored heartbeat said when this broker started (the heartbeat
-   stream keeps it) is recalled for `status` alone, until the node is heard again: a
+   stream keeps it) is recalled for what the API shows, until the node is heard again: a
    restarted broker shows running and healthy what its nodes last said was, not "placed"
-   for a heartbeat's time; it is no heartbeat heard now, so no clock and no decision
-   (a service's health, a provisioning deadline) takes it.
+   for a heartbeat's time, and a gateway keeps reaching them where they said (their
+   advertised address and instance directory); it is no heartbeat heard now, so no clock
+   and no decision (a service's health, a provisioning deadline) takes it.
 """
 
 from __future__ import annotations
@@ -129,6 +130,9 @@ class Promises:
         #: Node -> what its newest heartbeat stored before this broker started said of each
         #: instance (rule 7), until the node is heard now.
         self.recalled: dict[str, dict[str, InstanceReport]] = {}
+        #: Node -> where that heartbeat said it is reached: its advertised address and its
+        #: instances' directory (rule 7), until the node is heard now.
+        self.recalled_at: dict[str, tuple[str, str]] = {}
         #: Node -> the highest `Event.seq` heard from it since it last started (rule 4).
         self.reported: dict[str, int] = {}
         self._unblocking: set[str] = set()  # nodes with an unblocking commit in flight
@@ -210,6 +214,7 @@ class Promises:
         events the node had sent when it took it); what the node held when the broker
         started and does not list starts its provisioning clock now (`Timers.heard`)."""
         self.recalled.pop(node_id, None)  # rule 7: heard now
+        self.recalled_at.pop(node_id, None)
         state = self.ctx.ledger.state()
         current = reported >= self.reported.get(node_id, 0)
         for report in instances:
@@ -228,12 +233,15 @@ class Promises:
         if self.ctx.timers.resumed_on:
             self.ctx.timers.heard(node_id, {r.instance_id for r in instances}, self.ctx.now())
 
-    def recall(self, node_id: str, instances: Sequence[InstanceReport]) -> None:
-        """Rule 7: a node's newest heartbeat stored before this broker started, for what
-        `status` shows until the node is heard; it moves no clock and decides nothing."""
+    def recall(self, node_id: str, instances: Sequence[InstanceReport],
+               reached: tuple[str, str] = ("", "")) -> None:
+        """Rule 7: a node's newest heartbeat stored before this broker started (its
+        instances, and `reached`: its advertised address and instance directory), for what
+        the API shows until the node is heard; it moves no clock and decides nothing."""
         state = self.ctx.ledger.state()
         self.recalled[node_id] = {r.instance_id: r for r in instances
                                   if state.placement_of(r.instance_id) == node_id}
+        self.recalled_at[node_id] = reached
 
     def node_restarted(self, node_id: str) -> None:
         """The node's agent started again: it counts its events from 1 anew (rule 4)."""

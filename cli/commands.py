@@ -344,6 +344,7 @@ async def events(args: argparse.Namespace) -> int:
             print(msgspec.json.encode(e).decode() if args.json else _fmt_event(e))
         if feed is None:
             return 0
+        sys.stdout.flush()  # what is listed is shown before the first new event
         listed = reply.events[-64:]  # what the listing and the follower may both hold
         done = asyncio.Event()
         await _until_signal(done.set)

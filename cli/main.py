@@ -413,11 +413,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.argv = command
     try:
         code = _main(parser, args)
+        sentence = getattr(args, "error_sentence", "")
+        if code and sentence and getattr(args, "json", False):  # rule 2
+            print_error_json(sentence, code)
+        # Rule 3: what is still buffered (a pipe's stdout is) goes now, where a reader
+        # gone is heard, not in the interpreter's last flush, which complains and exits 120.
+        sys.stdout.flush()
     except BrokenPipeError:
         return _reader_gone()
-    sentence = getattr(args, "error_sentence", "")
-    if code and sentence and getattr(args, "json", False):  # rule 2
-        print_error_json(sentence, code)
     return code
 
 

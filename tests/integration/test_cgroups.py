@@ -260,6 +260,9 @@ async def test_a_service_past_its_memory_is_restarted_in_place_in_its_cgroup(
     assert f"allocated 1 {report.pid}" in out.read_text()  # that process is the one running
     st = await cluster.status(iid)
     assert st.state == InstanceState.RUNNING and st.attempt == 1  # in place, not re-placed
+    # While it runs again, status says why its last run ended (issue 30 item 10).
+    assert (st.restarts, st.reason) == (1, Reason.MEMORY_EXCEEDED)
+    assert st.detail.startswith("killed by the kernel at its 32 MB limit; restart 1 of 2")
     await cluster.call("cancel", CancelRequest(instance_id=iid), CancelReply)
 
     async def cancelled() -> bool:

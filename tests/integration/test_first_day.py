@@ -2,7 +2,8 @@
 child processes, a real nats-server, a broker and workers in this process.
 
 What must hold: `gavel up`'s children import the installed gavel wherever it runs; a reader
-that goes away (`| head`) ends `logs`, `events` and `services` quietly with 141; `make run`
+that goes away (`| head`) ends `logs`, `events` and `services` quietly with 141, stdout
+buffered as a user's is, and `events --follow` shows what it lists before it follows; `make run`
 says its timers are fast; a job's `count` makes that many instances; what no node could run
 is refused at submit with a sentence (exit 2; from the API, an error naming it); every verb
 exits with the README's table of codes (an unknown name 4, a broker's no 3, no broker 1,
@@ -61,6 +62,12 @@ def _env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k != "GAVEL_CREDS"}
 
 
+def buffered() -> dict[str, str]:
+    """A user's environment: stdout buffered as Python buffers a pipe (the suite may run
+    with PYTHONUNBUFFERED, which would make every print a write of its own)."""
+    return {k: v for k, v in _env().items() if k != "PYTHONUNBUFFERED"}
+
+
 def to_nobody(*args: str) -> subprocess.CompletedProcess[str]:
     """`gavel ARGS | true` where `true` is gone before the first write: stdout is a pipe
     whose reading end is already closed."""
@@ -68,7 +75,7 @@ def to_nobody(*args: str) -> subprocess.CompletedProcess[str]:
     os.close(r)
     try:
         return subprocess.run([*GAVEL, *args], stdout=w, stderr=subprocess.PIPE, text=True,
-                              timeout=90, env=_env())
+                              timeout=90, env=buffered())
     finally:
         os.close(w)
 
@@ -105,6 +112,35 @@ async def test_a_reader_that_goes_away_ends_the_command_quietly(cluster: Cluster
     for args in (["logs", "many-1"], ["events"], ["services"]):
         proc = await asyncio.to_thread(to_nobody, *args, "--nats", cluster.url)
         assert (proc.returncode, proc.stderr) == (141, ""), (args, proc.stderr[-3000:])
+
+
+async def test_events_follow_shows_its_listing_at_once_and_ends_quietly_when_the_reader_goes(
+        cluster: Cluster) -> None:
+    """`gavel events --follow | head -3` showed nothing until a new event filled the pipe's
+    buffer: what it lists is written before it follows, and a reader gone while it follows
+    ends it at the next event, quietly with 141."""
+    await cluster.start_broker()
+    await cluster.start_agent("node-a")
+    await cluster.wait_nodes(1)
+    await cluster.submit(Spec(name="one", command=lines_of(1)), "one-1")
+
+    async def ended(iid: str) -> bool:
+        return bool((await cluster.status(iid)).state == "succeeded")
+    await wait_for(lambda: ended("one-1"), 30, what="one-1 to succeed")
+    proc = subprocess.Popen([*GAVEL, "events", "--follow", "--nats", cluster.url],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=buffered())
+    try:
+        assert proc.stdout is not None and proc.stderr is not None
+        first = await asyncio.wait_for(asyncio.to_thread(proc.stdout.readline), 60)
+        assert b" one-1 " in first, first
+        proc.stdout.close()  # the reader has what it wanted
+        await cluster.submit(Spec(name="two", command=lines_of(1)), "two-1")
+        code = await asyncio.to_thread(proc.wait, 60)
+        assert (code, proc.stderr.read()) == (141, b"")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
 
 
 def test_make_run_says_its_timers_are_fast(up_demo: UpDemo) -> None:

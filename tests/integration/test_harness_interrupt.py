@@ -1,13 +1,17 @@
 """A harness stopped by a signal stops what it started (`gavel.bench.interrupt`): SIGTERM
 used to end `make chaos` at once, leaving its nats-server, broker, workers and every
-instance running."""
+instance running. Every harness (`chaos`, `chaos-ha`, `bench`), on a signal while it runs or
+while it is still starting its cluster."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import psutil
@@ -27,14 +31,23 @@ def leftovers(root: Path) -> list[str]:
     return out + sorted(alive_by_node(root / "workers"))
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
-async def test_chaos_stopped_by_a_signal_stops_its_cluster(tmp_path: Path,
-                                                           sig: signal.Signals) -> None:
-    root = tmp_path / "chaos"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "gavel.bench.chaos", "--duration", "120", "--workers", "2",
+CHAOS, CHAOS_HA = "gavel.bench.chaos", "gavel.bench.chaosha"
+
+
+def chaos_run(module: str, root: Path) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [sys.executable, "-m", module, "--duration", "120", "--workers", "2",
          "--seed", "5", "--state", str(root), "--json"],
         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
+
+
+@pytest.mark.parametrize(("module", "sig"), [(CHAOS, signal.SIGTERM), (CHAOS, signal.SIGINT),
+                                             (CHAOS_HA, signal.SIGTERM)],
+                         ids=["chaos-SIGTERM", "chaos-SIGINT", "chaos-ha-SIGTERM"])
+async def test_chaos_stopped_by_a_signal_stops_its_cluster(tmp_path: Path, module: str,
+                                                           sig: signal.Signals) -> None:
+    root = tmp_path / "chaos"
+    proc = chaos_run(module, root)
     try:
         await wait_for(lambda: bool(alive_by_node(root / "workers")) or proc.poll() is not None,
                        120, every=0.2, what="the chaos run's first instances")
@@ -50,6 +63,37 @@ async def test_chaos_stopped_by_a_signal_stops_its_cluster(tmp_path: Path,
     assert proc.returncode == 1 and not summary["ok"]
     assert f"stopped by {sig.name}" in summary["errors"][0]
     assert still_running(started) == []
+    assert leftovers(root) == []
+
+
+@pytest.mark.parametrize("module", [CHAOS, CHAOS_HA], ids=["chaos", "chaos-ha"])
+async def test_chaos_stopped_while_it_starts_stops_what_it_started(tmp_path: Path,
+                                                                   module: str) -> None:
+    """SIGTERM as soon as the first process of the cluster exists (a nats-server still
+    starting): whatever the start got to, and anything it starts after the signal, is
+    stopped."""
+    root = tmp_path / "chaos"
+    proc = chaos_run(module, root)
+    seen: dict[int, psutil.Process] = {}
+    try:
+        def first_child() -> bool:
+            assert proc.poll() is None
+            return bool(psutil.Process(proc.pid).children(recursive=True))
+        await wait_for(first_child, 120, every=0.02, what="the run's first process")
+        proc.send_signal(signal.SIGTERM)
+        until = time.monotonic() + 120
+        while proc.poll() is None and time.monotonic() < until:  # and all it starts now
+            with contextlib.suppress(psutil.Error):
+                seen.update((p.pid, p) for p in psutil.Process(proc.pid).children(True))
+            await asyncio.sleep(0.02)
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    summary = json.loads(out.decode().strip().splitlines()[-1])
+    assert proc.returncode == 1 and "stopped by SIGTERM" in summary["errors"][0]
+    assert still_running(list(seen.values())) == []
     assert leftovers(root) == []
 
 
@@ -71,7 +115,9 @@ def still_running(procs: list[psutil.Process]) -> list[str]:
     return out
 
 
-async def test_bench_stopped_by_sigterm_stops_its_processes(tmp_path: Path) -> None:
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+async def test_bench_stopped_by_a_signal_stops_its_processes(tmp_path: Path,
+                                                             sig: signal.Signals) -> None:
     root = tmp_path / "bench"
     proc = subprocess.Popen(
         [sys.executable, "-m", "gavel", "bench", "--agents", "20", "--placements", "100000",
@@ -84,13 +130,13 @@ async def test_bench_stopped_by_sigterm_stops_its_processes(tmp_path: Path) -> N
             started[:] = psutil.Process(proc.pid).children(recursive=True)
             return any("gavel.bench.agents" in " ".join(cmdline(p)) for p in started)
         await wait_for(agents_up, 120, every=0.2, what="the bench's agents")
-        proc.send_signal(signal.SIGTERM)
+        proc.send_signal(sig)
         _, err = proc.communicate(timeout=120)
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
     assert proc.returncode == 1, err.decode()
-    assert "stopped by SIGTERM" in err.decode()
+    assert f"stopped by {sig.name}" in err.decode()
     assert still_running(started) == []
     assert leftovers(root) == []

@@ -1,7 +1,8 @@
 """`gavel status` says what is known (`broker.views`): an instance on a node that is not
 heard is `unknown`, with the reason, not `running` until its lease expires; and a broker that
 starts again shows what its nodes' newest stored heartbeats said (running, healthy) instead
-of `placed` with no health until each node's next heartbeat."""
+of `placed` with no health until each node's next heartbeat - to a gateway too, which kept
+no route for that time."""
 
 from __future__ import annotations
 
@@ -10,8 +11,11 @@ import asyncio
 import msgspec
 import pytest
 
+from gavel.shared.api import EndpointsReply, EndpointsRequest
 from gavel.shared.messages import InstanceState
 from gavel.shared.reasons import Reason
+from gavel.shared.routes import derive
+from gavel.shared.spec import Route
 from gavel.shared.strategies import make_strategy
 from gavel.worker.agent import Agent
 from tests.integration.harness import TIMING, Cluster, sleeper_spec, wait_for
@@ -54,11 +58,13 @@ async def test_a_restarted_broker_shows_what_the_stored_heartbeats_said(
     await cluster.start_broker(timing=slow)
     agent = Agent(nats_url=cluster.url, node_id="n1", strategy=make_strategy("least-loaded"),
                   labels={}, state_dir=cluster.root / "workers" / "n1", timing=slow, cpu=4.0,
-                  memory_mb=4096)
+                  memory_mb=4096, advertise="127.0.0.1")
     cluster.agents["n1"] = agent
     cluster.agent_tasks["n1"] = asyncio.create_task(agent.run())
     await cluster.wait_nodes(1)
-    iid = await cluster.submit(sleeper_spec("s", 600), "s-1")
+    spec = msgspec.structs.replace(sleeper_spec("s", 600), ports=["http"],
+                                   routes=[Route(path="/s", port="http")])
+    iid = await cluster.submit(spec, "s-1")
     await _running(cluster, iid)
 
     def listed() -> bool:  # a heartbeat that lists it running is the one stored
@@ -74,3 +80,8 @@ async def test_a_restarted_broker_shows_what_the_stored_heartbeats_said(
     st = await cluster.status(iid)
     assert "n1" not in broker.liveness.heartbeats  # no heartbeat heard since the start
     assert (st.state, st.health, st.node_id) == ("running", "healthy", "n1")
+    # A gateway asking now keeps its route: the node is reached where it last said.
+    got = await cluster.call("endpoints", EndpointsRequest(), EndpointsReply)
+    (entry,) = derive(got.endpoints, got.nodes)
+    assert [(u.instance_id, u.address, u.port) for u in entry.upstreams] == [
+        (iid, "127.0.0.1", st.ports["http"])]

@@ -1,6 +1,7 @@
 """The keeper's decisions, in memory (`broker.keeper`): a service kept at its count, surplus
 stopped in order, a rolling deploy that never drops below `count - max_parallel` healthy,
-a deploy that fails and reverts, and the back-off of ends in a row."""
+a deploy that fails and reverts, the back-off of ends in a row, and - through deploys,
+reverts and rollbacks in any order - never more than `count + max_parallel` replicas."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import msgspec
 from hypothesis import given
 from hypothesis import strategies as st
 
+from gavel.broker.deploys import _back as rollback_target  # `gavel rollback NAME` goes there
 from gavel.broker.keeper import BACKOFF_MAX_TICKS, Backoff, Replica, decide, stop_order
 from gavel.shared.reasons import Reason
 from gavel.shared.records import Deployment, ServiceRecord, ServiceVersion
@@ -227,3 +229,63 @@ def test_the_healthy_version_keeps_when_it_became_healthy() -> None:
     d = decide(svc, [up("n0", 2)], stamp=STAMP)
     assert d.record is not None
     assert [(v.version, v.healthy_at) for v in d.record.versions] == [(1, ""), (2, STAMP)]
+
+
+def _stamp(step: int) -> str:
+    return f"2026-12-01T{10 + step // 3600:02d}:{step // 60 % 60:02d}:{step % 60:02d}.000Z"
+
+
+@given(count=st.integers(1, 5), parallel=st.integers(1, 3),
+       acts=st.lists(st.sampled_from(["wait", "deploy", "deploy-broken", "rollback"]),
+                     min_size=60, max_size=60),
+       delays=st.lists(st.integers(0, 4), min_size=20, max_size=20))
+def test_deploys_reverts_and_rollbacks_never_exceed_count_plus_max_parallel(
+        count: int, parallel: int, acts: list[str], delays: list[int]) -> None:
+    """Issue 30 item 3: whatever the operator deploys and rolls back, and whichever versions
+    never become healthy (a failed deploy reverts on its own), the keeper never holds more
+    than `count + max_parallel` replicas, and a rollback never goes to a version that was
+    never healthy (the broken one an automatic revert left)."""
+    update = {"max_parallel": parallel, "min_healthy_s": 1.0, "healthy_deadline_s": 6.0}
+    svc = service(version=1, count=count, healthy=1, **update)
+    svc = msgspec.structs.replace(svc, versions=[
+        msgspec.structs.replace(v, healthy_at=_stamp(0)) for v in svc.versions])
+    broken: set[int] = set()
+    replicas = [up(f"o{k}", 1) for k in range(count)]
+    became: dict[str, float] = {}  # replica -> when it is healthy (absent: never)
+    started = 0
+    for step, act in enumerate(acts * 4):  # then quiet steps, so the last change settles
+        now = float(step)
+        act = act if step < len(acts) else "wait"
+        if act.startswith("deploy"):
+            v = max(x.version for x in svc.versions) + 1
+            broken |= {v} if act == "deploy-broken" else set()
+            svc = msgspec.structs.replace(
+                svc, versions=[*svc.versions, ServiceVersion(version=v, spec=spec(**update))],
+                version=v, deployment=deploying(v, svc.version))
+        elif act == "rollback" and (to := rollback_target(svc)) and to != svc.version:
+            assert to == svc.healthy_version or any(
+                x.version == to and x.healthy_at for x in svc.versions), (to, svc)
+            svc = msgspec.structs.replace(svc, version=to, deployment=deploying(
+                to, svc.version, Reason.ROLLED_BACK))
+        d = decide(svc, replicas, stamp=_stamp(step))
+        if d.record is not None:
+            svc = d.record
+        gone = {i for i, _ in d.stop}
+        replicas = [r for r in replicas if r.instance_id not in gone]
+        for _ in range(d.start):
+            iid = f"n{started}"
+            if svc.version not in broken:
+                became[iid] = now + delays[started % len(delays)]
+            started += 1
+            replicas.append(Replica(instance_id=iid, version=svc.version))
+        assert len(replicas) <= count + parallel, (step, act, replicas)
+        replicas = [_aged(r, became, now + 1) for r in replicas]
+    assert svc.version not in broken  # every broken version was reverted or rolled back
+
+
+def _aged(r: Replica, became: dict[str, float], now: float) -> Replica:
+    """A replica one step on: healthy from when it became so; the first ones stay healthy."""
+    if r.instance_id.startswith("o"):
+        return r
+    at = became.get(r.instance_id)
+    return replace(r, age=r.age + 1.0, healthy_for=None if at is None or now < at else now - at)
