@@ -77,15 +77,11 @@ class ProcessSession:
                     confine: Callable[[], None] | None, tty: bool = False, rows: int = 0,
                     cols: int = 0) -> ProcessSession:
         """Start `command` (raises OSError: a missing binary, a step of `confine` failing)."""
-        def confined() -> None:  # joining a mount namespace moves the cwd to its root
-            if confine is not None:
-                confine()
-                os.chdir(cwd)
         if not tty:
             proc = await asyncio.create_subprocess_exec(
                 *command, env=dict(env), cwd=cwd, stdin=asyncio.subprocess.PIPE,
                 stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-                start_new_session=True, preexec_fn=confined)
+                start_new_session=True, preexec_fn=confine)
             self = cls(proc, None)
             assert proc.stdout is not None and proc.stderr is not None
             self._pump("stdout", proc.stdout)
@@ -96,7 +92,8 @@ class ProcessSession:
 
         def child() -> None:  # setsid ran first (start_new_session): take the terminal
             fcntl.ioctl(0, termios.TIOCSCTTY, 0)
-            confined()
+            if confine is not None:
+                confine()
         try:
             proc = await asyncio.create_subprocess_exec(
                 *command, env={**env, "TERM": env.get("TERM", "xterm")}, cwd=cwd,

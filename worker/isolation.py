@@ -91,8 +91,8 @@ def confine(identity: Identity | None, *, pids: int, tmp_mb: int, private_tmp: b
             join: int | None = None, enter: Sequence[Path] = ()) -> Callable[[], None]:
     """What the child runs between fork and exec, after entering its cgroup (rule 4); with
     `join`, it enters that process's mount namespace instead of making one (an exec check
-    sees the instance's own /tmp), and first the cgroup whose ``cgroup.procs`` files `enter`
-    names."""
+    sees the instance's own /tmp, in the directory it was started in), and first the cgroup
+    whose ``cgroup.procs`` files `enter` names."""
     libc = _libc()  # loaded before the fork: nothing to look up in the child
 
     def child() -> None:
@@ -103,9 +103,11 @@ def confine(identity: Identity | None, *, pids: int, tmp_mb: int, private_tmp: b
             finally:
                 os.close(fd)
         if private_tmp and join is not None:
+            here = os.getcwd()  # the child's cwd is set before this runs; setns moves it to /
             fd = os.open(f"/proc/{join}/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
             _call(libc.setns(fd, _CLONE_NEWNS), "join the instance's mount namespace")
             os.close(fd)
+            os.chdir(here)
         elif private_tmp:
             _call(libc.unshare(_CLONE_NEWNS), "unshare a mount namespace")
             _call(libc.mount(b"none", b"/", None, _MS_REC | _MS_SLAVE, None),

@@ -247,8 +247,10 @@ async def test_an_exec_check_runs_as_the_instance_beside_its_private_tmp(
     await world.start_broker()
     await world.start_agent(node, cgroups=enforced(node), isolation=isolation(world, node))
     await world.wait_nodes(1)
-    # healthy only if the check sees the instance's own /tmp and runs as its uid
-    check = Check(type="exec", command=["/bin/sh", "-c", 'test "$(cat /tmp/me)" = "$(id -u)"'],
+    # healthy only if the check sees the instance's own /tmp, runs as its uid and in its
+    # directory (joining the instance's mount namespace moves a process to its root)
+    check = Check(type="exec", command=["/bin/sh", "-c", 'test "$(cat /tmp/me)" = "$(id -u)" '
+                                        '&& test "$(pwd)" = "$HOME"'],
                   interval_s=0.2, timeout_s=5.0)
     iid = await world.submit(sh("checked", 'id -u > /tmp/me; echo "$HOME"; exec sleep 60',
                                 type="service", checks=[check]))
