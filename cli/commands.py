@@ -15,7 +15,8 @@ Rules:
 5. ``--wait`` on a job waits for its end (a batch array's: every task ended or cancelled) and
    exits 0 only when all succeeded, else 3 naming how many failed and the first failure's
    reason; ``--wait=running``, and ``--wait`` on a service, waits until each instance runs
-   and is healthy.
+   and is healthy (`Client.wait`, its instances watched from before the submit when
+   ``--id`` names them).
 6. A system job (``type = "system"``) is answered with its name: its instances come and go
    with the fleet (`gavel status NAME` shows them); ``--wait`` waits until one runs healthy
    on every node that could run it (`gavel.cli.systemwait`). A periodic job (a `schedule`)
@@ -57,9 +58,9 @@ from gavel.client import (
     NoBroker,
     Retries,
     TimedOut,
+    Watch,
 )
 from gavel.client.aio import EventFeed
-from gavel.shared import subjects
 from gavel.shared.api import (
     INSTANCE_ID,
     InstanceStatus,
@@ -73,10 +74,9 @@ from gavel.shared.api import (
     counted_ids,
     key_problem,
 )
-from gavel.shared.messages import Event, EventType, Spec
+from gavel.shared.messages import Event, Spec
 from gavel.shared.routes import derive
 from gavel.transport import nodebook
-from gavel.transport.inbound import Decode, Malformed
 
 __all__ = ["EXIT_CODES", "SUBMIT_TRIES", "SUBMIT_TRY_S", "ClientError", "Refused", "Unknown",
            "UsageError", "refusal_code", "run"]
@@ -151,11 +151,10 @@ async def submit(args: argparse.Namespace) -> int:
     if problem := counted_id_problem(args.id, count):
         raise UsageError(f"--id: {problem}")
     client = await Client.connect(args.nats, args.creds)
+    # Ids known before the submit are watched from before it (`gavel.client.runwait` rule 3).
+    watch = await client.watch(*(counted_ids(args.id, count) if args.wait and args.id
+                                 else ()))
     try:
-        subs: dict[str, Any] = {}
-        if args.wait and args.id:
-            for iid in counted_ids(args.id, count):
-                subs[iid] = await client.nc.subscribe(subjects.EVENTS.format(instance=iid))
         try:
             reply = await _submit_once(client, spec, args.id, key, count)
         except BrokerRefused as exc:  # reached, and it said no (never fits, pinned, ...)
@@ -178,13 +177,11 @@ async def submit(args: argparse.Namespace) -> int:
         if args.wait == "end" and not spec.service:  # rule 5
             return await _wait_end(client, ids, reply.instance_id if len(ids) == 1 else
                                    ids[0].rpartition("-")[0], args)
-        args.timeout = 30.0 if args.timeout is None else args.timeout or float("inf")
         for iid in ids:
-            sub = subs.get(iid) or await client.nc.subscribe(
-                subjects.EVENTS.format(instance=iid))
-            await _wait_healthy(client, sub, iid, args)
+            await _wait_healthy(client, watch, iid, args)
         return 0
     finally:
+        await watch.close()
         await client.close()
 
 
@@ -257,50 +254,22 @@ def _failed(exc: Ended, job: str, count: int) -> str:
 _ENDED = ("failed", "lost", "cancelled")
 
 
-async def _wait_healthy(client: Client, sub: Any, iid: str, args: argparse.Namespace) -> int:
-    """``--wait``: until the instance runs and is healthy (which an instance without checks
-    is once it runs), or has succeeded. It ending otherwise, being unschedulable, or the
-    timeout passing first is `Refused`, with the reason: the check's output for an unhealthy
-    instance, the detail of a failed one."""
-    deadline = time.monotonic() + args.timeout
-    dec: Decode[Event] = Decode(Event)
-    unhealthy = ""  # the last check failure heard of: the instance may recover, or not
-    while True:
-        # What happened before we subscribed is in the status: ask it too.
-        inst = await client.instance(iid)
-        if (inst.state == "running" and inst.health == "healthy") or inst.state == "succeeded":
-            if args.json:
-                print_json(inst)
-            else:
-                print(f"{iid} {inst.health if inst.state == 'running' else inst.state} on "
-                      f"{inst.node_id}" + (f" (ports {ports_cell(inst.ports)})" if inst.ports
-                                           else ""))
-            return 0
-        if inst.health == "unhealthy" and inst.check:
-            unhealthy = inst.check
-        if inst.state in _ENDED:
-            raise Refused(f"{iid} {inst.state}: " + ": ".join(
-                p for p in (inst.reason, inst.detail) if p), inst)
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            now = f"unhealthy: {unhealthy}" if unhealthy else " ".join(
-                p for p in (inst.state, inst.health, inst.detail or inst.reason) if p)
-            raise Refused(f"{iid} not healthy within {args.timeout:g}s: {now}", inst)
-        try:
-            msg = await sub.next_msg(timeout=min(remaining, 1.0))
-        except Exception:
-            continue
-        ev = dec(msg.data)
-        if isinstance(ev, Malformed):
-            continue  # not an event: garbage on the subject changes nothing
-        if ev.type == EventType.UNSCHEDULABLE:
-            raise Refused(f"{iid} is unschedulable: {ev.detail or ev.reason}",
-                          msgspec.structs.replace(inst, state="unschedulable",
-                                                  reason=ev.reason, detail=ev.detail))
-        if ev.type == EventType.ERROR:
-            raise Refused(f"{iid}: {ev.reason} {ev.detail}".rstrip(), inst)
-        if ev.type == EventType.UNHEALTHY:
-            unhealthy = f"{ev.check}: {ev.detail}" if ev.detail else ev.check
+async def _wait_healthy(client: Client, watch: Watch, iid: str,
+                        args: argparse.Namespace) -> None:
+    """``--wait``: the client's wait for the instance running healthy (`Client.wait`), each
+    instance within ``--timeout`` (default 30 s; 0: no limit); how it ended otherwise is
+    `Refused` with the wait's sentence (the last failing check, the detail of a failure)."""
+    limit = 30.0 if args.timeout is None else args.timeout
+    try:
+        inst = await client.wait(iid, limit or None, watch=watch)
+    except (Ended, TimedOut) as exc:
+        seen = exc.status if isinstance(exc.status, InstanceStatus) else None
+        raise Refused(str(exc), seen) from None
+    if args.json:
+        print_json(inst)
+    else:
+        print(f"{iid} {inst.health if inst.state == 'running' else inst.state} on "
+              f"{inst.node_id}" + (f" (ports {ports_cell(inst.ports)})" if inst.ports else ""))
 
 
 #: A following command's connection: it reconnects for ever (a NATS restart is a pause).

@@ -52,15 +52,11 @@ from gavel.cli.supervise import OnExit, Supervisor
 from gavel.cli.ui import app as ui_app
 from gavel.cli.updemo import demo
 from gavel.cli.upha import BROKERS, SERVERS, HaUp
+from gavel.client import Client, ClientError
 from gavel.gateway.caddyserver import Caddy
-from gavel.shared.api import (
-    NodesReply,
-    NodesRequest,
-)
 from gavel.shared.nodebook import KnownNode
 from gavel.shared.timing import fast_banner
 from gavel.transport import identity, nodebook
-from gavel.transport.client import ClientError, call, connect
 from gavel.transport.natsserver import NatsServer, NatsServerError, free_port
 
 __all__ = ["up"]
@@ -77,37 +73,35 @@ async def _until_up(sup: Supervisor, url: str, operator: str | None, workers: in
     """Rule 2: until the broker answers and counts `workers` healthy nodes; any child that
     exits meanwhile ends the start, whatever its exit would mean later."""
     deadline = time.monotonic() + timeout
-    nc = None
+    client = None
     try:
         while time.monotonic() < deadline:
             gone = sup.first_exit()
             if gone:
                 raise ClientError(gone)
             try:
-                if nc is None:
-                    nc = await connect(url, operator)
-                reply = await call(nc, "nodes", NodesRequest(), NodesReply, timeout=2)
+                if client is None:
+                    client = await Client.connect(url, operator, timeout=2.0)
+                reply = await client.nodes()
                 if sum(1 for x in reply.nodes if x.health == "healthy") >= workers:
                     return
             except ClientError:
                 pass
             await asyncio.sleep(0.2)
     finally:
-        if nc is not None:
-            await nc.close()
+        if client is not None:
+            await client.close()
     raise ClientError(f"the cluster did not come up within {timeout:g}s; see the logs under "
                       f"{sup.children[0].log.parent}")
 
 
 async def _who_leads(url: str, operator: str | None) -> str:
     """Rule 5's line: which broker leads, in which epoch."""
-    nc = await connect(url, operator)
-    try:
-        reply = await call(nc, "nodes", NodesRequest(), NodesReply, timeout=5)
-    except ClientError as exc:
-        return f"no leader yet: {exc}"
-    finally:
-        await nc.close()
+    async with await Client.connect(url, operator, timeout=5.0) as client:
+        try:
+            reply = await client.nodes()
+        except ClientError as exc:
+            return f"no leader yet: {exc}"
     return f"{reply.leader} leads, epoch {reply.epoch}"
 
 
@@ -348,12 +342,9 @@ async def up(args: argparse.Namespace) -> int:
             return 0  # stopped while starting: a clean stop
         await cluster.announce()
         if args.demo:
-            nc = await connect(cluster.url, cluster.operator)
-            try:
-                await demo(nc, args.workers, cluster.ha.remote if cluster.ha
-                            else cluster.state / "state.git", cluster.gateway)
-            finally:
-                await nc.close()
+            async with await Client.connect(cluster.url, cluster.operator) as client:
+                await demo(client, args.workers, cluster.ha.remote if cluster.ha
+                           else cluster.state / "state.git", cluster.gateway)
             return 0
         if args.ui:  # rule 4
             cluster.dashboard = await ui_app.start(cluster.url, cluster.operator,

@@ -11,24 +11,12 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
-from typing import Any
 
 from gavel.cli.demoimage import IMAGE, container_spec
-from gavel.shared.api import (
-    EventsReply,
-    EventsRequest,
-    NodesReply,
-    NodesRequest,
-    SubmitReply,
-    SubmitRequest,
-    WhyReply,
-    WhyRequest,
-)
+from gavel.client import BrokerRefused, Client
 from gavel.shared.messages import Spec
 from gavel.shared.reasons import render
 from gavel.shared.spec import Route
-from gavel.transport.client import BrokerRefused, call, wait_healthy
-from gavel.transport.client import status as status_of
 
 __all__ = ["demo", "demo_specs"]
 
@@ -104,9 +92,9 @@ async def _through_gateway(url: str, timeout: float = 20.0) -> None:
               f"({status or 'unreachable'} {body.strip()[:80]}); see logs/gateway.log")
 
 
-async def demo(nc: Any, workers: int, git_dir: Path, gateway: str | None = None) -> None:
-    await wait_healthy(nc, workers, 30)
-    nodes = await call(nc, "nodes", NodesRequest(), NodesReply)
+async def demo(client: Client, workers: int, git_dir: Path, gateway: str | None = None) -> None:
+    """The demo, asked of the cluster through the Python client as any program asks it."""
+    nodes = await client.wait_nodes(workers, 30)
     print(f"\n{len(nodes.nodes)} workers bidding:")
     for n in nodes.nodes:
         labels = ",".join(f"{k}={v}" for k, v in sorted(n.labels.items()))
@@ -117,20 +105,20 @@ async def demo(nc: Any, workers: int, git_dir: Path, gateway: str | None = None)
     container, no_container = await asyncio.to_thread(container_spec)
     for spec in [*demo_specs(), *([container] if container else [])]:
         try:
-            reply = await call(nc, "submit", SubmitRequest(spec=spec), SubmitReply)
+            reply = await client.submit(spec)
         except BrokerRefused as exc:
             refused.append(f"  {spec.name:<18} refused: {exc}")
             continue
         ids.append(reply.instance_id)
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline:
-        st = await status_of(nc)
+        st = await client.status()
         if all(i.state not in ("queued", "scheduled") for i in st.instances):
             break
         await asyncio.sleep(0.2)
     print("\nwhere each workload went, and why:")
     for iid in ids:
-        why = await call(nc, "why", WhyRequest(instance_id=iid), WhyReply)
+        why = await client.why(iid)
         a = why.auctions[0] if why.auctions else None
         if a is None:
             print(f"  {iid:<18} {why.instance.state}")
@@ -150,7 +138,7 @@ async def demo(nc: Any, workers: int, git_dir: Path, gateway: str | None = None)
     if gateway is not None:
         await _through_gateway(f"{gateway}/web")
     await asyncio.sleep(2.5)
-    evs = await call(nc, "events", EventsRequest(limit=0), EventsReply)
+    evs = await client.events(limit=0)
     print("\nwhat the workers reported:")
     for e in evs.events:
         if e.type in ("running", "exited", "failed"):

@@ -11,6 +11,7 @@ runs one in a thread of its own for code that is not. docs/api.md has examples.
 
 from gavel.client.aio import Client, Ended, Retries
 from gavel.client.jobwait import TimedOut
+from gavel.client.runwait import Watch
 from gavel.client.sync import SyncClient
 from gavel.transport.client import (
     BrokerRefused,
@@ -22,4 +23,4 @@ from gavel.transport.client import (
 )
 
 __all__ = ["BrokerRefused", "Client", "ClientError", "Ended", "NoAnswer", "NoBroker",
-           "NoNats", "NotAllowed", "Retries", "SyncClient", "TimedOut"]
+           "NoNats", "NotAllowed", "Retries", "SyncClient", "TimedOut", "Watch"]

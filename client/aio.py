@@ -26,11 +26,9 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-import msgspec
-
 from gavel.client.deploywait import deployed
-from gavel.client.jobwait import Ended, job_end, system_running
-from gavel.shared import subjects
+from gavel.client.jobwait import Ended, healthy_nodes, job_end, system_running
+from gavel.client.runwait import Watch, running
 from gavel.shared.api import (
     CancelReply,
     CancelRequest,
@@ -65,7 +63,7 @@ from gavel.shared.api import (
 )
 from gavel.shared.execstream import ExecExit, ExecOutput, ExecStart
 from gavel.shared.logstream import LogChunk, LogsDone, LogsRequest, Stream
-from gavel.shared.messages import Event, EventType, Message, Spec
+from gavel.shared.messages import Event, Message, Spec
 from gavel.shared.planning import PlanReply, PlanRequest
 from gavel.shared.routes import RouteEntry, derive
 from gavel.transport import eventstream, execclient
@@ -81,7 +79,8 @@ from gavel.transport.client import status as status_of
 from gavel.transport.execclient import new_session
 from gavel.transport.logclient import read
 
-__all__ = ["PAUSE_S", "TRIES", "TRY_S", "Client", "Ended", "EventFeed", "OnRetry", "Retries"]
+__all__ = ["PAUSE_S", "TRIES", "TRY_S", "Client", "Ended", "EventFeed", "OnRetry", "Retries",
+           "Watch"]
 
 T = TypeVar("T", bound=Message)
 #: Rule 2: how long each try waits, how many there are, the pause while no broker answers.
@@ -90,7 +89,6 @@ TRIES = 3
 PAUSE_S = 1.0
 #: Rule 2: what hears each error a request is asked again past (`NoAnswer` or `NoBroker`).
 OnRetry = Callable[[ClientError], None]
-_events = msgspec.msgpack.Decoder(Event)
 
 
 @dataclass(frozen=True)
@@ -104,8 +102,6 @@ class Retries:
     pause_s: float = PAUSE_S
     failover: bool = True
 
-#: States an instance never leaves.
-_ENDED = ("succeeded", "failed", "lost", "cancelled")
 
 
 class EventFeed:
@@ -212,40 +208,19 @@ class Client:
         return await self.request("cancel", CancelRequest(instance_id=instance_id),
                                   CancelReply)
 
-    async def wait(self, instance_id: str, timeout: float = 30.0) -> InstanceStatus:
+    async def watch(self, *instance_ids: str) -> Watch:
+        """Subscriptions to these instances' events, to make before a submit and hand to
+        `wait`: it then hears what happened between the submit's answer and its first look
+        (`gavel.client.runwait` rule 3). ``close()`` it (or ``async with``) when done."""
+        return await Watch(self.nc).add(*instance_ids)
+
+    async def wait(self, instance_id: str, timeout: float | None = 30.0, *,
+                   watch: Watch | None = None) -> InstanceStatus:
         """Until the instance runs healthy (or has succeeded): its status. `Ended` when it
-        ends otherwise, is unschedulable or meets an error (its events say so, as `gavel
-        submit --wait` hears them); `NoAnswer` past `timeout`."""
-        deadline = time.monotonic() + timeout
-        sub = await self.nc.subscribe(subjects.EVENTS.format(instance=instance_id))
-        try:
-            while True:
-                inst = await self.instance(instance_id)
-                if (inst.state == "running" and inst.health == "healthy") \
-                        or inst.state == "succeeded":
-                    return inst
-                if inst.state in _ENDED or inst.state == "unschedulable":
-                    raise Ended(f"{instance_id} {inst.state}: " + ": ".join(
-                        p for p in (inst.reason, inst.detail) if p), inst)
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise NoAnswer(f"{instance_id} not healthy within {timeout:g}s: "
-                                   f"{inst.state} {inst.health}".rstrip())
-                try:  # an event is a reason to look again
-                    msg = await sub.next_msg(timeout=min(left, 1.0))
-                    ev = _events.decode(msg.data)
-                except Exception:  # no event yet, or garbage on the subject
-                    continue
-                if ev.type in (EventType.UNSCHEDULABLE, EventType.ERROR):
-                    said = ev.detail or ev.reason
-                    raise Ended(f"{instance_id} is unschedulable: {said}"
-                                if ev.type == EventType.UNSCHEDULABLE
-                                else f"{instance_id}: {ev.reason} {ev.detail}".rstrip(),
-                                msgspec.structs.replace(inst, state=str(ev.type),
-                                                        reason=ev.reason, detail=ev.detail))
-        finally:
-            with contextlib.suppress(Exception):
-                await sub.unsubscribe()
+        ends otherwise, is unschedulable or meets an error; `TimedOut` (a `NoAnswer`) past
+        `timeout` (None: no limit), naming the last failing check heard of. `watch`: one
+        made before the submit (`watch`). `gavel submit --wait=running` is this wait."""
+        return await running(self, instance_id, timeout, watch)
 
     async def wait_job(self, job_id: str, timeout: float | None = None) -> StatusReply:
         """Until the job ends - a lone instance in a terminal state, a batch array with no
@@ -264,6 +239,11 @@ class Client:
     async def nodes(self, node_id: str = "") -> NodesReply:
         """Every node in brief, or one in detail (`NodesReply.detail`)."""
         return await self.request("nodes", NodesRequest(node_id=node_id), NodesReply)
+
+    async def wait_nodes(self, count: int, timeout: float = 30.0) -> NodesReply:
+        """Until the broker counts at least `count` healthy nodes: its nodes; `TimedOut`
+        (a `NoAnswer`, with the nodes last heard of) past `timeout`."""
+        return await healthy_nodes(self, count, timeout)
 
     async def drain(self, node_id: str, *, undo: bool = False, migrate: bool = False,
                     deadline_s: float = 0.0) -> DrainReply:

@@ -14,10 +14,13 @@ Rules:
    its instance (unschedulable), raises `Ended`.
 3. Each event of the job is a reason to look again; it also looks every `POLL_S`; past the
    timeout, `TimedOut` (a `NoAnswer`) with the status as it stood at the last look.
+4. A cluster is up once its broker counts the nodes asked for healthy: it is asked every
+   `POLL_S`, a broker not answering yet (one starting) asked again.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import time
 from collections.abc import Awaitable, Callable
@@ -27,6 +30,8 @@ from gavel.shared import subjects
 from gavel.shared.api import (
     ArrayStatus,
     InstanceStatus,
+    NodesReply,
+    NodesRequest,
     ServiceReply,
     ServiceRequest,
     ServiceStatus,
@@ -36,7 +41,7 @@ from gavel.shared.api import (
 from gavel.shared.messages import Message
 from gavel.transport.client import ClientError, NoAnswer
 
-__all__ = ["POLL_S", "Ended", "TimedOut", "job_end", "system_running"]
+__all__ = ["POLL_S", "Ended", "TimedOut", "healthy_nodes", "job_end", "system_running"]
 
 #: How often a wait asks again, besides each event it hears (rule 3).
 POLL_S = 0.5
@@ -127,3 +132,18 @@ async def system_running(client: Client, name: str, timeout: float | None) -> Se
                             f"{r.detail or r.reason}", st)
         return (None if st.waiting else st), st
     return await _until(client, name, timeout, "not running on every node", look)
+
+
+async def healthy_nodes(client: Client, count: int, timeout: float) -> NodesReply:
+    """Rule 4: the broker's nodes once at least `count` of them are healthy."""
+    deadline = time.monotonic() + timeout
+    seen = NodesReply(nodes=[])
+    while True:
+        with contextlib.suppress(ClientError):
+            seen = await client.request("nodes", NodesRequest(), NodesReply)
+            if sum(1 for n in seen.nodes if n.health == "healthy") >= count:
+                return seen
+        if time.monotonic() >= deadline:
+            raise TimedOut(f"only some of the {count} nodes came up within {timeout:g}s",
+                           seen)
+        await asyncio.sleep(POLL_S)

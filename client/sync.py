@@ -113,7 +113,7 @@ class SyncClient:
     def instance(self, instance_id: str) -> InstanceStatus:
         return self._run(self.client.instance(instance_id))
 
-    def wait(self, instance_id: str, timeout: float = 30.0) -> InstanceStatus:
+    def wait(self, instance_id: str, timeout: float | None = 30.0) -> InstanceStatus:
         return self._run(self.client.wait(instance_id, timeout))
 
     def wait_job(self, job_id: str, timeout: float | None = None) -> StatusReply:

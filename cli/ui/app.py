@@ -31,9 +31,9 @@ from typing import Any
 
 from gavel.cli.ui import access, feed, logs, views
 from gavel.cli.ui.http import Request, Response, Server, Sse, Stream
-from gavel.shared.api import INSTANCE_ID, WhyReply, WhyRequest
+from gavel.client import BrokerRefused, Client, ClientError
+from gavel.shared.api import INSTANCE_ID
 from gavel.shared.errors import BadInput
-from gavel.transport.client import BrokerRefused, ClientError, call, connect
 
 __all__ = ["DEFAULT_PORT", "Dashboard", "UiUnavailable", "add_options", "run", "start"]
 
@@ -101,7 +101,7 @@ class Dashboard:
     token_made: bool
     server: Server
     feed: feed.Feed
-    nc: Any
+    client: Client
 
     @property
     def url(self) -> str:
@@ -126,14 +126,14 @@ class Dashboard:
         await self.server.close()
         await self.feed.close()
         with contextlib.suppress(Exception):
-            await self.nc.close()
+            await self.client.close()
 
 
 class Routes:
     """Rule 2."""
 
-    def __init__(self, nc: Any, the_feed: feed.Feed, token: str) -> None:
-        self.nc = nc
+    def __init__(self, client: Client, the_feed: feed.Feed, token: str) -> None:
+        self.client = client
         self.feed = the_feed
         self.token = token
         self.files = _static()
@@ -166,15 +166,14 @@ class Routes:
             iid = path.removeprefix("/api/logs/")
             if not _usable(iid):
                 return _json(404, {"error": f"{iid[:80]!r} is not an instance id"})
-            return Stream(lambda sse: logs.follow(self.nc, iid, sse.send))
+            return Stream(lambda sse: logs.follow(self.client, iid, sse.send))
         return Response(404, b"no such page\n")
 
     async def _instance(self, iid: str) -> Response:
         if not _usable(iid):
             return _json(404, {"error": f"{iid[:80]!r} is not an instance id"})
         try:
-            why = await call(self.nc, "why", WhyRequest(instance_id=iid), WhyReply,
-                             timeout=feed.CALL_S)
+            why = await self.client.why(iid)
         except BrokerRefused as exc:
             return _json(404, {"error": str(exc)})
         except ClientError as exc:
@@ -221,10 +220,10 @@ async def start(nats_url: str, creds: str | None, *, addr: str = "127.0.0.1",
                 port: int | None = None, token: str = "") -> Dashboard:
     """A dashboard for the cluster at `nats_url`, listening until `Dashboard.close`."""
     required = access.token_for(addr, token)
-    nc = await connect(nats_url, creds, allow_reconnect=True, max_reconnect_attempts=-1,
-                       reconnect_time_wait=1)
-    the_feed = feed.Feed(nc)
-    routes = Routes(nc, the_feed, required)
+    client = await Client.connect(nats_url, creds, timeout=feed.CALL_S, allow_reconnect=True,
+                                  max_reconnect_attempts=-1, reconnect_time_wait=1)
+    the_feed = feed.Feed(client)
+    routes = Routes(client, the_feed, required)
     server = Server(routes, required)
     try:
         routes.port = await _listen(server, addr, port)
@@ -232,11 +231,11 @@ async def start(nats_url: str, creds: str | None, *, addr: str = "127.0.0.1",
     except BaseException:
         await server.close()
         await the_feed.close()
-        await nc.close()
+        await client.close()
         raise
     return Dashboard(addr=addr, port=routes.port, token=required,
                      token_made=bool(required) and not token, server=server, feed=the_feed,
-                     nc=nc)
+                     client=client)
 
 
 async def run(args: argparse.Namespace) -> int:

@@ -2,9 +2,9 @@
 
 Rules:
 1. The dashboard is an operator client like the CLI: it asks the broker's API (`nodes`,
-   `status`, `services`, `events`) through `transport.client.call` and follows the events
-   the broker stores (``gavel.events.>``, `transport.eventstream`: none missed or shown
-   twice across a reconnect). It never reads git, and speaks to a
+   `status`, `services`, `events`) through the Python client (`gavel.client`, as any
+   program asks it) and follows the events the broker stores (``Client.follow_events``:
+   none missed or shown twice across a reconnect). It never reads git, and speaks to a
    node only to ask for an instance's lines, through `gavel logs`' API (`ui.logs`).
 2. The overview is asked again every `REFRESH_S` (heartbeats change loads without an
    event), and `SETTLE_S` after an event (it changed a state): a burst of events is one
@@ -31,23 +31,9 @@ import msgspec
 from nats.errors import NoRespondersError
 
 from gavel.cli.ui import views
-from gavel.shared.api import (
-    EventsReply,
-    EventsRequest,
-    InstanceStatus,
-    NodesReply,
-    NodesRequest,
-    NodeStatus,
-    PeriodicJobsReply,
-    PeriodicJobsRequest,
-    PeriodicStatus,
-    ServicesReply,
-    ServicesRequest,
-    ServiceStatus,
-)
-from gavel.transport import eventstream
-from gavel.transport.client import BrokerRefused, ClientError, call
-from gavel.transport.client import status as status_of
+from gavel.client import BrokerRefused, Client, ClientError
+from gavel.client.aio import EventFeed
+from gavel.shared.api import InstanceStatus, NodeStatus, PeriodicStatus, ServiceStatus
 
 __all__ = ["EVENTS_KEPT", "QUEUE_MAX", "REFRESH_S", "SETTLE_S", "Feed", "Page"]
 
@@ -60,7 +46,8 @@ SETTLE_S = 0.1
 EVENTS_KEPT = 200
 #: Rule 3.
 QUEUE_MAX = 512
-#: How long one API call may take before the overview says the broker did not answer.
+#: How long one API call may take before the overview says the broker did not answer (the
+#: dashboard's client's timeout).
 CALL_S = 5.0
 
 _json = msgspec.json.Encoder()
@@ -100,8 +87,8 @@ def unknown_verb(exc: ClientError) -> bool:
 
 
 class Feed:
-    def __init__(self, nc: Any, *, refresh_s: float = REFRESH_S) -> None:
-        self.nc = nc
+    def __init__(self, client: Client, *, refresh_s: float = REFRESH_S) -> None:
+        self.client = client
         self.refresh_s = refresh_s
         self.events: deque[bytes] = deque(maxlen=EVENTS_KEPT)
         self.overview = encode(views.overview(nodes=[], instances=[], services=None,
@@ -114,14 +101,13 @@ class Feed:
         self._changed = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._following: asyncio.Task[None] | None = None
-        self._sub: eventstream.Follower | None = None
+        self._sub: EventFeed | None = None
 
     async def start(self) -> None:
-        self._sub = await eventstream.follow(self.nc).start()
+        self._sub = await self.client.follow_events()
         listed: set[bytes] = set()
         try:
-            recent = await call(self.nc, "events", EventsRequest(limit=EVENTS_KEPT),
-                                EventsReply, timeout=CALL_S)
+            recent = await self.client.events(limit=EVENTS_KEPT)
             self.events.clear()
             self.events.extend(encode(views.event(e)) for e in recent.events)
             listed = set(self.events)
@@ -131,12 +117,12 @@ class Feed:
         self._task = asyncio.ensure_future(self._run())
         self._following = asyncio.ensure_future(self._follow(self._sub, listed))
 
-    async def _follow(self, feed: eventstream.Follower, listed: set[bytes]) -> None:
+    async def _follow(self, feed: EventFeed, listed: set[bytes]) -> None:
         """Rule 1: every event stored after the follower was placed, once, in order, across
-        reconnects (`transport.eventstream`); those the listing already showed are not
+        reconnects (`Client.follow_events`); those the listing already showed are not
         shown again."""
-        async for stored in feed:
-            data = encode(views.event(stored.event))
+        async for event in feed:
+            data = encode(views.event(event))
             if data in listed:
                 listed.discard(data)
                 continue
@@ -187,12 +173,11 @@ class Feed:
         """Ask the broker again; push the overview to every page."""
         error = services_error = ""
         try:
-            nodes = await call(self.nc, "nodes", NodesRequest(), NodesReply, timeout=CALL_S)
-            status = await status_of(self.nc, timeout=CALL_S)  # every page
+            nodes = await self.client.nodes()
+            status = await self.client.status()  # every page
             self._nodes, self._instances = nodes.nodes, status.instances
             try:
-                services = await call(self.nc, "services", ServicesRequest(), ServicesReply,
-                                      timeout=CALL_S)
+                services = await self.client.services()
                 self._services = services.services
             except ClientError as exc:  # rule 4
                 if unknown_verb(exc):
@@ -200,8 +185,7 @@ class Feed:
                 else:
                     services_error = str(exc)
             try:  # periodic jobs: a broker without the verb has none to show (rule 4)
-                self._periodic = (await call(self.nc, "periodic", PeriodicJobsRequest(),
-                                             PeriodicJobsReply, timeout=CALL_S)).jobs
+                self._periodic = (await self.client.periodic_jobs()).jobs
             except ClientError:
                 self._periodic = []
         except ClientError as exc:  # rule 5

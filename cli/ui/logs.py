@@ -1,7 +1,7 @@
 """The instance page's logs panel: an instance's recent lines, from the node that holds it.
 
 Rules:
-1. The lines come from the `gavel logs` API (`transport.logclient.read`: a request on
+1. The lines come from the `gavel logs` API (`Client.logs`: a request on
    ``gavel.logs.<node>``, chunks on the asker's inbox), never through the broker or git.
    Where to ask is the instance's node in the status API.
 2. The panel asks for the last `TAIL` lines of stdout and stderr and, while the instance
@@ -15,14 +15,11 @@ Rules:
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import Any
 
 from gavel.cli.ui.feed import encode
-from gavel.shared.api import StatusReply, StatusRequest
-from gavel.shared.logstream import LogChunk, LogsRequest
+from gavel.client import Client, ClientError
+from gavel.shared.logstream import LogChunk, LogsDone
 from gavel.shared.messages import InstanceState
-from gavel.transport.client import ClientError, call
-from gavel.transport.logclient import read
 
 __all__ = ["TAIL", "follow"]
 
@@ -34,17 +31,16 @@ _WRITING = frozenset({InstanceState.PLACED, InstanceState.PROVISIONING, Instance
 Send = Callable[[str, bytes], Awaitable[None]]
 
 
-async def follow(nc: Any, instance_id: str, send: Send) -> None:
+async def follow(client: Client, instance_id: str, send: Send) -> None:
     """Rules 1-3: the panel's frames for `instance_id`, sent through `send`."""
     async def unavailable(why: str) -> None:
         await send("unavailable", encode({"text": why}))
 
     try:
-        reply = await call(nc, "status", StatusRequest(instance_id=instance_id), StatusReply)
+        inst = await client.instance(instance_id)
     except ClientError as exc:
         await unavailable(str(exc))
         return
-    inst = reply.instances[0]
     if not inst.node_id:
         await unavailable(f"{instance_id} has not run on a node yet ({inst.state}): it has no "
                           "output")
@@ -62,11 +58,15 @@ async def follow(nc: Any, instance_id: str, send: Send) -> None:
             rest[c.stream] = tail
         await lines(c.stream, whole)
 
-    request = LogsRequest(node_id=inst.node_id, instance_id=instance_id,
-                          streams=["stdout", "stderr"], tail=TAIL,
-                          follow=inst.state in _WRITING)
+    done = LogsDone(instance_id=instance_id)
     try:
-        done = await read(nc, request, chunk)
+        async for got in client.logs(instance_id, node_id=inst.node_id,
+                                     streams=["stdout", "stderr"], tail=TAIL,
+                                     follow=inst.state in _WRITING):
+            if isinstance(got, LogsDone):
+                done = got
+            else:
+                await chunk(got)
     except ClientError as exc:  # the node does not answer, or refused
         await unavailable(str(exc))
         return

@@ -16,7 +16,8 @@ import nats
 import pytest
 
 from gavel.broker.service import Broker, Config
-from gavel.cli.ui.feed import Feed
+from gavel.cli.ui.feed import CALL_S, Feed
+from gavel.client import Client
 from gavel.shared import subjects
 from gavel.shared.api import EventsReply, EventsRequest
 from gavel.shared.messages import EventType
@@ -253,7 +254,7 @@ async def test_the_dashboard_shows_history_on_load_and_misses_nothing_across_a_r
     await cluster.start_broker()  # what the dashboard loads is the history
     nc = await nats.connect(nats_server.url, max_reconnect_attempts=-1,
                             reconnect_time_wait=5.0)
-    feed = Feed(nc)
+    feed = Feed(Client(nc, timeout=CALL_S))
     await feed.start()
 
     def shown() -> list[str]:
