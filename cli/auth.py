@@ -7,6 +7,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from gavel.cli.api.operators import TOKEN_SUFFIX, token_of
 from gavel.cli.parsers import positive_int
 from gavel.shared import subjects
 from gavel.shared.errors import BadInput
@@ -86,12 +87,20 @@ def _operator_arguments(actions: Any) -> None:
     add.add_argument("--role", choices=ROLES, required=True, help="what it may do")
     add.add_argument("--state", type=Path, required=True, metavar="DIR",
                      help="state directory; the keys go to DIR/auth")
+    add.add_argument("--http-token", action="store_true",
+                     help="also write its HTTP API bearer token, DIR/auth/operators/"
+                     "NAME.token (kept if it exists): `gavel api --api-operators DIR/auth` "
+                     "serves its requests as NAME")
 
 
 def run_cli(args: argparse.Namespace) -> int:
     if args.auth_command == "operator":
         ids = add_operator(args.state.resolve(), args.name, args.role)
         print(f"operator {args.name} ({args.role}): --creds {ids.operators[args.name]}")
+        if args.http_token:
+            token_of(ids.directory, args.name)
+            print(f"its HTTP API token: {ids.operators[args.name].with_suffix(TOKEN_SUFFIX)}"
+                  f"   (gavel api --api-operators {ids.directory})")
         print(f"nats-server config: {ids.config}   (reload nats-server to apply it)")
         return 0
     nodes: list[str] = (args.node_ids if args.node_ids is not None

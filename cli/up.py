@@ -5,7 +5,10 @@ Rules:
 1. Everything lives under ``--state`` (state.git, auth/, nats/, workers/, caddy/, logs/);
    every part is a real child process speaking real NATS, exactly as it would on separate
    hosts — with its own nkey and only its own subjects (`gavel auth init`, reusing the keys
-   of an earlier run; ``--no-auth`` leaves NATS open). The gateway listens on a free loopback
+   of an earlier run; ``--no-auth`` leaves NATS open). Its own clients (the dashboard, the
+   HTTP API, the demo, and the command it prints) ask as the named operator `ADMIN`
+   (write), with an HTTP token of its own (`cli.api.operators`), so the broker's log and
+   events name who asked. The gateway listens on a free loopback
    port (``--gateway-port``), Caddy's admin API on another, loopback only; the workers
    advertise 127.0.0.1; ``--no-gateway`` runs neither. ``--demo`` submits a few workloads,
    prints where each went and why, asks one of them something through the gateway, and
@@ -46,6 +49,7 @@ from pathlib import Path
 from typing import Any
 
 from gavel.cli.api import app as api_app
+from gavel.cli.api.operators import token_of
 from gavel.cli.commands import UsageError
 from gavel.cli.parsers import unusable_dir
 from gavel.cli.supervise import OnExit, Supervisor
@@ -55,6 +59,7 @@ from gavel.cli.upha import BROKERS, SERVERS, HaUp
 from gavel.client import Client, ClientError
 from gavel.gateway.caddyserver import Caddy
 from gavel.shared.nodebook import KnownNode
+from gavel.shared.roles import WRITE
 from gavel.shared.timing import fast_banner
 from gavel.transport import identity, nodebook
 from gavel.transport.natsserver import NatsServer, NatsServerError, free_port
@@ -66,6 +71,8 @@ STRATEGIES = ["least-loaded", "binpack", "spread", "headroom"]
 UP_TIMEOUT_S = 60.0
 WATCH_S = 0.5
 SIZES = [(4.0, 4096), (2.0, 2048), (8.0, 8192), (4.0, 8192)]
+#: The named operator `gavel up`'s own clients ask as (rule 1).
+ADMIN = "admin"
 
 
 async def _until_up(sup: Supervisor, url: str, operator: str | None, workers: int,
@@ -150,7 +157,8 @@ class _Cluster:
 
     @property
     def operator(self) -> str | None:
-        return str(self.ids.operator) if self.ids else None
+        """The local admin's seed (rule 1): what `gavel up`'s own clients ask as."""
+        return str(self.ids.operators.get(ADMIN, self.ids.operator)) if self.ids else None
 
     def creds(self, path: Path | None) -> list[str]:
         return ["--creds", str(path)] if path is not None else []
@@ -299,6 +307,9 @@ def _plan(args: argparse.Namespace) -> _Cluster:
                          "ports: leave --nats-port out.")
     nodes = [f"node-{i + 1}" for i in range(args.workers)]
     ids = identity.init(state, nodes) if args.auth else None
+    if ids is not None:  # rule 1: the local admin, a named operator of its own
+        ids = identity.add_operator(state, ADMIN, WRITE)
+        token_of(ids.directory, ADMIN)
     ha = HaUp(state, ids.config.read_text() if ids else "") if ha_on else None
     server = NatsServer(port=args.nats_port, store_dir=state / "nats",
                         config=ids.config if ids else None, log=state / "logs" / "nats.log")
@@ -355,7 +366,9 @@ async def up(args: argparse.Namespace) -> int:
             cluster.api = await api_app.start(
                 cluster.url, cluster.operator, addr=args.api_addr, port=args.api_port,
                 token=args.api_token, tls_cert=args.api_tls_cert, tls_key=args.api_tls_key,
-                read_token=args.api_read_token)
+                read_token=args.api_read_token,
+                operators_dir=args.api_operators or (str(cluster.ids.directory)
+                                                     if cluster.ids else ""))
             print(f"HTTP API: {cluster.api.announce()}")
         hint = f"GAVEL_CREDS={cluster.operator} " if cluster.operator else ""
         print(f"try: GAVEL_NATS_URL={cluster.url} {hint}gavel nodes   "

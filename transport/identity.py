@@ -74,6 +74,7 @@ __all__ = [
     "heartbeat_stream_permissions",
     "init",
     "operator_permissions",
+    "operator_roles",
     "public_key",
     "render_config",
     "worker_permissions",
@@ -388,6 +389,11 @@ def _operators(directory: Path) -> dict[str, Role]:
                             "again for each operator.") from None
     return {str(n): r for n, r in got.items()
             if subjects.is_node_id(str(n)) and n != subjects.OPERATOR and r in ROLES}
+
+
+def operator_roles(directory: Path) -> dict[str, Role]:
+    """Each named operator recorded in the key directory `directory`, and its role."""
+    return _operators(directory)
 
 
 def add_operator(state: Path, name: str, role: Role) -> Identities:

@@ -9,10 +9,14 @@ Rules:
    ``--api-read-token``, is a reader's (`shared.roles`): its requests are served for the
    reading verbs and the streams only, anything else 403 with a sentence. What the API may
    do at all is its NATS identity's (``--creds``: a named operator's role holds it to that).
+   With ``--api-operators DIR``, each named operator's own token (`api.operators`) is served
+   on a connection of that operator's identity: the broker's log and events name it, and its
+   role holds it as it holds that operator's CLI (a reader's token is refused a writing
+   route as the read token is).
 2. Each request is one verb of the NATS API through `gavel.client.Client` on the server's
-   own connection (`routes`); the answer is the reply struct as JSON, or `ApiError` with the
-   status `errors` gives it. Bad input is refused before the cluster is asked (400, 411,
-   413, 415), with one sentence; nothing a client sends makes a 500.
+   own connection, or its operator's (`routes`); the answer is the reply struct as JSON, or
+   `ApiError` with the status `errors` gives it. Bad input is refused before the cluster is
+   asked (400, 411, 413, 415), with one sentence; nothing a client sends makes a 500.
 3. ``/openapi.json`` is the document `openapi` makes; ``/v1/...`` the routes.
 4. The streaming routes write server-sent events: ``/v1/events/stream`` the events kept,
    then each new one (subscribed before the kept ones are asked for, and a new one already
@@ -34,12 +38,14 @@ import os
 import signal
 import socket
 import ssl
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import msgspec
 
-from gavel.cli.api import errors
+from gavel.cli.api import errors, operators
 from gavel.cli.api.openapi import document
 from gavel.cli.api.routes import BODY_MAX, BadRequest, Route, build, find
 from gavel.cli.ui import access
@@ -97,7 +103,8 @@ def _port(text: str) -> int:
 
 
 def add_options(p: argparse.ArgumentParser) -> None:
-    """``--api-addr``, ``--api-port``, ``--api-token``, ``--api-tls-cert``, ``--api-tls-key``."""
+    """``--api-addr``, ``--api-port``, ``--api-token``, ``--api-read-token``,
+    ``--api-operators``, ``--api-tls-cert``, ``--api-tls-key``."""
     p.add_argument("--api-addr", default="127.0.0.1", metavar="ADDR",
                    help="address the HTTP API listens on (default %(default)s; any other "
                    "needs a token)")
@@ -111,6 +118,10 @@ def add_options(p: argparse.ArgumentParser) -> None:
                    metavar="TOKEN", help="also accept this bearer token, for the reading "
                    "routes only (env GAVEL_API_READ_TOKEN; a full token is then required "
                    "too, made at start if not given)")
+    p.add_argument("--api-operators", default=os.environ.get("GAVEL_API_OPERATORS", ""),
+                   metavar="DIR", help="also accept each named operator's own token, written "
+                   "by `gavel auth operator add NAME --http-token` under this key directory "
+                   "(STATE/auth), and ask as that operator (env GAVEL_API_OPERATORS)")
     p.add_argument("--api-tls-cert", default="", metavar="FILE",
                    help="serve HTTPS with this certificate (PEM; with --api-tls-key)")
     p.add_argument("--api-tls-key", default="", metavar="FILE",
@@ -120,8 +131,10 @@ def add_options(p: argparse.ArgumentParser) -> None:
 class Handler:
     """Rules 2-4."""
 
-    def __init__(self, client: Client) -> None:
+    def __init__(self, client: Client, operators: Mapping[str, Client] | None = None) -> None:
         self.client = client
+        #: Each named operator's client, by name (rule 1).
+        self.operators = dict(operators or {})
         self.openapi = _enc.encode(document())
 
     async def __call__(self, req: Request) -> Response | Stream:
@@ -139,40 +152,41 @@ class Handler:
             request = build(route, params, req.query, req.headers, req.body)
         except BadRequest as exc:
             return _error(exc.status, str(exc))
+        client = self.operators.get(req.operator, self.client)
         if route.stream:
-            return await self._stream(route, request, req.headers.get(LAST_EVENT_ID, ""))
+            return await self._stream(client, route, request,
+                                      req.headers.get(LAST_EVENT_ID, ""))
         try:
-            reply = await route.ask(self.client, request)
+            reply = await route.ask(client, request)
         except ClientError as exc:
             return _error(_status(exc), str(exc))
         return Response(200, _enc.encode(reply), _JSON)
 
-    async def _stream(self, route: Route, request: Any, last_id: str = ""
+    async def _stream(self, client: Client, route: Route, request: Any, last_id: str = ""
                       ) -> Response | Stream:
         if isinstance(request, LogsRequest):
             node = request.node_id
             if not node:
                 try:
-                    inst = await self.client.instance(request.instance_id)
+                    inst = await client.instance(request.instance_id)
                 except ClientError as exc:
                     return _error(_status(exc), str(exc))
                 if not inst.node_id:
                     return _error(409, f"{inst.instance_id} has not run on a node yet "
                                   f"({inst.state}): it has no output")
                 node = inst.node_id
-            return Stream(lambda sse: self._logs(sse, msgspec.structs.replace(
+            return Stream(lambda sse: self._logs(sse, client, msgspec.structs.replace(
                 request, node_id=node)))
         if last_id:  # rule 4: resumed from the history, nothing kept sent again
             if not last_id.isdigit() or len(last_id) > 19:
                 return _error(400, "Last-Event-ID must be the id of an event this stream "
                               "sent (a sequence number)")
-            resumed = await self.client.follow_events(request.instance_id,
-                                                      after=int(last_id))
+            resumed = await client.follow_events(request.instance_id, after=int(last_id))
             return Stream(lambda sse: self._events(sse, resumed, []), abandon=resumed.aclose)
-        feed = await self.client.follow_events(request.instance_id)
+        feed = await client.follow_events(request.instance_id)
         try:
-            kept = await self.client.events(request.instance_id, limit=request.limit,
-                                            since=request.since)
+            kept = await client.events(request.instance_id, limit=request.limit,
+                                       since=request.since)
         except ClientError as exc:
             await feed.aclose()
             return _error(_status(exc), str(exc))
@@ -203,10 +217,10 @@ class Handler:
         finally:
             await feed.aclose()
 
-    async def _logs(self, sse: Sse, request: LogsRequest) -> None:
+    async def _logs(self, sse: Sse, client: Client, request: LogsRequest) -> None:
         """Rule 4. The next chunk is awaited beside the keep-alive, never cancelled by it:
         cancelling the iterator's step would end the read."""
-        chunks = aiter(self.client.logs(
+        chunks = aiter(client.logs(
             request.instance_id, node_id=request.node_id, streams=request.streams,
             tail=request.tail, since=request.since, follow=request.follow))
         step: asyncio.Future[Any] | None = None
@@ -258,6 +272,9 @@ class ApiServer:
     tls: bool
     server: Server
     client: Client
+    #: Each named operator's client (rule 1), and their names.
+    operators: list[Client] = field(default_factory=list)
+    named: list[str] = field(default_factory=list)
 
     @property
     def url(self) -> str:
@@ -269,16 +286,19 @@ class ApiServer:
         return f"{'https' if self.tls else 'http'}://{host}:{self.port}/"
 
     def announce(self) -> str:
-        """The address, and the token once when the server made it (rule 1)."""
+        """The address, the token once when the server made it, and whose own tokens it
+        takes (rule 1)."""
+        named = f"; named operators' own tokens: {', '.join(self.named)}" if self.named else ""
         if self.token_made:
-            return f"{self.url} (bearer token {self.token})"
+            return f"{self.url} (bearer token {self.token}{named})"
         if self.token:
-            return f"{self.url} (it asks for the token given with --api-token)"
-        return self.url
+            return f"{self.url} (it asks for the token given with --api-token{named})"
+        return self.url + (f" ({named[2:]})" if named else "")
 
     async def close(self) -> None:
         await self.server.close()
-        await self.client.close()
+        for c in (self.client, *self.operators):
+            await c.close()
 
 
 def _tls(cert: str, key: str) -> ssl.SSLContext | None:
@@ -309,29 +329,44 @@ async def _listen(server: Server, addr: str, port: int | None,
 
 async def start(nats_url: str, creds: str | None, *, addr: str = "127.0.0.1",
                 port: int | None = None, token: str = "", tls_cert: str = "",
-                tls_key: str = "", read_token: str = "") -> ApiServer:
+                tls_key: str = "", read_token: str = "", operators_dir: str = ""
+                ) -> ApiServer:
     """An HTTP API for the cluster at `nats_url`, listening until `ApiServer.close`."""
     tls = _tls(tls_cert, tls_key)
     required = access.token_for(addr, token) or (access.make_token() if read_token else "")
-    client = await Client.connect(nats_url, creds, allow_reconnect=True,
-                                  max_reconnect_attempts=-1, reconnect_time_wait=1)
-    server = Server(Handler(client), required, POLICY, read_token=read_token)
+    named = operators.load(Path(operators_dir)) if operators_dir else []
+    client = await _connect(nats_url, creds)
+    clients: dict[str, Client] = {}
+    server = None
     try:
+        for op in named:  # rule 1: each named operator asks as itself
+            clients[op.name] = await _connect(nats_url, str(op.creds))
+        server = Server(Handler(client, clients), required, POLICY, read_token=read_token,
+                        operators={op.token: (op.name, op.reader) for op in named})
         bound = await _listen(server, addr, port, tls)
     except BaseException:
-        await server.close()
-        await client.close()
+        if server is not None:
+            await server.close()
+        for c in (client, *clients.values()):
+            await c.close()
         raise
     return ApiServer(addr=addr, port=bound, token=required,
                      token_made=bool(required) and not token, tls=tls is not None,
-                     server=server, client=client)
+                     server=server, client=client, operators=list(clients.values()),
+                     named=list(clients))
+
+
+async def _connect(nats_url: str, creds: str | None) -> Client:
+    return await Client.connect(nats_url, creds, allow_reconnect=True,
+                                max_reconnect_attempts=-1, reconnect_time_wait=1)
 
 
 async def run(args: argparse.Namespace) -> int:
     """`gavel api`: serve the HTTP API until SIGTERM or Ctrl-C."""
     api = await start(args.nats, args.creds, addr=args.api_addr, port=args.api_port,
                       token=args.api_token, tls_cert=args.api_tls_cert,
-                      tls_key=args.api_tls_key, read_token=args.api_read_token)
+                      tls_key=args.api_tls_key, read_token=args.api_read_token,
+                      operators_dir=args.api_operators)
     try:
         print(f"gavel api: HTTP API at {api.announce()}; its OpenAPI document at "
               f"{api.url}openapi.json   (Ctrl-C stops it)", flush=True)

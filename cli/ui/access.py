@@ -20,11 +20,11 @@ from __future__ import annotations
 import hmac
 import ipaddress
 import secrets
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from http.cookies import CookieError, SimpleCookie
 
-__all__ = ["LOOPBACK_NAMES", "authorized", "cookie_name", "host_is_loopback", "is_loopback",
-           "make_token", "token_for"]
+__all__ = ["LOOPBACK_NAMES", "authorized", "bearer_among", "cookie_name", "host_is_loopback",
+           "is_loopback", "make_token", "token_for"]
 
 #: Host names that mean this machine without asking DNS.
 LOOPBACK_NAMES = frozenset({"localhost", "localhost.localdomain"})
@@ -83,6 +83,15 @@ def authorized(token: str, port: int, headers: Mapping[str, str],
         if morsel is not None and _same(morsel.value, token):
             return True
     return False
+
+
+def bearer_among(tokens: Iterable[str], headers: Mapping[str, str]) -> str:
+    """The one of `tokens` the request's ``Authorization: Bearer`` header carries ("" for
+    none), each compared in constant time."""
+    scheme, _, value = headers.get("authorization", "").partition(" ")
+    if scheme.lower() != "bearer" or not value.strip():
+        return ""
+    return next((t for t in tokens if t and _same(value.strip(), t)), "")
 
 
 def host_is_loopback(host: str) -> bool:

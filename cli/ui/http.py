@@ -68,6 +68,8 @@ class Request:
     body: bytes = b""
     #: Admitted on the server's read token (`Server.read_token`), not its full one.
     reader: bool = False
+    #: Admitted on a named operator's token (`Server.operators`): that operator's name.
+    operator: str = ""
 
 
 @dataclass
@@ -145,12 +147,16 @@ class Server:
     """Serves `handler` on (addr, port) to whoever holds `token` (rule 4)."""
 
     def __init__(self, handler: Handler, token: str, policy: Policy = DASHBOARD,
-                 read_token: str = "") -> None:
+                 read_token: str = "",
+                 operators: Mapping[str, tuple[str, bool]] | None = None) -> None:
         self.handler = handler
         self.token = token
         #: A second token whose requests are marked `Request.reader` (the handler decides
         #: what a reader may do); only beside a full `token`.
         self.read_token = read_token if token else ""
+        #: Named operators' bearer tokens: each token's operator and whether it only reads
+        #: (`Request.operator`, `Request.reader`); only beside a full `token`.
+        self.operators = dict(operators or {}) if token else {}
         self.policy = policy
         self.port = 0
         self._server: asyncio.Server | None = None
@@ -215,7 +221,11 @@ class Server:
             await _write(writer, policy.refuse(405, {"Allow": ", ".join(sorted(
                 policy.methods))}))
             return
-        if not access.authorized(self.token, self.port, req.headers, req.query):
+        named = access.bearer_among(self.operators, req.headers)
+        if named:
+            name, reads = self.operators[named]
+            req = dataclasses.replace(req, operator=name, reader=reads)
+        elif not access.authorized(self.token, self.port, req.headers, req.query):
             if not (self.read_token and access.authorized(self.read_token, self.port,
                                                            req.headers, req.query)):
                 await _write(writer, policy.refuse(401, {"WWW-Authenticate": "Bearer"}))
@@ -230,7 +240,7 @@ class Server:
                 await _write(writer, policy.refuse(body))
                 await _linger(reader, writer)
                 return
-            req = Request(req.method, req.path, req.query, req.headers, body, req.reader)
+            req = dataclasses.replace(req, body=body)
         answer = await self.handler(req)
         if isinstance(answer, Response):
             await _write(writer, answer, head_only=req.method == "HEAD")

@@ -208,3 +208,53 @@ async def test_an_http_api_on_a_reader_s_identity_refuses_a_write_with_403(world
         assert "NATS refused operator reader's submit" in msgspec.json.decode(said)["error"]
     finally:
         await server.close()
+
+
+def _bearer(token: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"}
+
+
+async def test_each_http_token_asks_as_its_own_operator(world: World) -> None:
+    """`gavel auth operator add NAME --http-token`'s token: the API asks as NAME, so the
+    broker's event names NAME, and a reader's token is refused a change before NATS is
+    asked; a request with no named token is the API's own identity's."""
+    from gavel.cli.api import app
+    from gavel.cli.api.operators import token_of
+    from tests.integration.httpclient import http
+
+    auth_dir = world.ids.directory
+    writer, reader = token_of(auth_dir, "writer"), token_of(auth_dir, "reader")
+    assert token_of(auth_dir, "writer") == writer  # kept, not made again
+    assert (auth_dir / "operators" / "writer.token").stat().st_mode & 0o077 == 0
+    server = await app.start(world.server.url, str(world.ids.operator), port=0,
+                             token="the-api-token", operators_dir=str(auth_dir))
+    assert server.named == ["reader", "writer"]
+    try:
+        async def submit(token: str, name: str) -> tuple[int, Any]:
+            status, _, said = await http(
+                server.port, "POST", "/v1/instances", headers=_bearer(token),
+                json_body={"spec": msgspec.to_builtins(sleeper_spec(name)),
+                           "instance_id": name})
+            return status, msgspec.json.decode(said)
+
+        assert (await submit(writer, "by-writer"))[0] == 200
+        assert (await submit("the-api-token", "by-api"))[0] == 200
+        status, said = await submit(reader, "by-reader")
+        assert status == 403 and said["error"].startswith("this token may only read")
+        status, _, _ = await http(server.port, "GET", "/v1/nodes", headers=_bearer(reader))
+        assert status == 200
+        status, _, _ = await http(server.port, "GET", "/v1/nodes",
+                                  headers=_bearer("not-a-token"))
+        assert status == 401
+
+        async def requested(iid: str) -> str:
+            _, _, body = await http(server.port, "GET", f"/v1/events?instance_id={iid}",
+                                    headers=_bearer("the-api-token"))
+            got = [e["detail"] for e in msgspec.json.decode(body)["events"]
+                   if e["type"] == "requested"]
+            return got[0] if got else ""
+        await wait_for(lambda: _some(requested("by-writer")), 15, what="the writer's event")
+        assert await requested("by-writer") == "submit by operator writer"
+        assert await requested("by-api") == f"submit by operator {subjects.OPERATOR}"
+    finally:
+        await server.close()

@@ -57,6 +57,7 @@ class Up:
                 [sys.executable, "-m", "gavel", "up", "--state", str(state), *flags],
                 stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         self.url = ""
+        self.creds = ""
 
     def text(self) -> str:
         return self.out.read_text()
@@ -69,6 +70,8 @@ class Up:
         m = re.search(r"GAVEL_NATS_URL=(\S+)", self.text())
         assert m is not None, self.text()
         self.url = m.group(1)
+        creds = re.search(r"GAVEL_CREDS=(\S+)", self.text())  # the local admin's
+        self.creds = creds.group(1) if creds else ""
         return self.url
 
     async def exit(self, sig: signal.Signals | None = None) -> int:
@@ -87,7 +90,7 @@ class Up:
 
     async def gavel(self, *args: str) -> subprocess.CompletedProcess[str]:
         env = {**os.environ, "GAVEL_NATS_URL": self.url,
-               "GAVEL_CREDS": str(self.state / "auth" / "operator.nk")}
+               "GAVEL_CREDS": self.creds or str(self.state / "auth" / "operator.nk")}
         return await asyncio.to_thread(
             subprocess.run, [sys.executable, "-m", "gavel", *args], capture_output=True,
             text=True, timeout=60, env=env)
@@ -164,10 +167,18 @@ async def test_ctrl_c_and_up_again_brings_running_work_back(
     await wait_for(lambda: running(first), 30, what="the instance to run")
     before = await first.status("sleepy-1")
     node = before["node_id"]
-    api = re.search(r"^HTTP API: (http://127\.0\.0\.1:\d+/)$", first.text(), re.M)
+    api = re.search(r"^HTTP API: (http://127\.0\.0\.1:\d+/) \(named operators' own "
+                    r"tokens: admin\)$", first.text(), re.M)
     assert api is not None, first.text()  # it serves the HTTP API, and says where
     with urllib.request.urlopen(f"{api.group(1)}v1/instances/sleepy-1", timeout=30) as resp:
         assert json.loads(resp.read())["instances"] == [before]
+    # The command it prints asks as the local admin, a named operator: the event says so.
+    assert first.creds == str(state.resolve() / "auth" / "operators" / "admin.nk")
+    with urllib.request.urlopen(f"{api.group(1)}v1/events?instance_id=sleepy-1",
+                                timeout=30) as resp:
+        said = [e["detail"] for e in json.loads(resp.read())["events"]
+                if e["type"] == "requested"]
+    assert said == ["submit by operator admin"]
     pid = json.loads((state / "workers" / node / "agent.json").read_text()
                      )["instances"]["sleepy-1"]["pid"]
 
