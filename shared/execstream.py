@@ -38,7 +38,7 @@ from gavel.shared.messages import Message
 
 __all__ = ["ARGS_MAX", "ARGV_BYTES_MAX", "CHUNK_MAX", "IDLE_S", "KEEPALIVE_S", "OUTPUT_MAX",
            "TIMEOUT_MAX_S", "TIMEOUT_S", "WINDOW", "Ended", "ExecExit", "ExecInput", "ExecOutput",
-           "ExecStart", "Stream", "check", "describe", "is_session", "limit"]
+           "ExecRequest", "ExecStart", "Stream", "check", "describe", "is_session", "limit"]
 
 #: Output chunks in flight past the last acknowledged one (rule 2).
 WINDOW = 32
@@ -92,6 +92,19 @@ class ExecStart(Message, tag="exec-start"):
     #: The terminal's size, with `tty`.
     rows: Annotated[int, msgspec.Meta(ge=0, le=10000)] = 0
     cols: Annotated[int, msgspec.Meta(ge=0, le=10000)] = 0
+
+
+class ExecRequest(Message, tag="exec"):
+    """The HTTP API's exec (``POST /v1/instances/ID/exec``): `command` inside the running
+    instance without a terminal, its whole input given at once (`stdin`, closed after it),
+    run as `ExecStart` is: the same limits, the same event. `node_id`: ask that node, without
+    the status API."""
+
+    instance_id: Annotated[str, msgspec.Meta(max_length=128)]
+    command: Annotated[list[str], msgspec.Meta(min_length=1, max_length=ARGS_MAX)]
+    stdin: bytes = b""
+    timeout_s: Annotated[float, msgspec.Meta(ge=0, le=TIMEOUT_MAX_S)] = 0.0
+    node_id: str = ""
 
 
 class ExecInput(Message, tag="exec-input"):

@@ -7,8 +7,9 @@ Rules:
    start and printed once); a token given on loopback is required there too (`ui.access`).
    With ``--api-tls-cert`` and ``--api-tls-key`` it speaks HTTPS only. A second token,
    ``--api-read-token``, is a reader's (`shared.roles`): its requests are served for the
-   reading verbs and the streams only, anything else 403 with a sentence. What the API may
-   do at all is its NATS identity's (``--creds``: a named operator's role holds it to that).
+   reading verbs and the event and log streams only, anything else 403 with a sentence. What
+   the API may do at all is its NATS identity's (``--creds``: a named operator's role holds
+   it to that).
    With ``--api-operators DIR``, each named operator's own token (`api.operators`) is served
    on a connection of that operator's identity: the broker's log and events name it, and its
    role holds it as it holds that operator's CLI (a reader's token is refused a writing
@@ -26,6 +27,12 @@ Rules:
    ``/v1/instances/ID/logs`` the output's chunks, then ``done``. A failure after the stream
    has begun is an ``error`` event with the sentence; an idle stream gets a comment every
    `KEEPALIVE_S`.
+5. ``POST /v1/instances/ID/exec`` runs a command inside the running instance as `gavel exec`
+   does without a terminal (`Client.exec`: the node's limits, its ``exec`` event naming the
+   operator who asked): its body's ``stdin`` is the command's whole input, its output comes
+   as ``output`` events (`ExecOutput`), then one ``exit`` (`ExecExit`: the exit status, or
+   why the session ended it). The client going away hangs up: the node kills the command.
+   A reader may not (403), as with every change; the streams of events and logs it may.
 """
 
 from __future__ import annotations
@@ -38,7 +45,7 @@ import os
 import signal
 import socket
 import ssl
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -52,6 +59,7 @@ from gavel.cli.ui import access
 from gavel.cli.ui.http import Policy, Request, Response, Server, Sse, Stream
 from gavel.client import BrokerRefused, Client, ClientError, NoAnswer, NoBroker, NotAllowed
 from gavel.shared.errors import BadInput
+from gavel.shared.execstream import CHUNK_MAX, ExecOutput, ExecRequest
 from gavel.shared.logstream import LogsDone, LogsRequest
 from gavel.shared.messages import ApiError
 from gavel.shared.roles import READ_VERBS
@@ -66,6 +74,8 @@ KEEPALIVE_S = 15.0
 #: The header a reconnecting event-stream client sends: the last ``id:`` it heard (rule 4).
 LAST_EVENT_ID = "last-event-id"
 _JSON = "application/json"
+#: The streams a reader may open (rule 5: exec is a writer's).
+_READ_STREAMS = frozenset({"events", "logs"})
 _enc = msgspec.json.Encoder()
 
 
@@ -129,7 +139,7 @@ def add_options(p: argparse.ArgumentParser) -> None:
 
 
 class Handler:
-    """Rules 2-4."""
+    """Rules 2-5."""
 
     def __init__(self, client: Client, operators: Mapping[str, Client] | None = None) -> None:
         self.client = client
@@ -145,7 +155,7 @@ class Handler:
             return _error(found, f"no such route: {req.method} {req.path}" if found == 404
                           else f"{req.path} does not take {req.method}")
         route, params = found
-        if req.reader and route.verb not in READ_VERBS and not route.stream:
+        if req.reader and route.verb not in READ_VERBS and route.verb not in _READ_STREAMS:
             return _error(403, f"this token may only read: {route.method} {route.path} "
                           "changes the cluster (give the API's full token)")
         try:
@@ -164,6 +174,8 @@ class Handler:
 
     async def _stream(self, client: Client, route: Route, request: Any, last_id: str = ""
                       ) -> Response | Stream:
+        if isinstance(request, ExecRequest):
+            return await self._exec_stream(client, request)
         if isinstance(request, LogsRequest):
             node = request.node_id
             if not node:
@@ -216,6 +228,37 @@ class Handler:
                 await sse.send("event", data, str(seq) if seq else "")
         finally:
             await feed.aclose()
+
+    async def _exec_stream(self, client: Client, request: ExecRequest) -> Response | Stream:
+        """Rule 5: the instance's node found first (a refusal is an answer of its own), then
+        the session, streamed."""
+        node = request.node_id
+        if not node:
+            try:
+                inst = await client.instance(request.instance_id)
+            except ClientError as exc:
+                return _error(_status(exc), str(exc))
+            if not inst.node_id or inst.state != "running":
+                return _error(409, f"{inst.instance_id} is not running ({inst.state}): "
+                              "nothing to exec into")
+            node = inst.node_id
+
+        async def stdin() -> AsyncIterator[bytes]:
+            for at in range(0, len(request.stdin), CHUNK_MAX):
+                yield request.stdin[at:at + CHUNK_MAX]
+
+        async def run(sse: Sse) -> None:
+            async def out(chunk: ExecOutput) -> None:
+                await sse.send("output", _enc.encode(chunk))
+            try:
+                ended = await client.exec(request.instance_id, list(request.command),
+                                          on_output=out, stdin=stdin(), node_id=node,
+                                          timeout_s=request.timeout_s)
+            except ClientError as exc:
+                await sse.send("error", _enc.encode(ApiError(error=str(exc))))
+                return
+            await sse.send("exit", _enc.encode(ended))
+        return Stream(run)
 
     async def _logs(self, sse: Sse, client: Client, request: LogsRequest) -> None:
         """Rule 4. The next chunk is awaited beside the keep-alive, never cancelled by it:

@@ -19,6 +19,7 @@ import msgspec
 from gavel import __version__
 from gavel.cli.api.routes import IDEMPOTENCY, ROUTES, Route
 from gavel.shared.api import EventsRequest
+from gavel.shared.execstream import ExecExit, ExecOutput
 from gavel.shared.logstream import LogChunk, LogsDone
 from gavel.shared.messages import ApiError, Event
 
@@ -27,7 +28,7 @@ __all__ = ["STREAMED", "document"]
 REF = "#/components/schemas/{name}"
 #: Rule 2: what each event's data is.
 STREAMED: dict[str, Any] = {"event": Event, "chunk": LogChunk, "done": LogsDone,
-                            "error": ApiError}
+                            "output": ExecOutput, "exit": ExecExit, "error": ApiError}
 _REFUSALS = {"400": "The request is malformed (one sentence says what is wrong)",
              "403": "This token, or the API's own NATS identity, may only read",
              "404": "No such instance, node or service", "409": "The cluster refused it",

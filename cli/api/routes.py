@@ -13,8 +13,9 @@ Rules:
 3. `submit` and `deploy` take their idempotency key from the ``Idempotency-Key`` header (or
    the body's ``key``; both given must agree): a retry with the same key makes nothing new
    and is answered what the first request was.
-4. Two routes stream server-sent events rather than answer once: the events of an instance
-   (or all) as they happen, and an instance's output.
+4. Three routes stream server-sent events rather than answer once: the events of an
+   instance (or all) as they happen, an instance's output, and a command run inside an
+   instance (``POST .../exec``: its output, then how it ended).
 """
 
 from __future__ import annotations
@@ -60,6 +61,7 @@ from gavel.shared.api import (
     WhyRequest,
     key_problem,
 )
+from gavel.shared.execstream import ExecRequest
 from gavel.shared.logstream import LogsRequest
 from gavel.shared.messages import Message, Spec
 from gavel.shared.planning import PlanReply, PlanRequest
@@ -143,6 +145,11 @@ ROUTES: tuple[Route, ...] = (
           "An instance's output, read from its node (server-sent events)",
           query=("streams", "tail", "since", "follow", "node_id"),
           stream=("chunk", "done")),
+    Route("POST", "/v1/instances/{instance_id}/exec", "exec", ExecRequest, None,
+          "Run a command inside a running instance, as `gavel exec` does without a "
+          "terminal: its output as it comes, then its exit (server-sent events); the "
+          "node's limits and its exec event are the same", body=True,
+          stream=("output", "exit")),
     Route("GET", "/v1/nodes", "nodes", NodesRequest, NodesReply,
           "Every node, its health and load"),
     Route("GET", "/v1/nodes/{node_id}", "nodes", NodesRequest, NodesReply,

@@ -20,6 +20,7 @@ import pytest
 from gavel.cli.api import app
 from gavel.cli.api.routes import BODY_MAX, ROUTES
 from gavel.client import Client, Ended, SyncClient
+from gavel.shared.execstream import Ended as Ended_
 from gavel.shared.messages import Spec
 from gavel.shared.reasons import Reason
 from tests.integration.harness import Cluster, sleeper_spec, wait_for
@@ -102,6 +103,12 @@ async def test_every_route_is_documented_and_every_documented_route_answers(
             sse = await Sse.open(api.port, url)
             sse.close()
             assert sse.status == 200 and b"text/event-stream" in sse.head, (method, path)
+            continue
+        if url.endswith("/exec"):
+            status, headers, got = await http(api.port, method, url,
+                                              json_body={"command": ["true"]})
+            assert status == 200 and headers["content-type"] == "text/event-stream", got
+            assert [e for e, _ in _frames(got)] == ["exit"]
             continue
         body = bodies.get((method, path), {} if method == "POST" else None)
         status, headers, got = await http(api.port, method, url, json_body=body)
@@ -386,6 +393,56 @@ async def test_logs_stream_an_instances_output_then_done(
     assert status == 404 and json.loads(body)["error"].startswith(Reason.UNKNOWN_INSTANCE)
 
 
+def _frames(body: bytes) -> list[tuple[str, Any]]:
+    """A finished event stream's frames: (event, its data as JSON)."""
+    out = []
+    for raw in body.split(b"\n\n"):
+        lines = dict(line.split(b": ", 1) for line in raw.split(b"\n") if b": " in line)
+        if b"event" in lines:
+            out.append((lines[b"event"].decode(), json.loads(lines[b"data"])))
+    return out
+
+
+async def test_exec_over_http_streams_a_commands_output_and_its_exit(
+        two: Cluster, api: app.ApiServer) -> None:
+    await two.submit(sleeper_spec("shell", cpu=0.1, memory_mb=32), "shell-1")
+    await running(api.port, "shell-1")
+    script = "cat; echo oops >&2; exit 7"
+    status, headers, got = await http(
+        api.port, "POST", "/v1/instances/shell-1/exec",
+        json_body={"command": ["/bin/sh", "-c", script],
+                   "stdin": base64.b64encode(b"hello\n").decode()})
+    assert status == 200 and headers["content-type"] == "text/event-stream", got
+    frames = _frames(got)
+    said = {stream: b"".join(base64.b64decode(d["data"]) for e, d in frames
+                             if e == "output" and d["stream"] == stream)
+            for stream in ("stdout", "stderr")}
+    assert said == {"stdout": b"hello\n", "stderr": b"oops\n"}
+    assert frames[-1][0] == "exit" and frames[-1][1]["exit_code"] == 7
+    # the node's own limits: a session past its time is killed, and says why
+    status, _, got = await http(api.port, "POST", "/v1/instances/shell-1/exec",
+                                json_body={"command": ["sleep", "60"], "timeout_s": 0.5})
+    assert _frames(got)[-1] == ("exit", {**_frames(got)[-1][1], "exit_code": None,
+                                         "reason": Ended_.TIMEOUT})
+
+    async def audited() -> bool:  # each session an exec event of the instance, as the CLI's
+        _, kept = await get_json(api.port, "/v1/events?instance_id=shell-1&limit=0")
+        return len([e for e in kept["events"] if e["type"] == "exec"]) == 2
+    await wait_for(audited, 15, what="two exec events")
+    _, kept = await get_json(api.port, "/v1/events?instance_id=shell-1&limit=0")
+    first = next(e for e in kept["events"] if e["type"] == "exec")
+    assert first["detail"].startswith("operator ran /bin/sh -c") and first["exit_code"] == 7
+    # not running: refused before any stream, in a sentence
+    await two.submit(sleeper_spec("gone", cpu=0.1, memory_mb=32, labels={"gpu": "yes"}),
+                     "gone-1")
+    status, _, got = await http(api.port, "POST", "/v1/instances/gone-1/exec",
+                                json_body={"command": ["true"]})
+    assert status == 409 and "is not running" in json.loads(got)["error"], got
+    status, _, got = await http(api.port, "POST", "/v1/instances/shell-1/exec",
+                                json_body={"command": []})
+    assert status == 400, got
+
+
 async def test_a_read_token_serves_the_reading_routes_and_refuses_every_change(
         two: Cluster) -> None:
     server = await app.start(two.url, None, port=0, token="full-token",
@@ -404,6 +461,10 @@ async def test_a_read_token_serves_the_reading_routes_and_refuses_every_change(
         status, _, _ = await http(server.port, "POST", "/v1/instances", json_body=body,
                                   headers=bearer("full-token"))
         assert status == 200
+        status, _, said = await http(server.port, "POST", "/v1/instances/x-1/exec",
+                                     json_body={"command": ["true"]},
+                                     headers=bearer("reader-token"))
+        assert status == 403, said  # exec is a writer's, though it streams
         status, _, _ = await http(server.port, "GET", "/v1/nodes")
         assert status == 401
     finally:
