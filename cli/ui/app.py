@@ -7,7 +7,8 @@ Rules:
 2. Routes: ``/`` the page; ``/static/NAME`` its files; ``/api/overview`` nodes, instances
    and services; ``/api/events`` the event stream (the overview, the recent events, then
    every event and every new overview as they come); ``/api/instances/ID`` one instance's
-   status and auctions; ``/api/logs/ID`` its log lines as an event stream (`ui.logs`).
+   status, auctions and usage over the last minutes (`ui.usage`); ``/api/logs/ID`` its log
+   lines as an event stream (`ui.logs`).
 3. It listens on ``--addr`` (loopback by default) and ``--port`` (`DEFAULT_PORT`, or a free
    port when that one is taken and none was asked for; 0 asks for a free one). The URL is
    printed once; a token the dashboard made is printed once, in that URL (`access`).
@@ -178,7 +179,7 @@ class Routes:
             return _json(404, {"error": str(exc)})
         except ClientError as exc:
             return _json(502, {"error": str(exc)})
-        return _json(200, views.instance_page(why))
+        return _json(200, {**views.instance_page(why), "usage": self.feed.usage.of(iid)})
 
     async def _events(self, sse: Sse) -> None:
         history = b"[" + b",".join(self.feed.events) + b"]"

@@ -30,7 +30,7 @@ from typing import Any
 import msgspec
 from nats.errors import NoRespondersError
 
-from gavel.cli.ui import views
+from gavel.cli.ui import usage, views
 from gavel.client import BrokerRefused, Client, ClientError
 from gavel.client.aio import EventFeed
 from gavel.shared.api import InstanceStatus, NodeStatus, PeriodicStatus, ServiceStatus
@@ -102,6 +102,8 @@ class Feed:
         self._task: asyncio.Task[None] | None = None
         self._following: asyncio.Task[None] | None = None
         self._sub: EventFeed | None = None
+        #: Each running instance's measured usage over the last minutes (`ui.usage`).
+        self.usage = usage.History()
 
     async def start(self) -> None:
         self._sub = await self.client.follow_events()
@@ -176,6 +178,7 @@ class Feed:
             nodes = await self.client.nodes()
             status = await self.client.status()  # every page
             self._nodes, self._instances = nodes.nodes, status.instances
+            self.usage.record(time.time(), status.instances)
             try:
                 services = await self.client.services()
                 self._services = services.services

@@ -224,6 +224,15 @@ def test_clicking_an_instance_shows_its_auction_with_the_winner_marked(up: Up,
     # Its recent log lines, read from its node through `gavel logs`'s API.
     page.wait_for_selector("#logs .line.stdout", timeout=WAIT_MS)
     assert page.locator("#logs .line.stdout").first.inner_text().strip() == "up"
+    # Its usage over the last minutes, measured from its cgroup: a small graph each.
+    page.wait_for_selector("#instance-usage .usage-graph.memory svg polyline",
+                           timeout=WAIT_MS)
+    graphs = page.locator("#instance-usage .usage-graph")
+    assert [graphs.nth(k).locator(".usage-label").inner_text() for k in range(2)] == [
+        "cpu", "memory"]
+    assert int(graphs.nth(1).get_attribute("data-points")) >= 2
+    assert re.fullmatch(r"[\d.]+ MB now, [\d.]+ at most",
+                        graphs.nth(1).locator(".mono").inner_text().strip())
     # Another instance, through the page's own link: the nodes that declined, and why.
     page.click('a[href="#/"]')
     page.click('#instances tr[data-instance="ui-eu-1"] a')

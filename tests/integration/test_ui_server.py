@@ -205,6 +205,26 @@ async def test_an_instance_page_has_its_auction_ranked_with_the_winner_flagged(
     assert status == 404
 
 
+async def test_an_instance_page_has_its_usage_over_the_last_minutes(
+        three: Cluster, dash: app.Dashboard) -> None:
+    iid = await three.submit(sleeper_spec("measured"))
+    nowhere = await three.submit(sleeper_spec("nowhere", labels={"gpu": "yes"}))
+
+    async def usage(of: str) -> list[list[float]]:
+        status, _, body = await http(dash.port, f"/api/instances/{of}")
+        assert status == 200, body
+        got: list[list[float]] = json.loads(body)["usage"]
+        return got
+
+    async def two() -> bool:
+        return len(await usage(iid)) >= 2
+    await wait_for(two, 30, what="two usage points, a refresh apart")
+    got = await usage(iid)
+    assert all(len(p) == 3 and p[1] >= 0 and p[2] >= 0 for p in got)  # at, cpu, memory
+    assert [p[0] for p in got] == sorted({p[0] for p in got})  # oldest first, each once
+    assert await usage(nowhere) == []  # never ran: nothing measured
+
+
 async def test_services_are_shown_with_their_replicas(three: Cluster,
                                                      dash: app.Dashboard) -> None:
     spec = sleeper_spec("web", type="service", count=2, cpu=0.25, memory_mb=64)

@@ -1,8 +1,9 @@
 // gavel's dashboard. Rules:
 // 1. Everything it shows comes from its own server: /api/events (server-sent events: the
 //    overview, the recent events, then every event and overview as they come) and, for one
-//    instance, /api/instances/ID (asked again when an event about it arrives) and the event
-//    stream /api/logs/ID. The page never polls.
+//    instance, /api/instances/ID (asked again when an event about it arrives, and every
+//    USAGE_REFRESH_MS with an overview: its usage graphs) and the event stream /api/logs/ID.
+//    The page never polls on a timer of its own.
 // 2. Text from the cluster (ids, reasons, log lines) is set as text, never as HTML.
 // 3. Views by the address's fragment: "#/" the cluster, "#/instance/ID" one instance,
 //    "#/node/ID" one node and what runs there, "#/service/NAME" one service and its replicas
@@ -408,6 +409,50 @@ function renderInstance(data) {
   const box = clear($("auctions"));
   if (!data.auctions.length) box.append(el("p", {class: "note", text: "No auction recorded yet."}));
   for (const a of data.auctions) box.append(renderAuction(a));
+  renderUsage(i, data.usage);
+}
+
+// -- usage graphs: the instance's measured cpu and memory over the last minutes ----------
+const SVG = "http://www.w3.org/2000/svg";
+const USAGE_REFRESH_MS = 10000;
+
+function spark(points, index, what, unit, digits) {
+  // One small graph: the line of `index` over time, scaled to its most, the latest figure
+  // and the most beside it.
+  const w = 240, h = 40;
+  const values = points.map((p) => p[index]);
+  const top = Math.max(...values) || 1;
+  const t0 = points[0][0], span = Math.max(1, points[points.length - 1][0] - t0);
+  const svg = document.createElementNS(SVG, "svg");
+  svg.setAttribute("viewBox", `0 0 ${w} ${h}`);
+  svg.setAttribute("width", w);
+  svg.setAttribute("height", h);
+  svg.setAttribute("class", "spark");
+  const line = document.createElementNS(SVG, "polyline");
+  line.setAttribute("points", points.map((p) =>
+    `${((p[0] - t0) / span * w).toFixed(1)},${(h - p[index] / top * (h - 2) - 1).toFixed(1)}`)
+    .join(" "));
+  svg.append(line);
+  const now = values[values.length - 1], most = Math.max(...values);
+  return el("div", {class: `usage-graph ${what}`, "data-points": String(points.length)},
+            el("span", {class: "usage-label", text: what}), svg,
+            el("span", {class: "mono", text: `${fmtNumber(now, digits)} ${unit} now, ` +
+                        `${fmtNumber(most, digits)} at most`}));
+}
+
+function renderUsage(i, points) {
+  const box = clear($("instance-usage"));
+  if (!points || points.length < 2) {
+    box.append(el("p", {class: "note", text: i.state === "running" ?
+      "Measuring: its graphs come with the next refreshes." :
+      "Not running: nothing to measure."}));
+    return;
+  }
+  const minutes = Math.max(1, Math.round((points[points.length - 1][0] - points[0][0]) / 60));
+  box.append(el("p", {class: "note", text: `Measured from its cgroup, the last ${minutes} ` +
+                      `minute${minutes === 1 ? "" : "s"}.`}),
+             spark(points, 1, "cpu", "cpu", 2),
+             spark(points, 2, "memory", "MB", 1));
 }
 
 async function fetchInstance(id) {
@@ -516,6 +561,11 @@ function connect() {
   src.addEventListener("overview", (msg) => {
     state.overview = JSON.parse(msg.data);
     renderOverview();
+    // An open instance page is asked again now and then: its usage graphs move on.
+    if (state.instance && Date.now() - (state.usageAt || 0) > USAGE_REFRESH_MS) {
+      state.usageAt = Date.now();
+      refetchSoon(state.instance);
+    }
   });
   src.addEventListener("history", (msg) => {
     state.events = [];
