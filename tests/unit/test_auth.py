@@ -205,3 +205,26 @@ def test_the_broker_answers_only_inboxes_and_a_node_reads_only_its_own_key() -> 
     assert "gavel.watch.a" in node["publish"]["allow"]
     ids_conf = auth.render_config([("broker", "UKEY", broker)])
     assert "allow_responses" not in ids_conf
+
+
+def test_an_operator_s_http_token_is_written_once_private_and_read_with_its_role(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`gavel auth operator add NAME --http-token` (`cli.api.operators` rule 1); `gavel api
+    --api-operators` reads each recorded operator with a token and a seed (rule 2)."""
+    from gavel.cli.api import operators
+    from gavel.cli.auth import run_cli
+    from gavel.cli.main import build_parser
+
+    def add(*argv: str) -> None:
+        assert run_cli(build_parser().parse_args(
+            ["auth", "operator", "add", *argv, "--state", str(tmp_path)])) == 0
+    add("ci", "--role", "write", "--http-token")
+    add("viewer", "--role", "read")  # no token: not the API's
+    path = tmp_path / "auth" / "operators" / "ci.token"
+    token = path.read_text().strip()
+    assert len(token) >= 32 and path.stat().st_mode & 0o077 == 0
+    assert f"its HTTP API token: {path.resolve()}" in capsys.readouterr().out
+    add("ci", "--role", "read", "--http-token")  # re-roled: the token is kept
+    assert path.read_text().strip() == token
+    assert operators.load(tmp_path / "auth") == [operators.Operator(
+        name="ci", role="read", creds=tmp_path / "auth" / "operators" / "ci.nk", token=token)]
