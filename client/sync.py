@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator, Callable, Coroutine, Generator, Itera
 from typing import Any, TypeVar
 
 from gavel.client.aio import Client
+from gavel.client.runwait import Watch
 from gavel.shared.api import (
     CancelReply,
     DeployReply,
@@ -38,10 +39,27 @@ from gavel.shared.messages import Event, Spec
 from gavel.shared.planning import PlanReply
 from gavel.shared.routes import RouteEntry
 
-__all__ = ["SyncClient"]
+__all__ = ["SyncClient", "SyncWatch"]
 
 R = TypeVar("R")
 Y = TypeVar("Y")
+
+
+class SyncWatch:
+    """`Client.watch` for the sync client: hand it to `SyncClient.wait`, and ``close`` it
+    (or ``with``) when the waits are over."""
+
+    def __init__(self, client: SyncClient, watch: Watch) -> None:
+        self._client, self.watch = client, watch
+
+    def close(self) -> None:
+        self._client._run(self.watch.close())
+
+    def __enter__(self) -> SyncWatch:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 class SyncClient:
@@ -113,8 +131,16 @@ class SyncClient:
     def instance(self, instance_id: str) -> InstanceStatus:
         return self._run(self.client.instance(instance_id))
 
-    def wait(self, instance_id: str, timeout: float | None = 30.0) -> InstanceStatus:
-        return self._run(self.client.wait(instance_id, timeout))
+    def watch(self, *instance_ids: str) -> SyncWatch:
+        return SyncWatch(self, self._run(self.client.watch(*instance_ids)))
+
+    def wait(self, instance_id: str, timeout: float | None = 30.0, *,
+             watch: SyncWatch | None = None) -> InstanceStatus:
+        return self._run(self.client.wait(instance_id, timeout,
+                                          watch=watch.watch if watch else None))
+
+    def wait_nodes(self, count: int, timeout: float = 30.0) -> NodesReply:
+        return self._run(self.client.wait_nodes(count, timeout))
 
     def wait_job(self, job_id: str, timeout: float | None = None) -> StatusReply:
         return self._run(self.client.wait_job(job_id, timeout))

@@ -5,12 +5,13 @@ error event leaves no trace in the status)."""
 
 from __future__ import annotations
 
+import asyncio
 import sys
 
 import msgspec
 import pytest
 
-from gavel.client import Client, Ended, TimedOut
+from gavel.client import Client, Ended, SyncClient, TimedOut
 from gavel.shared import subjects
 from gavel.shared.messages import Event, EventType, Spec
 from gavel.shared.reasons import Reason
@@ -39,6 +40,17 @@ async def test_a_wait_names_the_last_failing_check(cluster: Cluster) -> None:
     assert str(timed_out.value) == ("down-1 not healthy within 5s: unhealthy: "
                                     "tcp web: connection refused")
     assert timed_out.value.status.instance_id == "down-1"
+
+    def sync_wait() -> str:  # the sync client's: the same wait, from a thread of its own
+        with SyncClient(cluster.url) as c, c.watch("down-2") as watch:
+            c.submit(_down(), instance_id="down-2")
+            try:
+                c.wait("down-2", 5, watch=watch)
+            except TimedOut as exc:
+                return str(exc)
+        return "healthy"
+    assert await asyncio.to_thread(sync_wait) == ("down-2 not healthy within 5s: unhealthy: "
+                                                  "tcp web: connection refused")
 
 
 async def test_an_event_heard_before_the_wait_began_ends_it(cluster: Cluster) -> None:
