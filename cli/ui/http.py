@@ -155,8 +155,9 @@ class Server:
         #: what a reader may do); only beside a full `token`.
         self.read_token = read_token if token else ""
         #: Named operators' bearer tokens: each token's operator and whether it only reads
-        #: (`Request.operator`, `Request.reader`); only beside a full `token`.
-        self.operators = dict(operators or {}) if token else {}
+        #: (`Request.operator`, `Request.reader`). Without a full `token` (on loopback) a
+        #: request bearing none is still served, as the server's own.
+        self.operators = dict(operators or {})
         self.policy = policy
         self.port = 0
         self._server: asyncio.Server | None = None

@@ -258,3 +258,15 @@ async def test_each_http_token_asks_as_its_own_operator(world: World) -> None:
         assert await requested("by-api") == f"submit by operator {subjects.OPERATOR}"
     finally:
         await server.close()
+    # On loopback with no token of its own (`gavel up`'s), a named token still names its
+    # operator; a request with none is the API's own.
+    server = await app.start(world.server.url, str(world.ids.operator), port=0,
+                             operators_dir=str(auth_dir))
+    try:
+        assert not server.token
+        assert (await submit(writer, "by-writer-2"))[0] == 200
+        assert (await submit(reader, "by-reader-2"))[0] == 403
+        await wait_for(lambda: _some(requested("by-writer-2")), 15, what="the second event")
+        assert await requested("by-writer-2") == "submit by operator writer"
+    finally:
+        await server.close()
