@@ -58,6 +58,7 @@ from gavel.cli.api.routes import BODY_MAX, BadRequest, Route, build, find
 from gavel.cli.ui import access
 from gavel.cli.ui.http import Policy, Request, Response, Server, Sse, Stream
 from gavel.client import BrokerRefused, Client, ClientError, NoAnswer, NoBroker, NotAllowed
+from gavel.shared import subjects
 from gavel.shared.errors import BadInput
 from gavel.shared.execstream import CHUNK_MAX, ExecOutput, ExecRequest
 from gavel.shared.logstream import LogsDone, LogsRequest
@@ -383,7 +384,8 @@ async def start(nats_url: str, creds: str | None, *, addr: str = "127.0.0.1",
     server = None
     try:
         for op in named:  # rule 1: each named operator asks as itself
-            clients[op.name] = await _connect(nats_url, str(op.creds))
+            clients[op.name] = await _connect(  # as its name, whatever GAVEL_OPERATOR says
+                nats_url, str(op.creds), inbox_prefix=subjects.operator_inbox(op.name))
         server = Server(Handler(client, clients), required, POLICY, read_token=read_token,
                         operators={op.token: (op.name, op.reader) for op in named})
         bound = await _listen(server, addr, port, tls)
@@ -399,9 +401,9 @@ async def start(nats_url: str, creds: str | None, *, addr: str = "127.0.0.1",
                      named=list(clients))
 
 
-async def _connect(nats_url: str, creds: str | None) -> Client:
+async def _connect(nats_url: str, creds: str | None, **options: Any) -> Client:
     return await Client.connect(nats_url, creds, allow_reconnect=True,
-                                max_reconnect_attempts=-1, reconnect_time_wait=1)
+                                max_reconnect_attempts=-1, reconnect_time_wait=1, **options)
 
 
 async def run(args: argparse.Namespace) -> int:
