@@ -177,6 +177,8 @@ class InstanceStatus(msgspec.Struct, kw_only=True):
     #: average, memory charged to its cgroup. 0 where its node measures nothing.
     cpu_used: float = 0.0
     memory_used_mb: float = 0.0
+    #: A batch array's task: the array's id ("" for a lone job or a replica).
+    array: str = ""
 
 
 class ArrayStatus(msgspec.Struct, kw_only=True):

@@ -31,7 +31,7 @@ from typing import Any
 
 from gavel.cli.ui import access, feed, logs, views
 from gavel.cli.ui.http import Request, Response, Server, Sse, Stream
-from gavel.shared.api import INSTANCE_ID, WhyReply, WhyRequest
+from gavel.shared.api import INSTANCE_ID, EventsReply, EventsRequest, WhyReply, WhyRequest
 from gavel.shared.errors import BadInput
 from gavel.transport.client import BrokerRefused, ClientError, call, connect
 
@@ -175,11 +175,13 @@ class Routes:
         try:
             why = await call(self.nc, "why", WhyRequest(instance_id=iid), WhyReply,
                              timeout=feed.CALL_S)
+            told = await call(self.nc, "events", EventsRequest(
+                instance_id=iid, limit=feed.EVENTS_KEPT), EventsReply, timeout=feed.CALL_S)
         except BrokerRefused as exc:
             return _json(404, {"error": str(exc)})
         except ClientError as exc:
             return _json(502, {"error": str(exc)})
-        return _json(200, views.instance_page(why))
+        return _json(200, views.instance_page(why, told.events))
 
     async def _events(self, sse: Sse) -> None:
         history = b"[" + b",".join(self.feed.events) + b"]"
