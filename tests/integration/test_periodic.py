@@ -14,6 +14,8 @@ import sys
 import time
 from pathlib import Path
 
+import msgspec
+import pygit2
 import pytest
 
 from gavel.broker.ledger.repository import Ledger
@@ -33,7 +35,7 @@ from gavel.shared.reasons import Reason
 from gavel.shared.records import PeriodicRecord, PeriodicRun
 from gavel.transport.client import BrokerRefused
 from tests.integration.clibatch import Line, run_all
-from tests.integration.harness import Cluster, wait_for
+from tests.integration.harness import TIMING, Cluster, wait_for
 
 EVERY_SECOND = "* * * * * *"
 
@@ -178,6 +180,36 @@ def accounted(got: list[tuple[int, int, str]]) -> None:
     assert len(runs) == len(set(runs))
     for (before, _, _), (at, missed, _) in itertools.pairwise(got):
         assert at - before == 1 + missed, (before, at, missed)  # none lost
+
+
+async def test_a_cancelled_jobs_record_leaves_the_tree_after_the_retention_window(
+        cluster: Cluster) -> None:
+    """`periodic/<name>.json` of a cancelled job is kept `retention_s` (status answers, with
+    its history), then leaves the tree in a commit that says so; the name is free again."""
+    broker = await cluster.start_broker(timing=msgspec.structs.replace(TIMING,
+                                                                       retention_s=2.0))
+    spec = Spec(name="gone", command=["true"], schedule=EVERY_SECOND)
+    await cluster.call("submit", SubmitRequest(spec=spec), SubmitReply)
+    await wait_for(lambda: len(runs(cluster, "gone")) >= 1, 30, what="a run (queued)")
+    await cluster.call("cancel", CancelRequest(instance_id="gone"), CancelReply)
+    st = await cluster.call("status", StatusRequest(instance_id="gone"), StatusReply)
+    assert st.periodic is not None and st.periodic.stopped and st.periodic.history
+    assert job(cluster, "gone").stopped_at
+
+    def in_tree() -> bool:
+        ledger = cluster.ledger()
+        tree = ledger.repo[ledger.head()].peel(pygit2.Tree)
+        return "periodic" in tree and "gone.json" in tree["periodic"].peel(pygit2.Tree)
+    assert in_tree()
+    await wait_for(lambda: "gone" not in broker.ledger.state().periodic, 30,
+                   what="the cancelled record forgotten")
+    assert not in_tree()
+    assert any("periodic gone: forget its record, cancelled " in c.message
+               for c in cluster.ledger().history())
+    with pytest.raises(BrokerRefused, match=Reason.UNKNOWN_INSTANCE):
+        await cluster.call("status", StatusRequest(instance_id="gone"), StatusReply)
+    web = Spec(name="gone", type="service", command=["sleep", "60"], count=0)
+    await cluster.call("deploy", DeployRequest(spec=web), DeployReply)  # the name is free
 
 
 async def test_a_broker_started_again_neither_loses_nor_doubles_a_fire_time(
