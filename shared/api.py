@@ -19,6 +19,7 @@ from gavel.shared.ids import (
     counted_id_problem,
     counted_ids,
     key_problem,
+    kind_naming_problem,
 )
 from gavel.shared.messages import Capacity, Event, HostStats, Message, Spec
 from gavel.shared.records import AuctionRecord, Deployment, PeriodicRun
@@ -70,6 +71,7 @@ __all__ = [
     "counted_id_problem",
     "counted_ids",
     "key_problem",
+    "kind_naming_problem",
 ]
 
 class SubmitRequest(Message, tag="submit"):

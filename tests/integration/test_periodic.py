@@ -234,6 +234,29 @@ async def test_a_broker_started_again_neither_loses_nor_doubles_a_fire_time(
     accounted(recorded(cluster.state, "beat"))
 
 
+async def test_the_api_refuses_an_id_or_a_count_it_would_not_use(cluster: Cluster) -> None:
+    """A periodic or system job is named by its spec's name: a submit naming another id, or
+    asking a count, is refused with one sentence (not dropped) and writes nothing; its own
+    name is taken."""
+    broker = await cluster.start_broker()
+    tick = Spec(name="tick", command=["true"], schedule="@daily")
+    agent = Spec(name="agent", type="system", command=["sleep", "60"])
+    for req, words in [
+            (SubmitRequest(spec=tick, instance_id="other"),
+             "--id 'other' does not apply to a periodic job"),
+            (SubmitRequest(spec=tick, count=2), "count 2 does not apply to a periodic job"),
+            (SubmitRequest(spec=agent, instance_id="other"),
+             "--id 'other' does not apply to a system job"),
+            (SubmitRequest(spec=agent, count=3), "count 3 does not apply to a system job")]:
+        with pytest.raises(BrokerRefused, match=re.escape(words)):
+            await cluster.call("submit", req, SubmitReply)
+    state = broker.ledger.state()
+    assert not state.periodic and not state.services and not state.instances
+    got = await cluster.call("submit", SubmitRequest(spec=tick, instance_id="tick"),
+                             SubmitReply)
+    assert got.instance_id == "tick" and "tick" in broker.ledger.state().periodic
+
+
 def test_bad_periodic_specs_are_refused_at_submit_naming_the_field(tmp_path: Path) -> None:
     cases = {
         "cron": ('schedule = "61 * * * *"', "schedule '61 * * * *' is not a cron expression"),
@@ -244,12 +267,17 @@ def test_bad_periodic_specs_are_refused_at_submit_naming_the_field(tmp_path: Pat
         "system": ('type = "system"\nschedule = "@daily"', "not to a system job"),
         "overlap": ('schedule = "@daily"\noverlap = "queue"',
                     "overlap 'queue' is not one of: skip, allow"),
+        # --id names one instance: a periodic or system job is named by its spec's name.
+        "id": ('schedule = "@daily"', "--id 'other' does not apply to a periodic job: it is "
+               "named by its spec's name ('p') and names each run by its fire time"),
+        "id-system": ('type = "system"', "--id 'other' does not apply to a system job"),
     }
     lines = []
     for name, (fields, _) in cases.items():
         path = tmp_path / f"{name}.toml"
         path.write_text(f'name = "p"\ncommand = ["true"]\n{fields}\n')
-        lines.append(Line(["submit", str(path), "--nats", "nats://127.0.0.1:1"], tmp_path))
+        lines.append(Line(["submit", str(path), "--nats", "nats://127.0.0.1:1",
+                           *(["--id", "other"] if name.startswith("id") else [])], tmp_path))
     for proc, (name, (_, words)) in zip(run_all(lines, tmp_path / "out.json"), cases.items(),
                                         strict=True):
         assert proc.returncode == 2, (name, proc.stderr)
