@@ -27,6 +27,7 @@ from typing import Any
 
 import msgspec
 
+from gavel.shared import cron
 from gavel.shared.api import (
     ArrayStatus,
     InstanceStatus,
@@ -74,10 +75,18 @@ def overview(*, nodes: list[NodeStatus], instances: list[InstanceStatus],
         "counts": dict(sorted(Counter(i.state for i in instances).items())),
         "services": None if services is None else [_plain(s) for s in services],
         "services_error": services_error,
-        "periodic": [_plain(p) for p in periodic or []],
+        "periodic": [_periodic(p) for p in periodic or []],
         "arrays": [_plain(a) for a in sorted(arrays or [],
                                              key=lambda a: (a.ended, a.array_id))],
     }
+
+
+def _periodic(p: PeriodicStatus) -> dict[str, Any]:
+    """A periodic job, its fire times also as its schedule reads them (in its zone)."""
+    out: dict[str, Any] = _plain(p)
+    out["last_run_local"] = cron.zoned(p.last_run, p.time_zone) if p.last_run else ""
+    out["next_run_local"] = cron.zoned(p.next_run, p.time_zone) if p.next_run else ""
+    return out
 
 
 def arrays_shown(instances: list[InstanceStatus]) -> list[str]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import msgspec
 
 from gavel.cli.ui import views
-from gavel.shared.api import ArrayStatus, InstanceStatus, NodeStatus, WhyReply
+from gavel.shared.api import ArrayStatus, InstanceStatus, NodeStatus, PeriodicStatus, WhyReply
 from gavel.shared.award import NodeBid, NodeDecline
 from gavel.shared.messages import Event, Victim
 from gavel.shared.preemption import Offer
@@ -165,3 +165,16 @@ def test_arrays_are_tallied_the_live_ones_first_and_at_most_so_many() -> None:
     o = views.overview(nodes=[], instances=instances, services=None, arrays=tallies)
     assert [(a["array_id"], a["succeeded"], a["running"], a["pending"]) for a in
             o["arrays"]] == [("c", 1, 1, 0), ("a", 1, 0, 0)]
+
+
+def test_a_periodic_jobs_fire_times_are_also_given_in_its_zone() -> None:
+    p = PeriodicStatus(name="nightly", schedule="0 2 * * *", time_zone="Europe/Riga",
+                       last_run="2026-12-02T00:00:00Z", next_run="2026-12-03T00:00:00Z")
+    (shown,) = views.overview(nodes=[], instances=[], services=None, periodic=[p])["periodic"]
+    assert shown["last_run"] == "2026-12-02T00:00:00Z"
+    assert shown["last_run_local"] == "2026-12-02 02:00:00 EET"
+    assert shown["next_run_local"] == "2026-12-03 02:00:00 EET"
+    stopped = PeriodicStatus(name="t", schedule="@daily", stopped=True)
+    (shown,) = views.overview(nodes=[], instances=[], services=None,
+                              periodic=[stopped])["periodic"]
+    assert shown["last_run_local"] == shown["next_run_local"] == ""

@@ -194,9 +194,11 @@ function renderPeriodic(jobs) {
     body.append(el("tr", {"data-periodic": p.name},
       el("td", {text: p.name}),
       el("td", {class: "mono", text: `${p.schedule} (${p.time_zone})`}),
-      el("td", {class: "mono", text: p.last_run || "-"}),
+      el("td", {class: "mono", title: p.last_run || null,
+                text: p.last_run_local || p.last_run || "-"}),
       el("td", {text: outcome}),
-      el("td", {class: "mono", text: p.stopped ? "cancelled" : (p.next_run || "-")})));
+      el("td", {class: "mono", title: p.next_run || null,
+                text: p.stopped ? "cancelled" : (p.next_run_local || p.next_run || "-")})));
   }
 }
 
