@@ -108,6 +108,7 @@ from gavel.shared.api import (
     WhyReply,
     WhyRequest,
     counted_ids,
+    kind_naming_problem,
 )
 from gavel.shared.messages import ApiError, EventType, Message
 from gavel.shared.planning import PlanRequest
@@ -248,6 +249,8 @@ class Api:
 
     # -- verbs ---------------------------------------------------------------------------
     async def submit(self, req: SubmitRequest) -> Message:
+        if named := kind_naming_problem(req.spec, req.instance_id, req.count):
+            return ApiError(error=named)
         if req.spec.system:  # intent is a record of its own, as a service's (broker.systems)
             got = await self.service_verbs.deploy(DeployRequest(spec=req.spec, key=req.key))
             return SubmitReply(instance_id=got.name) if isinstance(got, DeployReply) else got

@@ -238,8 +238,10 @@ class Deploys:
 
 
 def _same(a: Spec, b: Spec) -> bool:
-    """The same version: equal but for the count (a count alone is a scale, not a deploy)."""
-    return msgspec.structs.replace(a, count=0) == msgspec.structs.replace(b, count=0)
+    """The same version: equal but for the count (a count alone is a scale, not a deploy).
+    `a` takes `b`'s count, which its kind admits (a system job's count is always 1: a count
+    of 0 is refused by the spec's own check)."""
+    return msgspec.structs.replace(a, count=b.count) == b
 
 
 def _back(svc: ServiceRecord) -> int:

@@ -15,11 +15,21 @@ Rules:
    (reason: why); `gavel_periodic_runs_total{outcome="run|skipped|missed"}` counts them.
 5. The plans are pure functions of their view, `now` (whole POSIX seconds) and the request:
    they return the change and its effects as values (`broker.effects`).
+6. A run is admitted as any submit is (`gavel.shared.admission`): one that would take the
+   live instances past the broker's `--max-instances` is not made; its fire time is skipped
+   with `Reason.OVER_CLUSTER_CAP` (the event says the submit's own sentence) and the
+   schedule moves on, so a full cluster is not handed a backlog of runs once room appears.
+7. A cancelled job's record (its history) stays `timing.retention_s` after its cancel, as
+   an ended instance's does, so `gavel status NAME` still answers; then, once no run of it
+   is live, it leaves the tree (git history keeps it) and the name is free. A record
+   stopped without a stamp (by hand, by an older gavel) counts from its latest fire time or
+   submission; ``retention_s = 0`` keeps every record.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -35,6 +45,7 @@ from gavel.broker.ledger.plan import View, submit
 from gavel.broker.ledger.state import State
 from gavel.broker.promises import Promises
 from gavel.shared import cron
+from gavel.shared.admission import Caps, refusal
 from gavel.shared.api import (
     CancelReply,
     InstanceStatus,
@@ -48,7 +59,16 @@ from gavel.shared.reasons import Reason
 from gavel.shared.records import InstanceRecord, PeriodicRecord, PeriodicRun
 from gavel.shared.spec import Spec
 
-__all__ = ["Periodic", "Ran", "plan_cancel", "plan_run", "plan_submit", "status_of", "summary"]
+__all__ = ["Forgot", "Periodic", "Ran", "forgettable", "live_instances", "plan_cancel",
+           "plan_forget", "plan_run", "plan_submit", "status_of", "summary"]
+
+
+@dataclass(frozen=True)
+class Forgot:
+    """A pass over cancelled job `name` landed (rule 7): its record left the tree, or the
+    plan found it no longer due and changed nothing."""
+
+    name: str
 
 
 @dataclass(frozen=True)
@@ -116,9 +136,21 @@ def _trim(view: View, history: list[PeriodicRun]) -> list[PeriodicRun]:
     return out
 
 
-def plan_run(view: View, name: str, now: int) -> Planned | None:
+def live_instances(view: View) -> int:
+    """The live (not ended) instances of `view`: the state's, as this change leaves them."""
+    state = view.state
+    live = len(state.instances) - len(state.ended)
+    for iid, rec in view.change.instances.items():
+        old = state.instances.get(iid)
+        live += (rec is not None and not rec.state.terminal) - \
+            (old is not None and not old.state.terminal)
+    return live
+
+
+def plan_run(view: View, name: str, now: int, caps: Caps | None = None) -> Planned | None:
     """The job's due fire time at `now`, on `view`: a run made (its record and the new
-    position in one change) or a skip recorded; None when nothing is due (rule 2)."""
+    position in one change) or a skip recorded - also for a run `caps` refuses (rule 6);
+    None when nothing is due (rule 2)."""
     job = view.periodic(name)
     if job is None:
         return None
@@ -127,6 +159,10 @@ def plan_run(view: View, name: str, now: int) -> Planned | None:
         return None
     spec = job.spec
     when = cron.local(got.at, spec.time_zone)
+    over = "" if caps is None or got.skipped is not None else \
+        refusal(caps, live=live_instances(view), adding=1)
+    if over:
+        got = dataclasses.replace(got, skipped=Reason.OVER_CLUSTER_CAP)
     entry = PeriodicRun(at=cron.stamp(got.at), skipped=str(got.skipped or ""),
                         missed=got.missed)
     effects: list[object] = []
@@ -143,7 +179,7 @@ def plan_run(view: View, name: str, now: int) -> Planned | None:
     else:
         line = f"periodic {name}: skip {when}: {got.skipped}"
         effects.append(Emit(name, EventType.PERIODIC_SKIPPED, reason=got.skipped,
-                            detail=when))
+                            detail=f"{when}: {over}" if over else when))
     if got.missed:
         line += f" ({got.missed} earlier fire times missed)"
     history = _trim(view, _outcomes(view, [*job.history, entry]))
@@ -166,7 +202,8 @@ def plan_submit(view: View, spec: Spec, now: int, waiter: asyncio.Future[Message
     if old is not None and old.spec == spec and not old.stopped:
         return Planned(lines=[], effects=[Answer(waiter, answer)])
     job = PeriodicRecord(name=name, spec=spec, since=cron.stamp(now)) if old is None else \
-        msgspec.structs.replace(old, spec=spec, since=cron.stamp(now), stopped=False)
+        msgspec.structs.replace(old, spec=spec, since=cron.stamp(now), stopped=False,
+                                stopped_at="")
     view.put_periodic(job)
     assert spec.schedule is not None
     verb = "submit" if old is None else "submit again"
@@ -174,8 +211,10 @@ def plan_submit(view: View, spec: Spec, now: int, waiter: asyncio.Future[Message
                           f"({spec.time_zone or 'UTC'})"], effects=[Answer(waiter, answer)])
 
 
-def plan_cancel(view: View, name: str, waiter: asyncio.Future[Message]) -> Planned | None:
-    """`gavel cancel NAME` of a periodic job: stopped, so no run is made (rule 1)."""
+def plan_cancel(view: View, name: str, waiter: asyncio.Future[Message], now: int
+                ) -> Planned | None:
+    """`gavel cancel NAME` of a periodic job: stopped at `now`, so no run is made (rule 1);
+    its record is kept for a while after (rule 7)."""
     job = view.periodic(name)
     if job is None:
         return Planned(lines=[], effects=[Answer(waiter, ApiError(
@@ -183,9 +222,28 @@ def plan_cancel(view: View, name: str, waiter: asyncio.Future[Message]) -> Plann
     effects: list[object] = [Answer(waiter, CancelReply(instance_id=name, state="cancelled"))]
     if job.stopped:
         return Planned(lines=[], effects=effects)
-    view.put_periodic(msgspec.structs.replace(job, stopped=True))
+    view.put_periodic(msgspec.structs.replace(job, stopped=True, stopped_at=cron.stamp(now)))
     effects.insert(0, Emit(name, EventType.CANCELLED, reason=Reason.PERIODIC_STOPPED))
     return Planned(lines=[f"periodic {name}: cancelled"], effects=effects)
+
+
+def forgettable(view: View | State, job: PeriodicRecord, keep_s: float, now: int) -> bool:
+    """Rule 7: a cancelled job whose record has been kept long enough, and no run live."""
+    if not job.stopped or keep_s <= 0:
+        return False
+    since = cron.unstamp(job.stopped_at) or position(job)
+    return now >= since + keep_s and not live_run(view, job)
+
+
+def plan_forget(view: View, name: str, keep_s: float, now: int) -> Planned:
+    """Rule 7: the cancelled job's record out of the tree, if it is still due to go."""
+    job = view.periodic(name)
+    if job is None or not forgettable(view, job, keep_s, now):
+        return Planned(lines=[], effects=[Forgot(name)])
+    view.drop_periodic(name)
+    when = f", cancelled {job.stopped_at}" if job.stopped_at else ""
+    return Planned(lines=[f"periodic {name}: forget its record{when} ({len(job.history)} "
+                          "fire times in its history)"], effects=[Forgot(name)])
 
 
 def summary(state: State, job: PeriodicRecord, now: int
@@ -223,8 +281,10 @@ class Periodic:
     """The shell: ticks each job's decision on the broker's wall clock and commits what is
     due (rules 2-3); serves the API's submit and cancel of a periodic job (rule 1)."""
 
-    def __init__(self, ctx: Context, promises: Promises, wall: Callable[[], datetime]) -> None:
+    def __init__(self, ctx: Context, promises: Promises, wall: Callable[[], datetime],
+                 caps: Caps | None = None) -> None:
         self.ctx = ctx
+        self.caps = caps  # rule 6
         self.promises = promises
         self.wall = wall
         self._busy: set[str] = set()
@@ -233,6 +293,7 @@ class Periodic:
         self._next: dict[str, tuple[PeriodicRecord, int | None]] = {}
         self.runs = ctx.metrics.periodic_runs
         ctx.committer.effects.on(Ran, self._ran)
+        ctx.committer.effects.on(Forgot, self._forgot)
 
     def now(self) -> int:
         return int(self.wall().timestamp())
@@ -244,7 +305,15 @@ class Periodic:
             return
         state = ctx.ledger.state()
         now = self.now()
+        keep_s = ctx.timing.retention_s
         for name, job in state.periodic.items():
+            if job.stopped:  # rule 7
+                if name not in self._busy and forgettable(state, job, keep_s, now):
+                    self._busy.add(name)
+                    ctx.committer.submit(Item(
+                        plan=functools.partial(plan_forget, name=name, keep_s=keep_s, now=now),
+                        failed=functools.partial(self._failed, name), retry=False))
+                continue
             known = self._next.get(name)
             if name in self._busy or (known is not None and known[0] is job and (
                     known[1] is None or now < known[1])):
@@ -260,13 +329,17 @@ class Periodic:
                                       retry=False))
 
     def _pass(self, view: View, name: str, now: int) -> Planned | None:
-        planned = plan_run(view, name, now)
+        planned = plan_run(view, name, now, self.caps)
         if planned is None:
             self._busy.discard(name)
         return planned
 
     def _failed(self, name: str, _reason: Reason, _detail: str) -> None:
         self._busy.discard(name)
+
+    def _forgot(self, forgot: Forgot, _sha: str) -> None:
+        self._busy.discard(forgot.name)
+        self._next.pop(forgot.name, None)
 
     def _ran(self, ran: Ran, _sha: str) -> None:
         self._busy.discard(ran.name)
@@ -281,7 +354,7 @@ class Periodic:
 
     async def cancel(self, name: str) -> Message:
         """Rule 1: the schedule stops, and its runs not yet ended are cancelled."""
-        got = await self._commit(functools.partial(plan_cancel, name=name))
+        got = await self._commit(functools.partial(plan_cancel, name=name, now=self.now()))
         state = self.ctx.ledger.state()
         job = state.periodic.get(name)
         for entry in job.history if job is not None else ():

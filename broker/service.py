@@ -203,7 +203,7 @@ class Broker:
                                      routes=self.routes, rng=random.Random(config.seed))
         self.arrays = Arrays(ctx)
         self.systems = Systems(ctx, self.promises, config.wall)
-        self.periodic = Periodic(ctx, self.promises, config.wall)
+        self.periodic = Periodic(ctx, self.promises, config.wall, config.caps)
         self.deploys = Deploys(ctx, self.services, config.wall)
         self.integrity = Integrity(ctx)
 

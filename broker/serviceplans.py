@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 
 import msgspec
@@ -246,26 +247,30 @@ def _narrate(out: Planned, before: ServiceRecord, d: Decision) -> None:
 
 # -- system jobs ---------------------------------------------------------------------------
 def system_decision(view: View | State, svc: ServiceRecord, recs: list[InstanceRecord],
-                    nodes: Mapping[str, Node], hold: set[str]) -> SystemDecision:
+                    nodes: Mapping[str, Node], hold: set[str],
+                    settled: AbstractSet[str] = frozenset()) -> SystemDecision:
+    """`shared.systems.decide` for the job: its version rolls `update.max_parallel` nodes
+    at a time, gated on `settled` (its instances known healthy)."""
     spec = svc.spec_of(svc.version)
     if spec is None:
         return SystemDecision()
     live = [Placed(r.instance_id, r.only_node, r.version) for r in recs
             if not r.state.terminal and not r.cancelling]
     return decide_system(spec.labels, svc.version, dict(nodes), live, stopped=svc.stopped,
-                         hold=hold)
+                         hold=hold, max_parallel=spec.update.max_parallel, settled=settled)
 
 
 def plan_system(view: View, name: str, *, nodes: Mapping[str, Node], hold: set[str],
-                rng: random.Random, stamp: str, epoch: int) -> Planned | None:
+                rng: random.Random, stamp: str, epoch: int,
+                settled: AbstractSet[str] = frozenset()) -> Planned | None:
     """The decision for the system job `name` on `view` (`nodes` as the broker hears them,
-    `hold`: nodes backed off), applied to it."""
+    `hold`: nodes backed off, `settled`: its instances known healthy), applied to it."""
     svc = view.service(name)
     if svc is None or not is_system(svc):
         return None
     spec = svc.spec_of(svc.version)
     assert spec is not None
-    d = system_decision(view, svc, view.replicas(name), nodes, hold)
+    d = system_decision(view, svc, view.replicas(name), nodes, hold, settled)
     out = Planned(lines=[])
     made: list[str] = []
     for node in d.start:
@@ -287,7 +292,9 @@ def plan_system(view: View, name: str, *, nodes: Mapping[str, Node], hold: set[s
                          + f": {reason}")
         out.effects += effects
     dep = svc.deployment
-    if not d and dep is not None and dep.state == "running":  # systems rule 5
+    older = any(r.version != svc.version and not r.state.terminal
+                for r in view.replicas(name))  # still rolling (`shared.systems` rule 6)
+    if not d and not older and dep is not None and dep.state == "running":  # systems rule 5
         done = msgspec.structs.replace(dep, state="succeeded", ended_at=stamp)
         view.put_service(msgspec.structs.replace(svc, deployment=done,
                                                  healthy_version=svc.version))

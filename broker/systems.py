@@ -13,8 +13,11 @@ Rules:
 4. Each step is narrated: commit lines start ``system <name>:``, and the job's events carry
    its name: ``replaced`` for a new instance on a node (detail: which node), ``stopping``
    with the reason.
-5. The job's deployment (a `gavel deploy` of a new version) succeeds once every node of the
-   job runs an instance of the version and no other is left.
+5. The job's deployment (a `gavel deploy` of a new version) rolls `update.max_parallel`
+   nodes at a time (`gavel.shared.systems` rule 6): a node's instance of the new version is
+   settled once healthy as its node last said (`Promises.health`; with no checks, once it
+   runs). It succeeds once every node of the job runs an instance of the version and no
+   other is left.
 6. An instance that ended on its own backs its node off (`broker.keeper.Backoff`, in memory:
    a broker started again lets the first replacement go at once); once an instance runs
    there for `CALM_TICKS` ticks, the node's run of ends is forgotten.
@@ -36,6 +39,7 @@ from gavel.broker.onepass import OnePass
 from gavel.broker.promises import Promises
 from gavel.broker.serviceplans import SystemStarted, is_system, plan_system, system_decision
 from gavel.shared.health import Health
+from gavel.shared.messages import Health as InstanceHealth
 from gavel.shared.messages import InstanceState
 from gavel.shared.reasons import Reason
 from gavel.shared.records import InstanceRecord, ServiceRecord
@@ -104,8 +108,8 @@ class Systems:
             self._observe(name, recs)
             if self.passes.busy(name):
                 continue
-            if not system_decision(state, svc, recs, self.nodes(state), self._hold(name)) \
-                    and not _deploying(svc):
+            if not system_decision(state, svc, recs, self.nodes(state), self._hold(name),
+                                   self.settled(recs)) and not _deploying(svc):
                 continue
             self.passes.submit(name, functools.partial(self.keep, name=name))
 
@@ -114,7 +118,21 @@ class Systems:
         (`broker.serviceplans.plan_system`) of the nodes as the broker hears them now."""
         return plan_system(view, name, nodes=self.nodes(view.state), hold=self._hold(name),
                            rng=self.rng, stamp=stamp(self.wall()),
-                           epoch=self.ctx.leader.epoch)
+                           epoch=self.ctx.leader.epoch,
+                           settled=self.settled(view.replicas(name)))
+
+    def settled(self, recs: list[InstanceRecord]) -> set[str]:
+        """Rule 5: the live instances known healthy - as their nodes last said, or, with no
+        checks, running."""
+        out = set()
+        for r in recs:
+            if r.state.terminal:
+                continue
+            note = self.promises.health.get(r.instance_id)
+            if (note.health == InstanceHealth.HEALTHY if note is not None else not r.spec.checks
+                    and self.promises.live.get(r.instance_id) == InstanceState.RUNNING):
+                out.add(r.instance_id)
+        return out
 
     def _started(self, e: SystemStarted, _sha: str) -> None:
         """Instances started: an end of theirs, even before the next pass, is noticed

@@ -111,7 +111,8 @@ class Views:
                                       node_id=node, attempt=pl.attempt, ports=dict(pl.ports),
                                       reason=Reason.NODE_NOT_HEARD,
                                       detail=f"node {node} is {silent or 'unreachable'}",
-                                      service=rec.service, version=rec.version)
+                                      service=rec.service, version=rec.version,
+                                      array=rec.array)
             health, check, restarts = self._health(iid, node, st, rec)
             note = self.promises.health.get(iid)
             used = self.used(node).get(iid)
@@ -123,10 +124,12 @@ class Views:
                                   detail="" if rec.cancelling or not note else note.detail,
                                   service=rec.service, version=rec.version,
                                   cpu_used=used.cpu_used if used else 0.0,
-                                  memory_used_mb=used.memory_used_mb if used else 0.0)
+                                  memory_used_mb=used.memory_used_mb if used else 0.0,
+                                  array=rec.array)
         return InstanceStatus(instance_id=iid, name=rec.spec.name, state=st,
                               node_id=rec.node_id, attempt=rec.attempt, reason=rec.reason,
-                              detail=rec.detail, service=rec.service, version=rec.version)
+                              detail=rec.detail, service=rec.service, version=rec.version,
+                              array=rec.array)
 
     def status_page(self, instances: Mapping[str, InstanceRecord], after: str,
                     nc: Any) -> tuple[list[InstanceStatus], str]:

@@ -73,6 +73,7 @@ from gavel.shared.api import (
     counted_id_problem,
     counted_ids,
     key_problem,
+    kind_naming_problem,
 )
 from gavel.shared.messages import Event, Spec
 from gavel.shared.routes import derive
@@ -147,6 +148,8 @@ async def submit(args: argparse.Namespace) -> int:
         spec = load_spec(args.spec)
     except SpecError as exc:
         raise UsageError(str(exc)) from None
+    if named := kind_naming_problem(spec, args.id or ""):
+        raise UsageError(named)
     count = 1 if spec.service else spec.count  # rule 4
     if problem := counted_id_problem(args.id, count):
         raise UsageError(f"--id: {problem}")

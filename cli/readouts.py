@@ -18,6 +18,7 @@ import msgspec
 from gavel.cli import services
 from gavel.cli.outcomes import refusal_code
 from gavel.client import Client
+from gavel.shared import cron
 from gavel.shared.api import (
     InstanceStatus,
     NodeDetail,
@@ -76,16 +77,18 @@ async def status(args: argparse.Namespace) -> int:
 
 
 def periodic(p: PeriodicStatus) -> None:
-    """A periodic job: its schedule, where it stands, and its latest fire times."""
+    """A periodic job: its schedule, where it stands, and its latest fire times, each in
+    the job's time zone (as its schedule reads them; `--json` gives them in UTC)."""
     print(f"periodic job {p.name}: schedule {p.schedule!r} ({p.time_zone}), overlap "
           f"{p.overlap}" + (", cancelled" if p.stopped else ""))
-    print(f"last run {p.last_run or '-'}  next run {p.next_run or '-'}")
-    rows = [("FIRE TIME", "RUN", "OUTCOME")]
+    print(f"last run {cron.zoned(p.last_run, p.time_zone)}  next run "
+          f"{cron.zoned(p.next_run, p.time_zone)}")
+    rows = [(f"FIRE TIME ({p.time_zone})", "RUN", "OUTCOME")]
     for h in p.history:
         outcome = h.outcome or ("pending" if h.instance_id else h.skipped)
         if h.missed:
             outcome += f" ({h.missed} earlier fire times missed)"
-        rows.append((h.at, h.instance_id or "-", outcome))
+        rows.append((cron.zoned(h.at, p.time_zone), h.instance_id or "-", outcome))
     print_table(rows)
     if p.history:
         print()

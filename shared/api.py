@@ -19,6 +19,7 @@ from gavel.shared.ids import (
     counted_id_problem,
     counted_ids,
     key_problem,
+    kind_naming_problem,
 )
 from gavel.shared.messages import Capacity, Event, HostStats, Message, Spec
 from gavel.shared.records import AuctionRecord, Deployment, PeriodicRun
@@ -70,6 +71,7 @@ __all__ = [
     "counted_id_problem",
     "counted_ids",
     "key_problem",
+    "kind_naming_problem",
 ]
 
 class SubmitRequest(Message, tag="submit"):
@@ -177,6 +179,8 @@ class InstanceStatus(msgspec.Struct, kw_only=True):
     #: average, memory charged to its cgroup. 0 where its node measures nothing.
     cpu_used: float = 0.0
     memory_used_mb: float = 0.0
+    #: A batch array's task: the array's id ("" for a lone job or a replica).
+    array: str = ""
 
 
 class ArrayStatus(msgspec.Struct, kw_only=True):

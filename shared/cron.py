@@ -23,7 +23,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from cronsim import CronSim, CronSimError
 
 __all__ = ["MACROS", "OVERLAP", "fields_problem", "fires_after", "latest_at_or_before",
-           "local", "problem", "stamp", "unstamp", "zone"]
+           "local", "problem", "stamp", "unstamp", "zone", "zoned"]
 
 #: The macros rule 1 accepts, as the five fields they stand for.
 MACROS = {"@yearly": "0 0 1 1 *", "@annually": "0 0 1 1 *", "@monthly": "0 0 1 * *",
@@ -132,3 +132,15 @@ def unstamp(text: str) -> int | None:
 def local(at: int, time_zone: str | None) -> str:
     """`at` as the schedule's zone reads it (``2026-12-02 07:00:00 EET``), for operators."""
     return datetime.fromtimestamp(at, zone(time_zone)).strftime("%Y-%m-%d %H:%M:%S %Z")
+
+
+def zoned(stamp: str, time_zone: str | None) -> str:
+    """A record's stamp as the schedule's zone reads it (``2026-12-02 02:00:00 EET``), "-"
+    for none; one naming no time, or in a zone this machine's tz database lacks, as it is."""
+    at = unstamp(stamp)
+    if at is None:
+        return stamp or "-"
+    try:
+        return local(at, time_zone)
+    except KeyError:
+        return stamp

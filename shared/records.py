@@ -248,8 +248,10 @@ class PeriodicRecord(msgspec.Struct, kw_only=True, gc=False):
     since: Annotated[str, msgspec.Meta(pattern=STAMP_PATTERN)] = ""
     #: The fire time of the latest run made or skipped ("" for none yet).
     last_run: Annotated[str, msgspec.Meta(pattern=STAMP_PATTERN)] = ""
-    #: `gavel cancel NAME`: no run is made; the record and its history stay.
+    #: `gavel cancel NAME`: no run is made; the record and its history stay until
+    #: `timing.retention_s` after `stopped_at` (`gavel.broker.periodic` rule 7).
     stopped: bool = False
+    stopped_at: Annotated[str, msgspec.Meta(pattern=STAMP_PATTERN)] = ""
     #: The latest fire times, oldest first (`gavel.shared.periodic.HISTORY` of them).
     history: list[PeriodicRun] = []
 

@@ -326,6 +326,12 @@ class Spec(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
                                   self.overlap)
         if problem:
             raise ValueError(problem)
+        if self.schedule is not None:  # a run is one instance, never a batch array
+            for array_field, given in (("parallelism", self.parallelism),
+                                       ("max_failures", self.max_failures)):
+                if given is not None:
+                    raise ValueError(f"{array_field} does not apply to a periodic job: each run is "
+                                     "one instance, not a batch array")
         seen: set[tuple[str, str]] = set()
         for route in self.routes:
             if route.port is not None and route.port not in self.ports:

@@ -8,8 +8,14 @@ Rules:
    auction, among that node alone, and the node may decline with its reason (no room: the
    instance waits, unschedulable, and `gavel why` shows the decline).
 2. An instance whose node is no longer the job's (drained, offline, gone, relabelled) is
-   stopped, never placed elsewhere; one of another version is stopped and its node gets
-   the new version's (a system job has no rolling deploy); a stopped job keeps none.
+   stopped, never placed elsewhere; a stopped job keeps none.
+6. A new version rolls node by node (Nomad's system `update`): an instance of another
+   version is stopped, and its node given the new version's, only while fewer than
+   `max_parallel` nodes are between versions - those whose instance of the job's version
+   is not yet `settled` (healthy, as the broker hears it). A version that never becomes
+   healthy so stops at `max_parallel` nodes and the rest keep the version they run.
+   A node with no instance at all is not between versions: it gets one at once.
+   `max_parallel` 0 replaces every node at once.
 3. A node the broker has not heard since it started keeps its instance until it is heard
    (then judged) or goes offline: a broker started again stops nothing on a guess.
 4. Nodes and instances are visited in id order, so the same inputs give the same decision.
@@ -80,23 +86,39 @@ def _left(labels: Mapping[str, str], node: Node | None) -> bool:
 
 def decide(labels: Mapping[str, str], version: int, nodes: Mapping[str, Node],
            live: Sequence[Placed], *, stopped: bool = False,
-           hold: AbstractSet[str] = frozenset()) -> Decision:
-    """What the job needs now (rules 1-5); `hold`: nodes whose start the back-off holds."""
+           hold: AbstractSet[str] = frozenset(), max_parallel: int = 0,
+           settled: AbstractSet[str] = frozenset()) -> Decision:
+    """What the job needs now (rules 1-6); `hold`: nodes whose start the back-off holds;
+    `settled`: the instances of `version` known healthy (rule 6)."""
     out = Decision()
     if stopped:
         out.stop = [(p.instance_id, Reason.SERVICE_STOPPED)
                     for p in sorted(live, key=lambda p: p.instance_id)]
         return out
     covered: set[str] = set()
+    old: list[Placed] = []
+    rolling = 0  # nodes between versions (rule 6)
     for p in sorted(live, key=lambda p: p.instance_id):
         if _left(labels, nodes.get(p.node_id)):
             out.stop.append((p.instance_id, Reason.SYSTEM_NODE_LEFT))
         elif p.version != version:
-            out.stop.append((p.instance_id, Reason.SUPERSEDED))
+            old.append(p)
         elif p.node_id in covered:  # two on one node (a race of two brokers): keep one
             out.stop.append((p.instance_id, Reason.SCALED_DOWN))
         else:
             covered.add(p.node_id)
+            rolling += p.instance_id not in settled
+    for p in old:
+        node = nodes.get(p.node_id)
+        replaceable = p.node_id not in covered and p.node_id not in hold and \
+            node is not None and node.healthy and eligible(labels, node)
+        if p.node_id in covered or (replaceable and (not max_parallel
+                                                     or rolling < max_parallel)):
+            out.stop.append((p.instance_id, Reason.SUPERSEDED))
+            rolling += p.node_id not in covered
+        else:
+            covered.add(p.node_id)  # it keeps its version for now
+    out.stop.sort(key=lambda s: s[0])
     out.start = [n for n in sorted(nodes) if n not in covered and n not in hold
                  and nodes[n].healthy and eligible(labels, nodes[n])]
     return out

@@ -11,7 +11,9 @@ Rules:
    1), until it has the winner and knows whether the next bid ties it; then it runs the
    real `Auction` on those replies (`sim.rounds`, rule 2). When nothing bids, it checks
    which declines the network lost, so the unschedulable reason is exact too (`sim.rounds`,
-   rule 3). The naive path (``naive=True``) calls `shared.strategies.answer` for every
+   rule 4). A shape with soft affinities is walked at each bid's load plus its node's
+   adjustment and decided by the `Auction` given the nodes' labels (`sim.rounds` rule 3).
+   The naive path (``naive=True``) calls `shared.strategies.answer` for every
    eligible node and feeds them all to the `Auction`: same winners, ties and reasons — a
    test holds the two to that.
 3. ``omniscient=True`` is the central scheduler on fresh state: only live nodes are asked,
@@ -25,14 +27,16 @@ Rules:
 from __future__ import annotations
 
 import random
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 import numpy as np
+import numpy.typing as npt
 
+from gavel.shared.affinity import adjustment
 from gavel.shared.auction import Awarded, Decision
 from gavel.shared.candidates import RETRY_TIMES, Candidates
 from gavel.shared.strategies import Strategy, answer
-from gavel.sim.book import REASONS
+from gavel.sim.book import REASONS, Ranked
 from gavel.sim.cluster import Cluster
 from gavel.sim.network import NetworkModel
 from gavel.sim.placer import Outcome, Placer, Why
@@ -61,6 +65,28 @@ class GavelPlacer(Placer):
         self.sticky = sticky
         #: The last winner of a sampled round per shape key (rule 4).
         self.last_winner: dict[object, str] = {}
+        #: Per shape with affinities: what they add to each node's bid (`sim.rounds` rule 3).
+        self._adjust: dict[int, npt.NDArray[np.float64]] = {}
+
+    def _ranked(self, shape: int) -> Ranked:
+        """The shape's bids in award order: at their loads, plus what its affinities add."""
+        book = self.books[shape]
+        affinities = book.request.affinities
+        if not affinities:
+            return book.ranked
+        adj = self._adjust.get(shape)
+        nodes = self.cluster.nodes
+        if adj is None or len(adj) != len(nodes):  # a node's labels never change; joins do
+            adj = self._adjust[shape] = np.array(
+                [adjustment(affinities, n.labels) for n in nodes], dtype=np.float64)
+        return Ranked(book.ranked.row + adj)
+
+    def _labels(self, shape: int, nodes: Iterable[str]) -> dict[str, dict[str, str]] | None:
+        """The labels a round of `shape` is decided with: its nodes', if it has affinities."""
+        if not self.books[shape].request.affinities:
+            return None
+        by_id, all_nodes = self.cluster.by_id, self.cluster.nodes
+        return {n: all_nodes[by_id[n]].labels for n in nodes if n in by_id}
 
     def changed(self, idx: int, why: str) -> None:
         super().changed(idx, why)
@@ -86,7 +112,8 @@ class GavelPlacer(Placer):
         book = self.books[shape]
         net = self.net
         lossy = net.lossy and not self.omniscient
-        winner, tie, walked, lost_any = leaders(book.ranked, net.lost if lossy else None, no)
+        winner, tie, walked, lost_any = leaders(self._ranked(shape),
+                                                net.lost if lossy else None, no)
         latency = 0.0
         silent = False
         if not self.omniscient:
@@ -112,7 +139,8 @@ class GavelPlacer(Placer):
                 assert ans is not None
                 replies.append((ids[idx], ans))
         decision = run_round(f"{self.name}-{no}", book.request, replies, [], now,
-                             net.deadline, now + latency)
+                             net.deadline, now + latency,
+                             self._labels(shape, (n for n, _ in replies)))
         return self._outcome(decision, latency, winner)
 
     # -- rule 2, naive -----------------------------------------------------------------------
@@ -132,7 +160,8 @@ class GavelPlacer(Placer):
         latency = 0.0 if self.omniscient else self.net.round_s(len(self.cluster.alive),
                                                                 bool(silent))
         decision = run_round(f"{self.name}-{no}", request, replies, silent, now,
-                             self.net.deadline, now + latency)
+                             self.net.deadline, now + latency,
+                             self._labels(shape, (n for n, _ in replies)))
         return self._outcome(decision, latency, None)
 
     # -- rule 1, sampling --------------------------------------------------------------------
@@ -169,7 +198,8 @@ class GavelPlacer(Placer):
         answering = sum(1 for idx in picks if nodes[idx].alive)
         latency = 0.0 if self.omniscient else self.net.round_s(answering, bool(silent))
         decision = run_round(f"{self.name}-{no}", book.request, replies, silent, now,
-                             self.net.deadline, now + latency)
+                             self.net.deadline, now + latency,
+                             self._labels(shape, (n for n, _ in replies)))
         if isinstance(decision, Awarded):
             self.last_winner[book.request.key()] = decision.winner.node_id
         elif self.retry_all and index is not None and not draw.whole[0]:

@@ -152,4 +152,5 @@ def specs(catalogue: Catalogue) -> list[Spec]:
     """The spec an instance of each shape is submitted with."""
     return [Spec(name=f"shape-{k}", command=["true"], cpu=sh.cpu_milli / 1000.0,
                  memory_mb=sh.memory_mb, ports=[f"p{i}" for i in range(sh.ports)],
-                 labels=dict(sh.labels)) for k, sh in enumerate(catalogue.shapes)]
+                 labels=dict(sh.labels), affinities=list(sh.affinity_list()))
+            for k, sh in enumerate(catalogue.shapes)]

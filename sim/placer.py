@@ -84,7 +84,7 @@ class Placer:
 
     def unschedulable(self, shape: int, now: float, silent: bool, deadline_s: float = 1.0,
                       declines: Mapping[str, int] | None = None) -> Outcome:
-        """Ask the real auction why nothing could be placed (see `sim.rounds`, rule 3)."""
+        """Ask the real auction why nothing could be placed (see `sim.rounds`, rule 4)."""
         book = self.books[shape]
         counts = book.declines if declines is None else declines
         replies = reduced_declines(counts, book.request)

@@ -14,7 +14,11 @@ Rules:
    the network lost. The rule itself is still the `Auction`'s: the round is decided by it,
    and the simulator checks the two agree. It exists because the rule's walk needs every
    bid as a `NodeBid`, sorted — thousands per round, where two decide it.
-3. An unschedulable round's reason depends only on how often each decline reason occurs
+3. A request with soft affinities is ranked at each bid's load plus its node's adjustment
+   (`shared.affinity.adjustment`, a node's labels never change): the fast path walks the
+   book's row plus that fixed vector, and the round is decided by the `Auction` given the
+   nodes' labels, so the broker's own adjustment decides and the two must agree.
+4. An unschedulable round's reason depends only on how often each decline reason occurs
    (a shared one, "all full", or the most frequent, ties by name). `reduced_declines`
    keeps that order with counts K, K-1, ..., 1 for the K reasons present, so a handful of
    replies yields the same reason as thousands.
@@ -60,18 +64,21 @@ def leaders(ranked: Iterable[tuple[float, int]], lost: Callable[[int, int], bool
 
 def run_round(auction_id: str, request: Request, replies: Sequence[tuple[str, Answer]],
               silent: Sequence[str], opened: float, deadline_s: float,
-              closed: float) -> Decision:
-    """Open an auction for `request`, deliver `replies`, let `silent` nodes say nothing."""
+              closed: float, labels: Mapping[str, Mapping[str, str]] | None = None
+              ) -> Decision:
+    """Open an auction for `request`, deliver `replies`, let `silent` nodes say nothing;
+    `labels`: the nodes' labels, which a request's soft affinities rank the bids by (the
+    `Auction`'s own adjustment, `shared.affinity`)."""
     eligible = [node for node, _ in replies]
     eligible.extend(silent)
     auction = Auction(auction_id, [request], eligible, opened, deadline_s)
     for node, ans in replies:
         auction.receive(BidReply(auction_id=auction_id, node_id=node, answers=[ans]), opened)
-    return auction.decide(min(closed, opened + deadline_s))[0]
+    return auction.decide(min(closed, opened + deadline_s), labels=labels)[0]
 
 
 def reduced_declines(counts: Mapping[str, int], request: Request) -> list[tuple[str, Answer]]:
-    """Rule 3: stand-in declines that give the same unschedulable reason as `counts`."""
+    """Rule 4: stand-in declines that give the same unschedulable reason as `counts`."""
     kinds = sorted((r for r, n in counts.items() if n > 0), key=lambda r: (-counts[r], r))
     out: list[tuple[str, Answer]] = []
     for rank, reason in enumerate(kinds):

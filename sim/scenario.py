@@ -13,6 +13,7 @@ from typing import Annotated, Literal
 
 import msgspec
 
+from gavel.shared.affinity import Affinity
 from gavel.shared.reauction import Settings
 from gavel.shared.strategies import make_strategy
 from gavel.shared.timing import Timing
@@ -147,6 +148,10 @@ class WorkloadClass(_Config, kw_only=True):
     memory_mb: PosFloat | Choice = 512.0
     ports: NonNegInt = 0
     labels: dict[str, str] = {}
+    #: soft preferences for nodes by label (``[[workload.classes.affinities]]``, as a spec's
+    #: ``[[affinities]]``): the award ranks bids with them (`shared.affinity`) in gavel's
+    #: policies; the baselines place without them
+    affinities: list[Affinity] = []
     duration_s: DurationDist = Constant(value=300.0)
 
 

@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from itertools import accumulate
 from typing import NamedTuple
 
+from gavel.shared.affinity import Affinity
 from gavel.shared.messages import Request
 from gavel.sim.distributions import Choice, pick_weighted
 from gavel.sim.scenario import Scenario, WorkloadClass
@@ -22,20 +23,32 @@ __all__ = ["Arrival", "Catalogue", "Shape", "arrivals", "stream"]
 
 
 class Shape(NamedTuple):
-    """Everything in a `Request` that a bid may depend on (all of it but the instance id)."""
+    """Everything in a `Request` that its award may depend on (all of it but the instance
+    id): what the nodes bid on, and the soft affinities the award ranks their bids with."""
 
     cpu_milli: int
     memory_mb: int
     ports: int
     labels: tuple[tuple[str, str], ...]
+    #: (label, value, weight) of each affinity, sorted (`shared.affinity`)
+    affinities: tuple[tuple[str, str, int], ...] = ()
 
     def request(self, instance_id: str) -> Request:
         return Request(instance_id=instance_id, cpu=self.cpu_milli / 1000.0,
-                       memory_mb=self.memory_mb, ports=self.ports, labels=dict(self.labels))
+                       memory_mb=self.memory_mb, ports=self.ports, labels=dict(self.labels),
+                       affinities=self.affinity_list())
+
+    def affinity_list(self) -> tuple[Affinity, ...]:
+        return tuple(Affinity(label=k, value=v, weight=w) for k, v, w in self.affinities)
 
     def describe(self) -> str:
         labels = "".join(f" {k}={v}" for k, v in self.labels)
-        return f"{self.cpu_milli / 1000:g} cpu/{self.memory_mb} MB{labels}"
+        prefers = "".join(f" ~{k}={v}:{w:+d}" for k, v, w in self.affinities)
+        return f"{self.cpu_milli / 1000:g} cpu/{self.memory_mb} MB{labels}{prefers}"
+
+
+def _affinities(cls: WorkloadClass) -> tuple[tuple[str, str, int], ...]:
+    return tuple(sorted((a.label, a.value, a.weight) for a in cls.affinities))
 
 
 class Arrival(NamedTuple):
@@ -67,7 +80,8 @@ class Catalogue:
             labels = tuple(sorted(cls.labels.items()))
             for cpu in _sizes(cls.cpu)[0]:
                 for mem in _sizes(cls.memory_mb)[0]:
-                    found.add(Shape(round(cpu * 1000), int(mem), cls.ports, labels))
+                    found.add(Shape(round(cpu * 1000), int(mem), cls.ports, labels,
+                                    _affinities(cls)))
         self.shapes: list[Shape] = sorted(found)
         index = {s: i for i, s in enumerate(self.shapes)}
         self.requests = [s.request(f"shape-{i}") for i, s in enumerate(self.shapes)]
@@ -77,7 +91,8 @@ class Catalogue:
             labels = tuple(sorted(cls.labels.items()))
             cpus, cpu_cum = _sizes(cls.cpu)
             mems, mem_cum = _sizes(cls.memory_mb)
-            shape_of = {(i, j): index[Shape(round(c * 1000), int(m), cls.ports, labels)]
+            shape_of = {(i, j): index[Shape(round(c * 1000), int(m), cls.ports, labels,
+                                            _affinities(cls))]
                         for i, c in enumerate(cpus) for j, m in enumerate(mems)}
             self.tables.append(_ClassTable(cpus, cpu_cum, mems, mem_cum, shape_of))
         self.class_cum = list(accumulate(c.weight for c in classes))

@@ -93,6 +93,9 @@ class View:
     def put_periodic(self, rec: PeriodicRecord) -> None:
         self.change.periodic[rec.name] = rec
 
+    def drop_periodic(self, name: str) -> None:
+        self.change.periodic[name] = None
+
     def replicas(self, name: str) -> list[InstanceRecord]:
         """Every replica record of the service `name` as this view has them: the state's,
         as changed here, and those made here (a scan of this change's records: a service's

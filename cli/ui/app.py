@@ -175,11 +175,13 @@ class Routes:
             return _json(404, {"error": f"{iid[:80]!r} is not an instance id"})
         try:
             why = await self.client.why(iid)
+            told = await self.client.events(iid, limit=feed.EVENTS_KEPT)
         except BrokerRefused as exc:
             return _json(404, {"error": str(exc)})
         except ClientError as exc:
             return _json(502, {"error": str(exc)})
-        return _json(200, {**views.instance_page(why), "usage": self.feed.usage.of(iid)})
+        return _json(200, {**views.instance_page(why, told.events),
+                           "usage": self.feed.usage.of(iid)})
 
     async def _events(self, sse: Sse) -> None:
         history = b"[" + b",".join(self.feed.events) + b"]"

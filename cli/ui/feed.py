@@ -16,6 +16,8 @@ Rules:
    an answer that the verb is unknown) has no services: the overview says None (views
    rule 3). Any other refusal is shown as it was said.
 5. A broker that does not answer leaves the last overview standing, with the sentence why.
+6. Batch arrays are tallied by the broker (`status` of the array's id, its summary alone),
+   each array the instances name, up to `views.ARRAYS_SHOWN` of them (views rule 6).
 """
 
 from __future__ import annotations
@@ -33,7 +35,15 @@ from nats.errors import NoRespondersError
 from gavel.cli.ui import usage, views
 from gavel.client import BrokerRefused, Client, ClientError
 from gavel.client.aio import EventFeed
-from gavel.shared.api import InstanceStatus, NodeStatus, PeriodicStatus, ServiceStatus
+from gavel.shared.api import (
+    ArrayStatus,
+    InstanceStatus,
+    NodeStatus,
+    PeriodicStatus,
+    ServiceStatus,
+    StatusReply,
+    StatusRequest,
+)
 
 __all__ = ["EVENTS_KEPT", "QUEUE_MAX", "REFRESH_S", "SETTLE_S", "Feed", "Page"]
 
@@ -98,6 +108,7 @@ class Feed:
         self._instances: list[InstanceStatus] = []
         self._services: list[ServiceStatus] | None = None
         self._periodic: list[PeriodicStatus] = []
+        self._arrays: list[ArrayStatus] = []
         self._changed = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._following: asyncio.Task[None] | None = None
@@ -171,6 +182,19 @@ class Feed:
             except Exception:  # one failed refresh must not end the dashboard's updates
                 log.exception("the dashboard could not refresh its overview")
 
+    async def _tallies(self) -> list[ArrayStatus]:
+        """Rule 6: each shown array's tally, as `gavel status ARRAY` has it."""
+        out = []
+        for array in views.arrays_shown(self._instances):
+            try:
+                got = await self.client.request(
+                    "status", StatusRequest(instance_id=array, summary=True), StatusReply)
+            except BrokerRefused:  # its records were forgotten since the listing
+                continue
+            if got.array is not None:
+                out.append(got.array)
+        return out
+
     async def refresh(self) -> None:
         """Ask the broker again; push the overview to every page."""
         error = services_error = ""
@@ -191,10 +215,12 @@ class Feed:
                 self._periodic = (await self.client.periodic_jobs()).jobs
             except ClientError:
                 self._periodic = []
+            self._arrays = await self._tallies()
         except ClientError as exc:  # rule 5
             error = str(exc)
         data = encode(views.overview(nodes=self._nodes, instances=self._instances,
                                      services=self._services, periodic=self._periodic,
+                                     arrays=self._arrays,
                                      error=error,
                                      services_error=services_error, at=time.time()))
         self.overview = data

@@ -12,16 +12,24 @@ Rules:
 4. An instance's auctions carry when each was committed; a run of auctions in a row that
    came out the same (the same bids, declines, silences and outcome: an instance waiting
    for room, asked again and again) is one entry with how many times and since when.
+5. Preemption is shown where it happened: an auction lists the nodes' preempting offers in
+   the broker's order (`shared.preemption.offer_key`, the taken one flagged) and the
+   instances its award displaced; an instance displaced by one names its preemptor.
+6. Batch arrays are listed with the broker's own tally of each (`shared.arrays`: done,
+   running, failed, pending), the ones not ended first, at most `ARRAYS_SHOWN`.
 """
 
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterable
 from typing import Any
 
 import msgspec
 
+from gavel.shared import cron
 from gavel.shared.api import (
+    ArrayStatus,
     InstanceStatus,
     NodeStatus,
     PeriodicStatus,
@@ -29,14 +37,18 @@ from gavel.shared.api import (
     WhyReply,
 )
 from gavel.shared.award import order
-from gavel.shared.messages import Event, InstanceState
+from gavel.shared.messages import Event, EventType, InstanceState, Victim
+from gavel.shared.preemption import offer_key
 from gavel.shared.reasons import render
 from gavel.shared.records import AuctionRecord
 
-__all__ = ["INSTANCES_SHOWN", "auction", "collapsed", "event", "instance_page", "overview"]
+__all__ = ["ARRAYS_SHOWN", "INSTANCES_SHOWN", "arrays_shown", "auction", "collapsed", "event",
+           "instance_page", "overview"]
 
 #: Rule 2.
 INSTANCES_SHOWN = 500
+#: Rule 6: the arrays the overview asks the broker to tally, each refresh.
+ARRAYS_SHOWN = 50
 
 _ENDED = frozenset(s.value for s in InstanceState if s.terminal)
 
@@ -48,8 +60,9 @@ def _plain(obj: Any) -> Any:
 def overview(*, nodes: list[NodeStatus], instances: list[InstanceStatus],
              services: list[ServiceStatus] | None, error: str = "",
              services_error: str = "", at: float = 0.0,
-             periodic: list[PeriodicStatus] | None = None) -> dict[str, Any]:
-    """Rules 2 and 3: the dashboard's front page."""
+             periodic: list[PeriodicStatus] | None = None,
+             arrays: list[ArrayStatus] | None = None) -> dict[str, Any]:
+    """Rules 2, 3 and 6: the dashboard's front page."""
     live = [i for i in instances if i.state not in _ENDED]
     ended = [i for i in instances if i.state in _ENDED]
     shown = (live + ended)[:INSTANCES_SHOWN]
@@ -62,8 +75,32 @@ def overview(*, nodes: list[NodeStatus], instances: list[InstanceStatus],
         "counts": dict(sorted(Counter(i.state for i in instances).items())),
         "services": None if services is None else [_plain(s) for s in services],
         "services_error": services_error,
-        "periodic": [_plain(p) for p in periodic or []],
+        "periodic": [_periodic(p) for p in periodic or []],
+        "arrays": [_plain(a) for a in sorted(arrays or [],
+                                             key=lambda a: (a.ended, a.array_id))],
     }
+
+
+def _periodic(p: PeriodicStatus) -> dict[str, Any]:
+    """A periodic job, its fire times also as its schedule reads them (in its zone)."""
+    out: dict[str, Any] = _plain(p)
+    out["last_run_local"] = cron.zoned(p.last_run, p.time_zone) if p.last_run else ""
+    out["next_run_local"] = cron.zoned(p.next_run, p.time_zone) if p.next_run else ""
+    return out
+
+
+def arrays_shown(instances: list[InstanceStatus]) -> list[str]:
+    """Rule 6: the arrays to tally - those with a task not ended first, then by id."""
+    live: dict[str, bool] = {}
+    for i in instances:
+        if i.array:
+            live[i.array] = live.get(i.array, False) or i.state not in _ENDED
+    return sorted(live, key=lambda a: (not live[a], a))[:ARRAYS_SHOWN]
+
+
+def _victims(victims: Iterable[Victim]) -> list[dict[str, Any]]:
+    return [{"instance_id": v.instance_id, "priority": v.priority}
+            for v in sorted(victims, key=lambda v: (v.priority, v.instance_id))]
 
 
 def auction(a: AuctionRecord) -> dict[str, Any]:
@@ -72,7 +109,10 @@ def auction(a: AuctionRecord) -> dict[str, Any]:
     top = max((b.load for b in bids), default=0.0)
     won_at = a.load
     decided = ""
-    if a.winner:
+    if a.winner and a.displaced:
+        decided = "preempting offer: fewest evictions, then lowest evicted priority, " \
+            "then load, then node id"
+    elif a.winner:
         decided = "tie broken on node id (the lower id wins)" if a.tie_broken else \
             "lowest load"
     return {
@@ -95,6 +135,10 @@ def auction(a: AuctionRecord) -> dict[str, Any]:
                       "text": render(d.reason, d.detail)}
                      for d in sorted(a.declines, key=lambda d: d.node_id)],
         "silent": sorted(a.silent),
+        "offers": [{"node_id": o.node_id, "load": o.load, "victims": _victims(o.victims),
+                    "taken": bool(a.displaced) and o.node_id == a.winner}
+                   for o in sorted(a.offers, key=offer_key)],
+        "displaced": _victims(a.displaced),
         "reason": a.reason,
         "summary": a.summary,
         "at": a.at,
@@ -107,7 +151,8 @@ def _outcome(a: AuctionRecord) -> tuple[Any, ...]:
     """Rule 4: what makes two auctions come out the same (not their id or time)."""
     return (a.winner, a.load, a.tie_broken, a.reason, a.summary,
             sorted((b.node_id, b.load, b.strategy) for b in a.bids),
-            sorted((d.node_id, d.reason, d.detail) for d in a.declines), sorted(a.silent))
+            sorted((d.node_id, d.reason, d.detail) for d in a.declines), sorted(a.silent),
+            sorted(offer_key(o) for o in a.offers), sorted(v.instance_id for v in a.displaced))
 
 
 def collapsed(auctions: list[AuctionRecord]) -> list[dict[str, Any]]:
@@ -126,9 +171,15 @@ def collapsed(auctions: list[AuctionRecord]) -> list[dict[str, Any]]:
     return out
 
 
-def instance_page(why: WhyReply) -> dict[str, Any]:
-    """One instance: its status and every auction it went through, newest first (rule 4)."""
-    return {"instance": _plain(why.instance), "auctions": collapsed(why.auctions)}
+def instance_page(why: WhyReply, events: Iterable[Event] = ()) -> dict[str, Any]:
+    """One instance: its status, each time it was displaced, by whom, on which node (rule
+    5; from its `events`), and every auction it went through, newest first (rule 4)."""
+    preempted = [{"instance_id": e.detail.partition(" (priority ")[0], "node_id": e.node_id,
+                  "at": e.at, "text": render(e.reason, e.detail)}
+                 for e in sorted(events, key=lambda e: e.at, reverse=True)
+                 if e.type == EventType.PREEMPTED and e.detail]  # `reasons.preempted_by`
+    return {"instance": _plain(why.instance), "preempted_by": preempted,
+            "auctions": collapsed(why.auctions)}
 
 
 def event(e: Event) -> dict[str, Any]:

@@ -13,6 +13,8 @@ import pytest
 from gavel.broker.serviceapi import REPLICAS_SHOWN
 from gavel.shared.admission import Caps
 from gavel.shared.api import (
+    CancelReply,
+    CancelRequest,
     DeployReply,
     DeployRequest,
     NodesReply,
@@ -26,6 +28,7 @@ from gavel.shared.api import (
     SubmitRequest,
 )
 from gavel.shared.reasons import Reason
+from gavel.shared.records import PeriodicRun
 from gavel.shared.spec import Spec
 from gavel.transport.client import BrokerRefused
 from gavel.transport.client import status as status_of
@@ -125,3 +128,26 @@ async def test_a_large_scale_is_committed_in_chunks_while_the_api_answers(
     got = (await cluster.call("service", ServiceRequest(name="wide"), ServiceReply)).service
     assert len(got.replicas) == REPLICAS_SHOWN < n and got.replicas_total == n
     assert sum(v.replicas for v in got.versions) == n
+
+
+async def test_a_periodic_run_past_the_cluster_cap_is_skipped_not_made(
+        cluster: Cluster) -> None:
+    """`--max-instances` holds for the runs a periodic job makes, as for a submit: at the cap
+    each fire time is skipped with the submit's reason, and runs start again below it."""
+    broker = await cluster.start_broker(caps=Caps(per_service=5, instances=2))
+    made = await cluster.call("submit", SubmitRequest(spec=sleeper_spec("fill"), count=2),
+                              SubmitReply)
+    tick = Spec(name="tick", command=["true"], schedule="* * * * * *")
+    await cluster.call("submit", SubmitRequest(spec=tick), SubmitReply)
+
+    def history() -> list[PeriodicRun]:
+        return broker.ledger.state().periodic["tick"].history
+    await wait_for(lambda: len(history()) >= 2, 30, what="two fire times of tick")
+    assert all(h.skipped == Reason.OVER_CLUSTER_CAP and not h.instance_id
+               for h in history()), history()
+    state = broker.ledger.state()
+    assert sorted(i for i, r in state.instances.items() if not r.state.terminal) == sorted(
+        made.instance_ids)
+    await cluster.call("cancel", CancelRequest(instance_id=made.instance_ids[0]), CancelReply)
+    await wait_for(lambda: any(h.instance_id for h in history()), 30,
+                   what="a run once there is room")

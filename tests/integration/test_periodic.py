@@ -14,6 +14,8 @@ import sys
 import time
 from pathlib import Path
 
+import msgspec
+import pygit2
 import pytest
 
 from gavel.broker.ledger.repository import Ledger
@@ -33,7 +35,7 @@ from gavel.shared.reasons import Reason
 from gavel.shared.records import PeriodicRecord, PeriodicRun
 from gavel.transport.client import BrokerRefused
 from tests.integration.clibatch import Line, run_all
-from tests.integration.harness import Cluster, wait_for
+from tests.integration.harness import TIMING, Cluster, wait_for
 
 EVERY_SECOND = "* * * * * *"
 
@@ -180,6 +182,36 @@ def accounted(got: list[tuple[int, int, str]]) -> None:
         assert at - before == 1 + missed, (before, at, missed)  # none lost
 
 
+async def test_a_cancelled_jobs_record_leaves_the_tree_after_the_retention_window(
+        cluster: Cluster) -> None:
+    """`periodic/<name>.json` of a cancelled job is kept `retention_s` (status answers, with
+    its history), then leaves the tree in a commit that says so; the name is free again."""
+    broker = await cluster.start_broker(timing=msgspec.structs.replace(TIMING,
+                                                                       retention_s=2.0))
+    spec = Spec(name="gone", command=["true"], schedule=EVERY_SECOND)
+    await cluster.call("submit", SubmitRequest(spec=spec), SubmitReply)
+    await wait_for(lambda: len(runs(cluster, "gone")) >= 1, 30, what="a run (queued)")
+    await cluster.call("cancel", CancelRequest(instance_id="gone"), CancelReply)
+    st = await cluster.call("status", StatusRequest(instance_id="gone"), StatusReply)
+    assert st.periodic is not None and st.periodic.stopped and st.periodic.history
+    assert job(cluster, "gone").stopped_at
+
+    def in_tree() -> bool:
+        ledger = cluster.ledger()
+        tree = ledger.repo[ledger.head()].peel(pygit2.Tree)
+        return "periodic" in tree and "gone.json" in tree["periodic"].peel(pygit2.Tree)
+    assert in_tree()
+    await wait_for(lambda: "gone" not in broker.ledger.state().periodic, 30,
+                   what="the cancelled record forgotten")
+    assert not in_tree()
+    assert any("periodic gone: forget its record, cancelled " in c.message
+               for c in cluster.ledger().history())
+    with pytest.raises(BrokerRefused, match=Reason.UNKNOWN_INSTANCE):
+        await cluster.call("status", StatusRequest(instance_id="gone"), StatusReply)
+    web = Spec(name="gone", type="service", command=["sleep", "60"], count=0)
+    await cluster.call("deploy", DeployRequest(spec=web), DeployReply)  # the name is free
+
+
 async def test_a_broker_started_again_neither_loses_nor_doubles_a_fire_time(
         cluster: Cluster) -> None:
     await cluster.start_broker()
@@ -202,6 +234,29 @@ async def test_a_broker_started_again_neither_loses_nor_doubles_a_fire_time(
     accounted(recorded(cluster.state, "beat"))
 
 
+async def test_the_api_refuses_an_id_or_a_count_it_would_not_use(cluster: Cluster) -> None:
+    """A periodic or system job is named by its spec's name: a submit naming another id, or
+    asking a count, is refused with one sentence (not dropped) and writes nothing; its own
+    name is taken."""
+    broker = await cluster.start_broker()
+    tick = Spec(name="tick", command=["true"], schedule="@daily")
+    agent = Spec(name="agent", type="system", command=["sleep", "60"])
+    for req, words in [
+            (SubmitRequest(spec=tick, instance_id="other"),
+             "--id 'other' does not apply to a periodic job"),
+            (SubmitRequest(spec=tick, count=2), "count 2 does not apply to a periodic job"),
+            (SubmitRequest(spec=agent, instance_id="other"),
+             "--id 'other' does not apply to a system job"),
+            (SubmitRequest(spec=agent, count=3), "count 3 does not apply to a system job")]:
+        with pytest.raises(BrokerRefused, match=re.escape(words)):
+            await cluster.call("submit", req, SubmitReply)
+    state = broker.ledger.state()
+    assert not state.periodic and not state.services and not state.instances
+    got = await cluster.call("submit", SubmitRequest(spec=tick, instance_id="tick"),
+                             SubmitReply)
+    assert got.instance_id == "tick" and "tick" in broker.ledger.state().periodic
+
+
 def test_bad_periodic_specs_are_refused_at_submit_naming_the_field(tmp_path: Path) -> None:
     cases = {
         "cron": ('schedule = "61 * * * *"', "schedule '61 * * * *' is not a cron expression"),
@@ -212,12 +267,17 @@ def test_bad_periodic_specs_are_refused_at_submit_naming_the_field(tmp_path: Pat
         "system": ('type = "system"\nschedule = "@daily"', "not to a system job"),
         "overlap": ('schedule = "@daily"\noverlap = "queue"',
                     "overlap 'queue' is not one of: skip, allow"),
+        # --id names one instance: a periodic or system job is named by its spec's name.
+        "id": ('schedule = "@daily"', "--id 'other' does not apply to a periodic job: it is "
+               "named by its spec's name ('p') and names each run by its fire time"),
+        "id-system": ('type = "system"', "--id 'other' does not apply to a system job"),
     }
     lines = []
     for name, (fields, _) in cases.items():
         path = tmp_path / f"{name}.toml"
         path.write_text(f'name = "p"\ncommand = ["true"]\n{fields}\n')
-        lines.append(Line(["submit", str(path), "--nats", "nats://127.0.0.1:1"], tmp_path))
+        lines.append(Line(["submit", str(path), "--nats", "nats://127.0.0.1:1",
+                           *(["--id", "other"] if name.startswith("id") else [])], tmp_path))
     for proc, (name, (_, words)) in zip(run_all(lines, tmp_path / "out.json"), cases.items(),
                                         strict=True):
         assert proc.returncode == 2, (name, proc.stderr)

@@ -6,12 +6,17 @@ labels gets none; a node without room declines, and `why` shows its reason."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import subprocess
 import sys
 from pathlib import Path
 
+import msgspec
+
 from gavel.broker.keeper import Backoff
 from gavel.shared.api import (
+    DeployReply,
+    DeployRequest,
     DrainReply,
     DrainRequest,
     StatusReply,
@@ -23,7 +28,7 @@ from gavel.shared.api import (
 )
 from gavel.shared.messages import EventType, Spec
 from gavel.shared.reasons import Reason
-from gavel.shared.spec import Restart
+from gavel.shared.spec import Restart, Update
 from tests.integration.harness import Cluster, wait_for
 
 AGENT = Spec(name="agent", type="system", labels={"role": "edge"}, cpu=1.0,
@@ -152,3 +157,39 @@ async def test_an_instance_that_keeps_failing_is_replaced_on_its_node_after_a_ba
     tick = broker.timing.tick_s
     for k in range(1, min(len(starts), 4)):  # the k-th start waited out the k-th back-off
         assert starts[k] - starts[k - 1] >= Backoff.delay(k, tick) * 0.999, (k, starts)
+
+
+async def test_a_new_version_rolls_one_node_at_a_time(cluster: Cluster) -> None:
+    """`update.max_parallel = 1`: each node's old instance stops only once the node before
+    it runs the new version, so the job never has two nodes between versions; the deploy
+    succeeds with every node on the new version."""
+    await cluster.start_broker()
+    for node in ("node-a", "node-b", "node-c"):
+        await cluster.start_agent(node, labels={"role": "edge"})
+    await cluster.wait_nodes(3)
+    await cluster.call("submit", SubmitRequest(spec=AGENT), SubmitReply)
+    await wait_for(lambda: set(running_on(cluster)) == {"node-a", "node-b", "node-c"}, 30,
+                   what="version 1 on every node")
+    assert cluster.broker is not None
+    broker = cluster.broker
+    old = set(running_on(cluster).values())
+    v2 = msgspec.structs.replace(AGENT, env={"V": "2"}, update=Update(max_parallel=1))
+    await cluster.call("deploy", DeployRequest(spec=v2), DeployReply)
+
+    def done() -> bool:
+        svc = broker.ledger.state().services["agent"]
+        new = set(running_on(cluster).values())
+        return svc.deployment is not None and svc.deployment.state == "succeeded" and \
+            len(new) == 3 and not new & old
+    await wait_for(done, 90, what="version 2 on every node")
+    steps = [(e.type, e.detail) for e in broker.events
+             if (e.instance_id == "agent" and e.type == EventType.STOPPING
+                 and e.detail in old)
+             or (e.type == EventType.RUNNING and e.instance_id not in old
+                 and e.instance_id.startswith("agent"))]
+    stops = [k for k, (kind, _) in enumerate(steps) if kind == EventType.STOPPING]
+    assert len(stops) == 3, steps
+    for before, after in itertools.pairwise(stops):  # a new one ran between two stops
+        assert any(kind == EventType.RUNNING for kind, _ in steps[before:after]), steps
+    for commit in broker.ledger.history(limit=200):
+        assert commit.message.count(f": {Reason.SUPERSEDED}") <= 1, commit.message

@@ -361,3 +361,41 @@ def test_a_periodic_job_shows_its_schedule_and_latest_run(up: Up, page: Any) -> 
     done = up.gavel("cancel", "ui-tick")
     assert done.returncode == 0, done.stderr
     page.wait_for_function(f"() => {cells}[4].textContent === 'cancelled'", timeout=WAIT_MS)
+
+
+def test_a_batch_array_and_a_preemption_are_drawn(up: Up, page: Any) -> None:
+    """A batch array's row with its tally; a displacing award's auction with the preempting
+    offer taken and the displaced instance linked; the displaced one names its preemptor."""
+    page.goto(up.url)
+    _nodes_listed(page)
+    spec = up.dir / "arr.json"
+    spec.write_text(json.dumps({"name": "ui-arr", "command": ["true"], "cpu": 0.1,
+                                "memory_mb": 32, "count": 3, "parallelism": 1}))
+    done = up.gavel("submit", str(spec), "--id", "ui-arr")
+    assert done.returncode == 0, done.stderr
+    cells = "document.querySelectorAll('#arrays tr[data-array=\"ui-arr\"] td')"
+    page.wait_for_selector('#arrays-section:not([hidden]) tr[data-array="ui-arr"]'
+                           '[data-ended="yes"]', timeout=WAIT_MS)
+    assert page.evaluate(f"[...{cells}].map((td) => td.textContent)") == [
+        "ui-arr", "3 (1 at once)", "3", "0", "0", "0", "every task succeeded"]
+    # Low-priority work fills node-2 (the only node in zone b); urgent work for zone b
+    # displaces it.
+    done = up.gavel("nodes", "--json")
+    assert done.returncode == 0, done.stderr
+    listed = json.loads(done.stdout)
+    node = next(n for n in listed["nodes"] if n["node_id"] == "node-2")
+    free = round(node["capacity"]["cpu"] - node["committed"]["cpu"], 3)
+    assert free > 0, node
+    up.submit("low", "ui-low", labels={"zone": "b"}, cpu=free, memory_mb=32, priority=10)
+    up.submit("urgent", "ui-urgent", labels={"zone": "b"}, cpu=free, memory_mb=32,
+              priority=80)
+    page.goto(f"{up.url}#/instance/ui-urgent")
+    page.wait_for_selector('#auctions .offer.taken[data-node="node-2"]', timeout=WAIT_MS)
+    auction = page.locator("#auctions .auction").first
+    assert "would stop ui-low (priority 10)" in auction.locator(".offer.taken").inner_text()
+    assert auction.locator(".displaced a.instance-link").inner_text() == "ui-low"
+    auction.locator(".displaced a.instance-link").click()
+    page.wait_for_selector('#instance-status .preempted[data-preemptor="ui-urgent"]',
+                           timeout=WAIT_MS)
+    said = page.locator("#instance-status .preempted").first.inner_text()
+    assert "preempted on node-2 by ui-urgent (priority 80)" in said

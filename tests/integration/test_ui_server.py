@@ -26,6 +26,8 @@ from gavel.shared.api import (
     EventsReply,
     NodesReply,
     StatusReply,
+    SubmitReply,
+    SubmitRequest,
 )
 from gavel.shared.messages import ApiError, Spec
 from gavel.shared.reasons import Reason
@@ -223,6 +225,57 @@ async def test_an_instance_page_has_its_usage_over_the_last_minutes(
     assert all(len(p) == 3 and p[1] >= 0 and p[2] >= 0 for p in got)  # at, cpu, memory
     assert [p[0] for p in got] == sorted({p[0] for p in got})  # oldest first, each once
     assert await usage(nowhere) == []  # never ran: nothing measured
+
+
+async def test_a_batch_array_and_a_preemption_are_shown_as_the_broker_counts_them(
+        cluster: Cluster, tmp_path: Path) -> None:
+    """The overview tallies each batch array (done, running, failed, pending) as `gavel
+    status ARRAY` does; an auction that displaced work lists the preempting offers and whom
+    it displaced, and the displaced instance's page names its preemptor."""
+    await cluster.start_broker()
+    await cluster.start_agent("node-a", cpu=2.0)
+    await cluster.wait_nodes(1)
+    d = await app.start(cluster.url, None, port=0)
+    try:
+        box = tmp_path / "box"
+        box.mkdir()
+        script = f'while [ ! -e "{box}/go-$GAVEL_INSTANCE_ID" ]; do sleep 0.02; done'
+        await cluster.call("submit", SubmitRequest(
+            spec=Spec(name="arr", command=["sh", "-c", script], count=3, parallelism=1,
+                      cpu=0.5), instance_id="arr", count=3), SubmitReply)
+
+        async def tally(**want: int) -> bool:
+            got = [a for a in (await overview(d.port))["arrays"] if a["array_id"] == "arr"]
+            return bool(got) and all(got[0][k] == v for k, v in want.items())
+        await wait_for(lambda: tally(succeeded=0, running=1, failed=0, pending=2), 30,
+                       what="the array with one task running and two pending")
+        for k in (1, 2, 3):
+            (box / f"go-arr-{k}").touch()
+        await wait_for(lambda: tally(succeeded=3, running=0, pending=0, ended=True, ok=True),
+                       60, what="the array done on the dashboard")
+
+        low = await cluster.submit(sleeper_spec("low", cpu=2.0, priority=10))
+        await wait_for(lambda: _node_is(cluster, low, "node-a"), 30, what="low on node-a")
+        urgent = await cluster.submit(sleeper_spec("urgent", cpu=2.0, priority=80))
+        await wait_for(lambda: _node_is(cluster, urgent, "node-a"), 30,
+                       what="urgent placed on node-a")
+        status, _, body = await http(d.port, f"/api/instances/{urgent}")
+        assert status == 200
+        won = json.loads(body)["auctions"][0]
+        assert won["winner"] == "node-a" and won["decided_by"].startswith("preempting offer")
+        assert won["displaced"] == [{"instance_id": low, "priority": 10}]
+        assert [(o["node_id"], o["taken"], o["victims"]) for o in won["offers"]] == [
+            ("node-a", True, [{"instance_id": low, "priority": 10}])]
+        status, _, body = await http(d.port, f"/api/instances/{low}")
+        page = json.loads(body)
+        assert [(p["instance_id"], p["node_id"], p["text"]) for p in page["preempted_by"]] == [
+            (urgent, "node-a", f"preempted by {urgent} (priority 80)")]
+    finally:
+        await d.close()
+
+
+async def _node_is(cluster: Cluster, iid: str, node: str) -> bool:
+    return bool((await cluster.status(iid)).node_id == node)
 
 
 async def test_services_are_shown_with_their_replicas(three: Cluster,

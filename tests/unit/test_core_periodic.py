@@ -100,6 +100,10 @@ def test_stamps_round_trip() -> None:
                                                 "not to a service"),
     ({"schedule": "@daily", "type": "system"}, "not to a system job"),
     ({"schedule": "@daily", "count": 3}, "count does not apply to a periodic job"),
+    ({"schedule": "@daily", "parallelism": 2}, "parallelism does not apply to a periodic job:"
+                                                " each run is one instance, not a batch array"),
+    ({"schedule": "@daily", "max_failures": 1}, "max_failures does not apply to a periodic "
+                                                "job"),
     ({"time_zone": "UTC"}, "time_zone applies to a periodic job: give the job a schedule"),
     ({"overlap": "allow"}, "overlap applies to a periodic job"),
 ])

@@ -12,14 +12,31 @@ import msgspec
 from gavel.broker.effects import Answer, Emit
 from gavel.broker.ledger.plan import View
 from gavel.broker.ledger.state import Change, State
-from gavel.broker.periodic import Ran, plan_cancel, plan_run, plan_submit, status_of
+from gavel.broker.periodic import (
+    Forgot,
+    Ran,
+    forgettable,
+    live_instances,
+    plan_cancel,
+    plan_forget,
+    plan_run,
+    plan_submit,
+    status_of,
+)
 from gavel.shared import cron
+from gavel.shared.admission import Caps, refusal
 from gavel.shared.api import CancelReply, InstanceStatus, SubmitReply
 from gavel.shared.messages import ApiError, EventType
 from gavel.shared.messages import InstanceState as S
 from gavel.shared.periodic import HISTORY
 from gavel.shared.reasons import Reason
-from gavel.shared.records import PeriodicRecord, PeriodicRun, ServiceRecord, ServiceVersion
+from gavel.shared.records import (
+    InstanceRecord,
+    PeriodicRecord,
+    PeriodicRun,
+    ServiceRecord,
+    ServiceVersion,
+)
 from gavel.shared.spec import Spec
 
 T = 1_796_191_200  # 2026-12-02T06:00:00Z
@@ -130,12 +147,12 @@ def test_cancel_stops_the_schedule() -> None:
     async def go() -> None:
         waiter: asyncio.Future[object] = asyncio.get_running_loop().create_future()
         view = View(_state(), Change())
-        planned = plan_cancel(view, "tick", waiter)  # type: ignore[arg-type]
+        planned = plan_cancel(view, "tick", waiter, T + 50)  # type: ignore[arg-type]
         assert planned is not None and planned.effects == [
             Emit("tick", EventType.CANCELLED, reason=Reason.PERIODIC_STOPPED),
             Answer(waiter, CancelReply(instance_id="tick", state="cancelled"))]
         job = view.change.periodic["tick"]
-        assert job is not None and job.stopped
+        assert job is not None and job.stopped and job.stopped_at == cron.stamp(T + 50)
         assert plan_run(view, "tick", T + 100) is None
     asyncio.run(go())
 
@@ -207,3 +224,66 @@ def test_a_long_run_stays_in_the_history_behind_its_skips_and_is_never_overlappe
     job2 = view.change.periodic["tick"]
     assert job2 is not None and len(job2.history) == HISTORY
     assert job2.history[0].skipped and job2.history[-1].instance_id  # the ended run aged out
+
+
+def test_a_run_past_the_cluster_cap_is_skipped_with_the_submits_refusal() -> None:
+    """`--max-instances` holds for periodic runs as for any submit: at the cap the fire time
+    is skipped with the same reason and sentence, and the schedule moves on; below it the
+    run is made."""
+    st = _state()
+    for k in range(2):
+        st.put_instance(f"busy-{k}", InstanceRecord(instance_id=f"busy-{k}", spec=SPEC))
+    st.put_instance("done", InstanceRecord(instance_id="done", spec=SPEC, state=S.SUCCEEDED))
+    view = View(st, Change())
+    assert live_instances(view) == 2
+    planned = plan_run(view, "tick", T + 12, Caps(per_service=0, instances=2))
+    assert planned is not None and not view.change.instances
+    job = view.change.periodic["tick"]
+    assert job is not None and job.last_run == "2026-12-02T06:00:10Z"
+    assert job.history == [PeriodicRun(at="2026-12-02T06:00:10Z",
+                                       skipped=str(Reason.OVER_CLUSTER_CAP))]
+    said = refusal(Caps(per_service=0, instances=2), live=2, adding=1)
+    assert said.startswith(Reason.OVER_CLUSTER_CAP) and "--max-instances" in said
+    assert planned.effects == [
+        Emit("tick", EventType.PERIODIC_SKIPPED, reason=Reason.OVER_CLUSTER_CAP,
+             detail=f"2026-12-02 06:00:10 UTC: {said}"),
+        Ran("tick", made=False)]
+    view = View(st, Change())
+    assert plan_run(view, "tick", T + 12, Caps(per_service=0, instances=3)) is not None
+    assert list(view.change.instances) == ["tick-20261202t060010z"]
+    assert live_instances(view) == 3
+    view.drop_instance("busy-0")
+    assert live_instances(view) == 2
+
+
+def test_a_cancelled_jobs_record_leaves_the_tree_after_the_retention_window() -> None:
+    """Kept `retention_s` after its cancel (status still answers), and while a run of it is
+    live; then dropped in one change, and a second pass on what landed changes nothing."""
+    st = _state()
+    view = View(st, Change())
+    plan_run(view, "tick", T + 10)  # a run that has not ended
+    st = _adopt(st, view)
+    job = msgspec.structs.replace(st.periodic["tick"], stopped=True,
+                                  stopped_at=cron.stamp(T + 20))
+    st.put_periodic("tick", job)
+    keep = 100.0
+    assert not forgettable(st, job, keep, T + 119)  # inside the window
+    assert not forgettable(st, job, keep, T + 500)  # its run is live
+    run = st.instances["tick-20261202t060010z"]
+    st.put_instance(run.instance_id, msgspec.structs.replace(run, state=S.CANCELLED))
+    assert not forgettable(st, job, keep, T + 119) and forgettable(st, job, keep, T + 120)
+    assert not forgettable(st, job, 0.0, T + 10_000)  # retention_s = 0 keeps it
+    view = View(st, Change())
+    planned = plan_forget(view, "tick", keep, T + 120)
+    assert view.change.periodic == {"tick": None}
+    assert planned.lines == ["periodic tick: forget its record, cancelled "
+                             "2026-12-02T06:00:20Z (1 fire times in its history)"]
+    assert planned.effects == [Forgot("tick")]
+    st = _adopt(st, view)
+    assert "tick" not in st.periodic
+    view = View(st, Change())
+    assert plan_forget(view, "tick", keep, T + 120).lines == [] and not view.change
+    # A record stopped without a stamp counts from its latest fire time.
+    unstamped = msgspec.structs.replace(job, stopped_at="", last_run=cron.stamp(T + 10))
+    assert not forgettable(State(head="h"), unstamped, keep, T + 109)
+    assert forgettable(State(head="h"), unstamped, keep, T + 110)

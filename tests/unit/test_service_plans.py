@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import random
 
+import msgspec
+
 from gavel.broker.arrays import plan_array
 from gavel.broker.effects import Arm, Emit, Publish, Release, Timer, Wake
 from gavel.broker.ledger.committer import Planned
@@ -24,6 +26,7 @@ from gavel.shared.messages import Cancel, EventType, InstanceState, Spec
 from gavel.shared.reasons import Reason
 from gavel.shared.records import (
     Assignment,
+    Deployment,
     InstanceRecord,
     NodeFile,
     ServiceRecord,
@@ -143,6 +146,40 @@ def test_a_system_job_starts_one_instance_on_each_node_and_none_twice() -> None:
     again = plan_system(view, "web", nodes=nodes, hold=set(), rng=random.Random(2),
                         stamp=STAMP, epoch=EPOCH)
     assert again is None
+
+
+def test_a_system_jobs_deploy_succeeds_only_once_no_older_version_is_left() -> None:
+    """While the roll waits on a new instance's health, the plan changes nothing and the
+    deployment stays running; once the last old one is gone and no node lacks one, it
+    succeeds."""
+    view = _service(1, {"web-a": "n1", "web-b": "n2"}, system=True)
+    svc = view.state.services["web"]
+    v2 = msgspec.structs.replace(svc.versions[0].spec, env={"V": "2"})
+    svc = msgspec.structs.replace(svc, version=2, versions=[
+        *svc.versions, ServiceVersion(version=2, spec=v2)],
+        deployment=Deployment(to_version=2, from_version=1))
+    view.state.put_service("web", svc)
+    new = InstanceRecord(instance_id="web-c", spec=v2, service="web", version=2,
+                         only_node="n1")
+    view.state.put_instance("web-c", new)
+    old_a = view.state.instances["web-a"]
+    view.state.put_instance("web-a", msgspec.structs.replace(old_a,
+                                                             state=InstanceState.CANCELLED))
+    nodes = {"n1": Node(labels={}), "n2": Node(labels={})}
+
+    def plan(settled: set[str]) -> Planned | None:
+        return plan_system(View(view.state, Change()), "web", nodes=nodes, hold=set(),
+                           rng=random.Random(1), stamp=STAMP, epoch=EPOCH, settled=settled)
+    assert plan(set()) is None  # web-c not healthy yet: web-b keeps version 1
+    rolled = plan({"web-c"})
+    assert rolled is not None and rolled.lines[-1].startswith("system web: stop web-b")
+    assert not any("deployed" in line for line in rolled.lines)
+    view.state.put_instance("web-b", msgspec.structs.replace(
+        view.state.instances["web-b"], state=InstanceState.CANCELLED))
+    view.state.put_instance("web-d", msgspec.structs.replace(new, instance_id="web-d",
+                                                             only_node="n2"))
+    done = plan({"web-c", "web-d"})
+    assert done is not None and done.lines == ["system web: deployed version 2"]
 
 
 # -- batch arrays --------------------------------------------------------------------------

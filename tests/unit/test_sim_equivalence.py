@@ -84,7 +84,8 @@ group = {{ count = 4, cpu = 16.0, memory_mb = 32768 }}
 """
 
 
-# Three zones, gpu nodes, a draining node, zone-pinned and gpu classes: 36 request shapes, so
+# Three zones, gpu nodes, a draining node, zone-pinned and gpu classes, a class with soft
+# affinities (`sim.rounds` rule 3): 38 request shapes, so
 # the memo of node states (`sim.book` rule 1), the fixed missing-label declines (rule 3) and
 # the fixed no-room declines (rule 4) all decide answers here.
 LABELLED = """
@@ -176,6 +177,20 @@ cpu = {{ values = [0.5, 1.0] }}
 memory_mb = {{ values = [1024.0, 4096.0] }}
 labels = {{ zone = "c" }}
 duration_s = {{ dist = "exponential", mean = 60.0 }}
+[[workload.classes]]
+name = "near-b"
+weight = 2
+cpu = {{ values = [0.5, 1.0] }}
+memory_mb = 1024.0
+duration_s = {{ dist = "exponential", mean = 60.0 }}
+[[workload.classes.affinities]]
+label = "zone"
+value = "b"
+weight = 60
+[[workload.classes.affinities]]
+label = "gpu"
+value = "yes"
+weight = -100
 [network]
 latency_s = {{ dist = "lognormal", median = 0.05, sigma = 1.0 }}
 loss = 0.02

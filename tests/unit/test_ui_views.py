@@ -3,11 +3,14 @@ with the winner flagged, ties and declines said, and an overview that stays a su
 
 from __future__ import annotations
 
+import msgspec
+
 from gavel.cli.ui import views
-from gavel.shared.api import InstanceStatus, NodeStatus
+from gavel.shared.api import ArrayStatus, InstanceStatus, NodeStatus, PeriodicStatus, WhyReply
 from gavel.shared.award import NodeBid, NodeDecline
-from gavel.shared.messages import Event
-from gavel.shared.reasons import Reason
+from gavel.shared.messages import Event, Victim
+from gavel.shared.preemption import Offer
+from gavel.shared.reasons import Reason, preempted_by
 from gavel.shared.records import AuctionRecord
 
 
@@ -103,3 +106,75 @@ def test_a_bid_moved_by_an_affinity_says_by_how_much_and_draws_no_negative_bar()
     v = views.auction(a)
     assert [(b["node_id"], b["affinity"]) for b in v["bids"]] == [("n2", -1.0), ("n1", 0.0)]
     assert v["bids"][0]["winner"] and v["bids"][0]["share"] == 0.0
+
+
+def test_preempting_offers_come_in_the_brokers_order_and_the_displaced_are_listed() -> None:
+    """The page shows the offers as `shared.preemption.offer_key` ranks them (fewest
+    evictions, then lowest evicted priority, ...), the one taken flagged, and whom the award
+    displaced; two rounds that differ only in their offers are not collapsed into one."""
+    lo, mid = Victim(instance_id="lo", priority=10), Victim(instance_id="mid", priority=20)
+    extra = Victim(instance_id="x", priority=5)
+    offers = [Offer(node_id="n1", load=0.1, victims=(lo, extra)),
+              Offer(node_id="n3", load=0.5, victims=(mid,)),
+              Offer(node_id="n2", load=0.9, victims=(lo,))]
+    a = AuctionRecord(auction_id="a1", instance_id="u", winner="n2", load=0.9,
+                      offers=offers, displaced=[lo])
+    v = views.auction(a)
+    assert [(o["node_id"], o["taken"]) for o in v["offers"]] == [
+        ("n2", True), ("n3", False), ("n1", False)]
+    assert v["offers"][2]["victims"] == [{"instance_id": "x", "priority": 5},
+                                         {"instance_id": "lo", "priority": 10}]
+    assert v["displaced"] == [{"instance_id": "lo", "priority": 10}]
+    assert v["decided_by"].startswith("preempting offer")
+    waiting = AuctionRecord(auction_id="a0", instance_id="u", reason=Reason.ALL_FULL,
+                            summary="0/3 nodes bid")
+    assert [o["taken"] for o in views.auction(msgspec.structs.replace(
+        waiting, offers=offers))["offers"]] == [False, False, False]
+    assert len(views.collapsed([waiting, msgspec.structs.replace(waiting, offers=offers)])) == 2
+
+
+def test_an_instance_page_names_each_preemptor_from_its_events() -> None:
+    why = WhyReply(instance=InstanceStatus(instance_id="low", name="low", state="queued"),
+                   auctions=[])
+    events = [Event(instance_id="low", type="preempted", node_id="n1",
+                    reason=Reason.PREEMPTED, detail=preempted_by("u-1", 80), at=10.0),
+              Event(instance_id="low", type="running", node_id="n1", at=5.0),
+              Event(instance_id="low", type="preempted", node_id="n2",
+                    reason=Reason.PREEMPTED, detail=preempted_by("u-2", 90), at=20.0)]
+    page = views.instance_page(why, events)
+    assert [(p["instance_id"], p["node_id"], p["text"]) for p in page["preempted_by"]] == [
+        ("u-2", "n2", "preempted by u-2 (priority 90)"),
+        ("u-1", "n1", "preempted by u-1 (priority 80)")]
+    assert views.instance_page(why)["preempted_by"] == []
+
+
+def test_arrays_are_tallied_the_live_ones_first_and_at_most_so_many() -> None:
+    def task(array: str, k: int, state: str) -> InstanceStatus:
+        return InstanceStatus(instance_id=f"{array}-{k}", name=array, state=state,
+                              array=array)
+    instances = [task("b", 1, "succeeded"), task("a", 1, "succeeded"), task("c", 1,
+                 "succeeded"), task("c", 2, "running"), InstanceStatus(
+                     instance_id="lone", name="lone", state="running")]
+    assert views.arrays_shown(instances) == ["c", "a", "b"]
+    many = [task(f"z{k:03}", 1, "running") for k in range(views.ARRAYS_SHOWN + 5)]
+    assert views.arrays_shown(many) == [f"z{k:03}" for k in range(views.ARRAYS_SHOWN)]
+    tallies = [ArrayStatus(array_id="a", count=1, parallelism=1, max_failures=0,
+                           succeeded=1, ended=True, ok=True),
+               ArrayStatus(array_id="c", count=2, parallelism=1, max_failures=0,
+                           succeeded=1, running=1)]
+    o = views.overview(nodes=[], instances=instances, services=None, arrays=tallies)
+    assert [(a["array_id"], a["succeeded"], a["running"], a["pending"]) for a in
+            o["arrays"]] == [("c", 1, 1, 0), ("a", 1, 0, 0)]
+
+
+def test_a_periodic_jobs_fire_times_are_also_given_in_its_zone() -> None:
+    p = PeriodicStatus(name="nightly", schedule="0 2 * * *", time_zone="Europe/Riga",
+                       last_run="2026-12-02T00:00:00Z", next_run="2026-12-03T00:00:00Z")
+    (shown,) = views.overview(nodes=[], instances=[], services=None, periodic=[p])["periodic"]
+    assert shown["last_run"] == "2026-12-02T00:00:00Z"
+    assert shown["last_run_local"] == "2026-12-02 02:00:00 EET"
+    assert shown["next_run_local"] == "2026-12-03 02:00:00 EET"
+    stopped = PeriodicStatus(name="t", schedule="@daily", stopped=True)
+    (shown,) = views.overview(nodes=[], instances=[], services=None,
+                              periodic=[stopped])["periodic"]
+    assert shown["last_run_local"] == shown["next_run_local"] == ""

@@ -107,6 +107,7 @@ function renderOverview() {
   renderNodes(o.nodes);
   renderServices(o.services, o.services_error);
   renderPeriodic(o.periodic || []);
+  renderArrays(o.arrays || []);
   renderInstances(o);
   if (state.page.kind === "node") renderNodePage(state.page.id);
   if (state.page.kind === "service") renderServicePage(state.page.id);
@@ -194,9 +195,28 @@ function renderPeriodic(jobs) {
     body.append(el("tr", {"data-periodic": p.name},
       el("td", {text: p.name}),
       el("td", {class: "mono", text: `${p.schedule} (${p.time_zone})`}),
-      el("td", {class: "mono", text: p.last_run || "-"}),
+      el("td", {class: "mono", title: p.last_run || null,
+                text: p.last_run_local || p.last_run || "-"}),
       el("td", {text: outcome}),
-      el("td", {class: "mono", text: p.stopped ? "cancelled" : (p.next_run || "-")})));
+      el("td", {class: "mono", title: p.next_run || null,
+                text: p.stopped ? "cancelled" : (p.next_run_local || p.next_run || "-")})));
+  }
+}
+
+// Batch arrays: each one's tally as the broker counts it (done, running, failed, pending).
+function renderArrays(arrays) {
+  $("arrays-section").hidden = !arrays.length;
+  const body = clear($("arrays").tBodies[0]);
+  for (const a of arrays) {
+    body.append(el("tr", {"data-array": a.array_id, "data-ended": a.ended ? "yes" : "no"},
+      el("td", {class: "mono", text: a.array_id}),
+      el("td", {text: `${a.count} (${a.parallelism} at once)`}),
+      el("td", {text: String(a.succeeded)}),
+      el("td", {text: String(a.running)}),
+      el("td", {text: String(a.failed)}),
+      el("td", {text: String(a.pending)}),
+      el("td", {class: "reason", text: a.ended ? (a.ok ? "every task succeeded" : a.outcome) :
+                                                 (a.first_failure ? `first failure: ${a.first_failure}` : "-")})));
   }
 }
 
@@ -378,6 +398,19 @@ function renderAuction(a) {
   const silent = a.silent.map((n) => el("li", {class: "silent", "data-node": n},
     el("span", {class: "who mono", text: n}),
     el("span", {class: "reason", text: "silent: no answer before the deadline"})));
+  // Preemption: the nodes' offers to stop lower-priority work (the broker's order, the one
+  // taken marked) and the instances the award displaced.
+  const victimsText = (vs) => vs.map((v) => `${v.instance_id} (priority ${v.priority})`)
+    .join(", ");
+  const offers = (a.offers || []).map((o) => el("li", {class: `offer${o.taken ? " taken" : ""}`,
+                                                    "data-node": o.node_id},
+    el("span", {class: "who mono", text: o.node_id}),
+    el("span", {class: "load mono", text: `load ${fmtNumber(o.load, 3)}`}),
+    el("span", {class: "reason", text: `would stop ${victimsText(o.victims)}`}),
+    o.taken ? el("span", {class: "winner-mark", text: "\u2605 taken"}) : null));
+  const displaced = (a.displaced || []).length ? el("p", {class: "displaced"}, "displaced ",
+    ...a.displaced.flatMap((v, k) => [k ? ", " : "", instanceLink(v.instance_id),
+                                      ` (priority ${v.priority})`])) : null;
   const when = a.at ? el("time", {class: "auction-at", "data-at": String(a.at),
                                   text: fmtTime(a.at)}) : null;
   const again = a.repeat > 1 ? el("span", {class: "repeat", "data-repeat": String(a.repeat),
@@ -389,7 +422,9 @@ function renderAuction(a) {
     bids.length ? el("div", {class: "bids"}, ...bids) :
       el("p", {class: "note", text: "No node bid."}),
     declines.length || silent.length ?
-      el("ul", {class: "declines"}, ...declines, ...silent) : null);
+      el("ul", {class: "declines"}, ...declines, ...silent) : null,
+    offers.length ? el("ul", {class: "offers"}, ...offers) : null,
+    displaced);
 }
 
 function renderInstance(data) {
@@ -405,6 +440,12 @@ function renderInstance(data) {
   if (i.service) parts.push(el("span", {text: `service ${i.service} v${i.version}`}));
   const why = reasonOf(i);
   if (why) parts.push(el("span", {class: "reason", text: why}));
+  if (i.array) parts.push(el("span", {text: `task of array ${i.array}`}));
+  // Each time it was displaced: by whom (a link), from which node, when.
+  for (const p of data.preempted_by || [])
+    parts.push(el("span", {class: "reason preempted", "data-preemptor": p.instance_id},
+                  `${fmtTime(p.at)} preempted on ${p.node_id} by `, instanceLink(p.instance_id),
+                  p.text.slice(`preempted by ${p.instance_id}`.length)));
   clear($("instance-status")).append(...parts);
   const box = clear($("auctions"));
   if (!data.auctions.length) box.append(el("p", {class: "note", text: "No auction recorded yet."}));
