@@ -1,14 +1,16 @@
 """Admission at the broker: the operator's caps (`gavel.shared.admission`) held against the
-live instances git holds now."""
+live instances git holds now, or a plan's view leaves (`live_instances`)."""
 
 from __future__ import annotations
 
 from gavel.broker.context import Context
+from gavel.broker.ledger.plan import View
+from gavel.broker.ledger.state import State
 from gavel.shared.admission import Caps, refusal
 from gavel.shared.messages import ApiError
 from gavel.shared.spec import Spec
 
-__all__ = ["Admission"]
+__all__ = ["Admission", "live_instances"]
 
 
 class Admission:
@@ -31,3 +33,16 @@ class Admission:
         """A submit of `count` instances of `spec`: a service's spec asks its own count."""
         return self.over_cap(spec.name, spec.count) if spec.service else \
             self.over_cap(None, count)
+
+
+def live_instances(view: View | State) -> int:
+    """The live (not ended) instances of `view`: the state's, as this change leaves them."""
+    state = view if isinstance(view, State) else view.state
+    live = len(state.instances) - len(state.ended)
+    if isinstance(view, State):
+        return live
+    for iid, rec in view.change.instances.items():
+        old = state.instances.get(iid)
+        live += (rec is not None and not rec.state.terminal) - \
+            (old is not None and not old.state.terminal)
+    return live

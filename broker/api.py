@@ -132,7 +132,7 @@ class Api:
     def __init__(self, ctx: Context, *, auctioneer: Auctioneer, promises: Promises,
                  services: Services, deploys: Deploys, mirror: Mirror,
                  secrets: Mapping[str, str], ended_max: int, admission: Admission,
-                 periodic: Periodic) -> None:
+                 periodic: Periodic, capped: Callable[[str], dict[str, str]]) -> None:
         self.ctx = ctx
         self.periodic = periodic  # periodic jobs: their submit, status and cancel
         self.admission = admission  # the caps on counts
@@ -153,7 +153,7 @@ class Api:
         self.views = Views(ctx, auctioneer, promises)
         self.service_verbs = ServiceVerbs(ctx, deploys, refused=self._refused,
                                           instance_status=self.views.instance_status,
-                                          over_cap=self.admission.over_cap)
+                                          over_cap=self.admission.over_cap, capped=capped)
         self.node_verbs = NodeVerbs(ctx, auctioneer, promises, self.views, self._leader)
         self.planner = Planner(ctx, auctioneer, refused=self._plan_refused,
                                instance_status=self.views.instance_status)

@@ -38,6 +38,7 @@ from typing import Any
 
 import msgspec
 
+from gavel.broker.admission import live_instances
 from gavel.broker.context import Context
 from gavel.broker.effects import Answer, Emit
 from gavel.broker.ledger.committer import Item, Planned
@@ -59,7 +60,7 @@ from gavel.shared.reasons import Reason
 from gavel.shared.records import InstanceRecord, PeriodicRecord, PeriodicRun
 from gavel.shared.spec import Spec
 
-__all__ = ["Forgot", "Periodic", "Ran", "forgettable", "live_instances", "plan_cancel",
+__all__ = ["Forgot", "Periodic", "Ran", "forgettable", "plan_cancel",
            "plan_forget", "plan_run", "plan_submit", "status_of", "summary"]
 
 
@@ -134,17 +135,6 @@ def _trim(view: View, history: list[PeriodicRun]) -> list[PeriodicRun]:
         else:
             del out[k]
     return out
-
-
-def live_instances(view: View) -> int:
-    """The live (not ended) instances of `view`: the state's, as this change leaves them."""
-    state = view.state
-    live = len(state.instances) - len(state.ended)
-    for iid, rec in view.change.instances.items():
-        old = state.instances.get(iid)
-        live += (rec is not None and not rec.state.terminal) - \
-            (old is not None and not old.state.terminal)
-    return live
 
 
 def plan_run(view: View, name: str, now: int, caps: Caps | None = None) -> Planned | None:

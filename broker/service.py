@@ -171,7 +171,8 @@ class Broker:
         self.api = Api(ctx, auctioneer=self.auctioneer, promises=self.promises,
                        services=self.services, deploys=self.deploys, mirror=self.mirror,
                        secrets=self.secrets, ended_max=config.ended_max,
-                       admission=Admission(ctx, config.caps), periodic=self.periodic)
+                       admission=Admission(ctx, config.caps), periodic=self.periodic,
+                       capped=self.systems.capped)
         if not self.ha:
             self._show_metrics()
         self.heartbeats = Heartbeats(ctx, self.promises, self.auctioneer.capacity_freed,
@@ -202,7 +203,7 @@ class Broker:
                                      free=self.auctioneer.free, moving=moving,
                                      routes=self.routes, rng=random.Random(config.seed))
         self.arrays = Arrays(ctx)
-        self.systems = Systems(ctx, self.promises, config.wall)
+        self.systems = Systems(ctx, self.promises, config.wall, caps=config.caps)
         self.periodic = Periodic(ctx, self.promises, config.wall, config.caps)
         self.deploys = Deploys(ctx, self.services, config.wall)
         self.integrity = Integrity(ctx)

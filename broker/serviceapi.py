@@ -10,6 +10,8 @@ Rules:
 3. An answer lists at most `REPLICAS_SHOWN` replicas of a service (the counts per version
    cover them all, `replicas_total` says how many live): a service of a hundred thousand
    replicas is still an answer the server's max payload lets through; `status` pages them.
+4. A system job's answer names its nodes that wait at the cluster cap, each with the
+   submit's refusal (`broker.systems` rule 7).
 """
 
 from __future__ import annotations
@@ -48,8 +50,10 @@ class ServiceVerbs:
     def __init__(self, ctx: Context, deploys: Deploys, *,
                  refused: Callable[[Spec], Message | None],
                  instance_status: Callable[[InstanceRecord], InstanceStatus],
-                 over_cap: Callable[[str, int], Message | None]) -> None:
+                 over_cap: Callable[[str, int], Message | None],
+                 capped: Callable[[str], dict[str, str]]) -> None:
         self.ctx = ctx
+        self._capped = capped  # a system job's nodes waiting at the cluster cap, and why
         self._over_cap = over_cap  # `shared.admission`: a scale beyond the caps
         self.deploys = deploys
         self._refused = refused
@@ -88,6 +92,8 @@ class ServiceVerbs:
         return ServiceStatus(name=svc.name, version=svc.version,
                              nodes=nodes[:REPLICAS_SHOWN],
                              waiting=[n for n in nodes if n not in up][:REPLICAS_SHOWN],
+                             capped=dict(list(self._capped(svc.name).items())[:REPLICAS_SHOWN])
+                             if system else {},
                              count=len(replicas) if system else svc.count, system=system,
                              stopped=svc.stopped, healthy_version=svc.healthy_version,
                              deployment=svc.deployment,

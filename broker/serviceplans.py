@@ -24,12 +24,14 @@ from dataclasses import dataclass, field
 
 import msgspec
 
+from gavel.broker.admission import live_instances
 from gavel.broker.effects import Arm, Effect, Emit, Release, Timer
 from gavel.broker.keeper import Decision, Replica, decide
 from gavel.broker.ledger.committer import Planned
 from gavel.broker.ledger.plan import View, stop, submit
 from gavel.broker.ledger.state import State, parse_stamp
 from gavel.broker.promiseplans import stop_message
+from gavel.shared.admission import Caps, room
 from gavel.shared.messages import EventType, InstanceState
 from gavel.shared.reasons import Reason
 from gavel.shared.records import InstanceRecord, ServiceRecord
@@ -248,29 +250,35 @@ def _narrate(out: Planned, before: ServiceRecord, d: Decision) -> None:
 # -- system jobs ---------------------------------------------------------------------------
 def system_decision(view: View | State, svc: ServiceRecord, recs: list[InstanceRecord],
                     nodes: Mapping[str, Node], hold: set[str],
-                    settled: AbstractSet[str] = frozenset()) -> SystemDecision:
+                    settled: AbstractSet[str] = frozenset(),
+                    caps: Caps | None = None) -> SystemDecision:
     """`shared.systems.decide` for the job: its version rolls `update.max_parallel` nodes
-    at a time, gated on `settled` (its instances known healthy)."""
+    at a time, gated on `settled` (its instances known healthy); it starts no instance past
+    the cluster cap of `caps` over the live instances `view` leaves (`shared.systems`
+    rule 7)."""
     spec = svc.spec_of(svc.version)
     if spec is None:
         return SystemDecision()
     live = [Placed(r.instance_id, r.only_node, r.version) for r in recs
             if not r.state.terminal and not r.cancelling]
     return decide_system(spec.labels, svc.version, dict(nodes), live, stopped=svc.stopped,
-                         hold=hold, max_parallel=spec.update.max_parallel, settled=settled)
+                         hold=hold, max_parallel=spec.update.max_parallel, settled=settled,
+                         room=None if caps is None else room(caps, live=live_instances(view)))
 
 
 def plan_system(view: View, name: str, *, nodes: Mapping[str, Node], hold: set[str],
                 rng: random.Random, stamp: str, epoch: int,
-                settled: AbstractSet[str] = frozenset()) -> Planned | None:
+                settled: AbstractSet[str] = frozenset(),
+                caps: Caps | None = None) -> Planned | None:
     """The decision for the system job `name` on `view` (`nodes` as the broker hears them,
-    `hold`: nodes backed off, `settled`: its instances known healthy), applied to it."""
+    `hold`: nodes backed off, `settled`: its instances known healthy, `caps`: the
+    operator's, whose cluster cap it starts nothing past), applied to it."""
     svc = view.service(name)
     if svc is None or not is_system(svc):
         return None
     spec = svc.spec_of(svc.version)
     assert spec is not None
-    d = system_decision(view, svc, view.replicas(name), nodes, hold, settled)
+    d = system_decision(view, svc, view.replicas(name), nodes, hold, settled, caps)
     out = Planned(lines=[])
     made: list[str] = []
     for node in d.start:

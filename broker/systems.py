@@ -21,6 +21,10 @@ Rules:
 6. An instance that ended on its own backs its node off (`broker.keeper.Backoff`, in memory:
    a broker started again lets the first replacement go at once); once an instance runs
    there for `CALM_TICKS` ticks, the node's run of ends is forgotten.
+7. The broker's `--max-instances` holds for the job's instances (`gavel.shared.systems`
+   rule 7): a node whose instance would pass it gets none yet, `gavel status NAME` names it
+   with the submit's refusal (`ServiceStatus.capped`), and a later pass makes it once an
+   instance ends or a broker started with a higher cap leads.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ import random
 from collections.abc import Callable
 from datetime import datetime
 
+from gavel.broker.admission import live_instances
 from gavel.broker.context import Context
 from gavel.broker.keeper import CALM_TICKS, Backoff
 from gavel.broker.ledger.committer import Planned
@@ -38,11 +43,13 @@ from gavel.broker.ledger.state import State, stamp
 from gavel.broker.onepass import OnePass
 from gavel.broker.promises import Promises
 from gavel.broker.serviceplans import SystemStarted, is_system, plan_system, system_decision
+from gavel.shared.admission import Caps, refusal
 from gavel.shared.health import Health
 from gavel.shared.messages import Health as InstanceHealth
 from gavel.shared.messages import InstanceState
 from gavel.shared.reasons import Reason
 from gavel.shared.records import InstanceRecord, ServiceRecord
+from gavel.shared.systems import Decision as SystemDecision
 from gavel.shared.systems import Node, eligible
 
 __all__ = ["Systems", "fleet", "is_system", "job_nodes"]
@@ -54,8 +61,12 @@ _OURS = frozenset({Reason.SYSTEM_NODE_LEFT.value, Reason.SUPERSEDED.value,
 
 class Systems:
     def __init__(self, ctx: Context, promises: Promises, wall: Callable[[], datetime],
-                 rng: random.Random | None = None) -> None:
+                 rng: random.Random | None = None, caps: Caps | None = None) -> None:
         self.ctx = ctx
+        #: The operator's caps: no instance is started past the cluster's (rule 7).
+        self.caps = caps
+        #: Job -> its nodes the cluster cap keeps waiting, and why, as the last pass saw.
+        self._capped: dict[str, dict[str, str]] = {}
         self.promises = promises
         self.wall = wall
         #: Draws the random part of instance ids (OS-seeded, as a service's replicas').
@@ -101,6 +112,8 @@ class Systems:
         if ctx.ledger.pinned:
             return
         state = ctx.ledger.state()
+        for name in [n for n in self._capped if n not in state.services]:
+            del self._capped[name]
         for name, svc in state.services.items():
             if not is_system(svc):
                 continue
@@ -108,10 +121,23 @@ class Systems:
             self._observe(name, recs)
             if self.passes.busy(name):
                 continue
-            if not system_decision(state, svc, recs, self.nodes(state), self._hold(name),
-                                   self.settled(recs)) and not _deploying(svc):
+            d = system_decision(state, svc, recs, self.nodes(state), self._hold(name),
+                                self.settled(recs), self.caps)
+            self._note_capped(name, state, d)
+            if not d and not _deploying(svc):
                 continue
             self.passes.submit(name, functools.partial(self.keep, name=name))
+
+    def _note_capped(self, name: str, state: State, d: SystemDecision) -> None:
+        """Rule 7: the nodes the cap keeps waiting, each with the refusal a submit of them
+        would get once the nodes given theirs have them."""
+        why = "" if not d.capped or self.caps is None else refusal(
+            self.caps, live=live_instances(state) + len(d.start), adding=len(d.capped))
+        self._capped[name] = dict.fromkeys(d.capped, why or str(Reason.OVER_CLUSTER_CAP))
+
+    def capped(self, name: str) -> dict[str, str]:
+        """The nodes of the system job `name` that wait at the cluster cap, and why."""
+        return dict(self._capped.get(name, {}))
 
     def keep(self, view: View, name: str) -> Planned | None:
         """The decision for the system job `name` on `view`, applied to it, as a pure plan
@@ -119,7 +145,7 @@ class Systems:
         return plan_system(view, name, nodes=self.nodes(view.state), hold=self._hold(name),
                            rng=self.rng, stamp=stamp(self.wall()),
                            epoch=self.ctx.leader.epoch,
-                           settled=self.settled(view.replicas(name)))
+                           settled=self.settled(view.replicas(name)), caps=self.caps)
 
     def settled(self, recs: list[InstanceRecord]) -> set[str]:
         """Rule 5: the live instances known healthy - as their nodes last said, or, with no

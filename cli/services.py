@@ -106,6 +106,8 @@ def print_service(st: ServiceStatus, deployment: bool = False) -> None:
     more = st.replicas_total - len(st.replicas)
     if more > 0:
         print(f"and {more} more replicas (`gavel status` lists every instance)")
+    for node, why in st.capped.items():
+        print(f"{node}: waits for room: {why}")
 
 
 async def service_status(args: argparse.Namespace, name: str) -> ServiceStatus | None:

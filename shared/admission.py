@@ -8,6 +8,9 @@ Rules:
 2. A service's own live replicas are replaced, not added, by its deploy or scale: the
    cluster count is the live instances of everything else plus what the service asks.
 3. A cap of 0 is no cap.
+4. Instances the broker makes on its own (a periodic job's run, a system job's instance on a
+   node) are admitted one by one against the cluster cap, in the same words: one that would
+   pass it is not made (`room`), and waits, or is skipped, as its kind says.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from typing import NamedTuple
 
 from gavel.shared.reasons import Reason
 
-__all__ = ["DEFAULT_CAPS", "Caps", "refusal"]
+__all__ = ["DEFAULT_CAPS", "Caps", "refusal", "room"]
 
 
 class Caps(NamedTuple):
@@ -42,3 +45,9 @@ def refusal(caps: Caps, *, live: int, adding: int, service_count: int | None = N
                 f"{live + adding}, the cap is {caps.instances} (the broker's --max-instances "
                 "raises it)")
     return ""
+
+
+def room(caps: Caps, *, live: int) -> int | None:
+    """How many more live instances the cluster cap admits beside `live` (rule 4); None
+    when there is no cap."""
+    return max(0, caps.instances - live) if caps.instances > 0 else None

@@ -392,6 +392,10 @@ class ServiceStatus(msgspec.Struct, kw_only=True):
     #: `gavel submit --wait` on a system job waits for `waiting` to empty.
     nodes: list[str] = msgspec.field(default_factory=list)
     waiting: list[str] = msgspec.field(default_factory=list)
+    #: A system job's nodes that get no instance yet because the broker's cluster cap
+    #: (`--max-instances`) is reached, each with the submit's refusal (first 100 of them):
+    #: each gets its instance once room appears.
+    capped: dict[str, str] = msgspec.field(default_factory=dict)
 
 
 class ServiceRequest(Message, tag="service"):

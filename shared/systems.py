@@ -23,6 +23,12 @@ Rules:
    replaced on its node after the back-off the broker keeps for that node (`hold`, as a
    service's: `broker.keeper.Backoff`), so a job that cannot run there is not re-made every
    tick.
+7. The broker's cluster cap (`--max-instances`, `gavel.shared.admission` rule 4) holds for
+   a system job's instances as for a submit: given the `room` it leaves, only the first
+   nodes in id order that lack an instance get one; the rest are `capped` - they wait, with
+   the submit's refusal as their reason, and get theirs when room appears (an instance
+   ends, the cap is raised). A node whose instance of another version is stopped for the
+   new one needs no room: its own is replaced, not added (`gavel.shared.admission` rule 2).
 """
 
 from __future__ import annotations
@@ -61,6 +67,8 @@ class Decision:
     #: Nodes that get a new instance now.
     start: list[str] = field(default_factory=list)
     stop: list[tuple[str, Reason]] = field(default_factory=list)
+    #: Nodes that lack an instance but the cluster cap leaves no room for (rule 7).
+    capped: list[str] = field(default_factory=list)
 
     def __bool__(self) -> bool:
         return bool(self.start or self.stop)
@@ -87,9 +95,10 @@ def _left(labels: Mapping[str, str], node: Node | None) -> bool:
 def decide(labels: Mapping[str, str], version: int, nodes: Mapping[str, Node],
            live: Sequence[Placed], *, stopped: bool = False,
            hold: AbstractSet[str] = frozenset(), max_parallel: int = 0,
-           settled: AbstractSet[str] = frozenset()) -> Decision:
-    """What the job needs now (rules 1-6); `hold`: nodes whose start the back-off holds;
-    `settled`: the instances of `version` known healthy (rule 6)."""
+           settled: AbstractSet[str] = frozenset(), room: int | None = None) -> Decision:
+    """What the job needs now (rules 1-7); `hold`: nodes whose start the back-off holds;
+    `settled`: the instances of `version` known healthy (rule 6); `room`: the more live
+    instances the cluster cap admits (None: no cap, rule 7)."""
     out = Decision()
     if stopped:
         out.stop = [(p.instance_id, Reason.SERVICE_STOPPED)
@@ -97,6 +106,7 @@ def decide(labels: Mapping[str, str], version: int, nodes: Mapping[str, Node],
         return out
     covered: set[str] = set()
     old: list[Placed] = []
+    swapped: set[str] = set()  # nodes whose instance of another version this stops
     rolling = 0  # nodes between versions (rule 6)
     for p in sorted(live, key=lambda p: p.instance_id):
         if _left(labels, nodes.get(p.node_id)):
@@ -116,9 +126,13 @@ def decide(labels: Mapping[str, str], version: int, nodes: Mapping[str, Node],
                                                      or rolling < max_parallel)):
             out.stop.append((p.instance_id, Reason.SUPERSEDED))
             rolling += p.node_id not in covered
+            swapped.add(p.node_id)
         else:
             covered.add(p.node_id)  # it keeps its version for now
     out.stop.sort(key=lambda s: s[0])
     out.start = [n for n in sorted(nodes) if n not in covered and n not in hold
                  and nodes[n].healthy and eligible(labels, nodes[n])]
+    if room is not None:  # rule 7: a node whose own instance is swapped needs no room
+        out.capped = [n for n in out.start if n not in swapped][room:]
+        out.start = [n for n in out.start if n not in out.capped]
     return out

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import msgspec
 
-from gavel.shared.admission import DEFAULT_CAPS, Caps, refusal
+from gavel.shared.admission import DEFAULT_CAPS, Caps, refusal, room
 from gavel.shared.api import REPLY_IDS_MAX, SubmitReply, counted_ids
 from gavel.shared.reasons import Reason
 
@@ -41,3 +41,10 @@ def test_a_large_submits_answer_is_its_first_id_and_count() -> None:
     few = counted_ids("web", 3)
     assert SubmitReply.of(few).instance_ids == few and SubmitReply.of(few).ids() == few
     assert SubmitReply.of(["one"]).ids() == ["one"]
+
+
+def test_the_room_left_under_the_cluster_cap() -> None:
+    """Rule 4: what the broker may still make on its own; none past the cap, any with none."""
+    assert room(CAPS, live=97) == 3
+    assert room(CAPS, live=100) == 0 and room(CAPS, live=120) == 0
+    assert room(Caps(10, 0), live=10**9) is None

@@ -102,3 +102,34 @@ def test_an_old_instance_is_kept_where_its_replacement_cannot_start_yet() -> Non
     assert not d  # a: unreachable, b: backed off - both keep version 1 for now
     d = decide(EDGE, 2, fleet, old, max_parallel=1)
     assert d.stop == [("x-b1", Reason.SUPERSEDED)] and d.start == ["b"]
+
+
+def test_the_cluster_cap_leaves_the_nodes_past_its_room_waiting_in_id_order() -> None:
+    """Rule 7: with room for one more instance, of three nodes lacking one only the first by
+    id gets it; the others are capped, not started, and none is stopped for it."""
+    fleet = nodes(c=Node(EDGE), a=Node(EDGE), b=Node(EDGE), d=Node(EDGE))
+    d = decide(EDGE, 1, fleet, [Placed("x-d", "d", 1)], room=1)
+    assert d.start == ["a"] and d.capped == ["b", "c"] and d.stop == []
+    full = decide(EDGE, 1, fleet, [Placed("x-d", "d", 1)], room=0)
+    assert full.start == [] and full.capped == ["a", "b", "c"] and not full
+    # No cap (None) and room enough leave nothing waiting.
+    assert decide(EDGE, 1, fleet, [], room=None).start == ["a", "b", "c", "d"]
+    roomy = decide(EDGE, 1, fleet, [], room=4)
+    assert roomy.start == ["a", "b", "c", "d"] and roomy.capped == []
+
+
+def test_a_node_whose_old_version_is_swapped_needs_no_room_at_the_cap() -> None:
+    """Rule 7 with rule 6: a new version's instance replaces its node's own old one, so a
+    full cluster still rolls; a node with no instance at all waits for room."""
+    fleet = nodes(a=Node(EDGE), b=Node(EDGE))
+    d = decide(EDGE, 2, fleet, [Placed("x-a", "a", 1)], room=0)
+    assert d.stop == [("x-a", Reason.SUPERSEDED)] and d.start == ["a"]
+    assert d.capped == ["b"]
+
+
+def test_a_capped_node_gets_its_instance_once_room_appears() -> None:
+    fleet = nodes(a=Node(EDGE), b=Node(EDGE))
+    live = [Placed("x-a", "a", 1)]
+    assert decide(EDGE, 1, fleet, live, room=0).capped == ["b"]
+    later = decide(EDGE, 1, fleet, live, room=1)  # an instance elsewhere ended
+    assert later.start == ["b"] and later.capped == []

@@ -9,6 +9,7 @@ import asyncio
 
 import msgspec
 
+from gavel.broker.admission import live_instances
 from gavel.broker.effects import Answer, Emit
 from gavel.broker.ledger.plan import View
 from gavel.broker.ledger.state import Change, State
@@ -16,7 +17,6 @@ from gavel.broker.periodic import (
     Forgot,
     Ran,
     forgettable,
-    live_instances,
     plan_cancel,
     plan_forget,
     plan_run,

@@ -20,8 +20,10 @@ from gavel.broker.serviceplans import (
     SystemStarted,
     plan_keep,
     plan_system,
+    system_decision,
 )
 from gavel.shared import subjects
+from gavel.shared.admission import Caps
 from gavel.shared.messages import Cancel, EventType, InstanceState, Spec
 from gavel.shared.reasons import Reason
 from gavel.shared.records import (
@@ -180,6 +182,35 @@ def test_a_system_jobs_deploy_succeeds_only_once_no_older_version_is_left() -> N
                                                              only_node="n2"))
     done = plan({"web-c", "web-d"})
     assert done is not None and done.lines == ["system web: deployed version 2"]
+
+
+def test_a_system_job_starts_no_instance_past_the_cluster_cap_on_its_view() -> None:
+    """`shared.systems` rule 7 in the plan: the live instances the view leaves (the state's
+    and what this change already made) count, so a second plan on one view finds the room
+    the first took; another job's instance that ends makes room for the capped node."""
+    view = _service(1, {"web-a": "n1"}, system=True)
+    other = InstanceRecord(instance_id="job-x", spec=Spec(name="job", command=["true"]))
+    view.state.put_instance("job-x", other)
+    nodes = {n: Node(labels={}) for n in ("n1", "n2", "n3")}
+    caps = Caps(per_service=10, instances=3)
+
+    def plan(v: View, seed: int = 1) -> Planned | None:
+        return plan_system(v, "web", nodes=nodes, hold=set(), rng=random.Random(seed),
+                           stamp=STAMP, epoch=EPOCH, caps=caps)
+    planned = plan(view)
+    assert planned is not None
+    assert [line.split(" on ")[1] for line in planned.lines] == ["n2 (version 1)"]
+    assert plan(view, seed=2) is None  # n3 waits: the change above took the last room
+    state = view.state
+    for iid, rec in view.change.instances.items():
+        state.put_instance(iid, rec)
+    full = View(state, Change())
+    assert plan(full) is None
+    svc, recs = state.services["web"], state.replicas_of("web")
+    assert system_decision(full, svc, recs, nodes, set(), caps=caps).capped == ["n3"]
+    state.put_instance("job-x", msgspec.structs.replace(other, state=InstanceState.FAILED))
+    again = plan(View(state, Change()))
+    assert again is not None and any(" on n3 " in line for line in again.lines)
 
 
 # -- batch arrays --------------------------------------------------------------------------
