@@ -1,10 +1,15 @@
 """Admission at the broker (`shared.admission`): a submit, deploy or scale beyond the
 operator's caps is refused whole with one sentence, and nothing of it is written.
 
-Real nats-server, real broker and git; no worker is needed (queued instances are live).
+Real nats-server, real broker and git; no worker is needed (queued instances are live),
+except for a system job's, which are bound to real workers' nodes.
 """
 
 from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
 
 import msgspec
 import pygit2
@@ -151,3 +156,59 @@ async def test_a_periodic_run_past_the_cluster_cap_is_skipped_not_made(
     await cluster.call("cancel", CancelRequest(instance_id=made.instance_ids[0]), CancelReply)
     await wait_for(lambda: any(h.instance_id for h in history()), 30,
                    what="a run once there is room")
+
+
+EDGE = Spec(name="edge", type="system", labels={"role": "edge"}, cpu=0.1, memory_mb=16,
+            command=[sys.executable, "-c", "import time; time.sleep(600)"])
+
+
+def _edge_nodes(cluster: Cluster) -> set[str]:
+    """The nodes the system job `edge` has a live instance bound to."""
+    assert cluster.broker is not None
+    return {r.only_node for r in cluster.broker.ledger.state().replicas_of("edge")
+            if not r.state.terminal}
+
+
+async def _capped(cluster: Cluster) -> dict[str, str]:
+    got = await cluster.call("service", ServiceRequest(name="edge"), ServiceReply)
+    return got.service.capped
+
+
+async def test_a_system_jobs_instances_wait_at_the_cluster_cap_until_room_appears(
+        cluster: Cluster) -> None:
+    """`--max-instances` holds for the instances a system job makes on its nodes, at submit
+    and when a node joins: a node past the cap gets none, `gavel status` names it with the
+    submit's refusal, and it gets its instance once another instance ends or a broker
+    started with a higher cap leads."""
+    await cluster.start_broker(caps=Caps(per_service=5, instances=3))
+    for node in ("node-a", "node-b", "node-c"):
+        await cluster.start_agent(node, labels={"role": "edge"})
+    await cluster.wait_nodes(3)
+    fill = await cluster.call("submit", SubmitRequest(spec=sleeper_spec("fill")), SubmitReply)
+    await cluster.call("submit", SubmitRequest(spec=EDGE), SubmitReply)
+    await wait_for(lambda: _edge_nodes(cluster) == {"node-a", "node-b"}, 30,
+                   what="instances on the first two nodes only")
+    await wait_for(lambda: _capped(cluster), 30, what="node-c waiting at the cap")
+    capped = await _capped(cluster)
+    assert list(capped) == ["node-c"] and capped["node-c"].startswith(
+        Reason.OVER_CLUSTER_CAP) and "--max-instances" in capped["node-c"], capped
+    shown = await asyncio.to_thread(
+        subprocess.run, [sys.executable, "-m", "gavel", "status", "edge", "--nats",
+                         cluster.url], capture_output=True, text=True, timeout=60)
+    assert f"node-c: waits for room: {Reason.OVER_CLUSTER_CAP}" in shown.stdout, shown.stdout
+    assert _edge_nodes(cluster) == {"node-a", "node-b"}  # still nothing past the cap
+
+    await cluster.call("cancel", CancelRequest(instance_id=fill.instance_id), CancelReply)
+    await wait_for(lambda: _edge_nodes(cluster) == {"node-a", "node-b", "node-c"}, 30,
+                   what="node-c's instance once the filler ended")
+    assert await _capped(cluster) == {}
+
+    await cluster.start_agent("node-d", labels={"role": "edge"})  # joins a full cluster
+    await wait_for(lambda: _capped(cluster), 30, what="the joining node waiting at the cap")
+    assert list(await _capped(cluster)) == ["node-d"]
+    assert "node-d" not in _edge_nodes(cluster)
+    await cluster.stop_broker()
+    await cluster.start_broker(caps=Caps(per_service=5, instances=4))  # the cap raised
+    await wait_for(lambda: "node-d" in _edge_nodes(cluster), 30,
+                   what="the joining node's instance under the raised cap")
+    assert len(_edge_nodes(cluster)) == 4
