@@ -302,8 +302,10 @@ async def test_nats_permissions_carry_a_placement_and_stop_impersonation(
     argv = nats_files(compose()["services"]["nats"], auth, tmp_path, store=tmp_path / "js")
     conf = argv[argv.index("--config") + 1]
     port = free_port()
+    # -m: the compose file's fixed monitor port (8222, the container's own) may be taken by
+    # another test's server on this host; the flag overrides the file.
     server = subprocess.Popen([find_binary(), "-c", conf, "-a", "127.0.0.1", "-p",
-                               str(port)], stdout=subprocess.DEVNULL,
+                               str(port), "-m", str(free_port())], stdout=subprocess.DEVNULL,
                               stderr=open(tmp_path / "nats.log", "wb"))  # noqa: SIM115
 
     def listening() -> bool:
