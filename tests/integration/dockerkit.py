@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-__all__ = ["BUSYBOX", "engine_client", "image", "nats_image"]
+__all__ = ["BUSYBOX", "PREFIX", "engine_client", "image", "nats_image"]
 
 BUSYBOX = Path("/bin/busybox")
 #: The prefix of every image these tests build (other suites share the engine).
