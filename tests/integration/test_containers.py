@@ -241,6 +241,9 @@ async def _get(url: str) -> str:
 
 async def test_a_host_volume_keeps_its_data_across_a_redeploy(
         cluster: Cluster, engines: list[Engine], docker: Any, tmp_path: Path) -> None:
+    """Each run appends its version to the volume: a redeploy, a restart in place and, past
+    the restart policy, a new placement all find what the runs before them wrote, and only
+    the node holding the volume ever runs the service."""
     tag = image(docker, "v1")
     data = tmp_path / "vol-data"
     data.mkdir()
@@ -253,13 +256,24 @@ async def test_a_host_volume_keeps_its_data_across_a_redeploy(
         return Spec(name="web", type="service", count=1, image=tag, ports=["http"],
                     volumes=[Volume(name="data", path="/data")], env={"V": version},
                     command=["sh", "-c", 'echo "$V" >> /data/runs; exec sleep 600'],
-                    restart=Restart(attempts=0), update=Update(min_healthy_s=0.2))
+                    restart=Restart(attempts=1, delay_s=0.0, interval_s=600.0),
+                    update=Update(min_healthy_s=0.2))
+
+    def runs(text: str) -> bool:
+        return (data / "runs").exists() and (data / "runs").read_text() == text
 
     await deploy(cluster, svc("1"))
-    await wait_for(lambda: (data / "runs").exists(), 60, what="the first version to write")
+    await wait_for(lambda: runs("1\n"), 60, what="the first version to write")
     await deploy(cluster, svc("2"))
-    await wait_for(lambda: (data / "runs").read_text() == "1\n2\n", 90,
+    await wait_for(lambda: runs("1\n2\n"), 90,
                    what="the second version to append to the first one's data")
+    for after, what in (("1\n2\n2\n", "a restart in place"),
+                        ("1\n2\n2\n2\n", "a new placement, the restart spent")):
+        await wait_for(lambda: len(containers(docker, cluster)) == 1, 60,
+                       what="one running replica")
+        (cid,) = containers(docker, cluster)
+        docker.api.kill(cid)
+        await wait_for(lambda a=after: runs(a), 90, what=f"{what} to append to the data")
     assert not cluster.agents["other"].instances(), "only the node holding the volume bids"
 
 
