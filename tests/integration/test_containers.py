@@ -486,3 +486,22 @@ def test_the_demo_places_a_container_where_an_engine_answers(up_demo: UpDemo,
     assert "a container: image gavel-demo-busybox:1, placed as hello-container above" in lines
     assert any(line.strip().startswith("hello-container-") and " -> node-" in line
                for line in lines), up_demo.proc.stdout
+
+
+async def test_a_container_the_engine_refuses_fails_to_start_with_its_sentence(
+        cluster: Cluster, engines: list[Engine], docker: Any,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """A memory limit below the engine's minimum (6 MB): the engine refuses to create it, the
+    attempt ends as *driver failed to start* with the engine's own sentence on one line, and
+    the worker logs no traceback."""
+    tag = image(docker, "v1")
+    await cluster.start_broker()
+    await start(cluster, engines, "n1")
+    await cluster.wait_nodes(1)
+    iid = await cluster.submit(Spec(name="tiny", image=tag, attempts=1, memory_mb=4,
+                                    command=["true"]))
+    st = await ended(cluster, iid)
+    assert (st.state, st.reason) == ("failed", Reason.DRIVER_FAILED), st
+    assert "memory" in st.detail.lower() and "\n" not in st.detail, st
+    assert "Traceback" not in caplog.text
+    assert not containers(docker, cluster, iid, all_=True)
