@@ -86,13 +86,15 @@ def _summary(kind: str, ms: list[float]) -> dict[str, Any]:
             "p99_ms": round(p99, 1), "mean_ms": round(statistics.fmean(ms), 1)}
 
 
-async def measure(n: int, root: Path, registry: str = "") -> list[dict[str, Any]]:
-    """Rule 1: each kind's submit -> running, `n` of each."""
+async def measure(n: int, root: Path, registry: str = "",
+                  timing: Timing | None = None) -> list[dict[str, Any]]:
+    """Rule 1: each kind's submit -> running, `n` of each (`timing`: the production
+    clocks unless given)."""
     import docker
 
     client = docker.from_env()
     server = NatsServer(store_dir=root / "js", log=root / "nats.log").start()
-    timing = Timing()
+    timing = timing or Timing()
     broker = Broker(Config(nats_url=server.url, state_dir=root / "state", timing=timing))
     await broker.start()
     engine = connect("auto", node_id="bench", home=str(root / "worker"))

@@ -22,7 +22,7 @@ from gavel.transport.natsserver import free_port
 from gavel.transport.wire import subscribed
 from gavel.worker.engine import Engine
 from tests.integration.dockerkit import PREFIX, image, local_registry
-from tests.integration.harness import Cluster, wait_for
+from tests.integration.harness import TIMING, Cluster, wait_for
 from tests.integration.test_containers import ended, instance_dir, start
 
 pytestmark = pytest.mark.integration
@@ -88,7 +88,7 @@ async def test_the_start_bench_measures_a_pulled_image_beside_the_others(
     (tmp_path / "registry").mkdir()
     (tmp_path / "bench").mkdir()
     with local_registry(tmp_path / "registry", free_port()) as registry:
-        lines = await measure(1, tmp_path / "bench", registry)
+        lines = await measure(1, tmp_path / "bench", registry, TIMING)
     assert [(line["kind"], line["n"]) for line in lines] == [
         ("process", 1), ("container-warm", 1), ("container-cold", 1),
         ("container-pulled", 1)]
