@@ -35,6 +35,7 @@ from gavel.transport.client import call
 from gavel.transport.natsserver import NatsServer, free_port
 from gavel.worker.agent import Agent
 from gavel.worker.engine import HOME, INSTANCE, Engine, connect
+from gavel.worker.logfiles import LogLimits
 from tests.integration.dockerkit import PREFIX, image
 from tests.integration.harness import (
     TIMING,
@@ -505,3 +506,33 @@ async def test_a_container_the_engine_refuses_fails_to_start_with_its_sentence(
     assert "memory" in st.detail.lower() and "\n" not in st.detail, st
     assert "Traceback" not in caplog.text
     assert not containers(docker, cluster, iid, all_=True)
+
+
+async def test_a_containers_output_is_capped_and_rotated_as_a_processs(
+        cluster: Cluster, engines: list[Engine], docker: Any) -> None:
+    """The same caps and rotation as a process's (`worker.logfiles`), and `gavel logs` reads
+    what is kept in order, up to the last line."""
+    limits = LogLimits(max_bytes=2000, files=2)
+    tag = image(docker, "v1")
+    await cluster.start_broker()
+    await start(cluster, engines, "n1", log_limits=limits)
+    await cluster.wait_nodes(1)
+    iid = await cluster.submit(Spec(name="chatty", image=tag, command=[
+        "sh", "-c", 'i=0; while [ $i -lt 3000 ]; do echo "line $i"; i=$((i+1)); done; '
+                    'exec sleep 600']))
+    d = instance_dir(cluster, "n1", iid)
+    await wait_for(lambda: (d / "stdout.log.1").exists(), 60, what="a first rotation")
+
+    async def to_the_end() -> list[str]:
+        proc = await gavel("logs", iid, "--nats", cluster.url)
+        assert proc.returncode == 0, proc.stderr
+        return proc.stdout.splitlines()
+    lines: list[str] = []
+
+    async def ended_with_the_last() -> bool:
+        lines[:] = await to_the_end()
+        return bool(lines) and lines[-1] == "line 2999"
+    await wait_for(ended_with_the_last, 60, what="the last line through gavel logs")
+    assert not (d / f"stdout.log.{limits.files + 1}").exists()
+    seen = [int(x.rpartition("line ")[2]) for x in lines if x.startswith("line ")]
+    assert seen == sorted(set(seen)) and seen[0] > 0, "in order, the oldest rotated away"
