@@ -155,6 +155,15 @@ async def healthy(p: Project) -> None:
                    what="every container to be healthy")
 
 
+def loopback_only(p: Project) -> bool:
+    """Every port the project publishes listens on 127.0.0.1 alone (and some do)."""
+    hosts = [b["HostIp"] for service in p.all_services
+             for bindings in (p.inspect(service)["HostConfig"]["PortBindings"] or {}).values()
+             for b in bindings or ()]
+    assert hosts, "nothing published"
+    return set(hosts) == {"127.0.0.1"}
+
+
 def get(url: str) -> tuple[int, str]:
     try:
         with urllib.request.urlopen(url, timeout=3) as resp:
@@ -196,6 +205,7 @@ async def test_compose_yaml_places_serves_and_survives_a_broker_restart(
         config = single.inspect(service)["Config"]
         assert config["User"] == "gavel", service
         assert config["Labels"]["org.opencontainers.image.version"] == version, service
+    assert loopback_only(single)
     assert single.exec("worker-1", "id", "-u").strip() == "10001"
     url, creds = f"nats://127.0.0.1:{single.ports['NATS']}", str(single.dir / "auth" /
                                                                  "operator.nk")
@@ -245,6 +255,7 @@ async def test_compose_yaml_places_serves_and_survives_a_broker_restart(
 async def test_compose_ha_yaml_fails_over_without_placing_twice(ha: Project) -> None:
     ha.up()
     await healthy(ha)
+    assert loopback_only(ha)
     ports = (ha.ports["NATS"], ha.ports["NATS_2"], ha.ports["NATS_3"])
     async with operator(ha, *ports) as op:
         await op.healthy_nodes(3)

@@ -240,7 +240,7 @@ async def _get(url: str) -> str:
     return await asyncio.to_thread(fetch)
 
 
-async def test_a_host_volume_keeps_its_data_across_a_redeploy(
+async def test_a_host_volume_keeps_its_data_across_redeploys_restarts_and_placements(
         cluster: Cluster, engines: list[Engine], docker: Any, tmp_path: Path) -> None:
     """Each run appends its version to the volume: a redeploy, a restart in place and, past
     the restart policy, a new placement all find what the runs before them wrote, and only
