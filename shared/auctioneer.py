@@ -16,7 +16,10 @@ Rules (the numbers are `broker.auctioneer`'s, where operators read them):
    and nothing released, failed, found unschedulable or freed since) finds nothing either,
    and is skipped instead of reading every waiting instance again.
 2. Work is grouped by its excluded nodes; a group is auctioned without them unless no
-   other eligible node is left, then with them.
+   other eligible node is left, then with them. What no other node would take (unschedulable
+   in an auction that left them out) is asked again at once, of every eligible node with
+   them: a node it failed on is a worse choice than another, not no choice (a replica bound
+   to a host volume only that node holds would otherwise never be placed again).
 3. An award reserves its winner's capacity until `released` (its commit landed, placed or
    not) or `failed` (the commit failed): `free` is heartbeat capacity minus what the world
    commits there minus these reservations, so rounds in flight together never over-commit.
@@ -103,6 +106,8 @@ class Core:
         self._broadcast: set[str] = set()
         self._closed: dict[str, tuple[AbstractSet[str], AbstractSet[str] | None]] = {}
         self._partial: dict[str, _Partial] = {}
+        #: Open auctions that left some excluded nodes out, and which (rule 2).
+        self._without: dict[str, AbstractSet[str]] = {}
         self.inflight: set[str] = set()
         self.reserved: dict[str, Capacity] = {}
         self.retry_at: dict[str, float] = {}
@@ -263,6 +268,10 @@ class Core:
         """One auction, broadcast or sampled (rule 10); `stage` 1 asks `RETRY_TIMES`·d per
         request, 2 every candidate (rule 11); `whole`: ask every candidate (rule 12)."""
         aid = self._aid()
+        if excluded and not whole:
+            left_out = excluded - set(candidates)
+            if left_out:
+                self._without[aid] = left_out
         d = self.sample_d
         sampled = False
         if d is not None and not whole:
@@ -375,6 +384,13 @@ class Core:
             if wider:
                 again = {r.instance_id for r in wider}
                 decisions = [d for d in decisions if d.request.instance_id not in again]
+        left_out = self._without.pop(aid, None)
+        refused: list[Request] = []
+        if left_out is not None:  # rule 2: asked again, of them too
+            refused = [d.request for d in decisions if isinstance(d, Unschedulable)]
+            if refused:
+                again = {r.instance_id for r in refused}
+                decisions = [d for d in decisions if d.request.instance_id not in again]
         if self.sample_d is not None:
             self._remember_winners(auction, decisions)
         for d in decisions:
@@ -386,6 +402,8 @@ class Core:
         if wider and partial is not None:  # still in flight: asked again, of more nodes
             self.open(wider, partial.candidates, now, partial.excluded,
                       stage=partial.stage + 1)
+        if refused:
+            self.open(refused, self.world.eligible(now), now)
         if self._opening:  # closed as it opened: the pass under way counted it
             self._out.append(Wake())
         else:  # the next round goes out now (rule 5)

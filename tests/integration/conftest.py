@@ -3,15 +3,18 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from gavel.worker.engine import Engine
 from tests.integration.authed import authed
+from tests.integration.dockerkit import engine_client
 from tests.integration.harness import Cluster, UpDemo
 
-__all__ = ["authed", "cluster", "up_demo"]
+__all__ = ["authed", "cluster", "docker", "engines", "up_demo"]
 
 pytestmark = pytest.mark.integration
 
@@ -23,6 +26,28 @@ async def cluster(nats_url: str, tmp_path: Path) -> AsyncIterator[Cluster]:
         yield c
     finally:
         await c.close()
+
+
+@pytest.fixture
+def docker() -> Iterator[Any]:
+    """A client of the real Docker Engine (skipped with a sentence where none answers)."""
+    client = engine_client()
+    try:
+        yield client
+    finally:
+        client.close()
+
+
+@pytest.fixture
+async def engines(docker: Any, cluster: Cluster) -> AsyncIterator[list[Engine]]:
+    """The workers' engine clients, closed after the cluster (and its workers) stopped."""
+    made: list[Engine] = []
+    try:
+        yield made
+    finally:
+        await cluster.close()  # its workers first: they use the clients until they stop
+        for e in made:
+            e.close()
 
 
 @pytest.fixture(scope="session")

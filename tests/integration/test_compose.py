@@ -35,6 +35,7 @@ from gavel.shared.spec import Route
 from gavel.transport.client import ClientError, call, connect
 from tests.integration.composerig import ROOT, Project, project
 from tests.integration.harness import wait_for
+from tests.integration.test_logs import gavel
 
 pytestmark = [pytest.mark.integration, pytest.mark.compose]
 
@@ -63,6 +64,14 @@ ANSWER = (
 def answering_spec(name: str) -> Spec:
     return Spec(name=name, command=["python3", "-c", ANSWER], ports=["http"],
                 routes=[Route(path=f"/{name}", port="http")], cpu=0.1, memory_mb=64)
+
+
+def documented_spec() -> str:
+    """The web.toml of docs/deploy.md's compose section, as written there."""
+    text = (ROOT / "docs" / "deploy.md").read_text()
+    section = text[text.index("## Docker compose"):]
+    start = section.index("```toml\n") + len("```toml\n")
+    return section[start:section.index("```", start)]
 
 
 def sleeping_spec(name: str) -> Spec:
@@ -146,6 +155,15 @@ async def healthy(p: Project) -> None:
                    what="every container to be healthy")
 
 
+def loopback_only(p: Project) -> bool:
+    """Every port the project publishes listens on 127.0.0.1 alone (and some do)."""
+    hosts = [b["HostIp"] for service in p.all_services
+             for bindings in (p.inspect(service)["HostConfig"]["PortBindings"] or {}).values()
+             for b in bindings or ()]
+    assert hosts, "nothing published"
+    return set(hosts) == {"127.0.0.1"}
+
+
 def get(url: str) -> tuple[int, str]:
     try:
         with urllib.request.urlopen(url, timeout=3) as resp:
@@ -187,15 +205,31 @@ async def test_compose_yaml_places_serves_and_survives_a_broker_restart(
         config = single.inspect(service)["Config"]
         assert config["User"] == "gavel", service
         assert config["Labels"]["org.opencontainers.image.version"] == version, service
+    assert loopback_only(single)
     assert single.exec("worker-1", "id", "-u").strip() == "10001"
+    url, creds = f"nats://127.0.0.1:{single.ports['NATS']}", str(single.dir / "auth" /
+                                                                 "operator.nk")
     async with operator(single, single.ports["NATS"]) as op:
         await op.healthy_nodes(3)
-        iid = await op.submit(answering_spec("web"))
+        # docs/deploy.md's commands, with the gavel CLI on this host
+        nodes = await gavel("nodes", "--nats", url, creds=creds)
+        assert nodes.returncode == 0, nodes.stderr
+        assert all(f"worker-{n}" in nodes.stdout for n in (1, 2, 3)), nodes.stdout
+        (single.dir / "web.toml").write_text(documented_spec())
+        submitted = await gavel("submit", str(single.dir / "web.toml"), "--wait=running",
+                                "--nats", url, creds=creds, timeout=PLACE_S)
+        assert submitted.returncode == 0, submitted.stdout + submitted.stderr
+        web = submitted.stdout.split()[0]
+        await wait_for(lambda: "Directory listing" in get(
+            f"http://127.0.0.1:{single.ports['HTTP']}/web")[1], PLACE_S, every=1.0,
+            what="the documented spec's route through the composed Caddy")
+
+        iid = await op.submit(answering_spec("answer"))
         where = await op.running(iid)
         assert where.node_id in ("worker-1", "worker-2", "worker-3")
         # It runs in that worker's container: it answers with the container's host name.
         host = single.inspect(where.node_id)["Config"]["Hostname"]
-        await through_gateway(single, "/web", f"{iid} {host}")
+        await through_gateway(single, "/answer", f"{iid} {host}")
         # ... by the address compose/setup's node book gives it, not what the worker says.
         gateway_log = single.compose("logs", "--no-color", "gateway")
         assert "no node book" not in gateway_log, gateway_log[-2000:]
@@ -207,12 +241,12 @@ async def test_compose_yaml_places_serves_and_survives_a_broker_restart(
         after = await op.running(iid)
         assert (after.node_id, after.attempt) == (where.node_id, where.attempt)
         reply = await op.status()
-        assert reply is not None and [s.instance_id for s in reply.instances] == [iid]
+        assert reply is not None and {s.instance_id for s in reply.instances} == {web, iid}
         again = await op.submit(sleeping_spec("after-restart"))
         await op.running(again)
-        await through_gateway(single, "/web", f"{iid} {host}")
+        await through_gateway(single, "/answer", f"{iid} {host}")
         held = placements(single, "/var/lib/gavel/state.git", "broker")
-        assert held == {iid: [where.node_id], again: [held[again][0]]}
+        assert held == {web: [held[web][0]], iid: [where.node_id], again: [held[again][0]]}
     single.down()
     assert single.leftovers() == []
 
@@ -221,6 +255,7 @@ async def test_compose_yaml_places_serves_and_survives_a_broker_restart(
 async def test_compose_ha_yaml_fails_over_without_placing_twice(ha: Project) -> None:
     ha.up()
     await healthy(ha)
+    assert loopback_only(ha)
     ports = (ha.ports["NATS"], ha.ports["NATS_2"], ha.ports["NATS_3"])
     async with operator(ha, *ports) as op:
         await op.healthy_nodes(3)

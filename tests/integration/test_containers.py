@@ -10,9 +10,9 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import logging
 import time
 import urllib.request
-from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +35,8 @@ from gavel.transport.client import call
 from gavel.transport.natsserver import NatsServer, free_port
 from gavel.worker.agent import Agent
 from gavel.worker.engine import HOME, INSTANCE, Engine, connect
-from tests.integration.dockerkit import engine_client, image
+from gavel.worker.logfiles import LogLimits
+from tests.integration.dockerkit import PREFIX, image
 from tests.integration.harness import (
     TIMING,
     Cluster,
@@ -49,27 +50,6 @@ from tests.integration.test_logs import gavel
 from tests.integration.test_services import deploy, status, whole
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture
-def docker() -> Iterator[Any]:
-    client = engine_client()
-    try:
-        yield client
-    finally:
-        client.close()
-
-
-@pytest.fixture
-async def engines(docker: Any, cluster: Cluster) -> AsyncIterator[list[Engine]]:
-    """The workers' engine clients, closed after the cluster (and its workers) stopped."""
-    made: list[Engine] = []
-    try:
-        yield made
-    finally:
-        await cluster.close()  # its workers first: they use the clients until they stop
-        for e in made:
-            e.close()
 
 
 async def start(cluster: Cluster, engines: list[Engine], node: str, **kw: Any) -> Agent:
@@ -102,10 +82,13 @@ async def ended(cluster: Cluster, iid: str, timeout: float = 60) -> Any:
 
 
 async def test_a_container_job_runs_with_its_output_in_the_logs_and_no_secret_in_inspect(
-        cluster: Cluster, engines: list[Engine], docker: Any) -> None:
+        cluster: Cluster, engines: list[Engine], docker: Any,
+        caplog: pytest.LogCaptureFixture) -> None:
     """The image's ENTRYPOINT is kept and `command` replaces its CMD; stdout and stderr land
     in the instance's log files; a secret is the file /run/secrets/<name>, never in the
-    container's environment or its inspect output, never in the logs."""
+    container's environment or its inspect output, never in an image made of the container,
+    never in the instance's logs or the broker's and worker's own, never in git."""
+    caplog.set_level(logging.DEBUG)
     tag = image(docker, "v1")
     secret = "s3cret-" + hashlib.sha256(str(cluster.root).encode()).hexdigest()[:16]
     want = hashlib.sha256(secret.encode()).hexdigest()
@@ -126,8 +109,10 @@ async def test_a_container_job_runs_with_its_output_in_the_logs_and_no_secret_in
     inspected = json.dumps(docker.api.inspect_container(cid))
     assert secret not in inspected
     assert "/run/secrets" in inspected
+    assert secret.encode() not in _committed(docker, cid)
     host = docker.api.inspect_container(cid)["HostConfig"]
     assert host["Memory"] == 32 * 2**20 and host["PidsLimit"] == spec.pids
+    assert host["NanoCpus"] == round(spec.cpu * 1e9)
     assert "no-new-privileges" in host["SecurityOpt"] and host["CapDrop"] == ["ALL"]
     bindings = [b["HostIp"] for bs in host["PortBindings"].values() for b in bs]
     assert bindings and "0.0.0.0" not in bindings and "" not in bindings
@@ -144,8 +129,18 @@ async def test_a_container_job_runs_with_its_output_in_the_logs_and_no_secret_in
     repo = cluster.ledger().repo
     for oid in repo.odb:
         assert secret.encode() not in repo.odb.read(oid)[1]
+    assert caplog.records and secret not in caplog.text
     await wait_for(lambda: not containers(docker, cluster, iid, all_=True), 30,
                    what="the ended instance's container to be removed")
+
+
+def _committed(docker: Any, cid: str) -> bytes:
+    """The image `docker commit` makes of the container, as `docker save` writes it."""
+    made = docker.api.commit(cid, repository=f"{PREFIX}-committed", tag=cid[:12])
+    try:
+        return b"".join(docker.api.get_image(made["Id"]))
+    finally:
+        docker.api.remove_image(made["Id"], force=True)
 
 
 async def test_a_container_over_its_memory_is_killed_with_the_same_reason_as_a_process(
@@ -176,8 +171,8 @@ async def test_a_node_without_an_engine_declines_an_image_spec(
 
 async def test_a_containerised_service_of_three_is_checked_routed_and_rolled_to_a_new_tag(
         cluster: Cluster, engines: list[Engine], docker: Any, tmp_path: Path) -> None:
-    """Three replicas of an http service in containers, an http check against the published
-    port and an exec check inside the container, a route through a real Caddy by `gavel
+    """Three replicas of an http service in containers, http and tcp checks against the
+    published port and an exec check inside the container, a route through a real Caddy by `gavel
     gateway`; then a deploy of a new image tag replaces every replica, healthy-gated."""
     v1, v2 = image(docker, "web1", "version one"), image(docker, "web2", "version two")
     await cluster.start_broker()
@@ -199,6 +194,8 @@ async def test_a_containerised_service_of_three_is_checked_routed_and_rolled_to_
                         routes=[Route(path="/", port="http")],
                         checks=[Check(type="http", port="http", path="/index.html",
                                       interval_s=0.2, timeout_s=1.0, failures=2),
+                                Check(type="tcp", port="http", interval_s=0.5,
+                                      timeout_s=1.0),
                                 # docker exec runs the command as given: no ENTRYPOINT first
                                 Check(type="exec", command=["/bin/busybox", "test", "-f",
                                                             "/www/index.html"],
@@ -243,8 +240,11 @@ async def _get(url: str) -> str:
     return await asyncio.to_thread(fetch)
 
 
-async def test_a_host_volume_keeps_its_data_across_a_redeploy(
+async def test_a_host_volume_keeps_its_data_across_redeploys_restarts_and_placements(
         cluster: Cluster, engines: list[Engine], docker: Any, tmp_path: Path) -> None:
+    """Each run appends its version to the volume: a redeploy, a restart in place and, past
+    the restart policy, a new placement all find what the runs before them wrote, and only
+    the node holding the volume ever runs the service."""
     tag = image(docker, "v1")
     data = tmp_path / "vol-data"
     data.mkdir()
@@ -257,13 +257,24 @@ async def test_a_host_volume_keeps_its_data_across_a_redeploy(
         return Spec(name="web", type="service", count=1, image=tag, ports=["http"],
                     volumes=[Volume(name="data", path="/data")], env={"V": version},
                     command=["sh", "-c", 'echo "$V" >> /data/runs; exec sleep 600'],
-                    restart=Restart(attempts=0), update=Update(min_healthy_s=0.2))
+                    restart=Restart(attempts=1, delay_s=0.0, interval_s=600.0),
+                    update=Update(min_healthy_s=0.2))
+
+    def runs(text: str) -> bool:
+        return (data / "runs").exists() and (data / "runs").read_text() == text
 
     await deploy(cluster, svc("1"))
-    await wait_for(lambda: (data / "runs").exists(), 60, what="the first version to write")
+    await wait_for(lambda: runs("1\n"), 60, what="the first version to write")
     await deploy(cluster, svc("2"))
-    await wait_for(lambda: (data / "runs").read_text() == "1\n2\n", 90,
+    await wait_for(lambda: runs("1\n2\n"), 90,
                    what="the second version to append to the first one's data")
+    for after, what in (("1\n2\n2\n", "a restart in place"),
+                        ("1\n2\n2\n2\n", "a new placement, the restart spent")):
+        await wait_for(lambda: len(containers(docker, cluster)) == 1, 60,
+                       what="one running replica")
+        (cid,) = containers(docker, cluster)
+        docker.api.kill(cid)
+        await wait_for(lambda a=after: runs(a), 90, what=f"{what} to append to the data")
     assert not cluster.agents["other"].instances(), "only the node holding the volume bids"
 
 
@@ -322,12 +333,18 @@ async def test_a_worker_restarted_readopts_its_container_without_a_second_copy(
                    what="its container to run")
     (before,) = containers(docker, cluster, iid)
     await cluster.stop_agent("n1", kill_children=False)  # as a worker killed: it runs on
-    # one that no instance of this node owns (a worker killed between create and record)
+    # one that no instance of this node owns (a worker killed between create and record),
+    # and an exited one of the instance's own attempt (a run the worker no longer needs)
     ghost = docker.containers.run(tag, ["sleep", "600"], detach=True,
                                   labels=engines[-1].labels("ghost-1", 1))
+    attempt = (await cluster.status(iid)).attempt
+    spent = docker.containers.run(tag, ["true"], detach=True,
+                                  labels=engines[-1].labels(iid, attempt))
+    assert spent.wait()["StatusCode"] == 0
     await start(cluster, engines, "n1")
-    await wait_for(lambda: not docker.api.containers(all=True, filters={"id": ghost.id}), 30,
-                   what="the container no held instance owns to be removed")
+    for gone in (ghost.id, spent.id):
+        await wait_for(lambda g=gone: not docker.api.containers(all=True, filters={"id": g}),
+                       30, what="a container no held instance needs to be removed")
     await wait_for(lambda: any(r.instance_id == iid and r.state == "running"
                                for r in cluster.agents["n1"].instances()), 30,
                    what="the instance re-adopted")
@@ -402,18 +419,19 @@ async def test_a_node_back_after_offline_fences_the_container_git_moved_away(
 async def test_an_image_that_cannot_be_pulled_fails_the_attempt_with_the_registrys_sentence(
         cluster: Cluster, engines: list[Engine], docker: Any) -> None:
     """The image's registry is a closed port on loopback (nothing leaves the machine): the
-    pull fails, the attempt ends with the engine's sentence, and the broker tries again
-    elsewhere until the attempts run out."""
+    pull fails, the attempt ends with the engine's sentence, and the broker re-auctions it
+    without that node, elsewhere, until the attempts run out."""
     await cluster.start_broker()
     await start(cluster, engines, "n1")
-    await cluster.wait_nodes(1)
+    await start(cluster, engines, "n2")
+    await cluster.wait_nodes(2)
     iid = await cluster.submit(Spec(name="nowhere", image=f"127.0.0.1:{free_port()}/none:1",
-                                    attempts=1))
+                                    attempts=2))
     st = await ended(cluster, iid)
     assert st.state == "failed", st
+    assert "is not on this node and cannot be pulled" in st.detail, st
     why = await cluster.call("why", WhyRequest(instance_id=iid), WhyReply)
-    text = json.dumps(msgspec.to_builtins(why))
-    assert "is not on this node and cannot be pulled" in text, text
+    assert sorted(a.winner for a in why.auctions if a.winner) == ["n1", "n2"], why.auctions
 
 
 async def test_an_exec_check_past_its_timeout_does_not_outlive_it(
@@ -469,3 +487,52 @@ def test_the_demo_places_a_container_where_an_engine_answers(up_demo: UpDemo,
     assert "a container: image gavel-demo-busybox:1, placed as hello-container above" in lines
     assert any(line.strip().startswith("hello-container-") and " -> node-" in line
                for line in lines), up_demo.proc.stdout
+
+
+async def test_a_container_the_engine_refuses_fails_to_start_with_its_sentence(
+        cluster: Cluster, engines: list[Engine], docker: Any,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """A memory limit below the engine's minimum (6 MB): the engine refuses to create it, the
+    attempt ends as *driver failed to start* with the engine's own sentence on one line, and
+    the worker logs no traceback."""
+    tag = image(docker, "v1")
+    await cluster.start_broker()
+    await start(cluster, engines, "n1")
+    await cluster.wait_nodes(1)
+    iid = await cluster.submit(Spec(name="tiny", image=tag, attempts=1, memory_mb=4,
+                                    command=["true"]))
+    st = await ended(cluster, iid)
+    assert (st.state, st.reason) == ("failed", Reason.DRIVER_FAILED), st
+    assert "memory" in st.detail.lower() and "\n" not in st.detail, st
+    assert "Traceback" not in caplog.text
+    assert not containers(docker, cluster, iid, all_=True)
+
+
+async def test_a_containers_output_is_capped_and_rotated_as_a_processs(
+        cluster: Cluster, engines: list[Engine], docker: Any) -> None:
+    """The same caps and rotation as a process's (`worker.logfiles`), and `gavel logs` reads
+    what is kept in order, up to the last line."""
+    limits = LogLimits(max_bytes=2000, files=2)
+    tag = image(docker, "v1")
+    await cluster.start_broker()
+    await start(cluster, engines, "n1", log_limits=limits)
+    await cluster.wait_nodes(1)
+    iid = await cluster.submit(Spec(name="chatty", image=tag, command=[
+        "sh", "-c", 'i=0; while [ $i -lt 3000 ]; do echo "line $i"; i=$((i+1)); done; '
+                    'exec sleep 600']))
+    d = instance_dir(cluster, "n1", iid)
+    await wait_for(lambda: (d / "stdout.log.1").exists(), 60, what="a first rotation")
+
+    async def to_the_end() -> list[str]:
+        proc = await gavel("logs", iid, "--nats", cluster.url)
+        assert proc.returncode == 0, proc.stderr
+        return proc.stdout.splitlines()
+    lines: list[str] = []
+
+    async def ended_with_the_last() -> bool:
+        lines[:] = await to_the_end()
+        return bool(lines) and lines[-1] == "line 2999"
+    await wait_for(ended_with_the_last, 60, what="the last line through gavel logs")
+    assert not (d / f"stdout.log.{limits.files + 1}").exists()
+    seen = [int(x.rpartition("line ")[2]) for x in lines if x.startswith("line ")]
+    assert seen == sorted(set(seen)) and seen[0] > 0, "in order, the oldest rotated away"

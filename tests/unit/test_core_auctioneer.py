@@ -180,6 +180,45 @@ def test_work_is_auctioned_without_the_nodes_it_failed_on_unless_none_is_left() 
     assert by_req["c"].eligible == {"n1", "n2", "n3"}  # no other node: with them
 
 
+def test_what_no_other_node_takes_is_asked_again_of_the_nodes_it_failed_on() -> None:
+    """Rule 2: a replica bound to a volume only n1 holds failed there; n2 declines it, so it
+    is asked again at once of n1 too, and placed there; declined again, it is unschedulable
+    (no third round)."""
+    w = World({"n1": 4.0, "n2": 4.0})
+    c = core(w, batch_max=8)
+    w.add("a", excluded=("n1",))
+    c.reconcile(0.0)
+    [o] = opened(c)
+    assert o.auction.eligible == {"n2"}
+
+    def answer(auction: Auction, node: str, now: float, bid: bool) -> None:
+        c.receive(BidReply(auction_id=auction.auction_id, node_id=node, answers=[
+            Bid(shape=0, load=0.1, step=0.0, strategy="x") if bid else
+            Decline(shape=0, reason=Reason.MISSING_VOLUME, detail="data")]), now)
+
+    answer(o.auction, "n2", 0.1, bid=False)
+    out = c.take()
+    assert [d.decisions for d in out if isinstance(d, Decided)] == [[]]
+    [again] = [a for a in out if isinstance(a, Open)]
+    assert again.auction.eligible == {"n1", "n2"} and "a" in c.inflight
+    answer(again.auction, "n2", 0.2, bid=False)
+    answer(again.auction, "n1", 0.2, bid=True)
+    [d] = [a for a in c.take() if isinstance(a, Decided)]
+    assert isinstance(d.decisions[0], Awarded) and d.decisions[0].winner.node_id == "n1"
+
+    c.failed(d.decisions, 0.3)  # its commit failed: retried, n1 still excluded
+    c.reconcile(1.4)
+    [o] = opened(c)
+    answer(o.auction, "n2", 1.5, bid=False)
+    [again] = opened(c)
+    for node in ("n1", "n2"):
+        answer(again.auction, node, 1.6, bid=False)
+    out = c.take()
+    [d] = [a for a in out if isinstance(a, Decided)]
+    assert isinstance(d.decisions[0], Unschedulable)
+    assert not [a for a in out if isinstance(a, Open)]
+
+
 def test_an_unschedulable_instance_waits_a_heartbeat_unless_capacity_frees() -> None:
     w = World({"n1": 4.0})
     c = core(w, batch_max=1)
