@@ -113,8 +113,15 @@ class Rig:
 
     def fresh_auction(self) -> None:
         """An open auction over two shapes that every node was asked to bid in."""
-        requests = [Request.of("tiny-1", SMALL), Request.of("web-2", SPEC)]
+        self.open_auction([Request.of("tiny-1", SMALL), Request.of("web-2", SPEC)])
+
+    def open_auction(self, requests: list[Request]) -> None:
+        """`AID` open over `requests`, every node asked, as `Core.open` leaves it: its
+        instances in flight until their commit lands. Without that, the pass its close
+        starts (rule 5) auctions them again, and on a loaded machine that round's deadline
+        passes before the first commit lands: a second recorded auction."""
         self.b.auctioneer.auctions = {AID: Auction(AID, requests, NODES, self.now, 1.0)}
+        self.b.auctioneer.inflight.update(r.instance_id for r in requests)
 
     def run(self, coro: Awaitable[Any]) -> Any:
         out = self.loop.run_until_complete(coro)
@@ -598,8 +605,7 @@ def test_extreme_but_valid_bids_decide_commit_and_explain(
     for iid, spec in zip(ids, specs, strict=True):
         submit(view, InstanceRecord(instance_id=iid, spec=spec))
     rig.b.ledger.apply(view.change, "submit", state.head)
-    requests = [Request.of(iid, spec) for iid, spec in zip(ids, specs, strict=True)]
-    rig.b.auctioneer.auctions = {AID: Auction(AID, requests, NODES, rig.now, 1.0)}
+    rig.open_auction([Request.of(iid, spec) for iid, spec in zip(ids, specs, strict=True)])
     for n, answers in zip(NODES, replies, strict=True):
         assert not rig.feed(rig.b.auctioneer.on_bids, Msg(subjects.BIDS.format(node=n), _enc.encode(
             BidReply(auction_id=AID, node_id=n, answers=list(answers)))))
@@ -611,3 +617,34 @@ def test_extreme_but_valid_bids_decide_commit_and_explain(
         assert (record.winner != "") == (state.placement_of(iid) is not None)
         if record.winner:
             assert record.load is not None and not math.isnan(record.load), record
+
+
+def test_an_auction_closing_is_recorded_once_however_late_its_commit_lands(rig: Rig) -> None:
+    """The close of an auction starts the next pass (rule 5) before its commit lands; the
+    instances it decided are still in flight then, so that pass does not auction them
+    again, and no round of theirs can expire into a second record while the commit is
+    slow (here: every round the pass opens expires at once, as on a loaded machine)."""
+    rig.b.auctioneer.core.deadline_s = 0.0
+    state = rig.b.ledger.state()
+    view = View(state)
+    submit(view, InstanceRecord(instance_id="slow-1", spec=SMALL))
+    rig.b.ledger.apply(view.change, "submit", state.head)
+    rig.open_auction([Request.of("slow-1", SMALL)])
+    for n in NODES:
+        assert not rig.feed(rig.b.auctioneer.on_bids, Msg(subjects.BIDS.format(node=n), _enc.encode(
+            BidReply(auction_id=AID, node_id=n, answers=[
+                Decline(shape=0, reason=Reason.NO_ROOM_CPU, detail="0.1")]))))
+    rig.run(rig.b.committer.idle.wait())
+    assert [r.auction_id for r in rig.b.ledger.auctions_for("slow-1")] == [AID]
+    # the broker's own pass opens the same way: one round, expired, recorded once
+    state = rig.b.ledger.state()
+    view = View(state)
+    submit(view, InstanceRecord(instance_id="slow-2", spec=SMALL))
+    rig.b.ledger.apply(view.change, "submit", state.head)
+
+    async def reconcile() -> None:
+        rig.b.auctioneer.reconcile(rig.now)
+
+    rig.run(reconcile())
+    rig.run(rig.b.committer.idle.wait())
+    assert len(rig.b.ledger.auctions_for("slow-2")) == 1
