@@ -20,6 +20,7 @@ import math
 import re
 import socket
 import tomllib
+import typing
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar
@@ -168,13 +169,22 @@ class GatewayConfig(DaemonConfig, kw_only=True, forbid_unknown_fields=True):
     #: Directories a files route with a static root may serve from (none: no static roots).
     static_roots: list[str] = []
     #: The node book (`gavel auth init --node`): upstreams only at the addresses and in the
-    #: port ranges it gives ("": the addresses nodes advertise).
+    #: port ranges it gives ("": none, refused unless `trust_advertised_addresses`).
     nodes: str = ""
+    #: Without a node book the gateway refuses to start unless this says to let routes lead
+    #: to the addresses nodes advertise themselves (self-reported: a lying node steers them).
+    trust_advertised_addresses: bool = False
     #: Ports of the cluster no route may lead to, beyond those the gateway sees itself.
     reserved_ports: list[Annotated[int, msgspec.Meta(ge=1, le=65535)]] = []
 
 
 C = TypeVar("C", BrokerConfig, WorkerConfig, GatewayConfig)
+
+#: Why a gateway without a node book does not start: what a node advertises is its own word.
+NO_NODE_BOOK = ("the gateway has no node book (field `nodes`, --nodes FILE, written by `gavel "
+                "auth init --node NAME=ADDRESS:FIRST-LAST`); without one, routes would lead "
+                "wherever nodes advertise themselves, so --trust-advertised-addresses must say "
+                "that is meant.")
 
 
 # -- loading ---------------------------------------------------------------------------------
@@ -183,6 +193,7 @@ def load(cls: type[C], options: Sequence[Option], *, file: str | None,
     """The effective config: `cls` defaults < `file` < `env` < `flags`."""
     layers: dict[str, Any] = {}
     source: dict[str, str] = {}
+    tables = _tables(cls)
     if file:
         raw = _read(file)
         _convert(cls, raw, f"config file {file}")
@@ -193,16 +204,22 @@ def load(cls: type[C], options: Sequence[Option], *, file: str | None,
         if text is None or text == "":
             continue
         try:
-            _set(layers, o.field, (o.env_parse or o.parse)(text), o.switch)
+            _set(layers, o.field, (o.env_parse or o.parse)(text), o.field in tables)
         except (argparse.ArgumentTypeError, ValueError) as exc:
             raise ConfigError(f"environment variable {o.env}: {exc}.") from None
         source[o.field] = f"environment variable {o.env}"
-    switches = {o.field for o in options if o.switch}
     for name, value in (flags or {}).items():
-        _set(layers, name, value, name in switches)
+        _set(layers, name, value, name in tables)
         source[name] = "flag"
     cfg = _convert(cls, layers, "the merged config")
     return _finish(cfg, source)
+
+
+def _tables(cls: type[msgspec.Struct]) -> set[str]:
+    """The fields of `cls` that are tables (a Struct or None), which a switch makes."""
+    return {f.name for f in msgspec.structs.fields(cls)
+            if any(isinstance(t, type) and issubclass(t, msgspec.Struct)
+                   for t in typing.get_args(f.type))}
 
 
 def _set(layers: dict[str, Any], field: str, value: Any, switch: bool) -> None:
@@ -301,6 +318,8 @@ def _finish(cfg: C, source: Mapping[str, str]) -> C:
                 nodebook.load(Path(cfg.nodes))
             except BadInput as exc:
                 raise ConfigError(f"{src('nodes')}: field `nodes`: {exc}.") from None
+        elif not cfg.trust_advertised_addresses:
+            raise ConfigError(NO_NODE_BOOK)
         return cfg
     if isinstance(cfg, BrokerConfig):
         if not cfg.state:

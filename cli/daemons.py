@@ -456,8 +456,9 @@ async def run_gateway(args: argparse.Namespace) -> int:
                     listen=cfg.listen, static_roots=cfg.static_roots, book=book,
                     reserved=reserved, files_dial=files.dial)
     if keeper.book is None:
-        log.warning("no node book (--nodes): routes lead to the addresses nodes advertise "
-                    "themselves; `gavel auth init --node NAME=ADDRESS:FIRST-LAST` writes one")
+        log.warning("no node book (--trust-advertised-addresses): routes lead to the "
+                    "addresses nodes advertise themselves; `gavel auth init --node "
+                    "NAME=ADDRESS:FIRST-LAST` writes one for --nodes")
     server = None
     if cfg.metrics_port is not None:
         try:

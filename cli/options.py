@@ -234,8 +234,12 @@ GATEWAY_OPTIONS: list[Option] = [
            "absolute paths (default: none)", "DIRS"),
     Option("nodes", "--nodes", "GAVEL_GATEWAY_NODES", str,
            "the node book `gavel auth init --node` writes (auth/nodes.json): upstreams only "
-           "at the addresses and in the port ranges it gives (default: the addresses nodes "
-           "advertise)", "FILE"),
+           "at the addresses and in the port ranges it gives (required unless "
+           "--trust-advertised-addresses)", "FILE"),
+    Option("trust_advertised_addresses", "--trust-advertised-addresses",
+           "GAVEL_TRUST_ADVERTISED_ADDRESSES", boolean,
+           "start without a node book: routes lead to the addresses nodes advertise "
+           "themselves, which a lying node can steer (default: refused)", switch=True),
     Option("reserved_ports", "--reserved-ports", "GAVEL_RESERVED_PORTS", port_list,
            "ports of the cluster no route may lead to (the dashboard, the broker's metrics), "
            "a comma list; NATS's, Caddy's and the gateway's own are always reserved", "PORTS"),

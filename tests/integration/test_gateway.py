@@ -153,8 +153,10 @@ class Gateway:
 
     def __init__(self, url: str, caddy: Caddy, listen: int, log: Path,
                  *extra: str) -> None:
+        # Without a book the gateway starts only when told to trust what nodes advertise.
+        trust = [] if "--nodes" in extra else ["--trust-advertised-addresses"]
         self.args = ["gateway", "--nats", url, "--admin", caddy.admin_url, "--listen",
-                     f"127.0.0.1:{listen}", *extra]
+                     f"127.0.0.1:{listen}", *trust, *extra]
         self.log = log
         self.proc: subprocess.Popen[bytes] | None = None
         self.metrics_port = 0

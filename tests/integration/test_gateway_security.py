@@ -48,7 +48,8 @@ from tests.integration.test_gateway import (
 pytestmark = pytest.mark.integration
 
 #: What a gateway started without a node book says once (`gavel.cli.daemons`).
-NO_BOOK = "no node book (--nodes): routes lead to the addresses nodes advertise themselves"
+NO_BOOK = ("no node book (--trust-advertised-addresses): routes lead to the addresses nodes "
+           "advertise themselves")
 
 
 @pytest.fixture
@@ -195,7 +196,7 @@ async def test_a_lying_node_cannot_steer_a_route_to_the_clusters_own_ports(
     assert await dials(caddy, route_id("steal", "", "/metrics")) is None
     status, body = await get(f"http://127.0.0.1:{listen}/metrics")
     assert status == 404 and "gavel_gateway" not in body
-    # Without a node book the operator is told once, at start, where routes lead.
+    # Trusting what nodes advertise (no book), the operator is told once, at start.
     assert gw.log.read_text().count(NO_BOOK) == 1, gw.log.read_text()
 
 

@@ -10,6 +10,7 @@ import pytest
 
 from gavel.cli import main as cli
 from gavel.cli.config import (
+    NO_NODE_BOOK,
     BrokerConfig,
     ConfigError,
     GatewayConfig,
@@ -19,9 +20,11 @@ from gavel.cli.config import (
     render,
 )
 from gavel.cli.options import BROKER_OPTIONS, GATEWAY_OPTIONS, WORKER_OPTIONS, flags_of
+from gavel.shared.nodebook import entry
 from gavel.shared.redact import mask_url
 from gavel.shared.timing import Timing
 from gavel.shared.tuning import LADDER
+from gavel.transport import nodebook
 
 
 def write(tmp_path: Path, text: str, name: str = "gavel.toml") -> str:
@@ -385,13 +388,14 @@ def gateway(argv: list[str], file: str | None = None, env: dict[str, str] | None
 
 
 def test_gateway_settings_file_then_env_then_flags(tmp_path: Path) -> None:
-    plain = gateway([])
+    plain = gateway(["--trust-advertised-addresses"])
     assert (plain.admin, plain.server, plain.listen, plain.static_roots) == (
         "http://127.0.0.1:2019", "gavel", [":8080"], [])
     file = write(tmp_path, 'admin = "http://caddy:2019"\nlisten = ["127.0.0.1:80"]\n'
                  'static_roots = ["/srv/www"]\n')
     cfg = gateway(["--listen", ":8081,[::1]:8082"], file=file,
-                  env={"GAVEL_GATEWAY_SERVER": "edge", "GAVEL_STATIC_ROOTS": "/srv/a,/srv/b"})
+                  env={"GAVEL_GATEWAY_SERVER": "edge", "GAVEL_STATIC_ROOTS": "/srv/a,/srv/b",
+                       "GAVEL_TRUST_ADVERTISED_ADDRESSES": "1"})
     assert (cfg.admin, cfg.server, cfg.listen, cfg.static_roots) == (
         "http://caddy:2019", "edge", [":8081", "[::1]:8082"], ["/srv/a", "/srv/b"])
     out = tomllib.loads(render(cfg))
@@ -431,6 +435,27 @@ def test_bad_gateway_settings_exit_2_naming_the_field(
 
 
 def test_a_gateway_config_checks_and_renders(capsys: pytest.CaptureFixture[str]) -> None:
-    assert cli.main(["gateway", "--check", "--listen", "127.0.0.1:8088"]) == 0
+    assert cli.main(["gateway", "--check", "--listen", "127.0.0.1:8088",
+                     "--trust-advertised-addresses"]) == 0
     out = capsys.readouterr().out
+    assert "trust_advertised_addresses = true" in out
     assert 'listen = ["127.0.0.1:8088"]' in out and 'admin = "http://127.0.0.1:2019"' in out
+
+
+def test_a_gateway_without_a_node_book_refuses_to_start_unless_told_to_trust_nodes(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """What a node advertises is its own word (issue 29, finding 3): a gateway started by hand
+    without --nodes used to follow it with only a warning. Now it does not start, saying
+    why, unless the operator opts in by flag, variable or file."""
+    with pytest.raises(ConfigError) as err:
+        gateway([])
+    assert str(err.value) == NO_NODE_BOOK
+    assert cli.main(["gateway", "--check"]) == 2
+    assert NO_NODE_BOOK in capsys.readouterr().err
+    assert gateway(["--trust-advertised-addresses"]).trust_advertised_addresses
+    assert gateway([], env={"GAVEL_TRUST_ADVERTISED_ADDRESSES": "true"}).nodes == ""
+    assert gateway([], file=write(tmp_path, "trust_advertised_addresses = true\n")).nodes == ""
+    with pytest.raises(ConfigError, match=re.escape(NO_NODE_BOOK)):
+        gateway([], env={"GAVEL_TRUST_ADVERTISED_ADDRESSES": "0"})
+    book = nodebook.record(tmp_path, dict([entry("n1=10.0.0.1:20000-20999")]))
+    assert gateway(["--nodes", str(book)]).nodes == str(book)
