@@ -413,6 +413,11 @@ class Api:
             if rec is None:
                 return self._unknown(req.instance_id)
             return StatusReply(instances=[self.views.instance_status(rec)], **self._leader())
+        if req.summary:  # the cluster in brief (`broker.views` rule 5)
+            shown, counts, names = await self.views.summary(state.instances, state.ended,
+                                                            self.nc)
+            return StatusReply(instances=shown, total=len(state.instances), counts=counts,
+                               by_name=names, **self._leader())
         out, more = self.views.status_page(state.instances, req.after, self.nc)
         return StatusReply(instances=out, next=more, total=len(state.instances),
                            **self._leader())

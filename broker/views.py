@@ -15,12 +15,20 @@ Rules:
    after a given id, as many as encode within a byte budget (at least one) and at most
    `STATUS_PAGE_MAX`.
 4. What a placed instance uses is what its node's last heartbeat measured of it.
+5. The summary (`StatusRequest.summary` without an id) counts every instance by its state
+   (rule 1) and name, in slices of `SUMMARY_SLICE` with the loop's other work between them,
+   and lists at most `SUMMARY_SHOWN`: the live ones in id order, then the latest ended, within
+   the same byte budget as a page. A dashboard's refresh at a hundred thousand instances is
+   one answer of bounded size, not every page.
 """
 
 from __future__ import annotations
 
+import asyncio
 import bisect
-from collections.abc import Mapping
+import itertools
+from collections import Counter
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import msgspec
@@ -28,7 +36,7 @@ import msgspec
 from gavel.broker.auctioneer import Auctioneer
 from gavel.broker.context import Context
 from gavel.broker.promises import Promises
-from gavel.shared.api import InstanceStatus
+from gavel.shared.api import SUMMARY_SHOWN, InstanceStatus
 from gavel.shared.health import Health as NodeHealth
 from gavel.shared.lifecycle import PENDING
 from gavel.shared.messages import Health as InstanceHealth
@@ -42,6 +50,8 @@ __all__ = ["STATUS_PAGE_MAX", "UNKNOWN", "Views"]
 UNKNOWN = "unknown"
 #: Rule 3.
 STATUS_PAGE_MAX = 5000
+#: Rule 5: instances counted between two turns of the loop.
+SUMMARY_SLICE = 2000
 _enc = msgspec.msgpack.Encoder()
 
 
@@ -130,6 +140,40 @@ class Views:
                               node_id=rec.node_id, attempt=rec.attempt, reason=rec.reason,
                               detail=rec.detail, service=rec.service, version=rec.version,
                               array=rec.array)
+
+    async def summary(self, instances: Mapping[str, InstanceRecord], ended: Iterable[str],
+                      nc: Any) -> tuple[list[InstanceStatus], dict[str, int], dict[str, int]]:
+        """Rule 5: the instances shown, and every one counted by state and by name."""
+        states: Counter[str] = Counter()
+        names: Counter[str] = Counter()
+        live: list[str] = []
+        for k, (iid, rec) in enumerate(list(instances.items())):
+            if k and not k % SUMMARY_SLICE:
+                await asyncio.sleep(0)
+            if iid not in instances:  # forgotten meanwhile (retention)
+                continue
+            state = self.state_of(rec)
+            states[state] += 1
+            names[rec.spec.name] += 1
+            if not rec.state.terminal:
+                live.append(iid)
+        live.sort()
+        chosen = live[:SUMMARY_SHOWN]
+        if len(chosen) < SUMMARY_SHOWN:  # the latest ended fill the rest
+            chosen += list(itertools.islice((i for i in reversed(list(ended))
+                                             if i in instances), SUMMARY_SHOWN - len(chosen)))
+        budget = int(getattr(nc, "max_payload", 0) or 1 << 20) // 2
+        out: list[InstanceStatus] = []
+        size = 0
+        for iid in chosen:
+            if (kept := instances.get(iid)) is None:
+                continue
+            st = self.instance_status(kept)
+            size += len(_enc.encode(st))
+            if out and size > budget:
+                break
+            out.append(st)
+        return out, dict(sorted(states.items())), dict(sorted(names.items()))
 
     def status_page(self, instances: Mapping[str, InstanceRecord], after: str,
                     nc: Any) -> tuple[list[InstanceStatus], str]:

@@ -154,7 +154,9 @@ class StatusRequest(Message, tag="status"):
     #: reply holds as many as fit in half the server's max payload; its `next` says where
     #: the following page starts.
     after: str = ""
-    #: For an array: the tally alone, without its tasks (what `submit --wait` polls).
+    #: For an array: the tally alone, without its tasks (what `submit --wait` polls). With
+    #: no `instance_id`: the cluster's summary (what the dashboard draws) - every instance
+    #: counted by state and by name, and at most `SUMMARY_SHOWN` of them, live ones first.
     summary: bool = False
 
 
@@ -220,12 +222,20 @@ class PeriodicStatus(msgspec.Struct, kw_only=True):
     history: list[PeriodicRun] = []
 
 
+#: Instances a summary lists (`StatusRequest.summary`): the rest are only counted.
+SUMMARY_SHOWN = 500
+
+
 class StatusReply(Message, tag="statuses"):
     instances: list[InstanceStatus]
     #: More instances follow: ask again with ``after=next`` ("" when this page is the last).
     next: str = ""
     #: Instance records in the state tree (every page counts them all).
     total: int = 0
+    #: The summary (`StatusRequest.summary`, no instance id): every instance by the state
+    #: `status` shows it in, and by its spec's name.
+    counts: dict[str, int] = msgspec.field(default_factory=dict)
+    by_name: dict[str, int] = msgspec.field(default_factory=dict)
     #: `StatusRequest.instance_id` named a batch array: its tally (its tasks in `instances`,
     #: unless the request asked for the summary alone).
     array: ArrayStatus | None = None

@@ -18,6 +18,9 @@ Rules:
 5. A broker that does not answer leaves the last overview standing, with the sentence why.
 6. Batch arrays are tallied by the broker (`status` of the array's id, its summary alone),
    each array the instances name, up to `views.ARRAYS_SHOWN` of them (views rule 6).
+7. Instances come as the broker's summary (`StatusRequest.summary`): counts of every
+   instance and a bounded list, one answer however many there are; only a broker without
+   the summary is read page by page.
 """
 
 from __future__ import annotations
@@ -106,6 +109,9 @@ class Feed:
         self.pages: set[Page] = set()
         self._nodes: list[NodeStatus] = []
         self._instances: list[InstanceStatus] = []
+        #: The summary's counts of every instance (None: `_instances` is every instance).
+        self._counts: dict[str, int] | None = None
+        self._total: int | None = None
         self._services: list[ServiceStatus] | None = None
         self._periodic: list[PeriodicStatus] = []
         self._arrays: list[ArrayStatus] = []
@@ -200,8 +206,13 @@ class Feed:
         error = services_error = ""
         try:
             nodes = await self.client.nodes()
-            status = await self.client.status()  # every page
+            status = await self.client.request("status", StatusRequest(summary=True),
+                                               StatusReply)  # rule 7
+            if status.total and not status.counts:  # a broker without the summary
+                status = await self.client.status()
             self._nodes, self._instances = nodes.nodes, status.instances
+            self._counts = status.counts or None
+            self._total = status.total if status.counts else None
             self.usage.record(time.time(), status.instances)
             try:
                 services = await self.client.services()
@@ -219,6 +230,7 @@ class Feed:
         except ClientError as exc:  # rule 5
             error = str(exc)
         data = encode(views.overview(nodes=self._nodes, instances=self._instances,
+                                     counts=self._counts, total=self._total,
                                      services=self._services, periodic=self._periodic,
                                      arrays=self._arrays,
                                      error=error,

@@ -61,8 +61,11 @@ def overview(*, nodes: list[NodeStatus], instances: list[InstanceStatus],
              services: list[ServiceStatus] | None, error: str = "",
              services_error: str = "", at: float = 0.0,
              periodic: list[PeriodicStatus] | None = None,
-             arrays: list[ArrayStatus] | None = None) -> dict[str, Any]:
-    """Rules 2, 3 and 6: the dashboard's front page."""
+             arrays: list[ArrayStatus] | None = None,
+             counts: dict[str, int] | None = None, total: int | None = None
+             ) -> dict[str, Any]:
+    """Rules 2, 3 and 6: the dashboard's front page. With `counts` and `total` (the
+    broker's summary) `instances` are some of them, already chosen; without, all of them."""
     live = [i for i in instances if i.state not in _ENDED]
     ended = [i for i in instances if i.state in _ENDED]
     shown = (live + ended)[:INSTANCES_SHOWN]
@@ -71,8 +74,9 @@ def overview(*, nodes: list[NodeStatus], instances: list[InstanceStatus],
         "error": error,
         "nodes": [_plain(n) for n in sorted(nodes, key=lambda n: n.node_id)],
         "instances": [_plain(i) for i in shown],
-        "instances_total": len(instances),
-        "counts": dict(sorted(Counter(i.state for i in instances).items())),
+        "instances_total": len(instances) if total is None else total,
+        "counts": dict(sorted((Counter(i.state for i in instances) if counts is None
+                               else counts).items())),
         "services": None if services is None else [_plain(s) for s in services],
         "services_error": services_error,
         "periodic": [_periodic(p) for p in periodic or []],

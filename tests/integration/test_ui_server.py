@@ -491,3 +491,37 @@ async def test_gavel_up_serves_the_dashboard_and_prints_its_url_unless_no_ui(
         for p in procs.values():
             await asyncio.to_thread(p.wait, 30)
     assert all(p.returncode == 0 for p in procs.values())
+
+
+async def test_the_overview_is_the_brokers_summary_not_every_status_page(
+        cluster: Cluster) -> None:
+    """At a hundred thousand instances reading every status page each refresh is the
+    broker's loop and the wire's payload, again and again: the dashboard asks for the
+    summary (`StatusRequest.summary`) alone - counts of every instance, a bounded list."""
+    from gavel.shared.api import SUMMARY_SHOWN, StatusRequest, SubmitReply, SubmitRequest
+
+    await cluster.start_broker()  # no nodes: every instance waits
+    spy = await nats.connect(cluster.url)
+    asked: list[StatusRequest] = []
+
+    async def heard(m: Any) -> None:
+        asked.append(msgspec.msgpack.decode(m.data, type=StatusRequest))
+    await spy.subscribe(subjects.API.format(verb="status"), cb=heard)
+    n = SUMMARY_SHOWN + 700
+    spec = Spec(name="many", command=["sleep", "600"], cpu=0.1, memory_mb=16)
+    await cluster.call("submit", SubmitRequest(spec=spec, instance_id="many", count=n),
+                       SubmitReply)
+    d = await app.start(cluster.url, None, port=0)
+    try:
+        async def counted() -> bool:
+            o = await overview(d.port)
+            return o["instances_total"] == n and sum(o["counts"].values()) == n
+        await wait_for(counted, 30, what="every instance counted in the overview")
+        o = await overview(d.port)
+        assert len(o["instances"]) == SUMMARY_SHOWN
+        assert {i["name"] for i in o["instances"]} == {"many"}
+        await spy.flush()
+        assert asked and all(r.summary and not r.after and not r.instance_id for r in asked)
+    finally:
+        await d.close()
+        await spy.close()

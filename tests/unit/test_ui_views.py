@@ -66,6 +66,11 @@ def test_the_overview_lists_running_work_first_and_counts_everything() -> None:
     assert o["counts"] == {"running": 1, "succeeded": views.INSTANCES_SHOWN}
     assert o["services"] is None  # no service verbs: the page says nothing of services
     assert views.overview(nodes=[], instances=[], services=[])["services"] == []
+    # From the broker's summary: its counts and total, of which `instances` are a few.
+    o = views.overview(nodes=[], instances=live, services=[], total=100_000,
+                       counts={"running": 1, "waiting": 99_999})
+    assert o["instances_total"] == 100_000 and o["counts"]["waiting"] == 99_999
+    assert [i["instance_id"] for i in o["instances"]] == ["new"]
 
 
 def test_an_event_reads_as_one_line() -> None:
