@@ -31,7 +31,8 @@ Rules:
    ``memory.max_usage_in_bytes`` reached the limit), against a reading taken when the process
    started, so a cgroup kept across restarts in place reports each run's own.
 6. A cgroup is removed once its process has ended, whatever it left behind killed first; a
-   process re-adopted after a worker restart keeps the cgroup it runs in.
+   process re-adopted after a worker restart keeps the cgroup it runs in, also one in its
+   node's parent (a worker from before per-worker parents): tracked, its pids limit written.
 7. Staying in: an unprivileged process cannot write any ``cgroup.procs`` (root owns them all,
    0644), so it cannot leave. The worker still checks (`Cgroup.outside`, each heartbeat): a
    process of the instance that the kernel places elsewhere (an instance allowed root, a
@@ -233,7 +234,7 @@ class Hierarchy:
 
     def __init__(self, version: Literal["v1", "v2"], parents: dict[str, Path],
                  cpu_limit: CpuLimit, mounts: dict[str, Path] | None = None,
-                 pids: bool = False) -> None:
+                 pids: bool = False, keyed: bool = False) -> None:
         self.version = version
         #: The worker's own parent cgroup, per controller ("memory", "cpu" and "pids" where
         #: limited; v2: one for all).
@@ -243,6 +244,8 @@ class Hierarchy:
         self.mounts = mounts or {}
         #: Whether each instance's process count is limited (rule 3).
         self.limits_pids = pids
+        #: The parents are a worker's own under its node's (`worker_key`, rule 2).
+        self.keyed = keyed
 
     def describe(self) -> str:
         where = ", ".join(sorted({str(p) for p in self.parents.values()}))
@@ -311,12 +314,18 @@ class Hierarchy:
             _write(self.parents["pids"] / instance_id / "pids.max", str(pids))
         return Cgroup(self.version, dirs, memory_dir, memory_mb, self._where(instance_id))
 
-    def find(self, instance_id: str, memory_mb: int) -> Cgroup | None:
+    def find(self, instance_id: str, memory_mb: int, pids: int | None = None
+             ) -> Cgroup | None:
         """The cgroup a re-adopted instance runs in, if it is there (rule 6)."""
-        dirs, memory_dir = self._dirs(instance_id)
-        if not all(d.is_dir() for d in dirs):
-            return None
-        return Cgroup(self.version, dirs, memory_dir, memory_mb, self._where(instance_id))
+        for h in (self, *([Hierarchy(self.version, {c: p.parent for c, p in self.parents
+                                                    .items()}, self.cpu_limit, self.mounts,
+                                     self.limits_pids)] if self.keyed else [])):
+            dirs, memory_dir = h._dirs(instance_id)
+            if all(d.is_dir() for d in dirs):
+                if h is not self and self.limits_pids and pids is not None:
+                    _write(h.parents["pids"] / instance_id / "pids.max", str(pids))
+                return Cgroup(self.version, dirs, memory_dir, memory_mb, h._where(instance_id))
+        return None
 
     def close(self) -> None:
         """Remove this worker's parent cgroups if nothing is left in them (instances left
@@ -406,6 +415,7 @@ def detect(mode: Mode, node_id: str, *, root: Path = ROOT, cpu_limit: CpuLimit =
             continue
         try:
             hierarchy = find(root, where, cpu_limit)
+            hierarchy.keyed = state_dir is not None
         except Unavailable as exc:
             if mode != "auto":
                 raise

@@ -264,7 +264,8 @@ class ProcessDriver:
         local = held.local
         if self.cgroups is not None and held.cgroup is None:
             # it keeps its cgroup; an ended one's goes when the instance ends
-            held.cgroup = self.cgroups.find(held.id, local.placement.spec.memory_mb)
+            spec = local.placement.spec
+            held.cgroup = self.cgroups.find(held.id, spec.memory_mb, spec.pids)
         if not local.pid or local.restart_at:  # never started, or waiting to start again
             return None
         proc = Process.adopt(local.pid, local.create_time, poll_s=self.poll_s)

@@ -290,3 +290,24 @@ def test_each_worker_has_its_own_parent_and_a_removed_one_is_made_again(
     assert (two.parents["pids"] / "i" / "pids.max").read_text() == "7"
     assert (root / "gavel" / "cgroup.subtree_control").read_text().startswith("+memory +cpu")
     assert cg.where == (("", f"/gavel/n/{two.parents['memory'].name}/i"),)
+
+
+def test_an_instance_from_before_per_worker_parents_is_tracked_where_it_runs(
+        tmp_path: Path) -> None:
+    """A worker from before per-worker parents put its instances in the node's parent; the
+    upgraded worker re-adopting one finds its cgroup there (memory and OOM kills read, the
+    membership check against that path) and writes its pids limit, instead of leaving it
+    untracked and unlimited."""
+    root = v2_root(tmp_path)
+    h = detect("v2", "n", root=root, state_dir=tmp_path / "state").hierarchy
+    assert h is not None
+    old = root / "gavel" / "n" / "i"
+    old.mkdir()
+    kernel_files(old, "memory.max", "memory.events", "cgroup.procs", "pids.max")
+    cg = h.find("i", memory_mb=64, pids=9)
+    assert cg is not None and cg.dirs == (old,) and cg.memory_dir == old
+    assert cg.where == (("", "/gavel/n/i"),)
+    assert (old / "pids.max").read_text() == "9"
+    assert h.find("j", memory_mb=64) is None  # nowhere: nothing to track
+    own = h.create("k", cpu=0.5, memory_mb=32, pids=7)  # its own still come first
+    assert h.find("k", memory_mb=32) is not None and own.dirs[0].parent == h.parents["memory"]
