@@ -13,18 +13,10 @@ Rules:
    (many clients submitting at once would get one submit per commit, never a group commit of
    theirs). Each request runs on a task of its own, up to `MAX_IN_FLIGHT`; past that the
    subscription waits for the request in hand (back-pressure: NATS holds the rest).
-3. A submission makes and encodes its records in slices of `SUBMIT_SLICE`, with the loop's
-   other work between them, before it queues for its commit (`Change.ready`): a commit of
-   large submissions encoded in one go holds the loop for all of it, while open bid rounds
-   wait (docs/performance.md).
-4. A submission has one outcome. With an idempotency key (`SubmitRequest.key`) a request
-   retried after a lost answer makes nothing new: if the key's submission landed - in this
-   broker's life or an earlier one: every record carries the key, `State.keys` indexes it -
-   the answer is the first one, the same instance ids (those retention has forgotten since
-   included: the broker names N of them base-1 .. base-N); one still being committed is
-   waited for; one that failed landed nothing (committer rule 4), so the retry submits
-   afresh. Two requests with one key at once make one submission. A key met again with
-   another spec, count or id is refused.
+3. A submission is `broker.submissions`': its records made in slices, committed in chunks
+   of bounded size, answered once all of it is durable, one outcome per idempotency key.
+4. (Rules 3 and 4 of `broker.submissions`: a keyed retry makes nothing new, and resumes a
+   submission cut short.)
 5. A verb is its subscription's, never read back from the message: a JetStream push
    delivery keeps the subject its stream stored it under, so the subject a message carries
    need not be the one it was heard on. Each verb's `transport.inbound.Door` counts and
@@ -53,7 +45,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
@@ -62,23 +53,19 @@ import psutil
 from nats.aio.msg import Msg
 
 from gavel.broker.admission import Admission
-from gavel.broker.arrays import array_status, cancel_array, task_record
+from gavel.broker.arrays import array_status, cancel_array
 from gavel.broker.auctioneer import Auctioneer
 from gavel.broker.context import Context
 from gavel.broker.deploys import Deploys
-from gavel.broker.effects import Answer, Wake
-from gavel.broker.ledger.committer import Item, Planned
-from gavel.broker.ledger.plan import View, submit
-from gavel.broker.ledger.state import Ready, ready
 from gavel.broker.mirror import Mirror
 from gavel.broker.nodeapi import NodeVerbs
 from gavel.broker.periodic import Periodic, status_of, summary
 from gavel.broker.planner import Planner
 from gavel.broker.promises import Promises
 from gavel.broker.routeowners import refusal as route_refusal
-from gavel.broker.routeowners import refusal_in as route_refusal_in
 from gavel.broker.serviceapi import ServiceVerbs
 from gavel.broker.services import Services
+from gavel.broker.submissions import Submissions
 from gavel.broker.views import Views
 from gavel.shared import subjects
 from gavel.shared.affinity import warnings
@@ -107,7 +94,6 @@ from gavel.shared.api import (
     SubmitRequest,
     WhyReply,
     WhyRequest,
-    counted_ids,
     kind_naming_problem,
 )
 from gavel.shared.messages import ApiError, EventType, Message
@@ -123,16 +109,14 @@ _enc = msgspec.msgpack.Encoder()
 Handler = Callable[[Any], Awaitable[Message]]
 #: Requests served at once (rule 2).
 MAX_IN_FLIGHT = 1024
-#: Records a submission makes and encodes between two turns of the loop (rule 3): a slice
-#: short enough that a bid reply waiting behind it is not held up for long.
-SUBMIT_SLICE = 128
 
 
 class Api:
     def __init__(self, ctx: Context, *, auctioneer: Auctioneer, promises: Promises,
                  services: Services, deploys: Deploys, mirror: Mirror,
                  secrets: Mapping[str, str], ended_max: int, admission: Admission,
-                 periodic: Periodic, capped: Callable[[str], dict[str, str]]) -> None:
+                 periodic: Periodic, capped: Callable[[str], dict[str, str]],
+                 landing: set[str] | None = None) -> None:
         self.ctx = ctx
         self.periodic = periodic  # periodic jobs: their submit, status and cancel
         self.admission = admission  # the caps on counts
@@ -148,8 +132,8 @@ class Api:
         self.nc: Any = None
         #: Requests being served (rule 2); a reference keeps each task alive.
         self._serving: set[asyncio.Task[None]] = set()
-        #: Keyed submissions on their way to a commit, by key (rule 4): done when settled.
-        self._keyed: dict[str, asyncio.Future[None]] = {}
+        self.submissions = Submissions(ctx, refused=self._refused, admission=admission,
+                                       landing=set() if landing is None else landing)
         self.views = Views(ctx, auctioneer, promises)
         self.service_verbs = ServiceVerbs(ctx, deploys, refused=self._refused,
                                           instance_status=self.views.instance_status,
@@ -256,82 +240,7 @@ class Api:
             return SubmitReply(instance_id=got.name) if isinstance(got, DeployReply) else got
         if req.spec.schedule is not None:  # intent is its record (broker.periodic)
             return self._refused(req.spec) or await self.periodic.submit(req.spec)
-        if not req.key:
-            return await self._submit(req)
-        while (first := self._keyed.get(req.key)) is not None:  # rule 4: one at a time
-            await asyncio.shield(first)
-        landed = self._landed(req)
-        if landed is not None:
-            return landed
-        settled = self._keyed[req.key] = asyncio.get_running_loop().create_future()
-        try:
-            return await self._submit(req)
-        finally:
-            del self._keyed[req.key]
-            settled.set_result(None)
-
-    def _landed(self, req: SubmitRequest) -> Message | None:
-        """The first answer for a key whose submission landed; None if none did."""
-        state = self.ctx.ledger.state()
-        kept = state.submitted(req.key)
-        if not kept:
-            return None
-        if req.count == 1:
-            ids, first = kept, req.instance_id
-        else:  # named base-1 .. base-N: those retention forgot since are named again
-            base = kept[0].rpartition("-")[0]
-            ids = [f"{base}-{k}" for k in range(1, req.count + 1)]
-            first = f"{req.instance_id}-1" if req.instance_id else ""
-        if state.instances[kept[0]].spec != req.spec or len(ids) != req.count \
-                or not set(kept) <= set(ids) or (first and ids[0] != first):
-            return ApiError(error=f"{Reason.KEY_REUSED}: {req.key} made {kept[0]}"
-                                  + (f" .. {kept[-1]}" if len(kept) > 1 else ""))
-        return SubmitReply.of(ids)
-
-    async def _submit(self, req: SubmitRequest) -> Message:
-        spec = req.spec
-        base = req.instance_id or f"{spec.name}-{uuid.uuid4().hex[:6]}"
-        ids = counted_ids(base, req.count)
-        refused = self._refused(spec) or self.admission.submitted(spec, len(ids))
-        if refused is not None:
-            return refused
-        made: list[Ready] = []
-        for start in range(0, len(ids), SUBMIT_SLICE):  # rule 3
-            if start:
-                await asyncio.sleep(0)
-            made += [ready(task_record(iid, spec, req.key, base if len(ids) > 1 else "", k))
-                     for k, iid in enumerate(ids[start:start + SUBMIT_SLICE], start + 1)]
-        records = [rec for rec, _, _ in made]
-        done: asyncio.Future[Message] = asyncio.get_running_loop().create_future()
-
-        def plan(view: View) -> Planned | None:
-            if req.key and view.state.keys.get(req.key):  # landed by another way (a merge)
-                if not done.done():
-                    done.set_result(self._landed(req) or ApiError(error=Reason.KEY_REUSED))
-                return None
-            taken = [r.instance_id for r in records if view.instance(r.instance_id) is not None]
-            if taken:
-                if not done.done():
-                    done.set_result(ApiError(error=f"{Reason.DUPLICATE}: {taken[0]}"))
-                return None
-            owned = route_refusal_in(view, spec)  # another submit's claim may have landed
-            if owned:
-                if not done.done():
-                    done.set_result(ApiError(error=owned))
-                return None
-            for r in records:
-                submit(view, r)
-            view.change.ready.update((got[0].instance_id, got) for got in made)
-            line = f"submit {ids[0]}" if len(ids) == 1 else \
-                f"submit {len(ids)} instances of {spec.name}: {ids[0]} .. {ids[-1]}"
-            return Planned(lines=[line], effects=[Answer(done, SubmitReply.of(ids)), Wake()])
-
-        def failed(reason: Reason, detail: str) -> None:
-            if not done.done():
-                done.set_result(ApiError(error=f"{reason} ({detail})"))
-
-        self.ctx.committer.submit(Item(plan=plan, failed=failed, retry=False))
-        return await done
+        return await self.submissions.submit(req)
 
     async def _warned(self, handler: Handler, req: SubmitRequest | DeployRequest) -> Message:
         """`handler`'s answer, with a warning for each affinity no node carries the label of

@@ -18,7 +18,7 @@ Rules:
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Any
 
 from gavel.broker.context import Context
@@ -40,8 +40,11 @@ __all__ = ["Arrays", "array_status", "cancel_array", "plan_array", "task_record"
 
 
 class Arrays:
-    def __init__(self, ctx: Context) -> None:
+    def __init__(self, ctx: Context, landing: Collection[str] = ()) -> None:
         self.ctx = ctx
+        #: Arrays whose submission is still landing (`broker.submissions` rule 2): their
+        #: tasks in git are not all of them yet, so nothing is judged of them.
+        self.landing = landing
         #: Rule 2 (`broker.onepass`).
         self.passes = OnePass(ctx.committer)
         #: Arrays seen ended by this broker (their end was told once).
@@ -54,7 +57,8 @@ class Arrays:
             return
         state = ctx.ledger.state()
         for array in list(state.arrays):
-            if self.passes.busy(array) or array in self._ended or _idle(state, array):
+            if self.passes.busy(array) or array in self._ended or array in self.landing \
+                    or _idle(state, array):
                 continue
             tasks = state.tasks_of(array)
             if not tasks:

@@ -172,7 +172,7 @@ class Broker:
                        services=self.services, deploys=self.deploys, mirror=self.mirror,
                        secrets=self.secrets, ended_max=config.ended_max,
                        admission=Admission(ctx, config.caps), periodic=self.periodic,
-                       capped=self.systems.capped)
+                       capped=self.systems.capped, landing=self.landing)
         if not self.ha:
             self._show_metrics()
         self.heartbeats = Heartbeats(ctx, self.promises, self.auctioneer.capacity_freed,
@@ -202,7 +202,9 @@ class Broker:
                                      award_for=self.assignments.award_for,
                                      free=self.auctioneer.free, moving=moving,
                                      routes=self.routes, rng=random.Random(config.seed))
-        self.arrays = Arrays(ctx)
+        #: Arrays whose submission is still landing (`broker.submissions` rule 2).
+        self.landing: set[str] = set()
+        self.arrays = Arrays(ctx, landing=self.landing)
         self.systems = Systems(ctx, self.promises, config.wall, caps=config.caps)
         self.periodic = Periodic(ctx, self.promises, config.wall, config.caps)
         self.deploys = Deploys(ctx, self.services, config.wall)

@@ -1,5 +1,5 @@
 """A big submission makes and encodes its records in slices, with the loop's other work
-between them (`broker.api` rule 3), and its commit writes those very encodings
+between them (`broker.submissions` rule 1), and its commit writes those very encodings
 (`Change.ready`) - never a record a later plan replaced."""
 
 from __future__ import annotations
@@ -10,11 +10,11 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from gavel.broker.api import SUBMIT_SLICE
 from gavel.broker.ledger import state as ledger_state
 from gavel.broker.ledger.plan import View, submit
 from gavel.broker.ledger.repository import Ledger
 from gavel.broker.ledger.state import Change, compact, ready
+from gavel.broker.submissions import SUBMIT_SLICE
 from gavel.shared import subjects
 from gavel.shared.api import SubmitReply, SubmitRequest
 from gavel.shared.messages import InstanceState as S

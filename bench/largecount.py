@@ -1,0 +1,131 @@
+"""What a large count does to the broker's other answers: one service scaled from 0 to N, and
+one `submit` of N, while `nodes` is asked every `--every-ms` (``python -m
+gavel.bench.largecount``; docs/performance.md, "Large counts").
+
+Rules:
+1. One `gavel broker --max-instances 0 --max-service-count 0` (no caps) on its own
+   nats-server and a fresh state directory, no workers: every instance waits, unschedulable.
+2. Each run asks `nodes` one at a time on a connection of its own, from its large request
+   until every instance of it is in the broker's state (`status` of its last instance
+   answers), and reports `nodes` p50 / p99 / slowest and how many took over a second.
+3. An ask's figure runs from just before its request is sent to its decoded answer.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any, Literal
+
+from gavel.bench.statushop import pct
+from gavel.client.aio import Client
+from gavel.shared.messages import Spec
+from gavel.transport.client import ClientError, NoAnswer
+from gavel.transport.natsserver import NatsServer
+
+__all__ = ["main"]
+
+
+def _spec(name: str, kind: Literal["job", "service"], count: int) -> Spec:
+    return Spec(name=name, command=["sleep", "600"], cpu=0.01, memory_mb=1, type=kind,
+                count=count)
+
+
+async def _run(url: str, label: str, start: Callable[[Client], Awaitable[object]],
+               landed: Callable[[Client], Awaitable[bool]], every_s: float) -> dict[str, Any]:
+    """Rule 2: `start` makes the large request; `landed` says whether all of it is in."""
+    asker, maker, checker = [await Client.connect(url) for _ in range(3)]
+    took: list[float] = []
+    unanswered = 0
+    t0 = time.perf_counter()
+
+    async def until_landed() -> float:
+        while not await landed(checker):
+            await asyncio.sleep(0.5)
+        return time.perf_counter() - t0
+
+    try:
+        made = asyncio.ensure_future(start(maker))
+        done = asyncio.ensure_future(until_landed())
+        while not (done.done() and made.done()):
+            a = time.perf_counter()
+            try:
+                await asker.nodes()
+            except NoAnswer:  # counted as its wait, and as unanswered
+                unanswered += 1
+            took.append(time.perf_counter() - a)
+            await asyncio.sleep(every_s)
+        made.result()
+        all_in = done.result()
+    finally:
+        for c in (asker, maker, checker):
+            await c.close()
+    return {"run": label, "all_in_s": round(all_in, 1), "nodes_asks": len(took),
+            "nodes_p50_ms": pct(took, 50), "nodes_p99_ms": pct(took, 99),
+            "nodes_max_ms": round(max(took) * 1000, 1),
+            "over_1s": sum(t > 1.0 for t in took), "unanswered": unanswered}
+
+
+async def measure(url: str, n: int, every_s: float) -> list[dict[str, Any]]:
+    async with await Client.connect(url) as c:  # the broker answers before anything counts
+        while True:
+            try:
+                await c.nodes()
+                break
+            except ClientError:
+                await asyncio.sleep(0.2)
+
+    async def scale(c: Client) -> object:
+        await c.deploy(_spec("big", "service", 0))
+        return await c.scale("big", n)
+
+    async def scaled(c: Client) -> bool:
+        try:
+            return (await c.service("big")).service.replicas_total >= n
+        except ClientError:  # not deployed yet
+            return False
+
+    async def submit(c: Client) -> object:
+        return await c.submit(_spec("many", "job", 1), instance_id="many", count=n)
+
+    async def submitted(c: Client) -> bool:
+        try:
+            await c.instance(f"many-{n}")
+        except ClientError:
+            return False
+        return True
+
+    return [await _run(url, f"scale {n:,}", scale, scaled, every_s),
+            await _run(url, f"submit {n:,}", submit, submitted, every_s)]
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m gavel.bench.largecount", description=__doc__)
+    p.add_argument("-n", type=int, default=100_000, help="the large count")
+    p.add_argument("--every-ms", type=float, default=50.0, help="the gap between `nodes` asks")
+    args = p.parse_args(argv)
+    with tempfile.TemporaryDirectory(prefix="gavel-large-") as tmp:
+        nats = NatsServer(store_dir=Path(tmp) / "js").start()
+        broker = subprocess.Popen(
+            [sys.executable, "-m", "gavel", "broker", "--nats", nats.url, "--state",
+             str(Path(tmp) / "state"), "--max-instances", "0", "--max-service-count", "0"],
+            stderr=open(Path(tmp) / "broker.log", "wb"))  # noqa: SIM115
+        try:
+            print(json.dumps(asyncio.run(measure(nats.url, args.n, args.every_ms / 1000)),
+                             indent=2))
+        finally:
+            broker.terminate()
+            broker.wait(60)
+            nats.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,176 @@
+"""Submissions: a `submit` of one instance or of many (a batch array), made, committed and
+answered.
+
+Rules:
+1. A submission makes and encodes its records in slices of `SUBMIT_SLICE`, with the loop's
+   other work between them, before it queues for its commit (`Change.ready`): a commit of
+   large submissions encoded in one go holds the loop for all of it, while open bid rounds
+   wait (docs/performance.md).
+2. A submission lands in commits of at most `SUBMIT_COMMIT` instances, in index order, each
+   queued once the one before it landed: between them the broker serves the API, auctions
+   and heartbeats as at any other time (a commit's planning and adoption hold the loop in
+   proportion to its size). Its answer waits for the last commit, durable: nobody is told
+   of a submission before all of it is. An instance of a commit that landed is an ordinary
+   instance and may be placed at once; the array it belongs to is not judged (released,
+   ended) while the rest of it is still landing here.
+3. A submission has one outcome. With an idempotency key (`SubmitRequest.key`) a request
+   retried after a lost answer makes nothing new: if the key's submission landed - in this
+   broker's life or an earlier one: every record carries the key, `State.keys` indexes it -
+   the answer is the first one, the same instance ids (those retention has forgotten since
+   included: the broker names N of them base-1 .. base-N); one still being committed is
+   waited for; one that failed landed nothing (committer rule 4), so the retry submits
+   afresh. Two requests with one key at once make one submission. A key met again with
+   another spec, count or id is refused.
+4. A submission cut short by a crash or a failover after some of its commits (rule 2) has
+   its first instances, base-1 .. base-K, in git and no answer. Its client asks again with
+   its key (`gavel.client` does, while no broker answers): the broker then commits the rest,
+   base-K+1 .. base-N, as rule 2 does, and answers as if nothing happened. K is the highest
+   index git holds: retention forgets only ended instances, oldest first, so the tail of a
+   submission is never forgotten while its head is kept.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Callable
+
+from gavel.broker.admission import Admission
+from gavel.broker.arrays import task_record
+from gavel.broker.context import Context
+from gavel.broker.effects import Answer, Wake
+from gavel.broker.ledger.committer import Item, Planned
+from gavel.broker.ledger.plan import View, submit
+from gavel.broker.ledger.state import Ready, ready
+from gavel.broker.routeowners import refusal_in as route_refusal_in
+from gavel.shared.api import SubmitReply, SubmitRequest
+from gavel.shared.arrays import run_of
+from gavel.shared.ids import counted_ids
+from gavel.shared.messages import ApiError, Message
+from gavel.shared.reasons import Reason
+from gavel.shared.spec import Spec
+
+__all__ = ["SUBMIT_COMMIT", "SUBMIT_SLICE", "Submissions"]
+
+#: Records a submission makes and encodes between two turns of the loop (rule 1): a slice
+#: short enough that a bid reply waiting behind it is not held up for long.
+SUBMIT_SLICE = 128
+#: Instances of one submission in one commit (rule 2): planning and adopting a commit of
+#: this many holds the loop for tens of milliseconds (docs/performance.md).
+SUBMIT_COMMIT = 2_000
+
+
+class Submissions:
+    def __init__(self, ctx: Context, *, refused: Callable[[Spec], Message | None],
+                 admission: Admission, landing: set[str],
+                 chunk: int = SUBMIT_COMMIT) -> None:
+        self.ctx = ctx
+        self._refused = refused  # why no instance of a spec can be accepted at all
+        self.admission = admission  # the caps on counts
+        self.chunk = chunk
+        #: Keyed submissions on their way to a commit, by key (rule 3): done when settled.
+        self._keyed: dict[str, asyncio.Future[None]] = {}
+        #: The arrays whose submission is still landing here (rule 2): not judged yet.
+        self.landing = landing
+
+    async def submit(self, req: SubmitRequest) -> Message:
+        if not req.key:
+            return await self._submit(req, req.instance_id or
+                                      f"{req.spec.name}-{uuid.uuid4().hex[:6]}", 0)
+        while (first := self._keyed.get(req.key)) is not None:  # rule 3: one at a time
+            await asyncio.shield(first)
+        settled = self._keyed[req.key] = asyncio.get_running_loop().create_future()
+        try:
+            landed, base, have = self._landed(req)
+            if landed is not None:
+                return landed
+            return await self._submit(req, base, have)
+        finally:
+            del self._keyed[req.key]
+            settled.set_result(None)
+
+    def _landed(self, req: SubmitRequest) -> tuple[Message | None, str, int]:
+        """Rules 3 and 4: the first answer for a key whose submission landed whole; else
+        None, the base its ids are named from and how many of them git holds already."""
+        state = self.ctx.ledger.state()
+        kept = state.submitted(req.key)
+        fresh = req.instance_id or f"{req.spec.name}-{uuid.uuid4().hex[:6]}"
+        if not kept:
+            return None, fresh, 0
+        if req.count == 1:
+            ids, first, base = kept, req.instance_id, kept[0]
+        else:  # named base-1 .. base-N: those retention forgot since are named again
+            base = kept[0].rpartition("-")[0]
+            ids = counted_ids(base, req.count)
+            first = f"{req.instance_id}-1" if req.instance_id else ""
+        if state.instances[kept[0]].spec != req.spec or len(ids) != req.count \
+                or not set(kept) <= set(ids) or (first and ids[0] != first):
+            return ApiError(error=f"{Reason.KEY_REUSED}: {req.key} made {kept[0]}"
+                                  + (f" .. {kept[-1]}" if len(kept) > 1 else "")), base, 0
+        have = max(run_of(iid)[0] for iid in kept) if req.count > 1 else 1
+        if have < req.count:  # rule 4: cut short; the rest goes now
+            return None, base, have
+        return SubmitReply.of(ids), base, have
+
+    async def _submit(self, req: SubmitRequest, base: str, have: int) -> Message:
+        spec = req.spec
+        ids = counted_ids(base, req.count)
+        refused = self._refused(spec) or self.admission.submitted(spec, len(ids) - have)
+        if refused is not None:
+            return refused
+        array = base if len(ids) > 1 else ""
+        if array:
+            self.landing.add(array)
+        try:
+            for start in range(have, len(ids), self.chunk):  # rule 2
+                got = await self._commit(req, ids, start, min(start + self.chunk, len(ids)),
+                                         array, fresh=start == 0)
+                if got is not None:
+                    return got
+        finally:
+            self.landing.discard(array)
+        return SubmitReply.of(ids)
+
+    async def _commit(self, req: SubmitRequest, ids: list[str], start: int, end: int,
+                      array: str, *, fresh: bool) -> Message | None:
+        """One commit of `ids[start:end]`: None once it is durable, else why it failed."""
+        spec = req.spec
+        made: list[Ready] = []
+        for at in range(start, end, SUBMIT_SLICE):  # rule 1
+            if at > start:
+                await asyncio.sleep(0)
+            made += [ready(task_record(iid, spec, req.key, array, k))
+                     for k, iid in enumerate(ids[at:min(at + SUBMIT_SLICE, end)], at + 1)]
+        records = [rec for rec, _, _ in made]
+        done: asyncio.Future[Message | None] = asyncio.get_running_loop().create_future()
+
+        def refuse(error: Message) -> None:
+            if not done.done():
+                done.set_result(error)
+
+        def plan(view: View) -> Planned | None:
+            if fresh and req.key and view.state.keys.get(req.key):  # landed another way
+                refuse(self._landed(req)[0] or ApiError(error=Reason.KEY_REUSED))
+                return None
+            taken = [r.instance_id for r in records if view.instance(r.instance_id) is not None]
+            if taken:
+                refuse(ApiError(error=f"{Reason.DUPLICATE}: {taken[0]}"))
+                return None
+            owned = route_refusal_in(view, spec)  # another submit's claim may have landed
+            if owned:
+                refuse(ApiError(error=owned))
+                return None
+            for r in records:
+                submit(view, r)
+            view.change.ready.update((got[0].instance_id, got) for got in made)
+            line = f"submit {ids[0]}" if len(ids) == 1 else \
+                f"submit {end - start} instances of {spec.name}: {ids[start]} .. {ids[end - 1]}"
+            if len(ids) > end - start:
+                line += f" ({end} of {len(ids)})"
+            return Planned(lines=[line], effects=[Answer(done, None), Wake()])
+
+        def failed(reason: Reason, detail: str) -> None:
+            refuse(ApiError(error=f"{reason} ({detail})"))
+
+        self.ctx.committer.submit(Item(plan=plan, failed=failed, retry=False))
+        return await done
