@@ -32,6 +32,8 @@ Rules:
    cancel and KV entry carries its epoch; KV puts are checked against the key's revision
    (`broker.fencedkv`); nothing goes out once its lease's own-clock verdict says no; and
    `abort` ends it at once, sending nothing it still holds.
+9. A tick's passes (auctions, promises, services, arrays, ...) each take a turn of the loop
+   of their own: a request waits for one pass over a large cluster, never for all of them.
 """
 
 from __future__ import annotations
@@ -413,13 +415,12 @@ class Broker:
                 self.auctioneer.reconcile(now)
                 if not self.deafness.deaf and now - watched >= self.timing.tick_s / 2:
                     watched = now
-                    self.promises.watch(now)
-                    self.services.watch(now)
-                    self.rebalancer.watch(now)
-                    self.arrays.watch()
-                    self.systems.watch()
-                    self.periodic.watch()
-                    self.retention.watch()
+                    for timed in (self.promises, self.services, self.rebalancer):
+                        await asyncio.sleep(0)  # rule 9
+                        timed.watch(now)
+                    for part in (self.arrays, self.systems, self.periodic, self.retention):
+                        await asyncio.sleep(0)
+                        part.watch()
             except Damaged as exc:
                 self._damaged(exc)
                 return
