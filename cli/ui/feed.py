@@ -54,6 +54,8 @@ log = logging.getLogger("gavel.ui")
 
 #: Rule 2.
 REFRESH_S = 2.0
+#: How long a closing feed waits for a cancelled task before cancelling it again.
+CLOSE_RETRY_S = 0.1
 SETTLE_S = 0.1
 #: Events a page is shown when it opens.
 EVENTS_KEPT = 200
@@ -149,10 +151,14 @@ class Feed:
 
     async def close(self) -> None:
         for task in (self._task, self._following):
-            if task is not None:
+            # Cancelled again until it ends: on 3.11 a cancel that lands as a request's
+            # answer arrives is swallowed by the NATS client's wait_for, and the follower
+            # asks for the next event as if nothing happened.
+            while task is not None and not task.done():
                 task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+                await asyncio.wait({task}, timeout=CLOSE_RETRY_S)
+            if task is not None and not task.cancelled() and task.exception() is not None:
+                log.warning("the dashboard's feed ended with %r", task.exception())
         if self._sub is not None:
             await self._sub.aclose()
 
