@@ -3,8 +3,9 @@
 The core holds every rule below that decides what is auctioned, whom it asks and what is
 awarded; this shell gives it the real clock, git's state and the heartbeats
 (`broker.auctionworld`), and does what it asks: RFBs on NATS through the outbox, the
-deadline timers, the commits (and `_plan`, what they write), events and metrics. The
-simulator drives the same core in virtual time (`sim.market`).
+deadline timers, the commits (`broker.awardplan`: what they write and the effects that
+follow them), events and metrics. The simulator drives the same core in virtual time
+(`sim.market`).
 
 Rules:
 1. Pending work is re-derived from git on every pass: desired instances that are queued or
@@ -65,22 +66,20 @@ Rules:
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 import random
 import uuid
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 
-from gavel.broker.auctionlog import Recent, batch_record, count, place_line, shapes_of
+from gavel.broker.auctionlog import Recent, count
 from gavel.broker.auctionworld import Git
+from gavel.broker.awardplan import NotPlaced, Placed, Waits, plan_award
 from gavel.broker.context import Context
-from gavel.broker.ledger.committer import Item, Planned
-from gavel.broker.ledger.plan import View, place, unschedulable
-from gavel.broker.preemptions import plan_evictions
+from gavel.broker.ledger.committer import Item
 from gavel.broker.replyroutes import ReplyRoutes
 from gavel.shared import subjects
-from gavel.shared.auction import Auction, Awarded, Decision, Unschedulable
+from gavel.shared.auction import Auction, Awarded, Decision
 from gavel.shared.auctioneer import CLOSED_KEPT, Core, Decided, Open, Pinned, Wake
 from gavel.shared.auctionworld import Action
 from gavel.shared.award import NodeDecline
@@ -88,7 +87,7 @@ from gavel.shared.candidates import Candidates
 from gavel.shared.lifecycle import PENDING
 from gavel.shared.messages import Award, BidReply, Capacity, EventType, InstanceState
 from gavel.shared.reasons import Reason
-from gavel.shared.records import AuctionRecord, Outcome, auction_trailer
+from gavel.shared.records import AuctionRecord
 from gavel.shared.tuning import Tuner
 from gavel.transport.inbound import Door, Guard
 from gavel.transport.wire import Received
@@ -138,6 +137,10 @@ class Auctioneer:
         #: Dry runs' auctions (`broker.planner`): a reply for one of these ids is the plan's.
         self.dry = self.routes.dry
         self._wait_timer: asyncio.TimerHandle | None = None
+        effects = ctx.committer.effects
+        effects.on(Placed, self._placed)
+        effects.on(NotPlaced, self._not_placed)
+        effects.on(Waits, self._waits)
 
     # -- the core's state, as the broker's other parts and the tests read it ---------------
     @property
@@ -306,7 +309,9 @@ class Auctioneer:
                                      detail=f"load {d.winner.load:.3f} ({d.winner.strategy})")
         if decisions:
             self.ctx.committer.submit(Item(
-                plan=lambda view: self._plan(view, auction, decisions, round_s),
+                plan=lambda view: plan_award(view, auction, decisions, round_s,
+                                             heartbeats=self.ctx.liveness.heartbeats,
+                                             epoch=self.ctx.leader.epoch),
                 failed=lambda reason, detail: self._failed(decisions, reason, detail),
                 retry=False))
 
@@ -314,50 +319,13 @@ class Auctioneer:
         """Per node: heartbeat capacity minus what git and undelivered awards commit there."""
         return self.core.free(nodes)
 
-    # -- the commit --------------------------------------------------------------------------
-    def _plan(self, view: View, auction: Auction, decisions: list[Decision],
-              round_s: float) -> Planned:
-        out = Planned(lines=[])
-        outcomes: list[Outcome] = []
-        aid = auction.auction_id
-        for d, shape in zip(decisions, shapes_of(auction, decisions), strict=True):
-            iid = d.request.instance_id
-            if isinstance(d, Awarded):
-                hb = self.ctx.liveness.heartbeats.get(d.winner.node_id)
-                if d.displaced:  # its victims leave in this commit, or nothing happens
-                    evicted = plan_evictions(view, d, hb.port_range if hb else [],
-                                             self.ctx.leader.epoch)
-                    if evicted is None:
-                        out.after.append(functools.partial(self._not_placed, d))
-                        continue
-                    out.lines += evicted.lines
-                    out.effects += evicted.effects
-                placement = place(view, d, aid, hb.port_range if hb else [])
-                if placement is None:
-                    out.after.append(functools.partial(self._not_placed, d))
-                    continue
-                out.lines.append(place_line(d))
-                outcomes.append(Outcome(instance_id=iid, shape=shape, winner=d.winner.node_id,
-                                        load=d.winner.load, tie_broken=d.tie_broken,
-                                        displaced=list(d.displaced)))
-                out.after.append(functools.partial(self._placed, d, aid, placement.attempt,
-                                                   round_s=round_s))
-            else:
-                changed = unschedulable(view, d)
-                if changed:
-                    out.lines.append(f"unschedulable {iid}: {d.summary}")
-                    outcomes.append(Outcome(instance_id=iid, shape=shape, reason=d.reason,
-                                            summary=d.summary))
-                out.after.append(functools.partial(self._unschedulable, d, aid, changed))
-        if outcomes:
-            out.trailers.append(auction_trailer(batch_record(auction, decisions, outcomes)))
-        return out
+    # -- what follows a commit, once it is durable (`broker.awardplan`) -------------------
+    def _not_placed(self, e: NotPlaced, _sha: str) -> None:
+        self._released(e.decision, placed=False)
 
-    def _not_placed(self, d: Awarded, _sha: str) -> None:
-        self._released(d, placed=False)
-
-    def _placed(self, d: Awarded, aid: str, attempt: int, sha: str, round_s: float) -> None:
+    def _placed(self, e: Placed, sha: str) -> None:
         ctx = self.ctx
+        d, aid, attempt, round_s = e.decision, e.auction_id, e.attempt, e.round_s
         iid, node = d.request.instance_id, d.winner.node_id
         self._released(d, placed=True)
         self.placed_total += 1
@@ -387,8 +355,9 @@ class Auctioneer:
         if not placed:
             self.ctx.wake()
 
-    def _unschedulable(self, d: Unschedulable, aid: str, changed: bool, _sha: str = "") -> None:
+    def _waits(self, e: Waits, _sha: str) -> None:
         """Rule 7: the event only when the reason or summary changed (the record did)."""
+        d, aid, changed = e.decision, e.auction_id, e.changed
         iid = d.request.instance_id
         self.core.unschedulable(iid, self.ctx.now())
         self._recent.remember(iid, aid, d)

@@ -59,8 +59,7 @@ async def test_effects_run_after_the_ref_moved_in_commit_then_plan_order(
         def make(view: View) -> Planned:
             submit(view, InstanceRecord(instance_id=f"i{k}", spec=SPEC))
             return Planned(lines=[f"submit i{k}"],
-                           effects=[Noted(f"{k}a"), Noted(f"{k}b")],
-                           after=[lambda sha: seen.append((f"{k}c", sha and sha[:0]))])
+                           effects=[Noted(f"{k}a"), Noted(f"{k}b")])
         return Item(plan=make)
 
     try:
@@ -73,9 +72,9 @@ async def test_effects_run_after_the_ref_moved_in_commit_then_plan_order(
         committer.close()
     head = ledger.state().head
     assert head is not None and committer.commits == 1
-    # each plan's effects, then its callbacks (the old shape, side by side), plan by plan
-    assert [w for w, _ in seen] == ["0a", "0b", "0c", "1a", "1b", "1c", "2a", "2b", "2c"]
-    assert [h for w, h in seen if not w.endswith("c")] == [head] * 6  # durable first
+    # each plan's effects in its order, plan by plan
+    assert [w for w, _ in seen] == ["0a", "0b", "1a", "1b", "2a", "2b"]
+    assert [h for _, h in seen] == [head] * 6  # durable first
 
 
 async def test_a_plan_that_fails_to_commit_carries_out_only_what_giving_up_says(
