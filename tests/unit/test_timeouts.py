@@ -18,11 +18,8 @@ ROOT = Path(__file__).resolve().parents[2]
 ROOMS = ["broker", "worker", "transport"]
 
 _CLIENT = "the operator's client, not a daemon: its waits are the command's"
-_SERVERS = "starting a nats-server child (dev, tests, `gavel up`): the process's start, no " \
-           "protocol clock"
 ALLOWED = {
     # The operator's client.
-    "transport/client.py::<module>::_REFUSAL_POLL_S=0.05": _CLIENT,
     "transport/execclient.py::run::param first_s=5.0": _CLIENT,
     "transport/execclient.py::run::wait_for(1.0)": _CLIENT,
     # Pacing of another program's I/O, not a wait of the protocol.
@@ -66,27 +63,11 @@ ALLOWED = {
     "transport/rejects.py::<module>::INTERVAL_S=60.0":
         "a refusal is logged once per kind and peer this often: a log window",
     # The operator's side.
-    "transport/client.py::<module>::NO_RESPONDERS_S=2.0": _CLIENT,
-    "transport/client.py::<module>::_PAUSE_S=0.05": _CLIENT,
-    "transport/client.py::<module>::_PAUSE_MAX_S=0.5": _CLIENT,
-    "transport/client.py::call::param timeout=10.0": _CLIENT,
-    "transport/client.py::status::param timeout=10.0": _CLIENT,
-    "transport/client.py::wait_healthy::call(timeout=2)": _CLIENT,
-    "transport/client.py::wait_healthy::sleep(0.2)": _CLIENT,
     "transport/eventstream.py::<module>::MAX_AGE_S=expr":
         "how long the event history keeps an event: a stream setting",
     "transport/eventstream.py::<module>::POLL_S=1.0": _CLIENT,
     "transport/logclient.py::<module>::MARGIN_S=10.0": _CLIENT,
     "transport/logclient.py::read::param first_s=5.0": _CLIENT,
-    "transport/natscluster.py::NatsCluster.start::param timeout=10.0": _SERVERS,
-    "transport/natscluster.py::NatsCluster.wait_jetstream::param timeout=30.0": _SERVERS,
-    "transport/natscluster.py::NatsCluster.wait_jetstream::connect(connect_timeout=2)":
-        _SERVERS,
-    "transport/natscluster.py::NatsCluster.wait_jetstream::sleep(0.2)": _SERVERS,
-    "transport/natscluster.py::NatsCluster.wait_jetstream::request(timeout=2)": _SERVERS,
-    "transport/natsserver.py::NatsServer.start::param timeout=10.0": _SERVERS,
-    "transport/natsserver.py::NatsServer._start::create_connection(timeout=0.2)": _SERVERS,
-    "transport/natsserver.py::NatsServer._start::sleep(0.05)": _SERVERS,
 }
 
 _PACED = {"wait_for": slice(1, None), "timeout": slice(0, None), "sleep": slice(0, None)}
