@@ -66,7 +66,7 @@ from gavel.broker.arrays import array_status, cancel_array, task_record
 from gavel.broker.auctioneer import Auctioneer
 from gavel.broker.context import Context
 from gavel.broker.deploys import Deploys
-from gavel.broker.effects import Answer, Wake
+from gavel.broker.effects import Answer, Refuse, Wake
 from gavel.broker.ledger.committer import Item, Planned
 from gavel.broker.ledger.plan import View, submit
 from gavel.broker.ledger.state import Ready, ready
@@ -326,11 +326,7 @@ class Api:
                 f"submit {len(ids)} instances of {spec.name}: {ids[0]} .. {ids[-1]}"
             return Planned(lines=[line], effects=[Answer(done, SubmitReply.of(ids)), Wake()])
 
-        def failed(reason: Reason, detail: str) -> None:
-            if not done.done():
-                done.set_result(ApiError(error=f"{reason} ({detail})"))
-
-        self.ctx.committer.submit(Item(plan=plan, failed=failed, retry=False))
+        self.ctx.committer.submit(Item(plan=plan, retry=False, gave_up=[Refuse(done)]))
         return await done
 
     async def _warned(self, handler: Handler, req: SubmitRequest | DeployRequest) -> Message:

@@ -74,7 +74,7 @@ from collections.abc import Callable, Iterable, Sequence
 
 from gavel.broker.auctionlog import Recent, count
 from gavel.broker.auctionworld import Git
-from gavel.broker.awardplan import NotPlaced, Placed, Waits, plan_award
+from gavel.broker.awardplan import AwardLost, NotPlaced, Placed, Waits, plan_award
 from gavel.broker.context import Context
 from gavel.broker.ledger.committer import Item
 from gavel.broker.replyroutes import ReplyRoutes
@@ -141,6 +141,7 @@ class Auctioneer:
         effects.on(Placed, self._placed)
         effects.on(NotPlaced, self._not_placed)
         effects.on(Waits, self._waits)
+        effects.on(AwardLost, self._lost)
 
     # -- the core's state, as the broker's other parts and the tests read it ---------------
     @property
@@ -312,8 +313,7 @@ class Auctioneer:
                 plan=lambda view: plan_award(view, auction, decisions, round_s,
                                              heartbeats=self.ctx.liveness.heartbeats,
                                              epoch=self.ctx.leader.epoch),
-                failed=lambda reason, detail: self._failed(decisions, reason, detail),
-                retry=False))
+                retry=False, gave_up=[AwardLost(tuple(decisions))]))
 
     def free(self, nodes: Iterable[str]) -> dict[str, Capacity]:
         """Per node: heartbeat capacity minus what git and undelivered awards commit there."""
@@ -365,11 +365,11 @@ class Auctioneer:
             self.ctx.events.emit(iid, EventType.UNSCHEDULABLE, reason=d.reason,
                                  detail=d.summary)
 
-    def _failed(self, decisions: Sequence[Decision], reason: Reason, detail: str) -> None:
-        self.core.failed(decisions, self.ctx.now())
-        for d in decisions:
-            self.ctx.events.emit(d.request.instance_id, EventType.ERROR, reason=reason,
-                                 detail=detail)
+    def _lost(self, e: AwardLost, _sha: str) -> None:
+        self.core.failed(e.decisions, self.ctx.now())
+        for d in e.decisions:
+            self.ctx.events.emit(d.request.instance_id, EventType.ERROR, reason=e.reason,
+                                 detail=e.detail)
 
     def declines_by(self, node_id: str, limit: int) -> list[tuple[str, str, NodeDecline]]:
         return self._recent.declines_by(node_id, limit)

@@ -13,6 +13,8 @@ Rules:
    (`broker.auctioneer` rule 7); `Waits` carries whether, so the event follows a change only.
 4. Effects keep the decisions' order; the batch's trailer records what was placed or newly
    unschedulable.
+5. A commit given up for good lands none of the decisions: `AwardLost` lets the auctioneer
+   forget them and tells each instance why.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from gavel.broker.auctionlog import batch_record, place_line, shapes_of
+from gavel.broker.effects import Why
 from gavel.broker.ledger.committer import Planned
 from gavel.broker.ledger.plan import View, place, unschedulable
 from gavel.broker.preemptions import plan_evictions
@@ -28,7 +31,7 @@ from gavel.shared.auction import Auction, Awarded, Decision, Unschedulable
 from gavel.shared.messages import Heartbeat
 from gavel.shared.records import Outcome, auction_trailer
 
-__all__ = ["NotPlaced", "Placed", "Waits", "plan_award"]
+__all__ = ["AwardLost", "NotPlaced", "Placed", "Waits", "plan_award"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +58,14 @@ class Waits:
     decision: Unschedulable
     auction_id: str
     changed: bool
+
+
+@dataclass(frozen=True)
+class AwardLost(Why):
+    """The commit of `decisions` was given up for good (`broker.ledger.committer` rule 4):
+    none of them landed, and each instance hears why."""
+
+    decisions: tuple[Decision, ...]
 
 
 def plan_award(view: View, auction: Auction, decisions: list[Decision], round_s: float, *,

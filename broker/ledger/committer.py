@@ -14,9 +14,9 @@ Rules:
    its `Placed` effect runs, an award's capacity is still reserved, so the broker only ever
    under-counts a node's room.
 4. Pinned or unwritable repository: nothing is written, and unwritable batches are retried
-   after a back-off while the broker keeps serving. An item hears `failed` (and its
-   `gave_up` effects run) only when it is given up for good (pinned, or an item that is not
-   retried): what heard it never lands.
+   after a back-off while the broker keeps serving. An item's `gave_up` effects run (a
+   `broker.effects.Why` filled in with the reason) only when it is given up for good
+   (pinned, or an item that is not retried): what heard it never lands.
    A retried item is planned afresh on the next try and hears nothing of the failed one.
 5. The commit that records an instance's end stamps it (`ended_at`, UTC, milliseconds): the
    retention of ended instances counts from there (`broker.retention`).
@@ -50,13 +50,13 @@ import time
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import BrokenExecutor, ProcessPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
 import msgspec
 
-from gavel.broker.effects import Effect, Effects
+from gavel.broker.effects import Effect, Effects, Why
 from gavel.broker.ledger.gitwriter import commit_files, make_executor
 from gavel.broker.ledger.plan import View
 from gavel.broker.ledger.repository import Conflict, Damaged, Ledger, Pinned
@@ -95,9 +95,8 @@ class Durable(Protocol):
 @dataclass
 class Item:
     plan: Callable[[View], Planned | None]
-    failed: Callable[[Reason, str], None] = lambda reason, detail: None
     retry: bool = True
-    #: Effects carried out when the item is given up for good (rule 4), after `failed`.
+    #: Effects carried out when the item is given up for good (rule 4).
     gave_up: list[Effect] = field(default_factory=list)
 
 
@@ -282,10 +281,11 @@ class Committer:
             asyncio.get_running_loop().call_later(self.retry_s, self._requeue, retry)
 
     def _give_up(self, item: Item, reason: Reason, detail: str) -> None:
-        """Rule 4: the item never lands; what heard of it hears so."""
-        item.failed(reason, detail)
+        """Rule 4: the item never lands; what heard of it hears so, and why."""
         for effect in item.gave_up:
             try:
+                if isinstance(effect, Why):
+                    effect = replace(effect, reason=str(reason), detail=detail)
                 self.effects.run(effect, "")
             except Exception:
                 log.exception("effect %r of a given-up item failed", effect)

@@ -21,7 +21,7 @@ from gavel.broker.ledger.repository import Change, Ledger
 from gavel.shared.messages import Spec
 from gavel.shared.reasons import Reason
 from gavel.shared.records import InstanceRecord, instance_path
-from tests.unit.commitkit import Then, heard
+from tests.unit.commitkit import Failed, Then, heard
 
 SPEC = Spec(name="s", command=["true"])
 #: Enough records that the commit is written as a pack (and packs are merged after it).
@@ -64,8 +64,8 @@ class Heard:
                 assert rec is not None
                 submit(view, rec)
             return Planned(lines=[f"submit {self.name}"], effects=[Then(self.landed.append)])
-        return Item(plan=plan, failed=lambda reason, _detail: self.failed.append(reason),
-                    retry=self.retry)
+        return Item(plan=plan, retry=self.retry, gave_up=[
+            Failed(lambda reason, _detail: self.failed.append(Reason(reason)))])
 
 
 async def settle(committer: Committer) -> None:
