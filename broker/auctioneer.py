@@ -83,7 +83,6 @@ from gavel.shared.auction import Auction, Awarded, Decision
 from gavel.shared.auctioneer import CLOSED_KEPT, Core, Decided, Open, Pinned, Wake
 from gavel.shared.auctionworld import Action
 from gavel.shared.award import NodeDecline
-from gavel.shared.candidates import Candidates
 from gavel.shared.lifecycle import PENDING
 from gavel.shared.messages import Award, BidReply, Capacity, EventType, InstanceState
 from gavel.shared.reasons import Reason
@@ -143,14 +142,10 @@ class Auctioneer:
         effects.on(Waits, self._waits)
         effects.on(AwardLost, self._lost)
 
-    # -- the core's state, as the broker's other parts and the tests read it ---------------
+    # -- the core's state, as the broker's other parts read it (the rest: `core`) ----------
     @property
     def auctions(self) -> dict[str, Auction]:
         return self.core.auctions
-
-    @auctions.setter
-    def auctions(self, value: dict[str, Auction]) -> None:
-        self.core.auctions = value
 
     @property
     def inflight(self) -> set[str]:
@@ -159,18 +154,6 @@ class Auctioneer:
     @property
     def reserved(self) -> dict[str, Capacity]:
         return self.core.reserved
-
-    @property
-    def retry_at(self) -> dict[str, float]:
-        return self.core.retry_at
-
-    @property
-    def candidates(self) -> Candidates:
-        return self.core.candidates
-
-    @property
-    def last_winner(self) -> dict[object, str]:
-        return self.core.last_winner
 
     @property
     def late_total(self) -> int:
@@ -203,22 +186,6 @@ class Auctioneer:
     @max_auctions.setter
     def max_auctions(self, value: int) -> None:
         self.core.max_auctions = self.tuner.pinned_max_auctions = value  # rule 12
-
-    @property
-    def sample_d(self) -> int | None:
-        return self.core.sample_d
-
-    @property
-    def batch_wait_s(self) -> float:
-        return self.core.batch_wait_s
-
-    @property
-    def rng(self) -> random.Random:
-        return self.core.rng
-
-    @rng.setter
-    def rng(self, value: random.Random) -> None:
-        self.core.rng = value
 
     # -- driving the core ------------------------------------------------------------------
     def reconcile(self, now: float) -> None:
