@@ -1,66 +1,35 @@
 """Running auctions: the shell around `shared.auctioneer.Core`, which decides them.
 
-The core holds every rule below that decides what is auctioned, whom it asks and what is
-awarded; this shell gives it the real clock, git's state and the heartbeats
-(`broker.auctionworld`), and does what it asks: RFBs on NATS through the outbox, the
-deadline timers, the commits (`broker.awardplan`: what they write and the effects that
-follow them), events and metrics. The simulator drives the same core in virtual time
-(`sim.market`).
+The core holds every rule that decides what is auctioned, whom it asks and what is awarded
+(`shared.auctioneer` rules 1-12, numbered as operators and the docs cite them here); this
+shell gives it the real clock, git's state and the heartbeats (`broker.auctionworld`), and
+does what it asks: RFBs on NATS through the outbox, the deadline timers, the commits
+(`broker.awardplan`: what they write and the effects that follow them), events and
+metrics. The simulator drives the same core in virtual time (`sim.market`).
 
-Rules:
-1. Pending work is re-derived from git on every pass: desired instances that are queued or
-   unschedulable and not already in an auction. Nothing else is remembered.
-2. An instance re-auctioned after failing on some nodes is auctioned without them (unless
-   no other node is left, then with them).
-3. A winner's capacity is charged for undelivered awards until the commit lands, so
-   pipelined auctions never over-commit a node.
-4. An auction opens once `batch_max` requests wait, or once the oldest waiting one has waited
-   `batch_wait_s` (0: at once). A broadcast round costs a reply from every node however few
-   requests it carries; waiting a few ms for a fuller batch trades that much queueing for
-   far fewer rounds (docs/performance.md).
-5. The next round opens as the last one closes, when work waits and there is room (not when
-   the loop next gets round to it), and its RFBs are written to the socket as it opens
-   (`Broker.flush`): a round's clock runs from its opening, and with one round in flight
-   the gap between rounds is throughput lost; closing that gap places more a second without
-   lengthening the rounds (docs/performance.md). An auction that closes as it opens (no
-   candidate) does not open others from inside the pass that opened it.
-6. A broadcast RFB reaches every node, also one whose first heartbeat the broker has not
-   heard yet (it just started, or the node did), and an auction closes once its candidates
-   have answered or at its deadline: an answer from a node that was not a candidate, or one
-   after the deadline or the close of one of the last `CLOSED_KEPT` auctions from a node it
-   asked and that had not answered, is left out and counted in `late_total`, but it is not a
-   rejected message - nothing on the wire was wrong. A second answer from the same node (a
-   replay), an answer to a sampled auction from a node it did not ask, or one for an auction
-   this broker never opened, is a reject.
-7. An instance that waits is auctioned again every heartbeat interval; its ``unschedulable``
-   event is emitted when its record changes (a new reason or summary), not every round:
-   the same sentence every few seconds would bury the events an operator follows.
-8. A service's replica is auctioned with its group (`InstanceRecord.service`), and its round
-   is decided knowing how many of the group's replicas each node holds - in git, or awarded
-   and not yet committed - and every node's labels, from its heartbeats
-   (`shared.auction` rule 5); a round without replicas is told nothing of the kind.
-9. Until `hold_until`, no auction opens while no node is eligible: a new leadership
-   (`broker.ha`) has asked every node for a heartbeat and gives them that long to answer,
-   rather than find its queued work "unschedulable: no nodes connected" in its first pass.
-   The first heartbeat ends the wait.
-10. A sampled auction asks d or more nodes per request of each shape among the healthy nodes
-    that could ever take it - its hard labels, not draining, its total capacity - drawn away
-    from scarce-label and largest nodes (`shared.candidates` rules 5-8), or all of them when
-    there are no more: d random nodes of a fleet
-    where few carry a label would mostly decline, and the request fail a round it could have
-    won. A request no node could ever take is decided at once with the declines the nodes
-    would have sent.
-11. A request the d sampled nodes could not place is asked again at once of 8·d of the nodes
-    that could take it, and what those cannot place of every such node, before it is
-    declared unschedulable: two busy nodes say little about a fleet, and waiting a heartbeat
-    interval for another two is how a big request starves.
-    The last winner of each shape is asked beside the sampled nodes (`shared.candidates`
-    rule 3).
+What the shell adds to the core's rules, by their numbers:
+1. Pending work is re-derived from git on every pass; nothing else is remembered.
+3. A winner's reservation ends when its commit's effect runs (`Placed`, `NotPlaced`) or the
+   commit is given up (`AwardLost`).
+4. A batch wait is a timer that runs the pass again when the oldest request's wait ends: a
+   broadcast round costs a reply from every node however few requests it carries
+   (docs/performance.md).
+5. A round's RFBs are written to the socket as it opens (`Broker.flush`): its clock runs
+   from its opening, and the gap between rounds is throughput lost (docs/performance.md).
+6. A late answer is counted in `late_total`, not as a rejected message (nothing on the wire
+   was wrong); a replay, an answer to a sampled auction from a node it did not ask, or one
+   for an auction this broker never opened is a reject. Answers to other auctions (dry
+   runs, re-auctions) go to their takers first (`broker.replyroutes`).
+7. An instance's ``unschedulable`` event is emitted when its record changes (a new reason
+   or summary), not every round: the same sentence every few seconds would bury the events
+   an operator follows.
+9. A new leadership (`broker.ha`) sets `hold_until`: it has asked every node for a heartbeat
+   and gives them that long, rather than find its queued work "unschedulable: no nodes
+   connected" in its first pass.
 12. Unless given, the batch size, the rounds in flight and the committer's gap are the
-    `shared.tuning.Tuner`'s: told of every round that closes (its time, whether work was
-    left waiting), every commit's time and every pass, it moves them between the latency
-    end and the throughput end as the load asks. A value given is pinned, also one set on
-    `batch_max` or `max_auctions` later.
+    `shared.tuning.Tuner`'s: told of every round that closes, every commit's time and every
+    pass, it moves them between the latency end and the throughput end as the load asks.
+    A value given is pinned, also one set on `batch_max` or `max_auctions` later.
 """
 
 from __future__ import annotations
