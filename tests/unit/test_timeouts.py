@@ -38,7 +38,7 @@ ALLOWED = {
         "how long an instance's logs are kept: the [logs] limits, not a timeout",
     # Not clocks: costs, freshness and pacing of the machine's own work.
     "broker/ledger/committer.py::<module>::AFTER_SLICE_S=0.0005":
-        "a CPU slice of after-commit work between bid replies, not a wait",
+        "a CPU slice of a commit's effects between bid replies, not a wait",
     "broker/ledger/repository.py::<module>::_HEAD_FRESH_S=0.005":
         "how long a read of the ref is reused: a cache, not a wait",
     "broker/mirror.py::<module>::_SLACK_S=0.001": "rounding slack of the mirror's window",
