@@ -334,17 +334,28 @@ class Converger:
                 try:
                     async with asyncio.timeout(interval + 1):
                         await conn.flush(timeout=max(1, int(interval) + 1))
-                    self._last_contact = self._clock()
-                    self.self_fenced = False
+                    self.contact()
                 except (nats.errors.Error, TimeoutError):
                     pass
-            silent = self._clock() - self._last_contact
-            if not self.self_fenced and silent > self.timing.offline_s:
-                self.self_fenced = True
-                n = self.supervisor.fence_all(f"no contact with NATS for {silent:.1f}s")
-                log.warning("self-fenced: no contact with NATS for %.1fs (> offline %gs); "
-                            "stopped %d instances", silent, self.timing.offline_s, n)
+            self.fence_if_cut_off()
             await asyncio.sleep(interval)
+
+    def contact(self) -> None:
+        """NATS answered: rule 6's silence starts again, and a fenced node may run again."""
+        self._last_contact = self._clock()
+        self.self_fenced = False
+
+    def fence_if_cut_off(self) -> bool:
+        """Rule 6: silent longer than `offline_s`, every held instance is fenced, once a
+        silence; whether it was now."""
+        silent = self._clock() - self._last_contact
+        if self.self_fenced or silent <= self.timing.offline_s:
+            return False
+        self.self_fenced = True
+        n = self.supervisor.fence_all(f"no contact with NATS for {silent:.1f}s")
+        log.warning("self-fenced: no contact with NATS for %.1fs (> offline %gs); "
+                    "stopped %d instances", silent, self.timing.offline_s, n)
+        return True
 
 
 class _Quiet:
