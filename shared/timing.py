@@ -33,7 +33,8 @@ Seconds = Annotated[float, msgspec.Meta(gt=0)]
 
 #: Rule 3: the fields fast timers leave as they are.
 MACHINE = frozenset({"call_s", "ack_s", "push_s", "close_s", "flush_s", "answer_s",
-                     "interest_s", "ask_s", "poll_s", "poll_max_s", "start_s", "jetstream_s"})
+                     "node_answer_s", "interest_s", "ask_s", "poll_s", "poll_max_s", "start_s",
+                     "jetstream_s"})
 
 
 class Timing(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -73,6 +74,9 @@ class Timing(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tr
     #: How long an operator's request waits for the broker's answer, unless its command
     #: gives its own (`transport.client.call`).
     answer_s: Seconds = 10.0
+    #: How long an operator's request to a node (an instance's logs, the start of an exec
+    #: session) waits for the node's first answer before the node counts as unreachable.
+    node_answer_s: Seconds = 5.0
     #: How long a request NATS delivered to nobody is asked again, backing off: long enough
     #: for a new subscription's interest to cross a cluster's routes (a broker that just
     #: started or took over), short enough that a cluster with no broker is told so promptly.

@@ -20,7 +20,6 @@ ROOMS = ["broker", "worker", "transport"]
 _CLIENT = "the operator's client, not a daemon: its waits are the command's"
 ALLOWED = {
     # The operator's client.
-    "transport/execclient.py::run::param first_s=5.0": _CLIENT,
     "transport/execclient.py::run::wait_for(1.0)": _CLIENT,
     # Pacing of another program's I/O, not a wait of the protocol.
     "worker/execsession.py::ProcessSession.write::sleep(0.01)":
@@ -66,8 +65,6 @@ ALLOWED = {
     "transport/eventstream.py::<module>::MAX_AGE_S=expr":
         "how long the event history keeps an event: a stream setting",
     "transport/eventstream.py::<module>::POLL_S=1.0": _CLIENT,
-    "transport/logclient.py::<module>::MARGIN_S=10.0": _CLIENT,
-    "transport/logclient.py::read::param first_s=5.0": _CLIENT,
 }
 
 _PACED = {"wait_for": slice(1, None), "timeout": slice(0, None), "sleep": slice(0, None)}
