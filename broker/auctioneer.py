@@ -1,94 +1,61 @@
 """Running auctions: the shell around `shared.auctioneer.Core`, which decides them.
 
-The core holds every rule below that decides what is auctioned, whom it asks and what is
-awarded; this shell gives it the real clock, git's state and the heartbeats
-(`broker.auctionworld`), and does what it asks: RFBs on NATS through the outbox, the
-deadline timers, the commits (and `_plan`, what they write), events and metrics. The
-simulator drives the same core in virtual time (`sim.market`).
+The core holds every rule that decides what is auctioned, whom it asks and what is awarded
+(`shared.auctioneer` rules 1-12, numbered as operators and the docs cite them here); this
+shell gives it the real clock, git's state and the heartbeats (`broker.auctionworld`), and
+does what it asks: RFBs on NATS through the outbox, the deadline timers, the commits
+(`broker.awardplan`: what they write and the effects that follow them), events and
+metrics. The simulator drives the same core in virtual time (`sim.market`).
 
-Rules:
-1. Pending work is re-derived from git on every pass: desired instances that are queued or
-   unschedulable and not already in an auction. Nothing else is remembered.
-2. An instance re-auctioned after failing on some nodes is auctioned without them (unless
-   no other node is left, then with them).
-3. A winner's capacity is charged for undelivered awards until the commit lands, so
-   pipelined auctions never over-commit a node.
-4. An auction opens once `batch_max` requests wait, or once the oldest waiting one has waited
-   `batch_wait_s` (0: at once). A broadcast round costs a reply from every node however few
-   requests it carries; waiting a few ms for a fuller batch trades that much queueing for
-   far fewer rounds (docs/performance.md).
-5. The next round opens as the last one closes, when work waits and there is room (not when
-   the loop next gets round to it), and its RFBs are written to the socket as it opens
-   (`Broker.flush`): a round's clock runs from its opening, and with one round in flight
-   the gap between rounds is throughput lost; closing that gap places more a second without
-   lengthening the rounds (docs/performance.md). An auction that closes as it opens (no
-   candidate) does not open others from inside the pass that opened it.
-6. A broadcast RFB reaches every node, also one whose first heartbeat the broker has not
-   heard yet (it just started, or the node did), and an auction closes once its candidates
-   have answered or at its deadline: an answer from a node that was not a candidate, or one
-   after the deadline or the close of one of the last `CLOSED_KEPT` auctions from a node it
-   asked and that had not answered, is left out and counted in `late_total`, but it is not a
-   rejected message - nothing on the wire was wrong. A second answer from the same node (a
-   replay), an answer to a sampled auction from a node it did not ask, or one for an auction
-   this broker never opened, is a reject.
-7. An instance that waits is auctioned again every heartbeat interval; its ``unschedulable``
-   event is emitted when its record changes (a new reason or summary), not every round:
-   the same sentence every few seconds would bury the events an operator follows.
-8. A service's replica is auctioned with its group (`InstanceRecord.service`), and its round
-   is decided knowing how many of the group's replicas each node holds - in git, or awarded
-   and not yet committed - and every node's labels, from its heartbeats
-   (`shared.auction` rule 5); a round without replicas is told nothing of the kind.
-9. Until `hold_until`, no auction opens while no node is eligible: a new leadership
-   (`broker.ha`) has asked every node for a heartbeat and gives them that long to answer,
-   rather than find its queued work "unschedulable: no nodes connected" in its first pass.
-   The first heartbeat ends the wait.
-10. A sampled auction asks d or more nodes per request of each shape among the healthy nodes
-    that could ever take it - its hard labels, not draining, its total capacity - drawn away
-    from scarce-label and largest nodes (`shared.candidates` rules 5-8), or all of them when
-    there are no more: d random nodes of a fleet
-    where few carry a label would mostly decline, and the request fail a round it could have
-    won. A request no node could ever take is decided at once with the declines the nodes
-    would have sent.
-11. A request the d sampled nodes could not place is asked again at once of 8·d of the nodes
-    that could take it, and what those cannot place of every such node, before it is
-    declared unschedulable: two busy nodes say little about a fleet, and waiting a heartbeat
-    interval for another two is how a big request starves.
-    The last winner of each shape is asked beside the sampled nodes (`shared.candidates`
-    rule 3).
+What the shell adds to the core's rules, by their numbers:
+1. Pending work is re-derived from git on every pass; nothing else is remembered.
+3. A winner's reservation ends when its commit's effect runs (`Placed`, `NotPlaced`) or the
+   commit is given up (`AwardLost`).
+4. A batch wait is a timer that runs the pass again when the oldest request's wait ends: a
+   broadcast round costs a reply from every node however few requests it carries
+   (docs/performance.md).
+5. A round's RFBs are written to the socket as it opens (`Broker.flush`): its clock runs
+   from its opening, and the gap between rounds is throughput lost (docs/performance.md).
+6. A late answer is counted in `late_total`, not as a rejected message (nothing on the wire
+   was wrong); a replay, an answer to a sampled auction from a node it did not ask, or one
+   for an auction this broker never opened is a reject. Answers to other auctions (dry
+   runs, re-auctions) go to their takers first (`broker.replyroutes`).
+7. An instance's ``unschedulable`` event is emitted when its record changes (a new reason
+   or summary), not every round: the same sentence every few seconds would bury the events
+   an operator follows.
+9. A new leadership (`broker.ha`) sets `hold_until`: it has asked every node for a heartbeat
+   and gives them that long, rather than find its queued work "unschedulable: no nodes
+   connected" in its first pass.
 12. Unless given, the batch size, the rounds in flight and the committer's gap are the
-    `shared.tuning.Tuner`'s: told of every round that closes (its time, whether work was
-    left waiting), every commit's time and every pass, it moves them between the latency
-    end and the throughput end as the load asks. A value given is pinned, also one set on
-    `batch_max` or `max_auctions` later.
+    `shared.tuning.Tuner`'s: told of every round that closes, every commit's time and every
+    pass, it moves them between the latency end and the throughput end as the load asks.
+    A value given is pinned, also one set on `batch_max` or `max_auctions` later.
 """
 
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 import random
 import uuid
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 
-from gavel.broker.auctionlog import Recent, batch_record, count, place_line, shapes_of
+from gavel.broker.auctionlog import Recent, count
 from gavel.broker.auctionworld import Git
+from gavel.broker.awardplan import AwardLost, NotPlaced, Placed, Waits, plan_award
 from gavel.broker.context import Context
-from gavel.broker.ledger.committer import Item, Planned
-from gavel.broker.ledger.plan import View, place, unschedulable
-from gavel.broker.preemptions import plan_evictions
+from gavel.broker.ledger.committer import Item
 from gavel.broker.replyroutes import ReplyRoutes
 from gavel.shared import subjects
-from gavel.shared.auction import Auction, Awarded, Decision, Unschedulable
+from gavel.shared.auction import Auction, Awarded, Decision
 from gavel.shared.auctioneer import CLOSED_KEPT, Core, Decided, Open, Pinned, Wake
 from gavel.shared.auctionworld import Action
 from gavel.shared.award import NodeDecline
-from gavel.shared.candidates import Candidates
 from gavel.shared.lifecycle import PENDING
 from gavel.shared.messages import Award, BidReply, Capacity, EventType, InstanceState
 from gavel.shared.reasons import Reason
-from gavel.shared.records import AuctionRecord, Outcome, auction_trailer
+from gavel.shared.records import AuctionRecord
 from gavel.shared.tuning import Tuner
 from gavel.transport.inbound import Door, Guard
 from gavel.transport.wire import Received
@@ -138,15 +105,16 @@ class Auctioneer:
         #: Dry runs' auctions (`broker.planner`): a reply for one of these ids is the plan's.
         self.dry = self.routes.dry
         self._wait_timer: asyncio.TimerHandle | None = None
+        effects = ctx.committer.effects
+        effects.on(Placed, self._placed)
+        effects.on(NotPlaced, self._not_placed)
+        effects.on(Waits, self._waits)
+        effects.on(AwardLost, self._lost)
 
-    # -- the core's state, as the broker's other parts and the tests read it ---------------
+    # -- the core's state, as the broker's other parts read it (the rest: `core`) ----------
     @property
     def auctions(self) -> dict[str, Auction]:
         return self.core.auctions
-
-    @auctions.setter
-    def auctions(self, value: dict[str, Auction]) -> None:
-        self.core.auctions = value
 
     @property
     def inflight(self) -> set[str]:
@@ -155,18 +123,6 @@ class Auctioneer:
     @property
     def reserved(self) -> dict[str, Capacity]:
         return self.core.reserved
-
-    @property
-    def retry_at(self) -> dict[str, float]:
-        return self.core.retry_at
-
-    @property
-    def candidates(self) -> Candidates:
-        return self.core.candidates
-
-    @property
-    def last_winner(self) -> dict[object, str]:
-        return self.core.last_winner
 
     @property
     def late_total(self) -> int:
@@ -199,22 +155,6 @@ class Auctioneer:
     @max_auctions.setter
     def max_auctions(self, value: int) -> None:
         self.core.max_auctions = self.tuner.pinned_max_auctions = value  # rule 12
-
-    @property
-    def sample_d(self) -> int | None:
-        return self.core.sample_d
-
-    @property
-    def batch_wait_s(self) -> float:
-        return self.core.batch_wait_s
-
-    @property
-    def rng(self) -> random.Random:
-        return self.core.rng
-
-    @rng.setter
-    def rng(self, value: random.Random) -> None:
-        self.core.rng = value
 
     # -- driving the core ------------------------------------------------------------------
     def reconcile(self, now: float) -> None:
@@ -306,58 +246,22 @@ class Auctioneer:
                                      detail=f"load {d.winner.load:.3f} ({d.winner.strategy})")
         if decisions:
             self.ctx.committer.submit(Item(
-                plan=lambda view: self._plan(view, auction, decisions, round_s),
-                failed=lambda reason, detail: self._failed(decisions, reason, detail),
-                retry=False))
+                plan=lambda view: plan_award(view, auction, decisions, round_s,
+                                             heartbeats=self.ctx.liveness.heartbeats,
+                                             epoch=self.ctx.leader.epoch),
+                retry=False, gave_up=[AwardLost(tuple(decisions))]))
 
     def free(self, nodes: Iterable[str]) -> dict[str, Capacity]:
         """Per node: heartbeat capacity minus what git and undelivered awards commit there."""
         return self.core.free(nodes)
 
-    # -- the commit --------------------------------------------------------------------------
-    def _plan(self, view: View, auction: Auction, decisions: list[Decision],
-              round_s: float) -> Planned:
-        out = Planned(lines=[])
-        outcomes: list[Outcome] = []
-        aid = auction.auction_id
-        for d, shape in zip(decisions, shapes_of(auction, decisions), strict=True):
-            iid = d.request.instance_id
-            if isinstance(d, Awarded):
-                hb = self.ctx.liveness.heartbeats.get(d.winner.node_id)
-                if d.displaced:  # its victims leave in this commit, or nothing happens
-                    evicted = plan_evictions(view, d, hb.port_range if hb else [],
-                                             self.ctx.leader.epoch)
-                    if evicted is None:
-                        out.after.append(functools.partial(self._not_placed, d))
-                        continue
-                    out.lines += evicted.lines
-                    out.effects += evicted.effects
-                placement = place(view, d, aid, hb.port_range if hb else [])
-                if placement is None:
-                    out.after.append(functools.partial(self._not_placed, d))
-                    continue
-                out.lines.append(place_line(d))
-                outcomes.append(Outcome(instance_id=iid, shape=shape, winner=d.winner.node_id,
-                                        load=d.winner.load, tie_broken=d.tie_broken,
-                                        displaced=list(d.displaced)))
-                out.after.append(functools.partial(self._placed, d, aid, placement.attempt,
-                                                   round_s=round_s))
-            else:
-                changed = unschedulable(view, d)
-                if changed:
-                    out.lines.append(f"unschedulable {iid}: {d.summary}")
-                    outcomes.append(Outcome(instance_id=iid, shape=shape, reason=d.reason,
-                                            summary=d.summary))
-                out.after.append(functools.partial(self._unschedulable, d, aid, changed))
-        if outcomes:
-            out.trailers.append(auction_trailer(batch_record(auction, decisions, outcomes)))
-        return out
+    # -- what follows a commit, once it is durable (`broker.awardplan`) -------------------
+    def _not_placed(self, e: NotPlaced, _sha: str) -> None:
+        self._released(e.decision, placed=False)
 
-    def _not_placed(self, d: Awarded, _sha: str) -> None:
-        self._released(d, placed=False)
-
-    def _placed(self, d: Awarded, aid: str, attempt: int, sha: str, round_s: float) -> None:
+    def _placed(self, e: Placed, sha: str) -> None:
         ctx = self.ctx
+        d, aid, attempt, round_s = e.decision, e.auction_id, e.attempt, e.round_s
         iid, node = d.request.instance_id, d.winner.node_id
         self._released(d, placed=True)
         self.placed_total += 1
@@ -387,8 +291,9 @@ class Auctioneer:
         if not placed:
             self.ctx.wake()
 
-    def _unschedulable(self, d: Unschedulable, aid: str, changed: bool, _sha: str = "") -> None:
+    def _waits(self, e: Waits, _sha: str) -> None:
         """Rule 7: the event only when the reason or summary changed (the record did)."""
+        d, aid, changed = e.decision, e.auction_id, e.changed
         iid = d.request.instance_id
         self.core.unschedulable(iid, self.ctx.now())
         self._recent.remember(iid, aid, d)
@@ -396,11 +301,11 @@ class Auctioneer:
             self.ctx.events.emit(iid, EventType.UNSCHEDULABLE, reason=d.reason,
                                  detail=d.summary)
 
-    def _failed(self, decisions: Sequence[Decision], reason: Reason, detail: str) -> None:
-        self.core.failed(decisions, self.ctx.now())
-        for d in decisions:
-            self.ctx.events.emit(d.request.instance_id, EventType.ERROR, reason=reason,
-                                 detail=detail)
+    def _lost(self, e: AwardLost, _sha: str) -> None:
+        self.core.failed(e.decisions, self.ctx.now())
+        for d in e.decisions:
+            self.ctx.events.emit(d.request.instance_id, EventType.ERROR, reason=e.reason,
+                                 detail=e.detail)
 
     def declines_by(self, node_id: str, limit: int) -> list[tuple[str, str, NodeDecline]]:
         return self._recent.declines_by(node_id, limit)

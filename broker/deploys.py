@@ -35,7 +35,7 @@ from datetime import datetime
 import msgspec
 
 from gavel.broker.context import Context
-from gavel.broker.effects import Answer, Emit, Wake
+from gavel.broker.effects import Answer, Emit, Refuse, Wake
 from gavel.broker.ledger.committer import Item, Planned
 from gavel.broker.ledger.plan import View
 from gavel.broker.ledger.state import stamp
@@ -229,11 +229,7 @@ class Deploys:
             planned.effects += [Answer(done, reply()), Wake()]
             return planned
 
-        def failed(reason: Reason, detail: str) -> None:
-            if not done.done():
-                done.set_result(ApiError(error=f"{reason} ({detail})"))
-
-        self.ctx.committer.submit(Item(plan=item, failed=failed, retry=False))
+        self.ctx.committer.submit(Item(plan=item, retry=False, gave_up=[Refuse(done)]))
         return await done
 
 

@@ -14,6 +14,9 @@ Rules:
    (`Release` by the promises, a part's own values by that part). A kind registered twice
    is a bug, refused at once; an effect of a kind nobody handles is logged, never raised,
    so one missing handler does not keep the effects after it back.
+4. What an item does if its commit is given up for good is effects too (`Item.gave_up`),
+   carried out by the same handlers; one that must say why is a `Why`, whose `reason` and
+   `detail` the committer fills in (`Refuse`: the waiting request is answered with them).
 """
 
 from __future__ import annotations
@@ -30,10 +33,10 @@ import msgspec
 from gavel.broker.events import Events
 from gavel.broker.outbox import Outbox
 from gavel.broker.watchdog import Timers
-from gavel.shared.messages import EventType
+from gavel.shared.messages import ApiError, EventType
 
-__all__ = ["Answer", "Arm", "Effect", "Effects", "Emit", "Publish", "Release", "Timer", "Wake",
-           "world"]
+__all__ = ["Answer", "Arm", "Effect", "Effects", "Emit", "Publish", "Refuse", "Release", "Timer",
+           "Wake", "Why", "world"]
 
 log = logging.getLogger("gavel.broker")
 
@@ -63,6 +66,21 @@ class Answer:
 
     waiter: asyncio.Future[Any]
     message: msgspec.Struct | None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Why:
+    """Rule 4: an effect of giving up that hears why; the committer fills these in."""
+
+    reason: str = ""
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class Refuse(Why):
+    """Answer a request whose commit was given up with why (unless it was answered)."""
+
+    waiter: asyncio.Future[Any]
 
 
 @dataclass(frozen=True)
@@ -129,6 +147,7 @@ def world(effects: Effects, outbox: Outbox, events: Events, timers: Timers,
     effects.on(Emit, lambda e, _sha: events.emit(e.instance_id, e.type, node_id=e.node_id,
                                                  reason=e.reason, detail=e.detail))
     effects.on(Answer, _answer)
+    effects.on(Refuse, _refuse)
     effects.on(Arm, lambda e, _sha: _arm(timers, e, now()))
     effects.on(Wake, lambda _e, _sha: wake())
 
@@ -136,6 +155,11 @@ def world(effects: Effects, outbox: Outbox, events: Events, timers: Timers,
 def _answer(e: Answer, _sha: str) -> None:
     if not e.waiter.done():
         e.waiter.set_result(e.message)
+
+
+def _refuse(e: Refuse, _sha: str) -> None:
+    if not e.waiter.done():
+        e.waiter.set_result(ApiError(error=f"{e.reason} ({e.detail})"))
 
 
 def _arm(timers: Timers, e: Arm, now: float) -> None:

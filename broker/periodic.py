@@ -40,7 +40,7 @@ import msgspec
 
 from gavel.broker.admission import live_instances
 from gavel.broker.context import Context
-from gavel.broker.effects import Answer, Emit
+from gavel.broker.effects import Answer, Emit, Refuse
 from gavel.broker.ledger.committer import Item, Planned
 from gavel.broker.ledger.plan import View, submit
 from gavel.broker.ledger.state import State
@@ -60,7 +60,7 @@ from gavel.shared.reasons import Reason
 from gavel.shared.records import InstanceRecord, PeriodicRecord, PeriodicRun
 from gavel.shared.spec import Spec
 
-__all__ = ["Forgot", "Periodic", "Ran", "forgettable", "plan_cancel",
+__all__ = ["Forgot", "Periodic", "Ran", "Unran", "forgettable", "plan_cancel",
            "plan_forget", "plan_run", "plan_submit", "status_of", "summary"]
 
 
@@ -68,6 +68,13 @@ __all__ = ["Forgot", "Periodic", "Ran", "forgettable", "plan_cancel",
 class Forgot:
     """A pass over cancelled job `name` landed (rule 7): its record left the tree, or the
     plan found it no longer due and changed nothing."""
+
+    name: str
+
+
+@dataclass(frozen=True)
+class Unran:
+    """A pass for job `name` was given up: the next watch looks at it again."""
 
     name: str
 
@@ -284,6 +291,7 @@ class Periodic:
         self.runs = ctx.metrics.periodic_runs
         ctx.committer.effects.on(Ran, self._ran)
         ctx.committer.effects.on(Forgot, self._forgot)
+        ctx.committer.effects.on(Unran, lambda e, _sha: self._busy.discard(e.name))
 
     def now(self) -> int:
         return int(self.wall().timestamp())
@@ -302,7 +310,7 @@ class Periodic:
                     self._busy.add(name)
                     ctx.committer.submit(Item(
                         plan=functools.partial(plan_forget, name=name, keep_s=keep_s, now=now),
-                        failed=functools.partial(self._failed, name), retry=False))
+                        retry=False, gave_up=[Unran(name)]))
                 continue
             known = self._next.get(name)
             if name in self._busy or (known is not None and known[0] is job and (
@@ -315,17 +323,13 @@ class Periodic:
                 continue
             self._busy.add(name)
             ctx.committer.submit(Item(plan=functools.partial(self._pass, name=name, now=now),
-                                      failed=functools.partial(self._failed, name),
-                                      retry=False))
+                                      retry=False, gave_up=[Unran(name)]))
 
     def _pass(self, view: View, name: str, now: int) -> Planned | None:
         planned = plan_run(view, name, now, self.caps)
         if planned is None:
             self._busy.discard(name)
         return planned
-
-    def _failed(self, name: str, _reason: Reason, _detail: str) -> None:
-        self._busy.discard(name)
 
     def _forgot(self, forgot: Forgot, _sha: str) -> None:
         self._busy.discard(forgot.name)
@@ -356,11 +360,7 @@ class Periodic:
     async def _commit(self, plan: Callable[..., Planned | None]) -> Message:
         waiter: asyncio.Future[Message] = asyncio.get_running_loop().create_future()
 
-        def failed(reason: Reason, detail: str) -> None:
-            if not waiter.done():
-                waiter.set_result(ApiError(error=f"{reason} ({detail})"))
-
         self.ctx.committer.submit(Item(plan=functools.partial(plan, waiter=waiter),
-                                       failed=failed, retry=False))
+                                       retry=False, gave_up=[Refuse(waiter)]))
         return await waiter
 

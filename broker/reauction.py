@@ -57,7 +57,8 @@ from gavel.shared.reauction import Budget, Holding, Judgement, Room, Settings, c
 from gavel.shared.records import AuctionRecord, InstanceRecord, auction_trailer
 from gavel.shared.spread import Tally
 
-__all__ = ["PREFIX", "Finished", "Moved", "Rebalancer", "plan_finish", "plan_move"]
+__all__ = ["PREFIX", "Finished", "Moved", "Rebalancer", "Unfinished", "Unmoved", "plan_finish",
+           "plan_move"]
 
 #: Re-auctions' ids start so: their replies are this part's, not the auctioneer's.
 PREFIX = "re-"
@@ -85,6 +86,21 @@ class Finished:
     stop_id: str
     node: str
     reason: Reason
+
+
+@dataclass(frozen=True)
+class Unmoved:
+    """The move to `new` was given up before its commit landed: nothing moved."""
+
+    new: str
+
+
+@dataclass(frozen=True)
+class Unfinished:
+    """The stop commit of the move to `new` was given up: the move is still in flight, and
+    the keeper does not count the new copy yet."""
+
+    new: str
 
 
 @dataclass
@@ -176,6 +192,8 @@ class Rebalancer:
         self._landing: dict[str, asyncio.Future[bool]] = {}
         ctx.committer.effects.on(Moved, self._moved)
         ctx.committer.effects.on(Finished, self._finished)
+        ctx.committer.effects.on(Unmoved, self._unmoved)
+        ctx.committer.effects.on(Unfinished, self._unfinished)
         routes.add(self.divert)
 
     # -- the loop's pass -----------------------------------------------------------------
@@ -344,10 +362,7 @@ class Rebalancer:
                 _settle_future(landed, False)
             return got
 
-        def failed(_reason: Reason, _detail: str) -> None:
-            _settle_future(landed, False)
-
-        ctx.committer.submit(Item(plan=plan, failed=failed, retry=False))
+        ctx.committer.submit(Item(plan=plan, retry=False, gave_up=[Unmoved(new)]))
         try:
             ok = await landed
         finally:
@@ -380,6 +395,16 @@ class Rebalancer:
                                f"(replaces {e.old})")
         if (landed := self._landing.get(e.new)) is not None:
             _settle_future(landed, True)
+
+    def _unmoved(self, e: Unmoved, _sha: str) -> None:
+        if (landed := self._landing.get(e.new)) is not None:
+            _settle_future(landed, False)
+
+    def _unfinished(self, e: Unfinished, _sha: str) -> None:
+        m = self.moves.get(e.new)
+        if m is not None:
+            m.committing = False
+            self.moving.add(e.new)
 
     # -- rule 4: a move in flight settles, or is abandoned ----------------------------
     def _settle(self, state: State, now: float) -> None:
@@ -418,12 +443,7 @@ class Rebalancer:
                 self.moving.discard(m.new)  # its plans decide on this view, old one stopping
             return got
 
-        def failed(_reason: Reason, _detail: str) -> None:
-            m.committing = False
-            if m.new in self.moves:
-                self.moving.add(m.new)
-
-        self.ctx.committer.submit(Item(plan=plan, failed=failed, retry=False))
+        self.ctx.committer.submit(Item(plan=plan, retry=False, gave_up=[Unfinished(m.new)]))
 
     def _done(self, new: str, reason: Reason) -> None:
         """The move of `new` is over: the keeper counts the new copy if it stays."""

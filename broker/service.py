@@ -178,7 +178,7 @@ class Broker:
         if not self.ha:
             self._show_metrics()
         self.heartbeats = Heartbeats(ctx, self.promises, self.auctioneer.capacity_freed,
-                                     self.auctioneer.candidates)
+                                     self.auctioneer.core.candidates)
         # In: rule 7's hearing, and the heartbeat feed it watches.
         self.hearing = Hearing(self.liveness, clock, self.log)
         self.deafness, self.disconnects = self.hearing.deafness, self.hearing.disconnects

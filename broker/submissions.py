@@ -38,7 +38,7 @@ from collections.abc import Callable
 from gavel.broker.admission import Admission
 from gavel.broker.arrays import task_record
 from gavel.broker.context import Context
-from gavel.broker.effects import Answer, Wake
+from gavel.broker.effects import Answer, Refuse, Wake
 from gavel.broker.ledger.committer import Item, Planned
 from gavel.broker.ledger.plan import View, submit
 from gavel.broker.ledger.state import Ready, ready
@@ -173,8 +173,5 @@ class Submissions:
                 line += f" ({end} of {len(ids)})"
             return Planned(lines=[line], effects=[Answer(done, None), Wake()])
 
-        def failed(reason: Reason, detail: str) -> None:
-            refuse(ApiError(error=f"{reason} ({detail})"))
-
-        self.ctx.committer.submit(Item(plan=plan, failed=failed, retry=False))
+        self.ctx.committer.submit(Item(plan=plan, retry=False, gave_up=[Refuse(done)]))
         return await done

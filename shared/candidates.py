@@ -25,7 +25,7 @@ Rules:
    many as it asks. The few nodes with a rare label are the only home of the requests that
    need it; work that could run anywhere, spread over them by a random draw, leaves them
    full when those requests come. They stay candidates: drawn from when too few others are
-   left, and asked by the retry to every candidate (`broker.auctioneer` rule 11) when the
+   left, and asked by the retry to every candidate (`shared.auctioneer` rule 11) when the
    drawn nodes are full.
 6. The largest nodes are spared the same way: a shape that fits half of the largest of the
    smaller candidates (cpu and memory) draws among the candidates smaller in cpu than the
@@ -39,7 +39,7 @@ Rules:
    needs, the fewer random nodes have that much free, and a round the drawn nodes cannot
    place is asked again of more (rule 9), a round that waits for the slowest of them.
    The count decides whether every candidate is asked (rule 3).
-9. A retry widens in two steps (`broker.auctioneer` rule 11): first `RETRY_TIMES`·d per
+9. A retry widens in two steps (`shared.auctioneer` rule 11): first `RETRY_TIMES`·d per
    request, drawn as rule 3 draws, then every candidate. A round that asks every candidate
    of a large fleet waits for its slowest answer - the deadline, when one of a thousand
    replies is lost - so most of what two busy nodes could not place is placed by the
@@ -248,7 +248,7 @@ class Candidates:
              last: Mapping[object, str] | None = None) -> Draw:
         """Rule 3: the nodes to ask for `counts[i]` requests of each `shapes[i]`, d each (or
         more, rule 8), drawn among the nodes rules 5-6 leave; a shape's `excluded`
-        candidates are left out unless no other is left (`broker.auctioneer` rule 2);
+        candidates are left out unless no other is left (`shared.auctioneer` rule 2);
         `last`: the last winner per shape key, asked too while a candidate among those
         drawn from (rule 7)."""
         if len(shapes) == 1 and not excluded:  # the common batch: one shape, a list will do

@@ -9,8 +9,9 @@ Rules:
    instances for ever), and a node is heard from before it counts as unreachable, and is
    unreachable before it is offline: heartbeat_s < unreachable_s <= offline_s. Decoding
    refuses a value at or below zero; `problem` names the rest in one sentence.
-3. The machine's waits (`MACHINE`: how long an answer from another process, a git push or
-   a part's shutdown may take before it counts as failed) are not shrunk by fast timers:
+3. The machine's waits (`MACHINE`: how long an answer from another process, a git push,
+   a part's shutdown or a child's start may take before it counts as failed, and how often
+   a wait on another process looks again) are not shrunk by fast timers:
    they measure the machine, not the protocol, and a loaded machine answers no faster
    because the protocol's clocks run ten times faster; shrunk, they would only fail what
    works.
@@ -31,7 +32,9 @@ FAST_FACTOR = 10.0
 Seconds = Annotated[float, msgspec.Meta(gt=0)]
 
 #: Rule 3: the fields fast timers leave as they are.
-MACHINE = frozenset({"call_s", "ack_s", "push_s", "close_s", "flush_s"})
+MACHINE = frozenset({"call_s", "ack_s", "push_s", "close_s", "flush_s", "answer_s",
+                     "node_answer_s", "interest_s", "ask_s", "poll_s", "poll_max_s", "start_s",
+                     "jetstream_s"})
 
 
 class Timing(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -68,6 +71,30 @@ class Timing(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tr
     close_s: Seconds = 10.0
     #: How long the commits in hand get to reach the remote when a broker stops cleanly.
     flush_s: Seconds = 5.0
+    #: How long an operator's request waits for the broker's answer, unless its command
+    #: gives its own (`transport.client.call`).
+    answer_s: Seconds = 10.0
+    #: How long an operator's request to a node (an instance's logs, the start of an exec
+    #: session) waits for the node's first answer before the node counts as unreachable.
+    node_answer_s: Seconds = 5.0
+    #: How long a request NATS delivered to nobody is asked again, backing off: long enough
+    #: for a new subscription's interest to cross a cluster's routes (a broker that just
+    #: started or took over), short enough that a cluster with no broker is told so promptly.
+    interest_s: Seconds = 2.0
+    #: One question to a process that answers at once when it is up, asked again and again
+    #: while waiting for it (the broker's count of healthy nodes, a nats-server's port or
+    #: its JetStream): unanswered this long, it is asked again.
+    ask_s: Seconds = 2.0
+    #: The first pause before looking again at what another process does (a request nobody
+    #: took yet, a refusal of the server's, a child that is not listening yet); a pause that
+    #: backs off doubles, up to `poll_max_s`.
+    poll_s: Seconds = 0.05
+    poll_max_s: Seconds = 0.5
+    #: How long a nats-server child (`gavel up`, dev, tests) may take to listen.
+    start_s: Seconds = 10.0
+    #: How long a cluster of nats-servers may take until JetStream answers (its leader
+    #: elected).
+    jetstream_s: Seconds = 30.0
 
     def problem(self) -> str | None:
         """What makes these clocks unusable, as a sentence naming the field; None if none."""

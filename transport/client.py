@@ -4,10 +4,10 @@ Rules:
 1. A broker that does not answer is a clear error naming the URL, never a traceback.
    "No responders" (`NoBroker`) means nobody got the request: no broker runs, or, with
    several, none leads at this moment (one is taking over); asking again is always safe.
-   `call` asks again itself, backing off, for up to `NO_RESPONDERS_S` within the request's
-   own timeout: right after a broker subscribes, or after a failover, its interest is still
-   travelling the routes to the client's server, which says no responders until it arrives.
-   Only after that is it `NoBroker`.
+   `call` asks again itself, backing off, for up to `Timing.interest_s` within the
+   request's own timeout: right after a broker subscribes, or after a failover, its
+   interest is still travelling the routes to the client's server, which says no responders
+   until it arrives. Only after that is it `NoBroker`.
 2. A NATS URL that is not one, or one where nothing answers, is the operator's to fix: one
    `BadInput` sentence (exit 2) naming it, before and instead of a retry loop.
 """
@@ -30,6 +30,7 @@ from gavel.shared import subjects
 from gavel.shared.errors import BadInput
 from gavel.shared.messages import ApiError, Message
 from gavel.shared.redact import mask_url
+from gavel.shared.timing import Timing
 from gavel.transport.creds import connect_options, operator_name
 from gavel.transport.inbound import Decode, Malformed
 from gavel.transport.urls import servers
@@ -43,13 +44,9 @@ __all__ = ["BadNatsUrl", "BrokerRefused", "ClientError", "NoAnswer", "NoBroker",
 T = TypeVar("T", bound=Message)
 _enc = msgspec.msgpack.Encoder()
 
-#: How long `call` keeps asking again while NATS says no responders (rule 1), at most the
-#: request's timeout: long enough for a subscription's interest to cross a cluster's routes,
-#: short enough that a cluster with no broker at all is told so promptly.
-NO_RESPONDERS_S = 2.0
-#: The first pause before asking again; each next one doubles, to at most `_PAUSE_MAX_S`.
-_PAUSE_S = 0.05
-_PAUSE_MAX_S = 0.5
+#: The operator's waits: machine waits of `Timing` (`shared.timing` rule 3), the same under
+#: fast timers; a command's own `--timeout` is passed as `timeout`.
+_TIMING = Timing()
 
 
 class ClientError(Exception):
@@ -134,7 +131,7 @@ def operator_of(nc: Any) -> str:
 
 
 async def call(nc: Any, verb: str, request: Message, reply_type: type[T],
-               timeout: float = 10.0) -> T:
+               timeout: float = _TIMING.answer_s) -> T:
     """One request, answered within `timeout` (rule 1: no responders is asked again)."""
     msg = await _answer(nc, verb, request, timeout)
     reply = _answer_of(reply_type)(msg.data)
@@ -151,10 +148,6 @@ def _answer_of(reply_type: Any) -> Decode[Any]:
     return Decode(reply_type | ApiError)
 
 
-#: How often a request in flight looks whether the server refused to take it.
-_REFUSAL_POLL_S = 0.05
-
-
 async def _unless_refused(nc: Any, subject: str, verb: str, who: str, asking: Any) -> Any:
     """`asking`'s answer, or at once a sentence when the server refuses to take the request
     (its permissions: nothing was delivered, so nothing was done): a named operator's role
@@ -164,7 +157,7 @@ async def _unless_refused(nc: Any, subject: str, verb: str, who: str, asking: An
     refused = f'permissions violation for publish to "{subject.lower()}"'
     try:
         while True:
-            done, _ = await asyncio.wait({task}, timeout=_REFUSAL_POLL_S)
+            done, _ = await asyncio.wait({task}, timeout=_TIMING.poll_s)
             if done:
                 return task.result()
             err = getattr(nc, "last_error", None)
@@ -190,8 +183,8 @@ async def _answer(nc: Any, verb: str, request: Message, timeout: float) -> Any:
     carry an idempotency key besides, for the retries after a timeout, whose fate is unknown.
     """
     start = time.monotonic()
-    grace = start + min(timeout, NO_RESPONDERS_S)
-    pause = _PAUSE_S
+    grace = start + min(timeout, _TIMING.interest_s)
+    pause = _TIMING.poll_s
     data = _enc.encode(request)
     who = operator_of(nc)
     subject = subjects.API.format(verb=verb) if who == subjects.OPERATOR else \
@@ -213,10 +206,11 @@ async def _answer(nc: Any, verb: str, request: Message, timeout: float) -> Any:
                                   "the API takes an operator credential") from None
             raise NoAnswer(f"the broker did not answer {verb} within {timeout:g}s") from None
         await asyncio.sleep(pause)
-        pause = min(pause * 2, _PAUSE_MAX_S)
+        pause = min(pause * 2, _TIMING.poll_max_s)
 
 
-async def status(nc: Any, instance_id: str = "", timeout: float = 10.0) -> StatusReply:
+async def status(nc: Any, instance_id: str = "",
+                 timeout: float = _TIMING.answer_s) -> StatusReply:
     """`status` of one instance, or of every instance page by page (`broker.api` rule 8),
     as one `StatusReply`."""
     from gavel.shared.api import StatusReply, StatusRequest
@@ -236,13 +230,15 @@ async def wait_healthy(nc: Any, n: int, timeout: float) -> None:
     from gavel.shared.api import NodesReply, NodesRequest
 
     deadline = time.monotonic() + timeout
+    pause = _TIMING.poll_s
     while time.monotonic() < deadline:
         try:
-            reply = await call(nc, "nodes", NodesRequest(), NodesReply, timeout=2)
+            reply = await call(nc, "nodes", NodesRequest(), NodesReply, timeout=_TIMING.ask_s)
             if sum(1 for x in reply.nodes if x.health == "healthy") >= n:
                 return
         except ClientError:
             pass
-        await asyncio.sleep(0.2)
+        await asyncio.sleep(pause)
+        pause = min(pause * 2, _TIMING.poll_max_s)
     raise ClientError(f"only some of the {n} workers came up within {timeout:g}s; "
                       "see the logs under the state directory")

@@ -6,7 +6,8 @@ Rules:
    the session's inbox (``<inbox>.<n>``), so each gives the node a fresh grant to answer
    (`shared.execstream` rule 2): input as it comes, an acknowledgement every half `WINDOW`
    chunks, a keepalive every `KEEPALIVE_S` otherwise.
-2. Nobody answering the start (no responders, or nothing within `first_s`) is
+2. Nobody answering the start (no responders, or nothing within `first_s`, by default
+   `Timing.node_answer_s`) is
    `NodeUnreachable`, one sentence naming the node (or, when the server refused to take it,
    a sentence saying the operator's role does not allow exec); a node that falls silent for
    longer than its own idle limit is too. Output is handed over in the node's order
@@ -36,6 +37,7 @@ from gavel.shared.execstream import (
     ExecOutput,
     ExecStart,
 )
+from gavel.shared.timing import Timing
 from gavel.transport.client import ClientError
 from gavel.transport.inbound import Decode, Malformed
 from gavel.transport.logclient import NodeUnreachable
@@ -44,6 +46,8 @@ __all__ = ["NodeUnreachable", "new_session", "run"]
 
 _enc = msgspec.msgpack.Encoder()
 _dec: Decode[ExecOutput | ExecExit] = Decode(ExecOutput | ExecExit)
+#: The operator's waits: machine waits of `Timing` (`shared.timing` rule 3).
+_TIMING = Timing()
 
 OnOutput = Callable[[ExecOutput], Awaitable[None] | None]
 
@@ -64,7 +68,8 @@ def new_session() -> str:
 
 async def run(nc: Any, start: ExecStart, on_output: OnOutput, *,
               stdin: AsyncIterator[bytes] | None = None, operator: str = subjects.OPERATOR,
-              first_s: float = 5.0, keepalive_s: float = KEEPALIVE_S) -> ExecExit:
+              first_s: float = _TIMING.node_answer_s,
+              keepalive_s: float = KEEPALIVE_S) -> ExecExit:
     """The session `start` opens, to its end (rules 1-3): each output chunk handed to
     `on_output`, `stdin`'s bytes sent as the command's input (its end closes the input;
     None: no input at all). The node's `ExecExit`."""

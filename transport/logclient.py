@@ -6,11 +6,12 @@ Rules:
 1. A request goes to the node's own subject with a fresh inbox as its reply subject. A node
    nobody answers for (its worker is down, or never was) is `NodeUnreachable`, one sentence
    naming the node: the server says there are no responders, or no reply comes within
-   `first_s`.
+   `first_s` (`Timing.node_answer_s`).
 2. The node's answer to one request ends with `LogsDone`; while it says ``more``, the same
    request is made again from its cursor, so a caller sees one stream of chunks however
    many windows a follow spans. Between two replies the asker waits at most the window the
-   node answers in, plus a margin, before it calls the node unreachable.
+   node answers in, plus an answer's time (`Timing.answer_s`), before it calls the node
+   unreachable.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import nats.errors
 from gavel.shared import subjects
 from gavel.shared.logstream import WINDOW_S, LogChunk, LogsDone, LogsRequest
 from gavel.shared.messages import ApiError
+from gavel.shared.timing import Timing
 from gavel.transport.client import BrokerRefused, ClientError
 from gavel.transport.inbound import Decode, Malformed
 
@@ -33,8 +35,8 @@ __all__ = ["NodeUnreachable", "read"]
 
 _enc = msgspec.msgpack.Encoder()
 _dec: Decode[LogChunk | LogsDone | ApiError] = Decode(LogChunk | LogsDone | ApiError)
-#: How much longer than a window the asker waits for the next reply (rule 2).
-MARGIN_S = 10.0
+#: The operator's waits: machine waits of `Timing` (`shared.timing` rule 3).
+_TIMING = Timing()
 
 
 class NodeUnreachable(ClientError):
@@ -45,13 +47,14 @@ OnChunk = Callable[[LogChunk], Awaitable[None] | None]
 
 
 async def read(nc: Any, request: LogsRequest, on_chunk: OnChunk, *,
-               first_s: float = 5.0, window_s: float = WINDOW_S) -> LogsDone:
+               first_s: float = _TIMING.node_answer_s,
+               window_s: float = WINDOW_S) -> LogsDone:
     """Every chunk of the answer to `request` (rule 2), each handed to `on_chunk`; the last
     `LogsDone`, its ``skipped`` the sum over every window. `ClientError` if the node refuses
     the request, `NodeUnreachable` if it does not answer."""
     skipped = 0
     while True:
-        done = await _once(nc, request, on_chunk, first_s, window_s + MARGIN_S)
+        done = await _once(nc, request, on_chunk, first_s, window_s + _TIMING.answer_s)
         skipped += done.skipped
         if not done.more:
             return msgspec.structs.replace(done, skipped=skipped)

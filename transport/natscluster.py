@@ -21,9 +21,13 @@ import tempfile
 import time
 from pathlib import Path
 
+from gavel.shared.timing import Timing
 from gavel.transport.natsserver import NatsServer, free_port
 
 __all__ = ["NatsCluster"]
+
+#: A child's start and JetStream's election are the machine's waits (`shared.timing` rule 3).
+_TIMING = Timing()
 
 
 class NatsCluster:
@@ -59,7 +63,7 @@ class NatsCluster:
         """Every server's URL, comma-separated (what `--nats` takes for a cluster)."""
         return ",".join(self.urls)
 
-    def start(self, timeout: float = 10.0) -> NatsCluster:
+    def start(self, timeout: float = _TIMING.start_s) -> NatsCluster:
         for server in self.servers:
             server.start(timeout)
         return self
@@ -68,22 +72,25 @@ class NatsCluster:
         for server in self.servers:
             server.stop()
 
-    async def wait_jetstream(self, timeout: float = 30.0, **connect: object) -> None:
+    async def wait_jetstream(self, timeout: float = _TIMING.jetstream_s,
+                             **connect: object) -> None:
         """Rule 3 (`connect`: nats-py options, credentials above all)."""
         import nats
 
         deadline = time.monotonic() + timeout
         last = "no answer"
+        pause = _TIMING.poll_s
         while time.monotonic() < deadline:
             try:
-                nc = await nats.connect(self.urls, connect_timeout=2, allow_reconnect=False,
-                                        **connect)
+                nc = await nats.connect(self.urls, connect_timeout=_TIMING.ask_s,
+                                        allow_reconnect=False, **connect)
             except Exception as exc:
                 last = str(exc) or type(exc).__name__
-                await asyncio.sleep(0.2)
+                await asyncio.sleep(pause)
+                pause = min(pause * 2, _TIMING.poll_max_s)
                 continue
             try:
-                msg = await nc.request("$JS.API.INFO", b"", timeout=2)
+                msg = await nc.request("$JS.API.INFO", b"", timeout=_TIMING.ask_s)
                 answer = json.loads(msg.data)
                 if "error" not in answer:
                     return
@@ -92,7 +99,8 @@ class NatsCluster:
                 last = str(exc) or type(exc).__name__
             finally:
                 await nc.close()
-            await asyncio.sleep(0.2)
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, _TIMING.poll_max_s)
         raise TimeoutError(f"the NATS cluster's JetStream was not ready within {timeout}s: "
                            f"{last}")
 

@@ -20,7 +20,12 @@ import tempfile
 import time
 from pathlib import Path
 
+from gavel.shared.timing import Timing
+
 __all__ = ["NatsServer", "NatsServerError", "find_binary", "free_port"]
+
+#: A child's start is the machine's wait (`shared.timing` rule 3): fast timers keep it.
+_TIMING = Timing()
 
 
 def find_binary() -> str:
@@ -72,7 +77,7 @@ class NatsServer:
     def url(self) -> str:
         return f"nats://127.0.0.1:{self.port}"
 
-    def start(self, timeout: float = 10.0) -> NatsServer:
+    def start(self, timeout: float = _TIMING.start_s) -> NatsServer:
         """Start it and wait until it listens. A port this server chose for itself and never
         listened on is chosen again when something took it meanwhile (a free port picked long
         before the start may be any connection's ephemeral port by then): up to three times."""
@@ -117,11 +122,12 @@ class NatsServer:
                     raise self._failed()
                 if any(ports_dir.glob(f"*_{self.proc.pid}.ports")):  # the rule: ours listens
                     try:
-                        with socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
+                        with socket.create_connection(("127.0.0.1", self.port),
+                                                      timeout=_TIMING.ask_s):
                             return self
                     except OSError:
                         pass
-                time.sleep(0.05)
+                time.sleep(_TIMING.poll_s)
             self.stop()
             raise TimeoutError(f"nats-server did not listen on port {self.port} in {timeout}s")
         finally:

@@ -37,6 +37,20 @@ Rules:
 7. A KV entry or an assignment answer of an older leadership than the newest this node has
    heard from (`Supervisor.admit`: a deposed broker, paused or cut off, speaking late) is
    counted and ignored: the entry as if it never came, the answer as no answer.
+
+Why an award reaches a node three ways, each closing a gap the others leave open (a test
+names each race in `tests/integration/test_convergence.py`):
+- The award message (``gavel.award.<node>``, once the commit is durable) is the fast path:
+  a placement waits one message. It is lost with a dropped connection or a restarted
+  worker (`test_a_worker_that_missed_the_award_converges_from_kv`).
+- The KV mirror of node.json is the durable list a node reads whenever it comes back, and
+  the only channel that tells a node what it must no longer run
+  (`test_node_back_after_offline_stops_the_moved_instance`). It lags its commit by up to
+  ``mirror_s`` and comes through a stream: alone, it would slow every placement by that.
+- The assignment request (``gavel.assign.<node>``) fetches what node.json lists but does not
+  carry (an instance's spec lives once, in its record: rule 1), and asks the broker before a
+  KV entry older than an award stops it (rule 2,
+  `test_a_stale_node_json_never_stops_a_fresh_award`).
 """
 
 from __future__ import annotations
@@ -320,17 +334,28 @@ class Converger:
                 try:
                     async with asyncio.timeout(interval + 1):
                         await conn.flush(timeout=max(1, int(interval) + 1))
-                    self._last_contact = self._clock()
-                    self.self_fenced = False
+                    self.contact()
                 except (nats.errors.Error, TimeoutError):
                     pass
-            silent = self._clock() - self._last_contact
-            if not self.self_fenced and silent > self.timing.offline_s:
-                self.self_fenced = True
-                n = self.supervisor.fence_all(f"no contact with NATS for {silent:.1f}s")
-                log.warning("self-fenced: no contact with NATS for %.1fs (> offline %gs); "
-                            "stopped %d instances", silent, self.timing.offline_s, n)
+            self.fence_if_cut_off()
             await asyncio.sleep(interval)
+
+    def contact(self) -> None:
+        """NATS answered: rule 6's silence starts again, and a fenced node may run again."""
+        self._last_contact = self._clock()
+        self.self_fenced = False
+
+    def fence_if_cut_off(self) -> bool:
+        """Rule 6: silent longer than `offline_s`, every held instance is fenced, once a
+        silence; whether it was now."""
+        silent = self._clock() - self._last_contact
+        if self.self_fenced or silent <= self.timing.offline_s:
+            return False
+        self.self_fenced = True
+        n = self.supervisor.fence_all(f"no contact with NATS for {silent:.1f}s")
+        log.warning("self-fenced: no contact with NATS for %.1fs (> offline %gs); "
+                    "stopped %d instances", silent, self.timing.offline_s, n)
+        return True
 
 
 class _Quiet:

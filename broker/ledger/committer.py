@@ -5,18 +5,18 @@ Rules:
 2. Each item plans against the freshest state (plan, then apply). If the branch moved under
    us (`Conflict`), the whole batch is re-planned on the new head, a bounded number of times.
 3. Nothing an item promises is published before its commit is durable: a plan's effects
-   (`broker.effects`, carried out by `effects`) and its `after` callbacks (the shape the
-   parts not yet moved to effects still use) run only once the ref has moved, in commit
-   order, each plan's effects before its callbacks, on a task of their own in slices of
-   `AFTER_SLICE_S` with the loop's other work between them (a commit of thousands of awards
-   must not stall the bid replies of open auctions), while the next commit is already being
-   planned and written: the writer does not wait for the awards of the last commit to go
-   out. Until its callback runs, an award's capacity is still reserved, so the broker only
-   ever under-counts a node's room.
+   (`broker.effects`, carried out by `effects`, the one executor; no item hands the
+   committer a callback) run only once the ref has moved, in commit order, then in the
+   order each plan listed them, on a task of their own in slices of `AFTER_SLICE_S` with
+   the loop's other work between them (a commit of thousands of awards must not stall the
+   bid replies of open auctions), while the next commit is already being planned and
+   written: the writer does not wait for the awards of the last commit to go out. Until
+   its `Placed` effect runs, an award's capacity is still reserved, so the broker only ever
+   under-counts a node's room.
 4. Pinned or unwritable repository: nothing is written, and unwritable batches are retried
-   after a back-off while the broker keeps serving. An item hears `failed` (and its
-   `gave_up` effects run) only when it is given up for good (pinned, or an item that is not
-   retried): what heard it never lands.
+   after a back-off while the broker keeps serving. An item's `gave_up` effects run (a
+   `broker.effects.Why` filled in with the reason) only when it is given up for good
+   (pinned, or an item that is not retried): what heard it never lands.
    A retried item is planned afresh on the next try and hears nothing of the failed one.
 5. The commit that records an instance's end stamps it (`ended_at`, UTC, milliseconds): the
    retention of ended instances counts from there (`broker.retention`).
@@ -36,8 +36,8 @@ Rules:
    and `on_damaged` hears it. Items whose commit surely did not land hear that they failed;
    when the ref cannot even be read to tell, they hear nothing: no answer, not a wrong one.
 10. With `durable` (a leader of several brokers, `broker.ha`) a commit has landed only once
-   it is on the remote every broker reads: its `after` callbacks, and `on_durable` before
-   them (the KV mirror), wait until a push covering it was accepted. Commits go on being
+   it is on the remote every broker reads: its effects, and `on_durable` before them (the
+   KV mirror), wait until a push covering it was accepted. Commits go on being
    written meanwhile, and one push carries all of them (`broker.ledger.remote` rule 6);
    without `durable` nothing waits.
 """
@@ -50,13 +50,13 @@ import time
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import BrokenExecutor, ProcessPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
 import msgspec
 
-from gavel.broker.effects import Effect, Effects
+from gavel.broker.effects import Effect, Effects, Why
 from gavel.broker.ledger.gitwriter import commit_files, make_executor
 from gavel.broker.ledger.plan import View
 from gavel.broker.ledger.repository import Conflict, Damaged, Ledger, Pinned
@@ -72,13 +72,11 @@ _TIMING = Timing()
 
 @dataclass
 class Planned:
-    """What a plan made of its view: the message lines and trailers it adds, and what
-    follows once the commit is durable (rule 3) — `effects` as values; `after` callbacks
-    where a part is not yet moved to effects."""
+    """What a plan made of its view: the message lines and trailers it adds, and the
+    effects that follow once the commit is durable (rule 3), as values."""
 
     lines: list[str]
     trailers: list[str] = field(default_factory=list)
-    after: list[Callable[[str], None]] = field(default_factory=list)
     effects: list[Effect] = field(default_factory=list)
 
 
@@ -97,9 +95,8 @@ class Durable(Protocol):
 @dataclass
 class Item:
     plan: Callable[[View], Planned | None]
-    failed: Callable[[Reason, str], None] = lambda reason, detail: None
     retry: bool = True
-    #: Effects carried out when the item is given up for good (rule 4), after `failed`.
+    #: Effects carried out when the item is given up for good (rule 4).
     gave_up: list[Effect] = field(default_factory=list)
 
 
@@ -122,7 +119,7 @@ class Committer:
         self.max_conflicts = max_conflicts
         self._queue: list[Item] = []
         self._kick = asyncio.Event()
-        #: Landed commits whose `after` callbacks have not all run yet, oldest first: what
+        #: Landed commits whose effects have not all run yet, oldest first: what
         #: they promised, the commit, its change and its `durable` mark (rule 10).
         self._afters: deque[tuple[list[Planned], str, Change | None, int]] = deque()
         #: Rule 10: off-host durability, and who hears of a commit once it is durable.
@@ -284,10 +281,11 @@ class Committer:
             asyncio.get_running_loop().call_later(self.retry_s, self._requeue, retry)
 
     def _give_up(self, item: Item, reason: Reason, detail: str) -> None:
-        """Rule 4: the item never lands; what heard of it hears so."""
-        item.failed(reason, detail)
+        """Rule 4: the item never lands; what heard of it hears so, and why."""
         for effect in item.gave_up:
             try:
+                if isinstance(effect, Why):
+                    effect = replace(effect, reason=str(reason), detail=detail)
                 self.effects.run(effect, "")
             except Exception:
                 log.exception("effect %r of a given-up item failed", effect)
@@ -312,14 +310,6 @@ async def _run_after(planned: list[Planned], sha: str, effects: Effects) -> None
                 effects.run(effect, sha)
             except Exception:  # one broken promise must not keep the later ones back
                 log.exception("effect %r of %s failed", effect, sha[:12] or "no commit")
-            if time.perf_counter() >= deadline:
-                await asyncio.sleep(0)
-                deadline = time.perf_counter() + AFTER_SLICE_S
-        for cb in p.after:
-            try:
-                cb(sha)
-            except Exception:
-                log.exception("after-commit work for %s failed", sha[:12] or "no commit")
             if time.perf_counter() >= deadline:
                 await asyncio.sleep(0)
                 deadline = time.perf_counter() + AFTER_SLICE_S

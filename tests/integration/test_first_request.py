@@ -35,6 +35,7 @@ import pytest
 from gavel.broker.service import Broker, Config
 from gavel.shared import subjects
 from gavel.shared.api import NodesReply, NodesRequest
+from gavel.shared.timing import Timing
 from gavel.transport import client
 from gavel.transport.client import NoBroker, call, connect
 from gavel.transport.natscluster import NatsCluster
@@ -198,7 +199,7 @@ async def asked(nc: object, times: int, task: asyncio.Task[object]) -> None:
 
 async def test_a_request_asked_before_the_broker_subscribes_is_answered(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(client, "NO_RESPONDERS_S", 600.0)  # the broker's start decides
+    monkeypatch.setattr(client, "_TIMING", Timing(interest_s=600.0))  # the broker's start decides
     cluster = NatsCluster(tmp_path / "nats", 3)
     cluster.start()
     broker = None

@@ -12,6 +12,7 @@ import pytest
 
 from gavel.broker.ledger.repository import Ledger
 from gavel.cli import commands
+from gavel.shared.timing import Timing
 from gavel.transport import client
 from tests.integration.harness import Cluster
 
@@ -22,7 +23,8 @@ async def test_submit_asks_again_while_no_broker_leads_and_lands_once(
         cluster: Cluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
         capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.setattr(commands, "SUBMIT_PAUSE_S", 0.2)
-    monkeypatch.setattr(client, "NO_RESPONDERS_S", 0.1)  # submit's own asking again is tested
+    # submit's own asking again is tested, not call's
+    monkeypatch.setattr(client, "_TIMING", Timing(interest_s=0.1))
     spec = tmp_path / "job.toml"
     spec.write_text('name = "job"\ncommand = ["sleep", "60"]\n')
     args = argparse.Namespace(command="submit", spec=spec, id="", key="failover-key-1",

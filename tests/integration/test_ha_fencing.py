@@ -29,6 +29,7 @@ from gavel.shared import subjects
 from gavel.shared.messages import Spec
 from gavel.shared.records import InstanceRecord
 from tests.integration.harness import wait_for
+from tests.unit.commitkit import Then, heard
 
 pytestmark = pytest.mark.integration
 REF = "refs/heads/main"
@@ -122,7 +123,7 @@ async def test_a_fenced_leader_tells_nobody_what_it_committed(
     await pa.lead("a", 1, "t0")
     b = Ledger(tmp_path / "b" / "state.git")
     Pusher(b.path, REF, url).take_over("b", 2, "t1")  # while a still believes it leads
-    committer = Committer(Ledger(a.path), writer="thread")
+    committer = heard(Committer(Ledger(a.path), writer="thread"))
     committer.on_commit = lambda change, sha: pa.notify()
     committer.durable = pa
     told: list[str] = []
@@ -131,7 +132,7 @@ async def test_a_fenced_leader_tells_nobody_what_it_committed(
 
     def plan(view: View) -> Planned:
         submit(view, record("deposed"))
-        return Planned(lines=["submit deposed"], after=[told.append])
+        return Planned(lines=["submit deposed"], effects=[Then(told.append)])
 
     tasks = [asyncio.create_task(committer.run()), asyncio.create_task(pa.run())]
     committer.submit(Item(plan=plan))

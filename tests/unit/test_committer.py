@@ -1,6 +1,6 @@
 """Group commit: the work promised after a commit does not stall the loop.
 
-A large group commit runs thousands of `after` callbacks (awards, events, timers). They run
+A large group commit carries out thousands of effects (awards, events, timers). They run
 in slices with the loop's other work between them, so the bid replies of open auctions are
 read while a commit's awards go out - in order, and only after the ref has moved.
 """
@@ -24,6 +24,7 @@ from gavel.broker.ledger.repository import Ledger
 from gavel.broker.ledger.state import encode
 from gavel.shared.messages import Spec
 from gavel.shared.records import InstanceRecord, NodeFile, instance_path
+from tests.unit.commitkit import Then, heard
 
 SPEC = Spec(name="s", command=["true"])
 
@@ -34,9 +35,9 @@ def _spin(seconds: float) -> None:
         pass
 
 
-async def test_after_callbacks_run_in_slices_in_order_after_the_commit(tmp_path: Path) -> None:
+async def test_effects_run_in_slices_in_order_after_the_commit(tmp_path: Path) -> None:
     ledger = Ledger(tmp_path / "state.git")
-    committer = Committer(ledger, writer="thread")
+    committer = heard(Committer(ledger, writer="thread"))
     runner = asyncio.create_task(committer.run())
     order: list[int] = []
     ticks: list[int] = []  # how many callbacks had run each time the other task got a turn
@@ -52,7 +53,7 @@ async def test_after_callbacks_run_in_slices_in_order_after_the_commit(tmp_path:
                 heads.append(ledger.state().head if sha else None)
                 order.append(k)
                 _spin(per_cb)
-            return Planned(lines=[f"submit i{k}"], after=[after])
+            return Planned(lines=[f"submit i{k}"], effects=[Then(after)])
         return Item(plan=make)
 
     async def other() -> None:
@@ -72,7 +73,7 @@ async def test_after_callbacks_run_in_slices_in_order_after_the_commit(tmp_path:
     assert committer.commits == 1  # one group commit
     assert heads == [ledger.state().head] * n  # every callback saw the ref moved
     during = {t for t in ticks if 0 < t < n}
-    assert len(during) >= 3, f"the loop never ran between after-callbacks: {sorted(during)}"
+    assert len(during) >= 3, f"the loop never ran between effects: {sorted(during)}"
 
 
 async def test_the_next_commit_is_written_while_the_last_ones_awards_go_out(
@@ -81,7 +82,7 @@ async def test_the_next_commit_is_written_while_the_last_ones_awards_go_out(
     planned and written without waiting for it, and one failing callback does not stop the
     others."""
     ledger = Ledger(tmp_path / "state.git")
-    committer = Committer(ledger, writer="thread")
+    committer = heard(Committer(ledger, writer="thread"))
     runner = asyncio.create_task(committer.run())
     events: list[str] = []
 
@@ -89,7 +90,7 @@ async def test_the_next_commit_is_written_while_the_last_ones_awards_go_out(
         def make(view: View) -> Planned:
             events.append(f"plan {name}")
             submit(view, InstanceRecord(instance_id=name, spec=SPEC))
-            return Planned(lines=[name], after=afters)
+            return Planned(lines=[name], effects=[Then(a) for a in afters])
         return Item(plan=make)
 
     def queue_second(sha: str) -> None:
@@ -128,7 +129,7 @@ async def test_idle_only_when_nothing_is_queued_written_or_left_to_run(
         time.sleep(0.3)  # in the writer thread: the commit is in flight this long
         return write(*args)
 
-    committer = Committer(ledger, writer="thread")
+    committer = heard(Committer(ledger, writer="thread"))
     runner = asyncio.create_task(committer.run())
     ran: list[str] = []
 
@@ -139,7 +140,8 @@ async def test_idle_only_when_nothing_is_queued_written_or_left_to_run(
             def after(sha: str) -> None:
                 ran.append(name)
                 then()
-            return Planned(lines=[name], after=[after, *[lambda sha: _spin(0.001)] * 20])
+            return Planned(lines=[name],
+                           effects=[Then(after), *[Then(lambda sha: _spin(0.001))] * 20])
         return Item(plan=make)
 
     def queue_b() -> None:  # b is written (slowly) while a's after-work still runs
@@ -166,7 +168,7 @@ async def test_a_commit_gap_gathers_what_comes_meanwhile_into_the_next_commit(
     that queued meanwhile; after a quiet spell longer than the gap, a change goes at once."""
     gap = 1.0
     ledger = Ledger(tmp_path / "state.git")
-    committer = Committer(ledger, writer="thread", gap_s=gap)
+    committer = heard(Committer(ledger, writer="thread", gap_s=gap))
     runner = asyncio.create_task(committer.run())
     landed: dict[str, float] = {}
     shas: dict[str, str] = {}
@@ -176,7 +178,7 @@ async def test_a_commit_gap_gathers_what_comes_meanwhile_into_the_next_commit(
             submit(view, InstanceRecord(instance_id=name, spec=SPEC))
             def after(sha: str) -> None:
                 landed[name], shas[name] = time.monotonic(), sha
-            return Planned(lines=[name], after=[after])
+            return Planned(lines=[name], effects=[Then(after)])
         return Item(plan=make)
 
     try:
@@ -211,7 +213,7 @@ async def test_records_are_formatted_by_the_writer_not_on_the_event_loop(
         raise AssertionError("formatted on the event loop")
 
     ledger = Ledger(tmp_path / "state.git")
-    committer = Committer(ledger, writer="thread")
+    committer = heard(Committer(ledger, writer="thread"))
     runner = asyncio.create_task(committer.run())
     rec = InstanceRecord(instance_id="web-1", spec=SPEC)
     nf = NodeFile(node_id="n1")

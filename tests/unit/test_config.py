@@ -272,7 +272,8 @@ def test_auction_settings_reach_the_broker(tmp_path: Path,
     b = make_broker(cfg, {})
     try:
         a = b.auctioneer
-        assert (a.sample_d, a.batch_max, a.max_auctions, a.batch_wait_s, b.retention.ended_max,
+        assert (a.core.sample_d, a.batch_max, a.max_auctions, a.core.batch_wait_s,
+                b.retention.ended_max,
                 b.committer.gap_s) == (3, 64, 4, 0.005, 7, 0.025)
         # each value given is pinned: the tuner leaves it alone
         t = a.tuner
@@ -284,7 +285,7 @@ def test_auction_settings_reach_the_broker(tmp_path: Path,
     try:  # the defaults: broadcast, no batch wait, and the rest tuned from the latency end
         a = plain.auctioneer
         first = LADDER[0]
-        assert (a.sample_d, a.batch_max, a.max_auctions, a.batch_wait_s,
+        assert (a.core.sample_d, a.batch_max, a.max_auctions, a.core.batch_wait_s,
                 plain.retention.ended_max, plain.committer.gap_s) == (
                     None, first.batch_max, first.max_auctions, 0.0, 100_000, first.gap_cap_s)
         t = a.tuner

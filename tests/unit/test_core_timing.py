@@ -29,10 +29,13 @@ def test_fast_timers_shrink_every_clock_tenfold(flag: str) -> None:
         assert getattr(fast, name) == pytest.approx(getattr(base, name) / shrunk), name
 
 
-def test_the_machine_waits_are_the_answers_pushes_and_shutdowns() -> None:
-    """Rule 3: only waits on another process or a shutdown are kept from fast timers; every
+def test_the_machine_waits_are_the_answers_pushes_shutdowns_starts_and_polls() -> None:
+    """Rule 3: only waits on another process, a shutdown or a child's start, and the pace of
+    looking again at another process, are kept from fast timers; every
     clock that existed before them (the protocol's) is still shrunk."""
-    assert frozenset({"call_s", "ack_s", "push_s", "close_s", "flush_s"}) == MACHINE
+    assert frozenset({"call_s", "ack_s", "push_s", "close_s", "flush_s", "answer_s",
+                      "node_answer_s", "interest_s", "ask_s", "poll_s", "poll_max_s",
+                      "start_s", "jetstream_s"}) == MACHINE
     assert set(Timing.__struct_fields__) >= MACHINE
     protocol = {"heartbeat_s", "unreachable_s", "offline_s", "provisioning_s", "bid_deadline_s",
                 "lease_grace_s", "cancel_grace_s", "kill_grace_s", "tick_s", "mirror_s",

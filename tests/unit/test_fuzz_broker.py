@@ -120,7 +120,7 @@ class Rig:
         instances in flight until their commit lands. Without that, the pass its close
         starts (rule 5) auctions them again, and on a loaded machine that round's deadline
         passes before the first commit lands: a second recorded auction."""
-        self.b.auctioneer.auctions = {AID: Auction(AID, requests, NODES, self.now, 1.0)}
+        self.b.auctioneer.core.auctions = {AID: Auction(AID, requests, NODES, self.now, 1.0)}
         self.b.auctioneer.inflight.update(r.instance_id for r in requests)
 
     def run(self, coro: Awaitable[Any]) -> Any:
@@ -146,7 +146,7 @@ class Rig:
             "heartbeats": b.liveness.heartbeats,
             "auctions": {aid: (a.answered, a.bid_counts(), a.decline_counts(), a.closed_at)
                          for aid, a in b.auctioneer.auctions.items()},
-            "inflight": b.auctioneer.inflight, "retry_at": b.auctioneer.retry_at,
+            "inflight": b.auctioneer.inflight, "retry_at": b.auctioneer.core.retry_at,
             "reserved": b.auctioneer.reserved,
             "timers": vars(b.timers), "live": b.promises.live, "acting": b.promises.acting,
             "migrating": b.promises.migrating, "events": list(b.events),

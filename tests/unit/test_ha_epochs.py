@@ -30,6 +30,7 @@ from gavel.shared.timing import Timing
 from gavel.worker.agent import Agent
 from gavel.worker.supervisor import OLDER_AWARD, OLDER_CANCEL, OLDER_NODE
 from gavel.worker.watch import Entry
+from tests.unit.commitkit import Then, heard
 from tests.unit.fuzzkit import Msg
 
 NODE = "n1"
@@ -158,7 +159,7 @@ class Gate:
 @pytest.mark.parametrize("durable", [False, True])
 async def test_a_commit_is_told_only_once_it_is_durable(tmp_path: Path, durable: bool) -> None:
     ledger = Ledger(tmp_path / "state.git")
-    committer = Committer(ledger, writer="thread")
+    committer = heard(Committer(ledger, writer="thread"))
     gate = Gate()
     told: list[str] = []
     mirrored: list[str] = []
@@ -174,7 +175,7 @@ async def test_a_commit_is_told_only_once_it_is_durable(tmp_path: Path, durable:
 
     def make(view: View) -> Planned:
         submit(view, InstanceRecord(instance_id="i1", spec=SLEEPER))
-        return Planned(lines=["submit i1"], after=[told.append])
+        return Planned(lines=["submit i1"], effects=[Then(told.append)])
 
     committer.submit(Item(plan=make))
     try:

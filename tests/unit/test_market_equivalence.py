@@ -126,7 +126,7 @@ async def brokered(root: Path, monkeypatch: pytest.MonkeyPatch, mode: str) -> Ou
                       clock=lambda: 1000.0,
                       batch_max=s.market.batch_max, max_auctions=s.market.max_auctions,
                       sample_d=s.gavel[0].d if mode == "sample" else None))
-    b.auctioneer.rng = random.Random("1/placer/gavel:mixed")  # the simulator's stream
+    b.auctioneer.core.rng = random.Random("1/placer/gavel:mixed")  # the simulator's stream
     rfbs = msgspec.msgpack.Decoder(RFB)
     enc = msgspec.msgpack.Encoder()
     replies: dict[str, list[BidReply]] = {}  # per auction, oldest first

@@ -21,6 +21,7 @@ from gavel.broker.ledger.repository import Change, Ledger
 from gavel.shared.messages import Spec
 from gavel.shared.reasons import Reason
 from gavel.shared.records import InstanceRecord, instance_path
+from tests.unit.commitkit import Failed, Then, heard
 
 SPEC = Spec(name="s", command=["true"])
 #: Enough records that the commit is written as a pack (and packs are merged after it).
@@ -50,7 +51,7 @@ def every_path(ledger: Ledger) -> Iterator[str]:
 
 
 class Heard:
-    """What one item was told: its after-commit callbacks and its failure."""
+    """What one item was told: that it landed (its effect) and its failure."""
 
     def __init__(self, name: str, n: int = 1, retry: bool = False) -> None:
         self.name, self.n, self.retry = name, n, retry
@@ -62,9 +63,9 @@ class Heard:
             for rec in records(self.name, self.n).values():
                 assert rec is not None
                 submit(view, rec)
-            return Planned(lines=[f"submit {self.name}"], after=[self.landed.append])
-        return Item(plan=plan, failed=lambda reason, _detail: self.failed.append(reason),
-                    retry=self.retry)
+            return Planned(lines=[f"submit {self.name}"], effects=[Then(self.landed.append)])
+        return Item(plan=plan, retry=self.retry, gave_up=[
+            Failed(lambda reason, _detail: self.failed.append(Reason(reason)))])
 
 
 async def settle(committer: Committer) -> None:
@@ -108,7 +109,7 @@ async def test_a_commit_whose_write_fails_after_the_ref_moved_is_reported_landed
         raise repository.LedgerError("[Errno 28] No space left on device")
 
     monkeypatch.setattr(ledger, "write_files", moved_then_failed)
-    committer = Committer(ledger, writer="thread")
+    committer = heard(Committer(ledger, writer="thread"))
     runner = asyncio.create_task(committer.run())
     submission = Heard("sub", n=BIG)
     try:
@@ -127,7 +128,7 @@ async def test_a_real_pack_merge_failing_on_a_full_disk_reports_the_commit_lande
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     ledger = Ledger(tmp_path / "state.git")
     monkeypatch.setattr(repository, "merge_small_packs", disk_full)
-    committer = Committer(ledger, writer="thread")
+    committer = heard(Committer(ledger, writer="thread"))
     runner = asyncio.create_task(committer.run())
     submission = Heard("sub", n=BIG)
     try:
@@ -146,7 +147,7 @@ async def test_a_commit_that_fails_before_the_ref_moved_never_lands_and_says_so_
     retried (the broker's own bookkeeping) hears nothing until it lands."""
     ledger = Ledger(tmp_path / "state.git")
     first = ledger.apply(Change(instances=records("before", 1)), "before\n", None)
-    committer = Committer(ledger, writer="thread", retry_s=0.05)
+    committer = heard(Committer(ledger, writer="thread", retry_s=0.05))
     runner = asyncio.create_task(committer.run())
     submission, bookkeeping = Heard("sub"), Heard("retried", retry=True)
     try:

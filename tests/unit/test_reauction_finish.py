@@ -36,7 +36,6 @@ def test_a_settled_move_marks_the_old_copy_cancelling_and_tells_its_node_after()
     assert planned.lines == [f"service web: re-auction stops web-1 on n1: {Reason.REBALANCED}"]
     assert planned.effects == [Finished(new="web-2", stop_id="web-1", node="n1",
                                         reason=Reason.REBALANCED)]
-    assert planned.after == []
 
 
 def test_an_abandoned_copy_not_yet_on_a_node_is_cancelled_at_once() -> None:

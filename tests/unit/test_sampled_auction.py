@@ -41,7 +41,7 @@ def beat(b: Broker, node: str, draining: bool = False) -> None:
 def sampled_broker(root: Path, specs: dict[str, Spec]) -> Broker:
     b = Broker(Config(nats_url="nats://127.0.0.1:1", state_dir=root, timing=Timing(), sample_d=2,
                       batch_max=8))
-    b.auctioneer.rng = random.Random(7)
+    b.auctioneer.core.rng = random.Random(7)
     view = View(b.ledger.state())
     for iid, spec in specs.items():
         submit(view, InstanceRecord(instance_id=iid, spec=spec))

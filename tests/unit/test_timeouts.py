@@ -18,12 +18,8 @@ ROOT = Path(__file__).resolve().parents[2]
 ROOMS = ["broker", "worker", "transport"]
 
 _CLIENT = "the operator's client, not a daemon: its waits are the command's"
-_SERVERS = "starting a nats-server child (dev, tests, `gavel up`): the process's start, no " \
-           "protocol clock"
 ALLOWED = {
     # The operator's client.
-    "transport/client.py::<module>::_REFUSAL_POLL_S=0.05": _CLIENT,
-    "transport/execclient.py::run::param first_s=5.0": _CLIENT,
     "transport/execclient.py::run::wait_for(1.0)": _CLIENT,
     # Pacing of another program's I/O, not a wait of the protocol.
     "worker/execsession.py::ProcessSession.write::sleep(0.01)":
@@ -41,7 +37,7 @@ ALLOWED = {
         "how long an instance's logs are kept: the [logs] limits, not a timeout",
     # Not clocks: costs, freshness and pacing of the machine's own work.
     "broker/ledger/committer.py::<module>::AFTER_SLICE_S=0.0005":
-        "a CPU slice of after-commit work between bid replies, not a wait",
+        "a CPU slice of a commit's effects between bid replies, not a wait",
     "broker/ledger/repository.py::<module>::_HEAD_FRESH_S=0.005":
         "how long a read of the ref is reused: a cache, not a wait",
     "broker/mirror.py::<module>::_SLACK_S=0.001": "rounding slack of the mirror's window",
@@ -66,27 +62,9 @@ ALLOWED = {
     "transport/rejects.py::<module>::INTERVAL_S=60.0":
         "a refusal is logged once per kind and peer this often: a log window",
     # The operator's side.
-    "transport/client.py::<module>::NO_RESPONDERS_S=2.0": _CLIENT,
-    "transport/client.py::<module>::_PAUSE_S=0.05": _CLIENT,
-    "transport/client.py::<module>::_PAUSE_MAX_S=0.5": _CLIENT,
-    "transport/client.py::call::param timeout=10.0": _CLIENT,
-    "transport/client.py::status::param timeout=10.0": _CLIENT,
-    "transport/client.py::wait_healthy::call(timeout=2)": _CLIENT,
-    "transport/client.py::wait_healthy::sleep(0.2)": _CLIENT,
     "transport/eventstream.py::<module>::MAX_AGE_S=expr":
         "how long the event history keeps an event: a stream setting",
     "transport/eventstream.py::<module>::POLL_S=1.0": _CLIENT,
-    "transport/logclient.py::<module>::MARGIN_S=10.0": _CLIENT,
-    "transport/logclient.py::read::param first_s=5.0": _CLIENT,
-    "transport/natscluster.py::NatsCluster.start::param timeout=10.0": _SERVERS,
-    "transport/natscluster.py::NatsCluster.wait_jetstream::param timeout=30.0": _SERVERS,
-    "transport/natscluster.py::NatsCluster.wait_jetstream::connect(connect_timeout=2)":
-        _SERVERS,
-    "transport/natscluster.py::NatsCluster.wait_jetstream::sleep(0.2)": _SERVERS,
-    "transport/natscluster.py::NatsCluster.wait_jetstream::request(timeout=2)": _SERVERS,
-    "transport/natsserver.py::NatsServer.start::param timeout=10.0": _SERVERS,
-    "transport/natsserver.py::NatsServer._start::create_connection(timeout=0.2)": _SERVERS,
-    "transport/natsserver.py::NatsServer._start::sleep(0.05)": _SERVERS,
 }
 
 _PACED = {"wait_for": slice(1, None), "timeout": slice(0, None), "sleep": slice(0, None)}
