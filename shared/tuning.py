@@ -29,7 +29,13 @@ Rules:
 5. A pass with no round in flight `IDLE_S` after the last round closed returns the tuner to
    the latency end: the next burst after a quiet spell starts from the shortest rounds.
 6. A value given (`batch_max`, `max_auctions`, `commit_gap_s`) is pinned: the tuner never
-   changes it, and tunes only the others.
+   changes it, and tunes only the others; with all three given its level stays where it is.
+7. A level the tuner climbed from was found too small: the work never drained there. It
+   steps back to that level (its *floor*) only when the work drained at `RETURN` of the
+   closes or more, never for queueing (rule 3); stepping to the floor or below, or a quiet
+   spell (rule 5), forgets it. A closed loop, whose rounds are long because the machine is
+   busy and whose work drains between submissions, would otherwise step down into the level
+   it just outgrew and climb again: hunting below the throughput end.
 """
 
 from __future__ import annotations
@@ -39,7 +45,7 @@ from typing import NamedTuple
 
 from gavel.shared.auctionworld import Action, Decided, Open
 
-__all__ = ["IDLE_S", "LADDER", "QUEUED", "WINDOW", "Setting", "Tuner", "saturated"]
+__all__ = ["IDLE_S", "LADDER", "QUEUED", "RETURN", "WINDOW", "Setting", "Tuner", "saturated"]
 
 
 class Setting(NamedTuple):
@@ -64,6 +70,8 @@ LADDER: tuple[Setting, ...] = (
 WINDOW = 16
 #: Rounds this many times the latency end's are queueing (rule 3).
 QUEUED = 4.0
+#: The share of a window's closes that drained before the tuner returns to its floor (rule 7).
+RETURN = 0.75
 #: Seconds without a round that return the tuner to the latency end (rule 5).
 IDLE_S = 1.0
 #: Weight of the newest commit time in the moving average (rule 4).
@@ -92,6 +100,8 @@ class Tuner:
         self.commit_s: float | None = None
         #: The latency end's median round (rule 3), once a window there was judged.
         self.base_round_s: float | None = None
+        #: The level last climbed from, while it is remembered (rule 7).
+        self.floor: int | None = None
         self._rounds: list[float] = []
         self._saturated = 0
         self._last_close: float | None = None
@@ -132,8 +142,10 @@ class Tuner:
 
     def closed(self, round_s: float, saturated: bool, now: float) -> bool:
         """A round closed after `round_s`, `saturated` or not (rule 1); whether the level
-        changed (rules 2, 3)."""
+        changed (rules 2, 3, 7)."""
         self._last_close = now
+        if not self.tuning:
+            return False  # rule 6: nothing to tune
         self._rounds.append(round_s)
         self._saturated += saturated
         if len(self._rounds) < self.window:
@@ -145,11 +157,15 @@ class Tuner:
             self.base_round_s = median
         drained = len(rounds) - sat
         if sat == len(rounds):
-            return self._step(+1)
-        if 2 * drained >= len(rounds):
+            if not self._step(+1):
+                return False
+            self.floor = self.level - 1  # rule 7: found too small
+            return True
+        onto_floor = self.floor is not None and self.level - 1 <= self.floor
+        if drained >= len(rounds) * (RETURN if onto_floor else 0.5):
             return self._step(-1)
         if self.max_auctions > 1 and self.base_round_s is not None \
-                and median >= QUEUED * self.base_round_s:
+                and median >= QUEUED * self.base_round_s and not onto_floor:
             return self._step(-1)  # rule 3: drained at least once, and the rounds queue
         return False
 
@@ -179,7 +195,7 @@ class Tuner:
                 or now - self._last_close < IDLE_S:
             return False
         self._rounds, self._saturated = [], 0
-        return self._step(-self.level)
+        return self._step(-self.level)  # and forgets the floor (rule 7)
 
     def _step(self, by: int) -> bool:
         level = min(max(self.level + by, 0), len(self.ladder) - 1)
@@ -187,4 +203,6 @@ class Tuner:
             return False
         self.level = level
         self.changes += 1
+        if self.floor is not None and level <= self.floor:
+            self.floor = None  # rule 7
         return True

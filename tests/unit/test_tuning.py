@@ -77,12 +77,46 @@ def test_rounds_queueing_behind_each_other_back_off_although_work_mostly_waits()
     t = Tuner()
     windows(t, 1, [True, True, True, False], round_s=0.004)  # the latency end's rounds
     assert t.base_round_s == 0.004
-    windows(t, 2, [True])
-    assert t.level == 2 and t.max_auctions > 1
+    windows(t, 3, [True])
+    assert windows(t, 1, [True, False, False, False]) == [2]  # the floor (rule 7) forgotten
+    assert t.floor is None and t.max_auctions > 1
     # mostly saturated, drained once, and rounds QUEUED times as long: one step down
     assert windows(t, 1, [*[True] * (WINDOW - 1), False], round_s=QUEUED * 0.004) == [1]
     # at one round in flight there is nothing to queue behind: it holds
     assert windows(t, 3, [*[True] * (WINDOW - 1), False], round_s=QUEUED * 0.004) == [1] * 3
+
+
+def test_a_closed_loop_holds_the_level_it_climbed_to_instead_of_hunting() -> None:
+    # The bench's closed loop once the broker outruns its submissions: below level 4 the
+    # work never drains; at level 4 each submission fits in the rounds in flight, so the
+    # work drains at half the closes, or (submissions queueing) at a quarter of them with
+    # rounds 40 times the latency end's, long because the machine is busy. Without rule 7,
+    # rule 2 or rule 3 steps down into level 3, which climbs again: hunting.
+    for pattern in ([True, False], [True, True, True, False]):
+        t = Tuner()
+        levels = []
+        for _ in range(12):
+            drains, round_s = ([True], 0.004) if t.level < 4 else (pattern, 0.160)
+            levels += windows(t, 1, drains, round_s=round_s)
+        assert levels == [1, 2, 3, 4, *[4] * 8]
+        assert t.floor == 3 and t.changes == 4
+
+
+def test_after_a_climb_only_a_clear_drain_returns_to_the_level_below() -> None:
+    t = Tuner()
+    windows(t, 4, [True])
+    assert (t.level, t.floor) == (4, 3)
+    assert windows(t, 1, [True, False]) == [4]  # drained at half: not enough to return
+    assert windows(t, 1, [True, False, False, False]) == [3]  # at RETURN of the closes
+    assert t.floor is None  # forgotten: the ordinary band again
+    assert windows(t, 1, [True, False]) == [2]
+
+
+def test_a_quiet_spell_forgets_the_floor() -> None:
+    t = Tuner()
+    windows(t, 2, [True])
+    assert t.floor == 1
+    assert t.passed(10.0, 0) and (t.level, t.floor) == (0, None)
 
 
 def test_commits_are_paced_by_their_cost_up_to_the_levels_cap() -> None:
@@ -113,6 +147,7 @@ def test_what_is_given_is_pinned_and_the_rest_is_tuned() -> None:
     windows(everything, TOP, [True])
     assert (everything.batch_max, everything.max_auctions, everything.commit_gap_s) == (
         32, 2, 0.005)
+    assert (everything.level, everything.changes) == (0, 0)  # nothing moved: nothing to tune
     assert not everything.tuning and Tuner(batch_max=1).tuning
 
 
