@@ -83,3 +83,17 @@ async def test_values_given_are_pinned(tmp_path: Path) -> None:
         assert b.committer.gap_s == LADDER[2].gap_cap_s  # the gap, not given, is tuned
     finally:
         b.committer.close()
+
+
+async def test_with_every_value_given_the_level_reported_stays_put(tmp_path: Path) -> None:
+    b = _broker(tmp_path, queued=2000, batch_max=10, max_auctions=1, commit_gap_s=0.005)
+    a = b.auctioneer
+    try:
+        a.reconcile(b.now())
+        assert _answer_rounds(a, 2 * WINDOW) == [10] * (2 * WINDOW)
+        stats = await b.api.stats(StatsRequest())
+        assert isinstance(stats, StatsReply)
+        assert (stats.tuned_level, stats.tuned_changes) == (0, 0)  # nothing was tuned
+        assert b.committer.gap_s == 0.005
+    finally:
+        b.committer.close()
