@@ -158,10 +158,11 @@ class Result:
 
     def ratios(self) -> str:
         """Rule 1's ratios in one line: what holds from hour to hour."""
-        return (f"placements/s / nats req-reply/s {self.ratio_to_nats_reqreply:g}, round p99 "
-                f"/ req-reply p99 {self.round_p99_in_reqreply_p99:g}, broker CPU a placement "
-                f"in agent replies {self.broker_cpu_in_agent_replies:g}, / naive git commits "
-                f"{self.ratio_to_git_cli:g}")
+        offered = (f", / offered {self.ratio_to_offered:g}" if self.offered_per_s else "")
+        return (f"placements/s / nats req-reply/s {self.ratio_to_nats_reqreply:g}{offered}, "
+                f"round p99 / req-reply p99 {self.round_p99_in_reqreply_p99:g}, broker CPU a "
+                f"placement in agent replies {self.broker_cpu_in_agent_replies:g}, / naive git "
+                f"commits {self.ratio_to_git_cli:g}")
 
 
 def _spawn(module: str, args: list[str], log: Path) -> subprocess.Popen[bytes]:

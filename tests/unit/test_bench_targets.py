@@ -106,6 +106,17 @@ def test_a_slow_hour_meets_by_its_ratios_what_it_misses_in_absolute_figures() ->
     assert (per_s, p99) == (fast[0].bound.limit, fast[1].bound.limit)
 
 
+def test_every_run_prints_its_ratios_and_an_open_loop_its_share_of_what_it_was_offered(
+        ) -> None:
+    closed = _result(ratio_to_nats_reqreply=0.13, round_p99_in_reqreply_p99=2.5,
+                     broker_cpu_in_agent_replies=2.9, ratio_to_git_cli=33.0)
+    assert closed.ratios() == (
+        "placements/s / nats req-reply/s 0.13, round p99 / req-reply p99 2.5, broker CPU a "
+        "placement in agent replies 2.9, / naive git commits 33")
+    opened = dataclasses.replace(closed, offered_per_s=1100.0, ratio_to_offered=0.95)
+    assert "nats req-reply/s 0.13, / offered 0.95, round p99" in opened.ratios()
+
+
 def test_a_ratio_whose_ceiling_was_not_measured_meets_nothing() -> None:
     found = _sampled(placements_per_s=5000.0, round_p99_ms=12.0)  # ceilings 0, ratios 0
     assert [c.met for c in found] == [False, False]
