@@ -26,8 +26,10 @@ Rules:
    leaves the cores to the rounds under load, and a light load's small, quick commits wait
    little. The cap bounds the feedback between gap and commit size (a longer gap makes a
    bigger commit, which takes longer), and the throughput end has none.
-5. A pass with no round in flight `IDLE_S` after the last round closed returns the tuner to
-   the latency end: the next burst after a quiet spell starts from the shortest rounds.
+5. A pass with no round in flight `IDLE_S` after the last round closed and the last commit
+   landed returns the tuner to the latency end: the next burst after a quiet spell starts
+   from the shortest rounds. A commit is not quiet: in a closed loop the next submissions
+   wait on the commits, which a busy machine makes longer than `IDLE_S`.
 6. A value given (`batch_max`, `max_auctions`, `commit_gap_s`) is pinned: the tuner never
    changes it, and tunes only the others; with all three given its level stays where it is.
 7. A level the tuner climbed from was found too small: the work never drained there. It
@@ -104,7 +106,8 @@ class Tuner:
         self.floor: int | None = None
         self._rounds: list[float] = []
         self._saturated = 0
-        self._last_close: float | None = None
+        #: The last close or commit (rule 5).
+        self._last_busy: float | None = None
 
     # -- what the shell reads ------------------------------------------------------------------
     @property
@@ -134,8 +137,9 @@ class Tuner:
             or self.pinned_gap_s is None
 
     # -- what the shell tells it ---------------------------------------------------------------
-    def committed(self, commit_s: float) -> None:
-        """A commit took `commit_s` to write (rule 4)."""
+    def committed(self, commit_s: float, now: float) -> None:
+        """A commit took `commit_s` to write and landed by `now` (rules 4, 5)."""
+        self._last_busy = now
         last = self.commit_s
         self.commit_s = commit_s if last is None else \
             last + _COMMIT_WEIGHT * (commit_s - last)
@@ -143,7 +147,7 @@ class Tuner:
     def closed(self, round_s: float, saturated: bool, now: float) -> bool:
         """A round closed after `round_s`, `saturated` or not (rule 1); whether the level
         changed (rules 2, 3, 7)."""
-        self._last_close = now
+        self._last_busy = now
         if not self.tuning:
             return False  # rule 6: nothing to tune
         self._rounds.append(round_s)
@@ -191,8 +195,8 @@ class Tuner:
 
     def passed(self, now: float, in_flight: int) -> bool:
         """A pass ran with `in_flight` rounds open; whether the level changed (rule 5)."""
-        if in_flight or self.level == 0 or self._last_close is None \
-                or now - self._last_close < IDLE_S:
+        if in_flight or self.level == 0 or self._last_busy is None \
+                or now - self._last_busy < IDLE_S:
             return False
         self._rounds, self._saturated = [], 0
         return self._step(-self.level)  # and forgets the floor (rule 7)

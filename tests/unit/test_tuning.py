@@ -112,6 +112,17 @@ def test_after_a_climb_only_a_clear_drain_returns_to_the_level_below() -> None:
     assert windows(t, 1, [True, False]) == [2]
 
 
+def test_a_commit_landing_is_not_quiet() -> None:
+    # A closed loop on a busy machine: the rounds closed, and the next submissions wait on a
+    # commit that takes longer than IDLE_S; the pass after it lands is not after a quiet spell.
+    t = Tuner()
+    windows(t, 3, [True])
+    last = WINDOW * 3 * 0.004
+    t.committed(1.5 * IDLE_S, last + 1.5 * IDLE_S)
+    assert not t.passed(last + 1.5 * IDLE_S, 0) and t.level == 3
+    assert t.passed(last + 3 * IDLE_S, 0) and t.level == 0  # nothing since: quiet
+
+
 def test_a_quiet_spell_forgets_the_floor() -> None:
     t = Tuner()
     windows(t, 2, [True])
@@ -121,10 +132,10 @@ def test_a_quiet_spell_forgets_the_floor() -> None:
 
 def test_commits_are_paced_by_their_cost_up_to_the_levels_cap() -> None:
     t = Tuner()
-    t.committed(0.004)
+    t.committed(0.004, 0.0)
     assert t.commit_gap_s == 0.004  # a quick commit waits little
     for _ in range(50):
-        t.committed(0.100)
+        t.committed(0.100, 0.0)
     assert t.commit_gap_s == LADDER[0].gap_cap_s  # a slow one at most the cap
     windows(t, TOP, [True])
     assert t.commit_gap_s == 0.0  # the throughput end has none
