@@ -26,10 +26,12 @@ Rules:
    leaves the cores to the rounds under load, and a light load's small, quick commits wait
    little. The cap bounds the feedback between gap and commit size (a longer gap makes a
    bigger commit, which takes longer), and the throughput end has none.
-5. A pass with no round in flight `IDLE_S` after the last round closed and the last commit
-   landed returns the tuner to the latency end: the next burst after a quiet spell starts
-   from the shortest rounds. A commit is not quiet: in a closed loop the next submissions
-   wait on the commits, which a busy machine makes longer than `IDLE_S`.
+5. A pass with no round in flight after a quiet spell - no round closed and no commit
+   landed for `IDLE_S`, or for `QUIET_ROUNDS` of the last window's median round if that is
+   longer - returns the tuner to the latency end: the next burst after a quiet spell starts
+   from the shortest rounds. A commit is not quiet, and a busy machine's spells are as long
+   as its rounds: in a closed loop the next submissions wait on the commits and on a machine
+   whose rounds take a second.
 6. A value given (`batch_max`, `max_auctions`, `commit_gap_s`) is pinned: the tuner never
    changes it, and tunes only the others; with all three given its level stays where it is.
 7. A level the tuner climbed from was found too small: the work never drained there. It
@@ -47,7 +49,8 @@ from typing import NamedTuple
 
 from gavel.shared.auctionworld import Action, Decided, Open
 
-__all__ = ["IDLE_S", "LADDER", "QUEUED", "RETURN", "WINDOW", "Setting", "Tuner", "saturated"]
+__all__ = ["IDLE_S", "LADDER", "QUEUED", "QUIET_ROUNDS", "RETURN", "WINDOW", "Setting", "Tuner",
+           "saturated"]
 
 
 class Setting(NamedTuple):
@@ -76,6 +79,8 @@ QUEUED = 4.0
 RETURN = 0.75
 #: Seconds without a round that return the tuner to the latency end (rule 5).
 IDLE_S = 1.0
+#: A quiet spell lasts at least this many of the last window's median round (rule 5).
+QUIET_ROUNDS = 10
 #: Weight of the newest commit time in the moving average (rule 4).
 _COMMIT_WEIGHT = 0.2
 
@@ -106,6 +111,8 @@ class Tuner:
         self.floor: int | None = None
         self._rounds: list[float] = []
         self._saturated = 0
+        #: The last window's median round (rule 5), once one was judged.
+        self.round_s: float | None = None
         #: The last close or commit (rule 5).
         self._last_busy: float | None = None
 
@@ -156,7 +163,7 @@ class Tuner:
             return False
         rounds, sat = sorted(self._rounds), self._saturated
         self._rounds, self._saturated = [], 0
-        median = rounds[len(rounds) // 2]
+        median = self.round_s = rounds[len(rounds) // 2]
         if self.level == 0:
             self.base_round_s = median
         drained = len(rounds) - sat
@@ -195,8 +202,9 @@ class Tuner:
 
     def passed(self, now: float, in_flight: int) -> bool:
         """A pass ran with `in_flight` rounds open; whether the level changed (rule 5)."""
+        quiet_s = max(IDLE_S, QUIET_ROUNDS * (self.round_s or 0.0))
         if in_flight or self.level == 0 or self._last_busy is None \
-                or now - self._last_busy < IDLE_S:
+                or now - self._last_busy < quiet_s:
             return False
         self._rounds, self._saturated = [], 0
         return self._step(-self.level)  # and forgets the floor (rule 7)

@@ -10,7 +10,15 @@ import msgspec
 from gavel.shared.auction import Auction
 from gavel.shared.auctionworld import Decided, Open
 from gavel.shared.messages import Request, Spec
-from gavel.shared.tuning import IDLE_S, LADDER, QUEUED, WINDOW, Tuner, saturated
+from gavel.shared.tuning import (
+    IDLE_S,
+    LADDER,
+    QUEUED,
+    QUIET_ROUNDS,
+    WINDOW,
+    Tuner,
+    saturated,
+)
 from gavel.sim.policies import plan, run_policy
 from gavel.sim.scenario import parse_scenario
 
@@ -121,6 +129,17 @@ def test_a_commit_landing_is_not_quiet() -> None:
     t.committed(1.5 * IDLE_S, last + 1.5 * IDLE_S)
     assert not t.passed(last + 1.5 * IDLE_S, 0) and t.level == 3
     assert t.passed(last + 3 * IDLE_S, 0) and t.level == 0  # nothing since: quiet
+
+
+def test_a_busy_machine_s_quiet_spell_is_as_long_as_its_rounds() -> None:
+    # Rounds of 300 ms (a loaded hour's closed loop): the wait for the next submissions is
+    # as slow, and a second without a close is not quiet yet.
+    t = Tuner()
+    windows(t, 3, [True], round_s=0.3)
+    last = WINDOW * 3 * 0.3
+    assert QUIET_ROUNDS * 0.3 > 2 * IDLE_S
+    assert not t.passed(last + 2 * IDLE_S, 0) and t.level == 3
+    assert t.passed(last + 1.1 * QUIET_ROUNDS * 0.3, 0) and t.level == 0
 
 
 def test_a_quiet_spell_forgets_the_floor() -> None:
