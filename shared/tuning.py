@@ -14,13 +14,14 @@ Rules:
    *drained* (`saturated`).
 2. Every `WINDOW` rounds closed at one level, the window is judged: if every one of its
    rounds was saturated the work never drained, so the level is too small for the load and
-   the tuner climbs one step; if the work drained at half of its closes or more, the step
-   below would have kept up and it steps down. Between the two it holds: the two tests
-   leave a band where a steady load stays put, so the tuner does not hunt.
-3. It backs off under queueing: at a level with more than one round in flight, a window
-   whose work drained at least once and whose median round took `QUEUED` times the latency
-   end's median or longer steps down - rounds that wait behind each other while the work
-   drains are depth that only lengthens them.
+   the tuner climbs one step; if the work drained at `RETURN` of its closes or more, the
+   step below would have kept up and it steps down. Between the two it holds.
+3. The band between is wide because in a closed loop neither a drain now and then nor long
+   rounds say the step below would keep up: the work drains between the submissions at up
+   to half the closes of a level the step below cannot carry, and the rounds are long
+   because the machine is busy. A step down at half the closes drained, or for rounds four
+   times the latency end's, stepped into the level just outgrown, which climbed again: the
+   tuner hunted below the throughput end.
 4. Commits are paced by what they cost: the gap before the next commit is the recent commit
    time (a moving average), at most the level's cap - a writer busy at most half the time
    leaves the cores to the rounds under load, and a light load's small, quick commits wait
@@ -34,12 +35,6 @@ Rules:
    whose rounds take a second.
 6. A value given (`batch_max`, `max_auctions`, `commit_gap_s`) is pinned: the tuner never
    changes it, and tunes only the others; with all three given its level stays where it is.
-7. A level the tuner climbed from was found too small: the work never drained there. It
-   steps back to that level (its *floor*) only when the work drained at `RETURN` of the
-   closes or more, never for queueing (rule 3); stepping to the floor or below, or a quiet
-   spell (rule 5), forgets it. A closed loop, whose rounds are long because the machine is
-   busy and whose work drains between submissions, would otherwise step down into the level
-   it just outgrew and climb again: hunting below the throughput end.
 """
 
 from __future__ import annotations
@@ -49,7 +44,7 @@ from typing import NamedTuple
 
 from gavel.shared.auctionworld import Action, Decided, Open
 
-__all__ = ["IDLE_S", "LADDER", "QUEUED", "QUIET_ROUNDS", "RETURN", "WINDOW", "Setting", "Tuner",
+__all__ = ["IDLE_S", "LADDER", "QUIET_ROUNDS", "RETURN", "WINDOW", "Setting", "Tuner",
            "saturated"]
 
 
@@ -73,9 +68,7 @@ LADDER: tuple[Setting, ...] = (
 )
 #: Rounds closed per judgement (rule 2).
 WINDOW = 16
-#: Rounds this many times the latency end's are queueing (rule 3).
-QUEUED = 4.0
-#: The share of a window's closes that drained before the tuner returns to its floor (rule 7).
+#: The share of a window's closes that drained for a step down (rules 2, 3).
 RETURN = 0.75
 #: Seconds without a round that return the tuner to the latency end (rule 5).
 IDLE_S = 1.0
@@ -105,10 +98,6 @@ class Tuner:
         #: How many times the level changed (a steady load should leave it alone).
         self.changes = 0
         self.commit_s: float | None = None
-        #: The latency end's median round (rule 3), once a window there was judged.
-        self.base_round_s: float | None = None
-        #: The level last climbed from, while it is remembered (rule 7).
-        self.floor: int | None = None
         self._rounds: list[float] = []
         self._saturated = 0
         #: The last window's median round (rule 5), once one was judged.
@@ -153,7 +142,7 @@ class Tuner:
 
     def closed(self, round_s: float, saturated: bool, now: float) -> bool:
         """A round closed after `round_s`, `saturated` or not (rule 1); whether the level
-        changed (rules 2, 3, 7)."""
+        changed (rules 2, 3)."""
         self._last_busy = now
         if not self.tuning:
             return False  # rule 6: nothing to tune
@@ -163,21 +152,11 @@ class Tuner:
             return False
         rounds, sat = sorted(self._rounds), self._saturated
         self._rounds, self._saturated = [], 0
-        median = self.round_s = rounds[len(rounds) // 2]
-        if self.level == 0:
-            self.base_round_s = median
-        drained = len(rounds) - sat
+        self.round_s = rounds[len(rounds) // 2]
         if sat == len(rounds):
-            if not self._step(+1):
-                return False
-            self.floor = self.level - 1  # rule 7: found too small
-            return True
-        onto_floor = self.floor is not None and self.level - 1 <= self.floor
-        if drained >= len(rounds) * (RETURN if onto_floor else 0.5):
+            return self._step(+1)
+        if len(rounds) - sat >= RETURN * len(rounds):
             return self._step(-1)
-        if self.max_auctions > 1 and self.base_round_s is not None \
-                and median >= QUEUED * self.base_round_s and not onto_floor:
-            return self._step(-1)  # rule 3: drained at least once, and the rounds queue
         return False
 
     def took(self, actions: Sequence[Action], open_rounds: int, now: float) -> bool:
@@ -207,7 +186,7 @@ class Tuner:
                 or now - self._last_busy < quiet_s:
             return False
         self._rounds, self._saturated = [], 0
-        return self._step(-self.level)  # and forgets the floor (rule 7)
+        return self._step(-self.level)
 
     def _step(self, by: int) -> bool:
         level = min(max(self.level + by, 0), len(self.ladder) - 1)
@@ -215,6 +194,4 @@ class Tuner:
             return False
         self.level = level
         self.changes += 1
-        if self.floor is not None and level <= self.floor:
-            self.floor = None  # rule 7
         return True
