@@ -132,6 +132,10 @@ class Result:
     #: same load a bid round's tail is.
     nats_reqreply_p99_ms: float = 0.0
     round_p99_in_reqreply_p99: float = 0.0
+    #: An open loop's offered placements a second (`Options.rate`; 0: a closed loop) and the
+    #: placements/s over it: whether the broker kept up with what it was offered.
+    offered_per_s: float = 0.0
+    ratio_to_offered: float = 0.0
     #: Where the broker's tuning ended (`shared.tuning`: 0 the latency end) and how often
     #: it moved (what it pins moved nothing).
     tuned_level: int = 0
@@ -154,10 +158,11 @@ class Result:
 
     def ratios(self) -> str:
         """Rule 1's ratios in one line: what holds from hour to hour."""
-        return (f"placements/s / nats req-reply/s {self.ratio_to_nats_reqreply:g}, round p99 "
-                f"/ req-reply p99 {self.round_p99_in_reqreply_p99:g}, broker CPU a placement "
-                f"in agent replies {self.broker_cpu_in_agent_replies:g}, / naive git commits "
-                f"{self.ratio_to_git_cli:g}")
+        offered = (f", / offered {self.ratio_to_offered:g}" if self.offered_per_s else "")
+        return (f"placements/s / nats req-reply/s {self.ratio_to_nats_reqreply:g}{offered}, "
+                f"round p99 / req-reply p99 {self.round_p99_in_reqreply_p99:g}, broker CPU a "
+                f"placement in agent replies {self.broker_cpu_in_agent_replies:g}, / naive git "
+                f"commits {self.ratio_to_git_cli:g}")
 
 
 def _spawn(module: str, args: list[str], log: Path) -> subprocess.Popen[bytes]:
@@ -419,6 +424,8 @@ async def _drive(nc: Any, opts: Options, root: Path, broker: subprocess.Popen[by
         ratio_to_nats_reqreply=round(rate / nats_rr, 3) if nats_rr else 0.0,
         ratio_to_git_cli=round(rate / git_cli, 1) if git_cli else 0.0, verified=True,
         nats_reqreply_p99_ms=round(rr_p99, 3), tuned_level=stats.tuned_level,
+        offered_per_s=opts.rate,
+        ratio_to_offered=round(rate / opts.rate, 3) if opts.rate else 0.0,
         tuned_changes=stats.tuned_changes,
         round_p99_in_reqreply_p99=round(stats.round_p99_ms / rr_p99, 2) if rr_p99 else 0.0,
         lifetime_s=opts.lifetime_s, running_at_end=churn.running if churn else 0,

@@ -27,9 +27,11 @@ What the shell adds to the core's rules, by their numbers:
    and gives them that long, rather than find its queued work "unschedulable: no nodes
    connected" in its first pass.
 12. Unless given, the batch size, the rounds in flight and the committer's gap are the
-    `shared.tuning.Tuner`'s: told of every round that closes, every commit's time and every
-    pass, it moves them between the latency end and the throughput end as the load asks.
-    A value given is pinned, also one set on `batch_max` or `max_auctions` later.
+    `shared.tuning.Tuner`'s: told of every round that closes (its time, whether work was
+    left waiting), every commit's time and every pass, it moves them between the latency
+    end and the throughput end as the load asks. A pass hears of the commits landed before
+    it asks whether things are quiet. A value given is pinned, also one set on `batch_max`
+    or `max_auctions` later.
 """
 
 from __future__ import annotations
@@ -158,7 +160,8 @@ class Auctioneer:
 
     # -- driving the core ------------------------------------------------------------------
     def reconcile(self, now: float) -> None:
-        if self.tuner.passed(now, len(self.core.auctions)):  # rule 12
+        self._heard_commits(now)  # rule 12: a commit that just landed is not quiet
+        if self.tuner.passed(now, len(self.core.auctions)):
             self._tuned()
         self.core.reconcile(now)
         self._act(now)
@@ -216,13 +219,16 @@ class Auctioneer:
     def _observe(self, actions: Sequence[Action], now: float) -> None:
         """Rule 12: the tuner hears of the commits written and the rounds closed since it
         last heard, and what it chose applies from the next pass."""
+        self._heard_commits(now)
+        if self.tuner.took(actions, len(self.core.auctions), now):
+            self._tuned()
+
+    def _heard_commits(self, now: float) -> None:
         tuner, committer = self.tuner, self.ctx.committer
         if committer.commits != self._commits_seen and committer.latencies:
             self._commits_seen = committer.commits
-            tuner.committed(committer.latencies[-1])
+            tuner.committed(committer.latencies[-1], now)
             committer.gap_s = tuner.commit_gap_s
-        if tuner.took(actions, len(self.core.auctions), now):
-            self._tuned()
 
     def _tuned(self) -> None:
         core, tuner = self.core, self.tuner

@@ -68,15 +68,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     t = p.add_argument_group("targets", "check the throughput targets, each with the settings "
                              "docs/performance.md reports for it (bench/targets.py)")
     t.add_argument("--targets", action="store_true",
-                   help="run each target's own bench and say met or missed (exit 3 if any "
-                   "bound is missed); the run flags above are its, not yours")
+                   help="run each target's own bench and say met or missed, judged by "
+                   "ratios to ceilings measured in the same run, the absolute figures beside "
+                   "them (exit 3 if any bound is missed); the run flags above are its, not "
+                   "yours")
     t.add_argument("--tuning", action="store_true",
                    help="the defaults against the latency-tuned settings open loop at 20, 50 "
                    "and 80%% of capacity (round p99) and the throughput-tuned closed loop "
                    "(placements/s), side by side; prints the ratios (exit 3 if one misses "
                    "its target); takes --agents, --placements, --mode, --repeat (pairs)")
     t.add_argument("--only", action="append", default=[], metavar="NAME",
-                   help="only this target (repeatable): sampled, broadcast, 10k, idle")
+                   help="only this target (repeatable): sampled, broadcast, 10k, idle, tuning")
     t.add_argument("--repeat", type=positive_int, default=1,
                    help="runs of each target (default 1)")
     t.add_argument("--scale", type=positive_float, default=1.0,
@@ -239,6 +241,13 @@ def _run_targets(args: argparse.Namespace) -> int:
     for target in targets:
         if not args.json:
             print(f"{target.name}: {target.text}", flush=True)
+        if target.compared:  # `bench.targets` rule 6
+            try:
+                report.append(_compared(args, target, run))
+            except (VerifyError, RunFailed) as exc:
+                print(f"gavel bench: target {target.name}: {exc}", file=sys.stderr)
+                return 1
+            continue
         for k in range(1, args.repeat + 1):
             try:
                 result = asyncio.run(run(target.options(args.scale)))
@@ -261,3 +270,16 @@ def _run_targets(args: argparse.Namespace) -> int:
         print(f"{met} of {len(report)} runs met every bound"
               + (" (scaled: not a verdict on the targets)" if scaled else ""))
     return 3 if met < len(report) and not scaled else 0
+
+
+def _compared(args: argparse.Namespace, target: Any, run: Any) -> dict[str, object]:
+    """A comparison target: `bench.tuning.compare` on its settings, `--repeat` pairs."""
+    from gavel.bench.tuning import compare
+
+    done = compare(target.options(args.scale), lambda opts: asyncio.run(run(opts)),
+                   args.repeat)
+    if not args.json:
+        print(f"  capacity (latency-tuned, closed loop): {done.capacity:,.1f}/s")
+        for c in done.comparisons:
+            print("  " + c.line(), flush=True)
+    return {"target": target.name, "run": 1, "met": done.met, "comparison": done.as_dict()}

@@ -14,22 +14,27 @@ Rules:
    *drained* (`saturated`).
 2. Every `WINDOW` rounds closed at one level, the window is judged: if every one of its
    rounds was saturated the work never drained, so the level is too small for the load and
-   the tuner climbs one step; if the work drained at half of its closes or more, the step
-   below would have kept up and it steps down. Between the two it holds: the two tests
-   leave a band where a steady load stays put, so the tuner does not hunt.
-3. It backs off under queueing: at a level with more than one round in flight, a window
-   whose work drained at least once and whose median round took `QUEUED` times the latency
-   end's median or longer steps down - rounds that wait behind each other while the work
-   drains are depth that only lengthens them.
+   the tuner climbs one step; if the work drained at `RETURN` of its closes or more, the
+   step below would have kept up and it steps down. Between the two it holds.
+3. The band between is wide because in a closed loop neither a drain now and then nor long
+   rounds say the step below would keep up: the work drains between the submissions at up
+   to half the closes of a level the step below cannot carry, and the rounds are long
+   because the machine is busy. A step down at half the closes drained, or for rounds four
+   times the latency end's, stepped into the level just outgrown, which climbed again: the
+   tuner hunted below the throughput end.
 4. Commits are paced by what they cost: the gap before the next commit is the recent commit
    time (a moving average), at most the level's cap - a writer busy at most half the time
    leaves the cores to the rounds under load, and a light load's small, quick commits wait
    little. The cap bounds the feedback between gap and commit size (a longer gap makes a
    bigger commit, which takes longer), and the throughput end has none.
-5. A pass with no round in flight `IDLE_S` after the last round closed returns the tuner to
-   the latency end: the next burst after a quiet spell starts from the shortest rounds.
+5. A pass with no round in flight after a quiet spell - no round closed and no commit
+   landed for `IDLE_S`, or for `QUIET_ROUNDS` of the last window's median round if that is
+   longer - returns the tuner to the latency end: the next burst after a quiet spell starts
+   from the shortest rounds. A commit is not quiet, and a busy machine's spells are as long
+   as its rounds: in a closed loop the next submissions wait on the commits and on a machine
+   whose rounds take a second.
 6. A value given (`batch_max`, `max_auctions`, `commit_gap_s`) is pinned: the tuner never
-   changes it, and tunes only the others.
+   changes it, and tunes only the others; with all three given its level stays where it is.
 """
 
 from __future__ import annotations
@@ -39,7 +44,8 @@ from typing import NamedTuple
 
 from gavel.shared.auctionworld import Action, Decided, Open
 
-__all__ = ["IDLE_S", "LADDER", "QUEUED", "WINDOW", "Setting", "Tuner", "saturated"]
+__all__ = ["IDLE_S", "LADDER", "QUIET_ROUNDS", "RETURN", "WINDOW", "Setting", "Tuner",
+           "saturated"]
 
 
 class Setting(NamedTuple):
@@ -62,10 +68,12 @@ LADDER: tuple[Setting, ...] = (
 )
 #: Rounds closed per judgement (rule 2).
 WINDOW = 16
-#: Rounds this many times the latency end's are queueing (rule 3).
-QUEUED = 4.0
+#: The share of a window's closes that drained for a step down (rules 2, 3).
+RETURN = 0.75
 #: Seconds without a round that return the tuner to the latency end (rule 5).
 IDLE_S = 1.0
+#: A quiet spell lasts at least this many of the last window's median round (rule 5).
+QUIET_ROUNDS = 10
 #: Weight of the newest commit time in the moving average (rule 4).
 _COMMIT_WEIGHT = 0.2
 
@@ -90,11 +98,12 @@ class Tuner:
         #: How many times the level changed (a steady load should leave it alone).
         self.changes = 0
         self.commit_s: float | None = None
-        #: The latency end's median round (rule 3), once a window there was judged.
-        self.base_round_s: float | None = None
         self._rounds: list[float] = []
         self._saturated = 0
-        self._last_close: float | None = None
+        #: The last window's median round (rule 5), once one was judged.
+        self.round_s: float | None = None
+        #: The last close or commit (rule 5).
+        self._last_busy: float | None = None
 
     # -- what the shell reads ------------------------------------------------------------------
     @property
@@ -124,8 +133,9 @@ class Tuner:
             or self.pinned_gap_s is None
 
     # -- what the shell tells it ---------------------------------------------------------------
-    def committed(self, commit_s: float) -> None:
-        """A commit took `commit_s` to write (rule 4)."""
+    def committed(self, commit_s: float, now: float) -> None:
+        """A commit took `commit_s` to write and landed by `now` (rules 4, 5)."""
+        self._last_busy = now
         last = self.commit_s
         self.commit_s = commit_s if last is None else \
             last + _COMMIT_WEIGHT * (commit_s - last)
@@ -133,24 +143,20 @@ class Tuner:
     def closed(self, round_s: float, saturated: bool, now: float) -> bool:
         """A round closed after `round_s`, `saturated` or not (rule 1); whether the level
         changed (rules 2, 3)."""
-        self._last_close = now
+        self._last_busy = now
+        if not self.tuning:
+            return False  # rule 6: nothing to tune
         self._rounds.append(round_s)
         self._saturated += saturated
         if len(self._rounds) < self.window:
             return False
         rounds, sat = sorted(self._rounds), self._saturated
         self._rounds, self._saturated = [], 0
-        median = rounds[len(rounds) // 2]
-        if self.level == 0:
-            self.base_round_s = median
-        drained = len(rounds) - sat
+        self.round_s = rounds[len(rounds) // 2]
         if sat == len(rounds):
             return self._step(+1)
-        if 2 * drained >= len(rounds):
+        if len(rounds) - sat >= RETURN * len(rounds):
             return self._step(-1)
-        if self.max_auctions > 1 and self.base_round_s is not None \
-                and median >= QUEUED * self.base_round_s:
-            return self._step(-1)  # rule 3: drained at least once, and the rounds queue
         return False
 
     def took(self, actions: Sequence[Action], open_rounds: int, now: float) -> bool:
@@ -175,8 +181,9 @@ class Tuner:
 
     def passed(self, now: float, in_flight: int) -> bool:
         """A pass ran with `in_flight` rounds open; whether the level changed (rule 5)."""
-        if in_flight or self.level == 0 or self._last_close is None \
-                or now - self._last_close < IDLE_S:
+        quiet_s = max(IDLE_S, QUIET_ROUNDS * (self.round_s or 0.0))
+        if in_flight or self.level == 0 or self._last_busy is None \
+                or now - self._last_busy < quiet_s:
             return False
         self._rounds, self._saturated = [], 0
         return self._step(-self.level)

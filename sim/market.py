@@ -249,7 +249,7 @@ class Market:
                 self._commit(d, now)
         gap = 0.0
         if self.tuner is not None:  # rule 8
-            self.tuner.committed(self.lag)
+            self.tuner.committed(self.lag, now)
             gap = self.tuner.commit_gap_s
         self.commit_free = now + gap
         if self.next_commit:

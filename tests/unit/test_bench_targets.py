@@ -1,5 +1,6 @@
-"""`gavel bench --targets` in memory: the targets as the throughput issue states them, the
-verdict arithmetic, scaling, and the flags that cannot go together. (A real scaled run of a
+"""`gavel bench --targets` in memory: the targets as the throughput issue states them, judged
+by same-run ratios with the absolute bounds beside them, the verdict arithmetic, scaling,
+and the flags that cannot go together. (A real scaled run of a
 target: tests/integration/test_bench_run.py.)"""
 
 from __future__ import annotations
@@ -27,13 +28,26 @@ def _result(**figures: Any) -> Result:
 
 
 def test_the_issue_s_targets_with_its_numbers() -> None:
-    bounds = {t.name: {(b.key, b.limit, b.most) for b in t.bounds} for t in tg.TARGETS}
+    # Judged by ratios (rule 4), each standing for the issue's absolute bound, printed beside
+    # it; memory and the idle worker are judged as they are.
+    bounds = {t.name: {(b.key, b.most, b.absolute and (b.absolute.key, b.absolute.limit))
+                       for b in t.bounds} for t in tg.TARGETS}
     assert bounds == {
-        "sampled": {("placements_per_s", 5000, False), ("round_p99_ms", 20, True)},
-        "broadcast": {("placements_per_s", 1000, False), ("round_p99_ms", 50, True)},
-        "10k": {("placements_per_s", 2000, False), ("broker_rss_mb", 300, True)},
-        "idle": {("idle_worker_cpu_pct", 1, True), ("idle_worker_rss_mb", 40, True)},
+        "sampled": {("ratio_to_nats_reqreply", False, ("placements_per_s", 5000)),
+                    ("round_p99_in_reqreply_p99", True, ("round_p99_ms", 20))},
+        "broadcast": {("ratio_to_offered", False, ("placements_per_s", 1000)),
+                      ("round_p99_in_reqreply_p99", True, ("round_p99_ms", 50))},
+        "10k": {("ratio_to_nats_reqreply", False, ("placements_per_s", 2000)),
+                ("broker_rss_mb", True, None)},
+        "idle": {("idle_worker_cpu_pct", True, None), ("idle_worker_rss_mb", True, None)},
+        "tuning": set(),  # rule 6: judged by `bench.tuning`'s comparison
     }
+    for t in tg.TARGETS:
+        for b in t.bounds:
+            if b.absolute is not None:
+                assert b.absolute.most == b.most and b.key in tg.RATIOS
+    (broadcast,) = tg.by_name(["broadcast"])
+    assert broadcast.bounds[0].limit == round(1000 / broadcast.settings["rate"], 3)
     by = {t.name: t.options() for t in tg.TARGETS}
     assert (by["sampled"].agents, by["sampled"].mode) == (1000, "sampled")
     assert (by["broadcast"].agents, by["broadcast"].mode) == (1000, "broadcast")
@@ -59,20 +73,86 @@ def test_a_bound_on_a_figure_no_run_reports_is_refused() -> None:
         tg.at_most("round_p98_ms", 20)
 
 
+def test_a_bound_on_a_ratio_stands_for_the_figure_that_ratio_divides() -> None:
+    with pytest.raises(ValueError, match="'ratio_to_nats_reqreply' is not a ratio of "
+                                         "'round_p99_ms'"):
+        tg.at_least("ratio_to_nats_reqreply", 0.1, tg.at_most("round_p99_ms", 20))
+    with pytest.raises(ValueError, match="'placements_per_s' is not a ratio of"):
+        tg.at_least("placements_per_s", 1, tg.at_least("placements_per_s", 1))
+
+
+def _sampled(**figures: Any) -> list[tg.Check]:
+    (sampled,) = tg.by_name(["sampled"])
+    return tg.checks(sampled, _result(**figures))
+
+
+def test_a_slow_hour_meets_by_its_ratios_what_it_misses_in_absolute_figures() -> None:
+    (per_s, p99) = (b.limit for b in tg.by_name(["sampled"])[0].bounds)
+    # a machine at a third of its speed: a third of the placements and of the ceiling,
+    # three times the round p99 and the probe's
+    slow = _sampled(placements_per_s=1700.0, nats_reqreply_per_s=13_000.0,
+                    ratio_to_nats_reqreply=0.131, round_p99_ms=40.0,
+                    nats_reqreply_p99_ms=20.0, round_p99_in_reqreply_p99=2.0)
+    assert [c.met for c in slow] == [True, True]
+    assert [c.absolute_met for c in slow] == [False, False]  # information only
+    assert [c.figure for c in slow] == [1700.0, 40.0]
+    assert [c.in_ceiling for c in slow] == [round(5000 / 13_000, 3), 1.0]
+    # and a fast hour's absolute figures do not hide a ratio that fell
+    fast = _sampled(placements_per_s=5100.0, nats_reqreply_per_s=60_000.0,
+                    ratio_to_nats_reqreply=0.085, round_p99_ms=12.0,
+                    nats_reqreply_p99_ms=4.0, round_p99_in_reqreply_p99=3.0)
+    assert [c.met for c in fast] == [False, False]
+    assert [c.absolute_met for c in fast] == [True, True]
+    assert (per_s, p99) == (fast[0].bound.limit, fast[1].bound.limit)
+
+
+def test_every_run_prints_its_ratios_and_an_open_loop_its_share_of_what_it_was_offered(
+        ) -> None:
+    closed = _result(ratio_to_nats_reqreply=0.13, round_p99_in_reqreply_p99=2.5,
+                     broker_cpu_in_agent_replies=2.9, ratio_to_git_cli=33.0)
+    assert closed.ratios() == (
+        "placements/s / nats req-reply/s 0.13, round p99 / req-reply p99 2.5, broker CPU a "
+        "placement in agent replies 2.9, / naive git commits 33")
+    opened = dataclasses.replace(closed, offered_per_s=1100.0, ratio_to_offered=0.95)
+    assert "nats req-reply/s 0.13, / offered 0.95, round p99" in opened.ratios()
+
+
+def test_a_ratio_whose_ceiling_was_not_measured_meets_nothing() -> None:
+    found = _sampled(placements_per_s=5000.0, round_p99_ms=12.0)  # ceilings 0, ratios 0
+    assert [c.met for c in found] == [False, False]
+    assert found[1].in_ceiling is None
+    line = tg.report_line(tg.by_name(["sampled"])[0], 1, 1, found)
+    assert "round_p99_ms 12.00 <= 20: met, no ceiling measured" in line
+
+
 def test_checks_read_the_run_s_figures() -> None:
     (sampled,) = tg.by_name(["sampled"])
-    found = tg.checks(sampled, _result(placements_per_s=5123.4, round_p99_ms=20.5))
+    found = _sampled(placements_per_s=5123.4, nats_reqreply_per_s=40_000.0,
+                     ratio_to_nats_reqreply=0.128, round_p99_ms=20.5,
+                     nats_reqreply_p99_ms=5.0, round_p99_in_reqreply_p99=4.1)
     assert [(c.bound.key, c.value, c.met) for c in found] == [
-        ("placements_per_s", 5123.4, True), ("round_p99_ms", 20.5, False)]
-    assert found[1].as_dict() == {"key": "round_p99_ms", "limit": 20, "at_most": True,
-                                  "value": 20.5, "met": False}
+        ("ratio_to_nats_reqreply", 0.128, True), ("round_p99_in_reqreply_p99", 4.1, False)]
+    assert found[1].as_dict() == {
+        "key": "round_p99_in_reqreply_p99", "limit": sampled.bounds[1].limit,
+        "at_most": True, "value": 4.1, "met": False,
+        "absolute": {"key": "round_p99_ms", "limit": 20, "value": 20.5, "met": False,
+                     "limit_in_ceiling": 4.0}}
     line = tg.report_line(sampled, 2, 3, found)
-    assert line.startswith("sampled    run 2/3  placements_per_s 5,123.40 >= 5,000 met")
-    assert line.endswith("round_p99_ms 20.50 <= 20 MISSED")
+    assert line.startswith(
+        f"sampled    run 2/3  ratio_to_nats_reqreply 0.128 >= {sampled.bounds[0].limit:g} met "
+        "(placements_per_s 5,123.40 >= 5,000: met, its bound 0.125 in this run's ceiling)")
+    assert line.endswith(
+        f"round_p99_in_reqreply_p99 4.1 <= {sampled.bounds[1].limit:g} MISSED (round_p99_ms "
+        "20.50 <= 20: missed, its bound 4 in this run's ceiling)")
+    (idle,) = tg.by_name(["idle"])
+    found = tg.checks(idle, _result(idle_worker_cpu_pct=0.2, idle_worker_rss_mb=41.0))
+    assert tg.report_line(idle, 1, 1, found).endswith(
+        "idle_worker_cpu_pct 0.20 <= 1 met  ·  idle_worker_rss_mb 41.00 <= 40 MISSED")
 
 
 def test_targets_by_name_keep_their_order_and_refuse_strangers() -> None:
-    assert [t.name for t in tg.by_name([])] == ["sampled", "broadcast", "10k", "idle"]
+    assert [t.name for t in tg.by_name([])] == ["sampled", "broadcast", "10k", "idle",
+                                                 "tuning"]
     assert [t.name for t in tg.by_name(["idle", "sampled"])] == ["sampled", "idle"]
     with pytest.raises(ValueError, match="no target named 'fast' \\(the targets: sampled, "):
         tg.by_name(["sampled", "fast"])
@@ -114,16 +194,43 @@ def test_a_missed_bound_sets_the_exit_status_unless_the_run_was_scaled(
 
     async def fake_run(opts: Options) -> Result:
         ran.append(opts)
-        return _result(placements_per_s=4900.0, round_p99_ms=12.0)
+        return _result(placements_per_s=6000.0, nats_reqreply_per_s=60_000.0,
+                       ratio_to_nats_reqreply=0.1, round_p99_ms=12.0,
+                       nats_reqreply_p99_ms=6.0, round_p99_in_reqreply_p99=2.0)
 
     monkeypatch.setattr("gavel.bench.run.run", fake_run)
     assert main(["bench", "--targets", "--only", "sampled", "--repeat", "2"]) == 3
     out = capsys.readouterr().out
-    assert out.count("placements_per_s 4,900.00 >= 5,000 MISSED") == 2
+    # judged by the ratio, the absolute figure that met its bound beside it
+    assert out.count("ratio_to_nats_reqreply 0.1 >= 0.12 MISSED (placements_per_s 6,000.00 "
+                     ">= 5,000: met") == 2
     assert out.rstrip().endswith("0 of 2 runs met every bound")
     assert [o.agents for o in ran] == [1000, 1000]
     assert main(["bench", "--targets", "--only", "sampled", "--scale", "0.1"]) == 0
     assert "(scaled: not a verdict on the targets)" in capsys.readouterr().out
+    assert ran[-1].agents == 100
+
+
+def test_the_tuning_target_is_the_comparison_judged_by_its_ratios(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """Rule 6: the defaults (nothing pinned) against the hand-tuned settings, `--repeat`
+    pairs; the verdict is the comparison's (the runs' figures stand in for bench runs)."""
+    ran: list[Options] = []
+
+    async def fake_run(opts: Options) -> Result:
+        ran.append(opts)
+        per_s = 850.0 if opts.batch_max is None else 1000.0  # the defaults place less
+        return _result(placements_per_s=per_s, round_p99_ms=10.0)
+
+    monkeypatch.setattr("gavel.bench.run.run", fake_run)
+    assert main(["bench", "--targets", "--only", "tuning", "--repeat", "2"]) == 3
+    out = capsys.readouterr().out
+    assert "closed loop" in out and "ratio 0.85 >= 0.9 MISSED" in out
+    assert out.count("ratio 1 <= 1.5 met") == 3  # the open loops
+    assert out.rstrip().endswith("0 of 1 runs met every bound")
+    assert len(ran) == 2 + 3 * 2 * 2 + 2 * 2  # capacity, three open loops, the closed loop
+    assert {(o.agents, o.mode) for o in ran} == {(1000, "sampled")}
+    assert main(["bench", "--targets", "--only", "tuning", "--scale", "0.1", "--json"]) == 0
     assert ran[-1].agents == 100
 
 

@@ -4,6 +4,8 @@ up the ladder as they close; a value given stays where it was put."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from pathlib import Path
 
 import msgspec
@@ -16,7 +18,7 @@ from gavel.shared.api import StatsReply, StatsRequest
 from gavel.shared.messages import Bid, BidReply, Capacity, Heartbeat, Spec
 from gavel.shared.records import InstanceRecord
 from gavel.shared.timing import Timing
-from gavel.shared.tuning import LADDER, WINDOW
+from gavel.shared.tuning import IDLE_S, LADDER, WINDOW
 from tests.unit.fuzzkit import Msg
 
 SPEC = Spec(name="web", command=["true"], cpu=0.001, memory_mb=1)
@@ -82,4 +84,48 @@ async def test_values_given_are_pinned(tmp_path: Path) -> None:
         assert a.max_auctions == 1 and a.tuner.level == 2  # the level moved; nothing it pins
         assert b.committer.gap_s == LADDER[2].gap_cap_s  # the gap, not given, is tuned
     finally:
+        b.committer.close()
+
+
+async def test_with_every_value_given_the_level_reported_stays_put(tmp_path: Path) -> None:
+    b = _broker(tmp_path, queued=2000, batch_max=10, max_auctions=1, commit_gap_s=0.005)
+    a = b.auctioneer
+    try:
+        a.reconcile(b.now())
+        assert _answer_rounds(a, 2 * WINDOW) == [10] * (2 * WINDOW)
+        stats = await b.api.stats(StatsRequest())
+        assert isinstance(stats, StatsReply)
+        assert (stats.tuned_level, stats.tuned_changes) == (0, 0)  # nothing was tuned
+        assert b.committer.gap_s == 0.005
+    finally:
+        b.committer.close()
+
+
+async def test_a_commit_that_just_landed_is_not_a_quiet_spell(tmp_path: Path) -> None:
+    # The awards of the rounds that climbed are committed by the real committer; a pass
+    # IDLE_S after the last close, but just as that commit lands, keeps the level (a closed
+    # loop's next submissions wait on such commits).
+    b = _broker(tmp_path, queued=2000)
+    a = b.auctioneer
+    try:
+        a.reconcile(b.now())
+        _answer_rounds(a, WINDOW)
+        assert a.tuner.level == 1
+        seen = b.committer.commits
+        committing = asyncio.create_task(b.committer.run())
+        for _ in range(500):  # the committer lands the awards
+            if b.committer.commits != seen:
+                break
+            await asyncio.sleep(0.01)
+        assert b.committer.commits != seen
+        a.auctions.clear()  # nothing in flight: only the commit says the work goes on
+        a.reconcile(b.now() + 2 * IDLE_S)
+        assert a.tuner.level == 1
+        a.auctions.clear()  # (the pass opened the next round)
+        a.reconcile(b.now() + 4 * IDLE_S)
+        assert a.tuner.level == 0  # nothing since: quiet
+    finally:
+        committing.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await committing
         b.committer.close()
