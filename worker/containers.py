@@ -26,9 +26,11 @@ Rules:
 6. Stop: SIGTERM, then SIGKILL after the grace, as for a process. Each run is a new container
    (a restart in place removes the old one first, as a fresh process starts from its
    image); an instance's containers go when it ends.
-7. Re-adoption: a container is found again by the id in the instance's local record, and
-   trusted only if its labels name this worker, the instance and the attempt, and it still
-   runs. At start, `sweep` removes this worker's containers that no held instance owns.
+7. Re-adoption: a container is found again by the id in the instance's local record (or,
+   when a worker was killed after the container started and before it recorded the id, by
+   its labels: the one running container of that attempt), and trusted only if its labels
+   name this worker, the instance and the attempt, and it still runs. At start, `sweep`
+   removes this worker's containers that no held instance owns.
 """
 
 from __future__ import annotations
@@ -250,28 +252,38 @@ class ContainerDriver:
 
     def adopt(self, held: Held) -> ContainerRun | None:
         local = held.local
-        if not local.container or local.restart_at:
+        if local.restart_at:
             return None
         api = self.engine.client.api
         try:
-            info = api.inspect_container(local.container)
+            cid = local.container or self._unrecorded(held)
+            info = api.inspect_container(cid) if cid else None
         except Exception:
+            return None
+        if info is None:
             return None
         labels, state = info["Config"].get("Labels") or {}, info["State"]
         if (labels.get(HOME) != self.engine.home or labels.get(INSTANCE) != held.id
                 or labels.get(ATTEMPT) != str(held.attempt) or not state.get("Running")):
             return None
-        run = ContainerRun(self.engine, local.container, started=_time(state["StartedAt"]),
+        run = ContainerRun(self.engine, cid, started=_time(state["StartedAt"]),
                            adopted=True, loop=asyncio.get_running_loop())
         run.pid = int(state.get("Pid") or 0)
         try:
-            stream = api.attach(local.container, stdout=True, stderr=True, stream=True,
+            stream = api.attach(cid, stdout=True, stderr=True, stream=True,
                                 logs=False, demux=True)
         except Exception:
             return None
         run.secrets = self.secrets_root / held.id
         run.follow(stream, self.instance_dir(held.id))
         return run
+
+    def _unrecorded(self, held: Held) -> str:
+        """The running container of `held`'s attempt found by its labels, for a record
+        without its id (rule 7); "" unless there is exactly one."""
+        labels = [*self.engine.filters(held.id)["label"], f"{ATTEMPT}={held.attempt}"]
+        found = self.engine.client.api.containers(filters={"label": labels})
+        return str(found[0]["Id"]) if len(found) == 1 else ""
 
     async def sweep(self, owned: Mapping[str, int]) -> int:
         """Remove this worker's containers that no held instance owns (`owned`: instance ->

@@ -55,7 +55,7 @@ from gavel.shared.spec import Spec
 from gavel.shared.timing import Timing
 from gavel.worker.cgroups import Hierarchy, release
 from gavel.worker.driver import instance_env
-from gavel.worker.drivers import Driver, ProcessDriver, Target
+from gavel.worker.drivers import Driver, ProcessDriver, Run, Target
 from gavel.worker.instance import Begin, Held, Life, Report, Secrets
 from gavel.worker.isolation import Identity, Isolation, off, processes, zombie
 from gavel.worker.localstate import FINISHED_KEPT, AgentFile, LocalInstance, load, save
@@ -225,8 +225,10 @@ class Supervisor:
             begin = Begin.BACKOFF
         else:
             held.proc = run
-            if held.proc is not None:
+            if run is not None:
                 begin = Begin.WATCH
+                if local.state != InstanceState.RUNNING:  # killed before it recorded the run
+                    await self._ran(held, run)
             elif local.pid and local.placement.spec.service:
                 begin = Begin.ENDED  # a service's end restarts it, seen late or not
             elif local.pid:
@@ -241,6 +243,15 @@ class Supervisor:
         self._held[held.id] = held
         held.task = asyncio.get_running_loop().create_task(Life(self, held).run(begin))
         self.arm_timeout(held)
+
+    async def _ran(self, held: Held, run: Run) -> None:
+        """Record a first run found running that its worker did not record, and report it
+        (as `worker.instance.Life` does once a run starts): its timeout counts from its start."""
+        local = held.local
+        run.record(local)
+        local.started_at, local.state = local.create_time or time.time(), InstanceState.RUNNING
+        await self.emit(held, EventType.RUNNING, "", run.describe(), None,
+                        ports=dict(local.placement.ports), taken=[])
 
     # -- awards and cancels -----------------------------------------------------------------
 
