@@ -45,7 +45,7 @@ import os
 import signal
 import socket
 import ssl
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -59,6 +59,7 @@ from gavel.cli.ui import access
 from gavel.cli.ui.http import Policy, Request, Response, Server, Sse, Stream
 from gavel.client import BrokerRefused, Client, ClientError, NoAnswer, NoBroker, NotAllowed
 from gavel.shared import subjects
+from gavel.shared.api import InstanceStatus
 from gavel.shared.errors import BadInput
 from gavel.shared.execstream import CHUNK_MAX, ExecOutput, ExecRequest
 from gavel.shared.logstream import LogsDone, LogsRequest
@@ -178,16 +179,9 @@ class Handler:
         if isinstance(request, ExecRequest):
             return await self._exec_stream(client, request)
         if isinstance(request, LogsRequest):
-            node = request.node_id
-            if not node:
-                try:
-                    inst = await client.instance(request.instance_id)
-                except ClientError as exc:
-                    return _error(_status(exc), str(exc))
-                if not inst.node_id:
-                    return _error(409, f"{inst.instance_id} has not run on a node yet "
-                                  f"({inst.state}): it has no output")
-                node = inst.node_id
+            node = await _node_of(client, request.instance_id, request.node_id, _ran)
+            if isinstance(node, Response):
+                return node
             return Stream(lambda sse: self._logs(sse, client, msgspec.structs.replace(
                 request, node_id=node)))
         if last_id:  # rule 4: resumed from the history, nothing kept sent again
@@ -233,16 +227,9 @@ class Handler:
     async def _exec_stream(self, client: Client, request: ExecRequest) -> Response | Stream:
         """Rule 5: the instance's node found first (a refusal is an answer of its own), then
         the session, streamed."""
-        node = request.node_id
-        if not node:
-            try:
-                inst = await client.instance(request.instance_id)
-            except ClientError as exc:
-                return _error(_status(exc), str(exc))
-            if not inst.node_id or inst.state != "running":
-                return _error(409, f"{inst.instance_id} is not running ({inst.state}): "
-                              "nothing to exec into")
-            node = inst.node_id
+        node = await _node_of(client, request.instance_id, request.node_id, _running)
+        if isinstance(node, Response):
+            return node
 
         async def stdin() -> AsyncIterator[bytes]:
             for at in range(0, len(request.stdin), CHUNK_MAX):
@@ -424,3 +411,27 @@ async def run(args: argparse.Namespace) -> int:
     finally:
         with contextlib.suppress(Exception):
             await api.close()
+
+
+async def _node_of(client: Client, instance_id: str, given: str,
+                   unfit: Callable[[InstanceStatus], str]) -> str | Response:
+    """The node a stream is asked of: `given`, else the instance's own - a 409 with
+    `unfit`'s sentence where it has none to ask (a refusal is an answer of its own)."""
+    if given:
+        return given
+    try:
+        inst = await client.instance(instance_id)
+    except ClientError as exc:
+        return _error(_status(exc), str(exc))
+    why = unfit(inst)
+    return _error(409, why) if why else inst.node_id
+
+
+def _ran(inst: InstanceStatus) -> str:
+    return "" if inst.node_id else (f"{inst.instance_id} has not run on a node yet "
+                                    f"({inst.state}): it has no output")
+
+
+def _running(inst: InstanceStatus) -> str:
+    return "" if inst.node_id and inst.state == "running" else (
+        f"{inst.instance_id} is not running ({inst.state}): nothing to exec into")

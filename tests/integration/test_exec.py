@@ -18,7 +18,7 @@ import subprocess
 import sys
 import tempfile
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -219,17 +219,6 @@ async def test_a_terminal_is_the_command_s_controlling_terminal(world: Cluster) 
     assert ended.exit_code == 5, text
     assert "/dev/pts/" in text and "33 77" in text and "typed-42" in text
     assert {o.stream for o in out} == {"stdout"}  # one stream with a terminal
-
-
-@pytest.fixture
-def docker() -> Iterator[Any]:
-    from tests.integration.dockerkit import engine_client
-
-    client = engine_client()
-    try:
-        yield client
-    finally:
-        client.close()
 
 
 async def test_a_command_runs_inside_a_container_instance(world: Cluster, docker: Any) -> None:
