@@ -40,6 +40,12 @@ Rules:
    KV mirror), wait until a push covering it was accepted. Commits go on being
    written meanwhile, and one push carries all of them (`broker.ledger.remote` rule 6);
    without `durable` nothing waits.
+11. A writer process that died (killed, OOM-killed, or dead while importing) is replaced by
+   a fresh one, logged in one fixed sentence. A write it left unsettled is settled by rule
+   8; one that did not land is written once more at once by the fresh writer, after the
+   lock a writer killed between locking the ref and moving it left (`broker.ledger.
+   stalelock`) is cleared - no item hears of the death. A fresh writer that dies too makes
+   the batch unwritable (rule 4), and the next try starts another.
 """
 
 from __future__ import annotations
@@ -209,6 +215,7 @@ class Committer:
     async def _commit(self, items: list[Item]) -> bool:
         """Plan, write and adopt one group commit; whether the writer wrote one."""
         loop = asyncio.get_running_loop()
+        rewritten = False
         for _ in range(self.max_conflicts):
             state = self.ledger.state()
             view = View(state)
@@ -240,9 +247,14 @@ class Committer:
                     self._give_up(item, Reason.PINNED, self.ledger.ref)
                 return False
             except Exception as exc:  # rule 8: the ref says whether it landed
-                if isinstance(exc, BrokenExecutor):  # the writer died: start a new one
-                    self._pool = make_executor(self.writer)
+                died = isinstance(exc, BrokenExecutor)
+                if died:
+                    self._new_writer()
                 got = self.ledger.landed(state.head, message)
+                if got is None and died and not rewritten:  # rule 11
+                    rewritten = True
+                    await asyncio.to_thread(self.ledger.clear_stale_lock)
+                    continue
                 if got is None:
                     self._unwritable(items, exc)
                     if isinstance(exc, Damaged):
@@ -268,6 +280,12 @@ class Committer:
             return True
         self._unwritable(items, "the branch kept moving; giving up this batch")
         return False
+
+    def _new_writer(self) -> None:
+        """Rule 11: the writer died; a fresh one takes its place."""
+        log.warning("the writer process died; a new one takes over")
+        self._pool.shutdown(wait=False)
+        self._pool = make_executor(self.writer)
 
     def _unwritable(self, items: list[Item], why: object) -> None:
         """Nothing of `items` landed: the retried ones go again after the back-off, the others

@@ -1,0 +1,77 @@
+"""A writer process that dies is replaced and the write goes on: the commit it was asked for
+lands once, on a fresh writer, and no item hears of the death - also when the writer was
+killed holding the ref's lock. (`broker.ledger.committer` rule 11.)"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+from pathlib import Path
+
+import pytest
+
+from gavel.broker.ledger.committer import Committer, Item, Planned
+from gavel.broker.ledger.plan import View, submit
+from gavel.broker.ledger.repository import Ledger
+from gavel.shared.messages import Spec
+from gavel.shared.records import InstanceRecord
+from tests.unit.commitkit import Failed, Then, heard
+
+DIED = "the writer process died; a new one takes over"
+
+
+class Told:
+    """What one item (not retried: a failure would be final) heard."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.landed: list[str] = []
+        self.failed: list[str] = []
+
+    def item(self) -> Item:
+        def plan(view: View) -> Planned:
+            submit(view, InstanceRecord(instance_id=self.name,
+                                        spec=Spec(name="s", command=["true"])))
+            return Planned(lines=[f"submit {self.name}"], effects=[Then(self.landed.append)])
+        return Item(plan=plan, retry=False,
+                    gave_up=[Failed(lambda reason, _d: self.failed.append(reason))])
+
+
+async def commit(committer: Committer, told: Told) -> None:
+    committer.submit(told.item())
+    await asyncio.sleep(0)
+    await asyncio.wait_for(committer.idle.wait(), 60)
+
+
+async def kill_writer(committer: Committer) -> None:
+    pid = await asyncio.get_running_loop().run_in_executor(committer._pool, os.getpid)
+    assert pid != os.getpid()
+    os.kill(pid, signal.SIGKILL)
+
+
+@pytest.mark.parametrize("left_lock", [False, True], ids=["between-commits", "holding-lock"])
+async def test_a_killed_writer_is_replaced_and_the_next_commits_land_once(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture, left_lock: bool) -> None:
+    ledger = Ledger(tmp_path / "state.git")
+    committer = heard(Committer(ledger, writer="process"))
+    task = asyncio.create_task(committer.run())
+    try:
+        first, second, third = Told("a"), Told("b"), Told("c")
+        await commit(committer, first)
+        assert first.landed == [ledger.head()]
+        await kill_writer(committer)
+        if left_lock:  # killed between locking the ref and moving it
+            (tmp_path / "state.git" / "refs" / "heads" / "main.lock").write_text("x")
+        with caplog.at_level(logging.WARNING, logger="gavel.ledger"):
+            await commit(committer, second)
+            await commit(committer, third)
+        assert (second.failed, third.failed) == ([], [])
+        assert third.landed == [ledger.head()] and second.landed != third.landed
+        assert caplog.text.count(DIED) == 1
+        messages = [c.message for c in ledger.history()]
+        assert messages.count("submit b\n") == 1 and messages.count("submit c\n") == 1
+    finally:
+        task.cancel()
+        committer.close()
