@@ -45,10 +45,14 @@ async def commit(committer: Committer, told: Told) -> None:
     await asyncio.wait_for(committer.idle.wait(), 60)
 
 
-async def kill_writer(committer: Committer) -> None:
+async def writer_pid(committer: Committer) -> int:
     pid = await asyncio.get_running_loop().run_in_executor(committer._pool, os.getpid)
     assert pid != os.getpid()
-    os.kill(pid, signal.SIGKILL)
+    return pid
+
+
+async def kill_writer(committer: Committer) -> None:
+    os.kill(await writer_pid(committer), signal.SIGKILL)
 
 
 @pytest.mark.parametrize("left_lock", [False, True], ids=["between-commits", "holding-lock"])
@@ -72,6 +76,32 @@ async def test_a_killed_writer_is_replaced_and_the_next_commits_land_once(
         assert caplog.text.count(DIED) == 1
         messages = [c.message for c in ledger.history()]
         assert messages.count("submit b\n") == 1 and messages.count("submit c\n") == 1
+    finally:
+        task.cancel()
+        committer.close()
+
+
+async def test_a_writer_killed_with_a_write_in_flight_is_replaced_and_it_lands_once(
+        tmp_path: Path) -> None:
+    ledger = Ledger(tmp_path / "state.git")
+    committer = heard(Committer(ledger, writer="process"))
+    task = asyncio.create_task(committer.run())
+    try:
+        first, second = Told("a"), Told("b")
+        await commit(committer, first)
+        pid = await writer_pid(committer)
+        os.kill(pid, signal.SIGSTOP)  # the write is handed over but never taken
+        committer.submit(second.item())
+
+        async def handed_over() -> None:
+            while not ledger.writing:
+                await asyncio.sleep(0)
+        await asyncio.wait_for(handed_over(), 60)
+        os.kill(pid, signal.SIGKILL)
+        await asyncio.sleep(0)
+        await asyncio.wait_for(committer.idle.wait(), 60)
+        assert second.failed == [] and second.landed == [ledger.head()]
+        assert [c.message for c in ledger.history()].count("submit b\n") == 1
     finally:
         task.cancel()
         committer.close()
