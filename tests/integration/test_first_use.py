@@ -161,21 +161,26 @@ def test_config_check_tells_a_worker_file_by_its_keys(tmp_path: Path) -> None:
     common = tmp_path / "common.toml"
     common.write_text("metrics_port = 9100\n")
     gateway = tmp_path / "gateway.toml"
-    gateway.write_text('admin = "http://127.0.0.1:2019"\n')
-    worker, mixed, shared, gw, broker = run_many(
+    gateway.write_text('admin = "http://127.0.0.1:2019"\ntrust_advertised_addresses = true\n')
+    bookless = tmp_path / "bookless.toml"
+    bookless.write_text('admin = "http://127.0.0.1:2019"\n')
+    worker, mixed, shared, gw, broker, nobook = run_many(
         tmp_path,
         (["config", "check", str(ROOT / "compose" / "worker.toml")], {"GAVEL_NODE_ID": "worker-1"}),
         (["config", "check", str(both)], {}), (["config", "check", str(common)], {}),
         (["config", "check", str(gateway)], {}),
-        (["config", "check", str(common), "--kind", "broker"], {"GAVEL_STATE": str(tmp_path)}))
+        (["config", "check", str(common), "--kind", "broker"], {"GAVEL_STATE": str(tmp_path)}),
+        (["config", "check", str(bookless)], {}))
     assert worker.returncode == 0, worker.stderr
     assert worker.stdout.startswith("# effective worker config")
     assert one_line(mixed, 2).endswith(
         "sets keys only a worker reads (ports) and keys only a broker reads (ref): give "
         "--kind worker or --kind broker.")
     assert "only keys every daemon reads" in one_line(shared, 2)
+    assert gw.returncode == 0, gw.stderr
     assert gw.stdout.startswith("# effective gateway config")
     assert broker.returncode == 0
+    assert "--trust-advertised-addresses must say that is meant" in one_line(nobook, 2)
 
 
 # -- against a cluster ------------------------------------------------------------------------
