@@ -250,7 +250,12 @@ class Agent:
             log.info("node %s: %s", self.node_id, self.isolation.summary)
             await self._supervisor.restore()  # events wait in the outbox until connected
             if self._containers is not None:  # what no held instance owns goes
-                gone = await self._containers.sweep(self._supervisor.held())
+                try:
+                    gone = await self._containers.sweep(self._supervisor.held())
+                except Exception as exc:  # the engine's, requests' or the socket's
+                    log.warning("cannot list this worker's containers (%s): those no "
+                                "instance here owns stay until the next start", exc)
+                    gone = 0
                 if gone:
                     log.info("removed %d container(s) no instance here owns", gone)
             self._loops.append(asyncio.create_task(logs_tick(self.outputs, self.timing.tick_s)))

@@ -54,7 +54,7 @@ from urllib.parse import urlencode
 
 from gavel.shared.spec import Spec
 from gavel.worker.checks import OUTPUT_MAX
-from gavel.worker.drivers import Held, StartFailed
+from gavel.worker.drivers import CannotTell, Held, StartFailed
 from gavel.worker.engine import ATTEMPT, HOME, INSTANCE, Engine, get
 from gavel.worker.execsession import ContainerSession
 from gavel.worker.localstate import LocalInstance
@@ -250,30 +250,42 @@ class ContainerDriver:
         except Exception as exc:  # the engine's refusal, in its words
             raise StartFailed(_sentence(exc)) from exc
 
-    def adopt(self, held: Held) -> ContainerRun | None:
-        local = held.local
-        if local.restart_at:
+    async def adopt(self, held: Held) -> ContainerRun | None:
+        """The container of `held`'s attempt if it still runs (rule 7), asked on the engine's
+        threads (`worker.engine` rule 1); raises `CannotTell` when the engine does not answer
+        (a container that may be healthy is not given up for an engine's hiccup)."""
+        if held.local.restart_at:
             return None
-        api = self.engine.client.api
+        loop = asyncio.get_running_loop()
         try:
-            cid = local.container or self._unrecorded(held)
-            info = api.inspect_container(cid) if cid else None
-        except Exception:
+            return await loop.run_in_executor(self.engine.calls, self._adopt, held, loop)
+        except CannotTell:
+            raise
+        except Exception as exc:  # the engine's, requests' or the socket's
+            if _status(exc) == 404:  # removed between the questions
+                return None
+            raise CannotTell(_sentence(exc)) from exc
+
+    def _adopt(self, held: Held, loop: asyncio.AbstractEventLoop) -> ContainerRun | None:
+        """Blocking: find, check and attach the recorded container (rule 7)."""
+        api = self.engine.client.api
+        cid = held.local.container or self._unrecorded(held)
+        if not cid:
             return None
-        if info is None:
-            return None
+        try:
+            info = api.inspect_container(cid)
+        except Exception as exc:
+            if _status(exc) == 404:
+                return None
+            raise
         labels, state = info["Config"].get("Labels") or {}, info["State"]
         if (labels.get(HOME) != self.engine.home or labels.get(INSTANCE) != held.id
                 or labels.get(ATTEMPT) != str(held.attempt) or not state.get("Running")):
             return None
         run = ContainerRun(self.engine, cid, started=_time(state["StartedAt"]),
-                           adopted=True, loop=asyncio.get_running_loop())
+                           adopted=True, loop=loop)
         run.pid = int(state.get("Pid") or 0)
-        try:
-            stream = api.attach(cid, stdout=True, stderr=True, stream=True,
-                                logs=False, demux=True)
-        except Exception:
-            return None
+        stream = api.attach(cid, stdout=True, stderr=True, stream=True, logs=False, demux=True)
         run.secrets = self.secrets_root / held.id
         run.follow(stream, self.instance_dir(held.id))
         return run
@@ -417,3 +429,9 @@ def _sentence(exc: BaseException) -> str:
     if isinstance(text, bytes):
         text = text.decode("utf-8", "replace")
     return " ".join(str(text).split())[:512]
+
+
+def _status(exc: BaseException) -> int | None:
+    """The HTTP status of an engine's refusal (the SDK's ``APIError.status_code``), if any."""
+    status = getattr(exc, "status_code", None)
+    return status if isinstance(status, int) else None

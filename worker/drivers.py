@@ -11,7 +11,10 @@ Rules:
    it.
 3. `Run.record` writes what finds the run again into the instance's local record (a pid and
    its start time, a container id); `Driver.adopt` reads it back, and trusts it only after
-   checking the run is still the one recorded.
+   checking the run is still the one recorded. It gives None only when it knows the run is
+   gone (or not the one recorded); when it cannot tell (its engine did not answer) it
+   raises `CannotTell`, and the supervisor asks again later rather than end a run that
+   may be healthy.
 4. `Run.exceeded(code)` says whether the kernel killed that run for its memory: the same
    fixed reason (`Reason.MEMORY_EXCEEDED`) whatever ran it.
 5. The process driver (`ProcessDriver`) is the exec driver of `worker.driver`, unchanged;
@@ -37,8 +40,8 @@ from gavel.worker.isolation import RootRefused
 from gavel.worker.localstate import LocalInstance
 from gavel.worker.probes import exec_on_host
 
-__all__ = ["Confine", "Driver", "Held", "ProcessDriver", "ProcessRun", "Run", "StartFailed",
-           "Target", "Unavailable", "volume_env"]
+__all__ = ["CannotTell", "Confine", "Driver", "Held", "ProcessDriver", "ProcessRun", "Run",
+           "StartFailed", "Target", "Unavailable", "volume_env"]
 
 
 class Confine(Protocol):
@@ -64,6 +67,11 @@ class Held(Protocol):
 
     @property
     def attempt(self) -> int: ...
+
+
+class CannotTell(Exception):
+    """`Driver.adopt` could not learn whether the recorded run still runs (rule 3): the
+    sentence says why (the engine's error, in its words)."""
 
 
 class StartFailed(Exception):
@@ -152,8 +160,9 @@ class Driver(Protocol):
         """A new run of `held`'s workload with environment `env`, its directory `cwd`."""
         ...
 
-    def adopt(self, held: Held) -> Run | None:
-        """The run an earlier worker recorded for `held` if it still runs, else None."""
+    async def adopt(self, held: Held) -> Run | None:
+        """The run an earlier worker recorded for `held` if it still runs, else None; raises
+        `CannotTell` when it cannot tell (rule 3)."""
         ...
 
 
@@ -260,7 +269,7 @@ class ProcessDriver:
         confine = self.confine
         return None if confine is None else (lambda: confine(held, join=proc.pid))
 
-    def adopt(self, held: Held) -> ProcessRun | None:
+    async def adopt(self, held: Held) -> ProcessRun | None:
         local = held.local
         if self.cgroups is not None and held.cgroup is None:
             # it keeps its cgroup; an ended one's goes when the instance ends
@@ -295,5 +304,5 @@ class Unavailable:
     async def start(self, held: Held, env: Mapping[str, str], cwd: Path) -> Run:
         raise StartFailed(self.reason)
 
-    def adopt(self, held: Held) -> Run | None:
+    async def adopt(self, held: Held) -> Run | None:
         return None

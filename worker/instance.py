@@ -90,6 +90,7 @@ class Begin(enum.Enum):
     WATCH = "watch"  # a re-adopted process: watch it
     ENDED = "ended"  # a service's process ended while no worker watched it
     BACKOFF = "backoff"  # a restart's back-off was under way when the worker stopped
+    STOPPED = "stopped"  # stopped while its driver could not tell whether it still ran
 
 
 @dataclass(eq=False)
@@ -167,6 +168,9 @@ class Life:
         """Run the instance until it ends, restarting its process in place as its policy
         says; it ends exactly once, through `Host.end`."""
         held = self.held
+        if begin is Begin.STOPPED:
+            await self._stopped(None)
+            return
         if begin is Begin.WATCH:
             self._start_checks()
         elif begin is not Begin.SPAWN:  # no process runs: it is to be started again

@@ -55,7 +55,7 @@ from gavel.shared.spec import Spec
 from gavel.shared.timing import Timing
 from gavel.worker.cgroups import Hierarchy, release
 from gavel.worker.driver import instance_env
-from gavel.worker.drivers import Driver, ProcessDriver, Run, Target
+from gavel.worker.drivers import CannotTell, Driver, ProcessDriver, Run, Target
 from gavel.worker.instance import Begin, Held, Life, Report, Secrets
 from gavel.worker.isolation import Identity, Isolation, off, processes, zombie
 from gavel.worker.localstate import FINISHED_KEPT, AgentFile, LocalInstance, load, save
@@ -220,7 +220,42 @@ class Supervisor:
             with contextlib.suppress(OSError):
                 self._identities[held.id] = self.isolation.identity(
                     held.id, self.instance_dir(held.id), root=False)
-        run = self.driver(local.placement.spec).adopt(held)  # finds its cgroup, if any
+        try:
+            run = await self.driver(local.placement.spec).adopt(held)  # finds its cgroup
+        except CannotTell as exc:
+            log.warning("cannot tell whether instance %s still runs (%s): held, asked again",
+                        held.id, exc)
+            self._held[held.id] = held
+            held.task = asyncio.get_running_loop().create_task(self._adopt_later(held))
+            self.arm_timeout(held)
+            return
+        await self._adopted(held, run)
+
+    async def _adopt_later(self, held: Held) -> None:
+        """Ask the driver again, backing off from `Timing.retry_s` to a heartbeat, until it
+        can tell (`worker.drivers` rule 3); held meanwhile, so nothing sweeps its run. A stop
+        while it cannot tell ends it as a stop does; a container that still runs then is
+        removed by the next worker's sweep (`worker.containers` rule 7)."""
+        delay, spec = self.timing.retry_s, held.local.placement.spec
+        while held.stopping is None:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(held.stopped.wait(), delay)
+            if held.stopping is not None:
+                break
+            try:
+                run = await self.driver(spec).adopt(held)
+            except CannotTell:
+                delay = min(delay * 2, self.timing.heartbeat_s)
+                continue
+            if held.timer is not None:
+                held.timer.cancel()
+            await self._adopted(held, run)
+            return
+        await Life(self, held).run(Begin.STOPPED)
+
+    async def _adopted(self, held: Held, run: Run | None) -> None:
+        """Hold `held` again as the driver found its run (`run`; None: it is gone)."""
+        local = held.local
         if local.restart_at:
             begin = Begin.BACKOFF
         else:
