@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -82,6 +83,17 @@ def _engine(cfg: WorkerConfig) -> Engine | None:
     return connect(cfg.engine, node_id=cfg.node_id, home=str(Path(cfg.state).resolve()))
 
 
+def _find_engine(cfg: WorkerConfig) -> Callable[[], Engine | None] | None:
+    """How the worker asks for its engine again while none answers (`worker.engine` rule 5);
+    None when the setting is ``off``."""
+    if cfg.engine == "off":
+        return None
+    from gavel.worker.engine import connect
+
+    return functools.partial(connect, cfg.engine, node_id=cfg.node_id,
+                             home=str(Path(cfg.state).resolve()), quiet=True)
+
+
 async def run_worker(args: argparse.Namespace) -> int:
     from gavel.cli.metrics_http import MetricsUnavailable, serve
     from gavel.worker.metrics import ObservedAgent
@@ -100,7 +112,8 @@ async def run_worker(args: argparse.Namespace) -> int:
                           nats_options={"error_cb": refusals.on_error, **nats_options_of(cfg)},
                           advertise=cfg.advertise, log_limits=log_limits(cfg),
                           cgroups=_cgroups(cfg), isolation=_isolation(cfg),
-                          engine=_engine(cfg), volumes=cfg.volumes)
+                          engine=_engine(cfg), volumes=cfg.volumes,
+                          find_engine=_find_engine(cfg))
     stopping.append(lambda: asyncio.ensure_future(agent.stop(kill_children=False)))
     loop = asyncio.get_running_loop()
     agent.metrics.attach(agent, loop)

@@ -50,7 +50,6 @@ from gavel.shared.messages import (
     InstanceReport,
     Message,
 )
-from gavel.shared.reasons import Reason
 from gavel.shared.reauction import keep_view
 from gavel.shared.spec import Spec
 from gavel.shared.strategies import Strategy, answer
@@ -59,9 +58,8 @@ from gavel.transport import wire
 from gavel.transport.inbound import Door, Guard
 from gavel.transport.urls import servers
 from gavel.worker.cgroups import Enforcement
-from gavel.worker.containers import ContainerDriver, secrets_root
 from gavel.worker.converge import Converger
-from gavel.worker.drivers import Driver, Unavailable
+from gavel.worker.drivers import Driver
 from gavel.worker.engine import Engine
 from gavel.worker.execserver import ExecServer
 from gavel.worker.hoststats import Sampler, detect_capacity, primary_address
@@ -69,6 +67,7 @@ from gavel.worker.isolation import Isolation, off
 from gavel.worker.logfiles import LogLimits, Outputs
 from gavel.worker.logserver import LogServer
 from gavel.worker.logserver import tick as logs_tick
+from gavel.worker.nodeengine import NodeEngine
 from gavel.worker.ports import bindable
 from gavel.worker.refused import Refused
 from gavel.worker.supervisor import OLDER_AWARD, OLDER_CANCEL, Supervisor
@@ -89,7 +88,8 @@ class Agent:
                  log_limits: LogLimits | None = None, logs_window_s: float = WINDOW_S,
                  cgroups: Enforcement | None = None,
                  isolation: Isolation | None = None, engine: Engine | None = None,
-                 volumes: Mapping[str, str] | None = None) -> None:
+                 volumes: Mapping[str, str] | None = None,
+                 find_engine: Callable[[], Engine | None] | None = None) -> None:
         self.node_id = node_id
         self.strategy = strategy
         self.labels = dict(labels)
@@ -119,11 +119,9 @@ class Agent:
         self._sampler = Sampler()
         self._stats = self._sampler.sample()
         self._draining = False
-        #: The node's container engine (`worker.engine`; None: image specs are declined) and
-        #: its host volumes (name -> path).
-        self.engine = engine
+        #: The node's host volumes (name -> path).
         self.volumes = dict(volumes or {})
-        self._make_parts(timing, log_limits, logs_window_s)
+        self._make_parts(timing, log_limits, logs_window_s, engine, find_engine)
         self._view: NodeView
         self._refresh_view()
         self._seq = 0
@@ -141,16 +139,13 @@ class Agent:
         self._started = False
 
     def _make_parts(self, timing: Timing, log_limits: LogLimits | None,
-                    logs_window_s: float) -> None:
+                    logs_window_s: float, engine: Engine | None,
+                    find_engine: Callable[[], Engine | None] | None) -> None:
         """The parts that run instances, each wired to the others (`__init__`)."""
-        node_id, engine, port_range = self.node_id, self.engine, self.port_range
-        no_engine = Unavailable(Reason.NO_ENGINE)
-        self._containers: ContainerDriver | None = None
+        node_id, port_range = self.node_id, self.port_range
 
         def driver(spec: Spec) -> Driver:
-            if spec.image is None:
-                return self._supervisor.process
-            return self._containers or no_engine
+            return self._supervisor.process if spec.image is None else self._engine.driver()
 
         self._supervisor = Supervisor(
             node_id=node_id, state_dir=self.state_dir, timing=timing, port_range=port_range,
@@ -159,11 +154,11 @@ class Agent:
             secrets=lambda iid, attempt: self.converger.secrets(iid, attempt),
             cgroups=self.enforcement.hierarchy, isolation=self.isolation, drivers=driver,
             volumes=self.volumes)
-        if engine is not None:
-            self._containers = ContainerDriver(
-                engine, addresses=["127.0.0.1", self.advertise], volumes=self.volumes,
-                secrets_root=secrets_root(self.state_dir),
-                instance_dir=self._supervisor.instance_dir)
+        #: The node's container engine (`worker.nodeengine`) and its host volumes.
+        self._engine = NodeEngine(engine, find=find_engine,
+                                  addresses=["127.0.0.1", self.advertise], volumes=self.volumes,
+                                  state_dir=self.state_dir,
+                                  instance_dir=self._supervisor.instance_dir)
         #: Makes this node match its node.json (KV); its counters say what it did.
         self.converger = Converger(node_id=node_id, timing=timing,
                                     supervisor=self._supervisor,
@@ -179,6 +174,17 @@ class Agent:
         self.execs = ExecServer(node_id=node_id, target=self._supervisor.exec_target,
                                 report=self._report, sink=self._refused, nc=lambda: self._nc,
                                 poll_s=min(0.2, timing.tick_s), close_s=timing.close_s)
+
+    @property
+    def engine(self) -> Engine | None:
+        """The node's container engine (None: none answered; image specs are declined)."""
+        return self._engine.engine
+
+    async def _engine_later(self) -> None:
+        """Take up the engine once it answers (`worker.engine` rule 5)."""
+        await self._engine.wait_for_one(self.timing.heartbeat_s)
+        self._refresh_view()
+        await self._engine.sweep(self._supervisor.held())
 
     def _make_guards(self) -> None:
         """The guards of what the broker sends here, the subjects this node sends on."""
@@ -249,16 +255,10 @@ class Agent:
                 "node %s: %s", self.node_id, enforcement.summary)
             log.info("node %s: %s", self.node_id, self.isolation.summary)
             await self._supervisor.restore()  # events wait in the outbox until connected
-            if self._containers is not None:  # what no held instance owns goes
-                try:
-                    gone = await self._containers.sweep(self._supervisor.held())
-                except Exception as exc:  # the engine's, requests' or the socket's
-                    log.warning("cannot list this worker's containers (%s): those no "
-                                "instance here owns stay until the next start", exc)
-                    gone = 0
-                if gone:
-                    log.info("removed %d container(s) no instance here owns", gone)
+            await self._engine.sweep(self._supervisor.held())  # what no instance here owns
             self._loops.append(asyncio.create_task(logs_tick(self.outputs, self.timing.tick_s)))
+            if self._engine.find is not None:
+                self._loops.append(asyncio.create_task(self._engine_later()))
             self.converger.start_link_watch(lambda: self._nc)
             if await self._connect():
                 await self._subscribe()
@@ -381,7 +381,7 @@ class Agent:
             node_id=self.node_id, capacity=capacity,
             committed=self._supervisor.committed(), stats=self._stats,
             labels=self.labels, draining=self._draining, engine=self.engine is not None,
-            images=self.engine.images if self.engine is not None else frozenset(),
+            images=self._engine.images(),
             volumes=frozenset(self.volumes), residents=self._supervisor.residents(),
             allow_root=self.isolation.allow_root or not self.isolation.enabled,
         )
@@ -389,26 +389,13 @@ class Agent:
     async def _heartbeats(self) -> None:
         while True:
             self._wake.clear()
-            await self._learn_images()
+            if await self._engine.learn_images():
+                self._refresh_view()
             self.escapes += self._supervisor.escapes()
             await self._send(self._hb_subject, self.heartbeat())
             with contextlib.suppress(TimeoutError):  # not wait_for: it can swallow a cancel
                 async with asyncio.timeout(self.timing.heartbeat_s):
                     await self._wake.wait()
-
-    async def _learn_images(self) -> None:
-        """What the engine holds now (images built or pulled since the last look)."""
-        engine = self.engine
-        if engine is None:
-            return
-        before = engine.images
-        try:
-            await asyncio.get_running_loop().run_in_executor(engine.calls,
-                                                             engine.refresh_images)
-        except Exception as exc:  # the engine's, requests' or the socket's
-            log.warning("cannot list the engine's images: %s", exc)
-        if engine.images != before:
-            self._refresh_view()
 
     async def _sample_stats(self) -> None:
         while True:

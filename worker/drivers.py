@@ -296,13 +296,17 @@ def volume_env(spec: Spec, volumes: Mapping[str, str]) -> dict[str, str]:
 class Unavailable:
     """The driver of a kind of workload this node cannot run: every start fails with
     `reason` (an award that bypassed the node's decline, a worker restarted without its
-    engine)."""
+    engine). With `unsure`, what runs it may still come (an engine asked again,
+    `worker.engine` rule 5): `adopt` cannot tell, and says `unsure`."""
 
-    def __init__(self, reason: str) -> None:
+    def __init__(self, reason: str, unsure: str = "") -> None:
         self.reason = reason
+        self.unsure = unsure
 
     async def start(self, held: Held, env: Mapping[str, str], cwd: Path) -> Run:
         raise StartFailed(self.reason)
 
     async def adopt(self, held: Held) -> Run | None:
+        if self.unsure:
+            raise CannotTell(self.unsure)
         return None

@@ -20,6 +20,10 @@ Rules:
 4. Everything gavel creates in the engine carries the labels `LABELS`: the node, the
    worker's state directory (``home``: two clusters sharing one engine never touch each
    other's containers), the instance and its attempt.
+5. An engine that did not answer at start (a dockerd still starting, slower than the
+   worker) is asked again every heartbeat, quietly, unless the setting is ``off``; until it
+   answers, image specs are declined and containers an earlier worker left are held, not
+   given up (`worker.drivers` rule 3). Once it answers the node bids on images.
 """
 
 from __future__ import annotations
@@ -131,20 +135,23 @@ def get(url: str, path: str, timeout: float = 10.0) -> Any:
 
 
 def connect(setting: str, *, node_id: str, home: str,
-            env: dict[str, str] | None = None) -> Engine | None:
-    """The engine `setting` names (``auto``, ``off`` or a Docker host URL), or None (rule 1)."""
+            env: dict[str, str] | None = None, quiet: bool = False) -> Engine | None:
+    """The engine `setting` names (``auto``, ``off`` or a Docker host URL), or None (rule 1);
+    `quiet`: asked again (rule 5), an engine still missing is not said again."""
     if setting == "off":
         return None
     environ = os.environ if env is None else env
     url = setting if setting != "auto" else environ.get("DOCKER_HOST") or _DEFAULT_SOCKET
     if url.startswith("unix://") and not os.path.exists(url[len("unix://"):]):
-        log.info("no container engine: %s does not exist; image specs are declined", url)
+        if not quiet:
+            log.info("no container engine: %s does not exist; image specs are declined", url)
         return None
     try:
         version = str(get(url, "/version").get("Version", "?"))
     except (OSError, ValueError) as exc:
-        log.warning("no container engine answers at %s (%s); image specs are declined",
-                    url, exc)
+        if not quiet:
+            log.warning("no container engine answers at %s (%s); image specs are declined "
+                        "until one does", url, exc)
         return None
     engine = Engine(node_id=node_id, home=home, version=version, url=url)
     try:

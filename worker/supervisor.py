@@ -55,11 +55,12 @@ from gavel.shared.spec import Spec
 from gavel.shared.timing import Timing
 from gavel.worker.cgroups import Hierarchy, release
 from gavel.worker.driver import instance_env
-from gavel.worker.drivers import CannotTell, Driver, ProcessDriver, Run, Target
+from gavel.worker.drivers import Driver, ProcessDriver, Target
 from gavel.worker.instance import Begin, Held, Life, Report, Secrets
 from gavel.worker.isolation import Identity, Isolation, off, processes, zombie
 from gavel.worker.localstate import FINISHED_KEPT, AgentFile, LocalInstance, load, save
 from gavel.worker.ports import assign
+from gavel.worker.readopt import adopt_later, readopt
 from gavel.worker.usage import Meter
 
 __all__ = ["OLDER_ANSWER", "OLDER_AWARD", "OLDER_CANCEL", "OLDER_NODE", "Report",
@@ -206,7 +207,7 @@ class Supervisor:
             self._finished.extend(saved.finished)
             self.epoch = max(self.epoch, saved.epoch)
             for local in saved.instances.values():
-                await self._readopt(Held(local))
+                await readopt(self, Held(local))
         freed = self.isolation.reclaim(keep=set(self._held))
         if freed:
             log.info("took back %d uid lease(s) of instances no longer here: %s", len(freed),
@@ -214,79 +215,24 @@ class Supervisor:
         self.persist()
         self._on_change()
 
-    async def _readopt(self, held: Held) -> None:
-        local = held.local
-        if self.isolation.on and not local.placement.spec.root:  # the uid it runs as
-            with contextlib.suppress(OSError):
-                self._identities[held.id] = self.isolation.identity(
-                    held.id, self.instance_dir(held.id), root=False)
-        try:
-            run = await self.driver(local.placement.spec).adopt(held)  # finds its cgroup
-        except CannotTell as exc:
-            log.warning("cannot tell whether instance %s still runs (%s): held, asked again",
-                        held.id, exc)
-            self._held[held.id] = held
-            held.task = asyncio.get_running_loop().create_task(self._adopt_later(held))
-            self.arm_timeout(held)
-            return
-        await self._adopted(held, run)
-
-    async def _adopt_later(self, held: Held) -> None:
-        """Ask the driver again, backing off from `Timing.retry_s` to a heartbeat, until it
-        can tell (`worker.drivers` rule 3); held meanwhile, so nothing sweeps its run. A stop
-        while it cannot tell ends it as a stop does; a container that still runs then is
-        removed by the next worker's sweep (`worker.containers` rule 7)."""
-        delay, spec = self.timing.retry_s, held.local.placement.spec
-        while held.stopping is None:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(held.stopped.wait(), delay)
-            if held.stopping is not None:
-                break
-            try:
-                run = await self.driver(spec).adopt(held)
-            except CannotTell:
-                delay = min(delay * 2, self.timing.heartbeat_s)
-                continue
-            if held.timer is not None:
-                held.timer.cancel()
-            await self._adopted(held, run)
-            return
-        await Life(self, held).run(Begin.STOPPED)
-
-    async def _adopted(self, held: Held, run: Run | None) -> None:
-        """Hold `held` again as the driver found its run (`run`; None: it is gone)."""
-        local = held.local
-        if local.restart_at:
-            begin = Begin.BACKOFF
-        else:
-            held.proc = run
-            if run is not None:
-                begin = Begin.WATCH
-                if local.state != InstanceState.RUNNING:  # killed before it recorded the run
-                    await self._ran(held, run)
-            elif local.pid and local.placement.spec.service:
-                begin = Begin.ENDED  # a service's end restarts it, seen late or not
-            elif local.pid:
-                await self.end(held, EventType.EXITED, "",
-                               "exit status unknown: process ended while the worker was down")
-                return
-            else:
-                await self.end(held, EventType.FAILED, Reason.DRIVER_FAILED,
-                               "the worker restarted before the process started")
-                return
-        log.info("re-adopted instance %s (%s, pid %d)", held.id, begin.value, local.pid)
+    def hold(self, held: Held, begin: Begin) -> None:
+        """Hold `held` with its life beginning at `begin` (`worker.readopt`)."""
         self._held[held.id] = held
         held.task = asyncio.get_running_loop().create_task(Life(self, held).run(begin))
         self.arm_timeout(held)
 
-    async def _ran(self, held: Held, run: Run) -> None:
-        """Record a first run found running that its worker did not record, and report it
-        (as `worker.instance.Life` does once a run starts): its timeout counts from its start."""
-        local = held.local
-        run.record(local)
-        local.started_at, local.state = local.create_time or time.time(), InstanceState.RUNNING
-        await self.emit(held, EventType.RUNNING, "", run.describe(), None,
-                        ports=dict(local.placement.ports), taken=[])
+    def hold_unsure(self, held: Held) -> None:
+        """Hold `held` while its driver cannot tell whether it runs (`worker.readopt`)."""
+        self._held[held.id] = held
+        held.task = asyncio.get_running_loop().create_task(adopt_later(self, held))
+        self.arm_timeout(held)
+
+    def identify(self, held: Held) -> None:
+        """Take up the uid a re-adopted instance runs as (`worker.isolation`)."""
+        if self.isolation.on and not held.local.placement.spec.root:
+            with contextlib.suppress(OSError):
+                self._identities[held.id] = self.isolation.identity(
+                    held.id, self.instance_dir(held.id), root=False)
 
     # -- awards and cancels -----------------------------------------------------------------
 

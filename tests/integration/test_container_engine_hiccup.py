@@ -112,3 +112,43 @@ async def test_a_container_is_kept_when_the_engine_does_not_answer_at_readoption
         await cluster.call("cancel", CancelRequest(instance_id=iid), CancelReply)
         await wait_for(lambda: not containers(docker, cluster, iid, all_=True), 60,
                        what="the watched container to be stopped and removed by a cancel")
+
+
+async def test_an_engine_that_answers_after_the_worker_started_is_taken_up(
+        cluster: Cluster, engines: list[Engine], docker: Any, tmp_path: Path,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """The engine is not up when the worker starts (a dockerd slower than its worker): the
+    containers an earlier worker left are held, not ended; once the engine answers, the
+    worker re-adopts them and bids on images again (`worker.engine` rule 5)."""
+    caplog.set_level(logging.INFO, logger="gavel.worker")
+    tag = image(docker, "v1")
+    async with Relay(tmp_path / "engine.sock", _engine_socket()) as relay:
+        await cluster.start_broker()
+        await start(cluster, engines, "n1")
+        await cluster.wait_nodes(1)
+        iid = await cluster.submit(Spec(name="long", image=tag, command=["sleep", "600"]))
+        await wait_for(lambda: len(containers(docker, cluster, iid)) == 1, 60,
+                       what="its container to run")
+        (before,) = containers(docker, cluster, iid)
+        await cluster.stop_agent("n1", kill_children=False)
+        home = str((cluster.root / "workers" / "n1").resolve())
+        found: list[Engine] = []
+
+        def find() -> Engine | None:
+            engine = connect(f"unix://{relay.path}", node_id="n1", home=home, quiet=True)
+            found.extend([engine] if engine is not None else [])
+            return engine
+
+        relay.down = True
+        agent = await cluster.start_agent("n1", engine=None, find_engine=find)
+        await wait_for(lambda: relay.refused >= 2, 30, what="the worker to ask the engine")
+        assert [r.instance_id for r in agent.instances()] == [iid], "held while no engine"
+        relay.down = False
+        await wait_for(lambda: f"re-adopted instance {iid} (watch" in caplog.text, 60,
+                       what="the container re-adopted once the engine answered")
+        engines.extend(found)
+        assert containers(docker, cluster, iid) == [before], "a second copy, or none"
+        second = await cluster.submit(Spec(name="next", image=tag, command=["sleep", "600"]))
+        await wait_for(lambda: len(containers(docker, cluster, second)) == 1, 60,
+                       what="the node to bid on images again and run one")
+        assert cluster.holders(second) == ["n1"]
