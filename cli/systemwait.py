@@ -7,7 +7,8 @@ Rules:
    for too, a node that leaves is not.
 2. It ends without success (`Refused`, exit 3) when the job is stopped, when a node
    declines its instance (unschedulable, with the node's reason: it would wait for ever),
-   or when `--timeout` passes first (default 30 s, as ``--wait=running``; 0: no limit).
+   when every node it waits for waits at the cluster cap (with the cap's refusal), or when
+   `--timeout` passes first (default 30 s, as ``--wait=running``; 0: no limit).
 3. Each event of the job (an instance made or stopped) is a reason to look again; it also
    looks every `gavel.client.jobwait.POLL_S`: the wait is the client's (`wait_system`).
 """

@@ -10,8 +10,10 @@ Rules:
    alone (its tally, not its tasks: the cost of a look does not grow with the array); the
    status it returns is whole.
 2. A system job is running once an instance of its version runs healthy on every node that
-   could run it now (`ServiceStatus.waiting` empty); it being stopped, or a node declining
-   its instance (unschedulable), raises `Ended`.
+   could run it now (`ServiceStatus.waiting` empty); it being stopped, a node declining
+   its instance (unschedulable), or every node it waits for waiting at the cluster cap
+   (`ServiceStatus.capped`: until an instance ends or the cap is raised, which no wait
+   of a command's can tell) raises `Ended` with the cap's refusal.
 3. Each event of the job is a reason to look again; it also looks every `POLL_S`; past the
    timeout, `TimedOut` (a `NoAnswer`) with the status as it stood at the last look.
 4. A cluster is up once its broker counts the nodes asked for healthy: it is asked every
@@ -130,6 +132,10 @@ async def system_running(client: Client, name: str, timeout: float | None) -> Se
             if r.version == st.version and r.state == "unschedulable":
                 raise Ended(f"{name}: {r.instance_id} is unschedulable: "
                             f"{r.detail or r.reason}", st)
+        capped = [n for n in st.waiting if n in st.capped]
+        if capped and len(capped) == len(st.waiting):
+            raise Ended(f"{name}: {len(capped)} node(s) wait for room at the cluster cap "
+                        f"({', '.join(capped)}): {st.capped[capped[0]]}", st)
         return (None if st.waiting else st), st
     return await _until(client, name, timeout, "not running on every node", look)
 

@@ -8,6 +8,7 @@ except for a system job's, which are bound to real workers' nodes.
 from __future__ import annotations
 
 import asyncio
+import re
 import subprocess
 import sys
 
@@ -16,6 +17,7 @@ import pygit2
 import pytest
 
 from gavel.broker.serviceapi import REPLICAS_SHOWN
+from gavel.client import Client, Ended
 from gavel.shared.admission import Caps
 from gavel.shared.api import (
     CancelReply,
@@ -196,6 +198,10 @@ async def test_a_system_jobs_instances_wait_at_the_cluster_cap_until_room_appear
         subprocess.run, [sys.executable, "-m", "gavel", "status", "edge", "--nats",
                          cluster.url], capture_output=True, text=True, timeout=60)
     assert f"node-c: waits for room: {Reason.OVER_CLUSTER_CAP}" in shown.stdout, shown.stdout
+    async with await Client.connect(cluster.url) as client:  # `submit --wait`'s wait ends
+        with pytest.raises(Ended, match=r"1 node\(s\) wait for room at the cluster cap "
+                           r"\(node-c\): " + re.escape(Reason.OVER_CLUSTER_CAP)):
+            await client.wait_system("edge", timeout=600)
     assert _edge_nodes(cluster) == {"node-a", "node-b"}  # still nothing past the cap
 
     await cluster.call("cancel", CancelRequest(instance_id=fill.instance_id), CancelReply)
