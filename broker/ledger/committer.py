@@ -45,7 +45,10 @@ Rules:
    8; one that did not land is written once more at once by the fresh writer, after the
    lock a writer killed between locking the ref and moving it left (`broker.ledger.
    stalelock`) is cleared - no item hears of the death. A fresh writer that dies too makes
-   the batch unwritable (rule 4), and the next try starts another.
+   the batch unwritable (rule 4), and the next try starts another. After `WRITER_DEATHS`
+   writers in a row died before a write of theirs landed (one that dies as it starts:
+   a broken install, no memory for a process), commits are written on a thread from then
+   on, said once: slower under load, but written.
 """
 
 from __future__ import annotations
@@ -74,6 +77,8 @@ __all__ = ["Committer", "Durable", "Item", "Planned"]
 
 log = logging.getLogger("gavel.ledger")
 _TIMING = Timing()
+#: Writer processes in a row that may die before a write lands; then a thread writes (rule 11).
+WRITER_DEATHS = 3
 
 
 @dataclass
@@ -134,6 +139,8 @@ class Committer:
         self._afters_kick = asyncio.Event()
         self._committing = False
         self._pool = make_executor(writer)
+        #: Writers in a row that died before a write of theirs landed (rule 11).
+        self._deaths = 0
         #: Who carries out each kind of effect (rule 3).
         self.effects = Effects()
         self.commits = 0
@@ -266,6 +273,7 @@ class Committer:
             finally:  # no await between here and adopt(): nobody sees the ref move early
                 self.ledger.writing = False
             elapsed = time.perf_counter() - started
+            self._deaths = 0  # rule 11: this writer wrote
             self.latencies.append(elapsed)
             if self.metrics is not None:
                 self.metrics.commit_seconds.observe(elapsed)
@@ -282,8 +290,15 @@ class Committer:
         return False
 
     def _new_writer(self) -> None:
-        """Rule 11: the writer died; a fresh one takes its place."""
-        log.warning("the writer process died; a new one takes over")
+        """Rule 11: the writer died; a fresh one takes its place, a thread after
+        `WRITER_DEATHS` in a row."""
+        self._deaths += 1
+        if self.writer == "process" and self._deaths >= WRITER_DEATHS:
+            log.warning("%d writer processes in a row died before a write landed; commits "
+                        "are written on a thread from now on", self._deaths)
+            self.writer = "thread"
+        else:
+            log.warning("the writer process died; a new one takes over")
         self._pool.shutdown(wait=False)
         self._pool = make_executor(self.writer)
 

@@ -6,12 +6,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import multiprocessing
 import os
 import signal
+from concurrent.futures import Executor, ProcessPoolExecutor
 from pathlib import Path
 
 import pytest
 
+from gavel.broker.ledger import committer as committer_module
 from gavel.broker.ledger.committer import Committer, Item, Planned
 from gavel.broker.ledger.plan import View, submit
 from gavel.broker.ledger.repository import Ledger
@@ -105,3 +108,42 @@ async def test_a_writer_killed_with_a_write_in_flight_is_replaced_and_it_lands_o
     finally:
         task.cancel()
         committer.close()
+
+
+def _dies_at_once() -> None:
+    os._exit(1)  # a writer that dies as it starts (a broken install, no memory)
+
+
+async def test_writers_that_die_as_they_start_give_way_to_a_thread_and_the_commit_lands(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rule 11: a fresh writer process that dies before it writes, again and again, would be
+    replaced for ever while nothing lands; after `WRITER_DEATHS` in a row a thread writes."""
+    real = committer_module.make_executor
+
+    def dying(kind: str) -> Executor:
+        if kind != "process":
+            return real(kind)
+        return ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context(
+            "spawn"), initializer=_dies_at_once)
+
+    monkeypatch.setattr(committer_module, "make_executor", dying)
+    ledger = Ledger(tmp_path / "state.git")
+    committer = heard(Committer(ledger, writer="process", retry_s=0.05))
+    task = asyncio.create_task(committer.run())
+    try:
+        told = Told("a")
+        retried = Item(plan=told.item().plan, retry=True)
+        with caplog.at_level(logging.WARNING, logger="gavel.ledger"):
+            committer.submit(retried)
+            await asyncio.wait_for(_landed(told), 120)
+        assert committer.writer == "thread"
+        assert caplog.text.count("commits are written on a thread from now on") == 1
+        assert [c.message for c in ledger.history()].count("submit a\n") == 1
+    finally:
+        task.cancel()
+
+
+async def _landed(told: Told) -> None:
+    while not told.landed:
+        await asyncio.sleep(0.05)
