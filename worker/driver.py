@@ -82,6 +82,35 @@ def instance_env(
     return env
 
 
+def unrecorded(instance_id: str, attempt: int, node_id: str) -> tuple[int, float] | None:
+    """The run of `instance_id`'s `attempt` that a worker of `node_id` started and was killed
+    before it recorded: the oldest live session leader (each run leads its own session)
+    whose environment names all three (`instance_env`'s GAVEL_* variables, which nothing
+    overrides); its pid and start time, or None."""
+    want = {f"GAVEL_INSTANCE_ID={instance_id}".encode(), f"GAVEL_ATTEMPT={attempt}".encode(),
+            f"GAVEL_NODE_ID={node_id}".encode()}
+    found: list[tuple[float, int]] = []
+    with contextlib.suppress(OSError), os.scandir("/proc") as entries:
+        for entry in entries:
+            if not entry.name.isdigit():
+                continue
+            pid = int(entry.name)
+            try:
+                if os.getsid(pid) != pid:
+                    continue
+                with open(f"/proc/{pid}/environ", "rb") as f:
+                    env = set(f.read().split(b"\0"))
+            except OSError:  # gone, or not ours to read
+                continue
+            started = process_start_time(pid) if want <= env else None
+            if started is not None and process_alive(pid, started):
+                found.append((started, pid))
+    if not found:
+        return None
+    started, pid = min(found)
+    return pid, started
+
+
 def stderr_tail(cwd: Path, limit: int = STDERR_TAIL) -> str:
     """The last lines of ``stderr.log`` in `cwd`, at most `limit` bytes of them (a line cut
     by the limit is left out unless it is the only one); "" when there is none."""

@@ -21,6 +21,10 @@ Rules:
    with a cgroup hierarchy every run enters the instance's one cgroup (`worker.cgroups`),
    and every run and exec check is confined as the supervisor's `confine` says
    (`worker.isolation`).
+6. A worker killed after a process started and before it recorded the pid (a first run,
+   or a restart's) leaves the award's record only: the next one finds the run by the
+   GAVEL_* variables of its environment (`worker.driver.unrecorded`) and adopts it, as a
+   container is found by its labels - never a second copy beside it.
 """
 
 from __future__ import annotations
@@ -34,7 +38,7 @@ from typing import Any, NamedTuple, Protocol
 from gavel.shared.reasons import Reason
 from gavel.shared.spec import Spec
 from gavel.worker.cgroups import Cgroup, Hierarchy
-from gavel.worker.driver import Process, terminate
+from gavel.worker.driver import Process, terminate, unrecorded
 from gavel.worker.execsession import ProcessSession, Session
 from gavel.worker.isolation import RootRefused
 from gavel.worker.localstate import LocalInstance
@@ -229,9 +233,11 @@ class ProcessDriver:
     """The exec driver behind the interface (rule 5)."""
 
     def __init__(self, *, poll_s: float, cgroups: Hierarchy | None,
-                 volumes: Mapping[str, str] | None = None, confine: Confine | None = None
-                 ) -> None:
+                 volumes: Mapping[str, str] | None = None, confine: Confine | None = None,
+                 node_id: str = "") -> None:
         self.poll_s = poll_s
+        #: Whose runs these are: a run never recorded is found by it (rule 6).
+        self.node_id = node_id
         self.cgroups = cgroups
         self.volumes = dict(volumes or {})
         self.confine = confine
@@ -275,6 +281,11 @@ class ProcessDriver:
             # it keeps its cgroup; an ended one's goes when the instance ends
             spec = local.placement.spec
             held.cgroup = self.cgroups.find(held.id, spec.memory_mb, spec.pids)
+        if not local.pid and self.node_id:  # rule 6: started, and its worker killed then
+            found = unrecorded(held.id, held.attempt, self.node_id)
+            if found is not None:
+                local.pid, local.create_time = found
+                local.restart_at = 0.0  # a restart's run, started: no longer waiting
         if not local.pid or local.restart_at:  # never started, or waiting to start again
             return None
         proc = Process.adopt(local.pid, local.create_time, poll_s=self.poll_s)

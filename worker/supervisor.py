@@ -109,7 +109,7 @@ class Supervisor:
         #: Who each held instance runs as, once its first run was confined.
         self._identities: dict[str, Identity | None] = {}
         #: The exec driver (`worker.drivers`), each run confined as `confine` says.
-        self.process = ProcessDriver(poll_s=timing.tick_s, cgroups=cgroups,
+        self.process = ProcessDriver(poll_s=timing.tick_s, cgroups=cgroups, node_id=node_id,
                                      volumes=volumes, confine=self.confine)
         #: Which driver runs a spec: the exec driver unless told otherwise.
         self._drivers: Callable[[Spec], Driver] = drivers or (lambda _spec: self.process)
