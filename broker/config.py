@@ -23,6 +23,9 @@ from gavel.shared.timing import Timing
 
 __all__ = ["Config"]
 
+#: Rule 1 of `shared.timing`: a machine wait, the same under fast timers.
+_TIMING = Timing()
+
 
 def _utc_now() -> datetime:
     return datetime.now(UTC)
@@ -56,9 +59,9 @@ class Config:
     ended_max: int = 100_000
     caps: Caps = DEFAULT_CAPS
     #: NATS: extra options of both connections, and how long the first connect keeps trying
-    #: (None: for ever, as the daemon does).
+    #: (`Timing.connect_s`; None: for ever, as the daemon does).
     nats_options: Mapping[str, Any] = field(default_factory=dict)
-    connect_wait_s: float | None = 30.0
+    connect_wait_s: float | None = _TIMING.connect_s
     #: Who this broker is, and the replicas of the JetStream buckets it creates.
     broker_id: str = "broker"
     kv_replicas: int = 1

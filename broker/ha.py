@@ -178,7 +178,9 @@ class HaBroker:
                           on_merged=lambda change, sha: wake(), leading=lease.valid,
                           on_fenced=lambda why: self._fenced.set(),
                           outcomes=self.metrics.pushes, stale_lock_s=self.settings.ttl_s,
-                          push_s=self.config.timing.push_s)
+                          push_s=self.config.timing.push_s,
+                          backoff_s=self.config.timing.retry_s,
+                          max_backoff_s=self.config.timing.retry_max_s)
 
         broker = Broker(replace(self.config, connect_wait_s=self.settings.ttl_s,
                                 kv_replicas=self.settings.replicas),

@@ -70,8 +70,6 @@ _WRONG_LAST = (10071, 10164)
 _EXPECTED = "Nats-Expected-Last-Subject-Sequence"
 _MSG_ID = "Nats-Msg-Id"
 _TIMING = Timing()
-#: How long after a holder's lease should have lapsed a standby keeps trying closely.
-_CLOSE_S = 2.0
 
 
 class LeaseError(Exception):
@@ -112,6 +110,8 @@ class Lease:
         #: long `close` waits between cancels of its tasks.
         self.ack_s = timing.ack_s
         self.retry_s = timing.retry_s
+        #: How long after a holder's lease should have lapsed a standby keeps trying closely.
+        self.lapse_s = timing.lapse_s
         self.broker_id = broker_id
         self.ttl_s = ttl_s
         self.renew_s = renew_s
@@ -293,7 +293,7 @@ class Lease:
         now = self.clock()
         if now < lapses:
             return lapses
-        if now < lapses + _CLOSE_S:  # the server expires the key a moment after our guess
+        if now < lapses + self.lapse_s:  # the server expires the key a moment after our guess
             return tried + 0.1
         return tried + self.renew_s  # an old value: the watch is down, or the key lapsed
 

@@ -77,6 +77,7 @@ from gavel.shared.api import (
 )
 from gavel.shared.messages import Event, Spec
 from gavel.shared.routes import derive
+from gavel.shared.timing import Timing
 from gavel.transport import nodebook
 
 __all__ = ["EXIT_CODES", "SUBMIT_TRIES", "SUBMIT_TRY_S", "ClientError", "Refused", "Unknown",
@@ -84,10 +85,10 @@ __all__ = ["EXIT_CODES", "SUBMIT_TRIES", "SUBMIT_TRY_S", "ClientError", "Refused
 
 
 #: How long `submit` waits for each answer, and how many times it asks (rule 2).
-SUBMIT_TRY_S = 10.0
+SUBMIT_TRY_S = Timing().answer_s
 SUBMIT_TRIES = 3
 #: How long `submit` waits before asking again when no broker answers at all (rule 2).
-SUBMIT_PAUSE_S = 1.0
+SUBMIT_PAUSE_S = Timing().failover_s
 
 
 async def _until_signal(stop: Any) -> None:

@@ -325,7 +325,8 @@ def _pusher_of(remote: str, metrics: Metrics, timing: Timing) -> MakePusher:
 
     def make(ledger: Ledger, wake: Callable[[], None]) -> Pusher:
         return Pusher(ledger.path, ledger.ref, remote, on_merged=lambda change, sha: wake(),
-                      registry=metrics.registry, push_s=timing.push_s)
+                      registry=metrics.registry, push_s=timing.push_s,
+                      backoff_s=timing.retry_s, max_backoff_s=timing.retry_max_s)
     return make
 
 
@@ -444,7 +445,7 @@ async def run_gateway(args: argparse.Namespace) -> int:
                 log.warning("cannot reach NATS at %s (%s); retrying", mask_url(cfg.nats), exc)
                 said = True
             with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(1.0):
+                async with asyncio.timeout(timing.reconnect_s):
                     await stopping.wait()
             if stopping.is_set():
                 return 0

@@ -14,6 +14,7 @@ import tarfile
 from pathlib import Path
 
 from gavel.shared.spec import Spec
+from gavel.shared.timing import Timing
 
 __all__ = ["IMAGE", "container_spec"]
 
@@ -32,7 +33,7 @@ def container_spec() -> tuple[Spec | None, str]:
     try:
         import docker
 
-        client = docker.DockerClient(base_url=host, timeout=30)
+        client = docker.DockerClient(base_url=host, timeout=Timing().engine_call_s)
         client.ping()
     except Exception as exc:
         return None, f"no container engine answers at {host} ({type(exc).__name__}): {_HOW}"

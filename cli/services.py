@@ -30,11 +30,12 @@ from gavel.shared.api import DeployReply, ServiceReply, ServiceStatus
 from gavel.shared.errors import BadInput
 from gavel.shared.messages import Spec
 from gavel.shared.reasons import Reason
+from gavel.shared.timing import Timing
 
 __all__ = ["Refused", "deploy", "rollback", "scale", "service_status", "services", "stop"]
 
 #: How long `deploy` waits for each answer, and how many times it asks (rule 2).
-DEPLOY_TRY_S = 10.0
+DEPLOY_TRY_S = Timing().answer_s
 DEPLOY_TRIES = 3
 R = TypeVar("R")
 

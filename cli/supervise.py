@@ -26,12 +26,16 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from gavel.shared.timing import Timing
 from gavel.worker import localstate
 
 __all__ = ["Child", "OnExit", "Supervisor", "stop_instances"]
 
+#: The supervisor's clocks: machine waits of `Timing` (`shared.timing` rule 3).
+_TIMING = Timing()
+
 #: How long a worker that exited waits before it is started again (rule 1's RESTART).
-RESTART_PAUSE_S = 1.0
+RESTART_PAUSE_S = _TIMING.respawn_s
 
 
 class OnExit(enum.Enum):
@@ -121,7 +125,7 @@ class Supervisor:
                                "(--restart-workers starts a worker that exits again)")
         return say, ""
 
-    def stop(self, grace_s: float = 15.0, first: int = 1) -> None:
+    def stop(self, grace_s: float = _TIMING.stop_grace_s, first: int = 1) -> None:
         """Rule 2: the first `first` children, then the rest, then what the workers left."""
         for group in (self.children[:first], self.children[first:]):
             _stop_all([c.proc.pid for c in group if c.proc.poll() is None], grace_s,
@@ -166,6 +170,6 @@ def stop_instances(worker_states: list[Path], grace_s: float) -> None:
     deadline = time.monotonic() + grace_s
     while alive and time.monotonic() < deadline:
         alive = [(p, t) for p, t in alive if localstate.process_alive(p, t)]
-        time.sleep(0.05)
+        time.sleep(_TIMING.poll_s)
     for pid, _ in alive:
         _signal_group(pid, signal.SIGKILL, own=True)

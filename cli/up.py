@@ -60,16 +60,19 @@ from gavel.client import Client, ClientError
 from gavel.gateway.caddyserver import Caddy
 from gavel.shared.nodebook import KnownNode
 from gavel.shared.roles import WRITE
-from gavel.shared.timing import fast_banner
+from gavel.shared.timing import Timing, fast_banner
 from gavel.transport import identity, nodebook
 from gavel.transport.natsserver import NatsServer, NatsServerError, free_port
 
 __all__ = ["up"]
 
+#: `gavel up`'s waits: machine waits of `Timing` (`shared.timing` rule 3).
+_TIMING = Timing()
+
 STRATEGIES = ["least-loaded", "binpack", "spread", "headroom"]
 #: How long the cluster may take to come up, and how often its children are looked at.
-UP_TIMEOUT_S = 60.0
-WATCH_S = 0.5
+UP_TIMEOUT_S = _TIMING.up_s
+WATCH_S = _TIMING.watch_s
 SIZES = [(4.0, 4096), (2.0, 2048), (8.0, 8192), (4.0, 8192)]
 #: The named operator `gavel up`'s own clients ask as (rule 1).
 ADMIN = "admin"
@@ -88,13 +91,13 @@ async def _until_up(sup: Supervisor, url: str, operator: str | None, workers: in
                 raise ClientError(gone)
             try:
                 if client is None:
-                    client = await Client.connect(url, operator, timeout=2.0)
+                    client = await Client.connect(url, operator, timeout=_TIMING.ask_s)
                 reply = await client.nodes()
                 if sum(1 for x in reply.nodes if x.health == "healthy") >= workers:
                     return
             except ClientError:
                 pass
-            await asyncio.sleep(0.2)
+            await asyncio.sleep(_TIMING.ask_pause_s)
     finally:
         if client is not None:
             await client.close()
@@ -104,7 +107,7 @@ async def _until_up(sup: Supervisor, url: str, operator: str | None, workers: in
 
 async def _who_leads(url: str, operator: str | None) -> str:
     """Rule 5's line: which broker leads, in which epoch."""
-    async with await Client.connect(url, operator, timeout=5.0) as client:
+    async with await Client.connect(url, operator, timeout=_TIMING.glance_s) as client:
         try:
             reply = await client.nodes()
         except ClientError as exc:

@@ -17,8 +17,12 @@ from gavel.client import BrokerRefused, Client
 from gavel.shared.messages import Spec
 from gavel.shared.reasons import render
 from gavel.shared.spec import Route
+from gavel.shared.timing import Timing
 
 __all__ = ["demo", "demo_specs"]
+
+#: The demo's waits: machine waits of `Timing` (`shared.timing` rule 3).
+_TIMING = Timing()
 
 
 #: The demo's web workload: answers every GET with its instance and node, on its $PORT.
@@ -66,13 +70,13 @@ def demo_specs() -> list[Spec]:
 def _get(url: str) -> tuple[int, str]:
     """One GET: its status and body (an HTTP error's too)."""
     try:
-        with urllib.request.urlopen(url, timeout=2) as resp:
+        with urllib.request.urlopen(url, timeout=_TIMING.ask_s) as resp:
             return resp.status, resp.read().decode(errors="replace")
     except urllib.error.HTTPError as exc:
         return exc.code, exc.read().decode(errors="replace")
 
 
-async def _through_gateway(url: str, timeout: float = 20.0) -> None:
+async def _through_gateway(url: str, timeout: float = _TIMING.demo_s) -> None:
     """The demo's request through the gateway, once the route to `web` is in place."""
     deadline = time.monotonic() + timeout
     status, body = 0, ""
@@ -83,7 +87,7 @@ async def _through_gateway(url: str, timeout: float = 20.0) -> None:
             status, body = 0, str(exc)
         if status == 200:
             break
-        await asyncio.sleep(0.2)
+        await asyncio.sleep(_TIMING.ask_pause_s)
     print("\nthrough the gateway (a Caddy routing /web to the web workload):")
     if status == 200:
         print(f"  GET {url} -> 200 {body.strip()}")
@@ -94,7 +98,7 @@ async def _through_gateway(url: str, timeout: float = 20.0) -> None:
 
 async def demo(client: Client, workers: int, git_dir: Path, gateway: str | None = None) -> None:
     """The demo, asked of the cluster through the Python client as any program asks it."""
-    nodes = await client.wait_nodes(workers, 30)
+    nodes = await client.wait_nodes(workers)
     print(f"\n{len(nodes.nodes)} workers bidding:")
     for n in nodes.nodes:
         labels = ",".join(f"{k}={v}" for k, v in sorted(n.labels.items()))
@@ -110,12 +114,12 @@ async def demo(client: Client, workers: int, git_dir: Path, gateway: str | None 
             refused.append(f"  {spec.name:<18} refused: {exc}")
             continue
         ids.append(reply.instance_id)
-    deadline = time.monotonic() + 20
+    deadline = time.monotonic() + _TIMING.demo_s
     while time.monotonic() < deadline:
         st = await client.status()
         if all(i.state not in ("queued", "scheduled") for i in st.instances):
             break
-        await asyncio.sleep(0.2)
+        await asyncio.sleep(_TIMING.ask_pause_s)
     print("\nwhere each workload went, and why:")
     for iid in ids:
         why = await client.why(iid)
@@ -137,7 +141,7 @@ async def demo(client: Client, workers: int, git_dir: Path, gateway: str | None 
           else f"\n{no_container}")
     if gateway is not None:
         await _through_gateway(f"{gateway}/web")
-    await asyncio.sleep(2.5)
+    await asyncio.sleep(_TIMING.demo_pause_s)
     evs = await client.events(limit=0)
     print("\nwhat the workers reported:")
     for e in evs.events:

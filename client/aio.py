@@ -66,6 +66,7 @@ from gavel.shared.logstream import LogChunk, LogsDone, LogsRequest, Stream
 from gavel.shared.messages import Event, Message, Spec
 from gavel.shared.planning import PlanReply, PlanRequest
 from gavel.shared.routes import RouteEntry, derive
+from gavel.shared.timing import Timing
 from gavel.transport import eventstream, execclient
 from gavel.transport.client import (
     ClientError,
@@ -83,10 +84,12 @@ __all__ = ["PAUSE_S", "TRIES", "TRY_S", "Client", "Ended", "EventFeed", "OnRetry
            "Watch"]
 
 T = TypeVar("T", bound=Message)
+#: The operator's waits: machine waits of `Timing` (`shared.timing` rule 3).
+_TIMING = Timing()
 #: Rule 2: how long each try waits, how many there are, the pause while no broker answers.
-TRY_S = 10.0
+TRY_S = _TIMING.answer_s
 TRIES = 3
-PAUSE_S = 1.0
+PAUSE_S = _TIMING.failover_s
 #: Rule 2: what hears each error a request is asked again past (`NoAnswer` or `NoBroker`).
 OnRetry = Callable[[ClientError], None]
 
@@ -135,14 +138,14 @@ class Client:
     """A cluster's API over `nc` (a nats-py connection). `Client.connect` makes one that
     owns its connection and closes it with `close` (or ``async with``)."""
 
-    def __init__(self, nc: Any, *, timeout: float = 10.0, owned: bool = False) -> None:
+    def __init__(self, nc: Any, *, timeout: float = _TIMING.answer_s, owned: bool = False) -> None:
         self.nc = nc
         self.timeout = timeout
         self._owned = owned
 
     @classmethod
     async def connect(cls, url: str = "nats://127.0.0.1:4222", creds: str | None = None,
-                      *, timeout: float = 10.0, **options: Any) -> Client:
+                      *, timeout: float = _TIMING.answer_s, **options: Any) -> Client:
         """A client on a connection of its own (`creds`: an nkey seed or .creds file)."""
         return cls(await connect(url, creds, **options), timeout=timeout, owned=True)
 
@@ -214,7 +217,7 @@ class Client:
         (`gavel.client.runwait` rule 3). ``close()`` it (or ``async with``) when done."""
         return await Watch(self.nc).add(*instance_ids)
 
-    async def wait(self, instance_id: str, timeout: float | None = 30.0, *,
+    async def wait(self, instance_id: str, timeout: float | None = _TIMING.wait_s, *,
                    watch: Watch | None = None) -> InstanceStatus:
         """Until the instance runs healthy (or has succeeded): its status. `Ended` when it
         ends otherwise, is unschedulable or meets an error; `TimedOut` (a `NoAnswer`) past
@@ -229,7 +232,7 @@ class Client:
         `timeout` (None: no limit)."""
         return await job_end(self, job_id, timeout)
 
-    async def wait_system(self, name: str, timeout: float | None = 30.0) -> ServiceStatus:
+    async def wait_system(self, name: str, timeout: float | None = _TIMING.wait_s) -> ServiceStatus:
         """Until an instance of the system job `name` runs healthy on every node that could
         run it now: its status; `Ended` when it is stopped or a node declines its instance;
         `TimedOut` (a `NoAnswer`, with the status) past `timeout`."""
@@ -240,7 +243,7 @@ class Client:
         """Every node in brief, or one in detail (`NodesReply.detail`)."""
         return await self.request("nodes", NodesRequest(node_id=node_id), NodesReply)
 
-    async def wait_nodes(self, count: int, timeout: float = 30.0) -> NodesReply:
+    async def wait_nodes(self, count: int, timeout: float = _TIMING.wait_s) -> NodesReply:
         """Until the broker counts at least `count` healthy nodes: its nodes; `TimedOut`
         (a `NoAnswer`, with the nodes last heard of) past `timeout`."""
         return await healthy_nodes(self, count, timeout)

@@ -41,12 +41,13 @@ from gavel.shared.api import (
     StatusRequest,
 )
 from gavel.shared.messages import Message
+from gavel.shared.timing import Timing
 from gavel.transport.client import ClientError, NoAnswer
 
 __all__ = ["POLL_S", "Ended", "TimedOut", "healthy_nodes", "job_end", "system_running"]
 
 #: How often a wait asks again, besides each event it hears (rule 3).
-POLL_S = 0.5
+POLL_S = Timing().watch_s
 R = TypeVar("R")
 T = TypeVar("T", bound=Message)
 

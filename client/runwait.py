@@ -28,12 +28,13 @@ from gavel.client.jobwait import Client, Ended, TimedOut
 from gavel.shared import subjects
 from gavel.shared.api import InstanceStatus
 from gavel.shared.messages import Event, EventType
+from gavel.shared.timing import Timing
 from gavel.transport.inbound import Decode, Malformed
 
 __all__ = ["POLL_S", "Watch", "running"]
 
 #: How often the wait looks at the status when no event comes (rule 3).
-POLL_S = 1.0
+POLL_S = Timing().follow_s
 #: States an instance never leaves, but for success (rule 2).
 _ENDED = ("failed", "lost", "cancelled")
 _event: Decode[Event] = Decode(Event)

@@ -38,8 +38,12 @@ from gavel.shared.logstream import LogChunk, LogsDone, Stream
 from gavel.shared.messages import Event, Spec
 from gavel.shared.planning import PlanReply
 from gavel.shared.routes import RouteEntry
+from gavel.shared.timing import Timing
 
 __all__ = ["SyncClient", "SyncWatch"]
+
+#: The waits' defaults: machine waits of `Timing` (`shared.timing` rule 3).
+_TIMING = Timing()
 
 R = TypeVar("R")
 Y = TypeVar("Y")
@@ -134,18 +138,18 @@ class SyncClient:
     def watch(self, *instance_ids: str) -> SyncWatch:
         return SyncWatch(self, self._run(self.client.watch(*instance_ids)))
 
-    def wait(self, instance_id: str, timeout: float | None = 30.0, *,
+    def wait(self, instance_id: str, timeout: float | None = _TIMING.wait_s, *,
              watch: SyncWatch | None = None) -> InstanceStatus:
         return self._run(self.client.wait(instance_id, timeout,
                                           watch=watch.watch if watch else None))
 
-    def wait_nodes(self, count: int, timeout: float = 30.0) -> NodesReply:
+    def wait_nodes(self, count: int, timeout: float = _TIMING.wait_s) -> NodesReply:
         return self._run(self.client.wait_nodes(count, timeout))
 
     def wait_job(self, job_id: str, timeout: float | None = None) -> StatusReply:
         return self._run(self.client.wait_job(job_id, timeout))
 
-    def wait_system(self, name: str, timeout: float | None = 30.0) -> ServiceStatus:
+    def wait_system(self, name: str, timeout: float | None = _TIMING.wait_s) -> ServiceStatus:
         return self._run(self.client.wait_system(name, timeout))
 
     def why(self, instance_id: str) -> WhyReply:

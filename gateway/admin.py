@@ -20,6 +20,7 @@ import urllib.request
 from typing import Any
 
 from gavel.gateway.caddyconfig import Op
+from gavel.shared.timing import Timing
 
 __all__ = ["Admin", "AdminError"]
 
@@ -34,7 +35,7 @@ class AdminError(Exception):
 
 
 class Admin:
-    def __init__(self, url: str, timeout: float = 5.0) -> None:
+    def __init__(self, url: str, timeout: float = Timing().caddy_s) -> None:
         self.url = url.rstrip("/")
         self.timeout = timeout
 

@@ -26,8 +26,12 @@ from typing import Any
 
 from gavel.gateway.admin import Admin, AdminError
 from gavel.gateway.caddyconfig import Op
+from gavel.shared.timing import Timing
 
 __all__ = ["Caddy", "find_binary"]
+
+#: Caddy's start: machine waits of `Timing` (`shared.timing` rule 3).
+_TIMING = Timing()
 
 
 def find_binary() -> str:
@@ -76,7 +80,7 @@ class Caddy:
             return f"http://127.0.0.1:{self.admin_port}"
         return f"unix://{self.admin_socket}"
 
-    def start(self, timeout: float = 15.0) -> Caddy:
+    def start(self, timeout: float = _TIMING.caddy_start_s) -> Caddy:
         self.state_dir.mkdir(parents=True, exist_ok=True)
         self.admin_socket.parent.mkdir(mode=0o700, exist_ok=True)
         self.admin_socket.parent.chmod(0o700)
@@ -100,7 +104,7 @@ class Caddy:
             if not isinstance(out, int):
                 out.close()  # the child holds its own copy
         deadline = time.monotonic() + timeout
-        admin = Admin(self.admin_url, timeout=0.5)
+        admin = Admin(self.admin_url, timeout=_TIMING.caddy_ask_s)
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"caddy exited with status {self.proc.returncode}"
@@ -109,7 +113,7 @@ class Caddy:
                 admin.request(Op("GET", "/config/"))
                 return self
             except AdminError:
-                time.sleep(0.05)
+                time.sleep(_TIMING.poll_s)
         self.stop()
         raise RuntimeError(f"caddy's admin API did not answer on {self.admin_url} within "
                            f"{timeout:g}s")

@@ -11,7 +11,8 @@ Rules:
    refuses a value at or below zero; `problem` names the rest in one sentence.
 3. The machine's waits (`MACHINE`: how long an answer from another process, a git push,
    a part's shutdown or a child's start may take before it counts as failed, and how often
-   a wait on another process looks again) are not shrunk by fast timers:
+   a wait on another process looks again; the operator's commands, `gavel up` and the
+   dashboard wait on the cluster, on Caddy and on Docker so) are not shrunk by fast timers:
    they measure the machine, not the protocol, and a loaded machine answers no faster
    because the protocol's clocks run ten times faster; shrunk, they would only fail what
    works.
@@ -34,7 +35,12 @@ Seconds = Annotated[float, msgspec.Meta(gt=0)]
 #: Rule 3: the fields fast timers leave as they are.
 MACHINE = frozenset({"call_s", "ack_s", "push_s", "close_s", "flush_s", "answer_s",
                      "node_answer_s", "interest_s", "ask_s", "poll_s", "poll_max_s", "start_s",
-                     "jetstream_s"})
+                     "jetstream_s", "connect_s", "lapse_s", "stale_lock_s", "orphan_s",
+                     "engine_call_s", "engine_ask_s", "confine_s", "scrape_s", "explain_s",
+                     "follow_s", "goodbye_s", "wait_s", "failover_s", "watch_s", "glance_s",
+                     "ask_pause_s", "up_s", "respawn_s", "stop_grace_s", "refresh_s",
+                     "settle_s", "head_s", "keepalive_s", "caddy_s", "caddy_ask_s",
+                     "caddy_start_s", "reconnect_s", "demo_s", "demo_pause_s"})
 
 
 class Timing(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -57,6 +63,9 @@ class Timing(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tr
     #: How long a part waits before trying again what failed for now: a first connection
     #: to NATS, storing an event, a checked KV put.
     retry_s: Seconds = 0.5
+    #: The longest pause of a retry that backs off from `retry_s`, doubling: a push to the
+    #: state remote that keeps failing.
+    retry_max_s: Seconds = 60.0
     # -- the machine's waits (rule 3) ---------------------------------------------------
     #: A JetStream API call (make a stream or a consumer, a pull) or the subscription
     #: barrier unanswered this long has failed.
@@ -95,6 +104,87 @@ class Timing(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tr
     #: How long a cluster of nats-servers may take until JetStream answers (its leader
     #: elected).
     jetstream_s: Seconds = 30.0
+    #: How long a broker built without a NATS server to hand keeps trying its first
+    #: connection before it gives up (`broker.config.Config.connect_wait_s`; the daemon waits
+    #: for ever).
+    connect_s: Seconds = 30.0
+    #: How long past the moment a leader's lease should have lapsed a standby keeps trying to
+    #: take it closely: the nats-server expires the key a moment after the standby's guess.
+    lapse_s: Seconds = 2.0
+    #: How long a lock file of the state repository must stay unchanged at a broker's start
+    #: to count as a dead writer's (git's pace of one write).
+    stale_lock_s: Seconds = 1.0
+    #: How often the git writer process looks whether the broker that started it is there.
+    orphan_s: Seconds = 1.0
+    #: A call through the Docker SDK (create, start, stop, exec, inspect, a pull's read)
+    #: unanswered this long has failed.
+    engine_call_s: Seconds = 60.0
+    #: One short question to the Docker Engine API (its version, its images) unanswered this
+    #: long has failed.
+    engine_ask_s: Seconds = 10.0
+    #: How long the worker's one try at start whether a child can be confined (its own uid,
+    #: a private /tmp) may take.
+    confine_s: Seconds = 30.0
+    #: How long a metrics scrape of the worker waits for its event loop to read the numbers.
+    scrape_s: Seconds = 10.0
+    #: How long a failed HTTP check reads the body that says why, past the check's own
+    #: timeout (the spec's).
+    explain_s: Seconds = 0.5
+    #: How often a follower of events looks again when its doorbell is silent: a follower of
+    #: the event history for the next stored event, a wait for an instance's start for its
+    #: status.
+    follow_s: Seconds = 1.0
+    #: How long an operator's command that is told to stop (Ctrl-C) may take to tell its
+    #: peer before it goes anyway: an exec session's hangup.
+    goodbye_s: Seconds = 1.0
+    # -- the operator's commands and the programs beside the cluster (rule 3) -------------
+    #: How long a client's wait (an instance's end, a system job running, a count of healthy
+    #: nodes) waits unless its caller gives its own.
+    wait_s: Seconds = 30.0
+    #: The pause of an operator's request while no broker answers (one starting, or one
+    #: taking over) before it asks again (`client.aio` rule 2).
+    failover_s: Seconds = 1.0
+    #: How often a wait looks again at another process's state besides what it hears: a
+    #: wait for a job's end, `gavel up` at its children.
+    watch_s: Seconds = 0.5
+    #: How long a request whose answer is shown at once (the dashboard's, `gavel up`'s line
+    #: of who leads) waits for the broker's answer.
+    glance_s: Seconds = 5.0
+    #: The pause between the questions (`ask_s`) of a wait for a process to be up:
+    #: `gavel up`'s broker with its workers, the route through its demo's gateway.
+    ask_pause_s: Seconds = 0.2
+    #: How long `gavel up` waits for its cluster to answer with every worker healthy.
+    up_s: Seconds = 60.0
+    #: How long `gavel up --restart-workers` waits before it starts an exited worker again.
+    respawn_s: Seconds = 1.0
+    #: How long `gavel up` gives its children, and the instances its workers left, to stop
+    #: once told to before it kills them.
+    stop_grace_s: Seconds = 15.0
+    #: How often the dashboard asks the broker for its overview again (heartbeats change
+    #: loads without an event).
+    refresh_s: Seconds = 2.0
+    #: How long the dashboard waits after an event before it asks again, so a burst of events
+    #: is one refresh.
+    settle_s: Seconds = 0.1
+    #: How long the dashboard's and the HTTP API's server wait for a request's head and its
+    #: body before they drop the connection.
+    head_s: Seconds = 10.0
+    #: How often an HTTP event stream (the dashboard's, the API's) says something while
+    #: nothing happens, so a proxy keeps it open.
+    keepalive_s: Seconds = 15.0
+    #: A request to Caddy's admin API unanswered this long has failed; while Caddy starts,
+    #: it is asked with `caddy_ask_s` instead, and may take `caddy_start_s` to answer.
+    caddy_s: Seconds = 5.0
+    caddy_ask_s: Seconds = 0.5
+    caddy_start_s: Seconds = 15.0
+    #: How long a gateway started before NATS waits before it tries to connect again.
+    reconnect_s: Seconds = 1.0
+    #: How long `gavel up --demo` waits for what it shows: its workloads placed, the route
+    #: through its gateway.
+    demo_s: Seconds = 20.0
+    #: How long `gavel up --demo` gives its workloads to run and report before it shows what
+    #: the workers reported.
+    demo_pause_s: Seconds = 2.5
 
     def problem(self) -> str | None:
         """What makes these clocks unusable, as a sentence naming the field; None if none."""

@@ -13,7 +13,7 @@ Rules:
    stored one after the last it yielded, so after a reconnect or a nats-server restart it
    goes on where it left off, with no gap and no duplicate (on a connection that reconnects;
    a closed one ends it). A subscription to the events' subject is only its doorbell;
-   without one it looks again every `POLL_S`.
+   without one it looks again every `Timing.follow_s`.
 4. Without JetStream (or without the stream) there is no history: `follow` yields what
    the subscription hears, with sequence 0 - but not an event stored late (its header
    `STORED_LATE`: the broker stores what it published while the history could not be
@@ -38,7 +38,7 @@ from gavel.shared.messages import Event
 from gavel.shared.timing import Timing
 from gavel.transport.inbound import Decode, Malformed
 
-__all__ = ["MAX_AGE_S", "MAX_BYTES", "POLL_S", "STORED_LATE", "Follower", "NoHistory",
+__all__ = ["MAX_AGE_S", "MAX_BYTES", "STORED_LATE", "Follower", "NoHistory",
            "Stored", "ensure", "follow", "last_seq", "next_after", "recent", "stream_config"]
 
 #: Events older than this leave the stream (seven days).
@@ -47,11 +47,10 @@ MAX_AGE_S = 7 * 24 * 3600.0
 MAX_BYTES = 64 * 1024 * 1024
 #: The largest event stored (an event is a few hundred bytes; a reason and a detail at most).
 MAX_MSG_BYTES = 64 * 1024
-#: How often `follow` looks again when its doorbell is silent (rule 3).
-POLL_S = 1.0
-#: A JetStream call unanswered this long has failed: `Timing`'s, for the operator's commands
-#: and the broker's load of the history alike.
-_CALL_S = Timing().call_s
+#: A JetStream call unanswered this long has failed, and how often `follow` looks again when
+#: its doorbell is silent (rule 3): `Timing`'s machine waits, for the operator's commands and
+#: the broker's load of the history alike.
+_CALL_S, _FOLLOW_S = Timing().call_s, Timing().follow_s
 #: The header of an event stored after it was published (rule 4).
 STORED_LATE = "Gavel-Stored-Late"
 _STREAM_NAME_IN_USE = 10058
@@ -204,7 +203,7 @@ class Follower:
                 got = None
             if got is None:
                 with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(POLL_S):
+                    async with asyncio.timeout(_FOLLOW_S):
                         await self._bell.wait()
                 continue
             self.last = got.seq

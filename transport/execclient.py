@@ -133,7 +133,7 @@ async def run(nc: Any, start: ExecStart, on_output: OnOutput, *,
                 await send(inp(acked=reply.seq))
     except asyncio.CancelledError:  # rule 3
         with contextlib.suppress(Exception):
-            await asyncio.wait_for(send(inp(hangup=True, acked=acked[0])), 1.0)
+            await asyncio.wait_for(send(inp(hangup=True, acked=acked[0])), _TIMING.goodbye_s)
         raise
     finally:
         for task in (feeding, alive):

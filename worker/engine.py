@@ -37,6 +37,8 @@ import socket
 from typing import Any
 from urllib.parse import urlsplit
 
+from gavel.shared.timing import Timing
+
 __all__ = ["ATTEMPT", "HOME", "INSTANCE", "NODE", "Engine", "connect", "get"]
 
 log = logging.getLogger("gavel.worker.engine")
@@ -44,6 +46,8 @@ log = logging.getLogger("gavel.worker.engine")
 NODE, HOME, INSTANCE, ATTEMPT = ("gavel.node", "gavel.home", "gavel.instance", "gavel.attempt")
 LABELS = (NODE, HOME, INSTANCE, ATTEMPT)
 _DEFAULT_SOCKET = "unix:///var/run/docker.sock"
+#: The Engine API's waits: machine waits of `Timing` (`shared.timing` rule 3).
+_TIMING = Timing()
 #: Threads for the engine's short calls (create, start, stop, remove, exec, inspect).
 _CALL_THREADS = 8
 
@@ -67,7 +71,8 @@ class Engine:
         if self._client is None:
             import docker
 
-            self._client = docker.DockerClient(base_url=self.url, timeout=60,
+            self._client = docker.DockerClient(base_url=self.url,
+                                               timeout=_TIMING.engine_call_s,
                                                max_pool_size=64)
         return self._client
 
@@ -112,7 +117,7 @@ class _UnixConnection(http.client.HTTPConnection):
         self.sock = sock
 
 
-def get(url: str, path: str, timeout: float = 10.0) -> Any:
+def get(url: str, path: str, timeout: float = _TIMING.engine_ask_s) -> Any:
     """One GET of the Engine API at `url` (``unix://`` or ``tcp://``/``http://``): its JSON
     (rule 2). Raises OSError, or ValueError for an answer that is not a 200 with JSON."""
     if url.startswith("unix://"):

@@ -33,10 +33,13 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from gavel.shared.execstream import CHUNK_MAX, Stream
+from gavel.shared.timing import Timing
 
 __all__ = ["ContainerSession", "ProcessSession", "Session"]
 
 Chunk = tuple[Stream, bytes]
+#: How often an ended exec's code is asked of the engine: `Timing.poll_s` (rule 3 there).
+_TIMING = Timing()
 
 
 class Session(Protocol):
@@ -266,7 +269,7 @@ class ContainerSession:
             if not info.get("Running"):
                 code = info.get("ExitCode")
                 return int(code) if code is not None else None
-            await asyncio.sleep(0.05)
+            await asyncio.sleep(_TIMING.poll_s)
         return None
 
     def kill(self) -> None:

@@ -50,10 +50,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from gavel.shared.timing import Timing
+
 __all__ = ["LEASES", "MODES", "Identity", "Isolation", "RootRefused", "configure", "off",
            "processes", "zombie"]
 
 log = logging.getLogger("gavel.worker.isolation")
+#: The one try at start: a machine wait of `Timing` (`shared.timing` rule 3).
+_TIMING = Timing()
 
 Mode = Literal["uids", "off"]
 MODES: tuple[Mode, ...] = ("uids", "off")
@@ -269,7 +273,7 @@ def _works(identity: Identity, *, private_tmp: bool) -> bool:
     try:
         return subprocess.run(["/bin/true"], preexec_fn=confine(
             identity, pids=64, tmp_mb=1, private_tmp=private_tmp), cwd="/",
-            stdin=subprocess.DEVNULL, timeout=30, check=False).returncode == 0
+            stdin=subprocess.DEVNULL, timeout=_TIMING.confine_s, check=False).returncode == 0
     except (OSError, subprocess.SubprocessError):
         return False
 

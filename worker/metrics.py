@@ -126,7 +126,7 @@ class _AgentCollector(Collector):
                 done.set_exception(exc)
 
         loop.call_soon_threadsafe(read)
-        return done.result(timeout=10)
+        return done.result(timeout=self.agent.timing.scrape_s)
 
     def collect(self) -> Iterator[Metric]:
         s = self._snapshot()

@@ -27,12 +27,15 @@ from urllib.parse import quote
 
 from gavel.shared.messages import Health
 from gavel.shared.spec import Check
+from gavel.shared.timing import Timing
 from gavel.worker.checks import OUTPUT_MAX, Change, CheckMachine
 from gavel.worker.driver import SecretsUnavailable
 
 __all__ = ["HOST", "Execute", "Prober", "exec_on_host", "probe"]
 
 log = logging.getLogger("gavel.worker.checks")
+#: How long the body of a failed check is read: a machine wait of `Timing` (rule 3).
+_TIMING = Timing()
 
 #: Where checks reach the instance: it runs on this host.
 HOST = "127.0.0.1"
@@ -115,7 +118,7 @@ async def _http(port: int, path: str, want: int) -> tuple[bool, str]:
             return True, out
         body = b""
         with contextlib.suppress(TimeoutError, OSError):  # the body only explains the status
-            async with asyncio.timeout(0.5):
+            async with asyncio.timeout(_TIMING.explain_s):
                 body = await reader.read(_BODY_QUOTED)
         text = " ".join(body.decode("utf-8", "replace").split())
         return False, f"{out} (expected {want})" + (f": {text}" if text else "")

@@ -28,14 +28,16 @@ from pathlib import Path
 import pygit2
 
 from gavel.broker.ledger.repository import Ledger
+from gavel.shared.timing import Timing
 
 __all__ = ["commit_files", "make_executor"]
 
 _ledgers: dict[tuple[str, str], Ledger] = {}
 _committing = threading.Lock()
 log = logging.getLogger("gavel.broker")
-#: How often the writer checks that its broker is still there.
-ORPHAN_CHECK_S = 1.0
+#: How often the writer checks that its broker is still there: a machine wait of `Timing`
+#: (the writer process is started without one), the same under fast timers.
+ORPHAN_CHECK = Timing().orphan_s
 
 
 def commit_files(path: str, ref: str, files: Mapping[str, bytes | None], message: str,
@@ -56,7 +58,7 @@ def _writer_started(parent: int) -> None:
     """The writer process's initializer: leave when the broker that started it is gone."""
     def watch() -> None:
         while os.getppid() == parent:
-            time.sleep(ORPHAN_CHECK_S)
+            time.sleep(ORPHAN_CHECK)
         with _committing:  # the commit in hand, if any, finishes first
             os._exit(0)
 

@@ -91,7 +91,7 @@ class Pusher:
     """Keeps `remote`'s copy of `ref` up to date with the state repository at `repo_path`."""
 
     def __init__(self, repo_path: Path, ref: str, remote: str, *,
-                 backoff_s: float = _TIMING.retry_s, max_backoff_s: float = 60.0,
+                 backoff_s: float = _TIMING.retry_s, max_backoff_s: float = _TIMING.retry_max_s,
                  max_rounds: int = 5,
                  on_merged: Callable[[Change, str], None] | None = None,
                  registry: CollectorRegistry | None = None, epoch: int = 0,

@@ -45,7 +45,7 @@ from gavel.broker.ledger.integrity import settle as settle_disputes
 from gavel.broker.ledger.objects import Entries, ObjectStore, Trees, git_order
 from gavel.broker.ledger.packs import merge_small_packs
 from gavel.broker.ledger.reading import read_tree, service_problem
-from gavel.broker.ledger.stalelock import LOCK_WAIT_S, remove_stale_lock
+from gavel.broker.ledger.stalelock import LOCK_WAIT, remove_stale_lock
 from gavel.broker.ledger.state import Change, State, compact, encode, parse_stamp, pretty, stamp
 from gavel.shared.records import AuctionRecord
 
@@ -245,7 +245,7 @@ class Ledger:
             return read()
 
     # -- writing -------------------------------------------------------------------------
-    def clear_stale_lock(self, wait_s: float = LOCK_WAIT_S) -> Path | None:
+    def clear_stale_lock(self, wait_s: float = LOCK_WAIT) -> Path | None:
         """Rule 8, at a broker's start: remove the ref's lock file if it is still there,
         unchanged, after `wait_s`; the path removed, or None."""
         return remove_stale_lock(Path(self.repo.path), self.ref, wait_s)

@@ -4,7 +4,7 @@ Rule: a broker starting finds no writer of its own alive (there is one broker, a
 one's writer died with it), so a lock on the ref that outlives a short wait was left by a
 writer killed between locking the ref and moving it: `remove_stale_lock` removes it, logged,
 instead of leaving every commit to fail "locked" for good. git and libgit2 hold a ref's lock
-for one write; a lock that is still there, unchanged, after `LOCK_WAIT_S` is no one's write
+for one write; a lock that is still there, unchanged, after `Timing.stale_lock_s` is no one's write
 in flight. Only at the start, and once the broker's own writer died (`broker.ledger.
 committer` rule 11), which is the start again: a lock taken while the broker's writer is
 alive is someone's, waited out and retried.
@@ -17,14 +17,17 @@ import logging
 import time
 from pathlib import Path
 
-__all__ = ["LOCK_WAIT_S", "remove_stale_lock"]
+from gavel.shared.timing import Timing
 
-#: How long a lock on the ref must stay unchanged at a broker's start to be stale.
-LOCK_WAIT_S = 1.0
+__all__ = ["LOCK_WAIT", "remove_stale_lock"]
+
+#: How long a lock on the ref must stay unchanged at a broker's start to be stale: a
+#: machine wait of `Timing` (git's pace), the same under fast timers.
+LOCK_WAIT = Timing().stale_lock_s
 log = logging.getLogger("gavel.ledger")
 
 
-def remove_stale_lock(repo_path: Path, ref: str, wait_s: float = LOCK_WAIT_S) -> Path | None:
+def remove_stale_lock(repo_path: Path, ref: str, wait_s: float = LOCK_WAIT) -> Path | None:
     """Remove the lock file of `ref` in the repository at `repo_path` if it is still there,
     unchanged, after `wait_s`; the path removed, or None."""
     lock = repo_path / f"{ref}.lock"

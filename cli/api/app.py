@@ -65,6 +65,7 @@ from gavel.shared.execstream import CHUNK_MAX, ExecOutput, ExecRequest
 from gavel.shared.logstream import LogsDone, LogsRequest
 from gavel.shared.messages import ApiError
 from gavel.shared.roles import READ_VERBS
+from gavel.shared.timing import Timing
 
 __all__ = ["DEFAULT_PORT", "KEEPALIVE_S", "ApiServer", "ApiUnavailable", "add_options",
            "run", "start"]
@@ -72,7 +73,7 @@ __all__ = ["DEFAULT_PORT", "KEEPALIVE_S", "ApiServer", "ApiUnavailable", "add_op
 #: Rule 1.
 DEFAULT_PORT = 8471
 #: Rule 4.
-KEEPALIVE_S = 15.0
+KEEPALIVE_S = Timing().keepalive_s
 #: The header a reconnecting event-stream client sends: the last ``id:`` it heard (rule 4).
 LAST_EVENT_ID = "last-event-id"
 _JSON = "application/json"

@@ -35,13 +35,14 @@ from gavel.cli.ui.http import Request, Response, Server, Sse, Stream
 from gavel.client import BrokerRefused, Client, ClientError
 from gavel.shared.api import INSTANCE_ID
 from gavel.shared.errors import BadInput
+from gavel.shared.timing import Timing
 
 __all__ = ["DEFAULT_PORT", "Dashboard", "UiUnavailable", "add_options", "run", "start"]
 
 #: Rule 3.
 DEFAULT_PORT = 8470
 #: A comment on an idle event stream this often (the browser notices a dead connection).
-KEEPALIVE_S = 15.0
+KEEPALIVE_S = Timing().keepalive_s
 _TYPES = {".html": "text/html; charset=utf-8", ".js": "text/javascript; charset=utf-8",
           ".css": "text/css; charset=utf-8", ".svg": "image/svg+xml"}
 _JSON = "application/json"

@@ -47,23 +47,26 @@ from gavel.shared.api import (
     StatusReply,
     StatusRequest,
 )
+from gavel.shared.timing import Timing
 
 __all__ = ["EVENTS_KEPT", "QUEUE_MAX", "REFRESH_S", "SETTLE_S", "Feed", "Page"]
 
 log = logging.getLogger("gavel.ui")
+#: The dashboard's clocks: machine waits of `Timing` (`shared.timing` rule 3).
+_TIMING = Timing()
 
 #: Rule 2.
-REFRESH_S = 2.0
+REFRESH_S = _TIMING.refresh_s
 #: How long a closing feed waits for a cancelled task before cancelling it again.
 CLOSE_RETRY_S = 0.1
-SETTLE_S = 0.1
+SETTLE_S = _TIMING.settle_s
 #: Events a page is shown when it opens.
 EVENTS_KEPT = 200
 #: Rule 3.
 QUEUE_MAX = 512
 #: How long one API call may take before the overview says the broker did not answer (the
 #: dashboard's client's timeout).
-CALL_S = 5.0
+CALL_S = _TIMING.glance_s
 
 _json = msgspec.json.Encoder()
 

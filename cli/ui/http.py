@@ -36,6 +36,7 @@ from typing import Any
 from urllib.parse import parse_qsl, unquote, urlsplit
 
 from gavel.cli.ui import access
+from gavel.shared.timing import Timing
 
 __all__ = ["DASHBOARD", "HEAD_MAX", "HEAD_S", "Policy", "Request", "Response", "Server",
            "Stream"]
@@ -44,7 +45,7 @@ log = logging.getLogger("gavel.ui")
 
 #: The largest request head read, and how long a client may take to send it (rule 1).
 HEAD_MAX = 16 * 1024
-HEAD_S = 10.0
+HEAD_S = Timing().head_s
 #: What a refused body may still send before the connection is closed (`_linger`).
 LINGER_MAX = 64 * 1024 * 1024
 #: Rule 2.

@@ -35,11 +35,17 @@ def test_the_machine_waits_are_the_answers_pushes_shutdowns_starts_and_polls() -
     clock that existed before them (the protocol's) is still shrunk."""
     assert frozenset({"call_s", "ack_s", "push_s", "close_s", "flush_s", "answer_s",
                       "node_answer_s", "interest_s", "ask_s", "poll_s", "poll_max_s",
-                      "start_s", "jetstream_s"}) == MACHINE
+                      "start_s", "jetstream_s", "connect_s", "lapse_s", "stale_lock_s",
+                      "orphan_s", "engine_call_s", "engine_ask_s", "confine_s", "scrape_s",
+                      "explain_s", "follow_s", "goodbye_s", "wait_s", "failover_s",
+                      "watch_s", "glance_s", "ask_pause_s", "up_s", "respawn_s",
+                      "stop_grace_s", "refresh_s", "settle_s", "head_s", "keepalive_s",
+                      "caddy_s", "caddy_ask_s", "caddy_start_s", "reconnect_s", "demo_s",
+                      "demo_pause_s"}) == MACHINE
     assert set(Timing.__struct_fields__) >= MACHINE
     protocol = {"heartbeat_s", "unreachable_s", "offline_s", "provisioning_s", "bid_deadline_s",
                 "lease_grace_s", "cancel_grace_s", "kill_grace_s", "tick_s", "mirror_s",
-                "retention_s", "retry_s"}
+                "retention_s", "retry_s", "retry_max_s"}
     assert protocol | MACHINE == set(Timing.__struct_fields__)
     assert not protocol & MACHINE
 
