@@ -33,7 +33,6 @@ import asyncio
 import contextlib
 import functools
 import itertools
-import json
 import logging
 import time
 import uuid
@@ -47,6 +46,7 @@ from gavel.shared.messages import Event, EventType
 from gavel.shared.timing import Timing
 from gavel.transport import eventstream
 from gavel.transport.asklater import Made, again, verdict, why
+from gavel.transport.inbound import Malformed, js_answer
 
 __all__ = ["KEPT", "Events"]
 
@@ -187,10 +187,10 @@ class Events:
             headers[eventstream.STORED_LATE] = "1"
         try:
             reply = await self._nc.request(subject, data, timeout=self._ack_s, headers=headers)
-            ack = json.loads(reply.data)
         except Exception:  # no responders (stream away), timeout, reconnecting, closed
             return False
-        return isinstance(ack, dict) and "error" not in ack and "seq" in ack
+        ack = js_answer(reply.data)
+        return not isinstance(ack, Malformed) and "error" not in ack and "seq" in ack
 
     def emit(self, instance_id: str, type_: EventType, node_id: str = "",
              reason: str = "", detail: str = "", exit_code: int | None = None,

@@ -23,7 +23,6 @@ Rules:
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -33,6 +32,7 @@ import nats.errors
 from gavel.broker.context import Leadership
 from gavel.shared import subjects
 from gavel.shared.timing import Timing
+from gavel.transport.inbound import Malformed, js_answer
 
 __all__ = ["FencedPuts", "with_epoch"]
 
@@ -110,12 +110,14 @@ class FencedPuts:
             try:
                 msg = await self.nc.request(subject, value, timeout=self.timeout_s,
                                             headers=headers)
-                answer = json.loads(msg.data)
             except (nats.errors.Error, TimeoutError, ValueError, AttributeError):
+                msg = None
+            answer = Malformed("unanswered") if msg is None else js_answer(msg.data)
+            if isinstance(answer, Malformed):
                 self.unanswered += 1  # rule 4: the same id again; a landed one is deduped
                 await asyncio.sleep(self.retry_s)
                 continue
-            error = answer.get("error") if isinstance(answer, dict) else {"description": "?"}
+            error = answer.get("error")
             if not error:
                 self.revision[node] = int(answer.get("seq", 0))
                 return

@@ -56,7 +56,7 @@ from nats.js import api
 
 from gavel.shared import subjects
 from gavel.shared.timing import Timing
-from gavel.transport.inbound import Decode, Malformed
+from gavel.transport.inbound import Decode, Malformed, js_answer
 
 __all__ = ["Holder", "Lease", "LeaseError"]
 
@@ -205,9 +205,10 @@ class Lease:
                                       "config": config.as_dict()}).encode()
                 msg = await self.nc.request(subjects.LEADER_WATCH.format(name=name), request,
                                             timeout=max(1.0, self.renew_s))
-                answer = json.loads(msg.data)
-                if isinstance(answer, dict) and answer.get("error"):
-                    raise LeaseError(str(answer["error"]))
+                answer = js_answer(msg.data)
+                if isinstance(answer, Malformed) or answer.get("error"):
+                    raise LeaseError(answer.why if isinstance(answer, Malformed)
+                                     else str(answer["error"]))
                 while self.clock() - heard[0] < 3 * self.renew_s:
                     await asyncio.sleep(self.renew_s)
             except asyncio.CancelledError:
@@ -389,10 +390,12 @@ class Lease:
         try:
             msg = await self.nc.request(subjects.LEADER_KEY, value, timeout=timeout or self.ack_s,
                                         headers={_EXPECTED: str(last), "Nats-Msg-Id": msg_id})
-            answer = json.loads(msg.data)
         except (nats.errors.Error, TimeoutError, ValueError) as exc:
             return _Answer(unanswered=str(exc) or type(exc).__name__)
-        error = answer.get("error") if isinstance(answer, dict) else "not a JetStream answer"
+        answer = js_answer(msg.data)
+        if isinstance(answer, Malformed):
+            return _Answer(unanswered=answer.why)
+        error = answer.get("error")
         if not error:
             return _Answer(revision=int(answer.get("seq", 0)),
                            duplicate=bool(answer.get("duplicate")))
@@ -409,7 +412,10 @@ class Lease:
         try:
             msg = await self.nc.request(subjects.LEADER_GET, _enc.encode(
                 {"last_by_subj": subjects.LEADER_KEY}), timeout=max(0.5, self.renew_s))
-            got = json.loads(msg.data).get("message") or {}
+            answer = js_answer(msg.data)
+            if isinstance(answer, Malformed):
+                return _Answer(unanswered=f"a refused put not yet checked ({answer.why})")
+            got = answer.get("message") or {}
             head = base64.b64decode(got.get("hdrs") or "").decode(errors="replace")
         except (nats.errors.Error, TimeoutError, ValueError, AttributeError) as exc:
             return _Answer(unanswered=f"a refused put not yet checked ({exc})")

@@ -46,7 +46,7 @@ from gavel.broker.context import Context
 from gavel.shared import subjects
 from gavel.shared.messages import ApiError, WatchGrant, WatchRequest
 from gavel.shared.reasons import Reason
-from gavel.transport.inbound import Door, Guard
+from gavel.transport.inbound import Door, Guard, Malformed, js_answer
 
 __all__ = ["Watches"]
 
@@ -141,10 +141,10 @@ class Watches:
         try:
             async with asyncio.timeout(bound):
                 msg = await self.ctx.outbox.nc.request(subject, payload, timeout=bound)
-            answer = json.loads(msg.data)
         except (nats.errors.Error, TimeoutError, ValueError):
             return None
-        return answer if isinstance(answer, dict) else None
+        answer = js_answer(msg.data)
+        return None if isinstance(answer, Malformed) else answer
 
 
 def _inbox_of(subject: str) -> str:

@@ -36,7 +36,7 @@ from nats.js.errors import APIError, BadRequestError
 from gavel.shared import subjects
 from gavel.shared.messages import Event
 from gavel.shared.timing import Timing
-from gavel.transport.inbound import Decode, Malformed
+from gavel.transport.inbound import Decode, Malformed, js_answer
 
 __all__ = ["MAX_AGE_S", "MAX_BYTES", "STORED_LATE", "Follower", "NoHistory",
            "Stored", "ensure", "follow", "last_seq", "next_after", "recent", "stream_config"]
@@ -101,11 +101,11 @@ async def ensure(nc: Any, replicas: int, log: logging.Logger) -> int:
 async def _ask(nc: Any, subject: str, body: dict[str, Any]) -> dict[str, Any]:
     try:
         msg = await nc.request(subject, json.dumps(body).encode(), timeout=_CALL_S)
-        answer = json.loads(msg.data)
-    except Exception as exc:  # no responders, timeout, disconnected, garbage
+    except Exception as exc:  # no responders, timeout, disconnected
         raise NoHistory(str(exc) or type(exc).__name__) from None
-    if not isinstance(answer, dict):
-        raise NoHistory("not a JetStream answer")
+    answer = js_answer(msg.data)
+    if isinstance(answer, Malformed):
+        raise NoHistory(f"not a JetStream answer ({answer.why})")
     return answer
 
 

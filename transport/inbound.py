@@ -53,6 +53,7 @@ __all__ = [
     "Received",
     "Sink",
     "answerable",
+    "js_answer",
     "stray",
 ]
 
@@ -204,6 +205,11 @@ class Decode(Generic[M]):
             return self._decode(data)
         except _UNDECODABLE as exc:
             return Malformed(str(exc) or type(exc).__name__)
+
+
+#: The answer to a JetStream API request (a put, a consumer made, a message read): the JSON
+#: object the server said, or `Malformed` (rule 1).
+js_answer: Decode[dict[str, Any]] = Decode(dict[str, Any], json=True)
 
 
 class Guard(Generic[M]):

@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 
 from gavel.shared.timing import Timing
+from gavel.transport.inbound import Malformed, js_answer
 from gavel.transport.natsserver import NatsServer, free_port
 
 __all__ = ["NatsCluster"]
@@ -91,10 +92,13 @@ class NatsCluster:
                 continue
             try:
                 msg = await nc.request("$JS.API.INFO", b"", timeout=_TIMING.ask_s)
-                answer = json.loads(msg.data)
-                if "error" not in answer:
+                answer = js_answer(msg.data)
+                if isinstance(answer, Malformed):
+                    last = answer.why
+                elif "error" not in answer:
                     return
-                last = str(answer["error"].get("description", answer["error"]))
+                else:
+                    last = str(answer["error"].get("description", answer["error"]))
             except Exception as exc:
                 last = str(exc) or type(exc).__name__
             finally:

@@ -27,6 +27,7 @@ from gavel.bench.statushop import http, pct, with_api
 from gavel.client import Client
 from gavel.shared import subjects
 from gavel.shared.messages import Event, Spec
+from gavel.transport.inbound import Decode, Malformed
 
 __all__ = ["main", "measure"]
 
@@ -35,12 +36,14 @@ async def measure(nats_url: str, api_port: int, n: int) -> dict[str, Any]:
     """Rules 2 and 3: `n` submissions through each door."""
     spec = Spec(name="hop", command=[sys.executable, "-c", "pass"], cpu=0.01, memory_mb=16)
     placed: dict[str, asyncio.Future[float]] = {}
-    dec = msgspec.msgpack.Decoder(Event)
+    dec: Decode[Event] = Decode(Event)
     figures: dict[str, dict[str, list[float]]] = {
         door: {"reply": [], "placed": []} for door in ("nats", "http")}
     async with await Client.connect(nats_url) as client:
         async def heard(msg: Any) -> None:
-            e = dec.decode(msg.data)
+            e = dec(msg.data)
+            if isinstance(e, Malformed):
+                return
             got = placed.get(e.instance_id)
             if e.type == "placed" and got is not None and not got.done():
                 got.set_result(time.perf_counter())
