@@ -453,7 +453,7 @@ async def run_gateway(args: argparse.Namespace) -> int:
                              metrics_port=cfg.metrics_port, reserved=cfg.reserved_ports)
     book = load_book(cfg.nodes)
     files = FileServer(lambda rid: keeper.root_of(rid))
-    keeper = Keeper(nc=nc, admin=Admin(cfg.admin), timing=timing, server=cfg.server,
+    keeper = Keeper(nc=nc, admin=Admin(cfg.admin, timing.caddy_s), timing=timing, server=cfg.server,
                     listen=cfg.listen, static_roots=cfg.static_roots, book=book,
                     reserved=reserved, files_dial=files.dial)
     if keeper.book is None:

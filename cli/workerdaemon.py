@@ -50,7 +50,8 @@ def _isolation(cfg: WorkerConfig) -> Isolation:
     from gavel.worker.isolation import configure
 
     return configure(cfg.isolation, cfg.uids, allow_root=cfg.allow_root,
-                     owner=f"{cfg.node_id}.{worker_key(Path(cfg.state))}")
+                     owner=f"{cfg.node_id}.{worker_key(Path(cfg.state))}",
+                     timing=effective_timing(cfg, os.environ))
 
 
 def _writable_dir(path: Path) -> None:
@@ -80,7 +81,8 @@ def _engine(cfg: WorkerConfig) -> Engine | None:
                               f"{exc.strerror or exc}.") from None
     from gavel.worker.engine import connect
 
-    return connect(cfg.engine, node_id=cfg.node_id, home=str(Path(cfg.state).resolve()))
+    return connect(cfg.engine, node_id=cfg.node_id, home=str(Path(cfg.state).resolve()),
+                   timing=effective_timing(cfg, os.environ))
 
 
 def _find_engine(cfg: WorkerConfig) -> Callable[[], Engine | None] | None:
@@ -91,7 +93,8 @@ def _find_engine(cfg: WorkerConfig) -> Callable[[], Engine | None] | None:
     from gavel.worker.engine import connect
 
     return functools.partial(connect, cfg.engine, node_id=cfg.node_id,
-                             home=str(Path(cfg.state).resolve()), quiet=True)
+                             home=str(Path(cfg.state).resolve()), quiet=True,
+                             timing=effective_timing(cfg, os.environ))
 
 
 async def run_worker(args: argparse.Namespace) -> int:

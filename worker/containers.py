@@ -306,7 +306,7 @@ class ContainerDriver:
         def run() -> int:
             query = urlencode({"all": "1", "filters": json.dumps(engine.filters())})
             gone = 0
-            for c in get(engine.url, f"/containers/json?{query}"):
+            for c in get(engine.url, f"/containers/json?{query}", engine.timing.engine_ask_s):
                 labels = c.get("Labels") or {}
                 if owned.get(labels.get(INSTANCE, "")) == int(labels.get(ATTEMPT, "0") or 0) \
                         and c.get("State") == "running":

@@ -55,8 +55,11 @@ _CALL_THREADS = 8
 class Engine:
     """A connected engine and what this node holds in it (rules 2-4)."""
 
-    def __init__(self, *, node_id: str, home: str, version: str, url: str) -> None:
+    def __init__(self, *, node_id: str, home: str, version: str, url: str,
+                 timing: Timing = _TIMING) -> None:
         self._client: Any = None
+        #: The Engine API's waits (`Timing.engine_call_s`, `Timing.engine_ask_s`).
+        self.timing = timing
         self.node_id = node_id
         self.home = home
         self.version = version
@@ -72,7 +75,7 @@ class Engine:
             import docker
 
             self._client = docker.DockerClient(base_url=self.url,
-                                               timeout=_TIMING.engine_call_s,
+                                               timeout=self.timing.engine_call_s,
                                                max_pool_size=64)
         return self._client
 
@@ -92,7 +95,7 @@ class Engine:
     def refresh_images(self) -> frozenset[str]:
         """Rule 3 (blocking: call it from a thread, or at start)."""
         names: set[str] = set()
-        for image in get(self.url, "/images/json"):
+        for image in get(self.url, "/images/json", self.timing.engine_ask_s):
             names.update(t for t in image.get("RepoTags") or () if t != "<none>:<none>")
             names.update(image.get("RepoDigests") or ())
             names.add(image["Id"])
@@ -140,7 +143,8 @@ def get(url: str, path: str, timeout: float = _TIMING.engine_ask_s) -> Any:
 
 
 def connect(setting: str, *, node_id: str, home: str,
-            env: dict[str, str] | None = None, quiet: bool = False) -> Engine | None:
+            env: dict[str, str] | None = None, quiet: bool = False,
+            timing: Timing = _TIMING) -> Engine | None:
     """The engine `setting` names (``auto``, ``off`` or a Docker host URL), or None (rule 1);
     `quiet`: asked again (rule 5), an engine still missing is not said again."""
     if setting == "off":
@@ -152,13 +156,13 @@ def connect(setting: str, *, node_id: str, home: str,
             log.info("no container engine: %s does not exist; image specs are declined", url)
         return None
     try:
-        version = str(get(url, "/version").get("Version", "?"))
+        version = str(get(url, "/version", timing.engine_ask_s).get("Version", "?"))
     except (OSError, ValueError) as exc:
         if not quiet:
             log.warning("no container engine answers at %s (%s); image specs are declined "
                         "until one does", url, exc)
         return None
-    engine = Engine(node_id=node_id, home=home, version=version, url=url)
+    engine = Engine(node_id=node_id, home=home, version=version, url=url, timing=timing)
     try:
         engine.refresh_images()
     except (OSError, ValueError) as exc:

@@ -56,7 +56,7 @@ __all__ = ["LEASES", "MODES", "Identity", "Isolation", "RootRefused", "configure
            "processes", "zombie"]
 
 log = logging.getLogger("gavel.worker.isolation")
-#: The one try at start: a machine wait of `Timing` (`shared.timing` rule 3).
+#: The one try at start, unless the worker hands its own: a machine wait of `Timing`.
 _TIMING = Timing()
 
 Mode = Literal["uids", "off"]
@@ -238,7 +238,7 @@ class Isolation:
 
 
 def configure(mode: Mode, uids: tuple[int, int], *, allow_root: bool, owner: str,
-              leases: Path = LEASES) -> Isolation:
+              leases: Path = LEASES, timing: Timing = _TIMING) -> Isolation:
     """The worker's isolation as its config says, and as the host allows (rule 1)."""
     if mode == "off":
         return Isolation(None, True, owner, "isolation off: instances run as the worker's "
@@ -249,8 +249,9 @@ def configure(mode: Mode, uids: tuple[int, int], *, allow_root: bool, owner: str
                          "isolation: the worker is not root and cannot switch uids: "
                          "instances run as the worker's own user", leases)
     probe = Identity(uids[0], uids[0])
-    if not _works(probe, private_tmp=True):  # root without CAP_SYS_ADMIN (a container)
-        if not _works(probe, private_tmp=False):
+    within = timing.confine_s
+    if not _works(probe, within, private_tmp=True):  # root without CAP_SYS_ADMIN (a container)
+        if not _works(probe, within, private_tmp=False):
             return Isolation(None, allow_root, owner,
                              "isolation: this root cannot switch uids here (no CAP_SETUID?): "
                              "instances run as the worker's own user", leases)
@@ -268,12 +269,12 @@ def _root_note(allow_root: bool) -> str:
     return "; root allowed for specs that ask" if allow_root else ""
 
 
-def _works(identity: Identity, *, private_tmp: bool) -> bool:
+def _works(identity: Identity, within: float, *, private_tmp: bool) -> bool:
     """Whether a child can be confined so here (rule 4): one try at start, as root."""
     try:
         return subprocess.run(["/bin/true"], preexec_fn=confine(
             identity, pids=64, tmp_mb=1, private_tmp=private_tmp), cwd="/",
-            stdin=subprocess.DEVNULL, timeout=_TIMING.confine_s, check=False).returncode == 0
+            stdin=subprocess.DEVNULL, timeout=within, check=False).returncode == 0
     except (OSError, subprocess.SubprocessError):
         return False
 
