@@ -112,8 +112,8 @@ class FencedPuts:
                                             headers=headers)
             except (nats.errors.Error, TimeoutError, ValueError, AttributeError):
                 msg = None
-            answer = Malformed("unanswered") if msg is None else js_answer(msg.data)
-            if isinstance(answer, Malformed):
+            answer = None if msg is None else js_answer(msg.data)
+            if answer is None or isinstance(answer, Malformed):
                 self.unanswered += 1  # rule 4: the same id again; a landed one is deduped
                 await asyncio.sleep(self.retry_s)
                 continue

@@ -4,8 +4,8 @@ Rule: a broker starting finds no writer of its own alive (there is one broker, a
 one's writer died with it), so a lock on the ref that outlives a short wait was left by a
 writer killed between locking the ref and moving it: `remove_stale_lock` removes it, logged,
 instead of leaving every commit to fail "locked" for good. git and libgit2 hold a ref's lock
-for one write; a lock that is still there, unchanged, after `Timing.stale_lock_s` is no one's write
-in flight. Only at the start, and once the broker's own writer died (`broker.ledger.
+for one write; a lock that is still there, unchanged, after `Timing.stale_lock_s` is no one's
+write in flight. Only at the start, and once the broker's own writer died (`broker.ledger.
 committer` rule 11), which is the start again: a lock taken while the broker's writer is
 alive is someone's, waited out and retried.
 """
