@@ -18,8 +18,9 @@ Rules:
    broker (a commit by hand, a merge of a push), the nodes whose node.json the state it
    read holds differently from before are mirrored again from that state - which already
    holds one placement per instance (`broker.ledger.integrity`).
-5. A damaged state repository (`Damaged`) stops the broker: `run` raises it once the broker
-   is closed, and the daemon prints its one sentence.
+5. A damaged state repository (`Damaged`), or a loop of the broker's that crashed
+   (`transport.tasks.Crashed`, reported as it happens), stops the broker: `run` raises it
+   once the broker is closed, and the daemon prints its one sentence.
 6. The API has a NATS connection of its own: whatever nodes send (or fail to read) on the
    node connection, operators' requests and their answers never queue behind it, and a
    node connection the server cuts off leaves the API answering.
@@ -89,6 +90,7 @@ from gavel.shared.messages import RFB
 from gavel.shared.records import NodeFile
 from gavel.transport import wire
 from gavel.transport.rejects import Rejects
+from gavel.transport.tasks import Crashed, Tasks
 
 __all__ = ["Broker", "Config", "MakePusher", "NatsUnreachable", "tune_gc"]
 
@@ -129,7 +131,9 @@ class Broker:
         # why the broker stopped on its own (rule 5), raised by `run`.
         self._wake = asyncio.Event()
         self._stopped = asyncio.Event()
-        self.fatal: Damaged | None = None
+        self.fatal: Damaged | Crashed | None = None
+        #: Its loops' owner: a loop that crashes stops the broker at once (rule 5).
+        self.tasks = Tasks("broker", self.log, crashed=self._crashed)
         # Out: what is counted, what is published, node.json in KV for the workers. The
         # mirror's windows are timed by the event loop, so on the machine's clock; with HA
         # its puts are checked ones carrying the epoch, and the outbox's gate is the lease.
@@ -188,7 +192,6 @@ class Broker:
                                     replicas=config.kv_replicas, ha=self.ha)
         #: The state the KV mirror was last brought in line with (rule 4).
         self._mirrored: State | None = None
-        self._tasks: list[asyncio.Task[None]] = []
         #: The node connection (rule 6: `api_nc` is the API's); set once both are up.
         self.nc: Any = None
         self.api_nc: Any = None
@@ -276,7 +279,7 @@ class Broker:
         # and that node's KV put leaves the old list there, and the node would keep running
         # what was moved away.
         heard = {n: NodeFile(node_id=n) for n in stamps if subjects.is_node_id(n)}
-        opening = await self._open_kv({**heard, **state.nodes})
+        await self._open_kv({**heard, **state.nodes})
         await nc.subscribe_direct(subjects.BIDS_ALL, self.auctioneer.on_bids)
         await nc.subscribe_direct(subjects.REPORT_ALL, self.promises.on_report)
         await nc.subscribe(subjects.ASSIGN_ALL, cb=self.assignments.on_request)
@@ -294,13 +297,10 @@ class Broker:
             self.auctioneer.hold_until = self.now() + self.timing.heartbeat_s
             self.outbox.publish(subjects.RFB, RFB(auction_id=f"hello-{self.leader.epoch}",
                                                   shapes=[], deadline_s=0.0))
-        self._tasks = [asyncio.create_task(self.outbox.run(), name="outbox"),
-                       asyncio.create_task(self.committer.run(), name="committer"),
-                       asyncio.create_task(self.feed.run(), name="heartbeats"),
-                       asyncio.create_task(self.events.run(), name="events"),
-                       asyncio.create_task(self._loop(), name="reconcile")]
-        if opening is not None:
-            self._tasks.append(opening)
+        for name, loop in (("outbox", self.outbox.run()), ("committer", self.committer.run()),
+                           ("heartbeats", self.feed.run()), ("events", self.events.run()),
+                           ("reconcile", self._loop())):
+            self.tasks.spawn(loop, name=name)
         self.log.info("broker up: state %s ref %s%s", self.ledger.path, self.ledger.ref,
                       f", leading in epoch {self.leader.epoch}" if self.ha else "")
 
@@ -316,6 +316,13 @@ class Broker:
         if self.fatal is None:
             self.fatal = exc
             self.log.error("%s; the broker stops", exc)
+        self.stop()
+
+    def _crashed(self, crash: Crashed) -> None:
+        """Rule 5: a loop that crashed (`transport.tasks` has logged it) stops the broker, as
+        a damaged repository does; `run` raises it."""
+        if self.fatal is None:
+            self.fatal = crash
         self.stop()
 
     def stop(self) -> None:
@@ -356,14 +363,10 @@ class Broker:
         self.hearing.closing = True  # from now on a connection that goes is one we close
         close_s = self.timing.close_s
         await self.events.settle(close_s)  # stored before we go (`broker.events` rule 3)
-        for t in self._tasks:
-            t.cancel()
+        self.tasks.cancel()
         await self.rebalancer.close()
         self.api.close()  # requests waiting for a commit that will not come now
-        if self._tasks:
-            _, stuck = await asyncio.wait(self._tasks, timeout=close_s)
-            for t in stuck:
-                self.log.error("broker task %s did not stop within %gs", t.get_name(), close_s)
+        await self.tasks.wait(close_s)
         if self.nc is not None and not self.nc.is_closed:
             self.mirror.flush()  # puts still waiting for their window
             await self.outbox.drain()
@@ -384,8 +387,7 @@ class Broker:
     async def abort(self) -> None:
         """Rule 8: stop at once and say nothing more - nothing queued or pending is sent,
         no request is answered; both connections, and with them every subscription, end."""
-        for t in self._tasks:
-            t.cancel()
+        self.tasks.cancel()
         self.api.close()
         if self.fenced is not None:
             self.fenced.close()
@@ -393,8 +395,7 @@ class Broker:
         self.outbox.gate = lambda: False
         await wire.abort(self.api_nc)
         await wire.abort(self.nc)
-        if self._tasks:
-            await asyncio.wait(self._tasks, timeout=self.timing.close_s)
+        await self.tasks.wait(self.timing.close_s)
         self.committer.close()
 
     def wake(self) -> None:
@@ -437,20 +438,20 @@ class Broker:
         self.rejects.count("publish failed", f"{subject}: {exc}")  # count it, carry on
 
     # -- node state in KV ----------------------------------------------------------------
-    async def _open_kv(self, nodes: Mapping[str, NodeFile]) -> asyncio.Task[None] | None:
+    async def _open_kv(self, nodes: Mapping[str, NodeFile]) -> None:
         """The mirror starts once its bucket is made (`broker.kvbucket`); a JetStream that
-        cannot answer yet is asked again by the task returned. A leadership's puts are
+        cannot answer yet is asked again by a task of the broker's. A leadership's puts are
         answered ones, sent again until the bucket takes them, so it mirrors `nodes` (what
         the remote holds) at once; a lone broker's are not, so it starts the mirror from
         the state it holds when the bucket answers."""
         made, why = await make_bucket(self.nc, self.config.kv_replicas, self.ha, self.log)
         if made is Made.NEVER:
             self.log.warning("no JetStream KV (%s); workers converge from awards only", why)
-            return None
+            return
         if made is Made.MADE or self.ha:
             self.mirror.start(nodes)
         if made is Made.MADE:
-            return None
+            return
         self.log.warning("JetStream cannot make the KV bucket yet (%s); asked again every "
                          "%gs", why, self.timing.tick_s)
 
@@ -460,7 +461,7 @@ class Broker:
             if made and not self.ha:
                 self.mirror.start({**{n: NodeFile(node_id=n) for n in nodes},
                                    **self.ledger.state().nodes})
-        return asyncio.create_task(later(), name="kv-bucket")
+        self.tasks.spawn(later(), name="kv-bucket")
 
     def _remirror(self) -> None:
         """Rule 4: after a re-read, mirror the nodes the state now holds differently."""

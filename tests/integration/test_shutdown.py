@@ -31,7 +31,7 @@ async def test_broker_close_right_after_a_wake(nats_url: str, tmp_path: Path,
                            writer="thread"))
     await broker.start()
     await asyncio.sleep(0.2)  # the reconcile loop is parked on its wake event
-    loops = list(broker._tasks)
+    loops = list(broker.tasks.running)
     with caplog.at_level(logging.ERROR, logger="gavel.broker"):
         broker.wake()
         await asyncio.wait_for(broker.close(), 30)

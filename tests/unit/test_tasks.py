@@ -1,0 +1,116 @@
+"""`transport.tasks`: a crash is reported as it happens, and nothing outlives its owner."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from pathlib import Path
+
+import pytest
+
+from gavel.broker.service import Broker, Config
+from gavel.shared.timing import Timing
+from gavel.transport.tasks import Crashed, Tasks
+
+LOG = logging.getLogger("gavel.test.tasks")
+
+
+async def forever() -> None:
+    await asyncio.Event().wait()
+
+
+async def fails() -> None:
+    await asyncio.sleep(0)
+    raise ValueError("a bug")
+
+
+def pending(names: set[str]) -> set[str]:
+    return {t.get_name() for t in asyncio.all_tasks() if not t.done()} & names
+
+
+async def crash_then_look(tasks: Tasks, crashes: list[Crashed]) -> None:
+    tasks.spawn(forever(), name="sibling")
+    tasks.spawn(fails(), name="buggy")
+    for _ in range(5):  # the crash, then its done callback
+        await asyncio.sleep(0)
+    assert [c.name for c in crashes] == ["buggy"]
+    assert str(crashes[0]) == "broker task buggy failed: ValueError('a bug')"
+    assert pending({"sibling"}) == {"sibling"}  # one crash leaves its siblings running
+    assert len(tasks) == 1
+
+
+def test_a_crash_is_reported_at_once_and_close_leaves_nothing_pending(
+        caplog: pytest.LogCaptureFixture) -> None:
+    crashes: list[Crashed] = []
+
+    async def scenario() -> None:
+        tasks = Tasks("broker", LOG, crashed=crashes.append)
+        with caplog.at_level(logging.ERROR, logger=LOG.name):
+            await crash_then_look(tasks, crashes)
+            failed = [r for r in caplog.records if r.getMessage() == "broker task buggy failed"]
+            assert len(failed) == 1 and failed[0].exc_info is not None  # before any close
+        await tasks.aclose(5.0)
+        assert pending({"sibling", "buggy"}) == set()
+        assert len(tasks) == 0
+        late = tasks.spawn(forever(), name="late")  # spawned once closed: never runs
+        await asyncio.sleep(0)
+        assert late.cancelled()
+
+    asyncio.run(scenario())
+
+
+def test_a_task_that_returns_or_is_cancelled_is_no_crash() -> None:
+    crashes: list[Crashed] = []
+
+    async def scenario() -> None:
+        tasks = Tasks("worker", LOG, crashed=crashes.append)
+        done = tasks.spawn(asyncio.sleep(0, result=7), name="done")
+        stopped = tasks.spawn(forever(), name="stopped")
+        await asyncio.sleep(0)
+        stopped.cancel()
+        assert await done == 7
+        await asyncio.wait({stopped})
+        assert not tasks and crashes == []
+
+    asyncio.run(scenario())
+
+
+def test_a_stuck_task_is_logged_not_waited_for(caplog: pytest.LogCaptureFixture) -> None:
+    async def stubborn(release: asyncio.Event) -> None:
+        while not release.is_set():
+            try:
+                await release.wait()
+            except asyncio.CancelledError:
+                continue
+
+    async def scenario() -> None:
+        release = asyncio.Event()
+        tasks = Tasks("worker", LOG)
+        task = tasks.spawn(stubborn(release), name="stubborn")
+        await asyncio.sleep(0)
+        with caplog.at_level(logging.ERROR, logger=LOG.name):
+            await tasks.aclose(0.01)
+        assert "worker task stubborn did not stop within 0.01s" in caplog.messages
+        release.set()
+        await task
+
+    asyncio.run(scenario())
+
+
+def test_a_broker_loop_that_crashes_stops_the_broker_at_once(tmp_path: Path) -> None:
+    """The broker's loops are its `tasks`: a crash in one sets `fatal` and stops it now, and
+    once closed none of its tasks is pending."""
+    async def scenario() -> None:
+        broker = Broker(Config(nats_url="nats://127.0.0.1:1", state_dir=tmp_path,
+                               timing=Timing()))
+        broker.tasks.spawn(forever(), name="reconcile")
+        broker.tasks.spawn(fails(), name="outbox")
+        for _ in range(5):  # the crash, then its done callback: no tick, no close
+            await asyncio.sleep(0)
+        assert broker.stopped.is_set()
+        assert isinstance(broker.fatal, Crashed) and broker.fatal.name == "outbox"
+        await broker.close()
+        assert pending({"reconcile", "outbox"}) == set()
+
+    asyncio.run(scenario())
+
