@@ -133,4 +133,4 @@ async def run_worker(args: argparse.Namespace) -> int:
     finally:
         if server is not None:
             server.close()
-    return 1 if refusals.fatal else 0
+    return 1 if refusals.fatal or agent.crashed else 0

@@ -56,6 +56,7 @@ from gavel.shared.strategies import Strategy, answer
 from gavel.shared.timing import Timing
 from gavel.transport import wire
 from gavel.transport.inbound import Door, Guard
+from gavel.transport.tasks import Crashed, Tasks
 from gavel.transport.urls import servers
 from gavel.worker.cgroups import Enforcement
 from gavel.worker.converge import Converger
@@ -129,7 +130,11 @@ class Agent:
         self._nc: NATS | None = None
         self._subs: list[Subscription] = []
         self._outbox: list[tuple[str, bytes]] = []
-        self._loops: list[asyncio.Task[None]] = []
+        #: Its loops (`transport.tasks`): one that crashes stops the agent at once, its
+        #: instances left running for the next agent, as a refused credential does.
+        self._loops = Tasks("worker", log, crashed=self._crashed)
+        #: The crash that stopped the agent, if one did.
+        self.crashed: Crashed | None = None
         self._encoder = msgspec.msgpack.Encoder()
         self._make_guards()
         self._wake = asyncio.Event()
@@ -163,7 +168,8 @@ class Agent:
         self.converger = Converger(node_id=node_id, timing=timing,
                                     supervisor=self._supervisor,
                                     set_draining=self.set_draining,
-                                    on_node=self._refresh_view, sink=self._refused)
+                                    on_node=self._refresh_view, sink=self._refused,
+                                    crashed=self._crashed)
         #: Each instance's output: rotated while the worker lives, served to operators.
         self.outputs = Outputs(self.state_dir / "instances", log_limits or LogLimits(),
                                held=lambda: [r.instance_id for r in self.instances()])
@@ -256,14 +262,14 @@ class Agent:
             log.info("node %s: %s", self.node_id, self.isolation.summary)
             await self._supervisor.restore()  # events wait in the outbox until connected
             await self._engine.sweep(self._supervisor.held())  # what no instance here owns
-            self._loops.append(asyncio.create_task(logs_tick(self.outputs, self.timing.tick_s)))
+            self._loops.spawn(logs_tick(self.outputs, self.timing.tick_s), name="logs")
             if self._engine.find is not None:
-                self._loops.append(asyncio.create_task(self._engine_later()))
+                self._loops.spawn(self._engine_later(), name="engine-later")
             self.converger.start_link_watch(lambda: self._nc)
             if await self._connect():
                 await self._subscribe()
-                self._loops += [asyncio.create_task(self._heartbeats()),
-                                asyncio.create_task(self._sample_stats())]
+                self._loops.spawn(self._heartbeats(), name="heartbeats")
+                self._loops.spawn(self._sample_stats(), name="stats")
                 assert self._nc is not None
                 self.converger.start(self._nc)
                 self.ready.set()
@@ -279,6 +285,15 @@ class Agent:
         self._stop_requested.set()
         if self._started:
             await self._done.wait()
+
+    def _crashed(self, crash: Crashed) -> None:
+        """A loop crashed (`transport.tasks` has logged it): the agent stops, leaving its
+        instances running for the next agent on this state dir to adopt."""
+        if self.crashed is None and not self._stop_requested.is_set():
+            self.crashed = crash
+            self._kill_children = False
+            log.error("%s; the worker stops, leaving its instances running", crash)
+            self._stop_requested.set()
 
     # -- connection -------------------------------------------------------------------------
 
@@ -339,12 +354,8 @@ class Agent:
         await self.logserver.close()
         await self.execs.close()
         await self.converger.close()
-        for task in self._loops:
-            task.cancel()
-        if self._loops:  # bounded: a stuck loop is logged, never a worker that cannot stop
-            _, stuck = await asyncio.wait(self._loops, timeout=max(5.0, self.timing.tick_s))
-            for task in stuck:
-                log.error("worker task %s did not stop", task.get_name())
+        # bounded: a stuck loop is logged, never a worker that cannot stop
+        await self._loops.aclose(max(5.0, self.timing.tick_s))
         await self._supervisor.shutdown(kill=self._kill_children)
         if self.enforcement.hierarchy is not None:
             self.enforcement.hierarchy.close()

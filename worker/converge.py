@@ -72,6 +72,7 @@ from gavel.shared.messages import ApiError, AssignmentRequest, Award
 from gavel.shared.records import NodeEntry, NodeFile
 from gavel.shared.timing import Timing
 from gavel.transport.inbound import Decode, Malformed, Sink
+from gavel.transport.tasks import Crashed, Tasks
 from gavel.worker.supervisor import OLDER_ANSWER, OLDER_NODE, Supervisor
 from gavel.worker.watch import Entry, NodeWatch
 
@@ -91,7 +92,8 @@ class Converger:
                  set_draining: Callable[[bool], None],
                  on_node: Callable[[], None] = lambda: None,
                  sink: Sink | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 crashed: Callable[[Crashed], None] | None = None) -> None:
         self.node_id = node_id
         self.timing = timing
         self.supervisor = supervisor
@@ -110,7 +112,10 @@ class Converger:
         #: Set once connected (`start`): what asks the broker before that waits for it.
         self._connected = asyncio.Event()
         self._wake = asyncio.Event()
-        self._loops: list[asyncio.Task[None]] = []
+        #: Its loops, whose crash is `crashed`'s to act on, and the questions in flight,
+        #: whose crash is that question's alone (`transport.tasks`).
+        self._loops = Tasks("converger", log, crashed=crashed)
+        self._questions = Tasks("converger", log)
         self._asking: dict[tuple[str, str], asyncio.Task[None]] = {}
         #: Questions the broker settled for the current revision: not asked again until
         #: node.json changes (a stale entry would otherwise be re-verified every pass).
@@ -128,25 +133,22 @@ class Converger:
     def start_link_watch(self, nc: Callable[[], NATS | None]) -> None:
         """Start checking the NATS connection (also before it exists) for rule 6."""
         self._last_contact = self._clock()
-        self._loops.append(asyncio.create_task(self._link(nc)))
+        self._loops.spawn(self._link(nc), name="link")
 
     def start(self, nc: NATS) -> None:
         """Start watching node.json once connected and subscribed."""
         self._nc = nc
         self._connected.set()
-        self._loops += [asyncio.create_task(self._watch()),
-                        asyncio.create_task(self._reconcile_loop())]
+        self._loops.spawn(self._watch(), name="watch")
+        self._loops.spawn(self._reconcile_loop(), name="reconcile")
 
     async def close(self) -> None:
         """Stop watching and abandon the questions in flight (nothing starts afterwards)."""
-        tasks = [*self._loops, *self._asking.values()]
-        for task in tasks:
-            task.cancel()
-        if tasks:  # bounded: a task that swallowed its cancel must not hold the worker
-            _, stuck = await asyncio.wait(tasks, timeout=self.timing.close_s)
-            for task in stuck:
-                log.error("converger task %s did not stop", task.get_name())
-        self._loops.clear()
+        self._loops.cancel()
+        self._questions.cancel()
+        # bounded: a task that swallowed its cancel must not hold the worker
+        await asyncio.gather(self._loops.wait(self.timing.close_s),
+                             self._questions.wait(self.timing.close_s))
         self._asking.clear()
 
     def wake(self) -> None:
@@ -239,7 +241,7 @@ class Converger:
         if key in self._asking or key in self._settled:
             work.close()
             return
-        task = asyncio.create_task(work)
+        task = self._questions.spawn(work, name=f"{kind} {iid}")
         self.asked[kind] += 1
         self._asking[key] = task
         task.add_done_callback(lambda _t: self._asking.pop(key, None))

@@ -9,8 +9,10 @@ from pathlib import Path
 import pytest
 
 from gavel.broker.service import Broker, Config
+from gavel.shared.strategies import make_strategy
 from gavel.shared.timing import Timing
 from gavel.transport.tasks import Crashed, Tasks
+from gavel.worker.agent import Agent
 
 LOG = logging.getLogger("gavel.test.tasks")
 
@@ -114,3 +116,23 @@ def test_a_broker_loop_that_crashes_stops_the_broker_at_once(tmp_path: Path) -> 
 
     asyncio.run(scenario())
 
+
+def test_a_worker_loop_that_crashes_stops_the_agent_at_once(tmp_path: Path) -> None:
+    """The agent's loops, and its converger's, are the agent's to act on: a crash in one
+    asks `run` to end now, leaving the instances running, and once the agent has shut down
+    none of its tasks is pending."""
+    async def scenario() -> None:
+        agent = Agent(nats_url="nats://127.0.0.1:1", node_id="n1",
+                      strategy=make_strategy("least-loaded"), labels={},
+                      state_dir=tmp_path, timing=Timing(), cpu=1.0, memory_mb=512)
+        agent._loops.spawn(forever(), name="stats")
+        agent.converger.start_link_watch(lambda: None)
+        agent.converger._loops.spawn(fails(), name="watch")
+        for _ in range(5):  # the crash, then its done callback
+            await asyncio.sleep(0)
+        assert isinstance(agent.crashed, Crashed) and agent.crashed.name == "watch"
+        assert agent._stop_requested.is_set() and not agent._kill_children
+        await agent._shutdown()
+        assert pending({"stats", "link", "watch"}) == set()
+
+    asyncio.run(scenario())
