@@ -15,7 +15,8 @@ Rules:
    key's last message, and if that carries the put's own id the put landed, at that
    revision (counted as a duplicate, rule 3) - else the refusal stands.
 3. The lease is lost - `lost` is set, and nothing more is done in its name - when a renewal
-   is refused (someone else holds the key, or it lapsed and was taken), or when by this
+   is refused (someone else holds the key, or it lapsed and was taken), when its renewal
+   or its watch crashed (`transport.tasks`: nothing would renew it), or when by this
    process's own clock `ttl_s` less a margin has passed since the last renewal that landed
    was sent (the server's clock starts later: at its write). Which send: the one that was
    stored - the attempt answered, unless the server answers "duplicate" (an earlier attempt
@@ -57,6 +58,7 @@ from nats.js import api
 from gavel.shared import subjects
 from gavel.shared.timing import Timing
 from gavel.transport.inbound import Decode, Malformed, js_answer
+from gavel.transport.tasks import Crashed, Tasks
 
 __all__ = ["Holder", "Lease", "LeaseError"]
 
@@ -134,7 +136,9 @@ class Lease:
         self.renewals: dict[str, int] = {"landed": 0, "unanswered": 0, "refused": 0}
         self.taken = 0
         self._seen = asyncio.Event()
-        self._tasks: list[asyncio.Task[None]] = []
+        #: Its watch and renewals (`transport.tasks`): a crash while it holds the lease
+        #: loses it at once (rule 3), as nothing would renew it any more.
+        self._tasks = Tasks("lease", log, crashed=self._crashed)
         self._expiry: asyncio.TimerHandle | None = None
         self._msg = 0
         self._tried_at = float("-inf")
@@ -162,22 +166,19 @@ class Lease:
                     log.warning("cannot make the lease bucket yet (%s); retrying", text)
                     said = True
                 await asyncio.sleep(min(1.0, self.renew_s))
-        self._tasks.append(asyncio.create_task(self._watch(), name="lease-watch"))
+        self._tasks.spawn(self._watch(), name="lease-watch")
 
     async def close(self) -> None:
         """Stop the watch and the renewals. A cancel is sent again until the task ends: on
         3.11 a cancel that lands as an awaited answer arrives (`asyncio.wait_for` inside
         nats-py's request) can be swallowed, and the task would run on."""
-        tasks = left = list(self._tasks)
+        left = self._tasks.running
+        self._tasks.cancel()  # a failure on the way out is no news (`transport.tasks`)
         while left:
             for task in left:
                 task.cancel()
             await asyncio.wait(left, timeout=self.retry_s)
-            left = [t for t in left if not t.done()]
-        for task in tasks:
-            if not task.cancelled():
-                task.exception()  # retrieved: a failure on the way out is no news
-        self._tasks.clear()
+            left = frozenset(t for t in left if not t.done())
         if self._expiry is not None:
             self._expiry.cancel()
 
@@ -302,7 +303,7 @@ class Lease:
         self.held = holder
         self.revision = revision
         self._extend(sent)
-        self._tasks.append(asyncio.create_task(self._renew(holder.term), name="lease-renew"))
+        self._tasks.spawn(self._renew(holder.term), name="lease-renew")
 
     def _extend(self, sent: float) -> None:
         self.deadline = sent + self.ttl_s * (1 - DRIFT)
@@ -314,6 +315,10 @@ class Lease:
     def _expired(self) -> None:
         if self.held is not None and self.clock() >= self.deadline:
             self._lose("its lease ran out by its own clock before a renewal landed")
+
+    def _crashed(self, crash: Crashed) -> None:
+        if self.held is not None:  # a standby's watch may be down: it tries anyway (rule 4)
+            self._lose(str(crash))
 
     def _lose(self, why: str) -> None:
         if self.lost.is_set():
@@ -330,15 +335,10 @@ class Lease:
             await self.renew()
 
     async def _renew(self, term: str) -> None:
-        task = asyncio.current_task()
-        try:
-            while self.held is not None and self.held.term == term and not self.lost.is_set():
-                await asyncio.sleep(self.renew_s)
-                if self.held is not None and self.held.term == term:
-                    await self.renew()
-        finally:
-            if task in self._tasks:
-                self._tasks.remove(task)
+        while self.held is not None and self.held.term == term and not self.lost.is_set():
+            await asyncio.sleep(self.renew_s)
+            if self.held is not None and self.held.term == term:
+                await self.renew()
 
     async def renew(self) -> None:
         """One renewal (rule 2), sent again without an answer until it lands or the lease

@@ -7,7 +7,8 @@ Rules:
    log line, "<owner> task <name> failed", with its traceback, and the owner's `crashed`
    hook is called with a `Crashed` naming it, so the part reacts now (the broker stops
    with it, the worker's agent stops and leaves its instances to the next). A task that
-   is cancelled, or returns, is no crash.
+   is cancelled, or returns, is no crash, nor one that fails once its owner told it to
+   stop: what it raised on the way out changes nothing (logged at debug).
 3. Nothing outlives its owner: `aclose` cancels every task and awaits them, bounded; one
    still running after the bound is logged as "<owner> task <name> did not stop within
    <s>s", never a part that cannot stop. A task spawned once the owner is closed is
@@ -68,6 +69,9 @@ class Tasks:
         if error is None:
             return
         name = task.get_name()
+        if self._closed:
+            self._log.debug("%s task %s failed as it stopped: %r", self.owner, name, error)
+            return
         self._log.error("%s task %s failed", self.owner, name, exc_info=error)
         if self._crashed is not None:
             self._crashed(Crashed(self.owner, name, error))

@@ -77,6 +77,27 @@ def test_a_task_that_returns_or_is_cancelled_is_no_crash() -> None:
     asyncio.run(scenario())
 
 
+def test_a_failure_on_the_way_out_is_no_crash() -> None:
+    """A task that raises as its owner stops it is not reported as a crash: the part is
+    ending anyway."""
+    crashes: list[Crashed] = []
+
+    async def untidy() -> None:
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            raise OSError("connection closed") from None
+
+    async def scenario() -> None:
+        tasks = Tasks("lease", LOG, crashed=crashes.append)
+        tasks.spawn(untidy(), name="untidy")
+        await asyncio.sleep(0)
+        await tasks.aclose(5.0)
+        assert not tasks and crashes == []
+
+    asyncio.run(scenario())
+
+
 def test_a_stuck_task_is_logged_not_waited_for(caplog: pytest.LogCaptureFixture) -> None:
     async def stubborn(release: asyncio.Event) -> None:
         while not release.is_set():
