@@ -256,10 +256,13 @@ class HeartbeatStream:
     async def run(self) -> None:
         early, self._early = self._early, []
         self._hand_over(early)
-        probing = asyncio.create_task(self._probing(), name="heartbeat-probe")
-        later = asyncio.create_task(self._until_stream(), name="heartbeat-stream-later") \
-            if self._later else None
-        try:
+        # The probes and the stream's later making are this loop's own: a group, so a
+        # crash in either ends the feed at once (its owner, the broker, reports it) and a
+        # cancel of the feed ends them before it returns.
+        async with asyncio.TaskGroup() as group:
+            group.create_task(self._probing(), name="heartbeat-probe")
+            if self._later:
+                group.create_task(self._until_stream(), name="heartbeat-stream-later")
             while True:
                 try:
                     if self.jetstream:
@@ -271,12 +274,6 @@ class HeartbeatStream:
                         self.log.exception("reading the heartbeat stream failed; retrying")
                     self._broken = True
                 await asyncio.sleep(self.poll_s)
-        finally:
-            for task in (probing, later):
-                if task is not None:
-                    task.cancel()
-                    with contextlib.suppress(asyncio.CancelledError):
-                        await task
 
     async def _until_stream(self) -> None:
         """Rule 7: the stream asked for every tick; once made, read instead of the direct
