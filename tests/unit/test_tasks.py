@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from gavel.broker.heartbeat_stream import HeartbeatStream
 from gavel.broker.service import Broker, Config
 from gavel.shared.strategies import make_strategy
 from gavel.shared.timing import Timing
@@ -155,5 +156,22 @@ def test_a_worker_loop_that_crashes_stops_the_agent_at_once(tmp_path: Path) -> N
         assert agent._stop_requested.is_set() and not agent._kill_children
         await agent._shutdown()
         assert pending({"stats", "link", "watch"}) == set()
+
+    asyncio.run(scenario())
+
+
+def test_a_crash_in_the_heartbeat_feeds_own_tasks_ends_the_feed() -> None:
+    """The feed's probe and stream-making tasks are a group of its loop: a crash in one
+    ends `run` at once (its owner, the broker, then reports it), and nothing is left."""
+    async def scenario() -> None:
+        feed = HeartbeatStream(timing=Timing(), deliver=lambda m: None, deaf=lambda s: None,
+                               hearing=lambda: None, now=lambda: 0.0, log=LOG)
+        feed._later = True
+        feed._until_stream = fails  # type: ignore[method-assign]
+        with pytest.raises(ExceptionGroup) as raised:
+            async with asyncio.timeout(60):  # without the group: the feed runs on
+                await feed.run()
+        assert raised.group_contains(ValueError)
+        assert pending({"heartbeat-probe", "heartbeat-stream-later"}) == set()
 
     asyncio.run(scenario())
