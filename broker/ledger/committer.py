@@ -160,35 +160,41 @@ class Committer:
         self._kick.set()
 
     async def run(self) -> None:
-        afters = asyncio.create_task(self._run_afters(), name="after-commit")
-        try:
-            while True:
-                await self._kick.wait()
-                self._kick.clear()
-                items, self._queue = self._queue, []
-                self._committing = bool(items)
-                wrote = False
-                if items:
-                    try:
-                        wrote = await self._commit(items)
-                    except Damaged as exc:  # rule 9
-                        log.error("%s", exc)
-                        self.damaged = exc
-                        if self.on_damaged is not None:
-                            self.on_damaged(exc)
-                        return
-                    except Exception:  # a bug in one plan must not stop every later commit
-                        log.exception("commit of %d items failed; they are dropped", len(items))
-                        for item in items:
-                            self._give_up(item, Reason.LEDGER_UNWRITABLE,
-                                          "internal error while planning")
-                self._committing = False
-                self._maybe_idle()
-                if wrote and self.gap_s > 0:
-                    await asyncio.sleep(self.gap_s)  # rule 7: what comes meanwhile waits
-        finally:
-            afters.cancel()
-            self._pool.shutdown(wait=False)
+        # The after-work is this loop's own: a group, so a crash in it ends `run` at once
+        # (the broker, its owner, reports it) and nothing of it outlives `run`.
+        async with asyncio.TaskGroup() as group:
+            afters = group.create_task(self._run_afters(), name="after-commit")
+            try:
+                await self._commits()
+            finally:
+                afters.cancel()
+                self._pool.shutdown(wait=False)
+
+    async def _commits(self) -> None:
+        while True:
+            await self._kick.wait()
+            self._kick.clear()
+            items, self._queue = self._queue, []
+            self._committing = bool(items)
+            wrote = False
+            if items:
+                try:
+                    wrote = await self._commit(items)
+                except Damaged as exc:  # rule 9
+                    log.error("%s", exc)
+                    self.damaged = exc
+                    if self.on_damaged is not None:
+                        self.on_damaged(exc)
+                    return
+                except Exception:  # a bug in one plan must not stop every later commit
+                    log.exception("commit of %d items failed; they are dropped", len(items))
+                    for item in items:
+                        self._give_up(item, Reason.LEDGER_UNWRITABLE,
+                                      "internal error while planning")
+            self._committing = False
+            self._maybe_idle()
+            if wrote and self.gap_s > 0:
+                await asyncio.sleep(self.gap_s)  # rule 7: what comes meanwhile waits
 
     def _maybe_idle(self) -> None:
         """Idle: nothing queued, nothing being committed, no after-work left."""

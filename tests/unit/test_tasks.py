@@ -9,6 +9,8 @@ from pathlib import Path
 import pytest
 
 from gavel.broker.heartbeat_stream import HeartbeatStream
+from gavel.broker.ledger.committer import Committer, Item
+from gavel.broker.ledger.repository import Ledger
 from gavel.broker.service import Broker, Config
 from gavel.shared.strategies import make_strategy
 from gavel.shared.timing import Timing
@@ -173,5 +175,29 @@ def test_a_crash_in_the_heartbeat_feeds_own_tasks_ends_the_feed() -> None:
                 await feed.run()
         assert raised.group_contains(ValueError)
         assert pending({"heartbeat-probe", "heartbeat-stream-later"}) == set()
+
+    asyncio.run(scenario())
+
+
+def test_a_crash_in_the_committers_after_work_ends_its_run(tmp_path: Path) -> None:
+    """The after-commit work is a group of the committer's loop: a crash in it ends `run`
+    at once (the broker, its owner, reports it), leaving nothing running."""
+    class Broken:
+        def mark(self) -> int:
+            return 0
+
+        async def wait(self, mark: int) -> None:
+            raise ValueError("a bug")
+
+    async def scenario() -> None:
+        committer = Committer(Ledger(tmp_path / "state.git"), writer="thread",
+                              durable=Broken())
+        committer.submit(Item(plan=lambda view: None))  # no change: its after-work runs
+        with pytest.raises(ExceptionGroup) as raised:
+            async with asyncio.timeout(60):  # without the group: the committer runs on
+                await committer.run()
+        assert raised.group_contains(ValueError)
+        assert pending({"after-commit"}) == set()
+        committer.close()
 
     asyncio.run(scenario())
