@@ -53,6 +53,7 @@ from gavel.broker.ledger.takeover import TakeoverError
 from gavel.broker.metrics import LeaderView, Metrics
 from gavel.broker.service import Broker
 from gavel.shared import subjects
+from gavel.transport.tasks import Tasks
 
 __all__ = ["HaBroker", "HaSettings"]
 
@@ -144,16 +145,16 @@ class HaBroker:
         lease = self.lease
         assert lease is not None
         broker, pusher, leader = self._prepare(lease)
+        standby = Tasks("standby", log)  # a crash is said at once; the lease is tried on
+        standby.spawn(self._say_who_leads(), name="say-who-leads")
+        standby.spawn(self._keep_fresh(pusher), name="keep-fresh")
         acquiring = asyncio.ensure_future(lease.acquire())
-        tasks = [asyncio.ensure_future(self._say_who_leads()),
-                 asyncio.ensure_future(self._keep_fresh(pusher))]
         stopping = asyncio.ensure_future(self._stopped.wait())
         try:
             await asyncio.wait({acquiring, stopping}, return_when=asyncio.FIRST_COMPLETED)
         finally:
-            for t in (*tasks, stopping):
-                t.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+            stopping.cancel()
+            await standby.aclose(self.config.timing.close_s)
         if not acquiring.done():
             acquiring.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -234,7 +235,9 @@ class HaBroker:
         pushing: asyncio.Task[None] | None = None
         try:
             await broker.start()
-            pushing = asyncio.create_task(pusher.run(), name="pusher")
+            # A pusher that crashed ends this leadership at once; the broker stands by again.
+            leading = Tasks("leadership", log, crashed=lambda crash: broker.stop())
+            pushing = leading.spawn(pusher.run(), name="pusher")
             self.current = broker
             self.terms += 1
             log.info("broker %s leads in epoch %d (the remote's branch was epoch %d)",
