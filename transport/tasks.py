@@ -93,13 +93,14 @@ class Tasks:
         for task in list(self._running):
             task.cancel()
 
-    async def aclose(self, timeout: float) -> None:
+    async def aclose(self, timeout: float | None) -> None:
         """Rule 3: cancel every task and wait up to `timeout` for all of them to end."""
         self.cancel()
         await self.wait(timeout)
 
-    async def wait(self, timeout: float) -> None:
-        """Wait up to `timeout` for the tasks to end; log each one that has not."""
+    async def wait(self, timeout: float | None) -> None:
+        """Wait up to `timeout` (None: as long as they take) for the tasks running now to
+        end; log each one that has not."""
         if not self._running:
             return
         _, stuck = await asyncio.wait(set(self._running), timeout=timeout)

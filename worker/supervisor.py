@@ -53,6 +53,7 @@ from gavel.shared.reasons import Reason
 from gavel.shared.records import Placement
 from gavel.shared.spec import Spec
 from gavel.shared.timing import Timing
+from gavel.transport.tasks import Tasks
 from gavel.worker.cgroups import Hierarchy, release
 from gavel.worker.driver import instance_env
 from gavel.worker.drivers import Driver, ProcessDriver, Target
@@ -117,7 +118,10 @@ class Supervisor:
         self._path = state_dir / "agent.json"
         self._held: dict[str, Held] = {}
         self._finished: collections.deque[str] = collections.deque(maxlen=FINISHED_KEPT)
-        self._stoppers: set[asyncio.Task[int | None]] = set()
+        #: Each instance's life and each stop under way (`transport.tasks`): a crash is
+        #: reported as it happens; `shutdown` waits for them.
+        self._lives = Tasks("supervisor", log)
+        self._stoppers = Tasks("supervisor", log)
         #: The newest leadership epoch heard from (module docstring).
         self.epoch = 0
 
@@ -218,13 +222,13 @@ class Supervisor:
     def hold(self, held: Held, begin: Begin) -> None:
         """Hold `held` with its life beginning at `begin` (`worker.readopt`)."""
         self._held[held.id] = held
-        held.task = asyncio.get_running_loop().create_task(Life(self, held).run(begin))
+        held.task = self._lives.spawn(Life(self, held).run(begin), name=f"life {held.id}")
         self.arm_timeout(held)
 
     def hold_unsure(self, held: Held) -> None:
         """Hold `held` while its driver cannot tell whether it runs (`worker.readopt`)."""
         self._held[held.id] = held
-        held.task = asyncio.get_running_loop().create_task(adopt_later(self, held))
+        held.task = self._lives.spawn(adopt_later(self, held), name=f"adopt {held.id}")
         self.arm_timeout(held)
 
     def identify(self, held: Held) -> None:
@@ -268,7 +272,7 @@ class Supervisor:
         await self._report(iid, award.attempt, EventType.PROVISIONING, "",
                            f"commit {award.commit}" if award.commit else "", None,
                            ports=got.ports, taken=got.taken)
-        held.task = asyncio.get_running_loop().create_task(Life(self, held).run(Begin.SPAWN))
+        held.task = self._lives.spawn(Life(self, held).run(Begin.SPAWN), name=f"life {iid}")
         return None
 
     async def cancel(self, instance_id: str, attempt: int = 0) -> None:
@@ -304,10 +308,8 @@ class Supervisor:
         self._on_change()  # no longer offered as a victim (`residents`)
         log.info("stopping instance %s: %s", held.id, why)
         if held.proc is not None:
-            task = asyncio.get_running_loop().create_task(
-                held.proc.stop(self.timing.kill_grace_s))
-            self._stoppers.add(task)
-            task.add_done_callback(self._stoppers.discard)
+            self._stoppers.spawn(held.proc.stop(self.timing.kill_grace_s),
+                                 name=f"stop {held.id}")
 
     async def end(self, held: Held, type_: str, reason: str, detail: str,
                   exit_code: int | None = None, *, report: bool = True,
@@ -448,10 +450,8 @@ class Supervisor:
             if h.proc is not None:
                 h.proc.detach()
         if not kill:
-            for task in self._stoppers:
-                task.cancel()
-        await asyncio.gather(*(h.task for h in held if h.task), *self._stoppers,
-                             return_exceptions=True)
+            self._stoppers.cancel()
+        await asyncio.gather(self._lives.wait(None), self._stoppers.wait(None))
         self.persist()
 
     def persist(self) -> None:

@@ -114,5 +114,6 @@ def test_a_stop_of_an_earlier_attempt_leaves_the_attempt_held_running(tmp_path: 
             if h.task is not None:
                 h.task.cancel()
                 tasks.append(h.task)
-        w.run(asyncio.gather(*tasks, *w.agent._supervisor._stoppers, return_exceptions=True))
+        w.run(asyncio.gather(*tasks, *w.agent._supervisor._stoppers.running,
+                             return_exceptions=True))
         w.loop.close()
