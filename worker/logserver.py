@@ -48,6 +48,7 @@ from gavel.shared.logstream import (
 from gavel.shared.messages import ApiError, Message
 from gavel.shared.timing import Timing
 from gavel.transport.inbound import Door, Guard, Sink
+from gavel.transport.tasks import Tasks
 from gavel.worker.logfiles import Output, Outputs
 from gavel.worker.logwatch import Watch
 
@@ -88,7 +89,7 @@ class LogServer:
                                       what="logs request",
                                       inbox=lambda s: subjects.inbox_of(subjects.asker(s, 3)),
                                       owner=lambda s: subjects.asker(s, 3)))
-        self._serving: set[asyncio.Task[None]] = set()
+        self._serving = Tasks("logserver", log)  # the answers under way
 
     async def on_request(self, msg: Msg) -> None:
         """Rule 1: the subscription's callback."""
@@ -105,17 +106,11 @@ class LogServer:
                 error=f"node {self.node_id} is serving {MAX_READERS} log readers already; "
                 "try again shortly"))
             return
-        task = asyncio.ensure_future(self._serve(req, reply))
-        self._serving.add(task)
-        task.add_done_callback(self._serving.discard)
+        self._serving.spawn(self._serve(req, reply), name=f"logs {req.instance_id}")
 
     async def close(self) -> None:
         """Stop every answer under way (its asker times out, or asks again)."""
-        tasks = list(self._serving)
-        for task in tasks:
-            task.cancel()
-        if tasks:
-            await asyncio.wait(tasks, timeout=self.close_s)
+        await self._serving.aclose(self.close_s)
 
     async def _send(self, reply: str, message: Message) -> None:
         nc = self._nc()
