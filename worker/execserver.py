@@ -42,6 +42,7 @@ from gavel.shared.execstream import (
 from gavel.shared.messages import EventType, Message
 from gavel.shared.timing import Timing
 from gavel.transport.inbound import Door, Guard, Sink
+from gavel.transport.tasks import Tasks
 from gavel.worker.drivers import Target
 from gavel.worker.execsession import Session
 
@@ -99,7 +100,7 @@ class ExecServer:
             node=lambda _s: node_id, door=door)
         self._sink = sink
         self._sessions: dict[str, _Session] = {}
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._tasks = Tasks("exec server", log)  # the sessions being served
 
     async def on_message(self, msg: Msg) -> None:
         """Rule 1: the subscription's callback."""
@@ -132,19 +133,16 @@ class ExecServer:
             await self._send(reply, ExecExit(session=got.session, reason=Ended.BUSY))
             return
         sess = self._sessions[got.session] = _Session(got, operator, reply, self._clock())
-        task = asyncio.ensure_future(self._serve(sess))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self._tasks.spawn(self._serve(sess), name=f"exec {got.session}")
 
     async def close(self) -> None:
         """Rule 4."""
         for sess in self._sessions.values():
             sess.stopping = True
-        tasks = list(self._tasks)
-        if tasks:
-            await asyncio.wait(tasks, timeout=self._close_s)
-        for task in tasks:
-            task.cancel()
+        running = self._tasks.running
+        if running:  # each session ends itself, told it is stopping; then the rest go
+            await asyncio.wait(running, timeout=self._close_s)
+        await self._tasks.aclose(self._close_s)
 
     async def _send(self, reply: str, message: Message) -> None:
         nc = self._nc()

@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import fcntl
+import logging
 import os
 import pty
 import signal
@@ -34,12 +35,14 @@ from typing import Any, Protocol
 
 from gavel.shared.execstream import CHUNK_MAX, Stream
 from gavel.shared.timing import Timing
+from gavel.transport.tasks import Tasks
 
 __all__ = ["ContainerSession", "ProcessSession", "Session"]
 
 Chunk = tuple[Stream, bytes]
 #: How often an ended exec's code is asked of the engine: `Timing.poll_s` (rule 3 there).
 _TIMING = Timing()
+log = logging.getLogger("gavel.worker.exec")
 
 
 class Session(Protocol):
@@ -73,7 +76,7 @@ class ProcessSession:
         self._master = master
         self._out: asyncio.Queue[Chunk | None] = asyncio.Queue(maxsize=4)
         self._open = 0
-        self._pumps: list[asyncio.Task[None]] = []
+        self._pumps = Tasks("exec session", log)  # its output's readers
 
     @classmethod
     async def spawn(cls, command: Sequence[str], env: Mapping[str, str], cwd: Path, *,
@@ -132,7 +135,7 @@ class ProcessSession:
                 self._open -= 1
                 if self._open == 0:
                     await self._out.put(None)
-        self._pumps.append(asyncio.ensure_future(pump()))
+        self._pumps.spawn(pump(), name="exec output")
 
     async def read(self) -> Chunk | None:
         return await self._out.get()
@@ -172,8 +175,7 @@ class ProcessSession:
             os.killpg(self.proc.pid, signal.SIGKILL)
 
     def close(self) -> None:
-        for task in self._pumps:
-            task.cancel()
+        self._pumps.cancel()
         if self._master is not None:
             with contextlib.suppress(OSError):
                 os.close(self._master)
