@@ -28,6 +28,7 @@ from urllib.parse import quote
 from gavel.shared.messages import Health
 from gavel.shared.spec import Check
 from gavel.shared.timing import Timing
+from gavel.transport.tasks import Tasks
 from gavel.worker.checks import OUTPUT_MAX, Change, CheckMachine
 from gavel.worker.driver import SecretsUnavailable
 
@@ -174,7 +175,8 @@ class Prober:
         self._execute = execute
         self._on_change = on_change
         self.verdict: asyncio.Future[Change] = asyncio.get_running_loop().create_future()
-        self._task: asyncio.Task[None] | None = None
+        #: Its checking loop (`transport.tasks`): a crash in it is said as it happens.
+        self._tasks = Tasks("checks", log)
 
     @property
     def health(self) -> Health:
@@ -182,15 +184,13 @@ class Prober:
 
     def start(self) -> None:
         if self._checks:
-            self._task = asyncio.get_running_loop().create_task(self._run())
+            self._tasks.spawn(self._run(), name="checks")
 
     def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
+        self._tasks.cancel()
 
     async def wait_stopped(self) -> None:
-        if self._task is not None:
-            await asyncio.gather(self._task, return_exceptions=True)
+        await self._tasks.wait(None)
 
     async def _run(self) -> None:
         machine = self.machine
