@@ -33,6 +33,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 
+from gavel.transport.tasks import Tasks
 from gavel.worker.cgroups import Cgroup
 from gavel.worker.localstate import process_alive, process_start_time
 from gavel.worker.logfiles import open_regular
@@ -143,6 +144,9 @@ class Process:
         self._poll_s = poll_s
         self._exited: asyncio.Future[int | None] | None = None
         self._pidfd: int | None = None
+        #: The exit poller, where no pidfd tells of the exit (`transport.tasks`: a crash in
+        #: it is said as it happens).
+        self._pollers = Tasks("process", log)
         self._poller: asyncio.Task[None] | None = None
 
     @property
@@ -220,7 +224,7 @@ class Process:
             if self._pidfd is not None:
                 asyncio.get_running_loop().add_reader(self._pidfd, self._on_pidfd)
                 return
-        self._poller = asyncio.get_running_loop().create_task(self._poll())
+        self._poller = self._pollers.spawn(self._poll(), name=f"poll {self.pid}")
 
     def _on_pidfd(self) -> None:
         assert self._popen is not None
