@@ -102,6 +102,7 @@ from gavel.shared.reasons import Reason
 from gavel.shared.roles import READ_VERBS
 from gavel.shared.spec import Spec
 from gavel.transport.inbound import Door, Guard
+from gavel.transport.tasks import Tasks
 
 __all__ = ["Api"]
 
@@ -131,7 +132,7 @@ class Api:
         #: The connection the requests come in on and their answers leave on (rule 7).
         self.nc: Any = None
         #: Requests being served (rule 2); a reference keeps each task alive.
-        self._serving: set[asyncio.Task[None]] = set()
+        self._serving = Tasks("api", ctx.log)  # the requests being answered (rule 2)
         self.submissions = Submissions(ctx, refused=self._refused, admission=admission,
                                        landing=set() if landing is None else landing)
         self.views = Views(ctx, auctioneer, promises)
@@ -186,9 +187,7 @@ class Api:
         if len(self._serving) >= MAX_IN_FLIGHT:
             await self._serve(verb, msg)
             return
-        task = asyncio.ensure_future(self._serve(verb, msg))
-        self._serving.add(task)
-        task.add_done_callback(self._serving.discard)
+        self._serving.spawn(self._serve(verb, msg), name=verb)
 
     async def _serve(self, verb: str, msg: Msg) -> None:
         guard, handler = self.verbs[verb]
@@ -228,8 +227,7 @@ class Api:
                 return
 
     def close(self) -> None:
-        for task in list(self._serving):
-            task.cancel()
+        self._serving.cancel()
 
     # -- verbs ---------------------------------------------------------------------------
     async def submit(self, req: SubmitRequest) -> Message:

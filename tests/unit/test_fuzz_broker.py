@@ -443,7 +443,7 @@ def test_api_answers_garbage_with_an_error_and_changes_nothing(
     msg = Msg(subjects.API.format(verb=verb), payload, reply=reply_to)
     rejected = rig.feed(rig.api._handler(verb), msg)
     if rig.api._serving:  # a plan answers once its dry run's deadline has passed
-        rig.run(asyncio.gather(*list(rig.api._serving)))
+        rig.run(asyncio.gather(*rig.api._serving.running))
     assert len(rig.answers(reply_to)) == 1
     if rejected:
         reply = msgspec.msgpack.decode(rig.answers(reply_to)[0], type=ApiError)
