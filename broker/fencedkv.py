@@ -33,6 +33,7 @@ from gavel.broker.context import Leadership
 from gavel.shared import subjects
 from gavel.shared.timing import Timing
 from gavel.transport.inbound import Malformed, js_answer
+from gavel.transport.tasks import Tasks
 
 __all__ = ["FencedPuts", "with_epoch"]
 
@@ -68,7 +69,7 @@ class FencedPuts:
         self.revision: dict[str, int] = {}
         self._next: dict[str, bytes] = {}
         self._busy: set[str] = set()
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._tasks = Tasks("kv", log)  # a node's puts under way, one task a node
         self._room = asyncio.Semaphore(MAX_IN_FLIGHT)
         self._seq = 0
         #: Puts refused for a revision someone else made, and puts that found no answer.
@@ -83,13 +84,10 @@ class FencedPuts:
             self._next[node] = value  # rule 4: the newest only
             return
         self._busy.add(node)
-        task = asyncio.get_running_loop().create_task(self._send(node, subject, value))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self._tasks.spawn(self._send(node, subject, value), name=f"put {node}")
 
     def close(self) -> None:
-        for task in list(self._tasks):
-            task.cancel()
+        self._tasks.cancel()
 
     async def _send(self, node: str, subject: str, value: bytes | None) -> None:
         try:
