@@ -56,6 +56,7 @@ from gavel.shared.reasons import Reason
 from gavel.shared.reauction import Budget, Holding, Judgement, Room, Settings, choose, judge
 from gavel.shared.records import AuctionRecord, InstanceRecord, auction_trailer
 from gavel.shared.spread import Tally
+from gavel.transport.tasks import Tasks
 
 __all__ = ["PREFIX", "Finished", "Moved", "Rebalancer", "Unfinished", "Unmoved", "plan_finish",
            "plan_move"]
@@ -180,6 +181,7 @@ class Rebalancer:
         self._waiting: set[str] = set()
         self._next = ctx.now() + (settings.every_s if settings else 0.0)
         self._task: asyncio.Task[None] | None = None
+        self._rounds = Tasks("rebalancer", ctx.log)  # one round at a time: `_task`
         #: Cancels waiting for the gateways to route around the old copy (rule 4).
         self._drains: list[asyncio.TimerHandle] = []
         self._auction: Auction | None = None
@@ -218,15 +220,12 @@ class Rebalancer:
         if now < self._next or (self._task is not None and not self._task.done()):
             return
         self._next = now + s.every_s
-        self._task = asyncio.get_running_loop().create_task(self._round(s))
+        self._task = self._rounds.spawn(self._round(s), name="re-auction round")
 
     async def close(self) -> None:
         for handle in self._drains:  # a broker started again tells the node (its watchdog)
             handle.cancel()
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        await self._rounds.aclose(None)
 
     def divert(self, reply: BidReply) -> bool:
         """The auctioneer's replies to re-auctions come here (rule 3)."""
