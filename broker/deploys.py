@@ -47,6 +47,7 @@ from gavel.shared.messages import ApiError, EventType, Message, Spec
 from gavel.shared.planning import version_index
 from gavel.shared.reasons import Reason
 from gavel.shared.records import Deployment, ServiceRecord, ServiceVersion, service_path
+from gavel.transport.tasks import Tasks
 
 __all__ = ["KEYS_KEPT", "Deploys"]
 
@@ -65,6 +66,7 @@ class Deploys:
         self.services = services
         self.wall = wall
         self._keys: OrderedDict[str, asyncio.Future[Message | None]] = OrderedDict()
+        self._commits = Tasks("deploys", ctx.log)  # each outlives its request's cancel
 
     def refused(self, name: str, view: View | None = None) -> ApiError | None:
         """Why `name` cannot be changed: pinned, or its file is not readable (rule 4)."""
@@ -84,8 +86,8 @@ class Deploys:
         with `check_index`, only while the service's version index is that (rule 5)."""
         done = self._keys.get(key) if key else None
         if done is None:
-            done = asyncio.ensure_future(self._commit(spec.name, functools.partial(
-                self._deploy, spec=spec, check_index=check_index)))
+            done = self._commits.spawn(self._commit(spec.name, functools.partial(
+                self._deploy, spec=spec, check_index=check_index)), name=f"deploy {spec.name}")
             if key:  # a retry with this key is answered what this request is
                 self._keys[key] = done
                 while len(self._keys) > KEYS_KEPT:
