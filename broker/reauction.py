@@ -3,8 +3,8 @@
 
 Rules:
 1. Off unless the broker is given settings (``--rebalance-every-s``): the cluster-wide
-   switch. A spec's ``move = false`` pins its instances; a draining node's instances are
-   the drain's to move. A round runs every ``every_s``, and a tick after capacity changes:
+   switch; which instances may move is `shared.reauction` rule 1. A round runs every
+   ``every_s``, and a tick after capacity changes:
    a node the broker did not know becomes eligible, or a request newly waits unschedulable
    (looked for when the state changed); one round at a time, its candidates one after
    another, each decided on the state its predecessors' moves left (`shared.reauction`
@@ -14,10 +14,9 @@ Rules:
    first saw the replica or last moved it — memory only, like the keeper's clocks: a
    restarted broker waits a cool-down before it moves anything.
 3. A candidate's re-auction is an ordinary broadcast auction of its request among the
-   eligible, non-draining nodes, its RFB naming the holder (``keep``) so the holder prices
-   keeping it. It is decided by the award rule with the group's replicas per node (the
-   candidate left out of its holder's count) and judged with the shapes of the work that
-   waits unschedulable.
+   eligible, non-draining nodes, its RFB naming the holder (``keep``) for its keep-bid;
+   it is decided and judged by `shared.reauction` rules 3-5, with the group's replicas
+   per node from git and the shapes of the work that waits unschedulable.
 4. A move is a commit (`plan_move`): a new replica of the same version placed on the
    winner, the re-auction's record as its trailer and the judgement as its line, so
    ``gavel why NEW`` says why it is there. The keeper does not count the new copy
