@@ -317,9 +317,7 @@ class Agent:
         await asyncio.wait({connecting, stopping}, return_when=asyncio.FIRST_COMPLETED)
         stopping.cancel()
         if not connecting.done():
-            connecting.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await connecting
+            await _abandon(connecting, self.timing.poll_s)
             return False
         nc = self._nc = connecting.result()
         outbox, self._outbox = self._outbox, []
@@ -485,3 +483,16 @@ class Agent:
 
 
 _ENDS = frozenset({EventType.EXITED, EventType.FAILED, EventType.CANCELLED})
+
+
+async def _abandon(connecting: asyncio.Future[NATS], every_s: float) -> None:
+    """Cancel a connection attempt and wait until it has ended. nats-py swallows a cancel
+    that lands while it sets up its first attempt and goes on retrying for ever, so the
+    cancel is repeated every `every_s` until one takes; a connection made meanwhile is
+    closed."""
+    while not connecting.done():
+        connecting.cancel()
+        await asyncio.wait({connecting}, timeout=every_s)
+    if not connecting.cancelled() and connecting.exception() is None:
+        with contextlib.suppress(Exception):
+            await connecting.result().close()
