@@ -7,8 +7,11 @@ as a pure function on a `View` of an in-memory `State`: no writer, no NATS."""
 from __future__ import annotations
 
 import asyncio
+import functools
 from dataclasses import dataclass
 from pathlib import Path
+
+import msgspec
 
 from gavel.broker.deploys import Outcome, plan_verb
 from gavel.broker.effects import Answer, Wake
@@ -21,13 +24,16 @@ from gavel.broker.ledger.state import Change, State, ready
 from gavel.broker.onepass import OnePass, Passed
 from gavel.broker.periodic import Unran
 from gavel.broker.periodic import plan_pass as periodic_pass
+from gavel.broker.promises import Unacted, Unblocked
 from gavel.broker.serviceplans import Clocks, replicas
 from gavel.broker.submissions import plan_submission
+from gavel.broker.watchdog import Action, Kind
 from gavel.shared.api import SubmitReply, SubmitRequest
 from gavel.shared.messages import ApiError, InstanceState, Message, Spec
 from gavel.shared.reasons import Reason
 from gavel.shared.records import InstanceRecord, PeriodicRecord, ServiceRecord, service_path
 from tests.unit.commitkit import Failed, heard
+from tests.unit.test_fuzz_broker import Rig
 
 SPEC = Spec(name="job", command=["true"])
 WEB = Spec(name="web", type="service", command=["true"])
@@ -226,3 +232,40 @@ def test_a_moved_copy_counts_from_the_view_in_which_the_replica_it_replaces_stop
                                      state=InstanceState.RUNNING, cancelling=True))
     assert [r.instance_id for r in replicas(view, view.replicas("web"), clocks, 0.0)] == \
         ["web-2"]
+
+
+# -- promises: a node's unblocking and a verdict stay noted until their effect -------------
+
+def test_an_unblocking_holds_its_node_until_its_effect_runs(rig: Rig) -> None:
+    b = rig.b
+    state = b.ledger.state()
+    view = View(state)
+    nf = view.node("n1")
+    assert nf is not None
+    view.change.nodes["n1"] = msgspec.structs.replace(nf, blocked_ports=[20500])
+    b.ledger.apply(view.change, "block 20500 on n1", state.head)
+    b.committer._queue.clear()
+    b.promises.ports_freed("n1", [20500])
+    [item] = b.committer._queue
+    got = item.plan(View(b.ledger.state()))
+    assert got is not None and got.lines == ["ports 20500 on n1 are free again: unblocked"]
+    assert got.effects == [Unblocked("n1")]
+    b.promises.ports_freed("n1", [20500])  # planned, not landed: still in flight
+    assert len(b.committer._queue) == 1
+    for effect in got.effects:
+        b.committer.effects.run(effect, "")
+    b.promises.ports_freed("n1", [20500])  # its commit is through: it may be asked again
+    assert len(b.committer._queue) == 2
+
+
+def test_a_verdict_with_nothing_left_to_do_is_let_go_by_its_effect(rig: Rig) -> None:
+    b = rig.b
+    action = Action(Kind.EXPIRE, "gone", "n1")  # no such instance: nothing to do
+    b.promises.acting.add((action.kind, action.instance_id))
+    plan = functools.partial(and_then, plan=functools.partial(b.promises._act, a=action),
+                             effects=(Unacted(action),))
+    got = plan(View(b.ledger.state()))
+    assert got == Planned.only(Unacted(action))
+    assert b.promises.acting == {(Kind.EXPIRE, "gone")}  # planning let nothing go
+    b.committer.effects.run(Unacted(action), "")
+    assert not b.promises.acting
