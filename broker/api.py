@@ -14,7 +14,9 @@ Rules:
    theirs). Each request runs on a task of its own, up to `MAX_IN_FLIGHT`; past that the
    subscription waits for the request in hand (back-pressure: NATS holds the rest).
 3. A submission is `broker.submissions`': its records made in slices, committed in chunks
-   of bounded size, answered once all of it is durable, one outcome per idempotency key.
+   of bounded size, answered once all of it is durable, one outcome per idempotency key; a
+   refusal its commit's plan finds is that plan's effect, one found before anything is
+   queued (the checks here) is answered at once (`broker.submissions` rule 5).
 4. (Rules 3 and 4 of `broker.submissions`: a keyed retry makes nothing new, and resumes a
    submission cut short.)
 5. A verb is its subscription's, never read back from the message: a JetStream push

@@ -22,6 +22,11 @@ Rules:
    decided in its own commit's plan, on the view it writes: applied only while the
    service's index is still N (`shared.planning.version_index`), else refused with
    `Reason.STALE_INDEX` and nothing written.
+6. Every verb is a plan (`plan_verb`) that returns its change and its answer as effects, a
+   refusal on the view it plans on as its only effect (`Planned.only`): the committer
+   answers, in commit order. A verb refused before it is queued (`refused`, the API's
+   checks) is answered directly: it wrote nothing, so no commit of its own has to be durable
+   before it is told.
 """
 
 from __future__ import annotations
@@ -38,7 +43,7 @@ from gavel.broker.context import Context
 from gavel.broker.effects import Answer, Emit, Refuse, Wake
 from gavel.broker.ledger.committer import Item, Planned
 from gavel.broker.ledger.plan import View
-from gavel.broker.ledger.state import stamp
+from gavel.broker.ledger.state import State, stamp
 from gavel.broker.routeowners import refusal_in
 from gavel.broker.serviceplans import DeployEnded
 from gavel.broker.services import Services
@@ -49,13 +54,13 @@ from gavel.shared.reasons import Reason
 from gavel.shared.records import Deployment, ServiceRecord, ServiceVersion, service_path
 from gavel.transport.tasks import Tasks
 
-__all__ = ["KEYS_KEPT", "Deploys"]
+__all__ = ["KEYS_KEPT", "Deploys", "plan_verb", "refusal"]
 
 #: Idempotency keys of deploy requests remembered, newest last (rule 2).
 KEYS_KEPT = 1024
 
 #: What a verb's plan returns: the commit (None: nothing to write) and the reply to give
-#: once it has landed (or at once, for no commit; None: the service's status).
+#: once it has landed (for no commit, the plan's only effect; None: the service's status).
 Outcome = tuple[Planned | None, Callable[[], Message | None]]
 
 
@@ -68,17 +73,13 @@ class Deploys:
         self._keys: OrderedDict[str, asyncio.Future[Message | None]] = OrderedDict()
         self._commits = Tasks("deploys", ctx.log)  # each outlives its request's cancel
 
-    def refused(self, name: str, view: View | None = None) -> ApiError | None:
-        """Why `name` cannot be changed: pinned, or its file is not readable (rule 4)."""
-        ctx = self.ctx
-        if ctx.ledger.pinned:
-            return ApiError(error=f"{Reason.PINNED} ({ctx.ledger.ref})")
-        state = view.state if view is not None else ctx.ledger.state()
-        path = service_path(name)
-        if path in state.unreadable:
-            return ApiError(error=f"{Reason.UNREADABLE_FILE}: {path} "
-                                  f"({state.unreadable[path]})")
-        return None
+    def refused(self, name: str) -> ApiError | None:
+        """Why `name` cannot be changed now (rule 4)."""
+        return refusal(self.ctx.ledger.state(), name, self._pinned())
+
+    def _pinned(self) -> str:
+        """The ref the deployment is pinned to, or ""."""
+        return self.ctx.ledger.ref if self.ctx.ledger.pinned else ""
 
     async def deploy(self, spec: Spec, key: str = "", check_index: int | None = None
                      ) -> Message:
@@ -220,19 +221,35 @@ class Deploys:
         """Run a verb's plan on `name` in the group committer; its reply once the commit
         landed. The plan runs only while the service's file is readable (rule 4)."""
         done: asyncio.Future[Message | None] = asyncio.get_running_loop().create_future()
-
-        def item(view: View) -> Planned | None:
-            refused = self.refused(name, view)
-            planned, reply = (None, lambda: refused) if refused is not None else plan(view)
-            if planned is None:
-                if not done.done():
-                    done.set_result(reply())
-                return None
-            planned.effects += [Answer(done, reply()), Wake()]
-            return planned
-
-        self.ctx.committer.submit(Item(plan=item, retry=False, gave_up=[Refuse(done)]))
+        self.ctx.committer.submit(Item(
+            plan=functools.partial(plan_verb, name=name, plan=plan, pinned=self._pinned(),
+                                   done=done),
+            retry=False, gave_up=[Refuse(done)]))
         return await done
+
+
+def refusal(state: State, name: str, pinned: str) -> ApiError | None:
+    """Why `name` cannot be changed on `state`: the deployment is pinned to the ref
+    `pinned` ("": it is not), or the service's file is not readable (rule 4)."""
+    if pinned:
+        return ApiError(error=f"{Reason.PINNED} ({pinned})")
+    path = service_path(name)
+    if path in state.unreadable:
+        return ApiError(error=f"{Reason.UNREADABLE_FILE}: {path} "
+                              f"({state.unreadable[path]})")
+    return None
+
+
+def plan_verb(view: View, *, name: str, plan: Callable[[View], Outcome], pinned: str,
+              done: asyncio.Future[Message | None]) -> Planned:
+    """Rule 6: a verb's `plan` on `name`, run only while the service may be changed (rule
+    4): its change, then its answer and the broker's next pass; or only its answer."""
+    refused = refusal(view.state, name, pinned)
+    planned, reply = (None, lambda: refused) if refused is not None else plan(view)
+    if planned is None:
+        return Planned.only(Answer(done, reply()))
+    planned.effects += [Answer(done, reply()), Wake()]
+    return planned
 
 
 def _same(a: Spec, b: Spec) -> bool:

@@ -13,7 +13,9 @@ Rules:
    writes nothing: the dispute is logged, and the state keeps the broker's placement.
 4. The correction is a pure plan (`plan_correction`): the node files it rewrites, the
    disputes that closed meanwhile (sent afresh by the next pass), and one effect,
-   `Corrected`, which the part notes once the commit is durable (`broker.effects`).
+   `Corrected`, which the part notes once the commit is durable (`broker.effects`); the
+   disputes that closed are noted by an effect too (`Uncorrected`, `plan_pass`): planning
+   changes nothing of the part's.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from gavel.broker.ledger.disputes import Dispute
 from gavel.broker.ledger.plan import View, rewrite
 from gavel.shared.reasons import Reason
 
-__all__ = ["Corrected", "Integrity", "Uncorrected", "plan_correction"]
+__all__ = ["Corrected", "Integrity", "Uncorrected", "plan_correction", "plan_pass"]
 
 
 @dataclass(frozen=True)
@@ -59,6 +61,19 @@ def plan_correction(view: View,
                    effects=[Corrected(tuple(still))]), gone
 
 
+def plan_pass(view: View, disputes: list[Dispute]) -> Planned | None:
+    """Rule 4's commit of a pass: `plan_correction`'s, and the disputes that closed
+    meanwhile noted as not corrected (`Uncorrected`: the next pass sends what is open
+    then afresh) - as the plan's only effect when nothing is left to correct."""
+    planned, gone = plan_correction(view, disputes)
+    if not gone:
+        return planned
+    if planned is None:
+        return Planned.only(Uncorrected(tuple(gone)))
+    planned.effects.append(Uncorrected(tuple(gone)))
+    return planned
+
+
 class Integrity:
     def __init__(self, ctx: Context) -> None:
         self.ctx = ctx
@@ -86,14 +101,8 @@ class Integrity:
                                       "listed": list(d.held)})
         if pinned:
             return  # rule 2 still holds: the state keeps only the broker's placement
-        self.ctx.committer.submit(Item(plan=functools.partial(self._plan, disputes=new),
+        self.ctx.committer.submit(Item(plan=functools.partial(plan_pass, disputes=new),
                                        gave_up=[Uncorrected(tuple(new))], retry=False))
-
-    def _plan(self, view: View, disputes: list[Dispute]) -> Planned | None:
-        planned, gone = plan_correction(view, disputes)
-        if gone:  # what is open now is sent afresh by the next pass
-            self._failed(gone)
-        return planned
 
     def _landed(self, done: Corrected, sha: str) -> None:
         open_now = self.ctx.ledger.state().disputes

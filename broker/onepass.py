@@ -5,8 +5,10 @@ Rules:
 1. While a name's pass is submitted and not yet landed or given up, no other pass over it
    is submitted (`busy`): a pass plans on the freshest view anyway, and a second one queued
    behind it would only plan the same change again.
-2. The name is free again when its plan finds nothing to do, once its commit is durable
-   (`Passed`, after the plan's own effects), or when the commit is given up for good.
+2. The name is free again once its pass's commit is durable (`Passed`, after the plan's own
+   effects), when its plan found nothing to do (`Passed` its only effect, in commit order),
+   or when the commit is given up for good. Planning frees nothing (`plan_pass`): a pass
+   re-planned after a conflict still holds its name.
 """
 
 from __future__ import annotations
@@ -15,10 +17,10 @@ import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from gavel.broker.ledger.committer import Committer, Item, Planned
+from gavel.broker.ledger.committer import Committer, Item, Planned, and_then
 from gavel.broker.ledger.plan import View
 
-__all__ = ["OnePass", "Passed"]
+__all__ = ["OnePass", "Passed", "plan_pass"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -48,14 +50,12 @@ class OnePass:
             return
         self._busy.add(name)
         passed = Passed(self, name)
-        self._committer.submit(Item(plan=functools.partial(self._pass, plan, passed),
-                                    retry=False, gave_up=[passed]))
+        self._committer.submit(Item(plan=plan_pass(plan, passed), retry=False,
+                                    gave_up=[passed]))
 
-    def _pass(self, plan: Callable[[View], Planned | None], passed: Passed,
-              view: View) -> Planned | None:
-        planned = plan(view)
-        if planned is None:
-            self.done(passed.name)
-            return None
-        planned.effects.append(passed)
-        return planned
+
+def plan_pass(plan: Callable[[View], Planned | None], passed: Passed
+              ) -> Callable[[View], Planned]:
+    """Rule 2: the pass's plan - `plan`'s change and effects, then `passed`; or `passed`
+    alone."""
+    return functools.partial(and_then, plan=plan, effects=(passed,))

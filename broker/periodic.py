@@ -9,7 +9,9 @@ Rules:
    the schedule's position (`last_run`), and it is auctioned like any instance. Each plan
    decides again on its own view (compare-and-swap on the position), so a pass run twice,
    or a broker started again, makes no run twice (`gavel.shared.periodic` rule 1).
-3. One commit in flight per job; a pass with nothing due submits nothing.
+3. One commit in flight per job; a pass with nothing due submits nothing, and one that finds
+   nothing due once planned writes nothing (`plan_pass`: the job is free again in commit
+   order).
 4. Each step is narrated: commit lines start ``periodic <name>:``; the job's events carry
    its name: ``periodic-run`` (detail: the run and its fire time) and ``periodic-skipped``
    (reason: why); `gavel_periodic_runs_total{outcome="run|skipped|missed"}` counts them.
@@ -61,7 +63,7 @@ from gavel.shared.records import InstanceRecord, PeriodicRecord, PeriodicRun
 from gavel.shared.spec import Spec
 
 __all__ = ["Forgot", "Periodic", "Ran", "Unran", "forgettable", "plan_cancel",
-           "plan_forget", "plan_run", "plan_submit", "status_of", "summary"]
+           "plan_forget", "plan_pass", "plan_run", "plan_submit", "status_of", "summary"]
 
 
 @dataclass(frozen=True)
@@ -74,7 +76,8 @@ class Forgot:
 
 @dataclass(frozen=True)
 class Unran:
-    """A pass for job `name` was given up: the next watch looks at it again."""
+    """A pass for job `name` was given up, or found nothing due: the next watch looks at it
+    again."""
 
     name: str
 
@@ -186,6 +189,12 @@ def plan_run(view: View, name: str, now: int, caps: Caps | None = None) -> Plann
     return Planned(lines=[line], effects=effects)
 
 
+def plan_pass(view: View, name: str, now: int, caps: Caps | None = None) -> Planned:
+    """Rule 3: a pass over the job `name` - `plan_run`'s, or, with nothing due, only the
+    effect that lets the job be passed over again (`Unran`): planning frees nothing."""
+    return plan_run(view, name, now, caps) or Planned.only(Unran(name))
+
+
 def plan_submit(view: View, spec: Spec, now: int, waiter: asyncio.Future[Message]
                 ) -> Planned | None:
     """`gavel submit` of a periodic job (rule 1): a new record, or the job started afresh
@@ -193,11 +202,11 @@ def plan_submit(view: View, spec: Spec, now: int, waiter: asyncio.Future[Message
     name = spec.name
     old = view.periodic(name)
     if view.service(name) is not None:  # `gavel status NAME` must name one thing
-        return Planned(lines=[], effects=[Answer(waiter, ApiError(
-            error=f"{Reason.NAME_TAKEN}: {name} is a service or a system job"))])
+        return Planned.only(Answer(waiter, ApiError(
+            error=f"{Reason.NAME_TAKEN}: {name} is a service or a system job")))
     answer = SubmitReply(instance_id=name)
     if old is not None and old.spec == spec and not old.stopped:
-        return Planned(lines=[], effects=[Answer(waiter, answer)])
+        return Planned.only(Answer(waiter, answer))
     job = PeriodicRecord(name=name, spec=spec, since=cron.stamp(now)) if old is None else \
         msgspec.structs.replace(old, spec=spec, since=cron.stamp(now), stopped=False,
                                 stopped_at="")
@@ -214,11 +223,11 @@ def plan_cancel(view: View, name: str, waiter: asyncio.Future[Message], now: int
     its record is kept for a while after (rule 7)."""
     job = view.periodic(name)
     if job is None:
-        return Planned(lines=[], effects=[Answer(waiter, ApiError(
-            error=f"{Reason.UNKNOWN_INSTANCE}: {name}"))])
+        return Planned.only(Answer(waiter, ApiError(
+            error=f"{Reason.UNKNOWN_INSTANCE}: {name}")))
     effects: list[object] = [Answer(waiter, CancelReply(instance_id=name, state="cancelled"))]
     if job.stopped:
-        return Planned(lines=[], effects=effects)
+        return Planned.only(*effects)
     view.put_periodic(msgspec.structs.replace(job, stopped=True, stopped_at=cron.stamp(now)))
     effects.insert(0, Emit(name, EventType.CANCELLED, reason=Reason.PERIODIC_STOPPED))
     return Planned(lines=[f"periodic {name}: cancelled"], effects=effects)
@@ -236,7 +245,7 @@ def plan_forget(view: View, name: str, keep_s: float, now: int) -> Planned:
     """Rule 7: the cancelled job's record out of the tree, if it is still due to go."""
     job = view.periodic(name)
     if job is None or not forgettable(view, job, keep_s, now):
-        return Planned(lines=[], effects=[Forgot(name)])
+        return Planned.only(Forgot(name))
     view.drop_periodic(name)
     when = f", cancelled {job.stopped_at}" if job.stopped_at else ""
     return Planned(lines=[f"periodic {name}: forget its record{when} ({len(job.history)} "
@@ -322,14 +331,9 @@ class Periodic:
                     schedule, job.spec.time_zone, position(job), now))
                 continue
             self._busy.add(name)
-            ctx.committer.submit(Item(plan=functools.partial(self._pass, name=name, now=now),
-                                      retry=False, gave_up=[Unran(name)]))
-
-    def _pass(self, view: View, name: str, now: int) -> Planned | None:
-        planned = plan_run(view, name, now, self.caps)
-        if planned is None:
-            self._busy.discard(name)
-        return planned
+            ctx.committer.submit(Item(
+                plan=functools.partial(plan_pass, name=name, now=now, caps=self.caps),
+                retry=False, gave_up=[Unran(name)]))
 
     def _forgot(self, forgot: Forgot, _sha: str) -> None:
         self._busy.discard(forgot.name)

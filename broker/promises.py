@@ -10,7 +10,9 @@ Rules:
    no attempt (0) is taken as the current one's.
 2. Every change goes through a plan (`broker.promiseplans`: pure, compare-and-swap on the
    instance's state, its effects as values) and the group committer: a late event racing
-   an expiry resolves to exactly one of them.
+   an expiry resolves to exactly one of them. What this part notes of a plan in flight (a
+   verdict being acted on, a node's unblocking) is let go by the plan's effect (`Unacted`,
+   `Unblocked`), run in commit order, never while planning.
 3. Only failures that could succeed elsewhere (driver failed to start, its node restarted it
    as often as its restart policy allows) spend an attempt and re-auction; a process that
    ran and failed with no restarts allowed, or timed out, fails. An instance its worker
@@ -47,7 +49,7 @@ import msgspec
 
 from gavel.broker.context import Context
 from gavel.broker.effects import Release
-from gavel.broker.ledger.committer import Item, Planned
+from gavel.broker.ledger.committer import Item, Planned, and_then
 from gavel.broker.ledger.plan import View
 from gavel.broker.promiseplans import (
     current,
@@ -74,7 +76,7 @@ from gavel.shared.reasons import Reason
 from gavel.transport.inbound import Door, Guard
 from gavel.transport.wire import Received
 
-__all__ = ["Promises"]
+__all__ = ["Promises", "Unacted", "Unblocked"]
 
 #: The event types a worker reports about its own instances; any other is rejected.
 REPORTED = frozenset({EventType.PROVISIONING, EventType.RUNNING, EventType.EXITED,
@@ -84,9 +86,17 @@ REPORTED = frozenset({EventType.PROVISIONING, EventType.RUNNING, EventType.EXITE
 
 @dataclass(frozen=True)
 class Unacted:
-    """The watchdog's verdict was given up before it landed: it may be acted on again."""
+    """The watchdog's verdict landed, found nothing to do or was given up: it may be acted
+    on again."""
 
     action: Action
+
+
+@dataclass(frozen=True)
+class Unblocked:
+    """The node's unblocking commit landed, found nothing to do or was given up."""
+
+    node_id: str
 
 
 @dataclass(frozen=True)
@@ -138,6 +148,7 @@ class Promises:
         self._unblocking: set[str] = set()  # nodes with an unblocking commit in flight
         ctx.committer.effects.on(Release, lambda e, _sha: self.ended(e.instance_id))
         ctx.committer.effects.on(Unacted, self._unacted)
+        ctx.committer.effects.on(Unblocked, lambda e, _sha: self._unblocking.discard(e.node_id))
 
     # -- reports -------------------------------------------------------------------------
     def on_report(self, msg: Received) -> None:
@@ -264,11 +275,10 @@ class Promises:
         if not wanted or node_id in self._unblocking:
             return
         self._unblocking.add(node_id)
-
-        def plan(view: View) -> Planned | None:
-            self._unblocking.discard(node_id)
-            return plan_unblock(view, node_id, wanted)
-        self._submit(plan)
+        self.ctx.committer.submit(Item(
+            plan=functools.partial(and_then, plan=functools.partial(
+                plan_unblock, node=node_id, wanted=wanted), effects=(Unblocked(node_id),)),
+            gave_up=[Unblocked(node_id)]))
 
     def _ports(self, ev: Event) -> None:
         self._submit(functools.partial(plan_ports, ev=ev))
@@ -292,8 +302,9 @@ class Promises:
             if key in self.acting:
                 continue
             self.acting.add(key)
-            ctx.committer.submit(Item(plan=functools.partial(self._act, a=action),
-                                      gave_up=[Unacted(action)], retry=False))
+            ctx.committer.submit(Item(plan=functools.partial(
+                and_then, plan=functools.partial(self._act, a=action),
+                effects=(Unacted(action),)), gave_up=[Unacted(action)], retry=False))
         self._drain_deadlines(now)
         self._migrate_next()
 
@@ -313,7 +324,6 @@ class Promises:
         self.acting.discard((e.action.kind, e.action.instance_id))
 
     def _act(self, view: View, a: Action) -> Planned | None:
-        self.acting.discard((a.kind, a.instance_id))
         return plan_action(view, a, self.ctx.leader.epoch)
 
     # -- operator verbs ------------------------------------------------------------------
@@ -375,11 +385,11 @@ class Promises:
             if key in self.acting:
                 continue
             self.acting.add(key)
+            done = Unacted(Action(Kind.REVOKE, iid, node))
 
-            def plan(v: View, i: str = iid, n: str = node,
-                     k: tuple[Kind, str] = key) -> Planned | None:
-                self.acting.discard(k)
+            def plan(v: View, i: str = iid, n: str = node) -> Planned | None:
                 return plan_requeue(v, i, n, Reason.MIGRATED, free=True, stop=True,
                                     epoch=self.ctx.leader.epoch)
-            self._submit(plan)
+            self.ctx.committer.submit(Item(
+                plan=functools.partial(and_then, plan=plan, effects=(done,)), gave_up=[done]))
 

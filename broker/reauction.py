@@ -27,12 +27,19 @@ Rules:
    that ends, or is not healthy within ``update.healthy_deadline_s``, is stopped
    (MOVE_ABANDONED) and the old one stays. A service's moves in flight count against its
    ``update.max_parallel``, and every move spends the cluster-wide budget.
+5. The keeper's view of a move is the view it plans on: `moving` maps each new copy to the
+   replica it replaces, and the new copy counts from the view on in which that replica is
+   stopping or gone (`broker.serviceplans.replicas`), so the stop commit's own view, and
+   every later one, counts it with no note changed while planning. A move's commits are
+   pure plans (`plan_move`, `plan_finish`); one that finds nothing to do has only its
+   effect (`Unmoved`, `Over`), carried out in commit order.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import random
 import uuid
 from collections import Counter
@@ -42,7 +49,7 @@ from dataclasses import dataclass
 import msgspec
 
 from gavel.broker.context import Context
-from gavel.broker.ledger.committer import Item, Planned
+from gavel.broker.ledger.committer import Item, Planned, or_only
 from gavel.broker.ledger.plan import View, place, stop, submit
 from gavel.broker.ledger.state import State
 from gavel.broker.promises import Promises
@@ -57,8 +64,8 @@ from gavel.shared.records import AuctionRecord, InstanceRecord, auction_trailer
 from gavel.shared.spread import Tally
 from gavel.transport.tasks import Tasks
 
-__all__ = ["PREFIX", "Finished", "Moved", "Rebalancer", "Unfinished", "Unmoved", "plan_finish",
-           "plan_move"]
+__all__ = ["PREFIX", "Finished", "Moved", "Over", "Rebalancer", "Unfinished", "Unmoved",
+           "plan_finish", "plan_move"]
 
 #: Re-auctions' ids start so: their replies are this part's, not the auctioneer's.
 PREFIX = "re-"
@@ -101,6 +108,15 @@ class Unfinished:
     the keeper does not count the new copy yet."""
 
     new: str
+
+
+@dataclass(frozen=True)
+class Over:
+    """The move to `new` ended without a stop commit: what it would have stopped was no
+    longer live when planned."""
+
+    new: str
+    reason: Reason
 
 
 @dataclass
@@ -162,14 +178,15 @@ class Rebalancer:
     def __init__(self, ctx: Context, settings: Settings | None, *, promises: Promises,
                  award_for: Callable[[str, str, str], Award | None],
                  free: Callable[[Iterable[str]], dict[str, Capacity]],
-                 moving: set[str], routes: ReplyRoutes,
+                 moving: dict[str, str], routes: ReplyRoutes,
                  rng: random.Random | None = None) -> None:
         self.ctx = ctx
         self.settings = settings
         self.promises = promises
         self.award_for = award_for
         self.free = free
-        #: The new copies in flight, shared with `Services` (rule 4).
+        #: The new copies in flight and the replica each replaces, shared with `Services`
+        #: (rule 4).
         self.moving = moving
         self.rng = rng or random.Random()
         self.budget = Budget(settings.budget if settings else 0)
@@ -195,6 +212,7 @@ class Rebalancer:
         ctx.committer.effects.on(Finished, self._finished)
         ctx.committer.effects.on(Unmoved, self._unmoved)
         ctx.committer.effects.on(Unfinished, self._unfinished)
+        ctx.committer.effects.on(Over, lambda e, _sha: self._done(e.new, e.reason))
         routes.add(self.divert)
 
     # -- the loop's pass -----------------------------------------------------------------
@@ -348,19 +366,16 @@ class Rebalancer:
                                 holder=h.node_id, winner=winner, started=ctx.now(),
                                 deadline_s=update.healthy_deadline_s,
                                 settle_s=update.min_healthy_s)
-        self.moving.add(new)
+        self.moving[new] = h.instance_id
         landed: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
         self._landing[new] = landed
-
-        def plan(view: View) -> Planned | None:
-            got = plan_move(view, old=h.instance_id, holder=h.node_id, new=new,
-                            decision=decision, auction_id=aid,
-                            port_range=list(hb.port_range) if hb else [], judgement=verdict)
-            if got is None:
-                _settle_future(landed, False)
-            return got
-
-        ctx.committer.submit(Item(plan=plan, retry=False, gave_up=[Unmoved(new)]))
+        plan = functools.partial(plan_move, old=h.instance_id, holder=h.node_id, new=new,
+                                 decision=decision, auction_id=aid,
+                                 port_range=list(hb.port_range) if hb else [],
+                                 judgement=verdict)
+        ctx.committer.submit(Item(plan=functools.partial(or_only, plan=plan,
+                                                         effects=(Unmoved(new),)),
+                                  retry=False, gave_up=[Unmoved(new)]))
         try:
             ok = await landed
         finally:
@@ -371,7 +386,7 @@ class Rebalancer:
             self._seen[new] = ctx.now()
         else:
             self.moves.pop(new, None)
-            self.moving.discard(new)
+            self.moving.pop(new, None)
 
     def _new_id(self, state: State, name: str) -> str:
         while True:
@@ -402,7 +417,6 @@ class Rebalancer:
         m = self.moves.get(e.new)
         if m is not None:
             m.committing = False
-            self.moving.add(e.new)
 
     # -- rule 4: a move in flight settles, or is abandoned ----------------------------
     def _settle(self, state: State, now: float) -> None:
@@ -431,22 +445,16 @@ class Rebalancer:
             self._done(m.new, reason)
             return
         m.committing = True
-
-        def plan(view: View) -> Planned | None:
-            got = plan_finish(view, service=m.service, new=m.new, stop_id=stop_id,
-                              reason=reason)
-            if got is None:
-                self._done(m.new, reason)
-            elif stop_id == m.old:  # the keeper counts the new copy from this commit on:
-                self.moving.discard(m.new)  # its plans decide on this view, old one stopping
-            return got
-
-        self.ctx.committer.submit(Item(plan=plan, retry=False, gave_up=[Unfinished(m.new)]))
+        plan = functools.partial(plan_finish, service=m.service, new=m.new, stop_id=stop_id,
+                                 reason=reason)
+        self.ctx.committer.submit(Item(
+            plan=functools.partial(or_only, plan=plan, effects=(Over(m.new, reason),)),
+            retry=False, gave_up=[Unfinished(m.new)]))
 
     def _done(self, new: str, reason: Reason) -> None:
         """The move of `new` is over: the keeper counts the new copy if it stays."""
         self.moves.pop(new, None)
-        self.moving.discard(new)
+        self.moving.pop(new, None)
         if reason is Reason.REBALANCED:
             self.moved_total += 1
         else:

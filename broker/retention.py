@@ -20,7 +20,9 @@ Rules:
 4. ``retention_s = 0`` and ``ended_max = 0`` keep every record for ever; either alone
    bounds what is kept; a pinned deployment forgets nothing.
 5. The forget commit is a pure plan (`plan_forget`): the records it drops and one effect,
-   `Forgotten`, which the part notes once the commit is durable (`broker.effects`).
+   `Forgotten`, which the part notes once the commit is durable (`broker.effects`); a plan
+   that finds nothing left to forget has only the empty `Forgotten` (`or_only`), in commit
+   order: the next batch is queued once it ran.
 6. The ended tasks of a batch array still running are kept (passed over, not a stop of the
    walk): its tally - the failure budget, the outcome `submit --wait` reports - counts them.
 """
@@ -33,7 +35,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from gavel.broker.context import Context
-from gavel.broker.ledger.committer import Item, Planned
+from gavel.broker.ledger.committer import Item, Planned, or_only
 from gavel.broker.ledger.plan import View, forget
 from gavel.broker.ledger.state import State, parse_stamp
 from gavel.shared.reasons import Reason
@@ -140,14 +142,10 @@ class Retention:
         if not batch:
             return
         self._busy = True
-        ctx.committer.submit(Item(plan=functools.partial(self._plan, batch=batch),
-                                  gave_up=[Forgotten(())]))
-
-    def _plan(self, view: View, batch: list[Due]) -> Planned | None:
-        planned = plan_forget(view, batch)
-        if planned is None:
-            self._busy = False
-        return planned
+        ctx.committer.submit(Item(
+            plan=functools.partial(or_only, plan=functools.partial(plan_forget, batch=batch),
+                                   effects=(Forgotten(()),)),
+            gave_up=[Forgotten(())]))
 
     def _forgotten(self, done: Forgotten, _sha: str) -> None:
         self._busy = False

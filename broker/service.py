@@ -201,7 +201,7 @@ class Broker:
         order they depend on each other."""
         self.retention = Retention(ctx, config.wall, config.ended_max)
         #: Re-auction's new copies, not counted by the keeper until they settle.
-        moving: set[str] = set()
+        moving: dict[str, str] = {}
         self.services = Services(ctx, self.promises, config.wall, moving=moving)
         self.rebalancer = Rebalancer(ctx, config.rebalance, promises=self.promises,
                                      award_for=self.assignments.award_for,

@@ -18,7 +18,7 @@ Rules:
 from __future__ import annotations
 
 import random
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 
@@ -99,9 +99,9 @@ class Clocks:
 
     first_seen: Mapping[str, float] = field(default_factory=dict)
     healthy_since: Mapping[str, float] = field(default_factory=dict)
-    #: New copies a re-auction is moving replicas to (`broker.reauction`): counted once
-    #: they stand for the replica they replace, not before.
-    moving: Collection[str] = ()
+    #: New copies a re-auction is moving replicas to, and the replica each replaces
+    #: (`broker.reauction` rule 5): counted once they stand for it, not before.
+    moving: Mapping[str, str] = field(default_factory=dict)
 
 
 # -- shared steps --------------------------------------------------------------------------
@@ -135,7 +135,7 @@ def replicas(view: View | State, recs: list[InstanceRecord], clocks: Clocks,
     out = []
     placed_on = view.placed_on if isinstance(view, View) else view.placement_of
     for r in recs:
-        if r.state.terminal or r.cancelling or r.instance_id in clocks.moving:
+        if r.state.terminal or r.cancelling or _replacing(view, clocks.moving.get(r.instance_id)):
             continue
         iid = r.instance_id
         waiting = placed_on(iid) is None
@@ -144,6 +144,15 @@ def replicas(view: View | State, recs: list[InstanceRecord], clocks: Clocks,
                            healthy_for=None if since is None else now - since,
                            age=now - clocks.first_seen.get(iid, now)))
     return out
+
+
+def _replacing(view: View | State, old: str | None) -> bool:
+    """A new copy of a move stands for the replica `old` it replaces only once that one is
+    stopping or gone in `view` (`broker.reauction` rule 5)."""
+    if old is None:
+        return False
+    rec = view.instance(old) if isinstance(view, View) else view.instances.get(old)
+    return rec is not None and not rec.state.terminal and not rec.cancelling
 
 
 def failed_new(svc: ServiceRecord, recs: list[InstanceRecord]) -> list[str]:

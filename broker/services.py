@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import functools
 import random
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Mapping
 from datetime import datetime
 
 from gavel.broker.context import Context
@@ -78,11 +78,12 @@ PASS_SHARE = 4.0
 
 class Services:
     def __init__(self, ctx: Context, promises: Promises, wall: Callable[[], datetime],
-                 rng: random.Random | None = None, moving: Collection[str] = ()) -> None:
+                 rng: random.Random | None = None,
+                 moving: Mapping[str, str] | None = None) -> None:
         self.ctx = ctx
-        #: New copies a re-auction is moving replicas to (`broker.reauction`): the keeper
-        #: counts them once they stand for the replica they replace, not before.
-        self.moving = moving
+        #: New copies a re-auction is moving replicas to, and the replica each replaces
+        #: (`broker.reauction` rule 5): the keeper counts them once they stand for it.
+        self.moving: Mapping[str, str] = moving if moving is not None else {}
         self.promises = promises
         self.wall = wall
         #: Draws the random part of replica ids (OS-seeded: a broker started again with a
@@ -94,7 +95,7 @@ class Services:
         #: `_clocks` lends each plan, read only).
         self._first_seen: dict[str, float] = {}
         self._healthy_since: dict[str, float] = {}
-        self._clocks = Clocks(self._first_seen, self._healthy_since, moving)
+        self._clocks = Clocks(self._first_seen, self._healthy_since, self.moving)
         #: Service -> its replicas not yet ended, as the last pass saw them (plus those
         #: started since): a replica missing from the next pass has ended.
         self._live: dict[str, set[str]] = {}

@@ -27,11 +27,19 @@ Rules:
    base-K+1 .. base-N, as rule 2 does, and answers as if nothing happened. K is the highest
    index git holds: retention forgets only ended instances, oldest first, so the tail of a
    submission is never forgotten while its head is kept.
+5. Each commit is a pure plan (`plan_submission`): the records it writes and its answer, or,
+   when the view it plans on refuses them (the key landed another way, an id taken, a route
+   another submission claimed), only the refusal's answer (`Planned.only`), carried out by
+   the committer in commit order like any other effect. A submission refused before any
+   commit is queued (`kind_naming_problem`, `Api._refused`, the admission caps, a reused
+   key) is answered directly: it wrote nothing, so no commit of its own has to be durable
+   before it is told.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import uuid
 from collections.abc import Callable
 
@@ -41,7 +49,7 @@ from gavel.broker.context import Context
 from gavel.broker.effects import Answer, Refuse, Wake
 from gavel.broker.ledger.committer import Item, Planned
 from gavel.broker.ledger.plan import View, submit
-from gavel.broker.ledger.state import Ready, ready
+from gavel.broker.ledger.state import Ready, State, ready
 from gavel.broker.routeowners import refusal_in as route_refusal_in
 from gavel.shared.api import SubmitReply, SubmitRequest
 from gavel.shared.arrays import run_of
@@ -50,7 +58,7 @@ from gavel.shared.messages import ApiError, Message
 from gavel.shared.reasons import Reason
 from gavel.shared.spec import Spec
 
-__all__ = ["SUBMIT_COMMIT", "SUBMIT_SLICE", "Submissions"]
+__all__ = ["SUBMIT_COMMIT", "SUBMIT_SLICE", "Submissions", "landed", "plan_submission"]
 
 #: Records a submission makes and encodes between two turns of the loop (rule 1): a slice
 #: short enough that a bid reply waiting behind it is not held up for long.
@@ -92,27 +100,9 @@ class Submissions:
             settled.set_result(None)
 
     def _landed(self, req: SubmitRequest) -> tuple[Message | None, str, int]:
-        """Rules 3 and 4: the first answer for a key whose submission landed whole; else
-        None, the base its ids are named from and how many of them git holds already."""
-        state = self.ctx.ledger.state()
-        kept = state.submitted(req.key)
-        fresh = req.instance_id or f"{req.spec.name}-{uuid.uuid4().hex[:6]}"
-        if not kept:
-            return None, fresh, 0
-        if req.count == 1:
-            ids, first, base = kept, req.instance_id, kept[0]
-        else:  # named base-1 .. base-N: those retention forgot since are named again
-            base = kept[0].rpartition("-")[0]
-            ids = counted_ids(base, req.count)
-            first = f"{req.instance_id}-1" if req.instance_id else ""
-        if state.instances[kept[0]].spec != req.spec or len(ids) != req.count \
-                or not set(kept) <= set(ids) or (first and ids[0] != first):
-            return ApiError(error=f"{Reason.KEY_REUSED}: {req.key} made {kept[0]}"
-                                  + (f" .. {kept[-1]}" if len(kept) > 1 else "")), base, 0
-        have = max(run_of(iid)[0] for iid in kept) if req.count > 1 else 1
-        if have < req.count:  # rule 4: cut short; the rest goes now
-            return None, base, have
-        return SubmitReply.of(ids), base, have
+        """Rules 3 and 4 on the ledger's state now."""
+        return landed(self.ctx.ledger.state(), req,
+                      req.instance_id or f"{req.spec.name}-{uuid.uuid4().hex[:6]}")
 
     async def _submit(self, req: SubmitRequest, base: str, have: int) -> Message:
         spec = req.spec
@@ -144,34 +134,57 @@ class Submissions:
                       made: list[Ready], *, fresh: bool) -> Message | None:
         """One commit of `ids[start:end]` (`made`): None once it is durable, else why it
         failed."""
-        spec = req.spec
-        records = [rec for rec, _, _ in made]
         done: asyncio.Future[Message | None] = asyncio.get_running_loop().create_future()
-
-        def refuse(error: Message) -> None:
-            if not done.done():
-                done.set_result(error)
-
-        def plan(view: View) -> Planned | None:
-            if fresh and req.key and view.state.keys.get(req.key):  # landed another way
-                refuse(self._landed(req)[0] or ApiError(error=Reason.KEY_REUSED))
-                return None
-            taken = [r.instance_id for r in records if view.instance(r.instance_id) is not None]
-            if taken:
-                refuse(ApiError(error=f"{Reason.DUPLICATE}: {taken[0]}"))
-                return None
-            owned = route_refusal_in(view, spec)  # another submit's claim may have landed
-            if owned:
-                refuse(ApiError(error=owned))
-                return None
-            for r in records:
-                submit(view, r)
-            view.change.ready.update((got[0].instance_id, got) for got in made)
-            line = f"submit {ids[0]}" if len(ids) == 1 else \
-                f"submit {end - start} instances of {spec.name}: {ids[start]} .. {ids[end - 1]}"
-            if len(ids) > end - start:
-                line += f" ({end} of {len(ids)})"
-            return Planned(lines=[line], effects=[Answer(done, None), Wake()])
-
+        plan = functools.partial(plan_submission, req=req, ids=ids, start=start, end=end,
+                                 made=made, fresh=fresh, done=done)
         self.ctx.committer.submit(Item(plan=plan, retry=False, gave_up=[Refuse(done)]))
         return await done
+
+
+def landed(state: State, req: SubmitRequest, fresh: str) -> tuple[Message | None, str, int]:
+    """Rules 3 and 4: the first answer for a key whose submission landed whole; else None,
+    the base its ids are named from (`fresh` when the key made nothing yet) and how many of
+    them git holds already."""
+    kept = state.submitted(req.key)
+    if not kept:
+        return None, fresh, 0
+    if req.count == 1:
+        ids, first, base = kept, req.instance_id, kept[0]
+    else:  # named base-1 .. base-N: those retention forgot since are named again
+        base = kept[0].rpartition("-")[0]
+        ids = counted_ids(base, req.count)
+        first = f"{req.instance_id}-1" if req.instance_id else ""
+    if state.instances[kept[0]].spec != req.spec or len(ids) != req.count \
+            or not set(kept) <= set(ids) or (first and ids[0] != first):
+        return ApiError(error=f"{Reason.KEY_REUSED}: {req.key} made {kept[0]}"
+                              + (f" .. {kept[-1]}" if len(kept) > 1 else "")), base, 0
+    have = max(run_of(iid)[0] for iid in kept) if req.count > 1 else 1
+    if have < req.count:  # rule 4: cut short; the rest goes now
+        return None, base, have
+    return SubmitReply.of(ids), base, have
+
+
+def plan_submission(view: View, *, req: SubmitRequest, ids: list[str], start: int, end: int,
+                    made: list[Ready], fresh: bool, done: asyncio.Future[Message | None]
+                    ) -> Planned:
+    """Rule 5: one commit of `ids[start:end]` (`made`), answered None once durable; or, when
+    the view refuses it, only that answer."""
+    spec = req.spec
+    if fresh and req.key and view.state.keys.get(req.key):  # landed another way
+        got = landed(view.state, req, "")[0]
+        return Planned.only(Answer(done, got or ApiError(error=Reason.KEY_REUSED)))
+    records = [rec for rec, _, _ in made]
+    taken = [r.instance_id for r in records if view.instance(r.instance_id) is not None]
+    if taken:
+        return Planned.only(Answer(done, ApiError(error=f"{Reason.DUPLICATE}: {taken[0]}")))
+    owned = route_refusal_in(view, spec)  # another submit's claim may have landed
+    if owned:
+        return Planned.only(Answer(done, ApiError(error=owned)))
+    for r in records:
+        submit(view, r)
+    view.change.ready.update((got[0].instance_id, got) for got in made)
+    line = f"submit {ids[0]}" if len(ids) == 1 else \
+        f"submit {end - start} instances of {spec.name}: {ids[start]} .. {ids[end - 1]}"
+    if len(ids) > end - start:
+        line += f" ({end} of {len(ids)})"
+    return Planned(lines=[line], effects=[Answer(done, None), Wake()])

@@ -18,6 +18,9 @@ Rules:
    `broker.effects.Why` filled in with the reason) only when it is given up for good
    (pinned, or an item that is not retried): what heard it never lands.
    A retried item is planned afresh on the next try and hears nothing of the failed one.
+   A plan that decided without writing (`Planned.only`: a refusal, nothing to do) has its
+   effects run in commit order like any other's; given up, its own effects run rather than
+   its `gave_up`: what it decided did not depend on the commit.
 5. The commit that records an instance's end stamps it (`ended_at`, UTC, milliseconds): the
    retention of ended instances counts from there (`broker.retention`).
 6. The broker encodes a commit's records as compact JSON; the writer formats them pretty
@@ -73,7 +76,7 @@ from gavel.broker.ledger.state import Change, stamp
 from gavel.shared.reasons import Reason
 from gavel.shared.timing import Timing
 
-__all__ = ["Committer", "Durable", "Item", "Planned"]
+__all__ = ["Committer", "Durable", "Item", "Planned", "and_then", "or_only"]
 
 log = logging.getLogger("gavel.ledger")
 _TIMING = Timing()
@@ -89,6 +92,32 @@ class Planned:
     lines: list[str]
     trailers: list[str] = field(default_factory=list)
     effects: list[Effect] = field(default_factory=list)
+    #: False: the plan changed nothing of the view (`only`; rule 4).
+    writes: bool = True
+
+    @classmethod
+    def only(cls, *effects: Effect) -> Planned:
+        """A plan that changes nothing and has only these effects (a refusal, a pass with
+        nothing to do): they run in commit order, and stand if the commit is given up."""
+        return cls(lines=[], effects=list(effects), writes=False)
+
+
+def or_only(view: View, *, plan: Callable[[View], Planned | None],
+            effects: tuple[Effect, ...]) -> Planned:
+    """`plan`'s change and effects, or, when it has nothing to do, only `effects`."""
+    got = plan(view)
+    return got if got is not None else Planned.only(*effects)
+
+
+def and_then(view: View, *, plan: Callable[[View], Planned | None],
+             effects: tuple[Effect, ...]) -> Planned:
+    """`plan`'s change and effects followed by `effects`, or, when it has nothing to do,
+    only `effects`: what a shell notes once its plan is over, planned or not."""
+    got = plan(view)
+    if got is None:
+        return Planned.only(*effects)
+    got.effects.extend(effects)
+    return got
 
 
 class Durable(Protocol):
@@ -153,6 +182,8 @@ class Committer:
         #: Told when the repository turned out damaged (rule 9); the committer stops.
         self.on_damaged = on_damaged
         self.damaged: Damaged | None = None
+        #: The last planning's `Planned.only` results, by item (rule 4).
+        self._decided: dict[int, tuple[Item, Planned]] = {}
 
     def submit(self, item: Item) -> None:
         self._queue.append(item)
@@ -192,6 +223,7 @@ class Committer:
                         self._give_up(item, Reason.LEDGER_UNWRITABLE,
                                       "internal error while planning")
             self._committing = False
+            self._decided = {}
             self._maybe_idle()
             if wrote and self.gap_s > 0:
                 await asyncio.sleep(self.gap_s)  # rule 7: what comes meanwhile waits
@@ -232,7 +264,14 @@ class Committer:
         for _ in range(self.max_conflicts):
             state = self.ledger.state()
             view = View(state)
-            planned = [p for p in (item.plan(view) for item in items) if p is not None]
+            self._decided = {}
+            planned = []
+            for item in items:
+                p = item.plan(view)
+                if p is not None:
+                    planned.append(p)
+                    if not p.writes:
+                        self._decided[id(item)] = (item, p)
             if not view.change:
                 self._landed(planned, state.head or "")  # in order with earlier commits'
                 return False
@@ -320,10 +359,13 @@ class Committer:
             asyncio.get_running_loop().call_later(self.retry_s, self._requeue, retry)
 
     def _give_up(self, item: Item, reason: Reason, detail: str) -> None:
-        """Rule 4: the item never lands; what heard of it hears so, and why."""
-        for effect in item.gave_up:
+        """Rule 4: the item never lands; what heard of it hears so, and why - unless its plan
+        decided without writing: then what it decided stands."""
+        got = self._decided.get(id(item))
+        decided = got[1] if got is not None and got[0] is item else None
+        for effect in decided.effects if decided is not None else item.gave_up:
             try:
-                if isinstance(effect, Why):
+                if decided is None and isinstance(effect, Why):
                     effect = replace(effect, reason=str(reason), detail=detail)
                 self.effects.run(effect, "")
             except Exception:

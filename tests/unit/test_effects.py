@@ -31,8 +31,8 @@ from gavel.broker.ledger.repository import Ledger
 from gavel.broker.onepass import Passed
 from gavel.broker.outbox import Outbox
 from gavel.broker.periodic import Ran, Unran
-from gavel.broker.promises import Unacted
-from gavel.broker.reauction import Finished, Moved, Unfinished, Unmoved
+from gavel.broker.promises import Unacted, Unblocked
+from gavel.broker.reauction import Finished, Moved, Over, Unfinished, Unmoved
 from gavel.broker.retention import Forgotten
 from gavel.broker.serviceplans import DeployEnded, EndsTaken, Started, SystemStarted
 from gavel.broker.watchdog import Action, Kind, Timers
@@ -156,7 +156,7 @@ def test_the_broker_handles_every_kind_of_effect_its_plans_return(rig: Rig) -> N
     for kind in (Publish, Emit, Answer, Refuse, Arm, Release, Wake, Forgotten, Corrected,
                  Uncorrected, Unacted, Started, SystemStarted, EndsTaken, DeployEnded, Passed,
                  Placed, NotPlaced, Waits, AwardLost, Ran, Unran, Moved, Finished, Unmoved,
-                 Unfinished):
+                 Unfinished, Over, Unblocked):
         assert effects.handles(kind), kind.__name__
     promises = rig.b.promises
     action = Action(Kind.REVOKE, "web-1", "n1")

@@ -1,4 +1,26 @@
-"""The simulator awards exactly what the broker's `Auction.decide` would, fast path or not."""
+"""The simulator awards exactly what the broker's `Auction.decide` would, fast path or not.
+
+The simulator has no award rule of its own: every round, fast or naive, is decided by the
+broker's `shared.auction.Auction` (`sim.rounds.run_round`), whose `decide` is
+`shared.award`'s rule. What the fast path adds is a choice of which replies that `Auction`
+hears: `sim.rounds.leaders` walks the order book's ranking and keeps the best bid and the
+next one with the same load. That walk is the one copy, and it may differ from the award
+rule's own walk in exactly these things (`test_same_bids_same_winner_as_auction_decide`):
+1. it ranks ``(load, index)`` rows of the book, not `NodeBid`s (index order is id order);
+2. it never passes a bid over for want of room: the book priced each bid on its node's own
+   free room, and neither round is given `free`;
+3. it passes over the replies the network lost, which the full round hears as silence;
+4. the `Awarded` it yields lists only the replies it was fed (`bids`, `declines`,
+   `silent`): the simulator reads of a decision only its winner, its tie and, unawarded,
+   its reason (`GavelPlacer._outcome`, which also checks the winner is the book's).
+Winners, ties and unschedulable reasons may not differ: the fast path is held equal to the
+naive one (every eligible node asked through `shared.strategies.answer`, every reply fed to
+the `Auction`) over thousands of placements below. The walk must exist because the rule's
+own walk needs every bid as a `NodeBid`, sorted - a thousand a round on a thousand nodes,
+where two decide it: the fast path with `leaders` replaced by every bid of the book fed to
+the `Auction` takes about forty times its CPU for the same placements (docs/simulator.md,
+"Speed", gives the run and its figures).
+"""
 
 from __future__ import annotations
 
