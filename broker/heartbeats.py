@@ -8,11 +8,13 @@ Rules:
    than that bound. Each is counted under a fixed kind, like every refusal.
 2. Then the guard (it decodes, and names its subject's node), then what cannot be true
    (a node id unusable as a subject token or a git path, a capacity that is not a finite
-   amount, a port range outside 1-65535).
+   amount, a port range outside 1-65535, more than `shared.bounds.ENDED_MAX` ends or one
+   that is not an end of its own).
 3. What passes is the node's word: liveness records it, the candidate index learns its
    labels, total capacity and drain (`shared.candidates`: whom a sampled auction may ask),
-   the instances it lists confirm their placements, ports it reports free are unblocked,
-   and a node that comes (back) up makes waiting work worth another auction.
+   the instances it lists confirm their placements, the ends it carries are heard if their
+   events were not (`broker.promises` rule 8), ports it reports free are unblocked, and a
+   node that comes (back) up makes waiting work worth another auction.
 4. A heartbeat stored before the broker started passes the same checks and is only
    recalled: what it says of instances, and where the node is reached, is shown until the
    node is heard (`broker.promises` rule 7), never recorded as heard now.
@@ -26,10 +28,10 @@ from collections.abc import Callable
 from gavel.broker.context import Context
 from gavel.broker.promises import Promises
 from gavel.shared import subjects
-from gavel.shared.bounds import HeartbeatBound, heartbeat_bound
+from gavel.shared.bounds import ENDED_MAX, HeartbeatBound, heartbeat_bound
 from gavel.shared.candidates import Candidates
 from gavel.shared.health import Health
-from gavel.shared.messages import Heartbeat
+from gavel.shared.messages import NODE_ENDS, Heartbeat
 from gavel.transport.inbound import Door, Guard, Received
 
 __all__ = ["TOO_LARGE", "TOO_MANY", "Heartbeats"]
@@ -107,6 +109,8 @@ class Heartbeats:
         if self.candidates is not None:
             self.candidates.update(hb.node_id, hb.labels, hb.capacity, hb.draining)
         self.promises.heartbeat_lists(hb.node_id, hb.instances, hb.reported)
+        if hb.ended:
+            self.promises.heartbeat_ended(hb.ended, msg.subject)
         if hb.freed_ports:
             self.promises.ports_freed(hb.node_id, hb.freed_ports)
         if before is not Health.HEALTHY:
@@ -126,4 +130,7 @@ def _impossible(hb: Heartbeat) -> str:
     pr = hb.port_range
     if pr and not (len(pr) == 2 and 1 <= pr[0] <= pr[1] <= 65535):
         return "heartbeat with an impossible port range"
+    if len(hb.ended) > ENDED_MAX or any(
+            e.node_id != hb.node_id or e.type not in NODE_ENDS for e in hb.ended):
+        return "heartbeat with ends that are not its own"
     return ""

@@ -37,6 +37,10 @@ Rules:
    for a heartbeat's time, and a gateway keeps reaching them where they said (their
    advertised address and instance directory); it is no heartbeat heard now, so no clock
    and no decision (a service's health, a provisioning deadline) takes it.
+8. An end is heard once, from its event or from the heartbeats after it (`Heartbeat.ended`
+   carries a node's recent ends again): a heartbeat's end whose event never came (lost as
+   the node's NATS server went away) is taken as that event, checked as rule 1 checks
+   any; one whose event was heard is nothing new.
 """
 
 from __future__ import annotations
@@ -65,6 +69,7 @@ from gavel.broker.watchdog import Action, Kind, due
 from gavel.shared import subjects
 from gavel.shared.lifecycle import PENDING
 from gavel.shared.messages import (
+    NODE_ENDS,
     Cancel,
     Event,
     EventType,
@@ -146,31 +151,50 @@ class Promises:
         #: Node -> the highest `Event.seq` heard from it since it last started (rule 4).
         self.reported: dict[str, int] = {}
         self._unblocking: set[str] = set()  # nodes with an unblocking commit in flight
+        #: Instance -> the attempt whose end was heard, until it has ended here (rule 8).
+        self._ends_heard: dict[str, int] = {}
         ctx.committer.effects.on(Release, lambda e, _sha: self.ended(e.instance_id))
         ctx.committer.effects.on(Unacted, self._unacted)
         ctx.committer.effects.on(Unblocked, lambda e, _sha: self._unblocking.discard(e.node_id))
 
     # -- reports -------------------------------------------------------------------------
     def on_report(self, msg: Received) -> None:
-        ctx = self.ctx
         ev = self._guard(msg)
-        if ev is None:
-            return
+        if ev is not None:
+            self._hear(ev, msg.subject)
+
+    def heartbeat_ended(self, ended: Sequence[Event], subject: str) -> None:
+        """Rule 8: the ends a heartbeat carries whose events were not heard."""
+        state = self.ctx.ledger.state()
+        for ev in ended:  # one git no longer places there has ended: nothing to hear
+            if state.placement_of(ev.instance_id) == ev.node_id and \
+                    current(ev, state.placement(ev.instance_id)) and \
+                    self._ends_heard.get(ev.instance_id) != ev.attempt:
+                self.ctx.log.info("heard the end of %s attempt %d from %s's heartbeat (its "
+                                  "event never came)", ev.instance_id, ev.attempt, ev.node_id)
+                self._hear(ev, subject)
+
+    def _hear(self, ev: Event, subject: str) -> None:
+        ctx = self.ctx
         node = ev.node_id
         state = ctx.ledger.state()
         if state.placement_of(ev.instance_id) != node:
-            ctx.rejects.count("event for an instance not placed on that node", msg.subject)
+            ctx.rejects.count("event for an instance not placed on that node", subject)
             return
         if not current(ev, state.placement(ev.instance_id)):
-            ctx.rejects.count("event for an earlier attempt of the instance", msg.subject)
+            ctx.rejects.count("event for an earlier attempt of the instance", subject)
             return
         if ev.type not in REPORTED:  # checked before it is recorded or published
-            ctx.rejects.count("event of an unknown type", msg.subject)
+            ctx.rejects.count("event of an unknown type", subject)
             return
         if ev.type == EventType.CANCELLED:  # rule 5: the stop's own reason
             rec = state.instances.get(ev.instance_id)
             if rec is not None and rec.cancelling and rec.reason and rec.reason != ev.reason:
                 ev = msgspec.structs.replace(ev, reason=rec.reason)
+        if ev.type in NODE_ENDS:  # rule 8: heard once
+            if self._ends_heard.get(ev.instance_id) == ev.attempt:
+                return
+            self._ends_heard[ev.instance_id] = ev.attempt
         ctx.events.record(ev)
         if ev.seq > self.reported.get(node, 0):
             self.reported[node] = ev.seq
@@ -287,6 +311,7 @@ class Promises:
         self._submit(functools.partial(plan_end, ev=ev, to=to))
 
     def ended(self, iid: str) -> None:
+        self._ends_heard.pop(iid, None)
         self.ctx.timers.forget(iid)
         self.live.pop(iid, None)
         self.health.pop(iid, None)

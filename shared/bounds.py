@@ -13,6 +13,8 @@ Rules:
 3. No heartbeat is larger than `HEARTBEAT_MAX_BYTES` (NATS's default `max_payload`): the
    heartbeat stream stores none above it, so a node whose heartbeat grows past it is not
    heard at all.
+4. A heartbeat carries at most `ENDED_MAX` recent ends (`Heartbeat.ended`), each at most
+   `ENDED_BYTES`; a node keeps an end's detail under `ENDED_DETAIL` characters there.
 """
 
 from __future__ import annotations
@@ -20,6 +22,9 @@ from __future__ import annotations
 from typing import NamedTuple
 
 __all__ = [
+    "ENDED_BYTES",
+    "ENDED_DETAIL",
+    "ENDED_MAX",
     "FIXED_BYTES",
     "HEARTBEAT_MAX_BYTES",
     "INSTANCE_BYTES",
@@ -45,6 +50,11 @@ SPARE_INSTANCES = 64
 SPARE_PORTS = 64
 #: Rule 2: a port number in the list of blocked ports found free again.
 _FREED_PORT_BYTES = 5
+#: Rule 4: recent ends a heartbeat carries, the characters of each one's detail, and the
+#: most one takes (its id, type, reason, detail, ports and the field names).
+ENDED_MAX = 16
+ENDED_DETAIL = 2048
+ENDED_BYTES = 4096
 
 
 class HeartbeatBound(NamedTuple):
@@ -58,6 +68,6 @@ def heartbeat_bound(placed: int, ports: int, blocked: int) -> HeartbeatBound:
     """Rules 1 and 2 for a node git has placed at most `placed` instances holding `ports`
     ports on, and whose node.json blocks `blocked` ports."""
     instances = 2 * placed + SPARE_INSTANCES
-    size = (FIXED_BYTES + instances * INSTANCE_BYTES
+    size = (FIXED_BYTES + ENDED_MAX * ENDED_BYTES + instances * INSTANCE_BYTES
             + (2 * ports + SPARE_PORTS) * PORT_BYTES + blocked * _FREED_PORT_BYTES)
     return HeartbeatBound(size=size, instances=instances)

@@ -17,6 +17,7 @@ from gavel.shared.affinity import Affinity
 from gavel.shared.spec import Spec
 
 __all__ = [
+    "NODE_ENDS",
     "RFB",
     "Amounts",
     "Answer",
@@ -357,6 +358,10 @@ class HostStats(msgspec.Struct, kw_only=True):
     memory_total_mb: int = 0
 
 
+#: The events a node ends an instance's attempt with (`Heartbeat.ended` carries them again).
+NODE_ENDS = frozenset({EventType.EXITED, EventType.FAILED, EventType.CANCELLED})
+
+
 class InstanceReport(msgspec.Struct, kw_only=True, gc=False):
     """Untracked by the garbage collector, like the records (`shared.records`): scalars and
     a dict of port numbers, no cycle possible; a broker holds every node's last list."""
@@ -400,6 +405,11 @@ class Heartbeat(Message, tag="heartbeat"):
     #: the two travel apart (heartbeats through the broker's heartbeat stream), so a
     #: heartbeat older than an event the broker has heard says nothing of health.
     reported: NonNegInt = 0
+    #: The node's most recent ends (``exited``, ``failed``, ``cancelled`` events, at most
+    #: `gavel.shared.bounds.ENDED_MAX`, each for `Timing.unreachable_s`), sent again with
+    #: every heartbeat: an end whose event was lost (written as its NATS server went away)
+    #: is still heard (`gavel.broker.promises` rule 8).
+    ended: list[Event] = []
 
 
 class Event(Message, tag="event"):

@@ -23,7 +23,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -39,12 +38,12 @@ from gavel.shared import subjects
 from gavel.shared.feasibility import NodeView
 from gavel.shared.logstream import WINDOW_S
 from gavel.shared.messages import (
+    NODE_ENDS,
     RFB,
     Award,
     BidReply,
     Cancel,
     Capacity,
-    Event,
     EventType,
     Heartbeat,
     InstanceReport,
@@ -71,6 +70,7 @@ from gavel.worker.logserver import tick as logs_tick
 from gavel.worker.nodeengine import NodeEngine
 from gavel.worker.ports import bindable
 from gavel.worker.refused import Refused
+from gavel.worker.reports import Reports
 from gavel.worker.supervisor import OLDER_AWARD, OLDER_CANCEL, Supervisor
 
 __all__ = ["Agent"]
@@ -126,7 +126,8 @@ class Agent:
         self._view: NodeView
         self._refresh_view()
         self._seq = 0
-        self._reported = 0  # events sent (`Event.seq`), told in every heartbeat
+        #: Each event numbered, the newest ends kept for the heartbeats (`worker.reports`).
+        self._reports = Reports(node_id, timing.unreachable_s)
         self._nc: NATS | None = None
         self._subs: list[Subscription] = []
         self._outbox: list[tuple[str, bytes]] = []
@@ -236,7 +237,8 @@ class Agent:
             labels=self.labels, capacity=view.capacity, committed=view.committed,
             stats=view.stats, draining=view.draining, instances=self.instances(),
             port_range=list(self.port_range), freed_ports=self._freed_ports(),
-            advertise=self.advertise, workdir=self.workdir, reported=self._reported,
+            advertise=self.advertise, workdir=self.workdir, reported=self._reports.sent,
+            ended=self._reports.recent_ends(),
         )
 
     def _freed_ports(self) -> list[int]:
@@ -460,15 +462,12 @@ class Agent:
                  f"{check}: " if check else "", detail)
         if type_ == EventType.RUNNING:
             self.outputs.started(instance_id)
-        elif type_ in _ENDS:  # what `gavel logs` says of it, and when its retention starts
+        elif type_ in NODE_ENDS:  # what `gavel logs` says of it, and when its retention starts
             self.outputs.ended(instance_id, f"{type_}" + (f": {reason}" if reason else "")
                                + (f" (exit {exit_code})" if exit_code is not None else ""))
-        self._reported += 1
-        await self._send(self._report_subject, Event(
-            instance_id=instance_id, type=type_, node_id=self.node_id, reason=reason,
-            detail=detail, exit_code=exit_code, attempt=attempt, at=time.time(),
-            ports=dict(ports or {}), taken=list(taken or []), check=check,
-            restarts=restarts, seq=self._reported))
+        event = self._reports.event(instance_id, attempt, type_, reason, detail, exit_code,
+                                    ports=ports, taken=taken, check=check, restarts=restarts)
+        await self._send(self._report_subject, event)
 
     async def _send(self, subject: str, message: Message) -> None:
         """Publish now, or keep it for when the connection exists; log what NATS refuses."""
@@ -482,7 +481,6 @@ class Agent:
             log.warning("dropped %s on %s: %s", type(message).__name__, subject, exc)
 
 
-_ENDS = frozenset({EventType.EXITED, EventType.FAILED, EventType.CANCELLED})
 
 
 async def _abandon(connecting: asyncio.Future[NATS], every_s: float) -> None:

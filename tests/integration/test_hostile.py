@@ -106,6 +106,8 @@ async def test_garbage_on_every_subject_is_counted_changes_nothing_and_placing_g
         ("gavel.hb.node-x", Heartbeat(node_id="node-a")),  # impersonation
         ("gavel.hb.node-y", Heartbeat(node_id="node-y", capacity=Capacity(cpu=float("nan")))),
         ("gavel.hb.node-z", Heartbeat(node_id="node-z", port_range=[0, 70000])),
+        ("gavel.hb.node-w", Heartbeat(node_id="node-w", ended=[  # another node's end
+            Event(instance_id="ghost", type="exited", node_id="node-a")])),
         ("gavel.bids.node-x", BidReply(auction_id="a", node_id="node-a", answers=[])),
         ("gavel.bids.node-a", BidReply(auction_id="no-such-auction", node_id="node-a",
                                        answers=[Bid(shape=0, load=float("nan"))])),
@@ -142,6 +144,7 @@ async def test_garbage_on_every_subject_is_counted_changes_nothing_and_placing_g
         "malformed submit request": n,
         "heartbeat for another node": 1, "heartbeat with an impossible capacity": 1,
         "heartbeat with an impossible port range": 1, "bid for another node": 1,
+        "heartbeat with ends that are not its own": 1,
         "bid for an unknown auction": 2, "event for an instance not placed on that node": 1,
         "event for another node": 1, "assignment request for another node": 1,
     }
