@@ -48,12 +48,15 @@ class KindFigures:
     #: Rule 2.
     running_p50_in_reqreply_p50: float = 0.0
     healthy_p50_in_reqreply_p50: float = 0.0
+    #: Starts not timed because an event of theirs never came (`bench.endtoend` rule 6).
+    lost_events: int = 0
     skipped: str = ""
 
 
-def summarize(kind: str, samples: dict[str, list[float]], reqreply_p50_ms: float
-              ) -> KindFigures:
-    """A kind's figures from its samples (ms) of each stage in `STAGES`."""
+def summarize(kind: str, samples: dict[str, list[float]], reqreply_p50_ms: float,
+              lost_events: int = 0) -> KindFigures:
+    """A kind's figures from its samples (ms) of each stage in `STAGES`, and the starts
+    that were not timed (`lost_events`)."""
     lengths = {len(samples[s]) for s in STAGES}
     if len(lengths) != 1 or not samples["running"]:
         raise ValueError(f"{kind}: every stage needs the same number of samples, at least one")
@@ -68,7 +71,8 @@ def summarize(kind: str, samples: dict[str, list[float]], reqreply_p50_ms: float
                        running_p99_ms=p99["running"], healthy_p50_ms=p50["healthy"],
                        healthy_p99_ms=p99["healthy"],
                        running_p50_in_reqreply_p50=over(p50["running"]),
-                       healthy_p50_in_reqreply_p50=over(p50["healthy"]))
+                       healthy_p50_in_reqreply_p50=over(p50["healthy"]),
+                       lost_events=lost_events)
 
 
 @dataclass
@@ -109,13 +113,16 @@ class Report:
                f"{'healthy p50/p99':>17}  {'/ req-reply p50':>15}"]
         for k in self.kinds:
             if k.skipped:
-                out.append(f"  {k.kind:<15} skipped: {k.skipped}")
+                out.append(f"  {k.kind:<15} skipped: {k.skipped}"
+                           + (f" ({k.lost_events})" if k.lost_events else ""))
                 continue
             pairs = [f"{getattr(k, s + '_p50_ms'):,.1f}/{getattr(k, s + '_p99_ms'):,.1f}"
                      for s in STAGES]
             out.append(f"  {k.kind:<15} {k.n:>3}  {pairs[0]:>17}  {pairs[1]:>17}  "
                        f"{pairs[2]:>17}  {k.running_p50_in_reqreply_p50:>6g}/"
-                       f"{k.healthy_p50_in_reqreply_p50:g}")
+                       f"{k.healthy_p50_in_reqreply_p50:g}"
+                       + (f"  ({k.lost_events} not timed: an event lost)"
+                          if k.lost_events else ""))
         out.append("(ms from the submit request to each event; the last column: the running "
                    "and healthy p50 in raw request/reply p50s)")
         return out

@@ -25,6 +25,10 @@ Rules:
    answers and Debian's static busybox to build the images from; without them (or with
    `containers` off) the container kinds are reported skipped, with the sentence why.
 5. Every process, container and image the run started or built is stopped or removed.
+6. A start whose ``placed`` or ``running`` event never came (a later one did: the events of
+   one instance arrive in order), or whose ``healthy`` did not within `_EVENT_WAIT_S` while
+   the broker's status says healthy, is counted as `lost_events` of its kind, not timed;
+   the run goes on. What a user following the events would not have heard is a figure too.
 """
 
 from __future__ import annotations
@@ -51,6 +55,8 @@ from gavel.shared.api import (
     CancelRequest,
     StatsReply,
     StatsRequest,
+    StatusReply,
+    StatusRequest,
     SubmitReply,
     SubmitRequest,
 )
@@ -64,8 +70,8 @@ from gavel.transport.natsserver import NatsServer
 from gavel.worker.engine import Engine
 from gavel.worker.engine import connect as engine_connect
 
-__all__ = ["LOAD_LIFETIME_S", "NO_BUSYBOX", "NO_CONTAINERS", "NO_ENGINE", "EndToEndFailed",
-           "Options", "run"]
+__all__ = ["ALL_LOST", "LOAD_LIFETIME_S", "NO_BUSYBOX", "NO_CONTAINERS", "NO_ENGINE",
+           "EndToEndFailed", "Options", "run"]
 
 #: Rule 2: how long a load job runs on its agent, the agents, and the memory a load job asks
 #: (more than the measured worker's `_WORKER_MEMORY_MB`, far less than an agent's).
@@ -80,6 +86,7 @@ _BUSYBOX = Path("/bin/busybox")
 NO_CONTAINERS = "--no-containers: containers are not measured"
 NO_ENGINE = ("no Docker Engine answers (DOCKER_HOST, else /var/run/docker.sock): containers "
              "are not measured")
+ALL_LOST = "every measured start lost an event: nothing to time"
 NO_BUSYBOX = (f"no {_BUSYBOX} (Debian's busybox-static) to build the images from: containers "
               "are not measured")
 #: A start that takes longer than this is a broken run, not a figure.
@@ -115,9 +122,12 @@ class Options:
 
 @dataclass
 class _Watch:
-    """One measured instance's events: when each of `STAGES` came, and its end."""
+    """One measured instance's events: when each of `STAGES` came, and its end. The node
+    and the broker send an instance's events in order, so a stage heard before an earlier
+    one was is the end of the wait: the earlier one's event was `lost` (rule 6)."""
 
     seen: dict[str, float] = field(default_factory=dict)
+    lost: list[str] = field(default_factory=list)
     failure: str = ""
     all_seen: asyncio.Event = field(default_factory=asyncio.Event)
     ended: asyncio.Event = field(default_factory=asyncio.Event)
@@ -126,6 +136,9 @@ class _Watch:
         kind = str(event.type)
         if kind in STAGES:
             self.seen.setdefault(kind, at)
+            self.lost = [s for s in STAGES[:STAGES.index(kind)] if s not in self.seen]
+            if self.lost:
+                self.all_seen.set()
         elif kind in _ENDS or kind in ("unhealthy", "unschedulable"):
             if len(self.seen) < len(STAGES) and not self.failure:
                 self.failure = ": ".join(x for x in (kind, event.reason, event.detail) if x)
@@ -280,6 +293,7 @@ async def _measure(nc: Any, opts: Options, url: str, engine: Engine | None, skip
                                              "warm"))
     samples: dict[str, dict[str, list[float]]] = {k: {s: [] for s in STAGES} for k in kinds}
     watches: list[_Watch] = []
+    lost = dict.fromkeys(kinds, 0)
     tally, stop = _Tally(), asyncio.Event()
     probe = Probe(url)
     await probe.start()
@@ -295,7 +309,9 @@ async def _measure(nc: Any, opts: Options, url: str, engine: Engine | None, skip
                         watch = _Watch()
                         watches.append(watch)
                         took = await _one(nc, _spec(kind, image), f"{kind}-{i}", watch)
-                        if i:
+                        if i and took is None:
+                            lost[kind] += 1
+                        elif i and took is not None:
                             for stage in STAGES:
                                 samples[kind][stage].append(took[stage])
             finally:
@@ -306,7 +322,8 @@ async def _measure(nc: Any, opts: Options, url: str, engine: Engine | None, skip
     rr_p50 = 1000 * percentile(probe.took, 0.5) if probe.took else 0.0
     stats = await call(nc, "stats", StatsRequest(), StatsReply, timeout=30)
     await _ended(watches)
-    figures = [summarize(k, samples[k], rr_p50) for k in kinds]
+    figures = [summarize(k, samples[k], rr_p50, lost[k]) if samples[k]["running"] else
+               KindFigures(kind=k, lost_events=lost[k], skipped=ALL_LOST) for k in kinds]
     figures += [KindFigures(kind=k, skipped=skipped) for k in KINDS if k not in kinds]
     return Report(n=opts.n, offered_per_s=opts.rate, sent_per_s=round(tally.sent / seconds, 1),
                   load_refused=tally.refused, loadavg_start=round(load0, 2),
@@ -331,8 +348,9 @@ async def _image(kind: str, i: int, engine: Engine | None, node: str, built: lis
     return image
 
 
-async def _one(nc: Any, spec: Spec, iid: str, watch: _Watch) -> dict[str, float]:
-    """Rule 3 for one submission: ms from the submit request to each of `STAGES`."""
+async def _one(nc: Any, spec: Spec, iid: str, watch: _Watch) -> dict[str, float] | None:
+    """Rule 3 for one submission: ms from the submit request to each of `STAGES` (None: an
+    event was lost, rule 6)."""
     decode: Decode[Event] = Decode(Event)
 
     async def on_event(msg: Any) -> None:
@@ -349,11 +367,16 @@ async def _one(nc: Any, spec: Spec, iid: str, watch: _Watch) -> dict[str, float]
     try:
         await asyncio.wait_for(watch.all_seen.wait(), _EVENT_WAIT_S)
     except TimeoutError:
-        raise RuntimeError(f"{iid}: only {sorted(watch.seen) or 'no event'} within "
-                           f"{_EVENT_WAIT_S:g}s of its submission") from None
+        got = await call(nc, "status", StatusRequest(instance_id=iid), StatusReply, timeout=30)
+        if not any(st.health == "healthy" for st in got.instances):
+            raise RuntimeError(f"{iid}: only {sorted(watch.seen) or 'no event'} within "
+                               f"{_EVENT_WAIT_S:g}s of its submission") from None
+        watch.lost = [s for s in STAGES if s not in watch.seen]  # the broker says healthy
     if watch.failure:
         raise RuntimeError(f"{iid} did not start: {watch.failure}")
     await call(nc, "cancel", CancelRequest(instance_id=iid), CancelReply, timeout=30)
+    if watch.lost:  # rule 6
+        return None
     return {s: 1000 * (watch.seen[s] - sent) for s in STAGES}
 
 

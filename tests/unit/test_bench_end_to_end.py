@@ -115,3 +115,23 @@ def test_a_watch_says_why_a_start_failed() -> None:
     w = _Watch()
     w.heard(_event("unschedulable", "no node bid"), 1.0)
     assert w.failure == "unschedulable: no node bid"
+
+
+def test_a_stage_heard_before_an_earlier_one_ends_the_wait_as_lost() -> None:
+    """The events of one instance come in order: healthy without running means running's
+    event was lost (`bench.endtoend` rule 6), and the start is not timed."""
+    w = _Watch()
+    w.heard(_event("placed"), 1.0)
+    w.heard(_event("healthy"), 3.0)
+    assert w.all_seen.is_set() and w.lost == ["running"] and not w.failure
+
+
+def test_lost_starts_are_counted_beside_the_figures() -> None:
+    k = summarize("container-cold", {"placed": [1.0], "running": [2.0], "healthy": [3.0]},
+                  1.0, lost_events=2)
+    assert k.lost_events == 2 and k.n == 1
+    lines = Report(n=3, offered_per_s=50.0, sent_per_s=50.0, load_refused=0,
+                   loadavg_start=1.0, loadavg_end=1.0, cores=2, nats_reqreply_p50_ms=1.0,
+                   nats_reqreply_p99_ms=1.0, round_p50_ms=1.0, round_p99_ms=1.0, seconds=1.0,
+                   kinds=[k]).lines()
+    assert lines[3].endswith("(2 not timed: an event lost)")
