@@ -97,6 +97,9 @@ class Report:
     round_p99_ms: float
     seconds: float
     kinds: list[KindFigures] = field(default_factory=list)
+    #: Messages the broker refused over the run, by kind (`gavel nodes`; a healthy run has
+    #: none): a lost event may show here.
+    rejected: dict[str, int] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -123,6 +126,9 @@ class Report:
                        f"{k.healthy_p50_in_reqreply_p50:g}"
                        + (f"  ({k.lost_events} not timed: an event lost)"
                           if k.lost_events else ""))
+        if self.rejected:
+            out.append("the broker refused: " + ", ".join(
+                f"{n} {why}" for why, n in sorted(self.rejected.items())))
         out.append("(ms from the submit request to each event; the last column: the running "
                    "and healthy p50 in raw request/reply p50s)")
         return out

@@ -53,6 +53,8 @@ from gavel.shared import subjects
 from gavel.shared.api import (
     CancelReply,
     CancelRequest,
+    NodesReply,
+    NodesRequest,
     StatsReply,
     StatsRequest,
     StatusReply,
@@ -321,6 +323,7 @@ async def _measure(nc: Any, opts: Options, url: str, engine: Engine | None, skip
     seconds, load1 = time.perf_counter() - began, os.getloadavg()[0]
     rr_p50 = 1000 * percentile(probe.took, 0.5) if probe.took else 0.0
     stats = await call(nc, "stats", StatsRequest(), StatsReply, timeout=30)
+    nodes = await call(nc, "nodes", NodesRequest(), NodesReply, timeout=30)
     await _ended(watches)
     figures = [summarize(k, samples[k], rr_p50, lost[k]) if samples[k]["running"] else
                KindFigures(kind=k, lost_events=lost[k], skipped=ALL_LOST) for k in kinds]
@@ -331,7 +334,7 @@ async def _measure(nc: Any, opts: Options, url: str, engine: Engine | None, skip
                   nats_reqreply_p50_ms=round(rr_p50, 3), nats_reqreply_p99_ms=round(rr_p99, 3),
                   round_p50_ms=round(stats.round_p50_ms, 2),
                   round_p99_ms=round(stats.round_p99_ms, 2), seconds=round(seconds, 1),
-                  kinds=figures)
+                  kinds=figures, rejected=dict(nodes.rejected))
 
 
 async def _image(kind: str, i: int, engine: Engine | None, node: str, built: list[str]
