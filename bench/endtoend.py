@@ -104,7 +104,7 @@ _ENDS = ("exited", "failed", "lost", "error", "cancelled")
 #: its own empty tmpfs, so that an exec check (run in the instance's mount namespace, in its
 #: directory) would not find the directory it runs in.
 _RUN_DIR = "/var/tmp"
-#: The load's submissions in flight at most (the rest queue behind, still counted as sent).
+#: The load's submissions in flight at most (the rest wait for a place, `_offer`).
 _LOAD_IN_FLIGHT = 64
 
 
@@ -398,13 +398,18 @@ async def _ended(watches: list[_Watch], within_s: float = 60.0) -> None:
 
 
 async def _offer(nc: Any, rate: float, stop: asyncio.Event, tally: _Tally) -> None:
-    """Rule 2: a load job submitted every 1/`rate` s until `stop`, each when due."""
+    """Rule 2: a load job due every 1/`rate` s until `stop`, each sent when due and a
+    place among `_LOAD_IN_FLIGHT` is free; at `stop` those still waiting for a place are
+    not sent (a broker that answers slower than it is offered leaves `sent` behind)."""
     spec = Spec(name="load", command=["true"], cpu=0.01, memory_mb=_LOAD_MEMORY_MB)
     room = asyncio.Semaphore(_LOAD_IN_FLIGHT)
     began = time.perf_counter()
 
     async def submit(k: int) -> None:
         async with room:
+            if stop.is_set():
+                return
+            tally.sent += 1
             try:
                 await call(nc, "submit", SubmitRequest(spec=spec, instance_id=f"load-{k:07d}"),
                            SubmitReply, timeout=60)
@@ -412,10 +417,11 @@ async def _offer(nc: Any, rate: float, stop: asyncio.Event, tally: _Tally) -> No
                 tally.refused += 1
 
     async with asyncio.TaskGroup() as tg:
+        due_count = 0
         while not stop.is_set():
-            due = began + tally.sent / rate - time.perf_counter()
+            due = began + due_count / rate - time.perf_counter()
             if due > 0:
                 await asyncio.sleep(due)
                 continue
-            tg.create_task(submit(tally.sent))
-            tally.sent += 1
+            tg.create_task(submit(due_count))
+            due_count += 1
