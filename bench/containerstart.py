@@ -44,7 +44,7 @@ from gavel.transport.natsserver import NatsServer
 from gavel.worker.agent import Agent
 from gavel.worker.engine import connect
 
-__all__ = ["main", "measure"]
+__all__ = ["build_image", "main", "measure"]
 
 #: The salt makes each cold image's top layer its own: nothing of it was started before.
 _DOCKERFILE = (b'FROM scratch\nCOPY busybox /bin/busybox\nCOPY salt /salt\n'
@@ -52,7 +52,8 @@ _DOCKERFILE = (b'FROM scratch\nCOPY busybox /bin/busybox\nCOPY salt /salt\n'
 _PREFIX = "gavel-bench-start"
 
 
-def _build(client: Any, tag: str, salt: str) -> str:
+def build_image(client: Any, tag: str, salt: str) -> str:
+    """An image of busybox and a `salt` file (rule 2), built on the node: its name."""
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w") as tar:
         for name, data in (("Dockerfile", _DOCKERFILE), ("salt", salt.encode())):
@@ -68,7 +69,7 @@ def _build(client: Any, tag: str, salt: str) -> str:
 
 def _pushed(client: Any, registry: str, i: int) -> str:
     """Rule 2's pulled image: built, pushed to `registry`, then gone from the node."""
-    built = _build(client, f"pulled-{i}", f"pulled-{i}-{time.time()}")
+    built = build_image(client, f"pulled-{i}", f"pulled-{i}-{time.time()}")
     repo, tag = f"{registry}/{_PREFIX}", f"pulled-{i}"
     client.images.get(built).tag(repo, tag)
     for line in client.images.push(repo, tag=tag, stream=True, decode=True):
@@ -123,10 +124,10 @@ async def measure(n: int, root: Path, registry: str = "",
     try:
         await nc.subscribe(subjects.EVENTS_ALL, cb=on_event)
         await agent.ready.wait()
-        warm = _build(client, "warm", "warm")
+        warm = build_image(client, "warm", "warm")
         built.append(warm)
         for i in range(n + 1):  # the first round warms the warm image and is not counted
-            cold = _build(client, f"cold-{i}", f"cold-{i}-{time.time()}")
+            cold = build_image(client, f"cold-{i}", f"cold-{i}-{time.time()}")
             built.append(cold)
             kinds = [("process", Spec(name="p", command=["sleep", "60"], cpu=0.01)),
                      ("container-warm", Spec(name="w", image=warm, command=["sleep", "60"],

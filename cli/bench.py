@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from gavel.cli import benchend
 from gavel.cli.parsers import (
     non_negative_float,
     positive_float,
@@ -84,6 +85,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     t.add_argument("--scale", type=positive_float, default=1.0,
                    help="agents and placements times this: a quick look whose figures are "
                    "not the targets' (default 1)")
+    benchend.add_arguments(p)
 
 
 #: The flags only --targets takes; every other flag but --json sets up one run, and with
@@ -112,6 +114,14 @@ def _clashing(args: argparse.Namespace) -> list[str]:
 def run_cli(args: argparse.Namespace) -> int:
     from gavel.bench.run import Options, RunFailed, VerifyError, run
 
+    ref = argparse.ArgumentParser()
+    add_arguments(ref)
+    wrong = benchend.clash(args, vars(ref.parse_args([])))
+    if wrong:
+        print(f"gavel bench: {wrong}", file=sys.stderr)
+        return 2
+    if args.end_to_end:
+        return benchend.run_cli(args)
     clash = _clashing(args)
     if clash:
         print(f"gavel bench: {clash[0]} " + (
