@@ -31,7 +31,9 @@ Rules:
    cgroup), RLIMIT_NPROC at its pids (its uid is its own, so the count is its own: a pids
    limit even where no pids controller exists), no supplementary groups, its gid and uid;
    last no_new_privs, so no setuid binary gives any of it back. A step that fails leaves the
-   command unrun.
+   command unrun. An instance directory under ``/tmp`` (a worker whose state is there) is
+   bound back at its own path inside the private ``/tmp``: its HOME, and the directory its
+   checks and exec sessions start in, are where they were.
 """
 
 from __future__ import annotations
@@ -65,7 +67,7 @@ MODES: tuple[Mode, ...] = ("uids", "off")
 LEASES = Path("/run/gavel/uids")
 
 _CLONE_NEWNS = 0x00020000
-_MS_NOSUID, _MS_NODEV, _MS_REC, _MS_SLAVE = 0x2, 0x4, 0x4000, 0x80000
+_MS_NOSUID, _MS_NODEV, _MS_BIND, _MS_REC, _MS_SLAVE = 0x2, 0x4, 0x1000, 0x4000, 0x80000
 _PR_SET_NO_NEW_PRIVS = 38
 
 
@@ -113,11 +115,21 @@ def confine(identity: Identity | None, *, pids: int, tmp_mb: int, private_tmp: b
             os.close(fd)
             os.chdir(here)
         elif private_tmp:
+            here = os.getcwd()  # the child's cwd (its directory) is set before this runs
             _call(libc.unshare(_CLONE_NEWNS), "unshare a mount namespace")
             _call(libc.mount(b"none", b"/", None, _MS_REC | _MS_SLAVE, None),
                   "make / a slave mount")
+            # opened in the new namespace (a bind's source must be one of its mounts)
+            keep = os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC) \
+                if here.startswith("/tmp/") else -1
             _call(libc.mount(b"tmpfs", b"/tmp", b"tmpfs", _MS_NOSUID | _MS_NODEV,
                              f"mode=1777,size={tmp_mb}m".encode()), "mount /tmp")
+            if keep >= 0:  # rule 4: its directory, hidden by the new /tmp, bound back
+                os.makedirs(here, mode=0o755, exist_ok=True)
+                _call(libc.mount(f"/proc/self/fd/{keep}".encode(), here.encode(), None,
+                                 _MS_BIND, None), "bind its directory into its /tmp")
+                os.close(keep)
+                os.chdir(here)
         if identity is not None:
             resource.setrlimit(resource.RLIMIT_NPROC, (pids, pids))
             os.setgroups([])

@@ -263,6 +263,39 @@ async def test_an_exec_check_runs_as_the_instance_beside_its_private_tmp(
     assert not Path("/tmp/me").exists()  # the instance wrote into its own /tmp, not the host's
 
 
+async def test_an_instance_whose_directory_is_under_tmp_keeps_it_beside_its_private_tmp(
+        nats_url: str) -> None:
+    """A worker whose state is under /tmp: the private /tmp would hide the instance's own
+    directory - its HOME, where its checks start - so it is bound back at its path."""
+    root = Path(tempfile.mkdtemp(prefix="gavel-iso-", dir="/tmp"))
+    root.chmod(0o755)
+    world = Cluster(nats_url, root)
+    try:
+        node = node_id()
+        await world.start_broker()
+        agent = await world.start_agent(node, cgroups=enforced(node),
+                                        isolation=isolation(world, node))
+        if not agent.isolation.private_tmp:
+            pytest.skip("no private /tmp here (needs root and mount namespaces)")
+        await world.wait_nodes(1)
+        check = Check(type="exec", command=["/bin/sh", "-c", 'test "$(pwd)" = "$HOME" '
+                                            '&& test -f "$HOME/mine" && test -f /tmp/me'],
+                      interval_s=0.2, timeout_s=5.0)
+        iid = await world.submit(sh("under-tmp", 'touch "$HOME/mine" /tmp/me; pwd; '
+                                    'exec sleep 60', type="service", checks=[check]))
+        await running(world, node, iid)
+        home = root / "workers" / node / "instances" / iid
+        await wait_for(lambda: output(world, node, iid).strip() == str(home), 10,
+                       what="its own directory, by its path")
+        await wait_for(lambda: any(r.instance_id == iid and r.health == "healthy"
+                                   for r in world.agents[node].instances()), 30,
+                       what="healthy: its check found its directory and its /tmp")
+        assert (home / "mine").exists() and not Path("/tmp/me").exists()
+    finally:
+        await world.close()
+        shutil.rmtree(root, ignore_errors=True)
+
+
 def test_two_workers_under_one_node_id_keep_their_own_cgroup_parents(tmp_path: Path) -> None:
     node = node_id()
     one = detect("auto", node, state_dir=tmp_path / "one").hierarchy
