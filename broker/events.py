@@ -12,8 +12,10 @@ Rules:
    until the stream acknowledges it (`run`): one published while NATS or its stream is away
    (a nats-server restarting recovers its streams after it accepts connections) is sent
    again, never lost from the history, and carries a message id, so one whose
-   acknowledgement was lost is stored once (the stream's duplicate window). At most `KEPT`
-   wait; past that the oldest waiting is dropped (counted). A leader of several brokers
+   acknowledgement was lost is stored once (the stream's duplicate window). At most
+   `WAITING_MAX` wait (seconds of a busy cluster's events while its broker is stalled or
+   its stream away); past that the oldest waiting is dropped, counted
+   (``gavel_events_dropped_total``) and said once per run of drops. A leader of several brokers
    sends none while its lease says it does not lead (`Outbox.gate`): what waits then is
    dropped, never sent late.
 4. JetStream that cannot answer yet (`transport.asklater` rules 2 and 3: electing its
@@ -52,6 +54,8 @@ __all__ = ["KEPT", "Events"]
 
 #: Events kept in memory for `gavel events`, and the most waiting to be stored (rule 3).
 KEPT = 2000
+#: Events waiting to be stored, at most (rule 3): ~300 bytes each.
+WAITING_MAX = 20_000
 #: Stores on the wire at once (rule 3).
 _WINDOW = 64
 _TIMING = Timing()
@@ -70,6 +74,7 @@ class Events:
         #: stream's acknowledgement.
         self.waiting: deque[tuple[str, bytes, str, bool]] = deque()
         self.dropped = 0
+        self._dropping = False  # rule 3: said once while it drops
         #: How many of `recent` `load` read from the history (those first): the rest were
         #: heard by this broker.
         self.loaded = 0
@@ -142,8 +147,13 @@ class Events:
         gate = self._outbox.gate
         if gate is not None and not gate():
             return  # rule 3: not leading, nothing goes out
-        if len(self.waiting) >= KEPT:
+        if len(self.waiting) >= WAITING_MAX:
             self.waiting.popleft()
+            if not self._dropping:
+                self._log.warning("%d events wait to be stored in the event history; the "
+                                  "oldest waiting are dropped (gavel_events_dropped_total)",
+                                  WAITING_MAX)
+                self._dropping = True
             self.dropped += 1
         self.waiting.append((subject, self._outbox.encode(ev), uuid.uuid4().hex,
                              self._nc is None))
@@ -168,6 +178,7 @@ class Events:
                 stored = await asyncio.gather(*(self._store(*w) for w in window))
                 done = {w[2] for w, ok in zip(window, stored, strict=True) if ok}
                 self.waiting = deque(w for w in self.waiting if w[2] not in done)
+                self._dropping = self._dropping and len(self.waiting) > WAITING_MAX // 2
                 if len(done) < len(window):
                     await asyncio.sleep(self._retry_s)
 

@@ -89,7 +89,8 @@ class Metrics:
 
     def attach(self, *, now: Callable[[], float], liveness: Liveness, ledger: Ledger,
                in_flight: Callable[[], int], mirror: Mirror,
-               live_state: Callable[[InstanceRecord], str] | None = None) -> None:
+               live_state: Callable[[InstanceRecord], str] | None = None,
+               events_dropped: Callable[[], int] = lambda: 0) -> None:
         """Register the scrape-time view (node health, instances by state, open auctions,
         the KV mirror's puts); `live_state` is the state `gavel status` shows a record in. A
         later leadership's view replaces an earlier one's."""
@@ -101,6 +102,7 @@ class Metrics:
             st = self._state
             st.now, st.liveness, st.ledger, st.in_flight, st.mirror, st.live_state = (
                 now, liveness, ledger, in_flight, mirror, live)
+        self._state.events_dropped = events_dropped
 
     def attach_services(self, counts: Callable[[], tuple[Mapping[str, int],
                                                          Mapping[str, int]]]) -> None:
@@ -209,6 +211,7 @@ class _StateCollector(Collector):
         self.in_flight = in_flight
         self.mirror = mirror
         self.live_state = live_state
+        self.events_dropped: Callable[[], int] = lambda: 0
 
     def collect(self) -> Iterator[Metric]:
         now = self.now()
@@ -237,6 +240,11 @@ class _StateCollector(Collector):
                                      "same node (timing.mirror_s)")
         folded.add_metric([], self.mirror.coalesced)
         yield folded
+        dropped = CounterMetricFamily("gavel_events_dropped",
+                                      "Events dropped unstored: more waited for the event "
+                                      "history than it keeps waiting (broker.events rule 3)")
+        dropped.add_metric([], self.events_dropped())
+        yield dropped
         yield from _usage(liveness)
 
 

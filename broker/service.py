@@ -234,7 +234,8 @@ class Broker:
         """The scrape-time view of this broker's parts (with HA, of the leadership now)."""
         self.metrics.attach(now=self.now, liveness=self.liveness, ledger=self.ledger,
                             in_flight=lambda: len(self.auctioneer.auctions),
-                            mirror=self.mirror, live_state=self.api.views.state_of)
+                            mirror=self.mirror, live_state=self.api.views.state_of,
+                            events_dropped=lambda: self.events.dropped)
         self.metrics.attach_services(self.services.counts)
 
     # -- lifecycle -----------------------------------------------------------------------

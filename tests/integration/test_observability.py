@@ -108,6 +108,7 @@ async def test_metrics_and_json_logs_without_secrets(
     assert b["gavel_auctions_total"][(("outcome", "awarded"),)] >= 1
     assert b["gavel_kv_puts_total"][()] >= 1  # w1's node.json, mirrored for it
     assert b["gavel_kv_puts_coalesced_total"][()] >= 0
+    assert b["gavel_events_dropped_total"][()] == 0  # broker.events rule 3
     w = scrape(worker_port)
     assert w["gavel_worker_rfbs_answered_total"][()] >= 1
     assert w["gavel_worker_bids_total"][()] >= 1
