@@ -55,6 +55,11 @@ class Config:
     #: The committer: the least gap between commits, and its writer ("process" or "thread").
     commit_gap_s: float | None = None
     writer: str = "process"
+    #: Who writes blobs and trees ("packs" or "libgit2": `Ledger` rule 9), and whether the
+    #: after-commit work runs in slices (committer rule 3): the simpler alternatives are
+    #: here to measure what each mechanism buys (`python -m gavel.bench.complexity`).
+    objects: str = "packs"
+    after_slices: bool = True
     #: Retention: ended instances kept; the caps on counts admission holds.
     ended_max: int = 100_000
     caps: Caps = DEFAULT_CAPS

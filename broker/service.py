@@ -68,7 +68,7 @@ from gavel.broker.heartbeat_stream import HeartbeatStream
 from gavel.broker.heartbeats import Heartbeats
 from gavel.broker.integrity import Integrity
 from gavel.broker.kvbucket import Made, make_bucket, until_made
-from gavel.broker.ledger.committer import Committer
+from gavel.broker.ledger.committer import AFTER_SLICE_S, Committer
 from gavel.broker.ledger.remote import Pusher
 from gavel.broker.ledger.repository import Damaged, Ledger
 from gavel.broker.ledger.state import Change, State, compact
@@ -148,7 +148,8 @@ class Broker:
         self.mirror = Mirror(self.fenced.put if self.fenced is not None
                              else self.outbox.publish_raw, timing.mirror_s, time.monotonic)
         # Git: the state repository, its pusher, and the one committer that writes it.
-        self.ledger = Ledger(config.state_dir / "state.git", config.ref, settle=True)
+        self.ledger = Ledger(config.state_dir / "state.git", config.ref, settle=True,
+                             objects=config.objects)
         self.pusher = pusher(self.ledger, self.wake) if pusher is not None else None
         self.committer = self._committer()
         # The parts, on the context they share.
@@ -228,7 +229,8 @@ class Broker:
                          writer=self.config.writer, wall=self.config.wall,
                          gap_s=self.config.commit_gap_s or 0.0, metrics=self.metrics,
                          on_damaged=self._damaged, durable=pusher if self.ha else None,
-                         on_durable=mirror if self.ha else None)
+                         on_durable=mirror if self.ha else None,
+                         slice_s=AFTER_SLICE_S if self.config.after_slices else None)
 
     def _show_metrics(self) -> None:
         """The scrape-time view of this broker's parts (with HA, of the leadership now)."""

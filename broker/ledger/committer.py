@@ -9,10 +9,11 @@ Rules:
    committer a callback) run only once the ref has moved, in commit order, then in the
    order each plan listed them, on a task of their own in slices of `AFTER_SLICE_S` with
    the loop's other work between them (a commit of thousands of awards must not stall the
-   bid replies of open auctions), while the next commit is already being planned and
-   written: the writer does not wait for the awards of the last commit to go out. Until
-   its `Placed` effect runs, an award's capacity is still reserved, so the broker only ever
-   under-counts a node's room.
+   bid replies of open auctions; `slice_s=None` runs a commit's effects in one go, the
+   alternative the slices are measured against: docs/performance.md), while the next
+   commit is already being planned and written: the writer does not wait for the awards of
+   the last commit to go out. Until its `Placed` effect runs, an award's capacity is still
+   reserved, so the broker only ever under-counts a node's room.
 4. Pinned or unwritable repository: nothing is written, and unwritable batches are retried
    after a back-off while the broker keeps serving. An item's `gave_up` effects run (a
    `broker.effects.Why` filled in with the reason) only when it is given up for good
@@ -83,6 +84,12 @@ _TIMING = Timing()
 #: Writer processes in a row that may die before a write lands; then a thread writes (rule 11).
 WRITER_DEATHS = 3
 
+#: After-commit work runs in slices of this many seconds, with the loop's other work (bid
+#: replies above all) in between, so a large group commit does not stall open auctions.
+#: Shorter slices keep the slowest bid rounds shorter, and the yields between them cost the
+#: broker no CPU a placement worth counting (docs/performance.md).
+AFTER_SLICE_S = 0.0005
+
 
 @dataclass
 class Planned:
@@ -148,8 +155,10 @@ class Committer:
                  durable: Durable | None = None,
                  on_durable: Callable[[Change, str], None] | None = None,
                  on_damaged: Callable[[Damaged], None] | None = None,
-                 metrics: Any = None) -> None:
+                 metrics: Any = None, slice_s: float | None = AFTER_SLICE_S) -> None:
         self.ledger = ledger
+        #: Rule 3: how long a slice of after-commit work runs (None: no slices).
+        self.slice_s = slice_s
         #: The least time between one commit's write and the next one's start (rule 7).
         self.gap_s = gap_s
         self.wall = wall
@@ -248,7 +257,7 @@ class Committer:
                     await self.durable.wait(mark)
                     if change is not None and self.on_durable is not None:
                         self.on_durable(change, sha)
-                await _run_after(planned, sha, self.effects)
+                await _run_after(planned, sha, self.effects, self.slice_s)
                 self._afters.popleft()
             self._maybe_idle()
 
@@ -284,7 +293,7 @@ class Committer:
                 if isinstance(self._pool, ProcessPoolExecutor):
                     sha = await loop.run_in_executor(
                         self._pool, commit_files, str(self.ledger.path), self.ledger.ref,
-                        files, message, state.head, compact)
+                        files, message, state.head, compact, self.ledger.objects)
                 else:
                     sha = await loop.run_in_executor(
                         self._pool, self.ledger.write_files, files, message, state.head,
@@ -376,15 +385,10 @@ class Committer:
             self.submit(item)
 
 
-#: After-commit work runs in slices of this many seconds, with the loop's other work (bid
-#: replies above all) in between, so a large group commit does not stall open auctions.
-#: Shorter slices keep the slowest bid rounds shorter, and the yields between them cost the
-#: broker no CPU a placement worth counting (docs/performance.md).
-AFTER_SLICE_S = 0.0005
-
-
-async def _run_after(planned: list[Planned], sha: str, effects: Effects) -> None:
-    deadline = time.perf_counter() + AFTER_SLICE_S
+async def _run_after(planned: list[Planned], sha: str, effects: Effects,
+                     slice_s: float | None) -> None:
+    """Rule 3: `planned`'s effects in order, in slices of `slice_s` (None: in one go)."""
+    deadline = time.perf_counter() + slice_s if slice_s is not None else float("inf")
     for p in planned:
         for effect in p.effects:
             try:
@@ -393,7 +397,7 @@ async def _run_after(planned: list[Planned], sha: str, effects: Effects) -> None
                 log.exception("effect %r of %s failed", effect, sha[:12] or "no commit")
             if time.perf_counter() >= deadline:
                 await asyncio.sleep(0)
-                deadline = time.perf_counter() + AFTER_SLICE_S
+                deadline = time.perf_counter() + (slice_s or 0.0)
 
 
 #: Control characters become spaces in message lines (trailers are JSON: already escaped).

@@ -41,16 +41,20 @@ ORPHAN_CHECK = Timing().orphan_s
 
 
 def commit_files(path: str, ref: str, files: Mapping[str, bytes | None], message: str,
-                 planned_on: str | None, compact: Mapping[str, bytes] | None = None) -> str:
-    """Runs in the writer: one cached `Ledger` per repository."""
+                 planned_on: str | None, compact: Mapping[str, bytes] | None = None,
+                 objects: str = "packs") -> str:
+    """Runs in the writer: one cached `Ledger` per repository (`objects`: who writes blobs
+    and trees, `Ledger` rule 9)."""
     with _committing:
         ledger = _ledgers.get((path, ref))
+        if ledger is not None and ledger.objects != objects:
+            ledger = None
         if ledger is None:
             # The writer only inserts ids of objects it has just written itself: libgit2's
             # check that each exists is a lookup per entry we can skip, and a noticeable
             # share of a commit (docs/performance.md).
             pygit2.settings.enable_strict_object_creation(False)
-            ledger = _ledgers[(path, ref)] = Ledger(Path(path), ref)
+            ledger = _ledgers[(path, ref)] = Ledger(Path(path), ref, objects=objects)
         return ledger.write_files(files, message, planned_on, compact)
 
 

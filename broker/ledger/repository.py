@@ -22,6 +22,8 @@ Rules (each kept where its concept lives):
 7. HEAD names the active branch when it named a branch without commits (`name_head`).
 8. At a broker's start a lock on the ref that outlives a short wait is a dead writer's, and
    is removed (`clear_stale_lock`, `broker.ledger.stalelock`).
+9. Blobs and trees are written by the ledger itself (`objects`: "packs", `broker.ledger.
+   objects`) or, for measuring what that buys, by libgit2 ("libgit2", `cascommit` rule 5).
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ from typing import TypeVar
 
 import pygit2
 
-from gavel.broker.ledger.cascommit import commit_files
+from gavel.broker.ledger.cascommit import commit_files, commit_files_libgit2
 from gavel.broker.ledger.errors import Conflict, Damaged, LedgerError, Pinned, damaged
 from gavel.broker.ledger.history import auctions, landed_at, walk, winners
 from gavel.broker.ledger.integrity import settle as settle_disputes
@@ -62,6 +64,8 @@ T = TypeVar("T")
 #: most (every write is a compare-and-swap anyway), and our own commits forget the cache.
 _HEAD_FRESH_S = 0.005
 _KIND_NAMES = {1: b"commit", 2: b"tree", 3: b"blob", 4: b"tag"}
+#: Rule 9: who writes blobs and trees.
+OBJECT_WRITERS = ("packs", "libgit2")
 log = logging.getLogger("gavel.ledger")
 
 
@@ -82,9 +86,13 @@ def name_head(repo: pygit2.Repository, ref: str) -> None:
 
 
 class Ledger:
-    def __init__(self, path: Path, ref: str = "refs/heads/main", *, settle: bool = False
-                 ) -> None:
+    def __init__(self, path: Path, ref: str = "refs/heads/main", *, settle: bool = False,
+                 objects: str = "packs") -> None:
+        if objects not in OBJECT_WRITERS:
+            raise ValueError(f"objects must be one of {OBJECT_WRITERS}, not {objects!r}")
         self.path = path
+        #: Rule 9.
+        self.objects = objects
         #: Hold one placement per instance in what is read (rule 4): the broker's ledger.
         self.settle = settle
         #: Whether the State is the broker's own history yet (it has looked at the ref once).
@@ -313,6 +321,8 @@ class Ledger:
 
     def _commit(self, files: Mapping[str, bytes | None], message: str,
                 planned_on: str | None) -> str:
+        if self.objects == "libgit2":  # rule 9
+            return commit_files_libgit2(self.repo, self.ref, files, message, planned_on)
         sha, packed = commit_files(self.repo, self.ref, self._trees, self._objects, files,
                                    message, planned_on)
         # The ref has moved: the commit has landed, whatever happens from here (rule 5).

@@ -76,6 +76,46 @@ async def test_effects_run_in_slices_in_order_after_the_commit(tmp_path: Path) -
     assert len(during) >= 3, f"the loop never ran between effects: {sorted(during)}"
 
 
+async def test_without_slices_a_commits_effects_run_in_one_go_in_order(tmp_path: Path) -> None:
+    """`slice_s=None` (the alternative the slices are measured against): every effect of
+    the commit runs in order, after the ref moved, with no turn of the loop between them."""
+    ledger = Ledger(tmp_path / "state.git")
+    committer = heard(Committer(ledger, writer="thread", slice_s=None))
+    runner = asyncio.create_task(committer.run())
+    order: list[int] = []
+    heads: list[str | None] = []
+    ticks: list[int] = []
+    n = 40
+
+    def plan(k: int) -> Item:
+        def make(view: View) -> Planned:
+            submit(view, InstanceRecord(instance_id=f"i{k}", spec=SPEC))
+
+            def after(sha: str) -> None:
+                heads.append(ledger.state().head)
+                order.append(k)
+                _spin(AFTER_SLICE_S / 4)  # ten slices' worth in all
+            return Planned(lines=[f"submit i{k}"], effects=[Then(after)])
+        return Item(plan=make)
+
+    async def other() -> None:
+        while len(order) < n:
+            ticks.append(len(order))
+            await asyncio.sleep(0)
+
+    try:
+        for k in range(n):
+            committer.submit(plan(k))
+        await asyncio.wait_for(other(), 10)
+        await asyncio.wait_for(committer.idle.wait(), 10)
+    finally:
+        runner.cancel()
+        committer.close()
+    assert order == list(range(n)) and committer.commits == 1
+    assert heads == [ledger.state().head] * n
+    assert {t for t in ticks if 0 < t < n} == set()  # the loop never ran between them
+
+
 async def test_the_next_commit_is_written_while_the_last_ones_awards_go_out(
         tmp_path: Path) -> None:
     """After-commit work runs on its own task, in commit order; a commit queued meanwhile is
