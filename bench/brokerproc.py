@@ -2,7 +2,9 @@
 
 ``python -m gavel.bench.brokerproc --url URL --state DIR [--sample-d D] [--batch-max B]``;
 with ``--ha-remote GIT_DIR`` it is one leader of `broker.ha` (a lease on the one server, R1)
-pushing every commit to that bare repository before it tells anybody.
+pushing every commit to that bare repository before it tells anybody. ``--writer thread``,
+``--objects libgit2`` and ``--no-slices`` choose the simpler alternatives `bench.complexity`
+measures the broker's speed-only mechanisms against.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from gavel.shared.timing import Timing
 from gavel.transport import eventloop
 
 
-def main(argv: list[str] | None = None) -> int:
+def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m gavel.bench.brokerproc")
     p.add_argument("--url", required=True)
     p.add_argument("--state", type=Path, required=True)
@@ -33,22 +35,36 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--commit-gap-ms", type=float, default=None)
     p.add_argument("--ended-max", type=int, default=100_000)
     p.add_argument("--ha-remote", type=Path, default=None)
-    args = p.parse_args(argv)
+    # The simpler alternatives `bench.complexity` measures each mechanism against.
+    p.add_argument("--writer", choices=["process", "thread"], default="process")
+    p.add_argument("--objects", choices=["packs", "libgit2"], default="packs")
+    p.add_argument("--no-slices", action="store_true")
+    return p
+
+
+def config(args: argparse.Namespace) -> Config:
+    """The broker's settings from its command line."""
+    return Config(nats_url=args.url, state_dir=args.state,
+                  timing=Timing.from_env(os.environ), batch_max=args.batch_max,
+                  sample_d=args.sample_d, max_auctions=args.max_auctions,
+                  batch_wait_s=args.batch_wait_ms / 1000,
+                  commit_gap_s=None if args.commit_gap_ms is None
+                  else args.commit_gap_ms / 1000, ended_max=args.ended_max,
+                  writer=args.writer, objects=args.objects, after_slices=not args.no_slices)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
     logging.basicConfig(level=os.environ.get("GAVEL_LOG_LEVEL", "WARNING"))
 
     async def run() -> None:
-        config = Config(nats_url=args.url, state_dir=args.state,
-                        timing=Timing.from_env(os.environ), batch_max=args.batch_max,
-                        sample_d=args.sample_d, max_auctions=args.max_auctions,
-                        batch_wait_s=args.batch_wait_ms / 1000,
-                        commit_gap_s=None if args.commit_gap_ms is None
-                        else args.commit_gap_ms / 1000, ended_max=args.ended_max)
+        settings = config(args)
         broker: Broker | HaBroker
         if args.ha_remote is not None:
-            broker = HaBroker(replace(config, broker_id="bench"),
+            broker = HaBroker(replace(settings, broker_id="bench"),
                               settings=HaSettings(remote=str(args.ha_remote), replicas=1))
         else:
-            broker = Broker(config)
+            broker = Broker(settings)
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, broker.stop)

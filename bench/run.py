@@ -87,6 +87,9 @@ class Options:
     state: Path | None = None
     #: Rule 4.
     ha: bool = False
+    #: More flags for the broker (`bench.brokerproc`): the alternatives `bench.complexity`
+    #: measures.
+    broker_flags: tuple[str, ...] = ()
 
 
 @dataclass
@@ -257,6 +260,7 @@ async def _run_in(opts: Options, root: Path) -> Result:
             remote = root / "remote.git"
             pygit2.init_repository(str(remote), bare=True, initial_head="main")
             broker_args += ["--ha-remote", str(remote)]
+        broker_args += opts.broker_flags
         broker = _spawn("gavel.bench.brokerproc", broker_args, root / "logs" / "broker.log")
         heartbeat_s = Timing.from_env(os.environ).heartbeat_s
         procs.append(broker)
