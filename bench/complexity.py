@@ -97,7 +97,7 @@ MECHANISMS: tuple[Mechanism, ...] = (
         key="placements_per_s", lower=False,
         simple={"broker_flags": ("--writer", "thread")},
         also=("round_p99_ms", "commit_p99_ms", "broker_cpu_us_per_placement",
-              "writer_cpu_us_per_placement"),
+              "writer_cpu_us_per_placement", "broker_rss_mb"),
         code=("broker.ledger.gitwriter:commit_files", "broker.ledger.gitwriter:_writer_started",
               "broker.ledger.gitwriter:_warm", "broker.ledger.gitwriter:make_executor",
               "broker.ledger.committer:Committer._new_writer"),
@@ -197,6 +197,7 @@ def compare(base: Any, run: Callable[[Any], Any], pairs: int,
             for side, opts in sides:
                 say(f"{m.name}, pair {k + 1}/{pairs}: {side}")
                 got[side] = run(opts).as_dict()
+                say(f"{m.name}, pair {k + 1}/{pairs}: {side}: {m.key} {got[side][m.key]}")
             outcome.pairs.append((got["with"], got["without"]))
         outcomes.append(outcome)
     return outcomes
@@ -222,8 +223,7 @@ def main(argv: list[str] | None = None) -> int:
     load = [os.getloadavg()]
 
     def say(what: str) -> None:
-        print(f"  running {what} (load {os.getloadavg()[0]:.1f})", file=sys.stderr,
-              flush=True)
+        print(f"  {what} (load {os.getloadavg()[0]:.1f})", file=sys.stderr, flush=True)
 
     try:
         outcomes = compare(base, lambda opts: asyncio.run(run(opts)), args.pairs, chosen, say)
