@@ -59,6 +59,10 @@ def test_the_margin_is_on_the_median_of_the_pairs() -> None:
     assert o.ratio == 1.2 and o.earns and MARGIN <= 1.2
     o = Outcome(m, pairs=[({m.key: 10.0}, {m.key: 10.0 * r}) for r in (1.0, 1.1, 5.0)])
     assert not o.earns
+    # A higher-is-better figure: the mechanism's over the alternative's.
+    up = dataclasses.replace(m, key="placements_per_s", lower=False)
+    o = Outcome(up, pairs=[({up.key: 10.0 * r}, {up.key: 10.0}) for r in (1.0, 1.3, 2.0)])
+    assert o.ratios == [1.0, 1.3, 2.0] and o.earns
 
 
 def test_every_mechanism_counts_its_lines_and_its_workload_is_an_option() -> None:
