@@ -11,6 +11,8 @@ from typing import Any
 from gavel.bench import brokerproc
 from gavel.bench.complexity import MARGIN, MECHANISMS, Outcome, compare
 from gavel.bench.run import Options
+from gavel.broker.ledger.committer import AFTER_SLICE_S
+from gavel.broker.service import Broker
 
 
 @dataclasses.dataclass
@@ -80,3 +82,20 @@ def test_the_bench_broker_takes_each_alternative(tmp_path: Path) -> None:
     flags = [f for m in MECHANISMS for f in m.simple.get("broker_flags", ())]
     simple = brokerproc.config(brokerproc.parser().parse_args(base + flags))
     assert (simple.writer, simple.objects, simple.after_slices) == ("thread", "libgit2", False)
+
+
+def test_the_bench_broker_is_built_with_each_alternative(tmp_path: Path) -> None:
+    """The flags reach the parts: the ledger's object writer, the committer's writer and
+    its slices."""
+    base = ["--url", "nats://127.0.0.1:1", "--state", str(tmp_path)]
+    flags = [f for m in MECHANISMS for f in m.simple.get("broker_flags", ())]
+    default = dataclasses.replace(brokerproc.config(brokerproc.parser().parse_args(base)),
+                                  writer="thread")
+    for settings, objects, slices in ((default, "packs", AFTER_SLICE_S), (
+            brokerproc.config(brokerproc.parser().parse_args(base + flags)), "libgit2", None)):
+        broker = Broker(settings)
+        try:
+            assert (broker.ledger.objects, broker.committer.slice_s,
+                    broker.committer.writer) == (objects, slices, "thread")
+        finally:
+            broker.committer.close()
