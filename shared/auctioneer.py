@@ -10,11 +10,13 @@ Rules (the numbers are `broker.auctioneer`'s, where operators read them):
 1. Pending work is read from the world on every pass, oldest first: instances in flight
    (auctioned, or awarded and not yet committed) and those whose retry time is still ahead
    are skipped; of what is due, no more than the room for auctions can take is kept - the
-   highest priority first (`Spec.priority`), the oldest first within a priority. A pass
-   that read all of it and found nothing due remembers the earliest retry time it skipped:
-   until then, a pass over the same pending work (its size and its newest entry unchanged,
-   and nothing released, failed, found unschedulable or freed since) finds nothing either,
-   and is skipped instead of reading every waiting instance again.
+   highest priority first (`Spec.priority`), the oldest first within a priority. The
+   instances parked until a retry time are dropped by membership without being read
+   (`shared.retries`). A pass that found nothing due remembers the earliest retry time
+   ahead: until then, a pass over the same pending work (its size and its newest entry
+   unchanged, and nothing released, failed or freed since) finds nothing either, and is
+   skipped instead of filtering every waiting instance again; an instance found
+   unschedulable is parked, so it only brings that time nearer.
 2. Work is grouped by its excluded nodes; a group is auctioned without them unless no
    other eligible node is left, then with them. What no other node would take (unschedulable
    in an auction that left them out) is asked again at once, of every eligible node with
@@ -65,6 +67,7 @@ from gavel.shared.candidates import RETRY_TIMES, Candidates
 from gavel.shared.messages import Bid, BidReply, Capacity, Decline, Request
 from gavel.shared.reasons import Reason
 from gavel.shared.records import InstanceRecord
+from gavel.shared.retries import Retries
 from gavel.shared.urgency import DEFAULT_PRIORITY, Urgent, ranked
 
 __all__ = ["CLOSED_KEPT", "Core", "Decided", "Open", "Pinned", "Wake", "World"]
@@ -110,7 +113,9 @@ class Core:
         self._without: dict[str, AbstractSet[str]] = {}
         self.inflight: set[str] = set()
         self.reserved: dict[str, Capacity] = {}
-        self.retry_at: dict[str, float] = {}
+        #: Rule 1: retry times, and which are still ahead (`shared.retries`).
+        self._retries = Retries()
+        self.retry_at = self._retries.at
         #: Rule 1: the pending work a pass found nothing due in, and until when.
         self._idle: tuple[int, object] | None = None
         self._idle_until = float("-inf")
@@ -223,18 +228,15 @@ class Core:
         within a priority (`shared.urgency`); and the earliest retry time skipped. The
         oldest `want` are read as they come; past them, when the lowest priority taken is
         the default or above, only the urgent work is read (`shared.urgency` rule 2)."""
+        retries = self._retries
+        retries.due(now)
         waiting = filterfalse(self.inflight.__contains__, ids) if self.inflight else iter(ids)
-        retry_at = self.retry_at
+        if retries.parked:  # skipped by membership, never read (`shared.retries` rule 1)
+            waiting = filterfalse(retries.parked.__contains__, waiting)
         record = self.world.record
         pending: list[InstanceRecord] = []
-        due = float("inf")
         low = high = 0
         for iid in waiting:
-            at = retry_at.get(iid, 0.0) if retry_at else 0.0
-            if at > now:
-                if at < due:
-                    due = at
-                continue
             rec = record(iid)
             p = rec.spec.priority
             if not pending:
@@ -247,20 +249,20 @@ class Core:
             if len(pending) >= want:
                 break
         else:
-            return ranked(pending, want, high != low), due
+            return ranked(pending, want, high != low), retries.earliest()
         if low < DEFAULT_PRIORITY or not isinstance(ids, Mapping | Sequence):
             rest: Iterable[str] = waiting  # the remainder, read whole
         else:
             urgent = self._urgent.note(ids, record)
             taken = {r.instance_id for r in pending} if urgent else set()
-            rest = [i for i in urgent if i not in taken and i not in self.inflight]
+            rest = [i for i in urgent if i not in taken and i not in self.inflight
+                    and i not in retries.parked]
         for iid in rest:
-            if (retry_at.get(iid, 0.0) if retry_at else 0.0) <= now:
-                rec = record(iid)
-                if rec.spec.priority > low:  # it displaces some of what was taken
-                    high = max(high, rec.spec.priority)
-                    pending.append(rec)
-        return ranked(pending, want, high != low), due
+            rec = record(iid)
+            if rec.spec.priority > low:  # it displaces some of what was taken
+                high = max(high, rec.spec.priority)
+                pending.append(rec)
+        return ranked(pending, want, high != low), retries.earliest()
 
     def open(self, requests: list[Request], candidates: list[str], now: float,
              excluded: AbstractSet[str] = frozenset(), stage: int = 0,
@@ -442,9 +444,12 @@ class Core:
         self.awarding.pop(d.request.instance_id, None)
 
     def unschedulable(self, iid: str, now: float) -> None:
-        self._stir()
+        """Parked a heartbeat interval: nothing became due, so an idle pass stays idle until
+        then at the latest (rule 1)."""
+        at = now + self.heartbeat_s
+        self._idle_until = min(self._idle_until, at)
         self.inflight.discard(iid)
-        self.retry_at[iid] = now + self.heartbeat_s
+        self._retries.park(iid, at)
 
     def failed(self, decisions: Sequence[Decision], now: float) -> None:
         """The commit of these decisions failed: released, retried a tick later."""
@@ -455,11 +460,11 @@ class Core:
                 self._reserve(d.winner.node_id, d.request, -1)
                 self.awarding.pop(iid, None)
             self.inflight.discard(iid)
-            self.retry_at[iid] = now + self.tick_s
+            self._retries.park(iid, now + self.tick_s)
 
     def capacity_freed(self) -> None:
         self._stir()
-        self.retry_at.clear()
+        self._retries.clear()
 
 
 def _tail(ids: Iterable[str]) -> tuple[int, object] | None:

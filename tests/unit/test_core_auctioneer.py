@@ -438,3 +438,25 @@ def test_urgent_work_that_arrives_behind_a_default_backlog_goes_next() -> None:
             Bid(shape=0, load=0.1, step=0.0, strategy="x")]), 0.1)
     [second] = [a for a in c.take() if isinstance(a, Open)]
     assert [r.instance_id for r in second.auction.requests] == ["urgent", "urgent-2"]
+
+
+def test_an_instance_found_unschedulable_after_an_idle_pass_does_not_read_the_rest_again(
+        ) -> None:
+    """Rule 1: an instance found unschedulable is parked a heartbeat; nothing became due,
+    so the waiting work is not read again before the earliest retry time."""
+    w = Counting({})
+    c = core(w)
+    for k in range(1000):
+        w.add(f"i{k}")
+        c.unschedulable(f"i{k}", 0.0)  # retried at 10.0
+    w.add("late")
+    c.reconcile(1.0)  # "late" is due: auctioned (no node: decided at once), in flight
+    assert [a for a in c.take() if isinstance(a, Decided)]
+    c.reconcile(1.1)
+    assert w.read == 2002  # the pass that found nothing due
+    c.unschedulable("late", 1.2)  # its commit landed: parked until 11.2
+    c.reconcile(1.3)
+    c.reconcile(9.9)
+    assert w.read == 2002
+    c.reconcile(10.0)  # the first retry time: read again
+    assert w.read == 3003
