@@ -33,8 +33,14 @@ Rules (the numbers are `broker.auctioneer`'s, where operators read them):
 6. A reply for an auction that closed (one of the last `CLOSED_KEPT`), or after its
    deadline, from a node it asked that had not answered, is late: counted, not rejected.
    A reply from a node the world says is draining is taken as the declines it should be.
-7. An unschedulable instance is retried a heartbeat interval later (`unschedulable`); one
-   whose commit failed a tick later; `capacity_freed` retries every one at once.
+7. An unschedulable instance is retried a heartbeat interval later (`unschedulable`), twice
+   that after a second miss in a row, and so on up to 2**`BACKOFF_DOUBLINGS` heartbeats; the
+   time is rounded up to a whole tick, so retries come due together and one pass takes
+   many of them. One whose commit failed is retried a tick later; `capacity_freed` (a node
+   came or capacity was freed) retries every one at once and starts the back-off again:
+   what waits for room is asked again when room may have come, not every heartbeat while
+   nothing changed (at a hundred thousand waiting instances, a retry every heartbeat is
+   ten thousand auctions a second).
 8. A round placing replicas is told each group's replicas per node - the world's plus the
    awards not yet committed - and every node's labels.
 9. Until `hold_until` no auction opens while no node is eligible.
@@ -53,6 +59,7 @@ Rules (the numbers are `broker.auctioneer`'s, where operators read them):
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from collections.abc import Set as AbstractSet
@@ -83,6 +90,8 @@ class _Partial(NamedTuple):
 
 #: Closed auctions whose late answers are recognised (rule 6).
 CLOSED_KEPT = 256
+#: Rule 7: an instance unschedulable again and again waits up to 2**this heartbeats.
+BACKOFF_DOUBLINGS = 3
 #: Last winners kept before the table starts again (shapes are few).
 WINNERS_KEPT = 2048
 
@@ -116,6 +125,8 @@ class Core:
         #: Rule 1: retry times, and which are still ahead (`shared.retries`).
         self._retries = Retries()
         self.retry_at = self._retries.at
+        #: Rule 7: instance -> how many auctions in a row found it unschedulable.
+        self._misses: dict[str, int] = {}
         #: Rule 1: the pending work a pass found nothing due in, and until when.
         self._idle: tuple[int, object] | None = None
         self._idle_until = float("-inf")
@@ -442,11 +453,16 @@ class Core:
         self._reserve(d.winner.node_id, d.request, -1)
         self.inflight.discard(d.request.instance_id)
         self.awarding.pop(d.request.instance_id, None)
+        self._misses.pop(d.request.instance_id, None)
 
     def unschedulable(self, iid: str, now: float) -> None:
-        """Parked a heartbeat interval: nothing became due, so an idle pass stays idle until
-        then at the latest (rule 1)."""
-        at = now + self.heartbeat_s
+        """Parked (rule 7): nothing became due, so an idle pass stays idle until then at the
+        latest (rule 1)."""
+        misses = self._misses.get(iid, 0)
+        self._misses[iid] = misses + 1
+        wait = self.heartbeat_s * (1 << min(misses, BACKOFF_DOUBLINGS))
+        at = math.ceil((now + wait) / self.tick_s) * self.tick_s if self.tick_s > 0 else \
+            now + wait
         self._idle_until = min(self._idle_until, at)
         self.inflight.discard(iid)
         self._retries.park(iid, at)
@@ -465,6 +481,7 @@ class Core:
     def capacity_freed(self) -> None:
         self._stir()
         self._retries.clear()
+        self._misses.clear()
 
 
 def _tail(ids: Iterable[str]) -> tuple[int, object] | None:

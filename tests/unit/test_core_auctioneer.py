@@ -230,9 +230,9 @@ def test_an_unschedulable_instance_waits_a_heartbeat_unless_capacity_frees() -> 
     [d] = [a for a in c.take() if isinstance(a, Decided)]
     assert isinstance(d.decisions[0], Unschedulable)
     c.unschedulable("a", 0.2)  # its commit landed
-    c.reconcile(10.1)
+    c.reconcile(10.9)
     assert opened(c) == []
-    c.reconcile(10.2)  # a heartbeat interval later
+    c.reconcile(11.0)  # a heartbeat interval later, rounded up to a whole tick
     assert len(opened(c)) == 1
     c2 = core(w, batch_max=1)
     c2.unschedulable("a", 0.0)
@@ -460,3 +460,20 @@ def test_an_instance_found_unschedulable_after_an_idle_pass_does_not_read_the_re
     assert w.read == 2002
     c.reconcile(10.0)  # the first retry time: read again
     assert w.read == 3003
+
+
+def test_an_instance_unschedulable_again_and_again_waits_longer_until_capacity_frees() -> None:
+    """Rule 7: one heartbeat, then two, four, eight, and no longer; `capacity_freed` retries
+    at once and starts again from one heartbeat."""
+    w = World({})
+    c = core(w)
+    w.add("a")
+    now, waits = 0.0, []
+    for _ in range(6):
+        c.unschedulable("a", now)
+        waits.append(c.retry_at["a"] - now)
+        now = c.retry_at["a"]
+    assert waits == [10.0, 20.0, 40.0, 80.0, 80.0, 80.0]
+    c.capacity_freed()
+    c.unschedulable("a", now)
+    assert c.retry_at["a"] - now == 10.0

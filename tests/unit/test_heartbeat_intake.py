@@ -133,3 +133,18 @@ def test_a_heartbeat_older_than_an_event_heard_says_nothing_of_health(tmp_path: 
     beat_saying("healthy", seq=1, reported=0)
     assert b.promises.health[iid].health == "healthy"
     assert b.rejects.counts == {}
+
+
+def test_a_node_that_stops_draining_makes_waiting_work_due_at_once(tmp_path: Path) -> None:
+    """Rule 3: a node that takes work again is room that may have come, as a node that comes
+    up is: what waits unschedulable (backed off, `shared.auctioneer` rule 7) is asked at
+    the next pass, not after its wait."""
+    b = broker(tmp_path)
+    hb = msgspec.msgpack.decode(heartbeat("n1", []), type=Heartbeat)
+    beat(b, "n1", _enc.encode(msgspec.structs.replace(hb, seq=1, draining=True)))
+    core = b.auctioneer.core
+    core.unschedulable("waiting", b.now())
+    beat(b, "n1", _enc.encode(msgspec.structs.replace(hb, seq=2, draining=True)))
+    assert "waiting" in core.retry_at  # still draining: nothing changed
+    beat(b, "n1", _enc.encode(msgspec.structs.replace(hb, seq=3, draining=False)))
+    assert core.retry_at == {}
