@@ -14,6 +14,9 @@ Rules:
 4. An ask's figure runs from just before its request is sent to its decoded answer; one
    unanswered within the client's timeout counts as that long, and as unanswered.
 5. ``--runs scale`` or ``--runs submit`` measures one of the two alone.
+6. Once every instance is in, `status` of every instance (every page, as `gavel status`
+   asks) and the dashboard's summary (`status` with ``summary``) are asked once each: how
+   long each took, the pages and the largest page's bytes against the server's max payload.
 """
 
 from __future__ import annotations
@@ -28,6 +31,8 @@ import time
 from collections.abc import Awaitable, Callable, Collection
 from pathlib import Path
 from typing import Any, Literal
+
+import msgspec
 
 from gavel.bench.statushop import pct
 from gavel.shared.api import (
@@ -50,6 +55,7 @@ from gavel.transport.natsserver import NatsServer
 
 __all__ = ["main"]
 
+_enc = msgspec.msgpack.Encoder()
 #: How long the large requests themselves, and the checks of them, may take to be answered.
 LONG_S = 600.0
 
@@ -86,13 +92,32 @@ async def _run(url: str, label: str, start: Callable[[Any], Awaitable[object]],
             await asyncio.sleep(every_s)
         made.result()
         all_in = done.result()
+        reads = await _reads(checker)
     finally:
         for nc in (asker, maker, checker):
             await nc.close()
     return {"run": label, "all_in_s": round(all_in, 1), "nodes_asks": len(took),
             "nodes_p50_ms": pct(took, 50), "nodes_p99_ms": pct(took, 99),
             "nodes_max_ms": round(max(took) * 1000, 1),
-            "over_1s": sum(t > 1.0 for t in took), "unanswered": unanswered}
+            "over_1s": sum(t > 1.0 for t in took), "unanswered": unanswered, **reads}
+
+
+async def _reads(nc: Any) -> dict[str, Any]:
+    """Rule 6: every instance's status page by page, then the summary."""
+    a = time.perf_counter()
+    page = await call(nc, "status", StatusRequest(), StatusReply, LONG_S)
+    pages, largest, listed = 1, len(_enc.encode(page)), len(page.instances)
+    while page.next:
+        page = await call(nc, "status", StatusRequest(after=page.next), StatusReply, LONG_S)
+        pages, listed = pages + 1, listed + len(page.instances)
+        largest = max(largest, len(_enc.encode(page)))
+    status_s = time.perf_counter() - a
+    a = time.perf_counter()
+    summary = await call(nc, "status", StatusRequest(summary=True), StatusReply, LONG_S)
+    return {"status_all_s": round(status_s, 2), "status_pages": pages,
+            "status_listed": listed, "status_page_max_bytes": largest,
+            "max_payload": nc.max_payload, "summary_s": round(time.perf_counter() - a, 2),
+            "summary_bytes": len(_enc.encode(summary)), "summary_total": summary.total}
 
 
 async def measure(url: str, n: int, every_s: float, runs: Collection[str] = ("scale", "submit")

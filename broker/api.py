@@ -327,7 +327,8 @@ class Api:
                                                             self.nc)
             return StatusReply(instances=shown, total=len(state.instances), counts=counts,
                                by_name=names, **self._leader())
-        out, more = self.views.status_page(state.instances, req.after, self.nc)
+        out, more = self.views.status_page(state.instances, req.after, self.nc,
+                                            state.head or "")
         return StatusReply(instances=out, next=more, total=len(state.instances),
                            **self._leader())
 

@@ -57,3 +57,29 @@ def test_with_few_live_instances_the_latest_ended_fill_the_summary(rig: Rig) -> 
     assert [i.instance_id for i in got.instances][:2] == ["tiny-1", "web-1"]
     assert sorted(i.instance_id for i in got.instances[2:]) == counted_ids("old", 3)
     assert got.counts["failed"] == 3
+
+
+def test_the_pages_of_one_commit_put_the_ids_in_order_once(rig: Rig) -> None:
+    """`broker.views` rule 3: every page of one commit reads the same order of ids, sorted
+    once; the next commit's pages sort again and see what it added."""
+    views = rig.api.views
+    nc = type("Nc", (), {"max_payload": 1 << 20})()
+    sorts = 0
+
+    class Ids(dict[str, object]):
+        def __iter__(self):  # type: ignore[no-untyped-def]
+            nonlocal sorts
+            sorts += 1
+            return super().__iter__()
+
+    state = rig.b.ledger.state()
+    instances = Ids(state.instances)
+    first, _ = views.status_page(instances, "", nc, "c1")  # type: ignore[arg-type]
+    views.status_page(instances, first[0].instance_id, nc, "c1")  # type: ignore[arg-type]
+    assert sorts == 1
+    view = View(state)
+    assert submit(view, task_record("zz-new", SMALL, "", "zz", 1))
+    rig.b.ledger.apply(view.change, "one more", state.head)
+    instances = Ids(rig.b.ledger.state().instances)
+    page, _ = views.status_page(instances, "", nc, "c2")  # type: ignore[arg-type]
+    assert sorts == 2 and page[-1].instance_id == "zz-new"
