@@ -8,15 +8,14 @@ when it wants `handle_timer` at the latest (an auction's deadline or the end of 
 
 Rules (the numbers are `broker.auctioneer`'s, where operators read them):
 1. Pending work is read from the world on every pass, oldest first: instances in flight
-   (auctioned, or awarded and not yet committed) and those whose retry time is still ahead
-   are skipped; of what is due, no more than the room for auctions can take is kept - the
-   highest priority first (`Spec.priority`), the oldest first within a priority. The
-   instances parked until a retry time are dropped by membership without being read
-   (`shared.retries`). A pass that found nothing due remembers the earliest retry time
-   ahead: until then, a pass over the same pending work (its size and its newest entry
-   unchanged, and nothing released, failed or freed since) finds nothing either, and is
-   skipped instead of filtering every waiting instance again; an instance found
-   unschedulable is parked, so it only brings that time nearer.
+   (auctioned, or awarded and not yet committed) and those parked until a retry time are
+   skipped (by membership, unread: `shared.waiting`); of what is due, no more than the
+   room for auctions can take is kept - the highest priority first (`Spec.priority`), the
+   oldest first within a priority. A pass that found nothing due remembers the pending
+   work's tail and the earliest retry time ahead: until then, and while nothing is
+   released, failed or freed, nothing of that work can come due (an instance found
+   unschedulable is parked: it only brings the time nearer), so a pass over the same work
+   is skipped and one over more reads only what was added.
 2. Work is grouped by its excluded nodes; a group is auctioned without them unless no
    other eligible node is left, then with them. What no other node would take (unschedulable
    in an auction that left them out) is asked again at once, of every eligible node with
@@ -68,13 +67,13 @@ from typing import NamedTuple
 
 import msgspec
 
+from gavel.shared import waiting
 from gavel.shared.auction import Auction, Awarded, Decision, Unschedulable, Verdict, group_shapes
 from gavel.shared.auctionworld import Action, Decided, Open, Pinned, Wake, World
 from gavel.shared.candidates import RETRY_TIMES, Candidates
 from gavel.shared.messages import Bid, BidReply, Capacity, Decline, Request
 from gavel.shared.reasons import Reason
 from gavel.shared.records import InstanceRecord
-from gavel.shared.retries import Retries
 from gavel.shared.urgency import DEFAULT_PRIORITY, Urgent, ranked
 
 __all__ = ["CLOSED_KEPT", "Core", "Decided", "Open", "Pinned", "Wake", "World"]
@@ -122,13 +121,13 @@ class Core:
         self._without: dict[str, AbstractSet[str]] = {}
         self.inflight: set[str] = set()
         self.reserved: dict[str, Capacity] = {}
-        #: Rule 1: retry times, and which are still ahead (`shared.retries`).
-        self._retries = Retries()
+        #: Rule 1: retry times, and which are still ahead (`shared.waiting`).
+        self._retries = waiting.Retries()
         self.retry_at = self._retries.at
         #: Rule 7: instance -> how many auctions in a row found it unschedulable.
         self._misses: dict[str, int] = {}
         #: Rule 1: the pending work a pass found nothing due in, and until when.
-        self._idle: tuple[int, object] | None = None
+        self._idle: waiting.Tail | None = None
         self._idle_until = float("-inf")
         #: Pending work above the default priority (rule 1, `shared.urgency`).
         self._urgent = Urgent()
@@ -189,11 +188,14 @@ class Core:
         room = self.max_auctions - len(self.auctions)
         want = max(room, 1) * self.batch_max
         ids = world.pending()
-        tail = _tail(ids)
-        if tail is not None and tail == self._idle and now < self._idle_until:  # rule 1
-            self.waiting_since = None
-            return
-        pending, due = self._due(ids, now, want)
+        tail = waiting.tail(ids)
+        scan: Iterable[str] = ids
+        if self._idle is not None and now < self._idle_until:  # rule 1
+            if tail == self._idle:
+                self.waiting_since = None
+                return
+            scan = waiting.added(ids, self._idle, want - 1) or ids  # only those can be due
+        pending, due = self._due(scan, now, want)
         if not pending:
             self.waiting_since = None
             self._idle, self._idle_until = tail, due
@@ -241,13 +243,13 @@ class Core:
         the default or above, only the urgent work is read (`shared.urgency` rule 2)."""
         retries = self._retries
         retries.due(now)
-        waiting = filterfalse(self.inflight.__contains__, ids) if self.inflight else iter(ids)
-        if retries.parked:  # skipped by membership, never read (`shared.retries` rule 1)
-            waiting = filterfalse(retries.parked.__contains__, waiting)
+        left = filterfalse(self.inflight.__contains__, ids) if self.inflight else iter(ids)
+        if retries.parked:  # skipped by membership, never read (`shared.waiting` rule 1)
+            left = filterfalse(retries.parked.__contains__, left)
         record = self.world.record
         pending: list[InstanceRecord] = []
         low = high = 0
-        for iid in waiting:
+        for iid in left:
             rec = record(iid)
             p = rec.spec.priority
             if not pending:
@@ -262,7 +264,7 @@ class Core:
         else:
             return ranked(pending, want, high != low), retries.earliest()
         if low < DEFAULT_PRIORITY or not isinstance(ids, Mapping | Sequence):
-            rest: Iterable[str] = waiting  # the remainder, read whole
+            rest: Iterable[str] = left  # the remainder, read whole
         else:
             urgent = self._urgent.note(ids, record)
             taken = {r.instance_id for r in pending} if urgent else set()
@@ -456,8 +458,7 @@ class Core:
         self._misses.pop(d.request.instance_id, None)
 
     def unschedulable(self, iid: str, now: float) -> None:
-        """Parked (rule 7): nothing became due, so an idle pass stays idle until then at the
-        latest (rule 1)."""
+        """Parked (rule 7): nothing came due, so an idle pass stays so until then (rule 1)."""
         misses = self._misses.get(iid, 0)
         self._misses[iid] = misses + 1
         wait = self.heartbeat_s * (1 << min(misses, BACKOFF_DOUBLINGS))
@@ -482,14 +483,6 @@ class Core:
         self._stir()
         self._retries.clear()
         self._misses.clear()
-
-
-def _tail(ids: Iterable[str]) -> tuple[int, object] | None:
-    """Rule 1: what tells one pending set from the next (its size and newest entry: work
-    is added at the end), or None for a world whose pending work is no sequence."""
-    if isinstance(ids, Mapping | Sequence):
-        return len(ids), next(reversed(ids), None)
-    return None
 
 
 class _Count:

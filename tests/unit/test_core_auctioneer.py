@@ -341,6 +341,11 @@ class Counting(World):
                     world.read += 1
                     yield iid
 
+            def __reversed__(self):  # type: ignore[no-untyped-def]
+                for k, iid in enumerate(super().__reversed__()):
+                    world.read += k > 0  # the newest is the tail: what tells sets apart
+                    yield iid
+
         return Ids(self.queue)
 
 
@@ -359,15 +364,15 @@ def test_a_pass_over_waiting_work_none_of_it_due_is_not_read_again() -> None:
     assert w.read == 1000  # nothing due, nothing new: not read again
     w.add("new")
     c.reconcile(9.9)
-    assert w.read == 2001  # new work: read, and found
+    assert w.read == 1001  # new work: it alone is read, and found
     w.queue.pop("new")  # placed: the same waiting work as before, still not due
     c.reconcile(9.95)
-    assert w.read == 2001
+    assert w.read == 1001
     c.reconcile(10.0)  # the retry time: read again
-    assert w.read == 3001
+    assert w.read == 2001
     c.unschedulable("i0", 10.0)
-    c.reconcile(10.1)  # something came back: read again
-    assert w.read == 4001
+    c.reconcile(10.1)  # past the time the idle pass knew of: read again
+    assert w.read == 3001
 
 
 def test_an_instance_bound_to_a_node_is_auctioned_among_that_node_alone() -> None:
@@ -477,3 +482,19 @@ def test_an_instance_unschedulable_again_and_again_waits_longer_until_capacity_f
     c.capacity_freed()
     c.unschedulable("a", now)
     assert c.retry_at["a"] - now == 10.0
+
+
+def test_after_a_pass_that_found_nothing_due_only_new_work_is_read() -> None:
+    """Rule 1: a thousand parked instances and new work behind them: the pass reads the new
+    work alone, and auctions it."""
+    w = Counting({})
+    c = core(w)
+    for k in range(1000):
+        w.add(f"i{k}")
+        c.unschedulable(f"i{k}", 0.0)
+    c.reconcile(1.0)
+    assert w.read == 1000
+    w.add("new")
+    c.reconcile(2.0)
+    assert w.read == 1001  # the one added
+    assert [a for a in c.take() if isinstance(a, Decided)]  # auctioned (no node: decided)

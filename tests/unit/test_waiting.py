@@ -1,8 +1,8 @@
-"""`shared.retries`: which waiting instances are parked until a retry time."""
+"""`shared.waiting`: which waiting instances are parked until a retry time."""
 
 from __future__ import annotations
 
-from gavel.shared.retries import Retries
+from gavel.shared.waiting import Retries, added, tail
 
 
 def test_an_instance_is_parked_until_its_time_and_no_longer() -> None:
@@ -45,3 +45,17 @@ def test_cleared_nothing_is_parked_and_old_entries_unpark_nothing() -> None:
     r.park("b", 1.0)
     r.due(6.0)
     assert r.parked == set() and r.at == {"b": 1.0}
+
+
+def test_what_was_added_since_a_tail_is_read_from_the_end_oldest_first() -> None:
+    """Rule 4."""
+    before = dict.fromkeys(["a", "b", "c"])
+    since = tail(before)
+    assert since == (3, "c")
+    assert added({**before, "d": None, "e": None}, since, 10) == ["d", "e"]
+    assert added({**before, "d": None, "e": None}, since, 1) is None  # more than `most`
+    assert added({"a": None, "b": None, "d": None}, since, 10) is None  # "c" left
+    assert added({"b": None, "c": None, "d": None, "e": None}, since, 10) is None  # "a" left
+    assert added({"a": None, "b": None, "d": None, "c": None}, since, 10) is None  # "c" again
+    assert added(["x"], (0, None), 10) == ["x"]  # from nothing
+    assert added(iter(["x"]), since, 10) is None and tail(iter(["x"])) is None
