@@ -43,7 +43,7 @@ from collections.abc import Callable, Mapping
 from datetime import datetime
 
 from gavel.broker.context import Context
-from gavel.broker.keeper import CALM_TICKS, Backoff, Decision
+from gavel.broker.keeper import CALM_TICKS, Backoff, Replica, decide
 from gavel.broker.ledger.committer import Planned
 from gavel.broker.ledger.plan import View
 from gavel.broker.ledger.state import State, stamp
@@ -55,7 +55,7 @@ from gavel.broker.serviceplans import (
     Ended,
     EndsTaken,
     Started,
-    decision,
+    failed_new,
     is_system,
     plan_keep,
     replicas,
@@ -125,16 +125,16 @@ class Services:
         return "", ""
 
     def _observe(self, name: str, svc: ServiceRecord, state: State,
-                 recs: list[InstanceRecord], now: float) -> None:
-        """Note what changed since the last pass: ends (rule 5), health, first sightings."""
+                 recs: list[InstanceRecord], now: float) -> list[Replica]:
+        """Note what changed since the last pass: ends (rule 5), health, first sightings;
+        the keeper's view of the replicas, as they are now."""
         tick = self.ctx.timing.tick_s
         backoff = self._backoff.setdefault(name, Backoff())
         live = {r.instance_id for r in recs if not r.state.terminal}
-        by_id = {r.instance_id: r for r in recs}
         for iid in self._live.get(name, set()) - live:
             self._first_seen.pop(iid, None)
             self._healthy_since.pop(iid, None)
-            rec = by_id.get(iid)
+            rec = state.instances.get(iid)
             if rec is not None and rec.state is InstanceState.CANCELLED and \
                     (rec.reason in STOPS or rec.detail in STOPS):
                 continue
@@ -159,6 +159,7 @@ class Services:
         calm_s = max(CALM_TICKS * tick, spec.update.min_healthy_s if spec else 0.0)
         backoff.observe(now, not svc.stopped and len(mine) == svc.count and all(
             r.version == svc.version and r.healthy_for is not None for r in mine), calm_s)
+        return mine
 
     # -- the pass ------------------------------------------------------------------------
     def watch(self, now: float) -> None:
@@ -181,18 +182,15 @@ class Services:
                 continue
             began = ctx.now()
             recs = state.replicas_of(name)
-            self._observe(name, svc, state, recs, now)
-            d = None if self.passes.busy(name) else self._decide(state, svc, recs, now)
+            mine = self._observe(name, svc, state, recs, now)
+            d = None if self.passes.busy(name) else decide(
+                svc, mine, failed=failed_new(svc, recs), hold=self._holds(name, now),
+                stamp=stamp(self.wall()))  # what `decision` decides, on the replicas seen
             self._next_pass[name] = now + PASS_SHARE * max(0.0, ctx.now() - began)
             if d is not None and not d and d.missing is not None and d.missing <= 0:
                 self._ended.pop(name, None)  # nothing missing: those ends need no replacement
             if d:
                 self.passes.submit(name, functools.partial(self.keep, name=name))
-
-    def _decide(self, view: View | State, svc: ServiceRecord, recs: list[InstanceRecord],
-                now: float) -> Decision:
-        return decision(view, svc, recs, self._clocks, hold=self._holds(svc.name, now),
-                        now=now, stamp=stamp(self.wall()))
 
     def _holds(self, name: str, now: float) -> bool:
         backoff = self._backoff.get(name)
