@@ -14,7 +14,8 @@ Rules:
    labels, total capacity and drain (`shared.candidates`: whom a sampled auction may ask),
    the instances it lists confirm their placements, the ends it carries are heard if their
    events were not (`broker.promises` rule 8), ports it reports free are unblocked, and a
-   node that comes (back) up, or stops draining, makes waiting work worth another auction
+   node that comes (back) up, stops draining, or says other labels or a new capacity makes
+   waiting work worth another auction
    (`shared.auctioneer` rule 7: what waits is otherwise asked less and less often).
 4. A heartbeat stored before the broker started passes the same checks and is only
    recalled: what it says of instances, and where the node is reached, is shown until the
@@ -117,7 +118,9 @@ class Heartbeats:
         if before is not Health.HEALTHY:
             ctx.log.info("node %s is %s", hb.node_id, "up" if before is None else "back")
             self.capacity_freed()
-        elif last is not None and last.draining and not hb.draining:  # it takes work again
+        elif last is not None and (
+                (last.draining and not hb.draining)  # it takes work again
+                or last.labels != hb.labels or last.capacity != hb.capacity):  # or other work
             self.capacity_freed()
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import msgspec
+import pytest
 
 from gavel.broker.heartbeats import TOO_LARGE, TOO_MANY
 from gavel.broker.ledger.plan import View, place, requeue, submit
@@ -147,4 +148,21 @@ def test_a_node_that_stops_draining_makes_waiting_work_due_at_once(tmp_path: Pat
     beat(b, "n1", _enc.encode(msgspec.structs.replace(hb, seq=2, draining=True)))
     assert "waiting" in core.retry_at  # still draining: nothing changed
     beat(b, "n1", _enc.encode(msgspec.structs.replace(hb, seq=3, draining=False)))
+    assert core.retry_at == {}
+
+
+@pytest.mark.parametrize("change", ["labels", "capacity"])
+def test_a_node_with_new_labels_or_capacity_makes_waiting_work_due_at_once(
+        tmp_path: Path, change: str) -> None:
+    """Rule 3: new labels or a new capacity may make waiting work placeable there."""
+    b = broker(tmp_path)
+    hb = msgspec.msgpack.decode(heartbeat("n1", []), type=Heartbeat)
+    beat(b, "n1", _enc.encode(msgspec.structs.replace(hb, seq=1)))
+    core = b.auctioneer.core
+    core.unschedulable("waiting", b.now())
+    beat(b, "n1", _enc.encode(msgspec.structs.replace(hb, seq=2)))
+    assert "waiting" in core.retry_at  # the same node: nothing changed
+    new = {"labels": {"zone": "b"}} if change == "labels" else {
+        "capacity": msgspec.structs.replace(hb.capacity, cpu=hb.capacity.cpu + 4)}
+    beat(b, "n1", _enc.encode(msgspec.structs.replace(hb, seq=3, **new)))
     assert core.retry_at == {}
