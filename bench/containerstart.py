@@ -22,6 +22,7 @@ import argparse
 import asyncio
 import io
 import json
+import os
 import statistics
 import sys
 import tarfile
@@ -50,6 +51,8 @@ __all__ = ["build_image", "main", "measure"]
 _DOCKERFILE = (b'FROM scratch\nCOPY busybox /bin/busybox\nCOPY salt /salt\n'
                b'ENTRYPOINT ["/bin/busybox"]\n')
 _PREFIX = "gavel-bench-start"
+#: This run's own tags (``start-<pid>-...``): two runs on one engine never share an image.
+_RUN = f"start-{os.getpid()}"
 
 
 def build_image(client: Any, tag: str, salt: str) -> str:
@@ -69,8 +72,8 @@ def build_image(client: Any, tag: str, salt: str) -> str:
 
 def _pushed(client: Any, registry: str, i: int) -> str:
     """Rule 2's pulled image: built, pushed to `registry`, then gone from the node."""
-    built = build_image(client, f"pulled-{i}", f"pulled-{i}-{time.time()}")
-    repo, tag = f"{registry}/{_PREFIX}", f"pulled-{i}"
+    built = build_image(client, f"{_RUN}-pulled-{i}", f"pulled-{i}-{time.time()}")
+    repo, tag = f"{registry}/{_PREFIX}", f"{_RUN}-pulled-{i}"
     client.images.get(built).tag(repo, tag)
     for line in client.images.push(repo, tag=tag, stream=True, decode=True):
         if "error" in line:
@@ -124,10 +127,10 @@ async def measure(n: int, root: Path, registry: str = "",
     try:
         await nc.subscribe(subjects.EVENTS_ALL, cb=on_event)
         await agent.ready.wait()
-        warm = build_image(client, "warm", "warm")
+        warm = build_image(client, f"{_RUN}-warm", "warm")
         built.append(warm)
         for i in range(n + 1):  # the first round warms the warm image and is not counted
-            cold = build_image(client, f"cold-{i}", f"cold-{i}-{time.time()}")
+            cold = build_image(client, f"{_RUN}-cold-{i}", f"cold-{i}-{time.time()}")
             built.append(cold)
             kinds = [("process", Spec(name="p", command=["sleep", "60"], cpu=0.01)),
                      ("container-warm", Spec(name="w", image=warm, command=["sleep", "60"],

@@ -63,4 +63,4 @@ def test_a_process_and_warm_and_cold_containers_on_the_engine(docker: Any) -> No
         _ordered(kind, 1)
     assert r["offered_per_s"] == 0.0 and r["sent_per_s"] == 0.0
     after = {t for i in docker.images.list() for t in i.tags}
-    assert not {t for t in after - before if t.startswith("gavel-bench-start:")}
+    assert not {t for t in after - before if t.startswith("gavel-bench-start:e2e-")}
