@@ -34,7 +34,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import itertools
 import logging
 import time
 import uuid
@@ -75,6 +74,7 @@ class Events:
         self.waiting: deque[tuple[str, bytes, str, bool]] = deque()
         self.dropped = 0
         self._dropping = False  # rule 3: said once while it drops
+        self._on_wire = 0  # stores of the window `run` has on the wire
         #: How many of `recent` `load` read from the history (those first): the rest were
         #: heard by this broker.
         self.loaded = 0
@@ -174,12 +174,20 @@ class Events:
                     self.dropped += len(self.waiting)
                     self.waiting.clear()
                     break
-                window = list(itertools.islice(self.waiting, _WINDOW))
-                stored = await asyncio.gather(*(self._store(*w) for w in window))
-                done = {w[2] for w, ok in zip(window, stored, strict=True) if ok}
-                self.waiting = deque(w for w in self.waiting if w[2] not in done)
+                # the window leaves the queue while on the wire (what comes meanwhile goes
+                # behind it); what was not stored goes back in front, in order: O(window),
+                # not a rebuild of everything waiting per window
+                window = [self.waiting.popleft()
+                          for _ in range(min(_WINDOW, len(self.waiting)))]
+                self._on_wire = len(window)
+                try:
+                    stored = await asyncio.gather(*(self._store(*w) for w in window))
+                finally:
+                    self._on_wire = 0
+                again = [w for w, ok in zip(window, stored, strict=True) if not ok]
+                self.waiting.extendleft(reversed(again))
                 self._dropping = self._dropping and len(self.waiting) > WAITING_MAX // 2
-                if len(done) < len(window):
+                if again:
                     await asyncio.sleep(self._retry_s)
 
     async def settle(self, within_s: float) -> None:
@@ -188,7 +196,8 @@ class Events:
         history."""
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(within_s):
-                while self.waiting and self._nc is not None and self._nc.is_connected:
+                while (self.waiting or self._on_wire) and self._nc is not None \
+                        and self._nc.is_connected:
                     self._more.set()
                     await asyncio.sleep(self._retry_s / 4)
 
