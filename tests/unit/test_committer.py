@@ -35,15 +35,20 @@ def _spin(seconds: float) -> None:
         pass
 
 
-async def test_effects_run_in_slices_in_order_after_the_commit(tmp_path: Path) -> None:
+_N = 40
+
+
+async def _forty_effects(tmp_path: Path, slice_s: float | None
+                         ) -> tuple[list[int], list[str | None], list[int], Ledger, Committer]:
+    """One group commit of `_N` submits whose effects each spin a quarter slice (ten
+    slices' worth in all): the order they ran in, the head each saw, and how many had run
+    each time another task got a turn of the loop."""
     ledger = Ledger(tmp_path / "state.git")
-    committer = heard(Committer(ledger, writer="thread"))
+    committer = heard(Committer(ledger, writer="thread", slice_s=slice_s))
     runner = asyncio.create_task(committer.run())
     order: list[int] = []
-    ticks: list[int] = []  # how many callbacks had run each time the other task got a turn
+    ticks: list[int] = []
     heads: list[str | None] = []
-    n = 40
-    per_cb = AFTER_SLICE_S / 4  # the whole batch is 10 slices long
 
     def plan(k: int) -> Item:
         def make(view: View) -> Planned:
@@ -52,68 +57,42 @@ async def test_effects_run_in_slices_in_order_after_the_commit(tmp_path: Path) -
             def after(sha: str) -> None:
                 heads.append(ledger.state().head if sha else None)
                 order.append(k)
-                _spin(per_cb)
+                _spin(AFTER_SLICE_S / 4)
             return Planned(lines=[f"submit i{k}"], effects=[Then(after)])
         return Item(plan=make)
 
     async def other() -> None:
-        while len(order) < n:
+        while len(order) < _N:
             ticks.append(len(order))
             await asyncio.sleep(0)
 
     try:
-        for k in range(n):
+        for k in range(_N):
             committer.submit(plan(k))
         await asyncio.wait_for(other(), 10)
         await asyncio.wait_for(committer.idle.wait(), 10)
     finally:
         runner.cancel()
         committer.close()
-    assert order == list(range(n))  # in submission order
+    return order, heads, ticks, ledger, committer
+
+
+async def test_effects_run_in_slices_in_order_after_the_commit(tmp_path: Path) -> None:
+    order, heads, ticks, ledger, committer = await _forty_effects(tmp_path, AFTER_SLICE_S)
+    assert order == list(range(_N))  # in submission order
     assert committer.commits == 1  # one group commit
-    assert heads == [ledger.state().head] * n  # every callback saw the ref moved
-    during = {t for t in ticks if 0 < t < n}
+    assert heads == [ledger.state().head] * _N  # every callback saw the ref moved
+    during = {t for t in ticks if 0 < t < _N}
     assert len(during) >= 3, f"the loop never ran between effects: {sorted(during)}"
 
 
 async def test_without_slices_a_commits_effects_run_in_one_go_in_order(tmp_path: Path) -> None:
     """`slice_s=None` (the alternative the slices are measured against): every effect of
     the commit runs in order, after the ref moved, with no turn of the loop between them."""
-    ledger = Ledger(tmp_path / "state.git")
-    committer = heard(Committer(ledger, writer="thread", slice_s=None))
-    runner = asyncio.create_task(committer.run())
-    order: list[int] = []
-    heads: list[str | None] = []
-    ticks: list[int] = []
-    n = 40
-
-    def plan(k: int) -> Item:
-        def make(view: View) -> Planned:
-            submit(view, InstanceRecord(instance_id=f"i{k}", spec=SPEC))
-
-            def after(sha: str) -> None:
-                heads.append(ledger.state().head)
-                order.append(k)
-                _spin(AFTER_SLICE_S / 4)  # ten slices' worth in all
-            return Planned(lines=[f"submit i{k}"], effects=[Then(after)])
-        return Item(plan=make)
-
-    async def other() -> None:
-        while len(order) < n:
-            ticks.append(len(order))
-            await asyncio.sleep(0)
-
-    try:
-        for k in range(n):
-            committer.submit(plan(k))
-        await asyncio.wait_for(other(), 10)
-        await asyncio.wait_for(committer.idle.wait(), 10)
-    finally:
-        runner.cancel()
-        committer.close()
-    assert order == list(range(n)) and committer.commits == 1
-    assert heads == [ledger.state().head] * n
-    assert {t for t in ticks if 0 < t < n} == set()  # the loop never ran between them
+    order, heads, ticks, ledger, committer = await _forty_effects(tmp_path, None)
+    assert order == list(range(_N)) and committer.commits == 1
+    assert heads == [ledger.state().head] * _N
+    assert {t for t in ticks if 0 < t < _N} == set()  # the loop never ran between them
 
 
 async def test_the_next_commit_is_written_while_the_last_ones_awards_go_out(
