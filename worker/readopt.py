@@ -18,7 +18,8 @@ import asyncio
 import contextlib
 import logging
 import time
-from typing import Protocol
+from collections.abc import Coroutine
+from typing import Any, Protocol
 
 from gavel.shared.messages import EventType, InstanceState
 from gavel.shared.reasons import Reason
@@ -42,9 +43,7 @@ class Host(LifeHost, Protocol):
 
     def identify(self, held: Held) -> None: ...
 
-    def hold(self, held: Held, begin: Begin) -> None: ...
-
-    def hold_unsure(self, held: Held) -> None: ...
+    def hold(self, held: Held, life: Coroutine[Any, Any, None], what: str) -> None: ...
 
 
 async def readopt(host: Host, held: Held) -> None:
@@ -55,7 +54,7 @@ async def readopt(host: Host, held: Held) -> None:
     except CannotTell as exc:
         log.warning("cannot tell whether instance %s still runs (%s): held, asked again",
                     held.id, exc)
-        host.hold_unsure(held)
+        host.hold(held, adopt_later(host, held), "adopt")
         return
     await _adopted(host, held, run)
 
@@ -102,7 +101,7 @@ async def _adopted(host: Host, held: Held, run: Run | None) -> None:
                            "the worker restarted before the process started")
             return
     log.info("re-adopted instance %s (%s, pid %d)", held.id, begin.value, local.pid)
-    host.hold(held, begin)
+    host.hold(held, Life(host, held).run(begin), "life")
 
 
 async def _ran(host: Host, held: Held, run: Run) -> None:

@@ -37,8 +37,9 @@ import os
 import re
 import signal
 import time
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Coroutine, Mapping
 from pathlib import Path
+from typing import Any
 
 from gavel.shared.execstream import Ended
 from gavel.shared.messages import (
@@ -61,7 +62,7 @@ from gavel.worker.instance import Begin, Held, Life, Report, Secrets
 from gavel.worker.isolation import Identity, Isolation, off, processes, zombie
 from gavel.worker.localstate import FINISHED_KEPT, AgentFile, LocalInstance, load, save
 from gavel.worker.ports import assign
-from gavel.worker.readopt import adopt_later, readopt
+from gavel.worker.readopt import readopt
 from gavel.worker.usage import Meter
 
 __all__ = ["OLDER_ANSWER", "OLDER_AWARD", "OLDER_CANCEL", "OLDER_NODE", "Report",
@@ -219,16 +220,11 @@ class Supervisor:
         self.persist()
         self._on_change()
 
-    def hold(self, held: Held, begin: Begin) -> None:
-        """Hold `held` with its life beginning at `begin` (`worker.readopt`)."""
+    def hold(self, held: Held, life: Coroutine[Any, Any, None], what: str) -> None:
+        """Hold `held` again, `life` its task (`worker.readopt`: its life, or asking its
+        driver again), its timeout armed."""
         self._held[held.id] = held
-        held.task = self._lives.spawn(Life(self, held).run(begin), name=f"life {held.id}")
-        self.arm_timeout(held)
-
-    def hold_unsure(self, held: Held) -> None:
-        """Hold `held` while its driver cannot tell whether it runs (`worker.readopt`)."""
-        self._held[held.id] = held
-        held.task = self._lives.spawn(adopt_later(self, held), name=f"adopt {held.id}")
+        held.task = self._lives.spawn(life, name=f"{what} {held.id}")
         self.arm_timeout(held)
 
     def identify(self, held: Held) -> None:
