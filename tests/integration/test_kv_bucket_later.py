@@ -27,7 +27,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 async def test_a_broker_started_before_jetstream_answers_mirrors_once_it_does(
         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     nats_cluster = NatsCluster(tmp_path / "nats", 3)
-    nats_cluster.servers[0].start()
+    nats_cluster.start_one(0)
     cluster = Cluster(nats_cluster.servers[0].url, tmp_path)
     witness: Any = None
     try:
@@ -41,8 +41,8 @@ async def test_a_broker_started_before_jetstream_answers_mirrors_once_it_does(
         iid = await cluster.submit(Spec(name="s", command=["sleep", "600"], cpu=0.1,
                                         memory_mb=8))
         await wait_for(lambda: cluster.holders(iid) == ["node-a"], 60, what="the placement")
-        for server in nats_cluster.servers[1:]:
-            server.start()
+        for i in range(1, len(nats_cluster.servers)):
+            nats_cluster.start_one(i)
         witness = await nats.connect(nats_cluster.urls, max_reconnect_attempts=-1,
                                      reconnect_time_wait=0.2)
         js = witness.jetstream(timeout=5)

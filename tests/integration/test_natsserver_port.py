@@ -5,11 +5,13 @@ never is."""
 
 from __future__ import annotations
 
+import asyncio
 import socket
 from pathlib import Path
 
 import pytest
 
+from gavel.transport.natscluster import NatsCluster
 from gavel.transport.natsserver import NatsServer, NatsServerError
 
 pytestmark = pytest.mark.integration
@@ -46,3 +48,18 @@ def test_a_given_port_or_one_listened_on_is_never_changed(tmp_path: Path) -> Non
     told = NatsServer(port=port, store_dir=tmp_path / "js2", log=tmp_path / "n2.log")
     with _taken(port), pytest.raises(NatsServerError, match="address already in use"):
         told.start()
+
+
+def test_a_cluster_port_taken_before_a_later_server_starts_is_chosen_again(
+        tmp_path: Path) -> None:
+    cluster = NatsCluster(tmp_path / "nats", 3)
+    try:
+        cluster.start_one(0)
+        taken = cluster.cluster_ports[1]
+        with _taken(taken):
+            cluster.start_one(1)
+            cluster.start_one(2)
+        assert cluster.cluster_ports[1] != taken
+        asyncio.run(cluster.wait_jetstream())  # the three formed one cluster
+    finally:
+        cluster.stop()

@@ -35,7 +35,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 async def without_quorum(tmp_path: Path) -> AsyncIterator[tuple[NatsCluster, Cluster]]:
     """One server of three up, and a cluster of gavel's parts on it."""
     nats_cluster = NatsCluster(tmp_path / "nats", 3)
-    nats_cluster.servers[0].start()
+    nats_cluster.start_one(0)
     cluster = Cluster(nats_cluster.servers[0].url, tmp_path)
     try:
         yield nats_cluster, cluster
@@ -62,8 +62,8 @@ async def _works(cluster: Cluster) -> None:
 
 async def _healed(nats_cluster: NatsCluster) -> Any:
     """The other two servers up, and a connection to the three."""
-    for server in nats_cluster.servers[1:]:
-        server.start()
+    for i in range(1, len(nats_cluster.servers)):
+        nats_cluster.start_one(i)
     return await nats.connect(nats_cluster.urls, max_reconnect_attempts=-1,
                               reconnect_time_wait=0.2)
 
