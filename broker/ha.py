@@ -12,8 +12,8 @@ Rules:
    branch becomes ours and our epoch commit lands on it. Only then does the leadership
    start, with a connection of its own, deriving everything from that branch. What can be
    readied before is readied while standing by: the next leadership's parts and its writer
-   process, and a copy of the remote fetched every `renew_s` (at least a second), so the
-   takeover fetches only the last moments.
+   process, and a copy of the remote fetched every `renew_s` (`Timing.fetch_least_s` at
+   least), so the takeover fetches only the last moments.
 3. A leadership ends when the lease is lost, when its pusher is fenced (the remote's branch
    names another epoch), or when it stopped on its own (a damaged repository): it is
    aborted (`Broker.abort`: nothing more is sent) and the broker stands by again; a damaged
@@ -202,7 +202,7 @@ class HaBroker:
                     log.warning("standby %s cannot fetch %s: %s", self.broker_id,
                                 pusher.url, exc)
                     said = True
-            await asyncio.sleep(max(1.0, self.settings.renew_s))
+            await asyncio.sleep(max(self.config.timing.fetch_least_s, self.settings.renew_s))
 
     async def _say_who_leads(self) -> None:
         """One log line each time the leader a standby sees changes."""
@@ -213,7 +213,7 @@ class HaBroker:
             if said != self._said:
                 self._said = said
                 log.info("standing by: %s leads", said)
-            await asyncio.sleep(max(0.5, self.settings.renew_s))
+            await asyncio.sleep(max(self.config.timing.watch_s, self.settings.renew_s))
 
     async def _lead(self, lease: Lease, revision: int, broker: Broker, pusher: Pusher,
                     leader: Leadership) -> None:

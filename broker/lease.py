@@ -67,6 +67,9 @@ log = logging.getLogger("gavel.broker.lease")
 #: The share of the TTL a leader gives up early (rule 3): room for the two clocks' rates
 #: and for the moment between the server's write and our reading of its answer.
 DRIFT = 0.05
+#: How many TTLs the server keeps a watch's consumer that nobody listens to, at least
+#: (`Timing.idle_watch_s` if longer): a standby's watch outlives a reconnect.
+IDLE_TTLS = 10
 #: JetStream's "wrong last sequence" error codes: the expectation of rule 1 or 2 failed.
 _WRONG_LAST = (10071, 10164)
 _EXPECTED = "Nats-Expected-Last-Subject-Sequence"
@@ -114,6 +117,8 @@ class Lease:
         self.retry_s = timing.retry_s
         #: How long after a holder's lease should have lapsed a standby keeps trying closely.
         self.lapse_s = timing.lapse_s
+        #: The floors and caps of the waits `renew_s` and `ttl_s` pace (`Timing`).
+        self.timing = timing
         self.broker_id = broker_id
         self.ttl_s = ttl_s
         self.renew_s = renew_s
@@ -165,7 +170,7 @@ class Lease:
                 if not said:
                     log.warning("cannot make the lease bucket yet (%s); retrying", text)
                     said = True
-                await asyncio.sleep(min(1.0, self.renew_s))
+                await asyncio.sleep(min(self.timing.rewatch_s, self.renew_s))
         self._tasks.spawn(self._watch(), name="lease-watch")
 
     async def close(self) -> None:
@@ -200,12 +205,13 @@ class Lease:
                     name=name, deliver_subject=inbox, filter_subject=subjects.LEADER_KEY,
                     deliver_policy=api.DeliverPolicy.LAST_PER_SUBJECT,
                     ack_policy=api.AckPolicy.NONE, max_deliver=1,
-                    idle_heartbeat=self.renew_s, inactive_threshold=max(60.0, 10 * self.ttl_s),
+                    idle_heartbeat=self.renew_s,
+                    inactive_threshold=max(self.timing.idle_watch_s, IDLE_TTLS * self.ttl_s),
                     mem_storage=True, num_replicas=1)
                 request = json.dumps({"stream_name": subjects.LEADER_STREAM,
                                       "config": config.as_dict()}).encode()
                 msg = await self.nc.request(subjects.LEADER_WATCH.format(name=name), request,
-                                            timeout=max(1.0, self.renew_s))
+                                            timeout=self.timing.answer_within(self.renew_s))
                 answer = js_answer(msg.data)
                 if isinstance(answer, Malformed) or answer.get("error"):
                     raise LeaseError(answer.why if isinstance(answer, Malformed)
@@ -216,7 +222,7 @@ class Lease:
                 raise
             except Exception as exc:
                 log.debug("lease watch: %s; made anew", exc)
-                await asyncio.sleep(min(1.0, self.renew_s))
+                await asyncio.sleep(min(self.timing.rewatch_s, self.renew_s))
             finally:
                 if sub is not None:
                     with contextlib.suppress(Exception):
@@ -288,7 +294,7 @@ class Lease:
         """Rule 4: when to try to take the lease next."""
         tried = self._tried_at
         if self.deleted:
-            return tried + 0.1
+            return tried + self.timing.retake_s
         if self.holder is None:
             return tried + self.renew_s  # nothing seen: absent, or the watch is not up yet
         lapses = self.seen_at + self.ttl_s
@@ -296,7 +302,7 @@ class Lease:
         if now < lapses:
             return lapses
         if now < lapses + self.lapse_s:  # the server expires the key a moment after our guess
-            return tried + 0.1
+            return tried + self.timing.retake_s
         return tried + self.renew_s  # an old value: the watch is down, or the key lapsed
 
     def _hold(self, holder: Holder, revision: int, sent: float) -> None:
@@ -351,7 +357,8 @@ class Lease:
         while self.valid():
             sent = self.clock()
             got = await self._put(_enc.encode(held), self.revision, msg_id,
-                                  timeout=max(0.1, min(self.renew_s, self.deadline - first)))
+                                  timeout=max(self.timing.put_least_s,
+                                              min(self.renew_s, self.deadline - first)))
             if got.revision:
                 self.renewals["landed"] += 1
                 self.revision = got.revision
@@ -411,7 +418,8 @@ class Lease:
         refusal was of its retry); None if it is another's; unanswered if unknown."""
         try:
             msg = await self.nc.request(subjects.LEADER_GET, _enc.encode(
-                {"last_by_subj": subjects.LEADER_KEY}), timeout=max(0.5, self.renew_s))
+                {"last_by_subj": subjects.LEADER_KEY}),
+                timeout=max(self.timing.landed_least_s, self.renew_s))
             answer = js_answer(msg.data)
             if isinstance(answer, Malformed):
                 return _Answer(unanswered=f"a refused put not yet checked ({answer.why})")

@@ -137,7 +137,7 @@ class Watches:
         await self._call(subjects.NODE_WATCH_DELETE.format(name=name), b"")
 
     async def _call(self, subject: str, payload: bytes) -> dict[str, Any] | None:
-        bound = max(1.0, self.ctx.timing.heartbeat_s)
+        bound = self.ctx.timing.heartbeat_answer_s
         try:
             async with asyncio.timeout(bound):
                 msg = await self.ctx.outbox.nc.request(subject, payload, timeout=bound)

@@ -48,10 +48,12 @@ __all__ = ["BACKOFF_MAX", "GAP", "LOG_EVERY", "Complaint", "Keeper", "backoff"]
 log = logging.getLogger("gavel.gateway")
 
 #: Back-off cap and logging interval, in ticks (rule 5); the least time between two steps
-#: an event asks for, in ticks (rule 3).
+#: an event asks for, in ticks (rule 3); how long a step waits for the broker's endpoints,
+#: in ticks (`Timing.endpoints_least_s` at least).
 BACKOFF_MAX = 5.0
 LOG_EVERY = 60.0
 GAP = 0.25
+ASK_TICKS = 5.0
 
 
 def backoff(delay: float, ok: bool, tick: float) -> float:
@@ -103,6 +105,7 @@ class Keeper:
         self.nc = nc
         self.admin = admin
         self.tick = timing.tick_s
+        self.endpoints_least_s = timing.endpoints_least_s
         self.server = server
         self.listen = tuple(listen)
         self.static_roots = tuple(posixpath.normpath(r) for r in static_roots)
@@ -188,7 +191,7 @@ class Keeper:
     async def _derive(self) -> bool:
         try:
             reply = await call(self.nc, "endpoints", EndpointsRequest(), EndpointsReply,
-                               timeout=max(2.0, 5 * self.tick))
+                               timeout=max(self.endpoints_least_s, ASK_TICKS * self.tick))
         except ClientError as exc:
             self.broker_errors += 1
             self._broker.failed(f"the broker did not give the endpoints: {exc}")

@@ -40,7 +40,10 @@ MACHINE = frozenset({"call_s", "ack_s", "push_s", "close_s", "flush_s", "answer_
                      "follow_s", "goodbye_s", "wait_s", "failover_s", "watch_s", "glance_s",
                      "ask_pause_s", "up_s", "respawn_s", "stop_grace_s", "refresh_s",
                      "settle_s", "head_s", "keepalive_s", "caddy_s", "caddy_ask_s",
-                     "caddy_start_s", "reconnect_s", "demo_s", "demo_pause_s"})
+                     "caddy_start_s", "reconnect_s", "demo_s", "demo_pause_s",
+                     "answer_least_s", "landed_least_s", "put_least_s", "retake_s",
+                     "fetch_least_s", "logs_look_s", "exec_look_s", "loops_close_s",
+                     "endpoints_least_s"})
 
 
 class Timing(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -66,6 +69,12 @@ class Timing(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tr
     #: The longest pause of a retry that backs off from `retry_s`, doubling: a push to the
     #: state remote that keeps failing.
     retry_max_s: Seconds = 60.0
+    #: The longest pause before a lease's bucket or watch that could not be made is tried
+    #: again (`renew_s` if shorter).
+    rewatch_s: Seconds = 1.0
+    #: How long the nats-server keeps a lease watch's consumer that nobody listens to (its
+    #: broker gone, or reconnecting) before it deletes it (ten lease TTLs if longer).
+    idle_watch_s: Seconds = 60.0
     # -- the machine's waits (rule 3) ---------------------------------------------------
     #: A JetStream API call (make a stream or a consumer, a pull) or the subscription
     #: barrier unanswered this long has failed.
@@ -134,6 +143,32 @@ class Timing(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tr
     #: the event history for the next stored event, a wait for an instance's start for its
     #: status.
     follow_s: Seconds = 1.0
+    #: The least a question to another process waits for its answer where a protocol clock
+    #: bounds it (`answer_within`: a heartbeat, a lease's renewal): a fast clock does not
+    #: make a loaded machine answer sooner.
+    answer_least_s: Seconds = 1.0
+    #: The least a leader waits for the lease's last message when it checks whether a put of
+    #: its own that was refused had landed (`renew_s` if longer).
+    landed_least_s: Seconds = 0.5
+    #: The least a lease renewal sent just before the lease runs out by the leader's clock
+    #: waits for its answer: it may still land.
+    put_least_s: Seconds = 0.1
+    #: How often a standby tries to take the lease while it should just have lapsed or was
+    #: just let go (`lapse_s`): the server refuses each try until the key is gone.
+    retake_s: Seconds = 0.1
+    #: The least pause between a standby's fetches of the state remote (`renew_s` if
+    #: longer): each is a git process.
+    fetch_least_s: Seconds = 1.0
+    #: How often a follow of an instance's logs looks at its files again (a tick if
+    #: shorter), and how often an exec session looks at its command and its limits.
+    logs_look_s: Seconds = 0.25
+    exec_look_s: Seconds = 0.2
+    #: How long a worker's loops get to end once told to stop (a tick if longer); a loop
+    #: stuck past it is logged, not waited for.
+    loops_close_s: Seconds = 5.0
+    #: The least the gateway waits for the broker's endpoints each step (its `ASK_TICKS`
+    #: ticks if longer).
+    endpoints_least_s: Seconds = 2.0
     #: How long an operator's command that is told to stop (Ctrl-C) may take to tell its
     #: peer before it goes anyway: an exec session's hangup.
     goodbye_s: Seconds = 1.0
@@ -200,6 +235,23 @@ class Timing(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tr
                     "unreachable, and unreachable before offline), got "
                     f"{self.heartbeat_s}, {self.unreachable_s}, {self.offline_s}.")
         return None
+
+    def answer_within(self, pace_s: float) -> float:
+        """How long a question to another process paced by the clock `pace_s` waits for its
+        answer: that clock, or `answer_least_s` if longer (rule 3)."""
+        return max(self.answer_least_s, pace_s)
+
+    @property
+    def heartbeat_answer_s(self) -> float:
+        """How long a question a heartbeat paces (a watch of a node's key, an assignment, the
+        subscription barrier) waits for its answer: `answer_within` a heartbeat."""
+        return self.answer_within(self.heartbeat_s)
+
+    @property
+    def link_s(self) -> float:
+        """How long a worker's look at its link to NATS (a flush, every half heartbeat) waits
+        for the server's answer: the half heartbeat and `answer_least_s` beside it."""
+        return self.heartbeat_s / 2 + self.answer_least_s
 
     def scaled(self, factor: float) -> Timing:
         """Every clock of the protocol divided by `factor`; the machine's waits kept."""

@@ -176,11 +176,13 @@ class Agent:
                                held=lambda: [r.instance_id for r in self.instances()])
         self.logserver = LogServer(node_id=node_id, outputs=self.outputs,
                                    holds=self._supervisor.holds, sink=self._refused,
-                                   nc=lambda: self._nc, poll_s=min(0.25, timing.tick_s),
+                                   nc=lambda: self._nc,
+                                   poll_s=min(timing.logs_look_s, timing.tick_s),
                                    window_s=logs_window_s, close_s=timing.close_s)
         self.execs = ExecServer(node_id=node_id, target=self._supervisor.exec_target,
                                 report=self._report, sink=self._refused, nc=lambda: self._nc,
-                                poll_s=min(0.2, timing.tick_s), close_s=timing.close_s)
+                                poll_s=min(timing.exec_look_s, timing.tick_s),
+                                close_s=timing.close_s)
 
     @property
     def engine(self) -> Engine | None:
@@ -341,7 +343,7 @@ class Agent:
         ):
             self._subs.append(await self._nc.subscribe(subject, cb=cb))
         try:  # no RFB or award sent after the first heartbeat can pass this node by
-            await wire.subscribed(self._nc, timeout=max(1.0, self.timing.heartbeat_s))
+            await wire.subscribed(self._nc, timeout=self.timing.heartbeat_answer_s)
         except nats.errors.Error as exc:
             log.warning("nats did not confirm the subscriptions (%s); carrying on", exc)
 
@@ -355,7 +357,7 @@ class Agent:
         await self.execs.close()
         await self.converger.close()
         # bounded: a stuck loop is logged, never a worker that cannot stop
-        await self._loops.aclose(max(5.0, self.timing.tick_s))
+        await self._loops.aclose(max(self.timing.loops_close_s, self.timing.tick_s))
         await self._supervisor.shutdown(kill=self._kill_children)
         if self.enforcement.hierarchy is not None:
             self.enforcement.hierarchy.close()

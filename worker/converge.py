@@ -59,6 +59,7 @@ import asyncio
 import collections
 import contextlib
 import logging
+import math
 import time
 from collections.abc import Callable, Coroutine
 from typing import Any
@@ -179,7 +180,9 @@ class Converger:
     async def _watch(self) -> None:
         assert self._nc is not None
         self.watch = NodeWatch(self._nc, self.node_id, self._observe,
-                               heartbeat_s=self.timing.heartbeat_s, sink=self._sink)
+                               heartbeat_s=self.timing.heartbeat_s,
+                               answer_s=self.timing.heartbeat_answer_s,
+                               sink=self._sink)
         await self.watch.run()
 
     def _observe(self, entry: Entry) -> None:
@@ -253,7 +256,7 @@ class Converger:
         request = _enc.encode(AssignmentRequest(instance_id=iid, node_id=self.node_id))
         try:
             msg = await self._nc.request(self._assign_subject, request,
-                                         timeout=max(1.0, self.timing.heartbeat_s))
+                                         timeout=self.timing.heartbeat_answer_s)
         except (nats.errors.Error, TimeoutError) as exc:
             log.info("no answer about %s from the broker (%s)", iid, exc)
             return None
@@ -329,13 +332,13 @@ class Converger:
     # -- self-fencing ---------------------------------------------------------------------
 
     async def _link(self, nc: Callable[[], NATS | None]) -> None:
-        interval = self.timing.heartbeat_s / 2
+        interval, bound = self.timing.heartbeat_s / 2, self.timing.link_s
         while True:
             conn = nc()
             if conn is not None and conn.is_connected:
                 try:
-                    async with asyncio.timeout(interval + 1):
-                        await conn.flush(timeout=max(1, int(interval) + 1))
+                    async with asyncio.timeout(bound):
+                        await conn.flush(timeout=math.ceil(bound))  # whole seconds: its type
                     self.contact()
                 except (nats.errors.Error, TimeoutError):
                     pass

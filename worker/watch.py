@@ -76,7 +76,7 @@ class NodeWatch:
     cancelled."""
 
     def __init__(self, nc: Any, node: str, observe: Callable[[Entry], None], *,
-                 heartbeat_s: float, sink: Sink,
+                 heartbeat_s: float, answer_s: float, sink: Sink,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.nc = nc
         self.sink = sink
@@ -84,6 +84,8 @@ class NodeWatch:
         self.key = subjects.NODE_KEY.format(node=node)
         self._observe = observe
         self.heartbeat_s = heartbeat_s
+        #: How long the broker's answer to a watch request may take (rule 5).
+        self.answer_s = answer_s
         self._clock = clock
         self._sub: Any = None
         #: The current consumer, the last delivery it made, and when it was last heard.
@@ -125,7 +127,7 @@ class NodeWatch:
         self._sub = await self.nc.subscribe(inbox, cb=self._on_msg)
         request = _encode(WatchRequest(node_id=self.node, deliver=inbox, consumer=name))
         self._heard = self._clock()
-        bound = max(1.0, self.heartbeat_s)
+        bound = self.answer_s
         async with asyncio.timeout(bound):  # rule 5, whatever the client's own timeout does
             msg = await self.nc.request(subjects.WATCH.format(node=self.node), request,
                                         timeout=bound)

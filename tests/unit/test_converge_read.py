@@ -47,7 +47,8 @@ class Counted:
 
 async def test_a_lost_create_reply_is_given_up_and_asked_again() -> None:
     nc = LostReply()
-    watch = NodeWatch(nc, "n", lambda _entry: None, heartbeat_s=0.1, sink=Counted())
+    watch = NodeWatch(nc, "n", lambda _entry: None, heartbeat_s=0.1, answer_s=1.0,
+                      sink=Counted())
     task = asyncio.create_task(watch.run())
     try:
         deadline = asyncio.get_running_loop().time() + 10

@@ -29,6 +29,22 @@ def test_fast_timers_shrink_every_clock_tenfold(flag: str) -> None:
         assert getattr(fast, name) == pytest.approx(getattr(base, name) / shrunk), name
 
 
+def test_the_floors_and_caps_around_other_clocks() -> None:
+    """A question a protocol clock paces waits that clock, or the machine's least if longer;
+    the floors and caps keep their defaults, and fast timers leave the machine's floor."""
+    t = Timing()
+    assert (t.answer_least_s, t.landed_least_s, t.put_least_s, t.retake_s, t.fetch_least_s,
+            t.logs_look_s, t.exec_look_s, t.loops_close_s, t.endpoints_least_s, t.rewatch_s,
+            t.idle_watch_s) == (1.0, 0.5, 0.1, 0.1, 1.0, 0.25, 0.2, 5.0, 2.0, 1.0, 60.0)
+    assert (t.heartbeat_answer_s, t.answer_within(0.3), t.answer_within(2.0)) == (10.0, 1.0, 2.0)
+    assert t.link_s == 6.0
+    fast = t.scaled(FAST_FACTOR)
+    assert (fast.heartbeat_answer_s, fast.link_s) == (1.0, 1.5)
+    assert fast.answer_within(0.05) == 1.0
+    slow = Timing(heartbeat_s=20.0, unreachable_s=40.0, answer_least_s=3.0)
+    assert (slow.heartbeat_answer_s, slow.answer_within(2.0), slow.link_s) == (20.0, 3.0, 13.0)
+
+
 def test_the_machine_waits_are_the_answers_pushes_shutdowns_starts_and_polls() -> None:
     """Rule 3: only waits on another process, a shutdown or a child's start, and the pace of
     looking again at another process, are kept from fast timers; every
@@ -41,11 +57,13 @@ def test_the_machine_waits_are_the_answers_pushes_shutdowns_starts_and_polls() -
                       "watch_s", "glance_s", "ask_pause_s", "up_s", "respawn_s",
                       "stop_grace_s", "refresh_s", "settle_s", "head_s", "keepalive_s",
                       "caddy_s", "caddy_ask_s", "caddy_start_s", "reconnect_s", "demo_s",
-                      "demo_pause_s"}) == MACHINE
+                      "demo_pause_s", "answer_least_s", "landed_least_s", "put_least_s",
+                      "retake_s", "fetch_least_s", "logs_look_s", "exec_look_s",
+                      "loops_close_s", "endpoints_least_s"}) == MACHINE
     assert set(Timing.__struct_fields__) >= MACHINE
     protocol = {"heartbeat_s", "unreachable_s", "offline_s", "provisioning_s", "bid_deadline_s",
                 "lease_grace_s", "cancel_grace_s", "kill_grace_s", "tick_s", "mirror_s",
-                "retention_s", "retry_s", "retry_max_s"}
+                "retention_s", "retry_s", "retry_max_s", "rewatch_s", "idle_watch_s"}
     assert protocol | MACHINE == set(Timing.__struct_fields__)
     assert not protocol & MACHINE
 

@@ -57,16 +57,30 @@ ALLOWED = {
         "the resolution of the dashboard's usage history (a point per window), not a wait",
     "cli/ui/feed.py::<module>::CLOSE_RETRY_S=0.1":
         "the pace a cancel is repeated at (the NATS client swallows one on 3.11), not a bound",
+    # Floors that keep a wait above zero once its own clock ran out, not clocks.
+    "transport/client.py::_answer::max(0.001, clock)":
+        "the last try of a request whose timeout ran out: nats-py refuses a timeout of 0",
+    "cli/supervise.py::_stop_all::max(0.1, clock)":
+        "a child left once the shared grace ran out is looked at once more before its kill",
     # A measurement, not the system: the harness's own bound, as bench/'s (not scanned).
     "cli/api/hop.py::measure::wait_for(60)":
         "the HTTP hop's measurement (docs/performance.md): how long it waits for an event it times",
 }
 
 _PACED = {"wait_for": slice(1, None), "timeout": slice(0, None), "sleep": slice(0, None)}
+#: Names that hold a clock besides those `_seconds` knows by their ending.
+_CLOCKS = {"tick", "deadline", "interval", "left", "timing"}
 
 
 def _seconds(name: str) -> bool:
     return name == "timeout" or name.endswith(("_s", "_S", "timeout"))
+
+
+def _clock(node: ast.AST) -> bool:
+    """Whether the expression at `node` reads a clock: a name (or attribute) of seconds."""
+    names = [n.id if isinstance(n, ast.Name) else n.attr for n in ast.walk(node)
+             if isinstance(n, ast.Name | ast.Attribute)]
+    return any(_seconds(name) or name in _CLOCKS for name in names)
 
 
 def _literal(node: ast.AST | None) -> object:
@@ -128,6 +142,11 @@ class _Scan(ast.NodeVisitor):
         for arg in node.args[_PACED[name]] if name in _PACED else []:
             if value := _literal(arg):
                 self._note(f"{name}({value})")
+        if name in ("max", "min") and any(_clock(a) for a in node.args):
+            # a floor or cap written around a clock: a timeout fast timers cannot shrink
+            for arg in node.args:
+                if value := _literal(arg):
+                    self._note(f"{name}({value}, clock)")
         for kw in node.keywords:
             if kw.arg and _seconds(kw.arg) and (value := _literal(kw.value)):
                 self._note(f"{name}({kw.arg}={value})")
@@ -151,6 +170,25 @@ def test_no_module_sets_its_own_clock() -> None:
                        f"(or name it in ALLOWED with the reason it is none): {own}")
 
 
+def test_a_floor_or_cap_written_around_a_clock_is_found() -> None:
+    """`max(1.0, renew_s)` hides a timeout as surely as `sleep(1.0)`: the lease's watch, as
+    it was, is caught; its clocks as `Timing` fields and methods are not."""
+    before = """
+async def _watch(self):
+    msg = await self.nc.request(subject, request, timeout=max(1.0, self.renew_s))
+    await asyncio.sleep(min(1.0, self.renew_s))
+"""
+    after = """
+async def _watch(self):
+    msg = await self.nc.request(subject, request,
+                                timeout=self.timing.answer_within(self.renew_s))
+    await asyncio.sleep(min(self.timing.rewatch_s, self.renew_s))
+"""
+    assert scan(before, "broker/lease.py") == ["broker/lease.py::_watch::max(1.0, clock)",
+                                               "broker/lease.py::_watch::min(1.0, clock)"]
+    assert scan(after, "broker/lease.py") == []
+
+
 def test_every_allowed_clock_is_still_there() -> None:
     assert sorted(set(ALLOWED) - set(_house())) == []
 
@@ -167,9 +205,16 @@ class A:
             await asyncio.sleep(0.25)
         await asyncio.sleep(0)
         nc.request(b"", timeout=self.t, retry_s=7)
+        await asyncio.sleep(max(1.0, self.settings.renew_s))
+        poll = min(0.25, timing.tick_s)
+        put(timeout=max(0.1, min(self.renew_s, self.deadline - first)))
+        await asyncio.sleep(max(0.0, self.deadline - self.clock()))
+        keep = max(0, len(old) - n) + min(1.0, memory.percent / 100)
+        bound = max(self.timing.answer_least_s, self.renew_s)
 '''
     assert scan(code, "m.py") == [
         "m.py::<module>::WAIT_S=5.0", "m.py::A::field grace_s=3.0",
         "m.py::A.f::param timeout=2.0", "m.py::A.f::param pause_s=0.5",
         "m.py::A.f::wait_for(4)", "m.py::A.f::timeout(1.5)", "m.py::A.f::sleep(0.25)",
-        "m.py::A.f::request(retry_s=7)"]
+        "m.py::A.f::request(retry_s=7)", "m.py::A.f::max(1.0, clock)",
+        "m.py::A.f::min(0.25, clock)", "m.py::A.f::max(0.1, clock)"]
