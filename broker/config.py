@@ -15,16 +15,13 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from gavel.shared.admission import DEFAULT_CAPS, Caps
 from gavel.shared.reauction import Settings
 from gavel.shared.timing import Timing
 
 __all__ = ["Config"]
-
-#: Rule 1 of `shared.timing`: a machine wait, the same under fast timers.
-_TIMING = Timing()
 
 
 def _utc_now() -> datetime:
@@ -64,11 +61,17 @@ class Config:
     ended_max: int = 100_000
     caps: Caps = DEFAULT_CAPS
     #: NATS: extra options of both connections, and how long the first connect keeps trying
-    #: (`Timing.connect_s`; None: for ever, as the daemon does).
+    #: ("timing": this config's `timing.connect_s`; None: for ever, as the daemon does;
+    #: `first_connect_s` says which).
     nats_options: Mapping[str, Any] = field(default_factory=dict)
-    connect_wait_s: float | None = _TIMING.connect_s
+    connect_wait_s: float | Literal["timing"] | None = "timing"
     #: Who this broker is, and the replicas of the JetStream buckets it creates.
     broker_id: str = "broker"
     kv_replicas: int = 1
     #: Re-auction of running replicas (`broker.reauction`); None: off.
     rebalance: Settings | None = None
+
+    @property
+    def first_connect_s(self) -> float | None:
+        """How long the first connect to NATS keeps trying (None: for ever)."""
+        return self.timing.connect_s if self.connect_wait_s == "timing" else self.connect_wait_s

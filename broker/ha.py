@@ -74,7 +74,7 @@ class HaBroker:
     """Rule 1's broker: ``await run()`` until `stop`."""
 
     def __init__(self, config: Config, *, settings: HaSettings) -> None:
-        #: What every leadership is started with; `config.connect_wait_s` bounds this
+        #: What every leadership is started with; `config.first_connect_s` bounds this
         #: broker's own first connect, a leadership's is the lease's TTL.
         self.config = config
         self.nats_url = config.nats_url
@@ -83,7 +83,7 @@ class HaBroker:
         self.settings = settings
         self.ref = config.ref
         self.nats_options = dict(config.nats_options)
-        self.connect_wait_s = config.connect_wait_s
+        self.connect_wait_s = config.first_connect_s
         self.wall = config.wall
         self.metrics = Metrics()
         self.metrics.leadership(self._view, self._extra)
@@ -115,7 +115,8 @@ class HaBroker:
     async def start(self) -> None:
         """Connect (the lease's own connection) and open the lease bucket and its watch."""
         # Rule 5.
-        await asyncio.to_thread(Ledger(self.state_dir / "state.git", self.ref).clear_stale_lock)
+        await asyncio.to_thread(Ledger(self.state_dir / "state.git", self.ref).clear_stale_lock,
+                                self.config.timing.stale_lock_s)
         self.nc = await self._connect()
         self.lease = Lease(self.nc, broker_id=self.broker_id, ttl_s=self.settings.ttl_s,
                            renew_s=self.settings.renew_s, replicas=self.settings.replicas,

@@ -224,13 +224,14 @@ class Broker:
         heard: list[Callable[[Change, str], None]] = [] if self.ha else [mirror]
         if pusher is not None:
             heard.append(lambda change, sha: pusher.notify())
-        return Committer(self.ledger, retry_s=self.timing.tick_s,
+        return Committer(self.ledger, retry_s=self.timing.tick_s, orphan_s=self.timing.orphan_s,
                          on_commit=functools.partial(_tell, heard) if heard else None,
                          writer=self.config.writer, wall=self.config.wall,
                          gap_s=self.config.commit_gap_s or 0.0, metrics=self.metrics,
                          on_damaged=self._damaged, durable=pusher if self.ha else None,
                          on_durable=mirror if self.ha else None,
-                         slice_s=AFTER_SLICE_S if self.config.after_slices else None)
+                         slice_s=AFTER_SLICE_S if self.config.after_slices else None,
+                         stale_lock_s=self.timing.stale_lock_s)
 
     def _show_metrics(self) -> None:
         """The scrape-time view of this broker's parts (with HA, of the leadership now)."""
@@ -247,7 +248,7 @@ class Broker:
             self._show_metrics()
         nc = api_nc = None
         try:
-            await asyncio.to_thread(self.ledger.clear_stale_lock)  # (ledger rule 8)
+            await asyncio.to_thread(self.ledger.clear_stale_lock, self.timing.stale_lock_s)
             self.ledger.state()  # a damaged repository stops the broker before it connects
             nc = await self._connect("gavel-broker", "nodes")
             api_nc = await self._connect("gavel-broker-api", "api")
@@ -356,7 +357,7 @@ class Broker:
             "disconnected_cb": disconnected, "reconnected_cb": reconnected,
             **self.config.nats_options, "allow_reconnect": False}
         nc = await connect_within(wire.Client, self.config.nats_url, options,
-                                  self.config.connect_wait_s, self.timing.retry_s)
+                                  self.config.first_connect_s, self.timing.retry_s)
         nc.options["max_reconnect_attempts"] = -1
         return nc
 

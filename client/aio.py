@@ -138,16 +138,21 @@ class Client:
     """A cluster's API over `nc` (a nats-py connection). `Client.connect` makes one that
     owns its connection and closes it with `close` (or ``async with``)."""
 
-    def __init__(self, nc: Any, *, timeout: float = _TIMING.answer_s, owned: bool = False) -> None:
+    def __init__(self, nc: Any, *, timeout: float = _TIMING.answer_s, owned: bool = False,
+                 timing: Timing = _TIMING) -> None:
         self.nc = nc
         self.timeout = timeout
         self._owned = owned
+        #: The clocks of its waits and follows (`follow_s`): the program's `Timing`.
+        self.timing = timing
 
     @classmethod
     async def connect(cls, url: str = "nats://127.0.0.1:4222", creds: str | None = None,
-                      *, timeout: float = _TIMING.answer_s, **options: Any) -> Client:
+                      *, timeout: float = _TIMING.answer_s, timing: Timing = _TIMING,
+                      **options: Any) -> Client:
         """A client on a connection of its own (`creds`: an nkey seed or .creds file)."""
-        return cls(await connect(url, creds, **options), timeout=timeout, owned=True)
+        return cls(await connect(url, creds, **options), timeout=timeout, owned=True,
+                   timing=timing)
 
     async def close(self) -> None:
         if self._owned:
@@ -223,7 +228,7 @@ class Client:
         ends otherwise, is unschedulable or meets an error; `TimedOut` (a `NoAnswer`) past
         `timeout` (None: no limit), naming the last failing check heard of. `watch`: one
         made before the submit (`watch`). `gavel submit --wait=running` is this wait."""
-        return await running(self, instance_id, timeout, watch)
+        return await running(self, instance_id, timeout, watch, poll_s=self.timing.follow_s)
 
     async def wait_job(self, job_id: str, timeout: float | None = None) -> StatusReply:
         """Until the job ends - a lone instance in a terminal state, a batch array with no
@@ -267,7 +272,8 @@ class Client:
         """Rule 3: every event from now on (or stored after sequence `after`), of one
         instance or all, as an async iterator; it is in place when this returns, and goes
         on where it left off after a reconnect. ``aclose()`` ends it."""
-        return EventFeed(await eventstream.follow(self.nc, instance_id, after).start())
+        return EventFeed(await eventstream.follow(self.nc, instance_id, after,
+                                                  follow_s=self.timing.follow_s).start())
 
     # -- services -------------------------------------------------------------------------
     async def deploy(self, spec: Spec, *, key: str = "",

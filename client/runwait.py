@@ -8,9 +8,9 @@ Rules:
    when the instance ends otherwise (failed, lost, cancelled), is unschedulable (its state,
    or the event), or meets an error (the event: a pinned deployment, a broken repository).
 3. It looks at the status first (what happened before it listened), then again at each of
-   the instance's events, and every `POLL_S`. A `Watch` made before the submit hears the
-   events between the submit's answer and the first look: an error event leaves no trace in
-   the status.
+   the instance's events, and every `poll_s` (`POLL_S` unless its caller's `Timing` says).
+   A `Watch` made before the submit hears the events between the submit's answer and the
+   first look: an error event leaves no trace in the status.
 4. It keeps the last failing check it heard of (the status's while it is unhealthy, or an
    unhealthy event): the instance may recover, or not. Past the timeout, `TimedOut` (a
    `NoAnswer`) names it, or else the state, health and reason the status last gave.
@@ -104,8 +104,9 @@ def _seen(iid: str, inst: InstanceStatus) -> InstanceStatus | Ended | None:
 
 
 async def running(client: Client, iid: str, timeout: float | None,
-                  watch: Watch | None = None) -> InstanceStatus:
-    """Rules 1 to 4: the instance's status once it runs healthy (`timeout` None: no limit)."""
+                  watch: Watch | None = None, *, poll_s: float = POLL_S) -> InstanceStatus:
+    """Rules 1 to 4: the instance's status once it runs healthy (`timeout` None: no limit),
+    looked at every `poll_s` when no event comes (the caller's `Timing.follow_s`)."""
     deadline = None if timeout is None else time.monotonic() + timeout
     mine = watch is None
     watch = watch or await Watch(client.nc).add(iid)
@@ -120,12 +121,12 @@ async def running(client: Client, iid: str, timeout: float | None,
                     raise ended
             if inst.health == "unhealthy" and inst.check:
                 unhealthy = inst.check
-            left = POLL_S if deadline is None else deadline - time.monotonic()
+            left = poll_s if deadline is None else deadline - time.monotonic()
             if left <= 0:
                 now = f"unhealthy: {unhealthy}" if unhealthy else " ".join(
                     p for p in (inst.state, inst.health, inst.detail or inst.reason) if p)
                 raise TimedOut(f"{iid} not healthy within {timeout:g}s: {now}", inst)
-            ev = await watch.next(iid, min(left, POLL_S))
+            ev = await watch.next(iid, min(left, poll_s))
             if ev is None:
                 continue
             if (end := _heard(iid, ev, inst)) is not None:

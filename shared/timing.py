@@ -114,7 +114,7 @@ class Timing(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tr
     #: elected).
     jetstream_s: Seconds = 30.0
     #: How long a broker built without a NATS server to hand keeps trying its first
-    #: connection before it gives up (`broker.config.Config.connect_wait_s`; the daemon waits
+    #: connection before it gives up (`broker.config.Config.first_connect_s`; the daemon waits
     #: for ever).
     connect_s: Seconds = 30.0
     #: How long past the moment a leader's lease should have lapsed a standby keeps trying to

@@ -48,8 +48,8 @@ MAX_BYTES = 64 * 1024 * 1024
 #: The largest event stored (an event is a few hundred bytes; a reason and a detail at most).
 MAX_MSG_BYTES = 64 * 1024
 #: A JetStream call unanswered this long has failed, and how often `follow` looks again when
-#: its doorbell is silent (rule 3): `Timing`'s machine waits, for the operator's commands and
-#: the broker's load of the history alike.
+#: its doorbell is silent (rule 3) unless its caller's `Timing` says: `Timing`'s machine
+#: waits, for the operator's commands and the broker's load of the history alike.
 _CALL_S, _FOLLOW_S = Timing().call_s, Timing().follow_s
 #: The header of an event stored after it was published (rule 4).
 STORED_LATE = "Gavel-Stored-Late"
@@ -156,8 +156,11 @@ class Follower:
     """Rule 3 as an async iterator of `Stored`: `start` subscribes and fixes where it
     begins (so nothing published after `start` returns is missed), ``aclose`` ends it."""
 
-    def __init__(self, nc: Any, instance_id: str = "", after: int | None = None) -> None:
+    def __init__(self, nc: Any, instance_id: str = "", after: int | None = None, *,
+                 follow_s: float = _FOLLOW_S) -> None:
         self.nc = nc
+        #: How often it looks again when its doorbell is silent (rule 3).
+        self.follow_s = follow_s
         self.subject = subjects.EVENTS.format(instance=instance_id) if instance_id \
             else subjects.EVENTS_ALL
         #: The sequence of the last event yielded (None until `start`).
@@ -203,7 +206,7 @@ class Follower:
                 got = None
             if got is None:
                 with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(_FOLLOW_S):
+                    async with asyncio.timeout(self.follow_s):
                         await self._bell.wait()
                 continue
             self.last = got.seq
@@ -216,7 +219,9 @@ class Follower:
                 await self._sub.unsubscribe()
 
 
-def follow(nc: Any, instance_id: str = "", after: int | None = None) -> Follower:
+def follow(nc: Any, instance_id: str = "", after: int | None = None, *,
+           follow_s: float = _FOLLOW_S) -> Follower:
     """Rule 3: every event (of `instance_id`, or all) stored after sequence `after` (None:
-    from `start` on), each once, in order, across reconnects; rule 4 without a stream."""
-    return Follower(nc, instance_id, after)
+    from `start` on), each once, in order, across reconnects, looking again every
+    `follow_s` when nothing rings; rule 4 without a stream."""
+    return Follower(nc, instance_id, after, follow_s=follow_s)

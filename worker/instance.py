@@ -361,7 +361,7 @@ class Life:
         held.prober = Prober(placement.spec.checks, started=held.proc.started,
                              ports=placement.ports, env=self.env,
                              cwd=host.instance_dir(held.id), on_change=changed,
-                             execute=held.proc.execute)
+                             execute=held.proc.execute, explain_s=host.timing.explain_s)
         held.prober.start()
 
     async def env(self) -> dict[str, str]:

@@ -55,8 +55,10 @@ Execute = Callable[[Sequence[str], Mapping[str, str], Path], Awaitable[tuple[boo
 
 async def probe(check: Check, *, ports: Mapping[str, int], env: Env, cwd: Path,
                 confine: Callable[[], None] | None = None,
-                execute: Execute | None = None) -> tuple[bool, str]:
-    """Run `check` once (rules 1-3): whether it passed, and its output (truncated)."""
+                execute: Execute | None = None,
+                explain_s: float = _TIMING.explain_s) -> tuple[bool, str]:
+    """Run `check` once (rules 1-3): whether it passed, and its output (truncated);
+    `explain_s`: how long a failed HTTP check reads the body that says why."""
     try:
         async with asyncio.timeout(check.timeout_s):
             if check.type == "exec":
@@ -66,8 +68,8 @@ async def probe(check: Check, *, ports: Mapping[str, int], env: Env, cwd: Path,
                 port = ports.get(check.port or "")
                 if port is None:
                     return False, f"port {check.port!r} was not assigned to this instance"
-                ok, out = (await _http(port, check.path, check.status) if check.type == "http"
-                           else await _tcp(port))
+                ok, out = (await _http(port, check.path, check.status, explain_s)
+                           if check.type == "http" else await _tcp(port))
     except TimeoutError:
         ok, out = False, (f"still running after {check.timeout_s:g}s: killed"
                           if check.type == "exec" else
@@ -99,7 +101,7 @@ async def _tcp(port: int) -> tuple[bool, str]:
     return True, f"connected to {HOST}:{port}"
 
 
-async def _http(port: int, path: str, want: int) -> tuple[bool, str]:
+async def _http(port: int, path: str, want: int, explain_s: float) -> tuple[bool, str]:
     reader, writer = await asyncio.open_connection(HOST, port, limit=_HEAD_MAX)
     try:
         target = quote(path, safe=_PATH_SAFE)
@@ -119,7 +121,7 @@ async def _http(port: int, path: str, want: int) -> tuple[bool, str]:
             return True, out
         body = b""
         with contextlib.suppress(TimeoutError, OSError):  # the body only explains the status
-            async with asyncio.timeout(_TIMING.explain_s):
+            async with asyncio.timeout(explain_s):
                 body = await reader.read(_BODY_QUOTED)
         text = " ".join(body.decode("utf-8", "replace").split())
         return False, f"{out} (expected {want})" + (f": {text}" if text else "")
@@ -163,8 +165,11 @@ class Prober:
     def __init__(self, checks: Sequence[Check], *, started: float, ports: Mapping[str, int],
                  env: Env, cwd: Path, on_change: Callable[[Change], Awaitable[None]],
                  confine: Callable[[], None] | None = None,
-                 execute: Execute | None = None) -> None:
+                 execute: Execute | None = None,
+                 explain_s: float = _TIMING.explain_s) -> None:
         self._checks = list(checks)
+        #: How long a failed HTTP check reads the body that says why (the worker's `Timing`).
+        self._explain_s = explain_s
         #: What an exec check's child runs before its command (`worker.isolation`).
         self._confine = confine
         ago = max(0.0, time.time() - started)
@@ -201,7 +206,8 @@ class Prober:
                     task = asyncio.ensure_future(probe(self._checks[i], ports=self._ports,
                                                        env=self._env, cwd=self._cwd,
                                                        confine=self._confine,
-                                                       execute=self._execute))
+                                                       execute=self._execute,
+                                                       explain_s=self._explain_s))
                     running[task] = i
                 wake = machine.wake_at()
                 timeout = None if wake is None else max(0.0, wake - time.monotonic())

@@ -155,8 +155,14 @@ class Committer:
                  durable: Durable | None = None,
                  on_durable: Callable[[Change, str], None] | None = None,
                  on_damaged: Callable[[Damaged], None] | None = None,
-                 metrics: Any = None, slice_s: float | None = AFTER_SLICE_S) -> None:
+                 metrics: Any = None, slice_s: float | None = AFTER_SLICE_S,
+                 stale_lock_s: float = _TIMING.stale_lock_s,
+                 orphan_s: float = _TIMING.orphan_s) -> None:
         self.ledger = ledger
+        #: Rule 11: how long a lock a dead writer left must stay unchanged to be removed, and
+        #: how often a writer process looks whether this broker is still there (`Timing`).
+        self.stale_lock_s = stale_lock_s
+        self.orphan_s = orphan_s
         #: Rule 3: how long a slice of after-commit work runs (None: no slices).
         self.slice_s = slice_s
         #: The least time between one commit's write and the next one's start (rule 7).
@@ -176,7 +182,7 @@ class Committer:
         self.on_durable = on_durable
         self._afters_kick = asyncio.Event()
         self._committing = False
-        self._pool = make_executor(writer)
+        self._pool = make_executor(writer, orphan_s)
         #: Writers in a row that died before a write of theirs landed (rule 11).
         self._deaths = 0
         #: Who carries out each kind of effect (rule 3).
@@ -314,7 +320,7 @@ class Committer:
                 got = self.ledger.landed(state.head, message)
                 if got is None and died and not rewritten:  # rule 11
                     rewritten = True
-                    await asyncio.to_thread(self.ledger.clear_stale_lock)
+                    await asyncio.to_thread(self.ledger.clear_stale_lock, self.stale_lock_s)
                     continue
                 if got is None:
                     self._unwritable(items, exc)
@@ -354,7 +360,7 @@ class Committer:
         else:
             log.warning("the writer process died; a new one takes over")
         self._pool.shutdown(wait=False)
-        self._pool = make_executor(self.writer)
+        self._pool = make_executor(self.writer, self.orphan_s)
 
     def _unwritable(self, items: list[Item], why: object) -> None:
         """Nothing of `items` landed: the retried ones go again after the back-off, the others

@@ -28,16 +28,12 @@ from pathlib import Path
 import pygit2
 
 from gavel.broker.ledger.repository import Ledger
-from gavel.shared.timing import Timing
 
 __all__ = ["commit_files", "make_executor"]
 
 _ledgers: dict[tuple[str, str], Ledger] = {}
 _committing = threading.Lock()
 log = logging.getLogger("gavel.broker")
-#: How often the writer checks that its broker is still there: a machine wait of `Timing`
-#: (the writer process is started without one), the same under fast timers.
-ORPHAN_CHECK = Timing().orphan_s
 
 
 def commit_files(path: str, ref: str, files: Mapping[str, bytes | None], message: str,
@@ -58,11 +54,12 @@ def commit_files(path: str, ref: str, files: Mapping[str, bytes | None], message
         return ledger.write_files(files, message, planned_on, compact)
 
 
-def _writer_started(parent: int) -> None:
-    """The writer process's initializer: leave when the broker that started it is gone."""
+def _writer_started(parent: int, orphan_s: float) -> None:
+    """The writer process's initializer: leave when the broker that started it is gone
+    (looked at every `orphan_s`, its broker's `Timing.orphan_s`)."""
     def watch() -> None:
         while os.getppid() == parent:
-            time.sleep(ORPHAN_CHECK)
+            time.sleep(orphan_s)
         with _committing:  # the commit in hand, if any, finishes first
             os._exit(0)
 
@@ -73,12 +70,15 @@ def _warm() -> None:
     import pygit2  # noqa: F401 - load libgit2 before the first commit needs it
 
 
-def make_executor(kind: str) -> Executor:
+def make_executor(kind: str, orphan_s: float) -> Executor:
+    """The writer: a process of its own that leaves once its broker is gone (it looks every
+    `orphan_s`), or a thread."""
     if kind == "process":
         try:
             pool = ProcessPoolExecutor(max_workers=1,
                                        mp_context=multiprocessing.get_context("spawn"),
-                                       initializer=_writer_started, initargs=(os.getpid(),))
+                                       initializer=_writer_started,
+                                       initargs=(os.getpid(), orphan_s))
             pool.submit(_warm)
             return pool
         except OSError as exc:  # no POSIX semaphores here (a container without /dev/shm)

@@ -47,7 +47,7 @@ from gavel.broker.ledger.integrity import settle as settle_disputes
 from gavel.broker.ledger.objects import Entries, ObjectStore, Trees, git_order
 from gavel.broker.ledger.packs import merge_small_packs
 from gavel.broker.ledger.reading import read_tree, service_problem
-from gavel.broker.ledger.stalelock import LOCK_WAIT, remove_stale_lock
+from gavel.broker.ledger.stalelock import remove_stale_lock
 from gavel.broker.ledger.state import Change, State, compact, encode, parse_stamp, pretty, stamp
 from gavel.shared.records import AuctionRecord
 
@@ -253,9 +253,10 @@ class Ledger:
             return read()
 
     # -- writing -------------------------------------------------------------------------
-    def clear_stale_lock(self, wait_s: float = LOCK_WAIT) -> Path | None:
+    def clear_stale_lock(self, wait_s: float) -> Path | None:
         """Rule 8, at a broker's start: remove the ref's lock file if it is still there,
-        unchanged, after `wait_s`; the path removed, or None."""
+        unchanged, after `wait_s` (the broker's `Timing.stale_lock_s`); the path removed, or
+        None."""
         return remove_stale_lock(Path(self.repo.path), self.ref, wait_s)
 
     def apply(self, change: Change, message: str, planned_on: str | None) -> str:

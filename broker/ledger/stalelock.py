@@ -17,19 +17,15 @@ import logging
 import time
 from pathlib import Path
 
-from gavel.shared.timing import Timing
+__all__ = ["remove_stale_lock"]
 
-__all__ = ["LOCK_WAIT", "remove_stale_lock"]
-
-#: How long a lock on the ref must stay unchanged at a broker's start to be stale: a
-#: machine wait of `Timing` (git's pace), the same under fast timers.
-LOCK_WAIT = Timing().stale_lock_s
 log = logging.getLogger("gavel.ledger")
 
 
-def remove_stale_lock(repo_path: Path, ref: str, wait_s: float = LOCK_WAIT) -> Path | None:
+def remove_stale_lock(repo_path: Path, ref: str, wait_s: float) -> Path | None:
     """Remove the lock file of `ref` in the repository at `repo_path` if it is still there,
-    unchanged, after `wait_s`; the path removed, or None."""
+    unchanged, after `wait_s` (the broker's `Timing.stale_lock_s`); the path removed, or
+    None."""
     lock = repo_path / f"{ref}.lock"
     try:
         before = lock.stat()

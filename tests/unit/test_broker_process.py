@@ -13,6 +13,7 @@ import pytest
 from gavel.broker.ledger import gitwriter
 from gavel.broker.ledger.repository import Ledger, encode
 from gavel.shared.records import NodeFile
+from gavel.shared.timing import Timing
 
 
 def test_no_semaphores_means_a_thread_writer(monkeypatch: pytest.MonkeyPatch,
@@ -23,7 +24,7 @@ def test_no_semaphores_means_a_thread_writer(monkeypatch: pytest.MonkeyPatch,
 
     monkeypatch.setattr(gitwriter, "ProcessPoolExecutor", no_shm)
     with caplog.at_level(logging.WARNING, logger="gavel.broker"):
-        pool = gitwriter.make_executor("process")
+        pool = gitwriter.make_executor("process", Timing().orphan_s)
     try:
         assert isinstance(pool, ThreadPoolExecutor)
         assert "commits are written on a thread" in caplog.text
@@ -37,7 +38,7 @@ def test_no_semaphores_means_a_thread_writer(monkeypatch: pytest.MonkeyPatch,
 
 def test_unknown_writer_kind_is_refused() -> None:
     with pytest.raises(ValueError, match="writer must be 'process' or 'thread'"):
-        gitwriter.make_executor("fork")
+        gitwriter.make_executor("fork", Timing().orphan_s)
 
 
 def test_tune_gc_is_the_process_owners_choice(tmp_path: Path) -> None:
@@ -69,7 +70,7 @@ def test_the_writer_process_leaves_when_its_broker_is_killed(tmp_path: Path) -> 
     code = ("import os, sys; from gavel.broker.ledger import gitwriter; "
             "from gavel.broker.ledger.state import encode; "
             "from gavel.shared.records import NodeFile; "
-            "pool = gitwriter.make_executor('process'); "
+            "pool = gitwriter.make_executor('process', 1.0); "
             f"pool.submit(gitwriter.commit_files, {str(tmp_path / 'state.git')!r}, "
             "'refs/heads/main', {'nodes/a/node.json': encode(NodeFile(node_id='a'))}, 'm', "
             "None).result(); "

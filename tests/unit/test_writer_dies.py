@@ -121,9 +121,9 @@ async def test_writers_that_die_as_they_start_give_way_to_a_thread_and_the_commi
     replaced for ever while nothing lands; after `WRITER_DEATHS` in a row a thread writes."""
     real = committer_module.make_executor
 
-    def dying(kind: str) -> Executor:
+    def dying(kind: str, orphan_s: float) -> Executor:
         if kind != "process":
-            return real(kind)
+            return real(kind, orphan_s)
         return ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context(
             "spawn"), initializer=_dies_at_once)
 
