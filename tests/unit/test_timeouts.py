@@ -6,7 +6,11 @@ protocol's (the machine's waits, rule 3 there, stay).
 What the scan finds: a number of seconds written in the code where a wait is bounded or
 paced - `asyncio.wait_for(x, 5)`, `asyncio.timeout(5)`, `asyncio.sleep(0.5)`,
 `anything(timeout=5)` or `(..._s=5)`, a parameter `timeout=5` / `..._s=5`, a module
-constant `..._S = 5`. `ALLOWED` names each that stays, with the reason it is not a clock of
+constant `..._S = 5`, and a floor or cap written around a clock - `max(1.0, renew_s)`,
+`min(0.25, timing.tick_s)` (a `max`/`min` with a number beside a name of seconds, a tick, a
+deadline or a `timing`): the clock may be the config's, but the number is a timeout of its
+own that neither `[timing]` nor fast timers reach (`Timing.answer_within` and its fields are
+how such a bound is written). `ALLOWED` names each that stays, with the reason it is not a clock of
 gavel's `Timing`; an entry that no longer matches anything fails too, so the list stays true.
 
 Not scanned: `shared/` (the core: `Timing` itself, and the defaults of a spec's own settings,
