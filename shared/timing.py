@@ -1,10 +1,11 @@
 """Every clock gavel keeps, in one struct.
 
 Rules:
-1. No module picks its own timeout; it takes a `Timing` (or, where it is built without one,
-   defaults to `Timing()`'s value). ``GAVEL_FAST_TIMERS=1`` divides every clock of the
-   protocol by ten so tests and demos run the same code at ten times the speed
-   (`tests/unit/test_timeouts.py` finds a module that sets its own).
+1. No module picks its own timeout, nor a floor or cap around one (`answer_within`); it
+   takes a `Timing` (or, where it is built without one, defaults to `Timing()`'s value).
+   ``GAVEL_FAST_TIMERS=1`` divides every clock of the protocol by ten so tests and demos
+   run the same code at ten times the speed (`tests/unit/test_timeouts.py` finds a module
+   that sets its own).
 2. Every clock is a finite number of seconds above zero (`retention_s` may be 0: keep ended
    instances for ever), and a node is heard from before it counts as unreachable, and is
    unreachable before it is offline: heartbeat_s < unreachable_s <= offline_s. Decoding
