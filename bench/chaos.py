@@ -71,7 +71,7 @@ from gavel.bench.chaosplan import (
     schedule,
     submissions,
 )
-from gavel.bench.interrupt import stopped_by_signals
+from gavel.bench.interrupt import stopped_by_signals, whole
 from gavel.broker.ledger.repository import Ledger
 from gavel.shared.api import NodesReply, NodesRequest
 from gavel.transport.client import call, connect, wait_healthy
@@ -194,7 +194,7 @@ class Chaos(Drive):
                 self.say(f"nats_restart: down for {f.hold:.1f}s")
                 await asyncio.to_thread(c.nats.stop)
                 await asyncio.sleep(f.hold)
-                await asyncio.to_thread(c.nats.start)
+                await whole(c.nats.start)
         elif f.kind == "worker_kill":
             node = self._target(f.node)
             if c.workers[node] is None or node in c.frozen:
@@ -364,7 +364,7 @@ async def run(opts: Options) -> dict[str, Any]:
     say(f"state and logs under {root}")
     nc: Any = None
     try:  # the one way out (`bench.interrupt`)
-        await asyncio.to_thread(cluster.nats.start)
+        await whole(cluster.nats.start)
         cluster.start_broker()
         for node in cluster.nodes:
             cluster.start_worker(node)

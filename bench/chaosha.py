@@ -58,7 +58,7 @@ from gavel.bench.chaosplan import (
     room,
     submissions,
 )
-from gavel.bench.interrupt import stopped_by_signals
+from gavel.bench.interrupt import stopped_by_signals, whole
 from gavel.shared.api import NodesReply, NodesRequest
 from gavel.transport.client import call, connect
 
@@ -198,7 +198,7 @@ class HaChaos(Drive):
             self.say(f"nats_restart: kill -9 nats-server {i + 1}, down for {f.hold:.1f}s")
             await asyncio.to_thread(c.kill_server, i)
             await asyncio.sleep(f.hold)
-            await asyncio.to_thread(c.start_server, i)
+            await whole(lambda: c.start_server(i))
             if not (await self.leader())[0]:
                 self.seen.errors.append(f"no leader answered within {_LEADER_WAIT_S:g}s of "
                                         f"nats-server {i + 1}'s restart")
@@ -279,7 +279,7 @@ async def run(opts: HaOptions) -> dict[str, Any]:
     say(f"state and logs under {root}")
     nc: Any = None
     try:
-        await asyncio.to_thread(cluster.start)
+        await whole(cluster.start)
         nc = await connect(cluster.url, cluster.operator_creds, allow_reconnect=True,
                            max_reconnect_attempts=-1, reconnect_time_wait=0.25)
         chaos = HaChaos(opts, root, cluster, nc)
