@@ -24,6 +24,7 @@ from gavel.broker.ledger.state import Change, State, ready
 from gavel.broker.onepass import OnePass, Passed
 from gavel.broker.periodic import Unran
 from gavel.broker.periodic import plan_pass as periodic_pass
+from gavel.broker.promiseplans import plan_action
 from gavel.broker.promises import Unacted, Unblocked
 from gavel.broker.serviceplans import Clocks, replicas
 from gavel.broker.submissions import plan_submission
@@ -262,7 +263,7 @@ def test_a_verdict_with_nothing_left_to_do_is_let_go_by_its_effect(rig: Rig) -> 
     b = rig.b
     action = Action(Kind.EXPIRE, "gone", "n1")  # no such instance: nothing to do
     b.promises.acting.add((action.kind, action.instance_id))
-    plan = functools.partial(and_then, plan=functools.partial(b.promises._act, a=action),
+    plan = functools.partial(and_then, plan=functools.partial(plan_action, a=action),
                              effects=(Unacted(action),))
     got = plan(View(b.ledger.state()))
     assert got == Planned.only(Unacted(action))
