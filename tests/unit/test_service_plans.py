@@ -5,6 +5,7 @@ clock."""
 from __future__ import annotations
 
 import random
+from typing import Any
 
 import msgspec
 
@@ -14,9 +15,10 @@ from gavel.broker.ledger.committer import Planned
 from gavel.broker.ledger.plan import View
 from gavel.broker.ledger.state import Change, State
 from gavel.broker.serviceplans import (
-    Clocks,
     EndsTaken,
+    KeepInputs,
     Started,
+    SystemInputs,
     SystemStarted,
     plan_keep,
     plan_system,
@@ -62,9 +64,12 @@ def _service(count: int, replicas: dict[str, str], system: bool = False) -> View
 
 def _keep(view: View, ended: tuple[tuple[str, str, str], ...] = (),
           seed: int = 1) -> Planned | None:
-    return plan_keep(view, "web", clocks=Clocks(), hold=False, ended=ended,
-                     rng=random.Random(seed), start_chunk=100, now=NOW, stamp=STAMP,
-                     epoch=EPOCH)
+    return plan_keep(view, "web", KeepInputs(now=NOW, stamp=STAMP, epoch=EPOCH, seed=seed,
+                                             start_chunk=100, ended=ended))
+
+
+def _system(nodes: dict[str, Node], seed: int, **given: Any) -> SystemInputs:
+    return SystemInputs(nodes=nodes, stamp=STAMP, epoch=EPOCH, seed=seed, **given)
 
 
 def _ids(seed: int, n: int) -> tuple[str, ...]:
@@ -136,16 +141,14 @@ def test_two_plans_on_one_view_start_a_replacement_once() -> None:
 def test_a_system_job_starts_one_instance_on_each_node_and_none_twice() -> None:
     view = _service(1, {"web-a": "n1"}, system=True)
     nodes = {"n1": Node(labels={}), "n2": Node(labels={}), "n3": Node(labels=None)}
-    planned = plan_system(view, "web", nodes=nodes, hold=set(), rng=random.Random(1),
-                          stamp=STAMP, epoch=EPOCH)
+    planned = plan_system(view, "web", _system(nodes, seed=1))
     assert planned is not None
     new = _ids(1, 1)[0]
     assert planned.lines == [f"system web: start {new} on n2 (version 1)"]
     assert planned.effects == [Emit("web", EventType.REPLACED, node_id="n2",
                                     detail=f"{new} for n2"),
                                SystemStarted("web", ((new, "n2"),))]
-    again = plan_system(view, "web", nodes=nodes, hold=set(), rng=random.Random(2),
-                        stamp=STAMP, epoch=EPOCH)
+    again = plan_system(view, "web", _system(nodes, seed=2))
     assert again is None
 
 
@@ -169,8 +172,8 @@ def test_a_system_jobs_deploy_succeeds_only_once_no_older_version_is_left() -> N
     nodes = {"n1": Node(labels={}), "n2": Node(labels={})}
 
     def plan(settled: set[str]) -> Planned | None:
-        return plan_system(View(view.state, Change()), "web", nodes=nodes, hold=set(),
-                           rng=random.Random(1), stamp=STAMP, epoch=EPOCH, settled=settled)
+        return plan_system(View(view.state, Change()), "web",
+                           _system(nodes, seed=1, settled=settled))
     assert plan(set()) is None  # web-c not healthy yet: web-b keeps version 1
     rolled = plan({"web-c"})
     assert rolled is not None and rolled.lines[-1].startswith("system web: stop web-b")
@@ -194,8 +197,7 @@ def test_a_system_job_starts_no_instance_past_the_cluster_cap_on_its_view() -> N
     caps = Caps(per_service=10, instances=3)
 
     def plan(v: View, seed: int = 1) -> Planned | None:
-        return plan_system(v, "web", nodes=nodes, hold=set(), rng=random.Random(seed),
-                           stamp=STAMP, epoch=EPOCH, caps=caps)
+        return plan_system(v, "web", _system(nodes, seed=seed, caps=caps))
     planned = plan(view)
     assert planned is not None
     assert [line.split(" on ")[1] for line in planned.lines] == ["n2 (version 1)"]
