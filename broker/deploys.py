@@ -64,7 +64,7 @@ KEYS_KEPT = 1024
 
 #: What a verb's plan returns: the commit (None: nothing to write) and the reply to give
 #: once it has landed (for no commit, the plan's only effect; None: the service's status).
-Outcome = tuple[Planned | None, Callable[[], Message | None]]
+Outcome = tuple[Planned | None, Message | None]
 
 
 class Deploys:
@@ -135,11 +135,11 @@ def plan_deploy(view: View, *, spec: Spec, check_index: int | None,
     name = spec.name
     owned = refusal_in(view, spec)  # a deploy racing this one may have claimed it
     if owned:
-        return None, lambda: ApiError(error=owned)
+        return None, ApiError(error=owned)
     cur = view.service(name)
     if check_index is not None and (index := version_index(cur)) != check_index:
-        return None, lambda: ApiError(error=f"{Reason.STALE_INDEX} ({name}'s version "
-                                            f"index is {index}, the plan's {check_index})")
+        return None, ApiError(error=f"{Reason.STALE_INDEX} ({name}'s version index is "
+                                    f"{index}, the plan's {check_index})")
     at = keep.stamp
     out = Planned(lines=[])
     if cur is None:
@@ -151,8 +151,7 @@ def plan_deploy(view: View, *, spec: Spec, check_index: int | None,
         running = cur.spec_of(cur.version)
         if running is not None and _same(running, spec):
             if not cur.stopped and cur.count == spec.count:
-                return None, lambda: DeployReply(name=name, version=cur.version,
-                                                 changed=False)
+                return None, DeployReply(name=name, version=cur.version, changed=False)
             rec = msgspec.structs.replace(cur, stopped=False, count=spec.count)
             out.lines.append(f"service {name}: version {cur.version} with {spec.count} "
                              "replicas" + (", started again" if cur.stopped else ""))
@@ -174,48 +173,48 @@ def plan_deploy(view: View, *, spec: Spec, check_index: int | None,
             name, EventType.DEPLOYING,
             detail=f"version {rec.version}" + (f" (from {cur.version})" if cur else "")))
     _then_keep(view, name, out, keep)
-    return out, lambda: DeployReply(name=name, version=rec.version)
+    return out, DeployReply(name=name, version=rec.version)
 
 
 def plan_scale(view: View, *, name: str, count: int, keep: KeepInputs) -> Outcome:
     cur = view.service(name)
     if cur is None:
-        return None, lambda: _unknown(name)
+        return None, _unknown(name)
     if cur.count == count:
-        return None, lambda: None
+        return None, None
     out = Planned(lines=[f"service {name}: scale from {cur.count} to {count} replicas"
                          + (" (stopped: none run until it is deployed again)"
                             if cur.stopped else "")])
     view.put_service(msgspec.structs.replace(cur, count=count))
     _then_keep(view, name, out, keep)
-    return out, lambda: None
+    return out, None
 
 
 def plan_stop(view: View, *, name: str, keep: KeepInputs) -> Outcome:
     cur = view.service(name)
     if cur is None:
-        return None, lambda: _unknown(name)
+        return None, _unknown(name)
     if cur.stopped:
-        return None, lambda: None
+        return None, None
     out = Planned(lines=[f"service {name}: stop every replica"])
     dep = _supersede(out, cur, keep.stamp, Reason.SERVICE_STOPPED)
     view.put_service(msgspec.structs.replace(cur, stopped=True, deployment=dep))
     _then_keep(view, name, out, keep)
-    return out, lambda: None
+    return out, None
 
 
 def plan_rollback(view: View, *, name: str, to_version: int, keep: KeepInputs) -> Outcome:
     cur = view.service(name)
     if cur is None:
-        return None, lambda: _unknown(name)
+        return None, _unknown(name)
     target = to_version or _back(cur)
     if not target:
-        return None, lambda: ApiError(error=f"{name} has no version to go back to "
-                                            "yet: name one (--to VERSION)")
+        return None, ApiError(error=f"{name} has no version to go back to yet: name one "
+                                    "(--to VERSION)")
     if cur.spec_of(target) is None:
-        return None, lambda: ApiError(error=f"{name} has no version {target}")
+        return None, ApiError(error=f"{name} has no version {target}")
     if target == cur.version:
-        return None, lambda: ApiError(error=f"{name} runs version {target} already")
+        return None, ApiError(error=f"{name} runs version {target} already")
     at = keep.stamp
     out = Planned(lines=[f"service {name}: roll back from version {cur.version} to "
                          f"version {target}"])
@@ -226,7 +225,7 @@ def plan_rollback(view: View, *, name: str, to_version: int, keep: KeepInputs) -
     out.effects.append(Emit(name, EventType.DEPLOYING, reason=Reason.ROLLED_BACK,
                             detail=f"version {target} (from {cur.version})"))
     _then_keep(view, name, out, keep)
-    return out, lambda: None
+    return out, None
 
 
 def _supersede(out: Planned, cur: ServiceRecord, at: str,
@@ -267,10 +266,10 @@ def plan_verb(view: View, *, name: str, plan: Callable[[View], Outcome], pinned:
     """Rule 6: a verb's `plan` on `name`, run only while the service may be changed (rule
     4): its change, then its answer and the broker's next pass; or only its answer."""
     refused = refusal(view.state, name, pinned)
-    planned, reply = (None, lambda: refused) if refused is not None else plan(view)
+    planned, reply = (None, refused) if refused is not None else plan(view)
     if planned is None:
-        return Planned.only(Answer(done, reply()))
-    planned.effects += [Answer(done, reply()), Wake()]
+        return Planned.only(Answer(done, reply))
+    planned.effects += [Answer(done, reply), Wake()]
     return planned
 
 

@@ -4,12 +4,14 @@ clock."""
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from typing import Any
 
 import msgspec
 
 from gavel.broker.arrays import plan_array
+from gavel.broker.deploys import plan_deploy, plan_scale, plan_stop
 from gavel.broker.effects import Arm, Emit, Publish, Release, Timer, Wake
 from gavel.broker.ledger.committer import Planned
 from gavel.broker.ledger.plan import View
@@ -26,6 +28,7 @@ from gavel.broker.serviceplans import (
 )
 from gavel.shared import subjects
 from gavel.shared.admission import Caps
+from gavel.shared.api import DeployReply
 from gavel.shared.messages import Cancel, EventType, InstanceState, Spec
 from gavel.shared.reasons import Reason
 from gavel.shared.records import (
@@ -243,3 +246,30 @@ def test_an_array_past_its_failures_cancels_its_held_tasks() -> None:
     cancelled = view.change.instances["job-2"]
     assert cancelled is not None and cancelled.state is InstanceState.CANCELLED
     assert planned.effects == [Emit("job-2", EventType.CANCELLED, reason=Reason.ARRAY_FAILED)]
+
+
+# -- the deploy verbs ----------------------------------------------------------------------
+def test_the_deploy_verbs_stamp_and_name_what_they_make_from_their_inputs() -> None:
+    """A verb's plan is a function of the request and `KeepInputs`: its wall clock stamps
+    the version and the deployment, its seed names the first replicas."""
+    spec = Spec(name="web", type="service", command=["true"], count=2)
+    view = View(State(head="h"), Change())
+    keep = KeepInputs(now=NOW, stamp=STAMP, epoch=EPOCH, seed=4, start_chunk=100)
+    planned, reply = plan_deploy(view, spec=spec, check_index=None, keep=keep)
+    assert planned is not None and reply == DeployReply(name="web", version=1)
+    svc = view.change.services["web"]
+    assert svc is not None and svc.deployment is not None
+    assert (svc.versions[0].at, svc.deployment.started_at) == (STAMP, STAMP)
+    assert planned.lines[1:] == [f"service web: start {iid} (version 1)" for iid in _ids(4, 2)]
+    later = dataclasses.replace(keep, stamp="2031-01-01T00:00:00.000Z", seed=5)
+    running = View(view.state, Change())
+    running.state.put_service("web", svc)
+    planned, _ = plan_scale(running, name="web", count=3, keep=later)
+    assert planned is not None
+    starts = [line for line in planned.lines if " start " in line]
+    assert starts == [f"service web: start {iid} (version 1)" for iid in _ids(5, 3)]
+    planned, _ = plan_stop(running, name="web", keep=later)
+    stopped = running.change.services["web"]
+    assert planned is not None and stopped is not None and stopped.deployment is not None
+    assert (stopped.deployment.state, stopped.deployment.ended_at) == \
+        ("cancelled", later.stamp)
