@@ -23,6 +23,7 @@ import random
 from collections.abc import Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import msgspec
 
@@ -44,6 +45,8 @@ from gavel.shared.systems import decide as decide_system
 __all__ = ["Clocks", "DeployEnded", "Ended", "EndsTaken", "KeepInputs", "Started",
            "SystemInputs", "SystemStarted", "decision", "is_system", "plan_keep",
            "plan_system", "stop_replica", "system_decision"]
+
+_T = TypeVar("_T")
 
 #: Ends a deploying version's replica may come to on its own (keeper rule 4).
 _OWN_ENDS = frozenset({InstanceState.FAILED, InstanceState.SUCCEEDED})
@@ -106,11 +109,18 @@ class Clocks:
     moving: Mapping[str, str] = field(default_factory=dict)
 
     def of(self, ids: Sequence[str]) -> Clocks:
-        """The clocks of the replicas `ids` only, copied: what a plan over them reads."""
-        first, healthy, moving = self.first_seen, self.healthy_since, self.moving
-        return Clocks({i: first[i] for i in ids if i in first},
-                      {i: healthy[i] for i in ids if i in healthy},
-                      {i: moving[i] for i in ids if i in moving})
+        """A copy holding the clocks of the replicas `ids`: what a plan over them reads."""
+        return Clocks(_copy(self.first_seen, ids), _copy(self.healthy_since, ids),
+                      _copy(self.moving, ids))
+
+
+def _copy(held: Mapping[str, _T], ids: Sequence[str]) -> dict[str, _T]:
+    """`held`'s entries for `ids`: the whole map copied at once when they are a good part
+    of it (a service of most of the replicas: a copy in C is many times faster than one
+    entry at a time), else entry by entry."""
+    if len(held) <= 8 * len(ids):
+        return dict(held)
+    return {i: held[i] for i in ids if i in held}
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,7 @@ from gavel.shared.award import NodeBid
 from gavel.shared.messages import Request, Spec
 from gavel.shared.records import InstanceRecord
 from tests.unit.test_fuzz_broker import NODES, SPEC, Rig, heartbeat
-from tests.unit.test_services import deployed, web
+from tests.unit.test_services import UPDATE, deployed, place_waiting, sweep, web
 
 ROOT = Path(__file__).resolve().parents[2]
 #: The committer and the one-pass wrapper are the machinery plans go through, not parts.
@@ -227,6 +227,8 @@ def _meanwhile(rig: Rig) -> None:
         part.wall = lambda: later
         part.rng.seed(99)
     rig.b.promises.health.clear()
+    rig.b.services._first_seen.clear()  # what the part remembers of its replicas' clocks
+    rig.b.services._healthy_since.clear()
 
 
 def _planned_alike(rig: Rig, item: Item) -> Planned:
@@ -286,6 +288,18 @@ def test_a_service_pass_plans_what_the_part_knew_as_it_submitted_it(rig: Rig) ->
     [item] = items
     planned = _planned_alike(rig, item)
     assert len([line for line in planned.lines if " start " in line]) == 1
+
+
+def test_a_deployment_is_judged_on_its_replicas_clocks_as_the_pass_saw_them(rig: Rig) -> None:
+    deployed(rig, web(count=2, checks=True))
+    place_waiting(rig, healthy=True)
+    sweep(rig)  # healthy since now
+    rig.now += 2 * UPDATE.min_healthy_s
+    items = _captured(rig)
+    rig.b.services.watch(rig.now)
+    [item] = items
+    planned = _planned_alike(rig, item)
+    assert planned.lines == ["service web: deployed version 1: 2 replicas healthy"]
 
 
 def test_a_system_jobs_pass_plans_on_the_nodes_it_decided_on(rig: Rig) -> None:
