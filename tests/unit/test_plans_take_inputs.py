@@ -40,7 +40,8 @@ PURE = {"broker/awardplan.py", "broker/promiseplans.py", "broker/serviceplans.py
 SHELL_ATTRS = {"ctx", "leader", "liveness", "heartbeats", "promises", "timers", "outbox",
                "committer", "ledger", "rng", "wall", "clock"}
 CLOCK_CALLS = {"now", "time", "monotonic", "perf_counter", "utcnow", "today"}
-#: Calls through which a plan reaches the committer, and the argument that is the plan.
+#: Calls whose `plan=` is a plan on its way to the committer (as is `plan=` of a partial, the
+#: second argument of a part's `passes.submit` and a method's parameter named `plan`).
 PLAN_KEYWORDS = {"Item", "and_then", "or_only", "plan_verb", "plan_pass"}
 
 
