@@ -37,6 +37,7 @@ What the shell adds to the core's rules, by their numbers:
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import random
 import uuid
@@ -45,7 +46,14 @@ from collections.abc import Callable, Iterable, Sequence
 
 from gavel.broker.auctionlog import Recent, count
 from gavel.broker.auctionworld import Git
-from gavel.broker.awardplan import AwardLost, NotPlaced, Placed, Waits, plan_award
+from gavel.broker.awardplan import (
+    AwardLost,
+    NotPlaced,
+    Placed,
+    Waits,
+    plan_award,
+    winner_ports,
+)
 from gavel.broker.context import Context
 from gavel.broker.ledger.committer import Item
 from gavel.broker.replyroutes import ReplyRoutes
@@ -251,10 +259,11 @@ class Auctioneer:
                                      node_id=d.winner.node_id,
                                      detail=f"load {d.winner.load:.3f} ({d.winner.strategy})")
         if decisions:
-            self.ctx.committer.submit(Item(
-                plan=lambda view: plan_award(view, auction, decisions, round_s,
-                                             heartbeats=self.ctx.liveness.heartbeats,
-                                             epoch=self.ctx.leader.epoch),
+            self.ctx.committer.submit(Item(  # what it reads, gathered now (`awardplan` rule 6)
+                plan=functools.partial(
+                    plan_award, auction=auction, decisions=decisions, round_s=round_s,
+                    ports=winner_ports(decisions, self.ctx.liveness.heartbeats),
+                    epoch=self.ctx.leader.epoch),
                 retry=False, gave_up=[AwardLost(tuple(decisions))]))
 
     def free(self, nodes: Iterable[str]) -> dict[str, Capacity]:

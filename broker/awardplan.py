@@ -15,11 +15,14 @@ Rules:
    unschedulable.
 5. A commit given up for good lands none of the decisions: `AwardLost` lets the auctioneer
    forget them and tells each instance why.
+6. The plan reads nothing but its arguments: each winner's port range (`winner_ports`, what
+   its heartbeat said when the round closed) and the leadership's epoch are gathered by the
+   auctioneer as it submits the plan, never read from the broker while planning.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from gavel.broker.auctionlog import batch_record, place_line, shapes_of
@@ -31,7 +34,7 @@ from gavel.shared.auction import Auction, Awarded, Decision, Unschedulable
 from gavel.shared.messages import Heartbeat
 from gavel.shared.records import Outcome, auction_trailer
 
-__all__ = ["AwardLost", "NotPlaced", "Placed", "Waits", "plan_award"]
+__all__ = ["AwardLost", "NotPlaced", "Placed", "Waits", "plan_award", "winner_ports"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,26 +71,36 @@ class AwardLost(Why):
     decisions: tuple[Decision, ...]
 
 
+def winner_ports(decisions: Sequence[Decision], heartbeats: Mapping[str, Heartbeat]
+                 ) -> dict[str, Sequence[int]]:
+    """Rule 6: each winner's port range as `heartbeats` say now (none heard: no ports)."""
+    out: dict[str, Sequence[int]] = {}
+    for d in decisions:
+        if isinstance(d, Awarded) and d.winner.node_id not in out:
+            hb = heartbeats.get(d.winner.node_id)
+            out[d.winner.node_id] = hb.port_range if hb is not None else ()
+    return out
+
+
 def plan_award(view: View, auction: Auction, decisions: list[Decision], round_s: float, *,
-               heartbeats: Mapping[str, Heartbeat], epoch: int) -> Planned:
-    """Rules 1-4 for `auction`'s `decisions` on `view`; `heartbeats` give each winner's port
-    range, `epoch` the stop messages of displaced victims."""
+               ports: Mapping[str, Sequence[int]], epoch: int) -> Planned:
+    """Rules 1-4 for `auction`'s `decisions` on `view`; `ports` give each winner's port range
+    (rule 6), `epoch` the stop messages of displaced victims."""
     out = Planned(lines=[])
     outcomes: list[Outcome] = []
     aid = auction.auction_id
     for d, shape in zip(decisions, shapes_of(auction, decisions), strict=True):
         iid = d.request.instance_id
         if isinstance(d, Awarded):
-            hb = heartbeats.get(d.winner.node_id)
-            ports = hb.port_range if hb else []
+            port_range = ports.get(d.winner.node_id, ())
             if d.displaced:  # its victims leave in this commit, or nothing happens
-                evicted = plan_evictions(view, d, ports, epoch)
+                evicted = plan_evictions(view, d, port_range, epoch)
                 if evicted is None:
                     out.effects.append(NotPlaced(d))
                     continue
                 out.lines += evicted.lines
                 out.effects += evicted.effects
-            placement = place(view, d, aid, ports)
+            placement = place(view, d, aid, port_range)
             if placement is None:
                 out.effects.append(NotPlaced(d))
                 continue

@@ -1,7 +1,7 @@
 """The operator's changes to a service: deploy (a new service, or its next version), scale,
 stop and rollback - each a plan that writes ``services/<name>.json`` and takes the keeper's
-first steps in the same commit (`Services.keep`), so a deploy's first replicas are in the
-commit that made its version.
+first steps in the same commit (`serviceplans.plan_keep`), so a deploy's first replicas are
+in the commit that made its version.
 
 Rules:
 1. A spec equal to the running version but for its count is that version (a count alone
@@ -27,6 +27,9 @@ Rules:
    answers, in commit order. A verb refused before it is queued (`refused`, the API's
    checks) is answered directly: it wrote nothing, so no commit of its own has to be durable
    before it is told.
+7. A verb's plan reads nothing but its arguments: the request, and what the keeper's first
+   steps read (`serviceplans.KeepInputs`, whose wall clock also stamps the version and
+   the deployment), gathered as the verb is asked.
 """
 
 from __future__ import annotations
@@ -35,7 +38,6 @@ import asyncio
 import functools
 from collections import OrderedDict
 from collections.abc import Callable
-from datetime import datetime
 
 import msgspec
 
@@ -43,9 +45,9 @@ from gavel.broker.context import Context
 from gavel.broker.effects import Answer, Emit, Refuse, Wake
 from gavel.broker.ledger.committer import Item, Planned
 from gavel.broker.ledger.plan import View
-from gavel.broker.ledger.state import State, stamp
+from gavel.broker.ledger.state import State
 from gavel.broker.routeowners import refusal_in
-from gavel.broker.serviceplans import DeployEnded
+from gavel.broker.serviceplans import DeployEnded, KeepInputs, plan_keep
 from gavel.broker.services import Services
 from gavel.shared.api import DeployReply
 from gavel.shared.messages import ApiError, EventType, Message, Spec
@@ -54,22 +56,21 @@ from gavel.shared.reasons import Reason
 from gavel.shared.records import Deployment, ServiceRecord, ServiceVersion, service_path
 from gavel.transport.tasks import Tasks
 
-__all__ = ["KEYS_KEPT", "Deploys", "plan_verb", "refusal"]
+__all__ = ["KEYS_KEPT", "Deploys", "plan_deploy", "plan_rollback", "plan_scale", "plan_stop",
+           "plan_verb", "refusal"]
 
 #: Idempotency keys of deploy requests remembered, newest last (rule 2).
 KEYS_KEPT = 1024
 
 #: What a verb's plan returns: the commit (None: nothing to write) and the reply to give
 #: once it has landed (for no commit, the plan's only effect; None: the service's status).
-Outcome = tuple[Planned | None, Callable[[], Message | None]]
+Outcome = tuple[Planned | None, Message | None]
 
 
 class Deploys:
-    def __init__(self, ctx: Context, services: Services,
-                 wall: Callable[[], datetime]) -> None:
+    def __init__(self, ctx: Context, services: Services) -> None:
         self.ctx = ctx
         self.services = services
-        self.wall = wall
         self._keys: OrderedDict[str, asyncio.Future[Message | None]] = OrderedDict()
         self._commits = Tasks("deploys", ctx.log)  # each outlives its request's cancel
 
@@ -88,7 +89,8 @@ class Deploys:
         done = self._keys.get(key) if key else None
         if done is None:
             done = self._commits.spawn(self._commit(spec.name, functools.partial(
-                self._deploy, spec=spec, check_index=check_index)), name=f"deploy {spec.name}")
+                plan_deploy, spec=spec, check_index=check_index,
+                keep=self._inputs(spec.name))), name=f"deploy {spec.name}")
             if key:  # a retry with this key is answered what this request is
                 self._keys[key] = done
                 while len(self._keys) > KEYS_KEPT:
@@ -98,124 +100,22 @@ class Deploys:
             del self._keys[key]  # nothing landed: a retry may try again
         return got if got is not None else ApiError(error="deploy failed")
 
-    def _deploy(self, view: View, spec: Spec, check_index: int | None = None) -> Outcome:
-        name = spec.name
-        owned = refusal_in(view, spec)  # a deploy racing this one may have claimed it
-        if owned:
-            return None, lambda: ApiError(error=owned)
-        cur = view.service(name)
-        if check_index is not None and (index := version_index(cur)) != check_index:
-            return None, lambda: ApiError(error=f"{Reason.STALE_INDEX} ({name}'s version "
-                                                f"index is {index}, the plan's {check_index})")
-        at = stamp(self.wall())
-        out = Planned(lines=[])
-        if cur is None:
-            rec = ServiceRecord(name=name, versions=[ServiceVersion(version=1, spec=spec, at=at)],
-                                version=1, count=spec.count,
-                                deployment=Deployment(to_version=1, started_at=at))
-            out.lines.append(f"service {name}: deploy version 1 ({spec.count} replicas)")
-        else:
-            running = cur.spec_of(cur.version)
-            if running is not None and _same(running, spec):
-                if not cur.stopped and cur.count == spec.count:
-                    return None, lambda: DeployReply(name=name, version=cur.version,
-                                                     changed=False)
-                rec = msgspec.structs.replace(cur, stopped=False, count=spec.count)
-                out.lines.append(f"service {name}: version {cur.version} with {spec.count} "
-                                 "replicas" + (", started again" if cur.stopped else ""))
-            else:
-                v = max(x.version for x in cur.versions) + 1
-                rec = msgspec.structs.replace(
-                    cur, versions=[*cur.versions, ServiceVersion(version=v, spec=spec, at=at)],
-                    version=v, count=spec.count, stopped=False,
-                    deployment=Deployment(to_version=v, from_version=cur.version,
-                                          started_at=at))
-                out.lines.append(f"service {name}: deploy version {v} over version "
-                                 f"{cur.version} ({spec.count} replicas, "
-                                 f"{spec.update.max_parallel} at a time)")
-                self._supersede(out, cur, at)
-        view.put_service(rec)
-        if rec.deployment is not None and rec.deployment.state == "running" and \
-                (cur is None or rec.version != cur.version):
-            out.effects.append(Emit(
-                name, EventType.DEPLOYING,
-                detail=f"version {rec.version}" + (f" (from {cur.version})" if cur else "")))
-        self._then_keep(view, name, out)
-        return out, lambda: DeployReply(name=name, version=rec.version)
-
-    def _supersede(self, out: Planned, cur: ServiceRecord, at: str,
-                   reason: str = "") -> Deployment | None:
-        """A running deployment `cur` had is cancelled by the change being planned."""
-        dep = cur.deployment
-        if dep is None or dep.state != "running":
-            return dep
-        ended = msgspec.structs.replace(dep, state="cancelled", ended_at=at, reason=reason)
-        out.lines.append(f"service {cur.name}: the deployment of version {dep.to_version} "
-                         "is cancelled")
-        out.effects.append(DeployEnded("cancelled"))
-        return ended
-
-    def _then_keep(self, view: View, name: str, out: Planned) -> None:
-        """The keeper's first steps for the changed service, in the verb's own commit."""
-        kept = self.services.keep(view, name)
-        if kept is not None:
-            out.lines += kept.lines
-            out.effects += kept.effects
+    def _inputs(self, name: str) -> KeepInputs:
+        """What a verb's plan on `name` reads besides its view (rule 7)."""
+        recs = self.ctx.ledger.state().replicas_of(name)
+        return self.services.inputs(name, recs, self.ctx.now())
 
     async def scale(self, name: str, count: int) -> Message | None:
-        def plan(view: View) -> Outcome:
-            cur = view.service(name)
-            if cur is None:
-                return None, lambda: _unknown(name)
-            if cur.count == count:
-                return None, lambda: None
-            out = Planned(lines=[f"service {name}: scale from {cur.count} to {count} replicas"
-                                 + (" (stopped: none run until it is deployed again)"
-                                    if cur.stopped else "")])
-            view.put_service(msgspec.structs.replace(cur, count=count))
-            self._then_keep(view, name, out)
-            return out, lambda: None
-        return await self._commit(name, plan)
+        return await self._commit(name, functools.partial(
+            plan_scale, name=name, count=count, keep=self._inputs(name)))
 
     async def stop_service(self, name: str) -> Message | None:
-        def plan(view: View) -> Outcome:
-            cur = view.service(name)
-            if cur is None:
-                return None, lambda: _unknown(name)
-            if cur.stopped:
-                return None, lambda: None
-            out = Planned(lines=[f"service {name}: stop every replica"])
-            dep = self._supersede(out, cur, stamp(self.wall()), Reason.SERVICE_STOPPED)
-            view.put_service(msgspec.structs.replace(cur, stopped=True, deployment=dep))
-            self._then_keep(view, name, out)
-            return out, lambda: None
-        return await self._commit(name, plan)
+        return await self._commit(name, functools.partial(
+            plan_stop, name=name, keep=self._inputs(name)))
 
     async def rollback(self, name: str, to_version: int) -> Message | None:
-        def plan(view: View) -> Outcome:
-            cur = view.service(name)
-            if cur is None:
-                return None, lambda: _unknown(name)
-            target = to_version or _back(cur)
-            if not target:
-                return None, lambda: ApiError(error=f"{name} has no version to go back to "
-                                                    "yet: name one (--to VERSION)")
-            if cur.spec_of(target) is None:
-                return None, lambda: ApiError(error=f"{name} has no version {target}")
-            if target == cur.version:
-                return None, lambda: ApiError(error=f"{name} runs version {target} already")
-            at = stamp(self.wall())
-            out = Planned(lines=[f"service {name}: roll back from version {cur.version} to "
-                                 f"version {target}"])
-            self._supersede(out, cur, at)
-            view.put_service(msgspec.structs.replace(cur, version=target, deployment=Deployment(
-                to_version=target, from_version=cur.version, started_at=at,
-                reason=str(Reason.ROLLED_BACK), detail="asked by the operator")))
-            out.effects.append(Emit(name, EventType.DEPLOYING, reason=Reason.ROLLED_BACK,
-                                    detail=f"version {target} (from {cur.version})"))
-            self._then_keep(view, name, out)
-            return out, lambda: None
-        return await self._commit(name, plan)
+        return await self._commit(name, functools.partial(
+            plan_rollback, name=name, to_version=to_version, keep=self._inputs(name)))
 
     async def _commit(self, name: str, plan: Callable[[View], Outcome]) -> Message | None:
         """Run a verb's plan on `name` in the group committer; its reply once the commit
@@ -226,6 +126,127 @@ class Deploys:
                                    done=done),
             retry=False, gave_up=[Refuse(done)]))
         return await done
+
+
+# -- the verbs' plans (rule 6) -------------------------------------------------------------
+def plan_deploy(view: View, *, spec: Spec, check_index: int | None,
+                keep: KeepInputs) -> Outcome:
+    """Create the service, or deploy `spec` as its next version (rules 1 and 5)."""
+    name = spec.name
+    owned = refusal_in(view, spec)  # a deploy racing this one may have claimed it
+    if owned:
+        return None, ApiError(error=owned)
+    cur = view.service(name)
+    if check_index is not None and (index := version_index(cur)) != check_index:
+        return None, ApiError(error=f"{Reason.STALE_INDEX} ({name}'s version index is "
+                                    f"{index}, the plan's {check_index})")
+    at = keep.stamp
+    out = Planned(lines=[])
+    if cur is None:
+        rec = ServiceRecord(name=name, versions=[ServiceVersion(version=1, spec=spec, at=at)],
+                            version=1, count=spec.count,
+                            deployment=Deployment(to_version=1, started_at=at))
+        out.lines.append(f"service {name}: deploy version 1 ({spec.count} replicas)")
+    else:
+        running = cur.spec_of(cur.version)
+        if running is not None and _same(running, spec):
+            if not cur.stopped and cur.count == spec.count:
+                return None, DeployReply(name=name, version=cur.version, changed=False)
+            rec = msgspec.structs.replace(cur, stopped=False, count=spec.count)
+            out.lines.append(f"service {name}: version {cur.version} with {spec.count} "
+                             "replicas" + (", started again" if cur.stopped else ""))
+        else:
+            v = max(x.version for x in cur.versions) + 1
+            rec = msgspec.structs.replace(
+                cur, versions=[*cur.versions, ServiceVersion(version=v, spec=spec, at=at)],
+                version=v, count=spec.count, stopped=False,
+                deployment=Deployment(to_version=v, from_version=cur.version,
+                                      started_at=at))
+            out.lines.append(f"service {name}: deploy version {v} over version "
+                             f"{cur.version} ({spec.count} replicas, "
+                             f"{spec.update.max_parallel} at a time)")
+            _supersede(out, cur, at)
+    view.put_service(rec)
+    if rec.deployment is not None and rec.deployment.state == "running" and \
+            (cur is None or rec.version != cur.version):
+        out.effects.append(Emit(
+            name, EventType.DEPLOYING,
+            detail=f"version {rec.version}" + (f" (from {cur.version})" if cur else "")))
+    _then_keep(view, name, out, keep)
+    return out, DeployReply(name=name, version=rec.version)
+
+
+def plan_scale(view: View, *, name: str, count: int, keep: KeepInputs) -> Outcome:
+    cur = view.service(name)
+    if cur is None:
+        return None, _unknown(name)
+    if cur.count == count:
+        return None, None
+    out = Planned(lines=[f"service {name}: scale from {cur.count} to {count} replicas"
+                         + (" (stopped: none run until it is deployed again)"
+                            if cur.stopped else "")])
+    view.put_service(msgspec.structs.replace(cur, count=count))
+    _then_keep(view, name, out, keep)
+    return out, None
+
+
+def plan_stop(view: View, *, name: str, keep: KeepInputs) -> Outcome:
+    cur = view.service(name)
+    if cur is None:
+        return None, _unknown(name)
+    if cur.stopped:
+        return None, None
+    out = Planned(lines=[f"service {name}: stop every replica"])
+    dep = _supersede(out, cur, keep.stamp, Reason.SERVICE_STOPPED)
+    view.put_service(msgspec.structs.replace(cur, stopped=True, deployment=dep))
+    _then_keep(view, name, out, keep)
+    return out, None
+
+
+def plan_rollback(view: View, *, name: str, to_version: int, keep: KeepInputs) -> Outcome:
+    cur = view.service(name)
+    if cur is None:
+        return None, _unknown(name)
+    target = to_version or _back(cur)
+    if not target:
+        return None, ApiError(error=f"{name} has no version to go back to yet: name one "
+                                    "(--to VERSION)")
+    if cur.spec_of(target) is None:
+        return None, ApiError(error=f"{name} has no version {target}")
+    if target == cur.version:
+        return None, ApiError(error=f"{name} runs version {target} already")
+    at = keep.stamp
+    out = Planned(lines=[f"service {name}: roll back from version {cur.version} to "
+                         f"version {target}"])
+    _supersede(out, cur, at)
+    view.put_service(msgspec.structs.replace(cur, version=target, deployment=Deployment(
+        to_version=target, from_version=cur.version, started_at=at,
+        reason=str(Reason.ROLLED_BACK), detail="asked by the operator")))
+    out.effects.append(Emit(name, EventType.DEPLOYING, reason=Reason.ROLLED_BACK,
+                            detail=f"version {target} (from {cur.version})"))
+    _then_keep(view, name, out, keep)
+    return out, None
+
+
+def _supersede(out: Planned, cur: ServiceRecord, at: str,
+               reason: str = "") -> Deployment | None:
+    """A running deployment `cur` had is cancelled by the change being planned."""
+    dep = cur.deployment
+    if dep is None or dep.state != "running":
+        return dep
+    ended = msgspec.structs.replace(dep, state="cancelled", ended_at=at, reason=reason)
+    out.lines.append(f"service {cur.name}: the deployment of version {dep.to_version} "
+                     "is cancelled")
+    out.effects.append(DeployEnded("cancelled"))
+    return ended
+
+
+def _then_keep(view: View, name: str, out: Planned, keep: KeepInputs) -> None:
+    """The keeper's first steps for the changed service, in the verb's own commit."""
+    kept = plan_keep(view, name, keep)
+    if kept is not None:
+        out.lines += kept.lines
+        out.effects += kept.effects
 
 
 def refusal(state: State, name: str, pinned: str) -> ApiError | None:
@@ -245,10 +266,10 @@ def plan_verb(view: View, *, name: str, plan: Callable[[View], Outcome], pinned:
     """Rule 6: a verb's `plan` on `name`, run only while the service may be changed (rule
     4): its change, then its answer and the broker's next pass; or only its answer."""
     refused = refusal(view.state, name, pinned)
-    planned, reply = (None, lambda: refused) if refused is not None else plan(view)
+    planned, reply = (None, refused) if refused is not None else plan(view)
     if planned is None:
-        return Planned.only(Answer(done, reply()))
-    planned.effects += [Answer(done, reply()), Wake()]
+        return Planned.only(Answer(done, reply))
+    planned.effects += [Answer(done, reply), Wake()]
     return planned
 
 

@@ -35,7 +35,7 @@ from gavel.shared.reasons import Reason
 from gavel.shared.records import Assignment
 
 __all__ = ["current", "plan_action", "plan_cancel", "plan_drain", "plan_end", "plan_finish",
-           "plan_ports", "plan_requeue", "plan_unblock", "stop_message"]
+           "plan_ports", "plan_requeue", "plan_retry", "plan_unblock", "stop_message"]
 
 
 def current(ev: Event, placement: Assignment | None) -> bool:
@@ -75,6 +75,16 @@ def plan_requeue(view: View, iid: str, node: str, reason: Reason, detail: str = 
         effects.append(Emit(iid, EventType(new.state), node_id=node, reason=new.reason,
                             detail=new.detail))
     return Planned(lines=lines, effects=effects)
+
+
+def plan_retry(view: View, ev: Event) -> Planned | None:
+    """The node reports a failure that could succeed elsewhere (`broker.promises` rule 3):
+    off the node and back in the queue, unless placed again since the report was read; one
+    its worker stopped as it shut down spends no attempt."""
+    if not current(ev, view.placement(ev.instance_id)):
+        return None
+    return plan_requeue(view, ev.instance_id, ev.node_id, Reason(ev.reason), ev.detail,
+                        taken=ev.taken, free=ev.reason == Reason.WORKER_STOPPED)
 
 
 def plan_finish(view: View, a: Action, to: InstanceState, reason: Reason, *,

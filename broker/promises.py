@@ -9,10 +9,11 @@ Rules:
    there again - which would otherwise end the attempt that runs now). A report that names
    no attempt (0) is taken as the current one's.
 2. Every change goes through a plan (`broker.promiseplans`: pure, compare-and-swap on the
-   instance's state, its effects as values) and the group committer: a late event racing
-   an expiry resolves to exactly one of them. What this part notes of a plan in flight (a
-   verdict being acted on, a node's unblocking) is let go by the plan's effect (`Unacted`,
-   `Unblocked`), run in commit order, never while planning.
+   instance's state, its effects as values, the epoch given as the plan is submitted) and
+   the group committer: a late event racing an expiry resolves to exactly one of them.
+   What this part notes of a plan in flight (a verdict being acted on, a node's
+   unblocking) is let go by the plan's effect (`Unacted`, `Unblocked`), run in commit
+   order, never while planning.
 3. Only failures that could succeed elsewhere (driver failed to start, its node restarted it
    as often as its restart policy allows) spend an attempt and re-auction; a process that
    ran and failed with no restarts allowed, or timed out, fails. An instance its worker
@@ -63,6 +64,7 @@ from gavel.broker.promiseplans import (
     plan_end,
     plan_ports,
     plan_requeue,
+    plan_retry,
     plan_unblock,
 )
 from gavel.broker.watchdog import Action, Kind, due
@@ -220,10 +222,7 @@ class Promises:
             case EventType.CANCELLED:
                 self._end(ev, InstanceState.CANCELLED)
             case EventType.FAILED if ev.reason in RETRYABLE:
-                self._submit(lambda v: plan_requeue(
-                    v, iid, node, Reason(ev.reason), ev.detail, taken=ev.taken,
-                    free=ev.reason == Reason.WORKER_STOPPED) if current(
-                        ev, v.placement(iid)) else None)
+                self._submit(functools.partial(plan_retry, ev=ev))
             case EventType.FAILED:
                 self._end(ev, InstanceState.FAILED)
 
@@ -328,7 +327,7 @@ class Promises:
                 continue
             self.acting.add(key)
             ctx.committer.submit(Item(plan=functools.partial(
-                and_then, plan=functools.partial(self._act, a=action),
+                and_then, plan=functools.partial(plan_action, a=action, epoch=ctx.leader.epoch),
                 effects=(Unacted(action),)), gave_up=[Unacted(action)], retry=False))
         self._drain_deadlines(now)
         self._migrate_next()
@@ -347,9 +346,6 @@ class Promises:
 
     def _unacted(self, e: Unacted, _sha: str) -> None:
         self.acting.discard((e.action.kind, e.action.instance_id))
-
-    def _act(self, view: View, a: Action) -> Planned | None:
-        return plan_action(view, a, self.ctx.leader.epoch)
 
     # -- operator verbs ------------------------------------------------------------------
     def cancel(self, iid: str) -> str:
@@ -411,10 +407,8 @@ class Promises:
                 continue
             self.acting.add(key)
             done = Unacted(Action(Kind.REVOKE, iid, node))
-
-            def plan(v: View, i: str = iid, n: str = node) -> Planned | None:
-                return plan_requeue(v, i, n, Reason.MIGRATED, free=True, stop=True,
-                                    epoch=self.ctx.leader.epoch)
+            plan = functools.partial(plan_requeue, iid=iid, node=node, reason=Reason.MIGRATED,
+                                     free=True, stop=True, epoch=self.ctx.leader.epoch)
             self.ctx.committer.submit(Item(
                 plan=functools.partial(and_then, plan=plan, effects=(done,)), gave_up=[done]))
 

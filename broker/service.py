@@ -213,7 +213,7 @@ class Broker:
         self.arrays = Arrays(ctx, landing=self.landing)
         self.systems = Systems(ctx, self.promises, config.wall, caps=config.caps)
         self.periodic = Periodic(ctx, self.promises, config.wall, config.caps)
-        self.deploys = Deploys(ctx, self.services, config.wall)
+        self.deploys = Deploys(ctx, self.services)
         self.integrity = Integrity(ctx)
 
     def _committer(self) -> Committer:

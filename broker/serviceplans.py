@@ -2,10 +2,12 @@
 reads, returning the change and the effects that follow it (`broker.effects`).
 
 Rules:
-1. A plan reads nothing but its arguments - the view, what the part remembers of each
-   replica (`Clocks`, read only), the back-off's verdict, the time, the epoch, the ids'
-   `random.Random` - and decides again on its own view, so two plans in one commit, or a
-   pass and an operator's change, start nothing twice (`broker.services` rule 1).
+1. A plan reads nothing but its arguments - the view and what its part knew as it submitted
+   the pass (`KeepInputs`, `SystemInputs`: what it remembers of each replica, the
+   back-off's verdict, the nodes and the health they said, the clock, the wall clock, the
+   epoch, the seed the new ids are drawn from) - and decides again on its own view, so two
+   plans in one commit, or a pass and an operator's change, start nothing twice
+   (`broker.services` rule 1), and the same inputs on the same view plan the same change.
 2. Everything a pass tells or notes waits for its commit, as values: the service's events
    (`Emit`, named as the service), a stopped replica's cancel and grace or its end
    (`stop_replica`), and the part's own notes - the replicas started (`Started`,
@@ -21,6 +23,7 @@ import random
 from collections.abc import Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import msgspec
 
@@ -39,9 +42,11 @@ from gavel.shared.systems import Decision as SystemDecision
 from gavel.shared.systems import Node, Placed
 from gavel.shared.systems import decide as decide_system
 
-__all__ = ["Clocks", "DeployEnded", "Ended", "EndsTaken", "Started", "SystemStarted",
-           "decision", "is_system", "plan_keep", "plan_system", "stop_replica",
-           "system_decision"]
+__all__ = ["Clocks", "DeployEnded", "Ended", "EndsTaken", "KeepInputs", "Started",
+           "SystemInputs", "SystemStarted", "decision", "is_system", "plan_keep",
+           "plan_system", "stop_replica", "system_decision"]
+
+_T = TypeVar("_T")
 
 #: Ends a deploying version's replica may come to on its own (keeper rule 4).
 _OWN_ENDS = frozenset({InstanceState.FAILED, InstanceState.SUCCEEDED})
@@ -102,6 +107,55 @@ class Clocks:
     #: New copies a re-auction is moving replicas to, and the replica each replaces
     #: (`broker.reauction` rule 5): counted once they stand for it, not before.
     moving: Mapping[str, str] = field(default_factory=dict)
+
+    def of(self, ids: Sequence[str]) -> Clocks:
+        """A copy holding the clocks of the replicas `ids`: what a plan over them reads."""
+        return Clocks(_copy(self.first_seen, ids), _copy(self.healthy_since, ids),
+                      _copy(self.moving, ids))
+
+
+def _copy(held: Mapping[str, _T], ids: Sequence[str]) -> dict[str, _T]:
+    """`held`'s entries for `ids`: the whole map copied at once when they are a good part
+    of it (a service of most of the replicas: a copy in C is many times faster than one
+    entry at a time), else entry by entry."""
+    if len(held) <= 8 * len(ids):
+        return dict(held)
+    return {i: held[i] for i in ids if i in held}
+
+
+@dataclass(frozen=True)
+class KeepInputs:
+    """What a service's pass reads besides its view (rule 1)."""
+
+    #: The broker's clock and the wall clock as git stamps it (`ledger.state.stamp`).
+    now: float
+    stamp: str
+    #: The leadership's epoch, for the stop messages.
+    epoch: int
+    #: The new replicas' ids are drawn from `random.Random(seed)`.
+    seed: int
+    #: Starts at most (`broker.services` rule 6).
+    start_chunk: int
+    #: The back-off holds the replacements; the ends that wait for one, oldest first.
+    hold: bool = False
+    ended: tuple[Ended, ...] = ()
+    clocks: Clocks = field(default_factory=Clocks)
+
+
+@dataclass(frozen=True)
+class SystemInputs:
+    """What a system job's pass reads besides its view (rule 1)."""
+
+    #: Every node the broker has heard, as the decision sees it (`broker.systems` rule 3).
+    nodes: Mapping[str, Node]
+    stamp: str
+    epoch: int
+    seed: int
+    #: Nodes backed off, and the job's instances known healthy (`broker.systems` rule 5).
+    hold: AbstractSet[str] = frozenset()
+    settled: AbstractSet[str] = frozenset()
+    #: The operator's caps: no instance is started past the cluster's.
+    caps: Caps | None = None
 
 
 # -- shared steps --------------------------------------------------------------------------
@@ -177,17 +231,18 @@ def decision(view: View | State, svc: ServiceRecord, recs: list[InstanceRecord],
                   hold=hold, stamp=stamp)
 
 
-def plan_keep(view: View, name: str, *, clocks: Clocks, hold: bool, ended: Sequence[Ended],
-              rng: random.Random, start_chunk: int, now: float, stamp: str,
-              epoch: int) -> Planned | None:
+def plan_keep(view: View, name: str, inputs: KeepInputs) -> Planned | None:
     """The keeper's decision for the service `name` on `view`, applied to it: at most
     `start_chunk` starts, each replacing the next of `ended` while there are some."""
     svc = view.service(name)
     if svc is None or is_system(svc):
         return None
-    d = decision(view, svc, view.replicas(name), clocks, hold=hold, now=now, stamp=stamp)
+    now, ended, epoch = inputs.now, inputs.ended, inputs.epoch
+    d = decision(view, svc, view.replicas(name), inputs.clocks, hold=inputs.hold, now=now,
+                 stamp=inputs.stamp)
     if not d:
         return None
+    rng = random.Random(inputs.seed)
     out = Planned(lines=[])
     verdict = Planned(lines=[])
     if d.record is not None:
@@ -196,7 +251,7 @@ def plan_keep(view: View, name: str, *, clocks: Clocks, hold: bool, ended: Seque
     target = d.record or svc
     spec = target.spec_of(target.version)
     made: list[str] = []
-    starts = min(d.start, start_chunk) if spec is not None else 0  # services rule 6
+    starts = min(d.start, inputs.start_chunk) if spec is not None else 0  # services rule 6
     for _ in range(starts):
         assert spec is not None
         iid = new_id(view, name, rng)
@@ -258,7 +313,7 @@ def _narrate(out: Planned, before: ServiceRecord, d: Decision) -> None:
 
 # -- system jobs ---------------------------------------------------------------------------
 def system_decision(view: View | State, svc: ServiceRecord, recs: list[InstanceRecord],
-                    nodes: Mapping[str, Node], hold: set[str],
+                    nodes: Mapping[str, Node], hold: AbstractSet[str],
                     settled: AbstractSet[str] = frozenset(),
                     caps: Caps | None = None) -> SystemDecision:
     """`shared.systems.decide` for the job: its version rolls `update.max_parallel` nodes
@@ -275,19 +330,18 @@ def system_decision(view: View | State, svc: ServiceRecord, recs: list[InstanceR
                          room=None if caps is None else room(caps, live=live_instances(view)))
 
 
-def plan_system(view: View, name: str, *, nodes: Mapping[str, Node], hold: set[str],
-                rng: random.Random, stamp: str, epoch: int,
-                settled: AbstractSet[str] = frozenset(),
-                caps: Caps | None = None) -> Planned | None:
-    """The decision for the system job `name` on `view` (`nodes` as the broker hears them,
-    `hold`: nodes backed off, `settled`: its instances known healthy, `caps`: the
-    operator's, whose cluster cap it starts nothing past), applied to it."""
+def plan_system(view: View, name: str, inputs: SystemInputs) -> Planned | None:
+    """The decision for the system job `name` on `view` (its nodes as the broker hears them,
+    those backed off, its instances known healthy, the operator's caps, whose cluster cap
+    it starts nothing past), applied to it."""
     svc = view.service(name)
     if svc is None or not is_system(svc):
         return None
     spec = svc.spec_of(svc.version)
     assert spec is not None
-    d = system_decision(view, svc, view.replicas(name), nodes, hold, settled, caps)
+    d = system_decision(view, svc, view.replicas(name), inputs.nodes, inputs.hold,
+                        inputs.settled, inputs.caps)
+    rng, stamp, epoch = random.Random(inputs.seed), inputs.stamp, inputs.epoch
     out = Planned(lines=[])
     made: list[str] = []
     for node in d.start:

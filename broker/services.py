@@ -33,6 +33,10 @@ Rules:
    visible share of the loop per pass, and passing over it every tick would leave the API,
    the auctions and the heartbeats no time at all. A small service's pass takes
    microseconds and runs every tick as before.
+8. A pass's plan (`serviceplans.plan_keep`) reads what this part knew as it submitted it
+   (`inputs`: the clock, the wall clock, the epoch, the back-off, the ends waiting, its
+   replicas' clocks, a seed for the new ids), never this part while planning: what it
+   learns meanwhile goes to the next pass.
 """
 
 from __future__ import annotations
@@ -44,8 +48,6 @@ from datetime import datetime
 
 from gavel.broker.context import Context
 from gavel.broker.keeper import CALM_TICKS, Backoff, Replica, decide
-from gavel.broker.ledger.committer import Planned
-from gavel.broker.ledger.plan import View
 from gavel.broker.ledger.state import State, stamp
 from gavel.broker.onepass import OnePass
 from gavel.broker.promises import Promises
@@ -54,6 +56,7 @@ from gavel.broker.serviceplans import (
     DeployEnded,
     Ended,
     EndsTaken,
+    KeepInputs,
     Started,
     failed_new,
     is_system,
@@ -190,20 +193,20 @@ class Services:
             if d is not None and not d and d.missing is not None and d.missing <= 0:
                 self._ended.pop(name, None)  # nothing missing: those ends need no replacement
             if d:
-                self.passes.submit(name, functools.partial(self.keep, name=name))
+                self.passes.submit(name, functools.partial(
+                    plan_keep, name=name, inputs=self.inputs(name, recs, now)))
 
     def _holds(self, name: str, now: float) -> bool:
         backoff = self._backoff.get(name)
         return backoff is not None and backoff.holds(now)
 
-    def keep(self, view: View, name: str) -> Planned | None:
-        """The keeper's decision for `name` on `view`, applied to it (rule 1), as a pure plan
-        (`broker.serviceplans.plan_keep`) of what this part knows now."""
-        now = self.ctx.now()
-        return plan_keep(view, name, clocks=self._clocks, hold=self._holds(name, now),
-                         ended=tuple(self._ended.get(name, ())), rng=self.rng,
-                         start_chunk=self.start_chunk, now=now, stamp=stamp(self.wall()),
-                         epoch=self.ctx.leader.epoch)
+    def inputs(self, name: str, recs: list[InstanceRecord], now: float) -> KeepInputs:
+        """What the keeper's plan for `name` reads besides its view (`recs`: its replicas in
+        git), as this part knows it now (rule 8)."""
+        return KeepInputs(now=now, stamp=stamp(self.wall()), epoch=self.ctx.leader.epoch,
+                          seed=self.rng.getrandbits(64), start_chunk=self.start_chunk,
+                          hold=self._holds(name, now), ended=tuple(self._ended.get(name, ())),
+                          clocks=self._clocks.of([r.instance_id for r in recs]))
 
     def _started(self, e: Started, _sha: str) -> None:
         """Replicas started: their deadline clocks run from when they were planned, and an

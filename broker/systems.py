@@ -25,6 +25,9 @@ Rules:
    rule 7): a node whose instance would pass it gets none yet, `gavel status NAME` names it
    with the submit's refusal (`ServiceStatus.capped`), and a later pass makes it once an
    instance ends or a broker started with a higher cap leads.
+8. A pass's plan (`serviceplans.plan_system`) reads what the pass decided on
+   (`SystemInputs`: the nodes as heard, the back-off, the instances settled, the wall
+   clock, the epoch, a seed for the new ids), never this part while planning.
 """
 
 from __future__ import annotations
@@ -37,12 +40,16 @@ from datetime import datetime
 from gavel.broker.admission import live_instances
 from gavel.broker.context import Context
 from gavel.broker.keeper import CALM_TICKS, Backoff
-from gavel.broker.ledger.committer import Planned
-from gavel.broker.ledger.plan import View
 from gavel.broker.ledger.state import State, stamp
 from gavel.broker.onepass import OnePass
 from gavel.broker.promises import Promises
-from gavel.broker.serviceplans import SystemStarted, is_system, plan_system, system_decision
+from gavel.broker.serviceplans import (
+    SystemInputs,
+    SystemStarted,
+    is_system,
+    plan_system,
+    system_decision,
+)
 from gavel.shared.admission import Caps, refusal
 from gavel.shared.health import Health
 from gavel.shared.messages import Health as InstanceHealth
@@ -121,12 +128,14 @@ class Systems:
             self._observe(name, recs)
             if self.passes.busy(name):
                 continue
-            d = system_decision(state, svc, recs, self.nodes(state), self._hold(name),
-                                self.settled(recs), self.caps)
+            nodes, hold, settled = self.nodes(state), self._hold(name), self.settled(recs)
+            d = system_decision(state, svc, recs, nodes, hold, settled, self.caps)
             self._note_capped(name, state, d)
             if not d and not _deploying(svc):
                 continue
-            self.passes.submit(name, functools.partial(self.keep, name=name))
+            self.passes.submit(name, functools.partial(plan_system, name=name, inputs=SystemInputs(
+                nodes=nodes, stamp=stamp(self.wall()), epoch=ctx.leader.epoch,
+                seed=self.rng.getrandbits(64), hold=hold, settled=settled, caps=self.caps)))
 
     def _note_capped(self, name: str, state: State, d: SystemDecision) -> None:
         """Rule 7: the nodes the cap keeps waiting, each with the refusal a submit of them
@@ -138,14 +147,6 @@ class Systems:
     def capped(self, name: str) -> dict[str, str]:
         """The nodes of the system job `name` that wait at the cluster cap, and why."""
         return dict(self._capped.get(name, {}))
-
-    def keep(self, view: View, name: str) -> Planned | None:
-        """The decision for the system job `name` on `view`, applied to it, as a pure plan
-        (`broker.serviceplans.plan_system`) of the nodes as the broker hears them now."""
-        return plan_system(view, name, nodes=self.nodes(view.state), hold=self._hold(name),
-                           rng=self.rng, stamp=stamp(self.wall()),
-                           epoch=self.ctx.leader.epoch,
-                           settled=self.settled(view.replicas(name)), caps=self.caps)
 
     def settled(self, recs: list[InstanceRecord]) -> set[str]:
         """Rule 5: the live instances known healthy - as their nodes last said, or, with no

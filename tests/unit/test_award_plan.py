@@ -4,7 +4,7 @@ no clock."""
 
 from __future__ import annotations
 
-from gavel.broker.awardplan import NotPlaced, Placed, Waits, plan_award
+from gavel.broker.awardplan import NotPlaced, Placed, Waits, plan_award, winner_ports
 from gavel.broker.effects import Emit, Publish, Release
 from gavel.broker.ledger.plan import View
 from gavel.broker.ledger.state import Change, State
@@ -63,7 +63,7 @@ def test_a_batch_says_what_each_decision_came_to_in_order() -> None:
     new = _waits("new")
     decisions: list[Decision] = [placed, drained, new, old]
     planned = plan_award(view, _auction(decisions), decisions, ROUND_S,
-                         heartbeats=HEARTBEATS, epoch=EPOCH)
+                         ports=winner_ports(decisions, HEARTBEATS), epoch=EPOCH)
     assert planned.effects == [Placed(placed, "a1", 1, ROUND_S), NotPlaced(drained),
                                Waits(new, "a1", True), Waits(old, "a1", False)]
     assert planned.lines[1:] == ["unschedulable new: 0/2 nodes bid: 2 no room for 1.0 cpu"]
@@ -88,7 +88,7 @@ def test_a_displacing_award_tells_its_victims_first_then_lands() -> None:
         "low-1": Assignment(instance_id="low-1", auction_id="a0", attempt=1, cpu=1.0)}))
     award = _awarded("urgent-1", urgent, "n1",
                      (Victim(instance_id="low-1", priority=10, cpu=1.0),))
-    planned = plan_award(view, _auction([award]), [award], ROUND_S, heartbeats={},
+    planned = plan_award(view, _auction([award]), [award], ROUND_S, ports={},
                          epoch=EPOCH)
     assert planned.effects == [
         Publish(subjects.CANCEL.format(node="n1"),
@@ -107,8 +107,31 @@ def test_an_award_whose_victims_cannot_leave_changes_nothing() -> None:
     view = _view(InstanceRecord(instance_id="urgent-1", spec=urgent))
     award = _awarded("urgent-1", urgent, "n1",
                      (Victim(instance_id="gone-1", priority=10, cpu=1.0),))
-    planned = plan_award(view, _auction([award]), [award], ROUND_S, heartbeats={},
+    planned = plan_award(view, _auction([award]), [award], ROUND_S, ports={},
                          epoch=EPOCH)
     assert planned.effects == [NotPlaced(award)]
     assert planned.lines == [] and planned.trailers == []
     assert not view.change
+
+
+# -- what the plan reads is given (`broker.awardplan` rule 6) ------------------------------
+def test_a_winner_takes_its_ports_from_the_range_it_is_given() -> None:
+    """The port range is an argument: the same award on the same view lands on the range
+    given, and a winner given none takes no work that asks for ports."""
+    award = _awarded("web-1", WEB, "n1")
+    for given, port in (([30000, 30009], 30000), ([20005, 20009], 20005)):
+        view = _view(InstanceRecord(instance_id="web-1", spec=WEB))
+        planned = plan_award(view, _auction([award]), [award], ROUND_S,
+                             ports={"n1": given}, epoch=EPOCH)
+        nf = view.change.nodes["n1"]
+        assert nf is not None and nf.instances["web-1"].ports == {"http": port}
+        assert planned.effects == [Placed(award, "a1", 1, ROUND_S)]
+    view = _view(InstanceRecord(instance_id="web-1", spec=WEB))
+    assert plan_award(view, _auction([award]), [award], ROUND_S, ports={},
+                      epoch=EPOCH).effects == [NotPlaced(award)]
+
+
+def test_the_winners_ports_are_gathered_once_each_from_the_heartbeats() -> None:
+    decisions: list[Decision] = [_awarded("web-1", WEB, "n1"), _awarded("web-2", WEB, "n1"),
+                                 _awarded("job-1", JOB, "n2"), _waits("new")]
+    assert winner_ports(decisions, HEARTBEATS) == {"n1": [20000, 20009], "n2": ()}

@@ -24,6 +24,7 @@ from gavel.broker.ledger.state import Change, State, ready
 from gavel.broker.onepass import OnePass, Passed
 from gavel.broker.periodic import Unran
 from gavel.broker.periodic import plan_pass as periodic_pass
+from gavel.broker.promiseplans import plan_action
 from gavel.broker.promises import Unacted, Unblocked
 from gavel.broker.serviceplans import Clocks, replicas
 from gavel.broker.submissions import plan_submission
@@ -141,7 +142,7 @@ async def test_a_submission_that_fits_writes_its_records_and_answers_once_durabl
 
 def _deploy(view: View) -> Outcome:
     view.put_service(ServiceRecord(name="web", versions=[], version=1, count=1))
-    return Planned(lines=["service web: deploy"]), lambda: ApiError(error="the reply")
+    return Planned(lines=["service web: deploy"]), ApiError(error="the reply")
 
 
 async def test_a_verb_on_an_unreadable_service_is_refused_by_its_only_effect() -> None:
@@ -160,8 +161,7 @@ async def test_a_verb_on_a_pinned_deployment_or_with_nothing_to_do_only_answers(
     view = View(State(head="h"), Change())
     assert plan_verb(view, name="web", plan=_deploy, pinned="refs/tags/v1", done=done) == \
         Planned.only(Answer(done, ApiError(error=f"{Reason.PINNED} (refs/tags/v1)")))
-    nothing = plan_verb(view, name="web", plan=lambda v: (None, lambda: None), pinned="",
-                        done=done)
+    nothing = plan_verb(view, name="web", plan=lambda v: (None, None), pinned="", done=done)
     assert nothing == Planned.only(Answer(done, None))
     assert not done.done() and not view.change
 
@@ -262,7 +262,7 @@ def test_a_verdict_with_nothing_left_to_do_is_let_go_by_its_effect(rig: Rig) -> 
     b = rig.b
     action = Action(Kind.EXPIRE, "gone", "n1")  # no such instance: nothing to do
     b.promises.acting.add((action.kind, action.instance_id))
-    plan = functools.partial(and_then, plan=functools.partial(b.promises._act, a=action),
+    plan = functools.partial(and_then, plan=functools.partial(plan_action, a=action),
                              effects=(Unacted(action),))
     got = plan(View(b.ledger.state()))
     assert got == Planned.only(Unacted(action))

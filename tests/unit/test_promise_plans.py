@@ -15,6 +15,7 @@ from gavel.broker.promiseplans import (
     plan_cancel,
     plan_end,
     plan_requeue,
+    plan_retry,
 )
 from gavel.broker.watchdog import Action, Kind
 from gavel.shared import subjects
@@ -156,3 +157,35 @@ def test_a_reported_end_releases_the_hold_and_a_late_attempts_end_changes_nothin
     assert planned is not None and planned.effects == [Release("i")]
     assert planned.lines == ["failed i on n1 (exit 1)"]
     assert _record(view).reason == Reason.EXITED_NONZERO
+
+
+def test_a_retryable_failure_requeues_only_the_attempt_it_names() -> None:
+    """`plan_retry`: the report's attempt is checked on the plan's own view; one of its
+    worker stopping spends no attempt."""
+    failed = Event(instance_id="i", type=EventType.FAILED, node_id="n1", attempt=1,
+                   reason=Reason.DRIVER_FAILED, detail="no such file")
+    view = _placed(attempt=2)
+    assert plan_retry(view, failed) is None and not view.change  # placed again since
+    view = _placed(attempt=1, attempts=3)
+    planned = plan_retry(view, failed)
+    assert planned is not None and planned.effects == [Release("i")]
+    rec = _record(view)
+    assert (rec.state, rec.reason, rec.attempt) == (S.QUEUED, Reason.DRIVER_FAILED, 1)
+    last = msgspec.structs.replace(failed, attempt=3)
+    stopped = msgspec.structs.replace(last, reason=Reason.WORKER_STOPPED, detail="")
+    view = _placed(attempt=3, attempts=3)
+    planned = plan_retry(view, stopped)
+    assert planned is not None and _record(view).state is S.QUEUED  # not its fault
+    view = _placed(attempt=3, attempts=3)
+    assert plan_retry(view, last) is not None and _record(view).state is S.FAILED
+
+
+def test_a_migration_tells_the_node_to_stop_in_the_epoch_it_is_given() -> None:
+    for epoch in (EPOCH, EPOCH + 1):
+        view = _placed(attempt=1)
+        planned = plan_requeue(view, "i", "n1", Reason.MIGRATED, free=True, stop=True,
+                               epoch=epoch)
+        assert planned is not None and planned.effects == [
+            Publish(subjects.CANCEL.format(node="n1"),
+                    Cancel(instance_id="i", node_id="n1", epoch=epoch, attempt=1)),
+            Release("i")]

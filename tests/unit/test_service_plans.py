@@ -4,19 +4,23 @@ clock."""
 
 from __future__ import annotations
 
+import dataclasses
 import random
+from typing import Any
 
 import msgspec
 
 from gavel.broker.arrays import plan_array
+from gavel.broker.deploys import plan_deploy, plan_scale, plan_stop
 from gavel.broker.effects import Arm, Emit, Publish, Release, Timer, Wake
 from gavel.broker.ledger.committer import Planned
 from gavel.broker.ledger.plan import View
 from gavel.broker.ledger.state import Change, State
 from gavel.broker.serviceplans import (
-    Clocks,
     EndsTaken,
+    KeepInputs,
     Started,
+    SystemInputs,
     SystemStarted,
     plan_keep,
     plan_system,
@@ -24,6 +28,7 @@ from gavel.broker.serviceplans import (
 )
 from gavel.shared import subjects
 from gavel.shared.admission import Caps
+from gavel.shared.api import DeployReply
 from gavel.shared.messages import Cancel, EventType, InstanceState, Spec
 from gavel.shared.reasons import Reason
 from gavel.shared.records import (
@@ -62,9 +67,12 @@ def _service(count: int, replicas: dict[str, str], system: bool = False) -> View
 
 def _keep(view: View, ended: tuple[tuple[str, str, str], ...] = (),
           seed: int = 1) -> Planned | None:
-    return plan_keep(view, "web", clocks=Clocks(), hold=False, ended=ended,
-                     rng=random.Random(seed), start_chunk=100, now=NOW, stamp=STAMP,
-                     epoch=EPOCH)
+    return plan_keep(view, "web", KeepInputs(now=NOW, stamp=STAMP, epoch=EPOCH, seed=seed,
+                                             start_chunk=100, ended=ended))
+
+
+def _system(nodes: dict[str, Node], seed: int, **given: Any) -> SystemInputs:
+    return SystemInputs(nodes=nodes, stamp=STAMP, epoch=EPOCH, seed=seed, **given)
 
 
 def _ids(seed: int, n: int) -> tuple[str, ...]:
@@ -136,16 +144,14 @@ def test_two_plans_on_one_view_start_a_replacement_once() -> None:
 def test_a_system_job_starts_one_instance_on_each_node_and_none_twice() -> None:
     view = _service(1, {"web-a": "n1"}, system=True)
     nodes = {"n1": Node(labels={}), "n2": Node(labels={}), "n3": Node(labels=None)}
-    planned = plan_system(view, "web", nodes=nodes, hold=set(), rng=random.Random(1),
-                          stamp=STAMP, epoch=EPOCH)
+    planned = plan_system(view, "web", _system(nodes, seed=1))
     assert planned is not None
     new = _ids(1, 1)[0]
     assert planned.lines == [f"system web: start {new} on n2 (version 1)"]
     assert planned.effects == [Emit("web", EventType.REPLACED, node_id="n2",
                                     detail=f"{new} for n2"),
                                SystemStarted("web", ((new, "n2"),))]
-    again = plan_system(view, "web", nodes=nodes, hold=set(), rng=random.Random(2),
-                        stamp=STAMP, epoch=EPOCH)
+    again = plan_system(view, "web", _system(nodes, seed=2))
     assert again is None
 
 
@@ -169,8 +175,8 @@ def test_a_system_jobs_deploy_succeeds_only_once_no_older_version_is_left() -> N
     nodes = {"n1": Node(labels={}), "n2": Node(labels={})}
 
     def plan(settled: set[str]) -> Planned | None:
-        return plan_system(View(view.state, Change()), "web", nodes=nodes, hold=set(),
-                           rng=random.Random(1), stamp=STAMP, epoch=EPOCH, settled=settled)
+        return plan_system(View(view.state, Change()), "web",
+                           _system(nodes, seed=1, settled=settled))
     assert plan(set()) is None  # web-c not healthy yet: web-b keeps version 1
     rolled = plan({"web-c"})
     assert rolled is not None and rolled.lines[-1].startswith("system web: stop web-b")
@@ -194,8 +200,7 @@ def test_a_system_job_starts_no_instance_past_the_cluster_cap_on_its_view() -> N
     caps = Caps(per_service=10, instances=3)
 
     def plan(v: View, seed: int = 1) -> Planned | None:
-        return plan_system(v, "web", nodes=nodes, hold=set(), rng=random.Random(seed),
-                           stamp=STAMP, epoch=EPOCH, caps=caps)
+        return plan_system(v, "web", _system(nodes, seed=seed, caps=caps))
     planned = plan(view)
     assert planned is not None
     assert [line.split(" on ")[1] for line in planned.lines] == ["n2 (version 1)"]
@@ -241,3 +246,30 @@ def test_an_array_past_its_failures_cancels_its_held_tasks() -> None:
     cancelled = view.change.instances["job-2"]
     assert cancelled is not None and cancelled.state is InstanceState.CANCELLED
     assert planned.effects == [Emit("job-2", EventType.CANCELLED, reason=Reason.ARRAY_FAILED)]
+
+
+# -- the deploy verbs ----------------------------------------------------------------------
+def test_the_deploy_verbs_stamp_and_name_what_they_make_from_their_inputs() -> None:
+    """A verb's plan is a function of the request and `KeepInputs`: its wall clock stamps
+    the version and the deployment, its seed names the first replicas."""
+    spec = Spec(name="web", type="service", command=["true"], count=2)
+    view = View(State(head="h"), Change())
+    keep = KeepInputs(now=NOW, stamp=STAMP, epoch=EPOCH, seed=4, start_chunk=100)
+    planned, reply = plan_deploy(view, spec=spec, check_index=None, keep=keep)
+    assert planned is not None and reply == DeployReply(name="web", version=1)
+    svc = view.change.services["web"]
+    assert svc is not None and svc.deployment is not None
+    assert (svc.versions[0].at, svc.deployment.started_at) == (STAMP, STAMP)
+    assert planned.lines[1:] == [f"service web: start {iid} (version 1)" for iid in _ids(4, 2)]
+    later = dataclasses.replace(keep, stamp="2031-01-01T00:00:00.000Z", seed=5)
+    running = View(view.state, Change())
+    running.state.put_service("web", svc)
+    planned, _ = plan_scale(running, name="web", count=3, keep=later)
+    assert planned is not None
+    starts = [line for line in planned.lines if " start " in line]
+    assert starts == [f"service web: start {iid} (version 1)" for iid in _ids(5, 3)]
+    planned, _ = plan_stop(running, name="web", keep=later)
+    stopped = running.change.services["web"]
+    assert planned is not None and stopped is not None and stopped.deployment is not None
+    assert (stopped.deployment.state, stopped.deployment.ended_at) == \
+        ("cancelled", later.stamp)

@@ -7,6 +7,7 @@ a broker started again on the same repository carries on without a double replic
 
 from __future__ import annotations
 
+import functools
 import itertools
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,7 @@ import pytest
 from gavel.broker.ledger.plan import View, place
 from gavel.broker.ledger.repository import Ledger
 from gavel.broker.service import Broker, Config
+from gavel.broker.serviceplans import plan_keep
 from gavel.shared import subjects
 from gavel.shared.api import (
     DeployReply,
@@ -482,8 +484,10 @@ def test_two_passes_in_one_commit_start_a_replacement_once(rig: Rig) -> None:
     report(rig, live(rig)[0].instance_id, "exited", exit_code=1)
     sweep(rig)
     rig.now += 1  # past the back-off
+    recs = rig.b.ledger.state().replicas_of("web")
     for _ in range(2):  # queued together: one group commit plans both on one view
-        rig.b.committer.submit(Item(plan=lambda v: rig.b.services.keep(v, "web")))
+        rig.b.committer.submit(Item(plan=functools.partial(
+            plan_keep, name="web", inputs=rig.b.services.inputs("web", recs, rig.now))))
     settle(rig)
     assert len(live(rig)) == 2
 
