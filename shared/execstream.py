@@ -74,6 +74,7 @@ class Ended(StrEnum):
     WORKER_STOPPED = "the worker is stopping; the command was killed"
     BUSY = "this node runs as many exec sessions as it allows; try again shortly"
     START_FAILED = "the command could not be started"
+    FAILED = "the node failed serving the session; the command was killed"
 
 
 class ExecStart(Message, tag="exec-start"):

@@ -13,6 +13,9 @@ Rules:
    longer than its own idle limit is too. Output is handed over in the node's order
    (`ExecOutput.seq`).
 3. Cancelling `run` (Ctrl-C) hangs up: the node kills the command and says so.
+4. The session's input and keep-alive are tasks of its own owner (`transport.tasks`), ended
+   and awaited before `run` returns: one that crashes is logged at once, hangs up, and `run`
+   raises a `ClientError` naming it.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
+import logging
 import secrets
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -41,9 +45,11 @@ from gavel.shared.timing import Timing
 from gavel.transport.client import ClientError
 from gavel.transport.inbound import Decode, Malformed
 from gavel.transport.logclient import NodeUnreachable
+from gavel.transport.tasks import Crashed, Tasks
 
 __all__ = ["NodeUnreachable", "new_session", "run"]
 
+log = logging.getLogger("gavel.exec")
 _enc = msgspec.msgpack.Encoder()
 _dec: Decode[ExecOutput | ExecExit] = Decode(ExecOutput | ExecExit)
 #: The operator's waits: machine waits of `Timing` (`shared.timing` rule 3).
@@ -89,26 +95,31 @@ async def run(nc: Any, start: ExecStart, on_output: OnOutput, *,
         return ExecInput(node_id=node, session=session, **kw)
 
     acked = [0]
-    feeding: asyncio.Task[None] | None = None
-    alive: asyncio.Task[None] | None = None
-    try:
-        await send(start)
+    failed: asyncio.Future[Crashed] = asyncio.get_running_loop().create_future()
 
-        async def feed() -> None:
-            if stdin is None:
-                await send(inp(eof=True, acked=acked[0]))
-                return
-            async for data in stdin:
-                await send(inp(data=data, acked=acked[0]))
+    def crashed(crash: Crashed) -> None:
+        if not failed.done():
+            failed.set_result(crash)
+    tasks = Tasks(f"exec session {session}", log, crashed=crashed)
+
+    async def hang_up() -> None:  # rule 3
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(send(inp(hangup=True, acked=acked[0])), _TIMING.goodbye_s)
+
+    async def feed() -> None:
+        if stdin is None:
             await send(inp(eof=True, acked=acked[0]))
+            return
+        async for data in stdin:
+            await send(inp(data=data, acked=acked[0]))
+        await send(inp(eof=True, acked=acked[0]))
 
-        async def keepalive() -> None:
-            while True:
-                await asyncio.sleep(keepalive_s)
-                await send(inp(acked=acked[0]))
+    async def keepalive() -> None:
+        while True:
+            await asyncio.sleep(keepalive_s)
+            await send(inp(acked=acked[0]))
 
-        feeding = asyncio.ensure_future(feed())
-        alive = asyncio.ensure_future(keepalive())
+    async def hear() -> ExecExit:
         wait = first_s
         while True:
             try:
@@ -131,13 +142,29 @@ async def run(nc: Any, start: ExecStart, on_output: OnOutput, *,
                 await got
             if reply.seq % (WINDOW // 2) == 0:
                 await send(inp(acked=reply.seq))
+
+    hearing: asyncio.Future[ExecExit] | None = None
+    try:
+        await send(start)
+        tasks.spawn(feed(), name="input")
+        tasks.spawn(keepalive(), name="keepalive")
+        hearing = asyncio.ensure_future(hear())
+        either: set[asyncio.Future[Any]] = {hearing, failed}
+        await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
+        if hearing.done():
+            return hearing.result()
+        await hang_up()  # rule 4
+        raise ClientError(f"exec in {start.instance_id} ended: the session's "
+                          f"{failed.result().name} failed ({failed.result().error!r})")
     except asyncio.CancelledError:  # rule 3
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(send(inp(hangup=True, acked=acked[0])), _TIMING.goodbye_s)
+        await hang_up()
         raise
     finally:
-        for task in (feeding, alive):
-            if task is not None:
-                task.cancel()
+        if hearing is not None and not hearing.done():  # a hang-up, or a crash
+            hearing.cancel()
+            await asyncio.wait({hearing})
+            if not hearing.cancelled():
+                hearing.exception()  # what it raised as it was stopped changes nothing
+        await tasks.aclose(_TIMING.goodbye_s)
         with contextlib.suppress(nats.errors.Error):
             await sub.unsubscribe()

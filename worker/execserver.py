@@ -14,6 +14,9 @@ Rules:
    the operator's silence, a hang-up) kill the command (rule 3). Every session that ran a
    command ends with `ExecExit`, is logged here and is reported as an ``exec`` event (rule 5).
 4. A worker that stops kills every command under way and says so (`Ended.WORKER_STOPPED`).
+5. A session's input, output and exit are tasks of its own owner (`transport.tasks`), all
+   ended and awaited before the session answers its end: one that crashes is logged at once
+   and ends the session, its command killed (`Ended.FAILED`).
 """
 
 from __future__ import annotations
@@ -42,7 +45,7 @@ from gavel.shared.execstream import (
 from gavel.shared.messages import EventType, Message
 from gavel.shared.timing import Timing
 from gavel.transport.inbound import Door, Guard, Sink
-from gavel.transport.tasks import Tasks
+from gavel.transport.tasks import Crashed, Tasks
 from gavel.worker.drivers import Target
 from gavel.worker.execsession import Session
 
@@ -202,25 +205,29 @@ class ExecServer:
         return ""
 
     async def _run(self, sess: _Session, proc: Session) -> tuple[int | None, str]:
-        """The command's life: input in, output out, the limits watched (rule 3)."""
+        """The command's life: input in, output out, the limits watched (rule 3); its tasks
+        are the session's own (rule 5)."""
         deadline = self._clock() + execstream.limit(sess.start)
-        feed = asyncio.ensure_future(self._feed(sess, proc))
-        pump = asyncio.ensure_future(self._pump(sess, proc))
-
-        async def ended() -> tuple[int | None, str]:
-            why = await pump
-            if why:
-                return None, why
-            return await proc.wait(), ""
-        life = asyncio.ensure_future(ended())
+        failed: list[Crashed] = []
+        tasks = Tasks(f"exec {sess.start.session}", log, crashed=failed.append)
+        tasks.spawn(self._feed(sess, proc), name="input")
+        pump = tasks.spawn(self._pump(sess, proc), name="output")
+        exited: asyncio.Task[int | None] | None = None
         try:
             while True:
-                done, _ = await asyncio.wait({life}, timeout=self._poll_s)
-                if done:
-                    code, why = life.result()
-                    if not why:
-                        return code, ""
+                waiting: asyncio.Task[Any] = pump if exited is None else exited
+                await asyncio.wait({waiting}, timeout=self._poll_s)
+                if failed:  # rule 5
+                    why: str = Ended.FAILED
                     break
+                if exited is not None and exited.done():
+                    return exited.result(), ""
+                if exited is None and pump.done():
+                    why = pump.result()
+                    if why:
+                        break
+                    exited = tasks.spawn(proc.wait(), name="exit")  # the output ended
+                    continue
                 why = self._over(sess, deadline)
                 if why:
                     break
@@ -229,8 +236,7 @@ class ExecServer:
                 await asyncio.wait_for(proc.wait(), self._close_s)
             return None, why
         finally:
-            for task in (feed, pump, life):
-                task.cancel()
+            await tasks.aclose(self._close_s)
 
     async def _feed(self, sess: _Session, proc: Session) -> None:
         while True:

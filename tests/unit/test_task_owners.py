@@ -19,9 +19,9 @@ SCOPED: dict[str, tuple[int, str]] = {
     "worker/agent.py": (2, "the first connection, or a stop: whichever comes first"),
     "worker/instance.py": (1, "the process's exit, or its checks' verdict"),
     "worker/probes.py": (1, "one check's run, cancelled and awaited by its loop"),
-    "worker/execserver.py": (3, "a session's input, output and end, ended with it"),
     "transport/client.py": (1, "an answer, or the server's refusal of the request"),
-    "transport/execclient.py": (2, "a session's input and keep-alive, ended with it"),
+    "transport/execclient.py": (1, "a session's output, heard until it ends or its input "
+                                "crashes"),
 }
 
 
