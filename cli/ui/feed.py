@@ -21,6 +21,8 @@ Rules:
 7. Instances come as the broker's summary (`StatusRequest.summary`): counts of every
    instance and a bounded list, one answer however many there are; only a broker without
    the summary is read page by page.
+8. Its refreshing and its following are tasks of the feed's own owner (`transport.tasks`): a
+   crash is logged as it happens, and `close` ends and awaits both.
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ from gavel.shared.api import (
     StatusRequest,
 )
 from gavel.shared.timing import Timing
+from gavel.transport.tasks import Tasks
 
 __all__ = ["EVENTS_KEPT", "QUEUE_MAX", "REFRESH_S", "SETTLE_S", "Feed", "Page"]
 
@@ -121,8 +124,7 @@ class Feed:
         self._periodic: list[PeriodicStatus] = []
         self._arrays: list[ArrayStatus] = []
         self._changed = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
-        self._following: asyncio.Task[None] | None = None
+        self._tasks = Tasks("the dashboard's feed", log)  # rule 8
         self._sub: EventFeed | None = None
         #: Each running instance's measured usage over the last minutes (`ui.usage`).
         self.usage = usage.History()
@@ -138,8 +140,8 @@ class Feed:
         except ClientError:
             pass  # the broker is not up yet: events come as they happen
         await self.refresh()
-        self._task = asyncio.ensure_future(self._run())
-        self._following = asyncio.ensure_future(self._follow(self._sub, listed))
+        self._tasks.spawn(self._run(), name="refresh")
+        self._tasks.spawn(self._follow(self._sub, listed), name="follow")
 
     async def _follow(self, feed: EventFeed, listed: set[bytes]) -> None:
         """Rule 1: every event stored after the follower was placed, once, in order, across
@@ -153,15 +155,12 @@ class Feed:
             self._heard(data)
 
     async def close(self) -> None:
-        for task in (self._task, self._following):
-            # Cancelled again until it ends: on 3.11 a cancel that lands as a request's
-            # answer arrives is swallowed by the NATS client's wait_for, and the follower
-            # asks for the next event as if nothing happened.
-            while task is not None and not task.done():
-                task.cancel()
-                await asyncio.wait({task}, timeout=CLOSE_RETRY_S)
-            if task is not None and not task.cancelled() and task.exception() is not None:
-                log.warning("the dashboard's feed ended with %r", task.exception())
+        """Rule 8. Each task is cancelled again until it ends: on 3.11 a cancel that lands as
+        a request's answer arrives is swallowed by the NATS client's wait_for, and the
+        follower asks for the next event as if nothing happened."""
+        while running := self._tasks.running:
+            self._tasks.cancel()
+            await asyncio.wait(running, timeout=CLOSE_RETRY_S)
         if self._sub is not None:
             await self._sub.aclose()
 
