@@ -22,6 +22,10 @@ Rules:
    A signal is also said as it arrives, so a stop cut short by SIGKILL (a supervisor's
    grace run out) has said its cause; SIGHUP (its terminal gone) stops it as SIGTERM does,
    and the signals are caught before the broker is built, not left to kill it unsaid.
+9. What a daemon runs beside its part has an owner of its own (`transport.tasks`): a crash
+   of the broker's pusher or the gateway's keeper is logged as it happens and stops the
+   daemon (exit status 1). The pusher's owner closes last: the broker's close ends the
+   broker's tasks, the pusher flushes what they committed, then it stops.
 """
 
 from __future__ import annotations
@@ -58,6 +62,7 @@ from gavel.shared.reauction import Settings
 from gavel.shared.redact import mask_url
 from gavel.shared.strategies import Strategy
 from gavel.transport.creds import connect_options
+from gavel.transport.tasks import Tasks
 from gavel.transport.urls import servers
 
 if TYPE_CHECKING:
@@ -389,7 +394,8 @@ async def _run_broker(args: argparse.Namespace, signals: list[str]) -> int:
             running.cancel()
 
     stopping.append(stop)
-    pushing = asyncio.ensure_future(pusher.run()) if pusher is not None else None
+    pushers = Tasks("the broker's pusher", log, crashed=lambda crash: stop())  # rule 9
+    pushing = pushers.spawn(pusher.run(), name="pusher") if pusher is not None else None
     try:
         await running
     except asyncio.CancelledError:
@@ -399,10 +405,13 @@ async def _run_broker(args: argparse.Namespace, signals: list[str]) -> int:
     except (LedgerError, LeaseError) as exc:  # rule 4: Damaged, at start or later
         raise Stopped(str(exc)) from None
     finally:
-        if pusher is not None and pushing is not None:
-            await pusher.close(pushing, timeout=broker.config.timing.flush_s)
-        if server is not None:
-            server.close()
+        try:
+            if pusher is not None and pushing is not None:  # a crash is raised here
+                await pusher.close(pushing, timeout=broker.config.timing.flush_s)
+        finally:
+            await pushers.aclose(broker.config.timing.close_s)
+            if server is not None:
+                server.close()
     return 1 if refusals.fatal else 0
 
 
@@ -470,17 +479,18 @@ async def run_gateway(args: argparse.Namespace) -> int:
             raise ConfigError(f"{exc}.") from None
         log.info("metrics at %s", server.url)
     log.info("gateway: routes into Caddy server %r through %s", cfg.server, mask_url(cfg.admin))
-    running = asyncio.ensure_future(keeper.run())
+    keeping = Tasks("the gateway", log, crashed=lambda crash: stopping.set())  # rule 9
+    running = keeping.spawn(keeper.run(), name="keeper")
     try:
         await stopping.wait()
     finally:
         keeper.stop()
-        await running
+        await keeping.wait(None)  # its step in hand finishes: Caddy is left whole
         await nc.close()
         files.close()
         if server is not None:
             server.close()
-    return 0
+    return 1 if not running.cancelled() and running.exception() is not None else 0
 
 
 async def _gateway_nats_error(exc: Exception) -> None:

@@ -22,6 +22,7 @@ from gavel.cli.daemons import (
     worker_strategy,
 )
 from gavel.cli.parsers import unusable_dir
+from gavel.transport.tasks import Tasks
 
 if TYPE_CHECKING:
     from gavel.worker.cgroups import Enforcement
@@ -117,7 +118,8 @@ async def run_worker(args: argparse.Namespace) -> int:
                           cgroups=_cgroups(cfg), isolation=_isolation(cfg),
                           engine=_engine(cfg), volumes=cfg.volumes,
                           find_engine=_find_engine(cfg))
-    stopping.append(lambda: asyncio.ensure_future(agent.stop(kill_children=False)))
+    stops = Tasks("the worker's stop", log)  # an owner, as for every task (daemons rule 9)
+    stopping.append(lambda: stops.spawn(agent.stop(kill_children=False), name="stop"))
     loop = asyncio.get_running_loop()
     agent.metrics.attach(agent, loop)
     server = None
@@ -127,10 +129,11 @@ async def run_worker(args: argparse.Namespace) -> int:
         except MetricsUnavailable as exc:
             raise ConfigError(f"{exc}.") from None
         log.info("metrics at %s", server.url)
-    on_signal(lambda: asyncio.ensure_future(agent.stop()))
+    on_signal(lambda: stops.spawn(agent.stop(), name="stop"))
     try:
         await agent.run()
     finally:
+        await stops.aclose(agent.timing.close_s)  # each ends with the run it stopped
         if server is not None:
             server.close()
     return 1 if refusals.fatal or agent.crashed else 0

@@ -72,92 +72,100 @@ def new_session() -> str:
     return secrets.token_hex(16)
 
 
+class _Session:
+    """One session's sending, hearing, input and keep-alive (rules 1-4)."""
+
+    def __init__(self, nc: Any, start: ExecStart, operator: str, inbox: str, sub: Any) -> None:
+        self.nc, self.start, self.operator, self.sub = nc, start, operator, sub
+        self.subject = subjects.EXEC.format(node=start.node_id, operator=operator)
+        self.inbox = inbox
+        self._lock = asyncio.Lock()
+        self._sent = 0
+        self.acked = 0
+
+    async def send(self, msg: ExecStart | ExecInput) -> None:
+        async with self._lock:
+            self._sent += 1
+            await self.nc.publish(self.subject, _enc.encode(msg),
+                                  reply=f"{self.inbox}.{self._sent}")
+
+    def inp(self, **kw: Any) -> ExecInput:
+        return ExecInput(node_id=self.start.node_id, session=self.start.session,
+                         acked=self.acked, **kw)
+
+    async def hang_up(self) -> None:
+        """Rule 3."""
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self.send(self.inp(hangup=True)), _TIMING.goodbye_s)
+
+    async def feed(self, stdin: AsyncIterator[bytes] | None) -> None:
+        if stdin is not None:
+            async for data in stdin:
+                await self.send(self.inp(data=data))
+        await self.send(self.inp(eof=True))
+
+    async def keepalive(self, every_s: float) -> None:
+        while True:
+            await asyncio.sleep(every_s)
+            await self.send(self.inp())
+
+    async def hear(self, on_output: OnOutput, first_s: float, keepalive_s: float) -> ExecExit:
+        """Rule 2: output handed over, acknowledged, until the node's `ExecExit`."""
+        start, wait = self.start, first_s
+        while True:
+            try:
+                msg = await self.sub.next_msg(timeout=wait)
+            except nats.errors.TimeoutError:
+                raise _silence(self.nc, self.subject, self.operator, start) from None
+            if msg.headers and msg.headers.get("Status") == "503":
+                raise NodeUnreachable(f"node {start.node_id} is not answering for exec in "
+                                      f"{start.instance_id}: its worker is not connected to "
+                                      "NATS.")
+            wait = IDLE_S + keepalive_s
+            reply = _dec(msg.data)
+            if isinstance(reply, Malformed) or reply.session != start.session:
+                continue
+            if isinstance(reply, ExecExit):
+                return reply
+            self.acked = reply.seq
+            got = on_output(reply)
+            if inspect.isawaitable(got):
+                await got
+            if reply.seq % (WINDOW // 2) == 0:
+                await self.send(self.inp())
+
+
 async def run(nc: Any, start: ExecStart, on_output: OnOutput, *,
               stdin: AsyncIterator[bytes] | None = None, operator: str = subjects.OPERATOR,
               first_s: float = _TIMING.node_answer_s,
               keepalive_s: float = KEEPALIVE_S) -> ExecExit:
-    """The session `start` opens, to its end (rules 1-3): each output chunk handed to
+    """The session `start` opens, to its end (rules 1-4): each output chunk handed to
     `on_output`, `stdin`'s bytes sent as the command's input (its end closes the input;
     None: no input at all). The node's `ExecExit`."""
-    node, session = start.node_id, start.session
-    subject = subjects.EXEC.format(node=node, operator=operator)
     inbox = nc.new_inbox()
-    sub = await nc.subscribe(f"{inbox}.*")
-    lock = asyncio.Lock()
-    sent = [0]
-
-    async def send(msg: ExecStart | ExecInput) -> None:
-        async with lock:
-            sent[0] += 1
-            await nc.publish(subject, _enc.encode(msg), reply=f"{inbox}.{sent[0]}")
-
-    def inp(**kw: Any) -> ExecInput:
-        return ExecInput(node_id=node, session=session, **kw)
-
-    acked = [0]
+    sess = _Session(nc, start, operator, inbox, await nc.subscribe(f"{inbox}.*"))
     failed: asyncio.Future[Crashed] = asyncio.get_running_loop().create_future()
 
     def crashed(crash: Crashed) -> None:
         if not failed.done():
             failed.set_result(crash)
-    tasks = Tasks(f"exec session {session}", log, crashed=crashed)
-
-    async def hang_up() -> None:  # rule 3
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(send(inp(hangup=True, acked=acked[0])), _TIMING.goodbye_s)
-
-    async def feed() -> None:
-        if stdin is None:
-            await send(inp(eof=True, acked=acked[0]))
-            return
-        async for data in stdin:
-            await send(inp(data=data, acked=acked[0]))
-        await send(inp(eof=True, acked=acked[0]))
-
-    async def keepalive() -> None:
-        while True:
-            await asyncio.sleep(keepalive_s)
-            await send(inp(acked=acked[0]))
-
-    async def hear() -> ExecExit:
-        wait = first_s
-        while True:
-            try:
-                msg = await sub.next_msg(timeout=wait)
-            except nats.errors.TimeoutError:
-                raise _silence(nc, subject, operator, start) from None
-            if msg.headers and msg.headers.get("Status") == "503":
-                raise NodeUnreachable(f"node {node} is not answering for exec in "
-                                      f"{start.instance_id}: its worker is not connected to "
-                                      "NATS.")
-            wait = IDLE_S + keepalive_s
-            reply = _dec(msg.data)
-            if isinstance(reply, Malformed) or reply.session != session:
-                continue
-            if isinstance(reply, ExecExit):
-                return reply
-            acked[0] = reply.seq
-            got = on_output(reply)
-            if inspect.isawaitable(got):
-                await got
-            if reply.seq % (WINDOW // 2) == 0:
-                await send(inp(acked=reply.seq))
-
+    tasks = Tasks(f"exec session {start.session}", log, crashed=crashed)
     hearing: asyncio.Future[ExecExit] | None = None
     try:
-        await send(start)
-        tasks.spawn(feed(), name="input")
-        tasks.spawn(keepalive(), name="keepalive")
-        hearing = asyncio.ensure_future(hear())
+        await sess.send(start)
+        tasks.spawn(sess.feed(stdin), name="input")
+        tasks.spawn(sess.keepalive(keepalive_s), name="keepalive")
+        hearing = asyncio.ensure_future(sess.hear(on_output, first_s, keepalive_s))
         either: set[asyncio.Future[Any]] = {hearing, failed}
         await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
         if hearing.done():
             return hearing.result()
-        await hang_up()  # rule 4
-        raise ClientError(f"exec in {start.instance_id} ended: the session's "
-                          f"{failed.result().name} failed ({failed.result().error!r})")
+        await sess.hang_up()  # rule 4
+        crash = failed.result()
+        raise ClientError(f"exec in {start.instance_id} ended: the session's {crash.name} "
+                          f"failed ({crash.error!r})")
     except asyncio.CancelledError:  # rule 3
-        await hang_up()
+        await sess.hang_up()
         raise
     finally:
         if hearing is not None and not hearing.done():  # a hang-up, or a crash
@@ -167,4 +175,4 @@ async def run(nc: Any, start: ExecStart, on_output: OnOutput, *,
                 hearing.exception()  # what it raised as it was stopped changes nothing
         await tasks.aclose(_TIMING.goodbye_s)
         with contextlib.suppress(nats.errors.Error):
-            await sub.unsubscribe()
+            await sess.sub.unsubscribe()

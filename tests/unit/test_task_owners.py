@@ -1,8 +1,9 @@
 """The house's rule, read from the code: every task of a long-lived part has an owner
-(`transport.tasks`). In the broker, the worker and the transport, a bare
-`asyncio.create_task`/`ensure_future` stays only where the function that starts it awaits
-or cancels it before it returns (a wait for the first of several things); each such site
-is listed here with why. A task group's own `create_task` is owned by its group.
+(`transport.tasks`). In every room that runs tasks (the broker, the worker, the transport,
+the gateway, the client and the command), a bare `asyncio.create_task`/`ensure_future`
+stays only where the function that starts it awaits or cancels it before it returns (a wait
+for the first of several things); each such site is listed here with why. A task group's own
+`create_task` is owned by its group.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from collections import Counter
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-ROOMS = ("broker", "worker", "transport")
+ROOMS = ("broker", "worker", "transport", "gateway", "client", "cli")
 #: File -> bare spawns that are scoped to the function starting them, and why.
 SCOPED: dict[str, tuple[int, str]] = {
     "broker/ha.py": (3, "the lease, a stop or a leadership's end: whichever comes first"),
@@ -20,6 +21,14 @@ SCOPED: dict[str, tuple[int, str]] = {
     "worker/instance.py": (1, "the process's exit, or its checks' verdict"),
     "worker/probes.py": (1, "one check's run, cancelled and awaited by its loop"),
     "transport/client.py": (1, "an answer, or the server's refusal of the request"),
+    "gateway/keeper.py": (1, "a sleep cut short by the first of its events"),
+    "client/aio.py": (1, "a log read, pumped while its iterator is read, ended with it"),
+    "cli/daemons.py": (1, "the broker's run, awaited; cancelled while it still connects"),
+    "cli/up.py": (2, "the workers' start, or a stop: whichever comes first"),
+    "cli/commands.py": (2, "the events followed, or a signal: whichever comes first"),
+    "cli/execcmd.py": (1, "the session, awaited; a signal cancels it (a hang-up)"),
+    "cli/api/app.py": (1, "a log's next chunk, awaited beside the keep-alive"),
+    "cli/ui/http.py": (2, "an event stream, or its browser's going: whichever comes first"),
     "transport/execclient.py": (1, "a session's output, heard until it ends or its input "
                                 "crashes"),
 }
