@@ -19,13 +19,13 @@ Rules:
    queued (the checks here) is answered at once (`broker.submissions` rule 5).
 4. (Rules 3 and 4 of `broker.submissions`: a keyed retry makes nothing new, and resumes a
    submission cut short.)
-5. A verb is its subscription's, never read back from the message: a JetStream push
-   delivery keeps the subject its stream stored it under, so the subject a message carries
-   need not be the one it was heard on. Each verb's `transport.inbound.Door` counts and
-   drops what is no request of gavel's (a JetStream delivery, flow control, a heartbeat,
-   headers) and any request without a reply subject or with one outside its operator's own
-   inbox (``_INBOX.`` for ``gavel.api.<verb>``, ``_GAVEL_OP.<name>.`` for
-   ``gavel.api.<verb>.<name>``): such a request is never served and never answered.
+5. A verb is its subscription's, never read back from the message: the subject a message
+   carries need not be the one it was heard on (`shared.subjects` rule 3). Each verb's
+   `transport.inbound.Door` counts and drops what is no request of gavel's (a JetStream
+   delivery, flow control, a heartbeat, headers) and any request without a reply subject
+   or with one outside its operator's own inbox (``_INBOX.`` for ``gavel.api.<verb>``,
+   ``_GAVEL_OP.<name>.`` for ``gavel.api.<verb>.<name>``): such a request is never served
+   and never answered.
 6. Status and nodes answers name the leading broker, its epoch and since when; a broker that
    no longer leads (`broker.ha`) answers nothing more: its client hears no answer, or no
    responders, and asks again (a submission with its key: rule 4).

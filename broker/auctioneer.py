@@ -16,8 +16,8 @@ What the shell adds to the core's rules, by their numbers:
    (docs/performance.md).
 5. A round's RFBs are written to the socket as it opens (`Broker.flush`): its clock runs
    from its opening, and the gap between rounds is throughput lost (docs/performance.md).
-6. A late answer is counted in `late_total`, not as a rejected message (nothing on the wire
-   was wrong); a replay, an answer to a sampled auction from a node it did not ask, or one
+6. A late answer (`shared.auctioneer` rule 6) is no rejected message: nothing on the wire
+   was wrong. A replay, an answer to a sampled auction from a node it did not ask, or one
    for an auction this broker never opened is a reject. Answers to other auctions (dry
    runs, re-auctions) go to their takers first (`broker.replyroutes`).
 7. An instance's ``unschedulable`` event is emitted when its record changes (a new reason
@@ -125,18 +125,6 @@ class Auctioneer:
     @property
     def auctions(self) -> dict[str, Auction]:
         return self.core.auctions
-
-    @property
-    def inflight(self) -> set[str]:
-        return self.core.inflight
-
-    @property
-    def reserved(self) -> dict[str, Capacity]:
-        return self.core.reserved
-
-    @property
-    def late_total(self) -> int:
-        return self.core.late_total
 
     @property
     def auctions_total(self) -> int:
@@ -334,7 +322,7 @@ class Auctioneer:
         self.ctx.wake()
 
     def status_of(self, iid: str, state: InstanceState) -> str:
-        if state in PENDING and iid in self.inflight:
+        if state in PENDING and iid in self.core.inflight:
             return InstanceState.SCHEDULED if state is InstanceState.QUEUED else state
         return state
 

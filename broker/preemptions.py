@@ -2,9 +2,9 @@
 
 Rules:
 1. The node's word is never taken for what it may stop: every victim must be placed on the
-   winner in the view, not being stopped, not a system job's (bound to its node), and at
-   least `shared.preemption.GAP` below the preemptor's priority in its own record. One that
-   is not spoils the whole award (nothing is evicted, the instance is auctioned again).
+   winner in the view, and be one `shared.preemption` rules 1 and 2 let it offer (by its
+   own record, not the node's report). One that is not spoils the whole award (nothing is
+   evicted, the instance is auctioned again).
 2. The preemptor's own placement is checked before anything is evicted (still pending, the
    winner usable and not draining, ports to be had once the victims' are free): a plan never
    evicts for an award it then cannot place.

@@ -2,10 +2,10 @@
 
 Rules:
 1. The broker keeps nothing it cannot re-derive: pending work is "desired instances with no
-   placement" read from git each tick; liveness comes from heartbeats, and how long each
-   node had been silent when the broker started from the heartbeat stream NATS keeps
-   (`broker.heartbeat_stream`); in-flight auctions are simply re-run after a restart; every
-   other promise clock restarts with the broker.
+   placement" read from git each tick; liveness comes from heartbeats, and at start from
+   the heartbeat stream NATS keeps (`shared.health` rule 2, `broker.heartbeat_stream`);
+   in-flight auctions are simply re-run after a restart; every other promise clock restarts
+   with the broker.
 2. An award is durable in git before its winner hears of it; each node's node.json is
    mirrored to a JetStream KV entry after every commit that touches it, so workers converge
    onto the ref even when they missed the award message.
@@ -25,8 +25,8 @@ Rules:
    node connection, operators' requests and their answers never queue behind it, and a
    node connection the server cuts off leaves the API answering.
 7. While the broker cannot hear (its node connection down, or its heartbeat feed losing
-   its own probes) no promise is judged, and afterwards every node's clock is shifted by
-   the outage: nothing it failed to hear counts against a node.
+   its own probes) no promise is judged, and the outage counts against no node
+   (`shared.health` rule 3).
 8. As one leadership of several brokers (`leader.ha`, run by `broker.ha`) the broker is
    the same, but: it tells a node nothing (awards, cancels, KV entries, assignment
    answers) before the commit behind it is on the remote (`MakePusher`); every award,
@@ -404,11 +404,6 @@ class Broker:
 
     def wake(self) -> None:
         self._wake.set()
-
-    @property
-    def deaf_since(self) -> float | None:
-        """Since when the broker cannot hear (rule 7), or None."""
-        return self.deafness.since
 
     async def _loop(self) -> None:
         watched = float("-inf")

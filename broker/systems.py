@@ -8,8 +8,8 @@ Rules:
    (`InstanceRecord.service`) bound to their node (`InstanceRecord.only_node`).
 2. Every pass decides again on its plan's own view, so a pass run twice, or a broker started
    again, starts no second instance on a node.
-3. A node is judged by its heartbeats (health, labels, the drain it reports) and by the drain
-   git holds. A node the broker has not heard since it started is not the job's until it is.
+3. A node is judged (`gavel.shared.systems` rules 1 and 3) by its heartbeats (health,
+   labels, the drain it reports) and by the drain git holds.
 4. Each step is narrated: commit lines start ``system <name>:``, and the job's events carry
    its name: ``replaced`` for a new instance on a node (detail: which node), ``stopping``
    with the reason.

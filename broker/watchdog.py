@@ -3,8 +3,8 @@
 Rules (every deadline comes from `Timing`; ``now`` is passed in — this module is pure):
 1. Provisioning: a winner that has not confirmed (a `provisioning`/`running` report, or
    its heartbeat listing the instance) within `provisioning_s` of the award loses it.
-2. Node health: an unreachable node's instances are left alone; once the node is offline
-   its leases expire and each instance is re-auctioned or, out of attempts, `lost`.
+2. Node health is `shared.health` rule 1's: once the node is offline each of its
+   instances is re-auctioned or, out of attempts, `lost`.
 3. Timeout backstop: an instance with ``timeout_s`` whose node has not reported its end by
    timeout + kill grace + lease grace is failed by the broker itself (the lease never
    expires under a task that is still legitimately running).

@@ -8,11 +8,10 @@ Rules:
    naming it from anyone else is counted and dropped.
 2. At most `MAX_SESSIONS` at once; a start past that, for an instance this node does not
    run, or that cannot be started, is answered with one `ExecExit` saying why.
-3. Output goes in order to the reply subject of the operator's newest message (each one a
-   fresh response grant), `WINDOW` chunks past the last
-   acknowledged at most (`shared.execstream` rule 2); the session's limits (time, output,
-   the operator's silence, a hang-up) kill the command (rule 3). Every session that ran a
-   command ends with `ExecExit`, is logged here and is reported as an ``exec`` event (rule 5).
+3. Output goes in order, where and as far as `shared.execstream` rule 2 lets it; the
+   session's limits (its rule 3) and a hang-up kill the command. Every session that ran a
+   command ends with `ExecExit`, is logged here and is reported as an ``exec`` event (its
+   rule 5).
 4. A worker that stops kills every command under way and says so (`Ended.WORKER_STOPPED`).
 5. A session's input, output and exit are tasks of its own owner (`transport.tasks`), all
    ended and awaited before the session answers its end: one that crashes is logged at once

@@ -183,10 +183,6 @@ class Prober:
         #: Its checking loop (`transport.tasks`): a crash in it is said as it happens.
         self._tasks = Tasks("checks", log)
 
-    @property
-    def health(self) -> Health:
-        return self.machine.health
-
     def start(self) -> None:
         if self._checks:
             self._tasks.spawn(self._run(), name="checks")

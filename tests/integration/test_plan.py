@@ -83,8 +83,8 @@ async def test_a_plan_commits_and_reserves_nothing_and_a_submit_lands_where_it_s
     assert commits(cluster) == before and quiet_head(cluster) == head
     broker = cluster.broker
     assert broker is not None
-    assert all(c == Capacity() for c in broker.auctioneer.reserved.values())
-    assert not broker.auctioneer.inflight and not broker.auctioneer.auctions
+    assert all(c == Capacity() for c in broker.auctioneer.core.reserved.values())
+    assert not broker.auctioneer.core.inflight and not broker.auctioneer.auctions
     # the CLI prints the same placement and the adjustment
     code, out, err = await gavel("plan", "--nats", cluster.url, str(_spec_file(cluster, spec)))
     assert code == 0, err

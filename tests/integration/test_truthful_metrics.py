@@ -68,7 +68,7 @@ async def test_answers_too_late_or_from_a_node_not_yet_heard_are_not_rejects(
         await wait_for(lambda: bool(cluster.holders(iid)), 15, what="the placement")
         assert cluster.holders(iid) == ["node-a"]
         assert dict(broker.rejects.counts) == {}
-        assert broker.auctioneer.late_total >= 1  # node-q's answer, left out
+        assert broker.auctioneer.core.late_total >= 1  # node-q's answer, left out
         aid = rfbs[0].auction_id
         assert aid not in broker.auctioneer.auctions
         # node-s answers after the close: too late, not hostile. Its second answer is a
@@ -77,13 +77,13 @@ async def test_answers_too_late_or_from_a_node_not_yet_heard_are_not_rejects(
                         answers=[Bid(shape=0, load=0.0, strategy="fake")])
         replay = BidReply(auction_id=aid, node_id="node-a",
                           answers=[Bid(shape=0, load=0.0, strategy="fake")])
-        before = broker.auctioneer.late_total
+        before = broker.auctioneer.core.late_total
         await late_nc.publish(subjects.BIDS.format(node="node-s"), _enc.encode(late))
         await late_nc.publish(subjects.BIDS.format(node="node-a"), _enc.encode(replay))
         await late_nc.flush()
         await wait_for(lambda: broker.rejects.counts.get("bid for an unknown auction") == 1,
                        10, what="the replay counted")
-        assert broker.auctioneer.late_total == before + 1
+        assert broker.auctioneer.core.late_total == before + 1
         assert broker.rejects.counts.get("bid from a node that was not asked", 0) == 0
         assert broker.rejects.counts.get("late bid", 0) == 0
     finally:

@@ -121,7 +121,7 @@ class Rig:
         starts (rule 5) auctions them again, and on a loaded machine that round's deadline
         passes before the first commit lands: a second recorded auction."""
         self.b.auctioneer.core.auctions = {AID: Auction(AID, requests, NODES, self.now, 1.0)}
-        self.b.auctioneer.inflight.update(r.instance_id for r in requests)
+        self.b.auctioneer.core.inflight.update(r.instance_id for r in requests)
 
     def run(self, coro: Awaitable[Any]) -> Any:
         out = self.loop.run_until_complete(coro)
@@ -146,8 +146,8 @@ class Rig:
             "heartbeats": b.liveness.heartbeats,
             "auctions": {aid: (a.answered, a.bid_counts(), a.decline_counts(), a.closed_at)
                          for aid, a in b.auctioneer.auctions.items()},
-            "inflight": b.auctioneer.inflight, "retry_at": b.auctioneer.core.retry_at,
-            "reserved": b.auctioneer.reserved,
+            "inflight": b.auctioneer.core.inflight, "retry_at": b.auctioneer.core.retry_at,
+            "reserved": b.auctioneer.core.reserved,
             "timers": vars(b.timers), "live": b.promises.live, "acting": b.promises.acting,
             "migrating": b.promises.migrating, "events": list(b.events),
             "queued": not b.committer.idle.is_set(),

@@ -58,7 +58,7 @@ async def test_an_auction_that_closes_as_it_opens_does_not_auction_twice(
     b = _broker(tmp_path, queued=3, nodes=(), batch_max=1, max_auctions=3)
     b.auctioneer.reconcile(b.now())  # no node: each auction closes as it opens
     assert b.auctioneer.auctions_total == 3
-    assert b.auctioneer.inflight == {"web-0", "web-1", "web-2"}
+    assert b.auctioneer.core.inflight == {"web-0", "web-1", "web-2"}
 
 
 async def test_a_rounds_rfbs_are_written_as_it_opens(tmp_path: Path,

@@ -69,9 +69,9 @@ def test_a_plan_decides_on_a_dry_run_and_changes_nothing(rig: Rig) -> None:
 
 def test_an_answer_after_the_plan_closed_is_late_not_a_reject(rig: Rig) -> None:
     _, aid = plan(rig, SMALL, dict.fromkeys(NODES, 0.1))
-    rejected, late = rig.rejected(), rig.b.auctioneer.late_total
+    rejected, late = rig.rejected(), rig.b.auctioneer.core.late_total
     rig.b.auctioneer.on_bids(reply(aid, "n1", 0.1))
-    assert rig.rejected() == rejected and rig.b.auctioneer.late_total == late + 1
+    assert rig.rejected() == rejected and rig.b.auctioneer.core.late_total == late + 1
 
 
 def test_a_plan_the_broker_would_refuse_is_refused_with_the_submit_sentence(rig: Rig) -> None:

@@ -45,6 +45,6 @@ async def test_a_sampled_round_asks_every_candidate_before_it_displaces(
     _offers(a, second, wider)
     [(third, every)] = a.auctions.items()
     assert every.eligible == set(NODES)
-    assert a.inflight == {"urgent-1"} and not a.reserved
+    assert a.core.inflight == {"urgent-1"} and not a.core.reserved
     _offers(a, third, every)  # every candidate asked: the cheapest displacement wins
-    assert not a.auctions and set(a.reserved) == {"n00"}  # equal offers: the lowest node id
+    assert not a.auctions and set(a.core.reserved) == {"n00"}  # equal offers: the lowest node id

@@ -132,7 +132,7 @@ async def test_what_the_sampled_nodes_cannot_place_is_asked_of_more_then_of_ever
     [(second, wider)] = a.auctions.items()  # 8·d more: 16 of the 37 plain nodes, the 3 gpus
     assert second != first and {r.instance_id for r in wider.requests} == {"train-1", "web-1"}
     assert set(GPUS) <= wider.eligible and len(wider.eligible) == 16 + len(GPUS)
-    assert written[-1] != subjects.RFB and a.inflight == {"train-1", "web-1"}
+    assert written[-1] != subjects.RFB and a.core.inflight == {"train-1", "web-1"}
     _all_full(a, second, wider)
     [every] = a.auctions.values()  # the gpu job had every candidate asked: decided
     assert {r.instance_id for r in every.requests} == {"web-1"}
