@@ -4,8 +4,8 @@ Rules:
 1. The broker is deaf while its node connection is down or its heartbeat feed lost its own
    probes (`shared.health.Deafness`: why, and since when); while deaf, no promise is judged
    (`broker.service` rule 7).
-2. When it hears again, every node's silence is shifted by the outage: nothing the broker
-   failed to hear counts against a node.
+2. When it hears again, every node's silence is shifted by the outage (`shared.health`
+   rule 3).
 3. The API connection's outage is counted and said, never deafness: operators' requests
    are not what the node clocks run on.
 4. Once the broker closes (`closing`), a connection that goes is one it closes: nothing is

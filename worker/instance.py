@@ -250,8 +250,8 @@ class Life:
         finally:
             exited.cancel()
             if prober is not None:
-                prober.stop()
                 held.prober = None
+                await prober.aclose(self.host.timing.close_s)  # none outlives this run
 
     # -- after a run ------------------------------------------------------------------------
 

@@ -188,10 +188,13 @@ class Prober:
             self._tasks.spawn(self._run(), name="checks")
 
     def stop(self) -> None:
+        """Cancel the checks without waiting (an abort; `aclose` awaits them)."""
         self._tasks.cancel()
 
-    async def wait_stopped(self) -> None:
-        await self._tasks.wait(None)
+    async def aclose(self, timeout: float) -> None:
+        """End the checks and await them, up to `timeout` (`transport.tasks` rule 3): an exec
+        probe under way is killed with its group before this returns (rule 2)."""
+        await self._tasks.aclose(timeout)
 
     async def _run(self) -> None:
         machine = self.machine

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
@@ -12,10 +15,13 @@ from gavel.broker.heartbeat_stream import HeartbeatStream
 from gavel.broker.ledger.committer import Committer, Item
 from gavel.broker.ledger.repository import Ledger
 from gavel.broker.service import Broker, Config
+from gavel.shared.spec import Check
 from gavel.shared.strategies import make_strategy
 from gavel.shared.timing import Timing
 from gavel.transport.tasks import Crashed, Tasks
 from gavel.worker.agent import Agent
+from gavel.worker.instance import Held, Life
+from gavel.worker.probes import Prober
 
 LOG = logging.getLogger("gavel.test.tasks")
 
@@ -199,5 +205,41 @@ def test_a_crash_in_the_committers_after_work_ends_its_run(tmp_path: Path) -> No
         assert raised.group_contains(ValueError)
         assert pending({"after-commit"}) == set()
         committer.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_run_s_checks_end_before_its_watch_does() -> None:
+    """An instance's checks (`worker.probes.Prober`) are the run's: when the process exits,
+    the check under way is ended and awaited before the run's watch returns, not left
+    cancelled behind it."""
+    async def scenario() -> None:
+        checking = asyncio.Event()
+
+        async def hangs(command: Any, env: Any, cwd: Any) -> tuple[bool, str]:
+            checking.set()
+            await forever()
+            return True, ""
+
+        async def no_env() -> dict[str, str]:
+            return {}
+
+        async def heard(change: Any) -> None:
+            return None
+
+        class Exits:  # a process that exits while its check runs
+            async def wait(self) -> int:
+                await checking.wait()
+                return 0
+
+        prober = Prober([Check(type="exec", command=["true"], timeout_s=3600.0)],
+                        started=time.time(), ports={}, env=no_env, cwd=Path("/"),
+                        on_change=heard, execute=hangs)
+        held = Held(local=None, proc=Exits(), prober=prober)  # type: ignore[arg-type]
+        prober.start()
+        life = Life(SimpleNamespace(timing=Timing()), held)  # type: ignore[arg-type]
+        assert await life._watch() == (0, None)
+        assert {t for t in asyncio.all_tasks() if t is not asyncio.current_task()
+                and not t.done()} == set()
 
     asyncio.run(scenario())
