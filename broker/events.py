@@ -8,16 +8,21 @@ Rules:
    fills the memory from it at start, so a restarted broker (or nats-server, the history
    being on file) answers `gavel events` with what happened before it. Without JetStream
    the history starts empty at each start (said once); git holds the outcomes either way.
-3. With the history, an event is published as a JetStream publish, in order, one at a time,
-   until the stream acknowledges it (`run`): one published while NATS or its stream is away
-   (a nats-server restarting recovers its streams after it accepts connections) is sent
-   again, never lost from the history, and carries a message id, so one whose
-   acknowledgement was lost is stored once (the stream's duplicate window). At most
-   `WAITING_MAX` wait (seconds of a busy cluster's events while its broker is stalled or
-   its stream away); past that the oldest waiting is dropped, counted
-   (``gavel_events_dropped_total``) and said once per run of drops. A leader of several brokers
-   sends none while its lease says it does not lead (`Outbox.gate`): what waits then is
-   dropped, never sent late.
+3. With the history, an event is published as a JetStream publish, in order, up to
+   `_WINDOW` at once, until the stream acknowledges it (`run`): one published while NATS or
+   its stream is away (a nats-server restarting recovers its streams after it accepts
+   connections) is sent again, never lost from the history, and carries a message id, so
+   one whose acknowledgement was lost is stored once (the stream's duplicate window). At
+   most `WAITING_MAX` wait (seconds of a busy cluster's events while its broker is stalled
+   or its stream away); past that the oldest waiting is dropped, counted
+   (``gavel_events_dropped_total``) and said once per run of drops. A leader of several
+   brokers sends none while its lease says it does not lead (`Outbox.gate`): what waits
+   then is dropped, never sent late. A window's stores are plain publishes whose reply
+   subjects (one inbox, a number each) tell their acknowledgements apart (`Window`), heard
+   by one direct subscription (`transport.wire` rule 4): a request each (an inbox token,
+   a future, a timer and a task, the answer as a `Msg`) took about a sixth of the broker's
+   CPU a placement (docs/performance.md). A message id is the broker's random prefix and a
+   count.
 4. JetStream that cannot answer yet (`transport.asklater` rules 2 and 3: electing its
    leaders, or any failure with several brokers) is asked again for the history every
    `retry_s` (`run`), and meanwhile each event is published as without JetStream (for
@@ -48,8 +53,9 @@ from gavel.shared.timing import Timing
 from gavel.transport import eventstream
 from gavel.transport.asklater import Made, again, verdict, why
 from gavel.transport.inbound import Malformed, js_answer
+from gavel.transport.wire import Inbound
 
-__all__ = ["KEPT", "Events"]
+__all__ = ["KEPT", "Events", "Window"]
 
 #: Events kept in memory for `gavel events`, and the most waiting to be stored (rule 3).
 KEPT = 2000
@@ -58,6 +64,32 @@ WAITING_MAX = 20_000
 #: Stores on the wire at once (rule 3).
 _WINDOW = 64
 _TIMING = Timing()
+
+
+class Window:
+    """Rule 3: the stores of one window on the wire, numbered from `first` (the last part of
+    each one's reply subject): which the stream answered, and which it stored. An answer
+    to a number outside the window (a store of an earlier window answered late, sent again
+    since) or answered already changes nothing."""
+
+    def __init__(self, first: int, size: int) -> None:
+        self.first = first
+        self.stored = [False] * size
+        self._answered = [False] * size
+        self._left = size
+        #: Set once every store of the window is answered.
+        self.done = asyncio.Event()
+        if not size:
+            self.done.set()
+
+    def heard(self, number: int, stored: bool) -> None:
+        i = number - self.first
+        if not 0 <= i < len(self.stored) or self._answered[i]:
+            return
+        self._answered[i], self.stored[i] = True, stored
+        self._left -= 1
+        if not self._left:
+            self.done.set()
 
 
 class Events:
@@ -75,6 +107,13 @@ class Events:
         self.dropped = 0
         self._dropping = False  # rule 3: said once while it drops
         self._on_wire = 0  # stores of the window `run` has on the wire
+        #: Rule 3: the stores' inbox (made with the history), the window on the wire and
+        #: the number its first store's reply subject carries; the message ids' prefix.
+        self._inbox = ""
+        self._window: Window | None = None
+        self._numbered = 0
+        self._id_prefix = uuid.uuid4().hex
+        self._ids = 0
         #: How many of `recent` `load` read from the history (those first): the rest were
         #: heard by this broker.
         self.loaded = 0
@@ -116,6 +155,10 @@ class Events:
             stored = await eventstream.recent(nc, KEPT)
         except Exception as exc:  # JetStream just answered: it is there, so later
             return Made.LATER, why(exc)
+        if not self._inbox:
+            inbox = nc.new_inbox()
+            await nc.subscribe_direct(f"{inbox}.*", self._answered)
+            self._inbox = inbox
         self._nc = nc
         since = list(self.recent)
         self.recent = deque([s.event for s in stored] + since, maxlen=KEPT)
@@ -155,7 +198,8 @@ class Events:
                                   WAITING_MAX)
                 self._dropping = True
             self.dropped += 1
-        self.waiting.append((subject, self._outbox.encode(ev), uuid.uuid4().hex,
+        self._ids += 1
+        self.waiting.append((subject, self._outbox.encode(ev), f"{self._id_prefix}.{self._ids}",
                              self._nc is None))
         self._more.set()
 
@@ -181,7 +225,7 @@ class Events:
                           for _ in range(min(_WINDOW, len(self.waiting)))]
                 self._on_wire = len(window)
                 try:
-                    stored = await asyncio.gather(*(self._store(*w) for w in window))
+                    stored = await self._store(window)
                 finally:
                     self._on_wire = 0
                 again = [w for w, ok in zip(window, stored, strict=True) if not ok]
@@ -201,16 +245,37 @@ class Events:
                     self._more.set()
                     await asyncio.sleep(self._retry_s / 4)
 
-    async def _store(self, subject: str, data: bytes, msg_id: str, published: bool) -> bool:
-        headers = {"Nats-Msg-Id": msg_id}
-        if published:  # rule 4: a follower without a history heard it already
-            headers[eventstream.STORED_LATE] = "1"
+    async def _store(self, window: list[tuple[str, bytes, str, bool]]) -> list[bool]:
+        """Rule 3: each of `window` published to the stream, its reply subject numbered;
+        whether the stream stored each within `ack_s`."""
+        w = self._window = Window(self._numbered, len(window))
+        self._numbered += len(window)
         try:
-            reply = await self._nc.request(subject, data, timeout=self._ack_s, headers=headers)
-        except Exception:  # no responders (stream away), timeout, reconnecting, closed
-            return False
-        ack = js_answer(reply.data)
-        return not isinstance(ack, Malformed) and "error" not in ack and "seq" in ack
+            for i, (subject, data, msg_id, published) in enumerate(window):
+                headers = {"Nats-Msg-Id": msg_id}
+                if published:  # rule 4: a follower without a history heard it already
+                    headers[eventstream.STORED_LATE] = "1"
+                try:
+                    await self._nc.publish(subject, data, reply=f"{self._inbox}.{w.first + i}",
+                                           headers=headers)
+                except Exception:  # reconnecting past its buffer, closed: not stored
+                    w.heard(w.first + i, False)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self._ack_s):
+                    await w.done.wait()
+        finally:
+            self._window = None
+        return w.stored
+
+    def _answered(self, msg: Inbound) -> None:
+        """Rule 3: the stream's answer to a store of the window on the wire (no responders,
+        its stream away, answers with no body: not stored)."""
+        w, number = self._window, msg.subject.rpartition(".")[2]
+        if w is None or not number.isdecimal():
+            return
+        ack = js_answer(msg.data)
+        w.heard(int(number), not isinstance(ack, Malformed) and "error" not in ack
+                and "seq" in ack)
 
     def emit(self, instance_id: str, type_: EventType, node_id: str = "",
              reason: str = "", detail: str = "", exit_code: int | None = None,

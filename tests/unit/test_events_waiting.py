@@ -1,7 +1,8 @@
 """The events waiting for the event history (`broker.events` rule 3): bounded by
 `WAITING_MAX`, the oldest dropped past it, counted for the metrics and said once per run of
-drops. Nothing is stored here: the history is taken as made and `run` never runs, as when
-the broker's loop is stalled or its stream away."""
+drops; a window's stores told apart by their reply subjects (`Window`). Nothing is stored
+here: the history is taken as made, and the stream's answers are handed in as a direct
+subscription hands them over."""
 
 from __future__ import annotations
 
@@ -12,10 +13,11 @@ import msgspec
 import pytest
 
 from gavel.broker import events as events_module
-from gavel.broker.events import Events
+from gavel.broker.events import Events, Window
 from gavel.broker.outbox import Outbox
 from gavel.shared.messages import Event
 from gavel.shared.timing import Timing
+from gavel.transport.wire import Inbound
 
 
 def test_past_the_bound_the_oldest_waiting_are_dropped_counted_and_said_once(
@@ -44,14 +46,18 @@ async def test_a_window_not_stored_goes_back_in_front_in_order_and_what_came_mea
     stored: list[str] = []
     tries: dict[str, int] = {}
 
-    async def store(subject: str, data: bytes, msg_id: str, published: bool) -> bool:
-        iid = msgspec.msgpack.decode(data, type=Event).instance_id
-        tries[iid] = tries.get(iid, 0) + 1
-        if iid == "i-0" and tries[iid] == 1:  # its first store is refused, then
-            events.record(Event(instance_id="late", type="placed"))  # one comes meanwhile
-            return False
-        stored.append(iid)
-        return True
+    async def store(window: list[tuple[str, bytes, str, bool]]) -> list[bool]:
+        ok = []
+        for _subject, data, _msg_id, _published in window:
+            iid = msgspec.msgpack.decode(data, type=Event).instance_id
+            tries[iid] = tries.get(iid, 0) + 1
+            if iid == "i-0" and tries[iid] == 1:  # its first store is refused, then
+                events.record(Event(instance_id="late", type="placed"))  # one comes meanwhile
+                ok.append(False)
+                continue
+            stored.append(iid)
+            ok.append(True)
+        return ok
 
     monkeypatch.setattr(events, "_store", store)
     for i in range(6):
@@ -66,3 +72,61 @@ async def test_a_window_not_stored_goes_back_in_front_in_order_and_what_came_mea
         task.cancel()
     assert stored == ["i-1", "i-2", "i-3", "i-0", "i-4", "i-5", "late"]
     assert not events.waiting and events.dropped == 0
+
+
+def test_a_window_is_done_once_each_store_is_answered_in_any_order() -> None:
+    w = Window(first=10, size=3)
+    w.heard(12, True)
+    w.heard(10, False)  # answered, not stored (an error, no responders)
+    assert not w.done.is_set()
+    w.heard(10, True)  # answered already: the first answer stands
+    w.heard(9, True)  # an earlier window's store, answered late: not this window's
+    w.heard(13, True)
+    assert not w.done.is_set() and w.stored == [False, False, True]
+    w.heard(11, True)
+    assert w.done.is_set() and w.stored == [False, True, True]
+
+
+class _Wire:
+    """What `Events._store` publishes with: each store's subject, reply and headers."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, str, dict[str, str]]] = []
+
+    async def publish(self, subject: str, data: bytes, reply: str,
+                      headers: dict[str, str]) -> None:
+        self.sent.append((subject, reply, headers))
+
+
+async def test_each_store_of_a_window_is_told_apart_by_its_reply_subject() -> None:
+    """Two windows: the stream's answers come back by reply subject, an answer to the first
+    window arriving after it is over changes nothing in the second, and what the stream
+    refused or did not answer within `ack_s` is not stored."""
+    events = Events(Outbox(lambda _s, _e: None), timing=Timing(ack_s=0.2))
+    wire = _Wire()
+    events._nc, events._inbox = wire, "_INBOX_broker.x"
+    for i in range(3):
+        events.record(Event(instance_id=f"i-{i}", type="placed"))
+    first = [events.waiting.popleft() for _ in range(2)]
+    storing = asyncio.create_task(events._store(first))
+    await asyncio.sleep(0)
+    assert [(s, r) for s, r, _h in wire.sent] == [
+        ("gavel.events.i-0", "_INBOX_broker.x.0"), ("gavel.events.i-1", "_INBOX_broker.x.1")]
+    ids = [h["Nats-Msg-Id"] for _s, _r, h in wire.sent]
+    assert len(set(ids)) == 2 and ids == [first[0][2], first[1][2]]
+    events._answered(Inbound("_INBOX_broker.x.1", b'{"stream":"EVENTS","seq":7}'))
+    events._answered(Inbound("_INBOX_broker.x.0", b"", headers=b"NATS/1.0 503\r\n\r\n"))
+    assert await storing == [False, True]  # no responders: not stored
+
+    second = [events.waiting.popleft()]
+    storing = asyncio.create_task(events._store(second))
+    await asyncio.sleep(0)
+    assert wire.sent[-1][1] == "_INBOX_broker.x.2"
+    events._answered(Inbound("_INBOX_broker.x.1", b'{"stream":"EVENTS","seq":7}'))  # late
+    assert await storing == [False]  # unanswered within ack_s
+    storing = asyncio.create_task(events._store(second))  # sent again, the same message id
+    await asyncio.sleep(0)
+    assert wire.sent[-1][2]["Nats-Msg-Id"] == second[0][2]
+    events._answered(Inbound("_INBOX_broker.x.3",
+                             b'{"stream":"EVENTS","seq":8,"duplicate":true}'))
+    assert await storing == [True]  # stored once: the stream's duplicate window
