@@ -28,7 +28,7 @@ import asyncio
 import heapq
 from collections.abc import Callable, Mapping
 
-from gavel.broker.ledger.state import compact
+from gavel.broker.ledger.state import Change, compact
 from gavel.shared import subjects
 from gavel.shared.records import NodeFile
 
@@ -67,6 +67,12 @@ class Mirror:
         now = self._clock()
         for node_id, nf in nodes.items():
             self._put(node_id, compact(nf), now)
+
+    def committed(self, change: Change, _sha: str) -> None:
+        """Rule 1: the nodes a landed commit changed, mirrored."""
+        if self.enabled and change.nodes:
+            self.changed({nid: change.node_compact(nid, nf) if nf is not None
+                          else compact(NodeFile(node_id=nid)) for nid, nf in change.nodes.items()})
 
     def changed(self, nodes: Mapping[str, bytes]) -> None:
         """A commit landed; `nodes`: node id -> its node.json now (compact JSON)."""

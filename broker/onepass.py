@@ -9,6 +9,7 @@ Rules:
    effects), when its plan found nothing to do (`Passed` its only effect, in commit order),
    or when the commit is given up for good. Planning frees nothing (`plan_pass`): a pass
    re-planned after a conflict still holds its name.
+3. A pass's plan may read in steps (committer rule 12); it holds its name meanwhile.
 """
 
 from __future__ import annotations
@@ -17,8 +18,9 @@ import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from gavel.broker.ledger.committer import Committer, Item, Planned, and_then
+from gavel.broker.ledger.committer import Committer, Item, Plan, Planned, and_then
 from gavel.broker.ledger.plan import View
+from gavel.broker.steps import Steps
 
 __all__ = ["OnePass", "Passed", "plan_pass"]
 
@@ -44,7 +46,7 @@ class OnePass:
     def done(self, name: str) -> None:
         self._busy.discard(name)
 
-    def submit(self, name: str, plan: Callable[[View], Planned | None]) -> None:
+    def submit(self, name: str, plan: Plan) -> None:
         """Rule 1: `plan` over `name`, in the committer, unless its last pass is in flight."""
         if name in self._busy:
             return
@@ -54,8 +56,7 @@ class OnePass:
                                     gave_up=[passed]))
 
 
-def plan_pass(plan: Callable[[View], Planned | None], passed: Passed
-              ) -> Callable[[View], Planned]:
+def plan_pass(plan: Plan, passed: Passed) -> Callable[[View], Planned | Steps[Planned | None]]:
     """Rule 2: the pass's plan - `plan`'s change and effects, then `passed`; or `passed`
     alone."""
     return functools.partial(and_then, plan=plan, effects=(passed,))

@@ -219,7 +219,7 @@ class Broker:
     def _committer(self) -> Committer:
         """The group committer, and who hears of each commit: the pusher, if any, at once;
         the KV mirror at once, or with HA once the push landed (rule 8)."""
-        mirror = functools.partial(_mirror_change, self.mirror)
+        mirror = self.mirror.committed  # rule 2
         pusher = self.pusher
         heard: list[Callable[[Change, str], None]] = [] if self.ha else [mirror]
         if pusher is not None:
@@ -415,9 +415,11 @@ class Broker:
                 self.auctioneer.reconcile(now)
                 if not self.deafness.deaf and now - watched >= self.timing.tick_s / 2:
                     watched = now
-                    for timed in (self.promises, self.services, self.rebalancer):
-                        await asyncio.sleep(0)  # rule 9
-                        timed.watch(now)
+                    await asyncio.sleep(0)  # rule 9
+                    self.promises.watch(now)
+                    await self.services.watch(now)  # in steps of its own
+                    await asyncio.sleep(0)
+                    self.rebalancer.watch(now)
                     for part in (self.arrays, self.systems, self.periodic, self.retention):
                         await asyncio.sleep(0)
                         part.watch()
@@ -482,13 +484,6 @@ class Broker:
 def _tell(heard: list[Callable[[Change, str], None]], change: Change, sha: str) -> None:
     for one in heard:
         one(change, sha)
-
-
-def _mirror_change(mirror: Mirror, change: Change, sha: str) -> None:
-    """Rule 2: the nodes a commit changed, mirrored to KV."""
-    if mirror.enabled and change.nodes:
-        mirror.changed({nid: change.node_compact(nid, nf) if nf is not None
-                        else compact(NodeFile(node_id=nid)) for nid, nf in change.nodes.items()})
 
 
 def _stamp(at: datetime) -> str:

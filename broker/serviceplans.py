@@ -15,6 +15,9 @@ Rules:
    (`DeployEnded`) - which the parts handle once the commit is durable.
 3. A stopped replica on a node is told to stop and its cancel grace armed, in that order of
    arming then telling (`promiseplans.plan_cancel`'s); one on no node ends at once.
+4. A service's plan reads every replica in steps (`plan_keep_in_steps`, `broker.steps`): the
+   committer gives the loop a turn between them, and the result is `plan_keep`'s, which runs
+   the same steps in one go.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from gavel.broker.ledger.committer import Planned
 from gavel.broker.ledger.plan import View, stop, submit
 from gavel.broker.ledger.state import State, parse_stamp
 from gavel.broker.promiseplans import stop_message
+from gavel.broker.steps import Steps, at_once, chunks
 from gavel.shared.admission import Caps, room
 from gavel.shared.messages import EventType, InstanceState
 from gavel.shared.reasons import Reason
@@ -43,8 +47,9 @@ from gavel.shared.systems import Node, Placed
 from gavel.shared.systems import decide as decide_system
 
 __all__ = ["Clocks", "DeployEnded", "Ended", "EndsTaken", "KeepInputs", "Started",
-           "SystemInputs", "SystemStarted", "decision", "is_system", "plan_keep",
-           "plan_system", "stop_replica", "system_decision"]
+           "SystemInputs", "SystemStarted", "decision", "decision_in_steps", "is_system",
+           "plan_keep", "plan_keep_in_steps", "plan_system", "replicas", "replicas_in_steps",
+           "stop_replica", "system_decision"]
 
 _T = TypeVar("_T")
 
@@ -186,17 +191,26 @@ def new_id(view: View, name: str, rng: random.Random) -> str:
 def replicas(view: View | State, recs: list[InstanceRecord], clocks: Clocks,
              now: float) -> list[Replica]:
     """The keeper's view of the live replicas not being stopped."""
+    return at_once(replicas_in_steps(view, recs, clocks, now))
+
+
+def replicas_in_steps(view: View | State, recs: list[InstanceRecord], clocks: Clocks,
+                      now: float) -> Steps[list[Replica]]:
+    """`replicas`, in steps (rule 4)."""
     out = []
     placed_on = view.placed_on if isinstance(view, View) else view.placement_of
-    for r in recs:
-        if r.state.terminal or r.cancelling or _replacing(view, clocks.moving.get(r.instance_id)):
-            continue
-        iid = r.instance_id
-        waiting = placed_on(iid) is None
-        since = None if waiting else clocks.healthy_since.get(iid)
-        out.append(Replica(instance_id=iid, version=r.version, waiting=waiting,
-                           healthy_for=None if since is None else now - since,
-                           age=now - clocks.first_seen.get(iid, now)))
+    for part in chunks(recs):
+        for r in part:
+            if r.state.terminal or r.cancelling or \
+                    _replacing(view, clocks.moving.get(r.instance_id)):
+                continue
+            iid = r.instance_id
+            waiting = placed_on(iid) is None
+            since = None if waiting else clocks.healthy_since.get(iid)
+            out.append(Replica(instance_id=iid, version=r.version, waiting=waiting,
+                               healthy_for=None if since is None else now - since,
+                               age=now - clocks.first_seen.get(iid, now)))
+        yield
     return out
 
 
@@ -227,21 +241,41 @@ def failed_new(svc: ServiceRecord, recs: list[InstanceRecord]) -> list[str]:
 
 def decision(view: View | State, svc: ServiceRecord, recs: list[InstanceRecord],
              clocks: Clocks, *, hold: bool, now: float, stamp: str) -> Decision:
-    return decide(svc, replicas(view, recs, clocks, now), failed=failed_new(svc, recs),
-                  hold=hold, stamp=stamp)
+    return at_once(decision_in_steps(view, svc, recs, clocks, hold=hold, now=now, stamp=stamp))
+
+
+def decision_in_steps(view: View | State, svc: ServiceRecord, recs: list[InstanceRecord],
+                      clocks: Clocks, *, hold: bool, now: float, stamp: str
+                      ) -> Steps[Decision]:
+    """`decision`, in steps (rule 4)."""
+    mine = yield from replicas_in_steps(view, recs, clocks, now)
+    return decide(svc, mine, failed=failed_new(svc, recs), hold=hold, stamp=stamp)
 
 
 def plan_keep(view: View, name: str, inputs: KeepInputs) -> Planned | None:
     """The keeper's decision for the service `name` on `view`, applied to it: at most
     `start_chunk` starts, each replacing the next of `ended` while there are some."""
+    return at_once(plan_keep_in_steps(view, name, inputs))
+
+
+def plan_keep_in_steps(view: View, name: str, inputs: KeepInputs) -> Steps[Planned | None]:
+    """`plan_keep`, in steps (rule 4): its reading of every replica yields; what it writes,
+    it writes in one go."""
     svc = view.service(name)
     if svc is None or is_system(svc):
         return None
-    now, ended, epoch = inputs.now, inputs.ended, inputs.epoch
-    d = decision(view, svc, view.replicas(name), inputs.clocks, hold=inputs.hold, now=now,
-                 stamp=inputs.stamp)
+    recs = yield from view.replicas_in_steps(name)
+    d = yield from decision_in_steps(view, svc, recs, inputs.clocks, hold=inputs.hold,
+                                     now=inputs.now, stamp=inputs.stamp)
     if not d:
         return None
+    return _keep(view, name, svc, d, inputs)
+
+
+def _keep(view: View, name: str, svc: ServiceRecord, d: Decision,
+          inputs: KeepInputs) -> Planned:
+    """The keeper's decision `d` for the service `name` (`svc` on `view`), applied to it."""
+    now, ended, epoch = inputs.now, inputs.ended, inputs.epoch
     rng = random.Random(inputs.seed)
     out = Planned(lines=[])
     verdict = Planned(lines=[])

@@ -37,6 +37,13 @@ Rules:
    (`inputs`: the clock, the wall clock, the epoch, the back-off, the ends waiting, its
    replicas' clocks, a seed for the new ids), never this part while planning: what it
    learns meanwhile goes to the next pass.
+9. A pass, and the plan it submits, read a service's replicas in steps (`broker.steps`):
+   the loop answers the API, auctions and heartbeats between them, so a pass over a hundred
+   thousand replicas is many short steps, not one long one (docs/performance.md, "Large
+   counts"). Rule 7 counts the steps' own time. What the pass reads it reads as it comes
+   to it; the replicas the last pass left live are taken as the steps begin, and those
+   started meanwhile stay live for the next pass to see, so nothing started during the
+   steps passes for an end.
 """
 
 from __future__ import annotations
@@ -48,6 +55,7 @@ from datetime import datetime
 
 from gavel.broker.context import Context
 from gavel.broker.keeper import CALM_TICKS, Backoff, Replica, decide
+from gavel.broker.ledger.plan import View
 from gavel.broker.ledger.state import State, stamp
 from gavel.broker.onepass import OnePass
 from gavel.broker.promises import Promises
@@ -60,9 +68,10 @@ from gavel.broker.serviceplans import (
     Started,
     failed_new,
     is_system,
-    plan_keep,
-    replicas,
+    plan_keep_in_steps,
+    replicas_in_steps,
 )
+from gavel.broker.steps import Steps, chunks, drive
 from gavel.shared.messages import Health, InstanceState
 from gavel.shared.reasons import Reason, render
 from gavel.shared.records import InstanceRecord, ServiceRecord
@@ -127,14 +136,29 @@ class Services:
             return str(Health.HEALTHY), ""
         return "", ""
 
-    def _observe(self, name: str, svc: ServiceRecord, state: State,
-                 recs: list[InstanceRecord], now: float) -> list[Replica]:
+    def _observe(self, name: str, svc: ServiceRecord, state: State, before: set[str],
+                 now: float) -> Steps[tuple[list[InstanceRecord], list[Replica]]]:
         """Note what changed since the last pass: ends (rule 5), health, first sightings;
-        the keeper's view of the replicas, as they are now."""
+        the replicas' records and the keeper's view of them, as they are now. `before`: the
+        replicas the last pass left live, taken as the pass began (rule 9)."""
         tick = self.ctx.timing.tick_s
         backoff = self._backoff.setdefault(name, Backoff())
-        live = {r.instance_id for r in recs if not r.state.terminal}
-        for iid in self._live.get(name, set()) - live:
+        recs = yield from View(state).replicas_in_steps(name)
+        live: set[str] = set()
+        for part in chunks(recs):
+            for r in part:
+                if r.state.terminal:
+                    continue
+                iid = r.instance_id
+                live.add(iid)
+                self._first_seen.setdefault(iid, now)
+                note = self.promises.health.get(iid)
+                if self.health(r, state.placement_of(iid) is not None)[0] == Health.HEALTHY:
+                    self._healthy_since.setdefault(iid, note.since if note is not None else now)
+                else:
+                    self._healthy_since.pop(iid, None)
+            yield
+        for iid in before - live:
             self._first_seen.pop(iid, None)
             self._healthy_since.pop(iid, None)
             rec = state.instances.get(iid)
@@ -146,26 +170,16 @@ class Services:
             self._ended.setdefault(name, []).append(
                 (iid, str(rec.state) if rec is not None else "gone", why))
             backoff.ended(now, tick)
-        self._live[name] = live
-        for r in recs:
-            iid = r.instance_id
-            if r.state.terminal:
-                continue
-            self._first_seen.setdefault(iid, now)
-            note = self.promises.health.get(iid)
-            if self.health(r, state.placement_of(iid) is not None)[0] == Health.HEALTHY:
-                self._healthy_since.setdefault(iid, note.since if note is not None else now)
-            else:
-                self._healthy_since.pop(iid, None)
+        self._live[name] = live | (self._live.get(name, set()) - before)  # started meanwhile
         spec = svc.spec_of(svc.version)
-        mine = replicas(state, recs, self._clocks, now)
+        mine = yield from replicas_in_steps(state, recs, self._clocks, now)
         calm_s = max(CALM_TICKS * tick, spec.update.min_healthy_s if spec else 0.0)
         backoff.observe(now, not svc.stopped and len(mine) == svc.count and all(
             r.version == svc.version and r.healthy_for is not None for r in mine), calm_s)
-        return mine
+        return recs, mine
 
     # -- the pass ------------------------------------------------------------------------
-    def watch(self, now: float) -> None:
+    async def watch(self, now: float) -> None:
         """One pass over every service: observe, and commit what the keeper decides."""
         ctx = self.ctx
         if ctx.ledger.pinned:
@@ -178,23 +192,24 @@ class Services:
             self._ended.pop(name, None)
             self._backoff.pop(name, None)
             self._next_pass.pop(name, None)
-        for name, svc in state.services.items():
+        for name, svc in list(state.services.items()):
             if is_system(svc):  # kept by `broker.systems`
                 continue
             if self._next_pass.get(name, now) > now:  # rule 7
                 continue
+            before = set(self._live.get(name, ()))  # rule 9: as the steps begin
+            (recs, mine), ran = await drive(self._observe(name, svc, state, before, now),
+                                            clock=ctx.now)
             began = ctx.now()
-            recs = state.replicas_of(name)
-            mine = self._observe(name, svc, state, recs, now)
             d = None if self.passes.busy(name) else decide(
                 svc, mine, failed=failed_new(svc, recs), hold=self._holds(name, now),
                 stamp=stamp(self.wall()))  # what `decision` decides, on the replicas seen
-            self._next_pass[name] = now + PASS_SHARE * max(0.0, ctx.now() - began)
-            if d is not None and not d and d.missing is not None and d.missing <= 0:
-                self._ended.pop(name, None)  # nothing missing: those ends need no replacement
             if d:
                 self.passes.submit(name, functools.partial(
-                    plan_keep, name=name, inputs=self.inputs(name, recs, now)))
+                    plan_keep_in_steps, name=name, inputs=self.inputs(name, recs, now)))
+            self._next_pass[name] = now + PASS_SHARE * max(0.0, ran + ctx.now() - began)
+            if d is not None and not d and d.missing is not None and d.missing <= 0:
+                self._ended.pop(name, None)  # nothing missing: those ends need no replacement
 
     def _holds(self, name: str, now: float) -> bool:
         backoff = self._backoff.get(name)

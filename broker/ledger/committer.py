@@ -53,6 +53,10 @@ Rules:
    writers in a row died before a write of theirs landed (one that dies as it starts:
    a broken install, no memory for a process), commits are written on a thread from then
    on, said once: slower under load, but written.
+12. A plan may read in steps (`broker.steps`: a service's over each of its replicas): it
+   returns its steps instead of its result, and the committer drives them, giving the loop a
+   turn between slices. Nothing but the committer changes the state it plans on, so the
+   view holds still meanwhile; items submitted meanwhile wait for the next commit.
 """
 
 from __future__ import annotations
@@ -61,7 +65,7 @@ import asyncio
 import logging
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from concurrent.futures import BrokenExecutor, ProcessPoolExecutor
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
@@ -74,10 +78,11 @@ from gavel.broker.ledger.gitwriter import commit_files, make_executor
 from gavel.broker.ledger.plan import View
 from gavel.broker.ledger.repository import Conflict, Damaged, Ledger, Pinned
 from gavel.broker.ledger.state import Change, stamp
+from gavel.broker.steps import Steps, drive
 from gavel.shared.reasons import Reason
 from gavel.shared.timing import Timing
 
-__all__ = ["Committer", "Durable", "Item", "Planned", "and_then", "or_only"]
+__all__ = ["Committer", "Durable", "Item", "Plan", "Planned", "and_then", "or_only"]
 
 log = logging.getLogger("gavel.ledger")
 _TIMING = Timing()
@@ -116,11 +121,28 @@ def or_only(view: View, *, plan: Callable[[View], Planned | None],
     return got if got is not None else Planned.only(*effects)
 
 
-def and_then(view: View, *, plan: Callable[[View], Planned | None],
-             effects: tuple[Effect, ...]) -> Planned:
+#: What an item's plan returns: its result, or its steps (rule 12).
+Plan = Callable[[View], Planned | Steps[Planned | None] | None]
+
+
+def and_then(view: View, *, plan: Plan, effects: tuple[Effect, ...]
+             ) -> Planned | Steps[Planned | None]:
     """`plan`'s change and effects followed by `effects`, or, when it has nothing to do,
-    only `effects`: what a shell notes once its plan is over, planned or not."""
+    only `effects`: what a shell notes once its plan is over, planned or not (in steps, if
+    `plan` is)."""
     got = plan(view)
+    if isinstance(got, Generator):
+        return _then_steps(got, effects)
+    return _then(got, effects)
+
+
+def _then_steps(steps: Steps[Planned | None], effects: tuple[Effect, ...]
+                ) -> Steps[Planned | None]:
+    got = yield from steps
+    return _then(got, effects)
+
+
+def _then(got: Planned | None, effects: tuple[Effect, ...]) -> Planned:
     if got is None:
         return Planned.only(*effects)
     got.effects.extend(effects)
@@ -141,7 +163,7 @@ class Durable(Protocol):
 
 @dataclass
 class Item:
-    plan: Callable[[View], Planned | None]
+    plan: Plan
     retry: bool = True
     #: Effects carried out when the item is given up for good (rule 4).
     gave_up: list[Effect] = field(default_factory=list)
@@ -282,7 +304,8 @@ class Committer:
             self._decided = {}
             planned = []
             for item in items:
-                p = item.plan(view)
+                made = item.plan(view)
+                p = (await drive(made))[0] if isinstance(made, Generator) else made  # rule 12
                 if p is not None:
                     planned.append(p)
                     if not p.writes:

@@ -25,6 +25,7 @@ from collections.abc import Sequence
 import msgspec
 
 from gavel.broker.ledger.state import Change, State, committed_by
+from gavel.broker.steps import Steps, at_once, chunks
 from gavel.shared.auction import Awarded, Unschedulable
 from gavel.shared.lifecycle import PENDING, transition
 from gavel.shared.messages import Capacity
@@ -100,12 +101,18 @@ class View:
         """Every replica record of the service `name` as this view has them: the state's,
         as changed here, and those made here (a scan of this change's records: a service's
         plans are few, and it keeps the hot path's plans free of a second index)."""
+        return at_once(self.replicas_in_steps(name))
+
+    def replicas_in_steps(self, name: str) -> Steps[list[InstanceRecord]]:
+        """`replicas`, in steps (`broker.steps`)."""
         out: list[InstanceRecord] = []
         known = self.state.replicas.get(name, {})
-        for iid in known:
-            rec = self.instance(iid)
-            if rec is not None and rec.service == name:
-                out.append(rec)
+        for part in chunks(list(known)):
+            for iid in part:
+                rec = self.instance(iid)
+                if rec is not None and rec.service == name:
+                    out.append(rec)
+            yield
         for iid, made in self.change.instances.items():
             if made is not None and made.service == name and iid not in known:
                 out.append(made)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import ast
 import asyncio
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -23,6 +23,7 @@ import msgspec
 from gavel.broker.effects import Publish
 from gavel.broker.ledger.committer import Item, Planned
 from gavel.broker.ledger.plan import View, submit
+from gavel.broker.steps import at_once
 from gavel.shared.auction import Auction, Awarded, Decision
 from gavel.shared.award import NodeBid
 from gavel.shared.messages import Request, Spec
@@ -232,12 +233,18 @@ def _meanwhile(rig: Rig) -> None:
     rig.b.services._healthy_since.clear()
 
 
+def _plan(item: Item, view: View) -> Planned | None:
+    """`item`'s plan on `view`, its steps run at once if it reads in steps."""
+    got = item.plan(view)
+    return at_once(got) if isinstance(got, Generator) else got
+
+
 def _planned_alike(rig: Rig, item: Item) -> Planned:
     """`item` planned on the broker's state, then again after the broker moved on: the same
     lines and effects."""
-    first = item.plan(View(rig.b.ledger.state()))
+    first = _plan(item, View(rig.b.ledger.state()))
     _meanwhile(rig)
-    again = item.plan(View(rig.b.ledger.state()))
+    again = _plan(item, View(rig.b.ledger.state()))
     assert first is not None and again is not None
     assert (again.lines, again.effects) == (first.lines, first.effects)
     return first
@@ -285,7 +292,7 @@ def test_a_service_pass_plans_what_the_part_knew_as_it_submitted_it(rig: Rig) ->
     view.put_service(msgspec.structs.replace(svc, count=3))
     rig.b.ledger.apply(view.change, "scale by hand", state.head)
     items = _captured(rig)
-    rig.b.services.watch(rig.now)
+    rig.run(rig.b.services.watch(rig.now))
     [item] = items
     planned = _planned_alike(rig, item)
     assert len([line for line in planned.lines if " start " in line]) == 1
@@ -297,7 +304,7 @@ def test_a_deployment_is_judged_on_its_replicas_clocks_as_the_pass_saw_them(rig:
     sweep(rig)  # healthy since now
     rig.now += 2 * UPDATE.min_healthy_s
     items = _captured(rig)
-    rig.b.services.watch(rig.now)
+    rig.run(rig.b.services.watch(rig.now))
     [item] = items
     planned = _planned_alike(rig, item)
     assert planned.lines == ["service web: deployed version 1: 2 replicas healthy"]

@@ -71,7 +71,7 @@ def settle(rig: Rig) -> None:
 
 def sweep(rig: Rig) -> str | None:
     """One pass of the keeper at the rig's clock; the head after its commit, if any."""
-    rig.b.services.watch(rig.now)
+    rig.run(rig.b.services.watch(rig.now))
     settle(rig)
     return rig.b.ledger.head()
 
@@ -141,7 +141,7 @@ def test_deploy_writes_the_service_and_its_replicas_and_a_pass_twice_changes_not
         sorted(r.instance_id for r in live(rig))
     again = Broker(Config(nats_url="nats://127.0.0.1:1", state_dir=tmp_path, writer="thread",
                           timing=Timing().scaled(10), clock=lambda: rig.now))
-    again.services.watch(rig.now)  # a broker started again: the count is met in git
+    rig.run(again.services.watch(rig.now))  # a broker started again: the count is met in git
     assert again.committer.idle.is_set(), "it submitted a change"
     again.committer.close()
 

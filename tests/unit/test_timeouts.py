@@ -48,6 +48,8 @@ ALLOWED = {
     # Not clocks: costs, freshness and windows of the machine's own work.
     "broker/ledger/committer.py::<module>::AFTER_SLICE_S=0.0005":
         "a CPU slice of a commit's effects between bid replies, not a wait",
+    "broker/steps.py::<module>::SLICE_S=0.02":
+        "a CPU slice of a long read over every replica between the loop's other work",
     "broker/ledger/repository.py::<module>::_HEAD_FRESH_S=0.005":
         "how long a read of the ref is reused: a cache, not a wait",
     "broker/mirror.py::<module>::_SLACK_S=0.001": "rounding slack of the mirror's window",
