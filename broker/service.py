@@ -35,6 +35,7 @@ Rules:
    `abort` ends it at once, sending nothing it still holds.
 9. A tick's passes (auctions, promises, services, arrays, ...) each take a turn of the loop
    of their own: a request waits for one pass over a large cluster, never for all of them.
+   So does an auctioneer's pass woken while the last ran (a wave of retries come due).
 """
 
 from __future__ import annotations
@@ -431,8 +432,8 @@ class Broker:
             # asyncio.timeout, not wait_for: on 3.11 wait_for swallows a cancel that lands
             # as the event fires, and `close` would wait for this loop for ever.
             with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(self.timing.tick_s):
-                    await self._wake.wait()
+                async with asyncio.timeout(self.timing.tick_s):  # woken meanwhile: rule 9
+                    await (asyncio.sleep(0) if self._wake.is_set() else self._wake.wait())
             self._wake.clear()
 
     def _publish_failed(self, subject: str, exc: Exception) -> None:

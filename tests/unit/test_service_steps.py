@@ -1,10 +1,13 @@
-"""The services' pass in steps (`broker.services` rule 9), on a real broker in memory: the
-loop runs other work between the pass's steps, the pass decides as it would in one go, and
-a replica started while its steps run is not taken for one that ended."""
+"""The broker's long passes in steps, on a real broker in memory: the loop runs other work
+between the services' pass's steps (`broker.services` rule 9), which decides as it would in
+one go and takes no replica started while its steps run for one that ended; and between
+auctioneer's passes woken again at once (`broker.service` rule 9)."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import itertools
 from collections.abc import Callable
 
 import pytest
@@ -64,3 +67,30 @@ def test_a_replica_started_while_a_pass_runs_is_not_taken_for_an_end(
     assert "web-late" in services._live["web"]
     assert not services._ended.get("web"), services._ended
 
+
+def test_auctioneers_passes_woken_again_at_once_let_the_loop_run_between(
+        rig: Rig, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A wave of retries come due is a chain of passes, each taking the room for auctions
+    and waking the next: each is a step of its own."""
+    log: list[str] = []
+
+    def chained(now: float) -> None:
+        log.append("pass")
+        if log.count("pass") < 6:
+            rig.b.wake()
+    monkeypatch.setattr(rig.b.auctioneer, "reconcile", chained)
+
+    async def go() -> None:
+        looping = asyncio.ensure_future(rig.b._loop())
+        try:
+            while log.count("pass") < 6:
+                log.append("turn")
+                await asyncio.sleep(0)
+        finally:
+            looping.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await looping
+    rig.run(go())
+    passes = [i for i, e in enumerate(log) if e == "pass"]
+    assert len(passes) == 6
+    assert all("turn" in log[a:b] for a, b in itertools.pairwise(passes)), log
