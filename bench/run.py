@@ -143,6 +143,8 @@ class Result:
     #: it moved (what it pins moved nothing).
     tuned_level: int = 0
     tuned_changes: int = 0
+    #: The windows it judged last (`shared.tuning` rule 8): why it ended where it did.
+    tuned_trace: list[str] = field(default_factory=list)
     #: With churn (`lifetime_s`): instances still placed, ended records kept, forgotten.
     lifetime_s: float = 0.0
     running_at_end: int = 0
@@ -431,6 +433,7 @@ async def _drive(nc: Any, opts: Options, root: Path, broker: subprocess.Popen[by
         offered_per_s=opts.rate,
         ratio_to_offered=round(rate / opts.rate, 3) if opts.rate else 0.0,
         tuned_changes=stats.tuned_changes,
+        tuned_trace=list(stats.tuned_trace),
         round_p99_in_reqreply_p99=round(stats.round_p99_ms / rr_p99, 2) if rr_p99 else 0.0,
         lifetime_s=opts.lifetime_s, running_at_end=churn.running if churn else 0,
         ended_kept=churn.ended_kept if churn else 0, forgotten=churn.forgotten if churn else 0,

@@ -272,7 +272,8 @@ class Api:
             round_p99_ms=_pct(rounds, 99), commit_p50_ms=_pct(commits, 50),
             commit_p99_ms=_pct(commits, 99),
             rss_mb=psutil.Process().memory_info().rss / 2**20, kv_puts=self.mirror.puts,
-            tuned_level=auctioneer.tuner.level, tuned_changes=auctioneer.tuner.changes)
+            tuned_level=auctioneer.tuner.level, tuned_changes=auctioneer.tuner.changes,
+            tuned_trace=[j.line() for j in auctioneer.tuner.trace])
 
     def _refused(self, spec: Spec) -> ApiError | None:
         """Why no instance of `spec` can be accepted at all (None: it can)."""

@@ -216,7 +216,9 @@ class Auctioneer:
         """Rule 12: the tuner hears of the commits written and the rounds closed since it
         last heard, and what it chose applies from the next pass."""
         self._heard_commits(now)
-        if self.tuner.took(actions, len(self.core.auctions), now):
+        auctions = self.core.auctions
+        if self.tuner.took(actions, len(auctions), now,
+                           sum(len(a.requests) for a in auctions.values())):
             self._tuned()
 
     def _heard_commits(self, now: float) -> None:

@@ -145,6 +145,8 @@ class StatsReply(Message, tag="stats-reply", kw_only=True):
     #: The auctioneer's tuning (`shared.tuning`): its level now and how often it changed.
     tuned_level: int = 0
     tuned_changes: int = 0
+    #: The last windows it judged, oldest first (`shared.tuning` rule 8).
+    tuned_trace: list[str] = msgspec.field(default_factory=list)
 
 
 class StatusRequest(Message, tag="status"):

@@ -11,41 +11,59 @@ commit and of every pass, and reads `batch_max`, `max_auctions` and `commit_gap_
 Rules:
 1. A round that closes is *saturated* when the pass after it left no room for another round
    and the last round it opened was full: work was still waiting. Otherwise the work
-   *drained* (`saturated`).
-2. Every `WINDOW` rounds closed at one level, the window is judged: if every one of its
-   rounds was saturated the work never drained, so the level is too small for the load and
-   the tuner climbs one step; if the work drained at `RETURN` of its closes or more, the
-   step below would have kept up and it steps down. Between the two it holds.
+   *drained* (`saturated`); then its *demand* is the requests in the rounds open after that
+   pass.
+2. Every `WINDOW` rounds closed at one level, the window is judged: if the work drained at
+   `RETURN` of its closes or more, the step below would have kept up and the tuner steps
+   down - but a step down that keeps the batch (the top step: only the rounds in flight
+   change) is taken only if the step below holds the window's peak demand too (the most any
+   drained close left in flight; a step holds its rounds in flight times its batch).
+   Otherwise it holds. A window whose first `CLIMB` closes were all saturated is
+   judged at once: the work has not drained since the level was set, so the level is too
+   small for the load and the tuner climbs one step.
 3. The band between is wide because in a closed loop neither a drain now and then nor long
    rounds say the step below would keep up: the work drains between the submissions at up
    to half the closes of a level the step below cannot carry, and the rounds are long
    because the machine is busy. A step down at half the closes drained, or for rounds four
    times the latency end's, stepped into the level just outgrown, which climbed again: the
-   tuner hunted below the throughput end.
-4. Commits are paced by what they cost: the gap before the next commit is the recent commit
+   tuner hunted below the throughput end. The peak demand guards the top the same way: at
+   the throughput end a closed loop's submissions fit in the rounds in flight, so nearly
+   every close drains, yet they are more than the step below holds. A step that keeps the
+   batch shortens no round, so it is worth nothing unless the room it gives up was idle;
+   a step to a smaller batch shortens every round, so drains alone take it (an open loop's
+   bursts that a level carries with room to spare step down to quicker rounds).
+4. The climb is quick because each step's rounds cost a closed loop throughput: a window of
+   saturated closes a step carried a closed loop through several thousand placements below
+   the throughput end. A drain before `CLIMB` closes (an open loop's burst that the level
+   carries within a few rounds) holds the level for the window.
+5. Commits are paced by what they cost: the gap before the next commit is the recent commit
    time (a moving average), at most the level's cap - a writer busy at most half the time
    leaves the cores to the rounds under load, and a light load's small, quick commits wait
    little. The cap bounds the feedback between gap and commit size (a longer gap makes a
    bigger commit, which takes longer), and the throughput end has none.
-5. A pass with no round in flight after a quiet spell - no round closed and no commit
+6. A pass with no round in flight after a quiet spell - no round closed and no commit
    landed for `IDLE_S`, or for `QUIET_ROUNDS` of the last window's median round if that is
    longer - returns the tuner to the latency end: the next burst after a quiet spell starts
    from the shortest rounds. A commit is not quiet, and a busy machine's spells are as long
    as its rounds: in a closed loop the next submissions wait on the commits and on a machine
    whose rounds take a second.
-6. A value given (`batch_max`, `max_auctions`, `commit_gap_s`) is pinned: the tuner never
+7. A value given (`batch_max`, `max_auctions`, `commit_gap_s`) is pinned: the tuner never
    changes it, and tunes only the others; with all three given its level stays where it is.
+8. The last `TRACE` windows judged are kept (`trace`): the level, its closes saturated, the
+   peak demand, the median round and the step taken, for an operator to read why a level
+   held.
 """
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Sequence
 from typing import NamedTuple
 
 from gavel.shared.auctionworld import Action, Decided, Open
 
-__all__ = ["IDLE_S", "LADDER", "QUIET_ROUNDS", "RETURN", "WINDOW", "Setting", "Tuner",
-           "saturated"]
+__all__ = ["CLIMB", "IDLE_S", "LADDER", "QUIET_ROUNDS", "RETURN", "TRACE", "WINDOW", "Judged",
+           "Setting", "Tuner", "saturated"]
 
 
 class Setting(NamedTuple):
@@ -54,6 +72,23 @@ class Setting(NamedTuple):
     max_auctions: int
     batch_max: int
     gap_cap_s: float
+
+
+class Judged(NamedTuple):
+    """One window judged (rule 8): at `level`, `saturated` of its `closes`, the peak demand,
+    the median round and the step taken (-1, 0 or +1)."""
+
+    level: int
+    closes: int
+    saturated: int
+    peak: int
+    round_s: float
+    step: int
+
+    def line(self) -> str:
+        return (f"level {self.level}: {self.saturated}/{self.closes} saturated, peak "
+                f"{self.peak}, "
+                f"round {1000 * self.round_s:.1f} ms, step {self.step:+d}")
 
 
 #: From the latency end to the throughput end (rule 2); each step about doubles what the
@@ -68,13 +103,17 @@ LADDER: tuple[Setting, ...] = (
 )
 #: Rounds closed per judgement (rule 2).
 WINDOW = 16
+#: Closes saturated from a window's start that climb at once (rules 2, 4).
+CLIMB = 4
 #: The share of a window's closes that drained for a step down (rules 2, 3).
 RETURN = 0.75
-#: Seconds without a round that return the tuner to the latency end (rule 5).
+#: Seconds without a round that return the tuner to the latency end (rule 6).
 IDLE_S = 1.0
-#: A quiet spell lasts at least this many of the last window's median round (rule 5).
+#: A quiet spell lasts at least this many of the last window's median round (rule 6).
 QUIET_ROUNDS = 10
-#: Weight of the newest commit time in the moving average (rule 4).
+#: Windows judged that `Tuner.trace` keeps (rule 8).
+TRACE = 32
+#: Weight of the newest commit time in the moving average (rule 5).
 _COMMIT_WEIGHT = 0.2
 
 
@@ -88,9 +127,11 @@ def saturated(opened: Sequence[int], open_rounds: int, max_auctions: int,
 class Tuner:
     def __init__(self, *, batch_max: int | None = None, max_auctions: int | None = None,
                  commit_gap_s: float | None = None,
-                 ladder: Sequence[Setting] = LADDER, window: int = WINDOW) -> None:
+                 ladder: Sequence[Setting] = LADDER, window: int = WINDOW,
+                 climb: int = CLIMB) -> None:
         self.ladder = tuple(ladder)
         self.window = window
+        self.climb = climb
         self.pinned_batch_max = batch_max
         self.pinned_max_auctions = max_auctions
         self.pinned_gap_s = commit_gap_s
@@ -100,10 +141,14 @@ class Tuner:
         self.commit_s: float | None = None
         self._rounds: list[float] = []
         self._saturated = 0
-        #: The last window's median round (rule 5), once one was judged.
+        #: The window's peak demand so far (rules 1, 2).
+        self._peak = 0
+        #: The last window's median round (rule 6), once one was judged.
         self.round_s: float | None = None
-        #: The last close or commit (rule 5).
+        #: The last close or commit (rule 6).
         self._last_busy: float | None = None
+        #: Rule 8.
+        self.trace: deque[Judged] = deque(maxlen=TRACE)
 
     # -- what the shell reads ------------------------------------------------------------------
     @property
@@ -120,7 +165,7 @@ class Tuner:
 
     @property
     def commit_gap_s(self) -> float:
-        """Rule 4 (or the pinned gap)."""
+        """Rule 5 (or the pinned gap)."""
         if self.pinned_gap_s is not None:
             return self.pinned_gap_s
         cap = self.setting.gap_cap_s
@@ -132,37 +177,43 @@ class Tuner:
         return self.pinned_batch_max is None or self.pinned_max_auctions is None \
             or self.pinned_gap_s is None
 
+    def holds(self, level: int) -> int:
+        """The requests `level` holds in flight: its rounds times its batch (what is pinned
+        counts as pinned)."""
+        step = self.ladder[level]
+        return (self.pinned_max_auctions or step.max_auctions) * \
+            (self.pinned_batch_max or step.batch_max)
+
     # -- what the shell tells it ---------------------------------------------------------------
     def committed(self, commit_s: float, now: float) -> None:
-        """A commit took `commit_s` to write and landed by `now` (rules 4, 5)."""
+        """A commit took `commit_s` to write and landed by `now` (rules 5, 6)."""
         self._last_busy = now
         last = self.commit_s
         self.commit_s = commit_s if last is None else \
             last + _COMMIT_WEIGHT * (commit_s - last)
 
-    def closed(self, round_s: float, saturated: bool, now: float) -> bool:
-        """A round closed after `round_s`, `saturated` or not (rule 1); whether the level
-        changed (rules 2, 3)."""
+    def closed(self, round_s: float, saturated: bool, now: float, demand: int = 0) -> bool:
+        """A round closed after `round_s`, `saturated` or not, with `demand` requests in the
+        rounds open after the pass (rule 1); whether the level changed (rules 2-4)."""
         self._last_busy = now
         if not self.tuning:
-            return False  # rule 6: nothing to tune
+            return False  # rule 7: nothing to tune
         self._rounds.append(round_s)
         self._saturated += saturated
-        if len(self._rounds) < self.window:
+        if not saturated and demand > self._peak:
+            self._peak = demand
+        n, sat = len(self._rounds), self._saturated
+        if sat == n == self.climb and self.level < len(self.ladder) - 1:
+            return self._judge(+1)  # rule 2: not drained since the level was set
+        if n < self.window:
             return False
-        rounds, sat = sorted(self._rounds), self._saturated
-        self._rounds, self._saturated = [], 0
-        self.round_s = rounds[len(rounds) // 2]
-        if sat == len(rounds):
-            return self._step(+1)
-        if len(rounds) - sat >= RETURN * len(rounds):
-            return self._step(-1)
-        return False
+        return self._judge(-1 if n - sat >= RETURN * n and self._below() else 0)
 
-    def took(self, actions: Sequence[Action], open_rounds: int, now: float) -> bool:
-        """What the core asked for in one `take`, with `open_rounds` open after it: each
-        round it decided is told to `closed`, saturated by rule 1 (the rounds opened after
-        the last one decided); whether the level changed."""
+    def took(self, actions: Sequence[Action], open_rounds: int, now: float,
+             in_flight: int = 0) -> bool:
+        """What the core asked for in one `take`, with `open_rounds` open after it holding
+        `in_flight` requests: each round it decided is told to `closed`, saturated by rule 1
+        (the rounds opened after the last one decided); whether the level changed."""
         rounds: list[float] = []
         opened: list[int] = []
         for action in actions:
@@ -176,17 +227,35 @@ class Tuner:
         full = saturated(opened, open_rounds, self.max_auctions, self.batch_max)
         changed = False
         for round_s in rounds:
-            changed = self.closed(round_s, full, now) or changed
+            changed = self.closed(round_s, full, now, in_flight) or changed
         return changed
 
     def passed(self, now: float, in_flight: int) -> bool:
-        """A pass ran with `in_flight` rounds open; whether the level changed (rule 5)."""
+        """A pass ran with `in_flight` rounds open; whether the level changed (rule 6)."""
         quiet_s = max(IDLE_S, QUIET_ROUNDS * (self.round_s or 0.0))
         if in_flight or self.level == 0 or self._last_busy is None \
                 or now - self._last_busy < quiet_s:
             return False
-        self._rounds, self._saturated = [], 0
+        self._rounds, self._saturated, self._peak = [], 0, 0
         return self._step(-self.level)
+
+    def _below(self) -> bool:
+        """Rule 2: whether the step below may be taken: a smaller batch always, the same
+        batch if it holds the window's peak demand."""
+        if self.level == 0:
+            return False
+        here, below = self.ladder[self.level], self.ladder[self.level - 1]
+        same = self.pinned_batch_max is not None or here.batch_max == below.batch_max
+        return not same or self._peak <= self.holds(self.level - 1)
+
+    def _judge(self, by: int) -> bool:
+        """Close the window with a step of `by` (rule 8 keeps it)."""
+        rounds = sorted(self._rounds)
+        self.round_s = rounds[len(rounds) // 2]
+        self.trace.append(Judged(self.level, len(rounds), self._saturated, self._peak,
+                                 self.round_s, by))
+        self._rounds, self._saturated, self._peak = [], 0, 0
+        return self._step(by)
 
     def _step(self, by: int) -> bool:
         level = min(max(self.level + by, 0), len(self.ladder) - 1)

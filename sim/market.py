@@ -163,7 +163,9 @@ class Market:
                 self._submit(action, now)
             elif isinstance(action, Wake):
                 self._push(now, _PASS)
-        if self.tuner is not None and self.tuner.took(actions, len(self.core.auctions), now):
+        auctions = self.core.auctions
+        if self.tuner is not None and self.tuner.took(
+                actions, len(auctions), now, sum(len(a.requests) for a in auctions.values())):
             self._tuned()
         at = self.core.timer()
         if at is not None and at < self.timer_at:

@@ -1,7 +1,8 @@
 """The auctioneer's self-tuning (`shared.tuning`), in memory: it climbs to the throughput
-end while work never drains, comes back to the latency end as the queue drains or rounds
-queue behind each other, holds still under a steady load, paces commits by what they cost,
-pins what is given, and the simulator's production auctioneer drives it."""
+end while work never drains, and holds it while the step below could not hold the work in
+flight; comes back to the latency end as the queue drains or rounds queue behind each
+other, holds still under a steady load, paces commits by what they cost, pins what is
+given, says why in its trace, and the simulator's production auctioneer drives it."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from gavel.shared.auction import Auction
 from gavel.shared.auctionworld import Decided, Open
 from gavel.shared.messages import Request, Spec
 from gavel.shared.tuning import (
+    CLIMB,
     IDLE_S,
     LADDER,
     QUIET_ROUNDS,
@@ -25,13 +27,25 @@ TOP = len(LADDER) - 1
 
 
 def windows(t: Tuner, n: int, pattern: list[bool], round_s: float = 0.004,
-            start: float = 0.0) -> list[int]:
-    """`n` windows of closes saturated as `pattern` repeats; the level after each."""
+            start: float = 0.0, demand: list[int] | None = None) -> list[int]:
+    """`n` windows of closes saturated as `pattern` repeats, the work in flight after each
+    close as `demand` repeats (none: nothing); the level after each."""
     levels, now = [], start
     for _ in range(n):
         for k in range(t.window):
             now += round_s
-            t.closed(round_s, pattern[k % len(pattern)], now)
+            t.closed(round_s, pattern[k % len(pattern)], now,
+                     demand[k % len(demand)] if demand else 0)
+        levels.append(t.level)
+    return levels
+
+
+def climb(t: Tuner, steps: int, round_s: float = 0.004) -> list[int]:
+    """`steps` runs of `CLIMB` saturated closes; the level after each."""
+    levels = []
+    for _ in range(steps):
+        for _ in range(t.climb):
+            t.closed(round_s, True, 0.0)
         levels.append(t.level)
     return levels
 
@@ -45,18 +59,33 @@ def test_a_round_is_saturated_when_no_room_is_left_and_the_last_round_opened_was
     assert saturated([24, 24], 2, 2, 24) and not saturated([24, 3], 2, 2, 24)
 
 
-def test_work_that_never_drains_climbs_one_step_a_window_to_the_throughput_end() -> None:
+def test_work_that_never_drains_climbs_a_step_every_few_closes_to_the_throughput_end(
+        ) -> None:
     t = Tuner()
     assert (t.max_auctions, t.batch_max, t.commit_gap_s) == (1, 24, 0.020)
-    levels = windows(t, TOP + 5, [True])
+    levels = climb(t, TOP + 5)
     assert levels == [*range(1, TOP + 1), *[TOP] * 5]  # converges, and stays
     assert (t.max_auctions, t.batch_max, t.commit_gap_s) == (16, 256, 0.0)
     assert t.changes == TOP
+    assert windows(t, 3, [True]) == [TOP] * 3  # held at the top, window by window
+
+
+def test_a_drain_before_climb_closes_holds_the_level_for_the_window() -> None:
+    # An open loop's burst that the level carries within a few rounds: saturated up to the
+    # drain, not since the level was set.
+    t = Tuner()
+    for _ in range(CLIMB - 1):
+        assert not t.closed(0.004, True, 0.0)
+    assert not t.closed(0.004, False, 0.0)
+    for _ in range(WINDOW - CLIMB):  # saturated from here on, but the window drained once
+        assert not t.closed(0.004, True, 0.0)
+    assert t.level == 0 and [j.step for j in t.trace] == [0]
+    assert climb(t, 1) == [1]  # the next window, saturated from its start, climbs
 
 
 def test_it_backs_off_one_step_a_window_as_the_queue_drains() -> None:
     t = Tuner()
-    windows(t, TOP, [True])
+    climb(t, TOP)
     assert t.level == TOP
     assert windows(t, TOP + 3, [False]) == [*range(TOP - 1, -1, -1), 0, 0, 0]
 
@@ -67,53 +96,81 @@ def test_a_steady_load_between_the_two_tests_holds_its_level() -> None:
     t = Tuner()
     assert windows(t, 50, [True, True, True, False]) == [0] * 50
     t2 = Tuner()
-    windows(t2, 3, [True])
+    climb(t2, 3)
     assert windows(t2, 50, [True, True, True, False]) == [3] * 50
     assert t.changes == 0 and t2.changes == 3
 
 
-def test_a_window_is_judged_only_when_full() -> None:
+def test_a_window_is_judged_when_full_or_at_once_when_it_climbs() -> None:
     t = Tuner()
-    for k in range(WINDOW - 1):
+    for k in range(CLIMB - 1):
         assert not t.closed(0.004, True, k * 0.004)
-    assert t.level == 0
-    assert t.closed(0.004, True, 1.0) and t.level == 1
+    assert t.level == 0 and not t.trace
+    assert t.closed(0.004, True, 1.0) and t.level == 1  # CLIMB saturated: judged at once
+    t.closed(0.004, False, 1.0)
+    for k in range(WINDOW - 2):
+        assert not t.closed(0.004, False, k * 0.004)
+    assert len(t.trace) == 1  # not judged yet: one close short of the window
+    assert t.closed(0.004, False, 1.0) and t.level == 0 and len(t.trace) == 2
 
 
 def test_long_rounds_and_a_drain_now_and_then_hold_the_level() -> None:
     # Rule 3: rounds forty times the latency end's (a busy machine), the work draining at
     # a quarter or half of the closes: neither says the step below would keep up.
     t = Tuner()
-    windows(t, 4, [True])
+    climb(t, 4)
     assert windows(t, 3, [True, True, True, False], round_s=0.160) == [4] * 3
     assert windows(t, 3, [True, False], round_s=0.160) == [4] * 3
     assert windows(t, 1, [True, False, False, False]) == [3]  # at RETURN of the closes
     assert t.changes == 5
 
 
-def test_a_closed_loop_holds_the_level_it_climbed_to_instead_of_hunting() -> None:
-    # A closed loop as the bench drives it, window by window as a broker logged it: work
-    # waiting from the start climbs the ladder; at the top each submission fits in the
-    # rounds in flight (1 close in 16 saturated); one step down the work drains at 9 of 16,
-    # and below that at 2 of 16, with rounds 7 to 30 times the latency end's because the
-    # machine is busy. With a step down at half drained, or for rounds 4x the latency
-    # end's, it stepped down to level 1 or 2 and hunted (8 and 9 changes a run).
-    model = {5: ([True] + [False] * 15, 0.330), 4: ([True] * 7 + [False] * 9, 0.300)}
+def test_a_closed_loop_climbs_to_the_throughput_end_and_holds_it() -> None:
+    # A closed loop as the bench drives it (four submissions of 1,000 in flight), window by
+    # window as brokers logged it: work waiting from the start climbs the ladder; at the top
+    # each submission fits in the rounds in flight, so the work drains at 15 of 16 closes
+    # with up to 3,744 requests in flight after them; one step down the work drains at 9 of
+    # 16, and below that at 2 of 16, with rounds 7 to 30 times the latency end's because
+    # the machine is busy. Judged by drains alone it stepped down from the top to level 4
+    # and held there (and with a step down at half drained, or for rounds 4x the latency
+    # end's, it stepped down to level 1 or 2 and hunted: 8 and 9 changes a run).
+    model = {TOP: ([True] + [False] * 15, [3744, 3488, 2816, 1024], 0.330),
+             TOP - 1: ([True] * 7 + [False] * 9, [2048, 1792], 0.300)}
     t = Tuner()
-    levels = windows(t, 5, [True], round_s=0.010)
+    levels = climb(t, TOP, round_s=0.010)
+    assert levels == [1, 2, 3, 4, 5]  # CLIMB closes a step while the backlog lasts
     for _ in range(10):
-        drains, round_s = model.get(t.level, ([True] * 14 + [False] * 2, 0.070))
-        levels += windows(t, 1, drains, round_s=round_s)
-    assert levels == [1, 2, 3, 4, 5, 4, *[4] * 9]
-    assert t.changes == 6
+        drains, demand, round_s = model.get(t.level, ([True] * 14 + [False] * 2, [512],
+                                                      0.070))
+        levels += windows(t, 1, drains, round_s=round_s, demand=demand)
+    assert levels == [1, 2, 3, 4, 5, *[5] * 10]
+    assert t.changes == 5
+    assert t.trace[-1].line() == "level 5: 1/16 saturated, peak 3744, round 330.0 ms, step +0"
+
+
+def test_only_a_peak_the_step_below_holds_leaves_the_top() -> None:
+    # The top step keeps the batch (sixteen rounds of 256 to eight): the work drained at
+    # every close, and the step below is taken once no close left more in flight than it
+    # holds; a step to a smaller batch is taken on drains alone.
+    below = LADDER[TOP - 1].max_auctions * LADDER[TOP - 1].batch_max
+    t = Tuner()
+    climb(t, TOP)
+    assert windows(t, 2, [False], demand=[below + 1, 0]) == [TOP, TOP]
+    assert windows(t, 1, [False], demand=[below, 0]) == [TOP - 1]
+    assert windows(t, 1, [False], demand=[below]) == [TOP - 2]  # a smaller batch: drains
+    assert t.holds(TOP - 1) == below
+    pinned = Tuner(batch_max=64)  # a pinned batch: every step keeps it
+    climb(pinned, 2)
+    assert windows(pinned, 1, [False], demand=[2 * 64]) == [2]
+    assert windows(pinned, 1, [False], demand=[64]) == [1]
 
 
 def test_a_commit_landing_is_not_quiet() -> None:
     # A closed loop on a busy machine: the rounds closed, and the next submissions wait on a
     # commit that takes longer than IDLE_S; the pass after it lands is not after a quiet spell.
     t = Tuner()
-    windows(t, 3, [True])
-    last = WINDOW * 3 * 0.004
+    climb(t, 3)
+    last = 0.0
     t.committed(1.5 * IDLE_S, last + 1.5 * IDLE_S)
     assert not t.passed(last + 1.5 * IDLE_S, 0) and t.level == 3
     assert t.passed(last + 3 * IDLE_S, 0) and t.level == 0  # nothing since: quiet
@@ -123,8 +180,8 @@ def test_a_busy_machine_s_quiet_spell_is_as_long_as_its_rounds() -> None:
     # Rounds of 300 ms (a loaded hour's closed loop): the wait for the next submissions is
     # as slow, and a second without a close is not quiet yet.
     t = Tuner()
-    windows(t, 3, [True], round_s=0.3)
-    last = WINDOW * 3 * 0.3
+    climb(t, 3, round_s=0.3)
+    last = 0.0
     assert QUIET_ROUNDS * 0.3 > 2 * IDLE_S
     assert not t.passed(last + 2 * IDLE_S, 0) and t.level == 3
     assert t.passed(last + 1.1 * QUIET_ROUNDS * 0.3, 0) and t.level == 0
@@ -143,8 +200,8 @@ def test_commits_are_paced_by_their_cost_up_to_the_levels_cap() -> None:
 
 def test_a_quiet_spell_returns_to_the_latency_end() -> None:
     t = Tuner()
-    windows(t, 3, [True])
-    last = WINDOW * 3 * 0.004
+    climb(t, 3)
+    last = 0.0
     assert not t.passed(last + IDLE_S / 2, 0)  # not quiet long enough
     assert not t.passed(last + 2 * IDLE_S, 1)  # a round is still open
     assert t.passed(last + 2 * IDLE_S, 0) and t.level == 0
@@ -171,12 +228,15 @@ def _auction(aid: str, n: int) -> Auction:
 def test_it_reads_the_cores_actions_rounds_decided_and_those_opened_after_each() -> None:
     t = Tuner()
     full, part = _auction("a", 24), _auction("b", 5)
-    for k in range(WINDOW - 1):  # each close followed by a full round, no room left
-        t.took([Decided(full, [], 0.004), Open(full, None)], 1, k * 0.004)
+    for k in range(CLIMB - 1):  # each close followed by a full round, no room left
+        t.took([Decided(full, [], 0.004), Open(full, None)], 1, k * 0.004, 24)
     assert t.level == 0
     # a round opened before the close does not count: after it, nothing opened
     assert not t.took([Open(full, None), Decided(full, [], 0.004)], 0, 1.0)
+    for k in range(WINDOW - CLIMB):
+        t.took([Decided(full, [], 0.004), Open(full, None)], 1, k * 0.004, 24)
     assert t.level == 0 and t.changes == 0  # judged: drained once, so it held
+    assert t.trace[-1].saturated == WINDOW - 1 and t.trace[-1].peak == 0
     t2 = Tuner()
     for k in range(WINDOW):
         t2.took([Decided(full, [], 0.004), Open(part, None)], 1, k * 0.004)

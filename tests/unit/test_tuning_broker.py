@@ -18,7 +18,7 @@ from gavel.shared.api import StatsReply, StatsRequest
 from gavel.shared.messages import Bid, BidReply, Capacity, Heartbeat, Spec
 from gavel.shared.records import InstanceRecord
 from gavel.shared.timing import Timing
-from gavel.shared.tuning import IDLE_S, LADDER, WINDOW
+from gavel.shared.tuning import CLIMB, IDLE_S, LADDER
 from tests.unit.fuzzkit import Msg
 
 SPEC = Spec(name="web", command=["true"], cpu=0.001, memory_mb=1)
@@ -60,10 +60,10 @@ async def test_rounds_that_leave_work_waiting_climb_the_ladder(tmp_path: Path) -
         a.reconcile(b.now())
         assert (a.batch_max, a.max_auctions) == (LADDER[0].batch_max, LADDER[0].max_auctions)
         assert b.committer.gap_s == LADDER[0].gap_cap_s
-        sizes = _answer_rounds(a, WINDOW)
-        # one window of saturated rounds: the next step, from the round after the one that
-        # opened as the window's last closed
-        assert sizes[:-1] == [LADDER[0].batch_max] * (WINDOW - 1)
+        sizes = _answer_rounds(a, CLIMB)
+        # CLIMB saturated rounds: the next step, from the round after the one that opened
+        # as the last of them closed
+        assert sizes[:-1] == [LADDER[0].batch_max] * (CLIMB - 1)
         assert (a.batch_max, a.max_auctions) == (LADDER[1].batch_max, LADDER[1].max_auctions)
         assert a.tuner.changes == 1
         _answer_rounds(a, 1)
@@ -71,6 +71,10 @@ async def test_rounds_that_leave_work_waiting_climb_the_ladder(tmp_path: Path) -
         stats = await b.api.stats(StatsRequest())  # what `gavel bench` reports of it
         assert isinstance(stats, StatsReply)
         assert (stats.tuned_level, stats.tuned_changes) == (1, 1)
+        # the demand it judged by: the requests in the rounds open after each close
+        assert stats.tuned_trace == [
+            f"level 0: {CLIMB}/{CLIMB} saturated, peak 0, round "
+            f"{1000 * a.tuner.trace[0].round_s:.1f} ms, step +1"]
     finally:
         b.committer.close()
 
@@ -80,7 +84,7 @@ async def test_values_given_are_pinned(tmp_path: Path) -> None:
     a = b.auctioneer
     try:
         a.reconcile(b.now())
-        assert _answer_rounds(a, 2 * WINDOW) == [10] * (2 * WINDOW)
+        assert _answer_rounds(a, 2 * CLIMB) == [10] * (2 * CLIMB)
         assert a.max_auctions == 1 and a.tuner.level == 2  # the level moved; nothing it pins
         assert b.committer.gap_s == LADDER[2].gap_cap_s  # the gap, not given, is tuned
     finally:
@@ -92,7 +96,7 @@ async def test_with_every_value_given_the_level_reported_stays_put(tmp_path: Pat
     a = b.auctioneer
     try:
         a.reconcile(b.now())
-        assert _answer_rounds(a, 2 * WINDOW) == [10] * (2 * WINDOW)
+        assert _answer_rounds(a, 2 * CLIMB) == [10] * (2 * CLIMB)
         stats = await b.api.stats(StatsRequest())
         assert isinstance(stats, StatsReply)
         assert (stats.tuned_level, stats.tuned_changes) == (0, 0)  # nothing was tuned
@@ -109,7 +113,7 @@ async def test_a_commit_that_just_landed_is_not_a_quiet_spell(tmp_path: Path) ->
     a = b.auctioneer
     try:
         a.reconcile(b.now())
-        _answer_rounds(a, WINDOW)
+        _answer_rounds(a, CLIMB)
         assert a.tuner.level == 1
         seen = b.committer.commits
         committing = asyncio.create_task(b.committer.run())
