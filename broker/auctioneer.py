@@ -28,10 +28,10 @@ What the shell adds to the core's rules, by their numbers:
    connected" in its first pass.
 12. Unless given, the batch size, the rounds in flight and the committer's gap are the
     `shared.tuning.Tuner`'s: told of every round that closes (its time, whether work was
-    left waiting), every commit's time and every pass, it moves them between the latency
-    end and the throughput end as the load asks. A pass hears of the commits landed before
-    it asks whether things are quiet. A value given is pinned, also one set on `batch_max`
-    or `max_auctions` later.
+    left waiting, the requests in the rounds still open), every commit's time and every
+    pass, it moves them between the latency end and the throughput end as the load asks. A
+    pass hears of the commits landed before it asks whether things are quiet. A value given
+    is pinned, also one set on `batch_max` or `max_auctions` later.
 """
 
 from __future__ import annotations

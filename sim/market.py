@@ -24,7 +24,8 @@ Rules:
 7. Events at equal times run in a fixed kind order, then by sequence; every random draw
    comes from a stream named after the policy: a run is a pure function of scenario and seed.
 8. With ``market.tune`` the broker's `shared.tuning.Tuner` chooses the batch size and the
-   rounds in flight from the rounds it sees close, and paces the commits: the next one
+   rounds in flight from the rounds it sees close (and the requests still in flight after
+   each), and paces the commits: the next one
    starts its gap after the last landed.
 """
 
