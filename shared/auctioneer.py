@@ -54,6 +54,8 @@ Rules (the numbers are `broker.auctioneer`'s, where operators read them):
 12. An instance bound to one node (`InstanceRecord.only_node`: a system job's) is auctioned
     among that node alone, never sampled; while the node is not eligible its auction has no
     candidate and the instance waits, unschedulable - it is never placed elsewhere.
+13. After each pass `backlog` is the pending work it left waiting, neither in flight nor
+    parked (`shared.waiting` rule 5), for the shell's tuner (`shared.tuning` rule 4).
 """
 
 from __future__ import annotations
@@ -62,7 +64,7 @@ import math
 import random
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from collections.abc import Set as AbstractSet
-from itertools import filterfalse
+from itertools import count, filterfalse
 from typing import NamedTuple
 
 import msgspec
@@ -110,7 +112,7 @@ class Core:
         self.batch_wait_s = batch_wait_s
         self.rng = rng or random.Random()
         #: Auction ids: the broker's are random, the simulator's a count.
-        self._ids = ids or _Count()
+        self._ids = ids or map("a{}".format, count(1)).__next__
         self.candidates = Candidates()
         self.last_winner: dict[object, str] = {}
         self.auctions: dict[str, Auction] = {}
@@ -134,6 +136,7 @@ class Core:
         #: Replicas awarded and not yet released: instance -> (service, winner) (rule 8).
         self.awarding: dict[str, tuple[str, str]] = {}
         self.waiting_since: float | None = None
+        self.backlog = 0  # rule 13
         #: When the pass that found too little work wants to run again (rule 4, 9).
         self.wake_at: float | None = None
         self.hold_until = float("-inf")
@@ -182,6 +185,7 @@ class Core:
             self._reconcile(now)
         finally:
             self._opening = False
+        self.backlog = waiting.backlog(self.world.pending(), self.inflight, self._retries.parked)
 
     def _reconcile(self, now: float) -> None:
         world = self.world
@@ -483,15 +487,6 @@ class Core:
         self._stir()
         self._retries.clear()
         self._misses.clear()
-
-
-class _Count:
-    def __init__(self) -> None:
-        self.n = 0
-
-    def __call__(self) -> str:
-        self.n += 1
-        return f"a{self.n}"
 
 
 def _late(node: str, answered: AbstractSet[str], asked: AbstractSet[str] | None) -> bool:

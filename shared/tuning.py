@@ -18,9 +18,8 @@ Rules:
    down - but a step down that keeps the batch (the top step: only the rounds in flight
    change) is taken only if the step below holds the window's peak demand too (the most any
    drained close left in flight; a step holds its rounds in flight times its batch).
-   Otherwise it holds. A window whose first `CLIMB` closes were all saturated is
-   judged at once: the work has not drained since the level was set, so the level is too
-   small for the load and the tuner climbs one step.
+   Otherwise it holds. If every one of its closes was saturated the work never drained, so
+   the level is too small for the load and the tuner climbs one step.
 3. The band between is wide because in a closed loop neither a drain now and then nor long
    rounds say the step below would keep up: the work drains between the submissions at up
    to half the closes of a level the step below cannot carry, and the rounds are long
@@ -32,10 +31,17 @@ Rules:
    batch shortens no round, so it is worth nothing unless the room it gives up was idle;
    a step to a smaller batch shortens every round, so drains alone take it (an open loop's
    bursts that a level carries with room to spare step down to quicker rounds).
-4. The climb is quick because each step's rounds cost a closed loop throughput: a window of
-   saturated closes a step carried a closed loop through several thousand placements below
-   the throughput end. A drain before `CLIMB` closes (an open loop's burst that the level
-   carries within a few rounds) holds the level for the window.
+4. A backlog jumps: when the work a pass left waiting beyond the rounds in flight (pending,
+   neither in a round nor parked: `shared.auctioneer` rule 13) is `BACKLOG` times what the
+   level holds in flight or more, the tuner goes to the throughput end at once and starts a
+   new window. That work waits `BACKLOG` generations of the level's rounds before its own
+   open: its wait is the queue's, not the rounds', so the largest rounds clear it soonest,
+   and the windows bring the level down as it drains (rule 2). A closed loop's submissions
+   wait in thousands; an open loop below its level's capacity leaves a burst or two
+   waiting, which the climb by windows alone answers: a climb a few closes after a burst
+   hunted at 80% of the latency end's capacity (larger rounds for its bursts, then down
+   again), and one a window of saturated closes at a time carried a closed loop through
+   several thousand placements below the throughput end.
 5. Commits are paced by what they cost: the gap before the next commit is the recent commit
    time (a moving average), at most the level's cap - a writer busy at most half the time
    leaves the cores to the rounds under load, and a light load's small, quick commits wait
@@ -50,8 +56,8 @@ Rules:
 7. A value given (`batch_max`, `max_auctions`, `commit_gap_s`) is pinned: the tuner never
    changes it, and tunes only the others; with all three given its level stays where it is.
 8. The last `TRACE` windows judged are kept (`trace`): the level, its closes saturated, the
-   peak demand, the median round and the step taken, for an operator to read why a level
-   held.
+   peak demand, the peak backlog, the median round and the step taken (a jump's window is
+   cut short), for an operator to read why a level held.
 """
 
 from __future__ import annotations
@@ -62,7 +68,7 @@ from typing import NamedTuple
 
 from gavel.shared.auctionworld import Action, Decided, Open
 
-__all__ = ["CLIMB", "IDLE_S", "LADDER", "QUIET_ROUNDS", "RETURN", "TRACE", "WINDOW", "Judged",
+__all__ = ["BACKLOG", "IDLE_S", "LADDER", "QUIET_ROUNDS", "RETURN", "TRACE", "WINDOW", "Judged",
            "Setting", "Tuner", "saturated"]
 
 
@@ -75,20 +81,21 @@ class Setting(NamedTuple):
 
 
 class Judged(NamedTuple):
-    """One window judged (rule 8): at `level`, `saturated` of its `closes`, the peak demand,
-    the median round and the step taken (-1, 0 or +1)."""
+    """One window judged (rule 8): at `level`, `saturated` of its `closes`, the peak demand
+    and backlog, the median round (0: none closed) and the step taken."""
 
     level: int
     closes: int
     saturated: int
     peak: int
+    backlog: int
     round_s: float
     step: int
 
     def line(self) -> str:
         return (f"level {self.level}: {self.saturated}/{self.closes} saturated, peak "
-                f"{self.peak}, "
-                f"round {1000 * self.round_s:.1f} ms, step {self.step:+d}")
+                f"{self.peak}, backlog {self.backlog}, round {1000 * self.round_s:.1f} ms, "
+                f"step {self.step:+d}")
 
 
 #: From the latency end to the throughput end (rule 2); each step about doubles what the
@@ -103,8 +110,8 @@ LADDER: tuple[Setting, ...] = (
 )
 #: Rounds closed per judgement (rule 2).
 WINDOW = 16
-#: Closes saturated from a window's start that climb at once (rules 2, 4).
-CLIMB = 4
+#: Work waiting, in what the level holds in flight, that jumps to the throughput end (rule 4).
+BACKLOG = 32
 #: The share of a window's closes that drained for a step down (rules 2, 3).
 RETURN = 0.75
 #: Seconds without a round that return the tuner to the latency end (rule 6).
@@ -127,11 +134,9 @@ def saturated(opened: Sequence[int], open_rounds: int, max_auctions: int,
 class Tuner:
     def __init__(self, *, batch_max: int | None = None, max_auctions: int | None = None,
                  commit_gap_s: float | None = None,
-                 ladder: Sequence[Setting] = LADDER, window: int = WINDOW,
-                 climb: int = CLIMB) -> None:
+                 ladder: Sequence[Setting] = LADDER, window: int = WINDOW) -> None:
         self.ladder = tuple(ladder)
         self.window = window
-        self.climb = climb
         self.pinned_batch_max = batch_max
         self.pinned_max_auctions = max_auctions
         self.pinned_gap_s = commit_gap_s
@@ -141,8 +146,9 @@ class Tuner:
         self.commit_s: float | None = None
         self._rounds: list[float] = []
         self._saturated = 0
-        #: The window's peak demand so far (rules 1, 2).
+        #: The window's peak demand and backlog so far (rules 1, 2, 4, 8).
         self._peak = 0
+        self._backlog = 0
         #: The last window's median round (rule 6), once one was judged.
         self.round_s: float | None = None
         #: The last close or commit (rule 6).
@@ -203,17 +209,29 @@ class Tuner:
         if not saturated and demand > self._peak:
             self._peak = demand
         n, sat = len(self._rounds), self._saturated
-        if sat == n == self.climb and self.level < len(self.ladder) - 1:
-            return self._judge(+1)  # rule 2: not drained since the level was set
         if n < self.window:
             return False
+        if sat == n:  # rule 2: never drained
+            return self._judge(+1 if self.level < len(self.ladder) - 1 else 0)
         return self._judge(-1 if n - sat >= RETURN * n and self._below() else 0)
 
+    def waiting(self, backlog: int) -> bool:
+        """The last pass left `backlog` requests waiting beyond the rounds in flight; whether
+        the level changed (rule 4)."""
+        if not self.tuning:
+            return False  # rule 7: nothing to tune
+        self._backlog = max(self._backlog, backlog)
+        top = len(self.ladder) - 1
+        if self.level == top or backlog < BACKLOG * self.holds(self.level):
+            return False
+        return self._judge(top - self.level)
+
     def took(self, actions: Sequence[Action], open_rounds: int, now: float,
-             in_flight: int = 0) -> bool:
+             in_flight: int = 0, backlog: int = 0) -> bool:
         """What the core asked for in one `take`, with `open_rounds` open after it holding
-        `in_flight` requests: each round it decided is told to `closed`, saturated by rule 1
-        (the rounds opened after the last one decided); whether the level changed."""
+        `in_flight` requests and `backlog` left waiting by the last pass: the backlog is
+        told to `waiting`, each round it decided to `closed`, saturated by rule 1 (the rounds
+        opened after the last one decided); whether the level changed."""
         rounds: list[float] = []
         opened: list[int] = []
         for action in actions:
@@ -222,10 +240,10 @@ class Tuner:
             elif isinstance(action, Decided):
                 rounds.append(action.round_s)
                 opened.clear()
+        changed = self.waiting(backlog)
         if not rounds:
-            return False
+            return changed
         full = saturated(opened, open_rounds, self.max_auctions, self.batch_max)
-        changed = False
         for round_s in rounds:
             changed = self.closed(round_s, full, now, in_flight) or changed
         return changed
@@ -236,7 +254,7 @@ class Tuner:
         if in_flight or self.level == 0 or self._last_busy is None \
                 or now - self._last_busy < quiet_s:
             return False
-        self._rounds, self._saturated, self._peak = [], 0, 0
+        self._rounds, self._saturated, self._peak, self._backlog = [], 0, 0, 0
         return self._step(-self.level)
 
     def _below(self) -> bool:
@@ -251,10 +269,12 @@ class Tuner:
     def _judge(self, by: int) -> bool:
         """Close the window with a step of `by` (rule 8 keeps it)."""
         rounds = sorted(self._rounds)
-        self.round_s = rounds[len(rounds) // 2]
+        if rounds:  # a jump's window may have none (rule 4)
+            self.round_s = rounds[len(rounds) // 2]
         self.trace.append(Judged(self.level, len(rounds), self._saturated, self._peak,
-                                 self.round_s, by))
-        self._rounds, self._saturated, self._peak = [], 0, 0
+                                 self._backlog, rounds[len(rounds) // 2] if rounds else 0.0,
+                                 by))
+        self._rounds, self._saturated, self._peak, self._backlog = [], 0, 0, 0
         return self._step(by)
 
     def _step(self, by: int) -> bool:

@@ -17,14 +17,17 @@ Rules:
    tail, read from the end - or None when anything but additions happened between them
    (the earlier newest gone, or the sizes not adding up), or more than `most` were added:
    then the pass reads it whole.
+5. `backlog` is how much of the pending work waits, less what the auctioneer holds of it (in
+   flight, parked): counted by the sizes, nothing read.
 """
 
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence, Sized
+from collections.abc import Set as AbstractSet
 
-__all__ = ["Retries", "Tail", "added", "tail"]
+__all__ = ["Retries", "Tail", "added", "backlog", "tail"]
 
 #: Rule 4: a pending set's size and newest entry.
 Tail = tuple[int, object]
@@ -84,3 +87,8 @@ def added(ids: Iterable[str], since: Tail, most: int) -> list[str] | None:
             return None
         out.append(iid)
     return out[::-1] if since[1] is None and len(out) == n else None
+
+
+def backlog(ids: Iterable[str], *held: AbstractSet[str]) -> int:
+    """Rule 5 (0 for pending work that is no sized collection)."""
+    return max(0, len(ids) - sum(map(len, held))) if isinstance(ids, Sized) else 0

@@ -498,3 +498,21 @@ def test_after_a_pass_that_found_nothing_due_only_new_work_is_read() -> None:
     c.reconcile(2.0)
     assert w.read == 1001  # the one added
     assert [a for a in c.take() if isinstance(a, Decided)]  # auctioned (no node: decided)
+
+
+def test_a_pass_counts_the_work_it_left_waiting() -> None:
+    """Rule 13: the backlog is the pending work neither in a round nor parked."""
+    w = World({"n1": 8.0})
+    c = core(w, batch_max=2, max_auctions=1)
+    for k in range(1000):
+        w.add(f"i{k}")
+    for k in range(10):
+        c.unschedulable(f"i{k}", 0.0)  # parked until 10.0
+    c.reconcile(1.0)
+    assert [len(o.auction.requests) for o in opened(c)] == [2]
+    assert c.backlog == 1000 - 2 - 10
+    c.reconcile(1.1)  # no room: nothing opens, the same work waits
+    assert c.backlog == 988 and opened(c) == []
+    w.queue.clear()  # placed or cancelled: nothing waits (the round still in flight)
+    c.reconcile(1.2)
+    assert c.backlog == 0

@@ -1,8 +1,10 @@
 """The auctioneer's self-tuning (`shared.tuning`), in memory: it climbs to the throughput
-end while work never drains, and holds it while the step below could not hold the work in
-flight; comes back to the latency end as the queue drains or rounds queue behind each
-other, holds still under a steady load, paces commits by what they cost, pins what is
-given, says why in its trace, and the simulator's production auctioneer drives it."""
+end while work never drains, jumps there for a backlog many times what its level holds (a
+closed loop's, not an open loop's bursts near capacity), and holds it while the step below
+could not hold the work in flight; comes back to the latency end as the queue drains or
+rounds queue behind each other, holds still under a steady load, paces commits by what they
+cost, pins what is given, says why in its trace, and the simulator's production auctioneer
+drives it."""
 
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ from gavel.shared.auction import Auction
 from gavel.shared.auctionworld import Decided, Open
 from gavel.shared.messages import Request, Spec
 from gavel.shared.tuning import (
-    CLIMB,
+    BACKLOG,
     IDLE_S,
     LADDER,
     QUIET_ROUNDS,
@@ -41,13 +43,8 @@ def windows(t: Tuner, n: int, pattern: list[bool], round_s: float = 0.004,
 
 
 def climb(t: Tuner, steps: int, round_s: float = 0.004) -> list[int]:
-    """`steps` runs of `CLIMB` saturated closes; the level after each."""
-    levels = []
-    for _ in range(steps):
-        for _ in range(t.climb):
-            t.closed(round_s, True, 0.0)
-        levels.append(t.level)
-    return levels
+    """`steps` windows of saturated closes, as from time 0; the level after each."""
+    return windows(t, steps, [True], round_s=round_s, start=-t.window * steps * round_s)
 
 
 def test_a_round_is_saturated_when_no_room_is_left_and_the_last_round_opened_was_full(
@@ -59,28 +56,63 @@ def test_a_round_is_saturated_when_no_room_is_left_and_the_last_round_opened_was
     assert saturated([24, 24], 2, 2, 24) and not saturated([24, 3], 2, 2, 24)
 
 
-def test_work_that_never_drains_climbs_a_step_every_few_closes_to_the_throughput_end(
-        ) -> None:
+def test_work_that_never_drains_climbs_one_step_a_window_to_the_throughput_end() -> None:
     t = Tuner()
     assert (t.max_auctions, t.batch_max, t.commit_gap_s) == (1, 24, 0.020)
     levels = climb(t, TOP + 5)
     assert levels == [*range(1, TOP + 1), *[TOP] * 5]  # converges, and stays
     assert (t.max_auctions, t.batch_max, t.commit_gap_s) == (16, 256, 0.0)
     assert t.changes == TOP
-    assert windows(t, 3, [True]) == [TOP] * 3  # held at the top, window by window
 
 
-def test_a_drain_before_climb_closes_holds_the_level_for_the_window() -> None:
+def test_a_window_with_one_drain_holds_the_level() -> None:
     # An open loop's burst that the level carries within a few rounds: saturated up to the
-    # drain, not since the level was set.
+    # drain and after it, but the work drained once, so the level is not too small.
     t = Tuner()
-    for _ in range(CLIMB - 1):
+    for _ in range(3):
         assert not t.closed(0.004, True, 0.0)
     assert not t.closed(0.004, False, 0.0)
-    for _ in range(WINDOW - CLIMB):  # saturated from here on, but the window drained once
+    for _ in range(WINDOW - 4):
         assert not t.closed(0.004, True, 0.0)
     assert t.level == 0 and [j.step for j in t.trace] == [0]
-    assert climb(t, 1) == [1]  # the next window, saturated from its start, climbs
+    assert climb(t, 1) == [1]  # the next window, saturated throughout, climbs
+
+
+def test_a_closed_loops_backlog_jumps_to_the_throughput_end_at_once() -> None:
+    # The bench's closed loop: its first submission of 1,000 lands, the first round of 24
+    # opens, 976 wait behind it - forty times what the latency end holds.
+    t = Tuner()
+    full = _auction("a", 24)
+    assert t.took([Open(full, None)], 1, 0.0, 24, 976) and t.level == TOP
+    assert (t.max_auctions, t.batch_max, t.commit_gap_s) == (16, 256, 0.0)
+    assert t.changes == 1
+    assert t.trace[-1].line() == "level 0: 0/0 saturated, peak 0, backlog 976, round 0.0 ms, " \
+        "step +5"
+    # a level up the ladder jumps for a backlog in its own measure
+    t2 = Tuner()
+    climb(t2, 2)
+    holds = LADDER[2].max_auctions * LADDER[2].batch_max
+    assert not t2.waiting(BACKLOG * holds - 1) and t2.level == 2
+    assert t2.waiting(BACKLOG * holds) and t2.level == TOP
+    assert not t2.waiting(10 ** 6)  # at the top already
+
+
+def test_an_open_loops_bursts_at_80_percent_do_not_jump() -> None:
+    # An open loop at 80% of the latency end's capacity, at its rate (the bench sends a
+    # fiftieth of a second's placements at a time: 8 to 40 a chunk), as brokers saw it at
+    # level 0: a burst of 20 to 120 waits behind the round, some closes saturated, the work
+    # draining at least once a window. It stays at the latency end, round after round.
+    t = Tuner()
+    full, part = _auction("a", 24), _auction("b", 9)
+    bursts = [20, 64, 120, 88, 40, 0, 16, 96, 112, 72, 30, 8, 0, 48, 24, 0]
+    for w in range(20):
+        for k, backlog in enumerate(bursts):
+            opened = full if backlog else part
+            t.took([Decided(full, [], 0.012), Open(opened, None)], 1, w + k * 0.012,
+                   len(opened.requests), backlog)
+    assert (t.level, t.changes) == (0, 0)
+    assert {j.backlog for j in t.trace} == {120} and len(t.trace) == 20
+    assert BACKLOG * LADDER[0].max_auctions * LADDER[0].batch_max > 120
 
 
 def test_it_backs_off_one_step_a_window_as_the_queue_drains() -> None:
@@ -101,17 +133,12 @@ def test_a_steady_load_between_the_two_tests_holds_its_level() -> None:
     assert t.changes == 0 and t2.changes == 3
 
 
-def test_a_window_is_judged_when_full_or_at_once_when_it_climbs() -> None:
+def test_a_window_is_judged_only_when_full() -> None:
     t = Tuner()
-    for k in range(CLIMB - 1):
+    for k in range(WINDOW - 1):
         assert not t.closed(0.004, True, k * 0.004)
     assert t.level == 0 and not t.trace
-    assert t.closed(0.004, True, 1.0) and t.level == 1  # CLIMB saturated: judged at once
-    t.closed(0.004, False, 1.0)
-    for k in range(WINDOW - 2):
-        assert not t.closed(0.004, False, k * 0.004)
-    assert len(t.trace) == 1  # not judged yet: one close short of the window
-    assert t.closed(0.004, False, 1.0) and t.level == 0 and len(t.trace) == 2
+    assert t.closed(0.004, True, 1.0) and t.level == 1 and len(t.trace) == 1
 
 
 def test_long_rounds_and_a_drain_now_and_then_hold_the_level() -> None:
@@ -127,7 +154,7 @@ def test_long_rounds_and_a_drain_now_and_then_hold_the_level() -> None:
 
 def test_a_closed_loop_climbs_to_the_throughput_end_and_holds_it() -> None:
     # A closed loop as the bench drives it (four submissions of 1,000 in flight), window by
-    # window as brokers logged it: work waiting from the start climbs the ladder; at the top
+    # window as brokers logged it: its backlog jumps to the top at once; at the top
     # each submission fits in the rounds in flight, so the work drains at 15 of 16 closes
     # with up to 3,744 requests in flight after them; one step down the work drains at 9 of
     # 16, and below that at 2 of 16, with rounds 7 to 30 times the latency end's because
@@ -137,15 +164,15 @@ def test_a_closed_loop_climbs_to_the_throughput_end_and_holds_it() -> None:
     model = {TOP: ([True] + [False] * 15, [3744, 3488, 2816, 1024], 0.330),
              TOP - 1: ([True] * 7 + [False] * 9, [2048, 1792], 0.300)}
     t = Tuner()
-    levels = climb(t, TOP, round_s=0.010)
-    assert levels == [1, 2, 3, 4, 5]  # CLIMB closes a step while the backlog lasts
+    levels = [t.level] if t.waiting(976) else []  # rule 4: the first submission's backlog
     for _ in range(10):
         drains, demand, round_s = model.get(t.level, ([True] * 14 + [False] * 2, [512],
                                                       0.070))
         levels += windows(t, 1, drains, round_s=round_s, demand=demand)
-    assert levels == [1, 2, 3, 4, 5, *[5] * 10]
-    assert t.changes == 5
-    assert t.trace[-1].line() == "level 5: 1/16 saturated, peak 3744, round 330.0 ms, step +0"
+    assert levels == [5, *[5] * 10]
+    assert t.changes == 1
+    assert t.trace[-1].line() == \
+        "level 5: 1/16 saturated, peak 3744, backlog 0, round 330.0 ms, step +0"
 
 
 def test_only_a_peak_the_step_below_holds_leaves_the_top() -> None:
@@ -228,12 +255,12 @@ def _auction(aid: str, n: int) -> Auction:
 def test_it_reads_the_cores_actions_rounds_decided_and_those_opened_after_each() -> None:
     t = Tuner()
     full, part = _auction("a", 24), _auction("b", 5)
-    for k in range(CLIMB - 1):  # each close followed by a full round, no room left
+    for k in range(3):  # each close followed by a full round, no room left
         t.took([Decided(full, [], 0.004), Open(full, None)], 1, k * 0.004, 24)
     assert t.level == 0
     # a round opened before the close does not count: after it, nothing opened
     assert not t.took([Open(full, None), Decided(full, [], 0.004)], 0, 1.0)
-    for k in range(WINDOW - CLIMB):
+    for k in range(WINDOW - 4):
         t.took([Decided(full, [], 0.004), Open(full, None)], 1, k * 0.004, 24)
     assert t.level == 0 and t.changes == 0  # judged: drained once, so it held
     assert t.trace[-1].saturated == WINDOW - 1 and t.trace[-1].peak == 0

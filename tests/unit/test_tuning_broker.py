@@ -18,7 +18,7 @@ from gavel.shared.api import StatsReply, StatsRequest
 from gavel.shared.messages import Bid, BidReply, Capacity, Heartbeat, Spec
 from gavel.shared.records import InstanceRecord
 from gavel.shared.timing import Timing
-from gavel.shared.tuning import CLIMB, IDLE_S, LADDER
+from gavel.shared.tuning import BACKLOG, IDLE_S, LADDER, WINDOW
 from tests.unit.fuzzkit import Msg
 
 SPEC = Spec(name="web", command=["true"], cpu=0.001, memory_mb=1)
@@ -53,17 +53,24 @@ def _answer_rounds(a: Auctioneer, rounds: int) -> list[int]:
     return sizes
 
 
+#: Work that saturates more than a window of the latency end's rounds, yet waits less than
+#: `BACKLOG` times what it holds: it climbs a window at a time.
+QUEUED = 600
+TOP = len(LADDER) - 1
+
+
 async def test_rounds_that_leave_work_waiting_climb_the_ladder(tmp_path: Path) -> None:
-    b = _broker(tmp_path, queued=2000)
+    b = _broker(tmp_path, queued=QUEUED)
     a = b.auctioneer
     try:
         a.reconcile(b.now())
+        assert a.core.backlog == QUEUED - LADDER[0].batch_max < BACKLOG * LADDER[0].batch_max
         assert (a.batch_max, a.max_auctions) == (LADDER[0].batch_max, LADDER[0].max_auctions)
         assert b.committer.gap_s == LADDER[0].gap_cap_s
-        sizes = _answer_rounds(a, CLIMB)
-        # CLIMB saturated rounds: the next step, from the round after the one that opened
-        # as the last of them closed
-        assert sizes[:-1] == [LADDER[0].batch_max] * (CLIMB - 1)
+        sizes = _answer_rounds(a, WINDOW)
+        # a window of saturated rounds: the next step, from the round after the one that
+        # opened as the window's last closed
+        assert sizes[:-1] == [LADDER[0].batch_max] * (WINDOW - 1)
         assert (a.batch_max, a.max_auctions) == (LADDER[1].batch_max, LADDER[1].max_auctions)
         assert a.tuner.changes == 1
         _answer_rounds(a, 1)
@@ -73,8 +80,29 @@ async def test_rounds_that_leave_work_waiting_climb_the_ladder(tmp_path: Path) -
         assert (stats.tuned_level, stats.tuned_changes) == (1, 1)
         # the demand it judged by: the requests in the rounds open after each close
         assert stats.tuned_trace == [
-            f"level 0: {CLIMB}/{CLIMB} saturated, peak 0, round "
+            f"level 0: {WINDOW}/{WINDOW} saturated, peak 0, backlog {QUEUED - 24}, round "
             f"{1000 * a.tuner.trace[0].round_s:.1f} ms, step +1"]
+    finally:
+        b.committer.close()
+
+
+async def test_a_backlog_jumps_to_the_throughput_end_and_its_room_opens_at_once(
+        tmp_path: Path) -> None:
+    # A closed loop's submission: 2,000 queued, one round of 24 opens, the rest wait.
+    b = _broker(tmp_path, queued=2000)
+    a = b.auctioneer
+    try:
+        b._wake.clear()
+        a.reconcile(b.now())
+        assert len(a.auctions) == 1 and a.core.backlog == 2000 - 24
+        assert (a.batch_max, a.max_auctions) == (LADDER[TOP].batch_max,
+                                                 LADDER[TOP].max_auctions)
+        assert b.committer.gap_s == LADDER[TOP].gap_cap_s
+        assert b._wake.is_set()  # the pass that opens the room it climbed to
+        a.reconcile(b.now())
+        assert [len(x.requests) for x in a.auctions.values()] == \
+            [24, *[LADDER[TOP].batch_max] * 7, 2000 - 24 - 7 * LADDER[TOP].batch_max]
+        assert a.core.backlog == 0 and a.tuner.changes == 1
     finally:
         b.committer.close()
 
@@ -83,10 +111,10 @@ async def test_values_given_are_pinned(tmp_path: Path) -> None:
     b = _broker(tmp_path, queued=2000, batch_max=10, max_auctions=1)
     a = b.auctioneer
     try:
-        a.reconcile(b.now())
-        assert _answer_rounds(a, 2 * CLIMB) == [10] * (2 * CLIMB)
-        assert a.max_auctions == 1 and a.tuner.level == 2  # the level moved; nothing it pins
-        assert b.committer.gap_s == LADDER[2].gap_cap_s  # the gap, not given, is tuned
+        a.reconcile(b.now())  # 1,990 waiting: the backlog jumps (the level, not what it pins)
+        assert _answer_rounds(a, 2 * WINDOW) == [10] * (2 * WINDOW)
+        assert a.max_auctions == 1 and a.tuner.level == TOP  # the level moved; nothing it pins
+        assert b.committer.gap_s == LADDER[TOP].gap_cap_s  # the gap, not given, is tuned
     finally:
         b.committer.close()
 
@@ -96,7 +124,7 @@ async def test_with_every_value_given_the_level_reported_stays_put(tmp_path: Pat
     a = b.auctioneer
     try:
         a.reconcile(b.now())
-        assert _answer_rounds(a, 2 * CLIMB) == [10] * (2 * CLIMB)
+        assert _answer_rounds(a, 2 * WINDOW) == [10] * (2 * WINDOW)
         stats = await b.api.stats(StatsRequest())
         assert isinstance(stats, StatsReply)
         assert (stats.tuned_level, stats.tuned_changes) == (0, 0)  # nothing was tuned
@@ -109,11 +137,11 @@ async def test_a_commit_that_just_landed_is_not_a_quiet_spell(tmp_path: Path) ->
     # The awards of the rounds that climbed are committed by the real committer; a pass
     # IDLE_S after the last close, but just as that commit lands, keeps the level (a closed
     # loop's next submissions wait on such commits).
-    b = _broker(tmp_path, queued=2000)
+    b = _broker(tmp_path, queued=QUEUED)
     a = b.auctioneer
     try:
         a.reconcile(b.now())
-        _answer_rounds(a, CLIMB)
+        _answer_rounds(a, WINDOW)
         assert a.tuner.level == 1
         seen = b.committer.commits
         committing = asyncio.create_task(b.committer.run())

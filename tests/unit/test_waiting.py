@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from gavel.shared import waiting
 from gavel.shared.waiting import Retries, added, tail
 
 
@@ -59,3 +60,12 @@ def test_what_was_added_since_a_tail_is_read_from_the_end_oldest_first() -> None
     assert added({"a": None, "b": None, "d": None, "c": None}, since, 10) is None  # "c" again
     assert added(["x"], (0, None), 10) == ["x"]  # from nothing
     assert added(iter(["x"]), since, 10) is None and tail(iter(["x"])) is None
+
+
+def test_the_backlog_is_the_pending_work_less_what_is_held_counted_by_size() -> None:
+    """Rule 5: nothing is read; what is not a sized collection says nothing waits."""
+    pending = dict.fromkeys(f"i{k}" for k in range(10))
+    assert waiting.backlog(pending, {"i0", "i1"}, {"i9"}) == 7
+    assert waiting.backlog(pending) == 10
+    assert waiting.backlog(pending, set(pending), {"gone"}) == 0  # never below nothing
+    assert waiting.backlog(iter(pending), {"i0"}) == 0
