@@ -18,8 +18,8 @@ Rules:
    down - but a step down that keeps the batch (the top step: only the rounds in flight
    change) is taken only if the step below holds the window's peak demand too (the most any
    drained close left in flight; a step holds its rounds in flight times its batch).
-   Otherwise it holds. If every one of its closes was saturated the work never drained, so
-   the level is too small for the load and the tuner climbs one step.
+   Otherwise it holds, also when every one of its closes was saturated: work that waits
+   behind every round is a queue, and only a long one climbs (rule 4).
 3. The band between is wide because in a closed loop neither a drain now and then nor long
    rounds say the step below would keep up: the work drains between the submissions at up
    to half the closes of a level the step below cannot carry, and the rounds are long
@@ -31,17 +31,17 @@ Rules:
    batch shortens no round, so it is worth nothing unless the room it gives up was idle;
    a step to a smaller batch shortens every round, so drains alone take it (an open loop's
    bursts that a level carries with room to spare step down to quicker rounds).
-4. A backlog jumps: when the work a pass left waiting beyond the rounds in flight (pending,
-   neither in a round nor parked: `shared.auctioneer` rule 13) is `BACKLOG` times what the
-   level holds in flight or more, the tuner goes to the throughput end at once and starts a
-   new window. That work waits `BACKLOG` generations of the level's rounds before its own
-   open: its wait is the queue's, not the rounds', so the largest rounds clear it soonest,
-   and the windows bring the level down as it drains (rule 2). A closed loop's submissions
-   wait in thousands; an open loop below its level's capacity leaves a burst or two
-   waiting, which the climb by windows alone answers: a climb a few closes after a burst
-   hunted at 80% of the latency end's capacity (larger rounds for its bursts, then down
-   again), and one a window of saturated closes at a time carried a closed loop through
-   several thousand placements below the throughput end.
+4. The tuner climbs for a backlog alone, and at once: when the work a pass left waiting
+   beyond the rounds in flight (pending, neither in a round nor parked: `shared.auctioneer`
+   rule 13) is `BACKLOG` times what the level holds in flight or more, it goes to the
+   throughput end and starts a new window. That work waits `BACKLOG` generations of the
+   level's rounds before its own open: its wait is the queue's, not the rounds', so the
+   largest rounds clear it soonest, and the windows bring the level down as it drains
+   (rule 2). A closed loop's submissions wait in thousands from its first pass. An open
+   loop near its level's capacity saturates window after window with a few rounds'
+   worth waiting - on a busy machine, rounds that larger batches only lengthen: a climb
+   for saturated windows took it up one step at a time, and a climb for a few saturated
+   closes hunted, each to rounds longer than the latency end's for a queue that was short.
 5. Commits are paced by what they cost: the gap before the next commit is the recent commit
    time (a moving average), at most the level's cap - a writer busy at most half the time
    leaves the cores to the rounds under load, and a light load's small, quick commits wait
@@ -211,8 +211,6 @@ class Tuner:
         n, sat = len(self._rounds), self._saturated
         if n < self.window:
             return False
-        if sat == n:  # rule 2: never drained
-            return self._judge(+1 if self.level < len(self.ladder) - 1 else 0)
         return self._judge(-1 if n - sat >= RETURN * n and self._below() else 0)
 
     def waiting(self, backlog: int) -> bool:

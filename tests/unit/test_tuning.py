@@ -1,12 +1,14 @@
 """The auctioneer's self-tuning (`shared.tuning`), in memory: it climbs to the throughput
-end while work never drains, jumps there for a backlog many times what its level holds (a
-closed loop's, not an open loop's bursts near capacity), and holds it while the step below
-could not hold the work in flight; comes back to the latency end as the queue drains or
+end for a backlog many times what its level holds (a closed loop's, not an open loop's
+bursts near capacity, nor a short queue behind every round), and holds it while the step
+below could not hold the work in flight; comes back to the latency end as the queue drains or
 rounds queue behind each other, holds still under a steady load, paces commits by what they
 cost, pins what is given, says why in its trace, and the simulator's production auctioneer
 drives it."""
 
 from __future__ import annotations
+
+from typing import Any
 
 import msgspec
 
@@ -42,9 +44,15 @@ def windows(t: Tuner, n: int, pattern: list[bool], round_s: float = 0.004,
     return levels
 
 
-def climb(t: Tuner, steps: int, round_s: float = 0.004) -> list[int]:
-    """`steps` windows of saturated closes, as from time 0; the level after each."""
-    return windows(t, steps, [True], round_s=round_s, start=-t.window * steps * round_s)
+def at(level: int, round_s: float = 0.004, **pinned: Any) -> Tuner:
+    """A tuner at `level`, its last close at time 0: a backlog took it to the throughput end
+    (rule 4) and windows that drained brought it down (rule 2)."""
+    t = Tuner(**pinned)
+    t.waiting(10 ** 6)
+    steps = t.level - level
+    windows(t, steps, [False], round_s=round_s, start=-t.window * steps * round_s)
+    assert t.level == level
+    return t
 
 
 def test_a_round_is_saturated_when_no_room_is_left_and_the_last_round_opened_was_full(
@@ -56,26 +64,17 @@ def test_a_round_is_saturated_when_no_room_is_left_and_the_last_round_opened_was
     assert saturated([24, 24], 2, 2, 24) and not saturated([24, 3], 2, 2, 24)
 
 
-def test_work_that_never_drains_climbs_one_step_a_window_to_the_throughput_end() -> None:
+def test_saturated_windows_hold_the_level_and_only_a_backlog_climbs() -> None:
+    # An open loop at the latency end's capacity on a busy machine: a short queue waits
+    # behind every round, window after window. Larger rounds would only be longer.
     t = Tuner()
     assert (t.max_auctions, t.batch_max, t.commit_gap_s) == (1, 24, 0.020)
-    levels = climb(t, TOP + 5)
-    assert levels == [*range(1, TOP + 1), *[TOP] * 5]  # converges, and stays
+    assert windows(t, 5, [True]) == [0] * 5
+    assert [j.step for j in t.trace] == [0] * 5 and t.changes == 0
+    assert t.waiting(BACKLOG * 24) and t.level == TOP
     assert (t.max_auctions, t.batch_max, t.commit_gap_s) == (16, 256, 0.0)
-    assert t.changes == TOP
-
-
-def test_a_window_with_one_drain_holds_the_level() -> None:
-    # An open loop's burst that the level carries within a few rounds: saturated up to the
-    # drain and after it, but the work drained once, so the level is not too small.
-    t = Tuner()
-    for _ in range(3):
-        assert not t.closed(0.004, True, 0.0)
-    assert not t.closed(0.004, False, 0.0)
-    for _ in range(WINDOW - 4):
-        assert not t.closed(0.004, True, 0.0)
-    assert t.level == 0 and [j.step for j in t.trace] == [0]
-    assert climb(t, 1) == [1]  # the next window, saturated throughout, climbs
+    assert windows(t, 3, [True]) == [TOP] * 3  # held, window by window
+    assert t.changes == 1
 
 
 def test_a_closed_loops_backlog_jumps_to_the_throughput_end_at_once() -> None:
@@ -89,8 +88,7 @@ def test_a_closed_loops_backlog_jumps_to_the_throughput_end_at_once() -> None:
     assert t.trace[-1].line() == "level 0: 0/0 saturated, peak 0, backlog 976, round 0.0 ms, " \
         "step +5"
     # a level up the ladder jumps for a backlog in its own measure
-    t2 = Tuner()
-    climb(t2, 2)
+    t2 = at(2)
     holds = LADDER[2].max_auctions * LADDER[2].batch_max
     assert not t2.waiting(BACKLOG * holds - 1) and t2.level == 2
     assert t2.waiting(BACKLOG * holds) and t2.level == TOP
@@ -116,9 +114,7 @@ def test_an_open_loops_bursts_at_80_percent_do_not_jump() -> None:
 
 
 def test_it_backs_off_one_step_a_window_as_the_queue_drains() -> None:
-    t = Tuner()
-    climb(t, TOP)
-    assert t.level == TOP
+    t = at(TOP)
     assert windows(t, TOP + 3, [False]) == [*range(TOP - 1, -1, -1), 0, 0, 0]
 
 
@@ -127,29 +123,30 @@ def test_a_steady_load_between_the_two_tests_holds_its_level() -> None:
     # drains at a quarter of the closes, neither never nor half the time.
     t = Tuner()
     assert windows(t, 50, [True, True, True, False]) == [0] * 50
-    t2 = Tuner()
-    climb(t2, 3)
+    t2 = at(3)
+    changes = t2.changes
     assert windows(t2, 50, [True, True, True, False]) == [3] * 50
-    assert t.changes == 0 and t2.changes == 3
+    assert t.changes == 0 and t2.changes == changes
 
 
 def test_a_window_is_judged_only_when_full() -> None:
-    t = Tuner()
+    t = at(2)
+    judged = len(t.trace)
     for k in range(WINDOW - 1):
-        assert not t.closed(0.004, True, k * 0.004)
-    assert t.level == 0 and not t.trace
-    assert t.closed(0.004, True, 1.0) and t.level == 1 and len(t.trace) == 1
+        assert not t.closed(0.004, False, k * 0.004)
+    assert t.level == 2 and len(t.trace) == judged
+    assert t.closed(0.004, False, 1.0) and t.level == 1 and len(t.trace) == judged + 1
 
 
 def test_long_rounds_and_a_drain_now_and_then_hold_the_level() -> None:
     # Rule 3: rounds forty times the latency end's (a busy machine), the work draining at
     # a quarter or half of the closes: neither says the step below would keep up.
-    t = Tuner()
-    climb(t, 4)
+    t = at(4)
+    changes = t.changes
     assert windows(t, 3, [True, True, True, False], round_s=0.160) == [4] * 3
     assert windows(t, 3, [True, False], round_s=0.160) == [4] * 3
     assert windows(t, 1, [True, False, False, False]) == [3]  # at RETURN of the closes
-    assert t.changes == 5
+    assert t.changes == changes + 1
 
 
 def test_a_closed_loop_climbs_to_the_throughput_end_and_holds_it() -> None:
@@ -180,14 +177,12 @@ def test_only_a_peak_the_step_below_holds_leaves_the_top() -> None:
     # every close, and the step below is taken once no close left more in flight than it
     # holds; a step to a smaller batch is taken on drains alone.
     below = LADDER[TOP - 1].max_auctions * LADDER[TOP - 1].batch_max
-    t = Tuner()
-    climb(t, TOP)
+    t = at(TOP)
     assert windows(t, 2, [False], demand=[below + 1, 0]) == [TOP, TOP]
     assert windows(t, 1, [False], demand=[below, 0]) == [TOP - 1]
     assert windows(t, 1, [False], demand=[below]) == [TOP - 2]  # a smaller batch: drains
     assert t.holds(TOP - 1) == below
-    pinned = Tuner(batch_max=64)  # a pinned batch: every step keeps it
-    climb(pinned, 2)
+    pinned = at(2, batch_max=64)  # a pinned batch: every step keeps it
     assert windows(pinned, 1, [False], demand=[2 * 64]) == [2]
     assert windows(pinned, 1, [False], demand=[64]) == [1]
 
@@ -195,8 +190,7 @@ def test_only_a_peak_the_step_below_holds_leaves_the_top() -> None:
 def test_a_commit_landing_is_not_quiet() -> None:
     # A closed loop on a busy machine: the rounds closed, and the next submissions wait on a
     # commit that takes longer than IDLE_S; the pass after it lands is not after a quiet spell.
-    t = Tuner()
-    climb(t, 3)
+    t = at(3)
     last = 0.0
     t.committed(1.5 * IDLE_S, last + 1.5 * IDLE_S)
     assert not t.passed(last + 1.5 * IDLE_S, 0) and t.level == 3
@@ -206,8 +200,7 @@ def test_a_commit_landing_is_not_quiet() -> None:
 def test_a_busy_machine_s_quiet_spell_is_as_long_as_its_rounds() -> None:
     # Rounds of 300 ms (a loaded hour's closed loop): the wait for the next submissions is
     # as slow, and a second without a close is not quiet yet.
-    t = Tuner()
-    climb(t, 3, round_s=0.3)
+    t = at(3, round_s=0.3)
     last = 0.0
     assert QUIET_ROUNDS * 0.3 > 2 * IDLE_S
     assert not t.passed(last + 2 * IDLE_S, 0) and t.level == 3
@@ -221,13 +214,12 @@ def test_commits_are_paced_by_their_cost_up_to_the_levels_cap() -> None:
     for _ in range(50):
         t.committed(0.100, 0.0)
     assert t.commit_gap_s == LADDER[0].gap_cap_s  # a slow one at most the cap
-    windows(t, TOP, [True])
+    t.waiting(10 ** 6)
     assert t.commit_gap_s == 0.0  # the throughput end has none
 
 
 def test_a_quiet_spell_returns_to_the_latency_end() -> None:
-    t = Tuner()
-    climb(t, 3)
+    t = at(3)
     last = 0.0
     assert not t.passed(last + IDLE_S / 2, 0)  # not quiet long enough
     assert not t.passed(last + 2 * IDLE_S, 1)  # a round is still open
@@ -236,10 +228,11 @@ def test_a_quiet_spell_returns_to_the_latency_end() -> None:
 
 def test_what_is_given_is_pinned_and_the_rest_is_tuned() -> None:
     t = Tuner(batch_max=32, commit_gap_s=0.0)
-    windows(t, TOP, [True])
+    t.waiting(10 ** 6)
     assert (t.batch_max, t.commit_gap_s, t.max_auctions) == (32, 0.0, LADDER[TOP].max_auctions)
     everything = Tuner(batch_max=32, max_auctions=2, commit_gap_s=0.005)
-    windows(everything, TOP, [True])
+    everything.waiting(10 ** 6)
+    windows(everything, TOP, [False])
     assert (everything.batch_max, everything.max_auctions, everything.commit_gap_s) == (
         32, 2, 0.005)
     assert (everything.level, everything.changes) == (0, 0)  # nothing moved: nothing to tune
