@@ -28,12 +28,11 @@ What the shell adds to the core's rules, by their numbers:
    connected" in its first pass.
 12. Unless given, the batch size, the rounds in flight and the committer's gap are the
     `shared.tuning.Tuner`'s: told of every round that closes (its time, whether work was
-    left waiting, the requests in the rounds still open), the work each pass left waiting
-    beyond them, every commit's time and every pass, it moves them between the latency end
-    and the throughput end as the load asks; a climb runs a pass at once, so the room it
-    gives opens without waiting for a round to close. A pass hears of the commits landed
-    before it asks whether things are quiet. A value given is pinned, also one set on
-    `batch_max` or `max_auctions` later.
+    left waiting, the requests in the rounds still open), every commit's time and every pass
+    with the work waiting for a round as it begins, it moves them between the latency end
+    and the throughput end as the load asks, from that pass on. A pass hears of the commits
+    landed before it asks whether things are quiet. A value given is pinned, also one set
+    on `batch_max` or `max_auctions` later.
 """
 
 from __future__ import annotations
@@ -159,7 +158,8 @@ class Auctioneer:
     # -- driving the core ------------------------------------------------------------------
     def reconcile(self, now: float) -> None:
         self._heard_commits(now)  # rule 12: a commit that just landed is not quiet
-        if self.tuner.passed(now, len(self.core.auctions)):
+        quiet = self.tuner.passed(now, len(self.core.auctions))
+        if self.tuner.waiting(self.core.backlog()) or quiet:  # rule 12: this pass's setting
             self._tuned()
         self.core.reconcile(now)
         self._act(now)
@@ -218,12 +218,10 @@ class Auctioneer:
         """Rule 12: the tuner hears of the commits written and the rounds closed since it
         last heard, and what it chose applies from the next pass."""
         self._heard_commits(now)
-        core, level = self.core, self.tuner.level
-        if self.tuner.took(actions, len(core.auctions), now,
-                           sum(len(a.requests) for a in core.auctions.values()), core.backlog):
+        auctions = self.core.auctions
+        if self.tuner.took(actions, len(auctions), now,
+                           sum(len(a.requests) for a in auctions.values())):
             self._tuned()
-            if self.tuner.level > level:  # the room it climbed to opens now, not at a close
-                self.ctx.wake()
 
     def _heard_commits(self, now: float) -> None:
         tuner, committer = self.tuner, self.ctx.committer

@@ -54,8 +54,8 @@ Rules (the numbers are `broker.auctioneer`'s, where operators read them):
 12. An instance bound to one node (`InstanceRecord.only_node`: a system job's) is auctioned
     among that node alone, never sampled; while the node is not eligible its auction has no
     candidate and the instance waits, unschedulable - it is never placed elsewhere.
-13. After each pass `backlog` is the pending work it left waiting, neither in flight nor
-    parked (`shared.waiting` rule 5), for the shell's tuner (`shared.tuning` rule 4).
+13. `backlog` is the pending work waiting for a round, neither in flight nor parked
+    (`shared.waiting` rule 5): the shell's tuner reads it before each pass (`shared.tuning`).
 """
 
 from __future__ import annotations
@@ -136,7 +136,6 @@ class Core:
         #: Replicas awarded and not yet released: instance -> (service, winner) (rule 8).
         self.awarding: dict[str, tuple[str, str]] = {}
         self.waiting_since: float | None = None
-        self.backlog = 0  # rule 13
         #: When the pass that found too little work wants to run again (rule 4, 9).
         self.wake_at: float | None = None
         self.hold_until = float("-inf")
@@ -185,7 +184,10 @@ class Core:
             self._reconcile(now)
         finally:
             self._opening = False
-        self.backlog = waiting.backlog(self.world.pending(), self.inflight, self._retries.parked)
+
+    def backlog(self) -> int:
+        """Rule 13."""
+        return waiting.backlog(self.world.pending(), self.inflight, self._retries.parked)
 
     def _reconcile(self, now: float) -> None:
         world = self.world

@@ -31,13 +31,17 @@ Rules:
    batch shortens no round, so it is worth nothing unless the room it gives up was idle;
    a step to a smaller batch shortens every round, so drains alone take it (an open loop's
    bursts that a level carries with room to spare step down to quicker rounds).
-4. The tuner climbs for a backlog alone, and at once: when the work a pass left waiting
-   beyond the rounds in flight (pending, neither in a round nor parked: `shared.auctioneer`
-   rule 13) is `BACKLOG` times what the level holds in flight or more, it goes to the
-   throughput end and starts a new window. That work waits `BACKLOG` generations of the
-   level's rounds before its own open: its wait is the queue's, not the rounds', so the
-   largest rounds clear it soonest, and the windows bring the level down as it drains
-   (rule 2). A closed loop's submissions wait in thousands from its first pass. An open
+4. The tuner climbs for a backlog alone, and at once: when the work waiting for a round as
+   a pass begins (pending, neither in flight nor parked: `shared.auctioneer` rule 13) is
+   `BACKLOG` times what the level holds in flight or more, it goes to the throughput end
+   and starts a new window, so that pass opens the throughput end's rounds. That work waits
+   `BACKLOG` generations of the level's rounds before its own open: its wait is the
+   queue's, not the rounds', so the largest rounds clear it soonest, and the windows bring
+   the level down as it drains (rule 2). Told after its pass (which had opened a round of
+   the latency end's, the rest following at the next), a closed loop ran the throughput
+   end's setting from its second pass and still placed 0.72-0.91 of that setting's rate,
+   pair by pair, in a quieter sitting. A closed loop's submissions wait in thousands from
+   its first pass. An open
    loop near its level's capacity saturates window after window with a few rounds'
    worth waiting - on a busy machine, rounds that larger batches only lengthen: a climb
    for saturated windows took it up one step at a time, and a climb for a few saturated
@@ -214,8 +218,8 @@ class Tuner:
         return self._judge(-1 if n - sat >= RETURN * n and self._below() else 0)
 
     def waiting(self, backlog: int) -> bool:
-        """The last pass left `backlog` requests waiting beyond the rounds in flight; whether
-        the level changed (rule 4)."""
+        """A pass begins with `backlog` requests waiting for a round; whether the level
+        changed (rule 4)."""
         if not self.tuning:
             return False  # rule 7: nothing to tune
         self._backlog = max(self._backlog, backlog)
@@ -225,11 +229,10 @@ class Tuner:
         return self._judge(top - self.level)
 
     def took(self, actions: Sequence[Action], open_rounds: int, now: float,
-             in_flight: int = 0, backlog: int = 0) -> bool:
+             in_flight: int = 0) -> bool:
         """What the core asked for in one `take`, with `open_rounds` open after it holding
-        `in_flight` requests and `backlog` left waiting by the last pass: the backlog is
-        told to `waiting`, each round it decided to `closed`, saturated by rule 1 (the rounds
-        opened after the last one decided); whether the level changed."""
+        `in_flight` requests: each round it decided is told to `closed`, saturated by rule 1
+        (the rounds opened after the last one decided); whether the level changed."""
         rounds: list[float] = []
         opened: list[int] = []
         for action in actions:
@@ -238,10 +241,10 @@ class Tuner:
             elif isinstance(action, Decided):
                 rounds.append(action.round_s)
                 opened.clear()
-        changed = self.waiting(backlog)
         if not rounds:
-            return changed
+            return False
         full = saturated(opened, open_rounds, self.max_auctions, self.batch_max)
+        changed = False
         for round_s in rounds:
             changed = self.closed(round_s, full, now, in_flight) or changed
         return changed

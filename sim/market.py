@@ -25,8 +25,8 @@ Rules:
    comes from a stream named after the policy: a run is a pure function of scenario and seed.
 8. With ``market.tune`` the broker's `shared.tuning.Tuner` chooses the batch size and the
    rounds in flight from the rounds it sees close (and the requests still in flight after
-   each, and the work each pass left waiting), and paces the commits: the next one starts
-   its gap after the last landed. A climb runs a pass at once, as the broker's does.
+   each, and the work waiting for a round as each pass begins), and paces the commits: the
+   next one starts its gap after the last landed.
 """
 
 from __future__ import annotations
@@ -138,7 +138,9 @@ class Market:
         return result
 
     def _pass(self, now: float, _: Any = None) -> None:
-        if self.tuner is not None and self.tuner.passed(now, len(self.core.auctions)):
+        tuner = self.tuner
+        if tuner is not None and (tuner.passed(now, len(self.core.auctions))
+                                  | tuner.waiting(self.core.backlog())):
             self._tuned()
         self.core.reconcile(now)
         self._act(now)
@@ -164,14 +166,10 @@ class Market:
                 self._submit(action, now)
             elif isinstance(action, Wake):
                 self._push(now, _PASS)
-        core, tuner = self.core, self.tuner
-        if tuner is not None:
-            level = tuner.level
-            if tuner.took(actions, len(core.auctions), now,
-                          sum(len(a.requests) for a in core.auctions.values()), core.backlog):
-                self._tuned()
-                if tuner.level > level:  # the room it climbed to opens now
-                    self._push(now, _PASS)
+        auctions = self.core.auctions
+        if self.tuner is not None and self.tuner.took(
+                actions, len(auctions), now, sum(len(a.requests) for a in auctions.values())):
+            self._tuned()
         at = self.core.timer()
         if at is not None and at < self.timer_at:
             self.timer_at = at

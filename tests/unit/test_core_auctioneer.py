@@ -510,9 +510,9 @@ def test_a_pass_counts_the_work_it_left_waiting() -> None:
         c.unschedulable(f"i{k}", 0.0)  # parked until 10.0
     c.reconcile(1.0)
     assert [len(o.auction.requests) for o in opened(c)] == [2]
-    assert c.backlog == 1000 - 2 - 10
+    assert c.backlog() == 1000 - 2 - 10
     c.reconcile(1.1)  # no room: nothing opens, the same work waits
-    assert c.backlog == 988 and opened(c) == []
+    assert c.backlog() == 988 and opened(c) == []
     w.queue.clear()  # placed or cancelled: nothing waits (the round still in flight)
     c.reconcile(1.2)
-    assert c.backlog == 0
+    assert c.backlog() == 0

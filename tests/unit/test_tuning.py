@@ -78,15 +78,15 @@ def test_saturated_windows_hold_the_level_and_only_a_backlog_climbs() -> None:
 
 
 def test_a_closed_loops_backlog_jumps_to_the_throughput_end_at_once() -> None:
-    # The bench's closed loop: its first submission of 1,000 lands, the first round of 24
-    # opens, 976 wait behind it - forty times what the latency end holds.
+    # The bench's closed loop: its four submissions of 1,000 land before its first pass,
+    # which begins with 4,000 waiting - 166 times what the latency end holds - and so opens
+    # the throughput end's rounds.
     t = Tuner()
-    full = _auction("a", 24)
-    assert t.took([Open(full, None)], 1, 0.0, 24, 976) and t.level == TOP
+    assert t.waiting(4000) and t.level == TOP
     assert (t.max_auctions, t.batch_max, t.commit_gap_s) == (16, 256, 0.0)
     assert t.changes == 1
-    assert t.trace[-1].line() == "level 0: 0/0 saturated, peak 0, backlog 976, round 0.0 ms, " \
-        "step +5"
+    assert t.trace[-1].line() == \
+        "level 0: 0/0 saturated, peak 0, backlog 4000, round 0.0 ms, step +5"
     # a level up the ladder jumps for a backlog in its own measure
     t2 = at(2)
     holds = LADDER[2].max_auctions * LADDER[2].batch_max
@@ -98,7 +98,7 @@ def test_a_closed_loops_backlog_jumps_to_the_throughput_end_at_once() -> None:
 def test_an_open_loops_bursts_at_80_percent_do_not_jump() -> None:
     # An open loop at 80% of the latency end's capacity, at its rate (the bench sends a
     # fiftieth of a second's placements at a time: 8 to 40 a chunk), as brokers saw it at
-    # level 0: a burst of 20 to 120 waits behind the round, some closes saturated, the work
+    # level 0: a burst of 20 to 120 waits as a pass begins, some closes saturated, the work
     # draining at least once a window. It stays at the latency end, round after round.
     t = Tuner()
     full, part = _auction("a", 24), _auction("b", 9)
@@ -106,8 +106,9 @@ def test_an_open_loops_bursts_at_80_percent_do_not_jump() -> None:
     for w in range(20):
         for k, backlog in enumerate(bursts):
             opened = full if backlog else part
+            assert not t.waiting(backlog)
             t.took([Decided(full, [], 0.012), Open(opened, None)], 1, w + k * 0.012,
-                   len(opened.requests), backlog)
+                   len(opened.requests))
     assert (t.level, t.changes) == (0, 0)
     assert {j.backlog for j in t.trace} == {120} and len(t.trace) == 20
     assert BACKLOG * LADDER[0].max_auctions * LADDER[0].batch_max > 120
@@ -161,7 +162,7 @@ def test_a_closed_loop_climbs_to_the_throughput_end_and_holds_it() -> None:
     model = {TOP: ([True] + [False] * 15, [3744, 3488, 2816, 1024], 0.330),
              TOP - 1: ([True] * 7 + [False] * 9, [2048, 1792], 0.300)}
     t = Tuner()
-    levels = [t.level] if t.waiting(976) else []  # rule 4: the first submission's backlog
+    levels = [t.level] if t.waiting(4000) else []  # rule 4: the first pass's backlog
     for _ in range(10):
         drains, demand, round_s = model.get(t.level, ([True] * 14 + [False] * 2, [512],
                                                       0.070))

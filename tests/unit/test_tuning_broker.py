@@ -1,6 +1,6 @@
 """The broker's auctioneer feeds its tuner (`broker.auctioneer` rule 12): with nothing
-given, a backlog many times what the level holds moves the batch size and rounds in flight
-to the throughput end, and its room opens at once; a short queue behind every round holds
+given, a backlog many times what the level holds as a pass begins moves the batch size and
+rounds in flight to the throughput end for that pass; a short queue behind every round holds
 the latency end; a value given stays where it was put."""
 
 from __future__ import annotations
@@ -66,7 +66,8 @@ async def test_a_short_queue_behind_every_round_holds_the_latency_end(tmp_path: 
     a = b.auctioneer
     try:
         a.reconcile(b.now())
-        assert a.core.backlog == QUEUED - LADDER[0].batch_max < BACKLOG * LADDER[0].batch_max
+        assert a.core.backlog() == QUEUED - LADDER[0].batch_max
+        assert BACKLOG * LADDER[0].batch_max > QUEUED
         assert (a.batch_max, a.max_auctions) == (LADDER[0].batch_max, LADDER[0].max_auctions)
         assert b.committer.gap_s == LADDER[0].gap_cap_s
         sizes = _answer_rounds(a, WINDOW + 1)
@@ -78,29 +79,27 @@ async def test_a_short_queue_behind_every_round_holds_the_latency_end(tmp_path: 
         assert (stats.tuned_level, stats.tuned_changes) == (0, 0)
         # what it judged by: closes saturated, the most waiting beyond the rounds in flight
         assert stats.tuned_trace == [
-            f"level 0: {WINDOW}/{WINDOW} saturated, peak 0, backlog {QUEUED - 24}, round "
+            f"level 0: {WINDOW}/{WINDOW} saturated, peak 0, backlog {QUEUED}, round "
             f"{1000 * a.tuner.trace[0].round_s:.1f} ms, step +0"]
     finally:
         b.committer.close()
 
 
-async def test_a_backlog_jumps_to_the_throughput_end_and_its_room_opens_at_once(
+async def test_a_backlog_jumps_to_the_throughput_end_for_the_pass_it_begins(
         tmp_path: Path) -> None:
-    # A closed loop's submission: 2,000 queued, one round of 24 opens, the rest wait.
+    # A closed loop's submissions: 2,000 queued before the pass, which opens the throughput
+    # end's rounds, not one of 24.
     b = _broker(tmp_path, queued=2000)
     a = b.auctioneer
     try:
-        b._wake.clear()
+        assert a.core.backlog() == 2000
         a.reconcile(b.now())
-        assert len(a.auctions) == 1 and a.core.backlog == 2000 - 24
         assert (a.batch_max, a.max_auctions) == (LADDER[TOP].batch_max,
                                                  LADDER[TOP].max_auctions)
         assert b.committer.gap_s == LADDER[TOP].gap_cap_s
-        assert b._wake.is_set()  # the pass that opens the room it climbed to
-        a.reconcile(b.now())
         assert [len(x.requests) for x in a.auctions.values()] == \
-            [24, *[LADDER[TOP].batch_max] * 7, 2000 - 24 - 7 * LADDER[TOP].batch_max]
-        assert a.core.backlog == 0 and a.tuner.changes == 1
+            [*[LADDER[TOP].batch_max] * 7, 2000 - 7 * LADDER[TOP].batch_max]
+        assert a.core.backlog() == 0 and a.tuner.changes == 1
     finally:
         b.committer.close()
 
