@@ -114,8 +114,10 @@ LADDER: tuple[Setting, ...] = (
 )
 #: Rounds closed per judgement (rule 2).
 WINDOW = 16
-#: Work waiting, in what the level holds in flight, that jumps to the throughput end (rule 4).
-BACKLOG = 32
+#: Work waiting, in what the level holds in flight, that jumps to the throughput end (rule 4):
+#: 1,536 at the latency end, above the 819 an open loop at 80% of its capacity built up in
+#: the bench's 8 s (docs/performance.md), below the 4,000 of the bench's closed loop.
+BACKLOG = 64
 #: The share of a window's closes that drained for a step down (rules 2, 3).
 RETURN = 0.75
 #: Seconds without a round that return the tuner to the latency end (rule 6).
