@@ -21,7 +21,10 @@ def test_a_request_is_served_between_a_ticks_passes(
         rig.loop.call_soon(order.append, "request")  # arrives meanwhile
 
     monkeypatch.setattr(b.auctioneer, "reconcile", reconcile)
-    monkeypatch.setattr(b.services, "watch", lambda now: order.append("services"))
+    async def services(now: float) -> None:  # the services' pass is read in steps
+        order.append("services")
+
+    monkeypatch.setattr(b.services, "watch", services)
     monkeypatch.setattr(b.retention, "watch", lambda: order.append("retention"))
 
     async def one_tick() -> None:
