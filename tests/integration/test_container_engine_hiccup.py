@@ -18,7 +18,7 @@ from gavel.shared.messages import Spec
 from gavel.worker.engine import Engine, connect
 from tests.integration.dockerkit import image
 from tests.integration.harness import Cluster, wait_for
-from tests.integration.test_containers import containers, start
+from tests.integration.test_containers import containers, left_running
 
 pytestmark = pytest.mark.integration
 
@@ -84,7 +84,7 @@ async def test_a_container_is_kept_when_the_engine_does_not_answer_at_readoption
     caplog.set_level(logging.INFO, logger="gavel.worker")
     tag = image(docker, "v1")
     async with Relay(tmp_path / "engine.sock", _engine_socket()) as relay:
-        iid, before = await _left_running(cluster, engines, docker, tag)
+        iid, before = await left_running(cluster, engines, docker, tag)
         home = str((cluster.root / "workers" / "n1").resolve())
         engine = await asyncio.to_thread(  # blocking: the relay answers on this loop
             connect, f"unix://{relay.path}", node_id="n1", home=home)
@@ -116,7 +116,7 @@ async def test_an_engine_that_answers_after_the_worker_started_is_taken_up(
     caplog.set_level(logging.INFO, logger="gavel.worker")
     tag = image(docker, "v1")
     async with Relay(tmp_path / "engine.sock", _engine_socket()) as relay:
-        iid, before = await _left_running(cluster, engines, docker, tag)
+        iid, before = await left_running(cluster, engines, docker, tag)
         home = str((cluster.root / "workers" / "n1").resolve())
         found: list[Engine] = []
 
@@ -138,17 +138,3 @@ async def test_an_engine_that_answers_after_the_worker_started_is_taken_up(
         await wait_for(lambda: len(containers(docker, cluster, second)) == 1, 60,
                        what="the node to bid on images again and run one")
         assert cluster.holders(second) == ["n1"]
-
-
-async def _left_running(cluster: Cluster, engines: list[Engine], docker: Any,
-                        tag: str) -> tuple[str, str]:
-    """A container of a worker stopped as a killed one is (it runs on): its instance, its id."""
-    await cluster.start_broker()
-    await start(cluster, engines, "n1")
-    await cluster.wait_nodes(1)
-    iid = await cluster.submit(Spec(name="long", image=tag, command=["sleep", "600"]))
-    await wait_for(lambda: len(containers(docker, cluster, iid)) == 1, 60,
-                   what="its container to run")
-    (before,) = containers(docker, cluster, iid)
-    await cluster.stop_agent("n1", kill_children=False)
-    return iid, before

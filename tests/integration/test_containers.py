@@ -322,9 +322,9 @@ def _readopted(log: Path, iid: str) -> bool:
     return f"re-adopted instance {iid}" in log.read_text(errors="replace")
 
 
-async def test_a_worker_restarted_readopts_its_container_without_a_second_copy(
-        cluster: Cluster, engines: list[Engine], docker: Any) -> None:
-    tag = image(docker, "v1")
+async def left_running(cluster: Cluster, engines: list[Engine], docker: Any,
+                        tag: str) -> tuple[str, str]:
+    """A container of a worker stopped as a killed one is (it runs on): its instance, its id."""
     await cluster.start_broker()
     await start(cluster, engines, "n1")
     await cluster.wait_nodes(1)
@@ -332,7 +332,14 @@ async def test_a_worker_restarted_readopts_its_container_without_a_second_copy(
     await wait_for(lambda: len(containers(docker, cluster, iid)) == 1, 60,
                    what="its container to run")
     (before,) = containers(docker, cluster, iid)
-    await cluster.stop_agent("n1", kill_children=False)  # as a worker killed: it runs on
+    await cluster.stop_agent("n1", kill_children=False)
+    return iid, before
+
+
+async def test_a_worker_restarted_readopts_its_container_without_a_second_copy(
+        cluster: Cluster, engines: list[Engine], docker: Any) -> None:
+    tag = image(docker, "v1")
+    iid, before = await left_running(cluster, engines, docker, tag)
     # one that no instance of this node owns (a worker killed between create and record),
     # and an exited one of the instance's own attempt (a run the worker no longer needs)
     ghost = docker.containers.run(tag, ["sleep", "600"], detach=True,
