@@ -15,8 +15,9 @@ Rules:
    number a process's would, while the container keeps a network of its own.
 4. Limits and privileges, by the engine: cpu (a quota of `cpu` cores), memory (`memory_mb`,
    no swap), `pids`, no new privileges, every capability dropped. A container the kernel
-   killed for its memory (``OOMKilled``) ends with `Reason.MEMORY_EXCEEDED`, as a process
-   does.
+   killed for its memory ends with `Reason.MEMORY_EXCEEDED`, as a process does: the engine's
+   ``OOMKilled``, or, for a run it says ended by SIGKILL otherwise, the kernel's own log
+   (`worker.kernellog`: an engine misses a kill in the first milliseconds of a run).
 5. Output: the container's stdout and stderr are appended to the instance's ``stdout.log``
    and ``stderr.log`` (rotated like a process's, `worker.logfiles`) by one thread per run,
    attached before the container starts, so nothing it writes is missed; the run ends
@@ -53,6 +54,7 @@ from typing import Any
 from urllib.parse import urlencode
 
 from gavel.shared.spec import Spec
+from gavel.worker import kernellog
 from gavel.worker.checks import OUTPUT_MAX
 from gavel.worker.drivers import CannotTell, Held, StartFailed
 from gavel.worker.engine import ATTEMPT, HOME, INSTANCE, Engine, get
@@ -67,6 +69,7 @@ log = logging.getLogger("gavel.worker.containers")
 SECRETS_PATH = "/run/secrets"
 _MB = 1024 * 1024
 _BASE_KEYS = ("PATH", "HOME", "LANG")
+_SIGKILLED = 128 + signal.SIGKILL  # the status an engine gives a run ended by SIGKILL
 
 
 def secrets_root(state_dir: Path) -> Path:
@@ -212,7 +215,8 @@ class ContainerRun:
                 return
             code = api.wait(self.id, timeout=None)["StatusCode"]
             state = api.inspect_container(self.id)["State"]
-            self.oom_killed = bool(state.get("OOMKilled"))
+            self.oom_killed = bool(state.get("OOMKilled")) or (
+                code == _SIGKILLED and kernellog.oom_killed(self.id))
         except Exception as exc:  # the engine went away or removed it: status unknown
             log.warning("lost container %s: %s", self.id[:12], _sentence(exc))
         self._settle(code)
