@@ -54,11 +54,11 @@ from typing import Any
 from urllib.parse import urlencode
 
 from gavel.shared.spec import Spec
-from gavel.worker import kernellog
 from gavel.worker.checks import OUTPUT_MAX
 from gavel.worker.drivers import CannotTell, Held, StartFailed
 from gavel.worker.engine import ATTEMPT, HOME, INSTANCE, Engine, get
 from gavel.worker.execsession import ContainerSession
+from gavel.worker.kernellog import oom_killed as kernel_says_oom
 from gavel.worker.localstate import LocalInstance
 
 __all__ = ["SECRETS_PATH", "ContainerDriver", "ContainerRun", "secrets_root"]
@@ -216,7 +216,7 @@ class ContainerRun:
             code = api.wait(self.id, timeout=None)["StatusCode"]
             state = api.inspect_container(self.id)["State"]
             self.oom_killed = bool(state.get("OOMKilled")) or (
-                code == _SIGKILLED and kernellog.oom_killed(self.id))
+                code == _SIGKILLED and kernel_says_oom(self.id))
         except Exception as exc:  # the engine went away or removed it: status unknown
             log.warning("lost container %s: %s", self.id[:12], _sentence(exc))
         self._settle(code)

@@ -33,9 +33,9 @@ from gavel.shared.reasons import Reason
 from gavel.shared.spec import Check, Restart, Route, Update, Volume
 from gavel.transport.client import call
 from gavel.transport.natsserver import NatsServer, free_port
-from gavel.worker import kernellog
 from gavel.worker.agent import Agent
 from gavel.worker.engine import HOME, INSTANCE, Engine, connect
+from gavel.worker.kernellog import readable as kernel_log_readable
 from gavel.worker.logfiles import LogLimits
 from tests.integration.dockerkit import PREFIX, image
 from tests.integration.harness import (
@@ -164,7 +164,7 @@ async def test_a_memory_kill_the_engine_missed_is_read_from_the_kernels_log(
     8893): here it is made to miss every one, and the kernel's log still says why."""
     from docker import APIClient
 
-    if not kernellog.readable():
+    if not kernel_log_readable():
         pytest.skip("the kernel's log cannot be read here (/dev/kmsg needs CAP_SYSLOG)")
     inspect = APIClient.inspect_container
 
