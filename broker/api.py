@@ -1,4 +1,5 @@
-"""The broker's request/reply API over NATS: submit, status, why, events, stats, cancel, plan
+"""The broker's request/reply API over NATS: submit, status, why, events, stats, tune (the
+auctioneer's settings: `broker.auctioneer` rule 13), cancel, plan
 (`broker.planner`: a dry run of a submission or deploy); the
 node verbs: nodes, drain, and endpoints (what a gateway routes to: `broker.nodeapi`); and the
 service verbs: deploy, service, services, scale, stop, rollback (`broker.serviceapi`,
@@ -94,6 +95,8 @@ from gavel.shared.api import (
     StopServiceRequest,
     SubmitReply,
     SubmitRequest,
+    TuneReply,
+    TuneRequest,
     WhyReply,
     WhyRequest,
     kind_naming_problem,
@@ -151,6 +154,7 @@ class Api:
             "why": (WhyRequest, self.why),
             "events": (EventsRequest, self.events),
             "stats": (StatsRequest, self.stats),
+            "tune": (TuneRequest, self.tune),
             "cancel": (CancelRequest, self.cancel),
             "drain": (DrainRequest, self.node_verbs.drain),
             "endpoints": (EndpointsRequest, self.node_verbs.endpoints),
@@ -274,6 +278,26 @@ class Api:
             rss_mb=psutil.Process().memory_info().rss / 2**20, kv_puts=self.mirror.puts,
             tuned_level=auctioneer.tuner.level, tuned_changes=auctioneer.tuner.changes,
             tuned_trace=[j.line() for j in auctioneer.tuner.trace])
+
+    async def tune(self, req: TuneRequest) -> Message:
+        """Pin or release the auctioneer's settings (`broker.auctioneer` rule 13), or only
+        read them; the rounds of the settings replaced (or in force, only read)."""
+        a = self.auctioneer
+        if req.apply:
+            gap_ms = req.commit_gap_ms
+            round_s, rounds = a.retune(batch_max=req.batch_max, max_auctions=req.max_auctions,
+                                       commit_gap_s=None if gap_ms is None else gap_ms / 1000)
+        else:
+            round_s, rounds = list(a.since_tuned), a.since_tuned_total
+        t = a.tuner
+        pins = (("batch_max", t.pinned_batch_max), ("max_auctions", t.pinned_max_auctions),
+                ("commit_gap_ms", t.pinned_gap_s))
+        return TuneReply(
+            batch_max=a.core.batch_max, max_auctions=a.core.max_auctions,
+            commit_gap_ms=1000 * self.ctx.committer.gap_s,
+            pinned=[name for name, value in pins if value is not None], level=t.level,
+            changes=t.changes, round_ms=[1000 * s for s in round_s], rounds=rounds,
+            placed_total=a.placed_total)
 
     def _refused(self, spec: Spec) -> ApiError | None:
         """Why no instance of `spec` can be accepted at all (None: it can)."""

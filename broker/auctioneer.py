@@ -33,6 +33,12 @@ What the shell adds to the core's rules, by their numbers:
     and the throughput end as the load asks, from that pass on. A pass hears of the commits
     landed before it asks whether things are quiet. A value given is pinned, also one set
     on `batch_max` or `max_auctions` later.
+13. `retune` (`gavel tune`) replaces the tuner with a fresh one pinning what it is given, as
+    a broker started with those values would have it, applies its values at once and runs
+    a pass; rounds in flight finish as they were opened. The rounds that close from then on
+    (those opened before too) are kept beside `round_times` (`since_tuned`,
+    `since_tuned_total`) and handed back by the `retune` that ends them, so a caller reads
+    what each setting did.
 """
 
 from __future__ import annotations
@@ -106,6 +112,10 @@ class Auctioneer:
         #: Instances whose pinned-deployment error was reported (once each).
         self.pinned_reported: set[str] = set()
         self.round_times: deque[float] = deque(maxlen=ROUNDS_KEPT)
+        #: Rule 13: the rounds closed since the tuner was last replaced (the last
+        #: `ROUNDS_KEPT` of them), and how many closed in all.
+        self.since_tuned: deque[float] = deque(maxlen=ROUNDS_KEPT)
+        self.since_tuned_total = 0
         #: The last decisions, for `why` before git is walked (bounded; shares bid lists).
         self._recent = Recent(RECENT_KEPT)
         self.placed_total = 0
@@ -237,6 +247,22 @@ class Auctioneer:
         self.ctx.log.debug("tuned: %d rounds of %d in flight, commits %.1f ms apart",
                            core.max_auctions, core.batch_max, 1000 * tuner.commit_gap_s)
 
+    def retune(self, *, batch_max: int | None, max_auctions: int | None,
+               commit_gap_s: float | None) -> tuple[list[float], int]:
+        """Rule 13: a fresh tuner pinning what is given (None: tuned), its values applied now;
+        the rounds closed under the one it replaces, oldest first, and how many closed."""
+        ended = list(self.since_tuned), self.since_tuned_total
+        self.tuner = Tuner(batch_max=batch_max, max_auctions=max_auctions,
+                           commit_gap_s=commit_gap_s)
+        self.since_tuned.clear()
+        self.since_tuned_total = 0
+        self._tuned()
+        self.ctx.wake()  # waiting work is opened under the new settings now, not at a tick
+        gap_ms = None if commit_gap_s is None else 1000 * commit_gap_s
+        self.ctx.log.info("retuned: batch %s, rounds in flight %s, commit gap %s ms", *(
+            "tuned" if v is None else f"{v:g}" for v in (batch_max, max_auctions, gap_ms)))
+        return ended
+
     def _wake_at(self, delay: float) -> None:
         if self._wait_timer is None or self._wait_timer.cancelled() \
                 or self._wait_timer.when() <= asyncio.get_running_loop().time():
@@ -244,6 +270,8 @@ class Auctioneer:
 
     def _decided(self, auction: Auction, decisions: list[Decision], round_s: float) -> None:
         self.round_times.append(round_s)
+        self.since_tuned.append(round_s)  # rule 13
+        self.since_tuned_total += 1
         count(self.ctx.metrics, auction, decisions, round_s)
         for d in decisions:
             if isinstance(d, Awarded):

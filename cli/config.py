@@ -34,6 +34,7 @@ from gavel.shared.errors import BadInput
 from gavel.shared.redact import mask_url
 from gavel.shared.strategies import names as strategy_names
 from gavel.shared.timing import FAST_FACTOR, Timing
+from gavel.shared.tuning import AUCTIONS_MOST, BATCH_MOST, GAP_MS_MOST
 from gavel.transport import nodebook
 
 __all__ = [
@@ -103,12 +104,12 @@ class BrokerConfig(DaemonConfig, kw_only=True, forbid_unknown_fields=True):
     #: Requests a round carries, rounds in flight, the least time between one commit and
     #: the next (`broker.committer` rule 7): None, the auctioneer tunes it to the load
     #: (`shared.tuning`); a value pins it.
-    batch_max: Annotated[int, msgspec.Meta(ge=1, le=10_000)] | None = None
-    max_auctions: Annotated[int, msgspec.Meta(ge=1, le=1000)] | None = None
+    batch_max: Annotated[int, msgspec.Meta(ge=1, le=BATCH_MOST)] | None = None
+    max_auctions: Annotated[int, msgspec.Meta(ge=1, le=AUCTIONS_MOST)] | None = None
     batch_wait_ms: Annotated[float, msgspec.Meta(ge=0, le=60_000)] = 0.0
     #: Re-auction of running replicas every this many seconds (`broker.reauction`); 0: off.
     rebalance_every_s: Annotated[float, msgspec.Meta(ge=0, le=86_400)] = 0.0
-    commit_gap_ms: Annotated[float, msgspec.Meta(ge=0, le=10_000)] | None = None
+    commit_gap_ms: Annotated[float, msgspec.Meta(ge=0, le=GAP_MS_MOST)] | None = None
     #: Ended instance records kept in the tree at most (the oldest leave first); 0: no cap.
     ended_max: Annotated[int, msgspec.Meta(ge=0)] = 100_000
     #: Replicas one service may ask for, and live instances in the cluster

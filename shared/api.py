@@ -23,6 +23,7 @@ from gavel.shared.ids import (
 )
 from gavel.shared.messages import Capacity, Event, HostStats, Message, Spec
 from gavel.shared.records import AuctionRecord, Deployment, PeriodicRun
+from gavel.shared.retuning import TuneReply, TuneRequest
 from gavel.shared.spec import Route
 
 __all__ = [
@@ -65,6 +66,8 @@ __all__ = [
     "StopServiceRequest",
     "SubmitReply",
     "SubmitRequest",
+    "TuneReply",
+    "TuneRequest",
     "VersionStatus",
     "WhyReply",
     "WhyRequest",

@@ -72,8 +72,8 @@ from typing import NamedTuple
 
 from gavel.shared.auctionworld import Action, Decided, Open
 
-__all__ = ["BACKLOG", "IDLE_S", "LADDER", "QUIET_ROUNDS", "RETURN", "TRACE", "WINDOW", "Judged",
-           "Setting", "Tuner", "saturated"]
+__all__ = ["AUCTIONS_MOST", "BACKLOG", "BATCH_MOST", "GAP_MS_MOST", "IDLE_S", "LADDER",
+           "QUIET_ROUNDS", "RETURN", "TRACE", "WINDOW", "Judged", "Setting", "Tuner", "saturated"]
 
 
 class Setting(NamedTuple):
@@ -126,6 +126,12 @@ IDLE_S = 1.0
 QUIET_ROUNDS = 10
 #: Windows judged that `Tuner.trace` keeps (rule 8).
 TRACE = 32
+#: The most a value pinned (rule 7) may be, given in the broker's config or at runtime (`gavel
+#: tune`): a round's requests, rounds in flight, and the commit gap in ms. One bound for
+#: both ways in, far past the ladder's top (256, 16, 20 ms), so a pin may try beyond it.
+BATCH_MOST = 10_000
+AUCTIONS_MOST = 1000
+GAP_MS_MOST = 10_000.0
 #: Weight of the newest commit time in the moving average (rule 5).
 _COMMIT_WEIGHT = 0.2
 

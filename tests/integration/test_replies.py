@@ -45,6 +45,7 @@ from gavel.shared.api import (
     StopServiceRequest,
     SubmitReply,
     SubmitRequest,
+    TuneRequest,
     WhyRequest,
 )
 from gavel.shared.messages import (
@@ -157,7 +158,7 @@ async def test_no_request_is_answered_outside_its_requesters_inbox(authed: Authe
             "service": ServiceRequest(name="web"), "services": ServicesRequest(),
             "scale": ScaleRequest(name="web", count=2), "stop": StopServiceRequest(name="web"),
             "rollback": RollbackRequest(name="web"), "periodic": PeriodicJobsRequest(),
-            "plan": PlanRequest(spec=spec)}
+            "plan": PlanRequest(spec=spec), "tune": TuneRequest(batch_max=8)}
         assert set(requests) == set(broker.api.verbs), "a verb this test does not try"
         for verb, request in requests.items():
             subject = subjects.API.format(verb=verb)
@@ -190,6 +191,7 @@ async def test_no_request_is_answered_outside_its_requesters_inbox(authed: Authe
         assert broker.ledger.state().services == {}
         assert broker.ledger.state().placement_of(iid) == "a"
         assert not agents["a"].draining and "a" not in broker.ledger.state().draining
+        assert broker.auctioneer.tuner.pinned_batch_max is None  # nor a tune
         # ... nothing answered where it asked (what is on those subjects is the broker's
         # own traffic there), the bucket and every key as git says ...
         hostile = set(OPERATOR_OUTSIDE) | set(NODE_A_OUTSIDE)

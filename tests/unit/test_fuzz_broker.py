@@ -40,6 +40,7 @@ from gavel.shared.api import (
     StopServiceRequest,
     SubmitReply,
     SubmitRequest,
+    TuneRequest,
 )
 from gavel.shared.auction import Auction, Awarded
 from gavel.shared.award import NodeBid
@@ -426,6 +427,7 @@ VERB_TEMPLATES: dict[str, Any] = {
     "services": None, "scale": ScaleRequest(name="svc", count=1),
     "stop": StopServiceRequest(name="svc"), "rollback": RollbackRequest(name="svc"),
     "plan": PlanRequest(spec=SMALL), "periodic": None,
+    "tune": TuneRequest(batch_max=8, max_auctions=2, commit_gap_ms=5.0),
 }
 
 

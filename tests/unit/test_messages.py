@@ -286,6 +286,11 @@ API_SAMPLES: list[Message] = [
     api.SubmitReply(instance_id="i-1", instance_ids=["i-1-1", "i-1-2", "i-1-3"]),
     api.StatsRequest(),
     _filled(api.StatsReply),
+    api.TuneRequest(batch_max=8, max_auctions=2, commit_gap_ms=5.0),
+    api.TuneRequest(apply=False),
+    api.TuneReply(batch_max=8, max_auctions=2, commit_gap_ms=5.0,
+                  pinned=["batch_max", "max_auctions", "commit_gap_ms"], level=0, changes=0,
+                  round_ms=[1.5, 2.25], rounds=2, placed_total=40),
     api.StatusRequest(instance_id="i-1"),
     api.StatusReply(instances=[_STATUS]),
     api.NodesRequest(),
@@ -337,7 +342,8 @@ api_decoder: msgspec.msgpack.Decoder[Any] = msgspec.msgpack.Decoder(Union[_api_t
 
 
 def test_every_api_message_has_a_sample() -> None:
-    assert {type(m) for m in API_SAMPLES} - {ApiError} == _wire_classes("gavel.shared.api")
+    assert {type(m) for m in API_SAMPLES} - {ApiError} == (
+        _wire_classes("gavel.shared.api") | _wire_classes("gavel.shared.retuning"))
 
 
 @pytest.mark.parametrize("msg", API_SAMPLES, ids=lambda m: type(m).__name__)
