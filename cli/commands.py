@@ -38,7 +38,7 @@ from typing import Any
 
 import msgspec
 
-from gavel.cli import plancmd, services
+from gavel.cli import plancmd, services, tunecmd
 from gavel.cli.outcomes import (
     EXIT_CODES,
     Refused,
@@ -126,6 +126,8 @@ async def run(args: argparse.Namespace) -> int:
             return await routes(args)
         case "plan":
             return await plancmd.plan(args)
+        case "tune":
+            return await tunecmd.tune(args)
         case "deploy" | "services" | "scale" | "stop" | "rollback":
             verb = getattr(services, args.command)
             try:

@@ -36,6 +36,7 @@ from gavel.cli import (
     logscmd,
     options,
     plancmd,
+    tunecmd,
     workerdaemon,
 )
 from gavel.cli.api import app as api_app
@@ -275,6 +276,11 @@ def _cluster_parsers(sub: argparse._SubParsersAction[Parser]) -> None:
     rt.add_argument("--nodes", default=os.environ.get("GAVEL_GATEWAY_NODES", ""),
                     metavar="FILE", help="the gateway's node book (`gavel gateway --nodes`; "
                     "env GAVEL_GATEWAY_NODES): upstreams as the gateway derives them with it")
+
+    tu = sub.add_parser("tune", help="read, pin or release the broker's batch size, rounds in "
+                        "flight and commit gap at runtime (not kept across a restart)")
+    _client(tu)
+    tunecmd.add_arguments(tu)
 
     dr = sub.add_parser("drain", help="make a node decline all new work")
     _client(dr)

@@ -12,15 +12,20 @@ import math
 import re
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TypeVar
 from urllib.parse import urlsplit
 
 from gavel.shared.routes import usable_address
+
+#: A number an option may be (`at_most`).
+N = TypeVar("N", int, float)
 
 __all__ = [
     "WAIT_MODES",
     "absolute_paths",
     "address",
     "admin_url",
+    "at_most",
     "boolean",
     "broker_id",
     "choice",
@@ -208,6 +213,16 @@ def wait_mode(text: str) -> str:
         raise argparse.ArgumentTypeError(f"{text!r} is not a wait: say --wait=end or "
                                          "--wait=running")
     return text
+
+
+def at_most(parse: Callable[[str], N], most: N) -> Callable[[str], N]:
+    """`parse`, and no more than `most`."""
+    def bounded(text: str) -> N:
+        value = parse(text)
+        if value > most:
+            raise argparse.ArgumentTypeError(f"{text!r} must be at most {most:g}")
+        return value
+    return bounded
 
 
 def positive_int(text: str) -> int:

@@ -58,6 +58,8 @@ from gavel.shared.api import (
     StopServiceRequest,
     SubmitReply,
     SubmitRequest,
+    TuneReply,
+    TuneRequest,
     WhyReply,
     WhyRequest,
 )
@@ -331,6 +333,15 @@ class Client:
 
     async def stats(self) -> StatsReply:
         return await self.request("stats", StatsRequest(), StatsReply)
+
+    async def tune(self, *, batch_max: int | None = None, max_auctions: int | None = None,
+                   commit_gap_ms: float | None = None, apply: bool = True) -> TuneReply:
+        """`gavel tune`: pin what is given and tune the rest again (all None: tune all), or
+        with `apply` False only read the settings and the rounds since the last change
+        (`TuneRequest`)."""
+        return await self.request("tune", TuneRequest(
+            batch_max=batch_max, max_auctions=max_auctions, commit_gap_ms=commit_gap_ms,
+            apply=apply), TuneReply)
 
     async def exec(self, instance_id: str, command: list[str], *,
                    on_output: Callable[[ExecOutput], Any],

@@ -31,6 +31,7 @@ from gavel.shared.api import (
     StatsReply,
     StatusReply,
     SubmitReply,
+    TuneReply,
     WhyReply,
 )
 from gavel.shared.execstream import ExecExit, ExecOutput
@@ -211,6 +212,11 @@ class SyncClient:
 
     def stats(self) -> StatsReply:
         return self._run(self.client.stats())
+
+    def tune(self, *, batch_max: int | None = None, max_auctions: int | None = None,
+             commit_gap_ms: float | None = None, apply: bool = True) -> TuneReply:
+        return self._run(self.client.tune(batch_max=batch_max, max_auctions=max_auctions,
+                                          commit_gap_ms=commit_gap_ms, apply=apply))
 
     def exec(self, instance_id: str, command: list[str], *,
              on_output: Callable[[ExecOutput], Any], node_id: str = "",

@@ -57,6 +57,8 @@ from gavel.shared.api import (
     StopServiceRequest,
     SubmitReply,
     SubmitRequest,
+    TuneReply,
+    TuneRequest,
     WhyReply,
     WhyRequest,
     key_problem,
@@ -125,6 +127,12 @@ def _deploy(c: Client, r: DeployRequest) -> Awaitable[DeployReply]:
     return c.deploy(r.spec, key=r.key, check_index=r.check_index)
 
 
+def _tune_read(c: Client, _r: TuneRequest) -> Awaitable[TuneReply]:
+    """``GET /v1/tune`` reads (rule 2: a GET changes nothing), whatever the request's
+    default."""
+    return c.tune(apply=False)
+
+
 def _routes(c: Client, _r: EndpointsRequest) -> Awaitable[list[RouteEntry]]:
     return c.routes()
 
@@ -186,6 +194,13 @@ ROUTES: tuple[Route, ...] = (
           "Every live instance that declares routes, and where each node is reached"),
     Route("GET", "/v1/stats", "stats", StatsRequest, StatsReply,
           "The broker's own measurements"),
+    Route("GET", "/v1/tune", "tune", TuneRequest, TuneReply,
+          "The auctioneer's settings in force, which are pinned, and the bid rounds closed "
+          "since they last changed", call=_tune_read),
+    Route("POST", "/v1/tune", "tune", TuneRequest, TuneReply,
+          "Pin the auctioneer's batch_max, max_auctions and commit_gap_ms given, the rest "
+          "tuned (none given: all tuned again), from a fresh tuner; not kept across a "
+          "restart. The reply's rounds are those of the settings replaced", body=True),
     Route("GET", "/v1/periodic", "periodic", PeriodicJobsRequest, PeriodicJobsReply,
           "Every periodic job: its schedule, next fire time and latest runs"),
 )

@@ -237,7 +237,7 @@ async def test_every_verb_exits_with_the_same_code_for_the_same_outcome(
     assert json.loads(as_json.stdout)["exit_code"] == 4
     await cluster.stop_broker()  # NATS answers, no broker does: 1, for every verb alike
     gone = [Line([*args, *nats], tmp_path) for args in (["status"], ["services"],
-                                                          ["events", "nope"])]
+                                                          ["events", "nope"], ["tune"])]
     for proc in await asyncio.to_thread(run_all, gone, tmp_path / "gone.json"):
         _one_sentence(proc, 1, "no broker is answering")
 
@@ -249,7 +249,7 @@ def test_every_verb_exits_2_when_nothing_answers_at_the_nats_url(tmp_path: Path)
     spec = tmp_path / "s.toml"
     spec.write_text('name = "s"\ncommand = ["true"]\n')
     verbs = [["events", "nope"], ["logs", "nope"], ["cancel", "nope"], ["submit", str(spec)],
-             ["scale", "nope", "2"], ["rollback", "nope"]]
+             ["scale", "nope", "2"], ["rollback", "nope"], ["tune", "--auto"]]
     procs = run_all([Line([*args, "--nats", url], tmp_path) for args in verbs],
                     tmp_path / "out.json")
     for proc in procs:

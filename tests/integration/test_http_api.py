@@ -92,6 +92,7 @@ async def test_every_route_is_documented_and_every_documented_route_answers(
         ("POST", "/v1/services/{name}/scale"): {"count": 2},
         ("POST", "/v1/nodes/{node_id}/drain"): {"undo": True},
         ("POST", "/v1/plan"): {"spec": spec_json(service_spec("web"))},
+        ("POST", "/v1/tune"): {"batch_max": 8, "commit_gap_ms": 2.5},
     }
     # The last ones change what the others read: ask them last.
     last = [("POST", "/v1/services/{name}/rollback"), ("POST", "/v1/services/{name}/stop"),

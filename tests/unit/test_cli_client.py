@@ -13,11 +13,12 @@ import pytest
 
 CLI = Path(__file__).resolve().parents[2] / "cli"
 #: The modules of the verbs the API serves: submit (and its waits), status, nodes, why,
-#: events, cancel, drain, routes, deploy, services, scale, stop, rollback, plan, logs, exec;
-#: and the other operator clients of the command: `gavel up` (and its demo) and the
+#: events, cancel, drain, routes, deploy, services, scale, stop, rollback, plan, tune, logs,
+#: exec; and the other operator clients of the command: `gavel up` (and its demo) and the
 #: dashboard and the HTTP API.
-VERBS = ("commands", "readouts", "services", "plancmd", "systemwait", "logs", "logscmd",
-         "execcmd", "up", "updemo", "ui/app", "ui/feed", "ui/logs", "api/app", "api/routes")
+VERBS = ("commands", "readouts", "services", "plancmd", "tunecmd", "systemwait", "logs",
+         "logscmd", "execcmd", "up", "updemo", "ui/app", "ui/feed", "ui/logs", "api/app",
+         "api/routes")
 
 
 def _transport_client_imports(path: Path) -> list[str]:

@@ -3,6 +3,7 @@ every request built from the verb's own struct, bad input refused with one sente
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 
@@ -14,7 +15,7 @@ from hypothesis import strategies as st
 from gavel.cli.api.errors import status_for
 from gavel.cli.api.openapi import document
 from gavel.cli.api.routes import ROUTES, BadRequest, Route, build, find
-from gavel.shared.api import DrainRequest, EventsRequest, SubmitRequest
+from gavel.shared.api import DrainRequest, EventsRequest, SubmitRequest, TuneRequest
 from gavel.shared.reasons import Reason
 
 JSON = {"content-type": "application/json"}
@@ -86,6 +87,30 @@ def test_bad_input_is_one_sentence_and_a_4xx(body: bytes, headers: dict[str, str
     assert str(info.value).startswith(sentence)
 
 
+def test_tune_is_read_by_a_get_and_applied_by_a_post() -> None:
+    got = _build("POST", "/v1/tune", b'{"batch_max": 8, "commit_gap_ms": 2.5}', JSON)
+    assert got == TuneRequest(batch_max=8, commit_gap_ms=2.5)
+    assert _build("POST", "/v1/tune", b"", JSON) == TuneRequest()  # every value tuned again
+    asked: list[dict[str, object]] = []
+
+    class Asked:
+        async def tune(self, **kw: object) -> None:
+            asked.append(kw)
+
+    found = find("GET", "/v1/tune")
+    assert not isinstance(found, int)
+    route = found[0]
+    asyncio.run(route.ask(Asked(), _build("GET", "/v1/tune")))  # type: ignore[arg-type]
+    assert asked == [{"apply": False}]  # a GET changes nothing
+    for body, sentence in ((b'{"batch_max": 0}', "field 'batch_max': expected `int` >= 1"),
+                           (b'{"max_auctions": 8, "apply": false}',
+                            "tune: values are only read with apply=false")):
+        with pytest.raises(BadRequest) as info:
+            _build("POST", "/v1/tune", body, JSON)
+        assert info.value.status == 400
+        assert str(info.value).startswith(f"request: invalid request: {sentence}"), info.value
+
+
 def test_a_body_that_contradicts_the_path_is_refused() -> None:
     with pytest.raises(BadRequest, match="the path says 'n1'"):
         _build("POST", "/v1/nodes/n1/drain", b'{"node_id": "n2"}', JSON)
@@ -109,7 +134,8 @@ _json = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow
                      lambda inner: st.lists(inner, max_size=4)
                      | st.dictionaries(st.text(max_size=12), inner, max_size=4), max_leaves=20)
 _fields = st.sampled_from(["spec", "instance_id", "count", "key", "undo", "migrate",
-                           "deadline_s", "to_version", "kind", "name", "node_id"])
+                           "deadline_s", "to_version", "kind", "name", "node_id",
+                           "batch_max", "max_auctions", "commit_gap_ms", "apply"])
 
 
 @given(route=st.sampled_from([r for r in ROUTES if r.body]),
