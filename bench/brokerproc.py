@@ -4,7 +4,9 @@
 with ``--ha-remote GIT_DIR`` it is one leader of `broker.ha` (a lease on the one server, R1)
 pushing every commit to that bare repository before it tells anybody. ``--writer thread``,
 ``--objects libgit2`` and ``--no-slices`` choose the simpler alternatives `bench.complexity`
-measures the broker's speed-only mechanisms against.
+measures the broker's speed-only mechanisms against. With ``GAVEL_BENCH_PROFILE=FILE`` in
+its environment the broker's main thread runs under cProfile, its statistics written to FILE
+when it stops (``python -m pstats FILE``).
 """
 
 from __future__ import annotations
@@ -20,8 +22,13 @@ from pathlib import Path
 
 from gavel.broker.ha import HaBroker, HaSettings
 from gavel.broker.service import Broker, Config, tune_gc
+from gavel.shared.admission import DEFAULT_CAPS
 from gavel.shared.timing import Timing
 from gavel.transport import eventloop
+
+#: The live instances a bench broker admits: more than any run places (`--tuning` keeps a
+#: closed loop's backlog up for its segments; `--placements 200000` and more).
+BENCH_MAX_INSTANCES = 1_000_000
 
 
 def parser() -> argparse.ArgumentParser:
@@ -35,6 +42,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--commit-gap-ms", type=float, default=None)
     p.add_argument("--ended-max", type=int, default=100_000)
     p.add_argument("--ha-remote", type=Path, default=None)
+    # The cluster's cap on live instances: a bench sitting places more than the default's.
+    p.add_argument("--max-instances", type=int, default=BENCH_MAX_INSTANCES)
     # The simpler alternatives `bench.complexity` measures each mechanism against.
     p.add_argument("--writer", choices=["process", "thread"], default="process")
     p.add_argument("--objects", choices=["packs", "libgit2"], default="packs")
@@ -50,7 +59,8 @@ def config(args: argparse.Namespace) -> Config:
                   batch_wait_s=args.batch_wait_ms / 1000,
                   commit_gap_s=None if args.commit_gap_ms is None
                   else args.commit_gap_ms / 1000, ended_max=args.ended_max,
-                  writer=args.writer, objects=args.objects, after_slices=not args.no_slices)
+                  writer=args.writer, objects=args.objects, after_slices=not args.no_slices,
+                  caps=DEFAULT_CAPS._replace(instances=args.max_instances))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -71,7 +81,15 @@ def main(argv: list[str] | None = None) -> int:
         await broker.run()
 
     tune_gc()
-    eventloop.run(run())
+    profile = os.environ.get("GAVEL_BENCH_PROFILE")
+    if not profile:
+        eventloop.run(run())
+        return 0
+    import cProfile  # a developer's look at where the broker's time goes
+
+    with cProfile.Profile() as prof:
+        eventloop.run(run())
+    prof.dump_stats(profile)
     return 0
 
 

@@ -17,6 +17,9 @@ Rules:
    how long after the last one the remote held them all, `durable_per_s` counts up to then
    (without HA a commit is durable where it lands: the same as `placements_per_s`), and the
    verification reads the remote.
+5. `run_with` starts the same processes and hands them (`Rig`) to another driver, which
+   uses them as it will (`bench.tuning` changes the broker's settings as it runs) and is
+   stopped with them however it ends.
 """
 
 from __future__ import annotations
@@ -30,10 +33,10 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import psutil
 import pygit2
@@ -56,8 +59,10 @@ from gavel.shared.timing import Timing
 from gavel.transport.client import ClientError, call, connect
 from gavel.transport.natsserver import NatsServer
 
-__all__ = ["IdleWorkerFailed", "Options", "Result", "RunFailed", "VerifyError", "peak_rss_mb",
-           "run"]
+__all__ = ["IdleWorkerFailed", "Options", "Result", "Rig", "RunFailed", "VerifyError",
+           "peak_rss_mb", "run", "run_with", "submit_all", "until_healthy"]
+
+R = TypeVar("R")
 
 
 @dataclass
@@ -219,9 +224,15 @@ async def run(opts: Options) -> Result:
     """One run. Without `opts.state` it works in a temporary directory, removed after a run
     that verified (each run leaves its git repository and JetStream store there); a failed
     run's is kept, and the error names it."""
+    return await run_with(opts, _placements)
+
+
+async def run_with(opts: Options, drive: Callable[[Rig], Awaitable[R]]) -> R:
+    """`run`'s processes, started and stopped as for `run`, with `drive` using them in
+    between (rule 5)."""
     root = opts.state if opts.state is not None else Path(tempfile.mkdtemp(prefix="gavel-bench-"))
     try:
-        result = await stopped_by_signals(_run_in(opts, root))  # its finally stops everything
+        result = await stopped_by_signals(_run_in(opts, root, drive))  # its finally stops all
     except Interrupted as exc:
         raise RunFailed(f"{exc} (the run's state is kept in {root})") from None
     except VerifyError as exc:
@@ -239,7 +250,38 @@ class RunFailed(Exception):
     connection; the message names what and the directory kept."""
 
 
-async def _run_in(opts: Options, root: Path) -> Result:
+@dataclass
+class Rig:
+    """What a run started, for the driver that uses it (rule 5): the driver's connection,
+    the run's options and directory, the broker and agent processes, the nats-server's
+    pid, and the ceilings measured before the broker started."""
+
+    nc: Any
+    url: str
+    opts: Options
+    root: Path
+    broker: subprocess.Popen[bytes]
+    agents: list[subprocess.Popen[bytes]]
+    nats_pid: int
+    nats_rr: float
+    git_cli: float
+    probe: Probe
+
+
+async def _placements(rig: Rig) -> Result:
+    """The driver of `run`: the placements asked for, measured and verified; then the idle
+    worker."""
+    result = await _drive(rig.nc, rig.opts, rig.root, rig.broker, rig.agents, rig.nats_pid,
+                          rig.nats_rr, rig.git_cli, rig.probe)
+    if rig.opts.idle_s > 0:  # the broker still listens; nothing is left to place
+        cpu, rss = await idle_worker(rig.nc, rig.url, rig.root / "idle-worker",
+                                     rig.root / "logs" / "idle-worker.log", rig.opts.idle_s)
+        result = dataclasses.replace(result, idle_worker_cpu_pct=round(cpu, 2),
+                                     idle_worker_rss_mb=round(rss, 1))
+    return result
+
+
+async def _run_in(opts: Options, root: Path, drive: Callable[[Rig], Awaitable[R]]) -> R:
     (root / "logs").mkdir(parents=True, exist_ok=True)
     server = NatsServer(store_dir=root / "nats", log=root / "logs" / "nats.log",
                         max_payload_mb=8)
@@ -288,14 +330,8 @@ async def _run_in(opts: Options, root: Path) -> Result:
         nc = await connect(server.url)
         try:
             assert server.proc is not None
-            result = await _drive(nc, opts, root, broker, agent_procs, server.proc.pid,
-                                  nats_rr, git_cli, Probe(server.url))
-            if opts.idle_s > 0:  # the broker still listens; nothing is left to place
-                cpu, rss = await idle_worker(nc, server.url, root / "idle-worker",
-                                             root / "logs" / "idle-worker.log", opts.idle_s)
-                result = dataclasses.replace(result, idle_worker_cpu_pct=round(cpu, 2),
-                                             idle_worker_rss_mb=round(rss, 1))
-            return result
+            return await drive(Rig(nc, server.url, opts, root, broker, agent_procs,
+                                   server.proc.pid, nats_rr, git_cli, Probe(server.url)))
         finally:
             await nc.close()
     finally:
@@ -310,7 +346,7 @@ async def _run_in(opts: Options, root: Path) -> Result:
         server.stop()
 
 
-async def _until_healthy(nc: Any, opts: Options, root: Path,
+async def until_healthy(nc: Any, opts: Options, root: Path,
                          broker: subprocess.Popen[bytes]) -> StatsReply:
     """The broker's stats once every agent is healthy (60 s at most; a broker that exits
     meanwhile is said)."""
@@ -348,24 +384,23 @@ async def _until_placed(nc: Any, opts: Options, started: float,
             raise VerifyError(f"only {done}/{opts.placements} placed in {opts.timeout_s:g}s")
 
 
-def _submit_all(nc: Any, opts: Options,
-                started: float) -> tuple[list[str], asyncio.Future[list[None]]]:
+def submit_all(nc: Any, opts: Options, started: float,
+               prefix: str = "b") -> tuple[list[str], asyncio.Future[list[None]]]:
     """Every placement asked for (rule 3: the ids asked for, in order) and the submits'
     future. Paced (`rate`): small chunks, each sent when its first placement is due, so the
     broker sees a steady arrival rate and the round times are those of that load."""
     spec = Spec(name="noop", command=["true"], cpu=0.01, memory_mb=16)
     chunk = max(1, round(opts.rate / 50)) if opts.rate else opts.chunk
     sem = asyncio.Semaphore(64 if opts.rate else 4)
-    chunks = {k: counted_ids(f"b{k:07d}", min(chunk, opts.placements - k))
+    chunks = {k: counted_ids(f"{prefix}{k:07d}", min(chunk, opts.placements - k))
               for k in range(0, opts.placements, chunk)}
 
     async def submit(k: int, asked: list[str]) -> None:
         if opts.rate:
             await asyncio.sleep(max(0.0, started + k / opts.rate - time.perf_counter()))
         async with sem:
-            reply = await call(nc, "submit", SubmitRequest(spec=spec, instance_id=f"b{k:07d}",
-                                                           count=len(asked)), SubmitReply,
-                               timeout=60)
+            req = SubmitRequest(spec=spec, instance_id=f"{prefix}{k:07d}", count=len(asked))
+            reply = await call(nc, "submit", req, SubmitReply, timeout=60)
         answered(asked, reply.ids())
 
     ids = [iid for asked in chunks.values() for iid in asked]
@@ -375,12 +410,12 @@ def _submit_all(nc: Any, opts: Options,
 async def _drive(nc: Any, opts: Options, root: Path, broker: subprocess.Popen[bytes],
                  agent_procs: list[subprocess.Popen[bytes]], nats_pid: int, nats_rr: float,
                  git_cli: float, probe: Probe) -> Result:
-    stats = await _until_healthy(nc, opts, root, broker)
+    stats = await until_healthy(nc, opts, root, broker)
     cpu0 = _cpu(broker), sum(_cpu(p) for p in agent_procs), _cpu(broker, children=True)
     nats0, self0 = _cpu(nats_pid), time.process_time()
     await probe.start()
     started = time.perf_counter()
-    ids, submitting = _submit_all(nc, opts, started)
+    ids, submitting = submit_all(nc, opts, started)
     # With churn instances leave their node.json again: count awards committed instead.
     def placed(s: StatsReply) -> int:
         return s.placed_total if opts.lifetime_s > 0 else s.placed_now

@@ -1,70 +1,118 @@
-"""`gavel bench --tuning`: the self-tuning defaults against the hand-tuned settings, side by
-side in one sitting.
+"""`gavel bench --tuning`: the self-tuning defaults against the hand-tuned settings,
+interleaved in one run.
 
 Rules:
-1. Capacity is the closed-loop placements/s of the latency-tuned settings (`LATENCY`),
-   measured first in the same sitting: the load the latency target is claimed at. Above it
-   the latency-tuned broker no longer keeps up, and its round p99 stops saying what a user
-   waits.
-2. Each comparison is a pair of runs made one after the other, the order alternating from
-   pair to pair so neither side always gets the warmer machine: the defaults (nothing
-   given: `shared.tuning` chooses) against the latency-tuned settings open loop at each
-   fraction of capacity in `FRACTIONS` (round p99, defaults over latency-tuned: target at
-   most `LATENCY_RATIO`), and against the throughput-tuned settings (`THROUGHPUT`) closed
-   loop (placements/s, defaults over throughput-tuned: target at least
-   `THROUGHPUT_RATIO`).
-3. With several pairs each ratio is the median of the pairs' ratios; a ratio is judged, never
-   an absolute figure, so a verdict holds in a slow hour as in a fast one.
-4. An open-loop run submits for about `OPEN_S` seconds at its rate (at least 500 placements).
+1. One run (`bench.run.run_with`): one nats-server, one broker started with nothing pinned,
+   one set of agents. The broker's settings change while it runs (the `tune` verb), so both
+   sides of every comparison meet the same machine within the same seconds: a busy minute
+   slows both, and the ratio is the code's, not the hour's.
+2. Capacity first: the latency-tuned settings (`LATENCY`) pinned, a closed loop of
+   `CAPACITY_N` placements (fewer in a scaled sitting); its placements/s is the load the
+   latency target is claimed at (above it the latency-tuned broker no longer keeps up, and
+   its round p99 stops saying what a user waits).
+3. An open loop at each fraction of capacity in `FRACTIONS`: submissions at that rate through
+   `pairs` x 2 segments of `SEGMENT_S`, the settings changing at each segment between the
+   defaults (every value tuned: a fresh tuner at the latency end, as a broker started with no
+   flags has) and the latency-tuned settings. Each side's figure is the p99 of every round
+   closed under it, pooled over its segments; target defaults over latency-tuned at most
+   `LATENCY_RATIO`.
+4. A closed loop: the bench keeps at least `BACKLOG_N` placements waiting (more than the
+   throughput end holds in flight) while the segments alternate between the defaults and
+   the throughput-tuned settings (`THROUGHPUT`); each side's figure is its placements over its
+   seconds; target defaults over throughput-tuned at least `THROUGHPUT_RATIO`.
+5. Which side a comparison starts with alternates from comparison to comparison. Between
+   comparisons the queue drains, so one comparison's work does not land in the next; at the
+   end every placement asked for is verified in git (`bench.verify`).
+6. Each pair of segments' ratio is reported beside the pooled one, to show the spread; the
+   pooled ratio alone is judged. Each segment also keeps where its tuner stood as it ended
+   (level, changes: read just before the next change), so a figure says what the defaults
+   did to make it.
 """
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
-import statistics
-from collections.abc import Callable
+import os
+import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from gavel.bench.run import Options, Result
+from gavel.bench.run import Options, Rig, submit_all, until_healthy
+from gavel.bench.verify import VerifyError, verify
+from gavel.shared.api import StatsReply, StatsRequest, TuneReply, TuneRequest
+from gavel.transport.client import call
 
-__all__ = ["FRACTIONS", "LATENCY", "LATENCY_RATIO", "OPEN_S", "THROUGHPUT",
-           "THROUGHPUT_RATIO", "Comparison", "Report", "compare"]
+__all__ = ["BACKLOG_N", "CAPACITY_N", "FRACTIONS", "LATENCY", "LATENCY_RATIO", "PAIRS",
+           "SEGMENT_S",
+           "THROUGHPUT", "THROUGHPUT_RATIO", "Comparison", "Report", "Segment", "sitting"]
 
-#: The hand-tuned settings (`bench.run.Options` fields).
+#: The hand-tuned settings (`TuneRequest` fields).
 LATENCY: dict[str, Any] = {"max_auctions": 1, "batch_max": 24, "commit_gap_ms": 20.0}
 THROUGHPUT: dict[str, Any] = {"max_auctions": 16, "batch_max": 256, "commit_gap_ms": 0.0}
-#: What the defaults are held to (rule 2).
+DEFAULTS: dict[str, Any] = {}
+#: What the defaults are held to (rules 3, 4).
 FRACTIONS = (0.2, 0.5, 0.8)
 LATENCY_RATIO = 1.5
 THROUGHPUT_RATIO = 0.9
-OPEN_S = 8.0
+#: Rule 2: the capacity run's placements.
+CAPACITY_N = 6000
+#: Rules 3, 4: one segment's seconds.
+SEGMENT_S = 2.0
+#: Pairs of segments a comparison makes unless told (rule 3).
+PAIRS = 5
+#: Rule 4: placements kept waiting in the closed loop (the throughput end holds 4,096).
+BACKLOG_N = 8000
+_CHUNK = 1000
+
+
+@dataclass
+class Segment:
+    """One stretch under one side's settings: its seconds, what it placed, its rounds."""
+
+    side: str  # "defaults" or "reference"
+    seconds: float
+    placed: int
+    round_ms: list[float]
+    #: The tuner's level and changes as the segment ended (rule 6).
+    level: int = 0
+    changes: int = 0
 
 
 @dataclass
 class Comparison:
-    """One side-by-side comparison: its name, the figure compared, and each pair's runs."""
+    """One interleaved comparison (rules 3, 4): its figure, bound and segments."""
 
     name: str
-    key: str
-    #: The bound on defaults over reference, and whether it is an upper bound.
+    key: str  # "round_p99_ms" or "placements_per_s"
     limit: float
     most: bool
     rate: float = 0.0
-    pairs: list[tuple[Result, Result]] = field(default_factory=list)  # (defaults, reference)
+    segments: list[Segment] = field(default_factory=list)
+    #: The 1-minute load average as the comparison began and ended.
+    load: tuple[float, float] = (0.0, 0.0)
 
-    @property
-    def ratios(self) -> list[float]:
-        out = []
-        for tuned, ref in self.pairs:
-            a, b = float(getattr(tuned, self.key)), float(getattr(ref, self.key))
-            out.append(round(a / b, 3) if b else 0.0)
-        return out
+    def figure(self, side: str, segments: list[Segment] | None = None) -> float:
+        """The side's figure over `segments` (all of them by default)."""
+        mine = [s for s in (self.segments if segments is None else segments) if s.side == side]
+        if self.key == "round_p99_ms":
+            return p99([ms for s in mine for ms in s.round_ms])
+        seconds = sum(s.seconds for s in mine)
+        return sum(s.placed for s in mine) / seconds if seconds else 0.0
 
     @property
     def ratio(self) -> float:
-        """Rule 3."""
-        return round(statistics.median(self.ratios), 3) if self.pairs else 0.0
+        """Rule 3, 4: defaults over reference, each pooled."""
+        return _ratio(self.figure("defaults"), self.figure("reference"))
+
+    @property
+    def pair_ratios(self) -> list[float]:
+        """Rule 6."""
+        segs = self.segments
+        return [_ratio(self.figure("defaults", segs[k:k + 2]),
+                       self.figure("reference", segs[k:k + 2]))
+                for k in range(0, len(segs) - 1, 2)]
 
     @property
     def met(self) -> bool:
@@ -72,27 +120,40 @@ class Comparison:
 
     def as_dict(self) -> dict[str, Any]:
         return {"name": self.name, "key": self.key, "rate": self.rate, "limit": self.limit,
-                "at_most": self.most, "ratios": self.ratios, "ratio": self.ratio,
-                "met": self.met,
-                "defaults": [t.as_dict() for t, _ in self.pairs],
-                "reference": [r.as_dict() for _, r in self.pairs]}
+                "at_most": self.most, "ratio": self.ratio, "met": self.met,
+                "defaults": round(self.figure("defaults"), 2),
+                "reference": round(self.figure("reference"), 2),
+                "pair_ratios": self.pair_ratios, "load": list(self.load),
+                "segments": [{"side": s.side, "seconds": round(s.seconds, 3),
+                              "placed": s.placed, "rounds": len(s.round_ms),
+                              "round_p99_ms": round(p99(s.round_ms), 2), "level": s.level,
+                              "changes": s.changes}
+                             for s in self.segments]}
 
     def line(self) -> str:
-        tuned = [float(getattr(t, self.key)) for t, _ in self.pairs]
-        ref = [float(getattr(r, self.key)) for _, r in self.pairs]
         op = "<=" if self.most else ">="
-        return (f"{self.name:<26} {self.key} defaults {_figs(tuned)} vs {_figs(ref)}: ratio "
-                f"{self.ratio:g} {op} {self.limit:g} {'met' if self.met else 'MISSED'}")
+        pairs = ", ".join(f"{r:g}" for r in self.pair_ratios)
+        return (f"{self.name:<26} {self.key} defaults {self.figure('defaults'):,.1f} vs "
+                f"{self.figure('reference'):,.1f}: ratio {self.ratio:g} {op} {self.limit:g} "
+                f"{'met' if self.met else 'MISSED'} (pairs {pairs}; load "
+                f"{self.load[0]:.1f}-{self.load[1]:.1f})")
 
 
-def _figs(values: list[float]) -> str:
-    return "/".join(f"{v:,.1f}" for v in values)
+def p99(values: list[float]) -> float:
+    """The 99th percentile (nearest rank); 0 for none."""
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, -(-99 * len(ordered) // 100) - 1))]
+
+
+def _ratio(a: float, b: float) -> float:
+    return round(a / b, 3) if b else 0.0
 
 
 @dataclass
 class Report:
     capacity: float
-    capacity_runs: list[Result]
     comparisons: list[Comparison]
 
     @property
@@ -101,45 +162,164 @@ class Report:
 
     def as_dict(self) -> dict[str, Any]:
         return {"capacity_per_s": self.capacity, "all_met": self.met,
-                "capacity_runs": [r.as_dict() for r in self.capacity_runs],
                 "comparisons": [c.as_dict() for c in self.comparisons]}
 
 
-Runner = Callable[[Options], Result]
 Say = Callable[[str], None]
 
 
-def compare(base: Options, run: Runner, pairs: int = 1, say: Say = lambda _: None) -> Report:
-    """Rules 1-4 on `base` (agents, mode, placements of the closed loops); `run` makes one
-    run and `say` hears each run's name as it starts."""
-    def one(name: str, opts: Options) -> Result:
-        say(name)
-        return run(opts)
+class _Broker:
+    """The running broker's settings and counts, through its API."""
 
-    def pair(k: int, tuned: Options, ref: Options, name: str) -> tuple[Result, Result]:
-        if k % 2:  # rule 2: the order alternates
-            r = one(f"{name} (reference)", ref)
-            return one(f"{name} (defaults)", tuned), r
-        t = one(f"{name} (defaults)", tuned)
-        return t, one(f"{name} (reference)", ref)
+    def __init__(self, nc: Any) -> None:
+        self.nc = nc
 
-    closed = dataclasses.replace(base, rate=0.0, batch_max=None, max_auctions=None,
-                                 commit_gap_ms=None)
-    capacity_runs = [one("capacity: latency-tuned, closed loop",
-                         dataclasses.replace(closed, **LATENCY)) for _ in range(pairs)]
-    capacity = statistics.median(r.placements_per_s for r in capacity_runs)
-    comparisons = []
-    for frac in FRACTIONS:
-        rate = round(frac * capacity, 1)
-        placements = max(500, round(rate * OPEN_S))
-        c = Comparison(f"open loop {frac:.0%} ({rate:,.0f}/s)", "round_p99_ms",
-                       LATENCY_RATIO, most=True, rate=rate)
-        opened = dataclasses.replace(closed, rate=rate, placements=placements)
-        for k in range(pairs):
-            c.pairs.append(pair(k, opened, dataclasses.replace(opened, **LATENCY), c.name))
+    async def tune(self, settings: dict[str, Any], apply: bool = True) -> TuneReply:
+        return await call(self.nc, "tune", TuneRequest(**settings, apply=apply), TuneReply,
+                          timeout=30)
+
+    async def placed(self) -> int:
+        stats = await call(self.nc, "stats", StatsRequest(), StatsReply, timeout=30)
+        return stats.placed_now
+
+
+def sitting(pairs: int = 3, say: Say = lambda _: None,
+            segment_s: float = SEGMENT_S) -> Callable[[Rig], Awaitable[Report]]:
+    """The driver (for `bench.run.run_with`) of one sitting: rules 1-6."""
+    async def drive(rig: Rig) -> Report:
+        await until_healthy(rig.nc, rig.opts, rig.root, rig.broker)
+        broker = _Broker(rig.nc)
+        asked: list[str] = []
+        say("capacity: latency-tuned, closed loop")
+        capacity = await _capacity(rig, broker, asked)
+        comparisons = []
+        for k, frac in enumerate(FRACTIONS):
+            rate = round(frac * capacity, 1)
+            c = Comparison(f"open loop {frac:.0%} ({rate:,.0f}/s)", "round_p99_ms",
+                           LATENCY_RATIO, most=True, rate=rate)
+            say(c.name)
+            await _interleave(broker, c, LATENCY, pairs, segment_s, k % 2 == 1,
+                              _Open(rig, rate, f"o{k}-", asked))
+            comparisons.append(c)
+        c = Comparison("closed loop", "placements_per_s", THROUGHPUT_RATIO, most=False)
+        say(c.name)
+        await _interleave(broker, c, THROUGHPUT, pairs, segment_s,
+                          len(FRACTIONS) % 2 == 1, _Closed(rig, broker, asked))
         comparisons.append(c)
-    c = Comparison("closed loop", "placements_per_s", THROUGHPUT_RATIO, most=False)
-    for k in range(pairs):
-        c.pairs.append(pair(k, closed, dataclasses.replace(closed, **THROUGHPUT), c.name))
-    comparisons.append(c)
-    return Report(capacity, capacity_runs, comparisons)
+        await broker.tune(DEFAULTS)
+        try:
+            await asyncio.to_thread(verify, rig.root, asked)
+        except VerifyError as exc:
+            raise VerifyError(f"the tuning sitting: {exc}") from exc
+        return Report(capacity, comparisons)
+    return drive
+
+
+async def _capacity(rig: Rig, broker: _Broker, asked: list[str]) -> float:
+    """Rule 2."""
+    await broker.tune(LATENCY)
+    base = await broker.placed()
+    started = time.perf_counter()
+    n = min(CAPACITY_N, rig.opts.placements)  # a scaled sitting's is smaller
+    ids, submitting = submit_all(rig.nc, _opts(rig, n, 0.0), started, "cap-")
+    asked += ids
+    await _placed(broker, base + len(ids))
+    elapsed = time.perf_counter() - started
+    await submitting
+    return round(len(ids) / elapsed, 1)
+
+
+class _Open:
+    """Rule 3's load: submissions at `rate` for the segments' seconds."""
+
+    def __init__(self, rig: Rig, rate: float, prefix: str, asked: list[str]) -> None:
+        self.rig, self.rate, self.prefix, self.asked = rig, rate, prefix, asked
+        self._submitting: asyncio.Future[list[None]] | None = None
+
+    async def start(self, seconds: float) -> None:
+        n = max(1, round(self.rate * seconds))
+        ids, self._submitting = submit_all(self.rig.nc, _opts(self.rig, n, self.rate),
+                                           time.perf_counter(), self.prefix)
+        self.asked += ids
+
+    async def stop(self) -> None:
+        if self._submitting is not None:
+            await self._submitting
+
+
+class _Closed:
+    """Rule 4's load: at least `BACKLOG_N` waiting from the start, topped up until
+    stopped."""
+
+    def __init__(self, rig: Rig, broker: _Broker, asked: list[str]) -> None:
+        self.rig, self.broker, self.asked = rig, broker, asked
+        self._task: asyncio.Task[None] | None = None
+        self._stop = asyncio.Event()
+        self._full = asyncio.Event()
+
+    async def start(self, seconds: float) -> None:
+        del seconds  # fed until stopped
+        self._task = asyncio.get_running_loop().create_task(self._feed())
+        await asyncio.wait([self._task, asyncio.ensure_future(self._full.wait())],
+                           return_when=asyncio.FIRST_COMPLETED)
+        if self._task.done():
+            self._task.result()  # it failed: say why
+
+    async def _feed(self) -> None:
+        base = await self.broker.placed()
+        submitted, k = 0, 0
+        while not self._stop.is_set():
+            waiting = submitted - (await self.broker.placed() - base)
+            while waiting < BACKLOG_N:
+                ids, sent = submit_all(self.rig.nc, _opts(self.rig, _CHUNK, 0.0),
+                                       time.perf_counter(), f"c{k:05d}-")
+                await sent
+                self.asked += ids
+                submitted, waiting, k = submitted + len(ids), waiting + len(ids), k + 1
+            self._full.set()
+            await asyncio.sleep(0.05)
+
+    async def stop(self) -> None:
+        self._stop.set()
+        if self._task is not None:
+            await self._task
+
+
+async def _interleave(broker: _Broker, c: Comparison, reference: dict[str, Any],
+                      pairs: int, segment_s: float, reference_first: bool,
+                      load: _Open | _Closed) -> None:
+    """Rules 3-5: `pairs` x 2 segments of `load` under alternating settings, recorded in
+    `c`; then, under the defaults, the queue drains."""
+    sides = ["reference", "defaults"] if reference_first else ["defaults", "reference"]
+    settings = {"defaults": DEFAULTS, "reference": reference}
+    base = await broker.placed()
+    before = len(load.asked)
+    c.load = (os.getloadavg()[0], 0.0)
+    await load.start(2 * pairs * segment_s)
+    placed_at = (await broker.tune(settings[sides[0]])).placed_total
+    started = at = time.perf_counter()
+    for k in range(2 * pairs):
+        await asyncio.sleep(max(0.0, started + (k + 1) * segment_s - time.perf_counter()))
+        last = k + 1 == 2 * pairs
+        ending = await broker.tune({}, apply=False)
+        reply = await broker.tune(DEFAULTS if last else settings[sides[(k + 1) % 2]])
+        now = time.perf_counter()
+        c.segments.append(Segment(sides[k % 2], now - at, reply.placed_total - placed_at,
+                                  list(reply.round_ms), ending.level, ending.changes))
+        placed_at, at = reply.placed_total, now
+    await load.stop()
+    await _placed(broker, base + len(load.asked) - before)
+    c.load = (c.load[0], os.getloadavg()[0])
+
+
+async def _placed(broker: _Broker, n: int, timeout_s: float = 600.0) -> None:
+    """Until `n` instances are placed (at most `timeout_s`)."""
+    limit = time.monotonic() + timeout_s
+    while (got := await broker.placed()) < n:
+        if time.monotonic() > limit:
+            raise VerifyError(f"only {got}/{n} placed in {timeout_s:g}s")
+        await asyncio.sleep(0.1)
+
+
+def _opts(rig: Rig, placements: int, rate: float) -> Options:
+    return dataclasses.replace(rig.opts, placements=placements, rate=rate, chunk=_CHUNK)

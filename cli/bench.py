@@ -76,12 +76,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     t.add_argument("--tuning", action="store_true",
                    help="the defaults against the latency-tuned settings open loop at 20, 50 "
                    "and 80%% of capacity (round p99) and the throughput-tuned closed loop "
-                   "(placements/s), side by side; prints the ratios (exit 3 if one misses "
-                   "its target); takes --agents, --placements, --mode, --repeat (pairs)")
+                   "(placements/s), interleaved in one run; prints the ratios (exit 3 if one "
+                   "misses its target); takes --agents, --mode, --repeat (pairs)")
     t.add_argument("--only", action="append", default=[], metavar="NAME",
                    help="only this target (repeatable): sampled, broadcast, 10k, idle, tuning")
-    t.add_argument("--repeat", type=positive_int, default=1,
-                   help="runs of each target (default 1)")
+    t.add_argument("--repeat", type=positive_int, default=None,
+                   help="runs of each target (default 1); for the tuning comparison, its "
+                   "pairs of segments (default 5)")
     t.add_argument("--scale", type=positive_float, default=1.0,
                    help="agents and placements times this: a quick look whose figures are "
                    "not the targets' (default 1)")
@@ -92,8 +93,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 #: --targets each target's own settings are used instead.
 _TARGET_FLAGS = ("only", "repeat", "scale")
 #: What --tuning takes: the sitting's size and mode (the rest is each run's own).
-_TUNING_FLAGS = ("agents", "placements", "mode", "d", "processes", "repeat", "json",
-                 "tuning")
+_TUNING_FLAGS = ("agents", "mode", "d", "processes", "repeat", "json", "tuning")
 
 
 def _clashing(args: argparse.Namespace) -> list[str]:
@@ -208,32 +208,36 @@ def _run_ha(args: argparse.Namespace, cls: Any, run: Any,
 
 
 def _run_tuning(args: argparse.Namespace) -> int:
-    """`bench.tuning`'s comparison, its ratios printed (or one JSON object)."""
-    from gavel.bench.run import Options, RunFailed, VerifyError, run
-    from gavel.bench.tuning import compare
+    """`bench.tuning`'s sitting, its ratios printed (or one JSON object)."""
+    from gavel.bench.run import Options, RunFailed, VerifyError, run_with
+    from gavel.bench.tuning import PAIRS, sitting
 
-    base = Options(agents=args.agents, placements=args.placements, mode=args.mode, d=args.d,
-                   processes=args.processes, progress=False, idle_s=0.0)
+    base = Options(agents=args.agents, mode=args.mode, d=args.d, processes=args.processes,
+                   progress=False, idle_s=0.0)
 
     def say(name: str) -> None:
         if not args.json:
             print(f"  running {name}", file=sys.stderr, flush=True)
 
     try:
-        report = compare(base, lambda opts: asyncio.run(run(opts)), args.repeat, say)
+        report = asyncio.run(run_with(base, sitting(args.repeat or PAIRS, say)))
     except (VerifyError, RunFailed) as exc:
         print(f"gavel bench: --tuning: {exc}", file=sys.stderr)
         return 1
     if args.json:
         print(json.dumps(report.as_dict()))
     else:
-        caps = "/".join(f"{r.placements_per_s:,.1f}" for r in report.capacity_runs)
-        print(f"capacity (latency-tuned, closed loop): {report.capacity:,.1f}/s ({caps})")
-        for c in report.comparisons:
-            print("  " + c.line())
+        _print_tuning(report)
         print("the defaults met every target" if report.met else
               "the defaults MISSED a target")
     return 0 if report.met else 3
+
+
+def _print_tuning(report: Any, indent: str = "") -> None:
+    print(f"{indent}capacity (latency-tuned, closed loop): {report.capacity:,.1f}/s",
+          flush=True)
+    for c in report.comparisons:
+        print(f"{indent}  " + c.line(), flush=True)
 
 
 def _run_targets(args: argparse.Namespace) -> int:
@@ -253,12 +257,13 @@ def _run_targets(args: argparse.Namespace) -> int:
             print(f"{target.name}: {target.text}", flush=True)
         if target.compared:  # `bench.targets` rule 6
             try:
-                report.append(_compared(args, target, run))
+                report.append(_compared(args, target))
             except (VerifyError, RunFailed) as exc:
                 print(f"gavel bench: target {target.name}: {exc}", file=sys.stderr)
                 return 1
             continue
-        for k in range(1, args.repeat + 1):
+        repeat = args.repeat or 1
+        for k in range(1, repeat + 1):
             try:
                 result = asyncio.run(run(target.options(args.scale)))
             except (VerifyError, RunFailed) as exc:
@@ -270,7 +275,7 @@ def _run_targets(args: argparse.Namespace) -> int:
                            "checks": [c.as_dict() for c in found],
                            "result": result.as_dict()})
             if not args.json:
-                print("  " + report_line(target, k, args.repeat, found), flush=True)
+                print("  " + report_line(target, k, repeat, found), flush=True)
                 print(f"  {'':<10} ratios: {result.ratios()}", flush=True)
     scaled = args.scale != 1.0
     met = sum(1 for r in report if r["met"])
@@ -282,14 +287,12 @@ def _run_targets(args: argparse.Namespace) -> int:
     return 3 if met < len(report) and not scaled else 0
 
 
-def _compared(args: argparse.Namespace, target: Any, run: Any) -> dict[str, object]:
-    """A comparison target: `bench.tuning.compare` on its settings, `--repeat` pairs."""
-    from gavel.bench.tuning import compare
+def _compared(args: argparse.Namespace, target: Any) -> dict[str, object]:
+    """A comparison target: `bench.tuning.sitting` on its settings, `--repeat` pairs."""
+    from gavel.bench.run import run_with
+    from gavel.bench.tuning import PAIRS, sitting
 
-    done = compare(target.options(args.scale), lambda opts: asyncio.run(run(opts)),
-                   args.repeat)
+    done = asyncio.run(run_with(target.options(args.scale), sitting(args.repeat or PAIRS)))
     if not args.json:
-        print(f"  capacity (latency-tuned, closed loop): {done.capacity:,.1f}/s")
-        for c in done.comparisons:
-            print("  " + c.line(), flush=True)
+        _print_tuning(done, "  ")
     return {"target": target.name, "run": 1, "met": done.met, "comparison": done.as_dict()}

@@ -1,97 +1,117 @@
-"""`gavel bench --tuning` in memory: which runs it makes (capacity first, then pairs whose
-order alternates), the rates it derives from capacity, the ratios and their medians, the
-verdicts, and the flags it refuses. (The runs themselves are `bench.run`'s, tested end to
-end in tests/integration/test_bench_run.py.)"""
+"""`gavel bench --tuning` in memory: the interleaved segments (which settings each applies,
+which side each round and placement is counted for, the order alternating), the pooled
+figures and their ratios, the verdicts, and the flags it refuses. (The sitting itself, on a
+real broker over real NATS, is tests/integration/test_bench_run.py's.)"""
 
 from __future__ import annotations
 
-import dataclasses
+import asyncio
 from typing import Any
 
 import pytest
 
 from gavel.bench import tuning as tu
-from gavel.bench.run import Options, Result
 from gavel.cli.main import main
-from tests.unit.test_bench_targets import _result
+from gavel.shared.api import TuneReply
 
 
-def _fake(p99: dict[tuple[bool, float], list[float]], rate: dict[bool, list[float]],
-          capacity: list[float]) -> tuple[Any, list[Options]]:
-    """A runner whose figures come from the tables, per (tuned, offered rate) in turn."""
-    made: list[Options] = []
-
-    def run(opts: Options) -> Result:
-        made.append(opts)
-        tuned = opts.batch_max is None
-        if opts.rate:
-            return _result(round_p99_ms=p99[(tuned, opts.rate)].pop(0),
-                           placements_per_s=opts.rate)
-        if not tuned and opts.batch_max == 24:
-            return _result(placements_per_s=capacity.pop(0))
-        return _result(placements_per_s=rate[tuned].pop(0))
-    return run, made
+def _seg(side: str, rounds: list[float], placed: int = 0, seconds: float = 1.0) -> tu.Segment:
+    return tu.Segment(side, seconds, placed, rounds)
 
 
-def test_capacity_comes_first_and_sets_the_open_loops_rates() -> None:
-    run, made = _fake({(t, r): [10.0, 12.0] for t in (True, False)
-                       for r in (1000.0, 2500.0, 4000.0)},
-                      {True: [9000.0, 8000.0], False: [9500.0, 9000.0]}, [5000.0, 5000.0])
-    report = tu.compare(Options(agents=50, placements=2000), run, pairs=2)
-    assert report.capacity == 5000.0
-    first = made[0]
-    assert (first.rate, first.max_auctions, first.batch_max, first.commit_gap_ms) == (
-        0.0, 1, 24, 20.0)
-    rates = [c.rate for c in report.comparisons]
-    assert rates == [1000.0, 2500.0, 4000.0, 0.0]
-    opened = [o for o in made if o.rate == 1000.0]
-    assert [o.placements for o in opened] == [round(1000 * tu.OPEN_S)] * 4
-    # defaults are nothing given; the reference is the latency-tuned settings
-    assert sum(o.batch_max is None and o.max_auctions is None and o.commit_gap_ms is None
-               for o in opened) == 2
-    closed = [o for o in made if not o.rate][2:]
-    assert {(o.max_auctions, o.batch_max, o.commit_gap_ms) for o in closed} == {
-        (None, None, None), (16, 256, 0.0)}
-    assert all(o.agents == 50 and o.placements == 2000 for o in closed)
+def test_a_sides_p99_pools_every_round_it_closed() -> None:
+    c = tu.Comparison("open", "round_p99_ms", 1.5, most=True, segments=[
+        _seg("defaults", [10.0] * 99), _seg("reference", [10.0] * 50),
+        _seg("defaults", [40.0] * 2), _seg("reference", [20.0] * 50)])
+    # 101 rounds of the defaults, the slowest two 40 ms: the pooled p99 is 40
+    assert c.figure("defaults") == 40.0 and c.figure("reference") == 20.0
+    assert c.ratio == 2.0 and not c.met
+    assert c.pair_ratios == [1.0, 2.0]  # each pair of segments alone (rule 6)
 
 
-def test_the_order_within_a_pair_alternates() -> None:
-    run, made = _fake({(t, r): [10.0] * 2 for t in (True, False)
-                       for r in (1000.0, 2500.0, 4000.0)},
-                      {True: [1.0] * 2, False: [1.0] * 2}, [5000.0] * 2)
-    tu.compare(Options(), run, pairs=2)
-    seq = [o.batch_max is None for o in made if o.rate == 2500.0]
-    assert seq == [True, False, False, True]
+def test_a_closed_loops_figure_is_placements_over_seconds() -> None:
+    c = tu.Comparison("closed", "placements_per_s", 0.9, most=False, segments=[
+        _seg("reference", [], 1000, 0.5), _seg("defaults", [], 1800, 2.0),
+        _seg("reference", [], 3000, 1.5), _seg("defaults", [], 1800, 2.0)])
+    assert c.figure("reference") == 2000.0 and c.figure("defaults") == 900.0
+    assert c.ratio == 0.45 and not c.met
+    c.segments[1].placed = c.segments[3].placed = 3600
+    assert c.ratio == 0.9 and c.met  # at the bound is met
+    d = c.as_dict()
+    assert d["met"] is True and d["ratio"] == 0.9 and len(d["segments"]) == 4
 
 
-def test_ratios_are_medians_of_the_pairs_and_each_is_judged() -> None:
-    p99 = {(True, 1000.0): [10.0, 30.0, 12.0], (False, 1000.0): [10.0, 10.0, 10.0],
-           (True, 2500.0): [14.0] * 3, (False, 2500.0): [10.0] * 3,
-           (True, 4000.0): [16.0] * 3, (False, 4000.0): [10.0] * 3}
-    run, _ = _fake(p99, {True: [8000.0, 9000.0, 9500.0], False: [10_000.0] * 3},
-                   [5000.0] * 3)
-    report = tu.compare(Options(), run, pairs=3)
-    by = {c.rate: c for c in report.comparisons}
-    assert by[1000.0].ratios == [1.0, 3.0, 1.2] and by[1000.0].ratio == 1.2
-    assert by[1000.0].met and by[2500.0].met  # 1.4 <= 1.5
-    assert by[4000.0].ratio == 1.6 and not by[4000.0].met
-    assert by[0.0].ratio == 0.9 and by[0.0].met  # at the bound is met
-    assert not report.met
-    d = report.as_dict()
-    assert d["all_met"] is False and len(d["comparisons"]) == 4
-    assert "MISSED" in by[4000.0].line() and "met" in by[0.0].line()
+def test_no_rounds_or_no_seconds_make_no_figure() -> None:
+    c = tu.Comparison("open", "round_p99_ms", 1.5, most=True)
+    assert c.figure("defaults") == 0.0 and c.ratio == 0.0
+    assert tu.p99([]) == 0.0 and tu.p99([3.0]) == 3.0
+    assert tu.p99([float(v) for v in range(1, 201)]) == 198.0
+
+
+class _FakeBroker:
+    """A broker whose rounds take 10 ms under the defaults and 20 ms pinned, one a tune."""
+
+    def __init__(self) -> None:
+        self.applied: list[dict[str, Any]] = []
+        self.total = 0
+
+    async def tune(self, settings: dict[str, Any], apply: bool = True) -> TuneReply:
+        pinned = bool(self.applied and self.applied[-1])
+        if not apply:  # a read: where the running tuner stands
+            return TuneReply(batch_max=24, max_auctions=1, commit_gap_ms=20.0, pinned=[],
+                             level=0 if pinned else 5, changes=len(self.applied), round_ms=[],
+                             rounds=0, placed_total=self.total)
+        self.applied.append(dict(settings))
+        self.total += 7
+        return TuneReply(batch_max=24, max_auctions=1, commit_gap_ms=20.0, pinned=[],
+                         level=0, changes=0, round_ms=[20.0 if pinned else 10.0], rounds=1,
+                         placed_total=self.total)
+
+    async def placed(self) -> int:
+        return self.total
+
+
+class _FakeLoad:
+    def __init__(self) -> None:
+        self.asked: list[str] = []
+        self.started: list[float] = []
+        self.stopped = False
+
+    async def start(self, seconds: float) -> None:
+        self.started.append(seconds)
+
+    async def stop(self) -> None:
+        self.stopped = True
+
+
+@pytest.mark.parametrize("reference_first", [False, True])
+def test_the_segments_alternate_and_each_is_counted_for_the_side_it_ran(
+        reference_first: bool) -> None:
+    broker, load = _FakeBroker(), _FakeLoad()
+    c = tu.Comparison("open", "round_p99_ms", 1.5, most=True)
+    asyncio.run(tu._interleave(broker, c, tu.LATENCY, 3, 0.01, reference_first,
+                               load))  # type: ignore[arg-type]
+    first, second = ("reference", "defaults") if reference_first else ("defaults",
+                                                                      "reference")
+    assert [s.side for s in c.segments] == [first, second] * 3
+    settings = {"defaults": tu.DEFAULTS, "reference": tu.LATENCY}
+    # each segment's settings applied as it began; the defaults again after the last
+    assert broker.applied == [settings[first], settings[second]] * 3 + [tu.DEFAULTS]
+    # a tune's reply carries the rounds of the settings it replaced
+    assert [s.round_ms for s in c.segments] == [
+        [20.0 if s.side == "reference" else 10.0] for s in c.segments]
+    assert c.figure("reference") / c.figure("defaults") == 2.0
+    assert all(s.placed == 7 for s in c.segments)
+    # where each segment's tuner stood as it ended, read before the change
+    assert [s.level for s in c.segments] == [0 if s.side == "reference" else 5
+                                             for s in c.segments]
+    assert [s.changes for s in c.segments] == list(range(1, 7))
+    assert load.started == [pytest.approx(0.06)] and load.stopped
 
 
 @pytest.mark.parametrize("flag", [["--batch-max", "24"], ["--rate", "100"], ["--targets"],
-                                  ["--scale", "0.1"], ["--ha"]])
+                                  ["--scale", "0.1"], ["--ha"], ["--placements", "100"]])
 def test_flags_of_one_run_do_not_go_with_tuning(flag: list[str],
                                                 capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["bench", "--tuning", *flag]) == 2
     assert "cannot go with --tuning" in capsys.readouterr().err
-
-
-def test_an_open_loop_run_is_never_tiny() -> None:
-    run, made = _fake({(t, r): [1.0] for t in (True, False) for r in (20.0, 50.0, 80.0)},
-                      {True: [1.0], False: [1.0]}, [100.0])
-    tu.compare(dataclasses.replace(Options(), placements=40), run)
-    assert min(o.placements for o in made if o.rate) == 500
