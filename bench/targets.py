@@ -18,9 +18,9 @@ Rules:
 5. A ratio bound is the absolute bound over the ceiling's median in a calibration sitting
    (docs/performance.md, "Judged by ratios"): what the issue's number was in this machine's
    ceilings when it was met.
-6. `tuning` is a comparison, not one run: the defaults against the hand-tuned settings side
-   by side (`bench.tuning`), judged by its ratios of one configuration's figure to the
-   other's in the same sitting, with `--repeat` its pairs.
+6. `tuning` is a comparison: the defaults against the hand-tuned settings interleaved in one
+   run (`bench.tuning`), judged by its ratios of one side's figure to the other's, with
+   `--repeat` its pairs of segments.
 """
 
 from __future__ import annotations

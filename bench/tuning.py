@@ -5,9 +5,13 @@ Rules:
 1. One run (`bench.run.run_with`): one nats-server, one broker started with nothing pinned,
    one set of agents. The broker's settings change while it runs (the `tune` verb), so both
    sides of every comparison meet the same machine within the same seconds: a busy minute
-   slows both, and the ratio is the code's, not the hour's.
-2. Capacity first: the latency-tuned settings (`LATENCY`) pinned, a closed loop of
-   `CAPACITY_N` placements (fewer in a scaled sitting); its placements/s is the load the
+   slows both, and the ratio is the code's, not the hour's. The cluster churns (`options`:
+   each instance ends `CHURN_S` after it starts, at most `ENDED_MAX` ended records kept),
+   so its tree, and with it what a commit costs, stays the same size from the first
+   comparison to the last: the rates offered stay the fractions of capacity they were.
+2. Capacity first: the latency-tuned settings (`LATENCY`) pinned, a closed loop (rule 4's
+   backlog) whose awards are counted over `CAPACITY_S` once the first instances end (the
+   churn's steady state: ends cost the broker too); its placements/s is the load the
    latency target is claimed at (above it the latency-tuned broker no longer keeps up, and
    its round p99 stops saying what a user waits).
 3. An open loop at each fraction of capacity in `FRACTIONS`: submissions at that rate through
@@ -20,9 +24,12 @@ Rules:
    throughput end holds in flight) while the segments alternate between the defaults and
    the throughput-tuned settings (`THROUGHPUT`); each side's figure is its placements over its
    seconds; target defaults over throughput-tuned at least `THROUGHPUT_RATIO`.
-5. Which side a comparison starts with alternates from comparison to comparison. Between
+5. Which side a comparison starts with alternates from comparison to comparison, and runs
+   `WARM_S` uncounted first (what the drain before left settles). Between
    comparisons the queue drains, so one comparison's work does not land in the next; at the
-   end every placement asked for is verified in git (`bench.verify`).
+   end every placement asked for is verified in git (`bench.verify.verify_churn`: each won
+   exactly one award and is placed, succeeded or forgotten). Placements are counted as
+   awards (`placed_total`): with churn the placed instances also leave.
 6. Each pair of segments' ratio is reported beside the pooled one, to show the spread; the
    pooled ratio alone is judged. Each segment also keeps where its tuner stood as it ended
    (level, changes: read just before the next change), so a figure says what the defaults
@@ -40,11 +47,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gavel.bench.run import Options, Rig, submit_all, until_healthy
-from gavel.bench.verify import VerifyError, verify
+from gavel.bench.verify import VerifyError, verify_churn
 from gavel.shared.api import StatsReply, StatsRequest, TuneReply, TuneRequest
 from gavel.transport.client import call
 
-__all__ = ["BACKLOG_N", "CAPACITY_N", "FRACTIONS", "LATENCY", "LATENCY_RATIO", "PAIRS",
+__all__ = ["BACKLOG_N", "CAPACITY_S", "FRACTIONS", "LATENCY", "LATENCY_RATIO", "PAIRS",
            "SEGMENT_S",
            "THROUGHPUT", "THROUGHPUT_RATIO", "Comparison", "Report", "Segment", "sitting"]
 
@@ -56,15 +63,21 @@ DEFAULTS: dict[str, Any] = {}
 FRACTIONS = (0.2, 0.5, 0.8)
 LATENCY_RATIO = 1.5
 THROUGHPUT_RATIO = 0.9
-#: Rule 2: the capacity run's placements.
-CAPACITY_N = 6000
-#: Rules 3, 4: one segment's seconds.
+#: Rule 2: the seconds over which capacity is counted.
+CAPACITY_S = 4.0
+#: Rules 3, 4: one segment's seconds, and the first side's uncounted seconds before them.
 SEGMENT_S = 2.0
+WARM_S = 1.0
 #: Pairs of segments a comparison makes unless told (rule 3).
 PAIRS = 5
-#: Rule 4: placements kept waiting in the closed loop (the throughput end holds 4,096).
+#: Rule 4: placements kept waiting in the closed loop (the throughput end holds 4,096), by
+#: submissions of `_CHUNK`, at most `_FEEDING` at once.
 BACKLOG_N = 8000
 _CHUNK = 1000
+_FEEDING = 4
+#: Rule 1: the churn.
+CHURN_S = 3.0
+ENDED_MAX = 5000
 
 
 @dataclass
@@ -179,8 +192,14 @@ class _Broker:
                           timeout=30)
 
     async def placed(self) -> int:
+        """Awards made so far (rule 5)."""
         stats = await call(self.nc, "stats", StatsRequest(), StatsReply, timeout=30)
-        return stats.placed_now
+        return stats.placed_total
+
+
+def options(base: Options) -> Options:
+    """The run a sitting drives: `base` (agents, mode) with rule 1's churn."""
+    return dataclasses.replace(base, lifetime_s=CHURN_S, ended_max=ENDED_MAX, idle_s=0.0)
 
 
 def sitting(pairs: int = 3, say: Say = lambda _: None,
@@ -204,11 +223,11 @@ def sitting(pairs: int = 3, say: Say = lambda _: None,
         c = Comparison("closed loop", "placements_per_s", THROUGHPUT_RATIO, most=False)
         say(c.name)
         await _interleave(broker, c, THROUGHPUT, pairs, segment_s,
-                          len(FRACTIONS) % 2 == 1, _Closed(rig, broker, asked))
+                          len(FRACTIONS) % 2 == 1, _Closed(rig, broker, asked, "cl-"))
         comparisons.append(c)
         await broker.tune(DEFAULTS)
         try:
-            await asyncio.to_thread(verify, rig.root, asked)
+            await asyncio.to_thread(verify_churn, rig.root, asked)
         except VerifyError as exc:
             raise VerifyError(f"the tuning sitting: {exc}") from exc
         return Report(capacity, comparisons)
@@ -218,15 +237,17 @@ def sitting(pairs: int = 3, say: Say = lambda _: None,
 async def _capacity(rig: Rig, broker: _Broker, asked: list[str]) -> float:
     """Rule 2."""
     await broker.tune(LATENCY)
-    base = await broker.placed()
-    started = time.perf_counter()
-    n = min(CAPACITY_N, rig.opts.placements)  # a scaled sitting's is smaller
-    ids, submitting = submit_all(rig.nc, _opts(rig, n, 0.0), started, "cap-")
-    asked += ids
-    await _placed(broker, base + len(ids))
-    elapsed = time.perf_counter() - started
-    await submitting
-    return round(len(ids) / elapsed, 1)
+    base, before = await broker.placed(), len(asked)
+    load = _Closed(rig, broker, asked, "cap")
+    await load.start(0.0)
+    await asyncio.sleep(CHURN_S)  # the first instances end: the steady state begins
+    first, started = await broker.placed(), time.perf_counter()
+    await asyncio.sleep(CAPACITY_S)
+    last, elapsed = await broker.placed(), time.perf_counter() - started
+    await load.stop()
+    await broker.tune(DEFAULTS)  # the backlog drains at the defaults' pace
+    await _placed(broker, base + len(asked) - before)
+    return round((last - first) / elapsed, 1)
 
 
 class _Open:
@@ -251,8 +272,8 @@ class _Closed:
     """Rule 4's load: at least `BACKLOG_N` waiting from the start, topped up until
     stopped."""
 
-    def __init__(self, rig: Rig, broker: _Broker, asked: list[str]) -> None:
-        self.rig, self.broker, self.asked = rig, broker, asked
+    def __init__(self, rig: Rig, broker: _Broker, asked: list[str], prefix: str) -> None:
+        self.rig, self.broker, self.asked, self.prefix = rig, broker, asked, prefix
         self._task: asyncio.Task[None] | None = None
         self._stop = asyncio.Event()
         self._full = asyncio.Event()
@@ -268,16 +289,25 @@ class _Closed:
     async def _feed(self) -> None:
         base = await self.broker.placed()
         submitted, k = 0, 0
+        feeding: set[asyncio.Future[list[None]]] = set()
         while not self._stop.is_set():
             waiting = submitted - (await self.broker.placed() - base)
-            while waiting < BACKLOG_N:
+            while waiting < BACKLOG_N and len(feeding) < _FEEDING:
                 ids, sent = submit_all(self.rig.nc, _opts(self.rig, _CHUNK, 0.0),
-                                       time.perf_counter(), f"c{k:05d}-")
-                await sent
+                                       time.perf_counter(), f"{self.prefix}{k:05d}-")
+                feeding.add(sent)
                 self.asked += ids
                 submitted, waiting, k = submitted + len(ids), waiting + len(ids), k + 1
-            self._full.set()
-            await asyncio.sleep(0.05)
+            if submitted >= BACKLOG_N:  # primed: the segments may begin
+                self._full.set()
+            done, _ = await asyncio.wait(feeding, timeout=0.05) if feeding else (set(), None)
+            for sent in done:
+                sent.result()  # a refused submission says why
+            feeding -= done
+            if not feeding:
+                await asyncio.sleep(0.05)
+        if feeding:
+            await asyncio.gather(*feeding)
 
     async def stop(self) -> None:
         self._stop.set()
@@ -295,7 +325,9 @@ async def _interleave(broker: _Broker, c: Comparison, reference: dict[str, Any],
     base = await broker.placed()
     before = len(load.asked)
     c.load = (os.getloadavg()[0], 0.0)
-    await load.start(2 * pairs * segment_s)
+    await load.start(WARM_S + 2 * pairs * segment_s)
+    await broker.tune(settings[sides[0]])
+    await asyncio.sleep(WARM_S)  # the load settles; what it closed is not counted
     placed_at = (await broker.tune(settings[sides[0]])).placed_total
     started = at = time.perf_counter()
     for k in range(2 * pairs):

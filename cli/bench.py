@@ -210,7 +210,7 @@ def _run_ha(args: argparse.Namespace, cls: Any, run: Any,
 def _run_tuning(args: argparse.Namespace) -> int:
     """`bench.tuning`'s sitting, its ratios printed (or one JSON object)."""
     from gavel.bench.run import Options, RunFailed, VerifyError, run_with
-    from gavel.bench.tuning import PAIRS, sitting
+    from gavel.bench.tuning import PAIRS, options, sitting
 
     base = Options(agents=args.agents, mode=args.mode, d=args.d, processes=args.processes,
                    progress=False, idle_s=0.0)
@@ -220,7 +220,7 @@ def _run_tuning(args: argparse.Namespace) -> int:
             print(f"  running {name}", file=sys.stderr, flush=True)
 
     try:
-        report = asyncio.run(run_with(base, sitting(args.repeat or PAIRS, say)))
+        report = asyncio.run(run_with(options(base), sitting(args.repeat or PAIRS, say)))
     except (VerifyError, RunFailed) as exc:
         print(f"gavel bench: --tuning: {exc}", file=sys.stderr)
         return 1
@@ -290,9 +290,10 @@ def _run_targets(args: argparse.Namespace) -> int:
 def _compared(args: argparse.Namespace, target: Any) -> dict[str, object]:
     """A comparison target: `bench.tuning.sitting` on its settings, `--repeat` pairs."""
     from gavel.bench.run import run_with
-    from gavel.bench.tuning import PAIRS, sitting
+    from gavel.bench.tuning import PAIRS, options, sitting
 
-    done = asyncio.run(run_with(target.options(args.scale), sitting(args.repeat or PAIRS)))
+    done = asyncio.run(run_with(options(target.options(args.scale)),
+                                sitting(args.repeat or PAIRS)))
     if not args.json:
         _print_tuning(done, "  ")
     return {"target": target.name, "run": 1, "met": done.met, "comparison": done.as_dict()}

@@ -86,17 +86,20 @@ class _FakeLoad:
 
 @pytest.mark.parametrize("reference_first", [False, True])
 def test_the_segments_alternate_and_each_is_counted_for_the_side_it_ran(
-        reference_first: bool) -> None:
+        reference_first: bool, monkeypatch: pytest.MonkeyPatch) -> None:
     broker, load = _FakeBroker(), _FakeLoad()
     c = tu.Comparison("open", "round_p99_ms", 1.5, most=True)
+    monkeypatch.setattr(tu, "WARM_S", 0.01)
     asyncio.run(tu._interleave(broker, c, tu.LATENCY, 3, 0.01, reference_first,
                                load))  # type: ignore[arg-type]
     first, second = ("reference", "defaults") if reference_first else ("defaults",
                                                                       "reference")
     assert [s.side for s in c.segments] == [first, second] * 3
     settings = {"defaults": tu.DEFAULTS, "reference": tu.LATENCY}
-    # each segment's settings applied as it began; the defaults again after the last
-    assert broker.applied == [settings[first], settings[second]] * 3 + [tu.DEFAULTS]
+    # the first side warms up uncounted; each segment's settings applied as it began; the
+    # defaults again after the last
+    assert broker.applied == [settings[first]] + [settings[first], settings[second]] * 3 + [
+        tu.DEFAULTS]
     # a tune's reply carries the rounds of the settings it replaced
     assert [s.round_ms for s in c.segments] == [
         [20.0 if s.side == "reference" else 10.0] for s in c.segments]
@@ -105,8 +108,8 @@ def test_the_segments_alternate_and_each_is_counted_for_the_side_it_ran(
     # where each segment's tuner stood as it ended, read before the change
     assert [s.level for s in c.segments] == [0 if s.side == "reference" else 5
                                              for s in c.segments]
-    assert [s.changes for s in c.segments] == list(range(1, 7))
-    assert load.started == [pytest.approx(0.06)] and load.stopped
+    assert [s.changes for s in c.segments] == list(range(2, 8))
+    assert load.started == [pytest.approx(0.07)] and load.stopped
 
 
 @pytest.mark.parametrize("flag", [["--batch-max", "24"], ["--rate", "100"], ["--targets"],
