@@ -9,20 +9,20 @@ Rules:
    each instance ends `CHURN_S` after it starts, at most `ENDED_MAX` ended records kept),
    so its tree, and with it what a commit costs, stays the same size from the first
    comparison to the last: the rates offered stay the fractions of capacity they were.
-2. Capacity first: the latency-tuned settings (`LATENCY`) pinned, a closed loop (rule 4's
-   backlog) whose awards are counted over `CAPACITY_S` once the first instances end (the
-   churn's steady state: ends cost the broker too); its placements/s is the load the
-   latency target is claimed at (above it the latency-tuned broker no longer keeps up, and
-   its round p99 stops saying what a user waits).
+2. Capacity just before each open loop: the latency-tuned settings (`LATENCY`) pinned, a
+   closed loop (rule 4's backlog) whose awards are counted over `CAPACITY_S` once the first
+   instances end (the churn's steady state: ends cost the broker too); its placements/s is
+   the load the latency target is claimed at (above it the latency-tuned broker no longer
+   keeps up, and its round p99 stops saying what a user waits). Measured again before each
+   open loop, it follows a machine whose load moves from minute to minute.
 3. An open loop at each fraction of capacity in `FRACTIONS`: submissions at that rate through
    `pairs` x 2 segments of `SEGMENT_S`, the settings changing at each segment between the
    defaults (every value tuned: a fresh tuner at the latency end, as a broker started with no
-   flags has) and the latency-tuned settings. Each side's figure is the p99 of every round
-   closed under it, pooled over its segments; target defaults over latency-tuned at most
-   `LATENCY_RATIO`.
+   flags has) and the latency-tuned settings. A side's figure is the p99 of the rounds closed
+   under it; target defaults over latency-tuned at most `LATENCY_RATIO`.
 4. A closed loop: the bench keeps at least `BACKLOG_N` placements waiting (more than the
    throughput end holds in flight) while the segments alternate between the defaults and
-   the throughput-tuned settings (`THROUGHPUT`); each side's figure is its placements over its
+   the throughput-tuned settings (`THROUGHPUT`); a side's figure is its placements over its
    seconds; target defaults over throughput-tuned at least `THROUGHPUT_RATIO`.
 5. Which side a comparison starts with alternates from comparison to comparison, and runs
    `WARM_S` uncounted first (what the drain before left settles). Between
@@ -30,10 +30,12 @@ Rules:
    end every placement asked for is verified in git (`bench.verify.verify_churn`: each won
    exactly one award and is placed, succeeded or forgotten). Placements are counted as
    awards (`placed_total`): with churn the placed instances also leave.
-6. Each pair of segments' ratio is reported beside the pooled one, to show the spread; the
-   pooled ratio alone is judged. Each segment also keeps where its tuner stood as it ended
-   (level, changes: read just before the next change), so a figure says what the defaults
-   did to make it.
+6. A comparison is judged by the median of its pairs' ratios (each pair: two neighbouring
+   segments, one a side, within `2 x SEGMENT_S`): a stall of the machine that falls in one
+   segment moves one pair, not the verdict. The ratio of the sides' figures pooled over all
+   their segments is printed beside it. Each segment also keeps where its tuner stood as it
+   ended (level, changes: read just before the next change), so a figure says what the
+   defaults did to make it.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import os
+import statistics
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -69,7 +72,7 @@ CAPACITY_S = 4.0
 SEGMENT_S = 2.0
 WARM_S = 1.0
 #: Pairs of segments a comparison makes unless told (rule 3).
-PAIRS = 5
+PAIRS = 7
 #: Rule 4: placements kept waiting in the closed loop (the throughput end holds 4,096), by
 #: submissions of `_CHUNK`, at most `_FEEDING` at once.
 BACKLOG_N = 8000
@@ -102,6 +105,8 @@ class Comparison:
     limit: float
     most: bool
     rate: float = 0.0
+    #: An open loop's: the capacity measured just before it, whose fraction `rate` is.
+    capacity: float = 0.0
     segments: list[Segment] = field(default_factory=list)
     #: The 1-minute load average as the comparison began and ended.
     load: tuple[float, float] = (0.0, 0.0)
@@ -116,12 +121,18 @@ class Comparison:
 
     @property
     def ratio(self) -> float:
-        """Rule 3, 4: defaults over reference, each pooled."""
+        """Rule 6: the median of the pairs' ratios."""
+        pairs = self.pair_ratios
+        return round(statistics.median(pairs), 3) if pairs else 0.0
+
+    @property
+    def pooled(self) -> float:
+        """Rule 6: defaults over reference, each side's segments pooled."""
         return _ratio(self.figure("defaults"), self.figure("reference"))
 
     @property
     def pair_ratios(self) -> list[float]:
-        """Rule 6."""
+        """Rule 6: each pair of segments' ratio, in order."""
         segs = self.segments
         return [_ratio(self.figure("defaults", segs[k:k + 2]),
                        self.figure("reference", segs[k:k + 2]))
@@ -132,8 +143,10 @@ class Comparison:
         return self.ratio <= self.limit if self.most else self.ratio >= self.limit
 
     def as_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "key": self.key, "rate": self.rate, "limit": self.limit,
-                "at_most": self.most, "ratio": self.ratio, "met": self.met,
+        return {"name": self.name, "key": self.key, "rate": self.rate,
+                "capacity": self.capacity, "limit": self.limit,
+                "at_most": self.most, "ratio": self.ratio, "pooled": self.pooled,
+                "met": self.met,
                 "defaults": round(self.figure("defaults"), 2),
                 "reference": round(self.figure("reference"), 2),
                 "pair_ratios": self.pair_ratios, "load": list(self.load),
@@ -147,9 +160,9 @@ class Comparison:
         op = "<=" if self.most else ">="
         pairs = ", ".join(f"{r:g}" for r in self.pair_ratios)
         return (f"{self.name:<26} {self.key} defaults {self.figure('defaults'):,.1f} vs "
-                f"{self.figure('reference'):,.1f}: ratio {self.ratio:g} {op} {self.limit:g} "
-                f"{'met' if self.met else 'MISSED'} (pairs {pairs}; load "
-                f"{self.load[0]:.1f}-{self.load[1]:.1f})")
+                f"{self.figure('reference'):,.1f} pooled ({self.pooled:g}); median of the pairs "
+                f"{self.ratio:g} {op} {self.limit:g} {'met' if self.met else 'MISSED'} (pairs "
+                f"{pairs}; load {self.load[0]:.1f}-{self.load[1]:.1f})")
 
 
 def p99(values: list[float]) -> float:
@@ -166,7 +179,8 @@ def _ratio(a: float, b: float) -> float:
 
 @dataclass
 class Report:
-    capacity: float
+    #: Each open loop's capacity, measured just before it (rule 2).
+    capacities: list[float]
     comparisons: list[Comparison]
 
     @property
@@ -174,7 +188,7 @@ class Report:
         return all(c.met for c in self.comparisons)
 
     def as_dict(self) -> dict[str, Any]:
-        return {"capacity_per_s": self.capacity, "all_met": self.met,
+        return {"capacities_per_s": self.capacities, "all_met": self.met,
                 "comparisons": [c.as_dict() for c in self.comparisons]}
 
 
@@ -209,13 +223,14 @@ def sitting(pairs: int = 3, say: Say = lambda _: None,
         await until_healthy(rig.nc, rig.opts, rig.root, rig.broker)
         broker = _Broker(rig.nc)
         asked: list[str] = []
-        say("capacity: latency-tuned, closed loop")
-        capacity = await _capacity(rig, broker, asked)
-        comparisons = []
+        comparisons, capacities = [], []
         for k, frac in enumerate(FRACTIONS):
+            say(f"capacity {k + 1}: latency-tuned, closed loop")
+            capacity = await _capacity(rig, broker, asked, f"cap{k}-")
+            capacities.append(capacity)
             rate = round(frac * capacity, 1)
             c = Comparison(f"open loop {frac:.0%} ({rate:,.0f}/s)", "round_p99_ms",
-                           LATENCY_RATIO, most=True, rate=rate)
+                           LATENCY_RATIO, most=True, rate=rate, capacity=capacity)
             say(c.name)
             await _interleave(broker, c, LATENCY, pairs, segment_s, k % 2 == 1,
                               _Open(rig, rate, f"o{k}-", asked))
@@ -230,15 +245,15 @@ def sitting(pairs: int = 3, say: Say = lambda _: None,
             await asyncio.to_thread(verify_churn, rig.root, asked)
         except VerifyError as exc:
             raise VerifyError(f"the tuning sitting: {exc}") from exc
-        return Report(capacity, comparisons)
+        return Report(capacities, comparisons)
     return drive
 
 
-async def _capacity(rig: Rig, broker: _Broker, asked: list[str]) -> float:
+async def _capacity(rig: Rig, broker: _Broker, asked: list[str], prefix: str) -> float:
     """Rule 2."""
     await broker.tune(LATENCY)
     base, before = await broker.placed(), len(asked)
-    load = _Closed(rig, broker, asked, "cap")
+    load = _Closed(rig, broker, asked, prefix)
     await load.start(0.0)
     await asyncio.sleep(CHURN_S)  # the first instances end: the steady state begins
     first, started = await broker.placed(), time.perf_counter()

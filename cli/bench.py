@@ -82,7 +82,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="only this target (repeatable): sampled, broadcast, 10k, idle, tuning")
     t.add_argument("--repeat", type=positive_int, default=None,
                    help="runs of each target (default 1); for the tuning comparison, its "
-                   "pairs of segments (default 5)")
+                   "pairs of segments (default 7)")
     t.add_argument("--scale", type=positive_float, default=1.0,
                    help="agents and placements times this: a quick look whose figures are "
                    "not the targets' (default 1)")
@@ -234,9 +234,10 @@ def _run_tuning(args: argparse.Namespace) -> int:
 
 
 def _print_tuning(report: Any, indent: str = "") -> None:
-    print(f"{indent}capacity (latency-tuned, closed loop): {report.capacity:,.1f}/s",
-          flush=True)
     for c in report.comparisons:
+        if c.capacity:
+            print(f"{indent}  capacity (latency-tuned, closed loop): {c.capacity:,.1f}/s",
+                  flush=True)
         print(f"{indent}  " + c.line(), flush=True)
 
 
