@@ -21,7 +21,8 @@ Rules:
    flags has) and the latency-tuned settings. A side's figure is the p99 of the rounds closed
    under it; target defaults over latency-tuned at most `LATENCY_RATIO`.
 4. A closed loop: the bench keeps at least `BACKLOG_N` placements waiting (more than the
-   throughput end holds in flight) while the segments alternate between the defaults and
+   throughput end holds in flight) while the segments (`CLOSED_LONGER` times as long, half
+   as many pairs) alternate between the defaults and
    the throughput-tuned settings (`THROUGHPUT`); a side's figure is its placements over its
    seconds; target defaults over throughput-tuned at least `THROUGHPUT_RATIO`.
 5. Which side a comparison starts with alternates from comparison to comparison, and runs
@@ -31,8 +32,9 @@ Rules:
    exactly one award and is placed, succeeded or forgotten). Placements are counted as
    awards (`placed_total`): with churn the placed instances also leave.
 6. A comparison is judged by the median of its pairs' ratios (each pair: two neighbouring
-   segments, one a side, within `2 x SEGMENT_S`): a stall of the machine that falls in one
-   segment moves one pair, not the verdict. The ratio of the sides' figures pooled over all
+   segments, one a side, within `2 x SEGMENT_S`; a pair one of whose segments closed no
+   round has no ratio): a stall of the machine that falls in one segment moves one pair,
+   not the verdict. The ratio of the sides' figures pooled over all
    their segments is printed beside it. Each segment also keeps where its tuner stood as it
    ended (level, changes: read just before the next change), so a figure says what the
    defaults did to make it.
@@ -71,6 +73,10 @@ CAPACITY_S = 4.0
 #: Rules 3, 4: one segment's seconds, and the first side's uncounted seconds before them.
 SEGMENT_S = 2.0
 WARM_S = 1.0
+#: Rule 4: a closed loop's segments are this many times longer (half as many pairs): its
+#: rounds take up to a second on a busy machine, and a segment counts the rounds still in
+#: flight from the one before.
+CLOSED_LONGER = 2.5
 #: Pairs of segments a comparison makes unless told (rule 3).
 PAIRS = 7
 #: Rule 4: placements kept waiting in the closed loop (the throughput end holds 4,096), by
@@ -132,14 +138,22 @@ class Comparison:
 
     @property
     def pair_ratios(self) -> list[float]:
-        """Rule 6: each pair of segments' ratio, in order."""
-        segs = self.segments
-        return [_ratio(self.figure("defaults", segs[k:k + 2]),
-                       self.figure("reference", segs[k:k + 2]))
-                for k in range(0, len(segs) - 1, 2)]
+        """Rule 6: each pair of segments' ratio, in order; a pair one of whose sides has no
+        figure (no round closed in its segment) has none."""
+        segs, out = self.segments, []
+        for k in range(0, len(segs) - 1, 2):
+            mine = self.figure("defaults", segs[k:k + 2])
+            theirs = self.figure("reference", segs[k:k + 2])
+            if mine and theirs:
+                out.append(_ratio(mine, theirs))
+        return out
 
     @property
     def met(self) -> bool:
+        """Judged by rule 6; a comparison without a pair that measured both sides meets
+        nothing."""
+        if not self.pair_ratios:
+            return False
         return self.ratio <= self.limit if self.most else self.ratio >= self.limit
 
     def as_dict(self) -> dict[str, Any]:
@@ -237,8 +251,9 @@ def sitting(pairs: int = 3, say: Say = lambda _: None,
             comparisons.append(c)
         c = Comparison("closed loop", "placements_per_s", THROUGHPUT_RATIO, most=False)
         say(c.name)
-        await _interleave(broker, c, THROUGHPUT, pairs, segment_s,
-                          len(FRACTIONS) % 2 == 1, _Closed(rig, broker, asked, "cl-"))
+        await _interleave(broker, c, THROUGHPUT, max(1, (pairs + 1) // 2),
+                          CLOSED_LONGER * segment_s, len(FRACTIONS) % 2 == 1,
+                          _Closed(rig, broker, asked, "cl-"))
         comparisons.append(c)
         await broker.tune(DEFAULTS)
         try:

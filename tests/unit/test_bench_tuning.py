@@ -57,7 +57,10 @@ def test_a_closed_loops_figure_is_placements_over_seconds() -> None:
 
 def test_no_rounds_or_no_seconds_make_no_figure() -> None:
     c = tu.Comparison("open", "round_p99_ms", 1.5, most=True)
-    assert c.figure("defaults") == 0.0 and c.ratio == 0.0
+    assert c.figure("defaults") == 0.0 and c.ratio == 0.0 and not c.met
+    c.segments = [_seg("defaults", []), _seg("reference", [10.0]),  # a stalled segment
+                  _seg("defaults", [30.0]), _seg("reference", [10.0])]
+    assert c.pair_ratios == [3.0] and c.ratio == 3.0  # the pair without a figure has none
     assert tu.p99([]) == 0.0 and tu.p99([3.0]) == 3.0
     assert tu.p99([float(v) for v in range(1, 201)]) == 198.0
 
