@@ -26,7 +26,10 @@ Rules:
    the throughput-tuned settings (`THROUGHPUT`); a side's figure is its placements over its
    seconds; target defaults over throughput-tuned at least `THROUGHPUT_RATIO`.
 5. Which side a comparison starts with alternates from comparison to comparison, and runs
-   `WARM_S` uncounted first (what the drain before left settles). Between
+   `WARM_S` uncounted first (what the drain before left settles); within a comparison the
+   order alternates from pair to pair (AB BA AB ...), so a drift over its seconds (a machine
+   slowing, a queue growing) favours neither side. Every segment begins with its settings
+   applied afresh (a defaults segment from the latency end), whichever side ran before. Between
    comparisons the queue drains, so one comparison's work does not land in the next; at the
    end every placement asked for is verified in git (`bench.verify.verify_churn`: each won
    exactly one award and is placed, succeeded or forgotten). Placements are counted as
@@ -350,7 +353,10 @@ async def _interleave(broker: _Broker, c: Comparison, reference: dict[str, Any],
                       load: _Open | _Closed) -> None:
     """Rules 3-5: `pairs` x 2 segments of `load` under alternating settings, recorded in
     `c`; then, under the defaults, the queue drains."""
-    sides = ["reference", "defaults"] if reference_first else ["defaults", "reference"]
+    first, second = ("reference", "defaults") if reference_first else ("defaults",
+                                                                      "reference")
+    sides = [s for k in range(pairs) for s in ((first, second) if k % 2 == 0
+                                               else (second, first))]
     settings = {"defaults": DEFAULTS, "reference": reference}
     base = await broker.placed()
     before = len(load.asked)
@@ -364,9 +370,9 @@ async def _interleave(broker: _Broker, c: Comparison, reference: dict[str, Any],
         await asyncio.sleep(max(0.0, started + (k + 1) * segment_s - time.perf_counter()))
         last = k + 1 == 2 * pairs
         ending = await broker.tune({}, apply=False)
-        reply = await broker.tune(DEFAULTS if last else settings[sides[(k + 1) % 2]])
+        reply = await broker.tune(DEFAULTS if last else settings[sides[k + 1]])
         now = time.perf_counter()
-        c.segments.append(Segment(sides[k % 2], now - at, reply.placed_total - placed_at,
+        c.segments.append(Segment(sides[k], now - at, reply.placed_total - placed_at,
                                   list(reply.round_ms), ending.level, ending.changes))
         placed_at, at = reply.placed_total, now
     await load.stop()

@@ -207,7 +207,7 @@ def test_the_tuning_sitting_interleaves_the_defaults_and_the_hand_tuned_settings
     for k, c in enumerate(r["comparisons"]):
         sides = [s["side"] for s in c["segments"]]
         assert sorted(sides) == ["defaults", "reference"]
-        assert sides[0] == ("reference" if k % 2 else "defaults")  # the order alternates
+        assert sides[0] == ("reference" if k % 2 else "defaults")  # alternating from the first
         assert c["defaults"] > 0 and c["reference"] > 0
         assert c["met"] == (c["ratio"] <= 1.5 if c["at_most"] else c["ratio"] >= 0.9)
     for c in r["comparisons"]:  # where each segment's tuner stood as it ended

@@ -111,11 +111,12 @@ def test_the_segments_alternate_and_each_is_counted_for_the_side_it_ran(
                                load))  # type: ignore[arg-type]
     first, second = ("reference", "defaults") if reference_first else ("defaults",
                                                                       "reference")
-    assert [s.side for s in c.segments] == [first, second] * 3
+    # AB BA AB: the order alternates from pair to pair (rule 5)
+    assert [s.side for s in c.segments] == [first, second, second, first, first, second]
     settings = {"defaults": tu.DEFAULTS, "reference": tu.LATENCY}
     # the first side warms up uncounted; each segment's settings applied as it began; the
     # defaults again after the last
-    assert broker.applied == [settings[first]] + [settings[first], settings[second]] * 3 + [
+    assert broker.applied == [settings[first]] + [settings[s.side] for s in c.segments] + [
         tu.DEFAULTS]
     # a tune's reply carries the rounds of the settings it replaced
     assert [s.round_ms for s in c.segments] == [
