@@ -77,9 +77,9 @@ CAPACITY_S = 4.0
 SEGMENT_S = 2.0
 WARM_S = 1.0
 #: Rule 4: a closed loop's segments are this many times longer (half as many pairs): its
-#: rounds take up to a second on a busy machine, and a segment counts the rounds still in
-#: flight from the one before.
-CLOSED_LONGER = 2.5
+#: rounds and commits take up to a second on a busy machine, and a segment counts what the
+#: one before had in flight (a commit of 4,000 awards lands in one segment or the next).
+CLOSED_LONGER = 4.0
 #: Pairs of segments a comparison makes unless told (rule 3).
 PAIRS = 7
 #: Rule 4: placements kept waiting in the closed loop (the throughput end holds 4,096), by
