@@ -28,9 +28,11 @@ What the shell adds to the core's rules, by their numbers:
    connected" in its first pass.
 12. Unless given, the batch size, the rounds in flight and the committer's gap are the
     `shared.tuning.Tuner`'s: told of every round that closes (its time, whether work was
-    left waiting, the requests in the rounds still open), every commit's time and every pass
-    with the work waiting for a round as it begins, it moves them between the latency end
-    and the throughput end as the load asks, from that pass on. A pass hears of the commits
+    left waiting, the requests in the rounds still open), every commit's time, and the work
+    waiting for a round as every pass begins and as rounds close, it moves them between the
+    latency end and the throughput end as the load asks, from that pass on (a jump for a
+    backlog heard as a round closes runs a pass at once: a closed loop that began while
+    rounds were in flight waited for a tick before). A pass hears of the commits
     landed before it asks whether things are quiet. A value given is pinned, also one set
     on `batch_max` or `max_auctions` later.
 13. `retune` (`gavel tune`) replaces the tuner with a fresh one pinning what it is given, as
@@ -232,6 +234,10 @@ class Auctioneer:
         if self.tuner.took(actions, len(auctions), now,
                            sum(len(a.requests) for a in auctions.values())):
             self._tuned()
+        if any(isinstance(a, Decided) for a in actions) \
+                and self.tuner.waiting(self.core.backlog()):
+            self._tuned()
+            self.ctx.wake()  # rule 12: the throughput end's rounds open now, not at a tick
 
     def _heard_commits(self, now: float) -> None:
         tuner, committer = self.tuner, self.ctx.committer

@@ -32,7 +32,8 @@ Rules:
    a step to a smaller batch shortens every round, so drains alone take it (an open loop's
    bursts that a level carries with room to spare step down to quicker rounds).
 4. The tuner climbs for a backlog alone, and at once: when the work waiting for a round as
-   a pass begins (pending, neither in flight nor parked: `shared.auctioneer` rule 13) is
+   a pass begins or as rounds close (pending, neither in flight nor parked:
+   `shared.auctioneer` rule 13) is
    `BACKLOG` times what the level holds in flight or more, it goes to the throughput end
    and starts a new window, so that pass opens the throughput end's rounds. That work waits
    `BACKLOG` generations of the level's rounds before its own open: its wait is the

@@ -170,6 +170,10 @@ class Market:
         if self.tuner is not None and self.tuner.took(
                 actions, len(auctions), now, sum(len(a.requests) for a in auctions.values())):
             self._tuned()
+        if self.tuner is not None and any(isinstance(a, Decided) for a in actions) \
+                and self.tuner.waiting(self.core.backlog()):
+            self._tuned()  # as the broker: a backlog heard as rounds close, a pass at once
+            self._push(now, _PASS)
         at = self.core.timer()
         if at is not None and at < self.timer_at:
             self.timer_at = at

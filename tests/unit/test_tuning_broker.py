@@ -104,6 +104,31 @@ async def test_a_backlog_jumps_to_the_throughput_end_for_the_pass_it_begins(
         b.committer.close()
 
 
+async def test_a_backlog_heard_as_a_round_closes_jumps_and_runs_a_pass_at_once(
+        tmp_path: Path) -> None:
+    # A pass found little waiting and opened a round of 24; a closed loop's submissions
+    # land while it is in flight. The round's close hears the backlog: the level jumps then,
+    # and a pass is asked for at once (before, the jump waited for the next tick).
+    b = _broker(tmp_path, queued=30)
+    a = b.auctioneer
+    try:
+        a.reconcile(b.now())
+        assert a.tuner.level == 0 and a.core.backlog() == 30 - LADDER[0].batch_max
+        view = View(b.ledger.state())
+        for k in range(2000):
+            submit(view, InstanceRecord(instance_id=f"more-{k:05d}", spec=SPEC))
+        b.ledger.apply(view.change, "a closed loop's submissions", b.ledger.state().head)
+        assert a.core.backlog() >= BACKLOG * LADDER[0].batch_max
+        b._wake.clear()
+        _answer_rounds(a, 1)
+        assert a.tuner.level == TOP and a.tuner.changes == 1
+        assert (a.core.batch_max, a.core.max_auctions) == (LADDER[TOP].batch_max,
+                                                           LADDER[TOP].max_auctions)
+        assert b._wake.is_set()  # the pass that opens the throughput end's rounds
+    finally:
+        b.committer.close()
+
+
 async def test_values_given_are_pinned(tmp_path: Path) -> None:
     b = _broker(tmp_path, queued=2000, batch_max=10, max_auctions=1)
     a = b.auctioneer
