@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import subprocess
 import sys
 from typing import Any
@@ -55,8 +56,10 @@ async def test_tune_pins_reads_and_releases_a_running_broker(cluster: Cluster) -
         assert (a.core.batch_max, a.core.max_auctions) == (8, 2)
         shown = await _tune(cluster)
         assert shown.returncode == 0, shown.stderr
-        assert "pinned" in shown.stdout and f"since the last change: {read['rounds']} bid " \
-            "rounds closed" in shown.stdout, shown.stdout
+        said = re.search(r"since the last change: (\d+) bid rounds closed", shown.stdout)
+        # more may close meanwhile: an award the fake nodes never confirm is offered again
+        assert "pinned" in shown.stdout and said and int(said[1]) >= read["rounds"], \
+            shown.stdout
 
         released = await _tune_json(cluster, "--auto")
         assert released["pinned"] == [] and released["rounds"] >= read["rounds"]
