@@ -37,10 +37,11 @@ What the shell adds to the core's rules, by their numbers:
     on `batch_max` or `max_auctions` later.
 13. `retune` (`gavel tune`) replaces the tuner with a fresh one pinning what it is given, as
     a broker started with those values would have it, applies its values at once and runs
-    a pass; rounds in flight finish as they were opened. The rounds that close from then on
-    (those opened before too) are kept beside `round_times` (`since_tuned`,
-    `since_tuned_total`) and handed back by the `retune` that ends them, so a caller reads
-    what each setting did.
+    a pass; rounds in flight finish as they were opened. The rounds opened and closed under
+    its settings are kept beside `round_times` (`since_tuned`, `since_tuned_total`) and
+    handed back by the `retune` that ends them, so a caller reads what each setting did; a
+    round opened before a change and closed after it is in neither record (the long rounds
+    of a throughput end just left were counted against the latency end that followed).
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import math
 import random
 import uuid
 from collections import deque
@@ -118,6 +120,8 @@ class Auctioneer:
         #: `ROUNDS_KEPT` of them), and how many closed in all.
         self.since_tuned: deque[float] = deque(maxlen=ROUNDS_KEPT)
         self.since_tuned_total = 0
+        #: When the last change was made (rule 13; -inf: none since the broker started).
+        self._tuned_at = -math.inf
         #: The last decisions, for `why` before git is walked (bounded; shares bid lists).
         self._recent = Recent(RECENT_KEPT)
         self.placed_total = 0
@@ -262,6 +266,7 @@ class Auctioneer:
                            commit_gap_s=commit_gap_s)
         self.since_tuned.clear()
         self.since_tuned_total = 0
+        self._tuned_at = self.ctx.now()
         self._tuned()
         self.ctx.wake()  # waiting work is opened under the new settings now, not at a tick
         gap_ms = None if commit_gap_s is None else 1000 * commit_gap_s
@@ -276,8 +281,9 @@ class Auctioneer:
 
     def _decided(self, auction: Auction, decisions: list[Decision], round_s: float) -> None:
         self.round_times.append(round_s)
-        self.since_tuned.append(round_s)  # rule 13
-        self.since_tuned_total += 1
+        if self.ctx.now() - round_s >= self._tuned_at:  # rule 13: opened since the change
+            self.since_tuned.append(round_s)
+            self.since_tuned_total += 1
         count(self.ctx.metrics, auction, decisions, round_s)
         for d in decisions:
             if isinstance(d, Awarded):
