@@ -116,8 +116,8 @@ class Auctioneer:
         #: Instances whose pinned-deployment error was reported (once each).
         self.pinned_reported: set[str] = set()
         self.round_times: deque[float] = deque(maxlen=ROUNDS_KEPT)
-        #: Rule 13: the rounds closed since the tuner was last replaced (the last
-        #: `ROUNDS_KEPT` of them), and how many closed in all.
+        #: Rule 13: the rounds opened and closed since the tuner was last replaced (the
+        #: last `ROUNDS_KEPT` of them), and how many in all.
         self.since_tuned: deque[float] = deque(maxlen=ROUNDS_KEPT)
         self.since_tuned_total = 0
         #: When the last change was made (rule 13; -inf: none since the broker started).
@@ -281,7 +281,7 @@ class Auctioneer:
 
     def _decided(self, auction: Auction, decisions: list[Decision], round_s: float) -> None:
         self.round_times.append(round_s)
-        if self.ctx.now() - round_s >= self._tuned_at:  # rule 13: opened since the change
+        if self._tuned_at == -math.inf or self.ctx.now() - round_s >= self._tuned_at:  # rule 13
             self.since_tuned.append(round_s)
             self.since_tuned_total += 1
         count(self.ctx.metrics, auction, decisions, round_s)
