@@ -33,17 +33,18 @@ Rules:
    bursts that a level carries with room to spare step down to quicker rounds).
 4. The tuner climbs for a backlog alone, and at once: when the work waiting for a round as
    a pass begins or as rounds close (pending, neither in flight nor parked:
-   `shared.auctioneer` rule 13) is
-   `BACKLOG` times what the level holds in flight or more, it goes to the throughput end
-   and starts a new window, so that pass opens the throughput end's rounds. That work waits
-   `BACKLOG` generations of the level's rounds before its own open: its wait is the
-   queue's, not the rounds', so the largest rounds clear it soonest, and the windows bring
-   the level down as it drains (rule 2). Told after its pass (which had opened a round of
-   the latency end's, the rest following at the next), a closed loop ran the throughput
-   end's setting from its second pass and still placed 0.72-0.91 of that setting's rate,
-   pair by pair, in a quieter sitting. A closed loop's submissions wait in thousands from
-   its first pass. An open
-   loop near its level's capacity saturates window after window with a few rounds'
+   `shared.auctioneer` rule 13) would fill every round the throughput end keeps in flight
+   (`BACKLOG` times what it holds, or more), it goes to the throughput end and starts a new
+   window, so that pass opens the throughput end's rounds. Its wait is the queue's, not the
+   rounds', so the largest rounds clear it soonest, and the windows bring the level down as
+   it drains (rule 2). A closed loop's submissions wait in thousands from its first pass.
+   A smaller queue would leave the throughput end's rounds part empty, and the level
+   clears it itself: an open loop at 80% of its capacity on a machine that stalls for a
+   second or two (a busy neighbour) finds a second or two of its arrivals waiting after
+   each stall - 1,000-2,500 requests, draining at a fifth of its capacity - and jumped for
+   them when the bound was 64 generations of the latency end's rounds (1,536): rounds of
+   256 that took 200-800 ms there, for a queue the latency end was already clearing. An
+   open loop near its level's capacity saturates window after window with a few rounds'
    worth waiting - on a busy machine, rounds that larger batches only lengthen: a climb
    for saturated windows took it up one step at a time, and a climb for a few saturated
    closes hunted, each to rounds longer than the latency end's for a queue that was short.
@@ -115,10 +116,10 @@ LADDER: tuple[Setting, ...] = (
 )
 #: Rounds closed per judgement (rule 2).
 WINDOW = 16
-#: Work waiting, in what the level holds in flight, that jumps to the throughput end (rule 4):
-#: 1,536 at the latency end, above the 819 an open loop at 80% of its capacity built up in
-#: the bench's 8 s (docs/performance.md), below the 4,000 of the bench's closed loop.
-BACKLOG = 64
+#: Work waiting, in what the throughput end holds in flight (4,096), that jumps to it
+#: (rule 4): below the 8,000 the bench's closed loop keeps waiting, above the backlog an
+#: open loop at 80% of its capacity is left with after a stall of a second or two.
+BACKLOG = 1
 #: The share of a window's closes that drained for a step down (rules 2, 3).
 RETURN = 0.75
 #: Seconds without a round that return the tuner to the latency end (rule 6).
@@ -233,7 +234,7 @@ class Tuner:
             return False  # rule 7: nothing to tune
         self._backlog = max(self._backlog, backlog)
         top = len(self.ladder) - 1
-        if self.level == top or backlog < BACKLOG * self.holds(self.level):
+        if self.level == top or backlog < BACKLOG * self.holds(top):
             return False
         return self._judge(top - self.level)
 

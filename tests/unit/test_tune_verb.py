@@ -30,7 +30,7 @@ async def _tune(b: Any, **fields: Any) -> TuneReply:
 
 
 async def test_applied_pins_take_over_at_once_from_a_fresh_tuner(tmp_path: Path) -> None:
-    b = _broker(tmp_path, queued=2000)  # a backlog: the tuner jumps to the throughput end
+    b = _broker(tmp_path, queued=5000)  # a backlog: the tuner jumps to the throughput end
     a = b.auctioneer
     try:
         a.reconcile(b.now())
@@ -75,7 +75,7 @@ async def test_the_next_pass_opens_the_rounds_pinned(tmp_path: Path) -> None:
 
 
 async def test_what_is_not_pinned_starts_from_the_latency_end(tmp_path: Path) -> None:
-    b = _broker(tmp_path, queued=2000)
+    b = _broker(tmp_path, queued=5000)
     a = b.auctioneer
     try:
         a.reconcile(b.now())
@@ -94,7 +94,7 @@ async def test_what_is_not_pinned_starts_from_the_latency_end(tmp_path: Path) ->
 
 
 async def test_applied_with_nothing_given_everything_is_tuned_again(tmp_path: Path) -> None:
-    b = _broker(tmp_path, queued=2000, batch_max=10, max_auctions=1, commit_gap_s=0.005)
+    b = _broker(tmp_path, queued=5000, batch_max=10, max_auctions=1, commit_gap_s=0.005)
     a = b.auctioneer
     try:
         a.reconcile(b.now())
@@ -110,7 +110,7 @@ async def test_applied_with_nothing_given_everything_is_tuned_again(tmp_path: Pa
 
 
 async def test_only_read_nothing_changes(tmp_path: Path) -> None:
-    b = _broker(tmp_path, queued=2000)
+    b = _broker(tmp_path, queued=5000)
     a = b.auctioneer
     try:
         a.reconcile(b.now())

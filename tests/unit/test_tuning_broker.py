@@ -55,7 +55,7 @@ def _answer_rounds(a: Auctioneer, rounds: int) -> list[int]:
 
 
 #: Work that saturates more than a window of the latency end's rounds, yet waits less than
-#: `BACKLOG` times what it holds.
+#: `BACKLOG` times what the throughput end holds.
 QUEUED = 600
 TOP = len(LADDER) - 1
 
@@ -67,7 +67,7 @@ async def test_a_short_queue_behind_every_round_holds_the_latency_end(tmp_path: 
     try:
         a.reconcile(b.now())
         assert a.core.backlog() == QUEUED - LADDER[0].batch_max
-        assert BACKLOG * LADDER[0].batch_max > QUEUED
+        assert BACKLOG * LADDER[TOP].max_auctions * LADDER[TOP].batch_max > QUEUED
         assert (a.batch_max, a.max_auctions) == (LADDER[0].batch_max, LADDER[0].max_auctions)
         assert b.committer.gap_s == LADDER[0].gap_cap_s
         sizes = _answer_rounds(a, WINDOW + 1)
@@ -87,19 +87,20 @@ async def test_a_short_queue_behind_every_round_holds_the_latency_end(tmp_path: 
 
 async def test_a_backlog_jumps_to_the_throughput_end_for_the_pass_it_begins(
         tmp_path: Path) -> None:
-    # A closed loop's submissions: 2,000 queued before the pass, which opens the throughput
+    # A closed loop's submissions: 5,000 queued before the pass, which opens the throughput
     # end's rounds, not one of 24.
-    b = _broker(tmp_path, queued=2000)
+    b = _broker(tmp_path, queued=5000)
     a = b.auctioneer
     try:
-        assert a.core.backlog() == 2000
+        assert a.core.backlog() == 5000
         a.reconcile(b.now())
         assert (a.batch_max, a.max_auctions) == (LADDER[TOP].batch_max,
                                                  LADDER[TOP].max_auctions)
         assert b.committer.gap_s == LADDER[TOP].gap_cap_s
+        holds = LADDER[TOP].max_auctions * LADDER[TOP].batch_max
         assert [len(x.requests) for x in a.auctions.values()] == \
-            [*[LADDER[TOP].batch_max] * 7, 2000 - 7 * LADDER[TOP].batch_max]
-        assert a.core.backlog() == 0 and a.tuner.changes == 1
+            [LADDER[TOP].batch_max] * LADDER[TOP].max_auctions
+        assert a.core.backlog() == 5000 - holds and a.tuner.changes == 1
     finally:
         b.committer.close()
 
@@ -115,10 +116,10 @@ async def test_a_backlog_heard_as_a_round_closes_jumps_and_runs_a_pass_at_once(
         a.reconcile(b.now())
         assert a.tuner.level == 0 and a.core.backlog() == 30 - LADDER[0].batch_max
         view = View(b.ledger.state())
-        for k in range(2000):
+        for k in range(5000):
             submit(view, InstanceRecord(instance_id=f"more-{k:05d}", spec=SPEC))
         b.ledger.apply(view.change, "a closed loop's submissions", b.ledger.state().head)
-        assert a.core.backlog() >= BACKLOG * LADDER[0].batch_max
+        assert a.core.backlog() >= BACKLOG * LADDER[TOP].max_auctions * LADDER[TOP].batch_max
         b._wake.clear()
         _answer_rounds(a, 1)
         assert a.tuner.level == TOP and a.tuner.changes == 1
@@ -159,7 +160,7 @@ async def test_a_commit_that_just_landed_is_not_a_quiet_spell(tmp_path: Path) ->
     # The awards of the rounds that climbed are committed by the real committer; a pass
     # IDLE_S after the last close, but just as that commit lands, keeps the level (a closed
     # loop's next submissions wait on such commits).
-    b = _broker(tmp_path, queued=2000)
+    b = _broker(tmp_path, queued=5000)
     a = b.auctioneer
     try:
         a.reconcile(b.now())
