@@ -24,8 +24,8 @@ Rules:
    flags has) and the latency-tuned settings. A side's figure is the p99 of the rounds closed
    under it; target defaults over latency-tuned at most `LATENCY_RATIO`.
 4. A closed loop: the bench keeps at least `BACKLOG_N` placements waiting (more than the
-   throughput end holds in flight) while the segments (`CLOSED_LONGER` times as long, half
-   as many pairs) alternate between the defaults and
+   throughput end holds in flight) while its segments (`CLOSED_SEGMENT_S` each, a pair for
+   every `CLOSED_PER` of rule 3's) alternate between the defaults and
    the throughput-tuned settings (`THROUGHPUT`); a side's figure is its placements over its
    seconds; target defaults over throughput-tuned at least `THROUGHPUT_RATIO`.
 5. Which side a comparison starts with alternates from comparison to comparison, and runs
@@ -38,7 +38,7 @@ Rules:
    exactly one award and is placed, succeeded or forgotten). Placements are counted as
    awards (`placed_total`): with churn the placed instances also leave.
 6. A comparison is judged by the median of its pairs' ratios (each pair: two neighbouring
-   segments, one a side, within `2 x SEGMENT_S`; a pair one of whose segments closed no
+   segments, one a side, side by side in time; a pair one of whose segments closed no
    round has no ratio): a stall of the machine that falls in one segment moves one pair,
    not the verdict. The ratio of the sides' figures pooled over all
    their segments is printed beside it. Each segment also keeps where its tuner stood as it
@@ -62,9 +62,9 @@ from gavel.bench.verify import VerifyError, verify_churn
 from gavel.shared.api import StatsReply, StatsRequest, TuneReply, TuneRequest
 from gavel.transport.client import call
 
-__all__ = ["BACKLOG_N", "CAPACITY_S", "FRACTIONS", "LATENCY", "LATENCY_RATIO", "PAIRS",
-           "SEGMENT_S",
-           "THROUGHPUT", "THROUGHPUT_RATIO", "Comparison", "Report", "Segment", "sitting"]
+__all__ = ["BACKLOG_N", "CAPACITY_S", "CLOSED_PER", "CLOSED_SEGMENT_S", "FRACTIONS", "LATENCY",
+           "LATENCY_RATIO", "PAIRS", "SEGMENT_S", "THROUGHPUT", "THROUGHPUT_RATIO", "Comparison",
+           "Report", "Segment", "closed_pairs", "sitting"]
 
 #: The hand-tuned settings (`TuneRequest` fields).
 LATENCY: dict[str, Any] = {"max_auctions": 1, "batch_max": 24, "commit_gap_ms": 20.0}
@@ -76,16 +76,22 @@ LATENCY_RATIO = 1.5
 THROUGHPUT_RATIO = 0.9
 #: Rule 2: the seconds over which capacity is counted.
 CAPACITY_S = 4.0
-#: Rules 3, 4: one segment's seconds, and the first side's uncounted seconds before them.
-SEGMENT_S = 2.0
+#: Rule 3: an open loop's segment seconds; rules 3, 4: the first side's uncounted seconds.
+#: A pair's ratio spreads as widely whether its segments last 0.5 s or 2 s (the log of it
+#: has a deviation of 0.8-1.0, quiet or beside the test suite), so the same minute makes a
+#: tighter median from more, shorter pairs.
+SEGMENT_S = 0.5
 WARM_S = 1.0
-#: Rule 4: a closed loop's segments are this many times longer (half as many pairs): its
-#: rounds and commits take up to a second on a busy machine, and a segment counts what the
-#: one before had in flight (a commit of 4,000 awards lands in one segment or the next).
-CLOSED_LONGER = 4.0
-#: Pairs of segments a comparison makes unless told (rule 3): a pair's ratio spreads 0.1-2.8
-#: in a quiet hour, so a median of seven missed 1.5 on chance in one sitting of two.
-PAIRS = 11
+#: Rule 4: a closed loop's segment seconds: its rounds and commits take up to a second on a
+#: busy machine, and a segment counts what the one before had in flight (a commit of 4,000
+#: awards lands in one segment or the next).
+CLOSED_SEGMENT_S = 8.0
+#: Pairs of open-loop segments a comparison makes unless told (rule 3): 44 of 0.5 s give a
+#: median whose standard error is about a quarter of its log, where 11 of 2 s left a third
+#: (an A/A sitting, both sides the latency-tuned settings, read up to 1.58 with 11).
+PAIRS = 44
+#: Rule 4: a closed loop makes one pair for every `CLOSED_PER` open-loop pairs, at least one.
+CLOSED_PER = 7
 #: Rule 4: placements kept waiting in the closed loop (the throughput end holds 4,096), by
 #: submissions of `_CHUNK`, at most `_FEEDING` at once.
 BACKLOG_N = 8000
@@ -238,7 +244,12 @@ def options(base: Options) -> Options:
     return dataclasses.replace(base, lifetime_s=CHURN_S, ended_max=ENDED_MAX, idle_s=0.0)
 
 
-def sitting(pairs: int = 3, say: Say = lambda _: None,
+def closed_pairs(pairs: int) -> int:
+    """Rule 4: the closed loop's pairs for `pairs` open-loop pairs."""
+    return max(1, pairs // CLOSED_PER)
+
+
+def sitting(pairs: int = PAIRS, say: Say = lambda _: None,
             segment_s: float = SEGMENT_S) -> Callable[[Rig], Awaitable[Report]]:
     """The driver (for `bench.run.run_with`) of one sitting: rules 1-6."""
     async def drive(rig: Rig) -> Report:
@@ -259,8 +270,8 @@ def sitting(pairs: int = 3, say: Say = lambda _: None,
             comparisons.append(c)
         c = Comparison("closed loop", "placements_per_s", THROUGHPUT_RATIO, most=False)
         say(c.name)
-        await _interleave(broker, c, THROUGHPUT, max(1, (pairs + 1) // 2),
-                          CLOSED_LONGER * segment_s, len(FRACTIONS) % 2 == 1,
+        await _interleave(broker, c, THROUGHPUT, closed_pairs(pairs),
+                          CLOSED_SEGMENT_S, len(FRACTIONS) % 2 == 1,
                           _Closed(rig, broker, asked, "cl-"))
         comparisons.append(c)
         await broker.tune(DEFAULTS)

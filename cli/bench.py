@@ -82,7 +82,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="only this target (repeatable): sampled, broadcast, 10k, idle, tuning")
     t.add_argument("--repeat", type=positive_int, default=None,
                    help="runs of each target (default 1); for the tuning comparison, its "
-                   "pairs of segments (default 11)")
+                   "pairs of open-loop segments (default 44)")
     t.add_argument("--scale", type=positive_float, default=1.0,
                    help="agents and placements times this: a quick look whose figures are "
                    "not the targets' (default 1)")
