@@ -30,6 +30,7 @@ import msgspec
 import nats
 
 from gavel.bench import natslite
+from gavel.bench.agentprocs import BARE_PREFIX, BEAT, FORGET, node_id
 from gavel.shared import subjects
 from gavel.shared.feasibility import NodeView
 from gavel.shared.messages import (
@@ -112,6 +113,16 @@ class BenchAgent:
         self.view = msgspec.structs.replace(self.view, committed=Capacity(
             cpu=sum(u[0] for u in used), memory_mb=sum(u[1] for u in used),
             ports=sum(u[2] for u in used)))
+
+    def forget(self, prefix: str) -> int:
+        """`bench.agentprocs` rule 3: the instances whose id begins with `prefix` are dropped
+        as if never awarded (no report: nobody placed them); how many."""
+        gone = [iid for iid in self.held if iid.startswith(prefix)]
+        for iid in gone:
+            del self.held[iid], self.used[iid]
+        if gone:
+            self._recount()
+        return len(gone)
 
     def exit(self, instance_id: str) -> bytes | None:
         """The instance ends with status 0: give its room back; the report to send."""
@@ -241,7 +252,7 @@ CLIENTS: dict[str, type[LiteLink] | type[NatsPyLink]] = {"lite": LiteLink,
 
 async def _serve(args: argparse.Namespace) -> int:
     cap = Capacity(cpu=args.cpu, memory_mb=args.memory_mb, ports=10_000)
-    agents = [BenchAgent(f"n{k:05d}", make_strategy(STRATEGIES[k % len(STRATEGIES)]
+    agents = [BenchAgent(node_id(k), make_strategy(STRATEGIES[k % len(STRATEGIES)]
                                                     if args.mix else args.strategy), cap,
                          args.lifetime_s)
               for k in range(args.first, args.first + args.count)]
@@ -253,6 +264,15 @@ async def _serve(args: argparse.Namespace) -> int:
             await link.start(args.url)
 
     await asyncio.gather(*(start(link) for link in links))
+    beat = asyncio.Event()
+    control = await natslite.connect(args.url, f"bench-control-{args.first}")
+
+    def forget(reply_to: bytes) -> None:
+        control.publish(reply_to.decode(), b"%d" % sum(a.forget(BARE_PREFIX) for a in agents))
+
+    control.subscribe(FORGET, forget)
+    control.subscribe(BEAT, lambda _: beat.set())
+    await control.flush()
     for link in links:
         await link.send(link.agent.heartbeat_subject, link.agent.heartbeat())
     print("ready", flush=True)
@@ -272,6 +292,10 @@ async def _serve(args: argparse.Namespace) -> int:
     period = args.heartbeat_s / max(1, len(links))
     while not stop.is_set():
         for link in links:  # heartbeats spread evenly over the period
+            if beat.is_set():  # all at once, asked for (`bench.agentprocs` rule 3)
+                beat.clear()
+                for other in links:
+                    await other.send(other.agent.heartbeat_subject, other.agent.heartbeat())
             await link.send(link.agent.heartbeat_subject, link.agent.heartbeat())
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(period):
@@ -286,6 +310,7 @@ async def _serve(args: argparse.Namespace) -> int:
         w.cancel()
     for link in links:
         await link.close()
+    control.close()
     if failures:
         print(f"an agent lost its connection: {failures[0]}", file=sys.stderr, flush=True)
         return 1

@@ -9,6 +9,9 @@ Rules:
    same seconds - a p99 taken in a second before the run says more about that second.
 3. `git_cli_commits_per_s` is the naive ledger: one `git commit` subprocess per placement in
    a working tree. Each is bounded in count and time.
+4. Rule 1 measures two processes exchanging, not what bounds a bench run; the ceiling of the
+   run's own shape is the bare auctioneer (`bench.bare`), which needs the run's agents and
+   no broker, so `bench.run` measures it on either side of the broker's life (its rule 6).
 """
 
 from __future__ import annotations

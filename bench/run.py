@@ -20,12 +20,19 @@ Rules:
 5. `run_with` starts the same processes and hands them (`Rig`) to another driver, which
    uses them as it will (`bench.tuning` changes the broker's settings as it runs) and is
    stopped with them however it ends.
+6. `run` measures the bare auctioneer (`bench.bare`) on either side of its placements:
+   rounds of the run's shape (its batch, rounds in flight and d; the ladder's throughput end
+   for what the broker tunes) against the run's agents, `bare_s` seconds each, once before
+   the broker starts and once after it stopped (no broker hears them: `bench.bare` rule 3).
+   `bare_rounds_per_s` is their mean: the hour sampled at both ends of the run, as one
+   window after it cannot (docs/performance.md), and `ratio_to_bare_rounds` the run's
+   placements/s over it. So the agents start before the broker, which asks them to
+   heartbeat at once (`bench.agentprocs` rule 3).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import os
 import shutil
@@ -41,6 +48,8 @@ from typing import Any, TypeVar
 import psutil
 import pygit2
 
+from gavel.bench import bare
+from gavel.bench.agentprocs import BEAT, cpu_s, peak_rss_mb, spawn, start_agents, stop
 from gavel.bench.ceilings import Probe, git_cli_commits_per_s, nats_reqreply_per_s
 from gavel.bench.idle import IdleWorkerFailed, idle_worker
 from gavel.bench.interrupt import Interrupted, stopped_by_signals
@@ -54,8 +63,8 @@ from gavel.shared.api import (
     SubmitRequest,
     counted_ids,
 )
-from gavel.shared.messages import Spec
 from gavel.shared.timing import Timing
+from gavel.shared.tuning import LADDER
 from gavel.transport.client import ClientError, call, connect
 from gavel.transport.natsserver import NatsServer
 
@@ -95,6 +104,8 @@ class Options:
     #: More flags for the broker (`bench.brokerproc`): the alternatives `bench.complexity`
     #: measures.
     broker_flags: tuple[str, ...] = ()
+    #: Rule 6: seconds of the bare auctioneer's rounds after the run (0: not measured).
+    bare_s: float = 2.5
 
 
 @dataclass
@@ -162,6 +173,12 @@ class Result:
     ha: bool = False
     push_lag_ms: float = 0.0
     durable_per_s: float = 0.0
+    #: Rule 6: the bare auctioneer's placements/s (`bench.bare`) and the run's over it: what
+    #: gavel keeps of what its protocol places from one process with these agents.
+    bare_rounds_per_s: float = 0.0
+    ratio_to_bare_rounds: float = 0.0
+    #: The bare auctioneer's placements/s before and after the run (rule 6).
+    bare_rounds_windows: list[float] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -169,19 +186,12 @@ class Result:
     def ratios(self) -> str:
         """Rule 1's ratios in one line: what holds from hour to hour."""
         offered = (f", / offered {self.ratio_to_offered:g}" if self.offered_per_s else "")
-        return (f"placements/s / nats req-reply/s {self.ratio_to_nats_reqreply:g}{offered}, "
+        bare_ = (f"placements/s / bare rounds/s {self.ratio_to_bare_rounds:g}, "
+                 if self.bare_rounds_per_s else "placements/s ")
+        return (f"{bare_}/ nats req-reply/s {self.ratio_to_nats_reqreply:g}{offered}, "
                 f"round p99 / req-reply p99 {self.round_p99_in_reqreply_p99:g}, broker CPU a "
                 f"placement in agent replies {self.broker_cpu_in_agent_replies:g}, / naive git "
                 f"commits {self.ratio_to_git_cli:g}")
-
-
-def _spawn(module: str, args: list[str], log: Path) -> subprocess.Popen[bytes]:
-    out = open(log, "ab")  # noqa: SIM115
-    try:
-        return subprocess.Popen([sys.executable, "-m", module, *args], stdout=subprocess.PIPE,
-                                stderr=out, stdin=subprocess.DEVNULL, start_new_session=True)
-    finally:
-        out.close()
 
 
 def _bar(done: int, total: int, started: float) -> None:
@@ -193,46 +203,21 @@ def _bar(done: int, total: int, started: float) -> None:
     sys.stderr.flush()
 
 
-def _cpu(proc: subprocess.Popen[bytes] | int, children: bool = False) -> float:
-    """CPU seconds a child has used so far (its threads; with `children`, only theirs)."""
-    p = psutil.Process(proc if isinstance(proc, int) else proc.pid)
-    if not children:
-        t = p.cpu_times()
-        return float(t.user + t.system)
-    total = 0.0
-    for child in p.children(recursive=True):  # the broker's git writer process
-        with contextlib.suppress(psutil.Error):
-            c = child.cpu_times()
-            total += c.user + c.system
-    return total
-
-
-def peak_rss_mb(pid: int) -> float:
-    """Rule 2: the most resident memory process `pid` has held, in MB (``VmHWM`` in
-    /proc/<pid>/status; where there is no /proc, what it holds now)."""
-    try:
-        status = Path(f"/proc/{pid}/status").read_text()
-    except OSError:
-        return float(psutil.Process(pid).memory_info().rss) / 2**20
-    for line in status.splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) / 1024  # kB
-    raise RuntimeError(f"/proc/{pid}/status has no VmHWM line")
-
-
 async def run(opts: Options) -> Result:
     """One run. Without `opts.state` it works in a temporary directory, removed after a run
     that verified (each run leaves its git repository and JetStream store there); a failed
     run's is kept, and the error names it."""
-    return await run_with(opts, _placements)
+    return await run_with(opts, _placements, bare_before=opts.bare_s > 0)
 
 
-async def run_with(opts: Options, drive: Callable[[Rig], Awaitable[R]]) -> R:
+async def run_with(opts: Options, drive: Callable[[Rig], Awaitable[R]],
+                   bare_before: bool = False) -> R:
     """`run`'s processes, started and stopped as for `run`, with `drive` using them in
-    between (rule 5)."""
+    between (rule 5); with `bare_before`, the bare auctioneer measured before the broker
+    starts (rule 6)."""
     root = opts.state if opts.state is not None else Path(tempfile.mkdtemp(prefix="gavel-bench-"))
-    try:
-        result = await stopped_by_signals(_run_in(opts, root, drive))  # its finally stops all
+    try:  # its finally stops all
+        result = await stopped_by_signals(_run_in(opts, root, drive, bare_before))
     except Interrupted as exc:
         raise RunFailed(f"{exc} (the run's state is kept in {root})") from None
     except VerifyError as exc:
@@ -266,6 +251,8 @@ class Rig:
     nats_rr: float
     git_cli: float
     probe: Probe
+    #: Rule 6: the bare auctioneer's placements/s before the broker started (0: not asked).
+    bare_before: float = 0.0
 
 
 async def _placements(rig: Rig) -> Result:
@@ -278,10 +265,31 @@ async def _placements(rig: Rig) -> Result:
                                      rig.root / "logs" / "idle-worker.log", rig.opts.idle_s)
         result = dataclasses.replace(result, idle_worker_cpu_pct=round(cpu, 2),
                                      idle_worker_rss_mb=round(rss, 1))
+    if rig.bare_before:
+        await asyncio.to_thread(stop, [rig.broker])
+        after = await _bare_rounds(rig.url, rig.opts, len(rig.agents), rig.root)
+        ceiling = (rig.bare_before + after) / 2
+        result = dataclasses.replace(
+            result, bare_rounds_per_s=round(ceiling, 1),
+            bare_rounds_windows=[rig.bare_before, after],
+            ratio_to_bare_rounds=round(result.placements_per_s / ceiling, 3))
     return result
 
 
-async def _run_in(opts: Options, root: Path, drive: Callable[[Rig], Awaitable[R]]) -> R:
+async def _bare_rounds(url: str, opts: Options, processes: int, root: Path) -> float:
+    """Rule 6: the bare auctioneer's rounds of the run's shape against the run's agents, no
+    broker running (`bench.bare` rule 3)."""
+    end = LADDER[-1]  # what a tuned closed loop climbs to
+    ceiling = await bare.beside(
+        url, opts.agents, processes, batch=opts.batch_max or end.batch_max,
+        in_flight=opts.max_auctions or end.max_auctions,
+        d=opts.d if opts.mode == "sampled" else 0, seconds=opts.bare_s,
+        log=root / "logs" / "bare.log")
+    return ceiling.placements_per_s
+
+
+async def _run_in(opts: Options, root: Path, drive: Callable[[Rig], Awaitable[R]],
+                  bare_before: bool) -> R:
     (root / "logs").mkdir(parents=True, exist_ok=True)
     server = NatsServer(store_dir=root / "nats", log=root / "logs" / "nats.log",
                         max_payload_mb=8)
@@ -305,44 +313,26 @@ async def _run_in(opts: Options, root: Path, drive: Callable[[Rig], Awaitable[R]
             pygit2.init_repository(str(remote), bare=True, initial_head="main")
             broker_args += ["--ha-remote", str(remote)]
         broker_args += opts.broker_flags
-        broker = _spawn("gavel.bench.brokerproc", broker_args, root / "logs" / "broker.log")
         heartbeat_s = Timing.from_env(os.environ).heartbeat_s
+        agent_procs = await start_agents(
+            server.url, opts.agents, opts.processes, root / "logs",
+            lifetime_s=opts.lifetime_s, client=opts.agent_client,
+            heartbeat_s=heartbeat_s,  # the broker's clocks (GAVEL_FAST_TIMERS too)
+            started=procs)
+        before = await _bare_rounds(server.url, opts, len(agent_procs), root) \
+            if bare_before else 0.0
+        broker = spawn("gavel.bench.brokerproc", broker_args, root / "logs" / "broker.log")
         procs.append(broker)
-        per = -(-opts.agents // opts.processes)
-        agent_procs = []
-        for k in range(opts.processes):
-            first, count = k * per, min(per, opts.agents - k * per)
-            if count <= 0:
-                break
-            agent_procs.append(_spawn("gavel.bench.agents",
-                                      ["--url", server.url, "--first", str(first),
-                                       "--count", str(count), "--mix",
-                                       "--lifetime-s", str(opts.lifetime_s),
-                                       "--client", opts.agent_client,
-                                       # the broker's clocks (GAVEL_FAST_TIMERS too)
-                                       "--heartbeat-s", str(heartbeat_s)],
-                                      root / "logs" / f"agents-{k}.log"))
-        procs += agent_procs
-        for ap in agent_procs:
-            line = await asyncio.to_thread(ap.stdout.readline)  # type: ignore[union-attr]
-            if line.strip() != b"ready":
-                raise RuntimeError(f"an agent process failed to start; see {root / 'logs'}")
         nc = await connect(server.url)
         try:
             assert server.proc is not None
             return await drive(Rig(nc, server.url, opts, root, broker, agent_procs,
-                                   server.proc.pid, nats_rr, git_cli, Probe(server.url)))
+                                   server.proc.pid, nats_rr, git_cli, Probe(server.url),
+                                   before))
         finally:
             await nc.close()
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.terminate()
-        for p in procs:
-            try:
-                p.wait(10)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        stop(procs)
         server.stop()
 
 
@@ -351,7 +341,11 @@ async def until_healthy(nc: Any, opts: Options, root: Path,
     """The broker's stats once every agent is healthy (60 s at most; a broker that exits
     meanwhile is said)."""
     deadline = time.monotonic() + 60
+    beat = 0.0
     while True:
+        if time.monotonic() - beat > 1.0:  # the agents started first: heard now (rule 6)
+            beat = time.monotonic()
+            await nc.publish(BEAT, b"")
         try:
             stats = await call(nc, "stats", StatsRequest(), StatsReply, timeout=10)
         except ClientError:  # the broker is still starting
@@ -389,7 +383,7 @@ def submit_all(nc: Any, opts: Options, started: float,
     """Every placement asked for (rule 3: the ids asked for, in order) and the submits'
     future. Paced (`rate`): small chunks, each sent when its first placement is due, so the
     broker sees a steady arrival rate and the round times are those of that load."""
-    spec = Spec(name="noop", command=["true"], cpu=0.01, memory_mb=16)
+    spec = bare.SPEC
     chunk = max(1, round(opts.rate / 50)) if opts.rate else opts.chunk
     sem = asyncio.Semaphore(64 if opts.rate else 4)
     chunks = {k: counted_ids(f"{prefix}{k:07d}", min(chunk, opts.placements - k))
@@ -411,8 +405,8 @@ async def _drive(nc: Any, opts: Options, root: Path, broker: subprocess.Popen[by
                  agent_procs: list[subprocess.Popen[bytes]], nats_pid: int, nats_rr: float,
                  git_cli: float, probe: Probe) -> Result:
     stats = await until_healthy(nc, opts, root, broker)
-    cpu0 = _cpu(broker), sum(_cpu(p) for p in agent_procs), _cpu(broker, children=True)
-    nats0, self0 = _cpu(nats_pid), time.process_time()
+    cpu0 = cpu_s(broker), sum(cpu_s(p) for p in agent_procs), cpu_s(broker, children=True)
+    nats0, self0 = cpu_s(nats_pid), time.process_time()
     await probe.start()
     started = time.perf_counter()
     ids, submitting = submit_all(nc, opts, started)
@@ -429,10 +423,10 @@ async def _drive(nc: Any, opts: Options, root: Path, broker: subprocess.Popen[by
     await submitting
     if opts.progress:
         sys.stderr.write("\n")
-    broker_cpu = _cpu(broker) - cpu0[0]
-    writer_cpu = _cpu(broker, children=True) - cpu0[2]
-    agent_cpu = sum(_cpu(p) for p in agent_procs) - cpu0[1]
-    nats_cpu = _cpu(nats_pid) - nats0
+    broker_cpu = cpu_s(broker) - cpu0[0]
+    writer_cpu = cpu_s(broker, children=True) - cpu0[2]
+    agent_cpu = sum(cpu_s(p) for p in agent_procs) - cpu0[1]
+    nats_cpu = cpu_s(nats_pid) - nats0
     busy = broker_cpu + writer_cpu + agent_cpu + nats_cpu + time.process_time() - self0
     broker_rss = peak_rss_mb(broker.pid)
     agent_rss = sum(psutil.Process(p.pid).memory_info().rss for p in agent_procs) / 2**20

@@ -1,0 +1,54 @@
+"""The bare auctioneer (`bench.bare`) against real bench agents on a real nats-server: its
+rounds place, each award is confirmed and held by the agent it went to, and a ceiling that
+placed nothing is an error, not a rate."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gavel.bench import bare
+from gavel.bench.agentprocs import start_agents, stop
+
+
+async def test_the_bare_rounds_place_on_real_agents_and_each_award_is_held(
+        nats_url: str, tmp_path: Path) -> None:
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        await start_agents(nats_url, 20, 2, tmp_path / "logs", started=procs)
+        got = await bare.measure(nats_url, 20, 2, batch=6, d=2, seconds=0.5)
+    finally:
+        stop(procs)
+    assert got.rounds > 1 and got.awarded >= 6
+    assert got.confirmed == got.awarded  # every award taken and confirmed
+    assert got.placements_per_s == pytest.approx(got.confirmed / got.seconds, rel=0.01)
+    assert got.asked_per_round > 10  # d x batch distinct nodes of the 20, and the last winner
+    # every agent took its awards, and forgot them once asked (rule 3): what they say they
+    # hold as they stop is nothing
+    assert got.forgotten == got.confirmed
+    held = [json.loads(p.stdout.read().splitlines()[-1])["held"] for p in procs
+            if p.stdout is not None]
+    assert held == [0, 0]
+
+
+async def test_a_ceiling_that_placed_nothing_is_an_error(nats_url: str) -> None:
+    with pytest.raises(RuntimeError, match=r"awards in .* rounds to 5 agents .* were "
+                                           r"never confirmed"):
+        await bare.measure(nats_url, 5, 0, seconds=0.2, confirm_s=0.5)  # no agents there
+
+
+def test_the_command_measures_with_agents_of_its_own(tmp_path: Path) -> None:
+    """Rule 4: standalone, as a commit without the ceiling is measured beside it."""
+    proc = subprocess.run([sys.executable, "-m", "gavel.bench.bare", "--agents", "8",
+                           "--processes", "2", "--batch", "4", "--seconds", "0.5"],
+                          capture_output=True, text=True, timeout=120, check=False,
+                          env={**os.environ, "TMPDIR": str(tmp_path)})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    got = json.loads(proc.stdout)
+    assert got["confirmed"] == got["awarded"] > 0 and got["placements_per_s"] > 0
+    assert list(tmp_path.iterdir()) == []  # its server's and agents' directory removed
