@@ -41,6 +41,11 @@ Rules:
    socket). A message to ourselves, published after them, travels behind them.
 7. `abort(nc)` closes a connection without sending what it still holds: a broker that no
    longer leads says nothing more (`broker.ha`). Its subscriptions end with it.
+8. `send_replied` hands over messages with a reply subject and headers (the event history's
+   stores, `broker.events`: two or three a placement) as one batch, each an HPUB frame
+   exactly as nats-py's `publish(subject, payload, reply, headers)` frames it, when the
+   batch path vouches for every one (rule 3); otherwise it sends nothing and says so, and
+   the caller publishes each.
 """
 
 from __future__ import annotations
@@ -48,6 +53,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import logging
+import re
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
@@ -61,8 +67,8 @@ from gavel.shared.timing import Timing
 from gavel.transport.inbound import Received
 from gavel.transport.rejects import Throttle
 
-__all__ = ["DIRECT", "Client", "Inbound", "Received", "abort", "fast", "send", "subscribed",
-           "write_now"]
+__all__ = ["DIRECT", "Client", "Inbound", "Received", "abort", "fast", "header_block", "send",
+           "send_replied", "subscribed", "write_now"]
 
 log = logging.getLogger("gavel.broker")
 _TIMING = Timing()
@@ -92,6 +98,9 @@ def fast(nc: Any) -> bool:
         and callable(getattr(nc, "_flush_pending", None)) \
         and hasattr(nc, "_flush_queue") and isinstance(getattr(nc, "stats", None), dict)
 
+
+#: What nats-py's `publish` takes as a header's key (rule 8).
+_HEADER_KEY = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 
 #: Unsent bytes in the transport above which `write_now` declines (rule 5).
 WRITE_NOW_MAX_BUFFERED = 1 << 20
@@ -152,6 +161,40 @@ def _frame(subject: str, payload: bytes, limit: int) -> bytes | None:
     if len(payload) > limit or not _good_subject(subject):
         return None
     return b"PUB %s %d\r\n%s\r\n" % (subject.encode(), len(payload), payload)
+
+
+def header_block(headers: dict[str, str]) -> bytes | None:
+    """Rule 8: the header block nats-py's `publish` builds for `headers` (``NATS/1.0``, a
+    line a header, an empty line), or None for a key or value it would change or refuse
+    (empty, whitespace around it or in a key, a control character)."""
+    lines = [b"NATS/1.0\r\n"]
+    for key, value in headers.items():
+        if not _HEADER_KEY.fullmatch(key) or not value.isprintable() or value != value.strip():
+            return None
+        lines.append(b"%s: %s\r\n" % (key.encode(), value.encode()))
+    lines.append(b"\r\n")
+    return b"".join(lines)
+
+
+async def send_replied(nc: Any, batch: Sequence[tuple[str, str, bytes, bytes]]) -> bool:
+    """Rule 8: each (subject, reply, header block, payload) of `batch` handed over in one,
+    in order; False: nothing was sent (publish each)."""
+    if not batch:
+        return True
+    if not (fast(nc) and nc.is_connected) or nc.is_draining_pubs:
+        return False
+    limit = nc.max_payload
+    frames: list[bytes] = []
+    size = 0
+    for subject, reply, head, payload in batch:
+        if len(payload) > limit or not _good_subject(subject) or not _good_subject(reply):
+            return False
+        frames.append(b"HPUB %s %s %d %d\r\n%s%s\r\n" % (
+            subject.encode(), reply.encode(), len(head), len(head) + len(payload), head,
+            payload))
+        size += len(payload)
+    await _hand_over(nc, frames, size)
+    return True
 
 
 def _good_subject(subject: str) -> bool:
