@@ -47,13 +47,15 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
+import msgspec
+
 from gavel.broker.outbox import Outbox
 from gavel.shared import subjects
 from gavel.shared.messages import Event, EventType
 from gavel.shared.timing import Timing
 from gavel.transport import eventstream, wire
 from gavel.transport.asklater import Made, again, verdict, why
-from gavel.transport.inbound import Malformed, js_answer
+from gavel.transport.inbound import Decode, Malformed
 from gavel.transport.wire import Inbound
 
 __all__ = ["KEPT", "Events", "Window"]
@@ -65,6 +67,17 @@ WAITING_MAX = 20_000
 #: Stores on the wire at once (rule 3).
 _WINDOW = 64
 _TIMING = Timing()
+
+
+class _Ack(msgspec.Struct):
+    """A store's answer as rule 3 reads it (a JSON object, like `js_answer`'s): stored when it
+    names a sequence and no error. Decoded as this, not as a dict: three a placement."""
+
+    seq: Any = msgspec.UNSET
+    error: Any = msgspec.UNSET
+
+
+_ack: Decode[_Ack] = Decode(_Ack, json=True)
 
 
 class Window:
@@ -294,9 +307,9 @@ class Events:
         w, number = self._window, msg.subject.rpartition(".")[2]
         if w is None or not number.isdecimal():
             return
-        ack = js_answer(msg.data)
-        w.heard(int(number), not isinstance(ack, Malformed) and "error" not in ack
-                and "seq" in ack)
+        ack = _ack(msg.data)
+        w.heard(int(number), not isinstance(ack, Malformed) and ack.error is msgspec.UNSET
+                and ack.seq is not msgspec.UNSET)
 
     def emit(self, instance_id: str, type_: EventType, node_id: str = "",
              reason: str = "", detail: str = "", exit_code: int | None = None,
