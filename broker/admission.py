@@ -22,7 +22,7 @@ class Admission:
         """Why `count` more live instances, or `service` at `count` replicas (its own live
         ones replaced, `shared.admission` rule 2), are refused; None when admitted."""
         state = self.ctx.ledger.state()
-        live = sum(1 for r in state.instances.values() if not r.state.terminal)
+        live = live_instances(state)  # kept by the state: no walk over every record a submit
         if service is not None:
             live -= sum(1 for r in state.replicas_of(service) if not r.state.terminal)
         why = refusal(self.caps, live=live, adding=count,

@@ -134,6 +134,9 @@ class Api:
         #: The names submissions may ask for (values are resolved only into awards).
         self.secrets = secrets
         self.ended_max = ended_max
+        #: This process, whose RSS `stats` reports: made once (making one reads its start
+        #: time from /proc, and `gavel bench` asks for stats four times a second).
+        self._process = psutil.Process()
         #: The connection the requests come in on and their answers leave on (rule 7).
         self.nc: Any = None
         #: Requests being served (rule 2); a reference keeps each task alive.
@@ -275,7 +278,7 @@ class Api:
             commits=ctx.committer.commits, round_p50_ms=_pct(rounds, 50),
             round_p99_ms=_pct(rounds, 99), commit_p50_ms=_pct(commits, 50),
             commit_p99_ms=_pct(commits, 99),
-            rss_mb=psutil.Process().memory_info().rss / 2**20, kv_puts=self.mirror.puts,
+            rss_mb=self._process.memory_info().rss / 2**20, kv_puts=self.mirror.puts,
             tuned_level=auctioneer.tuner.level, tuned_changes=auctioneer.tuner.changes,
             tuned_trace=[j.line() for j in auctioneer.tuner.trace])
 

@@ -23,7 +23,10 @@ Rules:
    (`transport.inbound` refuses what they cannot serve); one that raises all the same is a
    bug, logged with its traceback at most once a minute per subject, and the next message
    is handled. A client whose `_process_msg` is not the one this was written against
-   (`DIRECT`) subscribes them the ordinary way.
+   (`DIRECT`) subscribes them the ordinary way. The client's parser cuts their MSG frames
+   off what was read and hands each over itself (`_DirectParser`), without a coroutine and
+   a regular expression a message; anything else, from its first frame on, is nats-py's
+   parser's (tests/unit/test_direct_parser.py splits a stream every way against it).
 5. `write_now` puts a batch on the socket there and then, behind what the client already
    holds (its pending buffer first: order is kept), instead of handing it to nats-py's
    flusher task, which writes it a loop turn or two later (the broker's sender writes its
@@ -41,6 +44,11 @@ Rules:
    socket). A message to ourselves, published after them, travels behind them.
 7. `abort(nc)` closes a connection without sending what it still holds: a broker that no
    longer leads says nothing more (`broker.ha`). Its subscriptions end with it.
+8. `send_replied` hands over messages with a reply subject and headers (the event history's
+   stores, `broker.events`: two or three a placement) as one batch, each an HPUB frame
+   exactly as nats-py's `publish(subject, payload, reply, headers)` frames it, when the
+   batch path vouches for every one (rule 3); otherwise it sends nothing and says so, and
+   the caller publishes each.
 """
 
 from __future__ import annotations
@@ -48,6 +56,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import logging
+import re
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
@@ -56,13 +65,14 @@ from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 from nats.aio.transport import TcpTransport
+from nats.protocol.parser import AWAITING_CONTROL_LINE, MAX_CONTROL_LINE_SIZE, Parser
 
 from gavel.shared.timing import Timing
 from gavel.transport.inbound import Received
 from gavel.transport.rejects import Throttle
 
-__all__ = ["DIRECT", "Client", "Inbound", "Received", "abort", "fast", "send", "subscribed",
-           "write_now"]
+__all__ = ["DIRECT", "Client", "Inbound", "Received", "abort", "fast", "header_block", "send",
+           "send_replied", "subscribed", "write_now"]
 
 log = logging.getLogger("gavel.broker")
 _TIMING = Timing()
@@ -92,6 +102,12 @@ def fast(nc: Any) -> bool:
         and callable(getattr(nc, "_flush_pending", None)) \
         and hasattr(nc, "_flush_queue") and isinstance(getattr(nc, "stats", None), dict)
 
+
+#: What nats-py's `publish` takes as a header's key (rule 8).
+_HEADER_KEY = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+
+#: Where a MSG line's end is looked for (rule 4): past it, nats-py's parser decides.
+_LINE_MAX = MAX_CONTROL_LINE_SIZE
 
 #: Unsent bytes in the transport above which `write_now` declines (rule 5).
 WRITE_NOW_MAX_BUFFERED = 1 << 20
@@ -154,6 +170,40 @@ def _frame(subject: str, payload: bytes, limit: int) -> bytes | None:
     return b"PUB %s %d\r\n%s\r\n" % (subject.encode(), len(payload), payload)
 
 
+def header_block(headers: dict[str, str]) -> bytes | None:
+    """Rule 8: the header block nats-py's `publish` builds for `headers` (``NATS/1.0``, a
+    line a header, an empty line), or None for a key or value it would change or refuse
+    (empty, whitespace around it or in a key, a control character)."""
+    lines = [b"NATS/1.0\r\n"]
+    for key, value in headers.items():
+        if not _HEADER_KEY.fullmatch(key) or not value.isprintable() or value != value.strip():
+            return None
+        lines.append(b"%s: %s\r\n" % (key.encode(), value.encode()))
+    lines.append(b"\r\n")
+    return b"".join(lines)
+
+
+async def send_replied(nc: Any, batch: Sequence[tuple[str, str, bytes, bytes]]) -> bool:
+    """Rule 8: each (subject, reply, header block, payload) of `batch` handed over in one,
+    in order; False: nothing was sent (publish each)."""
+    if not batch:
+        return True
+    if not (fast(nc) and nc.is_connected) or nc.is_draining_pubs:
+        return False
+    limit = nc.max_payload
+    frames: list[bytes] = []
+    size = 0
+    for subject, reply, head, payload in batch:
+        if len(payload) > limit or not _good_subject(subject) or not _good_subject(reply):
+            return False
+        frames.append(b"HPUB %s %s %d %d\r\n%s%s\r\n" % (
+            subject.encode(), reply.encode(), len(head), len(head) + len(payload), head,
+            payload))
+        size += len(payload)
+    await _hand_over(nc, frames, size)
+    return True
+
+
 def _good_subject(subject: str) -> bool:
     """What nats-py refuses in a subject it publishes to: empty, or any whitespace (CR/LF
     above all: they would end the frame and start another command). Printable and no space
@@ -203,6 +253,41 @@ async def abort(nc: Any) -> None:
         await nc.close()
 
 
+class _DirectParser(Parser):
+    """Rule 4: complete MSG frames at the front of what was read, for direct subscriptions,
+    handed to their handlers as they are cut off, without a coroutine a message; the first
+    frame of anything else (another command, a frame not yet whole, an ordinary
+    subscription's message) and all after it are nats-py's parser's, as before."""
+
+    nc: Client
+
+    async def parse(self, data: bytes = b"") -> None:
+        buf = self.buf
+        buf.extend(data)
+        direct, nc = self.nc._direct, self.nc
+        while self.state == AWAITING_CONTROL_LINE and buf.startswith(b"MSG "):
+            end = buf.find(b"\r\n", 4, _LINE_MAX)
+            args = buf[4:end].split() if end > 0 else ()
+            if len(args) == 3:
+                subject, sid, size = args
+                reply = bytearray()
+            elif len(args) == 4:
+                subject, sid, reply, size = args
+            else:
+                break  # not whole yet, or not a frame this reads: nats-py's parser says
+            if not (sid.isdigit() and size.isdigit()):
+                break
+            handler = direct.get(int(sid))
+            start = end + 2
+            stop = start + int(size)
+            if handler is None or len(buf) < stop + 2:
+                break
+            payload = bytes(buf[start:stop])
+            del buf[:stop + 2]
+            nc._hand(handler, subject, reply, payload, None)
+        await super().parse()
+
+
 class Client(NatsClient):
     """nats-py's client, with direct subscriptions for the broker's busiest subjects."""
 
@@ -211,6 +296,8 @@ class Client(NatsClient):
         self._direct: dict[int, Handler] = {}
         #: A handler that raises is a bug; its traceback is logged, but not per message.
         self._failures = Throttle()
+        if DIRECT:
+            self._ps = _DirectParser(self)
 
     async def subscribe_direct(self, subject: str, handler: Handler) -> Subscription:
         """Subscribe `handler` (a function that never waits) to `subject` (rule 4); the
@@ -230,6 +317,10 @@ class Client(NatsClient):
         if handler is None:
             await super()._process_msg(sid, subject, reply, data, headers)  # type: ignore[arg-type]
             return
+        self._hand(handler, subject, reply, data, headers)
+
+    def _hand(self, handler: Handler, subject: bytes | bytearray, reply: bytes | bytearray,
+              data: bytes, headers: bytes | None) -> None:
         self.stats["in_msgs"] += 1
         self.stats["in_bytes"] += len(data)
         try:

@@ -246,3 +246,63 @@ async def test_flush_can_overtake_a_subscription_and_subscribed_cannot(
     finally:
         await nc.close()
         await pub.close()
+
+
+async def test_replied_messages_are_framed_as_nats_py_frames_them_and_arrive_with_headers(
+        nats_url: str) -> None:
+    """Rule 8: the HPUB frames `send_replied` hands over in one are byte for byte the ones
+    nats-py's `publish` builds for the same subject, reply, headers and payload; a header
+    nats-py would change or refuse, a bad subject or reply, or a payload over the limit is
+    not framed: nothing is sent and the caller publishes."""
+    pub = await nats.connect(nats_url)
+    sub = await nats.connect(nats_url)
+    try:
+        stores = [(f"w.h.{k}", f"_INBOX.w.{k}", {"Nats-Msg-Id": f"p.{k}", "Gavel-X": "1"},
+                   bytes([k]) * k) for k in range(5)]
+        got: list[Msg] = []
+        done = asyncio.get_running_loop().create_future()
+
+        async def cb(msg: Msg) -> None:
+            got.append(msg)
+            if len(got) == 2 * len(stores):  # published, then sent again in one hand-over
+                done.set_result(None)
+
+        await sub.subscribe("w.h.*", cb=cb)
+        await wire.subscribed(sub)
+        handed: list[bytes] = []
+        hand_over = pub._send_command
+
+        async def capturing(cmd: bytes, priority: bool = False) -> None:
+            handed.append(cmd)
+            await hand_over(cmd, priority)
+
+        pub._send_command = capturing  # type: ignore[method-assign]
+        for subject, reply, headers, data in stores:
+            await pub.publish(subject, data, reply=reply, headers=headers)
+        by_publish = b"".join(handed)
+        handed.clear()
+        blocks = [wire.header_block(h) for _s, _r, h, _d in stores]
+        assert await wire.send_replied(pub, [
+            (s, r, b, d) for (s, r, _h, d), b in zip(stores, blocks, strict=True)
+            if b is not None])
+        assert len(handed) == 1 and handed[0] == by_publish  # one hand-over, the same bytes
+        await asyncio.wait_for(done, 10)
+        assert [(m.subject, m.reply, m.headers, m.data) for m in got] == [
+            (s, r, h, d) for s, r, h, d in stores] * 2
+
+        for bad in ({"Nats-Msg-Id": " p.1"}, {"Nats-Msg-Id": "a\r\nb"}, {"bad key": "1"},
+                    {"": "1"}):
+            assert wire.header_block(bad) is None
+        head = wire.header_block({"Nats-Msg-Id": "p.1"})
+        assert head == b"NATS/1.0\r\nNats-Msg-Id: p.1\r\n\r\n"
+        handed.clear()
+        too_big = b"x" * (pub.max_payload + 1)
+        for batch in ([("w.h.1", "r.1", head, b"ok"), ("w h", "r.2", head, b"")],
+                      [("w.h.1", "r 1", head, b"")], [("w.h.1", "r.1", head, too_big)]):
+            assert not await wire.send_replied(pub, batch)
+        assert handed == []  # nothing of a refused batch was handed over
+        await pub.close()
+        assert not await wire.send_replied(pub, [("w.h.1", "r.1", head, b"")])
+    finally:
+        await pub.close()
+        await sub.close()

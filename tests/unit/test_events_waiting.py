@@ -118,15 +118,23 @@ async def test_each_store_of_a_window_is_told_apart_by_its_reply_subject() -> No
     events._answered(Inbound("_INBOX_broker.x.0", b"", headers=b"NATS/1.0 503\r\n\r\n"))
     assert await storing == [False, True]  # no responders: not stored
 
+    refused = [events.waiting[0]] * 2
+    storing = asyncio.create_task(events._store(refused))
+    await asyncio.sleep(0)
+    events._answered(Inbound("_INBOX_broker.x.2", b'{"error":{"code":503,"description":'
+                             b'"no stream"},"seq":9}'))
+    events._answered(Inbound("_INBOX_broker.x.3", b"[1]"))  # no JSON object: no answer
+    assert await storing == [False, False]  # an error said, or nothing it reads: not stored
+
     second = [events.waiting.popleft()]
     storing = asyncio.create_task(events._store(second))
     await asyncio.sleep(0)
-    assert wire.sent[-1][1] == "_INBOX_broker.x.2"
+    assert wire.sent[-1][1] == "_INBOX_broker.x.4"
     events._answered(Inbound("_INBOX_broker.x.1", b'{"stream":"EVENTS","seq":7}'))  # late
     assert await storing == [False]  # unanswered within ack_s
     storing = asyncio.create_task(events._store(second))  # sent again, the same message id
     await asyncio.sleep(0)
     assert wire.sent[-1][2]["Nats-Msg-Id"] == second[0][2]
-    events._answered(Inbound("_INBOX_broker.x.3",
+    events._answered(Inbound("_INBOX_broker.x.5",
                              b'{"stream":"EVENTS","seq":8,"duplicate":true}'))
     assert await storing == [True]  # stored once: the stream's duplicate window
