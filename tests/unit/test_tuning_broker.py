@@ -44,14 +44,21 @@ def _answer_rounds(a: Auctioneer, rounds: int) -> list[int]:
     """Every node bids on every open round, `rounds` times; the batch size after each."""
     sizes = []
     for _ in range(rounds):
-        aid, auction = next(iter(a.auctions.items()))
-        for n in NODES:
-            a.on_bids(Msg(subjects.BIDS.format(node=n), _enc.encode(BidReply(
-                auction_id=aid, node_id=n,
-                answers=[Bid(shape=i, load=0.1, step=0.01, strategy="x")
-                         for i in range(len(auction.shapes))]))))
+        _answer(a, next(iter(a.auctions)))
         sizes.append(a.batch_max)
     return sizes
+
+
+def _answer(a: Auctioneer, aid: str) -> None:
+    """Every node bids on the round `aid`, if it is still open."""
+    auction = a.auctions.get(aid)
+    if auction is None:
+        return
+    for n in NODES:
+        a.on_bids(Msg(subjects.BIDS.format(node=n), _enc.encode(BidReply(
+            auction_id=aid, node_id=n,
+            answers=[Bid(shape=i, load=0.1, step=0.01, strategy="x")
+                     for i in range(len(auction.shapes))]))))
 
 
 #: Work that saturates more than a window of the latency end's rounds, yet waits less than
