@@ -201,8 +201,10 @@ def test_the_tuning_sitting_interleaves_the_defaults_and_the_hand_tuned_settings
     env = {k: v for k, v in os.environ.items() if k != "GAVEL_FAST_TIMERS"}
     env["TMPDIR"] = str(tmp_path)
     proc = subprocess.run([sys.executable, "-m", "gavel", "bench", "--tuning", "--json",
-                           "--agents", "20", "--processes", "2", "--repeat", "1"],
+                           "--agents", "20", "--processes", "2", "--repeat", "4"],
                           capture_output=True, text=True, timeout=400, check=False, env=env)
+    # four pairs of half a second: each side's 2 s close rounds on a loaded machine, where
+    # one pair's half-second segment can close none
     assert proc.returncode in (0, 3), proc.stderr[-2000:]  # 3: a target missed, not a failure
     r = json.loads(proc.stdout.strip().splitlines()[-1])
     assert len(r["capacities_per_s"]) == 3 and min(r["capacities_per_s"]) > 0
@@ -214,8 +216,10 @@ def test_the_tuning_sitting_interleaves_the_defaults_and_the_hand_tuned_settings
         assert c["rate"] == pytest.approx(frac * c["capacity"], abs=0.1)
     for k, c in enumerate(r["comparisons"]):
         sides = [s["side"] for s in c["segments"]]
-        assert sorted(sides) == ["defaults", "reference"]
-        assert sides[0] == ("reference" if k % 2 else "defaults")  # alternating from the first
+        first, second = ("reference", "defaults") if k % 2 else ("defaults", "reference")
+        pairs = 4 if k < 3 else 1  # the closed loop: a pair for every seven, at least one
+        assert sides == [s for j in range(pairs)  # AB BA ..., alternating from the first
+                         for s in ((first, second) if j % 2 == 0 else (second, first))]
         assert c["defaults"] > 0 and c["reference"] > 0
         assert c["met"] == (c["ratio"] <= 1.5 if c["at_most"] else c["ratio"] >= 0.9)
     for c in r["comparisons"]:  # where each segment's tuner stood as it ended
