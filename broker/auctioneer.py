@@ -234,12 +234,13 @@ class Auctioneer:
         """Rule 12: the tuner hears of the commits written and the rounds closed since it
         last heard, and what it chose applies from the next pass."""
         self._heard_commits(now)
+        if not actions or not any(isinstance(a, Decided) for a in actions):
+            return  # no round closed (most bid replies): nothing else to hear
         auctions = self.core.auctions
         if self.tuner.took(actions, len(auctions), now,
                            sum(len(a.requests) for a in auctions.values())):
             self._tuned()
-        if any(isinstance(a, Decided) for a in actions) \
-                and self.tuner.waiting(self.core.backlog()):
+        if self.tuner.waiting(self.core.backlog()):
             self._tuned()
             self.ctx.wake()  # rule 12: the throughput end's rounds open now, not at a tick
 
