@@ -5,10 +5,13 @@ Rules:
 1. A batch's trailer carries each shape's bids once, from the last decision made for that
    shape, whose declines include any node that ran out of room during the batch.
 2. The newest `kept` decisions are remembered, one per instance (its latest); the oldest
-   goes first.
+   goes first, from an `OrderedDict`: a plain dict's first key, after many taken from the
+   front, is found by walking past their deleted slots, once a placement.
 """
 
 from __future__ import annotations
+
+from collections import OrderedDict
 
 from gavel.broker.metrics import Metrics
 from gavel.shared.auction import Auction, Awarded, Decision
@@ -26,14 +29,14 @@ class Recent:
 
     def __init__(self, kept: int) -> None:
         self._kept = kept
-        self._recent: dict[str, tuple[str, Decision]] = {}  # insertion order: oldest first
+        self._recent: OrderedDict[str, tuple[str, Decision]] = OrderedDict()  # oldest first
 
     def remember(self, iid: str, aid: str, d: Decision) -> None:
         recent = self._recent
         recent.pop(iid, None)
         recent[iid] = (aid, d)
         if len(recent) > self._kept:
-            del recent[next(iter(recent))]
+            recent.popitem(last=False)
 
     def declines_by(self, node_id: str, limit: int) -> list[tuple[str, str, NodeDecline]]:
         """(instance, auction, decline) of `node_id` in the decisions remembered, newest
