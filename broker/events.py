@@ -23,7 +23,8 @@ Rules:
    a future, a timer and a task, the answer as a `Msg`) took about a sixth of the broker's
    CPU a placement (docs/performance.md). A message id is the broker's random prefix and a
    count. A window's stores reach the client as one hand-over (`transport.wire` rule 8),
-   not a `publish` each, whose checks and framing cost more than the frame.
+   not a `publish` each, whose checks and framing cost more than the frame; their header
+   blocks are built as they are, not checked key by key like any header's.
 4. JetStream that cannot answer yet (`transport.asklater` rules 2 and 3: electing its
    leaders, or any failure with several brokers) is asked again for the history every
    `retry_s` (`run`), and meanwhile each event is published as without JetStream (for
@@ -265,22 +266,20 @@ class Events:
         w = self._window = Window(self._numbered, len(window))
         self._numbered += len(window)
         try:
-            stores: list[tuple[str, str, dict[str, str], bytes]] = []
-            for i, (subject, data, msg_id, published) in enumerate(window):
-                headers = {"Nats-Msg-Id": msg_id}
-                if published:  # rule 4: a follower without a history heard it already
-                    headers[eventstream.STORED_LATE] = "1"
-                stores.append((subject, f"{self._inbox}.{w.first + i}", headers, data))
+            inbox, first = self._inbox, w.first
+            stores = [(subject, f"{inbox}.{first + i}", _head(msg_id, published), data)
+                      for i, (subject, data, msg_id, published) in enumerate(window)]
             try:
-                batched = await self._send_batch(stores)
+                batched = await wire.send_replied(self._nc, stores)
             except Exception:  # the connection failed as they were handed over: not stored
                 batched = True
                 for i in range(len(stores)):
                     w.heard(w.first + i, False)
             if not batched:
-                for i, (subject, reply, headers, data) in enumerate(stores):
+                for i, (subject, data, msg_id, published) in enumerate(window):
                     try:
-                        await self._nc.publish(subject, data, reply=reply, headers=headers)
+                        await self._nc.publish(subject, data, reply=f"{inbox}.{first + i}",
+                                               headers=_headers(msg_id, published))
                     except Exception:  # reconnecting past its buffer, closed: not stored
                         w.heard(w.first + i, False)
             with contextlib.suppress(TimeoutError):
@@ -289,17 +288,6 @@ class Events:
         finally:
             self._window = None
         return w.stored
-
-    async def _send_batch(self, stores: list[tuple[str, str, dict[str, str], bytes]]) -> bool:
-        """Rule 3: the window's stores handed to the client in one (`wire.send_replied`);
-        False: none was sent (each is published)."""
-        framed = []
-        for subject, reply, headers, data in stores:
-            head = wire.header_block(headers)
-            if head is None:
-                return False
-            framed.append((subject, reply, head, data))
-        return await wire.send_replied(self._nc, framed)
 
     def _answered(self, msg: Inbound) -> None:
         """Rule 3: the stream's answer to a store of the window on the wire (no responders,
@@ -317,6 +305,24 @@ class Events:
         self.record(Event(instance_id=instance_id, type=type_, node_id=node_id,
                           reason=reason, detail=detail, exit_code=exit_code,
                           attempt=attempt, at=self._clock()))
+
+
+def _headers(msg_id: str, published: bool) -> dict[str, str]:
+    """A store's headers (rule 3): its message id; marked if published already (rule 4)."""
+    headers = {"Nats-Msg-Id": msg_id}
+    if published:  # rule 4: a follower without a history heard it already
+        headers[eventstream.STORED_LATE] = "1"
+    return headers
+
+
+_ID_LINE = b"NATS/1.0\r\nNats-Msg-Id: "
+_LATE_LINE = f"\r\n{eventstream.STORED_LATE}: 1".encode()
+
+
+def _head(msg_id: str, published: bool) -> bytes:
+    """`wire.header_block(_headers(msg_id, published))`, built at once: a message id is
+    a hex prefix and a count, nothing the block's checks would refuse (rule 3)."""
+    return b"%s%s%s\r\n\r\n" % (_ID_LINE, msg_id.encode(), _LATE_LINE if published else b"")
 
 
 def _no_history(log: logging.Logger, reason: str) -> None:

@@ -17,7 +17,8 @@ from gavel.broker.events import Events, Window
 from gavel.broker.outbox import Outbox
 from gavel.shared.messages import Event
 from gavel.shared.timing import Timing
-from gavel.transport.wire import Inbound
+from gavel.transport.eventstream import STORED_LATE
+from gavel.transport.wire import Inbound, header_block
 
 
 def test_past_the_bound_the_oldest_waiting_are_dropped_counted_and_said_once(
@@ -138,3 +139,16 @@ async def test_each_store_of_a_window_is_told_apart_by_its_reply_subject() -> No
     events._answered(Inbound("_INBOX_broker.x.5",
                              b'{"stream":"EVENTS","seq":8,"duplicate":true}'))
     assert await storing == [True]  # stored once: the stream's duplicate window
+
+
+@pytest.mark.parametrize("published", [False, True])
+def test_a_stores_header_block_is_the_one_its_headers_make(published: bool) -> None:
+    """Rule 3: the block a window's store carries, built at once, is byte for byte what
+    `wire.header_block` makes of the headers the same store is published with one by one."""
+    events = Events(Outbox(lambda _s, _e: None))
+    events._nc = object()  # the history made: what is recorded waits to be stored
+    events.record(Event(instance_id="i-0", type="placed"))
+    msg_id = events.waiting[0][2]
+    headers = events_module._headers(msg_id, published)
+    assert headers["Nats-Msg-Id"] == msg_id and (STORED_LATE in headers) is published
+    assert events_module._head(msg_id, published) == header_block(headers)
