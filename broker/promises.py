@@ -56,6 +56,7 @@ from gavel.broker.context import Context
 from gavel.broker.effects import Release
 from gavel.broker.ledger.committer import Item, Planned, and_then
 from gavel.broker.ledger.plan import View
+from gavel.broker.ledger.state import State
 from gavel.broker.promiseplans import (
     current,
     plan_action,
@@ -206,7 +207,7 @@ class Promises:
                 ctx.timers.accepted(iid)
                 self.live[iid] = ev.type
                 if ev.type == EventType.RUNNING:
-                    self._running(iid, node)
+                    self._running(iid, node, state)
                 if ev.ports or ev.taken:
                     self._ports(ev)
             case EventType.HEALTHY | EventType.UNHEALTHY:
@@ -257,7 +258,7 @@ class Promises:
                 self.ctx.timers.accepted(iid)
                 if st == InstanceState.RUNNING:
                     if iid not in self.ctx.timers.running:  # every heartbeat lists it again
-                        self._running(iid, node_id)
+                        self._running(iid, node_id, state)
                     self.live.setdefault(iid, st)
                 if current and report.health in _HEALTHS:
                     health = Health(report.health)
@@ -281,8 +282,10 @@ class Promises:
         """The node's agent started again: it counts its events from 1 anew (rule 4)."""
         self.reported.pop(node_id, None)
 
-    def _running(self, iid: str, node: str) -> None:
-        rec = self.ctx.ledger.state().instances.get(iid)
+    def _running(self, iid: str, node: str, state: State) -> None:
+        """The running clock of `iid` on `node`, its timeout from `state` (the caller's read:
+        the ledger's state is read once a report, not again for this)."""
+        rec = state.instances.get(iid)
         self.ctx.timers.started_running(iid, node, self.ctx.now(), self.ctx.timing,
                                       rec.spec.timeout_s if rec else None)
 
