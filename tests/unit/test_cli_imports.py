@@ -1,20 +1,31 @@
 """What a verb loads (`gavel.cli.main` rule 4): `gavel worker`, idle on every node, imports
-none of the client verbs, the HTTP API or the dashboard; a client verb still finds its
-module where it runs."""
+none of the client verbs, the HTTP API, the dashboard or prometheus_client unless it serves
+metrics; a client verb still finds its module where it runs."""
 
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
-#: What the worker daemon never uses.
+import pytest
+
+from gavel.cli.config import WorkerConfig
+from gavel.cli.workerdaemon import _agent_class
+from gavel.worker.agent import Agent
+from gavel.worker.metrics import ObservedAgent
+
+#: What the worker daemon never uses. prometheus_client's package import alone brings its
+#: HTTP server and exposition (http.server, urllib.request, wsgiref).
 NEVER_IN_A_WORKER = frozenset({
     "gavel.cli.commands", "gavel.cli.auth", "gavel.cli.plancmd", "gavel.cli.execcmd",
     "gavel.cli.logscmd", "gavel.cli.tunecmd", "gavel.cli.up", "gavel.cli.api.app",
-    "gavel.cli.ui.app", "gavel.client", "gavel.client.aio",
+    "gavel.cli.ui.app", "gavel.client", "gavel.client.aio", "prometheus_client",
+    "gavel.worker.metrics", "gavel.cli.metrics_http", "http.server", "urllib.request",
+    "wsgiref",
 })
 
 #: Runs `gavel` as `python -m gavel` does, with the agent's run replaced by a look at the
@@ -49,13 +60,29 @@ def _loaded(tmp_path: Path, *argv: str) -> dict[str, Any]:
     return got
 
 
-def test_a_worker_loads_no_client_verb_or_server(tmp_path: Path) -> None:
+def test_a_worker_loads_no_client_verb_server_or_metrics(tmp_path: Path) -> None:
     got = _loaded(tmp_path, *_WORKER, "--state", str(tmp_path / "state"))
     assert got["code"] == 0 and got["ran"] is not None  # the agent was made and run
     assert sorted(set(got["ran"]) & NEVER_IN_A_WORKER) == []
+
+
+def test_a_worker_serving_metrics_counts_what_it_sends(tmp_path: Path) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    got = _loaded(tmp_path, *_WORKER, "--state", str(tmp_path / "state"),
+                  "--metrics-port", str(port))
+    assert got["code"] == 0
+    assert {"gavel.worker.metrics", "prometheus_client"} <= set(got["ran"])
 
 
 def test_a_client_verb_still_loads_its_module(tmp_path: Path) -> None:
     got = _loaded(tmp_path, "status", "--nats", "nats://127.0.0.1:9")
     assert got["code"] == 2  # nothing answers there: a sentence, as ever
     assert {"gavel.cli.commands", "gavel.client"} <= set(got["modules"])
+
+
+@pytest.mark.parametrize(("port", "kind"), [(None, Agent), (9101, ObservedAgent)])
+def test_the_agent_is_an_observed_one_only_with_a_metrics_port(
+        port: int | None, kind: type[Agent]) -> None:
+    assert _agent_class(WorkerConfig(metrics_port=port)) is kind
