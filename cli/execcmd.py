@@ -27,33 +27,11 @@ import tty
 from collections.abc import AsyncIterator
 
 from gavel.cli.outcomes import Unknown
-from gavel.cli.parsers import duration
 from gavel.client import BrokerRefused, Client, ClientError
 from gavel.shared.execstream import TIMEOUT_MAX_S, ExecOutput
 from gavel.shared.reasons import Reason
 
-__all__ = ["add_arguments", "run_cli", "split"]
-
-
-def split(argv: list[str]) -> tuple[list[str], list[str]]:
-    """``exec ... -- CMD ...`` as (what argparse reads, the command): everything after the
-    first ``--`` is the command's, options like its ``-c`` included."""
-    verb = next((a for a in argv if not a.startswith("-")), "")
-    if verb != "exec" or "--" not in argv:
-        return argv, []
-    at = argv.index("--")
-    return argv[:at], argv[at + 1:]
-
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("instance", help="the instance to run the command in")
-    p.usage = "gavel exec [options] INSTANCE -- CMD [ARG ...]"
-    p.add_argument("--tty", "-t", action="store_true",
-                   help="give the command a terminal (an interactive shell)")
-    p.add_argument("--timeout", type=duration, default=0.0, metavar="DURATION",
-                   help="end the session after DURATION (default: the node's, one hour)")
-    p.add_argument("--node", default="", metavar="NODE",
-                   help="ask this node directly, without the status API")
+__all__ = ["run_cli"]
 
 
 async def _stdin() -> AsyncIterator[bytes]:

@@ -25,38 +25,15 @@ import time
 from typing import BinaryIO
 
 from gavel.cli.commands import Unknown
-from gavel.cli.parsers import duration, whole
 from gavel.client import BrokerRefused, Client, ClientError
 from gavel.shared.api import InstanceStatus
 from gavel.shared.logstream import LogChunk, LogsDone
 from gavel.shared.reasons import Reason
 
-__all__ = ["add_arguments", "run"]
+__all__ = ["run"]
 
 #: The states of a replica that is no longer current (rule 1).
 _ENDED = frozenset({"succeeded", "failed", "lost", "cancelled"})
-
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("instance", help="instance id, or a service's name (every replica)")
-    p.add_argument("--follow", "-f", action="store_true",
-                   help="keep printing new output until the instance ends (or Ctrl-C)")
-    which = p.add_mutually_exclusive_group()
-    which.add_argument("--stderr", dest="streams", action="store_const", const=["stderr"],
-                       help="the instance's stderr instead of its stdout")
-    which.add_argument("--all", dest="streams", action="store_const",
-                       const=["stdout", "stderr"],
-                       help="both: its stdout to stdout, its stderr to stderr")
-    p.set_defaults(streams=["stdout"])
-    p.add_argument("--tail", type=whole, default=None, metavar="N",
-                   help="only the last N lines (of each stream)")
-    p.add_argument("--since", type=duration, default=None, metavar="DURATION",
-                   help="only output of the last DURATION (30s, 5m, 1h30m), to the second")
-    p.add_argument("--node", default="", metavar="NODE",
-                   help="ask this node directly, without the status API")
-    p.add_argument("--history", action="store_true",
-                   help="a service's every replica it has a record of, ended ones too "
-                   "(default: its current replicas)")
 
 
 async def _targets(client: Client, args: argparse.Namespace) -> list[tuple[str, str]]:

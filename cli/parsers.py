@@ -34,6 +34,7 @@ __all__ = [
     "label_keys",
     "labels",
     "listen_addresses",
+    "listen_port",
     "node_id",
     "non_negative_float",
     "port",
@@ -271,6 +272,18 @@ def port(text: str) -> int:
     value = positive_int(text)
     if value > 65535:
         raise argparse.ArgumentTypeError(f"{text!r} is not a TCP port (1-65535)")
+    return value
+
+
+def listen_port(text: str) -> int:
+    """A port to listen on: 1-65535, or 0 for a free one."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a TCP port (0-65535; 0: a free "
+                                         "one)")
     return value
 
 

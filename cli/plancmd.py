@@ -25,11 +25,7 @@ from gavel.shared.planning import PlanReply
 from gavel.shared.reasons import render as render_reason
 from gavel.shared.records import AuctionRecord
 
-__all__ = ["add_arguments", "plan", "print_plan"]
-
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("spec", metavar="SPEC", help="a job or service spec file (TOML or JSON)")
+__all__ = ["plan", "print_plan"]
 
 
 async def plan(args: argparse.Namespace) -> int:

@@ -17,31 +17,17 @@ from __future__ import annotations
 import argparse
 import math
 
-from gavel.cli.parsers import at_most, non_negative_float, positive_int
 from gavel.cli.readouts import print_json, print_table
 from gavel.client import Client
 from gavel.shared.api import TuneReply
 from gavel.shared.errors import BadInput
-from gavel.shared.tuning import AUCTIONS_MOST, BATCH_MOST, GAP_MS_MOST
 
-__all__ = ["add_arguments", "tune"]
+__all__ = ["tune"]
 
 #: The settings, in the reply's order: its field, the flag that pins it, what it is.
 SETTINGS = (("batch_max", "--batch-max", "requests a round carries"),
             ("max_auctions", "--max-auctions", "rounds in flight"),
             ("commit_gap_ms", "--commit-gap-ms", "ms between commits at least"))
-
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--batch-max", type=at_most(positive_int, BATCH_MOST), default=None,
-                   metavar="N", help=f"pin the requests a round carries (1 to {BATCH_MOST})")
-    p.add_argument("--max-auctions", type=at_most(positive_int, AUCTIONS_MOST), default=None,
-                   metavar="N", help=f"pin the rounds in flight (1 to {AUCTIONS_MOST})")
-    p.add_argument("--commit-gap-ms", type=at_most(non_negative_float, GAP_MS_MOST),
-                   default=None, metavar="MS",
-                   help=f"pin the least time between commits (0 to {GAP_MS_MOST:g} ms)")
-    p.add_argument("--auto", action="store_true",
-                   help="tune every value again, as a broker started without them does")
 
 
 async def tune(args: argparse.Namespace) -> int:

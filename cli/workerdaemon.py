@@ -1,5 +1,9 @@
 """`gavel worker`: a worker's settings made into its parts (strategy, cgroups, isolation,
-engine), each unusable one refused as a `ConfigError` sentence before the agent starts."""
+engine), each unusable one refused as a `ConfigError` sentence before the agent starts.
+
+Its outbound messages are counted (`worker.metrics`) only when ``--metrics-port`` serves the
+counts: a worker that serves none neither keeps them nor loads prometheus_client, whose
+package brings its HTTP server and exposition with it, into a daemon idle on every node."""
 
 from __future__ import annotations
 
@@ -25,6 +29,8 @@ from gavel.cli.parsers import unusable_dir
 from gavel.transport.tasks import Tasks
 
 if TYPE_CHECKING:
+    from gavel.cli.metrics_http import MetricsServer
+    from gavel.worker.agent import Agent
     from gavel.worker.cgroups import Enforcement
     from gavel.worker.engine import Engine
     from gavel.worker.isolation import Isolation
@@ -98,10 +104,35 @@ def _find_engine(cfg: WorkerConfig) -> Callable[[], Engine | None] | None:
                              timing=effective_timing(cfg, os.environ))
 
 
-async def run_worker(args: argparse.Namespace) -> int:
+def _agent_class(cfg: WorkerConfig) -> type[Agent]:
+    """The agent, counting what it sends only when the counts are served (module doc)."""
+    if cfg.metrics_port is None:
+        from gavel.worker.agent import Agent
+
+        return Agent
+    from gavel.worker.metrics import ObservedAgent
+
+    return ObservedAgent
+
+
+def _serve_metrics(cfg: WorkerConfig, agent: Agent) -> MetricsServer | None:
+    """The agent's metrics endpoint at ``--metrics-port``; None when it has none."""
+    if cfg.metrics_port is None:
+        return None
     from gavel.cli.metrics_http import MetricsUnavailable, serve
     from gavel.worker.metrics import ObservedAgent
 
+    assert isinstance(agent, ObservedAgent)  # `_agent_class` made it, with its port
+    agent.metrics.attach(agent, asyncio.get_running_loop())
+    try:
+        server = serve(agent.metrics.registry, cfg.metrics_port, cfg.metrics_addr)
+    except MetricsUnavailable as exc:
+        raise ConfigError(f"{exc}.") from None
+    log.info("metrics at %s", server.url)
+    return server
+
+
+async def run_worker(args: argparse.Namespace) -> int:
     cfg: WorkerConfig = args.settings
     logs.configure(cfg.log_format, cfg.log_level, secrets=url_secrets(cfg.nats))
     _writable_dir(Path(cfg.state))
@@ -109,26 +140,17 @@ async def run_worker(args: argparse.Namespace) -> int:
     # A credential that is refused, or is another node's: the worker stops, leaving what runs
     # here running for a worker with the right one to adopt.
     refusals = Refusals(cfg, lambda: [f() for f in stopping])
-    agent = ObservedAgent(nats_url=cfg.nats, node_id=cfg.node_id, strategy=worker_strategy(cfg),
-                          labels=cfg.labels, state_dir=Path(cfg.state),
-                          timing=effective_timing(cfg, os.environ), cpu=cfg.cpu,
-                          memory_mb=cfg.memory_mb, port_range=cfg.ports,
-                          nats_options={"error_cb": refusals.on_error, **nats_options_of(cfg)},
-                          advertise=cfg.advertise, log_limits=log_limits(cfg),
-                          cgroups=_cgroups(cfg), isolation=_isolation(cfg),
-                          engine=_engine(cfg), volumes=cfg.volumes,
-                          find_engine=_find_engine(cfg))
+    agent = _agent_class(cfg)(
+        nats_url=cfg.nats, node_id=cfg.node_id, strategy=worker_strategy(cfg),
+        labels=cfg.labels, state_dir=Path(cfg.state), timing=effective_timing(cfg, os.environ),
+        cpu=cfg.cpu, memory_mb=cfg.memory_mb, port_range=cfg.ports,
+        nats_options={"error_cb": refusals.on_error, **nats_options_of(cfg)},
+        advertise=cfg.advertise, log_limits=log_limits(cfg), cgroups=_cgroups(cfg),
+        isolation=_isolation(cfg), engine=_engine(cfg), volumes=cfg.volumes,
+        find_engine=_find_engine(cfg))
     stops = Tasks("the worker's stop", log)  # an owner, as for every task (daemons rule 9)
     stopping.append(lambda: stops.spawn(agent.stop(kill_children=False), name="stop"))
-    loop = asyncio.get_running_loop()
-    agent.metrics.attach(agent, loop)
-    server = None
-    if cfg.metrics_port is not None:
-        try:
-            server = serve(agent.metrics.registry, cfg.metrics_port, cfg.metrics_addr)
-        except MetricsUnavailable as exc:
-            raise ConfigError(f"{exc}.") from None
-        log.info("metrics at %s", server.url)
+    server = _serve_metrics(cfg, agent)
     on_signal(lambda: stops.spawn(agent.stop(), name="stop"))
     try:
         await agent.run()

@@ -41,7 +41,6 @@ import argparse
 import asyncio
 import contextlib
 import errno
-import os
 import signal
 import socket
 import ssl
@@ -54,6 +53,7 @@ import msgspec
 
 from gavel.cli.api import errors, operators
 from gavel.cli.api.openapi import document
+from gavel.cli.api.options import DEFAULT_PORT
 from gavel.cli.api.routes import BODY_MAX, BadRequest, Route, build, find
 from gavel.cli.ui import access
 from gavel.cli.ui.http import Policy, Request, Response, Server, Sse, Stream
@@ -67,11 +67,8 @@ from gavel.shared.messages import ApiError
 from gavel.shared.roles import READ_VERBS
 from gavel.shared.timing import Timing
 
-__all__ = ["DEFAULT_PORT", "KEEPALIVE_S", "ApiServer", "ApiUnavailable", "add_options",
-           "run", "start"]
+__all__ = ["KEEPALIVE_S", "ApiServer", "ApiUnavailable", "run", "start"]
 
-#: Rule 1.
-DEFAULT_PORT = 8471
 #: Rule 4.
 KEEPALIVE_S = Timing().keepalive_s
 #: The header a reconnecting event-stream client sends: the last ``id:`` it heard (rule 4).
@@ -102,43 +99,6 @@ POLICY = Policy(methods=frozenset({"GET", "HEAD", "POST", "PUT", "DELETE"}), bod
     413: f"the request body is larger than this API reads ({BODY_MAX} bytes)",
     431: "request head too large",
 })
-
-
-def _port(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if not 0 <= value <= 65535:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a TCP port (0-65535; 0: a free "
-                                         "one)")
-    return value
-
-
-def add_options(p: argparse.ArgumentParser) -> None:
-    """``--api-addr``, ``--api-port``, ``--api-token``, ``--api-read-token``,
-    ``--api-operators``, ``--api-tls-cert``, ``--api-tls-key``."""
-    p.add_argument("--api-addr", default="127.0.0.1", metavar="ADDR",
-                   help="address the HTTP API listens on (default %(default)s; any other "
-                   "needs a token)")
-    p.add_argument("--api-port", type=_port, default=None, metavar="PORT",
-                   help=f"port of the HTTP API (default {DEFAULT_PORT}, or a free one when "
-                   "that is taken; 0: a free one)")
-    p.add_argument("--api-token", default=os.environ.get("GAVEL_API_TOKEN", ""),
-                   metavar="TOKEN", help="require this bearer token (env GAVEL_API_TOKEN; "
-                   "default: none on loopback, a new one printed once on any other address)")
-    p.add_argument("--api-read-token", default=os.environ.get("GAVEL_API_READ_TOKEN", ""),
-                   metavar="TOKEN", help="also accept this bearer token, for the reading "
-                   "routes only (env GAVEL_API_READ_TOKEN; a full token is then required "
-                   "too, made at start if not given)")
-    p.add_argument("--api-operators", default=os.environ.get("GAVEL_API_OPERATORS", ""),
-                   metavar="DIR", help="also accept each named operator's own token, written "
-                   "by `gavel auth operator add NAME --http-token` under this key directory "
-                   "(STATE/auth), and ask as that operator (env GAVEL_API_OPERATORS)")
-    p.add_argument("--api-tls-cert", default="", metavar="FILE",
-                   help="serve HTTPS with this certificate (PEM; with --api-tls-key)")
-    p.add_argument("--api-tls-key", default="", metavar="FILE",
-                   help="the certificate's private key (PEM)")
 
 
 class Handler:

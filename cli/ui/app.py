@@ -32,15 +32,14 @@ from typing import Any
 
 from gavel.cli.ui import access, feed, logs, views
 from gavel.cli.ui.http import Request, Response, Server, Sse, Stream
+from gavel.cli.ui.options import DEFAULT_PORT
 from gavel.client import BrokerRefused, Client, ClientError
 from gavel.shared.api import INSTANCE_ID
 from gavel.shared.errors import BadInput
 from gavel.shared.timing import Timing
 
-__all__ = ["DEFAULT_PORT", "Dashboard", "UiUnavailable", "add_options", "run", "start"]
+__all__ = ["Dashboard", "UiUnavailable", "run", "start"]
 
-#: Rule 3.
-DEFAULT_PORT = 8470
 #: A comment on an idle event stream this often (the browser notices a dead connection).
 KEEPALIVE_S = Timing().keepalive_s
 _TYPES = {".html": "text/html; charset=utf-8", ".js": "text/javascript; charset=utf-8",
@@ -51,31 +50,6 @@ _INSTANCE = re.compile(INSTANCE_ID)
 
 class UiUnavailable(BadInput):
     """The dashboard cannot listen where it was asked to (exit 2)."""
-
-
-def _port(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if not 0 <= value <= 65535:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a TCP port (0-65535; 0: a free "
-                                         "one)")
-    return value
-
-
-def add_options(p: argparse.ArgumentParser, prefix: str = "") -> None:
-    """``--addr``, ``--port``, ``--token`` (each ``--ui-...`` with `prefix` "ui-")."""
-    p.add_argument(f"--{prefix}addr", dest="ui_addr", default="127.0.0.1", metavar="ADDR",
-                   help="address the dashboard listens on (default %(default)s; any other "
-                   "needs a token)")
-    p.add_argument(f"--{prefix}port", dest="ui_port", type=_port, default=None,
-                   metavar="PORT", help=f"port of the dashboard (default {DEFAULT_PORT}, or a "
-                   "free one when that is taken; 0: a free one)")
-    p.add_argument(f"--{prefix}token", dest="ui_token",
-                   default=os.environ.get("GAVEL_UI_TOKEN", ""), metavar="TOKEN",
-                   help="require this token (env GAVEL_UI_TOKEN; default: none on loopback, "
-                   "a new one printed once on any other address)")
 
 
 def _static() -> dict[str, tuple[bytes, str]]:

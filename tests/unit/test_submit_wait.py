@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import pytest
 
-from gavel.cli.main import _wait_modes, build_parser
+from gavel.cli.cmdline import build_parser, wait_modes
 
 
 def parse(*argv: str) -> str | None:
-    args = build_parser().parse_args(_wait_modes(list(argv)))
+    args = build_parser().parse_args(wait_modes(list(argv)))
     assert args.spec.name == "job.toml"
     wait: str | None = args.wait
     return wait
@@ -34,4 +34,4 @@ def test_another_wait_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_other_verbs_keep_their_own_wait() -> None:
-    assert _wait_modes(["deploy", "web.toml", "--wait"]) == ["deploy", "web.toml", "--wait"]
+    assert wait_modes(["deploy", "web.toml", "--wait"]) == ["deploy", "web.toml", "--wait"]

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from gavel.cli import tunecmd
+from gavel.cli import tunecmd, verbflags
 from gavel.cli.main import main
 from gavel.shared.api import TuneReply
 
@@ -84,7 +84,7 @@ async def test_no_value_reads_values_pin_and_auto_releases(
     monkeypatch.setattr(tunecmd.Client, "connect", connect)
     p = argparse.ArgumentParser()
     p.add_argument("--json", action="store_true")
-    tunecmd.add_arguments(p)
+    verbflags.tune_arguments(p)
     args = p.parse_args(argv)
     args.nats, args.creds = "nats://x:1", None
     assert await tunecmd.tune(args) == 0
