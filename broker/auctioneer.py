@@ -29,7 +29,8 @@ What the shell adds to the core's rules, by their numbers:
 12. Unless given, the batch size, the rounds in flight and the committer's gap are the
     `shared.tuning.Tuner`'s: told of every round that closes (its time, whether work was
     left waiting, the requests in the rounds still open), every commit's time, and the work
-    waiting for a round as every pass begins and as rounds close, it moves them between the
+    waiting for a round as every pass begins and as rounds close (the core's backlog and the
+    submissions still landing, `incoming`: `broker.submissions` rule 6), it moves them between the
     latency end and the throughput end as the load asks, from that pass on (a jump for a
     backlog heard as a round closes runs a pass at once: a closed loop that began while
     rounds were in flight waited for a tick before). A pass hears of the commits
@@ -102,6 +103,9 @@ class Auctioneer:
         #: The award a placed instance's winner is told (`broker.assign`).
         self.award_for = award_for
         t = ctx.timing
+        #: Rule 12: instances submitted whose commit has not landed (the broker's
+        #: `Submissions.incoming`, set once its API is made).
+        self.incoming: Callable[[], int] = lambda: 0
         #: Rule 12: what is not given is tuned.
         self.tuner = Tuner(batch_max=batch_max, max_auctions=max_auctions,
                            commit_gap_s=commit_gap_s)
@@ -171,11 +175,15 @@ class Auctioneer:
     def max_auctions(self, value: int) -> None:
         self.core.max_auctions = self.tuner.pinned_max_auctions = value  # rule 12
 
+    def backlog(self) -> int:
+        """Rule 12: the work waiting for a round, landed or still landing."""
+        return self.core.backlog() + self.incoming()
+
     # -- driving the core ------------------------------------------------------------------
     def reconcile(self, now: float) -> None:
         self._heard_commits(now)  # rule 12: a commit that just landed is not quiet
         quiet = self.tuner.passed(now, len(self.core.auctions))
-        if self.tuner.waiting(self.core.backlog()) or quiet:  # rule 12: this pass's setting
+        if self.tuner.waiting(self.backlog()) or quiet:  # rule 12: this pass's setting
             self._tuned()
         self.core.reconcile(now)
         self._act(now)
@@ -240,7 +248,7 @@ class Auctioneer:
         if self.tuner.took(actions, len(auctions), now,
                            sum(len(a.requests) for a in auctions.values())):
             self._tuned()
-        if self.tuner.waiting(self.core.backlog()):
+        if self.tuner.waiting(self.backlog()):
             self._tuned()
             self.ctx.wake()  # rule 12: the throughput end's rounds open now, not at a tick
 

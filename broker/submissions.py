@@ -34,6 +34,11 @@ Rules:
    commit is queued (`kind_naming_problem`, `Api._refused`, the admission caps, a reused
    key) is answered directly: it wrote nothing, so no commit of its own has to be durable
    before it is told.
+6. The instances of a submission accepted (past rule 5's refusals) are `incoming` until the
+   commit that holds them lands or is refused: work the auctioneer's tuner counts as
+   waiting for a round (`broker.auctioneer` rule 12). A closed loop's next submissions are
+   on their way to their commits for a second or more on a busy broker; without them the
+   tuner saw half of what it was asked to place (docs/performance.md).
 """
 
 from __future__ import annotations
@@ -82,6 +87,8 @@ class Submissions:
         self._keyed: dict[str, asyncio.Future[None]] = {}
         #: The arrays whose submission is still landing here (rule 2): not judged yet.
         self.landing = landing
+        #: Rule 6: instances accepted whose commit has not landed yet.
+        self.incoming = 0
 
     async def submit(self, req: SubmitRequest) -> Message:
         if not req.key:
@@ -111,23 +118,28 @@ class Submissions:
         if refused is not None:
             return refused
         array = base if len(ids) > 1 else ""
-        made: list[Ready] = []
-        for at in range(have, len(ids), SUBMIT_SLICE):  # rule 1, before the first commit:
-            if at > have:  # between commits the loop is not yielded to again and again
-                await asyncio.sleep(0)
-            made += [ready(task_record(iid, spec, req.key, array, k))
-                     for k, iid in enumerate(ids[at:at + SUBMIT_SLICE], at + 1)]
-        if array:
-            self.landing.add(array)
+        left = len(ids) - have
+        self.incoming += left  # rule 6
         try:
+            made: list[Ready] = []
+            for at in range(have, len(ids), SUBMIT_SLICE):  # rule 1, before the first commit:
+                if at > have:  # between commits the loop is not yielded to again and again
+                    await asyncio.sleep(0)
+                made += [ready(task_record(iid, spec, req.key, array, k))
+                         for k, iid in enumerate(ids[at:at + SUBMIT_SLICE], at + 1)]
+            if array:
+                self.landing.add(array)
             for start in range(have, len(ids), self.chunk):  # rule 2
                 end = min(start + self.chunk, len(ids))
                 got = await self._commit(req, ids, start, end,
                                          made[start - have:end - have], fresh=start == 0)
+                left -= end - start
+                self.incoming -= end - start
                 if got is not None:
                     return got
         finally:
             self.landing.discard(array)
+            self.incoming -= left
         return SubmitReply.of(ids)
 
     async def _commit(self, req: SubmitRequest, ids: list[str], start: int, end: int,

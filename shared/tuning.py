@@ -31,23 +31,26 @@ Rules:
    batch shortens no round, so it is worth nothing unless the room it gives up was idle;
    a step to a smaller batch shortens every round, so drains alone take it (an open loop's
    bursts that a level carries with room to spare step down to quicker rounds).
-4. The tuner climbs for a backlog alone, and at once: when the work waiting for a round as
-   a pass begins or as rounds close (pending, neither in flight nor parked:
-   `shared.auctioneer` rule 13) would fill every round the throughput end keeps in flight
-   (`BACKLOG` times what it holds, or more), it goes to the throughput end and starts a new
-   window, so that pass opens the throughput end's rounds. Its wait is the queue's, not the
-   rounds', so the largest rounds clear it soonest, and the windows bring the level down as
-   it drains (rule 2). A closed loop's submissions wait in thousands from its first pass.
-   A smaller queue would leave the throughput end's rounds part empty, and the level
-   clears it itself: an open loop at 80% of its capacity on a machine that stalls for a
-   second or two (a busy neighbour) finds a second or two of its arrivals waiting after
-   each stall - 1,000-2,500 requests, draining at a fifth of its capacity - and jumped for
-   them when the bound was 64 generations of the latency end's rounds (1,536): rounds of
-   256 that took 200-800 ms there, for a queue the latency end was already clearing. An
-   open loop near its level's capacity saturates window after window with a few rounds'
-   worth waiting - on a busy machine, rounds that larger batches only lengthen: a climb
-   for saturated windows took it up one step at a time, and a climb for a few saturated
-   closes hunted, each to rounds longer than the latency end's for a queue that was short.
+4. The tuner climbs for a backlog alone, and at once: when the work waiting for a round as a
+   pass begins or as rounds close (pending, neither in flight nor parked:
+   `shared.auctioneer` rule 13; with the work the shell has accepted that is still on its
+   way to being pending, as the broker's submissions landing in git: a closed loop's next
+   submissions spend a second there on a busy broker, half of what waits) would fill every
+   round the throughput end keeps in flight (`BACKLOG` times what it holds, or more), it
+   goes to the throughput end and starts a new window, so that pass opens the throughput
+   end's rounds. Its wait is the queue's, not the rounds', so the largest rounds clear it
+   soonest, and the windows bring the level down as it drains (rule 2). A closed loop's
+   submissions wait in thousands from its first pass. A smaller queue would leave the
+   throughput end's rounds part empty, and the level clears it itself: an open loop at 80%
+   of its capacity on a machine that stalls for a second or two (a busy neighbour) finds a
+   second or two of its arrivals waiting after each stall - 1,000-2,500 requests, draining
+   at a fifth of its capacity - and jumped for them when the bound was 64 generations of the
+   latency end's rounds (1,536): rounds of 256 that took 200-800 ms there, for a queue the
+   latency end was already clearing. An open loop near its level's capacity saturates window
+   after window with a few rounds' worth waiting - on a busy machine, rounds that larger
+   batches only lengthen: a climb for saturated windows took it up one step at a time, and a
+   climb for a few saturated closes hunted, each to rounds longer than the latency end's for
+   a queue that was short.
 5. Commits are paced by what they cost: the gap before the next commit is the recent commit
    time (a moving average), at most the level's cap - a writer busy at most half the time
    leaves the cores to the rounds under load, and a light load's small, quick commits wait
@@ -117,8 +120,9 @@ LADDER: tuple[Setting, ...] = (
 #: Rounds closed per judgement (rule 2).
 WINDOW = 16
 #: Work waiting, in what the throughput end holds in flight (4,096), that jumps to it
-#: (rule 4): below the 8,000 the bench's closed loop keeps waiting, above the backlog an
-#: open loop at 80% of its capacity is left with after a stall of a second or two.
+#: (rule 4): below the 8,000 the bench's closed loop keeps waiting (pending or landing),
+#: above the backlog an open loop at 80% of its capacity is left with after a stall of a
+#: second or two.
 BACKLOG = 1
 #: The share of a window's closes that drained for a step down (rules 2, 3).
 RETURN = 0.75

@@ -36,6 +36,7 @@ def test_a_large_submission_lands_in_bounded_commits_with_requests_served_betwee
     rig.api.submissions.chunk = 100
     before = len(_subjects_of_commits(rig))
     landed: list[int] = []  # instances of it in the state each time `nodes` is answered
+    incoming: list[int] = []  # and those accepted whose commit has not landed (rule 6)
     answered_nodes: list[int] = []
 
     async def ask_nodes_meanwhile(big: asyncio.Task[None]) -> None:
@@ -45,6 +46,7 @@ def test_a_large_submission_lands_in_bounded_commits_with_requests_served_betwee
             await rig.api._serve("nodes", _request("nodes", NodesRequest(), f"_INBOX.n{k}"))
             answered_nodes.append(k)
             landed.append(len(rig.b.ledger.state().submitted("bigkey01")))
+            incoming.append(rig.api.submissions.incoming)
             await asyncio.sleep(0)
 
     async def both() -> None:
@@ -63,6 +65,10 @@ def test_a_large_submission_lands_in_bounded_commits_with_requests_served_betwee
         "submit 50 instances of tiny: big-301 .. big-350 (350 of 350)"]
     # `nodes` was answered while the submission was landing, not only after it.
     assert any(0 < n < 350 for n in landed), landed
+    # what has not landed yet is incoming: the tuner counts it as waiting (rule 6)
+    assert all(n + k >= 350 for n, k in zip(landed, incoming, strict=True))
+    assert 350 in incoming and any(0 < k < 350 for k in incoming), incoming
+    assert rig.api.submissions.incoming == 0
     for k in answered_nodes:
         msgspec.msgpack.decode(rig.answers(f"_INBOX.n{k}")[0], type=NodesReply)
     assert len(Ledger(rig.b.ledger.path).state().submitted("bigkey01")) == 350
@@ -94,6 +100,7 @@ def test_a_submission_cut_short_is_finished_by_its_keyed_retry(rig: Rig) -> None
     third = msgspec.msgpack.decode(rig.answers("_INBOX.third")[0], type=SubmitReply)
     assert third.instance_ids == reply.instance_ids
     assert len(_subjects_of_commits(rig)) == before + 2
+    assert rig.api.submissions.incoming == 0  # rule 6: what landed is no longer incoming
 
 
 def test_a_retry_naming_another_spec_for_a_cut_short_key_is_refused(rig: Rig) -> None:

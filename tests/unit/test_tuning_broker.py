@@ -137,6 +137,40 @@ async def test_a_backlog_heard_as_a_round_closes_jumps_and_runs_a_pass_at_once(
         b.committer.close()
 
 
+async def test_submissions_still_landing_count_as_waiting(tmp_path: Path) -> None:
+    # The bench's closed loop keeps 8,000 asked for: on a busy broker half of them are in
+    # submissions still on their way to git, the rest pending. The pending alone are less
+    # than the throughput end holds; with those landing they are more (rule 12).
+    holds = BACKLOG * LADDER[TOP].max_auctions * LADDER[TOP].batch_max
+    pending = holds - 100
+    b = _broker(tmp_path, queued=pending + LADDER[0].batch_max)
+    a = b.auctioneer
+    try:
+        a.reconcile(b.now())
+        assert a.tuner.level == 0 and a.core.backlog() == pending == a.backlog()
+        _answer_rounds(a, 2)
+        assert a.tuner.level == 0  # the pending alone hold the latency end
+        landing = 4000
+        a.incoming = lambda: landing
+        assert a.backlog() == a.core.backlog() + landing >= holds
+        b._wake.clear()
+        _answer_rounds(a, 1)
+        assert a.tuner.level == TOP and a.tuner.changes == 1
+        assert b._wake.is_set()
+    finally:
+        b.committer.close()
+
+
+async def test_the_broker_counts_its_submissions_landing(tmp_path: Path) -> None:
+    b = _broker(tmp_path, queued=0)
+    try:
+        assert b.auctioneer.backlog() == 0
+        b.api.submissions.incoming = 700  # as `Submissions._submit` keeps it
+        assert b.auctioneer.backlog() == 700
+    finally:
+        b.committer.close()
+
+
 async def test_values_given_are_pinned(tmp_path: Path) -> None:
     b = _broker(tmp_path, queued=2000, batch_max=10, max_auctions=1)
     a = b.auctioneer
