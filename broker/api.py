@@ -143,6 +143,7 @@ class Api:
         self._serving = Tasks("api", ctx.log)  # the requests being answered (rule 2)
         self.submissions = Submissions(ctx, refused=self._refused, admission=admission,
                                        landing=set() if landing is None else landing)
+        auctioneer.incoming = lambda: self.submissions.incoming  # its rule 12: still landing
         self.views = Views(ctx, auctioneer, promises)
         self.service_verbs = ServiceVerbs(ctx, deploys, refused=self._refused,
                                           instance_status=self.views.instance_status,

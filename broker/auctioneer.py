@@ -103,8 +103,8 @@ class Auctioneer:
         #: The award a placed instance's winner is told (`broker.assign`).
         self.award_for = award_for
         t = ctx.timing
-        #: Rule 12: instances submitted whose commit has not landed (the broker's
-        #: `Submissions.incoming`, set once its API is made).
+        #: Rule 12: instances submitted whose commit has not landed (`Submissions.incoming`,
+        #: set by the API that makes them).
         self.incoming: Callable[[], int] = lambda: 0
         #: Rule 12: what is not given is tuned.
         self.tuner = Tuner(batch_max=batch_max, max_auctions=max_auctions,

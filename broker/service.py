@@ -181,8 +181,6 @@ class Broker:
                        secrets=self.secrets, ended_max=config.ended_max,
                        admission=Admission(ctx, config.caps), periodic=self.periodic,
                        capped=self.systems.capped, landing=self.landing)
-        submissions = self.api.submissions
-        self.auctioneer.incoming = lambda: submissions.incoming  # its rule 12
         if not self.ha:
             self._show_metrics()
         self.heartbeats = Heartbeats(ctx, self.promises, self.auctioneer.capacity_freed,
