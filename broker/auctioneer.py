@@ -30,7 +30,8 @@ What the shell adds to the core's rules, by their numbers:
     `shared.tuning.Tuner`'s: told of every round that closes (its time, whether work was
     left waiting, the requests in the rounds still open), every commit's time, and the work
     waiting for a round as every pass begins and as rounds close (the core's backlog and the
-    submissions still landing, `incoming`: `broker.submissions` rule 6), it moves them between the
+    submissions still landing, `incoming`: `broker.submissions` rule 6) beside the requests
+    in flight, it moves them between the
     latency end and the throughput end as the load asks, from that pass on (a jump for a
     backlog heard as a round closes runs a pass at once: a closed loop that began while
     rounds were in flight waited for a tick before). A pass hears of the commits
@@ -179,11 +180,15 @@ class Auctioneer:
         """Rule 12: the work waiting for a round, landed or still landing."""
         return self.core.backlog() + self.incoming()
 
+    def _in_flight(self) -> int:
+        """Rule 12: the requests in the rounds open."""
+        return sum(len(a.requests) for a in self.core.auctions.values())
+
     # -- driving the core ------------------------------------------------------------------
     def reconcile(self, now: float) -> None:
         self._heard_commits(now)  # rule 12: a commit that just landed is not quiet
         quiet = self.tuner.passed(now, len(self.core.auctions))
-        if self.tuner.waiting(self.backlog()) or quiet:  # rule 12: this pass's setting
+        if self.tuner.waiting(self.backlog(), self._in_flight()) or quiet:  # rule 12
             self._tuned()
         self.core.reconcile(now)
         self._act(now)
@@ -244,11 +249,10 @@ class Auctioneer:
         self._heard_commits(now)
         if not actions or not any(isinstance(a, Decided) for a in actions):
             return  # no round closed (most bid replies): nothing else to hear
-        auctions = self.core.auctions
-        if self.tuner.took(actions, len(auctions), now,
-                           sum(len(a.requests) for a in auctions.values())):
+        in_flight = self._in_flight()
+        if self.tuner.took(actions, len(self.core.auctions), now, in_flight):
             self._tuned()
-        if self.tuner.waiting(self.backlog()):
+        if self.tuner.waiting(self.backlog(), in_flight):
             self._tuned()
             self.ctx.wake()  # rule 12: the throughput end's rounds open now, not at a tick
 
@@ -290,7 +294,7 @@ class Auctioneer:
 
     def _decided(self, auction: Auction, decisions: list[Decision], round_s: float) -> None:
         self.round_times.append(round_s)
-        if self._tuned_at == -math.inf or self.ctx.now() - round_s >= self._tuned_at:  # rule 13
+        if auction.opened_at >= self._tuned_at:  # rule 13: opened under these settings
             self.since_tuned.append(round_s)
             self.since_tuned_total += 1
         count(self.ctx.metrics, auction, decisions, round_s)

@@ -38,7 +38,11 @@ Rules:
    submissions spend a second there on a busy broker, half of what waits) would fill every
    round the throughput end keeps in flight (`BACKLOG` times what it holds, or more), it
    goes to the throughput end and starts a new window, so that pass opens the throughput
-   end's rounds. Its wait is the queue's, not the rounds', so the largest rounds clear it
+   end's rounds. The requests in flight beyond what the level holds count as waiting too:
+   rounds opened under a setting that held more (one pinned until `gavel tune` released it
+   to a fresh tuner at the latency end) would have been waiting under this one, and a
+   closed loop that kept the throughput end's rounds full has no more than that outside
+   them. Its wait is the queue's, not the rounds', so the largest rounds clear it
    soonest, and the windows bring the level down as it drains (rule 2). A closed loop's
    submissions wait in thousands from its first pass. A smaller queue would leave the
    throughput end's rounds part empty, and the level clears it itself: an open loop at 80%
@@ -231,11 +235,12 @@ class Tuner:
             return False
         return self._judge(-1 if n - sat >= RETURN * n and self._below() else 0)
 
-    def waiting(self, backlog: int) -> bool:
-        """A pass begins with `backlog` requests waiting for a round; whether the level
-        changed (rule 4)."""
+    def waiting(self, backlog: int, in_flight: int = 0) -> bool:
+        """A pass begins with `backlog` requests waiting for a round and `in_flight` in the
+        rounds open; whether the level changed (rule 4)."""
         if not self.tuning:
             return False  # rule 7: nothing to tune
+        backlog += max(0, in_flight - self.holds(self.level))
         self._backlog = max(self._backlog, backlog)
         top = len(self.ladder) - 1
         if self.level == top or backlog < BACKLOG * self.holds(top):

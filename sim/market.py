@@ -140,10 +140,13 @@ class Market:
     def _pass(self, now: float, _: Any = None) -> None:
         tuner = self.tuner
         if tuner is not None and (tuner.passed(now, len(self.core.auctions))
-                                  | tuner.waiting(self.core.backlog())):
+                                  | tuner.waiting(self.core.backlog(), self._in_flight())):
             self._tuned()
         self.core.reconcile(now)
         self._act(now)
+
+    def _in_flight(self) -> int:
+        return sum(len(a.requests) for a in self.core.auctions.values())
 
     def _tuned(self) -> None:
         assert self.tuner is not None
@@ -166,12 +169,12 @@ class Market:
                 self._submit(action, now)
             elif isinstance(action, Wake):
                 self._push(now, _PASS)
-        auctions = self.core.auctions
+        in_flight = self._in_flight()
         if self.tuner is not None and self.tuner.took(
-                actions, len(auctions), now, sum(len(a.requests) for a in auctions.values())):
+                actions, len(self.core.auctions), now, in_flight):
             self._tuned()
         if self.tuner is not None and any(isinstance(a, Decided) for a in actions) \
-                and self.tuner.waiting(self.core.backlog()):
+                and self.tuner.waiting(self.core.backlog(), in_flight):
             self._tuned()  # as the broker: a backlog heard as rounds close, a pass at once
             self._push(now, _PASS)
         at = self.core.timer()

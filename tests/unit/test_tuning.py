@@ -95,6 +95,22 @@ def test_a_closed_loops_backlog_jumps_to_the_throughput_end_at_once() -> None:
         assert not t2.waiting(10 ** 6)  # at the top already
 
 
+def test_work_in_flight_beyond_what_the_level_holds_counts_as_waiting() -> None:
+    # `gavel tune` released the throughput end's pinned setting to a fresh tuner while a
+    # closed loop kept its sixteen rounds of 256 full, and 3,900 more wait: had the latency
+    # end been in force, all but its one round of 24 would be waiting.
+    holds = LADDER[TOP].max_auctions * LADDER[TOP].batch_max
+    t = Tuner()
+    assert not t.waiting(3900, in_flight=LADDER[0].batch_max) and t.level == 0
+    assert t.waiting(3900, in_flight=holds) and t.level == TOP
+    assert t.trace[-1].backlog == 3900 + holds - LADDER[0].batch_max
+    # what a level holds in flight is its own: only a backlog beyond it jumps
+    for level in range(TOP):
+        t2 = at(level)
+        assert not t2.waiting(BACKLOG * holds - 1, in_flight=t2.holds(level))
+        assert t2.level == level
+
+
 def test_a_stalls_queue_in_an_open_loop_at_80_percent_does_not_jump() -> None:
     # Beside a busy neighbour the machine stalls for a second or two; an open loop at 80%
     # of the latency end's capacity (1,000-1,500/s there) is left with that long's arrivals

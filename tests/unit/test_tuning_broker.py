@@ -161,6 +161,29 @@ async def test_submissions_still_landing_count_as_waiting(tmp_path: Path) -> Non
         b.committer.close()
 
 
+async def test_released_to_the_defaults_with_the_throughput_ends_rounds_full_it_jumps(
+        tmp_path: Path) -> None:
+    # `gavel tune` pinned the throughput end and a closed loop filled its rounds, with less
+    # than they hold left waiting; released to a fresh tuner, the first close hears what
+    # the latency end would have had waiting (rule 12) and goes back up at once.
+    holds = LADDER[TOP].max_auctions * LADDER[TOP].batch_max
+    b = _broker(tmp_path, queued=holds + 3900)
+    a = b.auctioneer
+    try:
+        a.retune(batch_max=LADDER[TOP].batch_max, max_auctions=LADDER[TOP].max_auctions,
+                 commit_gap_s=0.0)
+        a.reconcile(b.now())
+        assert len(a.auctions) == LADDER[TOP].max_auctions and a.core.backlog() == 3900
+        a.retune(batch_max=None, max_auctions=None, commit_gap_s=None)
+        assert a.tuner.level == 0 and a.max_auctions == LADDER[0].max_auctions
+        _answer_rounds(a, 1)
+        assert a.tuner.level == TOP and a.tuner.changes == 1
+        assert (a.core.batch_max, a.core.max_auctions) == (LADDER[TOP].batch_max,
+                                                           LADDER[TOP].max_auctions)
+    finally:
+        b.committer.close()
+
+
 async def test_the_broker_counts_its_submissions_landing(tmp_path: Path) -> None:
     b = _broker(tmp_path, queued=0)
     try:
