@@ -21,9 +21,7 @@ _CHILD = r"""
 import contextlib, io, json, os, sys, traceback
 from gavel.cli.main import main
 
-results = []
-base = dict(os.environ)
-for case in json.load(sys.stdin):
+def run(case):
     os.environ.clear()
     os.environ.update(base)
     os.environ.update(case["env"])
@@ -43,8 +41,30 @@ for case in json.load(sys.stdin):
             code = 1
     out.flush()
     err.flush()
-    results.append({"code": code, "stdout": out.buffer.getvalue().decode(errors="replace"),
-                    "stderr": err.buffer.getvalue().decode(errors="replace")})
+    return {"code": code, "stdout": out.buffer.getvalue().decode(errors="replace"),
+            "stderr": err.buffer.getvalue().decode(errors="replace")}
+
+base = dict(os.environ)
+cases = json.load(sys.stdin)
+if sys.argv[2] == "at-once":
+    pids = []
+    for k, case in enumerate(cases):
+        pid = os.fork()
+        if pid == 0:  # one line's process: its result in a file of its own, then gone
+            try:
+                with open(f"{sys.argv[1]}.{k}", "w") as f:
+                    json.dump(run(case), f)
+            finally:
+                os._exit(0)
+        pids.append(pid)
+    for pid in pids:
+        os.waitpid(pid, 0)
+    results = []
+    for k in range(len(cases)):  # a line whose process died unwritten fails the batch here
+        with open(f"{sys.argv[1]}.{k}") as f:
+            results.append(json.load(f))
+else:
+    results = [run(case) for case in cases]
 with open(sys.argv[1], "w") as f:
     json.dump(results, f)
 """
@@ -60,11 +80,14 @@ class Line:
 
 
 def run_all(lines: Sequence[Line], results: Path, env: Mapping[str, str] | None = None,
-            timeout: float = 120) -> list[subprocess.CompletedProcess[str]]:
+            timeout: float = 120, at_once: bool = False
+            ) -> list[subprocess.CompletedProcess[str]]:
     """Each line's outcome, in order, as `subprocess.run` would report it (kept in the file
-    `results`); `env` is the child's whole environment (this process's by default)."""
+    `results`); `env` is the child's whole environment (this process's by default);
+    `at_once`: the lines side by side (the module's docstring), else one after another."""
     cases = [{"argv": list(x.argv), "cwd": str(x.cwd), "env": dict(x.env)} for x in lines]
-    proc = subprocess.run([sys.executable, "-c", _CHILD, str(results)],
+    proc = subprocess.run([sys.executable, "-c", _CHILD, str(results),
+                           "at-once" if at_once else "in-turn"],
                           input=json.dumps(cases), capture_output=True, text=True,
                           timeout=timeout, env=dict(os.environ if env is None else env))
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]

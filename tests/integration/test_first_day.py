@@ -250,8 +250,9 @@ def test_every_verb_exits_2_when_nothing_answers_at_the_nats_url(tmp_path: Path)
     spec.write_text('name = "s"\ncommand = ["true"]\n')
     verbs = [["events", "nope"], ["logs", "nope"], ["cancel", "nope"], ["submit", str(spec)],
              ["scale", "nope", "2"], ["rollback", "nope"], ["tune", "--auto"]]
+    # Each waits out its connect's retries (seconds): side by side, the test waits once.
     procs = run_all([Line([*args, "--nats", url], tmp_path) for args in verbs],
-                    tmp_path / "out.json")
+                    tmp_path / "out.json", at_once=True)
     for proc in procs:
         _one_sentence(proc, 2, f"nothing answers at {url}")
 

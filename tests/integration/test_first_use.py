@@ -47,11 +47,12 @@ def run(*args: str, env: dict[str, str] | None = None, timeout: float = 60
                           text=True, timeout=timeout, cwd=ROOT, env={**_clean(), **(env or {})})
 
 
-def run_many(tmp: Path, *lines: tuple[list[str], dict[str, str]]
+def run_many(tmp: Path, *lines: tuple[list[str], dict[str, str]], at_once: bool = False
              ) -> list[subprocess.CompletedProcess[str]]:
-    """`run` for each (args, env), all in one child process (`tests.integration.clibatch`)."""
+    """`run` for each (args, env), all in one child process (`tests.integration.clibatch`;
+    `at_once`: side by side)."""
     return run_all([Line(args, ROOT, env) for args, env in lines], tmp / "results.json",
-                   env=_clean())
+                   env=_clean(), at_once=at_once)
 
 
 async def gavel(*args: str, **kw: Any) -> subprocess.CompletedProcess[str]:
@@ -143,7 +144,8 @@ def test_a_nats_url_that_is_not_one_or_where_nothing_answers_exits_2(tmp_path: P
     url = f"nats://127.0.0.1:{free_port()}"
     not_one, nodes, status, drain = run_many(
         tmp_path, (["status", "--nats", "htp://foo:bar:baz"], {}), (["nodes", "--nats", url], {}),
-        (["status", "--json", "--nats", url], {}), (["drain", "--json"], {}))
+        (["status", "--json", "--nats", url], {}), (["drain", "--json"], {}),
+        at_once=True)  # each waits out its connect where nothing answers: at once, once
     bad = one_line(not_one, 2)
     assert bad == ("gavel status: 'htp://foo:bar:baz' is not a NATS URL: expected "
                    "nats://HOST:PORT (or tls://, ws://, wss://).")
