@@ -342,6 +342,7 @@ class Converger:
                     self.contact()
                 except (nats.errors.Error, TimeoutError):
                     pass
+                _cancelled_anyway()
             self.fence_if_cut_off()
             await asyncio.sleep(interval)
 
@@ -361,6 +362,15 @@ class Converger:
         log.warning("self-fenced: no contact with NATS for %.1fs (> offline %gs); "
                     "stopped %d instances", silent, self.timing.offline_s, n)
         return True
+
+
+def _cancelled_anyway() -> None:
+    """Raise the cancel a call took as an answer: nats-py's `flush` waits with
+    `asyncio.wait_for`, which before Python 3.12 returns the PONG that lands with a cancel
+    instead of raising it; the loop would go on, holding `Converger.close` for `close_s`."""
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError
 
 
 class _Quiet:
