@@ -52,6 +52,11 @@ from tests.integration.test_services import deploy, status, whole
 
 pytestmark = pytest.mark.integration
 
+#: A container's long run that ends on SIGTERM, as a service does: `sleep` as PID 1 ignores
+#: it, and each stop (a teardown, a cancel, a fence) waits out the kill grace for it. The
+#: timeout test keeps the bare `sleep`: the SIGKILL after the grace is what it checks.
+LONG = ["sh", "-c", "trap 'exit 0' TERM; sleep 600 & wait"]
+
 
 async def start(cluster: Cluster, engines: list[Engine], node: str, **kw: Any) -> Agent:
     """A worker with the engine (its containers labelled with its own state directory)."""
@@ -284,7 +289,8 @@ async def test_a_host_volume_keeps_its_data_across_redeploys_restarts_and_placem
     def svc(version: str) -> Spec:
         return Spec(name="web", type="service", count=1, image=tag, ports=["http"],
                     volumes=[Volume(name="data", path="/data")], env={"V": version},
-                    command=["sh", "-c", 'echo "$V" >> /data/runs; exec sleep 600'],
+                    command=["sh", "-c", 'echo "$V" >> /data/runs; '
+                             'trap "exit 0" TERM; sleep 600 & wait'],
                     restart=Restart(attempts=1, delay_s=0.0, interval_s=600.0),
                     update=Update(min_healthy_s=0.2))
 
@@ -324,7 +330,7 @@ async def test_a_worker_killed_with_sigkill_readopts_its_container_without_a_sec
         d.worker("k1")
         await wait_for(lambda: _healthy(nc, "k1"), 60, what="the worker healthy")
         reply = await call(nc, "submit", SubmitRequest(spec=Spec(
-            name="long", image=tag, command=["sleep", "600"])), SubmitReply, timeout=10.0)
+            name="long", image=tag, command=LONG)), SubmitReply, timeout=10.0)
         iid = reply.instance_id
         await wait_for(lambda: len(mine(iid)) == 1, 60, what="its container to run")
         (before,) = mine(iid)
@@ -356,7 +362,7 @@ async def left_running(cluster: Cluster, engines: list[Engine], docker: Any,
     await cluster.start_broker()
     await start(cluster, engines, "n1")
     await cluster.wait_nodes(1)
-    iid = await cluster.submit(Spec(name="long", image=tag, command=["sleep", "600"]))
+    iid = await cluster.submit(Spec(name="long", image=tag, command=LONG))
     await wait_for(lambda: len(containers(docker, cluster, iid)) == 1, 60,
                    what="its container to run")
     (before,) = containers(docker, cluster, iid)
@@ -370,7 +376,7 @@ async def test_a_worker_restarted_readopts_its_container_without_a_second_copy(
     iid, before = await left_running(cluster, engines, docker, tag)
     # one that no instance of this node owns (a worker killed between create and record),
     # and an exited one of the instance's own attempt (a run the worker no longer needs)
-    ghost = docker.containers.run(tag, ["sleep", "600"], detach=True,
+    ghost = docker.containers.run(tag, LONG, detach=True,
                                   labels=engines[-1].labels("ghost-1", 1))
     attempt = (await cluster.status(iid)).attempt
     spent = docker.containers.run(tag, ["true"], detach=True,
@@ -433,7 +439,7 @@ async def test_a_node_back_after_offline_fences_the_container_git_moved_away(
         TIMING, offline_s=max(TIMING.unreachable_s, TIMING.offline_s / 2)))
     await start(cluster, engines, "node-a")
     await cluster.wait_nodes(1)
-    iid = await cluster.submit(Spec(name="moved", image=tag, command=["sleep", "600"]))
+    iid = await cluster.submit(Spec(name="moved", image=tag, command=LONG))
     await wait_for(lambda: len(containers(docker, cluster, iid)) == 1, 60, what="on node-a")
     (old,) = containers(docker, cluster, iid)
     await start(cluster, engines, "node-b")
@@ -478,7 +484,7 @@ async def test_an_exec_check_past_its_timeout_does_not_outlive_it(
     await start(cluster, engines, "n1")
     await cluster.wait_nodes(1)
     iid = await cluster.submit(Spec(
-        name="hung", image=tag, command=["sleep", "600"],
+        name="hung", image=tag, command=LONG,
         checks=[Check(type="exec", command=["/bin/busybox", "sleep", "100"], interval_s=0.3,
                       timeout_s=0.3, failures=100)]))
     await wait_for(lambda: len(containers(docker, cluster, iid)) == 1, 60, what="running")
@@ -554,7 +560,7 @@ async def test_a_containers_output_is_capped_and_rotated_as_a_processs(
     await cluster.wait_nodes(1)
     iid = await cluster.submit(Spec(name="chatty", image=tag, command=[
         "sh", "-c", 'i=0; while [ $i -lt 3000 ]; do echo "line $i"; i=$((i+1)); done; '
-                    'exec sleep 600']))
+                    'trap "exit 0" TERM; sleep 600 & wait']))
     d = instance_dir(cluster, "n1", iid)
     await wait_for(lambda: (d / "stdout.log.1").exists(), 60, what="a first rotation")
 
