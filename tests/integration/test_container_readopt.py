@@ -13,7 +13,7 @@ from gavel.worker.engine import Engine
 from gavel.worker.localstate import load, save
 from tests.integration.dockerkit import image
 from tests.integration.harness import Cluster, wait_for
-from tests.integration.test_containers import containers, start
+from tests.integration.test_containers import LONG, containers, start
 
 pytestmark = pytest.mark.integration
 
@@ -28,7 +28,7 @@ async def test_a_container_started_before_its_worker_recorded_it_is_readopted_by
     await cluster.start_broker()
     await start(cluster, engines, "n1")
     await cluster.wait_nodes(1)
-    iid = await cluster.submit(Spec(name="long", image=tag, command=["sleep", "600"],
+    iid = await cluster.submit(Spec(name="long", image=tag, command=LONG,  # ends on SIGTERM
                                     timeout_s=600))
     await wait_for(lambda: len(containers(docker, cluster, iid)) == 1, 60,
                    what="its container to run")
