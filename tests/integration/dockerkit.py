@@ -9,6 +9,7 @@ ENTRYPOINT, so a spec's `command` is a busybox applet and its arguments: ``["sh"
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import io
 import os
 import shutil
@@ -28,12 +29,17 @@ BUSYBOX = Path("/bin/busybox")
 #: The prefix of every image these tests build (other suites share the engine).
 PREFIX = "gavel-ctest"
 
+#: The server ends on SIGTERM, as a service does: httpd as PID 1 ignores it, and each stop
+#: (a teardown, a roll, a cancel) would wait out the kill grace a replica.
 _DOCKERFILE = """FROM scratch
 COPY busybox /bin/busybox
 COPY www /www
 ENTRYPOINT ["/bin/busybox"]
-CMD ["sh", "-c", "exec httpd -f -v -p $PORT -h /www"]
+CMD ["sh", "-c", "trap 'exit 0' TERM; httpd -f -v -p $PORT -h /www & wait"]
 """
+#: Part of each image's tag: an engine that holds an image of an older `_DOCKERFILE` builds
+#: this one anew rather than reuse it.
+_MADE = hashlib.sha256(_DOCKERFILE.encode()).hexdigest()[:8]
 
 
 def engine_client() -> Any:
@@ -79,8 +85,9 @@ def _context(files: dict[str, bytes | Path]) -> io.BytesIO:
 
 
 def image(client: Any, tag: str, page: str = "hello") -> str:
-    """``gavel-ctest-busybox:<tag>``, built here if it is not yet, serving `page` at /."""
-    name = f"{PREFIX}-busybox:{tag}"
+    """``gavel-ctest-busybox:<tag>-<_MADE>``, built here if it is not yet, serving `page`
+    at /."""
+    name = f"{PREFIX}-busybox:{tag}-{_MADE}"
     try:
         client.images.get(name)
         return name
