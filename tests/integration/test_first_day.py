@@ -238,7 +238,8 @@ async def test_every_verb_exits_with_the_same_code_for_the_same_outcome(
     await cluster.stop_broker()  # NATS answers, no broker does: 1, for every verb alike
     gone = [Line([*args, *nats], tmp_path) for args in (["status"], ["services"],
                                                           ["events", "nope"], ["tune"])]
-    for proc in await asyncio.to_thread(run_all, gone, tmp_path / "gone.json"):
+    # each asks again for `interest_s` before it says so: side by side, the test waits once
+    for proc in await asyncio.to_thread(run_all, gone, tmp_path / "gone.json", at_once=True):
         _one_sentence(proc, 1, "no broker is answering")
 
 
