@@ -217,7 +217,7 @@ def test_the_tuning_sitting_interleaves_the_defaults_and_the_hand_tuned_settings
     for k, c in enumerate(r["comparisons"]):
         sides = [s["side"] for s in c["segments"]]
         first, second = ("reference", "defaults") if k % 2 else ("defaults", "reference")
-        pairs = 4 if k < 3 else 1  # the closed loop: a pair for every seven, at least one
+        pairs = 4 if k < 3 else 1  # the closed loop: a pair for every four, at least one
         assert sides == [s for j in range(pairs)  # AB BA ..., alternating from the first
                          for s in ((first, second) if j % 2 == 0 else (second, first))]
         assert c["defaults"] > 0 and c["reference"] > 0

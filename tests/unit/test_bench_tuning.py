@@ -138,9 +138,9 @@ def test_flags_of_one_run_do_not_go_with_tuning(flag: list[str],
     assert "cannot go with --tuning" in capsys.readouterr().err
 
 
-def test_the_closed_loop_makes_a_pair_for_every_seven_open_loop_pairs_and_at_least_one() -> None:
+def test_the_closed_loop_makes_a_pair_for_every_four_open_loop_pairs_and_at_least_one() -> None:
     """Rule 4: the closed loop's segments are long (8 s), so it makes fewer pairs than the
     open loops' many short ones; a quick sitting (`--repeat 1`) still makes one."""
-    assert tu.closed_pairs(tu.PAIRS) == 6 and tu.PAIRS * tu.SEGMENT_S == 22.0
-    assert tu.closed_pairs(1) == tu.closed_pairs(7) == 1 and tu.closed_pairs(14) == 2
+    assert tu.closed_pairs(tu.PAIRS) == 11 and tu.PAIRS * tu.SEGMENT_S == 22.0
+    assert tu.closed_pairs(1) == tu.closed_pairs(4) == 1 and tu.closed_pairs(8) == 2
     assert tu.CLOSED_SEGMENT_S > tu.SEGMENT_S
