@@ -25,6 +25,21 @@ Rules:
    count. A window's stores reach the client as one hand-over (`transport.wire` rule 8),
    not a `publish` each, whose checks and framing cost more than the frame; their header
    blocks are built as they are, not checked key by key like any header's.
+5. A window is acknowledged once while the broker knows the stream's sequence of its own
+   newest store (`Events.last`: from a window answered store by store, each stored anew,
+   or from the last covered one): only the window's last store asks for an answer, and
+   each store carries the sequence the stream must have stored last before it
+   (``Nats-Expected-Last-Sequence``: the known one, plus the stores before it in the
+   window). A store lost, refused, a duplicate, or another writer's message between them
+   leaves the stream's sequence short of what every later store expects, so the stream
+   refuses each, the last's answer included: that answer saying it was stored anew at the
+   known sequence plus the window's size says the whole window is stored, in order, once.
+   Any other answer sends the window again at once with an answer each (rule 3's message
+   ids keep what was stored stored once; the sequence is learnt again from it); no answer
+   within `ack_s` leaves the sequence unknown and the window waits to go again. Only the
+   leading broker writes events (`transport.eventstream` rule 1), so nothing else moves
+   the sequence between its windows. An acknowledgement a store, two or three a placement,
+   was as much of the broker's CPU a placement as the stores (docs/performance.md).
 4. JetStream that cannot answer yet (`transport.asklater` rules 2 and 3: electing its
    leaders, or any failure with several brokers) is asked again for the history every
    `retry_s` (`run`), and meanwhile each event is published as without JetStream (for
@@ -72,36 +87,41 @@ _TIMING = Timing()
 
 class _Ack(msgspec.Struct):
     """A store's answer as rule 3 reads it (a JSON object, like `js_answer`'s): stored when it
-    names a sequence and no error. Decoded as this, not as a dict: three a placement."""
+    names a sequence and no error, anew unless it says it was a duplicate (rule 5). Decoded
+    as this, not as a dict."""
 
     seq: Any = msgspec.UNSET
     error: Any = msgspec.UNSET
+    duplicate: Any = msgspec.UNSET
 
 
 _ack: Decode[_Ack] = Decode(_Ack, json=True)
 
 
 class Window:
-    """Rule 3: the stores of one window on the wire, numbered from `first` (the last part of
-    each one's reply subject): which the stream answered, and which it stored. An answer
-    to a number outside the window (a store of an earlier window answered late, sent again
+    """Rule 3: the answers a window on the wire asks for, numbered from `first` (the last
+    part of each one's reply subject): which the stream answered, which it stored, and the
+    sequence of each stored anew (0: not stored, or a duplicate; rule 5). An answer to a
+    number outside the window (a store of an earlier window answered late, sent again
     since) or answered already changes nothing."""
 
     def __init__(self, first: int, size: int) -> None:
         self.first = first
         self.stored = [False] * size
-        self._answered = [False] * size
+        self.anew = [0] * size
+        self.answered = [False] * size
         self._left = size
         #: Set once every store of the window is answered.
         self.done = asyncio.Event()
         if not size:
             self.done.set()
 
-    def heard(self, number: int, stored: bool) -> None:
+    def heard(self, number: int, stored: bool, anew: int = 0) -> None:
         i = number - self.first
-        if not 0 <= i < len(self.stored) or self._answered[i]:
+        if not 0 <= i < len(self.stored) or self.answered[i]:
             return
-        self._answered[i], self.stored[i] = True, stored
+        self.answered[i], self.stored[i] = True, stored
+        self.anew[i] = anew if stored else 0
         self._left -= 1
         if not self._left:
             self.done.set()
@@ -129,6 +149,8 @@ class Events:
         self._numbered = 0
         self._id_prefix = uuid.uuid4().hex
         self._ids = 0
+        #: Rule 5: the stream's sequence of this broker's newest store, while known.
+        self.last: int | None = None
         #: How many of `recent` `load` read from the history (those first): the rest were
         #: heard by this broker.
         self.loaded = 0
@@ -261,33 +283,67 @@ class Events:
                     await asyncio.sleep(self._retry_s / 4)
 
     async def _store(self, window: list[tuple[str, bytes, str, bool]]) -> list[bool]:
-        """Rule 3: each of `window` published to the stream, its reply subject numbered;
-        whether the stream stored each within `ack_s`."""
-        w = self._window = Window(self._numbered, len(window))
-        self._numbered += len(window)
+        """Rules 3 and 5: each of `window` published to the stream; whether the stream
+        stored each within `ack_s`: under the last's answer while the stream's sequence is
+        known and that answer says all were stored, else by an answer each."""
+        last, n = self.last, len(window)
+        self.last = None  # known again only from what the stream answers to these
+        if last is not None:
+            w = await self._send(window, last)
+            if w.anew[0] == last + n:
+                self.last = last + n
+                return [True] * n
+            if not w.answered[0]:  # rule 5: unanswered, the window waits to go again
+                return [False] * n
+        w = await self._send(window, None)
+        if all(w.anew):  # each stored anew, in order: the newest is the stream's last
+            self.last = w.anew[-1]
+        return w.stored
+
+    async def _send(self, window: list[tuple[str, bytes, str, bool]], last: int | None
+                    ) -> Window:
+        """One try of rule 3: `window` on the wire, each store asking for an answer (`last`
+        None), or only the last, each expecting the stream's sequence `last` and the stores
+        before it (rule 5); the window's answers within `ack_s`."""
+        size = len(window) if last is None else 1
+        w = self._window = Window(self._numbered, size)
+        self._numbered += size
         try:
-            inbox, first = self._inbox, w.first
-            stores = [(subject, f"{inbox}.{first + i}", _head(msg_id, published), data)
-                      for i, (subject, data, msg_id, published) in enumerate(window)]
+            stores = self._framed(window, w.first, last)
             try:
                 batched = await wire.send_replied(self._nc, stores)
             except Exception:  # the connection failed as they were handed over: not stored
                 batched = True
-                for i in range(len(stores)):
+                for i in range(size):
                     w.heard(w.first + i, False)
             if not batched:
                 for i, (subject, data, msg_id, published) in enumerate(window):
+                    reply, expect = stores[i][1], None if last is None else last + i
                     try:
-                        await self._nc.publish(subject, data, reply=f"{inbox}.{first + i}",
-                                               headers=_headers(msg_id, published))
+                        await self._nc.publish(subject, data, reply=reply,
+                                               headers=_headers(msg_id, published, expect))
                     except Exception:  # reconnecting past its buffer, closed: not stored
-                        w.heard(w.first + i, False)
+                        w.heard(w.first + (0 if last is not None else i), False)
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(self._ack_s):
                     await w.done.wait()
         finally:
             self._window = None
-        return w.stored
+        return w
+
+    def _framed(self, window: list[tuple[str, bytes, str, bool]], first: int,
+                last: int | None) -> list[tuple[str, str, bytes, bytes]]:
+        """`window` as `wire.send_replied` takes it: each store's reply subject numbered
+        from `first` (`last` None), or the last's alone, each expecting `last` and the
+        stores before it (rule 5)."""
+        inbox = self._inbox
+        if last is None:
+            return [(subject, f"{inbox}.{first + i}", _head(msg_id, published), data)
+                    for i, (subject, data, msg_id, published) in enumerate(window)]
+        end = len(window) - 1
+        return [(subject, f"{inbox}.{first}" if i == end else "",
+                 _head(msg_id, published, last + i), data)
+                for i, (subject, data, msg_id, published) in enumerate(window)]
 
     def _answered(self, msg: Inbound) -> None:
         """Rule 3: the stream's answer to a store of the window on the wire (no responders,
@@ -296,8 +352,13 @@ class Events:
         if w is None or not number.isdecimal():
             return
         ack = _ack(msg.data)
-        w.heard(int(number), not isinstance(ack, Malformed) and ack.error is msgspec.UNSET
-                and ack.seq is not msgspec.UNSET)
+        if isinstance(ack, Malformed) or ack.error is not msgspec.UNSET \
+                or ack.seq is msgspec.UNSET:
+            w.heard(int(number), False)
+            return
+        seq = ack.seq
+        w.heard(int(number), True, seq if type(seq) is int and seq > 0
+                and ack.duplicate is not True else 0)
 
     def emit(self, instance_id: str, type_: EventType, node_id: str = "",
              reason: str = "", detail: str = "", exit_code: int | None = None,
@@ -307,22 +368,33 @@ class Events:
                           attempt=attempt, at=self._clock()))
 
 
-def _headers(msg_id: str, published: bool) -> dict[str, str]:
-    """A store's headers (rule 3): its message id; marked if published already (rule 4)."""
+#: The header by which a store expects the stream's sequence before it (rule 5).
+_EXPECT = "Nats-Expected-Last-Sequence"
+
+
+def _headers(msg_id: str, published: bool, expect: int | None = None) -> dict[str, str]:
+    """A store's headers (rule 3): its message id; marked if published already (rule 4);
+    the stream's sequence it expects before it, if any (rule 5)."""
     headers = {"Nats-Msg-Id": msg_id}
     if published:  # rule 4: a follower without a history heard it already
         headers[eventstream.STORED_LATE] = "1"
+    if expect is not None:
+        headers[_EXPECT] = str(expect)
     return headers
 
 
 _ID_LINE = b"NATS/1.0\r\nNats-Msg-Id: "
 _LATE_LINE = f"\r\n{eventstream.STORED_LATE}: 1".encode()
+_EXPECT_LINE = f"\r\n{_EXPECT}: ".encode()
 
 
-def _head(msg_id: str, published: bool) -> bytes:
-    """`wire.header_block(_headers(msg_id, published))`, built at once: a message id is
-    a hex prefix and a count, nothing the block's checks would refuse (rule 3)."""
-    return b"%s%s%s\r\n\r\n" % (_ID_LINE, msg_id.encode(), _LATE_LINE if published else b"")
+def _head(msg_id: str, published: bool, expect: int | None = None) -> bytes:
+    """`wire.header_block(_headers(msg_id, published, expect))`, built at once: a message
+    id is a hex prefix and a count, a sequence a number, nothing the block's checks would
+    refuse (rules 3 and 5)."""
+    return b"%s%s%s%s\r\n\r\n" % (_ID_LINE, msg_id.encode(),
+                                   _LATE_LINE if published else b"",
+                                   b"" if expect is None else b"%s%d" % (_EXPECT_LINE, expect))
 
 
 def _no_history(log: logging.Logger, reason: str) -> None:

@@ -44,11 +44,11 @@ Rules:
    socket). A message to ourselves, published after them, travels behind them.
 7. `abort(nc)` closes a connection without sending what it still holds: a broker that no
    longer leads says nothing more (`broker.ha`). Its subscriptions end with it.
-8. `send_replied` hands over messages with a reply subject and headers (the event history's
-   stores, `broker.events`: two or three a placement) as one batch, each an HPUB frame
-   exactly as nats-py's `publish(subject, payload, reply, headers)` frames it, when the
-   batch path vouches for every one (rule 3); otherwise it sends nothing and says so, and
-   the caller publishes each.
+8. `send_replied` hands over messages with headers and a reply subject or none (the event
+   history's stores, `broker.events`: two or three a placement, most of them unanswered)
+   as one batch, each an HPUB frame exactly as nats-py's `publish(subject, payload, reply,
+   headers)` frames it, when the batch path vouches for every one (rule 3); otherwise it
+   sends nothing and says so, and the caller publishes each.
 """
 
 from __future__ import annotations
@@ -184,8 +184,8 @@ def header_block(headers: dict[str, str]) -> bytes | None:
 
 
 async def send_replied(nc: Any, batch: Sequence[tuple[str, str, bytes, bytes]]) -> bool:
-    """Rule 8: each (subject, reply, header block, payload) of `batch` handed over in one,
-    in order; False: nothing was sent (publish each)."""
+    """Rule 8: each (subject, reply or "" for none, header block, payload) of `batch`
+    handed over in one, in order; False: nothing was sent (publish each)."""
     if not batch:
         return True
     if not (fast(nc) and nc.is_connected) or nc.is_draining_pubs:
@@ -194,9 +194,10 @@ async def send_replied(nc: Any, batch: Sequence[tuple[str, str, bytes, bytes]]) 
     frames: list[bytes] = []
     size = 0
     for subject, reply, head, payload in batch:
-        if len(payload) > limit or not _good_subject(subject) or not _good_subject(reply):
+        if len(payload) > limit or not _good_subject(subject) or \
+                (reply and not _good_subject(reply)):
             return False
-        frames.append(b"HPUB %s %s %d %d\r\n%s%s\r\n" % (
+        frames.append(b"HPUB %s %s %d %d\r\n%s%s\r\n" % (  # no reply: two spaces, as nats-py
             subject.encode(), reply.encode(), len(head), len(head) + len(payload), head,
             payload))
         size += len(payload)

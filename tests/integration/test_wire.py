@@ -251,14 +251,14 @@ async def test_flush_can_overtake_a_subscription_and_subscribed_cannot(
 async def test_replied_messages_are_framed_as_nats_py_frames_them_and_arrive_with_headers(
         nats_url: str) -> None:
     """Rule 8: the HPUB frames `send_replied` hands over in one are byte for byte the ones
-    nats-py's `publish` builds for the same subject, reply, headers and payload; a header
-    nats-py would change or refuse, a bad subject or reply, or a payload over the limit is
-    not framed: nothing is sent and the caller publishes."""
+    nats-py's `publish` builds for the same subject, reply (or none), headers and payload; a
+    header nats-py would change or refuse, a bad subject or reply, or a payload over the
+    limit is not framed: nothing is sent and the caller publishes."""
     pub = await nats.connect(nats_url)
     sub = await nats.connect(nats_url)
     try:
-        stores = [(f"w.h.{k}", f"_INBOX.w.{k}", {"Nats-Msg-Id": f"p.{k}", "Gavel-X": "1"},
-                   bytes([k]) * k) for k in range(5)]
+        stores = [(f"w.h.{k}", f"_INBOX.w.{k}" if k % 2 else "",
+                   {"Nats-Msg-Id": f"p.{k}", "Gavel-X": "1"}, bytes([k]) * k) for k in range(5)]
         got: list[Msg] = []
         done = asyncio.get_running_loop().create_future()
 

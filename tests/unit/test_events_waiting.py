@@ -88,6 +88,18 @@ def test_a_window_is_done_once_each_store_is_answered_in_any_order() -> None:
     assert w.done.is_set() and w.stored == [False, True, True]
 
 
+def test_a_window_keeps_the_sequence_of_each_store_stored_anew() -> None:
+    """Rule 5: what the stream stored anew carries its sequence; a duplicate or a refusal
+    none."""
+    events = Events(Outbox(lambda _s, _e: None))
+    w = events._window = Window(first=0, size=4)
+    for n, body in enumerate([b'{"stream":"E","seq":7}', b'{"stream":"E","seq":3,'
+                              b'"duplicate":true}', b'{"error":{"code":10071},"seq":8}',
+                              b'{"stream":"E","seq":true}']):
+        events._answered(Inbound(f"_INBOX.x.{n}", body))
+    assert w.stored == [True, True, False, True] and w.anew == [7, 0, 0, 0]
+
+
 class _Wire:
     """What `Events._store` publishes with: each store's subject, reply and headers."""
 
@@ -141,14 +153,19 @@ async def test_each_store_of_a_window_is_told_apart_by_its_reply_subject() -> No
     assert await storing == [True]  # stored once: the stream's duplicate window
 
 
+@pytest.mark.parametrize("expect", [None, 0, 12345678901])
 @pytest.mark.parametrize("published", [False, True])
-def test_a_stores_header_block_is_the_one_its_headers_make(published: bool) -> None:
-    """Rule 3: the block a window's store carries, built at once, is byte for byte what
-    `wire.header_block` makes of the headers the same store is published with one by one."""
+def test_a_stores_header_block_is_the_one_its_headers_make(published: bool,
+                                                           expect: int | None) -> None:
+    """Rules 3 and 5: the block a window's store carries, built at once, is byte for byte
+    what `wire.header_block` makes of the headers the same store is published with one by
+    one, the stream's sequence it expects included."""
     events = Events(Outbox(lambda _s, _e: None))
     events._nc = object()  # the history made: what is recorded waits to be stored
     events.record(Event(instance_id="i-0", type="placed"))
     msg_id = events.waiting[0][2]
-    headers = events_module._headers(msg_id, published)
+    headers = events_module._headers(msg_id, published, expect)
     assert headers["Nats-Msg-Id"] == msg_id and (STORED_LATE in headers) is published
-    assert events_module._head(msg_id, published) == header_block(headers)
+    assert headers.get("Nats-Expected-Last-Sequence") == (None if expect is None
+                                                          else str(expect))
+    assert events_module._head(msg_id, published, expect) == header_block(headers)
