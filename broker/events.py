@@ -80,8 +80,10 @@ __all__ = ["KEPT", "Events", "Window"]
 KEPT = 2000
 #: Events waiting to be stored, at most (rule 3): ~300 bytes each.
 WAITING_MAX = 20_000
-#: Stores on the wire at once (rule 3).
-_WINDOW = 64
+#: Stores on the wire at once (rule 3): one window in flight at a time, answered once (rule
+#: 5), so the history keeps up with this many events a round trip to the stream, and a
+#: window's own work (its answer, its timer, its wake-ups) is shared by as many stores.
+_WINDOW = 256
 _TIMING = Timing()
 
 
