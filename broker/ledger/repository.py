@@ -206,7 +206,17 @@ class Ledger:
         Between our own `write` landing and its `adopt`, the ref already points at our
         commit while its side effects (telling the winner, starting its clocks) have not
         run yet: the cached state, one commit behind, is returned until `adopt` folds the
-        change in — so nobody acts on a placement the broker has not finished making."""
+        change in — so nobody acts on a placement the broker has not finished making.
+
+        A head resolved within `_HEAD_FRESH_S` that the state already holds (or our commit
+        landing) answers without the lock: what the locked path returns then, read a few
+        times a placement (docs/performance.md)."""
+        cache = self._head_cache
+        if cache is not None and self._seen and not self.writing \
+                and time.monotonic() - self._head_checked < _HEAD_FRESH_S:
+            st = self._state
+            if cache[1] == st.head or cache[1] == self._landed:
+                return st
         if self.writing or not self._lock.acquire(blocking=False):
             return self._state  # our write is in flight: never block the event loop on git
         try:

@@ -60,3 +60,43 @@ def test_following_the_branch_maps_none_of_the_writers_packs(tmp_path: Path) -> 
     maps = [line for line in Path("/proc/self/maps").read_text().splitlines()
             if str(path) in line]
     assert maps == []
+
+
+class _CountedLock:
+    """The ledger's lock, counting how often `state()` takes it."""
+
+    def __init__(self, lock: object) -> None:
+        self.lock = lock
+        self.taken = 0
+
+    def acquire(self, blocking: bool = True) -> bool:
+        self.taken += 1
+        return bool(self.lock.acquire(blocking))  # type: ignore[attr-defined]
+
+    def release(self) -> None:
+        self.lock.release()  # type: ignore[attr-defined]
+
+    def __enter__(self) -> None:
+        self.acquire()
+
+    def __exit__(self, *_exc: object) -> None:
+        self.release()
+
+
+def test_a_state_read_while_the_head_is_fresh_takes_no_lock(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The state is read a few times a placement: while the head was resolved within the
+    window and the state holds it, the answer is the state, without the lock; past the
+    window, or with the head forgotten, the ref is looked at again under the lock."""
+    first = Ledger(tmp_path / "state.git").write_files(
+        {"nodes/a/node.json": encode(NodeFile(node_id="a"))}, "one", None)
+    ledger = Ledger(tmp_path / "state.git")  # a reader: no commit of its own landing
+    counted = _CountedLock(ledger._lock)
+    ledger._lock = counted  # type: ignore[assignment]
+    monkeypatch.setattr(ledger_mod, "_HEAD_FRESH_S", 3600.0)  # the window never passes here
+    state = ledger.state()  # the first read, locked: it sees the tree
+    assert state.head == first and counted.taken == 1
+    assert ledger.state() is state and ledger.state() is state
+    assert counted.taken == 1
+    ledger.forget_head()
+    assert ledger.state() is state and counted.taken == 2
