@@ -25,21 +25,6 @@ Rules:
    count. A window's stores reach the client as one hand-over (`transport.wire` rule 8),
    not a `publish` each, whose checks and framing cost more than the frame; their header
    blocks are built as they are, not checked key by key like any header's.
-5. A window is acknowledged once while the broker knows the stream's sequence of its own
-   newest store (`Events.last`: from a window answered store by store, each stored anew,
-   or from the last covered one): only the window's last store asks for an answer, and
-   each store carries the sequence the stream must have stored last before it
-   (``Nats-Expected-Last-Sequence``: the known one, plus the stores before it in the
-   window). A store lost, refused, a duplicate, or another writer's message between them
-   leaves the stream's sequence short of what every later store expects, so the stream
-   refuses each, the last's answer included: that answer saying it was stored anew at the
-   known sequence plus the window's size says the whole window is stored, in order, once.
-   Any other answer sends the window again at once with an answer each (rule 3's message
-   ids keep what was stored stored once; the sequence is learnt again from it); no answer
-   within `ack_s` leaves the sequence unknown and the window waits to go again. Only the
-   leading broker writes events (`transport.eventstream` rule 1), so nothing else moves
-   the sequence between its windows. An acknowledgement a store, two or three a placement,
-   was as much of the broker's CPU a placement as the stores (docs/performance.md).
 4. JetStream that cannot answer yet (`transport.asklater` rules 2 and 3: electing its
    leaders, or any failure with several brokers) is asked again for the history every
    `retry_s` (`run`), and meanwhile each event is published as without JetStream (for
@@ -49,6 +34,21 @@ Rules:
    a follower without a history (`transport.eventstream` rule 4), which heard them as they
    were published, does not take them again. Else a broker (a leadership)
    begun while JetStream elects would keep no history for its whole run.
+5. A window is acknowledged once while the broker knows the stream's sequence of its own
+   newest store (`Events.last`: from a window answered store by store, each stored anew,
+   or from the last covered one): only the window's last store asks for an answer, and
+   each store carries the sequence the stream must have stored last before it
+   (``Nats-Expected-Last-Sequence``: the known one, plus the stores before it in the
+   window). A store lost, refused, a duplicate, or another writer's message between them
+   leaves the stream's last sequence other than what every later store expects, so it
+   refuses each, the last's answer included: that answer saying it was stored anew at the
+   known sequence plus the window's size says the whole window is stored, in order, once.
+   Any other answer sends the window again at once with an answer each (rule 3's message
+   ids keep what was stored stored once; the sequence is learnt again from it); no answer
+   within `ack_s` leaves the sequence unknown and the window waits to go again. Only the
+   leading broker writes events (`transport.eventstream` rule 1), so nothing else moves
+   the sequence between its windows. An acknowledgement a store was three of the six
+   messages the broker read a placement (docs/performance.md).
 """
 
 from __future__ import annotations
