@@ -32,11 +32,16 @@ def leftovers(root: Path) -> list[str]:
 
 
 CHAOS, CHAOS_HA = "gavel.bench.chaos", "gavel.bench.chaosha"
+#: The harness as a terminal starts it: Ctrl-C (SIGINT) at its default, whatever this runner
+#: inherited (a job a non-interactive shell sent to the background ignores SIGINT, and a
+#: Python started so keeps ignoring it). `exec` keeps the pid the test signals.
+PYTHON = [sys.executable, "-c", "import os, signal, sys; signal.signal(signal.SIGINT, "
+          "signal.SIG_DFL); os.execv(sys.executable, [sys.executable, *sys.argv[1:]])"]
 
 
 def chaos_run(module: str, root: Path) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
-        [sys.executable, "-m", module, "--duration", "120", "--workers", "2",
+        [*PYTHON, "-m", module, "--duration", "120", "--workers", "2",
          "--seed", "5", "--state", str(root), "--json"],
         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
 
@@ -120,7 +125,7 @@ async def test_bench_stopped_by_a_signal_stops_its_processes(tmp_path: Path,
                                                              sig: signal.Signals) -> None:
     root = tmp_path / "bench"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "gavel", "bench", "--agents", "20", "--placements", "100000",
+        [*PYTHON, "-m", "gavel", "bench", "--agents", "20", "--placements", "100000",
          "--state", str(root)],
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
     started: list[psutil.Process] = []
