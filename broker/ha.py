@@ -160,7 +160,7 @@ class HaBroker:
             acquiring.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await acquiring
-            broker.committer.close()
+            await broker.committer.join(broker.timing.close_s)
             pusher.shutdown()
             return
         revision = acquiring.result()
@@ -224,7 +224,7 @@ class HaBroker:
         except (TakeoverError, LedgerError) as exc:  # rule 4
             log.error("broker %s could not take over: %s; letting the lease go", self.broker_id,
                       exc)
-            broker.committer.close()
+            await broker.committer.join(broker.timing.close_s)
             pusher.shutdown()
             await lease.release()
             with contextlib.suppress(TimeoutError):

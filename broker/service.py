@@ -257,7 +257,7 @@ class Broker:
             if nc is not None:
                 with contextlib.suppress(Exception):
                     await nc.close()
-            self.committer.close()
+            await self.committer.join(self.timing.close_s)
             raise
         self.nc, self.api_nc = nc, api_nc
         self.outbox.nc = nc
@@ -387,7 +387,7 @@ class Broker:
             if not conn.is_closed:
                 with contextlib.suppress(Exception):
                     await conn.close()
-        self.committer.close()
+        await self.committer.join(self.timing.close_s)
 
     async def abort(self) -> None:
         """Rule 8: stop at once and say nothing more - nothing queued or pending is sent,
@@ -401,7 +401,7 @@ class Broker:
         await wire.abort(self.api_nc)
         await wire.abort(self.nc)
         await self.tasks.wait(self.timing.close_s)
-        self.committer.close()
+        await self.committer.join(self.timing.close_s)
 
     def wake(self) -> None:
         self._wake.set()

@@ -63,10 +63,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
 from collections import deque
 from collections.abc import Callable, Generator
-from concurrent.futures import BrokenExecutor, ProcessPoolExecutor
+from concurrent.futures import BrokenExecutor, Executor, Future, ProcessPoolExecutor
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any, Protocol
@@ -216,6 +217,8 @@ class Committer:
         self.idle.set()
         self.metrics = metrics
         self.closed = False
+        #: Writers let go, each shutting down on a thread of its own (`join`).
+        self._leaving: list[Future[None]] = []
         #: Told when the repository turned out damaged (rule 9); the committer stops.
         self.on_damaged = on_damaged
         self.damaged: Damaged | None = None
@@ -236,7 +239,7 @@ class Committer:
                 await self._commits()
             finally:
                 afters.cancel()
-                self._pool.shutdown(wait=False)
+                self.close()
 
     async def _commits(self) -> None:
         while True:
@@ -290,9 +293,35 @@ class Committer:
             self._maybe_idle()
 
     def close(self) -> None:
-        """Let the writer go (idempotent; `run` also does it when cancelled)."""
-        self._pool.shutdown(wait=False)
-        self.closed = True
+        """Let the writer go (idempotent; `run` also does it when it ends)."""
+        if not self.closed:
+            self.closed = True
+            self._let_go(self._pool)
+
+    def _let_go(self, pool: Executor) -> None:
+        """The pool shuts down on a daemon thread of its own, which `join` can wait for: a
+        writer that hangs holds up neither the loop nor the exit."""
+        gone: Future[None] = Future()
+
+        def shut_down() -> None:
+            pool.shutdown(wait=True)
+            gone.set_result(None)
+
+        threading.Thread(target=shut_down, name="gavel-writer-shutdown", daemon=True).start()
+        self._leaving.append(gone)
+
+    async def join(self, timeout_s: float) -> None:
+        """Close, and wait up to `timeout_s` for every writer let go to be gone, the commit in
+        hand written: a writer process's manager thread still alive when the interpreter
+        exits races CPython's own exit hook (a wakeup written to a pipe the thread has just
+        closed, printed as an ignored OSError with its traceback)."""
+        self.close()
+        leaving = [asyncio.wrap_future(f) for f in self._leaving if not f.done()]
+        if leaving:
+            _, left = await asyncio.wait(leaving, timeout=timeout_s)
+            if left:
+                log.warning("the git writer did not finish within %.1fs; leaving it",
+                            timeout_s)
 
     async def _commit(self, items: list[Item]) -> bool:
         """Plan, write and adopt one group commit; whether the writer wrote one."""
@@ -382,7 +411,7 @@ class Committer:
             self.writer = "thread"
         else:
             log.warning("the writer process died; a new one takes over")
-        self._pool.shutdown(wait=False)
+        self._let_go(self._pool)
         self._pool = make_executor(self.writer, self.orphan_s)
 
     def _unwritable(self, items: list[Item], why: object) -> None:

@@ -1,6 +1,7 @@
 """A writer process that dies is replaced and the write goes on: the commit it was asked for
 lands once, on a fresh writer, and no item hears of the death - also when the writer was
-killed holding the ref's lock. (`broker.ledger.committer` rule 11.)"""
+killed holding the ref's lock. (`broker.ledger.committer` rule 11.) A broker that ends joins
+its writer process, so none is left to race the interpreter's exit; a hung one is left."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import signal
 from concurrent.futures import Executor, ProcessPoolExecutor
 from pathlib import Path
 
+import psutil
 import pytest
 
 from gavel.broker.ledger import committer as committer_module
@@ -147,3 +149,22 @@ async def test_writers_that_die_as_they_start_give_way_to_a_thread_and_the_commi
 async def _landed(told: Told) -> None:
     while not told.landed:
         await asyncio.sleep(0.05)
+
+
+async def test_joined_the_writer_process_is_gone_and_a_hung_one_is_left_behind(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    committer = Committer(Ledger(tmp_path / "state.git"), writer="process")
+    pid = await writer_pid(committer)
+    await committer.join(30.0)
+    assert committer.closed and not psutil.pid_exists(pid)
+
+    hung = Committer(Ledger(tmp_path / "hung.git"), writer="process")
+    pid = await writer_pid(hung)
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        with caplog.at_level(logging.WARNING, logger="gavel.ledger"):
+            await asyncio.wait_for(hung.join(0.2), 10)
+        assert "the git writer did not finish within 0.2s; leaving it" in caplog.text
+        assert psutil.pid_exists(pid)
+    finally:
+        os.kill(pid, signal.SIGKILL)
