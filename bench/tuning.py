@@ -23,8 +23,10 @@ Rules:
    defaults (every value tuned: a fresh tuner at the latency end, as a broker started with no
    flags has) and the latency-tuned settings. A side's figure is the p99 of the rounds closed
    under it; target defaults over latency-tuned at most `LATENCY_RATIO`.
-4. A closed loop: the bench keeps at least `BACKLOG_N` placements waiting (more than the
-   throughput end holds in flight) while its segments (`CLOSED_SEGMENT_S` each, a pair for
+4. A closed loop: the bench keeps `BACKLOG_N` placements asked for and not yet placed,
+   about half of them waiting for a round (pending, or submitted and still landing: more
+   than the throughput end holds in flight) and the rest in the rounds and in awards whose
+   commits are landing, while its segments (`CLOSED_SEGMENT_S` each, a pair for
    every `CLOSED_PER` of rule 3's) alternate between the defaults and
    the throughput-tuned settings (`THROUGHPUT`); a side's figure is its placements over its
    seconds; target defaults over throughput-tuned at least `THROUGHPUT_RATIO`.
@@ -95,11 +97,15 @@ PAIRS = 44
 #: (0.07-0.23 quiet), so six pairs left the median's error near a fifth of the ratio there,
 #: as wide as the bound's margin; eleven take a quarter off it for 80 s more.
 CLOSED_PER = 4
-#: Rule 4: placements kept waiting in the closed loop (the throughput end holds 4,096), by
-#: submissions of `_CHUNK`, at most `_FEEDING` at once.
-BACKLOG_N = 8000
+#: Rule 4: placements asked for and not yet placed in the closed loop, by submissions of
+#: `_CHUNK`, at most `_FEEDING` at once. Between generations of rounds a closed loop has
+#: none in flight, and its awards' commits still landing hold as many as the throughput end's
+#: rounds (4,096): at 8,000 asked for, at most four submissions landing, the 4,000 waiting
+#: were just under what jumps a fresh tuner to the throughput end (`shared.tuning` rule 4),
+#: and each defaults segment of a loaded machine began with 0.5-2.5 s of rounds of 24.
+BACKLOG_N = 16_000
 _CHUNK = 1000
-_FEEDING = 4
+_FEEDING = 8
 #: Rule 1: the churn.
 CHURN_S = 3.0
 ENDED_MAX = 5000
@@ -321,8 +327,7 @@ class _Open:
 
 
 class _Closed:
-    """Rule 4's load: at least `BACKLOG_N` waiting from the start, topped up until
-    stopped."""
+    """Rule 4's load: `BACKLOG_N` asked for from the start, topped up until stopped."""
 
     def __init__(self, rig: Rig, broker: _Broker, asked: list[str], prefix: str) -> None:
         self.rig, self.broker, self.asked, self.prefix = rig, broker, asked, prefix
