@@ -28,12 +28,16 @@ Rules:
    window after it cannot (docs/performance.md), and `ratio_to_bare_rounds` the run's
    placements/s over it. So the agents start before the broker, which asks them to
    heartbeat at once (`bench.agentprocs` rule 3).
+7. An open loop with `rate_share` offers that share of the bare auctioneer's rate measured
+   before the broker started, at most `rate`: a fixed rate asks a slow hour for more of its
+   machine than a quick one, and keeping up then says as much of the hour as of the code.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import math
 import os
 import shutil
 import subprocess
@@ -69,7 +73,7 @@ from gavel.transport.client import ClientError, call, connect
 from gavel.transport.natsserver import NatsServer
 
 __all__ = ["IdleWorkerFailed", "Options", "Result", "Rig", "RunFailed", "VerifyError",
-           "peak_rss_mb", "run", "run_with", "submit_all", "until_healthy"]
+           "offered", "peak_rss_mb", "run", "run_with", "submit_all", "until_healthy"]
 
 R = TypeVar("R")
 
@@ -95,6 +99,8 @@ class Options:
     chunk: int = 1000
     #: Submit at this many placements a second (open loop), or 0: as fast as taken.
     rate: float = 0.0
+    #: Rule 7: the open loop's share of the hour's ceiling, at most `rate` (0: `rate`).
+    rate_share: float = 0.0
     timeout_s: float = 600.0
     idle_s: float = 10.0
     progress: bool = True
@@ -132,8 +138,7 @@ class Result:
     agent_cpu_us_per_reply: float
     #: The broker's CPU a placement in units of an agent's CPU a reply: the agents run the
     #: same code on both sides of an A/B, so this cancels the machine's drift between runs
-    #: (every process's CPU moves from run to run far more than this ratio does:
-    #: docs/performance.md).
+    #: (every process's CPU moves far more than this ratio does: docs/performance.md).
     broker_cpu_in_agent_replies: float
     nats_cpu_us_per_placement: float
     #: Every process of the run (broker, writer, agents, nats-server, this driver) over
@@ -147,16 +152,14 @@ class Result:
     ratio_to_git_cli: float
     verified: bool
     #: Rule 1: the round p99 over the p99 of raw nats-py request/replies made one at a time
-    #: during the same seconds (`bench.ceilings.Probe`): how many raw round trips under the
-    #: same load a bid round's tail is.
+    #: during the same seconds (`bench.ceilings.Probe`): a bid round's tail in round trips.
     nats_reqreply_p99_ms: float = 0.0
     round_p99_in_reqreply_p99: float = 0.0
-    #: An open loop's offered placements a second (`Options.rate`; 0: a closed loop) and the
+    #: An open loop's offered placements a second (rule 7; 0: a closed loop) and the
     #: placements/s over it: whether the broker kept up with what it was offered.
     offered_per_s: float = 0.0
     ratio_to_offered: float = 0.0
-    #: Where the broker's tuning ended (`shared.tuning`: 0 the latency end) and how often
-    #: it moved (what it pins moved nothing).
+    #: Where the broker's tuning ended (`shared.tuning`: 0 the latency end), how often it moved.
     tuned_level: int = 0
     tuned_changes: int = 0
     #: The windows it judged last (`shared.tuning` rule 8): why it ended where it did.
@@ -255,11 +258,19 @@ class Rig:
     bare_before: float = 0.0
 
 
+def offered(opts: Options, bare_before: float) -> Options:
+    """Rule 7: `opts` offering its share of `bare_before`, at most its rate."""
+    if not opts.rate_share or not bare_before:
+        return opts
+    rate = min(opts.rate or math.inf, opts.rate_share * bare_before)
+    return dataclasses.replace(opts, rate=round(rate, 1))
+
+
 async def _placements(rig: Rig) -> Result:
     """The driver of `run`: the placements asked for, measured and verified; then the idle
     worker."""
-    result = await _drive(rig.nc, rig.opts, rig.root, rig.broker, rig.agents, rig.nats_pid,
-                          rig.nats_rr, rig.git_cli, rig.probe)
+    result = await _drive(rig.nc, offered(rig.opts, rig.bare_before), rig.root, rig.broker,
+                          rig.agents, rig.nats_pid, rig.nats_rr, rig.git_cli, rig.probe)
     if rig.opts.idle_s > 0:  # the broker still listens; nothing is left to place
         cpu, rss = await idle_worker(rig.nc, rig.url, rig.root / "idle-worker",
                                      rig.root / "logs" / "idle-worker.log", rig.opts.idle_s)

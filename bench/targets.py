@@ -35,8 +35,8 @@ from typing import Any
 
 from gavel.bench.run import Options, Result
 
-__all__ = ["BARE_SHARE_10K", "BARE_SHARE_SAMPLED", "RATIOS", "TARGETS", "Bound", "Check",
-           "Target", "by_name", "checks", "report_line", "scaled"]
+__all__ = ["BARE_SHARE_10K", "BARE_SHARE_SAMPLED", "BROADCAST_SHARE", "RATIOS", "TARGETS",
+           "Bound", "Check", "Target", "by_name", "checks", "report_line", "scaled"]
 
 _RESULT_FIELDS = {f.name for f in dataclasses.fields(Result)}
 #: Rule 4: each ratio a target is judged by, and the figure and the same-run ceiling it divides.
@@ -106,6 +106,12 @@ BARE_SHARE_SAMPLED = 0.535
 _PER_S_SAMPLED = round(BARE_SHARE_SAMPLED * 5000 / 5984, 3)
 _P99_SAMPLED = 2.5      # 20 ms over a probed req/reply p99 of ~8 ms
 _P99_BROADCAST = 5.0    # 50 ms over ~10 ms
+#: The broadcast target's offered rate, as a share of the bare broadcast rounds' rate
+#: measured before its broker starts: 1,100/s over the median of that ceiling in five quiet
+#: sittings (5,765, 6,292, 6,605, 8,745 and 9,961/s; load at most 4.5), in which the broker kept
+#: 0.92-0.99 of 1,100/s. Beside the test suite the ceiling read 3,220-6,072/s, and the
+#: fixed 1,100/s was kept at 0.87-0.91 (docs/performance.md, "The broadcast target").
+BROADCAST_SHARE = round(1100 / 6605, 3)
 #: The 10k target, the same way at its own shape (16 rounds of 256, the tuner's throughput
 #: end and 649ca6e's defaults): 649ca6e kept a median 0.414 of the bare rounds' rate (3 runs
 #: alternating with main, load 5-11) and placed a median 5,917/s in its calibration hours:
@@ -120,12 +126,14 @@ TARGETS: tuple[Target, ...] = (
            (at_least("ratio_to_bare_rounds", _PER_S_SAMPLED,
                      at_least("placements_per_s", 5000)),
             at_most("round_p99_in_reqreply_p99", _P99_SAMPLED, at_most("round_p99_ms", 20)))),
-    # An open loop at 1,100/s: its placements/s is the offered rate's when it keeps up, so
-    # it is judged against the rate offered, not a ceiling.
+    # An open loop: its placements/s is the offered rate's when it keeps up, so it is judged
+    # against the rate offered - a share of the hour's ceiling (`bench.run` rule 7), at most
+    # the 1,100/s the absolute bound was set at.
     Target("broadcast",
            "1,000 agents, full broadcast: >= 1,000 placements/s and round p99 <= 50 ms",
            {"agents": 1000, "placements": 20_000, "mode": "broadcast", "rate": 1100.0,
-            "max_auctions": 1, "batch_wait_ms": 100.0, "idle_s": 0.0},
+            "rate_share": BROADCAST_SHARE, "max_auctions": 1, "batch_wait_ms": 100.0,
+            "idle_s": 0.0},
            (at_least("ratio_to_offered", round(1000 / 1100, 3),
                      at_least("placements_per_s", 1000)),
             at_most("round_p99_in_reqreply_p99", _P99_BROADCAST, at_most("round_p99_ms", 50)))),

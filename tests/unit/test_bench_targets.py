@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from gavel.bench import targets as tg
-from gavel.bench.run import Options, Result
+from gavel.bench.run import Options, Result, offered
 from gavel.cli.bench import add_arguments
 from gavel.cli.main import main
 
@@ -59,6 +59,18 @@ def test_the_issue_s_targets_with_its_numbers() -> None:
     assert (s.max_auctions, s.batch_max, s.commit_gap_ms) == (1, 24, 20.0)
     assert (b.rate, b.max_auctions, b.batch_wait_ms) == (1100.0, 1, 100.0)
     assert all(not o.progress for o in by.values())
+
+
+def test_the_broadcast_loop_offers_a_share_of_the_hours_ceiling_at_most_its_rate() -> None:
+    # `bench.run` rule 7: a slow hour is offered what a quick one is, in its own ceiling
+    b = tg.by_name(["broadcast"])[0].options()
+    assert b.rate_share == tg.BROADCAST_SHARE
+    assert offered(b, 3300.0).rate == round(tg.BROADCAST_SHARE * 3300, 1) < 600
+    assert offered(b, 6605.0).rate == pytest.approx(1100, abs=3)
+    assert offered(b, 9960.0).rate == 1100.0  # never more than the bound was set at
+    assert offered(b, 0.0).rate == 1100.0  # no ceiling measured: the rate as given
+    plain = tg.by_name(["sampled"])[0].options()
+    assert offered(plain, 5000.0) is plain  # a closed loop, or a fixed rate, as it is
 
 
 def test_a_bound_is_met_at_its_limit_and_on_its_side_only() -> None:
