@@ -151,7 +151,8 @@ class ContainerRun:
                       cwd: Path) -> tuple[bool, str]:
         """An exec check inside the container, with the container's own environment. The
         engine cannot end an exec: one the probe gives up on (its timeout, the checks
-        stopping) is killed by its host pid, so it never outlives the check."""
+        stopping) is killed by its host pid before the probe returns, so it never outlives
+        the check."""
         del env, cwd
         api = self.engine.client.api
         try:
@@ -162,8 +163,10 @@ class ContainerRun:
         try:
             out = await self._call(lambda: api.exec_start(exec_id))
             code = (await self._call(lambda: api.exec_inspect(exec_id))).get("ExitCode")
-        except asyncio.CancelledError:
-            self.engine.calls.submit(self._kill_exec, exec_id)
+        except asyncio.CancelledError:  # killed before the probe gives up: the next probe
+            # starts only once this one is gone (on a busy engine a kill left to run later
+            # still ran beside the next probe)
+            await asyncio.shield(self._call(lambda: self._kill_exec(exec_id)))
             raise
         except Exception as exc:
             return False, f"cannot exec in the container: {_sentence(exc)}"
