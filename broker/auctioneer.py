@@ -35,7 +35,8 @@ What the shell adds to the core's rules, by their numbers:
     latency end and the throughput end as the load asks, from that pass on (a jump for a
     backlog heard as a round closes runs a pass at once: a closed loop that began while
     rounds were in flight waited for a tick before). A pass hears of the commits
-    landed before it asks whether things are quiet. A value given is pinned, also one set
+    landed before it asks whether things are quiet, and tells whether work is landing (the
+    committer not idle, or submissions landing). A value given is pinned, also one set
     on `batch_max` or `max_auctions` later.
 13. `retune` (`gavel tune`) replaces the tuner with a fresh one pinning what it is given, as
     a broker started with those values would have it, applies its values at once and runs
@@ -187,7 +188,8 @@ class Auctioneer:
     # -- driving the core ------------------------------------------------------------------
     def reconcile(self, now: float) -> None:
         self._heard_commits(now)  # rule 12: a commit that just landed is not quiet
-        quiet = self.tuner.passed(now, len(self.core.auctions))
+        landing = not self.ctx.committer.idle.is_set() or self.incoming() > 0
+        quiet = self.tuner.passed(now, len(self.core.auctions), landing)
         if self.tuner.waiting(self.backlog(), self._in_flight()) or quiet:  # rule 12
             self._tuned()
         self.core.reconcile(now)

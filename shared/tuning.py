@@ -63,9 +63,13 @@ Rules:
 6. A pass with no round in flight after a quiet spell - no round closed and no commit
    landed for `IDLE_S`, or for `QUIET_ROUNDS` of the last window's median round if that is
    longer - returns the tuner to the latency end: the next burst after a quiet spell starts
-   from the shortest rounds. A commit is not quiet, and a busy machine's spells are as long
-   as its rounds: in a closed loop the next submissions wait on the commits and on a machine
-   whose rounds take a second.
+   from the shortest rounds. A commit is not quiet, nor is work landing (a commit being
+   written or its awards carried out, submissions on their way: `landing`), and a busy
+   machine's spells are as long as its rounds: in a closed loop the next submissions wait
+   on the commits and on a machine whose rounds take a second. Between a closed loop's
+   generations of rounds nothing is in flight while their commits land, which on a loaded
+   machine took longer than `IDLE_S`: a tuner that heard only the commits landed went back
+   to the latency end up to seven times in eight seconds, and climbed again each time.
 7. A value given (`batch_max`, `max_auctions`, `commit_gap_s`) is pinned: the tuner never
    changes it, and tunes only the others; with all three given its level stays where it is.
 8. The last `TRACE` windows judged are kept (`trace`): the level, its closes saturated, the
@@ -268,8 +272,11 @@ class Tuner:
             changed = self.closed(round_s, full, now, in_flight) or changed
         return changed
 
-    def passed(self, now: float, in_flight: int) -> bool:
-        """A pass ran with `in_flight` rounds open; whether the level changed (rule 6)."""
+    def passed(self, now: float, in_flight: int, landing: bool = False) -> bool:
+        """A pass ran with `in_flight` rounds open and work `landing` or not; whether the
+        level changed (rule 6)."""
+        if landing:
+            self._last_busy = now
         quiet_s = max(IDLE_S, QUIET_ROUNDS * (self.round_s or 0.0))
         if in_flight or self.level == 0 or self._last_busy is None \
                 or now - self._last_busy < quiet_s:

@@ -139,7 +139,8 @@ class Market:
 
     def _pass(self, now: float, _: Any = None) -> None:
         tuner = self.tuner
-        if tuner is not None and (tuner.passed(now, len(self.core.auctions))
+        landing = self.committing is not None or bool(self.next_commit)
+        if tuner is not None and (tuner.passed(now, len(self.core.auctions), landing)
                                   | tuner.waiting(self.core.backlog(), self._in_flight())):
             self._tuned()
         self.core.reconcile(now)

@@ -261,6 +261,15 @@ def test_a_quiet_spell_returns_to_the_latency_end() -> None:
     assert t.passed(last + 2 * IDLE_S, 0) and t.level == 0
 
 
+def test_work_landing_is_not_a_quiet_spell() -> None:
+    # between a closed loop's generations of rounds nothing is in flight while a commit of
+    # their awards is written, for longer than IDLE_S on a loaded machine
+    t = at(TOP)
+    assert not t.passed(2 * IDLE_S, 0, landing=True) and t.level == TOP
+    assert not t.passed(2.5 * IDLE_S, 0) and t.level == TOP  # quiet counts from then
+    assert t.passed(3.5 * IDLE_S, 0) and t.level == 0
+
+
 def test_what_is_given_is_pinned_and_the_rest_is_tuned() -> None:
     t = Tuner(batch_max=32, commit_gap_s=0.0)
     t.waiting(10 ** 6)

@@ -161,6 +161,33 @@ async def test_submissions_still_landing_count_as_waiting(tmp_path: Path) -> Non
         b.committer.close()
 
 
+async def test_work_landing_is_not_a_quiet_spell(tmp_path: Path) -> None:
+    # Nothing in flight and nothing closed or landed for long, but the committer holds work
+    # (a commit being written, awards being carried out) or submissions are landing: the
+    # level holds; once neither is, the spell is quiet.
+    b = _broker(tmp_path, queued=5000)
+    a = b.auctioneer
+    try:
+        a.reconcile(b.now())
+        _answer_rounds(a, 1)  # a close: the spell counts from here
+        assert a.tuner.level == TOP
+        a.auctions.clear()
+        b.committer.idle.clear()  # as `Committer.submit` leaves it until all has landed
+        a.reconcile(b.now() + 2 * IDLE_S)
+        assert a.tuner.level == TOP
+        b.committer.idle.set()
+        b.api.submissions.incoming = 1000
+        a.auctions.clear()
+        a.reconcile(b.now() + 4 * IDLE_S)
+        assert a.tuner.level == TOP
+        b.api.submissions.incoming = 0
+        a.auctions.clear()
+        a.reconcile(b.now() + 6 * IDLE_S)
+        assert a.tuner.level == 0
+    finally:
+        b.committer.close()
+
+
 async def test_released_to_the_defaults_with_the_throughput_ends_rounds_full_it_jumps(
         tmp_path: Path) -> None:
     # `gavel tune` pinned the throughput end and a closed loop filled its rounds, with less
@@ -233,10 +260,10 @@ async def test_a_commit_that_just_landed_is_not_a_quiet_spell(tmp_path: Path) ->
         seen = b.committer.commits
         committing = asyncio.create_task(b.committer.run())
         for _ in range(6000):  # the committer lands the awards (a bound, not a timing)
-            if b.committer.commits != seen:
+            if b.committer.commits != seen and b.committer.idle.is_set():
                 break
             await asyncio.sleep(0.01)
-        assert b.committer.commits != seen
+        assert b.committer.commits != seen and b.committer.idle.is_set()
         committing.cancel()  # no later commit (a loaded machine's) lands between the passes
         with contextlib.suppress(asyncio.CancelledError):
             await committing
