@@ -302,12 +302,20 @@ async def test_a_host_volume_keeps_its_data_across_redeploys_restarts_and_placem
     await deploy(cluster, svc("2"))
     await wait_for(lambda: runs("1\n2\n"), 90,
                    what="the second version to append to the first one's data")
+    alone: list[str] = []
+
+    def one_replica_of_v2() -> bool:  # the rolling deploy's first version is gone
+        alone[:] = containers(docker, cluster)
+        try:
+            return len(alone) == 1 and "V=2" in docker.api.inspect_container(
+                alone[0])["Config"]["Env"]
+        except Exception:  # gone between the list and the inspect
+            return False
+
     for after, what in (("1\n2\n2\n", "a restart in place"),
                         ("1\n2\n2\n2\n", "a new placement, the restart spent")):
-        await wait_for(lambda: len(containers(docker, cluster)) == 1, 60,
-                       what="one running replica")
-        (cid,) = containers(docker, cluster)
-        docker.api.kill(cid)
+        await wait_for(one_replica_of_v2, 60, what="one running replica, of the second version")
+        docker.api.kill(alone[0])
         await wait_for(lambda a=after: runs(a), 90, what=f"{what} to append to the data")
     assert not cluster.agents["other"].instances(), "only the node holding the volume bids"
 
