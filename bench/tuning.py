@@ -10,14 +10,14 @@ Rules:
    so its tree, and with it what a commit costs, stays the same size from the first
    comparison to the last: the rates offered stay the fractions of capacity they were.
 2. Capacity just before each open loop: the latency-tuned settings (`LATENCY`) pinned, a
-   closed loop (rule 4's backlog) whose awards are counted over `CAPACITY_S` once the first
-   instances end (the churn's steady state: ends cost the broker too); its placements/s is
-   the load the latency target is claimed at (above it the latency-tuned broker no longer
-   keeps up, and its round p99 stops saying what a user waits). Measured again before each
-   open loop, it follows a machine whose load moves from minute to minute; an open loop's
-   rate is its fraction of the median of the measurements so far (one window of 4 s read
-   1,670 and the next 2,920/s in a quiet hour: 80% of the second was more than the machine
-   then placed).
+   closed loop (like rule 4's, `CAPACITY_N` deep) whose awards are counted over `CAPACITY_S`
+   once the first instances end (the churn's steady state: ends cost the broker too); its
+   placements/s is the load the latency target is claimed at (above it the latency-tuned
+   broker no longer keeps up, and its round p99 stops saying what a user waits). Measured
+   again before each open loop, it follows a machine whose load moves from minute to minute;
+   an open loop's rate is its fraction of the median of the measurements so far (one window
+   of 4 s read 1,670 and the next 2,920/s in a quiet hour: 80% of the second was more than
+   the machine then placed).
 3. An open loop at each fraction of capacity in `FRACTIONS`: submissions at that rate through
    `pairs` x 2 segments of `SEGMENT_S`, the settings changing at each segment between the
    defaults (every value tuned: a fresh tuner at the latency end, as a broker started with no
@@ -64,9 +64,9 @@ from gavel.bench.verify import VerifyError, verify_churn
 from gavel.shared.api import StatsReply, StatsRequest, TuneReply, TuneRequest
 from gavel.transport.client import call
 
-__all__ = ["BACKLOG_N", "CAPACITY_S", "CLOSED_PER", "CLOSED_SEGMENT_S", "FRACTIONS", "LATENCY",
-           "LATENCY_RATIO", "PAIRS", "SEGMENT_S", "THROUGHPUT", "THROUGHPUT_RATIO", "Comparison",
-           "Report", "Segment", "closed_pairs", "sitting"]
+__all__ = ["BACKLOG_N", "CAPACITY_N", "CAPACITY_S", "CLOSED_PER", "CLOSED_SEGMENT_S",
+           "FRACTIONS", "LATENCY", "LATENCY_RATIO", "PAIRS", "SEGMENT_S", "THROUGHPUT",
+           "THROUGHPUT_RATIO", "Comparison", "Report", "Segment", "closed_pairs", "sitting"]
 
 #: The hand-tuned settings (`TuneRequest` fields).
 LATENCY: dict[str, Any] = {"max_auctions": 1, "batch_max": 24, "commit_gap_ms": 20.0}
@@ -106,6 +106,12 @@ CLOSED_PER = 4
 BACKLOG_N = 16_000
 _CHUNK = 1000
 _FEEDING = 8
+#: Rule 2: the capacity's closed loop, at the latency end (one round of 24 in flight), needs
+#: no more than this; each of its placements ends `CHURN_S` after it starts, and twice as many
+#: ending during the open loop that follows left its half-second segments a broker busy with
+#: the ends (with 20 agents, comparisons whose segments closed no round on either side).
+CAPACITY_N = 8000
+_CAPACITY_FEEDING = 4
 #: Rule 1: the churn.
 CHURN_S = 3.0
 ENDED_MAX = 5000
@@ -296,7 +302,7 @@ async def _capacity(rig: Rig, broker: _Broker, asked: list[str], prefix: str) ->
     """Rule 2."""
     await broker.tune(LATENCY)
     base, before = await broker.placed(), len(asked)
-    load = _Closed(rig, broker, asked, prefix)
+    load = _Closed(rig, broker, asked, prefix, CAPACITY_N, _CAPACITY_FEEDING)
     await load.start(0.0)
     await asyncio.sleep(CHURN_S)  # the first instances end: the steady state begins
     first, started = await broker.placed(), time.perf_counter()
@@ -327,10 +333,13 @@ class _Open:
 
 
 class _Closed:
-    """Rule 4's load: `BACKLOG_N` asked for from the start, topped up until stopped."""
+    """Rule 4's load (rule 2's, with its own depth): `n` asked for from the start, by at most
+    `feeding` submissions at once, topped up until stopped."""
 
-    def __init__(self, rig: Rig, broker: _Broker, asked: list[str], prefix: str) -> None:
+    def __init__(self, rig: Rig, broker: _Broker, asked: list[str], prefix: str,
+                 n: int = BACKLOG_N, feeding: int = _FEEDING) -> None:
         self.rig, self.broker, self.asked, self.prefix = rig, broker, asked, prefix
+        self.n, self.feeding = n, feeding
         self._task: asyncio.Task[None] | None = None
         self._stop = asyncio.Event()
         self._full = asyncio.Event()
@@ -349,13 +358,13 @@ class _Closed:
         feeding: set[asyncio.Future[list[None]]] = set()
         while not self._stop.is_set():
             waiting = submitted - (await self.broker.placed() - base)
-            while waiting < BACKLOG_N and len(feeding) < _FEEDING:
+            while waiting < self.n and len(feeding) < self.feeding:
                 ids, sent = submit_all(self.rig.nc, _opts(self.rig, _CHUNK, 0.0),
                                        time.perf_counter(), f"{self.prefix}{k:05d}-")
                 feeding.add(sent)
                 self.asked += ids
                 submitted, waiting, k = submitted + len(ids), waiting + len(ids), k + 1
-            if submitted >= BACKLOG_N:  # primed: the segments may begin
+            if submitted >= self.n:  # primed: the segments may begin
                 self._full.set()
             done, _ = await asyncio.wait(feeding, timeout=0.05) if feeding else (set(), None)
             for sent in done:
