@@ -28,6 +28,7 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+import socket
 import ssl
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
@@ -45,6 +46,8 @@ log = logging.getLogger("gavel.ui")
 
 #: The largest request head read, and how long a client may take to send it (rule 1).
 HEAD_MAX = 16 * 1024
+#: Connections waiting to be accepted (asyncio's own default).
+_BACKLOG = 100
 HEAD_S = Timing().head_s
 #: What a refused body may still send before the connection is closed (`_linger`).
 LINGER_MAX = 64 * 1024 * 1024
@@ -144,6 +147,25 @@ DASHBOARD = Policy(sentences={
 })
 
 
+def listening(addr: str, port: int) -> socket.socket:
+    """A non-blocking TCP socket listening on `addr`'s first address and `port` (as asyncio's
+    own: address reuse, IPv6 only on an IPv6 address); OSError if it cannot."""
+    family, kind, proto, _, sockaddr = socket.getaddrinfo(
+        addr or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if family == socket.AF_INET6:
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+        sock.bind(sockaddr)
+        sock.listen(_BACKLOG)
+        sock.setblocking(False)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
 class Server:
     """Serves `handler` on (addr, port) to whoever holds `token` (rule 4)."""
 
@@ -166,10 +188,19 @@ class Server:
         self._closing = False
 
     async def start(self, addr: str, port: int, tls: ssl.SSLContext | None = None) -> int:
-        """Listen; the port listened on (`port` 0: a free one). OSError if it cannot."""
-        self._server = await asyncio.start_server(self._client, addr, port, limit=HEAD_MAX,
-                                                  ssl=tls)
-        self.port = int(self._server.sockets[0].getsockname()[1])
+        """Listen on `addr`'s first address; the port listened on (`port` 0: a free one).
+        OSError if it cannot. The socket is bound and listening before the loop takes it:
+        uvloop answers a listen that fails (another process took the port between its bind
+        and its listen: two `gavel up`s starting side by side) by closing the server rather
+        than raising, and the caller's fall-back to a free port never heard of it."""
+        sock = listening(addr, port)
+        try:
+            self._server = await asyncio.start_server(self._client, sock=sock,
+                                                      limit=HEAD_MAX, ssl=tls)
+        except BaseException:
+            sock.close()
+            raise
+        self.port = int(sock.getsockname()[1])
         return self.port
 
     async def close(self) -> None:
