@@ -308,7 +308,7 @@ class Committer:
             gone.set_result(None)
 
         threading.Thread(target=shut_down, name="gavel-writer-shutdown", daemon=True).start()
-        self._leaving.append(gone)
+        self._leaving = [f for f in self._leaving if not f.done()] + [gone]
 
     async def join(self, timeout_s: float) -> None:
         """Close, and wait up to `timeout_s` for every writer let go to be gone, the commit in
