@@ -40,7 +40,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import errno
 import signal
 import socket
 import ssl
@@ -310,10 +309,8 @@ def _tls(cert: str, key: str) -> ssl.SSLContext | None:
 async def _listen(server: Server, addr: str, port: int | None,
                   tls: ssl.SSLContext | None) -> int:
     try:
-        return await server.start(addr, DEFAULT_PORT if port is None else port, tls)
+        return await server.start_at(addr, port, DEFAULT_PORT, tls)
     except OSError as exc:
-        if port is None and exc.errno == errno.EADDRINUSE:
-            return await _listen(server, addr, 0, tls)
         what = f"port {port}" if port else "a port"
         raise ApiUnavailable(f"the HTTP API cannot listen on {addr}, {what}: "
                              f"{exc.strerror or exc}") from None

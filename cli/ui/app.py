@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import errno
 import os
 import re
 import signal
@@ -185,10 +184,8 @@ def _usable(iid: str) -> bool:
 async def _listen(server: Server, addr: str, port: int | None) -> int:
     """Rule 3."""
     try:
-        return await server.start(addr, DEFAULT_PORT if port is None else port)
+        return await server.start_at(addr, port, DEFAULT_PORT)
     except OSError as exc:
-        if port is None and exc.errno == errno.EADDRINUSE:
-            return await _listen(server, addr, 0)
         what = f"port {port}" if port else "a port"
         raise UiUnavailable(f"the dashboard cannot listen on {addr}, {what}: "
                             f"{exc.strerror or exc}") from None

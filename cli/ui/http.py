@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import errno
 import logging
 import socket
 import ssl
@@ -202,6 +203,17 @@ class Server:
             raise
         self.port = int(sock.getsockname()[1])
         return self.port
+
+    async def start_at(self, addr: str, port: int | None, default: int,
+                       tls: ssl.SSLContext | None = None) -> int:
+        """`start` on `port`, or with none given on `default`, and on a free port when another
+        process holds that; OSError if it cannot."""
+        try:
+            return await self.start(addr, default if port is None else port, tls)
+        except OSError as exc:
+            if port is None and exc.errno == errno.EADDRINUSE:
+                return await self.start(addr, 0, tls)
+            raise
 
     async def close(self) -> None:
         """Rule 5."""
