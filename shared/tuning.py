@@ -18,8 +18,9 @@ Rules:
    down - but a step down that keeps the batch (the top step: only the rounds in flight
    change) is taken only if the step below holds the window's peak demand too (the most any
    drained close left in flight; a step holds its rounds in flight times its batch).
-   Otherwise it holds, also when every one of its closes was saturated: work that waits
-   behind every round is a queue, and only a long one climbs (rule 4).
+   A window every one of whose closes was saturated climbs one step if its queue outlasted
+   it (rule 4); otherwise it holds: work that waits behind every round is a queue, and only
+   a long one or one that lasts climbs.
 3. The band between is wide because in a closed loop neither a drain now and then nor long
    rounds say the step below would keep up: the work drains between the submissions at up
    to half the closes of a level the step below cannot carry, and the rounds are long
@@ -55,6 +56,15 @@ Rules:
    batches only lengthen: a climb for saturated windows took it up one step at a time, and a
    climb for a few saturated closes hunted, each to rounds longer than the latency end's for
    a queue that was short.
+   A shorter queue climbs one step a window while it *outlasts* the windows: every close of
+   the window saturated, at every pass a window's worth of the level's rounds waiting
+   (`WINDOW` times what it holds: 384 at the latency end, then 768, 2,048, 8,192), and the
+   queue as the window ended no shorter than as it began. That is a closed loop kept below
+   the jump's bound (clients that each wait for their placements: 2,000 asked for left the
+   broker at the latency end, placing 0.88-0.91 of what the throughput end did), not a stall's
+   queue, which shrinks from window to window as the level places more than arrives, nor an
+   open loop's short queue behind every round near its level's capacity. The queue's length
+   says how far: each step's rounds are filled by the queue the step below left waiting.
 5. Commits are paced by what they cost: the gap before the next commit is the recent commit
    time (a moving average), at most the level's cap - a writer busy at most half the time
    leaves the cores to the rounds under load, and a light load's small, quick commits wait
@@ -125,7 +135,8 @@ LADDER: tuple[Setting, ...] = (
     Setting(8, 256, 0.0),
     Setting(16, 256, 0.0),
 )
-#: Rounds closed per judgement (rule 2).
+#: Rounds closed per judgement (rule 2); a queue of this many of the level's rounds that
+#: outlasts a window climbs a step (rule 4).
 WINDOW = 16
 #: Work waiting, in what the throughput end holds in flight (4,096), that jumps to it
 #: (rule 4): below the 8,000 the bench's closed loop keeps waiting (pending or landing),
@@ -175,6 +186,10 @@ class Tuner:
         #: The window's peak demand and backlog so far (rules 1, 2, 4, 8).
         self._peak = 0
         self._backlog = 0
+        #: The window's queue: as its first pass heard it, its shortest and its last (rule 2).
+        self._first: int | None = None
+        self._low = 0
+        self._last = 0
         #: The last window's median round (rule 6), once one was judged.
         self.round_s: float | None = None
         #: The last close or commit (rule 6).
@@ -237,6 +252,8 @@ class Tuner:
         n, sat = len(self._rounds), self._saturated
         if n < self.window:
             return False
+        if sat == n and self._outlasted():
+            return self._judge(1)
         return self._judge(-1 if n - sat >= RETURN * n and self._below() else 0)
 
     def waiting(self, backlog: int, in_flight: int = 0) -> bool:
@@ -246,6 +263,9 @@ class Tuner:
             return False  # rule 7: nothing to tune
         backlog += max(0, in_flight - self.holds(self.level))
         self._backlog = max(self._backlog, backlog)
+        if self._first is None:
+            self._first = self._low = backlog
+        self._low, self._last = min(self._low, backlog), backlog
         top = len(self.ladder) - 1
         if self.level == top or backlog < BACKLOG * self.holds(top):
             return False
@@ -281,7 +301,7 @@ class Tuner:
         if in_flight or self.level == 0 or self._last_busy is None \
                 or now - self._last_busy < quiet_s:
             return False
-        self._rounds, self._saturated, self._peak, self._backlog = [], 0, 0, 0
+        self._restart()
         return self._step(-self.level)
 
     def _below(self) -> bool:
@@ -301,8 +321,20 @@ class Tuner:
         self.trace.append(Judged(self.level, len(rounds), self._saturated, self._peak,
                                  self._backlog, rounds[len(rounds) // 2] if rounds else 0.0,
                                  by))
-        self._rounds, self._saturated, self._peak, self._backlog = [], 0, 0, 0
+        self._restart()
         return self._step(by)
+
+    def _restart(self) -> None:
+        """A new window begins."""
+        self._rounds, self._saturated, self._peak, self._backlog = [], 0, 0, 0
+        self._first, self._low, self._last = None, 0, 0
+
+    def _outlasted(self) -> bool:
+        """Rule 2: whether the window's queue outlasted it: a window's worth of the level's
+        rounds waited at every pass, and it ended no shorter than it began."""
+        return self.level < len(self.ladder) - 1 and self._first is not None \
+            and self._low >= self.window * self.holds(self.level) \
+            and self._last >= self._first
 
     def _step(self, by: int) -> bool:
         level = min(max(self.level + by, 0), len(self.ladder) - 1)

@@ -1,10 +1,11 @@
 """The auctioneer's self-tuning (`shared.tuning`), in memory: it climbs to the throughput
 end for a backlog many times what its level holds (a closed loop's, not an open loop's
-bursts near capacity, nor a short queue behind every round), and holds it while the step
-below could not hold the work in flight; comes back to the latency end as the queue drains or
-rounds queue behind each other, holds still under a steady load, paces commits by what they
-cost, pins what is given, says why in its trace, and the simulator's production auctioneer
-drives it."""
+bursts near capacity, nor a short queue behind every round), a step at a time for a queue
+that outlasts its windows (a shallow closed loop's, not a stall's as it drains), and holds
+it while the step below could not hold the work in flight; comes back to the latency end as
+the queue drains or rounds queue behind each other, holds still under a steady load, paces
+commits by what they cost, pins what is given, says why in its trace, and the simulator's
+production auctioneer drives it."""
 
 from __future__ import annotations
 
@@ -146,6 +147,60 @@ def test_an_open_loops_bursts_at_80_percent_do_not_jump() -> None:
     assert (t.level, t.changes) == (0, 0)
     assert {j.backlog for j in t.trace} == {120} and len(t.trace) == 20
     assert BACKLOG * LADDER[TOP].max_auctions * LADDER[TOP].batch_max > 120
+
+
+def queued(t: Tuner, n: int, backlog: list[int], round_s: float = 0.010) -> list[int]:
+    """`n` windows of saturated closes, each heard after a pass with the work waiting as
+    `backlog` repeats; the level after each."""
+    levels, now, k = [], 0.0, 0
+    for _ in range(n):
+        for _ in range(t.window):
+            now += round_s
+            t.waiting(backlog[k % len(backlog)])
+            k += 1
+            t.closed(round_s, True, now)
+        levels.append(t.level)
+    return levels
+
+
+def test_a_shallow_closed_loops_queue_climbs_a_step_a_window_it_outlasts() -> None:
+    # Clients that keep 2,000 or 3,000 placements asked for: fewer than the jump's bound
+    # wait (rule 4), but a window's worth of the level's rounds waits at every pass, and
+    # the queue is as long as the window ends as it began. It climbs while that holds.
+    holds = [LADDER[k].max_auctions * LADDER[k].batch_max for k in range(TOP + 1)]
+    assert [WINDOW * h for h in holds[:4]] == [384, 768, 2048, 8192]
+    for n, top in ((2000, 2), (3000, 3)):
+        t = Tuner()
+        sawtooth = [n - 200, n - 600, n - 100, n - 400, n - 200]  # submissions landing
+        assert queued(t, 6, sawtooth) == [*range(1, top + 1), *[top] * (6 - top)]
+        assert [j.step for j in t.trace] == [1] * top + [0] * (6 - top)
+        assert t.changes == top and t.trace[0].line() == \
+            f"level 0: 16/16 saturated, peak 0, backlog {n - 100}, round 10.0 ms, step +1"
+
+
+def test_a_queue_that_shrinks_or_dips_below_a_windows_worth_does_not_climb() -> None:
+    # An open loop at 80% of the latency end's capacity (1,000/s) after a stall of two
+    # seconds: 1,600 wait, and each window's 384 placements clear 77 more than arrive.
+    # The bench sends a fiftieth of a second's arrivals at a time (16): the queue a pass
+    # hears is up to a chunk longer than the trend.
+    t = Tuner()
+    drain = [round(1600 - 77 * k / WINDOW + 16 * (k % 3 == 0)) for k in range(20 * WINDOW)]
+    assert queued(t, 20, drain) == [0] * 20
+    # a queue a window's worth long that was once shorter in the window: the work caught up
+    assert queued(t, 3, [400] * 7 + [383] + [400] * 8) == [0] * 3
+    # a short queue behind every round (an open loop near its level's capacity)
+    assert queued(t, 3, [100]) == [0] * 3
+    assert t.changes == 0
+    # a queue heard at no pass of the window says nothing
+    assert windows(t, 3, [True]) == [0] * 3
+    # a window with a close that drained does not climb
+    t2 = Tuner()
+    now = 0.0
+    for k in range(2 * WINDOW):
+        now += 0.01
+        t2.waiting(2000)
+        t2.closed(0.01, k % WINDOW != 3, now)
+    assert t2.level == 0
 
 
 def test_it_backs_off_one_step_a_window_as_the_queue_drains() -> None:
