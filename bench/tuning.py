@@ -52,10 +52,8 @@ Rules:
    a generation more or less as a boundary fell (pairs 0.79-1.61 in a quiet sitting whose
    pooled ratio was 0.994). Its segment is counted from the first step of the placements the
    feeder saw in it to the last (`between_steps`: the feeder reads the count every pass,
-   about 20 times a second): whole steps over the seconds between them. A segment whose
-   steps were fewer than two, or spanned less than half its seconds (on a loaded machine a
-   generation takes two seconds, and two landings close together made a figure of 1.5 s
-   that read twice the hour's rate), is counted from boundary to boundary.
+   about 20 times a second): whole steps over the seconds between them. A segment that saw
+   fewer than two steps is counted from boundary to boundary.
 """
 
 from __future__ import annotations
@@ -223,10 +221,10 @@ def between_steps(seen: list[tuple[float, int]], start: float, end: float
                   ) -> tuple[float, int] | None:
     """Rule 7: of the counts `seen` (when, placed so far) from `start` to `end`, the seconds
     from the first step to the last and the placements made after the first step up to the
-    last; None with fewer than two steps, or steps spanning less than half the seconds."""
+    last; None with fewer than two steps."""
     inside = [(t, n) for t, n in seen if start <= t <= end]
     steps = [inside[k] for k in range(1, len(inside)) if inside[k][1] > inside[k - 1][1]]
-    if len(steps) < 2 or steps[-1][0] - steps[0][0] < (end - start) / 2:
+    if len(steps) < 2:
         return None
     (t0, n0), (t1, n1) = steps[0], steps[-1]
     return t1 - t0, n1 - n0
