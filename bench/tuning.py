@@ -46,14 +46,6 @@ Rules:
    their segments is printed beside it. Each segment also keeps where its tuner stood as it
    ended (level, changes: read just before the next change), so a figure says what the
    defaults did to make it.
-7. A closed loop's placements land in steps: its rounds come in generations (the throughput
-   end's sixteen open in one pass and close together, 4,096 awards, then the next waits for
-   their commits), four to eight in a segment, so a count from boundary to boundary moved by
-   a generation more or less as a boundary fell (pairs 0.79-1.61 in a quiet sitting whose
-   pooled ratio was 0.994). Its segment is counted from the first step of the placements the
-   feeder saw in it to the last (`between_steps`: the feeder reads the count every pass,
-   about 20 times a second): whole steps over the seconds between them. A segment that saw
-   fewer than two steps is counted from boundary to boundary.
 """
 
 from __future__ import annotations
@@ -74,8 +66,7 @@ from gavel.transport.client import call
 
 __all__ = ["BACKLOG_N", "CAPACITY_N", "CAPACITY_S", "CLOSED_PER", "CLOSED_SEGMENT_S",
            "FRACTIONS", "LATENCY", "LATENCY_RATIO", "PAIRS", "SEGMENT_S", "THROUGHPUT",
-           "THROUGHPUT_RATIO", "Comparison", "Report", "Segment", "between_steps",
-           "closed_pairs", "sitting"]
+           "THROUGHPUT_RATIO", "Comparison", "Report", "Segment", "closed_pairs", "sitting"]
 
 #: The hand-tuned settings (`TuneRequest` fields).
 LATENCY: dict[str, Any] = {"max_auctions": 1, "batch_max": 24, "commit_gap_ms": 20.0}
@@ -217,19 +208,6 @@ class Comparison:
                 f"{pairs}; load {self.load[0]:.1f}-{self.load[1]:.1f})")
 
 
-def between_steps(seen: list[tuple[float, int]], start: float, end: float
-                  ) -> tuple[float, int] | None:
-    """Rule 7: of the counts `seen` (when, placed so far) from `start` to `end`, the seconds
-    from the first step to the last and the placements made after the first step up to the
-    last; None with fewer than two steps."""
-    inside = [(t, n) for t, n in seen if start <= t <= end]
-    steps = [inside[k] for k in range(1, len(inside)) if inside[k][1] > inside[k - 1][1]]
-    if len(steps) < 2:
-        return None
-    (t0, n0), (t1, n1) = steps[0], steps[-1]
-    return t1 - t0, n1 - n0
-
-
 def p99(values: list[float]) -> float:
     """The 99th percentile (nearest rank); 0 for none."""
     if not values:
@@ -365,8 +343,6 @@ class _Closed:
         self._task: asyncio.Task[None] | None = None
         self._stop = asyncio.Event()
         self._full = asyncio.Event()
-        #: Each count of placements the feeder read (when, placed since it began): rule 7.
-        self.seen: list[tuple[float, int]] = []
 
     async def start(self, seconds: float) -> None:
         del seconds  # fed until stopped
@@ -381,9 +357,7 @@ class _Closed:
         submitted, k = 0, 0
         feeding: set[asyncio.Future[list[None]]] = set()
         while not self._stop.is_set():
-            placed = await self.broker.placed() - base
-            self.seen.append((time.perf_counter(), placed))
-            waiting = submitted - placed
+            waiting = submitted - (await self.broker.placed() - base)
             while waiting < self.n and len(feeding) < self.feeding:
                 ids, sent = submit_all(self.rig.nc, _opts(self.rig, _CHUNK, 0.0),
                                        time.perf_counter(), f"{self.prefix}{k:05d}-")
@@ -431,12 +405,8 @@ async def _interleave(broker: _Broker, c: Comparison, reference: dict[str, Any],
         ending = await broker.tune({}, apply=False)
         reply = await broker.tune(DEFAULTS if last else settings[sides[k + 1]])
         now = time.perf_counter()
-        seconds, placed = now - at, reply.placed_total - placed_at
-        stepped = between_steps(load.seen, at, now) if isinstance(load, _Closed) else None
-        if stepped is not None:  # rule 7
-            seconds, placed = stepped
-        c.segments.append(Segment(sides[k], seconds, placed, list(reply.round_ms),
-                                  ending.level, ending.changes))
+        c.segments.append(Segment(sides[k], now - at, reply.placed_total - placed_at,
+                                  list(reply.round_ms), ending.level, ending.changes))
         placed_at, at = reply.placed_total, now
     await load.stop()
     await _placed(broker, base + len(load.asked) - before)

@@ -6,7 +6,6 @@ real broker over real NATS, is tests/integration/test_bench_run.py's.)"""
 from __future__ import annotations
 
 import asyncio
-import time
 from typing import Any
 
 import pytest
@@ -145,39 +144,3 @@ def test_the_closed_loop_makes_a_pair_for_every_four_open_loop_pairs_and_at_leas
     assert tu.closed_pairs(tu.PAIRS) == 11 and tu.PAIRS * tu.SEGMENT_S == 22.0
     assert tu.closed_pairs(1) == tu.closed_pairs(4) == 1 and tu.closed_pairs(8) == 2
     assert tu.CLOSED_SEGMENT_S > tu.SEGMENT_S
-
-
-def test_a_closed_loops_segment_counts_whole_steps_between_its_first_and_last() -> None:
-    """Rule 7: generations of 4,000 placements every second; a segment from 0.5 s to 4.7 s
-    saw steps at 1, 2, 3 and 4 s: 12,000 over 3 s, where its boundaries' count (16,000 over
-    4.2 s) depends on where they fell."""
-    seen = [(k / 20, 4000 * int(k / 20)) for k in range(0, 120)]
-    assert tu.between_steps(seen, 0.5, 4.7) == (pytest.approx(3.0), 12_000)
-    assert tu.between_steps(seen, 0.5, 4.2) == tu.between_steps(seen, 0.6, 4.9)
-    assert tu.between_steps(seen, 0.5, 1.7) is None  # one step: counted at its boundaries
-    assert tu.between_steps([], 0.0, 1.0) is None
-
-
-class _FakeClosed(tu._Closed):
-    """A closed loop whose feeder saw a step of 100 placements every 10 ms."""
-
-    def __init__(self) -> None:
-        self.asked = []
-
-    async def start(self, seconds: float) -> None:
-        self.seen = [(time.perf_counter() + k / 1000, 100 * (k // 10)) for k in range(10_000)]
-
-    async def stop(self) -> None:
-        pass
-
-
-def test_a_closed_loops_segments_are_counted_by_the_feeders_steps(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    broker, load = _FakeBroker(), _FakeClosed()
-    c = tu.Comparison("closed", "placements_per_s", 0.9, most=False)
-    monkeypatch.setattr(tu, "WARM_S", 0.01)
-    asyncio.run(tu._interleave(broker, c, tu.THROUGHPUT, 2, 0.1, False,
-                               load))  # type: ignore[arg-type]
-    # the broker's count moved 7 a segment; the feeder saw 100 every 10 ms
-    assert all(s.placed % 100 == 0 and s.placed >= 500 for s in c.segments)
-    assert all(s.placed / s.seconds == pytest.approx(10_000, rel=0.01) for s in c.segments)
