@@ -337,9 +337,10 @@ class _Closed:
     `feeding` submissions at once, topped up until stopped."""
 
     def __init__(self, rig: Rig, broker: _Broker, asked: list[str], prefix: str,
-                 n: int = BACKLOG_N, feeding: int = _FEEDING) -> None:
+                 n: int | None = None, feeding: int | None = None) -> None:
         self.rig, self.broker, self.asked, self.prefix = rig, broker, asked, prefix
-        self.n, self.feeding = n, feeding
+        self.n = BACKLOG_N if n is None else n  # read as it starts: a test may shrink them
+        self.feeding = _FEEDING if feeding is None else feeding
         self._task: asyncio.Task[None] | None = None
         self._stop = asyncio.Event()
         self._full = asyncio.Event()

@@ -60,8 +60,8 @@ Rules:
    the window saturated, at every pass a window's worth of the level's rounds waiting
    (`WINDOW` times what it holds: 384 at the latency end, then 768, 2,048, 8,192), and the
    queue as the window ended no shorter than as it began. That is a closed loop kept below
-   the jump's bound (clients that each wait for their placements: 2,000 asked for left the
-   broker at the latency end, placing 0.88-0.91 of what the throughput end did), not a stall's
+   the jump's bound (clients that each wait for their placements: with 2,000 asked for, the
+   latency end places 0.88-0.91 of what the throughput end does), not a stall's
    queue, which shrinks from window to window as the level places more than arrives, nor an
    open loop's short queue behind every round near its level's capacity. The queue's length
    says how far: each step's rounds are filled by the queue the step below left waiting.
