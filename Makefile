@@ -17,9 +17,10 @@ $(STAMP): pyproject.toml constraints.txt | $(BIN)/python
 run: $(STAMP)
 	GAVEL_FAST_TIMERS=$${GAVEL_FAST_TIMERS:-1} $(BIN)/gavel up --demo --state $${GAVEL_STATE:-.gavel-demo}
 
-# Two workers, each test file on one of them (its module fixtures stay with it).
+# Three workers on two cores (the tests mostly wait on child processes), each test file on
+# one of them (its module fixtures stay with it).
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -n 2 --dist loadfile --maxfail=10 --durations=10
+	$(BIN)/python -m pytest -q -n 3 --dist loadfile --maxfail=10 --durations=10
 
 # The long versions the default suite keeps a smaller copy of (`@pytest.mark.slow`).
 test-slow: $(STAMP)
