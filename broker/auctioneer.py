@@ -137,7 +137,11 @@ class Auctioneer:
         self.routes = routes if routes is not None else ReplyRoutes()
         #: Dry runs' auctions (`broker.planner`): a reply for one of these ids is the plan's.
         self.dry = self.routes.dry
-        self._wait_timer: asyncio.TimerHandle | None = None
+        #: The pending wake-up of a pass that found too little (rules 4, 9) and when it
+        #: fires, on the loop's clock: uvloop hands back a plain `Handle`, with no `when()`,
+        #: for a delay under a millisecond.
+        self._wait_timer: asyncio.Handle | None = None
+        self._wait_due = -math.inf
         effects = ctx.committer.effects
         effects.on(Placed, self._placed)
         effects.on(NotPlaced, self._not_placed)
@@ -290,9 +294,18 @@ class Auctioneer:
         return ended
 
     def _wake_at(self, delay: float) -> None:
-        if self._wait_timer is None or self._wait_timer.cancelled() \
-                or self._wait_timer.when() <= asyncio.get_running_loop().time():
-            self._wait_timer = asyncio.get_running_loop().call_later(delay, self.ctx.wake)
+        """A pass in `delay` seconds, unless one is already due by then; a later one pending
+        gives way to it."""
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        due = now + max(0.0, delay)
+        timer = self._wait_timer
+        if timer is not None and not timer.cancelled() and now < self._wait_due <= due:
+            return
+        if timer is not None:
+            timer.cancel()
+        self._wait_timer = loop.call_later(max(0.0, delay), self.ctx.wake)
+        self._wait_due = due
 
     def _decided(self, auction: Auction, decisions: list[Decision], round_s: float) -> None:
         self.round_times.append(round_s)
