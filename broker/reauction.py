@@ -199,7 +199,9 @@ class Rebalancer:
         self._task: asyncio.Task[None] | None = None
         self._rounds = Tasks("rebalancer", ctx.log)  # one round at a time: `_task`
         #: Cancels waiting for the gateways to route around the old copy (rule 4).
-        self._drains: list[asyncio.TimerHandle] = []
+        #: Cancels told later (`_stopped`), with when each is due on the loop's clock: uvloop
+        #: hands back a `Handle` without `when()` for a delay under a millisecond.
+        self._drains: list[tuple[float, asyncio.Handle]] = []
         self._auction: Auction | None = None
         self._answered: asyncio.Event = asyncio.Event()
         #: Re-auctions by how they ended, and moves finished or abandoned.
@@ -240,7 +242,7 @@ class Rebalancer:
         self._task = self._rounds.spawn(self._round(s), name="re-auction round")
 
     async def close(self) -> None:
-        for handle in self._drains:  # a broker started again tells the node (its watchdog)
+        for _, handle in self._drains:  # a broker started again tells the node (its watchdog)
             handle.cancel()
         await self._rounds.aclose(None)
 
@@ -471,11 +473,12 @@ class Rebalancer:
             # cancelling replica leads nowhere), and its node is told a few ticks later, so
             # no request is sent to a process that is stopping.
             self.ctx.events.emit(iid, EventType.STOPPING, node_id=node, reason=reason)
-            self._drains = [h for h in self._drains if not h.cancelled()
-                            and h.when() > asyncio.get_running_loop().time()]
-            self._drains.append(asyncio.get_running_loop().call_later(
-                ROUTE_DRAIN_TICKS * self.ctx.timing.tick_s, self.promises.send_cancel, iid,
-                node))
+            loop = asyncio.get_running_loop()
+            now, delay = loop.time(), ROUTE_DRAIN_TICKS * self.ctx.timing.tick_s
+            self._drains = [(due, h) for due, h in self._drains
+                            if not h.cancelled() and due > now]
+            self._drains.append((now + delay, loop.call_later(
+                delay, self.promises.send_cancel, iid, node)))
         elif node:
             self.promises.send_cancel(iid, node)
         else:
