@@ -31,7 +31,8 @@ Rules:
    the throughput-tuned settings (`THROUGHPUT`); a side's figure is its placements over its
    seconds; target defaults over throughput-tuned at least `THROUGHPUT_RATIO`.
 5. Which side a comparison starts with alternates from comparison to comparison, and runs
-   `WARM_S` uncounted first (what the drain before left settles); within a comparison the
+   `WARM_S` uncounted first (what the drain before left settles; a closed loop
+   `CLOSED_WARM_S`, until the queue its priming built is gone); within a comparison the
    order alternates from pair to pair (AB BA AB ...), so a drift over its seconds (a machine
    slowing, a queue growing) favours neither side. Every segment begins with its settings
    applied afresh (a defaults segment from the latency end), whichever side ran before. Between
@@ -65,6 +66,7 @@ from gavel.shared.api import StatsReply, StatsRequest, TuneReply, TuneRequest
 from gavel.transport.client import call
 
 __all__ = ["BACKLOG_N", "CAPACITY_N", "CAPACITY_S", "CLOSED_PER", "CLOSED_SEGMENT_S",
+           "CLOSED_WARM_S",
            "FRACTIONS", "LATENCY", "LATENCY_RATIO", "PAIRS", "SEGMENT_S", "THROUGHPUT",
            "THROUGHPUT_RATIO", "Comparison", "Report", "Segment", "closed_pairs", "sitting"]
 
@@ -88,6 +90,13 @@ WARM_S = 1.0
 #: busy machine, and a segment counts what the one before had in flight (a commit of 4,000
 #: awards lands in one segment or the next).
 CLOSED_SEGMENT_S = 8.0
+#: Rule 5: a closed loop's uncounted seconds. Its priming leaves a queue deeper than the loop
+#: keeps (all it asked for landed at once, where the loop's later submissions land a few at
+#: a time), and the first instances' ends have not begun: after one second the first segment
+#: placed 1.16-1.61 times the median of a sitting's later segments (seven of seven sittings),
+#: the second 0.90-1.36, the third 0.89-1.22; one side against itself, the first pair read
+#: 1.72 and 1.94. The side that opens the comparison gained that pair.
+CLOSED_WARM_S = 2 * CLOSED_SEGMENT_S
 #: Pairs of open-loop segments a comparison makes unless told (rule 3): 44 of 0.5 s give a
 #: median whose standard error is about a quarter of its log, where 11 of 2 s left a third
 #: (an A/A sitting, both sides the latency-tuned settings, read up to 1.58 with 11).
@@ -287,7 +296,7 @@ def sitting(pairs: int = PAIRS, say: Say = lambda _: None,
         say(c.name)
         await _interleave(broker, c, THROUGHPUT, closed_pairs(pairs),
                           CLOSED_SEGMENT_S, len(FRACTIONS) % 2 == 1,
-                          _Closed(rig, broker, asked, "cl-"))
+                          _Closed(rig, broker, asked, "cl-"), CLOSED_WARM_S)
         comparisons.append(c)
         await broker.tune(DEFAULTS)
         try:
@@ -384,9 +393,11 @@ class _Closed:
 
 async def _interleave(broker: _Broker, c: Comparison, reference: dict[str, Any],
                       pairs: int, segment_s: float, reference_first: bool,
-                      load: _Open | _Closed) -> None:
-    """Rules 3-5: `pairs` x 2 segments of `load` under alternating settings, recorded in
-    `c`; then, under the defaults, the queue drains."""
+                      load: _Open | _Closed, warm_s: float | None = None) -> None:
+    """Rules 3-5: `pairs` x 2 segments of `load` under alternating settings after `warm_s`
+    uncounted (`WARM_S` unless told), recorded in `c`; then, under the defaults, the queue
+    drains."""
+    warm_s = WARM_S if warm_s is None else warm_s
     first, second = ("reference", "defaults") if reference_first else ("defaults",
                                                                       "reference")
     sides = [s for k in range(pairs) for s in ((first, second) if k % 2 == 0
@@ -395,9 +406,9 @@ async def _interleave(broker: _Broker, c: Comparison, reference: dict[str, Any],
     base = await broker.placed()
     before = len(load.asked)
     c.load = (os.getloadavg()[0], 0.0)
-    await load.start(WARM_S + 2 * pairs * segment_s)
+    await load.start(warm_s + 2 * pairs * segment_s)
     await broker.tune(settings[sides[0]])
-    await asyncio.sleep(WARM_S)  # the load settles; what it closed is not counted
+    await asyncio.sleep(warm_s)  # the load settles; what it closed is not counted
     placed_at = (await broker.tune(settings[sides[0]])).placed_total
     started = at = time.perf_counter()
     for k in range(2 * pairs):

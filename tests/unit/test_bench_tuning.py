@@ -6,6 +6,8 @@ real broker over real NATS, is tests/integration/test_bench_run.py's.)"""
 from __future__ import annotations
 
 import asyncio
+import time
+import types
 from typing import Any
 
 import pytest
@@ -144,3 +146,56 @@ def test_the_closed_loop_makes_a_pair_for_every_four_open_loop_pairs_and_at_leas
     assert tu.closed_pairs(tu.PAIRS) == 11 and tu.PAIRS * tu.SEGMENT_S == 22.0
     assert tu.closed_pairs(1) == tu.closed_pairs(4) == 1 and tu.closed_pairs(8) == 2
     assert tu.CLOSED_SEGMENT_S > tu.SEGMENT_S
+
+
+def test_the_first_segment_begins_only_after_the_warm_up(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rule 5: what runs before the first segment is not counted; told a warm-up, the first
+    side runs that long first, and the load is asked for it too."""
+    class Timed(_FakeBroker):
+        def __init__(self) -> None:
+            super().__init__()
+            self.at: list[float] = []
+
+        async def tune(self, settings: dict[str, Any], apply: bool = True) -> TuneReply:
+            if apply:
+                self.at.append(time.perf_counter())
+            return await super().tune(settings, apply)
+
+    monkeypatch.setattr(tu, "WARM_S", 0.0)
+    broker, load = Timed(), _FakeLoad()
+    c = tu.Comparison("closed loop", "placements_per_s", 0.9, most=False)
+    asyncio.run(tu._interleave(broker, c, tu.THROUGHPUT, 1, 0.01, True, load,  # type: ignore[arg-type]
+                               0.3))
+    assert broker.at[1] - broker.at[0] >= 0.3  # the warm-up, then the first segment's start
+    assert load.started == [pytest.approx(0.32)]
+    assert len(c.segments) == 2
+
+
+def test_the_sittings_closed_loop_warms_up_until_its_priming_is_gone(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rule 5: the closed loop's priming leaves a deeper queue than the loop keeps, so it
+    warms up for `CLOSED_WARM_S` (two of its segments); the open loops for `WARM_S`."""
+    warms: list[tuple[str, float | None]] = []
+
+    async def interleave(broker: Any, c: tu.Comparison, reference: dict[str, Any],
+                         pairs: int, segment_s: float, reference_first: bool, load: Any,
+                         warm_s: float | None = None) -> None:
+        warms.append((c.name, warm_s))
+
+    async def nothing(*_: Any, **__: Any) -> None:
+        return None
+
+    async def capacity(*_: Any) -> float:
+        return 100.0
+
+    monkeypatch.setattr(tu, "_interleave", interleave)
+    monkeypatch.setattr(tu, "until_healthy", nothing)
+    monkeypatch.setattr(tu, "_capacity", capacity)
+    monkeypatch.setattr(tu, "verify_churn", lambda *_: None)
+    monkeypatch.setattr(tu, "_Broker", lambda _: _FakeBroker())
+    rig = types.SimpleNamespace(nc=None, opts=None, root=None, broker=None)
+    asyncio.run(tu.sitting(4)(rig))  # type: ignore[arg-type]
+    assert [w for _, w in warms] == [None, None, None, tu.CLOSED_WARM_S]
+    assert warms[-1][0] == "closed loop"
+    assert tu.CLOSED_WARM_S >= 2 * tu.CLOSED_SEGMENT_S
