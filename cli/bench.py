@@ -71,8 +71,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     t.add_argument("--targets", action="store_true",
                    help="run each target's own bench and say met or missed, judged by "
                    "ratios to ceilings measured in the same run, the absolute figures beside "
-                   "them (exit 3 if any bound is missed); the run flags above are its, not "
-                   "yours")
+                   "them (exit 3 if any bound is missed, 1 if a run failed: the targets "
+                   "after it still run); the run flags above are its, not yours")
     t.add_argument("--tuning", action="store_true",
                    help="the defaults against the latency-tuned settings open loop at 20, 50 "
                    "and 80%% of capacity (round p99) and the throughput-tuned closed loop "
@@ -260,16 +260,17 @@ def _run_targets(args: argparse.Namespace) -> int:
             try:
                 report.append(_compared(args, target))
             except (VerifyError, RunFailed) as exc:
-                print(f"gavel bench: target {target.name}: {exc}", file=sys.stderr)
-                return 1
+                report.append(_failed(target.name, 1, f"gavel bench: target {target.name}",
+                                      exc))
             continue
         repeat = args.repeat or 1
         for k in range(1, repeat + 1):
             try:
                 result = asyncio.run(run(target.options(args.scale)))
             except (VerifyError, RunFailed) as exc:
-                print(f"gavel bench: target {target.name}, run {k}: {exc}", file=sys.stderr)
-                return 1
+                report.append(_failed(target.name, k,
+                                      f"gavel bench: target {target.name}, run {k}", exc))
+                continue
             found = checks(target, result)
             report.append({"target": target.name, "run": k,
                            "met": all(c.met for c in found),
@@ -280,12 +281,23 @@ def _run_targets(args: argparse.Namespace) -> int:
                 print(f"  {'':<10} ratios: {result.ratios()}", flush=True)
     scaled = args.scale != 1.0
     met = sum(1 for r in report if r["met"])
+    failed = sum(1 for r in report if "error" in r)
     if args.json:
         print(json.dumps({"scale": args.scale, "all_met": met == len(report), "runs": report}))
     else:
         print(f"{met} of {len(report)} runs met every bound"
+              + (f"; {failed} failed" if failed else "")
               + (" (scaled: not a verdict on the targets)" if scaled else ""))
+    if failed:
+        return 1
     return 3 if met < len(report) and not scaled else 0
+
+
+def _failed(name: str, k: int, who: str, exc: Exception) -> dict[str, object]:
+    """A target's run that broke: said now, and kept in the report as a run that met
+    nothing, so the targets after it still run and what was measured is still printed."""
+    print(f"{who}: {exc}", file=sys.stderr, flush=True)
+    return {"target": name, "run": k, "met": False, "error": str(exc)}
 
 
 def _compared(args: argparse.Namespace, target: Any) -> dict[str, object]:

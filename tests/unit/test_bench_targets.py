@@ -288,3 +288,35 @@ def test_the_help_names_every_target() -> None:
     (only,) = [a for a in p._actions if a.dest == "only"]
     assert only.help is not None
     assert only.help.endswith(": " + ", ".join(t.name for t in tg.TARGETS))
+
+
+def test_a_run_that_breaks_is_reported_and_the_targets_after_it_still_run(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """A target's run that fails (a starved broker, a process that would not start) is said
+    and kept in the report as a failed run; the targets after it run, what they measured is
+    printed, and the exit status is 1 (a failure outranks a miss)."""
+    import json
+
+    from gavel.bench.run import RunFailed
+
+    ran: list[int] = []
+
+    async def fake_run(opts: Options) -> Result:
+        ran.append(opts.agents)
+        if opts.agents == 10_000:
+            raise RunFailed("NoAnswer: the broker did not answer stats within 10s (the "
+                            "run's state is kept in /tmp/x)")
+        return _result(idle_worker_cpu_pct=0.1, idle_worker_rss_mb=30.0)
+
+    monkeypatch.setattr("gavel.bench.run.run", fake_run)
+    assert main(["bench", "--targets", "--only", "10k", "--only", "idle", "--json"]) == 1
+    captured = capsys.readouterr()
+    assert "gavel bench: target 10k, run 1: NoAnswer: the broker did not answer" \
+        in captured.err
+    report = json.loads(captured.out.strip().splitlines()[-1])
+    assert [(r["target"], r["met"]) for r in report["runs"]] == [("10k", False),
+                                                                 ("idle", True)]
+    assert report["runs"][0]["error"].startswith("NoAnswer") and not report["all_met"]
+    assert len(ran) == 2 and ran[0] == 10_000  # the idle target ran after the failure
+    assert main(["bench", "--targets", "--only", "10k", "--only", "idle"]) == 1
+    assert capsys.readouterr().out.rstrip().endswith("1 of 2 runs met every bound; 1 failed")
