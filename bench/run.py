@@ -31,10 +31,6 @@ Rules:
 7. An open loop with `rate_share` offers that share of the bare auctioneer's rate measured
    before the broker started, at most `rate`: a fixed rate asks a slow hour for more of its
    machine than a quick one, and keeping up then says as much of the hour as of the code.
-8. While the placements are awaited, a `stats` the broker does not answer in time is asked
-   again: a starved broker (10,000 agents' heartbeats beside a busy machine lost its feed for
-   22 s) is slow, not broken, and the run's own limit (`timeout_s`) bounds the wait; a
-   broker that exited is said at once.
 """
 
 from __future__ import annotations
@@ -57,27 +53,27 @@ import psutil
 import pygit2
 
 from gavel.bench import bare
-from gavel.bench.agentprocs import BEAT, cpu_s, peak_rss_mb, spawn, start_agents, stop
+from gavel.bench.agentprocs import cpu_s, peak_rss_mb, spawn, start_agents, stop
 from gavel.bench.ceilings import Probe, git_cli_commits_per_s, nats_reqreply_per_s
 from gavel.bench.idle import IdleWorkerFailed, idle_worker
 from gavel.bench.interrupt import Interrupted, stopped_by_signals
 from gavel.bench.verify import VerifyError, answered, verify, verify_churn
+from gavel.bench.waits import until_healthy, until_placed
 from gavel.shared.api import (
     NodesReply,
     NodesRequest,
     StatsReply,
-    StatsRequest,
     SubmitReply,
     SubmitRequest,
     counted_ids,
 )
 from gavel.shared.timing import Timing
 from gavel.shared.tuning import LADDER
-from gavel.transport.client import ClientError, NoAnswer, call, connect
+from gavel.transport.client import call, connect
 from gavel.transport.natsserver import NatsServer
 
 __all__ = ["IdleWorkerFailed", "Options", "Result", "Rig", "RunFailed", "VerifyError",
-           "offered", "peak_rss_mb", "run", "run_with", "submit_all", "until_healthy"]
+           "offered", "peak_rss_mb", "run", "run_with", "submit_all"]
 
 R = TypeVar("R")
 
@@ -199,15 +195,6 @@ class Result:
                 f"round p99 / req-reply p99 {self.round_p99_in_reqreply_p99:g}, broker CPU a "
                 f"placement in agent replies {self.broker_cpu_in_agent_replies:g}, / naive git "
                 f"commits {self.ratio_to_git_cli:g}")
-
-
-def _bar(done: int, total: int, started: float) -> None:
-    width = 30
-    filled = int(width * done / max(total, 1))
-    rate = done / max(time.perf_counter() - started, 1e-9)
-    sys.stderr.write(f"\r  [{'#' * filled}{'.' * (width - filled)}] {done}/{total} "
-                     f"placed, {rate:,.0f}/s ")
-    sys.stderr.flush()
 
 
 async def run(opts: Options) -> Result:
@@ -351,60 +338,6 @@ async def _run_in(opts: Options, root: Path, drive: Callable[[Rig], Awaitable[R]
         server.stop()
 
 
-async def until_healthy(nc: Any, opts: Options, root: Path,
-                         broker: subprocess.Popen[bytes]) -> StatsReply:
-    """The broker's stats once every agent is healthy (60 s at most; a broker that exits
-    meanwhile is said)."""
-    deadline = time.monotonic() + 60
-    beat = 0.0
-    while True:
-        if time.monotonic() - beat > 1.0:  # the agents started first: heard now (rule 6)
-            beat = time.monotonic()
-            await nc.publish(BEAT, b"")
-        try:
-            stats = await call(nc, "stats", StatsRequest(), StatsReply, timeout=10)
-        except ClientError:  # the broker is still starting
-            if broker.poll() is not None:
-                raise RuntimeError(
-                    f"the broker exited; see {root / 'logs' / 'broker.log'}") from None
-            await asyncio.sleep(0.2)
-            continue
-        if stats.nodes_healthy >= opts.agents:
-            return stats
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"only {stats.nodes_healthy}/{opts.agents} agents are healthy")
-        await asyncio.sleep(0.2)
-
-
-async def _until_placed(nc: Any, opts: Options, started: float,
-                        placed: Callable[[StatsReply], int], base: int,
-                        broker: subprocess.Popen[bytes] | None = None) -> StatsReply:
-    """The broker's stats once `opts.placements` more are placed than `base` (at most
-    `opts.timeout_s`; rule 8)."""
-    limit = time.monotonic() + opts.timeout_s
-    done = 0
-    while True:
-        await asyncio.sleep(0.25)
-        try:
-            stats = await call(nc, "stats", StatsRequest(), StatsReply, timeout=10)
-        except NoAnswer:
-            if broker is not None and broker.poll() is not None:
-                raise RuntimeError("the broker exited while its placements were awaited; "
-                                   "see logs/broker.log") from None
-            if time.monotonic() > limit:
-                raise VerifyError(f"only {done}/{opts.placements} placed in "
-                                  f"{opts.timeout_s:g}s (the broker stopped answering stats)"
-                                  ) from None
-            continue
-        done = placed(stats) - base
-        if opts.progress:
-            _bar(done, opts.placements, started)
-        if done >= opts.placements:
-            return stats
-        if time.monotonic() > limit:
-            raise VerifyError(f"only {done}/{opts.placements} placed in {opts.timeout_s:g}s")
-
-
 def submit_all(nc: Any, opts: Options, started: float,
                prefix: str = "b") -> tuple[list[str], asyncio.Future[list[None]]]:
     """Every placement asked for (rule 3: the ids asked for, in order) and the submits'
@@ -431,7 +364,7 @@ def submit_all(nc: Any, opts: Options, started: float,
 async def _drive(nc: Any, opts: Options, root: Path, broker: subprocess.Popen[bytes],
                  agent_procs: list[subprocess.Popen[bytes]], nats_pid: int, nats_rr: float,
                  git_cli: float, probe: Probe) -> Result:
-    stats = await until_healthy(nc, opts, root, broker)
+    stats = await until_healthy(nc, opts.agents, root, broker)
     cpu0 = cpu_s(broker), sum(cpu_s(p) for p in agent_procs), cpu_s(broker, children=True)
     nats0, self0 = cpu_s(nats_pid), time.process_time()
     await probe.start()
@@ -443,7 +376,9 @@ async def _drive(nc: Any, opts: Options, root: Path, broker: subprocess.Popen[by
     base = placed(stats)
     replies0 = stats.bids_received
     try:
-        stats = await _until_placed(nc, opts, started, placed, base, broker)
+        stats = await until_placed(nc, opts.placements, placed, base, broker,
+                                   timeout_s=opts.timeout_s,
+                                   progress=started if opts.progress else None)
     finally:
         rr_p99 = await probe.stop()
     elapsed = time.perf_counter() - started

@@ -60,8 +60,9 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from gavel.bench.run import Options, Rig, submit_all, until_healthy
+from gavel.bench.run import Options, Rig, submit_all
 from gavel.bench.verify import VerifyError, verify_churn
+from gavel.bench.waits import until_healthy
 from gavel.shared.api import StatsReply, StatsRequest, TuneReply, TuneRequest
 from gavel.transport.client import call
 
@@ -277,7 +278,7 @@ def sitting(pairs: int = PAIRS, say: Say = lambda _: None,
             segment_s: float = SEGMENT_S) -> Callable[[Rig], Awaitable[Report]]:
     """The driver (for `bench.run.run_with`) of one sitting: rules 1-6."""
     async def drive(rig: Rig) -> Report:
-        await until_healthy(rig.nc, rig.opts, rig.root, rig.broker)
+        await until_healthy(rig.nc, rig.opts.agents, rig.root, rig.broker)
         broker = _Broker(rig.nc)
         asked: list[str] = []
         comparisons, capacities = [], []

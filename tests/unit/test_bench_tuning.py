@@ -194,7 +194,8 @@ def test_the_sittings_closed_loop_warms_up_until_its_priming_is_gone(
     monkeypatch.setattr(tu, "_capacity", capacity)
     monkeypatch.setattr(tu, "verify_churn", lambda *_: None)
     monkeypatch.setattr(tu, "_Broker", lambda _: _FakeBroker())
-    rig = types.SimpleNamespace(nc=None, opts=None, root=None, broker=None)
+    rig = types.SimpleNamespace(nc=None, opts=types.SimpleNamespace(agents=1), root=None,
+                                broker=None)
     asyncio.run(tu.sitting(4)(rig))  # type: ignore[arg-type]
     assert [w for _, w in warms] == [None, None, None, tu.CLOSED_WARM_S]
     assert warms[-1][0] == "closed loop"

@@ -1,4 +1,4 @@
-"""`bench.run` rule 8: while a run's placements are awaited, a `stats` the broker did not
+"""`bench.waits` rule 2: while a run's placements are awaited, a `stats` the broker did not
 answer in time is asked again until the run's own limit; a broker that exited is said at
 once. The broker's answers are stand-ins here (a real run: tests/integration/test_bench_run.py)."""
 
@@ -10,11 +10,9 @@ from typing import Any
 
 import pytest
 
-from gavel.bench import run as br
+from gavel.bench import waits
 from gavel.bench.verify import VerifyError
 from gavel.transport.client import NoAnswer
-
-_OPTS = br.Options(placements=3, timeout_s=30.0, progress=False)
 
 
 class _Broker:
@@ -39,19 +37,19 @@ def _answers(monkeypatch: pytest.MonkeyPatch, answers: list[int | None]) -> list
             raise NoAnswer("the broker did not answer stats within 10s")
         return SimpleNamespace(placed=got)
 
-    monkeypatch.setattr(br, "call", call)
+    monkeypatch.setattr(waits, "call", call)
     return asked
 
 
-def _until(opts: br.Options, broker: _Broker) -> Any:
-    return asyncio.run(br._until_placed(None, opts, 0.0, lambda s: s.placed, 0,
-                                        broker))  # type: ignore[arg-type]
+def _until(broker: _Broker, timeout_s: float = 30.0) -> Any:
+    return asyncio.run(waits.until_placed(None, 3, lambda s: s.placed, 0,
+                                          broker, timeout_s=timeout_s))  # type: ignore[arg-type]
 
 
 def test_a_stats_not_answered_in_time_is_asked_again() -> None:
     with pytest.MonkeyPatch.context() as mp:
         asked = _answers(mp, [1, None, None, 3])
-        stats = _until(_OPTS, _Broker())
+        stats = _until(_Broker())
     assert stats.placed == 3 and len(asked) == 4
 
 
@@ -59,7 +57,7 @@ def test_a_broker_that_exited_is_said_at_once() -> None:
     with pytest.MonkeyPatch.context() as mp:
         asked = _answers(mp, [None])
         with pytest.raises(RuntimeError, match="the broker exited while its placements"):
-            _until(_OPTS, _Broker(exited=True))
+            _until(_Broker(exited=True))
     assert len(asked) == 1
 
 
@@ -68,4 +66,4 @@ def test_a_broker_that_never_answers_again_ends_at_the_runs_limit() -> None:
         _answers(mp, [2, None])
         with pytest.raises(VerifyError, match=r"only 2/3 placed in 0.5s \(the broker stopped "
                                               r"answering stats\)"):
-            _until(br.Options(placements=3, timeout_s=0.5, progress=False), _Broker())
+            _until(_Broker(), 0.5)
