@@ -196,8 +196,9 @@ def test_bench_ha_runs_alone_then_leading_and_the_remote_holds_every_placement(
 def test_the_tuning_sitting_interleaves_the_defaults_and_the_hand_tuned_settings_in_one_run(
         tmp_path: Path) -> None:
     """`gavel bench --tuning` (`bench.tuning`): one broker, its settings changed as it runs;
-    each comparison's segments alternate sides, each side's figure is measured, and each
-    segment says where its tuner stood; every placement is verified in git at the end."""
+    each comparison's segments alternate sides, each side's figure is measured from the
+    rounds it closed, and each segment says where its tuner stood; every placement is
+    verified in git at the end."""
     env = {k: v for k, v in os.environ.items() if k != "GAVEL_FAST_TIMERS"}
     env["TMPDIR"] = str(tmp_path)
     proc = subprocess.run([sys.executable, "-m", "gavel", "bench", "--tuning", "--json",
@@ -220,8 +221,15 @@ def test_the_tuning_sitting_interleaves_the_defaults_and_the_hand_tuned_settings
         pairs = 4 if k < 3 else 1  # the closed loop: a pair for every four, at least one
         assert sides == [s for j in range(pairs)  # AB BA ..., alternating from the first
                          for s in ((first, second) if j % 2 == 0 else (second, first))]
-        assert c["defaults"] > 0 and c["reference"] > 0
-        assert c["met"] == (c["ratio"] <= 1.5 if c["at_most"] else c["ratio"] >= 0.9)
+        # An open loop's side may close no round in its four half-seconds: with 20 agents
+        # the capacity loop's ends keep the broker busy (0-2 rounds a segment, quiet). Then
+        # no pair has a ratio and the comparison meets nothing.
+        if not (c["defaults"] > 0 and c["reference"] > 0):
+            assert c["pair_ratios"] == [] and c["ratio"] == 0.0 and not c["met"], c
+        assert c["met"] == (bool(c["pair_ratios"]) and (
+            c["ratio"] <= 1.5 if c["at_most"] else c["ratio"] >= 0.9)), c
+    measured = [c["defaults"] > 0 and c["reference"] > 0 for c in r["comparisons"]]
+    assert any(measured[:3]) and measured[3], r["comparisons"]  # the closed loop: 8-s segments
     for c in r["comparisons"]:  # where each segment's tuner stood as it ended
         assert all(0 <= s["level"] <= 5 and s["changes"] >= 0 for s in c["segments"])
     assert all(s["level"] == 0 and s["changes"] == 0 for s in r["comparisons"][-1]["segments"]
