@@ -29,7 +29,11 @@ Rules:
    commits are landing, while its segments (`CLOSED_SEGMENT_S` each, a pair for
    every `CLOSED_PER` of rule 3's) alternate between the defaults and
    the throughput-tuned settings (`THROUGHPUT`); a side's figure is its placements over its
-   seconds; target defaults over throughput-tuned at least `THROUGHPUT_RATIO`.
+   seconds; target defaults over throughput-tuned at least `THROUGHPUT_RATIO`. Each segment
+   lasts its seconds from when it began (its settings' `tune` answered): a broker too busy
+   to answer the change for seconds (20 agents beside the test suite) would otherwise leave
+   the next segment a sliver that placed nothing. An open loop's segments keep to the grid
+   its load was submitted for, or its last segments would see no arrivals.
 5. Which side a comparison starts with alternates from comparison to comparison, and runs
    `WARM_S` uncounted first (what the drain before left settles; a closed loop
    `CLOSED_WARM_S`, until the queue its priming built is gone); within a comparison the
@@ -327,6 +331,9 @@ async def _capacity(rig: Rig, broker: _Broker, asked: list[str], prefix: str) ->
 class _Open:
     """Rule 3's load: submissions at `rate` for the segments' seconds."""
 
+    #: Submitted for the segments' seconds from the start: its segments keep to that grid.
+    open_ended = False
+
     def __init__(self, rig: Rig, rate: float, prefix: str, asked: list[str]) -> None:
         self.rig, self.rate, self.prefix, self.asked = rig, rate, prefix, asked
         self._submitting: asyncio.Future[list[None]] | None = None
@@ -345,6 +352,9 @@ class _Open:
 class _Closed:
     """Rule 4's load (rule 2's, with its own depth): `n` asked for from the start, by at most
     `feeding` submissions at once, topped up until stopped."""
+
+    #: Fed until stopped: each segment lasts its full seconds (rule 4).
+    open_ended = True
 
     def __init__(self, rig: Rig, broker: _Broker, asked: list[str], prefix: str,
                  n: int | None = None, feeding: int | None = None) -> None:
@@ -413,7 +423,10 @@ async def _interleave(broker: _Broker, c: Comparison, reference: dict[str, Any],
     placed_at = (await broker.tune(settings[sides[0]])).placed_total
     started = at = time.perf_counter()
     for k in range(2 * pairs):
-        await asyncio.sleep(max(0.0, started + (k + 1) * segment_s - time.perf_counter()))
+        # rule 4: a closed loop's segment lasts its seconds from its own start; an open loop's
+        # ends on the grid its load was submitted for
+        end = at + segment_s if load.open_ended else started + (k + 1) * segment_s
+        await asyncio.sleep(max(0.0, end - time.perf_counter()))
         last = k + 1 == 2 * pairs
         ending = await broker.tune({}, apply=False)
         reply = await broker.tune(DEFAULTS if last else settings[sides[k + 1]])

@@ -91,6 +91,8 @@ class _FakeBroker:
 
 
 class _FakeLoad:
+    open_ended = False  # an open loop's: submitted for the segments' seconds
+
     def __init__(self) -> None:
         self.asked: list[str] = []
         self.started: list[float] = []
@@ -200,3 +202,28 @@ def test_the_sittings_closed_loop_warms_up_until_its_priming_is_gone(
     assert [w for _, w in warms] == [None, None, None, tu.CLOSED_WARM_S]
     assert warms[-1][0] == "closed loop"
     assert tu.CLOSED_WARM_S >= 2 * tu.CLOSED_SEGMENT_S
+
+
+@pytest.mark.parametrize("open_ended", [True, False])
+def test_a_closed_loops_segment_lasts_its_seconds_however_slow_the_change_before_it(
+        open_ended: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rule 4: a broker that answers a change late (here 0.25 s, a segment being 0.1 s) does
+    not shorten the closed loop's next segment to a sliver; an open loop's keep to the grid
+    its load was submitted for."""
+    class Slow(_FakeBroker):
+        async def tune(self, settings: dict[str, Any], apply: bool = True) -> TuneReply:
+            if apply and len(self.applied) == 2:  # the first segment's end
+                await asyncio.sleep(0.25)
+            return await super().tune(settings, apply)
+
+    monkeypatch.setattr(tu, "WARM_S", 0.0)
+    load = _FakeLoad()
+    load.open_ended = open_ended  # type: ignore[misc]
+    c = tu.Comparison("loop", "placements_per_s", 0.9, most=False)
+    asyncio.run(tu._interleave(Slow(), c, tu.THROUGHPUT, 2, 0.1, False,  # type: ignore[arg-type]
+                               load))
+    seconds = [s.seconds for s in c.segments]
+    if open_ended:
+        assert all(s >= 0.1 for s in seconds), seconds
+    else:  # the grid: the segment after the slow change is what is left of its tenth
+        assert seconds[0] >= 0.35 and seconds[1] < 0.05, seconds
