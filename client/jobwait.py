@@ -11,7 +11,9 @@ Rules:
    status it returns is whole.
 2. A system job is running once an instance of its version runs healthy on every node that
    could run it now (`ServiceStatus.waiting` empty); it being stopped, a node declining
-   its instance (unschedulable), or every node it waits for waiting at the cluster cap
+   its instance (unschedulable for the node's reason - not for a node that did not answer
+   before the bid deadline, `Reason.NO_BIDS`: its instance is asked again a heartbeat
+   later, `shared.auctioneer` rule 7), or every node it waits for waiting at the cluster cap
    (`ServiceStatus.capped`: until an instance ends or the cap is raised, which no wait
    of a command's can tell) raises `Ended` with the cap's refusal.
 3. Each event of the job is a reason to look again; it also looks every `POLL_S`; past the
@@ -41,6 +43,7 @@ from gavel.shared.api import (
     StatusRequest,
 )
 from gavel.shared.messages import Message
+from gavel.shared.reasons import Reason
 from gavel.shared.timing import Timing
 from gavel.transport.client import ClientError, NoAnswer
 
@@ -130,7 +133,8 @@ async def system_running(client: Client, name: str, timeout: float | None) -> Se
         if st.stopped:
             raise Ended(f"{name} was stopped", st)
         for r in st.replicas:
-            if r.version == st.version and r.state == "unschedulable":
+            if r.version == st.version and r.state == "unschedulable" \
+                    and r.reason != Reason.NO_BIDS:  # silence is asked again, not a decline
                 raise Ended(f"{name}: {r.instance_id} is unschedulable: "
                             f"{r.detail or r.reason}", st)
         capped = [n for n in st.waiting if n in st.capped]
