@@ -56,7 +56,7 @@ async def until_healthy(nc: Any, agents: int, root: Path,
 
 
 async def until_placed(nc: Any, n: int, placed: Callable[[StatsReply], int], base: int,
-                       broker: subprocess.Popen[bytes] | None = None, *, timeout_s: float,
+                       broker: subprocess.Popen[bytes], *, timeout_s: float,
                        progress: float | None = None) -> StatsReply:
     """Rule 2: the broker's stats once `n` more are `placed` than `base`, at most
     `timeout_s`; with `progress` (when the placements began) a bar on stderr."""
@@ -67,7 +67,7 @@ async def until_placed(nc: Any, n: int, placed: Callable[[StatsReply], int], bas
         try:
             stats = await call(nc, "stats", StatsRequest(), StatsReply, timeout=10)
         except NoAnswer:
-            if broker is not None and broker.poll() is not None:
+            if broker.poll() is not None:
                 raise RuntimeError("the broker exited while its placements were awaited; "
                                    "see logs/broker.log") from None
             if time.monotonic() > limit:
