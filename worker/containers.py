@@ -21,9 +21,10 @@ Rules:
 5. Output: the container's stdout and stderr are appended to the instance's ``stdout.log``
    and ``stderr.log`` (rotated like a process's, `worker.logfiles`) by one thread per run,
    attached before the container starts, so nothing it writes is missed; the run ends
-   only once its output is all written. A container re-adopted after a worker restart is
-   attached again from then on: what it wrote while no worker ran is in the engine's own
-   log only.
+   only once its output is all written. The thread and the rotation take turns
+   (`worker.logturns`), so rotation loses none of it either. A container re-adopted after
+   a worker restart is attached again from then on: what it wrote while no worker ran is
+   in the engine's own log only.
 6. Stop: SIGTERM, then SIGKILL after the grace, as for a process. Each run is a new container
    (a restart in place removes the old one first, as a fresh process starts from its
    image); an instance's containers go when it ends.
@@ -60,6 +61,7 @@ from gavel.worker.engine import ATTEMPT, HOME, INSTANCE, Engine, get
 from gavel.worker.execsession import ContainerSession
 from gavel.worker.kernellog import oom_killed as kernel_says_oom
 from gavel.worker.localstate import LocalInstance
+from gavel.worker.logturns import writing
 
 __all__ = ["SECRETS_PATH", "ContainerDriver", "ContainerRun", "secrets_root"]
 
@@ -206,14 +208,16 @@ class ContainerRun:
         code: int | None = None
         try:
             with open(cwd / "stdout.log", "ab", buffering=0) as out, \
-                    open(cwd / "stderr.log", "ab", buffering=0) as err:
+                    open(cwd / "stderr.log", "ab", buffering=0) as err, \
+                    writing(cwd) as turn:  # rotation loses none of it (`worker.logturns`)
                 for stdout, stderr in stream:
                     if self._detached.is_set():
                         return
-                    if stdout:
-                        out.write(stdout)
-                    if stderr:
-                        err.write(stderr)
+                    with turn:
+                        if stdout:
+                            out.write(stdout)
+                        if stderr:
+                            err.write(stderr)
             if self._detached.is_set():
                 return
             code = api.wait(self.id, timeout=None)["StatusCode"]

@@ -15,7 +15,8 @@ Rules:
    process per instance and becomes something the instance depends on (its pipe's reader
    dying would kill it with SIGPIPE).
 2. The price, said plainly: bytes the process writes between the last read of the copy and
-   the truncate are lost, and counted as skipped; a copy chases what arrives while it is
+   the truncate are lost, and counted as skipped (not a writer inside the worker's own:
+   `worker.logturns`); a copy chases what arrives while it is
    made only up to the cap (a writer faster than the copy would keep it chasing), and the
    rest up to the truncate is skipped too; a file may hold what is written while the worker
    hears it pass the cap (a tick's output where it cannot hear); and while no worker runs
@@ -55,6 +56,7 @@ from typing import BinaryIO
 import msgspec
 
 from gavel.shared.logstream import CHUNK_MAX, STREAMS
+from gavel.worker.logturns import turn
 
 __all__ = ["MARKS_MAX", "META", "LogLimits", "Output", "Outputs", "open_regular"]
 
@@ -199,6 +201,11 @@ class Output:
         keep = self.limits.files - 1
         live = self.live(stream)
         tmp = self.dir / f".{stream}.log.rotating"
+        with turn(self.dir):
+            self._copy_truncate(stream, m, live, tmp, keep)
+
+    def _copy_truncate(self, stream: str, m: _StreamMeta, live: Path, tmp: Path,
+                       keep: int) -> None:
         try:
             fd = os.open(live, os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK)
         except OSError as exc:
