@@ -12,6 +12,13 @@ Rules:
    begins with `BARE_PREFIX`, those `bench.bare` awarded, and the process answers how many
    to the subject the message carries) and `BEAT` (every agent heartbeats now, so a broker
    started after the agents hears them at once rather than within a heartbeat interval).
+   `FORGET` comes on the control connection, the awards on each agent's own, and NATS
+   orders nothing across connections: an agent behind on its awards (a loaded machine)
+   would take some after forgetting, hold them for good, and send heartbeats no broker
+   admits (`broker.heartbeats` rule 1: more than git placed there). So the process first
+   settles each agent's connection (a PING whose PONG the server sends after every message
+   it already queued for it, the awards sent before the `FORGET` among them), then
+   forgets; behind on a backlog it answers late, so its asker waits `FORGET_S`.
 """
 
 from __future__ import annotations
@@ -24,13 +31,15 @@ from pathlib import Path
 
 import psutil
 
-__all__ = ["BARE_PREFIX", "BEAT", "FORGET", "cpu_s", "node_id", "peak_rss_mb", "spawn",
-           "start_agents", "stop"]
+__all__ = ["BARE_PREFIX", "BEAT", "FORGET", "FORGET_S", "cpu_s", "node_id", "peak_rss_mb",
+           "spawn", "start_agents", "stop"]
 
 #: Rule 3.
 FORGET = "gavel-bench.forget"
 BEAT = "gavel-bench.beat"
 BARE_PREFIX = "bare-"
+#: Rule 3: the most an agent process is given to settle its connections and answer.
+FORGET_S = 60.0
 
 
 def node_id(k: int) -> str:

@@ -30,7 +30,7 @@ import msgspec
 import nats
 
 from gavel.bench import natslite
-from gavel.bench.agentprocs import BARE_PREFIX, BEAT, FORGET, node_id
+from gavel.bench.agentprocs import BARE_PREFIX, BEAT, FORGET, FORGET_S, node_id
 from gavel.shared import subjects
 from gavel.shared.feasibility import NodeView
 from gavel.shared.messages import (
@@ -185,6 +185,12 @@ class LiteLink:
         assert self.client is not None
         self.client.publish(subject, payload)
 
+    async def settle(self) -> None:
+        """Every message the server queued for this agent before now is handled (handlers
+        run as frames are parsed, so the PONG behind them is enough)."""
+        assert self.client is not None
+        await self.client.flush(FORGET_S)
+
     async def failed(self) -> str:
         """Resolves with a sentence if the connection ends before `close`."""
         assert self.client is not None
@@ -202,15 +208,16 @@ class NatsPyLink:
     def __init__(self, agent: BenchAgent) -> None:
         self.agent = agent
         self.nc: Any = None
+        self._subs: list[Any] = []
 
     async def start(self, url: str) -> None:
         a = self.agent
         self.nc = await nats.connect(url, name=f"bench-{a.node_id}",
                                      max_reconnect_attempts=-1, pending_size=8 * 2**20)
         rfb, node_rfb, award = a.subscriptions
-        await self.nc.subscribe(rfb, cb=self._on_rfb)
-        await self.nc.subscribe(node_rfb, cb=self._on_rfb)
-        await self.nc.subscribe(award, cb=self._on_award)
+        self._subs = [await self.nc.subscribe(rfb, cb=self._on_rfb),
+                      await self.nc.subscribe(node_rfb, cb=self._on_rfb),
+                      await self.nc.subscribe(award, cb=self._on_award)]
         await wire.subscribed(self.nc)  # the broker's first RFB must not pass it by
 
     async def _on_rfb(self, msg: Any) -> None:
@@ -235,6 +242,15 @@ class NatsPyLink:
 
     async def send(self, subject: str, payload: bytes) -> None:
         await self.nc.publish(subject, payload)
+
+    async def settle(self) -> None:
+        """Every message the server queued for this agent before now is handled: the PONG
+        comes after them, and nats-py hands them to each subscription's own task, so its
+        queue is waited out too."""
+        await self.nc.flush(FORGET_S)
+        while any(sub.pending_msgs for sub in self._subs):
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0)  # the callback of the last one taken off a queue
 
     async def failed(self) -> str:
         await asyncio.Event().wait()  # nats-py reconnects on its own: never
@@ -267,8 +283,16 @@ async def _serve(args: argparse.Namespace) -> int:
     beat = asyncio.Event()
     control = await natslite.connect(args.url, f"bench-control-{args.first}")
 
+    asked: set[asyncio.Task[None]] = set()
+
+    async def settled_forget(reply_to: str) -> None:  # `bench.agentprocs` rule 3
+        await asyncio.gather(*(link.settle() for link in links))
+        control.publish(reply_to, b"%d" % sum(a.forget(BARE_PREFIX) for a in agents))
+
     def forget(reply_to: bytes) -> None:
-        control.publish(reply_to.decode(), b"%d" % sum(a.forget(BARE_PREFIX) for a in agents))
+        task = asyncio.ensure_future(settled_forget(reply_to.decode()))
+        asked.add(task)
+        task.add_done_callback(asked.discard)
 
     control.subscribe(FORGET, forget)
     control.subscribe(BEAT, lambda _: beat.set())

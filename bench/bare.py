@@ -50,7 +50,7 @@ from typing import Any
 import msgspec
 import nats.errors
 
-from gavel.bench.agentprocs import BARE_PREFIX, FORGET, node_id, start_agents, stop
+from gavel.bench.agentprocs import BARE_PREFIX, FORGET, FORGET_S, node_id, start_agents, stop
 from gavel.broker.service import tune_gc
 from gavel.shared import subjects
 from gavel.shared.messages import RFB, Award, Bid, BidReply, Event, EventType, Request, Spec
@@ -245,7 +245,7 @@ async def measure(url: str, agents: int, processes: int, *, batch: int = 24,
         forgotten = 0
         for _ in range(processes):
             try:
-                answer = await forgot.next_msg(timeout=confirm_s)
+                answer = await forgot.next_msg(timeout=FORGET_S)
             except nats.errors.TimeoutError:
                 raise RuntimeError(f"an agent process at {url} did not say it forgot the "
                                    "bare auctioneer's instances") from None

@@ -51,7 +51,8 @@ async def until_healthy(nc: Any, agents: int, root: Path,
         if stats.nodes_healthy >= agents:
             return stats
         if time.monotonic() > deadline:
-            raise RuntimeError(f"only {stats.nodes_healthy}/{agents} agents are healthy")
+            raise RuntimeError(f"only {stats.nodes_healthy}/{agents} agents are healthy after "
+                               f"{HEALTHY_S:g}s; see {root / 'logs' / 'broker.log'}")
         await asyncio.sleep(0.2)
 
 

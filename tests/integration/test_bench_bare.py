@@ -10,10 +10,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import msgspec
+import nats
 import pytest
 
 from gavel.bench import bare
-from gavel.bench.agentprocs import start_agents, stop
+from gavel.bench.agentprocs import BARE_PREFIX, FORGET, FORGET_S, node_id, start_agents, stop
+from gavel.shared import subjects
+from gavel.shared.messages import RFB, Award, Request
 
 
 async def test_the_bare_rounds_place_on_real_agents_and_each_award_is_held(
@@ -34,6 +38,39 @@ async def test_the_bare_rounds_place_on_real_agents_and_each_award_is_held(
     held = [json.loads(p.stdout.read().splitlines()[-1])["held"] for p in procs
             if p.stdout is not None]
     assert held == [0, 0]
+
+
+@pytest.mark.parametrize("client", ["lite", "nats-py"])
+async def test_awards_queued_behind_a_backlog_are_taken_before_the_forget(
+        nats_url: str, tmp_path: Path, client: str) -> None:
+    """`bench.agentprocs` rule 3: the awards reach an agent on its own connection, the
+    `FORGET` on the process's control connection, and here 100,000 RFBs queue before the
+    awards: the process answers only once its agents took every award sent before the
+    `FORGET`, and forgets them all - none is left held, to be listed in heartbeats that no
+    broker admits."""
+    procs: list[subprocess.Popen[bytes]] = []
+    nc = await nats.connect(nats_url)
+    try:
+        await start_agents(nats_url, 2, 1, tmp_path / "logs", started=procs, client=client)
+        enc = msgspec.msgpack.Encoder()
+        shape = Request.of(bare.PREFIX, bare.SPEC).shape()
+        backlog = enc.encode(RFB(auction_id="backlog", shapes=[shape], deadline_s=60.0))
+        for _ in range(100_000):
+            await nc.publish(subjects.RFB, backlog)
+        for k in range(20):
+            await nc.publish(subjects.AWARD.format(node=node_id(0)), enc.encode(Award(
+                auction_id="a", instance_id=f"{BARE_PREFIX}a-{k}", node_id=node_id(0),
+                spec=bare.SPEC)))
+        answers = await nc.subscribe(nc.new_inbox())
+        await nc.publish(FORGET, answers.subject.encode())
+        answer = await answers.next_msg(timeout=FORGET_S)
+    finally:
+        await nc.close()
+        stop(procs)
+    assert int(answer.data) == 20
+    (proc,) = procs
+    assert proc.stdout is not None
+    assert json.loads(proc.stdout.read().splitlines()[-1])["held"] == 0
 
 
 async def test_a_ceiling_that_placed_nothing_is_an_error(nats_url: str) -> None:
