@@ -5,21 +5,24 @@ instance, or a batch array) and a system job running on every node that could ru
 Rules:
 1. A job has ended when its lone instance is in a terminal state, or its batch array has no
    task held, running or due to run again; it succeeded when every task did. An end without
-   success, and a lone instance no node will take (unschedulable), raise `Ended` with the
-   sentence `gavel submit --wait` prints. While it waits it asks for an array's summary
-   alone (its tally, not its tasks: the cost of a look does not grow with the array); the
-   status it returns is whole.
+   success, and a lone instance no node will take (unschedulable, `declined`: rule 5), raise
+   `Ended` with the sentence `gavel submit --wait` prints. While it waits it asks for an
+   array's summary alone (its tally, not its tasks: the cost of a look does not grow with
+   the array); the status it returns is whole.
 2. A system job is running once an instance of its version runs healthy on every node that
    could run it now (`ServiceStatus.waiting` empty); it being stopped, a node declining
-   its instance (unschedulable for the node's reason - not for a node that did not answer
-   before the bid deadline, `Reason.NO_BIDS`: its instance is asked again a heartbeat
-   later, `shared.auctioneer` rule 7), or every node it waits for waiting at the cluster cap
+   its instance (rule 5), or every node it waits for waiting at the cluster cap
    (`ServiceStatus.capped`: until an instance ends or the cap is raised, which no wait
    of a command's can tell) raises `Ended` with the cap's refusal.
 3. Each event of the job is a reason to look again; it also looks every `POLL_S`; past the
    timeout, `TimedOut` (a `NoAnswer`) with the status as it stood at the last look.
 4. A cluster is up once its broker counts the nodes asked for healthy: it is asked every
    `POLL_S`, a broker not answering yet (one starting) asked again.
+5. An unschedulable instance is `declined` when the nodes said no. Unschedulable for
+   `Reason.NO_BIDS` is not: no node answered before the bid deadline (a loaded machine, a
+   busy node), and the broker asks again a heartbeat later (`shared.auctioneer` rule 7).
+   Every wait of the client's goes on through it, until bids come, or the silent nodes
+   stop counting as healthy (then it is unschedulable for want of nodes), or its timeout.
 """
 
 from __future__ import annotations
@@ -47,7 +50,8 @@ from gavel.shared.reasons import Reason
 from gavel.shared.timing import Timing
 from gavel.transport.client import ClientError, NoAnswer
 
-__all__ = ["POLL_S", "Ended", "TimedOut", "healthy_nodes", "job_end", "system_running"]
+__all__ = ["POLL_S", "Ended", "TimedOut", "declined", "healthy_nodes", "job_end",
+           "system_running"]
 
 #: How often a wait asks again, besides each event it hears (rule 3).
 POLL_S = Timing().watch_s
@@ -64,6 +68,11 @@ class Client(Protocol):
 
     async def request(self, verb: str, request: Message, reply_type: type[T],
                       timeout: float | None = None) -> T: ...
+
+
+def declined(state: str, reason: str) -> bool:
+    """Rule 5: an instance in `state` for `reason` is one no node will take."""
+    return state == "unschedulable" and reason != Reason.NO_BIDS
 
 
 class Ended(ClientError):
@@ -115,7 +124,7 @@ async def job_end(client: Client, job_id: str, timeout: float | None) -> StatusR
                 raise Ended(f"{job_id}: {a.outcome}", a)
             return (st if a.ended else None), st
         inst = st.instances[0]
-        if inst.state == "unschedulable":
+        if declined(inst.state, inst.reason):
             raise Ended(f"{job_id} is unschedulable: {inst.detail or inst.reason}", inst)
         if inst.state in ("failed", "lost", "cancelled"):
             raise Ended(f"{job_id} {inst.state}: " + ": ".join(
@@ -133,8 +142,7 @@ async def system_running(client: Client, name: str, timeout: float | None) -> Se
         if st.stopped:
             raise Ended(f"{name} was stopped", st)
         for r in st.replicas:
-            if r.version == st.version and r.state == "unschedulable" \
-                    and r.reason != Reason.NO_BIDS:  # silence is asked again, not a decline
+            if r.version == st.version and declined(r.state, r.reason):
                 raise Ended(f"{name}: {r.instance_id} is unschedulable: "
                             f"{r.detail or r.reason}", st)
         capped = [n for n in st.waiting if n in st.capped]

@@ -5,8 +5,10 @@ Rules:
 1. It is over once the instance runs and is healthy (which an instance without checks is
    once it runs), or has succeeded: its status.
 2. It ends without success (`Ended`, with the sentence `gavel submit` prints and the status)
-   when the instance ends otherwise (failed, lost, cancelled), is unschedulable (its state,
-   or the event), or meets an error (the event: a pinned deployment, a broken repository).
+   when the instance ends otherwise (failed, lost, cancelled), no node will take it
+   (unschedulable, its state or the event, for the nodes' reasons: not for silence,
+   `gavel.client.jobwait` rule 5), or meets an error (the event: a pinned deployment, a
+   broken repository).
 3. It looks at the status first (what happened before it listened), then again at each of
    the instance's events, and every `poll_s` (`POLL_S` unless its caller's `Timing` says).
    A `Watch` made before the submit hears the events between the submit's answer and the
@@ -24,7 +26,7 @@ from typing import Any
 
 import msgspec
 
-from gavel.client.jobwait import Client, Ended, TimedOut
+from gavel.client.jobwait import Client, Ended, TimedOut, declined
 from gavel.shared import subjects
 from gavel.shared.api import InstanceStatus
 from gavel.shared.messages import Event, EventType
@@ -80,7 +82,7 @@ class Watch:
 
 def _heard(iid: str, ev: Event, inst: InstanceStatus) -> Ended | None:
     """Rule 2 for an event: the end it means, if it means one."""
-    if ev.type == EventType.UNSCHEDULABLE:
+    if ev.type == EventType.UNSCHEDULABLE and declined("unschedulable", ev.reason):
         return Ended(f"{iid} is unschedulable: {ev.detail or ev.reason}",
                      msgspec.structs.replace(inst, state="unschedulable", reason=ev.reason,
                                              detail=ev.detail))
@@ -98,7 +100,7 @@ def _seen(iid: str, inst: InstanceStatus) -> InstanceStatus | Ended | None:
     if inst.state in _ENDED:
         return Ended(f"{iid} {inst.state}: " + ": ".join(
             p for p in (inst.reason, inst.detail) if p), inst)
-    if inst.state == "unschedulable":
+    if declined(inst.state, inst.reason):
         return Ended(f"{iid} is unschedulable: {inst.detail or inst.reason}", inst)
     return None
 
