@@ -116,15 +116,6 @@ def test_a_node_that_did_not_answer_in_time_is_waited_for(
     assert st.waiting == [] and client.looks == 2
 
 
-def test_a_node_that_declined_ends_the_wait_with_its_reason(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(jobwait, "POLL_S", 0.01)
-    client = _Client([_status("unschedulable", Reason.NO_ROOM_MEMORY)])
-    with pytest.raises(jobwait.Ended, match=f"agent: agent-1 is unschedulable: "
-                                            f"{Reason.NO_ROOM_MEMORY.value}"):
-        asyncio.run(jobwait.system_running(client, "agent", 5.0))
-
-
 def test_a_job_whose_nodes_did_not_answer_in_time_is_waited_for(
         monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(jobwait, "POLL_S", 0.01)
@@ -134,13 +125,21 @@ def test_a_job_whose_nodes_did_not_answer_in_time_is_waited_for(
     assert st.instances[0].state == "succeeded" and client.looks == 2
 
 
-def test_a_job_its_nodes_declined_ends_the_wait_with_their_reason(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("kind", ["system job", "job"])
+def test_the_nodes_declining_ends_the_wait_with_their_reason(
+        kind: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(jobwait, "POLL_S", 0.01)
-    client = _InstanceClient([_instance("unschedulable", Reason.NO_ROOM_MEMORY)])
-    with pytest.raises(jobwait.Ended, match=f"job-1 is unschedulable: "
+    if kind == "job":
+        said = "job-1"
+        wait = jobwait.job_end(_InstanceClient([
+            _instance("unschedulable", Reason.NO_ROOM_MEMORY)]), "job-1", 5.0)
+    else:
+        said = "agent: agent-1"
+        wait = jobwait.system_running(_Client([
+            _status("unschedulable", Reason.NO_ROOM_MEMORY)]), "agent", 5.0)
+    with pytest.raises(jobwait.Ended, match=f"{said} is unschedulable: "
                                             f"{Reason.NO_ROOM_MEMORY.value}"):
-        asyncio.run(jobwait.job_end(client, "job-1", 5.0))
+        asyncio.run(wait)
 
 
 def test_an_instance_whose_nodes_did_not_answer_in_time_is_waited_until_it_runs() -> None:
