@@ -28,6 +28,7 @@ from gavel.shared.api import (
 from gavel.shared.award import NodeBid
 from gavel.shared.reasons import Reason
 from gavel.shared.reasons import render as render_reason
+from gavel.shared.records import RAISED
 
 
 def print_json(obj: object) -> None:
@@ -184,9 +185,11 @@ async def why(args: argparse.Namespace) -> int:
         if a.winner and a.summary:  # a re-auction's move says why it moved
             head += f"; {a.summary}"
         print(head)
+        raised = a.raised()
         for b in a.bids:
             mark = "*" if b.node_id == a.winner else " "
-            print(f"  {mark} bid     {b.node_id:<16} {bid_cell(b)}")
+            print(f"  {mark} bid     {b.node_id:<16} {bid_cell(b)}"
+                  + (f"  {RAISED}" if b.node_id in raised else ""))
         for d in a.declines:
             print(f"    decline {d.node_id:<16} {render_reason(d.reason, d.detail)}")
         for s in a.silent:

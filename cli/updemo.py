@@ -16,6 +16,7 @@ from gavel.cli.demoimage import IMAGE, container_spec
 from gavel.client import BrokerRefused, Client
 from gavel.shared.messages import Spec
 from gavel.shared.reasons import render
+from gavel.shared.records import RAISED
 from gavel.shared.spec import Route
 from gavel.shared.timing import Timing
 
@@ -127,7 +128,10 @@ async def demo(client: Client, workers: int, git_dir: Path, gateway: str | None 
         if a is None:
             print(f"  {iid:<18} {why.instance.state}")
         elif a.winner:
-            others = [f"{b.node_id} {b.load:.2f}" for b in a.bids if b.node_id != a.winner]
+            raised = a.raised()
+            others = [f"{b.node_id} {b.load:.2f}" + (f" ({RAISED})" if b.node_id in raised
+                                                     else "")
+                      for b in a.bids if b.node_id != a.winner]
             declined = [f"{d.node_id}: {render(d.reason, d.detail)}" for d in a.declines]
             print(f"  {iid:<18} -> {a.winner} (lowest load {a.load:.2f}"
                   + (", tie broken on node id" if a.tie_broken else "") + ")"

@@ -26,6 +26,7 @@ from gavel.shared.messages import Capacity, InstanceState, Shape, Spec, Victim
 from gavel.shared.preemption import Offer
 
 __all__ = [
+    "RAISED",
     "STAMP_PATTERN",
     "Assignment",
     "AuctionRecord",
@@ -256,6 +257,10 @@ class PeriodicRecord(msgspec.Struct, kw_only=True, gc=False):
     history: list[PeriodicRun] = []
 
 
+#: What `AuctionRecord.raised` means, said beside such a bid.
+RAISED = "ranked above its bid: it won earlier in the same round"
+
+
 class AuctionRecord(msgspec.Struct, kw_only=True):
     """Every bid, decline and silence of one round, and why the winner won."""
 
@@ -276,6 +281,18 @@ class AuctionRecord(msgspec.Struct, kw_only=True):
     offers: list[Offer] = []
     #: The instances the winner stopped to make room (empty: an ordinary award).
     displaced: list[Victim] = []
+
+    def raised(self) -> list[str]:
+        """The bidders that lost with a bid ranking before the load the winner won at: a
+        batch ranks each node at its bid plus what it already won in the same round
+        (`shared.award` rule 2), so `bids`, as the nodes sent them, can read lower than the
+        winner's load. Empty for a round of one instance, and for any round that raised no
+        loser's load above the winner's."""
+        if not self.winner or self.load is None or self.displaced:
+            return []
+        won_at = (self.load, self.winner)
+        return [b.node_id for b in self.bids
+                if b.node_id != self.winner and (b.load, b.node_id) < won_at]
 
 
 class ShapeRecord(msgspec.Struct, kw_only=True):

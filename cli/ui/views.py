@@ -40,7 +40,7 @@ from gavel.shared.award import order
 from gavel.shared.messages import Event, EventType, InstanceState, Victim
 from gavel.shared.preemption import offer_key
 from gavel.shared.reasons import render
-from gavel.shared.records import AuctionRecord
+from gavel.shared.records import RAISED, AuctionRecord
 
 __all__ = ["ARRAYS_SHOWN", "INSTANCES_SHOWN", "arrays_shown", "auction", "collapsed", "event",
            "instance_page", "overview"]
@@ -112,6 +112,7 @@ def auction(a: AuctionRecord) -> dict[str, Any]:
     bids = sorted(a.bids, key=order)
     top = max((b.load for b in bids), default=0.0)
     won_at = a.load
+    raised = a.raised()
     decided = ""
     if a.winner and a.displaced:
         decided = "preempting offer: fewest evictions, then lowest evicted priority, " \
@@ -134,6 +135,8 @@ def auction(a: AuctionRecord) -> dict[str, Any]:
             "winner": bool(a.winner) and b.node_id == a.winner,
             "tied": a.tie_broken and b.node_id != a.winner and won_at is not None
             and b.load == won_at,
+            # ranked above its bid: it won earlier in the same round (`AuctionRecord.raised`)
+            "raised": RAISED if b.node_id in raised else "",
         } for b in bids],
         "declines": [{"node_id": d.node_id, "reason": d.reason, "detail": d.detail,
                       "text": render(d.reason, d.detail)}

@@ -390,7 +390,8 @@ function renderAuction(a) {
                                      `${fmtNumber(Math.abs(b.affinity), 3)} affinity`}) : null,
       b.winner ? el("span", {class: "winner-mark", "aria-label": "winner",
                              text: "\u2605 winner"}) : null,
-      b.tied ? el("span", {class: "tie-mark", text: "tied"}) : null);
+      b.tied ? el("span", {class: "tie-mark", text: "tied"}) : null,
+      b.raised ? el("span", {class: "raised-mark", text: b.raised}) : null);
   });
   const declines = a.declines.map((d) => el("li", {class: "decline", "data-node": d.node_id},
     el("span", {class: "who mono", text: d.node_id}),
