@@ -15,9 +15,9 @@ Rules:
    process per instance and becomes something the instance depends on (its pipe's reader
    dying would kill it with SIGPIPE).
 2. The price, said plainly: bytes the process writes between the last read of the copy and
-   the truncate are lost, and counted as skipped (not a writer inside the worker's own:
-   `worker.logturns`); a copy chases what arrives while it is
-   made only up to the cap (a writer faster than the copy would keep it chasing), and the
+   the truncate are lost, and counted as skipped (a writer of the worker's own waits for
+   the rotation instead: `worker.logturns`); a copy chases what arrives while it is made
+   only up to the cap (a writer faster than the copy would keep it chasing), and the
    rest up to the truncate is skipped too; a file may hold what is written while the worker
    hears it pass the cap (a tick's output where it cannot hear); and while no worker runs
    nothing rotates, so a live file grows until a worker is back (then, if it is past twice
