@@ -215,7 +215,8 @@ async def measure(url: str, agents: int, processes: int, *, batch: int = 24,
                   confirm_s: float = _TIMING.call_s) -> Bare:
     """Rules 1-3 against the `agents` bench agents (`bench.agents`' node ids) serving at
     `url` in `processes` processes; RuntimeError when no award was confirmed within
-    `confirm_s` of the last round, or an agent process did not say it forgot them."""
+    `confirm_s` of the last round, or an agent process did not say it forgot them within
+    `FORGET_S` (`bench.agentprocs` rule 3)."""
     nc = wire.Client()
     await nc.connect(url, name="bare-auctioneer", allow_reconnect=False,
                      pending_size=8 * 2**20)
