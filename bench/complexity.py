@@ -7,7 +7,7 @@ Rules:
    (``broker.ledger.objects``, ``packs``) against libgit2's (``--objects libgit2``); the
    writer process against writing on a thread of the broker (``--writer thread``); the
    bench agents' minimal client (``bench.natslite``) against nats-py; the after-commit work
-   in slices (committer rule 3) against all of a commit's effects in one go
+   in slices (`broker.ledger.afterlane` rule 3) against all of a commit's effects in one go
    (``--no-slices``).
 2. Each is measured on the figure it exists for (`Mechanism.key`), in pairs of `gavel bench`
    runs made one after the other, the order alternating from pair to pair so neither side
@@ -119,7 +119,7 @@ MECHANISMS: tuple[Mechanism, ...] = (
         # Short rounds, pinned (not tuned): where a stalled loop shows in the round tail.
         workload={"max_auctions": 2, "batch_max": 24},
         also=("round_p50_ms", "placements_per_s", "broker_cpu_us_per_placement"),
-        code=("broker.ledger.committer:_run_after",),
+        code=("broker.ledger.afterlane:AfterLane._in_slices",),
         simple_code=()),
 )
 

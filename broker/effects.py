@@ -17,13 +17,17 @@ Rules:
 4. What an item does if its commit is given up for good is effects too (`Item.gave_up`),
    carried out by the same handlers; one that must say why is a `Why`, whose `reason` and
    `detail` the committer fills in (`Refuse`: the waiting request is answered with them).
+5. An `Answer` and a `Wake` depend on nothing but their commit being durable: those a plan
+   lists first (before any effect of another kind, `prompt`) run as soon as the commit is
+   durable, ahead of what earlier commits still have to carry out
+   (`broker.ledger.afterlane` rule 2); the rest keep commit order.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, TypeVar
@@ -35,8 +39,8 @@ from gavel.broker.outbox import Outbox
 from gavel.broker.watchdog import Timers
 from gavel.shared.messages import ApiError, EventType
 
-__all__ = ["Answer", "Arm", "Effect", "Effects", "Emit", "Publish", "Refuse", "Release", "Timer",
-           "Wake", "Why", "world"]
+__all__ = ["PROMPT", "Answer", "Arm", "Effect", "Effects", "Emit", "Publish", "Refuse", "Release",
+           "Timer", "Wake", "Why", "prompt", "world"]
 
 log = logging.getLogger("gavel.broker")
 
@@ -114,6 +118,16 @@ class Wake:
 #: Any effect: the world's kinds above, or a part's own frozen dataclass.
 Effect = object
 E = TypeVar("E")
+#: Rule 5: the kinds that depend on nothing but their commit being durable.
+PROMPT = (Answer, Wake)
+
+
+def prompt(listed: Sequence[Effect]) -> int:
+    """Rule 5: how many of `listed`, from its first, are prompt."""
+    first = 0
+    while first < len(listed) and type(listed[first]) in PROMPT:
+        first += 1
+    return first
 
 
 class Effects:

@@ -6,14 +6,13 @@ Rules:
    us (`Conflict`), the whole batch is re-planned on the new head, a bounded number of times.
 3. Nothing an item promises is published before its commit is durable: a plan's effects
    (`broker.effects`, carried out by `effects`, the one executor; no item hands the
-   committer a callback) run only once the ref has moved, in commit order, then in the
-   order each plan listed them, on a task of their own in slices of `AFTER_SLICE_S` with
-   the loop's other work between them (a commit of thousands of awards must not stall the
-   bid replies of open auctions; `slice_s=None` runs a commit's effects in one go, the
-   alternative the slices are measured against: docs/performance.md), while the next
-   commit is already being planned and written: the writer does not wait for the awards of
-   the last commit to go out. Until its `Placed` effect runs, an award's capacity is still
-   reserved, so the broker only ever under-counts a node's room.
+   committer a callback) run only once the ref has moved, through the after-commit lane
+   (`broker.ledger.afterlane`): its answers and wake-ups at once, the rest in commit order,
+   then in the order each plan listed them, in slices of `slice_s` with the loop's other
+   work between them, while the next commit is already being planned and written: the
+   writer does not wait for the awards of the last commit to go out. Until its `Placed`
+   effect runs, an award's capacity is still reserved, so the broker only ever
+   under-counts a node's room.
 4. Pinned or unwritable repository: nothing is written, and unwritable batches are retried
    after a back-off while the broker keeps serving. An item's `gave_up` effects run (a
    `broker.effects.Why` filled in with the reason) only when it is given up for good
@@ -65,16 +64,16 @@ import asyncio
 import logging
 import threading
 import time
-from collections import deque
 from collections.abc import Callable, Generator
 from concurrent.futures import BrokenExecutor, Executor, Future, ProcessPoolExecutor
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
-from typing import Any, Protocol
+from typing import Any
 
 import msgspec
 
 from gavel.broker.effects import Effect, Effects, Why
+from gavel.broker.ledger.afterlane import AFTER_SLICE_S, AfterLane, Durable
 from gavel.broker.ledger.gitwriter import commit_files, make_executor
 from gavel.broker.ledger.plan import View
 from gavel.broker.ledger.repository import Conflict, Damaged, Ledger, Pinned
@@ -83,18 +82,13 @@ from gavel.broker.steps import Steps, drive
 from gavel.shared.reasons import Reason
 from gavel.shared.timing import Timing
 
-__all__ = ["Committer", "Durable", "Item", "Plan", "Planned", "and_then", "or_only"]
+__all__ = ["AFTER_SLICE_S", "Committer", "Durable", "Item", "Plan", "Planned", "and_then",
+           "or_only"]
 
 log = logging.getLogger("gavel.ledger")
 _TIMING = Timing()
 #: Writer processes in a row that may die before a write lands; then a thread writes (rule 11).
 WRITER_DEATHS = 3
-
-#: After-commit work runs in slices of this many seconds, with the loop's other work (bid
-#: replies above all) in between, so a large group commit does not stall open auctions.
-#: Shorter slices keep the slowest bid rounds shorter, and the yields between them cost the
-#: broker no CPU a placement worth counting (docs/performance.md).
-AFTER_SLICE_S = 0.0005
 
 
 @dataclass
@@ -150,18 +144,6 @@ def _then(got: Planned | None, effects: tuple[Effect, ...]) -> Planned:
     return got
 
 
-class Durable(Protocol):
-    """Rule 10: where commits become durable off this host (the pusher)."""
-
-    def mark(self) -> int:
-        """A token for every commit written so far."""
-        ...
-
-    async def wait(self, mark: int) -> None:
-        """Return once the commits `mark` covers are durable."""
-        ...
-
-
 @dataclass
 class Item:
     plan: Plan
@@ -186,8 +168,6 @@ class Committer:
         #: how often a writer process looks whether this broker is still there (`Timing`).
         self.stale_lock_s = stale_lock_s
         self.orphan_s = orphan_s
-        #: Rule 3: how long a slice of after-commit work runs (None: no slices).
-        self.slice_s = slice_s
         #: The least time between one commit's write and the next one's start (rule 7).
         self.gap_s = gap_s
         self.wall = wall
@@ -197,19 +177,14 @@ class Committer:
         self.max_conflicts = max_conflicts
         self._queue: list[Item] = []
         self._kick = asyncio.Event()
-        #: Landed commits whose effects have not all run yet, oldest first: what
-        #: they promised, the commit, its change and its `durable` mark (rule 10).
-        self._afters: deque[tuple[list[Planned], str, Change | None, int]] = deque()
-        #: Rule 10: off-host durability, and who hears of a commit once it is durable.
-        self.durable = durable
-        self.on_durable = on_durable
-        self._afters_kick = asyncio.Event()
         self._committing = False
         self._pool = make_executor(writer, orphan_s)
         #: Writers in a row that died before a write of theirs landed (rule 11).
         self._deaths = 0
-        #: Who carries out each kind of effect (rule 3).
+        #: Who carries out each kind of effect (rule 3), and the lane that does, once
+        #: commits are durable (rule 10: `durable`, and `on_durable` hears of each).
         self.effects = Effects()
+        self.lane = AfterLane(self.effects, slice_s, durable, on_durable)
         self.commits = 0
         self.conflicts = 0
         self.latencies: list[float] = []
@@ -234,7 +209,7 @@ class Committer:
         # The after-work is this loop's own: a group, so a crash in it ends `run` at once
         # (the broker, its owner, reports it) and nothing of it outlives `run`.
         async with asyncio.TaskGroup() as group:
-            afters = group.create_task(self._run_afters(), name="after-commit")
+            afters = group.create_task(self.lane.run(self._maybe_idle), name="after-commit")
             try:
                 await self._commits()
             finally:
@@ -270,27 +245,29 @@ class Committer:
 
     def _maybe_idle(self) -> None:
         """Idle: nothing queued, nothing being committed, no after-work left."""
-        if not self._queue and not self._committing and not self._afters:
+        if not self._queue and not self._committing and not self.lane.busy:
             self.idle.set()
 
-    def _landed(self, planned: list[Planned], sha: str, change: Change | None = None) -> None:
-        mark = self.durable.mark() if self.durable is not None else 0
-        self._afters.append((planned, sha, change, mark))
-        self._afters_kick.set()
+    @property
+    def durable(self) -> Durable | None:
+        """Rule 10: where commits become durable off this host (None: on landing)."""
+        return self.lane.durable
 
-    async def _run_afters(self) -> None:
-        while True:
-            await self._afters_kick.wait()
-            self._afters_kick.clear()
-            while self._afters:
-                planned, sha, change, mark = self._afters[0]
-                if self.durable is not None:  # rule 10
-                    await self.durable.wait(mark)
-                    if change is not None and self.on_durable is not None:
-                        self.on_durable(change, sha)
-                await _run_after(planned, sha, self.effects, self.slice_s)
-                self._afters.popleft()
-            self._maybe_idle()
+    @durable.setter
+    def durable(self, durable: Durable | None) -> None:
+        self.lane.durable = durable
+
+    @property
+    def on_durable(self) -> Callable[[Change, str], None] | None:
+        """Rule 10: who hears of each commit once it is durable, before its effects."""
+        return self.lane.on_durable
+
+    @on_durable.setter
+    def on_durable(self, heard: Callable[[Change, str], None] | None) -> None:
+        self.lane.on_durable = heard
+
+    def _landed(self, planned: list[Planned], sha: str, change: Change | None = None) -> None:
+        self.lane.landed([p.effects for p in planned], sha, change)
 
     def close(self) -> None:
         """Let the writer go (idempotent; `run` also does it when it ends)."""
@@ -441,21 +418,6 @@ class Committer:
     def _requeue(self, items: list[Item]) -> None:
         for item in items:
             self.submit(item)
-
-
-async def _run_after(planned: list[Planned], sha: str, effects: Effects,
-                     slice_s: float | None) -> None:
-    """Rule 3: `planned`'s effects in order, in slices of `slice_s` (None: in one go)."""
-    deadline = time.perf_counter() + slice_s if slice_s is not None else float("inf")
-    for p in planned:
-        for effect in p.effects:
-            try:
-                effects.run(effect, sha)
-            except Exception:  # one broken promise must not keep the later ones back
-                log.exception("effect %r of %s failed", effect, sha[:12] or "no commit")
-            if time.perf_counter() >= deadline:
-                await asyncio.sleep(0)
-                deadline = time.perf_counter() + (slice_s or 0.0)
 
 
 #: Control characters become spaces in message lines (trailers are JSON: already escaped).

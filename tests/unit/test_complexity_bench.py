@@ -95,7 +95,7 @@ def test_the_bench_broker_is_built_with_each_alternative(tmp_path: Path) -> None
             brokerproc.config(brokerproc.parser().parse_args(base + flags)), "libgit2", None)):
         broker = Broker(settings)
         try:
-            assert (broker.ledger.objects, broker.committer.slice_s,
+            assert (broker.ledger.objects, broker.committer.lane.slice_s,
                     broker.committer.writer) == (objects, slices, "thread")
         finally:
             broker.committer.close()

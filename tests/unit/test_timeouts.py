@@ -46,7 +46,7 @@ ALLOWED = {
     "cli/config.py::HaConfig::field renew_s=2.0":
         "the lease's renewal: the [ha] table's setting (--lease-renew-s)",
     # Not clocks: costs, freshness and windows of the machine's own work.
-    "broker/ledger/committer.py::<module>::AFTER_SLICE_S=0.0005":
+    "broker/ledger/afterlane.py::<module>::AFTER_SLICE_S=0.0005":
         "a CPU slice of a commit's effects between bid replies, not a wait",
     "broker/steps.py::<module>::SLICE_S=0.02":
         "a CPU slice of a long read over every replica between the loop's other work",
