@@ -25,6 +25,7 @@ Rules:
    order: the next batch is queued once it ran.
 6. The ended tasks of a batch array still running are kept (passed over, not a stop of the
    walk): its tally - the failure budget, the outcome `submit --wait` reports - counts them.
+   Whether an array still runs is read once a walk (its every task is looked at).
 """
 
 from __future__ import annotations
@@ -89,8 +90,12 @@ def due(state: State, now: datetime, keep_s: float, first_seen: dict[str, dateti
         if len(out) >= limit:
             break
         rec = state.instances[iid]
-        if rec.array and live.setdefault(rec.array, _running(state, rec.array)):
-            continue
+        if rec.array:
+            running = live.get(rec.array)
+            if running is None:  # once an array a walk: a scan of its tasks each
+                running = live[rec.array] = _running(state, rec.array)
+            if running:
+                continue
         stamp = rec.ended_at
         if i < excess:
             out.append((iid, stamp, Reason.RETAINED_MAX))

@@ -131,6 +131,29 @@ def test_retention_keeps_the_ended_tasks_of_an_array_still_running() -> None:
         "arr-1", "arr-2", "arr-3", "lone"]
 
 
+def test_a_retention_walk_reads_each_array_once_not_once_a_task(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Whether an array still runs is a look at its every task: asked once for each of its
+    ended tasks, a walk over arrays of 1,000 cost a million reads (a quarter of a loaded
+    broker's time in a closed loop of batch arrays)."""
+    old = "2026-01-01T00:00:00.000Z"
+    st = State()
+    for name, last in (("a", S.RUNNING), ("b", S.SUCCEEDED), ("c", S.RUNNING)):
+        sp = spec(count=50, parallelism=50)
+        for k in range(1, 51):
+            state = S.SUCCEEDED if k < 50 else last
+            st.put_instance(f"{name}-{k}", InstanceRecord(
+                instance_id=f"{name}-{k}", spec=sp, state=state, array=name,
+                ended_at=old if state.terminal else ""))
+    reads: list[str] = []
+    tasks_of = State.tasks_of
+    monkeypatch.setattr(State, "tasks_of", lambda self, array: reads.append(array) or
+                        tasks_of(self, array))
+    got = due(st, datetime(2026, 6, 1, tzinfo=UTC), 60.0, {})
+    assert sorted(iid for iid, _, _ in got) == sorted(f"b-{k}" for k in range(1, 51))
+    assert sorted(reads) == ["a", "b", "c"]
+
+
 def test_a_failed_task_runs_again_while_the_budget_holds_and_the_retry_counts_for_it() -> None:
     sp = spec(count=2, parallelism=1, max_failures=1)
     tasks = [task(1, sp, S.FAILED, reason="process exited with a non-zero status"),
