@@ -26,8 +26,8 @@ import asyncio
 import logging
 import time
 from collections import deque
-from collections.abc import Callable
-from typing import Protocol
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol
 
 from gavel.broker.effects import Effect, Effects, prompt
 from gavel.broker.ledger.state import Change
@@ -92,21 +92,29 @@ class AfterLane:
     async def run(self, drained: Callable[[], None]) -> None:
         """Carry out what lands until cancelled; `drained` hears each time nothing is left."""
         async with asyncio.TaskGroup() as group:
-            group.create_task(self._become_durable(drained), name="durable")
-            group.create_task(self._carry_out(drained), name="after-commit")
+            group.create_task(self._serve(self._landing, self._landing_kick,
+                                          self._become_durable, drained), name="durable")
+            group.create_task(self._serve(self._left, self._left_kick, self._in_slices,
+                                          drained), name="after-commit")
 
-    async def _become_durable(self, drained: Callable[[], None]) -> None:
+    async def _serve(self, queue: deque[Any], kick: asyncio.Event,
+                     handle: Callable[[Any], Awaitable[None]],
+                     drained: Callable[[], None]) -> None:
+        """Handle `queue`'s entries oldest first, each left in it until handled."""
         while True:
-            await self._landing_kick.wait()
-            self._landing_kick.clear()
-            while self._landing:
-                landed, mark = self._landing[0]
-                if self.durable is not None:
-                    await self.durable.wait(mark)
-                self._landing.popleft()
-                self._durable(landed)
+            await kick.wait()
+            kick.clear()
+            while queue:
+                await handle(queue[0])
+                queue.popleft()
             if not self.busy:
                 drained()
+
+    async def _become_durable(self, entry: tuple[_Landed, int]) -> None:
+        landed, mark = entry
+        if self.durable is not None:
+            await self.durable.wait(mark)
+        self._durable(landed)
 
     def _durable(self, landed: _Landed) -> None:
         """Rules 1 and 2: the mirror hears of it, the prompt effects run, the rest queue."""
@@ -122,19 +130,9 @@ class AfterLane:
         self._left.append((left, sha))
         self._left_kick.set()
 
-    async def _carry_out(self, drained: Callable[[], None]) -> None:
-        while True:
-            await self._left_kick.wait()
-            self._left_kick.clear()
-            while self._left:
-                effects, sha = self._left[0]
-                await self._in_slices(effects, sha)
-                self._left.popleft()
-            if not self.busy:
-                drained()
-
-    async def _in_slices(self, effects: list[list[Effect]], sha: str) -> None:
-        """Rule 3: `effects` in order, in slices of `slice_s` (None: in one go)."""
+    async def _in_slices(self, entry: tuple[list[list[Effect]], str]) -> None:
+        """Rule 3: a commit's effects in order, in slices of `slice_s` (None: in one go)."""
+        effects, sha = entry
         slice_s = self.slice_s
         deadline = time.perf_counter() + slice_s if slice_s is not None else float("inf")
         for listed in effects:
