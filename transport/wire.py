@@ -34,8 +34,10 @@ Rules:
    round's clock is running, and under load a loop turn or two is time it counts before any
    node has been asked, at the tail a long time (docs/performance.md). Only what rule 3 would
    let through, and only while the socket is keeping up (less than `WRITE_NOW_MAX_BUFFERED`
-   unsent in the transport); otherwise the caller sends it the usual way, which waits for
-   the socket to drain.
+   unsent in the transport, and not closing: a server that drops the connection closes the
+   socket before the client knows, and a write there is lost, or raises under uvloop);
+   otherwise the caller sends it the usual way, which waits for the socket to drain, or
+   for the reconnect.
 6. `subscribed(nc)` returns once the server holds every subscription `nc` has asked for.
    `flush()` does not promise that: nats-py writes its PING straight to the socket, ahead of
    SUBs still waiting in the client's pending buffer for its flusher task, so the PONG can
@@ -123,8 +125,9 @@ def write_now(nc: Any, batch: Sequence[tuple[str, bytes]]) -> bool:
     writer = getattr(transport, "_io_writer", None)
     if not isinstance(transport, TcpTransport) or writer is None \
             or not isinstance(getattr(nc, "_pending", None), list) \
+            or writer.transport.is_closing() \
             or writer.transport.get_write_buffer_size() > WRITE_NOW_MAX_BUFFERED:
-        return False
+        return False  # a socket the server closed before the client noticed: publish's way
     limit = nc.max_payload
     frames: list[bytes] = []
     for subject, payload in batch:

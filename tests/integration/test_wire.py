@@ -5,6 +5,7 @@ there, without taking the rest of the batch with it."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 import nats
 import pytest
@@ -191,6 +192,25 @@ async def test_write_now_declines_a_closed_or_foreign_client(nats_url: str) -> N
     await pub.close()
     assert not wire.write_now(pub, [("w.a", b"1")])
     assert not wire.write_now(object(), [("w.a", b"1")])
+
+
+async def test_write_now_declines_a_socket_closed_before_the_client_noticed(
+        nats_url: str) -> None:
+    """The server dropped the connection (a slow consumer under load): the socket is closed
+    while the client still reads as connected. Written there, the batch was lost (asyncio)
+    or the write raised and ended the broker's outbox (uvloop); declined, it goes the usual
+    way, kept for the reconnect."""
+    pub = await nats.connect(nats_url, allow_reconnect=False)
+    try:
+        await pub._send_command(b"PUB w.c 4\r\nheld\r\n")
+        held = list(pub._pending)
+        pub._transport._io_writer.transport.abort()
+        assert pub.is_connected  # the client has not noticed yet
+        assert not wire.write_now(pub, [("w.c", b"1")])
+        assert pub._pending == held
+    finally:
+        with contextlib.suppress(ConnectionError):  # the socket is gone under it
+            await pub.close()
 
 
 async def test_flush_can_overtake_a_subscription_and_subscribed_cannot(
