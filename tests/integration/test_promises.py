@@ -101,12 +101,15 @@ async def test_spec_timeout_kills_a_process_that_ignores_sigterm(
     pidfile = tmp_path / "pid"
     code = ("import os, signal, time, pathlib; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
             f"pathlib.Path({str(pidfile)!r}).write_text(str(os.getpid())); time.sleep(600)")
+    # long enough for an interpreter to start and write its pid on a loaded machine (at 0.5 s
+    # beside a 10,000-agent bench it was killed first, and wrote nothing)
+    timeout_s = 4.0
     iid = await cluster.submit(Spec(name="stubborn", command=[sys.executable, "-c", code],
-                                    timeout_s=0.5))
+                                    timeout_s=timeout_s))
     await wait_for(pidfile.exists, 10, what="process started")
     pid = int(pidfile.read_text())
     await wait_for(lambda: _state(cluster, iid) == "failed",
-                   0.5 + TIMING.kill_grace_s + 10, what="failed by timeout")
+                   timeout_s + TIMING.kill_grace_s + 10, what="failed by timeout")
     rec = cluster.ledger().state().instances[iid]
     assert rec.reason == Reason.TIMEOUT
     with pytest.raises(ProcessLookupError):

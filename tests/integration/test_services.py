@@ -214,8 +214,11 @@ async def test_stop_cancels_every_replica_and_keeps_the_record(cluster: Cluster)
     assert {state.instances[i].reason for i in ran} == {Reason.SERVICE_STOPPED}
     svc = state.services["web"]
     assert svc.stopped and svc.count == 2, "the record stays"
-    st = await status(cluster)
-    assert st.stopped and st.replicas == []
+
+    async def told() -> bool:  # the broker adopts the commit a loop turn after git has it
+        st = await status(cluster)
+        return st.stopped and st.replicas == []
+    await wait_for(told, 10, what="status to say the service stopped with no replica")
     assert await deploy(cluster, service(2)) == 1  # the same spec starts it again
     await wait_for(lambda: len(processes(cluster)) == 2, 30, what="started again")
     assert not set(processes(cluster)) & ran
