@@ -22,8 +22,7 @@ from gavel.broker.ledger.repository import Ledger
 from gavel.broker.ledger.state import Change
 from gavel.shared.messages import EventType, Spec
 from gavel.shared.records import InstanceRecord
-from tests.unit.commitkit import Then, heard
-from tests.unit.test_ha_epochs import Gate
+from tests.unit.commitkit import Gate, Then, heard
 
 SPEC = Spec(name="s", command=["true"])
 _SLOW = 20_000  # the earlier commit's effects: half a slice each until the test releases them

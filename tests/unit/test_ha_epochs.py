@@ -30,7 +30,7 @@ from gavel.shared.timing import Timing
 from gavel.worker.agent import Agent
 from gavel.worker.supervisor import OLDER_AWARD, OLDER_CANCEL, OLDER_NODE
 from gavel.worker.watch import Entry
-from tests.unit.commitkit import Then, heard
+from tests.unit.commitkit import Gate, Then, heard
 from tests.unit.fuzzkit import Msg
 
 NODE = "n1"
@@ -133,27 +133,6 @@ def test_epochs_only_grow() -> None:
     assert next_epoch(5, 0) == 5  # the lease's revision
     assert next_epoch(5, 9) == 10  # a lease bucket made anew counts from 1 again
     assert next_epoch(11, 10) == 11
-
-
-class Gate:
-    """A `Durable` whose pushes land when the test says so."""
-
-    def __init__(self) -> None:
-        self.notified = 0
-        self.landed = 0
-        self._moved = asyncio.Event()
-
-    def mark(self) -> int:
-        return self.notified
-
-    async def wait(self, mark: int) -> None:
-        while self.landed < mark:
-            self._moved.clear()
-            await self._moved.wait()
-
-    def land(self) -> None:
-        self.landed = self.notified
-        self._moved.set()
 
 
 @pytest.mark.parametrize("durable", [False, True])
