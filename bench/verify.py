@@ -4,8 +4,10 @@ Rules:
 1. Without churn: every placement the bench asked for is in exactly one node.json.
 2. With churn (instances end, retention forgets them): no instance is in two node.json
    files; every submitted instance won exactly one award in the branch's history (the
-   `Gavel-Auction` trailers); and it is still in exactly one node.json, or its record says
-   it succeeded, or a commit forgot it (and it is gone from the tree).
+   `Gavel-Auction` trailers) for each time it was placed - once, and once more for every
+   commit that requeued it (a node that did not accept its assignment in time, on a loaded
+   machine: `requeue <id> off <node>: <reason>`); and it is still in exactly one node.json,
+   or its record says it succeeded, or a commit forgot it (and it is gone from the tree).
 3. Either way the tree holds the bench's instances and no other: an instance in a node.json
    or a record the bench never asked for is as wrong as one missing (the bench compares
    what it finds with what it asked for, never with what it found), and the ids asked for
@@ -97,6 +99,7 @@ def verify_churn(state: Path, ids: list[str]) -> Churn:
     seen = _holders(st)
     ours = _only(st, seen, ids)
     awards: Counter[str] = Counter()
+    requeued: Counter[str] = Counter()
     forgotten: set[str] = set()
     walk: Iterable[pygit2.Commit] = ledger.repo.walk(pygit2.Oid(hex=st.head)) \
         if st.head else []
@@ -104,10 +107,14 @@ def verify_churn(state: Path, ids: list[str]) -> Churn:
         for line in commit.message.split("\n"):
             if line.startswith("forget "):
                 forgotten.add(line.split(" ", 2)[1])
+            elif line.startswith("requeue "):
+                requeued[line.split(" ", 2)[1]] += 1
         awards.update(r.instance_id for r in parse_trailers(commit.message) if r.winner)
     for iid in ids:
-        if awards[iid] != 1:
-            raise VerifyError(f"{iid} won {awards[iid]} awards in git history, not one")
+        if awards[iid] != 1 + requeued[iid]:
+            raise VerifyError(f"{iid} won {awards[iid]} awards in git history, not one"
+                              + (f" and one for each of its {requeued[iid]} requeues"
+                                 if requeued[iid] else ""))
         rec = st.instances.get(iid)
         if iid in forgotten:
             if rec is not None:

@@ -114,6 +114,20 @@ def test_a_consistent_churn_run_passes_and_is_counted(tmp_path: Path) -> None:
     assert (churn.running, churn.ended_kept, churn.forgotten) == (1, 1, 1)
 
 
+def test_a_requeued_instance_wins_once_more_for_each_requeue(tmp_path: Path) -> None:
+    """A node that did not accept its assignment in time (a loaded machine) has the instance
+    requeued and auctioned again: a second award, honest - but only after the requeue."""
+    requeued = [({node_path("n1"): _node("n1"), instance_path("run"): _rec("run")},
+                 "requeue run off n1: node did not accept assignment"),
+                ({node_path("n1"): _node("n1", "run")}, "placed\n\n" + _award("run"))]
+    churn = verify_churn(_churned(tmp_path, requeued), ALL)
+    assert churn.running == 1
+    again = [*requeued, ({}, "again\n\n" + _award("run"))]
+    with pytest.raises(VerifyError, match=re.escape(
+            "run won 3 awards in git history, not one and one for each of its 1 requeues")):
+        verify_churn(_churned(tmp_path / "again", again), ALL)
+
+
 ALL = ["run", "done", "gone"]
 
 
