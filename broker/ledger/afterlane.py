@@ -27,7 +27,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
-from typing import Any, Protocol
+from typing import Protocol, TypeVar
 
 from gavel.broker.effects import Effect, Effects, prompt
 from gavel.broker.ledger.state import Change
@@ -55,6 +55,7 @@ class Durable(Protocol):
         ...
 
 
+T = TypeVar("T")
 #: One landed commit: each plan's effects, the commit, its change (None: nothing written).
 _Landed = tuple[list[list[Effect]], str, Change | None]
 
@@ -97,8 +98,8 @@ class AfterLane:
             group.create_task(self._serve(self._left, self._left_kick, self._in_slices,
                                           drained), name="after-commit")
 
-    async def _serve(self, queue: deque[Any], kick: asyncio.Event,
-                     handle: Callable[[Any], Awaitable[None]],
+    async def _serve(self, queue: deque[T], kick: asyncio.Event,
+                     handle: Callable[[T], Awaitable[None]],
                      drained: Callable[[], None]) -> None:
         """Handle `queue`'s entries oldest first, each left in it until handled."""
         while True:
@@ -126,7 +127,7 @@ class AfterLane:
             first = prompt(listed)
             for effect in listed[:first]:
                 self._run(effect, sha)
-            left.append(listed[first:])
+            left.append(listed[first:] if first else listed)  # no copy of a commit's awards
         self._left.append((left, sha))
         self._left_kick.set()
 
