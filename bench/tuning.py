@@ -48,15 +48,22 @@ Rules:
    segments, one a side, side by side in time; a pair one of whose segments closed no
    round has no ratio): a stall of the machine that falls in one segment moves one pair,
    not the verdict. The ratio of the sides' figures pooled over all
-   their segments is printed beside it. Each segment also keeps where its tuner stood as it
-   ended (level, changes: read just before the next change), so a figure says what the
-   defaults did to make it.
+   their segments is printed beside it, and so is the interval the pairs give the median
+   (`interval`: two of their order statistics that hold the median of the distribution
+   the pairs are drawn from with at least `CONFIDENCE`, from a binomial count alone, so
+   it assumes nothing of their spread); a verdict whose bound lies inside it is one the
+   sitting could not tell, and says so. A closed loop's pairs spread because its awards
+   land in commits of thousands seconds apart, not because of the hour
+   (docs/performance.md): beside the test suite its median is known to a quarter. Each
+   segment also keeps where its tuner stood as it ended (level, changes: read just before
+   the next change), so a figure says what the defaults did to make it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import math
 import os
 import statistics
 import time
@@ -71,9 +78,9 @@ from gavel.shared.api import StatsReply, StatsRequest, TuneReply, TuneRequest
 from gavel.transport.client import call
 
 __all__ = ["BACKLOG_N", "CAPACITY_N", "CAPACITY_S", "CLOSED_PER", "CLOSED_SEGMENT_S",
-           "CLOSED_WARM_S",
-           "FRACTIONS", "LATENCY", "LATENCY_RATIO", "PAIRS", "SEGMENT_S", "THROUGHPUT",
-           "THROUGHPUT_RATIO", "Comparison", "Report", "Segment", "closed_pairs", "sitting"]
+           "CLOSED_WARM_S", "CONFIDENCE", "FRACTIONS", "LATENCY", "LATENCY_RATIO", "PAIRS",
+           "SEGMENT_S", "THROUGHPUT", "THROUGHPUT_RATIO", "Comparison", "Report", "Segment",
+           "closed_pairs", "sitting"]
 
 #: The hand-tuned settings (`TuneRequest` fields).
 LATENCY: dict[str, Any] = {"max_auctions": 1, "batch_max": 24, "commit_gap_ms": 20.0}
@@ -83,6 +90,8 @@ DEFAULTS: dict[str, Any] = {}
 FRACTIONS = (0.2, 0.5, 0.8)
 LATENCY_RATIO = 1.5
 THROUGHPUT_RATIO = 0.9
+#: Rule 6: how surely a comparison's `interval` holds the median its pairs are drawn from.
+CONFIDENCE = 0.9
 #: Rule 2: the seconds over which capacity is counted.
 CAPACITY_S = 4.0
 #: Rule 3: an open loop's segment seconds; rules 3, 4: the first side's uncounted seconds.
@@ -192,6 +201,24 @@ class Comparison:
         return out
 
     @property
+    def interval(self) -> tuple[float, float] | None:
+        """Rule 6: the `k`-th smallest and `k`-th largest pair ratio for the largest `k`
+        that leaves at most 1 - `CONFIDENCE` of the chance that the median lies outside
+        (each pair falls either side of it as a fair coin would); None with fewer than
+        five pairs, too few to hold it at that confidence."""
+        pairs = sorted(self.pair_ratios)
+        n, k = len(pairs), 0
+        while 2 * _below(k + 1, n) <= 1 - CONFIDENCE:  # the (k+1)-th from each end holds it too
+            k += 1
+        return (pairs[k - 1], pairs[n - k]) if k else None
+
+    @property
+    def decisive(self) -> bool:
+        """Rule 6: whether the bound lies outside the `interval` (without one: no)."""
+        span = self.interval
+        return span is not None and not span[0] <= self.limit <= span[1]
+
+    @property
     def met(self) -> bool:
         """Judged by rule 6; a comparison without a pair that measured both sides meets
         nothing."""
@@ -206,7 +233,8 @@ class Comparison:
                 "met": self.met,
                 "defaults": round(self.figure("defaults"), 2),
                 "reference": round(self.figure("reference"), 2),
-                "pair_ratios": self.pair_ratios, "load": list(self.load),
+                "pair_ratios": self.pair_ratios, "interval": self.interval,
+                "decisive": self.decisive, "load": list(self.load),
                 "segments": [{"side": s.side, "seconds": round(s.seconds, 3),
                               "placed": s.placed, "rounds": len(s.round_ms),
                               "round_p99_ms": round(p99(s.round_ms), 2), "level": s.level,
@@ -216,10 +244,14 @@ class Comparison:
     def line(self) -> str:
         op = "<=" if self.most else ">="
         pairs = ", ".join(f"{r:g}" for r in self.pair_ratios)
+        span = self.interval
+        within = "" if span is None else (
+            f", {CONFIDENCE:.0%} interval {span[0]:g}-{span[1]:g}"
+            f"{'' if self.decisive else ': the bound lies inside it, this sitting cannot tell'}")
         return (f"{self.name:<26} {self.key} defaults {self.figure('defaults'):,.1f} vs "
                 f"{self.figure('reference'):,.1f} pooled ({self.pooled:g}); median of the pairs "
-                f"{self.ratio:g} {op} {self.limit:g} {'met' if self.met else 'MISSED'} (pairs "
-                f"{pairs}; load {self.load[0]:.1f}-{self.load[1]:.1f})")
+                f"{self.ratio:g} {op} {self.limit:g} {'met' if self.met else 'MISSED'}{within} "
+                f"(pairs {pairs}; load {self.load[0]:.1f}-{self.load[1]:.1f})")
 
 
 def p99(values: list[float]) -> float:
@@ -228,6 +260,11 @@ def p99(values: list[float]) -> float:
         return 0.0
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, max(0, -(-99 * len(ordered) // 100) - 1))]
+
+
+def _below(k: int, n: int) -> float:
+    """The chance that fewer than `k` of `n` fair coins come up heads."""
+    return sum(math.comb(n, j) for j in range(k)) / float(2 ** n)
 
 
 def _ratio(a: float, b: float) -> float:

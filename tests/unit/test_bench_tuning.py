@@ -57,6 +57,34 @@ def test_a_closed_loops_figure_is_placements_over_seconds() -> None:
     assert d["pooled"] == 0.675 and d["pair_ratios"] == [0.9, 0.45]
 
 
+def _closed(ratios: list[float]) -> tu.Comparison:
+    """A closed loop whose pairs' ratios are `ratios` (the reference places 1,000 a second)."""
+    return tu.Comparison("closed", "placements_per_s", 0.9, most=False, segments=[
+        seg for r in ratios for seg in (_seg("defaults", [], round(1000 * r)),
+                                        _seg("reference", [], 1000))])
+
+
+def test_the_median_comes_with_the_interval_its_pairs_give_it() -> None:
+    # eleven pairs: the 3rd and 9th smallest hold the median with 1 - 2 * 67/2048 = 93.5%;
+    # the 4th and 8th (1 - 2 * 232/2048 = 77%) would not
+    c = _closed([0.5, 0.6, 0.7, 0.8, 0.85, 0.95, 1.0, 1.1, 1.2, 1.3, 1.4])
+    assert c.ratio == 0.95 and c.met and c.interval == (0.7, 1.2)
+    assert not c.decisive  # 0.9 lies inside: this sitting cannot tell
+    assert "93" not in c.line() and "interval 0.7-1.2: the bound lies inside it" in c.line()
+    d = c.as_dict()
+    assert d["interval"] == (0.7, 1.2) and d["decisive"] is False
+    assert _closed([1.0 + k / 100 for k in range(11)]).decisive  # all well above the bound
+    low = _closed([0.5 + k / 100 for k in range(11)])
+    assert low.decisive and not low.met and "cannot tell" not in low.line()
+    # five pairs: the outermost hold it with 1 - 2/32; four cannot hold it at 90%
+    assert _closed([1.0, 2.0, 3.0, 4.0, 5.0]).interval == (1.0, 5.0)
+    four = _closed([1.0, 2.0, 3.0, 4.0])
+    assert four.interval is None and not four.decisive and "interval" not in four.line()
+    # forty-four pairs (an open loop's): the 17th from each end (1 - 2 * P(16 or fewer) = 90.4%)
+    many = _closed([1 + k / 100 for k in range(44)])
+    assert many.interval == (1.16, 1.27)
+
+
 def test_no_rounds_or_no_seconds_make_no_figure() -> None:
     c = tu.Comparison("open", "round_p99_ms", 1.5, most=True)
     assert c.figure("defaults") == 0.0 and c.ratio == 0.0 and not c.met
