@@ -540,7 +540,7 @@ async def test_an_unhealthy_replica_leaves_the_route_and_comes_back_healthy(
         await nc.publish(subjects.REPORT.format(node="n1"), enc.encode(Event(
             instance_id=sick.instance_id, type=health, node_id="n1", attempt=sick.attempt,
             check="http http/")))
-        await wait_for(lambda n=left: _count(caddy, rid, n), 15,
+        await wait_for(lambda n=left: _count(caddy, rid, n), 45,
                        what=f"the route to lead to {left} replicas once one is {health}")
     assert f"127.0.0.1:{sick.ports['http']}" in (await dials(caddy, rid) or set())
 
