@@ -13,7 +13,10 @@ Rules:
    to the lowest price, the price rising by the bid's step after each (ties on node id), and
    each winner is sent the `Award` the broker sends for a placement. It keeps no state, no
    git, no events, no retention: the run's placements/s over this rate is what gavel keeps
-   of what its protocol allows, and the rest is gavel's own work.
+   of what its protocol allows, and the rest is gavel's own work. Each round is timed from
+   its RFBs to its close (`round_p99_ms`, as the broker times its own): the tail a round of
+   that shape has with these agents this hour, nothing of gavel's in it. One still open as
+   the measurement ends is not counted.
 2. A placement counts when its winner confirms it: the agent's ``running`` report, heard on
    the report subjects as the broker hears them, through direct subscriptions as the
    broker's busiest are (`transport.wire` rule 4). Rounds open for `seconds`; the clock runs
@@ -59,7 +62,7 @@ from gavel.transport import eventloop, wire
 from gavel.transport.inbound import Decode, Malformed, Received
 from gavel.transport.natsserver import NatsServer
 
-__all__ = ["PREFIX", "SPEC", "Bare", "Rounds", "beside", "main", "measure"]
+__all__ = ["PREFIX", "SPEC", "Bare", "Rounds", "beside", "main", "measure", "p99"]
 
 #: What `gavel bench` places: one no-op process of the smallest shape.
 SPEC = Spec(name="noop", command=["true"], cpu=0.01, memory_mb=16)
@@ -85,13 +88,16 @@ class Bare(msgspec.Struct, kw_only=True):
     batch: int
     in_flight: int
     d: int
+    #: Rule 1: the p99 of its rounds' times, ms (nearest rank).
+    round_p99_ms: float = 0.0
 
 
 class _Round:
-    __slots__ = ("aid", "answered", "asked", "bids", "timer")
+    __slots__ = ("aid", "answered", "asked", "bids", "opened", "timer")
 
     def __init__(self, aid: str, asked: set[str]) -> None:
         self.aid = aid
+        self.opened = time.perf_counter()
         self.asked = asked
         self.bids: list[tuple[float, str, float]] = []
         self.answered: set[str] = set()
@@ -110,6 +116,8 @@ class Rounds:
         self.open: dict[str, _Round] = {}
         self.last_winner = ""
         self.rounds = self.asked = self.awarded = self.confirmed = 0
+        #: Rule 1: each closed round's seconds, in the order they closed.
+        self.round_s: list[float] = []
         self.opening = True
         self.last_confirmed = 0.0
         self.all_confirmed = asyncio.Event()
@@ -164,6 +172,7 @@ class Rounds:
             return
         if r.timer is not None:
             r.timer.cancel()
+        self.round_s.append(time.perf_counter() - r.opened)
         prices = list(r.bids)
         heapq.heapify(prices)
         awards = []
@@ -261,7 +270,16 @@ async def measure(url: str, agents: int, processes: int, *, batch: int = 24,
                 confirmed=rounds.confirmed, awarded=rounds.awarded, rounds=rounds.rounds,
                 seconds=round(elapsed, 3),
                 asked_per_round=round(rounds.asked / max(1, rounds.rounds), 1),
-                forgotten=forgotten, batch=batch, in_flight=in_flight, d=d)
+                forgotten=forgotten, batch=batch, in_flight=in_flight, d=d,
+                round_p99_ms=round(1000 * p99(rounds.round_s), 3))
+
+
+def p99(values: Sequence[float]) -> float:
+    """The 99th percentile, nearest rank (0 for none)."""
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, -(-99 * len(ordered) // 100) - 1))]
 
 
 async def beside(url: str, agents: int, processes: int, *, batch: int, in_flight: int,

@@ -26,7 +26,9 @@ Rules:
    the broker starts and once after it stopped (no broker hears them: `bench.bare` rule 3).
    `bare_rounds_per_s` is their mean: the hour sampled at both ends of the run, as one
    window after it cannot (docs/performance.md), and `ratio_to_bare_rounds` the run's
-   placements/s over it. So the agents start before the broker, which asks them to
+   placements/s over it. The same for the tail: `bare_round_p99_ms` is the mean of the two
+   windows' round p99s and `round_p99_in_bare_p99` the run's round p99 over it (information:
+   no target is judged by it yet). So the agents start before the broker, which asks them to
    heartbeat at once (`bench.agentprocs` rule 3).
 7. An open loop with `rate_share` offers that share of the bare auctioneer's rate measured
    before the broker started, at most `rate`: a fixed rate asks a slow hour for more of its
@@ -182,6 +184,9 @@ class Result:
     ratio_to_bare_rounds: float = 0.0
     #: The bare auctioneer's placements/s before and after the run (rule 6).
     bare_rounds_windows: list[float] = field(default_factory=list)
+    #: Rule 6: the bare rounds' p99 (the mean of both windows') and the run's round p99 over it.
+    bare_round_p99_ms: float = 0.0
+    round_p99_in_bare_p99: float = 0.0
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -191,8 +196,10 @@ class Result:
         offered = (f", / offered {self.ratio_to_offered:g}" if self.offered_per_s else "")
         bare_ = (f"placements/s / bare rounds/s {self.ratio_to_bare_rounds:g}, "
                  if self.bare_rounds_per_s else "placements/s ")
+        tail = (f", / bare rounds' p99 {self.round_p99_in_bare_p99:g}"
+                if self.bare_round_p99_ms else "")
         return (f"{bare_}/ nats req-reply/s {self.ratio_to_nats_reqreply:g}{offered}, "
-                f"round p99 / req-reply p99 {self.round_p99_in_reqreply_p99:g}, broker CPU a "
+                f"round p99 / req-reply p99 {self.round_p99_in_reqreply_p99:g}{tail}, broker CPU a "
                 f"placement in agent replies {self.broker_cpu_in_agent_replies:g}, / naive git "
                 f"commits {self.ratio_to_git_cli:g}")
 
@@ -247,6 +254,8 @@ class Rig:
     probe: Probe
     #: Rule 6: the bare auctioneer's placements/s before the broker started (0: not asked).
     bare_before: float = 0.0
+    #: Rule 6: the p99 of those rounds, ms (0: not asked).
+    bare_before_p99_ms: float = 0.0
 
 
 def offered(opts: Options, bare_before: float) -> Options:
@@ -270,15 +279,18 @@ async def _placements(rig: Rig) -> Result:
     if rig.bare_before:
         await asyncio.to_thread(stop, [rig.broker])
         after = await _bare_rounds(rig.url, rig.opts, len(rig.agents), rig.root)
-        ceiling = (rig.bare_before + after) / 2
+        ceiling = (rig.bare_before + after.placements_per_s) / 2
+        tail = (rig.bare_before_p99_ms + after.round_p99_ms) / 2
         result = dataclasses.replace(
             result, bare_rounds_per_s=round(ceiling, 1),
-            bare_rounds_windows=[rig.bare_before, after],
-            ratio_to_bare_rounds=round(result.placements_per_s / ceiling, 3))
+            bare_rounds_windows=[rig.bare_before, after.placements_per_s],
+            ratio_to_bare_rounds=round(result.placements_per_s / ceiling, 3),
+            bare_round_p99_ms=round(tail, 3),
+            round_p99_in_bare_p99=round(result.round_p99_ms / tail, 2) if tail else 0.0)
     return result
 
 
-async def _bare_rounds(url: str, opts: Options, processes: int, root: Path) -> float:
+async def _bare_rounds(url: str, opts: Options, processes: int, root: Path) -> bare.Bare:
     """Rule 6: the bare auctioneer's rounds of the run's shape against the run's agents, no
     broker running (`bench.bare` rule 3)."""
     end = LADDER[-1]  # what a tuned closed loop climbs to
@@ -287,7 +299,7 @@ async def _bare_rounds(url: str, opts: Options, processes: int, root: Path) -> f
         in_flight=opts.max_auctions or end.max_auctions,
         d=opts.d if opts.mode == "sampled" else 0, seconds=opts.bare_s,
         log=root / "logs" / "bare.log")
-    return ceiling.placements_per_s
+    return ceiling
 
 
 async def _run_in(opts: Options, root: Path, drive: Callable[[Rig], Awaitable[R]],
@@ -322,7 +334,7 @@ async def _run_in(opts: Options, root: Path, drive: Callable[[Rig], Awaitable[R]
             heartbeat_s=heartbeat_s,  # the broker's clocks (GAVEL_FAST_TIMERS too)
             started=procs)
         before = await _bare_rounds(server.url, opts, len(agent_procs), root) \
-            if bare_before else 0.0
+            if bare_before else None
         broker = spawn("gavel.bench.brokerproc", broker_args, root / "logs" / "broker.log")
         procs.append(broker)
         nc = await connect(server.url)
@@ -330,7 +342,8 @@ async def _run_in(opts: Options, root: Path, drive: Callable[[Rig], Awaitable[R]
             assert server.proc is not None
             return await drive(Rig(nc, server.url, opts, root, broker, agent_procs,
                                    server.proc.pid, nats_rr, git_cli, Probe(server.url),
-                                   before))
+                                   before.placements_per_s if before else 0.0,
+                                   before.round_p99_ms if before else 0.0))
         finally:
             await nc.close()
     finally:

@@ -71,6 +71,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from gavel.bench.bare import p99
 from gavel.bench.run import Options, Rig, submit_all
 from gavel.bench.verify import VerifyError, verify_churn
 from gavel.bench.waits import until_healthy
@@ -252,14 +253,6 @@ class Comparison:
                 f"{self.figure('reference'):,.1f} pooled ({self.pooled:g}); median of the pairs "
                 f"{self.ratio:g} {op} {self.limit:g} {'met' if self.met else 'MISSED'}{within} "
                 f"(pairs {pairs}; load {self.load[0]:.1f}-{self.load[1]:.1f})")
-
-
-def p99(values: list[float]) -> float:
-    """The 99th percentile (nearest rank); 0 for none."""
-    if not values:
-        return 0.0
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, -(-99 * len(ordered) // 100) - 1))]
 
 
 def _below(k: int, n: int) -> float:

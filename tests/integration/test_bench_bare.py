@@ -32,6 +32,7 @@ async def test_the_bare_rounds_place_on_real_agents_and_each_award_is_held(
     assert got.confirmed == got.awarded  # every award taken and confirmed
     assert got.placements_per_s == pytest.approx(got.confirmed / got.seconds, rel=0.01)
     assert got.asked_per_round > 10  # d x batch distinct nodes of the 20, and the last winner
+    assert 0 < got.round_p99_ms < 1000 * got.seconds  # its rounds are timed (rule 1)
     # every agent took its awards, and forgot them once asked (rule 3): what they say they
     # hold as they stop is nothing
     assert got.forgotten == got.confirmed

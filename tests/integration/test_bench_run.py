@@ -57,6 +57,10 @@ def test_a_small_broadcast_run_verifies_itself_and_reports_its_ceilings(
     assert r["bare_rounds_per_s"] > 0
     assert r["ratio_to_bare_rounds"] == pytest.approx(
         r["placements_per_s"] / r["bare_rounds_per_s"], rel=0.02, abs=0.002)
+    # and their tail: the run's round p99 over theirs, as information (judged by nothing yet)
+    assert r["bare_round_p99_ms"] > 0
+    assert r["round_p99_in_bare_p99"] == pytest.approx(
+        r["round_p99_ms"] / r["bare_round_p99_ms"], rel=0.05, abs=0.01)
     per_reply = r["agent_cpu_us_per_reply"]  # may round to 0 at 20 agents (10 ms ticks)
     # The ratio is printed to two decimals (0.0666 shows as 0.07): allow that rounding too.
     assert r["broker_cpu_in_agent_replies"] == (pytest.approx(
@@ -165,7 +169,7 @@ def test_a_scaled_target_run_checks_its_own_figures(tmp_path: Path) -> None:
     rate, p99 = run["checks"]
     assert r["bare_rounds_per_s"] > 0 and r["nats_reqreply_p99_ms"] > 0
     assert len(r["bare_rounds_windows"]) == 2  # before the broker and after it
-    assert r["nats_reqreply_per_s"] > 0  # reported beside it
+    assert r["nats_reqreply_per_s"] > 0 and r["bare_round_p99_ms"] > 0  # reported beside it
     assert rate["met"] == (r["ratio_to_bare_rounds"] >= rate["limit"])
     assert p99["met"] == (r["round_p99_in_reqreply_p99"] <= p99["limit"])
     # the absolute figures beside them, as information

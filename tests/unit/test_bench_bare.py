@@ -101,6 +101,21 @@ async def test_a_round_closes_at_its_deadline_with_the_answers_it_has() -> None:
     assert [a.node_id for a in awards] == [node_id(3), node_id(3)]
 
 
+async def test_each_round_is_timed_from_its_rfbs_to_its_close() -> None:
+    r = bare.Rounds(object(), [node_id(k) for k in range(4)], batch=2, in_flight=2, d=1,
+                    rng=random.Random(1), deadline_s=0.05)
+    r.fill()
+    r.opening = False  # no round opens after these two
+    quick, _slow = r.open
+    for node in r.open[quick].asked:  # every asked node answers: it closes at once
+        r.on_bids(_reply(quick, node, Bid(shape=0, load=0.1, step=0.0)))
+    assert len(r.round_s) == 1 and r.round_s[0] < 0.05
+    await asyncio.sleep(0.1)  # the other waits for its deadline
+    assert not r.open and len(r.round_s) == 2 and r.round_s[1] >= 0.05
+    assert bare.p99(r.round_s) == max(r.round_s) and bare.p99([]) == 0.0
+    assert bare.p99([float(v) for v in range(1, 201)]) == 198.0  # nearest rank
+
+
 async def test_only_the_running_reports_of_its_own_awards_count() -> None:
     r = _rounds(2, batch=1, d=1)
     r.awarded = 2
