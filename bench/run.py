@@ -252,10 +252,14 @@ class Rig:
     nats_rr: float
     git_cli: float
     probe: Probe
-    #: Rule 6: the bare auctioneer's placements/s before the broker started (0: not asked).
-    bare_before: float = 0.0
-    #: Rule 6: the p99 of those rounds, ms (0: not asked).
-    bare_before_p99_ms: float = 0.0
+    #: Rule 6: the bare auctioneer measured before the broker started (None: not asked).
+    bare_first: bare.Bare | None = None
+
+    @property
+    def bare_before(self) -> float:
+        """Rule 6: the bare auctioneer's placements/s before the broker started (0: not
+        asked)."""
+        return self.bare_first.placements_per_s if self.bare_first is not None else 0.0
 
 
 def offered(opts: Options, bare_before: float) -> Options:
@@ -276,14 +280,15 @@ async def _placements(rig: Rig) -> Result:
                                      rig.root / "logs" / "idle-worker.log", rig.opts.idle_s)
         result = dataclasses.replace(result, idle_worker_cpu_pct=round(cpu, 2),
                                      idle_worker_rss_mb=round(rss, 1))
-    if rig.bare_before:
+    first = rig.bare_first
+    if first is not None:
         await asyncio.to_thread(stop, [rig.broker])
         after = await _bare_rounds(rig.url, rig.opts, len(rig.agents), rig.root)
-        ceiling = (rig.bare_before + after.placements_per_s) / 2
-        tail = (rig.bare_before_p99_ms + after.round_p99_ms) / 2
+        ceiling = (first.placements_per_s + after.placements_per_s) / 2
+        tail = (first.round_p99_ms + after.round_p99_ms) / 2
         result = dataclasses.replace(
             result, bare_rounds_per_s=round(ceiling, 1),
-            bare_rounds_windows=[rig.bare_before, after.placements_per_s],
+            bare_rounds_windows=[first.placements_per_s, after.placements_per_s],
             ratio_to_bare_rounds=round(result.placements_per_s / ceiling, 3),
             bare_round_p99_ms=round(tail, 3),
             round_p99_in_bare_p99=round(result.round_p99_ms / tail, 2) if tail else 0.0)
@@ -342,8 +347,7 @@ async def _run_in(opts: Options, root: Path, drive: Callable[[Rig], Awaitable[R]
             assert server.proc is not None
             return await drive(Rig(nc, server.url, opts, root, broker, agent_procs,
                                    server.proc.pid, nats_rr, git_cli, Probe(server.url),
-                                   before.placements_per_s if before else 0.0,
-                                   before.round_p99_ms if before else 0.0))
+                                   before))
         finally:
             await nc.close()
     finally:
