@@ -57,6 +57,11 @@ Rules:
    (docs/performance.md): beside the test suite its median is known to a quarter. Each
    segment also keeps where its tuner stood as it ended (level, changes: read just before
    the next change), so a figure says what the defaults did to make it.
+7. A sitting at `scale` below 1 (`--scale`: a quick look on a small rig, the test suite's
+   twenty agents) keeps rules 2 and 4's depths, rule 4's segments and warm-up and rule 2's
+   counted seconds at that fraction (`Scaled`; depths at least one submission): most of a
+   sitting's minutes are its closed loops filling, counting and draining. Its figures are
+   not the targets'.
 """
 
 from __future__ import annotations
@@ -80,8 +85,8 @@ from gavel.transport.client import call
 
 __all__ = ["BACKLOG_N", "CAPACITY_N", "CAPACITY_S", "CLOSED_PER", "CLOSED_SEGMENT_S",
            "CLOSED_WARM_S", "CONFIDENCE", "FRACTIONS", "LATENCY", "LATENCY_RATIO", "PAIRS",
-           "SEGMENT_S", "THROUGHPUT", "THROUGHPUT_RATIO", "Comparison", "Report", "Segment",
-           "closed_pairs", "sitting"]
+           "SEGMENT_S", "THROUGHPUT", "THROUGHPUT_RATIO", "Comparison", "Report", "Scaled",
+           "Segment", "closed_pairs", "sitting"]
 
 #: The hand-tuned settings (`TuneRequest` fields).
 LATENCY: dict[str, Any] = {"max_auctions": 1, "batch_max": 24, "commit_gap_ms": 20.0}
@@ -308,9 +313,31 @@ def closed_pairs(pairs: int) -> int:
     return max(1, pairs // CLOSED_PER)
 
 
+@dataclass(frozen=True)
+class Scaled:
+    """Rule 7: the closed loops' depths and seconds of a sitting at `scale`."""
+
+    backlog_n: int
+    capacity_n: int
+    capacity_s: float
+    closed_segment_s: float
+    closed_warm_s: float
+
+    @classmethod
+    def at(cls, scale: float) -> Scaled:
+        if not (0.0 < scale <= 1.0):
+            raise ValueError(f"a sitting's scale lies in (0, 1], not {scale:g}")
+        return cls(max(_CHUNK, round(BACKLOG_N * scale)),
+                   max(_CHUNK, round(CAPACITY_N * scale)), CAPACITY_S * scale,
+                   CLOSED_SEGMENT_S * scale, CLOSED_WARM_S * scale)
+
+
 def sitting(pairs: int = PAIRS, say: Say = lambda _: None,
-            segment_s: float = SEGMENT_S) -> Callable[[Rig], Awaitable[Report]]:
-    """The driver (for `bench.run.run_with`) of one sitting: rules 1-6."""
+            segment_s: float = SEGMENT_S, scale: float = 1.0
+            ) -> Callable[[Rig], Awaitable[Report]]:
+    """The driver (for `bench.run.run_with`) of one sitting: rules 1-7."""
+    size = Scaled.at(scale)
+
     async def drive(rig: Rig) -> Report:
         await until_healthy(rig.nc, rig.opts.agents, rig.root, rig.broker)
         broker = _Broker(rig.nc)
@@ -318,7 +345,7 @@ def sitting(pairs: int = PAIRS, say: Say = lambda _: None,
         comparisons, capacities = [], []
         for k, frac in enumerate(FRACTIONS):
             say(f"capacity {k + 1}: latency-tuned, closed loop")
-            capacities.append(await _capacity(rig, broker, asked, f"cap{k}-"))
+            capacities.append(await _capacity(rig, broker, asked, f"cap{k}-", size))
             capacity = round(statistics.median(capacities), 1)  # rule 2: of those so far
             rate = round(frac * capacity, 1)
             c = Comparison(f"open loop {frac:.0%} ({rate:,.0f}/s)", "round_p99_ms",
@@ -330,8 +357,9 @@ def sitting(pairs: int = PAIRS, say: Say = lambda _: None,
         c = Comparison("closed loop", "placements_per_s", THROUGHPUT_RATIO, most=False)
         say(c.name)
         await _interleave(broker, c, THROUGHPUT, closed_pairs(pairs),
-                          CLOSED_SEGMENT_S, len(FRACTIONS) % 2 == 1,
-                          _Closed(rig, broker, asked, "cl-"), CLOSED_WARM_S)
+                          size.closed_segment_s, len(FRACTIONS) % 2 == 1,
+                          _Closed(rig, broker, asked, "cl-", size.backlog_n),
+                          size.closed_warm_s)
         comparisons.append(c)
         await broker.tune(DEFAULTS)
         try:
@@ -342,15 +370,16 @@ def sitting(pairs: int = PAIRS, say: Say = lambda _: None,
     return drive
 
 
-async def _capacity(rig: Rig, broker: _Broker, asked: list[str], prefix: str) -> float:
-    """Rule 2."""
+async def _capacity(rig: Rig, broker: _Broker, asked: list[str], prefix: str,
+                    size: Scaled) -> float:
+    """Rule 2 (at rule 7's `size`)."""
     await broker.tune(LATENCY)
     base, before = await broker.placed(), len(asked)
-    load = _Closed(rig, broker, asked, prefix, CAPACITY_N, _CAPACITY_FEEDING)
+    load = _Closed(rig, broker, asked, prefix, size.capacity_n, _CAPACITY_FEEDING)
     await load.start(0.0)
     await asyncio.sleep(CHURN_S)  # the first instances end: the steady state begins
     first, started = await broker.placed(), time.perf_counter()
-    await asyncio.sleep(CAPACITY_S)
+    await asyncio.sleep(size.capacity_s)
     last, elapsed = await broker.placed(), time.perf_counter() - started
     await load.stop()
     await broker.tune(DEFAULTS)  # the backlog drains at the defaults' pace

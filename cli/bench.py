@@ -77,15 +77,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="the defaults against the latency-tuned settings open loop at 20, 50 "
                    "and 80%% of capacity (round p99) and the throughput-tuned closed loop "
                    "(placements/s), interleaved in one run; prints the ratios (exit 3 if one "
-                   "misses its target); takes --agents, --mode, --repeat (pairs)")
+                   "misses its target); takes --agents, --mode, --repeat (pairs), --scale "
+                   "(its closed loops' depths and seconds)")
     t.add_argument("--only", action="append", default=[], metavar="NAME",
                    help="only this target (repeatable): sampled, broadcast, 10k, idle, tuning")
     t.add_argument("--repeat", type=positive_int, default=None,
                    help="runs of each target (default 1); for the tuning comparison, its "
                    "pairs of open-loop segments (default 44)")
     t.add_argument("--scale", type=positive_float, default=1.0,
-                   help="agents and placements times this: a quick look whose figures are "
-                   "not the targets' (default 1)")
+                   help="agents and placements times this (with --tuning, at most 1: its "
+                   "closed loops' depths and seconds): a quick look whose figures are not "
+                   "the targets' (default 1)")
     benchend.add_arguments(p)
 
 
@@ -93,7 +95,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 #: --targets each target's own settings are used instead.
 _TARGET_FLAGS = ("only", "repeat", "scale")
 #: What --tuning takes: the sitting's size and mode (the rest is each run's own).
-_TUNING_FLAGS = ("agents", "mode", "d", "processes", "repeat", "json", "tuning")
+_TUNING_FLAGS = ("agents", "mode", "d", "processes", "repeat", "scale", "json", "tuning")
 
 
 def _clashing(args: argparse.Namespace) -> list[str]:
@@ -212,6 +214,11 @@ def _run_tuning(args: argparse.Namespace) -> int:
     from gavel.bench.run import Options, RunFailed, VerifyError, run_with
     from gavel.bench.tuning import PAIRS, options, sitting
 
+    if args.scale > 1:
+        print(f"gavel bench: --scale {args.scale:g} with --tuning: a sitting can be made "
+              "smaller (its closed loops' depths and seconds), not larger; give at most 1.",
+              file=sys.stderr)
+        return 2
     base = Options(agents=args.agents, mode=args.mode, d=args.d, processes=args.processes,
                    progress=False, idle_s=0.0)
 
@@ -220,7 +227,8 @@ def _run_tuning(args: argparse.Namespace) -> int:
             print(f"  running {name}", file=sys.stderr, flush=True)
 
     try:
-        report = asyncio.run(run_with(options(base), sitting(args.repeat or PAIRS, say)))
+        report = asyncio.run(run_with(options(base), sitting(args.repeat or PAIRS, say,
+                                                             scale=args.scale)))
     except (VerifyError, RunFailed) as exc:
         print(f"gavel bench: --tuning: {exc}", file=sys.stderr)
         return 1
@@ -306,7 +314,7 @@ def _compared(args: argparse.Namespace, target: Any) -> dict[str, object]:
     from gavel.bench.tuning import PAIRS, options, sitting
 
     done = asyncio.run(run_with(options(target.options(args.scale)),
-                                sitting(args.repeat or PAIRS)))
+                                sitting(args.repeat or PAIRS, scale=min(args.scale, 1.0))))
     if not args.json:
         _print_tuning(done, "  ")
     return {"target": target.name, "run": 1, "met": done.met, "comparison": done.as_dict()}

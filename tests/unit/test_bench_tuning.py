@@ -163,11 +163,60 @@ def test_the_segments_alternate_and_each_is_counted_for_the_side_it_ran(
 
 
 @pytest.mark.parametrize("flag", [["--batch-max", "24"], ["--rate", "100"], ["--targets"],
-                                  ["--scale", "0.1"], ["--ha"], ["--placements", "100"]])
+                                  ["--only", "sampled"], ["--ha"], ["--placements", "100"]])
 def test_flags_of_one_run_do_not_go_with_tuning(flag: list[str],
                                                 capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["bench", "--tuning", *flag]) == 2
     assert "cannot go with --tuning" in capsys.readouterr().err
+
+
+def test_a_sitting_cannot_be_scaled_up(capsys: pytest.CaptureFixture[str]) -> None:
+    """Rule 7: `--scale` makes a sitting smaller, never larger, and says so."""
+    assert main(["bench", "--tuning", "--scale", "2"]) == 2
+    assert "--scale 2 with --tuning: a sitting can be made smaller" in capsys.readouterr().err
+    for wrong in (0.0, -1.0, 1.5):
+        with pytest.raises(ValueError, match="a sitting's scale lies in"):
+            tu.Scaled.at(wrong)
+
+
+def test_a_scaled_sitting_shrinks_its_closed_loops_depths_and_seconds(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rule 7: at a quarter, the closed loops keep a quarter of their depths, the closed
+    loop's segments and warm-up and the capacity's counted seconds are a quarter as long;
+    the open loops are as they were. A depth is never below one submission."""
+    seen: list[tuple[str, float, float | None, int | None]] = []
+    capacities: list[tu.Scaled] = []
+
+    async def interleave(broker: Any, c: tu.Comparison, reference: dict[str, Any],
+                         pairs: int, segment_s: float, reference_first: bool, load: Any,
+                         warm_s: float | None = None) -> None:
+        seen.append((c.name, segment_s, warm_s, getattr(load, "n", None)))
+
+    async def nothing(*_: Any, **__: Any) -> None:
+        return None
+
+    async def capacity(*args: Any) -> float:
+        capacities.append(args[-1])
+        return 100.0
+
+    monkeypatch.setattr(tu, "_interleave", interleave)
+    monkeypatch.setattr(tu, "until_healthy", nothing)
+    monkeypatch.setattr(tu, "_capacity", capacity)
+    monkeypatch.setattr(tu, "verify_churn", lambda *_: None)
+    monkeypatch.setattr(tu, "_Broker", lambda _: _FakeBroker())
+    rig = types.SimpleNamespace(nc=None, opts=types.SimpleNamespace(agents=1), root=None,
+                                broker=None)
+    asyncio.run(tu.sitting(4, scale=0.25)(rig))  # type: ignore[arg-type]
+    assert [s[1:3] for s in seen[:3]] == [(tu.SEGMENT_S, None)] * 3
+    assert seen[3] == ("closed loop", tu.CLOSED_SEGMENT_S / 4, tu.CLOSED_WARM_S / 4,
+                       tu.BACKLOG_N // 4)
+    assert capacities == [tu.Scaled(tu.BACKLOG_N // 4, tu.CAPACITY_N // 4,
+                                    tu.CAPACITY_S / 4, tu.CLOSED_SEGMENT_S / 4,
+                                    tu.CLOSED_WARM_S / 4)] * 3
+    assert tu.Scaled.at(1.0) == tu.Scaled(tu.BACKLOG_N, tu.CAPACITY_N, tu.CAPACITY_S,
+                                          tu.CLOSED_SEGMENT_S, tu.CLOSED_WARM_S)
+    tiny = tu.Scaled.at(0.001)
+    assert tiny.backlog_n == tiny.capacity_n == 1000  # one submission
 
 
 def test_the_closed_loop_makes_a_pair_for_every_four_open_loop_pairs_and_at_least_one() -> None:
