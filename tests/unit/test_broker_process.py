@@ -5,6 +5,7 @@ condition for committing (where POSIX semaphores are missing - a container witho
 from __future__ import annotations
 
 import logging
+import os
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -34,6 +35,20 @@ def test_no_semaphores_means_a_thread_writer(monkeypatch: pytest.MonkeyPatch,
         assert Ledger(tmp_path / "state.git").state().head == sha  # a fresh reader sees it
     finally:
         pool.shutdown()
+
+
+def test_the_writer_process_runs_nicer_than_its_broker() -> None:
+    """`broker.ledger.gitwriter`: the writer's commits are throughput, the broker's loop
+    latency; the writer process takes the CPU its broker leaves (`WRITER_NICE` steps nicer,
+    as far as the system's lowest priority), and the broker's own priority is untouched."""
+    mine = os.nice(0)
+    pool = gitwriter.make_executor("process", Timing().orphan_s)
+    try:
+        assert pool.submit(os.nice, 0).result(timeout=60) == min(19, mine + gitwriter.WRITER_NICE)
+    finally:
+        pool.shutdown()
+    assert os.nice(0) == mine
+    assert gitwriter.WRITER_NICE > 0
 
 
 def test_unknown_writer_kind_is_refused() -> None:
