@@ -17,8 +17,8 @@ The writer process runs `WRITER_NICE` steps nicer than its broker. Its work is t
 latency (the bids of an open round wait on its loop). At equal priority, each commit
 handed to the writer takes the core from a loop with bids to read; a nicer writer uses the
 time the loop and NATS leave, and its commits grow a little under load instead. On two busy
-cores that placed 1.14 times as fast at one round in flight, as fast in a closed loop, and
-no slower from submit to running (docs/performance.md, "The writer's priority").
+cores that placed a median 1.09 times as fast at one round in flight, as fast in a closed
+loop, and no slower from submit to running (docs/performance.md, "The writer's priority").
 """
 
 from __future__ import annotations
