@@ -179,12 +179,15 @@ def test_a_sitting_cannot_be_scaled_up(capsys: pytest.CaptureFixture[str]) -> No
             tu.Scaled.at(wrong)
 
 
-def test_a_scaled_sitting_shrinks_its_closed_loops_depths_and_seconds(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    """Rule 7: at a quarter, the closed loops keep a quarter of their depths, the closed
-    loop's segments and warm-up and the capacity's counted seconds are a quarter as long;
-    the open loops are as they were. A depth is never below one submission."""
-    seen: list[tuple[str, float, float | None, int | None]] = []
+_Seen = tuple[str, float, float | None, int | None]
+
+
+def _dry_sitting(monkeypatch: pytest.MonkeyPatch, scale: float = 1.0
+                 ) -> tuple[list[_Seen], list[tu.Scaled]]:
+    """A sitting of four pairs at `scale` with nothing run: each comparison's name, segment
+    seconds, warm-up and closed-loop depth as `_interleave` was asked, and the size each
+    capacity measurement was asked at."""
+    seen: list[_Seen] = []
     capacities: list[tu.Scaled] = []
 
     async def interleave(broker: Any, c: tu.Comparison, reference: dict[str, Any],
@@ -206,7 +209,16 @@ def test_a_scaled_sitting_shrinks_its_closed_loops_depths_and_seconds(
     monkeypatch.setattr(tu, "_Broker", lambda _: _FakeBroker())
     rig = types.SimpleNamespace(nc=None, opts=types.SimpleNamespace(agents=1), root=None,
                                 broker=None)
-    asyncio.run(tu.sitting(4, scale=0.25)(rig))  # type: ignore[arg-type]
+    asyncio.run(tu.sitting(4, scale=scale)(rig))  # type: ignore[arg-type]
+    return seen, capacities
+
+
+def test_a_scaled_sitting_shrinks_its_closed_loops_depths_and_seconds(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rule 7: at a quarter, the closed loops keep a quarter of their depths, the closed
+    loop's segments and warm-up and the capacity's counted seconds are a quarter as long;
+    the open loops are as they were. A depth is never below one submission."""
+    seen, capacities = _dry_sitting(monkeypatch, 0.25)
     assert [s[1:3] for s in seen[:3]] == [(tu.SEGMENT_S, None)] * 3
     assert seen[3] == ("closed loop", tu.CLOSED_SEGMENT_S / 4, tu.CLOSED_WARM_S / 4,
                        tu.BACKLOG_N // 4)
@@ -255,27 +267,8 @@ def test_the_sittings_closed_loop_warms_up_until_its_priming_is_gone(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """Rule 5: the closed loop's priming leaves a deeper queue than the loop keeps, so it
     warms up for `CLOSED_WARM_S` (two of its segments); the open loops for `WARM_S`."""
-    warms: list[tuple[str, float | None]] = []
-
-    async def interleave(broker: Any, c: tu.Comparison, reference: dict[str, Any],
-                         pairs: int, segment_s: float, reference_first: bool, load: Any,
-                         warm_s: float | None = None) -> None:
-        warms.append((c.name, warm_s))
-
-    async def nothing(*_: Any, **__: Any) -> None:
-        return None
-
-    async def capacity(*_: Any) -> float:
-        return 100.0
-
-    monkeypatch.setattr(tu, "_interleave", interleave)
-    monkeypatch.setattr(tu, "until_healthy", nothing)
-    monkeypatch.setattr(tu, "_capacity", capacity)
-    monkeypatch.setattr(tu, "verify_churn", lambda *_: None)
-    monkeypatch.setattr(tu, "_Broker", lambda _: _FakeBroker())
-    rig = types.SimpleNamespace(nc=None, opts=types.SimpleNamespace(agents=1), root=None,
-                                broker=None)
-    asyncio.run(tu.sitting(4)(rig))  # type: ignore[arg-type]
+    seen, _ = _dry_sitting(monkeypatch)
+    warms = [(name, warm) for name, _, warm, _ in seen]
     assert [w for _, w in warms] == [None, None, None, tu.CLOSED_WARM_S]
     assert warms[-1][0] == "closed loop"
     assert tu.CLOSED_WARM_S >= 2 * tu.CLOSED_SEGMENT_S
