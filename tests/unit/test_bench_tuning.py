@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from gavel.bench import tuning as tu
+from gavel.bench.bare import p99
 from gavel.cli.main import main
 from gavel.shared.api import TuneReply
 
@@ -91,8 +92,8 @@ def test_no_rounds_or_no_seconds_make_no_figure() -> None:
     c.segments = [_seg("defaults", []), _seg("reference", [10.0]),  # a stalled segment
                   _seg("defaults", [30.0]), _seg("reference", [10.0])]
     assert c.pair_ratios == [3.0] and c.ratio == 3.0  # the pair without a figure has none
-    assert tu.p99([]) == 0.0 and tu.p99([3.0]) == 3.0
-    assert tu.p99([float(v) for v in range(1, 201)]) == 198.0
+    assert p99([]) == 0.0 and p99([3.0]) == 3.0
+    assert p99([float(v) for v in range(1, 201)]) == 198.0
 
 
 class _FakeBroker:
