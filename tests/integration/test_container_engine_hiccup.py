@@ -138,3 +138,9 @@ async def test_an_engine_that_answers_after_the_worker_started_is_taken_up(
         await wait_for(lambda: len(containers(docker, cluster, second)) == 1, 60,
                        what="the node to bid on images again and run one")
         assert cluster.holders(second) == ["n1"]
+        # ended through the relay while it still forwards: the worker's engine client speaks
+        # only through it, so one stopped after it closed would leave both containers behind
+        for done in (iid, second):
+            await cluster.call("cancel", CancelRequest(instance_id=done), CancelReply)
+        await wait_for(lambda: not containers(docker, cluster, all_=True), 60,
+                       what="both containers stopped and removed by their cancels")
