@@ -12,6 +12,7 @@ The writer dies with its broker: a broker killed outright (kill -9, the OOM kill
 tells it to stop, and it would wait on its call queue for ever. It checks once a second
 that its parent is the one that started it, and exits between commits - never in one, so no
 ref lock is left behind.
+
 The writer process runs `WRITER_NICE` steps nicer than its broker. Its work is throughput
 (a commit is a batch, and the next one takes whatever came meanwhile); the broker's is
 latency (the bids of an open round wait on its loop). At equal priority, each commit
@@ -71,6 +72,7 @@ def _writer_started(parent: int, orphan_s: float) -> None:
     gone (looked at every `orphan_s`, its broker's `Timing.orphan_s`)."""
     with contextlib.suppress(OSError):
         os.nice(WRITER_NICE)
+
     def watch() -> None:
         while os.getppid() == parent:
             time.sleep(orphan_s)
