@@ -275,10 +275,9 @@ class _Closed:
     open_ended = True
 
     def __init__(self, rig: Rig, broker: _Broker, asked: list[str], prefix: str,
-                 n: int | None = None, feeding: int | None = None) -> None:
+                 n: int, feeding: int = _FEEDING) -> None:
         self.rig, self.broker, self.asked, self.prefix = rig, broker, asked, prefix
-        self.n = BACKLOG_N if n is None else n  # read as it starts: a test may shrink them
-        self.feeding = _FEEDING if feeding is None else feeding
+        self.n, self.feeding = n, feeding  # the depth: rule 7's, at the sitting's scale
         self._task: asyncio.Task[None] | None = None
         self._stop = asyncio.Event()
         self._full = asyncio.Event()
