@@ -42,8 +42,9 @@ Rules:
    applied afresh (a defaults segment from the latency end), whichever side ran before. Between
    comparisons the queue drains, so one comparison's work does not land in the next; at the
    end every placement asked for is verified in git (`bench.verify.verify_churn`: each won
-   exactly one award and is placed, succeeded or forgotten). Placements are counted as
-   awards (`placed_total`): with churn the placed instances also leave.
+   exactly one award and is placed, succeeded or forgotten; read again for up to a minute
+   while a requeued instance's second award lands). Placements are counted as awards
+   (`placed_total`): with churn the placed instances also leave.
 6. A comparison is judged (`bench.verdict`) by the median of its pairs' ratios (each
    pair: two neighbouring segments, one a side, side by side in time; a pair one of whose
    segments closed no round has no ratio): a stall of the machine that falls in one segment
@@ -73,6 +74,7 @@ import statistics
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from gavel.bench.run import Options, Rig, submit_all
@@ -222,7 +224,7 @@ def sitting(pairs: int = PAIRS, say: Say = lambda _: None,
         comparisons.append(c)
         await broker.tune(DEFAULTS)
         try:
-            await asyncio.to_thread(verify_churn, rig.root, asked)
+            await _verified(rig.root, asked)
         except VerifyError as exc:
             raise VerifyError(f"the tuning sitting: {exc}") from exc
         return Report(capacities, comparisons)
@@ -354,6 +356,22 @@ async def _interleave(broker: _Broker, c: Comparison, reference: dict[str, Any],
     await load.stop()
     await _placed(broker, base + len(load.asked) - before)
     c.load = (c.load[0], os.getloadavg()[0])
+
+
+async def _verified(root: Path, asked: list[str], within_s: float = 60.0,
+                    every_s: float = 1.0) -> None:
+    """Rule 5's check, read again until it holds or `within_s` has passed: the awards
+    counted reach what was asked one early for each requeued instance, whose second award
+    can still be landing then. A double award never heals; its error is raised at the end."""
+    limit = time.monotonic() + within_s
+    while True:
+        try:
+            await asyncio.to_thread(verify_churn, root, asked)
+            return
+        except VerifyError:
+            if time.monotonic() >= limit:
+                raise
+        await asyncio.sleep(every_s)
 
 
 async def _placed(broker: _Broker, n: int, timeout_s: float = 600.0) -> None:

@@ -8,12 +8,14 @@ from __future__ import annotations
 import asyncio
 import time
 import types
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from gavel.bench import tuning as tu
 from gavel.bench.bare import p99
+from gavel.bench.verify import VerifyError
 from gavel.cli.main import main
 from gavel.shared.api import TuneReply
 
@@ -298,3 +300,28 @@ def test_a_closed_loops_segment_lasts_its_seconds_however_slow_the_change_before
         assert all(s >= 0.1 for s in seconds), seconds
     else:  # the grid: the segment after the slow change is what is left of its tenth
         assert seconds[0] >= 0.35 and seconds[1] < 0.05, seconds
+
+
+def test_the_sitting_reads_git_again_while_a_requeued_award_is_landing(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rule 5: awards counted reach what was asked one early for a requeued instance; the
+    check is read again until its second award lands, and a failure that never heals (a
+    double award) is still raised."""
+    calls: list[int] = []
+
+    def landing(*_: Any) -> None:
+        calls.append(1)
+        if len(calls) < 3:
+            raise VerifyError("x-1 won 1 awards in git history, not one and one for each of "
+                              "its 1 requeues")
+
+    monkeypatch.setattr(tu, "verify_churn", landing)
+    asyncio.run(tu._verified(Path("."), ["x-1"], within_s=5.0, every_s=0.01))
+    assert len(calls) == 3
+
+    def double(*_: Any) -> None:
+        raise VerifyError("x-1 won 2 awards in git history, not one")
+
+    monkeypatch.setattr(tu, "verify_churn", double)
+    with pytest.raises(VerifyError, match="won 2 awards"):
+        asyncio.run(tu._verified(Path("."), ["x-1"], within_s=0.05, every_s=0.01))
