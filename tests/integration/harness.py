@@ -27,6 +27,7 @@ from gavel.shared.strategies import make_strategy
 from gavel.shared.timing import Timing
 from gavel.transport.client import call
 from gavel.worker.agent import Agent
+from gavel.worker.ports import bindable
 
 T = TypeVar("T", bound=Message)
 TIMING = Timing.from_env(os.environ)
@@ -308,3 +309,13 @@ async def healthy_nodes(nc: Any) -> set[str]:
     except ClientError:
         return set()
     return {n.node_id for n in reply.nodes if n.health == "healthy"}
+
+
+def free_range(start: int, size: int = 40) -> tuple[int, int]:
+    """The first `size` consecutive ports from `start` on that bind now, in steps of `size`:
+    a test that names its ports finds them taken when another test (or anything else on the
+    machine) holds one."""
+    first = start
+    while not all(bindable(p) for p in range(first, first + size)):
+        first += size
+    return first, first + size - 1

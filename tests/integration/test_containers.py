@@ -43,10 +43,11 @@ from tests.integration.harness import (
     Cluster,
     Daemons,
     UpDemo,
+    free_range,
     healthy_nodes,
     wait_for,
 )
-from tests.integration.test_gateway import Gateway, free_range, start_caddy
+from tests.integration.test_gateway import Gateway, start_caddy
 from tests.integration.test_logs import gavel
 from tests.integration.test_services import deploy, status, whole
 

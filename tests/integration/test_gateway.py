@@ -42,11 +42,11 @@ from gavel.shared.messages import Event, Spec
 from gavel.shared.routes import route_id
 from gavel.shared.spec import Route
 from gavel.transport.natsserver import free_port
-from gavel.worker.ports import bindable
 from tests.integration.harness import (
     TIMING,
     Cluster,
     UpDemo,
+    free_range,
     gavel_process,
     sleeper_spec,
     wait_for,
@@ -75,13 +75,6 @@ HAND = {"match": [{"path": ["/hand"]}],
 def http_spec(name: str, path: str = "/hi", **kw: Any) -> Spec:
     return Spec(name=name, command=[sys.executable, "-c", ANSWER_ID], ports=["http"],
                 routes=[Route(path=path, port="http")], cpu=0.1, memory_mb=32, **kw)
-
-
-def free_range(start: int, size: int = 40) -> tuple[int, int]:
-    first = start
-    while not all(bindable(p) for p in range(first, first + size)):
-        first += size
-    return first, first + size - 1
 
 
 def _get(url: str) -> tuple[int, str]:

@@ -27,8 +27,7 @@ from gavel.shared.records import NodeFile
 from gavel.shared.strategies import make_strategy
 from gavel.shared.timing import Timing
 from gavel.worker.agent import Agent
-from gavel.worker.ports import bindable
-from tests.integration.harness import TIMING, Cluster, sleeper_spec, wait_for
+from tests.integration.harness import TIMING, Cluster, free_range, sleeper_spec, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -41,15 +40,6 @@ def proc_ports(pid: int) -> dict[str, int]:
         env = dict(kv.split(b"=", 1) for kv in f.read().split(b"\0") if b"=" in kv)
     return {k.decode()[len("GAVEL_PORT_"):].lower(): int(v) for k, v in env.items()
             if k.startswith(b"GAVEL_PORT_")}
-
-
-def free_range(start: int, size: int) -> tuple[int, int]:
-    """The first `size` consecutive bindable ports from `start` on."""
-    first = start
-    while True:
-        if all(bindable(p) for p in range(first, first + size)):
-            return first, first + size - 1
-        first += size
 
 
 @contextmanager

@@ -21,12 +21,11 @@ from gavel.shared.reauction import Settings
 from gavel.shared.routes import route_id
 from gavel.shared.spec import Check, Restart, Route, Update
 from gavel.transport.natsserver import free_port
-from tests.integration.harness import Cluster, wait_for
+from tests.integration.harness import Cluster, free_range, wait_for
 from tests.integration.test_gateway import (
     ANSWER_ID,
     Gateway,
     dials,
-    free_range,
     get,
     start_caddy,
 )

@@ -43,6 +43,7 @@ from gavel.shared.timing import Timing
 from gavel.transport import wire
 from gavel.transport.natsserver import NatsServer
 from gavel.worker.agent import Agent
+from tests.integration.harness import free_range
 
 pytestmark = pytest.mark.integration
 
@@ -153,14 +154,21 @@ async def broker(nats_url: str) -> AsyncIterator[FakeBroker]:
 
 
 @pytest.fixture
-async def start(nats_url: str, tmp_path: Path) -> AsyncIterator[Start]:
+def ports() -> tuple[int, int]:
+    """The node's port range: ten ports free when the test starts (the worker skips one in use,
+    so a port another test holds would move every port these tests expect)."""
+    return free_range(21000, 10)
+
+
+@pytest.fixture
+async def start(nats_url: str, tmp_path: Path, ports: tuple[int, int]) -> AsyncIterator[Start]:
     running: list[tuple[Agent, asyncio.Task[None]]] = []
 
     async def start(**kw: Any) -> Agent:
         options: dict[str, Any] = {
             "nats_url": nats_url, "node_id": NODE, "strategy": make_strategy("least-loaded"),
             "labels": {"zone": "a"}, "state_dir": tmp_path / "worker", "timing": TIMING,
-            "cpu": 4.0, "memory_mb": 4096, "port_range": (21000, 21009),
+            "cpu": 4.0, "memory_mb": 4096, "port_range": ports,
         }
         options.update(kw)
         agent = Agent(**options)
@@ -211,7 +219,7 @@ async def test_bids_declines_and_draining(start: Start, broker: FakeBroker) -> N
 
 
 async def test_award_runs_the_command_with_its_environment(
-        start: Start, broker: FakeBroker, tmp_path: Path,
+        start: Start, broker: FakeBroker, tmp_path: Path, ports: tuple[int, int],
         monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("GAVEL_TEST_LEAK", "must not reach the child")
     agent = await start()
@@ -222,7 +230,8 @@ async def test_award_runs_the_command_with_its_environment(
                     seen = {{"env": dict(os.environ), "cwd": os.getcwd()}}
                     json.dump(seen, open({str(out)!r}, "w"))
                 """))
-    await broker.award("web-1", spec, ports={"http": 21003, "admin": 21004}, attempt=2,
+    http, admin = ports[0] + 3, ports[0] + 4
+    await broker.award("web-1", spec, ports={"http": http, "admin": admin}, attempt=2,
                        secret_env={"TOKEN": SECRET})
     provisioning = await broker.event("web-1")
     assert (provisioning.type, provisioning.node_id, provisioning.attempt) == (
@@ -236,8 +245,8 @@ async def test_award_runs_the_command_with_its_environment(
     env = seen["env"]
     assert env["GAVEL_INSTANCE_ID"] == "web-1" and env["GAVEL_NODE_ID"] == NODE
     assert env["GAVEL_ATTEMPT"] == "2"
-    assert env["GAVEL_PORT_HTTP"] == "21003" and env["GAVEL_PORT_ADMIN"] == "21004"
-    assert env["PORT"] == "21003"
+    assert env["GAVEL_PORT_HTTP"] == str(http) and env["GAVEL_PORT_ADMIN"] == str(admin)
+    assert env["PORT"] == str(http)
     assert env["MODE"] == "test" and env["TOKEN"] == SECRET
     assert "GAVEL_TEST_LEAK" not in env and "PATH" in env
     assert Path(seen["cwd"]) == tmp_path / "worker" / "instances" / "web-1"
@@ -246,7 +255,7 @@ async def test_award_runs_the_command_with_its_environment(
     assert SECRET not in state and "web-1/2" in state
 
     # The same award again (a broker retry) does not run the instance a second time.
-    await broker.award("web-1", spec, ports={"http": 21003, "admin": 21004}, attempt=2,
+    await broker.award("web-1", spec, ports={"http": http, "admin": admin}, attempt=2,
                        secret_env={"TOKEN": SECRET})
     await until(lambda: sum(agent.ignored.values()) == 1, what="duplicate award ignored")
     await broker.award("web-2", spec, node_id="n2")
@@ -325,13 +334,14 @@ async def test_cancel(start: Start, broker: FakeBroker) -> None:
     assert (unknown.type, unknown.detail) == ("cancelled", "not running on this node")
 
 
-async def test_heartbeats_report_node_and_instances(start: Start, broker: FakeBroker) -> None:
+async def test_heartbeats_report_node_and_instances(
+        start: Start, broker: FakeBroker, ports: tuple[int, int]) -> None:
     await start(labels={"zone": "a", "disk": "ssd"})
     first = await broker.heartbeat(lambda hb: True, timeout=2)
     assert (first.node_id, first.strategy, first.labels) == (
         NODE, "least-loaded", {"zone": "a", "disk": "ssd"})
     assert (first.capacity.cpu, first.capacity.memory_mb, first.capacity.ports) == (4.0, 4096, 10)
-    assert first.port_range == [21000, 21009] and first.instances == []
+    assert first.port_range == list(ports) and first.instances == []
     assert first.stats.cpu_count >= 1 and first.stats.memory_total_mb > 0
 
     spec = Spec(name="svc", cpu=0.5, memory_mb=128, ports=["http"],
@@ -342,7 +352,7 @@ async def test_heartbeats_report_node_and_instances(start: Start, broker: FakeBr
     assert hb.seq > first.seq
     (inst,) = hb.instances
     assert (inst.instance_id, inst.state, inst.pid, inst.ports) == (
-        "svc-1", "running", pid, {"http": 21000})
+        "svc-1", "running", pid, {"http": ports[0]})
     assert (hb.committed.cpu, hb.committed.memory_mb, hb.committed.ports) == (0.5, 128, 1)
 
 
