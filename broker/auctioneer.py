@@ -16,6 +16,9 @@ What the shell adds to the core's rules, by their numbers:
    (docs/performance.md).
 5. A round's RFBs are written to the socket as it opens (`Broker.flush`): its clock runs
    from its opening, and the gap between rounds is throughput lost (docs/performance.md).
+   The rounds a pass opened go out before the rest of what it asked: a closed round's
+   events and its hand-over to the committer are done while the next round's bids are on
+   their way.
 6. A late answer (`shared.auctioneer` rule 6) is no rejected message: nothing on the wire
    was wrong. A replay, an answer to a sampled auction from a node it did not ask, or one
    for an auction this broker never opened is a reject. Answers to other auctions (dry
@@ -218,22 +221,14 @@ class Auctioneer:
         self._act(now)
 
     def _act(self, now: float) -> None:
-        """Do what the core asked, in its order."""
+        """Do what the core asked: the rounds it opened first (rule 5), the rest in its order."""
         ctx = self.ctx
         actions = self.core.take()
-        for action in actions:
+        for action in actions:  # rule 5: a round opening goes out before the rest is done
             if isinstance(action, Open):
-                auction = action.auction
-                payload = ctx.outbox.encode(auction.rfb())
-                if action.to is not None:
-                    for node in action.to:
-                        ctx.outbox.publish_raw(subjects.RFB_NODE.format(node=node), payload)
-                else:
-                    ctx.outbox.publish_raw(subjects.RFB, payload)
-                ctx.outbox.flush()  # the round is being timed: its RFBs do not wait
-                asyncio.get_running_loop().call_later(auction.deadline_s, self._deadline,
-                                                      auction.auction_id)
-            elif isinstance(action, Decided):
+                self._open(action)
+        for action in actions:
+            if isinstance(action, Decided):
                 self._decided(action.auction, action.decisions, action.round_s)
             elif isinstance(action, Wake):
                 ctx.wake()
@@ -248,6 +243,18 @@ class Auctioneer:
         if at is not None:  # rule 4, 9: the pass that found too little runs again then
             self.core.wake_at = None
             self._wake_at(at - now)
+
+    def _open(self, action: Open) -> None:
+        ctx, auction = self.ctx, action.auction
+        payload = ctx.outbox.encode(auction.rfb())
+        if action.to is not None:
+            for node in action.to:
+                ctx.outbox.publish_raw(subjects.RFB_NODE.format(node=node), payload)
+        else:
+            ctx.outbox.publish_raw(subjects.RFB, payload)
+        ctx.outbox.flush()  # the round is being timed: its RFBs do not wait
+        asyncio.get_running_loop().call_later(auction.deadline_s, self._deadline,
+                                              auction.auction_id)
 
     def _observe(self, actions: Sequence[Action], now: float) -> None:
         """Rule 12: the tuner hears of the commits written and the rounds closed since it

@@ -84,6 +84,36 @@ async def test_a_rounds_rfbs_are_written_as_it_opens(tmp_path: Path,
     assert written == [[subjects.RFB] * 2] and b.outbox.queued == []
 
 
+async def test_the_next_rounds_rfbs_go_out_before_the_closed_rounds_bookkeeping(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The reply that closes a round opens the next; its RFBs are on the wire before the
+    closed round's events are recorded and its decisions handed to the committer."""
+    done: list[str] = []
+
+    def write_now(nc: object, batch: list[tuple[str, bytes]]) -> bool:
+        done.extend(s for s, _ in batch)
+        return True
+
+    monkeypatch.setattr(wire, "write_now", write_now)
+    b = _broker(tmp_path, queued=4, nodes=NODES, batch_max=2, max_auctions=1)
+    a = b.auctioneer
+    a.reconcile(b.now())
+    [(first, auction)] = a.auctions.items()
+    emit, submit = b.events.emit, b.committer.submit
+    monkeypatch.setattr(b.events, "emit", lambda iid, type_, **kw: (
+        done.append(f"{type_} {iid}"), emit(iid, type_, **kw)))
+    monkeypatch.setattr(b.committer, "submit", lambda item: (
+        done.append("to the committer"), submit(item)))
+    done.clear()
+    for n in NODES:
+        a.on_bids(Msg(subjects.BIDS.format(node=n), _enc.encode(BidReply(
+            auction_id=first, node_id=n,
+            answers=[Bid(shape=i, load=0.1, step=0.01, strategy="x")
+                     for i in range(len(auction.shapes))]))))
+    assert a.auctions_total == 2
+    assert done == [subjects.RFB, "scheduled web-0", "scheduled web-1", "to the committer"]
+
+
 async def test_an_auction_closing_as_it_opens_wakes_the_next_pass_for_its_room(
         tmp_path: Path) -> None:
     """The pass that opened it counted its room as taken; the loop's next pass gets it."""
