@@ -32,8 +32,13 @@ Rules:
    seconds; target defaults over throughput-tuned at least `THROUGHPUT_RATIO`. Each segment
    lasts its seconds from when it began (its settings' `tune` answered): a broker too busy
    to answer the change for seconds (20 agents beside the test suite) would otherwise leave
-   the next segment a sliver that placed nothing. An open loop's segments keep to the grid
-   its load was submitted for, or its last segments would see no arrivals.
+   the next segment a sliver that placed nothing. One in which nothing has landed by its end
+   goes on until its first placement lands (at most `STRETCH` times its seconds): where a
+   side's commits land further apart than a segment lasts (twenty agents at the throughput
+   end beside the test suite and a benchmark), an empty segment would leave its pair without
+   a ratio, and dropping those pairs favours the side whose commits are slow; stretched, it
+   counts that side's rate over the time its commit took. An open loop's segments keep to
+   the grid its load was submitted for, or its last segments would see no arrivals.
 5. Which side a comparison starts with alternates from comparison to comparison, and runs
    `WARM_S` uncounted first (what the drain before left settles; a closed loop
    `CLOSED_WARM_S`, until the queue its priming built is gone); within a comparison the
@@ -86,8 +91,8 @@ from gavel.transport.client import call
 
 __all__ = ["BACKLOG_N", "CAPACITY_N", "CAPACITY_S", "CLOSED_PER", "CLOSED_SEGMENT_S",
            "CLOSED_WARM_S", "CONFIDENCE", "FRACTIONS", "LATENCY", "LATENCY_RATIO", "PAIRS",
-           "SEGMENT_S", "THROUGHPUT", "THROUGHPUT_RATIO", "Comparison", "Report", "Scaled",
-           "Segment", "closed_pairs", "sitting"]
+           "SEGMENT_S", "STRETCH", "STRETCH_EVERY_S", "THROUGHPUT", "THROUGHPUT_RATIO",
+           "Comparison", "Report", "Scaled", "Segment", "closed_pairs", "sitting"]
 
 #: The hand-tuned settings (`TuneRequest` fields).
 LATENCY: dict[str, Any] = {"max_auctions": 1, "batch_max": 24, "commit_gap_ms": 20.0}
@@ -116,6 +121,11 @@ CLOSED_SEGMENT_S = 8.0
 #: the second 0.90-1.36, the third 0.89-1.22; one side against itself, the first pair read
 #: 1.72 and 1.94. The side that opens the comparison gained that pair.
 CLOSED_WARM_S = 2 * CLOSED_SEGMENT_S
+#: Rule 4: a closed loop's segment in which nothing has landed by its end goes on until its
+#: first placement lands, up to this many times its seconds.
+STRETCH = 3.0
+#: Rule 4: how often a stretched segment looks for its first placement.
+STRETCH_EVERY_S = 0.05
 #: Pairs of open-loop segments a comparison makes unless told (rule 3): 44 of 0.5 s give a
 #: median whose standard error is about a quarter of its log, where 11 of 2 s left a third
 #: (an A/A sitting, both sides the latency-tuned settings, read up to 1.58 with 11).
@@ -348,6 +358,11 @@ async def _interleave(broker: _Broker, c: Comparison, reference: dict[str, Any],
         await asyncio.sleep(max(0.0, end - time.perf_counter()))
         last = k + 1 == 2 * pairs
         ending = await broker.tune({}, apply=False)
+        if load.open_ended:  # rule 4: an empty closed-loop segment waits for its first landing
+            stretch_to = at + STRETCH * segment_s
+            while ending.placed_total == placed_at and time.perf_counter() < stretch_to:
+                await asyncio.sleep(STRETCH_EVERY_S)
+                ending = await broker.tune({}, apply=False)
         reply = await broker.tune(DEFAULTS if last else settings[sides[k + 1]])
         now = time.perf_counter()
         c.segments.append(Segment(sides[k], now - at, reply.placed_total - placed_at,

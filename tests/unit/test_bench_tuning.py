@@ -302,6 +302,48 @@ def test_a_closed_loops_segment_lasts_its_seconds_however_slow_the_change_before
         assert seconds[0] >= 0.35 and seconds[1] < 0.05, seconds
 
 
+@pytest.mark.parametrize("lands_after_s", [0.15, None])
+def test_a_closed_loops_empty_segment_waits_for_its_first_landing(
+        lands_after_s: float | None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rule 4: a closed-loop segment (0.1 s) in which nothing has landed by its end goes on
+    until its first placement lands (here after 0.15 s), and no longer than `STRETCH` times
+    its seconds when nothing does; an open loop's empty segment keeps to its grid."""
+    class Late(_FakeBroker):
+        """Nothing lands in the first segment until `lands_after_s` into it."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.first_at: float | None = None
+
+        async def tune(self, settings: dict[str, Any], apply: bool = True) -> TuneReply:
+            if apply:
+                if len(self.applied) == 1:  # the first segment begins with this change
+                    self.first_at = time.perf_counter()
+                return await super().tune(settings, apply)
+            if self.first_at is not None and len(self.applied) == 2:  # within the first
+                landed = lands_after_s is not None and \
+                    time.perf_counter() - self.first_at >= lands_after_s
+                if landed:
+                    self.total += 100
+            return await super().tune(settings, apply)
+
+    monkeypatch.setattr(tu, "WARM_S", 0.0)
+    monkeypatch.setattr(tu, "STRETCH_EVERY_S", 0.01)
+    for open_ended in (True, False):
+        load = _FakeLoad()
+        load.open_ended = open_ended  # type: ignore[misc]
+        c = tu.Comparison("loop", "placements_per_s", 0.9, most=False)
+        asyncio.run(tu._interleave(Late(), c, tu.THROUGHPUT, 1, 0.1, False,  # type: ignore[arg-type]
+                                   load))
+        first = c.segments[0]
+        if not open_ended:  # an open loop: the grid, however empty
+            assert first.seconds < 0.14, first
+        elif lands_after_s is None:  # nothing landed: three segments' seconds, then on
+            assert 0.3 <= first.seconds < 0.4 and first.placed == 7, first
+        else:
+            assert 0.15 <= first.seconds < 0.25 and first.placed == 107, first
+
+
 def test_the_sitting_reads_git_again_while_a_requeued_award_is_landing(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """Rule 5: awards counted reach what was asked one early for a requeued instance; the
