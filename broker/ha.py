@@ -53,7 +53,7 @@ from gavel.broker.ledger.takeover import TakeoverError
 from gavel.broker.metrics import LeaderView, Metrics
 from gavel.broker.service import Broker
 from gavel.shared import subjects
-from gavel.transport.tasks import Tasks
+from gavel.transport.tasks import Tasks, until
 
 __all__ = ["HaBroker", "HaSettings"]
 
@@ -103,7 +103,9 @@ class HaBroker:
         self._stopped.set()
 
     async def run(self) -> None:
-        await self.start()
+        starting = await until(self._stopped, self.start())  # told to stop as it starts
+        if not starting.cancelled():
+            starting.result()
         try:
             while not self._stopped.is_set():
                 await self._stand_by_then_lead()
@@ -149,17 +151,11 @@ class HaBroker:
         standby = Tasks("standby", log)  # a crash is said at once; the lease is tried on
         standby.spawn(self._say_who_leads(), name="say-who-leads")
         standby.spawn(self._keep_fresh(pusher), name="keep-fresh")
-        acquiring = asyncio.ensure_future(lease.acquire())
-        stopping = asyncio.ensure_future(self._stopped.wait())
         try:
-            await asyncio.wait({acquiring, stopping}, return_when=asyncio.FIRST_COMPLETED)
+            acquiring = await until(self._stopped, lease.acquire())
         finally:
-            stopping.cancel()
             await standby.aclose(self.config.timing.close_s)
-        if not acquiring.done():
-            acquiring.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await acquiring
+        if acquiring.cancelled():
             await broker.committer.join(broker.timing.close_s)
             pusher.shutdown()
             return

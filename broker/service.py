@@ -36,6 +36,11 @@ Rules:
 9. A tick's passes (auctions, promises, services, arrays, ...) each take a turn of the loop
    of their own: a request waits for one pass over a large cluster, never for all of them.
    So does an auctioneer's pass woken while the last ran (a wave of retries come due).
+10. A broker told to stop while it starts (a signal; a credential NATS takes but that is
+   not the broker's, `cli.daemons` rule 4) stops there: what is left of its start (the
+   JetStream streams and bucket, the subscriptions' confirmation, each waiting out its
+   timeout when the broker's inbox is refused) is given up, and it closes as a broker
+   that was up.
 """
 
 from __future__ import annotations
@@ -91,7 +96,7 @@ from gavel.shared.messages import RFB
 from gavel.shared.records import NodeFile
 from gavel.transport import wire
 from gavel.transport.rejects import Rejects
-from gavel.transport.tasks import Crashed, Tasks
+from gavel.transport.tasks import Crashed, Tasks, until
 
 __all__ = ["Broker", "Config", "MakePusher", "NatsUnreachable", "tune_gc"]
 
@@ -310,7 +315,9 @@ class Broker:
                       f", leading in epoch {self.leader.epoch}" if self.ha else "")
 
     async def run(self) -> None:
-        await self.start()
+        starting = await until(self._stopped, self.start())  # rule 10
+        if not starting.cancelled():
+            starting.result()  # what `start` raised
         await self._stopped.wait()
         await self.close()
         if self.fatal is not None:

@@ -18,16 +18,20 @@ Rules:
    only when its `async with` block ends, whereas a part here lives from `start` to
    `close` rather than in one block, holds per-request tasks whose failure is that
    request's alone, and decides for itself what a crash of one loop means.
+5. `until` runs one piece of work as long as a part is not told to stop: a part told to
+   stop while it starts, or while it waits for something, stops there rather than when the
+   work ends (each JetStream request of a start can wait out its timeout).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
-__all__ = ["Crashed", "Tasks"]
+__all__ = ["Crashed", "Tasks", "until"]
 
 T = TypeVar("T")
 
@@ -107,3 +111,20 @@ class Tasks:
         for task in stuck:
             self._log.error("%s task %s did not stop within %gs", self.owner, task.get_name(),
                             timeout)
+
+
+async def until(stopped: asyncio.Event, work: Coroutine[Any, Any, T]) -> asyncio.Task[T]:
+    """Rule 5: `work` as a task, awaited until it ends or `stopped` is set, whichever comes
+    first; if `stopped` came first the task is cancelled, and awaited. The caller reads the
+    task: `cancelled()`, or `result()` (what the work returned, or raised)."""
+    doing = asyncio.ensure_future(work)
+    told = asyncio.ensure_future(stopped.wait())
+    try:
+        await asyncio.wait((doing, told), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        told.cancel()
+        if not doing.done():
+            doing.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await doing
+    return doing

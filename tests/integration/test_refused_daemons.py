@@ -81,3 +81,23 @@ async def test_a_broker_with_a_refused_or_foreign_credential_gives_up(
                                 "--creds", str(ids.operator)], tmp_path / "broker2.log")
     assert code == 1 and len(errors) == 1
     assert f"the credentials in {ids.operator} are not the broker's" in errors[0]
+    # It stops where it stands (`broker.service` rule 10): the rest of its start, each
+    # JetStream request waiting out its timeout on an inbox NATS refuses, is not waited for.
+    log = (tmp_path / "broker2.log").read_text()
+    assert "broker up" not in log and "JetStream cannot make" not in log, log
+
+
+async def test_an_ha_broker_with_a_foreign_credential_stops_as_it_starts(
+        server: tuple[NatsServer, identity.Identities], tmp_path: Path) -> None:
+    """The same for one of several brokers: told to stop while it opens its lease (a
+    JetStream bucket, asked through an inbox NATS refuses it), it stops there."""
+    s, ids = server
+    remote = tmp_path / "remote.git"
+    subprocess.run(["git", "init", "-q", "--bare", str(remote)], check=True)
+    code, errors = await exits(["broker", "--ha", "--ha-replicas", "1", "--push", str(remote),
+                                "--state", str(tmp_path / "b"), "--nats", s.url,
+                                "--creds", str(ids.operator)], tmp_path / "ha.log")
+    assert code == 1 and len(errors) == 1, errors
+    assert f"the credentials in {ids.operator} are not the broker's" in errors[0]
+    log = (tmp_path / "ha.log").read_text()
+    assert "stands by" not in log, log

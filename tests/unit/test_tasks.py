@@ -18,7 +18,7 @@ from gavel.broker.service import Broker, Config
 from gavel.shared.spec import Check
 from gavel.shared.strategies import make_strategy
 from gavel.shared.timing import Timing
-from gavel.transport.tasks import Crashed, Tasks
+from gavel.transport.tasks import Crashed, Tasks, until
 from gavel.worker.agent import Agent
 from gavel.worker.instance import Held, Life
 from gavel.worker.probes import Prober
@@ -82,6 +82,33 @@ def test_a_task_that_returns_or_is_cancelled_is_no_crash() -> None:
         assert await done == 7
         await asyncio.wait({stopped})
         assert not tasks and crashes == []
+
+    asyncio.run(scenario())
+
+
+def test_until_gives_the_work_up_once_told_to_stop() -> None:
+    """Rule 5: told to stop first, the work is cancelled and awaited (its own clean-up runs
+    before `until` returns); ended first, what it returned or raised is the task's."""
+    async def scenario() -> None:
+        cleaned: list[str] = []
+
+        async def starting() -> None:
+            try:
+                await forever()
+            finally:
+                cleaned.append("starting")
+
+        stopped = asyncio.Event()
+        asyncio.get_running_loop().call_soon(stopped.set)
+        given_up = await until(stopped, starting())
+        assert given_up.cancelled() and cleaned == ["starting"]
+        assert (await until(asyncio.Event(), asyncio.sleep(0, result=7))).result() == 7
+        failed = await until(asyncio.Event(), fails())
+        with pytest.raises(ValueError, match="a bug"):
+            failed.result()
+        await asyncio.sleep(0)
+        assert not [t for t in asyncio.all_tasks()
+                    if t is not asyncio.current_task() and not t.done()]
 
     asyncio.run(scenario())
 
