@@ -17,7 +17,10 @@ Rules:
    again before each open loop, it follows a machine whose load moves from minute to minute;
    an open loop's rate is its fraction of the median of the measurements so far (one window
    of 4 s read 1,670 and the next 2,920/s in a quiet hour: 80% of the second was more than
-   the machine then placed).
+   the machine then placed). A window in which nothing has landed by its end goes on until
+   its first placement lands, at most `STRETCH` times its seconds, as rule 4's segments do:
+   beside the test suite and a benchmark, twenty agents' commits at the latency end landed
+   further apart than a scaled window lasts, and a capacity of 0 offers no load at all.
 3. An open loop at each fraction of capacity in `FRACTIONS`: submissions at that rate through
    `pairs` x 2 segments of `SEGMENT_S`, the settings changing at each segment between the
    defaults (every value tuned: a fresh tuner at the latency end, as a broker started with no
@@ -121,10 +124,10 @@ CLOSED_SEGMENT_S = 8.0
 #: the second 0.90-1.36, the third 0.89-1.22; one side against itself, the first pair read
 #: 1.72 and 1.94. The side that opens the comparison gained that pair.
 CLOSED_WARM_S = 2 * CLOSED_SEGMENT_S
-#: Rule 4: a closed loop's segment in which nothing has landed by its end goes on until its
-#: first placement lands, up to this many times its seconds.
+#: Rules 2, 4: a capacity window or a closed loop's segment in which nothing has landed by its
+#: end goes on until its first placement lands, up to this many times its seconds.
 STRETCH = 3.0
-#: Rule 4: how often a stretched segment looks for its first placement.
+#: Rules 2, 4: how often a stretched window or segment looks for its first placement.
 STRETCH_EVERY_S = 0.05
 #: Pairs of open-loop segments a comparison makes unless told (rule 3): 44 of 0.5 s give a
 #: median whose standard error is about a quarter of its log, where 11 of 2 s left a third
@@ -249,13 +252,25 @@ async def _capacity(rig: Rig, broker: _Broker, asked: list[str], prefix: str,
     load = _Closed(rig, broker, asked, prefix, size.capacity_n, _CAPACITY_FEEDING)
     await load.start(0.0)
     await asyncio.sleep(CHURN_S)  # the first instances end: the steady state begins
-    first, started = await broker.placed(), time.perf_counter()
-    await asyncio.sleep(size.capacity_s)
-    last, elapsed = await broker.placed(), time.perf_counter() - started
+    landed, elapsed = await _landed_over(broker, size.capacity_s)
     await load.stop()
     await broker.tune(DEFAULTS)  # the backlog drains at the defaults' pace
     await _placed(broker, base + len(asked) - before)
-    return round((last - first) / elapsed, 1)
+    return round(landed / elapsed, 1)
+
+
+async def _landed_over(broker: _Broker, seconds: float) -> tuple[int, float]:
+    """Rule 2: the placements landed over `seconds` from now, and the seconds they were
+    counted over; a window in which none landed goes on until the first does, at most
+    `STRETCH` times its seconds (rule 4's segments do the same, for the same reason)."""
+    first, started = await broker.placed(), time.perf_counter()
+    await asyncio.sleep(seconds)
+    last = await broker.placed()
+    stretch_to = started + STRETCH * seconds
+    while last == first and time.perf_counter() < stretch_to:
+        await asyncio.sleep(STRETCH_EVERY_S)
+        last = await broker.placed()
+    return last - first, time.perf_counter() - started
 
 
 class _Open:

@@ -344,6 +344,35 @@ def test_a_closed_loops_empty_segment_waits_for_its_first_landing(
             assert 0.15 <= first.seconds < 0.25 and first.placed == 107, first
 
 
+@pytest.mark.parametrize("lands_after_s", [0.05, 0.15, None])
+def test_an_empty_capacity_window_waits_for_its_first_landing(
+        lands_after_s: float | None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rule 2: a capacity window (0.1 s) counts what landed over its seconds; one in which
+    nothing has landed by its end goes on until its first placement lands (after 0.15 s),
+    and no longer than `STRETCH` times its seconds when none does (a capacity of 0 then)."""
+    class Late(_FakeBroker):
+        def __init__(self) -> None:
+            super().__init__()
+            self.began: float | None = None
+
+        async def placed(self) -> int:
+            now = time.perf_counter()
+            if self.began is None:
+                self.began = now
+            elif lands_after_s is not None and now - self.began >= lands_after_s:
+                self.total = 100
+            return self.total
+
+    monkeypatch.setattr(tu, "STRETCH_EVERY_S", 0.01)
+    landed, seconds = asyncio.run(tu._landed_over(Late(), 0.1))  # type: ignore[arg-type]
+    if lands_after_s == 0.05:  # within the window: its seconds, as they were
+        assert landed == 100 and 0.1 <= seconds < 0.3, seconds
+    elif lands_after_s is None:  # nothing landed: three windows' seconds, then on
+        assert landed == 0 and 0.3 <= seconds < 0.8, seconds
+    else:  # stretched until it landed, not to its end
+        assert landed == 100 and 0.15 <= seconds < 0.3, seconds
+
+
 def test_the_sitting_reads_git_again_while_a_requeued_award_is_landing(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """Rule 5: awards counted reach what was asked one early for a requeued instance; the
