@@ -11,8 +11,9 @@ Rules:
    `Stopped`: one sentence naming the object and what to do, exit status 1, no traceback.
 5. A credential NATS refuses is retried `AUTH_TRIES` times, then the daemon exits 1 with one
    error line; one that is not the daemon's own (NATS refuses a worker its own node's
-   subjects, or the broker any subject) stops it at once. A worker stopped so leaves its
-   instances running. NATS itself not answering is retried for ever (it may start later).
+   subjects, or the broker or the gateway any subject) stops it at once. A worker stopped
+   so leaves its instances running. NATS itself not answering is retried for ever (it may
+   start later).
 6. `gavel config check` tells a file's daemon by the keys only that daemon reads.
 7. With ``[ha]`` the broker is one of several (`gavel.broker.ha`): it stands by until it
    holds the lease, and each of its leaderships pushes to `push` itself.
@@ -63,7 +64,6 @@ from gavel.shared.redact import mask_url
 from gavel.shared.strategies import Strategy
 from gavel.transport.creds import connect_options
 from gavel.transport.tasks import Tasks
-from gavel.transport.urls import servers
 
 if TYPE_CHECKING:
     from gavel.broker.ha import HaBroker
@@ -73,7 +73,7 @@ if TYPE_CHECKING:
     from gavel.shared.timing import Timing
 
 __all__ = ["BROKER_ONLY", "GATEWAY_ONLY", "WORKER_ONLY", "Stopped", "check", "config_check",
-           "config_kind", "run_broker", "run_gateway", "settings",
+           "config_kind", "run_broker", "settings",
            "worker_strategy"]
 
 log = logging.getLogger("gavel.cli")
@@ -228,7 +228,8 @@ class Refusals:
     daemon is stopped with one error line; a credential that is not this daemon's (NATS
     refuses it the subjects of its own role) stops it at once. `fatal` keeps the sentence."""
 
-    def __init__(self, cfg: BrokerConfig | WorkerConfig, stop: Callable[[], object]) -> None:
+    def __init__(self, cfg: BrokerConfig | WorkerConfig | GatewayConfig,
+                 stop: Callable[[], object]) -> None:
         self.cfg = cfg
         self._stop = stop
         self._last = ""
@@ -238,12 +239,16 @@ class Refusals:
     def _who(self) -> str:
         if self.cfg.creds:
             return f"the credentials in {self.cfg.creds}"
-        daemon = "worker" if isinstance(self.cfg, WorkerConfig) else "broker"
-        return f"a {daemon} without credentials (--creds FILE or GAVEL_CREDS)"
+        return f"a {self._daemon} without credentials (--creds FILE or GAVEL_CREDS)"
+
+    @property
+    def _daemon(self) -> str:
+        return ("worker" if isinstance(self.cfg, WorkerConfig)
+                else "gateway" if isinstance(self.cfg, GatewayConfig) else "broker")
 
     def _mine(self, subject: str) -> bool:
-        """A subject of this daemon's own role: every one for the broker, the node's own
-        (its id is a token) for a worker."""
+        """A subject of this daemon's own role: every one for the broker and the gateway,
+        the node's own (its id is a token) for a worker."""
         if not isinstance(self.cfg, WorkerConfig):
             return True
         node = self.cfg.node_id.lower()
@@ -277,7 +282,7 @@ class Refusals:
             return
         if violation and self._mine(violation.group(2)):
             role = (f"node {self.cfg.node_id}'s" if isinstance(self.cfg, WorkerConfig)
-                    else "the broker's")
+                    else f"the {self._daemon}'s")
             self._give_up(f"{self._who()} are not {role}: NATS refused "
                           f"{violation.group(1)} to {violation.group(2)}; stopping")
             return
@@ -424,74 +429,3 @@ def worker_strategy(cfg: WorkerConfig) -> Strategy:
         return reserve(make_strategy(cfg.strategy, cfg.strategy_params), cfg.reserve_for)
     except ValueError as exc:
         raise ConfigError(f"field `strategy_params`: {exc}.") from None
-
-
-async def run_gateway(args: argparse.Namespace) -> int:
-    """`gavel gateway`: an operator client of the broker that keeps Caddy's routes."""
-    import nats
-
-    from gavel.cli.metrics_http import MetricsUnavailable, serve
-    from gavel.gateway.admin import Admin
-    from gavel.gateway.files import FileServer
-    from gavel.gateway.keeper import Keeper
-    from gavel.gateway.metrics import GatewayMetrics
-    from gavel.gateway.trust import cluster_ports, load_book
-
-    cfg: GatewayConfig = args.settings
-    logs.configure(cfg.log_format, cfg.log_level, secrets=url_secrets(cfg.nats, cfg.admin))
-    timing = effective_timing(cfg, os.environ)
-    stopping = asyncio.Event()
-    on_signal(stopping.set)
-    options: dict[str, Any] = {"name": "gavel-gateway", "max_reconnect_attempts": -1,
-                               "reconnect_time_wait": 0.5, "error_cb": _gateway_nats_error,
-                               **nats_options_of(cfg)}
-    nc, said = None, False
-    while nc is None:  # a gateway started before NATS waits for it, saying so once
-        try:
-            nc = await nats.connect(servers(cfg.nats), **options)
-        except Exception as exc:
-            if not said:
-                log.warning("cannot reach NATS at %s (%s); retrying", mask_url(cfg.nats), exc)
-                said = True
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(timing.reconnect_s):
-                    await stopping.wait()
-            if stopping.is_set():
-                return 0
-    reserved = cluster_ports(nats=servers(cfg.nats), admin=cfg.admin, listen=cfg.listen,
-                             metrics_port=cfg.metrics_port, reserved=cfg.reserved_ports)
-    book = load_book(cfg.nodes)
-    files = FileServer(lambda rid: keeper.root_of(rid))
-    keeper = Keeper(nc=nc, admin=Admin(cfg.admin, timing.caddy_s), timing=timing, server=cfg.server,
-                    listen=cfg.listen, static_roots=cfg.static_roots, book=book,
-                    reserved=reserved, files_dial=files.dial)
-    if keeper.book is None:
-        log.warning("no node book (--trust-advertised-addresses): routes lead to the "
-                    "addresses nodes advertise themselves; `gavel auth init --node "
-                    "NAME=ADDRESS:FIRST-LAST` writes one for --nodes")
-    server = None
-    if cfg.metrics_port is not None:
-        try:
-            server = serve(GatewayMetrics(keeper).registry, cfg.metrics_port, cfg.metrics_addr)
-        except MetricsUnavailable as exc:
-            await nc.close()
-            files.close()
-            raise ConfigError(f"{exc}.") from None
-        log.info("metrics at %s", server.url)
-    log.info("gateway: routes into Caddy server %r through %s", cfg.server, mask_url(cfg.admin))
-    keeping = Tasks("the gateway", log, crashed=lambda crash: stopping.set())  # rule 9
-    running = keeping.spawn(keeper.run(), name="keeper")
-    try:
-        await stopping.wait()
-    finally:
-        keeper.stop()
-        await keeping.wait(None)  # its step in hand finishes: Caddy is left whole
-        await nc.close()
-        files.close()
-        if server is not None:
-            server.close()
-    return 1 if not running.cancelled() and running.exception() is not None else 0
-
-
-async def _gateway_nats_error(exc: Exception) -> None:
-    log.warning("nats: %s", str(exc) or type(exc).__name__)

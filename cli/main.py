@@ -50,7 +50,9 @@ async def _dispatch(args: argparse.Namespace) -> int:
 
             return await run_worker(args)
         case "gateway":
-            return await daemons.run_gateway(args)
+            from gavel.cli.gatewaydaemon import run_gateway
+
+            return await run_gateway(args)
         case "up":
             from gavel.cli.up import up
 

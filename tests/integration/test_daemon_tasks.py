@@ -14,7 +14,7 @@ import pytest
 
 from gavel.broker import service
 from gavel.broker.ledger.remote import Pusher
-from gavel.cli import daemons, logs
+from gavel.cli import daemons, gatewaydaemon, logs
 from gavel.cli.main import build_parser
 from gavel.gateway.keeper import Keeper
 from gavel.transport.natsserver import free_port
@@ -61,5 +61,5 @@ async def test_a_crashed_keeper_stops_the_gateway_with_status_1(
                        f"http://127.0.0.1:{free_port()}", "--listen",
                        f"127.0.0.1:{free_port()}", "--trust-advertised-addresses")
     async with asyncio.timeout(HANG_S):
-        assert await daemons.run_gateway(args) == 1
+        assert await gatewaydaemon.run_gateway(args) == 1
     assert "the gateway task keeper failed" in caplog.text

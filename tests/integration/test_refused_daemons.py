@@ -101,3 +101,24 @@ async def test_an_ha_broker_with_a_foreign_credential_stops_as_it_starts(
     assert f"the credentials in {ids.operator} are not the broker's" in errors[0]
     log = (tmp_path / "ha.log").read_text()
     assert "stands by" not in log, log
+
+
+async def test_a_gateway_with_a_refused_or_foreign_credential_gives_up(
+        server: tuple[NatsServer, identity.Identities], tmp_path: Path) -> None:
+    """The gateway too (`cli.daemons` rule 5): nats-py's first connect retried a refused
+    credential for ever, a warning twice a second, deaf to SIGTERM."""
+    s, ids = server
+    stranger = identity.init(tmp_path / "elsewhere", []).operator
+    admin = f"unix://{tmp_path / 'caddy.sock'}"  # no Caddy: the gateway stops before it
+    code, errors = await exits(["gateway", "--nats", s.url, "--creds", str(stranger),
+                                "--admin", admin, "--trust-advertised-addresses"],
+                               tmp_path / "gateway1.log")
+    assert code == 1
+    assert errors[-1].endswith(f"NATS at {s.url} refused the credentials in {stranger} 5 "
+                               "times in a row; stopping"), errors
+    assert len(errors) == 2, errors  # the first refusal ("retrying"), and giving up
+    code, errors = await exits(["gateway", "--nats", s.url, "--creds",
+                                str(ids.nodes["node-a"]), "--admin", admin,
+                                "--trust-advertised-addresses"], tmp_path / "gateway2.log")
+    assert code == 1 and len(errors) == 1, errors
+    assert f"the credentials in {ids.nodes['node-a']} are not the gateway's" in errors[0]
