@@ -12,11 +12,19 @@ import pytest
 from gavel.worker.engine import Engine
 from tests.integration.authed import authed
 from tests.integration.dockerkit import engine_client
-from tests.integration.harness import Cluster, UpDemo
+from tests.integration.harness import Cluster, UpDemo, release_ports
 
 __all__ = ["authed", "cluster", "docker", "engines", "up_demo"]
 
 pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(autouse=True)
+def _ports_let_go() -> Iterator[None]:
+    """The ports a test claimed (`harness.free_range`) are free for the next, once it and
+    every fixture it used are done."""
+    yield
+    release_ports()
 
 
 @pytest.fixture

@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -311,11 +312,75 @@ async def healthy_nodes(nc: Any) -> set[str]:
     return {n.node_id for n in reply.nodes if n.health == "healthy"}
 
 
+#: The ports `free_range` handed out to the test processes running now: a file a port,
+#: naming the process that holds it.
+PORT_CLAIMS = Path(tempfile.gettempdir()) / "gavel-test-ports"
+
+
 def free_range(start: int, size: int = 40) -> tuple[int, int]:
-    """The first `size` consecutive ports from `start` on that bind now, in steps of `size`:
-    a test that names its ports finds them taken when another test (or anything else on the
-    machine) holds one."""
+    """The first `size` consecutive ports from `start` that bind now and no other test
+    process has claimed, in steps of `size`, claimed for this one until `release_ports` (the
+    integration tests' conftest, after each test). A port that binds now can be an
+    instance's a moment later: tests of other files run beside this one (xdist) and name
+    the same starts."""
     first = start
-    while not all(bindable(p) for p in range(first, first + size)):
+    while not (all(bindable(p) for p in range(first, first + size))
+               and _claim(range(first, first + size))):
         first += size
     return first, first + size - 1
+
+
+def release_ports() -> None:
+    """This process's claims (`free_range`) let go."""
+    me = str(os.getpid())
+    for path in PORT_CLAIMS.glob("*"):
+        if _holder(path) == me:
+            path.unlink(missing_ok=True)
+
+
+def _claim(ports: range) -> bool:
+    """Every port of `ports` claimed for this process, or none (another live process holds
+    one); a dead process's claim is taken over."""
+    PORT_CLAIMS.mkdir(exist_ok=True)
+    me, made = str(os.getpid()), []
+    for port in ports:
+        path = PORT_CLAIMS / str(port)
+        holder = None
+        for _ in range(2):
+            try:
+                fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+            except FileExistsError:
+                holder = _holder(path)
+                if holder is not None and holder != me and not _alive(int(holder)):
+                    path.unlink(missing_ok=True)  # its process is gone: try again
+                    continue
+                break
+            with os.fdopen(fd, "w") as out:
+                out.write(me)
+            made.append(path)
+            holder = me
+            break
+        if holder != me:
+            for path in made:
+                path.unlink(missing_ok=True)
+            return False
+    return True
+
+
+def _holder(path: Path) -> str | None:
+    """The pid a claim names (None: unreadable, or still being written: held)."""
+    try:
+        pid = path.read_text()
+    except OSError:
+        return None
+    return pid if pid.isdecimal() else None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
