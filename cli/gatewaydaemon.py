@@ -44,7 +44,9 @@ async def run_gateway(args: argparse.Namespace) -> int:
         # nats-py's first connect retries a refused credential for ever: a stop (a signal,
         # `Refusals` giving up) ends it where it stands
         connecting = await until(stopping, nats.connect(servers(cfg.nats), **options))
-        if connecting.cancelled():
+        if connecting.cancelled() or stopping.is_set():  # a connection made meanwhile goes
+            if not connecting.cancelled() and connecting.exception() is None:
+                await connecting.result().close()
             return 1 if refusals.fatal else 0
         try:
             nc = connecting.result()

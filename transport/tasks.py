@@ -20,18 +20,22 @@ Rules:
    request's alone, and decides for itself what a crash of one loop means.
 5. `until` runs one piece of work as long as a part is not told to stop: a part told to
    stop while it starts, or while it waits for something, stops there rather than when the
-   work ends (each JetStream request of a start can wait out its timeout).
+   work ends (each JetStream request of a start can wait out its timeout). A cancel the
+   work swallows is repeated until one takes (nats-py's first connect swallows one that
+   lands while it sets up an attempt, and retries a refused credential for ever).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
-__all__ = ["Crashed", "Tasks", "until"]
+__all__ = ["CANCEL_AGAIN_S", "Crashed", "Tasks", "until"]
+
+#: Rule 5: how long `until` waits for a cancel to take before it cancels again.
+CANCEL_AGAIN_S = 0.05
 
 T = TypeVar("T")
 
@@ -123,8 +127,7 @@ async def until(stopped: asyncio.Event, work: Coroutine[Any, Any, T]) -> asyncio
         await asyncio.wait((doing, told), return_when=asyncio.FIRST_COMPLETED)
     finally:
         told.cancel()
-        if not doing.done():
+        while not doing.done():
             doing.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await doing
+            await asyncio.wait((doing,), timeout=CANCEL_AGAIN_S)
     return doing

@@ -110,6 +110,19 @@ def test_until_gives_the_work_up_once_told_to_stop() -> None:
         assert not [t for t in asyncio.all_tasks()
                     if t is not asyncio.current_task() and not t.done()]
 
+        async def stubborn() -> None:  # swallows the first cancel, as nats-py's connect can
+            try:
+                await forever()
+            except asyncio.CancelledError:
+                cleaned.append("swallowed")
+            await forever()
+
+        told = asyncio.Event()
+        asyncio.get_running_loop().call_soon(told.set)
+        async with asyncio.timeout(5):  # one cancel, not repeated, would leave it running
+            assert (await until(told, stubborn())).cancelled()
+        assert cleaned == ["starting", "swallowed"]
+
     asyncio.run(scenario())
 
 
