@@ -37,7 +37,7 @@ Rules:
    of their own: a request waits for one pass over a large cluster, never for all of them.
    So does an auctioneer's pass woken while the last ran (a wave of retries come due).
 10. A broker told to stop while it starts (a signal; a credential NATS takes but that is
-   not the broker's, `cli.daemons` rule 4) stops there: what is left of its start (the
+   not the broker's, `cli.daemons` rule 5) stops there: what is left of its start (the
    JetStream streams and bucket, the subscriptions' confirmation, each waiting out its
    timeout when the broker's inbox is refused) is given up, and it closes as a broker
    that was up.
