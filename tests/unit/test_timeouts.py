@@ -30,6 +30,8 @@ ROOMS = ["broker", "worker", "transport", "gateway", "client", "cli"]
 
 ALLOWED = {
     # Pacing of another program's I/O, not a wait of the protocol.
+    "transport/tasks.py::<module>::CANCEL_AGAIN_S=0.05":
+        "nats-py's pace taking a cancel: repeated until one takes, nobody waits it out",
     "worker/execsession.py::ProcessSession.write::sleep(0.01)":
         "a full terminal is written again at the kernel's pace",
     "worker/cgroups.py::release::param every_s=0.02": "the kernel's pace emptying a cgroup",
