@@ -83,7 +83,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from gavel.bench.run import Options, Rig, submit_all
 from gavel.bench.verdict import CONFIDENCE, Comparison, Report, Segment
@@ -159,6 +159,8 @@ ENDED_MAX = 5000
 
 
 Say = Callable[[str], None]
+#: What a stretched window reads (`_first_landing`).
+R = TypeVar("R")
 
 
 class _Broker:
@@ -265,12 +267,20 @@ async def _landed_over(broker: _Broker, seconds: float) -> tuple[int, float]:
     `STRETCH` times its seconds (rule 4's segments do the same, for the same reason)."""
     first, started = await broker.placed(), time.perf_counter()
     await asyncio.sleep(seconds)
-    last = await broker.placed()
-    stretch_to = started + STRETCH * seconds
-    while last == first and time.perf_counter() < stretch_to:
-        await asyncio.sleep(STRETCH_EVERY_S)
-        last = await broker.placed()
+    last = await _first_landing(broker.placed, lambda n: n, first,
+                                started + STRETCH * seconds)
     return last - first, time.perf_counter() - started
+
+
+async def _first_landing(read: Callable[[], Awaitable[R]], placed: Callable[[R], int],
+                         before: int, stretch_to: float) -> R:
+    """Rules 2, 4: `read()` again every `STRETCH_EVERY_S` while what it says was placed is
+    still `before` and `stretch_to` (a `perf_counter` time) has not come; the last read."""
+    got = await read()
+    while placed(got) == before and time.perf_counter() < stretch_to:
+        await asyncio.sleep(STRETCH_EVERY_S)
+        got = await read()
+    return got
 
 
 class _Open:
@@ -372,12 +382,9 @@ async def _interleave(broker: _Broker, c: Comparison, reference: dict[str, Any],
         end = at + segment_s if load.open_ended else started + (k + 1) * segment_s
         await asyncio.sleep(max(0.0, end - time.perf_counter()))
         last = k + 1 == 2 * pairs
-        ending = await broker.tune({}, apply=False)
-        if load.open_ended:  # rule 4: an empty closed-loop segment waits for its first landing
-            stretch_to = at + STRETCH * segment_s
-            while ending.placed_total == placed_at and time.perf_counter() < stretch_to:
-                await asyncio.sleep(STRETCH_EVERY_S)
-                ending = await broker.tune({}, apply=False)
+        ending = await _first_landing(  # rule 4: an empty closed-loop segment waits for it
+            lambda: broker.tune({}, apply=False), lambda r: r.placed_total, placed_at,
+            at + STRETCH * segment_s if load.open_ended else 0.0)
         reply = await broker.tune(DEFAULTS if last else settings[sides[k + 1]])
         now = time.perf_counter()
         c.segments.append(Segment(sides[k], now - at, reply.placed_total - placed_at,

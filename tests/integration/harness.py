@@ -339,32 +339,41 @@ def release_ports() -> None:
 
 
 def _claim(ports: range) -> bool:
-    """Every port of `ports` claimed for this process, or none (another live process holds
-    one); a dead process's claim is taken over."""
+    """Every port of `ports` claimed for this process, or none claimed anew (another live
+    process holds one)."""
     PORT_CLAIMS.mkdir(exist_ok=True)
-    me, made = str(os.getpid()), []
+    made: list[Path] = []
     for port in ports:
         path = PORT_CLAIMS / str(port)
-        holder = None
-        for _ in range(2):
-            try:
-                fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-            except FileExistsError:
-                holder = _holder(path)
-                if holder is not None and holder != me and not _alive(int(holder)):
-                    path.unlink(missing_ok=True)  # its process is gone: try again
-                    continue
-                break
-            with os.fdopen(fd, "w") as out:
-                out.write(me)
-            made.append(path)
-            holder = me
-            break
-        if holder != me:
-            for path in made:
-                path.unlink(missing_ok=True)
+        got = _claim_port(path)
+        if got is None:
+            for claimed in made:
+                claimed.unlink(missing_ok=True)
             return False
+        if got:
+            made.append(path)
     return True
+
+
+def _claim_port(path: Path) -> bool | None:
+    """True: claimed now; False: this process held it already; None: another live process
+    holds it. A dead process's claim is taken over."""
+    me = str(os.getpid())
+    for _ in range(2):
+        try:
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            holder = _holder(path)
+            if holder == me:
+                return False
+            if holder is None or _alive(int(holder)):
+                return None
+            path.unlink(missing_ok=True)  # its process is gone: try again
+            continue
+        with os.fdopen(fd, "w") as out:
+            out.write(me)
+        return True
+    return None
 
 
 def _holder(path: Path) -> str | None:
@@ -381,6 +390,6 @@ def _alive(pid: int) -> bool:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    except PermissionError:
-        return True
+    except PermissionError:  # another user's: alive
+        pass
     return True
