@@ -11,7 +11,11 @@ Rules:
    instead: instance, stream, line. Several instances' lines are merged in the order they
    were written (to the node's tick: `LogChunk.at`); a follow prints them as they come.
 3. ``--follow`` ends when every instance asked has ended (exit 0), or at Ctrl-C (exit 0).
-   A node that does not answer is one sentence naming it (exit 1).
+   A node that does not answer is one sentence naming it (exit 1). A follow of instances
+   no node has run yet (queued, unschedulable, placed, ...) waits until they run
+   (`Client.started`: an unschedulable instance is asked for again when a node comes or
+   room is freed), saying once on stderr what it waits for; one that ends before it runs is
+   its sentence (exit 1).
 """
 
 from __future__ import annotations
@@ -34,6 +38,8 @@ __all__ = ["run"]
 
 #: The states of a replica that is no longer current (rule 1).
 _ENDED = frozenset({"succeeded", "failed", "lost", "cancelled"})
+#: The states in which an instance has output on its node to follow (rule 3).
+_RUNS = _ENDED | {"running"}
 
 
 async def _targets(client: Client, args: argparse.Namespace) -> list[tuple[str, str]]:
@@ -57,6 +63,14 @@ async def _targets(client: Client, args: argparse.Namespace) -> list[tuple[str, 
                 raise ClientError(f"service {args.instance} has no current replica "
                                   "(--history: the replicas it had)") from None
             found = current
+    if args.follow and not any(i.state in _RUNS for i in found):
+        waiting = [i for i in found if i.state not in _ENDED]
+        if waiting:
+            first = waiting[0]
+            why = ": ".join(p for p in (first.state, first.detail or first.reason) if p)
+            print(f"gavel logs: waiting for {', '.join(i.instance_id for i in waiting)} to run "
+                  f"({why})", file=sys.stderr)
+            found = [await client.started(i.instance_id) for i in waiting]
     placed = [(i.instance_id, i.node_id) for i in found if i.node_id]
     if not placed:
         i = found[0]

@@ -136,6 +136,10 @@ class EventFeed:
         await self._follower.aclose()
 
 
+#: The states of an instance a node holds but has not run yet (`Client.logs`' follow waits).
+_NOT_YET = frozenset({"placed", "provisioning"})
+
+
 class Client:
     """A cluster's API over `nc` (a nats-py connection). `Client.connect` makes one that
     owns its connection and closes it with `close` (or ``async with``)."""
@@ -231,6 +235,14 @@ class Client:
         `timeout` (None: no limit), naming the last failing check heard of. `watch`: one
         made before the submit (`watch`). `gavel submit --wait=running` is this wait."""
         return await running(self, instance_id, timeout, watch, poll_s=self.timing.follow_s)
+
+    async def started(self, instance_id: str, timeout: float | None = None) -> InstanceStatus:
+        """Until the instance has run on a node - it runs, in any health, or has ended there:
+        its status, with the node that has its output. `Ended` when it ends before any node
+        ran it, is unschedulable or meets an error; `TimedOut` past `timeout` (None: no
+        limit). What `logs(follow=True)` waits for first."""
+        return await running(self, instance_id, timeout, poll_s=self.timing.follow_s,
+                             started=True)
 
     async def wait_job(self, job_id: str, timeout: float | None = None) -> StatusReply:
         """Until the job ends - a lone instance in a terminal state, a batch array with no
@@ -368,9 +380,12 @@ class Client:
                    streams: list[Stream] | None = None, tail: int = -1, since: float = 0.0,
                    follow: bool = False) -> AsyncIterator[LogChunk | LogsDone]:
         """Rule 3: the instance's output from its node (`node_id`: ask that node, without
-        the status API), chunk by chunk, then the `LogsDone` that ended it."""
+        the status API), chunk by chunk, then the `LogsDone` that ended it. A `follow` of an
+        instance no node has run yet waits until one does (`started`)."""
         if not node_id:
             inst = await self.instance(instance_id)
+            if follow and (not inst.node_id or inst.state in _NOT_YET):
+                inst = await self.started(instance_id)
             if not inst.node_id:
                 raise ClientError(f"{instance_id} has not run on a node yet ({inst.state}): "
                                   "it has no output")

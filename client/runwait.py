@@ -1,14 +1,18 @@
 """The typed client's wait for an instance running healthy - what `gavel submit
---wait=running` (and ``--wait`` on a service) waits for.
+--wait=running` (and ``--wait`` on a service) waits for - or, `started`, for an instance to
+have run on a node at all (what `gavel logs --follow` waits for: `Client.started`).
 
 Rules:
 1. It is over once the instance runs and is healthy (which an instance without checks is
-   once it runs), or has succeeded: its status.
+   once it runs), or has succeeded: its status. A `started` wait is over once the instance
+   runs in any health, or has ended on a node (it has output there).
 2. It ends without success (`Ended`, with the sentence `gavel submit` prints and the status)
-   when the instance ends otherwise (failed, lost, cancelled), no node will take it
-   (unschedulable, its state or the event, for the nodes' reasons: not for silence,
-   `gavel.client.jobwait` rule 5), or meets an error (the event: a pinned deployment, a
-   broken repository).
+   when the instance ends otherwise (failed, lost, cancelled; for a `started` wait, ended
+   before any node ran it), no node will take it (unschedulable, its state or the event,
+   for the nodes' reasons: not for silence, `gavel.client.jobwait` rule 5; not for a
+   `started` wait: the broker asks again when a node comes or room is freed,
+   `shared.auctioneer` rule 7, and a follow waits with it), or meets an error (the event: a
+   pinned deployment, a broken repository).
 3. It looks at the status first (what happened before it listened), then again at each of
    the instance's events, and every `poll_s` (`POLL_S` unless its caller's `Timing` says).
    A `Watch` made before the submit hears the events between the submit's answer and the
@@ -80,9 +84,10 @@ class Watch:
         await self.close()
 
 
-def _heard(iid: str, ev: Event, inst: InstanceStatus) -> Ended | None:
+def _heard(iid: str, ev: Event, inst: InstanceStatus, started: bool) -> Ended | None:
     """Rule 2 for an event: the end it means, if it means one."""
-    if ev.type == EventType.UNSCHEDULABLE and declined("unschedulable", ev.reason):
+    if (ev.type == EventType.UNSCHEDULABLE and not started
+            and declined("unschedulable", ev.reason)):
         return Ended(f"{iid} is unschedulable: {ev.detail or ev.reason}",
                      msgspec.structs.replace(inst, state="unschedulable", reason=ev.reason,
                                              detail=ev.detail))
@@ -93,22 +98,26 @@ def _heard(iid: str, ev: Event, inst: InstanceStatus) -> Ended | None:
     return None
 
 
-def _seen(iid: str, inst: InstanceStatus) -> InstanceStatus | Ended | None:
+def _seen(iid: str, inst: InstanceStatus, started: bool) -> InstanceStatus | Ended | None:
     """Rules 1 and 2 for a status: the instance when the wait is over, its end, or None."""
     if (inst.state == "running" and inst.health == "healthy") or inst.state == "succeeded":
+        return inst
+    if started and inst.node_id and inst.state in ("running", *_ENDED):
         return inst
     if inst.state in _ENDED:
         return Ended(f"{iid} {inst.state}: " + ": ".join(
             p for p in (inst.reason, inst.detail) if p), inst)
-    if declined(inst.state, inst.reason):
+    if declined(inst.state, inst.reason) and not started:
         return Ended(f"{iid} is unschedulable: {inst.detail or inst.reason}", inst)
     return None
 
 
 async def running(client: Client, iid: str, timeout: float | None,
-                  watch: Watch | None = None, *, poll_s: float = POLL_S) -> InstanceStatus:
-    """Rules 1 to 4: the instance's status once it runs healthy (`timeout` None: no limit),
-    looked at every `poll_s` when no event comes (the caller's `Timing.follow_s`)."""
+                  watch: Watch | None = None, *, poll_s: float = POLL_S,
+                  started: bool = False) -> InstanceStatus:
+    """Rules 1 to 4: the instance's status once it runs healthy (`started`: once it has
+    run on a node) (`timeout` None: no limit), looked at every `poll_s` when no event comes
+    (the caller's `Timing.follow_s`)."""
     deadline = None if timeout is None else time.monotonic() + timeout
     mine = watch is None
     watch = watch or await Watch(client.nc).add(iid)
@@ -116,7 +125,7 @@ async def running(client: Client, iid: str, timeout: float | None,
     try:
         while True:
             inst = (await client.status(iid)).instances[0]
-            match _seen(iid, inst):
+            match _seen(iid, inst, started):
                 case InstanceStatus() as done:
                     return done
                 case Ended() as ended:
@@ -127,11 +136,12 @@ async def running(client: Client, iid: str, timeout: float | None,
             if left <= 0:
                 now = f"unhealthy: {unhealthy}" if unhealthy else " ".join(
                     p for p in (inst.state, inst.health, inst.detail or inst.reason) if p)
-                raise TimedOut(f"{iid} not healthy within {timeout:g}s: {now}", inst)
+                goal = "running" if started else "healthy"
+                raise TimedOut(f"{iid} not {goal} within {timeout:g}s: {now}", inst)
             ev = await watch.next(iid, min(left, poll_s))
             if ev is None:
                 continue
-            if (end := _heard(iid, ev, inst)) is not None:
+            if (end := _heard(iid, ev, inst, started)) is not None:
                 raise end
             if ev.type == EventType.UNHEALTHY:
                 unhealthy = f"{ev.check}: {ev.detail}" if ev.detail else ev.check

@@ -143,6 +143,43 @@ async def test_stdout_stderr_all_tail_since_and_follow(cluster: Cluster) -> None
     assert again.returncode == 0 and numbers(again.stdout) == list(range(30))  # ended: returns
 
 
+async def follow_process(*args: str) -> tuple[asyncio.subprocess.Process, str]:
+    """`gavel logs ... --follow` started, and the first line it wrote to stderr."""
+    env = {k: v for k, v in os.environ.items() if k not in ("GAVEL_CREDS",)}
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "gavel", "logs", *args, "--follow",
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=env)
+    assert proc.stderr is not None
+    first = await asyncio.wait_for(proc.stderr.readline(), 60)
+    return proc, first.decode()
+
+
+async def test_a_follow_of_an_instance_no_node_ran_yet_waits_for_it(cluster: Cluster) -> None:
+    """`gavel logs ID --follow` right after the submit: the instance waits for a node (here
+    none is up yet); the follow waits with it, then prints all it writes. One cancelled
+    before any node ran it ends the follow with its sentence."""
+    await cluster.start_broker()
+    await cluster.submit(Spec(name="late", command=printer(10, every=0.05, err=False)),
+                         "late-1")
+    proc, said = await follow_process("late-1", "--nats", cluster.url)
+    state = (await cluster.status("late-1")).state
+    assert said.startswith("gavel logs: waiting for late-1 to run ("), said
+    assert state not in ("running", "succeeded")  # it did wait: no node was there
+    await cluster.start_agent("node-a")
+    out, err = await asyncio.wait_for(proc.communicate(), 90)
+    assert proc.returncode == 0, err
+    assert numbers(out.decode()) == list(range(10))
+
+    await cluster.stop_agent("node-a")
+    await cluster.submit(Spec(name="gone", command=printer(3, err=False)), "gone-1")
+    proc, said = await follow_process("gone-1", "--nats", cluster.url)
+    assert said.startswith("gavel logs: waiting for gone-1 to run ("), said
+    await cluster.call("cancel", CancelRequest(instance_id="gone-1"), CancelReply)
+    out, err = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode == 1 and out == b""
+    assert err.decode().splitlines()[-1].startswith("gavel logs: gone-1 cancelled"), err
+
+
 async def test_a_follow_spans_many_answer_windows_without_a_gap(cluster: Cluster) -> None:
     """The node answers each request for a short window only (the server's response
     permission in production is `WINDOW_S`); the asker asks again from the cursor."""
