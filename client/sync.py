@@ -144,6 +144,9 @@ class SyncClient:
         return self._run(self.client.wait(instance_id, timeout,
                                           watch=watch.watch if watch else None))
 
+    def started(self, instance_id: str, timeout: float | None = None) -> InstanceStatus:
+        return self._run(self.client.started(instance_id, timeout))
+
     def wait_nodes(self, count: int, timeout: float = _TIMING.wait_s) -> NodesReply:
         return self._run(self.client.wait_nodes(count, timeout))
 

@@ -13,6 +13,7 @@ import pytest
 
 from gavel.client import Client, Ended, SyncClient, TimedOut
 from gavel.shared import subjects
+from gavel.shared.api import InstanceStatus
 from gavel.shared.messages import Event, EventType, Spec
 from gavel.shared.reasons import Reason
 from gavel.shared.spec import Check, Restart
@@ -51,6 +52,28 @@ async def test_a_wait_names_the_last_failing_check(cluster: Cluster) -> None:
         return "healthy"
     assert await asyncio.to_thread(sync_wait) == ("down-2 not healthy within 5s: unhealthy: "
                                                   "tcp web: connection refused")
+
+
+async def test_started_waits_through_unschedulable_until_a_node_runs_it(
+        cluster: Cluster) -> None:
+    """`Client.started` (what a follow of logs waits for): an instance unschedulable for
+    want of nodes is not the end of it - the broker asks again when a node comes."""
+    await cluster.start_broker()
+    job = Spec(name="late", command=[sys.executable, "-c", "print('hi')"], cpu=0.1)
+    async with await Client.connect(cluster.url) as client:
+        await client.submit(job, instance_id="late-1")
+        with pytest.raises(TimedOut) as timed_out:
+            await client.started("late-1", 2)
+        assert str(timed_out.value).startswith("late-1 not running within 2s: unschedulable")
+        with pytest.raises(Ended):  # what `wait` makes of the same: no node will take it
+            await client.wait("late-1", 2)
+        await cluster.start_agent("node-a")
+
+        def sync_started() -> InstanceStatus:  # the sync client's: the same wait
+            with SyncClient(cluster.url) as c:
+                return c.started("late-1", 60)
+        ran = await asyncio.to_thread(sync_started)
+        assert ran.node_id == "node-a" and ran.state in ("running", "succeeded")
 
 
 async def test_an_event_heard_before_the_wait_began_ends_it(cluster: Cluster) -> None:
