@@ -22,7 +22,7 @@ from gavel.gateway.keeper import Keeper
 from gavel.gateway.metrics import GatewayMetrics
 from gavel.gateway.trust import cluster_ports, load_book
 from gavel.shared.redact import mask_url
-from gavel.transport.tasks import Tasks, until
+from gavel.transport.tasks import Tasks, opened_until
 from gavel.transport.urls import servers
 
 __all__ = ["run_gateway"]
@@ -43,13 +43,10 @@ async def run_gateway(args: argparse.Namespace) -> int:
     while nc is None:  # a gateway started before NATS waits for it, saying so once
         # nats-py's first connect retries a refused credential for ever: a stop (a signal,
         # `Refusals` giving up) ends it where it stands
-        connecting = await until(stopping, nats.connect(servers(cfg.nats), **options))
-        if connecting.cancelled() or stopping.is_set():  # a connection made meanwhile goes
-            if not connecting.cancelled() and connecting.exception() is None:
-                await connecting.result().close()
-            return 1 if refusals.fatal else 0
         try:
-            nc = connecting.result()
+            nc = await opened_until(stopping, nats.connect(servers(cfg.nats), **options))
+            if nc is None:
+                return 1 if refusals.fatal else 0
         except Exception as exc:
             if not said:
                 log.warning("cannot reach NATS at %s (%s); retrying", mask_url(cfg.nats), exc)

@@ -23,21 +23,31 @@ Rules:
    work ends (each JetStream request of a start can wait out its timeout). A cancel the
    work swallows is repeated until one takes (nats-py's first connect swallows one that
    lands while it sets up an attempt, and retries a refused credential for ever).
+   `opened_until` is `until` for work that opens something to close (a connection): what
+   it opened, or None when told to stop first - anything opened meanwhile is closed.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Callable, Coroutine
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
-__all__ = ["CANCEL_AGAIN_S", "Crashed", "Tasks", "until"]
+__all__ = ["CANCEL_AGAIN_S", "Crashed", "Tasks", "opened_until", "until"]
 
 #: Rule 5: how long `until` waits for a cancel to take before it cancels again.
 CANCEL_AGAIN_S = 0.05
 
 T = TypeVar("T")
+
+
+class _Closable(Protocol):
+    async def close(self) -> Any: ...
+
+
+C = TypeVar("C", bound=_Closable)
 
 
 class Crashed(Exception):
@@ -131,3 +141,17 @@ async def until(stopped: asyncio.Event, work: Coroutine[Any, Any, T]) -> asyncio
             doing.cancel()
             await asyncio.wait((doing,), timeout=CANCEL_AGAIN_S)
     return doing
+
+
+async def opened_until(stopped: asyncio.Event, opening: Coroutine[Any, Any, C]) -> C | None:
+    """Rule 5: what `opening` opened, or None when `stopped` was set first (then anything
+    it opened meanwhile is closed); what it raised is raised."""
+    doing = await until(stopped, opening)
+    if doing.cancelled():
+        return None
+    opened = doing.result()
+    if stopped.is_set():
+        with contextlib.suppress(Exception):
+            await opened.close()
+        return None
+    return opened

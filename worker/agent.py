@@ -55,7 +55,7 @@ from gavel.shared.strategies import Strategy, answer
 from gavel.shared.timing import Timing
 from gavel.transport import wire
 from gavel.transport.inbound import Door, Guard
-from gavel.transport.tasks import Crashed, Tasks
+from gavel.transport.tasks import Crashed, Tasks, opened_until
 from gavel.transport.urls import servers
 from gavel.worker.cgroups import Enforcement
 from gavel.worker.converge import Converger
@@ -316,14 +316,12 @@ class Agent:
             "ping_interval": self.timing.heartbeat_s, "max_outstanding_pings": 2,
         }
         options.update(self._nats_options)
-        connecting = asyncio.ensure_future(nats.connect(servers(self._nats_url), **options))
-        stopping = asyncio.ensure_future(self._stop_requested.wait())
-        await asyncio.wait({connecting, stopping}, return_when=asyncio.FIRST_COMPLETED)
-        stopping.cancel()
-        if not connecting.done():
-            await _abandon(connecting, self.timing.poll_s)
+        # nats-py's first connect retries for ever: a stop ends it where it stands
+        nc = await opened_until(self._stop_requested,
+                                nats.connect(servers(self._nats_url), **options))
+        if nc is None:
             return False
-        nc = self._nc = connecting.result()
+        self._nc = nc
         outbox, self._outbox = self._outbox, []
         for subject, data in outbox:
             await nc.publish(subject, data)
@@ -482,17 +480,3 @@ class Agent:
         except nats.errors.Error as exc:
             log.warning("dropped %s on %s: %s", type(message).__name__, subject, exc)
 
-
-
-
-async def _abandon(connecting: asyncio.Future[NATS], every_s: float) -> None:
-    """Cancel a connection attempt and wait until it has ended. nats-py swallows a cancel
-    that lands while it sets up its first attempt and goes on retrying for ever, so the
-    cancel is repeated every `every_s` until one takes; a connection made meanwhile is
-    closed."""
-    while not connecting.done():
-        connecting.cancel()
-        await asyncio.wait({connecting}, timeout=every_s)
-    if not connecting.cancelled() and connecting.exception() is None:
-        with contextlib.suppress(Exception):
-            await connecting.result().close()

@@ -1,5 +1,5 @@
 """A worker told to stop while it is still trying to reach NATS stops (`worker.agent`
-`_abandon`): nats-py swallows a cancel that lands while it sets up its first attempt and
+`transport.tasks.opened_until`): nats-py swallows a cancel that lands while it sets up its first attempt and
 would retry for ever. Nothing listens on the loopback port it is pointed at."""
 
 from __future__ import annotations

@@ -17,7 +17,6 @@ ROOMS = ("broker", "worker", "transport", "gateway", "client", "cli")
 #: File -> bare spawns that are scoped to the function starting them, and why.
 SCOPED: dict[str, tuple[int, str]] = {
     "broker/ha.py": (1, "a leadership's ends (lease lost, fenced, a stop): whichever comes first"),
-    "worker/agent.py": (2, "the first connection, or a stop: whichever comes first"),
     "worker/instance.py": (1, "the process's exit, or its checks' verdict"),
     "worker/probes.py": (1, "one check's run, cancelled and awaited by its loop"),
     "transport/client.py": (1, "an answer, or the server's refusal of the request"),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from pathlib import Path
@@ -18,7 +19,7 @@ from gavel.broker.service import Broker, Config
 from gavel.shared.spec import Check
 from gavel.shared.strategies import make_strategy
 from gavel.shared.timing import Timing
-from gavel.transport.tasks import Crashed, Tasks, until
+from gavel.transport.tasks import Crashed, Tasks, opened_until, until
 from gavel.worker.agent import Agent
 from gavel.worker.instance import Held, Life
 from gavel.worker.probes import Prober
@@ -122,6 +123,38 @@ def test_until_gives_the_work_up_once_told_to_stop() -> None:
         async with asyncio.timeout(5):  # one cancel, not repeated, would leave it running
             assert (await until(told, stubborn())).cancelled()
         assert cleaned == ["starting", "swallowed"]
+
+    asyncio.run(scenario())
+
+
+class Opened:
+    def __init__(self) -> None:
+        self.closed = False
+
+    async def close(self) -> None:
+        self.closed = True
+
+
+def test_opened_until_closes_what_was_opened_after_the_stop() -> None:
+    """Rule 5: what the work opened, or None once told to stop - a connection the work made
+    while it swallowed the cancel (nats-py's first connect can) is closed, not leaked."""
+    async def scenario() -> None:
+        made: list[Opened] = []
+
+        async def opens_anyway() -> Opened:  # swallows the cancel and opens all the same
+            with contextlib.suppress(asyncio.CancelledError):
+                await forever()
+            made.append(Opened())
+            return made[-1]
+
+        told = asyncio.Event()
+        asyncio.get_running_loop().call_soon(told.set)
+        assert await opened_until(told, opens_anyway()) is None
+        assert len(made) == 1 and made[0].closed
+        opened = await opened_until(asyncio.Event(), asyncio.sleep(0, result=Opened()))
+        assert isinstance(opened, Opened) and not opened.closed
+        with pytest.raises(ValueError, match="a bug"):
+            await opened_until(asyncio.Event(), fails())
 
     asyncio.run(scenario())
 
