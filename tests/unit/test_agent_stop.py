@@ -1,6 +1,7 @@
-"""A worker told to stop while it is still trying to reach NATS stops (`worker.agent`
-`transport.tasks.opened_until`): nats-py swallows a cancel that lands while it sets up its first attempt and
-would retry for ever. Nothing listens on the loopback port it is pointed at."""
+"""A worker told to stop while it is still trying to reach NATS stops (`worker.agent`,
+through `transport.tasks.opened_until`): nats-py swallows a cancel that lands while it sets
+up its first attempt and would retry for ever. Nothing listens on the loopback port it is
+pointed at."""
 
 from __future__ import annotations
 
