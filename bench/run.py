@@ -30,6 +30,12 @@ Rules:
    windows' round p99s and `round_p99_in_bare_p99` the run's round p99 over it (information:
    no target is judged by it yet). So the agents start before the broker, which asks them to
    heartbeat at once (`bench.agentprocs` rule 3).
+8. What the hour took is measured beside the figures, never judged: the load average as
+   the placements began and ended, and how long the broker, the agent processes and this
+   driver (the probe's process) each waited for a CPU while runnable, a second of CPU they
+   ran (`cpu_wait_per_cpu_s`, the kernel's schedstat). A ratio to a ceiling cancels the hour
+   while the figure's processes and the ceiling's wait alike; where the broker waits
+   several times what the probe does, its round p99 carries the hour the probe's does not.
 7. An open loop with `rate_share` offers that share of the bare auctioneer's rate measured
    before the broker started, at most `rate`: a fixed rate asks a slow hour for more of its
    machine than a quick one, and keeping up then says as much of the hour as of the code.
@@ -55,7 +61,7 @@ import psutil
 import pygit2
 
 from gavel.bench import bare
-from gavel.bench.agentprocs import cpu_s, peak_rss_mb, spawn, start_agents, stop
+from gavel.bench.agentprocs import cpu_s, peak_rss_mb, sched_s, spawn, start_agents, stop
 from gavel.bench.ceilings import Probe, git_cli_commits_per_s, nats_reqreply_per_s
 from gavel.bench.idle import IdleWorkerFailed, idle_worker
 from gavel.bench.interrupt import Interrupted, stopped_by_signals
@@ -187,6 +193,11 @@ class Result:
     #: Rule 6: the bare rounds' p99 (the mean of both windows') and the run's round p99 over it.
     bare_round_p99_ms: float = 0.0
     round_p99_in_bare_p99: float = 0.0
+    #: Rule 8: the 1-minute load average as the placements began and as they ended.
+    load_avg: tuple[float, float] = (0.0, 0.0)
+    #: Rule 8: seconds waited for a CPU a second run, by process: "broker", "agents" (all
+    #: agent processes), "probe" (this driver, the probe's requester and responder).
+    cpu_wait_per_cpu_s: dict[str, float] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -202,6 +213,12 @@ class Result:
                 f"round p99 / req-reply p99 {self.round_p99_in_reqreply_p99:g}{tail}, broker CPU a "
                 f"placement in agent replies {self.broker_cpu_in_agent_replies:g}, / naive git "
                 f"commits {self.ratio_to_git_cli:g}")
+
+    def hour(self) -> str:
+        """Rule 8 in one line: what the hour took while the figures were taken."""
+        waits = ", ".join(f"{who} {w:g}" for who, w in self.cpu_wait_per_cpu_s.items())
+        return (f"load {self.load_avg[0]:g}-{self.load_avg[1]:g}"
+                + (f"; waited for a CPU a CPU-second: {waits}" if waits else ""))
 
 
 async def run(opts: Options) -> Result:
@@ -384,6 +401,7 @@ async def _drive(nc: Any, opts: Options, root: Path, broker: subprocess.Popen[by
     stats = await until_healthy(nc, opts.agents, root, broker)
     cpu0 = cpu_s(broker), sum(cpu_s(p) for p in agent_procs), cpu_s(broker, children=True)
     nats0, self0 = cpu_s(nats_pid), time.process_time()
+    waits = _Waits(broker.pid, [p.pid for p in agent_procs])
     await probe.start()
     started = time.perf_counter()
     ids, submitting = submit_all(nc, opts, started)
@@ -399,6 +417,7 @@ async def _drive(nc: Any, opts: Options, root: Path, broker: subprocess.Popen[by
     finally:
         rr_p99 = await probe.stop()
     elapsed = time.perf_counter() - started
+    waited = waits.per_cpu_s()
     await submitting
     if opts.progress:
         sys.stderr.write("\n")
@@ -446,7 +465,34 @@ async def _drive(nc: Any, opts: Options, root: Path, broker: subprocess.Popen[by
         lifetime_s=opts.lifetime_s, running_at_end=churn.running if churn else 0,
         ended_kept=churn.ended_kept if churn else 0, forgotten=churn.forgotten if churn else 0,
         rejected=dict(nodes.rejected), ha=opts.ha, push_lag_ms=round(1000 * lag, 1),
-        durable_per_s=round(opts.placements / (elapsed + lag), 1))
+        durable_per_s=round(opts.placements / (elapsed + lag), 1),
+        load_avg=(waits.load, round(os.getloadavg()[0], 2)), cpu_wait_per_cpu_s=waited)
+
+
+class _Waits:
+    """Rule 8: the processes' CPU waits from now to `per_cpu_s`."""
+
+    def __init__(self, broker: int, agents: list[int]) -> None:
+        self.load = round(os.getloadavg()[0], 2)
+        self._pids = {"broker": [broker], "agents": agents, "probe": [os.getpid()]}
+        self._first = self._read()
+
+    def _read(self) -> dict[str, tuple[float, float]]:
+        got = {}
+        for who, pids in self._pids.items():
+            both = [sched_s(pid) for pid in pids]
+            got[who] = (sum(r for r, _ in both), sum(w for _, w in both))
+        return got
+
+    def per_cpu_s(self) -> dict[str, float]:
+        """Seconds waited a second run, by process, since this was made (none: no schedstat)."""
+        now = self._read()
+        out = {}
+        for who, (run, wait) in now.items():
+            ran = run - self._first[who][0]
+            if ran > 0:
+                out[who] = round((wait - self._first[who][1]) / ran, 2)
+        return out
 
 
 async def _remote_lag(root: Path, placed_at: float, timeout: float = 120.0) -> float:

@@ -168,6 +168,7 @@ def run_cli(args: argparse.Namespace) -> int:
         print(f"  {key:<{width}}  {value:,}" if isinstance(value, int | float)
               and not isinstance(value, bool) else f"  {key:<{width}}  {value}")
     print(f"ratios to this run's ceilings: {result.ratios()}")
+    print(f"the hour: {result.hour()}")
     return 0
 
 
@@ -287,6 +288,7 @@ def _run_targets(args: argparse.Namespace) -> int:
             if not args.json:
                 print("  " + report_line(target, k, repeat, found), flush=True)
                 print(f"  {'':<10} ratios: {result.ratios()}", flush=True)
+                print(f"  {'':<10} the hour: {result.hour()}", flush=True)
     scaled = args.scale != 1.0
     met = sum(1 for r in report if r["met"])
     failed = sum(1 for r in report if "error" in r)
