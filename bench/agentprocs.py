@@ -112,20 +112,21 @@ def cpu_s(proc: subprocess.Popen[bytes] | int, children: bool = False) -> float:
     return total
 
 
-def sched_s(pid: int) -> tuple[float, float]:
-    """Seconds process `pid`'s threads have run on a CPU so far, and seconds they waited for
-    one while runnable (the kernel's schedstat, /proc/<pid>/task/*/schedstat); (0, 0)
-    where there is none. A thread that ended took its share with it."""
-    run = wait = 0
+def sched_s(pid: int) -> tuple[float, float, int]:
+    """Seconds process `pid`'s threads have run on a CPU so far, seconds they waited for one
+    while runnable, and how many times they were put on one (the kernel's schedstat,
+    /proc/<pid>/task/*/schedstat); zeros where there is none. A thread that ended took its
+    share with it."""
+    run = wait = slices = 0
     try:
         tasks = list(Path(f"/proc/{pid}/task").iterdir())
     except OSError:
-        return 0.0, 0.0
+        return 0.0, 0.0, 0
     for task in tasks:
         with contextlib.suppress(OSError, ValueError):
-            ran, waited, _ = (task / "schedstat").read_text().split()
-            run, wait = run + int(ran), wait + int(waited)
-    return run / 1e9, wait / 1e9
+            ran, waited, times = (task / "schedstat").read_text().split()
+            run, wait, slices = run + int(ran), wait + int(waited), slices + int(times)
+    return run / 1e9, wait / 1e9, slices
 
 
 def peak_rss_mb(pid: int) -> float:

@@ -30,15 +30,16 @@ Rules:
    windows' round p99s and `round_p99_in_bare_p99` the run's round p99 over it (information:
    no target is judged by it yet). So the agents start before the broker, which asks them to
    heartbeat at once (`bench.agentprocs` rule 3).
-8. What the hour took is measured beside the figures, never judged: the load average as
-   the placements began and ended, and how long the broker, the agent processes and this
-   driver (the probe's process) each waited for a CPU while runnable, a second of CPU they
-   ran (`cpu_wait_per_cpu_s`, the kernel's schedstat). A ratio to a ceiling cancels the hour
-   while the figure's processes and the ceiling's wait alike; where the broker waits
-   several times what the probe does, its round p99 carries the hour the probe's does not.
 7. An open loop with `rate_share` offers that share of the bare auctioneer's rate measured
    before the broker started, at most `rate`: a fixed rate asks a slow hour for more of its
    machine than a quick one, and keeping up then says as much of the hour as of the code.
+8. What the hour took is measured beside the figures, never judged: the load average as
+   the placements began and ended, and how long the broker, the agent processes and this
+   driver (the probe's process) each waited for a CPU, on average, each time they became
+   runnable (`cpu_wait_us`, the kernel's schedstat: its waits over its turns on a CPU). A
+   ratio to a ceiling cancels the hour while the figure's processes and the ceiling's wait
+   alike; where the broker and agents wait several times what the probe does, the round p99
+   carries a share of the hour the probe's does not.
 """
 
 from __future__ import annotations
@@ -195,9 +196,9 @@ class Result:
     round_p99_in_bare_p99: float = 0.0
     #: Rule 8: the 1-minute load average as the placements began and as they ended.
     load_avg: tuple[float, float] = (0.0, 0.0)
-    #: Rule 8: seconds waited for a CPU a second run, by process: "broker", "agents" (all
-    #: agent processes), "probe" (this driver, the probe's requester and responder).
-    cpu_wait_per_cpu_s: dict[str, float] = field(default_factory=dict)
+    #: Rule 8: microseconds waited for a CPU a turn on one, by process: "broker", "agents"
+    #: (all agent processes), "probe" (this driver, the probe's requester and responder).
+    cpu_wait_us: dict[str, float] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -216,9 +217,9 @@ class Result:
 
     def hour(self) -> str:
         """Rule 8 in one line: what the hour took while the figures were taken."""
-        waits = ", ".join(f"{who} {w:g}" for who, w in self.cpu_wait_per_cpu_s.items())
+        waits = ", ".join(f"{who} {w:g}" for who, w in self.cpu_wait_us.items())
         return (f"load {self.load_avg[0]:g}-{self.load_avg[1]:g}"
-                + (f"; waited for a CPU a CPU-second: {waits}" if waits else ""))
+                + (f"; waited for a CPU each turn, us: {waits}" if waits else ""))
 
 
 async def run(opts: Options) -> Result:
@@ -417,7 +418,7 @@ async def _drive(nc: Any, opts: Options, root: Path, broker: subprocess.Popen[by
     finally:
         rr_p99 = await probe.stop()
     elapsed = time.perf_counter() - started
-    waited = waits.per_cpu_s()
+    waited = waits.per_turn_us()
     await submitting
     if opts.progress:
         sys.stderr.write("\n")
@@ -466,32 +467,33 @@ async def _drive(nc: Any, opts: Options, root: Path, broker: subprocess.Popen[by
         ended_kept=churn.ended_kept if churn else 0, forgotten=churn.forgotten if churn else 0,
         rejected=dict(nodes.rejected), ha=opts.ha, push_lag_ms=round(1000 * lag, 1),
         durable_per_s=round(opts.placements / (elapsed + lag), 1),
-        load_avg=(waits.load, round(os.getloadavg()[0], 2)), cpu_wait_per_cpu_s=waited)
+        load_avg=(waits.load, round(os.getloadavg()[0], 2)), cpu_wait_us=waited)
 
 
 class _Waits:
-    """Rule 8: the processes' CPU waits from now to `per_cpu_s`."""
+    """Rule 8: the processes' waits for a CPU from now to `per_turn_us`."""
 
     def __init__(self, broker: int, agents: list[int]) -> None:
         self.load = round(os.getloadavg()[0], 2)
         self._pids = {"broker": [broker], "agents": agents, "probe": [os.getpid()]}
         self._first = self._read()
 
-    def _read(self) -> dict[str, tuple[float, float]]:
+    def _read(self) -> dict[str, tuple[float, int]]:
         got = {}
         for who, pids in self._pids.items():
-            both = [sched_s(pid) for pid in pids]
-            got[who] = (sum(r for r, _ in both), sum(w for _, w in both))
+            read = [sched_s(pid) for pid in pids]
+            got[who] = (sum(r[1] for r in read), sum(r[2] for r in read))
         return got
 
-    def per_cpu_s(self) -> dict[str, float]:
-        """Seconds waited a second run, by process, since this was made (none: no schedstat)."""
+    def per_turn_us(self) -> dict[str, float]:
+        """Microseconds waited a turn on a CPU, by process, since this was made (none where
+        the kernel keeps no schedstat)."""
         now = self._read()
         out = {}
-        for who, (run, wait) in now.items():
-            ran = run - self._first[who][0]
-            if ran > 0:
-                out[who] = round((wait - self._first[who][1]) / ran, 2)
+        for who, (wait, turns) in now.items():
+            taken = turns - self._first[who][1]
+            if taken > 0:
+                out[who] = round(1e6 * (wait - self._first[who][0]) / taken, 1)
         return out
 
 

@@ -71,8 +71,8 @@ def test_a_small_broadcast_run_verifies_itself_and_reports_its_ceilings(
     assert r["idle_worker_rss_mb"] > 0 and r["idle_worker_cpu_pct"] >= 0  # a live worker
     # what the hour took (rule 8): the load, and each process's waits for a CPU (Linux)
     assert len(r["load_avg"]) == 2 and min(r["load_avg"]) >= 0
-    assert set(r["cpu_wait_per_cpu_s"]) == {"broker", "agents", "probe"}
-    assert all(w >= 0 for w in r["cpu_wait_per_cpu_s"].values())
+    assert set(r["cpu_wait_us"]) == {"broker", "agents", "probe"}
+    assert all(w >= 0 for w in r["cpu_wait_us"].values())
     # Without --state the run worked in a temporary directory, and removed it.
     assert [p.name for p in (tmp_path / "tmp").iterdir()] == []
 
