@@ -32,7 +32,7 @@ from pathlib import Path
 import psutil
 
 __all__ = ["BARE_PREFIX", "BEAT", "FORGET", "FORGET_S", "cpu_s", "node_id", "peak_rss_mb",
-           "sched_s", "spawn", "start_agents", "stop"]
+           "spawn", "start_agents", "stop"]
 
 #: Rule 3.
 FORGET = "gavel-bench.forget"
@@ -110,23 +110,6 @@ def cpu_s(proc: subprocess.Popen[bytes] | int, children: bool = False) -> float:
             c = child.cpu_times()
             total += c.user + c.system
     return total
-
-
-def sched_s(pid: int) -> tuple[float, float, int]:
-    """Seconds process `pid`'s threads have run on a CPU so far, seconds they waited for one
-    while runnable, and how many times they were put on one (the kernel's schedstat,
-    /proc/<pid>/task/*/schedstat); zeros where there is none. A thread that ended took its
-    share with it."""
-    run = wait = slices = 0
-    try:
-        tasks = list(Path(f"/proc/{pid}/task").iterdir())
-    except OSError:
-        return 0.0, 0.0, 0
-    for task in tasks:
-        with contextlib.suppress(OSError, ValueError):
-            ran, waited, times = (task / "schedstat").read_text().split()
-            run, wait, slices = run + int(ran), wait + int(waited), slices + int(times)
-    return run / 1e9, wait / 1e9, slices
 
 
 def peak_rss_mb(pid: int) -> float:

@@ -36,10 +36,10 @@ Rules:
 8. What the hour took is measured beside the figures, never judged: the load average as
    the placements began and ended, and how long the broker, the agent processes and this
    driver (the probe's process) each waited for a CPU, on average, each time they became
-   runnable (`cpu_wait_us`, the kernel's schedstat: its waits over its turns on a CPU). A
-   ratio to a ceiling cancels the hour while the figure's processes and the ceiling's wait
-   alike; where the broker and agents wait several times what the probe does, the round p99
-   carries a share of the hour the probe's does not.
+   runnable (`cpu_wait_us`: `bench.hour`, the kernel's schedstat). A ratio to a ceiling
+   cancels the hour while the figure's processes and the ceiling's wait alike; where the
+   broker and agents wait several times what the probe does, the round p99 carries a share
+   of the hour the probe's does not.
 """
 
 from __future__ import annotations
@@ -62,8 +62,9 @@ import psutil
 import pygit2
 
 from gavel.bench import bare
-from gavel.bench.agentprocs import cpu_s, peak_rss_mb, sched_s, spawn, start_agents, stop
+from gavel.bench.agentprocs import cpu_s, peak_rss_mb, spawn, start_agents, stop
 from gavel.bench.ceilings import Probe, git_cli_commits_per_s, nats_reqreply_per_s
+from gavel.bench.hour import Waits
 from gavel.bench.idle import IdleWorkerFailed, idle_worker
 from gavel.bench.interrupt import Interrupted, stopped_by_signals
 from gavel.bench.verify import VerifyError, answered, verify, verify_churn
@@ -402,7 +403,7 @@ async def _drive(nc: Any, opts: Options, root: Path, broker: subprocess.Popen[by
     stats = await until_healthy(nc, opts.agents, root, broker)
     cpu0 = cpu_s(broker), sum(cpu_s(p) for p in agent_procs), cpu_s(broker, children=True)
     nats0, self0 = cpu_s(nats_pid), time.process_time()
-    waits = _Waits(broker.pid, [p.pid for p in agent_procs])
+    waits = Waits(broker.pid, [p.pid for p in agent_procs])
     await probe.start()
     started = time.perf_counter()
     ids, submitting = submit_all(nc, opts, started)
@@ -469,32 +470,6 @@ async def _drive(nc: Any, opts: Options, root: Path, broker: subprocess.Popen[by
         durable_per_s=round(opts.placements / (elapsed + lag), 1),
         load_avg=(waits.load, round(os.getloadavg()[0], 2)), cpu_wait_us=waited)
 
-
-class _Waits:
-    """Rule 8: the processes' waits for a CPU from now to `per_turn_us`."""
-
-    def __init__(self, broker: int, agents: list[int]) -> None:
-        self.load = round(os.getloadavg()[0], 2)
-        self._pids = {"broker": [broker], "agents": agents, "probe": [os.getpid()]}
-        self._first = self._read()
-
-    def _read(self) -> dict[str, tuple[float, int]]:
-        got = {}
-        for who, pids in self._pids.items():
-            read = [sched_s(pid) for pid in pids]
-            got[who] = (sum(r[1] for r in read), sum(r[2] for r in read))
-        return got
-
-    def per_turn_us(self) -> dict[str, float]:
-        """Microseconds waited a turn on a CPU, by process, since this was made (none where
-        the kernel keeps no schedstat)."""
-        now = self._read()
-        out = {}
-        for who, (wait, turns) in now.items():
-            taken = turns - self._first[who][1]
-            if taken > 0:
-                out[who] = round(1e6 * (wait - self._first[who][0]) / taken, 1)
-        return out
 
 
 async def _remote_lag(root: Path, placed_at: float, timeout: float = 120.0) -> float:

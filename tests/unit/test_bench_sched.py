@@ -1,4 +1,4 @@
-"""`bench.agentprocs.sched_s`: a process's CPU run time and its waits for a CPU, read from
+"""`bench.hour.sched_s`: a process's CPU run time and its waits for a CPU, read from
 the kernel (`bench.run` rule 8). Two processes spinning on the same one CPU each wait while
 the other runs: the waits are real, not a formula."""
 
@@ -9,7 +9,7 @@ import subprocess
 import sys
 import time
 
-from gavel.bench.agentprocs import sched_s
+from gavel.bench.hour import sched_s
 
 SPIN = ("import os, time\nos.sched_setaffinity(0, {0})\nend = time.time() + 2.0\n"
         "while time.time() < end:\n    pass\n")
