@@ -239,8 +239,9 @@ class Client:
     async def started(self, instance_id: str, timeout: float | None = None) -> InstanceStatus:
         """Until the instance has run on a node - it runs, in any health, or has ended there:
         its status, with the node that has its output. `Ended` when it ends before any node
-        ran it, is unschedulable or meets an error; `TimedOut` past `timeout` (None: no
-        limit). What `logs(follow=True)` waits for first."""
+        ran it or meets an error; `TimedOut` past `timeout` (None: no limit). An
+        unschedulable instance is waited through: the broker asks again when a node comes or
+        room is freed. What `logs(follow=True)` waits for first."""
         return await running(self, instance_id, timeout, poll_s=self.timing.follow_s,
                              started=True)
 
