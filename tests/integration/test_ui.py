@@ -172,6 +172,19 @@ def test_a_service_deployed_with_the_cli_is_shown_with_its_replicas(up: Up, page
         ".textContent === '2 / 2'", timeout=WAIT_MS)
     assert row.locator("td").nth(1).inner_text() == "v1"
     page.wait_for_selector('#instances tr[data-state="running"] .sub', timeout=WAIT_MS)
+    # Its row is rebuilt only when what it shows changes, not by every overview pushed (they
+    # also carry its replicas' usage, which moves with each heartbeat): the link a user is
+    # clicking stays the element under the pointer.
+    cells = ("[...document.querySelectorAll('#services tr[data-service=\"ui-svc\"] td')]"
+             ".map(c => c.textContent).join('|')")
+    link = "document.querySelector('#services tr[data-service=\"ui-svc\"] a.service-link')"
+    page.wait_for_function(f"() => {cells}.split('|')[3] === '2'", timeout=WAIT_MS)
+    before = page.evaluate(f"(() => {{ {link}.__kept = true; return {cells}; }})()")
+    for _ in range(2):  # two more overviews pushed to the page
+        page.evaluate("window.__seen = state.overview")
+        page.wait_for_function("() => state.overview !== window.__seen", timeout=WAIT_MS)
+    after, kept = page.evaluate(f"[{cells}, {link}.__kept === true]")
+    assert kept == (after == before), (before, after)  # kept unless what it shows changed
     # Its own page: each version and each replica, by the service's link.
     row.locator("a.service-link").click()
     page.wait_for_selector("#service-page:not([hidden])", timeout=WAIT_MS)

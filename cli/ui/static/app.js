@@ -24,6 +24,9 @@ const state = {
   logs: null,  // its EventSource
   refetch: null,  // a pending fetch of the instance view
   instancesKey: "",  // what the instances table shows now
+  servicesKey: "",  // ... the services table, the periodic jobs', the arrays'
+  periodicKey: "",
+  arraysKey: "",
 };
 
 // -- building the DOM (rule 2) ------------------------------------------------------------
@@ -163,6 +166,19 @@ function nodeCard(n) {
 }
 
 function renderServices(services, error) {
+  // What each row shows, first: the table is rebuilt only when that changed, as the
+  // instances table, so a service's link is not replaced under the pointer clicking it
+  // (its replicas' usage, which the row does not show, moves with every heartbeat).
+  const rows = (services || []).map((s) => {
+    const d = s.deployment;
+    const healthy = (s.versions || []).reduce((sum, v) => sum + (v.healthy || 0), 0);
+    return [s.name, `v${s.version}`, s.stopped ? "stopped" : countText(s), String(healthy),
+            d ? `${d.state} ` + (d.from_version ? `v${d.from_version}\u2192` : "") +
+                `v${d.to_version}` + (d.reason ? `: ${d.reason}` : "") : "-"];
+  });
+  const key = JSON.stringify([services === null, rows, error]);
+  if (key === state.servicesKey) return;
+  state.servicesKey = key;
   const section = $("services-section");
   section.hidden = services === null && !error;  // no service verbs: say nothing
   $("services-error").hidden = !error;
@@ -170,22 +186,21 @@ function renderServices(services, error) {
   $("services").hidden = !(services && services.length);
   $("services-empty").hidden = !(services && !services.length);
   const body = clear($("services").tBodies[0]);
-  for (const s of services || []) {
-    const d = s.deployment;
-    const healthy = (s.versions || []).reduce((sum, v) => sum + (v.healthy || 0), 0);
-    body.append(el("tr", {"data-service": s.name},
-      el("td", {}, serviceLink(s.name)),
-      el("td", {text: `v${s.version}`}),
-      el("td", {text: s.stopped ? "stopped" : countText(s)}),
-      el("td", {text: String(healthy)}),
-      el("td", {text: d ? `${d.state} ` +
-                         (d.from_version ? `v${d.from_version}\u2192` : "") +
-                         `v${d.to_version}` + (d.reason ? `: ${d.reason}` : "") : "-"})));
+  for (const [name, version, count, healthy, deployment] of rows) {
+    body.append(el("tr", {"data-service": name},
+      el("td", {}, serviceLink(name)),
+      el("td", {text: version}),
+      el("td", {text: count}),
+      el("td", {text: healthy}),
+      el("td", {text: deployment})));
   }
 }
 
 // Periodic jobs: each one's schedule, its latest fire time and how that went, its next.
 function renderPeriodic(jobs) {
+  const key = JSON.stringify(jobs);  // rebuilt only when it changed (renderServices)
+  if (key === state.periodicKey) return;
+  state.periodicKey = key;
   $("periodic-section").hidden = !jobs.length;
   const body = clear($("periodic").tBodies[0]);
   for (const p of jobs) {
@@ -205,6 +220,9 @@ function renderPeriodic(jobs) {
 
 // Batch arrays: each one's tally as the broker counts it (done, running, failed, pending).
 function renderArrays(arrays) {
+  const key = JSON.stringify(arrays);  // rebuilt only when it changed (renderServices)
+  if (key === state.arraysKey) return;
+  state.arraysKey = key;
   $("arrays-section").hidden = !arrays.length;
   const body = clear($("arrays").tBodies[0]);
   for (const a of arrays) {
