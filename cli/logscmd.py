@@ -30,6 +30,7 @@ from typing import BinaryIO
 
 from gavel.cli.commands import Unknown
 from gavel.client import BrokerRefused, Client, ClientError
+from gavel.client.runwait import has_run
 from gavel.shared.api import InstanceStatus
 from gavel.shared.logstream import LogChunk, LogsDone
 from gavel.shared.reasons import Reason
@@ -38,8 +39,6 @@ __all__ = ["run"]
 
 #: The states of a replica that is no longer current (rule 1).
 _ENDED = frozenset({"succeeded", "failed", "lost", "cancelled"})
-#: The states in which an instance has output on its node to follow (rule 3).
-_RUNS = _ENDED | {"running"}
 
 
 async def _targets(client: Client, args: argparse.Namespace) -> list[tuple[str, str]]:
@@ -63,7 +62,7 @@ async def _targets(client: Client, args: argparse.Namespace) -> list[tuple[str, 
                 raise ClientError(f"service {args.instance} has no current replica "
                                   "(--history: the replicas it had)") from None
             found = current
-    if args.follow and not any(i.state in _RUNS for i in found):
+    if args.follow and not any(has_run(i) for i in found):
         waiting = [i for i in found if i.state not in _ENDED]
         if waiting:
             first = waiting[0]

@@ -28,7 +28,7 @@ from typing import Any, TypeVar
 
 from gavel.client.deploywait import deployed
 from gavel.client.jobwait import Ended, healthy_nodes, job_end, system_running
-from gavel.client.runwait import Watch, running
+from gavel.client.runwait import Watch, has_run, running
 from gavel.shared.api import (
     CancelReply,
     CancelRequest,
@@ -134,10 +134,6 @@ class EventFeed:
 
     async def aclose(self) -> None:
         await self._follower.aclose()
-
-
-#: The states of an instance a node holds but has not run yet (`Client.logs`' follow waits).
-_NOT_YET = frozenset({"placed", "provisioning"})
 
 
 class Client:
@@ -385,7 +381,7 @@ class Client:
         instance no node has run yet waits until one does (`started`)."""
         if not node_id:
             inst = await self.instance(instance_id)
-            if follow and (not inst.node_id or inst.state in _NOT_YET):
+            if follow and not has_run(inst):
                 inst = await self.started(instance_id)
             if not inst.node_id:
                 raise ClientError(f"{instance_id} has not run on a node yet ({inst.state}): "

@@ -37,7 +37,7 @@ from gavel.shared.messages import Event, EventType
 from gavel.shared.timing import Timing
 from gavel.transport.inbound import Decode, Malformed
 
-__all__ = ["POLL_S", "Watch", "running"]
+__all__ = ["POLL_S", "Watch", "has_run", "running"]
 
 #: How often the wait looks at the status when no event comes (rule 3).
 POLL_S = Timing().follow_s
@@ -84,6 +84,12 @@ class Watch:
         await self.close()
 
 
+def has_run(inst: InstanceStatus) -> bool:
+    """Rule 1's `started`: a node runs the instance, or it has ended on one (its output is
+    there)."""
+    return bool(inst.node_id) and inst.state in ("running", *_ENDED, "succeeded")
+
+
 def _heard(iid: str, ev: Event, inst: InstanceStatus, started: bool) -> Ended | None:
     """Rule 2 for an event: the end it means, if it means one."""
     if (ev.type == EventType.UNSCHEDULABLE and not started
@@ -102,7 +108,7 @@ def _seen(iid: str, inst: InstanceStatus, started: bool) -> InstanceStatus | End
     """Rules 1 and 2 for a status: the instance when the wait is over, its end, or None."""
     if (inst.state == "running" and inst.health == "healthy") or inst.state == "succeeded":
         return inst
-    if started and inst.node_id and inst.state in ("running", *_ENDED):
+    if started and has_run(inst):
         return inst
     if inst.state in _ENDED:
         return Ended(f"{iid} {inst.state}: " + ": ".join(
